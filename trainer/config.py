@@ -1,0 +1,306 @@
+"""The one configuration tree of kftrain, loaded 1:1 from YAML.
+
+Every section is a dataclass; every field has a one-line docstring (the string literal below it),
+which the README's configuration reference is written from. Unknown keys, wrong types and bad
+values raise :class:`ConfigError` naming the dotted field and the value, before any process,
+pod or upload starts.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import types
+import typing
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+
+class ConfigError(ValueError):
+    """A configuration value is missing, unknown, of the wrong type or out of range."""
+
+
+def _require(ok: bool, path: str, value: Any, expectation: str) -> None:
+    if not ok:
+        raise ConfigError(f"{path}: {expectation}, got {value!r}")
+
+
+@dataclass(kw_only=True, slots=True)
+class StoreConfig:
+    """Where artifacts live: an object store (S3, MinIO, SeaweedFS) or a local directory."""
+
+    uri: str = "kftrain-outputs"
+    """Root for run artifacts: `s3://bucket/prefix`, `minio://bucket/prefix`, a local path or `file://` URI."""
+    endpoint: str = ""
+    """S3 endpoint URL, e.g. `http://minio-service.kubeflow:9000`; empty: env `AWS_ENDPOINT_URL`, else AWS S3."""
+    region: str = ""
+    """S3 region; empty: env `AWS_REGION`, else the server's default."""
+
+    def __post_init__(self) -> None:
+        _require(bool(self.uri.strip()), "store.uri", self.uri, "must not be empty")
+        if self.endpoint:
+            _require(
+                self.endpoint.startswith(("http://", "https://")),
+                "store.endpoint",
+                self.endpoint,
+                "must be a URL starting with http:// (no TLS) or https:// (TLS)",
+            )
+
+
+@dataclass(kw_only=True, slots=True)
+class DataConfig:
+    """Data preparation: the source table, the split and the shard layout."""
+
+    source: str = "digits"
+    """`digits` (scikit-learn's handwritten digits, shipped with the package) or the URI of a CSV file."""
+    label_column: str = "label"
+    """For a CSV source: the column holding the integer class label; every other column is a feature."""
+    val_fraction: float = 0.1
+    """Share of rows held out for validation during training."""
+    test_fraction: float = 0.2
+    """Share of rows held out for the final evaluation."""
+    seed: int = 0
+    """Seed of the stratified split, so the same source always gives the same shards."""
+    shard_rows: int = 512
+    """Rows per shard file."""
+
+    def __post_init__(self) -> None:
+        _require(bool(self.source.strip()), "data.source", self.source, "must not be empty")
+        for name in ("val_fraction", "test_fraction"):
+            value = getattr(self, name)
+            _require(0.0 < value < 0.5, f"data.{name}", value, "must be between 0 and 0.5")
+        _require(self.shard_rows > 0, "data.shard_rows", self.shard_rows, "must be positive")
+
+
+@dataclass(kw_only=True, slots=True)
+class ModelConfig:
+    """The classifier trained on the prepared features."""
+
+    hidden_sizes: list[int] = field(default_factory=lambda: [128, 64])
+    """Widths of the hidden layers of the MLP."""
+    dropout: float = 0.0
+    """Dropout probability after each hidden layer."""
+
+    def __post_init__(self) -> None:
+        _require(
+            len(self.hidden_sizes) > 0 and all(h > 0 for h in self.hidden_sizes),
+            "model.hidden_sizes",
+            self.hidden_sizes,
+            "must be a non-empty list of positive integers",
+        )
+        _require(0.0 <= self.dropout < 1.0, "model.dropout", self.dropout, "must be in [0, 1)")
+
+
+@dataclass(kw_only=True, slots=True)
+class TrainConfig:
+    """The optimisation loop run by every rank."""
+
+    epochs: int = 20
+    """Passes over the training split."""
+    batch_size: int = 64
+    """Global batch size: split evenly over all ranks, so it must divide by the world size."""
+    learning_rate: float = 0.003
+    """AdamW learning rate."""
+    weight_decay: float = 0.0
+    """AdamW weight decay."""
+    seed: int = 0
+    """Base seed; each rank adds its rank so data augmentation and dropout differ per rank."""
+    log_interval_steps: int = 20
+    """Rank 0 logs loss and throughput every this many optimizer steps."""
+
+    def __post_init__(self) -> None:
+        _require(self.epochs > 0, "train.epochs", self.epochs, "must be positive")
+        _require(self.batch_size > 0, "train.batch_size", self.batch_size, "must be positive")
+        _require(
+            self.learning_rate > 0, "train.learning_rate", self.learning_rate, "must be positive"
+        )
+        _require(self.weight_decay >= 0, "train.weight_decay", self.weight_decay, "must be >= 0")
+        _require(
+            self.log_interval_steps > 0,
+            "train.log_interval_steps",
+            self.log_interval_steps,
+            "must be positive",
+        )
+
+
+@dataclass(kw_only=True, slots=True)
+class JobConfig:
+    """The distributed job: one Master and `replicas - 1` Workers, like a PyTorchJob."""
+
+    replicas: int = 2
+    """Pods (or local process groups) in total: 1 Master + (replicas - 1) Workers."""
+    nproc_per_node: int = 1
+    """Training processes per replica (GPUs per node on a cluster)."""
+    image: str = "ghcr.io/kftrain/kftrain:0.1.0"
+    """Container image of every step and replica; it has kftrain installed."""
+    timeout_seconds: int = 3600
+    """Wall-clock limit for the whole training job; past it the job is cancelled and the step fails."""
+    omp_num_threads: int = 1
+    """OMP_NUM_THREADS for each training process (CPU threads for intra-op parallelism)."""
+
+    def __post_init__(self) -> None:
+        _require(
+            self.replicas >= 1, "job.replicas", self.replicas, "must be at least 1 (the Master)"
+        )
+        _require(
+            self.nproc_per_node >= 1, "job.nproc_per_node", self.nproc_per_node, "must be >= 1"
+        )
+        _require(bool(self.image.strip()), "job.image", self.image, "must not be empty")
+        _require(
+            self.timeout_seconds > 0, "job.timeout_seconds", self.timeout_seconds, "must be > 0"
+        )
+        _require(
+            self.omp_num_threads >= 1, "job.omp_num_threads", self.omp_num_threads, "must be >= 1"
+        )
+
+    @property
+    def world_size(self) -> int:
+        """Training processes in the whole job."""
+        return self.replicas * self.nproc_per_node
+
+
+@dataclass(kw_only=True, slots=True)
+class Config:
+    """The whole kftrain configuration: one YAML file, one section per concern."""
+
+    store: StoreConfig = field(default_factory=StoreConfig)
+    """Object store for every artifact."""
+    data: DataConfig = field(default_factory=DataConfig)
+    """Data preparation."""
+    model: ModelConfig = field(default_factory=ModelConfig)
+    """Model architecture."""
+    train: TrainConfig = field(default_factory=TrainConfig)
+    """Training loop."""
+    job: JobConfig = field(default_factory=JobConfig)
+    """Distributed job shape and limits."""
+
+    def __post_init__(self) -> None:
+        _require(
+            self.train.batch_size % self.job.world_size == 0,
+            "train.batch_size",
+            self.train.batch_size,
+            f"must divide by the world size {self.job.world_size} "
+            f"(job.replicas {self.job.replicas} x job.nproc_per_node {self.job.nproc_per_node})",
+        )
+
+
+def _type_name(tp: Any) -> str:
+    return getattr(tp, "__name__", None) or str(tp).replace("typing.", "")
+
+
+def _convert(value: Any, tp: Any, path: str) -> Any:
+    """Check `value` against the annotation `tp` and build nested dataclasses."""
+    origin = typing.get_origin(tp)
+    if dataclasses.is_dataclass(tp):
+        _require(isinstance(value, dict), path, value, "must be a mapping")
+        return from_dict(tp, value, path)
+    if origin in (typing.Union, types.UnionType):
+        args = typing.get_args(tp)
+        if value is None and type(None) in args:
+            return None
+        (inner,) = [a for a in args if a is not type(None)]
+        return _convert(value, inner, path)
+    if origin is list:
+        _require(isinstance(value, list), path, value, "must be a list")
+        (inner,) = typing.get_args(tp)
+        return [_convert(v, inner, f"{path}[{i}]") for i, v in enumerate(value)]
+    if origin is dict:
+        _require(isinstance(value, dict), path, value, "must be a mapping")
+        key_t, val_t = typing.get_args(tp)
+        return {
+            _convert(k, key_t, f"{path} key"): _convert(v, val_t, f"{path}.{k}")
+            for k, v in value.items()
+        }
+    if tp is float:
+        # YAML reads `1e-3` as a string and `1` as an int: both are meant as floats.
+        if isinstance(value, str):
+            try:
+                value = float(value)
+            except ValueError:
+                pass
+        _require(
+            isinstance(value, int | float) and not isinstance(value, bool),
+            path,
+            value,
+            "must be a number",
+        )
+        return float(value)
+    if tp is int:
+        _require(
+            isinstance(value, int) and not isinstance(value, bool),
+            path,
+            value,
+            "must be an integer",
+        )
+        return value
+    if tp is bool:
+        _require(isinstance(value, bool), path, value, "must be true or false")
+        return value
+    if tp is str:
+        _require(isinstance(value, str), path, value, "must be a string")
+        return value
+    raise TypeError(f"{path}: unsupported annotation {_type_name(tp)}")  # a bug in this module
+
+
+def from_dict(cls: type, data: dict[str, Any], path: str = "") -> Any:
+    """Build the dataclass `cls` from a plain mapping; unknown keys are errors."""
+    hints = typing.get_type_hints(cls)
+    names = {f.name for f in dataclasses.fields(cls) if f.init}
+    prefix = f"{path}." if path else ""
+    unknown = sorted(set(data) - names)
+    if unknown:
+        raise ConfigError(
+            f"{prefix}{unknown[0]}: unknown key (valid keys in "
+            f"{path or 'the top level'}: {', '.join(sorted(names))})"
+        )
+    kwargs = {k: _convert(v, hints[k], f"{prefix}{k}") for k, v in data.items()}
+    try:
+        return cls(**kwargs)
+    except ConfigError:
+        raise
+    except TypeError as exc:  # a required field is missing
+        raise ConfigError(f"{path or 'config'}: {exc}") from None
+
+
+def to_dict(cfg: Any) -> dict[str, Any]:
+    """The plain-mapping form of a config (the inverse of :func:`from_dict`)."""
+    return dataclasses.asdict(cfg)
+
+
+def load_config(path: str | Path | None = None, overrides: dict[str, Any] | None = None) -> Config:
+    """Load a YAML config file (or the defaults when `path` is None) and apply dotted overrides.
+
+    `overrides` maps dotted keys to values, e.g. ``{"job.replicas": 3}``.
+    """
+    data: dict[str, Any] = {}
+    if path is not None:
+        text = Path(path).read_text()
+        try:
+            loaded = yaml.safe_load(text)
+        except yaml.YAMLError as exc:
+            raise ConfigError(f"{path}: not valid YAML: {exc}") from None
+        if loaded is not None:
+            _require(
+                isinstance(loaded, dict), str(path), type(loaded).__name__, "must hold a mapping"
+            )
+            data = loaded
+    for dotted, value in (overrides or {}).items():
+        node = data
+        *parents, leaf = dotted.split(".")
+        for p in parents:
+            node = node.setdefault(p, {})
+        node[leaf] = value
+    return from_dict(Config, data)
+
+
+def config_to_json(cfg: Config) -> str:
+    """A compact JSON form, passed on the training command line to every replica."""
+    return json.dumps(to_dict(cfg), separators=(",", ":"), sort_keys=True)
+
+
+def config_from_json(text: str) -> Config:
+    """Inverse of :func:`config_to_json`, with the same validation as YAML."""
+    return from_dict(Config, json.loads(text))

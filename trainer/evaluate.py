@@ -1,0 +1,67 @@
+"""Evaluation of a trained classifier on the held-out test split."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import numpy as np
+import torch
+from torch import nn
+
+from trainer.data import load_split
+from trainer.model import load_model
+from trainer.storage import ObjectStore, join_uri
+
+EVAL_RECORD = "metrics.json"
+
+
+def classification_report(
+    y_true: np.ndarray, y_pred: np.ndarray, classes: list[str]
+) -> dict[str, Any]:
+    """Accuracy, per-class precision/recall/F1 and the confusion matrix (rows: truth, cols: prediction).
+
+    A class never predicted has precision 0, and one never present has recall 0: the report
+    never divides by zero and never hides a class.
+    """
+    k = len(classes)
+    cm = np.zeros((k, k), dtype=np.int64)
+    np.add.at(cm, (y_true, y_pred), 1)
+    tp = np.diag(cm).astype(np.float64)
+    predicted = cm.sum(axis=0)
+    actual = cm.sum(axis=1)
+    precision = np.divide(tp, predicted, out=np.zeros(k), where=predicted > 0)
+    recall = np.divide(tp, actual, out=np.zeros(k), where=actual > 0)
+    denom = precision + recall
+    f1 = np.divide(2 * precision * recall, denom, out=np.zeros(k), where=denom > 0)
+    return {
+        "accuracy": float(tp.sum() / max(cm.sum(), 1)),
+        "per_class": {
+            c: {
+                "precision": float(precision[i]),
+                "recall": float(recall[i]),
+                "f1": float(f1[i]),
+                "support": int(actual[i]),
+            }
+            for i, c in enumerate(classes)
+        },
+        "macro_f1": float(f1.mean()),
+        "confusion_matrix": cm.tolist(),
+        "classes": classes,
+    }
+
+
+@torch.no_grad()
+def evaluate_model(
+    store: ObjectStore, model_uri: str, dataset_uri: str, output_uri: str | None = None
+) -> dict[str, Any]:
+    """Evaluate the model at `model_uri` on the test split; write `metrics.json` to `output_uri`."""
+    model, meta = load_model(store, model_uri)
+    x, y = load_split(store, dataset_uri, "test")
+    logits = model(torch.from_numpy(x))
+    loss = float(nn.functional.cross_entropy(logits, torch.from_numpy(y)))
+    report = classification_report(y, logits.argmax(dim=1).numpy(), meta["classes"])
+    report.update(loss=loss, test_rows=int(len(y)), model_uri=model_uri, dataset_uri=dataset_uri)
+    if output_uri:
+        store.put_bytes(join_uri(output_uri, EVAL_RECORD), json.dumps(report, indent=2).encode())
+    return report

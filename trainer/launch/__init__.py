@@ -1,0 +1,1 @@
+"""Launch specs (pure functions of one job description) and the backends that run them."""

@@ -1,0 +1,67 @@
+"""The job backend interface (submit / wait / logs / cancel) and the one way to run a job."""
+
+from __future__ import annotations
+
+import contextlib
+import signal
+import threading
+from collections.abc import Iterator
+from typing import Protocol
+
+from trainer.launch.spec import JobSpec
+
+
+class JobFailed(RuntimeError):
+    """The job ended Failed, timed out or was cancelled; the message carries the evidence."""
+
+
+class JobTimeout(JobFailed):
+    """The job did not finish within its wall-clock deadline (it has been cancelled)."""
+
+
+class JobCancelled(JobFailed):
+    """The launcher was asked to stop (SIGTERM, Ctrl-C); the job has been cancelled."""
+
+
+class JobBackend(Protocol):
+    """Runs a :class:`JobSpec` somewhere: local processes, or a PyTorchJob on Kubernetes."""
+
+    def submit(self, spec: JobSpec) -> None:
+        """Start the job (re-attach if a job of that name already runs)."""
+
+    def wait(self, spec: JobSpec, timeout_s: float) -> None:
+        """Block until the job succeeds; raise :class:`JobFailed` / :class:`JobTimeout`."""
+
+    def logs(self, spec: JobSpec, tail: int = 50) -> dict[str, list[str]]:
+        """The last `tail` log lines of each replica, keyed like ``master-0``, ``worker-1``."""
+
+    def cancel(self, spec: JobSpec) -> None:
+        """Stop the job and free its resources; safe to call more than once."""
+
+
+@contextlib.contextmanager
+def _sigterm_raises() -> Iterator[None]:
+    """Turn SIGTERM (pod deletion, run cancel) into an exception so cleanup runs."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def handler(signum: int, frame: object) -> None:
+        raise JobCancelled(f"launcher received signal {signum}; job cancelled")
+
+    previous = signal.signal(signal.SIGTERM, handler)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+def run_job(backend: JobBackend, spec: JobSpec, timeout_s: float) -> None:
+    """Submit, wait, and cancel the job on any way out that is not success."""
+    with _sigterm_raises():
+        try:
+            backend.submit(spec)
+            backend.wait(spec, timeout_s)
+        except BaseException:
+            backend.cancel(spec)
+            raise

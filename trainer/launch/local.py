@@ -1,0 +1,166 @@
+"""Replicas as local process groups, with the environment the Training Operator gives pods."""
+
+from __future__ import annotations
+
+import collections
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from trainer.launch.backend import JobFailed, JobTimeout
+from trainer.launch.spec import MASTER, JobSpec, replica_env
+
+LOOPBACK = "127.0.0.1"
+
+
+def free_port() -> int:
+    """A TCP port that is free on loopback right now."""
+    with socket.socket() as s:
+        s.bind((LOOPBACK, 0))
+        return s.getsockname()[1]
+
+
+@dataclass
+class _Replica:
+    key: str
+    proc: subprocess.Popen
+    tail: collections.deque = field(default_factory=lambda: collections.deque(maxlen=200))
+    pump: threading.Thread | None = None
+
+
+class LocalBackend:
+    """Runs each replica's command as its own process group on this machine.
+
+    `sink` receives every log line, already prefixed with its replica (``[master-0] ...``).
+    """
+
+    def __init__(
+        self,
+        sink: Callable[[str], None] | None = None,
+        grace_s: float = 30.0,
+        python: str = sys.executable,
+    ) -> None:
+        self._sink = sink or (lambda line: print(line, flush=True))
+        self._grace_s = grace_s
+        self._python = python
+        self._jobs: dict[str, list[_Replica]] = {}
+
+    def _command(self, spec: JobSpec) -> list[str]:
+        cmd = list(spec.command)
+        if cmd[0] in ("python", "python3"):
+            cmd[0] = self._python  # the image's `python` is this interpreter locally
+        return cmd
+
+    def submit(self, spec: JobSpec) -> None:
+        if spec.name in self._jobs:
+            return  # already running: re-attach, like a retried launcher on a cluster
+        port = free_port()
+        replicas = []
+        for rtype, index in spec.replicas_by_rank():
+            env = {
+                **os.environ,
+                **spec.env,
+                **replica_env(spec, rtype, index, master_addr=LOOPBACK),
+            }
+            env["MASTER_PORT"] = env["PET_MASTER_PORT"] = str(port)
+            proc = subprocess.Popen(
+                self._command(spec),
+                env=env,
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.STDOUT,
+                text=True,
+                bufsize=1,
+                start_new_session=True,  # its own process group: cancel kills torchrun's children too
+            )
+            rep = _Replica(key=f"{rtype}-{index}", proc=proc)
+            rep.pump = threading.Thread(target=self._pump, args=(rep,), daemon=True)
+            rep.pump.start()
+            replicas.append(rep)
+        self._jobs[spec.name] = replicas
+
+    def _pump(self, rep: _Replica) -> None:
+        assert rep.proc.stdout is not None
+        for line in rep.proc.stdout:
+            line = line.rstrip("\n")
+            rep.tail.append(line)
+            self._sink(f"[{rep.key}] {line}")
+
+    def wait(self, spec: JobSpec, timeout_s: float) -> None:
+        replicas = self._jobs[spec.name]
+        master = replicas[0]
+        deadline = time.monotonic() + timeout_s
+        while True:
+            failed = [r for r in replicas if r.proc.poll() not in (None, 0)]
+            if failed:
+                self._drain(failed[0])
+                raise JobFailed(self._failure_message(spec, failed[0]))
+            if master.proc.poll() == 0:
+                break  # like the operator: with a Master, the job succeeds when the Master does
+            if time.monotonic() > deadline:
+                raise JobTimeout(
+                    f"job {spec.name} did not finish within {timeout_s:.0f}s (job.timeout_seconds); "
+                    "it has been cancelled"
+                )
+            time.sleep(0.2)
+        # Workers normally end with the Master; give stragglers a grace period, then stop them.
+        end = time.monotonic() + self._grace_s
+        while any(r.proc.poll() is None for r in replicas) and time.monotonic() < end:
+            time.sleep(0.1)
+        self.cancel(spec)
+        for r in replicas:
+            self._drain(r)
+
+    @staticmethod
+    def _drain(rep: _Replica) -> None:
+        if rep.pump is not None:
+            rep.pump.join(timeout=5)
+
+    @staticmethod
+    def _failure_message(spec: JobSpec, rep: _Replica) -> str:
+        tail = "\n".join(f"  [{rep.key}] {line}" for line in list(rep.tail)[-20:])
+        return (
+            f"job {spec.name} failed: replica {rep.key} exited with code {rep.proc.returncode}. "
+            f"Its last log lines:\n{tail}"
+        )
+
+    def logs(self, spec: JobSpec, tail: int = 50) -> dict[str, list[str]]:
+        return {r.key: list(r.tail)[-tail:] for r in self._jobs.get(spec.name, [])}
+
+    def cancel(self, spec: JobSpec) -> None:
+        replicas = self._jobs.get(spec.name, [])
+        for sig, wait_s in ((signal.SIGTERM, 10.0), (signal.SIGKILL, 5.0)):
+            alive = [r for r in replicas if _group_alive(r.proc.pid)]
+            if not alive:
+                break
+            for r in alive:
+                try:
+                    os.killpg(r.proc.pid, sig)
+                except ProcessLookupError:
+                    pass
+            end = time.monotonic() + wait_s
+            while any(_group_alive(r.proc.pid) for r in alive) and time.monotonic() < end:
+                for r in alive:
+                    r.proc.poll()  # reap the leader so its group can disappear
+                time.sleep(0.05)
+        for r in replicas:
+            r.proc.poll()
+
+
+def _group_alive(pgid: int) -> bool:
+    try:
+        os.killpg(pgid, 0)
+        return True
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+
+
+__all__ = ["LocalBackend", "MASTER", "free_port"]

@@ -1,0 +1,59 @@
+"""The built-in classifier and how a trained one is saved to and loaded from the store.
+
+A saved model is a folder: ``model.safetensors`` (the state dict, no pickle) and ``model.json``
+(everything needed to rebuild it: architecture, classes, input normalisation).
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import torch
+from safetensors.torch import load as load_safetensors
+from safetensors.torch import save as save_safetensors
+from torch import nn
+
+from trainer.storage import ObjectStore, join_uri
+
+WEIGHTS = "model.safetensors"
+MODEL_META = "model.json"
+
+
+def build_mlp(
+    num_features: int, hidden_sizes: list[int], num_classes: int, dropout: float
+) -> nn.Sequential:
+    """A plain MLP: Linear -> ReLU (-> Dropout) per hidden layer, then a linear head of logits."""
+    layers: list[nn.Module] = []
+    width = num_features
+    for h in hidden_sizes:
+        layers += [nn.Linear(width, h), nn.ReLU()]
+        if dropout > 0:
+            layers.append(nn.Dropout(dropout))
+        width = h
+    layers.append(nn.Linear(width, num_classes))
+    return nn.Sequential(*layers)
+
+
+def save_model(store: ObjectStore, model_uri: str, model: nn.Module, meta: dict[str, Any]) -> None:
+    """Write weights first and the metadata last, so a folder with `model.json` is complete."""
+    state = {k: v.detach().cpu().contiguous() for k, v in model.state_dict().items()}
+    store.put_bytes(join_uri(model_uri, WEIGHTS), save_safetensors(state))
+    store.put_bytes(join_uri(model_uri, MODEL_META), json.dumps(meta, indent=2).encode())
+
+
+def load_model(store: ObjectStore, model_uri: str) -> tuple[nn.Module, dict[str, Any]]:
+    """Rebuild a saved model in eval mode on the CPU, with its metadata."""
+    meta = json.loads(store.get_bytes(join_uri(model_uri, MODEL_META)))
+    arch = meta["architecture"]
+    model = build_mlp(
+        arch["num_features"], arch["hidden_sizes"], arch["num_classes"], arch["dropout"]
+    )
+    model.load_state_dict(load_safetensors(store.get_bytes(join_uri(model_uri, WEIGHTS))))
+    return model.eval(), meta
+
+
+def normalize_inputs(x: torch.Tensor, meta: dict[str, Any]) -> torch.Tensor:
+    """Apply the training-split normalisation recorded in the model metadata to raw features."""
+    norm = meta["normalization"]
+    return (x - torch.tensor(norm["mean"])) / torch.tensor(norm["std"])

@@ -1,0 +1,359 @@
+"""One small store interface over URIs: S3-compatible object storage or a local directory.
+
+URIs are plain strings because an artifact location is a remote URI on a cluster and a local
+path on a laptop. Accepted forms:
+
+- ``s3://bucket/key`` and ``minio://bucket/key`` (KFP's name for its own MinIO/SeaweedFS store);
+- ``file:///abs/path`` and plain paths (``/abs/path``, ``relative/path``).
+
+Credentials never pass through here as arguments: the S3 store reads ``AWS_ACCESS_KEY_ID`` /
+``AWS_SECRET_ACCESS_KEY`` (``AWS_SESSION_TOKEN``) from the environment, which a Kubernetes Secret
+fills on a cluster.
+"""
+
+from __future__ import annotations
+
+import io
+import os
+import re
+import shutil
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Protocol
+from urllib.parse import urlsplit
+
+REMOTE_SCHEMES = ("s3", "minio")
+_BUCKET_RE = re.compile(r"^[a-z0-9][a-z0-9.\-]{1,61}[a-z0-9]$")
+
+
+class StoreError(RuntimeError):
+    """The object store refused or failed an operation; the message says what to fix."""
+
+
+class ObjectNotFound(StoreError, FileNotFoundError):
+    """No object (or file) at the URI."""
+
+
+@dataclass(frozen=True, slots=True)
+class Location:
+    """A parsed URI: `scheme` is ``s3``, ``minio`` or ``file``; `bucket` is empty for ``file``."""
+
+    scheme: str
+    bucket: str
+    key: str
+
+    @property
+    def is_remote(self) -> bool:
+        """True for object-store URIs."""
+        return self.scheme in REMOTE_SCHEMES
+
+    def __str__(self) -> str:
+        if self.is_remote:
+            return f"{self.scheme}://{self.bucket}/{self.key}".rstrip("/")
+        return self.key
+
+
+def parse_uri(uri: str) -> Location:
+    """Parse a store URI; raise ValueError naming the URI and the accepted forms when malformed."""
+    if not isinstance(uri, str) or not uri.strip():
+        raise ValueError(
+            f"empty storage URI {uri!r}: use s3://bucket/key, minio://bucket/key or a path"
+        )
+    if "://" not in uri:
+        return Location("file", "", os.path.abspath(uri))
+    parts = urlsplit(uri)
+    scheme = parts.scheme.lower()
+    if scheme == "file":
+        if parts.netloc not in ("", "localhost"):
+            raise ValueError(f"file URI {uri!r} names a host; use file:///absolute/path")
+        return Location("file", "", os.path.abspath(parts.path or "/"))
+    if scheme not in REMOTE_SCHEMES:
+        raise ValueError(
+            f"unsupported storage URI scheme {parts.scheme!r} in {uri!r}: "
+            "use s3://bucket/key, minio://bucket/key, file:///path or a plain path"
+        )
+    bucket = parts.netloc
+    if not _BUCKET_RE.match(bucket) or ".." in bucket:
+        raise ValueError(
+            f"invalid bucket name {bucket!r} in {uri!r}: 3-63 characters of lower-case letters, "
+            "digits, '.' and '-', starting and ending with a letter or digit"
+        )
+    if parts.query or parts.fragment:
+        raise ValueError(f"storage URI {uri!r} must not have a query or fragment")
+    key = parts.path.lstrip("/")
+    if "//" in key:
+        raise ValueError(f"storage URI {uri!r} has an empty path segment ('//')")
+    return Location(scheme, bucket, key)
+
+
+def join_uri(base: str, *parts: str) -> str:
+    """Append path segments to a store URI or path."""
+    out = base.rstrip("/")
+    for p in parts:
+        p = p.strip("/")
+        if p:
+            out = f"{out}/{p}"
+    return out
+
+
+class ObjectStore(Protocol):
+    """What kftrain needs from storage. URIs passed in are full URIs of this store's kind."""
+
+    def put_bytes(self, uri: str, data: bytes) -> None:
+        """Write an object atomically (readers see the old object or the whole new one)."""
+
+    def get_bytes(self, uri: str) -> bytes:
+        """Read a whole object; :class:`ObjectNotFound` when absent."""
+
+    def put_file(self, uri: str, path: str | Path) -> None:
+        """Upload a local file (multipart for large files)."""
+
+    def get_file(self, uri: str, path: str | Path) -> None:
+        """Download an object to a local file."""
+
+    def exists(self, uri: str) -> bool:
+        """Whether an object exists at `uri`."""
+
+    def list(self, prefix: str) -> list[str]:
+        """Full URIs of all objects under `prefix` (recursively), sorted."""
+
+    def delete(self, uri: str) -> None:
+        """Delete one object; no error when absent."""
+
+    def check(self, uri: str) -> None:
+        """Preflight: raise :class:`StoreError` saying what to fix if `uri` cannot be written."""
+
+
+class LocalStore:
+    """A local directory standing in for the object store."""
+
+    @staticmethod
+    def _path(uri: str) -> Path:
+        loc = parse_uri(uri)
+        if loc.is_remote:
+            raise StoreError(f"{uri!r} is an object-store URI, not a local path")
+        return Path(loc.key)
+
+    def put_bytes(self, uri: str, data: bytes) -> None:
+        path = self._path(uri)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+        try:
+            with os.fdopen(fd, "wb") as f:
+                f.write(data)
+            os.replace(tmp, path)
+        except BaseException:
+            Path(tmp).unlink(missing_ok=True)
+            raise
+
+    def get_bytes(self, uri: str) -> bytes:
+        path = self._path(uri)
+        try:
+            return path.read_bytes()
+        except (FileNotFoundError, IsADirectoryError):
+            raise ObjectNotFound(f"no file at {uri}") from None
+
+    def put_file(self, uri: str, path: str | Path) -> None:
+        dest = self._path(uri)
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        tmp = dest.with_name(f".{dest.name}.tmp")
+        shutil.copyfile(path, tmp)
+        os.replace(tmp, dest)
+
+    def get_file(self, uri: str, path: str | Path) -> None:
+        src = self._path(uri)
+        if not src.is_file():
+            raise ObjectNotFound(f"no file at {uri}")
+        Path(path).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(src, path)
+
+    def exists(self, uri: str) -> bool:
+        return self._path(uri).is_file()
+
+    def list(self, prefix: str) -> list[str]:
+        root = self._path(prefix)
+        if root.is_file():
+            return [prefix]
+        if not root.is_dir():
+            return []
+        base = prefix.rstrip("/")
+        return sorted(
+            join_uri(base, p.relative_to(root).as_posix())
+            for p in root.rglob("*")
+            if p.is_file() and not p.name.endswith(".tmp")
+        )
+
+    def delete(self, uri: str) -> None:
+        self._path(uri).unlink(missing_ok=True)
+
+    def check(self, uri: str) -> None:
+        path = self._path(uri)
+        try:
+            path.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise StoreError(f"cannot create the local store directory {path}: {exc}") from None
+        if not os.access(path, os.W_OK):
+            raise StoreError(f"the local store directory {path} is not writable")
+
+
+class S3Store:
+    """S3-compatible object storage through the minio SDK (AWS S3, MinIO, SeaweedFS)."""
+
+    def __init__(self, endpoint: str = "", region: str = "") -> None:
+        from minio import Minio
+        from minio.credentials import (
+            ChainedProvider,
+            EnvAWSProvider,
+            EnvMinioProvider,
+            IamAwsProvider,
+        )
+
+        endpoint = (
+            endpoint
+            or os.environ.get("AWS_ENDPOINT_URL_S3")
+            or os.environ.get("AWS_ENDPOINT_URL", "")
+        )
+        region = region or os.environ.get("AWS_REGION") or os.environ.get("AWS_DEFAULT_REGION", "")
+        if endpoint:
+            parts = urlsplit(endpoint)
+            if parts.scheme not in ("http", "https") or not parts.netloc:
+                raise StoreError(
+                    f"S3 endpoint {endpoint!r} must be a URL like http://host:9000 or https://host"
+                )
+            host, secure = parts.netloc, parts.scheme == "https"
+        else:
+            host, secure = "s3.amazonaws.com", True
+        providers = [EnvAWSProvider(), EnvMinioProvider()]
+        # Web-identity (IRSA) credentials only when the pod is set up for it: probing the
+        # instance metadata service elsewhere would stall every call.
+        if os.environ.get("AWS_WEB_IDENTITY_TOKEN_FILE"):
+            providers.append(IamAwsProvider())
+        if not (
+            os.environ.get("AWS_ACCESS_KEY_ID")
+            or os.environ.get("MINIO_ACCESS_KEY")
+            or os.environ.get("AWS_WEB_IDENTITY_TOKEN_FILE")
+        ):
+            raise StoreError(
+                "no object-store credentials: set AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY "
+                "(on a cluster, from a Kubernetes Secret; see README 'Credentials')"
+            )
+        self.endpoint = f"{'https' if secure else 'http'}://{host}"
+        self._client = Minio(
+            host, secure=secure, region=region or None, credentials=ChainedProvider(providers)
+        )
+
+    def _loc(self, uri: str) -> Location:
+        loc = parse_uri(uri)
+        if not loc.is_remote:
+            raise StoreError(f"{uri!r} is a local path, not an object-store URI")
+        return loc
+
+    def _error(self, exc: Exception, uri: str) -> StoreError:
+        """Turn an SDK error into one that says what to fix (and never echoes a key)."""
+        from minio.error import S3Error
+
+        if isinstance(exc, S3Error):
+            code = exc.code
+            if code in ("NoSuchKey", "NoSuchObject"):
+                return ObjectNotFound(f"no object at {uri}")
+            if code == "NoSuchBucket":
+                bucket = self._loc(uri).bucket
+                return StoreError(
+                    f"bucket {bucket!r} does not exist at {self.endpoint}: create it "
+                    f"(e.g. `mc mb`), or point store.uri at an existing bucket"
+                )
+            if code in ("InvalidAccessKeyId", "SignatureDoesNotMatch", "AccessDenied"):
+                return StoreError(
+                    f"{self.endpoint} rejected the credentials for {uri} ({code}): check "
+                    "AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY and the bucket policy"
+                )
+            return StoreError(f"{code} from {self.endpoint} for {uri}: {exc.message}")
+        return StoreError(f"cannot reach the object store at {self.endpoint} for {uri}: {exc}")
+
+    def put_bytes(self, uri: str, data: bytes) -> None:
+        loc = self._loc(uri)
+        try:
+            self._client.put_object(loc.bucket, loc.key, io.BytesIO(data), len(data))
+        except Exception as exc:
+            raise self._error(exc, uri) from None
+
+    def get_bytes(self, uri: str) -> bytes:
+        loc = self._loc(uri)
+        try:
+            resp = self._client.get_object(loc.bucket, loc.key)
+            try:
+                return resp.read()
+            finally:
+                resp.close()
+                resp.release_conn()
+        except Exception as exc:
+            raise self._error(exc, uri) from None
+
+    def put_file(self, uri: str, path: str | Path) -> None:
+        loc = self._loc(uri)
+        try:
+            # Parts of 16 MiB: multipart above that size, few round trips below it.
+            self._client.fput_object(loc.bucket, loc.key, str(path), part_size=16 * 1024 * 1024)
+        except Exception as exc:
+            raise self._error(exc, uri) from None
+
+    def get_file(self, uri: str, path: str | Path) -> None:
+        loc = self._loc(uri)
+        try:
+            self._client.fget_object(loc.bucket, loc.key, str(path))
+        except Exception as exc:
+            raise self._error(exc, uri) from None
+
+    def exists(self, uri: str) -> bool:
+        from minio.error import S3Error
+
+        loc = self._loc(uri)
+        try:
+            self._client.stat_object(loc.bucket, loc.key)
+            return True
+        except S3Error as exc:
+            if exc.code in ("NoSuchKey", "NoSuchObject"):
+                return False
+            raise self._error(exc, uri) from None
+        except Exception as exc:
+            raise self._error(exc, uri) from None
+
+    def list(self, prefix: str) -> list[str]:
+        loc = self._loc(prefix)
+        try:
+            objects = self._client.list_objects(loc.bucket, prefix=loc.key, recursive=True)
+            keys = [o.object_name for o in objects]
+        except Exception as exc:
+            raise self._error(exc, prefix) from None
+        return sorted(f"{loc.scheme}://{loc.bucket}/{k}" for k in keys)
+
+    def delete(self, uri: str) -> None:
+        loc = self._loc(uri)
+        try:
+            self._client.remove_object(loc.bucket, loc.key)
+        except Exception as exc:
+            raise self._error(exc, uri) from None
+
+    def check(self, uri: str) -> None:
+        loc = self._loc(uri)
+        try:
+            found = self._client.bucket_exists(loc.bucket)
+        except Exception as exc:
+            raise self._error(exc, uri) from None
+        if not found:
+            raise StoreError(
+                f"bucket {loc.bucket!r} does not exist at {self.endpoint}: create it "
+                f"(e.g. `mc mb`), or point store.uri at an existing bucket"
+            )
+        # bucket_exists passes with read-only keys: prove we can write where the run will.
+        probe = join_uri(uri, ".kftrain-write-check")
+        self.put_bytes(probe, b"ok")
+        self.delete(probe)
+
+
+def open_store(uri: str, endpoint: str = "", region: str = "") -> ObjectStore:
+    """The store serving `uri`: :class:`S3Store` for s3:// and minio://, else :class:`LocalStore`."""
+    if parse_uri(uri).is_remote:
+        return S3Store(endpoint=endpoint, region=region)
+    return LocalStore()
