@@ -18,6 +18,8 @@ from typing import Any
 
 import yaml
 
+from trainer.storage import parse_uri
+
 
 class ConfigError(ValueError):
     """A configuration value is missing, unknown, of the wrong type or out of range."""
@@ -32,15 +34,19 @@ def _require(ok: bool, path: str, value: Any, expectation: str) -> None:
 class StoreConfig:
     """Where artifacts live: an object store (S3, MinIO, SeaweedFS) or a local directory."""
 
-    uri: str = "kftrain-outputs"
-    """Root for run artifacts: `s3://bucket/prefix`, `minio://bucket/prefix`, a local path or `file://` URI."""
+    uri: str = ""
+    """Root for run artifacts (`s3://bucket/prefix`, `minio://bucket/prefix`, a path); empty: KFP's own."""
     endpoint: str = ""
-    """S3 endpoint URL, e.g. `http://minio-service.kubeflow:9000`; empty: env `AWS_ENDPOINT_URL`, else AWS S3."""
+    """S3 endpoint URL, e.g. `http://minio-service.kubeflow:9000`; empty: env `AWS_ENDPOINT_URL`."""
     region: str = ""
     """S3 region; empty: env `AWS_REGION`, else the server's default."""
 
     def __post_init__(self) -> None:
-        _require(bool(self.uri.strip()), "store.uri", self.uri, "must not be empty")
+        if self.uri:
+            try:
+                parse_uri(self.uri)
+            except ValueError as exc:
+                raise ConfigError(f"store.uri: {exc}") from None
         if self.endpoint:
             _require(
                 self.endpoint.startswith(("http://", "https://")),
@@ -55,9 +61,9 @@ class DataConfig:
     """Data preparation: the source table, the split and the shard layout."""
 
     source: str = "digits"
-    """`digits` (scikit-learn's handwritten digits, shipped with the package) or the URI of a CSV file."""
+    """`digits` (scikit-learn's handwritten digits, bundled) or the URI of a CSV file."""
     label_column: str = "label"
-    """For a CSV source: the column holding the integer class label; every other column is a feature."""
+    """For a CSV source: the column holding the class label; every other column is a feature."""
     val_fraction: float = 0.1
     """Share of rows held out for validation during training."""
     test_fraction: float = 0.2
@@ -69,6 +75,11 @@ class DataConfig:
 
     def __post_init__(self) -> None:
         _require(bool(self.source.strip()), "data.source", self.source, "must not be empty")
+        if self.source != "digits":
+            try:
+                parse_uri(self.source)
+            except ValueError as exc:
+                raise ConfigError(f"data.source: {exc}") from None
         for name in ("val_fraction", "test_fraction"):
             value = getattr(self, name)
             _require(0.0 < value < 0.5, f"data.{name}", value, "must be between 0 and 0.5")
@@ -114,9 +125,7 @@ class TrainConfig:
     def __post_init__(self) -> None:
         _require(self.epochs > 0, "train.epochs", self.epochs, "must be positive")
         _require(self.batch_size > 0, "train.batch_size", self.batch_size, "must be positive")
-        _require(
-            self.learning_rate > 0, "train.learning_rate", self.learning_rate, "must be positive"
-        )
+        _require(self.learning_rate > 0, "train.learning_rate", self.learning_rate, "must be positive")
         _require(self.weight_decay >= 0, "train.weight_decay", self.weight_decay, "must be >= 0")
         _require(
             self.log_interval_steps > 0,
@@ -137,24 +146,16 @@ class JobConfig:
     image: str = "ghcr.io/kftrain/kftrain:0.1.0"
     """Container image of every step and replica; it has kftrain installed."""
     timeout_seconds: int = 3600
-    """Wall-clock limit for the whole training job; past it the job is cancelled and the step fails."""
+    """Wall-clock limit of the training job; past it the job is cancelled and the step fails."""
     omp_num_threads: int = 1
     """OMP_NUM_THREADS for each training process (CPU threads for intra-op parallelism)."""
 
     def __post_init__(self) -> None:
-        _require(
-            self.replicas >= 1, "job.replicas", self.replicas, "must be at least 1 (the Master)"
-        )
-        _require(
-            self.nproc_per_node >= 1, "job.nproc_per_node", self.nproc_per_node, "must be >= 1"
-        )
+        _require(self.replicas >= 1, "job.replicas", self.replicas, "must be at least 1 (the Master)")
+        _require(self.nproc_per_node >= 1, "job.nproc_per_node", self.nproc_per_node, "must be >= 1")
         _require(bool(self.image.strip()), "job.image", self.image, "must not be empty")
-        _require(
-            self.timeout_seconds > 0, "job.timeout_seconds", self.timeout_seconds, "must be > 0"
-        )
-        _require(
-            self.omp_num_threads >= 1, "job.omp_num_threads", self.omp_num_threads, "must be >= 1"
-        )
+        _require(self.timeout_seconds > 0, "job.timeout_seconds", self.timeout_seconds, "must be > 0")
+        _require(self.omp_num_threads >= 1, "job.omp_num_threads", self.omp_num_threads, "must be >= 1")
 
     @property
     def world_size(self) -> int:
@@ -211,8 +212,7 @@ def _convert(value: Any, tp: Any, path: str) -> Any:
         _require(isinstance(value, dict), path, value, "must be a mapping")
         key_t, val_t = typing.get_args(tp)
         return {
-            _convert(k, key_t, f"{path} key"): _convert(v, val_t, f"{path}.{k}")
-            for k, v in value.items()
+            _convert(k, key_t, f"{path} key"): _convert(v, val_t, f"{path}.{k}") for k, v in value.items()
         }
     if tp is float:
         # YAML reads `1e-3` as a string and `1` as an int: both are meant as floats.
@@ -270,30 +270,33 @@ def to_dict(cfg: Any) -> dict[str, Any]:
     return dataclasses.asdict(cfg)
 
 
-def load_config(path: str | Path | None = None, overrides: dict[str, Any] | None = None) -> Config:
-    """Load a YAML config file (or the defaults when `path` is None) and apply dotted overrides.
+def parse_config(text: str, overrides: dict[str, Any] | None = None, origin: str = "config") -> Config:
+    """Build a :class:`Config` from YAML (or JSON) text and dotted overrides.
 
-    `overrides` maps dotted keys to values, e.g. ``{"job.replicas": 3}``.
+    `overrides` maps dotted keys to values, e.g. ``{"job.replicas": 3}``; they win over the text.
     """
-    data: dict[str, Any] = {}
-    if path is not None:
-        text = Path(path).read_text()
-        try:
-            loaded = yaml.safe_load(text)
-        except yaml.YAMLError as exc:
-            raise ConfigError(f"{path}: not valid YAML: {exc}") from None
-        if loaded is not None:
-            _require(
-                isinstance(loaded, dict), str(path), type(loaded).__name__, "must hold a mapping"
-            )
-            data = loaded
+    try:
+        loaded = yaml.safe_load(text) if text.strip() else None
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"{origin}: not valid YAML: {exc}") from None
+    if loaded is None:
+        loaded = {}
+    _require(isinstance(loaded, dict), origin, type(loaded).__name__, "must hold a mapping")
+    data: dict[str, Any] = loaded
     for dotted, value in (overrides or {}).items():
         node = data
         *parents, leaf = dotted.split(".")
         for p in parents:
             node = node.setdefault(p, {})
+            _require(isinstance(node, dict), p, node, "must be a mapping")
         node[leaf] = value
     return from_dict(Config, data)
+
+
+def load_config(path: str | Path | None = None, overrides: dict[str, Any] | None = None) -> Config:
+    """Load a YAML config file (the defaults when `path` is None) and apply dotted overrides."""
+    text = Path(path).read_text() if path is not None else ""
+    return parse_config(text, overrides, origin=str(path or "config"))
 
 
 def config_to_json(cfg: Config) -> str:

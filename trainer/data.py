@@ -65,9 +65,7 @@ def parse_csv(raw: bytes, label_column: str, name: str) -> Table:
         raise DataError(f"{name}: needs a header row and at least one data row")
     header, body = rows[0], [r for r in rows[1:] if r]
     if label_column not in header:
-        raise DataError(
-            f"{name}: no column {label_column!r} (data.label_column); columns are {header}"
-        )
+        raise DataError(f"{name}: no column {label_column!r} (data.label_column); columns are {header}")
     li = header.index(label_column)
     labels_raw = [r[li] for r in body]
     classes = sorted(set(labels_raw), key=lambda s: (len(s), s))
@@ -138,9 +136,7 @@ def prepare_dataset(cfg: DataConfig, store: ObjectStore, dataset_uri: str) -> di
         for i, start in enumerate(range(0, len(idx), cfg.shard_rows)):
             name = f"{split}/shard-{i:05d}.npz"
             stop = start + cfg.shard_rows
-            store.put_bytes(
-                join_uri(dataset_uri, name), _npz_bytes(x=x[start:stop], y=y[start:stop])
-            )
+            store.put_bytes(join_uri(dataset_uri, name), _npz_bytes(x=x[start:stop], y=y[start:stop]))
             shards.append(name)
         manifest["splits"][split] = {"rows": int(len(idx)), "shards": shards}
     # The manifest goes last: readers treat a dataset without it as incomplete.
@@ -162,9 +158,7 @@ def load_split(store: ObjectStore, dataset_uri: str, split: str, manifest: dict 
     manifest = manifest or read_manifest(store, dataset_uri)
     xs, ys = [], []
     for name in manifest["splits"][split]["shards"]:
-        with np.load(
-            io.BytesIO(store.get_bytes(join_uri(dataset_uri, name))), allow_pickle=False
-        ) as z:
+        with np.load(io.BytesIO(store.get_bytes(join_uri(dataset_uri, name))), allow_pickle=False) as z:
             xs.append(z["x"])
             ys.append(z["y"])
     return np.concatenate(xs), np.concatenate(ys)

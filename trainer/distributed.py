@@ -67,9 +67,7 @@ def process_group(env: DistEnv, device: torch.device, timeout_s: float = 600) ->
         yield
         return
     kwargs = {"device_id": device} if device.type == "cuda" else {}
-    dist.init_process_group(
-        backend_for(device), timeout=datetime.timedelta(seconds=timeout_s), **kwargs
-    )
+    dist.init_process_group(backend_for(device), timeout=datetime.timedelta(seconds=timeout_s), **kwargs)
     try:
         yield
     finally:

@@ -16,9 +16,7 @@ from trainer.storage import ObjectStore, join_uri
 EVAL_RECORD = "metrics.json"
 
 
-def classification_report(
-    y_true: np.ndarray, y_pred: np.ndarray, classes: list[str]
-) -> dict[str, Any]:
+def classification_report(y_true: np.ndarray, y_pred: np.ndarray, classes: list[str]) -> dict[str, Any]:
     """Accuracy, per-class precision/recall/F1 and the confusion matrix (rows: truth, cols: prediction).
 
     A class never predicted has precision 0, and one never present has recall 0: the report

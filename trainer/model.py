@@ -20,9 +20,7 @@ WEIGHTS = "model.safetensors"
 MODEL_META = "model.json"
 
 
-def build_mlp(
-    num_features: int, hidden_sizes: list[int], num_classes: int, dropout: float
-) -> nn.Sequential:
+def build_mlp(num_features: int, hidden_sizes: list[int], num_classes: int, dropout: float) -> nn.Sequential:
     """A plain MLP: Linear -> ReLU (-> Dropout) per hidden layer, then a linear head of logits."""
     layers: list[nn.Module] = []
     width = num_features
@@ -46,9 +44,7 @@ def load_model(store: ObjectStore, model_uri: str) -> tuple[nn.Module, dict[str,
     """Rebuild a saved model in eval mode on the CPU, with its metadata."""
     meta = json.loads(store.get_bytes(join_uri(model_uri, MODEL_META)))
     arch = meta["architecture"]
-    model = build_mlp(
-        arch["num_features"], arch["hidden_sizes"], arch["num_classes"], arch["dropout"]
-    )
+    model = build_mlp(arch["num_features"], arch["hidden_sizes"], arch["num_classes"], arch["dropout"])
     model.load_state_dict(load_safetensors(store.get_bytes(join_uri(model_uri, WEIGHTS))))
     return model.eval(), meta
 

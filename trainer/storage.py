@@ -24,6 +24,8 @@ from typing import Protocol
 from urllib.parse import urlsplit
 
 REMOTE_SCHEMES = ("s3", "minio")
+#: Multipart part size: files above it upload in parallel-safe parts, smaller ones in one PUT.
+PART_SIZE = 8 * 1024 * 1024
 _BUCKET_RE = re.compile(r"^[a-z0-9][a-z0-9.\-]{1,61}[a-z0-9]$")
 
 
@@ -57,9 +59,7 @@ class Location:
 def parse_uri(uri: str) -> Location:
     """Parse a store URI; raise ValueError naming the URI and the accepted forms when malformed."""
     if not isinstance(uri, str) or not uri.strip():
-        raise ValueError(
-            f"empty storage URI {uri!r}: use s3://bucket/key, minio://bucket/key or a path"
-        )
+        raise ValueError(f"empty storage URI {uri!r}: use s3://bucket/key, minio://bucket/key or a path")
     if "://" not in uri:
         return Location("file", "", os.path.abspath(uri))
     parts = urlsplit(uri)
@@ -209,11 +209,7 @@ class S3Store:
             IamAwsProvider,
         )
 
-        endpoint = (
-            endpoint
-            or os.environ.get("AWS_ENDPOINT_URL_S3")
-            or os.environ.get("AWS_ENDPOINT_URL", "")
-        )
+        endpoint = endpoint or os.environ.get("AWS_ENDPOINT_URL_S3") or os.environ.get("AWS_ENDPOINT_URL", "")
         region = region or os.environ.get("AWS_REGION") or os.environ.get("AWS_DEFAULT_REGION", "")
         if endpoint:
             parts = urlsplit(endpoint)
@@ -293,8 +289,7 @@ class S3Store:
     def put_file(self, uri: str, path: str | Path) -> None:
         loc = self._loc(uri)
         try:
-            # Parts of 16 MiB: multipart above that size, few round trips below it.
-            self._client.fput_object(loc.bucket, loc.key, str(path), part_size=16 * 1024 * 1024)
+            self._client.fput_object(loc.bucket, loc.key, str(path), part_size=PART_SIZE)
         except Exception as exc:
             raise self._error(exc, uri) from None
 

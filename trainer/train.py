@@ -66,8 +66,7 @@ def run_training(cfg: Config, dataset_uri: str, model_uri: str, env: DistEnv) ->
     device = device_for(env)
     if cfg.train.batch_size % env.world_size:
         raise ConfigError(
-            f"train.batch_size: must divide by the world size {env.world_size}, "
-            f"got {cfg.train.batch_size}"
+            f"train.batch_size: must divide by the world size {env.world_size}, got {cfg.train.batch_size}"
         )
     local_batch = cfg.train.batch_size // env.world_size
     store = open_store(dataset_uri, cfg.store.endpoint, cfg.store.region)
@@ -93,11 +92,18 @@ def run_training(cfg: Config, dataset_uri: str, model_uri: str, env: DistEnv) ->
     optimizer = torch.optim.AdamW(
         ddp_model.parameters(), lr=cfg.train.learning_rate, weight_decay=cfg.train.weight_decay
     )
+    if len(y_train) < cfg.train.batch_size:
+        raise ConfigError(
+            f"train.batch_size: must not exceed the {len(y_train)} training rows, got {cfg.train.batch_size}"
+        )
     dataset = TensorDataset(torch.from_numpy(x_train), torch.from_numpy(y_train))
+    # Full global batches only: every step sees exactly batch_size rows on any world size, so
+    # one process and N processes take the same optimizer steps. The shuffle moves the few
+    # left-over rows to a different place every epoch.
     sampler = DistributedSampler(
-        dataset, num_replicas=env.world_size, rank=env.rank, shuffle=True, seed=cfg.train.seed
+        dataset, num_replicas=env.world_size, rank=env.rank, shuffle=True, seed=cfg.train.seed, drop_last=True
     )
-    loader = DataLoader(dataset, batch_size=local_batch, sampler=sampler, drop_last=False)
+    loader = DataLoader(dataset, batch_size=local_batch, sampler=sampler, drop_last=True)
     xv, yv = torch.from_numpy(x_val).to(device), torch.from_numpy(y_val).to(device)
     loss_fn = nn.CrossEntropyLoss()
 
@@ -121,13 +127,9 @@ def run_training(cfg: Config, dataset_uri: str, model_uri: str, env: DistEnv) ->
                 first_step_at = time.time()
             if env.is_main and step % cfg.train.log_interval_steps == 0:
                 rate = samples / max(time.time() - t_train, 1e-9)
-                log.info(
-                    "epoch %d step %d loss %.4f %.0f samples/s", epoch, step, loss.item(), rate
-                )
+                log.info("epoch %d step %d loss %.4f %.0f samples/s", epoch, step, loss.item(), rate)
         val_acc = accuracy(ddp_model, xv, yv)
-        history.append(
-            {"epoch": epoch, "train_loss": loss_sum / max(batches, 1), "val_accuracy": val_acc}
-        )
+        history.append({"epoch": epoch, "train_loss": loss_sum / max(batches, 1), "val_accuracy": val_acc})
         if env.is_main:
             log.info(
                 "epoch %d done: train_loss %.4f val_accuracy %.4f",

@@ -1,0 +1,79 @@
+"""The `kftrain` command line."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+
+def _cmd_compile(args: argparse.Namespace) -> int:
+    from pipelines.compile import compile_all
+
+    for path in compile_all(args.output_dir):
+        print(f"wrote {path}")
+    return 0
+
+
+def _cmd_run(args: argparse.Namespace) -> int:
+    from pipelines.local_run import run_local, write_summary
+    from trainer.config import load_config
+
+    if not args.local:
+        print("kftrain run: only --local is supported; on a cluster use `kftrain submit`", file=sys.stderr)
+        return 2
+    overrides = {}
+    if args.store:
+        overrides["store.uri"] = args.store
+    if args.s3_endpoint:
+        overrides["store.endpoint"] = args.s3_endpoint
+    cfg = load_config(args.config, overrides)
+    summary = run_local(cfg, local_root=args.output_dir)
+    print("\nkftrain: run finished. Artifacts:")
+    for name, uri in summary["artifacts"].items():
+        print(f"  {name:9s} {uri}")
+    print("Metrics:")
+    for name, value in sorted(summary["metrics"].items()):
+        print(f"  {name:20s} {value:.4f}")
+    if args.summary:
+        write_summary(summary, args.summary)
+        print(f"summary written to {args.summary}")
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The argument parser of every subcommand."""
+    parser = argparse.ArgumentParser(prog="kftrain", description="Distributed PyTorch training on Kubeflow.")
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    p = sub.add_parser("compile", help="compile every pipeline to YAML")
+    p.add_argument("--output-dir", default="compiled", help="folder for the YAML files (default: compiled)")
+    p.set_defaults(func=_cmd_compile)
+
+    p = sub.add_parser("run", help="run the training pipeline")
+    p.add_argument("--local", action="store_true", help="on this machine through kfp.local")
+    p.add_argument("--config", help="kftrain YAML config (default: built-in defaults)")
+    p.add_argument("--store", help="artifact root, e.g. s3://bucket/prefix (overrides store.uri)")
+    p.add_argument("--s3-endpoint", help="S3 endpoint URL (overrides store.endpoint)")
+    p.add_argument(
+        "--output-dir", default="kftrain-outputs", help="local artifact root when no store is given"
+    )
+    p.add_argument("--summary", help="write artifact URIs and final metrics to this JSON file")
+    p.set_defaults(func=_cmd_run)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point of the `kftrain` console script."""
+    from trainer.config import ConfigError
+    from trainer.storage import StoreError
+
+    args = build_parser().parse_args(argv)
+    try:
+        return args.func(args)
+    except (ConfigError, StoreError, ValueError) as exc:
+        print(f"kftrain: error: {exc}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

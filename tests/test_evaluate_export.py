@@ -1,0 +1,94 @@
+import json
+
+import numpy as np
+import pytest
+import torch
+from safetensors.torch import load as load_safetensors
+
+from trainer.evaluate import classification_report, evaluate_model
+from trainer.export import export_model, load_torchscript
+from trainer.model import build_mlp, load_model, normalize_inputs, save_model
+from trainer.storage import LocalStore, join_uri
+
+
+def test_report_on_a_known_confusion():
+    # truth:      a a a a b b c c c c
+    # prediction: a a a b b b c c a c   -> cm = [[3,1,0],[0,2,0],[1,0,3]]
+    y_true = np.array([0, 0, 0, 0, 1, 1, 2, 2, 2, 2])
+    y_pred = np.array([0, 0, 0, 1, 1, 1, 2, 2, 0, 2])
+    r = classification_report(y_true, y_pred, ["a", "b", "c"])
+    assert r["confusion_matrix"] == [[3, 1, 0], [0, 2, 0], [1, 0, 3]]
+    assert r["accuracy"] == pytest.approx(0.8)
+    assert r["per_class"]["a"]["precision"] == pytest.approx(3 / 4)
+    assert r["per_class"]["a"]["recall"] == pytest.approx(3 / 4)
+    assert r["per_class"]["b"]["precision"] == pytest.approx(2 / 3)
+    assert r["per_class"]["b"]["recall"] == pytest.approx(1.0)
+    assert r["per_class"]["c"]["precision"] == pytest.approx(1.0)
+    assert r["per_class"]["c"]["recall"] == pytest.approx(3 / 4)
+    assert r["per_class"]["c"]["support"] == 4
+
+
+def test_a_class_never_predicted_has_zero_precision_not_nan():
+    r = classification_report(np.array([0, 1]), np.array([0, 0]), ["a", "b"])
+    assert r["per_class"]["b"] == {"precision": 0.0, "recall": 0.0, "f1": 0.0, "support": 1}
+
+
+@pytest.fixture
+def trained(tmp_path):
+    store = LocalStore()
+    torch.manual_seed(0)
+    model = build_mlp(4, [8], 3, 0.0)
+    meta = {
+        "task": "classification",
+        "architecture": {"num_features": 4, "hidden_sizes": [8], "num_classes": 3, "dropout": 0.0},
+        "classes": ["x", "y", "z"],
+        "feature_names": ["f0", "f1", "f2", "f3"],
+        "normalization": {"mean": [1.0, 2.0, 3.0, 4.0], "std": [2.0, 2.0, 1.0, 0.5]},
+        "dataset_uri": "s3://bucket/ds",
+    }
+    uri = str(tmp_path / "model")
+    save_model(store, uri, model, meta)
+    return store, uri, model, meta
+
+
+def test_saved_model_loads_back_identically(trained):
+    store, uri, model, _ = trained
+    loaded, meta = load_model(store, uri)
+    x = torch.randn(5, 4)
+    torch.testing.assert_close(loaded(x), model(x))
+    assert meta["classes"] == ["x", "y", "z"]
+
+
+def test_export_formats_load_and_match_the_pytorch_model(trained, tmp_path):
+    store, uri, model, meta = trained
+    out = str(tmp_path / "export")
+    card = export_model(store, uri, out, metrics={"accuracy": 0.9}, training_config={"train": {"epochs": 1}})
+    raw = torch.randn(16, 4) * 3 + 2
+    expected = model(normalize_inputs(raw, meta))
+    scripted = load_torchscript(store, out)
+    torch.testing.assert_close(scripted(raw), expected)
+    state = load_safetensors(store.get_bytes(join_uri(out, "model.safetensors")))
+    rebuilt = build_mlp(4, [8], 3, 0.0)
+    rebuilt.load_state_dict({k.removeprefix("model."): v for k, v in state.items() if k.startswith("model.")})
+    torch.testing.assert_close(rebuilt((raw - state["mean"]) / state["std"]), expected)
+    on_disk = json.loads(store.get_bytes(join_uri(out, "model_card.json")))
+    assert on_disk == card
+    assert card["classes"] == ["x", "y", "z"]
+    assert card["inputs"]["shape"] == [-1, 4]
+    assert card["metrics"] == {"accuracy": 0.9}
+    assert card["source_dataset_uri"] == "s3://bucket/ds"
+    assert card["training_config"] == {"train": {"epochs": 1}}
+
+
+def test_evaluate_model_writes_its_report(trained, tmp_path):
+    store, uri, model, meta = trained
+    from trainer.config import DataConfig
+    from trainer.data import prepare_dataset
+
+    rows = ["f0,f1,f2,f3,label"] + [f"{i % 5},{i % 7},{i % 3},{i % 2},{'xyz'[i % 3]}" for i in range(60)]
+    store.put_bytes(str(tmp_path / "in.csv"), "\n".join(rows).encode())
+    ds = str(tmp_path / "ds")
+    prepare_dataset(DataConfig(source=str(tmp_path / "in.csv")), store, ds)
+    report = evaluate_model(store, uri, ds, str(tmp_path / "eval"))
+    assert json.loads(store.get_bytes(str(tmp_path / "eval/metrics.json"))) == report
+    assert report["test_rows"] == sum(sum(r) for r in report["confusion_matrix"])

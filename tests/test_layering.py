@@ -1,0 +1,56 @@
+"""pipelines/ -> components/ -> trainer/, one direction; compiling never imports torch."""
+
+import ast
+import subprocess
+import sys
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def imported_modules(path: Path) -> set[str]:
+    tree = ast.parse(path.read_text())
+    names = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            names |= {a.name.split(".")[0] for a in node.names}
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            names.add(node.module.split(".")[0])
+    return names
+
+
+def test_trainer_never_imports_kfp_components_or_pipelines():
+    for path in (REPO / "trainer").rglob("*.py"):
+        bad = imported_modules(path) & {"kfp", "components", "pipelines"}
+        assert not bad, f"{path.relative_to(REPO)} imports {bad}"
+
+
+def test_components_never_import_pipelines():
+    for path in (REPO / "components").rglob("*.py"):
+        assert "pipelines" not in imported_modules(path), path
+
+
+def test_compiling_every_pipeline_imports_no_torch(tmp_path):
+    code = (
+        "import sys\n"
+        "from pipelines.compile import compile_all\n"
+        f"compile_all({str(tmp_path)!r})\n"
+        "heavy = sorted(m for m in sys.modules if m.split('.')[0] in ('torch', 'numpy', 'sklearn'))\n"
+        "assert not heavy, heavy\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+
+
+def test_trainer_imports_without_kfp_installed():
+    """Hide kfp entirely: the whole trainer package still imports (it runs in bare pods)."""
+    code = (
+        "import sys, pkgutil, importlib\n"
+        "sys.modules['kfp'] = None\n"
+        "import trainer\n"
+        "for m in pkgutil.walk_packages(trainer.__path__, 'trainer.'):\n"
+        "    if m.name != 'trainer.launch.kubernetes':\n"
+        "        importlib.import_module(m.name)\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr

@@ -1,0 +1,153 @@
+"""The local backend runs real process groups with the operator's environment."""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import textwrap
+import time
+
+import pytest
+
+from trainer.launch.backend import JobFailed, JobTimeout, run_job
+from trainer.launch.local import LocalBackend
+from trainer.launch.spec import JobSpec
+
+pytestmark = pytest.mark.timeout(120)
+
+ENV_KEYS = [
+    "MASTER_ADDR",
+    "MASTER_PORT",
+    "WORLD_SIZE",
+    "RANK",
+    "PET_NNODES",
+    "PET_NODE_RANK",
+    "PET_NPROC_PER_NODE",
+    "PET_MASTER_ADDR",
+    "PET_MASTER_PORT",
+    "PYTHONUNBUFFERED",
+]
+
+
+def job(name: str, code: str, replicas: int = 1, nproc: int = 1) -> JobSpec:
+    return JobSpec(
+        name=name,
+        image="local",
+        command=("python", "-c", textwrap.dedent(code)),
+        replicas=replicas,
+        nproc_per_node=nproc,
+    )
+
+
+def test_replicas_see_the_operator_environment():
+    lines: list[str] = []
+    code = f"import json, os; print('ENV', json.dumps({{k: os.environ.get(k) for k in {ENV_KEYS!r}}}))"
+    spec = job("env-check", code, replicas=3, nproc=2)
+    run_job(LocalBackend(sink=lines.append), spec, timeout_s=60)
+    seen = {}
+    for line in lines:
+        prefix, _, rest = line.partition(" ")
+        if rest.startswith("ENV "):
+            seen[prefix] = json.loads(rest[4:])
+    assert set(seen) == {"[master-0]", "[worker-0]", "[worker-1]"}
+    ports = {env["MASTER_PORT"] for env in seen.values()}
+    assert len(ports) == 1  # one rendezvous port for the whole job
+    for key, node_rank in (("[master-0]", 0), ("[worker-0]", 1), ("[worker-1]", 2)):
+        env = seen[key]
+        assert env["RANK"] == env["PET_NODE_RANK"] == str(node_rank)
+        assert env["WORLD_SIZE"] == "6"
+        assert env["PET_NNODES"] == "3"
+        assert env["PET_NPROC_PER_NODE"] == "2"
+        assert env["MASTER_ADDR"] == env["PET_MASTER_ADDR"] == "127.0.0.1"
+        assert env["PET_MASTER_PORT"] == env["MASTER_PORT"]
+        assert env["PYTHONUNBUFFERED"] == "1"
+
+
+def test_torchrun_turns_node_ranks_into_process_ranks():
+    """3 replicas x 2 processes under torchrun: six distinct ranks that all-reduce with gloo."""
+    code = """
+        import os, torch, torch.distributed as dist
+        dist.init_process_group("gloo")
+        t = torch.tensor([1.0])
+        dist.all_reduce(t)
+        env = os.environ
+        print("RANK", env["RANK"], env["LOCAL_RANK"], env["WORLD_SIZE"], int(t.item()), flush=True)
+        dist.destroy_process_group()
+    """
+    lines: list[str] = []
+    spec = JobSpec(
+        name="torchrun-check",
+        image="local",
+        command=(
+            "python",
+            "-m",
+            "torch.distributed.run",
+            "--no-python",
+            sys.executable,
+            "-c",
+            textwrap.dedent(code),
+        ),
+        replicas=3,
+        nproc_per_node=2,
+        env={"OMP_NUM_THREADS": "1"},
+    )
+    run_job(LocalBackend(sink=lines.append), spec, timeout_s=90)
+    ranks = sorted(line.split("RANK ", 1)[1] for line in lines if "RANK " in line and "] RANK" in line)
+    assert ranks == [f"{r} {r % 2} 6 6" for r in range(6)]
+
+
+def test_a_failing_replica_fails_the_job_with_its_last_lines():
+    code = """
+        import os, sys, time
+        if os.environ["RANK"] == "1":
+            print("loading shard 7")
+            print("boom: CUDA out of memory")
+            sys.exit(3)
+        time.sleep(60)
+    """
+    backend = LocalBackend(sink=lambda line: None)
+    spec = job("fails", code, replicas=2)
+    t0 = time.monotonic()
+    with pytest.raises(JobFailed) as info:
+        run_job(backend, spec, timeout_s=60)
+    assert time.monotonic() - t0 < 30  # the master's sleep was cut short by the cancel
+    message = str(info.value)
+    assert "replica worker-0 exited with code 3" in message
+    assert "boom: CUDA out of memory" in message
+    assert all(r.proc.poll() is not None for r in backend._jobs["fails"])
+
+
+def test_timeout_cancels_the_whole_process_group(tmp_path):
+    pidfile = tmp_path / "child.pid"
+    # The replica starts a grandchild (like torchrun's workers) that would outlive a plain kill.
+    code = f"""
+        import subprocess, sys, time
+        child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"])
+        open({str(pidfile)!r}, "w").write(str(child.pid))
+        time.sleep(120)
+    """
+    backend = LocalBackend(sink=lambda line: None)
+    with pytest.raises(JobTimeout, match="did not finish within 2s"):
+        run_job(backend, job("hangs", code), timeout_s=2)
+    grandchild = int(pidfile.read_text())
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        try:
+            os.kill(grandchild, 0)
+        except ProcessLookupError:
+            break
+        time.sleep(0.1)
+    else:
+        pytest.fail("the replica's child process survived the cancel")
+
+
+def test_success_when_the_master_completes():
+    lines: list[str] = []
+    run_job(
+        LocalBackend(sink=lines.append),
+        job("ok", "print('hello from', __import__('os').environ['RANK'])", replicas=2),
+        30,
+    )
+    assert "[master-0] hello from 0" in lines
+    assert "[worker-0] hello from 1" in lines

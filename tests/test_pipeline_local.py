@@ -1,0 +1,108 @@
+"""The demo pipeline end to end through kfp.local, as `kftrain run --local` runs it."""
+
+import json
+import os
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import run_group
+from trainer.storage import open_store
+
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(400)]
+
+KFTRAIN = [sys.executable, "-m", "pipelines.cli"]
+REPO = Path(__file__).resolve().parents[1]
+
+
+def cli_env(extra=None):
+    env = {**os.environ, "PYTHONPATH": str(REPO), **(extra or {})}
+    return env
+
+
+def test_demo_on_an_s3_store_reaches_95_percent_and_writes_nothing_locally(s3_env, bucket, tmp_path):
+    rc, out = run_group(
+        [*KFTRAIN, "run", "--local", "--store", f"s3://{bucket}/runs", "--summary", "summary.json"],
+        timeout=360,
+        env=cli_env(),
+        cwd=str(tmp_path),
+    )
+    assert rc == 0, out[-5000:]
+    assert sorted(os.listdir(tmp_path)) == ["summary.json"]  # nothing else lands locally
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    assert summary["metrics"]["accuracy"] >= 0.95
+    artifacts = summary["artifacts"]
+    assert set(artifacts) == {"dataset", "model", "metrics", "exported"}
+    assert all(uri.startswith(f"s3://{bucket}/runs/") for uri in artifacts.values())
+    store = open_store(f"s3://{bucket}/runs")
+    names = {
+        uri.rsplit("/", 2)[-2] + "/" + uri.rsplit("/", 1)[-1] for uri in store.list(f"s3://{bucket}/runs")
+    }
+    for expected in [
+        "dataset/manifest.json",
+        "train/shard-00000.npz",
+        "test/shard-00000.npz",
+        "model/model.safetensors",
+        "model/model.json",
+        "model/training.json",
+        "evaluation/metrics.json",
+        "exported/model.pt",
+        "exported/model.safetensors",
+        "exported/model_card.json",
+    ]:
+        assert expected in names, (expected, sorted(names))
+    # Replica logs reach the step log with their replica prefix.
+    assert "[master-0] [rank 0]" in out and "[worker-0] [rank 1]" in out
+    card = json.loads(store.get_bytes(artifacts["exported"] + "/model_card.json"))
+    assert card["source_dataset_uri"] == artifacts["dataset"]
+    assert card["metrics"]["accuracy"] == pytest.approx(summary["metrics"]["accuracy"])
+
+
+def test_demo_on_a_local_directory(tmp_path):
+    config = tmp_path / "quick.yaml"
+    config.write_text("train:\n  epochs: 2\n")
+    rc, out = run_group(
+        [*KFTRAIN, "run", "--local", "--config", str(config), "--output-dir", "out", "--summary", "s.json"],
+        timeout=300,
+        env=cli_env(),
+        cwd=str(tmp_path),
+    )
+    assert rc == 0, out[-5000:]
+    summary = json.loads((tmp_path / "s.json").read_text())
+    for uri in summary["artifacts"].values():
+        assert uri.startswith(str(tmp_path / "out"))
+    assert (Path(summary["artifacts"]["exported"]) / "model_card.json").is_file()
+
+
+@pytest.mark.parametrize(
+    ("args", "config", "message"),
+    [
+        ([], "train:\n  epochs: 2\n  learning_rat: 0.1\n", "train.learning_rat: unknown key"),
+        (["--store", "gs://bucket/x"], "", "unsupported storage URI scheme 'gs'"),
+        (["--store", "s3://no-such-bucket-here/x"], "", "bucket 'no-such-bucket-here' does not exist"),
+        (["--store", "s3://BUCKET/x"], "", "invalid bucket name 'BUCKET'"),
+    ],
+)
+def test_bad_input_stops_the_run_before_training(s3_env, tmp_path, args, config, message):
+    (tmp_path / "c.yaml").write_text(config)
+    rc, out = run_group(
+        [*KFTRAIN, "run", "--local", "--config", "c.yaml", *args],
+        timeout=60,
+        env=cli_env(),
+        cwd=str(tmp_path),
+    )
+    assert rc == 2
+    assert message in out
+    assert "Executing task" not in out  # stopped before the pipeline started
+
+
+def test_wrong_credentials_stop_the_run_before_training(s3_env, bucket, tmp_path):
+    env = cli_env({"AWS_SECRET_ACCESS_KEY": "not-the-secret-key"})
+    rc, out = run_group(
+        [*KFTRAIN, "run", "--local", "--store", f"s3://{bucket}/x"], timeout=60, env=env, cwd=str(tmp_path)
+    )
+    assert rc == 2
+    assert "rejected the credentials" in out
+    assert "not-the-secret-key" not in out
+    assert "Executing task" not in out

@@ -1,0 +1,85 @@
+"""The four pipeline steps as plain functions over a config and URIs.
+
+Components call these; so do tests and benchmarks. Each step reads its inputs from and writes
+its outputs to the object store, and checks the store before doing any work, so a missing
+bucket or a rejected key fails the step in a second, not after training.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Callable
+from typing import Any
+
+from trainer.config import Config, to_dict
+from trainer.launch.backend import JobBackend, run_job
+from trainer.launch.spec import job_name
+from trainer.storage import ObjectStore, join_uri, open_store
+
+LAUNCHERS = ("auto", "local", "kubernetes")
+
+
+def store_for(cfg: Config, uri: str, check: bool = False) -> ObjectStore:
+    """The store serving `uri` with the configured endpoint; with `check`, prove it is writable."""
+    store = open_store(uri, cfg.store.endpoint, cfg.store.region)
+    if check:
+        store.check(uri)
+    return store
+
+
+def prepare_data(cfg: Config, dataset_uri: str) -> dict[str, Any]:
+    """Data prep: source -> split, normalised shards + manifest at `dataset_uri`."""
+    from trainer.data import prepare_dataset
+
+    return prepare_dataset(cfg.data, store_for(cfg, dataset_uri, check=True), dataset_uri)
+
+
+def select_backend(launcher: str, log: Callable[[str], None] | None = None) -> JobBackend:
+    """`auto` picks Kubernetes inside a pod (the service-account env is present), else local."""
+    if launcher not in LAUNCHERS:
+        raise ValueError(f"launcher must be one of {', '.join(LAUNCHERS)}, got {launcher!r}")
+    if launcher == "auto":
+        launcher = "kubernetes" if os.environ.get("KUBERNETES_SERVICE_HOST") else "local"
+    if launcher == "local":
+        from trainer.launch.local import LocalBackend
+
+        return LocalBackend(sink=log)
+    from trainer.launch.kubernetes import KubernetesBackend
+
+    return KubernetesBackend(log=log)
+
+
+def train_model(
+    cfg: Config,
+    dataset_uri: str,
+    model_uri: str,
+    backend: JobBackend,
+    run_id: str = "local",
+    task_id: str = "train",
+) -> dict[str, Any]:
+    """Run the distributed training job to completion; return rank 0's training record."""
+    from trainer.data import read_manifest
+    from trainer.launch.job import training_job
+    from trainer.train import TRAINING_RECORD
+
+    store = store_for(cfg, model_uri, check=True)
+    read_manifest(store_for(cfg, dataset_uri), dataset_uri)  # fail now, not in every replica
+    spec = training_job(cfg, job_name(run_id, task_id), dataset_uri, model_uri)
+    run_job(backend, spec, cfg.job.timeout_seconds)
+    return json.loads(store.get_bytes(join_uri(model_uri, TRAINING_RECORD)))
+
+
+def evaluate(cfg: Config, model_uri: str, dataset_uri: str, output_uri: str) -> dict[str, Any]:
+    """Test-split metrics of the trained model, also written to `output_uri`/metrics.json."""
+    from trainer.evaluate import evaluate_model
+
+    return evaluate_model(store_for(cfg, output_uri, check=True), model_uri, dataset_uri, output_uri)
+
+
+def export(cfg: Config, model_uri: str, output_uri: str, metrics: dict[str, Any]) -> dict[str, Any]:
+    """Serving formats and model card of the trained model under `output_uri`."""
+    from trainer.export import export_model
+
+    store = store_for(cfg, output_uri, check=True)
+    return export_model(store, model_uri, output_uri, metrics=metrics, training_config=to_dict(cfg))
