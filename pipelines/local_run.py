@@ -54,4 +54,5 @@ def run_local(cfg: Config, local_root: str = DEFAULT_LOCAL_ROOT) -> dict[str, An
 
 def write_summary(summary: dict[str, Any], path: str) -> None:
     """The run summary as JSON (artifact URIs and final metrics)."""
+    Path(path).parent.mkdir(parents=True, exist_ok=True)
     Path(path).write_text(json.dumps(summary, indent=2, sort_keys=True) + "\n")

@@ -147,6 +147,7 @@ def run_training(cfg: Config, dataset_uri: str, model_uri: str, env: DistEnv) ->
         "samples_per_second": samples / max(train_seconds, 1e-9),
         "train_seconds": train_seconds,
         "seconds_to_first_step": (first_step_at or time.time()) - t_start,
+        "first_step_unix_time": first_step_at or time.time(),
         "world_size": env.world_size,
         "steps": step,
     }
