@@ -54,14 +54,19 @@ def main() -> None:
     bare = [bare_training_once(cfg) for _ in range(args.repeats)]
     med = {k: statistics.median(r[k] for r in demo) for k in demo[0]}
     base = {k: statistics.median(r[k] for r in bare) for k in bare[0]}
-    print(json.dumps({
-        "demo_wall_s": round(med["wall_s"], 2),
-        "demo_first_step_s": round(med["first_step_s"], 2),
-        "bare_training_wall_s": round(base["wall_s"], 2),
-        "bare_training_first_step_s": round(base["first_step_s"], 2),
-        "demo_over_bare_training_wall": round(med["wall_s"] / base["wall_s"], 2),
-        "repeats": args.repeats,
-    }, indent=2))
+    print(
+        json.dumps(
+            {
+                "demo_wall_s": round(med["wall_s"], 2),
+                "demo_first_step_s": round(med["first_step_s"], 2),
+                "bare_training_wall_s": round(base["wall_s"], 2),
+                "bare_training_first_step_s": round(base["first_step_s"], 2),
+                "demo_over_bare_training_wall": round(med["wall_s"] / base["wall_s"], 2),
+                "repeats": args.repeats,
+            },
+            indent=2,
+        )
+    )
 
 
 if __name__ == "__main__":

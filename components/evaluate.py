@@ -38,9 +38,7 @@ def evaluate(
 
     cfg = config_from_params(config, store=store, s3_endpoint=s3_endpoint)
     report = evaluate_step(cfg, model.uri, dataset.uri, output_uri(metrics, store, run_id, "evaluation"))
-    log_scalars(
-        metrics, {"accuracy": report["accuracy"], "loss": report["loss"], "macro_f1": report["macro_f1"]}
-    )
+    log_scalars(metrics, {"accuracy": report["accuracy"], "loss": report["loss"], "macro_f1": report["macro_f1"]})
     for cls, scores in report["per_class"].items():
         log_scalars(metrics, {f"precision_{cls}": scores["precision"], f"recall_{cls}": scores["recall"]})
     confusion.log_confusion_matrix(report["classes"], report["confusion_matrix"])

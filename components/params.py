@@ -21,6 +21,8 @@ PARAM_FIELDS: dict[str, str] = {
     "learning_rate": "train.learning_rate",
     "image": "job.image",
     "timeout_seconds": "job.timeout_seconds",
+    "gpus_per_node": "kubernetes.gpus_per_node",
+    "queue": "kubernetes.queue",
     "store": "store.uri",
     "s3_endpoint": "store.endpoint",
 }

@@ -19,6 +19,8 @@ def train(
     learning_rate: float = 0.003,
     image: str = "ghcr.io/kftrain/kftrain:0.1.0",
     timeout_seconds: int = 3600,
+    gpus_per_node: int = 0,
+    queue: str = "",
     store: str = "",
     s3_endpoint: str = "",
     launcher: str = "auto",
@@ -42,6 +44,8 @@ def train(
         learning_rate: AdamW learning rate.
         image: Image of the training replicas.
         timeout_seconds: Wall-clock limit of the job; past it the job is cancelled.
+        gpus_per_node: `nvidia.com/gpu` per replica (0: CPU); must equal nproc_per_node when set.
+        queue: Kueue LocalQueue of the job (the `kueue.x-k8s.io/queue-name` label).
         store: Artifact root (`s3://bucket/prefix` or a path); empty: KFP's pipeline root.
         s3_endpoint: S3 endpoint URL of the store.
         launcher: `auto` (Kubernetes in a pod, else local processes), `kubernetes` or `local`.
@@ -61,6 +65,8 @@ def train(
         learning_rate=learning_rate,
         image=image,
         timeout_seconds=timeout_seconds,
+        gpus_per_node=gpus_per_node,
+        queue=queue,
         store=store,
         s3_endpoint=s3_endpoint,
     )

@@ -40,6 +40,22 @@ def _cmd_run(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_job_manifest(args: argparse.Namespace) -> int:
+    import yaml
+
+    from trainer.config import load_config
+    from trainer.launch.job import training_job
+    from trainer.launch.preflight import validate_pytorchjob
+    from trainer.launch.pytorchjob import pytorchjob_manifest
+
+    cfg = load_config(args.config)
+    spec = training_job(cfg, args.name, args.dataset_uri, args.model_uri)
+    manifest = pytorchjob_manifest(spec, namespace=args.namespace or cfg.kubernetes.namespace)
+    validate_pytorchjob(manifest)
+    sys.stdout.write(yaml.safe_dump(manifest, sort_keys=False, width=1000))
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser of every subcommand."""
     parser = argparse.ArgumentParser(prog="kftrain", description="Distributed PyTorch training on Kubeflow.")
@@ -54,23 +70,31 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--config", help="kftrain YAML config (default: built-in defaults)")
     p.add_argument("--store", help="artifact root, e.g. s3://bucket/prefix (overrides store.uri)")
     p.add_argument("--s3-endpoint", help="S3 endpoint URL (overrides store.endpoint)")
-    p.add_argument(
-        "--output-dir", default="kftrain-outputs", help="local artifact root when no store is given"
-    )
+    p.add_argument("--output-dir", default="kftrain-outputs", help="local artifact root when no store is given")
     p.add_argument("--summary", help="write artifact URIs and final metrics to this JSON file")
     p.set_defaults(func=_cmd_run)
+
+    job = sub.add_parser("job", help="inspect the training job").add_subparsers(dest="job_command", required=True)
+    p = job.add_parser("manifest", help="print the validated PyTorchJob YAML (no cluster needed)")
+    p.add_argument("--config", help="kftrain YAML config (default: built-in defaults)")
+    p.add_argument("--name", default="kftrain-job", help="job name (a DNS-1035 label)")
+    p.add_argument("--namespace", default="", help="namespace (default: kubernetes.namespace, else none)")
+    p.add_argument("--dataset-uri", default="s3://kftrain/dataset", help="prepared dataset URI")
+    p.add_argument("--model-uri", default="s3://kftrain/model", help="where rank 0 writes the model")
+    p.set_defaults(func=_cmd_job_manifest)
     return parser
 
 
 def main(argv: list[str] | None = None) -> int:
     """Entry point of the `kftrain` console script."""
     from trainer.config import ConfigError
+    from trainer.launch.backend import JobFailed
     from trainer.storage import StoreError
 
     args = build_parser().parse_args(argv)
     try:
         return args.func(args)
-    except (ConfigError, StoreError, ValueError) as exc:
+    except (ConfigError, StoreError, JobFailed, ValueError) as exc:
         print(f"kftrain: error: {exc}", file=sys.stderr)
         return 2
 

@@ -10,6 +10,7 @@ from components.evaluate import evaluate
 from components.export import export
 from components.image import IMAGE
 from components.train import train
+from trainer.launch.spec import POD_NAME_ENV, POD_UID_ENV
 
 #: The Secret holding the object-store keys (KFP's own by default) and the env it fills.
 STORE_SECRET = "mlpipeline-minio-artifact"
@@ -44,6 +45,8 @@ def training_pipeline(
     learning_rate: float = 0.003,
     image: str = IMAGE,
     timeout_seconds: int = 3600,
+    gpus_per_node: int = 0,
+    queue: str = "",
     store: str = "",
     s3_endpoint: str = "http://seaweedfs.kubeflow:9000",
     launcher: str = "auto",
@@ -60,6 +63,8 @@ def training_pipeline(
         learning_rate: AdamW learning rate.
         image: Image of the training replicas.
         timeout_seconds: Wall-clock limit of the training job.
+        gpus_per_node: GPUs per replica (0: CPU); must equal nproc_per_node when set.
+        queue: Kueue LocalQueue for the training job; empty: none.
         store: Artifact root (`s3://bucket/prefix`); empty: KFP's pipeline root.
         s3_endpoint: S3 endpoint of the store (KFP's own store: seaweedfs, or minio-service before 2.16).
         launcher: `auto`, `kubernetes` or `local`.
@@ -82,6 +87,8 @@ def training_pipeline(
             learning_rate=learning_rate,
             image=image,
             timeout_seconds=timeout_seconds,
+            gpus_per_node=gpus_per_node,
+            queue=queue,
             launcher=launcher,
             task_id=dsl.PIPELINE_TASK_ID_PLACEHOLDER,
             **shared,
@@ -89,10 +96,11 @@ def training_pipeline(
     )
     # A cached training step would skip the job yet report success with a stale model.
     fit.set_caching_options(False)
+    # The job gets an ownerReference to this pod: cancelling the run deletes the job.
+    kubernetes.use_field_path_as_env(fit, env_name=POD_NAME_ENV, field_path="metadata.name")
+    kubernetes.use_field_path_as_env(fit, env_name=POD_UID_ENV, field_path="metadata.uid")
     fit.set_display_name("distributed training")
-    ev = _with_store_credentials(
-        evaluate(dataset=prep.outputs["dataset"], model=fit.outputs["model"], **shared)
-    )
+    ev = _with_store_credentials(evaluate(dataset=prep.outputs["dataset"], model=fit.outputs["model"], **shared))
     ev.set_display_name("evaluation")
     ex = _with_store_credentials(export(model=fit.outputs["model"], metrics=ev.outputs["metrics"], **shared))
     ex.set_display_name("model export")

@@ -36,9 +36,7 @@ def test_demo_on_an_s3_store_reaches_95_percent_and_writes_nothing_locally(s3_en
     assert set(artifacts) == {"dataset", "model", "metrics", "exported"}
     assert all(uri.startswith(f"s3://{bucket}/runs/") for uri in artifacts.values())
     store = open_store(f"s3://{bucket}/runs")
-    names = {
-        uri.rsplit("/", 2)[-2] + "/" + uri.rsplit("/", 1)[-1] for uri in store.list(f"s3://{bucket}/runs")
-    }
+    names = {uri.rsplit("/", 2)[-2] + "/" + uri.rsplit("/", 1)[-1] for uri in store.list(f"s3://{bucket}/runs")}
     for expected in [
         "dataset/manifest.json",
         "train/shard-00000.npz",

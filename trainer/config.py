@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import re
 import types
 import typing
 from dataclasses import dataclass, field
@@ -19,6 +20,13 @@ from typing import Any
 import yaml
 
 from trainer.storage import parse_uri
+
+NCCL_DEBUG_LEVELS = ("", "VERSION", "WARN", "INFO", "TRACE")
+RESTART_POLICIES = ("Always", "OnFailure", "Never", "ExitCode")
+CLEAN_POD_POLICIES = ("None", "Running", "All")
+_QUANTITY = re.compile(r"^[0-9]+(\.[0-9]+)?(m|k|M|G|T|P|E|Ki|Mi|Gi|Ti|Pi|Ei)?$")
+_LABEL_VALUE = re.compile(r"^(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?$")
+_DNS_1123 = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
 
 
 class ConfigError(ValueError):
@@ -149,6 +157,12 @@ class JobConfig:
     """Wall-clock limit of the training job; past it the job is cancelled and the step fails."""
     omp_num_threads: int = 1
     """OMP_NUM_THREADS for each training process (CPU threads for intra-op parallelism)."""
+    collective_timeout_seconds: int = 1800
+    """A collective (all-reduce, barrier) that waits longer than this fails the job instead of hanging."""
+    nccl_heartbeat_timeout_seconds: int = 600
+    """NCCL watchdog heartbeat: a rank whose watchdog is stuck this long is aborted."""
+    nccl_debug: str = ""
+    """NCCL_DEBUG for every process (`WARN`, `INFO`, `TRACE`); empty: NCCL's default."""
 
     def __post_init__(self) -> None:
         _require(self.replicas >= 1, "job.replicas", self.replicas, "must be at least 1 (the Master)")
@@ -161,6 +175,156 @@ class JobConfig:
     def world_size(self) -> int:
         """Training processes in the whole job."""
         return self.replicas * self.nproc_per_node
+
+
+@dataclass(kw_only=True, slots=True)
+class ElasticConfig:
+    """Elastic training (torchrun c10d rendezvous): Workers only, between min and max replicas."""
+
+    enabled: bool = False
+    """Run an elastic job; the job then has Worker replicas only (no Master)."""
+    min_replicas: int = 1
+    """Fewest replicas the job keeps running with."""
+    max_replicas: int = 1
+    """Most replicas the job scales to."""
+    max_restarts: int = 3
+    """torchrun restarts of the worker group before the job fails."""
+
+    def __post_init__(self) -> None:
+        _require(self.min_replicas >= 1, "kubernetes.elastic.min_replicas", self.min_replicas, "must be >= 1")
+        _require(
+            self.max_replicas >= self.min_replicas,
+            "kubernetes.elastic.max_replicas",
+            self.max_replicas,
+            f"must be >= min_replicas ({self.min_replicas})",
+        )
+        _require(self.max_restarts >= 0, "kubernetes.elastic.max_restarts", self.max_restarts, "must be >= 0")
+
+
+@dataclass(kw_only=True, slots=True)
+class KubernetesConfig:
+    """How the training job runs as a PyTorchJob (ignored by the local launcher)."""
+
+    namespace: str = ""
+    """Namespace of the PyTorchJob; empty: the launcher pod's own namespace, read at run time."""
+    gpus_per_node: int = 0
+    """`nvidia.com/gpu` limit of each replica; when set it must equal job.nproc_per_node."""
+    cpu: str = ""
+    """CPU request and limit of each replica (a Kubernetes quantity, e.g. `8` or `7500m`)."""
+    memory: str = ""
+    """Memory request and limit of each replica (e.g. `64Gi`)."""
+    shm_size: str = "2Gi"
+    """Size of the memory-backed `/dev/shm` (DataLoader workers and NCCL need more than 64M)."""
+    tolerations: list[dict[str, Any]] = field(default_factory=list)
+    """Pod tolerations, as in a pod spec (`key`, `operator`, `value`, `effect`)."""
+    node_selector: dict[str, str] = field(default_factory=dict)
+    """Pod nodeSelector labels."""
+    affinity: dict[str, Any] = field(default_factory=dict)
+    """Pod affinity, as in a pod spec."""
+    priority_class: str = ""
+    """priorityClassName of the replica pods."""
+    service_account: str = ""
+    """serviceAccountName of the replica pods; empty: the namespace's default."""
+    image_pull_secrets: list[str] = field(default_factory=list)
+    """Names of Secrets used to pull the image."""
+    labels: dict[str, str] = field(default_factory=dict)
+    """Labels on the PyTorchJob and its pods."""
+    annotations: dict[str, str] = field(default_factory=dict)
+    """Annotations on the PyTorchJob and its pods."""
+    queue: str = ""
+    """Kueue LocalQueue: sets the `kueue.x-k8s.io/queue-name` label on the job."""
+    min_available: int = 0
+    """Gang scheduling (Volcano / scheduler-plugins): pods that must start together; 0: not set."""
+    scheduling_queue: str = ""
+    """Gang-scheduler queue (schedulingPolicy.queue), e.g. a Volcano queue."""
+    schedule_timeout_seconds: int = 0
+    """Gang-scheduling timeout (schedulingPolicy.scheduleTimeoutSeconds); 0: not set."""
+    clean_pod_policy: str = "Running"
+    """Pods deleted when the job ends: `Running` (frees GPUs, keeps logs of failures), `All`, `None`."""
+    ttl_seconds_after_finished: int = 86400
+    """The job object is deleted this long after it finished."""
+    active_deadline_seconds: int = 0
+    """Server-side deadline of the job; 0: job.timeout_seconds, so a job outliving its launcher stops."""
+    backoff_limit: int = 3
+    """Pod restarts before the job is marked Failed."""
+    restart_policy: str = "OnFailure"
+    """Replica restartPolicy: `OnFailure`, `ExitCode` (exit 1-127 permanent, 128-255 retried), `Never`, `Always`."""
+    elastic: ElasticConfig = field(default_factory=ElasticConfig)
+    """Elastic training settings."""
+    store_secret: str = "mlpipeline-minio-artifact"
+    """Secret with the object-store keys, mounted into every replica as environment variables."""
+    store_secret_keys: dict[str, str] = field(
+        default_factory=lambda: {"accesskey": "AWS_ACCESS_KEY_ID", "secretkey": "AWS_SECRET_ACCESS_KEY"}
+    )
+    """Key in `store_secret` -> environment variable it fills."""
+    env: dict[str, str] = field(default_factory=dict)
+    """Extra non-secret environment of the replicas."""
+    pending_timeout_seconds: int = 900
+    """A replica pod Pending longer than this fails the step with its events (quota, image pull)."""
+    poll_seconds: float = 5.0
+    """How often the launcher checks the job's status."""
+
+    def __post_init__(self) -> None:
+        p = "kubernetes"
+        if self.namespace:
+            _require(
+                bool(_DNS_1123.match(self.namespace)),
+                f"{p}.namespace",
+                self.namespace,
+                "must be a DNS-1123 label",
+            )
+        _require(self.gpus_per_node >= 0, f"{p}.gpus_per_node", self.gpus_per_node, "must be >= 0")
+        for name in ("cpu", "memory", "shm_size"):
+            value = getattr(self, name)
+            _require(
+                not value or bool(_QUANTITY.match(value)),
+                f"{p}.{name}",
+                value,
+                "must be a Kubernetes quantity such as 8, 500m, 64Gi",
+            )
+        for i, tol in enumerate(self.tolerations):
+            _require(isinstance(tol, dict), f"{p}.tolerations[{i}]", tol, "must be a mapping")
+        for name in ("labels", "node_selector"):
+            for key, value in getattr(self, name).items():
+                _require(
+                    len(value) <= 63 and bool(_LABEL_VALUE.match(value)),
+                    f"{p}.{name}.{key}",
+                    value,
+                    "must be a label value (<= 63 alphanumerics, '-', '_', '.')",
+                )
+        _require(
+            self.clean_pod_policy in CLEAN_POD_POLICIES,
+            f"{p}.clean_pod_policy",
+            self.clean_pod_policy,
+            f"must be one of {CLEAN_POD_POLICIES}",
+        )
+        _require(
+            self.restart_policy in RESTART_POLICIES,
+            f"{p}.restart_policy",
+            self.restart_policy,
+            f"must be one of {RESTART_POLICIES}",
+        )
+        for name in (
+            "min_available",
+            "schedule_timeout_seconds",
+            "ttl_seconds_after_finished",
+            "active_deadline_seconds",
+            "backoff_limit",
+        ):
+            _require(getattr(self, name) >= 0, f"{p}.{name}", getattr(self, name), "must be >= 0")
+        _require(
+            self.pending_timeout_seconds > 0,
+            f"{p}.pending_timeout_seconds",
+            self.pending_timeout_seconds,
+            "must be > 0",
+        )
+        _require(self.poll_seconds > 0, f"{p}.poll_seconds", self.poll_seconds, "must be > 0")
+        _require(
+            bool(self.store_secret_keys),
+            f"{p}.store_secret_keys",
+            self.store_secret_keys,
+            "must not be empty",
+        )
 
 
 @dataclass(kw_only=True, slots=True)
@@ -177,6 +341,8 @@ class Config:
     """Training loop."""
     job: JobConfig = field(default_factory=JobConfig)
     """Distributed job shape and limits."""
+    kubernetes: KubernetesConfig = field(default_factory=KubernetesConfig)
+    """PyTorchJob settings for the Kubernetes launcher."""
 
     def __post_init__(self) -> None:
         _require(
@@ -186,6 +352,22 @@ class Config:
             f"must divide by the world size {self.job.world_size} "
             f"(job.replicas {self.job.replicas} x job.nproc_per_node {self.job.nproc_per_node})",
         )
+        gpus = self.kubernetes.gpus_per_node
+        _require(
+            gpus in (0, self.job.nproc_per_node),
+            "kubernetes.gpus_per_node",
+            gpus,
+            f"must equal job.nproc_per_node ({self.job.nproc_per_node}): one training process per GPU",
+        )
+        elastic = self.kubernetes.elastic
+        if elastic.enabled:
+            _require(
+                elastic.min_replicas <= self.job.replicas <= elastic.max_replicas,
+                "job.replicas",
+                self.job.replicas,
+                f"must lie within kubernetes.elastic min_replicas..max_replicas "
+                f"({elastic.min_replicas}..{elastic.max_replicas}) for an elastic job",
+            )
 
 
 def _type_name(tp: Any) -> str:
@@ -195,6 +377,8 @@ def _type_name(tp: Any) -> str:
 def _convert(value: Any, tp: Any, path: str) -> Any:
     """Check `value` against the annotation `tp` and build nested dataclasses."""
     origin = typing.get_origin(tp)
+    if tp is Any:  # free-form Kubernetes structures (affinity, tolerations): the schema checks them
+        return value
     if dataclasses.is_dataclass(tp):
         _require(isinstance(value, dict), path, value, "must be a mapping")
         return from_dict(tp, value, path)
@@ -211,9 +395,7 @@ def _convert(value: Any, tp: Any, path: str) -> Any:
     if origin is dict:
         _require(isinstance(value, dict), path, value, "must be a mapping")
         key_t, val_t = typing.get_args(tp)
-        return {
-            _convert(k, key_t, f"{path} key"): _convert(v, val_t, f"{path}.{k}") for k, v in value.items()
-        }
+        return {_convert(k, key_t, f"{path} key"): _convert(v, val_t, f"{path}.{k}") for k, v in value.items()}
     if tp is float:
         # YAML reads `1e-3` as a string and `1` as an int: both are meant as floats.
         if isinstance(value, str):
@@ -253,8 +435,7 @@ def from_dict(cls: type, data: dict[str, Any], path: str = "") -> Any:
     unknown = sorted(set(data) - names)
     if unknown:
         raise ConfigError(
-            f"{prefix}{unknown[0]}: unknown key (valid keys in "
-            f"{path or 'the top level'}: {', '.join(sorted(names))})"
+            f"{prefix}{unknown[0]}: unknown key (valid keys in {path or 'the top level'}: {', '.join(sorted(names))})"
         )
     kwargs = {k: _convert(v, hints[k], f"{prefix}{k}") for k, v in data.items()}
     try:
@@ -299,9 +480,10 @@ def load_config(path: str | Path | None = None, overrides: dict[str, Any] | None
     return parse_config(text, overrides, origin=str(path or "config"))
 
 
-def config_to_json(cfg: Config) -> str:
-    """A compact JSON form, passed on the training command line to every replica."""
-    return json.dumps(to_dict(cfg), separators=(",", ":"), sort_keys=True)
+def config_to_json(cfg: Config, exclude: tuple[str, ...] = ()) -> str:
+    """A compact JSON form (without the `exclude` sections, which then take their defaults)."""
+    data = {k: v for k, v in to_dict(cfg).items() if k not in exclude}
+    return json.dumps(data, separators=(",", ":"), sort_keys=True)
 
 
 def config_from_json(text: str) -> Config:

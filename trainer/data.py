@@ -80,9 +80,7 @@ def parse_csv(raw: bytes, label_column: str, name: str) -> Table:
     return Table(x=x, y=y, feature_names=[h for h in header if h != label_column], classes=classes)
 
 
-def split_indices(
-    y: np.ndarray, val_fraction: float, test_fraction: float, seed: int
-) -> dict[str, np.ndarray]:
+def split_indices(y: np.ndarray, val_fraction: float, test_fraction: float, seed: int) -> dict[str, np.ndarray]:
     """Stratified train/val/test row indices, the same for the same labels and seed."""
     rng = np.random.default_rng(seed)
     out: dict[str, list[np.ndarray]] = {s: [] for s in SPLITS}

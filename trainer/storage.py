@@ -214,9 +214,7 @@ class S3Store:
         if endpoint:
             parts = urlsplit(endpoint)
             if parts.scheme not in ("http", "https") or not parts.netloc:
-                raise StoreError(
-                    f"S3 endpoint {endpoint!r} must be a URL like http://host:9000 or https://host"
-                )
+                raise StoreError(f"S3 endpoint {endpoint!r} must be a URL like http://host:9000 or https://host")
             host, secure = parts.netloc, parts.scheme == "https"
         else:
             host, secure = "s3.amazonaws.com", True
@@ -235,9 +233,7 @@ class S3Store:
                 "(on a cluster, from a Kubernetes Secret; see README 'Credentials')"
             )
         self.endpoint = f"{'https' if secure else 'http'}://{host}"
-        self._client = Minio(
-            host, secure=secure, region=region or None, credentials=ChainedProvider(providers)
-        )
+        self._client = Minio(host, secure=secure, region=region or None, credentials=ChainedProvider(providers))
 
     def _loc(self, uri: str) -> Location:
         loc = parse_uri(uri)

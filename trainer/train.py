@@ -195,7 +195,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     cfg = config_from_json(args.config_json)
     device = device_for(env)
-    with process_group(env, device):
+    with process_group(env, device, timeout_s=cfg.job.collective_timeout_seconds):
         run_training(cfg, args.dataset_uri, args.model_uri, env)
     return 0
 

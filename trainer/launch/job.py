@@ -10,19 +10,30 @@ TRAIN_MODULE = "trainer.train"
 
 def training_job(cfg: Config, name: str, dataset_uri: str, model_uri: str) -> JobSpec:
     """The PyTorchJob-shaped description of the training step of `cfg`."""
-    args = [
-        "--config-json",
-        config_to_json(cfg),
-        "--dataset-uri",
-        dataset_uri,
-        "--model-uri",
-        model_uri,
-    ]
+    # The replicas need no pod settings: the kubernetes section stays off their command line.
+    replica_cfg = config_to_json(cfg, exclude=("kubernetes",))
+    args = ["--config-json", replica_cfg, "--dataset-uri", dataset_uri, "--model-uri", model_uri]
     return JobSpec(
         name=name,
         image=cfg.job.image,
         command=torchrun_command(TRAIN_MODULE, args),
         replicas=cfg.job.replicas,
         nproc_per_node=cfg.job.nproc_per_node,
-        env={"OMP_NUM_THREADS": str(cfg.job.omp_num_threads)},
+        env=job_env(cfg),
+        timeout_s=cfg.job.timeout_seconds,
+        kubernetes=cfg.kubernetes,
     )
+
+
+def job_env(cfg: Config) -> dict[str, str]:
+    """Settings every training process needs and a user should not have to know."""
+    env = {
+        "OMP_NUM_THREADS": str(cfg.job.omp_num_threads),
+        # A failed or timed-out NCCL collective aborts the process (and so the job) instead of
+        # leaving every other rank blocked forever.
+        "TORCH_NCCL_ASYNC_ERROR_HANDLING": "1",
+        "TORCH_NCCL_HEARTBEAT_TIMEOUT_SEC": str(cfg.job.nccl_heartbeat_timeout_seconds),
+    }
+    if cfg.job.nccl_debug:
+        env["NCCL_DEBUG"] = cfg.job.nccl_debug
+    return {**env, **cfg.kubernetes.env}

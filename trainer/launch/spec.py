@@ -12,9 +12,14 @@ import hashlib
 import re
 from dataclasses import dataclass, field
 
+from trainer.config import KubernetesConfig
+
 MASTER = "master"
 WORKER = "worker"
 DEFAULT_PORT = 23456
+#: The launcher pod's name and uid, set by the pipeline (kfp.kubernetes.use_field_path_as_env)
+#: so the PyTorchJob can name that pod as its owner.
+POD_NAME_ENV, POD_UID_ENV = "KFTRAIN_POD_NAME", "KFTRAIN_POD_UID"
 _DNS_1035 = re.compile(r"^[a-z]([-a-z0-9]*[a-z0-9])?$")
 
 
@@ -36,6 +41,10 @@ class JobSpec:
     """The Master's rendezvous port."""
     env: dict[str, str] = field(default_factory=dict)
     """Extra, non-secret environment for every replica."""
+    timeout_s: int = 3600
+    """Wall-clock limit of the whole job."""
+    kubernetes: KubernetesConfig = field(default_factory=KubernetesConfig)
+    """Pod and scheduling settings used when the job runs as a PyTorchJob."""
 
     def __post_init__(self) -> None:
         if len(self.name) > 63 or not _DNS_1035.match(self.name):
@@ -59,6 +68,11 @@ class JobSpec:
         """(replica type, index) in node-rank order: master 0, then workers 0..N-2."""
         return [(MASTER, 0)] + [(WORKER, i) for i in range(self.replicas - 1)]
 
+    @property
+    def elastic(self) -> bool:
+        """An elastic job: Worker replicas only, c10d rendezvous between min and max replicas."""
+        return self.kubernetes.elastic.enabled
+
     def master_service(self) -> str:
         """The Service name the operator gives the Master pod."""
         return f"{self.name}-{MASTER}-0"
@@ -70,9 +84,7 @@ def job_name(run_id: str, task_id: str, prefix: str = "kftrain") -> str:
     return f"{prefix}-{digest}"
 
 
-def replica_env(
-    spec: JobSpec, replica_type: str, index: int, master_addr: str | None = None
-) -> dict[str, str]:
+def replica_env(spec: JobSpec, replica_type: str, index: int, master_addr: str | None = None) -> dict[str, str]:
     """The variables the Training Operator injects into every container of one replica's pod.
 
     `master_addr` replaces the Master's Service name (a local backend passes the loopback address).
@@ -103,8 +115,6 @@ def replica_env(
     }
 
 
-def torchrun_command(
-    module: str, args: list[str] | tuple[str, ...], python: str = "python"
-) -> tuple[str, ...]:
+def torchrun_command(module: str, args: list[str] | tuple[str, ...], python: str = "python") -> tuple[str, ...]:
     """`python -m torch.distributed.run -m MODULE ARGS`: torchrun reads the job shape from `PET_*`."""
     return (python, "-m", "torch.distributed.run", "-m", module, *args)

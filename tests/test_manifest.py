@@ -1,0 +1,272 @@
+"""The PyTorchJob manifest: golden files for the example configs, strict preflight, bad configs."""
+
+from __future__ import annotations
+
+import copy
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from trainer.config import ConfigError, load_config
+from trainer.launch.job import training_job
+from trainer.launch.preflight import (
+    ManifestError,
+    validate_pod_templates,
+    validate_pytorchjob,
+    validate_schema,
+    validate_webhook_rules,
+)
+from trainer.launch.pytorchjob import pytorchjob_manifest
+
+REPO = Path(__file__).resolve().parents[1]
+GOLDEN = REPO / "tests" / "golden"
+EXAMPLES = sorted(p.stem for p in (REPO / "configs").glob("*.yaml"))
+
+
+def manifest_for(config: str | None = None, overrides=None, name="kftrain-job", namespace="team-a"):
+    cfg = load_config(REPO / "configs" / f"{config}.yaml" if config else None, overrides)
+    return pytorchjob_manifest(training_job(cfg, name, "s3://kftrain/dataset", "s3://kftrain/model"), namespace)
+
+
+def test_every_example_config_is_covered():
+    assert {"demo", "multinode-gpu", "elastic", "master-only"} <= set(EXAMPLES)
+
+
+@pytest.mark.parametrize("config", EXAMPLES)
+def test_manifest_matches_golden(config):
+    """`kftrain job manifest` output is reviewed in tests/golden/ (KFTRAIN_UPDATE_GOLDEN=1 rewrites)."""
+    out = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pipelines.cli",
+            "job",
+            "manifest",
+            "--config",
+            f"configs/{config}.yaml",
+            "--namespace",
+            "team-a",
+        ],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert out.returncode == 0, out.stderr
+    golden = GOLDEN / f"{config}.pytorchjob.yaml"
+    if os.environ.get("KFTRAIN_UPDATE_GOLDEN"):
+        golden.write_text(out.stdout)
+    assert out.stdout == golden.read_text()
+
+
+@pytest.mark.parametrize("config", EXAMPLES)
+def test_examples_pass_strict_crd_webhook_and_pod_schema_checks(config):
+    manifest = manifest_for(config)
+    validate_webhook_rules(manifest)
+    validate_schema(manifest)
+    assert validate_pod_templates(manifest)  # kubernetes-validate ran
+
+
+def test_multinode_gpu_job_shape():
+    m = manifest_for("multinode-gpu")
+    specs = m["spec"]["pytorchReplicaSpecs"]
+    assert (specs["Master"]["replicas"], specs["Worker"]["replicas"]) == (1, 3)
+    assert m["spec"]["nprocPerNode"] == "8"
+    assert m["metadata"]["labels"]["kueue.x-k8s.io/queue-name"] == "team-a-gpu"
+    pod = specs["Worker"]["template"]["spec"]
+    (container,) = pod["containers"]
+    assert container["name"] == "pytorch"
+    assert container["resources"]["limits"] == {"cpu": "96", "memory": "1000Gi", "nvidia.com/gpu": "8"}
+    assert pod["volumes"] == [{"name": "dshm", "emptyDir": {"medium": "Memory", "sizeLimit": "64Gi"}}]
+    assert {"name": "dshm", "mountPath": "/dev/shm"} in container["volumeMounts"]
+    assert pod["tolerations"] == [{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}]
+    assert pod["priorityClassName"] == "training-high"
+    env = {e["name"]: e for e in container["env"]}
+    assert env["TORCH_NCCL_ASYNC_ERROR_HANDLING"]["value"] == "1"
+    assert env["NCCL_DEBUG"]["value"] == "WARN"
+    assert env["OMP_NUM_THREADS"]["value"] == "4"
+    assert env["AWS_SECRET_ACCESS_KEY"] == {
+        "name": "AWS_SECRET_ACCESS_KEY",
+        "valueFrom": {"secretKeyRef": {"key": "secretkey", "name": "s3-training-credentials", "optional": False}},
+    }
+    assert specs["Worker"]["restartPolicy"] == "ExitCode"
+    run = m["spec"]["runPolicy"]
+    assert run == {
+        "activeDeadlineSeconds": 86400,
+        "backoffLimit": 5,
+        "cleanPodPolicy": "Running",
+        "ttlSecondsAfterFinished": 86400,
+    }
+    assert "kubernetes" not in container["command"][container["command"].index("--config-json") + 1]
+
+
+def test_elastic_job_has_workers_only_and_c10d():
+    m = manifest_for("elastic")
+    assert list(m["spec"]["pytorchReplicaSpecs"]) == ["Worker"]
+    assert m["spec"]["elasticPolicy"] == {
+        "maxReplicas": 4,
+        "maxRestarts": 3,
+        "minReplicas": 2,
+        "rdzvBackend": "c10d",
+    }
+
+
+def test_master_only_job():
+    m = manifest_for("master-only")
+    assert list(m["spec"]["pytorchReplicaSpecs"]) == ["Master"]
+
+
+def test_gang_scheduling_policy():
+    m = manifest_for(
+        overrides={
+            "kubernetes.min_available": 2,
+            "kubernetes.scheduling_queue": "gpu",
+            "kubernetes.schedule_timeout_seconds": 600,
+        }
+    )
+    assert m["spec"]["runPolicy"]["schedulingPolicy"] == {
+        "minAvailable": 2,
+        "queue": "gpu",
+        "scheduleTimeoutSeconds": 600,
+    }
+    validate_pytorchjob(m)
+
+
+def test_no_credential_value_is_in_the_manifest(monkeypatch):
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "very-secret-value")
+    text = yaml.safe_dump(manifest_for("multinode-gpu"))
+    assert "very-secret-value" not in text
+
+
+# -- bad input fails before submission, naming the field -------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("overrides", "message"),
+    [
+        ({"kubernetes.gpus_per_node": 4}, "kubernetes.gpus_per_node: must equal job.nproc_per_node (1)"),
+        ({"kubernetes.memory": "lots"}, "kubernetes.memory: must be a Kubernetes quantity"),
+        ({"kubernetes.restart_policy": "Sometimes"}, "kubernetes.restart_policy: must be one of"),
+        ({"kubernetes.clean_pod_policy": "Never"}, "kubernetes.clean_pod_policy: must be one of"),
+        ({"kubernetes.namespace": "Team_A"}, "kubernetes.namespace: must be a DNS-1123 label"),
+        ({"kubernetes.labels": {"team": "a b"}}, "kubernetes.labels.team: must be a label value"),
+        (
+            {"kubernetes.elastic": {"enabled": True, "min_replicas": 3, "max_replicas": 4}},
+            "job.replicas: must lie within",
+        ),
+        (
+            {"kubernetes.elastic": {"min_replicas": 3, "max_replicas": 2}},
+            "kubernetes.elastic.max_replicas: must be >= min_replicas",
+        ),
+        ({"kubernetes.gpu_per_node": 1}, "kubernetes.gpu_per_node: unknown key"),
+    ],
+)
+def test_bad_configs_fail_with_the_field_named(overrides, message):
+    with pytest.raises(ConfigError) as info:
+        manifest_for(overrides=overrides)
+    assert message in str(info.value)
+
+
+@pytest.mark.parametrize(
+    ("overrides", "message"),
+    [
+        (
+            {"kubernetes.tolerations": [{"key": "gpu", "efect": "NoSchedule"}]},
+            "Master.template.spec.tolerations[0]: Additional properties are not allowed ('efect'",
+        ),
+        (
+            {"kubernetes.tolerations": [{"key": "gpu", "tolerationSeconds": "soon"}]},
+            "tolerations[0].tolerationSeconds: 'soon' is not of type 'integer'",
+        ),
+        (
+            {"kubernetes.affinity": {"nodeAfinity": {}}},
+            "template.spec.affinity: Additional properties are not allowed ('nodeAfinity'",
+        ),
+        (
+            {"kubernetes.affinity": {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {}}}},
+            "nodeSelectorTerms' is a required property",
+        ),
+    ],
+)
+def test_bad_pod_settings_fail_preflight_with_the_field_named(overrides, message):
+    m = manifest_for(overrides=overrides)
+    with pytest.raises(ManifestError) as info:
+        validate_pytorchjob(m)
+    assert message in str(info.value)
+
+
+def edit(manifest, path, value):
+    m = copy.deepcopy(manifest)
+    node = m
+    for key in path[:-1]:
+        node = node[key]
+    if value is KeyError:
+        del node[path[-1]]
+    else:
+        node[path[-1]] = value
+    return m
+
+
+@pytest.mark.parametrize(
+    ("path", "value", "message"),
+    [
+        (("metadata", "name"), "Job_1", "metadata.name: 'Job_1' must be a DNS-1035 label"),
+        (("metadata", "name"), "j" * 64, "must be a DNS-1035 label"),
+        (("spec", "pytorchReplicaSpecs", "Master", "replicas"), 2, "Master.replicas: must be 1, got 2"),
+        (("spec", "pytorchReplicaSpecs", "Chief"), {}, "pytorchReplicaSpecs.Chief: unknown replica type"),
+        (
+            ("spec", "pytorchReplicaSpecs", "Worker", "template", "spec", "containers", 0, "name"),
+            "trainer",
+            "needs a container named 'pytorch'",
+        ),
+        (
+            ("spec", "pytorchReplicaSpecs", "Worker", "template", "spec", "containers", 0, "image"),
+            "",
+            "image: must not be empty",
+        ),
+        (
+            ("spec", "elasticPolicy"),
+            {"minReplicas": 1, "maxReplicas": 2, "nProcPerNode": 2},
+            "must not be set together with spec.nprocPerNode",
+        ),
+        (
+            ("spec", "runPolicy", "cleanPodPolicys"),
+            "All",
+            "spec.runPolicy: Additional properties are not allowed ('cleanPodPolicys'",
+        ),
+        (
+            ("spec", "runPolicy", "backoffLimit"),
+            "3",
+            "spec.runPolicy.backoffLimit: '3' is not of type 'integer'",
+        ),
+        (("spec", "nprocPerNode"), 8, "spec.nprocPerNode: 8 is not of type 'string'"),
+    ],
+)
+def test_webhook_and_strict_schema_rules(path, value, message):
+    with pytest.raises(ManifestError) as info:
+        validate_pytorchjob(edit(manifest_for("demo"), path, value))
+    assert message in str(info.value)
+
+
+def test_elastic_without_workers_is_rejected():
+    m = edit(manifest_for("master-only"), ("spec", "elasticPolicy"), {"minReplicas": 1, "maxReplicas": 1})
+    with pytest.raises(ManifestError, match="elasticPolicy: needs a Worker replica spec"):
+        validate_pytorchjob(m)
+
+
+def test_cli_prints_a_preflight_error_and_exits_2(tmp_path):
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("kubernetes:\n  tolerations:\n    - {key: gpu, efect: NoSchedule}\n")
+    out = subprocess.run(
+        [sys.executable, "-m", "pipelines.cli", "job", "manifest", "--config", str(bad)],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert out.returncode == 2
+    assert "tolerations[0]: Additional properties are not allowed ('efect'" in out.stderr
