@@ -45,3 +45,22 @@ def test_bad_values_name_the_field(text, message):
 def test_overrides_win_over_the_text():
     cfg = parse_config("job:\n  replicas: 4\n", {"job.replicas": 2, "train.epochs": 1})
     assert (cfg.job.replicas, cfg.train.epochs) == (2, 1)
+
+
+def test_every_config_field_is_documented_in_the_readme():
+    """The README's configuration reference lists every field (it is the user's manual)."""
+    import dataclasses
+    from pathlib import Path
+
+    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
+
+    def fields(cls, prefix):
+        for f in dataclasses.fields(cls):
+            if dataclasses.is_dataclass(f.type) or (isinstance(f.type, str) and f.type.endswith("Config")):
+                sub = type(getattr(cls(), f.name))
+                yield from fields(sub, f"{prefix}{f.name}.")
+            else:
+                yield f"{prefix}{f.name}"
+
+    missing = [name for name in fields(Config, "") if f"`{name}`" not in readme]
+    assert not missing

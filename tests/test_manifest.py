@@ -270,3 +270,15 @@ def test_cli_prints_a_preflight_error_and_exits_2(tmp_path):
     )
     assert out.returncode == 2
     assert "tolerations[0]: Additional properties are not allowed ('efect'" in out.stderr
+
+
+def test_pods_and_local_processes_run_the_same_command_and_environment():
+    """The local backend starts exactly what the manifest's containers run (plus the operator env)."""
+    cfg = load_config(REPO / "configs" / "demo.yaml")
+    spec = training_job(cfg, "kftrain-job", "s3://kftrain/dataset", "s3://kftrain/model")
+    manifest = pytorchjob_manifest(spec, "team-a")
+    for rtype in ("Master", "Worker"):
+        (container,) = manifest["spec"]["pytorchReplicaSpecs"][rtype]["template"]["spec"]["containers"]
+        assert tuple(container["command"]) == spec.command
+        plain_env = {e["name"]: e["value"] for e in container["env"] if "value" in e}
+        assert plain_env == spec.env
