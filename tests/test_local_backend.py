@@ -67,12 +67,14 @@ def test_replicas_see_the_operator_environment():
 def test_torchrun_turns_node_ranks_into_process_ranks():
     """3 replicas x 2 processes under torchrun: six distinct ranks that all-reduce with gloo."""
     code = """
-        import os, torch, torch.distributed as dist
+        import os, sys, torch, torch.distributed as dist
         dist.init_process_group("gloo")
         t = torch.tensor([1.0])
         dist.all_reduce(t)
         env = os.environ
-        print("RANK", env["RANK"], env["LOCAL_RANK"], env["WORLD_SIZE"], int(t.item()), flush=True)
+        # One write per line: with PYTHONUNBUFFERED (the operator sets it) print() writes piecewise,
+        # and two local ranks sharing the pod's stdout would interleave.
+        sys.stdout.write(f"RANK {env['RANK']} {env['LOCAL_RANK']} {env['WORLD_SIZE']} {int(t.item())}\\n")
         dist.destroy_process_group()
     """
     lines: list[str] = []
