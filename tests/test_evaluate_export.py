@@ -7,7 +7,7 @@ from safetensors.torch import load as load_safetensors
 
 from trainer.evaluate import classification_report, evaluate_model
 from trainer.export import export_model, load_torchscript
-from trainer.model import build_mlp, load_model, normalize_inputs, save_model
+from trainer.model import build_mlp, load_model, save_model
 from trainer.storage import LocalStore, join_uri
 
 
@@ -64,7 +64,8 @@ def test_export_formats_load_and_match_the_pytorch_model(trained, tmp_path):
     out = str(tmp_path / "export")
     card = export_model(store, uri, out, metrics={"accuracy": 0.9}, training_config={"train": {"epochs": 1}})
     raw = torch.randn(16, 4) * 3 + 2
-    expected = model(normalize_inputs(raw, meta))
+    norm = meta["normalization"]
+    expected = model((raw - torch.tensor(norm["mean"])) / torch.tensor(norm["std"]))
     scripted = load_torchscript(store, out)
     torch.testing.assert_close(scripted(raw), expected)
     state = load_safetensors(store.get_bytes(join_uri(out, "model.safetensors")))
@@ -74,7 +75,8 @@ def test_export_formats_load_and_match_the_pytorch_model(trained, tmp_path):
     on_disk = json.loads(store.get_bytes(join_uri(out, "model_card.json")))
     assert on_disk == card
     assert card["classes"] == ["x", "y", "z"]
-    assert card["inputs"]["shape"] == [-1, 4]
+    assert card["inputs"] == {"dtype": "float32", "shape": [-1, 4]}
+    assert card["outputs"] == {"dtype": "float32", "shape": [-1, 3]}
     assert card["metrics"] == {"accuracy": 0.9}
     assert card["source_dataset_uri"] == "s3://bucket/ds"
     assert card["training_config"] == {"train": {"epochs": 1}}

@@ -22,6 +22,10 @@ import yaml
 from trainer.storage import parse_uri
 
 NCCL_DEBUG_LEVELS = ("", "VERSION", "WARN", "INFO", "TRACE")
+BUILTIN_TASKS = ("classification", "causal_lm")
+PRECISIONS = ("auto", "fp32", "bf16")
+LR_SCHEDULES = ("constant", "cosine")
+NONFINITE_POLICIES = ("stop", "skip")
 RESTART_POLICIES = ("Always", "OnFailure", "Never", "ExitCode")
 CLEAN_POD_POLICIES = ("None", "Running", "All")
 _QUANTITY = re.compile(r"^[0-9]+(\.[0-9]+)?(m|k|M|G|T|P|E|Ki|Mi|Gi|Ti|Pi|Ei)?$")
@@ -68,8 +72,8 @@ class StoreConfig:
 class DataConfig:
     """Data preparation: the source table, the split and the shard layout."""
 
-    source: str = "digits"
-    """`digits` (scikit-learn's handwritten digits, bundled) or the URI of a CSV file."""
+    source: str = ""
+    """`digits` or a CSV URI (classification); `python-stdlib` or a text URI (causal_lm); empty: the default."""
     label_column: str = "label"
     """For a CSV source: the column holding the class label; every other column is a feature."""
     val_fraction: float = 0.1
@@ -79,11 +83,12 @@ class DataConfig:
     seed: int = 0
     """Seed of the stratified split, so the same source always gives the same shards."""
     shard_rows: int = 512
-    """Rows per shard file."""
+    """Rows per shard file (tokens per shard for causal_lm: shard_rows x 1024)."""
+    max_bytes: int = 4_000_000
+    """causal_lm: at most this many bytes of text are tokenised (0: all)."""
 
     def __post_init__(self) -> None:
-        _require(bool(self.source.strip()), "data.source", self.source, "must not be empty")
-        if self.source != "digits":
+        if self.source not in ("", "digits", "python-stdlib"):
             try:
                 parse_uri(self.source)
             except ValueError as exc:
@@ -92,6 +97,7 @@ class DataConfig:
             value = getattr(self, name)
             _require(0.0 < value < 0.5, f"data.{name}", value, "must be between 0 and 0.5")
         _require(self.shard_rows > 0, "data.shard_rows", self.shard_rows, "must be positive")
+        _require(self.max_bytes >= 0, "data.max_bytes", self.max_bytes, "must be >= 0")
 
 
 @dataclass(kw_only=True, slots=True)
@@ -101,9 +107,25 @@ class ModelConfig:
     hidden_sizes: list[int] = field(default_factory=lambda: [128, 64])
     """Widths of the hidden layers of the MLP."""
     dropout: float = 0.0
-    """Dropout probability after each hidden layer."""
+    """Dropout probability (after each MLP hidden layer; in attention and MLP blocks of the GPT)."""
+    n_layer: int = 12
+    """causal_lm: transformer blocks (GPT-2 small: 12)."""
+    n_head: int = 12
+    """causal_lm: attention heads (GPT-2 small: 12)."""
+    n_embd: int = 768
+    """causal_lm: embedding width (GPT-2 small: 768)."""
+    block_size: int = 1024
+    """causal_lm: context length in tokens (GPT-2: 1024)."""
 
     def __post_init__(self) -> None:
+        for name in ("n_layer", "n_head", "n_embd", "block_size"):
+            _require(getattr(self, name) > 0, f"model.{name}", getattr(self, name), "must be positive")
+        _require(
+            self.n_embd % self.n_head == 0,
+            "model.n_embd",
+            self.n_embd,
+            f"must divide by model.n_head ({self.n_head})",
+        )
         _require(
             len(self.hidden_sizes) > 0 and all(h > 0 for h in self.hidden_sizes),
             "model.hidden_sizes",
@@ -128,19 +150,82 @@ class TrainConfig:
     seed: int = 0
     """Base seed; each rank adds its rank so data augmentation and dropout differ per rank."""
     log_interval_steps: int = 20
-    """Rank 0 logs loss and throughput every this many optimizer steps."""
+    """Rank 0 logs loss, throughput, ETA (and MFU on CUDA) every this many optimizer steps."""
+    max_steps: int = 0
+    """Stop after this many optimizer steps; 0: train for `epochs`."""
+    grad_accum_steps: int = 1
+    """Micro-batches per optimizer step; gradients are all-reduced only on the last one."""
+    grad_clip_norm: float = 0.0
+    """Clip the global gradient norm to this; 0: no clipping (the norm is still checked)."""
+    lr_schedule: str = "constant"
+    """`constant` or `cosine` (decay to 10% of learning_rate by the last step)."""
+    warmup_steps: int = 0
+    """Linear learning-rate warm-up over this many steps."""
+    precision: str = "auto"
+    """`auto` (bf16 autocast on CUDA, fp32 on CPU), `bf16` or `fp32`."""
+    compile: bool = False
+    """Wrap the model in torch.compile."""
+    num_workers: int = 0
+    """DataLoader worker processes per rank."""
+    bucket_cap_mb: int = 25
+    """DDP gradient bucket size in MiB."""
+    on_nonfinite: str = "stop"
+    """A NaN/inf loss or gradient: `stop` the job naming the step and rank, or `skip` the update."""
+    peak_tflops: float = 0.0
+    """Peak bf16 TFLOP/s of one GPU for the MFU estimate; 0: looked up from the device name."""
+    deterministic: bool = False
+    """torch.use_deterministic_algorithms: bitwise-reproducible runs, at some speed cost on GPUs."""
 
     def __post_init__(self) -> None:
         _require(self.epochs > 0, "train.epochs", self.epochs, "must be positive")
         _require(self.batch_size > 0, "train.batch_size", self.batch_size, "must be positive")
         _require(self.learning_rate > 0, "train.learning_rate", self.learning_rate, "must be positive")
         _require(self.weight_decay >= 0, "train.weight_decay", self.weight_decay, "must be >= 0")
+        for name in ("max_steps", "warmup_steps", "num_workers"):
+            _require(getattr(self, name) >= 0, f"train.{name}", getattr(self, name), "must be >= 0")
+        for name in ("grad_accum_steps", "bucket_cap_mb"):
+            _require(getattr(self, name) >= 1, f"train.{name}", getattr(self, name), "must be >= 1")
+        _require(self.grad_clip_norm >= 0, "train.grad_clip_norm", self.grad_clip_norm, "must be >= 0")
+        _require(self.peak_tflops >= 0, "train.peak_tflops", self.peak_tflops, "must be >= 0")
+        for name, allowed in (
+            ("lr_schedule", LR_SCHEDULES),
+            ("precision", PRECISIONS),
+            ("on_nonfinite", NONFINITE_POLICIES),
+        ):
+            _require(getattr(self, name) in allowed, f"train.{name}", getattr(self, name), f"must be one of {allowed}")
         _require(
             self.log_interval_steps > 0,
             "train.log_interval_steps",
             self.log_interval_steps,
             "must be positive",
         )
+
+
+@dataclass(kw_only=True, slots=True)
+class CheckpointConfig:
+    """Checkpoints in the object store, and automatic resume from the latest complete one."""
+
+    enabled: bool = True
+    """Write checkpoints (and resume from them)."""
+    uri: str = ""
+    """Run-scoped checkpoint prefix; empty: `<model URI>/checkpoints` (a retried step finds it again)."""
+    interval_steps: int = 0
+    """Checkpoint every this many optimizer steps; 0: only at the end of each epoch."""
+    at_epoch_end: bool = True
+    """Also checkpoint at the end of every epoch."""
+    keep_last: int = 2
+    """Complete checkpoints kept; older ones are deleted."""
+    resume: bool = True
+    """Resume from the latest complete checkpoint under `uri` when one exists."""
+
+    def __post_init__(self) -> None:
+        if self.uri:
+            try:
+                parse_uri(self.uri)
+            except ValueError as exc:
+                raise ConfigError(f"checkpoint.uri: {exc}") from None
+        _require(self.interval_steps >= 0, "checkpoint.interval_steps", self.interval_steps, "must be >= 0")
+        _require(self.keep_last >= 1, "checkpoint.keep_last", self.keep_last, "must be >= 1")
 
 
 @dataclass(kw_only=True, slots=True)
@@ -331,6 +416,8 @@ class KubernetesConfig:
 class Config:
     """The whole kftrain configuration: one YAML file, one section per concern."""
 
+    task: str = "classification"
+    """`classification`, `causal_lm` (a GPT over bytes), or your own as `package.module:TaskClass`."""
     store: StoreConfig = field(default_factory=StoreConfig)
     """Object store for every artifact."""
     data: DataConfig = field(default_factory=DataConfig)
@@ -339,6 +426,8 @@ class Config:
     """Model architecture."""
     train: TrainConfig = field(default_factory=TrainConfig)
     """Training loop."""
+    checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
+    """Checkpointing and resume."""
     job: JobConfig = field(default_factory=JobConfig)
     """Distributed job shape and limits."""
     kubernetes: KubernetesConfig = field(default_factory=KubernetesConfig)
@@ -346,12 +435,28 @@ class Config:
 
     def __post_init__(self) -> None:
         _require(
-            self.train.batch_size % self.job.world_size == 0,
+            self.task in BUILTIN_TASKS or ":" in self.task,
+            "task",
+            self.task,
+            f"must be one of {BUILTIN_TASKS} or an import path `package.module:TaskClass`",
+        )
+        per_step = self.job.world_size * self.train.grad_accum_steps
+        _require(
+            self.train.batch_size % per_step == 0,
             "train.batch_size",
             self.train.batch_size,
             f"must divide by the world size {self.job.world_size} "
-            f"(job.replicas {self.job.replicas} x job.nproc_per_node {self.job.nproc_per_node})",
+            f"(job.replicas {self.job.replicas} x job.nproc_per_node {self.job.nproc_per_node})"
+            + (f" x train.grad_accum_steps {self.train.grad_accum_steps}" if self.train.grad_accum_steps > 1 else ""),
         )
+        if self.data.source in ("digits", "python-stdlib"):
+            expected = "digits" if self.task == "classification" else "python-stdlib"
+            _require(
+                self.data.source == expected or self.task not in BUILTIN_TASKS,
+                "data.source",
+                self.data.source,
+                f"is not a {self.task} source; use {expected!r} or a file URI",
+            )
         gpus = self.kubernetes.gpus_per_node
         _require(
             gpus in (0, self.job.nproc_per_node),

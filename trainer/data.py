@@ -43,7 +43,7 @@ class Table:
 
 def load_source(cfg: DataConfig, store: ObjectStore | None) -> Table:
     """Read the configured source: the bundled digits set, or a CSV file from the store."""
-    if cfg.source == "digits":
+    if cfg.source in ("", "digits"):
         from sklearn.datasets import load_digits
 
         digits = load_digits()
@@ -118,7 +118,7 @@ def prepare_dataset(cfg: DataConfig, store: ObjectStore, dataset_uri: str) -> di
 
     manifest: dict = {
         "format": FORMAT,
-        "source": cfg.source,
+        "source": cfg.source or "digits",
         "seed": cfg.seed,
         "num_features": int(table.x.shape[1]),
         "feature_names": table.feature_names,
@@ -142,18 +142,21 @@ def prepare_dataset(cfg: DataConfig, store: ObjectStore, dataset_uri: str) -> di
     return manifest
 
 
-def read_manifest(store: ObjectStore, dataset_uri: str) -> dict:
-    """The dataset's manifest; a clear error when the dataset is missing or incomplete."""
+def read_manifest(store: ObjectStore, dataset_uri: str, expected_format: str | None = None) -> dict:
+    """The dataset's manifest; a clear error when the dataset is missing, incomplete or of another task."""
     raw = store.get_bytes(join_uri(dataset_uri, MANIFEST))
     manifest = json.loads(raw)
-    if manifest.get("format") != FORMAT:
-        raise DataError(f"{dataset_uri}: unknown dataset format {manifest.get('format')!r}")
+    if expected_format and manifest.get("format") != expected_format:
+        raise DataError(
+            f"{dataset_uri} holds a {manifest.get('format')!r} dataset, not {expected_format!r}: "
+            "was it prepared for another task?"
+        )
     return manifest
 
 
 def load_split(store: ObjectStore, dataset_uri: str, split: str, manifest: dict | None = None):
     """All rows of one split as (x float32, y int64) numpy arrays."""
-    manifest = manifest or read_manifest(store, dataset_uri)
+    manifest = manifest or read_manifest(store, dataset_uri, FORMAT)
     xs, ys = [], []
     for name in manifest["splits"][split]["shards"]:
         with np.load(io.BytesIO(store.get_bytes(join_uri(dataset_uri, name))), allow_pickle=False) as z:

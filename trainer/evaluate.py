@@ -7,9 +7,7 @@ from typing import Any
 
 import numpy as np
 import torch
-from torch import nn
 
-from trainer.data import load_split
 from trainer.model import load_model
 from trainer.storage import ObjectStore, join_uri
 
@@ -49,17 +47,16 @@ def classification_report(y_true: np.ndarray, y_pred: np.ndarray, classes: list[
     }
 
 
-@torch.no_grad()
 def evaluate_model(
     store: ObjectStore, model_uri: str, dataset_uri: str, output_uri: str | None = None
 ) -> dict[str, Any]:
     """Evaluate the model at `model_uri` on the test split; write `metrics.json` to `output_uri`."""
+    from trainer.tasks import get_task
+
     model, meta = load_model(store, model_uri)
-    x, y = load_split(store, dataset_uri, "test")
-    logits = model(torch.from_numpy(x))
-    loss = float(nn.functional.cross_entropy(logits, torch.from_numpy(y)))
-    report = classification_report(y, logits.argmax(dim=1).numpy(), meta["classes"])
-    report.update(loss=loss, test_rows=int(len(y)), model_uri=model_uri, dataset_uri=dataset_uri)
+    with torch.no_grad():
+        report = get_task(meta["task"]).evaluate(model, meta, store, dataset_uri)
+    report.update(task=meta["task"], model_uri=model_uri, dataset_uri=dataset_uri)
     if output_uri:
         store.put_bytes(join_uri(output_uri, EVAL_RECORD), json.dumps(report, indent=2).encode())
     return report

@@ -1,7 +1,7 @@
 """Export a trained model for serving: TorchScript, safetensors and a JSON model card.
 
-The exported model takes raw (un-normalised) features: the training normalisation is part of
-the exported graph, so a serving stack feeds it what the source table holds.
+What is exported is the task's serving module: for classification the normalisation is part
+of the graph, so a serving stack feeds it the raw features the source table holds.
 """
 
 from __future__ import annotations
@@ -14,27 +14,16 @@ from typing import Any
 
 import torch
 from safetensors.torch import save as save_safetensors
-from torch import nn
 
-from trainer.model import load_model
+from trainer.model import _tied_parameters, load_model
 from trainer.storage import ObjectStore, join_uri
+from trainer.tasks import get_task
 
 TORCHSCRIPT = "model.pt"
 SAFETENSORS = "model.safetensors"
 MODEL_CARD = "model_card.json"
-
-
-class ServingModel(nn.Module):
-    """Normalisation + classifier: raw features in, logits out."""
-
-    def __init__(self, model: nn.Module, mean: list[float], std: list[float]) -> None:
-        super().__init__()
-        self.model = model
-        self.register_buffer("mean", torch.tensor(mean, dtype=torch.float32))
-        self.register_buffer("std", torch.tensor(std, dtype=torch.float32))
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.model((x - self.mean) / self.std)
+#: Model metadata copied into the card when the task records it.
+CARD_FIELDS = ("classes", "feature_names", "tokenizer", "vocab_size")
 
 
 def export_model(
@@ -46,26 +35,22 @@ def export_model(
 ) -> dict[str, Any]:
     """Write the export files under `output_uri`; return the model card (written last)."""
     model, meta = load_model(store, model_uri)
-    serving = ServingModel(model, **meta["normalization"]).eval()
-    example = torch.zeros(1, meta["architecture"]["num_features"])
-    scripted = torch.jit.trace(serving, example)
+    serving, example = get_task(meta["task"]).serving_module(model, meta)
+    with torch.no_grad():
+        out = serving(example)
+        scripted = torch.jit.trace(serving, example)
     buf = io.BytesIO()
     torch.jit.save(scripted, buf)
     store.put_bytes(join_uri(output_uri, TORCHSCRIPT), buf.getvalue())
-    state = {k: v.detach().contiguous() for k, v in serving.state_dict().items()}
+    tied = {name for name, _ in _tied_parameters(serving)}
+    state = {k: v.detach().contiguous() for k, v in serving.state_dict().items() if k not in tied}
     store.put_bytes(join_uri(output_uri, SAFETENSORS), save_safetensors(state))
     card = {
-        "name": "kftrain-classifier",
+        "name": f"kftrain-{meta['task']}",
         "task": meta["task"],
-        "inputs": {
-            "name": "features",
-            "dtype": "float32",
-            "shape": [-1, meta["architecture"]["num_features"]],
-            "feature_names": meta["feature_names"],
-            "normalized_inside_model": True,
-        },
-        "outputs": {"name": "logits", "dtype": "float32", "shape": [-1, len(meta["classes"])]},
-        "classes": meta["classes"],
+        "inputs": {"dtype": str(example.dtype).removeprefix("torch."), "shape": [-1, *example.shape[1:]]},
+        "outputs": {"dtype": str(out.dtype).removeprefix("torch."), "shape": [-1, *out.shape[1:]]},
+        **{k: meta[k] for k in CARD_FIELDS if k in meta},
         "architecture": meta["architecture"],
         "files": {"torchscript": TORCHSCRIPT, "safetensors": SAFETENSORS},
         "metrics": metrics or {},

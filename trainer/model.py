@@ -9,7 +9,6 @@ from __future__ import annotations
 import json
 from typing import Any
 
-import torch
 from safetensors.torch import load as load_safetensors
 from safetensors.torch import save as save_safetensors
 from torch import nn
@@ -35,21 +34,38 @@ def build_mlp(num_features: int, hidden_sizes: list[int], num_classes: int, drop
 
 def save_model(store: ObjectStore, model_uri: str, model: nn.Module, meta: dict[str, Any]) -> None:
     """Write weights first and the metadata last, so a folder with `model.json` is complete."""
-    state = {k: v.detach().cpu().contiguous() for k, v in model.state_dict().items()}
+    tied = {name for name, _ in _tied_parameters(model)}
+    state = {k: v.detach().cpu().contiguous() for k, v in model.state_dict().items() if k not in tied}
     store.put_bytes(join_uri(model_uri, WEIGHTS), save_safetensors(state))
     store.put_bytes(join_uri(model_uri, MODEL_META), json.dumps(meta, indent=2).encode())
 
 
 def load_model(store: ObjectStore, model_uri: str) -> tuple[nn.Module, dict[str, Any]]:
-    """Rebuild a saved model in eval mode on the CPU, with its metadata."""
+    """Rebuild a saved model (of any task) in eval mode on the CPU, with its metadata."""
+    from trainer.tasks import get_task
+
     meta = json.loads(store.get_bytes(join_uri(model_uri, MODEL_META)))
-    arch = meta["architecture"]
-    model = build_mlp(arch["num_features"], arch["hidden_sizes"], arch["num_classes"], arch["dropout"])
-    model.load_state_dict(load_safetensors(store.get_bytes(join_uri(model_uri, WEIGHTS))))
+    model = get_task(meta["task"]).model_from_meta(meta)
+    # strict=False only for tied weights (GPT's lm_head is wte): safetensors stores shared
+    # tensors once; every other key must match.
+    missing, unexpected = model.load_state_dict(
+        load_safetensors(store.get_bytes(join_uri(model_uri, WEIGHTS))), strict=False
+    )
+    tied = {name for name, _ in _tied_parameters(model)}
+    if unexpected or set(missing) - tied:
+        raise ValueError(
+            f"{model_uri}: weights do not match the architecture (missing {missing}, unexpected {unexpected})"
+        )
     return model.eval(), meta
 
 
-def normalize_inputs(x: torch.Tensor, meta: dict[str, Any]) -> torch.Tensor:
-    """Apply the training-split normalisation recorded in the model metadata to raw features."""
-    norm = meta["normalization"]
-    return (x - torch.tensor(norm["mean"])) / torch.tensor(norm["std"])
+def _tied_parameters(model: nn.Module) -> list[tuple[str, nn.Parameter]]:
+    """Parameters registered under a second name (weight tying)."""
+    seen: dict[int, str] = {}
+    tied = []
+    for name, p in model.named_parameters(remove_duplicate=False):
+        if id(p) in seen:
+            tied.append((name, p))
+        else:
+            seen[id(p)] = name
+    return tied

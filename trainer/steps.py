@@ -29,10 +29,10 @@ def store_for(cfg: Config, uri: str, check: bool = False) -> ObjectStore:
 
 
 def prepare_data(cfg: Config, dataset_uri: str) -> dict[str, Any]:
-    """Data prep: source -> split, normalised shards + manifest at `dataset_uri`."""
-    from trainer.data import prepare_dataset
+    """Data prep: the task's source -> shards + manifest at `dataset_uri`."""
+    from trainer.tasks import get_task
 
-    return prepare_dataset(cfg.data, store_for(cfg, dataset_uri, check=True), dataset_uri)
+    return get_task(cfg.task).prepare(cfg, store_for(cfg, dataset_uri, check=True), dataset_uri)
 
 
 def select_backend(launcher: str, log: Callable[[str], None] | None = None) -> JobBackend:

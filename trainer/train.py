@@ -4,16 +4,18 @@
         --config-json '{...}' --dataset-uri s3://.../dataset --model-uri s3://.../model
 
 Each rank reads the dataset from the object store itself (replicas are not KFP tasks), trains
-its shard of every global batch with DDP, and rank 0 writes the model and the training record
-to `--model-uri`.
+its share of every global batch with DDP, checkpoints to the store and resumes from it, and
+rank 0 writes the model and the training record to `--model-uri`.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import hashlib
 import json
 import logging
+import math
 import random
 import sys
 import time
@@ -24,16 +26,38 @@ import torch
 import torch.distributed as dist
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
-from torch.utils.data import DataLoader, DistributedSampler, TensorDataset
+from torch.utils.data import DataLoader, DistributedSampler
 
+from trainer.checkpoint import CheckpointManager
 from trainer.config import Config, ConfigError, config_from_json, to_dict
-from trainer.data import load_split, read_manifest
+from trainer.data import read_manifest
 from trainer.distributed import DistEnv, device_for, dist_env, process_group, unwrap
-from trainer.model import build_mlp, save_model
+from trainer.model import save_model
 from trainer.storage import join_uri, open_store
+from trainer.tasks import Task, get_task
 
 TRAINING_RECORD = "training.json"
 log = logging.getLogger("kftrain.train")
+
+#: Dense bf16 peak TFLOP/s per GPU by device-name fragment, for the MFU estimate.
+PEAK_BF16_TFLOPS = {"H200": 989.0, "H100": 989.0, "A100": 312.0, "L40S": 362.0, "A10G": 125.0, "L4": 121.0}
+
+
+class NonFiniteLoss(RuntimeError):
+    """The loss or the gradients became NaN/inf (train.on_nonfinite: stop)."""
+
+
+class ResumableSampler(DistributedSampler):
+    """DistributedSampler that can start part-way into an epoch (mid-epoch resume)."""
+
+    start_index = 0
+
+    def __iter__(self):
+        indices = list(super().__iter__())
+        return iter(indices[self.start_index :])
+
+    def __len__(self) -> int:
+        return self.num_samples - self.start_index
 
 
 def seed_everything(seed: int) -> None:
@@ -43,135 +67,299 @@ def seed_everything(seed: int) -> None:
     torch.manual_seed(seed)
 
 
+def rng_state() -> dict[str, Any]:
+    """This process's RNG states as plain bytes and numbers (safe to pickle, gather and torch.load)."""
+    kind, keys, pos, has_gauss, cached = np.random.get_state()
+    state = {
+        "python": random.getstate(),
+        "numpy": [kind, keys.tobytes(), int(pos), int(has_gauss), float(cached)],
+        "torch": torch.get_rng_state().numpy().tobytes(),
+    }
+    if torch.cuda.is_available():
+        state["cuda"] = torch.cuda.get_rng_state().numpy().tobytes()
+    return state
+
+
+def set_rng_state(state: dict[str, Any]) -> None:
+    """Restore what :func:`rng_state` captured."""
+    version, internal, gauss = state["python"]
+    random.setstate((version, tuple(internal), gauss))
+    kind, keys, pos, has_gauss, cached = state["numpy"]
+    np.random.set_state((kind, np.frombuffer(keys, dtype=np.uint32).copy(), pos, has_gauss, cached))
+
+    def as_tensor(raw: bytes) -> torch.Tensor:
+        return torch.frombuffer(bytearray(raw), dtype=torch.uint8)
+
+    torch.set_rng_state(as_tensor(state["torch"]))
+    if "cuda" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state(as_tensor(state["cuda"]))
+
+
 def parameter_digest(model: nn.Module) -> str:
     """A short hash of all parameters: equal on every rank when DDP kept them in sync."""
     h = hashlib.sha256()
     for p in unwrap(model).parameters():
-        h.update(p.detach().cpu().contiguous().numpy().tobytes())
+        h.update(p.detach().float().cpu().contiguous().numpy().tobytes())
     return h.hexdigest()[:16]
 
 
-@torch.no_grad()
-def accuracy(model: nn.Module, x: torch.Tensor, y: torch.Tensor) -> float:
-    """Share of rows whose arg-max logit is the label."""
-    model.eval()
-    pred = model(x).argmax(dim=1)
-    model.train()
-    return float((pred == y).float().mean())
+def lr_factor(step: int, total: int, cfg: Config) -> float:
+    """Multiplier of train.learning_rate at optimizer step `step` (warm-up, then the schedule)."""
+    warm = cfg.train.warmup_steps
+    if warm and step < warm:
+        return (step + 1) / warm
+    if cfg.train.lr_schedule == "cosine":
+        progress = min(1.0, (step - warm) / max(1, total - warm))
+        return 0.1 + 0.9 * 0.5 * (1.0 + math.cos(math.pi * progress))
+    return 1.0
 
 
-def run_training(cfg: Config, dataset_uri: str, model_uri: str, env: DistEnv) -> dict[str, Any]:
+def peak_flops(device: torch.device, cfg: Config) -> float:
+    """Peak FLOP/s of one device for MFU (0 on CPU or an unknown GPU)."""
+    if cfg.train.peak_tflops:
+        return cfg.train.peak_tflops * 1e12
+    if device.type != "cuda":
+        return 0.0
+    name = torch.cuda.get_device_name(device)
+    return next((tf * 1e12 for key, tf in PEAK_BF16_TFLOPS.items() if key in name), 0.0)
+
+
+def autocast_for(device: torch.device, cfg: Config):
+    """bf16 autocast on CUDA (precision auto or bf16); nothing on CPU unless asked."""
+    precision = cfg.train.precision
+    if precision == "bf16" or (precision == "auto" and device.type == "cuda"):
+        return torch.autocast(device_type=device.type, dtype=torch.bfloat16)
+    return contextlib.nullcontext()
+
+
+def _to(batch, device: torch.device):
+    return tuple(t.to(device, non_blocking=True) for t in batch)
+
+
+def run_training(
+    cfg: Config, dataset_uri: str, model_uri: str, env: DistEnv, task: Task | None = None
+) -> dict[str, Any]:
     """Train on this rank; return the final metrics (complete on rank 0)."""
     t_start = time.time()
+    task = task or get_task(cfg.task)
     device = device_for(env)
-    if cfg.train.batch_size % env.world_size:
+    if cfg.train.deterministic:
+        torch.use_deterministic_algorithms(True)
+    tc = cfg.train
+    accum = tc.grad_accum_steps
+    if tc.batch_size % (env.world_size * accum):
         raise ConfigError(
-            f"train.batch_size: must divide by the world size {env.world_size}, got {cfg.train.batch_size}"
+            f"train.batch_size: must divide by world size {env.world_size} x train.grad_accum_steps {accum}, "
+            f"got {tc.batch_size}"
         )
-    local_batch = cfg.train.batch_size // env.world_size
+    micro = tc.batch_size // (env.world_size * accum)
     store = open_store(dataset_uri, cfg.store.endpoint, cfg.store.region)
     manifest = read_manifest(store, dataset_uri)
-    x_train, y_train = load_split(store, dataset_uri, "train", manifest)
-    x_val, y_val = load_split(store, dataset_uri, "val", manifest)
+    train_ds, val_ds = task.datasets(cfg, store, dataset_uri, manifest)
+    if len(train_ds) < tc.batch_size:
+        raise ConfigError(f"train.batch_size: must not exceed the {len(train_ds)} training items, got {tc.batch_size}")
 
     # Identical initial weights on every rank (DDP also broadcasts rank 0's), then per-rank
     # streams for anything random in the step (dropout).
-    seed_everything(cfg.train.seed)
-    model = build_mlp(
-        manifest["num_features"],
-        cfg.model.hidden_sizes,
-        len(manifest["classes"]),
-        cfg.model.dropout,
-    ).to(device)
-    seed_everything(cfg.train.seed + env.rank)
-    ddp_model: nn.Module = (
-        DistributedDataParallel(model, device_ids=[device.index] if device.type == "cuda" else None)
-        if env.distributed
-        else model
-    )
-    optimizer = torch.optim.AdamW(
-        ddp_model.parameters(), lr=cfg.train.learning_rate, weight_decay=cfg.train.weight_decay
-    )
-    if len(y_train) < cfg.train.batch_size:
-        raise ConfigError(
-            f"train.batch_size: must not exceed the {len(y_train)} training rows, got {cfg.train.batch_size}"
+    seed_everything(tc.seed)
+    model, meta = task.build_model(cfg, manifest)
+    model.to(device)
+    seed_everything(tc.seed + env.rank)
+    ddp: nn.Module = model
+    if env.distributed:
+        ddp = DistributedDataParallel(
+            model,
+            device_ids=[device.index] if device.type == "cuda" else None,
+            gradient_as_bucket_view=True,  # gradients live in the all-reduce buckets: no copy
+            bucket_cap_mb=tc.bucket_cap_mb,
         )
-    dataset = TensorDataset(torch.from_numpy(x_train), torch.from_numpy(y_train))
-    # Full global batches only: every step sees exactly batch_size rows on any world size, so
-    # one process and N processes take the same optimizer steps. The shuffle moves the few
-    # left-over rows to a different place every epoch.
-    sampler = DistributedSampler(
-        dataset, num_replicas=env.world_size, rank=env.rank, shuffle=True, seed=cfg.train.seed, drop_last=True
+    step_model = torch.compile(ddp) if tc.compile else ddp
+    optimizer = torch.optim.AdamW(
+        model.parameters(),
+        lr=tc.learning_rate,
+        weight_decay=tc.weight_decay,
+        fused=device.type == "cuda",
     )
-    loader = DataLoader(dataset, batch_size=local_batch, sampler=sampler, drop_last=True)
-    xv, yv = torch.from_numpy(x_val).to(device), torch.from_numpy(y_val).to(device)
-    loss_fn = nn.CrossEntropyLoss()
 
-    history: list[dict[str, float]] = []
-    step, first_step_at, samples = 0, None, 0
-    t_train = time.time()
-    for epoch in range(cfg.train.epochs):
-        sampler.set_epoch(epoch)  # a different shuffle each epoch, the same on every rank
-        loss_sum, batches = 0.0, 0
-        for xb, yb in loader:
-            xb, yb = xb.to(device, non_blocking=True), yb.to(device, non_blocking=True)
-            optimizer.zero_grad(set_to_none=True)
-            loss = loss_fn(ddp_model(xb), yb)
-            loss.backward()
-            optimizer.step()
-            step += 1
-            samples += len(xb) * env.world_size
-            loss_sum += loss.item()
-            batches += 1
-            if first_step_at is None:
-                first_step_at = time.time()
-            if env.is_main and step % cfg.train.log_interval_steps == 0:
-                rate = samples / max(time.time() - t_train, 1e-9)
-                log.info("epoch %d step %d loss %.4f %.0f samples/s", epoch, step, loss.item(), rate)
-        val_acc = accuracy(ddp_model, xv, yv)
-        history.append({"epoch": epoch, "train_loss": loss_sum / max(batches, 1), "val_accuracy": val_acc})
-        if env.is_main:
-            log.info(
-                "epoch %d done: train_loss %.4f val_accuracy %.4f",
-                epoch,
-                history[-1]["train_loss"],
-                val_acc,
+    # Full global batches only: every optimizer step sees exactly batch_size items on any world
+    # size, so one process and N processes take the same steps.
+    sampler = ResumableSampler(
+        train_ds, num_replicas=env.world_size, rank=env.rank, shuffle=True, seed=tc.seed, drop_last=True
+    )
+    # The loader draws its worker seeds from its own generator, never from the global RNG,
+    # so restoring the RNG state on resume reproduces the uninterrupted run exactly.
+    loader_rng = torch.Generator()
+    loader = DataLoader(
+        train_ds,
+        batch_size=micro,
+        sampler=sampler,
+        drop_last=True,
+        num_workers=tc.num_workers,
+        pin_memory=device.type == "cuda",
+        persistent_workers=False,
+        generator=loader_rng,
+    )
+    steps_per_epoch = sampler.num_samples // micro // accum
+    total_steps = tc.max_steps or tc.epochs * steps_per_epoch
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: lr_factor(s, total_steps, cfg))
+
+    ckpt = None
+    if cfg.checkpoint.enabled:
+        prefix = cfg.checkpoint.uri or join_uri(model_uri, "checkpoints")
+        ckpt = CheckpointManager(
+            open_store(prefix, cfg.store.endpoint, cfg.store.region), prefix, cfg.checkpoint.keep_last
+        )
+    step = 0
+    if ckpt is not None and cfg.checkpoint.resume:
+        state = ckpt.load_latest()
+        if state is not None:
+            unwrap(model).load_state_dict(state["model"])
+            optimizer.load_state_dict(state["optimizer"])
+            scheduler.load_state_dict(state["scheduler"])
+            step = int(state["step"])
+            rngs = state["rng"]
+            set_rng_state(rngs[env.rank % len(rngs)])
+            if state["world_size"] != env.world_size:
+                log.warning("resuming a %d-process checkpoint on %d processes", state["world_size"], env.world_size)
+            log.info("resumed at step %d (epoch %d, %d steps into it)", step, state["epoch"], state["epoch_step"])
+
+    def save_checkpoint(epoch: int, epoch_step: int) -> None:
+        rngs = [rng_state()]
+        if env.distributed:
+            rngs = [None] * env.world_size
+            dist.all_gather_object(rngs, rng_state())
+        if env.is_main and ckpt is not None:
+            ckpt.save(
+                step,
+                {
+                    "step": step,
+                    "epoch": epoch,
+                    "epoch_step": epoch_step,
+                    "world_size": env.world_size,
+                    "model": unwrap(model).state_dict(),
+                    "optimizer": optimizer.state_dict(),
+                    "scheduler": scheduler.state_dict(),
+                    "rng": rngs,
+                    "config": json.dumps(to_dict(cfg)),
+                },
             )
 
-    digest = parameter_digest(ddp_model)
+    items_per_step = tc.batch_size * task.items_per_sample(cfg)
+    flops_per_step = task.flops_per_item(unwrap(model), cfg) * items_per_step
+    peak = peak_flops(device, cfg) * env.world_size
+    history: list[dict[str, float]] = []
+    first_step_at = None
+    data_wait = 0.0
+    skipped = 0
+    interval_loss = torch.zeros((), device=device)
+    interval_t, interval_steps = time.perf_counter(), 0
+    t_train = time.perf_counter()
+    start_step = step
+    epoch = step // steps_per_epoch
+    while step < total_steps:
+        epoch_step = step - epoch * steps_per_epoch
+        sampler.set_epoch(epoch)  # a different shuffle each epoch, the same on every rank
+        sampler.start_index = epoch_step * accum * micro
+        loader_rng.manual_seed(tc.seed * 100_003 + epoch)
+        batches = iter(loader)
+        epoch_loss, epoch_steps = torch.zeros((), device=device), 0
+        while epoch_step < steps_per_epoch and step < total_steps:
+            optimizer.zero_grad(set_to_none=True)
+            step_loss = torch.zeros((), device=device)
+            for i in range(accum):
+                t0 = time.perf_counter()
+                batch = _to(next(batches), device)
+                data_wait += time.perf_counter() - t0
+                # Gradients are all-reduced on the last micro-batch only.
+                sync = contextlib.nullcontext() if (i == accum - 1 or not env.distributed) else ddp.no_sync()
+                with sync:
+                    with autocast_for(device, cfg):
+                        loss = task.loss(step_model, batch) / accum
+                    loss.backward()
+                step_loss += loss.detach()
+            max_norm = tc.grad_clip_norm or float("inf")
+            grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm)
+            # Gradients are identical on every rank after the all-reduce, so every rank takes the
+            # same decision here; the loss is this rank's own, which names where it went wrong.
+            if not torch.isfinite(grad_norm):
+                local = float(step_loss)
+                where = (
+                    f"optimizer step {step + 1} (epoch {epoch}) on rank {env.rank}: "
+                    f"local loss {local}, grad norm {float(grad_norm)}"
+                )
+                if tc.on_nonfinite == "stop":
+                    raise NonFiniteLoss(f"non-finite loss or gradients at {where} (train.on_nonfinite: stop)")
+                log.warning("skipping the update of %s (train.on_nonfinite: skip)", where)
+                optimizer.zero_grad(set_to_none=True)
+                skipped += 1
+            else:
+                optimizer.step()
+            scheduler.step()
+            step += 1
+            epoch_step += 1
+            if first_step_at is None:
+                first_step_at = time.time()
+            interval_loss += step_loss
+            epoch_loss += step_loss
+            interval_steps += 1
+            epoch_steps += 1
+            if env.is_main and (step % tc.log_interval_steps == 0 or step == total_steps):
+                now = time.perf_counter()
+                dt = (now - interval_t) / interval_steps
+                rate = items_per_step / dt
+                eta = (total_steps - step) * dt
+                line = (
+                    f"step {step}/{total_steps} epoch {epoch} loss {float(interval_loss) / interval_steps:.4f} "
+                    f"lr {scheduler.get_last_lr()[0]:.2e} {rate:,.0f} {task.item_name}/s eta {eta:,.0f}s"
+                )
+                if peak and flops_per_step:
+                    line += f" mfu {flops_per_step / dt / peak:.1%}"
+                log.info(line)
+                interval_loss.zero_()
+                interval_t, interval_steps = now, 0
+            if ckpt is not None and cfg.checkpoint.interval_steps and step % cfg.checkpoint.interval_steps == 0:
+                save_checkpoint(epoch, epoch_step)
+        if epoch_step >= steps_per_epoch:
+            record = {"epoch": epoch, "train_loss": float(epoch_loss) / max(epoch_steps, 1)}
+            if env.is_main:
+                record.update(task.validate(unwrap(model), val_ds, device, micro))
+                log.info(
+                    "epoch %d done: %s", epoch, " ".join(f"{k} {v:.4f}" for k, v in record.items() if k != "epoch")
+                )
+            history.append(record)
+            interval = cfg.checkpoint.interval_steps
+            just_saved = bool(interval) and step % interval == 0
+            if ckpt is not None and cfg.checkpoint.at_epoch_end and not just_saved:
+                save_checkpoint(epoch + 1, 0)
+            epoch += 1
+    if ckpt is not None:
+        ckpt.wait()
+
+    digest = parameter_digest(model)
     log.info("final parameter digest %s", digest)
-    train_seconds = time.time() - t_train
+    train_seconds = time.perf_counter() - t_train
+    steps_run = step - start_step
+    final = history[-1] if history else {}
+    if env.is_main and not final:
+        final = task.validate(unwrap(model), val_ds, device, micro)
     metrics = {
-        "train_loss": history[-1]["train_loss"],
-        "val_accuracy": history[-1]["val_accuracy"],
-        "samples_per_second": samples / max(train_seconds, 1e-9),
+        **{k: v for k, v in final.items() if k != "epoch"},
+        f"{task.item_name}_per_second": steps_run * items_per_step / max(train_seconds, 1e-9),
         "train_seconds": train_seconds,
         "seconds_to_first_step": (first_step_at or time.time()) - t_start,
         "first_step_unix_time": first_step_at or time.time(),
+        "data_wait_fraction": data_wait / max(train_seconds, 1e-9),
         "world_size": env.world_size,
         "steps": step,
+        "resumed_from_step": start_step,
+        "skipped_steps": skipped,
     }
+    if peak and flops_per_step and steps_run:
+        metrics["mfu"] = steps_run * flops_per_step / train_seconds / peak
     if env.is_main:
-        meta = {
-            "task": "classification",
-            "architecture": {
-                "num_features": manifest["num_features"],
-                "hidden_sizes": cfg.model.hidden_sizes,
-                "num_classes": len(manifest["classes"]),
-                "dropout": cfg.model.dropout,
-            },
-            "classes": manifest["classes"],
-            "feature_names": manifest["feature_names"],
-            "normalization": manifest["normalization"],
-            "dataset_uri": dataset_uri,
-        }
-        save_model(store, model_uri, unwrap(ddp_model), meta)
-        record = {
-            "metrics": metrics,
-            "history": history,
-            "config": to_dict(cfg),
-            "parameter_digest": digest,
-        }
+        meta.update(task=cfg.task, dataset_uri=dataset_uri)
+        save_model(store, model_uri, unwrap(model), meta)
+        record = {"metrics": metrics, "history": history, "config": to_dict(cfg), "parameter_digest": digest}
         store.put_bytes(join_uri(model_uri, TRAINING_RECORD), json.dumps(record, indent=2).encode())
         log.info("model written to %s", model_uri)
     if env.distributed:

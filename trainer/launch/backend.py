@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import re
 import signal
 import threading
 from collections.abc import Iterator
@@ -21,6 +22,20 @@ class JobTimeout(JobFailed):
 
 class JobCancelled(JobFailed):
     """The launcher was asked to stop (SIGTERM, Ctrl-C); the job has been cancelled."""
+
+
+def failure_excerpt(lines: list[str], tail: int = 15, traceback_lines: int = 25) -> list[str]:
+    """What explains a failed replica: the end of the last training-process traceback (torchrun
+    prefixes those lines `[rankN]:`) followed by the replica's last log lines."""
+    starts = [i for i, line in enumerate(lines) if re.match(r"^\[rank\d+\]:\s*Traceback", line)]
+    if not starts:
+        return lines[-tail:]
+    prefix = lines[starts[-1]].split(":", 1)[0] + ":"
+    block = [line for line in lines[starts[-1] :] if line.startswith(prefix)]
+    if len(block) > traceback_lines:
+        block = [block[0], "  ...", *block[-traceback_lines:]]
+    rest = [line for line in lines[-tail:] if line not in block]
+    return [*block, "...", *rest]
 
 
 class JobBackend(Protocol):

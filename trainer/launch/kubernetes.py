@@ -25,7 +25,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from trainer.launch.backend import JobFailed, JobTimeout
+from trainer.launch.backend import JobFailed, JobTimeout, failure_excerpt
 from trainer.launch.preflight import validate_pytorchjob
 from trainer.launch.pytorchjob import GROUP, PLURAL, VERSION, owner_reference, pytorchjob_manifest
 from trainer.launch.spec import POD_NAME_ENV, POD_UID_ENV, JobSpec
@@ -279,7 +279,8 @@ class KubernetesBackend:
             if pod.status.phase == "Failed" or code not in (None, 0):
                 key = _replica_key(pod)
                 lines.append(f"replica {key} (pod {pod.metadata.name}) exited with code {code}; last log lines:")
-                lines += [f"  [{key}] {line}" for line in self._read_log(spec, pod.metadata.name, 30)]
+                logs = self._read_log(spec, pod.metadata.name, 400)
+                lines += [f"  [{key}] {line}" for line in failure_excerpt(logs)]
                 break
         return "\n".join(lines)
 

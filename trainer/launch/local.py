@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import collections
+import contextlib
 import os
+import secrets
 import signal
 import socket
 import subprocess
@@ -13,10 +15,29 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from trainer.launch.backend import JobFailed, JobTimeout
+from trainer.launch.backend import JobFailed, JobTimeout, failure_excerpt
 from trainer.launch.spec import MASTER, JobSpec, replica_env
 
 LOOPBACK = "127.0.0.1"
+#: Every process of a local job inherits this variable. torchrun starts its workers in new
+#: sessions, so neither a process group nor the parent chain (after the agent dies) finds them.
+JOB_MARKER_ENV = "KFTRAIN_LOCAL_JOB"
+
+
+def marked_pids(marker: str) -> list[int]:
+    """Live processes whose environment carries `JOB_MARKER_ENV=marker` (Linux /proc)."""
+    needle = f"{JOB_MARKER_ENV}={marker}".encode() + b"\0"
+    pids = []
+    for entry in os.scandir("/proc"):
+        if not entry.name.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry.name}/environ", "rb") as f:
+                if needle in f.read() + b"\0":
+                    pids.append(int(entry.name))
+        except OSError:  # gone, or not ours
+            continue
+    return pids
 
 
 def free_port() -> int:
@@ -30,7 +51,7 @@ def free_port() -> int:
 class _Replica:
     key: str
     proc: subprocess.Popen
-    tail: collections.deque = field(default_factory=lambda: collections.deque(maxlen=200))
+    tail: collections.deque = field(default_factory=lambda: collections.deque(maxlen=400))
     pump: threading.Thread | None = None
 
 
@@ -50,6 +71,7 @@ class LocalBackend:
         self._grace_s = grace_s
         self._python = python
         self._jobs: dict[str, list[_Replica]] = {}
+        self._markers: dict[str, str] = {}
 
     def _command(self, spec: JobSpec) -> list[str]:
         cmd = list(spec.command)
@@ -61,14 +83,12 @@ class LocalBackend:
         if spec.name in self._jobs:
             return  # already running: re-attach, like a retried launcher on a cluster
         port = free_port()
+        marker = self._markers[spec.name] = f"{spec.name}-{secrets.token_hex(6)}"
         replicas = []
         for rtype, index in spec.replicas_by_rank():
-            env = {
-                **os.environ,
-                **spec.env,
-                **replica_env(spec, rtype, index, master_addr=LOOPBACK),
-            }
+            env = {**os.environ, **spec.env, **replica_env(spec, rtype, index, master_addr=LOOPBACK)}
             env["MASTER_PORT"] = env["PET_MASTER_PORT"] = str(port)
+            env[JOB_MARKER_ENV] = marker
             proc = subprocess.Popen(
                 self._command(spec),
                 env=env,
@@ -124,7 +144,7 @@ class LocalBackend:
 
     @staticmethod
     def _failure_message(spec: JobSpec, rep: _Replica) -> str:
-        tail = "\n".join(f"  [{rep.key}] {line}" for line in list(rep.tail)[-20:])
+        tail = "\n".join(f"  [{rep.key}] {line}" for line in failure_excerpt(list(rep.tail)))
         return (
             f"job {spec.name} failed: replica {rep.key} exited with code {rep.proc.returncode}. "
             f"Its last log lines:\n{tail}"
@@ -134,33 +154,35 @@ class LocalBackend:
         return {r.key: list(r.tail)[-tail:] for r in self._jobs.get(spec.name, [])}
 
     def cancel(self, spec: JobSpec) -> None:
+        """SIGTERM first (torchrun forwards it to its workers), then SIGKILL whatever is left."""
         replicas = self._jobs.get(spec.name, [])
-        for sig, wait_s in ((signal.SIGTERM, 10.0), (signal.SIGKILL, 5.0)):
-            alive = [r for r in replicas if _group_alive(r.proc.pid)]
-            if not alive:
-                break
-            for r in alive:
-                try:
-                    os.killpg(r.proc.pid, sig)
-                except ProcessLookupError:
-                    pass
-            end = time.monotonic() + wait_s
-            while any(_group_alive(r.proc.pid) for r in alive) and time.monotonic() < end:
-                for r in alive:
-                    r.proc.poll()  # reap the leader so its group can disappear
-                time.sleep(0.05)
         for r in replicas:
-            r.proc.poll()
+            if r.proc.poll() is None:
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(r.proc.pid, signal.SIGTERM)
+        end = time.monotonic() + 10.0
+        while self._alive(spec) and time.monotonic() < end:
+            for r in replicas:
+                r.proc.poll()  # reap the agents
+            time.sleep(0.05)
+        self.kill(spec)
 
+    def kill(self, spec: JobSpec, sig: int = signal.SIGKILL) -> None:
+        """Send `sig` to every process of the job at once, as a node failure would."""
+        marker = self._markers.get(spec.name)
+        for pid in marked_pids(marker) if marker else []:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, sig)
+        if sig == signal.SIGKILL:
+            for r in self._jobs.get(spec.name, []):
+                r.proc.wait()
+            end = time.monotonic() + 5.0
+            while self._alive(spec) and time.monotonic() < end:
+                time.sleep(0.02)
 
-def _group_alive(pgid: int) -> bool:
-    try:
-        os.killpg(pgid, 0)
-        return True
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
+    def _alive(self, spec: JobSpec) -> bool:
+        marker = self._markers.get(spec.name)
+        return bool(marker and marked_pids(marker))
 
 
 __all__ = ["LocalBackend", "MASTER", "free_port"]

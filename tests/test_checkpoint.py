@@ -1,0 +1,131 @@
+"""Checkpoints: complete-only visibility, pruning, S3 round trip, and bitwise resume after SIGKILL."""
+
+from __future__ import annotations
+
+import json
+import re
+import signal
+import time
+
+import pytest
+import torch
+
+from trainer.checkpoint import COMMIT, STATE, CheckpointError, CheckpointManager, step_dir
+from trainer.config import load_config
+from trainer.data import prepare_dataset
+from trainer.launch.backend import run_job
+from trainer.launch.job import training_job
+from trainer.launch.local import LocalBackend
+from trainer.storage import LocalStore, join_uri, open_store
+
+
+def state(step: int) -> dict:
+    return {"step": step, "weights": torch.full((4,), float(step)), "rng": [{"torch": b"\x01\x02"}]}
+
+
+def test_save_load_round_trip_through_s3(bucket):
+    prefix = f"s3://{bucket}/run-1/checkpoints"
+    mgr = CheckpointManager(open_store(prefix), prefix, keep_last=2)
+    for step in (10, 20, 30):
+        mgr.save(step, state(step))  # asynchronous: staged, then uploaded in the background
+    mgr.wait()
+    assert mgr.committed_steps() == [20, 30]  # keep_last=2 pruned step 10
+    loaded = CheckpointManager(open_store(prefix), prefix).load_latest()
+    assert loaded["step"] == 30
+    torch.testing.assert_close(loaded["weights"], torch.full((4,), 30.0))
+    assert loaded["rng"] == [{"torch": b"\x01\x02"}]
+
+
+def test_a_partial_checkpoint_is_never_chosen(tmp_path):
+    store, prefix = LocalStore(), str(tmp_path / "ckpt")
+    mgr = CheckpointManager(store, prefix)
+    mgr.save(5, state(5), blocking=True)
+    # A writer killed mid-upload: the state part of step 9 exists, its commit record does not.
+    store.put_bytes(join_uri(step_dir(prefix, 9), STATE), b"\x80truncated")
+    assert mgr.load_latest()["step"] == 5
+    # A commit record whose part does not match (a torn write) is skipped too.
+    store.put_bytes(join_uri(step_dir(prefix, 12), STATE), b"garbage")
+    record = {"step": 12, "parts": {STATE: {"bytes": 999, "sha256": "0" * 64}}}
+    store.put_bytes(join_uri(step_dir(prefix, 12), COMMIT), json.dumps(record).encode())
+    assert mgr.load_latest()["step"] == 5
+
+
+def test_pruning_removes_old_and_partial_checkpoints(tmp_path):
+    store, prefix = LocalStore(), str(tmp_path / "ckpt")
+    store.put_bytes(join_uri(step_dir(prefix, 1), STATE), b"partial")
+    mgr = CheckpointManager(store, prefix, keep_last=1)
+    mgr.save(2, state(2), blocking=True)
+    mgr.save(3, state(3), blocking=True)
+    assert sorted(store.list(prefix)) == [join_uri(step_dir(prefix, 3), COMMIT), join_uri(step_dir(prefix, 3), STATE)]
+
+
+def test_an_upload_failure_surfaces_on_the_next_save(tmp_path):
+    blocker = tmp_path / "not-a-dir"
+    blocker.write_text("a file where the checkpoint folder should go")
+    mgr = CheckpointManager(LocalStore(), str(blocker / "ckpt"))
+    mgr.save(1, state(1))
+    with pytest.raises(CheckpointError, match="checkpoint upload to .* failed"):
+        mgr.wait()
+
+
+# -- resume after SIGKILL, bitwise ---------------------------------------------------------------
+
+STEPS_PER_EPOCH = 19  # digits: 1,259 train rows // global batch 64
+
+
+def resume_config(prefix: str):
+    return load_config(
+        overrides={
+            "model.dropout": 0.1,  # exercises the per-rank RNG streams that a resume must restore
+            "train.epochs": 16,
+            "train.log_interval_steps": 1000,
+            "train.deterministic": True,
+            "checkpoint.uri": prefix,
+            "checkpoint.interval_steps": 7,  # not a multiple of 19: checkpoints fall mid-epoch
+            "checkpoint.keep_last": 3,
+        }
+    )
+
+
+def final_weights(model_uri: str) -> dict[str, torch.Tensor]:
+    from safetensors.torch import load
+
+    return load(LocalStore().get_bytes(join_uri(model_uri, "model.safetensors")))
+
+
+@pytest.mark.timeout(300)
+def test_sigkill_mid_epoch_then_resume_ends_bitwise_equal(tmp_path):
+    store = LocalStore()
+    dataset = str(tmp_path / "dataset")
+    prepare_dataset(load_config().data, store, dataset)
+
+    # The reference: one uninterrupted run.
+    ref = resume_config(str(tmp_path / "ref-ckpt"))
+    run_job(LocalBackend(sink=lambda line: None), training_job(ref, "ref", dataset, str(tmp_path / "ref")), 240)
+
+    # The same run, SIGKILLed (whole process groups) right after its first mid-epoch checkpoint...
+    prefix = str(tmp_path / "ckpt")
+    cfg = resume_config(prefix)
+    spec = training_job(cfg, "victim", dataset, str(tmp_path / "victim"))
+    backend = LocalBackend(sink=lambda line: None)
+    backend.submit(spec)
+    mgr = CheckpointManager(store, prefix)
+    deadline = time.monotonic() + 120
+    while not [s for s in mgr.committed_steps() if s % STEPS_PER_EPOCH]:
+        assert time.monotonic() < deadline, "no checkpoint appeared"
+        time.sleep(0.01)
+    backend.kill(spec, signal.SIGKILL)  # every process of the job, torchrun's workers included
+    killed_at = max(mgr.committed_steps())
+    assert killed_at < ref.train.epochs * STEPS_PER_EPOCH, "the run finished before it was killed"
+
+    # ... then started again: it resumes from the latest complete checkpoint by itself.
+    lines: list[str] = []
+    run_job(LocalBackend(sink=lines.append), spec, 240)
+    resumed = [int(m.group(1)) for line in lines if (m := re.search(r"resumed at step (\d+)", line))]
+    assert resumed and resumed[0] >= killed_at
+    ref_w, got_w = final_weights(str(tmp_path / "ref")), final_weights(str(tmp_path / "victim"))
+    assert ref_w.keys() == got_w.keys()
+    for name in ref_w:
+        assert torch.equal(ref_w[name], got_w[name]), name  # bitwise, not approximately
+    record = json.loads(store.get_bytes(join_uri(str(tmp_path / "victim"), "training.json")))
+    assert record["metrics"]["resumed_from_step"] == resumed[0]

@@ -1,0 +1,87 @@
+"""Tasks: what is trained. One interface (data, model, loss, metrics) shared by every task.
+
+Built in: `classification` (an MLP over a table) and `causal_lm` (a GPT over bytes). Your own:
+set `task: package.module:TaskClass` to a subclass of :class:`Task` importable in the image.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+import torch
+from torch import nn
+from torch.utils.data import Dataset
+
+from trainer.config import Config, ConfigError
+from trainer.storage import ObjectStore
+
+
+class Task:
+    """The interface the training loop, evaluation and export call. Subclass and override."""
+
+    #: The task's name, recorded in the saved model's metadata.
+    name: str = "task"
+    #: What throughput counts: `samples` or `tokens`.
+    item_name: str = "samples"
+
+    def prepare(self, cfg: Config, store: ObjectStore, dataset_uri: str) -> dict[str, Any]:
+        """Data prep: write the dataset (shards + manifest.json last) and return the manifest."""
+        raise NotImplementedError
+
+    def datasets(self, cfg: Config, store: ObjectStore, dataset_uri: str, manifest: dict) -> tuple[Dataset, Dataset]:
+        """The train and validation datasets; items are tuples of tensors."""
+        raise NotImplementedError
+
+    def build_model(self, cfg: Config, manifest: dict) -> tuple[nn.Module, dict[str, Any]]:
+        """A freshly initialised model and its metadata (`architecture` and anything else needed to rebuild it)."""
+        raise NotImplementedError
+
+    def model_from_meta(self, meta: dict[str, Any]) -> nn.Module:
+        """An uninitialised model of the architecture recorded in `meta` (for loading weights)."""
+        raise NotImplementedError
+
+    def loss(self, model: nn.Module, batch: tuple[torch.Tensor, ...]) -> torch.Tensor:
+        """The scalar training loss of one (micro-)batch already on the device."""
+        raise NotImplementedError
+
+    def items_per_sample(self, cfg: Config) -> int:
+        """Throughput units per dataset item (1 sample, or block_size tokens)."""
+        return 1
+
+    def flops_per_item(self, model: nn.Module, cfg: Config) -> float:
+        """Training FLOPs per throughput unit, for the MFU estimate; 0: unknown."""
+        return 0.0
+
+    def validate(self, model: nn.Module, dataset: Dataset, device: torch.device, batch_size: int) -> dict[str, float]:
+        """Metrics on the validation split, computed by rank 0 after each epoch."""
+        raise NotImplementedError
+
+    def evaluate(self, model: nn.Module, meta: dict, store: ObjectStore, dataset_uri: str) -> dict[str, Any]:
+        """The test-split report of the evaluation step."""
+        raise NotImplementedError
+
+    def serving_module(self, model: nn.Module, meta: dict[str, Any]) -> tuple[nn.Module, torch.Tensor]:
+        """The module to export and an example input for tracing it."""
+        raise NotImplementedError
+
+
+def get_task(name: str) -> Task:
+    """A built-in task by name, or a user task class by import path `package.module:Class`."""
+    if name == "classification":
+        from trainer.tasks.classification import ClassificationTask
+
+        return ClassificationTask()
+    if name == "causal_lm":
+        from trainer.tasks.causal_lm import CausalLMTask
+
+        return CausalLMTask()
+    module_name, _, attr = name.partition(":")
+    try:
+        cls = getattr(importlib.import_module(module_name), attr)
+    except (ImportError, AttributeError, ValueError) as exc:
+        raise ConfigError(f"task: cannot import {name!r} ({exc})") from None
+    task = cls()
+    if not isinstance(task, Task):
+        raise ConfigError(f"task: {name!r} is not a subclass of trainer.tasks.Task")
+    return task

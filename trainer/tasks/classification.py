@@ -1,0 +1,91 @@
+"""The built-in classification task: an MLP over a normalised table (the demo: digits)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch import nn
+from torch.utils.data import Dataset, TensorDataset
+
+from trainer.config import Config
+from trainer.data import load_split, prepare_dataset
+from trainer.evaluate import classification_report
+from trainer.model import build_mlp
+from trainer.storage import ObjectStore
+from trainer.tasks import Task
+
+
+class ServingModel(nn.Module):
+    """Normalisation + classifier: raw features in, logits out."""
+
+    def __init__(self, model: nn.Module, mean: list[float], std: list[float]) -> None:
+        super().__init__()
+        self.model = model
+        self.register_buffer("mean", torch.tensor(mean, dtype=torch.float32))
+        self.register_buffer("std", torch.tensor(std, dtype=torch.float32))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.model((x - self.mean) / self.std)
+
+
+class ClassificationTask(Task):
+    name = "classification"
+    item_name = "samples"
+
+    def prepare(self, cfg: Config, store: ObjectStore, dataset_uri: str) -> dict[str, Any]:
+        return prepare_dataset(cfg.data, store, dataset_uri)
+
+    def datasets(self, cfg, store, dataset_uri, manifest):
+        def tensors(split: str) -> Dataset:
+            x, y = load_split(store, dataset_uri, split, manifest)
+            return TensorDataset(torch.from_numpy(x), torch.from_numpy(y))
+
+        return tensors("train"), tensors("val")
+
+    def build_model(self, cfg, manifest):
+        arch = {
+            "num_features": manifest["num_features"],
+            "hidden_sizes": cfg.model.hidden_sizes,
+            "num_classes": len(manifest["classes"]),
+            "dropout": cfg.model.dropout,
+        }
+        meta = {
+            "architecture": arch,
+            "classes": manifest["classes"],
+            "feature_names": manifest["feature_names"],
+            "normalization": manifest["normalization"],
+        }
+        return self.model_from_meta(meta), meta
+
+    def model_from_meta(self, meta):
+        a = meta["architecture"]
+        return build_mlp(a["num_features"], a["hidden_sizes"], a["num_classes"], a["dropout"])
+
+    def loss(self, model, batch):
+        x, y = batch
+        return nn.functional.cross_entropy(model(x), y)
+
+    def flops_per_item(self, model, cfg):
+        return 6.0 * sum(p.numel() for p in model.parameters())
+
+    @torch.no_grad()
+    def validate(self, model, dataset, device, batch_size):
+        x, y = dataset.tensors
+        model.eval()
+        pred = model(x.to(device)).argmax(dim=1)
+        model.train()
+        return {"val_accuracy": float((pred == y.to(device)).float().mean())}
+
+    @torch.no_grad()
+    def evaluate(self, model, meta, store, dataset_uri):
+        x, y = load_split(store, dataset_uri, "test")
+        logits = model(torch.from_numpy(x))
+        report = classification_report(y, logits.argmax(dim=1).numpy(), meta["classes"])
+        report["loss"] = float(nn.functional.cross_entropy(logits, torch.from_numpy(y)))
+        report["test_rows"] = int(len(y))
+        return report
+
+    def serving_module(self, model, meta):
+        serving = ServingModel(model, **meta["normalization"]).eval()
+        return serving, torch.zeros(1, meta["architecture"]["num_features"])
