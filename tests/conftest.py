@@ -2,98 +2,22 @@
 
 from __future__ import annotations
 
-import json
 import os
 import signal
-import socket
 import subprocess
-import sys
-import time
-import urllib.request
 from collections.abc import Iterator
-from dataclasses import dataclass
-from pathlib import Path
 
 import pytest
 
-REPO = Path(__file__).resolve().parents[1]
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-@dataclass
-class S3Server:
-    """A moto S3 server process with authentication on: wrong keys are really rejected."""
-
-    endpoint: str
-    access_key: str
-    secret_key: str
-
-    def env(self) -> dict[str, str]:
-        return {
-            "AWS_ACCESS_KEY_ID": self.access_key,
-            "AWS_SECRET_ACCESS_KEY": self.secret_key,
-            "AWS_ENDPOINT_URL": self.endpoint,
-            "AWS_REGION": "us-east-1",
-        }
-
-    def make_bucket(self, name: str) -> None:
-        from minio import Minio
-
-        client = Minio(
-            self.endpoint.removeprefix("http://"),
-            access_key=self.access_key,
-            secret_key=self.secret_key,
-            secure=False,
-        )
-        if not client.bucket_exists(name):
-            client.make_bucket(name)
+from tests.s3server import S3Server, free_port
+from tests.s3server import s3_server as start_s3_server
 
 
 @pytest.fixture(scope="session")
 def s3_server() -> Iterator[S3Server]:
-    """Start `moto_server` on a free loopback port; the first 3 calls (IAM set-up) skip auth."""
-    port = free_port()
-    endpoint = f"http://127.0.0.1:{port}"
-    env = {**os.environ, "INITIAL_NO_AUTH_ACTION_COUNT": "3"}
-    proc = subprocess.Popen(
-        [str(Path(sys.executable).with_name("moto_server")), "-H", "127.0.0.1", "-p", str(port)],
-        env=env,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-        start_new_session=True,
-    )
-    try:
-        deadline = time.monotonic() + 30
-        while True:
-            try:
-                urllib.request.urlopen(f"{endpoint}/moto-api/", timeout=1)
-                break
-            except OSError:
-                if time.monotonic() > deadline or proc.poll() is not None:
-                    raise RuntimeError("moto_server did not start") from None
-                time.sleep(0.2)
-        import boto3
-
-        iam = boto3.client(
-            "iam",
-            endpoint_url=endpoint,
-            region_name="us-east-1",
-            aws_access_key_id="setup",
-            aws_secret_access_key="setup",
-        )
-        iam.create_user(UserName="kftrain")
-        policy = {"Version": "2012-10-17", "Statement": [{"Effect": "Allow", "Action": "*", "Resource": "*"}]}
-        iam.put_user_policy(UserName="kftrain", PolicyName="all", PolicyDocument=json.dumps(policy))
-        key = iam.create_access_key(UserName="kftrain")["AccessKey"]
-        yield S3Server(endpoint, key["AccessKeyId"], key["SecretAccessKey"])
-    finally:
-        os.killpg(proc.pid, signal.SIGKILL)
-        proc.wait()
+    """A moto S3 server process for the whole session (tests/s3server.py)."""
+    with start_s3_server() as server:
+        yield server
 
 
 @pytest.fixture

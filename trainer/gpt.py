@@ -30,14 +30,14 @@ class GPTConfig:
 class SelfAttention(nn.Module):
     def __init__(self, c: GPTConfig) -> None:
         super().__init__()
-        self.n_head, self.dropout = c.n_head, c.dropout
+        self.n_head, self.n_embd, self.dropout = c.n_head, c.n_embd, c.dropout
         self.qkv = nn.Linear(c.n_embd, 3 * c.n_embd)
         self.proj = nn.Linear(c.n_embd, c.n_embd)
         self.resid_drop = nn.Dropout(c.dropout)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         b, t, c = x.shape
-        q, k, v = self.qkv(x).split(c, dim=2)
+        q, k, v = self.qkv(x).split(self.n_embd, dim=2)
         q, k, v = (z.view(b, t, self.n_head, c // self.n_head).transpose(1, 2) for z in (q, k, v))
         # Fused (flash / memory-efficient) attention kernels where the device has them.
         y = F.scaled_dot_product_attention(q, k, v, is_causal=True, dropout_p=self.dropout if self.training else 0.0)

@@ -332,12 +332,13 @@ def run_training(
             if ckpt is not None and cfg.checkpoint.at_epoch_end and not just_saved:
                 save_checkpoint(epoch + 1, 0)
             epoch += 1
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+    train_seconds = time.perf_counter() - t_train
     if ckpt is not None:
         ckpt.wait()
-
     digest = parameter_digest(model)
     log.info("final parameter digest %s", digest)
-    train_seconds = time.perf_counter() - t_train
     steps_run = step - start_step
     final = history[-1] if history else {}
     if env.is_main and not final:
