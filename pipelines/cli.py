@@ -27,13 +27,17 @@ def _cmd_run(args: argparse.Namespace) -> int:
     if args.s3_endpoint:
         overrides["store.endpoint"] = args.s3_endpoint
     cfg = load_config(args.config, overrides)
-    summary = run_local(cfg, local_root=args.output_dir)
+    summary = run_local(
+        cfg, local_root=args.output_dir, min_accuracy=args.min_accuracy, max_perplexity=args.max_perplexity
+    )
     print("\nkftrain: run finished. Artifacts:")
     for name, uri in summary["artifacts"].items():
         print(f"  {name:9s} {uri}")
     print("Metrics:")
     for name, value in sorted(summary["metrics"].items()):
         print(f"  {name:20s} {value:.4f}")
+    verdict = "passed" if summary["exported"] else "FAILED: the model was not exported"
+    print(f"Quality gate {verdict} ({summary['quality_gate']})")
     if args.summary:
         write_summary(summary, args.summary)
         print(f"summary written to {args.summary}")
@@ -72,6 +76,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--s3-endpoint", help="S3 endpoint URL (overrides store.endpoint)")
     p.add_argument("--output-dir", default="kftrain-outputs", help="local artifact root when no store is given")
     p.add_argument("--summary", help="write artifact URIs and final metrics to this JSON file")
+    p.add_argument("--min-accuracy", type=float, default=0.9, help="quality gate for classification (default 0.9)")
+    p.add_argument("--max-perplexity", type=float, default=0.0, help="quality gate for causal_lm (0: none)")
     p.set_defaults(func=_cmd_run)
 
     job = sub.add_parser("job", help="inspect the training job").add_subparsers(dest="job_command", required=True)

@@ -26,8 +26,10 @@ def preflight(cfg: Config) -> None:
         store_for(cfg, cfg.store.uri, check=True)
 
 
-def run_local(cfg: Config, local_root: str = DEFAULT_LOCAL_ROOT) -> dict[str, Any]:
-    """Run the whole pipeline; return ``{"artifacts": {name: uri}, "metrics": {...}}``.
+def run_local(
+    cfg: Config, local_root: str = DEFAULT_LOCAL_ROOT, min_accuracy: float = 0.9, max_perplexity: float = 0.0
+) -> dict[str, Any]:
+    """Run the whole pipeline; return the artifact URIs, the test metrics and the gate's verdict.
 
     With ``cfg.store.uri`` set, every artifact goes there and KFP's own local bookkeeping lives
     in a temporary directory; otherwise KFP's pipeline root `local_root` is the store.
@@ -45,11 +47,35 @@ def run_local(cfg: Config, local_root: str = DEFAULT_LOCAL_ROOT) -> dict[str, An
     with tempfile.TemporaryDirectory(prefix="kftrain-kfp-") as tmp:
         root = tmp if cfg.store.uri else str(Path(local_root).resolve())
         local.init(runner=local.SubprocessRunner(use_venv=False), pipeline_root=root)
-        task = training_pipeline(config=config_to_json(cfg), launcher="local", **params_from_config(cfg))
+        task = training_pipeline(
+            config=config_to_json(cfg),
+            launcher="local",
+            min_accuracy=min_accuracy,
+            max_perplexity=max_perplexity,
+            **params_from_config(cfg),
+        )
         outputs = task.outputs
-        artifacts = {name: outputs[name].uri for name in ("dataset", "model", "metrics", "exported")}
+        artifacts = {name: outputs[name].uri for name in ("dataset", "model", "metrics", "report")}
         metrics = {k: v for k, v in outputs["metrics"].metadata.items() if isinstance(v, int | float)}
-    return {"artifacts": artifacts, "metrics": metrics}
+        # Export sits behind the quality gate (dsl.If), so it is no pipeline output: read what
+        # the export task recorded, if it ran.
+        exported = _task_output(Path(root), "export", "exported")
+        gate = _task_output(Path(root), "evaluate", "reason", parameter=True)
+    if exported:
+        artifacts["exported"] = exported
+    return {"artifacts": artifacts, "metrics": metrics, "exported": bool(exported), "quality_gate": gate}
+
+
+def _task_output(root: Path, task: str, name: str, parameter: bool = False) -> str | None:
+    """An output recorded by one task of the newest run under `root` (kfp.local's layout)."""
+    runs = sorted(root.glob(f"*/{task}/executor_output.json"), key=lambda p: p.stat().st_mtime)
+    if not runs:
+        return None
+    out = json.loads(runs[-1].read_text())
+    if parameter:
+        return out.get("parameterValues", {}).get(name)
+    artifacts = out.get("artifacts", {}).get(name, {}).get("artifacts", [])
+    return artifacts[0]["uri"] if artifacts else None
 
 
 def write_summary(summary: dict[str, Any], path: str) -> None:

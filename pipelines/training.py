@@ -3,11 +3,12 @@
 from typing import NamedTuple
 
 from kfp import dsl, kubernetes
-from kfp.dsl import Dataset, Metrics, Model
+from kfp.dsl import HTML, Dataset, Metrics, Model
 
 from components.data_prep import data_prep
 from components.evaluate import evaluate
 from components.export import export
+from components.gate import quality_gate_failed
 from components.image import IMAGE
 from components.train import train
 from trainer.launch.spec import POD_NAME_ENV, POD_UID_ENV
@@ -23,7 +24,7 @@ class TrainingOutputs(NamedTuple):
     dataset: Dataset
     model: Model
     metrics: Metrics
-    exported: Model
+    report: HTML
 
 
 def _with_store_credentials(task: dsl.PipelineTask) -> dsl.PipelineTask:
@@ -50,6 +51,8 @@ def training_pipeline(
     store: str = "",
     s3_endpoint: str = "http://seaweedfs.kubeflow:9000",
     launcher: str = "auto",
+    min_accuracy: float = 0.9,
+    max_perplexity: float = 0.0,
 ) -> TrainingOutputs:
     """Train a classifier with DDP across `replicas` x `nproc_per_node` processes.
 
@@ -68,6 +71,8 @@ def training_pipeline(
         store: Artifact root (`s3://bucket/prefix`); empty: KFP's pipeline root.
         s3_endpoint: S3 endpoint of the store (KFP's own store: seaweedfs, or minio-service before 2.16).
         launcher: `auto`, `kubernetes` or `local`.
+        min_accuracy: Quality gate (classification): export only at or above this test accuracy.
+        max_perplexity: Quality gate (causal_lm): export only at or below this perplexity; 0: no bar.
     """
     shared = {
         "config": config,
@@ -100,13 +105,25 @@ def training_pipeline(
     kubernetes.use_field_path_as_env(fit, env_name=POD_NAME_ENV, field_path="metadata.name")
     kubernetes.use_field_path_as_env(fit, env_name=POD_UID_ENV, field_path="metadata.uid")
     fit.set_display_name("distributed training")
-    ev = _with_store_credentials(evaluate(dataset=prep.outputs["dataset"], model=fit.outputs["model"], **shared))
+    ev = _with_store_credentials(
+        evaluate(
+            dataset=prep.outputs["dataset"],
+            model=fit.outputs["model"],
+            min_accuracy=min_accuracy,
+            max_perplexity=max_perplexity,
+            **shared,
+        )
+    )
     ev.set_display_name("evaluation")
-    ex = _with_store_credentials(export(model=fit.outputs["model"], metrics=ev.outputs["metrics"], **shared))
-    ex.set_display_name("model export")
+    with dsl.If(ev.outputs["passed"] == True, name="quality-gate-passed"):  # noqa: E712 (a KFP condition)
+        ex = _with_store_credentials(export(model=fit.outputs["model"], metrics=ev.outputs["metrics"], **shared))
+        ex.set_display_name("model export")
+    with dsl.Else(name="quality-gate-failed"):
+        stop = quality_gate_failed(reason=ev.outputs["reason"])
+        stop.set_display_name("quality gate failed")
     return TrainingOutputs(
         dataset=prep.outputs["dataset"],
         model=fit.outputs["model"],
         metrics=ev.outputs["metrics"],
-        exported=ex.outputs["exported"],
+        report=ev.outputs["report"],
     )

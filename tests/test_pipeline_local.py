@@ -33,7 +33,8 @@ def test_demo_on_an_s3_store_reaches_95_percent_and_writes_nothing_locally(s3_en
     summary = json.loads((tmp_path / "summary.json").read_text())
     assert summary["metrics"]["accuracy"] >= 0.95
     artifacts = summary["artifacts"]
-    assert set(artifacts) == {"dataset", "model", "metrics", "exported"}
+    assert summary["exported"] is True and "reaches the minimum 0.9000" in summary["quality_gate"]
+    assert set(artifacts) == {"dataset", "model", "metrics", "report", "exported"}
     assert all(uri.startswith(f"s3://{bucket}/runs/") for uri in artifacts.values())
     store = open_store(f"s3://{bucket}/runs")
     names = {uri.rsplit("/", 2)[-2] + "/" + uri.rsplit("/", 1)[-1] for uri in store.list(f"s3://{bucket}/runs")}
@@ -50,6 +51,8 @@ def test_demo_on_an_s3_store_reaches_95_percent_and_writes_nothing_locally(s3_en
         "exported/model_card.json",
     ]:
         assert expected in names, (expected, sorted(names))
+    report = store.get_bytes(artifacts["report"]).decode()
+    assert report.startswith("<!doctype html>") and "<svg" in report and "Quality gate: passed" in report
     # Replica logs reach the step log with their replica prefix.
     assert "[master-0] [rank 0]" in out and "[worker-0] [rank 1]" in out
     card = json.loads(store.get_bytes(artifacts["exported"] + "/model_card.json"))
@@ -57,20 +60,33 @@ def test_demo_on_an_s3_store_reaches_95_percent_and_writes_nothing_locally(s3_en
     assert card["metrics"]["accuracy"] == pytest.approx(summary["metrics"]["accuracy"])
 
 
-def test_demo_on_a_local_directory(tmp_path):
+def test_demo_on_a_local_directory_passing_the_gate(tmp_path):
     config = tmp_path / "quick.yaml"
-    config.write_text("train:\n  epochs: 2\n")
-    rc, out = run_group(
-        [*KFTRAIN, "run", "--local", "--config", str(config), "--output-dir", "out", "--summary", "s.json"],
-        timeout=300,
-        env=cli_env(),
-        cwd=str(tmp_path),
-    )
+    config.write_text("train:\n  epochs: 3\n")
+    args = ["--config", str(config), "--output-dir", "out", "--summary", "s.json", "--min-accuracy", "0.5"]
+    rc, out = run_group([*KFTRAIN, "run", "--local", *args], timeout=300, env=cli_env(), cwd=str(tmp_path))
     assert rc == 0, out[-5000:]
     summary = json.loads((tmp_path / "s.json").read_text())
     for uri in summary["artifacts"].values():
         assert uri.startswith(str(tmp_path / "out"))
+    assert summary["exported"] is True
     assert (Path(summary["artifacts"]["exported"]) / "model_card.json").is_file()
+    assert "Quality gate passed" in out
+
+
+def test_the_quality_gate_stops_export_and_says_why(tmp_path):
+    config = tmp_path / "quick.yaml"
+    config.write_text("train:\n  epochs: 1\n")
+    args = ["--config", str(config), "--output-dir", "out", "--summary", "s.json", "--min-accuracy", "0.999"]
+    rc, out = run_group([*KFTRAIN, "run", "--local", *args], timeout=300, env=cli_env(), cwd=str(tmp_path))
+    assert rc == 0, out[-5000:]
+    summary = json.loads((tmp_path / "s.json").read_text())
+    assert summary["exported"] is False and "exported" not in summary["artifacts"]
+    assert "is below the minimum 0.9990 (min_accuracy)" in summary["quality_gate"]
+    assert "Model not exported" in out  # the quality-gate-failed step ran and logged the reason
+    assert not list((tmp_path / "out").glob("*/export"))
+    report = Path(summary["artifacts"]["report"]).read_text()
+    assert "Quality gate: failed" in report
 
 
 @pytest.mark.parametrize(

@@ -1,4 +1,4 @@
-"""Evaluation of a trained classifier on the held-out test split."""
+"""Evaluation on the held-out test split, and the quality gate in front of export."""
 
 from __future__ import annotations
 
@@ -60,3 +60,19 @@ def evaluate_model(
     if output_uri:
         store.put_bytes(join_uri(output_uri, EVAL_RECORD), json.dumps(report, indent=2).encode())
     return report
+
+
+def quality_gate(report: dict[str, Any], min_accuracy: float = 0.0, max_perplexity: float = 0.0) -> tuple[bool, str]:
+    """Whether the model may be exported, and why (a sentence for the run's UI and log)."""
+    if min_accuracy and "accuracy" in report:
+        ok = report["accuracy"] >= min_accuracy
+        verb = "reaches" if ok else "is below"
+        return ok, f"test accuracy {report['accuracy']:.4f} {verb} the minimum {min_accuracy:.4f} (min_accuracy)"
+    if max_perplexity and "perplexity" in report:
+        ok = report["perplexity"] <= max_perplexity
+        verb = "is within" if ok else "exceeds"
+        return (
+            ok,
+            f"test perplexity {report['perplexity']:.3f} {verb} the maximum {max_perplexity:.3f} (max_perplexity)",
+        )
+    return True, "no quality bar set for this task (min_accuracy / max_perplexity)"

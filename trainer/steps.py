@@ -70,11 +70,27 @@ def train_model(
     return json.loads(store.get_bytes(join_uri(model_uri, TRAINING_RECORD)))
 
 
-def evaluate(cfg: Config, model_uri: str, dataset_uri: str, output_uri: str) -> dict[str, Any]:
-    """Test-split metrics of the trained model, also written to `output_uri`/metrics.json."""
-    from trainer.evaluate import evaluate_model
+def evaluate(
+    cfg: Config,
+    model_uri: str,
+    dataset_uri: str,
+    output_uri: str,
+    report_uri: str,
+    min_accuracy: float = 0.0,
+    max_perplexity: float = 0.0,
+) -> tuple[dict[str, Any], bool, str]:
+    """Test-split metrics (also `output_uri`/metrics.json), the quality gate's verdict and reason,
+    and the HTML report (training curve + evaluation table) written to `report_uri`."""
+    from trainer.evaluate import evaluate_model, quality_gate
+    from trainer.report import html_report
+    from trainer.train import TRAINING_RECORD
 
-    return evaluate_model(store_for(cfg, output_uri, check=True), model_uri, dataset_uri, output_uri)
+    store = store_for(cfg, output_uri, check=True)
+    report = evaluate_model(store, model_uri, dataset_uri, output_uri)
+    passed, reason = quality_gate(report, min_accuracy, max_perplexity)
+    training = json.loads(store.get_bytes(join_uri(model_uri, TRAINING_RECORD)))
+    store.put_bytes(report_uri, html_report(training, report, (passed, reason)).encode())
+    return report, passed, reason
 
 
 def export(cfg: Config, model_uri: str, output_uri: str, metrics: dict[str, Any]) -> dict[str, Any]:

@@ -248,6 +248,7 @@ def run_training(
     flops_per_step = task.flops_per_item(unwrap(model), cfg) * items_per_step
     peak = peak_flops(device, cfg) * env.world_size
     history: list[dict[str, float]] = []
+    curve: list[dict[str, float]] = []  # rank 0's loss at every log interval, for the report
     first_step_at = None
     data_wait = 0.0
     skipped = 0
@@ -308,13 +309,15 @@ def run_training(
                 dt = (now - interval_t) / interval_steps
                 rate = items_per_step / dt
                 eta = (total_steps - step) * dt
+                mean_loss = float(interval_loss) / interval_steps
                 line = (
-                    f"step {step}/{total_steps} epoch {epoch} loss {float(interval_loss) / interval_steps:.4f} "
+                    f"step {step}/{total_steps} epoch {epoch} loss {mean_loss:.4f} "
                     f"lr {scheduler.get_last_lr()[0]:.2e} {rate:,.0f} {task.item_name}/s eta {eta:,.0f}s"
                 )
                 if peak and flops_per_step:
                     line += f" mfu {flops_per_step / dt / peak:.1%}"
                 log.info(line)
+                curve.append({"step": step, "loss": mean_loss})
                 interval_loss.zero_()
                 interval_t, interval_steps = now, 0
             if ckpt is not None and cfg.checkpoint.interval_steps and step % cfg.checkpoint.interval_steps == 0:
@@ -360,7 +363,13 @@ def run_training(
     if env.is_main:
         meta.update(task=cfg.task, dataset_uri=dataset_uri)
         save_model(store, model_uri, unwrap(model), meta)
-        record = {"metrics": metrics, "history": history, "config": to_dict(cfg), "parameter_digest": digest}
+        record = {
+            "metrics": metrics,
+            "history": history,
+            "loss_curve": curve,
+            "config": to_dict(cfg),
+            "parameter_digest": digest,
+        }
         store.put_bytes(join_uri(model_uri, TRAINING_RECORD), json.dumps(record, indent=2).encode())
         log.info("model written to %s", model_uri)
     if env.distributed:
