@@ -60,6 +60,45 @@ def _cmd_job_manifest(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_submit(args: argparse.Namespace) -> int:
+    import datetime
+    import tempfile
+    from pathlib import Path
+
+    from pipelines.compile import compile_all
+    from pipelines.submit import make_client, parse_params, submit, succeeded
+
+    with tempfile.TemporaryDirectory() as tmp:
+        package = Path(args.package) if args.package else compile_all(tmp)[0]
+        if not package.is_file():
+            print(f"kftrain submit: no compiled pipeline at {package}", file=sys.stderr)
+            return 2
+        params = parse_params(args.param, package)
+        run_name = (
+            args.run_name or f"{args.pipeline_name} {datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M:%S}"
+        )
+        client = make_client(args.host, args.namespace)
+        result = submit(
+            client,
+            args.host,
+            package,
+            args.pipeline_name,
+            args.experiment,
+            run_name,
+            params,
+            namespace=args.namespace,
+            wait=args.wait,
+            timeout_s=args.timeout,
+            poll_seconds=args.poll_seconds,
+        )
+    print(f"pipeline {args.pipeline_name} version {result.version_name}")
+    print(f"run {result.run_id}: {result.run_url}")
+    if not args.wait:
+        return 0
+    print(f"run finished: {result.state}" + (f" ({result.error})" if result.error else ""))
+    return 0 if succeeded(result) else 1
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser of every subcommand."""
     parser = argparse.ArgumentParser(prog="kftrain", description="Distributed PyTorch training on Kubeflow.")
@@ -79,6 +118,19 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--min-accuracy", type=float, default=0.9, help="quality gate for classification (default 0.9)")
     p.add_argument("--max-perplexity", type=float, default=0.0, help="quality gate for causal_lm (0: none)")
     p.set_defaults(func=_cmd_run)
+
+    p = sub.add_parser("submit", help="upload the pipeline (a new version) to KFP and start a run")
+    p.add_argument("--host", required=True, help="KFP API endpoint, e.g. http://localhost:8080 (token: $KFP_TOKEN)")
+    p.add_argument("--namespace", default=None, help="profile namespace (multi-user Kubeflow)")
+    p.add_argument("--experiment", default="kftrain", help="experiment name (created if missing)")
+    p.add_argument("--run-name", default="", help="run name (default: pipeline name and UTC time)")
+    p.add_argument("--pipeline-name", default="kftrain-training", help="pipeline to add the version to")
+    p.add_argument("--package", default="", help="compiled pipeline YAML (default: compile training_pipeline now)")
+    p.add_argument("--param", action="append", default=[], metavar="NAME=VALUE", help="a pipeline parameter")
+    p.add_argument("--wait", action="store_true", help="follow the run; exit 1 unless it succeeds")
+    p.add_argument("--timeout", type=float, default=24 * 3600, help="--wait limit in seconds")
+    p.add_argument("--poll-seconds", type=float, default=10, help=argparse.SUPPRESS)
+    p.set_defaults(func=_cmd_submit)
 
     job = sub.add_parser("job", help="inspect the training job").add_subparsers(dest="job_command", required=True)
     p = job.add_parser("manifest", help="print the validated PyTorchJob YAML (no cluster needed)")

@@ -1,0 +1,154 @@
+"""Upload a compiled pipeline as a new version of a named pipeline, start a run, follow it.
+
+Authentication is what `kfp.Client` supports: a bearer token from the environment
+(`KFP_TOKEN`, never a command-line flag, so it stays out of shell history and process lists),
+the in-cluster service-account token, or an already authenticated endpoint (a port-forward).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+TOKEN_ENV = "KFP_TOKEN"
+_KFP_TYPES = {"NUMBER_INTEGER": int, "NUMBER_DOUBLE": float, "STRING": str, "BOOLEAN": bool}
+
+
+class SubmitError(ValueError):
+    """The submission cannot go ahead; the message says what to fix."""
+
+
+@dataclass
+class Submission:
+    """What was submitted and how it ended (`state` is None without --wait)."""
+
+    pipeline_id: str
+    version_id: str
+    version_name: str
+    experiment_id: str
+    run_id: str
+    run_url: str
+    state: str | None = None
+    error: str | None = None
+
+
+def pipeline_parameters(package: Path) -> dict[str, dict[str, Any]]:
+    """The compiled pipeline's parameters: name -> {type, default}."""
+    spec = next(yaml.safe_load_all(package.read_text()))
+    params = spec["root"].get("inputDefinitions", {}).get("parameters", {})
+    out = {}
+    for name, p in params.items():
+        default = p.get("defaultValue")
+        if p["parameterType"] == "NUMBER_INTEGER" and isinstance(default, float):
+            default = int(default)  # the compiled YAML writes integer defaults as 64.0
+        out[name] = {"type": p["parameterType"], "default": default}
+    return out
+
+
+def parse_params(pairs: list[str], package: Path) -> dict[str, Any]:
+    """`k=v` strings -> typed arguments, checked against the pipeline's own parameters."""
+    known = pipeline_parameters(package)
+    out: dict[str, Any] = {}
+    for pair in pairs:
+        name, sep, raw = pair.partition("=")
+        if not sep or not name:
+            raise SubmitError(f"--param {pair!r}: write it as name=value")
+        if name not in known:
+            raise SubmitError(f"--param {name}: not a parameter of this pipeline; known: {', '.join(sorted(known))}")
+        expected = _KFP_TYPES.get(known[name]["type"], str)
+        value = raw if expected is str else yaml.safe_load(raw)
+        if expected is float and isinstance(value, int) and not isinstance(value, bool):
+            value = float(value)
+        if not isinstance(value, expected) or (expected is int and isinstance(value, bool)):
+            raise SubmitError(f"--param {name}={raw}: expected {expected.__name__}")
+        out[name] = value
+    _validate_config(out, known)
+    return out
+
+
+def _validate_config(args: dict[str, Any], known: dict[str, dict[str, Any]]) -> None:
+    """Run the trainer's config validation on the run's effective parameters before uploading."""
+    from components.params import PARAM_FIELDS, config_from_params
+
+    effective = {k: args.get(k, known[k]["default"]) for k in known if k in PARAM_FIELDS}
+    config = args.get("config", known.get("config", {}).get("default") or "")
+    try:
+        config_from_params(config, **effective)
+    except ValueError as exc:
+        raise SubmitError(f"the run's parameters are invalid: {exc}") from None
+
+
+def version_name(pipeline_name: str, package: Path) -> str:
+    """Content-addressed: the same compiled YAML (from Git) is always the same version."""
+    return f"{pipeline_name}-{hashlib.sha256(package.read_bytes()).hexdigest()[:12]}"
+
+
+def make_client(host: str, namespace: str | None):
+    """A kfp.Client for `host`, with a bearer token from $KFP_TOKEN when set."""
+    import kfp
+
+    return kfp.Client(host=host, namespace=namespace, existing_token=os.environ.get(TOKEN_ENV) or None)
+
+
+def _version_id(client, pipeline_id: str, name: str) -> str | None:
+    flt = json.dumps({"predicates": [{"operation": "EQUALS", "key": "display_name", "stringValue": name}]})
+    versions = client.list_pipeline_versions(pipeline_id=pipeline_id, filter=flt).pipeline_versions or []
+    return versions[0].pipeline_version_id if versions else None
+
+
+def submit(
+    client,
+    host: str,
+    package: Path,
+    pipeline_name: str,
+    experiment: str,
+    run_name: str,
+    params: dict[str, Any],
+    namespace: str | None = None,
+    wait: bool = False,
+    timeout_s: float = 24 * 3600,
+    poll_seconds: float = 10,
+) -> Submission:
+    """Upload (as a new version when the pipeline exists), create the run, optionally wait."""
+    vname = version_name(pipeline_name, package)
+    pipeline_id = client.get_pipeline_id(pipeline_name)
+    if pipeline_id is None:
+        created = client.upload_pipeline(str(package), pipeline_name=pipeline_name, namespace=namespace)
+        pipeline_id = created.pipeline_id
+    version_id = _version_id(client, pipeline_id, vname)
+    if version_id is None:
+        version = client.upload_pipeline_version(str(package), pipeline_version_name=vname, pipeline_id=pipeline_id)
+        version_id = version.pipeline_version_id
+    exp = client.create_experiment(experiment, namespace=namespace)
+    run = client.run_pipeline(
+        exp.experiment_id, job_name=run_name, params=params, pipeline_id=pipeline_id, version_id=version_id
+    )
+    result = Submission(
+        pipeline_id=pipeline_id,
+        version_id=version_id,
+        version_name=vname,
+        experiment_id=exp.experiment_id,
+        run_id=run.run_id,
+        run_url=f"{host.rstrip('/')}/#/runs/details/{run.run_id}",
+    )
+    if wait:
+        try:
+            done = client.wait_for_run_completion(run.run_id, timeout=timeout_s, sleep_duration=poll_seconds)
+        except TimeoutError:
+            result.state, result.error = "TIMEOUT", f"the run did not finish within {timeout_s:.0f}s"
+            return result
+        result.state = (done.state or "").upper()
+        if done.error is not None:
+            result.error = getattr(done.error, "message", None) or str(done.error)
+    return result
+
+
+def succeeded(result: Submission) -> bool:
+    """Whether a waited-for run ended well."""
+    return result.state == "SUCCEEDED"
