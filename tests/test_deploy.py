@@ -53,3 +53,14 @@ def test_secret_template_holds_placeholders_only():
     kubernetes_validate.validate(secret, "1.30.0", strict=True)
     assert set(secret["stringData"]) == {"accesskey", "secretkey"}
     assert all(v.startswith("REPLACE_WITH_") for v in secret["stringData"].values())
+
+
+def test_inferenceservice_points_at_the_exported_model_repository():
+    from trainer.export import ONNX, REPOSITORY, SERVING_NAME
+
+    (isvc,) = yaml.safe_load_all((DEPLOY / "serving" / "inferenceservice.yaml").read_text())
+    assert (isvc["apiVersion"], isvc["kind"]) == ("serving.kserve.io/v1beta1", "InferenceService")
+    model = isvc["spec"]["predictor"]["model"]
+    assert model["modelFormat"]["name"] == "onnx" and model["runtime"] == "kserve-tritonserver"
+    assert model["storageUri"].endswith(f"/exported/{REPOSITORY}")
+    assert ONNX == f"{REPOSITORY}/{SERVING_NAME}/1/model.onnx"  # Triton's <model>/<version>/model.onnx

@@ -75,8 +75,21 @@ def test_export_formats_load_and_match_the_pytorch_model(trained, tmp_path):
     on_disk = json.loads(store.get_bytes(join_uri(out, "model_card.json")))
     assert on_disk == card
     assert card["classes"] == ["x", "y", "z"]
-    assert card["inputs"] == {"dtype": "float32", "shape": [-1, 4]}
-    assert card["outputs"] == {"dtype": "float32", "shape": [-1, 3]}
+    assert card["inputs"] == {"name": "features", "dtype": "float32", "shape": [-1, 4]}
+    assert card["outputs"] == {"name": "logits", "dtype": "float32", "shape": [-1, 3]}
+    # ONNX, loaded as a serving runtime would, on a batch size it was not traced with.
+    import onnxruntime
+
+    session = onnxruntime.InferenceSession(
+        store.get_bytes(join_uri(out, card["files"]["onnx"])), providers=["CPUExecutionProvider"]
+    )
+    (logits,) = session.run(None, {"features": raw.numpy()})
+    torch.testing.assert_close(torch.from_numpy(logits), expected, rtol=1e-4, atol=1e-5)
+    config = store.get_bytes(join_uri(out, "model_repository/kftrain/config.pbtxt")).decode()
+    assert 'platform: "onnxruntime_onnx"' in config
+    assert 'name: "features" data_type: TYPE_FP32 dims: [ -1, 4 ]' in config
+    assert 'name: "logits" data_type: TYPE_FP32 dims: [ -1, 3 ]' in config
+    assert card["verification"]["onnx_max_abs_error"] < 1e-4
     assert card["metrics"] == {"accuracy": 0.9}
     assert card["source_dataset_uri"] == "s3://bucket/ds"
     assert card["training_config"] == {"train": {"epochs": 1}}

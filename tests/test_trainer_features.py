@@ -5,6 +5,7 @@ from __future__ import annotations
 import io
 import json
 import math
+import re
 
 import numpy as np
 import pytest
@@ -59,7 +60,8 @@ def test_nonfinite_loss_stops_the_job_naming_step_and_rank(digits, tmp_path):
         run_job(LocalBackend(sink=lambda line: None), training_job(cfg, "nan", bad, str(tmp_path / "m")), 120)
     message = str(info.value)
     assert "NonFiniteLoss: non-finite loss or gradients at optimizer step" in message
-    assert "on rank" in message and "local loss nan" in message
+    # Only one rank's batch holds the NaN row; whichever replica is reported names that rank.
+    assert re.search(r"the loss was non-finite on rank\(s\) \[[01]\]", message), message
     assert not LocalStore().exists(join_uri(str(tmp_path / "m"), "model.json"))  # no model marked complete
 
 
@@ -129,7 +131,8 @@ def test_gpt_task_learns_on_a_tiny_shape(tmp_path):
     assert report["perplexity"] == pytest.approx(math.exp(report["loss"]))
     assert report["loss"] < 0.7 * uniform
     card = export_model(store, model_uri, str(tmp_path / "export"))
-    assert card["inputs"] == {"dtype": "int64", "shape": [-1, 64]}
+    assert card["inputs"] == {"name": "tokens", "dtype": "int64", "shape": [-1, -1]}
+    assert card["verification"]["onnx_max_abs_error"] < 1e-4
     scripted = load_torchscript(store, str(tmp_path / "export"))
     model, _ = load_model(store, model_uri)
     x = torch.randint(0, 256, (2, 64))

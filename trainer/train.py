@@ -132,6 +132,16 @@ def autocast_for(device: torch.device, cfg: Config):
     return contextlib.nullcontext()
 
 
+def nonfinite_ranks(local_loss: float, env: DistEnv, device: torch.device) -> list[int]:
+    """The ranks whose own loss was NaN/inf (a collective: every rank calls it together)."""
+    flag = torch.tensor([0.0 if math.isfinite(local_loss) else 1.0], device=device)
+    if not env.distributed:
+        return [0] if flag.item() else []
+    flags = [torch.zeros_like(flag) for _ in range(env.world_size)]
+    dist.all_gather(flags, flag)
+    return [rank for rank, f in enumerate(flags) if f.item()]
+
+
 def _to(batch, device: torch.device):
     return tuple(t.to(device, non_blocking=True) for t in batch)
 
@@ -283,10 +293,11 @@ def run_training(
             # Gradients are identical on every rank after the all-reduce, so every rank takes the
             # same decision here; the loss is this rank's own, which names where it went wrong.
             if not torch.isfinite(grad_norm):
-                local = float(step_loss)
+                culprits = nonfinite_ranks(float(step_loss), env, device)
                 where = (
-                    f"optimizer step {step + 1} (epoch {epoch}) on rank {env.rank}: "
-                    f"local loss {local}, grad norm {float(grad_norm)}"
+                    f"optimizer step {step + 1} (epoch {epoch}): the loss was non-finite on rank(s) "
+                    f"{culprits or 'none (the gradients overflowed)'}; grad norm {float(grad_norm)} "
+                    f"(reported by rank {env.rank})"
                 )
                 if tc.on_nonfinite == "stop":
                     raise NonFiniteLoss(f"non-finite loss or gradients at {where} (train.on_nonfinite: stop)")

@@ -24,6 +24,10 @@ class Task:
     name: str = "task"
     #: What throughput counts: `samples` or `tokens`.
     item_name: str = "samples"
+    #: Names of the exported model's input and output, and the input's dynamic dimensions.
+    serving_input: str = "features"
+    serving_output: str = "logits"
+    serving_dynamic_dims: tuple[int, ...] = (0,)
 
     def prepare(self, cfg: Config, store: ObjectStore, dataset_uri: str) -> dict[str, Any]:
         """Data prep: write the dataset (shards + manifest.json last) and return the manifest."""
@@ -62,7 +66,7 @@ class Task:
         raise NotImplementedError
 
     def serving_module(self, model: nn.Module, meta: dict[str, Any]) -> tuple[nn.Module, torch.Tensor]:
-        """The module to export and an example input for tracing it."""
+        """The module to export and a sample input batch (traced, and used to verify every format)."""
         raise NotImplementedError
 
 

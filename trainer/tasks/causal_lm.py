@@ -71,6 +71,8 @@ def load_tokens(store: ObjectStore, dataset_uri: str, split: str, manifest: dict
 class CausalLMTask(Task):
     name = "causal_lm"
     item_name = "tokens"
+    serving_input = "tokens"
+    serving_dynamic_dims = (0, 1)
 
     def prepare(self, cfg: Config, store: ObjectStore, dataset_uri: str) -> dict[str, Any]:
         d = cfg.data
@@ -159,4 +161,7 @@ class CausalLMTask(Task):
         return {"loss": loss, "perplexity": math.exp(min(loss, 50.0)), "test_tokens": len(test) * test.block_size}
 
     def serving_module(self, model, meta):
-        return model.eval(), torch.zeros(1, meta["architecture"]["block_size"], dtype=torch.long)
+        gen = torch.Generator().manual_seed(0)
+        return model.eval(), torch.randint(
+            0, meta["vocab_size"], (2, meta["architecture"]["block_size"]), generator=gen
+        )

@@ -88,4 +88,7 @@ class ClassificationTask(Task):
 
     def serving_module(self, model, meta):
         serving = ServingModel(model, **meta["normalization"]).eval()
-        return serving, torch.zeros(1, meta["architecture"]["num_features"])
+        norm = meta["normalization"]
+        # Raw-feature-scale inputs: normalised values of a standard normal sample.
+        z = torch.randn(8, meta["architecture"]["num_features"], generator=torch.Generator().manual_seed(0))
+        return serving, z * torch.tensor(norm["std"]) + torch.tensor(norm["mean"])
