@@ -63,4 +63,4 @@ def test_inferenceservice_points_at_the_exported_model_repository():
     model = isvc["spec"]["predictor"]["model"]
     assert model["modelFormat"]["name"] == "onnx" and model["runtime"] == "kserve-tritonserver"
     assert model["storageUri"].endswith(f"/exported/{REPOSITORY}")
-    assert ONNX == f"{REPOSITORY}/{SERVING_NAME}/1/model.onnx"  # Triton's <model>/<version>/model.onnx
+    assert f"{REPOSITORY}/{SERVING_NAME}/1/model.onnx" == ONNX  # Triton's <model>/<version>/model.onnx

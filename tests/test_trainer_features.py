@@ -162,3 +162,24 @@ def test_gpt_trains_in_bf16_on_cuda(tmp_path):
     get_task("causal_lm").prepare(cfg, store, str(tmp_path / "ds"))
     metrics = run_training(cfg, str(tmp_path / "ds"), str(tmp_path / "m"), DistEnv())
     assert math.isfinite(metrics["val_loss"])
+
+
+def test_gpt_export_loads_in_hugging_face_transformers(tmp_path):
+    transformers = pytest.importorskip("transformers")
+    cfg = load_config(overrides={**TINY_GPT, "train.max_steps": 5})
+    store = LocalStore()
+    ds, model_uri, out = str(tmp_path / "ds"), str(tmp_path / "model"), str(tmp_path / "export")
+    get_task("causal_lm").prepare(cfg, store, ds)
+    single(cfg, ds, model_uri)
+    card = export_model(store, model_uri, out)
+    assert "huggingface/config.json" in card["files"]["extra"]
+    folder = tmp_path / "export" / "huggingface"
+    hf = transformers.AutoModelForCausalLM.from_pretrained(folder).eval()
+    ours, _ = load_model(store, model_uri)
+    x = torch.randint(0, 256, (2, 64))
+    with torch.no_grad():
+        torch.testing.assert_close(hf(x).logits, ours(x), rtol=1e-4, atol=1e-4)
+    tok = transformers.AutoTokenizer.from_pretrained(folder)
+    text = "def héllo(wörld):\n    return 42"
+    assert tok.encode(text) == list(text.encode("utf-8"))  # id = byte, as in training
+    assert tok.decode(list(text.encode("utf-8"))) == text

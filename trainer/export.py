@@ -110,6 +110,9 @@ def export_model(
     store.put_bytes(join_uri(output_uri, ONNX), onnx_model)
     store.put_bytes(join_uri(output_uri, TRITON_CONFIG), triton_config(*names, example, expected, dims).encode())
 
+    extra = task.extra_exports(model, meta)
+    for name, data in extra.items():
+        store.put_bytes(join_uri(output_uri, name), data)
     tied = {name for name, _ in _tied_parameters(serving)}
     state = {k: v.detach().contiguous() for k, v in serving.state_dict().items() if k not in tied}
     store.put_bytes(join_uri(output_uri, SAFETENSORS), save_safetensors(state))
@@ -133,6 +136,7 @@ def export_model(
             "safetensors": SAFETENSORS,
             "onnx": ONNX,
             "triton_model_repository": REPOSITORY,
+            **({"extra": sorted(extra)} if extra else {}),
         },
         "verification": {"torchscript_max_abs_error": ts_err, "onnx_max_abs_error": onnx_err, "batch": len(example)},
         "metrics": metrics or {},

@@ -69,6 +69,10 @@ class Task:
         """The module to export and a sample input batch (traced, and used to verify every format)."""
         raise NotImplementedError
 
+    def extra_exports(self, model: nn.Module, meta: dict[str, Any]) -> dict[str, bytes]:
+        """Further files for the export folder, by relative path (e.g. a Hugging Face folder)."""
+        return {}
+
 
 def get_task(name: str) -> Task:
     """A built-in task by name, or a user task class by import path `package.module:Class`."""

@@ -26,6 +26,7 @@ from trainer.storage import ObjectStore, join_uri
 from trainer.tasks import Task
 
 FORMAT = "kftrain.tokens.v1"
+HF_FOLDER = "huggingface"
 VOCAB_SIZE = 256
 SPLITS = ("train", "val", "test")
 
@@ -165,3 +166,8 @@ class CausalLMTask(Task):
         return model.eval(), torch.randint(
             0, meta["vocab_size"], (2, meta["architecture"]["block_size"]), generator=gen
         )
+
+    def extra_exports(self, model, meta):
+        from trainer.hf_export import hf_folder
+
+        return {f"{HF_FOLDER}/{name}": data for name, data in hf_folder(model).items()}
