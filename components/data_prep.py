@@ -10,7 +10,7 @@ from components.image import IMAGE
 def data_prep(
     dataset: Output[Dataset],
     config: str = "",
-    data_source: str = "digits",
+    data_source: str = "",
     store: str = "",
     s3_endpoint: str = "",
     run_id: str = "",
@@ -21,7 +21,7 @@ def data_prep(
     Args:
         dataset: The prepared dataset (a folder of shards and `manifest.json`).
         config: The full kftrain config as YAML/JSON; the parameters below override it.
-        data_source: `digits` (bundled handwritten digits) or the URI of a CSV file.
+        data_source: `digits` or a CSV URI (classification), `python-stdlib` or a text URI (causal_lm); empty: the task default.
         store: Artifact root (`s3://bucket/prefix` or a path); empty: KFP's pipeline root.
         s3_endpoint: S3 endpoint URL of the store (`http://host:9000`).
         run_id: The KFP run id; names the run's folder under `store`.
@@ -32,7 +32,10 @@ def data_prep(
 
     cfg = config_from_params(config, data_source=data_source, store=store, s3_endpoint=s3_endpoint)
     manifest = prepare_data(cfg, output_uri(dataset, store, run_id, "dataset"))
-    dataset.metadata["classes"] = manifest["classes"]
-    dataset.metadata["num_features"] = manifest["num_features"]
+    for key in ("format", "source", "classes", "num_features", "vocab_size"):
+        if key in manifest:
+            dataset.metadata[key] = manifest[key]
     for split, info in manifest["splits"].items():
-        dataset.metadata[f"{split}_rows"] = info["rows"]
+        for key, value in info.items():
+            if key != "shards":  # rows or tokens per split
+                dataset.metadata[f"{split}_{key}"] = value

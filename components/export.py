@@ -39,6 +39,6 @@ def export(
 
     cfg = config_from_params(config, store=store, s3_endpoint=s3_endpoint)
     report = json.loads(store_for(cfg, metrics.uri).get_bytes(join_uri(metrics.uri, EVAL_RECORD)))
-    summary = {k: report[k] for k in ("accuracy", "loss", "macro_f1")}
+    summary = {k: v for k, v in report.items() if isinstance(v, int | float) and not isinstance(v, bool)}
     card = export_step(cfg, model.uri, output_uri(exported, store, run_id, "exported"), summary)
     exported.metadata["files"] = card["files"]

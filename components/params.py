@@ -1,7 +1,7 @@
 """Pipeline and component parameters <-> the trainer's config tree, in one table.
 
 A component receives the whole config as YAML/JSON text (`config`) plus a few explicit
-parameters that the KFP UI shows; the explicit ones win. The names here are the one spelling
+parameters that the KFP UI shows; the explicit ones win, except empty strings. The names here are the one spelling
 of each concept in the UI, on the command line and in code.
 """
 
@@ -29,11 +29,15 @@ PARAM_FIELDS: dict[str, str] = {
 
 
 def config_from_params(config: str = "", **params: Any) -> Config:
-    """The validated config: `config` text with the explicit parameters applied on top."""
+    """The validated config: `config` text with the explicit parameters applied on top.
+
+    An empty-string parameter (`data_source=""`, `store=""`) leaves the config's value.
+    """
     unknown = sorted(set(params) - set(PARAM_FIELDS))
     if unknown:
         raise TypeError(f"unknown parameter(s) {unknown}; known: {sorted(PARAM_FIELDS)}")
-    return parse_config(config, {PARAM_FIELDS[k]: v for k, v in params.items()}, origin="config")
+    overrides = {PARAM_FIELDS[k]: v for k, v in params.items() if v != ""}
+    return parse_config(config, overrides, origin="config")
 
 
 def params_from_config(cfg: Config) -> dict[str, Any]:

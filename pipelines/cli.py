@@ -27,9 +27,13 @@ def _cmd_run(args: argparse.Namespace) -> int:
     if args.s3_endpoint:
         overrides["store.endpoint"] = args.s3_endpoint
     cfg = load_config(args.config, overrides)
-    summary = run_local(
-        cfg, local_root=args.output_dir, min_accuracy=args.min_accuracy, max_perplexity=args.max_perplexity
-    )
+    try:
+        summary = run_local(
+            cfg, local_root=args.output_dir, min_accuracy=args.min_accuracy, max_perplexity=args.max_perplexity
+        )
+    except RuntimeError as exc:  # kfp.local: a step failed; its log above says why
+        print(f"kftrain: the pipeline failed: {exc}", file=sys.stderr)
+        return 1
     print("\nkftrain: run finished. Artifacts:")
     for name, uri in summary["artifacts"].items():
         print(f"  {name:9s} {uri}")

@@ -38,7 +38,7 @@ def _with_store_credentials(task: dsl.PipelineTask) -> dsl.PipelineTask:
 )
 def training_pipeline(
     config: str = "",
-    data_source: str = "digits",
+    data_source: str = "",
     replicas: int = 2,
     nproc_per_node: int = 1,
     epochs: int = 20,
@@ -58,7 +58,7 @@ def training_pipeline(
 
     Args:
         config: The full kftrain config as YAML/JSON; the parameters below override it.
-        data_source: `digits` (bundled) or the URI of a CSV file in the store.
+        data_source: `digits`/CSV URI (classification), `python-stdlib`/text URI (causal_lm); empty: the default.
         replicas: Training replicas in total: 1 Master + (replicas - 1) Workers.
         nproc_per_node: Training processes (GPUs) per replica.
         epochs: Passes over the training split.

@@ -120,3 +120,17 @@ def test_wrong_credentials_stop_the_run_before_training(s3_env, bucket, tmp_path
     assert "rejected the credentials" in out
     assert "not-the-secret-key" not in out
     assert "Executing task" not in out
+
+
+def test_the_language_model_path_end_to_end(tmp_path):
+    """configs/gpt-tiny.yaml: a GPT over bytes, 2 replicas, through all four steps."""
+    args = ["--config", str(REPO / "configs" / "gpt-tiny.yaml"), "--output-dir", "out", "--summary", "s.json"]
+    rc, out = run_group([*KFTRAIN, "run", "--local", *args], timeout=360, env=cli_env(), cwd=str(tmp_path))
+    assert rc == 0, out[-5000:]
+    summary = json.loads((tmp_path / "s.json").read_text())
+    assert summary["metrics"]["perplexity"] < 60  # bytes guessed uniformly: 256
+    assert summary["exported"] is True  # no perplexity bar set
+    exported = Path(summary["artifacts"]["exported"])
+    for name in ("model.pt", "model_repository/kftrain/1/model.onnx", "huggingface/config.json", "model_card.json"):
+        assert (exported / name).is_file(), name
+    assert "tokens/s" in out
