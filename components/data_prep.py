@@ -21,7 +21,7 @@ def data_prep(
     Args:
         dataset: The prepared dataset (a folder of shards and `manifest.json`).
         config: The full kftrain config as YAML/JSON; the parameters below override it.
-        data_source: `digits` or a CSV URI (classification), `python-stdlib` or a text URI (causal_lm); empty: the task default.
+        data_source: `digits`/CSV URI (classification), `python-stdlib`/text URI (causal_lm); empty: default.
         store: Artifact root (`s3://bucket/prefix` or a path); empty: KFP's pipeline root.
         s3_endpoint: S3 endpoint URL of the store (`http://host:9000`).
         run_id: The KFP run id; names the run's folder under `store`.
