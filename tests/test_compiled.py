@@ -66,3 +66,17 @@ def test_cli_compile_writes_the_yaml(tmp_path):
     )
     assert out.returncode == 0, out.stderr
     assert (tmp_path / "training_pipeline.yaml").is_file()
+
+
+def test_readme_lists_every_component_parameter():
+    from components.data_prep import data_prep
+    from components.evaluate import evaluate
+    from components.export import export
+    from components.gate import quality_gate_failed
+    from components.train import train
+
+    readme = (REPO / "README.md").read_text()
+    section = readme[readme.index("## Components") : readme.index("## Running on a cluster")]
+    for component in (data_prep, train, evaluate, export, quality_gate_failed):
+        for name in (component.component_spec.inputs or {}) | (component.component_spec.outputs or {}):
+            assert f"`{name}`" in section, (component.name, name)
