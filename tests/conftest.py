@@ -14,6 +14,18 @@ from tests.s3server import s3_server as start_s3_server
 
 
 @pytest.fixture(scope="session")
+def digits(tmp_path_factory) -> str:
+    """The demo's prepared digits dataset in a local directory, shared by the session."""
+    from trainer.config import load_config
+    from trainer.data import prepare_dataset
+    from trainer.storage import LocalStore
+
+    uri = str(tmp_path_factory.mktemp("digits") / "dataset")
+    prepare_dataset(load_config().data, LocalStore(), uri)
+    return uri
+
+
+@pytest.fixture(scope="session")
 def s3_server() -> Iterator[S3Server]:
     """A moto S3 server process for the whole session (tests/s3server.py)."""
     with start_s3_server() as server:

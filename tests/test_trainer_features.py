@@ -12,7 +12,6 @@ import pytest
 import torch
 
 from trainer.config import ConfigError, load_config
-from trainer.data import prepare_dataset
 from trainer.distributed import DistEnv
 from trainer.evaluate import evaluate_model
 from trainer.export import export_model, load_torchscript
@@ -25,13 +24,6 @@ from trainer.tasks import get_task
 from trainer.train import run_training
 
 pytestmark = pytest.mark.timeout(240)
-
-
-@pytest.fixture(scope="module")
-def digits(tmp_path_factory):
-    uri = str(tmp_path_factory.mktemp("digits") / "dataset")
-    prepare_dataset(load_config().data, LocalStore(), uri)
-    return uri
 
 
 def poison_first_train_shard(src: str, dst: str) -> None:

@@ -7,7 +7,6 @@ import pytest
 import torch
 
 from trainer.config import load_config
-from trainer.data import prepare_dataset
 from trainer.launch.backend import run_job
 from trainer.launch.job import training_job
 from trainer.launch.local import LocalBackend
@@ -17,22 +16,15 @@ from trainer.storage import LocalStore, join_uri
 pytestmark = pytest.mark.timeout(180)
 
 
-@pytest.fixture(scope="module")
-def dataset(tmp_path_factory):
-    uri = str(tmp_path_factory.mktemp("data") / "dataset")
-    prepare_dataset(load_config().data, LocalStore(), uri)
-    return uri
-
-
-def train(dataset, model_uri, replicas, **overrides):
+def train(digits, model_uri, replicas, **overrides):
     cfg = load_config(overrides={"job.replicas": replicas, "train.epochs": 3, **overrides})
     lines = []
-    run_job(LocalBackend(sink=lines.append), training_job(cfg, f"t{replicas}", dataset, model_uri), 150)
+    run_job(LocalBackend(sink=lines.append), training_job(cfg, f"t{replicas}", digits, model_uri), 150)
     return lines
 
 
-def test_two_ranks_end_with_identical_parameters(dataset, tmp_path):
-    lines = train(dataset, str(tmp_path / "model"), replicas=2)
+def test_two_ranks_end_with_identical_parameters(digits, tmp_path):
+    lines = train(digits, str(tmp_path / "model"), replicas=2)
     digests = {
         m.group(1): m.group(2)
         for line in lines
@@ -46,10 +38,10 @@ def test_two_ranks_end_with_identical_parameters(dataset, tmp_path):
     assert any(line.startswith("[master-0] [rank 0]") and "loss" in line for line in lines)
 
 
-def test_one_rank_and_two_ranks_learn_the_same_model(dataset, tmp_path):
+def test_one_rank_and_two_ranks_learn_the_same_model(digits, tmp_path):
     """Same global batch, same seed: DDP's averaged gradients equal the single-process ones."""
-    train(dataset, str(tmp_path / "one"), replicas=1)
-    train(dataset, str(tmp_path / "two"), replicas=2)
+    train(digits, str(tmp_path / "one"), replicas=1)
+    train(digits, str(tmp_path / "two"), replicas=2)
     one, _ = load_model(LocalStore(), str(tmp_path / "one"))
     two, _ = load_model(LocalStore(), str(tmp_path / "two"))
     for p1, p2 in zip(one.parameters(), two.parameters(), strict=True):

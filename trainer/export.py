@@ -26,7 +26,7 @@ import numpy as np
 import torch
 from safetensors.torch import save as save_safetensors
 
-from trainer.model import _tied_parameters, load_model
+from trainer.model import load_model, weights
 from trainer.storage import ObjectStore, join_uri
 from trainer.tasks import get_task
 
@@ -113,9 +113,7 @@ def export_model(
     extra = task.extra_exports(model, meta)
     for name, data in extra.items():
         store.put_bytes(join_uri(output_uri, name), data)
-    tied = {name for name, _ in _tied_parameters(serving)}
-    state = {k: v.detach().contiguous() for k, v in serving.state_dict().items() if k not in tied}
-    store.put_bytes(join_uri(output_uri, SAFETENSORS), save_safetensors(state))
+    store.put_bytes(join_uri(output_uri, SAFETENSORS), save_safetensors(weights(serving)))
     card = {
         "name": f"kftrain-{meta['task']}",
         "task": meta["task"],

@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
+import torch
 from safetensors.torch import load as load_safetensors
 from safetensors.torch import save as save_safetensors
 from torch import nn
@@ -34,8 +35,7 @@ def build_mlp(num_features: int, hidden_sizes: list[int], num_classes: int, drop
 
 def save_model(store: ObjectStore, model_uri: str, model: nn.Module, meta: dict[str, Any]) -> None:
     """Write weights first and the metadata last, so a folder with `model.json` is complete."""
-    tied = {name for name, _ in _tied_parameters(model)}
-    state = {k: v.detach().cpu().contiguous() for k, v in model.state_dict().items() if k not in tied}
+    state = weights(model)
     store.put_bytes(join_uri(model_uri, WEIGHTS), save_safetensors(state))
     store.put_bytes(join_uri(model_uri, MODEL_META), json.dumps(meta, indent=2).encode())
 
@@ -51,21 +51,25 @@ def load_model(store: ObjectStore, model_uri: str) -> tuple[nn.Module, dict[str,
     missing, unexpected = model.load_state_dict(
         load_safetensors(store.get_bytes(join_uri(model_uri, WEIGHTS))), strict=False
     )
-    tied = {name for name, _ in _tied_parameters(model)}
-    if unexpected or set(missing) - tied:
+    if unexpected or set(missing) - tied_names(model):
         raise ValueError(
             f"{model_uri}: weights do not match the architecture (missing {missing}, unexpected {unexpected})"
         )
     return model.eval(), meta
 
 
-def _tied_parameters(model: nn.Module) -> list[tuple[str, nn.Parameter]]:
-    """Parameters registered under a second name (weight tying)."""
-    seen: dict[int, str] = {}
-    tied = []
+def tied_names(model: nn.Module) -> set[str]:
+    """Names under which an already-seen parameter is registered again (weight tying)."""
+    seen: set[int] = set()
+    tied = set()
     for name, p in model.named_parameters(remove_duplicate=False):
         if id(p) in seen:
-            tied.append((name, p))
-        else:
-            seen[id(p)] = name
+            tied.add(name)
+        seen.add(id(p))
     return tied
+
+
+def weights(model: nn.Module) -> dict[str, torch.Tensor]:
+    """The state dict for a safetensors file: on the CPU, contiguous, each tied tensor once."""
+    tied = tied_names(model)
+    return {k: v.detach().cpu().contiguous() for k, v in model.state_dict().items() if k not in tied}
