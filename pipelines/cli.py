@@ -15,7 +15,7 @@ def _cmd_compile(args: argparse.Namespace) -> int:
 
 
 def _cmd_run(args: argparse.Namespace) -> int:
-    from pipelines.local_run import run_local, write_summary
+    from pipelines.local_run import PipelineFailed, run_local, write_summary
     from trainer.config import load_config
 
     if not args.local:
@@ -31,7 +31,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
         summary = run_local(
             cfg, local_root=args.output_dir, min_accuracy=args.min_accuracy, max_perplexity=args.max_perplexity
         )
-    except RuntimeError as exc:  # kfp.local: a step failed; its log above says why
+    except PipelineFailed as exc:
         print(f"kftrain: the pipeline failed: {exc}", file=sys.stderr)
         return 1
     print("\nkftrain: run finished. Artifacts:")

@@ -18,6 +18,10 @@ from trainer.config import Config, config_to_json
 DEFAULT_LOCAL_ROOT = "kftrain-outputs"
 
 
+class PipelineFailed(RuntimeError):
+    """A step of the local run failed; its log, printed above, says why."""
+
+
 def preflight(cfg: Config) -> None:
     """Fail before any step starts when the store is unreachable, missing or refuses our keys."""
     if cfg.store.uri:
@@ -47,13 +51,16 @@ def run_local(
     with tempfile.TemporaryDirectory(prefix="kftrain-kfp-") as tmp:
         root = tmp if cfg.store.uri else str(Path(local_root).resolve())
         local.init(runner=local.SubprocessRunner(use_venv=False), pipeline_root=root)
-        task = training_pipeline(
-            config=config_to_json(cfg),
-            launcher="local",
-            min_accuracy=min_accuracy,
-            max_perplexity=max_perplexity,
-            **params_from_config(cfg),
-        )
+        try:
+            task = training_pipeline(
+                config=config_to_json(cfg),
+                launcher="local",
+                min_accuracy=min_accuracy,
+                max_perplexity=max_perplexity,
+                **params_from_config(cfg),
+            )
+        except RuntimeError as exc:  # how kfp.local reports a failed task
+            raise PipelineFailed(str(exc)) from None
         outputs = task.outputs
         artifacts = {name: outputs[name].uri for name in ("dataset", "model", "metrics", "report")}
         metrics = {k: v for k, v in outputs["metrics"].metadata.items() if isinstance(v, int | float)}

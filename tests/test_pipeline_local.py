@@ -134,3 +134,13 @@ def test_the_language_model_path_end_to_end(tmp_path):
     for name in ("model.pt", "model_repository/kftrain/1/model.onnx", "huggingface/config.json", "model_card.json"):
         assert (exported / name).is_file(), name
     assert "tokens/s" in out
+
+
+def test_a_failing_step_fails_the_run_with_exit_code_1(tmp_path):
+    (tmp_path / "c.yaml").write_text(f"data:\n  source: {tmp_path / 'missing.csv'}\n")
+    rc, out = run_group(
+        [*KFTRAIN, "run", "--local", "--config", "c.yaml"], timeout=120, env=cli_env(), cwd=str(tmp_path)
+    )
+    assert rc == 1
+    assert f"no file at {tmp_path / 'missing.csv'}" in out  # the data-prep step's own error
+    assert "kftrain: the pipeline failed" in out and "[master-0]" not in out  # training never started
