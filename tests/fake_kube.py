@@ -121,7 +121,9 @@ class FakeCluster:
         return "\n".join(lines[-tail_lines:] if tail_lines else lines)
 
     # -- what the operator would do -------------------------------------------------------
-    def add_pod(self, job: str, rtype: str, index: int, phase: str, logs=(), exit_code=None, waiting=None, age_s=0):
+    def add_pod(
+        self, job: str, rtype: str, index: int, phase: str, logs=(), exit_code=None, waiting=None, age_s=0, restarts=0
+    ):
         name = f"{job}-{rtype}-{index}"
         state = k8s.V1ContainerState(
             terminated=k8s.V1ContainerStateTerminated(exit_code=exit_code) if exit_code is not None else None,
@@ -145,7 +147,7 @@ class FakeCluster:
                         image="img",
                         image_id="",
                         ready=phase == "Running",
-                        restart_count=0,
+                        restart_count=restarts,
                         state=state,
                     )
                 ],

@@ -207,3 +207,19 @@ def test_logs_returns_each_replicas_tail():
     backend.submit(spec)
     cluster.add_pod(NAME, "master", 0, "Running", logs=[f"line {i}" for i in range(100)])
     assert backend.logs(spec, tail=2) == {"master-0": ["line 98", "line 99"]}
+
+
+def test_a_restarted_container_gets_its_log_streamed_again():
+    cluster = FakeCluster()
+    backend, spec, lines = make(cluster)
+
+    def first(c: FakeCluster) -> None:
+        c.add_pod(NAME, "master", 0, "Running", logs=["attempt 1: step 10"])
+
+    def restarted(c: FakeCluster) -> None:  # restartPolicy OnFailure: same pod, new container
+        c.add_pod(NAME, "master", 0, "Running", logs=["attempt 2: resumed at step 10"], restarts=1)
+
+    cluster.timeline = [first, first, restarted, restarted, lambda c: c.set_condition(NAME, "Succeeded")]
+    run_job(backend, spec, timeout_s=60)
+    assert "[master-0] attempt 1: step 10" in lines
+    assert "[master-0] attempt 2: resumed at step 10" in lines

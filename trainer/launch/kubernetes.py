@@ -100,7 +100,7 @@ class KubernetesBackend:
         self._owner = owner if owner is not None else launcher_owner()
         self._log = log or (lambda line: print(line, flush=True))
         self._now, self._sleep = now, sleep
-        self._streams: dict[str, threading.Thread] = {}
+        self._streams: dict[tuple[str, int], threading.Thread] = {}
         self._tails: dict[str, collections.deque] = {}
 
     def namespace(self, spec: JobSpec) -> str:
@@ -238,7 +238,10 @@ class KubernetesBackend:
 
     def _stream(self, spec: JobSpec, pod: Any) -> None:
         name = pod.metadata.name
-        if name in self._streams:
+        # One stream per container instance: a container restarted by its restartPolicy gets a
+        # new stream (the old one ended with the old container).
+        instance = (name, sum(cs.restart_count or 0 for cs in pod.status.container_statuses or []))
+        if instance in self._streams:
             return
         key = _replica_key(pod)
         tail = self._tails.setdefault(key, collections.deque(maxlen=200))
@@ -264,7 +267,7 @@ class KubernetesBackend:
                 self._log(f"[{key}] (log stream ended: {exc})")
 
         thread = threading.Thread(target=follow, name=f"logs-{key}", daemon=True)
-        self._streams[name] = thread
+        self._streams[instance] = thread
         thread.start()
 
     def _finish_streams(self, timeout_s: float = 10) -> None:

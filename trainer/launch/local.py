@@ -16,7 +16,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from trainer.launch.backend import JobFailed, JobTimeout, failure_excerpt
-from trainer.launch.spec import MASTER, JobSpec, replica_env
+from trainer.launch.spec import JobSpec, replica_env
 
 LOOPBACK = "127.0.0.1"
 #: Every process of a local job inherits this variable. torchrun starts its workers in new
@@ -183,6 +183,3 @@ class LocalBackend:
     def _alive(self, spec: JobSpec) -> bool:
         marker = self._markers.get(spec.name)
         return bool(marker and marked_pids(marker))
-
-
-__all__ = ["LocalBackend", "MASTER", "free_port"]

@@ -11,7 +11,7 @@ from typing import Any
 from kubeflow.training import models as kt
 from kubernetes import client as k8s
 
-from trainer.launch.spec import DEFAULT_PORT, MASTER, WORKER, JobSpec
+from trainer.launch.spec import DEFAULT_PORT, JobSpec
 
 GROUP, VERSION, PLURAL, KIND = "kubeflow.org", "v1", "pytorchjobs", "PyTorchJob"
 CONTAINER = "pytorch"  # the operator finds the training container by this name
@@ -141,6 +141,3 @@ def pytorchjob_manifest(spec: JobSpec, namespace: str = "", owner: dict[str, Any
         ),
     )
     return k8s.ApiClient().sanitize_for_serialization(job)
-
-
-__all__ = ["pytorchjob_manifest", "owner_reference", "MASTER", "WORKER", "GROUP", "VERSION", "PLURAL", "KIND"]
