@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import signal
 import sys
 import textwrap
 import time
@@ -153,3 +155,48 @@ def test_success_when_the_master_completes():
     )
     assert "[master-0] hello from 0" in lines
     assert "[worker-0] hello from 1" in lines
+
+
+def test_sigterm_to_the_launcher_stops_every_replica(tmp_path):
+    """A cancelled step (SIGTERM to the launcher) leaves no training process behind."""
+    import subprocess
+
+    code = f"""
+        import os, subprocess, sys, time
+        child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"], start_new_session=True)
+        open(os.path.join({str(tmp_path)!r}, os.environ["RANK"]), "w").write(f"{{os.getpid()}} {{child.pid}}")
+        time.sleep(120)
+    """
+    launcher = textwrap.dedent(f"""
+        from trainer.launch.backend import run_job
+        from trainer.launch.local import LocalBackend
+        from trainer.launch.spec import JobSpec
+        spec = JobSpec(name="cancelled", image="local", command=("python", "-c", {textwrap.dedent(code)!r}), replicas=2)
+        run_job(LocalBackend(sink=lambda line: None), spec, timeout_s=100)
+    """)
+    proc = subprocess.Popen([sys.executable, "-c", launcher], start_new_session=True)
+    try:
+        deadline = time.monotonic() + 30
+        while len(list(tmp_path.iterdir())) < 2:
+            assert time.monotonic() < deadline, "replicas did not start"
+            time.sleep(0.05)
+        time.sleep(0.2)
+        pids = [int(p) for f in tmp_path.iterdir() for p in f.read_text().split()]
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=30) != 0  # the step fails (JobCancelled), it does not hang
+        deadline = time.monotonic() + 10
+        alive = pids
+        while alive and time.monotonic() < deadline:
+            alive = [pid for pid in alive if os.path.exists(f"/proc/{pid}") and "Z" not in _state(pid)]
+            time.sleep(0.05)
+        assert not alive, f"processes left running: {alive}"
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
+
+
+def _state(pid: int) -> str:
+    try:
+        return open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return "Z"

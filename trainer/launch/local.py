@@ -154,12 +154,10 @@ class LocalBackend:
         return {r.key: list(r.tail)[-tail:] for r in self._jobs.get(spec.name, [])}
 
     def cancel(self, spec: JobSpec) -> None:
-        """SIGTERM first (torchrun forwards it to its workers), then SIGKILL whatever is left."""
+        """SIGTERM to every process of the job (as stopping its containers would), then, after a
+        grace period, SIGKILL whatever is left."""
         replicas = self._jobs.get(spec.name, [])
-        for r in replicas:
-            if r.proc.poll() is None:
-                with contextlib.suppress(ProcessLookupError):
-                    os.killpg(r.proc.pid, signal.SIGTERM)
+        self.kill(spec, signal.SIGTERM)
         end = time.monotonic() + 10.0
         while self._alive(spec) and time.monotonic() < end:
             for r in replicas:
