@@ -282,3 +282,22 @@ def test_pods_and_local_processes_run_the_same_command_and_environment():
         assert tuple(container["command"]) == spec.command
         plain_env = {e["name"]: e["value"] for e in container["env"] if "value" in e}
         assert plain_env == spec.env
+
+
+def test_pipeline_parameters_and_config_reach_the_pytorchjob():
+    """What a run sets in the KFP UI (parameters + the config text) ends up in the job."""
+    from components.params import config_from_params
+
+    config = "kubernetes:\n  tolerations:\n    - {key: nvidia.com/gpu, operator: Exists, effect: NoSchedule}\n"
+    cfg = config_from_params(
+        config, replicas=4, nproc_per_node=8, gpus_per_node=8, queue="team-a", batch_size=512, image="reg/kftrain:1"
+    )
+    m = pytorchjob_manifest(training_job(cfg, "kftrain-run", "s3://b/d", "s3://b/m"), "team-a")
+    worker = m["spec"]["pytorchReplicaSpecs"]["Worker"]
+    pod = worker["template"]["spec"]
+    assert worker["replicas"] == 3 and m["spec"]["nprocPerNode"] == "8"
+    assert pod["containers"][0]["resources"]["limits"]["nvidia.com/gpu"] == "8"
+    assert pod["containers"][0]["image"] == "reg/kftrain:1"
+    assert pod["tolerations"][0]["key"] == "nvidia.com/gpu"
+    assert m["metadata"]["labels"]["kueue.x-k8s.io/queue-name"] == "team-a"
+    validate_pytorchjob(m)
