@@ -223,3 +223,59 @@ def test_a_restarted_container_gets_its_log_streamed_again():
     run_job(backend, spec, timeout_s=60)
     assert "[master-0] attempt 1: step 10" in lines
     assert "[master-0] attempt 2: resumed at step 10" in lines
+
+
+class RealClientCheck:
+    """Sends every call the launcher makes through the REAL kubernetes client methods first (their
+    transport stubbed out: no API server can run here), so a wrong method name, argument or
+    keyword fails the test, and records the HTTP request each call would make; then answers
+    from the fake cluster."""
+
+    def __init__(self, cluster: FakeCluster) -> None:
+        from kubernetes import client
+
+        self.cluster, self.requests = cluster, []
+        api_client = client.ApiClient()
+
+        def call_api(resource_path, method, path_params=None, query_params=None, header_params=None, body=None, **kw):
+            path = resource_path
+            for key, value in (path_params or {}).items():
+                path = path.replace("{" + key + "}", str(value))
+            self.requests.append((method, path, dict(query_params or []), body))
+
+        api_client.call_api = call_api
+        self.real = [client.CustomObjectsApi(api_client), client.CoreV1Api(api_client)]
+
+    def __getattr__(self, name):
+        real = next(getattr(api, name) for api in self.real if hasattr(api, name))
+
+        def call(*args, **kwargs):
+            real(*args, **kwargs)  # raises on an argument the real client does not take
+            return getattr(self.cluster, name)(*args, **kwargs)
+
+        return call
+
+
+def test_the_launcher_calls_the_real_client_api_correctly():
+    cluster = FakeCluster()
+    check = RealClientCheck(cluster)
+    backend, spec, lines = make(cluster)
+    backend.custom = backend.core = check
+    cluster.timeline = running_then(lambda c: c.set_condition(NAME, "Succeeded"))
+    run_job(backend, spec, timeout_s=60)
+    again, _, _ = make(cluster, owner_uid="uid-2")  # a restarted launcher re-attaches (PATCH)
+    again.custom = again.core = check
+    again.submit(spec)
+    backend.cancel(spec)
+    jobs = "/apis/kubeflow.org/v1/namespaces/team/pytorchjobs"
+    seen = {(m, p) for m, p, _, _ in check.requests}
+    assert ("POST", jobs) in seen
+    assert ("GET", f"{jobs}/{NAME}") in seen
+    assert ("DELETE", f"{jobs}/{NAME}") in seen
+    assert ("PATCH", f"{jobs}/{NAME}") in seen
+    assert ("GET", "/api/v1/namespaces/team/pods") in seen
+    assert any(m == "GET" and p.startswith("/api/v1/namespaces/team/pods/") and p.endswith("/log") for m, p in seen)
+    pods_query = next(q for m, p, q, _ in check.requests if p == "/api/v1/namespaces/team/pods")
+    assert pods_query == {"labelSelector": f"training.kubeflow.org/job-name={NAME}"}
+    delete_query = next(q for m, p, q, _ in check.requests if m == "DELETE")
+    assert delete_query == {"propagationPolicy": "Foreground"}  # pods go with the job
