@@ -49,10 +49,12 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--steps", type=int, default=20)
+    parser.add_argument("--n-layer", type=int, default=6)
+    parser.add_argument("--n-embd", type=int, default=256)
     args = parser.parse_args()
     torch.manual_seed(0)
     torch.set_num_threads(1)
-    model = GPT(GPTConfig(n_layer=6, n_head=8, n_embd=256, block_size=128))
+    model = GPT(GPTConfig(n_layer=args.n_layer, n_head=8, n_embd=args.n_embd, block_size=128))
     opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
     steps(model, opt, 3)  # warm-up, and creates the optimizer state a checkpoint carries
     with s3_server() as server:
