@@ -33,6 +33,7 @@ from trainer.config import Config, ConfigError, config_from_json, to_dict
 from trainer.data import read_manifest
 from trainer.distributed import DistEnv, device_for, dist_env, process_group, unwrap
 from trainer.model import save_model
+from trainer.progress import Progress
 from trainer.storage import join_uri, open_store
 from trainer.tasks import Task, get_task
 
@@ -257,13 +258,20 @@ def run_training(
     items_per_step = tc.batch_size * task.items_per_sample(cfg)
     flops_per_step = task.flops_per_item(unwrap(model), cfg) * items_per_step
     peak = peak_flops(device, cfg) * env.world_size
+    progress = Progress(
+        total_steps=total_steps,
+        items_per_step=items_per_step,
+        item_name=task.item_name,
+        flops_per_step=flops_per_step,
+        peak_flops=peak,
+        interval=tc.log_interval_steps,
+        device=device,
+        enabled=env.is_main,
+    )
     history: list[dict[str, float]] = []
-    curve: list[dict[str, float]] = []  # rank 0's loss at every log interval, for the report
     first_step_at = None
     data_wait = 0.0
     skipped = 0
-    interval_loss = torch.zeros((), device=device)
-    interval_t, interval_steps = time.perf_counter(), 0
     t_train = time.perf_counter()
     start_step = step
     epoch = step // steps_per_epoch
@@ -311,26 +319,9 @@ def run_training(
             epoch_step += 1
             if first_step_at is None:
                 first_step_at = time.time()
-            interval_loss += step_loss
             epoch_loss += step_loss
-            interval_steps += 1
             epoch_steps += 1
-            if env.is_main and (step % tc.log_interval_steps == 0 or step == total_steps):
-                now = time.perf_counter()
-                dt = (now - interval_t) / interval_steps
-                rate = items_per_step / dt
-                eta = (total_steps - step) * dt
-                mean_loss = float(interval_loss) / interval_steps
-                line = (
-                    f"step {step}/{total_steps} epoch {epoch} loss {mean_loss:.4f} "
-                    f"lr {scheduler.get_last_lr()[0]:.2e} {rate:,.0f} {task.item_name}/s eta {eta:,.0f}s"
-                )
-                if peak and flops_per_step:
-                    line += f" mfu {flops_per_step / dt / peak:.1%}"
-                log.info(line)
-                curve.append({"step": step, "loss": mean_loss})
-                interval_loss.zero_()
-                interval_t, interval_steps = now, 0
+            progress.step(step, epoch, step_loss, scheduler.get_last_lr()[0])
             if ckpt is not None and cfg.checkpoint.interval_steps and step % cfg.checkpoint.interval_steps == 0:
                 save_checkpoint(epoch, epoch_step)
         if epoch_step >= steps_per_epoch:
@@ -377,7 +368,7 @@ def run_training(
         record = {
             "metrics": metrics,
             "history": history,
-            "loss_curve": curve,
+            "loss_curve": progress.curve,
             "config": to_dict(cfg),
             "parameter_digest": digest,
         }
