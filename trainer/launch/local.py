@@ -25,15 +25,18 @@ JOB_MARKER_ENV = "KFTRAIN_LOCAL_JOB"
 
 
 def marked_pids(marker: str) -> list[int]:
-    """Live processes whose environment carries `JOB_MARKER_ENV=marker` (Linux /proc)."""
-    needle = f"{JOB_MARKER_ENV}={marker}".encode() + b"\0"
+    """Live processes whose environment carries `JOB_MARKER_ENV=marker` (Linux /proc; elsewhere
+    none are found and cancelling falls back to the replicas' process groups)."""
+    if not os.path.isdir("/proc"):
+        return []
+    needle = b"\0" + f"{JOB_MARKER_ENV}={marker}".encode() + b"\0"
     pids = []
     for entry in os.scandir("/proc"):
         if not entry.name.isdigit():
             continue
         try:
             with open(f"/proc/{entry.name}/environ", "rb") as f:
-                if needle in f.read() + b"\0":
+                if needle in b"\0" + f.read() + b"\0":
                     pids.append(int(entry.name))
         except OSError:  # gone, or not ours
             continue
@@ -168,6 +171,9 @@ class LocalBackend:
     def kill(self, spec: JobSpec, sig: int = signal.SIGKILL) -> None:
         """Send `sig` to every process of the job at once, as a node failure would."""
         marker = self._markers.get(spec.name)
+        for r in self._jobs.get(spec.name, []):
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(r.proc.pid, sig)
         for pid in marked_pids(marker) if marker else []:
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, sig)
@@ -180,4 +186,6 @@ class LocalBackend:
 
     def _alive(self, spec: JobSpec) -> bool:
         marker = self._markers.get(spec.name)
-        return bool(marker and marked_pids(marker))
+        if marker and marked_pids(marker):
+            return True
+        return any(r.proc.poll() is None for r in self._jobs.get(spec.name, []))
