@@ -47,10 +47,12 @@ def plain_loop(cfg, task, train_ds, device, env, steps: int) -> float:
     torch.manual_seed(cfg.train.seed)
     model, _ = task.build_model(cfg, {"vocab_size": 256})
     model.to(device)
-    ddp = DistributedDataParallel(model, device_ids=[device.index] if device.type == "cuda" else None)
+    ddp = model
+    if env.distributed:
+        ddp = DistributedDataParallel(model, device_ids=[device.index] if device.type == "cuda" else None)
     step_model = torch.compile(ddp) if cfg.train.compile else ddp
     opt = torch.optim.AdamW(model.parameters(), lr=cfg.train.learning_rate, fused=device.type == "cuda")
-    sampler = DistributedSampler(train_ds, shuffle=True, seed=0, drop_last=True)
+    sampler = DistributedSampler(train_ds, num_replicas=env.world_size, rank=env.rank, seed=0, drop_last=True)
     loader = DataLoader(
         train_ds, batch_size=cfg.train.batch_size // env.world_size, sampler=sampler, drop_last=True,
         pin_memory=device.type == "cuda",
@@ -97,11 +99,13 @@ def main() -> None:
     store = LocalStore()
     with process_group(env, device), tempfile.TemporaryDirectory() as tmp:
         shared = [tmp]
-        dist.broadcast_object_list(shared)  # one dataset for every rank (same machine)
+        if env.distributed:
+            dist.broadcast_object_list(shared)  # one dataset for every rank (same machine)
         ds = os.path.join(shared[0], "dataset")
         if env.is_main:
             task.prepare(cfg, store, ds)
-        dist.barrier()
+        if env.distributed:
+            dist.barrier()
         manifest = read_manifest(store, ds)
         train_ds, _ = task.datasets(cfg, store, ds, manifest)
         plain, ours, waits = [], [], []
@@ -110,7 +114,8 @@ def main() -> None:
             m = run_training(cfg, ds, os.path.join(shared[0], f"model-{i}"), env, task)
             ours.append(m["train_seconds"])
             waits.append(m["data_wait_fraction"])
-            dist.barrier()
+            if env.distributed:
+                dist.barrier()
         if env.is_main:
             p, o = statistics.median(plain), statistics.median(ours)
             tokens = steps * cfg.train.batch_size * cfg.model.block_size
