@@ -133,6 +133,44 @@ def autocast_for(device: torch.device, cfg: Config):
     return contextlib.nullcontext()
 
 
+def gather_rng_states(env: DistEnv) -> list[dict[str, Any]]:
+    """Every rank's RNG states, in rank order (a collective: every rank calls it together)."""
+    if not env.distributed:
+        return [rng_state()]
+    states: list[Any] = [None] * env.world_size
+    dist.all_gather_object(states, rng_state())
+    return states
+
+
+def training_state(position: dict[str, int], model, optimizer, scheduler, rngs, cfg: Config) -> dict[str, Any]:
+    """What a checkpoint holds: position (step, epoch, step in epoch, world size), weights,
+    optimizer and LR-schedule state, every rank's RNG states, and the config."""
+    return {
+        **position,
+        "model": unwrap(model).state_dict(),
+        "optimizer": optimizer.state_dict(),
+        "scheduler": scheduler.state_dict(),
+        "rng": rngs,
+        "config": json.dumps(to_dict(cfg)),
+    }
+
+
+def resume(ckpt: CheckpointManager, model, optimizer, scheduler, env: DistEnv) -> int:
+    """Restore the latest complete checkpoint, if any; return the optimizer step to continue from."""
+    state = ckpt.load_latest()
+    if state is None:
+        return 0
+    unwrap(model).load_state_dict(state["model"])
+    optimizer.load_state_dict(state["optimizer"])
+    scheduler.load_state_dict(state["scheduler"])
+    rngs = state["rng"]
+    set_rng_state(rngs[env.rank % len(rngs)])
+    if state["world_size"] != env.world_size:
+        log.warning("resuming a %d-process checkpoint on %d processes", state["world_size"], env.world_size)
+    log.info("resumed at step %d (epoch %d, %d steps into it)", state["step"], state["epoch"], state["epoch_step"])
+    return int(state["step"])
+
+
 def nonfinite_ranks(local_loss: float, env: DistEnv, device: torch.device) -> list[int]:
     """The ranks whose own loss was NaN/inf (a collective: every rank calls it together)."""
     flag = torch.tensor([0.0 if math.isfinite(local_loss) else 1.0], device=device)
@@ -222,38 +260,13 @@ def run_training(
         )
     step = 0
     if ckpt is not None and cfg.checkpoint.resume:
-        state = ckpt.load_latest()
-        if state is not None:
-            unwrap(model).load_state_dict(state["model"])
-            optimizer.load_state_dict(state["optimizer"])
-            scheduler.load_state_dict(state["scheduler"])
-            step = int(state["step"])
-            rngs = state["rng"]
-            set_rng_state(rngs[env.rank % len(rngs)])
-            if state["world_size"] != env.world_size:
-                log.warning("resuming a %d-process checkpoint on %d processes", state["world_size"], env.world_size)
-            log.info("resumed at step %d (epoch %d, %d steps into it)", step, state["epoch"], state["epoch_step"])
+        step = resume(ckpt, model, optimizer, scheduler, env)
 
     def save_checkpoint(epoch: int, epoch_step: int) -> None:
-        rngs = [rng_state()]
-        if env.distributed:
-            rngs = [None] * env.world_size
-            dist.all_gather_object(rngs, rng_state())
+        rngs = gather_rng_states(env)
         if env.is_main and ckpt is not None:
-            ckpt.save(
-                step,
-                {
-                    "step": step,
-                    "epoch": epoch,
-                    "epoch_step": epoch_step,
-                    "world_size": env.world_size,
-                    "model": unwrap(model).state_dict(),
-                    "optimizer": optimizer.state_dict(),
-                    "scheduler": scheduler.state_dict(),
-                    "rng": rngs,
-                    "config": json.dumps(to_dict(cfg)),
-                },
-            )
+            position = {"step": step, "epoch": epoch, "epoch_step": epoch_step, "world_size": env.world_size}
+            ckpt.save(step, training_state(position, model, optimizer, scheduler, rngs, cfg))
 
     items_per_step = tc.batch_size * task.items_per_sample(cfg)
     flops_per_step = task.flops_per_item(unwrap(model), cfg) * items_per_step
