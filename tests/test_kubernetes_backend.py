@@ -279,3 +279,13 @@ def test_the_launcher_calls_the_real_client_api_correctly():
     assert pods_query == {"labelSelector": f"training.kubeflow.org/job-name={NAME}"}
     delete_query = next(q for m, p, q, _ in check.requests if m == "DELETE")
     assert delete_query == {"propagationPolicy": "Foreground"}  # pods go with the job
+
+
+def test_no_owner_reference_across_namespaces():
+    """A job in another namespace than the launcher pod must not name the pod as its owner:
+    Kubernetes would treat the owner as absent and delete the job right away."""
+    cluster = FakeCluster(namespace="gpu-jobs")
+    backend, spec, _ = make(cluster, **{"kubernetes.namespace": "gpu-jobs"})
+    backend._home = "kubeflow-user"  # the launcher pod runs elsewhere
+    backend.submit(spec)
+    assert "ownerReferences" not in cluster.jobs[NAME]["metadata"]

@@ -96,7 +96,7 @@ class KubernetesBackend:
                 config.load_kube_config()
             custom_api, core_api = client.CustomObjectsApi(), client.CoreV1Api()
         self.custom, self.core = custom_api, core_api
-        self._namespace = namespace
+        self._home = namespace or current_namespace()  # the launcher pod's own namespace
         self._owner = owner if owner is not None else launcher_owner()
         self._log = log or (lambda line: print(line, flush=True))
         self._now, self._sleep = now, sleep
@@ -105,11 +105,16 @@ class KubernetesBackend:
 
     def namespace(self, spec: JobSpec) -> str:
         """Where the job lives: the config's namespace, else the launcher's own."""
-        return spec.kubernetes.namespace or self._namespace or current_namespace()
+        return spec.kubernetes.namespace or self._home
+
+    def owner(self, spec: JobSpec) -> dict[str, Any] | None:
+        """The launcher pod as the job's owner, only in the pod's own namespace: Kubernetes treats
+        a cross-namespace owner as absent and would garbage-collect the job at once."""
+        return self._owner if self.namespace(spec) == self._home else None
 
     def manifest(self, spec: JobSpec) -> dict[str, Any]:
         """The validated PyTorchJob for `spec` (preflight raises before anything is sent)."""
-        manifest = pytorchjob_manifest(spec, self.namespace(spec), self._owner)
+        manifest = pytorchjob_manifest(spec, self.namespace(spec), self.owner(spec))
         validate_pytorchjob(manifest)
         return manifest
 
@@ -209,12 +214,13 @@ class KubernetesBackend:
 
     def _adopt(self, spec: JobSpec, job: dict[str, Any] | None) -> None:
         """Add this launcher pod to the job's owners, so cancelling the retried run deletes it."""
-        if job is None or self._owner is None:
+        owner = self.owner(spec)
+        if job is None or owner is None:
             return
         owners = job.get("metadata", {}).get("ownerReferences") or []
-        if any(o.get("uid") == self._owner["uid"] for o in owners):
+        if any(o.get("uid") == owner["uid"] for o in owners):
             return
-        patch = {"metadata": {"ownerReferences": [*owners, self._owner]}}
+        patch = {"metadata": {"ownerReferences": [*owners, owner]}}
         self.custom.patch_namespaced_custom_object(GROUP, VERSION, self.namespace(spec), PLURAL, spec.name, patch)
 
     def _pods(self, spec: JobSpec) -> list[Any]:
