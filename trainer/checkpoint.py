@@ -112,9 +112,13 @@ class CheckpointManager:
                 by_step.setdefault(int(m.group(1)), []).append(uri)
         return by_step
 
+    @staticmethod
+    def _committed(by_step: dict[int, list[str]]) -> list[int]:
+        return sorted(s for s, uris in by_step.items() if any(u.endswith(f"/{COMMIT}") for u in uris))
+
     def _prune(self) -> None:
         by_step = self._objects_by_step()
-        committed = sorted(s for s, uris in by_step.items() if any(u.endswith(f"/{COMMIT}") for u in uris))
+        committed = self._committed(by_step)
         keep = set(committed[-self.keep_last :])
         for step, uris in by_step.items():
             # Older than the newest kept: committed ones past keep_last, and partials of killed writers.
@@ -128,7 +132,7 @@ class CheckpointManager:
 
     def committed_steps(self) -> list[int]:
         """Steps that have a commit record, ascending (parts not yet verified)."""
-        return sorted(s for s, uris in self._objects_by_step().items() if any(u.endswith(f"/{COMMIT}") for u in uris))
+        return self._committed(self._objects_by_step())
 
     def load_latest(self) -> dict[str, Any] | None:
         """The newest complete, verified checkpoint's state, or None when there is none."""

@@ -50,11 +50,6 @@ class Location:
         """True for object-store URIs."""
         return self.scheme in REMOTE_SCHEMES
 
-    def __str__(self) -> str:
-        if self.is_remote:
-            return f"{self.scheme}://{self.bucket}/{self.key}".rstrip("/")
-        return self.key
-
 
 def parse_uri(uri: str) -> Location:
     """Parse a store URI; raise ValueError naming the URI and the accepted forms when malformed."""
