@@ -16,9 +16,9 @@ def evaluate(
     confusion: Output[ClassificationMetrics],
     report: Output[HTML],
     config: str = "",
-    store: str = "",
-    s3_endpoint: str = "",
     run_id: str = "",
+    task_name: str = "",
+    dag_execution_id: str = "",
     min_accuracy: float = 0.0,
     max_perplexity: float = 0.0,
 ) -> NamedTuple("EvaluationOutputs", [("passed", bool), ("reason", str)]):  # noqa: UP014 (KFP reads this form)
@@ -32,10 +32,11 @@ def evaluate(
         metrics: Scalar metrics for the KFP UI; `metrics.json` with the full report in the store.
         confusion: The confusion matrix for the KFP UI (classification).
         report: HTML page: training loss curve, validation curve, evaluation tables.
-        config: The full kftrain config as YAML/JSON.
-        store: Artifact root; empty: KFP's pipeline root.
-        s3_endpoint: S3 endpoint URL of the store.
-        run_id: The KFP run id.
+        config: The kftrain config as YAML/JSON text (`configure`'s output in the pipeline).
+        run_id: `dsl.PIPELINE_JOB_ID_PLACEHOLDER` (with the next two, names the output folder
+            under `store.uri`; without them the artifact's URI does).
+        task_name: `dsl.PIPELINE_TASK_NAME_PLACEHOLDER`.
+        dag_execution_id: `dsl.PIPELINE_TASK_ID_PLACEHOLDER`.
         min_accuracy: Classification: export only at or above this test accuracy (0: no bar).
         max_perplexity: Language model: export only at or below this test perplexity (0: no bar).
 
@@ -46,16 +47,17 @@ def evaluate(
     from collections import namedtuple
 
     from components.params import config_from_params
-    from components.runtime import log_scalars, output_uri
+    from components.runtime import log_scalars, output_uri, task_identity
     from trainer.steps import evaluate as evaluate_step
 
-    cfg = config_from_params(config, store=store, s3_endpoint=s3_endpoint)
+    cfg = config_from_params(config)
+    identity = task_identity(run_id, task_name, dag_execution_id, metrics.uri)
     result, passed, reason = evaluate_step(
         cfg,
         model.uri,
         dataset.uri,
-        output_uri(metrics, store, run_id, "evaluation"),
-        output_uri(report, store, run_id, "report.html"),
+        output_uri(metrics, cfg.store.uri, identity, "evaluation"),
+        output_uri(report, cfg.store.uri, identity, "report.html"),
         min_accuracy=min_accuracy,
         max_perplexity=max_perplexity,
     )

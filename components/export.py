@@ -12,9 +12,9 @@ def export(
     metrics: Input[Metrics],
     exported: Output[Model],
     config: str = "",
-    store: str = "",
-    s3_endpoint: str = "",
     run_id: str = "",
+    task_name: str = "",
+    dag_execution_id: str = "",
 ) -> None:
     """Write TorchScript, safetensors and a JSON model card (inputs, classes, metrics, training
     config, source dataset) for serving.
@@ -23,22 +23,24 @@ def export(
         model: The trained model.
         metrics: The evaluation metrics (its `metrics.json` goes into the model card).
         exported: The export folder.
-        config: The full kftrain config as YAML/JSON.
-        store: Artifact root; empty: KFP's pipeline root.
-        s3_endpoint: S3 endpoint URL of the store.
-        run_id: The KFP run id.
+        config: The kftrain config as YAML/JSON text (`configure`'s output in the pipeline).
+        run_id: `dsl.PIPELINE_JOB_ID_PLACEHOLDER` (with the next two, names the output folder
+            under `store.uri`; without them the artifact's URI does).
+        task_name: `dsl.PIPELINE_TASK_NAME_PLACEHOLDER`.
+        dag_execution_id: `dsl.PIPELINE_TASK_ID_PLACEHOLDER`.
     """
     import json
 
     from components.params import config_from_params
-    from components.runtime import output_uri
+    from components.runtime import output_uri, task_identity
     from trainer.evaluate import EVAL_RECORD
     from trainer.steps import export as export_step
     from trainer.steps import store_for
     from trainer.storage import join_uri
 
-    cfg = config_from_params(config, store=store, s3_endpoint=s3_endpoint)
+    cfg = config_from_params(config)
+    identity = task_identity(run_id, task_name, dag_execution_id, exported.uri)
     report = json.loads(store_for(cfg, metrics.uri).get_bytes(join_uri(metrics.uri, EVAL_RECORD)))
     summary = {k: v for k, v in report.items() if isinstance(v, int | float) and not isinstance(v, bool)}
-    card = export_step(cfg, model.uri, output_uri(exported, store, run_id, "exported"), summary)
+    card = export_step(cfg, model.uri, output_uri(exported, cfg.store.uri, identity, "exported"), summary)
     exported.metadata["files"] = card["files"]

@@ -55,9 +55,12 @@ def _cmd_job_manifest(args: argparse.Namespace) -> int:
     from trainer.launch.job import training_job
     from trainer.launch.preflight import validate_pytorchjob
     from trainer.launch.pytorchjob import pytorchjob_manifest
+    from trainer.launch.spec import require_object_store
 
     cfg = load_config(args.config)
+    require_object_store({"--dataset-uri": args.dataset_uri, "--model-uri": args.model_uri})
     spec = training_job(cfg, args.name, args.dataset_uri, args.model_uri)
+    require_object_store(spec.artifact_uris)
     manifest = pytorchjob_manifest(spec, namespace=args.namespace or cfg.kubernetes.namespace)
     validate_pytorchjob(manifest)
     sys.stdout.write(yaml.safe_dump(manifest, sort_keys=False, width=1000))

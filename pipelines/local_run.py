@@ -40,7 +40,6 @@ def run_local(
     """
     from kfp import local
 
-    from components.params import params_from_config
     from pipelines.training import training_pipeline
 
     preflight(cfg)
@@ -57,7 +56,6 @@ def run_local(
                 launcher="local",
                 min_accuracy=min_accuracy,
                 max_perplexity=max_perplexity,
-                **params_from_config(cfg),
             )
         except RuntimeError as exc:  # how kfp.local reports a failed task
             raise PipelineFailed(str(exc)) from None

@@ -1,21 +1,33 @@
-"""The training pipeline: data prep -> distributed training -> evaluation -> export."""
+"""The training pipeline: configure -> data prep -> distributed training -> evaluation -> export.
 
+Its signature is generated from the one parameter table (`components/params.py`): `config`,
+then every typed knob (unset by default: the config text decides), then the pipeline's own
+settings below.
+"""
+
+import inspect
 from typing import NamedTuple
 
 from kfp import dsl, kubernetes
 from kfp.dsl import HTML, Dataset, Metrics, Model
 
+from components.configure import configure
 from components.data_prep import data_prep
 from components.evaluate import evaluate
 from components.export import export
 from components.gate import quality_gate_failed
-from components.image import IMAGE
+from components.params import DEFAULT_STORE_SECRET, PARAMS, signature, with_knob_docs
 from components.train import train
 from trainer.launch.spec import POD_NAME_ENV, POD_UID_ENV
 
-#: The Secret holding the object-store keys (KFP's own by default) and the env it fills.
-STORE_SECRET = "mlpipeline-minio-artifact"
+#: The environment the store Secret's keys fill in every step pod (KFP's own Secret's key names).
 STORE_SECRET_ENV = {"accesskey": "AWS_ACCESS_KEY_ID", "secretkey": "AWS_SECRET_ACCESS_KEY"}
+#: Resolved by KFP's driver per task: together they name a task exactly (components/runtime.py).
+TASK_IDENTITY = {
+    "run_id": dsl.PIPELINE_JOB_ID_PLACEHOLDER,
+    "task_name": dsl.PIPELINE_TASK_NAME_PLACEHOLDER,
+    "dag_execution_id": dsl.PIPELINE_TASK_ID_PLACEHOLDER,
+}
 
 
 class TrainingOutputs(NamedTuple):
@@ -27,77 +39,36 @@ class TrainingOutputs(NamedTuple):
     report: HTML
 
 
-def _with_store_credentials(task: dsl.PipelineTask) -> dsl.PipelineTask:
-    kubernetes.use_secret_as_env(task, secret_name=STORE_SECRET, secret_key_to_env=STORE_SECRET_ENV)
-    return task
-
-
-@dsl.pipeline(
-    name="kftrain-training",
-    description="Data prep, distributed PyTorch training (PyTorchJob), evaluation and export.",
-)
-def training_pipeline(
-    config: str = "",
-    data_source: str = "",
-    replicas: int = 2,
-    nproc_per_node: int = 1,
-    epochs: int = 20,
-    batch_size: int = 64,
-    learning_rate: float = 0.003,
-    image: str = IMAGE,
-    timeout_seconds: int = 3600,
-    gpus_per_node: int = 0,
-    queue: str = "",
-    store: str = "",
-    s3_endpoint: str = "http://seaweedfs.kubeflow:9000",
-    launcher: str = "auto",
-    min_accuracy: float = 0.9,
-    max_perplexity: float = 0.0,
+def _pipeline(
+    config: str, store_secret: str, launcher: str, min_accuracy: float, max_perplexity: float, **knobs
 ) -> TrainingOutputs:
-    """Train a classifier with DDP across `replicas` x `nproc_per_node` processes.
+    """Train a model with DDP across `replicas` x `nproc_per_node` processes, evaluate it, and
+    export it when it passes the quality gate.
+
+    The config text is the base of the run; every other parameter left at its unset value
+    (-1, empty, {} or []) takes the config's value.
 
     Args:
-        config: The full kftrain config as YAML/JSON; the parameters below override it.
-        data_source: `digits`/CSV URI (classification), `python-stdlib`/text URI (causal_lm); empty: the default.
-        replicas: Training replicas in total: 1 Master + (replicas - 1) Workers.
-        nproc_per_node: Training processes (GPUs) per replica.
-        epochs: Passes over the training split.
-        batch_size: Global batch size; must divide by replicas x nproc_per_node.
-        learning_rate: AdamW learning rate.
-        image: Image of the training replicas.
-        timeout_seconds: Wall-clock limit of the training job.
-        gpus_per_node: GPUs per replica (0: CPU); must equal nproc_per_node when set.
-        queue: Kueue LocalQueue for the training job; empty: none.
-        store: Artifact root (`s3://bucket/prefix`); empty: KFP's pipeline root.
-        s3_endpoint: S3 endpoint of the store (KFP's own store: seaweedfs, or minio-service before 2.16).
-        launcher: `auto`, `kubernetes` or `local`.
+        config: The kftrain config as YAML/JSON text (paste a file from `configs/`).
+        {knobs}
+        store_secret: The Secret with the object-store keys (`accesskey`, `secretkey`) that every
+            step and training replica mounts.
+        launcher: `auto` (Kubernetes inside a pod, else local processes), `kubernetes` or `local`.
         min_accuracy: Quality gate (classification): export only at or above this test accuracy.
         max_perplexity: Quality gate (causal_lm): export only at or below this perplexity; 0: no bar.
     """
-    shared = {
-        "config": config,
-        "store": store,
-        "s3_endpoint": s3_endpoint,
-        "run_id": dsl.PIPELINE_JOB_ID_PLACEHOLDER,
-    }
-    prep = _with_store_credentials(data_prep(data_source=data_source, **shared))
+
+    def with_store_credentials(task: dsl.PipelineTask) -> dsl.PipelineTask:
+        kubernetes.use_secret_as_env(task, secret_name=store_secret, secret_key_to_env=STORE_SECRET_ENV)
+        return task
+
+    conf = configure(config=config, store_secret=store_secret, **knobs)
+    conf.set_display_name("configure")
+    effective = conf.output
+    prep = with_store_credentials(data_prep(config=effective))
     prep.set_display_name("data prep")
-    fit = _with_store_credentials(
-        train(
-            dataset=prep.outputs["dataset"],
-            replicas=replicas,
-            nproc_per_node=nproc_per_node,
-            epochs=epochs,
-            batch_size=batch_size,
-            learning_rate=learning_rate,
-            image=image,
-            timeout_seconds=timeout_seconds,
-            gpus_per_node=gpus_per_node,
-            queue=queue,
-            launcher=launcher,
-            task_id=dsl.PIPELINE_TASK_ID_PLACEHOLDER,
-            **shared,
-        )
+    fit = with_store_credentials(
+        train(dataset=prep.outputs["dataset"], config=effective, launcher=launcher, **TASK_IDENTITY)
     )
     # A cached training step would skip the job yet report success with a stale model.
     fit.set_caching_options(False)
@@ -105,18 +76,21 @@ def training_pipeline(
     kubernetes.use_field_path_as_env(fit, env_name=POD_NAME_ENV, field_path="metadata.name")
     kubernetes.use_field_path_as_env(fit, env_name=POD_UID_ENV, field_path="metadata.uid")
     fit.set_display_name("distributed training")
-    ev = _with_store_credentials(
+    ev = with_store_credentials(
         evaluate(
             dataset=prep.outputs["dataset"],
             model=fit.outputs["model"],
+            config=effective,
             min_accuracy=min_accuracy,
             max_perplexity=max_perplexity,
-            **shared,
+            **TASK_IDENTITY,
         )
     )
     ev.set_display_name("evaluation")
     with dsl.If(ev.outputs["passed"] == True, name="quality-gate-passed"):  # noqa: E712 (a KFP condition)
-        ex = _with_store_credentials(export(model=fit.outputs["model"], metrics=ev.outputs["metrics"], **shared))
+        ex = with_store_credentials(
+            export(model=fit.outputs["model"], metrics=ev.outputs["metrics"], config=effective, **TASK_IDENTITY)
+        )
         ex.set_display_name("model export")
     with dsl.Else(name="quality-gate-failed"):
         stop = quality_gate_failed(reason=ev.outputs["reason"])
@@ -127,3 +101,35 @@ def training_pipeline(
         metrics=ev.outputs["metrics"],
         report=ev.outputs["report"],
     )
+
+
+def _param(name: str, annotation: type, default: object) -> inspect.Parameter:
+    return inspect.Parameter(name, inspect.Parameter.POSITIONAL_OR_KEYWORD, default=default, annotation=annotation)
+
+
+SIGNATURE = signature(
+    [_param("config", str, "")],
+    [
+        _param("store_secret", str, DEFAULT_STORE_SECRET),
+        _param("launcher", str, "auto"),
+        _param("min_accuracy", float, 0.9),
+        _param("max_perplexity", float, 0.0),
+    ],
+    return_annotation=TrainingOutputs,
+)
+
+
+def _bind(*args, **kwargs) -> TrainingOutputs:
+    bound = SIGNATURE.bind(*args, **kwargs)  # KFP calls a pipeline with its channels by position
+    bound.apply_defaults()
+    knobs = {p.name: bound.arguments[p.name] for p in PARAMS}
+    rest = {k: v for k, v in bound.arguments.items() if k not in knobs}
+    return _pipeline(**rest, **knobs)
+
+
+_bind.__signature__ = SIGNATURE
+_bind.__doc__ = _pipeline.__doc__
+training_pipeline = dsl.pipeline(
+    name="kftrain-training",
+    description="Data prep, distributed PyTorch training (PyTorchJob), evaluation and export.",
+)(with_knob_docs(_bind))

@@ -301,3 +301,53 @@ def test_pipeline_parameters_and_config_reach_the_pytorchjob():
     assert pod["tolerations"][0]["key"] == "nvidia.com/gpu"
     assert m["metadata"]["labels"]["kueue.x-k8s.io/queue-name"] == "team-a"
     validate_pytorchjob(m)
+
+
+ELASTIC_512 = "train:\n  batch_size: 512\njob:\n  replicas: 2\n  nproc_per_node: 4\nkubernetes:\n  gpus_per_node: 4\n  elastic: {enabled: true, min_replicas: 2, max_replicas: 4}\n"
+
+
+@pytest.mark.parametrize(
+    ("config", "args", "message"),
+    [
+        # Pod and Service names `<job>-worker-<i>` are DNS labels of at most 63 characters.
+        ("", ["--name", "a" * 55], "job name 'aaaa"),
+        ("", ["--name", "a" * 55], "at most 54 characters"),
+        ("job:\n  replicas: 12\ntrain:\n  batch_size: 60\n", ["--name", "a" * 54], "at most 53 characters"),
+        (ELASTIC_512, [], "must divide by every world size the elastic range allows (8, 12, 16 ranks)"),
+        (ELASTIC_512, [], "but not by 12: use a multiple of 48"),
+        ("", ["--dataset-uri", "/data/digits"], "--dataset-uri '/data/digits' is a local path"),
+        ("", ["--model-uri", "out/model"], "--model-uri 'out/model' is a local path"),
+        ("", ["--model-uri", "gs://bucket/model"], "--model-uri: unsupported storage URI scheme 'gs'"),
+        ("checkpoint:\n  uri: /mnt/ckpt\n", [], "checkpoint.uri '/mnt/ckpt' is a local path"),
+    ],
+)
+def test_manifests_that_could_not_run_are_refused_naming_the_field(tmp_path, capsys, config, args, message):
+    """Each would pass the CRD schema and then fail on the cluster; `kftrain job manifest` says why."""
+    from pipelines.cli import main
+
+    path = tmp_path / "c.yaml"
+    path.write_text(config)
+    assert main(["job", "manifest", "--config", str(path), *args]) == 2
+    err = capsys.readouterr().err
+    assert message in err, err
+    assert "Traceback" not in err
+
+
+def test_the_longest_allowed_name_is_accepted():
+    spec = training_job(
+        load_config(overrides={"job.replicas": 12, "train.batch_size": 60}), "a" * 53, "s3://b/d", "s3://b/m"
+    )
+    pods = [f"{spec.name}-worker-{i}" for i in range(11)]
+    assert max(len(p) for p in pods) == 63
+
+
+def test_the_kubernetes_backend_refuses_local_artifact_paths_before_creating_anything():
+    from tests.fake_kube import FakeCluster
+    from trainer.launch.kubernetes import KubernetesBackend
+
+    cluster = FakeCluster()
+    backend = KubernetesBackend(custom_api=cluster, core_api=cluster, namespace=cluster.namespace, owner=None)
+    spec = training_job(load_config(), "kftrain-x", "/tmp/dataset", "s3://b/m")
+    with pytest.raises(ValueError, match="dataset URI '/tmp/dataset' is a local path"):
+        backend.submit(spec)
+    assert cluster.calls == []

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 import re
 import types
 import typing
@@ -49,7 +50,8 @@ class StoreConfig:
     uri: str = ""
     """Root for run artifacts (`s3://bucket/prefix`, `minio://bucket/prefix`, a path); empty: KFP's own."""
     endpoint: str = ""
-    """S3 endpoint URL, e.g. `http://minio-service.kubeflow:9000`; empty: env `AWS_ENDPOINT_URL`."""
+    """S3 endpoint URL (`http://host:9000`); empty: env `AWS_ENDPOINT_URL`, else KFP's in-cluster store
+    for `minio://` URIs and AWS S3 for `s3://`."""
     region: str = ""
     """S3 region; empty: env `AWS_REGION`, else the server's default."""
 
@@ -472,6 +474,22 @@ class Config:
                 self.job.replicas,
                 f"must lie within kubernetes.elastic min_replicas..max_replicas "
                 f"({elastic.min_replicas}..{elastic.max_replicas}) for an elastic job",
+            )
+            # The job re-forms at any size in the range, and the global batch stays exact at each.
+            sizes = [n * self.job.nproc_per_node for n in range(elastic.min_replicas, elastic.max_replicas + 1)]
+            bad = [w for w in sizes if self.train.batch_size % (w * self.train.grad_accum_steps)]
+            unit = math.lcm(*sizes) * self.train.grad_accum_steps
+            _require(
+                not bad,
+                "train.batch_size",
+                self.train.batch_size,
+                f"must divide by every world size the elastic range allows ({', '.join(map(str, sizes))} ranks"
+                + (
+                    f" x train.grad_accum_steps {self.train.grad_accum_steps}"
+                    if self.train.grad_accum_steps > 1
+                    else ""
+                )
+                + f"), but not by {', '.join(map(str, bad))}: use a multiple of {unit}",
             )
 
 

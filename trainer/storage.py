@@ -24,6 +24,9 @@ from typing import Protocol
 from urllib.parse import urlsplit
 
 REMOTE_SCHEMES = ("s3", "minio")
+#: `minio://` names KFP's own artifact store; without a configured endpoint it is the in-cluster
+#: one (SeaweedFS from KFP 2.16; `http://minio-service.kubeflow:9000` before).
+KFP_STORE_ENDPOINT = "http://seaweedfs.kubeflow:9000"
 #: Multipart part size: files above it upload in parallel-safe parts, smaller ones in one PUT.
 PART_SIZE = 8 * 1024 * 1024
 _BUCKET_RE = re.compile(r"^[a-z0-9][a-z0-9.\-]{1,61}[a-z0-9]$")
@@ -340,6 +343,10 @@ class S3Store:
 
 def open_store(uri: str, endpoint: str = "", region: str = "") -> ObjectStore:
     """The store serving `uri`: :class:`S3Store` for s3:// and minio://, else :class:`LocalStore`."""
-    if parse_uri(uri).is_remote:
+    loc = parse_uri(uri)
+    if loc.is_remote:
+        env_endpoint = os.environ.get("AWS_ENDPOINT_URL_S3") or os.environ.get("AWS_ENDPOINT_URL")
+        if loc.scheme == "minio" and not (endpoint or env_endpoint):
+            endpoint = KFP_STORE_ENDPOINT
         return S3Store(endpoint=endpoint, region=region)
     return LocalStore()

@@ -22,6 +22,11 @@ def training_job(cfg: Config, name: str, dataset_uri: str, model_uri: str) -> Jo
         env=job_env(cfg),
         timeout_s=cfg.job.timeout_seconds,
         kubernetes=cfg.kubernetes,
+        artifact_uris={
+            "dataset URI": dataset_uri,
+            "model URI": model_uri,
+            **({"checkpoint.uri": cfg.checkpoint.uri} if cfg.checkpoint.uri else {}),
+        },
     )
 
 

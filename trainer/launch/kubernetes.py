@@ -28,7 +28,7 @@ from typing import Any
 from trainer.launch.backend import JobFailed, JobTimeout, failure_excerpt
 from trainer.launch.preflight import validate_pytorchjob
 from trainer.launch.pytorchjob import GROUP, PLURAL, VERSION, owner_reference, pytorchjob_manifest
-from trainer.launch.spec import POD_NAME_ENV, POD_UID_ENV, JobSpec
+from trainer.launch.spec import POD_NAME_ENV, POD_UID_ENV, JobSpec, require_object_store
 
 SA_NAMESPACE_FILE = Path("/var/run/secrets/kubernetes.io/serviceaccount/namespace")
 JOB_NAME_LABEL = "training.kubeflow.org/job-name"
@@ -114,6 +114,7 @@ class KubernetesBackend:
 
     def manifest(self, spec: JobSpec) -> dict[str, Any]:
         """The validated PyTorchJob for `spec` (preflight raises before anything is sent)."""
+        require_object_store(spec.artifact_uris)
         manifest = pytorchjob_manifest(spec, self.namespace(spec), self.owner(spec))
         validate_pytorchjob(manifest)
         return manifest

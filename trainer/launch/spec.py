@@ -13,10 +13,13 @@ import re
 from dataclasses import dataclass, field
 
 from trainer.config import KubernetesConfig
+from trainer.storage import parse_uri
 
 MASTER = "master"
 WORKER = "worker"
 DEFAULT_PORT = 23456
+#: Pod and Service names are DNS labels: at most 63 characters.
+MAX_NAME = 63
 #: The launcher pod's name and uid, set by the pipeline (kfp.kubernetes.use_field_path_as_env)
 #: so the PyTorchJob can name that pod as its owner.
 POD_NAME_ENV, POD_UID_ENV = "KFTRAIN_POD_NAME", "KFTRAIN_POD_UID"
@@ -45,12 +48,17 @@ class JobSpec:
     """Wall-clock limit of the whole job."""
     kubernetes: KubernetesConfig = field(default_factory=KubernetesConfig)
     """Pod and scheduling settings used when the job runs as a PyTorchJob."""
+    artifact_uris: dict[str, str] = field(default_factory=dict)
+    """What the replicas read and write (`dataset`, `model`, ...): on a cluster, object-store URIs."""
 
     def __post_init__(self) -> None:
-        if len(self.name) > 63 or not _DNS_1035.match(self.name):
+        longest = MAX_NAME - len(self.longest_replica_suffix())
+        if len(self.name) > longest or not _DNS_1035.match(self.name):
             raise ValueError(
-                f"job name {self.name!r} must be a DNS-1035 label: at most 63 lower-case letters, "
-                "digits and '-', starting with a letter and ending with a letter or digit"
+                f"job name {self.name!r} must be a DNS-1035 label of at most {longest} characters (lower-case "
+                "letters, digits and '-', starting with a letter and ending with a letter or digit): the operator "
+                f"names each replica's pod and Service `<job>{self.longest_replica_suffix()}`, a DNS label of at "
+                f"most {MAX_NAME} characters"
             )
         if self.replicas < 1:
             raise ValueError(f"replicas must be >= 1 (the Master), got {self.replicas}")
@@ -73,14 +81,36 @@ class JobSpec:
         """An elastic job: Worker replicas only, c10d rendezvous between min and max replicas."""
         return self.kubernetes.elastic.enabled
 
+    def longest_replica_suffix(self) -> str:
+        """The longest `-<replica type>-<index>` the operator appends to the job's name."""
+        if self.elastic:  # Workers only, as many as the range allows
+            return f"-{WORKER}-{max(self.kubernetes.elastic.max_replicas, self.replicas) - 1}"
+        return f"-{WORKER}-{self.replicas - 2}" if self.replicas > 1 else f"-{MASTER}-0"
+
     def master_service(self) -> str:
         """The Service name the operator gives the Master pod."""
         return f"{self.name}-{MASTER}-0"
 
 
-def job_name(run_id: str, task_id: str, prefix: str = "kftrain") -> str:
-    """A deterministic DNS-1035 job name for one KFP run and task: a retry finds the same job."""
-    digest = hashlib.sha256(f"{run_id}/{task_id}".encode()).hexdigest()[:12]
+def require_object_store(uris: dict[str, str]) -> None:
+    """Pods share no file system: every artifact a replica reads or writes on a cluster must be
+    an object-store URI. `uris` maps what each one is (a flag or field name) to the URI."""
+    for what, uri in uris.items():
+        try:
+            remote = parse_uri(uri).is_remote
+        except ValueError as exc:
+            raise ValueError(f"{what}: {exc}") from None
+        if not remote:
+            raise ValueError(
+                f"{what} {uri!r} is a local path, which each pod would see as its own empty disk: "
+                "use an object-store URI (s3://bucket/key or minio://bucket/key)"
+            )
+
+
+def job_name(identity: str, prefix: str = "kftrain") -> str:
+    """A deterministic DNS-1035 job name for one task (`components.runtime.task_identity`):
+    a retry of the task finds the same job, another task gets another one."""
+    digest = hashlib.sha256(identity.encode()).hexdigest()[:12]
     return f"{prefix}-{digest}"
 
 

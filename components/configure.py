@@ -1,0 +1,49 @@
+"""KFP component: the run's one effective config, from the config text and the UI's knobs."""
+
+from kfp import dsl
+
+from components.image import IMAGE
+from components.params import with_knob_docs
+
+
+@dsl.component(base_image=IMAGE, install_kfp_package=False)
+@with_knob_docs
+def configure(
+    config: str = "",
+    *,
+    data_source: str = "",
+    replicas: int = -1,
+    nproc_per_node: int = -1,
+    epochs: int = -1,
+    batch_size: int = -1,
+    learning_rate: float = -1.0,
+    image: str = "",
+    timeout_seconds: int = -1,
+    gpus_per_node: int = -1,
+    queue: str = "",
+    node_selector: dict = {},  # noqa: B006 (KFP reads the default from the signature; never mutated)
+    tolerations: list = [],  # noqa: B006
+    store: str = "",
+    s3_endpoint: str = "",
+    store_secret: str = "mlpipeline-minio-artifact",
+) -> str:
+    """Validate the whole config once, before any work starts, and hand every later step the
+    same effective config (as JSON text; the step's output shows it).
+
+    Args:
+        config: The kftrain config as YAML/JSON text: the base of the run.
+        {knobs}
+        store_secret: The Secret with the store keys that the step pods mount; the training
+            replicas get the same one.
+
+    Returns:
+        The effective config as JSON text.
+    """
+    knobs = {k: v for k, v in locals().items() if k not in ("config", "store_secret")}
+    from components.params import config_from_params
+    from trainer.config import config_to_json
+
+    cfg = config_from_params(config, store_secret=store_secret, **knobs)
+    text = config_to_json(cfg)
+    print(f"effective config: {text}")
+    return text
