@@ -303,7 +303,10 @@ def test_pipeline_parameters_and_config_reach_the_pytorchjob():
     validate_pytorchjob(m)
 
 
-ELASTIC_512 = "train:\n  batch_size: 512\njob:\n  replicas: 2\n  nproc_per_node: 4\nkubernetes:\n  gpus_per_node: 4\n  elastic: {enabled: true, min_replicas: 2, max_replicas: 4}\n"
+ELASTIC_512 = (
+    "train:\n  batch_size: 512\njob:\n  replicas: 2\n  nproc_per_node: 4\n"
+    "kubernetes:\n  gpus_per_node: 4\n  elastic: {enabled: true, min_replicas: 2, max_replicas: 4}\n"
+)
 
 
 @pytest.mark.parametrize(
