@@ -1,0 +1,152 @@
+"""The sharded dataset format: fixed-size shards, each described in the manifest.
+
+Every shard is one ``.npy`` array (tokens of a language-model split) or one ``.npz`` archive
+(features and labels of a table), written as it fills. The manifest, written last, lists per
+split the shards in order with their item count, byte size and sha256, so a reader fetches only
+the shards it needs, knows their sizes before it reads them, and rejects a shard that was
+truncated or changed since data prep, naming it. Token shards hold the smallest unsigned dtype
+that holds the vocabulary; nothing widens a whole shard (windows are widened one at a time).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import zipfile
+from dataclasses import asdict, dataclass
+
+import numpy as np
+
+from trainer.storage import ObjectStore, join_uri
+
+
+class DataError(ValueError):
+    """The data cannot be read or prepared; the message names the object and what to do."""
+
+
+@dataclass(frozen=True, slots=True)
+class ShardInfo:
+    """One shard as the manifest lists it."""
+
+    name: str
+    """Path of the shard below the dataset URI, e.g. `train/tokens-00003.npy`."""
+    items: int
+    """Rows (a table) or tokens (a language-model split) in the shard."""
+    bytes: int
+    """Size of the shard object in bytes."""
+    sha256: str
+    """Hex digest of the shard object."""
+
+    def as_dict(self) -> dict:
+        """The manifest entry."""
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, entry: dict, where: str) -> ShardInfo:
+        """Parse a manifest entry; `where` names it in the error."""
+        try:
+            return cls(
+                name=str(entry["name"]), items=int(entry["items"]), bytes=int(entry["bytes"]), sha256=entry["sha256"]
+            )
+        except (KeyError, TypeError, ValueError) as exc:
+            raise DataError(f"{where}: a shard entry lacks {exc} or is malformed; prepare the dataset again") from None
+
+
+def token_dtype(vocab_size: int) -> np.dtype:
+    """The smallest unsigned integer dtype that holds every token id below `vocab_size`."""
+    for dtype in (np.uint8, np.uint16, np.uint32):
+        if vocab_size <= np.iinfo(dtype).max + 1:
+            return np.dtype(dtype)
+    raise DataError(f"a vocabulary of {vocab_size} tokens does not fit in 32 bits")
+
+
+def encode(arrays: dict[str, np.ndarray]) -> bytes:
+    """One array as `.npy`; several (features and labels) as an uncompressed `.npz`."""
+    buf = io.BytesIO()
+    if len(arrays) == 1:
+        np.save(buf, next(iter(arrays.values())), allow_pickle=False)
+    else:
+        np.savez(buf, **arrays)
+    return buf.getvalue()
+
+
+def decode(raw: bytes, info: ShardInfo, uri: str) -> dict[str, np.ndarray] | np.ndarray:
+    """The shard's array(s), after checking its size and digest against the manifest."""
+    if len(raw) != info.bytes:
+        raise DataError(
+            f"{uri}: {len(raw)} bytes, the manifest says {info.bytes}: the shard is truncated or was "
+            "replaced after data prep; prepare the dataset again"
+        )
+    if hashlib.sha256(raw).hexdigest() != info.sha256:
+        raise DataError(
+            f"{uri}: its sha256 differs from the manifest's: the shard is corrupt or was changed after "
+            "data prep; prepare the dataset again"
+        )
+    try:
+        if info.name.endswith(".npz"):
+            with np.load(io.BytesIO(raw), allow_pickle=False) as z:
+                return {k: z[k] for k in z.files}
+        return np.load(io.BytesIO(raw), allow_pickle=False)
+    except (ValueError, OSError, EOFError, zipfile.BadZipFile) as exc:
+        raise DataError(f"{uri}: not a readable shard ({exc}); prepare the dataset again") from None
+
+
+def read_shard(store: ObjectStore, dataset_uri: str, info: ShardInfo) -> dict[str, np.ndarray] | np.ndarray:
+    """Fetch one shard and check it against its manifest entry."""
+    uri = join_uri(dataset_uri, info.name)
+    return decode(store.get_bytes(uri), info, uri)
+
+
+class ShardWriter:
+    """Writes one split's shards as they fill: at most `items_per_shard` items are held."""
+
+    def __init__(self, store: ObjectStore, dataset_uri: str, split: str, items_per_shard: int, kind: str) -> None:
+        if kind not in ("tokens", "rows"):
+            raise ValueError(f"kind must be 'tokens' or 'rows', got {kind!r}")
+        self.store, self.dataset_uri, self.split = store, dataset_uri, split
+        self.items_per_shard, self.kind = items_per_shard, kind
+        self.shards: list[ShardInfo] = []
+        self._pending: list[dict[str, np.ndarray]] = []
+        self._count = 0
+
+    @property
+    def items(self) -> int:
+        """Items written or pending so far."""
+        return sum(s.items for s in self.shards) + self._count
+
+    def add(self, **arrays: np.ndarray) -> None:
+        """Append items (equal-length arrays by name); full shards are written at once."""
+        n = len(next(iter(arrays.values())))
+        start = 0
+        while start < n:
+            take = min(n - start, self.items_per_shard - self._count)
+            self._pending.append({k: v[start : start + take] for k, v in arrays.items()})
+            self._count += take
+            start += take
+            if self._count == self.items_per_shard:
+                self._flush()
+
+    def close(self) -> list[ShardInfo]:
+        """Write the last, partial shard; return every shard of the split in order."""
+        if self._count:
+            self._flush()
+        return self.shards
+
+    def _flush(self) -> None:
+        keys = self._pending[0].keys()
+        arrays = {k: np.concatenate([p[k] for p in self._pending]) for k in keys}
+        ext = "npy" if len(arrays) == 1 else "npz"
+        name = f"{self.split}/{self.kind}-{len(self.shards):05d}.{ext}"
+        raw = encode(arrays)
+        self.store.put_bytes(join_uri(self.dataset_uri, name), raw)
+        self.shards.append(ShardInfo(name, self._count, len(raw), hashlib.sha256(raw).hexdigest()))
+        self._pending, self._count = [], 0
+
+
+def split_shards(manifest: dict, split: str, dataset_uri: str) -> list[ShardInfo]:
+    """The shards of one split as the manifest lists them."""
+    try:
+        entries = manifest["splits"][split]["shards"]
+    except (KeyError, TypeError):
+        raise DataError(f"{dataset_uri}: the manifest has no {split!r} split; prepare the dataset again") from None
+    return [ShardInfo.from_dict(e, f"{dataset_uri} manifest, split {split}") for e in entries]

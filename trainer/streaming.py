@@ -1,0 +1,320 @@
+"""Streaming a split from the object store: every reader fetches only the shards it needs.
+
+The order of one epoch is a function of the seed, the epoch and the number of partitions:
+
+1. the shards in a seeded random order, the items of each shard shuffled (a bounded shuffle:
+   one shard at a time), concatenated into one sequence of N items;
+2. cut into `partitions` contiguous, equal ranges of `N // partitions` items (the remainder is
+   left out of that epoch, so every rank runs the same number of steps however uneven the
+   shards are);
+3. each reader (one rank, or one DataLoader worker of a rank) owns `partitions / readers` of
+   them, and its k-th batch is the k-th chunk of each of its partitions.
+
+The global batch of micro-step b is the b-th chunk of every partition, whatever the world size,
+so with a fixed `data.partitions` one process and N processes take the same steps, and an
+elastic job that re-forms at another size keeps its place. By default there is one partition
+per reader. A reader's shards are fetched ahead on a background thread into a cache bounded in
+bytes, and dropped once consumed. A position is (epoch, micro-batches consumed by the rank):
+a resumed reader starts at the right shard and item without reading what came before.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import torch
+from torch.utils.data import IterableDataset, get_worker_info
+
+from trainer.shards import DataError, ShardInfo, read_shard
+from trainer.storage import ObjectStore, StoreError
+
+#: What a task supplies to stream a split: items in a shard, and a batch from decoded shard data.
+ItemsOf = Callable[[ShardInfo], int]
+Take = Callable[[Any, np.ndarray], tuple[torch.Tensor, ...]]
+
+
+class EpochOrder:
+    """Where each position of one epoch's sequence lives: (shard, item in shard)."""
+
+    def __init__(self, counts: list[int], seed: int, epoch: int) -> None:
+        self.seed, self.epoch, self.counts = seed, epoch, counts
+        self.shard_order = np.random.default_rng([seed, epoch]).permutation(len(counts))
+        sizes = np.array([counts[s] for s in self.shard_order], dtype=np.int64)
+        self.offsets = np.concatenate([[0], np.cumsum(sizes)])
+
+    @property
+    def total(self) -> int:
+        """Items in the epoch's sequence."""
+        return int(self.offsets[-1])
+
+    def item_permutation(self, shard: int) -> np.ndarray:
+        """The shuffled order of one shard's items in this epoch."""
+        return np.random.default_rng([self.seed, self.epoch, 1 + shard]).permutation(self.counts[shard])
+
+    def spans(self, start: int, stop: int) -> list[tuple[int, int, int]]:
+        """Positions [start, stop) as (shard, first, last) ranges of the shard's permuted items."""
+        out = []
+        j = int(np.searchsorted(self.offsets, start, side="right")) - 1
+        pos = start
+        while pos < stop:
+            base, end = int(self.offsets[j]), int(self.offsets[j + 1])
+            take = min(stop, end) - pos
+            if take > 0:
+                out.append((int(self.shard_order[j]), pos - base, pos - base + take))
+                pos += take
+            j += 1
+        return out
+
+
+@dataclass(frozen=True, slots=True)
+class Layout:
+    """How one epoch is cut: partitions, readers, and the chunk each partition gives a batch."""
+
+    items: int
+    """Items in the epoch's sequence."""
+    partitions: int
+    """Contiguous, equal ranges of the sequence."""
+    readers: int
+    """world size x DataLoader workers per rank (at least 1 worker)."""
+    micro_batch: int
+    """Items per rank per micro-step."""
+
+    def __post_init__(self) -> None:
+        if self.partitions % self.readers:
+            raise ValueError(
+                f"data.partitions ({self.partitions}) must be a multiple of the readers: world size x "
+                f"DataLoader workers = {self.readers}"
+            )
+        if self.micro_batch % self.per_reader:
+            raise ValueError(
+                f"the per-rank micro-batch ({self.micro_batch} items) must divide by the partitions each "
+                f"reader owns ({self.per_reader} = data.partitions {self.partitions} / {self.readers} readers)"
+            )
+
+    @property
+    def per_reader(self) -> int:
+        """Partitions each reader owns."""
+        return self.partitions // self.readers
+
+    @property
+    def chunk(self) -> int:
+        """Items each partition contributes to one batch."""
+        return self.micro_batch // self.per_reader
+
+    @property
+    def partition_items(self) -> int:
+        """Items in each partition."""
+        return self.items // self.partitions
+
+    @property
+    def batches_per_reader(self) -> int:
+        """Full batches each reader yields in an epoch."""
+        return self.partition_items // self.chunk
+
+    def owned(self, reader: int) -> list[int]:
+        """The partitions of one reader."""
+        return list(range(reader, self.partitions, self.readers))
+
+
+class ShardCache:
+    """Fetches a planned sequence of shards on a background thread, ahead of use, holding at
+    most `max_bytes` of them (more only when the reader waits for a shard that does not fit)."""
+
+    def __init__(
+        self, store: ObjectStore, dataset_uri: str, plan: list[ShardInfo], max_bytes: int, decode: Callable | None
+    ) -> None:
+        self._store, self._uri, self._plan, self._max = store, dataset_uri, plan, max_bytes
+        self._decode = decode or (lambda data: data)
+        self._ready: dict[int, Any] = {}
+        self._used = 0
+        self._wanted = 0
+        self._error: BaseException | None = None
+        self._stop = False
+        self._cond = threading.Condition()
+        self._thread = threading.Thread(target=self._run, name="kftrain-shard-prefetch", daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        for i, info in enumerate(self._plan):
+            with self._cond:
+                while not self._stop and self._used and self._used + info.bytes > self._max and self._wanted < i:
+                    self._cond.wait()
+                if self._stop:
+                    return
+            try:
+                data = self._decode(read_shard(self._store, self._uri, info))
+            except BaseException as exc:  # surfaces in the training process, naming the shard
+                with self._cond:
+                    self._error = exc
+                    self._cond.notify_all()
+                return
+            with self._cond:
+                self._ready[i] = data
+                self._used += info.bytes
+                self._cond.notify_all()
+
+    def get(self, i: int) -> Any:
+        """Shard `i` of the plan, waiting for it if it is still on its way."""
+        with self._cond:
+            self._wanted = max(self._wanted, i)
+            self._cond.notify_all()
+            while i not in self._ready:
+                if self._error is not None:
+                    raise self._error
+                self._cond.wait()
+            return self._ready[i]
+
+    def release(self, i: int) -> None:
+        """Shard `i` is consumed: drop it and make room for the next."""
+        with self._cond:
+            if self._ready.pop(i, None) is not None:
+                self._used -= self._plan[i].bytes
+            self._cond.notify_all()
+
+    def close(self) -> None:
+        """Stop prefetching (the thread finishes its current fetch and exits)."""
+        with self._cond:
+            self._stop = True
+            self._ready.clear()
+            self._cond.notify_all()
+
+
+def reader_batches(
+    store: ObjectStore,
+    dataset_uri: str,
+    shards: list[ShardInfo],
+    layout: Layout,
+    order: EpochOrder,
+    reader: int,
+    first_batch: int,
+    stop_batch: int,
+    take: Take,
+    cache_bytes: int,
+    decode: Callable | None = None,
+) -> Iterator[tuple[torch.Tensor, ...]]:
+    """Batches `first_batch <= k < stop_batch` of one reader, fetching only its shards."""
+    parts = layout.owned(reader)
+    c = layout.chunk
+
+    def chunk_spans(p: int, k: int) -> list[tuple[int, int, int]]:
+        start = p * layout.partition_items + k * c
+        return order.spans(start, start + c)
+
+    # Which batches touch each shard, from the partitions' whole remaining ranges (a few spans
+    # each), so the plan costs nothing per batch.
+    first_use: dict[int, int] = {}
+    last_use: dict[int, int] = {}
+    for p in parts:
+        base = p * layout.partition_items
+        pos = base + first_batch * c
+        for shard, lo, hi in order.spans(pos, base + stop_batch * c):
+            k_first, k_last = (pos - base) // c, (pos + hi - lo - 1 - base) // c
+            first_use[shard] = min(first_use.get(shard, k_first), k_first)
+            last_use[shard] = max(last_use.get(shard, k_last), k_last)
+            pos += hi - lo
+    plan_shards = sorted(first_use, key=lambda s: (first_use[s], s))
+    index = {s: i for i, s in enumerate(plan_shards)}
+    releases: dict[int, list[int]] = {}
+    for shard, k in last_use.items():
+        releases.setdefault(k, []).append(shard)
+    cache = ShardCache(store, dataset_uri, [shards[s] for s in plan_shards], cache_bytes, decode)
+    perms: dict[int, np.ndarray] = {}
+    try:
+        for k in range(first_batch, stop_batch):
+            pieces: list[tuple[torch.Tensor, ...]] = []
+            for p in parts:
+                for shard, lo, hi in chunk_spans(p, k):
+                    if shard not in perms:
+                        perms[shard] = order.item_permutation(shard)
+                    pieces.append(take(cache.get(index[shard]), perms[shard][lo:hi]))
+            yield tuple(torch.cat(columns, dim=0) for columns in zip(*pieces, strict=True))
+            for shard in releases.pop(k, []):
+                cache.release(index[shard])
+                perms.pop(shard, None)
+    finally:
+        cache.close()
+
+
+class StreamingSplit(IterableDataset):
+    """One rank's stream of micro-batches of a split (use with `DataLoader(batch_size=None)`).
+
+    Set `epoch` and `start_batch` (micro-batches this rank already consumed in the epoch) before
+    iterating; each DataLoader worker then yields its share, and the DataLoader's round-robin
+    over workers gives back exactly the rank's batches in order.
+    """
+
+    def __init__(
+        self,
+        store_factory: Callable[[], ObjectStore],
+        dataset_uri: str,
+        shards: list[ShardInfo],
+        items_of: ItemsOf,
+        take: Take,
+        *,
+        seed: int,
+        rank: int,
+        world_size: int,
+        workers: int,
+        micro_batch: int,
+        partitions: int = 0,
+        cache_bytes: int = 512 * 2**20,
+        decode: Callable | None = None,
+    ) -> None:
+        super().__init__()
+        self._store_factory, self.dataset_uri, self.shards = store_factory, dataset_uri, shards
+        self.counts = [items_of(s) for s in shards]
+        self._take, self._decode = take, decode
+        self.seed, self.rank, self.world_size = seed, rank, world_size
+        self.workers = max(1, workers)
+        self.cache_bytes = cache_bytes
+        readers = world_size * self.workers
+        self.layout = Layout(sum(self.counts), partitions or readers, readers, micro_batch)
+        if self.layout.batches_per_reader == 0:
+            raise DataError(
+                f"{dataset_uri}: {self.layout.items} items make no full batch for each of "
+                f"{self.layout.partitions} partitions (micro-batch {micro_batch}); use more data, a smaller "
+                "train.batch_size or fewer data.partitions"
+            )
+        self.epoch = 0
+        self.start_batch = 0
+
+    @property
+    def batches_per_epoch(self) -> int:
+        """Micro-batches this rank yields per epoch (the same on every rank)."""
+        return self.layout.batches_per_reader * self.workers
+
+    def __iter__(self) -> Iterator[tuple[torch.Tensor, ...]]:
+        info = get_worker_info()
+        worker = info.id if info is not None else 0
+        if info is not None and info.num_workers != self.workers:
+            raise RuntimeError(f"StreamingSplit was built for {self.workers} workers, runs with {info.num_workers}")
+        K = self.workers
+        # The DataLoader asks workers 0, 1, ... in turn from the start of *this* iteration, so
+        # worker w serves the rank batches b = start + w, start + w + K, ...: those of the
+        # virtual reader (start + w) mod K. The batches a position maps to never depend on
+        # where the iteration began.
+        virtual = (self.start_batch + worker) % K
+        first = (self.start_batch + worker) // K  # this reader's batches already consumed
+        reader = self.rank * K + virtual
+        order = EpochOrder(self.counts, self.seed, self.epoch)
+        try:
+            store = self._store_factory()
+            yield from reader_batches(
+                store,
+                self.dataset_uri,
+                self.shards,
+                self.layout,
+                order,
+                reader,
+                first,
+                self.layout.batches_per_reader,
+                self._take,
+                self.cache_bytes,
+                self._decode,
+            )
+        except StoreError as exc:
+            raise DataError(f"{self.dataset_uri}: cannot read a shard: {exc}") from None
