@@ -35,7 +35,7 @@ def make(cluster: FakeCluster, owner_uid: str = "uid-1", **overrides):
         owner=owner_reference("launcher-pod", owner_uid),
         log=lines.append,
         now=cluster.now,
-        sleep=lambda s: cluster.advance(s),
+        sleep=cluster.sleep,
     )
     return backend, spec, lines
 
@@ -160,7 +160,8 @@ def test_a_job_without_pods_for_too_long_is_reported():
     cluster = FakeCluster()
     backend, spec, _ = make(cluster, **{"kubernetes.pending_timeout_seconds": 60})
     cluster.timeline = [lambda c: c.advance(30)]
-    with pytest.raises(JobFailed, match="has no pods after .* suspended by a queue"):
+    # Not queued (no suspend, no schedulingPolicy): no pods past the limit is stuck, as before.
+    with pytest.raises(JobFailed, match="has no pods 60s after it was created .* the operator did not create them"):
         run_job(backend, spec, timeout_s=3600)
 
 
@@ -186,7 +187,7 @@ def test_sigterm_deletes_the_job():
 
 def test_rbac_errors_fail_clearly_and_leave_nothing():
     cluster = FakeCluster()
-    cluster.create_error = 403
+    cluster.fail_next("create", status=403)
     backend, spec, _ = make(cluster)
     with pytest.raises(JobFailed, match="cannot create PyTorchJob team/kftrain-0123456789ab: \\(403\\)"):
         run_job(backend, spec, timeout_s=60)
