@@ -234,7 +234,9 @@ class FakeCluster:
     ):
         """Set pod `<job>-<rtype>-<index>` to this state: a new pod, or the same pod (same uid) updated."""
         name = f"{job}-{rtype}-{index}"
-        uid = self.pods[name].metadata.uid if name in self.pods else f"pod-uid-{next(self._uids)}"
+        old = self.pods.get(name)
+        uid = old.metadata.uid if old else f"pod-uid-{next(self._uids)}"
+        created = old.metadata.creation_timestamp if old else self.clock - dt.timedelta(seconds=age_s)
         state = k8s.V1ContainerState(
             terminated=k8s.V1ContainerStateTerminated(exit_code=exit_code) if exit_code is not None else None,
             waiting=k8s.V1ContainerStateWaiting(reason=waiting[0], message=waiting[1]) if waiting else None,
@@ -248,7 +250,7 @@ class FakeCluster:
                     "training.kubeflow.org/replica-type": rtype,
                     "training.kubeflow.org/replica-index": str(index),
                 },
-                creation_timestamp=self.clock - dt.timedelta(seconds=age_s),
+                creation_timestamp=created,
             ),
             status=k8s.V1PodStatus(
                 phase=phase,
