@@ -130,7 +130,8 @@ class ApiRetry:
                 if not is_transient(exc):
                     raise
                 now = self._now()
-                asked = retry_after(exc, now)
+                # `Retry-After: 0` would make a tight loop against a server that is shedding load.
+                asked = retry_after(exc, now) or None
                 delay = asked if asked is not None else self.backoff(attempt)
                 left = (give_up - now).total_seconds()
                 # Past the budget, or the server asks for longer than is left: that is the answer.
