@@ -501,7 +501,7 @@ def test_a_queued_job_is_reported_and_its_pending_clock_starts_at_admission():
         "the queue admits it; the Pending clock starts when it is admitted"
     ]
     assert [line for line in lines if " admitted from " in line] == [
-        f"kftrain: PyTorchJob {NAME} admitted from queue team-a (kueue.x-k8s.io/queue-name)"
+        f"kftrain: PyTorchJob {NAME} admitted from queue team-a (kueue.x-k8s.io/queue-name) after 2000s"
     ]
     assert "[master-0] [rank 0] epoch 1 loss 0.4" in lines and ("delete", NAME) not in cluster.calls
 

@@ -147,10 +147,11 @@ class _Admission:
         self.admitted_at = None
         return True
 
-    def admit(self, job: dict[str, Any], now: dt.datetime) -> bool:
-        """Record that the job is out of the queue; True when it just left one this launcher saw."""
+    def admit(self, job: dict[str, Any], now: dt.datetime) -> dt.timedelta | None:
+        """Record that the job is out of the queue; how long it was queued when it just left a
+        queue this launcher saw, else None."""
         if self.admitted_at is not None:
-            return False
+            return None
         resumed = _condition(job, "Suspended", status="False")
         was_queued = self.queued_since is not None
         self.from_queue = was_queued or resumed is not None
@@ -161,8 +162,9 @@ class _Admission:
         else:
             created = (job.get("metadata") or {}).get("creationTimestamp")
             self.admitted_at = _parse_time(created) if created else now
+        queued_for = self.admitted_at - self.queued_since if was_queued else None
         self.queued_since = None
-        return was_queued
+        return queued_for
 
     def pending_since(self, pod: Any) -> dt.datetime:
         """When a Pending pod's clock started: its creation, but never before admission."""
@@ -325,8 +327,11 @@ class KubernetesBackend:
                         f"without being admitted (kubernetes.queue_timeout_seconds={queue_limit}). "
                         f"Events: {self._events(spec, spec.name)}"
                     )
-            elif admission.admit(job, now):
-                self._log(f"kftrain: PyTorchJob {spec.name} admitted from {queue_of(job)}")
+            elif (queued_for := admission.admit(job, now)) is not None:
+                self._log(
+                    f"kftrain: PyTorchJob {spec.name} admitted from {queue_of(job)} after "
+                    f"{max(0, int(queued_for.total_seconds()))}s"
+                )
             for pod in pods:
                 phase = pod.status.phase
                 if phase == "Pending" and not why_queued:
