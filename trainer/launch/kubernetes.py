@@ -263,6 +263,18 @@ class KubernetesBackend:
             if exc.at_deadline:
                 raise JobTimeout(f"{self._timeout_message(spec, timeout_s)}; at the time, {exc}") from exc
             raise
+        except JobFailed:
+            raise
+        except Exception as exc:
+            status = http_status(exc)
+            if status is None:
+                raise
+            # A final answer (401, 403, ...): one line for the step log, not the client's dump.
+            hint = " (the run's service account lacks RBAC in the job's namespace)" if status == 403 else ""
+            raise JobFailed(
+                f"the Kubernetes API refused a call while the launcher waited for PyTorchJob {spec.name}: "
+                f"{describe(exc)}{hint}"
+            ) from exc
         finally:
             self._deadline = None
 
