@@ -2,27 +2,58 @@
 
 No API server can run on the test machines, so this in-memory object stands in for
 `CustomObjectsApi` (PyTorchJobs) and `CoreV1Api` (pods, logs, events). It returns the real
-`kubernetes.client` model objects, raises `ApiException`-like errors with HTTP status codes, and
-advances a scripted timeline each time the launcher polls the job. It is a fake: it does not
-run the Training Operator; tests script what the operator would do.
+`kubernetes.client` model objects, raises the real `kubernetes.client.ApiException` with HTTP
+status codes (and headers), and advances a scripted timeline each time the launcher polls the
+job. It is a fake: tests script what the operator, Kueue and the API server would do.
+
+What it models:
+- PyTorchJobs: create (409 when the name exists), get (404 when gone), patch, delete (the
+  job's pods go with it), conditions updated in place with a lastTransitionTime;
+- pods with a uid each; `add_pod` updates a pod in place (same uid), `recreate_pod` deletes it
+  and makes a new one under the same name (new uid), as the operator does under
+  restartPolicy ExitCode; logs are read by pod name, so they are the current pod's;
+- Kueue (`kueue=True`): a job with the `kueue.x-k8s.io/queue-name` label is created suspended
+  (`runPolicy.suspend: true`, Kueue's webhook) with condition `Suspended` True (the operator);
+  `admit` resumes it, `suspend` puts it back in the queue (preemption) and deletes its pods;
+- faults on any call (`fail_next`): HTTP 5xx / 429 with a `Retry-After` header, any 4xx,
+  connection errors, and answers lost after the call took effect (`applied=True`).
+
+What it does NOT model: watches and resourceVersions, admission webhooks other than Kueue's
+suspend, validation of the manifest (preflight does that), real scheduling, PodGroups and
+gang schedulers (tests add pods when a scheduler would), quotas, RBAC, the Training Operator's
+reconcile loop (no pods appear unless a test adds them), log streams that stay open while a
+container runs (a stream returns the log as it is when opened), and the real client's
+transport and timeouts.
 """
 
 from __future__ import annotations
 
 import copy
 import datetime as dt
+import itertools
+import threading
 from collections.abc import Callable
+from http import HTTPStatus
 from typing import Any
 
 from kubernetes import client as k8s
+from kubernetes.client import ApiException
+from urllib3._collections import HTTPHeaderDict
 
 T0 = dt.datetime(2026, 1, 1, tzinfo=dt.timezone.utc)
+QUEUE_LABEL = "kueue.x-k8s.io/queue-name"
+CALLS = ("create", "get", "delete", "patch", "list_pods", "list_events", "read_log")
 
 
-class FakeApiError(Exception):
-    def __init__(self, status: int, reason: str = "") -> None:
-        super().__init__(f"({status}) {reason}")
-        self.status = status
+def api_error(status: int, headers: dict[str, str] | None = None) -> ApiException:
+    """The real client's exception, as it comes out of a response (`headers` case-insensitive)."""
+    exc = ApiException(status=status, reason=HTTPStatus(status).phrase)
+    exc.headers = HTTPHeaderDict(headers) if headers else None
+    return exc
+
+
+def _stamp(when: dt.datetime) -> str:
+    return when.isoformat().replace("+00:00", "Z")
 
 
 class FakeStream:
@@ -40,8 +71,9 @@ class FakeStream:
 class FakeCluster:
     """Jobs, pods, logs and events in memory; `timeline[i]` runs on the i-th job poll."""
 
-    def __init__(self, namespace: str = "team") -> None:
+    def __init__(self, namespace: str = "team", kueue: bool = False) -> None:
         self.namespace = namespace
+        self.kueue = kueue
         self.jobs: dict[str, dict[str, Any]] = {}
         self.pods: dict[str, k8s.V1Pod] = {}
         self.pod_logs: dict[str, list[str]] = {}
@@ -50,55 +82,125 @@ class FakeCluster:
         self.timeline: list[Callable[[FakeCluster], None]] = []
         self.polls = 0
         self.clock = T0
-        self.create_error: int | None = None
+        self.sleeps: list[float] = []
+        self._faults: dict[str, list[tuple[BaseException | Callable[[], BaseException], bool]]] = {}
+        self._uids = itertools.count(1)
+        self._lock = threading.Lock()  # log streams call in from their own threads
 
     def now(self) -> dt.datetime:
         return self.clock
 
+    def sleep(self, seconds: float) -> None:
+        """The launcher's sleep: recorded, and the clock moves on (tests run instantly)."""
+        self.sleeps.append(seconds)
+        self.advance(seconds)
+
+    # -- faults ---------------------------------------------------------------------------
+    def fail_next(
+        self,
+        call: str,
+        status: int | None = None,
+        exc: type[BaseException] | BaseException | None = None,
+        times: int = 1,
+        headers: dict[str, str] | None = None,
+        applied: bool = False,
+    ) -> None:
+        """Make the next `times` calls of `call` (one of CALLS) fail: with HTTP `status` (an
+        `ApiException` carrying `headers`, e.g. `{"Retry-After": "7"}`) or with `exc` (e.g.
+        `ConnectionResetError`). `applied=True`: the call takes effect, then its answer is lost."""
+        assert call in CALLS, call
+        assert (status is None) != (exc is None), "give status or exc"
+
+        def make() -> BaseException:
+            if status is not None:
+                return api_error(status, headers)
+            return exc() if isinstance(exc, type) else exc
+
+        with self._lock:
+            self._faults.setdefault(call, []).extend([(make, applied)] * times)
+
+    def _fault(self, call: str) -> tuple[BaseException, bool] | None:
+        with self._lock:
+            queue = self._faults.get(call)
+            if not queue:
+                return None
+            make, applied = queue.pop(0)
+        return make(), applied
+
+    def _call(self, call: str, name: str, do: Callable[[], Any]) -> Any:
+        self.calls.append((call, name))
+        fault = self._fault(call)
+        if fault and not fault[1]:
+            raise fault[0]
+        result = do()
+        if fault:
+            raise fault[0]
+        return result
+
     # -- CustomObjectsApi ---------------------------------------------------------------
     def create_namespaced_custom_object(self, group, version, namespace, plural, body):
         assert (group, version, plural, namespace) == ("kubeflow.org", "v1", "pytorchjobs", self.namespace)
-        self.calls.append(("create", body["metadata"]["name"]))
-        if self.create_error:
-            raise FakeApiError(self.create_error, "Forbidden")
         name = body["metadata"]["name"]
-        if name in self.jobs:
-            raise FakeApiError(409, "AlreadyExists")
-        job = copy.deepcopy(body)
-        job["metadata"]["creationTimestamp"] = self.clock.isoformat().replace("+00:00", "Z")
-        job["status"] = {"conditions": [{"type": "Created", "status": "True"}]}
-        self.jobs[name] = job
-        return job
+
+        def do():
+            if name in self.jobs:
+                raise api_error(409)
+            job = copy.deepcopy(body)
+            job["metadata"]["creationTimestamp"] = _stamp(self.clock)
+            job["status"] = {"conditions": [self._cond("Created", "True", "PyTorchJobCreated")]}
+            self.jobs[name] = job
+            if self.kueue and QUEUE_LABEL in (job["metadata"].get("labels") or {}):
+                self.suspend(name)
+            return copy.deepcopy(job)
+
+        return self._call("create", name, do)
 
     def get_namespaced_custom_object(self, group, version, namespace, plural, name):
-        self.calls.append(("get", name))
-        if self.timeline and name in self.jobs:
-            step = self.timeline[min(self.polls, len(self.timeline) - 1)]
-            self.polls += 1
-            step(self)
-        if name not in self.jobs:
-            raise FakeApiError(404, "NotFound")
-        return copy.deepcopy(self.jobs[name])
+        def do():
+            if self.timeline and name in self.jobs:
+                step = self.timeline[min(self.polls, len(self.timeline) - 1)]
+                self.polls += 1
+                step(self)
+            if name not in self.jobs:
+                raise api_error(404)
+            return copy.deepcopy(self.jobs[name])
+
+        return self._call("get", name, do)
 
     def delete_namespaced_custom_object(self, group, version, namespace, plural, name, propagation_policy=None):
-        self.calls.append(("delete", name))
-        if name not in self.jobs:
-            raise FakeApiError(404, "NotFound")
-        del self.jobs[name]
-        for pod in [p for p in self.pods.values() if p.metadata.labels["training.kubeflow.org/job-name"] == name]:
-            del self.pods[pod.metadata.name]
+        def do():
+            if name not in self.jobs:
+                raise api_error(404)
+            del self.jobs[name]
+            self._delete_pods(name)
+
+        return self._call("delete", name, do)
 
     def patch_namespaced_custom_object(self, group, version, namespace, plural, name, body):
-        self.calls.append(("patch", name))
-        self.jobs[name]["metadata"].update(copy.deepcopy(body["metadata"]))
+        def do():
+            if name not in self.jobs:
+                raise api_error(404)
+            self.jobs[name]["metadata"].update(copy.deepcopy(body["metadata"]))
+            return copy.deepcopy(self.jobs[name])
+
+        return self._call("patch", name, do)
 
     # -- CoreV1Api ----------------------------------------------------------------------
     def list_namespaced_pod(self, namespace, label_selector):
         key, value = label_selector.split("=")
-        return k8s.V1PodList(items=[p for p in self.pods.values() if p.metadata.labels.get(key) == value])
+        return self._call(
+            "list_pods",
+            value,
+            lambda: k8s.V1PodList(
+                items=[copy.deepcopy(p) for p in self.pods.values() if p.metadata.labels.get(key) == value]
+            ),
+        )
 
     def list_namespaced_event(self, namespace, field_selector):
         name = field_selector.split("=", 1)[1]
+        return self._call("list_events", name, lambda: self._events(name))
+
+    def _events(self, name: str) -> k8s.CoreV1EventList:
         return k8s.CoreV1EventList(
             items=[
                 k8s.CoreV1Event(
@@ -115,16 +217,26 @@ class FakeCluster:
         self, name, namespace, container=None, tail_lines=None, follow=False, _preload_content=True
     ):
         assert container == "pytorch"
-        lines = self.pod_logs.get(name, [])
-        if follow:
-            return FakeStream(lines)
-        return "\n".join(lines[-tail_lines:] if tail_lines else lines)
+
+        def do():
+            if name not in self.pods:
+                raise api_error(404)
+            lines = list(self.pod_logs.get(name, []))
+            if follow:
+                return FakeStream(lines)
+            return "\n".join(lines[-tail_lines:] if tail_lines else lines)
+
+        return self._call("read_log", name, do)
 
     # -- what the operator would do -------------------------------------------------------
     def add_pod(
         self, job: str, rtype: str, index: int, phase: str, logs=(), exit_code=None, waiting=None, age_s=0, restarts=0
     ):
+        """Set pod `<job>-<rtype>-<index>` to this state: a new pod, or the same pod (same uid) updated."""
         name = f"{job}-{rtype}-{index}"
+        old = self.pods.get(name)
+        uid = old.metadata.uid if old else f"pod-uid-{next(self._uids)}"
+        created = old.metadata.creation_timestamp if old else self.clock - dt.timedelta(seconds=age_s)
         state = k8s.V1ContainerState(
             terminated=k8s.V1ContainerStateTerminated(exit_code=exit_code) if exit_code is not None else None,
             waiting=k8s.V1ContainerStateWaiting(reason=waiting[0], message=waiting[1]) if waiting else None,
@@ -132,12 +244,13 @@ class FakeCluster:
         self.pods[name] = k8s.V1Pod(
             metadata=k8s.V1ObjectMeta(
                 name=name,
+                uid=uid,
                 labels={
                     "training.kubeflow.org/job-name": job,
                     "training.kubeflow.org/replica-type": rtype,
                     "training.kubeflow.org/replica-index": str(index),
                 },
-                creation_timestamp=self.clock - dt.timedelta(seconds=age_s),
+                creation_timestamp=created,
             ),
             status=k8s.V1PodStatus(
                 phase=phase,
@@ -155,10 +268,40 @@ class FakeCluster:
         )
         self.pod_logs[name] = list(logs)
 
-    def set_condition(self, job: str, kind: str, reason: str = "", message: str = "") -> None:
-        self.jobs[job]["status"]["conditions"].append(
-            {"type": kind, "status": "True", "reason": reason, "message": message}
-        )
+    def recreate_pod(self, job: str, rtype: str, index: int, phase: str, **kwargs: Any) -> None:
+        """Delete the pod and create a new one under the same name (new uid), as the operator
+        does for a retryable exit code under restartPolicy ExitCode."""
+        self.pods.pop(f"{job}-{rtype}-{index}", None)
+        self.add_pod(job, rtype, index, phase, **kwargs)
+
+    def _delete_pods(self, job: str) -> None:
+        for pod in [p for p in self.pods.values() if p.metadata.labels["training.kubeflow.org/job-name"] == job]:
+            del self.pods[pod.metadata.name]
+
+    def _cond(self, kind: str, status: str, reason: str = "", message: str = "") -> dict[str, Any]:
+        return {
+            "type": kind,
+            "status": status,
+            "reason": reason,
+            "message": message,
+            "lastTransitionTime": _stamp(self.clock),
+        }
+
+    def set_condition(self, job: str, kind: str, reason: str = "", message: str = "", status: str = "True") -> None:
+        """Set a job condition in place, as the operator does (one entry per type)."""
+        conds = [c for c in self.jobs[job]["status"]["conditions"] if c["type"] != kind]
+        self.jobs[job]["status"]["conditions"] = [*conds, self._cond(kind, status, reason, message)]
+
+    def suspend(self, job: str) -> None:
+        """Kueue holds the job (at creation, or preempting it): suspended, its pods deleted."""
+        self.jobs[job]["spec"].setdefault("runPolicy", {})["suspend"] = True
+        self.set_condition(job, "Suspended", "JobSuspended", "PyTorchJob is suspended.")
+        self._delete_pods(job)
+
+    def admit(self, job: str) -> None:
+        """Kueue admits the job: it unsuspends it and the operator marks it resumed."""
+        self.jobs[job]["spec"]["runPolicy"]["suspend"] = False
+        self.set_condition(job, "Suspended", "JobResumed", "PyTorchJob is resumed.", status="False")
 
     def advance(self, seconds: float) -> None:
         self.clock += dt.timedelta(seconds=seconds)

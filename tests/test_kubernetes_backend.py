@@ -3,22 +3,29 @@
 No Kubernetes API server can run on the test machines; the fake returns real kubernetes
 client models and plays the Training Operator's part from a script. What is tested is the
 launcher's own behaviour: create, re-attach, wait, Failed, Pending, timeout, cancel, SIGTERM,
-and replica-prefixed log streaming.
+replica-prefixed log streaming (per pod uid), transient API errors retried vs final ones
+failing, and queued (suspended / gang-scheduled) jobs. Time is the fake's clock: the launcher's
+`sleep` advances it, so retry budgets and queue times of hours run in milliseconds.
 """
 
 from __future__ import annotations
 
+import datetime as dt
+import re
 import signal
+import time
 
 import pytest
+import urllib3
 
-from tests.fake_kube import FakeCluster
+from tests.fake_kube import T0, FakeCluster
 from trainer.config import load_config
 from trainer.launch.backend import JobCancelled, JobFailed, JobTimeout, run_job
 from trainer.launch.job import training_job
 from trainer.launch.kubernetes import KubernetesBackend
 from trainer.launch.preflight import ManifestError
 from trainer.launch.pytorchjob import owner_reference
+from trainer.launch.retry import ApiUnavailable
 
 pytestmark = pytest.mark.timeout(60)
 NAME = "kftrain-0123456789ab"
@@ -35,7 +42,7 @@ def make(cluster: FakeCluster, owner_uid: str = "uid-1", **overrides):
         owner=owner_reference("launcher-pod", owner_uid),
         log=lines.append,
         now=cluster.now,
-        sleep=lambda s: cluster.advance(s),
+        sleep=cluster.sleep,
     )
     return backend, spec, lines
 
@@ -160,7 +167,8 @@ def test_a_job_without_pods_for_too_long_is_reported():
     cluster = FakeCluster()
     backend, spec, _ = make(cluster, **{"kubernetes.pending_timeout_seconds": 60})
     cluster.timeline = [lambda c: c.advance(30)]
-    with pytest.raises(JobFailed, match="has no pods after .* suspended by a queue"):
+    # Not queued (no suspend, no schedulingPolicy): no pods past the limit is stuck, as before.
+    with pytest.raises(JobFailed, match="has no pods 60s after it was created .* the operator did not create them"):
         run_job(backend, spec, timeout_s=3600)
 
 
@@ -186,7 +194,7 @@ def test_sigterm_deletes_the_job():
 
 def test_rbac_errors_fail_clearly_and_leave_nothing():
     cluster = FakeCluster()
-    cluster.create_error = 403
+    cluster.fail_next("create", status=403)
     backend, spec, _ = make(cluster)
     with pytest.raises(JobFailed, match="cannot create PyTorchJob team/kftrain-0123456789ab: \\(403\\)"):
         run_job(backend, spec, timeout_s=60)
@@ -289,3 +297,327 @@ def test_no_owner_reference_across_namespaces():
     backend._home = "kubeflow-user"  # the launcher pod runs elsewhere
     backend.submit(spec)
     assert "ownerReferences" not in cluster.jobs[NAME]["metadata"]
+
+
+# -- transient vs final ----------------------------------------------------------------------
+
+
+def retry_sleeps(cluster: FakeCluster) -> list[float]:
+    """The launcher's sleeps that were retry backoffs, not polls (polls are 0.001 s here)."""
+    return [s for s in cluster.sleeps if s > 0.01]
+
+
+def inject_at_first_poll(call: str, **fault):
+    """A timeline step that schedules a fault once the job runs, then plays the usual script."""
+    script = running_then(lambda c: c.set_condition(NAME, "Succeeded"))
+
+    def first(c: FakeCluster) -> None:
+        c.fail_next(call, **fault)
+        script[0](c)
+
+    return [first, *script[1:]]
+
+
+@pytest.mark.parametrize(
+    ("call", "fault"),
+    [
+        ("get", {"status": 503, "times": 8}),  # an API server restart during the wait
+        ("get", {"status": 500, "times": 2}),
+        ("get", {"exc": TimeoutError, "times": 2}),
+        ("list_pods", {"exc": ConnectionResetError, "times": 3}),
+        ("list_pods", {"exc": urllib3.exceptions.ProtocolError("Connection aborted.", ConnectionResetError())}),
+        ("list_pods", {"status": 504, "times": 2}),
+    ],
+)
+def test_transient_api_errors_while_waiting_are_retried_and_the_job_survives(call, fault):
+    cluster = FakeCluster()
+    backend, spec, lines = make(cluster)
+    cluster.timeline = inject_at_first_poll(call, **fault)
+    run_job(backend, spec, timeout_s=3600)
+    assert NAME in cluster.jobs and ("delete", NAME) not in cluster.calls
+    retries = [line for line in lines if line.startswith("kftrain: API ")]
+    assert len(retries) == fault.get("times", 1)
+    what = "get job team/" if call == "get" else "list pods of job team/"
+    assert all(what + NAME in line and "retrying in" in line for line in retries)
+    sleeps = retry_sleeps(cluster)
+    # capped exponential backoff with jitter: 1, 2, 4, ... 30 s, each scaled by 0.5-1.0
+    assert all(0.5 * min(30, 2**i) <= s <= min(30, 2**i) for i, s in enumerate(sleeps)), sleeps
+
+
+def test_a_503_storm_logs_the_status_and_backs_off():
+    cluster = FakeCluster()
+    backend, spec, lines = make(cluster)
+    cluster.timeline = inject_at_first_poll("get", status=503, times=8)
+    run_job(backend, spec, timeout_s=3600)
+    assert any(line.startswith(f"kftrain: API get job team/{NAME} returned 503; retrying in") for line in lines)
+    sleeps = retry_sleeps(cluster)
+    assert len(sleeps) == 8 and max(sleeps) <= 30 and sleeps[-1] >= 15  # grew to the cap's half at least
+
+
+def test_429_waits_as_long_as_retry_after_says():
+    cluster = FakeCluster()
+    backend, spec, lines = make(cluster)
+    cluster.timeline = inject_at_first_poll("get", status=429, times=2, headers={"Retry-After": "7"})
+    run_job(backend, spec, timeout_s=3600)
+    assert retry_sleeps(cluster) == [7.0, 7.0]
+    assert f"kftrain: API get job team/{NAME} returned 429; retrying in 7.0s (Retry-After)" in lines
+
+
+@pytest.mark.parametrize(
+    "fault",
+    [
+        {"exc": ConnectionResetError, "times": 2},
+        {"status": 503, "times": 3},
+        {"exc": urllib3.exceptions.MaxRetryError(None, "/apis", reason=ConnectionRefusedError())},
+    ],
+)
+def test_transient_errors_on_create_are_retried(fault):
+    cluster = FakeCluster()
+    backend, spec, lines = make(cluster)
+    cluster.fail_next("create", **fault)
+    cluster.timeline = running_then(lambda c: c.set_condition(NAME, "Succeeded"))
+    run_job(backend, spec, timeout_s=3600)
+    assert [c for c in cluster.calls if c[0] == "create"] == [("create", NAME)] * (fault.get("times", 1) + 1)
+    assert f"kftrain: created PyTorchJob team/{NAME}" in lines
+
+
+def test_a_create_whose_answer_was_lost_reattaches_to_the_job_it_made():
+    cluster = FakeCluster()
+    backend, spec, lines = make(cluster)
+    cluster.fail_next("create", exc=ConnectionResetError, applied=True)  # created, then the reply is lost
+    cluster.timeline = running_then(lambda c: c.set_condition(NAME, "Succeeded"))
+    run_job(backend, spec, timeout_s=3600)
+    assert len(cluster.jobs) == 1 and any("re-attaching" in line for line in lines)
+    assert ("delete", NAME) not in cluster.calls
+
+
+@pytest.mark.parametrize("status", [400, 401, 403, 422])
+def test_a_final_4xx_on_create_fails_at_once_without_retrying(status):
+    cluster = FakeCluster()
+    backend, spec, lines = make(cluster)
+    cluster.fail_next("create", status=status, times=5)
+    with pytest.raises(JobFailed, match=rf"cannot create PyTorchJob team/{NAME}: \({status}\) \w"):
+        run_job(backend, spec, timeout_s=60)
+    assert [c for c in cluster.calls if c[0] == "create"] == [("create", NAME)]
+    assert not retry_sleeps(cluster) and not any(line.startswith("kftrain: API") for line in lines)
+
+
+def test_a_final_4xx_while_waiting_fails_and_deletes_the_job():
+    cluster = FakeCluster()
+    backend, spec, _ = make(cluster)
+    cluster.timeline = inject_at_first_poll("get", status=403, times=5)  # RBAC revoked mid-run
+    with pytest.raises(JobFailed, match=r"refused a call .*: \(403\) Forbidden \(the run's service account lacks RBAC"):
+        run_job(backend, spec, timeout_s=3600)
+    assert not retry_sleeps(cluster) and NAME not in cluster.jobs
+
+
+@pytest.mark.parametrize(
+    ("fault", "cause"),
+    [
+        ({"status": 503}, r"\(503\) Service Unavailable"),
+        ({"exc": ConnectionRefusedError("[Errno 111] Connection refused")}, "ConnectionRefusedError: .*refused"),
+    ],
+)
+def test_an_outage_longer_than_the_budget_fails_naming_the_call_and_deletes_the_job(fault, cause):
+    cluster = FakeCluster()
+    backend, spec, _ = make(cluster, **{"kubernetes.api_retry_budget_seconds": 120})
+    cluster.timeline = inject_at_first_poll("get", times=10_000, **fault)
+    with pytest.raises(ApiUnavailable) as info:
+        run_job(backend, spec, timeout_s=3600)
+    pattern = (
+        rf"Kubernetes API call 'get job team/{NAME}' kept failing for 12\ds "
+        rf"\(kubernetes.api_retry_budget_seconds=120\); last error: {cause}"
+    )
+    assert re.search(pattern, str(info.value)), str(info.value)
+    assert 100 <= sum(retry_sleeps(cluster)) <= 121
+    assert NAME not in cluster.jobs  # the delete is a different call: it went through
+
+
+def test_retry_after_beyond_the_budget_is_a_final_answer():
+    cluster = FakeCluster()
+    backend, spec, _ = make(cluster, **{"kubernetes.api_retry_budget_seconds": 60})
+    cluster.timeline = inject_at_first_poll("get", status=429, headers={"Retry-After": "600"})
+    with pytest.raises(ApiUnavailable, match=r"kept failing for 0s .* last error: \(429\) Too Many Requests"):
+        run_job(backend, spec, timeout_s=3600)
+    assert not retry_sleeps(cluster)
+
+
+def test_retries_stop_at_the_jobs_deadline():
+    cluster = FakeCluster()
+    backend, spec, _ = make(cluster)  # budget 300 s, deadline 100 s
+    cluster.timeline = inject_at_first_poll("get", status=503, times=10_000)
+    with pytest.raises(JobTimeout, match=r"did not finish within 100s .* kept failing .* until the job's deadline"):
+        run_job(backend, spec, timeout_s=100)
+    assert cluster.clock - T0 <= dt.timedelta(seconds=101)
+    assert NAME not in cluster.jobs
+
+
+def test_a_failing_cancel_does_not_hide_why_the_step_failed():
+    cluster = FakeCluster()
+    backend, spec, _ = make(cluster, **{"kubernetes.api_retry_budget_seconds": 30})
+
+    def fail(c: FakeCluster) -> None:
+        c.set_condition(NAME, "Failed", "JobFailed", "1 Worker replica(s) failed.")
+        c.fail_next("delete", status=503, times=10_000)
+
+    cluster.timeline = [fail]
+    with pytest.raises(JobFailed, match="failed: JobFailed: 1 Worker") as info:
+        run_job(backend, spec, timeout_s=3600)
+    assert any("cancelling the job failed too" in note for note in info.value.__notes__)
+
+
+# -- queued is not stuck ---------------------------------------------------------------------
+
+
+def queue_script(queued_polls: int, after: list) -> list:
+    """Kueue holds the job for `queued_polls` polls of 100 s, admits it, then `after` plays."""
+    return [*[lambda c: c.advance(100)] * queued_polls, lambda c: c.admit(NAME), *after]
+
+
+def test_a_queued_job_is_reported_and_its_pending_clock_starts_at_admission():
+    cluster = FakeCluster(kueue=True)
+    backend, spec, lines = make(cluster, **{"kubernetes.queue": "team-a", "kubernetes.pending_timeout_seconds": 300})
+
+    def pending(c: FakeCluster) -> None:
+        c.add_pod(NAME, "master", 0, "Pending")
+        c.advance(100)
+
+    cluster.timeline = queue_script(
+        20,  # 2000 s in the queue: far past pending_timeout_seconds
+        [
+            lambda c: c.advance(100),  # admitted, the operator has not made pods yet: 200 s
+            lambda c: c.advance(100),
+            pending,
+            lambda c: c.add_pod(NAME, "master", 0, "Running", logs=["[rank 0] epoch 1 loss 0.4"]),
+            lambda c: c.set_condition(NAME, "Succeeded"),
+        ],
+    )
+    run_job(backend, spec, timeout_s=7200)
+    queued = [line for line in lines if " is queued in " in line]
+    assert queued == [
+        f"kftrain: PyTorchJob {NAME} is queued in queue team-a (kueue.x-k8s.io/queue-name): suspended until "
+        "the queue admits it; the Pending clock starts when it is admitted"
+    ]
+    assert [line for line in lines if " admitted from " in line] == [
+        f"kftrain: PyTorchJob {NAME} admitted from queue team-a (kueue.x-k8s.io/queue-name) after 2000s"
+    ]
+    assert "[master-0] [rank 0] epoch 1 loss 0.4" in lines and ("delete", NAME) not in cluster.calls
+
+
+@pytest.mark.parametrize(
+    ("after_admission", "message"),
+    [
+        ([lambda c: c.advance(100)], r"has no pods 30\ds after it was admitted"),
+        (
+            [lambda c: (c.add_pod(NAME, "master", 0, "Pending"), c.advance(100))],
+            r"replica master-0 .* has been Pending for 30\ds \(kubernetes.pending_timeout_seconds=300\)",
+        ),
+    ],
+)
+def test_after_admission_the_pending_limit_applies_as_before(after_admission, message):
+    cluster = FakeCluster(kueue=True)
+    backend, spec, _ = make(cluster, **{"kubernetes.queue": "team-a", "kubernetes.pending_timeout_seconds": 300})
+    cluster.timeline = queue_script(20, after_admission)
+    with pytest.raises(JobFailed, match=message):
+        run_job(backend, spec, timeout_s=7200)
+    assert cluster.clock - T0 < dt.timedelta(seconds=2000 + 500)  # failed ~300 s after admission
+    assert NAME not in cluster.jobs
+
+
+def test_the_queue_limit_when_set_fails_naming_the_queue():
+    cluster = FakeCluster(kueue=True)
+    backend, spec, _ = make(cluster, **{"kubernetes.queue": "team-a", "kubernetes.queue_timeout_seconds": 600})
+    cluster.events[NAME] = [("Suspended", "Workload is waiting for quota")]
+    cluster.timeline = [lambda c: c.advance(100)]  # never admitted
+    with pytest.raises(JobFailed) as info:
+        run_job(backend, spec, timeout_s=7200)
+    assert re.search(
+        rf"PyTorchJob {NAME} waited 6\d\ds in queue team-a \(kueue.x-k8s.io/queue-name\) without being admitted "
+        r"\(kubernetes.queue_timeout_seconds=600\). Events: Suspended: Workload is waiting for quota",
+        str(info.value),
+    ), str(info.value)
+    assert NAME not in cluster.jobs
+
+
+def test_a_gang_scheduled_job_without_pods_is_queued_not_stuck():
+    cluster = FakeCluster()
+    overrides = {"kubernetes.scheduling_queue": "gpu", "kubernetes.min_available": 2}
+    backend, spec, lines = make(cluster, **{"kubernetes.pending_timeout_seconds": 300, **overrides})
+    # Volcano: the operator makes no pods until the PodGroup is admitted (here after 2000 s).
+    cluster.timeline = [
+        *[lambda c: c.advance(100)] * 20,
+        *running_then(lambda c: c.set_condition(NAME, "Succeeded")),
+    ]
+    run_job(backend, spec, timeout_s=7200)
+    assert any(
+        "is queued in queue gpu (runPolicy.schedulingPolicy.queue): no pods until the gang scheduler" in line
+        for line in lines
+    )
+    assert any("admitted from queue gpu" in line for line in lines)
+
+
+def test_a_preempted_job_is_reported_queued_again_and_readmitted():
+    cluster = FakeCluster(kueue=True)
+    backend, spec, lines = make(cluster, **{"kubernetes.queue": "team-a", "kubernetes.pending_timeout_seconds": 300})
+    start = running_then(lambda c: None)[0]
+    cluster.timeline = queue_script(
+        3,
+        [
+            start,
+            start,
+            lambda c: c.suspend(NAME),  # Kueue preempts: pods deleted, job suspended again
+            *queue_script(20, running_then(lambda c: c.set_condition(NAME, "Succeeded"))),
+        ],
+    )
+    run_job(backend, spec, timeout_s=7200)
+    assert len([line for line in lines if " is queued in " in line]) == 2
+    assert len([line for line in lines if " admitted from " in line]) == 2
+
+
+# -- logs by pod uid -------------------------------------------------------------------------
+
+
+def until(condition, timeout_s: float = 5.0) -> None:
+    """Real time for a log-stream thread to catch up (it runs beside the fake clock)."""
+    end = time.monotonic() + timeout_s
+    while not condition():
+        assert time.monotonic() < end, "timed out"
+        time.sleep(0.005)
+
+
+def test_a_pod_recreated_under_the_same_name_gets_its_log_streamed():
+    cluster = FakeCluster()
+    backend, spec, lines = make(cluster, **{"kubernetes.restart_policy": "ExitCode"})
+
+    def first(c: FakeCluster) -> None:
+        if f"{NAME}-master-0" not in c.pods:
+            c.add_pod(NAME, "master", 0, "Running", logs=["attempt 1: step 10"])
+
+    def recreated(c: FakeCluster) -> None:
+        until(lambda: "[master-0] attempt 1: step 10" in lines)  # the old pod's stream has been read
+        old_uid = c.pods[f"{NAME}-master-0"].metadata.uid
+        # exit 137 is retryable under ExitCode: the operator deletes the pod and makes a new one
+        c.recreate_pod(NAME, "master", 0, "Running", logs=["attempt 2: resumed at step 10"])
+        assert c.pods[f"{NAME}-master-0"].metadata.uid != old_uid
+
+    cluster.timeline = [first, first, recreated, lambda c: None, lambda c: c.set_condition(NAME, "Succeeded")]
+    run_job(backend, spec, timeout_s=60)
+    assert "[master-0] attempt 1: step 10" in lines
+    assert "[master-0] attempt 2: resumed at step 10" in lines  # same replica prefix, new stream
+
+
+@pytest.mark.parametrize(
+    "fault",
+    [
+        {"status": 400},  # e.g. `container "pytorch" in pod ... is waiting to start`
+        {"exc": RuntimeError("stream decoder failed")},
+    ],
+)
+def test_a_failing_log_stream_never_fails_the_launcher(fault):
+    cluster = FakeCluster()
+    backend, spec, lines = make(cluster)
+    cluster.fail_next("read_log", **fault)
+    cluster.timeline = running_then(lambda c: c.set_condition(NAME, "Succeeded"))
+    run_job(backend, spec, timeout_s=60)
+    assert any("(log stream ended:" in line for line in lines)
+    assert NAME in cluster.jobs and ("delete", NAME) not in cluster.calls

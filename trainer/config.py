@@ -350,6 +350,10 @@ class KubernetesConfig:
     """A replica pod Pending longer than this fails the step with its events (quota, image pull)."""
     poll_seconds: float = 5.0
     """How often the launcher checks the job's status."""
+    api_retry_budget_seconds: float = 300.0
+    """How long one Kubernetes API call retries transient errors (5xx, 429, connection) before the step fails."""
+    queue_timeout_seconds: int = 0
+    """Longest a job may wait in a queue (Kueue, gang scheduler) before admission; 0: no limit."""
 
     def __post_init__(self) -> None:
         p = "kubernetes"
@@ -406,6 +410,18 @@ class KubernetesConfig:
             "must be > 0",
         )
         _require(self.poll_seconds > 0, f"{p}.poll_seconds", self.poll_seconds, "must be > 0")
+        _require(
+            self.api_retry_budget_seconds > 0,
+            f"{p}.api_retry_budget_seconds",
+            self.api_retry_budget_seconds,
+            "must be > 0",
+        )
+        _require(
+            self.queue_timeout_seconds >= 0,
+            f"{p}.queue_timeout_seconds",
+            self.queue_timeout_seconds,
+            "must be >= 0 (0: no limit)",
+        )
         _require(
             bool(self.store_secret_keys),
             f"{p}.store_secret_keys",

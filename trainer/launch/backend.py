@@ -72,11 +72,19 @@ def _sigterm_raises() -> Iterator[None]:
 
 
 def run_job(backend: JobBackend, spec: JobSpec, timeout_s: float) -> None:
-    """Submit, wait, and cancel the job on any way out that is not success."""
+    """Submit, wait, and cancel the job on any way out that is not success.
+
+    The backend decides what is final: transient API errors are retried inside it, so whatever
+    reaches this point fails the step. If cancelling fails too, the original error is still the
+    one raised (the cancel failure is added as a note): it says why the step failed.
+    """
     with _sigterm_raises():
         try:
             backend.submit(spec)
             backend.wait(spec, timeout_s)
-        except BaseException:
-            backend.cancel(spec)
+        except BaseException as exc:
+            try:
+                backend.cancel(spec)
+            except Exception as cancel_exc:
+                exc.add_note(f"cancelling the job failed too, delete it by hand: {cancel_exc}")
             raise

@@ -11,7 +11,22 @@ What the old launchers got wrong and this one does:
 - a pod Pending past `kubernetes.pending_timeout_seconds` fails the step with its events
   (`Insufficient nvidia.com/gpu`, `ErrImagePull`, ...) instead of waiting forever;
 - the deadline is a real wall-clock deadline (`job.timeout_seconds`), not a per-request timeout;
-- every replica's log streams into the step's log with a `[master-0]` / `[worker-1]` prefix.
+- every replica's log streams into the step's log with a `[master-0]` / `[worker-1]` prefix,
+  one stream per pod uid and container restart, so a pod the operator deleted and recreated
+  under the same name (restartPolicy ExitCode) is streamed again;
+- transient API errors (5xx, 429, connection resets) are retried (`trainer/launch/retry.py`)
+  within `kubernetes.api_retry_budget_seconds`: only a final answer fails the step and deletes
+  the job (the Failed condition, a 4xx, the deadline, or the budget spent);
+- a job held in a queue (Kueue suspends it; a gang scheduler creates no pods until its PodGroup
+  is admitted) is reported as queued, with its queue, and again when admitted. The Pending clock
+  starts at admission; queue time has its own limit, `kubernetes.queue_timeout_seconds` (off by
+  default).
+
+Polling, not watching. Each poll is a fresh GET of the job and a fresh LIST of its pods, so
+there is no resourceVersion to expire and no 410 Gone to re-list after: a poll that fails is
+retried, and the next one sees the current state whatever happened in between. A watch would
+need the same retries plus re-list handling, and would only save a few seconds of latency on a
+job that runs for hours (`kubernetes.poll_seconds`).
 """
 
 from __future__ import annotations
@@ -19,6 +34,7 @@ from __future__ import annotations
 import collections
 import datetime as dt
 import os
+import random
 import threading
 import time
 from collections.abc import Callable
@@ -27,7 +43,15 @@ from typing import Any
 
 from trainer.launch.backend import JobFailed, JobTimeout, failure_excerpt
 from trainer.launch.preflight import validate_pytorchjob
-from trainer.launch.pytorchjob import GROUP, PLURAL, VERSION, owner_reference, pytorchjob_manifest
+from trainer.launch.pytorchjob import (
+    GROUP,
+    KUEUE_QUEUE_LABEL,
+    PLURAL,
+    VERSION,
+    owner_reference,
+    pytorchjob_manifest,
+)
+from trainer.launch.retry import ApiRetry, ApiUnavailable, describe, http_status
 from trainer.launch.spec import POD_NAME_ENV, POD_UID_ENV, JobSpec, require_object_store
 
 SA_NAMESPACE_FILE = Path("/var/run/secrets/kubernetes.io/serviceaccount/namespace")
@@ -50,15 +74,33 @@ def launcher_owner() -> dict[str, Any] | None:
     return owner_reference(name, uid) if name and uid else None
 
 
-def _status(exc: Exception) -> int | None:
-    return getattr(exc, "status", None)
-
-
-def _condition(job: dict[str, Any], kind: str) -> dict[str, Any] | None:
+def _condition(job: dict[str, Any], kind: str, status: str = "True") -> dict[str, Any] | None:
     for cond in (job.get("status") or {}).get("conditions") or []:
-        if cond.get("type") == kind and cond.get("status") == "True":
+        if cond.get("type") == kind and cond.get("status") == status:
             return cond
     return None
+
+
+def _run_policy(job: dict[str, Any]) -> dict[str, Any]:
+    return (job.get("spec") or {}).get("runPolicy") or {}
+
+
+def is_suspended(job: dict[str, Any]) -> bool:
+    """Held by a queue: `runPolicy.suspend` (Kueue sets it until it admits the job) or the
+    operator's `Suspended` condition (either may lag the other by a reconcile)."""
+    return bool(_run_policy(job).get("suspend")) or _condition(job, "Suspended") is not None
+
+
+def queue_of(job: dict[str, Any]) -> str:
+    """The queue a job waits in, as its user named it: Kueue's LocalQueue label, else the
+    gang scheduler's `runPolicy.schedulingPolicy.queue`."""
+    labels = (job.get("metadata") or {}).get("labels") or {}
+    if labels.get(KUEUE_QUEUE_LABEL):
+        return f"queue {labels[KUEUE_QUEUE_LABEL]} ({KUEUE_QUEUE_LABEL})"
+    queue = (_run_policy(job).get("schedulingPolicy") or {}).get("queue")
+    if queue:
+        return f"queue {queue} (runPolicy.schedulingPolicy.queue)"
+    return "a queue (none named on the job)"
 
 
 def _replica_key(pod: Any) -> str:
@@ -70,11 +112,72 @@ def _now() -> dt.datetime:
     return dt.datetime.now(dt.timezone.utc)
 
 
+class _Admission:
+    """Whether the job waits in a queue, since when, and when it was admitted.
+
+    The Pending clock starts at admission: time in a queue is the queue doing its job, not a
+    pod that cannot start. Admission is when the operator marked the job resumed (`Suspended`
+    False), else when this launcher first saw it out of the queue; a job never queued was
+    admitted when it was created.
+    """
+
+    def __init__(self) -> None:
+        self.queued_since: dt.datetime | None = None
+        self.admitted_at: dt.datetime | None = None
+        self.from_queue = False  # False: admitted_at is the job's creation (it was never queued)
+        self.seen_pods = False
+
+    def queued(self, job: dict[str, Any], pods: list[Any]) -> str | None:
+        """Why the job is queued, or None when it is admitted."""
+        self.seen_pods = self.seen_pods or bool(pods)
+        if is_suspended(job):
+            return "suspended until the queue admits it"
+        # Gang schedulers (Volcano) make the operator delay pod creation until the job's
+        # PodGroup is admitted: no pods yet and a schedulingPolicy means queued, not stuck.
+        if _run_policy(job).get("schedulingPolicy") and not self.seen_pods:
+            return "no pods until the gang scheduler admits its PodGroup"
+        return None
+
+    def enter_queue(self, job: dict[str, Any], now: dt.datetime) -> bool:
+        """Record that the job is queued; True the first time (so it is reported once)."""
+        if self.queued_since is not None:
+            return False
+        cond = _condition(job, "Suspended")
+        self.queued_since = _parse_time(cond["lastTransitionTime"]) if cond and cond.get("lastTransitionTime") else now
+        self.admitted_at = None
+        return True
+
+    def admit(self, job: dict[str, Any], now: dt.datetime) -> dt.timedelta | None:
+        """Record that the job is out of the queue; how long it was queued when it just left a
+        queue this launcher saw, else None."""
+        if self.admitted_at is not None:
+            return None
+        resumed = _condition(job, "Suspended", status="False")
+        was_queued = self.queued_since is not None
+        self.from_queue = was_queued or resumed is not None
+        if resumed and resumed.get("lastTransitionTime"):
+            self.admitted_at = _parse_time(resumed["lastTransitionTime"])
+        elif was_queued:
+            self.admitted_at = now
+        else:
+            created = (job.get("metadata") or {}).get("creationTimestamp")
+            self.admitted_at = _parse_time(created) if created else now
+        queued_for = self.admitted_at - self.queued_since if was_queued else None
+        self.queued_since = None
+        return queued_for
+
+    def pending_since(self, pod: Any) -> dt.datetime:
+        """When a Pending pod's clock started: its creation, but never before admission."""
+        created = pod.metadata.creation_timestamp
+        return max(created, self.admitted_at) if self.from_queue and self.admitted_at else created
+
+
 class KubernetesBackend:
     """PyTorchJobs through the Kubernetes API.
 
     `custom_api` / `core_api` are a `kubernetes.client.CustomObjectsApi` and `CoreV1Api` (the
     in-cluster or kubeconfig client by default); tests pass a fake object with the same methods.
+    Every call goes through one retry policy (:class:`ApiRetry`) on the injected `now`/`sleep`.
     """
 
     def __init__(
@@ -86,6 +189,7 @@ class KubernetesBackend:
         log: Callable[[str], None] | None = None,
         now: Callable[[], dt.datetime] = _now,
         sleep: Callable[[float], None] = time.sleep,
+        rng: Callable[[], float] = random.random,
     ) -> None:
         if custom_api is None or core_api is None:
             from kubernetes import client, config
@@ -99,7 +203,10 @@ class KubernetesBackend:
         self._home = namespace or current_namespace()  # the launcher pod's own namespace
         self._owner = owner if owner is not None else launcher_owner()
         self._log = log or (lambda line: print(line, flush=True))
-        self._now, self._sleep = now, sleep
+        self._now, self._sleep, self._rng = now, sleep, rng
+        self._deadline: dt.datetime | None = None  # while waiting: retries stop here too
+        # One stream per (pod uid, container restarts): a pod recreated under the same name
+        # has a new uid and so a new stream; the replica prefix comes from its labels.
         self._streams: dict[tuple[str, int], threading.Thread] = {}
         self._tails: dict[str, collections.deque] = {}
 
@@ -122,29 +229,89 @@ class KubernetesBackend:
     # -- the JobBackend interface ---------------------------------------------------------
 
     def submit(self, spec: JobSpec) -> None:
+        """Create the job; re-attach to it if it exists (replace it if it already Failed)."""
         manifest = self.manifest(spec)
         ns = self.namespace(spec)
         try:
-            self.custom.create_namespaced_custom_object(GROUP, VERSION, ns, PLURAL, manifest)
+            self._create(spec, manifest)
             self._log(f"kftrain: created PyTorchJob {ns}/{spec.name}")
             return
+        except JobFailed:
+            raise
         except Exception as exc:
-            if _status(exc) != 409:
-                raise JobFailed(f"cannot create PyTorchJob {ns}/{spec.name}: {exc}") from None
+            # 409 also when our own create took effect but its answer was lost and the retry
+            # found the job: re-attaching to it is right either way.
+            if http_status(exc) != 409:
+                raise JobFailed(f"cannot create PyTorchJob {ns}/{spec.name}: {describe(exc)}") from None
         existing = self._get(spec)
         if existing is not None and _condition(existing, "Failed"):
             # A retried step asks for a new attempt, not for the old failure again.
             self._log(f"kftrain: PyTorchJob {ns}/{spec.name} exists and Failed; replacing it")
             self.cancel(spec)
             self._wait_deleted(spec)
-            self.custom.create_namespaced_custom_object(GROUP, VERSION, ns, PLURAL, manifest)
+            self._create(spec, manifest)
             return
         self._log(f"kftrain: PyTorchJob {ns}/{spec.name} already exists; re-attaching to it")
         self._adopt(spec, existing)
 
     def wait(self, spec: JobSpec, timeout_s: float) -> None:
-        deadline = time.monotonic() + timeout_s
+        """Poll until Succeeded; raise on Failed, a pod Pending too long after admission, too
+        long in a queue (when limited), the deadline, or an API that stays unavailable."""
+        self._deadline = self._now() + dt.timedelta(seconds=timeout_s)
+        try:
+            self._wait(spec, timeout_s)
+        except ApiUnavailable as exc:
+            if exc.at_deadline:
+                raise JobTimeout(f"{self._timeout_message(spec, timeout_s)}; at the time, {exc}") from exc
+            raise
+        except JobFailed:
+            raise
+        except Exception as exc:
+            status = http_status(exc)
+            if status is None:
+                raise
+            # A final answer (401, 403, ...): one line for the step log, not the client's dump.
+            hint = " (the run's service account lacks RBAC in the job's namespace)" if status == 403 else ""
+            raise JobFailed(
+                f"the Kubernetes API refused a call while the launcher waited for PyTorchJob {spec.name}: "
+                f"{describe(exc)}{hint}"
+            ) from exc
+        finally:
+            self._deadline = None
+
+    def logs(self, spec: JobSpec, tail: int = 50) -> dict[str, list[str]]:
+        """The last `tail` lines of each replica's current container."""
+        out = {}
+        for pod in self._pods(spec):
+            out[_replica_key(pod)] = self._read_log(spec, pod.metadata.name, tail)
+        return out
+
+    def cancel(self, spec: JobSpec) -> None:
+        """Delete the job (Foreground: its pods go first); a job already gone is fine."""
+        ns = self.namespace(spec)
+        try:
+            self._api(
+                spec,
+                f"delete job {ns}/{spec.name}",
+                self.custom.delete_namespaced_custom_object,
+                GROUP,
+                VERSION,
+                ns,
+                PLURAL,
+                spec.name,
+                propagation_policy="Foreground",
+            )
+            self._log(f"kftrain: deleted PyTorchJob {spec.name}")
+        except Exception as exc:
+            if http_status(exc) != 404:
+                raise
+
+    # -- waiting --------------------------------------------------------------------------
+
+    def _wait(self, spec: JobSpec, timeout_s: float) -> None:
         pending_limit = dt.timedelta(seconds=spec.kubernetes.pending_timeout_seconds)
+        queue_limit = spec.kubernetes.queue_timeout_seconds
+        admission = _Admission()
         while True:
             job = self._get(spec)
             if job is None:
@@ -158,58 +325,95 @@ class KubernetesBackend:
                 self._finish_streams()
                 raise JobFailed(self._failure_message(spec, failed))
             pods = self._pods(spec)
+            now = self._now()
+            why_queued = admission.queued(job, pods)
+            if why_queued:
+                if admission.enter_queue(job, now):
+                    self._log(
+                        f"kftrain: PyTorchJob {spec.name} is queued in {queue_of(job)}: {why_queued}; "
+                        "the Pending clock starts when it is admitted"
+                    )
+                waited = now - admission.queued_since
+                if queue_limit and waited.total_seconds() > queue_limit:
+                    raise JobFailed(
+                        f"PyTorchJob {spec.name} waited {int(waited.total_seconds())}s in {queue_of(job)} "
+                        f"without being admitted (kubernetes.queue_timeout_seconds={queue_limit}). "
+                        f"Events: {self._events(spec, spec.name)}"
+                    )
+            elif (queued_for := admission.admit(job, now)) is not None:
+                self._log(
+                    f"kftrain: PyTorchJob {spec.name} admitted from {queue_of(job)} after "
+                    f"{max(0, int(queued_for.total_seconds()))}s"
+                )
             for pod in pods:
                 phase = pod.status.phase
-                if phase == "Pending":
-                    waited = self._now() - pod.metadata.creation_timestamp
+                if phase == "Pending" and not why_queued:
+                    waited = now - admission.pending_since(pod)
                     if waited > pending_limit:
                         raise JobFailed(self._pending_message(spec, pod, waited))
                 elif phase in ("Running", "Succeeded", "Failed"):
                     self._stream(spec, pod)
-            if not pods:
-                created = job.get("metadata", {}).get("creationTimestamp")
-                if created and self._now() - _parse_time(created) > pending_limit:
-                    raise JobFailed(
-                        f"PyTorchJob {spec.name} has no pods after {pending_limit}: it may be suspended "
-                        f"by a queue (Kueue) or blocked by quota. Events: {self._events(spec, spec.name)}"
-                    )
-            if time.monotonic() > deadline:
-                raise JobTimeout(
-                    f"PyTorchJob {spec.name} did not finish within {timeout_s:.0f}s (job.timeout_seconds); "
-                    "it has been deleted"
+            if not pods and not why_queued and now - admission.admitted_at > pending_limit:
+                since = "admitted" if admission.from_queue else "created"
+                raise JobFailed(
+                    f"PyTorchJob {spec.name} has no pods {int((now - admission.admitted_at).total_seconds())}s "
+                    f"after it was {since} (kubernetes.pending_timeout_seconds="
+                    f"{spec.kubernetes.pending_timeout_seconds}): the operator did not create them (a "
+                    f"ResourceQuota, a webhook, or a gang scheduler the job does not name). "
+                    f"Events: {self._events(spec, spec.name)}"
                 )
+            if now > self._deadline:
+                raise JobTimeout(self._timeout_message(spec, timeout_s))
             self._sleep(spec.kubernetes.poll_seconds)
 
-    def logs(self, spec: JobSpec, tail: int = 50) -> dict[str, list[str]]:
-        out = {}
-        for pod in self._pods(spec):
-            out[_replica_key(pod)] = self._read_log(spec, pod.metadata.name, tail)
-        return out
+    def _timeout_message(self, spec: JobSpec, timeout_s: float) -> str:
+        return (
+            f"PyTorchJob {spec.name} did not finish within {timeout_s:.0f}s (job.timeout_seconds); it has been deleted"
+        )
 
-    def cancel(self, spec: JobSpec) -> None:
-        try:
-            self.custom.delete_namespaced_custom_object(
-                GROUP, VERSION, self.namespace(spec), PLURAL, spec.name, propagation_policy="Foreground"
-            )
-            self._log(f"kftrain: deleted PyTorchJob {spec.name}")
-        except Exception as exc:
-            if _status(exc) != 404:
-                raise
+    # -- API calls, all through the retry -------------------------------------------------
 
-    # -- helpers --------------------------------------------------------------------------
+    def _api(self, spec: JobSpec, what: str, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+        retry = ApiRetry(
+            spec.kubernetes.api_retry_budget_seconds, now=self._now, sleep=self._sleep, log=self._log, rng=self._rng
+        )
+        return retry.call(what, fn, *args, stop_at=self._deadline, **kwargs)
+
+    def _create(self, spec: JobSpec, manifest: dict[str, Any]) -> None:
+        ns = self.namespace(spec)
+        self._api(
+            spec,
+            f"create job {ns}/{spec.name}",
+            self.custom.create_namespaced_custom_object,
+            GROUP,
+            VERSION,
+            ns,
+            PLURAL,
+            manifest,
+        )
 
     def _get(self, spec: JobSpec) -> dict[str, Any] | None:
+        ns = self.namespace(spec)
         try:
-            return self.custom.get_namespaced_custom_object(GROUP, VERSION, self.namespace(spec), PLURAL, spec.name)
+            return self._api(
+                spec,
+                f"get job {ns}/{spec.name}",
+                self.custom.get_namespaced_custom_object,
+                GROUP,
+                VERSION,
+                ns,
+                PLURAL,
+                spec.name,
+            )
         except Exception as exc:
-            if _status(exc) == 404:
+            if http_status(exc) == 404:
                 return None
             raise
 
     def _wait_deleted(self, spec: JobSpec, timeout_s: float = 300) -> None:
-        end = time.monotonic() + timeout_s
+        end = self._now() + dt.timedelta(seconds=timeout_s)
         while self._get(spec) is not None:
-            if time.monotonic() > end:
+            if self._now() > end:
                 raise JobFailed(f"old PyTorchJob {spec.name} was not deleted within {timeout_s:.0f}s")
             self._sleep(spec.kubernetes.poll_seconds)
 
@@ -222,41 +426,87 @@ class KubernetesBackend:
         if any(o.get("uid") == owner["uid"] for o in owners):
             return
         patch = {"metadata": {"ownerReferences": [*owners, owner]}}
-        self.custom.patch_namespaced_custom_object(GROUP, VERSION, self.namespace(spec), PLURAL, spec.name, patch)
+        ns = self.namespace(spec)
+        self._api(
+            spec,
+            f"patch job {ns}/{spec.name}",
+            self.custom.patch_namespaced_custom_object,
+            GROUP,
+            VERSION,
+            ns,
+            PLURAL,
+            spec.name,
+            patch,
+        )
 
     def _pods(self, spec: JobSpec) -> list[Any]:
-        pods = self.core.list_namespaced_pod(self.namespace(spec), label_selector=f"{JOB_NAME_LABEL}={spec.name}")
+        ns = self.namespace(spec)
+        pods = self._api(
+            spec,
+            f"list pods of job {ns}/{spec.name}",
+            self.core.list_namespaced_pod,
+            ns,
+            label_selector=f"{JOB_NAME_LABEL}={spec.name}",
+        )
         return sorted(pods.items, key=_replica_key)
 
     def _events(self, spec: JobSpec, obj_name: str) -> str:
-        events = self.core.list_namespaced_event(
-            self.namespace(spec), field_selector=f"involvedObject.name={obj_name}"
-        ).items
+        """Events of an object, for an error message: never the reason the message is lost."""
+        ns = self.namespace(spec)
+        try:
+            events = self._api(
+                spec,
+                f"list events of {ns}/{obj_name}",
+                self.core.list_namespaced_event,
+                ns,
+                field_selector=f"involvedObject.name={obj_name}",
+            ).items
+        except Exception as exc:
+            return f"unavailable ({describe(exc)})"
         return "; ".join(f"{e.reason}: {e.message}" for e in events) or "none"
 
     def _read_log(self, spec: JobSpec, pod_name: str, tail: int) -> list[str]:
+        ns = self.namespace(spec)
         try:
-            text = self.core.read_namespaced_pod_log(
-                pod_name, self.namespace(spec), container="pytorch", tail_lines=tail
+            text = self._api(
+                spec,
+                f"read log of pod {ns}/{pod_name}",
+                self.core.read_namespaced_pod_log,
+                pod_name,
+                ns,
+                container="pytorch",
+                tail_lines=tail,
             )
         except Exception as exc:
-            return [f"(log unavailable: {exc})"]
+            return [f"(log unavailable: {describe(exc)})"]
         return text.splitlines()
+
+    # -- log streaming --------------------------------------------------------------------
 
     def _stream(self, spec: JobSpec, pod: Any) -> None:
         name = pod.metadata.name
-        # One stream per container instance: a container restarted by its restartPolicy gets a
-        # new stream (the old one ended with the old container).
-        instance = (name, sum(cs.restart_count or 0 for cs in pod.status.container_statuses or []))
+        # One stream per container instance: a container restarted by its restartPolicy, or a
+        # pod recreated under the same name (new uid), gets a new stream (the old one ended
+        # with the old container).
+        restarts = sum(cs.restart_count or 0 for cs in pod.status.container_statuses or [])
+        instance = (pod.metadata.uid or name, restarts)
         if instance in self._streams:
             return
         key = _replica_key(pod)
         tail = self._tails.setdefault(key, collections.deque(maxlen=200))
+        ns = self.namespace(spec)
 
         def follow() -> None:
             try:
-                resp = self.core.read_namespaced_pod_log(
-                    name, self.namespace(spec), container="pytorch", follow=True, _preload_content=False
+                resp = self._api(
+                    spec,
+                    f"read log of pod {ns}/{name}",
+                    self.core.read_namespaced_pod_log,
+                    name,
+                    ns,
+                    container="pytorch",
+                    follow=True,
+                    _preload_content=False,
                 )
                 buf = b""
                 for chunk in resp.stream(4096):
@@ -271,20 +521,26 @@ class KubernetesBackend:
                     self._log(f"[{key}] {tail[-1]}")
                 resp.release_conn()
             except Exception as exc:  # a log stream must never fail the launcher
-                self._log(f"[{key}] (log stream ended: {exc})")
+                self._log(f"[{key}] (log stream ended: {describe(exc)})")
 
         thread = threading.Thread(target=follow, name=f"logs-{key}", daemon=True)
         self._streams[instance] = thread
         thread.start()
 
     def _finish_streams(self, timeout_s: float = 10) -> None:
-        end = time.monotonic() + timeout_s
-        for thread in self._streams.values():
+        end = time.monotonic() + timeout_s  # real time: threads join in real time, not the API clock
+        for thread in list(self._streams.values()):
             thread.join(timeout=max(0.0, end - time.monotonic()))
+
+    # -- error messages -------------------------------------------------------------------
 
     def _failure_message(self, spec: JobSpec, cond: dict[str, Any]) -> str:
         lines = [f"PyTorchJob {spec.name} failed: {cond.get('reason', 'Failed')}: {cond.get('message', '')}".rstrip()]
-        for pod in self._pods(spec):
+        try:
+            pods = self._pods(spec)
+        except Exception as exc:  # the job's Failed condition is the answer; pods are evidence
+            return "\n".join([*lines, f"(replica pods unavailable: {describe(exc)})"])
+        for pod in pods:
             code = _exit_code(pod)
             if pod.status.phase == "Failed" or code not in (None, 0):
                 key = _replica_key(pod)
