@@ -1,51 +1,150 @@
-"""Pipeline and component parameters <-> the trainer's config tree, in one table.
+"""The typed knobs of the KFP UI <-> the trainer's config tree, in one table.
 
-A component receives the whole config as YAML/JSON text (`config`) plus a few explicit
-parameters that the KFP UI shows; the explicit ones win, except empty strings. The names here are the one spelling
-of each concept in the UI, on the command line and in code.
+The config text is the base of every run; a typed parameter overrides its field only when the
+user set it. Unset is a value no field accepts: `-1` for numbers, empty text, `{}` and `[]`
+(KFP's local runner cannot pass a missing optional parameter, so `None` is not an option).
+
+This table generates the pipeline's signature and its parameter docs
+(`pipelines/training.py`), the `configure` component's docs, and the README table is checked
+against it. The `configure` component's signature is written out, because KFP embeds the
+function's source in the compiled YAML; a test holds it to this table.
 """
 
 from __future__ import annotations
 
+import dataclasses
+import inspect
+import math
 from typing import Any
 
-from trainer.config import Config, parse_config
+from trainer.config import Config, ConfigError, parse_config
 
-#: parameter name -> dotted config field
-PARAM_FIELDS: dict[str, str] = {
-    "data_source": "data.source",
-    "replicas": "job.replicas",
-    "nproc_per_node": "job.nproc_per_node",
-    "epochs": "train.epochs",
-    "batch_size": "train.batch_size",
-    "learning_rate": "train.learning_rate",
-    "image": "job.image",
-    "timeout_seconds": "job.timeout_seconds",
-    "gpus_per_node": "kubernetes.gpus_per_node",
-    "queue": "kubernetes.queue",
-    "store": "store.uri",
-    "s3_endpoint": "store.endpoint",
-}
+#: The Secret KFP itself uses for its artifact store; the step pods mount it.
+DEFAULT_STORE_SECRET = "mlpipeline-minio-artifact"
+UNSET: dict[type, Any] = {int: -1, float: -1.0, str: "", dict: {}, list: []}
 
 
-def config_from_params(config: str = "", **params: Any) -> Config:
-    """The validated config: `config` text with the explicit parameters applied on top.
+@dataclasses.dataclass(frozen=True, slots=True)
+class Param:
+    """One typed pipeline parameter that sets one config field."""
 
-    An empty-string parameter (`data_source=""`, `store=""`) leaves the config's value.
-    """
-    unknown = sorted(set(params) - set(PARAM_FIELDS))
+    name: str
+    """The parameter's name in the UI, the CLI (`--param NAME=...`) and the code."""
+    field: str
+    """The dotted config field it sets."""
+    type: type
+    """Its KFP type: int, float, str, dict or list."""
+    help: str
+    """What it is, in one line (the effective default is appended from the config's defaults)."""
+
+    @property
+    def unset(self) -> Any:
+        """The default that means "take the config's value"."""
+        return UNSET[self.type]
+
+
+PARAMS: tuple[Param, ...] = (
+    Param("data_source", "data.source", str, "`digits`/CSV URI (classification), `python-stdlib`/text URI (causal_lm)."),
+    Param("replicas", "job.replicas", int, "Training replicas in total: 1 Master + (replicas - 1) Workers."),
+    Param("nproc_per_node", "job.nproc_per_node", int, "Training processes (GPUs) per replica."),
+    Param("epochs", "train.epochs", int, "Passes over the training split."),
+    Param("batch_size", "train.batch_size", int, "Global batch size; must divide by replicas x nproc_per_node."),
+    Param("learning_rate", "train.learning_rate", float, "AdamW learning rate."),
+    Param("image", "job.image", str, "Image of the training replicas."),
+    Param("timeout_seconds", "job.timeout_seconds", int, "Wall-clock limit of the training job."),
+    Param("gpus_per_node", "kubernetes.gpus_per_node", int, "GPUs per replica (0: CPU); equals nproc_per_node."),
+    Param("queue", "kubernetes.queue", str, "Kueue LocalQueue of the training job."),
+    Param("node_selector", "kubernetes.node_selector", dict, "nodeSelector labels of the replica pods."),
+    Param("tolerations", "kubernetes.tolerations", list, "Tolerations of the replica pods, as in a pod spec."),
+    Param("store", "store.uri", str, "Artifact root (`s3://bucket/prefix`); empty everywhere: KFP's pipeline root."),
+    Param("s3_endpoint", "store.endpoint", str, "S3 endpoint URL of the store (`http://host:9000`)."),
+)
+BY_NAME = {p.name: p for p in PARAMS}
+
+
+def _get(obj: Any, dotted: str) -> Any:
+    for part in dotted.split("."):
+        obj = getattr(obj, part)
+    return obj
+
+
+def effective_default(param: Param) -> Any:
+    """The value a run gets when neither the config text nor the parameter sets the field."""
+    return _get(Config(), param.field)
+
+
+def param_help(param: Param) -> str:
+    """The parameter's doc line: what it is, and what its unset value means."""
+    shown = "empty" if effective_default(param) in ("", {}, []) else repr(effective_default(param))
+    unset = {int: "-1", float: "-1", str: "empty", dict: "{}", list: "[]"}[param.type]
+    return f"{param.help} {unset}: the config's value (by default {shown})."
+
+
+def signature(leading: list[inspect.Parameter], trailing: list[inspect.Parameter]) -> inspect.Signature:
+    """A function signature with every knob of the table, unset by default, between two groups."""
+    knobs = [
+        inspect.Parameter(p.name, inspect.Parameter.KEYWORD_ONLY, default=p.unset, annotation=p.type) for p in PARAMS
+    ]
+    return inspect.Signature([*leading, *knobs, *trailing])
+
+
+def with_knob_docs(func: Any) -> Any:
+    """Fill the `{knobs}` line of `func`'s docstring with an `Args:` entry per knob (KFP shows
+    these descriptions in its UI)."""
+    lines = "\n".join(f"        {p.name}: {param_help(p)}" for p in PARAMS)
+    func.__doc__ = func.__doc__.replace("{knobs}", lines)
+    return func
+
+
+def _plain(value: Any) -> Any:
+    """Undo protobuf's numbers: KFP passes every number in a dict or list parameter as a float,
+    but Kubernetes wants `tolerationSeconds: 300`, not `300.0`."""
+    if isinstance(value, dict):
+        return {k: _plain(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_plain(v) for v in value]
+    if isinstance(value, float) and math.isfinite(value) and value.is_integer():
+        return int(value)
+    return value
+
+
+def overrides_from_params(**params: Any) -> dict[str, Any]:
+    """Dotted config overrides for the parameters that are set (not at their unset value)."""
+    unknown = sorted(set(params) - set(BY_NAME))
     if unknown:
-        raise TypeError(f"unknown parameter(s) {unknown}; known: {sorted(PARAM_FIELDS)}")
-    overrides = {PARAM_FIELDS[k]: v for k, v in params.items() if v != ""}
-    return parse_config(config, overrides, origin="config")
-
-
-def params_from_config(cfg: Config) -> dict[str, Any]:
-    """The explicit parameter values that reproduce `cfg` (inverse of :func:`config_from_params`)."""
-    out: dict[str, Any] = {}
-    for name, dotted in PARAM_FIELDS.items():
-        node: Any = cfg
-        for part in dotted.split("."):
-            node = getattr(node, part)
-        out[name] = node
+        raise TypeError(f"unknown parameter(s) {unknown}; known: {sorted(BY_NAME)}")
+    out = {}
+    for name, value in params.items():
+        param = BY_NAME[name]
+        if value is None or value == param.unset:
+            continue
+        out[param.field] = _plain(value) if param.type in (dict, list) else value
     return out
+
+
+def config_from_params(config: str = "", store_secret: str = "", **params: Any) -> Config:
+    """The validated config: `config` text, with the parameters that are set applied on top.
+
+    `store_secret` is the Secret the KFP step pods mount (fixed when the pod is created, so it
+    cannot come from the config text): the replicas must use the same one. A config that names
+    another Secret is an error rather than a run whose steps and replicas disagree.
+    """
+    cfg = parse_config(config, overrides_from_params(**params), origin="config")
+    if store_secret and store_secret != cfg.kubernetes.store_secret:
+        if "store_secret" in _raw_kubernetes(config):
+            raise ConfigError(
+                f"kubernetes.store_secret: the config names {cfg.kubernetes.store_secret!r} but the pipeline's "
+                f"store_secret parameter, which the step pods mount, is {store_secret!r}: set the parameter "
+                f"to {cfg.kubernetes.store_secret!r} (or drop the field from the config)"
+            )
+        cfg = parse_config(config, {**overrides_from_params(**params), "kubernetes.store_secret": store_secret})
+    return cfg
+
+
+def _raw_kubernetes(config: str) -> dict[str, Any]:
+    import yaml
+
+    loaded = yaml.safe_load(config) if config.strip() else None
+    section = loaded.get("kubernetes") if isinstance(loaded, dict) else None
+    return section if isinstance(section, dict) else {}
+

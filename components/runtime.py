@@ -1,21 +1,44 @@
 """Helpers the component functions call at run time (inside the project image).
 
 Artifacts are addressed by URI, never by KFP's local mirror path: every step reads and writes
-the object store itself, as the training replicas must. With `store` set, outputs go under
-`<store>/<run_id>/<output name>` instead of KFP's pipeline root, and the artifact's URI says so.
+the object store itself, as the training replicas must. With `store.uri` set (in the config or
+as the `store` parameter), outputs go under `<store>/<task identity>/<output name>` instead of
+KFP's pipeline root, and the artifact's URI says so.
 """
 
 from __future__ import annotations
 
+import hashlib
 from typing import Any
 
 from trainer.storage import join_uri
 
 
-def output_uri(artifact: Any, store: str, run_id: str, name: str) -> str:
+def task_identity(run_id: str, task_name: str, dag_execution_id: str, artifact_uri: str) -> str:
+    """Who this task is: unique within its run and the same when KFP retries the task.
+
+    KFP's driver replaces a parameter whose whole constant value is a placeholder
+    (kubeflow/pipelines backend/src/v2/driver/resolve.go, the `RuntimeValue` case of input
+    parameter resolution: an exact `switch`, so placeholders inside longer strings stay as
+    they are): `{{$.pipeline_job_uuid}}` -> the run id, `{{$.pipeline_task_name}}` -> the
+    task's name in its DAG, and `{{$.pipeline_task_uuid}}` -> the id of the *enclosing DAG's*
+    execution (`opts.DAGExecutionID`), not the task's own. Two tasks of one DAG differ by name;
+    the iterations of a ParallelFor share the name but each is its own DAG execution; a retried
+    task keeps all three. So together they name a task exactly.
+
+    A component wired by hand without them falls back to its output artifact's URI: the driver
+    salts it with a fresh uuid per task execution (driver.go, `provisionOutputs`) and a retried
+    pod reuses it.
+    """
+    if run_id and task_name:
+        return f"{run_id}/{task_name}-{dag_execution_id}" if dag_execution_id else f"{run_id}/{task_name}"
+    return "task-" + hashlib.sha256(artifact_uri.encode()).hexdigest()[:16]
+
+
+def output_uri(artifact: Any, store: str, identity: str, name: str) -> str:
     """Where an output artifact's content goes; records it as the artifact's URI."""
     if store:
-        artifact.uri = join_uri(store, run_id, name)
+        artifact.uri = join_uri(store, identity, name)
     return artifact.uri
 
 

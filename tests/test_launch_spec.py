@@ -55,11 +55,11 @@ def test_job_name_must_be_dns_1035(name):
         spec(name=name)
 
 
-def test_job_name_is_deterministic_per_run_and_task():
-    a = job_name("run-1", "task-1")
-    assert a == job_name("run-1", "task-1")
-    assert a != job_name("run-1", "task-2")
-    assert a != job_name("run-2", "task-1")
+def test_job_name_is_deterministic_per_task_identity():
+    a = job_name("run-1/train-7")
+    assert a == job_name("run-1/train-7")
+    assert a != job_name("run-1/train-2-7")
+    assert a != job_name("run-2/train-7")
     spec(name=a)  # valid
 
 

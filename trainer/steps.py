@@ -55,17 +55,19 @@ def train_model(
     dataset_uri: str,
     model_uri: str,
     backend: JobBackend,
-    run_id: str = "local",
-    task_id: str = "train",
+    identity: str = "local/train",
 ) -> dict[str, Any]:
-    """Run the distributed training job to completion; return rank 0's training record."""
+    """Run the distributed training job to completion; return rank 0's training record.
+
+    `identity` names the task (`components.runtime.task_identity`); the job's name derives from it.
+    """
     from trainer.data import read_manifest
     from trainer.launch.job import training_job
     from trainer.train import TRAINING_RECORD
 
     store = store_for(cfg, model_uri, check=True)
     read_manifest(store_for(cfg, dataset_uri), dataset_uri)  # fail now, not in every replica
-    spec = training_job(cfg, job_name(run_id, task_id), dataset_uri, model_uri)
+    spec = training_job(cfg, job_name(identity), dataset_uri, model_uri)
     run_job(backend, spec, cfg.job.timeout_seconds)
     return json.loads(store.get_bytes(join_uri(model_uri, TRAINING_RECORD)))
 

@@ -78,9 +78,10 @@ class JobSpec:
         return f"{self.name}-{MASTER}-0"
 
 
-def job_name(run_id: str, task_id: str, prefix: str = "kftrain") -> str:
-    """A deterministic DNS-1035 job name for one KFP run and task: a retry finds the same job."""
-    digest = hashlib.sha256(f"{run_id}/{task_id}".encode()).hexdigest()[:12]
+def job_name(identity: str, prefix: str = "kftrain") -> str:
+    """A deterministic DNS-1035 job name for one task (`components.runtime.task_identity`):
+    a retry of the task finds the same job, another task gets another one."""
+    digest = hashlib.sha256(identity.encode()).hexdigest()[:12]
     return f"{prefix}-{digest}"
 
 
