@@ -1,8 +1,7 @@
 """The bring-your-own-image launcher: the pure builder, its manifest, and the Kubernetes backend
 (against the FAKE API in tests/fake_kube.py) running a job named from the task identity."""
 
-from __future__ import annotations
-
+# No `from __future__ import annotations`: KFP reads the test pipeline's annotations as types.
 import json
 
 import pytest
@@ -261,3 +260,40 @@ def test_the_component_refuses_a_local_output_path_on_a_cluster(tmp_path):
     model = Model(name="model", uri=str(tmp_path / "model"))
     with pytest.raises(ConfigError, match="output URI: .* is a local path"):
         pytorchjob.python_func(image="user/img:1", command=["python", "train.py"], model=model, launcher="kubernetes")
+
+
+def test_the_component_compiles_to_yaml_that_a_pipeline_loads(tmp_path):
+    """What the README shows: load the compiled component, turn caching off, expose the pod."""
+    import yaml
+    from kfp import compiler, dsl
+    from kfp.components import load_component_from_file
+
+    from components.pytorchjob import launcher_task_options, pytorchjob
+
+    compiler.Compiler().compile(pytorchjob, str(tmp_path / "pytorchjob.yaml"))
+    loaded = load_component_from_file(str(tmp_path / "pytorchjob.yaml"))
+
+    @dsl.pipeline(name="byo")
+    def byo_pipeline(data_uri: str = "s3://datasets/digits/v1"):
+        data = dsl.importer(artifact_uri=data_uri, artifact_class=dsl.Dataset)
+        job = loaded(
+            image="user/img:1",
+            command=["torchrun", "/app/train.py"],
+            input_data=data.output,
+            tolerations=[TOLERATION],
+            run_id=dsl.PIPELINE_JOB_ID_PLACEHOLDER,
+            task_name=dsl.PIPELINE_TASK_NAME_PLACEHOLDER,
+            dag_execution_id=dsl.PIPELINE_TASK_ID_PLACEHOLDER,
+        )
+        launcher_task_options(job)
+
+    compiler.Compiler().compile(byo_pipeline, str(tmp_path / "p.yaml"))
+    docs = list(yaml.safe_load_all((tmp_path / "p.yaml").read_text()))
+    task = docs[0]["root"]["dag"]["tasks"]["pytorchjob"]
+    assert task["cachingOptions"] == {}  # KFP writes caching off as an empty mapping
+    assert task["inputs"]["parameters"]["task_name"]["runtimeValue"]["constant"] == "{{$.pipeline_task_name}}"
+    envs = docs[1]["platforms"]["kubernetes"]["deploymentSpec"]["executors"]["exec-pytorchjob"]["fieldPathAsEnv"]
+    assert {e["name"]: e["fieldPath"] for e in envs} == {
+        "KFTRAIN_POD_NAME": "metadata.name",
+        "KFTRAIN_POD_UID": "metadata.uid",
+    }
