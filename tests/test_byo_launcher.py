@@ -118,6 +118,7 @@ def test_pod_settings_reach_the_manifest_and_pass_preflight():
         ("client_secret", "abc"),
         ("MY_SECRET_SAUCE", "abc"),
         ("GIT_CREDENTIALS", "abc"),
+        ("DEPLOY_SSH_KEY", "abc"),
         ("SOME_SETTING", "AKIAIOSFODNN7EXAMPLE"),
         ("SOME_SETTING", "-----BEGIN RSA PRIVATE KEY-----\nMIIE"),
         ("SOME_SETTING", "ghp_" + "a1B2" * 9),

@@ -47,7 +47,9 @@ def _require(ok: bool, path: str, value: Any, expectation: str) -> None:
 #: Words of an environment variable's name that mark a credential (`HF_TOKEN`, `DB_PASSWORD`);
 #: whole words, so `TOKENIZERS_PARALLELISM` stays allowed.
 _CREDENTIAL_WORDS = frozenset({"TOKEN", "PASSWORD", "PASSWD", "PASSPHRASE", "CREDENTIAL", "CREDENTIALS", "APIKEY"})
-_CREDENTIAL_PAIRS = frozenset({("ACCESS", "KEY"), ("API", "KEY"), ("PRIVATE", "KEY"), ("SESSION", "KEY")})
+_CREDENTIAL_PAIRS = frozenset(
+    {("ACCESS", "KEY"), ("API", "KEY"), ("PRIVATE", "KEY"), ("SESSION", "KEY"), ("SSH", "KEY"), ("SIGNING", "KEY")}
+)
 #: Values that are credentials whatever the variable is called.
 _CREDENTIAL_VALUES = (
     re.compile(r"\b(AKIA|ASIA)[A-Z0-9]{16}\b"),  # an AWS access key id
