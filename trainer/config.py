@@ -31,6 +31,8 @@ RESTART_POLICIES = ("Always", "OnFailure", "Never", "ExitCode")
 CLEAN_POD_POLICIES = ("None", "Running", "All")
 _QUANTITY = re.compile(r"^[0-9]+(\.[0-9]+)?(m|k|M|G|T|P|E|Ki|Mi|Gi|Ti|Pi|Ei)?$")
 _LABEL_VALUE = re.compile(r"^(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?$")
+#: The memory-backed volume kftrain mounts at /dev/shm (`kubernetes.shm_size`).
+SHM_VOLUME = "dshm"
 _DNS_1123 = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
 
 
@@ -41,6 +43,48 @@ class ConfigError(ValueError):
 def _require(ok: bool, path: str, value: Any, expectation: str) -> None:
     if not ok:
         raise ConfigError(f"{path}: {expectation}, got {value!r}")
+
+
+#: Words of an environment variable's name that mark a credential (`HF_TOKEN`, `DB_PASSWORD`);
+#: whole words, so `TOKENIZERS_PARALLELISM` stays allowed.
+_CREDENTIAL_WORDS = frozenset({"TOKEN", "PASSWORD", "PASSWD", "PASSPHRASE", "CREDENTIAL", "CREDENTIALS", "APIKEY"})
+_CREDENTIAL_PAIRS = frozenset(
+    {("ACCESS", "KEY"), ("API", "KEY"), ("PRIVATE", "KEY"), ("SESSION", "KEY"), ("SSH", "KEY"), ("SIGNING", "KEY")}
+)
+#: Values that are credentials whatever the variable is called.
+_CREDENTIAL_VALUES = (
+    re.compile(r"\b(AKIA|ASIA)[A-Z0-9]{16}\b"),  # an AWS access key id
+    re.compile(r"-----BEGIN [A-Z ]*PRIVATE KEY-----"),
+    re.compile(r"\b(ghp|gho|ghs|ghu|github_pat)_[A-Za-z0-9_]{20,}"),  # GitHub tokens
+    re.compile(r"\bhf_[A-Za-z0-9]{30,}"),  # Hugging Face tokens
+    re.compile(r"\bxox[abposr]-[A-Za-z0-9-]{10,}"),  # Slack tokens
+    re.compile(r"\bsk-[A-Za-z0-9_-]{20,}"),  # OpenAI-style API keys
+    re.compile(r"^[a-z][a-z0-9+.-]*://[^/@:\s]+:[^/@\s]+@"),  # a URL with user:password
+)
+
+
+def check_plain_env(env: dict[str, Any], path: str, secret_hint: str) -> None:
+    """Refuse credentials in a plain (non-secret) environment mapping.
+
+    Plain environment ends up in pipeline parameters, compiled YAML, the PyTorchJob object and
+    `kubectl describe`: a key there is a leaked key. A variable is refused when its name looks like
+    a credential (`*SECRET*`, `*_TOKEN`, `*_PASSWORD`, `*_ACCESS_KEY*`, ...) or its value does (an
+    AWS key id, a private key, a known token format, a URL with a password). The error names the
+    variable, never the value, and says where credentials go instead (`secret_hint`).
+    """
+    for name, value in env.items():
+        _require(isinstance(name, str) and bool(name), path, name, "variable names must be non-empty text")
+        words = [w for w in re.split(r"[^A-Z0-9]+", name.upper()) if w]
+        pairs = set(zip(words, words[1:], strict=False))
+        by_name = "SECRET" in name.upper() or bool(_CREDENTIAL_WORDS & set(words)) or bool(_CREDENTIAL_PAIRS & pairs)
+        by_value = isinstance(value, str) and any(p.search(value) for p in _CREDENTIAL_VALUES)
+        if by_name or by_value:
+            looks = "name" if by_name else "value"
+            raise ConfigError(
+                f"{path}.{name}: its {looks} looks like a credential, and plain environment is visible in "
+                f"parameters, YAML and the job object; pass credentials from a Kubernetes Secret instead "
+                f"({secret_hint})"
+            )
 
 
 @dataclass(kw_only=True, slots=True)
@@ -345,7 +389,11 @@ class KubernetesConfig:
     )
     """Key in `store_secret` -> environment variable it fills."""
     env: dict[str, str] = field(default_factory=dict)
-    """Extra non-secret environment of the replicas."""
+    """Extra non-secret environment of the replicas (credential-looking names and values are refused)."""
+    volumes: list[dict[str, Any]] = field(default_factory=list)
+    """Extra pod volumes, as in a pod spec (`name` plus one source: `persistentVolumeClaim`, `secret`, ...)."""
+    volume_mounts: list[dict[str, Any]] = field(default_factory=list)
+    """Mounts of `volumes` in the training container, as in a pod spec (`name`, `mountPath`, `readOnly`)."""
     pending_timeout_seconds: int = 900
     """A replica pod Pending longer than this fails the step with its events (quota, image pull)."""
     poll_seconds: float = 5.0
@@ -428,6 +476,44 @@ class KubernetesConfig:
             self.store_secret_keys,
             "must not be empty",
         )
+        check_plain_env(
+            self.env, f"{p}.env", f"{p}.store_secret and {p}.store_secret_keys map Secret keys to variables"
+        )
+        self._check_volumes()
+
+    def _check_volumes(self) -> None:
+        """Names the API server would reject only after the job was created (a mount of an unknown
+        volume, a duplicate name, a clash with our `/dev/shm` volume) fail here instead."""
+        p = "kubernetes"
+        names: list[str] = []
+        for i, vol in enumerate(self.volumes):
+            _require(
+                isinstance(vol, dict) and bool(vol.get("name")),
+                f"{p}.volumes[{i}]",
+                vol,
+                "must be a mapping with a name",
+            )
+            _require(
+                vol["name"] not in names, f"{p}.volumes[{i}].name", vol["name"], "must be unique among the volumes"
+            )
+            _require(
+                not (self.shm_size and vol["name"] == SHM_VOLUME),
+                f"{p}.volumes[{i}].name",
+                vol["name"],
+                "is the name of kftrain's /dev/shm volume (kubernetes.shm_size); choose another",
+            )
+            names.append(vol["name"])
+        for i, mount in enumerate(self.volume_mounts):
+            where = f"{p}.volume_mounts[{i}]"
+            _require(
+                isinstance(mount, dict) and bool(mount.get("name")) and bool(mount.get("mountPath")),
+                where,
+                mount,
+                "must be a mapping with `name` and `mountPath` (pod-spec spelling)",
+            )
+            _require(
+                mount["name"] in names, f"{where}.name", mount["name"], f"must name one of kubernetes.volumes {names}"
+            )
 
 
 @dataclass(kw_only=True, slots=True)

@@ -35,12 +35,19 @@ def prepare_data(cfg: Config, dataset_uri: str) -> dict[str, Any]:
     return get_task(cfg.task).prepare(cfg, store_for(cfg, dataset_uri, check=True), dataset_uri)
 
 
-def select_backend(launcher: str, log: Callable[[str], None] | None = None) -> JobBackend:
-    """`auto` picks Kubernetes inside a pod (the service-account env is present), else local."""
+def resolve_launcher(launcher: str) -> str:
+    """`local` or `kubernetes`: `auto` picks Kubernetes inside a pod (the service-account env is
+    present), else local."""
     if launcher not in LAUNCHERS:
         raise ValueError(f"launcher must be one of {', '.join(LAUNCHERS)}, got {launcher!r}")
     if launcher == "auto":
-        launcher = "kubernetes" if os.environ.get("KUBERNETES_SERVICE_HOST") else "local"
+        return "kubernetes" if os.environ.get("KUBERNETES_SERVICE_HOST") else "local"
+    return launcher
+
+
+def select_backend(launcher: str, log: Callable[[str], None] | None = None) -> JobBackend:
+    """The job backend for `launcher` (see :func:`resolve_launcher`)."""
+    launcher = resolve_launcher(launcher)
     if launcher == "local":
         from trainer.launch.local import LocalBackend
 

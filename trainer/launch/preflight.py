@@ -1,11 +1,12 @@
 """Preflight validation of a PyTorchJob manifest, before anything is submitted.
 
-Three checks, each error naming the field:
+Three kinds of checks, each error naming the field:
 
 1. the PyTorchJob CRD's structural schema (shipped in `schemas/`), made strict: an unknown field
    anywhere is an error (the CRD itself has no `additionalProperties: false`, so the API server
    would silently drop a misspelt field);
-2. the Training Operator's admission-webhook rules, which the schema cannot express;
+2. the Training Operator's admission-webhook rules, which the schema cannot express, and the
+   API server's pod rule that every volumeMount names a volume of the pod;
 3. each replica's pod template against the core Kubernetes schemas (kubernetes-validate), when
    that package is installed (it is in the project image and the test extra).
 """
@@ -107,6 +108,26 @@ def validate_webhook_rules(manifest: dict[str, Any]) -> None:
             raise ManifestError(f"PyTorchJob spec.elasticPolicy.minReplicas: {lo} exceeds maxReplicas {hi}")
 
 
+def validate_volume_references(manifest: dict[str, Any]) -> None:
+    """Every volumeMount names a volume of its pod, and volume names are unique: the API server's
+    pod validation, which neither the CRD schema nor the core JSON schemas express, and which
+    would otherwise surface only as pods that never get created."""
+    for rtype, rspec in (manifest.get("spec", {}).get("pytorchReplicaSpecs") or {}).items():
+        pod = rspec.get("template", {}).get("spec", {})
+        where = f"PyTorchJob spec.pytorchReplicaSpecs.{rtype}.template.spec"
+        names = [v.get("name") for v in pod.get("volumes") or []]
+        for i, name in enumerate(names):
+            if name in names[:i]:
+                raise ManifestError(f"{where}.volumes[{i}].name: {name!r} is used by more than one volume")
+        for c in pod.get("containers") or []:
+            for j, mount in enumerate(c.get("volumeMounts") or []):
+                if mount.get("name") not in names:
+                    raise ManifestError(
+                        f"{where}.containers[{c.get('name')}].volumeMounts[{j}].name: {mount.get('name')!r} "
+                        f"is not a volume of the pod (volumes: {names})"
+                    )
+
+
 def validate_pod_templates(manifest: dict[str, Any]) -> bool:
     """Each replica's pod template against the core Kubernetes schema; False when unavailable."""
     try:
@@ -132,4 +153,5 @@ def validate_pytorchjob(manifest: dict[str, Any]) -> None:
     """All preflight checks; raise :class:`ManifestError` naming the field on the first failure."""
     validate_webhook_rules(manifest)
     validate_schema(manifest)
+    validate_volume_references(manifest)
     validate_pod_templates(manifest)

@@ -11,6 +11,7 @@ from typing import Any
 from kubeflow.training import models as kt
 from kubernetes import client as k8s
 
+from trainer.config import SHM_VOLUME
 from trainer.launch.spec import DEFAULT_PORT, JobSpec
 
 GROUP, VERSION, PLURAL, KIND = "kubeflow.org", "v1", "pytorchjobs", "PyTorchJob"
@@ -18,7 +19,6 @@ CONTAINER = "pytorch"  # the operator finds the training container by this name
 PORT_NAME = "pytorchjob-port"
 KUEUE_QUEUE_LABEL = "kueue.x-k8s.io/queue-name"
 MANAGED_BY_LABEL = {"app.kubernetes.io/managed-by": "kftrain"}
-SHM_VOLUME = "dshm"
 
 
 def owner_reference(pod_name: str, pod_uid: str) -> dict[str, Any]:
@@ -37,6 +37,7 @@ def _container(spec: JobSpec) -> k8s.V1Container:
             ),
         )
         for key, var in sorted(kc.store_secret_keys.items())
+        if kc.store_secret  # no Secret: the pods get their store access otherwise (workload identity)
     ]
     amounts: dict[str, str] = {}
     if kc.cpu:
@@ -47,7 +48,8 @@ def _container(spec: JobSpec) -> k8s.V1Container:
     if kc.gpus_per_node:
         limits["nvidia.com/gpu"] = str(kc.gpus_per_node)
     resources = k8s.V1ResourceRequirements(requests=amounts or None, limits=limits or None)
-    mounts = [k8s.V1VolumeMount(name=SHM_VOLUME, mount_path="/dev/shm")] if kc.shm_size else None
+    mounts: list[Any] = [k8s.V1VolumeMount(name=SHM_VOLUME, mount_path="/dev/shm")] if kc.shm_size else []
+    mounts += [dict(m) for m in kc.volume_mounts]  # already in pod-spec form (camelCase)
     return k8s.V1Container(
         name=CONTAINER,
         image=spec.image,
@@ -56,20 +58,21 @@ def _container(spec: JobSpec) -> k8s.V1Container:
         env=env,
         ports=[k8s.V1ContainerPort(name=PORT_NAME, container_port=spec.port)],
         resources=resources if (amounts or limits) else None,
-        volume_mounts=mounts,
+        volume_mounts=mounts or None,
     )
 
 
 def _pod_template(spec: JobSpec) -> k8s.V1PodTemplateSpec:
     kc = spec.kubernetes
-    volumes = (
+    volumes: list[Any] = (
         [k8s.V1Volume(name=SHM_VOLUME, empty_dir=k8s.V1EmptyDirVolumeSource(medium="Memory", size_limit=kc.shm_size))]
         if kc.shm_size
-        else None
+        else []
     )
+    volumes += [dict(v) for v in kc.volumes]  # already in pod-spec form (camelCase)
     pod = k8s.V1PodSpec(
         containers=[_container(spec)],
-        volumes=volumes,
+        volumes=volumes or None,
         tolerations=list(kc.tolerations) or None,  # already in pod-spec form (camelCase)
         node_selector=dict(kc.node_selector) or None,
         affinity=dict(kc.affinity) or None,
