@@ -17,10 +17,10 @@ import inspect
 import math
 from typing import Any
 
-from trainer.config import Config, ConfigError, parse_config
+from trainer.config import KFP_STORE_SECRET, Config, ConfigError, parse_config
 
-#: The Secret KFP itself uses for its artifact store; the step pods mount it.
-DEFAULT_STORE_SECRET = "mlpipeline-minio-artifact"
+#: The Secret KFP itself uses for its artifact store; the step pods mount it by default.
+DEFAULT_STORE_SECRET = KFP_STORE_SECRET
 UNSET: dict[type, Any] = {int: -1, float: -1.0, str: "", dict: {}, list: []}
 
 
@@ -103,13 +103,13 @@ def with_knob_docs(func: Any) -> Any:
     return func
 
 
-def _plain(value: Any) -> Any:
+def plain_values(value: Any) -> Any:
     """Undo protobuf's numbers: KFP passes every number in a dict or list parameter as a float,
     but Kubernetes wants `tolerationSeconds: 300`, not `300.0`."""
     if isinstance(value, dict):
-        return {k: _plain(v) for k, v in value.items()}
+        return {k: plain_values(v) for k, v in value.items()}
     if isinstance(value, list):
-        return [_plain(v) for v in value]
+        return [plain_values(v) for v in value]
     if isinstance(value, float) and math.isfinite(value) and value.is_integer():
         return int(value)
     return value
@@ -125,7 +125,7 @@ def overrides_from_params(**params: Any) -> dict[str, Any]:
         param = BY_NAME[name]
         if value is None or value == param.unset:
             continue
-        out[param.field] = _plain(value) if param.type in (dict, list) else value
+        out[param.field] = plain_values(value) if param.type in (dict, list) else value
     return out
 
 

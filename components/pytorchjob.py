@@ -2,14 +2,14 @@
 
 The replicas need not contain kftrain: they get the Training Operator's environment plus the
 artifact URIs and store credentials (`trainer/launch/custom.py` documents the contract). Use it
-with caching off and the launcher pod's identity exposed (:func:`launcher_task_options`).
+with caching off and the launcher pod's identity exposed
+(`components.task_options.launcher_task_options`).
 """
 
-from kfp import dsl, kubernetes
+from kfp import dsl
 from kfp.dsl import Artifact, Input, Model, Output
 
 from components.image import IMAGE
-from trainer.launch.spec import POD_NAME_ENV, POD_UID_ENV
 
 
 # The defaults below are KFP parameter defaults read from the signature, never mutated.
@@ -75,7 +75,7 @@ def pytorchjob(
         task_name: The task's name (dsl.PIPELINE_TASK_NAME_PLACEHOLDER): names the job.
         dag_execution_id: The enclosing DAG's execution (dsl.PIPELINE_TASK_ID_PLACEHOLDER): names the job.
     """
-    from components.params import _plain
+    from components.params import plain_values
     from components.runtime import task_identity
     from trainer.launch.backend import run_job
     from trainer.launch.custom import custom_job
@@ -87,17 +87,17 @@ def pytorchjob(
     spec = custom_job(
         name=job_name(task_identity(run_id, task_name, dag_execution_id, model.uri)),
         image=image,
-        command=[str(c) for c in _plain(command)],
+        command=[str(c) for c in plain_values(command)],
         output_uri=model.uri,
         input_uri=input_data.uri if input_data is not None else "",
         replicas=replicas,
         nproc_per_node=nproc_per_node,
         gpus_per_node=gpus_per_node,
-        env={k: str(v) for k, v in _plain(env).items()},
-        node_selector={k: str(v) for k, v in _plain(node_selector).items()},
-        tolerations=_plain(tolerations),
-        volumes=_plain(volumes),
-        volume_mounts=_plain(volume_mounts),
+        env={k: str(v) for k, v in plain_values(env).items()},
+        node_selector={k: str(v) for k, v in plain_values(node_selector).items()},
+        tolerations=plain_values(tolerations),
+        volumes=plain_values(volumes),
+        volume_mounts=plain_values(volume_mounts),
         namespace=namespace,
         queue=queue,
         timeout_s=timeout_seconds,
@@ -109,13 +109,3 @@ def pytorchjob(
     run_job(select_backend(where), spec, timeout_seconds)
     model.metadata["job_name"] = spec.name
     model.metadata["image"] = image
-
-
-def launcher_task_options(task: dsl.PipelineTask) -> dsl.PipelineTask:
-    """What every task that launches a job needs, which a component cannot set on itself:
-    caching off (a cached step would skip the job and report a stale artifact), and the pod's
-    name and uid as environment, so the job is owned by the pod and deleted with the run."""
-    task.set_caching_options(False)
-    kubernetes.use_field_path_as_env(task, env_name=POD_NAME_ENV, field_path="metadata.name")
-    kubernetes.use_field_path_as_env(task, env_name=POD_UID_ENV, field_path="metadata.uid")
-    return task

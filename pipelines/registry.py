@@ -6,6 +6,7 @@ from components.data_prep import data_prep
 from components.evaluate import evaluate
 from components.export import export
 from components.gate import quality_gate_failed
+from components.pytorchjob import pytorchjob
 from components.train import train
 from pipelines.training import training_pipeline
 
@@ -19,4 +20,5 @@ COMPONENTS = {
     "evaluate": evaluate,
     "export": export,
     "quality_gate_failed": quality_gate_failed,
+    "pytorchjob": pytorchjob,
 }

@@ -17,11 +17,10 @@ from components.evaluate import evaluate
 from components.export import export
 from components.gate import quality_gate_failed
 from components.params import DEFAULT_STORE_SECRET, PARAMS, signature, with_knob_docs
+from components.task_options import launcher_task_options
 from components.train import train
-from trainer.launch.spec import POD_NAME_ENV, POD_UID_ENV
+from trainer.config import KFP_STORE_SECRET_KEYS
 
-#: The environment the store Secret's keys fill in every step pod (KFP's own Secret's key names).
-STORE_SECRET_ENV = {"accesskey": "AWS_ACCESS_KEY_ID", "secretkey": "AWS_SECRET_ACCESS_KEY"}
 #: Resolved by KFP's driver per task: together they name a task exactly (components/runtime.py).
 TASK_IDENTITY = {
     "run_id": dsl.PIPELINE_JOB_ID_PLACEHOLDER,
@@ -59,7 +58,7 @@ def _pipeline(
     """
 
     def with_store_credentials(task: dsl.PipelineTask) -> dsl.PipelineTask:
-        kubernetes.use_secret_as_env(task, secret_name=store_secret, secret_key_to_env=STORE_SECRET_ENV)
+        kubernetes.use_secret_as_env(task, secret_name=store_secret, secret_key_to_env=KFP_STORE_SECRET_KEYS)
         return task
 
     conf = configure(config=config, store_secret=store_secret, **knobs)
@@ -70,11 +69,7 @@ def _pipeline(
     fit = with_store_credentials(
         train(dataset=prep.outputs["dataset"], config=effective, launcher=launcher, **TASK_IDENTITY)
     )
-    # A cached training step would skip the job yet report success with a stale model.
-    fit.set_caching_options(False)
-    # The job gets an ownerReference to this pod: cancelling the run deletes the job.
-    kubernetes.use_field_path_as_env(fit, env_name=POD_NAME_ENV, field_path="metadata.name")
-    kubernetes.use_field_path_as_env(fit, env_name=POD_UID_ENV, field_path="metadata.uid")
+    launcher_task_options(fit)
     fit.set_display_name("distributed training")
     ev = with_store_credentials(
         evaluate(

@@ -159,7 +159,7 @@ def test_env_that_the_operator_or_the_launcher_sets_is_refused(name):
 
 @pytest.mark.parametrize(("which", "uri"), [("output_uri", "/tmp/model"), ("input_uri", "file:///data/ds")])
 def test_a_local_path_is_refused_on_a_cluster_and_fine_locally(which, uri):
-    with pytest.raises(ConfigError, match="is a local path, but on a cluster the replicas run in their own pods"):
+    with pytest.raises(ConfigError, match="is a local path, which each pod would see as its own empty disk"):
         byo(**{which: uri})
     spec = byo(**{which: uri}, cluster=False)
     var = "KFTRAIN_OUTPUT_URI" if which == "output_uri" else "KFTRAIN_INPUT_URI"
@@ -259,7 +259,7 @@ def test_the_component_refuses_a_local_output_path_on_a_cluster(tmp_path):
     from components.pytorchjob import pytorchjob
 
     model = Model(name="model", uri=str(tmp_path / "model"))
-    with pytest.raises(ConfigError, match="output URI: .* is a local path"):
+    with pytest.raises(ConfigError, match="output URI .* is a local path"):
         pytorchjob.python_func(image="user/img:1", command=["python", "train.py"], model=model, launcher="kubernetes")
 
 
@@ -269,7 +269,8 @@ def test_the_component_compiles_to_yaml_that_a_pipeline_loads(tmp_path):
     from kfp import compiler, dsl
     from kfp.components import load_component_from_file
 
-    from components.pytorchjob import launcher_task_options, pytorchjob
+    from components.pytorchjob import pytorchjob
+    from components.task_options import launcher_task_options
 
     compiler.Compiler().compile(pytorchjob, str(tmp_path / "pytorchjob.yaml"))
     loaded = load_component_from_file(str(tmp_path / "pytorchjob.yaml"))

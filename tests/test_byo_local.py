@@ -69,7 +69,8 @@ import warnings
 from kfp import dsl, local
 from kfp.dsl import Dataset, Model, Output
 
-from components.pytorchjob import launcher_task_options, pytorchjob
+from components.pytorchjob import pytorchjob
+from components.task_options import launcher_task_options
 
 script, root, fail_rank = sys.argv[1:]
 

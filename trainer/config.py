@@ -36,6 +36,11 @@ SHM_VOLUME = "dshm"
 _DNS_1123 = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
 
 
+#: KFP's own artifact-store Secret and the variables its keys fill: the default everywhere.
+KFP_STORE_SECRET = "mlpipeline-minio-artifact"
+KFP_STORE_SECRET_KEYS = {"accesskey": "AWS_ACCESS_KEY_ID", "secretkey": "AWS_SECRET_ACCESS_KEY"}
+
+
 class ConfigError(ValueError):
     """A configuration value is missing, unknown, of the wrong type or out of range."""
 
@@ -382,11 +387,9 @@ class KubernetesConfig:
     """Replica restartPolicy: `OnFailure`, `ExitCode` (exit 1-127 permanent, 128-255 retried), `Never`, `Always`."""
     elastic: ElasticConfig = field(default_factory=ElasticConfig)
     """Elastic training settings."""
-    store_secret: str = "mlpipeline-minio-artifact"
+    store_secret: str = KFP_STORE_SECRET
     """Secret with the object-store keys, mounted into every replica as environment variables."""
-    store_secret_keys: dict[str, str] = field(
-        default_factory=lambda: {"accesskey": "AWS_ACCESS_KEY_ID", "secretkey": "AWS_SECRET_ACCESS_KEY"}
-    )
+    store_secret_keys: dict[str, str] = field(default_factory=lambda: dict(KFP_STORE_SECRET_KEYS))
     """Key in `store_secret` -> environment variable it fills."""
     env: dict[str, str] = field(default_factory=dict)
     """Extra non-secret environment of the replicas (credential-looking names and values are refused)."""

@@ -26,15 +26,13 @@ import re
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from trainer.config import ConfigError, KubernetesConfig, check_plain_env
-from trainer.launch.spec import JobSpec, replica_env
+from trainer.config import KFP_STORE_SECRET, KFP_STORE_SECRET_KEYS, ConfigError, KubernetesConfig, check_plain_env
+from trainer.launch.spec import JobSpec, replica_env, require_object_store
 from trainer.storage import parse_uri
 
 OUTPUT_URI_ENV = "KFTRAIN_OUTPUT_URI"
 INPUT_URI_ENV = "KFTRAIN_INPUT_URI"
 ENDPOINT_ENV = "AWS_ENDPOINT_URL"
-DEFAULT_STORE_SECRET = "mlpipeline-minio-artifact"
-DEFAULT_STORE_SECRET_KEYS = {"accesskey": "AWS_ACCESS_KEY_ID", "secretkey": "AWS_SECRET_ACCESS_KEY"}
 _SECRET_HINT = "the store_secret and store_secret_keys parameters map a Secret's keys to variables via secretKeyRef"
 # Kubernetes' rule for environment variable names (C identifiers plus '-' and '.').
 _ENV_NAME = re.compile(r"^[-._a-zA-Z][-._a-zA-Z0-9]*$")
@@ -61,18 +59,12 @@ def replica_uri(uri: str, what: str, cluster: bool) -> str:
     job would write its model where nobody reads it.
     """
     try:
+        if cluster:
+            require_object_store({what: uri})
         loc = parse_uri(uri)
     except ValueError as exc:
-        raise ConfigError(f"{what}: {exc}") from None
-    if loc.is_remote:
-        return f"s3://{loc.bucket}/{loc.key}".rstrip("/")
-    if cluster:
-        raise ConfigError(
-            f"{what}: {uri!r} is a local path, but on a cluster the replicas run in their own pods and "
-            "cannot see it; use an object-store URI (s3://bucket/key or minio://bucket/key): on KFP, "
-            "give the pipeline an object-store pipeline root (the default minio://mlpipeline/... is one)"
-        )
-    return loc.key
+        raise ConfigError(str(exc) if cluster else f"{what}: {exc}") from None
+    return f"s3://{loc.bucket}/{loc.key}".rstrip("/") if loc.is_remote else loc.key
 
 
 def _check_env(env: Mapping[str, str], store_env: Sequence[str]) -> None:
@@ -108,7 +100,7 @@ def custom_job(
     namespace: str = "",
     queue: str = "",
     timeout_s: int = 3600,
-    store_secret: str = DEFAULT_STORE_SECRET,
+    store_secret: str = KFP_STORE_SECRET,
     store_secret_keys: Mapping[str, str] | None = None,
     s3_endpoint: str = "",
     cluster: bool = False,
@@ -151,7 +143,7 @@ def custom_job(
         raise ConfigError(f"timeout_seconds: must be > 0, got {timeout_s}")
     if s3_endpoint and not s3_endpoint.startswith(("http://", "https://")):
         raise ConfigError(f"s3_endpoint: must be a URL starting with http:// or https://, got {s3_endpoint!r}")
-    keys = dict(store_secret_keys or DEFAULT_STORE_SECRET_KEYS)
+    keys = dict(store_secret_keys or KFP_STORE_SECRET_KEYS)
     user_env = dict(env or {})
     _check_env(user_env, list(keys.values()) if store_secret else [])
 
