@@ -606,7 +606,13 @@ def parse_config(text: str, overrides: dict[str, Any] | None = None, origin: str
 
 def load_config(path: str | Path | None = None, overrides: dict[str, Any] | None = None) -> Config:
     """Load a YAML config file (the defaults when `path` is None) and apply dotted overrides."""
-    text = Path(path).read_text() if path is not None else ""
+    text = ""
+    if path is not None:
+        try:
+            text = Path(path).read_text()
+        except (OSError, UnicodeDecodeError) as exc:
+            reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
+            raise ConfigError(f"--config {path}: cannot read the config file ({reason}); pass a YAML file") from None
     return parse_config(text, overrides, origin=str(path or "config"))
 
 
