@@ -27,6 +27,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol, TypeVar
 from urllib.parse import urlsplit
+from xml.etree import ElementTree
 
 REMOTE_SCHEMES = ("s3", "minio")
 #: Multipart part size: files above it upload in parallel-safe parts, smaller ones in one PUT.
@@ -393,6 +394,8 @@ class S3Store:
             return StoreError(f"{code} from {self.endpoint} for {uri}: {exc.message}")
         if isinstance(exc, InvalidResponseError):
             return self._not_s3(uri, f"HTTP {exc._code}, Content-Type {exc._content_type}")  # noqa: SLF001
+        if isinstance(exc, ElementTree.ParseError):
+            return self._not_s3(uri, "with a body that is not S3's XML")
         return StoreError(f"cannot reach the object store at {self.endpoint} for {uri}: {_cause(exc)}")
 
     def _not_s3(self, uri: str, seen: str) -> StoreError:
