@@ -101,7 +101,7 @@ def finish(tmp_path: Path, run_id: str, name: str) -> tuple[dict, str]:
     return json.loads((tmp_path / name).read_text()), out
 
 
-@pytest.mark.parametrize("sig", [signal.SIGKILL, signal.SIGTERM])
+@pytest.mark.parametrize("sig", [signal.SIGKILL, signal.SIGTERM], ids=["sigkill", "sigterm"])
 def test_killing_the_cli_stops_the_run_and_run_id_resumes_it_bitwise(tmp_path, sig):
     (tmp_path / "c.yaml").write_text(CONFIG)
     run_id = f"victim-{sig.name.lower()}"
