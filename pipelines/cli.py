@@ -14,8 +14,34 @@ def _cmd_compile(args: argparse.Namespace) -> int:
     return 0
 
 
+def _resume_command(argv: list[str], run_id: str) -> str:
+    """The command line that continues this run: the same arguments with --run-id."""
+    import shlex
+
+    args, skip = [], False
+    for a in argv:
+        if skip:
+            skip = False
+            continue
+        if a == "--run-id":
+            skip = True
+            continue
+        if a.startswith("--run-id="):
+            continue
+        args.append(a)
+    return shlex.join(["kftrain", *args, "--run-id", run_id])
+
+
 def _cmd_run(args: argparse.Namespace) -> int:
-    from pipelines.local_run import PipelineFailed, run_local, write_summary
+    from pipelines.local_run import (
+        PipelineFailed,
+        RunStopped,
+        check_run_id,
+        new_run_id,
+        run_local,
+        run_scope,
+        write_summary,
+    )
     from trainer.config import load_config
 
     if not args.local:
@@ -27,13 +53,30 @@ def _cmd_run(args: argparse.Namespace) -> int:
     if args.s3_endpoint:
         overrides["store.endpoint"] = args.s3_endpoint
     cfg = load_config(args.config, overrides)
+    run_id = check_run_id(args.run_id or new_run_id())
+    resume = _resume_command(args.argv, run_id)
+    print(f"kftrain: run {run_id} (stopped or killed, it continues with: {resume})", flush=True)
     try:
-        summary = run_local(
-            cfg, local_root=args.output_dir, min_accuracy=args.min_accuracy, max_perplexity=args.max_perplexity
-        )
+        with run_scope(run_id):
+            summary = run_local(
+                cfg,
+                local_root=args.output_dir,
+                min_accuracy=args.min_accuracy,
+                max_perplexity=args.max_perplexity,
+                run_id=run_id,
+            )
     except PipelineFailed as exc:
         print(f"kftrain: the pipeline failed: {exc}", file=sys.stderr)
+        print(f"kftrain: run {run_id} did not finish; after fixing the cause, resume it: {resume}", file=sys.stderr)
         return 1
+    except RunStopped as exc:
+        print(
+            f"kftrain: run {run_id} stopped by {exc}; every process of it has ended. Resume it: {resume}",
+            file=sys.stderr,
+        )
+        return 128 + exc.signum
+    if summary.get("already_finished"):
+        print(f"kftrain: run {run_id} had already finished; nothing to do. Its summary:")
     print("\nkftrain: run finished. Artifacts:")
     for name, uri in summary["artifacts"].items():
         print(f"  {name:9s} {uri}")
@@ -73,7 +116,7 @@ def _cmd_submit(args: argparse.Namespace) -> int:
     from pathlib import Path
 
     from pipelines.compile import compile_all
-    from pipelines.submit import make_client, parse_params, submit, succeeded
+    from pipelines.submit import kfp_errors, make_client, parse_params, submit, succeeded
 
     with tempfile.TemporaryDirectory() as tmp:
         package = Path(args.package) if args.package else compile_all(tmp)[0]
@@ -84,20 +127,21 @@ def _cmd_submit(args: argparse.Namespace) -> int:
         run_name = (
             args.run_name or f"{args.pipeline_name} {datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M:%S}"
         )
-        client = make_client(args.host, args.namespace)
-        result = submit(
-            client,
-            args.host,
-            package,
-            args.pipeline_name,
-            args.experiment,
-            run_name,
-            params,
-            namespace=args.namespace,
-            wait=args.wait,
-            timeout_s=args.timeout,
-            poll_seconds=args.poll_seconds,
-        )
+        with kfp_errors(args.host):
+            client = make_client(args.host, args.namespace)
+            result = submit(
+                client,
+                args.host,
+                package,
+                args.pipeline_name,
+                args.experiment,
+                run_name,
+                params,
+                namespace=args.namespace,
+                wait=args.wait,
+                timeout_s=args.timeout,
+                poll_seconds=args.poll_seconds,
+            )
     print(f"pipeline {args.pipeline_name} version {result.version_name}")
     print(f"run {result.run_id}: {result.run_url}")
     if not args.wait:
@@ -124,6 +168,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--summary", help="write artifact URIs and final metrics to this JSON file")
     p.add_argument("--min-accuracy", type=float, default=0.9, help="quality gate for classification (default 0.9)")
     p.add_argument("--max-perplexity", type=float, default=0.0, help="quality gate for causal_lm (0: none)")
+    p.add_argument(
+        "--run-id",
+        default="",
+        help="continue run ID from its latest checkpoint (nothing to do if it finished); default: a new run",
+    )
     p.set_defaults(func=_cmd_run)
 
     p = sub.add_parser("submit", help="upload the pipeline (a new version) to KFP and start a run")
@@ -156,7 +205,9 @@ def main(argv: list[str] | None = None) -> int:
     from trainer.launch.backend import JobFailed
     from trainer.storage import StoreError
 
+    argv = sys.argv[1:] if argv is None else argv
     args = build_parser().parse_args(argv)
+    args.argv = list(argv)
     try:
         return args.func(args)
     except (ConfigError, StoreError, JobFailed, ValueError) as exc:

@@ -3,23 +3,133 @@
 Each step runs as a subprocess of this Python environment (KFP's SubprocessRunner); the
 training step starts its replicas as local process groups with the Training Operator's
 environment. Artifacts go to the configured store, or to a local directory by default.
+
+A local run is a unit: it has a run id, its checkpoints live under
+``<store or output dir>/runs/<run id>/checkpoints`` (unless `checkpoint.uri` is set), and
+``runs/<run id>/run.json`` marks it finished. Running again with the same id resumes it from
+its latest complete checkpoint, or does nothing when it had finished. Every process of the run
+carries a marker in its environment; a watchdog stops them all when the `kftrain` process
+dies, however it dies.
 """
 
 from __future__ import annotations
 
+import contextlib
+import dataclasses
 import json
+import os
+import re
+import secrets
+import signal
+import sys
 import tempfile
+import time
 import warnings
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from trainer.config import Config, config_to_json
+from trainer.config import Config, ConfigError, config_to_json
+from trainer.storage import ObjectNotFound, join_uri
 
 DEFAULT_LOCAL_ROOT = "kftrain-outputs"
+RUN_RECORD = "run.json"
+_RUN_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,62}$")
 
 
 class PipelineFailed(RuntimeError):
     """A step of the local run failed; its log, printed above, says why."""
+
+
+class RunStopped(BaseException):
+    """SIGTERM or SIGINT reached the `kftrain` process (a BaseException: nothing may swallow it)."""
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(signal.Signals(signum).name)
+        self.signum = signum
+
+
+def new_run_id() -> str:
+    """A fresh run id: sortable by start time, unique by a random suffix."""
+    return f"{time.strftime('%Y%m%d-%H%M%S')}-{secrets.token_hex(3)}"
+
+
+def check_run_id(run_id: str) -> str:
+    """`run_id` if usable as one folder name in a store, else ConfigError naming --run-id."""
+    if not _RUN_ID.match(run_id) or run_id in (".", ".."):
+        raise ConfigError(
+            f"--run-id: must be 1-63 letters, digits, '.', '_' or '-', starting alphanumeric, got {run_id!r}"
+        )
+    return run_id
+
+
+def run_root(cfg: Config, run_id: str, local_root: str = DEFAULT_LOCAL_ROOT) -> str:
+    """Where run `run_id` keeps its checkpoints and its run record."""
+    base = cfg.store.uri or str(Path(local_root).resolve())
+    return join_uri(base, "runs", run_id)
+
+
+def with_run_checkpoints(cfg: Config, run_id: str, local_root: str = DEFAULT_LOCAL_ROOT) -> Config:
+    """`cfg` with a run-scoped `checkpoint.uri` unless the user chose one: rerunning the same run
+    id then finds the same checkpoints (the pipeline's own output folders are new each time)."""
+    if cfg.checkpoint.uri:
+        return cfg
+    prefix = join_uri(run_root(cfg, run_id, local_root), "checkpoints")
+    return dataclasses.replace(cfg, checkpoint=dataclasses.replace(cfg.checkpoint, uri=prefix))
+
+
+def finished_run(cfg: Config, run_id: str, local_root: str = DEFAULT_LOCAL_ROOT) -> dict[str, Any] | None:
+    """The summary of run `run_id` if it finished, else None."""
+    from trainer.steps import store_for
+    from trainer.storage import read_json
+
+    uri = join_uri(run_root(cfg, run_id, local_root), RUN_RECORD)
+    try:
+        record = read_json(store_for(cfg, uri), uri)
+    except ObjectNotFound:
+        return None
+    return record.get("summary") if isinstance(record, dict) and record.get("status") == "finished" else None
+
+
+def record_finished(cfg: Config, run_id: str, summary: dict[str, Any], local_root: str = DEFAULT_LOCAL_ROOT) -> str:
+    """Write the run record that marks run `run_id` finished (the last thing a run writes)."""
+    from trainer.steps import store_for
+
+    uri = join_uri(run_root(cfg, run_id, local_root), RUN_RECORD)
+    record = {"run_id": run_id, "status": "finished", "finished_unix_time": time.time(), "summary": summary}
+    store_for(cfg, uri).put_bytes(uri, json.dumps(record, indent=2, sort_keys=True).encode())
+    return uri
+
+
+@contextlib.contextmanager
+def run_scope(run_id: str, grace_s: float = 10.0) -> Iterator[str]:
+    """Make this process and everything it starts one stoppable unit.
+
+    Tags the environment (inherited by every descendant) with a run marker, starts the watchdog
+    that stops every marked process if this process dies, and turns SIGTERM/SIGINT into
+    :class:`RunStopped` after stopping the run's processes. Yields the marker.
+    """
+    from trainer.launch.local import RUN_MARKER_ENV, start_watchdog, stop_marked
+
+    marker = f"{run_id}-{secrets.token_hex(4)}"
+    os.environ[RUN_MARKER_ENV] = marker
+    pipe = start_watchdog(marker, RUN_MARKER_ENV, grace_s)
+
+    def on_signal(signum: int, frame: Any) -> None:
+        signal.signal(signum, signal.SIG_IGN)  # a second Ctrl-C must not interrupt the cleanup
+        print(f"\nkftrain: {signal.Signals(signum).name}: stopping every process of run {run_id}", file=sys.stderr)
+        stop_marked(marker, RUN_MARKER_ENV, grace_s)
+        raise RunStopped(signum)
+
+    previous = {sig: signal.signal(sig, on_signal) for sig in (signal.SIGTERM, signal.SIGINT)}
+    try:
+        yield marker
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+        stop_marked(marker, RUN_MARKER_ENV, grace_s)  # nothing of the run outlives it
+        os.environ.pop(RUN_MARKER_ENV, None)
+        os.close(pipe)
 
 
 def preflight(cfg: Config) -> None:
@@ -31,18 +141,36 @@ def preflight(cfg: Config) -> None:
 
 
 def run_local(
-    cfg: Config, local_root: str = DEFAULT_LOCAL_ROOT, min_accuracy: float = 0.9, max_perplexity: float = 0.0
+    cfg: Config,
+    local_root: str = DEFAULT_LOCAL_ROOT,
+    min_accuracy: float = 0.9,
+    max_perplexity: float = 0.0,
+    run_id: str = "",
 ) -> dict[str, Any]:
-    """Run the whole pipeline; return the artifact URIs, the test metrics and the gate's verdict.
+    """Run the whole pipeline as run `run_id` (new when empty); return the artifact URIs, the test
+    metrics, the gate's verdict and the run id.
 
     With ``cfg.store.uri`` set, every artifact goes there and KFP's own local bookkeeping lives
-    in a temporary directory; otherwise KFP's pipeline root `local_root` is the store.
+    in a temporary directory; otherwise KFP's pipeline root `local_root` is the store. A run id
+    that already finished is not run again: its recorded summary comes back, with
+    ``"already_finished": True``.
     """
+    run_id = check_run_id(run_id or new_run_id())
+    preflight(cfg)
+    done = finished_run(cfg, run_id, local_root)
+    if done is not None:
+        return {**done, "already_finished": True}
+    cfg = with_run_checkpoints(cfg, run_id, local_root)
+    summary = {**_run_pipeline(cfg, local_root, min_accuracy, max_perplexity), "run_id": run_id}
+    record_finished(cfg, run_id, summary, local_root)
+    return summary
+
+
+def _run_pipeline(cfg: Config, local_root: str, min_accuracy: float, max_perplexity: float) -> dict[str, Any]:
     from kfp import local
 
     from pipelines.training import training_pipeline
 
-    preflight(cfg)
     # kfp.local's notes that do not apply here: display names are UI-only, and the steps'
     # image (the project image) is this very Python environment.
     warnings.filterwarnings("ignore", message=".*have no effect in the current local runner.*")

@@ -7,9 +7,11 @@ the in-cluster service-account token, or an already authenticated endpoint (a po
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -97,10 +99,63 @@ def version_name(pipeline_name: str, package: Path) -> str:
     return f"{pipeline_name}-{hashlib.sha256(package.read_bytes()).hexdigest()[:12]}"
 
 
+@contextlib.contextmanager
+def kfp_errors(host: str) -> Iterator[None]:
+    """Turn the KFP API being unreachable or refusing us into one :class:`SubmitError` line."""
+    import urllib3.exceptions
+    from kfp_server_api.exceptions import ApiException
+
+    try:
+        yield
+    except ApiException as exc:
+        status = exc.status or 0
+        if status in (401, 403):
+            raise SubmitError(
+                f"the KFP API at {host} rejected the request (HTTP {status} {exc.reason}): set {TOKEN_ENV} to a "
+                "valid bearer token, or check the namespace and your access to it"
+            ) from None
+        raise SubmitError(
+            f"the KFP API at {host} answered HTTP {status} {exc.reason}: {exc.body or ''}".strip()
+        ) from None
+    except (urllib3.exceptions.HTTPError, ConnectionError, TimeoutError) as exc:
+        reason = getattr(exc, "reason", None) or exc
+        raise SubmitError(
+            f"cannot reach the KFP API at {host} ({type(reason).__name__}: {reason}): check --host "
+            "(e.g. a running `kubectl port-forward svc/ml-pipeline-ui 8080:80`)"
+        ) from None
+
+
+def probe_host(host: str, timeout_s: float = 10.0) -> None:
+    """One request to the KFP API's health endpoint, so that an unreachable or rejecting host is
+    one clear line at once (kfp.Client retries its health check and reports a timeout either way)."""
+    import urllib.error
+    import urllib.request
+
+    req = urllib.request.Request(f"{host.rstrip('/')}/apis/v2beta1/healthz")
+    token = os.environ.get(TOKEN_ENV)
+    if token:
+        req.add_header("Authorization", f"Bearer {token}")
+    try:
+        urllib.request.urlopen(req, timeout=timeout_s).close()
+    except urllib.error.HTTPError as exc:
+        if exc.code in (401, 403):
+            raise SubmitError(
+                f"the KFP API at {host} rejected the request (HTTP {exc.code} {exc.reason}): set {TOKEN_ENV} to a "
+                "valid bearer token, or check your access to the namespace"
+            ) from None
+    except (urllib.error.URLError, OSError, ValueError) as exc:
+        reason = getattr(exc, "reason", None) or exc
+        raise SubmitError(
+            f"cannot reach the KFP API at {host} ({reason}): check --host "
+            "(e.g. a running `kubectl port-forward svc/ml-pipeline-ui 8080:80`)"
+        ) from None
+
+
 def make_client(host: str, namespace: str | None):
     """A kfp.Client for `host`, with a bearer token from $KFP_TOKEN when set."""
     import kfp
 
+    probe_host(host)
     return kfp.Client(host=host, namespace=namespace, existing_token=os.environ.get(TOKEN_ENV) or None)
 
 

@@ -24,7 +24,7 @@ from typing import Any
 
 import torch
 
-from trainer.storage import ObjectNotFound, ObjectStore, join_uri
+from trainer.storage import CorruptObject, ObjectNotFound, ObjectStore, join_uri, read_json
 
 STATE = "state.pt"
 COMMIT = "COMMIT.json"
@@ -139,12 +139,12 @@ class CheckpointManager:
         for step in reversed(self.committed_steps()):
             folder = step_dir(self.prefix, step)
             try:
-                record = json.loads(self.store.get_bytes(join_uri(folder, COMMIT)))
+                record = read_json(self.store, join_uri(folder, COMMIT))
+                part = _committed_part(record, STATE)
                 payload = self.store.get_bytes(join_uri(folder, STATE))
-            except (ObjectNotFound, ValueError) as exc:
-                log.warning("skipping checkpoint %s: %s", folder, exc)
+            except (ObjectNotFound, CorruptObject) as exc:
+                log.warning("skipping checkpoint %s (incomplete): %s", folder, exc)
                 continue
-            part = record["parts"][STATE]
             if len(payload) != part["bytes"] or hashlib.sha256(payload).hexdigest() != part["sha256"]:
                 log.warning("skipping checkpoint %s: %s does not match its commit record", folder, STATE)
                 continue
@@ -152,3 +152,11 @@ class CheckpointManager:
             log.info("resuming from checkpoint %s", folder)
             return state
         return None
+
+
+def _committed_part(record: Any, name: str) -> dict[str, Any]:
+    """The size and hash a commit record holds for part `name`; CorruptObject when it has none."""
+    part = record.get("parts", {}).get(name) if isinstance(record, dict) else None
+    if not (isinstance(part, dict) and isinstance(part.get("bytes"), int) and isinstance(part.get("sha256"), str)):
+        raise CorruptObject(f"{COMMIT} has no size and sha256 for {name} under 'parts'")
+    return part

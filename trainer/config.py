@@ -20,7 +20,7 @@ from typing import Any
 
 import yaml
 
-from trainer.storage import parse_uri
+from trainer.storage import RetryPolicy, parse_uri
 
 NCCL_DEBUG_LEVELS = ("", "VERSION", "WARN", "INFO", "TRACE")
 BUILTIN_TASKS = ("classification", "causal_lm")
@@ -103,8 +103,27 @@ class StoreConfig:
     for `minio://` URIs and AWS S3 for `s3://`."""
     region: str = ""
     """S3 region; empty: env `AWS_REGION`, else the server's default."""
+    retry_budget_seconds: float = 120.0
+    """How long one store operation retries transient failures (refused, reset, timeouts, 5xx, SlowDown)."""
+    connect_timeout_seconds: float = 10.0
+    """A TCP connection to the store not established within this fails the attempt (then retried)."""
+    read_timeout_seconds: float = 60.0
+    """No bytes from the store for this long fails the attempt (a hung connection; then retried)."""
+
+    def policy(self) -> RetryPolicy:
+        """The S3 store's timeouts and retry budget."""
+        return RetryPolicy(
+            budget_s=self.retry_budget_seconds,
+            connect_timeout_s=self.connect_timeout_seconds,
+            read_timeout_s=self.read_timeout_seconds,
+        )
 
     def __post_init__(self) -> None:
+        _require(
+            self.retry_budget_seconds >= 0, "store.retry_budget_seconds", self.retry_budget_seconds, "must be >= 0"
+        )
+        for name in ("connect_timeout_seconds", "read_timeout_seconds"):
+            _require(getattr(self, name) > 0, f"store.{name}", getattr(self, name), "must be > 0")
         if self.uri:
             try:
                 parse_uri(self.uri)
@@ -222,6 +241,8 @@ class TrainConfig:
     """DDP gradient bucket size in MiB."""
     on_nonfinite: str = "stop"
     """A NaN/inf loss or gradient: `stop` the job naming the step and rank, or `skip` the update."""
+    max_consecutive_skips: int = 10
+    """With on_nonfinite `skip`: this many skipped updates in a row stop the job (the run has diverged)."""
     peak_tflops: float = 0.0
     """Peak bf16 TFLOP/s of one GPU for the MFU estimate; 0: looked up from the device name."""
     deterministic: bool = False
@@ -234,7 +255,7 @@ class TrainConfig:
         _require(self.weight_decay >= 0, "train.weight_decay", self.weight_decay, "must be >= 0")
         for name in ("max_steps", "warmup_steps", "num_workers"):
             _require(getattr(self, name) >= 0, f"train.{name}", getattr(self, name), "must be >= 0")
-        for name in ("grad_accum_steps", "bucket_cap_mb"):
+        for name in ("grad_accum_steps", "bucket_cap_mb", "max_consecutive_skips"):
             _require(getattr(self, name) >= 1, f"train.{name}", getattr(self, name), "must be >= 1")
         _require(self.grad_clip_norm >= 0, "train.grad_clip_norm", self.grad_clip_norm, "must be >= 0")
         _require(self.peak_tflops >= 0, "train.peak_tflops", self.peak_tflops, "must be >= 0")
@@ -637,6 +658,9 @@ def _convert(value: Any, tp: Any, path: str) -> Any:
             value,
             "must be a number",
         )
+        # NaN passes every `>= 0` check (all comparisons are false only for `<`), and inf
+        # crashes far away from the config: refuse both here, for every float field at once.
+        _require(math.isfinite(value), path, value, "must be a finite number (not nan or inf)")
         return float(value)
     if tp is int:
         _require(
@@ -704,7 +728,13 @@ def parse_config(text: str, overrides: dict[str, Any] | None = None, origin: str
 
 def load_config(path: str | Path | None = None, overrides: dict[str, Any] | None = None) -> Config:
     """Load a YAML config file (the defaults when `path` is None) and apply dotted overrides."""
-    text = Path(path).read_text() if path is not None else ""
+    text = ""
+    if path is not None:
+        try:
+            text = Path(path).read_text()
+        except (OSError, UnicodeDecodeError) as exc:
+            reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
+            raise ConfigError(f"--config {path}: cannot read the config file ({reason}); pass a YAML file") from None
     return parse_config(text, overrides, origin=str(path or "config"))
 
 

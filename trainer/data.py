@@ -20,7 +20,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from trainer.config import DataConfig
-from trainer.storage import ObjectStore, join_uri
+from trainer.storage import CorruptObject, ObjectStore, decode_object, join_uri, read_json
 
 MANIFEST = "manifest.json"
 SPLITS = ("train", "val", "test")
@@ -144,8 +144,10 @@ def prepare_dataset(cfg: DataConfig, store: ObjectStore, dataset_uri: str) -> di
 
 def read_manifest(store: ObjectStore, dataset_uri: str, expected_format: str | None = None) -> dict:
     """The dataset's manifest; a clear error when the dataset is missing, incomplete or of another task."""
-    raw = store.get_bytes(join_uri(dataset_uri, MANIFEST))
-    manifest = json.loads(raw)
+    uri = join_uri(dataset_uri, MANIFEST)
+    manifest = read_json(store, uri)
+    if not isinstance(manifest, dict) or not isinstance(manifest.get("splits"), dict):
+        raise CorruptObject(f"{uri} is not a kftrain dataset manifest (no 'splits'): rerun data prep")
     if expected_format and manifest.get("format") != expected_format:
         raise DataError(
             f"{dataset_uri} holds a {manifest.get('format')!r} dataset, not {expected_format!r}: "
@@ -159,7 +161,19 @@ def load_split(store: ObjectStore, dataset_uri: str, split: str, manifest: dict 
     manifest = manifest or read_manifest(store, dataset_uri, FORMAT)
     xs, ys = [], []
     for name in manifest["splits"][split]["shards"]:
-        with np.load(io.BytesIO(store.get_bytes(join_uri(dataset_uri, name))), allow_pickle=False) as z:
-            xs.append(z["x"])
-            ys.append(z["y"])
+        uri = join_uri(dataset_uri, name)
+        x, y = decode_object(uri, store.get_bytes(uri), _xy_arrays, "dataset shard (.npz with arrays x, y)")
+        xs.append(x)
+        ys.append(y)
     return np.concatenate(xs), np.concatenate(ys)
+
+
+def load_npz(raw: bytes) -> dict[str, np.ndarray]:
+    """All arrays of an .npz file, read without pickle (no code runs)."""
+    with np.load(io.BytesIO(raw), allow_pickle=False) as z:
+        return {k: z[k] for k in z.files}
+
+
+def _xy_arrays(raw: bytes) -> tuple[np.ndarray, np.ndarray]:
+    arrays = load_npz(raw)
+    return arrays["x"], arrays["y"]

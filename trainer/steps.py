@@ -22,7 +22,7 @@ LAUNCHERS = ("auto", "local", "kubernetes")
 
 def store_for(cfg: Config, uri: str, check: bool = False) -> ObjectStore:
     """The store serving `uri` with the configured endpoint; with `check`, prove it is writable."""
-    store = open_store(uri, cfg.store.endpoint, cfg.store.region)
+    store = open_store(uri, cfg.store.endpoint, cfg.store.region, cfg.store.policy())
     if check:
         store.check(uri)
     return store

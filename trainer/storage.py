@@ -14,14 +14,20 @@ fills on a cluster.
 from __future__ import annotations
 
 import io
+import json
+import logging
 import os
+import random
 import re
 import shutil
 import tempfile
+import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Protocol
+from typing import Any, Protocol, TypeVar
 from urllib.parse import urlsplit
+from xml.etree import ElementTree
 
 REMOTE_SCHEMES = ("s3", "minio")
 #: `minio://` names KFP's own artifact store; without a configured endpoint it is the in-cluster
@@ -30,6 +36,14 @@ KFP_STORE_ENDPOINT = "http://seaweedfs.kubeflow:9000"
 #: Multipart part size: files above it upload in parallel-safe parts, smaller ones in one PUT.
 PART_SIZE = 8 * 1024 * 1024
 _BUCKET_RE = re.compile(r"^[a-z0-9][a-z0-9.\-]{1,61}[a-z0-9]$")
+#: S3 error codes that mean "try again later", not "no".
+TRANSIENT_S3_CODES = frozenset(
+    {"SlowDown", "ServiceUnavailable", "InternalError", "RequestTimeout", "Throttling", "RequestLimitExceeded"}
+)
+#: Retry budget of the preflight check (store.retry_budget_seconds bounds it too).
+CHECK_BUDGET_S = 5.0
+log = logging.getLogger("kftrain.storage")
+T = TypeVar("T")
 
 
 class StoreError(RuntimeError):
@@ -38,6 +52,40 @@ class StoreError(RuntimeError):
 
 class ObjectNotFound(StoreError, FileNotFoundError):
     """No object (or file) at the URI."""
+
+
+class CorruptObject(StoreError):
+    """An object exists but its content does not parse (truncated, overwritten, not what it should be)."""
+
+
+def decode_object(uri: str, raw: bytes, parse: Callable[[bytes], T], kind: str) -> T:
+    """`parse(raw)`, or :class:`CorruptObject` naming `uri` and what it should have been.
+
+    The one error path for store objects that fail to parse (manifests, shards, commit records).
+    """
+    try:
+        return parse(raw)
+    except Exception as exc:
+        raise CorruptObject(
+            f"{uri} is not a valid {kind} ({type(exc).__name__}: {exc}; {len(raw)} bytes): it is corrupt or "
+            "truncated; delete it and rerun the step that writes it"
+        ) from None
+
+
+def read_json(store: ObjectStore, uri: str) -> Any:
+    """A JSON object from the store; :class:`CorruptObject` naming `uri` when it does not parse."""
+    return decode_object(uri, store.get_bytes(uri), json.loads, "JSON document")
+
+
+@dataclass(frozen=True, slots=True)
+class RetryPolicy:
+    """How the S3 store rides out outages: per-request timeouts and one retry budget per operation."""
+
+    budget_s: float = 120.0
+    connect_timeout_s: float = 10.0
+    read_timeout_s: float = 60.0
+    first_backoff_s: float = 0.5
+    max_backoff_s: float = 10.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -82,6 +130,8 @@ def parse_uri(uri: str) -> Location:
     key = parts.path.lstrip("/")
     if "//" in key:
         raise ValueError(f"storage URI {uri!r} has an empty path segment ('//')")
+    if any(seg in (".", "..") for seg in key.split("/")):
+        raise ValueError(f"storage URI {uri!r} has a '.' or '..' path segment: object keys are not paths; remove it")
     return Location(scheme, bucket, key)
 
 
@@ -195,10 +245,47 @@ class LocalStore:
             raise StoreError(f"the local store directory {path} is not writable")
 
 
-class S3Store:
-    """S3-compatible object storage through the minio SDK (AWS S3, MinIO, SeaweedFS)."""
+def is_transient(exc: BaseException) -> bool:
+    """Whether a failed store call may succeed if tried again: the server was unreachable, reset
+    the connection, timed out, or answered 5xx / SlowDown. A definite answer (no such key or
+    bucket, access denied, bad credentials, not an S3 API) is not."""
+    import urllib3.exceptions
+    from minio.error import InvalidResponseError, S3Error, ServerError
 
-    def __init__(self, endpoint: str = "", region: str = "") -> None:
+    if isinstance(exc, S3Error):
+        status = getattr(exc.response, "status", 0) or 0
+        return exc.code in TRANSIENT_S3_CODES or status >= 500 or status == 429
+    if isinstance(exc, ServerError):
+        return exc.status_code >= 500 or exc.status_code == 429
+    if isinstance(exc, InvalidResponseError):  # e.g. a gateway's HTML 502 page
+        return exc._code >= 500 or exc._code == 429  # noqa: SLF001 (minio keeps the status private)
+    if isinstance(exc, urllib3.exceptions.SSLError):
+        return False  # a certificate problem does not fix itself
+    if isinstance(exc, urllib3.exceptions.MaxRetryError):
+        return exc.reason is None or is_transient(exc.reason)
+    return isinstance(exc, urllib3.exceptions.HTTPError | ConnectionError | TimeoutError)
+
+
+def _cause(exc: BaseException) -> str:
+    import urllib3.exceptions
+
+    if isinstance(exc, urllib3.exceptions.MaxRetryError) and exc.reason is not None:
+        exc = exc.reason
+    return f"{type(exc).__name__}: {exc}"
+
+
+class S3Store:
+    """S3-compatible object storage through the minio SDK (AWS S3, MinIO, SeaweedFS).
+
+    Every operation runs under one retry policy: transient failures (refused or reset
+    connections, timeouts, 5xx, SlowDown) are retried with capped exponential backoff until
+    `policy.budget_s` is spent; definite answers fail at once. The SDK's own retries are off,
+    so this is the only policy.
+    """
+
+    def __init__(self, endpoint: str = "", region: str = "", policy: RetryPolicy | None = None) -> None:
+        import certifi
+        import urllib3
         from minio import Minio
         from minio.credentials import (
             ChainedProvider,
@@ -207,6 +294,7 @@ class S3Store:
             IamAwsProvider,
         )
 
+        self.policy = policy or RetryPolicy()
         endpoint = endpoint or os.environ.get("AWS_ENDPOINT_URL_S3") or os.environ.get("AWS_ENDPOINT_URL", "")
         region = region or os.environ.get("AWS_REGION") or os.environ.get("AWS_DEFAULT_REGION", "")
         if endpoint:
@@ -231,7 +319,19 @@ class S3Store:
                 "(on a cluster, from a Kubernetes Secret; see README 'Credentials')"
             )
         self.endpoint = f"{'https' if secure else 'http'}://{host}"
-        self._client = Minio(host, secure=secure, region=region or None, credentials=ChainedProvider(providers))
+        # minio's default client waits 5 minutes for a read and retries on its own; ours waits
+        # as long as object storage reasonably needs, and leaves retrying to _call.
+        http = urllib3.PoolManager(
+            timeout=urllib3.Timeout(connect=self.policy.connect_timeout_s, read=self.policy.read_timeout_s),
+            maxsize=10,
+            cert_reqs="CERT_REQUIRED",
+            ca_certs=os.environ.get("SSL_CERT_FILE") or certifi.where(),
+            retries=False,
+        )
+        self._client = Minio(
+            host, secure=secure, region=region or None, credentials=ChainedProvider(providers), http_client=http
+        )
+        self._jitter = random.Random()  # never the global RNG: training seeds and checkpoints it
 
     def _loc(self, uri: str) -> Location:
         loc = parse_uri(uri)
@@ -239,10 +339,46 @@ class S3Store:
             raise StoreError(f"{uri!r} is a local path, not an object-store URI")
         return loc
 
+    def _call(self, what: str, uri: str, fn: Callable[[], T], budget_s: float | None = None) -> T:
+        """Run `fn` under the retry policy; every failure leaves as a StoreError naming `uri`."""
+        p = self.policy
+        budget = p.budget_s if budget_s is None else min(budget_s, p.budget_s)
+        start = time.monotonic()
+        delay, attempt = p.first_backoff_s, 0
+        while True:
+            attempt += 1
+            try:
+                return fn()
+            except Exception as exc:
+                if not is_transient(exc):
+                    raise self._error(exc, uri) from None
+                spent = time.monotonic() - start
+                left = budget - spent
+                if left <= 0:
+                    raise StoreError(
+                        f"cannot reach the object store at {self.endpoint} for {what} {uri}: gave up after "
+                        f"{attempt} attempt(s) in {spent:.0f}s (retry budget {budget:g}s, "
+                        f"store.retry_budget_seconds): {_cause(exc)}"
+                    ) from None
+                pause = min(delay * (0.5 + self._jitter.random() / 2), left)
+                log.warning(
+                    "%s %s failed (%s); retry %d in %.1fs, %.0fs of the retry budget left",
+                    what,
+                    uri,
+                    _cause(exc),
+                    attempt,
+                    pause,
+                    left,
+                )
+                time.sleep(pause)
+                delay = min(delay * 2, p.max_backoff_s)
+
     def _error(self, exc: Exception, uri: str) -> StoreError:
         """Turn an SDK error into one that says what to fix (and never echoes a key)."""
-        from minio.error import S3Error
+        from minio.error import InvalidResponseError, S3Error
 
+        if isinstance(exc, StoreError):
+            return exc
         if isinstance(exc, S3Error):
             code = exc.code
             if code in ("NoSuchKey", "NoSuchObject"):
@@ -259,94 +395,97 @@ class S3Store:
                     "AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY and the bucket policy"
                 )
             return StoreError(f"{code} from {self.endpoint} for {uri}: {exc.message}")
-        return StoreError(f"cannot reach the object store at {self.endpoint} for {uri}: {exc}")
+        if isinstance(exc, InvalidResponseError):
+            return self._not_s3(uri, f"HTTP {exc._code}, Content-Type {exc._content_type}")  # noqa: SLF001
+        if isinstance(exc, ElementTree.ParseError):
+            return self._not_s3(uri, "with a body that is not S3's XML")
+        return StoreError(f"cannot reach the object store at {self.endpoint} for {uri}: {_cause(exc)}")
+
+    def _not_s3(self, uri: str, seen: str) -> StoreError:
+        return StoreError(
+            f"the endpoint {self.endpoint} is not an S3 API (it answered {seen} for {uri}): is it a web "
+            "console's port instead of the API port (MinIO: 9000, not 9001)? Fix store.endpoint / --s3-endpoint"
+        )
 
     def put_bytes(self, uri: str, data: bytes) -> None:
         loc = self._loc(uri)
-        try:
-            self._client.put_object(loc.bucket, loc.key, io.BytesIO(data), len(data))
-        except Exception as exc:
-            raise self._error(exc, uri) from None
+        self._call("PUT", uri, lambda: self._client.put_object(loc.bucket, loc.key, io.BytesIO(data), len(data)))
 
     def get_bytes(self, uri: str) -> bytes:
         loc = self._loc(uri)
-        try:
+
+        def get() -> bytes:
             resp = self._client.get_object(loc.bucket, loc.key)
             try:
                 return resp.read()
             finally:
                 resp.close()
                 resp.release_conn()
-        except Exception as exc:
-            raise self._error(exc, uri) from None
+
+        return self._call("GET", uri, get)
 
     def put_file(self, uri: str, path: str | Path) -> None:
         loc = self._loc(uri)
-        try:
-            self._client.fput_object(loc.bucket, loc.key, str(path), part_size=PART_SIZE)
-        except Exception as exc:
-            raise self._error(exc, uri) from None
+        self._call("PUT", uri, lambda: self._client.fput_object(loc.bucket, loc.key, str(path), part_size=PART_SIZE))
 
     def get_file(self, uri: str, path: str | Path) -> None:
         loc = self._loc(uri)
-        try:
-            self._client.fget_object(loc.bucket, loc.key, str(path))
-        except Exception as exc:
-            raise self._error(exc, uri) from None
+        self._call("GET", uri, lambda: self._client.fget_object(loc.bucket, loc.key, str(path)))
 
     def exists(self, uri: str) -> bool:
         from minio.error import S3Error
 
         loc = self._loc(uri)
-        try:
-            self._client.stat_object(loc.bucket, loc.key)
-            return True
-        except S3Error as exc:
-            if exc.code in ("NoSuchKey", "NoSuchObject"):
-                return False
-            raise self._error(exc, uri) from None
-        except Exception as exc:
-            raise self._error(exc, uri) from None
+
+        def stat() -> bool:
+            try:
+                self._client.stat_object(loc.bucket, loc.key)
+                return True
+            except S3Error as exc:
+                if exc.code in ("NoSuchKey", "NoSuchObject"):
+                    return False
+                raise
+
+        return self._call("HEAD", uri, stat)
 
     def list(self, prefix: str) -> list[str]:
         loc = self._loc(prefix)
-        try:
-            objects = self._client.list_objects(loc.bucket, prefix=loc.key, recursive=True)
-            keys = [o.object_name for o in objects]
-        except Exception as exc:
-            raise self._error(exc, prefix) from None
+        keys = self._call(
+            "LIST",
+            prefix,
+            lambda: [o.object_name for o in self._client.list_objects(loc.bucket, prefix=loc.key, recursive=True)],
+        )
         return sorted(f"{loc.scheme}://{loc.bucket}/{k}" for k in keys)
 
     def delete(self, uri: str) -> None:
         loc = self._loc(uri)
-        try:
-            self._client.remove_object(loc.bucket, loc.key)
-        except Exception as exc:
-            raise self._error(exc, uri) from None
+        self._call("DELETE", uri, lambda: self._client.remove_object(loc.bucket, loc.key))
 
     def check(self, uri: str) -> None:
         loc = self._loc(uri)
-        try:
-            found = self._client.bucket_exists(loc.bucket)
-        except Exception as exc:
-            raise self._error(exc, uri) from None
-        if not found:
+        # Preflight answers within seconds: a wrong endpoint is a typo far more often than an outage.
+        if not self._call("HEAD", uri, lambda: self._client.bucket_exists(loc.bucket), budget_s=CHECK_BUDGET_S):
             raise StoreError(
                 f"bucket {loc.bucket!r} does not exist at {self.endpoint}: create it "
                 f"(e.g. `mc mb`), or point store.uri at an existing bucket"
             )
-        # bucket_exists passes with read-only keys: prove we can write where the run will.
+        # bucket_exists passes with read-only keys (and on any web server that answers HEAD with
+        # 200): write a probe and read it back to prove this is an S3 API we can write to.
         probe = join_uri(uri, ".kftrain-write-check")
-        self.put_bytes(probe, b"ok")
+        token = f"kftrain {time.time_ns()}".encode()
+        self.put_bytes(probe, token)
+        back = self.get_bytes(probe)
+        if back != token:
+            raise self._not_s3(probe, f"{back[:40]!r} instead of the object just written")
         self.delete(probe)
 
 
-def open_store(uri: str, endpoint: str = "", region: str = "") -> ObjectStore:
+def open_store(uri: str, endpoint: str = "", region: str = "", policy: RetryPolicy | None = None) -> ObjectStore:
     """The store serving `uri`: :class:`S3Store` for s3:// and minio://, else :class:`LocalStore`."""
     loc = parse_uri(uri)
     if loc.is_remote:
         env_endpoint = os.environ.get("AWS_ENDPOINT_URL_S3") or os.environ.get("AWS_ENDPOINT_URL")
         if loc.scheme == "minio" and not (endpoint or env_endpoint):
             endpoint = KFP_STORE_ENDPOINT
-        return S3Store(endpoint=endpoint, region=region)
+        return S3Store(endpoint=endpoint, region=region, policy=policy)
     return LocalStore()

@@ -28,13 +28,13 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 from torch.utils.data import DataLoader, DistributedSampler
 
-from trainer.checkpoint import CheckpointManager
+from trainer.checkpoint import CheckpointError, CheckpointManager
 from trainer.config import Config, ConfigError, config_from_json, to_dict
-from trainer.data import read_manifest
+from trainer.data import DataError, read_manifest
 from trainer.distributed import DistEnv, device_for, dist_env, process_group, unwrap
 from trainer.model import save_model
 from trainer.progress import Progress
-from trainer.storage import join_uri, open_store
+from trainer.storage import StoreError, join_uri, open_store
 from trainer.tasks import Task, get_task
 
 TRAINING_RECORD = "training.json"
@@ -202,7 +202,7 @@ def run_training(
             f"got {tc.batch_size}"
         )
     micro = tc.batch_size // (env.world_size * accum)
-    store = open_store(dataset_uri, cfg.store.endpoint, cfg.store.region)
+    store = open_store(dataset_uri, cfg.store.endpoint, cfg.store.region, cfg.store.policy())
     manifest = read_manifest(store, dataset_uri)
     train_ds, val_ds = task.datasets(cfg, store, dataset_uri, manifest)
     if len(train_ds) < tc.batch_size:
@@ -256,7 +256,9 @@ def run_training(
     if cfg.checkpoint.enabled:
         prefix = cfg.checkpoint.uri or join_uri(model_uri, "checkpoints")
         ckpt = CheckpointManager(
-            open_store(prefix, cfg.store.endpoint, cfg.store.region), prefix, cfg.checkpoint.keep_last
+            open_store(prefix, cfg.store.endpoint, cfg.store.region, cfg.store.policy()),
+            prefix,
+            cfg.checkpoint.keep_last,
         )
     step = 0
     if ckpt is not None and cfg.checkpoint.resume:
@@ -284,7 +286,7 @@ def run_training(
     history: list[dict[str, float]] = []
     first_step_at = None
     data_wait = 0.0
-    skipped = 0
+    skipped = in_a_row = 0
     t_train = time.perf_counter()
     start_step = step
     epoch = step // steps_per_epoch
@@ -322,10 +324,18 @@ def run_training(
                 )
                 if tc.on_nonfinite == "stop":
                     raise NonFiniteLoss(f"non-finite loss or gradients at {where} (train.on_nonfinite: stop)")
+                in_a_row += 1
+                if in_a_row >= tc.max_consecutive_skips:
+                    raise NonFiniteLoss(
+                        f"{in_a_row} updates in a row skipped for non-finite loss or gradients, the last at "
+                        f"{where}: the run has diverged (train.on_nonfinite: skip, train.max_consecutive_skips "
+                        f"{tc.max_consecutive_skips}); lower train.learning_rate or set train.grad_clip_norm"
+                    )
                 log.warning("skipping the update of %s (train.on_nonfinite: skip)", where)
                 optimizer.zero_grad(set_to_none=True)
                 skipped += 1
             else:
+                in_a_row = 0
                 optimizer.step()
             scheduler.step()
             step += 1
@@ -408,8 +418,13 @@ def main(argv: list[str] | None = None) -> int:
     )
     cfg = config_from_json(args.config_json)
     device = device_for(env)
-    with process_group(env, device, timeout_s=cfg.job.collective_timeout_seconds):
-        run_training(cfg, args.dataset_uri, args.model_uri, env)
+    try:
+        with process_group(env, device, timeout_s=cfg.job.collective_timeout_seconds):
+            run_training(cfg, args.dataset_uri, args.model_uri, env)
+    except (ConfigError, DataError, StoreError, CheckpointError, NonFiniteLoss) as exc:
+        # A message that says what to fix, not a traceback repeated by every rank.
+        log.error("training failed: %s", exc)
+        return 1
     return 0
 
 

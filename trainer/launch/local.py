@@ -24,15 +24,20 @@ LOOPBACK = "127.0.0.1"
 JOB_MARKER_ENV = "KFTRAIN_LOCAL_JOB"
 
 
-def marked_pids(marker: str) -> list[int]:
-    """Live processes whose environment carries `JOB_MARKER_ENV=marker` (Linux /proc; elsewhere
-    none are found and cancelling falls back to the replicas' process groups)."""
+#: Every process of a `kftrain run --local` (steps, replicas, torchrun workers) inherits this.
+RUN_MARKER_ENV = "KFTRAIN_LOCAL_RUN"
+
+
+def marked_pids(marker: str, var: str = JOB_MARKER_ENV) -> list[int]:
+    """Live processes whose environment carries `var=marker`, this process excepted (Linux /proc;
+    elsewhere none are found and cancelling falls back to the replicas' process groups)."""
     if not os.path.isdir("/proc"):
         return []
-    needle = b"\0" + f"{JOB_MARKER_ENV}={marker}".encode() + b"\0"
+    needle = b"\0" + f"{var}={marker}".encode() + b"\0"
+    me = os.getpid()
     pids = []
     for entry in os.scandir("/proc"):
-        if not entry.name.isdigit():
+        if not entry.name.isdigit() or int(entry.name) == me:
             continue
         try:
             with open(f"/proc/{entry.name}/environ", "rb") as f:
@@ -41,6 +46,58 @@ def marked_pids(marker: str) -> list[int]:
         except OSError:  # gone, or not ours
             continue
     return pids
+
+
+def stop_marked(marker: str, var: str, grace_s: float = 10.0) -> int:
+    """SIGTERM every process carrying `var=marker`, SIGKILL those left after `grace_s`; return how
+    many there were. Zombies (exited, not yet reaped) keep their pid but have no environment."""
+    pids = marked_pids(marker, var)
+    for pid in pids:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.kill(pid, signal.SIGTERM)
+    end = time.monotonic() + grace_s
+    while marked_pids(marker, var) and time.monotonic() < end:
+        time.sleep(0.05)
+    # Processes started meanwhile (a step spawning replicas) are caught here too.
+    for _ in range(3):
+        left = marked_pids(marker, var)
+        if not left:
+            break
+        for pid in left:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.kill(pid, signal.SIGKILL)
+        time.sleep(0.1)
+    return len(pids)
+
+
+def start_watchdog(marker: str, var: str = RUN_MARKER_ENV, grace_s: float = 10.0) -> int:
+    """Start a watchdog in its own session that stops every process carrying `var=marker` as
+    soon as this process dies, however it dies (SIGKILL included). Return the write end of the
+    pipe it watches: close it for a clean exit. Only this process holds it (not inheritable), so
+    the pipe reaches EOF exactly when this process is gone."""
+    read_end, write_end = os.pipe()
+    env = {k: v for k, v in os.environ.items() if k != var}  # the watchdog is not one of the run
+    subprocess.Popen(
+        [sys.executable, "-m", "trainer.launch.local", "watch", var, marker, str(grace_s)],
+        stdin=read_end,
+        stdout=subprocess.DEVNULL,
+        env=env,
+        start_new_session=True,  # a Ctrl-C or a kill of our process group does not reach it
+        close_fds=True,
+    )
+    os.close(read_end)
+    return write_end
+
+
+def _watch(var: str, marker: str, grace_s: float) -> int:
+    """The watchdog: block until the pipe from the run's process closes, then stop the run."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    while os.read(0, 4096):
+        pass
+    n = stop_marked(marker, var, grace_s)
+    if n:
+        print(f"kftrain watchdog: the run's process ended; stopped {n} process(es) of it", file=sys.stderr)
+    return 0
 
 
 def free_port() -> int:
@@ -189,3 +246,9 @@ class LocalBackend:
         if marker and marked_pids(marker):
             return True
         return any(r.proc.poll() is None for r in self._jobs.get(spec.name, []))
+
+
+if __name__ == "__main__":
+    if len(sys.argv) == 5 and sys.argv[1] == "watch":
+        sys.exit(_watch(sys.argv[2], sys.argv[3], float(sys.argv[4])))
+    sys.exit("usage: python -m trainer.launch.local watch VAR MARKER GRACE_SECONDS")

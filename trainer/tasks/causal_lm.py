@@ -22,7 +22,7 @@ from torch.utils.data import Dataset
 from trainer.config import Config
 from trainer.data import DataError, read_manifest
 from trainer.gpt import GPT, GPTConfig
-from trainer.storage import ObjectStore, join_uri
+from trainer.storage import ObjectStore, decode_object, join_uri
 from trainer.tasks import Task
 
 FORMAT = "kftrain.tokens.v1"
@@ -65,8 +65,13 @@ def load_tokens(store: ObjectStore, dataset_uri: str, split: str, manifest: dict
     """All tokens of one split."""
     parts = []
     for name in manifest["splits"][split]["shards"]:
-        parts.append(np.load(io.BytesIO(store.get_bytes(join_uri(dataset_uri, name))), allow_pickle=False))
+        uri = join_uri(dataset_uri, name)
+        parts.append(decode_object(uri, store.get_bytes(uri), _load_npy, "token shard (.npy)"))
     return np.concatenate(parts) if parts else np.zeros(0, np.uint8)
+
+
+def _load_npy(raw: bytes) -> np.ndarray:
+    return np.load(io.BytesIO(raw), allow_pickle=False)
 
 
 class CausalLMTask(Task):
