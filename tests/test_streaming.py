@@ -8,8 +8,8 @@ import pytest
 import torch
 from torch.utils.data import DataLoader
 
-from trainer.shards import DataError, ShardWriter, read_shard
-from trainer.storage import LocalStore, join_uri
+from trainer.shards import ShardWriter, read_shard
+from trainer.storage import CorruptObject, LocalStore, join_uri
 from trainer.streaming import EpochOrder, Layout, StreamingSplit
 
 pytestmark = pytest.mark.timeout(120)
@@ -149,10 +149,10 @@ def test_a_damaged_shard_is_named_when_read(dataset, damage, message):
     uri, shards = dataset
     path = join_uri(uri, shards[2].name)
     LocalStore().put_bytes(path, damage(LocalStore().get_bytes(path)))
-    with pytest.raises(DataError, match=message) as info:
+    with pytest.raises(CorruptObject, match=message) as info:
         read_shard(LocalStore(), uri, shards[2])
     assert shards[2].name in str(info.value) and "prepare the dataset again" in str(info.value)
-    with pytest.raises(DataError, match=message):
+    with pytest.raises(CorruptObject, match=message):
         for _ in batches(split(dataset, micro=4)):
             pass
 

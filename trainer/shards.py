@@ -12,12 +12,11 @@ from __future__ import annotations
 
 import hashlib
 import io
-import zipfile
 from dataclasses import asdict, dataclass
 
 import numpy as np
 
-from trainer.storage import ObjectStore, join_uri
+from trainer.storage import CorruptObject, ObjectStore, decode_object, join_uri
 
 
 class DataError(ValueError):
@@ -73,22 +72,27 @@ def encode(arrays: dict[str, np.ndarray]) -> bytes:
 def decode(raw: bytes, info: ShardInfo, uri: str) -> dict[str, np.ndarray] | np.ndarray:
     """The shard's array(s), after checking its size and digest against the manifest."""
     if len(raw) != info.bytes:
-        raise DataError(
+        raise CorruptObject(
             f"{uri}: {len(raw)} bytes, the manifest says {info.bytes}: the shard is truncated or was "
             "replaced after data prep; prepare the dataset again"
         )
     if hashlib.sha256(raw).hexdigest() != info.sha256:
-        raise DataError(
+        raise CorruptObject(
             f"{uri}: its sha256 differs from the manifest's: the shard is corrupt or was changed after "
             "data prep; prepare the dataset again"
         )
-    try:
-        if info.name.endswith(".npz"):
-            with np.load(io.BytesIO(raw), allow_pickle=False) as z:
-                return {k: z[k] for k in z.files}
-        return np.load(io.BytesIO(raw), allow_pickle=False)
-    except (ValueError, OSError, EOFError, zipfile.BadZipFile) as exc:
-        raise DataError(f"{uri}: not a readable shard ({exc}); prepare the dataset again") from None
+    if info.name.endswith(".npz"):
+        return decode_object(uri, raw, _load_npz, "dataset shard (.npz)")
+    return decode_object(uri, raw, _load_npy, "token shard (.npy)")
+
+
+def _load_npz(raw: bytes) -> dict[str, np.ndarray]:
+    with np.load(io.BytesIO(raw), allow_pickle=False) as z:  # no pickle: no code runs on load
+        return {k: z[k] for k in z.files}
+
+
+def _load_npy(raw: bytes) -> np.ndarray:
+    return np.load(io.BytesIO(raw), allow_pickle=False)
 
 
 def read_shard(store: ObjectStore, dataset_uri: str, info: ShardInfo) -> dict[str, np.ndarray] | np.ndarray:

@@ -30,7 +30,7 @@ import torch
 from torch.utils.data import IterableDataset, get_worker_info
 
 from trainer.shards import DataError, ShardInfo, read_shard
-from trainer.storage import ObjectStore, StoreError
+from trainer.storage import ObjectStore
 
 #: What a task supplies to stream a split: items in a shard, and a batch from decoded shard data.
 ItemsOf = Callable[[ShardInfo], int]
@@ -301,20 +301,16 @@ class StreamingSplit(IterableDataset):
         first = (self.start_batch + worker) // K  # this reader's batches already consumed
         reader = self.rank * K + virtual
         order = EpochOrder(self.counts, self.seed, self.epoch)
-        try:
-            store = self._store_factory()
-            yield from reader_batches(
-                store,
-                self.dataset_uri,
-                self.shards,
-                self.layout,
-                order,
-                reader,
-                first,
-                self.layout.batches_per_reader,
-                self._take,
-                self.cache_bytes,
-                self._decode,
-            )
-        except StoreError as exc:
-            raise DataError(f"{self.dataset_uri}: cannot read a shard: {exc}") from None
+        yield from reader_batches(
+            self._store_factory(),
+            self.dataset_uri,
+            self.shards,
+            self.layout,
+            order,
+            reader,
+            first,
+            self.layout.batches_per_reader,
+            self._take,
+            self.cache_bytes,
+            self._decode,
+        )
