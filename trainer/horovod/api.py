@@ -28,6 +28,7 @@ import enum
 import os
 import time
 import warnings
+import weakref
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any, NamedTuple
@@ -832,7 +833,16 @@ class _DistributedOptimizer:
         self._next = 0  # the first parameter in `_order` whose reduction has not started
         self._synchronized = False
         self._should_synchronize = True
-        self._hooks = [p.register_post_accumulate_grad_hook(self._grad_ready) for p in self._order]
+        # The hooks hold the optimizer weakly: once a script drops it (say, for a new one over the
+        # same model), its hooks stop counting backward passes instead of keeping it alive.
+        ref = weakref.ref(self)
+
+        def hook(p: torch.Tensor) -> None:
+            opt = ref()
+            if opt is not None:
+                opt._grad_ready(p)
+
+        self._hooks = [p.register_post_accumulate_grad_hook(hook) for p in self._order]
 
     def _reset(self) -> None:
         self._handles.clear()
