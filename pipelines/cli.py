@@ -110,6 +110,12 @@ def _cmd_job_manifest(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_horovod_run(args: argparse.Namespace) -> int:
+    from trainer.horovod.run import main as horovod_main
+
+    return horovod_main([args.script, *args.script_args])
+
+
 def _cmd_submit(args: argparse.Namespace) -> int:
     import datetime
     import tempfile
@@ -187,6 +193,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--timeout", type=float, default=24 * 3600, help="--wait limit in seconds")
     p.add_argument("--poll-seconds", type=float, default=10, help=argparse.SUPPRESS)
     p.set_defaults(func=_cmd_submit)
+
+    p = sub.add_parser("horovod-run", help="run a Horovod PyTorch script unchanged, on torch.distributed")
+    p.add_argument("script", help="the script (under torchrun: python -m torch.distributed.run -m trainer.horovod.run)")
+    p.add_argument("script_args", nargs=argparse.REMAINDER, help="the script's own arguments")
+    p.set_defaults(func=_cmd_horovod_run)
 
     job = sub.add_parser("job", help="inspect the training job").add_subparsers(dest="job_command", required=True)
     p = job.add_parser("manifest", help="print the validated PyTorchJob YAML (no cluster needed)")

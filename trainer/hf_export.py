@@ -63,7 +63,25 @@ def hf_config(model: GPT) -> dict:
         "initializer_range": 0.02,
         "tie_word_embeddings": True,
         "torch_dtype": "float32",
+        # GPT-2's name for the context length, still read by older loaders.
+        "n_ctx": c.block_size,
+        # What the model computes; vLLM's GPT-2 asserts the first three are off and always scales
+        # attention by 1/sqrt(head_dim).
+        "add_cross_attention": False,
+        "scale_attn_by_inverse_layer_idx": False,
+        "reorder_and_upcast_attn": False,
+        "scale_attn_weights": True,
+        # The byte vocabulary has no special tokens. Left out, GPT2Config would default both to
+        # 50256, an id outside this 256-token vocabulary that generation would then wait for.
+        "bos_token_id": None,
+        "eos_token_id": None,
     }
+
+
+def generation_config(model: GPT) -> dict:
+    """generation_config.json: no begin/end-of-text token (generation ends at the request's
+    max_tokens or stop strings), and the whole context available to generate()."""
+    return {"bos_token_id": None, "eos_token_id": None, "max_length": model.config.block_size}
 
 
 def _bytes_to_unicode() -> dict[int, str]:
@@ -117,6 +135,7 @@ def hf_folder(model: GPT) -> dict[str, bytes]:
     """Every file of the Hugging Face folder, by name."""
     return {
         "config.json": json.dumps(hf_config(model), indent=2).encode(),
+        "generation_config.json": json.dumps(generation_config(model), indent=2).encode(),
         "model.safetensors": save_safetensors(hf_state_dict(model), metadata={"format": "pt"}),
         **byte_tokenizer(model.config.block_size),
     }

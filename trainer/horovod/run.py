@@ -1,0 +1,91 @@
+"""Run a Horovod PyTorch script unchanged, on torch.distributed.
+
+    python -m trainer.horovod.run train.py [ARGS]          # one process per pod / machine
+    python -m torch.distributed.run --nproc-per-node 4 -m trainer.horovod.run train.py [ARGS]
+    kftrain horovod-run train.py [ARGS]
+
+Inside this process only, `import horovod` and `import horovod.torch` resolve to kftrain's shim
+(`trainer/horovod/shim/`, first on `sys.path`), so child processes the script spawns see it too.
+A real Horovod installation is never shadowed: if one is importable the runner refuses (a script
+meant for real Horovod should be started with `horovodrun`, which this runner does not replace).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import runpy
+import sys
+import traceback
+from pathlib import Path
+
+from trainer.launch.spec import torchrun_command
+
+SHIM_DIR = Path(__file__).resolve().parent / "shim"
+MODULE = "trainer.horovod.run"
+
+
+class RealHorovodInstalled(RuntimeError):
+    """A real `horovod` package is importable, and the shim will not hide it."""
+
+
+def real_horovod(path: list[str]) -> str | None:
+    """Where a real (non-shim) `horovod` package is importable from `path`, or None."""
+    for entry in path:
+        root = Path(entry or os.getcwd())
+        if root.resolve() == SHIM_DIR:
+            continue
+        for candidate in (root / "horovod" / "__init__.py", root / "horovod.py"):
+            if candidate.is_file():
+                return str(candidate)
+    # Packages that finders other than plain directories provide (zip files, editable installs).
+    spec = importlib.util.find_spec("horovod") if "horovod" not in sys.modules else None
+    if spec is not None and spec.origin and not Path(spec.origin).resolve().is_relative_to(SHIM_DIR):
+        return spec.origin
+    return None
+
+
+def run_script(script: str, args: list[str]) -> None:
+    """Run `script` as `__main__` with `args`, `horovod` resolving to the shim.
+
+    Raises RealHorovodInstalled before running anything if a real Horovod is importable."""
+    script_dir = str(Path(script).resolve().parent)
+    search = [script_dir, *sys.path]  # what `python script.py` would search
+    found = real_horovod(search)
+    if found:
+        raise RealHorovodInstalled(
+            f"a real Horovod is installed ({found}); kftrain's Horovod shim will not shadow it. Start the script "
+            "with horovodrun to use that Horovod, or run it in an environment without Horovod "
+            "(pip uninstall horovod) to run it on torch.distributed through kftrain."
+        )
+    sys.argv = [script, *args]
+    sys.path[:0] = [str(SHIM_DIR), script_dir]
+    runpy.run_path(script, run_name="__main__")
+
+
+def horovod_command(script: str, args: list[str] | tuple[str, ...] = (), python: str = "python") -> tuple[str, ...]:
+    """The PyTorchJob container command that runs a Horovod script through torchrun
+    (`JobSpec(command=...)`; torchrun reads the job's shape from the operator's `PET_*`)."""
+    return torchrun_command(MODULE, [script, *args], python=python)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """`python -m trainer.horovod.run SCRIPT [ARGS]`; the exit status of the script."""
+    argv = sys.argv[1:] if argv is None else argv
+    if not argv or argv[0] in ("-h", "--help"):
+        print(__doc__.strip().splitlines()[0] + "\n\nusage: python -m trainer.horovod.run SCRIPT [ARGS]")
+        return 0 if argv else 2
+    try:
+        run_script(argv[0], argv[1:])
+    except RealHorovodInstalled as exc:
+        print(f"kftrain horovod-run: {exc}", file=sys.stderr)
+        return 2
+    except Exception:
+        # The script's own error, with its traceback, and the status `python script.py` gives.
+        traceback.print_exc()
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,5 @@
+"""`horovod.torch.elastic` is not provided: importing it says what to use instead."""
+
+from trainer.horovod.api import ELASTIC_MESSAGE
+
+raise NotImplementedError(ELASTIC_MESSAGE)

@@ -1,0 +1,64 @@
+"""Validation of KServe InferenceService manifests (the deploy/serving examples) before they
+reach a cluster: KServe's v1beta1 CRD structural schema (shipped in `schemas/`, vendored by
+scripts/vendor_inferenceservice_schema.py), made strict like the PyTorchJob's, plus the two
+rules of KServe's webhook that a wrong example would most likely break: the name format and
+exactly one model implementation in the predictor.
+"""
+
+from __future__ import annotations
+
+import copy
+import functools
+import json
+import re
+from importlib import resources
+from typing import Any
+
+from trainer.launch.preflight import ManifestError, _path, _strict
+
+#: KServe's IsvcNameFmt (pkg/apis/serving/v1beta1/inference_service_validation.go).
+_ISVC_NAME = re.compile(r"^[a-z]([-a-z0-9]*[a-z0-9])?$")
+#: Predictor fields that each name one way to run the model (the "1-of" fields of PredictorSpec).
+PREDICTOR_IMPLEMENTATIONS = (
+    "model",
+    "sklearn",
+    "xgboost",
+    "tensorflow",
+    "pytorch",
+    "triton",
+    "onnx",
+    "huggingface",
+    "pmml",
+    "lightgbm",
+    "paddle",
+)
+
+
+@functools.cache
+def _validator():
+    import jsonschema
+
+    text = resources.files("trainer.launch").joinpath("schemas/inferenceservice.v1beta1.json").read_text()
+    schema = _strict(copy.deepcopy(json.loads(text)["openAPIV3Schema"]))
+    schema["properties"].pop("status", None)  # written by the KServe controller
+    return jsonschema.Draft7Validator(schema)
+
+
+def validate_inferenceservice(manifest: dict[str, Any]) -> None:
+    """Raise ManifestError naming the field if KServe would reject or silently drop part of `manifest`."""
+    if (manifest.get("apiVersion"), manifest.get("kind")) != ("serving.kserve.io/v1beta1", "InferenceService"):
+        raise ManifestError("InferenceService: apiVersion/kind must be serving.kserve.io/v1beta1 InferenceService")
+    name = manifest.get("metadata", {}).get("name", "")
+    if not _ISVC_NAME.match(name):
+        raise ManifestError(f"InferenceService metadata.name: {name!r} must match {_ISVC_NAME.pattern}")
+    errors = sorted(_validator().iter_errors(manifest), key=lambda e: (-len(e.absolute_path), str(e.absolute_path)))
+    if errors:
+        e = errors[0]
+        raise ManifestError(f"InferenceService {_path(e.absolute_path)}: {e.message}")
+    predictor = manifest.get("spec", {}).get("predictor", {})
+    given = [f for f in PREDICTOR_IMPLEMENTATIONS if f in predictor]
+    if len(given) + bool(predictor.get("containers")) != 1:
+        raise ManifestError(
+            "InferenceService spec.predictor: exactly one of [" + ", ".join(PREDICTOR_IMPLEMENTATIONS) + ", "
+            f"containers] must be specified, got {given or 'none'}"
+        )
