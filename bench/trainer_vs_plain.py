@@ -23,12 +23,14 @@ import time
 import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
-from torch.utils.data import DataLoader, DistributedSampler
+from torch.utils.data import DataLoader, DistributedSampler, TensorDataset
 
 from trainer.config import load_config
 from trainer.data import read_manifest
 from trainer.distributed import device_for, dist_env, process_group
+from trainer.shards import split_shards
 from trainer.storage import LocalStore
+from trainer.streaming import first_items
 from trainer.tasks import get_task
 from trainer.train import peak_flops, run_training
 
@@ -107,7 +109,10 @@ def main() -> None:
         if env.distributed:
             dist.barrier()
         manifest = read_manifest(store, ds)
-        train_ds, _ = task.datasets(cfg, store, ds, manifest)
+        # The plain loop's baseline: the whole train split preloaded in memory.
+        items_of, take = task.stream(cfg, manifest)
+        shards = split_shards(manifest, "train", ds)
+        train_ds = TensorDataset(*first_items(store, ds, shards, items_of, take, sum(map(items_of, shards))))
         plain, ours, waits = [], [], []
         for i in range(args.repeats):  # alternate so drift (thermal, caches) hits both
             plain.append(plain_loop(cfg, task, train_ds, device, env, steps))

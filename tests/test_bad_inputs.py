@@ -202,13 +202,13 @@ def _truncate(uri: str, keep: int) -> None:
         (lambda d: _truncate(join_uri(d, MANIFEST), 100), "manifest", MANIFEST, "not a valid JSON document"),
         (lambda d: Path(join_uri(d, MANIFEST)).write_text("[1, 2]"), "manifest", MANIFEST, "not a kftrain dataset"),
         (lambda d: Path(join_uri(d, MANIFEST)).write_text("{}"), "manifest", MANIFEST, "no 'splits'"),
-        (lambda d: _truncate(join_uri(d, "train/shard-00000.npz"), 200), "train", "train/shard-00000.npz", "BadZip"),
-        (lambda d: Path(join_uri(d, "val/shard-00000.npz")).write_bytes(b""), "val", "val/shard-00000.npz", "shard"),
+        (lambda d: _truncate(join_uri(d, "train/rows-00000.npz"), 200), "train", "train/rows-00000.npz", "200 bytes"),
+        (lambda d: Path(join_uri(d, "val/rows-00000.npz")).write_bytes(b""), "val", "val/rows-00000.npz", "0 bytes"),
         (
-            lambda d: Path(join_uri(d, "test/shard-00000.npz")).write_bytes(_npz(z=np.zeros(2))),
+            lambda d: Path(join_uri(d, "test/rows-00000.npz")).write_bytes(_npz(z=np.zeros(2))),
             "test",
-            "test/shard-00000.npz",
-            "KeyError",
+            "test/rows-00000.npz",
+            "the manifest says",
         ),
     ],
 )
@@ -233,13 +233,18 @@ def _npz(**arrays) -> bytes:
 
 
 def test_a_corrupt_token_shard_is_named_by_uri(tmp_path):
-    from trainer.tasks.causal_lm import load_tokens
+    """A shard that matches its manifest entry yet does not parse (written corrupt)."""
+    import hashlib
+
+    from trainer.shards import ShardInfo, read_shard
 
     store = LocalStore()
     uri = str(tmp_path / "ds")
-    store.put_bytes(join_uri(uri, "train/shard-00000.npy"), b"\x93NUMPY garbage")
-    with pytest.raises(CorruptObject, match=r"shard-00000.npy is not a valid token shard"):
-        load_tokens(store, uri, "train", {"splits": {"train": {"shards": ["train/shard-00000.npy"]}}})
+    raw = b"\x93NUMPY garbage"
+    store.put_bytes(join_uri(uri, "train/tokens-00000.npy"), raw)
+    info = ShardInfo("train/tokens-00000.npy", 10, len(raw), hashlib.sha256(raw).hexdigest())
+    with pytest.raises(CorruptObject, match=r"tokens-00000.npy is not a valid token shard"):
+        read_shard(store, uri, info)
 
 
 @pytest.mark.parametrize(
@@ -294,7 +299,7 @@ def test_the_trainer_process_exits_with_a_message_not_a_traceback(dataset, tmp_p
 
     from trainer.config import config_to_json
 
-    _truncate(join_uri(dataset, "train/shard-00000.npz"), 300)
+    _truncate(join_uri(dataset, "train/rows-00000.npz"), 300)
     cfg = load_config(overrides={"checkpoint.enabled": False, "train.epochs": 1})
     proc = subprocess.run(
         [sys.executable, "-m", "trainer.train", "--config-json", config_to_json(cfg)]
@@ -306,5 +311,5 @@ def test_the_trainer_process_exits_with_a_message_not_a_traceback(dataset, tmp_p
     )
     out = proc.stdout + proc.stderr
     assert proc.returncode == 1, out
-    assert "training failed: " in out and join_uri(dataset, "train/shard-00000.npz") in out
+    assert "training failed: " in out and join_uri(dataset, "train/rows-00000.npz") in out
     assert "Traceback" not in out

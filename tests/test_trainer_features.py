@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import io
 import json
 import math
@@ -31,13 +32,18 @@ def poison_first_train_shard(src: str, dst: str) -> None:
     store = LocalStore()
     for uri in store.list(src):
         store.put_bytes(dst + uri[len(src) :], store.get_bytes(uri))
-    shard = join_uri(dst, "train/shard-00000.npz")
-    with np.load(io.BytesIO(store.get_bytes(shard))) as z:
+    manifest = json.loads(store.get_bytes(join_uri(dst, "manifest.json")))
+    entry = manifest["splits"]["train"]["shards"][0]
+    with np.load(io.BytesIO(store.get_bytes(join_uri(dst, entry["name"])))) as z:
         x, y = z["x"].copy(), z["y"]
     x[5] = np.nan
     buf = io.BytesIO()
     np.savez(buf, x=x, y=y)
-    store.put_bytes(shard, buf.getvalue())
+    raw = buf.getvalue()
+    store.put_bytes(join_uri(dst, entry["name"]), raw)
+    # A legitimate dataset that holds a NaN: its manifest describes the shard as written.
+    entry.update(bytes=len(raw), sha256=hashlib.sha256(raw).hexdigest())
+    store.put_bytes(join_uri(dst, "manifest.json"), json.dumps(manifest).encode())
 
 
 def single(cfg, dataset, model_uri):
@@ -51,7 +57,7 @@ def test_nonfinite_loss_stops_the_job_naming_step_and_rank(digits, tmp_path):
     with pytest.raises(JobFailed) as info:
         run_job(LocalBackend(sink=lambda line: None), training_job(cfg, "nan", bad, str(tmp_path / "m")), 120)
     message = str(info.value)
-    assert "NonFiniteLoss: non-finite loss or gradients at optimizer step" in message
+    assert "training failed: non-finite loss or gradients at optimizer step" in message
     # Only one rank's batch holds the NaN row; whichever replica is reported names that rank.
     assert re.search(r"the loss was non-finite on rank\(s\) \[[01]\]", message), message
     assert not LocalStore().exists(join_uri(str(tmp_path / "m"), "model.json"))  # no model marked complete

@@ -39,9 +39,10 @@ def test_two_ranks_end_with_identical_parameters(digits, tmp_path):
 
 
 def test_one_rank_and_two_ranks_learn_the_same_model(digits, tmp_path):
-    """Same global batch, same seed: DDP's averaged gradients equal the single-process ones."""
-    train(digits, str(tmp_path / "one"), replicas=1)
-    train(digits, str(tmp_path / "two"), replicas=2)
+    """Same global batches (a fixed data.partitions), same seed: DDP's averaged gradients equal
+    the single-process ones."""
+    train(digits, str(tmp_path / "one"), replicas=1, **{"data.partitions": 2})
+    train(digits, str(tmp_path / "two"), replicas=2, **{"data.partitions": 2})
     one, _ = load_model(LocalStore(), str(tmp_path / "one"))
     two, _ = load_model(LocalStore(), str(tmp_path / "two"))
     for p1, p2 in zip(one.parameters(), two.parameters(), strict=True):

@@ -152,6 +152,17 @@ class DataConfig:
     """Share of rows held out for the final evaluation."""
     seed: int = 0
     """Seed of the stratified split, so the same source always gives the same shards."""
+    partitions: int = 0
+    """Parts each epoch's item order is cut into; 0: one per reader (world size x DataLoader workers).
+    Fix it (a multiple of every world size) so any world size sees the same batches."""
+    cache_bytes: int = 512 * 2**20
+    """Each reader's cache of prefetched training shards, in bytes (consumed shards are dropped)."""
+    eval_items: int = 2048
+    """Validation and evaluation read at most this many items (rows, or windows of block_size tokens)."""
+    text_field: str = "text"
+    """causal_lm, JSON Lines sources: the field of each record that holds its text."""
+    num_proc: int = 1
+    """causal_lm data prep: processes that tokenize in parallel."""
     shard_rows: int = 512
     """Rows per shard file (tokens per shard for causal_lm: shard_rows x 1024)."""
     max_bytes: int = 4_000_000
@@ -167,6 +178,11 @@ class DataConfig:
             value = getattr(self, name)
             _require(0.0 < value < 0.5, f"data.{name}", value, "must be between 0 and 0.5")
         _require(self.shard_rows > 0, "data.shard_rows", self.shard_rows, "must be positive")
+        for name in ("partitions",):
+            _require(getattr(self, name) >= 0, f"data.{name}", getattr(self, name), "must be >= 0")
+        for name in ("cache_bytes", "eval_items", "num_proc"):
+            _require(getattr(self, name) > 0, f"data.{name}", getattr(self, name), "must be positive")
+        _require(bool(self.text_field), "data.text_field", self.text_field, "must not be empty")
         _require(self.max_bytes >= 0, "data.max_bytes", self.max_bytes, "must be >= 0")
 
 
@@ -561,6 +577,25 @@ class Config:
     kubernetes: KubernetesConfig = field(default_factory=KubernetesConfig)
     """PyTorchJob settings for the Kubernetes launcher."""
 
+    def _check_partitions(self) -> None:
+        """data.partitions must cut every epoch exactly at each world size the job can have."""
+        elastic = self.kubernetes.elastic
+        nodes = range(elastic.min_replicas, elastic.max_replicas + 1) if elastic.enabled else [self.job.replicas]
+        worlds = [n * self.job.nproc_per_node for n in nodes]
+        workers = max(1, self.train.num_workers)
+        if elastic.enabled and not self.data.partitions:
+            unit = math.lcm(*worlds) * workers
+            raise ConfigError(
+                f"data.partitions: an elastic job re-forms at {', '.join(map(str, worlds))} ranks; set it to a "
+                f"multiple of {unit} so every size reads the same batches and a re-formed job keeps its place"
+            )
+        if self.data.partitions:
+            for world in worlds:
+                problem = _partition_problem(
+                    self.data.partitions, world, workers, self.train.batch_size, self.train.grad_accum_steps
+                )
+                _require(not problem, "data.partitions", self.data.partitions, problem)
+
     def __post_init__(self) -> None:
         _require(
             self.task in BUILTIN_TASKS or ":" in self.task,
@@ -617,6 +652,21 @@ class Config:
                 )
                 + f"), but not by {', '.join(map(str, bad))}: use a multiple of {unit}",
             )
+        self._check_partitions()
+
+
+def _partition_problem(partitions: int, world: int, workers: int, batch: int, accum: int) -> str:
+    """Why `partitions` cannot cut the epochs exactly at this world size, or ''."""
+    readers = world * workers
+    if partitions % readers:
+        return f"is not a multiple of world size {world} x DataLoader workers {workers}"
+    micro = batch // (world * accum)
+    if micro % (partitions // readers):
+        return (
+            f"gives each of the {readers} readers {partitions // readers} partitions, which the per-rank "
+            f"micro-batch of {micro} items does not divide by"
+        )
+    return ""
 
 
 def _type_name(tp: Any) -> str:

@@ -1,11 +1,11 @@
 """Data preparation and loading: a table -> stratified splits -> normalised shards + manifest.
 
-Layout under a dataset URI::
+Layout under a dataset URI (`trainer/shards.py` describes the format)::
 
-    manifest.json               written last: a dataset without it is incomplete
-    train/shard-00000.npz ...   arrays `x` (float32, n x features) and `y` (int64, n)
-    val/shard-00000.npz ...
-    test/shard-00000.npz ...
+    manifest.json              written last: a dataset without it is incomplete
+    train/rows-00000.npz ...   arrays `x` (float32, n x features) and `y` (int64, n)
+    val/rows-00000.npz ...
+    test/rows-00000.npz ...
 
 Shards are numpy ``.npz`` files read with ``allow_pickle=False``: no code runs when loading.
 """
@@ -20,15 +20,12 @@ from dataclasses import dataclass
 import numpy as np
 
 from trainer.config import DataConfig
-from trainer.storage import CorruptObject, ObjectStore, decode_object, join_uri, read_json
+from trainer.shards import DataError, ShardWriter, read_shard, split_shards
+from trainer.storage import CorruptObject, ObjectStore, join_uri, read_json
 
 MANIFEST = "manifest.json"
 SPLITS = ("train", "val", "test")
-FORMAT = "kftrain.tabular.v1"
-
-
-class DataError(ValueError):
-    """The source data cannot be turned into a dataset; the message says why."""
+FORMAT = "kftrain.tabular.v2"
 
 
 @dataclass(slots=True)
@@ -94,12 +91,6 @@ def split_indices(y: np.ndarray, val_fraction: float, test_fraction: float, seed
     return {s: np.sort(np.concatenate(parts)) for s, parts in out.items()}
 
 
-def _npz_bytes(**arrays: np.ndarray) -> bytes:
-    buf = io.BytesIO()
-    np.savez(buf, **arrays)
-    return buf.getvalue()
-
-
 def prepare_dataset(cfg: DataConfig, store: ObjectStore, dataset_uri: str) -> dict:
     """Split, normalise (statistics from train only) and shard the source; return the manifest."""
     table = load_source(cfg, store)
@@ -128,15 +119,10 @@ def prepare_dataset(cfg: DataConfig, store: ObjectStore, dataset_uri: str) -> di
     }
     for split in SPLITS:
         idx = parts[split]
-        x = ((table.x[idx] - mean) / std).astype(np.float32)
-        y = table.y[idx]
-        shards = []
-        for i, start in enumerate(range(0, len(idx), cfg.shard_rows)):
-            name = f"{split}/shard-{i:05d}.npz"
-            stop = start + cfg.shard_rows
-            store.put_bytes(join_uri(dataset_uri, name), _npz_bytes(x=x[start:stop], y=y[start:stop]))
-            shards.append(name)
-        manifest["splits"][split] = {"rows": int(len(idx)), "shards": shards}
+        writer = ShardWriter(store, dataset_uri, split, cfg.shard_rows, kind="rows")
+        writer.add(x=((table.x[idx] - mean) / std).astype(np.float32), y=table.y[idx])
+        shards = writer.close()
+        manifest["splits"][split] = {"rows": int(len(idx)), "shards": [sh.as_dict() for sh in shards]}
     # The manifest goes last: readers treat a dataset without it as incomplete.
     store.put_bytes(join_uri(dataset_uri, MANIFEST), json.dumps(manifest, indent=2).encode())
     return manifest
@@ -156,24 +142,21 @@ def read_manifest(store: ObjectStore, dataset_uri: str, expected_format: str | N
     return manifest
 
 
-def load_split(store: ObjectStore, dataset_uri: str, split: str, manifest: dict | None = None):
-    """All rows of one split as (x float32, y int64) numpy arrays."""
+def load_split(
+    store: ObjectStore, dataset_uri: str, split: str, manifest: dict | None = None, max_rows: int = 0
+) -> tuple[np.ndarray, np.ndarray]:
+    """The first `max_rows` rows of one split in shard order (0: all) as (x float32, y int64);
+    only the shards that hold them are read."""
     manifest = manifest or read_manifest(store, dataset_uri, FORMAT)
-    xs, ys = [], []
-    for name in manifest["splits"][split]["shards"]:
-        uri = join_uri(dataset_uri, name)
-        x, y = decode_object(uri, store.get_bytes(uri), _xy_arrays, "dataset shard (.npz with arrays x, y)")
-        xs.append(x)
-        ys.append(y)
+    xs, ys, count = [], [], 0
+    for info in split_shards(manifest, split, dataset_uri):
+        if max_rows and count >= max_rows:
+            break
+        arrays = read_shard(store, dataset_uri, info)
+        if not isinstance(arrays, dict) or not {"x", "y"} <= set(arrays):
+            raise CorruptObject(f"{join_uri(dataset_uri, info.name)} lacks the arrays x and y: rerun data prep")
+        take = info.items if not max_rows else min(info.items, max_rows - count)
+        xs.append(arrays["x"][:take])
+        ys.append(arrays["y"][:take])
+        count += take
     return np.concatenate(xs), np.concatenate(ys)
-
-
-def load_npz(raw: bytes) -> dict[str, np.ndarray]:
-    """All arrays of an .npz file, read without pickle (no code runs)."""
-    with np.load(io.BytesIO(raw), allow_pickle=False) as z:
-        return {k: z[k] for k in z.files}
-
-
-def _xy_arrays(raw: bytes) -> tuple[np.ndarray, np.ndarray]:
-    arrays = load_npz(raw)
-    return arrays["x"], arrays["y"]

@@ -48,14 +48,15 @@ def classification_report(y_true: np.ndarray, y_pred: np.ndarray, classes: list[
 
 
 def evaluate_model(
-    store: ObjectStore, model_uri: str, dataset_uri: str, output_uri: str | None = None
+    store: ObjectStore, model_uri: str, dataset_uri: str, output_uri: str | None = None, max_items: int = 2048
 ) -> dict[str, Any]:
-    """Evaluate the model at `model_uri` on the test split; write `metrics.json` to `output_uri`."""
+    """Evaluate the model at `model_uri` on (the first `max_items` items of) the test split;
+    write `metrics.json` to `output_uri`."""
     from trainer.tasks import get_task
 
     model, meta = load_model(store, model_uri)
     with torch.no_grad():
-        report = get_task(meta["task"]).evaluate(model, meta, store, dataset_uri)
+        report = get_task(meta["task"]).evaluate(model, meta, store, dataset_uri, max_items)
     report.update(task=meta["task"], model_uri=model_uri, dataset_uri=dataset_uri)
     if output_uri:
         store.put_bytes(join_uri(output_uri, EVAL_RECORD), json.dumps(report, indent=2).encode())

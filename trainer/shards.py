@@ -48,7 +48,7 @@ class ShardInfo:
                 name=str(entry["name"]), items=int(entry["items"]), bytes=int(entry["bytes"]), sha256=entry["sha256"]
             )
         except (KeyError, TypeError, ValueError) as exc:
-            raise DataError(f"{where}: a shard entry lacks {exc} or is malformed; prepare the dataset again") from None
+            raise DataError(f"{where}: a shard entry lacks {exc} or is malformed; rerun data prep") from None
 
 
 def token_dtype(vocab_size: int) -> np.dtype:
@@ -74,12 +74,12 @@ def decode(raw: bytes, info: ShardInfo, uri: str) -> dict[str, np.ndarray] | np.
     if len(raw) != info.bytes:
         raise CorruptObject(
             f"{uri}: {len(raw)} bytes, the manifest says {info.bytes}: the shard is truncated or was "
-            "replaced after data prep; prepare the dataset again"
+            "replaced after data prep; rerun data prep"
         )
     if hashlib.sha256(raw).hexdigest() != info.sha256:
         raise CorruptObject(
             f"{uri}: its sha256 differs from the manifest's: the shard is corrupt or was changed after "
-            "data prep; prepare the dataset again"
+            "data prep; rerun data prep"
         )
     if info.name.endswith(".npz"):
         return decode_object(uri, raw, _load_npz, "dataset shard (.npz)")
@@ -152,5 +152,5 @@ def split_shards(manifest: dict, split: str, dataset_uri: str) -> list[ShardInfo
     try:
         entries = manifest["splits"][split]["shards"]
     except (KeyError, TypeError):
-        raise DataError(f"{dataset_uri}: the manifest has no {split!r} split; prepare the dataset again") from None
+        raise DataError(f"{dataset_uri}: the manifest has no {split!r} split; rerun data prep") from None
     return [ShardInfo.from_dict(e, f"{dataset_uri} manifest, split {split}") for e in entries]

@@ -96,7 +96,7 @@ def evaluate(
     from trainer.train import TRAINING_RECORD
 
     store = store_for(cfg, output_uri, check=True)
-    report = evaluate_model(store, model_uri, dataset_uri, output_uri)
+    report = evaluate_model(store, model_uri, dataset_uri, output_uri, cfg.data.eval_items)
     passed, reason = quality_gate(report, min_accuracy, max_perplexity)
     training = json.loads(store.get_bytes(join_uri(model_uri, TRAINING_RECORD)))
     store.put_bytes(report_uri, html_report(training, report, (passed, reason)).encode())

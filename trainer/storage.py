@@ -151,8 +151,11 @@ class ObjectStore(Protocol):
     def put_bytes(self, uri: str, data: bytes) -> None:
         """Write an object atomically (readers see the old object or the whole new one)."""
 
-    def get_bytes(self, uri: str) -> bytes:
-        """Read a whole object; :class:`ObjectNotFound` when absent."""
+    def get_bytes(self, uri: str, offset: int = 0, length: int = 0) -> bytes:
+        """Read an object (or `length` bytes from `offset`; 0: to the end); :class:`ObjectNotFound` when absent."""
+
+    def size(self, uri: str) -> int:
+        """The object's size in bytes; :class:`ObjectNotFound` when absent."""
 
     def put_file(self, uri: str, path: str | Path) -> None:
         """Upload a local file (multipart for large files)."""
@@ -195,12 +198,20 @@ class LocalStore:
             Path(tmp).unlink(missing_ok=True)
             raise
 
-    def get_bytes(self, uri: str) -> bytes:
+    def get_bytes(self, uri: str, offset: int = 0, length: int = 0) -> bytes:
         path = self._path(uri)
         try:
-            return path.read_bytes()
+            with path.open("rb") as f:
+                f.seek(offset)
+                return f.read(length or -1)
         except (FileNotFoundError, IsADirectoryError):
             raise ObjectNotFound(f"no file at {uri}") from None
+
+    def size(self, uri: str) -> int:
+        path = self._path(uri)
+        if not path.is_file():
+            raise ObjectNotFound(f"no file at {uri}")
+        return path.stat().st_size
 
     def put_file(self, uri: str, path: str | Path) -> None:
         dest = self._path(uri)
@@ -411,11 +422,11 @@ class S3Store:
         loc = self._loc(uri)
         self._call("PUT", uri, lambda: self._client.put_object(loc.bucket, loc.key, io.BytesIO(data), len(data)))
 
-    def get_bytes(self, uri: str) -> bytes:
+    def get_bytes(self, uri: str, offset: int = 0, length: int = 0) -> bytes:
         loc = self._loc(uri)
 
         def get() -> bytes:
-            resp = self._client.get_object(loc.bucket, loc.key)
+            resp = self._client.get_object(loc.bucket, loc.key, offset=offset, length=length)
             try:
                 return resp.read()
             finally:
@@ -423,6 +434,10 @@ class S3Store:
                 resp.release_conn()
 
         return self._call("GET", uri, get)
+
+    def size(self, uri: str) -> int:
+        loc = self._loc(uri)
+        return self._call("HEAD", uri, lambda: self._client.stat_object(loc.bucket, loc.key).size)
 
     def put_file(self, uri: str, path: str | Path) -> None:
         loc = self._loc(uri)

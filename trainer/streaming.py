@@ -314,3 +314,21 @@ class StreamingSplit(IterableDataset):
             self.cache_bytes,
             self._decode,
         )
+
+
+def first_items(
+    store: ObjectStore, dataset_uri: str, shards: list[ShardInfo], items_of: ItemsOf, take: Take, limit: int
+) -> tuple[torch.Tensor, ...]:
+    """The first `limit` items of a split in shard order (a fixed sample for validation and
+    evaluation); only the shards that hold them are read."""
+    pieces, count = [], 0
+    for info in shards:
+        if count >= limit:
+            break
+        n = min(items_of(info), limit - count)
+        if n > 0:
+            pieces.append(take(read_shard(store, dataset_uri, info), np.arange(n)))
+            count += n
+    if not pieces:
+        raise DataError(f"{dataset_uri}: the split holds no complete item; rerun data prep with more data")
+    return tuple(torch.cat(columns, dim=0) for columns in zip(*pieces, strict=True))

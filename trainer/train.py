@@ -26,16 +26,17 @@ import torch
 import torch.distributed as dist
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
-from torch.utils.data import DataLoader, DistributedSampler
 
 from trainer.checkpoint import CheckpointError, CheckpointManager
 from trainer.config import Config, ConfigError, config_from_json, to_dict
 from trainer.data import DataError, read_manifest
 from trainer.distributed import DistEnv, device_for, dist_env, process_group, unwrap
+from trainer.launch.backend import FAILURE_MARKER
 from trainer.model import save_model
 from trainer.progress import Progress
 from trainer.storage import StoreError, join_uri, open_store
 from trainer.tasks import Task, get_task
+from trainer.training_data import training_data
 
 TRAINING_RECORD = "training.json"
 log = logging.getLogger("kftrain.train")
@@ -46,19 +47,6 @@ PEAK_BF16_TFLOPS = {"H200": 989.0, "H100": 989.0, "A100": 312.0, "L40S": 362.0, 
 
 class NonFiniteLoss(RuntimeError):
     """The loss or the gradients became NaN/inf (train.on_nonfinite: stop)."""
-
-
-class ResumableSampler(DistributedSampler):
-    """DistributedSampler that can start part-way into an epoch (mid-epoch resume)."""
-
-    start_index = 0
-
-    def __iter__(self):
-        indices = list(super().__iter__())
-        return iter(indices[self.start_index :])
-
-    def __len__(self) -> int:
-        return self.num_samples - self.start_index
 
 
 def seed_everything(seed: int) -> None:
@@ -204,9 +192,7 @@ def run_training(
     micro = tc.batch_size // (env.world_size * accum)
     store = open_store(dataset_uri, cfg.store.endpoint, cfg.store.region, cfg.store.policy())
     manifest = read_manifest(store, dataset_uri)
-    train_ds, val_ds = task.datasets(cfg, store, dataset_uri, manifest)
-    if len(train_ds) < tc.batch_size:
-        raise ConfigError(f"train.batch_size: must not exceed the {len(train_ds)} training items, got {tc.batch_size}")
+    data = training_data(cfg, task, store, dataset_uri, manifest, env, micro, device)
 
     # Identical initial weights on every rank (DDP also broadcasts rank 0's), then per-rank
     # streams for anything random in the step (dropout).
@@ -230,25 +216,7 @@ def run_training(
         fused=device.type == "cuda",
     )
 
-    # Full global batches only: every optimizer step sees exactly batch_size items on any world
-    # size, so one process and N processes take the same steps.
-    sampler = ResumableSampler(
-        train_ds, num_replicas=env.world_size, rank=env.rank, shuffle=True, seed=tc.seed, drop_last=True
-    )
-    # The loader draws its worker seeds from its own generator, never from the global RNG,
-    # so restoring the RNG state on resume reproduces the uninterrupted run exactly.
-    loader_rng = torch.Generator()
-    loader = DataLoader(
-        train_ds,
-        batch_size=micro,
-        sampler=sampler,
-        drop_last=True,
-        num_workers=tc.num_workers,
-        pin_memory=device.type == "cuda",
-        persistent_workers=False,
-        generator=loader_rng,
-    )
-    steps_per_epoch = sampler.num_samples // micro // accum
+    steps_per_epoch = data.steps_per_epoch
     total_steps = tc.max_steps or tc.epochs * steps_per_epoch
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: lr_factor(s, total_steps, cfg))
 
@@ -292,10 +260,7 @@ def run_training(
     epoch = step // steps_per_epoch
     while step < total_steps:
         epoch_step = step - epoch * steps_per_epoch
-        sampler.set_epoch(epoch)  # a different shuffle each epoch, the same on every rank
-        sampler.start_index = epoch_step * accum * micro
-        loader_rng.manual_seed(tc.seed * 100_003 + epoch)
-        batches = iter(loader)
+        batches = data.epoch_batches(epoch, epoch_step)
         epoch_loss, epoch_steps = torch.zeros((), device=device), 0
         while epoch_step < steps_per_epoch and step < total_steps:
             optimizer.zero_grad(set_to_none=True)
@@ -350,7 +315,7 @@ def run_training(
         if epoch_step >= steps_per_epoch:
             record = {"epoch": epoch, "train_loss": float(epoch_loss) / max(epoch_steps, 1)}
             if env.is_main:
-                record.update(task.validate(unwrap(model), val_ds, device, micro))
+                record.update(task.validate(unwrap(model), data.val, device, micro))
                 log.info(
                     "epoch %d done: %s", epoch, " ".join(f"{k} {v:.4f}" for k, v in record.items() if k != "epoch")
                 )
@@ -370,7 +335,7 @@ def run_training(
     steps_run = step - start_step
     final = history[-1] if history else {}
     if env.is_main and not final:
-        final = task.validate(unwrap(model), val_ds, device, micro)
+        final = task.validate(unwrap(model), data.val, device, micro)
     metrics = {
         **{k: v for k, v in final.items() if k != "epoch"},
         f"{task.item_name}_per_second": steps_run * items_per_step / max(train_seconds, 1e-9),
@@ -423,7 +388,7 @@ def main(argv: list[str] | None = None) -> int:
             run_training(cfg, args.dataset_uri, args.model_uri, env)
     except (ConfigError, DataError, StoreError, CheckpointError, NonFiniteLoss) as exc:
         # A message that says what to fix, not a traceback repeated by every rank.
-        log.error("training failed: %s", exc)
+        log.error("%s%s", FAILURE_MARKER, exc)
         return 1
     return 0
 

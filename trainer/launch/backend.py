@@ -24,9 +24,18 @@ class JobCancelled(JobFailed):
     """The launcher was asked to stop (SIGTERM, Ctrl-C); the job has been cancelled."""
 
 
+#: How the trainer reports a failure it understands (bad data, a store outage, a diverged run):
+#: one line, where a traceback would bury the cause under torchrun's summary.
+FAILURE_MARKER = "training failed: "
+
+
 def failure_excerpt(lines: list[str], tail: int = 15, traceback_lines: int = 25) -> list[str]:
-    """What explains a failed replica: the end of the last training-process traceback (torchrun
-    prefixes those lines `[rankN]:`) followed by the replica's last log lines."""
+    """What explains a failed replica: the trainer's own failure lines (:data:`FAILURE_MARKER`)
+    or else the end of the last training-process traceback (torchrun prefixes those lines
+    `[rankN]:`), followed by the replica's last log lines."""
+    reported = list(dict.fromkeys(line for line in lines if FAILURE_MARKER in line))[-4:]
+    if reported:
+        return [*reported, "...", *[line for line in lines[-tail:] if line not in reported]]
     starts = [i for i, line in enumerate(lines) if re.match(r"^\[rank\d+\]:\s*Traceback", line)]
     if not starts:
         return lines[-tail:]

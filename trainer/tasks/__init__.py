@@ -15,6 +15,7 @@ from torch.utils.data import Dataset
 
 from trainer.config import Config, ConfigError
 from trainer.storage import ObjectStore
+from trainer.streaming import ItemsOf, Take
 
 
 class Task:
@@ -33,8 +34,14 @@ class Task:
         """Data prep: write the dataset (shards + manifest.json last) and return the manifest."""
         raise NotImplementedError
 
+    def stream(self, cfg: Config, manifest: dict) -> tuple[ItemsOf, Take] | None:
+        """How to stream the dataset's shards (`trainer/streaming.py`): the items in a shard, and a
+        batch of tensors from a decoded shard and item indices. None: :meth:`datasets` loads the
+        splits instead (whole, in every rank: fine for small data only)."""
+        return None
+
     def datasets(self, cfg: Config, store: ObjectStore, dataset_uri: str, manifest: dict) -> tuple[Dataset, Dataset]:
-        """The train and validation datasets; items are tuples of tensors."""
+        """The train and validation datasets (items are tuples of tensors), for tasks without :meth:`stream`."""
         raise NotImplementedError
 
     def build_model(self, cfg: Config, manifest: dict) -> tuple[nn.Module, dict[str, Any]]:
@@ -61,8 +68,10 @@ class Task:
         """Metrics on the validation split, computed by rank 0 after each epoch."""
         raise NotImplementedError
 
-    def evaluate(self, model: nn.Module, meta: dict, store: ObjectStore, dataset_uri: str) -> dict[str, Any]:
-        """The test-split report of the evaluation step."""
+    def evaluate(
+        self, model: nn.Module, meta: dict, store: ObjectStore, dataset_uri: str, max_items: int
+    ) -> dict[str, Any]:
+        """The test-split report of the evaluation step, on at most `max_items` items (the first ones)."""
         raise NotImplementedError
 
     def serving_module(self, model: nn.Module, meta: dict[str, Any]) -> tuple[nn.Module, torch.Tensor]:

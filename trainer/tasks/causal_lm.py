@@ -1,77 +1,172 @@
 """The built-in causal language-model task: a GPT over byte tokens.
 
 Tokenizer: the bytes of UTF-8 text (vocabulary 256), so nothing is downloaded at run time.
-Data prep splits the text into contiguous train/val/test ranges and writes `uint8` token
-shards; training reads fixed, non-overlapping windows of `block_size + 1` tokens.
+
+Data prep streams the source (Python's standard library, one text or JSON Lines object, or every
+such object under a prefix) in blocks of about a MiB, never holding more than a block per
+process: each block is cut at line ends into its train, val and test parts (so every split
+samples the whole corpus), tokenised by `data.num_proc` processes, and appended to its split's
+shards as they fill. Shards are `.npy` arrays of the smallest unsigned dtype that holds the
+vocabulary. Training reads non-overlapping windows of `block_size + 1` tokens within a shard;
+nothing is widened but the windows of a batch.
 """
 
 from __future__ import annotations
 
-import io
 import json
 import math
 import sysconfig
+from collections import deque
+from collections.abc import Iterator
+from concurrent.futures import Executor, Future, ProcessPoolExecutor
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
 from torch import nn
-from torch.utils.data import Dataset
 
 from trainer.config import Config
-from trainer.data import DataError, read_manifest
+from trainer.data import MANIFEST, DataError, read_manifest
 from trainer.gpt import GPT, GPTConfig
-from trainer.storage import ObjectStore, decode_object, join_uri
+from trainer.shards import ShardInfo, ShardWriter, split_shards, token_dtype
+from trainer.storage import ObjectNotFound, ObjectStore, decode_object, join_uri
+from trainer.streaming import first_items
 from trainer.tasks import Task
 
-FORMAT = "kftrain.tokens.v1"
+FORMAT = "kftrain.tokens.v2"
 HF_FOLDER = "huggingface"
 VOCAB_SIZE = 256
 SPLITS = ("train", "val", "test")
+#: Text is read, split and tokenised in blocks of about this many bytes.
+BLOCK_BYTES = 1 << 20
+JSONL_SUFFIXES = (".jsonl", ".json")
 
 
-def stdlib_text(max_bytes: int) -> bytes:
-    """Python's own standard-library source as a corpus (always installed; sorted, so stable)."""
+def stdlib_documents() -> Iterator[bytes]:
+    """Python's own standard-library source (always installed; sorted, so stable), file by file."""
     root = Path(sysconfig.get_paths()["stdlib"])
-    out = bytearray()
     for path in sorted(root.rglob("*.py")):
         rel = path.relative_to(root).parts
         if "site-packages" in rel or "test" in rel or "tests" in rel:
             continue
-        out += path.read_bytes() + b"\n"
-        if max_bytes and len(out) >= max_bytes:
-            break
-    return bytes(out[:max_bytes] if max_bytes else out)
+        yield path.read_bytes() + b"\n"
 
 
-class TokenWindows(Dataset):
-    """Non-overlapping windows: item i is (tokens[i*T : i*T+T], tokens[i*T+1 : i*T+T+1])."""
-
-    def __init__(self, tokens: np.ndarray, block_size: int) -> None:
-        self.tokens = torch.from_numpy(tokens.astype(np.int64))
-        self.block_size = block_size
-        self.n = max(0, (len(tokens) - 1) // block_size)
-
-    def __len__(self) -> int:
-        return self.n
-
-    def __getitem__(self, i: int) -> tuple[torch.Tensor, torch.Tensor]:
-        chunk = self.tokens[i * self.block_size : i * self.block_size + self.block_size + 1]
-        return chunk[:-1], chunk[1:]
-
-
-def load_tokens(store: ObjectStore, dataset_uri: str, split: str, manifest: dict) -> np.ndarray:
-    """All tokens of one split."""
-    parts = []
-    for name in manifest["splits"][split]["shards"]:
-        uri = join_uri(dataset_uri, name)
-        parts.append(decode_object(uri, store.get_bytes(uri), _load_npy, "token shard (.npy)"))
-    return np.concatenate(parts) if parts else np.zeros(0, np.uint8)
+def _object_pieces(store: ObjectStore, uri: str, text_field: str) -> Iterator[bytes]:
+    """One object's text in pieces of at most a block: a text file as it is, a JSON Lines file
+    as the `text_field` of each record, one record per line."""
+    size = store.size(uri)
+    carry = b""
+    for offset in range(0, size, BLOCK_BYTES):
+        chunk = carry + store.get_bytes(uri, offset, min(BLOCK_BYTES, size - offset))
+        if not uri.endswith(JSONL_SUFFIXES):
+            yield chunk
+            continue
+        *lines, carry = chunk.split(b"\n")
+        for number, line in enumerate(lines):
+            if line.strip():
+                yield _record_text(line, uri, text_field, number) + b"\n"
+    if carry.strip():
+        yield _record_text(carry, uri, text_field, -1) + b"\n"
 
 
-def _load_npy(raw: bytes) -> np.ndarray:
-    return np.load(io.BytesIO(raw), allow_pickle=False)
+def _record_text(line: bytes, uri: str, field: str, number: int) -> bytes:
+    record = decode_object(f"{uri} (a line)", line, json.loads, "JSON Lines record")
+    if not isinstance(record, dict) or not isinstance(record.get(field), str):
+        raise DataError(
+            f"{uri}: a record has no text field {field!r} (data.text_field); its keys: "
+            f"{sorted(record) if isinstance(record, dict) else type(record).__name__}"
+        )
+    return record[field].encode("utf-8")
+
+
+def source_pieces(cfg: Config, store: ObjectStore) -> Iterator[bytes]:
+    """The configured source as pieces of text, in a fixed order, at most `data.max_bytes` in all."""
+    d = cfg.data
+    source = d.source or "python-stdlib"
+    if source == "python-stdlib":
+        pieces = stdlib_documents()
+    else:
+        try:
+            uris = [source] if store.exists(source) else []
+        except ObjectNotFound:
+            uris = []
+        if not uris:
+            uris = [u for u in store.list(source.rstrip("/") + "/") if not u.rsplit("/", 1)[-1].startswith(".")]
+        if not uris:
+            raise DataError(f"data.source {source!r}: no object there and none below it; check the URI")
+        pieces = (piece for uri in uris for piece in _object_pieces(store, uri, d.text_field))
+    left = d.max_bytes or math.inf
+    for piece in pieces:
+        if left <= 0:
+            return
+        if len(piece) > left:
+            piece = piece[: int(left)]
+        left -= len(piece)
+        yield piece
+
+
+def blocks(pieces: Iterator[bytes], size: int = BLOCK_BYTES) -> Iterator[bytes]:
+    """Pieces regrouped into blocks of at least `size` bytes (the last may be shorter)."""
+    buf: list[bytes] = []
+    held = 0
+    for piece in pieces:
+        buf.append(piece)
+        held += len(piece)
+        if held >= size:
+            yield b"".join(buf)
+            buf, held = [], 0
+    if buf:
+        yield b"".join(buf)
+
+
+def _cut(block: bytes, at: int) -> int:
+    """The first line end at or after `at` (so a line is never split between splits), else `at`."""
+    if at >= len(block):
+        return len(block)
+    nl = block.find(b"\n", at)
+    return nl + 1 if nl != -1 and nl - at < 4096 else at
+
+
+def split_block(block: bytes, val_fraction: float, test_fraction: float) -> dict[str, bytes]:
+    """A block's train, val and test parts: its first (1 - val - test) share, then val, then test."""
+    n = len(block)
+    a = _cut(block, int(n * (1 - val_fraction - test_fraction)))
+    b = max(a, _cut(block, int(n * (1 - test_fraction))))
+    return {"train": block[:a], "val": block[a:b], "test": block[b:]}
+
+
+def tokenize_block(block: bytes, val_fraction: float, test_fraction: float) -> dict[str, np.ndarray]:
+    """The token ids of a block's three parts (bytes: the id is the byte)."""
+    parts = split_block(block, val_fraction, test_fraction)
+    return {split: np.frombuffer(text, dtype=np.uint8) for split, text in parts.items()}
+
+
+def _bounded_map(pool: Executor | None, fn, items: Iterator, *args, ahead: int) -> Iterator:
+    """`fn(item, *args)` for each item, in order, with at most `ahead` items in flight (so a
+    huge source never queues up in memory)."""
+    if pool is None:
+        for item in items:
+            yield fn(item, *args)
+        return
+    pending: deque[Future] = deque()
+    for item in items:
+        pending.append(pool.submit(fn, item, *args))
+        if len(pending) >= ahead:
+            yield pending.popleft().result()
+    while pending:
+        yield pending.popleft().result()
+
+
+def _windows(info: ShardInfo, block_size: int) -> int:
+    return max(0, (info.items - 1) // block_size)
+
+
+def _window_batch(tokens: np.ndarray, idx: np.ndarray, block_size: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Windows `idx` of a shard as (inputs, targets), widened to int64 only here."""
+    rows = tokens[(idx * block_size)[:, None] + np.arange(block_size + 1)].astype(np.int64)
+    return torch.from_numpy(rows[:, :-1]), torch.from_numpy(rows[:, 1:])
 
 
 class CausalLMTask(Task):
@@ -82,38 +177,46 @@ class CausalLMTask(Task):
 
     def prepare(self, cfg: Config, store: ObjectStore, dataset_uri: str) -> dict[str, Any]:
         d = cfg.data
+        dtype = token_dtype(VOCAB_SIZE)
+        writers = {
+            split: ShardWriter(store, dataset_uri, split, d.shard_rows * 1024, kind="tokens") for split in SPLITS
+        }
+        pool = ProcessPoolExecutor(d.num_proc) if d.num_proc > 1 else None
+        try:
+            texts = blocks(source_pieces(cfg, store))
+            for ids in _bounded_map(pool, tokenize_block, texts, d.val_fraction, d.test_fraction, ahead=2 * d.num_proc):
+                for split, tokens in ids.items():
+                    if len(tokens):
+                        writers[split].add(tokens=tokens.astype(dtype, copy=False))
+        finally:
+            if pool is not None:
+                pool.shutdown(cancel_futures=True)
         source = d.source or "python-stdlib"
-        text = stdlib_text(d.max_bytes) if source == "python-stdlib" else store.get_bytes(source)
-        if d.max_bytes:
-            text = text[: d.max_bytes]
-        tokens = np.frombuffer(text, dtype=np.uint8)
-        n = len(tokens)
-        n_test, n_val = int(n * d.test_fraction), int(n * d.val_fraction)
-        ranges = {"train": (0, n - n_val - n_test), "val": (n - n_val - n_test, n - n_test), "test": (n - n_test, n)}
         block = cfg.model.block_size
-        for split, (a, b) in ranges.items():
-            if b - a < block + 1:
+        splits = {}
+        for split, writer in writers.items():
+            shards = writer.close()
+            if not any(_windows(sh, block) for sh in shards):
                 raise DataError(
-                    f"{source}: the {split} split has {b - a} tokens, fewer than model.block_size + 1 = {block + 1}; "
-                    "use more text (data.max_bytes) or a shorter context"
+                    f"{source}: the {split} split has {writer.items} tokens, no shard of which holds a window of "
+                    f"model.block_size + 1 = {block + 1}; use more text (data.max_bytes, data.source), a larger "
+                    "data.shard_rows or a shorter context"
                 )
-        manifest: dict[str, Any] = {"format": FORMAT, "source": source, "vocab_size": VOCAB_SIZE, "splits": {}}
-        shard_tokens = d.shard_rows * 1024
-        for split, (a, b) in ranges.items():
-            shards = []
-            for i, start in enumerate(range(a, b, shard_tokens)):
-                name = f"{split}/tokens-{i:05d}.npy"
-                buf = io.BytesIO()
-                np.save(buf, tokens[start : min(b, start + shard_tokens)])
-                store.put_bytes(join_uri(dataset_uri, name), buf.getvalue())
-                shards.append(name)
-            manifest["splits"][split] = {"tokens": b - a, "shards": shards}
-        store.put_bytes(join_uri(dataset_uri, "manifest.json"), json.dumps(manifest, indent=2).encode())
+            splits[split] = {"tokens": writer.items, "shards": [sh.as_dict() for sh in shards]}
+        manifest: dict[str, Any] = {
+            "format": FORMAT,
+            "source": source,
+            "vocab_size": VOCAB_SIZE,
+            "tokenizer": "bytes",
+            "dtype": dtype.name,
+            "splits": splits,
+        }
+        store.put_bytes(join_uri(dataset_uri, MANIFEST), json.dumps(manifest, indent=2).encode())
         return manifest
 
-    def datasets(self, cfg, store, dataset_uri, manifest):
+    def stream(self, cfg, manifest):
         block = cfg.model.block_size
-        return tuple(TokenWindows(load_tokens(store, dataset_uri, s, manifest), block) for s in ("train", "val"))
+        return (lambda info: _windows(info, block)), (lambda tokens, idx: _window_batch(tokens, idx, block))
 
     def build_model(self, cfg, manifest):
         m = cfg.model
@@ -143,16 +246,13 @@ class CausalLMTask(Task):
         return float(model.flops_per_token())
 
     @torch.no_grad()
-    def _mean_loss(self, model, dataset, device, batch_size, max_items=64):
+    def _mean_loss(self, model, dataset, device, batch_size):
         model.eval()
         total, count = 0.0, 0
-        n = min(len(dataset), max_items)
-        for start in range(0, n, batch_size):
-            items = [dataset[i] for i in range(start, min(n, start + batch_size))]
-            x = torch.stack([a for a, _ in items]).to(device)
-            y = torch.stack([b for _, b in items]).to(device)
-            total += float(self.loss(model, (x, y))) * len(items)
-            count += len(items)
+        for start in range(0, len(dataset), batch_size):
+            x, y = (t[start : start + batch_size].to(device) for t in dataset.tensors)
+            total += float(self.loss(model, (x, y))) * len(x)
+            count += len(x)
         model.train()
         return total / max(count, 1)
 
@@ -160,11 +260,17 @@ class CausalLMTask(Task):
         loss = self._mean_loss(model, dataset, device, batch_size)
         return {"val_loss": loss, "val_perplexity": math.exp(min(loss, 50.0))}
 
-    def evaluate(self, model, meta, store, dataset_uri):
+    def evaluate(self, model, meta, store, dataset_uri, max_items):
+        from torch.utils.data import TensorDataset
+
         manifest = read_manifest(store, dataset_uri, FORMAT)
-        test = TokenWindows(load_tokens(store, dataset_uri, "test", manifest), meta["architecture"]["block_size"])
-        loss = self._mean_loss(model, test, torch.device("cpu"), 8, max_items=len(test))
-        return {"loss": loss, "perplexity": math.exp(min(loss, 50.0)), "test_tokens": len(test) * test.block_size}
+        block = meta["architecture"]["block_size"]
+        shards = split_shards(manifest, "test", dataset_uri)
+        x, y = first_items(
+            store, dataset_uri, shards, lambda i: _windows(i, block), lambda t, i: _window_batch(t, i, block), max_items
+        )
+        loss = self._mean_loss(model, TensorDataset(x, y), torch.device("cpu"), 8)
+        return {"loss": loss, "perplexity": math.exp(min(loss, 50.0)), "test_tokens": int(x.numel())}
 
     def serving_module(self, model, meta):
         gen = torch.Generator().manual_seed(0)

@@ -4,14 +4,15 @@ from __future__ import annotations
 
 from typing import Any
 
+import numpy as np
 import torch
 from torch import nn
-from torch.utils.data import Dataset, TensorDataset
 
 from trainer.config import Config
 from trainer.data import load_split, prepare_dataset
 from trainer.evaluate import classification_report
 from trainer.model import build_mlp
+from trainer.shards import ShardInfo
 from trainer.storage import ObjectStore
 from trainer.tasks import Task
 
@@ -29,6 +30,14 @@ class ServingModel(nn.Module):
         return self.model((x - self.mean) / self.std)
 
 
+def _rows(info: ShardInfo) -> int:
+    return info.items
+
+
+def _row_batch(arrays: dict[str, np.ndarray], idx: np.ndarray) -> tuple[torch.Tensor, torch.Tensor]:
+    return torch.from_numpy(arrays["x"][idx]), torch.from_numpy(arrays["y"][idx])
+
+
 class ClassificationTask(Task):
     name = "classification"
     item_name = "samples"
@@ -36,12 +45,8 @@ class ClassificationTask(Task):
     def prepare(self, cfg: Config, store: ObjectStore, dataset_uri: str) -> dict[str, Any]:
         return prepare_dataset(cfg.data, store, dataset_uri)
 
-    def datasets(self, cfg, store, dataset_uri, manifest):
-        def tensors(split: str) -> Dataset:
-            x, y = load_split(store, dataset_uri, split, manifest)
-            return TensorDataset(torch.from_numpy(x), torch.from_numpy(y))
-
-        return tensors("train"), tensors("val")
+    def stream(self, cfg, manifest):
+        return _rows, _row_batch
 
     def build_model(self, cfg, manifest):
         arch = {
@@ -78,8 +83,8 @@ class ClassificationTask(Task):
         return {"val_accuracy": float((pred == y.to(device)).float().mean())}
 
     @torch.no_grad()
-    def evaluate(self, model, meta, store, dataset_uri):
-        x, y = load_split(store, dataset_uri, "test")
+    def evaluate(self, model, meta, store, dataset_uri, max_items):
+        x, y = load_split(store, dataset_uri, "test", max_rows=max_items)
         logits = model(torch.from_numpy(x))
         report = classification_report(y, logits.argmax(dim=1).numpy(), meta["classes"])
         report["loss"] = float(nn.functional.cross_entropy(logits, torch.from_numpy(y)))
