@@ -21,6 +21,7 @@ from typing import Any
 import yaml
 
 from trainer.storage import parse_uri
+from trainer.tokenizer import parse_spec as parse_tokenizer_spec
 
 NCCL_DEBUG_LEVELS = ("", "VERSION", "WARN", "INFO", "TRACE")
 BUILTIN_TASKS = ("classification", "causal_lm")
@@ -88,6 +89,10 @@ class DataConfig:
     """Rows per shard file (tokens per shard for causal_lm: shard_rows x 1024)."""
     max_bytes: int = 4_000_000
     """causal_lm: at most this many bytes of text are tokenised (0: all)."""
+    tokenizer: str = "bytes"
+    """causal_lm: `bytes` (id = byte value), `bpe:<vocab_size>` (train a byte-level BPE) or a tokenizer.json URI."""
+    tokenizer_sample_bytes: int = 20_000_000
+    """causal_lm, `bpe:<vocab_size>`: BPE training reads at most this many bytes of the source."""
 
     def __post_init__(self) -> None:
         if self.source not in ("", "digits", "python-stdlib"):
@@ -100,6 +105,16 @@ class DataConfig:
             _require(0.0 < value < 0.5, f"data.{name}", value, "must be between 0 and 0.5")
         _require(self.shard_rows > 0, "data.shard_rows", self.shard_rows, "must be positive")
         _require(self.max_bytes >= 0, "data.max_bytes", self.max_bytes, "must be >= 0")
+        try:
+            parse_tokenizer_spec(self.tokenizer)
+        except ValueError as exc:
+            raise ConfigError(f"data.tokenizer: {exc}") from None
+        _require(
+            self.tokenizer_sample_bytes > 0,
+            "data.tokenizer_sample_bytes",
+            self.tokenizer_sample_bytes,
+            "must be positive",
+        )
 
 
 @dataclass(kw_only=True, slots=True)
