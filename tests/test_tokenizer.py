@@ -99,6 +99,18 @@ def test_bpe_round_trip_and_vocabulary(bpe, sample):
     assert bpe.encode(EOS_TOKEN.encode()).tolist() == [bpe.eos_id]
 
 
+def test_long_texts_encode_in_pieces_to_the_same_ids(bpe, sample, monkeypatch):
+    """Long texts are encoded in parts cut at line starts; the ids are those of the whole text."""
+    import trainer.tokenizer as tokenizer_module
+
+    edges = f"x = 1\n\ndef f():\n  \n\n\n    pass\n \n{EOS_TOKEN}\n\nclass C:\n\t\n".encode()
+    text = b"".join(sample)[:60_000] + edges * 200
+    whole = bpe.encode(text)
+    monkeypatch.setattr(tokenizer_module, "_PIECE_CHARS", 100)
+    assert bpe.encode(text).tolist() == whole.tolist()
+    assert bpe.decode(whole) == text
+
+
 def test_bpe_is_deterministic_for_the_same_sample(bpe, sample):
     again = load_tokenizer("bpe:1000", None, iter(sample))
     assert again.to_json() == bpe.to_json()

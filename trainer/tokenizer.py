@@ -50,6 +50,14 @@ _WHAT_TO_DO = (
 )
 # Bytes that are not valid UTF-8, after `decode("utf-8", "surrogateescape")`: U+DC80..U+DCFF.
 _ESCAPED = re.compile("([\udc80-\udcff]+)")
+# A line break before a non-space character: GPT-2's pre-tokenizer regex makes that break a word
+# of its own, so text cut just before it encodes to the same ids as the whole. (Cutting after it
+# would not: a run of breaks at the end of a text is one word, inside it the last break is apart.)
+_LINE_START = re.compile(r"\n(?=\S)")
+#: Characters per piece and pieces per library call when a long text is encoded in parts: one
+#: call on megabytes of text is single-threaded and holds every token's string and offsets at once.
+_PIECE_CHARS = 64 * 1024
+_PIECES_PER_CALL = 16
 
 
 @dataclass(frozen=True, slots=True)
@@ -190,7 +198,7 @@ class HFTokenizer:
     """
 
     def __init__(self, tok: tokenizers.Tokenizer, kind: str, raw: bytes | None = None) -> None:
-        from tokenizers import decoders
+        from tokenizers import decoders, pre_tokenizers
 
         self._tok = tok
         self.kind = kind
@@ -199,6 +207,13 @@ class HFTokenizer:
         # The largest id, not the count: a tokenizer.json may leave holes in its ids.
         self.vocab_size = max(vocab.values()) + 1 if vocab else 0
         self.eos_id = tok.token_to_id(EOS_TOKEN)
+        pre = tok.pre_tokenizer
+        self._splittable = (
+            tok.normalizer is None
+            and isinstance(pre, pre_tokenizers.ByteLevel)
+            and pre.use_regex
+            and not pre.add_prefix_space
+        )
         self._byte_ids: list[int] | None = None
         self._id_bytes: list[bytes] | None = None
         if isinstance(tok.decoder, decoders.ByteLevel):
@@ -229,12 +244,30 @@ class HFTokenizer:
             if not piece:
                 continue
             if i % 2 == 0:
-                ids.extend(self._tok.encode(piece, add_special_tokens=False).ids)
+                ids.extend(self._encode_text(piece))
             elif self._byte_ids is not None:
                 ids.extend(self._byte_ids[ord(ch) - 0xDC00] for ch in piece)
             else:
                 ids.extend(self._tok.encode("\ufffd" * len(piece), add_special_tokens=False).ids)
         return np.array(ids, dtype=token_dtype(self.vocab_size))
+
+    def _encode_text(self, text: str) -> list[int]:
+        if not self._splittable or len(text) <= 2 * _PIECE_CHARS:
+            return self._tok.encode(text, add_special_tokens=False).ids
+        pieces, start = [], 0
+        while len(text) - start > _PIECE_CHARS:
+            cut = _LINE_START.search(text, start + _PIECE_CHARS)
+            if cut is None:
+                break
+            pieces.append(text[start : cut.start()])
+            start = cut.start()
+        pieces.append(text[start:])
+        ids: list[int] = []
+        for first in range(0, len(pieces), _PIECES_PER_CALL):
+            batch = pieces[first : first + _PIECES_PER_CALL]
+            for enc in self._tok.encode_batch_fast(batch, add_special_tokens=False):
+                ids.extend(enc.ids)
+        return ids
 
     def decode(self, ids: Iterable[int]) -> bytes:
         """The bytes that `ids` stand for (special tokens as their text, like transformers)."""
