@@ -224,7 +224,7 @@ class HFTokenizer:
             id_bytes = [b""] * self.vocab_size
             for token, i in vocab.items():
                 # As the library's ByteLevel decoder: a token with a character outside the table
-                # (an added token such as `<|endoftext|>` may have one) stands for its UTF-8 text.
+                # (an added token written as plain text, e.g. with a space) stands for its UTF-8.
                 if all(ch in char_byte for ch in token):
                     id_bytes[i] = bytes(char_byte[ch] for ch in token)
                 else:
