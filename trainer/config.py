@@ -21,6 +21,7 @@ from typing import Any
 import yaml
 
 from trainer.storage import RetryPolicy, parse_uri
+from trainer.tokenizer import parse_spec as parse_tokenizer_spec
 
 NCCL_DEBUG_LEVELS = ("", "VERSION", "WARN", "INFO", "TRACE")
 BUILTIN_TASKS = ("classification", "causal_lm")
@@ -167,6 +168,10 @@ class DataConfig:
     """Rows per shard file (tokens per shard for causal_lm: shard_rows x 1024)."""
     max_bytes: int = 4_000_000
     """causal_lm: at most this many bytes of text are tokenised (0: all)."""
+    tokenizer: str = "bytes"
+    """causal_lm: `bytes` (id = byte value), `bpe:<vocab_size>` (train a byte-level BPE) or a tokenizer.json URI."""
+    tokenizer_sample_bytes: int = 20_000_000
+    """causal_lm, `bpe:<vocab_size>`: BPE training reads at most this many bytes of the source."""
 
     def __post_init__(self) -> None:
         if self.source not in ("", "digits", "python-stdlib"):
@@ -184,6 +189,16 @@ class DataConfig:
             _require(getattr(self, name) > 0, f"data.{name}", getattr(self, name), "must be positive")
         _require(bool(self.text_field), "data.text_field", self.text_field, "must not be empty")
         _require(self.max_bytes >= 0, "data.max_bytes", self.max_bytes, "must be >= 0")
+        try:
+            parse_tokenizer_spec(self.tokenizer)
+        except ValueError as exc:
+            raise ConfigError(f"data.tokenizer: {exc}") from None
+        _require(
+            self.tokenizer_sample_bytes > 0,
+            "data.tokenizer_sample_bytes",
+            self.tokenizer_sample_bytes,
+            "must be positive",
+        )
 
 
 @dataclass(kw_only=True, slots=True)

@@ -3,8 +3,8 @@ other serving stacks that read HF checkpoints load too.
 
 kftrain's GPT is GPT-2's architecture (pre-norm blocks, tanh-GELU MLP, learned positions, tied
 embeddings, LayerNorm eps 1e-5), so only names change, and the linear layers are transposed
-(GPT-2 stores them as Conv1D, input-major). The tokenizer is byte-level with no merges: token
-id = byte value, exactly what training used.
+(GPT-2 stores them as Conv1D, input-major). The tokenizer is the tokenizer.json training used
+(trainer/tokenizer.py): by default byte-level with no merges (token id = byte value).
 """
 
 from __future__ import annotations
@@ -15,6 +15,7 @@ import torch
 from safetensors.torch import save as save_safetensors
 
 from trainer.gpt import GPT
+from trainer.tokenizer import EOS_TOKEN, Tokenizer, byte_tokenizer_json, tokenizer_from_json
 
 
 def hf_state_dict(model: GPT) -> dict[str, torch.Tensor]:
@@ -84,58 +85,34 @@ def generation_config(model: GPT) -> dict:
     return {"bos_token_id": None, "eos_token_id": None, "max_length": model.config.block_size}
 
 
-def _bytes_to_unicode() -> dict[int, str]:
-    """GPT-2's reversible byte -> printable character table used by byte-level tokenizers."""
-    keep = (
-        list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1)) + list(range(ord("®"), ord("ÿ") + 1))
-    )
-    table, extra = {}, 0
-    for b in range(256):
-        if b in keep:
-            table[b] = chr(b)
-        else:
-            table[b] = chr(256 + extra)
-            extra += 1
-    return table
+def tokenizer_config(tokenizer: Tokenizer, model_max_length: int) -> dict:
+    """tokenizer_config.json that matches `tokenizer` (its special token as bos and eos, like GPT-2)."""
+    config: dict = {"tokenizer_class": "PreTrainedTokenizerFast", "model_max_length": model_max_length}
+    if tokenizer.eos_id is not None:
+        config.update(bos_token=EOS_TOKEN, eos_token=EOS_TOKEN)
+    # Older transformers default to True, which rewrites " ." as "." on decode: the text would
+    # no longer be what the model's ids stand for.
+    config["clean_up_tokenization_spaces"] = False
+    return config
 
 
-def byte_tokenizer(model_max_length: int) -> dict[str, bytes]:
-    """tokenizer.json (byte-level BPE without merges: id = byte value) and tokenizer_config.json."""
-    byte_level = {"type": "ByteLevel", "add_prefix_space": False, "trim_offsets": False, "use_regex": False}
-    tokenizer = {
-        "version": "1.0",
-        "truncation": None,
-        "padding": None,
-        "added_tokens": [],
-        "normalizer": None,
-        "pre_tokenizer": byte_level,
-        "post_processor": None,
-        "decoder": byte_level,
-        "model": {
-            "type": "BPE",
-            "dropout": None,
-            "unk_token": None,
-            "continuing_subword_prefix": None,
-            "end_of_word_suffix": None,
-            "fuse_unk": False,
-            "byte_fallback": False,
-            "ignore_merges": False,
-            "vocab": {ch: b for b, ch in _bytes_to_unicode().items()},
-            "merges": [],
-        },
-    }
-    config = {"tokenizer_class": "PreTrainedTokenizerFast", "model_max_length": model_max_length}
+def hf_folder(model: GPT, tokenizer_json: bytes | None = None) -> dict[str, bytes]:
+    """Every file of the Hugging Face folder, by name, with `tokenizer_json` (default: `bytes`)."""
+    raw = tokenizer_json if tokenizer_json is not None else byte_tokenizer_json()
+    tokenizer = tokenizer_from_json(raw, "of the Hugging Face export")
+    if tokenizer.vocab_size > model.config.vocab_size:
+        raise ValueError(
+            f"the tokenizer has {tokenizer.vocab_size} token ids but the model only {model.config.vocab_size}: "
+            "export the tokenizer the model was trained with"
+        )
+    config, generation = hf_config(model), generation_config(model)
+    if tokenizer.eos_id is not None:  # its end-of-text token begins and ends texts, as in GPT-2
+        for c in (config, generation):
+            c.update(bos_token_id=tokenizer.eos_id, eos_token_id=tokenizer.eos_id)
     return {
-        "tokenizer.json": json.dumps(tokenizer, ensure_ascii=False).encode(),
-        "tokenizer_config.json": json.dumps(config).encode(),
-    }
-
-
-def hf_folder(model: GPT) -> dict[str, bytes]:
-    """Every file of the Hugging Face folder, by name."""
-    return {
-        "config.json": json.dumps(hf_config(model), indent=2).encode(),
-        "generation_config.json": json.dumps(generation_config(model), indent=2).encode(),
+        "config.json": json.dumps(config, indent=2).encode(),
+        "generation_config.json": json.dumps(generation, indent=2).encode(),
         "model.safetensors": save_safetensors(hf_state_dict(model), metadata={"format": "pt"}),
-        **byte_tokenizer(model.config.block_size),
+        "tokenizer.json": raw,
+        "tokenizer_config.json": json.dumps(tokenizer_config(tokenizer, model.config.block_size)).encode(),
     }
