@@ -1,6 +1,5 @@
-"""The built-in causal language-model task: a GPT over byte tokens.
-
-Tokenizer: the bytes of UTF-8 text (vocabulary 256), so nothing is downloaded at run time.
+"""The built-in causal language-model task: a GPT-2-architecture model over the tokens of
+`data.tokenizer` (by default the bytes of the text: vocabulary 256, nothing to download).
 
 Data prep streams the source (Python's standard library, one text or JSON Lines object, or every
 such object under a prefix) in blocks of about a MiB, never holding more than a block per
@@ -33,10 +32,11 @@ from trainer.shards import ShardInfo, ShardWriter, split_shards, token_dtype
 from trainer.storage import ObjectNotFound, ObjectStore, decode_object, join_uri
 from trainer.streaming import first_items
 from trainer.tasks import Task
+from trainer.tokenizer import ByteTokenizer, Tokenizer, load_tokenizer, tokenizer_from_json
 
 FORMAT = "kftrain.tokens.v2"
 HF_FOLDER = "huggingface"
-VOCAB_SIZE = 256
+TOKENIZER_FILE = "tokenizer.json"
 SPLITS = ("train", "val", "test")
 #: Text is read, split and tokenised in blocks of about this many bytes.
 BLOCK_BYTES = 1 << 20
@@ -137,10 +137,19 @@ def split_block(block: bytes, val_fraction: float, test_fraction: float) -> dict
     return {"train": block[:a], "val": block[a:b], "test": block[b:]}
 
 
+#: The tokenizer of this data-prep process (set once per worker: a tokenizer.json can be MBs).
+_TOKENIZER: Tokenizer = ByteTokenizer()
+
+
+def _use_tokenizer(raw: bytes | None) -> None:
+    global _TOKENIZER
+    _TOKENIZER = ByteTokenizer() if raw is None else tokenizer_from_json(raw, "the dataset's tokenizer")
+
+
 def tokenize_block(block: bytes, val_fraction: float, test_fraction: float) -> dict[str, np.ndarray]:
-    """The token ids of a block's three parts (bytes: the id is the byte)."""
+    """The token ids of a block's three parts, with this process's tokenizer."""
     parts = split_block(block, val_fraction, test_fraction)
-    return {split: np.frombuffer(text, dtype=np.uint8) for split, text in parts.items()}
+    return {split: _TOKENIZER.encode(text) for split, text in parts.items()}
 
 
 def _bounded_map(pool: Executor | None, fn, items: Iterator, *args, ahead: int) -> Iterator:
@@ -177,11 +186,21 @@ class CausalLMTask(Task):
 
     def prepare(self, cfg: Config, store: ObjectStore, dataset_uri: str) -> dict[str, Any]:
         d = cfg.data
-        dtype = token_dtype(VOCAB_SIZE)
+        # A BPE learns from (the start of) the same stream it then tokenizes.
+        tokenizer = load_tokenizer(
+            d.tokenizer, store, sample=source_pieces(cfg, store), max_sample_bytes=d.tokenizer_sample_bytes
+        )
+        dtype = token_dtype(tokenizer.vocab_size)
+        raw_tokenizer = None if tokenizer.kind == "bytes" else tokenizer.to_json()
         writers = {
             split: ShardWriter(store, dataset_uri, split, d.shard_rows * 1024, kind="tokens") for split in SPLITS
         }
-        pool = ProcessPoolExecutor(d.num_proc) if d.num_proc > 1 else None
+        _use_tokenizer(raw_tokenizer)
+        pool = (
+            ProcessPoolExecutor(d.num_proc, initializer=_use_tokenizer, initargs=(raw_tokenizer,))
+            if d.num_proc > 1
+            else None
+        )
         try:
             texts = blocks(source_pieces(cfg, store))
             for ids in _bounded_map(pool, tokenize_block, texts, d.val_fraction, d.test_fraction, ahead=2 * d.num_proc):
@@ -203,11 +222,16 @@ class CausalLMTask(Task):
                     "data.shard_rows or a shorter context"
                 )
             splits[split] = {"tokens": writer.items, "shards": [sh.as_dict() for sh in shards]}
+        tokenizer_info: dict[str, Any] = {"kind": tokenizer.kind, "vocab_size": tokenizer.vocab_size}
+        if raw_tokenizer is not None:
+            # Beside the dataset for people and tools; in the manifest for the model and its export.
+            store.put_bytes(join_uri(dataset_uri, TOKENIZER_FILE), raw_tokenizer)
+            tokenizer_info.update(file=TOKENIZER_FILE, json=raw_tokenizer.decode("utf-8"))
         manifest: dict[str, Any] = {
             "format": FORMAT,
             "source": source,
-            "vocab_size": VOCAB_SIZE,
-            "tokenizer": "bytes",
+            "vocab_size": tokenizer.vocab_size,
+            "tokenizer": tokenizer_info,
             "dtype": dtype.name,
             "splits": splits,
         }
@@ -228,7 +252,9 @@ class CausalLMTask(Task):
             n_embd=m.n_embd,
             dropout=m.dropout,
         )
-        meta = {"architecture": gpt.as_dict(), "tokenizer": "bytes", "vocab_size": manifest["vocab_size"]}
+        # The model carries its tokenizer: evaluation and the export need no dataset to decode.
+        tokenizer = manifest.get("tokenizer") or {"kind": "bytes", "vocab_size": manifest["vocab_size"]}
+        meta = {"architecture": gpt.as_dict(), "tokenizer": tokenizer, "vocab_size": manifest["vocab_size"]}
         return GPT(gpt), meta
 
     def model_from_meta(self, meta):
@@ -281,4 +307,6 @@ class CausalLMTask(Task):
     def extra_exports(self, model, meta):
         from trainer.hf_export import hf_folder
 
-        return {f"{HF_FOLDER}/{name}": data for name, data in hf_folder(model).items()}
+        raw = meta.get("tokenizer", {}).get("json") if isinstance(meta.get("tokenizer"), dict) else None
+        files = hf_folder(model, raw.encode("utf-8") if raw else None)
+        return {f"{HF_FOLDER}/{name}": data for name, data in files.items()}
