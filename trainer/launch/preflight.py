@@ -211,7 +211,7 @@ def validate_trainjob_rules(manifest: dict[str, Any]) -> None:
             f"TrainJob spec.trainer.env: must not set {reserved}: the torch plugin injects them (reserved)"
         )
     for key in ("numNodes", "numProcPerNode"):
-        if key in trainer and trainer[key] < 1:
+        if isinstance(trainer.get(key), int) and trainer[key] < 1:
             raise ManifestError(f"TrainJob spec.trainer.{key}: must be >= 1, got {trainer[key]}")
     patches = spec.get("runtimePatches") or []
     _unique(patches, "manager", "TrainJob spec.runtimePatches")
