@@ -330,12 +330,12 @@ class FakeCluster:
         uid) updated. PyTorchJob: `<job>-<rtype>-<index>`; TrainJob (`rtype` "node"): JobSet's
         `<job>-node-0-<index>-<random>`."""
         key = (job, rtype, index)
-        if key not in self._pod_names:
-            if self.kind == "trainjob":
-                assert rtype == "node", rtype
+        if self.kind == "trainjob":
+            assert rtype == "node", rtype
+            if self._pod_names.get(key) not in self.pods:  # none yet, or deleted: a new pod, a new name
                 self._pod_names[key] = f"{job}-node-0-{index}-{format(next(self._rand), 'x')[-5:]}"
-            else:
-                self._pod_names[key] = f"{job}-{rtype}-{index}"
+        else:
+            self._pod_names[key] = f"{job}-{rtype}-{index}"
         name = self._pod_names[key]
         old = self.pods.get(name)
         uid = old.metadata.uid if old else f"pod-uid-{next(self._uids)}"
@@ -383,22 +383,19 @@ class FakeCluster:
         }
 
     def pod_name(self, job: str, rtype: str, index: int) -> str:
-        """The current pod name of a replica (a TrainJob's has a random suffix)."""
+        """The latest pod name of a replica (a TrainJob's has a random suffix)."""
         return self._pod_names[(job, rtype, index)]
 
     def recreate_pod(self, job: str, rtype: str, index: int, phase: str, **kwargs: Any) -> None:
         """Delete the pod and create a new one (new uid): under the same name, as the operator
         does for a retryable exit code under restartPolicy ExitCode; under a new random name, as
         the Job controller does under a TrainJob."""
-        self.pods.pop(self._pod_names.pop((job, rtype, index), ""), None)
-        if self.kind == "pytorchjob":
-            self._pod_names[(job, rtype, index)] = f"{job}-{rtype}-{index}"
+        self.pods.pop(self._pod_names.get((job, rtype, index), ""), None)
         self.add_pod(job, rtype, index, phase, **kwargs)
 
     def _delete_pods(self, job: str) -> None:
         for pod in [p for p in self.pods.values() if p.metadata.labels[self.k["job_label"]] == job]:
             del self.pods[pod.metadata.name]
-        self._pod_names = {k: v for k, v in self._pod_names.items() if k[0] != job}
 
     def _cond(self, kind: str, status: str, reason: str = "", message: str = "") -> dict[str, Any]:
         return {

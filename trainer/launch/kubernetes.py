@@ -485,7 +485,7 @@ class KubernetesBackend:
             f"list pods of job {ns}/{spec.name}",
             self.core.list_namespaced_pod,
             ns,
-            label_selector=f"{JOB_NAME_LABEL}={spec.name}",
+            label_selector=self.job_kind(spec).pod_selector(spec.name),
         )
         return sorted(pods.items, key=self.job_kind(spec).replica_key)
 
