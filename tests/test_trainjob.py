@@ -292,3 +292,23 @@ def test_horovod_topology_refuses_a_v2_pod_started_without_torchrun(environ, exp
     else:
         topo = topology(environ)
         assert (topo.rank, topo.size) == expected
+
+
+def test_a_bring_your_own_image_job_runs_as_a_trainjob_too():
+    from trainer.launch.custom import custom_job
+
+    spec = custom_job(
+        name="byo-job",
+        image="registry.example.com/me/train:1",
+        command=["torchrun", "train.py"],
+        output_uri="s3://bucket/out",
+        replicas=2,
+        nproc_per_node=4,
+        cluster=True,
+        kind="trainjob",
+    )
+    m = trainjob_manifest(spec)
+    validate_trainjob(m)
+    env = {e["name"]: e.get("value") for e in m["spec"]["trainer"]["env"]}
+    assert env["KFTRAIN_OUTPUT_URI"] == "s3://bucket/out"
+    assert (m["spec"]["trainer"]["numNodes"], m["spec"]["trainer"]["numProcPerNode"]) == (2, 4)
