@@ -60,7 +60,7 @@ from trainer.launch.jobkind import (
 )
 from trainer.launch.pytorchjob import KUEUE_QUEUE_LABEL, owner_reference
 from trainer.launch.retry import ApiRetry, ApiUnavailable, describe, http_status
-from trainer.launch.spec import POD_NAME_ENV, POD_UID_ENV, JobSpec, require_object_store
+from trainer.launch.spec import AUTO, POD_NAME_ENV, POD_UID_ENV, JobSpec, require_object_store
 
 SA_NAMESPACE_FILE = Path("/var/run/secrets/kubernetes.io/serviceaccount/namespace")
 __all__ = ["JOB_NAME_LABEL", "REPLICA_INDEX_LABEL", "REPLICA_TYPE_LABEL", "KubernetesBackend"]
@@ -326,6 +326,8 @@ class KubernetesBackend:
 
     def cancel(self, spec: JobSpec) -> None:
         """Delete the job (Foreground: its pods go first); a job already gone is fine."""
+        if spec.kind == AUTO and spec.name not in self._kinds:
+            return  # discovery never answered, so nothing was created
         ns = self.namespace(spec)
         try:
             self._api(
