@@ -365,10 +365,10 @@ class ElasticConfig:
 
 @dataclass(kw_only=True, slots=True)
 class KubernetesConfig:
-    """How the training job runs as a PyTorchJob (ignored by the local launcher)."""
+    """How the training job runs on a cluster, as a PyTorchJob or a TrainJob (ignored by the local launcher)."""
 
     namespace: str = ""
-    """Namespace of the PyTorchJob; empty: the launcher pod's own namespace, read at run time."""
+    """Namespace of the job; empty: the launcher pod's own namespace, read at run time."""
     gpus_per_node: int = 0
     """`nvidia.com/gpu` limit of each replica; when set it must equal job.nproc_per_node."""
     cpu: str = ""
