@@ -94,18 +94,31 @@ def _cmd_run(args: argparse.Namespace) -> int:
 def _cmd_job_manifest(args: argparse.Namespace) -> int:
     import yaml
 
-    from trainer.config import load_config
+    from trainer.config import ConfigError, load_config
     from trainer.launch.job import training_job
-    from trainer.launch.preflight import validate_pytorchjob
-    from trainer.launch.pytorchjob import pytorchjob_manifest
+    from trainer.launch.jobkind import KINDS
     from trainer.launch.spec import require_object_store
 
-    cfg = load_config(args.config)
+    overrides = {}
+    for item in args.set:
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            raise ConfigError(f"--set {item!r}: expected KEY=VALUE, e.g. kubernetes.backoff_limit=3")
+        overrides[key] = yaml.safe_load(value)
+    if args.kind:
+        overrides["job.kind"] = args.kind
+    cfg = load_config(args.config, overrides)
+    if cfg.job.kind not in KINDS:  # `auto` is answered by a cluster's API discovery
+        raise ConfigError(
+            f"job.kind: {cfg.job.kind!r} is resolved by the cluster at run time; pass --kind pytorchjob or "
+            "--kind trainjob to print one"
+        )
     require_object_store({"--dataset-uri": args.dataset_uri, "--model-uri": args.model_uri})
     spec = training_job(cfg, args.name, args.dataset_uri, args.model_uri)
     require_object_store(spec.artifact_uris)
-    manifest = pytorchjob_manifest(spec, namespace=args.namespace or cfg.kubernetes.namespace)
-    validate_pytorchjob(manifest)
+    kind = KINDS[cfg.job.kind]
+    manifest = kind.build(spec, args.namespace or cfg.kubernetes.namespace, None)
+    kind.validate(manifest)
     sys.stdout.write(yaml.safe_dump(manifest, sort_keys=False, width=1000))
     return 0
 
@@ -200,12 +213,18 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=_cmd_horovod_run)
 
     job = sub.add_parser("job", help="inspect the training job").add_subparsers(dest="job_command", required=True)
-    p = job.add_parser("manifest", help="print the validated PyTorchJob YAML (no cluster needed)")
+    p = job.add_parser("manifest", help="print the validated PyTorchJob or TrainJob YAML (no cluster needed)")
     p.add_argument("--config", help="kftrain YAML config (default: built-in defaults)")
     p.add_argument("--name", default="kftrain-job", help="job name (a DNS-1035 label)")
     p.add_argument("--namespace", default="", help="namespace (default: kubernetes.namespace, else none)")
     p.add_argument("--dataset-uri", default="s3://kftrain/dataset", help="prepared dataset URI")
     p.add_argument("--model-uri", default="s3://kftrain/model", help="where rank 0 writes the model")
+    p.add_argument(
+        "--kind", choices=("pytorchjob", "trainjob"), help="the job to print (default: job.kind of the config)"
+    )
+    p.add_argument(
+        "--set", action="append", default=[], metavar="KEY=VALUE", help="override a config field (YAML value)"
+    )
     p.set_defaults(func=_cmd_job_manifest)
     return parser
 

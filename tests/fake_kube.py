@@ -6,7 +6,17 @@ No API server can run on the test machines, so this in-memory object stands in f
 status codes (and headers), and advances a scripted timeline each time the launcher polls the
 job. It is a fake: tests script what the operator, Kueue and the API server would do.
 
-What it models:
+What it models (`kind="pytorchjob"`, the default, or `kind="trainjob"`):
+- API discovery (`get_api_resources(group, version)`): 404 for a group/version no served CRD
+  belongs to, else the group's resources (other CRDs of the group included); a create of a kind
+  the cluster does not serve is a 404, as the API server answers for an unknown resource;
+- TrainJobs (Trainer v2.3.0): the webhook refuses (403, as controller-runtime denies) a runtime
+  the cluster lacks; no `status` until a test sets a condition; Kueue suspends through
+  `spec.suspend` and the controller sets `Suspended` True (reason `Suspended`) and, on admission,
+  False (reason `Resumed`); pods are JobSet's: `<job>-node-0-<i>-<random>` with the
+  `jobset.sigs.k8s.io/*` labels and `batch.kubernetes.io/job-completion-index`, container `node`,
+  and a recreated pod gets a new random name (the Job controller makes a new pod);
+- a log read names a container: the wrong one is a 400, as the API server answers;
 - PyTorchJobs: create (409 when the name exists), get (404 when gone), patch, delete (the
   job's pods go with it), conditions updated in place with a lastTransitionTime;
 - pods with a uid each; `add_pod` updates a pod in place (same uid), `recreate_pod` deletes it
@@ -31,6 +41,7 @@ from __future__ import annotations
 import copy
 import datetime as dt
 import itertools
+import json
 import threading
 from collections.abc import Callable
 from http import HTTPStatus
@@ -42,7 +53,29 @@ from urllib3._collections import HTTPHeaderDict
 
 T0 = dt.datetime(2026, 1, 1, tzinfo=dt.timezone.utc)
 QUEUE_LABEL = "kueue.x-k8s.io/queue-name"
-CALLS = ("create", "get", "delete", "patch", "list_pods", "list_events", "read_log")
+CALLS = ("create", "get", "delete", "patch", "list_pods", "list_events", "read_log", "discover")
+#: What each kind looks like to the API: CRD, group/version/plural, pod labels and container.
+KINDS = {
+    "pytorchjob": {
+        "crd": "pytorchjobs.kubeflow.org",
+        "gvp": ("kubeflow.org", "v1", "pytorchjobs"),
+        "kind": "PyTorchJob",
+        "job_label": "training.kubeflow.org/job-name",
+        "container": "pytorch",
+    },
+    "trainjob": {
+        "crd": "trainjobs.trainer.kubeflow.org",
+        "gvp": ("trainer.kubeflow.org", "v1alpha1", "trainjobs"),
+        "kind": "TrainJob",
+        "job_label": "jobset.sigs.k8s.io/jobset-name",
+        "container": "node",
+    },
+}
+#: Other resources a real cluster serves in the same group/version (discovery lists them too).
+NEIGHBOURS = {
+    ("kubeflow.org", "v1"): ["tfjobs", "mpijobs", "xgboostjobs", "paddlejobs", "jaxjobs"],
+    ("trainer.kubeflow.org", "v1alpha1"): ["clustertrainingruntimes", "trainingruntimes"],
+}
 
 
 def api_error(status: int, headers: dict[str, str] | None = None) -> ApiException:
@@ -71,9 +104,22 @@ class FakeStream:
 class FakeCluster:
     """Jobs, pods, logs and events in memory; `timeline[i]` runs on the i-th job poll."""
 
-    def __init__(self, namespace: str = "team", kueue: bool = False) -> None:
+    def __init__(
+        self,
+        namespace: str = "team",
+        kueue: bool = False,
+        kind: str = "pytorchjob",
+        served: tuple[str, ...] | None = None,
+        runtimes: tuple[str, ...] = ("torch-distributed",),
+    ) -> None:
         self.namespace = namespace
         self.kueue = kueue
+        self.kind = kind
+        self.k = KINDS[kind]
+        #: CRD names the cluster serves (default: the kind's own).
+        self.served = set(served if served is not None else (self.k["crd"],))
+        #: ClusterTrainingRuntimes installed (TrainJob only).
+        self.runtimes = set(runtimes)
         self.jobs: dict[str, dict[str, Any]] = {}
         self.pods: dict[str, k8s.V1Pod] = {}
         self.pod_logs: dict[str, list[str]] = {}
@@ -85,6 +131,8 @@ class FakeCluster:
         self.sleeps: list[float] = []
         self._faults: dict[str, list[tuple[BaseException | Callable[[], BaseException], bool]]] = {}
         self._uids = itertools.count(1)
+        self._rand = itertools.count(0x1A2B3)  # pod-name suffixes, deterministic
+        self._pod_names: dict[tuple[str, str, int], str] = {}  # (job, rtype, index) -> current pod
         self._lock = threading.Lock()  # log streams call in from their own threads
 
     def now(self) -> dt.datetime:
@@ -137,17 +185,60 @@ class FakeCluster:
             raise fault[0]
         return result
 
+    # -- discovery ----------------------------------------------------------------------
+    def get_api_resources(self, group, version):
+        """`GET /apis/<group>/<version>`: 404 unless a served CRD belongs to that group/version."""
+
+        def do():
+            mine = [k for k in KINDS.values() if k["crd"] in self.served and k["gvp"][:2] == (group, version)]
+            if not mine:
+                raise api_error(404)
+            names = [k["gvp"][2] for k in mine] + NEIGHBOURS.get((group, version), [])
+            return k8s.V1APIResourceList(
+                group_version=f"{group}/{version}",
+                resources=[
+                    k8s.V1APIResource(
+                        name=n,
+                        singular_name="",
+                        kind=n.title(),
+                        namespaced=n != "clustertrainingruntimes",
+                        verbs=["get", "list", "create", "delete"],
+                    )
+                    for n in names
+                ],
+            )
+
+        return self._call("discover", f"{group}/{version}", do)
+
     # -- CustomObjectsApi ---------------------------------------------------------------
+    def _check_resource(self, group, version, plural) -> None:
+        served = {KINDS[k]["gvp"] for k in KINDS if KINDS[k]["crd"] in self.served}
+        if (group, version, plural) not in served:
+            raise api_error(404)  # the server could not find the requested resource
+        assert (group, version, plural) == self.k["gvp"], "the test's cluster runs the other kind"
+
     def create_namespaced_custom_object(self, group, version, namespace, plural, body):
-        assert (group, version, plural, namespace) == ("kubeflow.org", "v1", "pytorchjobs", self.namespace)
+        assert namespace == self.namespace
         name = body["metadata"]["name"]
 
         def do():
+            self._check_resource(group, version, plural)
             if name in self.jobs:
                 raise api_error(409)
+            if self.kind == "trainjob":
+                runtime = body["spec"]["runtimeRef"]["name"]
+                if runtime not in self.runtimes:
+                    exc = api_error(403)
+                    message = (
+                        'admission webhook "validator.trainjob.trainer.kubeflow.org" denied the request: '
+                        f'clustertrainingruntimes.trainer.kubeflow.org "{runtime}" not found'
+                    )
+                    exc.body = json.dumps({"kind": "Status", "status": "Failure", "message": message, "code": 403})
+                    raise exc
             job = copy.deepcopy(body)
             job["metadata"]["creationTimestamp"] = _stamp(self.clock)
-            job["status"] = {"conditions": [self._cond("Created", "True", "PyTorchJobCreated")]}
+            if self.kind == "pytorchjob":
+                job["status"] = {"conditions": [self._cond("Created", "True", "PyTorchJobCreated")]}
             self.jobs[name] = job
             if self.kueue and QUEUE_LABEL in (job["metadata"].get("labels") or {}):
                 self.suspend(name)
@@ -157,6 +248,7 @@ class FakeCluster:
 
     def get_namespaced_custom_object(self, group, version, namespace, plural, name):
         def do():
+            self._check_resource(group, version, plural)
             if self.timeline and name in self.jobs:
                 step = self.timeline[min(self.polls, len(self.timeline) - 1)]
                 self.polls += 1
@@ -169,6 +261,7 @@ class FakeCluster:
 
     def delete_namespaced_custom_object(self, group, version, namespace, plural, name, propagation_policy=None):
         def do():
+            self._check_resource(group, version, plural)
             if name not in self.jobs:
                 raise api_error(404)
             del self.jobs[name]
@@ -178,6 +271,7 @@ class FakeCluster:
 
     def patch_namespaced_custom_object(self, group, version, namespace, plural, name, body):
         def do():
+            self._check_resource(group, version, plural)
             if name not in self.jobs:
                 raise api_error(404)
             self.jobs[name]["metadata"].update(copy.deepcopy(body["metadata"]))
@@ -216,11 +310,11 @@ class FakeCluster:
     def read_namespaced_pod_log(
         self, name, namespace, container=None, tail_lines=None, follow=False, _preload_content=True
     ):
-        assert container == "pytorch"
-
         def do():
             if name not in self.pods:
                 raise api_error(404)
+            if container != self.k["container"]:
+                raise api_error(400)  # container <x> is not valid for pod <name>
             lines = list(self.pod_logs.get(name, []))
             if follow:
                 return FakeStream(lines)
@@ -232,8 +326,17 @@ class FakeCluster:
     def add_pod(
         self, job: str, rtype: str, index: int, phase: str, logs=(), exit_code=None, waiting=None, age_s=0, restarts=0
     ):
-        """Set pod `<job>-<rtype>-<index>` to this state: a new pod, or the same pod (same uid) updated."""
-        name = f"{job}-{rtype}-{index}"
+        """Set the pod of replica `rtype`/`index` to this state: a new pod, or the same pod (same
+        uid) updated. PyTorchJob: `<job>-<rtype>-<index>`; TrainJob (`rtype` "node"): JobSet's
+        `<job>-node-0-<index>-<random>`."""
+        key = (job, rtype, index)
+        if self.kind == "trainjob":
+            assert rtype == "node", rtype
+            if self._pod_names.get(key) not in self.pods:  # none yet, or deleted: a new pod, a new name
+                self._pod_names[key] = f"{job}-node-0-{index}-{format(next(self._rand), 'x')[-5:]}"
+        else:
+            self._pod_names[key] = f"{job}-{rtype}-{index}"
+        name = self._pod_names[key]
         old = self.pods.get(name)
         uid = old.metadata.uid if old else f"pod-uid-{next(self._uids)}"
         created = old.metadata.creation_timestamp if old else self.clock - dt.timedelta(seconds=age_s)
@@ -245,18 +348,14 @@ class FakeCluster:
             metadata=k8s.V1ObjectMeta(
                 name=name,
                 uid=uid,
-                labels={
-                    "training.kubeflow.org/job-name": job,
-                    "training.kubeflow.org/replica-type": rtype,
-                    "training.kubeflow.org/replica-index": str(index),
-                },
+                labels=self._pod_labels(job, rtype, index),
                 creation_timestamp=created,
             ),
             status=k8s.V1PodStatus(
                 phase=phase,
                 container_statuses=[
                     k8s.V1ContainerStatus(
-                        name="pytorch",
+                        name=self.k["container"],
                         image="img",
                         image_id="",
                         ready=phase == "Running",
@@ -268,14 +367,34 @@ class FakeCluster:
         )
         self.pod_logs[name] = list(logs)
 
+    def _pod_labels(self, job: str, rtype: str, index: int) -> dict[str, str]:
+        if self.kind == "trainjob":
+            return {
+                "jobset.sigs.k8s.io/jobset-name": job,
+                "jobset.sigs.k8s.io/replicatedjob-name": rtype,
+                "jobset.sigs.k8s.io/job-index": "0",
+                "batch.kubernetes.io/job-completion-index": str(index),
+                "trainer.kubeflow.org/trainjob-ancestor-step": "trainer",
+            }
+        return {
+            "training.kubeflow.org/job-name": job,
+            "training.kubeflow.org/replica-type": rtype,
+            "training.kubeflow.org/replica-index": str(index),
+        }
+
+    def pod_name(self, job: str, rtype: str, index: int) -> str:
+        """The latest pod name of a replica (a TrainJob's has a random suffix)."""
+        return self._pod_names[(job, rtype, index)]
+
     def recreate_pod(self, job: str, rtype: str, index: int, phase: str, **kwargs: Any) -> None:
-        """Delete the pod and create a new one under the same name (new uid), as the operator
-        does for a retryable exit code under restartPolicy ExitCode."""
-        self.pods.pop(f"{job}-{rtype}-{index}", None)
+        """Delete the pod and create a new one (new uid): under the same name, as the operator
+        does for a retryable exit code under restartPolicy ExitCode; under a new random name, as
+        the Job controller does under a TrainJob."""
+        self.pods.pop(self._pod_names.get((job, rtype, index), ""), None)
         self.add_pod(job, rtype, index, phase, **kwargs)
 
     def _delete_pods(self, job: str) -> None:
-        for pod in [p for p in self.pods.values() if p.metadata.labels["training.kubeflow.org/job-name"] == job]:
+        for pod in [p for p in self.pods.values() if p.metadata.labels[self.k["job_label"]] == job]:
             del self.pods[pod.metadata.name]
 
     def _cond(self, kind: str, status: str, reason: str = "", message: str = "") -> dict[str, Any]:
@@ -289,19 +408,28 @@ class FakeCluster:
 
     def set_condition(self, job: str, kind: str, reason: str = "", message: str = "", status: str = "True") -> None:
         """Set a job condition in place, as the operator does (one entry per type)."""
-        conds = [c for c in self.jobs[job]["status"]["conditions"] if c["type"] != kind]
-        self.jobs[job]["status"]["conditions"] = [*conds, self._cond(kind, status, reason, message)]
+        st = self.jobs[job].setdefault("status", {})
+        conds = [c for c in st.get("conditions", []) if c["type"] != kind]
+        st["conditions"] = [*conds, self._cond(kind, status, reason, message)]
 
     def suspend(self, job: str) -> None:
         """Kueue holds the job (at creation, or preempting it): suspended, its pods deleted."""
-        self.jobs[job]["spec"].setdefault("runPolicy", {})["suspend"] = True
-        self.set_condition(job, "Suspended", "JobSuspended", "PyTorchJob is suspended.")
+        if self.kind == "trainjob":
+            self.jobs[job]["spec"]["suspend"] = True
+            self.set_condition(job, "Suspended", "Suspended", "TrainJob is suspended")
+        else:
+            self.jobs[job]["spec"].setdefault("runPolicy", {})["suspend"] = True
+            self.set_condition(job, "Suspended", "JobSuspended", "PyTorchJob is suspended.")
         self._delete_pods(job)
 
     def admit(self, job: str) -> None:
         """Kueue admits the job: it unsuspends it and the operator marks it resumed."""
-        self.jobs[job]["spec"]["runPolicy"]["suspend"] = False
-        self.set_condition(job, "Suspended", "JobResumed", "PyTorchJob is resumed.", status="False")
+        if self.kind == "trainjob":
+            self.jobs[job]["spec"]["suspend"] = False
+            self.set_condition(job, "Suspended", "Resumed", "TrainJob is resumed", status="False")
+        else:
+            self.jobs[job]["spec"]["runPolicy"]["suspend"] = False
+            self.set_condition(job, "Suspended", "JobResumed", "PyTorchJob is resumed.", status="False")
 
     def advance(self, seconds: float) -> None:
         self.clock += dt.timedelta(seconds=seconds)

@@ -43,6 +43,7 @@ def test_rbac_overlays(overlay, account):
     # Exactly the calls KubernetesBackend makes.
     for verb in ("create", "get", "list", "watch", "delete", "patch"):
         assert ("kubeflow.org", "pytorchjobs", verb) in granted
+        assert ("trainer.kubeflow.org", "trainjobs", verb) in granted
     for resource in ("pods", "pods/log", "events"):
         for verb in ("get", "list", "watch"):
             assert ("", resource, verb) in granted

@@ -60,9 +60,12 @@ def test_demo_on_an_s3_store_reaches_95_percent_and_writes_nothing_locally(s3_en
     assert card["metrics"]["accuracy"] == pytest.approx(summary["metrics"]["accuracy"])
 
 
-def test_demo_on_a_local_directory_passing_the_gate(tmp_path):
+@pytest.mark.parametrize(("kind", "first_node"), [("pytorchjob", "master-0"), ("trainjob", "node-0-0")])
+def test_demo_on_a_local_directory_passing_the_gate(tmp_path, kind, first_node):
+    """The whole pipeline, its training replicas under the Training Operator's (v1) or Kubeflow
+    Trainer's (v2) environment contract."""
     config = tmp_path / "quick.yaml"
-    config.write_text("train:\n  epochs: 3\n")
+    config.write_text(f"train:\n  epochs: 3\njob:\n  kind: {kind}\n")
     args = ["--config", str(config), "--output-dir", "out", "--summary", "s.json", "--min-accuracy", "0.5"]
     rc, out = run_group([*KFTRAIN, "run", "--local", *args], timeout=300, env=cli_env(), cwd=str(tmp_path))
     assert rc == 0, out[-5000:]
@@ -72,6 +75,7 @@ def test_demo_on_a_local_directory_passing_the_gate(tmp_path):
     assert summary["exported"] is True
     assert (Path(summary["artifacts"]["exported"]) / "model_card.json").is_file()
     assert "Quality gate passed" in out
+    assert f"[{first_node}] " in out
 
 
 def test_the_quality_gate_stops_export_and_says_why(tmp_path):

@@ -30,6 +30,8 @@ LR_SCHEDULES = ("constant", "cosine")
 NONFINITE_POLICIES = ("stop", "skip")
 RESTART_POLICIES = ("Always", "OnFailure", "Never", "ExitCode")
 CLEAN_POD_POLICIES = ("None", "Running", "All")
+#: `job.kind`: the Kubeflow job the launcher creates on a cluster (`auto`: whichever is served).
+JOB_KINDS = ("pytorchjob", "trainjob", "auto")
 _QUANTITY = re.compile(r"^[0-9]+(\.[0-9]+)?(m|k|M|G|T|P|E|Ki|Mi|Gi|Ti|Pi|Ei)?$")
 _LABEL_VALUE = re.compile(r"^(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?$")
 #: The memory-backed volume kftrain mounts at /dev/shm (`kubernetes.shm_size`).
@@ -351,8 +353,11 @@ class JobConfig:
     """NCCL watchdog heartbeat: a rank whose watchdog is stuck this long is aborted."""
     nccl_debug: str = ""
     """NCCL_DEBUG for every process (`WARN`, `INFO`, `TRACE`); empty: NCCL's default."""
+    kind: str = "pytorchjob"
+    """`pytorchjob` (Training Operator v1), `trainjob` (Trainer v2), or `auto`: TrainJob if served, else PyTorchJob."""
 
     def __post_init__(self) -> None:
+        _require(self.kind in JOB_KINDS, "job.kind", self.kind, f"must be one of {JOB_KINDS}")
         _require(self.replicas >= 1, "job.replicas", self.replicas, "must be at least 1 (the Master)")
         _require(self.nproc_per_node >= 1, "job.nproc_per_node", self.nproc_per_node, "must be >= 1")
         _require(bool(self.image.strip()), "job.image", self.image, "must not be empty")
@@ -391,10 +396,10 @@ class ElasticConfig:
 
 @dataclass(kw_only=True, slots=True)
 class KubernetesConfig:
-    """How the training job runs as a PyTorchJob (ignored by the local launcher)."""
+    """How the training job runs on a cluster, as a PyTorchJob or a TrainJob (ignored by the local launcher)."""
 
     namespace: str = ""
-    """Namespace of the PyTorchJob; empty: the launcher pod's own namespace, read at run time."""
+    """Namespace of the job; empty: the launcher pod's own namespace, read at run time."""
     gpus_per_node: int = 0
     """`nvidia.com/gpu` limit of each replica; when set it must equal job.nproc_per_node."""
     cpu: str = ""
@@ -457,9 +462,17 @@ class KubernetesConfig:
     """How long one Kubernetes API call retries transient errors (5xx, 429, connection) before the step fails."""
     queue_timeout_seconds: int = 0
     """Longest a job may wait in a queue (Kueue, gang scheduler) before admission; 0: no limit."""
+    runtime: str = "torch-distributed"
+    """The ClusterTrainingRuntime a TrainJob runs on (`job.kind: trainjob`); ignored by PyTorchJobs."""
 
     def __post_init__(self) -> None:
         p = "kubernetes"
+        _require(
+            len(self.runtime) <= 253 and bool(_DNS_1123.match(self.runtime)),
+            f"{p}.runtime",
+            self.runtime,
+            "must name a ClusterTrainingRuntime (a DNS-1123 subdomain of at most 253 characters)",
+        )
         if self.namespace:
             _require(
                 bool(_DNS_1123.match(self.namespace)),

@@ -248,6 +248,14 @@ def topology(environ: Mapping[str, str] = os.environ) -> Topology:
             f"PET_NPROC_PER_NODE={nproc} but no LOCAL_RANK: with several processes per pod start the script "
             "through torchrun: python -m torch.distributed.run -m trainer.horovod.run SCRIPT [ARGS]"
         )
+    nnodes = environ.get("PET_NNODES", "1")
+    if "RANK" not in environ and nnodes.isdigit() and int(nnodes) > 1:
+        # A Trainer v2 TrainJob injects only PET_*: without torchrun no process knows its rank,
+        # and every pod would silently train alone as rank 0 of 1.
+        raise RuntimeError(
+            f"PET_NNODES={nnodes} but no RANK or LOCAL_RANK (a Kubeflow Trainer v2 TrainJob sets only PET_*): "
+            "start the script through torchrun: python -m torch.distributed.run -m trainer.horovod.run SCRIPT [ARGS]"
+        )
     # One process per pod: the operator's RANK/WORLD_SIZE are process ranks, each pod a node.
     return Topology(rank=rank_, size=world, local_rank=0, local_size=1, cross_rank=rank_, cross_size=world)
 

@@ -6,7 +6,9 @@ job gets kftrain's preflight, deterministic name, re-attach, cancel-on-exit, dea
 events and replica-prefixed logs without the image importing kftrain.
 
 The replicas' environment contract, on top of what the Training Operator injects
-(`MASTER_ADDR`, `MASTER_PORT`, `RANK`, `WORLD_SIZE`, `PET_*`; see :func:`replica_env`):
+(`MASTER_ADDR`, `MASTER_PORT`, `RANK`, `WORLD_SIZE`, `PET_*`; see :func:`replica_env`), or, with
+`kind="trainjob"`, what Kubeflow Trainer v2 injects (only `PET_*`; see :func:`replica_env_v2`:
+start the command through torchrun there):
 
 - ``KFTRAIN_OUTPUT_URI``: where rank 0 writes the output artifact (a directory-like prefix);
 - ``KFTRAIN_INPUT_URI``: the input artifact, only when one is given;
@@ -104,6 +106,7 @@ def custom_job(
     store_secret_keys: Mapping[str, str] | None = None,
     s3_endpoint: str = "",
     cluster: bool = False,
+    kind: str = "pytorchjob",
 ) -> JobSpec:
     """The job that runs `command` in `image` on `replicas` replicas (1 Master + Workers).
 
@@ -130,6 +133,8 @@ def custom_job(
             `accesskey`/`secretkey` -> `AWS_ACCESS_KEY_ID`/`AWS_SECRET_ACCESS_KEY`.
         s3_endpoint: S3 endpoint URL (`AWS_ENDPOINT_URL`); empty: not set.
         cluster: The job runs on Kubernetes: the URIs must then be object-store URIs.
+        kind: `pytorchjob`, `trainjob` (Kubeflow Trainer v2: the replicas get only `PET_*`, so the
+            command must be a torchrun), or `auto` (whichever the cluster serves).
 
     Raises:
         ConfigError: a value the cluster would reject or misread, naming the parameter.
@@ -177,6 +182,7 @@ def custom_job(
             env={**user_env, **contract},
             timeout_s=timeout_s,
             kubernetes=kubernetes,
+            kind=kind,
         )
     except ValueError as exc:
         raise ConfigError(str(exc)) from None

@@ -9,7 +9,7 @@ TRAIN_MODULE = "trainer.train"
 
 
 def training_job(cfg: Config, name: str, dataset_uri: str, model_uri: str) -> JobSpec:
-    """The PyTorchJob-shaped description of the training step of `cfg`."""
+    """The description of the training step of `cfg` (a PyTorchJob or TrainJob per `job.kind`)."""
     # The replicas need no pod settings: the kubernetes section stays off their command line.
     replica_cfg = config_to_json(cfg, exclude=("kubernetes",))
     args = ["--config-json", replica_cfg, "--dataset-uri", dataset_uri, "--model-uri", model_uri]
@@ -22,6 +22,7 @@ def training_job(cfg: Config, name: str, dataset_uri: str, model_uri: str) -> Jo
         env=job_env(cfg),
         timeout_s=cfg.job.timeout_seconds,
         kubernetes=cfg.kubernetes,
+        kind=cfg.job.kind,
         artifact_uris={
             "dataset URI": dataset_uri,
             "model URI": model_uri,

@@ -1,4 +1,10 @@
-"""Run a job as a Kubeflow PyTorchJob: submit, re-attach, wait, stream logs, cancel.
+"""Run a job as a Kubeflow PyTorchJob or TrainJob: submit, re-attach, wait, stream logs, cancel.
+
+The two kinds differ only in what :class:`~trainer.launch.jobkind.JobKind` describes (the API
+resource, the pure manifest builder, how pods are labelled, which conditions mean what);
+everything below holds for both. `job.kind: auto` is resolved once per job by API discovery
+(`GET /apis/<group>/<version>` through `CustomObjectsApi.get_api_resources`): TrainJob when
+the cluster serves it, else PyTorchJob, else an error naming both CRDs.
 
 What the old launchers got wrong and this one does:
 
@@ -33,6 +39,7 @@ from __future__ import annotations
 
 import collections
 import datetime as dt
+import json
 import os
 import random
 import threading
@@ -42,22 +49,21 @@ from pathlib import Path
 from typing import Any
 
 from trainer.launch.backend import JobFailed, JobTimeout, failure_excerpt
-from trainer.launch.preflight import validate_pytorchjob
-from trainer.launch.pytorchjob import (
-    GROUP,
-    KUEUE_QUEUE_LABEL,
-    PLURAL,
-    VERSION,
-    owner_reference,
-    pytorchjob_manifest,
+from trainer.launch.jobkind import (
+    JOB_NAME_LABEL,
+    PYTORCHJOB_KIND,
+    REPLICA_INDEX_LABEL,
+    REPLICA_TYPE_LABEL,
+    JobKind,
+    NoJobKindServed,
+    choose_kind,
 )
+from trainer.launch.pytorchjob import KUEUE_QUEUE_LABEL, owner_reference
 from trainer.launch.retry import ApiRetry, ApiUnavailable, describe, http_status
-from trainer.launch.spec import POD_NAME_ENV, POD_UID_ENV, JobSpec, require_object_store
+from trainer.launch.spec import AUTO, POD_NAME_ENV, POD_UID_ENV, JobSpec, require_object_store
 
 SA_NAMESPACE_FILE = Path("/var/run/secrets/kubernetes.io/serviceaccount/namespace")
-JOB_NAME_LABEL = "training.kubeflow.org/job-name"
-REPLICA_TYPE_LABEL = "training.kubeflow.org/replica-type"
-REPLICA_INDEX_LABEL = "training.kubeflow.org/replica-index"
+__all__ = ["JOB_NAME_LABEL", "REPLICA_INDEX_LABEL", "REPLICA_TYPE_LABEL", "KubernetesBackend"]
 
 
 def current_namespace() -> str:
@@ -81,31 +87,22 @@ def _condition(job: dict[str, Any], kind: str, status: str = "True") -> dict[str
     return None
 
 
-def _run_policy(job: dict[str, Any]) -> dict[str, Any]:
-    return (job.get("spec") or {}).get("runPolicy") or {}
+def is_suspended(job: dict[str, Any], kind: JobKind = PYTORCHJOB_KIND) -> bool:
+    """Held by a queue: the job's suspend field (`runPolicy.suspend` / `spec.suspend`: Kueue sets
+    it until it admits the job) or the `Suspended` condition (either may lag the other by a reconcile)."""
+    return kind.suspend_requested(job) or _condition(job, kind.suspended) is not None
 
 
-def is_suspended(job: dict[str, Any]) -> bool:
-    """Held by a queue: `runPolicy.suspend` (Kueue sets it until it admits the job) or the
-    operator's `Suspended` condition (either may lag the other by a reconcile)."""
-    return bool(_run_policy(job).get("suspend")) or _condition(job, "Suspended") is not None
-
-
-def queue_of(job: dict[str, Any]) -> str:
+def queue_of(job: dict[str, Any], kind: JobKind = PYTORCHJOB_KIND) -> str:
     """The queue a job waits in, as its user named it: Kueue's LocalQueue label, else the
-    gang scheduler's `runPolicy.schedulingPolicy.queue`."""
+    gang scheduler's `runPolicy.schedulingPolicy.queue` (PyTorchJob only)."""
     labels = (job.get("metadata") or {}).get("labels") or {}
     if labels.get(KUEUE_QUEUE_LABEL):
         return f"queue {labels[KUEUE_QUEUE_LABEL]} ({KUEUE_QUEUE_LABEL})"
-    queue = (_run_policy(job).get("schedulingPolicy") or {}).get("queue")
+    queue = kind.gang_queue(job)
     if queue:
         return f"queue {queue} (runPolicy.schedulingPolicy.queue)"
     return "a queue (none named on the job)"
-
-
-def _replica_key(pod: Any) -> str:
-    labels = pod.metadata.labels or {}
-    return f"{labels.get(REPLICA_TYPE_LABEL, 'pod')}-{labels.get(REPLICA_INDEX_LABEL, pod.metadata.name)}"
 
 
 def _now() -> dt.datetime:
@@ -121,7 +118,8 @@ class _Admission:
     admitted when it was created.
     """
 
-    def __init__(self) -> None:
+    def __init__(self, kind: JobKind) -> None:
+        self.kind = kind
         self.queued_since: dt.datetime | None = None
         self.admitted_at: dt.datetime | None = None
         self.from_queue = False  # False: admitted_at is the job's creation (it was never queued)
@@ -130,11 +128,11 @@ class _Admission:
     def queued(self, job: dict[str, Any], pods: list[Any]) -> str | None:
         """Why the job is queued, or None when it is admitted."""
         self.seen_pods = self.seen_pods or bool(pods)
-        if is_suspended(job):
+        if is_suspended(job, self.kind):
             return "suspended until the queue admits it"
         # Gang schedulers (Volcano) make the operator delay pod creation until the job's
         # PodGroup is admitted: no pods yet and a schedulingPolicy means queued, not stuck.
-        if _run_policy(job).get("schedulingPolicy") and not self.seen_pods:
+        if self.kind.gang_scheduled(job) and not self.seen_pods:
             return "no pods until the gang scheduler admits its PodGroup"
         return None
 
@@ -142,7 +140,7 @@ class _Admission:
         """Record that the job is queued; True the first time (so it is reported once)."""
         if self.queued_since is not None:
             return False
-        cond = _condition(job, "Suspended")
+        cond = _condition(job, self.kind.suspended)
         self.queued_since = _parse_time(cond["lastTransitionTime"]) if cond and cond.get("lastTransitionTime") else now
         self.admitted_at = None
         return True
@@ -152,7 +150,7 @@ class _Admission:
         queue this launcher saw, else None."""
         if self.admitted_at is not None:
             return None
-        resumed = _condition(job, "Suspended", status="False")
+        resumed = _condition(job, self.kind.suspended, status="False")
         was_queued = self.queued_since is not None
         self.from_queue = was_queued or resumed is not None
         if resumed and resumed.get("lastTransitionTime"):
@@ -173,7 +171,7 @@ class _Admission:
 
 
 class KubernetesBackend:
-    """PyTorchJobs through the Kubernetes API.
+    """PyTorchJobs or TrainJobs (`spec.kind`) through the Kubernetes API.
 
     `custom_api` / `core_api` are a `kubernetes.client.CustomObjectsApi` and `CoreV1Api` (the
     in-cluster or kubeconfig client by default); tests pass a fake object with the same methods.
@@ -209,6 +207,40 @@ class KubernetesBackend:
         # has a new uid and so a new stream; the replica prefix comes from its labels.
         self._streams: dict[tuple[str, int], threading.Thread] = {}
         self._tails: dict[str, collections.deque] = {}
+        self._kinds: dict[str, JobKind] = {}  # job name -> kind, `auto` resolved once
+
+    def job_kind(self, spec: JobSpec) -> JobKind:
+        """The kind of `spec`'s job; `auto` asks the cluster once (API discovery, retried)."""
+        if spec.name not in self._kinds:
+            try:
+                self._kinds[spec.name] = choose_kind(spec.kind, lambda k: self._served(spec, k))
+            except NoJobKindServed as exc:
+                raise JobFailed(str(exc)) from None
+        return self._kinds[spec.name]
+
+    def _what(self, spec: JobSpec) -> str:
+        """`PyTorchJob <name>` / `TrainJob <name>`, for log lines and errors."""
+        return f"{self.job_kind(spec).kind} {spec.name}"
+
+    def _served(self, spec: JobSpec, kind: JobKind) -> bool:
+        """Whether the cluster serves `kind`'s resource: discovery of its group/version (404: the
+        group/version is not installed; served without the resource: another CRD of the group)."""
+        try:
+            found = self._api(
+                spec,
+                f"discover {kind.group}/{kind.version}",
+                self.custom.get_api_resources,
+                kind.group,
+                kind.version,
+            )
+        except Exception as exc:
+            status = http_status(exc)
+            if status == 404:
+                return False
+            if status is not None:
+                raise JobFailed(f"API discovery of {kind.group}/{kind.version} failed: {describe(exc)}") from None
+            raise
+        return any(r.name == kind.plural for r in (getattr(found, "resources", None) or []))
 
     def namespace(self, spec: JobSpec) -> str:
         """Where the job lives: the config's namespace, else the launcher's own."""
@@ -220,10 +252,11 @@ class KubernetesBackend:
         return self._owner if self.namespace(spec) == self._home else None
 
     def manifest(self, spec: JobSpec) -> dict[str, Any]:
-        """The validated PyTorchJob for `spec` (preflight raises before anything is sent)."""
+        """The validated job for `spec` (preflight raises before anything is sent)."""
         require_object_store(spec.artifact_uris)
-        manifest = pytorchjob_manifest(spec, self.namespace(spec), self.owner(spec))
-        validate_pytorchjob(manifest)
+        kind = self.job_kind(spec)
+        manifest = kind.build(spec, self.namespace(spec), self.owner(spec))
+        kind.validate(manifest)
         return manifest
 
     # -- the JobBackend interface ---------------------------------------------------------
@@ -234,24 +267,29 @@ class KubernetesBackend:
         ns = self.namespace(spec)
         try:
             self._create(spec, manifest)
-            self._log(f"kftrain: created PyTorchJob {ns}/{spec.name}")
+            self._log(f"kftrain: created {self.job_kind(spec).kind} {ns}/{spec.name}")
             return
         except JobFailed:
             raise
         except Exception as exc:
             # 409 also when our own create took effect but its answer was lost and the retry
             # found the job: re-attaching to it is right either way.
-            if http_status(exc) != 409:
-                raise JobFailed(f"cannot create PyTorchJob {ns}/{spec.name}: {describe(exc)}") from None
+            status = http_status(exc)
+            if status != 409:
+                hint = f" (is the {self.job_kind(spec).crd} CRD installed?)" if status == 404 else ""
+                detail = _status_message(exc)
+                raise JobFailed(
+                    f"cannot create {self.job_kind(spec).kind} {ns}/{spec.name}: {describe(exc)}{hint}{detail}"
+                ) from None
         existing = self._get(spec)
-        if existing is not None and _condition(existing, "Failed"):
+        if existing is not None and _condition(existing, self.job_kind(spec).failed):
             # A retried step asks for a new attempt, not for the old failure again.
-            self._log(f"kftrain: PyTorchJob {ns}/{spec.name} exists and Failed; replacing it")
+            self._log(f"kftrain: {self.job_kind(spec).kind} {ns}/{spec.name} exists and Failed; replacing it")
             self.cancel(spec)
             self._wait_deleted(spec)
             self._create(spec, manifest)
             return
-        self._log(f"kftrain: PyTorchJob {ns}/{spec.name} already exists; re-attaching to it")
+        self._log(f"kftrain: {self.job_kind(spec).kind} {ns}/{spec.name} already exists; re-attaching to it")
         self._adopt(spec, existing)
 
     def wait(self, spec: JobSpec, timeout_s: float) -> None:
@@ -273,7 +311,7 @@ class KubernetesBackend:
             # A final answer (401, 403, ...): one line for the step log, not the client's dump.
             hint = " (the run's service account lacks RBAC in the job's namespace)" if status == 403 else ""
             raise JobFailed(
-                f"the Kubernetes API refused a call while the launcher waited for PyTorchJob {spec.name}: "
+                f"the Kubernetes API refused a call while the launcher waited for {self._what(spec)}: "
                 f"{describe(exc)}{hint}"
             ) from exc
         finally:
@@ -283,25 +321,27 @@ class KubernetesBackend:
         """The last `tail` lines of each replica's current container."""
         out = {}
         for pod in self._pods(spec):
-            out[_replica_key(pod)] = self._read_log(spec, pod.metadata.name, tail)
+            out[self.job_kind(spec).replica_key(pod)] = self._read_log(spec, pod.metadata.name, tail)
         return out
 
     def cancel(self, spec: JobSpec) -> None:
         """Delete the job (Foreground: its pods go first); a job already gone is fine."""
+        if spec.kind == AUTO and spec.name not in self._kinds:
+            return  # discovery never answered, so nothing was created
         ns = self.namespace(spec)
         try:
             self._api(
                 spec,
                 f"delete job {ns}/{spec.name}",
                 self.custom.delete_namespaced_custom_object,
-                GROUP,
-                VERSION,
+                self.job_kind(spec).group,
+                self.job_kind(spec).version,
                 ns,
-                PLURAL,
+                self.job_kind(spec).plural,
                 spec.name,
                 propagation_policy="Foreground",
             )
-            self._log(f"kftrain: deleted PyTorchJob {spec.name}")
+            self._log(f"kftrain: deleted {self._what(spec)}")
         except Exception as exc:
             if http_status(exc) != 404:
                 raise
@@ -311,16 +351,17 @@ class KubernetesBackend:
     def _wait(self, spec: JobSpec, timeout_s: float) -> None:
         pending_limit = dt.timedelta(seconds=spec.kubernetes.pending_timeout_seconds)
         queue_limit = spec.kubernetes.queue_timeout_seconds
-        admission = _Admission()
+        kind = self.job_kind(spec)
+        admission = _Admission(kind)
         while True:
             job = self._get(spec)
             if job is None:
-                raise JobFailed(f"PyTorchJob {spec.name} was deleted while the launcher waited for it")
-            if _condition(job, "Succeeded"):
+                raise JobFailed(f"{self._what(spec)} was deleted while the launcher waited for it")
+            if _condition(job, kind.succeeded):
                 self._finish_streams()
-                self._log(f"kftrain: PyTorchJob {spec.name} succeeded")
+                self._log(f"kftrain: {self._what(spec)} succeeded")
                 return
-            failed = _condition(job, "Failed")
+            failed = _condition(job, kind.failed)
             if failed:
                 self._finish_streams()
                 raise JobFailed(self._failure_message(spec, failed))
@@ -330,19 +371,20 @@ class KubernetesBackend:
             if why_queued:
                 if admission.enter_queue(job, now):
                     self._log(
-                        f"kftrain: PyTorchJob {spec.name} is queued in {queue_of(job)}: {why_queued}; "
+                        f"kftrain: {self._what(spec)} is queued in {queue_of(job, kind)}: {why_queued}; "
                         "the Pending clock starts when it is admitted"
                     )
                 waited = now - admission.queued_since
                 if queue_limit and waited.total_seconds() > queue_limit:
                     raise JobFailed(
-                        f"PyTorchJob {spec.name} waited {int(waited.total_seconds())}s in {queue_of(job)} "
+                        f"{self._what(spec)} waited {int(waited.total_seconds())}s in "
+                        f"{queue_of(job, kind)} "
                         f"without being admitted (kubernetes.queue_timeout_seconds={queue_limit}). "
                         f"Events: {self._events(spec, spec.name)}"
                     )
             elif (queued_for := admission.admit(job, now)) is not None:
                 self._log(
-                    f"kftrain: PyTorchJob {spec.name} admitted from {queue_of(job)} after "
+                    f"kftrain: {self._what(spec)} admitted from {queue_of(job, kind)} after "
                     f"{max(0, int(queued_for.total_seconds()))}s"
                 )
             for pod in pods:
@@ -356,7 +398,8 @@ class KubernetesBackend:
             if not pods and not why_queued and now - admission.admitted_at > pending_limit:
                 since = "admitted" if admission.from_queue else "created"
                 raise JobFailed(
-                    f"PyTorchJob {spec.name} has no pods {int((now - admission.admitted_at).total_seconds())}s "
+                    f"{self._what(spec)} has no pods "
+                    f"{int((now - admission.admitted_at).total_seconds())}s "
                     f"after it was {since} (kubernetes.pending_timeout_seconds="
                     f"{spec.kubernetes.pending_timeout_seconds}): the operator did not create them (a "
                     f"ResourceQuota, a webhook, or a gang scheduler the job does not name). "
@@ -367,9 +410,7 @@ class KubernetesBackend:
             self._sleep(spec.kubernetes.poll_seconds)
 
     def _timeout_message(self, spec: JobSpec, timeout_s: float) -> str:
-        return (
-            f"PyTorchJob {spec.name} did not finish within {timeout_s:.0f}s (job.timeout_seconds); it has been deleted"
-        )
+        return f"{self._what(spec)} did not finish within {timeout_s:.0f}s (job.timeout_seconds); it has been deleted"
 
     # -- API calls, all through the retry -------------------------------------------------
 
@@ -385,10 +426,10 @@ class KubernetesBackend:
             spec,
             f"create job {ns}/{spec.name}",
             self.custom.create_namespaced_custom_object,
-            GROUP,
-            VERSION,
+            self.job_kind(spec).group,
+            self.job_kind(spec).version,
             ns,
-            PLURAL,
+            self.job_kind(spec).plural,
             manifest,
         )
 
@@ -399,10 +440,10 @@ class KubernetesBackend:
                 spec,
                 f"get job {ns}/{spec.name}",
                 self.custom.get_namespaced_custom_object,
-                GROUP,
-                VERSION,
+                self.job_kind(spec).group,
+                self.job_kind(spec).version,
                 ns,
-                PLURAL,
+                self.job_kind(spec).plural,
                 spec.name,
             )
         except Exception as exc:
@@ -414,7 +455,7 @@ class KubernetesBackend:
         end = self._now() + dt.timedelta(seconds=timeout_s)
         while self._get(spec) is not None:
             if self._now() > end:
-                raise JobFailed(f"old PyTorchJob {spec.name} was not deleted within {timeout_s:.0f}s")
+                raise JobFailed(f"old {self._what(spec)} was not deleted within {timeout_s:.0f}s")
             self._sleep(spec.kubernetes.poll_seconds)
 
     def _adopt(self, spec: JobSpec, job: dict[str, Any] | None) -> None:
@@ -431,10 +472,10 @@ class KubernetesBackend:
             spec,
             f"patch job {ns}/{spec.name}",
             self.custom.patch_namespaced_custom_object,
-            GROUP,
-            VERSION,
+            self.job_kind(spec).group,
+            self.job_kind(spec).version,
             ns,
-            PLURAL,
+            self.job_kind(spec).plural,
             spec.name,
             patch,
         )
@@ -446,9 +487,9 @@ class KubernetesBackend:
             f"list pods of job {ns}/{spec.name}",
             self.core.list_namespaced_pod,
             ns,
-            label_selector=f"{JOB_NAME_LABEL}={spec.name}",
+            label_selector=self.job_kind(spec).pod_selector(spec.name),
         )
-        return sorted(pods.items, key=_replica_key)
+        return sorted(pods.items, key=self.job_kind(spec).replica_key)
 
     def _events(self, spec: JobSpec, obj_name: str) -> str:
         """Events of an object, for an error message: never the reason the message is lost."""
@@ -474,7 +515,7 @@ class KubernetesBackend:
                 self.core.read_namespaced_pod_log,
                 pod_name,
                 ns,
-                container="pytorch",
+                container=self.job_kind(spec).container,
                 tail_lines=tail,
             )
         except Exception as exc:
@@ -492,7 +533,7 @@ class KubernetesBackend:
         instance = (pod.metadata.uid or name, restarts)
         if instance in self._streams:
             return
-        key = _replica_key(pod)
+        key = self.job_kind(spec).replica_key(pod)
         tail = self._tails.setdefault(key, collections.deque(maxlen=200))
         ns = self.namespace(spec)
 
@@ -504,7 +545,7 @@ class KubernetesBackend:
                     self.core.read_namespaced_pod_log,
                     name,
                     ns,
-                    container="pytorch",
+                    container=self.job_kind(spec).container,
                     follow=True,
                     _preload_content=False,
                 )
@@ -535,7 +576,7 @@ class KubernetesBackend:
     # -- error messages -------------------------------------------------------------------
 
     def _failure_message(self, spec: JobSpec, cond: dict[str, Any]) -> str:
-        lines = [f"PyTorchJob {spec.name} failed: {cond.get('reason', 'Failed')}: {cond.get('message', '')}".rstrip()]
+        lines = [f"{self._what(spec)} failed: {cond.get('reason', 'Failed')}: {cond.get('message', '')}".rstrip()]
         try:
             pods = self._pods(spec)
         except Exception as exc:  # the job's Failed condition is the answer; pods are evidence
@@ -543,7 +584,7 @@ class KubernetesBackend:
         for pod in pods:
             code = _exit_code(pod)
             if pod.status.phase == "Failed" or code not in (None, 0):
-                key = _replica_key(pod)
+                key = self.job_kind(spec).replica_key(pod)
                 lines.append(f"replica {key} (pod {pod.metadata.name}) exited with code {code}; last log lines:")
                 logs = self._read_log(spec, pod.metadata.name, 400)
                 lines += [f"  [{key}] {line}" for line in failure_excerpt(logs)]
@@ -558,10 +599,24 @@ class KubernetesBackend:
                 reasons.append(f"{waiting.reason}: {waiting.message or ''}".rstrip(": "))
         detail = f" ({'; '.join(reasons)})" if reasons else ""
         return (
-            f"replica {_replica_key(pod)} (pod {pod.metadata.name}) of PyTorchJob {spec.name} has been Pending "
+            f"replica {self.job_kind(spec).replica_key(pod)} (pod {pod.metadata.name}) of {self._what(spec)} "
+            "has been Pending "
             f"for {int(waited.total_seconds())}s (kubernetes.pending_timeout_seconds="
             f"{spec.kubernetes.pending_timeout_seconds}){detail}. Events: {self._events(spec, pod.metadata.name)}"
         )
+
+
+def _status_message(exc: BaseException) -> str:
+    """The API server's own explanation of a refusal (a webhook's denial, a validation error), from
+    the Status object in the response body; empty when there is none."""
+    body = getattr(exc, "body", None)
+    if not body:
+        return ""
+    try:
+        message = json.loads(body).get("message")
+    except (ValueError, AttributeError):
+        return ""
+    return f": {message}" if message else ""
 
 
 def _exit_code(pod: Any) -> int | None:

@@ -1,4 +1,11 @@
-"""Replicas as local process groups, with the environment the Training Operator gives pods."""
+"""Replicas as local process groups, with the environment the cluster gives pods.
+
+`spec.kind` chooses the contract: `pytorchjob` (and `auto`, which has no cluster to ask here)
+emulates the Training Operator v1 (`replica_env`: a Master and Workers, the job done when the
+Master is), `trainjob` emulates Kubeflow Trainer v2 (`replica_env_v2`: only `PET_*` in the
+environment, nodes `node-0-<i>`, the job done when every node is, as JobSet's default success
+policy has it).
+"""
 
 from __future__ import annotations
 
@@ -16,13 +23,17 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from trainer.launch.backend import JobFailed, JobTimeout, failure_excerpt
-from trainer.launch.spec import JobSpec, replica_env
+from trainer.launch.spec import NODE, TRAINJOB, JobSpec, replica_env, replica_env_v2
+from trainer.launch.trainjob import EXTRA_ENV as TRAINJOB_EXTRA_ENV
 
 LOOPBACK = "127.0.0.1"
 #: Every process of a local job inherits this variable. torchrun starts its workers in new
 #: sessions, so neither a process group nor the parent chain (after the agent dies) finds them.
 JOB_MARKER_ENV = "KFTRAIN_LOCAL_JOB"
 
+
+#: What the Training Operator sets and Trainer v2 does not: not inherited by a v2 replica.
+_V1_ONLY_ENV = ("MASTER_ADDR", "MASTER_PORT", "RANK", "WORLD_SIZE")
 
 #: Every process of a `kftrain run --local` (steps, replicas, torchrun workers) inherits this.
 RUN_MARKER_ENV = "KFTRAIN_LOCAL_RUN"
@@ -145,9 +156,15 @@ class LocalBackend:
         port = free_port()
         marker = self._markers[spec.name] = f"{spec.name}-{secrets.token_hex(6)}"
         replicas = []
-        for rtype, index in spec.replicas_by_rank():
-            env = {**os.environ, **spec.env, **replica_env(spec, rtype, index, master_addr=LOOPBACK)}
-            env["MASTER_PORT"] = env["PET_MASTER_PORT"] = str(port)
+        v2 = spec.kind == TRAINJOB
+        for rank, (rtype, index) in enumerate(spec.replicas_by_rank(TRAINJOB if v2 else "pytorchjob")):
+            if v2:
+                inherited = {k: v for k, v in os.environ.items() if k not in _V1_ONLY_ENV}
+                env = {**inherited, **spec.env, **TRAINJOB_EXTRA_ENV, **replica_env_v2(spec, rank, LOOPBACK)}
+                env["PET_MASTER_PORT"] = str(port)
+            else:
+                env = {**os.environ, **spec.env, **replica_env(spec, rtype, index, master_addr=LOOPBACK)}
+                env["MASTER_PORT"] = env["PET_MASTER_PORT"] = str(port)
             env[JOB_MARKER_ENV] = marker
             proc = subprocess.Popen(
                 self._command(spec),
@@ -159,7 +176,8 @@ class LocalBackend:
                 bufsize=1,
                 start_new_session=True,  # its own process group: cancel kills torchrun's children too
             )
-            rep = _Replica(key=f"{rtype}-{index}", proc=proc)
+            # Keys as the Kubernetes backend names replicas: `master-0` / `node-0-1` (the pod's hostname).
+            rep = _Replica(key=f"{NODE}-0-{index}" if v2 else f"{rtype}-{index}", proc=proc)
             rep.pump = threading.Thread(target=self._pump, args=(rep,), daemon=True)
             rep.pump.start()
             replicas.append(rep)
@@ -181,7 +199,10 @@ class LocalBackend:
             if failed:
                 self._drain(failed[0])
                 raise JobFailed(self._failure_message(spec, failed[0]))
-            if master.proc.poll() == 0:
+            if spec.kind == TRAINJOB:
+                if all(r.proc.poll() == 0 for r in replicas):
+                    break  # like JobSet's default success policy: every node completed
+            elif master.proc.poll() == 0:
                 break  # like the operator: with a Master, the job succeeds when the Master does
             if time.monotonic() > deadline:
                 raise JobTimeout(

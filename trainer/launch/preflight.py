@@ -1,14 +1,17 @@
-"""Preflight validation of a PyTorchJob manifest, before anything is submitted.
+"""Preflight validation of a PyTorchJob or TrainJob manifest, before anything is submitted.
 
 Three kinds of checks, each error naming the field:
 
-1. the PyTorchJob CRD's structural schema (shipped in `schemas/`), made strict: an unknown field
-   anywhere is an error (the CRD itself has no `additionalProperties: false`, so the API server
-   would silently drop a misspelt field);
-2. the Training Operator's admission-webhook rules, which the schema cannot express, and the
+1. the CRD's structural schema (shipped in `schemas/`), made strict: an unknown field anywhere
+   is an error (the CRDs have no `additionalProperties: false`, so the API server would silently
+   drop a misspelt field);
+2. the admission-webhook rules (Training Operator v1.9 for PyTorchJob; Trainer v2.3.0's TrainJob
+   webhook and the CRD's CEL rules for TrainJob), which the JSON schema cannot express, and the
    API server's pod rule that every volumeMount names a volume of the pod;
-3. each replica's pod template against the core Kubernetes schemas (kubernetes-validate), when
-   that package is installed (it is in the project image and the test extra).
+3. for a PyTorchJob, each replica's pod template against the core Kubernetes schemas
+   (kubernetes-validate), when that package is installed (it is in the project image and the
+   test extra). A TrainJob carries no whole pod template, only the CRD's typed patch fields,
+   which check 1 covers.
 """
 
 from __future__ import annotations
@@ -47,10 +50,10 @@ def _strict(schema: Any) -> Any:
 
 
 @functools.cache
-def _validator():
+def _validator(schema_file: str = "pytorchjob.v1.json"):
     import jsonschema
 
-    doc = json.loads(resources.files("trainer.launch").joinpath("schemas/pytorchjob.v1.json").read_text())
+    doc = json.loads(resources.files("trainer.launch").joinpath(f"schemas/{schema_file}").read_text())
     schema = _strict(copy.deepcopy(doc["openAPIV3Schema"]))
     schema["properties"].pop("status", None)  # set by the operator, never by us
     return jsonschema.Draft7Validator(schema)
@@ -64,11 +67,16 @@ def _path(parts) -> str:
 
 
 def validate_schema(manifest: dict[str, Any]) -> None:
-    """Check `manifest` against the strict CRD schema; raise on the first (deepest-path) error."""
-    errors = sorted(_validator().iter_errors(manifest), key=lambda e: (-len(e.absolute_path), str(e.absolute_path)))
+    """Check `manifest` against its kind's strict CRD schema; raise on the first (deepest-path) error."""
+    kind = manifest.get("kind", "PyTorchJob")
+    schema_file = {"PyTorchJob": "pytorchjob.v1.json", "TrainJob": "trainjob.v1alpha1.json"}.get(kind)
+    if schema_file is None:
+        raise ManifestError(f"kind: {kind!r} is neither PyTorchJob nor TrainJob")
+    validator = _validator(schema_file)
+    errors = sorted(validator.iter_errors(manifest), key=lambda e: (-len(e.absolute_path), str(e.absolute_path)))
     if errors:
         e = errors[0]
-        raise ManifestError(f"PyTorchJob {_path(e.absolute_path)}: {e.message}")
+        raise ManifestError(f"{kind} {_path(e.absolute_path)}: {e.message}")
 
 
 def validate_webhook_rules(manifest: dict[str, Any]) -> None:
@@ -155,3 +163,111 @@ def validate_pytorchjob(manifest: dict[str, Any]) -> None:
     validate_schema(manifest)
     validate_volume_references(manifest)
     validate_pod_templates(manifest)
+
+
+# -- TrainJob (Kubeflow Trainer v2.3.0) ------------------------------------------------------
+
+#: The names the torch plugin injects; its webhook refuses them in `spec.trainer.env`
+#: (`constants.TorchRunReservedEnvNames`).
+TORCHRUN_RESERVED_ENV = ("PET_NNODES", "PET_NPROC_PER_NODE", "PET_NODE_RANK", "PET_MASTER_ADDR", "PET_MASTER_PORT")
+#: The webhook's protected containers: their environment comes from `trainer`/`initializer` only.
+_ENV_PROTECTED_CONTAINERS = ("node", "dataset-initializer", "model-initializer")
+_DNS_1123_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
+_HTTP_PATH = re.compile(r"^[A-Za-z0-9/\-._~%!$&'()*+,;=:]+$")
+#: The replicated job and container every Trainer v2 torch runtime has (`constants.Node`);
+#: kftrain only patches those, and the webhook refuses a patch of one the runtime lacks.
+TRAINER_JOB = "node"
+
+
+def _unique(items: list[dict[str, Any]], key: str, where: str) -> None:
+    """A `listType=map` list: the API server refuses two entries with the same key."""
+    seen: list[Any] = []
+    for i, item in enumerate(items):
+        if item.get(key) in seen:
+            raise ManifestError(f"{where}[{i}].{key}: {item.get(key)!r} appears more than once")
+        seen.append(item.get(key))
+
+
+def validate_trainjob_rules(manifest: dict[str, Any]) -> None:
+    """The TrainJob CRD's CEL rules and Trainer v2.3.0's validating webhook (TrainJob webhook,
+    JobSet and Torch plugins) as far as they can be checked without the runtime object: name,
+    reserved `PET_*` env, runtime patch manager, patch targets, env in a protected container,
+    duplicate list-map keys, and every volumeMount naming a patched volume."""
+    name = manifest.get("metadata", {}).get("name", "")
+    if not name or len(name) > 63 or not _DNS_1035.match(name):
+        raise ManifestError(
+            f"TrainJob metadata.name: {name!r} must be a DNS-1035 label (<= 63 lower-case "
+            "alphanumerics or '-', starting with a letter)"
+        )
+    spec = manifest.get("spec") or {}
+    if not (spec.get("runtimeRef") or {}).get("name"):
+        raise ManifestError("TrainJob spec.runtimeRef.name: must name a (Cluster)TrainingRuntime")
+    trainer = spec.get("trainer") or {}
+    env = trainer.get("env") or []
+    _unique(env, "name", "TrainJob spec.trainer.env")
+    reserved = sorted({e.get("name") for e in env} & set(TORCHRUN_RESERVED_ENV))
+    if reserved:
+        raise ManifestError(
+            f"TrainJob spec.trainer.env: must not set {reserved}: the torch plugin injects them (reserved)"
+        )
+    for key in ("numNodes", "numProcPerNode"):
+        if isinstance(trainer.get(key), int) and trainer[key] < 1:
+            raise ManifestError(f"TrainJob spec.trainer.{key}: must be >= 1, got {trainer[key]}")
+    patches = spec.get("runtimePatches") or []
+    _unique(patches, "manager", "TrainJob spec.runtimePatches")
+    for i, patch in enumerate(patches):
+        where = f"TrainJob spec.runtimePatches[{i}]"
+        manager = patch.get("manager", "")
+        host, _, path = manager.partition("/")
+        if not (host and path and _DNS_1123_SUBDOMAIN.match(host) and len(host) <= 253 and _HTTP_PATH.match(path)):
+            raise ManifestError(f"{where}.manager: {manager!r} must be a domain-prefixed path (such as 'acme.io/foo')")
+        rjobs = (((patch.get("trainingRuntimeSpec") or {}).get("template") or {}).get("spec") or {}).get(
+            "replicatedJobs"
+        ) or []
+        _unique(rjobs, "name", f"{where}.trainingRuntimeSpec.template.spec.replicatedJobs")
+        for j, rjob in enumerate(rjobs):
+            rwhere = f"{where}.trainingRuntimeSpec.template.spec.replicatedJobs[{j}]"
+            if rjob.get("name") != TRAINER_JOB:
+                raise ManifestError(
+                    f"{rwhere}.name: {rjob.get('name')!r}: kftrain patches only the trainer job {TRAINER_JOB!r} "
+                    "of a torch runtime (the webhook refuses a job the runtime lacks)"
+                )
+            pod = (((rjob.get("template") or {}).get("spec") or {}).get("template") or {}).get("spec") or {}
+            pwhere = f"{rwhere}.template.spec.template.spec"
+            volumes = pod.get("volumes") or []
+            _unique(volumes, "name", f"{pwhere}.volumes")
+            names = [v.get("name") for v in volumes]
+            for group in ("initContainers", "containers"):
+                _unique(pod.get(group) or [], "name", f"{pwhere}.{group}")
+                for k, c in enumerate(pod.get(group) or []):
+                    cwhere = f"{pwhere}.{group}[{k}]"
+                    if group == "containers" and c.get("name") != TRAINER_JOB:
+                        raise ManifestError(
+                            f"{cwhere}.name: {c.get('name')!r}: the runtime's trainer container is {TRAINER_JOB!r}"
+                        )
+                    if c.get("env") and c.get("name") in _ENV_PROTECTED_CONTAINERS:
+                        raise ManifestError(
+                            f"{cwhere}.env: must not be set for the {c.get('name')!r} container; use spec.trainer.env"
+                        )
+                    mounts = c.get("volumeMounts") or []
+                    _unique(mounts, "name", f"{cwhere}.volumeMounts")
+                    for m, mount in enumerate(mounts):
+                        if mount.get("name") not in names:
+                            raise ManifestError(
+                                f"{cwhere}.volumeMounts[{m}].name: {mount.get('name')!r} is not a volume of "
+                                f"the patch (volumes: {names})"
+                            )
+
+
+def validate_trainjob(manifest: dict[str, Any]) -> None:
+    """All TrainJob preflight checks; raise :class:`ManifestError` naming the field on the first failure."""
+    validate_trainjob_rules(manifest)
+    validate_schema(manifest)
+
+
+def validate_manifest(manifest: dict[str, Any]) -> None:
+    """Preflight for either kind, chosen by the manifest's `kind`."""
+    if manifest.get("kind") == "TrainJob":
+        validate_trainjob(manifest)
+    else:
+        validate_pytorchjob(manifest)

@@ -12,13 +12,11 @@ from kubeflow.training import models as kt
 from kubernetes import client as k8s
 
 from trainer.config import SHM_VOLUME
-from trainer.launch.spec import DEFAULT_PORT, JobSpec
+from trainer.launch.spec import DEFAULT_PORT, KUEUE_QUEUE_LABEL, MANAGED_BY_LABEL, JobSpec
 
 GROUP, VERSION, PLURAL, KIND = "kubeflow.org", "v1", "pytorchjobs", "PyTorchJob"
 CONTAINER = "pytorch"  # the operator finds the training container by this name
 PORT_NAME = "pytorchjob-port"
-KUEUE_QUEUE_LABEL = "kueue.x-k8s.io/queue-name"
-MANAGED_BY_LABEL = {"app.kubernetes.io/managed-by": "kftrain"}
 
 
 def owner_reference(pod_name: str, pod_uid: str) -> dict[str, Any]:

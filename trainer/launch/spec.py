@@ -1,9 +1,30 @@
 """One description of a distributed training job, and the environment each replica gets.
 
-The environment follows the Kubeflow Training Operator v1.9 (PyTorchJob) exactly, so the same
-command behaves the same in a pod and in a local process. The only local difference is the
-master's address: ``<job>-master-0`` is a Kubernetes Service name, which a local backend maps to
-the loopback address.
+The environment follows the Kubeflow Training Operator v1.9 (PyTorchJob) or Kubeflow Trainer
+v2.3 (TrainJob) exactly, so the same command behaves the same in a pod and in a local process.
+The only local difference is the master's address: ``<job>-master-0`` and
+``<job>-node-0-0.<job>`` are Kubernetes DNS names, which a local backend maps to loopback.
+
+Two contracts (`replica_env` for v1, `replica_env_v2` for v2):
+
+- PyTorchJob (Training Operator v1.9.4, `pkg/controller.v1/pytorch/envvar.go`): every container
+  gets `PYTHONUNBUFFERED=1`, `MASTER_ADDR` = `PET_MASTER_ADDR` = `<job>-master-0`,
+  `MASTER_PORT` = `PET_MASTER_PORT`, `WORLD_SIZE` (replicas x nprocPerNode), `RANK` =
+  `PET_NODE_RANK` (a node rank), `PET_NPROC_PER_NODE`, `PET_NNODES`.
+- TrainJob (Kubeflow Trainer v2.3.0, tag `v2.3.0` = commit 658725bdae5c7e3a0854d93ac6ff492e109a22ab,
+  `pkg/runtime/framework/plugins/torch/torch.go` `EnforceMLPolicy`, names from
+  `pkg/constants/constants.go`): only the trainer container named `node` gets
+  `PET_NNODES` (`trainer.numNodes`), `PET_NPROC_PER_NODE` (`trainer.numProcPerNode`; unset it is
+  `auto`, which becomes the CPU count of `resourcesPerNode` when no GPU is requested),
+  `PET_NODE_RANK` (from the pod's `batch.kubernetes.io/job-completion-index` annotation, a fieldRef),
+  `PET_MASTER_ADDR` = `<job>-node-0-0.<job>` (`fmt.Sprintf("%s-%s-0-0.%s", name, "node", name)`:
+  the first pod of the JobSet's `node` job, under the JobSet's headless-Service subdomain) and
+  `PET_MASTER_PORT` = `29500` (`constants.ContainerTrainerPort`, also added as a container port).
+  No `MASTER_ADDR`, `MASTER_PORT`, `RANK`, `WORLD_SIZE` or `PYTHONUNBUFFERED`; a user env var with
+  one of the five `PET_*` names is refused by the webhook (`TorchRunReservedEnvNames`).
+
+torchrun reads `PET_*` and sets `RANK`/`WORLD_SIZE`/`LOCAL_RANK` for its workers, so training
+started through torchrun (`torchrun_command`) runs unchanged under both.
 """
 
 from __future__ import annotations
@@ -17,12 +38,37 @@ from trainer.storage import parse_uri
 
 MASTER = "master"
 WORKER = "worker"
+#: The TrainJob's trainer replicated job and its container (Trainer v2 `constants.Node`).
+NODE = "node"
 DEFAULT_PORT = 23456
+#: Trainer v2's rendezvous port (`constants.ContainerTrainerPort`): fixed, not configurable.
+TRAINJOB_PORT = 29500
+#: `JobSpec.kind` values: the job a cluster runs. `auto` is resolved by API discovery.
+PYTORCHJOB, TRAINJOB, AUTO = "pytorchjob", "trainjob", "auto"
+KINDS = (PYTORCHJOB, TRAINJOB, AUTO)
+#: The Job controller's random pod-name suffix, as JobSet's webhook counts it (`-abcde`).
+_POD_SUFFIX = "-abcde"
+#: Settings of a PyTorchJob that a v2.3.0 TrainJob has no field for (they belong to the
+#: ClusterTrainingRuntime there), with the value that means "not set": anything else is refused
+#: for a TrainJob instead of silently dropped.
+PYTORCHJOB_ONLY = {
+    "priority_class": "",
+    "min_available": 0,
+    "scheduling_queue": "",
+    "schedule_timeout_seconds": 0,
+    "clean_pod_policy": "Running",
+    "ttl_seconds_after_finished": 86400,
+    "backoff_limit": 3,
+    "restart_policy": "OnFailure",
+}
 #: Pod and Service names are DNS labels: at most 63 characters.
 MAX_NAME = 63
 #: The launcher pod's name and uid, set by the pipeline (kfp.kubernetes.use_field_path_as_env)
 #: so the PyTorchJob can name that pod as its owner.
 POD_NAME_ENV, POD_UID_ENV = "KFTRAIN_POD_NAME", "KFTRAIN_POD_UID"
+#: Kueue's LocalQueue label, on the job object of either kind.
+KUEUE_QUEUE_LABEL = "kueue.x-k8s.io/queue-name"
+MANAGED_BY_LABEL = {"app.kubernetes.io/managed-by": "kftrain"}
 _DNS_1035 = re.compile(r"^[a-z]([-a-z0-9]*[a-z0-9])?$")
 
 
@@ -50,16 +96,22 @@ class JobSpec:
     """Pod and scheduling settings used when the job runs as a PyTorchJob."""
     artifact_uris: dict[str, str] = field(default_factory=dict)
     """What the replicas read and write (`dataset`, `model`, ...): on a cluster, object-store URIs."""
+    kind: str = PYTORCHJOB
+    """`pytorchjob`, `trainjob`, or `auto` (resolved by the backend: the cluster's discovery, locally pytorchjob)."""
 
     def __post_init__(self) -> None:
+        if self.kind not in KINDS:
+            raise ValueError(f"job.kind: must be one of {KINDS}, got {self.kind!r}")
         longest = MAX_NAME - len(self.longest_replica_suffix())
         if len(self.name) > longest or not _DNS_1035.match(self.name):
             raise ValueError(
                 f"job name {self.name!r} must be a DNS-1035 label of at most {longest} characters (lower-case "
-                "letters, digits and '-', starting with a letter and ending with a letter or digit): the operator "
-                f"names each replica's pod and Service `<job>{self.longest_replica_suffix()}`, a DNS label of at "
-                f"most {MAX_NAME} characters"
+                "letters, digits and '-', starting with a letter and ending with a letter or digit): the "
+                f"{self._namer()} names each replica's pod `<job>{self.longest_replica_suffix()}`, a DNS label "
+                f"of at most {MAX_NAME} characters"
             )
+        if self.kind in (TRAINJOB, AUTO):
+            self._check_trainjob_fits()
         if self.replicas < 1:
             raise ValueError(f"replicas must be >= 1 (the Master), got {self.replicas}")
         if self.nproc_per_node < 1:
@@ -67,13 +119,37 @@ class JobSpec:
         if not self.command:
             raise ValueError("command must not be empty")
 
+    def _namer(self) -> str:
+        return {PYTORCHJOB: "operator", TRAINJOB: "JobSet", AUTO: "operator (or JobSet)"}[self.kind]
+
+    def _check_trainjob_fits(self) -> None:
+        """A TrainJob (v2.3.0) has no elastic mode and no field for some PyTorchJob settings:
+        refuse them by name rather than create a job that silently ignores them."""
+        why = "a TrainJob may be created (job.kind " + repr(self.kind) + ")"
+        if self.elastic:
+            raise ValueError(
+                f"kubernetes.elastic.enabled: True is not supported when {why}: Trainer v2.3.0 has no elastic "
+                "PyTorch (its torch plugin says so); use job.kind: pytorchjob"
+            )
+        for name, unset in PYTORCHJOB_ONLY.items():
+            value = getattr(self.kubernetes, name)
+            if value != unset:
+                raise ValueError(
+                    f"kubernetes.{name}: {value!r} has no TrainJob v2.3.0 field ({why}); it is set by the "
+                    f"ClusterTrainingRuntime (kubernetes.runtime {self.kubernetes.runtime!r}): leave it at "
+                    f"{unset!r} or use job.kind: pytorchjob"
+                )
+
     @property
     def world_size(self) -> int:
         """Training processes in the job."""
         return self.replicas * self.nproc_per_node
 
-    def replicas_by_rank(self) -> list[tuple[str, int]]:
-        """(replica type, index) in node-rank order: master 0, then workers 0..N-2."""
+    def replicas_by_rank(self, kind: str | None = None) -> list[tuple[str, int]]:
+        """(replica type, index) in node-rank order: for a PyTorchJob master 0, then workers
+        0..N-2; for a TrainJob the `node` job's pods 0..N-1 (`kind` overrides `self.kind`)."""
+        if (kind or self.kind) == TRAINJOB:
+            return [(NODE, i) for i in range(self.replicas)]
         return [(MASTER, 0)] + [(WORKER, i) for i in range(self.replicas - 1)]
 
     @property
@@ -82,13 +158,27 @@ class JobSpec:
         return self.kubernetes.elastic.enabled
 
     def longest_replica_suffix(self) -> str:
-        """The longest `-<replica type>-<index>` the operator appends to the job's name."""
-        if self.elastic:  # Workers only, as many as the range allows
-            return f"-{WORKER}-{max(self.kubernetes.elastic.max_replicas, self.replicas) - 1}"
-        return f"-{WORKER}-{self.replicas - 2}" if self.replicas > 1 else f"-{MASTER}-0"
+        """The longest suffix the cluster appends to the job's name in a pod or Service name.
 
-    def master_service(self) -> str:
-        """The Service name the operator gives the Master pod."""
+        PyTorchJob: `-<replica type>-<index>` (the operator's pod and Service names). TrainJob: the
+        JobSet names the node job `<job>-node-0` and its indexed pods `<job>-node-0-<i>-<5 random>`,
+        and JobSet's webhook holds that longest pod name to a DNS-1035 label. `auto` must fit both.
+        """
+        if self.kind == TRAINJOB:
+            return f"-{NODE}-0-{self.replicas - 1}{_POD_SUFFIX}"
+        if self.elastic:  # Workers only, as many as the range allows
+            v1 = f"-{WORKER}-{max(self.kubernetes.elastic.max_replicas, self.replicas) - 1}"
+        else:
+            v1 = f"-{WORKER}-{self.replicas - 2}" if self.replicas > 1 else f"-{MASTER}-0"
+        if self.kind == AUTO:
+            return max(v1, f"-{NODE}-0-{self.replicas - 1}{_POD_SUFFIX}", key=len)
+        return v1
+
+    def master_service(self, kind: str | None = None) -> str:
+        """The DNS name of the rank-0 node: the Master's Service (PyTorchJob), or the first node
+        pod's hostname under the JobSet's subdomain (TrainJob)."""
+        if (kind or self.kind) == TRAINJOB:
+            return f"{self.name}-{NODE}-0-0.{self.name}"
         return f"{self.name}-{MASTER}-0"
 
 
@@ -142,6 +232,23 @@ def replica_env(spec: JobSpec, replica_type: str, index: int, master_addr: str |
         "WORLD_SIZE": str(spec.world_size),
         "PET_NPROC_PER_NODE": str(spec.nproc_per_node),
         "PET_NNODES": str(spec.replicas),
+    }
+
+
+def replica_env_v2(spec: JobSpec, node_rank: int, master_addr: str | None = None) -> dict[str, str]:
+    """The variables Kubeflow Trainer v2.3.0's torch plugin injects into the trainer container of
+    node `node_rank` of a TrainJob (see the module docstring for where each comes from).
+
+    `master_addr` replaces `<job>-node-0-0.<job>` (a local backend passes the loopback address).
+    """
+    if not 0 <= node_rank < spec.replicas:
+        raise ValueError(f"node rank {node_rank} out of range for {spec.replicas} nodes")
+    return {
+        "PET_NNODES": str(spec.replicas),
+        "PET_NPROC_PER_NODE": str(spec.nproc_per_node),
+        "PET_NODE_RANK": str(node_rank),
+        "PET_MASTER_ADDR": master_addr or spec.master_service(TRAINJOB),
+        "PET_MASTER_PORT": str(TRAINJOB_PORT),
     }
 
 
