@@ -433,3 +433,20 @@ class FakeCluster:
 
     def advance(self, seconds: float) -> None:
         self.clock += dt.timedelta(seconds=seconds)
+
+
+def launcher(cluster: FakeCluster, owner_uid: str | None = "uid-1", log: Callable[[str], None] | None = None):
+    """A real KubernetesBackend whose API is `cluster` (this fake) and whose clock is the fake's,
+    owned by launcher pod `owner_uid` (None: no owner)."""
+    from trainer.launch.kubernetes import KubernetesBackend
+    from trainer.launch.pytorchjob import owner_reference
+
+    return KubernetesBackend(
+        custom_api=cluster,
+        core_api=cluster,
+        namespace=cluster.namespace,
+        owner=owner_reference("launcher-pod", owner_uid) if owner_uid else None,
+        log=log or (lambda line: None),
+        now=cluster.now,
+        sleep=cluster.sleep,
+    )

@@ -7,13 +7,13 @@ import json
 import pytest
 
 from components.runtime import task_identity
-from tests.fake_kube import FakeCluster
+from tests.fake_kube import FakeCluster, launcher
 from trainer.config import ConfigError, parse_config
 from trainer.launch.backend import JobFailed, run_job
 from trainer.launch.custom import custom_job
 from trainer.launch.kubernetes import KubernetesBackend
 from trainer.launch.preflight import ManifestError, validate_pytorchjob
-from trainer.launch.pytorchjob import owner_reference, pytorchjob_manifest
+from trainer.launch.pytorchjob import pytorchjob_manifest
 from trainer.launch.spec import job_name
 
 pytestmark = pytest.mark.timeout(60)
@@ -198,15 +198,7 @@ def test_preflight_catches_a_misspelt_volume_source_and_a_dangling_mount():
 
 
 def backend_for(cluster: FakeCluster, owner_uid: str, lines: list[str]) -> KubernetesBackend:
-    return KubernetesBackend(
-        custom_api=cluster,
-        core_api=cluster,
-        namespace=cluster.namespace,
-        owner=owner_reference("launcher-pod", owner_uid),
-        log=lines.append,
-        now=cluster.now,
-        sleep=lambda s: cluster.advance(s),
-    )
+    return launcher(cluster, owner_uid, lines.append)
 
 
 def task_job(task_name: str = "pytorchjob"):

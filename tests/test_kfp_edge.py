@@ -15,11 +15,9 @@ import yaml
 
 from components.runtime import task_identity
 from tests.conftest import run_group
-from tests.fake_kube import FakeCluster
+from tests.fake_kube import FakeCluster, launcher
 from trainer.config import load_config
 from trainer.launch.job import training_job
-from trainer.launch.kubernetes import KubernetesBackend
-from trainer.launch.pytorchjob import owner_reference
 from trainer.launch.spec import job_name
 from trainer.storage import open_store
 
@@ -131,23 +129,17 @@ def test_each_of_two_training_tasks_reattaches_to_its_own_job():
     cluster = FakeCluster()
     cfg = load_config()
 
-    def launcher(identity: str, uid: str):
-        backend = KubernetesBackend(
-            custom_api=cluster,
-            core_api=cluster,
-            namespace=cluster.namespace,
-            owner=owner_reference(f"pod-{uid}", uid),
-            log=lambda line: None,
-        )
+    def launch(identity: str, uid: str):
+        backend = launcher(cluster, uid)
         return backend, training_job(cfg, job_name(identity), "s3://bkt/d", f"s3://bkt/{identity}/model")
 
     identities = [task_identity("run-1", name, "7", "") for name in ("train", "train-2")]
     for i, identity in enumerate(identities):
-        backend, spec = launcher(identity, f"uid-{i}")
+        backend, spec = launch(identity, f"uid-{i}")
         backend.submit(spec)
     assert len(cluster.jobs) == 2
     # The launcher pod of the second task is retried: it finds its own job, not the first one.
-    backend, spec = launcher(identities[1], "uid-retry")
+    backend, spec = launch(identities[1], "uid-retry")
     backend.submit(spec)
     assert len(cluster.jobs) == 2
     owners = {name: [o["uid"] for o in job["metadata"]["ownerReferences"]] for name, job in cluster.jobs.items()}

@@ -18,13 +18,11 @@ import time
 import pytest
 import urllib3
 
-from tests.fake_kube import T0, FakeCluster
+from tests.fake_kube import T0, FakeCluster, launcher
 from trainer.config import load_config
 from trainer.launch.backend import JobCancelled, JobFailed, JobTimeout, run_job
 from trainer.launch.job import training_job
-from trainer.launch.kubernetes import KubernetesBackend
 from trainer.launch.preflight import ManifestError
-from trainer.launch.pytorchjob import owner_reference
 from trainer.launch.retry import ApiUnavailable
 
 pytestmark = pytest.mark.timeout(60)
@@ -35,15 +33,7 @@ def make(cluster: FakeCluster, owner_uid: str = "uid-1", **overrides):
     cfg = load_config(overrides={"kubernetes.poll_seconds": 0.001, **overrides})
     spec = training_job(cfg, NAME, "s3://bucket/ds", "s3://bucket/model")
     lines: list[str] = []
-    backend = KubernetesBackend(
-        custom_api=cluster,
-        core_api=cluster,
-        namespace=cluster.namespace,
-        owner=owner_reference("launcher-pod", owner_uid),
-        log=lines.append,
-        now=cluster.now,
-        sleep=cluster.sleep,
-    )
+    backend = launcher(cluster, owner_uid, lines.append)
     return backend, spec, lines
 
 

@@ -345,11 +345,10 @@ def test_the_longest_allowed_name_is_accepted():
 
 
 def test_the_kubernetes_backend_refuses_local_artifact_paths_before_creating_anything():
-    from tests.fake_kube import FakeCluster
-    from trainer.launch.kubernetes import KubernetesBackend
+    from tests.fake_kube import FakeCluster, launcher
 
     cluster = FakeCluster()
-    backend = KubernetesBackend(custom_api=cluster, core_api=cluster, namespace=cluster.namespace, owner=None)
+    backend = launcher(cluster, owner_uid=None)
     spec = training_job(load_config(), "kftrain-x", "/tmp/dataset", "s3://b/m")
     with pytest.raises(ValueError, match="dataset URI '/tmp/dataset' is a local path"):
         backend.submit(spec)

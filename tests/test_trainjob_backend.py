@@ -15,13 +15,11 @@ import signal
 
 import pytest
 
-from tests.fake_kube import FakeCluster
+from tests.fake_kube import FakeCluster, launcher
 from tests.test_kubernetes_backend import RealClientCheck
 from trainer.config import load_config
 from trainer.launch.backend import JobCancelled, JobFailed, run_job
 from trainer.launch.job import training_job
-from trainer.launch.kubernetes import KubernetesBackend
-from trainer.launch.pytorchjob import owner_reference
 
 pytestmark = pytest.mark.timeout(60)
 NAME = "kftrain-0123456789ab"
@@ -32,15 +30,7 @@ def make(cluster: FakeCluster, owner_uid: str = "uid-1", kind: str = "trainjob",
     cfg = load_config(overrides={"kubernetes.poll_seconds": 0.001, "job.kind": kind, **overrides})
     spec = training_job(cfg, NAME, "s3://bucket/ds", "s3://bucket/model")
     lines: list[str] = []
-    backend = KubernetesBackend(
-        custom_api=cluster,
-        core_api=cluster,
-        namespace=cluster.namespace,
-        owner=owner_reference("launcher-pod", owner_uid),
-        log=lines.append,
-        now=cluster.now,
-        sleep=cluster.sleep,
-    )
+    backend = launcher(cluster, owner_uid, lines.append)
     return backend, spec, lines
 
 
