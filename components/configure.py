@@ -19,6 +19,7 @@ def configure(
     learning_rate: float = -1.0,
     image: str = "",
     timeout_seconds: int = -1,
+    job_kind: str = "",
     gpus_per_node: int = -1,
     queue: str = "",
     node_selector: dict = {},  # noqa: B006 (KFP reads the default from the signature; never mutated)

@@ -54,6 +54,12 @@ PARAMS: tuple[Param, ...] = (
     Param("learning_rate", "train.learning_rate", float, "AdamW learning rate."),
     Param("image", "job.image", str, "Image of the training replicas."),
     Param("timeout_seconds", "job.timeout_seconds", int, "Wall-clock limit of the training job."),
+    Param(
+        "job_kind",
+        "job.kind",
+        str,
+        "`pytorchjob`, `trainjob` (Kubeflow Trainer v2) or `auto` (what the cluster serves).",
+    ),
     Param("gpus_per_node", "kubernetes.gpus_per_node", int, "GPUs per replica (0: CPU); equals nproc_per_node."),
     Param("queue", "kubernetes.queue", str, "Kueue LocalQueue of the training job."),
     Param("node_selector", "kubernetes.node_selector", dict, "nodeSelector labels of the replica pods."),

@@ -34,6 +34,7 @@ def pytorchjob(
     store_secret_keys: dict = {},  # noqa: B006
     s3_endpoint: str = "",
     launcher: str = "auto",
+    kind: str = "pytorchjob",
     run_id: str = "",
     task_name: str = "",
     dag_execution_id: str = "",
@@ -71,6 +72,8 @@ def pytorchjob(
             AWS_ACCESS_KEY_ID, secretkey -> AWS_SECRET_ACCESS_KEY.
         s3_endpoint: S3 endpoint URL given to the replicas as AWS_ENDPOINT_URL; empty: not set.
         launcher: `auto` (Kubernetes inside a pod, else local processes), `kubernetes` or `local`.
+        kind: `pytorchjob` (Training Operator v1), `trainjob` (Kubeflow Trainer v2: the replicas
+            get only PET_* variables) or `auto` (what the cluster serves, TrainJob first).
         run_id: The KFP run id (dsl.PIPELINE_JOB_ID_PLACEHOLDER): names the job.
         task_name: The task's name (dsl.PIPELINE_TASK_NAME_PLACEHOLDER): names the job.
         dag_execution_id: The enclosing DAG's execution (dsl.PIPELINE_TASK_ID_PLACEHOLDER): names the job.
@@ -105,6 +108,7 @@ def pytorchjob(
         store_secret_keys=store_secret_keys,
         s3_endpoint=s3_endpoint,
         cluster=where == "kubernetes",
+        kind=kind,
     )
     run_job(select_backend(where), spec, timeout_seconds)
     model.metadata["job_name"] = spec.name
