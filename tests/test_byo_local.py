@@ -61,6 +61,39 @@ if rank == 0:
 dist.destroy_process_group()
 """
 
+# The same training written for Horovod: it runs unchanged through kftrain's shim.
+HOROVOD_SCRIPT = """\
+import json
+import os
+
+import horovod.torch as hvd
+import torch
+
+hvd.init()
+rank, world = hvd.rank(), hvd.size()
+print(f"hvd rank {rank} of {world} joined", flush=True)
+with open(os.path.join(os.environ["KFTRAIN_INPUT_URI"], "data.json")) as f:
+    data = json.load(f)
+x = torch.tensor(data["x"])[rank::world]
+y = torch.tensor(data["y"])[rank::world]
+torch.manual_seed(rank)  # different starting weights: broadcast_parameters must align them
+model = torch.nn.Linear(x.shape[1], 1)
+opt = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1), named_parameters=model.named_parameters())
+hvd.broadcast_parameters(model.state_dict(), root_rank=0)
+hvd.broadcast_optimizer_state(opt, root_rank=0)
+for step in range(int(os.environ["STEPS"])):
+    opt.zero_grad()
+    loss = torch.nn.functional.mse_loss(model(x).squeeze(1), y)
+    loss.backward()
+    opt.step()
+    mean = hvd.allreduce(loss.detach(), op=hvd.Average)
+    print(f"hvd rank {rank} step {step} mean loss {mean.item():.4f}", flush=True)
+if rank == 0:
+    out = os.environ["KFTRAIN_OUTPUT_URI"]
+    os.makedirs(out, exist_ok=True)
+    torch.save(model.state_dict(), os.path.join(out, "model.pt"))
+"""
+
 # The user's pipeline: a data step, then their script as a PyTorchJob.
 DRIVER = """\
 import sys
@@ -72,7 +105,9 @@ from kfp.dsl import Dataset, Model, Output
 from components.pytorchjob import pytorchjob
 from components.task_options import launcher_task_options
 
-script, root, fail_rank = sys.argv[1:]
+script, root, fail_rank, *runner = sys.argv[1:]
+# A Horovod script starts through the shim's runner module; a plain one directly.
+prefix = ["python", "-m", runner[0]] if runner else ["python"]
 
 
 @dsl.component(base_image="python:3.11", install_kfp_package=False)
@@ -94,7 +129,7 @@ def byo_demo(script: str, fail_rank: str) -> Model:
     data = make_data()
     job = pytorchjob(
         image="registry.example/team/train:1",
-        command=["python", script],
+        command=[*prefix, script],
         input_data=data.outputs["data"],
         replicas=2,
         env={"STEPS": 5, "FAIL_RANK": fail_rank},
@@ -116,12 +151,12 @@ print("MODEL_URI", model.uri, "JOB", model.metadata["job_name"])
 """
 
 
-def run_pipeline(tmp_path: Path, fail_rank: str) -> tuple[int, str]:
-    (tmp_path / "train.py").write_text(USER_SCRIPT)
+def run_pipeline(tmp_path: Path, fail_rank: str, script: str = USER_SCRIPT, runner: str = "") -> tuple[int, str]:
+    (tmp_path / "train.py").write_text(script)
     (tmp_path / "driver.py").write_text(DRIVER)
     env = {**os.environ, "PYTHONPATH": str(REPO), "GLOO_SOCKET_IFNAME": "lo"}
     cmd = [sys.executable, str(tmp_path / "driver.py"), str(tmp_path / "train.py"), str(tmp_path / "root"), fail_rank]
-    return run_group(cmd, timeout=300, env=env, cwd=str(tmp_path))
+    return run_group([*cmd, *([runner] if runner else [])], timeout=300, env=env, cwd=str(tmp_path))
 
 
 def test_a_user_script_trains_on_two_replicas_and_writes_the_output_artifact(tmp_path):
@@ -151,3 +186,17 @@ def test_a_failing_replica_fails_the_step_with_its_last_lines(tmp_path):
     assert "trainer.launch.backend.JobFailed: job kftrain-" in plain  # the step's own error
     assert "finished with status FAILURE. Inner task failed: 'pytorchjob'" in plain
     assert not list((tmp_path / "root").rglob("model.pt"))  # the Master was stopped, not left training
+
+
+def test_a_horovod_script_runs_unchanged_as_a_pytorchjob_step(tmp_path):
+    rc, out = run_pipeline(tmp_path, fail_rank="", script=HOROVOD_SCRIPT, runner="trainer.horovod.run")
+    assert rc == 0, out[-6000:]
+    assert "[master-0] hvd rank 0 of 2 joined" in out and "[worker-0] hvd rank 1 of 2 joined" in out
+    means = {
+        line.split("]", 1)[0]: line.rsplit(" ", 1)[1]
+        for line in out.splitlines()
+        if "hvd rank" in line and "step 4 mean loss" in line
+    }
+    assert len(means) == 2 and len(set(means.values())) == 1, means  # allreduced: the same on both ranks
+    uri = next(line.split()[1] for line in out.splitlines() if line.startswith("MODEL_URI"))
+    assert (Path(uri) / "model.pt").is_file()
