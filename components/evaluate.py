@@ -60,6 +60,7 @@ def evaluate(
         output_uri(report, cfg.store.uri, identity, "report.html"),
         min_accuracy=min_accuracy,
         max_perplexity=max_perplexity,
+        run_id=identity,
     )
     log_scalars(metrics, result)
     for cls, scores in result.get("per_class", {}).items():
