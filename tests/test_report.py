@@ -292,3 +292,18 @@ def test_headless_chromium_renders_every_chart(tmp_path):
     assert colours is not None and len(colours) > 50  # drawn charts, not a blank page
     blue = sum(n for n, (r, g, b) in colours if b > 180 and r < 120)
     assert blue > 500  # the loss line, legend swatches and heatmap cells are on the page
+
+
+def test_a_language_model_report_draws_perplexity_and_no_heatmap():
+    record = training_record()
+    record["metrics"] = {"tokens_per_second": 20000.0, "steps": 60}
+    for v in record["progress"]["validation"]:
+        v.pop("val_accuracy")
+        v["val_perplexity"] = math.exp(v["val_loss"])
+    evaluation = {"loss": 1.2, "perplexity": 3.3, "test_tokens": 5000}
+    page = html_report(record, evaluation, (True, "ok"))
+    parsed = Page()
+    parsed.feed(page)
+    assert parsed.charts == ["loss", "perplexity", "throughput (tokens/s)"]
+    text = " ".join(parsed.text)
+    assert "test perplexity" in text and "5,000" in text and "20,000 tokens/s" in text
