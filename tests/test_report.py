@@ -23,13 +23,13 @@ from trainer.report import (
     html_report,
     linear_ticks,
     log_ticks,
+    short_number,
     svg_chart,
     svg_confusion_matrix,
     time_label,
     time_ticks,
 )
 
-SVG = "{http://www.w3.org/2000/svg}"
 EVIL = "<script>alert(1)</script>"
 
 
@@ -87,6 +87,12 @@ def test_time_ticks_fall_on_round_minutes_and_read_as_clock_times():
 )
 def test_measures_read_with_units(key, value, text):
     assert format_value(key, value) == text
+
+
+def test_tick_labels_are_short():
+    assert [short_number(v) for v in (5000, 1500, 25_000, 2e7, 0.05, 3e-5, 0)] == [
+        "5k", "1.5k", "25k", "20M", "0.05", "3.0e-5", "0",
+    ]  # fmt: skip
 
 
 def test_durations():

@@ -43,7 +43,7 @@ def short_number(v: float) -> str:
         return f"{v / 1e9:.3g}G"
     if a >= 1e6:
         return f"{v / 1e6:.3g}M"
-    if a >= 1e4:
+    if a >= 1e3:
         return f"{v / 1e3:.3g}k"
     if a == 0 or a >= 1e-3:
         return f"{v:.3g}"
@@ -201,7 +201,7 @@ def svg_chart(
     if len(every) < 2:
         return f'<p class="empty"><em>{esc(title)}: not enough points to draw.</em></p>'
     xs, ys = [p[0] for p in every], [p[1] for p in every]
-    xt = time_ticks(min(xs), max(xs)) if x_time else linear_ticks(min(xs), max(xs))
+    xt = time_ticks(min(xs), max(xs)) if x_time else linear_ticks(min(xs), max(xs), target=6)
     if y_log:
         yt = log_ticks(min(ys), max(ys))
         ymap = math.log10
@@ -283,7 +283,7 @@ def svg_confusion_matrix(classes: list[str], matrix: list[list[int]]) -> str:
         return '<p class="empty"><em>confusion matrix: no classes.</em></p>'
     cell = max(8, min(44, 520 // k))
     names = [c if len(c) <= 14 else c[:13] + "…" for c in map(str, classes)]
-    margin = 16 + 7 * max(len(n) for n in names)
+    margin = 34 + 7 * max(len(n) for n in names)  # the rotated axis title, then the row labels
     size = margin + cell * k
     width, height = size + 20, size + 60
     out = [
@@ -292,8 +292,8 @@ def svg_confusion_matrix(classes: list[str], matrix: list[list[int]]) -> str:
         "<title>confusion matrix</title>",
         '<rect width="100%" height="100%" fill="white"/>',
         f'<text x="{margin + cell * k / 2}" y="16" text-anchor="middle" font-size="12">predicted class</text>',
-        f'<text x="14" y="{40 + margin + cell * k / 2}" font-size="12" text-anchor="middle" '
-        f'transform="rotate(-90 14 {40 + margin + cell * k / 2})">true class</text>',
+        f'<text x="12" y="{40 + margin + cell * k / 2}" font-size="12" text-anchor="middle" '
+        f'transform="rotate(-90 12 {40 + margin + cell * k / 2})">true class</text>',
     ]
     top = 40 + margin
     for j, name in enumerate(names):
