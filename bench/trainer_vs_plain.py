@@ -2,7 +2,9 @@
 
 Run under torchrun; both loops run in the same processes, alternating, and rank 0 reports the
 ratio of their throughputs (trainer / plain; 1.0 = no overhead) and the trainer's share of step
-time spent waiting for data. Reported, never asserted.
+time spent waiting for data. The trainer runs twice per repeat, with TensorBoard event files on
+(the default: written and uploaded to the model URI every log interval) and off, so the cost of
+the live curves is a ratio too. Reported, never asserted.
 
     # CPU, 2 processes, gloo (a small GPT so compute, not Python, dominates a step)
     .venv/bin/python -m torch.distributed.run --nproc-per-node 2 bench/trainer_vs_plain.py
@@ -29,6 +31,7 @@ from trainer.config import load_config
 from trainer.data import read_manifest
 from trainer.distributed import device_for, dist_env, process_group
 from trainer.shards import split_shards
+from trainer.events import EventWriter
 from trainer.storage import LocalStore
 from trainer.streaming import first_items
 from trainer.tasks import get_task
@@ -79,11 +82,26 @@ def plain_loop(cfg, task, train_ds, device, env, steps: int) -> float:
     return time.perf_counter() - t0
 
 
+def event_flush_seconds(tmp: str, flushes: int = 2000) -> float:
+    """Training-thread seconds of one log interval's event-file work: 8 scalars and a flush (the
+    upload itself runs on the writer's thread)."""
+    writer = EventWriter(LocalStore(), os.path.join(tmp, "flush-bench"), 0)
+    tags = [f"train/tag_{i}" for i in range(8)]
+    t0 = time.perf_counter()
+    for step in range(1, flushes + 1):
+        writer.scalars(step, dict.fromkeys(tags, 0.5))
+        writer.flush()
+    seconds = (time.perf_counter() - t0) / flushes
+    writer.close()
+    return seconds
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--gpu", action="store_true", help="GPT-2 small, bf16, compiled, NCCL")
     parser.add_argument("--steps", type=int, default=0, help="optimizer steps per run (default 40 CPU / 100 GPU)")
     parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--log-interval", type=int, default=5, help="train.log_interval_steps (event-file flushes)")
     args = parser.parse_args()
     env = dist_env()
     device = device_for(env)
@@ -93,10 +111,11 @@ def main() -> None:
         "task": "causal_lm",
         "job.replicas": env.world_size,
         "train.max_steps": steps,
-        "train.log_interval_steps": 10_000,
+        "train.log_interval_steps": args.log_interval,
         "checkpoint.enabled": False,
     }
     cfg = load_config(overrides=overrides)
+    cfg_off = load_config(overrides={**overrides, "train.tensorboard": False})
     task = get_task("causal_lm")
     store = LocalStore()
     with process_group(env, device), tempfile.TemporaryDirectory() as tmp:
@@ -113,16 +132,25 @@ def main() -> None:
         items_of, take = task.stream(cfg, manifest)
         shards = split_shards(manifest, "train", ds)
         train_ds = TensorDataset(*first_items(store, ds, shards, items_of, take, sum(map(items_of, shards))))
-        plain, ours, waits = [], [], []
-        for i in range(args.repeats):  # alternate so drift (thermal, caches) hits both
+        plain, ours, ours_off, waits = [], [], [], []
+        for i in range(args.repeats):  # alternate so drift (thermal, caches) hits all three
             plain.append(plain_loop(cfg, task, train_ds, device, env, steps))
-            m = run_training(cfg, ds, os.path.join(shared[0], f"model-{i}"), env, task)
-            ours.append(m["train_seconds"])
-            waits.append(m["data_wait_fraction"])
+            # Event files off and on, in alternating order: neither always runs second.
+            for events_on in (False, True) if i % 2 == 0 else (True, False):
+                if events_on:
+                    m = run_training(cfg, ds, os.path.join(shared[0], f"model-{i}"), env, task)
+                    ours.append(m["train_seconds"])
+                    waits.append(m["data_wait_fraction"])
+                else:
+                    m = run_training(cfg_off, ds, os.path.join(shared[0], f"model-off-{i}"), env, task)
+                    ours_off.append(m["train_seconds"])
             if env.distributed:
                 dist.barrier()
         if env.is_main:
-            p, o = statistics.median(plain), statistics.median(ours)
+            p, o, off = statistics.median(plain), statistics.median(ours), statistics.median(ours_off)
+            # Paired per repeat (same moment, same machine load), then the median.
+            paired = statistics.median(b / a for a, b in zip(ours, ours_off, strict=True))
+            flush_s = event_flush_seconds(shared[0])
             tokens = steps * cfg.train.batch_size * cfg.model.block_size
             model, _ = task.build_model(cfg, {"vocab_size": 256})
             peak = peak_flops(device, cfg) * env.world_size
@@ -133,6 +161,12 @@ def main() -> None:
                 "plain_tokens_per_s": round(tokens / p),
                 "trainer_tokens_per_s": round(tokens / o),
                 "trainer_over_plain_throughput": round(p / o, 3),
+                "trainer_without_event_files_over_plain": round(p / off, 3),
+                "event_files_on_over_off": round(off / o, 3),
+                "event_files_on_over_off_paired_median": round(paired, 3),
+                "event_file_training_thread_ms_per_flush": round(flush_s * 1000, 3),
+                "event_file_share_of_an_interval": round(flush_s / (o / steps * args.log_interval), 6),
+                "log_interval_steps": args.log_interval,
                 "trainer_data_wait_fraction": round(statistics.median(waits), 4),
             }
             if peak:

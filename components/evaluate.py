@@ -22,16 +22,18 @@ def evaluate(
     min_accuracy: float = 0.0,
     max_perplexity: float = 0.0,
 ) -> NamedTuple("EvaluationOutputs", [("passed", bool), ("reason", str)]):  # noqa: UP014 (KFP reads this form)
-    """Test metrics for the KFP UI (accuracy, loss, per-class precision/recall and the confusion
-    matrix; loss and perplexity for a language model), an HTML report with the training loss
-    curve, and the quality gate in front of export.
+    """Test metrics for the KFP UI (`test_accuracy`, `test_loss`, `test_macro_f1`, per class
+    `test_class_<name>_precision/_recall/_f1`, and the confusion matrix; `test_loss` and
+    `test_perplexity` for a language model), an HTML report (run header, loss/validation/throughput
+    charts, confusion heatmap, tables), and the quality gate in front of export.
 
     Args:
         dataset: The prepared dataset (its test split is used).
         model: The trained model.
-        metrics: Scalar metrics for the KFP UI; `metrics.json` with the full report in the store.
+        metrics: Scalar metrics for the KFP UI (`test_*` names); `metrics.json` with the full report in the store.
         confusion: The confusion matrix for the KFP UI (classification).
-        report: HTML page: training loss curve, validation curve, evaluation tables.
+        report: HTML page: run header, loss (log axis), validation and throughput charts, confusion
+            heatmap, evaluation tables.
         config: The kftrain config as YAML/JSON text (`configure`'s output in the pipeline).
         run_id: `dsl.PIPELINE_JOB_ID_PLACEHOLDER` (with the next two, names the output folder
             under `store.uri`; without them the artifact's URI does).
@@ -48,6 +50,7 @@ def evaluate(
 
     from components.params import config_from_params
     from components.runtime import log_scalars, output_uri, task_identity
+    from trainer.evaluate import ui_scalars
     from trainer.steps import evaluate as evaluate_step
 
     cfg = config_from_params(config)
@@ -60,10 +63,9 @@ def evaluate(
         output_uri(report, cfg.store.uri, identity, "report.html"),
         min_accuracy=min_accuracy,
         max_perplexity=max_perplexity,
+        run_id=identity,
     )
-    log_scalars(metrics, result)
-    for cls, scores in result.get("per_class", {}).items():
-        log_scalars(metrics, {f"precision_{cls}": scores["precision"], f"recall_{cls}": scores["recall"]})
+    log_scalars(metrics, ui_scalars(result))
     if "confusion_matrix" in result:
         confusion.log_confusion_matrix(result["classes"], result["confusion_matrix"])
     print(f"quality gate {'passed' if passed else 'FAILED'}: {reason}")

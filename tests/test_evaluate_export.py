@@ -1,4 +1,5 @@
 import json
+import re
 
 import numpy as np
 import pytest
@@ -107,3 +108,57 @@ def test_evaluate_model_writes_its_report(trained, tmp_path):
     report = evaluate_model(store, uri, ds, str(tmp_path / "eval"))
     assert json.loads(store.get_bytes(str(tmp_path / "eval/metrics.json"))) == report
     assert report["test_rows"] == sum(sum(r) for r in report["confusion_matrix"])
+
+
+# -- what the KFP UI gets from the evaluate component ------------------------------------------
+
+
+def test_ui_scalars_say_what_they_measure_and_name_the_class():
+    from trainer.evaluate import ui_scalars
+
+    report = classification_report(np.array([0, 1, 2, 2]), np.array([0, 1, 2, 1]), ["3", "cat dog", "cat/dog"])
+    report.update(loss=0.25, test_rows=4, task="classification")
+    names = ui_scalars(report)
+    assert {"test_accuracy", "test_loss", "test_macro_f1", "test_rows"} <= set(names)
+    assert names["test_accuracy"] == 0.75 and "test_test_rows" not in names
+    assert names["test_class_3_precision"] == 1.0 and names["test_class_3_recall"] == 1.0
+    assert names["test_class_cat_dog_recall"] == 1.0  # "cat dog"
+    assert names["test_class_cat_dog_2_recall"] == 0.5  # "cat/dog" collides after cleaning: its index
+    assert not [n for n in names if re.fullmatch(r"(precision|recall)_\d+", n)]
+
+
+def test_the_confusion_matrix_reaches_classification_metrics_in_the_shape_the_kfp_ui_renders(trained, tmp_path):
+    """Through the component function itself (KFP's `python_func`), with real artifact objects."""
+    from kfp.dsl import HTML, ClassificationMetrics, Dataset, Metrics, Model
+
+    from components.evaluate import evaluate
+    from trainer.config import DataConfig
+    from trainer.data import prepare_dataset
+
+    store, uri, _, _ = trained
+    rows = ["f0,f1,f2,f3,label"] + [f"{i % 5},{i % 7},{i % 3},{i % 2},{'xyz'[i % 3]}" for i in range(60)]
+    store.put_bytes(str(tmp_path / "in.csv"), "\n".join(rows).encode())
+    ds = str(tmp_path / "ds")
+    prepare_dataset(DataConfig(source=str(tmp_path / "in.csv")), store, ds)
+    store.put_bytes(join_uri(uri, "training.json"), json.dumps({"metrics": {}, "loss_curve": []}).encode())
+    metrics, confusion = Metrics(uri=str(tmp_path / "evaluation")), ClassificationMetrics(uri=str(tmp_path / "cm"))
+    report = HTML(uri=str(tmp_path / "report.html"))
+    out = evaluate.python_func(
+        dataset=Dataset(uri=ds), model=Model(uri=uri), metrics=metrics, confusion=confusion, report=report,
+        run_id="run-1", task_name="evaluate",
+    )  # fmt: skip
+    saved = json.loads(store.get_bytes(str(tmp_path / "evaluation" / "metrics.json")))
+    # The structure KFP's executor records in ML Metadata and the UI's confusion-matrix view reads.
+    assert confusion.metadata == {
+        "confusionMatrix": {
+            "annotationSpecs": [{"displayName": c} for c in ["x", "y", "z"]],
+            "rows": [{"row": row} for row in saved["confusion_matrix"]],
+        }
+    }
+    assert sum(sum(r["row"]) for r in confusion.metadata["confusionMatrix"]["rows"]) == saved["test_rows"]
+    assert metrics.metadata["test_accuracy"] == pytest.approx(saved["accuracy"])
+    assert {"test_loss", "test_macro_f1", "test_class_x_precision", "test_class_z_f1"} <= set(metrics.metadata)
+    assert all(isinstance(v, float) for v in metrics.metadata.values())
+    assert out.passed is True
+    page = store.get_bytes(str(tmp_path / "report.html")).decode()
+    assert 'aria-label="confusion matrix"' in page and "run-1/evaluate" in page

@@ -31,7 +31,7 @@ def test_demo_on_an_s3_store_reaches_95_percent_and_writes_nothing_locally(s3_en
     assert rc == 0, out[-5000:]
     assert sorted(os.listdir(tmp_path)) == ["summary.json"]  # nothing else lands locally
     summary = json.loads((tmp_path / "summary.json").read_text())
-    assert summary["metrics"]["accuracy"] >= 0.95
+    assert summary["metrics"]["test_accuracy"] >= 0.95
     artifacts = summary["artifacts"]
     assert summary["exported"] is True and "reaches the minimum 0.9000" in summary["quality_gate"]
     assert set(artifacts) == {"dataset", "model", "metrics", "report", "exported"}
@@ -57,7 +57,7 @@ def test_demo_on_an_s3_store_reaches_95_percent_and_writes_nothing_locally(s3_en
     assert "[master-0] [rank 0]" in out and "[worker-0] [rank 1]" in out
     card = json.loads(store.get_bytes(artifacts["exported"] + "/model_card.json"))
     assert card["source_dataset_uri"] == artifacts["dataset"]
-    assert card["metrics"]["accuracy"] == pytest.approx(summary["metrics"]["accuracy"])
+    assert card["metrics"]["accuracy"] == pytest.approx(summary["metrics"]["test_accuracy"])
 
 
 @pytest.mark.parametrize(("kind", "first_node"), [("pytorchjob", "master-0"), ("trainjob", "node-0-0")])

@@ -280,6 +280,8 @@ class TrainConfig:
     """Peak bf16 TFLOP/s of one GPU for the MFU estimate; 0: looked up from the device name."""
     deterministic: bool = False
     """torch.use_deterministic_algorithms: bitwise-reproducible runs, at some speed cost on GPUs."""
+    tensorboard: bool = True
+    """Rank 0 writes TensorBoard event files to `<model URI>/tensorboard/`, uploaded every log interval."""
 
     def __post_init__(self) -> None:
         _require(self.epochs > 0, "train.epochs", self.epochs, "must be positive")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 from typing import Any
 
 import numpy as np
@@ -77,3 +78,26 @@ def quality_gate(report: dict[str, Any], min_accuracy: float = 0.0, max_perplexi
             f"test perplexity {report['perplexity']:.3f} {verb} the maximum {max_perplexity:.3f} (max_perplexity)",
         )
     return True, "no quality bar set for this task (min_accuracy / max_perplexity)"
+
+
+def ui_scalars(report: dict[str, Any]) -> dict[str, float]:
+    """The evaluation's scalars under the names the KFP UI lists and compares across runs.
+
+    Every test-split measure says so: `test_accuracy`, `test_loss`, `test_macro_f1`,
+    `test_perplexity`, `test_rows` / `test_tokens`; per class `test_class_<name>_precision`,
+    `_recall` and `_f1`, with the class's own name (characters other than letters, digits,
+    `_`, `.` and `-` become `_`; a name that collides after that gets its class index).
+    """
+    out: dict[str, float] = {}
+    for key, value in report.items():
+        if isinstance(value, int | float) and not isinstance(value, bool):
+            out[key if key.startswith("test_") else f"test_{key}"] = float(value)
+    seen: set[str] = set()
+    for index, (cls, scores) in enumerate(report.get("per_class", {}).items()):
+        name = re.sub(r"[^A-Za-z0-9_.-]+", "_", str(cls)).strip("_") or str(index)
+        if name in seen:
+            name = f"{name}_{index}"
+        seen.add(name)
+        for measure in ("precision", "recall", "f1"):
+            out[f"test_class_{name}_{measure}"] = float(scores[measure])
+    return out

@@ -1,21 +1,41 @@
-"""Rank 0's progress line every few steps: loss, learning rate, throughput, ETA and (on GPUs) MFU.
+"""Rank 0's progress every few steps: a log line (loss, learning rate, throughput, ETA and, on GPUs,
+MFU), TensorBoard scalars (trainer/events.py), and the curves the report draws.
 
-The loss is accumulated on the device and read back only when a line is printed, so logging adds
-no per-step host-device synchronisation.
+The loss and the gradient norm are accumulated on the device and read back only when a line is
+printed, so logging adds no per-step host-device synchronisation; the event file is uploaded off
+the training thread.
 """
 
 from __future__ import annotations
 
 import logging
 import time
+from typing import Any
 
 import torch
+
+from trainer.events import EventWriter
 
 log = logging.getLogger("kftrain.train")
 
 
+def epoch_scalars(record: dict[str, Any]) -> dict[str, float]:
+    """TensorBoard tags for an epoch record: `val_accuracy` -> `val/accuracy`, `train_loss` ->
+    `train/epoch_loss`; non-numeric values and the epoch number are left out."""
+    out = {}
+    for key, value in record.items():
+        if key == "epoch" or not isinstance(value, int | float) or isinstance(value, bool):
+            continue
+        if key == "train_loss":
+            out["train/epoch_loss"] = float(value)
+        else:
+            out["val/" + key.removeprefix("val_")] = float(value)
+    return out
+
+
 class Progress:
-    """Accumulates per-step losses; `step()` logs a line every `interval` steps and keeps the curve."""
+    """Accumulates per-step losses; `step()` logs every `interval` steps, keeps the curve for the
+    report and, given an `events` writer, records and flushes TensorBoard scalars."""
 
     def __init__(
         self,
@@ -28,32 +48,103 @@ class Progress:
         interval: int,
         device: torch.device,
         enabled: bool,
+        events: EventWriter | None = None,
     ) -> None:
         self.total_steps, self.items_per_step, self.item_name = total_steps, items_per_step, item_name
         self.flops_per_step, self.peak_flops, self.interval = flops_per_step, peak_flops, interval
         self.enabled = enabled
-        self.curve: list[dict[str, float]] = []  # the loss at every logged step, for the report
+        self.events = events if enabled else None
+        #: Every logged interval: step, mean loss, learning rate, throughput, wall time (for the report).
+        self.curve: list[dict[str, float]] = []
+        #: Every validation (end of epoch) with the step it happened at.
+        self.validation: list[dict[str, float]] = []
+        #: Every checkpoint this process wrote: step, wall time, staging seconds, size.
+        self.checkpoints: list[dict[str, float]] = []
         self._loss = torch.zeros((), device=device)
+        self._grad_norm = torch.zeros((), device=device)
         self._steps = 0
         self._t = time.perf_counter()
+        self._data_wait = 0.0
 
-    def step(self, step: int, epoch: int, loss: torch.Tensor, lr: float) -> None:
-        """Record one optimizer step's loss; log when the interval (or the last step) is reached."""
+    def step(
+        self,
+        step: int,
+        epoch: int,
+        loss: torch.Tensor,
+        lr: float,
+        grad_norm: torch.Tensor | None = None,
+        data_wait: float = 0.0,
+    ) -> None:
+        """Record one optimizer step's loss (and gradient norm); log when the interval (or the last
+        step) is reached. `data_wait` is the running total of seconds spent waiting for batches."""
         self._loss += loss
+        if grad_norm is not None:
+            self._grad_norm += grad_norm.detach().float()
         self._steps += 1
         if not self.enabled or (step % self.interval and step != self.total_steps):
             return
         now = time.perf_counter()
-        seconds_per_step = (now - self._t) / self._steps
+        seconds = now - self._t
+        seconds_per_step = seconds / self._steps
         mean_loss = float(self._loss) / self._steps
+        rate = self.items_per_step / seconds_per_step
         line = (
             f"step {step}/{self.total_steps} epoch {epoch} loss {mean_loss:.4f} lr {lr:.2e} "
-            f"{self.items_per_step / seconds_per_step:,.0f} {self.item_name}/s "
-            f"eta {(self.total_steps - step) * seconds_per_step:,.0f}s"
+            f"{rate:,.0f} {self.item_name}/s eta {(self.total_steps - step) * seconds_per_step:,.0f}s"
         )
+        scalars = {
+            "train/loss": mean_loss,
+            "train/learning_rate": lr,
+            f"train/{self.item_name}_per_second": rate,
+            "train/data_wait_share": min(1.0, max(0.0, data_wait - self._data_wait) / max(seconds, 1e-9)),
+        }
+        if grad_norm is not None:
+            scalars["train/grad_norm"] = float(self._grad_norm) / self._steps
         if self.peak_flops and self.flops_per_step:
-            line += f" mfu {self.flops_per_step / seconds_per_step / self.peak_flops:.1%}"
+            scalars["train/mfu"] = self.flops_per_step / seconds_per_step / self.peak_flops
+            line += f" mfu {scalars['train/mfu']:.1%}"
         log.info(line)
-        self.curve.append({"step": step, "loss": mean_loss})
+        wall = time.time()
+        self.curve.append({"step": step, "loss": mean_loss, "lr": lr, "items_per_second": rate, "time": round(wall, 3)})
+        if self.events is not None:
+            self.events.scalars(step, {**scalars, "train/epoch": float(epoch)}, wall)
+            self.events.flush()
         self._loss.zero_()
-        self._t, self._steps = now, 0
+        self._grad_norm.zero_()
+        self._t, self._steps, self._data_wait = now, 0, data_wait
+
+    def epoch_end(self, step: int, record: dict[str, Any]) -> None:
+        """Record an epoch's summary (`{"epoch", "train_loss", "val_*"...}`) at optimizer step `step`."""
+        if not self.enabled:
+            return
+        self.validation.append({"step": step, **record})
+        if self.events is not None:
+            self.events.scalars(step, epoch_scalars(record))
+            self.events.flush()
+
+    def checkpoint(self, step: int, stage_seconds: float, size_bytes: int) -> None:
+        """Record a checkpoint taken at `step`: how long training stalled to stage it, and its size."""
+        if not self.enabled:
+            return
+        self.checkpoints.append(
+            {"step": step, "time": round(time.time(), 3), "stage_seconds": stage_seconds, "bytes": size_bytes}
+        )
+        if self.events is not None:
+            self.events.scalars(
+                step, {"checkpoint/stage_seconds": stage_seconds, "checkpoint/megabytes": size_bytes / 1e6}
+            )
+
+    def summary(self) -> dict[str, Any]:
+        """What the training record keeps of this: validation points, checkpoints, where the event
+        files are and which process start (segment) of the run this was."""
+        return {
+            "validation": self.validation,
+            "checkpoints": self.checkpoints,
+            "tensorboard_uri": self.events.prefix if self.events is not None else "",
+            "segment": self.events.segment if self.events is not None else 0,
+        }
+
+    def close(self) -> None:
+        """Upload the last event file contents (waits for the store)."""
+        if self.events is not None:
+            self.events.close()

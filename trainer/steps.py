@@ -88,9 +88,12 @@ def evaluate(
     report_uri: str,
     min_accuracy: float = 0.0,
     max_perplexity: float = 0.0,
+    run_id: str = "",
 ) -> tuple[dict[str, Any], bool, str]:
     """Test-split metrics (also `output_uri`/metrics.json), the quality gate's verdict and reason,
-    and the HTML report (training curve + evaluation table) written to `report_uri`."""
+    and the HTML report (run header, curves, confusion matrix, tables) written to `report_uri`;
+    `run_id` names the run in the report's header."""
+    from trainer.data import read_manifest
     from trainer.evaluate import evaluate_model, quality_gate
     from trainer.report import html_report
     from trainer.train import TRAINING_RECORD
@@ -99,7 +102,15 @@ def evaluate(
     report = evaluate_model(store, model_uri, dataset_uri, output_uri, cfg.data.eval_items)
     passed, reason = quality_gate(report, min_accuracy, max_perplexity)
     training = json.loads(store.get_bytes(join_uri(model_uri, TRAINING_RECORD)))
-    store.put_bytes(report_uri, html_report(training, report, (passed, reason)).encode())
+    splits = read_manifest(store_for(cfg, dataset_uri), dataset_uri)["splits"]
+    context = {
+        "run_id": run_id,
+        "dataset_uri": dataset_uri,
+        "dataset_size": {
+            name: {unit: split[unit] for unit in ("rows", "tokens") if unit in split} for name, split in splits.items()
+        },
+    }
+    store.put_bytes(report_uri, html_report(training, report, (passed, reason), context).encode())
     return report, passed, reason
 
 

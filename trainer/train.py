@@ -32,6 +32,7 @@ from trainer.config import Config, ConfigError, config_from_json, to_dict
 from trainer.data import DataError, read_manifest
 from trainer.distributed import DistEnv, device_for, dist_env, process_group, unwrap
 from trainer.launch.backend import FAILURE_MARKER
+from trainer.events import EVENTS_FOLDER, EventWriter
 from trainer.model import save_model
 from trainer.progress import Progress
 from trainer.storage import StoreError, join_uri, open_store
@@ -237,6 +238,7 @@ def run_training(
         if env.is_main and ckpt is not None:
             position = {"step": step, "epoch": epoch, "epoch_step": epoch_step, "world_size": env.world_size}
             ckpt.save(step, training_state(position, model, optimizer, scheduler, rngs, cfg))
+            progress.checkpoint(step, ckpt.last_stage_seconds, ckpt.last_bytes)
 
     items_per_step = tc.batch_size * task.items_per_sample(cfg)
     flops_per_step = task.flops_per_item(unwrap(model), cfg) * items_per_step
@@ -250,6 +252,7 @@ def run_training(
         interval=tc.log_interval_steps,
         device=device,
         enabled=env.is_main,
+        events=EventWriter(store, join_uri(model_uri, EVENTS_FOLDER), step) if env.is_main and tc.tensorboard else None,
     )
     history: list[dict[str, float]] = []
     first_step_at = None
@@ -309,7 +312,7 @@ def run_training(
                 first_step_at = time.time()
             epoch_loss += step_loss
             epoch_steps += 1
-            progress.step(step, epoch, step_loss, scheduler.get_last_lr()[0])
+            progress.step(step, epoch, step_loss, scheduler.get_last_lr()[0], grad_norm, data_wait)
             if ckpt is not None and cfg.checkpoint.interval_steps and step % cfg.checkpoint.interval_steps == 0:
                 save_checkpoint(epoch, epoch_step)
         if epoch_step >= steps_per_epoch:
@@ -320,6 +323,7 @@ def run_training(
                     "epoch %d done: %s", epoch, " ".join(f"{k} {v:.4f}" for k, v in record.items() if k != "epoch")
                 )
             history.append(record)
+            progress.epoch_end(step, record)
             interval = cfg.checkpoint.interval_steps
             just_saved = bool(interval) and step % interval == 0
             if ckpt is not None and cfg.checkpoint.at_epoch_end and not just_saved:
@@ -330,6 +334,7 @@ def run_training(
     train_seconds = time.perf_counter() - t_train
     if ckpt is not None:
         ckpt.wait()
+    progress.close()
     digest = parameter_digest(model)
     log.info("final parameter digest %s", digest)
     steps_run = step - start_step
@@ -357,6 +362,7 @@ def run_training(
             "metrics": metrics,
             "history": history,
             "loss_curve": progress.curve,
+            "progress": progress.summary(),
             "config": to_dict(cfg),
             "parameter_digest": digest,
         }
