@@ -31,8 +31,8 @@ from trainer.checkpoint import CheckpointError, CheckpointManager
 from trainer.config import Config, ConfigError, config_from_json, to_dict
 from trainer.data import DataError, read_manifest
 from trainer.distributed import DistEnv, device_for, dist_env, process_group, unwrap
-from trainer.launch.backend import FAILURE_MARKER
 from trainer.events import EVENTS_FOLDER, EventWriter
+from trainer.launch.backend import FAILURE_MARKER
 from trainer.model import save_model
 from trainer.progress import Progress
 from trainer.storage import StoreError, join_uri, open_store
