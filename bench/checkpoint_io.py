@@ -5,7 +5,7 @@ Against a real S3 server process (moto on loopback) in the same script:
 - stall: wall time of N training steps with one checkpoint taken mid-way, minus the same N
   steps without, in units of one step's time (target: at most 1 step). Training uses one
   thread and the S3 server the other core: on a cluster the store is another machine;
-- upload throughput of CheckpointManager (state.pt + commit record, nothing else running)
+- upload throughput of CheckpointManager (DCP parts + commit record, nothing else running)
   against the raw minio client's put_object of the same bytes to the same server (target: at
   least 0.9x).
 
@@ -24,6 +24,7 @@ import time
 from pathlib import Path
 
 import torch
+from torch.distributed.checkpoint.state_dict import get_state_dict
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from tests.s3server import s3_server  # noqa: E402
@@ -65,7 +66,8 @@ def main() -> None:
         for r in range(args.repeats):
             prefix = f"s3://bench/run-{r}/checkpoints"
             mgr = CheckpointManager(store, prefix, keep_last=1)
-            state = {"model": model.state_dict(), "optimizer": opt.state_dict(), "step": r}
+            model_state, optim_state = get_state_dict(model, opt)  # what the trainer checkpoints
+            state = {"model": model_state, "optimizer": optim_state}
 
             def maybe_save(i: int, mgr=mgr, state=state) -> None:
                 if i == 2:

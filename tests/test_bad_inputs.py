@@ -15,7 +15,7 @@ import torch
 
 from pipelines.cli import main
 from tests.s3server import free_port
-from trainer.checkpoint import COMMIT, STATE, CheckpointManager, step_dir
+from trainer.checkpoint import COMMIT, METADATA, CheckpointManager, step_dir
 from trainer.config import load_config
 from trainer.data import MANIFEST, load_split, prepare_dataset, read_manifest
 from trainer.storage import CorruptObject, LocalStore, join_uri
@@ -251,8 +251,8 @@ def test_a_corrupt_token_shard_is_named_by_uri(tmp_path):
     "commit",
     [
         b'{"step": 9}',  # no parts
-        b'{"step": 9, "parts": {}}',  # no entry for the state
-        b'{"step": 9, "parts": {"state.pt": {"bytes": "12"}}}',  # no hash, size not a number
+        b'{"step": 9, "parts": {}}',  # no entry for DCP's index
+        b'{"step": 9, "parts": {".metadata": {"bytes": "12"}}}',  # no hash, size not a number
         b'{"step": 9, "par',  # truncated
         b"[]",
     ],
@@ -260,11 +260,11 @@ def test_a_corrupt_token_shard_is_named_by_uri(tmp_path):
 def test_a_commit_record_without_parts_is_an_incomplete_checkpoint(tmp_path, caplog, commit):
     store, prefix = LocalStore(), str(tmp_path / "ckpt")
     mgr = CheckpointManager(store, prefix)
-    mgr.save(5, {"step": 5, "w": torch.ones(2)}, blocking=True)
-    store.put_bytes(join_uri(step_dir(prefix, 9), STATE), b"whatever")
+    mgr.save(5, {"w": torch.ones(2)}, blocking=True)
+    store.put_bytes(join_uri(step_dir(prefix, 9), METADATA), b"whatever")
     store.put_bytes(join_uri(step_dir(prefix, 9), COMMIT), commit)
     with caplog.at_level(logging.WARNING, logger="kftrain.checkpoint"):
-        assert mgr.load_latest()["step"] == 5  # never chosen
+        assert mgr.latest()["step"] == 5  # never chosen
     assert step_dir(prefix, 9) in caplog.text and "incomplete" in caplog.text
 
 

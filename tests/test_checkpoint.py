@@ -10,7 +10,7 @@ import time
 import pytest
 import torch
 
-from trainer.checkpoint import COMMIT, STATE, CheckpointError, CheckpointManager, step_dir
+from trainer.checkpoint import COMMIT, METADATA, CheckpointError, CheckpointManager, rank_part, step_dir
 from trainer.config import load_config
 from trainer.data import prepare_dataset
 from trainer.launch.backend import run_job
@@ -19,51 +19,86 @@ from trainer.launch.local import LocalBackend
 from trainer.storage import LocalStore, join_uri, open_store
 
 
-def state(step: int) -> dict:
-    return {"step": step, "weights": torch.full((4,), float(step)), "rng": [{"torch": b"\x01\x02"}]}
+def save(mgr: CheckpointManager, step: int, blocking: bool = False) -> None:
+    mgr.save(
+        step,
+        {"weights": torch.full((4,), float(step)), "nested": {"bias": torch.arange(3.0) + step}},
+        record={"note": f"step {step}"},
+        local=lambda: {"rng": b"\x01\x02"},
+        blocking=blocking,
+    )
+
+
+def load(mgr: CheckpointManager) -> tuple[dict, dict, object]:
+    record = mgr.latest()
+    target = {"weights": torch.zeros(4), "nested": {"bias": torch.zeros(3)}}
+    own = mgr.load(record, target)
+    return record, target, own
 
 
 def test_save_load_round_trip_through_s3(bucket):
     prefix = f"s3://{bucket}/run-1/checkpoints"
     mgr = CheckpointManager(open_store(prefix), prefix, keep_last=2)
     for step in (10, 20, 30):
-        mgr.save(step, state(step))  # asynchronous: staged, then uploaded in the background
-    mgr.wait()
+        save(mgr, step)  # asynchronous: staged, then uploaded in the background
+    mgr.close()
     assert mgr.committed_steps() == [20, 30]  # keep_last=2 pruned step 10
-    loaded = CheckpointManager(open_store(prefix), prefix).load_latest()
-    assert loaded["step"] == 30
-    torch.testing.assert_close(loaded["weights"], torch.full((4,), 30.0))
-    assert loaded["rng"] == [{"torch": b"\x01\x02"}]
+    reader = CheckpointManager(open_store(prefix), prefix)
+    record, target, own = load(reader)
+    assert record["step"] == 30 and record["note"] == "step 30" and record["world_size"] == 1
+    assert {METADATA, rank_part(0), COMMIT} <= {*record["parts"], COMMIT}
+    torch.testing.assert_close(target["weights"], torch.full((4,), 30.0))
+    torch.testing.assert_close(target["nested"]["bias"], torch.arange(3.0) + 30)
+    assert own == {"rng": b"\x01\x02"}
+    assert set(reader.last_fetched) == set(record["parts"])  # one rank reads every part
 
 
 def test_a_partial_checkpoint_is_never_chosen(tmp_path):
     store, prefix = LocalStore(), str(tmp_path / "ckpt")
-    mgr = CheckpointManager(store, prefix)
-    mgr.save(5, state(5), blocking=True)
-    # A writer killed mid-upload: the state part of step 9 exists, its commit record does not.
-    store.put_bytes(join_uri(step_dir(prefix, 9), STATE), b"\x80truncated")
-    assert mgr.load_latest()["step"] == 5
+    mgr = CheckpointManager(store, prefix, keep_last=5)
+    save(mgr, 5, blocking=True)
+    # A writer killed mid-upload: parts of step 9 exist, its commit record does not.
+    store.put_bytes(join_uri(step_dir(prefix, 9), METADATA), b"\x80truncated")
+    assert load(mgr)[0]["step"] == 5
     # A commit record whose part does not match (a torn write) is skipped too.
-    store.put_bytes(join_uri(step_dir(prefix, 12), STATE), b"garbage")
-    record = {"step": 12, "parts": {STATE: {"bytes": 999, "sha256": "0" * 64}}}
+    store.put_bytes(join_uri(step_dir(prefix, 12), METADATA), b"garbage")
+    record = {"step": 12, "parts": {METADATA: {"bytes": 999, "sha256": "0" * 64}}}
     store.put_bytes(join_uri(step_dir(prefix, 12), COMMIT), json.dumps(record).encode())
-    assert mgr.load_latest()["step"] == 5
+    assert load(mgr)[0]["step"] == 5
+
+
+def test_a_checkpoint_missing_one_ranks_part_is_never_chosen(tmp_path, caplog):
+    store, prefix = LocalStore(), str(tmp_path / "ckpt")
+    mgr = CheckpointManager(store, prefix, keep_last=5)
+    save(mgr, 5, blocking=True)
+    save(mgr, 10, blocking=True)
+    # Step 10's commit record also lists a second rank's shard file, which never arrived.
+    commit_uri = join_uri(step_dir(prefix, 10), COMMIT)
+    record = json.loads(store.get_bytes(commit_uri))
+    record["parts"]["__1_0.distcp"] = {"bytes": 10, "sha256": "0" * 64}
+    store.put_bytes(commit_uri, json.dumps(record).encode())
+    with caplog.at_level("WARNING", logger="kftrain.checkpoint"):
+        record, target, _ = load(mgr)
+    assert record["step"] == 5
+    torch.testing.assert_close(target["weights"], torch.full((4,), 5.0))
+    assert "__1_0.distcp" in caplog.text and step_dir(prefix, 10) in caplog.text
 
 
 def test_pruning_removes_old_and_partial_checkpoints(tmp_path):
     store, prefix = LocalStore(), str(tmp_path / "ckpt")
-    store.put_bytes(join_uri(step_dir(prefix, 1), STATE), b"partial")
+    store.put_bytes(join_uri(step_dir(prefix, 1), METADATA), b"partial")
     mgr = CheckpointManager(store, prefix, keep_last=1)
-    mgr.save(2, state(2), blocking=True)
-    mgr.save(3, state(3), blocking=True)
-    assert sorted(store.list(prefix)) == [join_uri(step_dir(prefix, 3), COMMIT), join_uri(step_dir(prefix, 3), STATE)]
+    save(mgr, 2, blocking=True)
+    save(mgr, 3, blocking=True)
+    assert {uri.rsplit("/", 2)[-2] for uri in store.list(prefix)} == {"step-00000003"}
+    assert join_uri(step_dir(prefix, 3), COMMIT) in store.list(prefix)
 
 
 def test_an_upload_failure_surfaces_on_the_next_save(tmp_path):
     blocker = tmp_path / "not-a-dir"
     blocker.write_text("a file where the checkpoint folder should go")
     mgr = CheckpointManager(LocalStore(), str(blocker / "ckpt"))
-    mgr.save(1, state(1))
+    save(mgr, 1)
     with pytest.raises(CheckpointError, match="checkpoint upload to .* failed"):
         mgr.wait()
 
@@ -73,9 +108,10 @@ def test_an_upload_failure_surfaces_on_the_next_save(tmp_path):
 STEPS_PER_EPOCH = 19  # digits: 1,259 train rows // global batch 64
 
 
-def resume_config(prefix: str):
+def resume_config(prefix: str, **overrides):
     return load_config(
         overrides={
+            **overrides,
             "model.dropout": 0.1,  # exercises the per-rank RNG streams that a resume must restore
             "train.epochs": 16,
             "train.log_interval_steps": 1000,
@@ -94,18 +130,26 @@ def final_weights(model_uri: str) -> dict[str, torch.Tensor]:
 
 
 @pytest.mark.timeout(300)
-def test_sigkill_mid_epoch_then_resume_ends_bitwise_equal(tmp_path):
+@pytest.mark.parametrize(
+    "strategy",
+    [
+        {},  # DDP, one data partition per rank
+        {"train.strategy": "fsdp", "data.partitions": 2, "train.grad_clip_norm": 1.0},
+    ],
+    ids=["ddp", "fsdp"],
+)
+def test_sigkill_mid_epoch_then_resume_ends_bitwise_equal(tmp_path, strategy):
     store = LocalStore()
     dataset = str(tmp_path / "dataset")
     prepare_dataset(load_config().data, store, dataset)
 
     # The reference: one uninterrupted run.
-    ref = resume_config(str(tmp_path / "ref-ckpt"))
+    ref = resume_config(str(tmp_path / "ref-ckpt"), **strategy)
     run_job(LocalBackend(sink=lambda line: None), training_job(ref, "ref", dataset, str(tmp_path / "ref")), 240)
 
     # The same run, SIGKILLed (whole process groups) right after its first mid-epoch checkpoint...
     prefix = str(tmp_path / "ckpt")
-    cfg = resume_config(prefix)
+    cfg = resume_config(prefix, **strategy)
     spec = training_job(cfg, "victim", dataset, str(tmp_path / "victim"))
     backend = LocalBackend(sink=lambda line: None)
     backend.submit(spec)
@@ -129,3 +173,7 @@ def test_sigkill_mid_epoch_then_resume_ends_bitwise_equal(tmp_path):
         assert torch.equal(ref_w[name], got_w[name]), name  # bitwise, not approximately
     record = json.loads(store.get_bytes(join_uri(str(tmp_path / "victim"), "training.json")))
     assert record["metrics"]["resumed_from_step"] == resumed[0]
+    # The record covers the whole run, the epoch cut by the kill included, as if never killed.
+    ref_record = json.loads(store.get_bytes(join_uri(str(tmp_path / "ref"), "training.json")))
+    assert [h["epoch"] for h in record["history"]] == list(range(ref.train.epochs))
+    assert record["history"] == ref_record["history"]

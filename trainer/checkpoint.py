@@ -1,33 +1,49 @@
-"""Checkpoints in the object store that become visible only when complete.
+"""Checkpoints in the object store: every rank writes its own shards; visible only when complete.
 
-Layout under the checkpoint prefix::
+Layout under the checkpoint prefix (``torch.distributed.checkpoint``, DCP, for the tensors)::
 
-    step-00000120/state.pt      model, optimizer, LR scheduler, position, RNG states, config
-    step-00000120/COMMIT.json   written last: step, and size + sha256 of every part
+    step-00000120/.metadata          DCP's index: where every tensor (and shard of one) lives
+    step-00000120/__0_0.distcp       rank 0's tensors: its model and optimizer shards (DDP: the
+    step-00000120/__1_0.distcp         replicated tensors are spread over the ranks, once each)
+    step-00000120/rank-00000.pt      rank 0's own small state (RNG streams)
+    step-00000120/rank-00001.pt      ...
+    step-00000120/COMMIT.json        written last, by rank 0: every part (name, bytes, sha256),
+                                     the world size, and what the trainer records (position,
+                                     LR schedule, config, history)
 
-A checkpoint without a valid COMMIT.json (a writer killed mid-upload) is never chosen as
-latest. Saving stages the state to host memory on the calling thread (the only part that
-stalls training) and uploads it on a background thread, one upload in flight at a time.
+Saving: DCP writes this rank's files into a local staging folder on the calling thread (the
+only part that stalls training), then a background thread uploads them (one checkpoint in
+flight; the next save waits for it), the ranks exchange what they made durable on a separate
+gloo group, and rank 0 writes ``COMMIT.json`` last. A checkpoint without a valid commit
+record, or one of whose listed parts is missing from the store, is never chosen. Loading reads
+only the files each rank needs: ``.metadata`` first, then each ``.distcp`` the first time DCP
+asks for it, and DCP reshards to the loading world size.
 """
 
 from __future__ import annotations
 
-import concurrent.futures
 import hashlib
-import io
 import json
 import logging
 import re
+import shutil
+import tempfile
 import threading
 import time
+from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import torch
+import torch.distributed as dist
+import torch.distributed.checkpoint as dcp
+from torch.distributed.checkpoint import FileSystemReader, FileSystemWriter
 
-from trainer.storage import CorruptObject, ObjectNotFound, ObjectStore, join_uri, read_json
+from trainer.storage import CorruptObject, ObjectNotFound, ObjectStore, StoreError, join_uri, read_json
 
-STATE = "state.pt"
 COMMIT = "COMMIT.json"
+#: DCP's index of the checkpoint, written by rank 0; every checkpoint has one.
+METADATA = ".metadata"
 _STEP_DIR = re.compile(r"/step-(\d{8})/")
 log = logging.getLogger("kftrain.checkpoint")
 
@@ -41,38 +57,91 @@ def step_dir(prefix: str, step: int) -> str:
     return join_uri(prefix, f"step-{step:08d}")
 
 
-class CheckpointManager:
-    """Save (asynchronously), find the latest complete checkpoint, load it, prune old ones."""
+def rank_part(rank: int) -> str:
+    """The name of rank `rank`'s own small part (its RNG streams)."""
+    return f"rank-{rank:05d}.pt"
 
-    def __init__(self, store: ObjectStore, prefix: str, keep_last: int = 2) -> None:
+
+def _sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        while chunk := f.read(1 << 20):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+class CheckpointManager:
+    """Save (asynchronously, from every rank), find the latest complete checkpoint, load it, prune.
+
+    Every rank of the job creates one with the same `group` (see
+    :func:`trainer.distributed.checkpoint_group`; None for one process) and calls
+    :meth:`save`, :meth:`latest` and :meth:`load` together: they are collectives.
+    """
+
+    def __init__(
+        self,
+        store: ObjectStore,
+        prefix: str,
+        keep_last: int = 2,
+        *,
+        rank: int = 0,
+        world_size: int = 1,
+        group: dist.ProcessGroup | None = None,
+    ) -> None:
         self.store, self.prefix, self.keep_last = store, prefix.rstrip("/"), keep_last
+        self.rank, self.world_size, self.group = rank, world_size, group
+        self._staging = Path(tempfile.mkdtemp(prefix=f"kftrain-ckpt-rank{rank}-"))
         self._thread: threading.Thread | None = None
         self._error: BaseException | None = None
         self.last_stage_seconds = 0.0
         self.last_upload_seconds = 0.0
         self.last_bytes = 0
+        #: Parts this rank downloaded in its last :meth:`load` (each rank reads only what it needs).
+        self.last_fetched: list[str] = []
 
     # -- writing ------------------------------------------------------------------------------
 
-    def save(self, step: int, state: dict[str, Any], blocking: bool = False) -> None:
-        """Stage `state` to host memory now; upload it in the background (or now, if `blocking`)."""
-        self.wait()  # at most one upload in flight, and its failure surfaces here
+    def save(
+        self,
+        step: int,
+        state: dict[str, Any],
+        *,
+        record: dict[str, Any] | None = None,
+        local: Callable[[], Any] | None = None,
+        blocking: bool = False,
+    ) -> None:
+        """Stage this rank's share of `state` (a DCP state dict) on local disk now, upload it in
+        the background (or now, if `blocking`); rank 0 commits with `record` added to COMMIT.json.
+
+        `local()` is this rank's own small state, taken after DCP wrote (so whatever DCP did to
+        the RNGs is already in it) and stored as this rank's `rank-XXXXX.pt`.
+        """
+        self.wait()  # at most one checkpoint in flight, and its failure surfaces here
         t0 = time.perf_counter()
-        buf = io.BytesIO()
-        torch.save(state, buf)  # copies device tensors to host memory: training may go on afterwards
-        payload = buf.getvalue()
+        folder = self._staging / f"step-{step:08d}"
+        shutil.rmtree(folder, ignore_errors=True)
+        # DCP copies device tensors to these files before it returns: training may go on afterwards.
+        dcp.save(
+            state,
+            storage_writer=FileSystemWriter(str(folder)),
+            process_group=self.group,
+            no_dist=self.group is None,
+        )
+        if local is not None:
+            torch.save(local(), folder / rank_part(self.rank))
+        files = sorted(p for p in folder.iterdir() if p.is_file())
         self.last_stage_seconds = time.perf_counter() - t0
-        self.last_bytes = len(payload)
+        self.last_bytes = sum(p.stat().st_size for p in files)
         if blocking:
-            self._upload(step, payload)
+            self._upload(step, folder, files, record)
             return
         self._thread = threading.Thread(
-            target=self._upload_guarded, args=(step, payload), name="ckpt-upload", daemon=True
+            target=self._upload_guarded, args=(step, folder, files, record), name="ckpt-upload", daemon=True
         )
         self._thread.start()
 
     def wait(self) -> None:
-        """Block until the upload in flight is committed; re-raise its failure."""
+        """Block until the checkpoint in flight is committed (or failed); re-raise its failure."""
         if self._thread is not None:
             self._thread.join()
             self._thread = None
@@ -80,28 +149,55 @@ class CheckpointManager:
             err, self._error = self._error, None
             raise CheckpointError(f"checkpoint upload to {self.prefix} failed: {err}") from err
 
-    def _upload_guarded(self, step: int, payload: bytes) -> None:
+    def close(self) -> None:
+        """Wait for the upload in flight and remove the local staging folder."""
         try:
-            self._upload(step, payload)
+            self.wait()
+        finally:
+            shutil.rmtree(self._staging, ignore_errors=True)
+
+    def _upload_guarded(self, step: int, folder: Path, files: list[Path], record: dict[str, Any] | None) -> None:
+        try:
+            self._upload(step, folder, files, record)
         except BaseException as exc:  # surfaced by the next save() or wait()
             self._error = exc
 
-    def _upload(self, step: int, payload: bytes) -> None:
+    def _upload(self, step: int, folder: Path, files: list[Path], record: dict[str, Any] | None) -> None:
         t0 = time.perf_counter()
-        folder = step_dir(self.prefix, step)
-        # Hash while the bytes go out: hashlib releases the GIL, so the checksum costs no upload time.
-        with concurrent.futures.ThreadPoolExecutor(1) as pool:
-            digest = pool.submit(lambda: hashlib.sha256(payload).hexdigest())
-            self.store.put_bytes(join_uri(folder, STATE), payload)
-            sha256 = digest.result()
-        record = {
+        remote = step_dir(self.prefix, step)
+        parts: dict[str, dict[str, Any]] = {}
+        error = ""
+        try:
+            for path in files:
+                sha256 = _sha256(path)
+                self.store.put_file(join_uri(remote, path.name), path)
+                parts[path.name] = {"bytes": path.stat().st_size, "sha256": sha256}
+        except Exception as exc:  # reported to every rank below, so none waits forever
+            error = f"rank {self.rank}: {exc}"
+        finally:
+            shutil.rmtree(folder, ignore_errors=True)
+        reports: list[Any] = [(parts, error)]
+        if self.group is not None:
+            reports = [None] * self.world_size
+            dist.all_gather_object(reports, (parts, error), group=self.group)
+        errors = [e for _, e in reports if e]
+        if errors:
+            raise CheckpointError(f"checkpoint step {step} not committed: {'; '.join(errors)}")
+        self.last_upload_seconds = time.perf_counter() - t0
+        if self.rank != 0:
+            return
+        every: dict[str, dict[str, Any]] = {}
+        for rank_parts, _ in reports:
+            every.update(rank_parts)
+        commit = {
+            **(record or {}),
             "step": step,
-            "parts": {STATE: {"bytes": len(payload), "sha256": sha256}},
+            "world_size": self.world_size,
+            "parts": every,
             "committed_unix_time": time.time(),
         }
-        self.store.put_bytes(join_uri(folder, COMMIT), json.dumps(record).encode())
-        self.last_upload_seconds = time.perf_counter() - t0
-        log.info("checkpoint step %d committed to %s (%.1f MB)", step, folder, len(payload) / 1e6)
+        self.store.put_bytes(join_uri(remote, COMMIT), json.dumps(commit).encode())
+        log.info("checkpoint step %d committed to %s (%d parts)", step, remote, len(every))
         self._prune()
 
     def _objects_by_step(self) -> dict[int, list[str]]:
@@ -118,11 +214,13 @@ class CheckpointManager:
 
     def _prune(self) -> None:
         by_step = self._objects_by_step()
-        committed = self._committed(by_step)
-        keep = set(committed[-self.keep_last :])
+        complete = [s for s in self._committed(by_step) if self._complete_record(s, by_step) is not None]
+        if not complete:
+            return
+        keep = set(complete[-self.keep_last :])
         for step, uris in by_step.items():
-            # Older than the newest kept: committed ones past keep_last, and partials of killed writers.
-            if step in keep or step > committed[-1]:
+            # Older than the newest kept: complete ones past keep_last, and partials of killed writers.
+            if step in keep or step > complete[-1]:
                 continue
             # The commit record goes first: a half-deleted checkpoint never looks complete.
             for uri in sorted(uris, key=lambda u: not u.endswith(f"/{COMMIT}")):
@@ -134,29 +232,111 @@ class CheckpointManager:
         """Steps that have a commit record, ascending (parts not yet verified)."""
         return self._committed(self._objects_by_step())
 
-    def load_latest(self) -> dict[str, Any] | None:
-        """The newest complete, verified checkpoint's state, or None when there is none."""
-        for step in reversed(self.committed_steps()):
-            folder = step_dir(self.prefix, step)
-            try:
-                record = read_json(self.store, join_uri(folder, COMMIT))
-                part = _committed_part(record, STATE)
-                payload = self.store.get_bytes(join_uri(folder, STATE))
-            except (ObjectNotFound, CorruptObject) as exc:
-                log.warning("skipping checkpoint %s (incomplete): %s", folder, exc)
-                continue
-            if len(payload) != part["bytes"] or hashlib.sha256(payload).hexdigest() != part["sha256"]:
-                log.warning("skipping checkpoint %s: %s does not match its commit record", folder, STATE)
-                continue
-            state = torch.load(io.BytesIO(payload), map_location="cpu", weights_only=True)
-            log.info("resuming from checkpoint %s", folder)
-            return state
-        return None
+    def _complete_record(self, step: int, by_step: dict[int, list[str]]) -> dict[str, Any] | None:
+        """The commit record of `step` when it and every part it lists are in the store, else None."""
+        folder = step_dir(self.prefix, step)
+        try:
+            record = read_json(self.store, join_uri(folder, COMMIT))
+            parts = _committed_parts(record)
+            present = {uri.rsplit("/", 1)[-1] for uri in by_step.get(step, [])}
+            missing = sorted(set(parts) - present)
+            if missing:
+                raise ObjectNotFound(f"parts {missing} listed in {COMMIT} are not in the store")
+            for name, part in parts.items():
+                size = self.store.size(join_uri(folder, name))
+                if size != part["bytes"]:
+                    raise CorruptObject(f"{name} has {size} bytes, its commit record says {part['bytes']}")
+        except (ObjectNotFound, CorruptObject) as exc:
+            log.warning("skipping checkpoint %s (incomplete): %s", folder, exc)
+            return None
+        return record
+
+    def latest(self) -> dict[str, Any] | None:
+        """The newest complete checkpoint's commit record, or None (a collective: rank 0 chooses,
+        so every rank loads the same one)."""
+        choice: dict[str, Any] | None = None
+        if self.rank == 0:
+            by_step = self._objects_by_step()
+            for step in reversed(self._committed(by_step)):
+                choice = self._complete_record(step, by_step)
+                if choice is not None:
+                    break
+        if self.group is not None:
+            box = [choice]
+            dist.broadcast_object_list(box, src=0, group=self.group)
+            choice = box[0]
+        return choice
+
+    def load(self, record: dict[str, Any], state: dict[str, Any]) -> Any | None:
+        """Load the checkpoint of `record` into `state` (a DCP state dict, in place; DCP reshards
+        to this world size) and return this rank's own part, or None when the checkpoint was
+        written by fewer ranks than this one's rank (a collective)."""
+        folder = step_dir(self.prefix, int(record["step"]))
+        cache = Path(tempfile.mkdtemp(prefix=f"kftrain-resume-rank{self.rank}-"))
+        try:
+            reader = StoreReader(self.store, folder, cache, record["parts"])
+            dcp.load(state, storage_reader=reader, process_group=self.group, no_dist=self.group is None)
+            own = None
+            if rank_part(self.rank) in record["parts"]:
+                own = torch.load(reader.fetch(rank_part(self.rank)), map_location="cpu", weights_only=True)
+            self.last_fetched = list(reader.fetched)
+        except StoreError as exc:
+            raise CheckpointError(f"cannot read checkpoint {folder}: {exc}") from exc
+        finally:
+            shutil.rmtree(cache, ignore_errors=True)
+        log.info("loaded checkpoint %s (this rank read %d of its parts)", folder, len(self.last_fetched))
+        return own
 
 
-def _committed_part(record: Any, name: str) -> dict[str, Any]:
-    """The size and hash a commit record holds for part `name`; CorruptObject when it has none."""
-    part = record.get("parts", {}).get(name) if isinstance(record, dict) else None
-    if not (isinstance(part, dict) and isinstance(part.get("bytes"), int) and isinstance(part.get("sha256"), str)):
-        raise CorruptObject(f"{COMMIT} has no size and sha256 for {name} under 'parts'")
-    return part
+class StoreReader(FileSystemReader):
+    """DCP reader over a local cache that fetches each file from the store the first time DCP
+    asks for it (``.metadata`` first, then only the ``.distcp`` files this rank's plan reads),
+    checking its size and sha256 against the commit record."""
+
+    def __init__(self, store: ObjectStore, folder: str, cache: Path, parts: dict[str, dict[str, Any]]) -> None:
+        super().__init__(str(cache))
+        self._store, self._folder, self._cache, self._parts = store, folder, cache, parts
+        self._lock = threading.Lock()  # DCP may read from several threads
+        self.fetched: list[str] = []
+
+    def fetch(self, name: str) -> Path:
+        """The local copy of part `name`, downloaded and verified on first use."""
+        path = self._cache / name
+        with self._lock:
+            if path.exists():
+                return path
+            part = self._parts.get(name)
+            if part is None:
+                raise CheckpointError(f"{join_uri(self._folder, name)} is not listed in the checkpoint's {COMMIT}")
+            tmp = self._cache / f"{name}.download"
+            self._store.get_file(join_uri(self._folder, name), tmp)
+            if tmp.stat().st_size != part["bytes"] or _sha256(tmp) != part["sha256"]:
+                raise CheckpointError(
+                    f"{join_uri(self._folder, name)} does not match its size and sha256 in {COMMIT}: "
+                    "the checkpoint was changed after it was committed"
+                )
+            tmp.rename(path)
+            self.fetched.append(name)
+            return path
+
+    def read_metadata(self, *args: Any, **kwargs: Any):
+        """DCP's index, fetched from the store first."""
+        self.fetch(METADATA)
+        return super().read_metadata(*args, **kwargs)
+
+    def read_data(self, plan, planner):
+        """Fetch the files this rank's load plan reads, then read them as FileSystemReader does."""
+        for name in sorted({self.storage_data[item.storage_index].relative_path for item in plan.items}):
+            self.fetch(name)
+        return super().read_data(plan, planner)
+
+
+def _committed_parts(record: Any) -> dict[str, dict[str, Any]]:
+    """The parts a commit record lists (name -> bytes, sha256); CorruptObject when malformed."""
+    parts = record.get("parts") if isinstance(record, dict) else None
+    if not isinstance(parts, dict) or METADATA not in parts:
+        raise CorruptObject(f"{COMMIT} lists no parts (or no {METADATA}) under 'parts'")
+    for name, part in parts.items():
+        if not (isinstance(part, dict) and isinstance(part.get("bytes"), int) and isinstance(part.get("sha256"), str)):
+            raise CorruptObject(f"{COMMIT} has no size and sha256 for {name} under 'parts'")
+    return parts

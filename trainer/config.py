@@ -28,6 +28,8 @@ BUILTIN_TASKS = ("classification", "causal_lm")
 PRECISIONS = ("auto", "fp32", "bf16")
 LR_SCHEDULES = ("constant", "cosine")
 NONFINITE_POLICIES = ("stop", "skip")
+#: `train.strategy`: replicate the model on every rank (DDP) or shard it (FSDP2, `fully_shard`).
+STRATEGIES = ("ddp", "fsdp")
 RESTART_POLICIES = ("Always", "OnFailure", "Never", "ExitCode")
 CLEAN_POD_POLICIES = ("None", "Running", "All")
 #: `job.kind`: the Kubeflow job the launcher creates on a cluster (`auto`: whichever is served).
@@ -282,6 +284,10 @@ class TrainConfig:
     """torch.use_deterministic_algorithms: bitwise-reproducible runs, at some speed cost on GPUs."""
     tensorboard: bool = True
     """Rank 0 writes TensorBoard event files to `<model URI>/tensorboard/`, uploaded every log interval."""
+    strategy: str = "ddp"
+    """`ddp` (a full model replica per rank) or `fsdp` (FSDP2: parameters, gradients and optimizer state sharded)."""
+    activation_checkpointing: bool = False
+    """Recompute each shard unit's activations (the GPT blocks) in backward: less memory, ~1/3 more compute."""
 
     def __post_init__(self) -> None:
         _require(self.epochs > 0, "train.epochs", self.epochs, "must be positive")
@@ -298,6 +304,7 @@ class TrainConfig:
             ("lr_schedule", LR_SCHEDULES),
             ("precision", PRECISIONS),
             ("on_nonfinite", NONFINITE_POLICIES),
+            ("strategy", STRATEGIES),
         ):
             _require(getattr(self, name) in allowed, f"train.{name}", getattr(self, name), f"must be one of {allowed}")
         _require(

@@ -1,9 +1,17 @@
-"""The DDP contract, written once.
+"""The DDP and FSDP contract, written once.
 
 A run is distributed when torchrun (or the Training Operator through torchrun) set ``RANK``,
 ``LOCAL_RANK`` and ``WORLD_SIZE``. Rank 0 logs and writes outputs; the seed is offset by rank;
 the global batch is divided by the world size; ``.module`` is unwrapped before ``state_dict()``;
 the process group is destroyed in ``finally``.
+
+``train.strategy`` picks how the model is made data-parallel (:func:`parallelize`): ``ddp``
+keeps a full replica per rank and all-reduces gradients; ``fsdp`` (FSDP2, ``fully_shard``)
+shards parameters, gradients and optimizer state, each of the task's shard units first
+(:meth:`trainer.tasks.Task.shard_units`, the GPT blocks) and then the root. What differs
+between the two for the loop lives here: skipping the gradient sync on accumulation
+micro-steps (:func:`gradient_sync`), the global gradient norm (:func:`clip_grad_norm`), and a
+full copy of the weights for export (:func:`full_state_dict`).
 """
 
 from __future__ import annotations
@@ -17,6 +25,8 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 from torch import nn
+from torch.nn.parallel import DistributedDataParallel
+from torch.utils.checkpoint import checkpoint
 
 
 @dataclass(frozen=True, slots=True)
@@ -81,3 +91,130 @@ def unwrap(model: nn.Module) -> nn.Module:
         if inner is None:
             return model
         model = inner
+
+
+def checkpoint_group(env: DistEnv, timeout_s: float = 600) -> dist.ProcessGroup | None:
+    """A gloo group of all ranks for checkpoint coordination (a collective: every rank calls it).
+
+    The checkpoint upload thread agrees on durability through it while the main thread runs the
+    training collectives on the default group: two threads never share one group's sequence.
+    """
+    if not env.distributed:
+        return None
+    return dist.new_group(backend="gloo", timeout=datetime.timedelta(seconds=timeout_s))
+
+
+def recompute_in_backward(module: nn.Module) -> None:
+    """Activation checkpointing of one module: keep only its inputs, recompute the rest in backward.
+
+    The instance's ``forward`` is replaced (no wrapper module), so parameter names and state
+    dicts stay as they are; non-reentrant checkpointing restores the RNG state, so dropout
+    draws the same masks when recomputed.
+    """
+    forward = module.forward
+
+    def recomputed(*args, **kwargs):
+        if not torch.is_grad_enabled():  # evaluation: nothing to save for backward
+            return forward(*args, **kwargs)
+        return checkpoint(forward, *args, use_reentrant=False, **kwargs)
+
+    module.forward = recomputed
+
+
+def parallelize(
+    model: nn.Module,
+    env: DistEnv,
+    device: torch.device,
+    *,
+    strategy: str,
+    units: list[nn.Module],
+    activation_checkpointing: bool = False,
+    bf16: bool = False,
+    bucket_cap_mb: int = 25,
+) -> nn.Module:
+    """Make `model` (already on `device`) data-parallel; return the module the loop calls.
+
+    ``ddp``: a DistributedDataParallel wrapper. ``fsdp``: `model` itself, sharded in place
+    (each unit, then the root); on CUDA with `bf16` the parameters are all-gathered in bf16 and
+    gradients reduced in fp32. One process: the model as it is, whatever the strategy.
+    Activation checkpointing applies to `units` with either strategy.
+    """
+    if activation_checkpointing:
+        for unit in units:
+            recompute_in_backward(unit)
+    if not env.distributed:
+        return model
+    if strategy == "fsdp":
+        from torch.distributed.device_mesh import init_device_mesh
+        from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+
+        kwargs: dict = {"mesh": init_device_mesh(device.type, (env.world_size,))}
+        if device.type == "cuda" and bf16:
+            kwargs["mp_policy"] = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
+        for unit in units:
+            fully_shard(unit, **kwargs)
+        fully_shard(model, **kwargs)
+        return model
+    return DistributedDataParallel(
+        model,
+        device_ids=[device.index] if device.type == "cuda" else None,
+        gradient_as_bucket_view=True,  # gradients live in the all-reduce buckets: no copy
+        bucket_cap_mb=bucket_cap_mb,
+    )
+
+
+def is_sharded(model: nn.Module) -> bool:
+    """The model's parameters are FSDP2 shards (every rank must take part in forward and state dicts)."""
+    return hasattr(model, "set_requires_gradient_sync")
+
+
+@contextlib.contextmanager
+def gradient_sync(model: nn.Module, enabled: bool) -> Iterator[None]:
+    """Within the block, backward reduces gradients across ranks only when `enabled`.
+
+    Accumulation micro-steps run with it off and the last one with it on: DDP's ``no_sync()``,
+    FSDP2's ``set_requires_gradient_sync(False)`` (gradients stay unsharded until the last).
+    """
+    if enabled:
+        yield
+    elif isinstance(model, DistributedDataParallel):
+        with model.no_sync():
+            yield
+    elif is_sharded(model):
+        model.set_requires_gradient_sync(False)
+        try:
+            yield
+        finally:
+            model.set_requires_gradient_sync(True)
+    else:
+        yield
+
+
+def clip_grad_norm(parameters: list[nn.Parameter], max_norm: float) -> torch.Tensor:
+    """Clip gradients to a global 2-norm of `max_norm`; return that norm as a plain tensor.
+
+    With FSDP the gradients are DTensor shards: their norm is reduced over the ranks
+    (``full_tensor()``) so every rank sees, and decides on, the same global norm.
+    """
+    from torch.distributed.tensor import DTensor
+
+    with_grad = [p for p in parameters if p.grad is not None]
+    norm = torch.nn.utils.get_total_norm([p.grad for p in with_grad], 2.0)
+    if isinstance(norm, DTensor):
+        norm = norm.full_tensor()
+    torch.nn.utils.clip_grads_with_norm_(with_grad, max_norm, norm)
+    return norm
+
+
+def full_state_dict(model: nn.Module) -> dict[str, torch.Tensor]:
+    """Every weight as a full CPU tensor on rank 0 (other ranks: {} under FSDP).
+
+    FSDP: a collective (every rank calls it) that all-gathers one tensor at a time and keeps
+    it in rank 0's host memory only: rank 0 needs host RAM for the whole model in its dtype,
+    no rank needs GPU memory beyond one unsharded tensor.
+    """
+    if not is_sharded(model):
+        return unwrap(model).state_dict()
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+
+    return get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))

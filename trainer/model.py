@@ -33,9 +33,18 @@ def build_mlp(num_features: int, hidden_sizes: list[int], num_classes: int, drop
     return nn.Sequential(*layers)
 
 
-def save_model(store: ObjectStore, model_uri: str, model: nn.Module, meta: dict[str, Any]) -> None:
-    """Write weights first and the metadata last, so a folder with `model.json` is complete."""
-    state = weights(model)
+def save_model(
+    store: ObjectStore,
+    model_uri: str,
+    model: nn.Module,
+    meta: dict[str, Any],
+    state: dict[str, torch.Tensor] | None = None,
+) -> None:
+    """Write weights first and the metadata last, so a folder with `model.json` is complete.
+
+    `state`: the full weights by name when `model` holds only shards (FSDP); default: its own.
+    """
+    state = weights(model, state)
     store.put_bytes(join_uri(model_uri, WEIGHTS), save_safetensors(state))
     store.put_bytes(join_uri(model_uri, MODEL_META), json.dumps(meta, indent=2).encode())
 
@@ -69,7 +78,9 @@ def tied_names(model: nn.Module) -> set[str]:
     return tied
 
 
-def weights(model: nn.Module) -> dict[str, torch.Tensor]:
-    """The state dict for a safetensors file: on the CPU, contiguous, each tied tensor once."""
+def weights(model: nn.Module, state: dict[str, torch.Tensor] | None = None) -> dict[str, torch.Tensor]:
+    """The state dict (`state`, or the model's own) for a safetensors file: on the CPU,
+    contiguous, each tied tensor once."""
     tied = tied_names(model)
-    return {k: v.detach().cpu().contiguous() for k, v in model.state_dict().items() if k not in tied}
+    state = model.state_dict() if state is None else state
+    return {k: v.detach().cpu().contiguous() for k, v in state.items() if k not in tied}

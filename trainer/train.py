@@ -4,7 +4,8 @@
         --config-json '{...}' --dataset-uri s3://.../dataset --model-uri s3://.../model
 
 Each rank reads the dataset from the object store itself (replicas are not KFP tasks), trains
-its share of every global batch with DDP, checkpoints to the store and resumes from it, and
+its share of every global batch with DDP or FSDP (`train.strategy`), writes its own part of
+every checkpoint to the store and resumes from it (at the same or another world size), and
 rank 0 writes the model and the training record to `--model-uri`.
 """
 
@@ -25,12 +26,24 @@ import numpy as np
 import torch
 import torch.distributed as dist
 from torch import nn
-from torch.nn.parallel import DistributedDataParallel
+from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 
 from trainer.checkpoint import CheckpointError, CheckpointManager
 from trainer.config import Config, ConfigError, config_from_json, to_dict
 from trainer.data import DataError, read_manifest
-from trainer.distributed import DistEnv, device_for, dist_env, process_group, unwrap
+from trainer.distributed import (
+    DistEnv,
+    checkpoint_group,
+    clip_grad_norm,
+    device_for,
+    dist_env,
+    full_state_dict,
+    gradient_sync,
+    is_sharded,
+    parallelize,
+    process_group,
+    unwrap,
+)
 from trainer.events import EVENTS_FOLDER, EventWriter
 from trainer.launch.backend import FAILURE_MARKER
 from trainer.model import save_model
@@ -85,11 +98,13 @@ def set_rng_state(state: dict[str, Any]) -> None:
         torch.cuda.set_rng_state(as_tensor(state["cuda"]))
 
 
-def parameter_digest(model: nn.Module) -> str:
-    """A short hash of all parameters: equal on every rank when DDP kept them in sync."""
+def parameter_digest(model: nn.Module, state: dict[str, torch.Tensor] | None = None) -> str:
+    """A short hash of all parameters (equal on every rank when DDP kept them in sync); from
+    `state` (full tensors by name) when given, for a sharded model."""
     h = hashlib.sha256()
-    for p in unwrap(model).parameters():
-        h.update(p.detach().float().cpu().contiguous().numpy().tobytes())
+    for name, p in unwrap(model).named_parameters():
+        t = p if state is None else state[name]
+        h.update(t.detach().float().cpu().contiguous().numpy().tobytes())
     return h.hexdigest()[:16]
 
 
@@ -122,42 +137,94 @@ def autocast_for(device: torch.device, cfg: Config):
     return contextlib.nullcontext()
 
 
-def gather_rng_states(env: DistEnv) -> list[dict[str, Any]]:
-    """Every rank's RNG states, in rank order (a collective: every rank calls it together)."""
-    if not env.distributed:
-        return [rng_state()]
-    states: list[Any] = [None] * env.world_size
-    dist.all_gather_object(states, rng_state())
-    return states
+#: Config fields a checkpoint cannot be resumed under when they changed: the model's shape and
+#: the meaning of its weights and of the data position.
+INCOMPATIBLE_FIELDS = (
+    "task",
+    "model.hidden_sizes",
+    "model.n_layer",
+    "model.n_head",
+    "model.n_embd",
+    "model.block_size",
+    "data.tokenizer",
+    "train.strategy",
+    "train.batch_size",
+    "train.seed",
+    "data.partitions",
+)
 
 
-def training_state(position: dict[str, int], model, optimizer, scheduler, rngs, cfg: Config) -> dict[str, Any]:
-    """What a checkpoint holds: position (step, epoch, step in epoch, world size), weights,
-    optimizer and LR-schedule state, every rank's RNG states, and the config."""
-    return {
-        **position,
-        "model": unwrap(model).state_dict(),
-        "optimizer": optimizer.state_dict(),
-        "scheduler": scheduler.state_dict(),
-        "rng": rngs,
-        "config": json.dumps(to_dict(cfg)),
-    }
+def _flat(tree: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for key, value in tree.items():
+        if isinstance(value, dict):
+            out.update(_flat(value, f"{prefix}{key}."))
+        else:
+            out[f"{prefix}{key}"] = value
+    return out
 
 
-def resume(ckpt: CheckpointManager, model, optimizer, scheduler, env: DistEnv) -> int:
-    """Restore the latest complete checkpoint, if any; return the optimizer step to continue from."""
-    state = ckpt.load_latest()
-    if state is None:
-        return 0
-    unwrap(model).load_state_dict(state["model"])
-    optimizer.load_state_dict(state["optimizer"])
-    scheduler.load_state_dict(state["scheduler"])
-    rngs = state["rng"]
-    set_rng_state(rngs[env.rank % len(rngs)])
-    if state["world_size"] != env.world_size:
-        log.warning("resuming a %d-process checkpoint on %d processes", state["world_size"], env.world_size)
-    log.info("resumed at step %d (epoch %d, %d steps into it)", state["step"], state["epoch"], state["epoch_step"])
-    return int(state["step"])
+def check_resumable(saved: dict[str, Any], cfg: Config, saved_world: int, world: int, streams: bool) -> None:
+    """Refuse to resume a checkpoint written under `saved` (a config as a mapping) with `cfg`
+    when the change matters, naming the fields; log the compatible changes.
+
+    A different world size (or `train.grad_accum_steps`, `train.num_workers`) keeps the data
+    position exact only when the items of every global batch do not depend on it: a streaming
+    task with a fixed `data.partitions`, the same in both runs.
+    """
+    old, new = _flat(saved), _flat(to_dict(cfg))
+    changed = sorted(k for k in old.keys() | new.keys() if old.get(k) != new.get(k))
+    bad = [k for k in changed if k in INCOMPATIBLE_FIELDS]
+    if bad:
+        raise CheckpointError(
+            "cannot resume: the checkpoint was written with a different "
+            + ", ".join(f"{k} ({old.get(k)!r}, now {new.get(k)!r})" for k in bad)
+            + "; resume with the checkpoint's values or point checkpoint.uri at a new prefix"
+        )
+    layout = [k for k in ("train.grad_accum_steps", "train.num_workers") if k in changed]
+    if saved_world != world:
+        layout.insert(0, f"world size ({saved_world}, now {world})")
+    if layout and not streams:
+        raise CheckpointError(
+            f"cannot resume: {', '.join(layout)} changed, and task {cfg.task!r} does not stream its data "
+            "(Task.stream), so its batches depend on the world size; resume with the checkpoint's shape"
+        )
+    if layout and not cfg.data.partitions:
+        raise CheckpointError(
+            f"cannot resume: {', '.join(layout)} changed, and the checkpoint was written with data.partitions 0 "
+            "(one partition per reader), so which items its position covers depends on the world size; resume at "
+            f"world size {saved_world}, or train with data.partitions fixed to a multiple of every world size you "
+            "will use (e.g. 6 for 2 and 3 ranks) from the start"
+        )
+    for k in changed:
+        log.info("resuming with a changed %s: %r -> %r", k, old.get(k), new.get(k))
+    for k in layout:
+        log.info("resuming with a changed %s: the position is exact with data.partitions %d", k, cfg.data.partitions)
+
+
+def resume(
+    ckpt: CheckpointManager, model: nn.Module, optimizer, scheduler, cfg: Config, env: DistEnv, streams: bool
+) -> dict[str, Any] | None:
+    """Restore the latest complete checkpoint, if any (a collective); return its commit record."""
+    record = ckpt.latest()
+    if record is None:
+        return None
+    check_resumable(record["config"], cfg, int(record["world_size"]), env.world_size, streams)
+    model_state, optim_state = get_state_dict(model, optimizer)
+    state = {"model": model_state, "optimizer": optim_state}
+    own = ckpt.load(record, state)
+    set_state_dict(model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optimizer"])
+    scheduler.load_state_dict(record["scheduler"])
+    if own is not None and int(record["world_size"]) == env.world_size:
+        set_rng_state(own["rng"])
+    else:
+        # Another world size: the per-rank streams (dropout) cannot continue; new ones, still
+        # distinct per rank and reproducible.
+        seed_everything(cfg.train.seed + env.rank + 1_000_003 * int(record["step"]))
+        log.info("RNG streams re-seeded: the checkpoint was written by %s ranks", record["world_size"])
+    pos = record["position"]
+    log.info("resumed at step %d (epoch %d, %d steps into it)", record["step"], pos["epoch"], pos["epoch_step"])
+    return record
 
 
 def nonfinite_ranks(local_loss: float, env: DistEnv, device: torch.device) -> list[int]:
@@ -201,14 +268,20 @@ def run_training(
     model, meta = task.build_model(cfg, manifest)
     model.to(device)
     seed_everything(tc.seed + env.rank)
-    ddp: nn.Module = model
-    if env.distributed:
-        ddp = DistributedDataParallel(
-            model,
-            device_ids=[device.index] if device.type == "cuda" else None,
-            gradient_as_bucket_view=True,  # gradients live in the all-reduce buckets: no copy
-            bucket_cap_mb=tc.bucket_cap_mb,
-        )
+    items_per_step = tc.batch_size * task.items_per_sample(cfg)
+    flops_per_step = task.flops_per_item(model, cfg) * items_per_step  # before sharding: whole tensors
+    ddp = parallelize(
+        model,
+        env,
+        device,
+        strategy=tc.strategy,
+        units=task.shard_units(model),
+        activation_checkpointing=tc.activation_checkpointing,
+        bf16=tc.precision in ("auto", "bf16"),
+        bucket_cap_mb=tc.bucket_cap_mb,
+    )
+    # FSDP: every rank runs validation forward passes too (each one all-gathers the weights).
+    validates = env.is_main or is_sharded(model)
     step_model = torch.compile(ddp) if tc.compile else ddp
     optimizer = torch.optim.AdamW(
         model.parameters(),
@@ -228,20 +301,42 @@ def run_training(
             open_store(prefix, cfg.store.endpoint, cfg.store.region, cfg.store.policy()),
             prefix,
             cfg.checkpoint.keep_last,
+            rank=env.rank,
+            world_size=env.world_size,
+            group=checkpoint_group(env, cfg.job.collective_timeout_seconds),
         )
     step = 0
+    resumed = None
     if ckpt is not None and cfg.checkpoint.resume:
-        step = resume(ckpt, model, optimizer, scheduler, env)
+        resumed = resume(ckpt, model, optimizer, scheduler, cfg, env, data.streams)
+        step = int(resumed["step"]) if resumed else 0
 
     def save_checkpoint(epoch: int, epoch_step: int) -> None:
-        rngs = gather_rng_states(env)
-        if env.is_main and ckpt is not None:
-            position = {"step": step, "epoch": epoch, "epoch_step": epoch_step, "world_size": env.world_size}
-            ckpt.save(step, training_state(position, model, optimizer, scheduler, rngs, cfg))
-            progress.checkpoint(step, ckpt.last_stage_seconds, ckpt.last_bytes)
+        if ckpt is None:
+            return
+        model_state, optim_state = get_state_dict(model, optimizer)
+        record = {
+            # The epoch's loss so far, so the resumed run reports the same mean for the epoch.
+            "position": {
+                "epoch": epoch,
+                "epoch_step": epoch_step,
+                "epoch_loss": float(epoch_loss) if epoch_step else 0.0,
+                "epoch_steps": epoch_steps if epoch_step else 0,
+            },
+            "scheduler": scheduler.state_dict(),
+            "config": to_dict(cfg),
+            # The record of a resumed run covers the whole run.
+            "history": history,
+            "loss_curve": progress.curve,
+        }
+        ckpt.save(
+            step,
+            {"model": model_state, "optimizer": optim_state},
+            record=record if env.is_main else None,
+            local=lambda: {"rng": rng_state()},
+        )
+        progress.checkpoint(step, ckpt.last_stage_seconds, ckpt.last_bytes)
 
-    items_per_step = tc.batch_size * task.items_per_sample(cfg)
-    flops_per_step = task.flops_per_item(unwrap(model), cfg) * items_per_step
     peak = peak_flops(device, cfg) * env.world_size
     progress = Progress(
         total_steps=total_steps,
@@ -254,7 +349,9 @@ def run_training(
         enabled=env.is_main,
         events=EventWriter(store, join_uri(model_uri, EVENTS_FOLDER), step) if env.is_main and tc.tensorboard else None,
     )
-    history: list[dict[str, float]] = []
+    history: list[dict[str, float]] = list(resumed.get("history", [])) if resumed else []
+    if resumed:
+        progress.curve = list(resumed.get("loss_curve", []))
     first_step_at = None
     data_wait = 0.0
     skipped = in_a_row = 0
@@ -265,6 +362,10 @@ def run_training(
         epoch_step = step - epoch * steps_per_epoch
         batches = data.epoch_batches(epoch, epoch_step)
         epoch_loss, epoch_steps = torch.zeros((), device=device), 0
+        if resumed and step == int(resumed["step"]) and epoch_step:
+            carried = resumed["position"]
+            epoch_loss += torch.tensor(carried["epoch_loss"], dtype=epoch_loss.dtype, device=device)
+            epoch_steps = int(carried["epoch_steps"])
         while epoch_step < steps_per_epoch and step < total_steps:
             optimizer.zero_grad(set_to_none=True)
             step_loss = torch.zeros((), device=device)
@@ -272,15 +373,14 @@ def run_training(
                 t0 = time.perf_counter()
                 batch = _to(next(batches), device)
                 data_wait += time.perf_counter() - t0
-                # Gradients are all-reduced on the last micro-batch only.
-                sync = contextlib.nullcontext() if (i == accum - 1 or not env.distributed) else ddp.no_sync()
-                with sync:
+                # Gradients are reduced across ranks on the last micro-batch only.
+                with gradient_sync(ddp, enabled=i == accum - 1):
                     with autocast_for(device, cfg):
                         loss = task.loss(step_model, batch) / accum
                     loss.backward()
                 step_loss += loss.detach()
             max_norm = tc.grad_clip_norm or float("inf")
-            grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm)
+            grad_norm = clip_grad_norm(list(model.parameters()), max_norm)
             # Gradients are identical on every rank after the all-reduce, so every rank takes the
             # same decision here; the loss is this rank's own, which names where it went wrong.
             if not torch.isfinite(grad_norm):
@@ -317,8 +417,9 @@ def run_training(
                 save_checkpoint(epoch, epoch_step)
         if epoch_step >= steps_per_epoch:
             record = {"epoch": epoch, "train_loss": float(epoch_loss) / max(epoch_steps, 1)}
-            if env.is_main:
+            if validates:
                 record.update(task.validate(unwrap(model), data.val, device, micro))
+            if env.is_main:
                 log.info(
                     "epoch %d done: %s", epoch, " ".join(f"{k} {v:.4f}" for k, v in record.items() if k != "epoch")
                 )
@@ -333,13 +434,16 @@ def run_training(
         torch.cuda.synchronize()
     train_seconds = time.perf_counter() - t_train
     if ckpt is not None:
-        ckpt.wait()
+        ckpt.close()
     progress.close()
-    digest = parameter_digest(model)
-    log.info("final parameter digest %s", digest)
+    # FSDP: all-gathered tensor by tensor into rank 0's host memory (other ranks get nothing).
+    weights = full_state_dict(model)
+    digest = parameter_digest(model, weights if is_sharded(model) else None) if weights else ""
+    if digest:
+        log.info("final parameter digest %s", digest)
     steps_run = step - start_step
     final = history[-1] if history else {}
-    if env.is_main and not final:
+    if validates and not final:
         final = task.validate(unwrap(model), data.val, device, micro)
     metrics = {
         **{k: v for k, v in final.items() if k != "epoch"},
@@ -357,7 +461,7 @@ def run_training(
         metrics["mfu"] = steps_run * flops_per_step / train_seconds / peak
     if env.is_main:
         meta.update(task=cfg.task, dataset_uri=dataset_uri)
-        save_model(store, model_uri, unwrap(model), meta)
+        save_model(store, model_uri, unwrap(model), meta, state=weights)
         record = {
             "metrics": metrics,
             "history": history,

@@ -48,6 +48,8 @@ class TrainingData:
     """The validation sample: at most `data.eval_items` items, the first ones in shard order."""
     _loader: DataLoader
     _position: Any
+    streams: bool = True
+    """Read by :class:`StreamingSplit`: with a fixed `data.partitions` the batches do not depend on the world size."""
 
     def epoch_batches(self, epoch: int, epoch_step: int) -> Iterator[tuple[torch.Tensor, ...]]:
         """The rank's micro-batches of `epoch`, from optimizer step `epoch_step` on."""
@@ -123,4 +125,4 @@ def training_data(
         sampler.start_index = epoch_step * accum * micro
         loader_rng.manual_seed(tc.seed * 100_003 + epoch)
 
-    return TrainingData(sampler.num_samples // micro // accum, val, loader, seek)
+    return TrainingData(sampler.num_samples // micro // accum, val, loader, seek, streams=False)

@@ -52,6 +52,13 @@ class Task:
         """An uninitialised model of the architecture recorded in `meta` (for loading weights)."""
         raise NotImplementedError
 
+    def shard_units(self, model: nn.Module) -> list[nn.Module]:
+        """The submodules that `train.strategy: fsdp` shards one by one before the root (each
+        all-gathers its weights only while it runs) and `train.activation_checkpointing`
+        recomputes in backward. Default: every module of every `nn.ModuleList` child (a GPT's
+        blocks); none for a model without one, which is then sharded as one unit."""
+        return [unit for child in model.children() if isinstance(child, nn.ModuleList) for unit in child]
+
     def loss(self, model: nn.Module, batch: tuple[torch.Tensor, ...]) -> torch.Tensor:
         """The scalar training loss of one (micro-)batch already on the device."""
         raise NotImplementedError
