@@ -40,8 +40,8 @@ def test_demo_on_an_s3_store_reaches_95_percent_and_writes_nothing_locally(s3_en
     names = {uri.rsplit("/", 2)[-2] + "/" + uri.rsplit("/", 1)[-1] for uri in store.list(f"s3://{bucket}/runs")}
     for expected in [
         "dataset/manifest.json",
-        "train/shard-00000.npz",
-        "test/shard-00000.npz",
+        "train/rows-00000.npz",
+        "test/rows-00000.npz",
         "model/model.safetensors",
         "model/model.json",
         "model/training.json",
