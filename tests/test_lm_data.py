@@ -73,19 +73,28 @@ def test_a_text_object_in_s3_is_streamed_into_checked_shards(bucket):
     assert test[:2000] in text[: len(text) // 2] and test[-2000:] in text[len(text) // 2 :]
 
 
-def test_one_and_two_processes_write_the_same_shards(tmp_path):
+def test_one_and_two_processes_write_the_same_shards(tmp_path, monkeypatch):
+    """A BPE tokenizes in worker processes (bytes need none): many small blocks, in order."""
+    monkeypatch.setattr("trainer.tasks.causal_lm.BLOCK_BYTES", 64 * 1024)
     store = LocalStore()
     src = tmp_path / "corpus.txt"
-    src.write_bytes(stdlib_text(2_500_000))
+    src.write_bytes(stdlib_text(500_000))
     shas = []
     for procs in (1, 2):
         _, manifest = prepare(
             store,
             str(tmp_path / f"ds{procs}"),
-            **{"data.source": str(src), "data.max_bytes": 0, "data.num_proc": procs},
+            **{
+                "data.source": str(src),
+                "data.max_bytes": 0,
+                "data.num_proc": procs,
+                "data.tokenizer": "bpe:300",
+                "data.tokenizer_sample_bytes": 100_000,
+                "data.shard_rows": 2,
+            },
         )
         shas.append([s["sha256"] for split in manifest["splits"].values() for s in split["shards"]])
-    assert shas[0] == shas[1] and len(shas[0]) > 3
+    assert shas[0] == shas[1] and len(shas[0]) > 6
 
 
 def test_a_prefix_of_jsonl_and_text_objects(bucket):

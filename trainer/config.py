@@ -167,7 +167,7 @@ class DataConfig:
     text_field: str = "text"
     """causal_lm, JSON Lines sources: the field of each record that holds its text."""
     num_proc: int = 1
-    """causal_lm data prep: processes that tokenize in parallel."""
+    """causal_lm data prep: processes that tokenize in parallel (a BPE or tokenizer.json; bytes need none)."""
     shard_rows: int = 512
     """Rows per shard file (tokens per shard for causal_lm: shard_rows x 1024)."""
     max_bytes: int = 4_000_000

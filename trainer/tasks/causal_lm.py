@@ -107,8 +107,9 @@ def source_pieces(cfg: Config, store: ObjectStore) -> Iterator[bytes]:
         yield piece
 
 
-def blocks(pieces: Iterator[bytes], size: int = BLOCK_BYTES) -> Iterator[bytes]:
-    """Pieces regrouped into blocks of at least `size` bytes (the last may be shorter)."""
+def blocks(pieces: Iterator[bytes], size: int = 0) -> Iterator[bytes]:
+    """Pieces regrouped into blocks of at least `size` bytes (default BLOCK_BYTES; the last may be shorter)."""
+    size = size or BLOCK_BYTES
     buf: list[bytes] = []
     held = 0
     for piece in pieces:
@@ -196,9 +197,11 @@ class CausalLMTask(Task):
             split: ShardWriter(store, dataset_uri, split, d.shard_rows * 1024, kind="tokens") for split in SPLITS
         }
         _use_tokenizer(raw_tokenizer)
+        # Byte "tokenizing" is a copy: shipping blocks to worker processes only costs (4x slower
+        # measured, bench/README.md), so the pool is for real tokenizers.
         pool = (
             ProcessPoolExecutor(d.num_proc, initializer=_use_tokenizer, initargs=(raw_tokenizer,))
-            if d.num_proc > 1
+            if d.num_proc > 1 and raw_tokenizer is not None
             else None
         )
         try:
