@@ -110,19 +110,27 @@ def kfp_errors(host: str) -> Iterator[None]:
     except ApiException as exc:
         status = exc.status or 0
         if status in (401, 403):
-            raise SubmitError(
-                f"the KFP API at {host} rejected the request (HTTP {status} {exc.reason}): set {TOKEN_ENV} to a "
-                "valid bearer token, or check the namespace and your access to it"
-            ) from None
+            raise _rejected(host, status, exc.reason) from None
         raise SubmitError(
             f"the KFP API at {host} answered HTTP {status} {exc.reason}: {exc.body or ''}".strip()
         ) from None
     except (urllib3.exceptions.HTTPError, ConnectionError, TimeoutError) as exc:
-        reason = getattr(exc, "reason", None) or exc
-        raise SubmitError(
-            f"cannot reach the KFP API at {host} ({type(reason).__name__}: {reason}): check --host "
-            "(e.g. a running `kubectl port-forward svc/ml-pipeline-ui 8080:80`)"
-        ) from None
+        raise _unreachable(host, exc) from None
+
+
+def _rejected(host: str, status: int, reason: str) -> SubmitError:
+    return SubmitError(
+        f"the KFP API at {host} rejected the request (HTTP {status} {reason}): set {TOKEN_ENV} to a "
+        "valid bearer token, or check the namespace and your access to it"
+    )
+
+
+def _unreachable(host: str, exc: BaseException) -> SubmitError:
+    reason = getattr(exc, "reason", None) or exc
+    return SubmitError(
+        f"cannot reach the KFP API at {host} ({type(reason).__name__}: {reason}): check --host "
+        "(e.g. a running `kubectl port-forward svc/ml-pipeline-ui 8080:80`)"
+    )
 
 
 def probe_host(host: str, timeout_s: float = 10.0) -> None:
@@ -139,16 +147,9 @@ def probe_host(host: str, timeout_s: float = 10.0) -> None:
         urllib.request.urlopen(req, timeout=timeout_s).close()
     except urllib.error.HTTPError as exc:
         if exc.code in (401, 403):
-            raise SubmitError(
-                f"the KFP API at {host} rejected the request (HTTP {exc.code} {exc.reason}): set {TOKEN_ENV} to a "
-                "valid bearer token, or check your access to the namespace"
-            ) from None
+            raise _rejected(host, exc.code, exc.reason) from None
     except (urllib.error.URLError, OSError, ValueError) as exc:
-        reason = getattr(exc, "reason", None) or exc
-        raise SubmitError(
-            f"cannot reach the KFP API at {host} ({reason}): check --host "
-            "(e.g. a running `kubectl port-forward svc/ml-pipeline-ui 8080:80`)"
-        ) from None
+        raise _unreachable(host, exc) from None
 
 
 def make_client(host: str, namespace: str | None):

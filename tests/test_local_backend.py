@@ -32,13 +32,15 @@ ENV_KEYS = [
 ]
 
 
-def job(name: str, code: str, replicas: int = 1, nproc: int = 1) -> JobSpec:
+def job(name: str, code: str, replicas: int = 1, nproc: int = 1, kind: str = "pytorchjob") -> JobSpec:
+    """A job whose every process runs `code` (a local-backend test fixture)."""
     return JobSpec(
         name=name,
         image="local",
         command=("python", "-c", textwrap.dedent(code)),
         replicas=replicas,
         nproc_per_node=nproc,
+        kind=kind,
     )
 
 

@@ -11,6 +11,7 @@ import textwrap
 import pytest
 import torch
 
+from tests.test_local_backend import job as local_job
 from trainer.config import load_config
 from trainer.launch.backend import JobFailed, run_job
 from trainer.launch.job import training_job
@@ -25,14 +26,7 @@ KEYS += ["PET_MASTER_ADDR", "PET_MASTER_PORT", "PYTHONUNBUFFERED"]
 
 
 def job(name: str, code: str, replicas: int, nproc: int = 1, kind: str = "trainjob") -> JobSpec:
-    return JobSpec(
-        name=name,
-        image="local",
-        command=("python", "-c", textwrap.dedent(code)),
-        replicas=replicas,
-        nproc_per_node=nproc,
-        kind=kind,
-    )
+    return local_job(name, code, replicas, nproc, kind)
 
 
 def test_nodes_see_only_the_v2_variables(monkeypatch):
