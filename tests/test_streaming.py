@@ -160,8 +160,8 @@ def test_a_damaged_shard_is_named_when_read(dataset, damage, message):
 @pytest.mark.parametrize(
     ("partitions", "readers", "micro", "message"),
     [
-        (3, 2, 4, "must be a multiple of the readers"),
-        (4, 2, 3, "must divide by the partitions each reader owns"),
+        (3, 2, 4, "is not a multiple of the 2 readers"),
+        (4, 2, 3, "which the per-rank micro-batch of 3 items does not divide by"),
     ],
 )
 def test_layouts_that_cannot_be_exact_are_refused(partitions, readers, micro, message):

@@ -628,9 +628,8 @@ class Config:
             )
         if self.data.partitions:
             for world in worlds:
-                problem = _partition_problem(
-                    self.data.partitions, world, workers, self.train.batch_size, self.train.grad_accum_steps
-                )
+                micro = self.train.batch_size // (world * self.train.grad_accum_steps)
+                problem = partition_problem(self.data.partitions, world * workers, micro)
                 _require(not problem, "data.partitions", self.data.partitions, problem)
 
     def __post_init__(self) -> None:
@@ -692,16 +691,16 @@ class Config:
         self._check_partitions()
 
 
-def _partition_problem(partitions: int, world: int, workers: int, batch: int, accum: int) -> str:
-    """Why `partitions` cannot cut the epochs exactly at this world size, or ''."""
-    readers = world * workers
+def partition_problem(partitions: int, readers: int, micro_batch: int) -> str:
+    """Why `partitions` cannot cut an epoch exactly among `readers` (world size x DataLoader
+    workers) at `micro_batch` items per rank and micro-step, or ''. The streaming reader and the
+    config check share this rule."""
     if partitions % readers:
-        return f"is not a multiple of world size {world} x DataLoader workers {workers}"
-    micro = batch // (world * accum)
-    if micro % (partitions // readers):
+        return f"is not a multiple of the {readers} readers (world size x DataLoader workers)"
+    if micro_batch % (partitions // readers):
         return (
             f"gives each of the {readers} readers {partitions // readers} partitions, which the per-rank "
-            f"micro-batch of {micro} items does not divide by"
+            f"micro-batch of {micro_batch} items does not divide by"
         )
     return ""
 

@@ -29,6 +29,7 @@ import numpy as np
 import torch
 from torch.utils.data import IterableDataset, get_worker_info
 
+from trainer.config import partition_problem
 from trainer.shards import DataError, ShardInfo, read_shard
 from trainer.storage import ObjectStore
 
@@ -84,16 +85,9 @@ class Layout:
     """Items per rank per micro-step."""
 
     def __post_init__(self) -> None:
-        if self.partitions % self.readers:
-            raise ValueError(
-                f"data.partitions ({self.partitions}) must be a multiple of the readers: world size x "
-                f"DataLoader workers = {self.readers}"
-            )
-        if self.micro_batch % self.per_reader:
-            raise ValueError(
-                f"the per-rank micro-batch ({self.micro_batch} items) must divide by the partitions each "
-                f"reader owns ({self.per_reader} = data.partitions {self.partitions} / {self.readers} readers)"
-            )
+        problem = partition_problem(self.partitions, self.readers, self.micro_batch)
+        if problem:
+            raise ValueError(f"data.partitions {self.partitions} {problem}")
 
     @property
     def per_reader(self) -> int:
