@@ -139,3 +139,23 @@ def test_unreachable_endpoint_is_a_store_error(monkeypatch):
     store = S3Store(endpoint=f"http://127.0.0.1:{free_port()}")
     with pytest.raises(StoreError, match="cannot reach the object store"):
         store.check("s3://some-bucket/x")
+
+
+@pytest.mark.parametrize("name", ["events.out.tfevents.1.host", "rows-00000.npz", "COMMIT.json"])
+def test_a_local_write_in_progress_never_looks_like_its_object(tmp_path, name):
+    """A writer SIGKILLed mid-write leaves its temporary file behind: it must not be mistaken for
+    the object by readers that glob the folder (TensorBoard reads every `*tfevents*` file)."""
+    dest = tmp_path / name
+    seen = []
+
+    def write(tmp):
+        seen.append(tmp.name)
+        tmp.write_bytes(b"partial")
+        raise KeyboardInterrupt  # interrupted mid-write
+
+    with pytest.raises(KeyboardInterrupt):
+        LocalStore._replace_atomically(dest, write)
+    assert name not in seen[0] and seen[0].startswith(".kftrain-") and seen[0].endswith(".tmp")
+    assert list(tmp_path.iterdir()) == []  # cleaned up when it could be
+    LocalStore().put_bytes(str(dest), b"whole")
+    assert LocalStore().list(str(tmp_path)) == [str(dest)]

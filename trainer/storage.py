@@ -186,17 +186,25 @@ class LocalStore:
             raise StoreError(f"{uri!r} is an object-store URI, not a local path")
         return Path(loc.key)
 
-    def put_bytes(self, uri: str, data: bytes) -> None:
-        path = self._path(uri)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    @staticmethod
+    def _replace_atomically(dest: Path, write: Callable[[Path], None]) -> None:
+        """Write a temporary file beside `dest`, then rename it over `dest`: readers see the old
+        object or the whole new one. The temporary name is neutral (not `dest`'s): a writer
+        killed mid-write leaves a `.kftrain-*.tmp` that no reader globbing for `dest`'s kind
+        (TensorBoard's `*tfevents*`, shard patterns) mistakes for an object."""
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        fd, name = tempfile.mkstemp(dir=dest.parent, prefix=".kftrain-", suffix=".tmp")
+        os.close(fd)
+        tmp = Path(name)
         try:
-            with os.fdopen(fd, "wb") as f:
-                f.write(data)
-            os.replace(tmp, path)
+            write(tmp)
+            os.replace(tmp, dest)
         except BaseException:
-            Path(tmp).unlink(missing_ok=True)
+            tmp.unlink(missing_ok=True)
             raise
+
+    def put_bytes(self, uri: str, data: bytes) -> None:
+        self._replace_atomically(self._path(uri), lambda tmp: tmp.write_bytes(data))
 
     def get_bytes(self, uri: str, offset: int = 0, length: int = 0) -> bytes:
         path = self._path(uri)
@@ -214,11 +222,7 @@ class LocalStore:
         return path.stat().st_size
 
     def put_file(self, uri: str, path: str | Path) -> None:
-        dest = self._path(uri)
-        dest.parent.mkdir(parents=True, exist_ok=True)
-        tmp = dest.with_name(f".{dest.name}.tmp")
-        shutil.copyfile(path, tmp)
-        os.replace(tmp, dest)
+        self._replace_atomically(self._path(uri), lambda tmp: shutil.copyfile(path, tmp))
 
     def get_file(self, uri: str, path: str | Path) -> None:
         src = self._path(uri)
