@@ -54,26 +54,24 @@ class FaultProxy:
         with self._lock:
             old, self.mode = self.mode, mode
             if mode == "refuse":
-                if self._listener is not None:
-                    self._listener.close()
-                    self._listener = None
-                for pair in self._conns:
-                    for s in pair:
-                        _reset(s)
-                self._conns.clear()
+                self._drop_all()
             elif old == "refuse":
                 self._listener = self._listen(self.port)
 
     def close(self) -> None:
         self._stop.set()
         with self._lock:
-            if self._listener is not None:
-                self._listener.close()
-                self._listener = None
-            for pair in self._conns:
-                for s in pair:
-                    _reset(s)
-            self._conns.clear()
+            self._drop_all()
+
+    def _drop_all(self) -> None:
+        """Stop listening and reset every open connection (call with the lock held)."""
+        if self._listener is not None:
+            self._listener.close()
+            self._listener = None
+        for pair in self._conns:
+            for s in pair:
+                _reset(s)
+        self._conns.clear()
 
     def __enter__(self) -> FaultProxy:
         return self
