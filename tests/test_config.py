@@ -35,8 +35,9 @@ def test_yaml_file_maps_onto_the_tree(tmp_path):
         ("data:\n  partitions: 3\n", "data.partitions: is not a multiple of the 2 readers"),
         ("data:\n  partitions: 4\ntrain:\n  batch_size: 6\n", "micro-batch of 3 items does not divide by, got 4"),
         (
-            "kubernetes:\n  elastic: {enabled: true, min_replicas: 2, max_replicas: 3}\ntrain:\n  batch_size: 60\n",
-            "data.partitions: an elastic job re-forms at 2, 3 ranks; set it to a multiple of 6",
+            "kubernetes:\n  elastic: {enabled: true, min_replicas: 2, max_replicas: 3}\n"
+            "train:\n  batch_size: 60\ndata:\n  partitions: 4\n",
+            "data.partitions: is not a multiple of the 3 readers",
         ),
         ("- a\n- b\n", "must hold a mapping"),
         ("train: [\n", "not valid YAML"),

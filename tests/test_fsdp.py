@@ -139,15 +139,34 @@ def test_an_incompatible_resume_is_refused_naming_the_field(digits, tmp_path):
     assert not (tmp_path / "m2").exists()
 
 
-def test_a_world_size_change_needs_a_fixed_data_partitions():
+def test_a_world_size_change_is_resumable_when_the_task_streams():
     cfg = load_config(overrides={"job.replicas": 3, "train.batch_size": 60})
-    saved = to_dict(cfg)
-    with pytest.raises(CheckpointError, match=r"data\.partitions 0 .* resume at world size 2"):
-        check_resumable(saved, cfg, 2, 3, streams=True)
-    fixed = load_config(overrides={"job.replicas": 3, "train.batch_size": 60, "data.partitions": 6})
-    check_resumable(to_dict(fixed), fixed, 2, 3, streams=True)  # exact: allowed
-    with pytest.raises(CheckpointError, match="does not stream"):
-        check_resumable(to_dict(fixed), fixed, 2, 3, streams=False)
+    check_resumable(to_dict(cfg), cfg, 2, 3, streams=True)  # the position carries over by items left
+    other = load_config(overrides={"job.replicas": 3, "train.batch_size": 60, "data.partitions": 6})
+    check_resumable(to_dict(cfg), other, 3, 3, streams=True)
+    with pytest.raises(CheckpointError, match=r"world size \(2, now 3\).*does not stream"):
+        check_resumable(to_dict(cfg), cfg, 2, 3, streams=False)
     with pytest.raises(CheckpointError, match=r"train\.strategy \('ddp', now 'fsdp'\)"):
         fsdp = load_config(overrides={"train.strategy": "fsdp"})
         check_resumable(to_dict(load_config()), fsdp, 2, 2, streams=True)
+
+
+def test_a_two_rank_run_resumes_mid_epoch_on_three_ranks_with_the_items_it_left(digits, tmp_path):
+    """No fixed data.partitions: 3 ranks read exactly what the 2 ranks left of the epoch, then
+    whole epochs of their own layout; the record covers the whole run."""
+    prefix = str(tmp_path / "ckpt")
+    shape = {**RESHARD, "train.strategy": "ddp", "data.partitions": 0, "checkpoint.uri": prefix}
+    train(
+        load_config(overrides={**shape, "job.replicas": 2, "train.max_steps": 14}), "two", digits, str(tmp_path / "a")
+    )
+    record = CheckpointManager(LocalStore(), prefix).latest()
+    left = sum(b - a for a, b in record["position"]["left"])
+    assert record["step"] == 14 and left % 60 == 0 and left > 0
+    lines = train(load_config(overrides={**shape, "job.replicas": 3}), "three", digits, str(tmp_path / "b"))
+    assert any(f"epoch 0 goes on with the {left} items its checkpoint left" in line for line in lines)
+    rows = json.loads(LocalStore().get_bytes(join_uri(digits, "manifest.json")))["splits"]["train"]["rows"]
+    per_epoch_on_three = rows // 3 // 20  # one partition per rank, 20 items per rank per step
+    done = record_of(str(tmp_path / "b"))
+    assert done["metrics"]["steps"] == 14 + left // 60 + per_epoch_on_three
+    assert [h["epoch"] for h in done["history"]] == [0, 1]
+    assert done["history"][-1]["val_accuracy"] > 0.8

@@ -10,7 +10,7 @@ from torch.utils.data import DataLoader
 
 from trainer.shards import ShardWriter, read_shard
 from trainer.storage import CorruptObject, LocalStore, join_uri
-from trainer.streaming import EpochOrder, Layout, StreamingSplit
+from trainer.streaming import EpochOrder, Layout, StreamingSplit, merge_ranges, slice_ranges
 
 pytestmark = pytest.mark.timeout(120)
 #: Uneven shards on purpose: 7 of 40 items and a short last one.
@@ -63,8 +63,8 @@ def split(dataset, rank=0, world=1, workers=0, micro=4, partitions=0, cache_byte
     )
 
 
-def batches(ds, epoch=0, start=0):
-    ds.epoch, ds.start_batch = epoch, start
+def batches(ds, epoch=0, start=0, left=None):
+    ds.epoch, ds.start_batch, ds.left = epoch, start, left
     loader = DataLoader(ds, batch_size=None, num_workers=ds.workers if ds.workers > 1 else 0)
     return [b[1].tolist() for b in loader]
 
@@ -106,6 +106,50 @@ def test_with_fixed_partitions_one_and_two_ranks_see_the_same_global_batches(dat
 def test_resuming_at_a_position_gives_the_rest_of_the_epoch_exactly(dataset, workers, start):
     whole = batches(split(dataset, world=2, rank=1, workers=workers), epoch=2)
     assert batches(split(dataset, world=2, rank=1, workers=workers), epoch=2, start=start) == whole[start:]
+
+
+#: (world, workers, partitions, micro) before -> after, the global micro-batch kept (= world x
+#: micro); the last case re-forms twice within the epoch.
+RESHAPES = [
+    [(2, 0, 0, 6), (3, 0, 0, 4)],
+    [(2, 2, 0, 6), (3, 0, 0, 4)],
+    [(3, 0, 0, 4), (2, 3, 0, 6)],
+    [(2, 0, 4, 6), (1, 0, 0, 12)],
+    [(1, 0, 0, 12), (4, 2, 8, 3)],
+    [(2, 0, 0, 6), (3, 2, 0, 4), (4, 0, 0, 3)],
+]
+
+
+@pytest.mark.parametrize("shapes", RESHAPES, ids=str)
+@pytest.mark.parametrize("consumed", [1, 3])
+def test_an_epoch_resumed_under_another_layout_reads_what_was_left_exactly_once(dataset, shapes, consumed):
+    """Ranks of each shape read `consumed` micro-batches, then the next shape goes on from the
+    positions left: over the whole epoch every item the first layout covers is read once."""
+    world, workers, partitions, micro = shapes[0]
+    covered = [
+        i for r in range(world) for b in batches(split(dataset, r, world, workers, micro, partitions)) for i in b
+    ]
+    seen: list[int] = []
+    left = None
+    for n, (world, workers, partitions, micro) in enumerate(shapes):
+        last = n == len(shapes) - 1
+        ranks = [split(dataset, r, world, workers, micro, partitions) for r in range(world)]
+        got = [batches(ds, left=left) for ds in ranks]
+        assert len({len(g) for g in got}) == 1 and len(got[0]) == ranks[0].plan_batches  # equal steps
+        for g in got:
+            seen += [i for b in (g if last else g[:consumed]) for i in b]
+        ranks[0].left = left
+        left = ranks[0].unconsumed(consumed)
+        # Whole global micro-batches are left, as a few ranges.
+        assert sum(b - a for a, b in left) % (world * micro) == 0
+    assert len(seen) == len(set(seen))  # nothing twice
+    assert sorted(seen) == sorted(covered)  # nothing skipped
+
+
+def test_ranges_are_merged_and_sliced_end_to_end():
+    assert merge_ranges([(5, 7), (0, 2), (2, 3), (6, 9), (4, 4)]) == [(0, 3), (5, 9)]
+    assert slice_ranges([(10, 14), (20, 22), (30, 40)], 3, 8) == [(13, 14), (20, 22), (30, 32)]
+    assert slice_ranges([(10, 14)], 4, 9) == []
 
 
 def test_a_reader_fetches_only_the_shards_its_partitions_cover(dataset):

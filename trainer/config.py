@@ -159,7 +159,7 @@ class DataConfig:
     """Seed of the stratified split, so the same source always gives the same shards."""
     partitions: int = 0
     """Parts each epoch's item order is cut into; 0: one per reader (world size x DataLoader workers).
-    Fix it (a multiple of every world size) so any world size sees the same batches."""
+    Fix it (a multiple of every world size) so any world size trains on the same global batches."""
     cache_bytes: int = 512 * 2**20
     """Each reader's cache of prefetched training shards, in bytes (consumed shards are dropped)."""
     eval_items: int = 2048
@@ -615,17 +615,11 @@ class Config:
     """PyTorchJob settings for the Kubernetes launcher."""
 
     def _check_partitions(self) -> None:
-        """data.partitions must cut every epoch exactly at each world size the job can have."""
+        """A fixed data.partitions must cut every epoch exactly at each world size the job can have."""
         elastic = self.kubernetes.elastic
         nodes = range(elastic.min_replicas, elastic.max_replicas + 1) if elastic.enabled else [self.job.replicas]
         worlds = [n * self.job.nproc_per_node for n in nodes]
         workers = max(1, self.train.num_workers)
-        if elastic.enabled and not self.data.partitions:
-            unit = math.lcm(*worlds) * workers
-            raise ConfigError(
-                f"data.partitions: an elastic job re-forms at {', '.join(map(str, worlds))} ranks; set it to a "
-                f"multiple of {unit} so every size reads the same batches and a re-formed job keeps its place"
-            )
         if self.data.partitions:
             for world in worlds:
                 micro = self.train.batch_size // (world * self.train.grad_accum_steps)

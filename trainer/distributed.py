@@ -1,9 +1,11 @@
 """The DDP and FSDP contract, written once.
 
 A run is distributed when torchrun (or the Training Operator through torchrun) set ``RANK``,
-``LOCAL_RANK`` and ``WORLD_SIZE``. Rank 0 logs and writes outputs; the seed is offset by rank;
-the global batch is divided by the world size; ``.module`` is unwrapped before ``state_dict()``;
-the process group is destroyed in ``finally``.
+``LOCAL_RANK`` and ``WORLD_SIZE``. Rank 0 logs and writes outputs; every rank starts from the
+same weights and then draws from its own random streams (:func:`seed_rank_streams`); the global
+batch is divided by the world size and the accumulation steps (:func:`micro_batch_size`);
+``.module`` is unwrapped before ``state_dict()``; no rank leaves before rank 0 has written the
+outputs (:func:`leave_together`); the process group is destroyed in ``finally``.
 
 ``train.strategy`` picks how the model is made data-parallel (:func:`parallelize`): ``ddp``
 keeps a full replica per rank and all-reduces gradients; ``fsdp`` (FSDP2, ``fully_shard``)
@@ -27,6 +29,9 @@ import torch.distributed as dist
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 from torch.utils.checkpoint import checkpoint
+
+from trainer.config import ConfigError
+from trainer.rng import seed_everything
 
 
 @dataclass(frozen=True, slots=True)
@@ -55,6 +60,39 @@ def dist_env(environ: Mapping[str, str] = os.environ) -> DistEnv:
         local_rank=int(environ.get("LOCAL_RANK", 0)),
         world_size=int(environ.get("WORLD_SIZE", 1)),
     )
+
+
+def micro_batch_size(batch_size: int, env: DistEnv, accum: int) -> int:
+    """Items each rank takes per micro-step so that the ranks' micro-steps of one optimizer step
+    add up to the global `batch_size` (train.batch_size), on any world size."""
+    if batch_size % (env.world_size * accum):
+        raise ConfigError(
+            f"train.batch_size: must divide by world size {env.world_size} x train.grad_accum_steps {accum}, "
+            f"got {batch_size}"
+        )
+    return batch_size // (env.world_size * accum)
+
+
+def seed_rank_streams(seed: int, env: DistEnv, salt: int = 0) -> None:
+    """Give this rank its own random streams (dropout) after the shared initial weights: the
+    seed offset by the rank, and by `salt` where the streams must differ from an earlier run's."""
+    seed_everything(seed + env.rank + 1_000_003 * salt)
+
+
+def nonfinite_ranks(local_loss: float, env: DistEnv, device: torch.device) -> list[int]:
+    """The ranks whose own loss was NaN/inf (a collective: every rank calls it together)."""
+    flag = torch.tensor([0.0 if torch.isfinite(torch.tensor(local_loss)) else 1.0], device=device)
+    if not env.distributed:
+        return [0] if flag.item() else []
+    flags = [torch.zeros_like(flag) for _ in range(env.world_size)]
+    dist.all_gather(flags, flag)
+    return [rank for rank, f in enumerate(flags) if f.item()]
+
+
+def leave_together(env: DistEnv) -> None:
+    """Wait until every rank got here: no rank tears the group down while rank 0 still writes."""
+    if env.distributed:
+        dist.barrier()
 
 
 def backend_for(device: torch.device) -> str:

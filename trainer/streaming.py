@@ -16,6 +16,12 @@ elastic job that re-forms at another size keeps its place. By default there is o
 per reader. A reader's shards are fetched ahead on a background thread into a cache bounded in
 bytes, and dropped once consumed. A position is (epoch, micro-batches consumed by the rank):
 a resumed reader starts at the right shard and item without reading what came before.
+
+A checkpoint also records which positions of the epoch are still to come (a few ranges). When
+a run resumes under another layout (another world size, number of DataLoader workers or
+`data.partitions`), the rest of that epoch is those positions, cut into one contiguous share
+per rank and per worker (a :class:`Remainder`): no item of the epoch is skipped or seen twice,
+and from the next epoch on the new layout applies.
 """
 
 from __future__ import annotations
@@ -36,6 +42,47 @@ from trainer.storage import ObjectStore
 #: What a task supplies to stream a split: items in a shard, and a batch from decoded shard data.
 ItemsOf = Callable[[ShardInfo], int]
 Take = Callable[[Any, np.ndarray], tuple[torch.Tensor, ...]]
+#: Half-open ranges [start, stop) of positions in an epoch's sequence.
+Ranges = list[tuple[int, int]]
+
+
+def merge_ranges(ranges: Ranges) -> Ranges:
+    """`ranges` sorted, with touching and overlapping ones joined (one canonical form)."""
+    out: Ranges = []
+    for start, stop in sorted((int(a), int(b)) for a, b in ranges if b > a):
+        if out and start <= out[-1][1]:
+            out[-1] = (out[-1][0], max(out[-1][1], stop))
+        else:
+            out.append((start, stop))
+    return out
+
+
+def slice_ranges(ranges: Ranges, start: int, stop: int) -> Ranges:
+    """Positions `start <= i < stop` of the sequence that `ranges` make end to end, as ranges."""
+    out: Ranges = []
+    offset = 0
+    for a, b in ranges:
+        lo, hi = max(start, offset), min(stop, offset + b - a)
+        if lo < hi:
+            out.append((a + lo - offset, a + hi - offset))
+        offset += b - a
+        if offset >= stop:
+            break
+    return out
+
+
+@dataclass(frozen=True, slots=True)
+class Stream:
+    """One reader's walk along part of an epoch: `ranges` of positions, in this order, taken
+    `chunk` items per batch for `batches` batches."""
+
+    ranges: tuple[tuple[int, int], ...]
+    chunk: int
+    batches: int
+
+    def positions(self, first: int, stop: int) -> Ranges:
+        """The positions of batches `first <= k < stop`."""
+        return slice_ranges(list(self.ranges), first * self.chunk, stop * self.chunk)
 
 
 class EpochOrder:
@@ -113,6 +160,63 @@ class Layout:
         """The partitions of one reader."""
         return list(range(reader, self.partitions, self.readers))
 
+    def streams(self, reader: int) -> list[Stream]:
+        """One stream per partition of the reader: its k-th batch is the k-th chunk of each."""
+        span = self.batches_per_reader * self.chunk
+        return [
+            Stream(((p * self.partition_items, p * self.partition_items + span),), self.chunk, self.batches_per_reader)
+            for p in self.owned(reader)
+        ]
+
+
+@dataclass(frozen=True, slots=True)
+class Remainder:
+    """The rest of an epoch that began under another layout: the `left` positions (as a
+    checkpoint recorded them) cut into one contiguous share per rank, and each rank's share into
+    one contiguous part per DataLoader worker, `micro_batch` items per batch."""
+
+    left: tuple[tuple[int, int], ...]
+    world_size: int
+    workers: int
+    micro_batch: int
+
+    def __post_init__(self) -> None:
+        items = sum(b - a for a, b in self.left)
+        if items % (self.world_size * self.micro_batch):
+            raise ValueError(
+                f"{items} items left in the epoch do not make whole micro-batches of {self.micro_batch} items "
+                f"on {self.world_size} ranks"
+            )
+
+    @property
+    def rank_batches(self) -> int:
+        """Micro-batches every rank yields."""
+        return sum(b - a for a, b in self.left) // (self.world_size * self.micro_batch)
+
+    def streams(self, reader: int) -> list[Stream]:
+        """Reader (rank, worker v) serves the rank's batches v, v + workers, ... from its part."""
+        rank, v = divmod(reader, self.workers)
+        counts = [(self.rank_batches - u + self.workers - 1) // self.workers for u in range(self.workers)]
+        start = (rank * self.rank_batches + sum(counts[:v])) * self.micro_batch
+        part = slice_ranges(list(self.left), start, start + counts[v] * self.micro_batch)
+        return [Stream(tuple(part), self.micro_batch, counts[v])]
+
+
+#: How a (part of an) epoch is cut among readers: the whole epoch, or what was left of it.
+Plan = Layout | Remainder
+
+
+def unconsumed(plan: Plan, readers: int, workers: int, rank_batches: int) -> Ranges:
+    """The positions of `plan` no rank has read after each consumed `rank_batches` micro-batches
+    (every rank's, computed locally: the plan is the same everywhere)."""
+    left: Ranges = []
+    for reader in range(readers):
+        v = reader % workers  # the rank's batches v, v + workers, ... come from this reader
+        done = max(0, -(-(rank_batches - v) // workers))
+        for stream in plan.streams(reader):
+            left += stream.positions(done, stream.batches)
+    return merge_ranges(left)
+
 
 class ShardCache:
     """Fetches a planned sequence of shards on a background thread, ahead of use, holding at
@@ -181,35 +285,28 @@ def reader_batches(
     store: ObjectStore,
     dataset_uri: str,
     shards: list[ShardInfo],
-    layout: Layout,
+    streams: list[Stream],
     order: EpochOrder,
-    reader: int,
     first_batch: int,
-    stop_batch: int,
     take: Take,
     cache_bytes: int,
     decode: Callable | None = None,
 ) -> Iterator[tuple[torch.Tensor, ...]]:
-    """Batches `first_batch <= k < stop_batch` of one reader, fetching only its shards."""
-    parts = layout.owned(reader)
-    c = layout.chunk
-
-    def chunk_spans(p: int, k: int) -> list[tuple[int, int, int]]:
-        start = p * layout.partition_items + k * c
-        return order.spans(start, start + c)
-
-    # Which batches touch each shard, from the partitions' whole remaining ranges (a few spans
+    """Batches `k >= first_batch` of one reader (the k-th chunk of each of its streams),
+    fetching only the shards they cover."""
+    stop_batch = streams[0].batches if streams else 0
+    # Which batches touch each shard, from the streams' whole remaining ranges (a few spans
     # each), so the plan costs nothing per batch.
     first_use: dict[int, int] = {}
     last_use: dict[int, int] = {}
-    for p in parts:
-        base = p * layout.partition_items
-        pos = base + first_batch * c
-        for shard, lo, hi in order.spans(pos, base + stop_batch * c):
-            k_first, k_last = (pos - base) // c, (pos + hi - lo - 1 - base) // c
-            first_use[shard] = min(first_use.get(shard, k_first), k_first)
-            last_use[shard] = max(last_use.get(shard, k_last), k_last)
-            pos += hi - lo
+    for stream in streams:
+        c, pos = stream.chunk, first_batch * stream.chunk
+        for start, stop in stream.positions(first_batch, stop_batch):
+            for shard, lo, hi in order.spans(start, stop):
+                k_first, k_last = pos // c, (pos + hi - lo - 1) // c
+                first_use[shard] = min(first_use.get(shard, k_first), k_first)
+                last_use[shard] = max(last_use.get(shard, k_last), k_last)
+                pos += hi - lo
     plan_shards = sorted(first_use, key=lambda s: (first_use[s], s))
     index = {s: i for i, s in enumerate(plan_shards)}
     releases: dict[int, list[int]] = {}
@@ -220,11 +317,12 @@ def reader_batches(
     try:
         for k in range(first_batch, stop_batch):
             pieces: list[tuple[torch.Tensor, ...]] = []
-            for p in parts:
-                for shard, lo, hi in chunk_spans(p, k):
-                    if shard not in perms:
-                        perms[shard] = order.item_permutation(shard)
-                    pieces.append(take(cache.get(index[shard]), perms[shard][lo:hi]))
+            for stream in streams:
+                for start, stop in stream.positions(k, k + 1):
+                    for shard, lo, hi in order.spans(start, stop):
+                        if shard not in perms:
+                            perms[shard] = order.item_permutation(shard)
+                        pieces.append(take(cache.get(index[shard]), perms[shard][lo:hi]))
             yield tuple(torch.cat(columns, dim=0) for columns in zip(*pieces, strict=True))
             for shard in releases.pop(k, []):
                 cache.release(index[shard])
@@ -236,9 +334,11 @@ def reader_batches(
 class StreamingSplit(IterableDataset):
     """One rank's stream of micro-batches of a split (use with `DataLoader(batch_size=None)`).
 
-    Set `epoch` and `start_batch` (micro-batches this rank already consumed in the epoch) before
-    iterating; each DataLoader worker then yields its share, and the DataLoader's round-robin
-    over workers gives back exactly the rank's batches in order.
+    Set `epoch`, `start_batch` (micro-batches this rank already consumed of the epoch's plan)
+    and `left` (None: the whole epoch under :attr:`layout`; else the positions a checkpoint
+    recorded as still to come, see :class:`Remainder`) before iterating; each DataLoader worker
+    then yields its share, and the DataLoader's round-robin over workers gives back exactly the
+    rank's batches in order.
     """
 
     def __init__(
@@ -273,13 +373,32 @@ class StreamingSplit(IterableDataset):
                 f"{self.layout.partitions} partitions (micro-batch {micro_batch}); use more data, a smaller "
                 "train.batch_size or fewer data.partitions"
             )
+        self.micro_batch = micro_batch
         self.epoch = 0
         self.start_batch = 0
+        self.left: Ranges | None = None
 
     @property
     def batches_per_epoch(self) -> int:
-        """Micro-batches this rank yields per epoch (the same on every rank)."""
+        """Micro-batches this rank yields per whole epoch (the same on every rank)."""
         return self.layout.batches_per_reader * self.workers
+
+    @property
+    def plan(self) -> Plan:
+        """How the epoch being read is cut: the layout, or the remainder of a resumed epoch."""
+        if self.left is None:
+            return self.layout
+        return Remainder(tuple(self.left), self.world_size, self.workers, self.micro_batch)
+
+    @property
+    def plan_batches(self) -> int:
+        """Micro-batches this rank yields under :attr:`plan` (the same on every rank)."""
+        plan = self.plan
+        return plan.rank_batches if isinstance(plan, Remainder) else self.batches_per_epoch
+
+    def unconsumed(self, rank_batches: int) -> Ranges:
+        """The positions of the epoch no rank has read once each consumed `rank_batches` of the plan."""
+        return unconsumed(self.plan, self.world_size * self.workers, self.workers, rank_batches)
 
     def __iter__(self) -> Iterator[tuple[torch.Tensor, ...]]:
         info = get_worker_info()
@@ -299,11 +418,9 @@ class StreamingSplit(IterableDataset):
             self._store_factory(),
             self.dataset_uri,
             self.shards,
-            self.layout,
+            self.plan.streams(reader),
             order,
-            reader,
             first,
-            self.layout.batches_per_reader,
             self._take,
             self.cache_bytes,
             self._decode,

@@ -17,14 +17,11 @@ import hashlib
 import json
 import logging
 import math
-import random
 import sys
 import time
 from typing import Any
 
-import numpy as np
 import torch
-import torch.distributed as dist
 from torch import nn
 from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 
@@ -40,17 +37,22 @@ from trainer.distributed import (
     full_state_dict,
     gradient_sync,
     is_sharded,
+    leave_together,
+    micro_batch_size,
+    nonfinite_ranks,
     parallelize,
     process_group,
+    seed_rank_streams,
     unwrap,
 )
 from trainer.events import EVENTS_FOLDER, EventWriter
 from trainer.launch.backend import FAILURE_MARKER
 from trainer.model import save_model
 from trainer.progress import Progress
+from trainer.rng import rng_state, seed_everything, set_rng_state
 from trainer.storage import StoreError, join_uri, open_store
 from trainer.tasks import Task, get_task
-from trainer.training_data import training_data
+from trainer.training_data import TrainingData, training_data
 
 TRAINING_RECORD = "training.json"
 log = logging.getLogger("kftrain.train")
@@ -61,41 +63,6 @@ PEAK_BF16_TFLOPS = {"H200": 989.0, "H100": 989.0, "A100": 312.0, "L40S": 362.0, 
 
 class NonFiniteLoss(RuntimeError):
     """The loss or the gradients became NaN/inf (train.on_nonfinite: stop)."""
-
-
-def seed_everything(seed: int) -> None:
-    """Seed python, numpy and torch (all devices)."""
-    random.seed(seed)
-    np.random.seed(seed % 2**32)
-    torch.manual_seed(seed)
-
-
-def rng_state() -> dict[str, Any]:
-    """This process's RNG states as plain bytes and numbers (safe to pickle, gather and torch.load)."""
-    kind, keys, pos, has_gauss, cached = np.random.get_state()
-    state = {
-        "python": random.getstate(),
-        "numpy": [kind, keys.tobytes(), int(pos), int(has_gauss), float(cached)],
-        "torch": torch.get_rng_state().numpy().tobytes(),
-    }
-    if torch.cuda.is_available():
-        state["cuda"] = torch.cuda.get_rng_state().numpy().tobytes()
-    return state
-
-
-def set_rng_state(state: dict[str, Any]) -> None:
-    """Restore what :func:`rng_state` captured."""
-    version, internal, gauss = state["python"]
-    random.setstate((version, tuple(internal), gauss))
-    kind, keys, pos, has_gauss, cached = state["numpy"]
-    np.random.set_state((kind, np.frombuffer(keys, dtype=np.uint32).copy(), pos, has_gauss, cached))
-
-    def as_tensor(raw: bytes) -> torch.Tensor:
-        return torch.frombuffer(bytearray(raw), dtype=torch.uint8)
-
-    torch.set_rng_state(as_tensor(state["torch"]))
-    if "cuda" in state and torch.cuda.is_available():
-        torch.cuda.set_rng_state(as_tensor(state["cuda"]))
 
 
 def parameter_digest(model: nn.Module, state: dict[str, torch.Tensor] | None = None) -> str:
@@ -138,7 +105,8 @@ def autocast_for(device: torch.device, cfg: Config):
 
 
 #: Config fields a checkpoint cannot be resumed under when they changed: the model's shape and
-#: the meaning of its weights and of the data position.
+#: the meaning of its weights and of the data position (which positions of which epoch order,
+#: counted in global batches).
 INCOMPATIBLE_FIELDS = (
     "task",
     "model.hidden_sizes",
@@ -150,7 +118,6 @@ INCOMPATIBLE_FIELDS = (
     "train.strategy",
     "train.batch_size",
     "train.seed",
-    "data.partitions",
 )
 
 
@@ -168,9 +135,10 @@ def check_resumable(saved: dict[str, Any], cfg: Config, saved_world: int, world:
     """Refuse to resume a checkpoint written under `saved` (a config as a mapping) with `cfg`
     when the change matters, naming the fields; log the compatible changes.
 
-    A different world size (or `train.grad_accum_steps`, `train.num_workers`) keeps the data
-    position exact only when the items of every global batch do not depend on it: a streaming
-    task with a fixed `data.partitions`, the same in both runs.
+    A different world size (or `train.grad_accum_steps`, `train.num_workers`,
+    `data.partitions`) changes which items each rank reads. A streaming task carries its place
+    over by the items still to come in the epoch (recorded in the checkpoint); a task that does
+    not stream samples in memory with the world size in its order, so it cannot.
     """
     old, new = _flat(saved), _flat(to_dict(cfg))
     changed = sorted(k for k in old.keys() | new.keys() if old.get(k) != new.get(k))
@@ -181,7 +149,7 @@ def check_resumable(saved: dict[str, Any], cfg: Config, saved_world: int, world:
             + ", ".join(f"{k} ({old.get(k)!r}, now {new.get(k)!r})" for k in bad)
             + "; resume with the checkpoint's values or point checkpoint.uri at a new prefix"
         )
-    layout = [k for k in ("train.grad_accum_steps", "train.num_workers") if k in changed]
+    layout = [k for k in ("train.grad_accum_steps", "train.num_workers", "data.partitions") if k in changed]
     if saved_world != world:
         layout.insert(0, f"world size ({saved_world}, now {world})")
     if layout and not streams:
@@ -189,115 +157,103 @@ def check_resumable(saved: dict[str, Any], cfg: Config, saved_world: int, world:
             f"cannot resume: {', '.join(layout)} changed, and task {cfg.task!r} does not stream its data "
             "(Task.stream), so its batches depend on the world size; resume with the checkpoint's shape"
         )
-    if layout and not cfg.data.partitions:
-        raise CheckpointError(
-            f"cannot resume: {', '.join(layout)} changed, and the checkpoint was written with data.partitions 0 "
-            "(one partition per reader), so which items its position covers depends on the world size; resume at "
-            f"world size {saved_world}, or train with data.partitions fixed to a multiple of every world size you "
-            "will use (e.g. 6 for 2 and 3 ranks) from the start"
-        )
     for k in changed:
         log.info("resuming with a changed %s: %r -> %r", k, old.get(k), new.get(k))
-    for k in layout:
-        log.info("resuming with a changed %s: the position is exact with data.partitions %d", k, cfg.data.partitions)
+    if layout:
+        log.info("resuming with a changed %s: the epoch goes on with the items still to come", ", ".join(layout))
 
 
-def resume(
-    ckpt: CheckpointManager, model: nn.Module, optimizer, scheduler, cfg: Config, env: DistEnv, streams: bool
-) -> dict[str, Any] | None:
-    """Restore the latest complete checkpoint, if any (a collective); return its commit record."""
-    record = ckpt.latest()
-    if record is None:
-        return None
-    check_resumable(record["config"], cfg, int(record["world_size"]), env.world_size, streams)
-    model_state, optim_state = get_state_dict(model, optimizer)
-    state = {"model": model_state, "optimizer": optim_state}
-    own = ckpt.load(record, state)
-    set_state_dict(model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optimizer"])
-    scheduler.load_state_dict(record["scheduler"])
-    if own is not None and int(record["world_size"]) == env.world_size:
-        set_rng_state(own["rng"])
-    else:
-        # Another world size: the per-rank streams (dropout) cannot continue; new ones, still
-        # distinct per rank and reproducible.
-        seed_everything(cfg.train.seed + env.rank + 1_000_003 * int(record["step"]))
-        log.info("RNG streams re-seeded: the checkpoint was written by %s ranks", record["world_size"])
-    pos = record["position"]
-    log.info("resumed at step %d (epoch %d, %d steps into it)", record["step"], pos["epoch"], pos["epoch_step"])
-    return record
+class Trainer:
+    """One rank's training run, in the phases the loop is made of: setup (the constructor and
+    :meth:`resume`), :meth:`train_step`, :meth:`end_epoch`, :meth:`save_checkpoint` and
+    :meth:`finish`. :meth:`run` strings them together."""
 
+    def __init__(self, cfg: Config, dataset_uri: str, model_uri: str, env: DistEnv, task: Task | None = None) -> None:
+        self.t_start = time.time()
+        self.cfg, self.dataset_uri, self.model_uri, self.env = cfg, dataset_uri, model_uri, env
+        self.task = task = task or get_task(cfg.task)
+        self.device = device = device_for(env)
+        tc = cfg.train
+        if tc.deterministic:
+            torch.use_deterministic_algorithms(True)
+        self.accum = tc.grad_accum_steps
+        self.micro = micro_batch_size(tc.batch_size, env, self.accum)
+        self.store = open_store(dataset_uri, cfg.store.endpoint, cfg.store.region, cfg.store.policy())
+        manifest = read_manifest(self.store, dataset_uri)
+        self.data: TrainingData = training_data(cfg, task, self.store, dataset_uri, manifest, env, self.micro, device)
 
-def nonfinite_ranks(local_loss: float, env: DistEnv, device: torch.device) -> list[int]:
-    """The ranks whose own loss was NaN/inf (a collective: every rank calls it together)."""
-    flag = torch.tensor([0.0 if math.isfinite(local_loss) else 1.0], device=device)
-    if not env.distributed:
-        return [0] if flag.item() else []
-    flags = [torch.zeros_like(flag) for _ in range(env.world_size)]
-    dist.all_gather(flags, flag)
-    return [rank for rank, f in enumerate(flags) if f.item()]
-
-
-def _to(batch, device: torch.device):
-    return tuple(t.to(device, non_blocking=True) for t in batch)
-
-
-def run_training(
-    cfg: Config, dataset_uri: str, model_uri: str, env: DistEnv, task: Task | None = None
-) -> dict[str, Any]:
-    """Train on this rank; return the final metrics (complete on rank 0)."""
-    t_start = time.time()
-    task = task or get_task(cfg.task)
-    device = device_for(env)
-    if cfg.train.deterministic:
-        torch.use_deterministic_algorithms(True)
-    tc = cfg.train
-    accum = tc.grad_accum_steps
-    if tc.batch_size % (env.world_size * accum):
-        raise ConfigError(
-            f"train.batch_size: must divide by world size {env.world_size} x train.grad_accum_steps {accum}, "
-            f"got {tc.batch_size}"
+        # Identical initial weights on every rank (DDP also broadcasts rank 0's), then per-rank
+        # streams for anything random in the step (dropout).
+        seed_everything(tc.seed)
+        self.model, self.meta = task.build_model(cfg, manifest)
+        self.model.to(device)
+        seed_rank_streams(tc.seed, env)
+        self.items_per_step = tc.batch_size * task.items_per_sample(cfg)
+        self.flops_per_step = task.flops_per_item(self.model, cfg) * self.items_per_step  # whole tensors
+        self.parallel = parallelize(
+            self.model,
+            env,
+            device,
+            strategy=tc.strategy,
+            units=task.shard_units(self.model),
+            activation_checkpointing=tc.activation_checkpointing,
+            bf16=tc.precision in ("auto", "bf16"),
+            bucket_cap_mb=tc.bucket_cap_mb,
         )
-    micro = tc.batch_size // (env.world_size * accum)
-    store = open_store(dataset_uri, cfg.store.endpoint, cfg.store.region, cfg.store.policy())
-    manifest = read_manifest(store, dataset_uri)
-    data = training_data(cfg, task, store, dataset_uri, manifest, env, micro, device)
+        # FSDP: every rank runs validation forward passes too (each one all-gathers the weights).
+        self.validates = env.is_main or is_sharded(self.model)
+        self.step_model = torch.compile(self.parallel) if tc.compile else self.parallel
+        self.optimizer = torch.optim.AdamW(
+            self.model.parameters(), lr=tc.learning_rate, weight_decay=tc.weight_decay, fused=device.type == "cuda"
+        )
+        self.total_steps = tc.max_steps or tc.epochs * self.data.steps_per_epoch
+        self.scheduler = torch.optim.lr_scheduler.LambdaLR(
+            self.optimizer, lambda s: lr_factor(s, self.total_steps, cfg)
+        )
+        self.ckpt = self._checkpoints()
 
-    # Identical initial weights on every rank (DDP also broadcasts rank 0's), then per-rank
-    # streams for anything random in the step (dropout).
-    seed_everything(tc.seed)
-    model, meta = task.build_model(cfg, manifest)
-    model.to(device)
-    seed_everything(tc.seed + env.rank)
-    items_per_step = tc.batch_size * task.items_per_sample(cfg)
-    flops_per_step = task.flops_per_item(model, cfg) * items_per_step  # before sharding: whole tensors
-    ddp = parallelize(
-        model,
-        env,
-        device,
-        strategy=tc.strategy,
-        units=task.shard_units(model),
-        activation_checkpointing=tc.activation_checkpointing,
-        bf16=tc.precision in ("auto", "bf16"),
-        bucket_cap_mb=tc.bucket_cap_mb,
-    )
-    # FSDP: every rank runs validation forward passes too (each one all-gathers the weights).
-    validates = env.is_main or is_sharded(model)
-    step_model = torch.compile(ddp) if tc.compile else ddp
-    optimizer = torch.optim.AdamW(
-        model.parameters(),
-        lr=tc.learning_rate,
-        weight_decay=tc.weight_decay,
-        fused=device.type == "cuda",
-    )
+        # Where the run stands: the position and what the epoch so far added up to.
+        self.step = self.epoch = self.epoch_step = 0
+        self.epoch_loss, self.epoch_steps = torch.zeros((), device=device), 0
+        self.history: list[dict[str, float]] = []
+        self.loss_curve: list[dict[str, float]] = []  # the progress log's curve, the same list
+        self.data_wait = 0.0
+        self.skipped = self.nonfinite_in_a_row = 0
+        self.first_step_at: float | None = None
+        left = self.resume() if self.ckpt is not None and cfg.checkpoint.resume else None
+        self.start_step = self.step
+        self.epoch_steps_total = self.data.begin_epoch(self.epoch, self.epoch_step, left)
+        if not tc.max_steps:
+            # Whole epochs; the one resumed under another layout may have a step more or less.
+            later = max(0, tc.epochs - self.epoch - 1) * self.data.steps_per_epoch
+            self.total_steps = self.step - self.epoch_step + self.epoch_steps_total + later
+            if self.epoch >= tc.epochs:
+                self.total_steps = self.step
 
-    steps_per_epoch = data.steps_per_epoch
-    total_steps = tc.max_steps or tc.epochs * steps_per_epoch
-    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: lr_factor(s, total_steps, cfg))
+        peak = peak_flops(device, cfg) * env.world_size
+        events = None
+        if env.is_main and tc.tensorboard:
+            events = EventWriter(self.store, join_uri(model_uri, EVENTS_FOLDER), self.step)
+        self.progress = Progress(
+            total_steps=self.total_steps,
+            items_per_step=self.items_per_step,
+            item_name=task.item_name,
+            flops_per_step=self.flops_per_step,
+            peak_flops=peak,
+            interval=tc.log_interval_steps,
+            device=device,
+            enabled=env.is_main,
+            events=events,
+        )
+        self.progress.curve = self.loss_curve
+        self.peak = peak
 
-    ckpt = None
-    if cfg.checkpoint.enabled:
-        prefix = cfg.checkpoint.uri or join_uri(model_uri, "checkpoints")
-        ckpt = CheckpointManager(
+    def _checkpoints(self) -> CheckpointManager | None:
+        cfg, env = self.cfg, self.env
+        if not cfg.checkpoint.enabled:
+            return None
+        prefix = cfg.checkpoint.uri or join_uri(self.model_uri, "checkpoints")
+        return CheckpointManager(
             open_store(prefix, cfg.store.endpoint, cfg.store.region, cfg.store.policy()),
             prefix,
             cfg.checkpoint.keep_last,
@@ -305,176 +261,216 @@ def run_training(
             world_size=env.world_size,
             group=checkpoint_group(env, cfg.job.collective_timeout_seconds),
         )
-    step = 0
-    resumed = None
-    if ckpt is not None and cfg.checkpoint.resume:
-        resumed = resume(ckpt, model, optimizer, scheduler, cfg, env, data.streams)
-        step = int(resumed["step"]) if resumed else 0
 
-    def save_checkpoint(epoch: int, epoch_step: int) -> None:
-        if ckpt is None:
-            return
-        model_state, optim_state = get_state_dict(model, optimizer)
-        record = {
+    def resume(self) -> list | None:
+        """Restore the latest complete checkpoint, if any (a collective): weights, optimizer,
+        schedule, RNG streams, the position and the record so far. Return the positions of the
+        epoch it left still to come (None at an epoch boundary or without a checkpoint)."""
+        cfg, env = self.cfg, self.env
+        record = self.ckpt.latest()
+        if record is None:
+            return None
+        saved_world = int(record["world_size"])
+        check_resumable(record["config"], cfg, saved_world, env.world_size, self.data.streams)
+        model_state, optim_state = get_state_dict(self.model, self.optimizer)
+        state = {"model": model_state, "optimizer": optim_state}
+        own = self.ckpt.load(record, state)
+        set_state_dict(self.model, self.optimizer, model_state_dict=state["model"], optim_state_dict=state["optimizer"])
+        self.scheduler.load_state_dict(record["scheduler"])
+        self.step = int(record["step"])
+        if own is not None and saved_world == env.world_size:
+            set_rng_state(own["rng"])
+        else:
+            # Another world size: the per-rank streams (dropout) cannot continue; new ones, still
+            # distinct per rank and reproducible.
+            seed_rank_streams(cfg.train.seed, env, salt=self.step)
+            log.info("RNG streams re-seeded: the checkpoint was written by %s ranks", saved_world)
+        pos = record["position"]
+        self.epoch, self.epoch_step = int(pos["epoch"]), int(pos["epoch_step"])
+        if self.epoch_step:
             # The epoch's loss so far, so the resumed run reports the same mean for the epoch.
-            "position": {
-                "epoch": epoch,
-                "epoch_step": epoch_step,
-                "epoch_loss": float(epoch_loss) if epoch_step else 0.0,
-                "epoch_steps": epoch_steps if epoch_step else 0,
-            },
-            "scheduler": scheduler.state_dict(),
-            "config": to_dict(cfg),
-            # The record of a resumed run covers the whole run.
-            "history": history,
-            "loss_curve": progress.curve,
+            self.epoch_loss += torch.tensor(pos["epoch_loss"], dtype=self.epoch_loss.dtype, device=self.device)
+            self.epoch_steps = int(pos["epoch_steps"])
+        # The record of a resumed run covers the whole run.
+        self.history[:] = record.get("history", [])
+        self.loss_curve[:] = record.get("loss_curve", [])
+        log.info("resumed at step %d (epoch %d, %d steps into it)", self.step, self.epoch, self.epoch_step)
+        return pos.get("left")
+
+    def save_checkpoint(self) -> None:
+        """Checkpoint the state after the current step (this rank's part; rank 0 commits)."""
+        model_state, optim_state = get_state_dict(self.model, self.optimizer)
+        at_end = self.epoch_step >= self.epoch_steps_total
+        position = {
+            "epoch": self.epoch + 1 if at_end else self.epoch,
+            "epoch_step": 0 if at_end else self.epoch_step,
+            "epoch_loss": 0.0 if at_end else float(self.epoch_loss),
+            "epoch_steps": 0 if at_end else self.epoch_steps,
+            # What the epoch has still to give, in case the run resumes under another layout.
+            "left": None if at_end else self.data.left(self.epoch_step),
         }
-        ckpt.save(
-            step,
+        record = {
+            "position": position,
+            "scheduler": self.scheduler.state_dict(),
+            "config": to_dict(self.cfg),
+            "history": self.history,
+            "loss_curve": self.loss_curve,
+        }
+        self.ckpt.save(
+            self.step,
             {"model": model_state, "optimizer": optim_state},
-            record=record if env.is_main else None,
+            record=record if self.env.is_main else None,
             local=lambda: {"rng": rng_state()},
         )
-        progress.checkpoint(step, ckpt.last_stage_seconds, ckpt.last_bytes)
+        self.progress.checkpoint(self.step, self.ckpt.last_stage_seconds, self.ckpt.last_bytes)
 
-    peak = peak_flops(device, cfg) * env.world_size
-    progress = Progress(
-        total_steps=total_steps,
-        items_per_step=items_per_step,
-        item_name=task.item_name,
-        flops_per_step=flops_per_step,
-        peak_flops=peak,
-        interval=tc.log_interval_steps,
-        device=device,
-        enabled=env.is_main,
-        events=EventWriter(store, join_uri(model_uri, EVENTS_FOLDER), step) if env.is_main and tc.tensorboard else None,
-    )
-    history: list[dict[str, float]] = list(resumed.get("history", [])) if resumed else []
-    if resumed:
-        progress.curve = list(resumed.get("loss_curve", []))
-    first_step_at = None
-    data_wait = 0.0
-    skipped = in_a_row = 0
-    t_train = time.perf_counter()
-    start_step = step
-    epoch = step // steps_per_epoch
-    while step < total_steps:
-        epoch_step = step - epoch * steps_per_epoch
-        batches = data.epoch_batches(epoch, epoch_step)
-        epoch_loss, epoch_steps = torch.zeros((), device=device), 0
-        if resumed and step == int(resumed["step"]) and epoch_step:
-            carried = resumed["position"]
-            epoch_loss += torch.tensor(carried["epoch_loss"], dtype=epoch_loss.dtype, device=device)
-            epoch_steps = int(carried["epoch_steps"])
-        while epoch_step < steps_per_epoch and step < total_steps:
-            optimizer.zero_grad(set_to_none=True)
-            step_loss = torch.zeros((), device=device)
-            for i in range(accum):
-                t0 = time.perf_counter()
-                batch = _to(next(batches), device)
-                data_wait += time.perf_counter() - t0
-                # Gradients are reduced across ranks on the last micro-batch only.
-                with gradient_sync(ddp, enabled=i == accum - 1):
-                    with autocast_for(device, cfg):
-                        loss = task.loss(step_model, batch) / accum
-                    loss.backward()
-                step_loss += loss.detach()
-            max_norm = tc.grad_clip_norm or float("inf")
-            grad_norm = clip_grad_norm(list(model.parameters()), max_norm)
-            # Gradients are identical on every rank after the all-reduce, so every rank takes the
-            # same decision here; the loss is this rank's own, which names where it went wrong.
-            if not torch.isfinite(grad_norm):
-                culprits = nonfinite_ranks(float(step_loss), env, device)
-                where = (
-                    f"optimizer step {step + 1} (epoch {epoch}): the loss was non-finite on rank(s) "
-                    f"{culprits or 'none (the gradients overflowed)'}; grad norm {float(grad_norm)} "
-                    f"(reported by rank {env.rank})"
-                )
-                if tc.on_nonfinite == "stop":
-                    raise NonFiniteLoss(f"non-finite loss or gradients at {where} (train.on_nonfinite: stop)")
-                in_a_row += 1
-                if in_a_row >= tc.max_consecutive_skips:
-                    raise NonFiniteLoss(
-                        f"{in_a_row} updates in a row skipped for non-finite loss or gradients, the last at "
-                        f"{where}: the run has diverged (train.on_nonfinite: skip, train.max_consecutive_skips "
-                        f"{tc.max_consecutive_skips}); lower train.learning_rate or set train.grad_clip_norm"
-                    )
-                log.warning("skipping the update of %s (train.on_nonfinite: skip)", where)
-                optimizer.zero_grad(set_to_none=True)
-                skipped += 1
-            else:
-                in_a_row = 0
-                optimizer.step()
-            scheduler.step()
-            step += 1
-            epoch_step += 1
-            if first_step_at is None:
-                first_step_at = time.time()
-            epoch_loss += step_loss
-            epoch_steps += 1
-            progress.step(step, epoch, step_loss, scheduler.get_last_lr()[0], grad_norm, data_wait)
-            if ckpt is not None and cfg.checkpoint.interval_steps and step % cfg.checkpoint.interval_steps == 0:
-                save_checkpoint(epoch, epoch_step)
-        if epoch_step >= steps_per_epoch:
-            record = {"epoch": epoch, "train_loss": float(epoch_loss) / max(epoch_steps, 1)}
-            if validates:
-                record.update(task.validate(unwrap(model), data.val, device, micro))
-            if env.is_main:
-                log.info(
-                    "epoch %d done: %s", epoch, " ".join(f"{k} {v:.4f}" for k, v in record.items() if k != "epoch")
-                )
-            history.append(record)
-            progress.epoch_end(step, record)
-            interval = cfg.checkpoint.interval_steps
-            just_saved = bool(interval) and step % interval == 0
-            if ckpt is not None and cfg.checkpoint.at_epoch_end and not just_saved:
-                save_checkpoint(epoch + 1, 0)
-            epoch += 1
-    if device.type == "cuda":
-        torch.cuda.synchronize()
-    train_seconds = time.perf_counter() - t_train
-    if ckpt is not None:
-        ckpt.close()
-    progress.close()
-    # FSDP: all-gathered tensor by tensor into rank 0's host memory (other ranks get nothing).
-    weights = full_state_dict(model)
-    digest = parameter_digest(model, weights if is_sharded(model) else None) if weights else ""
-    if digest:
-        log.info("final parameter digest %s", digest)
-    steps_run = step - start_step
-    final = history[-1] if history else {}
-    if validates and not final:
-        final = task.validate(unwrap(model), data.val, device, micro)
-    metrics = {
-        **{k: v for k, v in final.items() if k != "epoch"},
-        f"{task.item_name}_per_second": steps_run * items_per_step / max(train_seconds, 1e-9),
-        "train_seconds": train_seconds,
-        "seconds_to_first_step": (first_step_at or time.time()) - t_start,
-        "first_step_unix_time": first_step_at or time.time(),
-        "data_wait_fraction": data_wait / max(train_seconds, 1e-9),
-        "world_size": env.world_size,
-        "steps": step,
-        "resumed_from_step": start_step,
-        "skipped_steps": skipped,
-    }
-    if peak and flops_per_step and steps_run:
-        metrics["mfu"] = steps_run * flops_per_step / train_seconds / peak
-    if env.is_main:
-        meta.update(task=cfg.task, dataset_uri=dataset_uri)
-        save_model(store, model_uri, unwrap(model), meta, state=weights)
-        record = {
-            "metrics": metrics,
-            "history": history,
-            "loss_curve": progress.curve,
-            "progress": progress.summary(),
-            "config": to_dict(cfg),
-            "parameter_digest": digest,
+    def train_step(self, batches) -> None:
+        """One optimizer step: `train.grad_accum_steps` micro-batches, one gradient sync, the
+        update (or a skip on a non-finite gradient), the schedule and the progress line."""
+        cfg, device, tc = self.cfg, self.device, self.cfg.train
+        self.optimizer.zero_grad(set_to_none=True)
+        step_loss = torch.zeros((), device=device)
+        for i in range(self.accum):
+            t0 = time.perf_counter()
+            batch = tuple(t.to(device, non_blocking=True) for t in next(batches))
+            self.data_wait += time.perf_counter() - t0
+            # Gradients are reduced across ranks on the last micro-batch only.
+            with gradient_sync(self.parallel, enabled=i == self.accum - 1):
+                with autocast_for(device, cfg):
+                    loss = self.task.loss(self.step_model, batch) / self.accum
+                loss.backward()
+            step_loss += loss.detach()
+        grad_norm = clip_grad_norm(list(self.model.parameters()), tc.grad_clip_norm or float("inf"))
+        # Gradients are identical on every rank after the all-reduce, so every rank takes the same
+        # decision here; the loss is this rank's own, which names where it went wrong.
+        if torch.isfinite(grad_norm):
+            self.nonfinite_in_a_row = 0
+            self.optimizer.step()
+        else:
+            self._skip_update(float(step_loss), float(grad_norm))
+        self.scheduler.step()
+        self.step += 1
+        self.epoch_step += 1
+        if self.first_step_at is None:
+            self.first_step_at = time.time()
+        self.epoch_loss += step_loss
+        self.epoch_steps += 1
+        lr = self.scheduler.get_last_lr()[0]
+        self.progress.step(self.step, self.epoch, step_loss, lr, grad_norm, self.data_wait)
+
+    def _skip_update(self, step_loss: float, grad_norm: float) -> None:
+        tc = self.cfg.train
+        culprits = nonfinite_ranks(step_loss, self.env, self.device)
+        where = (
+            f"optimizer step {self.step + 1} (epoch {self.epoch}): the loss was non-finite on rank(s) "
+            f"{culprits or 'none (the gradients overflowed)'}; grad norm {grad_norm} (reported by rank {self.env.rank})"
+        )
+        if tc.on_nonfinite == "stop":
+            raise NonFiniteLoss(f"non-finite loss or gradients at {where} (train.on_nonfinite: stop)")
+        self.nonfinite_in_a_row += 1
+        if self.nonfinite_in_a_row >= tc.max_consecutive_skips:
+            raise NonFiniteLoss(
+                f"{self.nonfinite_in_a_row} updates in a row skipped for non-finite loss or gradients, the last at "
+                f"{where}: the run has diverged (train.on_nonfinite: skip, train.max_consecutive_skips "
+                f"{tc.max_consecutive_skips}); lower train.learning_rate or set train.grad_clip_norm"
+            )
+        log.warning("skipping the update of %s (train.on_nonfinite: skip)", where)
+        self.optimizer.zero_grad(set_to_none=True)
+        self.skipped += 1
+
+    def end_epoch(self) -> None:
+        """Score the validation sample, record the epoch, and checkpoint at its end if asked."""
+        record = {"epoch": self.epoch, "train_loss": float(self.epoch_loss) / max(self.epoch_steps, 1)}
+        if self.validates:
+            record.update(self.task.validate(unwrap(self.model), self.data.val, self.device, self.micro))
+        if self.env.is_main:
+            log.info(
+                "epoch %d done: %s", self.epoch, " ".join(f"{k} {v:.4f}" for k, v in record.items() if k != "epoch")
+            )
+        self.history.append(record)
+        self.progress.epoch_end(self.step, record)
+        # After the record, so a run resumed from here has the epoch in its history.
+        if self.ckpt is not None and (self.cfg.checkpoint.at_epoch_end or self._interval_due()):
+            self.save_checkpoint()
+
+    def _interval_due(self) -> bool:
+        interval = self.cfg.checkpoint.interval_steps
+        return bool(interval) and self.step % interval == 0
+
+    def run(self) -> dict[str, Any]:
+        """Train to the end (train.max_steps or train.epochs) and finish; return the final metrics."""
+        self.t_train = time.perf_counter()
+        while self.step < self.total_steps:
+            batches = self.data.batches()
+            while self.epoch_step < self.epoch_steps_total and self.step < self.total_steps:
+                self.train_step(batches)
+                mid_epoch = self.epoch_step < self.epoch_steps_total
+                if self.ckpt is not None and mid_epoch and self._interval_due():
+                    self.save_checkpoint()
+            if self.epoch_step < self.epoch_steps_total:
+                break  # train.max_steps reached mid-epoch
+            self.end_epoch()
+            self.epoch, self.epoch_step = self.epoch + 1, 0
+            self.epoch_loss, self.epoch_steps = torch.zeros((), device=self.device), 0
+            self.epoch_steps_total = self.data.begin_epoch(self.epoch)
+        return self.finish()
+
+    def finish(self) -> dict[str, Any]:
+        """Wait for the last checkpoint, write the model and the training record (rank 0), and
+        return the metrics."""
+        cfg, env, task = self.cfg, self.env, self.task
+        if self.device.type == "cuda":
+            torch.cuda.synchronize()
+        train_seconds = time.perf_counter() - self.t_train
+        if self.ckpt is not None:
+            self.ckpt.close()
+        self.progress.close()
+        # FSDP: all-gathered tensor by tensor into rank 0's host memory (other ranks get nothing).
+        weights = full_state_dict(self.model)
+        digest = parameter_digest(self.model, weights if is_sharded(self.model) else None) if weights else ""
+        if digest:
+            log.info("final parameter digest %s", digest)
+        steps_run = self.step - self.start_step
+        final = self.history[-1] if self.history else {}
+        if self.validates and not final:
+            final = task.validate(unwrap(self.model), self.data.val, self.device, self.micro)
+        first_step_at = self.first_step_at or time.time()
+        metrics = {
+            **{k: v for k, v in final.items() if k != "epoch"},
+            f"{task.item_name}_per_second": steps_run * self.items_per_step / max(train_seconds, 1e-9),
+            "train_seconds": train_seconds,
+            "seconds_to_first_step": first_step_at - self.t_start,
+            "first_step_unix_time": first_step_at,
+            "data_wait_fraction": self.data_wait / max(train_seconds, 1e-9),
+            "world_size": env.world_size,
+            "steps": self.step,
+            "resumed_from_step": self.start_step,
+            "skipped_steps": self.skipped,
         }
-        store.put_bytes(join_uri(model_uri, TRAINING_RECORD), json.dumps(record, indent=2).encode())
-        log.info("model written to %s", model_uri)
-    if env.distributed:
-        dist.barrier()  # no rank leaves (and tears the group down) while rank 0 still writes
-    return metrics
+        if self.peak and self.flops_per_step and steps_run:
+            metrics["mfu"] = steps_run * self.flops_per_step / train_seconds / self.peak
+        if env.is_main:
+            self.meta.update(task=cfg.task, dataset_uri=self.dataset_uri)
+            save_model(self.store, self.model_uri, unwrap(self.model), self.meta, state=weights)
+            record = {
+                "metrics": metrics,
+                "history": self.history,
+                "loss_curve": self.progress.curve,
+                "progress": self.progress.summary(),
+                "config": to_dict(cfg),
+                "parameter_digest": digest,
+            }
+            self.store.put_bytes(join_uri(self.model_uri, TRAINING_RECORD), json.dumps(record, indent=2).encode())
+            log.info("model written to %s", self.model_uri)
+        leave_together(env)
+        return metrics
+
+
+def run_training(
+    cfg: Config, dataset_uri: str, model_uri: str, env: DistEnv, task: Task | None = None
+) -> dict[str, Any]:
+    """Train on this rank; return the final metrics (complete on rank 0)."""
+    return Trainer(cfg, dataset_uri, model_uri, env, task).run()
 
 
 def main(argv: list[str] | None = None) -> int:

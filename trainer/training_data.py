@@ -9,9 +9,8 @@ DistributedSampler, as small user datasets may be.
 from __future__ import annotations
 
 import functools
+import logging
 from collections.abc import Iterator
-from dataclasses import dataclass
-from typing import Any
 
 import torch
 from torch.utils.data import DataLoader, Dataset, DistributedSampler, TensorDataset
@@ -20,8 +19,10 @@ from trainer.config import Config, ConfigError
 from trainer.distributed import DistEnv
 from trainer.shards import split_shards
 from trainer.storage import ObjectStore, open_store
-from trainer.streaming import StreamingSplit, first_items
+from trainer.streaming import Ranges, StreamingSplit, first_items, merge_ranges
 from trainer.tasks import Task
+
+log = logging.getLogger("kftrain.data")
 
 
 class ResumableSampler(DistributedSampler):
@@ -37,24 +38,78 @@ class ResumableSampler(DistributedSampler):
         return self.num_samples - self.start_index
 
 
-@dataclass
 class TrainingData:
-    """One rank's view of the data: its micro-batches per epoch from any position, and the
-    validation sample rank 0 scores after each epoch."""
+    """One rank's view of the data: its micro-batches of each epoch from any position, and the
+    validation sample scored after each epoch."""
 
-    steps_per_epoch: int
-    """Optimizer steps per epoch (the same on every rank)."""
-    val: Dataset
-    """The validation sample: at most `data.eval_items` items, the first ones in shard order."""
-    _loader: DataLoader
-    _position: Any
-    streams: bool = True
-    """Read by :class:`StreamingSplit`: with a fixed `data.partitions` the batches do not depend on the world size."""
+    streams = False
+    """The task streams (:class:`StreamingSplit`): the position carries over to another world size."""
 
-    def epoch_batches(self, epoch: int, epoch_step: int) -> Iterator[tuple[torch.Tensor, ...]]:
-        """The rank's micro-batches of `epoch`, from optimizer step `epoch_step` on."""
-        self._position(epoch, epoch_step)
+    def __init__(self, steps_per_epoch: int, val: Dataset, loader: DataLoader, accum: int) -> None:
+        self.steps_per_epoch = steps_per_epoch
+        """Optimizer steps per whole epoch (the same on every rank)."""
+        self.val = val
+        """The validation sample: at most `data.eval_items` items, the first ones in shard order."""
+        self._loader, self._accum = loader, accum
+
+    def begin_epoch(self, epoch: int, epoch_step: int = 0, left: Ranges | None = None) -> int:
+        """Position the batches at optimizer step `epoch_step` of `epoch`; return the epoch's
+        steps. `left`: the positions a checkpoint recorded as still to come."""
+        raise NotImplementedError
+
+    def batches(self) -> Iterator[tuple[torch.Tensor, ...]]:
+        """The rank's micro-batches from the position of :meth:`begin_epoch` on."""
         return iter(self._loader)
+
+    def left(self, epoch_step: int) -> Ranges | None:
+        """The positions of the current epoch still to come after `epoch_step` steps (for a
+        checkpoint), or None where the task does not stream."""
+        return None
+
+
+class StreamedData(TrainingData):
+    """Batches read shard by shard (each rank fetches only its own) from a :class:`StreamingSplit`."""
+
+    streams = True
+
+    def __init__(self, split: StreamingSplit, val: Dataset, loader: DataLoader, accum: int, seed: int) -> None:
+        super().__init__(split.batches_per_epoch // accum, val, loader, accum)
+        self.split, self._seed = split, seed
+        self._plan_start = 0  # the epoch step at which the split's plan begins
+
+    def begin_epoch(self, epoch: int, epoch_step: int = 0, left: Ranges | None = None) -> int:
+        split, accum = self.split, self._accum
+        split.epoch, split.left, self._plan_start = epoch, None, 0
+        split.start_batch = epoch_step * accum
+        # The same items still to come as this layout leaves at this step: go on with the layout
+        # (the run is then the same as one never interrupted); else read exactly what is left.
+        if epoch_step and left is not None and merge_ranges(left) != split.unconsumed(split.start_batch):
+            split.left, split.start_batch, self._plan_start = merge_ranges(left), 0, epoch_step
+            log.info(
+                "epoch %d goes on with the %d items its checkpoint left, cut for this layout",
+                epoch,
+                sum(b - a for a, b in split.left),
+            )
+        # A DataLoader iterator draws its base seed from this generator, never from the global RNG.
+        self._loader.generator.manual_seed(self._seed * 100_003 + epoch)
+        return self._plan_start + split.plan_batches // accum
+
+    def left(self, epoch_step: int) -> Ranges:
+        return self.split.unconsumed((epoch_step - self._plan_start) * self._accum)
+
+
+class SampledData(TrainingData):
+    """A task's in-memory datasets sampled with a :class:`ResumableSampler` (small user data)."""
+
+    def __init__(self, sampler: ResumableSampler, val: Dataset, loader: DataLoader, accum: int, micro: int) -> None:
+        super().__init__(sampler.num_samples // micro // accum, val, loader, accum)
+        self._sampler, self._micro = sampler, micro
+
+    def begin_epoch(self, epoch: int, epoch_step: int = 0, left: Ranges | None = None) -> int:
+        self._sampler.set_epoch(epoch)  # a different shuffle each epoch, the same on every rank
+        self._sampler.start_index = epoch_step * self._accum * self._micro
+        self._loader.generator.manual_seed(self._sampler.seed * 100_003 + epoch)
+        return self.steps_per_epoch
 
 
 def training_data(
@@ -69,7 +124,6 @@ def training_data(
 ) -> TrainingData:
     """The training batches and the validation sample of this rank."""
     tc = cfg.train
-    accum = tc.grad_accum_steps
     pin = device.type == "cuda"
     # Every DataLoader iterator draws a base seed; from its own generator, never from the global
     # RNG, so restoring the RNG state on resume reproduces the uninterrupted run exactly.
@@ -95,12 +149,7 @@ def training_data(
         val_shards = split_shards(manifest, "val", dataset_uri)
         val = TensorDataset(*first_items(store, dataset_uri, val_shards, items_of, take, cfg.data.eval_items))
         loader = DataLoader(split, batch_size=None, num_workers=tc.num_workers, pin_memory=pin, generator=loader_rng)
-
-        def position(epoch: int, epoch_step: int) -> None:
-            split.epoch, split.start_batch = epoch, epoch_step * accum
-            loader_rng.manual_seed(tc.seed * 100_003 + epoch)
-
-        return TrainingData(split.batches_per_epoch // accum, val, loader, position)
+        return StreamedData(split, val, loader, tc.grad_accum_steps, tc.seed)
 
     train_ds, val = task.datasets(cfg, store, dataset_uri, manifest)
     if len(train_ds) < tc.batch_size:
@@ -119,10 +168,4 @@ def training_data(
         pin_memory=pin,
         generator=loader_rng,
     )
-
-    def seek(epoch: int, epoch_step: int) -> None:
-        sampler.set_epoch(epoch)  # a different shuffle each epoch, the same on every rank
-        sampler.start_index = epoch_step * accum * micro
-        loader_rng.manual_seed(tc.seed * 100_003 + epoch)
-
-    return TrainingData(sampler.num_samples // micro // accum, val, loader, seek, streams=False)
+    return SampledData(sampler, val, loader, tc.grad_accum_steps, micro)
