@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import contextlib
 import datetime
+import math
 import os
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
@@ -81,7 +82,7 @@ def seed_rank_streams(seed: int, env: DistEnv, salt: int = 0) -> None:
 
 def nonfinite_ranks(local_loss: float, env: DistEnv, device: torch.device) -> list[int]:
     """The ranks whose own loss was NaN/inf (a collective: every rank calls it together)."""
-    flag = torch.tensor([0.0 if torch.isfinite(torch.tensor(local_loss)) else 1.0], device=device)
+    flag = torch.tensor([0.0 if math.isfinite(local_loss) else 1.0], device=device)
     if not env.distributed:
         return [0] if flag.item() else []
     flags = [torch.zeros_like(flag) for _ in range(env.world_size)]
