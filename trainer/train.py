@@ -223,14 +223,9 @@ class Trainer:
         left = self.resume() if self.ckpt is not None and cfg.checkpoint.resume else None
         self.start_step = self.step
         self.epoch_steps_total = self.data.begin_epoch(self.epoch, self.epoch_step, left)
-        if not tc.max_steps:
-            # Whole epochs; the one resumed under another layout may have a step more or less.
-            later = max(0, tc.epochs - self.epoch - 1) * self.data.steps_per_epoch
-            self.total_steps = self.step - self.epoch_step + self.epoch_steps_total + later
-            if self.epoch >= tc.epochs:
-                self.total_steps = self.step
+        self.total_steps = self._planned_steps()
 
-        peak = peak_flops(device, cfg) * env.world_size
+        self.peak = peak_flops(device, cfg) * env.world_size
         events = None
         if env.is_main and tc.tensorboard:
             events = EventWriter(self.store, join_uri(model_uri, EVENTS_FOLDER), self.step)
@@ -239,14 +234,24 @@ class Trainer:
             items_per_step=self.items_per_step,
             item_name=task.item_name,
             flops_per_step=self.flops_per_step,
-            peak_flops=peak,
+            peak_flops=self.peak,
             interval=tc.log_interval_steps,
             device=device,
             enabled=env.is_main,
             events=events,
         )
         self.progress.curve = self.loss_curve
-        self.peak = peak
+
+    def _planned_steps(self) -> int:
+        """The step the run ends at: train.max_steps, or the end of the last epoch (the epoch
+        resumed under another layout may have a step more or fewer than a whole one)."""
+        tc = self.cfg.train
+        if tc.max_steps:
+            return tc.max_steps
+        if self.epoch >= tc.epochs:
+            return self.step
+        later = (tc.epochs - self.epoch - 1) * self.data.steps_per_epoch
+        return self.step - self.epoch_step + self.epoch_steps_total + later
 
     def _checkpoints(self) -> CheckpointManager | None:
         cfg, env = self.cfg, self.env
