@@ -6,10 +6,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-import trainer.data as data
+import trainer.tasks.classification.data as data
 from trainer.config import DataConfig
-from trainer.data import SPLITS, DataError, SplitAssigner, load_split, prepare_dataset, read_manifest
+from trainer.shards import SPLITS, DataError, read_manifest
 from trainer.storage import LocalStore, ObjectNotFound, open_store
+from trainer.tasks.classification.data import SplitAssigner, load_split, prepare_dataset
 
 
 def make_csv(rows: int, seed: int = 0, classes=("cat", "dog", "emu")) -> tuple[str, np.ndarray, list[str]]:

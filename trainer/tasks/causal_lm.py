@@ -26,9 +26,8 @@ import torch
 from torch import nn
 
 from trainer.config import Config
-from trainer.data import MANIFEST, DataError, read_manifest
 from trainer.gpt import GPT, GPTConfig
-from trainer.shards import ShardInfo, ShardWriter, split_shards, token_dtype
+from trainer.shards import MANIFEST, SPLITS, DataError, ShardInfo, ShardWriter, read_manifest, split_shards, token_dtype
 from trainer.storage import ObjectNotFound, ObjectStore, decode_object, join_uri, read_chunks
 from trainer.streaming import first_items
 from trainer.tasks import Task
@@ -37,7 +36,6 @@ from trainer.tokenizer import ByteTokenizer, Tokenizer, load_tokenizer, tokenize
 FORMAT = "kftrain.tokens.v2"
 HF_FOLDER = "huggingface"
 TOKENIZER_FILE = "tokenizer.json"
-SPLITS = ("train", "val", "test")
 #: Text is read, split and tokenised in blocks of about this many bytes.
 BLOCK_BYTES = 1 << 20
 JSONL_SUFFIXES = (".jsonl", ".json")

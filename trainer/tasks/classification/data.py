@@ -1,4 +1,4 @@
-"""Data preparation and loading: a table -> stratified splits -> normalised shards + manifest.
+"""The classification task's data: a table -> stratified splits -> normalised shards + manifest.
 
 Layout under a dataset URI (`trainer/shards.py` describes the format)::
 
@@ -44,11 +44,9 @@ from dataclasses import dataclass
 import numpy as np
 
 from trainer.config import DataConfig
-from trainer.shards import DataError, ShardWriter, read_shard, split_shards
-from trainer.storage import CorruptObject, ObjectStore, join_uri, read_chunks, read_json
+from trainer.shards import MANIFEST, SPLITS, DataError, ShardWriter, read_manifest, read_shard, split_shards
+from trainer.storage import CorruptObject, ObjectStore, join_uri, read_chunks
 
-MANIFEST = "manifest.json"
-SPLITS = ("train", "val", "test")
 FORMAT = "kftrain.tabular.v2"
 #: A CSV source is read in ranged reads of this many bytes.
 CHUNK_BYTES = 1 << 20
@@ -369,20 +367,6 @@ def prepare_dataset(
         manifest["splits"][split] = {"rows": size, "shards": [sh.as_dict() for sh in shards]}
     # The manifest goes last: readers treat a dataset without it as incomplete.
     store.put_bytes(join_uri(dataset_uri, MANIFEST), json.dumps(manifest, indent=2).encode())
-    return manifest
-
-
-def read_manifest(store: ObjectStore, dataset_uri: str, expected_format: str | None = None) -> dict:
-    """The dataset's manifest; a clear error when the dataset is missing, incomplete or of another task."""
-    uri = join_uri(dataset_uri, MANIFEST)
-    manifest = read_json(store, uri)
-    if not isinstance(manifest, dict) or not isinstance(manifest.get("splits"), dict):
-        raise CorruptObject(f"{uri} is not a kftrain dataset manifest (no 'splits'): rerun data prep")
-    if expected_format and manifest.get("format") != expected_format:
-        raise DataError(
-            f"{dataset_uri} holds a {manifest.get('format')!r} dataset, not {expected_format!r}: "
-            "was it prepared for another task?"
-        )
     return manifest
 
 
