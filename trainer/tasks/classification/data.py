@@ -184,7 +184,7 @@ def csv_rows(
     first = next(records, None)
     records.close()
     if first is None:
-        raise DataError(f"{uri}: needs a header row and at least one data row (the object is empty)")
+        raise DataError(f"{uri}: needs a header row and at least one data row (the object holds no rows)")
     header = first[1]
     if label_column not in header:
         raise DataError(f"{uri}: no column {label_column!r} (data.label_column); columns are {header}")
