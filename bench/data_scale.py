@@ -11,12 +11,15 @@ Three measurements, each with its baseline in the same script:
   0.95x, data wait under 2% of training time.
 - ``prep``: data prep throughput (MB of source text per second) with ``data.num_proc`` 1 and 2,
   alternating, for the ``bytes`` tokenizer and a ``bpe:N`` one.
+- ``csv``: classification data prep of a CSV table (two streamed passes): peak RSS of the data
+  prep process for a base table and one 10x larger, and rows per second.
 
 The corpus is Python's standard-library source concatenated (and repeated) into one text object.
 
     .venv/bin/python bench/data_scale.py memory [--base-mb 8] [--scale 10] [--cache-mib 512]
     .venv/bin/python bench/data_scale.py throughput [--repeats 3]
     .venv/bin/python bench/data_scale.py prep [--mb 16] [--repeats 3]
+    .venv/bin/python bench/data_scale.py csv [--base-mb 4] [--scale 10]
 
 Peak RSS is each process's own ``VmHWM`` (/proc/self/status), written at exit by a
 ``sitecustomize`` hook this script puts on ``PYTHONPATH``: the phase's process, and in training
@@ -108,6 +111,13 @@ def run_phase(name: str, args: dict) -> dict:
         t0 = time.perf_counter()
         manifest = steps.prepare_data(cfg, args["dataset"])
         return {"seconds": time.perf_counter() - t0, "train_tokens": manifest["splits"]["train"]["tokens"]}
+    if name == "csv_prep":
+        import trainer.tasks  # noqa: F401  (torch: its import is not data prep's work)
+
+        t0 = time.perf_counter()
+        manifest = steps.prepare_data(cfg, args["dataset"])
+        rows = sum(manifest["splits"][s]["rows"] for s in ("train", "val", "test"))
+        return {"seconds": time.perf_counter() - t0, "rows": rows}
     if name == "bpe_train":  # what prep spends training its BPE before it tokenizes anything
         from trainer.tasks.causal_lm import source_pieces
         from trainer.tokenizer import load_tokenizer
@@ -338,6 +348,50 @@ def prep(ns: argparse.Namespace) -> None:
     print(json.dumps(out, indent=2))
 
 
+def csv_table(path: Path, size: int, features: int = 16, classes: int = 10) -> None:
+    """Write a CSV of about `size` bytes: `features` numeric columns and a `label` column."""
+    import numpy as np
+
+    rng = np.random.default_rng(0)
+    with path.open("w") as f:
+        f.write(",".join([f"f{i}" for i in range(features)] + ["label"]) + "\n")
+        while f.tell() < size:
+            y = rng.integers(0, classes, 4096)
+            x = rng.normal(size=(4096, features)) + y[:, None] * 0.1
+            f.writelines(",".join(f"{v:.4f}" for v in row) + f",c{label}\n" for row, label in zip(x, y, strict=True))
+
+
+def csv_memory(ns: argparse.Namespace) -> None:
+    work = Path(tempfile.mkdtemp(prefix="kftrain-bench-"))
+    out: dict = {}
+    try:
+        for label, mb in (("base", ns.base_mb), ("large", ns.base_mb * ns.scale)):
+            src = work / f"{label}.csv"
+            csv_table(src, int(mb * 1e6))
+            args = {
+                "overrides": {"task": "classification", "data.source": str(src), "data.shard_rows": ns.shard_rows},
+                "dataset": str(work / f"{label}-dataset"),
+            }
+            run = phase("csv_prep", args, dict(os.environ))
+            res = run["result"]
+            out[label] = {
+                "csv_mb": round(src.stat().st_size / 1e6, 1),
+                "rows": res["rows"],
+                "peak_rss_mb": round(run["peak_mb"], 1),
+                "seconds": round(res["seconds"], 2),
+                "rows_per_second": round(res["rows"] / res["seconds"]),
+            }
+            print(f"{label}: {json.dumps(out[label])}", file=sys.stderr, flush=True)
+            shutil.rmtree(work / f"{label}-dataset", ignore_errors=True)
+            src.unlink()
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    base, large = out["base"], out["large"]
+    out["peak_rss_large_over_base"] = round(large["peak_rss_mb"] / base["peak_rss_mb"], 3)
+    out["peak_rss_growth_mb"] = round(large["peak_rss_mb"] - base["peak_rss_mb"], 1)
+    print(json.dumps(out, indent=2))
+
+
 def main() -> None:
     if len(sys.argv) > 1 and sys.argv[1] == "phase":
         _, _, name, args, out_file = sys.argv
@@ -365,8 +419,12 @@ def main() -> None:
     p.add_argument("--bpe-mb", type=float, default=8.0, help="corpus size for the bpe tokenizers")
     p.add_argument("--tokenizers", default="bytes,bpe:4096")
     p.add_argument("--bpe-sample-mb", type=int, default=4)
+    c = sub.add_parser("csv", help="classification CSV data prep: peak memory, base table vs `--scale` times larger")
+    c.add_argument("--base-mb", type=float, default=4.0)
+    c.add_argument("--scale", type=float, default=10.0)
+    c.add_argument("--shard-rows", type=int, default=512, help="data.shard_rows")
     ns = parser.parse_args()
-    {"memory": memory, "throughput": throughput, "prep": prep}[ns.command](ns)
+    {"memory": memory, "throughput": throughput, "prep": prep, "csv": csv_memory}[ns.command](ns)
 
 
 if __name__ == "__main__":

@@ -17,11 +17,11 @@ import time
 
 from pipelines.local_run import run_local
 from trainer.config import load_config
-from trainer.data import prepare_dataset
 from trainer.launch.backend import run_job
 from trainer.launch.job import training_job
 from trainer.launch.local import LocalBackend
 from trainer.storage import LocalStore, join_uri
+from trainer.tasks.classification.data import prepare_dataset
 from trainer.train import TRAINING_RECORD
 
 

@@ -28,10 +28,9 @@ from torch.nn.parallel import DistributedDataParallel
 from torch.utils.data import DataLoader, DistributedSampler, TensorDataset
 
 from trainer.config import load_config
-from trainer.data import read_manifest
 from trainer.distributed import device_for, dist_env, process_group
 from trainer.events import EventWriter
-from trainer.shards import split_shards
+from trainer.shards import read_manifest, split_shards
 from trainer.storage import LocalStore
 from trainer.streaming import first_items
 from trainer.tasks import get_task

@@ -17,8 +17,8 @@ from tests.s3server import s3_server as start_s3_server
 def digits(tmp_path_factory) -> str:
     """The demo's prepared digits dataset in a local directory, shared by the session."""
     from trainer.config import load_config
-    from trainer.data import prepare_dataset
     from trainer.storage import LocalStore
+    from trainer.tasks.classification.data import prepare_dataset
 
     uri = str(tmp_path_factory.mktemp("digits") / "dataset")
     prepare_dataset(load_config().data, LocalStore(), uri)

@@ -17,8 +17,9 @@ from pipelines.cli import main
 from tests.s3server import free_port
 from trainer.checkpoint import COMMIT, METADATA, CheckpointManager, step_dir
 from trainer.config import load_config
-from trainer.data import MANIFEST, load_split, prepare_dataset, read_manifest
+from trainer.shards import MANIFEST, read_manifest
 from trainer.storage import CorruptObject, LocalStore, join_uri
+from trainer.tasks.classification.data import load_split, prepare_dataset
 
 pytestmark = pytest.mark.timeout(120)
 

@@ -12,11 +12,11 @@ import torch
 
 from trainer.checkpoint import COMMIT, METADATA, CheckpointError, CheckpointManager, rank_part, step_dir
 from trainer.config import load_config
-from trainer.data import prepare_dataset
 from trainer.launch.backend import run_job
 from trainer.launch.job import training_job
 from trainer.launch.local import LocalBackend
 from trainer.storage import LocalStore, join_uri, open_store
+from trainer.tasks.classification.data import prepare_dataset
 
 
 def save(mgr: CheckpointManager, step: int, blocking: bool = False) -> None:

@@ -6,10 +6,12 @@ import pytest
 import torch
 from safetensors.torch import load as load_safetensors
 
-from trainer.evaluate import classification_report, evaluate_model
+from trainer.evaluate import evaluate_model
 from trainer.export import export_model, load_torchscript
-from trainer.model import build_mlp, load_model, save_model
+from trainer.model import load_model, save_model
 from trainer.storage import LocalStore, join_uri
+from trainer.tasks.classification.model import build_mlp
+from trainer.tasks.classification.report import classification_report
 
 
 def test_report_on_a_known_confusion():
@@ -99,7 +101,7 @@ def test_export_formats_load_and_match_the_pytorch_model(trained, tmp_path):
 def test_evaluate_model_writes_its_report(trained, tmp_path):
     store, uri, model, meta = trained
     from trainer.config import DataConfig
-    from trainer.data import prepare_dataset
+    from trainer.tasks.classification.data import prepare_dataset
 
     rows = ["f0,f1,f2,f3,label"] + [f"{i % 5},{i % 7},{i % 3},{i % 2},{'xyz'[i % 3]}" for i in range(60)]
     store.put_bytes(str(tmp_path / "in.csv"), "\n".join(rows).encode())
@@ -133,7 +135,7 @@ def test_the_confusion_matrix_reaches_classification_metrics_in_the_shape_the_kf
 
     from components.evaluate import evaluate
     from trainer.config import DataConfig
-    from trainer.data import prepare_dataset
+    from trainer.tasks.classification.data import prepare_dataset
 
     store, uri, _, _ = trained
     rows = ["f0,f1,f2,f3,label"] + [f"{i % 5},{i % 7},{i % 3},{i % 2},{'xyz'[i % 3]}" for i in range(60)]

@@ -12,11 +12,11 @@ import torch
 from tests.faultproxy import FaultProxy
 from trainer.checkpoint import CheckpointManager
 from trainer.config import load_config
-from trainer.data import prepare_dataset
 from trainer.launch.backend import run_job
 from trainer.launch.job import training_job
 from trainer.launch.local import LocalBackend
 from trainer.storage import LocalStore, ObjectNotFound, RetryPolicy, S3Store, StoreError, join_uri, open_store
+from trainer.tasks.classification.data import prepare_dataset
 
 pytestmark = pytest.mark.timeout(240)
 

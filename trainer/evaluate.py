@@ -1,4 +1,5 @@
-"""Evaluation on the held-out test split, and the quality gate in front of export."""
+"""Evaluation on the held-out test split (each task computes its own report), the quality gate in
+front of export, and the report's scalars for the KFP UI."""
 
 from __future__ import annotations
 
@@ -6,46 +7,13 @@ import json
 import re
 from typing import Any
 
-import numpy as np
 import torch
 
 from trainer.model import load_model
 from trainer.storage import ObjectStore, join_uri
+from trainer.tasks import get_task
 
 EVAL_RECORD = "metrics.json"
-
-
-def classification_report(y_true: np.ndarray, y_pred: np.ndarray, classes: list[str]) -> dict[str, Any]:
-    """Accuracy, per-class precision/recall/F1 and the confusion matrix (rows: truth, cols: prediction).
-
-    A class never predicted has precision 0, and one never present has recall 0: the report
-    never divides by zero and never hides a class.
-    """
-    k = len(classes)
-    cm = np.zeros((k, k), dtype=np.int64)
-    np.add.at(cm, (y_true, y_pred), 1)
-    tp = np.diag(cm).astype(np.float64)
-    predicted = cm.sum(axis=0)
-    actual = cm.sum(axis=1)
-    precision = np.divide(tp, predicted, out=np.zeros(k), where=predicted > 0)
-    recall = np.divide(tp, actual, out=np.zeros(k), where=actual > 0)
-    denom = precision + recall
-    f1 = np.divide(2 * precision * recall, denom, out=np.zeros(k), where=denom > 0)
-    return {
-        "accuracy": float(tp.sum() / max(cm.sum(), 1)),
-        "per_class": {
-            c: {
-                "precision": float(precision[i]),
-                "recall": float(recall[i]),
-                "f1": float(f1[i]),
-                "support": int(actual[i]),
-            }
-            for i, c in enumerate(classes)
-        },
-        "macro_f1": float(f1.mean()),
-        "confusion_matrix": cm.tolist(),
-        "classes": classes,
-    }
 
 
 def evaluate_model(
@@ -53,8 +21,6 @@ def evaluate_model(
 ) -> dict[str, Any]:
     """Evaluate the model at `model_uri` on (the first `max_items` items of) the test split;
     write `metrics.json` to `output_uri`."""
-    from trainer.tasks import get_task
-
     model, meta = load_model(store, model_uri)
     with torch.no_grad():
         report = get_task(meta["task"]).evaluate(model, meta, store, dataset_uri, max_items)

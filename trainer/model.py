@@ -1,7 +1,8 @@
-"""The built-in classifier and how a trained one is saved to and loaded from the store.
+"""How a trained model of any task is saved to and loaded from the store.
 
 A saved model is a folder: ``model.safetensors`` (the state dict, no pickle) and ``model.json``
-(everything needed to rebuild it: architecture, classes, input normalisation).
+(everything needed to rebuild it: the task, its architecture and whatever else the task
+records, e.g. a classifier's classes and input normalisation). The task rebuilds the module.
 """
 
 from __future__ import annotations
@@ -15,22 +16,10 @@ from safetensors.torch import save as save_safetensors
 from torch import nn
 
 from trainer.storage import ObjectStore, join_uri
+from trainer.tasks import get_task
 
 WEIGHTS = "model.safetensors"
 MODEL_META = "model.json"
-
-
-def build_mlp(num_features: int, hidden_sizes: list[int], num_classes: int, dropout: float) -> nn.Sequential:
-    """A plain MLP: Linear -> ReLU (-> Dropout) per hidden layer, then a linear head of logits."""
-    layers: list[nn.Module] = []
-    width = num_features
-    for h in hidden_sizes:
-        layers += [nn.Linear(width, h), nn.ReLU()]
-        if dropout > 0:
-            layers.append(nn.Dropout(dropout))
-        width = h
-    layers.append(nn.Linear(width, num_classes))
-    return nn.Sequential(*layers)
 
 
 def save_model(
@@ -51,8 +40,6 @@ def save_model(
 
 def load_model(store: ObjectStore, model_uri: str) -> tuple[nn.Module, dict[str, Any]]:
     """Rebuild a saved model (of any task) in eval mode on the CPU, with its metadata."""
-    from trainer.tasks import get_task
-
     meta = json.loads(store.get_bytes(join_uri(model_uri, MODEL_META)))
     model = get_task(meta["task"]).model_from_meta(meta)
     # strict=False only for tied weights (GPT's lm_head is wte): safetensors stores shared

@@ -6,6 +6,9 @@ split the shards in order with their item count, byte size and sha256, so a read
 the shards it needs, knows their sizes before it reads them, and rejects a shard that was
 truncated or changed since data prep, naming it. Token shards hold the smallest unsigned dtype
 that holds the vocabulary; nothing widens a whole shard (windows are widened one at a time).
+
+Every task writes its dataset in this format, `manifest.json` last (a dataset without it is
+incomplete), under its own `format` name; :func:`read_manifest` reads any of them.
 """
 
 from __future__ import annotations
@@ -16,7 +19,12 @@ from dataclasses import asdict, dataclass
 
 import numpy as np
 
-from trainer.storage import CorruptObject, ObjectStore, decode_object, join_uri
+from trainer.storage import CorruptObject, ObjectStore, decode_object, join_uri, read_json
+
+#: The dataset's description, written last by data prep.
+MANIFEST = "manifest.json"
+#: Every dataset's splits, in the order data prep writes them.
+SPLITS = ("train", "val", "test")
 
 
 class DataError(ValueError):
@@ -154,3 +162,17 @@ def split_shards(manifest: dict, split: str, dataset_uri: str) -> list[ShardInfo
     except (KeyError, TypeError):
         raise DataError(f"{dataset_uri}: the manifest has no {split!r} split; rerun data prep") from None
     return [ShardInfo.from_dict(e, f"{dataset_uri} manifest, split {split}") for e in entries]
+
+
+def read_manifest(store: ObjectStore, dataset_uri: str, expected_format: str | None = None) -> dict:
+    """The dataset's manifest; a clear error when the dataset is missing, incomplete or of another task."""
+    uri = join_uri(dataset_uri, MANIFEST)
+    manifest = read_json(store, uri)
+    if not isinstance(manifest, dict) or not isinstance(manifest.get("splits"), dict):
+        raise CorruptObject(f"{uri} is not a kftrain dataset manifest (no 'splits'): rerun data prep")
+    if expected_format and manifest.get("format") != expected_format:
+        raise DataError(
+            f"{dataset_uri} holds a {manifest.get('format')!r} dataset, not {expected_format!r}: "
+            "was it prepared for another task?"
+        )
+    return manifest

@@ -68,8 +68,8 @@ def train_model(
 
     `identity` names the task (`components.runtime.task_identity`); the job's name derives from it.
     """
-    from trainer.data import read_manifest
     from trainer.launch.job import training_job
+    from trainer.shards import read_manifest
     from trainer.train import TRAINING_RECORD
 
     store = store_for(cfg, model_uri, check=True)
@@ -93,9 +93,9 @@ def evaluate(
     """Test-split metrics (also `output_uri`/metrics.json), the quality gate's verdict and reason,
     and the HTML report (run header, curves, confusion matrix, tables) written to `report_uri`;
     `run_id` names the run in the report's header."""
-    from trainer.data import read_manifest
     from trainer.evaluate import evaluate_model, quality_gate
     from trainer.report import html_report
+    from trainer.shards import read_manifest
     from trainer.train import TRAINING_RECORD
 
     store = store_for(cfg, output_uri, check=True)

@@ -22,7 +22,7 @@ import re
 import shutil
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol, TypeVar
@@ -174,6 +174,14 @@ class ObjectStore(Protocol):
 
     def check(self, uri: str) -> None:
         """Preflight: raise :class:`StoreError` saying what to fix if `uri` cannot be written."""
+
+
+def read_chunks(store: ObjectStore, uri: str, chunk_bytes: int) -> Iterator[bytes]:
+    """The object at `uri` in consecutive ranged reads of `chunk_bytes` (the last may be shorter),
+    so a reader holds one chunk however large the object."""
+    size = store.size(uri)
+    for offset in range(0, size, chunk_bytes):
+        yield store.get_bytes(uri, offset, min(chunk_bytes, size - offset))
 
 
 class LocalStore:

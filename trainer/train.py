@@ -27,7 +27,6 @@ from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_di
 
 from trainer.checkpoint import CheckpointError, CheckpointManager
 from trainer.config import Config, ConfigError, config_from_json, to_dict
-from trainer.data import DataError, read_manifest
 from trainer.distributed import (
     DistEnv,
     checkpoint_group,
@@ -50,6 +49,7 @@ from trainer.launch.backend import FAILURE_MARKER
 from trainer.model import save_model
 from trainer.progress import Progress
 from trainer.rng import rng_state, seed_everything, set_rng_state
+from trainer.shards import DataError, read_manifest
 from trainer.storage import StoreError, join_uri, open_store
 from trainer.tasks import Task, get_task
 from trainer.training_data import TrainingData, training_data

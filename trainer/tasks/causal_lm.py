@@ -26,10 +26,9 @@ import torch
 from torch import nn
 
 from trainer.config import Config
-from trainer.data import MANIFEST, DataError, read_manifest
 from trainer.gpt import GPT, GPTConfig
-from trainer.shards import ShardInfo, ShardWriter, split_shards, token_dtype
-from trainer.storage import ObjectNotFound, ObjectStore, decode_object, join_uri
+from trainer.shards import MANIFEST, SPLITS, DataError, ShardInfo, ShardWriter, read_manifest, split_shards, token_dtype
+from trainer.storage import ObjectNotFound, ObjectStore, decode_object, join_uri, read_chunks
 from trainer.streaming import first_items
 from trainer.tasks import Task
 from trainer.tokenizer import ByteTokenizer, Tokenizer, load_tokenizer, tokenizer_from_json
@@ -37,7 +36,6 @@ from trainer.tokenizer import ByteTokenizer, Tokenizer, load_tokenizer, tokenize
 FORMAT = "kftrain.tokens.v2"
 HF_FOLDER = "huggingface"
 TOKENIZER_FILE = "tokenizer.json"
-SPLITS = ("train", "val", "test")
 #: Text is read, split and tokenised in blocks of about this many bytes.
 BLOCK_BYTES = 1 << 20
 JSONL_SUFFIXES = (".jsonl", ".json")
@@ -56,10 +54,9 @@ def stdlib_documents() -> Iterator[bytes]:
 def _object_pieces(store: ObjectStore, uri: str, text_field: str) -> Iterator[bytes]:
     """One object's text in pieces of at most a block: a text file as it is, a JSON Lines file
     as the `text_field` of each record, one record per line."""
-    size = store.size(uri)
     carry = b""
-    for offset in range(0, size, BLOCK_BYTES):
-        chunk = carry + store.get_bytes(uri, offset, min(BLOCK_BYTES, size - offset))
+    for raw in read_chunks(store, uri, BLOCK_BYTES):
+        chunk = carry + raw
         if not uri.endswith(JSONL_SUFFIXES):
             yield chunk
             continue

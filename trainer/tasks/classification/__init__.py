@@ -1,4 +1,7 @@
-"""The built-in classification task: an MLP over a normalised table (the demo: digits)."""
+"""The built-in classification task: an MLP over a normalised table (the demo: digits).
+
+The task owns its code: `data` (the table's two-pass data prep and the split reader), `model`
+(the MLP and its serving wrapper) and `report` (the test-split report)."""
 
 from __future__ import annotations
 
@@ -9,25 +12,12 @@ import torch
 from torch import nn
 
 from trainer.config import Config
-from trainer.data import load_split, prepare_dataset
-from trainer.evaluate import classification_report
-from trainer.model import build_mlp
 from trainer.shards import ShardInfo
 from trainer.storage import ObjectStore
 from trainer.tasks import Task
-
-
-class ServingModel(nn.Module):
-    """Normalisation + classifier: raw features in, logits out."""
-
-    def __init__(self, model: nn.Module, mean: list[float], std: list[float]) -> None:
-        super().__init__()
-        self.model = model
-        self.register_buffer("mean", torch.tensor(mean, dtype=torch.float32))
-        self.register_buffer("std", torch.tensor(std, dtype=torch.float32))
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.model((x - self.mean) / self.std)
+from trainer.tasks.classification.data import load_split, prepare_dataset
+from trainer.tasks.classification.model import ServingModel, build_mlp
+from trainer.tasks.classification.report import classification_report
 
 
 def _rows(info: ShardInfo) -> int:

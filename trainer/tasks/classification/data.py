@@ -1,0 +1,390 @@
+"""The classification task's data: a table -> stratified splits -> normalised shards + manifest.
+
+Layout under a dataset URI (`trainer/shards.py` describes the format)::
+
+    manifest.json              written last: a dataset without it is incomplete
+    train/rows-00000.npz ...   arrays `x` (float32, n x features) and `y` (int64, n)
+    val/rows-00000.npz ...
+    test/rows-00000.npz ...
+
+Shards are numpy ``.npz`` files read with ``allow_pickle=False``: no code runs when loading.
+
+**Two streamed passes.** A CSV source is read in ranged reads of about a MiB (`CHUNK_BYTES`),
+each cut after its last line end outside a quoted field, so that a row is never split between
+chunks, and parsed with the `csv` module. Its rows are converted to numbers in batches of a fixed
+number of rows that depends on the table's width only, not on the chunk size, so the shards are
+the same however the source is chunked. Pass 1 finds the classes, counts the rows and accumulates
+the train rows' per-feature mean and variance (float64; each batch's moments merged exactly into
+the running ones, which is steadier than a sum of squares). Pass 2 normalises every row with them
+and appends it to its split's shards as they fill. Memory holds one chunk, one batch, one shard
+per split and a few numbers per class and per feature, whatever the size of the source. The
+bundled digits set goes through the same two passes from memory.
+
+**The split rule.** A row's split depends only on its class, its position among the rows of its
+class and `data.seed`. Each class counts the rows it has sent to train, val and test; its next
+row goes to the split furthest below its share (fraction x rows of the class so far; fractions in
+millionths, compared exactly as integers). A tie between splits owed equally, frequent for round
+fractions such as the defaults, goes to a split picked by a hash of (seed, class, position): that
+is where the seed changes the split. The rule keeps every split of every class within one row of
+its share after every row (|count - fraction x rows| < 1: the split chosen is owed at least 1/3
+of a row, and one owed a whole row is always chosen first), samples each class evenly along the
+file rather than in blocks, and needs no label held: the same source and seed give the same
+shards in both passes and on every run.
+"""
+
+from __future__ import annotations
+
+import csv
+import hashlib
+import io
+import json
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+
+import numpy as np
+
+from trainer.config import DataConfig
+from trainer.shards import MANIFEST, SPLITS, DataError, ShardWriter, read_manifest, read_shard, split_shards
+from trainer.storage import CorruptObject, ObjectStore, join_uri, read_chunks
+
+FORMAT = "kftrain.tabular.v2"
+#: A CSV source is read in ranged reads of this many bytes.
+CHUNK_BYTES = 1 << 20
+#: Rows are converted and normalised in batches of about this many cells (rows x columns).
+BATCH_CELLS = 1 << 16
+#: A record still open after this many bytes is an error (an unbalanced quote, most likely), so
+#: a broken file cannot grow the buffer without bound.
+MAX_RECORD_BYTES = 16 << 20
+#: Split fractions are counted in millionths, so the split rule compares exact integers.
+_SCALE = 1_000_000
+
+
+@dataclass(slots=True)
+class Rows:
+    """A labelled table that can be read batch by batch, as often as needed (data prep reads it twice)."""
+
+    name: str
+    """The source, as errors and the manifest name it."""
+    feature_names: list[str]
+    """The feature columns in order."""
+    batches: Callable[[], Iterator[tuple[list[str], np.ndarray]]]
+    """A fresh pass over the rows in order: batches of (class labels, features as float64 rows x features)."""
+
+
+def class_order(labels) -> list[str]:
+    """Class names in index order: shorter first, then alphabetical, so `2` comes before `10`."""
+    return sorted(set(labels), key=lambda s: (len(s), s))
+
+
+def batch_rows_for(num_columns: int) -> int:
+    """Rows per batch for a table this wide (about `BATCH_CELLS` cells)."""
+    return max(1, BATCH_CELLS // max(num_columns, 1))
+
+
+def digits_rows(batch_rows: int = 0) -> Rows:
+    """scikit-learn's bundled handwritten digits (1,797 rows of 64 pixels), read from memory."""
+    from sklearn.datasets import load_digits
+
+    digits = load_digits()
+    x = digits.data.astype(np.float64)
+    labels = [str(digits.target_names[t]) for t in digits.target]
+    step = batch_rows or batch_rows_for(x.shape[1])
+
+    def batches() -> Iterator[tuple[list[str], np.ndarray]]:
+        for start in range(0, len(labels), step):
+            yield labels[start : start + step], x[start : start + step]
+
+    return Rows("digits", [f"pixel_{i}" for i in range(x.shape[1])], batches)
+
+
+def _record_end(buf: bytes) -> int:
+    """The offset just after the last line end of `buf` outside a quoted field; -1 if none.
+
+    `buf` starts at a record boundary, so a line end is outside quotes exactly when an even
+    number of `"` precede it (a quote inside a quoted field is doubled)."""
+    end = buf.rfind(b"\n")
+    quotes = buf.count(b'"', 0, end) if end >= 0 else 0
+    while end >= 0 and quotes % 2:
+        prev = buf.rfind(b"\n", 0, end)
+        quotes -= buf.count(b'"', prev + 1, end)
+        end = prev
+    return end + 1 if end >= 0 else -1
+
+
+def _parse_records(part: bytes, uri: str, first_line: int) -> Iterator[tuple[int, list[str]]]:
+    """The records of `part` (whole records only) as (line number, fields); blank lines skipped."""
+    try:
+        text = part.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        line = first_line + part.count(b"\n", 0, exc.start)
+        raise DataError(f"{uri}: line {line} is not UTF-8 text ({exc.reason}); save the CSV as UTF-8") from None
+    reader = csv.reader(io.StringIO(text, newline=""))
+    start = 0  # lines of `part` before the current record
+    try:
+        for fields in reader:
+            if fields:
+                yield first_line + start, fields
+            start = reader.line_num
+    except csv.Error as exc:
+        raise DataError(f"{uri}: line {first_line + start} is not valid CSV ({exc})") from None
+
+
+def csv_records(store: ObjectStore, uri: str, chunk_bytes: int = CHUNK_BYTES) -> Iterator[tuple[int, list[str]]]:
+    """The records of the CSV object at `uri` as (line number, fields), read in ranged reads of
+    `chunk_bytes`; blank lines are skipped, a UTF-8 byte-order mark is dropped."""
+    carry = b""
+    line = 1  # line number of the first line of `carry`
+    first = True
+    for chunk in read_chunks(store, uri, chunk_bytes):
+        buf = carry + chunk
+        if first:
+            buf, first = buf.removeprefix(b"\xef\xbb\xbf"), False
+        cut = _record_end(buf)
+        if cut < 0:
+            if len(buf) > max(MAX_RECORD_BYTES, 2 * chunk_bytes):
+                raise DataError(
+                    f"{uri}: the record at line {line} runs over {len(buf)} bytes without ending: "
+                    'is a quote (") left open?'
+                )
+            carry = buf
+            continue
+        yield from _parse_records(buf[:cut], uri, line)
+        line += buf.count(b"\n", 0, cut)
+        carry = buf[cut:]
+    if carry:
+        yield from _parse_records(carry, uri, line)
+
+
+def _numbers(rows: list[list[str]], columns: list[str], uri: str, first_row: int, lines: list[int]) -> np.ndarray:
+    """The feature cells of a batch as float64; a cell that is not a number is named by row, line and column."""
+    try:
+        return np.array(rows, dtype=np.float64)
+    except ValueError:
+        pass
+    # Find the culprit; numpy may also refuse a spelling Python's float() reads (then use those).
+    out = np.empty((len(rows), len(columns)))
+    for i, row in enumerate(rows):
+        for j, value in enumerate(row):
+            try:
+                out[i, j] = float(value)
+            except ValueError:
+                raise DataError(
+                    f"{uri}: row {first_row + i} (line {lines[i]}), column {columns[j]!r}: {value!r} is not a "
+                    "number; every feature column must be numeric"
+                ) from None
+    return out
+
+
+def csv_rows(
+    store: ObjectStore, uri: str, label_column: str, chunk_bytes: int = CHUNK_BYTES, batch_rows: int = 0
+) -> Rows:
+    """The CSV object at `uri` as :class:`Rows`: a header row, `label_column` holds the class, every
+    other column is a number. Reads only the header now; each pass streams the object again."""
+    records = csv_records(store, uri, chunk_bytes)
+    first = next(records, None)
+    records.close()
+    if first is None:
+        raise DataError(f"{uri}: needs a header row and at least one data row (the object holds no rows)")
+    header = first[1]
+    if label_column not in header:
+        raise DataError(f"{uri}: no column {label_column!r} (data.label_column); columns are {header}")
+    li = header.index(label_column)
+    features = header[:li] + header[li + 1 :]
+    if not features:
+        raise DataError(f"{uri}: needs at least one feature column besides {label_column!r}")
+    step = batch_rows or batch_rows_for(len(header))
+
+    def batches() -> Iterator[tuple[list[str], np.ndarray]]:
+        records = csv_records(store, uri, chunk_bytes)
+        next(records)  # the header
+        labels: list[str] = []
+        cells: list[list[str]] = []
+        lines: list[int] = []
+        row = 0  # data rows before this batch
+        for line, fields in records:
+            if len(fields) != len(header):
+                raise DataError(
+                    f"{uri}: row {row + len(labels) + 1} (line {line}) has {len(fields)} columns, the header "
+                    f"{len(header)}: rows have differing numbers of columns"
+                )
+            labels.append(fields[li])
+            cells.append(fields[:li] + fields[li + 1 :])
+            lines.append(line)
+            if len(labels) == step:
+                yield labels, _numbers(cells, features, uri, row + 1, lines)
+                row += len(labels)
+                labels, cells, lines = [], [], []
+        if labels:
+            yield labels, _numbers(cells, features, uri, row + 1, lines)
+
+    return Rows(uri, features, batches)
+
+
+def open_source(
+    cfg: DataConfig, store: ObjectStore | None, chunk_bytes: int = CHUNK_BYTES, batch_rows: int = 0
+) -> Rows:
+    """The configured source: the bundled digits set, or a CSV object from the store."""
+    if cfg.source in ("", "digits"):
+        return digits_rows(batch_rows)
+    if store is None:
+        raise DataError(f"data.source {cfg.source!r} needs an object store to read from")
+    return csv_rows(store, cfg.source, cfg.label_column, chunk_bytes, batch_rows)
+
+
+class SplitAssigner:
+    """The split rule of the module docstring: call :meth:`assign` once per row, in row order."""
+
+    def __init__(self, val_fraction: float, test_fraction: float, seed: int) -> None:
+        val, test = round(val_fraction * _SCALE), round(test_fraction * _SCALE)
+        self.weights = (_SCALE - val - test, val, test)
+        self.seed = seed
+        self.counts: dict[str, list[int]] = {}
+        """Per class, the rows sent to train, val and test so far."""
+        self._keys: dict[str, bytes] = {}
+
+    def assign(self, label: str) -> int:
+        """The split (an index into `SPLITS`) of the next row of class `label`."""
+        counts = self.counts.get(label)
+        if counts is None:
+            counts = self.counts[label] = [0, 0, 0]
+        c0, c1, c2 = counts
+        n = c0 + c1 + c2 + 1
+        w0, w1, w2 = self.weights
+        # What each split is owed, in millionths of a row: its share of n rows minus what it holds.
+        o0, o1, o2 = w0 * n - _SCALE * c0, w1 * n - _SCALE * c1, w2 * n - _SCALE * c2
+        if o0 > o1 and o0 > o2:
+            split = 0
+        elif o1 > o0 and o1 > o2:
+            split = 1
+        elif o2 > o0 and o2 > o1:
+            split = 2
+        else:
+            top = max(o0, o1, o2)
+            tied = [s for s, o in enumerate((o0, o1, o2)) if o == top]
+            split = tied[self._tie_break(label, n) % len(tied)]
+        counts[split] += 1
+        return split
+
+    def assign_all(self, labels: list[str]) -> np.ndarray:
+        """:meth:`assign` for each label in order, as an array of split indices."""
+        assign = self.assign
+        return np.array([assign(label) for label in labels], dtype=np.int8)
+
+    def _tie_break(self, label: str, position: int) -> int:
+        key = self._keys.get(label)
+        if key is None:
+            key = self._keys[label] = hashlib.blake2b(f"{self.seed}\0{label}".encode(), digest_size=32).digest()
+        digest = hashlib.blake2b(position.to_bytes(8, "little"), key=key, digest_size=8).digest()
+        return int.from_bytes(digest, "little")
+
+
+class _Moments:
+    """Per-feature count, mean and sum of squared deviations, merged batch by batch (the pairwise
+    update of Chan, Golub and LeVeque: no cancellation, unlike a sum of squares)."""
+
+    def __init__(self, width: int) -> None:
+        self.n = 0
+        self.mean = np.zeros(width)
+        self.m2 = np.zeros(width)
+
+    def add(self, x: np.ndarray) -> None:
+        if not len(x):
+            return
+        nb, mb = len(x), x.mean(axis=0)
+        m2b = np.square(x - mb).sum(axis=0)
+        n = self.n + nb
+        delta = mb - self.mean
+        self.mean = self.mean + delta * (nb / n)
+        self.m2 = self.m2 + m2b + np.square(delta) * (self.n * nb / n)
+        self.n = n
+
+    def mean_std(self) -> tuple[np.ndarray, np.ndarray]:
+        std = np.sqrt(self.m2 / max(self.n, 1))
+        # Constant features (blank pixel columns) stay zero, not NaN; "constant" allows for the
+        # rounding of a mean of equal values.
+        std[std <= 1e-12 * np.abs(self.mean)] = 1.0
+        std[std == 0] = 1.0
+        return self.mean, std
+
+
+def prepare_dataset(
+    cfg: DataConfig, store: ObjectStore, dataset_uri: str, chunk_bytes: int = CHUNK_BYTES, batch_rows: int = 0
+) -> dict:
+    """Split, normalise (statistics from train only) and shard the source in two streamed passes;
+    return the manifest. `chunk_bytes` and `batch_rows` (0: from the width) only bound memory."""
+    rows = open_source(cfg, store, chunk_bytes, batch_rows)
+    name = cfg.source or "digits"
+
+    # Pass 1: classes, split sizes, and the train rows' statistics.
+    assigner = SplitAssigner(cfg.val_fraction, cfg.test_fraction, cfg.seed)
+    moments = _Moments(len(rows.feature_names))
+    for labels, x in rows.batches():
+        moments.add(x[assigner.assign_all(labels) == 0])
+    counts = assigner.counts
+    total = sum(sum(c) for c in counts.values())
+    if total == 0:
+        raise DataError(f"{name}: needs a header row and at least one data row")
+    classes = class_order(counts)
+    if len(classes) < 2:
+        raise DataError(f"{name}: needs at least two classes, found {classes}")
+    sizes = [sum(c[s] for c in counts.values()) for s in range(len(SPLITS))]
+    if not all(sizes):
+        raise DataError(
+            f"{name}: {total} rows are too few for a train/val/test split "
+            f"with val_fraction={cfg.val_fraction} and test_fraction={cfg.test_fraction}"
+        )
+    mean, std = moments.mean_std()
+
+    # Pass 2: normalise and shard, in row order within each split.
+    index = {c: i for i, c in enumerate(classes)}
+    writers = [ShardWriter(store, dataset_uri, split, cfg.shard_rows, kind="rows") for split in SPLITS]
+    assigner = SplitAssigner(cfg.val_fraction, cfg.test_fraction, cfg.seed)
+    for labels, x in rows.batches():
+        where = assigner.assign_all(labels)
+        if assigner.counts.keys() - index.keys():
+            raise DataError(f"{name} changed while data prep read it (a new class appeared); rerun data prep")
+        y = np.array([index[label] for label in labels], dtype=np.int64)
+        z = ((x - mean) / std).astype(np.float32)
+        for s, writer in enumerate(writers):
+            mask = where == s
+            if mask.any():
+                writer.add(x=z[mask], y=y[mask])
+    if assigner.counts != counts:
+        raise DataError(f"{name} changed while data prep read it (its rows differ between passes); rerun data prep")
+
+    manifest: dict = {
+        "format": FORMAT,
+        "source": name,
+        "seed": cfg.seed,
+        "num_features": len(rows.feature_names),
+        "feature_names": rows.feature_names,
+        "classes": classes,
+        "normalization": {"mean": mean.tolist(), "std": std.tolist()},
+        "splits": {},
+    }
+    for split, writer, size in zip(SPLITS, writers, sizes, strict=True):
+        shards = writer.close()
+        manifest["splits"][split] = {"rows": size, "shards": [sh.as_dict() for sh in shards]}
+    # The manifest goes last: readers treat a dataset without it as incomplete.
+    store.put_bytes(join_uri(dataset_uri, MANIFEST), json.dumps(manifest, indent=2).encode())
+    return manifest
+
+
+def load_split(
+    store: ObjectStore, dataset_uri: str, split: str, manifest: dict | None = None, max_rows: int = 0
+) -> tuple[np.ndarray, np.ndarray]:
+    """The first `max_rows` rows of one split in shard order (0: all) as (x float32, y int64);
+    only the shards that hold them are read."""
+    manifest = manifest or read_manifest(store, dataset_uri, FORMAT)
+    xs, ys, count = [], [], 0
+    for info in split_shards(manifest, split, dataset_uri):
+        if max_rows and count >= max_rows:
+            break
+        arrays = read_shard(store, dataset_uri, info)
+        if not isinstance(arrays, dict) or not {"x", "y"} <= set(arrays):
+            raise CorruptObject(f"{join_uri(dataset_uri, info.name)} lacks the arrays x and y: rerun data prep")
+        take = info.items if not max_rows else min(info.items, max_rows - count)
+        xs.append(arrays["x"][:take])
+        ys.append(arrays["y"][:take])
+        count += take
+    return np.concatenate(xs), np.concatenate(ys)
