@@ -224,6 +224,13 @@ def main() -> None:
                 "tokens_per_s": round(tps),
                 "tokens_per_s_runs": [round(tokens / x["seconds"]) for x in results[s]],
                 "throughput_over_" + base: round(tps / base_tps, 3),
+                # Per repeat (the two ran back to back, under the same load), then the median.
+                "throughput_over_" + base + "_paired_median": round(
+                    statistics.median(
+                        b["seconds"] / x["seconds"] for x, b in zip(results[s], results[base], strict=True)
+                    ),
+                    3,
+                ),
                 "first_losses_max_abs_diff_vs_" + base: float(f"{loss_diff:.2e}"),
             }
         report["collectives_s_per_step"] = {k: round(v, 4) for k, v in comm.items()}
