@@ -16,7 +16,8 @@ without (which also counts steps slowed by the upload competing for the cores).
 (b) Upload throughput: the same DDP checkpoint saved by 2 ranks in parallel (each uploads its
 own DCP parts: the replicated tensors are spread over the ranks) against one rank saving it
 alone (``world_size=1``, every byte from one process), ``blocking=True`` so nothing else runs,
-to the same server; MB/s = the checkpoint's bytes / ``last_upload_seconds`` (the slowest rank).
+to the same server; MB/s = the checkpoint's bytes / ``last_upload_seconds`` (the slowest rank),
+and the S3 server process's CPU seconds per second of upload (1.0 = one core saturated).
 
     OMP_NUM_THREADS=1 .venv/bin/python -m torch.distributed.run --nproc-per-node 2 bench/checkpoint_stall.py
 """
@@ -125,6 +126,20 @@ def stall_bench(strategy: str, r: int, args, env, device, store, group, data) ->
     return out
 
 
+def server_cpu_seconds() -> float:
+    """CPU seconds the S3 server process (this process's moto_server child) has used so far; 0
+    where it is not ours (the other ranks) or /proc is missing."""
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            text = stat.read_text()
+        except OSError:
+            continue
+        name, fields = text[text.index("(") + 1 : text.rindex(")")], text[text.rindex(")") + 2 :].split()
+        if "moto" in name and int(fields[1]) == os.getpid():  # fields[1]: parent pid
+            return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")  # utime + stime
+    return 0.0
+
+
 def upload_bench(r: int, env, device, args, store, group, data) -> dict:
     """One DDP checkpoint, saved by both ranks in parallel and by rank 0 alone (alternating)."""
     model, step_model, opt = build("ddp", args, env, device)
@@ -134,6 +149,7 @@ def upload_bench(r: int, env, device, args, store, group, data) -> dict:
     out = {}
     for parallel in (True, False) if r % 2 == 0 else (False, True):
         dist.barrier()
+        cpu0 = server_cpu_seconds()
         if parallel:
             mgr = CheckpointManager(
                 store, "s3://bench/upload-2/checkpoints", 1, rank=env.rank, world_size=env.world_size, group=group
@@ -151,6 +167,9 @@ def upload_bench(r: int, env, device, args, store, group, data) -> dict:
             out["one_rank"] = {"bytes": mgr.last_bytes, "seconds": mgr.last_upload_seconds}
             mgr.close()
         dist.barrier()
+        if env.is_main:  # the server's CPU time per second of upload (1.0: one core busy)
+            key = "parallel" if parallel else "one_rank"
+            out[key]["server_cpu_share"] = (server_cpu_seconds() - cpu0) / out[key]["seconds"]
     return out
 
 
@@ -203,6 +222,8 @@ def summarize(args, per_rank: list[dict], strategies: list[str]) -> dict:
         "one_rank_mb_s_runs": [round(x / 1e6, 1) for x in one],
         "two_over_one": round(statistics.median(par) / statistics.median(one), 3),
         "two_over_one_paired_median": round(statistics.median(p / o for p, o in zip(par, one, strict=True)), 3),
+        "server_cpu_share_two_ranks": round(statistics.median(x["parallel"]["server_cpu_share"] for x in up), 2),
+        "server_cpu_share_one_rank": round(statistics.median(x["one_rank"]["server_cpu_share"] for x in up), 2),
     }
     return report
 
