@@ -15,16 +15,18 @@ import torch
 from safetensors import safe_open
 from safetensors.torch import load_file
 from safetensors.torch import save as library_save
+from torch.distributed.checkpoint.state_dict import get_state_dict
 
 from tests.conftest import run_group
 from tests.test_fsdp import TINY_GPT, record_of, train, weights_of
 from trainer.checkpoint import COMMIT, CheckpointError, CheckpointManager, step_dir
 from trainer.config import load_config
 from trainer.consolidate import consolidate
-from trainer.model import load_model
+from trainer.model import load_model, publish_model
 from trainer.safetensors_file import SafetensorsWriter, TensorSpec, write_safetensors
-from trainer.storage import LocalStore
+from trainer.storage import PART_SIZE, LocalStore, open_store
 from trainer.tasks import get_task
+from trainer.tasks.classification.model import build_mlp
 from trainer.train import parameter_digest
 
 REPO = Path(__file__).resolve().parents[1]
@@ -205,6 +207,28 @@ def test_a_missing_or_changed_part_is_a_checkpoint_error_naming_it(fsdp_runs, tm
         consolidate(LocalStore(), str(folder), path)
 
 
+def test_consolidation_reads_and_writes_through_s3(bucket, tmp_path):
+    """From checkpoint parts in an S3 bucket to a model in it: a file over one multipart part."""
+    prefix = f"s3://{bucket}/run/checkpoints"
+    store = open_store(prefix)
+    torch.manual_seed(0)
+    arch = {"num_features": 1200, "hidden_sizes": [2048], "num_classes": 3, "dropout": 0.0}
+    model = build_mlp(**arch)  # 9.4 MiB of weights: the upload takes two parts of 8 MiB
+    opt = torch.optim.AdamW(model.parameters())
+    model(torch.randn(2, 1200)).sum().backward()
+    opt.step()
+    model_state, optim_state = get_state_dict(model, opt)
+    CheckpointManager(store, prefix).save(7, {"model": model_state, "optimizer": optim_state}, blocking=True)
+    path = tmp_path / "model.safetensors"
+    consolidate(store, step_dir(prefix, 7), path)
+    assert path.stat().st_size > PART_SIZE
+    model_uri = f"s3://{bucket}/run/model"
+    publish_model(store, model_uri, path, {"task": "classification", "architecture": arch})
+    loaded, _ = load_model(store, model_uri)
+    for (name, want), got in zip(model.state_dict().items(), loaded.state_dict().values(), strict=True):
+        assert torch.equal(want, got), name
+
+
 # -- memory: one tensor at a time -------------------------------------------------------------------
 
 TENSOR_MB = 32
@@ -213,7 +237,7 @@ MEASURE = textwrap.dedent(
     import json, sys
     from trainer.checkpoint import step_dir
     from trainer.consolidate import consolidate
-    from trainer.storage import LocalStore
+    from trainer.storage import PART_SIZE, LocalStore, open_store
 
     def status(field):
         for line in open("/proc/self/status"):
