@@ -51,7 +51,8 @@ def mixed_tensors() -> dict[str, torch.Tensor]:
     }
 
 
-@pytest.mark.parametrize("metadata", [None, {"format": "pt", "a": "b"}], ids=["plain", "metadata"])
+# One metadata key at most: the library orders several by a hash map, differently from call to call.
+@pytest.mark.parametrize("metadata", [None, {"format": "pt"}], ids=["plain", "metadata"])
 def test_the_writer_writes_the_library_s_own_bytes(tmp_path, metadata):
     tensors = mixed_tensors()
     path = tmp_path / "w.safetensors"

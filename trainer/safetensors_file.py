@@ -9,7 +9,8 @@ more than the tensor it is given (``safetensors.torch.save`` builds the whole fi
 
 Tensors are laid out in the order safetensors' own writer uses (widest dtype first, then by name),
 which keeps every tensor naturally aligned and makes the file byte-for-byte the one
-``safetensors.torch.save`` writes for the same tensors.
+``safetensors.torch.save`` writes for the same tensors (and at most one ``__metadata__`` key:
+the library orders several differently from call to call; this writer sorts them).
 """
 
 from __future__ import annotations
@@ -85,7 +86,8 @@ def header(specs: list[TensorSpec], metadata: Mapping[str, str] | None = None) -
     """The file's first bytes for `specs` (already in file order): length prefix and padded JSON."""
     entries: dict[str, object] = {}
     if metadata:
-        entries["__metadata__"] = dict(sorted(metadata.items()))  # the library writes them sorted
+        # Sorted: the same file every time (the library's own order is a hash map's and varies).
+        entries["__metadata__"] = dict(sorted(metadata.items()))
     offset = 0
     for s in specs:
         entries[s.name] = {
