@@ -98,6 +98,8 @@ class CheckpointManager:
         self.last_bytes = 0
         #: Parts this rank downloaded in its last :meth:`load` (each rank reads only what it needs).
         self.last_fetched: list[str] = []
+        #: The step of the checkpoint this manager last saved or loaded (None: neither yet).
+        self.last_step: int | None = None
 
     # -- writing ------------------------------------------------------------------------------
 
@@ -129,6 +131,7 @@ class CheckpointManager:
         )
         if local is not None:
             torch.save(local(), folder / rank_part(self.rank))
+        self.last_step = step
         files = sorted(p for p in folder.iterdir() if p.is_file())
         self.last_stage_seconds = time.perf_counter() - t0
         self.last_bytes = sum(p.stat().st_size for p in files)
@@ -280,6 +283,7 @@ class CheckpointManager:
             if rank_part(self.rank) in record["parts"]:
                 own = torch.load(reader.fetch(rank_part(self.rank)), map_location="cpu", weights_only=True)
             self.last_fetched = list(reader.fetched)
+            self.last_step = int(record["step"])
         except StoreError as exc:
             raise CheckpointError(f"cannot read checkpoint {folder}: {exc}") from exc
         finally:
@@ -297,6 +301,7 @@ class StoreReader(FileSystemReader):
         super().__init__(str(cache))
         self._store, self._folder, self._cache, self._parts = store, folder, cache, parts
         self._lock = threading.Lock()  # DCP may read from several threads
+        self._metadata = None
         self.fetched: list[str] = []
 
     def fetch(self, name: str) -> Path:
@@ -319,16 +324,35 @@ class StoreReader(FileSystemReader):
             self.fetched.append(name)
             return path
 
+    def release(self, name: str) -> None:
+        """Delete the local copy of part `name` (fetched again if asked for later)."""
+        (self._cache / name).unlink(missing_ok=True)
+
     def read_metadata(self, *args: Any, **kwargs: Any):
-        """DCP's index, fetched from the store first."""
-        self.fetch(METADATA)
-        return super().read_metadata(*args, **kwargs)
+        """DCP's index, fetched from the store first and parsed once (every dcp.load asks for it:
+        consolidation calls dcp.load once per tensor)."""
+        if self._metadata is None:
+            self.fetch(METADATA)
+            self._metadata = super().read_metadata(*args, **kwargs)
+        return self._metadata
 
     def read_data(self, plan, planner):
         """Fetch the files this rank's load plan reads, then read them as FileSystemReader does."""
         for name in sorted({self.storage_data[item.storage_index].relative_path for item in plan.items}):
             self.fetch(name)
         return super().read_data(plan, planner)
+
+
+def commit_record(store: ObjectStore, folder: str) -> dict[str, Any]:
+    """The commit record of the checkpoint in `folder`; CheckpointError naming it when it is
+    missing or lists no parts (the checkpoint was never committed, or the record is damaged)."""
+    uri = join_uri(folder, COMMIT)
+    try:
+        record = read_json(store, uri)
+        _committed_parts(record)
+    except (ObjectNotFound, CorruptObject) as exc:
+        raise CheckpointError(f"checkpoint {folder} is not committed ({uri}): {exc}") from exc
+    return record
 
 
 def _committed_parts(record: Any) -> dict[str, dict[str, Any]]:

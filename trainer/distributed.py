@@ -13,7 +13,8 @@ shards parameters, gradients and optimizer state, each of the task's shard units
 (:meth:`trainer.tasks.Task.shard_units`, the GPT blocks) and then the root. What differs
 between the two for the loop lives here: skipping the gradient sync on accumulation
 micro-steps (:func:`gradient_sync`), the global gradient norm (:func:`clip_grad_norm`), and a
-full copy of the weights for export (:func:`full_state_dict`).
+full copy of the weights (:func:`full_state_dict`: the export's fallback when there is no
+checkpoint to consolidate from, see :mod:`trainer.consolidate`).
 """
 
 from __future__ import annotations

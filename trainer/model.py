@@ -8,13 +8,15 @@ records, e.g. a classifier's classes and input normalisation). The task rebuilds
 from __future__ import annotations
 
 import json
+import tempfile
+from pathlib import Path
 from typing import Any
 
 import torch
 from safetensors.torch import load as load_safetensors
-from safetensors.torch import save as save_safetensors
 from torch import nn
 
+from trainer.safetensors_file import write_safetensors
 from trainer.storage import ObjectStore, join_uri
 from trainer.tasks import get_task
 
@@ -32,9 +34,20 @@ def save_model(
     """Write weights first and the metadata last, so a folder with `model.json` is complete.
 
     `state`: the full weights by name when `model` holds only shards (FSDP); default: its own.
+    The file is written one tensor at a time (each tied tensor once) to a local temporary file
+    and uploaded from there.
     """
-    state = weights(model, state)
-    store.put_bytes(join_uri(model_uri, WEIGHTS), save_safetensors(state))
+    tied = tied_names(model)
+    state = model.state_dict() if state is None else state
+    with tempfile.TemporaryDirectory(prefix="kftrain-model-") as tmp:
+        path = Path(tmp) / WEIGHTS
+        write_safetensors(path, {k: v for k, v in state.items() if k not in tied})
+        publish_model(store, model_uri, path, meta)
+
+
+def publish_model(store: ObjectStore, model_uri: str, weights_path: str | Path, meta: dict[str, Any]) -> None:
+    """Upload a local safetensors file as the model's weights, then its metadata, last."""
+    store.put_file(join_uri(model_uri, WEIGHTS), weights_path)
     store.put_bytes(join_uri(model_uri, MODEL_META), json.dumps(meta, indent=2).encode())
 
 

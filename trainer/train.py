@@ -18,15 +18,18 @@ import json
 import logging
 import math
 import sys
+import tempfile
 import time
+from pathlib import Path
 from typing import Any
 
 import torch
 from torch import nn
 from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 
-from trainer.checkpoint import CheckpointError, CheckpointManager
+from trainer.checkpoint import CheckpointError, CheckpointManager, step_dir
 from trainer.config import Config, ConfigError, config_from_json, to_dict
+from trainer.consolidate import consolidate
 from trainer.distributed import (
     DistEnv,
     checkpoint_group,
@@ -46,11 +49,12 @@ from trainer.distributed import (
 )
 from trainer.events import EVENTS_FOLDER, EventWriter
 from trainer.launch.backend import FAILURE_MARKER
-from trainer.model import save_model
+from trainer.model import WEIGHTS, publish_model, save_model, tied_names
 from trainer.progress import Progress
 from trainer.rng import rng_state, seed_everything, set_rng_state
+from trainer.safetensors_file import TensorFile
 from trainer.shards import DataError, read_manifest
-from trainer.storage import StoreError, join_uri, open_store
+from trainer.storage import ObjectStore, StoreError, join_uri, open_store
 from trainer.tasks import Task, get_task
 from trainer.training_data import TrainingData, training_data
 
@@ -73,6 +77,53 @@ def parameter_digest(model: nn.Module, state: dict[str, torch.Tensor] | None = N
         t = p if state is None else state[name]
         h.update(t.detach().float().cpu().contiguous().numpy().tobytes())
     return h.hexdigest()[:16]
+
+
+def write_final_model(
+    model: nn.Module,
+    meta: dict[str, Any],
+    store: ObjectStore,
+    model_uri: str,
+    env: DistEnv,
+    ckpt: CheckpointManager | None,
+) -> str:
+    """Rank 0 writes `model.safetensors`, then `model.json`, to `model_uri`; every rank calls it and
+    gets the final parameter digest ("" where this rank holds no full weights).
+
+    DDP (or one process): rank 0 streams its own weights into the file one tensor at a time.
+    FSDP with checkpoints: rank 0 consolidates the checkpoint of the last step, which the caller
+    saved and closed (:meth:`CheckpointManager.close` waits for the commit), from the shards one
+    tensor at a time: rank 0 needs memory for one tensor, not the model, and no rank gathers.
+    FSDP without checkpoints: the full state dict is gathered into rank 0's host memory (a
+    collective), as there are no shards to consolidate from.
+    """
+    bare = unwrap(model)
+    if not is_sharded(model):
+        digest = parameter_digest(model)
+        if env.is_main:
+            save_model(store, model_uri, bare, meta)
+    elif ckpt is not None and ckpt.last_step is not None:
+        digest = ""
+        if env.is_main:
+            with tempfile.TemporaryDirectory(prefix="kftrain-final-") as tmp:
+                path = Path(tmp) / WEIGHTS
+                consolidate(ckpt.store, step_dir(ckpt.prefix, ckpt.last_step), path, exclude=tied_names(bare))
+                # The same digest as from gathered weights, read back from the file tensor by tensor.
+                digest = parameter_digest(model, TensorFile(path))
+                publish_model(store, model_uri, path, meta)
+    else:
+        if env.is_main:
+            log.info(
+                "gathering the full FSDP weights into rank 0's memory for the model file: "
+                "consolidating them from the shards one tensor at a time needs checkpoint.enabled"
+            )
+        weights = full_state_dict(model)  # a collective; only rank 0 gets the tensors
+        digest = parameter_digest(model, weights) if weights else ""
+        if env.is_main:
+            save_model(store, model_uri, bare, meta, state=weights)
+    if digest:
+        log.info("final parameter digest %s", digest)
+    return digest
 
 
 def lr_factor(step: int, total: int, cfg: Config) -> float:
@@ -428,13 +479,11 @@ class Trainer:
             torch.cuda.synchronize()
         train_seconds = time.perf_counter() - self.t_train
         if self.ckpt is not None:
+            if is_sharded(self.model) and self.ckpt.last_step != self.step:
+                # FSDP's model file is consolidated from the final step's checkpoint (write_final_model).
+                self.save_checkpoint()
             self.ckpt.close()
         self.progress.close()
-        # FSDP: all-gathered tensor by tensor into rank 0's host memory (other ranks get nothing).
-        weights = full_state_dict(self.model)
-        digest = parameter_digest(self.model, weights if is_sharded(self.model) else None) if weights else ""
-        if digest:
-            log.info("final parameter digest %s", digest)
         steps_run = self.step - self.start_step
         final = self.history[-1] if self.history else {}
         if self.validates and not final:
@@ -454,9 +503,9 @@ class Trainer:
         }
         if self.peak and self.flops_per_step and steps_run:
             metrics["mfu"] = steps_run * self.flops_per_step / train_seconds / self.peak
+        self.meta.update(task=cfg.task, dataset_uri=self.dataset_uri)
+        digest = write_final_model(self.model, self.meta, self.store, self.model_uri, env, self.ckpt)
         if env.is_main:
-            self.meta.update(task=cfg.task, dataset_uri=self.dataset_uri)
-            save_model(self.store, self.model_uri, unwrap(self.model), self.meta, state=weights)
             record = {
                 "metrics": metrics,
                 "history": self.history,
