@@ -39,6 +39,7 @@ import torch.distributed as dist
 from torch.distributed.checkpoint.state_dict import get_state_dict
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from bench.gpt_setup import add_gpt_arguments, parallel_gpt, require_ranks, token_batches  # noqa: E402
 from tests.s3server import s3_server  # noqa: E402
 from trainer.checkpoint import CheckpointManager  # noqa: E402
 from trainer.distributed import (  # noqa: E402
@@ -46,20 +47,14 @@ from trainer.distributed import (  # noqa: E402
     clip_grad_norm,
     device_for,
     dist_env,
-    parallelize,
     process_group,
 )
-from trainer.gpt import GPT, GPTConfig  # noqa: E402
 from trainer.rng import rng_state  # noqa: E402
 from trainer.storage import S3Store  # noqa: E402
-from trainer.tasks import Task  # noqa: E402
 
 
 def build(strategy: str, args, env, device):
-    torch.manual_seed(0)
-    model = GPT(GPTConfig(n_layer=args.n_layer, n_head=args.n_head, n_embd=args.n_embd, block_size=args.block))
-    model.to(device)
-    step_model = parallelize(model, env, device, strategy=strategy, units=Task().shard_units(model))
+    model, step_model = parallel_gpt(args, env, device, strategy)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-4, fused=device.type == "cuda")
     return model, step_model, opt
 
@@ -230,23 +225,15 @@ def summarize(args, per_rank: list[dict], strategies: list[str]) -> dict:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("--repeats", type=int, default=3)
-    parser.add_argument("--steps", type=int, default=9, help="timed steps per loop")
+    add_gpt_arguments(parser, steps=9, help_steps="timed steps per loop")
     parser.add_argument("--interval", type=int, default=3, help="save every this many steps")
-    parser.add_argument("--n-layer", type=int, default=6)
-    parser.add_argument("--n-head", type=int, default=6)
-    parser.add_argument("--n-embd", type=int, default=384)
-    parser.add_argument("--block", type=int, default=128, help="context length")
-    parser.add_argument("--batch", type=int, default=8, help="global batch (sequences per step)")
     parser.add_argument("--strategies", default="ddp,fsdp")
     args = parser.parse_args()
     strategies = args.strategies.split(",")
     env = dist_env()
-    if env.world_size < 2:
-        raise SystemExit("run under torch.distributed.run --nproc-per-node 2 (or more)")
+    require_ranks(env)
     device = device_for(env)
-    gen = torch.Generator().manual_seed(1234)
-    data = torch.randint(0, 256, (args.steps + 1, args.batch, args.block + 1), generator=gen)
+    data = token_batches(args, args.steps + 1)
     with process_group(env, device), contextlib.ExitStack() as stack:
         box = [None]
         if env.is_main:

@@ -38,9 +38,8 @@ import torch
 import torch.distributed as dist
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from trainer.distributed import clip_grad_norm, device_for, dist_env, parallelize, process_group  # noqa: E402
-from trainer.gpt import GPT, GPTConfig  # noqa: E402
-from trainer.tasks import Task  # noqa: E402
+from bench.gpt_setup import add_gpt_arguments, gpt, parallel_gpt, require_ranks, token_batches  # noqa: E402
+from trainer.distributed import clip_grad_norm, device_for, dist_env, process_group  # noqa: E402
 
 STRATEGIES = ("ddp", "fsdp", "fsdp+ac")
 
@@ -94,16 +93,9 @@ def reset_peak_rss() -> int:
 def run(strategy: str, args, env, device, data: torch.Tensor) -> dict:
     """Train a fresh model for `args.steps` steps (after `args.warmup`); time, memory, losses."""
     rss0 = reset_peak_rss()
-    torch.manual_seed(0)  # identical initial weights on every rank, for every strategy
-    model = GPT(GPTConfig(n_layer=args.n_layer, n_head=args.n_head, n_embd=args.n_embd, block_size=args.block))
-    model.to(device)
-    step_model = parallelize(
-        model,
-        env,
-        device,
-        strategy=strategy.removesuffix("+ac"),
-        units=Task().shard_units(model),
-        activation_checkpointing=strategy.endswith("+ac"),
+    # Identical initial weights on every rank, for every strategy.
+    model, step_model = parallel_gpt(
+        args, env, device, strategy.removesuffix("+ac"), activation_checkpointing=strategy.endswith("+ac")
     )
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3, fused=device.type == "cuda")
     micro = args.batch // env.world_size
@@ -165,31 +157,22 @@ def collective_seconds(numel: int, env, repeats: int = 5) -> dict[str, float]:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("--repeats", type=int, default=3)
-    parser.add_argument("--steps", type=int, default=8, help="timed optimizer steps per run")
+    add_gpt_arguments(parser, steps=8, help_steps="timed optimizer steps per run")
     parser.add_argument("--warmup", type=int, default=2, help="untimed steps before them")
-    parser.add_argument("--n-layer", type=int, default=6)
-    parser.add_argument("--n-head", type=int, default=6)
-    parser.add_argument("--n-embd", type=int, default=384)
-    parser.add_argument("--block", type=int, default=128, help="context length")
-    parser.add_argument("--batch", type=int, default=8, help="global batch (sequences per step)")
     parser.add_argument("--strategies", default=",".join(STRATEGIES))
     args = parser.parse_args()
     strategies = args.strategies.split(",")
     env = dist_env()
-    if env.world_size < 2:
-        raise SystemExit("run under torch.distributed.run --nproc-per-node 2 (or more)")
+    require_ranks(env)
     device = device_for(env)
-    gen = torch.Generator().manual_seed(1234)
-    data = torch.randint(0, 256, (args.warmup + args.steps, args.batch, args.block + 1), generator=gen)
+    data = token_batches(args, args.warmup + args.steps)
     results: dict[str, list[dict]] = {s: [] for s in strategies}
     with process_group(env, device):
         for r in range(args.repeats):
             # Rotate the order so no strategy always runs first (or right after another).
             for strategy in strategies[r % len(strategies) :] + strategies[: r % len(strategies)]:
                 results[strategy].append(run(strategy, args, env, device, data))
-        numel = GPT(GPTConfig(n_layer=args.n_layer, n_head=args.n_head, n_embd=args.n_embd,
-                              block_size=args.block)).num_params()  # fmt: skip
+        numel = gpt(args).num_params()
         comm = collective_seconds(numel, env)
         per_rank = [None] * env.world_size
         dist.all_gather_object(per_rank, results)
