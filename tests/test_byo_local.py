@@ -58,6 +58,8 @@ if rank == 0:
     os.makedirs(out, exist_ok=True)
     torch.save(model.state_dict(), os.path.join(out, "model.pt"))
     print(f"rank 0 wrote {out}/model.pt", flush=True)
+# Leave together: a gloo rank that tears its group down while a peer is still in it can abort.
+dist.barrier()
 dist.destroy_process_group()
 """
 
