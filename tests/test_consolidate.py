@@ -3,6 +3,7 @@ the streaming safetensors writer both strategies write it with."""
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import shutil
@@ -15,11 +16,12 @@ import torch
 from safetensors import safe_open
 from safetensors.torch import load_file
 from safetensors.torch import save as library_save
+from torch.distributed.checkpoint import FileSystemReader
 from torch.distributed.checkpoint.state_dict import get_state_dict
 
 from tests.conftest import run_group
 from tests.test_fsdp import TINY_GPT, record_of, train, weights_of
-from trainer.checkpoint import COMMIT, CheckpointError, CheckpointManager, step_dir
+from trainer.checkpoint import COMMIT, METADATA, CheckpointError, CheckpointManager, step_dir
 from trainer.config import load_config
 from trainer.consolidate import consolidate
 from trainer.model import load_model, publish_model
@@ -159,14 +161,50 @@ def test_the_fsdp_model_is_consolidated_from_the_final_checkpoint(fsdp_runs):
 
 
 class CountingStore(LocalStore):
-    """A local store that counts the objects downloaded."""
+    """A local store that counts what is downloaded: whole objects, and bytes of ranged reads."""
 
     def __init__(self) -> None:
         self.downloads: list[str] = []
+        self.ranged: dict[str, int] = {}
 
     def get_file(self, uri, path):
         self.downloads.append(uri.rsplit("/", 1)[-1])
         super().get_file(uri, path)
+
+    def get_bytes(self, uri, offset=0, length=0):
+        data = super().get_bytes(uri, offset, length)
+        name = uri.rsplit("/", 1)[-1]
+        if name != COMMIT:  # read whole through get_bytes too, by every reader
+            self.ranged[name] = self.ranged.get(name, 0) + len(data)
+        return data
+
+
+BLOCK = 4096
+
+
+def copy_with_blocks(src: str, dest: Path, block_bytes: int | None) -> dict:
+    """A copy of the checkpoint folder `src` whose commit record has the block hashes it would
+    have had if saved with `block_bytes` blocks (None: none, as written before them)."""
+    shutil.copytree(src, dest)
+    record = json.loads((dest / COMMIT).read_text())
+    for name, part in record["parts"].items():
+        part.pop("blocks", None)
+        part.pop("block_bytes", None)
+        if block_bytes and name.endswith(".distcp"):
+            raw = (dest / name).read_bytes()
+            blocks = [hashlib.sha256(raw[i : i + block_bytes]).hexdigest() for i in range(0, len(raw), block_bytes)]
+            part.update(block_bytes=block_bytes, blocks=blocks)
+    (dest / COMMIT).write_text(json.dumps(record))
+    return record
+
+
+def assert_equals_whole(path: Path, prefix: str, names: list[str]) -> None:
+    _, whole = loaded_whole(prefix, names)
+    got = load_file(path)
+    assert got.keys() == whole.keys()
+    for name in names:
+        assert torch.equal(got[name], whole[name]), name
+    assert path.read_bytes() == library_save(whole)  # byte for byte the library's file
 
 
 def test_consolidating_a_two_rank_checkpoint_equals_loading_it_whole(fsdp_runs, tmp_path):
@@ -177,14 +215,66 @@ def test_consolidating_a_two_rank_checkpoint_equals_loading_it_whole(fsdp_runs, 
     specs = consolidate(store, step_dir(prefix, 12), path)  # nothing excluded: lm_head too
     names = [s.name for s in specs]
     assert "lm_head.weight" in names and not any(n.startswith("optimizer") for n in names)
-    _, whole = loaded_whole(prefix, names)
-    got = load_file(path)
-    assert got.keys() == whole.keys()
-    for name in names:
-        assert torch.equal(got[name], whole[name]), name
-    assert path.read_bytes() == library_save(whole)  # byte for byte the library's file
-    # Each file once: the index and both ranks' shard files, never the ranks' RNG parts.
-    assert sorted(store.downloads) == [".metadata", "__0_0.distcp", "__1_0.distcp"]
+    assert_equals_whole(path, prefix, names)
+    # The index whole; of the shard files, blocks only (here one 32 MiB block: the whole file);
+    # never the ranks' RNG parts.
+    assert store.downloads == [METADATA] and sorted(store.ranged) == ["__0_0.distcp", "__1_0.distcp"]
+
+
+def test_consolidation_fetches_the_model_s_blocks_not_the_optimizer_s(fsdp_runs, tmp_path):
+    root, _, _ = fsdp_runs
+    prefix = str(root / "ckpt")
+    folder = tmp_path / "step-00000012"
+    record = copy_with_blocks(step_dir(prefix, 12), folder, BLOCK)
+    store = CountingStore()
+    path = tmp_path / "model.safetensors"
+    specs = consolidate(store, str(folder), path)
+    assert_equals_whole(path, prefix, [s.name for s in specs])
+    total = sum(p["bytes"] for name, p in record["parts"].items() if name.endswith(".distcp"))
+    fetched = sum(store.ranged.values())
+    # AdamW keeps two tensors per parameter: the model is about a third of the shard files.
+    assert fetched < 0.6 * total, f"fetched {fetched} of {total} bytes"
+    assert store.downloads == [METADATA] and sorted(store.ranged) == ["__0_0.distcp", "__1_0.distcp"]
+
+
+def test_a_changed_block_fails_consolidation_where_it_is_read_only(fsdp_runs, tmp_path):
+    root, _, _ = fsdp_runs
+    folder = tmp_path / "step-00000012"
+    copy_with_blocks(step_dir(str(root / "ckpt"), 12), folder, BLOCK)
+    spans = FileSystemReader(folder).read_metadata().storage_data
+    shard = folder / "__1_0.distcp"
+    model_blocks, optim_only = set(), set()
+    for index, info in spans.items():
+        if info.relative_path == shard.name:
+            blocks = set(range(info.offset // BLOCK, (info.offset + info.length - 1) // BLOCK + 1))
+            (model_blocks if index.fqn.startswith("model.") else optim_only).update(blocks)
+    optim_only -= model_blocks
+    raw = bytearray(shard.read_bytes())
+    # Integrity is checked for everything read: a byte nobody reads may change unnoticed.
+    raw[min(optim_only) * BLOCK + 7] ^= 0xFF
+    shard.write_bytes(bytes(raw))
+    path = tmp_path / "model.safetensors"
+    consolidate(LocalStore(), str(folder), path)
+    assert path.exists()
+    path.unlink()
+    block = max(model_blocks)
+    raw[block * BLOCK + 7] ^= 0xFF
+    shard.write_bytes(bytes(raw))
+    with pytest.raises(CheckpointError, match=rf"__1_0\.distcp block {block} .*changed after it was committed"):
+        consolidate(LocalStore(), str(folder), path)
+    assert not path.exists()
+
+
+def test_a_checkpoint_without_block_hashes_is_consolidated_from_whole_files(fsdp_runs, tmp_path):
+    root, _, _ = fsdp_runs
+    prefix = str(root / "ckpt")
+    folder = tmp_path / "step-00000012"
+    copy_with_blocks(step_dir(prefix, 12), folder, None)
+    store = CountingStore()
+    path = tmp_path / "model.safetensors"
+    specs = consolidate(store, str(folder), path)
+    assert_equals_whole(path, prefix, [s.name for s in specs])
+    assert sorted(store.downloads) == [METADATA, "__0_0.distcp", "__1_0.distcp"] and not store.ranged
 
 
 def test_a_missing_or_changed_part_is_a_checkpoint_error_naming_it(fsdp_runs, tmp_path):
@@ -194,9 +284,9 @@ def test_a_missing_or_changed_part_is_a_checkpoint_error_naming_it(fsdp_runs, tm
     path = tmp_path / "model.safetensors"
     shard = folder / "__1_0.distcp"
     raw = bytearray(shard.read_bytes())
-    raw[len(raw) // 2] ^= 0xFF  # same size, other bytes
+    raw[len(raw) // 2] ^= 0xFF  # same size, other bytes (in its one block, which is read)
     shard.write_bytes(bytes(raw))
-    with pytest.raises(CheckpointError, match=r"__1_0\.distcp does not match its size and sha256"):
+    with pytest.raises(CheckpointError, match=r"__1_0\.distcp block 0 .*does not match its sha256"):
         consolidate(LocalStore(), str(folder), path)
     assert not path.exists()
     shard.unlink()

@@ -7,7 +7,8 @@ Layout under the checkpoint prefix (``torch.distributed.checkpoint``, DCP, for t
     step-00000120/__1_0.distcp         replicated tensors are spread over the ranks, once each)
     step-00000120/rank-00000.pt      rank 0's own small state (RNG streams)
     step-00000120/rank-00001.pt      ...
-    step-00000120/COMMIT.json        written last, by rank 0: every part (name, bytes, sha256),
+    step-00000120/COMMIT.json        written last, by rank 0: every part (name, bytes, sha256;
+                                     for a .distcp also the sha256 of each BLOCK_BYTES block),
                                      the world size, and what the trainer records (position,
                                      LR schedule, config, history)
 
@@ -15,9 +16,15 @@ Saving: DCP writes this rank's files into a local staging folder on the calling 
 only part that stalls training), then a background thread uploads them (one checkpoint in
 flight; the next save waits for it), the ranks exchange what they made durable on a separate
 gloo group, and rank 0 writes ``COMMIT.json`` last. A checkpoint without a valid commit
-record, or one of whose listed parts is missing from the store, is never chosen. Loading reads
-only the files each rank needs: ``.metadata`` first, then each ``.distcp`` the first time DCP
-asks for it, and DCP reshards to the loading world size.
+record, or one of whose listed parts is missing from the store, is never chosen.
+
+Loading reads only what each rank needs: ``.metadata`` first (whole), then, of each ``.distcp``,
+only the blocks that hold the byte ranges DCP's load plan reads (ranged GETs, each block checked
+against its sha256 in the commit record, written at its offset into a sparse local copy), and
+DCP reshards to the loading world size. Integrity is checked for every byte that is read; a
+block nobody reads is never fetched, so a change to it goes unnoticed and does not matter.
+Parts recorded without block hashes (checkpoints written before them), ``.metadata`` and the
+``rank-XXXXX.pt`` parts are fetched whole and checked against the whole file's sha256.
 """
 
 from __future__ import annotations
@@ -25,12 +32,13 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+import os
 import re
 import shutil
 import tempfile
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
@@ -38,6 +46,7 @@ import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint import FileSystemReader, FileSystemWriter
+from torch.distributed.checkpoint.api import CheckpointException
 
 from trainer.storage import CorruptObject, ObjectNotFound, ObjectStore, StoreError, join_uri, read_json
 
@@ -45,6 +54,14 @@ COMMIT = "COMMIT.json"
 #: DCP's index of the checkpoint, written by rank 0; every checkpoint has one.
 METADATA = ".metadata"
 _STEP_DIR = re.compile(r"/step-(\d{8})/")
+#: The unit of a ranged read of a ``.distcp`` part, each with its own sha256 in COMMIT.json. A
+#: trade-off: smaller blocks waste less on the edges of what a reader needs (on average one
+#: block per range read) but lengthen COMMIT.json, which every rank reads and rank 0 broadcasts
+#: (~70 bytes of hex per block: 96 GB of shards -> ~3,000 blocks, ~200 KB); 32 MiB is also a
+#: ranged GET large enough to run at an object store's full per-request throughput.
+BLOCK_BYTES = 32 * 2**20
+_DISTCP = ".distcp"
+_HEX64 = re.compile(r"[0-9a-f]{64}")
 log = logging.getLogger("kftrain.checkpoint")
 
 
@@ -63,11 +80,35 @@ def rank_part(rank: int) -> str:
 
 
 def _sha256(path: Path) -> str:
-    h = hashlib.sha256()
+    return _digests(path, 0)[0]
+
+
+def _digests(path: Path, block_bytes: int = 0) -> tuple[str, list[str]]:
+    """The sha256 of the file at `path` and, when `block_bytes` > 0, of each of its consecutive
+    `block_bytes` blocks (the last may be shorter), in one pass over the file."""
+    whole, blocks = hashlib.sha256(), []
+    block, in_block = hashlib.sha256(), 0
     with open(path, "rb") as f:
         while chunk := f.read(1 << 20):
-            h.update(chunk)
-    return h.hexdigest()
+            whole.update(chunk)
+            view = memoryview(chunk)
+            while block_bytes and view:
+                take = view[: block_bytes - in_block]
+                block.update(take)
+                in_block, view = in_block + len(take), view[len(take) :]
+                if in_block == block_bytes:
+                    blocks.append(block.hexdigest())
+                    block, in_block = hashlib.sha256(), 0
+    if in_block:
+        blocks.append(block.hexdigest())
+    return whole.hexdigest(), blocks
+
+
+def _block_span(offset: int, length: int, block_bytes: int) -> range:
+    """The indices of the blocks that hold bytes ``offset .. offset + length``."""
+    if length <= 0:
+        return range(0)
+    return range(offset // block_bytes, (offset + length - 1) // block_bytes + 1)
 
 
 class CheckpointManager:
@@ -87,8 +128,13 @@ class CheckpointManager:
         rank: int = 0,
         world_size: int = 1,
         group: dist.ProcessGroup | None = None,
+        block_bytes: int = BLOCK_BYTES,
     ) -> None:
+        if block_bytes <= 0:
+            raise ValueError(f"block_bytes must be positive, got {block_bytes}")
         self.store, self.prefix, self.keep_last = store, prefix.rstrip("/"), keep_last
+        #: The block size of the per-block sha256s recorded for each ``.distcp`` part it saves.
+        self.block_bytes = block_bytes
         self.rank, self.world_size, self.group = rank, world_size, group
         self._staging = Path(tempfile.mkdtemp(prefix=f"kftrain-ckpt-rank{rank}-"))
         self._thread: threading.Thread | None = None
@@ -96,8 +142,10 @@ class CheckpointManager:
         self.last_stage_seconds = 0.0
         self.last_upload_seconds = 0.0
         self.last_bytes = 0
-        #: Parts this rank downloaded in its last :meth:`load` (each rank reads only what it needs).
+        #: Parts this rank downloaded (some blocks of, or whole) in its last :meth:`load`.
         self.last_fetched: list[str] = []
+        #: Bytes this rank downloaded in its last :meth:`load` (each rank reads only what it needs).
+        self.last_fetched_bytes = 0
         #: The step of the checkpoint this manager last saved or loaded (None: neither yet).
         self.last_step: int | None = None
 
@@ -172,9 +220,12 @@ class CheckpointManager:
         error = ""
         try:
             for path in files:
-                sha256 = _sha256(path)
+                ranged = path.name.endswith(_DISTCP)  # the only parts read in ranges
+                sha256, blocks = _digests(path, self.block_bytes if ranged else 0)
                 self.store.put_file(join_uri(remote, path.name), path)
                 parts[path.name] = {"bytes": path.stat().st_size, "sha256": sha256}
+                if ranged:
+                    parts[path.name].update(block_bytes=self.block_bytes, blocks=blocks)
         except Exception as exc:  # reported to every rank below, so none waits forever
             error = f"rank {self.rank}: {exc}"
         finally:
@@ -283,50 +334,119 @@ class CheckpointManager:
             if rank_part(self.rank) in record["parts"]:
                 own = torch.load(reader.fetch(rank_part(self.rank)), map_location="cpu", weights_only=True)
             self.last_fetched = list(reader.fetched)
+            self.last_fetched_bytes = reader.fetched_bytes
             self.last_step = int(record["step"])
         except StoreError as exc:
             raise CheckpointError(f"cannot read checkpoint {folder}: {exc}") from exc
+        except CheckpointException as exc:
+            # DCP wraps what read_data raised, with every failed rank's traceback; the reader's
+            # own error (this rank's or another's) says in one line which object is wrong.
+            ours = [e for e, _ in exc.failures.values() if isinstance(e, (CheckpointError, StoreError))]
+            if not ours:
+                raise
+            raise CheckpointError(f"cannot read checkpoint {folder}: {ours[0]}") from exc
         finally:
             shutil.rmtree(cache, ignore_errors=True)
-        log.info("loaded checkpoint %s (this rank read %d of its parts)", folder, len(self.last_fetched))
+        log.info(
+            "loaded checkpoint %s (this rank read %d of its parts, %.1f MB)",
+            folder,
+            len(self.last_fetched),
+            self.last_fetched_bytes / 1e6,
+        )
         return own
 
 
 class StoreReader(FileSystemReader):
-    """DCP reader over a local cache that fetches each file from the store the first time DCP
-    asks for it (``.metadata`` first, then only the ``.distcp`` files this rank's plan reads),
-    checking its size and sha256 against the commit record."""
+    """DCP reader over a local cache that fetches from the store what DCP asks for, the first
+    time it asks: ``.metadata`` whole, then of each ``.distcp`` only the blocks this rank's load
+    plan reads, each checked against its sha256 in the commit record (whole files against
+    their size and sha256)."""
 
     def __init__(self, store: ObjectStore, folder: str, cache: Path, parts: dict[str, dict[str, Any]]) -> None:
         super().__init__(str(cache))
         self._store, self._folder, self._cache, self._parts = store, folder, cache, parts
         self._lock = threading.Lock()  # DCP may read from several threads
         self._metadata = None
+        self._whole: set[str] = set()  # parts whose local copy is complete and verified
+        self._blocks: dict[str, set[int]] = {}  # verified blocks of partly fetched parts
+        #: Parts this reader downloaded (whole, or some of their blocks), in that order.
         self.fetched: list[str] = []
+        #: Bytes this reader downloaded from the store, whole files and blocks together.
+        self.fetched_bytes = 0
 
-    def fetch(self, name: str) -> Path:
-        """The local copy of part `name`, downloaded and verified on first use."""
-        path = self._cache / name
+    def fetch(self, name: str, ranges: Iterable[tuple[int, int]] | None = None) -> Path:
+        """The local copy of part `name`, downloaded and verified on first use.
+
+        With `ranges` ((offset, length) pairs) and block hashes for `name` in the commit record,
+        only the blocks holding those ranges are fetched (those not local yet) and the rest of
+        the local copy is a hole: read only within the ranges asked for. Otherwise, or without
+        `ranges`, the whole file."""
         with self._lock:
-            if path.exists():
-                return path
             part = self._parts.get(name)
             if part is None:
                 raise CheckpointError(f"{join_uri(self._folder, name)} is not listed in the checkpoint's {COMMIT}")
-            tmp = self._cache / f"{name}.download"
-            self._store.get_file(join_uri(self._folder, name), tmp)
-            if tmp.stat().st_size != part["bytes"] or _sha256(tmp) != part["sha256"]:
-                raise CheckpointError(
-                    f"{join_uri(self._folder, name)} does not match its size and sha256 in {COMMIT}: "
-                    "the checkpoint was changed after it was committed"
-                )
-            tmp.rename(path)
-            self.fetched.append(name)
+            if name in self._whole:
+                return self._cache / name
+            if ranges is not None and "blocks" in part:
+                return self._fetch_blocks(name, part, ranges)
+            return self._fetch_whole(name, part)
+
+    def _fetch_whole(self, name: str, part: dict[str, Any]) -> Path:
+        path, tmp = self._cache / name, self._cache / f"{name}.download"
+        self._store.get_file(join_uri(self._folder, name), tmp)
+        size = tmp.stat().st_size
+        self.fetched_bytes += size
+        if size != part["bytes"] or _sha256(tmp) != part["sha256"]:
+            raise CheckpointError(
+                f"{join_uri(self._folder, name)} does not match its size and sha256 in {COMMIT}: "
+                "the checkpoint was changed after it was committed"
+            )
+        tmp.rename(path)  # over a partial copy, if any
+        self._blocks.pop(name, None)
+        self._whole.add(name)
+        self._note(name)
+        return path
+
+    def _fetch_blocks(self, name: str, part: dict[str, Any], ranges: Iterable[tuple[int, int]]) -> Path:
+        path, uri = self._cache / name, join_uri(self._folder, name)
+        size, block_bytes, hashes = part["bytes"], part["block_bytes"], part["blocks"]
+        have = self._blocks.setdefault(name, set())
+        wanted = {i for offset, length in ranges for i in _block_span(offset, length, block_bytes)}
+        if max(wanted, default=-1) >= len(hashes):
+            raise CheckpointError(f"DCP's index reads past the end of {uri} ({size} bytes in {COMMIT})")
+        missing = sorted(wanted - have)
+        if not missing:
             return path
+        with open(path, "r+b" if path.exists() else "w+b") as f:
+            f.truncate(size)  # sparse: blocks never fetched take no disk
+            # One block per GET: memory stays at one block however much is read at once.
+            for i in missing:
+                offset = i * block_bytes
+                data = self._store.get_bytes(uri, offset, min(block_bytes, size - offset))
+                self.fetched_bytes += len(data)
+                if len(data) != min(block_bytes, size - offset) or hashlib.sha256(data).hexdigest() != hashes[i]:
+                    raise CheckpointError(
+                        f"{uri} block {i} (bytes {offset}..{offset + len(data)}) does not match its sha256 "
+                        f"in {COMMIT}: the checkpoint was changed after it was committed"
+                    )
+                os.pwrite(f.fileno(), data, offset)
+                have.add(i)
+        if len(have) == len(hashes):
+            self._whole.add(name)
+            del self._blocks[name]
+        self._note(name)
+        return path
+
+    def _note(self, name: str) -> None:
+        if name not in self.fetched:
+            self.fetched.append(name)
 
     def release(self, name: str) -> None:
-        """Delete the local copy of part `name` (fetched again if asked for later)."""
-        (self._cache / name).unlink(missing_ok=True)
+        """Delete the local copy of part `name`, whole or partial (fetched again if asked for later)."""
+        with self._lock:
+            self._whole.discard(name)
+            self._blocks.pop(name, None)
+            (self._cache / name).unlink(missing_ok=True)
 
     def read_metadata(self, *args: Any, **kwargs: Any):
         """DCP's index, fetched from the store first and parsed once (every dcp.load asks for it:
@@ -337,9 +457,20 @@ class StoreReader(FileSystemReader):
         return self._metadata
 
     def read_data(self, plan, planner):
-        """Fetch the files this rank's load plan reads, then read them as FileSystemReader does."""
-        for name in sorted({self.storage_data[item.storage_index].relative_path for item in plan.items}):
-            self.fetch(name)
+        """Fetch the blocks holding what this rank's load plan reads, then read them as
+        FileSystemReader does.
+
+        FileSystemReader (torch 2.13) opens each file and, per item, reads through a view of
+        ``offset .. offset + length`` of it (``_ReaderView``; stream transforms, when a writer
+        used any, apply to that slice only), so the blocks holding those ranges are all it
+        needs. Its buffered file object may read ahead past a range into a hole (zeros), but
+        the view never hands those bytes on."""
+        ranges: dict[str, list[tuple[int, int]]] = {}
+        for item in plan.items:
+            info = self.storage_data[item.storage_index]
+            ranges.setdefault(info.relative_path, []).append((info.offset, info.length))
+        for name in sorted(ranges):
+            self.fetch(name, ranges[name])
         return super().read_data(plan, planner)
 
 
@@ -356,11 +487,23 @@ def commit_record(store: ObjectStore, folder: str) -> dict[str, Any]:
 
 
 def _committed_parts(record: Any) -> dict[str, dict[str, Any]]:
-    """The parts a commit record lists (name -> bytes, sha256); CorruptObject when malformed."""
+    """The parts a commit record lists (name -> bytes, sha256, and optionally block_bytes with
+    the blocks' sha256s); CorruptObject when malformed."""
     parts = record.get("parts") if isinstance(record, dict) else None
     if not isinstance(parts, dict) or METADATA not in parts:
         raise CorruptObject(f"{COMMIT} lists no parts (or no {METADATA}) under 'parts'")
     for name, part in parts.items():
         if not (isinstance(part, dict) and isinstance(part.get("bytes"), int) and isinstance(part.get("sha256"), str)):
             raise CorruptObject(f"{COMMIT} has no size and sha256 for {name} under 'parts'")
+        if "blocks" not in part and "block_bytes" not in part:
+            continue  # written before block hashes: read whole
+        block_bytes, blocks = part.get("block_bytes"), part.get("blocks")
+        if not (isinstance(block_bytes, int) and block_bytes > 0 and isinstance(blocks, list)):
+            raise CorruptObject(f"{COMMIT} has block hashes for {name} without a positive block_bytes and a list")
+        expected = -(-part["bytes"] // block_bytes)
+        if len(blocks) != expected or not all(isinstance(h, str) and _HEX64.fullmatch(h) for h in blocks):
+            raise CorruptObject(
+                f"{COMMIT} lists {len(blocks)} block hashes for {name}, expected {expected} sha256 hex digests "
+                f"({part['bytes']} bytes in blocks of {block_bytes})"
+            )
     return parts

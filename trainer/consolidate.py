@@ -6,11 +6,13 @@ ranks' ``.distcp`` files. This reads them back in one process, on the CPU and wi
 group: DCP's ``.metadata`` gives every model tensor's name, shape and dtype, so the safetensors
 header is written first; then each tensor alone is loaded from its shards (``dcp.load`` of a
 state dict holding only that tensor, which reads and reassembles just its chunks) and appended
-to the file. Peak memory is about one tensor plus one shard of it being read; each ``.distcp``
-file is downloaded once, and its local copy deleted as soon as no tensor still to come needs it.
+to the file. Peak memory is about one tensor plus one shard of it being read.
 
 Only the entries under ``model.`` of the checkpoint state (``{"model": ..., "optimizer": ...}``)
-are read; optimizer state stays in the checkpoint.
+are read, and only they are downloaded: of each ``.distcp`` file, the blocks that hold a model
+tensor's chunks (ranged reads, each block checked against its sha256 in the commit record; see
+:mod:`trainer.checkpoint`), so the optimizer state (AdamW: twice the model) stays in the store.
+A file's local copy is deleted as soon as no tensor still to come needs it.
 """
 
 from __future__ import annotations
@@ -64,9 +66,9 @@ def consolidate(
 
     `exclude`: names not to store, e.g. tied weights (:func:`trainer.model.tied_names`), which
     the checkpoint holds under each name and a saved model holds once. `scratch`: the folder
-    for the downloaded ``.distcp`` copies (default: the system's temporary folder). Every part
-    is checked against the commit record; a missing or changed one is a CheckpointError naming
-    it, and no partial file is left at `path`.
+    for the downloaded (parts of) ``.distcp`` files (default: the system's temporary folder).
+    Everything read is checked against the commit record; a missing part, or a changed one
+    where it is read, is a CheckpointError naming it, and no partial file is left at `path`.
     """
     t0 = time.perf_counter()
     record = commit_record(store, folder)
@@ -78,10 +80,11 @@ def consolidate(
         if not specs:
             raise CheckpointError(f"checkpoint {folder} holds no model tensors (no entries under {MODEL_PREFIX!r})")
         wanted = {MODEL_PREFIX + s.name: s for s in specs}
-        files: dict[str, set[str]] = {s.name: set() for s in specs}
+        # Each tensor's chunks: file -> (offset, length) of each in it.
+        files: dict[str, dict[str, list[tuple[int, int]]]] = {s.name: {} for s in specs}
         for index, info in metadata.storage_data.items():
             if index.fqn in wanted:
-                files[wanted[index.fqn].name].add(info.relative_path)
+                files[wanted[index.fqn].name].setdefault(info.relative_path, []).append((info.offset, info.length))
         # How many tensors still to write read each file: at 0 its local copy goes.
         pending = Counter(f for names in files.values() for f in names)
         with SafetensorsWriter(path, specs) as writer, warnings.catch_warnings():
@@ -90,8 +93,8 @@ def consolidate(
             spec_of = {s.name: s for s in specs}
             for name in writer.order:
                 # Fetched here rather than inside DCP, whose wrapper would bury our error message.
-                for part in sorted(files[name]):
-                    reader.fetch(part)
+                for part, ranges in sorted(files[name].items()):
+                    reader.fetch(part, ranges)
                 spec = spec_of[name]
                 tensor = torch.empty(spec.shape, dtype=spec.dtype)
                 try:
@@ -109,11 +112,12 @@ def consolidate(
     finally:
         shutil.rmtree(cache, ignore_errors=True)
     log.info(
-        "consolidated %d tensors (%.1f MB) from %s in %.1fs (read %d of its parts)",
+        "consolidated %d tensors (%.1f MB) from %s in %.1fs (read %d of its parts, %.1f MB)",
         len(specs),
         sum(s.nbytes for s in specs) / 1e6,
         folder,
         time.perf_counter() - t0,
         len(reader.fetched),
+        reader.fetched_bytes / 1e6,
     )
     return specs
