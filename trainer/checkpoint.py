@@ -57,9 +57,11 @@ _STEP_DIR = re.compile(r"/step-(\d{8})/")
 #: The unit of a ranged read of a ``.distcp`` part, each with its own sha256 in COMMIT.json. A
 #: trade-off: smaller blocks waste less on the edges of what a reader needs (on average one
 #: block per range read) but lengthen COMMIT.json, which every rank reads and rank 0 broadcasts
-#: (~70 bytes of hex per block: 96 GB of shards -> ~3,000 blocks, ~200 KB); 32 MiB is also a
-#: ranged GET large enough to run at an object store's full per-request throughput.
+#: (~70 bytes of hex per block: 96 GB of shards -> ~3,000 blocks, ~200 KB).
 BLOCK_BYTES = 32 * 2**20
+#: The largest ranged GET of a block: large enough for an object store's full per-request
+#: throughput (S3's guidance: 8-16 MB), small enough not to raise a reader's memory peak.
+_GET_BYTES = 8 * 2**20
 _DISTCP = ".distcp"
 _HEX64 = re.compile(r"[0-9a-f]{64}")
 log = logging.getLogger("kftrain.checkpoint")
@@ -415,21 +417,30 @@ class StoreReader(FileSystemReader):
         if max(wanted, default=-1) >= len(hashes):
             raise CheckpointError(f"DCP's index reads past the end of {uri} ({size} bytes in {COMMIT})")
         missing = sorted(wanted - have)
-        if not missing:
+        if not missing and path.exists():
             return path
         with open(path, "r+b" if path.exists() else "w+b") as f:
             f.truncate(size)  # sparse: blocks never fetched take no disk
-            # One block per GET: memory stays at one block however much is read at once.
             for i in missing:
-                offset = i * block_bytes
-                data = self._store.get_bytes(uri, offset, min(block_bytes, size - offset))
-                self.fetched_bytes += len(data)
-                if len(data) != min(block_bytes, size - offset) or hashlib.sha256(data).hexdigest() != hashes[i]:
+                start, end = i * block_bytes, min((i + 1) * block_bytes, size)
+                digest, got = hashlib.sha256(), 0
+                # In GETs of at most _GET_BYTES, each written out at once: a reader holds that
+                # much of a block, not the block (consolidation's peak is about one tensor).
+                for at in range(start, end, _GET_BYTES):
+                    data = self._store.get_bytes(uri, at, min(_GET_BYTES, end - at))
+                    self.fetched_bytes += len(data)
+                    digest.update(data)
+                    got += len(data)
+                    os.pwrite(f.fileno(), data, at)
+                    del data  # before the next GET allocates its piece
+                    if start + got < min(at + _GET_BYTES, end):
+                        break  # the object is shorter than committed
+                # A block that fails stays out of `have`: its bytes are never read, only refetched.
+                if got != end - start or digest.hexdigest() != hashes[i]:
                     raise CheckpointError(
-                        f"{uri} block {i} (bytes {offset}..{offset + len(data)}) does not match its sha256 "
-                        f"in {COMMIT}: the checkpoint was changed after it was committed"
+                        f"{uri} block {i} (bytes {start}..{end}) does not match its sha256 in {COMMIT}: "
+                        "the checkpoint was changed after it was committed"
                     )
-                os.pwrite(f.fileno(), data, offset)
                 have.add(i)
         if len(have) == len(hashes):
             self._whole.add(name)
