@@ -6,7 +6,9 @@ Two ranks shard a GPT with FSDP2 (gloo, CPU), save one checkpoint, then rank 0 w
 from a full gather (`full_state_dict`, then `save_model`). Each is measured as the growth of rank
 0's peak RSS over its RSS just before (the kernel's peak is reset in between through
 /proc/self/clear_refs), so the ratio says how much less host memory rank 0 needs. Memory, not
-time; reported, never asserted.
+time; reported, never asserted. It also reports the bytes consolidation downloads against the
+shard files' total (what it downloaded before ranged reads): only the blocks holding model
+tensors are fetched (`--block-mib`, default the checkpoint's 32 MiB).
 
     OMP_NUM_THREADS=1 .venv/bin/python -m torch.distributed.run --nproc-per-node 2 bench/consolidate.py
 """
@@ -26,12 +28,12 @@ import torch.distributed as dist
 from torch.distributed.checkpoint.state_dict import get_state_dict
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from trainer.checkpoint import CheckpointManager, step_dir  # noqa: E402
+from trainer.checkpoint import BLOCK_BYTES, COMMIT, CheckpointManager, step_dir  # noqa: E402
 from trainer.consolidate import consolidate  # noqa: E402
 from trainer.distributed import checkpoint_group, dist_env, full_state_dict, parallelize  # noqa: E402
 from trainer.gpt import GPT, GPTConfig  # noqa: E402
 from trainer.model import WEIGHTS, save_model, tied_names  # noqa: E402
-from trainer.storage import LocalStore  # noqa: E402
+from trainer.storage import LocalStore, join_uri  # noqa: E402
 
 
 def mmap_large_allocations() -> None:
@@ -63,10 +65,27 @@ def peak_growth(fn) -> int:
     return status("VmHWM:") - before
 
 
+class CountingStore(LocalStore):
+    """A local store that counts the bytes downloaded (whole objects and ranged reads)."""
+
+    def __init__(self) -> None:
+        self.fetched = 0
+
+    def get_bytes(self, uri: str, offset: int = 0, length: int = 0) -> bytes:
+        data = super().get_bytes(uri, offset, length)
+        self.fetched += len(data)
+        return data
+
+    def get_file(self, uri: str, path) -> None:
+        super().get_file(uri, path)
+        self.fetched += Path(path).stat().st_size
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--n-layer", type=int, default=8)
     parser.add_argument("--n-embd", type=int, default=512)
+    parser.add_argument("--block-mib", type=float, default=BLOCK_BYTES / 2**20)
     args = parser.parse_args()
     mmap_large_allocations()
     env = dist_env()
@@ -84,7 +103,14 @@ def main() -> None:
     dist.broadcast_object_list(box)
     root = Path(box[0])
     store, prefix = LocalStore(), str(root / "ckpt")
-    mgr = CheckpointManager(store, prefix, rank=env.rank, world_size=env.world_size, group=checkpoint_group(env))
+    mgr = CheckpointManager(
+        store,
+        prefix,
+        rank=env.rank,
+        world_size=env.world_size,
+        group=checkpoint_group(env),
+        block_bytes=int(args.block_mib * 2**20),
+    )
     model_state, optim_state = get_state_dict(model, opt)
     mgr.save(1, {"model": model_state, "optimizer": optim_state}, blocking=True)
     mgr.close()
@@ -95,7 +121,15 @@ def main() -> None:
     if env.is_main:
         out = root / "consolidated" / WEIGHTS
         out.parent.mkdir()
-        result["consolidate_peak_mb"] = peak_growth(lambda: consolidate(store, step_dir(prefix, 1), out, exclude=tied))
+        counting = CountingStore()
+        result["consolidate_peak_mb"] = peak_growth(
+            lambda: consolidate(counting, step_dir(prefix, 1), out, exclude=tied)
+        )
+        commit = store.get_bytes(join_uri(step_dir(prefix, 1), COMMIT))
+        parts = json.loads(commit)["parts"]
+        result["distcp"] = sum(p["bytes"] for name, p in parts.items() if name.endswith(".distcp"))
+        # What consolidation downloads besides the commit record: .metadata and shard blocks.
+        result["fetched"] = counting.fetched - len(commit)
     dist.barrier()
 
     def gather_and_write() -> None:
@@ -118,6 +152,10 @@ def main() -> None:
                     "gather_over_consolidate": round(result["gather_peak_mb"] / result["consolidate_peak_mb"], 1),
                     "consolidate_peak_over_largest_tensor": round(result["consolidate_peak_mb"] / largest, 2),
                     "same_file_bytes": same,
+                    "block_mib": args.block_mib,
+                    "distcp_mb": round(result["distcp"] / mb, 1),
+                    "consolidate_fetched_mb": round(result["fetched"] / mb, 1),
+                    "fetched_over_distcp": round(result["fetched"] / result["distcp"], 2),
                 },
                 indent=2,
             )
