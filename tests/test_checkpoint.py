@@ -10,6 +10,7 @@ import time
 
 import pytest
 import torch
+from torch.distributed.checkpoint import FileSystemReader
 
 from trainer.checkpoint import (
     COMMIT,
@@ -195,6 +196,25 @@ def test_a_changed_block_is_an_error_where_it_is_read_and_harmless_where_it_is_n
     at = w2.offset + w2.length // 2
     flip_byte(shard, at)
     with pytest.raises(CheckpointError, match=rf"__0_0\.distcp block {at // BLOCK} .*changed after it was committed"):
+        load_model_only(store, prefix, record)
+
+
+def test_a_block_is_fetched_in_pieces_and_a_short_object_is_refused(tmp_path, monkeypatch):
+    import trainer.checkpoint
+
+    monkeypatch.setattr(trainer.checkpoint, "_GET_BYTES", 1000)  # not a divisor of the block
+    store, prefix = LocalStore(), str(tmp_path / "ckpt")
+    state = model_and_optimizer()
+    record = save_blocked(store, prefix, state)
+    _, model = load_model_only(store, prefix, record)
+    for name, tensor in state["model"].items():
+        assert torch.equal(model[name], tensor), name
+    folder = tmp_path / "ckpt" / "step-00000001"
+    w2 = {i.fqn: info for i, info in FileSystemReader(folder).read_metadata().storage_data.items()}["model.w2"]
+    end = w2.offset + w2.length // 2  # the object ends inside model.w2
+    shard = folder / "__0_0.distcp"
+    shard.write_bytes(shard.read_bytes()[:end])
+    with pytest.raises(CheckpointError, match=rf"__0_0\.distcp block {end // BLOCK} .*does not match"):
         load_model_only(store, prefix, record)
 
 
