@@ -158,13 +158,17 @@ def test_the_commit_record_holds_each_block_s_sha256_of_every_distcp(tmp_path):
         assert part["blocks"] == want
 
 
+def assert_model_equal(model: dict, state: dict) -> None:
+    for name, tensor in state["model"].items():
+        assert torch.equal(model[name], tensor), name
+
+
 def test_loading_the_model_alone_fetches_only_its_blocks_exactly(tmp_path):
     store, prefix = LocalStore(), str(tmp_path / "ckpt")
     state = model_and_optimizer()
     record = save_blocked(store, prefix, state)
     mgr, model = load_model_only(store, prefix, record)
-    for name, tensor in state["model"].items():
-        assert torch.equal(model[name], tensor), name
+    assert_model_equal(model, state)
     # The model is a third of the state; the optimizer's entries are never fetched.
     assert mgr.last_fetched_bytes - record["parts"][METADATA]["bytes"] < 0.6 * distcp_bytes(record)
     assert "__0_0.distcp" in mgr.last_fetched
@@ -189,8 +193,7 @@ def test_a_changed_block_is_an_error_where_it_is_read_and_harmless_where_it_is_n
     exp_avg = spans["optimizer.w1.exp_avg"]
     flip_byte(shard, exp_avg.offset + exp_avg.length // 2)
     _, model = load_model_only(store, prefix, record)
-    for name, tensor in state["model"].items():
-        assert torch.equal(model[name], tensor), name
+    assert_model_equal(model, state)
     # A byte inside a model tensor: the block holding it is read, and refused.
     w2 = spans["model.w2"]
     at = w2.offset + w2.length // 2
@@ -207,8 +210,7 @@ def test_a_block_is_fetched_in_pieces_and_a_short_object_is_refused(tmp_path, mo
     state = model_and_optimizer()
     record = save_blocked(store, prefix, state)
     _, model = load_model_only(store, prefix, record)
-    for name, tensor in state["model"].items():
-        assert torch.equal(model[name], tensor), name
+    assert_model_equal(model, state)
     folder = tmp_path / "ckpt" / "step-00000001"
     w2 = {i.fqn: info for i, info in FileSystemReader(folder).read_metadata().storage_data.items()}["model.w2"]
     end = w2.offset + w2.length // 2  # the object ends inside model.w2
@@ -230,8 +232,7 @@ def test_a_commit_record_without_block_hashes_loads_whole_files(tmp_path):
     record = mgr.latest()
     assert record["step"] == 1
     _, model = load_model_only(store, prefix, record)
-    for name, tensor in state["model"].items():
-        assert torch.equal(model[name], tensor), name
+    assert_model_equal(model, state)
 
 
 def test_malformed_block_hashes_are_refused(tmp_path):
