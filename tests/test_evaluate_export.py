@@ -98,8 +98,8 @@ def test_export_formats_load_and_match_the_pytorch_model(trained, tmp_path):
     assert card["training_config"] == {"train": {"epochs": 1}}
 
 
-def test_evaluate_model_writes_its_report(trained, tmp_path):
-    store, uri, model, meta = trained
+def small_csv_dataset(store, tmp_path) -> str:
+    """A 60-row, 3-class CSV prepared into a dataset under `tmp_path`; its URI."""
     from trainer.config import DataConfig
     from trainer.tasks.classification.data import prepare_dataset
 
@@ -107,6 +107,12 @@ def test_evaluate_model_writes_its_report(trained, tmp_path):
     store.put_bytes(str(tmp_path / "in.csv"), "\n".join(rows).encode())
     ds = str(tmp_path / "ds")
     prepare_dataset(DataConfig(source=str(tmp_path / "in.csv")), store, ds)
+    return ds
+
+
+def test_evaluate_model_writes_its_report(trained, tmp_path):
+    store, uri, model, meta = trained
+    ds = small_csv_dataset(store, tmp_path)
     report = evaluate_model(store, uri, ds, str(tmp_path / "eval"))
     assert json.loads(store.get_bytes(str(tmp_path / "eval/metrics.json"))) == report
     assert report["test_rows"] == sum(sum(r) for r in report["confusion_matrix"])
@@ -134,14 +140,9 @@ def test_the_confusion_matrix_reaches_classification_metrics_in_the_shape_the_kf
     from kfp.dsl import HTML, ClassificationMetrics, Dataset, Metrics, Model
 
     from components.evaluate import evaluate
-    from trainer.config import DataConfig
-    from trainer.tasks.classification.data import prepare_dataset
 
     store, uri, _, _ = trained
-    rows = ["f0,f1,f2,f3,label"] + [f"{i % 5},{i % 7},{i % 3},{i % 2},{'xyz'[i % 3]}" for i in range(60)]
-    store.put_bytes(str(tmp_path / "in.csv"), "\n".join(rows).encode())
-    ds = str(tmp_path / "ds")
-    prepare_dataset(DataConfig(source=str(tmp_path / "in.csv")), store, ds)
+    ds = small_csv_dataset(store, tmp_path)
     store.put_bytes(join_uri(uri, "training.json"), json.dumps({"metrics": {}, "loss_curve": []}).encode())
     metrics, confusion = Metrics(uri=str(tmp_path / "evaluation")), ClassificationMetrics(uri=str(tmp_path / "cm"))
     report = HTML(uri=str(tmp_path / "report.html"))
