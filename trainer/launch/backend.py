@@ -5,11 +5,23 @@ from __future__ import annotations
 import contextlib
 import re
 import signal
+import sys
 import threading
 from collections.abc import Iterator
 from typing import Protocol
 
 from trainer.launch.spec import JobSpec
+
+_stdout_lock = threading.Lock()
+
+
+def print_line(line: str) -> None:
+    """Write one log line to stdout whole. Backends stream every replica's log from its own
+    thread; `print` writes the text and the newline separately, so two threads printing at once
+    can fuse two replicas' lines into one."""
+    with _stdout_lock:
+        sys.stdout.write(line + "\n")
+        sys.stdout.flush()
 
 
 class JobFailed(RuntimeError):

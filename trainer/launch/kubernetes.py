@@ -48,7 +48,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from trainer.launch.backend import JobFailed, JobTimeout, failure_excerpt
+from trainer.launch.backend import JobFailed, JobTimeout, failure_excerpt, print_line
 from trainer.launch.jobkind import (
     JOB_NAME_LABEL,
     PYTORCHJOB_KIND,
@@ -200,7 +200,7 @@ class KubernetesBackend:
         self.custom, self.core = custom_api, core_api
         self._home = namespace or current_namespace()  # the launcher pod's own namespace
         self._owner = owner if owner is not None else launcher_owner()
-        self._log = log or (lambda line: print(line, flush=True))
+        self._log = log or print_line
         self._now, self._sleep, self._rng = now, sleep, rng
         self._deadline: dt.datetime | None = None  # while waiting: retries stop here too
         # One stream per (pod uid, container restarts): a pod recreated under the same name

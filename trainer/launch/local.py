@@ -22,7 +22,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from trainer.launch.backend import JobFailed, JobTimeout, failure_excerpt
+from trainer.launch.backend import JobFailed, JobTimeout, failure_excerpt, print_line
 from trainer.launch.spec import NODE, TRAINJOB, JobSpec, replica_env, replica_env_v2
 from trainer.launch.trainjob import EXTRA_ENV as TRAINJOB_EXTRA_ENV
 
@@ -138,7 +138,7 @@ class LocalBackend:
         grace_s: float = 30.0,
         python: str = sys.executable,
     ) -> None:
-        self._sink = sink or (lambda line: print(line, flush=True))
+        self._sink = sink or print_line
         self._grace_s = grace_s
         self._python = python
         self._jobs: dict[str, list[_Replica]] = {}
