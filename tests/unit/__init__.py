@@ -1,0 +1,1 @@
+"""Unit tier: no subprocess, no server; runs in well under a minute."""
