@@ -1,9 +1,9 @@
 """The one configuration tree of kftrain, loaded 1:1 from YAML.
 
 Every section is a dataclass; every field has a short docstring (the string literal below it),
-from which docs/configuration.md is generated (`python -m trainer.config_docs`). Unknown keys, wrong types and bad
-values raise :class:`ConfigError` naming the dotted field and the value, before any process,
-pod or upload starts.
+from which docs/configuration.md is generated (`python -m trainer.config_docs`). Unknown keys,
+wrong types and bad values raise :class:`ConfigError` naming the dotted field and the value,
+before any process, pod or upload starts.
 """
 
 from __future__ import annotations
@@ -102,8 +102,7 @@ class StoreConfig:
     """Where artifacts live: an object store (S3, MinIO, SeaweedFS) or a local directory."""
 
     uri: str = ""
-    """Root for run artifacts (`s3://bucket/prefix`, `minio://bucket/prefix`, a path); empty: KFP's own pipeline
-    root."""
+    """Root for run artifacts (`s3://bucket/prefix`, `minio://bucket/prefix`, a path); empty: KFP's pipeline root."""
     endpoint: str = ""
     """S3 endpoint URL (`http://host:9000`; `https://` for TLS); empty: env `AWS_ENDPOINT_URL_S3` or `AWS_ENDPOINT_URL`,
     else KFP's in-cluster store (`http://seaweedfs.kubeflow:9000`) for `minio://` URIs and AWS S3 for `s3://`."""
@@ -172,8 +171,7 @@ class DataConfig:
     text_field: str = "text"
     """causal_lm, JSON Lines sources: the field of each record that holds its text."""
     num_proc: int = 1
-    """causal_lm data prep: processes that tokenize in parallel (a BPE or tokenizer.json; the `bytes` tokenizer ignores
-    it)."""
+    """causal_lm data prep: processes that tokenize in parallel (a BPE or tokenizer.json; `bytes` ignores it)."""
     shard_rows: int = 512
     """Rows per shard file (causal_lm: `shard_rows` x 1024 tokens per shard)."""
     max_bytes: int = 4_000_000
@@ -262,8 +260,8 @@ class TrainConfig:
     weight_decay: float = 0.0
     """AdamW weight decay."""
     seed: int = 0
-    """Base seed: initial weights and the data order are the same on every rank; per-step randomness (dropout) is offset
-    by the rank."""
+    """Base seed: initial weights and data order are the same on every rank; per-step randomness (dropout) differs by
+    rank (the seed plus the rank)."""
     log_interval_steps: int = 20
     """Rank 0 logs loss, learning rate, samples/s or tokens/s, ETA (and MFU on CUDA) every this many optimizer steps."""
     max_steps: int = 0
@@ -298,8 +296,7 @@ class TrainConfig:
     """Rank 0 writes TensorBoard event files (loss, LR, grad norm, throughput, data-wait share, MFU, validation,
     checkpoint stalls) to `<model URI>/tensorboard/`, uploaded every log interval off the training thread."""
     strategy: str = "ddp"
-    """`ddp` (a full model replica per rank) or `fsdp` (FSDP2: parameters, gradients and optimizer state sharded over
-    the ranks)."""
+    """`ddp` (a full model replica per rank) or `fsdp` (FSDP2: parameters, gradients and optimizer state sharded)."""
     activation_checkpointing: bool = False
     """Recompute each shard unit's activations (the GPT blocks) in backward: less memory, ~1/3 more compute."""
 
@@ -425,8 +422,7 @@ class KubernetesConfig:
     """How the training job runs on a cluster, as a PyTorchJob or a TrainJob (ignored by the local launcher)."""
 
     namespace: str = ""
-    """Namespace of the job; empty: the launcher pod's own namespace, read at run time (never frozen at compile
-    time)."""
+    """Namespace of the job; empty: the launcher pod's own, read at run time (never frozen at compile time)."""
     gpus_per_node: int = 0
     """`nvidia.com/gpu` limit of each replica; when set it must equal `job.nproc_per_node`."""
     cpu: str = ""
