@@ -5,7 +5,7 @@ user set it. Unset is a value no field accepts: `-1` for numbers, empty text, `{
 (KFP's local runner cannot pass a missing optional parameter, so `None` is not an option).
 
 This table generates the pipeline's signature and its parameter docs
-(`pipelines/training.py`), the `configure` component's docs, and the README table is checked
+(`pipelines/training.py`), the `configure` component's docs, and the table in docs/pipeline.md is checked
 against it. The `configure` component's signature is written out, because KFP embeds the
 function's source in the compiled YAML; a test holds it to this table.
 """

@@ -30,7 +30,7 @@ def train(
         config: The kftrain config as YAML/JSON text (`configure`'s output in the pipeline).
         launcher: `auto` (Kubernetes in a pod, else local processes), `kubernetes` or `local`.
         run_id: `dsl.PIPELINE_JOB_ID_PLACEHOLDER`; with the next two it names the job, the same
-            for a retry of this task and different for any other task (see README "Job names").
+            for a retry of this task and different for any other task (see docs/pipeline.md, "Job names").
         task_name: `dsl.PIPELINE_TASK_NAME_PLACEHOLDER`.
         dag_execution_id: `dsl.PIPELINE_TASK_ID_PLACEHOLDER` (KFP resolves it to the enclosing
             DAG's execution id). Without these three, the model artifact's URI names the job.

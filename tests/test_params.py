@@ -1,5 +1,5 @@
 """The KFP edge: the config text is the base, a typed parameter wins only when set, and the
-pipeline, the configure component and the README all follow the one parameter table."""
+pipeline, the configure component and docs/pipeline.md all follow the one parameter table."""
 
 from __future__ import annotations
 
@@ -140,9 +140,9 @@ def test_ui_descriptions_come_from_the_table(component):
     assert inputs["store_secret"].default == "mlpipeline-minio-artifact"
 
 
-def test_readme_documents_every_parameter_with_its_unset_value_and_default():
-    readme = (REPO / "README.md").read_text()
-    section = readme[readme.index("## Pipeline parameters") : readme.index("### Job names")]
+def test_the_docs_document_every_parameter_with_its_unset_value_and_default():
+    page = (REPO / "docs" / "pipeline.md").read_text()
+    section = page[page.index("# Pipeline parameters") : page.index("## Job names")]
     for param in PARAMS:
         default = effective_default(param)
         shown = "empty" if default in ("", {}, []) else f"`{default}`"

@@ -1,9 +1,9 @@
 """The one configuration tree of kftrain, loaded 1:1 from YAML.
 
-Every section is a dataclass; every field has a one-line docstring (the string literal below it),
-which the README's configuration reference is written from. Unknown keys, wrong types and bad
-values raise :class:`ConfigError` naming the dotted field and the value, before any process,
-pod or upload starts.
+Every section is a dataclass; every field has a short docstring (the string literal below it),
+from which docs/configuration.md is generated (`python -m trainer.config_docs`). Unknown keys,
+wrong types and bad values raise :class:`ConfigError` naming the dotted field and the value,
+before any process, pod or upload starts.
 """
 
 from __future__ import annotations
@@ -102,18 +102,19 @@ class StoreConfig:
     """Where artifacts live: an object store (S3, MinIO, SeaweedFS) or a local directory."""
 
     uri: str = ""
-    """Root for run artifacts (`s3://bucket/prefix`, `minio://bucket/prefix`, a path); empty: KFP's own."""
+    """Root for run artifacts (`s3://bucket/prefix`, `minio://bucket/prefix`, a path); empty: KFP's pipeline root."""
     endpoint: str = ""
-    """S3 endpoint URL (`http://host:9000`); empty: env `AWS_ENDPOINT_URL`, else KFP's in-cluster store
-    for `minio://` URIs and AWS S3 for `s3://`."""
+    """S3 endpoint URL (`http://host:9000`; `https://` for TLS); empty: env `AWS_ENDPOINT_URL_S3` or `AWS_ENDPOINT_URL`,
+    else KFP's in-cluster store (`http://seaweedfs.kubeflow:9000`) for `minio://` URIs and AWS S3 for `s3://`."""
     region: str = ""
     """S3 region; empty: env `AWS_REGION`, else the server's default."""
     retry_budget_seconds: float = 120.0
-    """How long one store operation retries transient failures (refused, reset, timeouts, 5xx, SlowDown)."""
+    """How long one store operation retries transient failures (refused or reset connections, timeouts, 5xx, SlowDown)
+    before the step fails naming the object and the cause."""
     connect_timeout_seconds: float = 10.0
     """A TCP connection to the store not established within this fails the attempt (then retried)."""
     read_timeout_seconds: float = 60.0
-    """No bytes from the store for this long fails the attempt (a hung connection; then retried)."""
+    """No bytes from the store for this long fails the attempt: a hung connection is cut (then retried)."""
 
     def policy(self) -> RetryPolicy:
         """The S3 store's timeouts and retry budget."""
@@ -148,9 +149,11 @@ class DataConfig:
     """Data preparation: the source table, the split and the shard layout."""
 
     source: str = ""
-    """`digits` or a CSV URI (classification); `python-stdlib` or a text URI (causal_lm); empty: the default."""
+    """Classification: `digits` (scikit-learn's handwritten digits, bundled) or a CSV URI; causal_lm: `python-stdlib`
+    (Python's own library source), a text or JSON Lines object, or a prefix holding many (`s3://bucket/corpus/`); empty:
+    the task's default."""
     label_column: str = "label"
-    """For a CSV source: the column holding the class label; every other column is a feature."""
+    """For a CSV source: the column holding the class label; every other column is a numeric feature."""
     val_fraction: float = 0.1
     """Share of rows held out for validation during training."""
     test_fraction: float = 0.2
@@ -163,17 +166,20 @@ class DataConfig:
     cache_bytes: int = 512 * 2**20
     """Each reader's cache of prefetched training shards, in bytes (consumed shards are dropped)."""
     eval_items: int = 2048
-    """Validation and evaluation read at most this many items (rows, or windows of block_size tokens)."""
+    """Validation and evaluation read at most this many items (rows, or windows of `model.block_size` tokens): the first
+    ones in shard order."""
     text_field: str = "text"
     """causal_lm, JSON Lines sources: the field of each record that holds its text."""
     num_proc: int = 1
-    """causal_lm data prep: processes that tokenize in parallel (a BPE or tokenizer.json; bytes need none)."""
+    """causal_lm data prep: processes that tokenize in parallel (a BPE or tokenizer.json; `bytes` ignores it)."""
     shard_rows: int = 512
-    """Rows per shard file (tokens per shard for causal_lm: shard_rows x 1024)."""
+    """Rows per shard file (causal_lm: `shard_rows` x 1024 tokens per shard)."""
     max_bytes: int = 4_000_000
     """causal_lm: at most this many bytes of text are tokenised (0: all)."""
     tokenizer: str = "bytes"
-    """causal_lm: `bytes` (id = byte value), `bpe:<vocab_size>` (train a byte-level BPE) or a tokenizer.json URI."""
+    """causal_lm: `bytes` (id = byte value, no special token), `bpe:<vocab_size>` (a byte-level BPE of 258..1048576
+    tokens, trained with Hugging Face `tokenizers` during data prep, `<|endoftext|>` its special token) or the URI of a
+    Hugging Face `tokenizer.json`. The model's vocabulary follows the tokenizer."""
     tokenizer_sample_bytes: int = 20_000_000
     """causal_lm, `bpe:<vocab_size>`: BPE training reads at most this many bytes of the source."""
 
@@ -207,16 +213,16 @@ class DataConfig:
 
 @dataclass(kw_only=True, slots=True)
 class ModelConfig:
-    """The classifier trained on the prepared features."""
+    """The model's shape: the classifier's MLP, or the GPT of causal_lm."""
 
     hidden_sizes: list[int] = field(default_factory=lambda: [128, 64])
-    """Widths of the hidden layers of the MLP."""
+    """classification: widths of the hidden layers of the MLP."""
     dropout: float = 0.0
     """Dropout probability (after each MLP hidden layer; in attention and MLP blocks of the GPT)."""
     n_layer: int = 12
     """causal_lm: transformer blocks (GPT-2 small: 12)."""
     n_head: int = 12
-    """causal_lm: attention heads (GPT-2 small: 12)."""
+    """causal_lm: attention heads; must divide `n_embd` (GPT-2 small: 12)."""
     n_embd: int = 768
     """causal_lm: embedding width (GPT-2 small: 768)."""
     block_size: int = 1024
@@ -247,43 +253,48 @@ class TrainConfig:
     epochs: int = 20
     """Passes over the training split."""
     batch_size: int = 64
-    """Global batch size: split evenly over all ranks, so it must divide by the world size."""
+    """Global batch size, split evenly over all ranks (and `grad_accum_steps` micro-batches), so it must divide by the
+    world size; every optimizer step uses a full global batch."""
     learning_rate: float = 0.003
     """AdamW learning rate."""
     weight_decay: float = 0.0
     """AdamW weight decay."""
     seed: int = 0
-    """Base seed; each rank adds its rank so data augmentation and dropout differ per rank."""
+    """Base seed: initial weights and data order are the same on every rank; per-step randomness (dropout) differs by
+    rank (the seed plus the rank)."""
     log_interval_steps: int = 20
-    """Rank 0 logs loss, throughput, ETA (and MFU on CUDA) every this many optimizer steps."""
+    """Rank 0 logs loss, learning rate, samples/s or tokens/s, ETA (and MFU on CUDA) every this many optimizer steps."""
     max_steps: int = 0
     """Stop after this many optimizer steps; 0: train for `epochs`."""
     grad_accum_steps: int = 1
-    """Micro-batches per optimizer step; gradients are all-reduced only on the last one."""
+    """Micro-batches per optimizer step; gradients are reduced only on the last one (DDP `no_sync`; FSDP likewise)."""
     grad_clip_norm: float = 0.0
-    """Clip the global gradient norm to this; 0: no clipping (the norm is still checked)."""
+    """Clip the global gradient norm to this; 0: no clipping (the norm is still checked for NaN/inf)."""
     lr_schedule: str = "constant"
-    """`constant` or `cosine` (decay to 10% of learning_rate by the last step)."""
+    """`constant` or `cosine` (decay to 10% of `learning_rate` by the last step)."""
     warmup_steps: int = 0
     """Linear learning-rate warm-up over this many steps."""
     precision: str = "auto"
     """`auto` (bf16 autocast on CUDA, fp32 on CPU), `bf16` or `fp32`."""
     compile: bool = False
-    """Wrap the model in torch.compile."""
+    """Wrap the model in `torch.compile`."""
     num_workers: int = 0
-    """DataLoader worker processes per rank."""
+    """DataLoader worker processes per rank (pinned memory and `non_blocking` copies on CUDA)."""
     bucket_cap_mb: int = 25
-    """DDP gradient bucket size in MiB."""
+    """DDP gradient bucket size in MiB (`gradient_as_bucket_view` is on)."""
     on_nonfinite: str = "stop"
     """A NaN/inf loss or gradient: `stop` the job naming the step and rank, or `skip` the update."""
     max_consecutive_skips: int = 10
-    """With on_nonfinite `skip`: this many skipped updates in a row stop the job (the run has diverged)."""
+    """With `on_nonfinite: skip`: this many skipped updates in a row stop the job naming the step and rank (the run has
+    diverged)."""
     peak_tflops: float = 0.0
-    """Peak bf16 TFLOP/s of one GPU for the MFU estimate; 0: looked up from the device name."""
+    """Peak bf16 TFLOP/s of one GPU for the MFU estimate; 0: looked up from the device name (H100/H200, A100, L40S,
+    A10G, L4)."""
     deterministic: bool = False
-    """torch.use_deterministic_algorithms: bitwise-reproducible runs, at some speed cost on GPUs."""
+    """`torch.use_deterministic_algorithms(True)`: bitwise-reproducible runs, at some speed cost on GPUs."""
     tensorboard: bool = True
-    """Rank 0 writes TensorBoard event files to `<model URI>/tensorboard/`, uploaded every log interval."""
+    """Rank 0 writes TensorBoard event files (loss, LR, grad norm, throughput, data-wait share, MFU, validation,
+    checkpoint stalls) to `<model URI>/tensorboard/`, uploaded every log interval off the training thread."""
     strategy: str = "ddp"
     """`ddp` (a full model replica per rank) or `fsdp` (FSDP2: parameters, gradients and optimizer state sharded)."""
     activation_checkpointing: bool = False
@@ -324,13 +335,13 @@ class CheckpointConfig:
     uri: str = ""
     """Run-scoped checkpoint prefix; empty: `<model URI>/checkpoints` (a retried step finds it again)."""
     interval_steps: int = 0
-    """Checkpoint every this many optimizer steps; 0: only at the end of each epoch."""
+    """Also checkpoint every this many optimizer steps; 0: no step-based checkpoints (only `at_epoch_end`)."""
     at_epoch_end: bool = True
-    """Also checkpoint at the end of every epoch."""
+    """Checkpoint at the end of every epoch."""
     keep_last: int = 2
-    """Complete checkpoints kept; older ones are deleted."""
+    """Complete checkpoints kept; older ones, and partial ones left by killed writers, are deleted."""
     resume: bool = True
-    """Resume from the latest complete checkpoint under `uri` when one exists."""
+    """At start, resume from the latest complete checkpoint under the prefix (`uri`) when one exists."""
 
     def __post_init__(self) -> None:
         if self.uri:
@@ -347,23 +358,25 @@ class JobConfig:
     """The distributed job: one Master and `replicas - 1` Workers, like a PyTorchJob."""
 
     replicas: int = 2
-    """Pods (or local process groups) in total: 1 Master + (replicas - 1) Workers."""
+    """Replicas in total: 1 Master + (replicas - 1) Workers (pods on a cluster, process groups locally)."""
     nproc_per_node: int = 1
     """Training processes per replica (GPUs per node on a cluster)."""
     image: str = "ghcr.io/kftrain/kftrain:0.1.0"
-    """Container image of every step and replica; it has kftrain installed."""
+    """Container image of the training replicas (it has kftrain installed); the other steps run the image set in
+    `components/image.py`."""
     timeout_seconds: int = 3600
     """Wall-clock limit of the training job; past it the job is cancelled and the step fails."""
     omp_num_threads: int = 1
-    """OMP_NUM_THREADS for each training process (CPU threads for intra-op parallelism)."""
+    """`OMP_NUM_THREADS` of each training process (CPU threads for intra-op parallelism)."""
     collective_timeout_seconds: int = 1800
     """A collective (all-reduce, barrier) that waits longer than this fails the job instead of hanging."""
     nccl_heartbeat_timeout_seconds: int = 600
-    """NCCL watchdog heartbeat: a rank whose watchdog is stuck this long is aborted."""
+    """`TORCH_NCCL_HEARTBEAT_TIMEOUT_SEC`: a rank whose NCCL watchdog is stuck this long is aborted."""
     nccl_debug: str = ""
-    """NCCL_DEBUG for every process (`WARN`, `INFO`, `TRACE`); empty: NCCL's default."""
+    """`NCCL_DEBUG` of every process (`VERSION`, `WARN`, `INFO`, `TRACE`); empty: NCCL's default."""
     kind: str = "pytorchjob"
-    """`pytorchjob` (Training Operator v1), `trainjob` (Trainer v2), or `auto`: TrainJob if served, else PyTorchJob."""
+    """`pytorchjob` (Training Operator v1), `trainjob` (Kubeflow Trainer v2), or `auto`: a TrainJob where the cluster
+    serves one, else a PyTorchJob (locally: the PyTorchJob contract)."""
 
     def __post_init__(self) -> None:
         _require(self.kind in JOB_KINDS, "job.kind", self.kind, f"must be one of {JOB_KINDS}")
@@ -384,7 +397,8 @@ class ElasticConfig:
     """Elastic training (torchrun c10d rendezvous): Workers only, between min and max replicas."""
 
     enabled: bool = False
-    """Run an elastic job; the job then has Worker replicas only (no Master)."""
+    """Run an elastic job: Worker replicas only (no Master), torchrun c10d rendezvous; the local launcher runs
+    `job.replicas` statically."""
     min_replicas: int = 1
     """Fewest replicas the job keeps running with."""
     max_replicas: int = 1
@@ -408,15 +422,15 @@ class KubernetesConfig:
     """How the training job runs on a cluster, as a PyTorchJob or a TrainJob (ignored by the local launcher)."""
 
     namespace: str = ""
-    """Namespace of the job; empty: the launcher pod's own namespace, read at run time."""
+    """Namespace of the job; empty: the launcher pod's own, read at run time (never frozen at compile time)."""
     gpus_per_node: int = 0
-    """`nvidia.com/gpu` limit of each replica; when set it must equal job.nproc_per_node."""
+    """`nvidia.com/gpu` limit of each replica; when set it must equal `job.nproc_per_node`."""
     cpu: str = ""
     """CPU request and limit of each replica (a Kubernetes quantity, e.g. `8` or `7500m`)."""
     memory: str = ""
     """Memory request and limit of each replica (e.g. `64Gi`)."""
     shm_size: str = "2Gi"
-    """Size of the memory-backed `/dev/shm` (DataLoader workers and NCCL need more than 64M)."""
+    """Size of the memory-backed `/dev/shm` volume (DataLoader workers and NCCL need more than 64M); empty: none."""
     tolerations: list[dict[str, Any]] = field(default_factory=list)
     """Pod tolerations, as in a pod spec (`key`, `operator`, `value`, `effect`)."""
     node_selector: dict[str, str] = field(default_factory=dict)
@@ -424,41 +438,43 @@ class KubernetesConfig:
     affinity: dict[str, Any] = field(default_factory=dict)
     """Pod affinity, as in a pod spec."""
     priority_class: str = ""
-    """priorityClassName of the replica pods."""
+    """`priorityClassName` of the replica pods (and of the gang-scheduling policy when one is set)."""
     service_account: str = ""
-    """serviceAccountName of the replica pods; empty: the namespace's default."""
+    """`serviceAccountName` of the replica pods; empty: the namespace's `default`."""
     image_pull_secrets: list[str] = field(default_factory=list)
     """Names of Secrets used to pull the image."""
     labels: dict[str, str] = field(default_factory=dict)
-    """Labels on the PyTorchJob and its pods."""
+    """Labels on the job (PyTorchJob or TrainJob) and its pods."""
     annotations: dict[str, str] = field(default_factory=dict)
-    """Annotations on the PyTorchJob and its pods."""
+    """Annotations on the job (PyTorchJob or TrainJob) and its pods."""
     queue: str = ""
     """Kueue LocalQueue: sets the `kueue.x-k8s.io/queue-name` label on the job."""
     min_available: int = 0
-    """Gang scheduling (Volcano / scheduler-plugins): pods that must start together; 0: not set."""
+    """Gang scheduling (`schedulingPolicy.minAvailable`; Volcano / scheduler-plugins): pods that must start together; 0:
+    not set."""
     scheduling_queue: str = ""
-    """Gang-scheduler queue (schedulingPolicy.queue), e.g. a Volcano queue."""
+    """Gang-scheduler queue (`schedulingPolicy.queue`), e.g. a Volcano queue."""
     schedule_timeout_seconds: int = 0
-    """Gang-scheduling timeout (schedulingPolicy.scheduleTimeoutSeconds); 0: not set."""
+    """Gang-scheduling timeout (`schedulingPolicy.scheduleTimeoutSeconds`); 0: not set."""
     clean_pod_policy: str = "Running"
     """Pods deleted when the job ends: `Running` (frees GPUs, keeps logs of failures), `All`, `None`."""
     ttl_seconds_after_finished: int = 86400
     """The job object is deleted this long after it finished."""
     active_deadline_seconds: int = 0
-    """Server-side deadline of the job; 0: job.timeout_seconds, so a job outliving its launcher stops."""
+    """Server-side deadline of the job; 0: `job.timeout_seconds`, so a job outliving its launcher still stops."""
     backoff_limit: int = 3
     """Pod restarts before the job is marked Failed."""
     restart_policy: str = "OnFailure"
-    """Replica restartPolicy: `OnFailure`, `ExitCode` (exit 1-127 permanent, 128-255 retried), `Never`, `Always`."""
+    """Replica `restartPolicy`: `OnFailure`, `ExitCode` (exit 1-127 permanent, 128-255 retried), `Never`, `Always`."""
     elastic: ElasticConfig = field(default_factory=ElasticConfig)
     """Elastic training settings."""
     store_secret: str = KFP_STORE_SECRET
-    """Secret with the object-store keys, mounted into every replica as environment variables."""
+    """Secret with the object-store keys, given to every replica as environment variables through `secretKeyRef`."""
     store_secret_keys: dict[str, str] = field(default_factory=lambda: dict(KFP_STORE_SECRET_KEYS))
-    """Key in `store_secret` -> environment variable it fills."""
+    """Key in `store_secret` -> the environment variable it fills."""
     env: dict[str, str] = field(default_factory=dict)
-    """Extra non-secret environment of the replicas (credential-looking names and values are refused)."""
+    """Extra non-secret environment of the replicas; credential-looking names (`*SECRET*`, `*_TOKEN`, `*_PASSWORD`, ...)
+    and values are refused."""
     volumes: list[dict[str, Any]] = field(default_factory=list)
     """Extra pod volumes, as in a pod spec (`name` plus one source: `persistentVolumeClaim`, `secret`, ...)."""
     volume_mounts: list[dict[str, Any]] = field(default_factory=list)
@@ -612,7 +628,7 @@ class Config:
     job: JobConfig = field(default_factory=JobConfig)
     """Distributed job shape and limits."""
     kubernetes: KubernetesConfig = field(default_factory=KubernetesConfig)
-    """PyTorchJob settings for the Kubernetes launcher."""
+    """Cluster settings of the training job (PyTorchJob or TrainJob)."""
 
     def _check_partitions(self) -> None:
         """A fixed data.partitions must cut every epoch exactly at each world size the job can have."""
