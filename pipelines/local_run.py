@@ -133,7 +133,11 @@ def run_scope(run_id: str, grace_s: float = 10.0) -> Iterator[str]:
 
 
 def preflight(cfg: Config) -> None:
-    """Fail before any step starts when the store is unreachable, missing or refuses our keys."""
+    """Fail before any step starts when the job the config describes would be refused on a cluster
+    (the config runs there unchanged), or the store is unreachable, missing or refuses our keys."""
+    from trainer.launch.job import check_job_manifests
+
+    check_job_manifests(cfg)
     if cfg.store.uri:
         from trainer.steps import store_for
 

@@ -84,12 +84,13 @@ def parse_params(pairs: list[str], package: Path) -> dict[str, Any]:
 def _validate_config(args: dict[str, Any], known: dict[str, dict[str, Any]]) -> None:
     """Run the trainer's config validation on the run's effective parameters before uploading."""
     from components.params import BY_NAME, config_from_params
+    from trainer.launch.job import check_job_manifests
 
     effective = {k: args.get(k, known[k]["default"]) for k in known if k in BY_NAME}
     config = args.get("config", known.get("config", {}).get("default") or "")
     store_secret = args.get("store_secret", known.get("store_secret", {}).get("default") or "")
     try:
-        config_from_params(config, store_secret=store_secret, **effective)
+        check_job_manifests(config_from_params(config, store_secret=store_secret, **effective))
     except ValueError as exc:
         raise SubmitError(f"the run's parameters are invalid: {exc}") from None
 
