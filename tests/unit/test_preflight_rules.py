@@ -149,6 +149,13 @@ EDITS_ACCEPTED = [
 ]
 
 
+def test_a_trainjob_quantity_names_its_field():
+    m = manifest("trainjob", **{"kubernetes.cpu": "4"})
+    m["spec"]["trainer"]["resourcesPerNode"]["limits"]["cpu"] = "4 cores"
+    with pytest.raises(ManifestError, match=r"^kubernetes.cpu: '4 cores' is not a Kubernetes quantity"):
+        validate_manifest(m)
+
+
 def _edit(m: dict, path: tuple, value) -> dict:
     m = copy.deepcopy(m)
     node = m
@@ -218,6 +225,8 @@ def test_every_pattern_in_the_tables_parses_into_segments():
         ((*_POD, "tolerations", Item(1), "operator"), "kubernetes.tolerations[1]"),
         ((*_POD, "volumes", Item(0, "dshm"), "emptyDir", "sizeLimit"), "kubernetes.shm_size"),
         (("spec", "pytorchReplicaSpecs", "Worker", "replicas"), "job.replicas"),
+        (("spec", "trainer", "resourcesPerNode", "limits", "nvidia.com/gpu"), "kubernetes.gpus_per_node"),
+        (("metadata", "annotations", "cpu"), "kubernetes.annotations"),  # only a resource named cpu is kubernetes.cpu
         (("apiVersion",), None),
     ],
 )
