@@ -821,7 +821,8 @@ class _ConfigLoader(yaml.SafeLoader):
         raise ConfigError(f"{self.origin}: line {mark.line + 1}: {what}")
 
     def _where(self) -> str:
-        return "".join(s if s.startswith("[") else f".{s}" for s in self._path).lstrip(".") or "(top level)"
+        parts = (s if s.isprintable() and len(s) <= 60 else repr(s[:60]) for s in self._path)  # stays one line
+        return "".join(s if s.startswith("[") else f".{s}" for s in parts).lstrip(".") or "(top level)"
 
     def compose_node(self, parent: Any, index: Any) -> Any:
         event = self.peek_event()

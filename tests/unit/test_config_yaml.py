@@ -40,6 +40,7 @@ ROWS = [
         ["kubernetes.tolerations[0].key: duplicate key, on lines 3 and 4"],
         id="duplicate-in-list-item",
     ),
+    pytest.param('"a\\nb": 1\n"a\\nb": 2\n', ["'a\\nb': duplicate key, on lines 1 and 2"], id="duplicate-odd-key"),
     pytest.param('{"job": {"replicas": 1, "replicas": 2}}', ["job.replicas: duplicate key"], id="duplicate-json"),
     pytest.param("a: " + "[" * 200 + "]" * 200 + "\n", ["nested deeper than 64 levels"], id="too-deep"),
     pytest.param("job:\n  replicas: " + "9" * 5000 + "\n", ["not a usable value", "digits"], id="huge-integer"),

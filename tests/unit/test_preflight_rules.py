@@ -56,6 +56,8 @@ REFUSED = [
     # names: a namespace is a DNS-1123 label, a Secret's name a DNS-1123 subdomain
     ({"kubernetes.namespace": "team.a"}, BOTH, ["kubernetes.namespace: 'team.a' is not a namespace: a DNS-1123 label"]),
     ({"kubernetes.namespace": "n" * 64}, BOTH, ["kubernetes.namespace: 'nnn", "<= 63"]),
+    ({"kubernetes.image_pull_secrets": ["regcred\n"]}, BOTH, ["kubernetes.image_pull_secrets: 'regcred\\n' is not a Secret's name"]),
+    ({"kubernetes.labels": {"team\n": "ml"}}, BOTH, ["kubernetes.labels: key 'team\\n' is not a label key"]),
     ({"kubernetes.image_pull_secrets": ["My_Secret"]}, BOTH, ["kubernetes.image_pull_secrets: 'My_Secret' is not a Secret's name"]),
     ({"kubernetes.store_secret": "Store_Keys"}, BOTH, ["kubernetes.store_secret: 'Store_Keys' is not a Secret's name"]),
     ({"kubernetes.store_secret_keys": {"access key": "AWS_ACCESS_KEY_ID"}}, BOTH, ["kubernetes.store_secret_keys: 'access key' is not a Secret key"]),
@@ -64,6 +66,7 @@ REFUSED = [
     ({"kubernetes.priority_class": "High_Prio"}, V1, ["kubernetes.priority_class: 'High_Prio' is not a valid priorityClassName"]),
     # environment: names, the operator's and torchrun's variables, NCCL_DEBUG levels
     ({"kubernetes.env": {"A=B": "1"}}, BOTH, ["kubernetes.env.A=B: name 'A=B' is not an environment variable name", "no '='"]),
+    ({"kubernetes.env": {"A\nB": "1"}}, BOTH, ["kubernetes.env.'A\\nB': name 'A\\nB' is not an environment variable name"]),
     ({"kubernetes.env": {"1ST": "1"}}, BOTH, ["kubernetes.env.1ST: name '1ST'", "not starting with a digit"]),
     ({"kubernetes.env": {"..X": "1"}}, BOTH, ["kubernetes.env...X: name '..X'"]),
     ({"kubernetes.env": {"WORLD_SIZE": "4"}}, BOTH, ["kubernetes.env.WORLD_SIZE: WORLD_SIZE is set in every replica", "remove it"]),

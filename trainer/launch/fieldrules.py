@@ -7,7 +7,7 @@ resource quantities. The operator owns the rendezvous environment, and NCCL read
 by a fixed list of names (a misspelt level is silently ignored). A manifest that breaks one of
 these is created and then refused, or worse, runs misconfigured.
 
-:data:`RULES` maps a manifest path pattern to a rule; :func:`validate_fields` walks the manifest
+:data:`RULES` maps a manifest path pattern to a rule; `preflight.validate_fields` walks the manifest
 once and applies every rule whose pattern matches a node. A refusal names the config field the
 value came from (:data:`SOURCES`), the bad value, what is allowed, and the manifest path:
 
@@ -69,7 +69,7 @@ def _show(value: Any, limit: int = 60) -> str:
 
 
 def _dns_label(value: str, what: str) -> str | None:
-    if isinstance(value, str) and len(value) <= 63 and _DNS_LABEL.match(value):
+    if isinstance(value, str) and len(value) <= 63 and _DNS_LABEL.fullmatch(value):
         return None
     return (
         f"{_show(value)} is not {what}: a DNS-1123 label, <= 63 lower-case letters, digits and '-', starting and "
@@ -78,7 +78,7 @@ def _dns_label(value: str, what: str) -> str | None:
 
 
 def _dns_subdomain(value: str, what: str) -> str | None:
-    if isinstance(value, str) and len(value) <= 253 and _DNS_SUBDOMAIN.match(value):
+    if isinstance(value, str) and len(value) <= 253 and _DNS_SUBDOMAIN.fullmatch(value):
         return None
     return (
         f"{_show(value)} is not {what}: a DNS-1123 subdomain, <= 253 lower-case letters, digits, '-' and '.', "
@@ -89,15 +89,15 @@ def _dns_subdomain(value: str, what: str) -> str | None:
 def qualified_name_problem(key: str) -> str | None:
     """Why `key` is not a qualified name (a label or annotation key), or None."""
     prefix, slash, name = key.rpartition("/")
-    if slash and (not prefix or "/" in prefix or len(prefix) > 253 or not _DNS_SUBDOMAIN.match(prefix)):
+    if slash and (not prefix or "/" in prefix or len(prefix) > 253 or not _DNS_SUBDOMAIN.fullmatch(prefix)):
         return f"its prefix {prefix!r} is not a DNS-1123 subdomain (<= 253 lower-case letters, digits, '-', '.')"
-    if not name or len(name) > 63 or not _QUALIFIED_NAME.match(name):
+    if not name or len(name) > 63 or not _QUALIFIED_NAME.fullmatch(name):
         return f"its name {name!r} is not <= 63 letters, digits, '-', '_' and '.' starting and ending alphanumeric"
     return None
 
 
 def _label_value(value: Any) -> str | None:
-    if isinstance(value, str) and len(value) <= 63 and _LABEL_VALUE.match(value):
+    if isinstance(value, str) and len(value) <= 63 and _LABEL_VALUE.fullmatch(value):
         return None
     return (
         f"value {_show(value)} is not a label value: <= 63 letters, digits, '-', '_' and '.', starting and "
@@ -159,7 +159,7 @@ def _env_var(value: Any, key: Any) -> str | None:
     if not isinstance(value, dict) or not isinstance(value.get("name"), str):
         return None
     name = value["name"]
-    if not _ENV_NAME.match(name) or name == "." or name.startswith(".."):
+    if not _ENV_NAME.fullmatch(name) or name == "." or name.startswith(".."):
         return (
             f"name {_show(name)} is not an environment variable name: letters, digits, '_', '-' and '.', not "
             "starting with a digit (no '=')"
@@ -182,7 +182,7 @@ def _secret_name(value: Any, key: Any) -> str | None:
 
 
 def _secret_key(value: Any, key: Any) -> str | None:
-    if isinstance(value, str) and len(value) <= 253 and _CONFIG_KEY.match(value) and not value.startswith(".."):
+    if isinstance(value, str) and len(value) <= 253 and _CONFIG_KEY.fullmatch(value) and not value.startswith(".."):
         return None
     return f"{_show(value)} is not a Secret key: <= 253 letters, digits, '-', '_' and '.'"
 
@@ -198,7 +198,7 @@ def _object_name(value: Any, key: Any) -> str | None:
 def _quantity(value: Any, key: Any) -> str | None:
     if isinstance(value, int) and not isinstance(value, bool) and value >= 0:
         return None
-    if isinstance(value, str) and _QUANTITY.match(value) and not value.startswith("-"):
+    if isinstance(value, str) and _QUANTITY.fullmatch(value) and not value.startswith("-"):
         if key != "nvidia.com/gpu" or value.isdigit():
             return None
         return f"{key} {_show(value)} is not a whole number (extended resources cannot be split)"
@@ -304,7 +304,7 @@ class Item:
     name: str | None = None
 
     def __str__(self) -> str:
-        return f"[{self.name if self.name is not None else self.index}]"
+        return f"[{_plain(self.name) if self.name is not None else self.index}]"
 
     @property
     def label(self) -> Any:
@@ -344,11 +344,17 @@ def _match(pattern: str, path: tuple[Any, ...]) -> list[Any] | None:
     return go(0, 0)
 
 
+def _plain(segment: Any) -> str:
+    """A path segment as written, unless that would break the line or run on (then quoted, cut)."""
+    text = str(segment)
+    return text if text.isprintable() and len(text) <= 60 else _show(segment)
+
+
 def path_text(path: tuple[Any, ...]) -> str:
     """`spec.trainer.env[NCCL_DEBUG]`: dotted keys, list items by name (else index)."""
     out = ""
     for p in path:
-        out += str(p) if isinstance(p, Item) else (f".{p}" if out else str(p))
+        out += str(p) if isinstance(p, Item) else (f".{_plain(p)}" if out else _plain(p))
     return out or "(manifest)"
 
 
@@ -374,7 +380,7 @@ def config_field(path: tuple[Any, ...]) -> str | None:
         for pattern, field in SOURCES:
             captured = _match(pattern, path[:end])
             if captured is not None:
-                return field.format(*captured[-1:])
+                return field.format(*(_plain(c) for c in captured[-1:]))
     return None
 
 
