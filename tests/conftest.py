@@ -2,8 +2,8 @@
 
 Tests that use `s3_server` (directly or through `s3_env` / `bucket`) run against moto. Marked
 ``@pytest.mark.s3_servers("moto", "rgw")`` they run once per server named; "rgw" is Ceph's RADOS
-Gateway (tests/rgwserver.py), which checks what moto does not. KFTRAIN_S3_SERVERS=moto,rgw runs
-every S3 test on the servers it lists.
+Gateway (tests/rgwserver.py), which checks what moto does not. KFTRAIN_S3_SERVERS=rgw (or moto,rgw)
+runs the unmarked S3 tests on the servers it lists.
 """
 
 from __future__ import annotations
@@ -25,12 +25,15 @@ S3_SERVERS = ("moto", "rgw")
 
 
 def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
-    """One run per S3 server for tests marked `s3_servers` (or all, under KFTRAIN_S3_SERVERS)."""
+    """One run per S3 server named by the test's `s3_servers` mark, or for unmarked tests by
+    KFTRAIN_S3_SERVERS (default: moto alone, unparametrized)."""
     if "s3_server" not in metafunc.fixturenames:
         return
-    chosen = os.environ.get("KFTRAIN_S3_SERVERS", "")
     marker = metafunc.definition.get_closest_marker("s3_servers")
-    names = [n.strip() for n in chosen.split(",") if n.strip()] if chosen else list(marker.args if marker else ())
+    if marker:
+        names = list(marker.args)
+    else:
+        names = [n.strip() for n in os.environ.get("KFTRAIN_S3_SERVERS", "").split(",") if n.strip()]
     for name in names:
         if name not in S3_SERVERS:
             raise pytest.UsageError(f"unknown S3 server {name!r}: one of {', '.join(S3_SERVERS)}")
