@@ -45,6 +45,22 @@ def rgw_server(start_timeout_s: float = 120) -> Iterator[S3Server]:
         )
     root = Path(tempfile.mkdtemp(prefix="kftrain-rgw-"))
     started: list[Path] = []
+    # The daemons detach from us: should this process die without its teardown (SIGKILL, a
+    # timeout), a watchdog stops them and deletes their data.
+    watchdog = subprocess.Popen(
+        [
+            "bash",
+            "-c",
+            'while kill -0 "$0" 2>/dev/null; do sleep 2; done; for c in "$1"/c*; do bash "$2" stop "$c"; done; '
+            'rm -rf "$1"',
+            str(os.getpid()),
+            str(root),
+            str(SCRIPT),
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
+    )
     try:
         for attempt in range(2):  # a second try where another program took the free port first
             cluster = root / f"c{attempt}"
@@ -68,6 +84,8 @@ def rgw_server(start_timeout_s: float = 120) -> Iterator[S3Server]:
         values = dict(line.split("=", 1) for line in proc.stdout.split() if "=" in line)
         yield S3Server(values["endpoint"], values["access_key"], values["secret_key"], kind="rgw")
     finally:
+        watchdog.kill()
+        watchdog.wait()
         for cluster in started:
             subprocess.run(["bash", str(SCRIPT), "stop", str(cluster)], capture_output=True, timeout=60, check=False)
         shutil.rmtree(root, ignore_errors=True)
