@@ -21,6 +21,7 @@ def cli_env(extra=None):
     return env
 
 
+@pytest.mark.s3_servers("moto", "rgw")
 def test_demo_on_an_s3_store_reaches_95_percent_and_writes_nothing_locally(s3_env, bucket, tmp_path):
     rc, out = run_group(
         [*KFTRAIN, "run", "--local", "--store", f"s3://{bucket}/runs", "--summary", "summary.json"],
@@ -115,6 +116,7 @@ def test_bad_input_stops_the_run_before_training(s3_env, tmp_path, args, config,
     assert "Executing task" not in out  # stopped before the pipeline started
 
 
+@pytest.mark.s3_servers("moto", "rgw")
 def test_wrong_credentials_stop_the_run_before_training(s3_env, bucket, tmp_path):
     env = cli_env({"AWS_SECRET_ACCESS_KEY": "not-the-secret-key"})
     rc, out = run_group(
