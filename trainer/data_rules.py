@@ -14,8 +14,9 @@
 - **File suffixes** are compared case-blind (:func:`trainer.storage.has_suffix`): `CORPUS.JSONL`
   is JSON Lines.
 - **The source is checked before any step** (:func:`check_source`): it exists and is readable,
-  it is the kind of object its task reads, and it is text, so a wrong `data.source` fails within
-  seconds naming the field and the URI instead of inside data prep or training.
+  it is the kind of object its task reads, and it is text (and a `data.tokenizer` file exists),
+  so a wrong `data.source` fails within seconds naming the field and the URI instead of inside
+  data prep or training.
 """
 
 from __future__ import annotations
@@ -32,6 +33,7 @@ import numpy as np
 from trainer.config import Config
 from trainer.shards import DataError
 from trainer.storage import CHECK_BUDGET_S, ObjectNotFound, ObjectStore, StoreError, has_suffix, open_store
+from trainer.tokenizer import parse_spec
 
 #: Sources that are built in, not objects in a store.
 BUILTIN_SOURCES = ("", "digits", "python-stdlib")
@@ -191,25 +193,38 @@ def source_objects(store: ObjectStore, source: str) -> list[str]:
     return [u for u in store.list(source.rstrip("/") + "/") if not u.rsplit("/", 1)[-1].startswith(".")]
 
 
-def check_source(cfg: Config, store: ObjectStore | None = None) -> None:
+def check_source(cfg: Config) -> None:
     """Before any step: `data.source` exists, is readable, is what its task reads and is text
-    (a causal_lm prefix: its first `CHECK_OBJECTS` objects).
+    (a causal_lm prefix: its first `CHECK_OBJECTS` objects), and a causal_lm `data.tokenizer`
+    file exists.
 
-    Raises :class:`DataError` (a ValueError) naming `data.source` and the URI; a store that
-    cannot be reached fails as :class:`StoreError` within `CHECK_BUDGET_S` seconds, naming them too.
-    `store`: the store serving the source (default: opened from `cfg.store`, with the short budget).
+    Raises :class:`DataError` (a ValueError) naming the field and the URI; a store that cannot be
+    reached fails as :class:`StoreError` within `CHECK_BUDGET_S` seconds, naming them too.
     """
     source = cfg.data.source
-    if source in BUILTIN_SOURCES:
-        return
-    if store is None:
-        policy = cfg.store.policy()
-        policy = dataclasses.replace(policy, budget_s=min(policy.budget_s, CHECK_BUDGET_S))
-        store = open_store(source, cfg.store.endpoint, cfg.store.region, policy)
-    try:
-        _check_source(cfg, store, source)
-    except StoreError as exc:
-        raise type(exc)(f"data.source {source}: {exc}") from None
+    if source not in BUILTIN_SOURCES:
+        try:
+            _check_source(cfg, _check_store(cfg, source), source)
+        except StoreError as exc:
+            raise type(exc)(f"data.source {source}: {exc}") from None
+    if cfg.task == "causal_lm":
+        spec = parse_spec(cfg.data.tokenizer)
+        if spec.kind == "file":
+            try:
+                found = _check_store(cfg, spec.uri).exists(spec.uri)
+            except StoreError as exc:
+                raise type(exc)(f"data.tokenizer {spec.uri}: {exc}") from None
+            if not found:
+                raise DataError(
+                    f"data.tokenizer {spec.uri}: no such object; upload the tokenizer.json there or fix data.tokenizer"
+                )
+
+
+def _check_store(cfg: Config, uri: str) -> ObjectStore:
+    """The store serving `uri`, giving up on an unreachable one within `CHECK_BUDGET_S` seconds."""
+    policy = cfg.store.policy()
+    policy = dataclasses.replace(policy, budget_s=min(policy.budget_s, CHECK_BUDGET_S))
+    return open_store(uri, cfg.store.endpoint, cfg.store.region, policy)
 
 
 def _check_source(cfg: Config, store: ObjectStore, source: str) -> None:

@@ -188,6 +188,15 @@ def test_a_missing_or_empty_source_is_refused_before_data_prep(tmp_path, task, o
     assert phrase in str(err.value)
 
 
+@pytest.mark.parametrize("source", ["python-stdlib", "corpus.txt"])
+def test_a_missing_tokenizer_file_is_refused_before_data_prep(tmp_path, source):
+    write(tmp_path, "corpus.txt", "text\n" * 100)
+    source = source if source == "python-stdlib" else str(tmp_path / source)
+    cfg = load_config(overrides={**LM, "data.source": source, "data.tokenizer": str(tmp_path / "TOK.JSON")})
+    with pytest.raises(DataError, match=re.escape(f"data.tokenizer {tmp_path / 'TOK.JSON'}: no such object")):
+        check_source(cfg)
+
+
 def test_empty_objects_among_others_under_a_prefix_are_fine(tmp_path):
     write(tmp_path, "corpus/a.txt", "")
     write(tmp_path, "corpus/b.txt", "line of text\n" * 400)
