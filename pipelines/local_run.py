@@ -133,11 +133,15 @@ def run_scope(run_id: str, grace_s: float = 10.0) -> Iterator[str]:
 
 
 def preflight(cfg: Config) -> None:
-    """Fail before any step starts when the store is unreachable, missing or refuses our keys."""
+    """Fail before any step starts when the store is unreachable, missing or refuses our keys, or
+    when `data.source` is missing, unreadable or not what its task reads."""
+    from trainer.data_rules import check_source
+
     if cfg.store.uri:
         from trainer.steps import store_for
 
         store_for(cfg, cfg.store.uri, check=True)
+    check_source(cfg)
 
 
 def run_local(

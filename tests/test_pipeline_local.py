@@ -143,10 +143,13 @@ def test_the_language_model_path_end_to_end(tmp_path):
 
 
 def test_a_failing_step_fails_the_run_with_exit_code_1(tmp_path):
-    (tmp_path / "c.yaml").write_text(f"data:\n  source: {tmp_path / 'missing.csv'}\n")
+    # A cell that is not a number shows only when data prep reads the rows (a missing source
+    # fails before any step: tests/integration/test_data_prep_inputs.py).
+    (tmp_path / "bad.csv").write_text("a,label\n" + "1,x\n2,y\n" * 10 + "oops,x\n")
+    (tmp_path / "c.yaml").write_text(f"data:\n  source: {tmp_path / 'bad.csv'}\n")
     rc, out = run_group(
         [*KFTRAIN, "run", "--local", "--config", "c.yaml"], timeout=120, env=cli_env(), cwd=str(tmp_path)
     )
     assert rc == 1
-    assert f"no file at {tmp_path / 'missing.csv'}" in out  # the data-prep step's own error
+    assert "column 'a': 'oops' is not a number" in out  # the data-prep step's own error
     assert "kftrain: the pipeline failed" in out and "[master-0]" not in out  # training never started

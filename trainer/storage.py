@@ -148,6 +148,13 @@ def join_uri(base: str, *parts: str) -> str:
     return out
 
 
+def has_suffix(uri: str, *suffixes: str) -> bool:
+    """Whether the last segment of `uri` ends with one of `suffixes`, compared case-blind
+    (`CORPUS.JSONL` is JSON Lines): every dispatch on a file's kind goes through here."""
+    name = uri.rstrip("/").rsplit("/", 1)[-1].lower()
+    return name.endswith(tuple(s.lower() for s in suffixes))
+
+
 class ObjectStore(Protocol):
     """What kftrain needs from storage. URIs passed in are full URIs of this store's kind."""
 

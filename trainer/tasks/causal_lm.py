@@ -26,9 +26,10 @@ import torch
 from torch import nn
 
 from trainer.config import Config
+from trainer.data_rules import source_objects, text_chunks
 from trainer.gpt import GPT, GPTConfig
 from trainer.shards import MANIFEST, SPLITS, DataError, ShardInfo, ShardWriter, read_manifest, split_shards, token_dtype
-from trainer.storage import ObjectNotFound, ObjectStore, decode_object, join_uri, read_chunks
+from trainer.storage import ObjectStore, decode_object, has_suffix, join_uri, read_chunks
 from trainer.streaming import first_items
 from trainer.tasks import Task
 from trainer.tokenizer import ByteTokenizer, Tokenizer, load_tokenizer, tokenizer_from_json
@@ -55,9 +56,10 @@ def _object_pieces(store: ObjectStore, uri: str, text_field: str) -> Iterator[by
     """One object's text in pieces of at most a block: a text file as it is, a JSON Lines file
     as the `text_field` of each record, one record per line."""
     carry = b""
-    for raw in read_chunks(store, uri, BLOCK_BYTES):
+    jsonl = has_suffix(uri, *JSONL_SUFFIXES)
+    for raw in text_chunks(read_chunks(store, uri, BLOCK_BYTES), uri, "text or JSON Lines"):
         chunk = carry + raw
-        if not uri.endswith(JSONL_SUFFIXES):
+        if not jsonl:
             yield chunk
             continue
         *lines, carry = chunk.split(b"\n")
@@ -85,12 +87,7 @@ def source_pieces(cfg: Config, store: ObjectStore) -> Iterator[bytes]:
     if source == "python-stdlib":
         pieces = stdlib_documents()
     else:
-        try:
-            uris = [source] if store.exists(source) else []
-        except ObjectNotFound:
-            uris = []
-        if not uris:
-            uris = [u for u in store.list(source.rstrip("/") + "/") if not u.rsplit("/", 1)[-1].startswith(".")]
+        uris = source_objects(store, source)
         if not uris:
             raise DataError(f"data.source {source!r}: no object there and none below it; check the URI")
         pieces = (piece for uri in uris for piece in _object_pieces(store, uri, d.text_field))
