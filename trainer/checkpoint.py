@@ -405,7 +405,7 @@ class StoreReader(FileSystemReader):
         size = tmp.stat().st_size
         self.fetched_bytes += size
         if self._progress is not None:
-            self._progress.add(size, name)
+            self._progress.add(size)
         if size != part["bytes"] or _sha256(tmp) != part["sha256"]:
             raise CheckpointError(
                 f"{join_uri(self._folder, name)} does not match its size and sha256 in {COMMIT}: "
