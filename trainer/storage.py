@@ -29,6 +29,8 @@ from typing import Any, Protocol, TypeVar
 from urllib.parse import urlsplit
 from xml.etree import ElementTree
 
+from trainer.progress import ProgressLine
+
 REMOTE_SCHEMES = ("s3", "minio")
 #: `minio://` names KFP's own artifact store; without a configured endpoint it is the in-cluster
 #: one (SeaweedFS from KFP 2.16; `http://minio-service.kubeflow:9000` before).
@@ -186,12 +188,15 @@ class ObjectStore(Protocol):
         """Preflight: raise :class:`StoreError` saying what to fix if `uri` cannot be written."""
 
 
-def read_chunks(store: ObjectStore, uri: str, chunk_bytes: int) -> Iterator[bytes]:
+def read_chunks(store: ObjectStore, uri: str, chunk_bytes: int, progress: str = "") -> Iterator[bytes]:
     """The object at `uri` in consecutive ranged reads of `chunk_bytes` (the last may be shorter),
-    so a reader holds one chunk however large the object."""
+    so a reader holds one chunk however large the object. With `progress` (what the reading is
+    for, e.g. ``data prep pass 1/2``), logs how far it got every few seconds and when done."""
     size = store.size(uri)
-    for offset in range(0, size, chunk_bytes):
-        yield store.get_bytes(uri, offset, min(chunk_bytes, size - offset))
+    chunks = (store.get_bytes(uri, offset, min(chunk_bytes, size - offset)) for offset in range(0, size, chunk_bytes))
+    if progress:
+        chunks = ProgressLine(f"{progress}: reading {uri}", total=size).track(chunks)
+    yield from chunks
 
 
 class LocalStore:

@@ -28,6 +28,7 @@ from torch import nn
 from trainer.config import Config
 from trainer.data_rules import source_objects, text_chunks
 from trainer.gpt import GPT, GPTConfig
+from trainer.progress import ProgressLine
 from trainer.shards import MANIFEST, SPLITS, DataError, ShardInfo, ShardWriter, read_manifest, split_shards, token_dtype
 from trainer.storage import ObjectStore, decode_object, has_suffix, join_uri, read_chunks
 from trainer.streaming import first_items
@@ -80,8 +81,10 @@ def _record_text(line: bytes, uri: str, field: str, number: int) -> bytes:
     return record[field].encode("utf-8")
 
 
-def source_pieces(cfg: Config, store: ObjectStore) -> Iterator[bytes]:
-    """The configured source as pieces of text, in a fixed order, at most `data.max_bytes` in all."""
+def source_pieces(cfg: Config, store: ObjectStore, progress: str = "") -> Iterator[bytes]:
+    """The configured source as pieces of text, in a fixed order, at most `data.max_bytes` in all.
+    With `progress` (what the reading is for), logs the bytes taken every few seconds and at the
+    end, with percent and ETA against `data.max_bytes` when it is set."""
     d = cfg.data
     source = d.source or "python-stdlib"
     if source == "python-stdlib":
@@ -92,13 +95,18 @@ def source_pieces(cfg: Config, store: ObjectStore) -> Iterator[bytes]:
             raise DataError(f"data.source {source!r}: no object there and none below it; check the URI")
         pieces = (piece for uri in uris for piece in _object_pieces(store, uri, d.text_field))
     left = d.max_bytes or math.inf
+    line = ProgressLine(f"{progress}: reading {source}", total=d.max_bytes) if progress else None
     for piece in pieces:
         if left <= 0:
-            return
+            break
         if len(piece) > left:
             piece = piece[: int(left)]
         left -= len(piece)
+        if line is not None:
+            line.add(len(piece))
         yield piece
+    if line is not None:
+        line.done()
 
 
 def blocks(pieces: Iterator[bytes], size: int = 0) -> Iterator[bytes]:
@@ -199,7 +207,7 @@ class CausalLMTask(Task):
             else None
         )
         try:
-            texts = blocks(source_pieces(cfg, store))
+            texts = blocks(source_pieces(cfg, store, progress="data prep"))
             for ids in _bounded_map(pool, tokenize_block, texts, d.val_fraction, d.test_fraction, ahead=2 * d.num_proc):
                 for split, tokens in ids.items():
                     if len(tokens):

@@ -71,8 +71,9 @@ class Rows:
     """The source, as errors and the manifest name it."""
     feature_names: list[str]
     """The feature columns in order."""
-    batches: Callable[[], Iterator[tuple[list[str], np.ndarray]]]
-    """A fresh pass over the rows in order: batches of (class labels, features as float64 rows x features)."""
+    batches: Callable[..., Iterator[tuple[list[str], np.ndarray]]]
+    """A fresh pass over the rows in order: batches of (class labels, features as float64 rows x features).
+    Its keyword `progress` (what the pass is for) logs how far a pass over a stored source got."""
     spellings: dict[str, set[str]] = field(default_factory=dict)
     """Per class, the label cells read so far that name it (`1`, `1.0`, ` 1`: see
     :func:`trainer.data_rules.canonical_label`); a few per class at most."""
@@ -92,8 +93,8 @@ def digits_rows(batch_rows: int = 0) -> Rows:
     labels = [str(digits.target_names[t]) for t in digits.target]
     step = batch_rows or batch_rows_for(x.shape[1])
 
-    def batches() -> Iterator[tuple[list[str], np.ndarray]]:
-        for start in range(0, len(labels), step):
+    def batches(progress: str = "") -> Iterator[tuple[list[str], np.ndarray]]:
+        for start in range(0, len(labels), step):  # in memory: nothing to report
             yield labels[start : start + step], x[start : start + step]
 
     return Rows("digits", [f"pixel_{i}" for i in range(x.shape[1])], batches)
@@ -131,13 +132,16 @@ def _parse_records(part: bytes, uri: str, first_line: int) -> Iterator[tuple[int
         raise DataError(f"{uri}: line {first_line + start} is not valid CSV ({exc})") from None
 
 
-def csv_records(store: ObjectStore, uri: str, chunk_bytes: int = CHUNK_BYTES) -> Iterator[tuple[int, list[str]]]:
+def csv_records(
+    store: ObjectStore, uri: str, chunk_bytes: int = CHUNK_BYTES, progress: str = ""
+) -> Iterator[tuple[int, list[str]]]:
     """The records of the CSV object at `uri` as (line number, fields), read in ranged reads of
-    `chunk_bytes`; blank lines are skipped, a UTF-8 byte-order mark is dropped."""
+    `chunk_bytes`; blank lines are skipped, a UTF-8 byte-order mark is dropped. `progress`: as
+    for :func:`~trainer.storage.read_chunks`."""
     carry = b""
     line = 1  # line number of the first line of `carry`
     first = True
-    for chunk in text_chunks(read_chunks(store, uri, chunk_bytes), uri, "CSV"):
+    for chunk in text_chunks(read_chunks(store, uri, chunk_bytes, progress), uri, "CSV"):
         buf = carry + chunk
         if first:
             buf, first = buf.removeprefix(b"\xef\xbb\xbf"), False
@@ -211,8 +215,8 @@ def csv_rows(
     step = batch_rows or batch_rows_for(len(header))
     spellings: dict[str, set[str]] = {}
 
-    def batches() -> Iterator[tuple[list[str], np.ndarray]]:
-        records = csv_records(store, uri, chunk_bytes)
+    def batches(progress: str = "") -> Iterator[tuple[list[str], np.ndarray]]:
+        records = csv_records(store, uri, chunk_bytes, progress)
         next(records)  # the header
         canonical: dict[str, str] = {}  # label cell -> class (few distinct cells: one look-up per row)
         labels: list[str] = []
@@ -351,7 +355,7 @@ def prepare_dataset(
     # Pass 1: classes, split sizes, and the train rows' statistics.
     assigner = SplitAssigner(cfg.val_fraction, cfg.test_fraction, cfg.seed)
     moments = _Moments(len(rows.feature_names))
-    for labels, x in rows.batches():
+    for labels, x in rows.batches(progress="data prep pass 1/2"):
         moments.add(x[assigner.assign_all(labels) == 0])
     counts = assigner.counts
     total = sum(sum(c) for c in counts.values())
@@ -377,7 +381,7 @@ def prepare_dataset(
     writers = [ShardWriter(store, dataset_uri, split, cfg.shard_rows, kind="rows") for split in SPLITS]
     assigner = SplitAssigner(cfg.val_fraction, cfg.test_fraction, cfg.seed)
     row = 0  # data rows before this batch
-    for labels, x in rows.batches():
+    for labels, x in rows.batches(progress="data prep pass 2/2"):
         where = assigner.assign_all(labels)
         if assigner.counts.keys() - index.keys():
             raise DataError(f"{name} changed while data prep read it (a new class appeared); rerun data prep")
