@@ -29,8 +29,13 @@ def _refuse(what: str):
 @pytest.fixture(autouse=True)
 def no_processes_or_servers(monkeypatch: pytest.MonkeyPatch) -> None:
     # subprocess keeps its own reference to fork_exec; multiprocessing looks it up on the module.
-    starters = [(_posixsubprocess, "fork_exec"), (subprocess, "_fork_exec"), (os, "fork")]
-    for module, name in starters + [(os, "posix_spawn"), (os, "posix_spawnp")]:
+    for module, name in (
+        (_posixsubprocess, "fork_exec"),
+        (subprocess, "_fork_exec"),
+        (os, "fork"),
+        (os, "posix_spawn"),
+        (os, "posix_spawnp"),
+    ):
         monkeypatch.setattr(module, name, _refuse("start a process"))
     real_connect = socket.socket.connect
 
