@@ -33,12 +33,15 @@ def _resume_command(argv: list[str], run_id: str) -> str:
 
 
 def _cmd_run(args: argparse.Namespace) -> int:
+    from pipelines.console import StepConsole, capturing, plain
     from pipelines.local_run import (
         PipelineFailed,
         RunStopped,
         check_run_id,
+        keep_log,
         new_run_id,
         run_local,
+        run_log,
         run_scope,
         write_summary,
     )
@@ -56,8 +59,16 @@ def _cmd_run(args: argparse.Namespace) -> int:
     run_id = check_run_id(args.run_id or new_run_id())
     resume = _resume_command(args.argv, run_id)
     print(f"kftrain: run {run_id} (stopped or killed, it continues with: {resume})", flush=True)
+    log_uri, log_path = run_log(cfg, run_id, args.output_dir)
+
+    def open_log():
+        log_path.parent.mkdir(parents=True, exist_ok=True)
+        return open(log_path, "a", encoding="utf-8", buffering=1)  # noqa: SIM115 (the console closes it)
+
+    console = StepConsole(open_log, sys.stdout, sys.stderr, verbose=args.verbose)
+    outcome: BaseException | None = None
     try:
-        with run_scope(run_id):
+        with run_scope(run_id), capturing(console):
             summary = run_local(
                 cfg,
                 local_root=args.output_dir,
@@ -65,29 +76,41 @@ def _cmd_run(args: argparse.Namespace) -> int:
                 max_perplexity=args.max_perplexity,
                 run_id=run_id,
             )
-    except PipelineFailed as exc:
-        print(f"kftrain: the pipeline failed: {exc}", file=sys.stderr)
+    except (PipelineFailed, RunStopped) as exc:
+        outcome = exc
+    finally:  # a run stopped before its first step (bad config, unreachable store) wrote no log
+        full_log = keep_log(cfg, log_uri, log_path) if console.log is not None else ""
+    see_log = f"; see full log: {full_log}" if full_log else ""
+    if isinstance(outcome, PipelineFailed):
+        what = f"step {console.failed_step} failed" if console.failed_step else plain(str(outcome))
+        print(f"kftrain: the pipeline failed: {what}{see_log}", file=sys.stderr)
         print(f"kftrain: run {run_id} did not finish; after fixing the cause, resume it: {resume}", file=sys.stderr)
         return 1
-    except RunStopped as exc:
+    if isinstance(outcome, RunStopped):
         print(
-            f"kftrain: run {run_id} stopped by {exc}; every process of it has ended. Resume it: {resume}",
+            f"kftrain: run {run_id} stopped by {outcome}; every process of it has ended{see_log}. Resume it: {resume}",
             file=sys.stderr,
         )
-        return 128 + exc.signum
+        return 128 + outcome.signum
     if summary.get("already_finished"):
         print(f"kftrain: run {run_id} had already finished; nothing to do. Its summary:")
     print("\nkftrain: run finished. Artifacts:")
     for name, uri in summary["artifacts"].items():
         print(f"  {name:9s} {uri}")
     print("Metrics:")
-    for name, value in sorted(summary["metrics"].items()):
-        print(f"  {name:20s} {value:.4f}")
+    metrics = summary["metrics"]
+    per_class = sorted(k for k in metrics if k.startswith("test_class_"))
+    for name in sorted(metrics.keys() - set(per_class)):
+        print(f"  {name:20s} {metrics[name]:.4f}")
+    if per_class:  # precision, recall and F1 of every class: the report's table, and the summary JSON
+        print(f"  (and {len(per_class)} per-class measures: see the report)")
     verdict = "passed" if summary["exported"] else "FAILED: the model was not exported"
     print(f"Quality gate {verdict} ({summary['quality_gate']})")
     if args.summary:
         write_summary(summary, args.summary)
         print(f"summary written to {args.summary}")
+    if full_log:
+        print(f"full log: {full_log}")
     return 0
 
 
@@ -191,6 +214,11 @@ def build_parser() -> argparse.ArgumentParser:
         "--run-id",
         default="",
         help="continue run ID from its latest checkpoint (nothing to do if it finished); default: a new run",
+    )
+    p.add_argument(
+        "--verbose",
+        action="store_true",
+        help="show kfp.local's whole output (default: step lines, replica lines and the summary; all in the full log)",
     )
     p.set_defaults(func=_cmd_run)
 

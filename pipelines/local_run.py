@@ -6,7 +6,8 @@ environment. Artifacts go to the configured store, or to a local directory by de
 
 A local run is a unit: it has a run id, its checkpoints live under
 ``<store or output dir>/runs/<run id>/checkpoints`` (unless `checkpoint.uri` is set), and
-``runs/<run id>/run.json`` marks it finished. Running again with the same id resumes it from
+``runs/<run id>/run.json`` marks it finished; ``runs/<run id>/log-<start time>.txt`` is the full log of
+each start of it (kfp.local's records and every step's output). Running again with the same id resumes it from
 its latest complete checkpoint, or does nothing when it had finished. Every process of the run
 carries a marker in its environment; a watchdog stops them all when the `kftrain` process
 dies, however it dies.
@@ -30,7 +31,7 @@ from pathlib import Path
 from typing import Any
 
 from trainer.config import Config, ConfigError, config_to_json
-from trainer.storage import ObjectNotFound, join_uri
+from trainer.storage import ObjectNotFound, StoreError, join_uri, parse_uri
 
 DEFAULT_LOCAL_ROOT = "kftrain-outputs"
 RUN_RECORD = "run.json"
@@ -38,7 +39,7 @@ _RUN_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,62}$")
 
 
 class PipelineFailed(RuntimeError):
-    """A step of the local run failed; its log, printed above, says why."""
+    """A step of the local run failed; its last lines, shown above, and the full log say why."""
 
 
 class RunStopped(BaseException):
@@ -76,6 +77,31 @@ def with_run_checkpoints(cfg: Config, run_id: str, local_root: str = DEFAULT_LOC
         return cfg
     prefix = join_uri(run_root(cfg, run_id, local_root), "checkpoints")
     return dataclasses.replace(cfg, checkpoint=dataclasses.replace(cfg.checkpoint, uri=prefix))
+
+
+def run_log(cfg: Config, run_id: str, local_root: str = DEFAULT_LOCAL_ROOT) -> tuple[str, Path]:
+    """Where the full log of this start of run `run_id` goes (beside its run record), and the
+    local file to write it to meanwhile: that very file, or a temporary one when the run's
+    folder is in an object store (:func:`keep_log` uploads it)."""
+    uri = join_uri(run_root(cfg, run_id, local_root), f"log-{time.strftime('%Y%m%d-%H%M%S')}.txt")
+    if not parse_uri(uri).is_remote:
+        return uri, Path(uri)
+    return uri, Path(tempfile.gettempdir()) / f"kftrain-{run_id}-{secrets.token_hex(4)}.log"
+
+
+def keep_log(cfg: Config, uri: str, path: Path) -> str:
+    """Put the log written at `path` at `uri` (see :func:`run_log`); return where it now is
+    (`path` still, if the store refused it)."""
+    if not parse_uri(uri).is_remote:
+        return uri
+    from trainer.steps import store_for
+
+    try:
+        store_for(cfg, uri).put_file(uri, path)
+    except (StoreError, OSError):
+        return str(path)
+    path.unlink()
+    return uri
 
 
 def finished_run(cfg: Config, run_id: str, local_root: str = DEFAULT_LOCAL_ROOT) -> dict[str, Any] | None:
@@ -134,7 +160,9 @@ def run_scope(run_id: str, grace_s: float = 10.0) -> Iterator[str]:
 
 def preflight(cfg: Config) -> None:
     """Fail before any step starts when the job the config describes would be refused on a cluster
-    (the config runs there unchanged), or the store is unreachable, missing or refuses our keys."""
+    (the config runs there unchanged), when the store is unreachable, missing or refuses our keys,
+    or when `data.source` is missing, unreadable or not what its task reads."""
+    from trainer.data_rules import check_source
     from trainer.launch.job import check_job_manifests
 
     check_job_manifests(cfg)
@@ -142,6 +170,7 @@ def preflight(cfg: Config) -> None:
         from trainer.steps import store_for
 
         store_for(cfg, cfg.store.uri, check=True)
+    check_source(cfg)
 
 
 def run_local(

@@ -24,11 +24,12 @@ def free_port() -> int:
 
 @dataclass
 class S3Server:
-    """Where the server listens and the access key of its one IAM user."""
+    """Where the server listens and the access key of its one user; `kind` is "moto" or "rgw"."""
 
     endpoint: str
     access_key: str
     secret_key: str
+    kind: str = "moto"
 
     def env(self) -> dict[str, str]:
         return {

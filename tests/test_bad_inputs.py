@@ -158,7 +158,7 @@ def test_a_store_that_is_not_s3_or_not_there_fails_preflight(
     rc, out = call_cli(argv, capsys)
     assert rc == 2, out
     assert phrase in out, out
-    assert "Traceback" not in out and "Executing task" not in out
+    assert "Traceback" not in out and "configure started" not in out
 
 
 def test_the_readme_has_the_credentials_section_errors_point_to():

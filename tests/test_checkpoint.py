@@ -47,6 +47,7 @@ def load(mgr: CheckpointManager) -> tuple[dict, dict, object]:
     return record, target, own
 
 
+@pytest.mark.s3_servers("moto", "rgw")
 def test_save_load_round_trip_through_s3(bucket):
     prefix = f"s3://{bucket}/run-1/checkpoints"
     mgr = CheckpointManager(open_store(prefix), prefix, keep_last=2)

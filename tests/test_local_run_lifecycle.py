@@ -138,5 +138,5 @@ def test_killing_the_cli_stops_the_run_and_run_id_resumes_it_bitwise(tmp_path, s
     t0 = time.monotonic()
     again, out = finish(tmp_path, run_id, "again.json")
     assert time.monotonic() - t0 < 30
-    assert "had already finished; nothing to do" in out and "Executing task" not in out
+    assert "had already finished; nothing to do" in out and "configure started" not in out
     assert again["artifacts"] == summary["artifacts"]

@@ -2,6 +2,7 @@
 
 import json
 import os
+import re
 import sys
 from pathlib import Path
 
@@ -21,6 +22,13 @@ def cli_env(extra=None):
     return env
 
 
+def full_log(out: str) -> str:
+    """Where the CLI said the run's full log is (`full log: PATH` or `see full log: PATH`)."""
+    [line] = [line for line in out.splitlines() if "full log: " in line]
+    return line.split("full log: ", 1)[1]
+
+
+@pytest.mark.s3_servers("moto", "rgw")
 def test_demo_on_an_s3_store_reaches_95_percent_and_writes_nothing_locally(s3_env, bucket, tmp_path):
     rc, out = run_group(
         [*KFTRAIN, "run", "--local", "--store", f"s3://{bucket}/runs", "--summary", "summary.json"],
@@ -55,6 +63,10 @@ def test_demo_on_an_s3_store_reaches_95_percent_and_writes_nothing_locally(s3_en
     assert report.startswith("<!doctype html>") and "<svg" in report and "Quality gate: passed" in report
     # Replica logs reach the step log with their replica prefix.
     assert "[master-0] [rank 0]" in out and "[worker-0] [rank 1]" in out
+    # The full log sits beside the run record in the store.
+    log_uri = full_log(out)
+    assert log_uri.startswith(f"s3://{bucket}/runs/runs/{summary['run_id']}/log-")
+    assert b"Got executor_input" in store.get_bytes(log_uri)
     card = json.loads(store.get_bytes(artifacts["exported"] + "/model_card.json"))
     assert card["source_dataset_uri"] == artifacts["dataset"]
     assert card["metrics"]["accuracy"] == pytest.approx(summary["metrics"]["test_accuracy"])
@@ -76,6 +88,19 @@ def test_demo_on_a_local_directory_passing_the_gate(tmp_path, kind, first_node):
     assert (Path(summary["artifacts"]["exported"]) / "model_card.json").is_file()
     assert "Quality gate passed" in out
     assert f"[{first_node}] " in out
+    # A calm terminal: a line per step start and end, the replicas' lines, the summary; kfp.local's
+    # own output (the executor input: the whole config, per step) only in the full log.
+    assert "executor_input" not in out and '"parameterValues"' not in out
+    lines = out.splitlines()
+    others = [line for line in lines if not re.match(r"  \[[a-z]+(-\d+)+\] ", line)]
+    assert len(others) < 60, "\n".join(others)
+    assert any(line.endswith(" train started") for line in lines)
+    assert any(" train done in " in line for line in lines)
+    assert lines[-1].startswith("full log: ")
+    log = Path(full_log(out))
+    assert log.parent == tmp_path / "out" / "runs" / summary["run_id"]
+    text = log.read_text()
+    assert "Got executor_input" in text and f"[{first_node}] " in text
 
 
 def test_the_quality_gate_stops_export_and_says_why(tmp_path):
@@ -87,7 +112,8 @@ def test_the_quality_gate_stops_export_and_says_why(tmp_path):
     summary = json.loads((tmp_path / "s.json").read_text())
     assert summary["exported"] is False and "exported" not in summary["artifacts"]
     assert "is below the minimum 0.9990 (min_accuracy)" in summary["quality_gate"]
-    assert "Model not exported" in out  # the quality-gate-failed step ran and logged the reason
+    assert "Quality gate FAILED: the model was not exported" in out
+    assert "Model not exported" in Path(full_log(out)).read_text()  # the quality-gate-failed step's own log
     assert not list((tmp_path / "out").glob("*/export"))
     report = Path(summary["artifacts"]["report"]).read_text()
     assert "Quality gate: failed" in report
@@ -112,9 +138,10 @@ def test_bad_input_stops_the_run_before_training(s3_env, tmp_path, args, config,
     )
     assert rc == 2
     assert message in out
-    assert "Executing task" not in out  # stopped before the pipeline started
+    assert "configure started" not in out  # stopped before the pipeline started
 
 
+@pytest.mark.s3_servers("moto", "rgw")
 def test_wrong_credentials_stop_the_run_before_training(s3_env, bucket, tmp_path):
     env = cli_env({"AWS_SECRET_ACCESS_KEY": "not-the-secret-key"})
     rc, out = run_group(
@@ -123,7 +150,7 @@ def test_wrong_credentials_stop_the_run_before_training(s3_env, bucket, tmp_path
     assert rc == 2
     assert "rejected the credentials" in out
     assert "not-the-secret-key" not in out
-    assert "Executing task" not in out
+    assert "configure started" not in out
 
 
 def test_the_language_model_path_end_to_end(tmp_path):
@@ -140,11 +167,22 @@ def test_the_language_model_path_end_to_end(tmp_path):
     assert "tokens/s" in out
 
 
-def test_a_failing_step_fails_the_run_with_exit_code_1(tmp_path):
-    (tmp_path / "c.yaml").write_text(f"data:\n  source: {tmp_path / 'missing.csv'}\n")
+@pytest.mark.parametrize("verbose", [False, True], ids=["quiet", "verbose"])
+def test_a_failing_step_fails_the_run_with_exit_code_1(tmp_path, verbose):
+    # A cell that is not a number shows only when data prep reads the rows (a missing source
+    # fails before any step: tests/integration/test_data_prep_inputs.py).
+    (tmp_path / "bad.csv").write_text("a,label\n" + "1,x\n2,y\n" * 10 + "oops,x\n")
+    (tmp_path / "c.yaml").write_text(f"data:\n  source: {tmp_path / 'bad.csv'}\n")
     rc, out = run_group(
-        [*KFTRAIN, "run", "--local", "--config", "c.yaml"], timeout=120, env=cli_env(), cwd=str(tmp_path)
+        [*KFTRAIN, "run", "--local", "--config", "c.yaml", *(["--verbose"] if verbose else [])],
+        timeout=120,
+        env=cli_env(),
+        cwd=str(tmp_path),
     )
     assert rc == 1
-    assert f"no file at {tmp_path / 'missing.csv'}" in out  # the data-prep step's own error
-    assert "kftrain: the pipeline failed" in out and "[master-0]" not in out  # training never started
+    # The data-prep step's own error reaches the terminal, whatever else is left in the log.
+    assert "column 'a': 'oops' is not a number" in out
+    assert "kftrain: the pipeline failed: step data-prep failed; see full log: " in out
+    assert "[master-0]" not in out  # training never started
+    assert ("Got executor_input" in out) == verbose
+    assert "Traceback (most recent call last)" in Path(full_log(out)).read_text()

@@ -13,6 +13,9 @@ from trainer.storage import (
     parse_uri,
 )
 
+# Every S3 test here runs on moto and on Ceph's RADOS Gateway (tests/conftest.py).
+pytestmark = pytest.mark.s3_servers("moto", "rgw")
+
 
 @pytest.mark.parametrize(
     ("uri", "expected"),
@@ -41,6 +44,9 @@ def test_relative_paths_become_absolute(tmp_path, monkeypatch):
         ("s3://ab/x", "invalid bucket name 'ab'"),
         ("s3://Bucket/x", "invalid bucket name 'Bucket'"),
         ("s3:///x", "invalid bucket name ''"),
+        ("s3://a.-b/x", "invalid bucket name 'a.-b'"),
+        ("s3://ab-.cd/x", "invalid bucket name 'ab-.cd'"),
+        ("s3://10.0.0.1/x", "invalid bucket name '10.0.0.1'"),
         ("s3://bucket/a//b", "empty path segment"),
         ("s3://bucket/a?x=1", "query or fragment"),
         ("file://host/x", "names a host"),
@@ -110,6 +116,13 @@ def test_s3_missing_bucket_says_what_to_fix(s3_env):
         store.check("s3://no-such-bucket/x")
     with pytest.raises(StoreError, match="bucket 'no-such-bucket' does not exist"):
         store.get_bytes("s3://no-such-bucket/x")
+
+
+def test_s3_object_operations_on_a_bucket_uri_say_the_key_is_missing(bucket):
+    store = open_store(f"s3://{bucket}")
+    for op in (store.get_bytes, store.size, store.exists, store.delete, lambda uri: store.put_bytes(uri, b"x")):
+        with pytest.raises(StoreError, match=f"'s3://{bucket}' names a bucket, not an object"):
+            op(f"s3://{bucket}")
 
 
 @pytest.mark.parametrize("which", ["AWS_SECRET_ACCESS_KEY", "AWS_ACCESS_KEY_ID"])

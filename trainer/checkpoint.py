@@ -48,6 +48,7 @@ import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint import FileSystemReader, FileSystemWriter
 from torch.distributed.checkpoint.api import CheckpointException
 
+from trainer.progress import ProgressLine
 from trainer.storage import CorruptObject, ObjectNotFound, ObjectStore, StoreError, join_uri, read_json
 
 COMMIT = "COMMIT.json"
@@ -330,7 +331,9 @@ class CheckpointManager:
         folder = step_dir(self.prefix, int(record["step"]))
         cache = Path(tempfile.mkdtemp(prefix=f"kftrain-resume-rank{self.rank}-"))
         try:
-            reader = StoreReader(self.store, folder, cache, record["parts"])
+            # Every rank reads what its load plan needs: how much that is, only DCP knows.
+            line = ProgressLine(f"resuming: downloading checkpoint {folder}")
+            reader = StoreReader(self.store, folder, cache, record["parts"], progress=line)
             dcp.load(state, storage_reader=reader, process_group=self.group, no_dist=self.group is None)
             own = None
             if rank_part(self.rank) in record["parts"]:
@@ -349,12 +352,7 @@ class CheckpointManager:
             raise CheckpointError(f"cannot read checkpoint {folder}: {ours[0]}") from exc
         finally:
             shutil.rmtree(cache, ignore_errors=True)
-        log.info(
-            "loaded checkpoint %s (this rank read %d of its parts, %.1f MB)",
-            folder,
-            len(self.last_fetched),
-            self.last_fetched_bytes / 1e6,
-        )
+        line.done(f"loaded, this rank read {len(self.last_fetched)} of its parts")
         return own
 
 
@@ -364,8 +362,16 @@ class StoreReader(FileSystemReader):
     plan reads, each checked against its sha256 in the commit record (whole files against
     their size and sha256)."""
 
-    def __init__(self, store: ObjectStore, folder: str, cache: Path, parts: dict[str, dict[str, Any]]) -> None:
+    def __init__(
+        self,
+        store: ObjectStore,
+        folder: str,
+        cache: Path,
+        parts: dict[str, dict[str, Any]],
+        progress: ProgressLine | None = None,
+    ) -> None:
         super().__init__(str(cache))
+        self._progress = progress  # told of every byte downloaded
         self._store, self._folder, self._cache, self._parts = store, folder, cache, parts
         self._lock = threading.Lock()  # DCP may read from several threads
         self._metadata = None
@@ -398,6 +404,8 @@ class StoreReader(FileSystemReader):
         self._store.get_file(join_uri(self._folder, name), tmp)
         size = tmp.stat().st_size
         self.fetched_bytes += size
+        if self._progress is not None:
+            self._progress.add(size)
         if size != part["bytes"] or _sha256(tmp) != part["sha256"]:
             raise CheckpointError(
                 f"{join_uri(self._folder, name)} does not match its size and sha256 in {COMMIT}: "
@@ -429,6 +437,8 @@ class StoreReader(FileSystemReader):
                 for at in range(start, end, _GET_BYTES):
                     data = self._store.get_bytes(uri, at, min(_GET_BYTES, end - at))
                     self.fetched_bytes += len(data)
+                    if self._progress is not None:
+                        self._progress.add(len(data))
                     digest.update(data)
                     got += len(data)
                     os.pwrite(f.fileno(), data, at)

@@ -153,7 +153,9 @@ class DataConfig:
     (Python's own library source), a text or JSON Lines object, or a prefix holding many (`s3://bucket/corpus/`); empty:
     the task's default."""
     label_column: str = "label"
-    """For a CSV source: the column holding the class label; every other column is a numeric feature."""
+    """For a CSV source: the column holding the class label; every other column is a numeric feature (finite, within
+    float32's range). Labels are stripped of surrounding whitespace and numbers compare as numbers: `1`, `1.0` and ` 1`
+    are one class `1`; other labels are kept as written, case included. An empty label is an error."""
     val_fraction: float = 0.1
     """Share of rows held out for validation during training."""
     test_fraction: float = 0.2

@@ -32,6 +32,7 @@ from torch.distributed.checkpoint.api import CheckpointException
 from torch.distributed.checkpoint.metadata import Metadata, TensorStorageMetadata
 
 from trainer.checkpoint import CheckpointError, StoreReader, commit_record
+from trainer.progress import ProgressLine
 from trainer.safetensors_file import SafetensorsWriter, TensorSpec
 from trainer.storage import ObjectStore, StoreError
 
@@ -79,6 +80,7 @@ def consolidate(
         specs = model_specs(metadata, exclude)
         if not specs:
             raise CheckpointError(f"checkpoint {folder} holds no model tensors (no entries under {MODEL_PREFIX!r})")
+        line = ProgressLine(f"consolidating {folder}", total=sum(s.nbytes for s in specs))
         wanted = {MODEL_PREFIX + s.name: s for s in specs}
         # Each tensor's chunks: file -> (offset, length) of each in it.
         files: dict[str, dict[str, list[tuple[int, int]]]] = {s.name: {} for s in specs}
@@ -102,6 +104,7 @@ def consolidate(
                 except CheckpointException as exc:
                     raise CheckpointError(f"cannot read {MODEL_PREFIX + name} from checkpoint {folder}: {exc}") from exc
                 writer.write(name, tensor)
+                line.add(spec.nbytes)
                 del tensor  # before the next one is allocated: one tensor at a time
                 for part in files[name]:
                     pending[part] -= 1

@@ -27,6 +27,7 @@ import torch
 from safetensors.torch import save as save_safetensors
 
 from trainer.model import load_model, weights
+from trainer.progress import ProgressLine
 from trainer.storage import ObjectStore, join_uri
 from trainer.tasks import get_task
 
@@ -90,6 +91,12 @@ def export_model(
     """Write and verify every format under `output_uri`; return the model card (written last)."""
     import onnxruntime
 
+    line = ProgressLine(f"export to {output_uri}")
+
+    def put(name: str, data: bytes) -> None:
+        store.put_bytes(join_uri(output_uri, name), data)
+        line.add(len(data), name)
+
     model, meta = load_model(store, model_uri)
     task = get_task(meta["task"])
     serving, example = task.serving_module(model, meta)
@@ -101,19 +108,19 @@ def export_model(
     ts_err = _check(
         "TorchScript", torch.jit.load(io.BytesIO(buf.getvalue()))(example).detach().numpy(), expected.numpy()
     )
-    store.put_bytes(join_uri(output_uri, TORCHSCRIPT), buf.getvalue())
+    put(TORCHSCRIPT, buf.getvalue())
 
     names, dims = (task.serving_input, task.serving_output), task.serving_dynamic_dims
     onnx_model = onnx_bytes(serving, example[:1], *names, dims)
     session = onnxruntime.InferenceSession(onnx_model, providers=["CPUExecutionProvider"])
     onnx_err = _check("ONNX", session.run(None, {names[0]: example.numpy()})[0], expected.numpy())
-    store.put_bytes(join_uri(output_uri, ONNX), onnx_model)
-    store.put_bytes(join_uri(output_uri, TRITON_CONFIG), triton_config(*names, example, expected, dims).encode())
+    put(ONNX, onnx_model)
+    put(TRITON_CONFIG, triton_config(*names, example, expected, dims).encode())
 
     extra = task.extra_exports(model, meta)
     for name, data in extra.items():
-        store.put_bytes(join_uri(output_uri, name), data)
-    store.put_bytes(join_uri(output_uri, SAFETENSORS), save_safetensors(weights(serving)))
+        put(name, data)
+    put(SAFETENSORS, save_safetensors(weights(serving)))
     card = {
         "name": f"kftrain-{meta['task']}",
         "task": meta["task"],
@@ -142,7 +149,8 @@ def export_model(
         "source_dataset_uri": meta["dataset_uri"],
         "source_model_uri": model_uri,
     }
-    store.put_bytes(join_uri(output_uri, MODEL_CARD), json.dumps(card, indent=2).encode())
+    put(MODEL_CARD, json.dumps(card, indent=2).encode())
+    line.done("each format verified")
     return card
 
 

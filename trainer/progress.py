@@ -1,7 +1,12 @@
-"""Rank 0's progress every few steps: a log line (loss, learning rate, throughput, ETA and, on GPUs,
-MFU), TensorBoard scalars (trainer/events.py), and the curves the report draws.
+"""Progress lines of long work.
 
-The loss and the gradient norm are accumulated on the device and read back only when a line is
+:class:`ProgressLine` is for any long operation that moves bytes (data prep reading its source,
+a checkpoint downloaded on resume, consolidation, export): at most one line every few seconds,
+then a final line. :class:`Progress` is rank 0's training progress every few steps: a log line
+(loss, learning rate, throughput, ETA and, on GPUs, MFU), TensorBoard scalars (trainer/events.py),
+and the curves the report draws.
+
+The training loss and the gradient norm are accumulated on the device and read back only when a line is
 printed, so logging adds no per-step host-device synchronisation; the event file is uploaded off
 the training thread.
 """
@@ -10,13 +15,102 @@ from __future__ import annotations
 
 import logging
 import time
-from typing import Any
+from collections.abc import Callable, Iterable, Iterator
+from typing import TYPE_CHECKING, Any
 
-import torch
+if TYPE_CHECKING:  # torch only where training runs: the store's readers use ProgressLine too
+    import torch
 
-from trainer.events import EventWriter
+    from trainer.events import EventWriter
 
 log = logging.getLogger("kftrain.train")
+progress_log = logging.getLogger("kftrain.progress")
+#: Seconds between two lines of one operation (the final line comes whenever it ends).
+LINE_INTERVAL_S = 5.0
+
+
+def format_bytes(n: float) -> str:
+    """`n` bytes in decimal units, as the store and network rates are quoted: `512 B`, `3.4 MB`."""
+    for unit, size in (("GB", 1e9), ("MB", 1e6), ("kB", 1e3)):
+        if n >= size:
+            return f"{n / size:.1f} {unit}"
+    return f"{n:.0f} B"
+
+
+def format_seconds(s: float) -> str:
+    """A duration for people: `0.4s`, `42s`, `3m05s`, `1h02m`."""
+    if s < 10:
+        return f"{s:.1f}s"
+    s = round(s)
+    if s < 60:
+        return f"{s}s"
+    if s < 3600:
+        return f"{s // 60}m{s % 60:02d}s"
+    return f"{s // 3600}h{s % 3600 // 60:02d}m"
+
+
+class ProgressLine:
+    """The progress of one long operation over bytes as log lines: `add(n)` as bytes arrive (or
+    leave) logs at most one line every `interval_s` seconds (amount, of `total` with percent and
+    ETA when the total is known, rate), `done()` the final line (amount, time, rate). An operation
+    shorter than `interval_s` logs only its final line; one that fails logs none (its error says
+    what happened)."""
+
+    def __init__(
+        self,
+        what: str,
+        *,
+        total: int = 0,
+        interval_s: float = LINE_INTERVAL_S,
+        logger: logging.Logger | None = None,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.what, self.total, self.interval_s = what, total, interval_s
+        self.log = logger or progress_log
+        self.clock = clock
+        #: Bytes so far, and how many `add` calls named an item (files written, parts fetched).
+        self.bytes, self.items = 0, 0
+        self.start = self._last = clock()
+
+    def add(self, n: int, item: str = "") -> None:
+        """Count `n` more bytes (of `item`, when the work is a list of files); log if a line is due."""
+        self.bytes += n
+        self.items += bool(item)
+        now = self.clock()
+        if now - self._last >= self.interval_s:
+            self._last = now
+            self.log.info("%s", self.line(now, item))
+
+    def line(self, now: float, item: str = "") -> str:
+        """The line `add` logs at clock time `now`."""
+        elapsed = max(now - self.start, 1e-9)
+        rate = self.bytes / elapsed
+        text = f"{self.what}: {format_bytes(self.bytes)}"
+        if self.total:
+            text += f" of {format_bytes(self.total)} ({min(self.bytes / self.total, 1.0):.0%})"
+        text += f", {format_bytes(rate)}/s"
+        if self.total and rate > 0:
+            text += f", eta {format_seconds(max(self.total - self.bytes, 0) / rate)}"
+        return text + (f" ({item})" if item else "")
+
+    def done(self, note: str = "") -> str:
+        """Log and return the final line: what was moved, in how long, how fast (and `note`)."""
+        elapsed = max(self.clock() - self.start, 1e-9)
+        count = f"{self.items} files, " if self.items else ""
+        text = (
+            f"{self.what}: {count}{format_bytes(self.bytes)} in {format_seconds(elapsed)} "
+            f"({format_bytes(self.bytes / elapsed)}/s)"
+        )
+        text += f"; {note}" if note else ""
+        self.log.info("%s", text)
+        return text
+
+    def track(self, chunks: Iterable[bytes]) -> Iterator[bytes]:
+        """`chunks` unchanged, counted as they pass; the final line once they are all through."""
+        for chunk in chunks:
+            self.add(len(chunk))
+            yield chunk
+        self.done()
 
 
 def epoch_scalars(record: dict[str, Any]) -> dict[str, float]:
@@ -60,6 +154,8 @@ class Progress:
         self.validation: list[dict[str, float]] = []
         #: Every checkpoint this process wrote: step, wall time, staging seconds, size.
         self.checkpoints: list[dict[str, float]] = []
+        import torch
+
         self._loss = torch.zeros((), device=device)
         self._grad_norm = torch.zeros((), device=device)
         self._steps = 0

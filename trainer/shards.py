@@ -19,7 +19,7 @@ from dataclasses import asdict, dataclass
 
 import numpy as np
 
-from trainer.storage import CorruptObject, ObjectStore, decode_object, join_uri, read_json
+from trainer.storage import CorruptObject, ObjectStore, decode_object, has_suffix, join_uri, read_json
 
 #: The dataset's description, written last by data prep.
 MANIFEST = "manifest.json"
@@ -89,7 +89,7 @@ def decode(raw: bytes, info: ShardInfo, uri: str) -> dict[str, np.ndarray] | np.
             f"{uri}: its sha256 differs from the manifest's: the shard is corrupt or was changed after "
             "data prep; rerun data prep"
         )
-    if info.name.endswith(".npz"):
+    if has_suffix(info.name, ".npz"):
         return decode_object(uri, raw, _load_npz, "dataset shard (.npz)")
     return decode_object(uri, raw, _load_npy, "token shard (.npy)")
 

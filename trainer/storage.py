@@ -29,6 +29,8 @@ from typing import Any, Protocol, TypeVar
 from urllib.parse import urlsplit
 from xml.etree import ElementTree
 
+from trainer.progress import ProgressLine
+
 REMOTE_SCHEMES = ("s3", "minio")
 #: `minio://` names KFP's own artifact store; without a configured endpoint it is the in-cluster
 #: one (SeaweedFS from KFP 2.16; `http://minio-service.kubeflow:9000` before).
@@ -36,6 +38,7 @@ KFP_STORE_ENDPOINT = "http://seaweedfs.kubeflow:9000"
 #: Multipart part size: files above it upload in parallel-safe parts, smaller ones in one PUT.
 PART_SIZE = 8 * 1024 * 1024
 _BUCKET_RE = re.compile(r"^[a-z0-9][a-z0-9.\-]{1,61}[a-z0-9]$")
+_IPV4_RE = re.compile(r"^\d+\.\d+\.\d+\.\d+$")
 #: S3 error codes that mean "try again later", not "no".
 TRANSIENT_S3_CODES = frozenset(
     {"SlowDown", "ServiceUnavailable", "InternalError", "RequestTimeout", "Throttling", "RequestLimitExceeded"}
@@ -120,10 +123,12 @@ def parse_uri(uri: str) -> Location:
             "use s3://bucket/key, minio://bucket/key, file:///path or a plain path"
         )
     bucket = parts.netloc
-    if not _BUCKET_RE.match(bucket) or ".." in bucket:
+    # S3's rules, which real servers (RGW, AWS) enforce: moto and some gateways accept more.
+    if not _BUCKET_RE.match(bucket) or any(s in bucket for s in ("..", ".-", "-.")) or _IPV4_RE.match(bucket):
         raise ValueError(
             f"invalid bucket name {bucket!r} in {uri!r}: 3-63 characters of lower-case letters, "
-            "digits, '.' and '-', starting and ending with a letter or digit"
+            "digits, '.' and '-', starting and ending with a letter or digit, with no '..', '.-' or '-.' "
+            "and not an IP address"
         )
     if parts.query or parts.fragment:
         raise ValueError(f"storage URI {uri!r} must not have a query or fragment")
@@ -143,6 +148,13 @@ def join_uri(base: str, *parts: str) -> str:
         if p:
             out = f"{out}/{p}"
     return out
+
+
+def has_suffix(uri: str, *suffixes: str) -> bool:
+    """Whether the last segment of `uri` ends with one of `suffixes`, compared case-blind
+    (`CORPUS.JSONL` is JSON Lines): every dispatch on a file's kind goes through here."""
+    name = uri.rstrip("/").rsplit("/", 1)[-1].lower()
+    return name.endswith(tuple(s.lower() for s in suffixes))
 
 
 class ObjectStore(Protocol):
@@ -176,12 +188,15 @@ class ObjectStore(Protocol):
         """Preflight: raise :class:`StoreError` saying what to fix if `uri` cannot be written."""
 
 
-def read_chunks(store: ObjectStore, uri: str, chunk_bytes: int) -> Iterator[bytes]:
+def read_chunks(store: ObjectStore, uri: str, chunk_bytes: int, progress: str = "") -> Iterator[bytes]:
     """The object at `uri` in consecutive ranged reads of `chunk_bytes` (the last may be shorter),
-    so a reader holds one chunk however large the object."""
+    so a reader holds one chunk however large the object. With `progress` (what the reading is
+    for, e.g. ``data prep pass 1/2``), logs how far it got every few seconds and when done."""
     size = store.size(uri)
-    for offset in range(0, size, chunk_bytes):
-        yield store.get_bytes(uri, offset, min(chunk_bytes, size - offset))
+    chunks = (store.get_bytes(uri, offset, min(chunk_bytes, size - offset)) for offset in range(0, size, chunk_bytes))
+    if progress:
+        chunks = ProgressLine(f"{progress}: reading {uri}", total=size).track(chunks)
+    yield from chunks
 
 
 class LocalStore:
@@ -362,6 +377,13 @@ class S3Store:
             raise StoreError(f"{uri!r} is a local path, not an object-store URI")
         return loc
 
+    def _obj(self, uri: str) -> Location:
+        """The location of one object: :class:`StoreError` when `uri` names only a bucket."""
+        loc = self._loc(uri)
+        if not loc.key:
+            raise StoreError(f"{uri!r} names a bucket, not an object: add the object's key after the bucket")
+        return loc
+
     def _call(self, what: str, uri: str, fn: Callable[[], T], budget_s: float | None = None) -> T:
         """Run `fn` under the retry policy; every failure leaves as a StoreError naming `uri`."""
         p = self.policy
@@ -422,6 +444,8 @@ class S3Store:
             return self._not_s3(uri, f"HTTP {exc._code}, Content-Type {exc._content_type}")  # noqa: SLF001
         if isinstance(exc, ElementTree.ParseError):
             return self._not_s3(uri, "with a body that is not S3's XML")
+        if isinstance(exc, ValueError):  # the SDK refused the request before sending it
+            return StoreError(f"cannot send the request for {uri} to {self.endpoint}: {exc or repr(exc)}")
         return StoreError(f"cannot reach the object store at {self.endpoint} for {uri}: {_cause(exc)}")
 
     def _not_s3(self, uri: str, seen: str) -> StoreError:
@@ -431,11 +455,11 @@ class S3Store:
         )
 
     def put_bytes(self, uri: str, data: bytes) -> None:
-        loc = self._loc(uri)
+        loc = self._obj(uri)
         self._call("PUT", uri, lambda: self._client.put_object(loc.bucket, loc.key, io.BytesIO(data), len(data)))
 
     def get_bytes(self, uri: str, offset: int = 0, length: int = 0) -> bytes:
-        loc = self._loc(uri)
+        loc = self._obj(uri)
 
         def get() -> bytes:
             resp = self._client.get_object(loc.bucket, loc.key, offset=offset, length=length)
@@ -448,21 +472,21 @@ class S3Store:
         return self._call("GET", uri, get)
 
     def size(self, uri: str) -> int:
-        loc = self._loc(uri)
+        loc = self._obj(uri)
         return self._call("HEAD", uri, lambda: self._client.stat_object(loc.bucket, loc.key).size)
 
     def put_file(self, uri: str, path: str | Path) -> None:
-        loc = self._loc(uri)
+        loc = self._obj(uri)
         self._call("PUT", uri, lambda: self._client.fput_object(loc.bucket, loc.key, str(path), part_size=PART_SIZE))
 
     def get_file(self, uri: str, path: str | Path) -> None:
-        loc = self._loc(uri)
+        loc = self._obj(uri)
         self._call("GET", uri, lambda: self._client.fget_object(loc.bucket, loc.key, str(path)))
 
     def exists(self, uri: str) -> bool:
         from minio.error import S3Error
 
-        loc = self._loc(uri)
+        loc = self._obj(uri)
 
         def stat() -> bool:
             try:
@@ -485,7 +509,7 @@ class S3Store:
         return sorted(f"{loc.scheme}://{loc.bucket}/{k}" for k in keys)
 
     def delete(self, uri: str) -> None:
-        loc = self._loc(uri)
+        loc = self._obj(uri)
         self._call("DELETE", uri, lambda: self._client.remove_object(loc.bucket, loc.key))
 
     def check(self, uri: str) -> None:

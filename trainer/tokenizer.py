@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from functools import lru_cache
 from typing import TYPE_CHECKING, Protocol
 
-from trainer.storage import ObjectNotFound, ObjectStore, parse_uri
+from trainer.storage import ObjectNotFound, ObjectStore, has_suffix, parse_uri
 
 if TYPE_CHECKING:
     import numpy as np
@@ -80,7 +80,7 @@ def parse_spec(spec: str) -> TokenizerSpec:
         if not size.isdigit() or not MIN_BPE_VOCAB <= int(size) <= MAX_BPE_VOCAB:
             raise ValueError(f"tokenizer {spec!r}: the BPE vocabulary size is out of range or not an integer; {_FORMS}")
         return TokenizerSpec("bpe", vocab_size=int(size))
-    if spec.endswith(".json"):
+    if has_suffix(spec, ".json"):
         try:
             parse_uri(spec)
         except ValueError as exc:

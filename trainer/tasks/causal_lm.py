@@ -26,9 +26,11 @@ import torch
 from torch import nn
 
 from trainer.config import Config
+from trainer.data_rules import source_objects, text_chunks
 from trainer.gpt import GPT, GPTConfig
+from trainer.progress import ProgressLine
 from trainer.shards import MANIFEST, SPLITS, DataError, ShardInfo, ShardWriter, read_manifest, split_shards, token_dtype
-from trainer.storage import ObjectNotFound, ObjectStore, decode_object, join_uri, read_chunks
+from trainer.storage import ObjectStore, decode_object, has_suffix, join_uri, read_chunks
 from trainer.streaming import first_items
 from trainer.tasks import Task
 from trainer.tokenizer import ByteTokenizer, Tokenizer, load_tokenizer, tokenizer_from_json
@@ -55,9 +57,10 @@ def _object_pieces(store: ObjectStore, uri: str, text_field: str) -> Iterator[by
     """One object's text in pieces of at most a block: a text file as it is, a JSON Lines file
     as the `text_field` of each record, one record per line."""
     carry = b""
-    for raw in read_chunks(store, uri, BLOCK_BYTES):
+    jsonl = has_suffix(uri, *JSONL_SUFFIXES)
+    for raw in text_chunks(read_chunks(store, uri, BLOCK_BYTES), uri, "text or JSON Lines"):
         chunk = carry + raw
-        if not uri.endswith(JSONL_SUFFIXES):
+        if not jsonl:
             yield chunk
             continue
         *lines, carry = chunk.split(b"\n")
@@ -78,30 +81,32 @@ def _record_text(line: bytes, uri: str, field: str, number: int) -> bytes:
     return record[field].encode("utf-8")
 
 
-def source_pieces(cfg: Config, store: ObjectStore) -> Iterator[bytes]:
-    """The configured source as pieces of text, in a fixed order, at most `data.max_bytes` in all."""
+def source_pieces(cfg: Config, store: ObjectStore, progress: str = "") -> Iterator[bytes]:
+    """The configured source as pieces of text, in a fixed order, at most `data.max_bytes` in all.
+    With `progress` (what the reading is for), logs the bytes taken every few seconds and at the
+    end, with percent and ETA against `data.max_bytes` when it is set."""
     d = cfg.data
     source = d.source or "python-stdlib"
     if source == "python-stdlib":
         pieces = stdlib_documents()
     else:
-        try:
-            uris = [source] if store.exists(source) else []
-        except ObjectNotFound:
-            uris = []
-        if not uris:
-            uris = [u for u in store.list(source.rstrip("/") + "/") if not u.rsplit("/", 1)[-1].startswith(".")]
+        uris = source_objects(store, source)
         if not uris:
             raise DataError(f"data.source {source!r}: no object there and none below it; check the URI")
         pieces = (piece for uri in uris for piece in _object_pieces(store, uri, d.text_field))
     left = d.max_bytes or math.inf
+    line = ProgressLine(f"{progress}: reading {source}", total=d.max_bytes) if progress else None
     for piece in pieces:
         if left <= 0:
-            return
+            break
         if len(piece) > left:
             piece = piece[: int(left)]
         left -= len(piece)
+        if line is not None:
+            line.add(len(piece))
         yield piece
+    if line is not None:
+        line.done()
 
 
 def blocks(pieces: Iterator[bytes], size: int = 0) -> Iterator[bytes]:
@@ -202,7 +207,7 @@ class CausalLMTask(Task):
             else None
         )
         try:
-            texts = blocks(source_pieces(cfg, store))
+            texts = blocks(source_pieces(cfg, store, progress="data prep"))
             for ids in _bounded_map(pool, tokenize_block, texts, d.val_fraction, d.test_fraction, ahead=2 * d.num_proc):
                 for split, tokens in ids.items():
                     if len(tokens):

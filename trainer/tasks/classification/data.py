@@ -39,11 +39,13 @@ import hashlib
 import io
 import json
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
 from trainer.config import DataConfig
+from trainer.data_rules import bad_feature, canonical_label, source_format_problem, text_chunks
+from trainer.data_rules import class_order as class_order
 from trainer.shards import MANIFEST, SPLITS, DataError, ShardWriter, read_manifest, read_shard, split_shards
 from trainer.storage import CorruptObject, ObjectStore, join_uri, read_chunks
 
@@ -55,6 +57,8 @@ BATCH_CELLS = 1 << 16
 #: A record still open after this many bytes is an error (an unbalanced quote, most likely), so
 #: a broken file cannot grow the buffer without bound.
 MAX_RECORD_BYTES = 16 << 20
+#: Spellings of one class kept for the data-prep log (`1`, `1.0`, ` 1`, ...).
+MAX_SPELLINGS = 5
 #: Split fractions are counted in millionths, so the split rule compares exact integers.
 _SCALE = 1_000_000
 
@@ -67,13 +71,12 @@ class Rows:
     """The source, as errors and the manifest name it."""
     feature_names: list[str]
     """The feature columns in order."""
-    batches: Callable[[], Iterator[tuple[list[str], np.ndarray]]]
-    """A fresh pass over the rows in order: batches of (class labels, features as float64 rows x features)."""
-
-
-def class_order(labels) -> list[str]:
-    """Class names in index order: shorter first, then alphabetical, so `2` comes before `10`."""
-    return sorted(set(labels), key=lambda s: (len(s), s))
+    batches: Callable[..., Iterator[tuple[list[str], np.ndarray]]]
+    """A fresh pass over the rows in order: batches of (class labels, features as float64 rows x features).
+    Its keyword `progress` (what the pass is for) logs how far a pass over a stored source got."""
+    spellings: dict[str, set[str]] = field(default_factory=dict)
+    """Per class, the label cells read so far that name it (`1`, `1.0`, ` 1`: see
+    :func:`trainer.data_rules.canonical_label`); a few per class at most."""
 
 
 def batch_rows_for(num_columns: int) -> int:
@@ -90,8 +93,8 @@ def digits_rows(batch_rows: int = 0) -> Rows:
     labels = [str(digits.target_names[t]) for t in digits.target]
     step = batch_rows or batch_rows_for(x.shape[1])
 
-    def batches() -> Iterator[tuple[list[str], np.ndarray]]:
-        for start in range(0, len(labels), step):
+    def batches(progress: str = "") -> Iterator[tuple[list[str], np.ndarray]]:
+        for start in range(0, len(labels), step):  # in memory: nothing to report
             yield labels[start : start + step], x[start : start + step]
 
     return Rows("digits", [f"pixel_{i}" for i in range(x.shape[1])], batches)
@@ -129,13 +132,16 @@ def _parse_records(part: bytes, uri: str, first_line: int) -> Iterator[tuple[int
         raise DataError(f"{uri}: line {first_line + start} is not valid CSV ({exc})") from None
 
 
-def csv_records(store: ObjectStore, uri: str, chunk_bytes: int = CHUNK_BYTES) -> Iterator[tuple[int, list[str]]]:
+def csv_records(
+    store: ObjectStore, uri: str, chunk_bytes: int = CHUNK_BYTES, progress: str = ""
+) -> Iterator[tuple[int, list[str]]]:
     """The records of the CSV object at `uri` as (line number, fields), read in ranged reads of
-    `chunk_bytes`; blank lines are skipped, a UTF-8 byte-order mark is dropped."""
+    `chunk_bytes`; blank lines are skipped, a UTF-8 byte-order mark is dropped. `progress`: as
+    for :func:`~trainer.storage.read_chunks`."""
     carry = b""
     line = 1  # line number of the first line of `carry`
     first = True
-    for chunk in read_chunks(store, uri, chunk_bytes):
+    for chunk in text_chunks(read_chunks(store, uri, chunk_bytes, progress), uri, "CSV"):
         buf = carry + chunk
         if first:
             buf, first = buf.removeprefix(b"\xef\xbb\xbf"), False
@@ -156,11 +162,25 @@ def csv_records(store: ObjectStore, uri: str, chunk_bytes: int = CHUNK_BYTES) ->
 
 
 def _numbers(rows: list[list[str]], columns: list[str], uri: str, first_row: int, lines: list[int]) -> np.ndarray:
-    """The feature cells of a batch as float64; a cell that is not a number is named by row, line and column."""
+    """The feature cells of a batch as float64; a cell that is not a number, or not one float32
+    holds (NaN, infinite, beyond ~3.4e38), is named by row, line and column."""
     try:
-        return np.array(rows, dtype=np.float64)
+        out = np.array(rows, dtype=np.float64)
     except ValueError:
-        pass
+        out = _numbers_one_by_one(rows, columns, uri, first_row, lines)
+    bad = bad_feature(out)
+    if bad is not None:
+        i, j, problem = bad
+        raise DataError(
+            f"{uri}: row {first_row + i} (line {lines[i]}), column {columns[j]!r}: {rows[i][j]!r} {problem}; "
+            "every feature must be a finite number within float32's range: fix or drop the row"
+        )
+    return out
+
+
+def _numbers_one_by_one(
+    rows: list[list[str]], columns: list[str], uri: str, first_row: int, lines: list[int]
+) -> np.ndarray:
     # Find the culprit; numpy may also refuse a spelling Python's float() reads (then use those).
     out = np.empty((len(rows), len(columns)))
     for i, row in enumerate(rows):
@@ -193,10 +213,12 @@ def csv_rows(
     if not features:
         raise DataError(f"{uri}: needs at least one feature column besides {label_column!r}")
     step = batch_rows or batch_rows_for(len(header))
+    spellings: dict[str, set[str]] = {}
 
-    def batches() -> Iterator[tuple[list[str], np.ndarray]]:
-        records = csv_records(store, uri, chunk_bytes)
+    def batches(progress: str = "") -> Iterator[tuple[list[str], np.ndarray]]:
+        records = csv_records(store, uri, chunk_bytes, progress)
         next(records)  # the header
+        canonical: dict[str, str] = {}  # label cell -> class (few distinct cells: one look-up per row)
         labels: list[str] = []
         cells: list[list[str]] = []
         lines: list[int] = []
@@ -207,7 +229,19 @@ def csv_rows(
                     f"{uri}: row {row + len(labels) + 1} (line {line}) has {len(fields)} columns, the header "
                     f"{len(header)}: rows have differing numbers of columns"
                 )
-            labels.append(fields[li])
+            raw = fields[li]
+            label = canonical.get(raw)
+            if label is None:
+                label = canonical[raw] = canonical_label(raw)
+                if not label:
+                    raise DataError(
+                        f"{uri}: row {row + len(labels) + 1} (line {line}), column {label_column!r} "
+                        "(data.label_column): the label is empty; give every row a class"
+                    )
+                seen = spellings.setdefault(label, set())
+                if len(seen) < MAX_SPELLINGS:
+                    seen.add(raw)
+            labels.append(label)
             cells.append(fields[:li] + fields[li + 1 :])
             lines.append(line)
             if len(labels) == step:
@@ -217,7 +251,7 @@ def csv_rows(
         if labels:
             yield labels, _numbers(cells, features, uri, row + 1, lines)
 
-    return Rows(uri, features, batches)
+    return Rows(uri, features, batches, spellings)
 
 
 def open_source(
@@ -228,6 +262,9 @@ def open_source(
         return digits_rows(batch_rows)
     if store is None:
         raise DataError(f"data.source {cfg.source!r} needs an object store to read from")
+    problem = source_format_problem("classification", cfg.source)
+    if problem:
+        raise DataError(f"data.source {cfg.source} {problem}")
     return csv_rows(store, cfg.source, cfg.label_column, chunk_bytes, batch_rows)
 
 
@@ -318,7 +355,7 @@ def prepare_dataset(
     # Pass 1: classes, split sizes, and the train rows' statistics.
     assigner = SplitAssigner(cfg.val_fraction, cfg.test_fraction, cfg.seed)
     moments = _Moments(len(rows.feature_names))
-    for labels, x in rows.batches():
+    for labels, x in rows.batches(progress="data prep pass 1/2"):
         moments.add(x[assigner.assign_all(labels) == 0])
     counts = assigner.counts
     total = sum(sum(c) for c in counts.values())
@@ -334,17 +371,31 @@ def prepare_dataset(
             f"with val_fraction={cfg.val_fraction} and test_fraction={cfg.test_fraction}"
         )
     mean, std = moments.mean_std()
+    for label, seen in sorted(rows.spellings.items()):
+        if len(seen) > 1:
+            spelled = ", ".join(repr(s) for s in sorted(seen))
+            print(f"kftrain: {name}: labels {spelled} are one class {label!r} (data.label_column)", flush=True)
 
     # Pass 2: normalise and shard, in row order within each split.
     index = {c: i for i, c in enumerate(classes)}
     writers = [ShardWriter(store, dataset_uri, split, cfg.shard_rows, kind="rows") for split in SPLITS]
     assigner = SplitAssigner(cfg.val_fraction, cfg.test_fraction, cfg.seed)
-    for labels, x in rows.batches():
+    row = 0  # data rows before this batch
+    for labels, x in rows.batches(progress="data prep pass 2/2"):
         where = assigner.assign_all(labels)
         if assigner.counts.keys() - index.keys():
             raise DataError(f"{name} changed while data prep read it (a new class appeared); rerun data prep")
         y = np.array([index[label] for label in labels], dtype=np.int64)
-        z = ((x - mean) / std).astype(np.float32)
+        with np.errstate(over="ignore"):
+            z = ((x - mean) / std).astype(np.float32)
+        bad = bad_feature(z)
+        if bad is not None:  # a far outlier in val or test over a near-constant train column
+            i, j, _ = bad
+            raise DataError(
+                f"{name}: row {row + i + 1}, column {rows.feature_names[j]!r}: {x[i, j]!r} normalised with the train "
+                f"rows' mean {mean[j]:.6g} and std {std[j]:.6g} overflows float32; fix or drop the row"
+            )
+        row += len(labels)
         for s, writer in enumerate(writers):
             mask = where == s
             if mask.any():

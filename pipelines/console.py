@@ -1,0 +1,162 @@
+"""What `kftrain run --local` shows on the terminal, and the full log it keeps of the run.
+
+kfp.local writes everything to ``sys.stdout``: its own records (a root logging handler on
+``sys.stdout``, set up afresh around each task by ``kfp.local.logging_utils.local_logger_context``)
+and each step's subprocess output, printed line by line, indented by four spaces, including the
+executor input (the whole config, once per step). So while the pipeline runs ``sys.stdout`` is a
+:class:`StepConsole`: every line goes to the full log file, and the terminal gets one line when a
+step starts and one when it ends (with its duration), the replicas' lines, and the step's own log
+records except kfp's bookkeeping (progress lines, warnings); with `verbose`, everything as kfp.local
+wrote it. When a step fails, the last lines of its output that the terminal has not shown (its
+error, without traceback frames) go to the terminal's stderr and stay in :attr:`failure_tail`.
+"""
+
+from __future__ import annotations
+
+import collections
+import contextlib
+import io
+import re
+import sys
+import threading
+import time
+from collections.abc import Callable, Iterator
+from typing import TextIO
+
+from trainer.progress import format_seconds
+
+_ANSI = re.compile(r"\x1b\[[0-9;]*m")
+#: A record of kfp.local's own logger (MillisecondFormatter: `%H:%M:%S.mmm - LEVEL - message`).
+_KFP_RECORD = re.compile(r"^\d\d:\d\d:\d\d\.\d{3} - (?P<level>[A-Z]+) - (?P<msg>.*)$")
+_STEP_START = re.compile(r"^Executing task '(?P<task>[^']+)'$")
+_STEP_END = re.compile(r"^Task '(?P<task>[^']+)' finished with status (?P<status>[A-Z]+)$")
+#: kfp.local records the terminal does not need: the run's own start and end lines say as much.
+_KFP_QUIET = re.compile(r"^(Running pipeline|Streamed logs|Pipeline '|Task '[^']+' (outputs:|has no outputs))")
+#: A log record inside a step (kfp's executor_main configures the root logger so).
+_STEP_RECORD = re.compile(r"^\[KFP Executor [^\]]* (?P<level>[A-Z]+)\]: (?P<msg>.*)$")
+_STEP_BOOKKEEPING = ("Looking for component", "Loading KFP component", "Got executor_input", "Wrote executor output")
+#: A training replica's line: `[master-0] [rank 0] ...`, `[worker-1] ...`, `[node-0-0] ...`.
+_REPLICA = re.compile(r"^\[[a-z][a-z0-9]*(?:-\d+)+\] ")
+#: kfp.local indents a step's output by this much.
+_STEP_INDENT = "    "
+TAIL_LINES = 8
+_TAIL_CHARS = 500
+
+
+def plain(text: str) -> str:
+    """`text` without terminal colour codes (kfp.local colours task names and statuses)."""
+    return _ANSI.sub("", text)
+
+
+class StepConsole(io.TextIOBase):
+    """A stand-in for ``sys.stdout`` during a kfp.local run (see the module docstring).
+
+    `open_log` opens the full log on the first line written (so a run stopped before its first
+    step leaves no log); it receives every line, colour codes removed. `out` and `err` are the
+    terminal."""
+
+    def __init__(self, open_log: Callable[[], TextIO], out: TextIO, err: TextIO, verbose: bool = False) -> None:
+        self._open_log, self.out, self.err, self.verbose = open_log, out, err, verbose
+        #: The full log, once anything was written.
+        self.log: TextIO | None = None
+        self._lock = threading.RLock()  # a signal handler (run_scope) may print while a write holds it
+        self._partial = ""
+        self._step = ""  # the running step, if any
+        self._t0 = 0.0
+        self._in_json = False
+        self._tail: collections.deque[str] = collections.deque(maxlen=TAIL_LINES)
+        #: The step that failed, and the last lines of its output the terminal had not shown.
+        self.failed_step = ""
+        self.failure_tail: list[str] = []
+
+    def writable(self) -> bool:
+        return True
+
+    def write(self, s: str) -> int:
+        with self._lock:
+            if self.log is None:
+                self.log = self._open_log()
+            if self.verbose:
+                self.out.write(s)
+            self._partial += s
+            *lines, self._partial = self._partial.split("\n")
+            for line in lines:
+                line = plain(line)
+                self.log.write(line + "\n")
+                self._route(line)
+        return len(s)
+
+    def flush(self) -> None:
+        with self._lock:
+            if self.log is not None:
+                self.log.flush()
+            self.out.flush()
+
+    def close(self) -> None:
+        """Write out a last line that never got its line end, and close the log."""
+        if self._partial:
+            self.write("\n")
+        super().close()  # flushes
+        if self.log is not None:
+            self.log.close()
+
+    def _show(self, line: str, stream: TextIO | None = None) -> None:
+        if self.verbose:  # the terminal had the raw line already
+            return
+        stream = stream or self.out
+        stream.write(line + "\n")
+        stream.flush()
+
+    def _route(self, line: str) -> None:
+        record = _KFP_RECORD.match(line)
+        if record:
+            self._kfp_record(record["level"], record["msg"])
+        elif self._step and line.startswith(_STEP_INDENT):
+            self._step_line(line[len(_STEP_INDENT) :])
+        # Anything else is kfp.local's layout (rules, blank lines, listings of outputs): log only.
+
+    def _kfp_record(self, level: str, msg: str) -> None:
+        now = time.strftime("%H:%M:%S")
+        if m := _STEP_START.match(msg):
+            self._step, self._t0, self._in_json = m["task"], time.monotonic(), False
+            self._tail.clear()
+            self._show(f"{now} {self._step} started")
+        elif m := _STEP_END.match(msg):
+            took = format_seconds(time.monotonic() - self._t0)
+            if m["status"] == "SUCCESS":
+                self._show(f"{now} {m['task']} done in {took}")
+            else:
+                self.failed_step, self.failure_tail = m["task"], list(self._tail)
+                self._show(f"{now} {m['task']} FAILED after {took}", self.err)
+                for tail_line in self.failure_tail:
+                    self._show(f"  {tail_line}", self.err)
+            self._step = ""
+        elif not _KFP_QUIET.match(msg):
+            self._show(f"kfp.local {level.lower()}: {msg}", self.err if level in ("WARNING", "ERROR") else self.out)
+
+    def _step_line(self, line: str) -> None:
+        if self._in_json:
+            self._in_json = line != "}"  # the executor input ends with a closing brace alone on a line
+            return
+        record = _STEP_RECORD.match(line)
+        if record:
+            if record["msg"].startswith(_STEP_BOOKKEEPING):
+                self._in_json = record["msg"].startswith("Got executor_input")
+                return
+            level = record["level"]
+            self._show("  " + (record["msg"] if level == "INFO" else f"{level.lower()}: {record['msg']}"))
+        elif _REPLICA.match(line):
+            self._show("  " + line)
+        elif line.strip() and not line[0].isspace() and line != "Traceback (most recent call last):":
+            self._tail.append(line[:_TAIL_CHARS])
+
+
+@contextlib.contextmanager
+def capturing(console: StepConsole) -> Iterator[StepConsole]:
+    """`console` as the process's ``sys.stdout`` for the duration; closed (its log too) after."""
+    previous, sys.stdout = sys.stdout, console
+    try:
+        yield console
+    finally:
+        sys.stdout = previous
+        console.close()

@@ -1,0 +1,47 @@
+"""The unit tier's rule, enforced: a unit test starts no process and talks to no server.
+
+Every test here runs with process creation (fork, exec, spawn) and network connections
+refused, so a test that needs either fails at once, naming what it tried, instead of slowing the
+tier down. Such a test belongs in tests/integration/.
+"""
+
+from __future__ import annotations
+
+import _posixsubprocess
+import os
+import socket
+import subprocess
+
+import pytest
+
+
+class NotAUnitTest(RuntimeError):
+    """Raised when a unit test tries to start a process or open a network connection."""
+
+
+def _refuse(what: str):
+    def refuse(*args, **kwargs):
+        raise NotAUnitTest(f"a unit test may not {what}: move this test to tests/integration/")
+
+    return refuse
+
+
+@pytest.fixture(autouse=True)
+def no_processes_or_servers(monkeypatch: pytest.MonkeyPatch) -> None:
+    # subprocess keeps its own reference to fork_exec; multiprocessing looks it up on the module.
+    for module, name in (
+        (_posixsubprocess, "fork_exec"),
+        (subprocess, "_fork_exec"),
+        (os, "fork"),
+        (os, "posix_spawn"),
+        (os, "posix_spawnp"),
+    ):
+        monkeypatch.setattr(module, name, _refuse("start a process"))
+    real_connect = socket.socket.connect
+
+    def connect(sock: socket.socket, address):
+        if sock.family in (socket.AF_INET, socket.AF_INET6):
+            raise NotAUnitTest(f"a unit test may not connect to {address!r}: move this test to tests/integration/")
+        return real_connect(sock, address)
+
+    monkeypatch.setattr(socket.socket, "connect", connect)

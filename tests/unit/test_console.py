@@ -1,0 +1,100 @@
+"""StepConsole: kfp.local's output in, a line per step start and end out (the rest to the full log)."""
+
+import io
+
+from pipelines.console import StepConsole
+
+# What kfp.local writes for a step that succeeds and one that fails (colours as it sends them).
+CYAN, GREEN, RED, RESET = "\x1b[96m", "\x1b[92m", "\x1b[91m", "\x1b[0m"
+KFP_OUTPUT = f"""\
+15:00:00.001 - INFO - Running pipeline: 'kftrain-training'
+--------------------------------------------------------------------------------
+15:00:00.002 - INFO - Executing task {CYAN}'train'{RESET}
+15:00:00.003 - INFO - Streamed logs:
+
+    [KFP Executor 2026-12-01 15:00:00,100 INFO]: Looking for component `train` in --component_module_path `x.py`
+    [KFP Executor 2026-12-01 15:00:00,101 INFO]: Got executor_input:
+    {{
+        "inputs": {{
+            "parameterValues": {{"config": "{{}}"}}
+        }}
+    }}
+    kftrain: training job kftrain-1 for task r/train
+    [master-0] [rank 0] 15:00:01 step 20/40 epoch 1 loss 1.5 lr 3.00e-03 6,067 samples/s eta 4s
+    [worker-0] [rank 1] 15:00:02 final parameter digest 5feb
+    [KFP Executor 2026-12-01 15:00:03,000 WARNING]: store slow, retrying
+    [KFP Executor 2026-12-01 15:00:03,500 INFO]: export to /m: 5 files, 228.1 kB in 2.7s (85.7 kB/s)
+    [KFP Executor 2026-12-01 15:00:04,000 INFO]: Wrote executor output file to /o/executor_output.json.
+
+
+15:00:04.100 - INFO - Task {CYAN}'train'{RESET} finished with status {GREEN}SUCCESS{RESET}
+15:00:04.101 - INFO - Task {CYAN}'train'{RESET} outputs:
+    model: Model( name='model',
+                  uri='/o/model' )
+--------------------------------------------------------------------------------
+15:00:04.200 - INFO - Executing task {CYAN}'evaluate'{RESET}
+15:00:04.201 - INFO - Streamed logs:
+
+    [KFP Executor 2026-12-01 15:00:04,300 INFO]: Got executor_input:
+    {{
+    }}
+    Traceback (most recent call last):
+      File "x.py", line 3, in evaluate
+        raise ObjectNotFound("no file at /m/model.json")
+    trainer.storage.ObjectNotFound: no file at /m/model.json
+
+
+15:00:05.000 - ERROR - Task {CYAN}'evaluate'{RESET} finished with status {RED}FAILURE{RESET}
+"""
+
+
+def run(text: str, verbose: bool = False) -> tuple[StepConsole, str, str, str]:
+    log, out, err = io.StringIO(), io.StringIO(), io.StringIO()
+    console = StepConsole(lambda: log, out, err, verbose=verbose)
+    for piece in text.splitlines(keepends=True):  # kfp.local prints the indent and the line apart
+        if piece.startswith("    "):
+            console.write("    ")
+            piece = piece[4:]
+        console.write(piece)
+    return console, log.getvalue(), out.getvalue(), err.getvalue()
+
+
+def test_the_terminal_gets_step_lines_replica_lines_and_step_records_the_log_everything():
+    console, log, out, err = run(KFP_OUTPUT)
+    lines = out.splitlines()
+    assert [line.split(" ", 1)[1] for line in lines if not line.startswith("  ")] == [
+        "train started",
+        "train done in 0.0s",
+        "evaluate started",
+    ]
+    assert [line for line in lines if line.startswith("  ")] == [
+        "  [master-0] [rank 0] 15:00:01 step 20/40 epoch 1 loss 1.5 lr 3.00e-03 6,067 samples/s eta 4s",
+        "  [worker-0] [rank 1] 15:00:02 final parameter digest 5feb",
+        "  warning: store slow, retrying",
+        "  export to /m: 5 files, 228.1 kB in 2.7s (85.7 kB/s)",
+    ]
+    assert "parameterValues" not in out + err and "kftrain: training job" not in out
+    # The full log has every line as kfp.local wrote it, without the colours.
+    assert log.count("\n") == KFP_OUTPUT.count("\n")
+    assert "Task 'train' finished with status SUCCESS" in log and "\x1b[" not in log
+
+
+def test_a_failed_step_names_itself_and_its_error_not_the_traceback_frames():
+    console, log, out, err = run(KFP_OUTPUT)
+    assert console.failed_step == "evaluate"
+    assert console.failure_tail == ["trainer.storage.ObjectNotFound: no file at /m/model.json"]
+    assert err.splitlines()[0].endswith(" evaluate FAILED after 0.0s")
+    assert err.splitlines()[1:] == ["  trainer.storage.ObjectNotFound: no file at /m/model.json"]
+
+
+def test_verbose_passes_everything_through_unchanged():
+    console, log, out, err = run(KFP_OUTPUT, verbose=True)
+    assert out == KFP_OUTPUT and not err
+    assert console.failed_step == "evaluate"  # still known, for the last line
+
+
+def test_nothing_written_opens_no_log():
+    opened = []
+    console = StepConsole(lambda: opened.append(1) or io.StringIO(), io.StringIO(), io.StringIO())
+    console.close()
+    assert console.log is None and not opened

@@ -1,0 +1,158 @@
+"""The pure rules of what data prep accepts (trainer/data_rules.py): label normalisation, class
+order, case-blind suffixes, text-vs-binary sniffing and the float32 range of features."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from trainer.data_rules import bad_feature, binary_reason, canonical_label, class_order, source_format_problem
+from trainer.storage import has_suffix
+from trainer.tokenizer import parse_spec
+
+LABELS = [
+    ("1", "1"),
+    ("1.0", "1"),
+    (" 1", "1"),
+    ("1 ", "1"),
+    ("\t1\r", "1"),
+    ("+1", "1"),
+    ("01", "1"),
+    ("1e0", "1"),
+    ("1E3", "1000"),
+    ("10", "10"),
+    ("0.50", "0.5"),
+    (".5", "0.5"),
+    ("5.", "5"),
+    ("-0", "0"),
+    ("-0.0", "0"),
+    ("-1.5e-3", "-0.0015"),
+    ("12345678901234567890.0", "12345678901234567890"),  # exact: no float rounding merges two ids
+    ("12345678901234567891", "12345678901234567891"),
+    ("1e999999", "1E+999999"),  # no million-digit class name
+    ("cat", "cat"),
+    ("  cat ", "cat"),
+    ("Cat", "Cat"),  # case is kept: Cat and cat are two classes
+    ("nan", "nan"),  # text, not a number
+    ("inf", "inf"),
+    ("1_000", "1_000"),
+    ("0x10", "0x10"),
+    ("1,5", "1,5"),
+    ("", ""),
+    ("   ", ""),
+]
+
+
+@pytest.mark.parametrize(("raw", "canonical"), LABELS)
+def test_a_label_names_one_class_per_value(raw, canonical):
+    assert canonical_label(raw) == canonical
+
+
+@pytest.mark.parametrize(
+    ("labels", "order"),
+    [
+        (["10", "2", "1"], ["1", "2", "10"]),
+        (["1", "-1", "0", "-10"], ["-10", "-1", "0", "1"]),
+        (["0.5", "0.25", "1"], ["0.25", "0.5", "1"]),
+        ([str(d) for d in range(9, -1, -1)], [str(d) for d in range(10)]),  # digits as before
+        (["dog", "cat", "emu", "cat"], ["cat", "dog", "emu"]),
+        (["b", "10", "a", "2"], ["2", "a", "b", "10"]),  # mixed: shorter first, then alphabetical
+    ],
+)
+def test_classes_are_ordered_by_value_when_all_are_numbers(labels, order):
+    assert class_order(labels) == order
+
+
+@pytest.mark.parametrize(
+    ("uri", "suffixes", "expected"),
+    [
+        ("s3://b/corpus.jsonl", (".jsonl",), True),
+        ("s3://b/UPPER.JSONL", (".jsonl",), True),
+        ("/data/Mixed.JsonL", (".jsonl", ".json"), True),
+        ("/data/TOKENIZER.JSON", (".json",), True),
+        ("/data/a.jsonl.txt", (".jsonl",), False),
+        ("/data/jsonl/a.txt", (".jsonl",), False),  # the name, not a folder
+        ("/data/a.NPZ", (".npz",), True),
+        ("/data/a.npz", (".NPZ",), True),
+        ("/data/a.csv", (".jsonl", ".json"), False),
+    ],
+)
+def test_suffixes_compare_case_blind(uri, suffixes, expected):
+    assert has_suffix(uri, *suffixes) is expected
+
+
+def test_a_tokenizer_file_spec_is_recognised_whatever_its_case():
+    assert parse_spec("s3://bucket/TOKENIZER.JSON").kind == "file"
+
+
+@pytest.mark.parametrize(
+    ("head", "complete", "phrase"),
+    [
+        (b"a,label\n1,x\n", True, None),
+        ("naïve,€,日本\n".encode(), True, None),
+        (b"\xef\xbb\xbfa,label\n", True, None),  # a UTF-8 byte-order mark is text
+        ("ok é".encode()[:-1], False, None),  # a character cut at the chunk's end
+        ("ok é".encode()[:-1], True, "is not UTF-8 text"),  # ... or at the object's end
+        (b"", True, None),
+        (b"\x7fELF\x02\x01\x01\x00\x00", False, "is an ELF executable"),
+        (b"\xcf\xfa\xed\xfe\x07\x00\x00\x01", False, "is a Mach-O executable"),
+        (b"MZ\x90\x00\x03\x00", False, "is a Windows executable"),
+        (b"\x1f\x8b\x08\x00\x00\x00", False, "is gzip-compressed, not UTF-8 text (decompress it first)"),
+        (b"PK\x03\x04\x14\x00\x00\x00", False, "is a zip archive"),
+        (b"PAR1\x15\x04\x15\x00\x00", False, "is a Parquet file"),
+        (b"\x93NUMPY\x01\x00v\x00", False, "is a numpy array"),
+        ("a,label\n".encode("utf-16"), True, "is UTF-16 text, not UTF-8 text (save it as UTF-8)"),
+        (b"text\x00more", True, "is binary, not UTF-8 text (a NUL byte at offset 4)"),
+        (b"a,label\n1,x\n2,\xff\n", True, r"is not UTF-8 text (line 3: byte 0xff at offset 14"),
+        ("caf\xe9\n".encode("latin-1"), True, "is not UTF-8 text (line 1: byte 0xe9 at offset 3"),
+        (b"MZ is a fine word\n", True, None),  # a magic number alone does not make binary
+    ],
+)
+def test_binary_or_non_utf8_starts_are_named(head, complete, phrase):
+    reason = binary_reason(head, complete)
+    if phrase is None:
+        assert reason is None
+    else:
+        assert reason is not None and phrase in reason, reason
+
+
+@pytest.mark.parametrize(
+    ("cells", "expected"),
+    [
+        ([[1.0, 2.0], [-3.5e38 / 2, 0.0]], None),
+        ([[3.4028234e38, -3.4028234e38]], None),  # float32's largest still fits
+        ([[1.0, np.nan]], (0, 1, "is NaN")),
+        ([[1.0, 2.0], [np.inf, 0.0]], (1, 0, "is infinite")),
+        ([[-np.inf]], (0, 0, "is infinite")),
+        ([[0.0, 1e308]], (0, 1, "overflows float32")),
+        ([[0.0, 0.0], [0.0, -1e39]], (1, 1, "overflows float32")),
+        ([[1e39, np.nan]], (0, 0, "overflows float32")),  # the first bad cell in row order
+    ],
+)
+def test_features_must_be_finite_float32_values(cells, expected):
+    found = bad_feature(np.array(cells, dtype=np.float64))
+    if expected is None:
+        assert found is None
+    else:
+        assert found is not None and found[:2] == expected[:2] and expected[2] in found[2], found
+
+
+@pytest.mark.parametrize(
+    ("task", "uri", "phrase"),
+    [
+        ("classification", "s3://b/table.csv", None),
+        ("classification", "s3://b/TABLE.CSV", None),
+        ("classification", "/data/table.txt", None),
+        ("classification", "/data/rows.JSONL", "is a JSON Lines file (.jsonl)"),
+        ("classification", "/data/rows.json", "is a JSON file"),
+        ("classification", "/data/rows.Parquet", "is a Parquet file"),
+        ("causal_lm", "/data/corpus.JSONL", None),
+        ("causal_lm", "/data/corpus.parquet", None),  # its bytes decide (binary_reason)
+    ],
+)
+def test_a_source_suffix_its_task_does_not_read_is_named(task, uri, phrase):
+    problem = source_format_problem(task, uri)
+    if phrase is None:
+        assert problem is None
+    else:
+        assert problem is not None and phrase in problem, problem

@@ -1,0 +1,248 @@
+"""What data prep accepts from a source, as small pure rules, and the check that runs them first.
+
+- **Class labels** (`data.label_column`) are compared after :func:`canonical_label`: surrounding
+  whitespace is stripped, and a label that reads as a decimal number is one class per number,
+  named in its plain shortest form (`"1"`, `"1.0"`, `" 1"` and `"+1"` are class `1`; `"0.50"` is
+  `0.5`). Other labels are kept as written, case included (`Cat` and `cat` stay two classes). An
+  empty label is an error naming the row.
+- **Feature values** must be finite numbers that float32 (the model's and the shards' type)
+  holds: NaN, infinities and magnitudes above ~3.4e38 (`1e308`) are refused by
+  :func:`bad_feature`, naming the row, line and column, before a single shard is written.
+- **Text sources** (CSV, text, JSON Lines) must be UTF-8 text: the first chunk of every object
+  is sniffed (:func:`binary_reason`), and a NUL byte or bytes that are not UTF-8 make it an error
+  naming the object and, where its first bytes tell, what it is (an ELF executable, gzip, Parquet).
+- **File suffixes** are compared case-blind (:func:`trainer.storage.has_suffix`): `CORPUS.JSONL`
+  is JSON Lines.
+- **The source is checked before any step** (:func:`check_source`): it exists and is readable,
+  it is the kind of object its task reads, and it is text (and a `data.tokenizer` file exists),
+  so a wrong `data.source` fails within seconds naming the field and the URI instead of inside
+  data prep or training.
+"""
+
+from __future__ import annotations
+
+import codecs
+import dataclasses
+import math
+import re
+from collections.abc import Iterable, Iterator
+from decimal import Decimal
+
+import numpy as np
+
+from trainer.config import Config
+from trainer.shards import DataError
+from trainer.storage import CHECK_BUDGET_S, ObjectNotFound, ObjectStore, StoreError, has_suffix, open_store
+from trainer.tokenizer import parse_spec
+
+#: Sources that are built in, not objects in a store.
+BUILTIN_SOURCES = ("", "digits", "python-stdlib")
+#: Bytes of an object's start read to tell text from binary before data prep.
+HEAD_BYTES = 64 * 1024
+#: Objects under a causal_lm prefix whose start is sniffed before any step (data prep sniffs every one).
+CHECK_OBJECTS = 16
+#: The largest magnitude float32 holds; a feature beyond it cannot reach the model.
+FLOAT32_MAX = float(np.finfo(np.float32).max)
+#: Suffixes of formats the classification task does not read (it reads CSV text).
+NOT_CSV = {
+    ".jsonl": "JSON Lines",
+    ".json": "JSON",
+    ".parquet": "Parquet",
+    ".npz": "numpy",
+    ".npy": "numpy",
+    ".xlsx": "Excel",
+    ".xls": "Excel",
+}
+#: First bytes that name a binary format, for the error message.
+_MAGIC = (
+    (b"\x7fELF", "an ELF executable", ""),
+    (b"\xcf\xfa\xed\xfe", "a Mach-O executable", ""),
+    (b"MZ", "a Windows executable", ""),
+    (b"\x1f\x8b", "gzip-compressed", "decompress it first"),
+    (b"BZh", "bzip2-compressed", "decompress it first"),
+    (b"\xfd7zXZ\x00", "xz-compressed", "decompress it first"),
+    (b"\x28\xb5\x2f\xfd", "zstd-compressed", "decompress it first"),
+    (b"PK\x03\x04", "a zip archive", "unpack it first"),
+    (b"PAR1", "a Parquet file", ""),
+    (b"\x93NUMPY", "a numpy array", ""),
+    (b"%PDF-", "a PDF document", ""),
+    (b"\x89PNG", "a PNG image", ""),
+    (b"\xff\xd8\xff", "a JPEG image", ""),
+    (b"\xff\xfe", "UTF-16 text", "save it as UTF-8"),
+    (b"\xfe\xff", "UTF-16 text", "save it as UTF-8"),
+)
+# A decimal number as people write one in a table: no `_`, `nan` or `inf` (those stay text).
+_NUMBER = re.compile(r"[+-]?(?:\d+\.?\d*|\.\d+)(?:[eE][+-]?\d+)?")
+
+
+def canonical_label(raw: str) -> str:
+    """The class a label cell names (see the module docstring): whitespace stripped, a decimal
+    number in its plain shortest form, anything else as written."""
+    text = raw.strip()
+    if not _NUMBER.fullmatch(text):
+        return text
+    value = Decimal(text)
+    if value.is_zero():
+        return "0"
+    value = value.normalize()
+    # Plain notation for ordinary magnitudes; scientific beyond, so `1e999999` stays short.
+    return format(value, "f") if -30 < value.adjusted() < 40 else str(value)
+
+
+def class_order(labels: Iterable[str]) -> list[str]:
+    """Class names in index order: by value when every class is a number (`-1`, `2`, `10`), else
+    shorter first, then alphabetical (so `2` still comes before `10` among other names)."""
+    names = set(labels)
+    if names and all(_NUMBER.fullmatch(n) for n in names):
+        return sorted(names, key=lambda n: (Decimal(n), n))
+    return sorted(names, key=lambda s: (len(s), s))
+
+
+def bad_feature(x: np.ndarray) -> tuple[int, int, str] | None:
+    """The first cell of a float64 batch (rows x features) that float32 cannot carry, as (row,
+    column, what is wrong); None when every cell is a finite number within float32's range."""
+    bad = ~np.isfinite(x)
+    bad |= np.abs(np.where(bad, 0.0, x)) > FLOAT32_MAX
+    if not bad.any():
+        return None
+    i, j = (int(k) for k in np.argwhere(bad)[0])
+    value = float(x[i, j])
+    if math.isnan(value):
+        return i, j, "is NaN (not a number)"
+    if math.isinf(value):
+        return i, j, "is infinite"
+    return i, j, f"overflows float32, the model's feature type (at most ±{FLOAT32_MAX:.4g})"
+
+
+def binary_reason(head: bytes, complete: bool = False) -> str | None:
+    """Why `head`, the first bytes of an object, is not UTF-8 text; None when it is.
+
+    `complete`: `head` is the whole object (else a multi-byte character cut at its end is fine)."""
+    nul = head.find(b"\0")
+    invalid = None
+    try:
+        codecs.getincrementaldecoder("utf-8")().decode(head, final=complete)
+    except UnicodeDecodeError as exc:
+        invalid = exc.start
+    if nul < 0 and invalid is None:
+        return None
+    for magic, kind, hint in _MAGIC:
+        if head.startswith(magic):
+            return f"is {kind}, not UTF-8 text" + (f" ({hint})" if hint else "")
+    if nul >= 0 and (invalid is None or nul <= invalid):
+        return f"is binary, not UTF-8 text (a NUL byte at offset {nul})"
+    line = head.count(b"\n", 0, invalid) + 1
+    return f"is not UTF-8 text (line {line}: byte 0x{head[invalid]:02x} at offset {invalid}; save it as UTF-8)"
+
+
+def text_chunks(chunks: Iterable[bytes], uri: str, what: str) -> Iterator[bytes]:
+    """`chunks` of the object at `uri` unchanged, once its first chunk passed :func:`binary_reason`;
+    `what` names the text expected (`CSV`, `text or JSON Lines`) in the error."""
+    first = True
+    for chunk in chunks:
+        if first:
+            first = False
+            reason = binary_reason(chunk[:HEAD_BYTES], complete=len(chunk) < HEAD_BYTES)
+            if reason:
+                raise DataError(f"data.source {uri} {reason}: data prep reads {what}")
+        yield chunk
+
+
+def source_format_problem(task: str, uri: str) -> str | None:
+    """Why the object at `uri` is not a source `task` reads, judged by its suffix alone; None when it may be."""
+    if task == "classification":
+        for suffix, kind in NOT_CSV.items():
+            if has_suffix(uri, suffix):
+                return f"is a {kind} file ({suffix}); the classification task reads a CSV table"
+    return None
+
+
+def _head(store: ObjectStore, uri: str, size: int) -> bytes:
+    try:
+        return store.get_bytes(uri, 0, min(size, HEAD_BYTES))
+    except ObjectNotFound:
+        raise
+    except OSError as exc:  # a local file that is there but not readable (permissions)
+        raise DataError(f"data.source {uri}: cannot read it ({exc.strerror or exc})") from None
+
+
+def _check_object(cfg: Config, store: ObjectStore, uri: str, what: str, one: bool = True) -> None:
+    """One object of the source (`one`: the whole source, so it must not be empty)."""
+    size = store.size(uri)
+    if size == 0:
+        if one:
+            raise DataError(f"data.source {uri} is empty (0 bytes)")
+        return
+    problem = source_format_problem(cfg.task, uri)
+    if problem:
+        raise DataError(f"data.source {uri} {problem}")
+    head = _head(store, uri, size)
+    if cfg.task in ("classification", "causal_lm"):
+        reason = binary_reason(head, complete=size <= len(head))
+        if reason:
+            raise DataError(f"data.source {uri} {reason}: data prep reads {what}")
+
+
+def source_objects(store: ObjectStore, source: str) -> list[str]:
+    """The objects a source names: itself when it is one, else the non-hidden objects below it."""
+    try:
+        if store.exists(source):
+            return [source]
+    except ObjectNotFound:
+        pass
+    return [u for u in store.list(source.rstrip("/") + "/") if not u.rsplit("/", 1)[-1].startswith(".")]
+
+
+def check_source(cfg: Config) -> None:
+    """Before any step: `data.source` exists, is readable, is what its task reads and is text
+    (a causal_lm prefix: its first `CHECK_OBJECTS` objects), and a causal_lm `data.tokenizer`
+    file exists.
+
+    Raises :class:`DataError` (a ValueError) naming the field and the URI; a store that cannot be
+    reached fails as :class:`StoreError` within `CHECK_BUDGET_S` seconds, naming them too.
+    """
+    source = cfg.data.source
+    if source not in BUILTIN_SOURCES:
+        try:
+            _check_source(cfg, _check_store(cfg, source), source)
+        except StoreError as exc:
+            raise type(exc)(f"data.source {source}: {exc}") from None
+    if cfg.task == "causal_lm":
+        spec = parse_spec(cfg.data.tokenizer)
+        if spec.kind == "file":
+            try:
+                found = _check_store(cfg, spec.uri).exists(spec.uri)
+            except StoreError as exc:
+                raise type(exc)(f"data.tokenizer {spec.uri}: {exc}") from None
+            if not found:
+                raise DataError(
+                    f"data.tokenizer {spec.uri}: no such object; upload the tokenizer.json there or fix data.tokenizer"
+                )
+
+
+def _check_store(cfg: Config, uri: str) -> ObjectStore:
+    """The store serving `uri`, giving up on an unreachable one within `CHECK_BUDGET_S` seconds."""
+    policy = cfg.store.policy()
+    policy = dataclasses.replace(policy, budget_s=min(policy.budget_s, CHECK_BUDGET_S))
+    return open_store(uri, cfg.store.endpoint, cfg.store.region, policy)
+
+
+def _check_source(cfg: Config, store: ObjectStore, source: str) -> None:
+    if cfg.task == "classification":
+        try:
+            _check_object(cfg, store, source, "CSV")
+        except ObjectNotFound:
+            below = source_objects(store, source)
+            hint = (
+                f"it is a folder or prefix of {len(below)} object(s); point data.source at one CSV object"
+                if below
+                else "no such object; check the URI"
+            )
+            raise DataError(f"data.source {source}: {hint}") from None
+        return
+    objects = source_objects(store, source)
+    if not objects:
+        raise DataError(f"data.source {source}: no object there and none below it; check the URI")
+    if cfg.task == "causal_lm":
+        for uri in objects[:CHECK_OBJECTS]:
+            _check_object(cfg, store, uri, "text or JSON Lines", one=len(objects) == 1)
