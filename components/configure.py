@@ -43,8 +43,10 @@ def configure(
     knobs = {k: v for k, v in locals().items() if k not in ("config", "store_secret")}
     from components.params import config_from_params
     from trainer.config import config_to_json
+    from trainer.launch.job import check_job_manifests
 
     cfg = config_from_params(config, store_secret=store_secret, **knobs)
+    check_job_manifests(cfg)  # what the cluster would refuse fails here, before data prep
     text = config_to_json(cfg)
     print(f"effective config: {text}")
     return text

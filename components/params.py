@@ -155,8 +155,8 @@ def config_from_params(config: str = "", store_secret: str = "", **params: Any) 
 
 
 def _raw_kubernetes(config: str) -> dict[str, Any]:
-    import yaml
+    from trainer.config import load_yaml
 
-    loaded = yaml.safe_load(config) if config.strip() else None
+    loaded = load_yaml(config) if config.strip() else None
     section = loaded.get("kubernetes") if isinstance(loaded, dict) else None
     return section if isinstance(section, dict) else {}

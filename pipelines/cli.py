@@ -117,7 +117,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
 def _cmd_job_manifest(args: argparse.Namespace) -> int:
     import yaml
 
-    from trainer.config import ConfigError, load_config
+    from trainer.config import ConfigError, load_config, load_yaml
     from trainer.launch.job import training_job
     from trainer.launch.jobkind import KINDS
     from trainer.launch.spec import require_object_store
@@ -127,7 +127,7 @@ def _cmd_job_manifest(args: argparse.Namespace) -> int:
         key, sep, value = item.partition("=")
         if not sep or not key:
             raise ConfigError(f"--set {item!r}: expected KEY=VALUE, e.g. kubernetes.backoff_limit=3")
-        overrides[key] = yaml.safe_load(value)
+        overrides[key] = load_yaml(value, f"--set {key}")
     if args.kind:
         overrides["job.kind"] = args.kind
     cfg = load_config(args.config, overrides)

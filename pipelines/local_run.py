@@ -159,10 +159,13 @@ def run_scope(run_id: str, grace_s: float = 10.0) -> Iterator[str]:
 
 
 def preflight(cfg: Config) -> None:
-    """Fail before any step starts when the store is unreachable, missing or refuses our keys, or
-    when `data.source` is missing, unreadable or not what its task reads."""
+    """Fail before any step starts when the job the config describes would be refused on a cluster
+    (the config runs there unchanged), when the store is unreachable, missing or refuses our keys,
+    or when `data.source` is missing, unreadable or not what its task reads."""
     from trainer.data_rules import check_source
+    from trainer.launch.job import check_job_manifests
 
+    check_job_manifests(cfg)
     if cfg.store.uri:
         from trainer.steps import store_for
 

@@ -62,6 +62,8 @@ def pipeline_parameters(package: Path) -> dict[str, dict[str, Any]]:
 
 def parse_params(pairs: list[str], package: Path) -> dict[str, Any]:
     """`k=v` strings -> typed arguments, checked against the pipeline's own parameters."""
+    from trainer.config import load_yaml
+
     known = pipeline_parameters(package)
     out: dict[str, Any] = {}
     for pair in pairs:
@@ -71,7 +73,7 @@ def parse_params(pairs: list[str], package: Path) -> dict[str, Any]:
         if name not in known:
             raise SubmitError(f"--param {name}: not a parameter of this pipeline; known: {', '.join(sorted(known))}")
         expected = _KFP_TYPES.get(known[name]["type"], str)
-        value = raw if expected is str else yaml.safe_load(raw)
+        value = raw if expected is str else load_yaml(raw, f"--param {name}")
         if expected is float and isinstance(value, int) and not isinstance(value, bool):
             value = float(value)
         if not isinstance(value, expected) or (expected is int and isinstance(value, bool)):
@@ -84,12 +86,13 @@ def parse_params(pairs: list[str], package: Path) -> dict[str, Any]:
 def _validate_config(args: dict[str, Any], known: dict[str, dict[str, Any]]) -> None:
     """Run the trainer's config validation on the run's effective parameters before uploading."""
     from components.params import BY_NAME, config_from_params
+    from trainer.launch.job import check_job_manifests
 
     effective = {k: args.get(k, known[k]["default"]) for k in known if k in BY_NAME}
     config = args.get("config", known.get("config", {}).get("default") or "")
     store_secret = args.get("store_secret", known.get("store_secret", {}).get("default") or "")
     try:
-        config_from_params(config, store_secret=store_secret, **effective)
+        check_job_manifests(config_from_params(config, store_secret=store_secret, **effective))
     except ValueError as exc:
         raise SubmitError(f"the run's parameters are invalid: {exc}") from None
 

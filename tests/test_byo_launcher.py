@@ -22,7 +22,8 @@ OUT = "minio://mlpipeline/v2/artifacts/byo/run-1/pytorchjob/model"
 IN = "s3://datasets/digits/v1"
 PVC = {"name": "data", "persistentVolumeClaim": {"claimName": "shared-data", "readOnly": True}}
 MOUNT = {"name": "data", "mountPath": "/data", "readOnly": True}
-TOLERATION = {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule", "tolerationSeconds": 300}
+# tolerationSeconds needs effect NoExecute (the API server refuses it with any other effect).
+TOLERATION = {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoExecute", "tolerationSeconds": 300}
 
 
 def byo(**overrides):

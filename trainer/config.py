@@ -801,15 +801,99 @@ def to_dict(cfg: Any) -> dict[str, Any]:
     return dataclasses.asdict(cfg)
 
 
+#: Largest config text kftrain reads: a config is a few kilobytes; this bounds parsing time and memory.
+MAX_CONFIG_BYTES = 1 << 20
+#: Deepest nesting of mappings and lists in a config (free-form affinity needs about ten levels).
+MAX_CONFIG_DEPTH = 64
+
+
+class _ConfigLoader(yaml.SafeLoader):
+    """PyYAML's safe loader, bounded for config files: no anchors or aliases (nine nested
+    aliases expand to a billion nodes, which `dataclasses.asdict` then copies), no duplicate
+    keys (YAML's last-one-wins would silently drop a setting), no nesting past
+    :data:`MAX_CONFIG_DEPTH` (the composer recurses per level)."""
+
+    origin = "config"
+
+    def __init__(self, stream: str) -> None:
+        super().__init__(stream)
+        self._path: list[str] = []  # the dotted key of the node being composed
+
+    def _fail(self, mark: Any, what: str) -> None:
+        raise ConfigError(f"{self.origin}: line {mark.line + 1}: {what}")
+
+    def _where(self) -> str:
+        parts = (s if s.isprintable() and len(s) <= 60 else repr(s[:60]) for s in self._path)  # stays one line
+        return "".join(s if s.startswith("[") else f".{s}" for s in parts).lstrip(".") or "(top level)"
+
+    def compose_node(self, parent: Any, index: Any) -> Any:
+        event = self.peek_event()
+        if isinstance(event, yaml.AliasEvent) or getattr(event, "anchor", None):
+            sign = "*" if isinstance(event, yaml.AliasEvent) else "&"
+            self._fail(
+                event.start_mark,
+                f"YAML anchors and aliases ({sign}{event.anchor}) are not allowed in a config; write the value out",
+            )
+        if len(self._path) >= MAX_CONFIG_DEPTH:
+            self._fail(event.start_mark, f"nested deeper than {MAX_CONFIG_DEPTH} levels")
+        # `index` is the key node of a mapping value, the position of a list item, None for a key
+        # (and for the document itself, which has no parent and adds no segment).
+        segment = (
+            index.value if isinstance(index, yaml.ScalarNode) else f"[{index}]" if isinstance(index, int) else "[?]"
+        )
+        segments = [str(segment)] if parent is not None else []
+        self._path += segments
+        try:
+            node = super().compose_node(parent, index)
+            if isinstance(node, yaml.MappingNode):
+                self._check_unique(node)
+            return node
+        finally:
+            del self._path[len(self._path) - len(segments) :]
+
+    def _check_unique(self, node: Any) -> None:
+        seen: dict[tuple[str, str], Any] = {}
+        for key_node, _ in node.value:
+            if not isinstance(key_node, yaml.ScalarNode):
+                continue
+            key = (key_node.tag, key_node.value)
+            if key in seen:
+                self._path.append(key_node.value)
+                field = self._where()
+                self._path.pop()
+                raise ConfigError(
+                    f"{self.origin}: {field}: duplicate key, on lines {seen[key].line + 1} and "
+                    f"{key_node.start_mark.line + 1} (YAML would silently keep only the last); keep one"
+                )
+            seen[key] = key_node.start_mark
+
+
+def load_yaml(text: str, origin: str = "config") -> Any:
+    """Parse config text (YAML or JSON) with the bounds of :class:`_ConfigLoader` and
+    :data:`MAX_CONFIG_BYTES`; every refusal is a one-line :class:`ConfigError` naming `origin`."""
+    size = len(text.encode("utf-8", "surrogatepass"))
+    if size > MAX_CONFIG_BYTES:
+        raise ConfigError(f"{origin}: {size} bytes is larger than a config may be ({MAX_CONFIG_BYTES} bytes = 1 MiB)")
+    loader = _ConfigLoader(text)
+    loader.origin = origin
+    try:
+        return loader.get_single_data()
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"{origin}: not valid YAML: {' '.join(str(exc).split())}") from None
+    except ValueError as exc:  # an integer beyond Python's digit limit, a bad timestamp
+        if isinstance(exc, ConfigError):
+            raise
+        raise ConfigError(f"{origin}: not a usable value: {exc}") from None
+    finally:
+        loader.dispose()
+
+
 def parse_config(text: str, overrides: dict[str, Any] | None = None, origin: str = "config") -> Config:
     """Build a :class:`Config` from YAML (or JSON) text and dotted overrides.
 
     `overrides` maps dotted keys to values, e.g. ``{"job.replicas": 3}``; they win over the text.
     """
-    try:
-        loaded = yaml.safe_load(text) if text.strip() else None
-    except yaml.YAMLError as exc:
-        raise ConfigError(f"{origin}: not valid YAML: {exc}") from None
+    loaded = load_yaml(text, origin) if text.strip() else None
     if loaded is None:
         loaded = {}
     _require(isinstance(loaded, dict), origin, type(loaded).__name__, "must hold a mapping")
@@ -829,10 +913,17 @@ def load_config(path: str | Path | None = None, overrides: dict[str, Any] | None
     text = ""
     if path is not None:
         try:
-            text = Path(path).read_text()
+            with open(path, "rb") as f:
+                raw = f.read(MAX_CONFIG_BYTES + 1)  # never more: a config past the bound is refused unread
+            text = raw.decode("utf-8")
         except (OSError, UnicodeDecodeError) as exc:
             reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
             raise ConfigError(f"--config {path}: cannot read the config file ({reason}); pass a YAML file") from None
+        if len(raw) > MAX_CONFIG_BYTES:
+            raise ConfigError(
+                f"--config {path}: larger than a config may be ({MAX_CONFIG_BYTES} bytes = 1 MiB); "
+                "is it the right file?"
+            )
     return parse_config(text, overrides, origin=str(path or "config"))
 
 

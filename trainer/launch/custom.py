@@ -29,7 +29,8 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from trainer.config import KFP_STORE_SECRET, KFP_STORE_SECRET_KEYS, ConfigError, KubernetesConfig, check_plain_env
-from trainer.launch.spec import JobSpec, replica_env, require_object_store
+from trainer.launch.fieldrules import OPERATOR_ENV
+from trainer.launch.spec import JobSpec, require_object_store
 from trainer.storage import parse_uri
 
 OUTPUT_URI_ENV = "KFTRAIN_OUTPUT_URI"
@@ -40,18 +41,8 @@ _SECRET_HINT = "the store_secret and store_secret_keys parameters map a Secret's
 _ENV_NAME = re.compile(r"^[-._a-zA-Z][-._a-zA-Z0-9]*$")
 
 
-def _operator_env_names() -> frozenset[str]:
-    """The names the Training Operator sets in every replica: a user value would be shadowed or
-    would shadow the rendezvous settings, so setting one is an error."""
-    probe = JobSpec(name="probe", image="probe", command=("probe",), replicas=2)
-    names = set(replica_env(probe, "master", 0))
-    # Elastic and rendezvous variables the operator sets in other job shapes.
-    names |= {"PET_RDZV_BACKEND", "PET_RDZV_ENDPOINT", "PET_RDZV_ID", "PET_RDZV_CONF", "PET_MAX_RESTARTS"}
-    names |= {"PET_STANDALONE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "GROUP_RANK"}
-    return frozenset(names)
-
-
-RESERVED_ENV = _operator_env_names() | {OUTPUT_URI_ENV, INPUT_URI_ENV, ENDPOINT_ENV}
+#: What the operator, torchrun and this launcher set: a user value would be shadowed or would shadow them.
+RESERVED_ENV = OPERATOR_ENV | {"PYTHONUNBUFFERED", OUTPUT_URI_ENV, INPUT_URI_ENV, ENDPOINT_ENV}
 
 
 def replica_uri(uri: str, what: str, cluster: bool) -> str:

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from trainer.config import Config, config_to_json
-from trainer.launch.spec import JobSpec, torchrun_command
+from trainer.launch.spec import JobSpec, job_name, torchrun_command
 
 TRAIN_MODULE = "trainer.train"
 
@@ -43,3 +43,20 @@ def job_env(cfg: Config) -> dict[str, str]:
     if cfg.job.nccl_debug:
         env["NCCL_DEBUG"] = cfg.job.nccl_debug
     return {**env, **cfg.kubernetes.env}
+
+
+#: What :func:`check_job_manifests` builds with: a name as long as the launcher's (`job_name`),
+#: so the name-length rules hold as they will, and placeholder object-store URIs.
+PREFLIGHT_NAME = job_name("preflight")
+PREFLIGHT_URIS = ("s3://preflight/dataset", "s3://preflight/model")
+
+
+def check_job_manifests(cfg: Config) -> None:
+    """Build the job `cfg` would create on a cluster (each kind `job.kind` may become) and preflight
+    it, so that a value the API server, the operator or NCCL would refuse fails before any step,
+    pod or upload starts, naming its config field (:class:`~trainer.launch.preflight.ManifestError`)."""
+    from trainer.launch.jobkind import KINDS
+
+    spec = training_job(cfg, PREFLIGHT_NAME, *PREFLIGHT_URIS)
+    for kind in [KINDS[cfg.job.kind]] if cfg.job.kind in KINDS else list(KINDS.values()):
+        kind.validate(kind.build(spec, cfg.kubernetes.namespace, None))

@@ -8,7 +8,10 @@ Three kinds of checks, each error naming the field:
 2. the admission-webhook rules (Training Operator v1.9 for PyTorchJob; Trainer v2.3.0's TrainJob
    webhook and the CRD's CEL rules for TrainJob), which the JSON schema cannot express, and the
    API server's pod rule that every volumeMount names a volume of the pod;
-3. for a PyTorchJob, each replica's pod template against the core Kubernetes schemas
+3. the API server's, the operator's and NCCL's rules for single fields (label keys and values,
+   annotation sizes, names, environment, tolerations, quantities, integer ranges): one table
+   (`fieldrules.RULES`) applied in one walk, each error naming the config field it came from;
+4. for a PyTorchJob, each replica's pod template against the core Kubernetes schemas
    (kubernetes-validate), when that package is installed (it is in the project image and the
    test extra). A TrainJob carries no whole pod template, only the CRD's typed patch fields,
    which check 1 covers.
@@ -22,6 +25,8 @@ import json
 import re
 from importlib import resources
 from typing import Any
+
+from trainer.launch.fieldrules import describe, field_problems, named_path, problem_at
 
 _DNS_1035 = re.compile(r"^[a-z]([-a-z0-9]*[a-z0-9])?$")
 REPLICA_TYPES = ("Master", "Worker")
@@ -49,6 +54,20 @@ def _strict(schema: Any) -> Any:
     return schema
 
 
+#: The CRDs' integer formats: the API server decodes these fields into Go int32/int64, and a
+#: value beyond the range is refused (or, through some clients, wraps around).
+INT_RANGES = {"int32": (-(2**31), 2**31 - 1), "int64": (-(2**63), 2**63 - 1)}
+
+
+def _format_checker():
+    import jsonschema
+
+    checker = jsonschema.FormatChecker(formats=())  # only ours: `date-time` stays unchecked, as before
+    for fmt, (lo, hi) in INT_RANGES.items():
+        checker.checks(fmt)(lambda v, lo=lo, hi=hi: not isinstance(v, int) or isinstance(v, bool) or lo <= v <= hi)
+    return checker
+
+
 @functools.cache
 def _validator(schema_file: str = "pytorchjob.v1.json"):
     import jsonschema
@@ -56,7 +75,7 @@ def _validator(schema_file: str = "pytorchjob.v1.json"):
     doc = json.loads(resources.files("trainer.launch").joinpath(f"schemas/{schema_file}").read_text())
     schema = _strict(copy.deepcopy(doc["openAPIV3Schema"]))
     schema["properties"].pop("status", None)  # set by the operator, never by us
-    return jsonschema.Draft7Validator(schema)
+    return jsonschema.Draft7Validator(schema, format_checker=_format_checker())
 
 
 def _path(parts) -> str:
@@ -76,7 +95,21 @@ def validate_schema(manifest: dict[str, Any]) -> None:
     errors = sorted(validator.iter_errors(manifest), key=lambda e: (-len(e.absolute_path), str(e.absolute_path)))
     if errors:
         e = errors[0]
+        path = named_path(manifest, e.absolute_path)
+        if problem := problem_at(path, e.instance):  # the field table's words, where it has a rule
+            raise ManifestError(describe(kind, path, problem, e.instance))
+        if e.validator == "format" and e.validator_value in INT_RANGES:
+            lo, hi = INT_RANGES[e.validator_value]
+            problem = f"{e.instance} is out of range: the API server takes an {e.validator_value} ({lo}..{hi})"
+            raise ManifestError(describe(kind, path, problem))
         raise ManifestError(f"{kind} {_path(e.absolute_path)}: {e.message}")
+
+
+def validate_fields(manifest: dict[str, Any]) -> None:
+    """The field table (`fieldrules.RULES`): raise on the first field the API server, the operator
+    or NCCL would refuse or misread, naming the config field it came from."""
+    for path, node, problem in field_problems(manifest):
+        raise ManifestError(describe(manifest.get("kind", "PyTorchJob"), path, problem, node))
 
 
 def validate_webhook_rules(manifest: dict[str, Any]) -> None:
@@ -161,6 +194,7 @@ def validate_pytorchjob(manifest: dict[str, Any]) -> None:
     """All preflight checks; raise :class:`ManifestError` naming the field on the first failure."""
     validate_webhook_rules(manifest)
     validate_schema(manifest)
+    validate_fields(manifest)
     validate_volume_references(manifest)
     validate_pod_templates(manifest)
 
@@ -208,7 +242,8 @@ def validate_trainjob_rules(manifest: dict[str, Any]) -> None:
     reserved = sorted({e.get("name") for e in env} & set(TORCHRUN_RESERVED_ENV))
     if reserved:
         raise ManifestError(
-            f"TrainJob spec.trainer.env: must not set {reserved}: the torch plugin injects them (reserved)"
+            f"TrainJob spec.trainer.env: must not set {reserved}: the torch plugin injects them (reserved); "
+            "remove them from kubernetes.env"
         )
     for key in ("numNodes", "numProcPerNode"):
         if isinstance(trainer.get(key), int) and trainer[key] < 1:
@@ -263,6 +298,7 @@ def validate_trainjob(manifest: dict[str, Any]) -> None:
     """All TrainJob preflight checks; raise :class:`ManifestError` naming the field on the first failure."""
     validate_trainjob_rules(manifest)
     validate_schema(manifest)
+    validate_fields(manifest)
 
 
 def validate_manifest(manifest: dict[str, Any]) -> None:

@@ -1,0 +1,98 @@
+"""The config loader is bounded: anchors and aliases, duplicate keys, oversize files and deep
+nesting are refused at once with one line naming the file, the key and the line."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from trainer.config import MAX_CONFIG_BYTES, ConfigError, load_config, load_yaml, parse_config
+
+pytestmark = pytest.mark.timeout(30)
+
+
+def alias_bomb(levels: int = 9) -> str:
+    """The billion-laughs shape: each level holds nine aliases of the one below (9**9 leaves)."""
+    lines = ["l0: &l0 [lol, lol, lol, lol, lol, lol, lol, lol, lol]"]
+    for i in range(1, levels + 1):
+        lines.append(f"l{i}: &l{i} [" + ", ".join([f"*l{i - 1}"] * 9) + "]")
+    lines.append(f"kubernetes:\n  annotations:\n    bomb: *l{levels}")
+    return "\n".join(lines) + "\n"
+
+
+# (config text, phrases the one-line error must contain)
+ROWS = [
+    pytest.param(alias_bomb(), ["line 1:", "anchors and aliases (&l0) are not allowed"], id="alias-bomb"),
+    pytest.param("job:\n  image: &img repo/x:1\n", ["line 2:", "(&img)"], id="anchor"),
+    pytest.param("job: {image: *nowhere}\n", ["(*nowhere)"], id="alias-without-anchor"),
+    pytest.param(
+        "base: &b {replicas: 2}\njob:\n  <<: *b\n", ["anchors and aliases (&b)"], id="merge-key-needs-an-anchor"
+    ),
+    pytest.param(
+        "job:\n  replicas: 2\n  image: x\n  replicas: 3\n",
+        ["job.replicas: duplicate key, on lines 2 and 4", "keep one"],
+        id="duplicate-nested",
+    ),
+    pytest.param("task: a\ntask: b\n", ["task: duplicate key, on lines 1 and 2"], id="duplicate-top"),
+    pytest.param(
+        "kubernetes:\n  tolerations:\n  - key: a\n    key: b\n",
+        ["kubernetes.tolerations[0].key: duplicate key, on lines 3 and 4"],
+        id="duplicate-in-list-item",
+    ),
+    pytest.param('"a\\nb": 1\n"a\\nb": 2\n', ["'a\\nb': duplicate key, on lines 1 and 2"], id="duplicate-odd-key"),
+    pytest.param('{"job": {"replicas": 1, "replicas": 2}}', ["job.replicas: duplicate key"], id="duplicate-json"),
+    pytest.param("a: " + "[" * 200 + "]" * 200 + "\n", ["nested deeper than 64 levels"], id="too-deep"),
+    pytest.param("job:\n  replicas: " + "9" * 5000 + "\n", ["not a usable value", "digits"], id="huge-integer"),
+    pytest.param("job: [unclosed\n", ["not valid YAML"], id="not-yaml"),
+]
+
+
+@pytest.mark.parametrize(("text", "phrases"), ROWS)
+def test_refused_at_once_in_one_line(text, phrases):
+    start = time.monotonic()
+    with pytest.raises(ConfigError) as err:
+        parse_config(text, origin="c.yaml")
+    assert time.monotonic() - start < 2  # a bomb is refused, never expanded
+    message = str(err.value)
+    assert message.startswith("c.yaml: ") and "\n" not in message, message
+    for phrase in phrases:
+        assert phrase in message, message
+
+
+def test_a_plain_config_still_loads():
+    text = "job:\n  replicas: 2\nkubernetes:\n  node_selector: {pool: gpu}\n  tolerations:\n  - {key: a}\n"
+    cfg = parse_config(text)
+    assert cfg.job.replicas == 2 and cfg.kubernetes.node_selector == {"pool": "gpu"}
+
+
+def test_the_same_key_in_different_mappings_is_fine():
+    assert load_yaml("a: {x: 1}\nb: {x: 2}\nc: [{x: 1}, {x: 2}]\n") == {
+        "a": {"x": 1},
+        "b": {"x": 2},
+        "c": [{"x": 1}, {"x": 2}],
+    }
+
+
+@pytest.mark.parametrize(
+    ("size", "refused"),
+    [(MAX_CONFIG_BYTES, False), (MAX_CONFIG_BYTES + 1, True), (5 * MAX_CONFIG_BYTES, True)],
+)
+def test_config_file_size_is_bounded(tmp_path, size, refused):
+    path = tmp_path / "c.yaml"
+    path.write_text("job:\n  replicas: 1\n#" + "x" * (size - len("job:\n  replicas: 1\n#")))
+    assert path.stat().st_size == size
+    if not refused:
+        assert load_config(path).job.replicas == 1
+        return
+    with pytest.raises(ConfigError) as err:
+        load_config(path)
+    assert str(err.value) == (
+        f"--config {path}: larger than a config may be (1048576 bytes = 1 MiB); is it the right file?"
+    )
+
+
+def test_config_text_size_is_bounded():
+    """The pipeline's `config` parameter is text, not a file: the same bound, named by its origin."""
+    with pytest.raises(ConfigError, match=r"^config: 1048577 bytes is larger than a config may be \(1048576"):
+        parse_config("#" * (MAX_CONFIG_BYTES + 1))

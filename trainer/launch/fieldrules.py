@@ -1,0 +1,421 @@
+"""What the API server, the operator and NCCL accept in single fields of a job manifest, as one table.
+
+The CRD schemas say a label is a string and a replica count an integer; the API server says
+much more (apimachinery's and core/v1's validation, Kubernetes 1.30): label keys and values,
+annotation sizes, namespace and object names, environment variable names, tolerations,
+resource quantities. The operator owns the rendezvous environment, and NCCL reads `NCCL_DEBUG`
+by a fixed list of names (a misspelt level is silently ignored). A manifest that breaks one of
+these is created and then refused, or worse, runs misconfigured.
+
+:data:`RULES` maps a manifest path pattern to a rule; `preflight.validate_fields` walks the manifest
+once and applies every rule whose pattern matches a node. A refusal names the config field the
+value came from (:data:`SOURCES`), the bad value, what is allowed, and the manifest path:
+
+    kubernetes.labels: key 'team name' is not a label key: ... (PyTorchJob metadata.labels)
+
+Patterns are dotted paths: a literal key, `*` (any key), `**` (any depth), `[*]` (any list item),
+`[NAME]` (the list item whose `name` is NAME), `'a.b/c'` (a key holding dots).
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from typing import Any
+
+from trainer.launch.spec import DEFAULT_PORT, JobSpec, replica_env
+
+# -- the API server's name and value formats (k8s.io/apimachinery/pkg/util/validation) ----------
+
+_DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
+_DNS_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
+_QUALIFIED_NAME = re.compile(r"^([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9]$")
+_LABEL_VALUE = re.compile(r"^(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?$")
+_ENV_NAME = re.compile(r"^[-._a-zA-Z][-._a-zA-Z0-9]*$")
+_CONFIG_KEY = re.compile(r"^[-._a-zA-Z0-9]+$")
+#: resource.Quantity: a signed decimal number, then a binary (Ki..Ei) or decimal (n, u, m, k..E)
+#: suffix or an exponent (`1e3`; `1E` alone is exa).
+_QUANTITY = re.compile(r"^[+-]?([0-9]+(\.[0-9]*)?|\.[0-9]+)([eE][+-]?[0-9]+|[KMGTPE]i|[numkMGTPE])?$")
+MAX_ANNOTATIONS_BYTES = 256 * 1024  # TotalAnnotationSizeLimitB: keys and values together
+TOLERATION_OPERATORS = ("Equal", "Exists")
+TAINT_EFFECTS = ("NoSchedule", "PreferNoSchedule", "NoExecute")
+#: The levels NCCL's `ncclDebugInit` recognises (case-insensitively); any other value leaves
+#: NCCL's logging off without a word.
+NCCL_DEBUG_LEVELS = ("VERSION", "WARN", "INFO", "ABORT", "TRACE")
+
+
+def _operator_env() -> frozenset[str]:
+    """Variables the job's operator sets in every replica (Training Operator v1.9's full set for a
+    PyTorchJob, elastic included; Trainer v2's five `PET_*` are among them) and torchrun sets in
+    every process it starts: a user value is either overwritten or overrides the rendezvous."""
+    probe = JobSpec(name="probe", image="probe", command=("probe",), replicas=2, port=DEFAULT_PORT)
+    names = set(replica_env(probe, "master", 0)) - {"PYTHONUNBUFFERED"}  # ours too (TrainJob), harmless
+    names |= {"PET_RDZV_BACKEND", "PET_RDZV_ENDPOINT", "PET_RDZV_ID", "PET_RDZV_CONF", "PET_MAX_RESTARTS"}
+    names |= {"PET_STANDALONE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "GROUP_RANK", "GROUP_WORLD_SIZE"}
+    names |= {"ROLE_RANK", "ROLE_WORLD_SIZE", "ROLE_NAME", "TORCHELASTIC_RESTART_COUNT", "TORCHELASTIC_MAX_RESTARTS"}
+    names |= {"TORCHELASTIC_RUN_ID"}
+    return frozenset(names)
+
+
+#: Environment a user may not set in a replica (see :func:`_operator_env`).
+OPERATOR_ENV = _operator_env()
+
+
+def _show(value: Any, limit: int = 60) -> str:
+    """`repr(value)`, shortened: an error line must stay a line even for a 5 MB annotation."""
+    text = repr(value)
+    return text if len(text) <= limit else f"{text[:limit]}... ({len(str(value))} characters)"
+
+
+def _dns_label(value: str, what: str) -> str | None:
+    if isinstance(value, str) and len(value) <= 63 and _DNS_LABEL.fullmatch(value):
+        return None
+    return (
+        f"{_show(value)} is not {what}: a DNS-1123 label, <= 63 lower-case letters, digits and '-', starting and "
+        "ending alphanumeric"
+    )
+
+
+def _dns_subdomain(value: str, what: str) -> str | None:
+    if isinstance(value, str) and len(value) <= 253 and _DNS_SUBDOMAIN.fullmatch(value):
+        return None
+    return (
+        f"{_show(value)} is not {what}: a DNS-1123 subdomain, <= 253 lower-case letters, digits, '-' and '.', "
+        "starting and ending alphanumeric"
+    )
+
+
+def qualified_name_problem(key: str) -> str | None:
+    """Why `key` is not a qualified name (a label or annotation key), or None."""
+    prefix, slash, name = key.rpartition("/")
+    if slash and (not prefix or "/" in prefix or len(prefix) > 253 or not _DNS_SUBDOMAIN.fullmatch(prefix)):
+        return f"its prefix {prefix!r} is not a DNS-1123 subdomain (<= 253 lower-case letters, digits, '-', '.')"
+    if not name or len(name) > 63 or not _QUALIFIED_NAME.fullmatch(name):
+        return f"its name {name!r} is not <= 63 letters, digits, '-', '_' and '.' starting and ending alphanumeric"
+    return None
+
+
+def _label_value(value: Any) -> str | None:
+    if isinstance(value, str) and len(value) <= 63 and _LABEL_VALUE.fullmatch(value):
+        return None
+    return (
+        f"value {_show(value)} is not a label value: <= 63 letters, digits, '-', '_' and '.', starting and "
+        "ending alphanumeric, or empty"
+    )
+
+
+# -- the rules: (value, key) -> what is wrong, or None ------------------------------------------
+# `key` is the node's last path segment: a mapping key, or a list item's name (else its index).
+
+
+def _label(value: Any, key: Any) -> str | None:
+    why = qualified_name_problem(key) if isinstance(key, str) else "it is not text"
+    if why:
+        return f"key {_show(key)} is not a label key: {why}; an optional 'prefix/' may lead"
+    return _label_value(value) and f"{key!r}: {_label_value(value)}"
+
+
+def _annotation_key(value: Any, key: Any) -> str | None:
+    why = qualified_name_problem(key.lower()) if isinstance(key, str) else "it is not text"
+    return why and f"key {_show(key)} is not an annotation key: {why}; an optional 'prefix/' may lead"
+
+
+def _annotations_size(value: Any, key: Any) -> str | None:
+    if not isinstance(value, dict):
+        return None
+    size = sum(len(str(k).encode()) + len(str(v).encode()) for k, v in value.items())
+    if size <= MAX_ANNOTATIONS_BYTES:
+        return None
+    biggest = max(value, key=lambda k: len(str(value[k])))
+    return (
+        f"{size} bytes of keys and values (the largest, {biggest!r}, {len(str(value[biggest]))} characters) "
+        f"exceed the API server's {MAX_ANNOTATIONS_BYTES} bytes (256 KiB) for all annotations together"
+    )
+
+
+def _toleration(value: Any, key: Any) -> str | None:
+    if not isinstance(value, dict):
+        return None
+    tkey, op, tvalue, effect = (value.get(k) or "" for k in ("key", "operator", "value", "effect"))
+    if tkey and (why := qualified_name_problem(tkey)):
+        return f"key {_show(tkey)} is not a label key: {why}"
+    if op not in ("", *TOLERATION_OPERATORS):
+        return f"operator {_show(op)} is not one of {' or '.join(TOLERATION_OPERATORS)} (empty: Equal)"
+    if not tkey and op != "Exists":
+        return "an empty key needs operator Exists (it matches every taint)"
+    if op == "Exists" and tvalue:
+        return f"value {_show(tvalue)} must be empty with operator Exists"
+    if op != "Exists" and (why := _label_value(tvalue)):
+        return why
+    if effect not in ("", *TAINT_EFFECTS):
+        return f"effect {_show(effect)} is not one of {', '.join(TAINT_EFFECTS)} (empty: every effect)"
+    if value.get("tolerationSeconds") is not None and effect != "NoExecute":
+        return f"tolerationSeconds needs effect NoExecute, got {_show(effect or '')}"
+    return None
+
+
+def _env_var(value: Any, key: Any) -> str | None:
+    if not isinstance(value, dict) or not isinstance(value.get("name"), str):
+        return None
+    name = value["name"]
+    if not _ENV_NAME.fullmatch(name) or name == "." or name.startswith(".."):
+        return (
+            f"name {_show(name)} is not an environment variable name: letters, digits, '_', '-' and '.', not "
+            "starting with a digit (no '=')"
+        )
+    if name in OPERATOR_ENV:
+        return (
+            f"{name} is set in every replica by the job's operator or by torchrun (docs/cluster.md, the "
+            "environment each replica gets); remove it"
+        )
+    if name == "NCCL_DEBUG" and str(value.get("value", "")).upper() not in NCCL_DEBUG_LEVELS:
+        return (
+            f"NCCL_DEBUG {_show(value.get('value', ''))} is not a level NCCL knows ({', '.join(NCCL_DEBUG_LEVELS)}); "
+            "NCCL would silently log nothing"
+        )
+    return None
+
+
+def _secret_name(value: Any, key: Any) -> str | None:
+    return _dns_subdomain(value, "a Secret's name")
+
+
+def _secret_key(value: Any, key: Any) -> str | None:
+    if isinstance(value, str) and len(value) <= 253 and _CONFIG_KEY.fullmatch(value) and not value.startswith(".."):
+        return None
+    return f"{_show(value)} is not a Secret key: <= 253 letters, digits, '-', '_' and '.'"
+
+
+def _namespace(value: Any, key: Any) -> str | None:
+    return _dns_label(value, "a namespace")
+
+
+def _object_name(value: Any, key: Any) -> str | None:
+    return _dns_subdomain(value, f"a valid {key}")
+
+
+def _quantity(value: Any, key: Any) -> str | None:
+    if isinstance(value, int) and not isinstance(value, bool) and value >= 0:
+        return None
+    if isinstance(value, str) and _QUANTITY.fullmatch(value) and not value.startswith("-"):
+        if key != "nvidia.com/gpu" or value.isdigit():
+            return None
+        return f"{key} {_show(value)} is not a whole number (extended resources cannot be split)"
+    return (
+        f"{_show(value)} is not a Kubernetes quantity: a non-negative number with an optional suffix "
+        "(m, k, M, G, T, Ki, Mi, Gi, Ti, ... or an exponent, e.g. 500m, 8, 64Gi, 1e3)"
+    )
+
+
+def _port(value: Any, key: Any) -> str | None:
+    if isinstance(value, int) and 1 <= value <= 65535:
+        return None
+    return f"{_show(value)} is not a port number (1-65535)"
+
+
+@dataclass(frozen=True, slots=True)
+class Rule:
+    """One row: the nodes at `pattern` must pass `check`."""
+
+    pattern: str
+    check: Callable[[Any, Any], str | None]
+
+
+#: The table, applied by :func:`validate_fields` in one walk (both kinds; a pattern that matches
+#: nothing in a kind costs nothing).
+RULES = (
+    Rule("metadata.namespace", _namespace),
+    Rule("**.metadata.labels.*", _label),
+    Rule("**.metadata.annotations", _annotations_size),
+    Rule("**.metadata.annotations.*", _annotation_key),
+    Rule("**.nodeSelector.*", _label),
+    Rule("**.tolerations[*]", _toleration),
+    Rule("**.env[*]", _env_var),
+    Rule("**.env[*].valueFrom.secretKeyRef.name", _secret_name),
+    Rule("**.env[*].valueFrom.secretKeyRef.key", _secret_key),
+    Rule("**.imagePullSecrets[*].name", _secret_name),
+    Rule("**.volumes[*].secret.secretName", _secret_name),
+    Rule("**.serviceAccountName", _object_name),
+    Rule("**.priorityClassName", _object_name),
+    Rule("spec.runPolicy.schedulingPolicy.priorityClass", _object_name),
+    Rule("**.resources.*.*", _quantity),
+    Rule("spec.trainer.resourcesPerNode.*.*", _quantity),
+    Rule("**.emptyDir.sizeLimit", _quantity),
+    Rule("**.containers[*].ports[*].containerPort", _port),
+)
+
+#: Manifest path pattern -> the config field it is built from (the longest matching prefix of a
+#: bad node's path wins; `{}` is the last `*` or `[*]` it matched).
+SOURCES = (
+    ("metadata.namespace", "kubernetes.namespace"),
+    ("**.metadata.labels.'kueue.x-k8s.io/queue-name'", "kubernetes.queue"),
+    ("**.metadata.labels", "kubernetes.labels"),
+    ("**.metadata.annotations", "kubernetes.annotations"),
+    ("**.nodeSelector", "kubernetes.node_selector"),
+    ("**.tolerations[*]", "kubernetes.tolerations[{}]"),
+    ("**.affinity", "kubernetes.affinity"),
+    ("**.imagePullSecrets", "kubernetes.image_pull_secrets"),
+    ("**.serviceAccountName", "kubernetes.service_account"),
+    ("**.priorityClassName", "kubernetes.priority_class"),
+    ("spec.runPolicy.schedulingPolicy.priorityClass", "kubernetes.priority_class"),
+    ("**.env[NCCL_DEBUG]", "job.nccl_debug (or kubernetes.env.NCCL_DEBUG)"),
+    ("**.env[OMP_NUM_THREADS]", "job.omp_num_threads"),
+    ("**.env[TORCH_NCCL_HEARTBEAT_TIMEOUT_SEC]", "job.nccl_heartbeat_timeout_seconds"),
+    ("**.env[*].valueFrom.secretKeyRef.name", "kubernetes.store_secret"),
+    ("**.env[*].valueFrom", "kubernetes.store_secret_keys"),
+    ("**.env[*]", "kubernetes.env.{}"),
+    ("**.volumes[dshm]", "kubernetes.shm_size"),
+    ("**.volumes[*]", "kubernetes.volumes ({})"),
+    ("**.volumeMounts[*]", "kubernetes.volume_mounts ({})"),
+    ("**.resources.*.cpu", "kubernetes.cpu"),
+    ("**.resources.*.memory", "kubernetes.memory"),
+    ("**.resources.*.'nvidia.com/gpu'", "kubernetes.gpus_per_node"),
+    ("spec.trainer.resourcesPerNode.*.cpu", "kubernetes.cpu"),
+    ("spec.trainer.resourcesPerNode.*.memory", "kubernetes.memory"),
+    ("spec.trainer.resourcesPerNode.*.'nvidia.com/gpu'", "kubernetes.gpus_per_node"),
+    ("**.containers[*].image", "job.image"),
+    ("spec.trainer.image", "job.image"),
+    ("spec.pytorchReplicaSpecs.*.replicas", "job.replicas"),
+    ("spec.trainer.numNodes", "job.replicas"),
+    ("spec.nprocPerNode", "job.nproc_per_node"),
+    ("spec.trainer.numProcPerNode", "job.nproc_per_node"),
+    ("**.activeDeadlineSeconds", "kubernetes.active_deadline_seconds (0: job.timeout_seconds)"),
+    ("spec.runPolicy.ttlSecondsAfterFinished", "kubernetes.ttl_seconds_after_finished"),
+    ("spec.runPolicy.backoffLimit", "kubernetes.backoff_limit"),
+    ("spec.runPolicy.schedulingPolicy.minAvailable", "kubernetes.min_available"),
+    ("spec.runPolicy.schedulingPolicy.scheduleTimeoutSeconds", "kubernetes.schedule_timeout_seconds"),
+    ("spec.runPolicy.schedulingPolicy.queue", "kubernetes.scheduling_queue"),
+    ("spec.elasticPolicy.minReplicas", "kubernetes.elastic.min_replicas"),
+    ("spec.elasticPolicy.maxReplicas", "kubernetes.elastic.max_replicas"),
+    ("spec.elasticPolicy.maxRestarts", "kubernetes.elastic.max_restarts"),
+    ("spec.runtimeRef.name", "kubernetes.runtime"),
+)
+
+
+# -- paths, patterns and the walk --------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Item:
+    """A list item in a path: its index, and its `name` when it has one (env, containers, volumes)."""
+
+    index: int
+    name: str | None = None
+
+    def __str__(self) -> str:
+        return f"[{_plain(self.name) if self.name is not None else self.index}]"
+
+    @property
+    def label(self) -> Any:
+        return self.name if self.name is not None else self.index
+
+
+def _segments(pattern: str) -> tuple[str, ...]:
+    return tuple(s.strip("'") for s in re.findall(r"'[^']*'|\[[^\]]*\]|[^.\[]+", pattern))
+
+
+_COMPILED: dict[str, tuple[str, ...]] = {}
+
+
+def _match(pattern: str, path: tuple[Any, ...]) -> list[Any] | None:
+    """What the wildcards (`*`, `[*]`) matched if `path` matches `pattern` in full, else None."""
+    segs = _COMPILED.get(pattern) or _COMPILED.setdefault(pattern, _segments(pattern))
+
+    def go(i: int, j: int) -> list[Any] | None:
+        if i == len(segs):
+            return [] if j == len(path) else None
+        seg = segs[i]
+        if seg == "**":
+            return next((m for k in range(j, len(path) + 1) if (m := go(i + 1, k)) is not None), None)
+        if j == len(path):
+            return None
+        part = path[j]
+        if seg.startswith("["):
+            if not isinstance(part, Item) or (seg != "[*]" and seg[1:-1] != part.name):
+                return None
+        elif isinstance(part, Item) or (seg != "*" and seg != part):
+            return None
+        rest = go(i + 1, j + 1)
+        if rest is None or seg not in ("*", "[*]"):
+            return rest
+        return [part.label if isinstance(part, Item) else part, *rest]
+
+    return go(0, 0)
+
+
+def _plain(segment: Any) -> str:
+    """A path segment as written, unless that would break the line or run on (then quoted, cut)."""
+    text = str(segment)
+    return text if text.isprintable() and len(text) <= 60 else _show(segment)
+
+
+def path_text(path: tuple[Any, ...]) -> str:
+    """`spec.trainer.env[NCCL_DEBUG]`: dotted keys, list items by name (else index)."""
+    out = ""
+    for p in path:
+        out += str(p) if isinstance(p, Item) else (f".{_plain(p)}" if out else _plain(p))
+    return out or "(manifest)"
+
+
+def named_path(manifest: Any, parts: Any) -> tuple[Any, ...]:
+    """A path of keys and list indexes (as jsonschema reports it) with list items named."""
+    out: list[Any] = []
+    node = manifest
+    for p in parts:
+        if isinstance(p, int) and isinstance(node, list):
+            item = node[p] if p < len(node) else None
+            name = item.get("name") if isinstance(item, dict) else None
+            out.append(Item(p, name if isinstance(name, str) else None))
+            node = item
+        else:
+            out.append(p)
+            node = node.get(p) if isinstance(node, dict) else None
+    return tuple(out)
+
+
+def config_field(path: tuple[Any, ...]) -> str | None:
+    """The config field a manifest node is built from, or None (kftrain's own settings)."""
+    for end in range(len(path), 0, -1):
+        for pattern, field in SOURCES:
+            captured = _match(pattern, path[:end])
+            if captured is not None:
+                return field.format(*(_plain(c) for c in captured[-1:]))
+    return None
+
+
+def describe(kind: str, path: tuple[Any, ...], problem: str, node: Any = None) -> str:
+    """One line: the config field, the problem, and where in the manifest. A mapping `node` is
+    also looked up by its keys first (an env entry with `valueFrom` is a Secret's key, not
+    `kubernetes.env`)."""
+    deeper = [config_field((*path, k)) for k in node if isinstance(k, str)] if isinstance(node, dict) else []
+    field = next((f for f in deeper if f and f != config_field(path)), None) or config_field(path)
+    where = f"{kind} {path_text(path)}"
+    return f"{field}: {problem} ({where})" if field else f"{where}: {problem}"
+
+
+def _walk(node: Any, path: tuple[Any, ...] = ()) -> Iterator[tuple[tuple[Any, ...], Any]]:
+    yield path, node
+    if isinstance(node, dict):
+        for k, v in node.items():
+            yield from _walk(v, (*path, k))
+    elif isinstance(node, list):
+        for i, v in enumerate(node):
+            name = v.get("name") if isinstance(v, dict) else None
+            yield from _walk(v, (*path, Item(i, name if isinstance(name, str) else None)))
+
+
+def problem_at(path: tuple[Any, ...], node: Any, rules: tuple[Rule, ...] = RULES) -> str | None:
+    """What the table says of `node` at `path`, or None: the schema check asks this first, so that
+    a value both refuse is explained in the table's words (not the schema's regular expression)."""
+    key = path[-1].label if path and isinstance(path[-1], Item) else (path[-1] if path else None)
+    return next((p for r in rules if _match(r.pattern, path) is not None and (p := r.check(node, key))), None)
+
+
+def field_problems(
+    manifest: dict[str, Any], rules: tuple[Rule, ...] = RULES
+) -> Iterator[tuple[tuple[Any, ...], Any, str]]:
+    """Every (path, node, problem) the table finds, in manifest order."""
+    for path, node in _walk(manifest):
+        if problem := problem_at(path, node, rules):
+            yield path, node, problem
