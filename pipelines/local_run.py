@@ -70,12 +70,27 @@ def run_root(cfg: Config, run_id: str, local_root: str = DEFAULT_LOCAL_ROOT) -> 
 
 
 def with_run_checkpoints(cfg: Config, run_id: str, local_root: str = DEFAULT_LOCAL_ROOT) -> Config:
-    """`cfg` with a run-scoped `checkpoint.uri` unless the user chose one: rerunning the same run
-    id then finds the same checkpoints (the pipeline's own output folders are new each time)."""
-    if cfg.checkpoint.uri:
-        return cfg
-    prefix = join_uri(run_root(cfg, run_id, local_root), "checkpoints")
-    return dataclasses.replace(cfg, checkpoint=dataclasses.replace(cfg.checkpoint, uri=prefix))
+    """`cfg` with a run-scoped `checkpoint.uri` unless the user chose one, and the run id as the
+    checkpoints' owner unless the user named one: rerunning the same run id then finds the same
+    checkpoints and owns them (the pipeline's own output folders and KFP ids are new each time)."""
+    prefix = cfg.checkpoint.uri or join_uri(run_root(cfg, run_id, local_root), "checkpoints")
+    owner = cfg.checkpoint.owner or run_id
+    return dataclasses.replace(cfg, checkpoint=dataclasses.replace(cfg.checkpoint, uri=prefix, owner=owner))
+
+
+def claim_run_checkpoints(cfg: Config) -> None:
+    """Claim the run's checkpoint prefix before any step starts: a prefix another run owns is
+    refused now, naming that run, not after data prep (trainer.checkpoint.claim_prefix)."""
+    if not cfg.checkpoint.enabled:
+        return
+    from trainer.checkpoint import CheckpointError, claim_prefix
+    from trainer.steps import store_for
+
+    uri = cfg.checkpoint.uri
+    try:
+        claim_prefix(store_for(cfg, uri), uri, cfg.checkpoint.owner, resume=cfg.checkpoint.resume)
+    except CheckpointError as exc:  # the config points at a prefix this run may not use
+        raise ConfigError(str(exc)) from None
 
 
 def finished_run(cfg: Config, run_id: str, local_root: str = DEFAULT_LOCAL_ROOT) -> dict[str, Any] | None:
@@ -161,6 +176,7 @@ def run_local(
     if done is not None:
         return {**done, "already_finished": True}
     cfg = with_run_checkpoints(cfg, run_id, local_root)
+    claim_run_checkpoints(cfg)
     summary = {**_run_pipeline(cfg, local_root, min_accuracy, max_perplexity), "run_id": run_id}
     record_finished(cfg, run_id, summary, local_root)
     return summary

@@ -330,7 +330,9 @@ class CheckpointConfig:
     keep_last: int = 2
     """Complete checkpoints kept; older ones are deleted."""
     resume: bool = True
-    """Resume from the latest complete checkpoint under `uri` when one exists."""
+    """Resume from the latest complete checkpoint under `uri` when one exists (another run's: take the prefix over)."""
+    owner: str = ""
+    """The run that owns the prefix; empty: the training step's identity (`kftrain run --local`: the run id)."""
 
     def __post_init__(self) -> None:
         if self.uri:

@@ -1,0 +1,69 @@
+"""Two runs meeting on one checkpoint prefix: in a real S3 server (conditional writes), and
+through the CLI, refused before any step starts."""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from tests.conftest import run_group
+from trainer.checkpoint import CheckpointError, CheckpointManager, claim_prefix, current_owner
+from trainer.storage import S3Store
+
+KFTRAIN = [sys.executable, "-m", "pipelines.cli"]
+REPO = Path(__file__).resolve().parents[2]
+
+
+def cli_env() -> dict[str, str]:
+    return {**os.environ, "PYTHONPATH": str(REPO)}
+
+
+def save(ckpt: CheckpointManager, step: int) -> None:
+    ckpt.save(step, {"model": {"w": torch.full((4,), float(step))}}, blocking=True)
+
+
+@pytest.mark.parametrize("kind", ["new", "same bytes (a retried attempt)", "other bytes"])
+def test_create_only_writes_are_conditional_puts_on_s3(bucket, kind):
+    store, uri = S3Store(), f"s3://{bucket}/p/owner.json"
+    if kind != "new":
+        assert store.put_bytes_if_absent(uri, b"first")
+    data = b"other" if kind == "other bytes" else b"first"
+    assert store.put_bytes_if_absent(uri, data) is (kind != "other bytes")
+    assert store.get_bytes(uri) == b"first"
+
+
+def test_two_runs_on_one_s3_prefix_the_second_refuses_and_the_first_loses_nothing(bucket):
+    store, prefix = S3Store(), f"s3://{bucket}/shared/checkpoints"
+    a = CheckpointManager(store, prefix, 2, owner="run-a")
+    a.claim(resume=False)
+    for step in (1, 2, 3):
+        save(a, step)
+    with pytest.raises(CheckpointError, match="belongs to run 'run-a'"):
+        CheckpointManager(store, prefix, 2, owner="run-b").claim(resume=False)
+    save(a, 4)  # the first run goes on undisturbed
+    assert a.committed_steps() == [3, 4]
+    record = a.latest()
+    state = {"model": {"w": torch.zeros(4)}}
+    CheckpointManager(store, prefix, 2, owner="reader").load(record, state)
+    torch.testing.assert_close(state["model"]["w"], torch.full((4,), 4.0))
+    assert current_owner(store, prefix)["owner"] == "run-a"
+
+
+def test_the_cli_refuses_a_prefix_another_run_owns_before_any_step_starts(tmp_path):
+    prefix = str(tmp_path / "shared-ckpt")
+    from trainer.storage import LocalStore
+
+    claim_prefix(LocalStore(), prefix, "earlier-run", resume=False)
+    config = tmp_path / "c.yaml"
+    config.write_text(f"checkpoint:\n  uri: {prefix}\n  resume: false\n")
+    args = ["--config", str(config), "--output-dir", "out", "--run-id", "later-run"]
+    rc, out = run_group([*KFTRAIN, "run", "--local", *args], timeout=120, env=cli_env(), cwd=str(tmp_path))
+    assert rc == 2, out[-3000:]
+    last = out.strip().splitlines()[-1]
+    assert last.startswith(f"kftrain: error: checkpoint prefix {prefix} belongs to run 'earlier-run' (claimed ")
+    assert last.endswith("set checkpoint.resume: true to continue from them")
+    assert not (tmp_path / "out").exists()  # refused before any step ran
