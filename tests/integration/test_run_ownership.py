@@ -1,8 +1,9 @@
-"""Two runs meeting on one checkpoint prefix: in a real S3 server (conditional writes), and
-through the CLI, refused before any step starts."""
+"""Two runs meeting: on one checkpoint prefix in a real S3 server (conditional writes), through
+the CLI before any step starts, and in one `--output-dir`, whose summaries stay each run's own."""
 
 from __future__ import annotations
 
+import json
 import os
 import sys
 from pathlib import Path
@@ -67,3 +68,38 @@ def test_the_cli_refuses_a_prefix_another_run_owns_before_any_step_starts(tmp_pa
     assert last.startswith(f"kftrain: error: checkpoint prefix {prefix} belongs to run 'earlier-run' (claimed ")
     assert last.endswith("set checkpoint.resume: true to continue from them")
     assert not (tmp_path / "out").exists()  # refused before any step ran
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(600)
+def test_a_second_run_in_one_output_dir_that_fails_the_gate_reports_its_own_failure(tmp_path):
+    config = tmp_path / "quick.yaml"
+    config.write_text("train:\n  epochs: 1\n")
+    common = ["--config", str(config), "--output-dir", "out"]
+    rc, out = run_group(
+        [*KFTRAIN, "run", "--local", *common, "--summary", "first.json", "--min-accuracy", "0.5"],
+        timeout=280,
+        env=cli_env(),
+        cwd=str(tmp_path),
+    )
+    assert rc == 0, out[-5000:]
+    first = json.loads((tmp_path / "first.json").read_text())
+    assert first["exported"] is True
+
+    rc, out = run_group(
+        [*KFTRAIN, "run", "--local", *common, "--summary", "second.json", "--min-accuracy", "0.999"],
+        timeout=280,
+        env=cli_env(),
+        cwd=str(tmp_path),
+    )
+    assert rc == 0, out[-5000:]
+    lines = out.strip().splitlines()
+    assert lines[-1] == "summary written to second.json"
+    assert lines[-2].startswith("Quality gate FAILED: the model was not exported (")
+    assert "is below the minimum 0.9990 (min_accuracy)" in lines[-2]
+    second = json.loads((tmp_path / "second.json").read_text())
+    assert second["exported"] is False and "exported" not in second["artifacts"]
+    assert "is below the minimum 0.9990" in second["quality_gate"]
+    # Each summary's artifacts are its own run's.
+    assert second["artifacts"]["model"] != first["artifacts"]["model"]
+    assert second["run_id"] != first["run_id"]
