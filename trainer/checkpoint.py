@@ -381,8 +381,14 @@ class CheckpointManager:
         remote = step_dir(self.prefix, step)
         parts: dict[str, dict[str, Any]] = {}
         error = ""
+        problem = ""
+        if self.rank == 0:
+            try:
+                problem = self._may_write(step)
+            except StoreError as exc:  # told to every rank below, so none waits for rank 0
+                problem = f"cannot check the prefix's owner: {exc}"
         try:
-            problem = self._agree(self._may_write(step) if self.rank == 0 else "")
+            problem = self._agree(problem)
         except BaseException:
             shutil.rmtree(folder, ignore_errors=True)
             raise

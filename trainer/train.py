@@ -331,7 +331,11 @@ class Trainer:
         )
         # Before any write; the training step claimed it already (this confirms it), a trainer
         # started by hand claims it here.
-        ckpt.claim(resume=cfg.checkpoint.resume)
+        try:
+            ckpt.claim(resume=cfg.checkpoint.resume)
+        except CheckpointError:
+            ckpt.close()  # its staging folder
+            raise
         return ckpt
 
     def resume(self) -> list | None:

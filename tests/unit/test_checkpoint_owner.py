@@ -202,3 +202,19 @@ def test_create_only_writes_on_a_local_directory(tmp_path, kind):
     assert store.put_bytes_if_absent(uri, data) is (kind != "other bytes")
     assert store.get_bytes(uri) == b"first"
     assert store.list(str(tmp_path / "x")) == [uri]  # no temporary file left behind
+
+
+def test_the_training_step_claims_the_prefix_for_its_task_before_the_job_starts(tmp_path):
+    """The KFP path: the step's task identity owns `<model URI>/checkpoints`; a retry (the same
+    identity) goes on, another task with resume: false is refused naming it."""
+    from trainer.config import load_config
+    from trainer.steps import claim_checkpoints
+
+    model_uri = str(tmp_path / "model")
+    cfg = claim_checkpoints(load_config(None, {}), model_uri, owner="run-1/train")
+    assert cfg.checkpoint.owner == "run-1/train"
+    assert current_owner(LocalStore(), join_uri(model_uri, "checkpoints"))["owner"] == "run-1/train"
+    claim_checkpoints(load_config(None, {}), model_uri, owner="run-1/train")  # a retried step
+    other = load_config(None, {"checkpoint.resume": False})
+    with pytest.raises(CheckpointError, match="belongs to run 'run-1/train'"):
+        claim_checkpoints(other, model_uri, owner="run-2/train")
