@@ -26,7 +26,7 @@ import sys
 import tempfile
 import time
 import warnings
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -71,12 +71,27 @@ def run_root(cfg: Config, run_id: str, local_root: str = DEFAULT_LOCAL_ROOT) -> 
 
 
 def with_run_checkpoints(cfg: Config, run_id: str, local_root: str = DEFAULT_LOCAL_ROOT) -> Config:
-    """`cfg` with a run-scoped `checkpoint.uri` unless the user chose one: rerunning the same run
-    id then finds the same checkpoints (the pipeline's own output folders are new each time)."""
-    if cfg.checkpoint.uri:
-        return cfg
-    prefix = join_uri(run_root(cfg, run_id, local_root), "checkpoints")
-    return dataclasses.replace(cfg, checkpoint=dataclasses.replace(cfg.checkpoint, uri=prefix))
+    """`cfg` with a run-scoped `checkpoint.uri` unless the user chose one, and the run id as the
+    checkpoints' owner unless the user named one: rerunning the same run id then finds the same
+    checkpoints and owns them (the pipeline's own output folders and KFP ids are new each time)."""
+    prefix = cfg.checkpoint.uri or join_uri(run_root(cfg, run_id, local_root), "checkpoints")
+    owner = cfg.checkpoint.owner or run_id
+    return dataclasses.replace(cfg, checkpoint=dataclasses.replace(cfg.checkpoint, uri=prefix, owner=owner))
+
+
+def claim_run_checkpoints(cfg: Config) -> None:
+    """Claim the run's checkpoint prefix before any step starts: a prefix another run owns is
+    refused now, naming that run, not after data prep (trainer.checkpoint.claim_prefix)."""
+    if not cfg.checkpoint.enabled:
+        return
+    from trainer.checkpoint import CheckpointError, claim_prefix
+    from trainer.steps import store_for
+
+    uri = cfg.checkpoint.uri
+    try:
+        claim_prefix(store_for(cfg, uri), uri, cfg.checkpoint.owner, resume=cfg.checkpoint.resume)
+    except CheckpointError as exc:  # the config points at a prefix this run may not use
+        raise ConfigError(str(exc)) from None
 
 
 def run_log(cfg: Config, run_id: str, local_root: str = DEFAULT_LOCAL_ROOT) -> tuple[str, Path]:
@@ -194,6 +209,7 @@ def run_local(
     if done is not None:
         return {**done, "already_finished": True}
     cfg = with_run_checkpoints(cfg, run_id, local_root)
+    claim_run_checkpoints(cfg)
     summary = {**_run_pipeline(cfg, local_root, min_accuracy, max_perplexity), "run_id": run_id}
     record_finished(cfg, run_id, summary, local_root)
     return summary
@@ -224,20 +240,40 @@ def _run_pipeline(cfg: Config, local_root: str, min_accuracy: float, max_perplex
         artifacts = {name: outputs[name].uri for name in ("dataset", "model", "metrics", "report")}
         metrics = {k: v for k, v in outputs["metrics"].metadata.items() if isinstance(v, int | float)}
         # Export sits behind the quality gate (dsl.If), so it is no pipeline output: read what
-        # the export task recorded, if it ran.
-        exported = _task_output(Path(root), "export", "exported")
-        gate = _task_output(Path(root), "evaluate", "reason", parameter=True)
+        # the export task of this very run recorded, if it ran.
+        folder = kfp_run_folder(Path(root), artifacts.values())
+        exported = _task_output(folder, "export", "exported")
+        gate = _task_output(folder, "evaluate", "reason", parameter=True)
     if exported:
         artifacts["exported"] = exported
     return {"artifacts": artifacts, "metrics": metrics, "exported": bool(exported), "quality_gate": gate}
 
 
-def _task_output(root: Path, task: str, name: str, parameter: bool = False) -> str | None:
-    """An output recorded by one task of the newest run under `root` (kfp.local's layout)."""
-    runs = sorted(root.glob(f"*/{task}/executor_output.json"), key=lambda p: p.stat().st_mtime)
-    if not runs:
+def kfp_run_folder(root: Path, output_uris: Iterable[str]) -> Path:
+    """The folder kfp.local gave this pipeline run under its pipeline root `root`.
+
+    kfp.local keeps task T of a run in ``<root>/<pipeline name>-<start time>/T/``, and several
+    runs share `root` when it is ``--output-dir``: the run's folder is the one its own outputs
+    (`output_uris`) are in. With ``store.uri`` its outputs live in the store, and `root` is a
+    temporary folder of this run alone, holding its one run folder.
+    """
+    root = root.resolve()
+    for uri in output_uris:
+        path = Path(uri).resolve() if "://" not in uri else None
+        if path is not None and path.is_relative_to(root) and path != root:
+            return root / path.relative_to(root).parts[0]
+    folders = [p for p in root.iterdir() if p.is_dir()]
+    if len(folders) != 1:
+        raise PipelineFailed(f"cannot tell this run's folder under {root}: it holds {len(folders)} run folders")
+    return folders[0]
+
+
+def _task_output(folder: Path, task: str, name: str, parameter: bool = False) -> str | None:
+    """An output recorded by task `task` of the kfp.local run in `folder`; None when it did not run."""
+    path = folder / task / "executor_output.json"
+    if not path.is_file():
         return None
-    out = json.loads(runs[-1].read_text())
+    out = json.loads(path.read_text())
     if parameter:
         return out.get("parameterValues", {}).get(name)
     artifacts = out.get("artifacts", {}).get(name, {}).get("artifacts", [])

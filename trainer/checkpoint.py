@@ -7,10 +7,23 @@ Layout under the checkpoint prefix (``torch.distributed.checkpoint``, DCP, for t
     step-00000120/__1_0.distcp         replicated tensors are spread over the ranks, once each)
     step-00000120/rank-00000.pt      rank 0's own small state (RNG streams)
     step-00000120/rank-00001.pt      ...
-    step-00000120/COMMIT.json        written last, by rank 0: every part (name, bytes, sha256;
-                                     for a .distcp also the sha256 of each BLOCK_BYTES block),
-                                     the world size, and what the trainer records (position,
-                                     LR schedule, config, history)
+    step-00000120/COMMIT.json        written last, by rank 0, only if absent: every part (name,
+                                     bytes, sha256; for a .distcp also the sha256 of each
+                                     BLOCK_BYTES block), the world size, the owner, and what the
+                                     trainer records (position, LR schedule, config, history)
+    owner/00000001.json              who owns the prefix: the run's identity, host, pid, time;
+    owner/00000002.json              a later generation is a deliberate takeover (resume: true)
+
+Ownership: a prefix belongs to one run at a time. Before anything is written the run claims it
+(:func:`claim_prefix`): it creates the next ``owner/NNNNNNNN.json`` only if absent (S3
+``If-None-Match: *``, a local hard link), so of two runs racing for one generation exactly one
+wins. The newest generation is the owner. A run whose identity is the owner's (a retried step,
+a restarted pod, ``kftrain run --run-id``) goes on; another run refuses, naming the owner,
+unless ``checkpoint.resume`` is true, which takes the prefix over and continues from its latest
+checkpoint. Before it uploads a step and again before it commits one, a writer checks that it
+still owns the prefix (a run taken over stops instead of writing beside the new owner), and
+``COMMIT.json`` is created only if absent: a committed step is never overwritten. Pruning
+deletes only steps whose commit record names this run as owner (and partial ones).
 
 Saving: DCP writes this rank's files into a local staging folder on the calling thread (the
 only part that stalls training), then a background thread uploads them (one checkpoint in
@@ -35,6 +48,7 @@ import logging
 import os
 import re
 import shutil
+import socket
 import tempfile
 import threading
 import time
@@ -52,6 +66,9 @@ from trainer.progress import ProgressLine
 from trainer.storage import CorruptObject, ObjectNotFound, ObjectStore, StoreError, join_uri, read_json
 
 COMMIT = "COMMIT.json"
+#: The folder of the owner records under a checkpoint prefix, one per generation.
+OWNER_FOLDER = "owner"
+_OWNER_RECORD = re.compile(r"/owner/(\d{8})\.json$")
 #: DCP's index of the checkpoint, written by rank 0; every checkpoint has one.
 METADATA = ".metadata"
 _STEP_DIR = re.compile(r"/step-(\d{8})/")
@@ -114,6 +131,96 @@ def _block_span(offset: int, length: int, block_bytes: int) -> range:
     return range(offset // block_bytes, (offset + length - 1) // block_bytes + 1)
 
 
+# -- ownership ------------------------------------------------------------------------------------
+
+
+def owner_uri(prefix: str, generation: int) -> str:
+    """The owner record of generation `generation` under `prefix`."""
+    return join_uri(prefix, OWNER_FOLDER, f"{generation:08d}.json")
+
+
+def current_owner(store: ObjectStore, prefix: str) -> dict[str, Any] | None:
+    """The owner record of the newest generation under `prefix`, or None when nobody claimed it."""
+    prefix = prefix.rstrip("/")
+    generations = sorted(
+        int(m.group(1)) for uri in store.list(join_uri(prefix, OWNER_FOLDER)) if (m := _OWNER_RECORD.search(uri))
+    )
+    if not generations:
+        return None
+    return read_json(store, owner_uri(prefix, generations[-1]))
+
+
+def describe_owner(record: dict[str, Any]) -> str:
+    """An owner record in words: the run, when and where it claimed the prefix."""
+    when = time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(float(record.get("created_unix_time", 0))))
+    return f"run {record.get('owner')!r} (claimed {when} on host {record.get('host')}, pid {record.get('pid')})"
+
+
+def _committed_steps_in(store: ObjectStore, prefix: str) -> list[int]:
+    return sorted(
+        int(m.group(1))
+        for uri in store.list(prefix)
+        if uri.endswith(f"/{COMMIT}") and (m := _STEP_DIR.search(uri[len(prefix) :]))
+    )
+
+
+def claim_prefix(store: ObjectStore, prefix: str, owner: str, *, resume: bool) -> dict[str, Any]:
+    """Make run `owner` the owner of checkpoint prefix `prefix` before it writes there; return
+    the owner record. CheckpointError, in one line naming the owner and what to do, when the
+    prefix is another run's and `resume` is false, or holds committed steps and `resume` is false.
+
+    Same owner: nothing to do (a retry or restart of this run). Another owner and `resume`: the
+    next generation's record takes the prefix over; that run stops at its next save.
+    """
+    prefix = prefix.rstrip("/")
+    if not owner:
+        raise ValueError("a checkpoint owner must be named")
+    for _ in range(8):  # each lost race means another run claimed in between: look again
+        current = current_owner(store, prefix)
+        if current is not None and current.get("owner") == owner:
+            steps = [] if resume else _committed_steps_in(store, prefix)
+            if steps:
+                raise CheckpointError(
+                    f"checkpoint prefix {prefix} already holds committed steps {steps} of this run ({owner!r}) "
+                    "and checkpoint.resume is false, so they would be overwritten: set checkpoint.resume: true "
+                    "to continue from them, or point checkpoint.uri at a new prefix"
+                )
+            return current
+        if not resume:
+            if current is not None:
+                raise CheckpointError(
+                    f"checkpoint prefix {prefix} belongs to {describe_owner(current)}; this run ({owner!r}) has "
+                    "checkpoint.resume: false and will neither overwrite nor prune that run's checkpoints: point "
+                    "checkpoint.uri at a new prefix, or set checkpoint.resume: true to continue from them"
+                )
+            steps = _committed_steps_in(store, prefix)
+            if steps:
+                raise CheckpointError(
+                    f"checkpoint prefix {prefix} holds committed steps {steps} of an earlier run (written before "
+                    f"owner records) and this run ({owner!r}) has checkpoint.resume: false: point checkpoint.uri "
+                    "at a new prefix, or set checkpoint.resume: true to continue from them"
+                )
+        generation = int(current["generation"]) + 1 if current is not None else 1
+        record = {
+            "owner": owner,
+            "generation": generation,
+            "host": socket.gethostname(),
+            "pid": os.getpid(),
+            "created_unix_time": time.time(),
+            "previous_owner": current.get("owner") if current is not None else None,
+        }
+        if store.put_bytes_if_absent(owner_uri(prefix, generation), json.dumps(record).encode()):
+            if current is not None:
+                log.warning(
+                    "checkpoint prefix %s taken over from %s (checkpoint.resume: true): continuing from its "
+                    "checkpoints; its steps are kept, never pruned by this run",
+                    prefix,
+                    describe_owner(current),
+                )
+            return record
+    raise CheckpointError(f"could not claim checkpoint prefix {prefix}: other runs kept claiming it at the same time")
+
+
 class CheckpointManager:
     """Save (asynchronously, from every rank), find the latest complete checkpoint, load it, prune.
 
@@ -132,6 +239,7 @@ class CheckpointManager:
         world_size: int = 1,
         group: dist.ProcessGroup | None = None,
         block_bytes: int = BLOCK_BYTES,
+        owner: str = "",
     ) -> None:
         if block_bytes <= 0:
             raise ValueError(f"block_bytes must be positive, got {block_bytes}")
@@ -139,6 +247,11 @@ class CheckpointManager:
         #: The block size of the per-block sha256s recorded for each ``.distcp`` part it saves.
         self.block_bytes = block_bytes
         self.rank, self.world_size, self.group = rank, world_size, group
+        #: The run this manager writes for: recorded in every COMMIT.json, checked before every
+        #: upload and commit once :meth:`claim` made it the prefix's owner, and the only steps
+        #: pruning deletes. Empty: no owner (steps committed without one are pruned).
+        self.owner = owner
+        self._claimed = False
         self._staging = Path(tempfile.mkdtemp(prefix=f"kftrain-ckpt-rank{rank}-"))
         self._thread: threading.Thread | None = None
         self._error: BaseException | None = None
@@ -151,6 +264,54 @@ class CheckpointManager:
         self.last_fetched_bytes = 0
         #: The step of the checkpoint this manager last saved or loaded (None: neither yet).
         self.last_step: int | None = None
+
+    # -- ownership ----------------------------------------------------------------------------
+
+    def claim(self, *, resume: bool) -> dict[str, Any]:
+        """Claim the prefix for :attr:`owner` (:func:`claim_prefix`; a collective: rank 0
+        claims, and every rank raises the same CheckpointError when it is refused)."""
+        result: tuple[dict[str, Any] | None, str] = (None, "")
+        if self.rank == 0:
+            try:
+                result = (claim_prefix(self.store, self.prefix, self.owner, resume=resume), "")
+            except (CheckpointError, StoreError) as exc:
+                result = (None, str(exc))
+        if self.group is not None:
+            box = [result]
+            dist.broadcast_object_list(box, src=0, group=self.group)
+            result = box[0]
+        record, error = result
+        if error:
+            raise CheckpointError(error)
+        self._claimed = True
+        return record
+
+    def _may_write(self, step: int) -> str:
+        """Why this run must not write step `step` now ("" when it may): the prefix has another
+        owner since, or the step is committed already (a committed step is never overwritten)."""
+        if self._claimed:
+            current = current_owner(self.store, self.prefix)
+            if current is None or current.get("owner") != self.owner:
+                taken = describe_owner(current) if current is not None else "nobody (its owner records are gone)"
+                return (
+                    f"checkpoint prefix {self.prefix} now belongs to {taken}, not to this run ({self.owner!r}): "
+                    "it stops rather than write beside it; the steps it committed are kept"
+                )
+        commit = join_uri(step_dir(self.prefix, step), COMMIT)
+        if self.store.exists(commit):
+            return (
+                f"checkpoint step {step} is already committed at {commit} and is never overwritten: "
+                "point checkpoint.uri at a new prefix, or delete that step folder if it is unwanted"
+            )
+        return ""
+
+    def _agree(self, problem: str) -> str:
+        """Rank 0's `problem` on every rank (a collective on the checkpoint group)."""
+        if self.group is None:
+            return problem
+        box = [problem]
+        dist.broadcast_object_list(box, src=0, group=self.group)
+        return box[0]
 
     # -- writing ------------------------------------------------------------------------------
 
@@ -221,6 +382,20 @@ class CheckpointManager:
         remote = step_dir(self.prefix, step)
         parts: dict[str, dict[str, Any]] = {}
         error = ""
+        problem = ""
+        if self.rank == 0:
+            try:
+                problem = self._may_write(step)
+            except StoreError as exc:  # told to every rank below, so none waits for rank 0
+                problem = f"cannot check the prefix's owner: {exc}"
+        try:
+            problem = self._agree(problem)
+        except BaseException:
+            shutil.rmtree(folder, ignore_errors=True)
+            raise
+        if problem:
+            shutil.rmtree(folder, ignore_errors=True)
+            raise CheckpointError(f"checkpoint step {step} not written: {problem}")
         try:
             for path in files:
                 ranged = path.name.endswith(_DISTCP)  # the only parts read in ranges
@@ -250,10 +425,16 @@ class CheckpointManager:
             **(record or {}),
             "step": step,
             "world_size": self.world_size,
+            "owner": self.owner,
             "parts": every,
             "committed_unix_time": time.time(),
         }
-        self.store.put_bytes(join_uri(remote, COMMIT), json.dumps(commit).encode())
+        # Ownership again: the prefix may have been taken over while the parts uploaded.
+        problem = self._may_write(step)
+        if problem or not self.store.put_bytes_if_absent(join_uri(remote, COMMIT), json.dumps(commit).encode()):
+            raise CheckpointError(
+                f"checkpoint step {step} not committed: {problem or f'another writer committed {remote} first'}"
+            )
         log.info("checkpoint step %d committed to %s (%d parts)", step, remote, len(every))
         self._prune()
 
@@ -271,17 +452,30 @@ class CheckpointManager:
 
     def _prune(self) -> None:
         by_step = self._objects_by_step()
-        complete = [s for s in self._committed(by_step) if self._complete_record(s, by_step) is not None]
+        complete, others = [], set()
+        for s in self._committed(by_step):
+            if self._commit_owner(s) != self.owner:
+                others.add(s)  # another run's (an earlier owner's) step: never deleted
+            elif self._complete_record(s, by_step) is not None:
+                complete.append(s)
         if not complete:
             return
         keep = set(complete[-self.keep_last :])
         for step, uris in by_step.items():
-            # Older than the newest kept: complete ones past keep_last, and partials of killed writers.
-            if step in keep or step > complete[-1]:
+            # Older than the newest kept: own complete ones past keep_last, and partials of killed writers.
+            if step in keep or step in others or step > complete[-1]:
                 continue
             # The commit record goes first: a half-deleted checkpoint never looks complete.
             for uri in sorted(uris, key=lambda u: not u.endswith(f"/{COMMIT}")):
                 self.store.delete(uri)
+
+    def _commit_owner(self, step: int) -> str | None:
+        """The owner a step's commit record names ("" for none), or None when it cannot be read."""
+        try:
+            record = read_json(self.store, join_uri(step_dir(self.prefix, step), COMMIT))
+        except (ObjectNotFound, CorruptObject):
+            return None
+        return record.get("owner", "") if isinstance(record, dict) else None
 
     # -- reading ------------------------------------------------------------------------------
 

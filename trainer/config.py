@@ -341,9 +341,11 @@ class CheckpointConfig:
     at_epoch_end: bool = True
     """Checkpoint at the end of every epoch."""
     keep_last: int = 2
-    """Complete checkpoints kept; older ones, and partial ones left by killed writers, are deleted."""
+    """Complete checkpoints of this run kept; its older ones, and partial ones left by killed writers, are deleted."""
     resume: bool = True
-    """At start, resume from the latest complete checkpoint under the prefix (`uri`) when one exists."""
+    """Resume from the latest complete checkpoint under `uri` when one exists (another run's: take the prefix over)."""
+    owner: str = ""
+    """The run that owns the prefix; empty: the training step's identity (`kftrain run --local`: the run id)."""
 
     def __post_init__(self) -> None:
         if self.uri:

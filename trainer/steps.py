@@ -77,10 +77,29 @@ def train_model(
 
     store = store_for(cfg, model_uri, check=True)
     read_manifest(store_for(cfg, dataset_uri), dataset_uri)  # fail now, not in every replica
+    cfg = claim_checkpoints(cfg, model_uri, owner=identity)
     spec = training_job(cfg, job_name(identity), dataset_uri, model_uri)
     print(f"kftrain: training job {spec.name} for task {identity}", flush=True)
     run_job(backend, spec, cfg.job.timeout_seconds)
     return json.loads(store.get_bytes(join_uri(model_uri, TRAINING_RECORD)))
+
+
+def claim_checkpoints(cfg: Config, model_uri: str, owner: str) -> Config:
+    """Claim the run's checkpoint prefix for `owner` (unless checkpoint.owner names one) before
+    any training process starts; return `cfg` with checkpoint.owner set, so the replicas write
+    as that owner. CheckpointError naming the owner when the prefix is another run's
+    (:func:`trainer.checkpoint.claim_prefix`)."""
+    import dataclasses
+
+    if not cfg.checkpoint.enabled:
+        return cfg
+    from trainer.checkpoint import claim_prefix
+    from trainer.train import checkpoint_prefix
+
+    owner = cfg.checkpoint.owner or owner
+    prefix = checkpoint_prefix(cfg, model_uri)
+    claim_prefix(store_for(cfg, prefix), prefix, owner, resume=cfg.checkpoint.resume)
+    return dataclasses.replace(cfg, checkpoint=dataclasses.replace(cfg.checkpoint, owner=owner))
 
 
 def evaluate(

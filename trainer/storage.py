@@ -41,7 +41,16 @@ _BUCKET_RE = re.compile(r"^[a-z0-9][a-z0-9.\-]{1,61}[a-z0-9]$")
 _IPV4_RE = re.compile(r"^\d+\.\d+\.\d+\.\d+$")
 #: S3 error codes that mean "try again later", not "no".
 TRANSIENT_S3_CODES = frozenset(
-    {"SlowDown", "ServiceUnavailable", "InternalError", "RequestTimeout", "Throttling", "RequestLimitExceeded"}
+    {
+        "SlowDown",
+        "ServiceUnavailable",
+        "InternalError",
+        "RequestTimeout",
+        "Throttling",
+        "RequestLimitExceeded",
+        # AWS: another conditional write to the key is in flight; retried, it gets a definite answer.
+        "ConditionalRequestConflict",
+    }
 )
 #: Retry budget of the preflight check (store.retry_budget_seconds bounds it too).
 CHECK_BUDGET_S = 5.0
@@ -163,6 +172,11 @@ class ObjectStore(Protocol):
     def put_bytes(self, uri: str, data: bytes) -> None:
         """Write an object atomically (readers see the old object or the whole new one)."""
 
+    def put_bytes_if_absent(self, uri: str, data: bytes) -> bool:
+        """Create an object only if there is none at `uri` (compare-and-swap on absence, whole or
+        not at all); True when this call created it, or an earlier attempt of this call did (the
+        object holds exactly `data`), False when another writer's object is there."""
+
     def get_bytes(self, uri: str, offset: int = 0, length: int = 0) -> bytes:
         """Read an object (or `length` bytes from `offset`; 0: to the end); :class:`ObjectNotFound` when absent."""
 
@@ -228,6 +242,23 @@ class LocalStore:
 
     def put_bytes(self, uri: str, data: bytes) -> None:
         self._replace_atomically(self._path(uri), lambda tmp: tmp.write_bytes(data))
+
+    def put_bytes_if_absent(self, uri: str, data: bytes) -> bool:
+        dest = self._path(uri)
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        fd, name = tempfile.mkstemp(dir=dest.parent, prefix=".kftrain-", suffix=".tmp")
+        try:
+            with os.fdopen(fd, "wb") as f:
+                f.write(data)
+            try:
+                # link() creates `dest` only if absent (like O_CREAT|O_EXCL), and with its whole
+                # content: no reader sees a half-written record.
+                os.link(name, dest)
+                return True
+            except FileExistsError:
+                return dest.read_bytes() == data
+        finally:
+            os.unlink(name)
 
     def get_bytes(self, uri: str, offset: int = 0, length: int = 0) -> bytes:
         path = self._path(uri)
@@ -457,6 +488,32 @@ class S3Store:
     def put_bytes(self, uri: str, data: bytes) -> None:
         loc = self._obj(uri)
         self._call("PUT", uri, lambda: self._client.put_object(loc.bucket, loc.key, io.BytesIO(data), len(data)))
+
+    def put_bytes_if_absent(self, uri: str, data: bytes) -> bool:
+        """A PUT with ``If-None-Match: *`` (S3 conditional writes; MinIO, Ceph RGW and moto
+        honour it too): the store refuses it with 412 PreconditionFailed when the key exists. A
+        retried attempt whose first try did land sees its own bytes and counts as created."""
+        from minio.error import S3Error
+
+        loc = self._loc(uri)
+
+        def put() -> bool:
+            try:
+                # The SDK's public put_object turns unknown headers into user metadata
+                # (X-Amz-Meta-If-None-Match), so the condition goes through its plain PUT.
+                self._client._put_object(  # noqa: SLF001
+                    loc.bucket,
+                    loc.key,
+                    data,
+                    headers={"If-None-Match": "*", "Content-Type": "application/octet-stream"},
+                )
+                return True
+            except S3Error as exc:
+                if exc.code == "PreconditionFailed":
+                    return False
+                raise
+
+        return self._call("PUT", uri, put) or self.get_bytes(uri) == data
 
     def get_bytes(self, uri: str, offset: int = 0, length: int = 0) -> bytes:
         loc = self._obj(uri)

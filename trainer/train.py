@@ -126,6 +126,17 @@ def write_final_model(
     return digest
 
 
+def checkpoint_prefix(cfg: Config, model_uri: str) -> str:
+    """Where the run's checkpoints go: checkpoint.uri, else `<model URI>/checkpoints`."""
+    return cfg.checkpoint.uri or join_uri(model_uri, "checkpoints")
+
+
+def checkpoint_owner(cfg: Config, model_uri: str) -> str:
+    """Who owns the checkpoint prefix: checkpoint.owner (the training step sets it to its task
+    identity), else the model URI, which names one run and stays the same when it restarts."""
+    return cfg.checkpoint.owner or model_uri
+
+
 def lr_factor(step: int, total: int, cfg: Config) -> float:
     """Multiplier of train.learning_rate at optimizer step `step` (warm-up, then the schedule)."""
     warm = cfg.train.warmup_steps
@@ -308,15 +319,24 @@ class Trainer:
         cfg, env = self.cfg, self.env
         if not cfg.checkpoint.enabled:
             return None
-        prefix = cfg.checkpoint.uri or join_uri(self.model_uri, "checkpoints")
-        return CheckpointManager(
+        prefix = checkpoint_prefix(cfg, self.model_uri)
+        ckpt = CheckpointManager(
             open_store(prefix, cfg.store.endpoint, cfg.store.region, cfg.store.policy()),
             prefix,
             cfg.checkpoint.keep_last,
             rank=env.rank,
             world_size=env.world_size,
             group=checkpoint_group(env, cfg.job.collective_timeout_seconds),
+            owner=checkpoint_owner(cfg, self.model_uri),
         )
+        # Before any write; the training step claimed it already (this confirms it), a trainer
+        # started by hand claims it here.
+        try:
+            ckpt.claim(resume=cfg.checkpoint.resume)
+        except CheckpointError:
+            ckpt.close()  # its staging folder
+            raise
+        return ckpt
 
     def resume(self) -> list | None:
         """Restore the latest complete checkpoint, if any (a collective): weights, optimizer,

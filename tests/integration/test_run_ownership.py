@@ -1,0 +1,105 @@
+"""Two runs meeting: on one checkpoint prefix in a real S3 server (conditional writes), through
+the CLI before any step starts, and in one `--output-dir`, whose summaries stay each run's own."""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from tests.conftest import run_group
+from trainer.checkpoint import CheckpointError, CheckpointManager, claim_prefix, current_owner
+from trainer.storage import S3Store
+
+KFTRAIN = [sys.executable, "-m", "pipelines.cli"]
+REPO = Path(__file__).resolve().parents[2]
+
+
+def cli_env() -> dict[str, str]:
+    return {**os.environ, "PYTHONPATH": str(REPO)}
+
+
+def save(ckpt: CheckpointManager, step: int) -> None:
+    ckpt.save(step, {"model": {"w": torch.full((4,), float(step))}}, blocking=True)
+
+
+@pytest.mark.parametrize("kind", ["new", "same bytes (a retried attempt)", "other bytes"])
+def test_create_only_writes_are_conditional_puts_on_s3(bucket, kind):
+    store, uri = S3Store(), f"s3://{bucket}/p/owner.json"
+    if kind != "new":
+        assert store.put_bytes_if_absent(uri, b"first")
+    data = b"other" if kind == "other bytes" else b"first"
+    assert store.put_bytes_if_absent(uri, data) is (kind != "other bytes")
+    assert store.get_bytes(uri) == b"first"
+
+
+def test_two_runs_on_one_s3_prefix_the_second_refuses_and_the_first_loses_nothing(bucket):
+    store, prefix = S3Store(), f"s3://{bucket}/shared/checkpoints"
+    a = CheckpointManager(store, prefix, 2, owner="run-a")
+    a.claim(resume=False)
+    for step in (1, 2, 3):
+        save(a, step)
+    with pytest.raises(CheckpointError, match="belongs to run 'run-a'"):
+        CheckpointManager(store, prefix, 2, owner="run-b").claim(resume=False)
+    save(a, 4)  # the first run goes on undisturbed
+    assert a.committed_steps() == [3, 4]
+    record = a.latest()
+    state = {"model": {"w": torch.zeros(4)}}
+    CheckpointManager(store, prefix, 2, owner="reader").load(record, state)
+    torch.testing.assert_close(state["model"]["w"], torch.full((4,), 4.0))
+    assert current_owner(store, prefix)["owner"] == "run-a"
+
+
+def test_the_cli_refuses_a_prefix_another_run_owns_before_any_step_starts(tmp_path):
+    prefix = str(tmp_path / "shared-ckpt")
+    from trainer.storage import LocalStore
+
+    claim_prefix(LocalStore(), prefix, "earlier-run", resume=False)
+    config = tmp_path / "c.yaml"
+    config.write_text(f"checkpoint:\n  uri: {prefix}\n  resume: false\n")
+    args = ["--config", str(config), "--output-dir", "out", "--run-id", "later-run"]
+    rc, out = run_group([*KFTRAIN, "run", "--local", *args], timeout=120, env=cli_env(), cwd=str(tmp_path))
+    assert rc == 2, out[-3000:]
+    last = out.strip().splitlines()[-1]
+    assert last.startswith(f"kftrain: error: checkpoint prefix {prefix} belongs to run 'earlier-run' (claimed ")
+    assert last.endswith("set checkpoint.resume: true to continue from them")
+    assert not (tmp_path / "out").exists()  # refused before any step ran
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(600)
+def test_a_second_run_in_one_output_dir_that_fails_the_gate_reports_its_own_failure(tmp_path):
+    config = tmp_path / "quick.yaml"
+    config.write_text("train:\n  epochs: 1\n")
+    common = ["--config", str(config), "--output-dir", "out"]
+    rc, out = run_group(
+        [*KFTRAIN, "run", "--local", *common, "--summary", "first.json", "--min-accuracy", "0.5"],
+        timeout=280,
+        env=cli_env(),
+        cwd=str(tmp_path),
+    )
+    assert rc == 0, out[-5000:]
+    first = json.loads((tmp_path / "first.json").read_text())
+    assert first["exported"] is True
+
+    rc, out = run_group(
+        [*KFTRAIN, "run", "--local", *common, "--summary", "second.json", "--min-accuracy", "0.999"],
+        timeout=280,
+        env=cli_env(),
+        cwd=str(tmp_path),
+    )
+    assert rc == 0, out[-5000:]
+    lines = out.strip().splitlines()
+    assert lines[-1] == "summary written to second.json"
+    assert lines[-2].startswith("Quality gate FAILED: the model was not exported (")
+    assert "is below the minimum 0.9990 (min_accuracy)" in lines[-2]
+    second = json.loads((tmp_path / "second.json").read_text())
+    assert second["exported"] is False and "exported" not in second["artifacts"]
+    assert "is below the minimum 0.9990" in second["quality_gate"]
+    # Each summary's artifacts are its own run's.
+    assert second["artifacts"]["model"] != first["artifacts"]["model"]
+    assert second["run_id"] != first["run_id"]

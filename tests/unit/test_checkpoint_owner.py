@@ -1,0 +1,220 @@
+"""Checkpoint prefixes belong to one run: a second run refuses naming the owner, or takes the
+prefix over deliberately (checkpoint.resume); nothing the first run committed is lost, a
+committed step is never overwritten, and pruning touches only the run's own steps."""
+
+from __future__ import annotations
+
+import re
+import threading
+
+import pytest
+import torch
+
+from trainer.checkpoint import (
+    COMMIT,
+    CheckpointError,
+    CheckpointManager,
+    claim_prefix,
+    current_owner,
+    step_dir,
+)
+from trainer.storage import LocalStore, join_uri
+
+
+def manager(store, prefix: str, owner: str, keep_last: int = 2) -> CheckpointManager:
+    return CheckpointManager(store, prefix, keep_last, owner=owner)
+
+
+def weights(step: int, owner: str) -> dict[str, torch.Tensor]:
+    """A state that says which run wrote which step."""
+    return {"w": torch.full((4,), float(step) + (0.5 if owner == "run-b" else 0.0))}
+
+
+def save(ckpt: CheckpointManager, step: int) -> None:
+    ckpt.save(step, {"model": weights(step, ckpt.owner)}, record={"by": ckpt.owner}, blocking=True)
+
+
+def loaded(store, prefix: str, step: int) -> torch.Tensor:
+    """Step `step` loaded with a fresh reader (checks every byte against its commit record)."""
+    reader = manager(store, prefix, "reader")
+    record = next(r for r in [reader._complete_record(step, reader._objects_by_step())] if r)  # noqa: SLF001
+    state = {"model": {"w": torch.zeros(4)}}
+    reader.load(record, state)
+    reader.close()
+    return state["model"]["w"]
+
+
+def assert_intact(store, prefix: str, owner: str, steps: list[int]) -> None:
+    for step in steps:
+        torch.testing.assert_close(loaded(store, prefix, step), weights(step, owner)["w"])
+
+
+@pytest.fixture
+def prefix(tmp_path) -> str:
+    return str(tmp_path / "ckpt")
+
+
+@pytest.mark.parametrize(
+    ("first", "second", "resume", "refusal"),
+    [
+        # A new run, resume: false, on a prefix an earlier run owns: refused, naming the owner.
+        ("run-a", "run-b", False, "belongs to run 'run-a'"),
+        # The same run again (a retried step, --run-id) with resume: false would overwrite its steps.
+        ("run-a", "run-a", False, "already holds committed steps [2, 3] of this run ('run-a')"),
+        # The same run again resuming, or another run taking over deliberately: no refusal.
+        ("run-a", "run-a", True, None),
+        ("run-a", "run-b", True, None),
+    ],
+)
+def test_a_second_run_on_a_prefix_refuses_or_continues_and_the_first_loses_nothing(
+    prefix, first, second, resume, refusal
+):
+    store = LocalStore()
+    a = manager(store, prefix, first)
+    a.claim(resume=False)
+    for step in (1, 2, 3):
+        save(a, step)
+    a.close()
+    assert a.committed_steps() == [2, 3]  # keep_last 2 of its own
+
+    b = manager(store, prefix, second)
+    if refusal:
+        with pytest.raises(CheckpointError, match=re.escape(refusal)):
+            b.claim(resume=resume)
+        assert current_owner(store, prefix)["owner"] == first
+    else:
+        b.claim(resume=resume)
+        assert b.latest()["step"] == 3
+    assert_intact(store, prefix, first, [2, 3])
+
+
+def test_a_refusal_names_the_owner_host_and_how_to_proceed_in_one_line(prefix):
+    store = LocalStore()
+    claim_prefix(store, prefix, "run-a", resume=False)
+    with pytest.raises(CheckpointError) as err:
+        claim_prefix(store, prefix, "run-b", resume=False)
+    message = str(err.value)
+    assert "\n" not in message
+    assert "belongs to run 'run-a' (claimed " in message and " on host " in message
+    assert "point checkpoint.uri at a new prefix, or set checkpoint.resume: true" in message
+
+
+def test_a_takeover_keeps_the_earlier_runs_steps_and_stops_the_earlier_run_at_its_next_save(prefix):
+    store = LocalStore()
+    a = manager(store, prefix, "run-a")
+    a.claim(resume=True)
+    save(a, 1)
+    save(a, 2)
+
+    b = manager(store, prefix, "run-b")
+    b.claim(resume=True)  # resume: true takes the prefix over, from run-a's latest step
+    assert b.latest()["step"] == 2
+    for step in (3, 4, 5, 6):
+        save(b, step)
+
+    # run-a, still running, must neither write beside run-b nor prune its steps.
+    with pytest.raises(CheckpointError, match="now belongs to run 'run-b'.*the steps it committed are kept"):
+        save(a, 7)
+    assert not store.list(step_dir(prefix, 7))
+    # run-b pruned only its own steps (keep_last 2): run-a's are kept, never its to delete.
+    assert b.committed_steps() == [1, 2, 5, 6]
+    assert_intact(store, prefix, "run-a", [1, 2])
+    assert_intact(store, prefix, "run-b", [5, 6])
+    owner = current_owner(store, prefix)
+    assert (owner["owner"], owner["generation"], owner["previous_owner"]) == ("run-b", 2, "run-a")
+
+
+def test_two_runs_racing_for_one_prefix_exactly_one_wins_and_the_other_names_it(prefix):
+    store = LocalStore()
+    start = threading.Barrier(8)
+    outcome: dict[str, str] = {}
+
+    def run(owner: str) -> None:
+        start.wait()
+        try:
+            claim_prefix(store, prefix, owner, resume=False)
+            outcome[owner] = "owner"
+        except CheckpointError as exc:
+            outcome[owner] = str(exc)
+
+    threads = [threading.Thread(target=run, args=(f"run-{i}",)) for i in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    winners = [o for o, result in outcome.items() if result == "owner"]
+    assert len(winners) == 1
+    assert current_owner(store, prefix)["owner"] == winners[0]
+    for o, result in outcome.items():
+        if o != winners[0]:
+            assert f"belongs to run {winners[0]!r}" in result
+
+
+def test_two_writers_on_one_prefix_never_overwrite_or_prune_each_others_steps(prefix):
+    """Interleaved saves: run-b takes over while run-a runs; each step is written once, by its owner."""
+    store = LocalStore()
+    a = manager(store, prefix, "run-a", keep_last=1)
+    a.claim(resume=True)
+    save(a, 1)
+    save(a, 2)
+    b = manager(store, prefix, "run-b", keep_last=1)
+    b.claim(resume=True)
+    with pytest.raises(CheckpointError, match="now belongs to run 'run-b'"):
+        save(a, 3)
+    save(b, 3)
+    save(b, 4)
+    assert b.committed_steps() == [2, 4]  # run-a's latest survives run-b's pruning (keep_last 1)
+    assert_intact(store, prefix, "run-a", [2])
+    assert_intact(store, prefix, "run-b", [4])
+
+
+def test_a_committed_step_is_never_overwritten(prefix):
+    store = LocalStore()
+    a = manager(store, prefix, "run-a")
+    a.claim(resume=True)
+    save(a, 2)
+    commit = store.get_bytes(join_uri(step_dir(prefix, 2), COMMIT))
+    with pytest.raises(CheckpointError, match="step 2 is already committed .* never overwritten"):
+        a.save(2, {"model": {"w": torch.zeros(4)}}, blocking=True)
+    assert store.get_bytes(join_uri(step_dir(prefix, 2), COMMIT)) == commit
+    assert_intact(store, prefix, "run-a", [2])
+
+
+def test_steps_written_before_owner_records_are_kept_by_pruning_and_refused_without_resume(prefix):
+    store = LocalStore()
+    legacy = manager(store, prefix, "")  # no owner, no claim: as checkpoints were written before
+    save(legacy, 1)
+    with pytest.raises(CheckpointError, match=r"holds committed steps \[1\] of an earlier run"):
+        claim_prefix(store, prefix, "run-a", resume=False)
+    a = manager(store, prefix, "run-a", keep_last=1)
+    a.claim(resume=True)
+    save(a, 2)
+    save(a, 3)
+    assert a.committed_steps() == [1, 3]
+
+
+@pytest.mark.parametrize("kind", ["new", "same bytes (a retried attempt)", "other bytes"])
+def test_create_only_writes_on_a_local_directory(tmp_path, kind):
+    store, uri = LocalStore(), str(tmp_path / "x" / "owner.json")
+    if kind != "new":
+        assert store.put_bytes_if_absent(uri, b"first")
+    data = b"other" if kind == "other bytes" else b"first"
+    assert store.put_bytes_if_absent(uri, data) is (kind != "other bytes")
+    assert store.get_bytes(uri) == b"first"
+    assert store.list(str(tmp_path / "x")) == [uri]  # no temporary file left behind
+
+
+def test_the_training_step_claims_the_prefix_for_its_task_before_the_job_starts(tmp_path):
+    """The KFP path: the step's task identity owns `<model URI>/checkpoints`; a retry (the same
+    identity) goes on, another task with resume: false is refused naming it."""
+    from trainer.config import load_config
+    from trainer.steps import claim_checkpoints
+
+    model_uri = str(tmp_path / "model")
+    cfg = claim_checkpoints(load_config(None, {}), model_uri, owner="run-1/train")
+    assert cfg.checkpoint.owner == "run-1/train"
+    assert current_owner(LocalStore(), join_uri(model_uri, "checkpoints"))["owner"] == "run-1/train"
+    claim_checkpoints(load_config(None, {}), model_uri, owner="run-1/train")  # a retried step
+    other = load_config(None, {"checkpoint.resume": False})
+    with pytest.raises(CheckpointError, match="belongs to run 'run-1/train'"):
+        claim_checkpoints(other, model_uri, owner="run-2/train")
