@@ -102,7 +102,7 @@ def config(overrides: dict):
 
 
 def run_phase(name: str, args: dict) -> dict:
-    from trainer import steps
+    from trainer import pipeline_steps as steps
 
     cfg = config(args["overrides"])
     if name == "prep":

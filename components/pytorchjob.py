@@ -1,7 +1,12 @@
-"""KFP component: run any image and command as a PyTorchJob (bring your own training image).
+"""KFP component: bring your own image (BYO): run any image and command as a PyTorchJob or a
+TrainJob (`kind`), and wait for it.
 
-The replicas need not contain kftrain: they get the Training Operator's environment plus the
-artifact URIs and store credentials (`trainer/launch/custom.py` documents the contract). Use it
+The published name `pytorchjob` (this file, `compiled/components/pytorchjob.yaml`) predates
+TrainJob support and is kept so pipelines that load the component keep working; in code this
+launcher is `byo` (`trainer/launch/byo.py` documents the replicas' contract). The component's
+body imports `trainer.steps` and `trainer.launch.custom`, the old names, because it is compiled
+verbatim into that YAML. The replicas need not contain kftrain: they get the Training
+Operator's (or Trainer v2's) environment plus the artifact URIs and store credentials. Use it
 with caching off and the launcher pod's identity exposed
 (`components.task_options.launcher_task_options`).
 """

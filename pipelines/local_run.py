@@ -80,7 +80,7 @@ def with_run_checkpoints(cfg: Config, run_id: str, local_root: str = DEFAULT_LOC
 
 def finished_run(cfg: Config, run_id: str, local_root: str = DEFAULT_LOCAL_ROOT) -> dict[str, Any] | None:
     """The summary of run `run_id` if it finished, else None."""
-    from trainer.steps import store_for
+    from trainer.pipeline_steps import store_for
     from trainer.storage import read_json
 
     uri = join_uri(run_root(cfg, run_id, local_root), RUN_RECORD)
@@ -93,7 +93,7 @@ def finished_run(cfg: Config, run_id: str, local_root: str = DEFAULT_LOCAL_ROOT)
 
 def record_finished(cfg: Config, run_id: str, summary: dict[str, Any], local_root: str = DEFAULT_LOCAL_ROOT) -> str:
     """Write the run record that marks run `run_id` finished (the last thing a run writes)."""
-    from trainer.steps import store_for
+    from trainer.pipeline_steps import store_for
 
     uri = join_uri(run_root(cfg, run_id, local_root), RUN_RECORD)
     record = {"run_id": run_id, "status": "finished", "finished_unix_time": time.time(), "summary": summary}
@@ -135,7 +135,7 @@ def run_scope(run_id: str, grace_s: float = 10.0) -> Iterator[str]:
 def preflight(cfg: Config) -> None:
     """Fail before any step starts when the store is unreachable, missing or refuses our keys."""
     if cfg.store.uri:
-        from trainer.steps import store_for
+        from trainer.pipeline_steps import store_for
 
         store_for(cfg, cfg.store.uri, check=True)
 

@@ -10,7 +10,7 @@ from components.runtime import task_identity
 from tests.fake_kube import FakeCluster, launcher
 from trainer.config import ConfigError, parse_config
 from trainer.launch.backend import JobFailed, run_job
-from trainer.launch.custom import custom_job
+from trainer.launch.byo import byo_job
 from trainer.launch.kubernetes import KubernetesBackend
 from trainer.launch.preflight import ManifestError, validate_pytorchjob
 from trainer.launch.pytorchjob import pytorchjob_manifest
@@ -34,7 +34,7 @@ def byo(**overrides):
         "replicas": 3,
         "cluster": True,
     }
-    return custom_job(**{**args, **overrides})
+    return byo_job(**{**args, **overrides})
 
 
 def container(manifest, replica="Master"):
@@ -203,7 +203,7 @@ def backend_for(cluster: FakeCluster, owner_uid: str, lines: list[str]) -> Kuber
 
 def task_job(task_name: str = "pytorchjob"):
     name = job_name(task_identity("run-1", task_name, "dag-7", OUT))
-    return custom_job(name=name, image="user/img:1", command=["python", "train.py"], output_uri=OUT, cluster=True)
+    return byo_job(name=name, image="user/img:1", command=["python", "train.py"], output_uri=OUT, cluster=True)
 
 
 def test_the_byo_job_is_named_from_the_task_and_a_second_launcher_reattaches():

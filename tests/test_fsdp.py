@@ -15,7 +15,7 @@ from trainer.distributed import DistEnv
 from trainer.launch.backend import run_job
 from trainer.launch.job import training_job
 from trainer.launch.local import LocalBackend
-from trainer.model import load_model
+from trainer.model_io import load_model
 from trainer.storage import LocalStore, join_uri
 from trainer.tasks import get_task
 from trainer.train import check_resumable, run_training

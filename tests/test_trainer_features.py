@@ -19,7 +19,7 @@ from trainer.export import export_model, load_torchscript
 from trainer.launch.backend import JobFailed, run_job
 from trainer.launch.job import training_job
 from trainer.launch.local import LocalBackend
-from trainer.model import load_model
+from trainer.model_io import load_model
 from trainer.storage import LocalStore, join_uri
 from trainer.tasks import get_task
 from trainer.train import run_training

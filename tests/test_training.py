@@ -10,7 +10,7 @@ from trainer.config import load_config
 from trainer.launch.backend import run_job
 from trainer.launch.job import training_job
 from trainer.launch.local import LocalBackend
-from trainer.model import load_model
+from trainer.model_io import load_model
 from trainer.storage import LocalStore, join_uri
 
 pytestmark = pytest.mark.timeout(180)

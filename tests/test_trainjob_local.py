@@ -17,7 +17,7 @@ from trainer.launch.backend import JobFailed, run_job
 from trainer.launch.job import training_job
 from trainer.launch.local import LocalBackend
 from trainer.launch.spec import JobSpec
-from trainer.model import load_model
+from trainer.model_io import load_model
 from trainer.storage import LocalStore, join_uri
 
 pytestmark = pytest.mark.timeout(180)

@@ -1,122 +1,29 @@
-"""The four pipeline steps as plain functions over a config and URIs.
+"""The old name of :mod:`trainer.pipeline_steps`, kept only for compiled component YAML.
 
-Components call these; so do tests and benchmarks. Each step reads its inputs from and writes
-its outputs to the object store, and checks the store before doing any work, so a missing
-bucket or a rejected key fails the step in a second, not after training.
+Component bodies are compiled into `compiled/components/*.yaml` verbatim, and those published
+files import `trainer.steps`; an image must keep serving them. New code imports
+:mod:`trainer.pipeline_steps` ("step" elsewhere means an optimizer step). Delete this module
+together with a recompile that changes the components' imports.
 """
 
-from __future__ import annotations
+from trainer.pipeline_steps import (
+    LAUNCHERS,
+    evaluate,
+    export,
+    prepare_data,
+    resolve_launcher,
+    select_backend,
+    store_for,
+    train_model,
+)
 
-import json
-import os
-from collections.abc import Callable
-from typing import Any
-
-from trainer.config import Config, to_dict
-from trainer.launch.backend import JobBackend, run_job
-from trainer.launch.spec import job_name
-from trainer.storage import ObjectStore, join_uri, open_store
-
-LAUNCHERS = ("auto", "local", "kubernetes")
-
-
-def store_for(cfg: Config, uri: str, check: bool = False) -> ObjectStore:
-    """The store serving `uri` with the configured endpoint; with `check`, prove it is writable."""
-    store = open_store(uri, cfg.store.endpoint, cfg.store.region, cfg.store.policy())
-    if check:
-        store.check(uri)
-    return store
-
-
-def prepare_data(cfg: Config, dataset_uri: str) -> dict[str, Any]:
-    """Data prep: the task's source -> shards + manifest at `dataset_uri`."""
-    from trainer.tasks import get_task
-
-    return get_task(cfg.task).prepare(cfg, store_for(cfg, dataset_uri, check=True), dataset_uri)
-
-
-def resolve_launcher(launcher: str) -> str:
-    """`local` or `kubernetes`: `auto` picks Kubernetes inside a pod (the service-account env is
-    present), else local."""
-    if launcher not in LAUNCHERS:
-        raise ValueError(f"launcher must be one of {', '.join(LAUNCHERS)}, got {launcher!r}")
-    if launcher == "auto":
-        return "kubernetes" if os.environ.get("KUBERNETES_SERVICE_HOST") else "local"
-    return launcher
-
-
-def select_backend(launcher: str, log: Callable[[str], None] | None = None) -> JobBackend:
-    """The job backend for `launcher` (see :func:`resolve_launcher`)."""
-    launcher = resolve_launcher(launcher)
-    if launcher == "local":
-        from trainer.launch.local import LocalBackend
-
-        return LocalBackend(sink=log)
-    from trainer.launch.kubernetes import KubernetesBackend
-
-    return KubernetesBackend(log=log)
-
-
-def train_model(
-    cfg: Config,
-    dataset_uri: str,
-    model_uri: str,
-    backend: JobBackend,
-    identity: str = "local/train",
-) -> dict[str, Any]:
-    """Run the distributed training job to completion; return rank 0's training record.
-
-    `identity` names the task (`components.runtime.task_identity`); the job's name derives from it.
-    """
-    from trainer.launch.job import training_job
-    from trainer.shards import read_manifest
-    from trainer.train import TRAINING_RECORD
-
-    store = store_for(cfg, model_uri, check=True)
-    read_manifest(store_for(cfg, dataset_uri), dataset_uri)  # fail now, not in every replica
-    spec = training_job(cfg, job_name(identity), dataset_uri, model_uri)
-    print(f"kftrain: training job {spec.name} for task {identity}", flush=True)
-    run_job(backend, spec, cfg.job.timeout_seconds)
-    return json.loads(store.get_bytes(join_uri(model_uri, TRAINING_RECORD)))
-
-
-def evaluate(
-    cfg: Config,
-    model_uri: str,
-    dataset_uri: str,
-    output_uri: str,
-    report_uri: str,
-    min_accuracy: float = 0.0,
-    max_perplexity: float = 0.0,
-    run_id: str = "",
-) -> tuple[dict[str, Any], bool, str]:
-    """Test-split metrics (also `output_uri`/metrics.json), the quality gate's verdict and reason,
-    and the HTML report (run header, curves, confusion matrix, tables) written to `report_uri`;
-    `run_id` names the run in the report's header."""
-    from trainer.evaluate import evaluate_model, quality_gate
-    from trainer.report import html_report
-    from trainer.shards import read_manifest
-    from trainer.train import TRAINING_RECORD
-
-    store = store_for(cfg, output_uri, check=True)
-    report = evaluate_model(store, model_uri, dataset_uri, output_uri, cfg.data.eval_items)
-    passed, reason = quality_gate(report, min_accuracy, max_perplexity)
-    training = json.loads(store.get_bytes(join_uri(model_uri, TRAINING_RECORD)))
-    splits = read_manifest(store_for(cfg, dataset_uri), dataset_uri)["splits"]
-    context = {
-        "run_id": run_id,
-        "dataset_uri": dataset_uri,
-        "dataset_size": {
-            name: {unit: split[unit] for unit in ("rows", "tokens") if unit in split} for name, split in splits.items()
-        },
-    }
-    store.put_bytes(report_uri, html_report(training, report, (passed, reason), context).encode())
-    return report, passed, reason
-
-
-def export(cfg: Config, model_uri: str, output_uri: str, metrics: dict[str, Any]) -> dict[str, Any]:
-    """Serving formats and model card of the trained model under `output_uri`."""
-    from trainer.export import export_model
-
-    store = store_for(cfg, output_uri, check=True)
-    return export_model(store, model_uri, output_uri, metrics=metrics, training_config=to_dict(cfg))
+__all__ = [
+    "LAUNCHERS",
+    "evaluate",
+    "export",
+    "prepare_data",
+    "resolve_launcher",
+    "select_backend",
+    "store_for",
+    "train_model",
+]

@@ -1,0 +1,188 @@
+"""Bring your own image (BYO): any image and command as a PyTorchJob or a TrainJob, with the launcher's guarantees.
+
+This is what the deleted upstream Kubeflow pytorch-launcher was for, as a pure function: it
+turns an image, a command and pod settings into the :class:`JobSpec` every backend runs, so the
+job gets kftrain's preflight, deterministic name, re-attach, cancel-on-exit, deadline, Pending
+events and replica-prefixed logs without the image importing kftrain.
+
+The replicas' environment contract, on top of what the Training Operator injects
+(`MASTER_ADDR`, `MASTER_PORT`, `RANK`, `WORLD_SIZE`, `PET_*`; see :func:`replica_env`), or, with
+`kind="trainjob"`, what Kubeflow Trainer v2 injects (only `PET_*`; see :func:`replica_env_v2`:
+start the command through torchrun there):
+
+- ``KFTRAIN_OUTPUT_URI``: where rank 0 writes the output artifact (a directory-like prefix);
+- ``KFTRAIN_INPUT_URI``: the input artifact, only when one is given;
+- ``AWS_ENDPOINT_URL``: the S3 endpoint, only when one is given (boto3, s3fs and the AWS CLI
+  read it);
+- the store Secret's keys (``AWS_ACCESS_KEY_ID`` / ``AWS_SECRET_ACCESS_KEY`` by default), through
+  ``secretKeyRef`` on a cluster, never as literal values.
+
+On a cluster the URIs are object-store URIs, given as ``s3://bucket/key``: KFP's
+``minio://bucket/key`` is the same bucket and key on the S3 endpoint, and ``s3://`` is the
+spelling every S3 library understands. Locally they are plain paths.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from trainer.config import KFP_STORE_SECRET, KFP_STORE_SECRET_KEYS, ConfigError, KubernetesConfig, check_plain_env
+from trainer.launch.spec import JobSpec, replica_env, require_object_store
+from trainer.storage import parse_uri
+
+OUTPUT_URI_ENV = "KFTRAIN_OUTPUT_URI"
+INPUT_URI_ENV = "KFTRAIN_INPUT_URI"
+ENDPOINT_ENV = "AWS_ENDPOINT_URL"
+_SECRET_HINT = "the store_secret and store_secret_keys parameters map a Secret's keys to variables via secretKeyRef"
+# Kubernetes' rule for environment variable names (C identifiers plus '-' and '.').
+_ENV_NAME = re.compile(r"^[-._a-zA-Z][-._a-zA-Z0-9]*$")
+
+
+def _operator_env_names() -> frozenset[str]:
+    """The names the Training Operator sets in every replica: a user value would be shadowed or
+    would shadow the rendezvous settings, so setting one is an error."""
+    probe = JobSpec(name="probe", image="probe", command=("probe",), replicas=2)
+    names = set(replica_env(probe, "master", 0))
+    # Elastic and rendezvous variables the operator sets in other job shapes.
+    names |= {"PET_RDZV_BACKEND", "PET_RDZV_ENDPOINT", "PET_RDZV_ID", "PET_RDZV_CONF", "PET_MAX_RESTARTS"}
+    names |= {"PET_STANDALONE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "GROUP_RANK"}
+    return frozenset(names)
+
+
+RESERVED_ENV = _operator_env_names() | {OUTPUT_URI_ENV, INPUT_URI_ENV, ENDPOINT_ENV}
+
+
+def replica_uri(uri: str, what: str, cluster: bool) -> str:
+    """The artifact URI as the replicas get it; on a cluster, refuse anything but an object store.
+
+    A local path on a cluster names the launcher pod's own disk, which no replica pod can see: the
+    job would write its model where nobody reads it.
+    """
+    try:
+        if cluster:
+            require_object_store({what: uri})
+        loc = parse_uri(uri)
+    except ValueError as exc:
+        raise ConfigError(str(exc) if cluster else f"{what}: {exc}") from None
+    return f"s3://{loc.bucket}/{loc.key}".rstrip("/") if loc.is_remote else loc.key
+
+
+def _check_env(env: Mapping[str, str], store_env: Sequence[str]) -> None:
+    check_plain_env(dict(env), "env", _SECRET_HINT)
+    for name, value in env.items():
+        if not _ENV_NAME.match(name):
+            raise ConfigError(f"env.{name}: not a valid environment variable name (letters, digits, '_', '-', '.')")
+        if not isinstance(value, str):
+            raise ConfigError(f"env.{name}: the value must be text, got {type(value).__name__}")
+        if name in RESERVED_ENV or name in store_env:
+            raise ConfigError(
+                f"env.{name}: set by the Training Operator or the launcher (see the replicas' environment "
+                "contract); use the matching parameter (s3_endpoint, store_secret_keys, the input/output "
+                "artifacts) instead"
+            )
+
+
+def byo_job(
+    *,
+    name: str,
+    image: str,
+    command: Sequence[str],
+    output_uri: str,
+    input_uri: str = "",
+    replicas: int = 1,
+    nproc_per_node: int = 1,
+    gpus_per_node: int = 0,
+    env: Mapping[str, str] | None = None,
+    node_selector: Mapping[str, str] | None = None,
+    tolerations: Sequence[Mapping[str, Any]] | None = None,
+    volumes: Sequence[Mapping[str, Any]] | None = None,
+    volume_mounts: Sequence[Mapping[str, Any]] | None = None,
+    namespace: str = "",
+    queue: str = "",
+    timeout_s: int = 3600,
+    store_secret: str = KFP_STORE_SECRET,
+    store_secret_keys: Mapping[str, str] | None = None,
+    s3_endpoint: str = "",
+    cluster: bool = False,
+    kind: str = "pytorchjob",
+) -> JobSpec:
+    """The job that runs `command` in `image` on `replicas` replicas (1 Master + Workers).
+
+    Args:
+        name: The job's name (`job_name(task_identity(...))`: deterministic per task).
+        image: The replicas' container image; it need not contain kftrain.
+        command: The container command. With `nproc_per_node` > 1 it must be a `torchrun` (`RANK`
+            is then a node rank; torchrun reads `PET_*`).
+        output_uri: The output artifact's URI; the replicas get it as `KFTRAIN_OUTPUT_URI`.
+        input_uri: The input artifact's URI (`KFTRAIN_INPUT_URI`); empty: none.
+        replicas: Replicas in total, the Master included.
+        nproc_per_node: Processes per replica (sets `PET_NPROC_PER_NODE` and `WORLD_SIZE`).
+        gpus_per_node: `nvidia.com/gpu` limit per replica; 0: none.
+        env: Extra plain environment; credential-looking names or values are refused.
+        node_selector: Pod nodeSelector labels.
+        tolerations: Pod tolerations, as in a pod spec.
+        volumes: Extra pod volumes, as in a pod spec.
+        volume_mounts: Mounts of `volumes` in the training container, as in a pod spec.
+        namespace: The job's namespace; empty: the launcher pod's own.
+        queue: Kueue LocalQueue (the `kueue.x-k8s.io/queue-name` label); empty: none.
+        timeout_s: Wall-clock limit of the job (also its `activeDeadlineSeconds`).
+        store_secret: Secret with the object-store keys; empty: no keys (e.g. workload identity).
+        store_secret_keys: Key in `store_secret` -> variable it fills; empty: KFP's
+            `accesskey`/`secretkey` -> `AWS_ACCESS_KEY_ID`/`AWS_SECRET_ACCESS_KEY`.
+        s3_endpoint: S3 endpoint URL (`AWS_ENDPOINT_URL`); empty: not set.
+        cluster: The job runs on Kubernetes: the URIs must then be object-store URIs.
+        kind: `pytorchjob`, `trainjob` (Kubeflow Trainer v2: the replicas get only `PET_*`, so the
+            command must be a torchrun), or `auto` (whichever the cluster serves).
+
+    Raises:
+        ConfigError: a value the cluster would reject or misread, naming the parameter.
+    """
+    command = list(command)
+    if not command or not all(isinstance(c, str) and c for c in command):
+        raise ConfigError(f"command: must be a non-empty list of non-empty strings, got {command!r}")
+    if not image.strip():
+        raise ConfigError("image: must not be empty")
+    if timeout_s <= 0:
+        raise ConfigError(f"timeout_seconds: must be > 0, got {timeout_s}")
+    if s3_endpoint and not s3_endpoint.startswith(("http://", "https://")):
+        raise ConfigError(f"s3_endpoint: must be a URL starting with http:// or https://, got {s3_endpoint!r}")
+    keys = dict(store_secret_keys or KFP_STORE_SECRET_KEYS)
+    user_env = dict(env or {})
+    _check_env(user_env, list(keys.values()) if store_secret else [])
+
+    contract = {OUTPUT_URI_ENV: replica_uri(output_uri, "output URI", cluster)}
+    if input_uri:
+        contract[INPUT_URI_ENV] = replica_uri(input_uri, "input URI", cluster)
+    if s3_endpoint:
+        contract[ENDPOINT_ENV] = s3_endpoint
+    try:
+        kubernetes = KubernetesConfig(
+            namespace=namespace,
+            gpus_per_node=gpus_per_node,
+            node_selector=dict(node_selector or {}),
+            tolerations=[dict(t) for t in tolerations or []],
+            volumes=[dict(v) for v in volumes or []],
+            volume_mounts=[dict(m) for m in volume_mounts or []],
+            queue=queue,
+            store_secret=store_secret,
+            store_secret_keys=keys,
+        )
+    except ConfigError as exc:
+        # The parameters are named without the config section (one spelling per concept).
+        raise ConfigError(str(exc).removeprefix("kubernetes.")) from None
+    try:
+        return JobSpec(
+            name=name,
+            image=image,
+            command=tuple(command),
+            replicas=replicas,
+            nproc_per_node=nproc_per_node,
+            env={**user_env, **contract},
+            timeout_s=timeout_s,
+            kubernetes=kubernetes,
+            kind=kind,
+        )
+    except ValueError as exc:
+        raise ConfigError(str(exc)) from None
