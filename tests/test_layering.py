@@ -53,3 +53,37 @@ def test_trainer_imports_without_kfp_installed():
     )
     out = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
+
+
+def _module_level_imports(path: Path, known: set[str]) -> set[str]:
+    """The trainer modules `path` imports when it is imported (not inside functions)."""
+    names = set()
+    for node in ast.parse(path.read_text()).body:
+        if isinstance(node, ast.Import):
+            names |= {a.name for a in node.names}
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            names.add(node.module)
+            names |= {f"{node.module}.{a.name}" for a in node.names}
+    return {n for n in names if n in known}
+
+
+def test_trainer_has_no_import_cycle():
+    """No trainer module imports, at module level, one that imports it back (directly or not)."""
+    modules = {}
+    for path in (REPO / "trainer").rglob("*.py"):
+        parts = path.relative_to(REPO).with_suffix("").parts
+        modules[".".join(parts[:-1] if parts[-1] == "__init__" else parts)] = path
+    graph = {name: _module_level_imports(path, set(modules)) - {name} for name, path in modules.items()}
+    done: set[str] = set()
+
+    def visit(name: str, stack: list[str]) -> None:
+        if name in stack:
+            raise AssertionError("import cycle: " + " -> ".join([*stack[stack.index(name) :], name]))
+        if name in done:
+            return
+        for dep in sorted(graph[name]):
+            visit(dep, [*stack, name])
+        done.add(name)
+
+    for name in sorted(graph):
+        visit(name, [])

@@ -30,7 +30,7 @@ from trainer.gpt import GPT, GPTConfig
 from trainer.shards import MANIFEST, SPLITS, DataError, ShardInfo, ShardWriter, read_manifest, split_shards, token_dtype
 from trainer.storage import ObjectNotFound, ObjectStore, decode_object, join_uri, read_chunks
 from trainer.streaming import first_items
-from trainer.tasks import Task
+from trainer.tasks.base import Task
 from trainer.tokenizer import ByteTokenizer, Tokenizer, load_tokenizer, tokenizer_from_json
 
 FORMAT = "kftrain.tokens.v2"
