@@ -291,3 +291,8 @@ def test_the_component_compiles_to_yaml_that_a_pipeline_loads(tmp_path):
         "KFTRAIN_POD_NAME": "metadata.name",
         "KFTRAIN_POD_UID": "metadata.uid",
     }
+
+
+def test_an_unknown_kind_is_refused_naming_the_parameter():
+    with pytest.raises(ConfigError, match=r"^kind: must be one of \('pytorchjob', 'trainjob', 'auto'\), got 'podjob'$"):
+        byo(kind="podjob")

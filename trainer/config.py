@@ -32,8 +32,10 @@ NONFINITE_POLICIES = ("stop", "skip")
 STRATEGIES = ("ddp", "fsdp")
 RESTART_POLICIES = ("Always", "OnFailure", "Never", "ExitCode")
 CLEAN_POD_POLICIES = ("None", "Running", "All")
-#: `job.kind`: the Kubeflow job the launcher creates on a cluster (`auto`: whichever is served).
-JOB_KINDS = ("pytorchjob", "trainjob", "auto")
+#: `job.kind`: the Kubeflow job the launcher creates on a cluster (`auto`: whichever is served,
+#: resolved by the backend: the cluster's API discovery, locally pytorchjob). The one list of them.
+PYTORCHJOB, TRAINJOB, AUTO = "pytorchjob", "trainjob", "auto"
+JOB_KINDS = (PYTORCHJOB, TRAINJOB, AUTO)
 _QUANTITY = re.compile(r"^[0-9]+(\.[0-9]+)?(m|k|M|G|T|P|E|Ki|Mi|Gi|Ti|Pi|Ei)?$")
 _LABEL_VALUE = re.compile(r"^(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?$")
 #: The memory-backed volume kftrain mounts at /dev/shm (`kubernetes.shm_size`).

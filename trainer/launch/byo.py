@@ -28,7 +28,15 @@ import re
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from trainer.config import KFP_STORE_SECRET, KFP_STORE_SECRET_KEYS, ConfigError, KubernetesConfig, check_plain_env
+from trainer.config import (
+    JOB_KINDS,
+    KFP_STORE_SECRET,
+    KFP_STORE_SECRET_KEYS,
+    PYTORCHJOB,
+    ConfigError,
+    KubernetesConfig,
+    check_plain_env,
+)
 from trainer.launch.spec import JobSpec, replica_env, require_object_store
 from trainer.storage import parse_uri
 
@@ -106,7 +114,7 @@ def byo_job(
     store_secret_keys: Mapping[str, str] | None = None,
     s3_endpoint: str = "",
     cluster: bool = False,
-    kind: str = "pytorchjob",
+    kind: str = PYTORCHJOB,
 ) -> JobSpec:
     """The job that runs `command` in `image` on `replicas` replicas (1 Master + Workers).
 
@@ -146,6 +154,8 @@ def byo_job(
         raise ConfigError("image: must not be empty")
     if timeout_s <= 0:
         raise ConfigError(f"timeout_seconds: must be > 0, got {timeout_s}")
+    if kind not in JOB_KINDS:
+        raise ConfigError(f"kind: must be one of {JOB_KINDS}, got {kind!r}")
     if s3_endpoint and not s3_endpoint.startswith(("http://", "https://")):
         raise ConfigError(f"s3_endpoint: must be a URL starting with http:// or https://, got {s3_endpoint!r}")
     keys = dict(store_secret_keys or KFP_STORE_SECRET_KEYS)

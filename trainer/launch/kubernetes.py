@@ -220,7 +220,7 @@ class KubernetesBackend:
 
     def _what(self, spec: JobSpec) -> str:
         """`PyTorchJob <name>` / `TrainJob <name>`, for log lines and errors."""
-        return f"{self.job_kind(spec).kind} {spec.name}"
+        return f"{self.job_kind(spec).crd_kind} {spec.name}"
 
     def _served(self, spec: JobSpec, kind: JobKind) -> bool:
         """Whether the cluster serves `kind`'s resource: discovery of its group/version (404: the
@@ -267,7 +267,7 @@ class KubernetesBackend:
         ns = self.namespace(spec)
         try:
             self._create(spec, manifest)
-            self._log(f"kftrain: created {self.job_kind(spec).kind} {ns}/{spec.name}")
+            self._log(f"kftrain: created {self.job_kind(spec).crd_kind} {ns}/{spec.name}")
             return
         except JobFailed:
             raise
@@ -279,17 +279,17 @@ class KubernetesBackend:
                 hint = f" (is the {self.job_kind(spec).crd} CRD installed?)" if status == 404 else ""
                 detail = _status_message(exc)
                 raise JobFailed(
-                    f"cannot create {self.job_kind(spec).kind} {ns}/{spec.name}: {describe(exc)}{hint}{detail}"
+                    f"cannot create {self.job_kind(spec).crd_kind} {ns}/{spec.name}: {describe(exc)}{hint}{detail}"
                 ) from None
         existing = self._get(spec)
         if existing is not None and _condition(existing, self.job_kind(spec).failed):
             # A retried step asks for a new attempt, not for the old failure again.
-            self._log(f"kftrain: {self.job_kind(spec).kind} {ns}/{spec.name} exists and Failed; replacing it")
+            self._log(f"kftrain: {self.job_kind(spec).crd_kind} {ns}/{spec.name} exists and Failed; replacing it")
             self.cancel(spec)
             self._wait_deleted(spec)
             self._create(spec, manifest)
             return
-        self._log(f"kftrain: {self.job_kind(spec).kind} {ns}/{spec.name} already exists; re-attaching to it")
+        self._log(f"kftrain: {self.job_kind(spec).crd_kind} {ns}/{spec.name} already exists; re-attaching to it")
         self._adopt(spec, existing)
 
     def wait(self, spec: JobSpec, timeout_s: float) -> None:
