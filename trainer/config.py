@@ -20,9 +20,12 @@ from typing import Any
 
 import yaml
 
+from trainer.credentials import credential_in
+from trainer.partitions import partition_problem
 from trainer.storage import RetryPolicy, parse_uri
 from trainer.tokenizer import parse_spec as parse_tokenizer_spec
 
+#: `job.nccl_debug`: the NCCL_DEBUG levels NCCL knows (it compares them ignoring case); empty: unset.
 NCCL_DEBUG_LEVELS = ("", "VERSION", "WARN", "INFO", "TRACE")
 BUILTIN_TASKS = ("classification", "causal_lm")
 PRECISIONS = ("auto", "fp32", "bf16")
@@ -36,6 +39,8 @@ CLEAN_POD_POLICIES = ("None", "Running", "All")
 #: resolved by the backend: the cluster's API discovery, locally pytorchjob). The one list of them.
 PYTORCHJOB, TRAINJOB, AUTO = "pytorchjob", "trainjob", "auto"
 JOB_KINDS = (PYTORCHJOB, TRAINJOB, AUTO)
+#: Default of `data.cache_bytes`, each reader's cache of prefetched shards (:class:`trainer.streaming.ShardCache`).
+SHARD_CACHE_BYTES = 512 * 2**20
 _QUANTITY = re.compile(r"^[0-9]+(\.[0-9]+)?(m|k|M|G|T|P|E|Ki|Mi|Gi|Ti|Pi|Ei)?$")
 _LABEL_VALUE = re.compile(r"^(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?$")
 #: The memory-backed volume kftrain mounts at /dev/shm (`kubernetes.shm_size`).
@@ -57,41 +62,17 @@ def _require(ok: bool, path: str, value: Any, expectation: str) -> None:
         raise ConfigError(f"{path}: {expectation}, got {value!r}")
 
 
-#: Words of an environment variable's name that mark a credential (`HF_TOKEN`, `DB_PASSWORD`);
-#: whole words, so `TOKENIZERS_PARALLELISM` stays allowed.
-_CREDENTIAL_WORDS = frozenset({"TOKEN", "PASSWORD", "PASSWD", "PASSPHRASE", "CREDENTIAL", "CREDENTIALS", "APIKEY"})
-_CREDENTIAL_PAIRS = frozenset(
-    {("ACCESS", "KEY"), ("API", "KEY"), ("PRIVATE", "KEY"), ("SESSION", "KEY"), ("SSH", "KEY"), ("SIGNING", "KEY")}
-)
-#: Values that are credentials whatever the variable is called.
-_CREDENTIAL_VALUES = (
-    re.compile(r"\b(AKIA|ASIA)[A-Z0-9]{16}\b"),  # an AWS access key id
-    re.compile(r"-----BEGIN [A-Z ]*PRIVATE KEY-----"),
-    re.compile(r"\b(ghp|gho|ghs|ghu|github_pat)_[A-Za-z0-9_]{20,}"),  # GitHub tokens
-    re.compile(r"\bhf_[A-Za-z0-9]{30,}"),  # Hugging Face tokens
-    re.compile(r"\bxox[abposr]-[A-Za-z0-9-]{10,}"),  # Slack tokens
-    re.compile(r"\bsk-[A-Za-z0-9_-]{20,}"),  # OpenAI-style API keys
-    re.compile(r"^[a-z][a-z0-9+.-]*://[^/@:\s]+:[^/@\s]+@"),  # a URL with user:password
-)
-
-
 def check_plain_env(env: dict[str, Any], path: str, secret_hint: str) -> None:
-    """Refuse credentials in a plain (non-secret) environment mapping.
+    """Refuse credentials in a plain (non-secret) environment mapping
+    (:func:`trainer.credentials.credential_in` says what looks like one).
 
-    Plain environment ends up in pipeline parameters, compiled YAML, the PyTorchJob object and
-    `kubectl describe`: a key there is a leaked key. A variable is refused when its name looks like
-    a credential (`*SECRET*`, `*_TOKEN`, `*_PASSWORD`, `*_ACCESS_KEY*`, ...) or its value does (an
-    AWS key id, a private key, a known token format, a URL with a password). The error names the
-    variable, never the value, and says where credentials go instead (`secret_hint`).
+    The error names the variable, never the value, and says where credentials go instead
+    (`secret_hint`).
     """
     for name, value in env.items():
         _require(isinstance(name, str) and bool(name), path, name, "variable names must be non-empty text")
-        words = [w for w in re.split(r"[^A-Z0-9]+", name.upper()) if w]
-        pairs = set(zip(words, words[1:], strict=False))
-        by_name = "SECRET" in name.upper() or bool(_CREDENTIAL_WORDS & set(words)) or bool(_CREDENTIAL_PAIRS & pairs)
-        by_value = isinstance(value, str) and any(p.search(value) for p in _CREDENTIAL_VALUES)
-        if by_name or by_value:
-            looks = "name" if by_name else "value"
+        looks = credential_in(name, value)
+        if looks:
             raise ConfigError(
                 f"{path}.{name}: its {looks} looks like a credential, and plain environment is visible in "
                 f"parameters, YAML and the job object; pass credentials from a Kubernetes Secret instead "
@@ -162,7 +143,7 @@ class DataConfig:
     partitions: int = 0
     """Parts each epoch's item order is cut into; 0: one per reader (world size x DataLoader workers).
     Fix it (a multiple of every world size) so any world size trains on the same global batches."""
-    cache_bytes: int = 512 * 2**20
+    cache_bytes: int = SHARD_CACHE_BYTES
     """Each reader's cache of prefetched training shards, in bytes (consumed shards are dropped)."""
     eval_items: int = 2048
     """Validation and evaluation read at most this many items (rows, or windows of block_size tokens)."""
@@ -374,6 +355,12 @@ class JobConfig:
         _require(bool(self.image.strip()), "job.image", self.image, "must not be empty")
         _require(self.timeout_seconds > 0, "job.timeout_seconds", self.timeout_seconds, "must be > 0")
         _require(self.omp_num_threads >= 1, "job.omp_num_threads", self.omp_num_threads, "must be >= 1")
+        _require(
+            self.nccl_debug.upper() in NCCL_DEBUG_LEVELS,
+            "job.nccl_debug",
+            self.nccl_debug,
+            f"must be one of {NCCL_DEBUG_LEVELS} (in any case, as NCCL reads it)",
+        )
 
     @property
     def world_size(self) -> int:
@@ -685,20 +672,6 @@ class Config:
                 + f"), but not by {', '.join(map(str, bad))}: use a multiple of {unit}",
             )
         self._check_partitions()
-
-
-def partition_problem(partitions: int, readers: int, micro_batch: int) -> str:
-    """Why `partitions` cannot cut an epoch exactly among `readers` (world size x DataLoader
-    workers) at `micro_batch` items per rank and micro-step, or ''. The streaming reader and the
-    config check share this rule."""
-    if partitions % readers:
-        return f"is not a multiple of the {readers} readers (world size x DataLoader workers)"
-    if micro_batch % (partitions // readers):
-        return (
-            f"gives each of the {readers} readers {partitions // readers} partitions, which the per-rank "
-            f"micro-batch of {micro_batch} items does not divide by"
-        )
-    return ""
 
 
 def _type_name(tp: Any) -> str:
