@@ -3,6 +3,7 @@
 
 # No `from __future__ import annotations`: KFP reads the test pipeline's annotations as types.
 import json
+from dataclasses import replace
 
 import pytest
 
@@ -222,7 +223,7 @@ def test_the_byo_job_is_named_from_the_task_and_a_second_launcher_reattaches():
 
     cluster.timeline = [running, running, lambda c: c.set_condition(spec.name, "Succeeded")]
     lines: list[str] = []
-    run_job(backend_for(cluster, "uid-2", lines), task_job(), timeout_s=60)
+    run_job(backend_for(cluster, "uid-2", lines), replace(task_job(), timeout_s=60))
     assert [c for c in cluster.calls if c[0] == "create"] == [("create", spec.name)] * 2  # the 2nd got 409
     assert len(cluster.jobs) == 1 and any("re-attaching" in line for line in lines)
     assert [o["uid"] for o in cluster.jobs[spec.name]["metadata"]["ownerReferences"]] == ["uid-1", "uid-2"]
@@ -239,7 +240,7 @@ def test_a_failed_byo_job_fails_with_the_replicas_last_lines_and_is_deleted():
 
     cluster.timeline = [fail]
     with pytest.raises(JobFailed) as info:
-        run_job(backend_for(cluster, "uid-1", []), spec, timeout_s=60)
+        run_job(backend_for(cluster, "uid-1", []), replace(spec, timeout_s=60))
     assert f"replica worker-0 (pod {spec.name}-worker-0) exited with code 3" in str(info.value)
     assert "[worker-0] disk full" in str(info.value)
     assert ("delete", spec.name) in cluster.calls and spec.name not in cluster.jobs

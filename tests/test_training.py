@@ -2,6 +2,7 @@
 
 import json
 import re
+from dataclasses import replace
 
 import pytest
 import torch
@@ -19,7 +20,9 @@ pytestmark = pytest.mark.timeout(180)
 def train(digits, model_uri, replicas, **overrides):
     cfg = load_config(overrides={"job.replicas": replicas, "train.epochs": 3, **overrides})
     lines = []
-    run_job(LocalBackend(sink=lines.append), training_job(cfg, f"t{replicas}", digits, model_uri), 150)
+    run_job(
+        LocalBackend(sink=lines.append), replace(training_job(cfg, f"t{replicas}", digits, model_uri), timeout_s=150)
+    )
     return lines
 
 

@@ -76,7 +76,7 @@ def train_model(
     read_manifest(store_for(cfg, dataset_uri), dataset_uri)  # fail now, not in every replica
     spec = training_job(cfg, job_name(identity), dataset_uri, model_uri)
     print(f"kftrain: training job {spec.name} for task {identity}", flush=True)
-    run_job(backend, spec, cfg.job.timeout_seconds)
+    run_job(backend, spec)
     return json.loads(store.get_bytes(join_uri(model_uri, TRAINING_RECORD)))
 
 

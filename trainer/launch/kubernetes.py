@@ -292,9 +292,10 @@ class KubernetesBackend:
         self._log(f"kftrain: {self.job_kind(spec).crd_kind} {ns}/{spec.name} already exists; re-attaching to it")
         self._adopt(spec, existing)
 
-    def wait(self, spec: JobSpec, timeout_s: float) -> None:
+    def wait(self, spec: JobSpec) -> None:
         """Poll until Succeeded; raise on Failed, a pod Pending too long after admission, too
         long in a queue (when limited), the deadline, or an API that stays unavailable."""
+        timeout_s = spec.timeout_s
         self._deadline = self._now() + dt.timedelta(seconds=timeout_s)
         try:
             self._wait(spec, timeout_s)
