@@ -87,3 +87,32 @@ def test_trainer_has_no_import_cycle():
 
     for name in sorted(graph):
         visit(name, [])
+
+
+def test_names_the_compiled_components_import_still_exist():
+    """Compiled component YAML embeds each component's body, imports included (`trainer.steps`,
+    `trainer.launch.custom`): an image must keep every name those published files import."""
+    import importlib
+    import re
+
+    import yaml
+
+    def strings(node):
+        if isinstance(node, str):
+            yield node
+        elif isinstance(node, dict):
+            for v in node.values():
+                yield from strings(v)
+        elif isinstance(node, list):
+            for v in node:
+                yield from strings(v)
+
+    found = set()
+    for path in (REPO / "compiled").rglob("*.yaml"):
+        for doc in yaml.safe_load_all(path.read_text()):
+            for text in strings(doc):
+                for module, names in re.findall(r"from (trainer[\w.]*) import ([\w, ]+)", text):
+                    found |= {(module, n.split(" as ")[0].strip()) for n in names.split(",") if n.strip()}
+    assert ("trainer.steps", "select_backend") in found and ("trainer.launch.custom", "custom_job") in found
+    for module, name in sorted(found):
+        assert hasattr(importlib.import_module(module), name), f"compiled YAML imports {module}.{name}"
