@@ -32,7 +32,7 @@ from trainer.checkpoint import BLOCK_BYTES, COMMIT, CheckpointManager, step_dir 
 from trainer.consolidate import consolidate  # noqa: E402
 from trainer.distributed import checkpoint_group, dist_env, full_state_dict, parallelize  # noqa: E402
 from trainer.gpt import GPT, GPTConfig  # noqa: E402
-from trainer.model import WEIGHTS, save_model, tied_names  # noqa: E402
+from trainer.model_io import WEIGHTS, save_model, tied_names  # noqa: E402
 from trainer.storage import LocalStore, join_uri  # noqa: E402
 
 

@@ -102,27 +102,27 @@ def config(overrides: dict):
 
 
 def run_phase(name: str, args: dict) -> dict:
-    from trainer import steps
+    from trainer import pipeline_steps
 
     cfg = config(args["overrides"])
     if name == "prep":
         import trainer.tasks  # noqa: F401  (torch: its import is not data prep's work)
 
         t0 = time.perf_counter()
-        manifest = steps.prepare_data(cfg, args["dataset"])
+        manifest = pipeline_steps.prepare_data(cfg, args["dataset"])
         return {"seconds": time.perf_counter() - t0, "train_tokens": manifest["splits"]["train"]["tokens"]}
     if name == "csv_prep":
         import trainer.tasks  # noqa: F401  (torch: its import is not data prep's work)
 
         t0 = time.perf_counter()
-        manifest = steps.prepare_data(cfg, args["dataset"])
+        manifest = pipeline_steps.prepare_data(cfg, args["dataset"])
         rows = sum(manifest["splits"][s]["rows"] for s in ("train", "val", "test"))
         return {"seconds": time.perf_counter() - t0, "rows": rows}
     if name == "bpe_train":  # what prep spends training its BPE before it tokenizes anything
         from trainer.tasks.causal_lm import source_pieces
         from trainer.tokenizer import load_tokenizer
 
-        store = steps.store_for(cfg, args["dataset"])
+        store = pipeline_steps.store_for(cfg, args["dataset"])
         t0 = time.perf_counter()
         load_tokenizer(
             cfg.data.tokenizer,
@@ -134,15 +134,15 @@ def run_phase(name: str, args: dict) -> dict:
     if name == "train":
         from trainer.launch.local import LocalBackend
 
-        record = steps.train_model(cfg, args["dataset"], args["model"], LocalBackend(sink=lambda line: None))
+        record = pipeline_steps.train_model(cfg, args["dataset"], args["model"], LocalBackend(sink=lambda line: None))
         return record["metrics"]
     if name == "eval":
-        report, _, _ = steps.evaluate(
+        report, _, _ = pipeline_steps.evaluate(
             cfg, args["model"], args["dataset"], args["out"] + "/evaluation", args["out"] + "/report.html"
         )
         return {"perplexity": report["perplexity"], "test_tokens": report["test_tokens"]}
     if name == "export":
-        steps.export(cfg, args["model"], args["out"] + "/exported", {})
+        pipeline_steps.export(cfg, args["model"], args["out"] + "/exported", {})
         return {}
     raise SystemExit(f"unknown phase {name!r}")
 

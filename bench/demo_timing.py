@@ -14,6 +14,7 @@ import json
 import statistics
 import tempfile
 import time
+from dataclasses import replace
 
 from pipelines.local_run import run_local
 from trainer.config import load_config
@@ -38,7 +39,10 @@ def bare_training_once(cfg) -> dict[str, float]:
     with tempfile.TemporaryDirectory() as tmp:
         prepare_dataset(cfg.data, LocalStore(), f"{tmp}/ds")
         t0 = time.time()
-        run_job(LocalBackend(sink=lambda line: None), training_job(cfg, "bench", f"{tmp}/ds", f"{tmp}/m"), 3600)
+        run_job(
+            LocalBackend(sink=lambda line: None),
+            replace(training_job(cfg, "bench", f"{tmp}/ds", f"{tmp}/m"), timeout_s=3600),
+        )
         wall = time.time() - t0
         record = json.loads(LocalStore().get_bytes(f"{tmp}/m/{TRAINING_RECORD}"))
     return {"wall_s": wall, "first_step_s": record["metrics"]["first_step_unix_time"] - t0}

@@ -9,7 +9,7 @@ import torch
 
 from trainer.distributed import DistEnv, parallelize
 from trainer.gpt import GPT, GPTConfig
-from trainer.tasks import Task
+from trainer.tasks.base import Task
 
 
 def add_gpt_arguments(parser: argparse.ArgumentParser, steps: int, help_steps: str) -> None:

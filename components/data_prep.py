@@ -20,7 +20,7 @@ def data_prep(dataset: Output[Dataset], config: str = "") -> None:
     """
     from components.params import config_from_params
     from components.runtime import output_uri, task_identity
-    from trainer.steps import prepare_data
+    from trainer.pipeline_steps import prepare_data
 
     cfg = config_from_params(config)
     identity = task_identity("", "", "", dataset.uri)

@@ -51,7 +51,7 @@ def evaluate(
     from components.params import config_from_params
     from components.runtime import log_scalars, output_uri, task_identity
     from trainer.evaluate import ui_scalars
-    from trainer.steps import evaluate as evaluate_step
+    from trainer.pipeline_steps import evaluate as evaluate_step
 
     cfg = config_from_params(config)
     identity = task_identity(run_id, task_name, dag_execution_id, metrics.uri)

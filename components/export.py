@@ -34,8 +34,8 @@ def export(
     from components.params import config_from_params
     from components.runtime import output_uri, task_identity
     from trainer.evaluate import EVAL_RECORD
-    from trainer.steps import export as export_step
-    from trainer.steps import store_for
+    from trainer.pipeline_steps import export as export_step
+    from trainer.pipeline_steps import store_for
     from trainer.storage import join_uri
 
     cfg = config_from_params(config)

@@ -1,9 +1,12 @@
-"""KFP component: run any image and command as a PyTorchJob (bring your own training image).
+"""KFP component: bring your own image (BYO): run any image and command as a PyTorchJob or a
+TrainJob (`kind`), and wait for it.
 
-The replicas need not contain kftrain: they get the Training Operator's environment plus the
-artifact URIs and store credentials (`trainer/launch/custom.py` documents the contract). Use it
-with caching off and the launcher pod's identity exposed
-(`components.task_options.launcher_task_options`).
+The published name `pytorchjob` (this file, `compiled/components/pytorchjob.yaml`) predates
+TrainJob support and is kept so pipelines that load the component keep working; in code this
+launcher is `byo` (`trainer/launch/byo.py` documents the replicas' contract). The replicas
+need not contain kftrain: they get the Training Operator's (or Trainer v2's) environment plus
+the artifact URIs and store credentials. Use it with caching off and the launcher pod's identity
+exposed (`components.task_options.launcher_task_options`).
 """
 
 from kfp import dsl
@@ -39,7 +42,7 @@ def pytorchjob(
     task_name: str = "",
     dag_execution_id: str = "",
 ) -> None:
-    """Run `command` in `image` as a PyTorchJob (1 Master + `replicas - 1` Workers) and wait for it.
+    """Run `command` in `image` as a PyTorchJob (1 Master + `replicas - 1` Workers) or a TrainJob (`kind`), and wait.
 
     Every replica gets the Training Operator's environment (MASTER_ADDR, MASTER_PORT, RANK,
     WORLD_SIZE, PET_*), KFTRAIN_OUTPUT_URI (the `model` artifact: rank 0 writes there),
@@ -81,13 +84,13 @@ def pytorchjob(
     from components.params import plain_values
     from components.runtime import task_identity
     from trainer.launch.backend import run_job
-    from trainer.launch.custom import custom_job
+    from trainer.launch.byo import byo_job
     from trainer.launch.spec import job_name
-    from trainer.steps import resolve_launcher, select_backend
+    from trainer.pipeline_steps import resolve_launcher, select_backend
 
     where = resolve_launcher(launcher)
     # KFP hands numbers inside list/dict parameters over as floats (300.0): undo that first.
-    spec = custom_job(
+    spec = byo_job(
         name=job_name(task_identity(run_id, task_name, dag_execution_id, model.uri)),
         image=image,
         command=[str(c) for c in plain_values(command)],
@@ -110,6 +113,6 @@ def pytorchjob(
         cluster=where == "kubernetes",
         kind=kind,
     )
-    run_job(select_backend(where), spec, timeout_seconds)
+    run_job(select_backend(where), spec)
     model.metadata["job_name"] = spec.name
     model.metadata["image"] = image

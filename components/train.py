@@ -37,7 +37,7 @@ def train(
     """
     from components.params import config_from_params
     from components.runtime import log_scalars, output_uri, task_identity
-    from trainer.steps import select_backend, train_model
+    from trainer.pipeline_steps import select_backend, train_model
 
     cfg = config_from_params(config)
     identity = task_identity(run_id, task_name, dag_execution_id, model.uri)

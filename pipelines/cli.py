@@ -119,7 +119,7 @@ def _cmd_job_manifest(args: argparse.Namespace) -> int:
 
     from trainer.config import ConfigError, load_config, load_yaml
     from trainer.launch.job import training_job
-    from trainer.launch.jobkind import KINDS
+    from trainer.launch.jobkind import BY_NAME
     from trainer.launch.spec import require_object_store
 
     overrides = {}
@@ -131,7 +131,7 @@ def _cmd_job_manifest(args: argparse.Namespace) -> int:
     if args.kind:
         overrides["job.kind"] = args.kind
     cfg = load_config(args.config, overrides)
-    if cfg.job.kind not in KINDS:  # `auto` is answered by a cluster's API discovery
+    if cfg.job.kind not in BY_NAME:  # `auto` is answered by a cluster's API discovery
         raise ConfigError(
             f"job.kind: {cfg.job.kind!r} is resolved by the cluster at run time; pass --kind pytorchjob or "
             "--kind trainjob to print one"
@@ -139,7 +139,7 @@ def _cmd_job_manifest(args: argparse.Namespace) -> int:
     require_object_store({"--dataset-uri": args.dataset_uri, "--model-uri": args.model_uri})
     spec = training_job(cfg, args.name, args.dataset_uri, args.model_uri)
     require_object_store(spec.artifact_uris)
-    kind = KINDS[cfg.job.kind]
+    kind = BY_NAME[cfg.job.kind]
     manifest = kind.build(spec, args.namespace or cfg.kubernetes.namespace, None)
     kind.validate(manifest)
     sys.stdout.write(yaml.safe_dump(manifest, sort_keys=False, width=1000))

@@ -85,7 +85,7 @@ def claim_run_checkpoints(cfg: Config) -> None:
     if not cfg.checkpoint.enabled:
         return
     from trainer.checkpoint import CheckpointError, claim_prefix
-    from trainer.steps import store_for
+    from trainer.pipeline_steps import store_for
 
     uri = cfg.checkpoint.uri
     try:
@@ -109,7 +109,7 @@ def keep_log(cfg: Config, uri: str, path: Path) -> str:
     (`path` still, if the store refused it)."""
     if not parse_uri(uri).is_remote:
         return uri
-    from trainer.steps import store_for
+    from trainer.pipeline_steps import store_for
 
     try:
         store_for(cfg, uri).put_file(uri, path)
@@ -121,7 +121,7 @@ def keep_log(cfg: Config, uri: str, path: Path) -> str:
 
 def finished_run(cfg: Config, run_id: str, local_root: str = DEFAULT_LOCAL_ROOT) -> dict[str, Any] | None:
     """The summary of run `run_id` if it finished, else None."""
-    from trainer.steps import store_for
+    from trainer.pipeline_steps import store_for
     from trainer.storage import read_json
 
     uri = join_uri(run_root(cfg, run_id, local_root), RUN_RECORD)
@@ -134,7 +134,7 @@ def finished_run(cfg: Config, run_id: str, local_root: str = DEFAULT_LOCAL_ROOT)
 
 def record_finished(cfg: Config, run_id: str, summary: dict[str, Any], local_root: str = DEFAULT_LOCAL_ROOT) -> str:
     """Write the run record that marks run `run_id` finished (the last thing a run writes)."""
-    from trainer.steps import store_for
+    from trainer.pipeline_steps import store_for
 
     uri = join_uri(run_root(cfg, run_id, local_root), RUN_RECORD)
     record = {"run_id": run_id, "status": "finished", "finished_unix_time": time.time(), "summary": summary}
@@ -182,7 +182,7 @@ def preflight(cfg: Config) -> None:
 
     check_job_manifests(cfg)
     if cfg.store.uri:
-        from trainer.steps import store_for
+        from trainer.pipeline_steps import store_for
 
         store_for(cfg, cfg.store.uri, check=True)
     check_source(cfg)

@@ -3,6 +3,7 @@
 
 # No `from __future__ import annotations`: KFP reads the test pipeline's annotations as types.
 import json
+from dataclasses import replace
 
 import pytest
 
@@ -10,7 +11,7 @@ from components.runtime import task_identity
 from tests.fake_kube import FakeCluster, launcher
 from trainer.config import ConfigError, parse_config
 from trainer.launch.backend import JobFailed, run_job
-from trainer.launch.custom import custom_job
+from trainer.launch.byo import byo_job
 from trainer.launch.kubernetes import KubernetesBackend
 from trainer.launch.preflight import ManifestError, validate_pytorchjob
 from trainer.launch.pytorchjob import pytorchjob_manifest
@@ -35,7 +36,7 @@ def byo(**overrides):
         "replicas": 3,
         "cluster": True,
     }
-    return custom_job(**{**args, **overrides})
+    return byo_job(**{**args, **overrides})
 
 
 def container(manifest, replica="Master"):
@@ -204,7 +205,7 @@ def backend_for(cluster: FakeCluster, owner_uid: str, lines: list[str]) -> Kuber
 
 def task_job(task_name: str = "pytorchjob"):
     name = job_name(task_identity("run-1", task_name, "dag-7", OUT))
-    return custom_job(name=name, image="user/img:1", command=["python", "train.py"], output_uri=OUT, cluster=True)
+    return byo_job(name=name, image="user/img:1", command=["python", "train.py"], output_uri=OUT, cluster=True)
 
 
 def test_the_byo_job_is_named_from_the_task_and_a_second_launcher_reattaches():
@@ -223,7 +224,7 @@ def test_the_byo_job_is_named_from_the_task_and_a_second_launcher_reattaches():
 
     cluster.timeline = [running, running, lambda c: c.set_condition(spec.name, "Succeeded")]
     lines: list[str] = []
-    run_job(backend_for(cluster, "uid-2", lines), task_job(), timeout_s=60)
+    run_job(backend_for(cluster, "uid-2", lines), replace(task_job(), timeout_s=60))
     assert [c for c in cluster.calls if c[0] == "create"] == [("create", spec.name)] * 2  # the 2nd got 409
     assert len(cluster.jobs) == 1 and any("re-attaching" in line for line in lines)
     assert [o["uid"] for o in cluster.jobs[spec.name]["metadata"]["ownerReferences"]] == ["uid-1", "uid-2"]
@@ -240,7 +241,7 @@ def test_a_failed_byo_job_fails_with_the_replicas_last_lines_and_is_deleted():
 
     cluster.timeline = [fail]
     with pytest.raises(JobFailed) as info:
-        run_job(backend_for(cluster, "uid-1", []), spec, timeout_s=60)
+        run_job(backend_for(cluster, "uid-1", []), replace(spec, timeout_s=60))
     assert f"replica worker-0 (pod {spec.name}-worker-0) exited with code 3" in str(info.value)
     assert "[worker-0] disk full" in str(info.value)
     assert ("delete", spec.name) in cluster.calls and spec.name not in cluster.jobs
@@ -292,3 +293,8 @@ def test_the_component_compiles_to_yaml_that_a_pipeline_loads(tmp_path):
         "KFTRAIN_POD_NAME": "metadata.name",
         "KFTRAIN_POD_UID": "metadata.uid",
     }
+
+
+def test_an_unknown_kind_is_refused_naming_the_parameter():
+    with pytest.raises(ConfigError, match=r"^kind: must be one of \('pytorchjob', 'trainjob', 'auto'\), got 'podjob'$"):
+        byo(kind="podjob")

@@ -7,6 +7,7 @@ import json
 import re
 import signal
 import time
+from dataclasses import replace
 
 import pytest
 import torch
@@ -314,7 +315,10 @@ def test_sigkill_mid_epoch_then_resume_ends_bitwise_equal(tmp_path, strategy):
 
     # The reference: one uninterrupted run.
     ref = resume_config(str(tmp_path / "ref-ckpt"), **strategy)
-    run_job(LocalBackend(sink=lambda line: None), training_job(ref, "ref", dataset, str(tmp_path / "ref")), 240)
+    run_job(
+        LocalBackend(sink=lambda line: None),
+        replace(training_job(ref, "ref", dataset, str(tmp_path / "ref")), timeout_s=240),
+    )
 
     # The same run, SIGKILLed (whole process groups) right after its first mid-epoch checkpoint...
     prefix = str(tmp_path / "ckpt")
@@ -333,7 +337,7 @@ def test_sigkill_mid_epoch_then_resume_ends_bitwise_equal(tmp_path, strategy):
 
     # ... then started again: it resumes from the latest complete checkpoint by itself.
     lines: list[str] = []
-    run_job(LocalBackend(sink=lines.append), spec, 240)
+    run_job(LocalBackend(sink=lines.append), replace(spec, timeout_s=240))
     resumed = [int(m.group(1)) for line in lines if (m := re.search(r"resumed at step (\d+)", line))]
     assert resumed and resumed[0] >= killed_at
     ref_w, got_w = final_weights(str(tmp_path / "ref")), final_weights(str(tmp_path / "victim"))

@@ -39,6 +39,8 @@ def test_yaml_file_maps_onto_the_tree(tmp_path):
             "train:\n  batch_size: 60\ndata:\n  partitions: 4\n",
             "data.partitions: is not a multiple of the 3 readers",
         ),
+        ("job:\n  nccl_debug: LOUD\n", "job.nccl_debug: must be one of ('', 'VERSION', 'WARN', 'INFO', 'TRACE')"),
+        ("job:\n  kind: podjob\n", "job.kind: must be one of ('pytorchjob', 'trainjob', 'auto'), got 'podjob'"),
         ("- a\n- b\n", "must hold a mapping"),
         ("train: [\n", "not valid YAML"),
     ],
@@ -47,6 +49,11 @@ def test_bad_values_name_the_field(text, message):
     with pytest.raises(ConfigError, match=None) as info:
         parse_config(text)
     assert message in str(info.value)
+
+
+def test_nccl_debug_takes_nccl_levels_in_any_case():
+    assert parse_config("job:\n  nccl_debug: info\n").job.nccl_debug == "info"
+    assert parse_config("").job.nccl_debug == ""
 
 
 def test_overrides_win_over_the_text():

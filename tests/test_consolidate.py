@@ -24,7 +24,7 @@ from tests.test_fsdp import TINY_GPT, record_of, train, weights_of
 from trainer.checkpoint import COMMIT, METADATA, CheckpointError, CheckpointManager, step_dir
 from trainer.config import load_config
 from trainer.consolidate import consolidate
-from trainer.model import load_model, publish_model
+from trainer.model_io import load_model, publish_model
 from trainer.safetensors_file import SafetensorsWriter, TensorSpec, write_safetensors
 from trainer.storage import PART_SIZE, LocalStore, open_store
 from trainer.tasks import get_task

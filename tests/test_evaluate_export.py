@@ -8,7 +8,7 @@ from safetensors.torch import load as load_safetensors
 
 from trainer.evaluate import evaluate_model
 from trainer.export import export_model, load_torchscript
-from trainer.model import load_model, save_model
+from trainer.model_io import load_model, save_model
 from trainer.storage import LocalStore, join_uri
 from trainer.tasks.classification.model import build_mlp
 from trainer.tasks.classification.report import classification_report

@@ -7,6 +7,7 @@ import re
 import signal
 import threading
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -187,7 +188,7 @@ def test_a_killed_and_resumed_job_shows_one_continuous_curve(tmp_path, digits):
     backend.kill(spec, signal.SIGKILL)
     killed_file = next(logdir.glob("*tfevents*"))
     lines: list[str] = []
-    run_job(LocalBackend(sink=lines.append), spec, 240)
+    run_job(LocalBackend(sink=lines.append), replace(spec, timeout_s=240))
     resumed = [int(m.group(1)) for line in lines if (m := re.search(r"resumed at step (\d+)", line))]
     assert resumed, "the second start did not resume"
     assert max(file_steps(killed_file, "train/loss")) > resumed[0]  # there were orphaned steps

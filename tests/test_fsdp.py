@@ -4,6 +4,7 @@ real gloo processes on CPU through the local backend."""
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 
 import pytest
 import torch
@@ -15,7 +16,7 @@ from trainer.distributed import DistEnv
 from trainer.launch.backend import run_job
 from trainer.launch.job import training_job
 from trainer.launch.local import LocalBackend
-from trainer.model import load_model
+from trainer.model_io import load_model
 from trainer.storage import LocalStore, join_uri
 from trainer.tasks import get_task
 from trainer.train import check_resumable, run_training
@@ -42,7 +43,7 @@ TINY_GPT = {
 
 def train(cfg, name: str, dataset: str, model_uri: str) -> list[str]:
     lines: list[str] = []
-    run_job(LocalBackend(sink=lines.append), training_job(cfg, name, dataset, model_uri), 240)
+    run_job(LocalBackend(sink=lines.append), replace(training_job(cfg, name, dataset, model_uri), timeout_s=240))
     return lines
 
 

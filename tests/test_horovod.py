@@ -14,6 +14,7 @@ import subprocess
 import sys
 import textwrap
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -461,7 +462,7 @@ def test_horovod_script_as_a_pytorchjob_trains_the_same_model_as_ddp(tmp_path):
     spec = JobSpec(name="hvd-digits", image="kftrain:dev", command=command, replicas=2, env=dict(QUIET))
     validate_pytorchjob(pytorchjob_manifest(spec))
     lines: list[str] = []
-    run_job(LocalBackend(sink=lines.append), spec, timeout_s=240)
+    run_job(LocalBackend(sink=lines.append), replace(spec, timeout_s=240))
 
     (tmp_path / "ddp").mkdir()
     launch([sys.executable, str(ddp_script), str(tmp_path / "ddp")], 2, tmp_path / "ddp", timeout=150)

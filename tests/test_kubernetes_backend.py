@@ -14,6 +14,7 @@ import datetime as dt
 import re
 import signal
 import time
+from dataclasses import replace
 
 import pytest
 import urllib3
@@ -50,7 +51,7 @@ def test_success_streams_replica_logs_and_leaves_cleanup_to_the_policy():
     cluster = FakeCluster()
     backend, spec, lines = make(cluster)
     cluster.timeline = running_then(lambda c: c.set_condition(NAME, "Succeeded", "JobSucceeded"))
-    run_job(backend, spec, timeout_s=60)
+    run_job(backend, replace(spec, timeout_s=60))
     job = cluster.jobs[NAME]
     assert job["metadata"]["ownerReferences"][0]["uid"] == "uid-1"
     assert job["spec"]["runPolicy"]["cleanPodPolicy"] == "Running"
@@ -66,7 +67,7 @@ def test_a_restarted_launcher_reattaches_instead_of_creating_a_second_job():
     first.submit(spec)  # the first launcher pod dies here, its job runs on
     second, spec, lines = make(cluster, owner_uid="uid-2")
     cluster.timeline = running_then(lambda c: c.set_condition(NAME, "Succeeded"))
-    run_job(second, spec, timeout_s=60)
+    run_job(second, replace(spec, timeout_s=60))
     assert len(cluster.jobs) == 1
     assert any("re-attaching" in line for line in lines)
     owners = [o["uid"] for o in cluster.jobs[NAME]["metadata"]["ownerReferences"]]
@@ -111,7 +112,7 @@ def test_failed_job_fails_the_step_with_reason_and_the_failing_replicas_last_lin
 
     cluster.timeline = [fail]
     with pytest.raises(JobFailed) as info:
-        run_job(backend, spec, timeout_s=60)
+        run_job(backend, replace(spec, timeout_s=60))
     message = str(info.value)
     assert "failed: JobFailed: PyTorchJob kftrain-0123456789ab is failed because 1 Worker" in message
     assert "replica worker-0 (pod kftrain-0123456789ab-worker-0) exited with code 1" in message
@@ -133,7 +134,7 @@ def test_pods_pending_too_long_fail_the_step_with_their_events():
 
     cluster.timeline = [pending]
     with pytest.raises(JobFailed) as info:
-        run_job(backend, spec, timeout_s=3600)
+        run_job(backend, replace(spec, timeout_s=3600))
     message = str(info.value)
     assert "replica master-0" in message and "Pending for" in message
     assert "kubernetes.pending_timeout_seconds=300" in message
@@ -150,7 +151,7 @@ def test_image_pull_errors_are_reported():
         )
     ]
     with pytest.raises(JobFailed, match="ImagePullBackOff: Back-off pulling image"):
-        run_job(backend, spec, timeout_s=3600)
+        run_job(backend, replace(spec, timeout_s=3600))
 
 
 def test_a_job_without_pods_for_too_long_is_reported():
@@ -159,15 +160,15 @@ def test_a_job_without_pods_for_too_long_is_reported():
     cluster.timeline = [lambda c: c.advance(30)]
     # Not queued (no suspend, no schedulingPolicy): no pods past the limit is stuck, as before.
     with pytest.raises(JobFailed, match="has no pods 60s after it was created .* the operator did not create them"):
-        run_job(backend, spec, timeout_s=3600)
+        run_job(backend, replace(spec, timeout_s=3600))
 
 
 def test_wall_clock_deadline_deletes_the_job():
     cluster = FakeCluster()
     backend, spec, _ = make(cluster)
     cluster.timeline = running_then(lambda c: None)  # runs forever
-    with pytest.raises(JobTimeout, match="did not finish within 0s"):
-        run_job(backend, spec, timeout_s=0.2)
+    with pytest.raises(JobTimeout, match="did not finish within 1s"):
+        run_job(backend, replace(spec, timeout_s=1))
     assert ("delete", NAME) in cluster.calls and NAME not in cluster.jobs
 
 
@@ -177,7 +178,7 @@ def test_sigterm_deletes_the_job():
     cluster.timeline = [lambda c: None, lambda c: signal.raise_signal(signal.SIGTERM)]
     before = signal.getsignal(signal.SIGTERM)
     with pytest.raises(JobCancelled):
-        run_job(backend, spec, timeout_s=60)
+        run_job(backend, replace(spec, timeout_s=60))
     assert NAME not in cluster.jobs
     assert signal.getsignal(signal.SIGTERM) is before  # the launcher's handler is removed again
 
@@ -187,7 +188,7 @@ def test_rbac_errors_fail_clearly_and_leave_nothing():
     cluster.fail_next("create", status=403)
     backend, spec, _ = make(cluster)
     with pytest.raises(JobFailed, match="cannot create PyTorchJob team/kftrain-0123456789ab: \\(403\\)"):
-        run_job(backend, spec, timeout_s=60)
+        run_job(backend, replace(spec, timeout_s=60))
     assert not cluster.jobs
 
 
@@ -195,7 +196,7 @@ def test_preflight_failure_submits_nothing():
     cluster = FakeCluster()
     backend, spec, _ = make(cluster, **{"kubernetes.tolerations": [{"key": "gpu", "efect": "NoSchedule"}]})
     with pytest.raises(ManifestError, match="tolerations\\[0\\]: Additional properties are not allowed \\('efect'"):
-        run_job(backend, spec, timeout_s=60)
+        run_job(backend, replace(spec, timeout_s=60))
     assert not [c for c in cluster.calls if c[0] == "create"]
 
 
@@ -218,7 +219,7 @@ def test_a_restarted_container_gets_its_log_streamed_again():
         c.add_pod(NAME, "master", 0, "Running", logs=["attempt 2: resumed at step 10"], restarts=1)
 
     cluster.timeline = [first, first, restarted, restarted, lambda c: c.set_condition(NAME, "Succeeded")]
-    run_job(backend, spec, timeout_s=60)
+    run_job(backend, replace(spec, timeout_s=60))
     assert "[master-0] attempt 1: step 10" in lines
     assert "[master-0] attempt 2: resumed at step 10" in lines
 
@@ -260,7 +261,7 @@ def test_the_launcher_calls_the_real_client_api_correctly():
     backend, spec, lines = make(cluster)
     backend.custom = backend.core = check
     cluster.timeline = running_then(lambda c: c.set_condition(NAME, "Succeeded"))
-    run_job(backend, spec, timeout_s=60)
+    run_job(backend, replace(spec, timeout_s=60))
     again, _, _ = make(cluster, owner_uid="uid-2")  # a restarted launcher re-attaches (PATCH)
     again.custom = again.core = check
     again.submit(spec)
@@ -323,7 +324,7 @@ def test_transient_api_errors_while_waiting_are_retried_and_the_job_survives(cal
     cluster = FakeCluster()
     backend, spec, lines = make(cluster)
     cluster.timeline = inject_at_first_poll(call, **fault)
-    run_job(backend, spec, timeout_s=3600)
+    run_job(backend, replace(spec, timeout_s=3600))
     assert NAME in cluster.jobs and ("delete", NAME) not in cluster.calls
     retries = [line for line in lines if line.startswith("kftrain: API ")]
     assert len(retries) == fault.get("times", 1)
@@ -338,7 +339,7 @@ def test_a_503_storm_logs_the_status_and_backs_off():
     cluster = FakeCluster()
     backend, spec, lines = make(cluster)
     cluster.timeline = inject_at_first_poll("get", status=503, times=8)
-    run_job(backend, spec, timeout_s=3600)
+    run_job(backend, replace(spec, timeout_s=3600))
     assert any(line.startswith(f"kftrain: API get job team/{NAME} returned 503; retrying in") for line in lines)
     sleeps = retry_sleeps(cluster)
     assert len(sleeps) == 8 and max(sleeps) <= 30 and sleeps[-1] >= 15  # grew to the cap's half at least
@@ -348,7 +349,7 @@ def test_429_waits_as_long_as_retry_after_says():
     cluster = FakeCluster()
     backend, spec, lines = make(cluster)
     cluster.timeline = inject_at_first_poll("get", status=429, times=2, headers={"Retry-After": "7"})
-    run_job(backend, spec, timeout_s=3600)
+    run_job(backend, replace(spec, timeout_s=3600))
     assert retry_sleeps(cluster) == [7.0, 7.0]
     assert f"kftrain: API get job team/{NAME} returned 429; retrying in 7.0s (Retry-After)" in lines
 
@@ -366,7 +367,7 @@ def test_transient_errors_on_create_are_retried(fault):
     backend, spec, lines = make(cluster)
     cluster.fail_next("create", **fault)
     cluster.timeline = running_then(lambda c: c.set_condition(NAME, "Succeeded"))
-    run_job(backend, spec, timeout_s=3600)
+    run_job(backend, replace(spec, timeout_s=3600))
     assert [c for c in cluster.calls if c[0] == "create"] == [("create", NAME)] * (fault.get("times", 1) + 1)
     assert f"kftrain: created PyTorchJob team/{NAME}" in lines
 
@@ -376,7 +377,7 @@ def test_a_create_whose_answer_was_lost_reattaches_to_the_job_it_made():
     backend, spec, lines = make(cluster)
     cluster.fail_next("create", exc=ConnectionResetError, applied=True)  # created, then the reply is lost
     cluster.timeline = running_then(lambda c: c.set_condition(NAME, "Succeeded"))
-    run_job(backend, spec, timeout_s=3600)
+    run_job(backend, replace(spec, timeout_s=3600))
     assert len(cluster.jobs) == 1 and any("re-attaching" in line for line in lines)
     assert ("delete", NAME) not in cluster.calls
 
@@ -387,7 +388,7 @@ def test_a_final_4xx_on_create_fails_at_once_without_retrying(status):
     backend, spec, lines = make(cluster)
     cluster.fail_next("create", status=status, times=5)
     with pytest.raises(JobFailed, match=rf"cannot create PyTorchJob team/{NAME}: \({status}\) \w"):
-        run_job(backend, spec, timeout_s=60)
+        run_job(backend, replace(spec, timeout_s=60))
     assert [c for c in cluster.calls if c[0] == "create"] == [("create", NAME)]
     assert not retry_sleeps(cluster) and not any(line.startswith("kftrain: API") for line in lines)
 
@@ -397,7 +398,7 @@ def test_a_final_4xx_while_waiting_fails_and_deletes_the_job():
     backend, spec, _ = make(cluster)
     cluster.timeline = inject_at_first_poll("get", status=403, times=5)  # RBAC revoked mid-run
     with pytest.raises(JobFailed, match=r"refused a call .*: \(403\) Forbidden \(the run's service account lacks RBAC"):
-        run_job(backend, spec, timeout_s=3600)
+        run_job(backend, replace(spec, timeout_s=3600))
     assert not retry_sleeps(cluster) and NAME not in cluster.jobs
 
 
@@ -413,7 +414,7 @@ def test_an_outage_longer_than_the_budget_fails_naming_the_call_and_deletes_the_
     backend, spec, _ = make(cluster, **{"kubernetes.api_retry_budget_seconds": 120})
     cluster.timeline = inject_at_first_poll("get", times=10_000, **fault)
     with pytest.raises(ApiUnavailable) as info:
-        run_job(backend, spec, timeout_s=3600)
+        run_job(backend, replace(spec, timeout_s=3600))
     pattern = (
         rf"Kubernetes API call 'get job team/{NAME}' kept failing for 12\ds "
         rf"\(kubernetes.api_retry_budget_seconds=120\); last error: {cause}"
@@ -428,7 +429,7 @@ def test_retry_after_beyond_the_budget_is_a_final_answer():
     backend, spec, _ = make(cluster, **{"kubernetes.api_retry_budget_seconds": 60})
     cluster.timeline = inject_at_first_poll("get", status=429, headers={"Retry-After": "600"})
     with pytest.raises(ApiUnavailable, match=r"kept failing for 0s .* last error: \(429\) Too Many Requests"):
-        run_job(backend, spec, timeout_s=3600)
+        run_job(backend, replace(spec, timeout_s=3600))
     assert not retry_sleeps(cluster)
 
 
@@ -437,7 +438,7 @@ def test_retries_stop_at_the_jobs_deadline():
     backend, spec, _ = make(cluster)  # budget 300 s, deadline 100 s
     cluster.timeline = inject_at_first_poll("get", status=503, times=10_000)
     with pytest.raises(JobTimeout, match=r"did not finish within 100s .* kept failing .* until the job's deadline"):
-        run_job(backend, spec, timeout_s=100)
+        run_job(backend, replace(spec, timeout_s=100))
     assert cluster.clock - T0 <= dt.timedelta(seconds=101)
     assert NAME not in cluster.jobs
 
@@ -452,7 +453,7 @@ def test_a_failing_cancel_does_not_hide_why_the_step_failed():
 
     cluster.timeline = [fail]
     with pytest.raises(JobFailed, match="failed: JobFailed: 1 Worker") as info:
-        run_job(backend, spec, timeout_s=3600)
+        run_job(backend, replace(spec, timeout_s=3600))
     assert any("cancelling the job failed too" in note for note in info.value.__notes__)
 
 
@@ -482,7 +483,7 @@ def test_a_queued_job_is_reported_and_its_pending_clock_starts_at_admission():
             lambda c: c.set_condition(NAME, "Succeeded"),
         ],
     )
-    run_job(backend, spec, timeout_s=7200)
+    run_job(backend, replace(spec, timeout_s=7200))
     queued = [line for line in lines if " is queued in " in line]
     assert queued == [
         f"kftrain: PyTorchJob {NAME} is queued in queue team-a (kueue.x-k8s.io/queue-name): suspended until "
@@ -509,7 +510,7 @@ def test_after_admission_the_pending_limit_applies_as_before(after_admission, me
     backend, spec, _ = make(cluster, **{"kubernetes.queue": "team-a", "kubernetes.pending_timeout_seconds": 300})
     cluster.timeline = queue_script(20, after_admission)
     with pytest.raises(JobFailed, match=message):
-        run_job(backend, spec, timeout_s=7200)
+        run_job(backend, replace(spec, timeout_s=7200))
     assert cluster.clock - T0 < dt.timedelta(seconds=2000 + 500)  # failed ~300 s after admission
     assert NAME not in cluster.jobs
 
@@ -520,7 +521,7 @@ def test_the_queue_limit_when_set_fails_naming_the_queue():
     cluster.events[NAME] = [("Suspended", "Workload is waiting for quota")]
     cluster.timeline = [lambda c: c.advance(100)]  # never admitted
     with pytest.raises(JobFailed) as info:
-        run_job(backend, spec, timeout_s=7200)
+        run_job(backend, replace(spec, timeout_s=7200))
     assert re.search(
         rf"PyTorchJob {NAME} waited 6\d\ds in queue team-a \(kueue.x-k8s.io/queue-name\) without being admitted "
         r"\(kubernetes.queue_timeout_seconds=600\). Events: Suspended: Workload is waiting for quota",
@@ -538,7 +539,7 @@ def test_a_gang_scheduled_job_without_pods_is_queued_not_stuck():
         *[lambda c: c.advance(100)] * 20,
         *running_then(lambda c: c.set_condition(NAME, "Succeeded")),
     ]
-    run_job(backend, spec, timeout_s=7200)
+    run_job(backend, replace(spec, timeout_s=7200))
     assert any(
         "is queued in queue gpu (runPolicy.schedulingPolicy.queue): no pods until the gang scheduler" in line
         for line in lines
@@ -559,7 +560,7 @@ def test_a_preempted_job_is_reported_queued_again_and_readmitted():
             *queue_script(20, running_then(lambda c: c.set_condition(NAME, "Succeeded"))),
         ],
     )
-    run_job(backend, spec, timeout_s=7200)
+    run_job(backend, replace(spec, timeout_s=7200))
     assert len([line for line in lines if " is queued in " in line]) == 2
     assert len([line for line in lines if " admitted from " in line]) == 2
 
@@ -591,7 +592,7 @@ def test_a_pod_recreated_under_the_same_name_gets_its_log_streamed():
         assert c.pods[f"{NAME}-master-0"].metadata.uid != old_uid
 
     cluster.timeline = [first, first, recreated, lambda c: None, lambda c: c.set_condition(NAME, "Succeeded")]
-    run_job(backend, spec, timeout_s=60)
+    run_job(backend, replace(spec, timeout_s=60))
     assert "[master-0] attempt 1: step 10" in lines
     assert "[master-0] attempt 2: resumed at step 10" in lines  # same replica prefix, new stream
 
@@ -608,6 +609,6 @@ def test_a_failing_log_stream_never_fails_the_launcher(fault):
     backend, spec, lines = make(cluster)
     cluster.fail_next("read_log", **fault)
     cluster.timeline = running_then(lambda c: c.set_condition(NAME, "Succeeded"))
-    run_job(backend, spec, timeout_s=60)
+    run_job(backend, replace(spec, timeout_s=60))
     assert any("(log stream ended:" in line for line in lines)
     assert NAME in cluster.jobs and ("delete", NAME) not in cluster.calls

@@ -15,7 +15,7 @@ import torch
 from trainer.config import load_config
 from trainer.distributed import DistEnv
 from trainer.export import export_model
-from trainer.model import load_model
+from trainer.model_io import load_model
 from trainer.shards import DataError, read_shard, split_shards
 from trainer.storage import CorruptObject, LocalStore, join_uri, open_store
 from trainer.tasks import get_task

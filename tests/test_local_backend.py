@@ -10,6 +10,7 @@ import sys
 import textwrap
 import threading
 import time
+from dataclasses import replace
 
 import pytest
 
@@ -49,7 +50,7 @@ def test_replicas_see_the_operator_environment():
     lines: list[str] = []
     code = f"import json, os; print('ENV', json.dumps({{k: os.environ.get(k) for k in {ENV_KEYS!r}}}))"
     spec = job("env-check", code, replicas=3, nproc=2)
-    run_job(LocalBackend(sink=lines.append), spec, timeout_s=60)
+    run_job(LocalBackend(sink=lines.append), replace(spec, timeout_s=60))
     seen = {}
     for line in lines:
         prefix, _, rest = line.partition(" ")
@@ -99,7 +100,7 @@ def test_torchrun_turns_node_ranks_into_process_ranks():
         nproc_per_node=2,
         env={"OMP_NUM_THREADS": "1"},
     )
-    run_job(LocalBackend(sink=lines.append), spec, timeout_s=90)
+    run_job(LocalBackend(sink=lines.append), replace(spec, timeout_s=90))
     ranks = sorted(line.split("RANK ", 1)[1] for line in lines if "RANK " in line and "] RANK" in line)
     assert ranks == [f"{r} {r % 2} 6 6" for r in range(6)]
 
@@ -117,7 +118,7 @@ def test_a_failing_replica_fails_the_job_with_its_last_lines():
     spec = job("fails", code, replicas=2)
     t0 = time.monotonic()
     with pytest.raises(JobFailed) as info:
-        run_job(backend, spec, timeout_s=60)
+        run_job(backend, replace(spec, timeout_s=60))
     assert time.monotonic() - t0 < 30  # the master's sleep was cut short by the cancel
     message = str(info.value)
     assert "replica worker-0 exited with code 3" in message
@@ -136,7 +137,7 @@ def test_timeout_cancels_the_whole_process_group(tmp_path):
     """
     backend = LocalBackend(sink=lambda line: None)
     with pytest.raises(JobTimeout, match="did not finish within 2s"):
-        run_job(backend, job("hangs", code), timeout_s=2)
+        run_job(backend, replace(job("hangs", code), timeout_s=2))
     grandchild = int(pidfile.read_text())
     deadline = time.monotonic() + 10
     while time.monotonic() < deadline:
@@ -153,8 +154,7 @@ def test_success_when_the_master_completes():
     lines: list[str] = []
     run_job(
         LocalBackend(sink=lines.append),
-        job("ok", "print('hello from', __import__('os').environ['RANK'])", replicas=2),
-        30,
+        replace(job("ok", "print('hello from', __import__('os').environ['RANK'])", replicas=2), timeout_s=30),
     )
     assert "[master-0] hello from 0" in lines
     assert "[worker-0] hello from 1" in lines
@@ -174,8 +174,9 @@ def test_sigterm_to_the_launcher_stops_every_replica(tmp_path):
         from trainer.launch.backend import run_job
         from trainer.launch.local import LocalBackend
         from trainer.launch.spec import JobSpec
-        spec = JobSpec(name="cancelled", image="local", command=("python", "-c", {textwrap.dedent(code)!r}), replicas=2)
-        run_job(LocalBackend(sink=lambda line: None), spec, timeout_s=100)
+        spec = JobSpec(name="cancelled", image="local", command=("python", "-c", {textwrap.dedent(code)!r}), replicas=2,
+                       timeout_s=100)
+        run_job(LocalBackend(sink=lambda line: None), spec)
     """)
     proc = subprocess.Popen([sys.executable, "-c", launcher], start_new_session=True)
     try:
@@ -218,3 +219,10 @@ def test_log_lines_streamed_from_many_threads_stay_whole(capsys):
     for t in threads:
         t.join()
     assert sorted(capsys.readouterr().out.splitlines()) == sorted(lines)
+
+
+def test_run_job_reads_the_deadline_from_the_spec():
+    """The published `pytorchjob` component passes the spec's timeout again: only that value is taken."""
+    spec = JobSpec(name="t", image="local", command=("python", "-c", "pass"), timeout_s=60)
+    with pytest.raises(ValueError, match="timeout_s 5 differs from the job's own timeout_s 60"):
+        run_job(LocalBackend(sink=lambda line: None), spec, 5)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import threading
 import time
+from dataclasses import replace
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
@@ -181,7 +182,10 @@ def reference_weights(tmp_path_factory):
     store = LocalStore()
     prepare_dataset(load_config().data, store, str(tmp / "dataset"))
     cfg = outage_config("http://unused:9000", str(tmp / "ckpt"))
-    run_job(LocalBackend(sink=lambda line: None), training_job(cfg, "ref", str(tmp / "dataset"), str(tmp / "m")), 200)
+    run_job(
+        LocalBackend(sink=lambda line: None),
+        replace(training_job(cfg, "ref", str(tmp / "dataset"), str(tmp / "m")), timeout_s=200),
+    )
     return load(store.get_bytes(str(tmp / "m" / "model.safetensors")))
 
 
@@ -196,7 +200,9 @@ def test_training_survives_a_15s_store_outage_and_ends_equal(proxy, bucket, refe
     prefix = join_uri(root, "ckpt")
     cfg = outage_config(proxy.url, prefix)
     lines: list[str] = []
-    spec = training_job(cfg, f"outage-{mode}", join_uri(root, "dataset"), join_uri(root, "model"))
+    spec = replace(
+        training_job(cfg, f"outage-{mode}", join_uri(root, "dataset"), join_uri(root, "model")), timeout_s=300
+    )
     backend = LocalBackend(sink=lines.append)
     backend.submit(spec)
     mgr = CheckpointManager(direct, prefix)  # watches the store directly, not through the proxy
@@ -206,7 +212,7 @@ def test_training_survives_a_15s_store_outage_and_ends_equal(proxy, bucket, refe
         time.sleep(0.05)
     timer = outage(proxy, mode, 15.0)
     try:
-        backend.wait(spec, timeout_s=300)
+        backend.wait(spec)
     finally:
         timer.cancel()
         proxy.set_mode("pass")

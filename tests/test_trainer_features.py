@@ -7,6 +7,7 @@ import io
 import json
 import math
 import re
+from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -19,7 +20,7 @@ from trainer.export import export_model, load_torchscript
 from trainer.launch.backend import JobFailed, run_job
 from trainer.launch.job import training_job
 from trainer.launch.local import LocalBackend
-from trainer.model import load_model
+from trainer.model_io import load_model
 from trainer.storage import LocalStore, join_uri
 from trainer.tasks import get_task
 from trainer.train import run_training
@@ -55,7 +56,10 @@ def test_nonfinite_loss_stops_the_job_naming_step_and_rank(digits, tmp_path):
     poison_first_train_shard(digits, bad)
     cfg = load_config(overrides={"train.epochs": 1, "checkpoint.enabled": False})
     with pytest.raises(JobFailed) as info:
-        run_job(LocalBackend(sink=lambda line: None), training_job(cfg, "nan", bad, str(tmp_path / "m")), 120)
+        run_job(
+            LocalBackend(sink=lambda line: None),
+            replace(training_job(cfg, "nan", bad, str(tmp_path / "m")), timeout_s=120),
+        )
     message = str(info.value)
     assert "training failed: non-finite loss or gradients at optimizer step" in message
     # Only one rank's batch holds the NaN row; whichever replica is reported names that rank.

@@ -2,6 +2,7 @@
 
 import json
 import re
+from dataclasses import replace
 
 import pytest
 import torch
@@ -10,7 +11,7 @@ from trainer.config import load_config
 from trainer.launch.backend import run_job
 from trainer.launch.job import training_job
 from trainer.launch.local import LocalBackend
-from trainer.model import load_model
+from trainer.model_io import load_model
 from trainer.storage import LocalStore, join_uri
 
 pytestmark = pytest.mark.timeout(180)
@@ -19,7 +20,9 @@ pytestmark = pytest.mark.timeout(180)
 def train(digits, model_uri, replicas, **overrides):
     cfg = load_config(overrides={"job.replicas": replicas, "train.epochs": 3, **overrides})
     lines = []
-    run_job(LocalBackend(sink=lines.append), training_job(cfg, f"t{replicas}", digits, model_uri), 150)
+    run_job(
+        LocalBackend(sink=lines.append), replace(training_job(cfg, f"t{replicas}", digits, model_uri), timeout_s=150)
+    )
     return lines
 
 

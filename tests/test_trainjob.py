@@ -298,9 +298,9 @@ def test_horovod_topology_refuses_a_v2_pod_started_without_torchrun(environ, exp
 
 
 def test_a_bring_your_own_image_job_runs_as_a_trainjob_too():
-    from trainer.launch.custom import custom_job
+    from trainer.launch.byo import byo_job
 
-    spec = custom_job(
+    spec = byo_job(
         name="byo-job",
         image="registry.example.com/me/train:1",
         command=["torchrun", "train.py"],

@@ -12,6 +12,7 @@ does not serve is a 404.
 from __future__ import annotations
 
 import signal
+from dataclasses import replace
 
 import pytest
 
@@ -48,7 +49,7 @@ def test_a_trainjob_is_created_and_its_nodes_logs_streamed_until_complete():
     cluster = FakeCluster(kind="trainjob")
     backend, spec, lines = make(cluster)
     cluster.timeline = [lambda c: None, nodes_running, nodes_running, complete]
-    run_job(backend, spec, timeout_s=60)
+    run_job(backend, replace(spec, timeout_s=60))
     job = cluster.jobs[NAME]
     assert (job["apiVersion"], job["kind"]) == ("trainer.kubeflow.org/v1alpha1", "TrainJob")
     assert job["metadata"]["ownerReferences"][0]["uid"] == "uid-1"
@@ -64,7 +65,7 @@ def test_succeeded_is_not_a_trainjob_condition():
     cluster = FakeCluster(kind="trainjob")
     backend, spec, _ = make(cluster)
     cluster.timeline = [nodes_running, lambda c: c.set_condition(NAME, "Succeeded"), complete]
-    run_job(backend, spec, timeout_s=60)
+    run_job(backend, replace(spec, timeout_s=60))
     assert cluster.polls == 3
 
 
@@ -74,7 +75,7 @@ def test_a_restarted_launcher_reattaches_and_adds_itself_as_owner():
     first.submit(spec)
     second, spec, lines = make(cluster, owner_uid="uid-2")
     cluster.timeline = [nodes_running, complete]
-    run_job(second, spec, timeout_s=60)
+    run_job(second, replace(spec, timeout_s=60))
     assert [c for c in cluster.calls if c[0] == "create"] == [("create", NAME), ("create", NAME)]
     assert any("TrainJob team/kftrain-0123456789ab already exists; re-attaching" in line for line in lines)
     assert [o["uid"] for o in cluster.jobs[NAME]["metadata"]["ownerReferences"]] == ["uid-1", "uid-2"]
@@ -102,7 +103,7 @@ def test_failed_trainjob_fails_the_step_with_reason_and_the_failing_nodes_last_l
 
     cluster.timeline = [fail]
     with pytest.raises(JobFailed) as err:
-        run_job(backend, spec, timeout_s=60)
+        run_job(backend, replace(spec, timeout_s=60))
     msg = str(err.value)
     assert msg.startswith(f"TrainJob {NAME} failed: FailedJobs: jobset failed")
     assert f"replica node-0-1 (pod {cluster.pod_name(NAME, 'node', 1)}) exited with code 1" in msg
@@ -115,7 +116,7 @@ def test_deadline_exceeded_on_the_server_is_a_failure_with_its_reason():
     backend, spec, _ = make(cluster)
     cluster.timeline = [lambda c: c.set_condition(NAME, "Failed", "DeadlineExceeded", "TrainJob exceeded its deadline")]
     with pytest.raises(JobFailed, match="TrainJob kftrain-0123456789ab failed: DeadlineExceeded"):
-        run_job(backend, spec, timeout_s=60)
+        run_job(backend, replace(spec, timeout_s=60))
     assert NAME not in cluster.jobs
 
 
@@ -136,7 +137,7 @@ def test_a_suspended_trainjob_is_queued_then_admitted_and_the_pending_clock_star
         c.add_pod(NAME, "node", 1, "Running", logs=["go"])
 
     cluster.timeline = [wait, wait, admit, start, complete]
-    run_job(backend, spec, timeout_s=3 * 3600)
+    run_job(backend, replace(spec, timeout_s=3 * 3600))
     assert cluster.jobs[NAME]["spec"]["suspend"] is False
     queued = [line for line in lines if "is queued in" in line]
     assert queued == [
@@ -162,7 +163,7 @@ def test_preempted_trainjob_goes_back_to_the_queue_and_its_new_pods_are_streamed
         c.add_pod(NAME, "node", 0, "Running", logs=["second run"])  # a new pod, a new random name
 
     cluster.timeline = [lambda c: None, admit_and_run, preempt, readmit, complete]
-    run_job(backend, spec, timeout_s=600)
+    run_job(backend, replace(spec, timeout_s=600))
     assert "[node-0-0] first run" in lines and "[node-0-0] second run" in lines
     assert len([line for line in lines if "is queued in" in line]) == 2
 
@@ -177,7 +178,7 @@ def test_a_node_pod_pending_too_long_after_admission_fails_with_its_events():
 
     cluster.timeline = [pending]
     with pytest.raises(JobFailed) as err:
-        run_job(backend, spec, timeout_s=600)
+        run_job(backend, replace(spec, timeout_s=600))
     assert f"replica node-0-1 (pod {cluster.pod_name(NAME, 'node', 1)}) of TrainJob {NAME} has been Pending" in str(
         err.value
     )
@@ -189,7 +190,7 @@ def test_cancel_sigterm_deletes_the_trainjob():
     backend, spec, lines = make(cluster)
     cluster.timeline = [nodes_running, lambda c: signal.raise_signal(signal.SIGTERM)]
     with pytest.raises(JobCancelled):
-        run_job(backend, spec, timeout_s=60)
+        run_job(backend, replace(spec, timeout_s=60))
     assert NAME not in cluster.jobs and not cluster.pods
     assert f"kftrain: deleted TrainJob {NAME}" in lines
 
@@ -202,7 +203,7 @@ def test_transient_api_errors_are_retried_and_a_lost_create_answer_reattaches():
     cluster.fail_next("list_pods", exc=ConnectionResetError)
     cluster.fail_next("read_log", status=500)
     cluster.timeline = [nodes_running, nodes_running, complete]
-    run_job(backend, spec, timeout_s=600)
+    run_job(backend, replace(spec, timeout_s=600))
     assert len(cluster.jobs) == 1 and any("re-attaching" in line for line in lines)
     assert 7 in cluster.sleeps  # Retry-After honoured
     assert f"kftrain: TrainJob {NAME} succeeded" in lines
@@ -212,7 +213,7 @@ def test_a_runtime_the_cluster_lacks_is_refused_with_the_webhooks_words():
     cluster = FakeCluster(kind="trainjob", runtimes=("torch-distributed",))
     backend, spec, _ = make(cluster, **{"kubernetes.runtime": "torch-cuda-128"})
     with pytest.raises(JobFailed) as err:
-        run_job(backend, spec, timeout_s=60)
+        run_job(backend, replace(spec, timeout_s=60))
     assert "cannot create TrainJob team/kftrain-0123456789ab: (403) Forbidden" in str(err.value)
     assert 'clustertrainingruntimes.trainer.kubeflow.org "torch-cuda-128" not found' in str(err.value)
     assert not cluster.jobs
@@ -222,7 +223,7 @@ def test_trainjob_on_a_cluster_without_trainer_v2_names_the_crd():
     cluster = FakeCluster(kind="trainjob", served=(PYTORCHJOB_CRD,))
     backend, spec, _ = make(cluster)
     with pytest.raises(JobFailed, match=f"\\(404\\) Not Found \\(is the {TRAINJOB_CRD} CRD installed\\?\\)"):
-        run_job(backend, spec, timeout_s=60)
+        run_job(backend, replace(spec, timeout_s=60))
 
 
 @pytest.mark.parametrize(
@@ -240,7 +241,7 @@ def test_auto_picks_the_kind_from_api_discovery(served, expected):
     backend, spec, lines = make(cluster, kind="auto")
     if expected is None:
         with pytest.raises(JobFailed) as err:
-            run_job(backend, spec, timeout_s=60)
+            run_job(backend, replace(spec, timeout_s=60))
         assert not getattr(err.value, "__notes__", [])  # cancel had nothing to delete, and did not fail
         assert f"serves neither {TRAINJOB_CRD} (trainer.kubeflow.org/v1alpha1) nor {PYTORCHJOB_CRD}" in str(err.value)
         assert not cluster.jobs
@@ -255,7 +256,7 @@ def test_auto_discovery_is_retried_asked_once_and_a_refusal_fails_clearly():
     backend, spec, _ = make(cluster, kind="auto")
     cluster.fail_next("discover", status=503)
     cluster.timeline = [lambda c: c.set_condition(NAME, "Succeeded")]
-    run_job(backend, spec, timeout_s=60)
+    run_job(backend, replace(spec, timeout_s=60))
     discovered = [c for c in cluster.calls if c[0] == "discover"]
     # trainer.kubeflow.org/v1alpha1 twice (503, then 404), kubeflow.org/v1 once; never again while waiting.
     assert discovered == [
@@ -276,7 +277,7 @@ def test_the_trainjob_launcher_calls_the_real_client_api_correctly():
     backend, spec, _ = make(cluster, kind="auto")
     backend.custom = backend.core = check
     cluster.timeline = [nodes_running, complete]
-    run_job(backend, spec, timeout_s=60)
+    run_job(backend, replace(spec, timeout_s=60))
     backend.cancel(spec)
     jobs = "/apis/trainer.kubeflow.org/v1alpha1/namespaces/team/trainjobs"
     seen = {(m, p) for m, p, _, _ in check.requests}

@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import re
 import textwrap
+from dataclasses import replace
 
 import pytest
 import torch
@@ -17,7 +18,7 @@ from trainer.launch.backend import JobFailed, run_job
 from trainer.launch.job import training_job
 from trainer.launch.local import LocalBackend
 from trainer.launch.spec import JobSpec
-from trainer.model import load_model
+from trainer.model_io import load_model
 from trainer.storage import LocalStore, join_uri
 
 pytestmark = pytest.mark.timeout(180)
@@ -37,7 +38,7 @@ def test_nodes_see_only_the_v2_variables(monkeypatch):
     monkeypatch.setenv("MASTER_ADDR", "elsewhere")
     lines: list[str] = []
     code = f"import json, os; print('ENV', json.dumps({{k: os.environ.get(k) for k in {KEYS!r}}}))"
-    run_job(LocalBackend(sink=lines.append), job("env-v2", code, replicas=3, nproc=2), timeout_s=60)
+    run_job(LocalBackend(sink=lines.append), replace(job("env-v2", code, replicas=3, nproc=2), timeout_s=60))
     seen = {}
     for line in lines:
         prefix, _, rest = line.partition(" ")
@@ -78,7 +79,7 @@ def test_torchrun_forms_the_job_from_pet_variables_alone(tmp_path):
         env={"GLOO_SOCKET_IFNAME": "lo"},
     )
     lines: list[str] = []
-    run_job(LocalBackend(sink=lines.append), spec, timeout_s=120)
+    run_job(LocalBackend(sink=lines.append), replace(spec, timeout_s=120))
     ranks = sorted(m.group(1, 2, 3) for line in lines if (m := re.search(r"RANK (\d) (\d) (\d)", line)))
     assert ranks == [("0", "4", "4"), ("1", "4", "4"), ("2", "4", "4"), ("3", "4", "4")]
 
@@ -98,9 +99,9 @@ def test_a_trainjob_succeeds_only_when_every_node_does(kind, fails):
     spec = job(f"success-{kind}", code, replicas=2, kind=kind)
     if fails:
         with pytest.raises(JobFailed, match="replica node-0-1 exited with code 3"):
-            run_job(backend, spec, timeout_s=60)
+            run_job(backend, replace(spec, timeout_s=60))
     else:
-        run_job(backend, spec, timeout_s=60)
+        run_job(backend, replace(spec, timeout_s=60))
 
 
 def test_the_demo_learns_the_same_model_under_the_v1_and_v2_contracts(digits, tmp_path):
@@ -110,7 +111,7 @@ def test_the_demo_learns_the_same_model_under_the_v1_and_v2_contracts(digits, tm
         cfg = load_config(overrides={"job.replicas": 2, "train.epochs": 2, "job.kind": kind})
         uri = str(tmp_path / kind)
         lines: list[str] = []
-        run_job(LocalBackend(sink=lines.append), training_job(cfg, f"demo-{kind}", digits, uri), 150)
+        run_job(LocalBackend(sink=lines.append), replace(training_job(cfg, f"demo-{kind}", digits, uri), timeout_s=150))
         record = json.loads(LocalStore().get_bytes(join_uri(uri, "training.json")))
         assert record["metrics"]["world_size"] == 2
         prefix = "[node-0-0]" if kind == "trainjob" else "[master-0]"

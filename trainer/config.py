@@ -4,6 +4,10 @@ Every section is a dataclass; every field has a short docstring (the string lite
 from which docs/configuration.md is generated (`python -m trainer.config_docs`). Unknown keys,
 wrong types and bad values raise :class:`ConfigError` naming the dotted field and the value,
 before any process, pod or upload starts.
+
+The bounds of single fields are declared in a table beside each dataclass (`_TRAIN_BOUNDS`, ...:
+field name -> :class:`Bound`) and checked by one loop, :func:`check_bounds`; `__post_init__`
+keeps only what a table cannot say (URIs, rules across fields, per-item checks of lists and maps).
 """
 
 from __future__ import annotations
@@ -14,15 +18,19 @@ import math
 import re
 import types
 import typing
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import yaml
 
+from trainer.credentials import credential_in
+from trainer.partitions import partition_problem
 from trainer.storage import RetryPolicy, parse_uri
 from trainer.tokenizer import parse_spec as parse_tokenizer_spec
 
+#: `job.nccl_debug`: the NCCL_DEBUG levels NCCL knows (it compares them ignoring case); empty: unset.
 NCCL_DEBUG_LEVELS = ("", "VERSION", "WARN", "INFO", "TRACE")
 BUILTIN_TASKS = ("classification", "causal_lm")
 PRECISIONS = ("auto", "fp32", "bf16")
@@ -32,8 +40,12 @@ NONFINITE_POLICIES = ("stop", "skip")
 STRATEGIES = ("ddp", "fsdp")
 RESTART_POLICIES = ("Always", "OnFailure", "Never", "ExitCode")
 CLEAN_POD_POLICIES = ("None", "Running", "All")
-#: `job.kind`: the Kubeflow job the launcher creates on a cluster (`auto`: whichever is served).
-JOB_KINDS = ("pytorchjob", "trainjob", "auto")
+#: `job.kind`: the Kubeflow job the launcher creates on a cluster (`auto`: whichever is served,
+#: resolved by the backend: the cluster's API discovery, locally pytorchjob). The one list of them.
+PYTORCHJOB, TRAINJOB, AUTO = "pytorchjob", "trainjob", "auto"
+JOB_KINDS = (PYTORCHJOB, TRAINJOB, AUTO)
+#: Default of `data.cache_bytes`, each reader's cache of prefetched shards (:class:`trainer.streaming.ShardCache`).
+SHARD_CACHE_BYTES = 512 * 2**20
 _QUANTITY = re.compile(r"^[0-9]+(\.[0-9]+)?(m|k|M|G|T|P|E|Ki|Mi|Gi|Ti|Pi|Ei)?$")
 _LABEL_VALUE = re.compile(r"^(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?$")
 #: The memory-backed volume kftrain mounts at /dev/shm (`kubernetes.shm_size`).
@@ -55,46 +67,63 @@ def _require(ok: bool, path: str, value: Any, expectation: str) -> None:
         raise ConfigError(f"{path}: {expectation}, got {value!r}")
 
 
-#: Words of an environment variable's name that mark a credential (`HF_TOKEN`, `DB_PASSWORD`);
-#: whole words, so `TOKENIZERS_PARALLELISM` stays allowed.
-_CREDENTIAL_WORDS = frozenset({"TOKEN", "PASSWORD", "PASSWD", "PASSPHRASE", "CREDENTIAL", "CREDENTIALS", "APIKEY"})
-_CREDENTIAL_PAIRS = frozenset(
-    {("ACCESS", "KEY"), ("API", "KEY"), ("PRIVATE", "KEY"), ("SESSION", "KEY"), ("SSH", "KEY"), ("SIGNING", "KEY")}
-)
-#: Values that are credentials whatever the variable is called.
-_CREDENTIAL_VALUES = (
-    re.compile(r"\b(AKIA|ASIA)[A-Z0-9]{16}\b"),  # an AWS access key id
-    re.compile(r"-----BEGIN [A-Z ]*PRIVATE KEY-----"),
-    re.compile(r"\b(ghp|gho|ghs|ghu|github_pat)_[A-Za-z0-9_]{20,}"),  # GitHub tokens
-    re.compile(r"\bhf_[A-Za-z0-9]{30,}"),  # Hugging Face tokens
-    re.compile(r"\bxox[abposr]-[A-Za-z0-9-]{10,}"),  # Slack tokens
-    re.compile(r"\bsk-[A-Za-z0-9_-]{20,}"),  # OpenAI-style API keys
-    re.compile(r"^[a-z][a-z0-9+.-]*://[^/@:\s]+:[^/@\s]+@"),  # a URL with user:password
-)
+@dataclass(frozen=True, slots=True)
+class Bound:
+    """A rule one field's value must meet, and how the error says so (`<field>: <expectation>, got <value>`)."""
+
+    ok: Callable[[Any], bool]
+    expectation: str
+
+
+POSITIVE = Bound(lambda v: v > 0, "must be positive")
+ABOVE_ZERO = Bound(lambda v: v > 0, "must be > 0")
+NOT_NEGATIVE = Bound(lambda v: v >= 0, "must be >= 0")
+AT_LEAST_ONE = Bound(lambda v: v >= 1, "must be >= 1")
+NOT_EMPTY = Bound(bool, "must not be empty")
+QUANTITY = Bound(lambda v: not v or bool(_QUANTITY.match(v)), "must be a Kubernetes quantity such as 8, 500m, 64Gi")
+
+
+def one_of(choices: tuple[str, ...]) -> Bound:
+    """The value is one of `choices`."""
+    return Bound(lambda v: v in choices, f"must be one of {choices}")
+
+
+def check_bounds(cfg: Any, section: str, bounds: dict[str, Bound]) -> None:
+    """Check the fields of `cfg` named in `bounds`, in order: one loop for every section's table;
+    the first failure raises :class:`ConfigError` naming `section.field` and its value."""
+    for name, bound in bounds.items():
+        value = getattr(cfg, name)
+        _require(bound.ok(value), f"{section}.{name}", value, bound.expectation)
 
 
 def check_plain_env(env: dict[str, Any], path: str, secret_hint: str) -> None:
-    """Refuse credentials in a plain (non-secret) environment mapping.
+    """Refuse credentials in a plain (non-secret) environment mapping
+    (:func:`trainer.credentials.credential_in` says what looks like one).
 
-    Plain environment ends up in pipeline parameters, compiled YAML, the PyTorchJob object and
-    `kubectl describe`: a key there is a leaked key. A variable is refused when its name looks like
-    a credential (`*SECRET*`, `*_TOKEN`, `*_PASSWORD`, `*_ACCESS_KEY*`, ...) or its value does (an
-    AWS key id, a private key, a known token format, a URL with a password). The error names the
-    variable, never the value, and says where credentials go instead (`secret_hint`).
+    The error names the variable, never the value, and says where credentials go instead
+    (`secret_hint`).
     """
     for name, value in env.items():
         _require(isinstance(name, str) and bool(name), path, name, "variable names must be non-empty text")
-        words = [w for w in re.split(r"[^A-Z0-9]+", name.upper()) if w]
-        pairs = set(zip(words, words[1:], strict=False))
-        by_name = "SECRET" in name.upper() or bool(_CREDENTIAL_WORDS & set(words)) or bool(_CREDENTIAL_PAIRS & pairs)
-        by_value = isinstance(value, str) and any(p.search(value) for p in _CREDENTIAL_VALUES)
-        if by_name or by_value:
-            looks = "name" if by_name else "value"
+        looks = credential_in(name, value)
+        if looks:
             raise ConfigError(
                 f"{path}.{name}: its {looks} looks like a credential, and plain environment is visible in "
                 f"parameters, YAML and the job object; pass credentials from a Kubernetes Secret instead "
                 f"({secret_hint})"
             )
+
+
+#: Bounds of `store.*` fields (checked by :func:`check_bounds`).
+_STORE_BOUNDS = {
+    "retry_budget_seconds": NOT_NEGATIVE,
+    "connect_timeout_seconds": ABOVE_ZERO,
+    "read_timeout_seconds": ABOVE_ZERO,
+    "endpoint": Bound(
+        lambda v: not v or v.startswith(("http://", "https://")),
+        "must be a URL starting with http:// (no TLS) or https:// (TLS)",
+    ),
+}
 
 
 @dataclass(kw_only=True, slots=True)
@@ -125,23 +154,28 @@ class StoreConfig:
         )
 
     def __post_init__(self) -> None:
-        _require(
-            self.retry_budget_seconds >= 0, "store.retry_budget_seconds", self.retry_budget_seconds, "must be >= 0"
-        )
-        for name in ("connect_timeout_seconds", "read_timeout_seconds"):
-            _require(getattr(self, name) > 0, f"store.{name}", getattr(self, name), "must be > 0")
+        check_bounds(self, "store", _STORE_BOUNDS)
         if self.uri:
             try:
                 parse_uri(self.uri)
             except ValueError as exc:
                 raise ConfigError(f"store.uri: {exc}") from None
-        if self.endpoint:
-            _require(
-                self.endpoint.startswith(("http://", "https://")),
-                "store.endpoint",
-                self.endpoint,
-                "must be a URL starting with http:// (no TLS) or https:// (TLS)",
-            )
+
+
+_FRACTION = Bound(lambda v: 0.0 < v < 0.5, "must be between 0 and 0.5")
+#: Bounds of `data.*` fields.
+_DATA_BOUNDS = {
+    "val_fraction": _FRACTION,
+    "test_fraction": _FRACTION,
+    "shard_rows": POSITIVE,
+    "partitions": NOT_NEGATIVE,
+    "cache_bytes": POSITIVE,
+    "eval_items": POSITIVE,
+    "num_proc": POSITIVE,
+    "text_field": NOT_EMPTY,
+    "max_bytes": NOT_NEGATIVE,
+    "tokenizer_sample_bytes": POSITIVE,
+}
 
 
 @dataclass(kw_only=True, slots=True)
@@ -165,7 +199,7 @@ class DataConfig:
     partitions: int = 0
     """Parts each epoch's item order is cut into; 0: one per reader (world size x DataLoader workers).
     Fix it (a multiple of every world size) so any world size trains on the same global batches."""
-    cache_bytes: int = 512 * 2**20
+    cache_bytes: int = SHARD_CACHE_BYTES
     """Each reader's cache of prefetched training shards, in bytes (consumed shards are dropped)."""
     eval_items: int = 2048
     """Validation and evaluation read at most this many items (rows, or windows of `model.block_size` tokens): the first
@@ -191,26 +225,24 @@ class DataConfig:
                 parse_uri(self.source)
             except ValueError as exc:
                 raise ConfigError(f"data.source: {exc}") from None
-        for name in ("val_fraction", "test_fraction"):
-            value = getattr(self, name)
-            _require(0.0 < value < 0.5, f"data.{name}", value, "must be between 0 and 0.5")
-        _require(self.shard_rows > 0, "data.shard_rows", self.shard_rows, "must be positive")
-        for name in ("partitions",):
-            _require(getattr(self, name) >= 0, f"data.{name}", getattr(self, name), "must be >= 0")
-        for name in ("cache_bytes", "eval_items", "num_proc"):
-            _require(getattr(self, name) > 0, f"data.{name}", getattr(self, name), "must be positive")
-        _require(bool(self.text_field), "data.text_field", self.text_field, "must not be empty")
-        _require(self.max_bytes >= 0, "data.max_bytes", self.max_bytes, "must be >= 0")
+        check_bounds(self, "data", _DATA_BOUNDS)
         try:
             parse_tokenizer_spec(self.tokenizer)
         except ValueError as exc:
             raise ConfigError(f"data.tokenizer: {exc}") from None
-        _require(
-            self.tokenizer_sample_bytes > 0,
-            "data.tokenizer_sample_bytes",
-            self.tokenizer_sample_bytes,
-            "must be positive",
-        )
+
+
+#: Bounds of `model.*` fields.
+_MODEL_BOUNDS = {
+    "n_layer": POSITIVE,
+    "n_head": POSITIVE,
+    "n_embd": POSITIVE,
+    "block_size": POSITIVE,
+    "hidden_sizes": Bound(
+        lambda v: len(v) > 0 and all(h > 0 for h in v), "must be a non-empty list of positive integers"
+    ),
+    "dropout": Bound(lambda v: 0.0 <= v < 1.0, "must be in [0, 1)"),
+}
 
 
 @dataclass(kw_only=True, slots=True)
@@ -231,21 +263,35 @@ class ModelConfig:
     """causal_lm: context length in tokens (GPT-2: 1024)."""
 
     def __post_init__(self) -> None:
-        for name in ("n_layer", "n_head", "n_embd", "block_size"):
-            _require(getattr(self, name) > 0, f"model.{name}", getattr(self, name), "must be positive")
+        check_bounds(self, "model", _MODEL_BOUNDS)
         _require(
             self.n_embd % self.n_head == 0,
             "model.n_embd",
             self.n_embd,
             f"must divide by model.n_head ({self.n_head})",
         )
-        _require(
-            len(self.hidden_sizes) > 0 and all(h > 0 for h in self.hidden_sizes),
-            "model.hidden_sizes",
-            self.hidden_sizes,
-            "must be a non-empty list of positive integers",
-        )
-        _require(0.0 <= self.dropout < 1.0, "model.dropout", self.dropout, "must be in [0, 1)")
+
+
+#: Bounds of `train.*` fields.
+_TRAIN_BOUNDS = {
+    "epochs": POSITIVE,
+    "batch_size": POSITIVE,
+    "learning_rate": POSITIVE,
+    "weight_decay": NOT_NEGATIVE,
+    "max_steps": NOT_NEGATIVE,
+    "warmup_steps": NOT_NEGATIVE,
+    "num_workers": NOT_NEGATIVE,
+    "grad_accum_steps": AT_LEAST_ONE,
+    "bucket_cap_mb": AT_LEAST_ONE,
+    "max_consecutive_skips": AT_LEAST_ONE,
+    "grad_clip_norm": NOT_NEGATIVE,
+    "peak_tflops": NOT_NEGATIVE,
+    "lr_schedule": one_of(LR_SCHEDULES),
+    "precision": one_of(PRECISIONS),
+    "on_nonfinite": one_of(NONFINITE_POLICIES),
+    "strategy": one_of(STRATEGIES),
+    "log_interval_steps": POSITIVE,
+}
 
 
 @dataclass(kw_only=True, slots=True)
@@ -303,29 +349,11 @@ class TrainConfig:
     """Recompute each shard unit's activations (the GPT blocks) in backward: less memory, ~1/3 more compute."""
 
     def __post_init__(self) -> None:
-        _require(self.epochs > 0, "train.epochs", self.epochs, "must be positive")
-        _require(self.batch_size > 0, "train.batch_size", self.batch_size, "must be positive")
-        _require(self.learning_rate > 0, "train.learning_rate", self.learning_rate, "must be positive")
-        _require(self.weight_decay >= 0, "train.weight_decay", self.weight_decay, "must be >= 0")
-        for name in ("max_steps", "warmup_steps", "num_workers"):
-            _require(getattr(self, name) >= 0, f"train.{name}", getattr(self, name), "must be >= 0")
-        for name in ("grad_accum_steps", "bucket_cap_mb", "max_consecutive_skips"):
-            _require(getattr(self, name) >= 1, f"train.{name}", getattr(self, name), "must be >= 1")
-        _require(self.grad_clip_norm >= 0, "train.grad_clip_norm", self.grad_clip_norm, "must be >= 0")
-        _require(self.peak_tflops >= 0, "train.peak_tflops", self.peak_tflops, "must be >= 0")
-        for name, allowed in (
-            ("lr_schedule", LR_SCHEDULES),
-            ("precision", PRECISIONS),
-            ("on_nonfinite", NONFINITE_POLICIES),
-            ("strategy", STRATEGIES),
-        ):
-            _require(getattr(self, name) in allowed, f"train.{name}", getattr(self, name), f"must be one of {allowed}")
-        _require(
-            self.log_interval_steps > 0,
-            "train.log_interval_steps",
-            self.log_interval_steps,
-            "must be positive",
-        )
+        check_bounds(self, "train", _TRAIN_BOUNDS)
+
+
+#: Bounds of `checkpoint.*` fields.
+_CHECKPOINT_BOUNDS = {"interval_steps": NOT_NEGATIVE, "keep_last": AT_LEAST_ONE}
 
 
 @dataclass(kw_only=True, slots=True)
@@ -353,8 +381,22 @@ class CheckpointConfig:
                 parse_uri(self.uri)
             except ValueError as exc:
                 raise ConfigError(f"checkpoint.uri: {exc}") from None
-        _require(self.interval_steps >= 0, "checkpoint.interval_steps", self.interval_steps, "must be >= 0")
-        _require(self.keep_last >= 1, "checkpoint.keep_last", self.keep_last, "must be >= 1")
+        check_bounds(self, "checkpoint", _CHECKPOINT_BOUNDS)
+
+
+#: Bounds of `job.*` fields.
+_JOB_BOUNDS = {
+    "kind": one_of(JOB_KINDS),
+    "replicas": Bound(lambda v: v >= 1, "must be at least 1 (the Master)"),
+    "nproc_per_node": AT_LEAST_ONE,
+    "image": Bound(lambda v: bool(v.strip()), "must not be empty"),
+    "timeout_seconds": ABOVE_ZERO,
+    "omp_num_threads": AT_LEAST_ONE,
+    "nccl_debug": Bound(
+        lambda v: v.upper() in NCCL_DEBUG_LEVELS,
+        f"must be one of {NCCL_DEBUG_LEVELS} (in any case, as NCCL reads it)",
+    ),
+}
 
 
 @dataclass(kw_only=True, slots=True)
@@ -383,17 +425,16 @@ class JobConfig:
     serves one, else a PyTorchJob (locally: the PyTorchJob contract)."""
 
     def __post_init__(self) -> None:
-        _require(self.kind in JOB_KINDS, "job.kind", self.kind, f"must be one of {JOB_KINDS}")
-        _require(self.replicas >= 1, "job.replicas", self.replicas, "must be at least 1 (the Master)")
-        _require(self.nproc_per_node >= 1, "job.nproc_per_node", self.nproc_per_node, "must be >= 1")
-        _require(bool(self.image.strip()), "job.image", self.image, "must not be empty")
-        _require(self.timeout_seconds > 0, "job.timeout_seconds", self.timeout_seconds, "must be > 0")
-        _require(self.omp_num_threads >= 1, "job.omp_num_threads", self.omp_num_threads, "must be >= 1")
+        check_bounds(self, "job", _JOB_BOUNDS)
 
     @property
     def world_size(self) -> int:
         """Training processes in the whole job."""
         return self.replicas * self.nproc_per_node
+
+
+#: Bounds of `kubernetes.elastic.*` fields.
+_ELASTIC_BOUNDS = {"min_replicas": AT_LEAST_ONE, "max_restarts": NOT_NEGATIVE}
 
 
 @dataclass(kw_only=True, slots=True)
@@ -411,14 +452,39 @@ class ElasticConfig:
     """torchrun restarts of the worker group before the job fails."""
 
     def __post_init__(self) -> None:
-        _require(self.min_replicas >= 1, "kubernetes.elastic.min_replicas", self.min_replicas, "must be >= 1")
+        check_bounds(self, "kubernetes.elastic", _ELASTIC_BOUNDS)
         _require(
             self.max_replicas >= self.min_replicas,
             "kubernetes.elastic.max_replicas",
             self.max_replicas,
             f"must be >= min_replicas ({self.min_replicas})",
         )
-        _require(self.max_restarts >= 0, "kubernetes.elastic.max_restarts", self.max_restarts, "must be >= 0")
+
+
+#: Bounds of `kubernetes.*` fields.
+_KUBERNETES_BOUNDS = {
+    "runtime": Bound(
+        lambda v: len(v) <= 253 and bool(_DNS_1123.match(v)),
+        "must name a ClusterTrainingRuntime (a DNS-1123 subdomain of at most 253 characters)",
+    ),
+    "namespace": Bound(lambda v: not v or bool(_DNS_1123.match(v)), "must be a DNS-1123 label"),
+    "gpus_per_node": NOT_NEGATIVE,
+    "cpu": QUANTITY,
+    "memory": QUANTITY,
+    "shm_size": QUANTITY,
+    "clean_pod_policy": one_of(CLEAN_POD_POLICIES),
+    "restart_policy": one_of(RESTART_POLICIES),
+    "min_available": NOT_NEGATIVE,
+    "schedule_timeout_seconds": NOT_NEGATIVE,
+    "ttl_seconds_after_finished": NOT_NEGATIVE,
+    "active_deadline_seconds": NOT_NEGATIVE,
+    "backoff_limit": NOT_NEGATIVE,
+    "pending_timeout_seconds": ABOVE_ZERO,
+    "poll_seconds": ABOVE_ZERO,
+    "api_retry_budget_seconds": ABOVE_ZERO,
+    "queue_timeout_seconds": Bound(lambda v: v >= 0, "must be >= 0 (0: no limit)"),
+    "store_secret_keys": NOT_EMPTY,
+}
 
 
 @dataclass(kw_only=True, slots=True)
@@ -496,28 +562,7 @@ class KubernetesConfig:
 
     def __post_init__(self) -> None:
         p = "kubernetes"
-        _require(
-            len(self.runtime) <= 253 and bool(_DNS_1123.match(self.runtime)),
-            f"{p}.runtime",
-            self.runtime,
-            "must name a ClusterTrainingRuntime (a DNS-1123 subdomain of at most 253 characters)",
-        )
-        if self.namespace:
-            _require(
-                bool(_DNS_1123.match(self.namespace)),
-                f"{p}.namespace",
-                self.namespace,
-                "must be a DNS-1123 label",
-            )
-        _require(self.gpus_per_node >= 0, f"{p}.gpus_per_node", self.gpus_per_node, "must be >= 0")
-        for name in ("cpu", "memory", "shm_size"):
-            value = getattr(self, name)
-            _require(
-                not value or bool(_QUANTITY.match(value)),
-                f"{p}.{name}",
-                value,
-                "must be a Kubernetes quantity such as 8, 500m, 64Gi",
-            )
+        check_bounds(self, p, _KUBERNETES_BOUNDS)
         for i, tol in enumerate(self.tolerations):
             _require(isinstance(tol, dict), f"{p}.tolerations[{i}]", tol, "must be a mapping")
         for name in ("labels", "node_selector"):
@@ -528,51 +573,6 @@ class KubernetesConfig:
                     value,
                     "must be a label value (<= 63 alphanumerics, '-', '_', '.')",
                 )
-        _require(
-            self.clean_pod_policy in CLEAN_POD_POLICIES,
-            f"{p}.clean_pod_policy",
-            self.clean_pod_policy,
-            f"must be one of {CLEAN_POD_POLICIES}",
-        )
-        _require(
-            self.restart_policy in RESTART_POLICIES,
-            f"{p}.restart_policy",
-            self.restart_policy,
-            f"must be one of {RESTART_POLICIES}",
-        )
-        for name in (
-            "min_available",
-            "schedule_timeout_seconds",
-            "ttl_seconds_after_finished",
-            "active_deadline_seconds",
-            "backoff_limit",
-        ):
-            _require(getattr(self, name) >= 0, f"{p}.{name}", getattr(self, name), "must be >= 0")
-        _require(
-            self.pending_timeout_seconds > 0,
-            f"{p}.pending_timeout_seconds",
-            self.pending_timeout_seconds,
-            "must be > 0",
-        )
-        _require(self.poll_seconds > 0, f"{p}.poll_seconds", self.poll_seconds, "must be > 0")
-        _require(
-            self.api_retry_budget_seconds > 0,
-            f"{p}.api_retry_budget_seconds",
-            self.api_retry_budget_seconds,
-            "must be > 0",
-        )
-        _require(
-            self.queue_timeout_seconds >= 0,
-            f"{p}.queue_timeout_seconds",
-            self.queue_timeout_seconds,
-            "must be >= 0 (0: no limit)",
-        )
-        _require(
-            bool(self.store_secret_keys),
-            f"{p}.store_secret_keys",
-            self.store_secret_keys,
-            "must not be empty",
-        )
         check_plain_env(
             self.env, f"{p}.env", f"{p}.store_secret and {p}.store_secret_keys map Secret keys to variables"
         )
@@ -703,20 +703,6 @@ class Config:
                 + f"), but not by {', '.join(map(str, bad))}: use a multiple of {unit}",
             )
         self._check_partitions()
-
-
-def partition_problem(partitions: int, readers: int, micro_batch: int) -> str:
-    """Why `partitions` cannot cut an epoch exactly among `readers` (world size x DataLoader
-    workers) at `micro_batch` items per rank and micro-step, or ''. The streaming reader and the
-    config check share this rule."""
-    if partitions % readers:
-        return f"is not a multiple of the {readers} readers (world size x DataLoader workers)"
-    if micro_batch % (partitions // readers):
-        return (
-            f"gives each of the {readers} readers {partitions // readers} partitions, which the per-rank "
-            f"micro-batch of {micro_batch} items does not divide by"
-        )
-    return ""
 
 
 def _type_name(tp: Any) -> str:

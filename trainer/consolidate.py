@@ -65,7 +65,7 @@ def consolidate(
     """Write the model weights of the committed checkpoint in `folder` (``.../step-XXXXXXXX``)
     to a safetensors file at the local `path`, one tensor at a time; return what was written.
 
-    `exclude`: names not to store, e.g. tied weights (:func:`trainer.model.tied_names`), which
+    `exclude`: names not to store, e.g. tied weights (:func:`trainer.model_io.tied_names`), which
     the checkpoint holds under each name and a saved model holds once. `scratch`: the folder
     for the downloaded (parts of) ``.distcp`` files (default: the system's temporary folder).
     Everything read is checked against the commit record; a missing part, or a changed one

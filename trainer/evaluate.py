@@ -9,7 +9,7 @@ from typing import Any
 
 import torch
 
-from trainer.model import load_model
+from trainer.model_io import load_model
 from trainer.storage import ObjectStore, join_uri
 from trainer.tasks import get_task
 

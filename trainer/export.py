@@ -26,7 +26,7 @@ import numpy as np
 import torch
 from safetensors.torch import save as save_safetensors
 
-from trainer.model import load_model, weights
+from trainer.model_io import load_model, weights
 from trainer.progress import ProgressLine
 from trainer.storage import ObjectStore, join_uri
 from trainer.tasks import get_task

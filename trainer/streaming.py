@@ -35,7 +35,8 @@ import numpy as np
 import torch
 from torch.utils.data import IterableDataset, get_worker_info
 
-from trainer.config import partition_problem
+from trainer.config import SHARD_CACHE_BYTES
+from trainer.partitions import partition_problem
 from trainer.shards import DataError, ShardInfo, read_shard
 from trainer.storage import ObjectStore
 
@@ -220,12 +221,12 @@ def unconsumed(plan: Plan, readers: int, workers: int, rank_batches: int) -> Ran
 
 class ShardCache:
     """Fetches a planned sequence of shards on a background thread, ahead of use, holding at
-    most `max_bytes` of them (more only when the reader waits for a shard that does not fit)."""
+    most `cache_bytes` of them (more only when the reader waits for a shard that does not fit)."""
 
     def __init__(
-        self, store: ObjectStore, dataset_uri: str, plan: list[ShardInfo], max_bytes: int, decode: Callable | None
+        self, store: ObjectStore, dataset_uri: str, plan: list[ShardInfo], cache_bytes: int, decode: Callable | None
     ) -> None:
-        self._store, self._uri, self._plan, self._max = store, dataset_uri, plan, max_bytes
+        self._store, self._uri, self._plan, self._cache_bytes = store, dataset_uri, plan, cache_bytes
         self._decode = decode or (lambda data: data)
         self._ready: dict[int, Any] = {}
         self._used = 0
@@ -239,7 +240,9 @@ class ShardCache:
     def _run(self) -> None:
         for i, info in enumerate(self._plan):
             with self._cond:
-                while not self._stop and self._used and self._used + info.bytes > self._max and self._wanted < i:
+                while (
+                    not self._stop and self._used and self._used + info.bytes > self._cache_bytes and self._wanted < i
+                ):
                     self._cond.wait()
                 if self._stop:
                     return
@@ -355,7 +358,7 @@ class StreamingSplit(IterableDataset):
         workers: int,
         micro_batch: int,
         partitions: int = 0,
-        cache_bytes: int = 512 * 2**20,
+        cache_bytes: int = SHARD_CACHE_BYTES,
         decode: Callable | None = None,
     ) -> None:
         super().__init__()

@@ -49,7 +49,7 @@ from trainer.distributed import (
 )
 from trainer.events import EVENTS_FOLDER, EventWriter
 from trainer.launch.backend import FAILURE_MARKER
-from trainer.model import WEIGHTS, publish_model, save_model, tied_names
+from trainer.model_io import WEIGHTS, publish_model, save_model, tied_names
 from trainer.progress import Progress
 from trainer.rng import rng_state, seed_everything, set_rng_state
 from trainer.safetensors_file import TensorFile

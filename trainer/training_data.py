@@ -20,7 +20,7 @@ from trainer.distributed import DistEnv
 from trainer.shards import split_shards
 from trainer.storage import ObjectStore, open_store
 from trainer.streaming import Ranges, StreamingSplit, first_items, merge_ranges
-from trainer.tasks import Task
+from trainer.tasks.base import Task
 
 log = logging.getLogger("kftrain.data")
 

@@ -17,8 +17,8 @@ import pytest
 from tests.conftest import run_group
 from trainer.config import load_config
 from trainer.data_rules import check_source
+from trainer.pipeline_steps import prepare_data
 from trainer.shards import DataError, read_shard, split_shards
-from trainer.steps import prepare_data
 from trainer.storage import LocalStore, StoreError, open_store
 from trainer.tasks import get_task
 from trainer.tasks.classification.data import SplitAssigner, load_split

@@ -208,7 +208,7 @@ def test_the_training_step_claims_the_prefix_for_its_task_before_the_job_starts(
     """The KFP path: the step's task identity owns `<model URI>/checkpoints`; a retry (the same
     identity) goes on, another task with resume: false is refused naming it."""
     from trainer.config import load_config
-    from trainer.steps import claim_checkpoints
+    from trainer.pipeline_steps import claim_checkpoints
 
     model_uri = str(tmp_path / "model")
     cfg = claim_checkpoints(load_config(None, {}), model_uri, owner="run-1/train")

@@ -12,8 +12,8 @@ import pytest
 from trainer.config import parse_config
 from trainer.launch.fieldrules import RULES, SOURCES, Item, _match, config_field
 from trainer.launch.job import PREFLIGHT_NAME, PREFLIGHT_URIS, check_job_manifests, training_job
-from trainer.launch.jobkind import KINDS
-from trainer.launch.preflight import ManifestError, validate_manifest
+from trainer.launch.jobkind import BY_NAME
+from trainer.launch.preflight import ManifestError, validate_pytorchjob, validate_trainjob
 
 BOTH = ("pytorchjob", "trainjob")
 V1 = ("pytorchjob",)  # settings a TrainJob has no field for (refused by name for trainjob already)
@@ -21,7 +21,7 @@ V1 = ("pytorchjob",)  # settings a TrainJob has no field for (refused by name fo
 
 def manifest(kind: str, **overrides) -> dict:
     cfg = parse_config("", {**overrides, "job.kind": kind})
-    return KINDS[kind].build(training_job(cfg, PREFLIGHT_NAME, *PREFLIGHT_URIS), cfg.kubernetes.namespace, None)
+    return BY_NAME[kind].build(training_job(cfg, PREFLIGHT_NAME, *PREFLIGHT_URIS), cfg.kubernetes.namespace, None)
 
 
 # (config overrides, kinds, the phrases the one-line error must hold: config field first, then the value)
@@ -156,7 +156,7 @@ def test_a_trainjob_quantity_names_its_field():
     m = manifest("trainjob", **{"kubernetes.cpu": "4"})
     m["spec"]["trainer"]["resourcesPerNode"]["limits"]["cpu"] = "4 cores"
     with pytest.raises(ManifestError, match=r"^kubernetes.cpu: '4 cores' is not a Kubernetes quantity"):
-        validate_manifest(m)
+        validate_trainjob(m)
 
 
 def _edit(m: dict, path: tuple, value) -> dict:
@@ -172,13 +172,13 @@ def _edit(m: dict, path: tuple, value) -> dict:
 def test_manifest_fields_refused(path, value, phrase):
     m = _edit(manifest("pytorchjob"), path, value)
     with pytest.raises(ManifestError) as err:
-        validate_manifest(m)
+        validate_pytorchjob(m)
     assert phrase in str(err.value)
 
 
 @pytest.mark.parametrize(("path", "value"), EDITS_ACCEPTED)
 def test_manifest_fields_accepted(path, value):
-    validate_manifest(_edit(manifest("pytorchjob"), path, value))
+    validate_pytorchjob(_edit(manifest("pytorchjob"), path, value))
 
 
 def test_every_shipped_config_passes():

@@ -65,8 +65,9 @@ class JobBackend(Protocol):
     def submit(self, spec: JobSpec) -> None:
         """Start the job (re-attach if a job of that name already runs)."""
 
-    def wait(self, spec: JobSpec, timeout_s: float) -> None:
-        """Block until the job succeeds; raise :class:`JobFailed` / :class:`JobTimeout`."""
+    def wait(self, spec: JobSpec) -> None:
+        """Block until the job succeeds; raise :class:`JobFailed`, or :class:`JobTimeout` past
+        `spec.timeout_s`."""
 
     def logs(self, spec: JobSpec, tail: int = 50) -> dict[str, list[str]]:
         """The last `tail` log lines of each replica, keyed like ``master-0``, ``worker-1``."""
@@ -92,8 +93,8 @@ def _sigterm_raises() -> Iterator[None]:
         signal.signal(signal.SIGTERM, previous)
 
 
-def run_job(backend: JobBackend, spec: JobSpec, timeout_s: float) -> None:
-    """Submit, wait, and cancel the job on any way out that is not success.
+def run_job(backend: JobBackend, spec: JobSpec) -> None:
+    """Submit, wait (at most `spec.timeout_s`), and cancel the job on any way out that is not success.
 
     The backend decides what is final: transient API errors are retried inside it, so whatever
     reaches this point fails the step. If cancelling fails too, the original error is still the
@@ -102,7 +103,7 @@ def run_job(backend: JobBackend, spec: JobSpec, timeout_s: float) -> None:
     with _sigterm_raises():
         try:
             backend.submit(spec)
-            backend.wait(spec, timeout_s)
+            backend.wait(spec)
         except BaseException as exc:
             try:
                 backend.cancel(spec)

@@ -55,8 +55,8 @@ def check_job_manifests(cfg: Config) -> None:
     """Build the job `cfg` would create on a cluster (each kind `job.kind` may become) and preflight
     it, so that a value the API server, the operator or NCCL would refuse fails before any step,
     pod or upload starts, naming its config field (:class:`~trainer.launch.preflight.ManifestError`)."""
-    from trainer.launch.jobkind import KINDS
+    from trainer.launch.jobkind import BY_NAME
 
     spec = training_job(cfg, PREFLIGHT_NAME, *PREFLIGHT_URIS)
-    for kind in [KINDS[cfg.job.kind]] if cfg.job.kind in KINDS else list(KINDS.values()):
+    for kind in [BY_NAME[cfg.job.kind]] if cfg.job.kind in BY_NAME else list(BY_NAME.values()):
         kind.validate(kind.build(spec, cfg.kubernetes.namespace, None))

@@ -61,8 +61,8 @@ class JobKind:
 
     name: str
     """`job.kind` spelling: `pytorchjob` or `trainjob`."""
-    kind: str
-    """The API kind: `PyTorchJob` or `TrainJob`."""
+    crd_kind: str
+    """The custom resource's kind in manifests and messages: `PyTorchJob` or `TrainJob`."""
     group: str
     """API group of the CRD."""
     version: str
@@ -114,7 +114,7 @@ class JobKind:
 
 PYTORCHJOB_KIND = JobKind(
     name=PYTORCHJOB,
-    kind=pytorchjob.KIND,
+    crd_kind=pytorchjob.KIND,
     group=pytorchjob.GROUP,
     version=pytorchjob.VERSION,
     plural=pytorchjob.PLURAL,
@@ -127,7 +127,7 @@ PYTORCHJOB_KIND = JobKind(
 )
 TRAINJOB_KIND = JobKind(
     name=TRAINJOB,
-    kind=trainjob.KIND,
+    crd_kind=trainjob.KIND,
     group=trainjob.GROUP,
     version=trainjob.VERSION,
     plural=trainjob.PLURAL,
@@ -138,7 +138,8 @@ TRAINJOB_KIND = JobKind(
     validate=validate_trainjob,
     replica_key=_trainjob_replica,
 )
-KINDS = {k.name: k for k in (PYTORCHJOB_KIND, TRAINJOB_KIND)}
+#: The job kinds a cluster can run, by their `job.kind` spelling (`auto` is not one: it chooses).
+BY_NAME = {k.name: k for k in (PYTORCHJOB_KIND, TRAINJOB_KIND)}
 #: `auto` prefers the newer API when a cluster serves both.
 AUTO_PREFERENCE = (TRAINJOB_KIND, PYTORCHJOB_KIND)
 
@@ -151,7 +152,7 @@ def choose_kind(requested: str, served: Callable[[JobKind], bool]) -> JobKind:
     """The JobKind for `requested` (`pytorchjob`, `trainjob`, or `auto`). For `auto`, ask
     `served(kind)` (API discovery) in order of preference: TrainJob first, then PyTorchJob."""
     if requested != AUTO:
-        return KINDS[requested]
+        return BY_NAME[requested]
     for kind in AUTO_PREFERENCE:
         if served(kind):
             return kind

@@ -37,12 +37,10 @@ job that runs for hours (`kubernetes.poll_seconds`).
 
 from __future__ import annotations
 
-import collections
 import datetime as dt
 import json
 import os
 import random
-import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -58,6 +56,7 @@ from trainer.launch.jobkind import (
     NoJobKindServed,
     choose_kind,
 )
+from trainer.launch.logstream import LogStreams
 from trainer.launch.pytorchjob import KUEUE_QUEUE_LABEL, owner_reference
 from trainer.launch.retry import ApiRetry, ApiUnavailable, describe, http_status
 from trainer.launch.spec import AUTO, POD_NAME_ENV, POD_UID_ENV, JobSpec, require_object_store
@@ -170,6 +169,46 @@ class _Admission:
         return max(created, self.admitted_at) if self.from_queue and self.admitted_at else created
 
 
+class _Job:
+    """One job as the backend drives it: its spec, its kind (`auto` already resolved), where it
+    lives, its owner, and the API calls on its resource."""
+
+    def __init__(self, backend: KubernetesBackend, spec: JobSpec, kind: JobKind) -> None:
+        self.spec, self.kind, self.name = spec, kind, spec.name
+        self.namespace = spec.kubernetes.namespace or backend._home
+        # The launcher pod owns the job only in the pod's own namespace: Kubernetes treats a
+        # cross-namespace owner as absent and would garbage-collect the job at once.
+        self.owner = backend._owner if self.namespace == backend._home else None
+        self._backend = backend
+
+    @property
+    def what(self) -> str:
+        """`PyTorchJob <name>` / `TrainJob <name>`, for log lines and errors."""
+        return f"{self.kind.crd_kind} {self.name}"
+
+    @property
+    def ref(self) -> str:
+        """`<namespace>/<name>`."""
+        return f"{self.namespace}/{self.name}"
+
+    def api(self, what: str, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+        """One API call for this job, through the backend's retry policy."""
+        return self._backend._api(self.spec, what, fn, *args, **kwargs)
+
+    def custom(self, verb: str, method: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+        """One custom-objects API call on the job's resource: `method(group, version, namespace,
+        plural, *args)`, e.g. `custom("get", api.get_namespaced_custom_object, name)`."""
+        k = self.kind
+        return self.api(f"{verb} job {self.ref}", method, k.group, k.version, self.namespace, k.plural, *args, **kwargs)
+
+    def manifest(self) -> dict[str, Any]:
+        """The validated job (preflight raises before anything is sent)."""
+        require_object_store(self.spec.artifact_uris)
+        manifest = self.kind.build(self.spec, self.namespace, self.owner)
+        self.kind.validate(manifest)
+        return manifest
+
+
 class KubernetesBackend:
     """PyTorchJobs or TrainJobs (`spec.kind`) through the Kubernetes API.
 
@@ -203,24 +242,21 @@ class KubernetesBackend:
         self._log = log or print_line
         self._now, self._sleep, self._rng = now, sleep, rng
         self._deadline: dt.datetime | None = None  # while waiting: retries stop here too
-        # One stream per (pod uid, container restarts): a pod recreated under the same name
-        # has a new uid and so a new stream; the replica prefix comes from its labels.
-        self._streams: dict[tuple[str, int], threading.Thread] = {}
-        self._tails: dict[str, collections.deque] = {}
-        self._kinds: dict[str, JobKind] = {}  # job name -> kind, `auto` resolved once
+        self._streams = LogStreams(self._log)
+        self._jobs: dict[str, _Job] = {}  # by job name; `auto` resolved once
 
-    def job_kind(self, spec: JobSpec) -> JobKind:
-        """The kind of `spec`'s job; `auto` asks the cluster once (API discovery, retried)."""
-        if spec.name not in self._kinds:
+    def _job(self, spec: JobSpec) -> _Job:
+        """The handle of `spec`'s job; `auto` asks the cluster once (API discovery, retried)."""
+        job = self._jobs.get(spec.name)
+        if job is None:
             try:
-                self._kinds[spec.name] = choose_kind(spec.kind, lambda k: self._served(spec, k))
+                kind = choose_kind(spec.kind, lambda k: self._served(spec, k))
             except NoJobKindServed as exc:
                 raise JobFailed(str(exc)) from None
-        return self._kinds[spec.name]
-
-    def _what(self, spec: JobSpec) -> str:
-        """`PyTorchJob <name>` / `TrainJob <name>`, for log lines and errors."""
-        return f"{self.job_kind(spec).kind} {spec.name}"
+            job = self._jobs[spec.name] = _Job(self, spec, kind)
+        elif job.spec is not spec:  # the same job, described again: its kind stays resolved
+            job = self._jobs[spec.name] = _Job(self, spec, job.kind)
+        return job
 
     def _served(self, spec: JobSpec, kind: JobKind) -> bool:
         """Whether the cluster serves `kind`'s resource: discovery of its group/version (404: the
@@ -242,32 +278,15 @@ class KubernetesBackend:
             raise
         return any(r.name == kind.plural for r in (getattr(found, "resources", None) or []))
 
-    def namespace(self, spec: JobSpec) -> str:
-        """Where the job lives: the config's namespace, else the launcher's own."""
-        return spec.kubernetes.namespace or self._home
-
-    def owner(self, spec: JobSpec) -> dict[str, Any] | None:
-        """The launcher pod as the job's owner, only in the pod's own namespace: Kubernetes treats
-        a cross-namespace owner as absent and would garbage-collect the job at once."""
-        return self._owner if self.namespace(spec) == self._home else None
-
-    def manifest(self, spec: JobSpec) -> dict[str, Any]:
-        """The validated job for `spec` (preflight raises before anything is sent)."""
-        require_object_store(spec.artifact_uris)
-        kind = self.job_kind(spec)
-        manifest = kind.build(spec, self.namespace(spec), self.owner(spec))
-        kind.validate(manifest)
-        return manifest
-
     # -- the JobBackend interface ---------------------------------------------------------
 
     def submit(self, spec: JobSpec) -> None:
         """Create the job; re-attach to it if it exists (replace it if it already Failed)."""
-        manifest = self.manifest(spec)
-        ns = self.namespace(spec)
+        job = self._job(spec)
+        manifest = job.manifest()
         try:
-            self._create(spec, manifest)
-            self._log(f"kftrain: created {self.job_kind(spec).kind} {ns}/{spec.name}")
+            self._create(job, manifest)
+            self._log(f"kftrain: created {job.kind.crd_kind} {job.ref}")
             return
         except JobFailed:
             raise
@@ -276,31 +295,31 @@ class KubernetesBackend:
             # found the job: re-attaching to it is right either way.
             status = http_status(exc)
             if status != 409:
-                hint = f" (is the {self.job_kind(spec).crd} CRD installed?)" if status == 404 else ""
+                hint = f" (is the {job.kind.crd} CRD installed?)" if status == 404 else ""
                 detail = _status_message(exc)
-                raise JobFailed(
-                    f"cannot create {self.job_kind(spec).kind} {ns}/{spec.name}: {describe(exc)}{hint}{detail}"
-                ) from None
-        existing = self._get(spec)
-        if existing is not None and _condition(existing, self.job_kind(spec).failed):
+                raise JobFailed(f"cannot create {job.kind.crd_kind} {job.ref}: {describe(exc)}{hint}{detail}") from None
+        existing = self._get(job)
+        if existing is not None and _condition(existing, job.kind.failed):
             # A retried step asks for a new attempt, not for the old failure again.
-            self._log(f"kftrain: {self.job_kind(spec).kind} {ns}/{spec.name} exists and Failed; replacing it")
+            self._log(f"kftrain: {job.kind.crd_kind} {job.ref} exists and Failed; replacing it")
             self.cancel(spec)
-            self._wait_deleted(spec)
-            self._create(spec, manifest)
+            self._wait_deleted(job)
+            self._create(job, manifest)
             return
-        self._log(f"kftrain: {self.job_kind(spec).kind} {ns}/{spec.name} already exists; re-attaching to it")
-        self._adopt(spec, existing)
+        self._log(f"kftrain: {job.kind.crd_kind} {job.ref} already exists; re-attaching to it")
+        self._adopt(job, existing)
 
-    def wait(self, spec: JobSpec, timeout_s: float) -> None:
+    def wait(self, spec: JobSpec) -> None:
         """Poll until Succeeded; raise on Failed, a pod Pending too long after admission, too
-        long in a queue (when limited), the deadline, or an API that stays unavailable."""
-        self._deadline = self._now() + dt.timedelta(seconds=timeout_s)
+        long in a queue (when limited), the deadline (`spec.timeout_s`), or an API that stays
+        unavailable."""
+        job = self._job(spec)
+        self._deadline = self._now() + dt.timedelta(seconds=spec.timeout_s)
         try:
-            self._wait(spec, timeout_s)
+            self._wait(job)
         except ApiUnavailable as exc:
             if exc.at_deadline:
-                raise JobTimeout(f"{self._timeout_message(spec, timeout_s)}; at the time, {exc}") from exc
+                raise JobTimeout(f"{self._timeout_message(job)}; at the time, {exc}") from exc
             raise
         except JobFailed:
             raise
@@ -311,80 +330,67 @@ class KubernetesBackend:
             # A final answer (401, 403, ...): one line for the step log, not the client's dump.
             hint = " (the run's service account lacks RBAC in the job's namespace)" if status == 403 else ""
             raise JobFailed(
-                f"the Kubernetes API refused a call while the launcher waited for {self._what(spec)}: "
-                f"{describe(exc)}{hint}"
+                f"the Kubernetes API refused a call while the launcher waited for {job.what}: {describe(exc)}{hint}"
             ) from exc
         finally:
             self._deadline = None
 
     def logs(self, spec: JobSpec, tail: int = 50) -> dict[str, list[str]]:
         """The last `tail` lines of each replica's current container."""
-        out = {}
-        for pod in self._pods(spec):
-            out[self.job_kind(spec).replica_key(pod)] = self._read_log(spec, pod.metadata.name, tail)
-        return out
+        job = self._job(spec)
+        return {job.kind.replica_key(pod): self._read_log(job, pod.metadata.name, tail) for pod in self._pods(job)}
 
     def cancel(self, spec: JobSpec) -> None:
         """Delete the job (Foreground: its pods go first); a job already gone is fine."""
-        if spec.kind == AUTO and spec.name not in self._kinds:
+        if spec.kind == AUTO and spec.name not in self._jobs:
             return  # discovery never answered, so nothing was created
-        ns = self.namespace(spec)
+        job = self._job(spec)
         try:
-            self._api(
-                spec,
-                f"delete job {ns}/{spec.name}",
-                self.custom.delete_namespaced_custom_object,
-                self.job_kind(spec).group,
-                self.job_kind(spec).version,
-                ns,
-                self.job_kind(spec).plural,
-                spec.name,
-                propagation_policy="Foreground",
-            )
-            self._log(f"kftrain: deleted {self._what(spec)}")
+            job.custom("delete", self.custom.delete_namespaced_custom_object, job.name, propagation_policy="Foreground")
+            self._log(f"kftrain: deleted {job.what}")
         except Exception as exc:
             if http_status(exc) != 404:
                 raise
 
     # -- waiting --------------------------------------------------------------------------
 
-    def _wait(self, spec: JobSpec, timeout_s: float) -> None:
-        pending_limit = dt.timedelta(seconds=spec.kubernetes.pending_timeout_seconds)
-        queue_limit = spec.kubernetes.queue_timeout_seconds
-        kind = self.job_kind(spec)
+    def _wait(self, job: _Job) -> None:
+        k8s = job.spec.kubernetes
+        pending_limit = dt.timedelta(seconds=k8s.pending_timeout_seconds)
+        queue_limit = k8s.queue_timeout_seconds
+        kind = job.kind
         admission = _Admission(kind)
         while True:
-            job = self._get(spec)
-            if job is None:
-                raise JobFailed(f"{self._what(spec)} was deleted while the launcher waited for it")
-            if _condition(job, kind.succeeded):
-                self._finish_streams()
-                self._log(f"kftrain: {self._what(spec)} succeeded")
+            obj = self._get(job)
+            if obj is None:
+                raise JobFailed(f"{job.what} was deleted while the launcher waited for it")
+            if _condition(obj, kind.succeeded):
+                self._streams.finish()
+                self._log(f"kftrain: {job.what} succeeded")
                 return
-            failed = _condition(job, kind.failed)
+            failed = _condition(obj, kind.failed)
             if failed:
-                self._finish_streams()
-                raise JobFailed(self._failure_message(spec, failed))
-            pods = self._pods(spec)
+                self._streams.finish()
+                raise JobFailed(self._failure_message(job, failed))
+            pods = self._pods(job)
             now = self._now()
-            why_queued = admission.queued(job, pods)
+            why_queued = admission.queued(obj, pods)
             if why_queued:
-                if admission.enter_queue(job, now):
+                if admission.enter_queue(obj, now):
                     self._log(
-                        f"kftrain: {self._what(spec)} is queued in {queue_of(job, kind)}: {why_queued}; "
+                        f"kftrain: {job.what} is queued in {queue_of(obj, kind)}: {why_queued}; "
                         "the Pending clock starts when it is admitted"
                     )
                 waited = now - admission.queued_since
                 if queue_limit and waited.total_seconds() > queue_limit:
                     raise JobFailed(
-                        f"{self._what(spec)} waited {int(waited.total_seconds())}s in "
-                        f"{queue_of(job, kind)} "
+                        f"{job.what} waited {int(waited.total_seconds())}s in {queue_of(obj, kind)} "
                         f"without being admitted (kubernetes.queue_timeout_seconds={queue_limit}). "
-                        f"Events: {self._events(spec, spec.name)}"
+                        f"Events: {self._events(job, job.name)}"
                     )
-            elif (queued_for := admission.admit(job, now)) is not None:
+            elif (queued_for := admission.admit(obj, now)) is not None:
                 self._log(
-                    f"kftrain: {self._what(spec)} admitted from {queue_of(job, kind)} after "
+                    f"kftrain: {job.what} admitted from {queue_of(obj, kind)} after "
                     f"{max(0, int(queued_for.total_seconds()))}s"
                 )
             for pod in pods:
@@ -392,25 +398,24 @@ class KubernetesBackend:
                 if phase == "Pending" and not why_queued:
                     waited = now - admission.pending_since(pod)
                     if waited > pending_limit:
-                        raise JobFailed(self._pending_message(spec, pod, waited))
+                        raise JobFailed(self._pending_message(job, pod, waited))
                 elif phase in ("Running", "Succeeded", "Failed"):
-                    self._stream(spec, pod)
+                    self._stream(job, pod)
             if not pods and not why_queued and now - admission.admitted_at > pending_limit:
                 since = "admitted" if admission.from_queue else "created"
                 raise JobFailed(
-                    f"{self._what(spec)} has no pods "
-                    f"{int((now - admission.admitted_at).total_seconds())}s "
+                    f"{job.what} has no pods {int((now - admission.admitted_at).total_seconds())}s "
                     f"after it was {since} (kubernetes.pending_timeout_seconds="
-                    f"{spec.kubernetes.pending_timeout_seconds}): the operator did not create them (a "
+                    f"{k8s.pending_timeout_seconds}): the operator did not create them (a "
                     f"ResourceQuota, a webhook, or a gang scheduler the job does not name). "
-                    f"Events: {self._events(spec, spec.name)}"
+                    f"Events: {self._events(job, job.name)}"
                 )
             if now > self._deadline:
-                raise JobTimeout(self._timeout_message(spec, timeout_s))
-            self._sleep(spec.kubernetes.poll_seconds)
+                raise JobTimeout(self._timeout_message(job))
+            self._sleep(k8s.poll_seconds)
 
-    def _timeout_message(self, spec: JobSpec, timeout_s: float) -> str:
-        return f"{self._what(spec)} did not finish within {timeout_s:.0f}s (job.timeout_seconds); it has been deleted"
+    def _timeout_message(self, job: _Job) -> str:
+        return f"{job.what} did not finish within {job.spec.timeout_s:.0f}s (job.timeout_seconds); it has been deleted"
 
     # -- API calls, all through the retry -------------------------------------------------
 
@@ -420,178 +425,106 @@ class KubernetesBackend:
         )
         return retry.call(what, fn, *args, stop_at=self._deadline, **kwargs)
 
-    def _create(self, spec: JobSpec, manifest: dict[str, Any]) -> None:
-        ns = self.namespace(spec)
-        self._api(
-            spec,
-            f"create job {ns}/{spec.name}",
-            self.custom.create_namespaced_custom_object,
-            self.job_kind(spec).group,
-            self.job_kind(spec).version,
-            ns,
-            self.job_kind(spec).plural,
-            manifest,
-        )
+    def _create(self, job: _Job, manifest: dict[str, Any]) -> None:
+        job.custom("create", self.custom.create_namespaced_custom_object, manifest)
 
-    def _get(self, spec: JobSpec) -> dict[str, Any] | None:
-        ns = self.namespace(spec)
+    def _get(self, job: _Job) -> dict[str, Any] | None:
         try:
-            return self._api(
-                spec,
-                f"get job {ns}/{spec.name}",
-                self.custom.get_namespaced_custom_object,
-                self.job_kind(spec).group,
-                self.job_kind(spec).version,
-                ns,
-                self.job_kind(spec).plural,
-                spec.name,
-            )
+            return job.custom("get", self.custom.get_namespaced_custom_object, job.name)
         except Exception as exc:
             if http_status(exc) == 404:
                 return None
             raise
 
-    def _wait_deleted(self, spec: JobSpec, timeout_s: float = 300) -> None:
+    def _wait_deleted(self, job: _Job, timeout_s: float = 300) -> None:
         end = self._now() + dt.timedelta(seconds=timeout_s)
-        while self._get(spec) is not None:
+        while self._get(job) is not None:
             if self._now() > end:
-                raise JobFailed(f"old {self._what(spec)} was not deleted within {timeout_s:.0f}s")
-            self._sleep(spec.kubernetes.poll_seconds)
+                raise JobFailed(f"old {job.what} was not deleted within {timeout_s:.0f}s")
+            self._sleep(job.spec.kubernetes.poll_seconds)
 
-    def _adopt(self, spec: JobSpec, job: dict[str, Any] | None) -> None:
+    def _adopt(self, job: _Job, obj: dict[str, Any] | None) -> None:
         """Add this launcher pod to the job's owners, so cancelling the retried run deletes it."""
-        owner = self.owner(spec)
-        if job is None or owner is None:
+        if obj is None or job.owner is None:
             return
-        owners = job.get("metadata", {}).get("ownerReferences") or []
-        if any(o.get("uid") == owner["uid"] for o in owners):
+        owners = obj.get("metadata", {}).get("ownerReferences") or []
+        if any(o.get("uid") == job.owner["uid"] for o in owners):
             return
-        patch = {"metadata": {"ownerReferences": [*owners, owner]}}
-        ns = self.namespace(spec)
-        self._api(
-            spec,
-            f"patch job {ns}/{spec.name}",
-            self.custom.patch_namespaced_custom_object,
-            self.job_kind(spec).group,
-            self.job_kind(spec).version,
-            ns,
-            self.job_kind(spec).plural,
-            spec.name,
-            patch,
-        )
+        patch = {"metadata": {"ownerReferences": [*owners, job.owner]}}
+        job.custom("patch", self.custom.patch_namespaced_custom_object, job.name, patch)
 
-    def _pods(self, spec: JobSpec) -> list[Any]:
-        ns = self.namespace(spec)
-        pods = self._api(
-            spec,
-            f"list pods of job {ns}/{spec.name}",
+    def _pods(self, job: _Job) -> list[Any]:
+        pods = job.api(
+            f"list pods of job {job.ref}",
             self.core.list_namespaced_pod,
-            ns,
-            label_selector=self.job_kind(spec).pod_selector(spec.name),
+            job.namespace,
+            label_selector=job.kind.pod_selector(job.name),
         )
-        return sorted(pods.items, key=self.job_kind(spec).replica_key)
+        return sorted(pods.items, key=job.kind.replica_key)
 
-    def _events(self, spec: JobSpec, obj_name: str) -> str:
+    def _events(self, job: _Job, obj_name: str) -> str:
         """Events of an object, for an error message: never the reason the message is lost."""
-        ns = self.namespace(spec)
         try:
-            events = self._api(
-                spec,
-                f"list events of {ns}/{obj_name}",
+            events = job.api(
+                f"list events of {job.namespace}/{obj_name}",
                 self.core.list_namespaced_event,
-                ns,
+                job.namespace,
                 field_selector=f"involvedObject.name={obj_name}",
             ).items
         except Exception as exc:
             return f"unavailable ({describe(exc)})"
         return "; ".join(f"{e.reason}: {e.message}" for e in events) or "none"
 
-    def _read_log(self, spec: JobSpec, pod_name: str, tail: int) -> list[str]:
-        ns = self.namespace(spec)
+    def _read_log(self, job: _Job, pod_name: str, tail: int) -> list[str]:
         try:
-            text = self._api(
-                spec,
-                f"read log of pod {ns}/{pod_name}",
+            text = job.api(
+                f"read log of pod {job.namespace}/{pod_name}",
                 self.core.read_namespaced_pod_log,
                 pod_name,
-                ns,
-                container=self.job_kind(spec).container,
+                job.namespace,
+                container=job.kind.container,
                 tail_lines=tail,
             )
         except Exception as exc:
             return [f"(log unavailable: {describe(exc)})"]
         return text.splitlines()
 
-    # -- log streaming --------------------------------------------------------------------
-
-    def _stream(self, spec: JobSpec, pod: Any) -> None:
+    def _stream(self, job: _Job, pod: Any) -> None:
+        """Follow the replica's log into the step's log (once per container instance)."""
         name = pod.metadata.name
-        # One stream per container instance: a container restarted by its restartPolicy, or a
-        # pod recreated under the same name (new uid), gets a new stream (the old one ended
-        # with the old container).
-        restarts = sum(cs.restart_count or 0 for cs in pod.status.container_statuses or [])
-        instance = (pod.metadata.uid or name, restarts)
-        if instance in self._streams:
-            return
-        key = self.job_kind(spec).replica_key(pod)
-        tail = self._tails.setdefault(key, collections.deque(maxlen=200))
-        ns = self.namespace(spec)
 
-        def follow() -> None:
-            try:
-                resp = self._api(
-                    spec,
-                    f"read log of pod {ns}/{name}",
-                    self.core.read_namespaced_pod_log,
-                    name,
-                    ns,
-                    container=self.job_kind(spec).container,
-                    follow=True,
-                    _preload_content=False,
-                )
-                buf = b""
-                for chunk in resp.stream(4096):
-                    buf += chunk
-                    *lines, buf = buf.split(b"\n")
-                    for raw in lines:
-                        line = raw.decode("utf-8", "replace")
-                        tail.append(line)
-                        self._log(f"[{key}] {line}")
-                if buf:
-                    tail.append(buf.decode("utf-8", "replace"))
-                    self._log(f"[{key}] {tail[-1]}")
-                resp.release_conn()
-            except Exception as exc:  # a log stream must never fail the launcher
-                self._log(f"[{key}] (log stream ended: {describe(exc)})")
+        def open_stream() -> Any:
+            return job.api(
+                f"read log of pod {job.namespace}/{name}",
+                self.core.read_namespaced_pod_log,
+                name,
+                job.namespace,
+                container=job.kind.container,
+                follow=True,
+                _preload_content=False,
+            )
 
-        thread = threading.Thread(target=follow, name=f"logs-{key}", daemon=True)
-        self._streams[instance] = thread
-        thread.start()
-
-    def _finish_streams(self, timeout_s: float = 10) -> None:
-        end = time.monotonic() + timeout_s  # real time: threads join in real time, not the API clock
-        for thread in list(self._streams.values()):
-            thread.join(timeout=max(0.0, end - time.monotonic()))
+        self._streams.follow(pod, job.kind.replica_key(pod), open_stream)
 
     # -- error messages -------------------------------------------------------------------
 
-    def _failure_message(self, spec: JobSpec, cond: dict[str, Any]) -> str:
-        lines = [f"{self._what(spec)} failed: {cond.get('reason', 'Failed')}: {cond.get('message', '')}".rstrip()]
+    def _failure_message(self, job: _Job, cond: dict[str, Any]) -> str:
+        lines = [f"{job.what} failed: {cond.get('reason', 'Failed')}: {cond.get('message', '')}".rstrip()]
         try:
-            pods = self._pods(spec)
+            pods = self._pods(job)
         except Exception as exc:  # the job's Failed condition is the answer; pods are evidence
             return "\n".join([*lines, f"(replica pods unavailable: {describe(exc)})"])
         for pod in pods:
             code = _exit_code(pod)
             if pod.status.phase == "Failed" or code not in (None, 0):
-                key = self.job_kind(spec).replica_key(pod)
+                key = job.kind.replica_key(pod)
                 lines.append(f"replica {key} (pod {pod.metadata.name}) exited with code {code}; last log lines:")
-                logs = self._read_log(spec, pod.metadata.name, 400)
+                logs = self._read_log(job, pod.metadata.name, 400)
                 lines += [f"  [{key}] {line}" for line in failure_excerpt(logs)]
                 break
         return "\n".join(lines)
 
-    def _pending_message(self, spec: JobSpec, pod: Any, waited: dt.timedelta) -> str:
+    def _pending_message(self, job: _Job, pod: Any, waited: dt.timedelta) -> str:
         reasons = []
         for cs in pod.status.container_statuses or []:
             waiting = cs.state.waiting if cs.state else None
@@ -599,10 +532,9 @@ class KubernetesBackend:
                 reasons.append(f"{waiting.reason}: {waiting.message or ''}".rstrip(": "))
         detail = f" ({'; '.join(reasons)})" if reasons else ""
         return (
-            f"replica {self.job_kind(spec).replica_key(pod)} (pod {pod.metadata.name}) of {self._what(spec)} "
-            "has been Pending "
+            f"replica {job.kind.replica_key(pod)} (pod {pod.metadata.name}) of {job.what} has been Pending "
             f"for {int(waited.total_seconds())}s (kubernetes.pending_timeout_seconds="
-            f"{spec.kubernetes.pending_timeout_seconds}){detail}. Events: {self._events(spec, pod.metadata.name)}"
+            f"{job.spec.kubernetes.pending_timeout_seconds}){detail}. Events: {self._events(job, pod.metadata.name)}"
         )
 
 

@@ -190,9 +190,10 @@ class LocalBackend:
             rep.tail.append(line)
             self._sink(f"[{rep.key}] {line}")
 
-    def wait(self, spec: JobSpec, timeout_s: float) -> None:
+    def wait(self, spec: JobSpec) -> None:
         replicas = self._jobs[spec.name]
         master = replicas[0]
+        timeout_s = spec.timeout_s
         deadline = time.monotonic() + timeout_s
         while True:
             failed = [r for r in replicas if r.proc.poll() not in (None, 0)]

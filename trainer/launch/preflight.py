@@ -299,11 +299,3 @@ def validate_trainjob(manifest: dict[str, Any]) -> None:
     validate_trainjob_rules(manifest)
     validate_schema(manifest)
     validate_fields(manifest)
-
-
-def validate_manifest(manifest: dict[str, Any]) -> None:
-    """Preflight for either kind, chosen by the manifest's `kind`."""
-    if manifest.get("kind") == "TrainJob":
-        validate_trainjob(manifest)
-    else:
-        validate_pytorchjob(manifest)

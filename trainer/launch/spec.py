@@ -33,7 +33,7 @@ import hashlib
 import re
 from dataclasses import dataclass, field
 
-from trainer.config import KubernetesConfig
+from trainer.config import AUTO, PYTORCHJOB, TRAINJOB, KubernetesConfig
 from trainer.storage import parse_uri
 
 MASTER = "master"
@@ -43,9 +43,6 @@ NODE = "node"
 DEFAULT_PORT = 23456
 #: Trainer v2's rendezvous port (`constants.ContainerTrainerPort`): fixed, not configurable.
 TRAINJOB_PORT = 29500
-#: `JobSpec.kind` values: the job a cluster runs. `auto` is resolved by API discovery.
-PYTORCHJOB, TRAINJOB, AUTO = "pytorchjob", "trainjob", "auto"
-KINDS = (PYTORCHJOB, TRAINJOB, AUTO)
 #: The Job controller's random pod-name suffix, as JobSet's webhook counts it (`-abcde`).
 _POD_SUFFIX = "-abcde"
 #: Settings of a PyTorchJob that a v2.3.0 TrainJob has no field for (they belong to the
@@ -97,11 +94,10 @@ class JobSpec:
     artifact_uris: dict[str, str] = field(default_factory=dict)
     """What the replicas read and write (`dataset`, `model`, ...): on a cluster, object-store URIs."""
     kind: str = PYTORCHJOB
-    """`pytorchjob`, `trainjob`, or `auto` (resolved by the backend: the cluster's discovery, locally pytorchjob)."""
+    """One of :data:`JOB_KINDS` (checked where the value enters: `job.kind` of the config, or the
+    BYO launcher's `kind`): `pytorchjob`, `trainjob`, or `auto` (resolved by the backend)."""
 
     def __post_init__(self) -> None:
-        if self.kind not in KINDS:
-            raise ValueError(f"job.kind: must be one of {KINDS}, got {self.kind!r}")
         longest = MAX_NAME - len(self.longest_replica_suffix())
         if len(self.name) > longest or not _DNS_1035.match(self.name):
             raise ValueError(

@@ -7,87 +7,11 @@ set `task: package.module:TaskClass` to a subclass of :class:`Task` importable i
 from __future__ import annotations
 
 import importlib
-from typing import Any
 
-import torch
-from torch import nn
-from torch.utils.data import Dataset
+from trainer.config import ConfigError
+from trainer.tasks.base import Task
 
-from trainer.config import Config, ConfigError
-from trainer.storage import ObjectStore
-from trainer.streaming import ItemsOf, Take
-
-
-class Task:
-    """The interface the training loop, evaluation and export call. Subclass and override."""
-
-    #: The task's name, recorded in the saved model's metadata.
-    name: str = "task"
-    #: What throughput counts: `samples` or `tokens`.
-    item_name: str = "samples"
-    #: Names of the exported model's input and output, and the input's dynamic dimensions.
-    serving_input: str = "features"
-    serving_output: str = "logits"
-    serving_dynamic_dims: tuple[int, ...] = (0,)
-
-    def prepare(self, cfg: Config, store: ObjectStore, dataset_uri: str) -> dict[str, Any]:
-        """Data prep: write the dataset (shards + manifest.json last) and return the manifest."""
-        raise NotImplementedError
-
-    def stream(self, cfg: Config, manifest: dict) -> tuple[ItemsOf, Take] | None:
-        """How to stream the dataset's shards (`trainer/streaming.py`): the items in a shard, and a
-        batch of tensors from a decoded shard and item indices. None: :meth:`datasets` loads the
-        splits instead (whole, in every rank: fine for small data only)."""
-        return None
-
-    def datasets(self, cfg: Config, store: ObjectStore, dataset_uri: str, manifest: dict) -> tuple[Dataset, Dataset]:
-        """The train and validation datasets (items are tuples of tensors), for tasks without :meth:`stream`."""
-        raise NotImplementedError
-
-    def build_model(self, cfg: Config, manifest: dict) -> tuple[nn.Module, dict[str, Any]]:
-        """A freshly initialised model and its metadata (`architecture` and anything else needed to rebuild it)."""
-        raise NotImplementedError
-
-    def model_from_meta(self, meta: dict[str, Any]) -> nn.Module:
-        """An uninitialised model of the architecture recorded in `meta` (for loading weights)."""
-        raise NotImplementedError
-
-    def shard_units(self, model: nn.Module) -> list[nn.Module]:
-        """The submodules that `train.strategy: fsdp` shards one by one before the root (each
-        all-gathers its weights only while it runs) and `train.activation_checkpointing`
-        recomputes in backward. Default: every module of every `nn.ModuleList` child (a GPT's
-        blocks); none for a model without one, which is then sharded as one unit."""
-        return [unit for child in model.children() if isinstance(child, nn.ModuleList) for unit in child]
-
-    def loss(self, model: nn.Module, batch: tuple[torch.Tensor, ...]) -> torch.Tensor:
-        """The scalar training loss of one (micro-)batch already on the device."""
-        raise NotImplementedError
-
-    def items_per_sample(self, cfg: Config) -> int:
-        """Throughput units per dataset item (1 sample, or block_size tokens)."""
-        return 1
-
-    def flops_per_item(self, model: nn.Module, cfg: Config) -> float:
-        """Training FLOPs per throughput unit, for the MFU estimate; 0: unknown."""
-        return 0.0
-
-    def validate(self, model: nn.Module, dataset: Dataset, device: torch.device, batch_size: int) -> dict[str, float]:
-        """Metrics on the validation split, computed by rank 0 after each epoch."""
-        raise NotImplementedError
-
-    def evaluate(
-        self, model: nn.Module, meta: dict, store: ObjectStore, dataset_uri: str, max_items: int
-    ) -> dict[str, Any]:
-        """The test-split report of the evaluation step, on at most `max_items` items (the first ones)."""
-        raise NotImplementedError
-
-    def serving_module(self, model: nn.Module, meta: dict[str, Any]) -> tuple[nn.Module, torch.Tensor]:
-        """The module to export and a sample input batch (traced, and used to verify every format)."""
-        raise NotImplementedError
-
-    def extra_exports(self, model: nn.Module, meta: dict[str, Any]) -> dict[str, bytes]:
-        """Further files for the export folder, by relative path (e.g. a Hugging Face folder)."""
-        return {}
+__all__ = ["Task", "get_task"]
 
 
 def get_task(name: str) -> Task:

@@ -32,7 +32,7 @@ from trainer.progress import ProgressLine
 from trainer.shards import MANIFEST, SPLITS, DataError, ShardInfo, ShardWriter, read_manifest, split_shards, token_dtype
 from trainer.storage import ObjectStore, decode_object, has_suffix, join_uri, read_chunks
 from trainer.streaming import first_items
-from trainer.tasks import Task
+from trainer.tasks.base import Task
 from trainer.tokenizer import ByteTokenizer, Tokenizer, load_tokenizer, tokenizer_from_json
 
 FORMAT = "kftrain.tokens.v2"

@@ -14,7 +14,7 @@ from torch import nn
 from trainer.config import Config
 from trainer.shards import ShardInfo
 from trainer.storage import ObjectStore
-from trainer.tasks import Task
+from trainer.tasks.base import Task
 from trainer.tasks.classification.data import load_split, prepare_dataset
 from trainer.tasks.classification.model import ServingModel, build_mlp
 from trainer.tasks.classification.report import classification_report

@@ -1,4 +1,4 @@
-"""The four pipeline steps as plain functions over a config and URIs.
+"""The four pipeline steps (data prep, training, evaluation, export) as plain functions over a config and URIs.
 
 Components call these; so do tests and benchmarks. Each step reads its inputs from and writes
 its outputs to the object store, and checks the store before doing any work, so a missing
@@ -80,7 +80,7 @@ def train_model(
     cfg = claim_checkpoints(cfg, model_uri, owner=identity)
     spec = training_job(cfg, job_name(identity), dataset_uri, model_uri)
     print(f"kftrain: training job {spec.name} for task {identity}", flush=True)
-    run_job(backend, spec, cfg.job.timeout_seconds)
+    run_job(backend, spec)
     return json.loads(store.get_bytes(join_uri(model_uri, TRAINING_RECORD)))
 
 

@@ -1,4 +1,4 @@
-"""Bring your own image: any image and command as a PyTorchJob, with the launcher's guarantees.
+"""Bring your own image (BYO): any image and command as a PyTorchJob or a TrainJob, with the launcher's guarantees.
 
 This is what the deleted upstream Kubeflow pytorch-launcher was for, as a pure function: it
 turns an image, a command and pod settings into the :class:`JobSpec` every backend runs, so the
@@ -28,7 +28,15 @@ import re
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from trainer.config import KFP_STORE_SECRET, KFP_STORE_SECRET_KEYS, ConfigError, KubernetesConfig, check_plain_env
+from trainer.config import (
+    JOB_KINDS,
+    KFP_STORE_SECRET,
+    KFP_STORE_SECRET_KEYS,
+    PYTORCHJOB,
+    ConfigError,
+    KubernetesConfig,
+    check_plain_env,
+)
 from trainer.launch.fieldrules import OPERATOR_ENV
 from trainer.launch.spec import JobSpec, require_object_store
 from trainer.storage import parse_uri
@@ -75,7 +83,7 @@ def _check_env(env: Mapping[str, str], store_env: Sequence[str]) -> None:
             )
 
 
-def custom_job(
+def byo_job(
     *,
     name: str,
     image: str,
@@ -97,7 +105,7 @@ def custom_job(
     store_secret_keys: Mapping[str, str] | None = None,
     s3_endpoint: str = "",
     cluster: bool = False,
-    kind: str = "pytorchjob",
+    kind: str = PYTORCHJOB,
 ) -> JobSpec:
     """The job that runs `command` in `image` on `replicas` replicas (1 Master + Workers).
 
@@ -137,6 +145,8 @@ def custom_job(
         raise ConfigError("image: must not be empty")
     if timeout_s <= 0:
         raise ConfigError(f"timeout_seconds: must be > 0, got {timeout_s}")
+    if kind not in JOB_KINDS:
+        raise ConfigError(f"kind: must be one of {JOB_KINDS}, got {kind!r}")
     if s3_endpoint and not s3_endpoint.startswith(("http://", "https://")):
         raise ConfigError(f"s3_endpoint: must be a URL starting with http:// or https://, got {s3_endpoint!r}")
     keys = dict(store_secret_keys or KFP_STORE_SECRET_KEYS)

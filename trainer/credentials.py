@@ -1,0 +1,41 @@
+"""What looks like a credential in a plain (non-secret) environment variable.
+
+Plain environment ends up in pipeline parameters, compiled YAML, the job object and `kubectl
+describe`: a key there is a leaked key. The config (`kubernetes.env`) and the BYO launcher
+(`env`) refuse what this module flags (:func:`trainer.config.check_plain_env`).
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+#: Words of an environment variable's name that mark a credential (`HF_TOKEN`, `DB_PASSWORD`);
+#: whole words, so `TOKENIZERS_PARALLELISM` stays allowed.
+_CREDENTIAL_WORDS = frozenset({"TOKEN", "PASSWORD", "PASSWD", "PASSPHRASE", "CREDENTIAL", "CREDENTIALS", "APIKEY"})
+_CREDENTIAL_PAIRS = frozenset(
+    {("ACCESS", "KEY"), ("API", "KEY"), ("PRIVATE", "KEY"), ("SESSION", "KEY"), ("SSH", "KEY"), ("SIGNING", "KEY")}
+)
+#: Values that are credentials whatever the variable is called.
+_CREDENTIAL_VALUES = (
+    re.compile(r"\b(AKIA|ASIA)[A-Z0-9]{16}\b"),  # an AWS access key id
+    re.compile(r"-----BEGIN [A-Z ]*PRIVATE KEY-----"),
+    re.compile(r"\b(ghp|gho|ghs|ghu|github_pat)_[A-Za-z0-9_]{20,}"),  # GitHub tokens
+    re.compile(r"\bhf_[A-Za-z0-9]{30,}"),  # Hugging Face tokens
+    re.compile(r"\bxox[abposr]-[A-Za-z0-9-]{10,}"),  # Slack tokens
+    re.compile(r"\bsk-[A-Za-z0-9_-]{20,}"),  # OpenAI-style API keys
+    re.compile(r"^[a-z][a-z0-9+.-]*://[^/@:\s]+:[^/@\s]+@"),  # a URL with user:password
+)
+
+
+def credential_in(name: str, value: Any) -> str:
+    """What of the variable `name=value` looks like a credential: `name` (`*SECRET*`, `*_TOKEN`,
+    `*_PASSWORD`, `*_ACCESS_KEY*`, ...), `value` (an AWS key id, a private key, a known token
+    format, a URL with a password), or '' when neither does."""
+    words = [w for w in re.split(r"[^A-Z0-9]+", name.upper()) if w]
+    pairs = set(zip(words, words[1:], strict=False))
+    if "SECRET" in name.upper() or _CREDENTIAL_WORDS & set(words) or _CREDENTIAL_PAIRS & pairs:
+        return "name"
+    if isinstance(value, str) and any(p.search(value) for p in _CREDENTIAL_VALUES):
+        return "value"
+    return ""
