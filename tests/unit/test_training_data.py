@@ -217,3 +217,13 @@ def test_streamed_validation_sample_is_the_first_eval_items_of_the_val_split(dat
     data = streamed(dataset, 1, 0, **{"data.eval_items": eval_items})
     x, y = data.val.tensors
     assert len(x) == len(y) == expected
+
+
+@pytest.mark.parametrize(("batch", "accum"), [(128, 2), (96, 3)])
+def test_streamed_data_without_one_whole_step_per_epoch_is_refused(dataset, batch, accum):
+    """84 items hold one micro-batch of 64 (or two of 32), but not the 2 (or 3) a step takes: an
+    epoch of no steps would train nothing, or loop forever under train.max_steps."""
+    with pytest.raises(ConfigError) as err:
+        streamed(dataset, 1, 0, batch=batch, accum=accum)
+    assert str(err.value).startswith(f"train.batch_size: the 84 training items make no whole step of {batch} items")
+    assert f"train.grad_accum_steps {accum}" in str(err.value)
