@@ -149,7 +149,17 @@ def training_data(
         val_shards = split_shards(manifest, "val", dataset_uri)
         val = TensorDataset(*first_items(store, dataset_uri, val_shards, items_of, take, cfg.data.eval_items))
         loader = DataLoader(split, batch_size=None, num_workers=tc.num_workers, pin_memory=pin, generator=loader_rng)
-        return StreamedData(split, val, loader, tc.grad_accum_steps, tc.seed)
+        data = StreamedData(split, val, loader, tc.grad_accum_steps, tc.seed)
+        # The split refuses data without one micro-batch per reader; with accumulation an epoch can
+        # still hold no whole step, which would train nothing (or, with train.max_steps, loop forever).
+        if data.steps_per_epoch == 0:
+            raise ConfigError(
+                f"train.batch_size: the {split.layout.items} training items make no whole step of {tc.batch_size} "
+                f"items (an epoch gives each rank {split.batches_per_epoch} micro-batches of {micro}, a step takes "
+                f"train.grad_accum_steps {tc.grad_accum_steps}); use a smaller train.batch_size or "
+                "train.grad_accum_steps, or more data"
+            )
+        return data
 
     train_ds, val = task.datasets(cfg, store, dataset_uri, manifest)
     if len(train_ds) < tc.batch_size:

@@ -1,0 +1,204 @@
+"""The pipeline steps as plain functions: which launcher `auto` means where, the store each URI
+gets, data prep on a small local CSV, and what claiming the checkpoint prefix does to the config
+the training job's replicas run with."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from trainer.checkpoint import current_owner
+from trainer.config import config_from_json, load_config
+from trainer.launch.local import LocalBackend
+from trainer.launch.spec import JobSpec, job_name
+from trainer.pipeline_steps import (
+    claim_checkpoints,
+    prepare_data,
+    resolve_launcher,
+    select_backend,
+    store_for,
+    train_model,
+)
+from trainer.shards import DataError, read_manifest
+from trainer.storage import LocalStore, ObjectNotFound, S3Store, StoreError, join_uri
+from trainer.train import TRAINING_RECORD
+
+# --- the launcher -------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("launcher", "service_host", "resolved"),
+    [
+        # auto: Kubernetes inside a pod (the API server's address is in the environment), else local.
+        ("auto", "10.0.0.1", "kubernetes"),
+        ("auto", None, "local"),
+        ("auto", "", "local"),
+        # An explicit launcher is taken as asked, wherever it runs.
+        ("local", "10.0.0.1", "local"),
+        ("local", None, "local"),
+        ("kubernetes", None, "kubernetes"),
+        ("kubernetes", "10.0.0.1", "kubernetes"),
+    ],
+)
+def test_resolve_launcher(monkeypatch, launcher, service_host, resolved):
+    if service_host is None:
+        monkeypatch.delenv("KUBERNETES_SERVICE_HOST", raising=False)
+    else:
+        monkeypatch.setenv("KUBERNETES_SERVICE_HOST", service_host)
+    assert resolve_launcher(launcher) == resolved
+
+
+@pytest.mark.parametrize("launcher", ["k8s", "Local", "AUTO", "", "kubeflow"])
+def test_an_unknown_launcher_is_refused_naming_the_choices(launcher):
+    with pytest.raises(ValueError) as err:
+        resolve_launcher(launcher)
+    assert str(err.value) == f"launcher must be one of auto, local, kubernetes, got {launcher!r}"
+    with pytest.raises(ValueError, match="launcher must be one of"):
+        select_backend(launcher)  # refused before any backend is built
+
+
+def test_auto_outside_a_pod_runs_the_job_as_local_processes(monkeypatch):
+    monkeypatch.delenv("KUBERNETES_SERVICE_HOST", raising=False)
+    assert isinstance(select_backend("auto"), LocalBackend)
+    assert isinstance(select_backend("local"), LocalBackend)
+
+
+# --- the store ----------------------------------------------------------------------------------
+
+
+def test_store_for_a_local_path_is_a_local_store_and_check_proves_it_writable(tmp_path):
+    uri = str(tmp_path / "out" / "model")
+    store = store_for(load_config(), uri)
+    assert isinstance(store, LocalStore)
+    assert not Path(uri).exists()  # without `check`, nothing is touched
+    store_for(load_config(), uri, check=True)
+    assert Path(uri).is_dir()
+
+
+def test_store_for_a_path_that_cannot_be_a_directory_fails_the_check(tmp_path):
+    (tmp_path / "file").write_text("x")
+    with pytest.raises(StoreError, match="cannot create the local store directory"):
+        store_for(load_config(), str(tmp_path / "file" / "model"), check=True)
+
+
+def test_store_for_an_s3_uri_uses_the_configured_endpoint_and_retry_budget(monkeypatch):
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "key")
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "secret")
+    monkeypatch.setenv("AWS_ENDPOINT_URL", "http://from-env:9000")  # the config's endpoint wins
+    cfg = load_config(overrides={"store.endpoint": "http://minio.kubeflow:9000", "store.retry_budget_seconds": 7})
+    store = store_for(cfg, "s3://bucket/model")  # no `check`: no request is made
+    assert isinstance(store, S3Store)
+    assert store.endpoint == "http://minio.kubeflow:9000"
+    assert store.policy.budget_s == 7
+
+
+# --- data prep ----------------------------------------------------------------------------------
+
+
+def small_csv(tmp_path: Path, rows: int = 60) -> str:
+    path = tmp_path / "source.csv"
+    path.write_text("a,b,label\n" + "".join(f"{i % 7}.5,{(i * 3) % 11}.25,{'xy'[i % 2]}\n" for i in range(rows)))
+    return str(path)
+
+
+def test_prepare_data_writes_shards_and_a_manifest_through_the_store(tmp_path):
+    dataset = str(tmp_path / "dataset")
+    cfg = load_config(overrides={"data.source": small_csv(tmp_path), "data.shard_rows": 16})
+    manifest = prepare_data(cfg, dataset)
+    assert read_manifest(LocalStore(), dataset, expected_format=manifest["format"]) == manifest
+    assert manifest["feature_names"] == ["a", "b"] and manifest["classes"] == ["x", "y"]
+    assert sum(split["rows"] for split in manifest["splits"].values()) == 60
+    for split in manifest["splits"].values():
+        for shard in split["shards"]:
+            assert LocalStore().exists(join_uri(dataset, shard["name"]))
+
+
+def test_prepare_data_checks_the_source_before_writing_anything(tmp_path):
+    dataset = tmp_path / "dataset"
+    missing = str(tmp_path / "no-such.csv")
+    with pytest.raises(DataError) as err:
+        prepare_data(load_config(overrides={"data.source": missing}), str(dataset))
+    assert "data.source" in str(err.value) and missing in str(err.value)
+    assert not dataset.exists()
+
+
+# --- the checkpoint prefix ----------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("overrides", "owner"),
+    [
+        # The step's task identity owns the prefix, and the replicas write as that owner.
+        ({}, "run-1/train"),
+        # checkpoint.owner in the config names the owner instead (a run continued by hand).
+        ({"checkpoint.owner": "pinned"}, "pinned"),
+    ],
+)
+@pytest.mark.parametrize("own_uri", [False, True], ids=["under the model", "checkpoint.uri"])
+def test_claim_checkpoints_sets_the_owner_the_replicas_write_as(tmp_path, overrides, owner, own_uri):
+    model_uri = str(tmp_path / "model")
+    prefix = str(tmp_path / "elsewhere") if own_uri else join_uri(model_uri, "checkpoints")
+    cfg = load_config(overrides={**overrides, **({"checkpoint.uri": prefix} if own_uri else {})})
+    claimed = claim_checkpoints(cfg, model_uri, owner="run-1/train")
+    assert claimed.checkpoint.owner == owner
+    assert current_owner(LocalStore(), prefix)["owner"] == owner
+    assert cfg.checkpoint.owner == overrides.get("checkpoint.owner", "")  # the caller's config is unchanged
+    assert claimed.checkpoint.uri == cfg.checkpoint.uri and claimed.train == cfg.train  # nothing else changes
+
+
+def test_with_checkpoints_off_nothing_is_claimed(tmp_path):
+    model_uri = str(tmp_path / "model")
+    cfg = load_config(overrides={"checkpoint.enabled": False})
+    assert claim_checkpoints(cfg, model_uri, owner="run-1/train") is cfg
+    assert not (tmp_path / "model").exists()
+
+
+# --- the training step, with a backend that stands in for the job -------------------------------
+
+
+class JobThatWritesItsRecord:
+    """A JobBackend whose job succeeds at once, writing the training record as rank 0 would."""
+
+    def __init__(self) -> None:
+        self.submitted: list[JobSpec] = []
+
+    def submit(self, spec: JobSpec) -> None:
+        self.submitted.append(spec)
+
+    def wait(self, spec: JobSpec) -> None:
+        model_uri = spec.artifact_uris["model URI"]
+        LocalStore().put_bytes(join_uri(model_uri, TRAINING_RECORD), json.dumps({"steps": 3}).encode())
+
+    def logs(self, spec: JobSpec, tail: int = 50) -> dict[str, list[str]]:
+        return {}
+
+    def cancel(self, spec: JobSpec) -> None:
+        pass
+
+
+def replica_config(spec: JobSpec):
+    args = list(spec.command)
+    return config_from_json(args[args.index("--config-json") + 1])
+
+
+def test_train_model_runs_the_job_as_the_claimed_owner_and_returns_its_record(tmp_path):
+    dataset, model = str(tmp_path / "dataset"), str(tmp_path / "model")
+    prepare_data(load_config(overrides={"data.source": small_csv(tmp_path)}), dataset)
+    backend = JobThatWritesItsRecord()
+    record = train_model(load_config(), dataset, model, backend, identity="run-7/train")
+    assert record == {"steps": 3}
+    (spec,) = backend.submitted
+    assert spec.name == job_name("run-7/train")
+    assert replica_config(spec).checkpoint.owner == "run-7/train"
+    assert current_owner(LocalStore(), join_uri(model, "checkpoints"))["owner"] == "run-7/train"
+
+
+def test_train_model_without_a_prepared_dataset_fails_before_any_job_or_claim(tmp_path):
+    model = tmp_path / "model"
+    backend = JobThatWritesItsRecord()
+    with pytest.raises(ObjectNotFound, match=r"no file at .*no-dataset/manifest\.json"):
+        train_model(load_config(), str(tmp_path / "no-dataset"), str(model), backend, identity="run-7/train")
+    assert backend.submitted == []
+    assert current_owner(LocalStore(), str(model / "checkpoints")) is None

@@ -1,0 +1,229 @@
+"""The batches each rank trains on: a streaming task is read shard by shard (StreamedData), any
+other is sampled in memory (SampledData). Either way every rank takes the same number of steps,
+the ranks' items are disjoint, an epoch resumed part-way gives the batches the uninterrupted run
+would have, and each epoch has its own shuffle, the same in every process."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+from torch.utils.data import DataLoader, TensorDataset
+
+from trainer.config import ConfigError, load_config
+from trainer.distributed import DistEnv, micro_batch_size
+from trainer.storage import LocalStore
+from trainer.tasks import Task, get_task
+from trainer.training_data import ResumableSampler, SampledData, StreamedData, TrainingData, training_data
+
+CPU = torch.device("cpu")
+
+
+class InMemoryTask(Task):
+    """A task that does not stream: item i of its train split is the number i."""
+
+    def __init__(self, items: int) -> None:
+        self.items = items
+
+    def datasets(self, cfg, store, dataset_uri, manifest):
+        return TensorDataset(torch.arange(self.items)), TensorDataset(torch.arange(1000, 1003))
+
+
+def config(world: int = 1, batch: int = 12, accum: int = 1, **overrides):
+    return load_config(
+        overrides={"job.replicas": world, "train.batch_size": batch, "train.grad_accum_steps": accum, **overrides}
+    )
+
+
+def build(cfg, task: Task, world: int, rank: int, dataset: tuple[str, dict] = ("", {})) -> TrainingData:
+    env = DistEnv(rank=rank, world_size=world)
+    micro = micro_batch_size(cfg.train.batch_size, env, cfg.train.grad_accum_steps)
+    uri, manifest = dataset
+    return training_data(cfg, task, LocalStore(), uri, manifest, env, micro, CPU)
+
+
+def epoch(data: TrainingData, number: int, step: int = 0, left=None) -> tuple[int, list[tuple[torch.Tensor, ...]]]:
+    """(the epoch's steps, the rank's micro-batches from `step` on)."""
+    steps = data.begin_epoch(number, step, left)
+    return steps, list(data.batches())
+
+
+def ids(batches) -> list[int]:
+    return [int(i) for (b,) in batches for i in b]
+
+
+# --- which kind of data -------------------------------------------------------------------------
+
+
+def test_a_task_that_streams_is_read_shard_by_shard_any_other_is_sampled(dataset):
+    streamed = build(config(batch=8), get_task("classification"), 1, 0, dataset)
+    assert isinstance(streamed, StreamedData) and streamed.streams
+    assert streamed.left(0) == [(0, 80)]  # a checkpoint records what the epoch has still to give
+    sampled = build(config(), InMemoryTask(40), 1, 0)
+    assert isinstance(sampled, SampledData) and not sampled.streams
+    assert sampled.left(0) is None
+    assert ids(DataLoader(sampled.val)) == [1000, 1001, 1002]  # the task's own validation split
+
+
+def test_a_batch_larger_than_the_training_split_is_refused_naming_the_field():
+    with pytest.raises(ConfigError) as err:
+        build(config(batch=12), InMemoryTask(10), 1, 0)
+    assert str(err.value) == "train.batch_size: must not exceed the 10 training items, got 12"
+
+
+# --- SampledData --------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("accum", [1, 2])
+@pytest.mark.parametrize("world", [1, 2, 3])
+def test_sampled_every_rank_takes_the_same_steps_over_disjoint_items(world, accum):
+    cfg = config(world, batch=12, accum=accum)
+    ranks = [build(cfg, InMemoryTask(38), world, r) for r in range(world)]
+    seen: list[int] = []
+    for data in ranks:
+        steps, batches = epoch(data, 0)
+        # Full global batches only: 38 items make 3 steps of 12 on any world size.
+        assert steps == data.steps_per_epoch == 3
+        assert len(batches) == steps * accum
+        seen += ids(batches)
+    assert len(seen) == len(set(seen)) == 36
+
+
+def test_sampled_resume_gives_the_rest_of_the_uninterrupted_epoch():
+    cfg = config(2, batch=8, accum=2)
+    whole = build(cfg, InMemoryTask(40), 2, 1)
+    steps, full = epoch(whole, 3)
+    resumed = build(cfg, InMemoryTask(40), 2, 1)  # a restarted process
+    rest_steps, rest = epoch(resumed, 3, step=2)
+    assert rest_steps == steps == 5  # the epoch's steps, counted from its start
+    assert ids(rest) == ids(full[2 * 2 :])
+
+
+def test_sampled_each_epoch_has_its_own_shuffle_the_same_in_every_process():
+    a, b = build(config(), InMemoryTask(40), 1, 0), build(config(), InMemoryTask(40), 1, 0)
+    e0, e1 = ids(epoch(a, 0)[1]), ids(epoch(a, 1)[1])
+    assert e0 != e1 and sorted(e0) != list(range(36))  # shuffled, and reshuffled per epoch
+    assert ids(epoch(b, 1)[1]) == e1 and ids(epoch(b, 0)[1]) == e0
+    assert ids(epoch(a, 0)[1]) == e0  # the same epoch again, after another
+
+
+@pytest.mark.parametrize("start", [0, 1, 5, 10])
+def test_resumable_sampler_starts_part_way_and_counts_what_is_left(start):
+    data = TensorDataset(torch.arange(23))
+    full = ResumableSampler(data, num_replicas=2, rank=1, shuffle=True, seed=4, drop_last=True)
+    full.set_epoch(2)
+    sampler = ResumableSampler(data, num_replicas=2, rank=1, shuffle=True, seed=4, drop_last=True)
+    sampler.set_epoch(2)
+    sampler.start_index = start
+    assert list(sampler) == list(full)[start:]
+    assert len(sampler) == 11 - start
+    loader = DataLoader(data, batch_size=2, sampler=sampler, drop_last=True)
+    assert len(loader) == len(list(loader)) == (11 - start) // 2
+
+
+# --- StreamedData -------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def dataset(tmp_path_factory) -> tuple[str, dict]:
+    """A small classification dataset: 84 train rows in shards of 16, 12 val rows."""
+    tmp = tmp_path_factory.mktemp("training-data")
+    source = tmp / "source.csv"
+    # Every row differs from every other (the pattern repeats after 154 rows).
+    source.write_text("a,b,label\n" + "".join(f"{i % 7}.5,{(i * 3) % 11}.25,{'xy'[i % 2]}\n" for i in range(120)))
+    uri = str(Path(tmp) / "dataset")
+    cfg = load_config(overrides={"data.source": str(source), "data.shard_rows": 16})
+    manifest = get_task("classification").prepare(cfg, LocalStore(), uri)
+    assert manifest["splits"]["train"]["rows"] == 84 and manifest["splits"]["val"]["rows"] == 12
+    return uri, manifest
+
+
+def rows(batches) -> list[tuple[float, ...]]:
+    """The items of classification batches, each as (features..., label)."""
+    return [(*x.tolist(), int(y)) for xb, yb in batches for x, y in zip(xb, yb, strict=True)]
+
+
+def streamed(dataset, world: int, rank: int, batch: int = 8, accum: int = 1, **overrides) -> StreamedData:
+    data = build(config(world, batch, accum, **overrides), get_task("classification"), world, rank, dataset)
+    assert isinstance(data, StreamedData)
+    return data
+
+
+@pytest.mark.parametrize(("world", "accum"), [(1, 1), (2, 1), (4, 1), (2, 2)])
+def test_streamed_every_rank_takes_the_same_steps_over_disjoint_items(dataset, world, accum):
+    seen, micro_batches = [], set()
+    for rank in range(world):
+        data = streamed(dataset, world, rank, batch=8, accum=accum)
+        steps, batches = epoch(data, 0)
+        # 84 rows, 8 per optimizer step: 10 steps on every rank at any world size and accumulation.
+        assert steps == data.steps_per_epoch == 10
+        micro_batches.add(len(batches))
+        assert len(batches) >= steps * accum
+        assert all(len(y) == 8 // (world * accum) for _, y in batches)
+        seen += rows(batches[: steps * accum])  # what the training loop takes
+    assert len(micro_batches) == 1  # every rank yields as many
+    assert len(seen) == len(set(seen)) == 80
+
+
+def test_streamed_global_batches_do_not_depend_on_the_world_size_with_fixed_partitions(dataset):
+    one = epoch(streamed(dataset, 1, 0, **{"data.partitions": 2}), 0)[1]
+    two = [epoch(streamed(dataset, 2, r, **{"data.partitions": 2}), 0)[1] for r in range(2)]
+    assert len(one) == len(two[0]) == len(two[1])
+    for k, batch in enumerate(one):
+        assert sorted(rows([batch])) == sorted(rows([two[0][k], two[1][k]]))
+
+
+def test_streamed_resume_on_the_same_layout_goes_on_with_the_layout(dataset):
+    steps, full = epoch(streamed(dataset, 2, 1, accum=2), 1)
+    before = streamed(dataset, 2, 1, accum=2)
+    before.begin_epoch(1)
+    left = before.left(2)  # what a checkpoint after 2 steps records
+    resumed = streamed(dataset, 2, 1, accum=2)
+    rest_steps, rest = epoch(resumed, 1, step=2, left=left)
+    assert resumed.split.left is None  # the layout's own plan, not a remainder
+    assert rest_steps == steps
+    assert rows(rest) == rows(full[2 * 2 :])
+
+
+def test_streamed_resume_on_another_world_size_reads_exactly_what_was_left(dataset):
+    """A checkpoint written by one rank after 3 steps, resumed by two: no item of the epoch is
+    skipped or read twice, and both ranks take the same number of the remaining steps."""
+    first = streamed(dataset, 1, 0)
+    steps, full = epoch(first, 0)
+    done, left = rows(full[:3]), first.left(3)
+    assert sum(b - a for a, b in left) == len(rows(full)) - len(done)
+    after = []
+    for rank in range(2):
+        data = streamed(dataset, 2, rank)
+        total, batches = epoch(data, 0, step=3, left=left)
+        assert data.split.left == left  # the remainder, cut for this layout
+        assert total == 3 + len(batches) == steps  # the epoch keeps its length
+        assert data.left(total) == []  # nothing left once those are read
+        after += rows(batches)
+    assert sorted(done + after) == sorted(rows(full))
+    assert len(set(done + after)) == len(done + after)
+
+
+def test_streamed_each_epoch_has_its_own_shuffle_the_same_in_every_process(dataset):
+    a, b = streamed(dataset, 1, 0), streamed(dataset, 1, 0)
+    e0, e1 = rows(epoch(a, 0)[1]), rows(epoch(a, 1)[1])
+    assert e0 != e1
+    assert rows(epoch(b, 1)[1]) == e1 and rows(epoch(b, 0)[1]) == e0
+
+
+@pytest.mark.parametrize(("eval_items", "expected"), [(5, 5), (2048, 12)])
+def test_streamed_validation_sample_is_the_first_eval_items_of_the_val_split(dataset, eval_items, expected):
+    data = streamed(dataset, 1, 0, **{"data.eval_items": eval_items})
+    x, y = data.val.tensors
+    assert len(x) == len(y) == expected
+
+
+@pytest.mark.parametrize(("batch", "accum"), [(128, 2), (96, 3)])
+def test_streamed_data_without_one_whole_step_per_epoch_is_refused(dataset, batch, accum):
+    """84 items hold one micro-batch of 64 (or two of 32), but not the 2 (or 3) a step takes: an
+    epoch of no steps would train nothing, or loop forever under train.max_steps."""
+    with pytest.raises(ConfigError) as err:
+        streamed(dataset, 1, 0, batch=batch, accum=accum)
+    assert str(err.value).startswith(f"train.batch_size: the 84 training items make no whole step of {batch} items")
+    assert f"train.grad_accum_steps {accum}" in str(err.value)
