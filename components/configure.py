@@ -41,10 +41,19 @@ def configure(
         The effective config as JSON text.
     """
     knobs = {k: v for k, v in locals().items() if k not in ("config", "store_secret")}
+    from components.runtime import end_with_one_line
+
+    end_with_one_line("configure")
     from components.params import config_from_params
     from trainer.config import config_to_json
 
     cfg = config_from_params(config, store_secret=store_secret, **knobs)
+    # Whatever can be checked before any step is checked now (store, checkpoint.uri, task, data.source).
+    from trainer.checks import check_before_steps
+
+    check_before_steps(cfg)
     text = config_to_json(cfg)
-    print(f"effective config: {text}")
+    from trainer.errors import redact
+
+    print(f"effective config: {redact(text)}")
     return text

@@ -3,7 +3,11 @@
 from __future__ import annotations
 
 import argparse
+import math
+import os
 import sys
+
+from trainer.errors import KftrainError, redact
 
 
 def _cmd_compile(args: argparse.Namespace) -> int:
@@ -15,7 +19,8 @@ def _cmd_compile(args: argparse.Namespace) -> int:
 
 
 def _resume_command(argv: list[str], run_id: str) -> str:
-    """The command line that continues this run: the same arguments with --run-id."""
+    """The command line that continues this run: the same arguments with --run-id (a password in
+    a URL among them written `***`: put credentials in the environment, not on the command line)."""
     import shlex
 
     args, skip = [], False
@@ -29,7 +34,7 @@ def _resume_command(argv: list[str], run_id: str) -> str:
         if a.startswith("--run-id="):
             continue
         args.append(a)
-    return shlex.join(["kftrain", *args, "--run-id", run_id])
+    return redact(shlex.join(["kftrain", *args, "--run-id", run_id]))
 
 
 def _cmd_run(args: argparse.Namespace) -> int:
@@ -82,9 +87,22 @@ def _cmd_run(args: argparse.Namespace) -> int:
         full_log = keep_log(cfg, log_uri, log_path) if console.log is not None else ""
     see_log = f"; see full log: {full_log}" if full_log else ""
     if isinstance(outcome, PipelineFailed):
-        what = f"step {console.failed_step} failed" if console.failed_step else plain(str(outcome))
-        print(f"kftrain: the pipeline failed: {what}{see_log}", file=sys.stderr)
-        print(f"kftrain: run {run_id} did not finish; after fixing the cause, resume it: {resume}", file=sys.stderr)
+        # The last line says what to fix: the failed step's own error line, or where the bug is.
+        print(
+            f"kftrain: run {run_id} did not finish{see_log}; after fixing the cause, resume it: {resume}",
+            file=sys.stderr,
+        )
+        if console.failure_line:
+            print(f"kftrain: error: step {console.failed_step}: {console.failure_line}", file=sys.stderr)
+        elif console.failed_step:
+            where = f"the traceback is in the full log: {full_log}" if full_log else "run again with --verbose"
+            print(
+                f"kftrain: error: step {console.failed_step} failed with an unexpected error (its last lines are "
+                f"above; {where}); it is a bug in kftrain or in a custom task, please report it",
+                file=sys.stderr,
+            )
+        else:
+            print(f"kftrain: error: the pipeline failed: {redact(plain(str(outcome)))}", file=sys.stderr)
         return 1
     if isinstance(outcome, RunStopped):
         print(
@@ -192,13 +210,44 @@ def _cmd_submit(args: argparse.Namespace) -> int:
     return 0 if succeeded(result) else 1
 
 
+def _number(text: str) -> float:
+    try:
+        return float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be a number, got {text!r}") from None
+
+
+def _fraction(text: str) -> float:
+    """A number in [0, 1] (argparse names the flag when this raises)."""
+    value = _number(text)
+    if not 0.0 <= value <= 1.0:  # nan fails too
+        raise argparse.ArgumentTypeError(f"must be a number in [0, 1], got {text!r}")
+    return value
+
+
+def _bound(text: str) -> float:
+    """0 (no bar) or a positive finite number."""
+    value = _number(text)
+    if not (value == 0.0 or (value > 0.0 and math.isfinite(value))):
+        raise argparse.ArgumentTypeError(f"must be 0 (no bar) or a positive number, got {text!r}")
+    return value
+
+
+def _path(text: str) -> str:
+    """A non-empty path (an empty one would mean the working directory); `~` is the home folder,
+    quoted or not."""
+    if not text.strip():
+        raise argparse.ArgumentTypeError("must not be empty (an empty path would write into the working directory)")
+    return os.path.expanduser(text)
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser of every subcommand."""
     parser = argparse.ArgumentParser(prog="kftrain", description="Distributed PyTorch training on Kubeflow.")
     sub = parser.add_subparsers(dest="command", required=True)
 
     p = sub.add_parser("compile", help="compile every pipeline to YAML")
-    p.add_argument("--output-dir", default="compiled", help="folder for the YAML files (default: compiled)")
+    p.add_argument("--output-dir", type=_path, default="compiled", help="folder for the YAML files (default: compiled)")
     p.set_defaults(func=_cmd_compile)
 
     p = sub.add_parser("run", help="run the training pipeline")
@@ -206,10 +255,14 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--config", help="kftrain YAML config (default: built-in defaults)")
     p.add_argument("--store", help="artifact root, e.g. s3://bucket/prefix (overrides store.uri)")
     p.add_argument("--s3-endpoint", help="S3 endpoint URL (overrides store.endpoint)")
-    p.add_argument("--output-dir", default="kftrain-outputs", help="local artifact root when no store is given")
-    p.add_argument("--summary", help="write artifact URIs and final metrics to this JSON file")
-    p.add_argument("--min-accuracy", type=float, default=0.9, help="quality gate for classification (default 0.9)")
-    p.add_argument("--max-perplexity", type=float, default=0.0, help="quality gate for causal_lm (0: none)")
+    p.add_argument(
+        "--output-dir", type=_path, default="kftrain-outputs", help="local artifact root when no store is given"
+    )
+    p.add_argument("--summary", type=_path, help="write artifact URIs and final metrics to this JSON file")
+    p.add_argument(
+        "--min-accuracy", type=_fraction, default=0.9, help="quality gate for classification, in [0, 1] (default 0.9)"
+    )
+    p.add_argument("--max-perplexity", type=_bound, default=0.0, help="quality gate for causal_lm (0: none)")
     p.add_argument(
         "--run-id",
         default="",
@@ -259,17 +312,13 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     """Entry point of the `kftrain` console script."""
-    from trainer.config import ConfigError
-    from trainer.launch.backend import JobFailed
-    from trainer.storage import StoreError
-
     argv = sys.argv[1:] if argv is None else argv
     args = build_parser().parse_args(argv)
     args.argv = list(argv)
     try:
         return args.func(args)
-    except (ConfigError, StoreError, JobFailed, ValueError) as exc:
-        print(f"kftrain: error: {exc}", file=sys.stderr)
+    except (KftrainError, ValueError) as exc:  # what the user can fix: one line, no traceback
+        print(f"kftrain: error: {redact(str(exc))}", file=sys.stderr)
         return 2
 
 

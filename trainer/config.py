@@ -20,6 +20,7 @@ from typing import Any
 
 import yaml
 
+from trainer.errors import KftrainError
 from trainer.storage import RetryPolicy, parse_uri
 from trainer.tokenizer import parse_spec as parse_tokenizer_spec
 
@@ -46,7 +47,7 @@ KFP_STORE_SECRET = "mlpipeline-minio-artifact"
 KFP_STORE_SECRET_KEYS = {"accesskey": "AWS_ACCESS_KEY_ID", "secretkey": "AWS_SECRET_ACCESS_KEY"}
 
 
-class ConfigError(ValueError):
+class ConfigError(KftrainError, ValueError):
     """A configuration value is missing, unknown, of the wrong type or out of range."""
 
 
@@ -201,6 +202,7 @@ class DataConfig:
             _require(getattr(self, name) > 0, f"data.{name}", getattr(self, name), "must be positive")
         _require(bool(self.text_field), "data.text_field", self.text_field, "must not be empty")
         _require(self.max_bytes >= 0, "data.max_bytes", self.max_bytes, "must be >= 0")
+        _require(self.seed >= 0, "data.seed", self.seed, "must be >= 0")
         try:
             parse_tokenizer_spec(self.tokenizer)
         except ValueError as exc:
@@ -313,6 +315,12 @@ class TrainConfig:
             _require(getattr(self, name) >= 1, f"train.{name}", getattr(self, name), "must be >= 1")
         _require(self.grad_clip_norm >= 0, "train.grad_clip_norm", self.grad_clip_norm, "must be >= 0")
         _require(self.peak_tflops >= 0, "train.peak_tflops", self.peak_tflops, "must be >= 0")
+        _require(
+            self.seed >= 0,
+            "train.seed",
+            self.seed,
+            "must be >= 0 (numpy's and torch's generators take no negative seed)",
+        )
         for name, allowed in (
             ("lr_schedule", LR_SCHEDULES),
             ("precision", PRECISIONS),
@@ -387,6 +395,8 @@ class JobConfig:
         _require(bool(self.image.strip()), "job.image", self.image, "must not be empty")
         _require(self.timeout_seconds > 0, "job.timeout_seconds", self.timeout_seconds, "must be > 0")
         _require(self.omp_num_threads >= 1, "job.omp_num_threads", self.omp_num_threads, "must be >= 1")
+        for name in ("collective_timeout_seconds", "nccl_heartbeat_timeout_seconds"):
+            _require(getattr(self, name) > 0, f"job.{name}", getattr(self, name), "must be > 0")
 
     @property
     def world_size(self) -> int:

@@ -47,6 +47,7 @@ from trainer.distributed import (
     seed_rank_streams,
     unwrap,
 )
+from trainer.errors import KftrainError
 from trainer.events import EVENTS_FOLDER, EventWriter
 from trainer.launch.backend import FAILURE_MARKER
 from trainer.model import WEIGHTS, publish_model, save_model, tied_names
@@ -65,7 +66,7 @@ log = logging.getLogger("kftrain.train")
 PEAK_BF16_TFLOPS = {"H200": 989.0, "H100": 989.0, "A100": 312.0, "L40S": 362.0, "A10G": 125.0, "L4": 121.0}
 
 
-class NonFiniteLoss(RuntimeError):
+class NonFiniteLoss(KftrainError, RuntimeError):
     """The loss or the gradients became NaN/inf (train.on_nonfinite: stop)."""
 
 

@@ -1,0 +1,37 @@
+"""What a run checks before its first step: whatever can be known wrong without doing any work.
+
+`kftrain run --local` calls :func:`check_before_steps` before the pipeline starts; on a cluster
+the `configure` step does, so a wrong value fails the run in its first seconds, naming the field,
+instead of in the step that first uses it. Nothing is left behind: a store's write check removes
+its probe, and a local folder is not created.
+"""
+
+from __future__ import annotations
+
+from trainer.config import BUILTIN_TASKS, Config
+from trainer.storage import StoreError, open_store
+
+
+def check_writable(cfg: Config, uri: str, field: str) -> None:
+    """`uri` (the value of config field `field`) can be written under; else :class:`StoreError`
+    naming the field, within the store check's time limit."""
+    try:
+        open_store(uri, cfg.store.endpoint, cfg.store.region, cfg.store.policy()).check(uri)
+    except StoreError as exc:
+        raise type(exc)(f"{field} {uri}: {exc}") from None
+
+
+def check_before_steps(cfg: Config) -> None:
+    """The store and checkpoint prefixes are writable, a custom task imports, and `data.source`
+    (and a tokenizer file) is there and readable (:func:`trainer.data_rules.check_source`)."""
+    from trainer.data_rules import check_source
+
+    if cfg.store.uri:
+        check_writable(cfg, cfg.store.uri, "store.uri")
+    if cfg.checkpoint.enabled and cfg.checkpoint.uri:
+        check_writable(cfg, cfg.checkpoint.uri, "checkpoint.uri")
+    if cfg.task not in BUILTIN_TASKS:
+        from trainer.tasks import get_task
+
+        get_task(cfg.task)  # a ConfigError naming `task` when it does not import
+    check_source(cfg)
