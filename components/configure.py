@@ -29,7 +29,9 @@ def configure(
     store_secret: str = "mlpipeline-minio-artifact",
 ) -> str:
     """Validate the whole config once, before any work starts, and hand every later step the
-    same effective config (as JSON text; the step's output shows it).
+    same effective config (as JSON text; the step's output shows it). Also checks what can be
+    checked now: the store and checkpoint prefixes are writable, a custom task imports, and
+    data.source is readable.
 
     Args:
         config: The kftrain config as YAML/JSON text: the base of the run.

@@ -88,10 +88,9 @@ def _cmd_run(args: argparse.Namespace) -> int:
     see_log = f"; see full log: {full_log}" if full_log else ""
     if isinstance(outcome, PipelineFailed):
         # The last line says what to fix: the failed step's own error line, or where the bug is.
-        print(
-            f"kftrain: run {run_id} did not finish{see_log}; after fixing the cause, resume it: {resume}",
-            file=sys.stderr,
-        )
+        print(f"kftrain: run {run_id} did not finish; after fixing the cause, resume it: {resume}", file=sys.stderr)
+        if full_log:
+            print(f"kftrain: see full log: {full_log}", file=sys.stderr)
         if console.failure_line:
             print(f"kftrain: error: step {console.failed_step}: {console.failure_line}", file=sys.stderr)
         elif console.failed_step:
@@ -318,6 +317,9 @@ def main(argv: list[str] | None = None) -> int:
     try:
         return args.func(args)
     except (KftrainError, ValueError) as exc:  # what the user can fix: one line, no traceback
+        print(f"kftrain: error: {redact(str(exc))}", file=sys.stderr)
+        return 2
+    except OSError as exc:  # a local file or folder kftrain cannot use (it names it)
         print(f"kftrain: error: {redact(str(exc))}", file=sys.stderr)
         return 2
 

@@ -18,7 +18,7 @@ def check_writable(cfg: Config, uri: str, field: str) -> None:
     try:
         open_store(uri, cfg.store.endpoint, cfg.store.region, cfg.store.policy()).check(uri)
     except StoreError as exc:
-        raise type(exc)(f"{field} {uri}: {exc}") from None
+        raise type(exc)(f"{field}: {exc}" if uri in str(exc) else f"{field} {uri}: {exc}") from None
 
 
 def check_before_steps(cfg: Config) -> None:

@@ -40,11 +40,12 @@ def one_line(exc: BaseException) -> str:
     if not lines:
         return type(exc).__name__
     first, rest = lines[0], lines[1:]
-    reported = [line.split(REPLICA_FAILURE, 1)[1] for line in rest if REPLICA_FAILURE in line]
-    if reported:
-        # "Its last log lines:" would announce lines the one line leaves out.
-        first = re.sub(r"\.?\s*Its last log lines:?$", "", first).rstrip(" .:")
-        first = f"{first}: {reported[0].strip()}"
+    if not rest:
+        return redact(first)
+    # "Its last log lines:" would announce lines that the one line leaves out.
+    first = re.sub(r"\.?\s*[Ii]ts last log lines:?$", "", first).rstrip(" .:;")
+    reported = [line.split(REPLICA_FAILURE, 1)[1].strip() for line in rest if REPLICA_FAILURE in line]
+    first = f"{first}: {reported[0]}" if reported else f"{first} (the lines above it in the log say more)"
     return redact(first)
 
 

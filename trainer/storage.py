@@ -288,9 +288,9 @@ class LocalStore:
         while not existing.exists() and existing != existing.parent:
             existing = existing.parent
         if not existing.is_dir():
-            raise StoreError(f"{uri}: {existing} is a file, not a folder, so nothing can be written under it")
+            raise StoreError(f"cannot write under {uri}: {existing} is a file, not a folder")
         if not os.access(existing, os.W_OK | os.X_OK):
-            raise StoreError(f"{uri}: the folder {existing} is not writable")
+            raise StoreError(f"cannot write under {uri}: the folder {existing} is not writable by this user")
 
 
 def is_transient(exc: BaseException) -> bool:
