@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import math
 import os
 import sys
 
@@ -216,20 +215,18 @@ def _number(text: str) -> float:
         raise argparse.ArgumentTypeError(f"must be a number, got {text!r}") from None
 
 
-def _fraction(text: str) -> float:
-    """A number in [0, 1] (argparse names the flag when this raises)."""
-    value = _number(text)
-    if not 0.0 <= value <= 1.0:  # nan fails too
-        raise argparse.ArgumentTypeError(f"must be a number in [0, 1], got {text!r}")
-    return value
+def _gate(name: str):
+    """An argparse type for the quality gate's `name` (argparse names the flag when it raises)."""
 
+    def parse(text: str) -> float:
+        from trainer.checks import gate_problem
 
-def _bound(text: str) -> float:
-    """0 (no bar) or a positive finite number."""
-    value = _number(text)
-    if not (value == 0.0 or (value > 0.0 and math.isfinite(value))):
-        raise argparse.ArgumentTypeError(f"must be 0 (no bar) or a positive number, got {text!r}")
-    return value
+        value = _number(text)
+        if problem := gate_problem(name, value):
+            raise argparse.ArgumentTypeError(f"{problem}, got {text!r}")
+        return value
+
+    return parse
 
 
 def _path(text: str) -> str:
@@ -259,9 +256,14 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--summary", type=_path, help="write artifact URIs and final metrics to this JSON file")
     p.add_argument(
-        "--min-accuracy", type=_fraction, default=0.9, help="quality gate for classification, in [0, 1] (default 0.9)"
+        "--min-accuracy",
+        type=_gate("min_accuracy"),
+        default=0.9,
+        help="quality gate for classification, in [0, 1] (default 0.9)",
     )
-    p.add_argument("--max-perplexity", type=_bound, default=0.0, help="quality gate for causal_lm (0: none)")
+    p.add_argument(
+        "--max-perplexity", type=_gate("max_perplexity"), default=0.0, help="quality gate for causal_lm (0: none)"
+    )
     p.add_argument(
         "--run-id",
         default="",

@@ -84,8 +84,14 @@ def parse_params(pairs: list[str], package: Path) -> dict[str, Any]:
 
 
 def _validate_config(args: dict[str, Any], known: dict[str, dict[str, Any]]) -> None:
-    """Run the trainer's config validation on the run's effective parameters before uploading."""
+    """Run the trainer's config validation on the run's effective parameters before uploading,
+    and the quality gate's bounds (the same as `kftrain run`'s flags)."""
     from components.params import BY_NAME, config_from_params
+    from trainer.checks import gate_problem
+
+    for name in ("min_accuracy", "max_perplexity"):
+        if name in args and (problem := gate_problem(name, args[name])):
+            raise SubmitError(f"--param {name}={args[name]}: {problem}")
 
     effective = {k: args.get(k, known[k]["default"]) for k in known if k in BY_NAME}
     config = args.get("config", known.get("config", {}).get("default") or "")

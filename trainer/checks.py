@@ -8,8 +8,18 @@ its probe, and a local folder is not created.
 
 from __future__ import annotations
 
+import math
+
 from trainer.config import BUILTIN_TASKS, Config
 from trainer.storage import StoreError, open_store
+
+
+def gate_problem(name: str, value: float) -> str:
+    """Why `value` cannot be the quality gate's `min_accuracy` or `max_perplexity`, or ''; the one
+    rule behind `kftrain run`'s flags and `kftrain submit`'s parameters."""
+    if name == "min_accuracy":
+        return "" if 0.0 <= value <= 1.0 else "must be a number in [0, 1]"  # nan fails
+    return "" if value == 0.0 or 0.0 < value < math.inf else "must be 0 (no bar) or a positive number"
 
 
 def check_writable(cfg: Config, uri: str, field: str) -> None:

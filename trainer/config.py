@@ -143,6 +143,12 @@ class StoreConfig:
                 self.endpoint,
                 "must be a URL starting with http:// (no TLS) or https:// (TLS)",
             )
+            if "@" in self.endpoint.split("://", 1)[1].split("/", 1)[0]:  # the value is not repeated: a password
+                raise ConfigError(
+                    "store.endpoint: a user or password in the URL is not used (and would be printed); remove it "
+                    "(from the config or --s3-endpoint) and set AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY (on a "
+                    "cluster, from the store Secret)"
+                )
 
 
 @dataclass(kw_only=True, slots=True)

@@ -89,7 +89,7 @@ CASES = {
     # A password in the endpoint: refused, and printed nowhere (the resume line included).
     "password-in-endpoint": Case(
         [*RUN, "--store", "s3://{bucket}/root", "--s3-endpoint", "http://bob:hunter2@127.0.0.1:9"],
-        ["--s3-endpoint", "AWS_ACCESS_KEY_ID"],
+        ["store.endpoint", "--s3-endpoint", "AWS_ACCESS_KEY_ID"],
         never=["hunter2"],
     ),
     # `kftrain submit` to a web server that is no KFP API.
