@@ -318,10 +318,8 @@ def main(argv: list[str] | None = None) -> int:
     args.argv = list(argv)
     try:
         return args.func(args)
-    except (KftrainError, ValueError) as exc:  # what the user can fix: one line, no traceback
-        print(f"kftrain: error: {redact(str(exc))}", file=sys.stderr)
-        return 2
-    except OSError as exc:  # a local file or folder kftrain cannot use (it names it)
+    # What the user can fix: one line, no traceback (an OSError names the local file it is about).
+    except (KftrainError, ValueError, OSError) as exc:
         print(f"kftrain: error: {redact(str(exc))}", file=sys.stderr)
         return 2
 

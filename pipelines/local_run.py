@@ -170,7 +170,7 @@ def preflight(cfg: Config, local_root: str = DEFAULT_LOCAL_ROOT) -> None:
         try:
             LocalStore().check(str(Path(local_root).expanduser().resolve()))
         except StoreError as exc:
-            raise ConfigError(f"--output-dir {local_root}: {exc}") from None
+            raise ConfigError(f"--output-dir: {exc}") from None  # the message names the folder
     check_before_steps(cfg)
 
 
