@@ -229,6 +229,14 @@ def _gate(name: str):
     return parse
 
 
+def _seconds(text: str) -> float:
+    """A positive number of seconds."""
+    value = _number(text)
+    if not 0 < value < float("inf"):
+        raise argparse.ArgumentTypeError(f"must be a positive number of seconds, got {text!r}")
+    return value
+
+
 def _path(text: str) -> str:
     """A non-empty path (an empty one would mean the working directory); `~` is the home folder,
     quoted or not."""
@@ -285,8 +293,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--package", default="", help="compiled pipeline YAML (default: compile training_pipeline now)")
     p.add_argument("--param", action="append", default=[], metavar="NAME=VALUE", help="a pipeline parameter")
     p.add_argument("--wait", action="store_true", help="follow the run; exit 1 unless it succeeds")
-    p.add_argument("--timeout", type=float, default=24 * 3600, help="--wait limit in seconds")
-    p.add_argument("--poll-seconds", type=float, default=10, help=argparse.SUPPRESS)
+    p.add_argument("--timeout", type=_seconds, default=24 * 3600, help="--wait limit in seconds")
+    p.add_argument("--poll-seconds", type=_seconds, default=10, help=argparse.SUPPRESS)
     p.set_defaults(func=_cmd_submit)
 
     p = sub.add_parser("horovod-run", help="run a Horovod PyTorch script unchanged, on torch.distributed")
