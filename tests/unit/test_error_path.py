@@ -126,3 +126,34 @@ def test_the_check_deadline_cuts_and_nests():
         time.sleep(0.01)
         assert _time_left() < 5.0
     assert _time_left() is None
+
+
+@pytest.mark.parametrize(
+    ("name", "value", "ok"),
+    [
+        ("min_accuracy", 0.0, True),
+        ("min_accuracy", 1.0, True),
+        ("min_accuracy", float("nan"), False),
+        ("min_accuracy", 1.01, False),
+        ("min_accuracy", -0.1, False),
+        ("max_perplexity", 0.0, True),
+        ("max_perplexity", 12.5, True),
+        ("max_perplexity", -1.0, False),
+        ("max_perplexity", float("nan"), False),
+        ("max_perplexity", float("inf"), False),
+    ],
+)
+def test_the_quality_gate_bounds_are_one_rule(name, value, ok):
+    from trainer.checks import gate_problem
+
+    assert (gate_problem(name, value) == "") == ok
+
+
+def test_the_local_write_check_creates_nothing_and_names_the_file_in_the_way(tmp_path):
+    from trainer.storage import LocalStore
+
+    LocalStore().check(str(tmp_path / "a" / "b"))
+    assert list(tmp_path.iterdir()) == []
+    (tmp_path / "f").write_text("x")
+    with pytest.raises(StoreError, match=rf"cannot write under {tmp_path}/f/ck: {tmp_path}/f is a file, not a folder"):
+        LocalStore().check(str(tmp_path / "f" / "ck"))
