@@ -29,7 +29,9 @@ def configure(
     store_secret: str = "mlpipeline-minio-artifact",
 ) -> str:
     """Validate the whole config once, before any work starts, and hand every later step the
-    same effective config (as JSON text; the step's output shows it).
+    same effective config (as JSON text; the step's output shows it). Also checks what can be
+    checked now: the store and checkpoint prefixes are writable, a custom task imports, and
+    data.source is readable.
 
     Args:
         config: The kftrain config as YAML/JSON text: the base of the run.
@@ -41,12 +43,19 @@ def configure(
         The effective config as JSON text.
     """
     knobs = {k: v for k, v in locals().items() if k not in ("config", "store_secret")}
+    from components.runtime import end_with_one_line
+
+    end_with_one_line("configure")
     from components.params import config_from_params
+    from trainer.checks import check_before_steps
     from trainer.config import config_to_json
-    from trainer.launch.job import check_job_manifests
 
     cfg = config_from_params(config, store_secret=store_secret, **knobs)
-    check_job_manifests(cfg)  # what the cluster would refuse fails here, before data prep
+    # Whatever can be checked before any step is checked now: the job a cluster would refuse, the
+    # store and checkpoint prefixes, a custom task, data.source.
+    check_before_steps(cfg)
     text = config_to_json(cfg)
-    print(f"effective config: {text}")
+    from trainer.errors import redact
+
+    print(f"effective config: {redact(text)}")
     return text

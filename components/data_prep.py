@@ -19,9 +19,10 @@ def data_prep(dataset: Output[Dataset], config: str = "") -> None:
         config: The kftrain config as YAML/JSON text (`configure`'s output in the pipeline).
     """
     from components.params import config_from_params
-    from components.runtime import output_uri, task_identity
+    from components.runtime import end_with_one_line, output_uri, task_identity
     from trainer.pipeline_steps import prepare_data
 
+    end_with_one_line("data-prep")
     cfg = config_from_params(config)
     identity = task_identity("", "", "", dataset.uri)
     manifest = prepare_data(cfg, output_uri(dataset, cfg.store.uri, identity, "dataset"))

@@ -49,10 +49,11 @@ def evaluate(
     from collections import namedtuple
 
     from components.params import config_from_params
-    from components.runtime import log_scalars, output_uri, task_identity
+    from components.runtime import end_with_one_line, log_scalars, output_uri, task_identity
     from trainer.evaluate import ui_scalars
     from trainer.pipeline_steps import evaluate as evaluate_step
 
+    end_with_one_line("evaluate")
     cfg = config_from_params(config)
     identity = task_identity(run_id, task_name, dag_execution_id, metrics.uri)
     result, passed, reason = evaluate_step(

@@ -32,12 +32,13 @@ def export(
     import json
 
     from components.params import config_from_params
-    from components.runtime import output_uri, task_identity
+    from components.runtime import end_with_one_line, output_uri, task_identity
     from trainer.evaluate import EVAL_RECORD
     from trainer.pipeline_steps import export as export_step
     from trainer.pipeline_steps import store_for
     from trainer.storage import join_uri
 
+    end_with_one_line("export")
     cfg = config_from_params(config)
     identity = task_identity(run_id, task_name, dag_execution_id, exported.uri)
     report = json.loads(store_for(cfg, metrics.uri).get_bytes(join_uri(metrics.uri, EVAL_RECORD)))

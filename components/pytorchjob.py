@@ -82,12 +82,13 @@ def pytorchjob(
         dag_execution_id: The enclosing DAG's execution (dsl.PIPELINE_TASK_ID_PLACEHOLDER): names the job.
     """
     from components.params import plain_values
-    from components.runtime import task_identity
+    from components.runtime import end_with_one_line, task_identity
     from trainer.launch.backend import run_job
     from trainer.launch.byo import byo_job
     from trainer.launch.spec import job_name
     from trainer.pipeline_steps import resolve_launcher, select_backend
 
+    end_with_one_line("pytorchjob")
     where = resolve_launcher(launcher)
     # KFP hands numbers inside list/dict parameters over as floats (300.0): undo that first.
     spec = byo_job(

@@ -9,9 +9,32 @@ KFP's pipeline root, and the artifact's URI says so.
 from __future__ import annotations
 
 import hashlib
+import sys
+from types import TracebackType
 from typing import Any
 
+from trainer.errors import KftrainError, error_line
 from trainer.storage import join_uri
+
+
+def end_with_one_line(step: str) -> None:
+    """Make a kftrain error that ends this step's process end its log with one line.
+
+    Called first thing in a component's body: an uncaught :class:`~trainer.errors.KftrainError`
+    still prints its traceback (the step log keeps where it came from), then
+    ``kftrain-error: <step>: <message>`` as the log's last line; the process exits 1 as before,
+    so KFP shows the step failed, and `kftrain run --local` makes that line its own last word.
+    Any other exception is a bug and ends with its traceback alone. (A hook, not a ``try``
+    around the body: KFP runs the body's source as written, and the hook needs no re-indenting.)
+    """
+
+    def hook(kind: type[BaseException], exc: BaseException, tb: TracebackType | None) -> None:
+        sys.stdout.flush()
+        sys.__excepthook__(kind, exc, tb)
+        if isinstance(exc, KftrainError):
+            print(error_line(step, exc), file=sys.stderr, flush=True)
+
+    sys.excepthook = hook
 
 
 def task_identity(run_id: str, task_name: str, dag_execution_id: str, artifact_uri: str) -> str:

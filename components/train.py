@@ -36,9 +36,10 @@ def train(
             DAG's execution id). Without these three, the model artifact's URI names the job.
     """
     from components.params import config_from_params
-    from components.runtime import log_scalars, output_uri, task_identity
+    from components.runtime import end_with_one_line, log_scalars, output_uri, task_identity
     from trainer.pipeline_steps import select_backend, train_model
 
+    end_with_one_line("train")
     cfg = config_from_params(config)
     identity = task_identity(run_id, task_name, dag_execution_id, model.uri)
     record = train_model(

@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import argparse
+import os
 import sys
+
+from trainer.errors import KftrainError, redact
 
 
 def _cmd_compile(args: argparse.Namespace) -> int:
@@ -15,7 +18,8 @@ def _cmd_compile(args: argparse.Namespace) -> int:
 
 
 def _resume_command(argv: list[str], run_id: str) -> str:
-    """The command line that continues this run: the same arguments with --run-id."""
+    """The command line that continues this run: the same arguments with --run-id (a password in
+    a URL among them written `***`: put credentials in the environment, not on the command line)."""
     import shlex
 
     args, skip = [], False
@@ -29,7 +33,7 @@ def _resume_command(argv: list[str], run_id: str) -> str:
         if a.startswith("--run-id="):
             continue
         args.append(a)
-    return shlex.join(["kftrain", *args, "--run-id", run_id])
+    return redact(shlex.join(["kftrain", *args, "--run-id", run_id]))
 
 
 def _cmd_run(args: argparse.Namespace) -> int:
@@ -82,9 +86,21 @@ def _cmd_run(args: argparse.Namespace) -> int:
         full_log = keep_log(cfg, log_uri, log_path) if console.log is not None else ""
     see_log = f"; see full log: {full_log}" if full_log else ""
     if isinstance(outcome, PipelineFailed):
-        what = f"step {console.failed_step} failed" if console.failed_step else plain(str(outcome))
-        print(f"kftrain: the pipeline failed: {what}{see_log}", file=sys.stderr)
+        # The last line says what to fix: the failed step's own error line, or where the bug is.
         print(f"kftrain: run {run_id} did not finish; after fixing the cause, resume it: {resume}", file=sys.stderr)
+        if full_log:
+            print(f"kftrain: see full log: {full_log}", file=sys.stderr)
+        if console.failure_line:
+            print(f"kftrain: error: step {console.failed_step}: {console.failure_line}", file=sys.stderr)
+        elif console.failed_step:
+            where = f"the traceback is in the full log: {full_log}" if full_log else "run again with --verbose"
+            print(
+                f"kftrain: error: step {console.failed_step} failed with an unexpected error (its last lines are "
+                f"above; {where}); it is a bug in kftrain or in a custom task, please report it",
+                file=sys.stderr,
+            )
+        else:
+            print(f"kftrain: error: the pipeline failed: {redact(plain(str(outcome)))}", file=sys.stderr)
         return 1
     if isinstance(outcome, RunStopped):
         print(
@@ -192,13 +208,50 @@ def _cmd_submit(args: argparse.Namespace) -> int:
     return 0 if succeeded(result) else 1
 
 
+def _number(text: str) -> float:
+    try:
+        return float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be a number, got {text!r}") from None
+
+
+def _gate(name: str):
+    """An argparse type for the quality gate's `name` (argparse names the flag when it raises)."""
+
+    def parse(text: str) -> float:
+        from trainer.checks import gate_problem
+
+        value = _number(text)
+        if problem := gate_problem(name, value):
+            raise argparse.ArgumentTypeError(f"{problem}, got {text!r}")
+        return value
+
+    return parse
+
+
+def _seconds(text: str) -> float:
+    """A positive number of seconds."""
+    value = _number(text)
+    if not 0 < value < float("inf"):
+        raise argparse.ArgumentTypeError(f"must be a positive number of seconds, got {text!r}")
+    return value
+
+
+def _path(text: str) -> str:
+    """A non-empty path (an empty one would mean the working directory); `~` is the home folder,
+    quoted or not."""
+    if not text.strip():
+        raise argparse.ArgumentTypeError("must not be empty (an empty path would write into the working directory)")
+    return os.path.expanduser(text)
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser of every subcommand."""
     parser = argparse.ArgumentParser(prog="kftrain", description="Distributed PyTorch training on Kubeflow.")
     sub = parser.add_subparsers(dest="command", required=True)
 
     p = sub.add_parser("compile", help="compile every pipeline to YAML")
-    p.add_argument("--output-dir", default="compiled", help="folder for the YAML files (default: compiled)")
+    p.add_argument("--output-dir", type=_path, default="compiled", help="folder for the YAML files (default: compiled)")
     p.set_defaults(func=_cmd_compile)
 
     p = sub.add_parser("run", help="run the training pipeline")
@@ -206,10 +259,19 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--config", help="kftrain YAML config (default: built-in defaults)")
     p.add_argument("--store", help="artifact root, e.g. s3://bucket/prefix (overrides store.uri)")
     p.add_argument("--s3-endpoint", help="S3 endpoint URL (overrides store.endpoint)")
-    p.add_argument("--output-dir", default="kftrain-outputs", help="local artifact root when no store is given")
-    p.add_argument("--summary", help="write artifact URIs and final metrics to this JSON file")
-    p.add_argument("--min-accuracy", type=float, default=0.9, help="quality gate for classification (default 0.9)")
-    p.add_argument("--max-perplexity", type=float, default=0.0, help="quality gate for causal_lm (0: none)")
+    p.add_argument(
+        "--output-dir", type=_path, default="kftrain-outputs", help="local artifact root when no store is given"
+    )
+    p.add_argument("--summary", type=_path, help="write artifact URIs and final metrics to this JSON file")
+    p.add_argument(
+        "--min-accuracy",
+        type=_gate("min_accuracy"),
+        default=0.9,
+        help="quality gate for classification, in [0, 1] (default 0.9)",
+    )
+    p.add_argument(
+        "--max-perplexity", type=_gate("max_perplexity"), default=0.0, help="quality gate for causal_lm (0: none)"
+    )
     p.add_argument(
         "--run-id",
         default="",
@@ -231,8 +293,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--package", default="", help="compiled pipeline YAML (default: compile training_pipeline now)")
     p.add_argument("--param", action="append", default=[], metavar="NAME=VALUE", help="a pipeline parameter")
     p.add_argument("--wait", action="store_true", help="follow the run; exit 1 unless it succeeds")
-    p.add_argument("--timeout", type=float, default=24 * 3600, help="--wait limit in seconds")
-    p.add_argument("--poll-seconds", type=float, default=10, help=argparse.SUPPRESS)
+    p.add_argument("--timeout", type=_seconds, default=24 * 3600, help="--wait limit in seconds")
+    p.add_argument("--poll-seconds", type=_seconds, default=10, help=argparse.SUPPRESS)
     p.set_defaults(func=_cmd_submit)
 
     p = sub.add_parser("horovod-run", help="run a Horovod PyTorch script unchanged, on torch.distributed")
@@ -259,17 +321,14 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     """Entry point of the `kftrain` console script."""
-    from trainer.config import ConfigError
-    from trainer.launch.backend import JobFailed
-    from trainer.storage import StoreError
-
     argv = sys.argv[1:] if argv is None else argv
     args = build_parser().parse_args(argv)
     args.argv = list(argv)
     try:
         return args.func(args)
-    except (ConfigError, StoreError, JobFailed, ValueError) as exc:
-        print(f"kftrain: error: {exc}", file=sys.stderr)
+    # What the user can fix: one line, no traceback (an OSError names the local file it is about).
+    except (KftrainError, ValueError, OSError) as exc:
+        print(f"kftrain: error: {redact(str(exc))}", file=sys.stderr)
         return 2
 
 

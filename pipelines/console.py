@@ -7,8 +7,12 @@ executor input (the whole config, once per step). So while the pipeline runs ``s
 :class:`StepConsole`: every line goes to the full log file, and the terminal gets one line when a
 step starts and one when it ends (with its duration), the replicas' lines, and the step's own log
 records except kfp's bookkeeping (progress lines, warnings); with `verbose`, everything as kfp.local
-wrote it. When a step fails, the last lines of its output that the terminal has not shown (its
-error, without traceback frames) go to the terminal's stderr and stay in :attr:`failure_tail`.
+wrote it. When a step fails with a kftrain error, its one line (``kftrain-error: <step>: ...``,
+:mod:`trainer.errors`) stays in :attr:`failure_line` for the CLI to end with, and its traceback only
+in the log; when it fails otherwise (a bug), the last lines of its output that the terminal has not
+shown (its error, without traceback frames) go to the terminal's stderr and stay in
+:attr:`failure_tail`. Every line is redacted (:func:`trainer.errors.redact`) on its way to the log
+and the terminal: kfp.local prints the whole config, endpoints included.
 """
 
 from __future__ import annotations
@@ -23,6 +27,7 @@ import time
 from collections.abc import Callable, Iterator
 from typing import TextIO
 
+from trainer.errors import parse_error_line, redact
 from trainer.progress import format_seconds
 
 _ANSI = re.compile(r"\x1b\[[0-9;]*m")
@@ -65,9 +70,12 @@ class StepConsole(io.TextIOBase):
         self._t0 = 0.0
         self._in_json = False
         self._tail: collections.deque[str] = collections.deque(maxlen=TAIL_LINES)
+        self._error = ""  # the running step's kftrain error line, if it printed one
         #: The step that failed, and the last lines of its output the terminal had not shown.
         self.failed_step = ""
         self.failure_tail: list[str] = []
+        #: The failed step's own one-line error (its message, without the marker), if it printed one.
+        self.failure_line = ""
 
     def writable(self) -> bool:
         return True
@@ -77,11 +85,11 @@ class StepConsole(io.TextIOBase):
             if self.log is None:
                 self.log = self._open_log()
             if self.verbose:
-                self.out.write(s)
+                self.out.write(redact(s))
             self._partial += s
             *lines, self._partial = self._partial.split("\n")
             for line in lines:
-                line = plain(line)
+                line = redact(plain(line))
                 self.log.write(line + "\n")
                 self._route(line)
         return len(s)
@@ -118,7 +126,7 @@ class StepConsole(io.TextIOBase):
     def _kfp_record(self, level: str, msg: str) -> None:
         now = time.strftime("%H:%M:%S")
         if m := _STEP_START.match(msg):
-            self._step, self._t0, self._in_json = m["task"], time.monotonic(), False
+            self._step, self._t0, self._in_json, self._error = m["task"], time.monotonic(), False, ""
             self._tail.clear()
             self._show(f"{now} {self._step} started")
         elif m := _STEP_END.match(msg):
@@ -126,15 +134,18 @@ class StepConsole(io.TextIOBase):
             if m["status"] == "SUCCESS":
                 self._show(f"{now} {m['task']} done in {took}")
             else:
-                self.failed_step, self.failure_tail = m["task"], list(self._tail)
+                self.failed_step, self.failure_tail, self.failure_line = m["task"], list(self._tail), self._error
                 self._show(f"{now} {m['task']} FAILED after {took}", self.err)
-                for tail_line in self.failure_tail:
+                for tail_line in [] if self._error else self.failure_tail:  # the CLI ends with the error line
                     self._show(f"  {tail_line}", self.err)
             self._step = ""
         elif not _KFP_QUIET.match(msg):
             self._show(f"kfp.local {level.lower()}: {msg}", self.err if level in ("WARNING", "ERROR") else self.out)
 
     def _step_line(self, line: str) -> None:
+        if error := parse_error_line(line):
+            self._error = error[1]
+            return
         if self._in_json:
             self._in_json = line != "}"  # the executor input ends with a closing brace alone on a line
             return

@@ -66,7 +66,7 @@ def check_run_id(run_id: str) -> str:
 
 def run_root(cfg: Config, run_id: str, local_root: str = DEFAULT_LOCAL_ROOT) -> str:
     """Where run `run_id` keeps its checkpoints and its run record."""
-    base = cfg.store.uri or str(Path(local_root).resolve())
+    base = cfg.store.uri or str(Path(local_root).expanduser().resolve())
     return join_uri(base, "runs", run_id)
 
 
@@ -100,7 +100,7 @@ def run_log(cfg: Config, run_id: str, local_root: str = DEFAULT_LOCAL_ROOT) -> t
     folder is in an object store (:func:`keep_log` uploads it)."""
     uri = join_uri(run_root(cfg, run_id, local_root), f"log-{time.strftime('%Y%m%d-%H%M%S')}.txt")
     if not parse_uri(uri).is_remote:
-        return uri, Path(uri)
+        return uri, Path(parse_uri(uri).key)
     return uri, Path(tempfile.gettempdir()) / f"kftrain-{run_id}-{secrets.token_hex(4)}.log"
 
 
@@ -173,19 +173,20 @@ def run_scope(run_id: str, grace_s: float = 10.0) -> Iterator[str]:
         os.close(pipe)
 
 
-def preflight(cfg: Config) -> None:
-    """Fail before any step starts when the job the config describes would be refused on a cluster
-    (the config runs there unchanged), when the store is unreachable, missing or refuses our keys,
-    or when `data.source` is missing, unreadable or not what its task reads."""
-    from trainer.data_rules import check_source
-    from trainer.launch.job import check_job_manifests
+def preflight(cfg: Config, local_root: str = DEFAULT_LOCAL_ROOT) -> None:
+    """Fail before any step starts on whatever can be checked then
+    (:func:`trainer.checks.check_before_steps`: the store and checkpoint prefixes, a custom task,
+    `data.source`), and when the local output folder cannot be written."""
+    from trainer.checks import check_before_steps
 
-    check_job_manifests(cfg)
-    if cfg.store.uri:
-        from trainer.pipeline_steps import store_for
+    if not cfg.store.uri:
+        from trainer.storage import LocalStore
 
-        store_for(cfg, cfg.store.uri, check=True)
-    check_source(cfg)
+        try:
+            LocalStore().check(str(Path(local_root).expanduser().resolve()))
+        except StoreError as exc:
+            raise ConfigError(f"--output-dir: {exc}") from None  # the message names the folder
+    check_before_steps(cfg)
 
 
 def run_local(
@@ -204,7 +205,7 @@ def run_local(
     ``"already_finished": True``.
     """
     run_id = check_run_id(run_id or new_run_id())
-    preflight(cfg)
+    preflight(cfg, local_root)
     done = finished_run(cfg, run_id, local_root)
     if done is not None:
         return {**done, "already_finished": True}
@@ -225,7 +226,7 @@ def _run_pipeline(cfg: Config, local_root: str, min_accuracy: float, max_perplex
     warnings.filterwarnings("ignore", message=".*have no effect in the current local runner.*")
     warnings.filterwarnings("ignore", message=".*non-Python base image.*")
     with tempfile.TemporaryDirectory(prefix="kftrain-kfp-") as tmp:
-        root = tmp if cfg.store.uri else str(Path(local_root).resolve())
+        root = tmp if cfg.store.uri else str(Path(local_root).expanduser().resolve())
         local.init(runner=local.SubprocessRunner(use_venv=False), pipeline_root=root)
         try:
             task = training_pipeline(

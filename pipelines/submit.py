@@ -18,6 +18,8 @@ from typing import Any
 
 import yaml
 
+from trainer.errors import KftrainError, redact
+
 TOKEN_ENV = "KFP_TOKEN"
 _KFP_TYPES = {
     "NUMBER_INTEGER": int,
@@ -29,7 +31,7 @@ _KFP_TYPES = {
 }
 
 
-class SubmitError(ValueError):
+class SubmitError(KftrainError, ValueError):
     """The submission cannot go ahead; the message says what to fix."""
 
 
@@ -84,9 +86,15 @@ def parse_params(pairs: list[str], package: Path) -> dict[str, Any]:
 
 
 def _validate_config(args: dict[str, Any], known: dict[str, dict[str, Any]]) -> None:
-    """Run the trainer's config validation on the run's effective parameters before uploading."""
+    """Run the trainer's config validation on the run's effective parameters before uploading,
+    and the quality gate's bounds (the same as `kftrain run`'s flags)."""
     from components.params import BY_NAME, config_from_params
+    from trainer.checks import gate_problem
     from trainer.launch.job import check_job_manifests
+
+    for name in ("min_accuracy", "max_perplexity"):
+        if name in args and (problem := gate_problem(name, args[name])):
+            raise SubmitError(f"--param {name}={args[name]}: {problem}")
 
     effective = {k: args.get(k, known[k]["default"]) for k in known if k in BY_NAME}
     config = args.get("config", known.get("config", {}).get("default") or "")
@@ -115,7 +123,7 @@ def kfp_errors(host: str) -> Iterator[None]:
         if status in (401, 403):
             raise _rejected(host, status, exc.reason) from None
         raise SubmitError(
-            f"the KFP API at {host} answered HTTP {status} {exc.reason}: {exc.body or ''}".strip()
+            f"the KFP API at {redact(host)} answered HTTP {status} {exc.reason}: {exc.body or ''}".strip()
         ) from None
     except (urllib3.exceptions.HTTPError, ConnectionError, TimeoutError) as exc:
         raise _unreachable(host, exc) from None
@@ -123,7 +131,7 @@ def kfp_errors(host: str) -> Iterator[None]:
 
 def _rejected(host: str, status: int, reason: str) -> SubmitError:
     return SubmitError(
-        f"the KFP API at {host} rejected the request (HTTP {status} {reason}): set {TOKEN_ENV} to a "
+        f"the KFP API at {redact(host)} rejected the request (HTTP {status} {reason}): set {TOKEN_ENV} to a "
         "valid bearer token, or check the namespace and your access to it"
     )
 
@@ -131,28 +139,48 @@ def _rejected(host: str, status: int, reason: str) -> SubmitError:
 def _unreachable(host: str, exc: BaseException) -> SubmitError:
     reason = getattr(exc, "reason", None) or exc
     return SubmitError(
-        f"cannot reach the KFP API at {host} ({type(reason).__name__}: {reason}): check --host "
+        f"cannot reach the KFP API at {redact(host)} ({type(reason).__name__}: {reason}): check --host "
         "(e.g. a running `kubectl port-forward svc/ml-pipeline-ui 8080:80`)"
     )
 
 
 def probe_host(host: str, timeout_s: float = 10.0) -> None:
-    """One request to the KFP API's health endpoint, so that an unreachable or rejecting host is
-    one clear line at once (kfp.Client retries its health check and reports a timeout either way)."""
+    """One request to the KFP API's health endpoint, so that an unreachable or rejecting host, or
+    one that is not a KFP API at all (a web page, another service, a login page in front of it),
+    is one clear line at once: kfp.Client retries its health check and reports a timeout, and
+    against another service fails later with a confusing message ("Missing the required
+    parameter `pipeline_id`")."""
     import urllib.error
     import urllib.request
 
-    req = urllib.request.Request(f"{host.rstrip('/')}/apis/v2beta1/healthz")
+    url = f"{host.rstrip('/')}/apis/v2beta1/healthz"
+    req = urllib.request.Request(url)
     token = os.environ.get(TOKEN_ENV)
     if token:
         req.add_header("Authorization", f"Bearer {token}")
     try:
-        urllib.request.urlopen(req, timeout=timeout_s).close()
+        with urllib.request.urlopen(req, timeout=timeout_s) as resp:
+            kind, body = resp.headers.get("Content-Type", "?"), resp.read(65536)
     except urllib.error.HTTPError as exc:
         if exc.code in (401, 403):
             raise _rejected(host, exc.code, exc.reason) from None
+        raise _not_kfp(host, f"HTTP {exc.code} {exc.reason} for {url}") from None
     except (urllib.error.URLError, OSError, ValueError) as exc:
         raise _unreachable(host, exc) from None
+    try:
+        answer = json.loads(body)
+    except ValueError:
+        answer = None
+    if not isinstance(answer, dict):
+        raise _not_kfp(host, f"HTTP 200 with {kind.split(';')[0]} that is not KFP's JSON for {url}")
+
+
+def _not_kfp(host: str, seen: str) -> SubmitError:
+    return SubmitError(
+        f"{redact(host)} does not answer as a KFP API ({seen}): check --host; it is the KFP API or UI "
+        "address, e.g. http://localhost:8080 with `kubectl port-forward svc/ml-pipeline-ui 8080:80`, "
+        "and if a login page stands in front of it, set KFP_TOKEN"
+    )
 
 
 def make_client(host: str, namespace: str | None):
@@ -202,7 +230,7 @@ def submit(
         version_name=vname,
         experiment_id=exp.experiment_id,
         run_id=run.run_id,
-        run_url=f"{host.rstrip('/')}/#/runs/details/{run.run_id}",
+        run_url=redact(f"{host.rstrip('/')}/#/runs/details/{run.run_id}"),
     )
     if wait:
         try:

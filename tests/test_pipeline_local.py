@@ -182,7 +182,12 @@ def test_a_failing_step_fails_the_run_with_exit_code_1(tmp_path, verbose):
     assert rc == 1
     # The data-prep step's own error reaches the terminal, whatever else is left in the log.
     assert "column 'a': 'oops' is not a number" in out
-    assert "kftrain: the pipeline failed: step data-prep failed; see full log: " in out
+    # The last line is the step's own error; the one before it says where the full log is.
+    assert out.strip().splitlines()[-1] == (
+        "kftrain: error: step data-prep: " + str(tmp_path / "bad.csv") + ": row 21 (line 22), column 'a': 'oops' "
+        "is not a number; every feature column must be numeric"
+    )
+    assert out.strip().splitlines()[-2].startswith("kftrain: see full log: ")
     assert "[master-0]" not in out  # training never started
     assert ("Got executor_input" in out) == verbose
     assert "Traceback (most recent call last)" in Path(full_log(out)).read_text()

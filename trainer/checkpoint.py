@@ -62,6 +62,7 @@ import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint import FileSystemReader, FileSystemWriter
 from torch.distributed.checkpoint.api import CheckpointException
 
+from trainer.errors import KftrainError
 from trainer.progress import ProgressLine
 from trainer.storage import CorruptObject, ObjectNotFound, ObjectStore, StoreError, join_uri, read_json
 
@@ -85,7 +86,7 @@ _HEX64 = re.compile(r"[0-9a-f]{64}")
 log = logging.getLogger("kftrain.checkpoint")
 
 
-class CheckpointError(RuntimeError):
+class CheckpointError(KftrainError, RuntimeError):
     """A checkpoint could not be written or read; the message says which and why."""
 
 

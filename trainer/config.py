@@ -26,6 +26,7 @@ from typing import Any
 import yaml
 
 from trainer.credentials import credential_in
+from trainer.errors import KftrainError
 from trainer.partitions import partition_problem
 from trainer.storage import RetryPolicy, parse_uri
 from trainer.tokenizer import parse_spec as parse_tokenizer_spec
@@ -58,7 +59,7 @@ KFP_STORE_SECRET = "mlpipeline-minio-artifact"
 KFP_STORE_SECRET_KEYS = {"accesskey": "AWS_ACCESS_KEY_ID", "secretkey": "AWS_SECRET_ACCESS_KEY"}
 
 
-class ConfigError(ValueError):
+class ConfigError(KftrainError, ValueError):
     """A configuration value is missing, unknown, of the wrong type or out of range."""
 
 
@@ -160,6 +161,19 @@ class StoreConfig:
                 parse_uri(self.uri)
             except ValueError as exc:
                 raise ConfigError(f"store.uri: {exc}") from None
+        if self.endpoint:
+            _require(
+                self.endpoint.startswith(("http://", "https://")),
+                "store.endpoint",
+                self.endpoint,
+                "must be a URL starting with http:// (no TLS) or https:// (TLS)",
+            )
+            if "@" in self.endpoint.split("://", 1)[1].split("/", 1)[0]:  # the value is not repeated: a password
+                raise ConfigError(
+                    "store.endpoint: a user or password in the URL is not used (and would be printed); remove it "
+                    "(from the config or --s3-endpoint) and set AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY (on a "
+                    "cluster, from the store Secret)"
+                )
 
 
 _FRACTION = Bound(lambda v: 0.0 < v < 0.5, "must be between 0 and 0.5")
@@ -175,6 +189,7 @@ _DATA_BOUNDS = {
     "text_field": NOT_EMPTY,
     "max_bytes": NOT_NEGATIVE,
     "tokenizer_sample_bytes": POSITIVE,
+    "seed": NOT_NEGATIVE,
 }
 
 
@@ -291,6 +306,7 @@ _TRAIN_BOUNDS = {
     "on_nonfinite": one_of(NONFINITE_POLICIES),
     "strategy": one_of(STRATEGIES),
     "log_interval_steps": POSITIVE,
+    "seed": Bound(lambda v: v >= 0, "must be >= 0 (numpy's and torch's generators take no negative seed)"),
 }
 
 
@@ -392,6 +408,8 @@ _JOB_BOUNDS = {
     "image": Bound(lambda v: bool(v.strip()), "must not be empty"),
     "timeout_seconds": ABOVE_ZERO,
     "omp_num_threads": AT_LEAST_ONE,
+    "collective_timeout_seconds": ABOVE_ZERO,
+    "nccl_heartbeat_timeout_seconds": ABOVE_ZERO,
     "nccl_debug": Bound(
         lambda v: v.upper() in NCCL_DEBUG_LEVELS,
         f"must be one of {NCCL_DEBUG_LEVELS} (in any case, as NCCL reads it)",

@@ -22,7 +22,6 @@
 from __future__ import annotations
 
 import codecs
-import dataclasses
 import math
 import re
 from collections.abc import Iterable, Iterator
@@ -32,7 +31,15 @@ import numpy as np
 
 from trainer.config import Config
 from trainer.shards import DataError
-from trainer.storage import CHECK_BUDGET_S, ObjectNotFound, ObjectStore, StoreError, has_suffix, open_store
+from trainer.storage import (
+    CHECK_BUDGET_S,
+    ObjectNotFound,
+    ObjectStore,
+    StoreError,
+    check_deadline,
+    has_suffix,
+    open_store,
+)
 from trainer.tokenizer import parse_spec
 
 #: Sources that are built in, not objects in a store.
@@ -201,6 +208,11 @@ def check_source(cfg: Config) -> None:
     Raises :class:`DataError` (a ValueError) naming the field and the URI; a store that cannot be
     reached fails as :class:`StoreError` within `CHECK_BUDGET_S` seconds, naming them too.
     """
+    with check_deadline(CHECK_BUDGET_S):
+        _check_sources(cfg)
+
+
+def _check_sources(cfg: Config) -> None:
     source = cfg.data.source
     if source not in BUILTIN_SOURCES:
         try:
@@ -221,10 +233,8 @@ def check_source(cfg: Config) -> None:
 
 
 def _check_store(cfg: Config, uri: str) -> ObjectStore:
-    """The store serving `uri`, giving up on an unreachable one within `CHECK_BUDGET_S` seconds."""
-    policy = cfg.store.policy()
-    policy = dataclasses.replace(policy, budget_s=min(policy.budget_s, CHECK_BUDGET_S))
-    return open_store(uri, cfg.store.endpoint, cfg.store.region, policy)
+    """The store serving `uri` (:func:`check_source` runs under the check's deadline)."""
+    return open_store(uri, cfg.store.endpoint, cfg.store.region, cfg.store.policy())
 
 
 def _check_source(cfg: Config, store: ObjectStore, source: str) -> None:

@@ -26,6 +26,7 @@ import numpy as np
 import torch
 from safetensors.torch import save as save_safetensors
 
+from trainer.errors import KftrainError
 from trainer.model_io import load_model, weights
 from trainer.progress import ProgressLine
 from trainer.storage import ObjectStore, join_uri
@@ -43,7 +44,7 @@ CARD_FIELDS = ("classes", "feature_names", "tokenizer", "vocab_size")
 _TRITON_TYPES = {torch.float32: "TYPE_FP32", torch.int64: "TYPE_INT64"}
 
 
-class ExportError(RuntimeError):
+class ExportError(KftrainError, RuntimeError):
     """An exported format does not reproduce the PyTorch model's outputs."""
 
 

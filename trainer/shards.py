@@ -19,6 +19,7 @@ from dataclasses import asdict, dataclass
 
 import numpy as np
 
+from trainer.errors import KftrainError
 from trainer.storage import CorruptObject, ObjectStore, decode_object, has_suffix, join_uri, read_json
 
 #: The dataset's description, written last by data prep.
@@ -27,7 +28,7 @@ MANIFEST = "manifest.json"
 SPLITS = ("train", "val", "test")
 
 
-class DataError(ValueError):
+class DataError(KftrainError, ValueError):
     """The data cannot be read or prepared; the message names the object and what to do."""
 
 

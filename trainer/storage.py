@@ -13,6 +13,7 @@ fills on a cluster.
 
 from __future__ import annotations
 
+import contextlib
 import io
 import json
 import logging
@@ -21,6 +22,7 @@ import random
 import re
 import shutil
 import tempfile
+import threading
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -29,6 +31,7 @@ from typing import Any, Protocol, TypeVar
 from urllib.parse import urlsplit
 from xml.etree import ElementTree
 
+from trainer.errors import KftrainError, redact
 from trainer.progress import ProgressLine
 
 REMOTE_SCHEMES = ("s3", "minio")
@@ -52,13 +55,15 @@ TRANSIENT_S3_CODES = frozenset(
         "ConditionalRequestConflict",
     }
 )
-#: Retry budget of the preflight check (store.retry_budget_seconds bounds it too).
+#: The time limit of an up-front store check (`store.check`, the data source check): every
+#: request and retry of it ends by then, whatever `store.*_timeout_seconds` and the retry budget say.
 CHECK_BUDGET_S = 5.0
+_deadline = threading.local()
 log = logging.getLogger("kftrain.storage")
 T = TypeVar("T")
 
 
-class StoreError(RuntimeError):
+class StoreError(KftrainError, RuntimeError):
     """The object store refused or failed an operation; the message says what to fix."""
 
 
@@ -115,11 +120,14 @@ class Location:
 
 
 def parse_uri(uri: str) -> Location:
-    """Parse a store URI; raise ValueError naming the URI and the accepted forms when malformed."""
+    """Parse a store URI; raise ValueError naming the URI and the accepted forms when malformed.
+
+    A plain path may start with `~` or `~user` (expanded, as a shell would: quoted in a YAML file
+    or a flag, it would otherwise be a folder named `~`)."""
     if not isinstance(uri, str) or not uri.strip():
         raise ValueError(f"empty storage URI {uri!r}: use s3://bucket/key, minio://bucket/key or a path")
-    if "://" not in uri:
-        return Location("file", "", os.path.abspath(uri))
+    if "://" not in uri:  # a path: `~` is the user's home, as in a shell
+        return Location("file", "", os.path.abspath(os.path.expanduser(uri)))
     parts = urlsplit(uri)
     scheme = parts.scheme.lower()
     if scheme == "file":
@@ -305,13 +313,15 @@ class LocalStore:
         self._path(uri).unlink(missing_ok=True)
 
     def check(self, uri: str) -> None:
+        """Whether a write under `uri` can succeed; creates nothing (the first write makes the folders)."""
         path = self._path(uri)
-        try:
-            path.mkdir(parents=True, exist_ok=True)
-        except OSError as exc:
-            raise StoreError(f"cannot create the local store directory {path}: {exc}") from None
-        if not os.access(path, os.W_OK):
-            raise StoreError(f"the local store directory {path} is not writable")
+        existing = path
+        while not existing.exists() and existing != existing.parent:
+            existing = existing.parent
+        if not existing.is_dir():
+            raise StoreError(f"cannot write under {uri}: {existing} is a file, not a folder")
+        if not os.access(existing, os.W_OK | os.X_OK):
+            raise StoreError(f"cannot write under {uri}: the folder {existing} is not writable by this user")
 
 
 def is_transient(exc: BaseException) -> bool:
@@ -343,6 +353,46 @@ def _cause(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {exc}"
 
 
+@contextlib.contextmanager
+def check_deadline(seconds: float = CHECK_BUDGET_S) -> Iterator[None]:
+    """Every S3 request this thread makes inside gives up `seconds` from now at the latest: each
+    connect and read timeout is cut to the time left and no retry starts after it. A check must
+    answer in its stated time even when `store.read_timeout_seconds` is long (a hung endpoint
+    would otherwise hold it that long). Nested, the earlier deadline wins."""
+    outer = getattr(_deadline, "at", None), getattr(_deadline, "seconds", 0.0)
+    at = time.monotonic() + seconds
+    if outer[0] is None or at < outer[0]:
+        _deadline.at, _deadline.seconds = at, seconds
+    try:
+        yield
+    finally:
+        _deadline.at, _deadline.seconds = outer
+
+
+def _time_left() -> float | None:
+    at = getattr(_deadline, "at", None)
+    return None if at is None else at - time.monotonic()
+
+
+def _pool_manager(policy: RetryPolicy, **kw: Any) -> Any:
+    """urllib3's pool with `policy`'s timeouts, cut to the time left under :func:`check_deadline`."""
+    import urllib3
+
+    class DeadlinePool(urllib3.PoolManager):
+        def urlopen(self, method: str, url: str, redirect: bool = True, **kw: Any) -> Any:
+            left = _time_left()
+            if left is not None:
+                left = max(left, 0.01)
+                kw["timeout"] = urllib3.Timeout(
+                    connect=min(policy.connect_timeout_s, left), read=min(policy.read_timeout_s, left)
+                )
+            return super().urlopen(method, url, redirect=redirect, **kw)
+
+    return DeadlinePool(
+        timeout=urllib3.Timeout(connect=policy.connect_timeout_s, read=policy.read_timeout_s), retries=False, **kw
+    )
+
+
 class S3Store:
     """S3-compatible object storage through the minio SDK (AWS S3, MinIO, SeaweedFS).
 
@@ -354,7 +404,6 @@ class S3Store:
 
     def __init__(self, endpoint: str = "", region: str = "", policy: RetryPolicy | None = None) -> None:
         import certifi
-        import urllib3
         from minio import Minio
         from minio.credentials import (
             ChainedProvider,
@@ -369,7 +418,15 @@ class S3Store:
         if endpoint:
             parts = urlsplit(endpoint)
             if parts.scheme not in ("http", "https") or not parts.netloc:
-                raise StoreError(f"S3 endpoint {endpoint!r} must be a URL like http://host:9000 or https://host")
+                raise StoreError(
+                    f"S3 endpoint {redact(endpoint)!r} must be a URL like http://host:9000 or https://host"
+                )
+            if "@" in parts.netloc:
+                raise StoreError(
+                    f"S3 endpoint {redact(endpoint)}: a user or password in the URL is not used (and would be "
+                    "printed); remove it from store.endpoint / --s3-endpoint and set AWS_ACCESS_KEY_ID / "
+                    "AWS_SECRET_ACCESS_KEY instead"
+                )
             host, secure = parts.netloc, parts.scheme == "https"
         else:
             host, secure = "s3.amazonaws.com", True
@@ -390,12 +447,11 @@ class S3Store:
         self.endpoint = f"{'https' if secure else 'http'}://{host}"
         # minio's default client waits 5 minutes for a read and retries on its own; ours waits
         # as long as object storage reasonably needs, and leaves retrying to _call.
-        http = urllib3.PoolManager(
-            timeout=urllib3.Timeout(connect=self.policy.connect_timeout_s, read=self.policy.read_timeout_s),
+        http = _pool_manager(
+            self.policy,
             maxsize=10,
             cert_reqs="CERT_REQUIRED",
             ca_certs=os.environ.get("SSL_CERT_FILE") or certifi.where(),
-            retries=False,
         )
         self._client = Minio(
             host, secure=secure, region=region or None, credentials=ChainedProvider(providers), http_client=http
@@ -419,6 +475,10 @@ class S3Store:
         """Run `fn` under the retry policy; every failure leaves as a StoreError naming `uri`."""
         p = self.policy
         budget = p.budget_s if budget_s is None else min(budget_s, p.budget_s)
+        left = _time_left()
+        limit = f"retry budget {budget:g}s, store.retry_budget_seconds"
+        if left is not None and left < budget:  # under a check's deadline
+            budget, limit = max(left, 0.0), f"the store check's limit of {_deadline.seconds:g}s"
         start = time.monotonic()
         delay, attempt = p.first_backoff_s, 0
         while True:
@@ -433,8 +493,7 @@ class S3Store:
                 if left <= 0:
                     raise StoreError(
                         f"cannot reach the object store at {self.endpoint} for {what} {uri}: gave up after "
-                        f"{attempt} attempt(s) in {spent:.0f}s (retry budget {budget:g}s, "
-                        f"store.retry_budget_seconds): {_cause(exc)}"
+                        f"{attempt} attempt(s) in {spent:.0f}s ({limit}): {_cause(exc)}"
                     ) from None
                 pause = min(delay * (0.5 + self._jitter.random() / 2), left)
                 log.warning(
@@ -572,7 +631,11 @@ class S3Store:
     def check(self, uri: str) -> None:
         loc = self._loc(uri)
         # Preflight answers within seconds: a wrong endpoint is a typo far more often than an outage.
-        if not self._call("HEAD", uri, lambda: self._client.bucket_exists(loc.bucket), budget_s=CHECK_BUDGET_S):
+        with check_deadline(CHECK_BUDGET_S):
+            self._check(uri, loc)
+
+    def _check(self, uri: str, loc: Location) -> None:
+        if not self._call("HEAD", uri, lambda: self._client.bucket_exists(loc.bucket)):
             raise StoreError(
                 f"bucket {loc.bucket!r} does not exist at {self.endpoint}: create it "
                 f"(e.g. `mc mb`), or point store.uri at an existing bucket"

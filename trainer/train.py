@@ -28,7 +28,7 @@ from torch import nn
 from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 
 from trainer.checkpoint import CheckpointError, CheckpointManager, step_dir
-from trainer.config import Config, ConfigError, config_from_json, to_dict
+from trainer.config import Config, config_from_json, to_dict
 from trainer.consolidate import consolidate
 from trainer.distributed import (
     DistEnv,
@@ -47,14 +47,15 @@ from trainer.distributed import (
     seed_rank_streams,
     unwrap,
 )
+from trainer.errors import KftrainError
 from trainer.events import EVENTS_FOLDER, EventWriter
 from trainer.launch.backend import FAILURE_MARKER
 from trainer.model_io import WEIGHTS, publish_model, save_model, tied_names
 from trainer.progress import Progress
 from trainer.rng import rng_state, seed_everything, set_rng_state
 from trainer.safetensors_file import TensorFile
-from trainer.shards import DataError, read_manifest
-from trainer.storage import ObjectStore, StoreError, join_uri, open_store
+from trainer.shards import read_manifest
+from trainer.storage import ObjectStore, join_uri, open_store
 from trainer.tasks import Task, get_task
 from trainer.training_data import TrainingData, training_data
 
@@ -65,7 +66,7 @@ log = logging.getLogger("kftrain.train")
 PEAK_BF16_TFLOPS = {"H200": 989.0, "H100": 989.0, "A100": 312.0, "L40S": 362.0, "A10G": 125.0, "L4": 121.0}
 
 
-class NonFiniteLoss(RuntimeError):
+class NonFiniteLoss(KftrainError, RuntimeError):
     """The loss or the gradients became NaN/inf (train.on_nonfinite: stop)."""
 
 
@@ -566,7 +567,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         with process_group(env, device, timeout_s=cfg.job.collective_timeout_seconds):
             run_training(cfg, args.dataset_uri, args.model_uri, env)
-    except (ConfigError, DataError, StoreError, CheckpointError, NonFiniteLoss) as exc:
+    except KftrainError as exc:
         # A message that says what to fix, not a traceback repeated by every rank.
         log.error("%s%s", FAILURE_MARKER, exc)
         return 1

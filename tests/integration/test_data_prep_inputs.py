@@ -247,7 +247,7 @@ CLI = [
         "data:\n  source: {tmp}/in.csv\ntrain:\n  epochs: 1\n",
         {"in.csv": table(cell=lambda i, j: "1e308" if (i, j) == (7, 0) else "1.5")},
         1,
-        ["{tmp}/in.csv: row 8 (line 9), column 'a': '1e308' overflows float32", "kftrain: the pipeline failed"],
+        ["kftrain: error: step data-prep: {tmp}/in.csv: row 8 (line 9), column 'a': '1e308' overflows float32"],
     ),
 ]
 

@@ -10,6 +10,7 @@ import threading
 from collections.abc import Iterator
 from typing import Protocol
 
+from trainer.errors import REPLICA_FAILURE, KftrainError
 from trainer.launch.spec import JobSpec
 
 _stdout_lock = threading.Lock()
@@ -24,7 +25,7 @@ def print_line(line: str) -> None:
         sys.stdout.flush()
 
 
-class JobFailed(RuntimeError):
+class JobFailed(KftrainError, RuntimeError):
     """The job ended Failed, timed out or was cancelled; the message carries the evidence."""
 
 
@@ -38,7 +39,7 @@ class JobCancelled(JobFailed):
 
 #: How the trainer reports a failure it understands (bad data, a store outage, a diverged run):
 #: one line, where a traceback would bury the cause under torchrun's summary.
-FAILURE_MARKER = "training failed: "
+FAILURE_MARKER = REPLICA_FAILURE
 
 
 def failure_excerpt(lines: list[str], tail: int = 15, traceback_lines: int = 25) -> list[str]:

@@ -24,6 +24,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from trainer.errors import KftrainError
 from trainer.launch import pytorchjob, trainjob
 from trainer.launch.preflight import validate_pytorchjob, validate_trainjob
 from trainer.launch.spec import AUTO, PYTORCHJOB, TRAINJOB, JobSpec
@@ -144,7 +145,7 @@ BY_NAME = {k.name: k for k in (PYTORCHJOB_KIND, TRAINJOB_KIND)}
 AUTO_PREFERENCE = (TRAINJOB_KIND, PYTORCHJOB_KIND)
 
 
-class NoJobKindServed(RuntimeError):
+class NoJobKindServed(KftrainError, RuntimeError):
     """`job.kind: auto` and the cluster serves neither CRD."""
 
 

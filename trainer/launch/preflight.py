@@ -26,6 +26,7 @@ import re
 from importlib import resources
 from typing import Any
 
+from trainer.errors import KftrainError
 from trainer.launch.fieldrules import describe, field_problems, named_path, problem_at
 
 _DNS_1035 = re.compile(r"^[a-z]([-a-z0-9]*[a-z0-9])?$")
@@ -33,7 +34,7 @@ REPLICA_TYPES = ("Master", "Worker")
 KUBERNETES_VERSION = "1.30.0"  # the oldest minor the pod-template check holds the manifest to
 
 
-class ManifestError(ValueError):
+class ManifestError(KftrainError, ValueError):
     """The manifest would be rejected or misread by the cluster; the message names the field."""
 
 

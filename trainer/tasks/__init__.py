@@ -27,9 +27,11 @@ def get_task(name: str) -> Task:
     module_name, _, attr = name.partition(":")
     try:
         cls = getattr(importlib.import_module(module_name), attr)
-    except (ImportError, AttributeError, ValueError) as exc:
-        raise ConfigError(f"task: cannot import {name!r} ({exc})") from None
-    task = cls()
-    if not isinstance(task, Task):
+    except Exception as exc:  # the user's module: a missing name, or any error while it imports
+        raise ConfigError(
+            f"task: cannot import {name!r} ({type(exc).__name__}: {exc}); the module must be importable "
+            "where kftrain runs (installed in the image, or on PYTHONPATH) and define that class"
+        ) from None
+    if not (isinstance(cls, type) and issubclass(cls, Task)):
         raise ConfigError(f"task: {name!r} is not a subclass of trainer.tasks.Task")
-    return task
+    return cls()

@@ -1,0 +1,159 @@
+"""The one error path's pure parts: the marked line a failed step ends with, how the console
+keeps it, the redaction of URLs, `~` in local paths, and the store check's deadline."""
+
+from __future__ import annotations
+
+import io
+import os
+import sys
+import time
+
+import pytest
+
+from components.runtime import end_with_one_line
+from pipelines.console import StepConsole
+from trainer.config import ConfigError
+from trainer.errors import ERROR_MARKER, KftrainError, error_line, one_line, parse_error_line, redact
+from trainer.launch.backend import JobFailed
+from trainer.shards import DataError
+from trainer.storage import StoreError, _time_left, check_deadline, parse_uri
+
+REDACTED = [
+    ("http://bob:hunter2@minio:9000", "http://***@minio:9000"),
+    ("https://token@host/path", "https://***@host/path"),
+    ("--s3-endpoint http://u:p@h:1 --store s3://b/k", "--s3-endpoint http://***@h:1 --store s3://b/k"),
+    ("{'endpoint': 'http://a:b@h'}", "{'endpoint': 'http://***@h'}"),
+    ("no url here, user@example.com", "no url here, user@example.com"),
+    ("s3://bucket/key@v1 and http://h:9000/x", "s3://bucket/key@v1 and http://h:9000/x"),  # '@' after the host
+]
+
+
+@pytest.mark.parametrize(("text", "expected"), REDACTED)
+def test_the_userinfo_of_every_url_is_redacted(text, expected):
+    assert redact(text) == expected
+
+
+@pytest.mark.parametrize("cls", [ConfigError, StoreError, DataError, JobFailed])
+def test_every_error_the_user_can_fix_shares_the_base_and_keeps_its_old_one(cls):
+    assert issubclass(cls, KftrainError)
+    assert issubclass(cls, ValueError if cls in (ConfigError, DataError) else RuntimeError)
+
+
+def test_an_error_line_round_trips_and_is_one_line():
+    exc = DataError("s3://b/in.csv: row 8 (line 9), column 'a': 'x' is not a number;\nfix the row")
+    line = error_line("data-prep", exc)
+    assert line.startswith(ERROR_MARKER) and "\n" not in line
+    assert parse_error_line("    " + line) == (
+        "data-prep",
+        "s3://b/in.csv: row 8 (line 9), column 'a': 'x' is not a number (the lines above it in the log say more)",
+    )
+
+
+def test_a_failed_job_keeps_its_first_line_and_the_trainers_own_failure():
+    exc = JobFailed(
+        "job kftrain-1 failed: replica master-0 exited with code 1. Its last log lines:\n"
+        "  [master-0] [rank 0] 15:00:01 training failed: no object at s3://b/ds/manifest.json\n"
+        "  [master-0] torchrun: child failed"
+    )
+    assert one_line(exc) == (
+        "job kftrain-1 failed: replica master-0 exited with code 1: no object at s3://b/ds/manifest.json"
+    )
+
+
+@pytest.mark.parametrize(
+    "line",
+    [
+        "kftrain-error: data-prep",  # no message
+        "kftrain-error: : message",  # no step
+        "kftrain-error: two words: message",
+        "[KFP Executor INFO]: see kftrain-error: x: y",  # not at the start of the line
+        "trainer.shards.DataError: bad",
+    ],
+)
+def test_only_a_well_formed_marked_line_parses(line):
+    assert parse_error_line(line) is None
+
+
+def test_a_component_ends_its_log_with_the_marked_line_after_the_traceback(capsys, monkeypatch):
+    monkeypatch.setattr(sys, "excepthook", sys.excepthook)  # restored after the test
+    end_with_one_line("evaluate")
+    for exc in (StoreError("bucket 'x' does not exist at http://h: create it"), KeyError("bug")):
+        try:
+            raise exc
+        except Exception as caught:
+            sys.excepthook(type(caught), caught, caught.__traceback__)
+    err = capsys.readouterr().err.splitlines()
+    first_end = err.index("kftrain-error: evaluate: bucket 'x' does not exist at http://h: create it")
+    assert err[first_end - 1].startswith("trainer.storage.StoreError")  # the traceback, then the line
+    assert err[-1] == "KeyError: 'bug'" and sum(ERROR_MARKER in line for line in err) == 1  # a bug: no line
+
+
+STEP_FAILS_WITH_MARKER = """\
+15:00:00.002 - INFO - Executing task 'data-prep'
+    Traceback (most recent call last):
+      File "x.py", line 3, in data_prep
+    trainer.shards.DataError: in.csv: row 8, column 'a': 'x' is not a number
+    kftrain-error: data-prep: in.csv: row 8, column 'a': 'x' is not a number
+
+15:00:05.000 - ERROR - Task 'data-prep' finished with status FAILURE
+"""
+
+
+def test_the_console_keeps_the_steps_line_for_the_cli_and_shows_no_traceback():
+    log, out, err = io.StringIO(), io.StringIO(), io.StringIO()
+    console = StepConsole(lambda: log, out, err)
+    console.write(STEP_FAILS_WITH_MARKER.replace("'x'", "'x' at http://u:secret@h:1"))
+    assert console.failed_step == "data-prep"
+    assert console.failure_line == "in.csv: row 8, column 'a': 'x' at http://***@h:1 is not a number"
+    assert err.getvalue().splitlines()[-1].endswith("data-prep FAILED after 0.0s")  # no tail: the CLI ends with it
+    assert "secret" not in log.getvalue() and "Traceback" in log.getvalue()
+
+
+def test_a_tilde_in_a_local_path_is_the_home_folder(monkeypatch, tmp_path):
+    monkeypatch.setenv("HOME", str(tmp_path))
+    assert parse_uri("~/kftrain/runs").key == os.path.join(str(tmp_path), "kftrain", "runs")
+    assert parse_uri("s3://bkt/~x").key == "~x"  # an object key is not a path
+
+
+def test_the_check_deadline_cuts_and_nests():
+    assert _time_left() is None
+    with check_deadline(5.0):
+        assert 4.9 < _time_left() <= 5.0
+        with check_deadline(60.0):  # the earlier deadline wins
+            assert _time_left() <= 5.0
+        with check_deadline(0.5):
+            assert _time_left() <= 0.5
+        time.sleep(0.01)
+        assert _time_left() < 5.0
+    assert _time_left() is None
+
+
+@pytest.mark.parametrize(
+    ("name", "value", "ok"),
+    [
+        ("min_accuracy", 0.0, True),
+        ("min_accuracy", 1.0, True),
+        ("min_accuracy", float("nan"), False),
+        ("min_accuracy", 1.01, False),
+        ("min_accuracy", -0.1, False),
+        ("max_perplexity", 0.0, True),
+        ("max_perplexity", 12.5, True),
+        ("max_perplexity", -1.0, False),
+        ("max_perplexity", float("nan"), False),
+        ("max_perplexity", float("inf"), False),
+    ],
+)
+def test_the_quality_gate_bounds_are_one_rule(name, value, ok):
+    from trainer.checks import gate_problem
+
+    assert (gate_problem(name, value) == "") == ok
+
+
+def test_the_local_write_check_creates_nothing_and_names_the_file_in_the_way(tmp_path):
+    from trainer.storage import LocalStore
+
+    LocalStore().check(str(tmp_path / "a" / "b"))
+    assert list(tmp_path.iterdir()) == []
+    (tmp_path / "f").write_text("x")
+    with pytest.raises(StoreError, match=rf"cannot write under {tmp_path}/f/ck: {tmp_path}/f is a file, not a folder"):
+        LocalStore().check(str(tmp_path / "f" / "ck"))

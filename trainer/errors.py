@@ -1,0 +1,65 @@
+"""kftrain's one error path: the base of every error the user can fix, the one line a failed
+step ends with, and the redaction of every URL that is printed.
+
+Every error kftrain raises on purpose (a bad config value, an unreachable store, data it cannot
+train on, a failed job) derives from :class:`KftrainError`; its message names the field or the
+object and says what to do. Where a pipeline step fails with one, the step's last line is
+:func:`error_line` — ``kftrain-error: <step>: <message>`` — after the traceback (which the KFP
+step log keeps); `kftrain run --local` recognises the marker (:func:`parse_error_line`) and makes
+that line its own last word. Any other exception is a bug: its traceback stays in the log.
+"""
+
+from __future__ import annotations
+
+import re
+
+#: Marks the one line a failed step ends with (see the module docstring).
+ERROR_MARKER = "kftrain-error: "
+#: The trainer's own failure lines inside a replica's log (a failed job carries them).
+REPLICA_FAILURE = "training failed: "
+#: The userinfo of a URL (`scheme://user:password@host`), wherever it appears in a text.
+_USERINFO = re.compile(r"(?P<scheme>\b[A-Za-z][A-Za-z0-9+.-]*://)(?P<userinfo>[^/@\s'\"]+)@")
+
+
+class KftrainError(Exception):
+    """An error the user can fix: the message names the field or the object and what to do."""
+
+
+def redact(text: str) -> str:
+    """`text` with the userinfo of every URL in it (`http://user:secret@host`) written `***`.
+
+    Everything kftrain prints that may hold a URL goes through here: endpoints, store URIs,
+    the resume command, error messages, the full log of a local run."""
+    return _USERINFO.sub(r"\g<scheme>***@", text)
+
+
+def one_line(exc: BaseException) -> str:
+    """The message of `exc` as one line: a multi-line message (a failed job and its replicas'
+    last log lines) keeps its first line and the trainer's own failure line, if any."""
+    lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
+    if not lines:
+        return type(exc).__name__
+    first, rest = lines[0], lines[1:]
+    if not rest:
+        return redact(first)
+    # "Its last log lines:" would announce lines that the one line leaves out.
+    first = re.sub(r"\.?\s*[Ii]ts last log lines:?$", "", first).rstrip(" .:;")
+    reported = [line.split(REPLICA_FAILURE, 1)[1].strip() for line in rest if REPLICA_FAILURE in line]
+    first = f"{first}: {reported[0]}" if reported else f"{first} (the lines above it in the log say more)"
+    return redact(first)
+
+
+def error_line(step: str, exc: BaseException) -> str:
+    """The one line a step failed by `exc` ends with: ``kftrain-error: <step>: <message>``."""
+    return f"{ERROR_MARKER}{step}: {one_line(exc)}"
+
+
+def parse_error_line(line: str) -> tuple[str, str] | None:
+    """`(step, message)` from a line :func:`error_line` wrote (leading blanks allowed), else None."""
+    text = line.strip()
+    if not text.startswith(ERROR_MARKER):
+        return None
+    step, sep, message = text[len(ERROR_MARKER) :].partition(": ")
+    if not sep or not step or " " in step or not message.strip():
+        return None
+    return step, message.strip()
