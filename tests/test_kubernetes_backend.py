@@ -612,3 +612,17 @@ def test_a_failing_log_stream_never_fails_the_launcher(fault):
     run_job(backend, replace(spec, timeout_s=60))
     assert any("(log stream ended:" in line for line in lines)
     assert NAME in cluster.jobs and ("delete", NAME) not in cluster.calls
+
+
+def test_replicas_are_listed_in_replica_order_not_text_order():
+    from trainer.launch.kubernetes import _replica_order
+
+    names = ["worker-10", "master-0", "worker-2", "node-0-10", "node-0-9", "worker-1"]
+    assert sorted(names, key=_replica_order) == [
+        "master-0",
+        "node-0-9",
+        "node-0-10",
+        "worker-1",
+        "worker-2",
+        "worker-10",
+    ]

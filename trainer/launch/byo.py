@@ -24,7 +24,6 @@ spelling every S3 library understands. Locally they are plain paths.
 
 from __future__ import annotations
 
-import re
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -37,7 +36,7 @@ from trainer.config import (
     KubernetesConfig,
     check_plain_env,
 )
-from trainer.launch.fieldrules import OPERATOR_ENV
+from trainer.launch.fieldrules import OPERATOR_ENV, env_name_problem
 from trainer.launch.spec import JobSpec, require_object_store
 from trainer.storage import parse_uri
 
@@ -46,7 +45,6 @@ INPUT_URI_ENV = "KFTRAIN_INPUT_URI"
 ENDPOINT_ENV = "AWS_ENDPOINT_URL"
 _SECRET_HINT = "the store_secret and store_secret_keys parameters map a Secret's keys to variables via secretKeyRef"
 # Kubernetes' rule for environment variable names (C identifiers plus '-' and '.').
-_ENV_NAME = re.compile(r"^[-._a-zA-Z][-._a-zA-Z0-9]*$")
 
 
 #: What the operator, torchrun and this launcher set: a user value would be shadowed or would shadow them.
@@ -71,8 +69,8 @@ def replica_uri(uri: str, what: str, cluster: bool) -> str:
 def _check_env(env: Mapping[str, str], store_env: Sequence[str]) -> None:
     check_plain_env(dict(env), "env", _SECRET_HINT)
     for name, value in env.items():
-        if not _ENV_NAME.match(name):
-            raise ConfigError(f"env.{name}: not a valid environment variable name (letters, digits, '_', '-', '.')")
+        if why := env_name_problem(name):
+            raise ConfigError(f"env.{name}: {why}")
         if not isinstance(value, str):
             raise ConfigError(f"env.{name}: the value must be text, got {type(value).__name__}")
         if name in RESERVED_ENV or name in store_env:

@@ -68,21 +68,30 @@ def _show(value: Any, limit: int = 60) -> str:
     return text if len(text) <= limit else f"{text[:limit]}... ({len(str(value))} characters)"
 
 
-def _dns_label(value: str, what: str) -> str | None:
-    if isinstance(value, str) and len(value) <= 63 and _DNS_LABEL.fullmatch(value):
+def _name_problem(value: Any, pattern: re.Pattern[str], limit: int, what: str, form: str) -> str | None:
+    """None when `value` is text of at most `limit` characters matching `pattern`, else why not."""
+    if isinstance(value, str) and len(value) <= limit and pattern.fullmatch(value):
         return None
-    return (
-        f"{_show(value)} is not {what}: a DNS-1123 label, <= 63 lower-case letters, digits and '-', starting and "
-        "ending alphanumeric"
+    return f"{_show(value)} is not {what}: {form}"
+
+
+def _dns_label(value: str, what: str) -> str | None:
+    return _name_problem(
+        value,
+        _DNS_LABEL,
+        63,
+        what,
+        "a DNS-1123 label, <= 63 lower-case letters, digits and '-', starting and ending alphanumeric",
     )
 
 
 def _dns_subdomain(value: str, what: str) -> str | None:
-    if isinstance(value, str) and len(value) <= 253 and _DNS_SUBDOMAIN.fullmatch(value):
-        return None
-    return (
-        f"{_show(value)} is not {what}: a DNS-1123 subdomain, <= 253 lower-case letters, digits, '-' and '.', "
-        "starting and ending alphanumeric"
+    return _name_problem(
+        value,
+        _DNS_SUBDOMAIN,
+        253,
+        what,
+        "a DNS-1123 subdomain, <= 253 lower-case letters, digits, '-' and '.', starting and ending alphanumeric",
     )
 
 
@@ -97,11 +106,23 @@ def qualified_name_problem(key: str) -> str | None:
 
 
 def _label_value(value: Any) -> str | None:
-    if isinstance(value, str) and len(value) <= 63 and _LABEL_VALUE.fullmatch(value):
+    why = _name_problem(
+        value,
+        _LABEL_VALUE,
+        63,
+        "a label value",
+        "<= 63 letters, digits, '-', '_' and '.', starting and ending alphanumeric, or empty",
+    )
+    return why and f"value {why}"
+
+
+def env_name_problem(name: str) -> str | None:
+    """Why `name` is not an environment variable name the API server takes, or None."""
+    if _ENV_NAME.fullmatch(name) and name != "." and not name.startswith(".."):
         return None
     return (
-        f"value {_show(value)} is not a label value: <= 63 letters, digits, '-', '_' and '.', starting and "
-        "ending alphanumeric, or empty"
+        f"name {_show(name)} is not an environment variable name: letters, digits, '_', '-' and '.', not starting "
+        "with a digit (no '=')"
     )
 
 
@@ -159,11 +180,8 @@ def _env_var(value: Any, key: Any) -> str | None:
     if not isinstance(value, dict) or not isinstance(value.get("name"), str):
         return None
     name = value["name"]
-    if not _ENV_NAME.fullmatch(name) or name == "." or name.startswith(".."):
-        return (
-            f"name {_show(name)} is not an environment variable name: letters, digits, '_', '-' and '.', not "
-            "starting with a digit (no '=')"
-        )
+    if why := env_name_problem(name):
+        return why
     if name in OPERATOR_ENV:
         return (
             f"{name} is set in every replica by the job's operator or by torchrun (docs/cluster.md, the "

@@ -41,6 +41,7 @@ import datetime as dt
 import json
 import os
 import random
+import re
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -207,6 +208,11 @@ class _Job:
         manifest = self.kind.build(self.spec, self.namespace, self.owner)
         self.kind.validate(manifest)
         return manifest
+
+
+def _replica_order(replica: str) -> list[Any]:
+    """Sort key of a replica name in replica order: `worker-2` before `worker-10`."""
+    return [int(part) if part.isdigit() else part for part in re.split(r"(\d+)", replica)]
 
 
 class KubernetesBackend:
@@ -460,7 +466,7 @@ class KubernetesBackend:
             job.namespace,
             label_selector=job.kind.pod_selector(job.name),
         )
-        return sorted(pods.items, key=job.kind.replica_key)
+        return sorted(pods.items, key=lambda pod: _replica_order(job.kind.replica_key(pod)))
 
     def _events(self, job: _Job, obj_name: str) -> str:
         """Events of an object, for an error message: never the reason the message is lost."""
@@ -475,16 +481,20 @@ class KubernetesBackend:
             return f"unavailable ({describe(exc)})"
         return "; ".join(f"{e.reason}: {e.message}" for e in events) or "none"
 
+    def _pod_log(self, job: _Job, pod_name: str, **options: Any) -> Any:
+        """The training container's log of one pod (`options`: tail_lines, follow, ...)."""
+        return job.api(
+            f"read log of pod {job.namespace}/{pod_name}",
+            self.core.read_namespaced_pod_log,
+            pod_name,
+            job.namespace,
+            container=job.kind.container,
+            **options,
+        )
+
     def _read_log(self, job: _Job, pod_name: str, tail: int) -> list[str]:
         try:
-            text = job.api(
-                f"read log of pod {job.namespace}/{pod_name}",
-                self.core.read_namespaced_pod_log,
-                pod_name,
-                job.namespace,
-                container=job.kind.container,
-                tail_lines=tail,
-            )
+            text = self._pod_log(job, pod_name, tail_lines=tail)
         except Exception as exc:
             return [f"(log unavailable: {describe(exc)})"]
         return text.splitlines()
@@ -494,15 +504,7 @@ class KubernetesBackend:
         name = pod.metadata.name
 
         def open_stream() -> Any:
-            return job.api(
-                f"read log of pod {job.namespace}/{name}",
-                self.core.read_namespaced_pod_log,
-                name,
-                job.namespace,
-                container=job.kind.container,
-                follow=True,
-                _preload_content=False,
-            )
+            return self._pod_log(job, name, follow=True, _preload_content=False)
 
         self._streams.follow(pod, job.kind.replica_key(pod), open_stream)
 
