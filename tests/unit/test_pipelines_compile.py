@@ -84,5 +84,5 @@ def test_the_docs_list_every_component_parameter():
     section = (REPO / "docs" / "components.md").read_text()
     for component in COMPONENTS.values():
         for name in (component.component_spec.inputs or {}) | (component.component_spec.outputs or {}):
-            if name not in BY_NAME:  # the knobs: tests/test_params.py checks their table
+            if name not in BY_NAME:  # the knobs: tests/unit/test_components_params.py checks their table
                 assert f"`{name}`" in section, (component.name, name)
