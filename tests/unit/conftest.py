@@ -11,6 +11,7 @@ import _posixsubprocess
 import os
 import socket
 import subprocess
+from collections.abc import Iterator
 
 import pytest
 
@@ -26,17 +27,10 @@ def _refuse(what: str):
     return refuse
 
 
-@pytest.fixture(autouse=True)
-def no_processes_or_servers(monkeypatch: pytest.MonkeyPatch) -> None:
-    # subprocess keeps its own reference to fork_exec; multiprocessing looks it up on the module.
-    for module, name in (
-        (_posixsubprocess, "fork_exec"),
-        (subprocess, "_fork_exec"),
-        (os, "fork"),
-        (os, "posix_spawn"),
-        (os, "posix_spawnp"),
-    ):
-        monkeypatch.setattr(module, name, _refuse("start a process"))
+@pytest.fixture(scope="package", autouse=True)
+def no_processes_or_servers() -> Iterator[None]:
+    """Package scope: it is in place before any module-scoped fixture of the tier starts, and gone
+    before the integration tier runs in the same session."""
     real_connect = socket.socket.connect
 
     def connect(sock: socket.socket, address):
@@ -44,4 +38,15 @@ def no_processes_or_servers(monkeypatch: pytest.MonkeyPatch) -> None:
             raise NotAUnitTest(f"a unit test may not connect to {address!r}: move this test to tests/integration/")
         return real_connect(sock, address)
 
-    monkeypatch.setattr(socket.socket, "connect", connect)
+    with pytest.MonkeyPatch.context() as patch:
+        # subprocess keeps its own reference to fork_exec; multiprocessing looks it up on the module.
+        for module, name in (
+            (_posixsubprocess, "fork_exec"),
+            (subprocess, "_fork_exec"),
+            (os, "fork"),
+            (os, "posix_spawn"),
+            (os, "posix_spawnp"),
+        ):
+            patch.setattr(module, name, _refuse("start a process"))
+        patch.setattr(socket.socket, "connect", connect)
+        yield

@@ -80,3 +80,11 @@ def test_the_anchor_rule_matches_githubs():
         "a",
         "a-1",
     }
+
+
+pytestmark = pytest.mark.timeout(120)
+
+
+def test_the_readme_has_the_credentials_section_errors_point_to():
+    readme = (REPO / "README.md").read_text()
+    assert "\n### Credentials\n" in readme or "\n## Credentials\n" in readme

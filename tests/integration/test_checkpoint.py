@@ -1,0 +1,139 @@
+"""Checkpoints: complete-only visibility, pruning, S3 round trip, and bitwise resume after SIGKILL."""
+
+from __future__ import annotations
+
+import json
+import re
+import signal
+import time
+from dataclasses import replace
+
+import pytest
+import torch
+
+from trainer.checkpoint import (
+    COMMIT,
+    METADATA,
+    CheckpointManager,
+    rank_part,
+)
+from trainer.config import load_config
+from trainer.launch.backend import run_job
+from trainer.launch.job import training_job
+from trainer.launch.local import LocalBackend
+from trainer.storage import LocalStore, join_uri, open_store
+from trainer.tasks.classification.data import prepare_dataset
+
+
+def save(mgr: CheckpointManager, step: int, blocking: bool = False) -> None:
+    mgr.save(
+        step,
+        {"weights": torch.full((4,), float(step)), "nested": {"bias": torch.arange(3.0) + step}},
+        record={"note": f"step {step}"},
+        local=lambda: {"rng": b"\x01\x02"},
+        blocking=blocking,
+    )
+
+
+def load(mgr: CheckpointManager) -> tuple[dict, dict, object]:
+    record = mgr.latest()
+    target = {"weights": torch.zeros(4), "nested": {"bias": torch.zeros(3)}}
+    own = mgr.load(record, target)
+    return record, target, own
+
+
+# -- resume after SIGKILL, bitwise ---------------------------------------------------------------
+
+STEPS_PER_EPOCH = 19  # digits: 1,259 train rows // global batch 64
+
+
+def resume_config(prefix: str, **overrides):
+    return load_config(
+        overrides={
+            **overrides,
+            "model.dropout": 0.1,  # exercises the per-rank RNG streams that a resume must restore
+            "train.epochs": 16,
+            "train.log_interval_steps": 1000,
+            "train.deterministic": True,
+            "checkpoint.uri": prefix,
+            "checkpoint.interval_steps": 7,  # not a multiple of 19: checkpoints fall mid-epoch
+            "checkpoint.keep_last": 3,
+        }
+    )
+
+
+def final_weights(model_uri: str) -> dict[str, torch.Tensor]:
+    from safetensors.torch import load
+
+    return load(LocalStore().get_bytes(join_uri(model_uri, "model.safetensors")))
+
+
+@pytest.mark.s3_servers("moto", "rgw")
+def test_save_load_round_trip_through_s3(bucket):
+    prefix = f"s3://{bucket}/run-1/checkpoints"
+    mgr = CheckpointManager(open_store(prefix), prefix, keep_last=2)
+    for step in (10, 20, 30):
+        save(mgr, step)  # asynchronous: staged, then uploaded in the background
+    mgr.close()
+    assert mgr.committed_steps() == [20, 30]  # keep_last=2 pruned step 10
+    reader = CheckpointManager(open_store(prefix), prefix)
+    record, target, own = load(reader)
+    assert record["step"] == 30 and record["note"] == "step 30" and record["world_size"] == 1
+    assert {METADATA, rank_part(0), COMMIT} <= {*record["parts"], COMMIT}
+    torch.testing.assert_close(target["weights"], torch.full((4,), 30.0))
+    torch.testing.assert_close(target["nested"]["bias"], torch.arange(3.0) + 30)
+    assert own == {"rng": b"\x01\x02"}
+    assert set(reader.last_fetched) == set(record["parts"])  # one rank reads every part
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize(
+    "strategy",
+    [
+        {},  # DDP, one data partition per rank
+        {"train.strategy": "fsdp", "data.partitions": 2, "train.grad_clip_norm": 1.0},
+    ],
+    ids=["ddp", "fsdp"],
+)
+def test_sigkill_mid_epoch_then_resume_ends_bitwise_equal(tmp_path, strategy):
+    store = LocalStore()
+    dataset = str(tmp_path / "dataset")
+    prepare_dataset(load_config().data, store, dataset)
+
+    # The reference: one uninterrupted run.
+    ref = resume_config(str(tmp_path / "ref-ckpt"), **strategy)
+    run_job(
+        LocalBackend(sink=lambda line: None),
+        replace(training_job(ref, "ref", dataset, str(tmp_path / "ref")), timeout_s=240),
+    )
+
+    # The same run, SIGKILLed (whole process groups) right after its first mid-epoch checkpoint...
+    prefix = str(tmp_path / "ckpt")
+    cfg = resume_config(prefix, **strategy)
+    spec = training_job(cfg, "victim", dataset, str(tmp_path / "victim"))
+    backend = LocalBackend(sink=lambda line: None)
+    backend.submit(spec)
+    mgr = CheckpointManager(store, prefix)
+    deadline = time.monotonic() + 120
+    while not [s for s in mgr.committed_steps() if s % STEPS_PER_EPOCH]:
+        assert time.monotonic() < deadline, "no checkpoint appeared"
+        time.sleep(0.01)
+    backend.kill(spec, signal.SIGKILL)  # every process of the job, torchrun's workers included
+    killed_at = max(mgr.committed_steps())
+    assert killed_at < ref.train.epochs * STEPS_PER_EPOCH, "the run finished before it was killed"
+
+    # ... then started again: it resumes from the latest complete checkpoint by itself.
+    lines: list[str] = []
+    run_job(LocalBackend(sink=lines.append), replace(spec, timeout_s=240))
+    resumed = [int(m.group(1)) for line in lines if (m := re.search(r"resumed at step (\d+)", line))]
+    assert resumed and resumed[0] >= killed_at
+    ref_w, got_w = final_weights(str(tmp_path / "ref")), final_weights(str(tmp_path / "victim"))
+    assert ref_w.keys() == got_w.keys()
+    for name in ref_w:
+        assert torch.equal(ref_w[name], got_w[name]), name  # bitwise, not approximately
+    record = json.loads(store.get_bytes(join_uri(str(tmp_path / "victim"), "training.json")))
+    assert record["metrics"]["resumed_from_step"] == resumed[0]
+    # The record covers the whole run, the epoch cut by the kill included, as if never killed.
+    ref_record = json.loads(store.get_bytes(join_uri(str(tmp_path / "ref"), "training.json")))
+    assert [h["epoch"] for h in record["history"]] == list(range(ref.train.epochs))
+    assert record["history"] == ref_record["history"]

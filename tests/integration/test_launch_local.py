@@ -1,0 +1,194 @@
+"""The local backend runs real process groups with the operator's environment."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import sys
+import textwrap
+import time
+from dataclasses import replace
+
+import pytest
+
+from tests.jobs import code_job as job
+from trainer.launch.backend import JobFailed, JobTimeout, run_job
+from trainer.launch.local import LocalBackend
+from trainer.launch.spec import JobSpec
+
+pytestmark = pytest.mark.timeout(120)
+
+ENV_KEYS = [
+    "MASTER_ADDR",
+    "MASTER_PORT",
+    "WORLD_SIZE",
+    "RANK",
+    "PET_NNODES",
+    "PET_NODE_RANK",
+    "PET_NPROC_PER_NODE",
+    "PET_MASTER_ADDR",
+    "PET_MASTER_PORT",
+    "PYTHONUNBUFFERED",
+]
+
+
+def _state(pid: int) -> str:
+    try:
+        return open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return "Z"
+
+
+def test_replicas_see_the_operator_environment():
+    lines: list[str] = []
+    code = f"import json, os; print('ENV', json.dumps({{k: os.environ.get(k) for k in {ENV_KEYS!r}}}))"
+    spec = job("env-check", code, replicas=3, nproc=2)
+    run_job(LocalBackend(sink=lines.append), replace(spec, timeout_s=60))
+    seen = {}
+    for line in lines:
+        prefix, _, rest = line.partition(" ")
+        if rest.startswith("ENV "):
+            seen[prefix] = json.loads(rest[4:])
+    assert set(seen) == {"[master-0]", "[worker-0]", "[worker-1]"}
+    ports = {env["MASTER_PORT"] for env in seen.values()}
+    assert len(ports) == 1  # one rendezvous port for the whole job
+    for key, node_rank in (("[master-0]", 0), ("[worker-0]", 1), ("[worker-1]", 2)):
+        env = seen[key]
+        assert env["RANK"] == env["PET_NODE_RANK"] == str(node_rank)
+        assert env["WORLD_SIZE"] == "6"
+        assert env["PET_NNODES"] == "3"
+        assert env["PET_NPROC_PER_NODE"] == "2"
+        assert env["MASTER_ADDR"] == env["PET_MASTER_ADDR"] == "127.0.0.1"
+        assert env["PET_MASTER_PORT"] == env["MASTER_PORT"]
+        assert env["PYTHONUNBUFFERED"] == "1"
+
+
+def test_torchrun_turns_node_ranks_into_process_ranks():
+    """3 replicas x 2 processes under torchrun: six distinct ranks that all-reduce with gloo."""
+    code = """
+        import os, sys, torch, torch.distributed as dist
+        dist.init_process_group("gloo")
+        t = torch.tensor([1.0])
+        dist.all_reduce(t)
+        env = os.environ
+        # One write per line: with PYTHONUNBUFFERED (the operator sets it) print() writes piecewise,
+        # and two local ranks sharing the pod's stdout would interleave.
+        sys.stdout.write(f"RANK {env['RANK']} {env['LOCAL_RANK']} {env['WORLD_SIZE']} {int(t.item())}\\n")
+        dist.destroy_process_group()
+    """
+    lines: list[str] = []
+    spec = JobSpec(
+        name="torchrun-check",
+        image="local",
+        command=(
+            "python",
+            "-m",
+            "torch.distributed.run",
+            "--no-python",
+            sys.executable,
+            "-c",
+            textwrap.dedent(code),
+        ),
+        replicas=3,
+        nproc_per_node=2,
+        env={"OMP_NUM_THREADS": "1"},
+    )
+    run_job(LocalBackend(sink=lines.append), replace(spec, timeout_s=90))
+    ranks = sorted(line.split("RANK ", 1)[1] for line in lines if "RANK " in line and "] RANK" in line)
+    assert ranks == [f"{r} {r % 2} 6 6" for r in range(6)]
+
+
+def test_a_failing_replica_fails_the_job_with_its_last_lines():
+    code = """
+        import os, sys, time
+        if os.environ["RANK"] == "1":
+            print("loading shard 7")
+            print("boom: CUDA out of memory")
+            sys.exit(3)
+        time.sleep(60)
+    """
+    backend = LocalBackend(sink=lambda line: None)
+    spec = job("fails", code, replicas=2)
+    t0 = time.monotonic()
+    with pytest.raises(JobFailed) as info:
+        run_job(backend, replace(spec, timeout_s=60))
+    assert time.monotonic() - t0 < 30  # the master's sleep was cut short by the cancel
+    message = str(info.value)
+    assert "replica worker-0 exited with code 3" in message
+    assert "boom: CUDA out of memory" in message
+    assert all(r.proc.poll() is not None for r in backend._jobs["fails"])
+
+
+def test_timeout_cancels_the_whole_process_group(tmp_path):
+    pidfile = tmp_path / "child.pid"
+    # The replica starts a grandchild (like torchrun's workers) that would outlive a plain kill.
+    code = f"""
+        import subprocess, sys, time
+        child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"])
+        open({str(pidfile)!r}, "w").write(str(child.pid))
+        time.sleep(120)
+    """
+    backend = LocalBackend(sink=lambda line: None)
+    with pytest.raises(JobTimeout, match="did not finish within 2s"):
+        run_job(backend, replace(job("hangs", code), timeout_s=2))
+    grandchild = int(pidfile.read_text())
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        try:
+            os.kill(grandchild, 0)
+        except ProcessLookupError:
+            break
+        time.sleep(0.1)
+    else:
+        pytest.fail("the replica's child process survived the cancel")
+
+
+def test_success_when_the_master_completes():
+    lines: list[str] = []
+    run_job(
+        LocalBackend(sink=lines.append),
+        replace(job("ok", "print('hello from', __import__('os').environ['RANK'])", replicas=2), timeout_s=30),
+    )
+    assert "[master-0] hello from 0" in lines
+    assert "[worker-0] hello from 1" in lines
+
+
+def test_sigterm_to_the_launcher_stops_every_replica(tmp_path):
+    """A cancelled step (SIGTERM to the launcher) leaves no training process behind."""
+    import subprocess
+
+    code = f"""
+        import os, subprocess, sys, time
+        child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"], start_new_session=True)
+        open(os.path.join({str(tmp_path)!r}, os.environ["RANK"]), "w").write(f"{{os.getpid()}} {{child.pid}}")
+        time.sleep(120)
+    """
+    launcher = textwrap.dedent(f"""
+        from trainer.launch.backend import run_job
+        from trainer.launch.local import LocalBackend
+        from trainer.launch.spec import JobSpec
+        spec = JobSpec(name="cancelled", image="local", command=("python", "-c", {textwrap.dedent(code)!r}), replicas=2,
+                       timeout_s=100)
+        run_job(LocalBackend(sink=lambda line: None), spec)
+    """)
+    proc = subprocess.Popen([sys.executable, "-c", launcher], start_new_session=True)
+    try:
+        deadline = time.monotonic() + 30
+        while len(list(tmp_path.iterdir())) < 2:
+            assert time.monotonic() < deadline, "replicas did not start"
+            time.sleep(0.05)
+        time.sleep(0.2)
+        pids = [int(p) for f in tmp_path.iterdir() for p in f.read_text().split()]
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=30) != 0  # the step fails (JobCancelled), it does not hang
+        deadline = time.monotonic() + 10
+        alive = pids
+        while alive and time.monotonic() < deadline:
+            alive = [pid for pid in alive if os.path.exists(f"/proc/{pid}") and "Z" not in _state(pid)]
+            time.sleep(0.05)
+        assert not alive, f"processes left running: {alive}"
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)

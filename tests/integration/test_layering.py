@@ -1,0 +1,32 @@
+"""pipelines/ -> components/ -> trainer/, one direction; compiling never imports torch."""
+
+import subprocess
+import sys
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def test_compiling_every_pipeline_imports_no_torch(tmp_path):
+    code = (
+        "import sys\n"
+        "from pipelines.compile import compile_all\n"
+        f"compile_all({str(tmp_path)!r})\n"
+        "heavy = sorted(m for m in sys.modules if m.split('.')[0] in ('torch', 'numpy', 'sklearn'))\n"
+        "assert not heavy, heavy\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+
+
+def test_trainer_imports_without_kfp_installed():
+    """Hide kfp entirely: the whole trainer package still imports (it runs in bare pods)."""
+    code = (
+        "import sys, pkgutil, importlib\n"
+        "sys.modules['kfp'] = None\n"
+        "import trainer\n"
+        "for m in pkgutil.walk_packages(trainer.__path__, 'trainer.'):\n"
+        "    importlib.import_module(m.name)\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr

@@ -1,0 +1,142 @@
+"""`kftrain run --local` is a unit: killing the CLI stops every process of the run, and
+`--run-id` resumes it from its latest checkpoint to the same model as an uninterrupted run."""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import run_group
+from trainer.launch.local import RUN_MARKER_ENV
+
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
+
+REPO = Path(__file__).resolve().parents[2]
+KFTRAIN = [sys.executable, "-m", "pipelines.cli"]
+CONFIG = """\
+model:
+  dropout: 0.1
+train:
+  epochs: 8
+  deterministic: true
+  log_interval_steps: 1000
+checkpoint:
+  interval_steps: 5
+"""
+
+
+def env() -> dict[str, str]:
+    return {**os.environ, "PYTHONPATH": str(REPO)}
+
+
+def run_procs(marker_prefix: str) -> list[int]:
+    """Live processes whose run marker starts with `marker_prefix` (the run id)."""
+    needle = f"{RUN_MARKER_ENV}={marker_prefix}".encode()
+    found = []
+    for entry in os.scandir("/proc"):
+        if entry.name.isdigit():
+            try:
+                with open(f"/proc/{entry.name}/environ", "rb") as f:
+                    if needle in f.read():
+                        found.append(int(entry.name))
+            except OSError:
+                continue
+    return found
+
+
+def start(tmp_path: Path, run_id: str) -> subprocess.Popen:
+    """The CLI in its own session (so the test can kill it alone, not its group)."""
+    return subprocess.Popen(
+        [*KFTRAIN, "run", "--local", "--config", "c.yaml", "--min-accuracy", "0.1", "--run-id", run_id],
+        cwd=tmp_path,
+        env=env(),
+        stdout=open(tmp_path / f"{run_id}.log", "ab"),  # noqa: SIM115 (the child owns it)
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+    )
+
+
+def wait_for_checkpoint(tmp_path: Path, run_id: str, proc: subprocess.Popen, timeout: float = 240) -> None:
+    ckpts = tmp_path / "kftrain-outputs" / "runs" / run_id / "checkpoints"
+    deadline = time.monotonic() + timeout
+    while not list(ckpts.glob("step-*/COMMIT.json")):
+        assert proc.poll() is None, (tmp_path / f"{run_id}.log").read_text()[-3000:]
+        assert time.monotonic() < deadline, "no checkpoint appeared"
+        time.sleep(0.1)
+
+
+def assert_all_stopped(run_id: str, within: float = 20.0) -> float:
+    t0 = time.monotonic()
+    while run_procs(run_id):
+        if time.monotonic() - t0 > within:
+            left = run_procs(run_id)
+            for pid in left:  # leave the machine clean before failing
+                os.kill(pid, signal.SIGKILL)
+            pytest.fail(f"processes of run {run_id} still alive {within}s after the CLI died: {left}")
+        time.sleep(0.1)
+    return time.monotonic() - t0
+
+
+def training_record(tmp_path: Path, summary: dict) -> dict:
+    return json.loads((Path(summary["artifacts"]["model"]) / "training.json").read_text())
+
+
+def finish(tmp_path: Path, run_id: str, name: str) -> tuple[dict, str]:
+    rc, out = run_group(
+        [*KFTRAIN, "run", "--local", "--config", "c.yaml", "--min-accuracy", "0.1", "--run-id", run_id]
+        + ["--summary", name],
+        timeout=300,
+        env=env(),
+        cwd=str(tmp_path),
+    )
+    assert rc == 0, out[-4000:]
+    return json.loads((tmp_path / name).read_text()), out
+
+
+@pytest.mark.parametrize("sig", [signal.SIGKILL, signal.SIGTERM], ids=["sigkill", "sigterm"])
+def test_killing_the_cli_stops_the_run_and_run_id_resumes_it_bitwise(tmp_path, sig):
+    (tmp_path / "c.yaml").write_text(CONFIG)
+    run_id = f"victim-{sig.name.lower()}"
+    proc = start(tmp_path, run_id)
+    try:
+        wait_for_checkpoint(tmp_path, run_id, proc)
+        time.sleep(random.uniform(0.0, 2.0))  # anywhere during training
+        assert run_procs(run_id), "the run has no marked processes"
+        os.kill(proc.pid, sig)  # the CLI alone, not its process group
+        proc.wait(timeout=60)
+        stopped_in = assert_all_stopped(run_id)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    log = (tmp_path / f"{run_id}.log").read_text()
+    if sig == signal.SIGTERM:
+        assert proc.returncode == 128 + signal.SIGTERM
+        assert f"run {run_id} stopped by SIGTERM" in log and f"--run-id {run_id}" in log
+    assert "Traceback" not in log.split("kftrain: SIGTERM")[-1] if sig == signal.SIGTERM else True
+    print(f"{sig.name}: every process of the run gone {stopped_in:.1f}s after the CLI died")
+
+    summary, out = finish(tmp_path, run_id, "resumed.json")
+    record = training_record(tmp_path, summary)
+    assert record["metrics"]["resumed_from_step"] > 0, "the rerun did not resume"
+    assert summary["run_id"] == run_id
+
+    # The reference: the same config as an uninterrupted run.
+    reference, _ = finish(tmp_path, "reference", "reference.json")
+    ref_record = training_record(tmp_path, reference)
+    assert ref_record["metrics"]["resumed_from_step"] == 0
+    assert record["parameter_digest"] == ref_record["parameter_digest"]
+
+    # Rerunning a finished run does nothing and says so.
+    t0 = time.monotonic()
+    again, out = finish(tmp_path, run_id, "again.json")
+    assert time.monotonic() - t0 < 30
+    assert "had already finished; nothing to do" in out and "configure started" not in out
+    assert again["artifacts"] == summary["artifacts"]

@@ -1,0 +1,193 @@
+"""The demo pipeline end to end through kfp.local, as `kftrain run --local` runs it."""
+
+import json
+import os
+import re
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import run_group
+from trainer.storage import open_store
+
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(400)]
+
+KFTRAIN = [sys.executable, "-m", "pipelines.cli"]
+REPO = Path(__file__).resolve().parents[2]
+
+
+def cli_env(extra=None):
+    env = {**os.environ, "PYTHONPATH": str(REPO), **(extra or {})}
+    return env
+
+
+def full_log(out: str) -> str:
+    """Where the CLI said the run's full log is (`full log: PATH` or `see full log: PATH`)."""
+    [line] = [line for line in out.splitlines() if "full log: " in line]
+    return line.split("full log: ", 1)[1]
+
+
+@pytest.mark.s3_servers("moto", "rgw")
+def test_demo_on_an_s3_store_reaches_95_percent_and_writes_nothing_locally(s3_env, bucket, tmp_path):
+    rc, out = run_group(
+        [*KFTRAIN, "run", "--local", "--store", f"s3://{bucket}/runs", "--summary", "summary.json"],
+        timeout=360,
+        env=cli_env(),
+        cwd=str(tmp_path),
+    )
+    assert rc == 0, out[-5000:]
+    assert sorted(os.listdir(tmp_path)) == ["summary.json"]  # nothing else lands locally
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    assert summary["metrics"]["test_accuracy"] >= 0.95
+    artifacts = summary["artifacts"]
+    assert summary["exported"] is True and "reaches the minimum 0.9000" in summary["quality_gate"]
+    assert set(artifacts) == {"dataset", "model", "metrics", "report", "exported"}
+    assert all(uri.startswith(f"s3://{bucket}/runs/") for uri in artifacts.values())
+    store = open_store(f"s3://{bucket}/runs")
+    names = {uri.rsplit("/", 2)[-2] + "/" + uri.rsplit("/", 1)[-1] for uri in store.list(f"s3://{bucket}/runs")}
+    for expected in [
+        "dataset/manifest.json",
+        "train/rows-00000.npz",
+        "test/rows-00000.npz",
+        "model/model.safetensors",
+        "model/model.json",
+        "model/training.json",
+        "evaluation/metrics.json",
+        "exported/model.pt",
+        "exported/model.safetensors",
+        "exported/model_card.json",
+    ]:
+        assert expected in names, (expected, sorted(names))
+    report = store.get_bytes(artifacts["report"]).decode()
+    assert report.startswith("<!doctype html>") and "<svg" in report and "Quality gate: passed" in report
+    # Replica logs reach the step log with their replica prefix.
+    assert "[master-0] [rank 0]" in out and "[worker-0] [rank 1]" in out
+    # The full log sits beside the run record in the store.
+    log_uri = full_log(out)
+    assert log_uri.startswith(f"s3://{bucket}/runs/runs/{summary['run_id']}/log-")
+    assert b"Got executor_input" in store.get_bytes(log_uri)
+    card = json.loads(store.get_bytes(artifacts["exported"] + "/model_card.json"))
+    assert card["source_dataset_uri"] == artifacts["dataset"]
+    assert card["metrics"]["accuracy"] == pytest.approx(summary["metrics"]["test_accuracy"])
+
+
+@pytest.mark.parametrize(("kind", "first_node"), [("pytorchjob", "master-0"), ("trainjob", "node-0-0")])
+def test_demo_on_a_local_directory_passing_the_gate(tmp_path, kind, first_node):
+    """The whole pipeline, its training replicas under the Training Operator's (v1) or Kubeflow
+    Trainer's (v2) environment contract."""
+    config = tmp_path / "quick.yaml"
+    config.write_text(f"train:\n  epochs: 3\njob:\n  kind: {kind}\n")
+    args = ["--config", str(config), "--output-dir", "out", "--summary", "s.json", "--min-accuracy", "0.5"]
+    rc, out = run_group([*KFTRAIN, "run", "--local", *args], timeout=300, env=cli_env(), cwd=str(tmp_path))
+    assert rc == 0, out[-5000:]
+    summary = json.loads((tmp_path / "s.json").read_text())
+    for uri in summary["artifacts"].values():
+        assert uri.startswith(str(tmp_path / "out"))
+    assert summary["exported"] is True
+    assert (Path(summary["artifacts"]["exported"]) / "model_card.json").is_file()
+    assert "Quality gate passed" in out
+    assert f"[{first_node}] " in out
+    # A calm terminal: a line per step start and end, the replicas' lines, the summary; kfp.local's
+    # own output (the executor input: the whole config, per step) only in the full log.
+    assert "executor_input" not in out and '"parameterValues"' not in out
+    lines = out.splitlines()
+    others = [line for line in lines if not re.match(r"  \[[a-z]+(-\d+)+\] ", line)]
+    assert len(others) < 60, "\n".join(others)
+    assert any(line.endswith(" train started") for line in lines)
+    assert any(" train done in " in line for line in lines)
+    assert lines[-1].startswith("full log: ")
+    log = Path(full_log(out))
+    assert log.parent == tmp_path / "out" / "runs" / summary["run_id"]
+    text = log.read_text()
+    assert "Got executor_input" in text and f"[{first_node}] " in text
+
+
+def test_the_quality_gate_stops_export_and_says_why(tmp_path):
+    config = tmp_path / "quick.yaml"
+    config.write_text("train:\n  epochs: 1\n")
+    args = ["--config", str(config), "--output-dir", "out", "--summary", "s.json", "--min-accuracy", "0.999"]
+    rc, out = run_group([*KFTRAIN, "run", "--local", *args], timeout=300, env=cli_env(), cwd=str(tmp_path))
+    assert rc == 0, out[-5000:]
+    summary = json.loads((tmp_path / "s.json").read_text())
+    assert summary["exported"] is False and "exported" not in summary["artifacts"]
+    assert "is below the minimum 0.9990 (min_accuracy)" in summary["quality_gate"]
+    assert "Quality gate FAILED: the model was not exported" in out
+    assert "Model not exported" in Path(full_log(out)).read_text()  # the quality-gate-failed step's own log
+    assert not list((tmp_path / "out").glob("*/export"))
+    report = Path(summary["artifacts"]["report"]).read_text()
+    assert "Quality gate: failed" in report
+
+
+@pytest.mark.parametrize(
+    ("args", "config", "message"),
+    [
+        ([], "train:\n  epochs: 2\n  learning_rat: 0.1\n", "train.learning_rat: unknown key"),
+        (["--store", "gs://bucket/x"], "", "unsupported storage URI scheme 'gs'"),
+        (["--store", "s3://no-such-bucket-here/x"], "", "bucket 'no-such-bucket-here' does not exist"),
+        (["--store", "s3://BUCKET/x"], "", "invalid bucket name 'BUCKET'"),
+    ],
+)
+def test_bad_input_stops_the_run_before_training(s3_env, tmp_path, args, config, message):
+    (tmp_path / "c.yaml").write_text(config)
+    rc, out = run_group(
+        [*KFTRAIN, "run", "--local", "--config", "c.yaml", *args],
+        timeout=60,
+        env=cli_env(),
+        cwd=str(tmp_path),
+    )
+    assert rc == 2
+    assert message in out
+    assert "configure started" not in out  # stopped before the pipeline started
+
+
+@pytest.mark.s3_servers("moto", "rgw")
+def test_wrong_credentials_stop_the_run_before_training(s3_env, bucket, tmp_path):
+    env = cli_env({"AWS_SECRET_ACCESS_KEY": "not-the-secret-key"})
+    rc, out = run_group(
+        [*KFTRAIN, "run", "--local", "--store", f"s3://{bucket}/x"], timeout=60, env=env, cwd=str(tmp_path)
+    )
+    assert rc == 2
+    assert "rejected the credentials" in out
+    assert "not-the-secret-key" not in out
+    assert "configure started" not in out
+
+
+def test_the_language_model_path_end_to_end(tmp_path):
+    """configs/gpt-tiny.yaml: a GPT over bytes, 2 replicas, through all four steps."""
+    args = ["--config", str(REPO / "configs" / "gpt-tiny.yaml"), "--output-dir", "out", "--summary", "s.json"]
+    rc, out = run_group([*KFTRAIN, "run", "--local", *args], timeout=360, env=cli_env(), cwd=str(tmp_path))
+    assert rc == 0, out[-5000:]
+    summary = json.loads((tmp_path / "s.json").read_text())
+    assert summary["metrics"]["test_perplexity"] < 60  # bytes guessed uniformly: 256
+    assert summary["exported"] is True  # no perplexity bar set
+    exported = Path(summary["artifacts"]["exported"])
+    for name in ("model.pt", "model_repository/kftrain/1/model.onnx", "huggingface/config.json", "model_card.json"):
+        assert (exported / name).is_file(), name
+    assert "tokens/s" in out
+
+
+@pytest.mark.parametrize("verbose", [False, True], ids=["quiet", "verbose"])
+def test_a_failing_step_fails_the_run_with_exit_code_1(tmp_path, verbose):
+    # A cell that is not a number shows only when data prep reads the rows (a missing source
+    # fails before any step: tests/integration/test_data_prep_inputs.py).
+    (tmp_path / "bad.csv").write_text("a,label\n" + "1,x\n2,y\n" * 10 + "oops,x\n")
+    (tmp_path / "c.yaml").write_text(f"data:\n  source: {tmp_path / 'bad.csv'}\n")
+    rc, out = run_group(
+        [*KFTRAIN, "run", "--local", "--config", "c.yaml", *(["--verbose"] if verbose else [])],
+        timeout=120,
+        env=cli_env(),
+        cwd=str(tmp_path),
+    )
+    assert rc == 1
+    # The data-prep step's own error reaches the terminal, whatever else is left in the log.
+    assert "column 'a': 'oops' is not a number" in out
+    # The last line is the step's own error; the one before it says where the full log is.
+    assert out.strip().splitlines()[-1] == (
+        "kftrain: error: step data-prep: " + str(tmp_path / "bad.csv") + ": row 21 (line 22), column 'a': 'oops' "
+        "is not a number; every feature column must be numeric"
+    )
+    assert out.strip().splitlines()[-2].startswith("kftrain: see full log: ")
+    assert "[master-0]" not in out  # training never started
+    assert ("Got executor_input" in out) == verbose
+    assert "Traceback (most recent call last)" in Path(full_log(out)).read_text()

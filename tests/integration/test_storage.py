@@ -1,0 +1,169 @@
+"""The object store (trainer/storage.py) against real S3 server processes: round trips, errors, preflight."""
+
+from __future__ import annotations
+
+import os
+import threading
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+import pytest
+
+from pipelines.cli import main
+from tests.s3server import free_port
+from trainer.storage import (
+    ObjectNotFound,
+    S3Store,
+    StoreError,
+    open_store,
+)
+
+pytestmark = pytest.mark.timeout(120)
+
+
+class _Answer(BaseHTTPRequestHandler):
+    """Answers every request with `status` and an HTML page (a web console, a login page)."""
+
+    status = 200
+
+    def _reply(self) -> None:
+        length = int(self.headers.get("Content-Length") or 0)
+        if length:
+            self.rfile.read(length)
+        body = b"<!doctype html><html><body>MinIO Console</body></html>"
+        self.send_response(type(self).status)
+        self.send_header("Content-Type", "text/html")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        if self.command != "HEAD":
+            self.wfile.write(body)
+
+    do_GET = do_PUT = do_POST = do_HEAD = do_DELETE = _reply
+
+    def log_message(self, *args):
+        pass
+
+
+@pytest.fixture(scope="module")
+def html_server():
+    """URL -> an HTTP server answering HTML with a given status."""
+    servers = {}
+
+    def url(status: int) -> str:
+        if status not in servers:
+            handler = type(f"Answer{status}", (_Answer,), {"status": status})
+            server = ThreadingHTTPServer(("127.0.0.1", 0), handler)
+            threading.Thread(target=server.serve_forever, daemon=True).start()
+            servers[status] = server
+        return f"http://127.0.0.1:{servers[status].server_address[1]}"
+
+    yield url
+    for server in servers.values():
+        server.shutdown()
+
+
+def call_cli(argv: list[str], capsys) -> tuple[int, str]:
+    rc = main(argv)
+    out = capsys.readouterr()
+    return rc, out.out + out.err
+
+
+@pytest.mark.parametrize(
+    ("endpoint", "env", "phrase"),
+    [
+        ("html200", {}, "is not an S3 API (it answered"),
+        ("html200", {}, "console's port instead of the API port"),
+        ("html502", {}, "cannot reach the object store"),
+        ("unreachable", {}, "cannot reach the object store"),
+        ("html200", {"AWS_ACCESS_KEY_ID": None, "MINIO_ACCESS_KEY": None}, "see README 'Credentials'"),
+    ],
+)
+def test_a_store_that_is_not_s3_or_not_there_fails_preflight(
+    tmp_path, monkeypatch, capsys, html_server, endpoint, env, phrase
+):
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "a")
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "b")
+    for k, v in env.items():
+        if v is None:
+            monkeypatch.delenv(k, raising=False)
+    url = {
+        "html200": lambda: html_server(200),
+        "html502": lambda: html_server(502),
+        "unreachable": lambda: f"http://127.0.0.1:{free_port()}",
+    }[endpoint]()
+    argv = ["run", "--local", "--store", "s3://some-bucket/x", "--s3-endpoint", url, "--run-id", "r"]
+    rc, out = call_cli(argv, capsys)
+    assert rc == 2, out
+    assert phrase in out, out
+    assert "Traceback" not in out and "configure started" not in out
+
+
+# Every S3 test here runs on moto and on Ceph's RADOS Gateway (tests/conftest.py).
+pytestmark = pytest.mark.s3_servers("moto", "rgw")
+
+
+def test_s3_store_round_trip_with_multipart_upload(bucket, tmp_path):
+    store = open_store(f"s3://{bucket}/x")
+    assert isinstance(store, S3Store)
+    store.check(f"s3://{bucket}/runs")
+    big = tmp_path / "big.bin"
+    payload = os.urandom(11 * 1024 * 1024)  # > 10 MB: above the 8 MiB part size
+    big.write_bytes(payload)
+    store.put_file(f"s3://{bucket}/runs/big.bin", big)
+    # S3 marks an object assembled from parts with a '-<parts>' ETag suffix.
+    assert store._client.stat_object(bucket, "runs/big.bin").etag.endswith("-2")
+    store.get_file(f"s3://{bucket}/runs/big.bin", tmp_path / "back.bin")
+    assert (tmp_path / "back.bin").read_bytes() == payload
+    store.put_bytes(f"s3://{bucket}/runs/a/one.json", b"{}")
+    assert store.list(f"s3://{bucket}/runs") == [
+        f"s3://{bucket}/runs/a/one.json",
+        f"s3://{bucket}/runs/big.bin",
+    ]
+    assert store.list(f"s3://{bucket}/elsewhere") == []
+    assert store.exists(f"s3://{bucket}/runs/a/one.json")
+    store.delete(f"s3://{bucket}/runs/a/one.json")
+    assert not store.exists(f"s3://{bucket}/runs/a/one.json")
+
+
+def test_s3_missing_key(bucket):
+    store = open_store(f"s3://{bucket}/x")
+    with pytest.raises(ObjectNotFound, match=f"no object at s3://{bucket}/nothing/here"):
+        store.get_bytes(f"s3://{bucket}/nothing/here")
+    assert not store.exists(f"s3://{bucket}/nothing/here")
+
+
+def test_s3_missing_bucket_says_what_to_fix(s3_env):
+    store = open_store("s3://no-such-bucket/x")
+    with pytest.raises(StoreError, match="bucket 'no-such-bucket' does not exist at http://127.0.0.1"):
+        store.check("s3://no-such-bucket/x")
+    with pytest.raises(StoreError, match="bucket 'no-such-bucket' does not exist"):
+        store.get_bytes("s3://no-such-bucket/x")
+
+
+def test_s3_object_operations_on_a_bucket_uri_say_the_key_is_missing(bucket):
+    store = open_store(f"s3://{bucket}")
+    for op in (store.get_bytes, store.size, store.exists, store.delete, lambda uri: store.put_bytes(uri, b"x")):
+        with pytest.raises(StoreError, match=f"'s3://{bucket}' names a bucket, not an object"):
+            op(f"s3://{bucket}")
+
+
+@pytest.mark.parametrize("which", ["AWS_SECRET_ACCESS_KEY", "AWS_ACCESS_KEY_ID"])
+def test_s3_wrong_credentials_are_named_and_not_echoed(bucket, monkeypatch, which):
+    monkeypatch.setenv(which, "AKIAWRONGWRONGWRONG1")
+    store = open_store(f"s3://{bucket}/x")
+    with pytest.raises(StoreError) as info:
+        store.check(f"s3://{bucket}/x")
+    message = str(info.value)
+    assert "rejected the credentials" in message
+    assert "AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY" in message
+    assert "AKIAWRONGWRONGWRONG1" not in message
+
+
+def test_unreachable_endpoint_is_a_store_error(monkeypatch):
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "a")
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "b")
+    from tests.conftest import free_port
+
+    store = S3Store(endpoint=f"http://127.0.0.1:{free_port()}")
+    with pytest.raises(StoreError, match="cannot reach the object store"):
+        store.check("s3://some-bucket/x")

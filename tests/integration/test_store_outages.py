@@ -1,0 +1,225 @@
+"""The S3 store rides out outages: a real moto server behind a TCP proxy we switch to refuse or hang."""
+
+from __future__ import annotations
+
+import threading
+import time
+from dataclasses import replace
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+import pytest
+import torch
+
+from tests.faultproxy import FaultProxy
+from trainer.checkpoint import CheckpointManager
+from trainer.config import load_config
+from trainer.launch.backend import run_job
+from trainer.launch.job import training_job
+from trainer.launch.local import LocalBackend
+from trainer.storage import LocalStore, ObjectNotFound, RetryPolicy, S3Store, StoreError, join_uri, open_store
+from trainer.tasks.classification.data import prepare_dataset
+
+pytestmark = pytest.mark.timeout(240)
+
+SHORT = RetryPolicy(budget_s=3.0, connect_timeout_s=1.0, read_timeout_s=1.0, first_backoff_s=0.2, max_backoff_s=1.0)
+
+
+@pytest.fixture
+def proxy(s3_env):
+    with FaultProxy(s3_env.endpoint.removeprefix("http://")) as p:
+        yield p
+
+
+def outage(proxy: FaultProxy, mode: str, seconds: float) -> threading.Thread:
+    """Put the proxy in `mode` now and back to `pass` after `seconds` (in the background)."""
+    proxy.set_mode(mode)
+    t = threading.Timer(seconds, proxy.set_mode, args=("pass",))
+    t.start()
+    return t
+
+
+class _Flaky(BaseHTTPRequestHandler):
+    """Answers the first `failures` requests with an S3 error status, then serves b'hello'."""
+
+    failures: list[tuple[int, str]] = []
+    seen = 0
+
+    def _answer(self, body: bool) -> None:
+        cls = type(self)
+        cls.seen += 1
+        if cls.failures:
+            status, code = cls.failures.pop(0)
+            xml = f"<Error><Code>{code}</Code><Message>try later</Message></Error>".encode()
+            self.send_response(status)
+            self.send_header("Content-Type", "application/xml")
+            self.send_header("Content-Length", str(len(xml)))
+            self.end_headers()
+            self.wfile.write(xml)
+            return
+        self.send_response(200)
+        self.send_header("Content-Type", "application/octet-stream")
+        self.send_header("Content-Length", "5")
+        self.end_headers()
+        if body:
+            self.wfile.write(b"hello")
+
+    def do_GET(self):
+        self._answer(True)
+
+    def log_message(self, *args):
+        pass
+
+
+# -- a 15 s outage during real 2-process training with checkpoints -----------------------------
+
+
+def outage_config(endpoint: str, prefix: str):
+    return load_config(
+        overrides={
+            "model.dropout": 0.1,
+            "train.epochs": 6,
+            "train.log_interval_steps": 1000,
+            "train.deterministic": True,
+            "store.endpoint": endpoint,
+            "store.read_timeout_seconds": 3.0,  # hung connections are cut quickly, then retried
+            "store.connect_timeout_seconds": 2.0,
+            "checkpoint.uri": prefix,
+            "checkpoint.interval_steps": 5,
+            "checkpoint.keep_last": 2,
+        }
+    )
+
+
+@pytest.fixture(scope="module")
+def reference_weights(tmp_path_factory):
+    """An uninterrupted run of the same config on a local directory."""
+    from safetensors.torch import load
+
+    tmp = tmp_path_factory.mktemp("ref")
+    store = LocalStore()
+    prepare_dataset(load_config().data, store, str(tmp / "dataset"))
+    cfg = outage_config("http://unused:9000", str(tmp / "ckpt"))
+    run_job(
+        LocalBackend(sink=lambda line: None),
+        replace(training_job(cfg, "ref", str(tmp / "dataset"), str(tmp / "m")), timeout_s=200),
+    )
+    return load(store.get_bytes(str(tmp / "m" / "model.safetensors")))
+
+
+@pytest.mark.parametrize(
+    ("mode", "cause"),
+    [("refuse", "Connection refused"), ("hang", "timed out")],
+)
+def test_an_exhausted_budget_names_the_object_and_the_cause(proxy, bucket, mode, cause):
+    store = S3Store(endpoint=proxy.url, policy=SHORT)
+    uri = f"s3://{bucket}/ckpt/step-00000007/state.pt"
+    store.put_bytes(uri, b"x")
+    proxy.set_mode(mode)
+    t0 = time.monotonic()
+    with pytest.raises(StoreError) as err:
+        store.get_bytes(uri)
+    elapsed = time.monotonic() - t0
+    msg = str(err.value)
+    assert uri in msg and cause in msg and "store.retry_budget_seconds" in msg, msg
+    # The budget is spent, then one more attempt at most: a hung connection is cut by the read
+    # timeout (1 s here), not after minio's default 300 s.
+    assert SHORT.budget_s <= elapsed < SHORT.budget_s + SHORT.read_timeout_s + 2.5, elapsed
+
+
+@pytest.mark.parametrize("mode", ["refuse", "hang"])
+@pytest.mark.parametrize("op", ["put", "get", "list", "exists"])
+def test_a_short_outage_is_ridden_out_by_every_operation(proxy, bucket, mode, op):
+    policy = RetryPolicy(budget_s=20, connect_timeout_s=1, read_timeout_s=1, first_backoff_s=0.2, max_backoff_s=1)
+    store = S3Store(endpoint=proxy.url, policy=policy)
+    uri = f"s3://{bucket}/data/shard-00000.npz"
+    store.put_bytes(uri, b"payload")
+    timer = outage(proxy, mode, 2.5)
+    t0 = time.monotonic()
+    result = {
+        "put": lambda: store.put_bytes(uri, b"payload"),
+        "get": lambda: store.get_bytes(uri),
+        "list": lambda: store.list(f"s3://{bucket}/data"),
+        "exists": lambda: store.exists(uri),
+    }[op]()
+    timer.join()
+    assert time.monotonic() - t0 >= 2.0  # it did wait the outage out
+    assert result in (None, b"payload", [uri], True)
+    assert store.get_bytes(uri) == b"payload"
+
+
+def test_definite_answers_fail_at_once(proxy, bucket, monkeypatch):
+    store = S3Store(endpoint=proxy.url, policy=RetryPolicy(budget_s=60))
+    rows = [
+        (lambda: store.get_bytes(f"s3://{bucket}/missing"), ObjectNotFound, "no object at"),
+        (lambda: store.get_bytes("s3://no-such-bucket-kft/x"), StoreError, "does not exist"),
+        (lambda: fresh().put_bytes(f"s3://{bucket}/x", b"x"), StoreError, "rejected the credentials"),
+    ]
+
+    def fresh() -> S3Store:  # a client caches its keys: a new one reads the wrong key just set
+        return S3Store(endpoint=proxy.url, policy=RetryPolicy(budget_s=60))
+
+    for call, error, phrase in rows:
+        if phrase == "rejected the credentials":
+            monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "wrong")
+        t0 = time.monotonic()
+        with pytest.raises(error, match=phrase):
+            call()
+        assert time.monotonic() - t0 < 2.0  # no retrying a final answer
+
+
+@pytest.mark.parametrize(
+    "failures",
+    [[(503, "SlowDown")] * 3, [(500, "InternalError"), (503, "ServiceUnavailable")], [(502, "BadGateway")]],
+)
+def test_5xx_and_slowdown_are_retried(monkeypatch, failures):
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "a")
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "b")
+    _Flaky.failures, _Flaky.seen = list(failures), 0
+    server = ThreadingHTTPServer(("127.0.0.1", 0), _Flaky)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        store = S3Store(
+            endpoint=f"http://127.0.0.1:{server.server_address[1]}",
+            region="us-east-1",
+            policy=RetryPolicy(budget_s=20, first_backoff_s=0.05, max_backoff_s=0.2),
+        )
+        assert store.get_bytes("s3://flaky-bucket/obj") == b"hello"
+        assert _Flaky.seen == len(failures) + 1
+    finally:
+        server.shutdown()
+
+
+@pytest.mark.timeout(400)
+@pytest.mark.parametrize("mode", ["refuse", "hang"])
+def test_training_survives_a_15s_store_outage_and_ends_equal(proxy, bucket, reference_weights, mode):
+    from safetensors.torch import load
+
+    root = f"s3://{bucket}/run"
+    direct = open_store(root)
+    prepare_dataset(load_config().data, direct, join_uri(root, "dataset"))
+    prefix = join_uri(root, "ckpt")
+    cfg = outage_config(proxy.url, prefix)
+    lines: list[str] = []
+    spec = replace(
+        training_job(cfg, f"outage-{mode}", join_uri(root, "dataset"), join_uri(root, "model")), timeout_s=300
+    )
+    backend = LocalBackend(sink=lines.append)
+    backend.submit(spec)
+    mgr = CheckpointManager(direct, prefix)  # watches the store directly, not through the proxy
+    deadline = time.monotonic() + 120
+    while not mgr.committed_steps():
+        assert time.monotonic() < deadline, "no checkpoint appeared:\n" + "\n".join(lines[-30:])
+        time.sleep(0.05)
+    timer = outage(proxy, mode, 15.0)
+    try:
+        backend.wait(spec)
+    finally:
+        timer.cancel()
+        proxy.set_mode("pass")
+        backend.cancel(spec)
+    retried = [line for line in lines if "retry" in line and "retry budget left" in line]
+    assert retried, "the outage never hit a store call:\n" + "\n".join(lines[-40:])
+    got = load(direct.get_bytes(join_uri(root, "model", "model.safetensors")))
+    assert got.keys() == reference_weights.keys()
+    for name in got:
+        assert torch.equal(got[name], reference_weights[name]), name

@@ -1,0 +1,168 @@
+"""`kftrain submit` (pipelines/submit.py) against a stand-in KFP API server process on loopback."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import threading
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+
+import pytest
+
+from pipelines.cli import main
+from pipelines.submit import SubmitError, parse_params, submit, version_name
+from tests.kfp_standin import StandInKFP
+from tests.s3server import free_port
+
+pytestmark = pytest.mark.timeout(120)
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+class _Answer(BaseHTTPRequestHandler):
+    """Answers every request with `status` and an HTML page (a web console, a login page)."""
+
+    status = 200
+
+    def _reply(self) -> None:
+        length = int(self.headers.get("Content-Length") or 0)
+        if length:
+            self.rfile.read(length)
+        body = b"<!doctype html><html><body>MinIO Console</body></html>"
+        self.send_response(type(self).status)
+        self.send_header("Content-Type", "text/html")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        if self.command != "HEAD":
+            self.wfile.write(body)
+
+    do_GET = do_PUT = do_POST = do_HEAD = do_DELETE = _reply
+
+    def log_message(self, *args):
+        pass
+
+
+@pytest.fixture(scope="module")
+def html_server():
+    """URL -> an HTTP server answering HTML with a given status."""
+    servers = {}
+
+    def url(status: int) -> str:
+        if status not in servers:
+            handler = type(f"Answer{status}", (_Answer,), {"status": status})
+            server = ThreadingHTTPServer(("127.0.0.1", 0), handler)
+            threading.Thread(target=server.serve_forever, daemon=True).start()
+            servers[status] = server
+        return f"http://127.0.0.1:{servers[status].server_address[1]}"
+
+    yield url
+    for server in servers.values():
+        server.shutdown()
+
+
+def call_cli(argv: list[str], capsys) -> tuple[int, str]:
+    rc = main(argv)
+    out = capsys.readouterr()
+    return rc, out.out + out.err
+
+
+@pytest.mark.parametrize(
+    ("status", "phrase"),
+    [
+        (None, "cannot reach the KFP API at"),
+        (401, "rejected the request (HTTP 401"),
+        (403, "rejected the request (HTTP 403"),
+    ],
+)
+def test_submit_to_an_unreachable_or_rejecting_host_is_one_line(capsys, html_server, status, phrase):
+    host = f"http://127.0.0.1:{free_port()}" if status is None else html_server(status)
+    rc, out = call_cli(["submit", "--host", host, "--package", str(PACKAGE)], capsys)
+    assert rc == 2, out
+    assert phrase in out, out
+    assert "Traceback" not in out and out.strip().count("\n") == 0
+
+
+PACKAGE = REPO / "compiled" / "training_pipeline.yaml"
+
+
+def kftrain(*args, env_extra=None):
+    import os
+
+    env = {**os.environ, "PYTHONPATH": str(REPO), **(env_extra or {})}
+    return subprocess.run(
+        [sys.executable, "-m", "pipelines.cli", *args], capture_output=True, text=True, timeout=120, env=env, cwd=REPO
+    )
+
+
+def test_first_submit_uploads_the_pipeline_then_later_ones_add_versions(tmp_path):
+    with StandInKFP() as kfp_api:
+        out = kftrain(
+            "submit", "--host", kfp_api.url, "--package", str(PACKAGE), "--param", "epochs=3", "--run-name", "first"
+        )
+        assert out.returncode == 0, out.stderr
+        (pipeline,) = kfp_api.pipelines.values()
+        assert pipeline["info"]["display_name"] == "kftrain-training"
+        names = {v["info"]["display_name"] for v in pipeline["versions"].values()}
+        assert version_name("kftrain-training", PACKAGE) in names
+        (run,) = kfp_api.runs.values()
+        assert run["display_name"] == "first"
+        assert run["runtime_config"]["parameters"] == {"epochs": 3}
+        assert f"{kfp_api.url}/#/runs/details/{run['run_id']}" in out.stdout
+        # The same YAML again: no new version (content-addressed), a second run.
+        out = kftrain("submit", "--host", kfp_api.url, "--package", str(PACKAGE))
+        assert out.returncode == 0, out.stderr
+        assert len(pipeline["versions"]) == len(names) and len(kfp_api.runs) == 2
+        # Changed YAML: a new version of the same pipeline.
+        changed = tmp_path / "changed.yaml"
+        changed.write_text(PACKAGE.read_text().replace("Data prep, distributed", "Data prep and distributed"))
+        out = kftrain("submit", "--host", kfp_api.url, "--package", str(changed))
+        assert out.returncode == 0, out.stderr
+        assert len(kfp_api.pipelines) == 1 and len(pipeline["versions"]) == len(names) + 1
+
+
+@pytest.mark.parametrize(("final", "code", "word"), [("SUCCEEDED", 0, "SUCCEEDED"), ("FAILED", 1, "FAILED")])
+def test_wait_follows_the_run_and_the_exit_code_says_how_it_ended(final, code, word):
+    with StandInKFP(final_state=final) as kfp_api:
+        out = kftrain(
+            "submit", "--host", kfp_api.url, "--package", str(PACKAGE), "--wait", "--poll-seconds", "0.05",
+            env_extra={"KFP_TOKEN": "token-value-123"},
+        )  # fmt: skip
+        assert out.returncode == code, out.stdout + out.stderr
+        assert f"run finished: {word}" in out.stdout
+        if final == "FAILED":
+            assert "PyTorchJob failed" in out.stdout
+        assert all(
+            r["auth"] == "Bearer token-value-123" for r in kfp_api.requests if r["path"] != "/apis/v2beta1/healthz"
+        )
+        assert "token-value-123" not in out.stdout + out.stderr
+
+
+@pytest.mark.parametrize(
+    ("param", "message"),
+    [
+        ("epoch=3", "--param epoch: not a parameter of this pipeline"),
+        ("epochs=three", "--param epochs=three: expected int"),
+        ("replicas", "write it as name=value"),
+        ("batch_size=63", "train.batch_size: must divide by the world size 2"),
+    ],
+)
+def test_bad_parameters_fail_before_anything_is_uploaded(param, message):
+    with pytest.raises(SubmitError, match=None) as info:
+        parse_params([param], PACKAGE)
+    assert message in str(info.value)
+    with StandInKFP() as kfp_api:
+        out = kftrain("submit", "--host", kfp_api.url, "--package", str(PACKAGE), "--param", param)
+        assert out.returncode == 2 and message in out.stderr
+        assert not kfp_api.pipelines and not kfp_api.runs
+
+
+def test_submit_function_reuses_an_existing_experiment():
+    import kfp
+
+    with StandInKFP() as kfp_api:
+        client = kfp.Client(host=kfp_api.url)
+        first = submit(client, kfp_api.url, PACKAGE, "p", "exp", "r1", {})
+        second = submit(client, kfp_api.url, PACKAGE, "p", "exp", "r2", {})
+        assert first.experiment_id == second.experiment_id and len(kfp_api.experiments) == 1
+        assert first.version_id == second.version_id

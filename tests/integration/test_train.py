@@ -1,0 +1,170 @@
+"""The training loop (trainer/train.py) in real multi-process gloo jobs: ranks agree, errors end the job clearly."""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import json
+import math
+import re
+from dataclasses import replace
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from trainer.config import load_config
+from trainer.distributed import DistEnv
+from trainer.launch.backend import JobFailed, run_job
+from trainer.launch.job import training_job
+from trainer.launch.local import LocalBackend
+from trainer.model_io import load_model
+from trainer.storage import LocalStore, join_uri
+from trainer.tasks import get_task
+from trainer.tasks.classification.data import prepare_dataset
+from trainer.train import run_training
+
+pytestmark = pytest.mark.timeout(120)
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+# -- corrupt data and checkpoints: named by their URI, never chosen ----------------------------
+
+
+@pytest.fixture
+def dataset(tmp_path) -> str:
+    uri = str(tmp_path / "dataset")
+    prepare_dataset(load_config().data, LocalStore(), uri)
+    return uri
+
+
+def _truncate(uri: str, keep: int) -> None:
+    path = Path(uri)
+    path.write_bytes(path.read_bytes()[:keep])
+
+
+def test_the_trainer_process_exits_with_a_message_not_a_traceback(dataset, tmp_path):
+    import subprocess
+    import sys
+
+    from trainer.config import config_to_json
+
+    _truncate(join_uri(dataset, "train/rows-00000.npz"), 300)
+    cfg = load_config(overrides={"checkpoint.enabled": False, "train.epochs": 1})
+    proc = subprocess.run(
+        [sys.executable, "-m", "trainer.train", "--config-json", config_to_json(cfg)]
+        + ["--dataset-uri", dataset, "--model-uri", str(tmp_path / "m")],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**__import__("os").environ, "PYTHONPATH": str(REPO)},
+    )
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 1, out
+    assert "training failed: " in out and join_uri(dataset, "train/rows-00000.npz") in out
+    assert "Traceback" not in out
+
+
+pytestmark = pytest.mark.timeout(240)
+
+
+def poison_first_train_shard(src: str, dst: str) -> None:
+    """Copy a dataset, turning one training row into NaNs."""
+    store = LocalStore()
+    for uri in store.list(src):
+        store.put_bytes(dst + uri[len(src) :], store.get_bytes(uri))
+    manifest = json.loads(store.get_bytes(join_uri(dst, "manifest.json")))
+    entry = manifest["splits"]["train"]["shards"][0]
+    with np.load(io.BytesIO(store.get_bytes(join_uri(dst, entry["name"])))) as z:
+        x, y = z["x"].copy(), z["y"]
+    x[5] = np.nan
+    buf = io.BytesIO()
+    np.savez(buf, x=x, y=y)
+    raw = buf.getvalue()
+    store.put_bytes(join_uri(dst, entry["name"]), raw)
+    # A legitimate dataset that holds a NaN: its manifest describes the shard as written.
+    entry.update(bytes=len(raw), sha256=hashlib.sha256(raw).hexdigest())
+    store.put_bytes(join_uri(dst, "manifest.json"), json.dumps(manifest).encode())
+
+
+TINY_GPT = {
+    "task": "causal_lm",
+    "data.max_bytes": 300_000,
+    "model.n_layer": 2,
+    "model.n_head": 4,
+    "model.n_embd": 64,
+    "model.block_size": 64,
+    "train.batch_size": 16,
+    "train.learning_rate": 0.003,
+    "train.max_steps": 120,
+    "train.warmup_steps": 10,
+    "train.lr_schedule": "cosine",
+    "job.replicas": 1,
+    "checkpoint.enabled": False,
+}
+
+
+def test_nonfinite_loss_stops_the_job_naming_step_and_rank(digits, tmp_path):
+    bad = str(tmp_path / "bad")
+    poison_first_train_shard(digits, bad)
+    cfg = load_config(overrides={"train.epochs": 1, "checkpoint.enabled": False})
+    with pytest.raises(JobFailed) as info:
+        run_job(
+            LocalBackend(sink=lambda line: None),
+            replace(training_job(cfg, "nan", bad, str(tmp_path / "m")), timeout_s=120),
+        )
+    message = str(info.value)
+    assert "training failed: non-finite loss or gradients at optimizer step" in message
+    # Only one rank's batch holds the NaN row; whichever replica is reported names that rank.
+    assert re.search(r"the loss was non-finite on rank\(s\) \[[01]\]", message), message
+    assert not LocalStore().exists(join_uri(str(tmp_path / "m"), "model.json"))  # no model marked complete
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_gpt_trains_in_bf16_on_cuda(tmp_path):
+    cfg = load_config(overrides={**TINY_GPT, "train.max_steps": 20})
+    store = LocalStore()
+    get_task("causal_lm").prepare(cfg, store, str(tmp_path / "ds"))
+    metrics = run_training(cfg, str(tmp_path / "ds"), str(tmp_path / "m"), DistEnv())
+    assert math.isfinite(metrics["val_loss"])
+
+
+pytestmark = pytest.mark.timeout(180)
+
+
+def train(digits, model_uri, replicas, **overrides):
+    cfg = load_config(overrides={"job.replicas": replicas, "train.epochs": 3, **overrides})
+    lines = []
+    run_job(
+        LocalBackend(sink=lines.append), replace(training_job(cfg, f"t{replicas}", digits, model_uri), timeout_s=150)
+    )
+    return lines
+
+
+def test_two_ranks_end_with_identical_parameters(digits, tmp_path):
+    lines = train(digits, str(tmp_path / "model"), replicas=2)
+    digests = {
+        m.group(1): m.group(2)
+        for line in lines
+        if (m := re.match(r"\[(master-0|worker-0)\] .*final parameter digest (\w+)", line))
+    }
+    assert set(digests) == {"master-0", "worker-0"}
+    assert digests["master-0"] == digests["worker-0"]
+    record = json.loads(LocalStore().get_bytes(join_uri(str(tmp_path / "model"), "training.json")))
+    assert record["parameter_digest"] == digests["master-0"]
+    assert record["metrics"]["world_size"] == 2
+    assert any(line.startswith("[master-0] [rank 0]") and "loss" in line for line in lines)
+
+
+def test_one_rank_and_two_ranks_learn_the_same_model(digits, tmp_path):
+    """Same global batches (a fixed data.partitions), same seed: DDP's averaged gradients equal
+    the single-process ones."""
+    train(digits, str(tmp_path / "one"), replicas=1, **{"data.partitions": 2})
+    train(digits, str(tmp_path / "two"), replicas=2, **{"data.partitions": 2})
+    one, _ = load_model(LocalStore(), str(tmp_path / "one"))
+    two, _ = load_model(LocalStore(), str(tmp_path / "two"))
+    for p1, p2 in zip(one.parameters(), two.parameters(), strict=True):
+        torch.testing.assert_close(p1, p2, rtol=1e-4, atol=1e-5)

@@ -1,0 +1,269 @@
+"""Checkpoints (trainer/checkpoint.py) in one process: commit records, completeness, pruning, loading."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+
+import pytest
+import torch
+from torch.distributed.checkpoint import FileSystemReader
+
+from trainer.checkpoint import (
+    COMMIT,
+    METADATA,
+    CheckpointError,
+    CheckpointManager,
+    StoreReader,
+    commit_record,
+    step_dir,
+)
+from trainer.storage import LocalStore, join_uri
+
+pytestmark = pytest.mark.timeout(120)
+
+
+@pytest.mark.parametrize(
+    "commit",
+    [
+        b'{"step": 9}',  # no parts
+        b'{"step": 9, "parts": {}}',  # no entry for DCP's index
+        b'{"step": 9, "parts": {".metadata": {"bytes": "12"}}}',  # no hash, size not a number
+        b'{"step": 9, "par',  # truncated
+        b"[]",
+    ],
+)
+def test_a_commit_record_without_parts_is_an_incomplete_checkpoint(tmp_path, caplog, commit):
+    store, prefix = LocalStore(), str(tmp_path / "ckpt")
+    mgr = CheckpointManager(store, prefix)
+    mgr.save(5, {"w": torch.ones(2)}, blocking=True)
+    store.put_bytes(join_uri(step_dir(prefix, 9), METADATA), b"whatever")
+    store.put_bytes(join_uri(step_dir(prefix, 9), COMMIT), commit)
+    with caplog.at_level(logging.WARNING, logger="kftrain.checkpoint"):
+        assert mgr.latest()["step"] == 5  # never chosen
+    assert step_dir(prefix, 9) in caplog.text and "incomplete" in caplog.text
+
+
+def save(mgr: CheckpointManager, step: int, blocking: bool = False) -> None:
+    mgr.save(
+        step,
+        {"weights": torch.full((4,), float(step)), "nested": {"bias": torch.arange(3.0) + step}},
+        record={"note": f"step {step}"},
+        local=lambda: {"rng": b"\x01\x02"},
+        blocking=blocking,
+    )
+
+
+def load(mgr: CheckpointManager) -> tuple[dict, dict, object]:
+    record = mgr.latest()
+    target = {"weights": torch.zeros(4), "nested": {"bias": torch.zeros(3)}}
+    own = mgr.load(record, target)
+    return record, target, own
+
+
+# -- block hashes and ranged reads ---------------------------------------------------------------
+
+BLOCK = 4096
+
+
+def model_and_optimizer(n: int = 3) -> dict:
+    """A model of n tensors of 6 blocks each, and AdamW-like state twice its size."""
+    g = torch.Generator().manual_seed(0)
+    model = {f"w{i}": torch.randn(6 * BLOCK // 4, generator=g) for i in range(n)}
+    optim = {name: {"exp_avg": torch.randn_like(w), "exp_avg_sq": torch.rand_like(w)} for name, w in model.items()}
+    return {"model": model, "optimizer": optim}
+
+
+def save_blocked(store, prefix: str, state: dict) -> dict:
+    CheckpointManager(store, prefix, block_bytes=BLOCK).save(1, state, blocking=True)
+    return commit_record(store, step_dir(prefix, 1))
+
+
+def load_model_only(store, prefix: str, record: dict) -> tuple[CheckpointManager, dict]:
+    mgr = CheckpointManager(store, prefix)
+    model = {f"w{i}": torch.zeros(6 * BLOCK // 4) for i in range(3)}
+    mgr.load(record, {"model": model})
+    return mgr, model
+
+
+def distcp_bytes(record: dict) -> int:
+    return sum(p["bytes"] for name, p in record["parts"].items() if name.endswith(".distcp"))
+
+
+def assert_model_equal(model: dict, state: dict) -> None:
+    for name, tensor in state["model"].items():
+        assert torch.equal(model[name], tensor), name
+
+
+def flip_byte(path, offset: int) -> None:
+    raw = bytearray(path.read_bytes())
+    raw[offset] ^= 0xFF  # same size, other bytes
+    path.write_bytes(bytes(raw))
+
+
+def test_a_partial_checkpoint_is_never_chosen(tmp_path):
+    store, prefix = LocalStore(), str(tmp_path / "ckpt")
+    mgr = CheckpointManager(store, prefix, keep_last=5)
+    save(mgr, 5, blocking=True)
+    # A writer killed mid-upload: parts of step 9 exist, its commit record does not.
+    store.put_bytes(join_uri(step_dir(prefix, 9), METADATA), b"\x80truncated")
+    assert load(mgr)[0]["step"] == 5
+    # A commit record whose part does not match (a torn write) is skipped too.
+    store.put_bytes(join_uri(step_dir(prefix, 12), METADATA), b"garbage")
+    record = {"step": 12, "parts": {METADATA: {"bytes": 999, "sha256": "0" * 64}}}
+    store.put_bytes(join_uri(step_dir(prefix, 12), COMMIT), json.dumps(record).encode())
+    assert load(mgr)[0]["step"] == 5
+
+
+def test_a_checkpoint_missing_one_ranks_part_is_never_chosen(tmp_path, caplog):
+    store, prefix = LocalStore(), str(tmp_path / "ckpt")
+    mgr = CheckpointManager(store, prefix, keep_last=5)
+    save(mgr, 5, blocking=True)
+    save(mgr, 10, blocking=True)
+    # Step 10's commit record also lists a second rank's shard file, which never arrived.
+    commit_uri = join_uri(step_dir(prefix, 10), COMMIT)
+    record = json.loads(store.get_bytes(commit_uri))
+    record["parts"]["__1_0.distcp"] = {"bytes": 10, "sha256": "0" * 64}
+    store.put_bytes(commit_uri, json.dumps(record).encode())
+    with caplog.at_level("WARNING", logger="kftrain.checkpoint"):
+        record, target, _ = load(mgr)
+    assert record["step"] == 5
+    torch.testing.assert_close(target["weights"], torch.full((4,), 5.0))
+    assert "__1_0.distcp" in caplog.text and step_dir(prefix, 10) in caplog.text
+
+
+def test_pruning_removes_old_and_partial_checkpoints(tmp_path):
+    store, prefix = LocalStore(), str(tmp_path / "ckpt")
+    store.put_bytes(join_uri(step_dir(prefix, 1), METADATA), b"partial")
+    mgr = CheckpointManager(store, prefix, keep_last=1)
+    save(mgr, 2, blocking=True)
+    save(mgr, 3, blocking=True)
+    assert {uri.rsplit("/", 2)[-2] for uri in store.list(prefix)} == {"step-00000003"}
+    assert join_uri(step_dir(prefix, 3), COMMIT) in store.list(prefix)
+
+
+def test_an_upload_failure_surfaces_on_the_next_save(tmp_path):
+    blocker = tmp_path / "not-a-dir"
+    blocker.write_text("a file where the checkpoint folder should go")
+    mgr = CheckpointManager(LocalStore(), str(blocker / "ckpt"))
+    save(mgr, 1)
+    with pytest.raises(CheckpointError, match="checkpoint upload to .* failed"):
+        mgr.wait()
+
+
+def test_the_commit_record_holds_each_block_s_sha256_of_every_distcp(tmp_path):
+    store, prefix = LocalStore(), str(tmp_path / "ckpt")
+    record = save_blocked(store, prefix, model_and_optimizer())
+    folder = tmp_path / "ckpt" / "step-00000001"
+    for name, part in record["parts"].items():
+        raw = (folder / name).read_bytes()
+        assert part["sha256"] == hashlib.sha256(raw).hexdigest()
+        if not name.endswith(".distcp"):  # read whole: no blocks
+            assert "blocks" not in part and "block_bytes" not in part
+            continue
+        assert part["block_bytes"] == BLOCK and len(raw) % BLOCK  # a short last block too
+        want = [hashlib.sha256(raw[i : i + BLOCK]).hexdigest() for i in range(0, len(raw), BLOCK)]
+        assert part["blocks"] == want
+
+
+def test_loading_the_model_alone_fetches_only_its_blocks_exactly(tmp_path):
+    store, prefix = LocalStore(), str(tmp_path / "ckpt")
+    state = model_and_optimizer()
+    record = save_blocked(store, prefix, state)
+    mgr, model = load_model_only(store, prefix, record)
+    assert_model_equal(model, state)
+    # The model is a third of the state; the optimizer's entries are never fetched.
+    assert mgr.last_fetched_bytes - record["parts"][METADATA]["bytes"] < 0.6 * distcp_bytes(record)
+    assert "__0_0.distcp" in mgr.last_fetched
+
+
+def test_a_changed_block_is_an_error_where_it_is_read_and_harmless_where_it_is_not(tmp_path):
+    store, prefix = LocalStore(), str(tmp_path / "ckpt")
+    state = model_and_optimizer()
+    record = save_blocked(store, prefix, state)
+    folder = step_dir(prefix, 1)
+    reader = StoreReader(store, folder, tmp_path / "probe", record["parts"])
+    (tmp_path / "probe").mkdir()
+    spans = {i.fqn: info for i, info in reader.read_metadata().storage_data.items()}
+    shard = tmp_path / "ckpt" / "step-00000001" / "__0_0.distcp"
+    # A byte in the middle of an optimizer tensor: a block no model tensor shares.
+    exp_avg = spans["optimizer.w1.exp_avg"]
+    flip_byte(shard, exp_avg.offset + exp_avg.length // 2)
+    _, model = load_model_only(store, prefix, record)
+    assert_model_equal(model, state)
+    # A byte inside a model tensor: the block holding it is read, and refused.
+    w2 = spans["model.w2"]
+    at = w2.offset + w2.length // 2
+    flip_byte(shard, at)
+    with pytest.raises(CheckpointError, match=rf"__0_0\.distcp block {at // BLOCK} .*changed after it was committed"):
+        load_model_only(store, prefix, record)
+
+
+def test_a_block_is_fetched_in_pieces_and_a_short_object_is_refused(tmp_path, monkeypatch):
+    import trainer.checkpoint
+
+    monkeypatch.setattr(trainer.checkpoint, "_GET_BYTES", 1000)  # not a divisor of the block
+    store, prefix = LocalStore(), str(tmp_path / "ckpt")
+    state = model_and_optimizer()
+    record = save_blocked(store, prefix, state)
+    _, model = load_model_only(store, prefix, record)
+    assert_model_equal(model, state)
+    folder = tmp_path / "ckpt" / "step-00000001"
+    w2 = {i.fqn: info for i, info in FileSystemReader(folder).read_metadata().storage_data.items()}["model.w2"]
+    end = w2.offset + w2.length // 2  # the object ends inside model.w2
+    shard = folder / "__0_0.distcp"
+    shard.write_bytes(shard.read_bytes()[:end])
+    with pytest.raises(CheckpointError, match=rf"__0_0\.distcp block {end // BLOCK} .*does not match"):
+        load_model_only(store, prefix, record)
+
+
+def test_a_commit_record_without_block_hashes_loads_whole_files(tmp_path):
+    store, prefix = LocalStore(), str(tmp_path / "ckpt")
+    state = model_and_optimizer()
+    record = save_blocked(store, prefix, state)
+    for part in record["parts"].values():  # as written before block hashes
+        part.pop("blocks", None)
+        part.pop("block_bytes", None)
+    store.put_bytes(join_uri(step_dir(prefix, 1), COMMIT), json.dumps(record).encode())
+    mgr = CheckpointManager(store, prefix)
+    record = mgr.latest()
+    assert record["step"] == 1
+    _, model = load_model_only(store, prefix, record)
+    assert_model_equal(model, state)
+
+
+def test_malformed_block_hashes_are_refused(tmp_path):
+    store, prefix = LocalStore(), str(tmp_path / "ckpt")
+    record = save_blocked(store, prefix, model_and_optimizer())
+    uri = join_uri(step_dir(prefix, 1), COMMIT)
+    for change, message in [
+        (lambda p: p["blocks"].pop(), r"lists \d+ block hashes for __0_0\.distcp, expected \d+"),
+        (lambda p: p.update(block_bytes=0), "without a positive block_bytes"),
+        (lambda p: p.pop("block_bytes"), "without a positive block_bytes"),
+        (lambda p: p["blocks"].__setitem__(0, "xyz"), "expected .* sha256 hex digests"),
+    ]:
+        bad = json.loads(json.dumps(record))
+        change(bad["parts"]["__0_0.distcp"])
+        store.put_bytes(uri, json.dumps(bad).encode())
+        with pytest.raises(CheckpointError, match=message):
+            commit_record(store, step_dir(prefix, 1))
+        assert CheckpointManager(store, prefix).latest() is None  # never chosen
+
+
+def test_a_partly_fetched_part_is_released_then_fetched_again(tmp_path):
+    store, prefix = LocalStore(), str(tmp_path / "ckpt")
+    record = save_blocked(store, prefix, model_and_optimizer())
+    cache = tmp_path / "cache"
+    cache.mkdir()
+    reader = StoreReader(store, step_dir(prefix, 1), cache, record["parts"])
+    path = reader.fetch("__0_0.distcp", [(BLOCK + 10, 20)])
+    assert reader.fetched_bytes == BLOCK and path.stat().st_size == record["parts"]["__0_0.distcp"]["bytes"]
+    assert reader.fetch("__0_0.distcp", [(BLOCK, BLOCK)]) == path and reader.fetched_bytes == BLOCK  # local
+    reader.release("__0_0.distcp")
+    assert not path.exists()
+    reader.fetch("__0_0.distcp", [(BLOCK + 10, BLOCK)])  # two blocks now
+    assert reader.fetched_bytes == 3 * BLOCK and reader.fetched == ["__0_0.distcp"]
+    # A whole fetch over a partial copy replaces it with the verified whole file.
+    whole = reader.fetch("__0_0.distcp")
+    assert whole.read_bytes() == (tmp_path / "ckpt" / "step-00000001" / "__0_0.distcp").read_bytes()

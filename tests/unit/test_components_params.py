@@ -1,0 +1,152 @@
+"""The KFP edge: the config text is the base, a typed parameter wins only when set, and the
+pipeline, the configure component and docs/pipeline.md all follow the one parameter table."""
+
+from __future__ import annotations
+
+import inspect
+from pathlib import Path
+
+import pytest
+import yaml
+
+from components.configure import configure
+from components.params import BY_NAME, PARAMS, UNSET, config_from_params, effective_default
+from pipelines.training import training_pipeline
+from trainer.config import Config, ConfigError, load_config
+
+REPO = Path(__file__).resolve().parents[2]
+#: For each knob, a config value that differs from the default and from the override below.
+FROM_CONFIG = {
+    "data_source": "digits",
+    "replicas": 1,
+    "nproc_per_node": 2,
+    "epochs": 3,
+    "batch_size": 32,
+    "learning_rate": 0.01,
+    "image": "reg.example.com/kftrain:cfg",
+    "timeout_seconds": 120,
+    "job_kind": "trainjob",
+    "gpus_per_node": 2,
+    "queue": "team-cfg",
+    "node_selector": {"pool": "cfg"},
+    "tolerations": [{"key": "cfg", "operator": "Exists"}],
+    "store": "s3://cfg-bucket/runs",
+    "s3_endpoint": "http://cfg:9000",
+}
+OVERRIDE = {
+    "data_source": "s3://data/digits.csv",
+    "replicas": 2,
+    "nproc_per_node": 2,
+    "epochs": 5,
+    "batch_size": 64,
+    "learning_rate": 0.02,
+    "image": "reg.example.com/kftrain:param",
+    "timeout_seconds": 240,
+    "job_kind": "auto",
+    "gpus_per_node": 2,
+    "queue": "team-param",
+    "node_selector": {"pool": "param"},
+    "tolerations": [{"key": "param", "operator": "Equal", "value": "x", "tolerationSeconds": 300.0}],
+    "store": "s3://param-bucket/runs",
+    "s3_endpoint": "http://param:9000",
+}
+
+
+def _config_text(values: dict) -> str:
+    tree: dict = {}
+    for name, value in values.items():
+        *parents, leaf = BY_NAME[name].field.split(".")
+        node = tree
+        for part in parents:
+            node = node.setdefault(part, {})
+        node[leaf] = value
+    return yaml.safe_dump(tree)
+
+
+def _field(cfg: Config, dotted: str):
+    for part in dotted.split("."):
+        cfg = getattr(cfg, part)
+    return cfg
+
+
+def _knob_specs(signature: inspect.Signature) -> dict:
+    return {n: (p.annotation, p.default) for n, p in signature.parameters.items() if n in BY_NAME}
+
+
+def test_the_table_covers_the_fixtures():
+    assert set(FROM_CONFIG) == set(OVERRIDE) == set(BY_NAME)
+
+
+@pytest.mark.parametrize("param", PARAMS, ids=lambda p: p.name)
+def test_an_unset_parameter_keeps_the_configs_value(param):
+    """A run whose only parameter is `config` trains exactly that config."""
+    cfg = config_from_params(_config_text(FROM_CONFIG), **{p.name: p.unset for p in PARAMS})
+    assert _field(cfg, param.field) == FROM_CONFIG[param.name]
+    assert FROM_CONFIG[param.name] != effective_default(param)
+
+
+@pytest.mark.parametrize("param", PARAMS, ids=lambda p: p.name)
+def test_a_set_parameter_overrides_the_config(param):
+    cfg = config_from_params(_config_text(FROM_CONFIG), **{param.name: OVERRIDE[param.name]})
+    expected = OVERRIDE[param.name]
+    if param.name == "tolerations":  # KFP passes numbers in structs as floats; Kubernetes wants ints
+        expected = [{**expected[0], "tolerationSeconds": 300}]
+        assert isinstance(_field(cfg, param.field)[0]["tolerationSeconds"], int)
+    assert _field(cfg, param.field) == expected
+
+
+def test_unset_everywhere_gives_the_config_defaults():
+    assert config_from_params("", **{p.name: p.unset for p in PARAMS}) == load_config()
+
+
+def test_the_shipped_multinode_config_pasted_alone_runs_as_written():
+    text = (REPO / "configs" / "multinode-gpu.yaml").read_text()
+    cfg = config_from_params(text, **{p.name: p.unset for p in PARAMS})
+    assert cfg == load_config(REPO / "configs" / "multinode-gpu.yaml")
+
+
+def test_store_secret_parameter_reaches_the_replicas():
+    cfg = config_from_params("", store_secret="team-s3")
+    assert cfg.kubernetes.store_secret == "team-s3"
+    same = config_from_params("kubernetes:\n  store_secret: team-s3\n", store_secret="team-s3")
+    assert same.kubernetes.store_secret == "team-s3"
+
+
+def test_a_config_naming_another_store_secret_is_refused_with_the_fix():
+    with pytest.raises(ConfigError, match="kubernetes.store_secret.*set the parameter to 'team-s3'"):
+        config_from_params("kubernetes:\n  store_secret: team-s3\n", store_secret="mlpipeline-minio-artifact")
+
+
+def test_unknown_parameter_is_a_type_error():
+    with pytest.raises(TypeError, match="unknown parameter"):
+        config_from_params("", replica=3)
+
+
+@pytest.mark.parametrize(
+    "func", [configure.python_func, training_pipeline.pipeline_func], ids=["configure", "pipeline"]
+)
+def test_signatures_follow_the_table(func):
+    """configure's signature is written out (KFP embeds its source); the pipeline's is generated."""
+    expected = {p.name: (p.type, UNSET[p.type]) for p in PARAMS}
+    assert _knob_specs(inspect.signature(func)) == expected
+
+
+@pytest.mark.parametrize("component", [configure, training_pipeline], ids=["configure", "pipeline"])
+def test_ui_descriptions_come_from_the_table(component):
+    inputs = component.component_spec.inputs
+    for param in PARAMS:
+        assert inputs[param.name].description.startswith(param.help), param.name
+        assert "the config's value" in inputs[param.name].description
+    assert inputs["store_secret"].default == "mlpipeline-minio-artifact"
+
+
+def test_the_docs_document_every_parameter_with_its_unset_value_and_default():
+    page = (REPO / "docs" / "pipeline.md").read_text()
+    section = page[page.index("# Pipeline parameters") : page.index("## Job names")]
+    for param in PARAMS:
+        default = effective_default(param)
+        shown = "empty" if default in ("", {}, []) else f"`{default}`"
+        row = f"| `{param.name}` | `{param.unset}` | `{param.field}` | {shown} | {param.help} |"
+        assert row in section, row
+    for name in training_pipeline.component_spec.inputs:
+        assert f"| `{name}` |" in section, name

@@ -1,0 +1,81 @@
+import pytest
+
+from trainer.config import Config, ConfigError, config_from_json, config_to_json, load_config, parse_config
+
+
+def test_defaults_are_valid_and_round_trip_through_json():
+    cfg = load_config()
+    assert isinstance(cfg, Config)
+    assert config_from_json(config_to_json(cfg)) == cfg
+
+
+def test_yaml_file_maps_onto_the_tree(tmp_path):
+    path = tmp_path / "c.yaml"
+    path.write_text("job:\n  replicas: 4\ntrain:\n  batch_size: 128\n  learning_rate: 1e-3\n")
+    cfg = load_config(path)
+    assert cfg.job.replicas == 4
+    assert cfg.train.batch_size == 128
+    assert cfg.train.learning_rate == pytest.approx(1e-3)
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ("trian:\n  epochs: 3\n", "trian: unknown key"),
+        ("train:\n  epoch: 3\n", "train.epoch: unknown key"),
+        ("train:\n  epochs: three\n", "train.epochs: must be an integer, got 'three'"),
+        ("train:\n  epochs: 0\n", "train.epochs: must be positive, got 0"),
+        ("train:\n  learning_rate: fast\n", "train.learning_rate: must be a number"),
+        ("job:\n  replicas: true\n", "job.replicas: must be an integer, got True"),
+        ("model:\n  hidden_sizes: 64\n", "model.hidden_sizes: must be a list"),
+        ("data:\n  test_fraction: 0.7\n", "data.test_fraction: must be between 0 and 0.5"),
+        ("store:\n  uri: gs://bucket/x\n", "store.uri: unsupported storage URI scheme 'gs'"),
+        ("store:\n  endpoint: minio:9000\n", "store.endpoint: must be a URL"),
+        ("job:\n  replicas: 3\n", "train.batch_size: must divide by the world size 3"),
+        ("data:\n  partitions: 3\n", "data.partitions: is not a multiple of the 2 readers"),
+        ("data:\n  partitions: 4\ntrain:\n  batch_size: 6\n", "micro-batch of 3 items does not divide by, got 4"),
+        (
+            "kubernetes:\n  elastic: {enabled: true, min_replicas: 2, max_replicas: 3}\n"
+            "train:\n  batch_size: 60\ndata:\n  partitions: 4\n",
+            "data.partitions: is not a multiple of the 3 readers",
+        ),
+        ("job:\n  nccl_debug: LOUD\n", "job.nccl_debug: must be one of ('', 'VERSION', 'WARN', 'INFO', 'TRACE')"),
+        ("job:\n  kind: podjob\n", "job.kind: must be one of ('pytorchjob', 'trainjob', 'auto'), got 'podjob'"),
+        ("- a\n- b\n", "must hold a mapping"),
+        ("train: [\n", "not valid YAML"),
+    ],
+)
+def test_bad_values_name_the_field(text, message):
+    with pytest.raises(ConfigError, match=None) as info:
+        parse_config(text)
+    assert message in str(info.value)
+
+
+def test_nccl_debug_takes_nccl_levels_in_any_case():
+    assert parse_config("job:\n  nccl_debug: info\n").job.nccl_debug == "info"
+    assert parse_config("").job.nccl_debug == ""
+
+
+def test_overrides_win_over_the_text():
+    cfg = parse_config("job:\n  replicas: 4\n", {"job.replicas": 2, "train.epochs": 1})
+    assert (cfg.job.replicas, cfg.train.epochs) == (2, 1)
+
+
+def test_every_config_field_is_documented_in_the_configuration_reference():
+    """docs/configuration.md lists every field (it is the user's manual; tests/unit/test_config_docs.py
+    holds it to the docstrings exactly)."""
+    import dataclasses
+    from pathlib import Path
+
+    readme = (Path(__file__).resolve().parents[2] / "docs" / "configuration.md").read_text()
+
+    def fields(cls, prefix):
+        for f in dataclasses.fields(cls):
+            if dataclasses.is_dataclass(f.type) or (isinstance(f.type, str) and f.type.endswith("Config")):
+                sub = type(getattr(cls(), f.name))
+                yield from fields(sub, f"{prefix}{f.name}.")
+            else:
+                yield f"{prefix}{f.name}"
+
+    missing = [name for name in fields(Config, "") if f"`{name}`" not in readme]
+    assert not missing

@@ -1,0 +1,167 @@
+import json
+import re
+
+import numpy as np
+import pytest
+import torch
+from safetensors.torch import load as load_safetensors
+
+from trainer.evaluate import evaluate_model
+from trainer.export import export_model, load_torchscript
+from trainer.model_io import load_model, save_model
+from trainer.storage import LocalStore, join_uri
+from trainer.tasks.classification.model import build_mlp
+from trainer.tasks.classification.report import classification_report
+
+
+@pytest.fixture
+def trained(tmp_path):
+    store = LocalStore()
+    torch.manual_seed(0)
+    model = build_mlp(4, [8], 3, 0.0)
+    meta = {
+        "task": "classification",
+        "architecture": {"num_features": 4, "hidden_sizes": [8], "num_classes": 3, "dropout": 0.0},
+        "classes": ["x", "y", "z"],
+        "feature_names": ["f0", "f1", "f2", "f3"],
+        "normalization": {"mean": [1.0, 2.0, 3.0, 4.0], "std": [2.0, 2.0, 1.0, 0.5]},
+        "dataset_uri": "s3://bucket/ds",
+    }
+    uri = str(tmp_path / "model")
+    save_model(store, uri, model, meta)
+    return store, uri, model, meta
+
+
+def small_csv_dataset(store, tmp_path) -> str:
+    """A 60-row, 3-class CSV prepared into a dataset under `tmp_path`; its URI."""
+    from trainer.config import DataConfig
+    from trainer.tasks.classification.data import prepare_dataset
+
+    rows = ["f0,f1,f2,f3,label"] + [f"{i % 5},{i % 7},{i % 3},{i % 2},{'xyz'[i % 3]}" for i in range(60)]
+    store.put_bytes(str(tmp_path / "in.csv"), "\n".join(rows).encode())
+    ds = str(tmp_path / "ds")
+    prepare_dataset(DataConfig(source=str(tmp_path / "in.csv")), store, ds)
+    return ds
+
+
+def test_report_on_a_known_confusion():
+    # truth:      a a a a b b c c c c
+    # prediction: a a a b b b c c a c   -> cm = [[3,1,0],[0,2,0],[1,0,3]]
+    y_true = np.array([0, 0, 0, 0, 1, 1, 2, 2, 2, 2])
+    y_pred = np.array([0, 0, 0, 1, 1, 1, 2, 2, 0, 2])
+    r = classification_report(y_true, y_pred, ["a", "b", "c"])
+    assert r["confusion_matrix"] == [[3, 1, 0], [0, 2, 0], [1, 0, 3]]
+    assert r["accuracy"] == pytest.approx(0.8)
+    assert r["per_class"]["a"]["precision"] == pytest.approx(3 / 4)
+    assert r["per_class"]["a"]["recall"] == pytest.approx(3 / 4)
+    assert r["per_class"]["b"]["precision"] == pytest.approx(2 / 3)
+    assert r["per_class"]["b"]["recall"] == pytest.approx(1.0)
+    assert r["per_class"]["c"]["precision"] == pytest.approx(1.0)
+    assert r["per_class"]["c"]["recall"] == pytest.approx(3 / 4)
+    assert r["per_class"]["c"]["support"] == 4
+
+
+def test_a_class_never_predicted_has_zero_precision_not_nan():
+    r = classification_report(np.array([0, 1]), np.array([0, 0]), ["a", "b"])
+    assert r["per_class"]["b"] == {"precision": 0.0, "recall": 0.0, "f1": 0.0, "support": 1}
+
+
+def test_saved_model_loads_back_identically(trained):
+    store, uri, model, _ = trained
+    loaded, meta = load_model(store, uri)
+    x = torch.randn(5, 4)
+    torch.testing.assert_close(loaded(x), model(x))
+    assert meta["classes"] == ["x", "y", "z"]
+
+
+def test_export_formats_load_and_match_the_pytorch_model(trained, tmp_path):
+    store, uri, model, meta = trained
+    out = str(tmp_path / "export")
+    card = export_model(store, uri, out, metrics={"accuracy": 0.9}, training_config={"train": {"epochs": 1}})
+    raw = torch.randn(16, 4) * 3 + 2
+    norm = meta["normalization"]
+    expected = model((raw - torch.tensor(norm["mean"])) / torch.tensor(norm["std"]))
+    scripted = load_torchscript(store, out)
+    torch.testing.assert_close(scripted(raw), expected)
+    state = load_safetensors(store.get_bytes(join_uri(out, "model.safetensors")))
+    rebuilt = build_mlp(4, [8], 3, 0.0)
+    rebuilt.load_state_dict({k.removeprefix("model."): v for k, v in state.items() if k.startswith("model.")})
+    torch.testing.assert_close(rebuilt((raw - state["mean"]) / state["std"]), expected)
+    on_disk = json.loads(store.get_bytes(join_uri(out, "model_card.json")))
+    assert on_disk == card
+    assert card["classes"] == ["x", "y", "z"]
+    assert card["inputs"] == {"name": "features", "dtype": "float32", "shape": [-1, 4]}
+    assert card["outputs"] == {"name": "logits", "dtype": "float32", "shape": [-1, 3]}
+    # ONNX, loaded as a serving runtime would, on a batch size it was not traced with.
+    import onnxruntime
+
+    session = onnxruntime.InferenceSession(
+        store.get_bytes(join_uri(out, card["files"]["onnx"])), providers=["CPUExecutionProvider"]
+    )
+    (logits,) = session.run(None, {"features": raw.numpy()})
+    torch.testing.assert_close(torch.from_numpy(logits), expected, rtol=1e-4, atol=1e-5)
+    config = store.get_bytes(join_uri(out, "model_repository/kftrain/config.pbtxt")).decode()
+    assert 'platform: "onnxruntime_onnx"' in config
+    assert 'name: "features" data_type: TYPE_FP32 dims: [ -1, 4 ]' in config
+    assert 'name: "logits" data_type: TYPE_FP32 dims: [ -1, 3 ]' in config
+    assert card["verification"]["onnx_max_abs_error"] < 1e-4
+    assert card["metrics"] == {"accuracy": 0.9}
+    assert card["source_dataset_uri"] == "s3://bucket/ds"
+    assert card["training_config"] == {"train": {"epochs": 1}}
+
+
+def test_evaluate_model_writes_its_report(trained, tmp_path):
+    store, uri, model, meta = trained
+    ds = small_csv_dataset(store, tmp_path)
+    report = evaluate_model(store, uri, ds, str(tmp_path / "eval"))
+    assert json.loads(store.get_bytes(str(tmp_path / "eval/metrics.json"))) == report
+    assert report["test_rows"] == sum(sum(r) for r in report["confusion_matrix"])
+
+
+# -- what the KFP UI gets from the evaluate component ------------------------------------------
+
+
+def test_ui_scalars_say_what_they_measure_and_name_the_class():
+    from trainer.evaluate import ui_scalars
+
+    report = classification_report(np.array([0, 1, 2, 2]), np.array([0, 1, 2, 1]), ["3", "cat dog", "cat/dog"])
+    report.update(loss=0.25, test_rows=4, task="classification")
+    names = ui_scalars(report)
+    assert {"test_accuracy", "test_loss", "test_macro_f1", "test_rows"} <= set(names)
+    assert names["test_accuracy"] == 0.75 and "test_test_rows" not in names
+    assert names["test_class_3_precision"] == 1.0 and names["test_class_3_recall"] == 1.0
+    assert names["test_class_cat_dog_recall"] == 1.0  # "cat dog"
+    assert names["test_class_cat_dog_2_recall"] == 0.5  # "cat/dog" collides after cleaning: its index
+    assert not [n for n in names if re.fullmatch(r"(precision|recall)_\d+", n)]
+
+
+def test_the_confusion_matrix_reaches_classification_metrics_in_the_shape_the_kfp_ui_renders(trained, tmp_path):
+    """Through the component function itself (KFP's `python_func`), with real artifact objects."""
+    from kfp.dsl import HTML, ClassificationMetrics, Dataset, Metrics, Model
+
+    from components.evaluate import evaluate
+
+    store, uri, _, _ = trained
+    ds = small_csv_dataset(store, tmp_path)
+    store.put_bytes(join_uri(uri, "training.json"), json.dumps({"metrics": {}, "loss_curve": []}).encode())
+    metrics, confusion = Metrics(uri=str(tmp_path / "evaluation")), ClassificationMetrics(uri=str(tmp_path / "cm"))
+    report = HTML(uri=str(tmp_path / "report.html"))
+    out = evaluate.python_func(
+        dataset=Dataset(uri=ds), model=Model(uri=uri), metrics=metrics, confusion=confusion, report=report,
+        run_id="run-1", task_name="evaluate",
+    )  # fmt: skip
+    saved = json.loads(store.get_bytes(str(tmp_path / "evaluation" / "metrics.json")))
+    # The structure KFP's executor records in ML Metadata and the UI's confusion-matrix view reads.
+    assert confusion.metadata == {
+        "confusionMatrix": {
+            "annotationSpecs": [{"displayName": c} for c in ["x", "y", "z"]],
+            "rows": [{"row": row} for row in saved["confusion_matrix"]],
+        }
+    }
+    assert sum(sum(r["row"]) for r in confusion.metadata["confusionMatrix"]["rows"]) == saved["test_rows"]
+    assert metrics.metadata["test_accuracy"] == pytest.approx(saved["accuracy"])
+    assert {"test_loss", "test_macro_f1", "test_class_x_precision", "test_class_z_f1"} <= set(metrics.metadata)
+    assert all(isinstance(v, float) for v in metrics.metadata.values())
+    assert out.passed is True
+    page = store.get_bytes(str(tmp_path / "report.html")).decode()
+    assert 'aria-label="confusion matrix"' in page and "run-1/evaluate" in page

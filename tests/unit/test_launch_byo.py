@@ -1,0 +1,300 @@
+"""The bring-your-own-image launcher: the pure builder, its manifest, and the Kubernetes backend
+(against the FAKE API in tests/fake_kube.py) running a job named from the task identity."""
+
+# No `from __future__ import annotations`: KFP reads the test pipeline's annotations as types.
+import json
+from dataclasses import replace
+
+import pytest
+
+from components.runtime import task_identity
+from tests.fake_kube import FakeCluster, launcher
+from trainer.config import ConfigError, parse_config
+from trainer.launch.backend import JobFailed, run_job
+from trainer.launch.byo import byo_job
+from trainer.launch.kubernetes import KubernetesBackend
+from trainer.launch.preflight import ManifestError, validate_pytorchjob
+from trainer.launch.pytorchjob import pytorchjob_manifest
+from trainer.launch.spec import job_name
+
+pytestmark = pytest.mark.timeout(60)
+
+OUT = "minio://mlpipeline/v2/artifacts/byo/run-1/pytorchjob/model"
+IN = "s3://datasets/digits/v1"
+PVC = {"name": "data", "persistentVolumeClaim": {"claimName": "shared-data", "readOnly": True}}
+MOUNT = {"name": "data", "mountPath": "/data", "readOnly": True}
+# tolerationSeconds needs effect NoExecute (the API server refuses it with any other effect).
+TOLERATION = {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoExecute", "tolerationSeconds": 300}
+
+
+def byo(**overrides):
+    args = {
+        "name": "byo-job",
+        "image": "registry.example/team/train:1.2",
+        "command": ["python", "/app/train.py", "--epochs", "3"],
+        "output_uri": OUT,
+        "replicas": 3,
+        "cluster": True,
+    }
+    return byo_job(**{**args, **overrides})
+
+
+def container(manifest, replica="Master"):
+    return manifest["spec"]["pytorchReplicaSpecs"][replica]["template"]["spec"]["containers"][0]
+
+
+def env_of(manifest, replica="Master"):
+    return {e["name"]: e for e in container(manifest, replica)["env"]}
+
+
+# -- the Kubernetes backend (FAKE API) ------------------------------------------------------
+
+
+def backend_for(cluster: FakeCluster, owner_uid: str, lines: list[str]) -> KubernetesBackend:
+    return launcher(cluster, owner_uid, lines.append)
+
+
+def task_job(task_name: str = "pytorchjob"):
+    name = job_name(task_identity("run-1", task_name, "dag-7", OUT))
+    return byo_job(name=name, image="user/img:1", command=["python", "train.py"], output_uri=OUT, cluster=True)
+
+
+def test_the_replicas_environment_contract():
+    spec = byo(input_uri=IN, s3_endpoint="http://seaweedfs.kubeflow:9000", env={"EPOCHS": "3"})
+    env = env_of(pytorchjob_manifest(spec, "team"))
+    # KFP's minio:// is the same bucket and key on the S3 endpoint, spelt the way S3 libraries read it.
+    assert env["KFTRAIN_OUTPUT_URI"] == {"name": "KFTRAIN_OUTPUT_URI", "value": OUT.replace("minio://", "s3://")}
+    assert env["KFTRAIN_INPUT_URI"]["value"] == IN
+    assert env["AWS_ENDPOINT_URL"]["value"] == "http://seaweedfs.kubeflow:9000"
+    assert env["EPOCHS"]["value"] == "3"
+    bare = env_of(pytorchjob_manifest(byo(), "team"))
+    assert "KFTRAIN_INPUT_URI" not in bare and "AWS_ENDPOINT_URL" not in bare
+
+
+def test_store_keys_reach_the_replicas_only_through_secret_key_refs():
+    manifest = pytorchjob_manifest(byo(store_secret="team-s3", store_secret_keys={"id": "S3_ID", "key": "S3_KEY"}))
+    for replica in ("Master", "Worker"):
+        env = env_of(manifest, replica)
+        for var, key in (("S3_ID", "id"), ("S3_KEY", "key")):
+            assert "value" not in env[var]
+            assert env[var]["valueFrom"] == {"secretKeyRef": {"name": "team-s3", "key": key, "optional": False}}
+    defaults = env_of(pytorchjob_manifest(byo()))
+    assert defaults["AWS_SECRET_ACCESS_KEY"]["valueFrom"]["secretKeyRef"] == {
+        "name": "mlpipeline-minio-artifact",
+        "key": "secretkey",
+        "optional": False,
+    }
+    # No Secret (workload identity): no reference to one either.
+    assert not [e for e in container(pytorchjob_manifest(byo(store_secret="")))["env"] if "valueFrom" in e]
+
+
+def test_pod_settings_reach_the_manifest_and_pass_preflight():
+    spec = byo(
+        gpus_per_node=8,
+        nproc_per_node=8,
+        command=["torchrun", "/app/train.py"],
+        node_selector={"nvidia.com/gpu.product": "NVIDIA-H100-80GB-HBM3"},
+        tolerations=[TOLERATION],
+        volumes=[PVC],
+        volume_mounts=[MOUNT],
+        namespace="team-a",
+        queue="gpu-queue",
+        timeout_s=7200,
+    )
+    manifest = pytorchjob_manifest(spec, "team-a")
+    validate_pytorchjob(manifest)  # CRD schema (strict), webhook rules, core pod schemas
+    assert manifest["metadata"]["labels"]["kueue.x-k8s.io/queue-name"] == "gpu-queue"
+    assert manifest["spec"]["nprocPerNode"] == "8"
+    assert manifest["spec"]["runPolicy"]["activeDeadlineSeconds"] == 7200
+    replicas = manifest["spec"]["pytorchReplicaSpecs"]
+    assert (replicas["Master"]["replicas"], replicas["Worker"]["replicas"]) == (1, 2)
+    for replica in ("Master", "Worker"):
+        pod = replicas[replica]["template"]["spec"]
+        assert pod["nodeSelector"] == {"nvidia.com/gpu.product": "NVIDIA-H100-80GB-HBM3"}
+        assert pod["tolerations"] == [TOLERATION]
+        assert [v["name"] for v in pod["volumes"]] == ["dshm", "data"] and PVC in pod["volumes"]
+        c = container(manifest, replica)
+        assert c["image"] == "registry.example/team/train:1.2"
+        assert c["command"] == ["torchrun", "/app/train.py"]
+        assert c["resources"]["limits"] == {"nvidia.com/gpu": "8"}
+        assert MOUNT in c["volumeMounts"]
+
+
+@pytest.mark.parametrize(
+    ("name", "value"),
+    [
+        ("AWS_SECRET_ACCESS_KEY", "abc"),
+        ("AWS_ACCESS_KEY_ID", "abc"),
+        ("AWS_SESSION_TOKEN", "abc"),
+        ("HF_TOKEN", "abc"),
+        ("WANDB_API_KEY", "abc"),
+        ("DB_PASSWORD", "abc"),
+        ("client_secret", "abc"),
+        ("MY_SECRET_SAUCE", "abc"),
+        ("GIT_CREDENTIALS", "abc"),
+        ("DEPLOY_SSH_KEY", "abc"),
+        ("SOME_SETTING", "AKIAIOSFODNN7EXAMPLE"),
+        ("SOME_SETTING", "-----BEGIN RSA PRIVATE KEY-----\nMIIE"),
+        ("SOME_SETTING", "ghp_" + "a1B2" * 9),
+        ("SOME_SETTING", "hf_" + "x" * 34),
+        ("DATABASE_URL", "postgres://trainer:hunter22@db:5432/runs"),
+    ],
+)
+def test_credential_looking_plain_env_is_refused_in_both_places(name, value):
+    with pytest.raises(ConfigError) as byo_err:
+        byo(env={name: value})
+    with pytest.raises(ConfigError) as cfg_err:
+        parse_config(json.dumps({"kubernetes": {"env": {name: value}}}))
+    for err, hint in ((byo_err, "store_secret and store_secret_keys"), (cfg_err, "kubernetes.store_secret")):
+        message = str(err.value)
+        assert name in message and "looks like a credential" in message and hint in message
+        if len(value) > 3:
+            assert value not in message  # the error must not leak what it refuses
+
+
+@pytest.mark.parametrize(
+    "env",
+    [
+        {"TOKENIZERS_PARALLELISM": "false"},
+        {"NCCL_DEBUG": "INFO", "HF_HOME": "/cache/hf", "KEY_COLUMN": "label"},
+        {"DATA_URL": "https://example.com/data.csv"},
+    ],
+)
+def test_ordinary_plain_env_is_accepted(env):
+    assert {k: v for k, v in byo(env=env).env.items() if k in env} == env
+    assert parse_config(json.dumps({"kubernetes": {"env": env}})).kubernetes.env == env
+
+
+@pytest.mark.parametrize("name", ["MASTER_ADDR", "RANK", "WORLD_SIZE", "PET_NNODES", "KFTRAIN_OUTPUT_URI"])
+def test_env_that_the_operator_or_the_launcher_sets_is_refused(name):
+    with pytest.raises(ConfigError, match=f"env.{name}: set by the Training Operator or the launcher"):
+        byo(env={name: "x"})
+
+
+@pytest.mark.parametrize(("which", "uri"), [("output_uri", "/tmp/model"), ("input_uri", "file:///data/ds")])
+def test_a_local_path_is_refused_on_a_cluster_and_fine_locally(which, uri):
+    with pytest.raises(ConfigError, match="is a local path, which each pod would see as its own empty disk"):
+        byo(**{which: uri})
+    spec = byo(**{which: uri}, cluster=False)
+    var = "KFTRAIN_OUTPUT_URI" if which == "output_uri" else "KFTRAIN_INPUT_URI"
+    assert spec.env[var] == uri.removeprefix("file://")
+
+
+@pytest.mark.parametrize(
+    ("overrides", "message"),
+    [
+        ({"volume_mounts": [{"name": "nope", "mountPath": "/x"}], "volumes": [PVC]}, "volume_mounts[0].name"),
+        ({"volumes": [PVC, PVC], "volume_mounts": []}, "volumes[1].name: must be unique"),
+        ({"volumes": [{"name": "dshm", "emptyDir": {}}]}, "kftrain's /dev/shm volume"),
+        ({"volume_mounts": [{"name": "data", "mount_path": "/x"}], "volumes": [PVC]}, "`mountPath`"),
+        ({"command": []}, "command: must be a non-empty list"),
+        ({"s3_endpoint": "minio:9000"}, "s3_endpoint: must be a URL"),
+        ({"replicas": 0}, "replicas must be >= 1"),
+        ({"node_selector": {"pool": "not a label!"}}, "node_selector.pool"),
+    ],
+)
+def test_bad_settings_fail_in_the_builder_naming_the_parameter(overrides, message):
+    with pytest.raises(ConfigError, match=message.replace("[", r"\[").replace("]", r"\]")):
+        byo(**overrides)
+
+
+def test_preflight_catches_a_misspelt_volume_source_and_a_dangling_mount():
+    manifest = pytorchjob_manifest(byo(volumes=[{"name": "data", "persistentVolumeClaim": {"claimname": "x"}}]))
+    with pytest.raises(ManifestError, match="persistentVolumeClaim"):
+        validate_pytorchjob(manifest)
+    manifest = pytorchjob_manifest(byo())
+    container(manifest)["volumeMounts"].append({"name": "ghost", "mountPath": "/ghost"})
+    with pytest.raises(ManifestError, match=r"volumeMounts\[1\].name: 'ghost' is not a volume of the pod"):
+        validate_pytorchjob(manifest)
+
+
+def test_the_byo_job_is_named_from_the_task_and_a_second_launcher_reattaches():
+    spec = task_job()
+    assert spec.name == job_name(task_identity("run-1", "pytorchjob", "dag-7", "another-uri"))
+    assert task_job("pytorchjob-2").name != spec.name  # another task of the run: another job
+    cluster = FakeCluster()
+    first_lines: list[str] = []
+    backend_for(cluster, "uid-1", first_lines).submit(spec)  # this launcher pod dies; its job runs on
+    assert container(cluster.jobs[spec.name])["image"] == "user/img:1"
+
+    def running(c: FakeCluster) -> None:
+        if f"{spec.name}-master-0" not in c.pods:
+            c.add_pod(spec.name, "master", 0, "Running", logs=["rank 0 step 4 loss 0.12"])
+            c.add_pod(spec.name, "worker", 0, "Running", logs=["rank 1 step 4 loss 0.13"])
+
+    cluster.timeline = [running, running, lambda c: c.set_condition(spec.name, "Succeeded")]
+    lines: list[str] = []
+    run_job(backend_for(cluster, "uid-2", lines), replace(task_job(), timeout_s=60))
+    assert [c for c in cluster.calls if c[0] == "create"] == [("create", spec.name)] * 2  # the 2nd got 409
+    assert len(cluster.jobs) == 1 and any("re-attaching" in line for line in lines)
+    assert [o["uid"] for o in cluster.jobs[spec.name]["metadata"]["ownerReferences"]] == ["uid-1", "uid-2"]
+    assert "[master-0] rank 0 step 4 loss 0.12" in lines and "[worker-0] rank 1 step 4 loss 0.13" in lines
+
+
+def test_a_failed_byo_job_fails_with_the_replicas_last_lines_and_is_deleted():
+    spec = task_job()
+    cluster = FakeCluster()
+
+    def fail(c: FakeCluster) -> None:
+        c.add_pod(spec.name, "worker", 0, "Failed", exit_code=3, logs=["rank 1 reading shard", "disk full"])
+        c.set_condition(spec.name, "Failed", "JobFailed", "1 Worker replica(s) failed.")
+
+    cluster.timeline = [fail]
+    with pytest.raises(JobFailed) as info:
+        run_job(backend_for(cluster, "uid-1", []), replace(spec, timeout_s=60))
+    assert f"replica worker-0 (pod {spec.name}-worker-0) exited with code 3" in str(info.value)
+    assert "[worker-0] disk full" in str(info.value)
+    assert ("delete", spec.name) in cluster.calls and spec.name not in cluster.jobs
+
+
+def test_the_component_refuses_a_local_output_path_on_a_cluster(tmp_path):
+    from kfp.dsl import Model
+
+    from components.pytorchjob import pytorchjob
+
+    model = Model(name="model", uri=str(tmp_path / "model"))
+    with pytest.raises(ConfigError, match="output URI .* is a local path"):
+        pytorchjob.python_func(image="user/img:1", command=["python", "train.py"], model=model, launcher="kubernetes")
+
+
+def test_the_component_compiles_to_yaml_that_a_pipeline_loads(tmp_path):
+    """What the README shows: load the compiled component, turn caching off, expose the pod."""
+    import yaml
+    from kfp import compiler, dsl
+    from kfp.components import load_component_from_file
+
+    from components.pytorchjob import pytorchjob
+    from components.task_options import launcher_task_options
+
+    compiler.Compiler().compile(pytorchjob, str(tmp_path / "pytorchjob.yaml"))
+    loaded = load_component_from_file(str(tmp_path / "pytorchjob.yaml"))
+
+    @dsl.pipeline(name="byo")
+    def byo_pipeline(data_uri: str = "s3://datasets/digits/v1"):
+        data = dsl.importer(artifact_uri=data_uri, artifact_class=dsl.Dataset)
+        job = loaded(
+            image="user/img:1",
+            command=["torchrun", "/app/train.py"],
+            input_data=data.output,
+            tolerations=[TOLERATION],
+            run_id=dsl.PIPELINE_JOB_ID_PLACEHOLDER,
+            task_name=dsl.PIPELINE_TASK_NAME_PLACEHOLDER,
+            dag_execution_id=dsl.PIPELINE_TASK_ID_PLACEHOLDER,
+        )
+        launcher_task_options(job)
+
+    compiler.Compiler().compile(byo_pipeline, str(tmp_path / "p.yaml"))
+    docs = list(yaml.safe_load_all((tmp_path / "p.yaml").read_text()))
+    task = docs[0]["root"]["dag"]["tasks"]["pytorchjob"]
+    assert task["cachingOptions"] == {}  # KFP writes caching off as an empty mapping
+    assert task["inputs"]["parameters"]["task_name"]["runtimeValue"]["constant"] == "{{$.pipeline_task_name}}"
+    envs = docs[1]["platforms"]["kubernetes"]["deploymentSpec"]["executors"]["exec-pytorchjob"]["fieldPathAsEnv"]
+    assert {e["name"]: e["fieldPath"] for e in envs} == {
+        "KFTRAIN_POD_NAME": "metadata.name",
+        "KFTRAIN_POD_UID": "metadata.uid",
+    }
+
+
+def test_an_unknown_kind_is_refused_naming_the_parameter():
+    with pytest.raises(ConfigError, match=r"^kind: must be one of \('pytorchjob', 'trainjob', 'auto'\), got 'podjob'$"):
+        byo(kind="podjob")

@@ -1,0 +1,129 @@
+"""Serving the exported models: the InferenceService examples against KServe's CRD schema, and
+the language model's Hugging Face folder as vLLM's GPT-2 loader reads it.
+
+vLLM itself is not run here (no GPU, and its wheel is several GB): the checks hold the export to
+the fields vLLM's GPT2LMHeadModel reads and asserts (vllm/model_executor/models/gpt2.py) and to
+how vLLM finds the generation defaults (a generation_config.json, else one made from config.json).
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+from pathlib import Path
+
+import pytest
+import yaml
+
+from trainer.launch.inferenceservice import validate_inferenceservice
+from trainer.launch.preflight import ManifestError
+
+SERVING = Path(__file__).resolve().parents[2] / "deploy" / "serving"
+EXAMPLES = sorted(SERVING.glob("*.yaml"))
+
+
+def load(path: Path) -> dict:
+    (doc,) = yaml.safe_load_all(path.read_text())
+    return doc
+
+
+def _broken(mutate):
+    doc = copy.deepcopy(load(SERVING / "inferenceservice-vllm.yaml"))
+    mutate(doc)
+    return doc
+
+
+@pytest.fixture(scope="module")
+def hf_dir(tmp_path_factory) -> Path:
+    import torch
+
+    from trainer.gpt import GPT, GPTConfig
+    from trainer.hf_export import hf_folder
+
+    torch.manual_seed(0)
+    folder = tmp_path_factory.mktemp("hf")
+    for name, data in hf_folder(GPT(GPTConfig(block_size=64, n_layer=2, n_head=2, n_embd=32))).items():
+        (folder / name).write_bytes(data)
+    return folder
+
+
+@pytest.mark.parametrize("path", EXAMPLES, ids=[p.name for p in EXAMPLES])
+def test_every_example_inferenceservice_validates_against_the_kserve_schema(path):
+    validate_inferenceservice(load(path))
+
+
+def test_the_vllm_example_serves_the_hugging_face_export():
+    from trainer.tasks.causal_lm import HF_FOLDER
+
+    isvc = load(SERVING / "inferenceservice-vllm.yaml")
+    model = isvc["spec"]["predictor"]["model"]
+    assert model["modelFormat"]["name"] == "huggingface" and model["runtime"] == "kserve-huggingfaceserver"
+    assert model["storageUri"].endswith(f"/exported/{HF_FOLDER}")
+    assert "--backend=vllm" in model["args"]
+    assert f"--model_name={isvc['metadata']['name']}" in model["args"]
+
+
+@pytest.mark.parametrize(
+    ("mutate", "message"),
+    [
+        (lambda d: d["spec"]["predictor"]["model"].update(storageURI="s3://x/y"), "storageURI"),
+        (lambda d: d["spec"]["predictor"]["model"].update(args="--backend=vllm"), "spec.predictor.model.args"),
+        (lambda d: d["spec"]["predictor"].update(sklearn={"storageUri": "s3://x/y"}), "exactly one of"),
+        (lambda d: d["spec"]["predictor"].pop("model"), "exactly one of"),
+        (lambda d: d["metadata"].update(name="Kftrain_LM"), "metadata.name"),
+        (lambda d: d.update(kind="Deployment"), "apiVersion/kind"),
+    ],
+    ids=["misspelt field", "args not a list", "two implementations", "no implementation", "bad name", "wrong kind"],
+)
+def test_the_validator_rejects_what_kserve_would_reject_or_drop(mutate, message):
+    with pytest.raises(ManifestError, match="InferenceService") as exc:
+        validate_inferenceservice(_broken(mutate))
+    assert message in str(exc.value)
+
+
+def test_the_vendored_schema_names_its_source():
+    from importlib import resources
+
+    doc = json.loads(resources.files("trainer.launch").joinpath("schemas/inferenceservice.v1beta1.json").read_text())
+    assert "kserve/kserve v0.20.0" in doc["source"] and "Apache-2.0" in doc["source"]
+    assert (doc["group"], doc["version"], doc["kind"]) == ("serving.kserve.io", "v1beta1", "InferenceService")
+    assert "description" not in json.dumps(doc["openAPIV3Schema"])
+
+
+def test_the_export_has_what_vllms_gpt2_loader_reads(hf_dir):
+    transformers = pytest.importorskip("transformers")
+    names = {p.name for p in hf_dir.iterdir()}
+    assert {"config.json", "generation_config.json", "model.safetensors", "tokenizer.json"} <= names
+    raw = json.loads((hf_dir / "config.json").read_text())
+    # The architecture name is vLLM's registry key; the rest sizes its GPT-2.
+    assert raw["architectures"] == ["GPT2LMHeadModel"] and raw["model_type"] == "gpt2"
+    assert (raw["vocab_size"], raw["n_positions"], raw["n_ctx"]) == (256, 64, 64)
+    assert (raw["n_embd"], raw["n_head"], raw["n_layer"], raw["n_inner"]) == (32, 2, 2, 128)
+    assert raw["tie_word_embeddings"] is True and raw["activation_function"] == "gelu_new"
+    cfg = transformers.AutoConfig.from_pretrained(hf_dir)
+    # The names vLLM's GPT2Model uses, through GPT2Config's attribute map.
+    assert (cfg.hidden_size, cfg.num_attention_heads, cfg.num_hidden_layers, cfg.max_position_embeddings) == (
+        32,
+        2,
+        2,
+        64,
+    )
+    # vLLM asserts these are off, and always scales attention by 1/sqrt(head_dim).
+    assert not (cfg.add_cross_attention or cfg.scale_attn_by_inverse_layer_idx or cfg.reorder_and_upcast_attn)
+    assert cfg.scale_attn_weights
+    # No special tokens in a byte vocabulary: not GPT2Config's default 50256, outside it.
+    assert cfg.bos_token_id is None and cfg.eos_token_id is None
+
+
+def test_generation_config_has_no_out_of_vocabulary_end_token(hf_dir):
+    transformers = pytest.importorskip("transformers")
+    raw = json.loads((hf_dir / "generation_config.json").read_text())
+    assert raw == {"bos_token_id": None, "eos_token_id": None, "max_length": 64}
+    gen = transformers.GenerationConfig.from_pretrained(hf_dir)
+    assert gen.eos_token_id is None and gen.bos_token_id is None and gen.max_length == 64
+    # What vLLM would build without the file (GenerationConfig.from_model_config) now agrees too.
+    derived = transformers.GenerationConfig.from_model_config(transformers.AutoConfig.from_pretrained(hf_dir))
+    assert derived.eos_token_id is None
+    tok = transformers.AutoTokenizer.from_pretrained(hf_dir)
+    assert tok.eos_token_id is None and tok.model_max_length == 64
+    assert tok.encode("hé") == list("hé".encode())

@@ -1,0 +1,628 @@
+"""The Kubernetes launcher's logic against a FAKE API object (tests/fake_kube.py).
+
+No Kubernetes API server can run on the test machines; the fake returns real kubernetes
+client models and plays the Training Operator's part from a script. What is tested is the
+launcher's own behaviour: create, re-attach, wait, Failed, Pending, timeout, cancel, SIGTERM,
+replica-prefixed log streaming (per pod uid), transient API errors retried vs final ones
+failing, and queued (suspended / gang-scheduled) jobs. Time is the fake's clock: the launcher's
+`sleep` advances it, so retry budgets and queue times of hours run in milliseconds.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import re
+import signal
+import time
+from dataclasses import replace
+
+import pytest
+import urllib3
+
+from tests.fake_kube import T0, FakeCluster, launcher
+from trainer.config import load_config
+from trainer.launch.backend import JobCancelled, JobFailed, JobTimeout, run_job
+from trainer.launch.job import training_job
+from trainer.launch.preflight import ManifestError
+from trainer.launch.retry import ApiUnavailable
+
+pytestmark = pytest.mark.timeout(60)
+NAME = "kftrain-0123456789ab"
+
+
+def make(cluster: FakeCluster, owner_uid: str = "uid-1", **overrides):
+    cfg = load_config(overrides={"kubernetes.poll_seconds": 0.001, **overrides})
+    spec = training_job(cfg, NAME, "s3://bucket/ds", "s3://bucket/model")
+    lines: list[str] = []
+    backend = launcher(cluster, owner_uid, lines.append)
+    return backend, spec, lines
+
+
+def running_then(final):
+    def start(c: FakeCluster) -> None:
+        if f"{NAME}-master-0" not in c.pods:
+            c.add_pod(NAME, "master", 0, "Running", logs=["[rank 0] epoch 0 loss 2.3", "[rank 0] epoch 1 loss 0.4"])
+            c.add_pod(NAME, "worker", 0, "Running", logs=["[rank 1] final parameter digest abc"])
+
+    return [start, start, final]
+
+
+class RealClientCheck:
+    """Sends every call the launcher makes through the REAL kubernetes client methods first (their
+    transport stubbed out: no API server can run here), so a wrong method name, argument or
+    keyword fails the test, and records the HTTP request each call would make; then answers
+    from the fake cluster."""
+
+    def __init__(self, cluster: FakeCluster) -> None:
+        from kubernetes import client
+
+        self.cluster, self.requests = cluster, []
+        api_client = client.ApiClient()
+
+        def call_api(resource_path, method, path_params=None, query_params=None, header_params=None, body=None, **kw):
+            path = resource_path
+            for key, value in (path_params or {}).items():
+                path = path.replace("{" + key + "}", str(value))
+            self.requests.append((method, path, dict(query_params or []), body))
+
+        api_client.call_api = call_api
+        self.real = [client.CustomObjectsApi(api_client), client.CoreV1Api(api_client)]
+
+    def __getattr__(self, name):
+        real = next(getattr(api, name) for api in self.real if hasattr(api, name))
+
+        def call(*args, **kwargs):
+            real(*args, **kwargs)  # raises on an argument the real client does not take
+            return getattr(self.cluster, name)(*args, **kwargs)
+
+        return call
+
+
+# -- transient vs final ----------------------------------------------------------------------
+
+
+def retry_sleeps(cluster: FakeCluster) -> list[float]:
+    """The launcher's sleeps that were retry backoffs, not polls (polls are 0.001 s here)."""
+    return [s for s in cluster.sleeps if s > 0.01]
+
+
+def inject_at_first_poll(call: str, **fault):
+    """A timeline step that schedules a fault once the job runs, then plays the usual script."""
+    script = running_then(lambda c: c.set_condition(NAME, "Succeeded"))
+
+    def first(c: FakeCluster) -> None:
+        c.fail_next(call, **fault)
+        script[0](c)
+
+    return [first, *script[1:]]
+
+
+# -- queued is not stuck ---------------------------------------------------------------------
+
+
+def queue_script(queued_polls: int, after: list) -> list:
+    """Kueue holds the job for `queued_polls` polls of 100 s, admits it, then `after` plays."""
+    return [*[lambda c: c.advance(100)] * queued_polls, lambda c: c.admit(NAME), *after]
+
+
+# -- logs by pod uid -------------------------------------------------------------------------
+
+
+def until(condition, timeout_s: float = 5.0) -> None:
+    """Real time for a log-stream thread to catch up (it runs beside the fake clock)."""
+    end = time.monotonic() + timeout_s
+    while not condition():
+        assert time.monotonic() < end, "timed out"
+        time.sleep(0.005)
+
+
+def test_success_streams_replica_logs_and_leaves_cleanup_to_the_policy():
+    cluster = FakeCluster()
+    backend, spec, lines = make(cluster)
+    cluster.timeline = running_then(lambda c: c.set_condition(NAME, "Succeeded", "JobSucceeded"))
+    run_job(backend, replace(spec, timeout_s=60))
+    job = cluster.jobs[NAME]
+    assert job["metadata"]["ownerReferences"][0]["uid"] == "uid-1"
+    assert job["spec"]["runPolicy"]["cleanPodPolicy"] == "Running"
+    assert "[master-0] [rank 0] epoch 1 loss 0.4" in lines
+    assert "[worker-0] [rank 1] final parameter digest abc" in lines
+    assert ("delete", NAME) not in cluster.calls  # TTL and cleanPodPolicy clean up, not the launcher
+    assert [c for c in cluster.calls if c[0] == "create"] == [("create", NAME)]
+
+
+def test_a_restarted_launcher_reattaches_instead_of_creating_a_second_job():
+    cluster = FakeCluster()
+    first, spec, _ = make(cluster, owner_uid="uid-1")
+    first.submit(spec)  # the first launcher pod dies here, its job runs on
+    second, spec, lines = make(cluster, owner_uid="uid-2")
+    cluster.timeline = running_then(lambda c: c.set_condition(NAME, "Succeeded"))
+    run_job(second, replace(spec, timeout_s=60))
+    assert len(cluster.jobs) == 1
+    assert any("re-attaching" in line for line in lines)
+    owners = [o["uid"] for o in cluster.jobs[NAME]["metadata"]["ownerReferences"]]
+    assert owners == ["uid-1", "uid-2"]  # cancelling the retried run deletes the job too
+
+
+def test_a_retry_replaces_a_job_that_already_failed():
+    cluster = FakeCluster()
+    first, spec, _ = make(cluster)
+    first.submit(spec)
+    cluster.set_condition(NAME, "Failed", "JobFailed")
+    second, spec, lines = make(cluster, owner_uid="uid-2")
+    second.submit(spec)
+    assert [c[0] for c in cluster.calls if c[0] in ("create", "delete")] == [
+        "create",
+        "create",
+        "delete",
+        "create",
+    ]
+    assert "Failed" not in str(cluster.jobs[NAME]["status"])
+
+
+def test_failed_job_fails_the_step_with_reason_and_the_failing_replicas_last_lines():
+    cluster = FakeCluster()
+    backend, spec, _ = make(cluster)
+
+    def fail(c: FakeCluster) -> None:
+        c.add_pod(
+            NAME,
+            "worker",
+            0,
+            "Failed",
+            exit_code=1,
+            logs=["loading shard", "RuntimeError: CUDA error: out of memory"],
+        )
+        c.set_condition(
+            NAME,
+            "Failed",
+            "JobFailed",
+            "PyTorchJob kftrain-0123456789ab is failed because 1 Worker replica(s) failed.",
+        )
+
+    cluster.timeline = [fail]
+    with pytest.raises(JobFailed) as info:
+        run_job(backend, replace(spec, timeout_s=60))
+    message = str(info.value)
+    assert "failed: JobFailed: PyTorchJob kftrain-0123456789ab is failed because 1 Worker" in message
+    assert "replica worker-0 (pod kftrain-0123456789ab-worker-0) exited with code 1" in message
+    assert "[worker-0] RuntimeError: CUDA error: out of memory" in message
+    assert NAME not in cluster.jobs  # deleted, so no pod keeps a GPU
+
+
+def test_pods_pending_too_long_fail_the_step_with_their_events():
+    cluster = FakeCluster()
+    backend, spec, _ = make(cluster, **{"kubernetes.pending_timeout_seconds": 300})
+
+    def pending(c: FakeCluster) -> None:
+        if f"{NAME}-master-0" not in c.pods:
+            c.add_pod(NAME, "master", 0, "Pending")
+            c.events[f"{NAME}-master-0"] = [
+                ("FailedScheduling", "0/4 nodes are available: 4 Insufficient nvidia.com/gpu.")
+            ]
+        c.advance(100)
+
+    cluster.timeline = [pending]
+    with pytest.raises(JobFailed) as info:
+        run_job(backend, replace(spec, timeout_s=3600))
+    message = str(info.value)
+    assert "replica master-0" in message and "Pending for" in message
+    assert "kubernetes.pending_timeout_seconds=300" in message
+    assert "FailedScheduling: 0/4 nodes are available: 4 Insufficient nvidia.com/gpu." in message
+    assert NAME not in cluster.jobs
+
+
+def test_image_pull_errors_are_reported():
+    cluster = FakeCluster()
+    backend, spec, _ = make(cluster, **{"kubernetes.pending_timeout_seconds": 60})
+    cluster.timeline = [
+        lambda c: c.add_pod(
+            NAME, "master", 0, "Pending", waiting=("ImagePullBackOff", "Back-off pulling image"), age_s=120
+        )
+    ]
+    with pytest.raises(JobFailed, match="ImagePullBackOff: Back-off pulling image"):
+        run_job(backend, replace(spec, timeout_s=3600))
+
+
+def test_a_job_without_pods_for_too_long_is_reported():
+    cluster = FakeCluster()
+    backend, spec, _ = make(cluster, **{"kubernetes.pending_timeout_seconds": 60})
+    cluster.timeline = [lambda c: c.advance(30)]
+    # Not queued (no suspend, no schedulingPolicy): no pods past the limit is stuck, as before.
+    with pytest.raises(JobFailed, match="has no pods 60s after it was created .* the operator did not create them"):
+        run_job(backend, replace(spec, timeout_s=3600))
+
+
+def test_wall_clock_deadline_deletes_the_job():
+    cluster = FakeCluster()
+    backend, spec, _ = make(cluster)
+    cluster.timeline = running_then(lambda c: None)  # runs forever
+    with pytest.raises(JobTimeout, match="did not finish within 1s"):
+        run_job(backend, replace(spec, timeout_s=1))
+    assert ("delete", NAME) in cluster.calls and NAME not in cluster.jobs
+
+
+def test_sigterm_deletes_the_job():
+    cluster = FakeCluster()
+    backend, spec, _ = make(cluster)
+    cluster.timeline = [lambda c: None, lambda c: signal.raise_signal(signal.SIGTERM)]
+    before = signal.getsignal(signal.SIGTERM)
+    with pytest.raises(JobCancelled):
+        run_job(backend, replace(spec, timeout_s=60))
+    assert NAME not in cluster.jobs
+    assert signal.getsignal(signal.SIGTERM) is before  # the launcher's handler is removed again
+
+
+def test_rbac_errors_fail_clearly_and_leave_nothing():
+    cluster = FakeCluster()
+    cluster.fail_next("create", status=403)
+    backend, spec, _ = make(cluster)
+    with pytest.raises(JobFailed, match="cannot create PyTorchJob team/kftrain-0123456789ab: \\(403\\)"):
+        run_job(backend, replace(spec, timeout_s=60))
+    assert not cluster.jobs
+
+
+def test_preflight_failure_submits_nothing():
+    cluster = FakeCluster()
+    backend, spec, _ = make(cluster, **{"kubernetes.tolerations": [{"key": "gpu", "efect": "NoSchedule"}]})
+    with pytest.raises(ManifestError, match="tolerations\\[0\\]: Additional properties are not allowed \\('efect'"):
+        run_job(backend, replace(spec, timeout_s=60))
+    assert not [c for c in cluster.calls if c[0] == "create"]
+
+
+def test_logs_returns_each_replicas_tail():
+    cluster = FakeCluster()
+    backend, spec, _ = make(cluster)
+    backend.submit(spec)
+    cluster.add_pod(NAME, "master", 0, "Running", logs=[f"line {i}" for i in range(100)])
+    assert backend.logs(spec, tail=2) == {"master-0": ["line 98", "line 99"]}
+
+
+def test_a_restarted_container_gets_its_log_streamed_again():
+    cluster = FakeCluster()
+    backend, spec, lines = make(cluster)
+
+    def first(c: FakeCluster) -> None:
+        c.add_pod(NAME, "master", 0, "Running", logs=["attempt 1: step 10"])
+
+    def restarted(c: FakeCluster) -> None:  # restartPolicy OnFailure: same pod, new container
+        c.add_pod(NAME, "master", 0, "Running", logs=["attempt 2: resumed at step 10"], restarts=1)
+
+    cluster.timeline = [first, first, restarted, restarted, lambda c: c.set_condition(NAME, "Succeeded")]
+    run_job(backend, replace(spec, timeout_s=60))
+    assert "[master-0] attempt 1: step 10" in lines
+    assert "[master-0] attempt 2: resumed at step 10" in lines
+
+
+def test_the_launcher_calls_the_real_client_api_correctly():
+    cluster = FakeCluster()
+    check = RealClientCheck(cluster)
+    backend, spec, lines = make(cluster)
+    backend.custom = backend.core = check
+    cluster.timeline = running_then(lambda c: c.set_condition(NAME, "Succeeded"))
+    run_job(backend, replace(spec, timeout_s=60))
+    again, _, _ = make(cluster, owner_uid="uid-2")  # a restarted launcher re-attaches (PATCH)
+    again.custom = again.core = check
+    again.submit(spec)
+    backend.cancel(spec)
+    jobs = "/apis/kubeflow.org/v1/namespaces/team/pytorchjobs"
+    seen = {(m, p) for m, p, _, _ in check.requests}
+    assert ("POST", jobs) in seen
+    assert ("GET", f"{jobs}/{NAME}") in seen
+    assert ("DELETE", f"{jobs}/{NAME}") in seen
+    assert ("PATCH", f"{jobs}/{NAME}") in seen
+    assert ("GET", "/api/v1/namespaces/team/pods") in seen
+    assert any(m == "GET" and p.startswith("/api/v1/namespaces/team/pods/") and p.endswith("/log") for m, p in seen)
+    pods_query = next(q for m, p, q, _ in check.requests if p == "/api/v1/namespaces/team/pods")
+    assert pods_query == {"labelSelector": f"training.kubeflow.org/job-name={NAME}"}
+    delete_query = next(q for m, p, q, _ in check.requests if m == "DELETE")
+    assert delete_query == {"propagationPolicy": "Foreground"}  # pods go with the job
+
+
+def test_no_owner_reference_across_namespaces():
+    """A job in another namespace than the launcher pod must not name the pod as its owner:
+    Kubernetes would treat the owner as absent and delete the job right away."""
+    cluster = FakeCluster(namespace="gpu-jobs")
+    backend, spec, _ = make(cluster, **{"kubernetes.namespace": "gpu-jobs"})
+    backend._home = "kubeflow-user"  # the launcher pod runs elsewhere
+    backend.submit(spec)
+    assert "ownerReferences" not in cluster.jobs[NAME]["metadata"]
+
+
+@pytest.mark.parametrize(
+    ("call", "fault"),
+    [
+        ("get", {"status": 503, "times": 8}),  # an API server restart during the wait
+        ("get", {"status": 500, "times": 2}),
+        ("get", {"exc": TimeoutError, "times": 2}),
+        ("list_pods", {"exc": ConnectionResetError, "times": 3}),
+        ("list_pods", {"exc": urllib3.exceptions.ProtocolError("Connection aborted.", ConnectionResetError())}),
+        ("list_pods", {"status": 504, "times": 2}),
+    ],
+)
+def test_transient_api_errors_while_waiting_are_retried_and_the_job_survives(call, fault):
+    cluster = FakeCluster()
+    backend, spec, lines = make(cluster)
+    cluster.timeline = inject_at_first_poll(call, **fault)
+    run_job(backend, replace(spec, timeout_s=3600))
+    assert NAME in cluster.jobs and ("delete", NAME) not in cluster.calls
+    retries = [line for line in lines if line.startswith("kftrain: API ")]
+    assert len(retries) == fault.get("times", 1)
+    what = "get job team/" if call == "get" else "list pods of job team/"
+    assert all(what + NAME in line and "retrying in" in line for line in retries)
+    sleeps = retry_sleeps(cluster)
+    # capped exponential backoff with jitter: 1, 2, 4, ... 30 s, each scaled by 0.5-1.0
+    assert all(0.5 * min(30, 2**i) <= s <= min(30, 2**i) for i, s in enumerate(sleeps)), sleeps
+
+
+def test_a_503_storm_logs_the_status_and_backs_off():
+    cluster = FakeCluster()
+    backend, spec, lines = make(cluster)
+    cluster.timeline = inject_at_first_poll("get", status=503, times=8)
+    run_job(backend, replace(spec, timeout_s=3600))
+    assert any(line.startswith(f"kftrain: API get job team/{NAME} returned 503; retrying in") for line in lines)
+    sleeps = retry_sleeps(cluster)
+    assert len(sleeps) == 8 and max(sleeps) <= 30 and sleeps[-1] >= 15  # grew to the cap's half at least
+
+
+def test_429_waits_as_long_as_retry_after_says():
+    cluster = FakeCluster()
+    backend, spec, lines = make(cluster)
+    cluster.timeline = inject_at_first_poll("get", status=429, times=2, headers={"Retry-After": "7"})
+    run_job(backend, replace(spec, timeout_s=3600))
+    assert retry_sleeps(cluster) == [7.0, 7.0]
+    assert f"kftrain: API get job team/{NAME} returned 429; retrying in 7.0s (Retry-After)" in lines
+
+
+@pytest.mark.parametrize(
+    "fault",
+    [
+        {"exc": ConnectionResetError, "times": 2},
+        {"status": 503, "times": 3},
+        {"exc": urllib3.exceptions.MaxRetryError(None, "/apis", reason=ConnectionRefusedError())},
+    ],
+)
+def test_transient_errors_on_create_are_retried(fault):
+    cluster = FakeCluster()
+    backend, spec, lines = make(cluster)
+    cluster.fail_next("create", **fault)
+    cluster.timeline = running_then(lambda c: c.set_condition(NAME, "Succeeded"))
+    run_job(backend, replace(spec, timeout_s=3600))
+    assert [c for c in cluster.calls if c[0] == "create"] == [("create", NAME)] * (fault.get("times", 1) + 1)
+    assert f"kftrain: created PyTorchJob team/{NAME}" in lines
+
+
+def test_a_create_whose_answer_was_lost_reattaches_to_the_job_it_made():
+    cluster = FakeCluster()
+    backend, spec, lines = make(cluster)
+    cluster.fail_next("create", exc=ConnectionResetError, applied=True)  # created, then the reply is lost
+    cluster.timeline = running_then(lambda c: c.set_condition(NAME, "Succeeded"))
+    run_job(backend, replace(spec, timeout_s=3600))
+    assert len(cluster.jobs) == 1 and any("re-attaching" in line for line in lines)
+    assert ("delete", NAME) not in cluster.calls
+
+
+@pytest.mark.parametrize("status", [400, 401, 403, 422])
+def test_a_final_4xx_on_create_fails_at_once_without_retrying(status):
+    cluster = FakeCluster()
+    backend, spec, lines = make(cluster)
+    cluster.fail_next("create", status=status, times=5)
+    with pytest.raises(JobFailed, match=rf"cannot create PyTorchJob team/{NAME}: \({status}\) \w"):
+        run_job(backend, replace(spec, timeout_s=60))
+    assert [c for c in cluster.calls if c[0] == "create"] == [("create", NAME)]
+    assert not retry_sleeps(cluster) and not any(line.startswith("kftrain: API") for line in lines)
+
+
+def test_a_final_4xx_while_waiting_fails_and_deletes_the_job():
+    cluster = FakeCluster()
+    backend, spec, _ = make(cluster)
+    cluster.timeline = inject_at_first_poll("get", status=403, times=5)  # RBAC revoked mid-run
+    with pytest.raises(JobFailed, match=r"refused a call .*: \(403\) Forbidden \(the run's service account lacks RBAC"):
+        run_job(backend, replace(spec, timeout_s=3600))
+    assert not retry_sleeps(cluster) and NAME not in cluster.jobs
+
+
+@pytest.mark.parametrize(
+    ("fault", "cause"),
+    [
+        ({"status": 503}, r"\(503\) Service Unavailable"),
+        ({"exc": ConnectionRefusedError("[Errno 111] Connection refused")}, "ConnectionRefusedError: .*refused"),
+    ],
+)
+def test_an_outage_longer_than_the_budget_fails_naming_the_call_and_deletes_the_job(fault, cause):
+    cluster = FakeCluster()
+    backend, spec, _ = make(cluster, **{"kubernetes.api_retry_budget_seconds": 120})
+    cluster.timeline = inject_at_first_poll("get", times=10_000, **fault)
+    with pytest.raises(ApiUnavailable) as info:
+        run_job(backend, replace(spec, timeout_s=3600))
+    pattern = (
+        rf"Kubernetes API call 'get job team/{NAME}' kept failing for 12\ds "
+        rf"\(kubernetes.api_retry_budget_seconds=120\); last error: {cause}"
+    )
+    assert re.search(pattern, str(info.value)), str(info.value)
+    assert 100 <= sum(retry_sleeps(cluster)) <= 121
+    assert NAME not in cluster.jobs  # the delete is a different call: it went through
+
+
+def test_retry_after_beyond_the_budget_is_a_final_answer():
+    cluster = FakeCluster()
+    backend, spec, _ = make(cluster, **{"kubernetes.api_retry_budget_seconds": 60})
+    cluster.timeline = inject_at_first_poll("get", status=429, headers={"Retry-After": "600"})
+    with pytest.raises(ApiUnavailable, match=r"kept failing for 0s .* last error: \(429\) Too Many Requests"):
+        run_job(backend, replace(spec, timeout_s=3600))
+    assert not retry_sleeps(cluster)
+
+
+def test_retries_stop_at_the_jobs_deadline():
+    cluster = FakeCluster()
+    backend, spec, _ = make(cluster)  # budget 300 s, deadline 100 s
+    cluster.timeline = inject_at_first_poll("get", status=503, times=10_000)
+    with pytest.raises(JobTimeout, match=r"did not finish within 100s .* kept failing .* until the job's deadline"):
+        run_job(backend, replace(spec, timeout_s=100))
+    assert cluster.clock - T0 <= dt.timedelta(seconds=101)
+    assert NAME not in cluster.jobs
+
+
+def test_a_failing_cancel_does_not_hide_why_the_step_failed():
+    cluster = FakeCluster()
+    backend, spec, _ = make(cluster, **{"kubernetes.api_retry_budget_seconds": 30})
+
+    def fail(c: FakeCluster) -> None:
+        c.set_condition(NAME, "Failed", "JobFailed", "1 Worker replica(s) failed.")
+        c.fail_next("delete", status=503, times=10_000)
+
+    cluster.timeline = [fail]
+    with pytest.raises(JobFailed, match="failed: JobFailed: 1 Worker") as info:
+        run_job(backend, replace(spec, timeout_s=3600))
+    assert any("cancelling the job failed too" in note for note in info.value.__notes__)
+
+
+def test_a_queued_job_is_reported_and_its_pending_clock_starts_at_admission():
+    cluster = FakeCluster(kueue=True)
+    backend, spec, lines = make(cluster, **{"kubernetes.queue": "team-a", "kubernetes.pending_timeout_seconds": 300})
+
+    def pending(c: FakeCluster) -> None:
+        c.add_pod(NAME, "master", 0, "Pending")
+        c.advance(100)
+
+    cluster.timeline = queue_script(
+        20,  # 2000 s in the queue: far past pending_timeout_seconds
+        [
+            lambda c: c.advance(100),  # admitted, the operator has not made pods yet: 200 s
+            lambda c: c.advance(100),
+            pending,
+            lambda c: c.add_pod(NAME, "master", 0, "Running", logs=["[rank 0] epoch 1 loss 0.4"]),
+            lambda c: c.set_condition(NAME, "Succeeded"),
+        ],
+    )
+    run_job(backend, replace(spec, timeout_s=7200))
+    queued = [line for line in lines if " is queued in " in line]
+    assert queued == [
+        f"kftrain: PyTorchJob {NAME} is queued in queue team-a (kueue.x-k8s.io/queue-name): suspended until "
+        "the queue admits it; the Pending clock starts when it is admitted"
+    ]
+    assert [line for line in lines if " admitted from " in line] == [
+        f"kftrain: PyTorchJob {NAME} admitted from queue team-a (kueue.x-k8s.io/queue-name) after 2000s"
+    ]
+    assert "[master-0] [rank 0] epoch 1 loss 0.4" in lines and ("delete", NAME) not in cluster.calls
+
+
+@pytest.mark.parametrize(
+    ("after_admission", "message"),
+    [
+        ([lambda c: c.advance(100)], r"has no pods 30\ds after it was admitted"),
+        (
+            [lambda c: (c.add_pod(NAME, "master", 0, "Pending"), c.advance(100))],
+            r"replica master-0 .* has been Pending for 30\ds \(kubernetes.pending_timeout_seconds=300\)",
+        ),
+    ],
+)
+def test_after_admission_the_pending_limit_applies_as_before(after_admission, message):
+    cluster = FakeCluster(kueue=True)
+    backend, spec, _ = make(cluster, **{"kubernetes.queue": "team-a", "kubernetes.pending_timeout_seconds": 300})
+    cluster.timeline = queue_script(20, after_admission)
+    with pytest.raises(JobFailed, match=message):
+        run_job(backend, replace(spec, timeout_s=7200))
+    assert cluster.clock - T0 < dt.timedelta(seconds=2000 + 500)  # failed ~300 s after admission
+    assert NAME not in cluster.jobs
+
+
+def test_the_queue_limit_when_set_fails_naming_the_queue():
+    cluster = FakeCluster(kueue=True)
+    backend, spec, _ = make(cluster, **{"kubernetes.queue": "team-a", "kubernetes.queue_timeout_seconds": 600})
+    cluster.events[NAME] = [("Suspended", "Workload is waiting for quota")]
+    cluster.timeline = [lambda c: c.advance(100)]  # never admitted
+    with pytest.raises(JobFailed) as info:
+        run_job(backend, replace(spec, timeout_s=7200))
+    assert re.search(
+        rf"PyTorchJob {NAME} waited 6\d\ds in queue team-a \(kueue.x-k8s.io/queue-name\) without being admitted "
+        r"\(kubernetes.queue_timeout_seconds=600\). Events: Suspended: Workload is waiting for quota",
+        str(info.value),
+    ), str(info.value)
+    assert NAME not in cluster.jobs
+
+
+def test_a_gang_scheduled_job_without_pods_is_queued_not_stuck():
+    cluster = FakeCluster()
+    overrides = {"kubernetes.scheduling_queue": "gpu", "kubernetes.min_available": 2}
+    backend, spec, lines = make(cluster, **{"kubernetes.pending_timeout_seconds": 300, **overrides})
+    # Volcano: the operator makes no pods until the PodGroup is admitted (here after 2000 s).
+    cluster.timeline = [
+        *[lambda c: c.advance(100)] * 20,
+        *running_then(lambda c: c.set_condition(NAME, "Succeeded")),
+    ]
+    run_job(backend, replace(spec, timeout_s=7200))
+    assert any(
+        "is queued in queue gpu (runPolicy.schedulingPolicy.queue): no pods until the gang scheduler" in line
+        for line in lines
+    )
+    assert any("admitted from queue gpu" in line for line in lines)
+
+
+def test_a_preempted_job_is_reported_queued_again_and_readmitted():
+    cluster = FakeCluster(kueue=True)
+    backend, spec, lines = make(cluster, **{"kubernetes.queue": "team-a", "kubernetes.pending_timeout_seconds": 300})
+    start = running_then(lambda c: None)[0]
+    cluster.timeline = queue_script(
+        3,
+        [
+            start,
+            start,
+            lambda c: c.suspend(NAME),  # Kueue preempts: pods deleted, job suspended again
+            *queue_script(20, running_then(lambda c: c.set_condition(NAME, "Succeeded"))),
+        ],
+    )
+    run_job(backend, replace(spec, timeout_s=7200))
+    assert len([line for line in lines if " is queued in " in line]) == 2
+    assert len([line for line in lines if " admitted from " in line]) == 2
+
+
+def test_a_pod_recreated_under_the_same_name_gets_its_log_streamed():
+    cluster = FakeCluster()
+    backend, spec, lines = make(cluster, **{"kubernetes.restart_policy": "ExitCode"})
+
+    def first(c: FakeCluster) -> None:
+        if f"{NAME}-master-0" not in c.pods:
+            c.add_pod(NAME, "master", 0, "Running", logs=["attempt 1: step 10"])
+
+    def recreated(c: FakeCluster) -> None:
+        until(lambda: "[master-0] attempt 1: step 10" in lines)  # the old pod's stream has been read
+        old_uid = c.pods[f"{NAME}-master-0"].metadata.uid
+        # exit 137 is retryable under ExitCode: the operator deletes the pod and makes a new one
+        c.recreate_pod(NAME, "master", 0, "Running", logs=["attempt 2: resumed at step 10"])
+        assert c.pods[f"{NAME}-master-0"].metadata.uid != old_uid
+
+    cluster.timeline = [first, first, recreated, lambda c: None, lambda c: c.set_condition(NAME, "Succeeded")]
+    run_job(backend, replace(spec, timeout_s=60))
+    assert "[master-0] attempt 1: step 10" in lines
+    assert "[master-0] attempt 2: resumed at step 10" in lines  # same replica prefix, new stream
+
+
+@pytest.mark.parametrize(
+    "fault",
+    [
+        {"status": 400},  # e.g. `container "pytorch" in pod ... is waiting to start`
+        {"exc": RuntimeError("stream decoder failed")},
+    ],
+)
+def test_a_failing_log_stream_never_fails_the_launcher(fault):
+    cluster = FakeCluster()
+    backend, spec, lines = make(cluster)
+    cluster.fail_next("read_log", **fault)
+    cluster.timeline = running_then(lambda c: c.set_condition(NAME, "Succeeded"))
+    run_job(backend, replace(spec, timeout_s=60))
+    assert any("(log stream ended:" in line for line in lines)
+    assert NAME in cluster.jobs and ("delete", NAME) not in cluster.calls
+
+
+def test_replicas_are_listed_in_replica_order_not_text_order():
+    from trainer.launch.kubernetes import _replica_order
+
+    names = ["worker-10", "master-0", "worker-2", "node-0-10", "node-0-9", "worker-1"]
+    assert sorted(names, key=_replica_order) == [
+        "master-0",
+        "node-0-9",
+        "node-0-10",
+        "worker-1",
+        "worker-2",
+        "worker-10",
+    ]

@@ -1,0 +1,71 @@
+"""The kftrain CLI (pipelines/cli.py), in-process: bad arguments and configs end in one clear line and exit 2."""
+
+from __future__ import annotations
+
+import pytest
+
+from pipelines.cli import main
+
+pytestmark = pytest.mark.timeout(120)
+
+
+# (config text or None, extra CLI args, phrase the message must contain)
+CLI_ROWS = [
+    # non-finite floats, each named at load, for any float field
+    ("train:\n  learning_rate: .inf\n", [], "train.learning_rate: must be a finite number"),
+    ("train:\n  learning_rate: .nan\n", [], "train.learning_rate: must be a finite number"),
+    ("train:\n  learning_rate: nan\n", [], "train.learning_rate: must be a finite number"),
+    ("train:\n  weight_decay: .nan\n", [], "train.weight_decay: must be a finite number"),
+    ("train:\n  grad_clip_norm: .inf\n", [], "train.grad_clip_norm: must be a finite number"),
+    ("train:\n  peak_tflops: -.inf\n", [], "train.peak_tflops: must be a finite number"),
+    ("data:\n  val_fraction: .nan\n", [], "data.val_fraction: must be a finite number"),
+    ("model:\n  dropout: .nan\n", [], "model.dropout: must be a finite number"),
+    ("kubernetes:\n  poll_seconds: .nan\n", [], "kubernetes.poll_seconds: must be a finite number"),
+    ("store:\n  retry_budget_seconds: .inf\n", [], "store.retry_budget_seconds: must be a finite number"),
+    # the new fields' ranges
+    ("store:\n  retry_budget_seconds: -1\n", [], "store.retry_budget_seconds: must be >= 0"),
+    ("store:\n  read_timeout_seconds: 0\n", [], "store.read_timeout_seconds: must be > 0"),
+    ("store:\n  connect_timeout_seconds: -2\n", [], "store.connect_timeout_seconds: must be > 0"),
+    ("train:\n  max_consecutive_skips: 0\n", [], "train.max_consecutive_skips: must be >= 1"),
+    # '.' and '..' in keys named by the field
+    ("checkpoint:\n  uri: s3://bucket/a/../b\n", [], "checkpoint.uri: storage URI 's3://bucket/a/../b' has a"),
+    ("store:\n  uri: s3://bucket/./x\n", [], "store.uri: storage URI 's3://bucket/./x' has a '.' or '..'"),
+    ("data:\n  source: s3://bucket/../x.csv\n", [], "data.source: storage URI"),
+    (None, ["--store", "s3://bucket/x/../y"], "store.uri: storage URI 's3://bucket/x/../y' has a"),
+    (None, ["--store", "s3://bucket/x/.."], "'.' or '..' path segment"),
+    # command-line arguments
+    (None, ["--config", "missing.yaml"], "--config missing.yaml: cannot read the config file (No such file"),
+    (None, ["--config", "."], "--config .: cannot read the config file (Is a directory)"),
+    ("- a\n- list\n", [], "c.yaml: must hold a mapping"),
+    ("train: [unclosed\n", [], "c.yaml: not valid YAML"),
+    ("train:\n  epochs: 2\n  learning_rat: 0.1\n", [], "train.learning_rat: unknown key"),
+    (None, ["--s3-endpoint", "ftp://host:9000"], "store.endpoint: must be a URL starting with http://"),
+    (None, ["--run-id", "../escape"], "--run-id: must be 1-63 letters"),
+    (None, ["--run-id", "a/b"], "--run-id: must be 1-63 letters"),
+    (None, ["--run-id", "x" * 64], "--run-id: must be 1-63 letters"),
+]
+
+
+def call_cli(argv: list[str], capsys) -> tuple[int, str]:
+    rc = main(argv)
+    out = capsys.readouterr()
+    return rc, out.out + out.err
+
+
+@pytest.mark.parametrize(("config", "args", "phrase"), CLI_ROWS)
+def test_bad_cli_input_is_one_clear_line(tmp_path, monkeypatch, capsys, config, args, phrase):
+    monkeypatch.chdir(tmp_path)
+    argv = ["run", "--local"]
+    if config is not None:
+        (tmp_path / "c.yaml").write_text(config)
+        argv += ["--config", "c.yaml"]
+    rc, out = call_cli(argv + args, capsys)
+    assert rc == 2, out
+    assert phrase in out, out
+    assert "Traceback" not in out
+    assert not (tmp_path / "kftrain-outputs").exists()  # stopped before anything was written
+
+
+def test_run_without_local_is_exit_2(capsys):
+    rc, out = call_cli(["run"], capsys)
+    assert rc == 2 and "only --local is supported" in out

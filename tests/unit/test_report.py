@@ -1,0 +1,277 @@
+"""The HTML report: axes and units, every chart present, the run header, user text escaped, and
+(when Chromium is installed) a real browser rendering it."""
+
+from __future__ import annotations
+
+import math
+import re
+import xml.etree.ElementTree as ET
+from html.parser import HTMLParser
+
+import pytest
+
+from trainer.config import Config, to_dict
+from trainer.evaluate import quality_gate
+from trainer.report import (
+    config_changes,
+    config_digest,
+    date_time,
+    duration,
+    format_value,
+    html_report,
+    linear_ticks,
+    log_ticks,
+    short_number,
+    svg_chart,
+    svg_confusion_matrix,
+    time_label,
+    time_ticks,
+)
+
+EVIL = "<script>alert(1)</script>"
+
+
+def ys_of(svg: str) -> list[float]:
+    (points,) = re.findall(r'<polyline[^>]*points="([^"]+)"', svg)
+    return [float(p.split(",")[1]) for p in points.split()]
+
+
+# -- the page ----------------------------------------------------------------------------------
+
+
+def training_record(**config_overrides) -> dict:
+    config = to_dict(Config())
+    config["train"]["epochs"] = 3
+    config["job"]["image"] = EVIL
+    config["store"]["uri"] = 's3://bucket/"quoted"&<more>'
+    t0 = 1_796_000_000.0
+    return {
+        "loss_curve": [
+            {"step": s, "loss": 2.3 * math.exp(-s / 10), "lr": 3e-3, "items_per_second": 900.0 + s, "time": t0 + 2 * s}
+            for s in range(5, 61, 5)
+        ],
+        "history": [{"epoch": e, "train_loss": 1.0 / (e + 1), "val_accuracy": 0.8 + 0.05 * e} for e in range(3)],
+        "progress": {
+            "validation": [
+                {"step": 20 * (e + 1), "epoch": e, "train_loss": 1.0 / (e + 1), "val_loss": 0.5 / (e + 1)}
+                | {"val_accuracy": 0.8 + 0.05 * e}
+                for e in range(3)
+            ],
+            "checkpoints": [{"step": 20, "time": t0 + 40, "stage_seconds": 0.05, "bytes": 10_000}],
+            "tensorboard_uri": "s3://bucket/run/model/tensorboard",
+            "segment": 1,
+        },
+        "metrics": {
+            "samples_per_second": 950.5,
+            "data_wait_fraction": 0.07172,
+            "first_step_unix_time": t0,
+            "train_seconds": 125.0,
+            "world_size": 2,
+            "steps": 60,
+            "resumed_from_step": 20,
+        },
+        "config": config,
+    }
+
+
+def evaluation_record() -> dict:
+    classes = ["zero", EVIL, "two&<b>"]
+    return {
+        "accuracy": 0.9,
+        "loss": 0.3,
+        "macro_f1": 0.88,
+        "per_class": {c: {"precision": 1.0, "recall": 0.5, "f1": 0.667, "support": 2} for c in classes},
+        "confusion_matrix": [[5, 1, 0], [0, 4, 2], [1, 0, 6]],
+        "classes": classes,
+        "task": "classification",
+        "model_uri": "s3://bucket/run/model",
+        "dataset_uri": "s3://bucket/data/<ds>",
+    }
+
+
+class Page(HTMLParser):
+    """The parts of the page the tests look at: chart titles, element names, text."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.tags: list[str] = []
+        self.charts: list[str] = []
+        self.text: list[str] = []
+
+    def handle_starttag(self, tag, attrs):
+        self.tags.append(tag)
+        if tag == "svg":
+            self.charts.append(dict(attrs)["aria-label"])
+
+    def handle_data(self, data):
+        self.text.append(data)
+
+
+def render() -> str:
+    context = {
+        "run_id": f"run-1/{EVIL}",
+        "dataset_uri": "s3://bucket/data",
+        "dataset_size": {"train": {"rows": 1259}, "val": {"rows": 180}, "test": {"rows": 358}},
+    }
+    return html_report(training_record(), evaluation_record(), (False, "accuracy < bar"), context)
+
+
+def test_quality_gate_in_both_directions():
+    assert quality_gate({"accuracy": 0.95}, min_accuracy=0.9) == (
+        True,
+        "test accuracy 0.9500 reaches the minimum 0.9000 (min_accuracy)",
+    )
+    ok, why = quality_gate({"accuracy": 0.85}, min_accuracy=0.9)
+    assert not ok and "is below the minimum" in why
+    ok, why = quality_gate({"perplexity": 12.0}, max_perplexity=10.0)
+    assert not ok and "exceeds the maximum 10.000" in why
+    assert quality_gate({"perplexity": 8.0}, max_perplexity=10.0)[0]
+    assert quality_gate({"perplexity": 80.0}, min_accuracy=0.9) == (
+        True,
+        "no quality bar set for this task (min_accuracy / max_perplexity)",
+    )
+
+
+# -- axes and units --------------------------------------------------------------------------------
+
+
+def test_linear_ticks_are_round_and_cover_the_range():
+    assert linear_ticks(0, 380) == [0, 100, 200, 300, 400]
+    assert linear_ticks(0.62, 0.97) == pytest.approx([0.6, 0.7, 0.8, 0.9, 1.0])
+    assert linear_ticks(5, 5)[0] <= 5 <= linear_ticks(5, 5)[-1]
+
+
+def test_log_ticks_span_decades_with_2_and_5_in_between():
+    assert log_ticks(0.03, 2.4) == pytest.approx([0.02, 0.05, 0.1, 0.2, 0.5, 1, 2, 5])
+    assert log_ticks(1e-4, 20) == pytest.approx([1e-4, 1e-3, 1e-2, 1e-1, 1, 10, 100])
+
+
+def test_time_ticks_fall_on_round_minutes_and_read_as_clock_times():
+    t0 = 1_796_000_000  # 2026-11-30 00:53:20 UTC
+    ticks = time_ticks(t0, t0 + 3600)
+    assert all(t % 600 == 0 for t in ticks) and ticks[0] <= t0 and ticks[-1] >= t0 + 3600
+    assert time_label(ticks[0], 3600) == "00:50"
+    assert date_time(t0) == "2026-11-30 00:53:20 UTC"
+
+
+@pytest.mark.parametrize(
+    ("key", "value", "text"),
+    [
+        ("data_wait_fraction", 0.07172, "7.17%"),
+        ("accuracy", 0.9583, "95.83%"),
+        ("first_step_unix_time", 1_796_000_000.4, "2026-11-30 00:53:20 UTC"),
+        ("train_seconds", 3725.0, "1 h 02 min"),
+        ("seconds_to_first_step", 3.42, "3.4 s"),
+        ("samples_per_second", 12345.6, "12,346 samples/s"),
+        ("world_size", 4, "4"),
+        ("steps", 19000.0, "19,000"),
+        ("loss", 0.123456, "0.1235"),
+    ],
+)
+def test_measures_read_with_units(key, value, text):
+    assert format_value(key, value) == text
+
+
+def test_tick_labels_are_short():
+    assert [short_number(v) for v in (5000, 1500, 25_000, 2e7, 0.05, 3e-5, 0)] == [
+        "5k", "1.5k", "25k", "20M", "0.05", "3.0e-5", "0",
+    ]  # fmt: skip
+
+
+def test_durations():
+    assert [duration(s) for s in (0.25, 42.0, 245.0)] == ["250 ms", "42.0 s", "4 min 05 s"]
+
+
+def test_a_log_axis_gives_each_decade_the_same_height():
+    svg = svg_chart(
+        [{"name": "train", "points": [(0, 10.0), (1, 1.0), (2, 0.1), (3, 0.01)]}],
+        title="loss",
+        x_label="step",
+        y_label="loss",
+        y_log=True,
+    )
+    y = ys_of(svg)
+    gaps = [b - a for a, b in zip(y, y[1:], strict=False)]
+    assert all(g > 0 for g in gaps) and max(gaps) - min(gaps) < 0.2  # lower loss lower, equal decades
+    assert "(log scale)" in svg
+    ticks = re.findall(r'class="ytick"[^>]*>([^<]+)<', svg)
+    assert ticks == ["0.01", "0.1", "1", "10"]
+
+
+def test_too_few_points_say_so():
+    assert "not enough points" in svg_chart([{"name": "a", "points": [(0, 1.0)]}], title="t", x_label="x", y_label="y")
+
+
+def test_confusion_heatmap_has_a_cell_per_pair_shaded_by_row_share():
+    svg = svg_confusion_matrix(["cat", "dog"], [[9, 1], [0, 5]])
+    cells = re.findall(r'<rect class="cell"[^>]*fill="rgb\((\d+),(\d+),(\d+)\)"', svg)
+    assert len(cells) == 4
+    darkness = [255 - int(r) for r, _, _ in cells]
+    assert darkness[3] > darkness[0] > darkness[1] > darkness[2] == 0  # 100% > 90% > 10% > 0%
+    ET.fromstring(svg)
+
+
+def test_every_chart_is_present_and_well_formed():
+    page = render()
+    parsed = Page()
+    parsed.feed(page)
+    assert parsed.charts == ["loss", "validation accuracy", "throughput (samples/s)", "confusion matrix"]
+    for svg in re.findall(r"<svg.*?</svg>", page, flags=re.S):
+        ET.fromstring(svg)  # well-formed XML: nothing unescaped broke it
+    loss = re.search(r'<svg[^>]*aria-label="loss".*?</svg>', page, flags=re.S).group(0)
+    names = re.findall(r'class="series" data-name="([^"]+)"', loss)
+    assert {"training (mean per log interval)", "validation (end of epoch)", "test (final model)"} <= set(names)
+    throughput = re.search(r'<svg[^>]*aria-label="throughput.*?</svg>', page, flags=re.S).group(0)
+    assert re.findall(r'class="xtick"[^>]*>([^<]+)<', throughput)[0] == "00:53:30"  # clock times, not raw floats
+
+
+def test_the_header_names_the_run_and_its_inputs():
+    page = render()
+    parsed = Page()
+    parsed.feed(page)
+    text = " ".join(parsed.text)
+    config = training_record()["config"]
+    assert config_digest(config) in text
+    assert "s3://bucket/data/<ds> (train 1,259 rows; val 180 rows; test 358 rows)" in text
+    assert "DDP, 2 process(es): 2 replica(s) × 1 per replica" in text
+    assert "1 written by the last start (steps 20; median stall 50 ms)" in text
+    assert "1 restart(s); the last resumed from step 20" in text
+    assert "2026-11-30 00:53:20 UTC" in text and "2 min 05 s" in text and "7.17%" in text
+    assert "s3://bucket/run/model/tensorboard" in text
+    assert "1.796e+09" not in page and "0.07172" not in page
+    changed = {field for field, _, _ in config_changes(config)}
+    assert changed == {"train.epochs", "job.image", "store.uri"}
+
+
+def test_user_text_is_escaped_everywhere():
+    page = render()
+    assert "<script" not in page.lower()
+    assert "&lt;script&gt;alert(1)&lt;/script&gt;" in page  # class name, run id, config value
+    assert "two&amp;&lt;b&gt;" in page
+    assert "&amp;&lt;more&gt;" in page and "&quot;quoted" in page
+    parsed = Page()
+    parsed.feed(page)
+    assert "script" not in parsed.tags and "b" not in parsed.tags
+    assert sum(EVIL in t for t in parsed.text) >= 4  # shown as text: header, heatmap, tables
+
+
+def test_a_record_from_before_this_report_still_renders():
+    """Older training records have no progress section and no wall times: charts say so."""
+    old = {"loss_curve": [{"step": s, "loss": 1.0 / s} for s in range(1, 6)], "metrics": {}, "history": []}
+    page = html_report(old, {"loss": 0.3}, (True, "no bar"))
+    assert page.count("<svg") == 1 and "throughput (items/s): not enough points" in page
+
+
+def test_a_language_model_report_draws_perplexity_and_no_heatmap():
+    record = training_record()
+    record["metrics"] = {"tokens_per_second": 20000.0, "steps": 60}
+    for v in record["progress"]["validation"]:
+        v.pop("val_accuracy")
+        v["val_perplexity"] = math.exp(v["val_loss"])
+    evaluation = {"loss": 1.2, "perplexity": 3.3, "test_tokens": 5000}
+    page = html_report(record, evaluation, (True, "ok"))
+    parsed = Page()
+    parsed.feed(page)
+    assert parsed.charts == ["loss", "perplexity", "throughput (tokens/s)"]
+    text = " ".join(parsed.text)
+    assert "test perplexity" in text and "5,000" in text and "20,000 tokens/s" in text

@@ -1,0 +1,82 @@
+"""Dataset shards and their manifest (trainer/shards.py): a corrupt object is named by its URI."""
+
+from __future__ import annotations
+
+import io
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from trainer.config import load_config
+from trainer.shards import MANIFEST, read_manifest
+from trainer.storage import CorruptObject, LocalStore, join_uri
+from trainer.tasks.classification.data import load_split, prepare_dataset
+
+pytestmark = pytest.mark.timeout(120)
+
+
+# -- corrupt data and checkpoints: named by their URI, never chosen ----------------------------
+
+
+@pytest.fixture
+def dataset(tmp_path) -> str:
+    uri = str(tmp_path / "dataset")
+    prepare_dataset(load_config().data, LocalStore(), uri)
+    return uri
+
+
+def _truncate(uri: str, keep: int) -> None:
+    path = Path(uri)
+    path.write_bytes(path.read_bytes()[:keep])
+
+
+def _npz(**arrays) -> bytes:
+    buf = io.BytesIO()
+    np.savez(buf, **arrays)
+    return buf.getvalue()
+
+
+@pytest.mark.parametrize(
+    ("damage", "read", "object_name", "phrase"),
+    [
+        (lambda d: _truncate(join_uri(d, MANIFEST), 100), "manifest", MANIFEST, "not a valid JSON document"),
+        (lambda d: Path(join_uri(d, MANIFEST)).write_text("[1, 2]"), "manifest", MANIFEST, "not a kftrain dataset"),
+        (lambda d: Path(join_uri(d, MANIFEST)).write_text("{}"), "manifest", MANIFEST, "no 'splits'"),
+        (lambda d: _truncate(join_uri(d, "train/rows-00000.npz"), 200), "train", "train/rows-00000.npz", "200 bytes"),
+        (lambda d: Path(join_uri(d, "val/rows-00000.npz")).write_bytes(b""), "val", "val/rows-00000.npz", "0 bytes"),
+        (
+            lambda d: Path(join_uri(d, "test/rows-00000.npz")).write_bytes(_npz(z=np.zeros(2))),
+            "test",
+            "test/rows-00000.npz",
+            "the manifest says",
+        ),
+    ],
+)
+def test_corrupt_dataset_objects_are_named_by_uri(dataset, damage, read, object_name, phrase):
+    store = LocalStore()
+    manifest = read_manifest(store, dataset) if read != "manifest" else None
+    damage(dataset)
+    with pytest.raises(CorruptObject) as err:
+        if read == "manifest":
+            read_manifest(store, dataset)
+        else:
+            load_split(store, dataset, read, manifest)
+    msg = str(err.value)
+    assert join_uri(dataset, object_name) in msg and phrase in msg, msg
+    assert "rerun" in msg  # and what to do
+
+
+def test_a_corrupt_token_shard_is_named_by_uri(tmp_path):
+    """A shard that matches its manifest entry yet does not parse (written corrupt)."""
+    import hashlib
+
+    from trainer.shards import ShardInfo, read_shard
+
+    store = LocalStore()
+    uri = str(tmp_path / "ds")
+    raw = b"\x93NUMPY garbage"
+    store.put_bytes(join_uri(uri, "train/tokens-00000.npy"), raw)
+    info = ShardInfo("train/tokens-00000.npy", 10, len(raw), hashlib.sha256(raw).hexdigest())
+    with pytest.raises(CorruptObject, match=r"tokens-00000.npy is not a valid token shard"):
+        read_shard(store, uri, info)

@@ -1,0 +1,106 @@
+import os
+
+import pytest
+
+from trainer.storage import (
+    LocalStore,
+    Location,
+    ObjectNotFound,
+    S3Store,
+    StoreError,
+    join_uri,
+    parse_uri,
+)
+
+# Every S3 test here runs on moto and on Ceph's RADOS Gateway (tests/conftest.py).
+pytestmark = pytest.mark.s3_servers("moto", "rgw")
+
+
+@pytest.mark.parametrize(
+    ("uri", "expected"),
+    [
+        ("s3://my-bucket/a/b.txt", Location("s3", "my-bucket", "a/b.txt")),
+        ("minio://mlpipeline/v2/artifacts", Location("minio", "mlpipeline", "v2/artifacts")),
+        ("s3://my-bucket", Location("s3", "my-bucket", "")),
+        ("file:///tmp/x/y", Location("file", "", "/tmp/x/y")),
+        ("/tmp/x", Location("file", "", "/tmp/x")),
+    ],
+)
+def test_parse_uri(uri, expected):
+    assert parse_uri(uri) == expected
+
+
+def test_relative_paths_become_absolute(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    assert parse_uri("out/x").key == os.path.join(str(tmp_path), "out/x")
+
+
+@pytest.mark.parametrize(
+    ("uri", "message"),
+    [
+        ("", "empty storage URI"),
+        ("gs://bucket/x", "unsupported storage URI scheme 'gs'"),
+        ("s3://ab/x", "invalid bucket name 'ab'"),
+        ("s3://Bucket/x", "invalid bucket name 'Bucket'"),
+        ("s3:///x", "invalid bucket name ''"),
+        ("s3://a.-b/x", "invalid bucket name 'a.-b'"),
+        ("s3://ab-.cd/x", "invalid bucket name 'ab-.cd'"),
+        ("s3://10.0.0.1/x", "invalid bucket name '10.0.0.1'"),
+        ("s3://bucket/a//b", "empty path segment"),
+        ("s3://bucket/a?x=1", "query or fragment"),
+        ("file://host/x", "names a host"),
+    ],
+)
+def test_malformed_uris_are_rejected_with_the_accepted_forms(uri, message):
+    with pytest.raises(ValueError, match=None) as info:
+        parse_uri(uri)
+    assert message in str(info.value)
+
+
+def test_join_uri():
+    assert join_uri("s3://b/prefix/", "run", "/model/") == "s3://b/prefix/run/model"
+
+
+def test_local_store_round_trip(tmp_path):
+    store = LocalStore()
+    root = str(tmp_path / "root")
+    store.check(root)
+    store.put_bytes(join_uri(root, "a/b.bin"), b"hello")
+    src = tmp_path / "src.bin"
+    src.write_bytes(b"x" * 1000)
+    store.put_file(join_uri(root, "c.bin"), src)
+    assert store.get_bytes(join_uri(root, "a/b.bin")) == b"hello"
+    assert store.list(root) == [join_uri(root, "a/b.bin"), join_uri(root, "c.bin")]
+    store.get_file(join_uri(root, "c.bin"), tmp_path / "dl.bin")
+    assert (tmp_path / "dl.bin").read_bytes() == b"x" * 1000
+    store.delete(join_uri(root, "c.bin"))
+    assert not store.exists(join_uri(root, "c.bin"))
+    with pytest.raises(ObjectNotFound):
+        store.get_bytes(join_uri(root, "missing"))
+
+
+def test_s3_without_credentials_says_which_variables(monkeypatch):
+    for name in ("AWS_ACCESS_KEY_ID", "MINIO_ACCESS_KEY", "AWS_WEB_IDENTITY_TOKEN_FILE"):
+        monkeypatch.delenv(name, raising=False)
+    with pytest.raises(StoreError, match="set AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY"):
+        S3Store(endpoint="http://127.0.0.1:1")
+
+
+@pytest.mark.parametrize("name", ["events.out.tfevents.1.host", "rows-00000.npz", "COMMIT.json"])
+def test_a_local_write_in_progress_never_looks_like_its_object(tmp_path, name):
+    """A writer SIGKILLed mid-write leaves its temporary file behind: it must not be mistaken for
+    the object by readers that glob the folder (TensorBoard reads every `*tfevents*` file)."""
+    dest = tmp_path / name
+    seen = []
+
+    def write(tmp):
+        seen.append(tmp.name)
+        tmp.write_bytes(b"partial")
+        raise KeyboardInterrupt  # interrupted mid-write
+
+    with pytest.raises(KeyboardInterrupt):
+        LocalStore._replace_atomically(dest, write)
+    assert name not in seen[0] and seen[0].startswith(".kftrain-") and seen[0].endswith(".tmp")
+    assert list(tmp_path.iterdir()) == []  # cleaned up when it could be
+    LocalStore().put_bytes(str(dest), b"whole")
+    assert LocalStore().list(str(tmp_path)) == [str(dest)]

@@ -1,0 +1,92 @@
+"""causal_lm data at scale: data prep streams text and JSON Lines from the store (a real S3
+server process), the same source gives the same shards with 1 or 2 processes, a trained BPE
+tokenizer goes all the way to the Hugging Face export, and bad sources are named."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from trainer.config import load_config
+from trainer.distributed import DistEnv
+from trainer.export import export_model
+from trainer.model_io import load_model
+from trainer.shards import DataError, read_shard, split_shards
+from trainer.storage import CorruptObject, LocalStore, join_uri
+from trainer.tasks import get_task
+from trainer.tokenizer import tokenizer_from_json
+from trainer.train import run_training
+
+pytestmark = pytest.mark.timeout(240)
+TINY = {
+    "task": "causal_lm",
+    "model.n_layer": 1,
+    "model.n_head": 2,
+    "model.n_embd": 32,
+    "model.block_size": 32,
+    "train.batch_size": 8,
+    "train.max_steps": 6,
+    "job.replicas": 1,
+    "checkpoint.enabled": False,
+    "data.shard_rows": 8,  # 8 KiB-token shards: many shards from a little text
+}
+
+
+def all_tokens(store, ds: str, manifest: dict, split: str) -> np.ndarray:
+    return np.concatenate([read_shard(store, ds, info) for info in split_shards(manifest, split, ds)])
+
+
+def prepare(store, ds: str, **overrides):
+    cfg = load_config(overrides={**TINY, **overrides})
+    return cfg, get_task("causal_lm").prepare(cfg, store, ds)
+
+
+@pytest.mark.parametrize(
+    ("objects", "source", "message"),
+    [
+        ({}, "corpus/", "no object there and none below it"),
+        ({"corpus/a.jsonl": b'{"body": "x"}\n'}, "corpus/", r"has no text field 'text' \(data.text_field\)"),
+        ({"corpus/a.jsonl": b'{"text": "x"\n'}, "corpus/", "not a valid JSON Lines record"),
+        ({"tiny.txt": b"too short"}, "tiny.txt", "no shard of which holds a window"),
+    ],
+)
+def test_bad_sources_are_named(tmp_path, objects, source, message):
+    store = LocalStore()
+    for name, data in objects.items():
+        store.put_bytes(str(tmp_path / name), data)
+    with pytest.raises((DataError, CorruptObject), match=message):
+        prepare(store, str(tmp_path / "ds"), **{"data.source": str(tmp_path / source)})
+
+
+def test_a_missing_tokenizer_file_is_named(tmp_path):
+    with pytest.raises(DataError, match=r"nope.json: no such object"):
+        prepare(LocalStore(), str(tmp_path / "ds"), **{"data.tokenizer": str(tmp_path / "nope.json")})
+
+
+@pytest.mark.slow
+def test_a_trained_bpe_goes_from_data_prep_to_the_hugging_face_export(tmp_path):
+    transformers = pytest.importorskip("transformers")
+    store = LocalStore()
+    ds, model_uri, out = str(tmp_path / "ds"), str(tmp_path / "model"), str(tmp_path / "export")
+    cfg, manifest = prepare(store, ds, **{"data.tokenizer": "bpe:400", "data.max_bytes": 400_000})
+    tok = tokenizer_from_json(store.get_bytes(join_uri(ds, "tokenizer.json")), "test")
+    assert manifest["vocab_size"] == tok.vocab_size <= 400 and manifest["dtype"] == "uint16"
+    # The shards hold exactly the tokenizer's ids of the text.
+    text = all_tokens(store, ds, manifest, "val")
+    assert tok.encode(tok.decode(text)).tolist() == text.tolist()
+    run_training(cfg, ds, model_uri, DistEnv())
+    model, meta = load_model(store, model_uri)
+    assert model.config.vocab_size == tok.vocab_size and meta["tokenizer"]["kind"] == "bpe"
+    export_model(store, model_uri, out)
+    folder = Path(out) / "huggingface"
+    hf_tok = transformers.AutoTokenizer.from_pretrained(folder)
+    sample = "def answer():\n    return 42  # naïve\n"
+    ids = tok.encode(sample.encode()).tolist()
+    assert hf_tok.encode(sample) == ids and hf_tok.decode(ids) == sample
+    hf = transformers.AutoModelForCausalLM.from_pretrained(folder).eval()
+    x = torch.tensor([ids[:32]])
+    with torch.no_grad():
+        torch.testing.assert_close(hf(x).logits, model(x), rtol=1e-4, atol=1e-4)

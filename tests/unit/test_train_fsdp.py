@@ -1,0 +1,35 @@
+"""train.strategy fsdp against ddp, a 2-rank checkpoint resumed on 3 ranks, and resume safety:
+real gloo processes on CPU through the local backend."""
+
+from __future__ import annotations
+
+import pytest
+
+from trainer.checkpoint import CheckpointError
+from trainer.config import load_config, to_dict
+from trainer.distributed import DistEnv
+from trainer.train import check_resumable, run_training
+
+pytestmark = pytest.mark.timeout(300)
+
+
+def test_an_incompatible_resume_is_refused_naming_the_field(digits, tmp_path):
+    base = {"job.replicas": 1, "train.epochs": 1, "checkpoint.uri": str(tmp_path / "ckpt")}
+    run_training(load_config(overrides=base), digits, str(tmp_path / "m1"), DistEnv())
+    changed = load_config(overrides={**base, "train.epochs": 2, "model.hidden_sizes": [32]})
+    with pytest.raises(CheckpointError, match=r"model\.hidden_sizes \(\[128, 64\], now \[32\]\)") as err:
+        run_training(changed, digits, str(tmp_path / "m2"), DistEnv())
+    assert "train.epochs" not in str(err.value)  # a compatible change is not a reason
+    assert not (tmp_path / "m2").exists()
+
+
+def test_a_world_size_change_is_resumable_when_the_task_streams():
+    cfg = load_config(overrides={"job.replicas": 3, "train.batch_size": 60})
+    check_resumable(to_dict(cfg), cfg, 2, 3, streams=True)  # the position carries over by items left
+    other = load_config(overrides={"job.replicas": 3, "train.batch_size": 60, "data.partitions": 6})
+    check_resumable(to_dict(cfg), other, 3, 3, streams=True)
+    with pytest.raises(CheckpointError, match=r"world size \(2, now 3\).*does not stream"):
+        check_resumable(to_dict(cfg), cfg, 2, 3, streams=False)
+    with pytest.raises(CheckpointError, match=r"train\.strategy \('ddp', now 'fsdp'\)"):
+        fsdp = load_config(overrides={"train.strategy": "fsdp"})
+        check_resumable(to_dict(load_config()), fsdp, 2, 2, streams=True)
