@@ -94,9 +94,10 @@ def test_a_second_run_in_one_output_dir_that_fails_the_gate_reports_its_own_fail
     )
     assert rc == 0, out[-5000:]
     lines = out.strip().splitlines()
-    assert lines[-1] == "summary written to second.json"
-    assert lines[-2].startswith("Quality gate FAILED: the model was not exported (")
-    assert "is below the minimum 0.9990 (min_accuracy)" in lines[-2]
+    assert lines[-1].startswith("full log: ")  # then the summary file, then the gate's verdict
+    assert lines[-2] == "summary written to second.json"
+    assert lines[-3].startswith("Quality gate FAILED: the model was not exported (")
+    assert "is below the minimum 0.9990 (min_accuracy)" in lines[-3]
     second = json.loads((tmp_path / "second.json").read_text())
     assert second["exported"] is False and "exported" not in second["artifacts"]
     assert "is below the minimum 0.9990" in second["quality_gate"]
