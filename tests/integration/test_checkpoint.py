@@ -52,7 +52,7 @@ def resume_config(prefix: str, **overrides):
         overrides={
             **overrides,
             "model.dropout": 0.1,  # exercises the per-rank RNG streams that a resume must restore
-            "train.epochs": 16,
+            "train.epochs": 6,
             "train.log_interval_steps": 1000,
             "train.deterministic": True,
             "checkpoint.uri": prefix,
