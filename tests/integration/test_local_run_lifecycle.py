@@ -89,6 +89,15 @@ def training_record(tmp_path: Path, summary: dict) -> dict:
     return json.loads((Path(summary["artifacts"]["model"]) / "training.json").read_text())
 
 
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory) -> tuple[Path, dict]:
+    """The same config as one uninterrupted run (shared by both signals): its folder and summary."""
+    folder = tmp_path_factory.mktemp("reference")
+    (folder / "c.yaml").write_text(CONFIG)
+    summary, _ = finish(folder, "reference", "reference.json")
+    return folder, summary
+
+
 def finish(tmp_path: Path, run_id: str, name: str) -> tuple[dict, str]:
     rc, out = run_group(
         [*KFTRAIN, "run", "--local", "--config", "c.yaml", "--min-accuracy", "0.1", "--run-id", run_id]
@@ -102,7 +111,7 @@ def finish(tmp_path: Path, run_id: str, name: str) -> tuple[dict, str]:
 
 
 @pytest.mark.parametrize("sig", [signal.SIGKILL, signal.SIGTERM], ids=["sigkill", "sigterm"])
-def test_killing_the_cli_stops_the_run_and_run_id_resumes_it_bitwise(tmp_path, sig):
+def test_killing_the_cli_stops_the_run_and_run_id_resumes_it_bitwise(tmp_path, sig, reference):
     (tmp_path / "c.yaml").write_text(CONFIG)
     run_id = f"victim-{sig.name.lower()}"
     proc = start(tmp_path, run_id)
@@ -129,8 +138,8 @@ def test_killing_the_cli_stops_the_run_and_run_id_resumes_it_bitwise(tmp_path, s
     assert summary["run_id"] == run_id
 
     # The reference: the same config as an uninterrupted run.
-    reference, _ = finish(tmp_path, "reference", "reference.json")
-    ref_record = training_record(tmp_path, reference)
+    ref_folder, ref_summary = reference
+    ref_record = training_record(ref_folder, ref_summary)
     assert ref_record["metrics"]["resumed_from_step"] == 0
     assert record["parameter_digest"] == ref_record["parameter_digest"]
 
