@@ -31,8 +31,9 @@ from trainer.partitions import partition_problem
 from trainer.storage import RetryPolicy, parse_uri
 from trainer.tokenizer import parse_spec as parse_tokenizer_spec
 
-#: `job.nccl_debug`: the NCCL_DEBUG levels NCCL knows (it compares them ignoring case); empty: unset.
-NCCL_DEBUG_LEVELS = ("", "VERSION", "WARN", "INFO", "TRACE")
+#: `job.nccl_debug`: the levels NCCL's `ncclDebugInit` recognises (ignoring case; any other value
+#: leaves NCCL's logging off without a word); empty: unset.
+NCCL_DEBUG_LEVELS = ("", "VERSION", "WARN", "INFO", "ABORT", "TRACE")
 BUILTIN_TASKS = ("classification", "causal_lm")
 PRECISIONS = ("auto", "fp32", "bf16")
 LR_SCHEDULES = ("constant", "cosine")
@@ -437,7 +438,7 @@ class JobConfig:
     nccl_heartbeat_timeout_seconds: int = 600
     """`TORCH_NCCL_HEARTBEAT_TIMEOUT_SEC`: a rank whose NCCL watchdog is stuck this long is aborted."""
     nccl_debug: str = ""
-    """`NCCL_DEBUG` of every process (`VERSION`, `WARN`, `INFO`, `TRACE`); empty: NCCL's default."""
+    """`NCCL_DEBUG` of every process (`VERSION`, `WARN`, `INFO`, `ABORT`, `TRACE`, any case); empty: NCCL's default."""
     kind: str = "pytorchjob"
     """`pytorchjob` (Training Operator v1), `trainjob` (Kubeflow Trainer v2), or `auto`: a TrainJob where the cluster
     serves one, else a PyTorchJob (locally: the PyTorchJob contract)."""

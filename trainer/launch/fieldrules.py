@@ -24,6 +24,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
+from trainer.config import NCCL_DEBUG_LEVELS
 from trainer.launch.spec import DEFAULT_PORT, JobSpec, replica_env
 
 # -- the API server's name and value formats (k8s.io/apimachinery/pkg/util/validation) ----------
@@ -40,9 +41,6 @@ _QUANTITY = re.compile(r"^[+-]?([0-9]+(\.[0-9]*)?|\.[0-9]+)([eE][+-]?[0-9]+|[KMG
 MAX_ANNOTATIONS_BYTES = 256 * 1024  # TotalAnnotationSizeLimitB: keys and values together
 TOLERATION_OPERATORS = ("Equal", "Exists")
 TAINT_EFFECTS = ("NoSchedule", "PreferNoSchedule", "NoExecute")
-#: The levels NCCL's `ncclDebugInit` recognises (case-insensitively); any other value leaves
-#: NCCL's logging off without a word.
-NCCL_DEBUG_LEVELS = ("VERSION", "WARN", "INFO", "ABORT", "TRACE")
 
 
 def _operator_env() -> frozenset[str]:
@@ -189,7 +187,8 @@ def _env_var(value: Any, key: Any) -> str | None:
         )
     if name == "NCCL_DEBUG" and str(value.get("value", "")).upper() not in NCCL_DEBUG_LEVELS:
         return (
-            f"NCCL_DEBUG {_show(value.get('value', ''))} is not a level NCCL knows ({', '.join(NCCL_DEBUG_LEVELS)}); "
+            f"NCCL_DEBUG {_show(value.get('value', ''))} is not a level NCCL knows "
+            f"({', '.join(NCCL_DEBUG_LEVELS[1:])}); "
             "NCCL would silently log nothing"
         )
     return None
