@@ -1,4 +1,5 @@
-"""Shared fixtures: real S3 server processes on loopback, and process-group hygiene.
+"""Shared fixtures: real S3 server processes on loopback, process-group hygiene, and the fixtures
+both tiers (or several files) use: datasets, tokenizers, an HTML-answering HTTP server.
 
 Tests that use `s3_server` (directly or through `s3_env` / `bucket`) run against moto. Marked
 ``@pytest.mark.s3_servers("moto", "rgw")`` they run once per server named; "rgw" is Ceph's RADOS
@@ -12,7 +13,11 @@ import os
 import re
 import signal
 import subprocess
+import sysconfig
+import threading
 from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
 
 import pytest
 
@@ -121,3 +126,100 @@ def run_group(cmd: list[str], timeout: float, env: dict[str, str] | None = None,
         except ProcessLookupError:
             pass
     return proc.returncode, out
+
+
+# -- fixtures and helpers that both tiers, or several files, use --------------------------------
+
+
+@pytest.fixture
+def dataset(tmp_path) -> str:
+    """The demo's prepared digits dataset, fresh for this test to damage (`digits` is shared)."""
+    from trainer.config import load_config
+    from trainer.storage import LocalStore
+    from trainer.tasks.classification.data import prepare_dataset
+
+    uri = str(tmp_path / "dataset")
+    prepare_dataset(load_config().data, LocalStore(), uri)
+    return uri
+
+
+def truncate(uri: str, keep: int) -> None:
+    """Cut a local file down to its first `keep` bytes."""
+    path = Path(uri)
+    path.write_bytes(path.read_bytes()[:keep])
+
+
+@pytest.fixture
+def uneven_shards(tmp_path):
+    """(uri, shard infos) of tests/streams.py's dataset: shards of uneven sizes, item i holding i."""
+    from tests.streams import write_uneven_shards
+
+    return write_uneven_shards(str(tmp_path / "ds"))
+
+
+def stdlib_chunks(limit: int = 400_000) -> list[bytes]:
+    """A few hundred KB of Python's own library source, one chunk per file, in a fixed order."""
+    chunks, total = [], 0
+    for path in sorted(Path(sysconfig.get_paths()["stdlib"]).glob("*.py")):
+        data = path.read_bytes()
+        chunks.append(data)
+        total += len(data)
+        if total >= limit:
+            return chunks
+    raise AssertionError("the Python standard library has too little source to sample")
+
+
+@pytest.fixture(scope="module")
+def sample() -> list[bytes]:
+    """Text to train tokenizers on: stdlib_chunks()."""
+    return stdlib_chunks()
+
+
+@pytest.fixture(scope="module")
+def bpe(sample):
+    """A byte-level BPE tokenizer (1,000 tokens) trained on `sample`."""
+    from trainer.storage import LocalStore
+    from trainer.tokenizer import load_tokenizer
+
+    return load_tokenizer("bpe:1000", LocalStore(), iter(sample))
+
+
+class _Answer(BaseHTTPRequestHandler):
+    """Answers every request with `status` and an HTML page (a web console, a login page)."""
+
+    status = 200
+
+    def _reply(self) -> None:
+        length = int(self.headers.get("Content-Length") or 0)
+        if length:
+            self.rfile.read(length)
+        body = b"<!doctype html><html><body>MinIO Console</body></html>"
+        self.send_response(type(self).status)
+        self.send_header("Content-Type", "text/html")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        if self.command != "HEAD":
+            self.wfile.write(body)
+
+    do_GET = do_PUT = do_POST = do_HEAD = do_DELETE = _reply
+
+    def log_message(self, *args):
+        pass
+
+
+@pytest.fixture(scope="module")
+def html_server():
+    """URL -> an HTTP server answering HTML with a given status (something that is not the API)."""
+    servers = {}
+
+    def url(status: int) -> str:
+        if status not in servers:
+            handler = type(f"Answer{status}", (_Answer,), {"status": status})
+            server = ThreadingHTTPServer(("127.0.0.1", 0), handler)
+            threading.Thread(target=server.serve_forever, daemon=True).start()
+            servers[status] = server
+        return f"http://127.0.0.1:{servers[status].server_address[1]}"
+
+    yield url
+    for server in servers.values():
+        server.shutdown()

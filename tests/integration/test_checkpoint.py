@@ -11,6 +11,7 @@ from dataclasses import replace
 import pytest
 import torch
 
+from tests.unit.test_checkpoint import load, save
 from trainer.checkpoint import (
     COMMIT,
     METADATA,
@@ -23,24 +24,6 @@ from trainer.launch.job import training_job
 from trainer.launch.local import LocalBackend
 from trainer.storage import LocalStore, join_uri, open_store
 from trainer.tasks.classification.data import prepare_dataset
-
-
-def save(mgr: CheckpointManager, step: int, blocking: bool = False) -> None:
-    mgr.save(
-        step,
-        {"weights": torch.full((4,), float(step)), "nested": {"bias": torch.arange(3.0) + step}},
-        record={"note": f"step {step}"},
-        local=lambda: {"rng": b"\x01\x02"},
-        blocking=blocking,
-    )
-
-
-def load(mgr: CheckpointManager) -> tuple[dict, dict, object]:
-    record = mgr.latest()
-    target = {"weights": torch.zeros(4), "nested": {"bias": torch.zeros(3)}}
-    own = mgr.load(record, target)
-    return record, target, own
-
 
 # -- resume after SIGKILL, bitwise ---------------------------------------------------------------
 

@@ -1,6 +1,6 @@
-"""The KFP edge end to end through kfp.local: the compiled pipeline YAML run with only `config`
-trains exactly that config, and the standalone component YAMLs work in someone else's pipeline
-(two training tasks in one DAG get their own job and their own model folder)."""
+"""The KFP edge end to end through kfp.local, in real processes: the compiled pipeline YAML run with
+only `config` trains exactly that config, and the standalone component YAMLs work in someone else's
+pipeline (two training tasks in one DAG get their own job and their own model folder)."""
 
 from __future__ import annotations
 

@@ -1,5 +1,6 @@
-"""The final model of an FSDP run, consolidated from its checkpoint's shards one tensor at a time;
-the streaming safetensors writer both strategies write it with."""
+"""The final model of an FSDP run, consolidated from its checkpoint's shards one tensor at a time:
+after real multi-process runs, through S3, in bounded memory, fetching only the model's blocks, and
+naming a missing or changed part."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""The project image's Dockerfile: linted (no Docker engine runs here), non-root, one tag."""
+"""The project image's Dockerfile passes hadolint (run as a process; no Docker engine runs here)."""
 
 import shutil
 import subprocess

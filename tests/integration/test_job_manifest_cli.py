@@ -1,4 +1,5 @@
-"""The PyTorchJob manifest: golden files for the example configs, strict preflight, bad configs."""
+"""`kftrain job manifest` run as a process: the PyTorchJob and TrainJob manifests it prints match
+the golden files (and the strict v2 schema), and preflight errors end in one line and exit 2."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from tests.unit.test_launch_trainjob import EXAMPLES as TRAINJOB_EXAMPLES
 from trainer.launch.preflight import (
     validate_trainjob,
 )
@@ -58,21 +60,6 @@ def test_cli_prints_a_preflight_error_and_exits_2(tmp_path):
     )
     assert out.returncode == 2
     assert "tolerations[0]: Additional properties are not allowed ('efect'" in out.stderr
-
-
-#: Example config -> the `--set` a user needs to run it as a TrainJob (PyTorchJob-only settings
-#: back at their defaults), or None when it cannot be one (see the refusal table below).
-TRAINJOB_EXAMPLES = {
-    "demo": [],
-    "gpt-tiny": [],
-    "master-only": [],
-    "multinode-gpu": [
-        "kubernetes.priority_class=''",
-        "kubernetes.restart_policy=OnFailure",
-        "kubernetes.backoff_limit=3",
-    ],
-    "elastic": None,
-}
 
 
 def cli_manifest(config: str, sets: list[str]) -> subprocess.CompletedProcess:

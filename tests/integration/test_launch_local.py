@@ -1,4 +1,5 @@
-"""The local backend runs real process groups with the operator's environment."""
+"""The local backend runs real process groups with the operator's environment: torchrun ranks,
+failures with their last lines, timeouts and SIGTERM stopping every replica."""
 
 from __future__ import annotations
 

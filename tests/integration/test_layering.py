@@ -1,4 +1,5 @@
-"""pipelines/ -> components/ -> trainer/, one direction; compiling never imports torch."""
+"""Imports checked in fresh interpreters: compiling every pipeline imports no torch, and the
+trainer imports without kfp installed."""
 
 import subprocess
 import sys

@@ -1,4 +1,4 @@
-"""compiled/*.yaml is what a fresh compile produces (GitOps: CI fails when it is stale)."""
+"""`kftrain compile` run as a process writes the pipeline YAML."""
 
 import subprocess
 import sys

@@ -4,67 +4,18 @@ from __future__ import annotations
 
 import subprocess
 import sys
-import threading
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
 
-from pipelines.cli import main
 from pipelines.submit import SubmitError, parse_params, submit, version_name
 from tests.kfp_standin import StandInKFP
 from tests.s3server import free_port
+from tests.unit.test_pipelines_cli import call_cli
 
 pytestmark = pytest.mark.timeout(120)
 
 REPO = Path(__file__).resolve().parents[2]
-
-
-class _Answer(BaseHTTPRequestHandler):
-    """Answers every request with `status` and an HTML page (a web console, a login page)."""
-
-    status = 200
-
-    def _reply(self) -> None:
-        length = int(self.headers.get("Content-Length") or 0)
-        if length:
-            self.rfile.read(length)
-        body = b"<!doctype html><html><body>MinIO Console</body></html>"
-        self.send_response(type(self).status)
-        self.send_header("Content-Type", "text/html")
-        self.send_header("Content-Length", str(len(body)))
-        self.end_headers()
-        if self.command != "HEAD":
-            self.wfile.write(body)
-
-    do_GET = do_PUT = do_POST = do_HEAD = do_DELETE = _reply
-
-    def log_message(self, *args):
-        pass
-
-
-@pytest.fixture(scope="module")
-def html_server():
-    """URL -> an HTTP server answering HTML with a given status."""
-    servers = {}
-
-    def url(status: int) -> str:
-        if status not in servers:
-            handler = type(f"Answer{status}", (_Answer,), {"status": status})
-            server = ThreadingHTTPServer(("127.0.0.1", 0), handler)
-            threading.Thread(target=server.serve_forever, daemon=True).start()
-            servers[status] = server
-        return f"http://127.0.0.1:{servers[status].server_address[1]}"
-
-    yield url
-    for server in servers.values():
-        server.shutdown()
-
-
-def call_cli(argv: list[str], capsys) -> tuple[int, str]:
-    rc = main(argv)
-    out = capsys.readouterr()
-    return rc, out.out + out.err
 
 
 @pytest.mark.parametrize(

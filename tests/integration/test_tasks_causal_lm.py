@@ -1,6 +1,5 @@
-"""causal_lm data at scale: data prep streams text and JSON Lines from the store (a real S3
-server process), the same source gives the same shards with 1 or 2 processes, a trained BPE
-tokenizer goes all the way to the Hugging Face export, and bad sources are named."""
+"""causal_lm data at scale with real processes and servers: data prep streams text and JSON Lines
+from a real S3 server process, and the same source gives the same shards with 1 or 2 processes."""
 
 from __future__ import annotations
 
@@ -8,27 +7,13 @@ import json
 import sysconfig
 from pathlib import Path
 
-import numpy as np
 import pytest
 
-from trainer.config import load_config
-from trainer.shards import read_shard, split_shards
+from tests.unit.test_tasks_causal_lm import all_tokens, prepare
+from trainer.shards import split_shards
 from trainer.storage import LocalStore, open_store
-from trainer.tasks import get_task
 
 pytestmark = pytest.mark.timeout(240)
-TINY = {
-    "task": "causal_lm",
-    "model.n_layer": 1,
-    "model.n_head": 2,
-    "model.n_embd": 32,
-    "model.block_size": 32,
-    "train.batch_size": 8,
-    "train.max_steps": 6,
-    "job.replicas": 1,
-    "checkpoint.enabled": False,
-    "data.shard_rows": 8,  # 8 KiB-token shards: many shards from a little text
-}
 
 
 def stdlib_text(n: int) -> bytes:
@@ -39,15 +24,6 @@ def stdlib_text(n: int) -> bytes:
         if len(out) >= n:
             break
     return out[:n]
-
-
-def all_tokens(store, ds: str, manifest: dict, split: str) -> np.ndarray:
-    return np.concatenate([read_shard(store, ds, info) for info in split_shards(manifest, split, ds)])
-
-
-def prepare(store, ds: str, **overrides):
-    cfg = load_config(overrides={**TINY, **overrides})
-    return cfg, get_task("causal_lm").prepare(cfg, store, ds)
 
 
 def test_a_text_object_in_s3_is_streamed_into_checked_shards(bucket):

@@ -1,26 +1,11 @@
-from pathlib import Path
+"""Classification data prep against a real S3 server process: a CSV in S3 is read in ranged reads
+to the same dataset as a local copy."""
 
-import numpy as np
-
+from tests.unit.test_tasks_classification_data import make_csv, put
 from trainer.config import DataConfig
 from trainer.shards import read_manifest
 from trainer.storage import LocalStore, open_store
 from trainer.tasks.classification.data import prepare_dataset
-
-
-def make_csv(rows: int, seed: int = 0, classes=("cat", "dog", "emu")) -> tuple[str, np.ndarray, list[str]]:
-    """A CSV text of `rows` rows (3 features, label in the middle), its features and labels."""
-    rng = np.random.default_rng(seed)
-    x = np.round(rng.normal(loc=[5.0, -2.0, 1000.0], scale=[1.0, 0.5, 30.0], size=(rows, 3)), 4)
-    labels = [classes[i] for i in rng.integers(0, len(classes), rows)]
-    lines = ["f1,f2,label,f3"] + [f"{a},{b},{lab},{c}" for (a, b, c), lab in zip(x, labels, strict=True)]
-    return "\n".join(lines) + "\n", x, labels
-
-
-def put(tmp_path: Path, text: str | bytes, name: str = "in.csv") -> str:
-    uri = str(tmp_path / name)
-    LocalStore().put_bytes(uri, text.encode() if isinstance(text, str) else text)
-    return uri
 
 
 def test_a_csv_in_s3_is_read_in_ranged_reads_to_the_same_dataset(tmp_path, bucket):

@@ -2,18 +2,17 @@
 
 from __future__ import annotations
 
-import hashlib
-import io
 import json
 import math
 import re
 from dataclasses import replace
 from pathlib import Path
 
-import numpy as np
 import pytest
 import torch
 
+from tests.conftest import truncate
+from tests.unit.test_train import TINY_GPT, poison_first_train_shard
 from trainer.config import load_config
 from trainer.distributed import DistEnv
 from trainer.launch.backend import JobFailed, run_job
@@ -22,27 +21,11 @@ from trainer.launch.local import LocalBackend
 from trainer.model_io import load_model
 from trainer.storage import LocalStore, join_uri
 from trainer.tasks import get_task
-from trainer.tasks.classification.data import prepare_dataset
 from trainer.train import run_training
 
 pytestmark = pytest.mark.timeout(120)
 
 REPO = Path(__file__).resolve().parents[2]
-
-
-# -- corrupt data and checkpoints: named by their URI, never chosen ----------------------------
-
-
-@pytest.fixture
-def dataset(tmp_path) -> str:
-    uri = str(tmp_path / "dataset")
-    prepare_dataset(load_config().data, LocalStore(), uri)
-    return uri
-
-
-def _truncate(uri: str, keep: int) -> None:
-    path = Path(uri)
-    path.write_bytes(path.read_bytes()[:keep])
 
 
 def test_the_trainer_process_exits_with_a_message_not_a_traceback(dataset, tmp_path):
@@ -51,7 +34,7 @@ def test_the_trainer_process_exits_with_a_message_not_a_traceback(dataset, tmp_p
 
     from trainer.config import config_to_json
 
-    _truncate(join_uri(dataset, "train/rows-00000.npz"), 300)
+    truncate(join_uri(dataset, "train/rows-00000.npz"), 300)
     cfg = load_config(overrides={"checkpoint.enabled": False, "train.epochs": 1})
     proc = subprocess.run(
         [sys.executable, "-m", "trainer.train", "--config-json", config_to_json(cfg)]
@@ -68,42 +51,6 @@ def test_the_trainer_process_exits_with_a_message_not_a_traceback(dataset, tmp_p
 
 
 pytestmark = pytest.mark.timeout(240)
-
-
-def poison_first_train_shard(src: str, dst: str) -> None:
-    """Copy a dataset, turning one training row into NaNs."""
-    store = LocalStore()
-    for uri in store.list(src):
-        store.put_bytes(dst + uri[len(src) :], store.get_bytes(uri))
-    manifest = json.loads(store.get_bytes(join_uri(dst, "manifest.json")))
-    entry = manifest["splits"]["train"]["shards"][0]
-    with np.load(io.BytesIO(store.get_bytes(join_uri(dst, entry["name"])))) as z:
-        x, y = z["x"].copy(), z["y"]
-    x[5] = np.nan
-    buf = io.BytesIO()
-    np.savez(buf, x=x, y=y)
-    raw = buf.getvalue()
-    store.put_bytes(join_uri(dst, entry["name"]), raw)
-    # A legitimate dataset that holds a NaN: its manifest describes the shard as written.
-    entry.update(bytes=len(raw), sha256=hashlib.sha256(raw).hexdigest())
-    store.put_bytes(join_uri(dst, "manifest.json"), json.dumps(manifest).encode())
-
-
-TINY_GPT = {
-    "task": "causal_lm",
-    "data.max_bytes": 300_000,
-    "model.n_layer": 2,
-    "model.n_head": 4,
-    "model.n_embd": 64,
-    "model.block_size": 64,
-    "train.batch_size": 16,
-    "train.learning_rate": 0.003,
-    "train.max_steps": 120,
-    "train.warmup_steps": 10,
-    "train.lr_schedule": "cosine",
-    "job.replicas": 1,
-    "checkpoint.enabled": False,
-}
 
 
 def test_nonfinite_loss_stops_the_job_naming_step_and_rank(digits, tmp_path):

@@ -1,5 +1,5 @@
-"""train.strategy fsdp against ddp, a 2-rank checkpoint resumed on 3 ranks, and resume safety:
-real gloo processes on CPU through the local backend."""
+"""train.strategy fsdp against ddp, and a 2-rank checkpoint resumed on 3 ranks exactly: real gloo
+processes on CPU through the local backend."""
 
 from __future__ import annotations
 

@@ -1,4 +1,5 @@
-"""The project image's Dockerfile: linted (no Docker engine runs here), non-root, one tag."""
+"""The project image's Dockerfile, read as text: non-root, nothing installed at run time, and the
+documented tag the components use. It is linted in tests/integration/test_dockerfile.py."""
 
 from pathlib import Path
 

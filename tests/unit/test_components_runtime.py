@@ -1,6 +1,6 @@
-"""The KFP edge end to end through kfp.local: the compiled pipeline YAML run with only `config`
-trains exactly that config, and the standalone component YAMLs work in someone else's pipeline
-(two training tasks in one DAG get their own job and their own model folder)."""
+"""The components' runtime in one process: a task's identity differs between tasks and stays the same
+when the task is retried, and each of two training tasks reattaches to its own job. The pipelines
+run end to end through kfp.local in tests/integration/test_component_yamls.py."""
 
 from __future__ import annotations
 

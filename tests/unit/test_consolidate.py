@@ -1,5 +1,5 @@
-"""The final model of an FSDP run, consolidated from its checkpoint's shards one tensor at a time;
-the streaming safetensors writer both strategies write it with."""
+"""The streaming safetensors writer the consolidated FSDP model (and the DDP one) is written with, in
+one process: the library's own bytes, and order, dtype and shape checked with no partial file left."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
-"""TensorBoard event files: read back by TensorBoard's own reader, from a directory and from S3,
-rotated, uploaded off the training thread, and one continuous step sequence across a resume."""
+"""TensorBoard event files in one process: the CRC, read back by TensorBoard's own reader, rotated,
+one continuous step sequence across a resume, and uploaded off the training thread."""
 
 from __future__ import annotations
 

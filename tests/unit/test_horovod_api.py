@@ -1,59 +1,16 @@
-"""The Horovod shim: Horovod scripts written here run unchanged on real gloo processes.
-
-Every multi-process test starts its processes in their own sessions with a timeout and kills
-them all afterwards. The one stand-in is `fake_horovod`: a directory with a `horovod` package
-made by the test to play a real Horovod installation the shim must not shadow.
-"""
+"""The Horovod shim's API in one process: the topology read from the environment, several processes
+per pod needing torchrun, unsupported APIs saying what to use instead, and use before init. Scripts
+on real gloo processes are in tests/integration/test_horovod.py."""
 
 from __future__ import annotations
 
-import os
-import signal
-import subprocess
 import sys
-import time
-from pathlib import Path
 
 import pytest
 import torch
 
-from tests.s3server import free_port
 from trainer.horovod import api as hvd
 from trainer.horovod.run import SHIM_DIR
-
-REPO = Path(__file__).resolve().parents[2]
-QUIET = {"GLOO_SOCKET_IFNAME": "lo", "OMP_NUM_THREADS": "1"}
-
-
-def launch(cmd: list[str], world: int, logs: Path, timeout: float) -> None:
-    """`world` processes with the environment a PyTorchJob gives one-process pods (no torchrun)."""
-    port = free_port()
-    procs = []
-    try:
-        for r in range(world):
-            env = {**os.environ, **QUIET, "RANK": str(r), "WORLD_SIZE": str(world)}
-            env |= {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)}
-            with open(logs / f"log{r}.txt", "w") as log:
-                procs.append(
-                    subprocess.Popen(
-                        cmd, env=env, cwd=REPO, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
-                    )
-                )
-        deadline = time.monotonic() + timeout
-        for p in procs:
-            try:
-                p.wait(timeout=max(0.1, deadline - time.monotonic()))
-            except subprocess.TimeoutExpired:
-                pytest.fail(f"{cmd} timed out after {timeout}s:\n" + (logs / "log0.txt").read_text()[-3000:])
-        for r, p in enumerate(procs):
-            assert p.returncode == 0, (logs / f"log{r}.txt").read_text()[-4000:]
-    finally:
-        for p in procs:
-            try:
-                os.killpg(p.pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
-
 
 # --- what is not supported says what to use instead ----------------------------------------
 

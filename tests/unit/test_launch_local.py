@@ -1,4 +1,4 @@
-"""The local backend runs real process groups with the operator's environment."""
+"""The local backend in one process: log lines streamed from many threads stay whole."""
 
 from __future__ import annotations
 

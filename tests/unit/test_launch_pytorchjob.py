@@ -1,4 +1,5 @@
-"""The PyTorchJob manifest: golden files for the example configs, strict preflight, bad configs."""
+"""The PyTorchJob manifest, built in one process: the example configs, strict preflight, bad configs
+named by their field. `kftrain job manifest` as a process is in tests/integration/test_job_manifest_cli.py."""
 
 from __future__ import annotations
 

@@ -1,4 +1,5 @@
-"""pipelines/ -> components/ -> trainer/, one direction; compiling never imports torch."""
+"""pipelines/ -> components/ -> trainer/, one direction, read from the source: no import against the
+direction, no cycle in the trainer, and the names the compiled components import still exist."""
 
 import ast
 from pathlib import Path

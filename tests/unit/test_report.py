@@ -1,5 +1,5 @@
-"""The HTML report: axes and units, every chart present, the run header, user text escaped, and
-(when Chromium is installed) a real browser rendering it."""
+"""The HTML report, built in one process: axes and units, every chart present, the run header, user
+text escaped. tests/integration/test_report_browser.py renders the same sample page in Chromium."""
 
 from __future__ import annotations
 

@@ -8,27 +8,15 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from trainer.config import load_config
+from tests.conftest import truncate
 from trainer.shards import MANIFEST, read_manifest
 from trainer.storage import CorruptObject, LocalStore, join_uri
-from trainer.tasks.classification.data import load_split, prepare_dataset
+from trainer.tasks.classification.data import load_split
 
 pytestmark = pytest.mark.timeout(120)
 
 
 # -- corrupt data and checkpoints: named by their URI, never chosen ----------------------------
-
-
-@pytest.fixture
-def dataset(tmp_path) -> str:
-    uri = str(tmp_path / "dataset")
-    prepare_dataset(load_config().data, LocalStore(), uri)
-    return uri
-
-
-def _truncate(uri: str, keep: int) -> None:
-    path = Path(uri)
-    path.write_bytes(path.read_bytes()[:keep])
 
 
 def _npz(**arrays) -> bytes:
@@ -40,10 +28,10 @@ def _npz(**arrays) -> bytes:
 @pytest.mark.parametrize(
     ("damage", "read", "object_name", "phrase"),
     [
-        (lambda d: _truncate(join_uri(d, MANIFEST), 100), "manifest", MANIFEST, "not a valid JSON document"),
+        (lambda d: truncate(join_uri(d, MANIFEST), 100), "manifest", MANIFEST, "not a valid JSON document"),
         (lambda d: Path(join_uri(d, MANIFEST)).write_text("[1, 2]"), "manifest", MANIFEST, "not a kftrain dataset"),
         (lambda d: Path(join_uri(d, MANIFEST)).write_text("{}"), "manifest", MANIFEST, "no 'splits'"),
-        (lambda d: _truncate(join_uri(d, "train/rows-00000.npz"), 200), "train", "train/rows-00000.npz", "200 bytes"),
+        (lambda d: truncate(join_uri(d, "train/rows-00000.npz"), 200), "train", "train/rows-00000.npz", "200 bytes"),
         (lambda d: Path(join_uri(d, "val/rows-00000.npz")).write_bytes(b""), "val", "val/rows-00000.npz", "0 bytes"),
         (
             lambda d: Path(join_uri(d, "test/rows-00000.npz")).write_bytes(_npz(z=np.zeros(2))),

@@ -1,86 +1,31 @@
-"""The streaming reader: exact partitioning over ranks x workers, position-based resume, only
-the needed shards fetched, a bounded cache, and shards checked against the manifest."""
+"""The streaming reader (trainer/streaming.py) in one process: the epoch order, partitioning over
+ranks, position-based resume, only the needed shards fetched, a bounded cache, and shards checked
+against the manifest. The data is tests/streams.py's uneven shards."""
 
 from __future__ import annotations
 
-import numpy as np
 import pytest
-import torch
-from torch.utils.data import DataLoader
 
-from trainer.shards import ShardWriter, read_shard
+from tests.streams import SIZES, CountingStore, batches, split
+from trainer.shards import read_shard
 from trainer.storage import CorruptObject, LocalStore, join_uri
-from trainer.streaming import EpochOrder, Layout, StreamingSplit, merge_ranges, slice_ranges
+from trainer.streaming import EpochOrder, Layout, merge_ranges, slice_ranges
 
 pytestmark = pytest.mark.timeout(120)
-#: Uneven shards on purpose: 7 of 40 items and a short last one.
-SIZES = [40, 7, 40, 33, 40, 12]
 
 
-class CountingStore(LocalStore):
-    """A real local store that also records which objects were read."""
-
-    reads: list[str] = []
-
-    def get_bytes(self, uri: str, offset: int = 0, length: int = 0) -> bytes:
-        CountingStore.reads.append(uri.rsplit("/", 1)[-1])
-        return super().get_bytes(uri, offset, length)
+def test_shards_are_uneven_as_intended(uneven_shards):
+    assert [s.items for s in uneven_shards[1]] == SIZES
 
 
-@pytest.fixture
-def dataset(tmp_path):
-    uri = str(tmp_path / "ds")
-    writer = ShardWriter(LocalStore(), uri, "train", items_per_shard=40, kind="rows")
-    next_id = 0
-    for size in SIZES:  # a partial shard is closed early to make the sizes uneven
-        ids = np.arange(next_id, next_id + size, dtype=np.int64)
-        writer.add(x=ids.astype(np.float32)[:, None], y=ids)
-        if writer._count:
-            writer._flush()
-        next_id += size
-    return uri, writer.close()
+def test_each_epoch_has_its_own_order_and_the_same_seed_repeats_it(uneven_shards):
+    a, b = batches(split(uneven_shards), epoch=0), batches(split(uneven_shards), epoch=1)
+    assert a != b and sorted(sum(a, [])) != [] and a == batches(split(uneven_shards), epoch=0)
 
 
-def take(data, idx):
-    return torch.from_numpy(data["x"][idx]), torch.from_numpy(data["y"][idx])
-
-
-def split(dataset, rank=0, world=1, workers=0, micro=4, partitions=0, cache_bytes=2**30):
-    uri, shards = dataset
-    return StreamingSplit(
-        CountingStore,
-        uri,
-        shards,
-        lambda s: s.items,
-        take,
-        seed=3,
-        rank=rank,
-        world_size=world,
-        workers=workers,
-        micro_batch=micro,
-        partitions=partitions,
-        cache_bytes=cache_bytes,
-    )
-
-
-def batches(ds, epoch=0, start=0, left=None):
-    ds.epoch, ds.start_batch, ds.left = epoch, start, left
-    loader = DataLoader(ds, batch_size=None, num_workers=ds.workers if ds.workers > 1 else 0)
-    return [b[1].tolist() for b in loader]
-
-
-def test_shards_are_uneven_as_intended(dataset):
-    assert [s.items for s in dataset[1]] == SIZES
-
-
-def test_each_epoch_has_its_own_order_and_the_same_seed_repeats_it(dataset):
-    a, b = batches(split(dataset), epoch=0), batches(split(dataset), epoch=1)
-    assert a != b and sorted(sum(a, [])) != [] and a == batches(split(dataset), epoch=0)
-
-
-def test_with_fixed_partitions_one_and_two_ranks_see_the_same_global_batches(dataset):
-    one = batches(split(dataset, micro=8, partitions=2))
-    twos = [batches(split(dataset, rank=r, world=2, micro=4, partitions=2)) for r in range(2)]
+def test_with_fixed_partitions_one_and_two_ranks_see_the_same_global_batches(uneven_shards):
+    one = batches(split(uneven_shards, micro=8, partitions=2))
+    twos = [batches(split(uneven_shards, rank=r, world=2, micro=4, partitions=2)) for r in range(2)]
     assert len(one) == len(twos[0])
     for step, global_batch in enumerate(one):
         assert sorted(global_batch) == sorted(twos[0][step] + twos[1][step])
@@ -92,10 +37,10 @@ def test_ranges_are_merged_and_sliced_end_to_end():
     assert slice_ranges([(10, 14)], 4, 9) == []
 
 
-def test_a_reader_fetches_only_the_shards_its_partitions_cover(dataset):
-    uri, shards = dataset
+def test_a_reader_fetches_only_the_shards_its_partitions_cover(uneven_shards):
+    uri, shards = uneven_shards
     order = EpochOrder([s.items for s in shards], seed=3, epoch=0)
-    ds = split(dataset, rank=0, world=2, micro=4)
+    ds = split(uneven_shards, rank=0, world=2, micro=4)
     CountingStore.reads = []
     batches(ds)
     layout = ds.layout
@@ -108,18 +53,18 @@ def test_a_reader_fetches_only_the_shards_its_partitions_cover(dataset):
     assert len(needed) < len(shards)
 
 
-def test_a_resumed_reader_does_not_fetch_what_came_before(dataset):
-    ds = split(dataset, micro=4)
+def test_a_resumed_reader_does_not_fetch_what_came_before(uneven_shards):
+    ds = split(uneven_shards, micro=4)
     CountingStore.reads = []
     batches(ds, start=ds.batches_per_epoch - 1)
     assert len(CountingStore.reads) == 1
 
 
-def test_the_cache_holds_at_most_its_budget_plus_what_the_reader_waits_for(dataset):
-    uri, shards = dataset
+def test_the_cache_holds_at_most_its_budget_plus_what_the_reader_waits_for(uneven_shards):
+    uri, shards = uneven_shards
     budget = max(s.bytes for s in shards) + 1  # room for one shard at a time
-    ds = split(dataset, micro=4, cache_bytes=budget)
-    assert sorted(sum(batches(ds), [])) == sorted(sum(batches(split(dataset, micro=4)), []))
+    ds = split(uneven_shards, micro=4, cache_bytes=budget)
+    assert sorted(sum(batches(ds), [])) == sorted(sum(batches(split(uneven_shards, micro=4)), []))
 
 
 @pytest.mark.parametrize(
@@ -129,15 +74,15 @@ def test_the_cache_holds_at_most_its_budget_plus_what_the_reader_waits_for(datas
         (lambda raw: raw[:-1] + bytes([raw[-1] ^ 1]), "sha256 differs from the manifest"),
     ],
 )
-def test_a_damaged_shard_is_named_when_read(dataset, damage, message):
-    uri, shards = dataset
+def test_a_damaged_shard_is_named_when_read(uneven_shards, damage, message):
+    uri, shards = uneven_shards
     path = join_uri(uri, shards[2].name)
     LocalStore().put_bytes(path, damage(LocalStore().get_bytes(path)))
     with pytest.raises(CorruptObject, match=message) as info:
         read_shard(LocalStore(), uri, shards[2])
     assert shards[2].name in str(info.value) and "rerun data prep" in str(info.value)
     with pytest.raises(CorruptObject, match=message):
-        for _ in batches(split(dataset, micro=4)):
+        for _ in batches(split(uneven_shards, micro=4)):
             pass
 
 

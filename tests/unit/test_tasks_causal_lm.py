@@ -1,6 +1,5 @@
-"""causal_lm data at scale: data prep streams text and JSON Lines from the store (a real S3
-server process), the same source gives the same shards with 1 or 2 processes, a trained BPE
-tokenizer goes all the way to the Hugging Face export, and bad sources are named."""
+"""causal_lm data in one process: bad sources and a missing tokenizer file are named, and a trained
+BPE tokenizer goes all the way from data prep to the Hugging Face export."""
 
 from __future__ import annotations
 

@@ -1,3 +1,6 @@
+"""Classification data prep (trainer/tasks/classification/data.py) in one process: stratified,
+deterministic splits, sharding and normalisation, CSV parsing, bounded memory, and errors named."""
+
 import hashlib
 import json
 import tracemalloc

@@ -1,10 +1,10 @@
-"""data.tokenizer: bytes, a trained byte-level BPE and a tokenizer.json file all round-trip text
-exactly, and the Hugging Face export carries the tokenizer so transformers decodes the same text."""
+"""data.tokenizer in one process: bytes, a trained byte-level BPE and a tokenizer.json file all
+round-trip text exactly, and the Hugging Face export carries the tokenizer so transformers decodes
+the same text."""
 
 from __future__ import annotations
 
 import json
-import sysconfig
 from pathlib import Path
 
 import numpy as np
@@ -37,28 +37,6 @@ TEXTS = [
     f"a document{EOS_TOKEN}the next one".encode(),
     b"valid \xff\xfe invalid \xc3 cut \x00\x01 controls",
 ]
-
-
-def stdlib_chunks(limit: int = 400_000) -> list[bytes]:
-    """A few hundred KB of Python's own library source, one chunk per file, in a fixed order."""
-    chunks, total = [], 0
-    for path in sorted(Path(sysconfig.get_paths()["stdlib"]).glob("*.py")):
-        data = path.read_bytes()
-        chunks.append(data)
-        total += len(data)
-        if total >= limit:
-            return chunks
-    raise AssertionError("the Python standard library has too little source to sample")
-
-
-@pytest.fixture(scope="module")
-def sample() -> list[bytes]:
-    return stdlib_chunks()
-
-
-@pytest.fixture(scope="module")
-def bpe(sample):
-    return load_tokenizer("bpe:1000", LocalStore(), iter(sample))
 
 
 def assert_round_trip(tok) -> None:

@@ -1,5 +1,5 @@
-"""train.strategy fsdp against ddp, a 2-rank checkpoint resumed on 3 ranks, and resume safety:
-real gloo processes on CPU through the local backend."""
+"""Resume safety for train.strategy fsdp, in one process: an incompatible resume is refused naming
+the field, and a world-size change is resumable when the task streams."""
 
 from __future__ import annotations
 
