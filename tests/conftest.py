@@ -46,6 +46,14 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
         metafunc.parametrize("s3_server", names, indirect=True)
 
 
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Tests on RGW run in the serial part of CI (one RGW for the session, not one per worker)."""
+    for item in items:
+        callspec = getattr(item, "callspec", None)
+        if callspec is not None and callspec.params.get("s3_server") == "rgw":
+            item.add_marker(pytest.mark.serial)
+
+
 @pytest.fixture(scope="session")
 def digits(tmp_path_factory) -> str:
     """The demo's prepared digits dataset in a local directory, shared by the session."""

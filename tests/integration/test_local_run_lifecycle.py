@@ -17,7 +17,7 @@ import pytest
 from tests.conftest import run_group
 from trainer.launch.local import RUN_MARKER_ENV
 
-pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
+pytestmark = [pytest.mark.slow, pytest.mark.serial, pytest.mark.timeout(600)]
 
 REPO = Path(__file__).resolve().parents[2]
 KFTRAIN = [sys.executable, "-m", "pipelines.cli"]

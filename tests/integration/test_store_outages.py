@@ -19,7 +19,7 @@ from trainer.launch.local import LocalBackend
 from trainer.storage import LocalStore, ObjectNotFound, RetryPolicy, S3Store, StoreError, join_uri, open_store
 from trainer.tasks.classification.data import prepare_dataset
 
-pytestmark = pytest.mark.timeout(240)
+pytestmark = [pytest.mark.serial, pytest.mark.timeout(240)]
 
 SHORT = RetryPolicy(budget_s=3.0, connect_timeout_s=1.0, read_timeout_s=1.0, first_backoff_s=0.2, max_backoff_s=1.0)
 
