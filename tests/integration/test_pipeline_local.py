@@ -103,22 +103,6 @@ def test_demo_on_a_local_directory_passing_the_gate(tmp_path, kind, first_node):
     assert "Got executor_input" in text and f"[{first_node}] " in text
 
 
-def test_the_quality_gate_stops_export_and_says_why(tmp_path):
-    config = tmp_path / "quick.yaml"
-    config.write_text("train:\n  epochs: 1\n")
-    args = ["--config", str(config), "--output-dir", "out", "--summary", "s.json", "--min-accuracy", "0.999"]
-    rc, out = run_group([*KFTRAIN, "run", "--local", *args], timeout=300, env=cli_env(), cwd=str(tmp_path))
-    assert rc == 0, out[-5000:]
-    summary = json.loads((tmp_path / "s.json").read_text())
-    assert summary["exported"] is False and "exported" not in summary["artifacts"]
-    assert "is below the minimum 0.9990 (min_accuracy)" in summary["quality_gate"]
-    assert "Quality gate FAILED: the model was not exported" in out
-    assert "Model not exported" in Path(full_log(out)).read_text()  # the quality-gate-failed step's own log
-    assert not list((tmp_path / "out").glob("*/export"))
-    report = Path(summary["artifacts"]["report"]).read_text()
-    assert "Quality gate: failed" in report
-
-
 @pytest.mark.parametrize(
     ("args", "config", "message"),
     [

@@ -73,6 +73,8 @@ def test_the_cli_refuses_a_prefix_another_run_owns_before_any_step_starts(tmp_pa
 @pytest.mark.slow
 @pytest.mark.timeout(600)
 def test_a_second_run_in_one_output_dir_that_fails_the_gate_reports_its_own_failure(tmp_path):
+    """Also the quality gate's own test (the second run): it stops export and says why, in the summary,
+    the terminal, the quality-gate-failed step's log and the report."""
     config = tmp_path / "quick.yaml"
     config.write_text("train:\n  epochs: 1\n")
     common = ["--config", str(config), "--output-dir", "out"]
@@ -104,3 +106,6 @@ def test_a_second_run_in_one_output_dir_that_fails_the_gate_reports_its_own_fail
     # Each summary's artifacts are its own run's.
     assert second["artifacts"]["model"] != first["artifacts"]["model"]
     assert second["run_id"] != first["run_id"]
+    # The gate says why, in the quality-gate-failed step's own log and in the report.
+    assert "Model not exported" in Path(lines[-1].removeprefix("full log: ")).read_text()
+    assert "Quality gate: failed" in Path(second["artifacts"]["report"]).read_text()
