@@ -65,7 +65,6 @@ def test_a_missing_tokenizer_file_is_named(tmp_path):
         prepare(LocalStore(), str(tmp_path / "ds"), **{"data.tokenizer": str(tmp_path / "nope.json")})
 
 
-@pytest.mark.slow
 def test_a_trained_bpe_goes_from_data_prep_to_the_hugging_face_export(tmp_path):
     transformers = pytest.importorskip("transformers")
     store = LocalStore()
