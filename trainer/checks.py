@@ -11,7 +11,7 @@ from __future__ import annotations
 import math
 
 from trainer.config import BUILTIN_TASKS, Config
-from trainer.storage import StoreError, open_store
+from trainer.storage import StoreError
 
 
 def gate_problem(name: str, value: float) -> str:
@@ -25,8 +25,10 @@ def gate_problem(name: str, value: float) -> str:
 def check_writable(cfg: Config, uri: str, field: str) -> None:
     """`uri` (the value of config field `field`) can be written under; else :class:`StoreError`
     naming the field, within the store check's time limit."""
+    from trainer.pipeline_steps import store_for
+
     try:
-        open_store(uri, cfg.store.endpoint, cfg.store.region, cfg.store.policy()).check(uri)
+        store_for(cfg, uri, check=True)
     except StoreError as exc:
         raise type(exc)(f"{field}: {exc}" if uri in str(exc) else f"{field} {uri}: {exc}") from None
 
