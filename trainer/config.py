@@ -40,6 +40,8 @@ LR_SCHEDULES = ("constant", "cosine")
 NONFINITE_POLICIES = ("stop", "skip")
 #: `train.strategy`: replicate the model on every rank (DDP) or shard it (FSDP2, `fully_shard`).
 STRATEGIES = ("ddp", "fsdp")
+DATA_FORMATS = ("auto", "text", "jsonl", "chat")
+TRAIN_METHODS = ("full", "lora")
 RESTART_POLICIES = ("Always", "OnFailure", "Never", "ExitCode")
 CLEAN_POD_POLICIES = ("None", "Running", "All")
 #: `job.kind`: the Kubeflow job the launcher creates on a cluster (`auto`: whichever is served,
@@ -191,6 +193,8 @@ _DATA_BOUNDS = {
     "max_bytes": NOT_NEGATIVE,
     "tokenizer_sample_bytes": POSITIVE,
     "seed": NOT_NEGATIVE,
+    "format": one_of(DATA_FORMATS),
+    "messages_field": NOT_EMPTY,
 }
 
 
@@ -234,6 +238,12 @@ class DataConfig:
     Hugging Face `tokenizer.json`. The model's vocabulary follows the tokenizer."""
     tokenizer_sample_bytes: int = 20_000_000
     """causal_lm, `bpe:<vocab_size>`: BPE training reads at most this many bytes of the source."""
+    format: str = "auto"
+    """causal_lm: how the source reads. `text` (plain text), `jsonl` (the `text_field` of each JSON Lines record),
+    `chat` (JSON Lines records of OpenAI-style `messages`, rendered with the model's chat template, the loss on
+    assistant tokens only: needs `model.init_from`); `auto`: `jsonl` for `.jsonl`/`.json` objects, else `text`."""
+    messages_field: str = "messages"
+    """`data.format: chat`: the field of each record that holds its list of `{role, content}` messages."""
 
     def __post_init__(self) -> None:
         if self.source not in ("", "digits", "python-stdlib"):
@@ -259,6 +269,8 @@ _MODEL_BOUNDS = {
     ),
     "dropout": Bound(lambda v: 0.0 <= v < 1.0, "must be in [0, 1)"),
 }
+#: causal_lm fields a pretrained model (`model.init_from`) defines itself, with their defaults.
+PRETRAINED_OWNS = ("n_layer", "n_head", "n_embd")
 
 
 @dataclass(kw_only=True, slots=True)
@@ -276,10 +288,33 @@ class ModelConfig:
     n_embd: int = 768
     """causal_lm: embedding width (GPT-2 small: 768)."""
     block_size: int = 1024
-    """causal_lm: context length in tokens (GPT-2: 1024)."""
+    """causal_lm: context length in tokens (GPT-2: 1024); with `init_from`, at most the model's own context length."""
+    init_from: str = ""
+    """causal_lm: start from a pretrained Hugging Face model instead of random weights: the URI of its folder
+    (config.json, `*.safetensors`, tokenizer files) in the store (`s3://bucket/models/qwen3-0.6b/`, a local path), or
+    `hf://org/name[@revision]` fetched from the Hugging Face Hub where the cluster has network (token: the `HF_TOKEN`
+    environment variable, from a Secret). Its architecture replaces `n_layer`/`n_head`/`n_embd` and its tokenizer
+    replaces `data.tokenizer`; Llama, Qwen2/3, Mistral and GPT-2 families."""
+    trust_remote_code: bool = False
+    """With `init_from`: allow a model whose config.json asks for its own Python code (`auto_map`); off, such a model
+    is refused (the code would run in every training pod)."""
 
     def __post_init__(self) -> None:
         check_bounds(self, "model", _MODEL_BOUNDS)
+        if self.init_from and not self.init_from.startswith("hf://"):
+            try:
+                parse_uri(self.init_from)
+            except ValueError as exc:
+                raise ConfigError(f"model.init_from: {exc}") from None
+        if self.init_from:
+            defaults = ModelConfig()
+            for name in PRETRAINED_OWNS:
+                _require(
+                    getattr(self, name) == getattr(defaults, name),
+                    f"model.{name}",
+                    getattr(self, name),
+                    f"is defined by the pretrained model (model.init_from {self.init_from!r}); remove it",
+                )
         _require(
             self.n_embd % self.n_head == 0,
             "model.n_embd",
@@ -306,6 +341,7 @@ _TRAIN_BOUNDS = {
     "precision": one_of(PRECISIONS),
     "on_nonfinite": one_of(NONFINITE_POLICIES),
     "strategy": one_of(STRATEGIES),
+    "method": one_of(TRAIN_METHODS),
     "log_interval_steps": POSITIVE,
     "seed": Bound(lambda v: v >= 0, "must be >= 0 (numpy's and torch's generators take no negative seed)"),
 }
@@ -364,9 +400,39 @@ class TrainConfig:
     """`ddp` (a full model replica per rank) or `fsdp` (FSDP2: parameters, gradients and optimizer state sharded)."""
     activation_checkpointing: bool = False
     """Recompute each shard unit's activations (the GPT blocks) in backward: less memory, ~1/3 more compute."""
+    method: str = "full"
+    """With `model.init_from`: `full` (every weight trains) or `lora` (the pretrained weights stay frozen and low-rank
+    adapters train, see `lora`; checkpoints hold only the adapters and their optimizer state)."""
 
     def __post_init__(self) -> None:
         check_bounds(self, "train", _TRAIN_BOUNDS)
+
+
+#: Bounds of `lora.*` fields.
+_LORA_BOUNDS = {
+    "rank": POSITIVE,
+    "alpha": POSITIVE,
+    "dropout": Bound(lambda v: 0.0 <= v < 1.0, "must be in [0, 1)"),
+    "target_modules": Bound(lambda v: all(isinstance(m, str) and m for m in v), "must list non-empty module names"),
+}
+
+
+@dataclass(kw_only=True, slots=True)
+class LoraConfig:
+    """Low-rank adapters (`train.method: lora`, with peft): `W x + (alpha / rank) B A x` on each target module."""
+
+    rank: int = 8
+    """Rank r of each adapter (A is r x in, B is out x r)."""
+    alpha: float = 16.0
+    """Scale numerator: the adapter's output is multiplied by alpha / rank."""
+    dropout: float = 0.0
+    """Dropout on the adapter's input."""
+    target_modules: list[str] = field(default_factory=list)
+    """Names (last path component) of the linear layers that get adapters, e.g. `[q_proj, v_proj]`; empty: peft's
+    default for the architecture (Llama/Qwen/Mistral: `q_proj`, `v_proj`; GPT-2: `c_attn`)."""
+
+    def __post_init__(self) -> None:
+        check_bounds(self, "lora", _LORA_BOUNDS)
 
 
 #: Bounds of `checkpoint.*` fields.
@@ -646,6 +712,8 @@ class Config:
     """Model architecture."""
     train: TrainConfig = field(default_factory=TrainConfig)
     """Training loop."""
+    lora: LoraConfig = field(default_factory=LoraConfig)
+    """Low-rank adapters (`train.method: lora`)."""
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
     """Checkpointing and resume."""
     job: JobConfig = field(default_factory=JobConfig)
@@ -722,6 +790,25 @@ class Config:
                 + f"), but not by {', '.join(map(str, bad))}: use a multiple of {unit}",
             )
         self._check_partitions()
+        self._check_pretrained()
+
+    def _check_pretrained(self) -> None:
+        """Fields that only mean something with, or conflict with, a pretrained model."""
+        pretrained = bool(self.model.init_from)
+        if pretrained:
+            _require(self.task == "causal_lm", "model.init_from", self.model.init_from, "needs task: causal_lm")
+            _require(
+                self.data.tokenizer == "bytes",
+                "data.tokenizer",
+                self.data.tokenizer,
+                "is replaced by the pretrained model's own tokenizer (model.init_from); remove it",
+            )
+            return
+        for path, value, default in (
+            ("data.format", self.data.format, "chat"),
+            ("train.method", self.train.method, "lora"),
+        ):
+            _require(value != default, path, value, "needs a pretrained model: set model.init_from")
 
 
 def _type_name(tp: Any) -> str:

@@ -11,7 +11,7 @@ import torch
 
 from trainer.model_io import load_model
 from trainer.storage import ObjectStore, join_uri
-from trainer.tasks import get_task
+from trainer.tasks import task_for_meta
 
 EVAL_RECORD = "metrics.json"
 
@@ -23,7 +23,7 @@ def evaluate_model(
     write `metrics.json` to `output_uri`."""
     model, meta = load_model(store, model_uri)
     with torch.no_grad():
-        report = get_task(meta["task"]).evaluate(model, meta, store, dataset_uri, max_items)
+        report = task_for_meta(meta).evaluate(model, meta, store, dataset_uri, max_items)
     report.update(task=meta["task"], model_uri=model_uri, dataset_uri=dataset_uri)
     if output_uri:
         store.put_bytes(join_uri(output_uri, EVAL_RECORD), json.dumps(report, indent=2).encode())

@@ -30,7 +30,7 @@ from trainer.errors import KftrainError
 from trainer.model_io import load_model, weights
 from trainer.progress import ProgressLine
 from trainer.storage import ObjectStore, join_uri
-from trainer.tasks import get_task
+from trainer.tasks import task_for_meta
 
 TORCHSCRIPT = "model.pt"
 SAFETENSORS = "model.safetensors"
@@ -99,7 +99,7 @@ def export_model(
         line.add(len(data), name)
 
     model, meta = load_model(store, model_uri)
-    task = get_task(meta["task"])
+    task = task_for_meta(meta)
     serving, example = task.serving_module(model, meta)
     with torch.no_grad():
         expected = serving(example)

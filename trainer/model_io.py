@@ -13,12 +13,11 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from safetensors.torch import load as load_safetensors
 from torch import nn
 
 from trainer.safetensors_file import write_safetensors
 from trainer.storage import ObjectStore, join_uri
-from trainer.tasks import get_task
+from trainer.tasks import task_for_meta
 
 WEIGHTS = "model.safetensors"
 MODEL_META = "model.json"
@@ -54,17 +53,20 @@ def publish_model(store: ObjectStore, model_uri: str, weights_path: str | Path, 
 def load_model(store: ObjectStore, model_uri: str) -> tuple[nn.Module, dict[str, Any]]:
     """Rebuild a saved model (of any task) in eval mode on the CPU, with its metadata."""
     meta = json.loads(store.get_bytes(join_uri(model_uri, MODEL_META)))
-    model = get_task(meta["task"]).model_from_meta(meta)
-    # strict=False only for tied weights (GPT's lm_head is wte): safetensors stores shared
-    # tensors once; every other key must match.
-    missing, unexpected = model.load_state_dict(
-        load_safetensors(store.get_bytes(join_uri(model_uri, WEIGHTS))), strict=False
-    )
-    if unexpected or set(missing) - tied_names(model):
-        raise ValueError(
-            f"{model_uri}: weights do not match the architecture (missing {missing}, unexpected {unexpected})"
-        )
+    task = task_for_meta(meta)
+    model = task.model_from_meta(meta)
+    task.load_weights(model, meta, store, join_uri(model_uri, WEIGHTS))
     return model.eval(), meta
+
+
+def trained_state(model: nn.Module, frozen: set[str]) -> dict[str, torch.Tensor]:
+    """The model's state dict without its frozen weights: what a run saves as its model."""
+    return {k: v for k, v in model.state_dict().items() if k not in frozen}
+
+
+def frozen_names(model: nn.Module) -> set[str]:
+    """Parameters that do not train (a LoRA run's pretrained base): not checkpointed or saved."""
+    return {name for name, p in model.named_parameters() if not p.requires_grad}
 
 
 def tied_names(model: nn.Module) -> set[str]:

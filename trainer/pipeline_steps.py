@@ -32,10 +32,10 @@ def prepare_data(cfg: Config, dataset_uri: str) -> dict[str, Any]:
     """Data prep: the task's source -> shards + manifest at `dataset_uri`. The source is checked
     first (`trainer.data_rules.check_source`), so a wrong one fails before any work."""
     from trainer.data_rules import check_source
-    from trainer.tasks import get_task
+    from trainer.tasks import task_for
 
     check_source(cfg)
-    return get_task(cfg.task).prepare(cfg, store_for(cfg, dataset_uri, check=True), dataset_uri)
+    return task_for(cfg).prepare(cfg, store_for(cfg, dataset_uri, check=True), dataset_uri)
 
 
 def resolve_launcher(launcher: str) -> str:

@@ -25,7 +25,7 @@ from typing import Any
 
 import torch
 from torch import nn
-from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_dict, set_state_dict
 
 from trainer.checkpoint import CheckpointError, CheckpointManager, step_dir
 from trainer.config import Config, config_from_json, to_dict
@@ -50,13 +50,13 @@ from trainer.distributed import (
 from trainer.errors import KftrainError
 from trainer.events import EVENTS_FOLDER, EventWriter
 from trainer.launch.backend import FAILURE_MARKER
-from trainer.model_io import WEIGHTS, publish_model, save_model, tied_names
+from trainer.model_io import WEIGHTS, frozen_names, publish_model, save_model, tied_names, trained_state
 from trainer.progress import Progress
 from trainer.rng import rng_state, seed_everything, set_rng_state
 from trainer.safetensors_file import TensorFile
 from trainer.shards import read_manifest
 from trainer.storage import ObjectStore, join_uri, open_store
-from trainer.tasks import Task, get_task
+from trainer.tasks import Task, task_for
 from trainer.training_data import TrainingData, training_data
 
 TRAINING_RECORD = "training.json"
@@ -75,6 +75,8 @@ def parameter_digest(model: nn.Module, state: dict[str, torch.Tensor] | None = N
     `state` (full tensors by name) when given, for a sharded model."""
     h = hashlib.sha256()
     for name, p in unwrap(model).named_parameters():
+        if not p.requires_grad:
+            continue  # a frozen base is the pretrained model's, not the run's
         t = p if state is None else state[name]
         h.update(t.detach().float().cpu().contiguous().numpy().tobytes())
     return h.hexdigest()[:16]
@@ -99,10 +101,11 @@ def write_final_model(
     collective), as there are no shards to consolidate from.
     """
     bare = unwrap(model)
+    frozen = frozen_names(bare)
     if not is_sharded(model):
         digest = parameter_digest(model)
         if env.is_main:
-            save_model(store, model_uri, bare, meta)
+            save_model(store, model_uri, bare, meta, state=trained_state(bare, frozen))
     elif ckpt is not None and ckpt.last_step is not None:
         digest = ""
         if env.is_main:
@@ -119,6 +122,7 @@ def write_final_model(
                 "consolidating them from the shards one tensor at a time needs checkpoint.enabled"
             )
         weights = full_state_dict(model)  # a collective; only rank 0 gets the tensors
+        weights = {k: v for k, v in weights.items() if k not in frozen}
         digest = parameter_digest(model, weights) if weights else ""
         if env.is_main:
             save_model(store, model_uri, bare, meta, state=weights)
@@ -172,6 +176,11 @@ def autocast_for(device: torch.device, cfg: Config):
 #: counted in global batches).
 INCOMPATIBLE_FIELDS = (
     "task",
+    "model.init_from",
+    "train.method",
+    "lora.rank",
+    "lora.target_modules",
+    "data.format",
     "model.hidden_sizes",
     "model.n_layer",
     "model.n_head",
@@ -234,7 +243,7 @@ class Trainer:
     def __init__(self, cfg: Config, dataset_uri: str, model_uri: str, env: DistEnv, task: Task | None = None) -> None:
         self.t_start = time.time()
         self.cfg, self.dataset_uri, self.model_uri, self.env = cfg, dataset_uri, model_uri, env
-        self.task = task = task or get_task(cfg.task)
+        self.task = task = task or task_for(cfg)
         self.device = device = device_for(env)
         tc = cfg.train
         if tc.deterministic:
@@ -249,7 +258,12 @@ class Trainer:
         # streams for anything random in the step (dropout).
         seed_everything(tc.seed)
         self.model, self.meta = task.build_model(cfg, manifest)
-        self.model.to(device)
+        # A model built on the meta device (a pretrained one) gets its weights after sharding, so
+        # each rank reads only its shards; a replicated one before DDP wraps it.
+        deferred = any(p.is_meta for p in self.model.parameters())
+        sharded_here = tc.strategy == "fsdp" and env.distributed
+        if not (deferred and sharded_here):
+            task.materialize(self.model, device)
         seed_rank_streams(tc.seed, env)
         self.items_per_step = tc.batch_size * task.items_per_sample(cfg)
         self.flops_per_step = task.flops_per_item(self.model, cfg) * self.items_per_step  # whole tensors
@@ -263,11 +277,18 @@ class Trainer:
             bf16=tc.precision in ("auto", "bf16"),
             bucket_cap_mb=tc.bucket_cap_mb,
         )
+        if deferred and sharded_here:
+            task.materialize(self.model, device)
+        self.trainable = [p for p in self.model.parameters() if p.requires_grad]
+        # Frozen weights (LoRA's base) come from model.init_from again: checkpoints hold the rest.
+        self.state_options = StateDictOptions(
+            ignore_frozen_params=len(self.trainable) < len(list(self.model.parameters()))
+        )
         # FSDP: every rank runs validation forward passes too (each one all-gathers the weights).
         self.validates = env.is_main or is_sharded(self.model)
         self.step_model = torch.compile(self.parallel) if tc.compile else self.parallel
         self.optimizer = torch.optim.AdamW(
-            self.model.parameters(), lr=tc.learning_rate, weight_decay=tc.weight_decay, fused=device.type == "cuda"
+            self.trainable, lr=tc.learning_rate, weight_decay=tc.weight_decay, fused=device.type == "cuda"
         )
         self.total_steps = tc.max_steps or tc.epochs * self.data.steps_per_epoch
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(
@@ -349,10 +370,16 @@ class Trainer:
             return None
         saved_world = int(record["world_size"])
         check_resumable(record["config"], cfg, saved_world, env.world_size, self.data.streams)
-        model_state, optim_state = get_state_dict(self.model, self.optimizer)
+        model_state, optim_state = get_state_dict(self.model, self.optimizer, options=self.state_options)
         state = {"model": model_state, "optimizer": optim_state}
         own = self.ckpt.load(record, state)
-        set_state_dict(self.model, self.optimizer, model_state_dict=state["model"], optim_state_dict=state["optimizer"])
+        set_state_dict(
+            self.model,
+            self.optimizer,
+            model_state_dict=state["model"],
+            optim_state_dict=state["optimizer"],
+            options=self.state_options,
+        )
         self.scheduler.load_state_dict(record["scheduler"])
         self.step = int(record["step"])
         if own is not None and saved_world == env.world_size:
@@ -376,7 +403,7 @@ class Trainer:
 
     def save_checkpoint(self) -> None:
         """Checkpoint the state after the current step (this rank's part; rank 0 commits)."""
-        model_state, optim_state = get_state_dict(self.model, self.optimizer)
+        model_state, optim_state = get_state_dict(self.model, self.optimizer, options=self.state_options)
         at_end = self.epoch_step >= self.epoch_steps_total
         position = {
             "epoch": self.epoch + 1 if at_end else self.epoch,
@@ -417,7 +444,7 @@ class Trainer:
                     loss = self.task.loss(self.step_model, batch) / self.accum
                 loss.backward()
             step_loss += loss.detach()
-        grad_norm = clip_grad_norm(list(self.model.parameters()), tc.grad_clip_norm or float("inf"))
+        grad_norm = clip_grad_norm(self.trainable, tc.grad_clip_norm or float("inf"))
         # Gradients are identical on every rank after the all-reduce, so every rank takes the same
         # decision here; the loss is this rank's own, which names where it went wrong.
         if torch.isfinite(grad_norm):

@@ -11,11 +11,26 @@ import importlib
 from trainer.config import ConfigError
 from trainer.tasks.base import Task
 
-__all__ = ["Task", "get_task"]
+__all__ = ["Task", "get_task", "task_for", "task_for_meta"]
 
 
-def get_task(name: str) -> Task:
-    """A built-in task by name, or a user task class by import path `package.module:Class`."""
+def task_for(cfg) -> Task:
+    """The task a config trains: `cfg.task`, the pretrained form of causal_lm with `model.init_from`."""
+    return get_task(cfg.task, pretrained=bool(cfg.model.init_from))
+
+
+def task_for_meta(meta: dict) -> Task:
+    """The task that rebuilds a saved model from its metadata (`model.json`)."""
+    return get_task(meta["task"], pretrained="base_model" in meta)
+
+
+def get_task(name: str, pretrained: bool = False) -> Task:
+    """A built-in task by name, or a user task class by import path `package.module:Class`.
+    `pretrained`: causal_lm starting from a Hugging Face model (`model.init_from`)."""
+    if name == "causal_lm" and pretrained:
+        from trainer.tasks.pretrained_lm import PretrainedLMTask
+
+        return PretrainedLMTask()
     if name == "classification":
         from trainer.tasks.classification import ClassificationTask
 

@@ -51,6 +51,27 @@ class Task:
         """An uninitialised model of the architecture recorded in `meta` (for loading weights)."""
         raise NotImplementedError
 
+    def materialize(self, model: nn.Module, device: torch.device) -> None:
+        """Give a model built with parameters on the meta device (by :meth:`build_model`) its
+        storage on `device` and its initial weights. The trainer calls it after sharding under
+        FSDP (each rank fills only its shards) and before wrapping under DDP. Default: move it."""
+        model.to(device)
+
+    def load_weights(self, model: nn.Module, meta: dict[str, Any], store: ObjectStore, weights_uri: str) -> None:
+        """Load the saved weights at `weights_uri` (a safetensors file) into `model` from
+        :meth:`model_from_meta`. Default: the file holds the whole state dict (tied weights once)."""
+        from safetensors.torch import load as load_safetensors
+
+        from trainer.model_io import tied_names
+
+        # strict=False only for tied weights (GPT's lm_head is wte): safetensors stores shared
+        # tensors once; every other key must match.
+        missing, unexpected = model.load_state_dict(load_safetensors(store.get_bytes(weights_uri)), strict=False)
+        if unexpected or set(missing) - tied_names(model):
+            raise ValueError(
+                f"{weights_uri}: weights do not match the architecture (missing {missing}, unexpected {unexpected})"
+            )
+
     def shard_units(self, model: nn.Module) -> list[nn.Module]:
         """The submodules that `train.strategy: fsdp` shards one by one before the root (each
         all-gathers its weights only while it runs) and `train.activation_checkpointing`
@@ -80,8 +101,9 @@ class Task:
         """The test-split report of the evaluation step, on at most `max_items` items (the first ones)."""
         raise NotImplementedError
 
-    def serving_module(self, model: nn.Module, meta: dict[str, Any]) -> tuple[nn.Module, torch.Tensor]:
-        """The module to export and a sample input batch (traced, and used to verify every format)."""
+    def serving_module(self, model: nn.Module, meta: dict[str, Any]) -> tuple[nn.Module, torch.Tensor] | None:
+        """The module to export and a sample input batch (traced, and used to verify every format);
+        None: no TorchScript/ONNX export (the task's :meth:`extra_exports` is what serving loads)."""
         raise NotImplementedError
 
     def extra_exports(self, model: nn.Module, meta: dict[str, Any]) -> dict[str, bytes]:

@@ -187,12 +187,25 @@ class CausalLMTask(Task):
     serving_input = "tokens"
     serving_dynamic_dims = (0, 1)
 
-    def prepare(self, cfg: Config, store: ObjectStore, dataset_uri: str) -> dict[str, Any]:
+    def tokenizer(self, cfg: Config, store: ObjectStore) -> Tokenizer:
+        """The tokenizer data prep uses: `data.tokenizer` (a BPE learns from the start of the same
+        stream it then tokenizes)."""
         d = cfg.data
-        # A BPE learns from (the start of) the same stream it then tokenizes.
-        tokenizer = load_tokenizer(
+        return load_tokenizer(
             d.tokenizer, store, sample=source_pieces(cfg, store), max_sample_bytes=d.tokenizer_sample_bytes
         )
+
+    def tokenizer_record(self, cfg: Config, tokenizer: Tokenizer) -> dict[str, Any]:
+        """What the manifest (and the model) records of the tokenizer: its kind and vocabulary,
+        and a trained or given tokenizer.json itself (the model carries it into the export)."""
+        info: dict[str, Any] = {"kind": tokenizer.kind, "vocab_size": tokenizer.vocab_size}
+        if tokenizer.kind != "bytes":
+            info.update(file=TOKENIZER_FILE, json=tokenizer.to_json().decode("utf-8"))
+        return info
+
+    def prepare(self, cfg: Config, store: ObjectStore, dataset_uri: str) -> dict[str, Any]:
+        d = cfg.data
+        tokenizer = self.tokenizer(cfg, store)
         dtype = token_dtype(tokenizer.vocab_size)
         raw_tokenizer = None if tokenizer.kind == "bytes" else tokenizer.to_json()
         writers = {
@@ -227,11 +240,10 @@ class CausalLMTask(Task):
                     "data.shard_rows or a shorter context"
                 )
             splits[split] = {"tokens": writer.items, "shards": [sh.as_dict() for sh in shards]}
-        tokenizer_info: dict[str, Any] = {"kind": tokenizer.kind, "vocab_size": tokenizer.vocab_size}
+        tokenizer_info = self.tokenizer_record(cfg, tokenizer)
         if raw_tokenizer is not None:
-            # Beside the dataset for people and tools; in the manifest for the model and its export.
+            # Beside the dataset for people and tools.
             store.put_bytes(join_uri(dataset_uri, TOKENIZER_FILE), raw_tokenizer)
-            tokenizer_info.update(file=TOKENIZER_FILE, json=raw_tokenizer.decode("utf-8"))
         manifest: dict[str, Any] = {
             "format": FORMAT,
             "source": source,

@@ -1,0 +1,139 @@
+"""trainer/tasks/pretrained_lm.py: fine-tuning a pretrained Hugging Face model on real gloo ranks,
+the "pretrained" model a tiny Llama (random weights, saved with save_pretrained) in the S3 store."""
+
+from __future__ import annotations
+
+import re
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+import torch
+from transformers import AutoModelForCausalLM
+
+from tests.hf_models import tiny_llama_folder
+from tests.jobs import code_job, record_of, train, weights_of
+from trainer.config import load_config
+from trainer.launch.backend import run_job
+from trainer.launch.local import LocalBackend
+from trainer.pipeline_steps import prepare_data
+from trainer.storage import open_store
+
+pytestmark = pytest.mark.timeout(300)
+
+
+def upload_folder(folder: str, uri: str) -> str:
+    """Every file of a local folder to `uri` (a prefix in the store)."""
+    store = open_store(uri)
+    for path in sorted(Path(folder).iterdir()):
+        store.put_file(f"{uri}/{path.name}", path)
+    return uri
+
+
+@pytest.fixture
+def base_model(bucket, tmp_path) -> str:
+    """The tiny Llama, untied, in the S3 store."""
+    return upload_folder(tiny_llama_folder(tmp_path / "tiny-llama"), f"s3://{bucket}/models/tiny-llama")
+
+
+def corpus(tmp_path) -> str:
+    path = tmp_path / "corpus.txt"
+    path.write_text("".join(f"{i} the quick brown fox jumps over the lazy dog\n" for i in range(2000)))
+    return str(path)
+
+
+def finetune_config(base: str, source: str, **overrides):
+    return load_config(
+        overrides={
+            "task": "causal_lm",
+            "data.source": source,
+            "model.init_from": base,
+            "model.block_size": 32,
+            "train.batch_size": 8,
+            "train.max_steps": 12,
+            "train.learning_rate": 0.003,
+            "train.log_interval_steps": 1,
+            "job.replicas": 2,
+            "checkpoint.enabled": False,
+            **overrides,
+        }
+    )
+
+
+#: Adapters on every linear layer of a Llama block (attention and MLP).
+ALL_LINEAR = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
+
+LOAD_AND_SCORE = """
+    import logging, os, torch
+    from trainer.config import config_from_json
+    from trainer.distributed import dist_env, parallelize, process_group
+    from trainer.tasks import task_for
+    env = dist_env()
+    logging.basicConfig(level=logging.INFO, format="%(message)s")
+    cfg = config_from_json(os.environ["CFG"])
+    with process_group(env, torch.device("cpu")):
+        task = task_for(cfg)
+        model, meta = task.build_model(cfg, {"vocab_size": 1, "tokenizer": {}})
+        parallelize(model, env, torch.device("cpu"), strategy="fsdp", units=task.shard_units(model))
+        task.materialize(model, torch.device("cpu"))
+        x = torch.arange(60).reshape(3, 20) % meta["vocab_size"]
+        with torch.no_grad():
+            logits = model(input_ids=x).logits
+        if env.rank == 0:
+            torch.save(logits, os.environ["OUT"])
+"""
+
+
+@pytest.mark.parametrize("tie", [False, True], ids=["untied", "tied"])
+def test_each_fsdp_rank_loads_its_shards_and_the_logits_equal_transformers(bucket, tmp_path, tie):
+    folder = tiny_llama_folder(tmp_path / "base", tie=tie)
+    base = upload_folder(folder, f"s3://{bucket}/models/base")
+    cfg = finetune_config(base, corpus(tmp_path), **{"train.strategy": "fsdp"})
+    out = tmp_path / "logits.pt"
+    from trainer.config import config_to_json
+
+    spec = replace(code_job("load", LOAD_AND_SCORE, replicas=2), env={"CFG": config_to_json(cfg), "OUT": str(out)})
+    lines: list[str] = []
+    run_job(LocalBackend(sink=lines.append), replace(spec, timeout_s=240))
+    # Each rank read its own rows only: together about the model once, not twice.
+    read = [int(m.group(1)) for line in lines if (m := re.search(r"read (\d+) bytes .* of pretrained", line))]
+    total = sum(p.stat().st_size for p in Path(folder).glob("*.safetensors"))
+    assert len(read) == 2 and sum(read) == pytest.approx(total, rel=0.02)  # the header is the rest
+    assert max(read) < 0.6 * total
+    ref = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32)
+    x = torch.arange(60).reshape(3, 20) % ref.config.vocab_size
+    with torch.no_grad():
+        assert torch.equal(torch.load(out), ref(input_ids=x).logits)  # exactly: rotary buffers and tying right
+
+
+@pytest.mark.parametrize(
+    ("strategy", "method"),
+    [("fsdp", "full"), ("fsdp", "lora"), ("ddp", "lora")],
+    ids=["fsdp-full", "fsdp-lora", "ddp-lora"],
+)
+def test_fine_tuning_on_two_ranks_lowers_the_loss(base_model, tmp_path, strategy, method):
+    # Adapters start at zero and are few: a higher learning rate, as LoRA recipes use.
+    lr = 0.003 if method == "full" else 0.03
+    cfg = finetune_config(
+        base_model,
+        corpus(tmp_path),
+        **{
+            "train.strategy": strategy,
+            "train.method": method,
+            "train.learning_rate": lr,
+            "lora.target_modules": ALL_LINEAR,
+        },
+    )
+    dataset, model_uri = str(tmp_path / "ds"), str(tmp_path / "model")
+    prepare_data(cfg, dataset)
+    train(cfg, "ft", dataset, model_uri)
+    curve = [point["loss"] for point in record_of(model_uri)["loss_curve"]]
+    # Adapters move a random "pretrained" model less than full training does (its frozen output
+    # layer maps any hidden state to near-uniform logits), but they move it.
+    gain = sum(curve[:3]) / 3 - sum(curve[-3:]) / 3
+    assert gain > (1.0 if method == "full" else 0.15), curve
+    saved = weights_of(model_uri)
+    if method == "lora":  # the adapters only: the base is the pretrained model's
+        assert saved and all(".lora_" in name for name in saved)
+    else:
+        assert "model.embed_tokens.weight" in saved and "lm_head.weight" in saved

@@ -1,0 +1,121 @@
+"""trainer/pretrained.py: finding, checking and reading a Hugging Face model folder."""
+
+from __future__ import annotations
+
+import json
+import struct
+from pathlib import Path
+
+import pytest
+import torch
+from transformers import AutoModelForCausalLM
+
+from tests.hf_models import tiny_llama_folder
+from trainer import pretrained
+from trainer.storage import LocalStore
+
+
+@pytest.fixture(scope="module")
+def folder(tmp_path_factory) -> str:
+    return tiny_llama_folder(tmp_path_factory.mktemp("base") / "tiny-llama", tie=True)
+
+
+def source(uri: str) -> pretrained.ModelSource:
+    return pretrained.resolve(uri)
+
+
+@pytest.mark.parametrize(
+    ("uri", "repo", "revision"),
+    [
+        ("hf://Qwen/Qwen3-0.6B", "Qwen/Qwen3-0.6B", ""),
+        ("hf://meta-llama/Llama-3.2-1B@main", "meta-llama/Llama-3.2-1B", "main"),
+        ("hf://org/name@0123abcd", "org/name", "0123abcd"),
+    ],
+)
+def test_hub_uris_parse(uri, repo, revision):
+    assert pretrained.parse_hf_uri(uri) == (repo, revision)
+
+
+@pytest.mark.parametrize("uri", ["hf://", "hf://just-a-name", "hf://org/name@", "hf://org/na me", "hf://a/b/c"])
+def test_malformed_hub_uris_are_refused_naming_the_form(uri):
+    with pytest.raises(pretrained.PretrainedError, match="hf://<org>/<name>"):
+        pretrained.parse_hf_uri(uri)
+
+
+def test_the_index_comes_from_headers_and_matches_the_file(folder):
+    index = pretrained.tensor_index(source(folder))
+    ref = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32).state_dict()
+    assert "lm_head.weight" not in index  # tied: stored once
+    for name, entry in index.items():
+        assert entry.shape == tuple(ref[name].shape)
+        rows = pretrained.read_rows(LocalStore(), entry, 1, 1) if entry.shape[0] > 1 else None
+        if rows is not None:
+            assert torch.equal(rows[0], ref[name][1])
+
+
+def test_parameters_on_meta_keep_buffers_real(folder):
+    config = pretrained.read_config(source(folder))
+    model = pretrained.build_on_meta(config, torch.float32)
+    assert all(p.is_meta for p in model.parameters())
+    assert not any(b.is_meta for b in model.buffers())  # the rotary frequencies are computed
+    assert all(not p.is_meta for p in torch.nn.Linear(2, 2).parameters())  # the patch is undone
+
+
+def test_a_replicated_model_loads_equal_to_transformers(folder):
+    src = source(folder)
+    model = pretrained.build_on_meta(pretrained.read_config(src), torch.float32)
+    buffers = pretrained.buffers_of(model)
+    pretrained.give_storage(model, torch.device("cpu"), buffers)
+    assert pretrained.load_base_weights(model, src, pretrained.tensor_index(src)) == []
+    ref = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32)
+    x = torch.arange(30).reshape(2, 15)
+    with torch.no_grad():
+        assert torch.equal(model(input_ids=x).logits, ref(input_ids=x).logits)
+
+
+def edit_config(folder, tmp_path, **changes) -> str:
+    out = tmp_path / "edited"
+    out.mkdir()
+    for f in ("model.safetensors", "tokenizer.json"):
+        (out / f).write_bytes(Path(folder, f).read_bytes())
+    config = json.loads(Path(folder, "config.json").read_text())
+    config.update(changes)
+    config = {k: v for k, v in config.items() if v is not None}
+    (out / "config.json").write_text(json.dumps(config))
+    return str(out)
+
+
+@pytest.mark.parametrize(
+    ("changes", "message"),
+    [
+        ({"model_type": "t5"}, "model_type 't5' is not supported"),
+        ({"auto_map": {"AutoModelForCausalLM": "x.Y"}}, "needs its own Python code"),
+    ],
+)
+def test_config_problems_are_named(folder, tmp_path, changes, message):
+    with pytest.raises(pretrained.PretrainedError, match=message):
+        pretrained.read_config(source(edit_config(folder, tmp_path, **changes)))
+
+
+def test_a_folder_without_config_is_named(tmp_path):
+    with pytest.raises(pretrained.PretrainedError, match="no config.json"):
+        pretrained.read_config(source(str(tmp_path)))
+
+
+def test_a_folder_without_safetensors_is_named(tmp_path):
+    (tmp_path / "pytorch_model.bin").write_bytes(b"x")
+    with pytest.raises(pretrained.PretrainedError, match="safetensors only"):
+        pretrained.weight_files(source(str(tmp_path)))
+
+
+@pytest.mark.parametrize("raw", [b"", b"\x01\x02", struct.pack("<Q", 10**12) + b"{}", struct.pack("<Q", 4) + b"nope"])
+def test_broken_safetensors_files_are_named(tmp_path, raw):
+    (tmp_path / "model.safetensors").write_bytes(raw)
+    with pytest.raises(pretrained.PretrainedError, match="model.safetensors"):
+        pretrained.tensor_index(source(str(tmp_path)))
+
+
+def test_context_length_reads_each_family_s_key():
+    assert pretrained.context_length({"max_position_embeddings": 4096}) == 4096
+    assert pretrained.context_length({"n_positions": 1024}) == 1024
+    assert pretrained.context_length({}) == 0

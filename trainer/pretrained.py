@@ -1,0 +1,375 @@
+"""Pretrained Hugging Face causal LMs (`model.init_from`): find the folder, check it, build the
+model without memory, and fill each rank's parameters from the safetensors files.
+
+The model is built with its parameters on the meta device (its buffers, e.g. the rotary
+frequencies, are computed for real: they are small and not always in the files), sharded or
+replicated, then given storage and filled. Each parameter is read straight from the store with
+a ranged read of exactly the rows this rank holds: FSDP2 shards dimension 0 in equal chunks
+and safetensors stores tensors row-major, so a rank's shard is one contiguous byte range. No
+process ever holds more than its own shards plus one tensor's rows in flight, and nothing is
+copied to local disk first.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import os
+import re
+import struct
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import nn
+
+from trainer.errors import KftrainError
+from trainer.storage import ObjectStore, StoreError, join_uri, open_store, parse_uri
+
+log = logging.getLogger("kftrain.pretrained")
+
+HF_SCHEME = "hf://"
+CONFIG = "config.json"
+SINGLE_FILE = "model.safetensors"
+INDEX_FILE = "model.safetensors.index.json"
+GENERATION_CONFIG = "generation_config.json"
+#: Tokenizer files a Hugging Face folder may carry (copied into the export as they are).
+TOKENIZER_FILES = (
+    "tokenizer.json",
+    "tokenizer_config.json",
+    "special_tokens_map.json",
+    "chat_template.jinja",
+    "chat_template.json",
+)
+#: `model_type` values of the architectures kftrain builds through transformers' Auto classes
+#: (decoder layers in a ModuleList, one tokenizer.json, weights that shard along dimension 0).
+SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3", "gpt2")
+#: safetensors dtype names -> torch dtypes.
+_DTYPES = {
+    "F64": torch.float64,
+    "F32": torch.float32,
+    "BF16": torch.bfloat16,
+    "F16": torch.float16,
+    "I64": torch.int64,
+    "I32": torch.int32,
+    "I16": torch.int16,
+    "I8": torch.int8,
+    "U8": torch.uint8,
+    "BOOL": torch.bool,
+}
+#: Headers larger than this are not a safetensors file (the format's own limit is 100 MB).
+_MAX_HEADER = 100_000_000
+_HF_REPO = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*/[A-Za-z0-9][A-Za-z0-9._-]*$")
+
+
+class PretrainedError(KftrainError, ValueError):
+    """The pretrained model cannot be used; the message names the object or field and the fix."""
+
+
+@dataclass(frozen=True, slots=True)
+class TensorEntry:
+    """Where one tensor lies in the folder's safetensors files."""
+
+    uri: str
+    dtype: torch.dtype
+    shape: tuple[int, ...]
+    offset: int
+    """Absolute byte offset of the tensor's data in `uri`."""
+
+    @property
+    def row_bytes(self) -> int:
+        """Bytes of one index of dimension 0 (the whole tensor for a scalar)."""
+        return math.prod(self.shape[1:]) * torch.empty((), dtype=self.dtype).element_size()
+
+
+@dataclass(frozen=True, slots=True)
+class ModelSource:
+    """A resolved `model.init_from`: the folder's URI, the store that serves it, and its origin."""
+
+    uri: str
+    store: ObjectStore
+    origin: str
+    """What the user wrote (`hf://org/name@rev`, `s3://...`, a path)."""
+    revision: str = ""
+    """The Hub revision (commit) of an `hf://` model; empty otherwise."""
+
+
+def parse_hf_uri(uri: str) -> tuple[str, str]:
+    """`hf://org/name[@revision]` -> (repo id, revision or "")."""
+    rest = uri.removeprefix(HF_SCHEME)
+    repo, _, revision = rest.partition("@")
+    repo = repo.strip("/")
+    if not _HF_REPO.match(repo) or (_ and not revision):
+        raise PretrainedError(
+            f"model.init_from {uri!r}: a Hub model is hf://<org>/<name> or hf://<org>/<name>@<revision>"
+        )
+    return repo, revision
+
+
+def resolve(init_from: str, endpoint: str = "", region: str = "", policy=None) -> ModelSource:
+    """The folder `init_from` names. An `hf://` model is downloaded once into the local Hugging
+    Face cache (weights, config and tokenizer files only; the token from `HF_TOKEN`)."""
+    if not init_from.startswith(HF_SCHEME):
+        parse_uri(init_from)
+        return ModelSource(init_from, open_store(init_from, endpoint, region, policy), init_from)
+    repo, revision = parse_hf_uri(init_from)
+    try:
+        from huggingface_hub import snapshot_download
+
+        path = snapshot_download(
+            repo,
+            revision=revision or None,
+            allow_patterns=["*.json", "*.safetensors", "*.jinja", "*.txt", "*.model"],
+            token=os.environ.get("HF_TOKEN") or None,
+        )
+    except Exception as exc:  # network, auth, a missing repo: all end here, named
+        raise PretrainedError(
+            f"model.init_from {init_from!r}: cannot fetch it from the Hugging Face Hub ({type(exc).__name__}: "
+            f"{str(exc).splitlines()[0] if str(exc) else ''}); where the cluster has no network, put the model "
+            "folder in the store and point model.init_from at it (a gated model also needs HF_TOKEN from a Secret)"
+        ) from None
+    commit = os.path.basename(os.path.normpath(path))
+    return ModelSource(path, open_store(path), init_from, revision=commit)
+
+
+def read_config(source: ModelSource, trust_remote_code: bool = False) -> dict[str, Any]:
+    """The folder's config.json, checked: present, an architecture kftrain builds, no remote code
+    unless allowed."""
+    uri = join_uri(source.uri, CONFIG)
+    try:
+        raw = source.store.get_bytes(uri)
+    except StoreError as exc:
+        if source.store.exists(uri):
+            raise
+        raise PretrainedError(
+            f"model.init_from {source.origin!r}: no {CONFIG} in the folder ({exc}); point it at a Hugging Face "
+            "model folder (config.json, *.safetensors, tokenizer.json)"
+        ) from None
+    try:
+        config = json.loads(raw)
+    except ValueError as exc:
+        raise PretrainedError(f"{uri}: not valid JSON ({exc})") from None
+    if not isinstance(config, dict):
+        raise PretrainedError(f"{uri}: not a JSON object")
+    if config.get("auto_map") and not trust_remote_code:
+        raise PretrainedError(
+            f"model.init_from {source.origin!r}: the model needs its own Python code (config.json auto_map "
+            f"{sorted(config['auto_map'])}), which would run in every training pod; review it and set "
+            "model.trust_remote_code: true, or use a model transformers implements"
+        )
+    model_type = config.get("model_type")
+    if model_type not in SUPPORTED_MODEL_TYPES and not (config.get("auto_map") and trust_remote_code):
+        raise PretrainedError(
+            f"model.init_from {source.origin!r}: model_type {model_type!r} is not supported; kftrain fine-tunes "
+            f"{', '.join(SUPPORTED_MODEL_TYPES)} (and models with remote code under model.trust_remote_code)"
+        )
+    return config
+
+
+def context_length(config: dict[str, Any]) -> int:
+    """The longest context the model was built for (0 where config.json does not say)."""
+    for key in ("max_position_embeddings", "n_positions", "n_ctx", "seq_length"):
+        if isinstance(config.get(key), int) and config[key] > 0:
+            return int(config[key])
+    return 0
+
+
+def _read_header(store: ObjectStore, uri: str) -> tuple[dict[str, Any], int]:
+    """A safetensors file's header (two ranged reads) and the offset of its data section."""
+    size = store.size(uri)
+    head = store.get_bytes(uri, 0, 8) if size >= 8 else b""
+    n = struct.unpack("<Q", head)[0] if len(head) == 8 else -1
+    if n <= 0 or n > _MAX_HEADER or 8 + n > size:
+        raise PretrainedError(f"{uri}: not a safetensors file (its header length is {n}, file size {size})")
+    try:
+        header = json.loads(store.get_bytes(uri, 8, n))
+    except ValueError as exc:
+        raise PretrainedError(f"{uri}: the safetensors header is not JSON ({exc})") from None
+    return header, 8 + n
+
+
+def weight_files(source: ModelSource) -> list[str]:
+    """The folder's safetensors files: those the index lists, else `model.safetensors`."""
+    index_uri = join_uri(source.uri, INDEX_FILE)
+    if source.store.exists(index_uri):
+        try:
+            weight_map = json.loads(source.store.get_bytes(index_uri))["weight_map"]
+        except (ValueError, KeyError, TypeError) as exc:
+            raise PretrainedError(f"{index_uri}: not a safetensors index (weight_map missing: {exc})") from None
+        return [join_uri(source.uri, name) for name in sorted(set(weight_map.values()))]
+    single = join_uri(source.uri, SINGLE_FILE)
+    if source.store.exists(single):
+        return [single]
+    raise PretrainedError(
+        f"model.init_from {source.origin!r}: no {SINGLE_FILE} or {INDEX_FILE} in the folder; kftrain reads "
+        "safetensors only (no pickle): convert the weights with `model.save_pretrained(folder)` in transformers"
+    )
+
+
+def file_index(store: ObjectStore, uri: str) -> dict[str, TensorEntry]:
+    """Every tensor of one safetensors file by name, from its header alone."""
+    header, data_start = _read_header(store, uri)
+    index: dict[str, TensorEntry] = {}
+    for name, spec in header.items():
+        if name == "__metadata__":
+            continue
+        dtype = _DTYPES.get(spec.get("dtype"))
+        if dtype is None:
+            raise PretrainedError(f"{uri}: tensor {name!r} has dtype {spec.get('dtype')!r}, which kftrain cannot read")
+        begin, _end = spec["data_offsets"]
+        index[name] = TensorEntry(uri, dtype, tuple(spec["shape"]), data_start + begin)
+    return index
+
+
+def tensor_index(source: ModelSource) -> dict[str, TensorEntry]:
+    """Every tensor of the folder by name, from the files' headers alone."""
+    index: dict[str, TensorEntry] = {}
+    for uri in weight_files(source):
+        index.update(file_index(source.store, uri))
+    return index
+
+
+def parameter_bytes(index: dict[str, TensorEntry]) -> int:
+    """Bytes of all the folder's tensors as stored."""
+    return sum(e.row_bytes * (e.shape[0] if e.shape else 1) for e in index.values())
+
+
+@contextmanager
+def parameters_on_meta() -> Iterator[None]:
+    """Modules built inside get their parameters on the meta device (no memory, no init cost);
+    buffers stay real, so values computed at construction (rotary frequencies) are kept."""
+    register = nn.Module.register_parameter
+
+    def on_meta(module: nn.Module, name: str, param: nn.Parameter | None) -> None:
+        register(module, name, param)
+        if param is not None and param.device.type != "meta":
+            module._parameters[name] = nn.Parameter(param.to("meta"), requires_grad=param.requires_grad)
+
+    nn.Module.register_parameter = on_meta
+    try:
+        yield
+    finally:
+        nn.Module.register_parameter = register
+
+
+def build_on_meta(config: dict[str, Any], dtype: torch.dtype, trust_remote_code: bool = False) -> nn.Module:
+    """The model of `config` (transformers' Auto classes) with parameters on the meta device."""
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    hf_config = AutoConfig.for_model(**config) if not config.get("auto_map") else None
+    if hf_config is None:  # remote code, allowed by the caller
+        raise PretrainedError("remote-code models are built from their folder; not supported in this build path")
+    with parameters_on_meta():
+        model = AutoModelForCausalLM.from_config(hf_config, dtype=dtype)
+    return model
+
+
+def buffers_of(model: nn.Module) -> dict[str, torch.Tensor]:
+    """Copies of the model's buffers (computed at construction), to put back after `to_empty`."""
+    return {name: b.detach().clone() for name, b in model.named_buffers()}
+
+
+def give_storage(model: nn.Module, device: torch.device, buffers: dict[str, torch.Tensor]) -> None:
+    """Allocate (uninitialised) storage for every parameter on `device`, then put back the buffers
+    computed at construction (`to_empty` leaves them as garbage: a wrong rotary buffer shifts the
+    logits silently). Tied weights stay tied (`to_empty` would give each name its own tensor)."""
+    shared: dict[int, list[str]] = {}
+    for name, param in model.named_parameters(remove_duplicate=False):
+        shared.setdefault(id(param), []).append(name)
+    model.to_empty(device=device)
+    for first, *others in (names for names in shared.values() if len(names) > 1):
+        param = model.get_parameter(first)
+        for name in others:
+            owner, _, leaf = name.rpartition(".")
+            setattr(model.get_submodule(owner), leaf, param)
+    with torch.no_grad():
+        for name, buf in model.named_buffers():
+            if name in buffers:
+                buf.copy_(buffers[name])
+
+
+def base_name(name: str) -> str:
+    """The name a parameter of a (possibly peft-wrapped) model has in the base model's files."""
+    return name.removeprefix("base_model.model.").replace(".base_layer.", ".")
+
+
+def _local_rows(tensor: torch.Tensor) -> tuple[torch.Tensor, int]:
+    """The tensor this rank fills and the index of its first row in the full tensor: a DTensor
+    sharded on dimension 0 (FSDP2, equal chunks as `torch.chunk` cuts) or a plain tensor."""
+    from torch.distributed.tensor import DTensor, Replicate, Shard
+
+    if not isinstance(tensor, DTensor):
+        return tensor, 0
+    local = tensor.to_local()
+    placements = tensor.placements
+    if all(isinstance(p, Replicate) for p in placements):
+        return local, 0
+    if len(placements) != 1 or not isinstance(placements[0], Shard) or placements[0].dim != 0:
+        raise PretrainedError(f"cannot load into a parameter sharded as {placements}: kftrain shards dimension 0")
+    mesh = tensor.device_mesh
+    chunk = -(-tensor.shape[0] // mesh.size())
+    start = min(mesh.get_local_rank() * chunk, tensor.shape[0])
+    if local.shape[0] != max(0, min(chunk, tensor.shape[0] - start)):
+        raise PretrainedError(f"unexpected shard layout: {local.shape[0]} rows at {start} of {tensor.shape[0]}")
+    return local, start
+
+
+def read_rows(store: ObjectStore, entry: TensorEntry, start: int, count: int) -> torch.Tensor:
+    """Rows [start, start + count) of a stored tensor (one ranged read)."""
+    shape = (count, *entry.shape[1:]) if entry.shape else ()
+    if count == 0:
+        return torch.empty(shape, dtype=entry.dtype)
+    length = entry.row_bytes * (count if entry.shape else 1)
+    raw = store.get_bytes(entry.uri, entry.offset + start * entry.row_bytes, length)
+    if len(raw) != length:
+        raise PretrainedError(f"{entry.uri}: a tensor's data is cut short ({len(raw)} of {length} bytes)")
+    return torch.frombuffer(bytearray(raw), dtype=entry.dtype).reshape(shape)
+
+
+def fill_tensor(target: torch.Tensor, rows) -> int:
+    """Copy into `target` (this rank's part) the rows `rows(start, count)` returns; return bytes read."""
+    local, start = _local_rows(target)
+    count = local.shape[0] if local.dim() else 1
+    if local.numel() == 0:
+        return 0
+    data = rows(start, count if local.dim() else 0)
+    with torch.no_grad():
+        local.copy_(data.reshape(local.shape))
+    return data.numel() * data.element_size()
+
+
+def load_base_weights(
+    model: nn.Module,
+    source: ModelSource,
+    index: dict[str, TensorEntry],
+    key: Callable[[str], str] = base_name,
+    only: set[str] | None = None,
+) -> list[str]:
+    """Fill every parameter and persistent buffer of `model` (or those named in `only`) that the
+    files of `index` hold, under the name `key` gives, this rank's shards only; return the names
+    they do not hold (adapters, for the caller to initialise). A tensor of another shape is an
+    error."""
+    from trainer.model_io import tied_names
+
+    tied = tied_names(model)
+    not_in_base: list[str] = []
+    read = 0
+    for name, tensor in model.state_dict(keep_vars=True).items():
+        if name in tied or (only is not None and name not in only):
+            continue
+        key_name = key(name)
+        entry = index.get(key_name)
+        if entry is None:
+            not_in_base.append(name)
+            continue
+        if tuple(entry.shape) != tuple(tensor.shape):
+            raise PretrainedError(
+                f"{entry.uri}: tensor {key_name!r} has shape {list(entry.shape)}, the model built from config.json "
+                f"expects {list(tensor.shape)}; the folder's weights and config.json disagree"
+            )
+        read += fill_tensor(tensor, lambda start, count, e=entry: read_rows(source.store, e, start, count))
+    log.info("read %d bytes (%.1f MiB) of pretrained weights for this rank from %s", read, read / 2**20, source.origin)
+    return not_in_base

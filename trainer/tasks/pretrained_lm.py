@@ -1,0 +1,238 @@
+"""causal_lm from a pretrained Hugging Face model (`model.init_from`): full fine-tuning or LoRA.
+
+The model comes from transformers' Auto classes, built with its parameters on the meta device
+and filled by :meth:`PretrainedLMTask.materialize` after sharding, each rank reading only its
+own rows (`trainer/pretrained.py`). Data prep tokenizes with the model's own tokenizer: plain
+text and JSON Lines as causal_lm does (packed windows, loss on every token), chat data with
+the model's chat template (`trainer/chat_data.py`: one conversation per row, the loss on the
+assistant's tokens only). The saved model is Hugging Face's own state dict (full), or only the
+adapters (LoRA), with the base model's URI in its metadata.
+"""
+
+from __future__ import annotations
+
+import logging
+import zlib
+from typing import Any
+
+import torch
+from torch import nn
+
+from trainer import pretrained
+from trainer.config import Config, LoraConfig
+from trainer.storage import ObjectStore, join_uri
+from trainer.tasks.causal_lm import CausalLMTask
+from trainer.tokenizer import Tokenizer, load_tokenizer
+
+log = logging.getLogger("kftrain.pretrained")
+#: The dataset format of chat data (`trainer/chat_data.py`).
+CHAT_FORMAT = "kftrain.chat.v1"
+#: Labels of positions that do not count in the loss (torch's cross_entropy default).
+IGNORE = -100
+
+
+def source_for(cfg: Config) -> pretrained.ModelSource:
+    """The folder `model.init_from` names, through the configured store."""
+    s = cfg.store
+    return pretrained.resolve(cfg.model.init_from, s.endpoint, s.region, s.policy())
+
+
+def source_from_meta(meta: dict[str, Any]) -> pretrained.ModelSource:
+    """The base model's folder as a saved model's metadata records it."""
+    base = meta["base_model"]
+    return pretrained.resolve(base["folder"] if base["origin"].startswith(pretrained.HF_SCHEME) else base["origin"])
+
+
+def apply_lora(model: nn.Module, lora: dict[str, Any]) -> nn.Module:
+    """`model` wrapped by peft with LoRA adapters (built on the meta device like the base): only
+    the adapters train."""
+    from peft import LoraConfig as PeftLoraConfig
+    from peft import get_peft_model
+
+    peft_config = PeftLoraConfig(
+        r=lora["rank"],
+        lora_alpha=lora["alpha"],
+        lora_dropout=lora["dropout"],
+        target_modules=lora["target_modules"] or None,
+        task_type="CAUSAL_LM",
+    )
+    try:
+        with pretrained.parameters_on_meta():
+            return get_peft_model(model, peft_config)
+    except ValueError as exc:  # peft names the modules it did not find
+        raise pretrained.PretrainedError(f"lora.target_modules {lora['target_modules']}: {exc}") from None
+
+
+def adapter_init(name: str, shape: tuple[int, ...], seed: int) -> torch.Tensor:
+    """The initial value of a LoRA weight, the same on every rank and at every world size: B is
+    zero (the adapted model starts as the base), A uniform in +-1/sqrt(fan_in) (peft's
+    Kaiming-uniform default), from a generator seeded by the train seed and the name."""
+    if ".lora_B." in name or ".lora_embedding_B" in name:
+        return torch.zeros(shape)
+    gen = torch.Generator().manual_seed(seed * 1_000_003 + zlib.crc32(name.encode()))
+    bound = 1.0 / max(1, shape[-1]) ** 0.5
+    return (torch.rand(shape, generator=gen) * 2 - 1) * bound
+
+
+def decoder_layers(model: nn.Module) -> list[nn.Module]:
+    """The model's decoder layers: the longest ModuleList anywhere in it."""
+    lists = [m for m in model.modules() if isinstance(m, nn.ModuleList)]
+    return list(max(lists, key=len)) if lists else []
+
+
+class PretrainedLMTask(CausalLMTask):
+    """causal_lm starting from a pretrained Hugging Face model."""
+
+    serving_dynamic_dims = (0, 1)
+
+    def __init__(self) -> None:
+        self._pending: tuple[pretrained.ModelSource, dict[str, torch.Tensor], int] | None = None
+
+    # -- data ---------------------------------------------------------------------------------
+    def tokenizer(self, cfg: Config, store: ObjectStore) -> Tokenizer:
+        source = source_for(cfg)
+        return load_tokenizer(join_uri(source.uri, "tokenizer.json"), source.store)
+
+    def tokenizer_record(self, cfg: Config, tokenizer: Tokenizer) -> dict[str, Any]:
+        # The model's tokenizer files travel with the model (its folder), not in the manifest.
+        return {"kind": "pretrained", "vocab_size": tokenizer.vocab_size, "model": cfg.model.init_from}
+
+    def prepare(self, cfg: Config, store: ObjectStore, dataset_uri: str) -> dict[str, Any]:
+        if cfg.data.format == "chat":
+            from trainer.chat_data import prepare_chat
+
+            return prepare_chat(cfg, store, dataset_uri, source_for(cfg))
+        return super().prepare(cfg, store, dataset_uri)
+
+    def stream(self, cfg, manifest):
+        if manifest.get("format") == CHAT_FORMAT:
+            from trainer.chat_data import chat_stream
+
+            return chat_stream(cfg, manifest)
+        return super().stream(cfg, manifest)
+
+    # -- model --------------------------------------------------------------------------------
+    def build_model(self, cfg, manifest):
+        source = source_for(cfg)
+        config = pretrained.read_config(source, cfg.model.trust_remote_code)
+        limit = pretrained.context_length(config)
+        if limit and cfg.model.block_size > limit:
+            raise pretrained.PretrainedError(
+                f"model.block_size {cfg.model.block_size} is longer than the pretrained model's context "
+                f"({limit} tokens, config.json); use at most {limit}"
+            )
+        if manifest["vocab_size"] > config.get("vocab_size", 0):
+            raise pretrained.PretrainedError(
+                f"the dataset's tokenizer has {manifest['vocab_size']} tokens, the model {config.get('vocab_size')}; "
+                "prepare the data again with this model (model.init_from)"
+            )
+        meta = {
+            "architecture": {"block_size": cfg.model.block_size},
+            "hf_config": config,
+            "base_model": {"origin": source.origin, "folder": source.uri, "revision": source.revision},
+            "method": cfg.train.method,
+            "tokenizer": manifest.get("tokenizer", {}),
+            "vocab_size": config["vocab_size"],
+            "data_format": manifest.get("format"),
+        }
+        if cfg.train.method == "lora":
+            meta["lora"] = _lora_dict(cfg.lora)
+        model = self._build(meta, _dtype(cfg))
+        self._pending = (source, pretrained.buffers_of(model), cfg.train.seed)
+        return model, meta
+
+    def _build(self, meta: dict[str, Any], dtype: torch.dtype) -> nn.Module:
+        model = pretrained.build_on_meta(meta["hf_config"], dtype)
+        model.config.use_cache = False  # training and scoring need no KV cache
+        if meta.get("method") == "lora":
+            model = apply_lora(model, meta["lora"])
+        return model
+
+    def materialize(self, model, device):
+        if self._pending is None:
+            raise RuntimeError("materialize() before build_model()")
+        source, buffers, seed = self._pending
+        pretrained.give_storage(model, device, buffers)
+        index = pretrained.tensor_index(source)
+        left = pretrained.load_base_weights(model, source, index)
+        init_adapters(model, left, seed, source.origin)
+
+    def model_from_meta(self, meta):
+        model = self._build(meta, torch.float32)
+        self._pending = (source_from_meta(meta), pretrained.buffers_of(model), 0)
+        return model
+
+    def load_weights(self, model, meta, store, weights_uri):
+        source, buffers, _seed = self._pending
+        pretrained.give_storage(model, torch.device("cpu"), buffers)
+        if meta.get("method") == "lora":
+            left = pretrained.load_base_weights(model, source, pretrained.tensor_index(source))
+            saved = pretrained.ModelSource(weights_uri.rsplit("/", 1)[0], store, weights_uri)
+            left = pretrained.load_base_weights(
+                model, saved, pretrained.file_index(store, weights_uri), key=lambda name: name, only=set(left)
+            )
+        else:
+            left = pretrained.load_base_weights(
+                model, pretrained.ModelSource("", store, weights_uri), pretrained.file_index(store, weights_uri)
+            )
+        if left:
+            raise ValueError(f"{weights_uri}: weights do not match the architecture (missing {sorted(left)[:5]})")
+
+    def shard_units(self, model):
+        return decoder_layers(model)
+
+    def loss(self, model, batch):
+        x, y = batch
+        logits = model(input_ids=x).logits
+        return nn.functional.cross_entropy(
+            logits.reshape(-1, logits.size(-1)).float(), y.reshape(-1), ignore_index=IGNORE
+        )
+
+    def flops_per_item(self, model, cfg):
+        # 6N per token for a full update (2N forward, 4N backward); LoRA skips the weight
+        # gradients of the frozen base (about 2N), plus attention's 12 * layers * width * context.
+        total = sum(p.numel() for p in model.parameters())
+        hf = getattr(model, "config", None)
+        layers = getattr(hf, "num_hidden_layers", 0) or getattr(hf, "n_layer", 0)
+        width = getattr(hf, "hidden_size", 0) or getattr(hf, "n_embd", 0)
+        per_param = 4 if cfg.train.method == "lora" else 6
+        return float(per_param * total + 12 * layers * width * cfg.model.block_size)
+
+    def serving_module(self, model, meta):
+        return None
+
+    def extra_exports(self, model, meta):
+        return {}
+
+
+def init_adapters(model: nn.Module, names: list[str], seed: int, origin: str) -> None:
+    """Initialise the parameters the base folder does not hold: LoRA adapters; anything else is
+    a base-model weight missing from the files (an error naming it)."""
+    state = model.state_dict(keep_vars=True)
+    missing = [n for n in names if ".lora_" not in n]
+    if missing:
+        raise pretrained.PretrainedError(
+            f"model.init_from {origin!r}: the folder's weights lack {len(missing)} tensor(s) the model needs "
+            f"(e.g. {pretrained.base_name(missing[0])!r}); the folder is incomplete or of another architecture"
+        )
+    for name in names:
+        tensor = state[name]
+        full = adapter_init(name, tuple(tensor.shape), seed).to(tensor.dtype)
+        pretrained.fill_tensor(tensor, lambda start, count, f=full: f[start : start + count] if f.dim() else f)
+
+
+def _lora_dict(lora: LoraConfig) -> dict[str, Any]:
+    return {
+        "rank": lora.rank,
+        "alpha": lora.alpha,
+        "dropout": lora.dropout,
+        "target_modules": list(lora.target_modules),
+    }
+
+
+def _dtype(cfg: Config) -> torch.dtype:
+    """The base weights' dtype: bf16 for a LoRA run on GPUs (the frozen base needs no fp32 master
+    copy), else fp32 (mixed precision casts for compute)."""
+    if cfg.train.method == "lora" and torch.cuda.is_available() and cfg.train.precision in ("auto", "bf16"):
+        return torch.bfloat16
+    return torch.float32
