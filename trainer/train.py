@@ -281,9 +281,8 @@ class Trainer:
             task.materialize(self.model, device)
         self.trainable = [p for p in self.model.parameters() if p.requires_grad]
         # Frozen weights (LoRA's base) come from model.init_from again: checkpoints hold the rest.
-        self.state_options = StateDictOptions(
-            ignore_frozen_params=len(self.trainable) < len(list(self.model.parameters()))
-        )
+        partial = len(self.trainable) < len(list(self.model.parameters()))
+        self.state_options = StateDictOptions(ignore_frozen_params=partial, strict=not partial)
         # FSDP: every rank runs validation forward passes too (each one all-gathers the weights).
         self.validates = env.is_main or is_sharded(self.model)
         self.step_model = torch.compile(self.parallel) if tc.compile else self.parallel

@@ -4,20 +4,25 @@ the "pretrained" model a tiny Llama (random weights, saved with save_pretrained)
 from __future__ import annotations
 
 import re
+import signal
+import time
 from dataclasses import replace
 from pathlib import Path
 
 import pytest
 import torch
+from torch.distributed.checkpoint import FileSystemReader
 from transformers import AutoModelForCausalLM
 
 from tests.hf_models import tiny_llama_folder
 from tests.jobs import code_job, record_of, train, weights_of
+from trainer.checkpoint import CheckpointManager
 from trainer.config import load_config
 from trainer.launch.backend import run_job
+from trainer.launch.job import training_job
 from trainer.launch.local import LocalBackend
 from trainer.pipeline_steps import prepare_data
-from trainer.storage import open_store
+from trainer.storage import LocalStore, open_store
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -137,3 +142,76 @@ def test_fine_tuning_on_two_ranks_lowers_the_loss(base_model, tmp_path, strategy
         assert saved and all(".lora_" in name for name in saved)
     else:
         assert "model.embed_tokens.weight" in saved and "lm_head.weight" in saved
+
+
+def resume_config(base: str, source: str, prefix: str, **overrides):
+    return finetune_config(
+        base,
+        source,
+        **{
+            "train.strategy": "fsdp",
+            "train.method": "lora",
+            "train.learning_rate": 0.03,
+            "train.max_steps": 16,
+            "train.deterministic": True,
+            "lora.dropout": 0.1,  # per-rank RNG streams that a resume must restore
+            "lora.target_modules": ALL_LINEAR,
+            "checkpoint.enabled": True,
+            "checkpoint.uri": prefix,
+            "checkpoint.interval_steps": 5,
+            "checkpoint.keep_last": 3,
+            **overrides,
+        },
+    )
+
+
+def test_a_lora_run_killed_by_sigkill_resumes_bitwise_equal(base_model, tmp_path):
+    source, dataset = corpus(tmp_path), str(tmp_path / "ds")
+    ref = resume_config(base_model, source, str(tmp_path / "ref-ckpt"))
+    prepare_data(ref, dataset)
+    train(ref, "ref", dataset, str(tmp_path / "ref"))
+    # The same run, SIGKILLed (whole process groups) right after its first checkpoint...
+    prefix = str(tmp_path / "ckpt")
+    spec = training_job(resume_config(base_model, source, prefix), "victim", dataset, str(tmp_path / "victim"))
+    backend = LocalBackend(sink=lambda line: None)
+    backend.submit(spec)
+    mgr = CheckpointManager(LocalStore(), prefix)
+    deadline = time.monotonic() + 120
+    while not mgr.committed_steps():
+        assert time.monotonic() < deadline, "no checkpoint appeared"
+        time.sleep(0.01)
+    backend.kill(spec, signal.SIGKILL)
+    killed_at = max(mgr.committed_steps())
+    assert killed_at < 16, "the run finished before it was killed"
+    # The checkpoint holds the adapters and their optimizer state only, not the frozen base.
+    saved = FileSystemReader(f"{prefix}/step-{killed_at:08d}").read_metadata().state_dict_metadata
+    weights = [key for key in saved if key.startswith("model.")]
+    assert weights and all(".lora_" in key for key in weights)
+    # ... then started again: it resumes from the latest complete checkpoint by itself.
+    lines: list[str] = []
+    run_job(LocalBackend(sink=lines.append), replace(spec, timeout_s=240))
+    resumed = [int(m.group(1)) for line in lines if (m := re.search(r"resumed at step (\d+)", line))]
+    assert resumed and resumed[0] >= killed_at
+    ref_w, got_w = weights_of(str(tmp_path / "ref")), weights_of(str(tmp_path / "victim"))
+    assert ref_w.keys() == got_w.keys() and ref_w
+    for name in ref_w:
+        assert torch.equal(ref_w[name], got_w[name]), name  # bitwise, not approximately
+
+
+def test_a_two_rank_lora_checkpoint_resumes_on_three_ranks(base_model, tmp_path):
+    source, dataset = corpus(tmp_path), str(tmp_path / "ds")
+    # Global batches that every world size cuts exactly: the same data either way.
+    shape = {"train.batch_size": 12, "data.partitions": 6, "lora.dropout": 0.0, "train.max_steps": 12}
+    ref = resume_config(base_model, source, str(tmp_path / "ref-ckpt"), **shape)
+    prepare_data(ref, dataset)
+    train(ref, "ref", dataset, str(tmp_path / "ref"))
+    prefix = str(tmp_path / "ckpt")
+    two = resume_config(base_model, source, prefix, **{**shape, "train.max_steps": 6})
+    train(two, "two", dataset, str(tmp_path / "two"))
+    three = resume_config(base_model, source, prefix, **{**shape, "job.replicas": 3})
+    lines = train(three, "three", dataset, str(tmp_path / "three"))
+    assert any("resumed at step 6" in line for line in lines)
+    assert record_of(str(tmp_path / "three"))["metrics"]["steps"] == 12
+    ref_w, got_w = weights_of(str(tmp_path / "ref")), weights_of(str(tmp_path / "three"))
+    for name in ref_w:  # equal up to the order of float sums across 2 or 3 ranks
+        torch.testing.assert_close(got_w[name], ref_w[name], rtol=1e-3, atol=1e-5, msg=name)
