@@ -227,9 +227,10 @@ class DataConfig:
     text_field: str = "text"
     """causal_lm, JSON Lines sources: the field of each record that holds its text."""
     num_proc: int = 1
-    """causal_lm data prep: processes that tokenize in parallel (a BPE or tokenizer.json; `bytes` ignores it)."""
+    """causal_lm data prep: processes that tokenize in parallel (a BPE, a tokenizer.json or chat data; `bytes` ignores
+    it)."""
     shard_rows: int = 512
-    """Rows per shard file (causal_lm: `shard_rows` x 1024 tokens per shard)."""
+    """Rows per shard file (causal_lm: `shard_rows` x 1024 tokens per shard; `data.format: chat`: conversations)."""
     max_bytes: int = 4_000_000
     """causal_lm: at most this many bytes of text are tokenised (0: all)."""
     tokenizer: str = "bytes"

@@ -12,17 +12,23 @@ from pathlib import Path
 import pytest
 import torch
 from torch.distributed.checkpoint import FileSystemReader
+from torch.utils.data import TensorDataset
 from transformers import AutoModelForCausalLM
 
-from tests.hf_models import tiny_llama_folder
+from tests.hf_models import tiny_llama_folder, write_chat_jsonl
 from tests.jobs import code_job, record_of, train, weights_of
 from trainer.checkpoint import CheckpointManager
 from trainer.config import load_config
+from trainer.evaluate import evaluate_model
 from trainer.launch.backend import run_job
 from trainer.launch.job import training_job
 from trainer.launch.local import LocalBackend
 from trainer.pipeline_steps import prepare_data
 from trainer.storage import LocalStore, open_store
+from trainer.shards import read_manifest, split_shards
+from trainer.storage import open_store
+from trainer.streaming import first_items
+from trainer.tasks.pretrained_lm import CHAT_FORMAT, PretrainedLMTask
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -215,3 +221,57 @@ def test_a_two_rank_lora_checkpoint_resumes_on_three_ranks(base_model, tmp_path)
     ref_w, got_w = weights_of(str(tmp_path / "ref")), weights_of(str(tmp_path / "three"))
     for name in ref_w:  # equal up to the order of float sums across 2 or 3 ranks
         torch.testing.assert_close(got_w[name], ref_w[name], rtol=1e-3, atol=1e-5, msg=name)
+
+
+def chat_source(bucket: str, tmp_path, n: int) -> str:
+    """The colour conversations as a JSON Lines object in the S3 store."""
+    uri = f"s3://{bucket}/data/chat.jsonl"
+    open_store(uri).put_file(uri, write_chat_jsonl(tmp_path / "chat.jsonl", n))
+    return uri
+
+
+def base_val_loss(cfg, folder: str, dataset: str) -> float:
+    """The assistant-token validation loss of the base model, before any fine-tuning."""
+    task = PretrainedLMTask()
+    store = open_store(dataset)
+    manifest = read_manifest(store, dataset, CHAT_FORMAT)
+    items_of, take = task.stream(cfg, manifest)
+    x, y = first_items(store, dataset, split_shards(manifest, "val", dataset), items_of, take, cfg.data.eval_items)
+    model = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32)
+    return task.validate(model, TensorDataset(x, y), torch.device("cpu"), 8)["val_loss"]
+
+
+@pytest.mark.timeout(180)
+@pytest.mark.parametrize("method", ["full", "lora"])
+def test_chat_fine_tuning_on_two_ranks_lowers_the_assistant_token_loss(base_model, bucket, tmp_path, method):
+    cfg = finetune_config(
+        base_model,
+        chat_source(bucket, tmp_path, 140),
+        **{
+            "data.format": "chat",
+            "data.val_fraction": 0.15,
+            "data.test_fraction": 0.15,
+            "model.block_size": 64,
+            "train.strategy": "fsdp",
+            "train.method": method,
+            "train.max_steps": 0,
+            "train.epochs": 2,
+            "train.learning_rate": 0.003 if method == "full" else 0.03,
+            "lora.target_modules": ALL_LINEAR,
+        },
+    )
+    dataset, model_uri = str(tmp_path / "ds"), str(tmp_path / "model")
+    manifest = prepare_data(cfg, dataset)
+    assert manifest["format"] == CHAT_FORMAT and manifest["dropped"] == 0
+    before = base_val_loss(cfg, str(tmp_path / "tiny-llama"), dataset)
+    train(cfg, "chat", dataset, model_uri)
+    history = [epoch["val_loss"] for epoch in record_of(model_uri)["history"]]
+    # The answer follows from the question (the colour after the one named): the assistant's
+    # tokens become predictable, the loss on them falls epoch after epoch.
+    assert len(history) == 2 and before > history[0] > history[1], (before, history)
+    # Adapters on a random "pretrained" model move it less (see the test above), but they move it.
+    margin = 2.0 if method == "full" else 0.2
+    assert history[1] < before - margin, (before, history)
+    report = evaluate_model(open_store(model_uri), model_uri, dataset, None, 64)
+    assert report["test_tokens"] == manifest["splits"]["test"]["assistant_tokens"]  # every test row: fewer than 64
+    assert report["loss"] < before - margin / 2, (before, report)

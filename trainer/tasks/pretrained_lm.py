@@ -12,6 +12,7 @@ adapters (LoRA), with the base model's URI in its metadata.
 from __future__ import annotations
 
 import logging
+import math
 import zlib
 from typing import Any
 
@@ -187,6 +188,37 @@ class PretrainedLMTask(CausalLMTask):
         return nn.functional.cross_entropy(
             logits.reshape(-1, logits.size(-1)).float(), y.reshape(-1), ignore_index=IGNORE
         )
+
+    @torch.no_grad()
+    def _mean_loss(self, model, dataset, device, batch_size):
+        # The mean over the tokens that count: a chat batch labels fewer than rows x block_size.
+        model.eval()
+        total, count = 0.0, 0
+        for start in range(0, len(dataset), batch_size):
+            x, y = (t[start : start + batch_size].to(device) for t in dataset.tensors)
+            n = int((y != IGNORE).sum())
+            if n:
+                total += float(self.loss(model, (x, y))) * n
+                count += n
+        model.train()
+        return total / max(count, 1)
+
+    def evaluate(self, model, meta, store, dataset_uri, max_items):
+        if meta.get("data_format") != CHAT_FORMAT:
+            return super().evaluate(model, meta, store, dataset_uri, max_items)
+        from torch.utils.data import TensorDataset
+
+        from trainer.chat_data import evaluation_rows
+
+        x, y = evaluation_rows(store, dataset_uri, max_items)
+        loss = self._mean_loss(model, TensorDataset(x, y), torch.device("cpu"), 8)
+        # Loss and perplexity of the assistant's tokens only, as in training.
+        return {
+            "loss": loss,
+            "perplexity": math.exp(min(loss, 50.0)),
+            "test_tokens": int((y != IGNORE).sum()),
+            "test_rows": len(x),
+        }
 
     def flops_per_item(self, model, cfg):
         # 6N per token for a full update (2N forward, 4N backward); LoRA skips the weight

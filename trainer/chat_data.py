@@ -1,0 +1,546 @@
+"""Chat data for fine-tuning a pretrained model (`data.format: chat`): conversations rendered
+with the model's own chat template, one conversation per row, the loss on the assistant's
+tokens only.
+
+**Reading.** The source is a JSON Lines object, or every object under a prefix (in name order),
+read in blocks of about a MiB: one conversation per line, its `data.messages_field` a list of
+OpenAI-style `{"role", "content"}` messages (roles: system, user, assistant, tool). Every record
+is checked as it is read; the first bad one stops data prep with an error naming the object, the
+line and the fix. At most `data.max_bytes` of records are taken (whole records only). Record `i`
+(counted across the objects) goes to the val or test split when a hash of `(data.seed, i)` falls
+in the first `data.val_fraction` or the next `data.test_fraction` of its range: the same source
+and seed always give the same splits, and no split depends on how the source is ordered.
+
+**Masking.** The model's tokenizer (its folder's tokenizer files, loaded by transformers) renders
+each conversation with its chat template. The characters of assistant turn `i` are those its own
+rendering adds to the generation prompt before it: `render(messages[:i], add_generation_prompt)`
+must be a prefix of `render(messages[:i + 1])`, and that a prefix of the whole conversation's
+rendering; a template that breaks either (one that rewrites earlier turns once later ones follow)
+cannot say which tokens are the assistant's and is refused, naming the record. The whole
+rendering is tokenized once with character offsets; a token is labelled when its characters
+overlap an assistant turn. A turn runs to the end of its rendering, whitespace after the last
+character left out: the template's end-of-turn token (`<|im_end|>`, `<|eot_id|>`) is the
+assistant's, so the model learns to stop.
+
+**Layout: padding, not packing.** A row holds one conversation: `model.block_size + 1` token ids,
+right-padded with the tokenizer's pad id (else its end-of-sequence id), the input `row[:-1]`
+and the labels `row[1:]` with -100 wherever the loss mask is 0 (prompts, template text,
+padding). Packing several conversations into a row would let each attend to the ones before it
+unless the model got a block-diagonal 4D attention mask or flash-attention's variable-length
+kernels, which not every attention backend (nor the CPU) has; right padding needs no mask at all
+on any backend, since causal attention never looks at the padding after a token, and each
+conversation starts at position 0 as it does when the model is served. What it costs is the
+compute of the padding, at most `block_size` minus the conversation's length per row: bounded,
+and small when `model.block_size` is close to the longest conversations. A conversation longer
+than the row is cut at it; one left with no assistant token is dropped; data prep logs both
+counts and records them in the manifest.
+
+Shards are `.npz` archives (`trainer/shards.py`, rows) of `tokens` (rows x (block_size + 1),
+the smallest unsigned dtype that holds the vocabulary) and `mask` (the same shape, uint8, 1 on
+the tokens the loss counts).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import math
+import tempfile
+from collections.abc import Callable, Iterator, Sequence
+from concurrent.futures import ProcessPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from trainer import pretrained
+from trainer.config import Config
+from trainer.data_rules import BUILTIN_SOURCES, source_objects, text_chunks
+from trainer.progress import ProgressLine
+from trainer.shards import MANIFEST, SPLITS, DataError, ShardInfo, ShardWriter, read_manifest, split_shards, token_dtype
+from trainer.storage import ObjectStore, join_uri, open_store, read_chunks
+from trainer.streaming import first_items
+from trainer.tasks.causal_lm import BLOCK_BYTES, _bounded_map
+from trainer.tasks.pretrained_lm import CHAT_FORMAT, IGNORE
+
+log = logging.getLogger("kftrain.data")
+#: The roles a message may have (OpenAI's chat format; `tool` carries a tool's result).
+ROLES = ("system", "user", "assistant", "tool")
+#: Conversations rendered and tokenized together (one task of a `data.num_proc` worker).
+GROUP = 64
+#: A rendering: `(messages, add_generation_prompt) -> text`.
+Render = Callable[[list[dict], bool], str]
+
+
+def conversation(record: Any, field_name: str, where: str) -> list[dict]:
+    """The messages of one JSON Lines record, checked: an object whose `field_name` is a list of
+    messages with string `role` and `content`, every role one of :data:`ROLES`, and at least one
+    assistant turn. `where` (object and line) names the record in the error."""
+    if not isinstance(record, dict):
+        raise DataError(
+            f"{where}: the record is a JSON {_json_kind(record)}, not an object; each line of a chat JSON Lines "
+            f'file is one object like {{"{field_name}": [{{"role": "user", "content": "..."}}, ...]}}'
+        )
+    if field_name not in record:
+        raise DataError(
+            f"{where}: the record has no {field_name!r} field (data.messages_field); its keys: "
+            f"{sorted(record)[:10]}; set data.messages_field to the field that holds the messages"
+        )
+    messages = record[field_name]
+    if not isinstance(messages, list):
+        raise DataError(
+            f"{where}: {field_name!r} is a JSON {_json_kind(messages)}, not a list of messages "
+            '(`[{"role": "user", "content": "..."}, ...]`)'
+        )
+    for number, message in enumerate(messages, 1):
+        if not isinstance(message, dict):
+            raise DataError(
+                f"{where}: message {number} is a JSON {_json_kind(message)}, not an object with "
+                "string 'role' and 'content'"
+            )
+        for key in ("role", "content"):
+            if not isinstance(message.get(key), str):
+                found = "missing" if key not in message else f"a JSON {_json_kind(message[key])}"
+                raise DataError(f"{where}: message {number} has no string {key!r} ({found}); every message needs one")
+        if message["role"] not in ROLES:
+            raise DataError(
+                f"{where}: message {number} has role {message['role']!r}; data.format: chat allows {', '.join(ROLES)}"
+            )
+    if not any(m["role"] == "assistant" for m in messages):
+        raise DataError(
+            f"{where}: the conversation has no assistant message, so nothing to learn; every record needs "
+            "at least one message with role 'assistant'"
+        )
+    return messages
+
+
+def _json_kind(value: Any) -> str:
+    if value is None:
+        return "null"
+    return {bool: "boolean", int: "number", float: "number", str: "string", list: "array", dict: "object"}.get(
+        type(value), type(value).__name__
+    )
+
+
+def assistant_spans(render: Render, messages: list[dict], where: str) -> tuple[str, list[tuple[int, int]]]:
+    """The conversation's rendering and the character spans `[start, end)` of its assistant turns
+    in it (see the module docstring); :class:`DataError` naming `where` when the template does not
+    extend a turn's generation prompt, or renders a turn differently once later turns follow."""
+    text = render(messages, False)
+    spans = []
+    turn = 0
+    for i, message in enumerate(messages):
+        if message["role"] != "assistant":
+            continue
+        turn += 1
+        prompt = render(messages[:i], True)
+        upto = render(messages[: i + 1], False)
+        if not upto.startswith(prompt):
+            raise DataError(
+                f"{where}: the model's chat template does not render assistant turn {turn} (message {i + 1}) as a "
+                "continuation of its generation prompt (render(messages[:i], add_generation_prompt=True) is not a "
+                "prefix of render(messages[:i+1])), so its tokens cannot be told from the prompt's; data.format: "
+                "chat needs a template that does (ChatML, Llama 3 and most instruct templates do)"
+            )
+        if not text.startswith(upto):
+            raise DataError(
+                f"{where}: the model's chat template renders the conversation up to assistant turn {turn} "
+                f"(message {i + 1}) differently once later messages follow (render(messages[:i+1]) is not a prefix "
+                "of the whole rendering; templates that drop earlier turns' reasoning do this); give each assistant "
+                "turn its own record (the conversation up to and including that turn)"
+            )
+        end = max(len(prompt), len(upto.rstrip()))
+        if end > len(prompt):
+            spans.append((len(prompt), end))
+    return text, spans
+
+
+def label_mask(offsets: np.ndarray, spans: Sequence[tuple[int, int]], length: int) -> np.ndarray:
+    """1 for each token (character `offsets`, n x 2, of a text of `length` characters) whose
+    characters overlap one of `spans`, else 0 (uint8)."""
+    chars = np.zeros(length + 1, dtype=np.int64)
+    for start, end in spans:
+        chars[start:end] = 1
+    covered = np.concatenate([[0], np.cumsum(chars)])
+    starts = np.clip(offsets[:, 0], 0, length)
+    ends = np.clip(np.maximum(offsets[:, 1], offsets[:, 0] + 1), 0, length + 1)  # an empty token: its position
+    return (covered[ends] - covered[starts] > 0).astype(np.uint8)
+
+
+@dataclass(frozen=True, slots=True)
+class Row:
+    """One conversation as a row of the dataset, or why it has none."""
+
+    tokens: np.ndarray | None
+    """`block_size + 1` token ids (int64), right-padded; None: dropped."""
+    mask: np.ndarray | None
+    """1 on the tokens the loss counts (uint8), 0 on the rest and the padding."""
+    cut: bool
+    """The conversation was longer than the row and was cut at it."""
+
+
+def layout_row(ids: np.ndarray, mask: np.ndarray, block_size: int, pad_id: int) -> Row:
+    """A conversation's token ids and mask as one row of `block_size + 1` tokens: cut at the row,
+    right-padded with `pad_id` (mask 0); dropped (no tokens) when no assistant token is left to
+    predict (the row's first token is never a label)."""
+    width = block_size + 1
+    cut = len(ids) > width
+    ids, mask = ids[:width], mask[:width]
+    if not mask[1:].any():
+        return Row(None, None, cut)
+    tokens = np.full(width, pad_id, dtype=np.int64)
+    tokens[: len(ids)] = ids
+    row_mask = np.zeros(width, dtype=np.uint8)
+    row_mask[: len(mask)] = mask
+    return Row(tokens, row_mask, cut)
+
+
+class ChatEncoder:
+    """Renders conversations with a transformers tokenizer's chat template and lays each out as a
+    :class:`Row` of `block_size + 1` tokens."""
+
+    def __init__(self, tokenizer: Any, block_size: int) -> None:
+        self.tokenizer, self.block_size = tokenizer, block_size
+        pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
+        self.pad_id = int(pad) if pad is not None else 0  # masked out: any id would do
+
+    def render(self, messages: list[dict], add_generation_prompt: bool) -> str:
+        """The template's text of `messages`."""
+        return self.tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=add_generation_prompt)
+
+    def encode(self, items: list[tuple[str, list[dict]]]) -> list[Row]:
+        """`(where, messages)` pairs as rows; a template that fails on a conversation is a
+        :class:`DataError` naming `where`."""
+        texts, spans = [], []
+        for where, messages in items:
+            try:
+                text, turn_spans = assistant_spans(self.render, messages, where)
+            except DataError:
+                raise
+            except Exception as exc:  # the template's own raise_exception (roles must alternate, ...)
+                raise DataError(
+                    f"{where}: the model's chat template refused the conversation ({type(exc).__name__}: {exc}); "
+                    "fix the record to the form the model's template expects"
+                ) from None
+            texts.append(text)
+            spans.append(turn_spans)
+        # The template writes the special tokens it wants (a BOS among them): add none.
+        encoded = self.tokenizer(texts, add_special_tokens=False, return_offsets_mapping=True, verbose=False)
+        rows = []
+        for text, turn_spans, ids, offsets in zip(
+            texts, spans, encoded["input_ids"], encoded["offset_mapping"], strict=True
+        ):
+            offsets = np.asarray(offsets, dtype=np.int64).reshape(-1, 2)
+            mask = label_mask(offsets, turn_spans, len(text))
+            rows.append(layout_row(np.asarray(ids, dtype=np.int64), mask, self.block_size, self.pad_id))
+        return rows
+
+
+def load_chat_tokenizer(source: pretrained.ModelSource, folder: Path, trust_remote_code: bool) -> Any:
+    """The model's tokenizer, loaded by transformers from its tokenizer files (copied from the
+    store into `folder`); :class:`DataError` naming `model.init_from` when the folder has none,
+    they do not load, or the tokenizer has no chat template."""
+    copied = []
+    for name in pretrained.TOKENIZER_FILES:
+        uri = join_uri(source.uri, name)
+        if source.store.exists(uri):
+            (folder / name).write_bytes(source.store.get_bytes(uri))
+            copied.append(name)
+    if not copied:
+        raise DataError(
+            f"model.init_from {source.origin!r}: the folder has no tokenizer file "
+            f"({', '.join(pretrained.TOKENIZER_FILES)}); data.format: chat renders "
+            "conversations with the model's own tokenizer and chat template"
+        )
+    from transformers import AutoTokenizer
+
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(str(folder), trust_remote_code=trust_remote_code)
+    except Exception as exc:  # a broken or remote-code tokenizer: named, not a traceback
+        raise DataError(
+            f"model.init_from {source.origin!r}: its tokenizer does not load ({type(exc).__name__}: "
+            f"{str(exc).splitlines()[0] if str(exc) else ''}); a tokenizer with its own code needs "
+            "model.trust_remote_code: true"
+        ) from None
+    if not getattr(tokenizer, "chat_template", None):
+        raise DataError(
+            f"model.init_from {source.origin!r}: its tokenizer has no chat template (no 'chat_template' in "
+            "tokenizer_config.json, no chat_template.jinja); data.format: chat needs one: use the model's chat or "
+            "instruct variant, or data.format: jsonl for plain text"
+        )
+    if not getattr(tokenizer, "is_fast", False):
+        raise DataError(
+            f"model.init_from {source.origin!r}: its tokenizer is not a fast (tokenizer.json) one; data.format: chat "
+            "needs the character offsets only a fast tokenizer gives"
+        )
+    return tokenizer
+
+
+def split_of(index: int, seed: int, val_fraction: float, test_fraction: float) -> str:
+    """The split of record `index`: a hash of (seed, index) mapped to [0, 1) and compared with
+    the fractions (val first, then test)."""
+    digest = hashlib.blake2b(f"{seed}/{index}".encode(), digest_size=8).digest()
+    u = int.from_bytes(digest, "big") / 2**64
+    if u < val_fraction:
+        return "val"
+    return "test" if u < val_fraction + test_fraction else "train"
+
+
+def _lines(store: ObjectStore, uri: str) -> Iterator[tuple[int, bytes]]:
+    """The lines of one object with their numbers (from 1), one block in memory at a time."""
+    carry, number = b"", 0
+    for chunk in text_chunks(read_chunks(store, uri, BLOCK_BYTES), uri, "chat JSON Lines"):
+        *lines, carry = (carry + chunk).split(b"\n")
+        for line in lines:
+            number += 1
+            yield number, line
+    if carry:
+        yield number + 1, carry
+
+
+@dataclass(slots=True)
+class _Reading:
+    """How far reading the source got (for the empty-source error)."""
+
+    records: int = 0
+    bytes: int = 0
+    stopped_at_max_bytes: bool = False
+    objects: list[str] = field(default_factory=list)
+
+
+def chat_records(cfg: Config, reading: _Reading) -> Iterator[tuple[str, list[dict]]]:
+    """`(where, messages)` of every record of `data.source` in order, checked, whole records only up
+    to `data.max_bytes`; blank lines are skipped."""
+    d = cfg.data
+    # The source's own store: it need not be the dataset's.
+    store = open_store(d.source, cfg.store.endpoint, cfg.store.region, cfg.store.policy())
+    reading.objects = sorted(source_objects(store, d.source))
+    if not reading.objects:
+        raise DataError(f"data.source {d.source!r}: no object there and none below it; check the URI")
+    limit = d.max_bytes or math.inf
+    progress = ProgressLine(f"data prep: reading {d.source}", total=d.max_bytes)
+    for uri in reading.objects:
+        for number, line in _lines(store, uri):
+            if not line.strip():
+                continue
+            if reading.bytes + len(line) + 1 > limit:
+                reading.stopped_at_max_bytes = True
+                progress.done("data.max_bytes reached")
+                return
+            reading.bytes += len(line) + 1
+            progress.add(len(line) + 1)
+            where = f"{uri} line {number}"
+            try:
+                record = json.loads(line)
+            except ValueError as exc:
+                raise DataError(
+                    f"{where} is not JSON ({getattr(exc, 'msg', exc)}); data.format: chat reads JSON Lines, one "
+                    f"object with a {d.messages_field!r} list per line"
+                ) from None
+            reading.records += 1
+            yield where, conversation(record, d.messages_field, where)
+    progress.done()
+
+
+#: The encoder of a data-prep worker process (`data.num_proc` > 1).
+_WORKER: ChatEncoder | None = None
+
+
+def _start_worker(folder: str, trust_remote_code: bool, block_size: int) -> None:
+    global _WORKER
+    from transformers import AutoTokenizer
+
+    _WORKER = ChatEncoder(AutoTokenizer.from_pretrained(folder, trust_remote_code=trust_remote_code), block_size)
+
+
+#: Conversations to encode, each with its split: `(splits, [(where, messages), ...])`.
+Group = tuple[list[str], list[tuple[str, list[dict]]]]
+
+
+def _encode_in_worker(group: Group) -> tuple[list[str], list[Row]]:
+    assert _WORKER is not None, "the worker's initializer did not run"
+    return group[0], _WORKER.encode(group[1])
+
+
+def _groups(records: Iterator[tuple[str, list[dict]]], cfg: Config) -> Iterator[Group]:
+    """Records in groups of :data:`GROUP`, each record with its split (:func:`split_of` of its
+    index in the source)."""
+    d = cfg.data
+    names: list[str] = []
+    items: list[tuple[str, list[dict]]] = []
+    for index, item in enumerate(records):
+        names.append(split_of(index, d.seed, d.val_fraction, d.test_fraction))
+        items.append(item)
+        if len(items) == GROUP:
+            yield names, items
+            names, items = [], []
+    if items:
+        yield names, items
+
+
+@dataclass(slots=True)
+class _SplitStats:
+    rows: int = 0
+    assistant_tokens: int = 0
+    cut: int = 0
+    dropped: int = 0
+
+
+def prepare_chat(cfg: Config, store: ObjectStore, dataset_uri: str, source: pretrained.ModelSource) -> dict[str, Any]:
+    """Data prep of `data.format: chat` (see the module docstring): the shards of every split
+    and the manifest (written last), which is returned."""
+    d, block = cfg.data, cfg.model.block_size
+    if d.source in BUILTIN_SOURCES:
+        raise DataError(
+            f"data.source {d.source or '(empty)'!r}: data.format: chat needs a JSON Lines object (or a prefix of "
+            "them) of conversations; set data.source"
+        )
+    with tempfile.TemporaryDirectory(prefix="kftrain-tokenizer-") as tmp:
+        tokenizer = load_chat_tokenizer(source, Path(tmp), cfg.model.trust_remote_code)
+        vocab_size = len(tokenizer)
+        dtype = token_dtype(vocab_size)
+        encoder = ChatEncoder(tokenizer, block)
+        writers = {split: ShardWriter(store, dataset_uri, split, d.shard_rows, kind="rows") for split in SPLITS}
+        stats = {split: _SplitStats() for split in SPLITS}
+        reading = _Reading()
+        pool = (
+            ProcessPoolExecutor(
+                d.num_proc, initializer=_start_worker, initargs=(tmp, cfg.model.trust_remote_code, block)
+            )
+            if d.num_proc > 1
+            else None
+        )
+        encode = (lambda group: (group[0], encoder.encode(group[1]))) if pool is None else _encode_in_worker
+        try:
+            groups = _groups(chat_records(cfg, reading), cfg)
+            for names, rows in _bounded_map(pool, encode, groups, ahead=2 * d.num_proc):
+                _write_group(rows, names, writers, stats, dtype)
+        finally:
+            if pool is not None:
+                pool.shutdown(cancel_futures=True)
+    if reading.records == 0:
+        hint = (
+            f"its first record is longer than data.max_bytes {d.max_bytes}; raise data.max_bytes"
+            if reading.stopped_at_max_bytes
+            else f"it is empty or holds blank lines only; data.format: chat reads one JSON object with a "
+            f"{d.messages_field!r} list per line"
+        )
+        raise DataError(f"data.source {d.source}: no conversation read ({len(reading.objects)} object(s)): {hint}")
+    splits = {}
+    for split, writer in writers.items():
+        shards = writer.close()
+        if not shards:
+            raise DataError(_empty_split(cfg, split, reading.records, stats))
+        s = stats[split]
+        splits[split] = {
+            "rows": s.rows,
+            "assistant_tokens": s.assistant_tokens,
+            "cut": s.cut,
+            "dropped": s.dropped,
+            "shards": [sh.as_dict() for sh in shards],
+        }
+    total = {k: sum(getattr(s, k) for s in stats.values()) for k in ("rows", "assistant_tokens", "cut", "dropped")}
+    _log_counts(reading.records, total, block)
+    manifest: dict[str, Any] = {
+        "format": CHAT_FORMAT,
+        "source": d.source,
+        "vocab_size": vocab_size,
+        "tokenizer": {"kind": "pretrained", "vocab_size": vocab_size, "model": cfg.model.init_from},
+        "block_size": block,
+        "pad_id": encoder.pad_id,
+        "dtype": dtype.name,
+        "conversations": reading.records,
+        **total,
+        "splits": splits,
+    }
+    store.put_bytes(join_uri(dataset_uri, MANIFEST), json.dumps(manifest, indent=2).encode())
+    return manifest
+
+
+def _write_group(
+    rows: list[Row], names: list[str], writers: dict[str, ShardWriter], stats: dict[str, _SplitStats], dtype
+) -> None:
+    for split in SPLITS:
+        kept = [r for r, name in zip(rows, names, strict=True) if name == split and r.tokens is not None]
+        s = stats[split]
+        s.dropped += sum(1 for r, name in zip(rows, names, strict=True) if name == split and r.tokens is None)
+        if not kept:
+            continue
+        tokens = np.stack([r.tokens for r in kept]).astype(dtype)
+        mask = np.stack([r.mask for r in kept])
+        writers[split].add(tokens=tokens, mask=mask)
+        s.rows += len(kept)
+        s.cut += sum(r.cut for r in kept)
+        s.assistant_tokens += int(mask[:, 1:].sum())
+
+
+def _empty_split(cfg: Config, split: str, records: int, stats: dict[str, _SplitStats]) -> str:
+    d = cfg.data
+    dropped = stats[split].dropped
+    why = (
+        f"{dropped} conversation(s) of it were dropped as no assistant token fit in model.block_size "
+        f"{cfg.model.block_size}"
+        if dropped
+        else "no record fell into it"
+    )
+    if split == "train":
+        fix = "use more conversations (data.source, data.max_bytes) or smaller data.val_fraction/data.test_fraction"
+    else:
+        fix = f"use more conversations (data.source, data.max_bytes) or a larger data.{split}_fraction"
+    if dropped:
+        fix += " or a larger model.block_size"
+    return f"data.source {d.source}: the {split} split of its {records} conversation(s) is empty ({why}); {fix}"
+
+
+def _log_counts(records: int, total: dict[str, int], block: int) -> None:
+    log.info(
+        "chat data: %d conversations -> %d rows of %d tokens, %d assistant tokens to learn",
+        records,
+        total["rows"],
+        block + 1,
+        total["assistant_tokens"],
+    )
+    if total["cut"] or total["dropped"]:
+        log.warning(
+            "chat data: %d conversation(s) longer than model.block_size + 1 = %d tokens were cut at it, %d dropped "
+            "with no assistant token left within it; a larger model.block_size keeps more",
+            total["cut"],
+            block + 1,
+            total["dropped"],
+        )
+
+
+def take_rows(arrays: dict[str, np.ndarray], idx: np.ndarray) -> tuple[torch.Tensor, torch.Tensor]:
+    """Rows `idx` of a decoded shard as (input ids, labels), int64: the labels are the next
+    tokens, -100 where the loss mask is 0."""
+    tokens = torch.from_numpy(arrays["tokens"][idx].astype(np.int64))
+    counted = torch.from_numpy(arrays["mask"][idx, 1:].astype(bool))
+    labels = tokens[:, 1:].masked_fill(~counted, IGNORE)
+    return tokens[:, :-1].contiguous(), labels
+
+
+def _rows(info: ShardInfo) -> int:
+    return info.items
+
+
+def chat_stream(cfg: Config, manifest: dict) -> tuple[Callable[[ShardInfo], int], Callable]:
+    """How to stream a chat dataset (`trainer/streaming.py`): a shard's items are its rows, a
+    batch is :func:`take_rows`; :class:`DataError` when the rows were laid out for another
+    `model.block_size`."""
+    prepared = manifest.get("block_size")
+    if prepared != cfg.model.block_size:
+        raise DataError(
+            f"the chat dataset was prepared with model.block_size {prepared} (rows of {prepared} + 1 tokens), the "
+            f"training config has {cfg.model.block_size}; prepare the data again with this model.block_size"
+        )
+    return _rows, take_rows
+
+
+def evaluation_rows(store: ObjectStore, dataset_uri: str, max_items: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """The first `max_items` rows of a chat dataset's test split as (input ids, labels)."""
+    manifest = read_manifest(store, dataset_uri, CHAT_FORMAT)
+    shards = split_shards(manifest, "test", dataset_uri)
+    return first_items(store, dataset_uri, shards, _rows, take_rows, max_items)
