@@ -436,6 +436,27 @@ class LoraConfig:
         check_bounds(self, "lora", _LORA_BOUNDS)
 
 
+#: Bounds of `export.*` fields.
+_EXPORT_BOUNDS = {"max_shard_bytes": POSITIVE}
+
+
+@dataclass(kw_only=True, slots=True)
+class ExportConfig:
+    """The export step's Hugging Face output of a fine-tuned pretrained model (`model.init_from`)."""
+
+    max_shard_bytes: int = 5_000_000_000
+    """Largest weights file of the exported Hugging Face folder: above it the weights are split into
+    `model-00001-of-0000N.safetensors` files and `model.safetensors.index.json`, as `save_pretrained` does (5 GB,
+    its default); a tensor larger than this gets a file of its own."""
+    merge_lora: bool = False
+    """With `train.method: lora`: also write the merged model (each adapted weight W + (alpha / rank) B A) as a full
+    Hugging Face folder in `huggingface/`, for servers without LoRA support. Off: only the adapter (`adapter/`, a
+    few MB) is written, served on the base model (deploy/serving/inferenceservice-vllm-lora.yaml)."""
+
+    def __post_init__(self) -> None:
+        check_bounds(self, "export", _EXPORT_BOUNDS)
+
+
 #: Bounds of `checkpoint.*` fields.
 _CHECKPOINT_BOUNDS = {"interval_steps": NOT_NEGATIVE, "keep_last": AT_LEAST_ONE}
 
@@ -717,6 +738,8 @@ class Config:
     """Low-rank adapters (`train.method: lora`)."""
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
     """Checkpointing and resume."""
+    export: ExportConfig = field(default_factory=ExportConfig)
+    """The export step (the Hugging Face folder and adapter of a fine-tuned pretrained model)."""
     job: JobConfig = field(default_factory=JobConfig)
     """Distributed job shape and limits."""
     kubernetes: KubernetesConfig = field(default_factory=KubernetesConfig)
@@ -796,6 +819,12 @@ class Config:
     def _check_pretrained(self) -> None:
         """Fields that only mean something with, or conflict with, a pretrained model."""
         pretrained = bool(self.model.init_from)
+        _require(
+            not self.export.merge_lora or self.train.method == "lora",
+            "export.merge_lora",
+            self.export.merge_lora,
+            "merges LoRA adapters into the base weights: it needs train.method: lora",
+        )
         if pretrained:
             _require(self.task == "causal_lm", "model.init_from", self.model.init_from, "needs task: causal_lm")
             _require(

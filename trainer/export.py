@@ -10,7 +10,10 @@ Layout under the export URI::
       kftrain/1/model.onnx              kserve-tritonserver, modelFormat onnx)
 
 What is exported is the task's serving module: for classification the normalisation is part of
-the graph, so a serving stack feeds it the raw features the source table holds.
+the graph, so a serving stack feeds it the raw features the source table holds. A task without
+one (its `serving_module` returns None) is served from other files: a fine-tuned pretrained
+model as a Hugging Face folder and/or a peft adapter (trainer/export_pretrained.py, streamed
+from the model file without loading the model), any other task from its `extra_exports`.
 """
 
 from __future__ import annotations
@@ -26,8 +29,9 @@ import numpy as np
 import torch
 from safetensors.torch import save as save_safetensors
 
+from trainer.config import ExportConfig
 from trainer.errors import KftrainError
-from trainer.model_io import load_model, weights
+from trainer.model_io import MODEL_META, WEIGHTS, weights
 from trainer.progress import ProgressLine
 from trainer.storage import ObjectStore, join_uri
 from trainer.tasks import task_for_meta
@@ -88,19 +92,43 @@ def export_model(
     output_uri: str,
     metrics: dict[str, Any] | None = None,
     training_config: dict[str, Any] | None = None,
+    max_shard_bytes: int = ExportConfig().max_shard_bytes,
+    merge_lora: bool = False,
 ) -> dict[str, Any]:
-    """Write and verify every format under `output_uri`; return the model card (written last)."""
-    import onnxruntime
+    """Write and verify every format under `output_uri`; return the model card (written last).
 
+    `max_shard_bytes` and `merge_lora`: `export.*`, for a fine-tuned pretrained model."""
     line = ProgressLine(f"export to {output_uri}")
 
     def put(name: str, data: bytes) -> None:
         store.put_bytes(join_uri(output_uri, name), data)
         line.add(len(data), name)
 
-    model, meta = load_model(store, model_uri)
+    meta = json.loads(store.get_bytes(join_uri(model_uri, MODEL_META)))
     task = task_for_meta(meta)
-    serving, example = task.serving_module(model, meta)
+    # The weights are not loaded yet: a pretrained model's are streamed from the file instead.
+    model = task.model_from_meta(meta)
+    if task.serving_module(model, meta) is None:
+        common = _common_card(meta, model_uri, metrics, training_config)
+        if "base_model" in meta:
+            from trainer.export_pretrained import write_pretrained_export
+
+            card = write_pretrained_export(store, model_uri, output_uri, model, meta, line, max_shard_bytes, merge_lora)
+        else:
+            task.load_weights(model, meta, store, join_uri(model_uri, WEIGHTS))
+            extra = task.extra_exports(model.eval(), meta)
+            for name, data in extra.items():
+                put(name, data)
+            card = {"files": {"extra": sorted(extra)}}
+        card = {**common, **card}
+        put(MODEL_CARD, json.dumps(card, indent=2).encode())
+        line.done("written")
+        return card
+    import onnxruntime
+
+    task.load_weights(model, meta, store, join_uri(model_uri, WEIGHTS))
+    # Built again over the loaded weights (a task may copy them into its serving module).
+    serving, example = task.serving_module(model.eval(), meta)
     with torch.no_grad():
         expected = serving(example)
         scripted = torch.jit.trace(serving, example[:1])
@@ -123,8 +151,7 @@ def export_model(
         put(name, data)
     put(SAFETENSORS, save_safetensors(weights(serving)))
     card = {
-        "name": f"kftrain-{meta['task']}",
-        "task": meta["task"],
+        **_common_card(meta, model_uri, metrics, training_config),
         "inputs": {
             "name": names[0],
             "dtype": str(example.dtype).removeprefix("torch."),
@@ -135,8 +162,6 @@ def export_model(
             "dtype": str(expected.dtype).removeprefix("torch."),
             "shape": _shape(expected, dims),
         },
-        **{k: meta[k] for k in CARD_FIELDS if k in meta},
-        "architecture": meta["architecture"],
         "files": {
             "torchscript": TORCHSCRIPT,
             "safetensors": SAFETENSORS,
@@ -145,14 +170,26 @@ def export_model(
             **({"extra": sorted(extra)} if extra else {}),
         },
         "verification": {"torchscript_max_abs_error": ts_err, "onnx_max_abs_error": onnx_err, "batch": len(example)},
+    }
+    put(MODEL_CARD, json.dumps(card, indent=2).encode())
+    line.done("each format verified")
+    return card
+
+
+def _common_card(
+    meta: dict[str, Any], model_uri: str, metrics: dict[str, Any] | None, training_config: dict[str, Any] | None
+) -> dict[str, Any]:
+    """The card's fields every task has: what the model is, how it did, where it came from."""
+    return {
+        "name": f"kftrain-{meta['task']}",
+        "task": meta["task"],
+        **{k: meta[k] for k in CARD_FIELDS if k in meta},
+        "architecture": meta["architecture"],
         "metrics": metrics or {},
         "training_config": training_config or {},
         "source_dataset_uri": meta["dataset_uri"],
         "source_model_uri": model_uri,
     }
-    put(MODEL_CARD, json.dumps(card, indent=2).encode())
-    line.done("each format verified")
-    return card
 
 
 def _shape(t: torch.Tensor, dims) -> list[int]:

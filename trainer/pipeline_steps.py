@@ -141,4 +141,12 @@ def export(cfg: Config, model_uri: str, output_uri: str, metrics: dict[str, Any]
     from trainer.export import export_model
 
     store = store_for(cfg, output_uri, check=True)
-    return export_model(store, model_uri, output_uri, metrics=metrics, training_config=to_dict(cfg))
+    return export_model(
+        store,
+        model_uri,
+        output_uri,
+        metrics=metrics,
+        training_config=to_dict(cfg),
+        max_shard_bytes=cfg.export.max_shard_bytes,
+        merge_lora=cfg.export.merge_lora,
+    )

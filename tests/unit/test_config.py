@@ -41,6 +41,11 @@ def test_yaml_file_maps_onto_the_tree(tmp_path):
         ),
         ("job:\n  nccl_debug: LOUD\n", "job.nccl_debug: must be one of ('', 'VERSION', 'WARN', 'INFO', 'ABORT'"),
         ("job:\n  kind: podjob\n", "job.kind: must be one of ('pytorchjob', 'trainjob', 'auto'), got 'podjob'"),
+        ("export:\n  max_shard_bytes: 0\n", "export.max_shard_bytes: must be positive, got 0"),
+        (
+            "task: causal_lm\nmodel:\n  init_from: s3://models/base\nexport:\n  merge_lora: true\n",
+            "export.merge_lora: merges LoRA adapters into the base weights: it needs train.method: lora, got True",
+        ),
         ("- a\n- b\n", "must hold a mapping"),
         ("train: [\n", "not valid YAML"),
     ],

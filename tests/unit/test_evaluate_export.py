@@ -10,6 +10,7 @@ from trainer.evaluate import evaluate_model
 from trainer.export import export_model, load_torchscript
 from trainer.model_io import load_model, save_model
 from trainer.storage import LocalStore, join_uri
+from trainer.tasks.classification import ClassificationTask
 from trainer.tasks.classification.model import build_mlp
 from trainer.tasks.classification.report import classification_report
 
@@ -165,3 +166,28 @@ def test_the_confusion_matrix_reaches_classification_metrics_in_the_shape_the_kf
     assert out.passed is True
     page = store.get_bytes(str(tmp_path / "report.html")).decode()
     assert 'aria-label="confusion matrix"' in page and "run-1/evaluate" in page
+
+
+class ServedFromItsOwnFiles(ClassificationTask):
+    """A task with no serving module: serving loads its `extra_exports` (here, the first weight)."""
+
+    def serving_module(self, model, meta):
+        return None
+
+    def extra_exports(self, model, meta):
+        return {"served/first_weight.json": json.dumps(model[0].weight.tolist()).encode()}
+
+
+def test_a_task_without_a_serving_module_exports_its_own_files_from_the_loaded_weights(trained, tmp_path):
+    store, uri, model, meta = trained
+    meta = {**meta, "task": f"{__name__}:ServedFromItsOwnFiles"}
+    store.put_bytes(join_uri(uri, "model.json"), json.dumps(meta).encode())
+    out = str(tmp_path / "export")
+    card = export_model(store, uri, out)
+    assert sorted(p.relative_to(out).as_posix() for p in (tmp_path / "export").rglob("*") if p.is_file()) == [
+        "model_card.json",
+        "served/first_weight.json",
+    ]
+    # The trained weights, not a freshly initialised model's.
+    assert json.loads(store.get_bytes(join_uri(out, "served/first_weight.json"))) == model[0].weight.tolist()
+    assert card["files"] == {"extra": ["served/first_weight.json"]} and card["classes"] == ["x", "y", "z"]

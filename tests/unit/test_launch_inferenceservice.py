@@ -27,10 +27,20 @@ def load(path: Path) -> dict:
     return doc
 
 
-def _broken(mutate):
-    doc = copy.deepcopy(load(SERVING / "inferenceservice-vllm.yaml"))
+def _broken(mutate, example: str = "inferenceservice-vllm.yaml"):
+    doc = copy.deepcopy(load(SERVING / example))
     mutate(doc)
     return doc
+
+
+def _arg(args: list[str], flag: str) -> str:
+    """The value of `flag` in a container's args: `--flag=value` or `--flag value`."""
+    for i, arg in enumerate(args):
+        if arg.startswith(f"{flag}="):
+            return arg.split("=", 1)[1]
+        if arg == flag:
+            return args[i + 1]
+    raise AssertionError(f"{flag} not in {args}")
 
 
 @pytest.fixture(scope="module")
@@ -61,6 +71,50 @@ def test_the_vllm_example_serves_the_hugging_face_export():
     assert model["storageUri"].endswith(f"/exported/{HF_FOLDER}")
     assert "--backend=vllm" in model["args"]
     assert f"--model_name={isvc['metadata']['name']}" in model["args"]
+
+
+def test_the_lora_example_serves_the_exported_adapter_on_the_base_model():
+    from trainer.config import LoraConfig
+    from trainer.export_pretrained import ADAPTER_CONFIG, ADAPTER_FOLDER, ADAPTER_WEIGHTS
+
+    isvc = load(SERVING / "inferenceservice-vllm-lora.yaml")
+    predictor = isvc["spec"]["predictor"]
+    model = predictor["model"]
+    assert model["modelFormat"]["name"] == "huggingface" and model["runtime"] == "kserve-huggingfaceserver"
+    assert "storageUri" not in model  # storageUris instead: KServe refuses both
+    mounts = {u["uri"].rsplit("/", 1)[-1]: u["mountPath"] for u in predictor["storageUris"]}
+    adapter = next(u for u in predictor["storageUris"] if u["uri"].endswith(f"/exported/{ADAPTER_FOLDER}"))
+    args = model["args"]
+    assert "--backend=vllm" in args and "--enable-lora" in args
+    assert _arg(args, "--model_name") == isvc["metadata"]["name"]
+    # vLLM's NAME=PATH: the adapter folder as downloaded; the base model is the runtime's model.
+    name, path = _arg(args, "--lora-modules").split("=", 1)
+    assert name and name != isvc["metadata"]["name"] and path == adapter["mountPath"]
+    assert _arg(args, "--model_dir") in set(mounts.values()) - {adapter["mountPath"]}
+    assert int(_arg(args, "--max-lora-rank")) >= LoraConfig().rank
+    assert (ADAPTER_CONFIG, ADAPTER_WEIGHTS) == ("adapter_config.json", "adapter_model.safetensors")  # peft's names
+
+
+@pytest.mark.parametrize(
+    ("mutate", "message"),
+    [
+        (
+            lambda d: d["spec"]["predictor"]["model"].update(storageUri="s3://x/y"),
+            "storageUris and a storageUri are both set",
+        ),
+        (
+            lambda d: d["spec"]["predictor"]["storageUris"][1].update(mountPath="/adapters/a"),
+            "must share a parent folder other than /",
+        ),
+        (lambda d: d["spec"]["predictor"]["storageUris"][1].update(mountPath="/mnt/models/../x"), "no '..'"),
+        (lambda d: d["spec"]["predictor"]["storageUris"][1].update(path="/mnt/models/a"), "'path' was unexpected"),
+    ],
+    ids=["storageUri too", "no common parent", "dot-dot", "path not mountPath"],
+)
+def test_storage_uris_follow_kserves_webhook_rules(mutate, message):
+    with pytest.raises(ManifestError, match="InferenceService") as exc:
+        validate_inferenceservice(_broken(mutate, "inferenceservice-vllm-lora.yaml"))
+    assert message in str(exc.value)
 
 
 @pytest.mark.parametrize(

@@ -17,7 +17,7 @@ TESTED_IN = {
     "trainer/credentials.py": ["test_config.py", "test_launch_byo.py"],
     "trainer/distributed.py": ["test_train.py", "test_train_fsdp.py"],
     "trainer/evaluate.py": ["test_evaluate_export.py", "test_report.py"],
-    "trainer/export.py": ["test_evaluate_export.py", "test_train.py"],
+    "trainer/export.py": ["test_evaluate_export.py", "test_train.py", "test_export_pretrained.py"],
     "trainer/gpt.py": ["test_train.py", "test_tokenizer.py"],
     "trainer/hf_export.py": ["test_train.py", "test_tasks_causal_lm.py", "test_launch_inferenceservice.py"],
     "trainer/horovod/run.py": ["test_horovod.py"],

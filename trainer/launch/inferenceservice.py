@@ -1,8 +1,9 @@
 """Validation of KServe InferenceService manifests (the deploy/serving examples) before they
 reach a cluster: KServe's v1beta1 CRD structural schema (shipped in `schemas/`, vendored by
-scripts/vendor_inferenceservice_schema.py), made strict like the PyTorchJob's, plus the two
-rules of KServe's webhook that a wrong example would most likely break: the name format and
-exactly one model implementation in the predictor.
+scripts/vendor_inferenceservice_schema.py), made strict like the PyTorchJob's, plus the rules
+of KServe's webhook that a wrong example would most likely break: the name format, exactly one
+model implementation in the predictor, and storageUris (multiple storage URIs, the LoRA example)
+not set with a storageUri and downloading under one common parent folder.
 """
 
 from __future__ import annotations
@@ -10,6 +11,7 @@ from __future__ import annotations
 import copy
 import functools
 import json
+import posixpath
 import re
 from importlib import resources
 from typing import Any
@@ -61,4 +63,29 @@ def validate_inferenceservice(manifest: dict[str, Any]) -> None:
         raise ManifestError(
             "InferenceService spec.predictor: exactly one of [" + ", ".join(PREDICTOR_IMPLEMENTATIONS) + ", "
             f"containers] must be specified, got {given or 'none'}"
+        )
+    _check_storage_uris(predictor, predictor.get(given[0], {}) if given else {})
+
+
+def _check_storage_uris(predictor: dict[str, Any], implementation: dict[str, Any]) -> None:
+    """KServe's webhook rules for `storageUris` (validateMultipleStorageURIs): not together with
+    the implementation's storageUri, absolute paths without `..`, and one common parent folder
+    other than / for the non-PVC ones."""
+    uris = predictor.get("storageUris")
+    if uris is None:
+        return
+    if "storageUri" in implementation:
+        raise ManifestError(
+            "InferenceService spec.predictor: storageUris and a storageUri are both set; KServe accepts one of "
+            "them (move the storageUri into storageUris)"
+        )
+    # The CRD's default mountPath.
+    paths = [u.get("mountPath", "/mnt/models") for u in uris if not u["uri"].startswith("pvc://")]
+    for path in paths:
+        if path == "/" or ".." in path:
+            raise ManifestError(f"InferenceService spec.predictor.storageUris mountPath {path!r}: not / and no '..'")
+    if len(paths) > 1 and posixpath.commonpath(paths) == "/":
+        raise ManifestError(
+            f"InferenceService spec.predictor.storageUris: the mountPaths {paths} must share a parent folder other "
+            "than / (e.g. /mnt/models/base and /mnt/models/adapter)"
         )
