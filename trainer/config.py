@@ -188,6 +188,9 @@ _DATA_BOUNDS = {
     "partitions": NOT_NEGATIVE,
     "cache_bytes": POSITIVE,
     "eval_items": POSITIVE,
+    "eval_prompts": Bound(lambda v: all(isinstance(p, str) and p.strip() for p in v), "must list non-empty prompts"),
+    "eval_generations": Bound(lambda v: 0 <= v <= 16, "must be between 0 and 16"),
+    "eval_new_tokens": Bound(lambda v: 1 <= v <= 512, "must be between 1 and 512"),
     "num_proc": POSITIVE,
     "text_field": NOT_EMPTY,
     "max_bytes": NOT_NEGATIVE,
@@ -224,6 +227,14 @@ class DataConfig:
     eval_items: int = 2048
     """Validation and evaluation read at most this many items (rows, or windows of `model.block_size` tokens): the first
     ones in shard order."""
+    eval_prompts: list[str] = field(default_factory=list)
+    """`model.init_from`: prompts the evaluation report shows continued by the base model and by the fine-tuned one,
+    side by side (greedy decoding: the same text every run); with `data.format: chat` each is one user message in the
+    model's chat template. Empty: the test split's first prompts (text: its first 32 tokens of a window)."""
+    eval_generations: int = 3
+    """`model.init_from`: the evaluation generates for at most this many prompts (0: none)."""
+    eval_new_tokens: int = 32
+    """`model.init_from`: each generation is at most this many new tokens (it stops early at end of sequence)."""
     text_field: str = "text"
     """causal_lm, JSON Lines sources: the field of each record that holds its text."""
     num_proc: int = 1

@@ -9,6 +9,7 @@ from typing import Any
 
 import torch
 
+from trainer.generations import GenerationSettings
 from trainer.model_io import load_model
 from trainer.storage import ObjectStore, join_uri
 from trainer.tasks import task_for_meta
@@ -17,13 +18,24 @@ EVAL_RECORD = "metrics.json"
 
 
 def evaluate_model(
-    store: ObjectStore, model_uri: str, dataset_uri: str, output_uri: str | None = None, max_items: int = 2048
+    store: ObjectStore,
+    model_uri: str,
+    dataset_uri: str,
+    output_uri: str | None = None,
+    max_items: int = 2048,
+    generation: GenerationSettings | None = None,
 ) -> dict[str, Any]:
     """Evaluate the model at `model_uri` on (the first `max_items` items of) the test split;
-    write `metrics.json` to `output_uri`."""
+    write `metrics.json` to `output_uri`. `generation`: the prompts and bounds of a fine-tuned
+    pretrained model's before/after generations (default: `GenerationSettings()`)."""
+    from trainer.tasks.pretrained_lm import PretrainedLMTask
+
     model, meta = load_model(store, model_uri)
+    task = task_for_meta(meta)
+    if generation is not None and isinstance(task, PretrainedLMTask):
+        task.generation = generation
     with torch.no_grad():
-        report = task_for_meta(meta).evaluate(model, meta, store, dataset_uri, max_items)
+        report = task.evaluate(model, meta, store, dataset_uri, max_items)
     report.update(task=meta["task"], model_uri=model_uri, dataset_uri=dataset_uri)
     if output_uri:
         store.put_bytes(join_uri(output_uri, EVAL_RECORD), json.dumps(report, indent=2).encode())

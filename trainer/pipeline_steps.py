@@ -116,12 +116,15 @@ def evaluate(
     and the HTML report (run header, curves, confusion matrix, tables) written to `report_uri`;
     `run_id` names the run in the report's header."""
     from trainer.evaluate import evaluate_model, quality_gate
+    from trainer.generations import GenerationSettings
     from trainer.report import html_report
     from trainer.shards import read_manifest
     from trainer.train import TRAINING_RECORD
 
     store = store_for(cfg, output_uri, check=True)
-    report = evaluate_model(store, model_uri, dataset_uri, output_uri, cfg.data.eval_items)
+    report = evaluate_model(
+        store, model_uri, dataset_uri, output_uri, cfg.data.eval_items, GenerationSettings.from_config(cfg)
+    )
     passed, reason = quality_gate(report, min_accuracy, max_perplexity)
     training = json.loads(store.get_bytes(join_uri(model_uri, TRAINING_RECORD)))
     splits = read_manifest(store_for(cfg, dataset_uri), dataset_uri)["splits"]

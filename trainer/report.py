@@ -5,7 +5,8 @@ What it shows: a header naming the run (run id, config digest and the fields tha
 defaults, dataset URI and size, image, world size and strategy, checkpoints and resumes, where the
 TensorBoard event files are); the quality gate; training, validation and test loss on one log
 axis; the validation metric per epoch; throughput over wall-clock time; the confusion matrix as a
-heatmap (classification); and tables with units, percentages and dates instead of raw floats.
+heatmap (classification); a fine-tune's generations before and after, side by side; and tables
+with units, percentages and dates instead of raw floats.
 
 The charts are hand-drawn SVG rather than matplotlib: four simple kinds of chart do not justify
 ~40 MB of plotting stack (matplotlib, pillow, fonttools, contourpy, kiwisolver) in the image and
@@ -21,6 +22,7 @@ import hashlib
 import html
 import json
 import math
+import re
 from typing import Any
 
 WIDTH, HEIGHT = 720, 300
@@ -478,6 +480,38 @@ def _charts(training: dict[str, Any], evaluation: dict[str, Any]) -> list[str]:
     return parts
 
 
+_CONTROL = re.compile(r"[\x00-\x08\x0b\x0c\x0e-\x1f\x7f-\x9f]")
+
+
+def visible(text: Any) -> str:
+    """Text with its control characters (other than tab and line breaks), which HTML does not
+    allow, shown as symbols: C0 and DEL as their Unicode control pictures (BEL -> U+2407), C1 as U+FFFD."""
+
+    def picture(m: re.Match[str]) -> str:
+        code = ord(m.group())
+        return chr(0x2400 + code) if code < 0x20 else "\u2421" if code == 0x7F else "\ufffd"
+
+    return _CONTROL.sub(picture, str(text))
+
+
+def _generations(rows: list[dict[str, Any]]) -> list[str]:
+    """The prompts and what the model wrote for each before and after fine-tuning, side by side.
+    Model output is untrusted text: escaped like every other string, control characters made
+    visible, line breaks kept."""
+    body = "".join(
+        "<tr>"
+        + "".join(f"<td>{esc(visible(row.get(key, '')))}</td>" for key in ("prompt", "before", "after"))
+        + "</tr>"
+        for row in rows
+    )
+    return [
+        "<h2>Generations before and after fine-tuning</h2>",
+        "<p>Greedy continuations of each prompt (new tokens only) by the base model and by the fine-tuned one.</p>",
+        '<table class="generations"><thead><tr><th>prompt</th><th>before (base model)</th>'
+        f"<th>after (fine-tuned)</th></tr></thead><tbody>{body}</tbody></table>",
+    ]
+
+
 STYLE = (
     "body{font-family:system-ui,sans-serif;margin:16px 24px;color:#222;max-width:1000px}"
     "h1{font-size:1.4em}h2{font-size:1.1em;margin-top:1.4em}"
@@ -486,6 +520,9 @@ STYLE = (
     "dl.facts{display:grid;grid-template-columns:max-content auto;gap:2px 16px}dt{font-weight:bold}dd{margin:0}"
     ".gate{padding:8px 12px;border-radius:6px}.passed{background:#dafbe1}.failed{background:#ffebe9}"
     "svg.chart{display:block;margin:6px 0}"
+    "table.generations{table-layout:fixed;width:100%}"
+    "table.generations td{text-align:left;vertical-align:top;white-space:pre-wrap;overflow-wrap:anywhere;"
+    "font-family:ui-monospace,monospace;font-size:0.9em}"
 )
 
 
@@ -514,6 +551,8 @@ def html_report(
         if k not in skip and not isinstance(v, dict | list)
     ]
     parts += ["<h2>Test evaluation</h2>", _table(scalars, ("measure", "value"))]
+    if evaluation.get("generations"):
+        parts += _generations(evaluation["generations"])
     if "per_class" in evaluation:
         rows = [
             (cls, f"{m['precision']:.1%}", f"{m['recall']:.1%}", f"{m['f1']:.1%}", f"{m['support']:,}")

@@ -40,6 +40,10 @@ def test_yaml_file_maps_onto_the_tree(tmp_path):
             "data.partitions: is not a multiple of the 3 readers",
         ),
         ("job:\n  nccl_debug: LOUD\n", "job.nccl_debug: must be one of ('', 'VERSION', 'WARN', 'INFO', 'ABORT'"),
+        ("data:\n  eval_prompts: hello\n", "data.eval_prompts: must be a list, got 'hello'"),
+        ("data:\n  eval_prompts: ['hi', ' ']\n", "data.eval_prompts: must list non-empty prompts"),
+        ("data:\n  eval_generations: 17\n", "data.eval_generations: must be between 0 and 16, got 17"),
+        ("data:\n  eval_new_tokens: 0\n", "data.eval_new_tokens: must be between 1 and 512, got 0"),
         ("job:\n  kind: podjob\n", "job.kind: must be one of ('pytorchjob', 'trainjob', 'auto'), got 'podjob'"),
         ("export:\n  max_shard_bytes: 0\n", "export.max_shard_bytes: must be positive, got 0"),
         (

@@ -136,6 +136,20 @@ def test_ui_scalars_say_what_they_measure_and_name_the_class():
     assert not [n for n in names if re.fullmatch(r"(precision|recall)_\d+", n)]
 
 
+def test_ui_scalars_leave_out_text_such_as_the_generations():
+    from trainer.evaluate import ui_scalars
+
+    report = {
+        "loss": 2.0,
+        "perplexity": 7.4,
+        "test_tokens": 640,
+        "generations": [{"prompt": "1", "before": "2", "after": "3"}],
+        "task": "causal_lm",
+        "model_uri": "s3://b/m",
+    }
+    assert ui_scalars(report) == {"test_loss": 2.0, "test_perplexity": 7.4, "test_tokens": 640.0}
+
+
 def test_the_confusion_matrix_reaches_classification_metrics_in_the_shape_the_kfp_ui_renders(trained, tmp_path):
     """Through the component function itself (KFP's `python_func`), with real artifact objects."""
     from kfp.dsl import HTML, ClassificationMetrics, Dataset, Metrics, Model

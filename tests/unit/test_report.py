@@ -275,3 +275,60 @@ def test_a_language_model_report_draws_perplexity_and_no_heatmap():
     assert parsed.charts == ["loss", "perplexity", "throughput (tokens/s)"]
     text = " ".join(parsed.text)
     assert "test perplexity" in text and "5,000" in text and "20,000 tokens/s" in text
+
+
+class Cells(HTMLParser):
+    """The text of each cell of the generations table, row by row."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.rows: list[list[str]] = []
+        self.inside = False
+        self.cell: list[str] | None = None
+
+    def handle_starttag(self, tag, attrs):
+        if tag == "table" and ("class", "generations") in attrs:
+            self.inside = True
+        elif self.inside and tag == "tr":
+            self.rows.append([])
+        elif self.inside and tag in ("td", "th"):
+            self.cell = []
+        elif self.inside and tag not in ("thead", "tbody"):
+            self.rows[-1].append(f"<{tag}>")  # any element inside a cell would be the model's markup
+
+    def handle_endtag(self, tag):
+        if tag == "table":
+            self.inside = False
+        elif self.inside and tag in ("td", "th") and self.cell is not None:
+            self.rows[-1].append("".join(self.cell))
+            self.cell = None
+
+    def handle_data(self, data):
+        if self.cell is not None:
+            self.cell.append(data)
+
+
+def test_generations_show_side_by_side_escaped_with_their_line_breaks():
+    generations = [
+        {"prompt": "def add(a, b):\n", "before": f"{EVIL}\n  &amp;", "after": "    return a + b\n"},
+        {"prompt": "<|im_start|>user\nHi<|im_end|>\n", "before": "</td></tr></table><b>x", "after": "Hello"},
+        {"prompt": "bell", "before": "a\x07b\x00\x7f\x85", "after": "tab\tok\r\n"},
+    ]
+    page = html_report(training_record(), {"loss": 1.2, "perplexity": 3.3, "generations": generations}, (True, "ok"))
+    assert "<script" not in page.lower() and "</table><b>" not in page
+    parsed = Cells()
+    parsed.feed(page)
+    assert parsed.rows[0] == ["prompt", "before (base model)", "after (fine-tuned)"]
+    assert parsed.rows[1:3] == [[g["prompt"], g["before"], g["after"]] for g in generations[:2]]  # exactly, as text
+    # Control characters, which HTML does not allow, show as symbols; tab and line breaks stay.
+    assert parsed.rows[3] == ["bell", "a\u2407b\u2400\u2421\ufffd", "tab\tok\r\n"]
+    assert not re.search(r"[\x00\x07\x7f\x85]", page)
+    assert "white-space:pre-wrap" in page  # line breaks and indentation read as the model wrote them
+    # Not a measure: the test table lists the scalars only.
+    assert "generations" not in re.search(r"<h2>Test evaluation</h2>(.*?)</table>", page, flags=re.S).group(1)
+
+
+def test_no_generations_no_section():
+    for evaluation in ({"loss": 1.2}, {"loss": 1.2, "generations": []}):
+        page = html_report(training_record(), evaluation, (True, "ok"))
+        assert "Generations" not in page and 'class="generations"' not in page

@@ -6,7 +6,8 @@ own rows (`trainer/pretrained.py`). Data prep tokenizes with the model's own tok
 text and JSON Lines as causal_lm does (packed windows, loss on every token), chat data with
 the model's chat template (`trainer/chat_data.py`: one conversation per row, the loss on the
 assistant's tokens only). The saved model is Hugging Face's own state dict (full), or only the
-adapters (LoRA), with the base model's URI in its metadata.
+adapters (LoRA), with the base model's URI in its metadata. Its evaluation adds, to the test
+loss, a few prompts continued by the base model and by the fine-tuned one (`trainer/generations.py`).
 """
 
 from __future__ import annotations
@@ -19,8 +20,9 @@ from typing import Any
 import torch
 from torch import nn
 
-from trainer import pretrained
+from trainer import generations, pretrained
 from trainer.config import Config, LoraConfig
+from trainer.shards import read_manifest
 from trainer.storage import ObjectStore, join_uri
 from trainer.tasks.causal_lm import CausalLMTask
 from trainer.tokenizer import Tokenizer, load_tokenizer
@@ -85,6 +87,9 @@ class PretrainedLMTask(CausalLMTask):
     """causal_lm starting from a pretrained Hugging Face model."""
 
     serving_dynamic_dims = (0, 1)
+    #: What the evaluation generates before and after fine-tuning (`data.eval_*`;
+    #: `trainer.evaluate.evaluate_model` sets it from the config).
+    generation = generations.GenerationSettings()
 
     def __init__(self) -> None:
         self._pending: tuple[pretrained.ModelSource, dict[str, torch.Tensor], int] | None = None
@@ -229,6 +234,28 @@ class PretrainedLMTask(CausalLMTask):
         width = getattr(hf, "hidden_size", 0) or getattr(hf, "n_embd", 0)
         per_param = 4 if cfg.train.method == "lora" else 6
         return float(per_param * total + 12 * layers * width * cfg.model.block_size)
+
+    def evaluate(self, model, meta, store, dataset_uri, max_items):
+        report = super().evaluate(model, meta, store, dataset_uri, max_items)
+        rows = self.before_and_after(model, meta, store, dataset_uri)
+        if rows:
+            report["generations"] = rows
+        return report
+
+    def before_and_after(
+        self, model: nn.Module, meta: dict[str, Any], store: ObjectStore, dataset_uri: str
+    ) -> list[dict[str, str]]:
+        """`{prompt, before, after}`: the base model's and `model`'s greedy continuations of the
+        configured prompts, or else of the test split's first ones (`trainer/generations.py`)."""
+        manifest = read_manifest(store, dataset_uri)
+        return generations.generations(
+            model,
+            meta,
+            source_from_meta(meta),
+            self.generation,
+            lambda tokenizer, count: generations.split_prompts(store, dataset_uri, manifest, meta, tokenizer, count),
+            chat=manifest.get("format") == CHAT_FORMAT,
+        )
 
     def serving_module(self, model, meta):
         return None

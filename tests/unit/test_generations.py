@@ -1,0 +1,198 @@
+"""trainer/generations.py: which prompts the evaluation continues, how they are rendered and cut,
+and which tokens stop a continuation. tests/integration/test_generations.py generates with real
+models through `evaluate_model`."""
+
+from __future__ import annotations
+
+import json
+import logging
+from pathlib import Path
+
+import pytest
+import torch
+
+from tests.hf_models import tiny_llama_folder
+from trainer import generations, pretrained
+from trainer.generations import GenerationError, GenerationSettings
+from trainer.storage import LocalStore
+
+SYSTEM = {"role": "system", "content": "You answer with one colour."}
+USER = {"role": "user", "content": "What comes after red?"}
+ANSWER = {"role": "assistant", "content": "After red comes green."}
+USER_2 = {"role": "user", "content": "And after green?"}
+ANSWER_2 = {"role": "assistant", "content": "Blue."}
+
+
+@pytest.fixture(scope="module")
+def folder(tmp_path_factory) -> str:
+    return tiny_llama_folder(tmp_path_factory.mktemp("base") / "tiny-llama")
+
+
+@pytest.fixture(scope="module")
+def tokenizer(folder):
+    return generations.load_hf_tokenizer(pretrained.resolve(folder))
+
+
+def chatml(*messages: dict) -> str:
+    """What the tiny model's ChatML template renders, with the generation prompt."""
+    return "".join(f"<|im_start|>{m['role']}\n{m['content']}<|im_end|>\n" for m in messages) + (
+        "<|im_start|>assistant\n"
+    )
+
+
+def no_test_prompts(count: int) -> list[str]:
+    raise AssertionError("the test split was read although prompts were configured")
+
+
+# -- which prompts -----------------------------------------------------------------------------
+
+
+def test_configured_prompts_come_first_at_most_count_of_them(tokenizer):
+    settings = GenerationSettings(prompts=("a", "b", "c", "d"), count=2)
+    assert generations.select_prompts(settings, tokenizer, False, no_test_prompts) == ["a", "b"]
+
+
+def test_with_chat_data_a_configured_prompt_is_one_user_message(tokenizer):
+    settings = GenerationSettings(prompts=("What comes after red?",), count=3)
+    assert generations.select_prompts(settings, tokenizer, True, no_test_prompts) == [chatml(USER)]
+
+
+def test_without_configured_prompts_the_test_split_gives_the_first_count():
+    asked: list[int] = []
+
+    def from_test(count: int) -> list[str]:
+        asked.append(count)
+        return ["first", "second", "third"]
+
+    assert generations.select_prompts(GenerationSettings(count=2), None, False, from_test) == ["first", "second"]
+    assert asked == [2]
+
+
+def test_a_count_of_zero_generates_nothing_and_reads_nothing(folder):
+    settings = GenerationSettings(prompts=("a",), count=0)
+    assert generations.select_prompts(settings, None, False, no_test_prompts) == []
+    # Not even the tokenizer or the model is touched.
+    rows = generations.generations(None, {}, pretrained.resolve(folder), settings, lambda tok, n: no_test_prompts(n))
+    assert rows == []
+
+
+@pytest.mark.parametrize(
+    ("messages", "expected"),
+    [
+        ([SYSTEM, USER, ANSWER], chatml(SYSTEM, USER)),
+        ([USER, ANSWER], chatml(USER)),
+        ([SYSTEM, USER, ANSWER, USER_2, ANSWER_2], chatml(SYSTEM, USER, ANSWER, USER_2)),  # up to the last answer
+        ([SYSTEM, USER, ANSWER, USER_2], chatml(SYSTEM, USER)),  # a trailing question has no answer to compare
+        ([SYSTEM, USER], None),  # no assistant turn
+        ([ANSWER, USER], None),  # nothing before the only answer
+        ([], None),
+    ],
+    ids=["single-turn", "no-system", "multi-turn", "trailing-user", "no-answer", "answer-first", "empty"],
+)
+def test_a_conversation_prompts_with_what_comes_before_its_last_answer(tokenizer, messages, expected):
+    assert generations.chat_prompt(messages, tokenizer) == expected
+
+
+def test_conversation_prompts_skip_those_without_an_answer_and_stop_at_count(tokenizer):
+    conversations = [[SYSTEM, USER], [USER, ANSWER], [SYSTEM], [USER_2, ANSWER_2], [USER, ANSWER]]
+    assert generations.conversation_prompts(conversations, tokenizer, 2) == [chatml(USER), chatml(USER_2)]
+
+
+def test_chat_prompts_need_a_chat_template(tmp_path):
+    plain = generations.load_hf_tokenizer(
+        pretrained.resolve(tiny_llama_folder(tmp_path / "plain", chat_template=False))
+    )
+    with pytest.raises(GenerationError, match="no chat template"):
+        generations.chat_prompt([USER, ANSWER], plain)
+
+
+def test_text_prompts_are_the_first_tokens_of_the_first_windows(tokenizer):
+    texts = ["What comes after red? After red comes green.", "You answer with one colour. blue"]
+    rows = [tokenizer(t, add_special_tokens=False)["input_ids"] for t in texts]
+    width = min(map(len, rows))
+    windows = torch.tensor([r[:width] for r in rows] * 2)
+    prompts = generations.window_prompts(windows, tokenizer, 2, length=5)
+    assert prompts == [tokenizer.decode(r[:5]) for r in rows]
+    assert texts[0].startswith(prompts[0]) and texts[1].startswith(prompts[1])
+
+
+def test_a_format_without_a_prompt_source_gives_none_and_says_so(caplog):
+    with caplog.at_level(logging.INFO, logger="kftrain.generations"):
+        assert generations.split_prompts(LocalStore(), "/nowhere", {"format": "some.v1"}, {}, None, 3) == []
+    assert "set data.eval_prompts" in caplog.text
+
+
+# -- tokens in and out -------------------------------------------------------------------------
+
+
+def test_a_long_prompt_is_cut_from_the_left_to_leave_room_for_the_new_tokens(tokenizer):
+    gen = generations.Generator(tokenizer, 2, 0, new_tokens=4, context=16)
+    text = " ".join(["red green blue"] * 20)
+    full = tokenizer(text, add_special_tokens=False)["input_ids"]
+    assert gen.ids(text)[0].tolist() == full[-12:]
+    assert gen.ids("red")[0].tolist() == tokenizer("red", add_special_tokens=False)["input_ids"]
+    # More new tokens than the context holds: one prompt token and the rest new.
+    tight = generations.Generator(tokenizer, 2, 0, new_tokens=32, context=16)
+    assert tight.config.max_new_tokens == 15 and tight.ids(text).shape[1] == 1
+    assert generations.Generator(tokenizer, 2, 0, new_tokens=32).config.max_new_tokens == 32  # context unknown
+
+
+def test_special_tokens_in_a_prompt_are_parsed_and_none_are_added(tokenizer):
+    gen = generations.Generator(tokenizer, 2, 0, new_tokens=4)
+    ids = gen.ids(chatml(USER))[0].tolist()
+    assert ids[0] == tokenizer.convert_tokens_to_ids("<|im_start|>")
+    assert ids.count(tokenizer.convert_tokens_to_ids("<|im_end|>")) == 1
+
+
+def test_a_prompt_of_no_tokens_is_refused(tokenizer):
+    with pytest.raises(GenerationError, match="encodes to no tokens"):
+        generations.Generator(tokenizer, 2, 0, new_tokens=4).ids("")
+
+
+@pytest.mark.parametrize(
+    ("generation_config", "hf_config", "expected"),
+    [
+        ({"eos_token_id": [7, 8], "pad_token_id": 9}, {"eos_token_id": 5, "pad_token_id": 6}, ([7, 8], 9)),
+        (None, {"eos_token_id": 5, "pad_token_id": 6}, (5, 6)),
+        ({"eos_token_id": [7, 8]}, {}, ([7, 8], 0)),  # pad: the tokenizer's (<|endoftext|>)
+        ({}, {}, (2, 0)),  # both from the tokenizer (<|im_end|>, <|endoftext|>)
+    ],
+    ids=["generation-config", "config", "pad-from-tokenizer", "tokenizer"],
+)
+def test_stop_and_pad_ids_come_from_the_folder_as_transformers_takes_them(
+    tmp_path, tokenizer, generation_config, hf_config, expected
+):
+    if generation_config is not None:
+        (tmp_path / pretrained.GENERATION_CONFIG).write_text(json.dumps(generation_config))
+    assert generations._stop_ids(pretrained.resolve(str(tmp_path)), hf_config, tokenizer) == expected
+
+
+def test_pad_falls_back_to_the_first_stop_id(tmp_path):
+    class NoPad:
+        eos_token_id = None
+        pad_token_id = None
+
+    (tmp_path / pretrained.GENERATION_CONFIG).write_text(json.dumps({"eos_token_id": [7, 8]}))
+    assert generations._stop_ids(pretrained.resolve(str(tmp_path)), {}, NoPad()) == ([7, 8], 7)
+
+
+def test_a_broken_generation_config_is_named(tmp_path, tokenizer):
+    (tmp_path / pretrained.GENERATION_CONFIG).write_text("{not json")
+    with pytest.raises(GenerationError, match="generation_config.json: not valid JSON"):
+        generations._stop_ids(pretrained.resolve(str(tmp_path)), {}, tokenizer)
+
+
+def test_a_folder_without_a_tokenizer_is_named(tmp_path, folder):
+    (tmp_path / "config.json").write_bytes((Path(folder) / "config.json").read_bytes())
+    with pytest.raises(GenerationError, match="cannot load the folder's tokenizer") as err:
+        generations.load_hf_tokenizer(pretrained.resolve(str(tmp_path)))
+    assert str(tmp_path) in str(err.value)
+
+
+def test_settings_come_from_the_config():
+    from trainer.config import load_config
+
+    cfg = load_config(
+        overrides={"data.eval_prompts": ["Hello", "Bye"], "data.eval_generations": 1, "data.eval_new_tokens": 7}
+    )
+    assert GenerationSettings.from_config(cfg) == GenerationSettings(prompts=("Hello", "Bye"), count=1, new_tokens=7)

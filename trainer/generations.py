@@ -1,0 +1,292 @@
+"""What a fine-tuned language model writes for a few fixed prompts, beside what its base model
+writes for the same prompts: the evaluation report's side-by-side view of the fine-tune.
+
+Both models continue each prompt greedily (the most likely token each step, no sampling), so
+the text is the same on every run and a difference between the columns is the fine-tune's
+doing. The base model costs no second copy for LoRA (the same peft model with its adapters
+switched off); a full fine-tune's base is built again from the base folder recorded in the
+model's metadata. Text is encoded and decoded with the base folder's own tokenizer
+(transformers), the one data prep used.
+
+The prompts are `data.eval_prompts` (with chat data, each one user message in the chat
+template), or else the first ones of the test split, from the function `PROMPT_SOURCES` holds
+for the dataset's format: for text, the first `PROMPT_TOKENS` tokens of a window. A
+conversation's prompt is its messages up to its last assistant turn, rendered with the chat
+template and a generation prompt (:func:`conversation_prompts`); chat data's entry in
+`PROMPT_SOURCES` comes with a reader of its test split's conversations.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import tempfile
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from trainer import pretrained
+from trainer.shards import split_shards
+from trainer.storage import ObjectStore, join_uri
+from trainer.streaming import first_items
+from trainer.tasks.causal_lm import FORMAT as TOKENS_FORMAT
+from trainer.tasks.causal_lm import _window_batch, _windows
+
+log = logging.getLogger("kftrain.generations")
+
+#: Text data: a test prompt is this many tokens from the start of a window (at most the window).
+PROMPT_TOKENS = 32
+#: The fields of one generation in the evaluation report.
+FIELDS = ("prompt", "before", "after")
+
+Messages = Sequence[dict[str, Any]]
+
+
+class GenerationError(pretrained.PretrainedError):
+    """Generations cannot be made; the message names the object or field and the fix."""
+
+
+@dataclass(frozen=True, slots=True)
+class GenerationSettings:
+    """What the evaluation generates: from `data.eval_prompts`, `data.eval_generations` and
+    `data.eval_new_tokens`."""
+
+    prompts: tuple[str, ...] = ()
+    """Prompts to continue; empty: the first ones of the test split."""
+    count: int = 3
+    """At most this many prompts (0: no generations)."""
+    new_tokens: int = 32
+    """At most this many new tokens per continuation."""
+
+    @classmethod
+    def from_config(cls, cfg: Any) -> GenerationSettings:
+        """The settings of a :class:`trainer.config.Config`."""
+        d = cfg.data
+        return cls(prompts=tuple(d.eval_prompts), count=d.eval_generations, new_tokens=d.eval_new_tokens)
+
+
+# -- the tokenizer -------------------------------------------------------------------------------
+
+
+def load_hf_tokenizer(source: pretrained.ModelSource):
+    """The base folder's tokenizer as transformers loads it, from its tokenizer files (and
+    config.json) copied out of the store into a temporary folder."""
+    from transformers import AutoTokenizer
+
+    names = (*pretrained.TOKENIZER_FILES, pretrained.CONFIG)
+    with tempfile.TemporaryDirectory(prefix="kftrain-tokenizer-") as tmp:
+        for name in names:
+            uri = join_uri(source.uri, name)
+            if source.store.exists(uri):
+                (Path(tmp) / name).write_bytes(source.store.get_bytes(uri))
+        try:
+            return AutoTokenizer.from_pretrained(tmp)
+        except Exception as exc:  # transformers raises many kinds for a folder it cannot read
+            first_line = str(exc).splitlines()[0] if str(exc) else ""
+            raise GenerationError(
+                f"model.init_from {source.origin!r}: transformers cannot load the folder's tokenizer "
+                f"({type(exc).__name__}: {first_line}); the folder needs tokenizer.json (and tokenizer_config.json)"
+            ) from None
+
+
+def _first(*values: Any) -> Any:
+    return next((v for v in values if v is not None), None)
+
+
+def _stop_ids(source: pretrained.ModelSource, hf_config: dict[str, Any], tokenizer) -> tuple[Any, int | None]:
+    """The end-of-sequence id(s) and the padding id generation stops and pads with, as
+    `from_pretrained(...).generate` would take them: generation_config.json first, then
+    config.json, then the tokenizer."""
+    generation: dict[str, Any] = {}
+    uri = join_uri(source.uri, pretrained.GENERATION_CONFIG)
+    if source.store.exists(uri):
+        try:
+            generation = json.loads(source.store.get_bytes(uri))
+        except ValueError as exc:
+            raise GenerationError(f"{uri}: not valid JSON ({exc})") from None
+    eos = _first(generation.get("eos_token_id"), hf_config.get("eos_token_id"), tokenizer.eos_token_id)
+    pad = _first(generation.get("pad_token_id"), hf_config.get("pad_token_id"), tokenizer.pad_token_id)
+    if pad is None and eos is not None:
+        pad = eos[0] if isinstance(eos, list) else eos
+    return eos, pad
+
+
+# -- prompts -------------------------------------------------------------------------------------
+
+
+def render_chat(messages: Messages, tokenizer) -> str:
+    """`messages` rendered with the tokenizer's chat template, ready for the assistant's turn."""
+    if not getattr(tokenizer, "chat_template", None):
+        raise GenerationError(
+            "the base model's tokenizer has no chat template, so chat prompts cannot be rendered; use a model "
+            "with one (tokenizer_config.json chat_template or chat_template.jinja)"
+        )
+    return tokenizer.apply_chat_template(list(messages), tokenize=False, add_generation_prompt=True)
+
+
+def chat_prompt(messages: Messages, tokenizer) -> str | None:
+    """A conversation's prompt: its messages before the last assistant turn, rendered with the
+    chat template and the generation prompt. None when no assistant turn follows a message."""
+    roles = [m.get("role") for m in messages]
+    if "assistant" not in roles:
+        return None
+    last = len(roles) - 1 - roles[::-1].index("assistant")
+    return render_chat(messages[:last], tokenizer) if last > 0 else None
+
+
+def conversation_prompts(conversations: Sequence[Messages], tokenizer, count: int) -> list[str]:
+    """The prompts of the first `count` conversations that have one (:func:`chat_prompt`)."""
+    out: list[str] = []
+    for messages in conversations:
+        if len(out) >= count:
+            break
+        prompt = chat_prompt(messages, tokenizer)
+        if prompt is not None:
+            out.append(prompt)
+    return out
+
+
+def window_prompts(windows: torch.Tensor, tokenizer, count: int, length: int = PROMPT_TOKENS) -> list[str]:
+    """Text prompts: the first `length` tokens of each of the first `count` windows, decoded
+    (special tokens kept: they are part of the text the model saw)."""
+    return [tokenizer.decode(row[:length].tolist(), skip_special_tokens=False) for row in windows[:count]]
+
+
+def configured_prompts(prompts: Sequence[str], tokenizer, chat: bool, count: int) -> list[str]:
+    """The first `count` configured prompts; with chat data each is one user message rendered
+    with the chat template, as the model was fine-tuned to read it."""
+    chosen = list(prompts)[:count]
+    return [render_chat([{"role": "user", "content": p}], tokenizer) for p in chosen] if chat else chosen
+
+
+def _token_prompts(
+    store: ObjectStore, dataset_uri: str, manifest: dict[str, Any], meta: dict[str, Any], tokenizer, count: int
+) -> list[str]:
+    """Text data (token windows): the first tokens of the first windows of the test split."""
+    block = meta["architecture"]["block_size"]
+    shards = split_shards(manifest, "test", dataset_uri)
+    x, _y = first_items(
+        store, dataset_uri, shards, lambda i: _windows(i, block), lambda t, i: _window_batch(t, i, block), count
+    )
+    return window_prompts(x, tokenizer, count, min(PROMPT_TOKENS, block))
+
+
+#: A prompt source: (store, dataset URI, manifest, model meta, tokenizer, count) -> prompts.
+PromptSource = Callable[[ObjectStore, str, dict[str, Any], dict[str, Any], Any, int], list[str]]
+#: The test prompts of each dataset format (its manifest's `format`).
+PROMPT_SOURCES: dict[str, PromptSource] = {TOKENS_FORMAT: _token_prompts}
+
+
+def split_prompts(
+    store: ObjectStore, dataset_uri: str, manifest: dict[str, Any], meta: dict[str, Any], tokenizer, count: int
+) -> list[str]:
+    """The first `count` prompts of the dataset's test split; none (and a log line saying so)
+    for a format without a prompt source."""
+    source = PROMPT_SOURCES.get(manifest.get("format", ""))
+    if source is None:
+        log.info(
+            "generations: no prompts are read from a %r test split; set data.eval_prompts to see some",
+            manifest.get("format"),
+        )
+        return []
+    return source(store, dataset_uri, manifest, meta, tokenizer, count)
+
+
+def select_prompts(
+    settings: GenerationSettings, tokenizer, chat: bool, from_test: Callable[[int], list[str]]
+) -> list[str]:
+    """The prompts to generate for: the configured ones when there are any, else the first of
+    the test split (`from_test(count)`); at most `settings.count`."""
+    if settings.count <= 0:
+        return []
+    if settings.prompts:
+        return configured_prompts(settings.prompts, tokenizer, chat, settings.count)
+    return from_test(settings.count)[: settings.count]
+
+
+# -- generation ----------------------------------------------------------------------------------
+
+
+@contextmanager
+def base_model(model: nn.Module, meta: dict[str, Any], source: pretrained.ModelSource) -> Iterator[nn.Module]:
+    """The model before fine-tuning: a LoRA model with its adapters switched off (no copy), or
+    for a full fine-tune the base folder's weights in a second model."""
+    if meta.get("method") == "lora":
+        with model.disable_adapter():
+            yield model
+        return
+    base = pretrained.build_on_meta(meta["hf_config"], torch.float32)
+    pretrained.give_storage(base, torch.device("cpu"), pretrained.buffers_of(base))
+    left = pretrained.load_base_weights(base, source, pretrained.tensor_index(source))
+    if left:
+        raise GenerationError(
+            f"model.init_from {source.origin!r}: the base folder lacks {len(left)} tensor(s) of the model "
+            f"(e.g. {left[0]!r}); it changed since training"
+        )
+    yield base.eval()
+
+
+class Generator:
+    """Greedy continuations of text prompts with one tokenizer and one set of stop tokens."""
+
+    def __init__(self, tokenizer, eos: Any, pad: int | None, new_tokens: int, context: int = 0) -> None:
+        from transformers import GenerationConfig
+
+        self.tokenizer = tokenizer
+        # A prompt is cut from the left so prompt + continuation fit the model's context.
+        self.new_tokens = min(new_tokens, context - 1) if context > 1 else new_tokens
+        self.room = context - self.new_tokens if context > 1 else 0
+        self.config = GenerationConfig(
+            max_new_tokens=self.new_tokens,
+            do_sample=False,
+            num_beams=1,
+            use_cache=True,
+            eos_token_id=eos,
+            pad_token_id=pad,
+        )
+
+    def ids(self, prompt: str) -> torch.Tensor:
+        """The prompt's token ids (special tokens written in it are parsed, none are added:
+        data prep encodes the same way), cut to fit the context."""
+        ids = self.tokenizer(prompt, add_special_tokens=False, return_tensors="pt")["input_ids"]
+        if ids.shape[1] == 0:
+            raise GenerationError(f"the prompt {prompt!r} encodes to no tokens; give prompts with text in them")
+        return ids[:, -self.room :] if self.room else ids
+
+    @torch.no_grad()
+    def complete(self, model: nn.Module, prompt: str) -> str:
+        """The model's greedy continuation of `prompt` (new tokens only, special tokens dropped)."""
+        ids = self.ids(prompt)
+        out = model.generate(input_ids=ids, attention_mask=torch.ones_like(ids), generation_config=self.config)
+        return self.tokenizer.decode(out[0, ids.shape[1] :].tolist(), skip_special_tokens=True)
+
+
+def generations(
+    model: nn.Module,
+    meta: dict[str, Any],
+    source: pretrained.ModelSource,
+    settings: GenerationSettings,
+    from_test: Callable[[Any, int], list[str]],
+    chat: bool = False,
+) -> list[dict[str, str]]:
+    """`{prompt, before, after}` for each prompt :func:`select_prompts` picks: the base model's
+    and the fine-tuned `model`'s continuations. `model` is what `trainer.model_io.load_model`
+    returns (eval mode, CPU); `from_test(tokenizer, count)`: the test split's first prompts;
+    `chat`: the model was fine-tuned on chat data (configured prompts become user messages)."""
+    if settings.count <= 0:
+        return []
+    tokenizer = load_hf_tokenizer(source)
+    prompts = select_prompts(settings, tokenizer, chat, lambda count: from_test(tokenizer, count))
+    if not prompts:
+        return []
+    eos, pad = _stop_ids(source, meta["hf_config"], tokenizer)
+    gen = Generator(tokenizer, eos, pad, settings.new_tokens, pretrained.context_length(meta["hf_config"]))
+    after = [gen.complete(model, p) for p in prompts]
+    with base_model(model, meta, source) as base:
+        before = [gen.complete(base, p) for p in prompts]
+    return [dict(zip(FIELDS, row, strict=True)) for row in zip(prompts, before, after, strict=True)]
