@@ -31,6 +31,7 @@ import torch
 from torch import nn
 
 from trainer import pretrained
+from trainer.chat_data import CHAT_FORMAT, IGNORE, evaluation_rows
 from trainer.shards import split_shards
 from trainer.storage import ObjectStore, join_uri
 from trainer.streaming import first_items
@@ -176,10 +177,24 @@ def _token_prompts(
     return window_prompts(x, tokenizer, count, min(PROMPT_TOKENS, block))
 
 
+def _chat_prompts(
+    store: ObjectStore, dataset_uri: str, manifest: dict[str, Any], meta: dict[str, Any], tokenizer, count: int
+) -> list[str]:
+    """Chat data: each of the first test conversations up to its first assistant answer, i.e.
+    the rendered prompt with the generation prompt, decoded from the row's own tokens."""
+    x, y = evaluation_rows(store, dataset_uri, count)
+    prompts = []
+    for ids, labels in zip(x, y, strict=True):
+        answer = (labels != IGNORE).nonzero()
+        if len(answer):  # labels[i] is the token after ids[i]: the prompt is ids[: i + 1]
+            prompts.append(tokenizer.decode(ids[: int(answer[0]) + 1].tolist(), skip_special_tokens=False))
+    return prompts
+
+
 #: A prompt source: (store, dataset URI, manifest, model meta, tokenizer, count) -> prompts.
 PromptSource = Callable[[ObjectStore, str, dict[str, Any], dict[str, Any], Any, int], list[str]]
 #: The test prompts of each dataset format (its manifest's `format`).
-PROMPT_SOURCES: dict[str, PromptSource] = {TOKENS_FORMAT: _token_prompts}
+PROMPT_SOURCES: dict[str, PromptSource] = {TOKENS_FORMAT: _token_prompts, CHAT_FORMAT: _chat_prompts}
 
 
 def split_prompts(

@@ -318,9 +318,9 @@ def _local_rows(tensor: torch.Tensor) -> tuple[torch.Tensor, int]:
 
 
 def read_rows(store: ObjectStore, entry: TensorEntry, start: int, count: int) -> torch.Tensor:
-    """Rows [start, start + count) of a stored tensor (one ranged read)."""
+    """Rows [start, start + count) of a stored tensor (one ranged read); a scalar whole."""
     shape = (count, *entry.shape[1:]) if entry.shape else ()
-    if count == 0:
+    if count == 0 and entry.shape:
         return torch.empty(shape, dtype=entry.dtype)
     length = entry.row_bytes * (count if entry.shape else 1)
     raw = store.get_bytes(entry.uri, entry.offset + start * entry.row_bytes, length)
@@ -332,10 +332,9 @@ def read_rows(store: ObjectStore, entry: TensorEntry, start: int, count: int) ->
 def fill_tensor(target: torch.Tensor, rows) -> int:
     """Copy into `target` (this rank's part) the rows `rows(start, count)` returns; return bytes read."""
     local, start = _local_rows(target)
-    count = local.shape[0] if local.dim() else 1
     if local.numel() == 0:
         return 0
-    data = rows(start, count if local.dim() else 0)
+    data = rows(start, local.shape[0] if local.dim() else 1)
     with torch.no_grad():
         local.copy_(data.reshape(local.shape))
     return data.numel() * data.element_size()

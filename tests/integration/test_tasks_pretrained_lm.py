@@ -24,9 +24,8 @@ from trainer.launch.backend import run_job
 from trainer.launch.job import training_job
 from trainer.launch.local import LocalBackend
 from trainer.pipeline_steps import prepare_data
-from trainer.storage import LocalStore, open_store
 from trainer.shards import read_manifest, split_shards
-from trainer.storage import open_store
+from trainer.storage import LocalStore, open_store
 from trainer.streaming import first_items
 from trainer.tasks.pretrained_lm import CHAT_FORMAT, PretrainedLMTask
 

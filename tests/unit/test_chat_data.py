@@ -412,7 +412,7 @@ def test_evaluation_scores_the_assistant_tokens_of_the_test_split(folder, tmp_pa
     ds = str(tmp_path / "ds")
     manifest = prepare(folder, source, ds)
     task = PretrainedLMTask()
-    report = task.evaluate(tiny_model, {"data_format": CHAT_FORMAT}, LocalStore(), ds, 16)
+    report = task.held_out_loss(tiny_model, {"data_format": CHAT_FORMAT}, LocalStore(), ds, 16)
     x, y = take_rows(read_shard(LocalStore(), ds, split_shards(manifest, "test", ds)[0]), np.arange(16))
     with torch.no_grad():
         logits = tiny_model(input_ids=x).logits

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 import struct
 from pathlib import Path
 
@@ -119,3 +120,15 @@ def test_context_length_reads_each_family_s_key():
     assert pretrained.context_length({"max_position_embeddings": 4096}) == 4096
     assert pretrained.context_length({"n_positions": 1024}) == 1024
     assert pretrained.context_length({}) == 0
+
+
+@pytest.mark.parametrize("shape", [(), (1,), (5, 3), (4, 2, 2)], ids=["scalar", "one", "matrix", "3d"])
+def test_fill_tensor_reads_each_shape_whole(tmp_path, shape):
+    from safetensors.torch import save_file
+
+    value = torch.arange(math.prod(shape), dtype=torch.float32).reshape(shape) + 7
+    save_file({"t": value}, tmp_path / "model.safetensors")
+    entry = pretrained.tensor_index(source(str(tmp_path)))["t"]
+    target = torch.zeros(shape)
+    pretrained.fill_tensor(target, lambda start, count: pretrained.read_rows(LocalStore(), entry, start, count))
+    assert torch.equal(target, value)

@@ -21,6 +21,7 @@ import torch
 from torch import nn
 
 from trainer import generations, pretrained
+from trainer.chat_data import CHAT_FORMAT, IGNORE, chat_stream, evaluation_rows, prepare_chat
 from trainer.config import Config, LoraConfig
 from trainer.shards import read_manifest
 from trainer.storage import ObjectStore, join_uri
@@ -28,10 +29,6 @@ from trainer.tasks.causal_lm import CausalLMTask
 from trainer.tokenizer import Tokenizer, load_tokenizer
 
 log = logging.getLogger("kftrain.pretrained")
-#: The dataset format of chat data (`trainer/chat_data.py`).
-CHAT_FORMAT = "kftrain.chat.v1"
-#: Labels of positions that do not count in the loss (torch's cross_entropy default).
-IGNORE = -100
 
 
 def source_for(cfg: Config) -> pretrained.ModelSource:
@@ -41,9 +38,15 @@ def source_for(cfg: Config) -> pretrained.ModelSource:
 
 
 def source_from_meta(meta: dict[str, Any]) -> pretrained.ModelSource:
-    """The base model's folder as a saved model's metadata records it."""
+    """The base model's folder as a saved model's metadata records it. A Hub model is fetched
+    again at the commit training used (the training pod's cache is not this pod's; where it is,
+    nothing is downloaded)."""
     base = meta["base_model"]
-    return pretrained.resolve(base["folder"] if base["origin"].startswith(pretrained.HF_SCHEME) else base["origin"])
+    origin = base["origin"]
+    if origin.startswith(pretrained.HF_SCHEME) and base.get("revision"):
+        repo, _revision = pretrained.parse_hf_uri(origin)
+        origin = f"{pretrained.HF_SCHEME}{repo}@{base['revision']}"
+    return pretrained.resolve(origin)
 
 
 def apply_lora(model: nn.Module, lora: dict[str, Any]) -> nn.Module:
@@ -105,15 +108,11 @@ class PretrainedLMTask(CausalLMTask):
 
     def prepare(self, cfg: Config, store: ObjectStore, dataset_uri: str) -> dict[str, Any]:
         if cfg.data.format == "chat":
-            from trainer.chat_data import prepare_chat
-
             return prepare_chat(cfg, store, dataset_uri, source_for(cfg))
         return super().prepare(cfg, store, dataset_uri)
 
     def stream(self, cfg, manifest):
         if manifest.get("format") == CHAT_FORMAT:
-            from trainer.chat_data import chat_stream
-
             return chat_stream(cfg, manifest)
         return super().stream(cfg, manifest)
 
@@ -208,12 +207,12 @@ class PretrainedLMTask(CausalLMTask):
         model.train()
         return total / max(count, 1)
 
-    def evaluate(self, model, meta, store, dataset_uri, max_items):
+    def held_out_loss(self, model, meta, store, dataset_uri, max_items) -> dict[str, Any]:
+        """Loss and perplexity on the test split: every token of text data (causal_lm's own), the
+        assistant's tokens of chat data."""
         if meta.get("data_format") != CHAT_FORMAT:
             return super().evaluate(model, meta, store, dataset_uri, max_items)
         from torch.utils.data import TensorDataset
-
-        from trainer.chat_data import evaluation_rows
 
         x, y = evaluation_rows(store, dataset_uri, max_items)
         loss = self._mean_loss(model, TensorDataset(x, y), torch.device("cpu"), 8)
@@ -236,7 +235,7 @@ class PretrainedLMTask(CausalLMTask):
         return float(per_param * total + 12 * layers * width * cfg.model.block_size)
 
     def evaluate(self, model, meta, store, dataset_uri, max_items):
-        report = super().evaluate(model, meta, store, dataset_uri, max_items)
+        report = self.held_out_loss(model, meta, store, dataset_uri, max_items)
         rows = self.before_and_after(model, meta, store, dataset_uri)
         if rows:
             report["generations"] = rows
