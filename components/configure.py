@@ -24,25 +24,31 @@ def configure(
     queue: str = "",
     node_selector: dict = {},  # noqa: B006 (KFP reads the default from the signature; never mutated)
     tolerations: list = [],  # noqa: B006
+    base_model: str = "",
+    train_method: str = "",
     store: str = "",
     s3_endpoint: str = "",
     store_secret: str = "mlpipeline-minio-artifact",
+    hf_token_secret: str = "hf-token",
 ) -> str:
     """Validate the whole config once, before any work starts, and hand every later step the
     same effective config (as JSON text; the step's output shows it). Also checks what can be
-    checked now: the store and checkpoint prefixes are writable, a custom task imports, and
-    data.source is readable.
+    checked now: the store and checkpoint prefixes are writable, a custom task imports,
+    data.source is readable, and a base model's folder is one kftrain can train within the
+    configured memory.
 
     Args:
         config: The kftrain config as YAML/JSON text: the base of the run.
         {knobs}
         store_secret: The Secret with the store keys that the step pods mount; the training
             replicas get the same one.
+        hf_token_secret: The Secret with the Hugging Face token (key `HF_TOKEN`) that the later
+            step pods mount; the training replicas get the same one.
 
     Returns:
         The effective config as JSON text.
     """
-    knobs = {k: v for k, v in locals().items() if k not in ("config", "store_secret")}
+    knobs = {k: v for k, v in locals().items() if k not in ("config", "store_secret", "hf_token_secret")}
     from components.runtime import end_with_one_line
 
     end_with_one_line("configure")
@@ -50,9 +56,14 @@ def configure(
     from trainer.checks import check_before_steps
     from trainer.config import config_to_json
 
-    cfg = config_from_params(config, store_secret=store_secret, **knobs)
+    if not hf_token_secret:
+        from trainer.config import ConfigError
+
+        # The later steps mount it by name: an empty name is a pod the API server refuses.
+        raise ConfigError("hf_token_secret: must name a Secret (it is optional: none by that name is fine)")
+    cfg = config_from_params(config, store_secret=store_secret, hf_token_secret=hf_token_secret, **knobs)
     # Whatever can be checked before any step is checked now: the job a cluster would refuse, the
-    # store and checkpoint prefixes, a custom task, data.source.
+    # store and checkpoint prefixes, a custom task, data.source, a base model.
     check_before_steps(cfg)
     text = config_to_json(cfg)
     from trainer.errors import redact

@@ -21,6 +21,10 @@ from trainer.config import KFP_STORE_SECRET, Config, ConfigError, parse_config
 
 #: The Secret KFP itself uses for its artifact store; the step pods mount it by default.
 DEFAULT_STORE_SECRET = KFP_STORE_SECRET
+#: The Secret with the Hugging Face token (key `HF_TOKEN`) the step pods mount, optionally, by default.
+DEFAULT_HF_TOKEN_SECRET = "hf-token"
+#: The pipeline's parameters that name a Secret the step pods mount (the `kubernetes.*` field of each name).
+SECRET_PARAMS = ("store_secret", "hf_token_secret")
 UNSET: dict[type, Any] = {int: -1, float: -1.0, str: "", dict: {}, list: []}
 
 
@@ -64,6 +68,13 @@ PARAMS: tuple[Param, ...] = (
     Param("queue", "kubernetes.queue", str, "Kueue LocalQueue of the training job."),
     Param("node_selector", "kubernetes.node_selector", dict, "nodeSelector labels of the replica pods."),
     Param("tolerations", "kubernetes.tolerations", list, "Tolerations of the replica pods, as in a pod spec."),
+    Param(
+        "base_model",
+        "model.init_from",
+        str,
+        "Pretrained model to fine-tune (causal_lm): its folder's URI, or `hf://org/name[@revision]`.",
+    ),
+    Param("train_method", "train.method", str, "With base_model: `full` (every weight trains) or `lora` (adapters)."),
     Param("store", "store.uri", str, "Artifact root (`s3://bucket/prefix`); empty everywhere: KFP's pipeline root."),
     Param("s3_endpoint", "store.endpoint", str, "S3 endpoint URL of the store (`http://host:9000`)."),
 )
@@ -135,23 +146,30 @@ def overrides_from_params(**params: Any) -> dict[str, Any]:
     return out
 
 
-def config_from_params(config: str = "", store_secret: str = "", **params: Any) -> Config:
+def config_from_params(config: str = "", store_secret: str = "", hf_token_secret: str = "", **params: Any) -> Config:
     """The validated config: `config` text, with the parameters that are set applied on top.
 
-    `store_secret` is the Secret the KFP step pods mount (fixed when the pod is created, so it
-    cannot come from the config text): the replicas must use the same one. A config that names
-    another Secret is an error rather than a run whose steps and replicas disagree.
+    `store_secret` and `hf_token_secret` are the Secrets the KFP step pods mount (fixed when the
+    pod is created, so they cannot come from the config text): the replicas must use the same
+    ones. A config that names another Secret is an error rather than a run whose steps and
+    replicas disagree. Empty: not given (the config's value stands).
     """
-    cfg = parse_config(config, overrides_from_params(**params), origin="config")
-    if store_secret and store_secret != cfg.kubernetes.store_secret:
-        if "store_secret" in _raw_kubernetes(config):
+    overrides = overrides_from_params(**params)
+    cfg = parse_config(config, overrides, origin="config")
+    raw = _raw_kubernetes(config)
+    secrets = {}
+    for name, given in zip(SECRET_PARAMS, (store_secret, hf_token_secret), strict=True):
+        named = getattr(cfg.kubernetes, name)
+        if not given or given == named:
+            continue
+        # An empty hf_token_secret in the config is "none"; the steps offer theirs anyway (optional).
+        if name in raw and (named or name == "store_secret"):
             raise ConfigError(
-                f"kubernetes.store_secret: the config names {cfg.kubernetes.store_secret!r} but the pipeline's "
-                f"store_secret parameter, which the step pods mount, is {store_secret!r}: set the parameter "
-                f"to {cfg.kubernetes.store_secret!r} (or drop the field from the config)"
+                f"kubernetes.{name}: the config names {named!r} but the pipeline's {name} parameter, which the "
+                f"step pods mount, is {given!r}: set the parameter to {named!r} (or drop the field from the config)"
             )
-        cfg = parse_config(config, {**overrides_from_params(**params), "kubernetes.store_secret": store_secret})
-    return cfg
+        secrets[f"kubernetes.{name}"] = given
+    return parse_config(config, {**overrides, **secrets}) if secrets else cfg
 
 
 def _raw_kubernetes(config: str) -> dict[str, Any]:

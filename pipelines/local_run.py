@@ -219,6 +219,7 @@ def run_local(
 def _run_pipeline(cfg: Config, local_root: str, min_accuracy: float, max_perplexity: float) -> dict[str, Any]:
     from kfp import local
 
+    from components.params import DEFAULT_HF_TOKEN_SECRET
     from pipelines.training import training_pipeline
 
     # kfp.local's notes that do not apply here: display names are UI-only, and the steps'
@@ -231,6 +232,9 @@ def _run_pipeline(cfg: Config, local_root: str, min_accuracy: float, max_perplex
         try:
             task = training_pipeline(
                 config=config_to_json(cfg),
+                # The config's own Secrets: the pipeline's defaults would contradict a config naming others.
+                store_secret=cfg.kubernetes.store_secret,
+                hf_token_secret=cfg.kubernetes.hf_token_secret or DEFAULT_HF_TOKEN_SECRET,
                 launcher="local",
                 min_accuracy=min_accuracy,
                 max_perplexity=max_perplexity,

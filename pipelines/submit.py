@@ -88,7 +88,7 @@ def parse_params(pairs: list[str], package: Path) -> dict[str, Any]:
 def _validate_config(args: dict[str, Any], known: dict[str, dict[str, Any]]) -> None:
     """Run the trainer's config validation on the run's effective parameters before uploading,
     and the quality gate's bounds (the same as `kftrain run`'s flags)."""
-    from components.params import BY_NAME, config_from_params
+    from components.params import BY_NAME, SECRET_PARAMS, config_from_params
     from trainer.checks import gate_problem
     from trainer.launch.job import check_job_manifests
 
@@ -98,9 +98,9 @@ def _validate_config(args: dict[str, Any], known: dict[str, dict[str, Any]]) -> 
 
     effective = {k: args.get(k, known[k]["default"]) for k in known if k in BY_NAME}
     config = args.get("config", known.get("config", {}).get("default") or "")
-    store_secret = args.get("store_secret", known.get("store_secret", {}).get("default") or "")
+    secrets = {name: args.get(name, known.get(name, {}).get("default") or "") for name in SECRET_PARAMS}
     try:
-        check_job_manifests(config_from_params(config, store_secret=store_secret, **effective))
+        check_job_manifests(config_from_params(config, **secrets, **effective))
     except ValueError as exc:
         raise SubmitError(f"the run's parameters are invalid: {exc}") from None
 

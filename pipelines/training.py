@@ -16,10 +16,10 @@ from components.data_prep import data_prep
 from components.evaluate import evaluate
 from components.export import export
 from components.gate import quality_gate_failed
-from components.params import DEFAULT_STORE_SECRET, PARAMS, signature, with_knob_docs
+from components.params import DEFAULT_HF_TOKEN_SECRET, DEFAULT_STORE_SECRET, PARAMS, signature, with_knob_docs
 from components.task_options import launcher_task_options
 from components.train import train
-from trainer.config import KFP_STORE_SECRET_KEYS
+from trainer.config import HF_TOKEN, KFP_STORE_SECRET_KEYS
 
 #: Resolved by KFP's driver per task: together they name a task exactly (components/runtime.py).
 TASK_IDENTITY = {
@@ -39,7 +39,13 @@ class TrainingOutputs(NamedTuple):
 
 
 def _pipeline(
-    config: str, store_secret: str, launcher: str, min_accuracy: float, max_perplexity: float, **knobs
+    config: str,
+    store_secret: str,
+    hf_token_secret: str,
+    launcher: str,
+    min_accuracy: float,
+    max_perplexity: float,
+    **knobs,
 ) -> TrainingOutputs:
     """Train a model with DDP across `replicas` x `nproc_per_node` processes, evaluate it, and
     export it when it passes the quality gate.
@@ -52,26 +58,35 @@ def _pipeline(
         {knobs}
         store_secret: The Secret with the object-store keys (`accesskey`, `secretkey`) that every
             step and training replica mounts.
+        hf_token_secret: The Secret whose key `HF_TOKEN` every step after configure and every
+            training replica gets as `HF_TOKEN`, for a gated or private `hf://` base_model;
+            optional: without that Secret the variable is unset.
         launcher: `auto` (Kubernetes inside a pod, else local processes), `kubernetes` or `local`.
         min_accuracy: Quality gate (classification): export only at or above this test accuracy.
         max_perplexity: Quality gate (causal_lm): export only at or below this perplexity; 0: no bar.
     """
 
-    def with_store_credentials(task: dsl.PipelineTask) -> dsl.PipelineTask:
+    def with_secrets(task: dsl.PipelineTask, hub_token: bool = True) -> dsl.PipelineTask:
         kubernetes.use_secret_as_env(task, secret_name=store_secret, secret_key_to_env=KFP_STORE_SECRET_KEYS)
+        if hub_token:  # an hf:// base model: the tokenizer (data prep) and the weights (the rest)
+            kubernetes.use_secret_as_env(
+                task, secret_name=hf_token_secret, secret_key_to_env={HF_TOKEN: HF_TOKEN}, optional=True
+            )
         return task
 
-    conf = configure(config=config, store_secret=store_secret, **knobs)
+    # configure reads the store (its prefixes, data.source, a base model's folder), never the Hub.
+    conf = with_secrets(
+        configure(config=config, store_secret=store_secret, hf_token_secret=hf_token_secret, **knobs),
+        hub_token=False,
+    )
     conf.set_display_name("configure")
     effective = conf.output
-    prep = with_store_credentials(data_prep(config=effective))
+    prep = with_secrets(data_prep(config=effective))
     prep.set_display_name("data prep")
-    fit = with_store_credentials(
-        train(dataset=prep.outputs["dataset"], config=effective, launcher=launcher, **TASK_IDENTITY)
-    )
+    fit = with_secrets(train(dataset=prep.outputs["dataset"], config=effective, launcher=launcher, **TASK_IDENTITY))
     launcher_task_options(fit)
     fit.set_display_name("distributed training")
-    ev = with_store_credentials(
+    ev = with_secrets(
         evaluate(
             dataset=prep.outputs["dataset"],
             model=fit.outputs["model"],
@@ -83,7 +98,7 @@ def _pipeline(
     )
     ev.set_display_name("evaluation")
     with dsl.If(ev.outputs["passed"] == True, name="quality-gate-passed"):  # noqa: E712 (a KFP condition)
-        ex = with_store_credentials(
+        ex = with_secrets(
             export(model=fit.outputs["model"], metrics=ev.outputs["metrics"], config=effective, **TASK_IDENTITY)
         )
         ex.set_display_name("model export")
@@ -106,6 +121,7 @@ SIGNATURE = signature(
     [_param("config", str, "")],
     [
         _param("store_secret", str, DEFAULT_STORE_SECRET),
+        _param("hf_token_secret", str, DEFAULT_HF_TOKEN_SECRET),
         _param("launcher", str, "auto"),
         _param("min_accuracy", float, 0.9),
         _param("max_perplexity", float, 0.0),

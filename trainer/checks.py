@@ -4,14 +4,33 @@
 the `configure` step does, so a wrong value fails the run in its first seconds, naming the field,
 instead of in the step that first uses it. Nothing is left behind: a store's write check removes
 its probe, and a local folder is not created.
+
+A pretrained base model (`model.init_from`) is checked from its folder's small files and its
+safetensors headers alone (:func:`check_base_model`): no weight is read, and the model is built
+on the meta device, which takes no memory.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import math
+import re
+from typing import TYPE_CHECKING, Any
 
-from trainer.config import BUILTIN_TASKS, Config
-from trainer.storage import StoreError
+from trainer.config import BUILTIN_TASKS, Config, ConfigError
+from trainer.storage import StoreError, check_deadline, join_uri
+
+if TYPE_CHECKING:  # trainer.pretrained imports torch: only a base model's check pays for it
+    from trainer.pretrained import ModelSource, TensorEntry
+
+#: Bytes a trained parameter keeps on its rank: fp32 weights and gradients, AdamW's two fp32 moments.
+TRAINED_BYTES = 16
+#: Seconds the base model's check may take against the store (a few small reads per weight file).
+MODEL_CHECK_BUDGET_S = 15.0
+_QUANTITY_SCALE = {
+    **{"": 1, "m": 1e-3, "k": 1e3, "M": 1e6, "G": 1e9, "T": 1e12, "P": 1e15, "E": 1e18},
+    **{"Ki": 2**10, "Mi": 2**20, "Gi": 2**30, "Ti": 2**40, "Pi": 2**50, "Ei": 2**60},
+}
 
 
 def gate_problem(name: str, value: float) -> str:
@@ -36,8 +55,9 @@ def check_writable(cfg: Config, uri: str, field: str) -> None:
 def check_before_steps(cfg: Config) -> None:
     """The job the config describes passes the API server's and the operator's checks
     (:func:`trainer.launch.job.check_job_manifests`: the config runs on a cluster unchanged), the
-    store and checkpoint prefixes are writable, a custom task imports, and `data.source` (and a
-    tokenizer file) is there and readable (:func:`trainer.data_rules.check_source`)."""
+    store and checkpoint prefixes are writable, a custom task imports, `data.source` (and a
+    tokenizer file) is there and readable (:func:`trainer.data_rules.check_source`), and a base
+    model is one kftrain can fine-tune within the configured memory (:func:`check_base_model`)."""
     from trainer.data_rules import check_source
     from trainer.launch.job import check_job_manifests
 
@@ -51,3 +71,210 @@ def check_before_steps(cfg: Config) -> None:
 
         get_task(cfg.task)  # a ConfigError naming `task` when it does not import
     check_source(cfg)
+    check_base_model(cfg)
+
+
+def quantity_bytes(quantity: str) -> float:
+    """Bytes of a Kubernetes memory quantity as the config accepts them (`64Gi`, `500M`, `8`)."""
+    number, suffix = re.fullmatch(r"([0-9.]+)([A-Za-z]*)", quantity).groups()
+    return float(number) * _QUANTITY_SCALE[suffix]
+
+
+def state_bytes_per_rank(parameters: int, adapters: int, method: str, shards: int, frozen_bytes: int) -> int:
+    """The training state one rank holds, activations aside. `full` trains every parameter
+    (:data:`TRAINED_BYTES` each); `lora` keeps the base's `parameters` frozen at `frozen_bytes`
+    each (no gradient, no optimizer state) and trains the `adapters`. FSDP splits all of it over
+    `shards` ranks; DDP holds all of it on every rank (`shards` 1)."""
+    trained = adapters if method == "lora" else parameters
+    frozen = parameters if method == "lora" else 0
+    return -(-(frozen_bytes * frozen + TRAINED_BYTES * trained) // shards)
+
+
+def check_model_memory(cfg: Config, parameters: int, adapters: int) -> None:
+    """Refuse a base model whose training state (:func:`state_bytes_per_rank`) alone exceeds the
+    memory the config gives each rank: `kubernetes.gpu_memory_gb` per GPU, or on a CPU job
+    (`kubernetes.gpus_per_node` 0) `kubernetes.memory` per replica of `job.nproc_per_node` ranks.
+    Activations (batch, block size, checkpointing) come on top and are not counted, so a refused
+    run cannot fit; one that passes may still not. No limit set: no check."""
+    kc, job, train = cfg.kubernetes, cfg.job, cfg.train
+    nodes = kc.elastic.min_replicas if kc.elastic.enabled else job.replicas
+    world = nodes * job.nproc_per_node  # the smallest world the job runs at holds the largest shards
+    fsdp = train.strategy == "fsdp"
+    gpu = kc.gpu_memory_gb > 0
+    if gpu:
+        field, value, limit = "kubernetes.gpu_memory_gb", f"{kc.gpu_memory_gb:g}", kc.gpu_memory_gb * 2**30
+        ranks_per_limit, place = 1, "each GPU"
+        frozen = 2 if train.precision in ("auto", "bf16") else 4  # a LoRA base is bf16 on GPUs
+    elif not kc.gpus_per_node and kc.memory:
+        field, value, limit = "kubernetes.memory", kc.memory, quantity_bytes(kc.memory)
+        ranks_per_limit, place = job.nproc_per_node, "each replica"
+        frozen = 4
+    else:
+        return
+
+    def need(method: str, shards: int) -> int:
+        return ranks_per_limit * state_bytes_per_rank(parameters, adapters, method, shards, frozen)
+
+    method = train.method
+    needed = need(method, world if fsdp else 1)
+    if needed <= limit:
+        return
+    if method == "lora":
+        what = (
+            f"the frozen base at {frozen} bytes per parameter and {_count(adapters)} adapter parameters at "
+            f"{TRAINED_BYTES}"
+        )
+    else:
+        what = f"weights, gradients and AdamW moments in fp32: {TRAINED_BYTES} bytes per parameter"
+    if fsdp:
+        what += f", split over {world} ranks"
+    if ranks_per_limit > 1:
+        what += f", x {ranks_per_limit} ranks per replica"
+    fixes = []
+    if not fsdp:
+        fixes.append(f"train.strategy: fsdp ({_gib(need(method, world))} over the {world} ranks)")
+    if method == "full":
+        fixes.append(f"train.method: lora (the frozen base alone: {_gib(need('lora', world if fsdp else 1))})")
+    ranks = math.ceil(need(method, 1) / limit)
+    fixes.append(f"at least {ranks} ranks under fsdp (job.replicas x job.nproc_per_node, now {world})")
+    fixes.append("larger GPUs" if gpu else "a larger kubernetes.memory")
+    raise ConfigError(
+        f"{field} {value}: training {cfg.model.init_from!r} ({_count(parameters)} parameters, train.method "
+        f"{method}, train.strategy {train.strategy}) needs at least {_gib(needed)} in {place} before activations "
+        f"({what}), more than its {_gib(limit)}; use {', '.join(fixes[:-1])}, or {fixes[-1]}"
+    )
+
+
+def _gib(n: float) -> str:
+    """Bytes as the largest binary unit that keeps a digit before the point."""
+    for unit, scale in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
+        if n >= scale:
+            return f"{n / scale:.1f} {unit}"
+    return f"{n:.0f} bytes"
+
+
+def _count(n: int) -> str:
+    """A parameter count the way model cards give it (7.62B, 1.3M)."""
+    for unit, scale in (("B", 1e9), ("M", 1e6), ("k", 1e3)):
+        if n >= scale:
+            return f"{n / scale:.2f}{unit}"
+    return str(n)
+
+
+def check_base_model(cfg: Config) -> None:
+    """`model.init_from` names a model kftrain can fine-tune as configured: the folder exists with
+    config.json (an architecture kftrain builds; remote code only under `model.trust_remote_code`)
+    and tokenizer.json, `model.block_size` is within its context, `data.format: chat` has a chat
+    template, its safetensors headers hold every tensor the model needs in the right shape,
+    `lora.target_modules` name layers LoRA can adapt, and the training state fits the configured
+    memory (:func:`check_model_memory`). No weight is read.
+
+    An `hf://` model is checked for its form only: the Hub is asked in data prep, from a pod that
+    has the network and the token (the pre-flight runs without either)."""
+    origin = cfg.model.init_from
+    if not origin:
+        return
+    from trainer import pretrained
+
+    if origin.startswith(pretrained.HF_SCHEME):
+        pretrained.parse_hf_uri(origin)
+        return
+    from trainer.tasks.pretrained_lm import source_for
+
+    try:
+        with check_deadline(MODEL_CHECK_BUDGET_S):
+            source = source_for(cfg)
+            config = _check_folder(cfg, source)
+            index = pretrained.tensor_index(source)
+    except StoreError as exc:
+        named = f"model.init_from: {exc}" if origin in str(exc) else f"model.init_from {origin}: {exc}"
+        raise type(exc)(named) from None
+    adapters = _check_modules(cfg, config, index)
+    parameters = sum(math.prod(e.shape) for e in index.values())
+    check_model_memory(cfg, parameters, adapters)
+
+
+def _check_folder(cfg: Config, source: ModelSource) -> dict[str, Any]:
+    """The folder's config.json, after the checks its small files allow."""
+    from trainer import pretrained
+
+    origin, store = source.origin, source.store
+    if not store.exists(join_uri(source.uri, pretrained.CONFIG)) and not store.list(source.uri.rstrip("/") + "/"):
+        raise pretrained.PretrainedError(
+            f"model.init_from {origin!r}: no such folder (nothing at or under it); fix the path, or put the "
+            "model's folder there (config.json, *.safetensors, tokenizer.json)"
+        )
+    config = pretrained.read_config(source, cfg.model.trust_remote_code)
+    if not store.exists(join_uri(source.uri, "tokenizer.json")):
+        raise pretrained.PretrainedError(
+            f"model.init_from {origin!r}: no tokenizer.json in the folder; kftrain tokenizes with the model's fast "
+            "tokenizer: add it (transformers: `AutoTokenizer.from_pretrained(...).save_pretrained(folder)`)"
+        )
+    limit = pretrained.context_length(config)
+    if limit and cfg.model.block_size > limit:
+        raise ConfigError(
+            f"model.block_size {cfg.model.block_size} is longer than the pretrained model's context "
+            f"({limit} tokens, config.json of {origin!r}); use at most {limit}"
+        )
+    if cfg.data.format == "chat" and not pretrained.chat_template_uri(source):
+        raise pretrained.PretrainedError(
+            f"data.format: chat needs the model's chat template, and model.init_from {origin!r} has none (no "
+            "chat_template.jinja, chat_template.json or tokenizer_config.json chat_template); use the model's "
+            "chat (instruct) variant, add a template to its tokenizer files, or train on data.format: text or jsonl"
+        )
+    return config
+
+
+def _check_modules(cfg: Config, config: dict[str, Any], index: dict[str, TensorEntry]) -> int:
+    """Build the model of `config` on the meta device (with its LoRA adapters), compare it with
+    the safetensors headers in `index`, and return how many adapter parameters train (0: full)."""
+    import warnings
+
+    import torch
+
+    from trainer import pretrained
+    from trainer.model_io import tied_names
+    from trainer.tasks.pretrained_lm import apply_lora
+
+    origin = cfg.model.init_from
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # transformers' and peft's notes to their own developers
+        try:
+            model = pretrained.build_on_meta(config, torch.float32, cfg.model.trust_remote_code)
+        except pretrained.PretrainedError as exc:
+            raise pretrained.PretrainedError(
+                f"model.init_from {origin!r}: {exc}; use a model transformers implements "
+                f"({', '.join(pretrained.SUPPORTED_MODEL_TYPES)})"
+            ) from None
+        except (ValueError, TypeError, KeyError, AttributeError) as exc:
+            first = str(exc).splitlines()[0] if str(exc) else ""
+            raise pretrained.PretrainedError(
+                f"model.init_from {origin!r}: transformers cannot build the model its config.json describes "
+                f"({type(exc).__name__}: {first})"
+            ) from None
+        if cfg.train.method == "lora":
+            linear = {name.rsplit(".", 1)[-1] for name, m in model.named_modules() if isinstance(m, torch.nn.Linear)}
+            try:
+                model = apply_lora(model, dataclasses.asdict(cfg.lora))
+            except pretrained.PretrainedError as exc:
+                raise pretrained.PretrainedError(
+                    f"{exc} The model's linear layers: {', '.join(sorted(linear))} (a name matches a layer's last "
+                    "path component)"
+                ) from None
+    tied = tied_names(model)
+    for name, tensor in model.state_dict(keep_vars=True).items():
+        if name in tied or ".lora_" in name:
+            continue
+        key = pretrained.base_name(name)
+        entry = index.get(key)
+        if entry is None:
+            raise pretrained.PretrainedError(
+                f"model.init_from {origin!r}: the folder's weights lack {key!r}, which the model of its config.json "
+                "needs; the folder is incomplete or of another architecture"
+            )
+        if tuple(entry.shape) != tuple(tensor.shape):
+            raise pretrained.PretrainedError(
+                f"{entry.uri}: tensor {key!r} has shape {list(entry.shape)}, the model built from config.json "
+                f"expects {list(tensor.shape)}; the folder's weights and config.json disagree"
+            )
+    return sum(p.numel() for p in model.parameters() if p.requires_grad) if cfg.train.method == "lora" else 0

@@ -60,6 +60,8 @@ _DNS_1123 = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-
 #: KFP's own artifact-store Secret and the variables its keys fill: the default everywhere.
 KFP_STORE_SECRET = "mlpipeline-minio-artifact"
 KFP_STORE_SECRET_KEYS = {"accesskey": "AWS_ACCESS_KEY_ID", "secretkey": "AWS_SECRET_ACCESS_KEY"}
+#: The Hugging Face Hub token: the variable `hf://` models read, and its key in `kubernetes.hf_token_secret`.
+HF_TOKEN = "HF_TOKEN"
 
 
 class ConfigError(KftrainError, ValueError):
@@ -305,8 +307,9 @@ class ModelConfig:
     """causal_lm: start from a pretrained Hugging Face model instead of random weights: the URI of its folder
     (config.json, `*.safetensors`, tokenizer files) in the store (`s3://bucket/models/qwen3-0.6b/`, a local path), or
     `hf://org/name[@revision]` fetched from the Hugging Face Hub where the cluster has network (token: the `HF_TOKEN`
-    environment variable, from a Secret). Its architecture replaces `n_layer`/`n_head`/`n_embd` and its tokenizer
-    replaces `data.tokenizer`; Llama, Qwen2/3, Mistral and GPT-2 families."""
+    environment variable, from the Secret `kubernetes.hf_token_secret`). Its architecture replaces
+    `n_layer`/`n_head`/`n_embd` and its tokenizer replaces `data.tokenizer`; Llama, Qwen2/3, Mistral and GPT-2
+    families."""
     trust_remote_code: bool = False
     """With `init_from`: allow a model whose config.json asks for its own Python code (`auto_map`); off, such a model
     is refused (the code would run in every training pod)."""
@@ -587,6 +590,7 @@ _KUBERNETES_BOUNDS = {
     ),
     "namespace": Bound(lambda v: not v or bool(_DNS_1123.match(v)), "must be a DNS-1123 label"),
     "gpus_per_node": NOT_NEGATIVE,
+    "gpu_memory_gb": Bound(lambda v: v >= 0, "must be >= 0 (0: unknown, no memory check)"),
     "cpu": QUANTITY,
     "memory": QUANTITY,
     "shm_size": QUANTITY,
@@ -613,6 +617,9 @@ class KubernetesConfig:
     """Namespace of the job; empty: the launcher pod's own, read at run time (never frozen at compile time)."""
     gpus_per_node: int = 0
     """`nvidia.com/gpu` limit of each replica; when set it must equal `job.nproc_per_node`."""
+    gpu_memory_gb: float = 0.0
+    """Memory of one GPU in GiB (an 80 GB A100: 80). With `model.init_from`, a run whose weights, gradients and
+    optimizer state cannot fit on each rank's GPU is refused before any step; 0: unknown, no check."""
     cpu: str = ""
     """CPU request and limit of each replica (a Kubernetes quantity, e.g. `8` or `7500m`)."""
     memory: str = ""
@@ -660,6 +667,10 @@ class KubernetesConfig:
     """Secret with the object-store keys, given to every replica as environment variables through `secretKeyRef`."""
     store_secret_keys: dict[str, str] = field(default_factory=lambda: dict(KFP_STORE_SECRET_KEYS))
     """Key in `store_secret` -> the environment variable it fills."""
+    hf_token_secret: str = ""
+    """Secret whose key `HF_TOKEN` every replica gets as the variable `HF_TOKEN` (a gated or private `hf://` model),
+    through an optional `secretKeyRef` (no such Secret or key: the variable is unset); empty: none. A pipeline run
+    sets it from its `hf_token_secret` parameter, the Secret its step pods mount."""
     env: dict[str, str] = field(default_factory=dict)
     """Extra non-secret environment of the replicas; credential-looking names (`*SECRET*`, `*_TOKEN`, `*_PASSWORD`, ...)
     and values are refused."""
@@ -692,7 +703,16 @@ class KubernetesConfig:
                     "must be a label value (<= 63 alphanumerics, '-', '_', '.')",
                 )
         check_plain_env(
-            self.env, f"{p}.env", f"{p}.store_secret and {p}.store_secret_keys map Secret keys to variables"
+            self.env,
+            f"{p}.env",
+            f"{p}.store_secret and {p}.store_secret_keys map Secret keys to variables; {p}.hf_token_secret "
+            f"gives {HF_TOKEN}",
+        )
+        _require(
+            not (self.hf_token_secret and self.store_secret and HF_TOKEN in self.store_secret_keys.values()),
+            f"{p}.store_secret_keys",
+            self.store_secret_keys,
+            f"must not fill {HF_TOKEN}, which {p}.hf_token_secret gives",
         )
         self._check_volumes()
 

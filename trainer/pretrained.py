@@ -169,6 +169,23 @@ def read_config(source: ModelSource, trust_remote_code: bool = False) -> dict[st
     return config
 
 
+def chat_template_uri(source: ModelSource) -> str:
+    """The file holding the folder's chat template (`chat_template.jinja`, `chat_template.json`, or
+    the `chat_template` key of `tokenizer_config.json`, as transformers looks), or "" for none."""
+    for name in ("chat_template.jinja", "chat_template.json"):
+        uri = join_uri(source.uri, name)
+        if source.store.exists(uri):
+            return uri
+    uri = join_uri(source.uri, "tokenizer_config.json")
+    if not source.store.exists(uri):
+        return ""
+    try:
+        settings = json.loads(source.store.get_bytes(uri))
+    except ValueError as exc:
+        raise PretrainedError(f"{uri}: not valid JSON ({exc})") from None
+    return uri if isinstance(settings, dict) and settings.get("chat_template") else ""
+
+
 def context_length(config: dict[str, Any]) -> int:
     """The longest context the model was built for (0 where config.json does not say)."""
     for key in ("max_position_embeddings", "n_positions", "n_ctx", "seq_length"):

@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import run_group
+from tests.hf_models import base_model_config, model_variant, tiny_llama_folder
 from tests.unit.test_config_yaml import alias_bomb
 
 REPO = Path(__file__).resolve().parents[2]
@@ -57,3 +58,91 @@ def test_kftrain_run_refuses_a_bad_config_before_any_step(tmp_path, config, phra
         assert phrase in last, out
     assert "Traceback" not in out, out
     assert sorted(p.name for p in tmp_path.iterdir()) == ["c.yaml"], out  # no output dir, nothing written
+
+
+# -- a pretrained base model (model.init_from): refused before any step, naming the fix -----------
+
+LORA = "train:\n  method: lora\n"
+# (how the folder differs from the tiny Llama: None for no folder, config, phrases the last line holds)
+BASE_MODEL_ROWS = [
+    pytest.param(None, "", ["model.init_from", "no such folder", "fix the path"], id="no-folder"),
+    pytest.param(
+        {"config": {"auto_map": {"AutoModelForCausalLM": "modeling.My"}}},
+        "",
+        ["model.init_from", "needs its own Python code", "model.trust_remote_code: true"],
+        id="remote-code",
+    ),
+    pytest.param(
+        {"drop": ("model.safetensors",)},
+        "",
+        ["model.init_from", "safetensors only", "save_pretrained"],
+        id="no-weights",
+    ),
+    pytest.param({}, "model:\n  block_size: 512\n", ["model.block_size 512", "at most 256"], id="block-size"),
+    pytest.param(
+        {"tokenizer_config": {"chat_template": None}, "drop": ("chat_template.jinja",)},
+        "data:\n  format: chat\n",
+        ["data.format: chat needs the model's chat template", "data.format: text or jsonl"],
+        id="chat-template",
+    ),
+    pytest.param(
+        {},
+        LORA + "lora:\n  target_modules: [qkv]\n",
+        ["lora.target_modules ['qkv']", "The model's linear layers: down_proj"],
+        id="lora-target",
+    ),
+    pytest.param(
+        {},
+        "kubernetes:\n  gpu_memory_gb: 0.001\n  gpus_per_node: 1\njob:\n  nproc_per_node: 1\n",
+        ["kubernetes.gpu_memory_gb 0.001", "1.0 MiB", "train.strategy: fsdp", "train.method: lora", "larger GPUs"],
+        id="gpu-memory",
+    ),
+    pytest.param("hf://org/na me", "", ["model.init_from 'hf://org/na me'", "hf://<org>/<name>"], id="hub-uri"),
+]
+
+
+@pytest.fixture(scope="module")
+def tiny_llama(tmp_path_factory) -> str:
+    return tiny_llama_folder(tmp_path_factory.mktemp("base") / "tiny-llama")
+
+
+def run_refused(cwd: Path, config: str, env: dict[str, str], phrases: list[str]) -> None:
+    """`kftrain run --local` with `config` exits 2 within seconds, its last line names the fix, and
+    nothing was written."""
+    (cwd / "c.yaml").write_text(config)
+    env = {**env, "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")])}
+    cmd = [sys.executable, "-m", "pipelines.cli", "run", "--local", "--config", "c.yaml", "--output-dir", "out"]
+    start = time.monotonic()
+    rc, out = run_group(cmd, timeout=120, env=env, cwd=str(cwd))
+    assert time.monotonic() - start < 120  # imports of torch, transformers and peft on a busy machine
+    assert rc == 2, out
+    last = out.strip().splitlines()[-1]
+    assert last.startswith("kftrain: error: "), out
+    for phrase in phrases:
+        assert phrase in last, out
+    assert "Traceback" not in out and "Executing task" not in out, out
+    assert sorted(p.name for p in cwd.iterdir()) == ["c.yaml"], out  # no output dir, nothing written
+
+
+@pytest.mark.parametrize(("variant", "extra", "phrases"), BASE_MODEL_ROWS)
+def test_kftrain_run_refuses_a_bad_base_model_before_any_step(tmp_path, tiny_llama, variant, extra, phrases):
+    if variant is None:
+        init_from = str(tmp_path / "models" / "no-such-model")
+    elif isinstance(variant, str):
+        init_from = variant
+    else:
+        init_from = model_variant(tiny_llama, tmp_path / "models" / "tiny", **variant)
+    run = tmp_path / "run"
+    run.mkdir()
+    run_refused(run, base_model_config(init_from, extra), dict(os.environ), phrases)
+
+
+def test_a_base_model_in_the_store_is_checked_there(tmp_path, tiny_llama, s3_env, bucket):
+    """The headers come from S3 with ranged reads: a model in the store is checked like a local one."""
+    client = s3_env.client()
+    for path in Path(tiny_llama).iterdir():
+        client.fput_object(bucket, f"models/tiny/{path.name}", str(path))
+    config = base_model_config(f"s3://{bucket}/models/tiny", "model:\n  block_size: 512\n")
+    run_refused(tmp_path, config, {**os.environ, **s3_env.env()}, ["model.block_size 512", "at most 256"])
+    lora = base_model_config(f"s3://{bucket}/models/tiny", LORA + "lora:\n  target_modules: [qkv]\n")
+    run_refused(tmp_path, lora, {**os.environ, **s3_env.env()}, ["lora.target_modules ['qkv']"])

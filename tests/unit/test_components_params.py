@@ -4,6 +4,7 @@ pipeline, the configure component and docs/pipeline.md all follow the one parame
 from __future__ import annotations
 
 import inspect
+import sys
 from pathlib import Path
 
 import pytest
@@ -17,7 +18,7 @@ from trainer.config import Config, ConfigError, load_config
 REPO = Path(__file__).resolve().parents[2]
 #: For each knob, a config value that differs from the default and from the override below.
 FROM_CONFIG = {
-    "data_source": "digits",
+    "data_source": "python-stdlib",
     "replicas": 1,
     "nproc_per_node": 2,
     "epochs": 3,
@@ -30,11 +31,13 @@ FROM_CONFIG = {
     "queue": "team-cfg",
     "node_selector": {"pool": "cfg"},
     "tolerations": [{"key": "cfg", "operator": "Exists"}],
+    "base_model": "s3://cfg-bucket/models/base",
+    "train_method": "lora",
     "store": "s3://cfg-bucket/runs",
     "s3_endpoint": "http://cfg:9000",
 }
 OVERRIDE = {
-    "data_source": "s3://data/digits.csv",
+    "data_source": "s3://data/corpus.txt",
     "replicas": 2,
     "nproc_per_node": 2,
     "epochs": 5,
@@ -47,13 +50,15 @@ OVERRIDE = {
     "queue": "team-param",
     "node_selector": {"pool": "param"},
     "tolerations": [{"key": "param", "operator": "Equal", "value": "x", "tolerationSeconds": 300.0}],
+    "base_model": "hf://org/param-model@main",
+    "train_method": "full",
     "store": "s3://param-bucket/runs",
     "s3_endpoint": "http://param:9000",
 }
 
 
 def _config_text(values: dict) -> str:
-    tree: dict = {}
+    tree: dict = {"task": "causal_lm"}  # base_model needs it
     for name, value in values.items():
         *parents, leaf = BY_NAME[name].field.split(".")
         node = tree
@@ -117,6 +122,26 @@ def test_a_config_naming_another_store_secret_is_refused_with_the_fix():
         config_from_params("kubernetes:\n  store_secret: team-s3\n", store_secret="mlpipeline-minio-artifact")
 
 
+def test_hf_token_secret_parameter_reaches_the_replicas():
+    assert config_from_params("", hf_token_secret="team-hf").kubernetes.hf_token_secret == "team-hf"
+    # Empty in the config is "none": the steps mount theirs (optionally), and the replicas get the same.
+    none = config_from_params("kubernetes:\n  hf_token_secret: ''\n", hf_token_secret="hf-token")
+    assert none.kubernetes.hf_token_secret == "hf-token"
+    assert config_from_params("kubernetes:\n  hf_token_secret: team-hf\n").kubernetes.hf_token_secret == "team-hf"
+
+
+def test_a_config_naming_another_hf_token_secret_is_refused_with_the_fix():
+    with pytest.raises(ConfigError, match="kubernetes.hf_token_secret.*set the parameter to 'team-hf'"):
+        config_from_params("kubernetes:\n  hf_token_secret: team-hf\n", hf_token_secret="hf-token")
+
+
+def test_configure_refuses_an_empty_hf_token_secret(monkeypatch):
+    """The later steps mount the Secret by its name: an empty one would be a pod the API server refuses."""
+    monkeypatch.setattr(sys, "excepthook", sys.excepthook)  # configure installs its one-line hook
+    with pytest.raises(ConfigError, match="hf_token_secret: must name a Secret"):
+        configure.python_func(config="", hf_token_secret="")
+
+
 def test_unknown_parameter_is_a_type_error():
     with pytest.raises(TypeError, match="unknown parameter"):
         config_from_params("", replica=3)
@@ -138,6 +163,7 @@ def test_ui_descriptions_come_from_the_table(component):
         assert inputs[param.name].description.startswith(param.help), param.name
         assert "the config's value" in inputs[param.name].description
     assert inputs["store_secret"].default == "mlpipeline-minio-artifact"
+    assert inputs["hf_token_secret"].default == "hf-token"
 
 
 def test_the_docs_document_every_parameter_with_its_unset_value_and_default():

@@ -50,6 +50,13 @@ def test_yaml_file_maps_onto_the_tree(tmp_path):
             "task: causal_lm\nmodel:\n  init_from: s3://models/base\nexport:\n  merge_lora: true\n",
             "export.merge_lora: merges LoRA adapters into the base weights: it needs train.method: lora, got True",
         ),
+        ("kubernetes:\n  gpu_memory_gb: -1\n", "kubernetes.gpu_memory_gb: must be >= 0 (0: unknown, no memory check)"),
+        ("kubernetes:\n  gpu_memory_gb: .nan\n", "kubernetes.gpu_memory_gb: must be a finite number"),
+        (
+            "kubernetes:\n  hf_token_secret: hf\n  store_secret_keys: {accesskey: HF_TOKEN}\n",
+            "kubernetes.store_secret_keys: must not fill HF_TOKEN, which kubernetes.hf_token_secret gives",
+        ),
+        ("kubernetes:\n  env: {HF_TOKEN: hf_abc}\n", "kubernetes.hf_token_secret gives HF_TOKEN"),
         ("- a\n- b\n", "must hold a mapping"),
         ("train: [\n", "not valid YAML"),
     ],

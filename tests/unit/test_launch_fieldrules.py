@@ -62,6 +62,7 @@ REFUSED = [
     ({"kubernetes.store_secret": "Store_Keys"}, BOTH, ["kubernetes.store_secret: 'Store_Keys' is not a Secret's name"]),
     ({"kubernetes.store_secret_keys": {"access key": "AWS_ACCESS_KEY_ID"}}, BOTH, ["kubernetes.store_secret_keys: 'access key' is not a Secret key"]),
     ({"kubernetes.store_secret_keys": {"accesskey": "AWS=KEY"}}, BOTH, ["kubernetes.store_secret_keys: name 'AWS=KEY'"]),
+    ({"kubernetes.hf_token_secret": "HF_Token"}, BOTH, ["kubernetes.hf_token_secret: 'HF_Token' is not a Secret's name"]),
     ({"kubernetes.service_account": "Trainer_SA"}, BOTH, ["kubernetes.service_account: 'Trainer_SA' is not a valid serviceAccountName"]),
     ({"kubernetes.priority_class": "High_Prio"}, V1, ["kubernetes.priority_class: 'High_Prio' is not a valid priorityClassName"]),
     # environment: names, the operator's and torchrun's variables, NCCL_DEBUG levels
@@ -116,6 +117,7 @@ ACCEPTED = [
         "kubernetes.namespace": "team-a",
         "kubernetes.image_pull_secrets": ["regcred.v2"],
         "kubernetes.store_secret": "s3",
+        "kubernetes.hf_token_secret": "hf-token.v2",
     },
     {"kubernetes.env": {"my.var-name": "1", "_X": "", "PET_MONITOR_INTERVAL": "1", "NCCL_DEBUG": "info"}},
     {"job.nccl_debug": "TRACE"},

@@ -130,6 +130,24 @@ def test_no_credential_value_is_in_the_manifest(monkeypatch):
     assert "very-secret-value" not in text
 
 
+HF_MODEL = {"task": "causal_lm", "model.init_from": "hf://org/gated-model", "kubernetes.hf_token_secret": "hf-token"}
+
+
+def test_the_hub_token_comes_from_its_secret_and_never_its_value(monkeypatch):
+    monkeypatch.setenv("HF_TOKEN", "hf_very_secret_value")
+    m = manifest_for(overrides=HF_MODEL)
+    validate_pytorchjob(m)
+    for spec in m["spec"]["pytorchReplicaSpecs"].values():
+        env = {e["name"]: e for e in spec["template"]["spec"]["containers"][0]["env"]}
+        assert env["HF_TOKEN"] == {
+            "name": "HF_TOKEN",
+            "valueFrom": {"secretKeyRef": {"name": "hf-token", "key": "HF_TOKEN", "optional": True}},
+        }
+    assert "hf_very_secret_value" not in yaml.safe_dump(m)
+    without = manifest_for(overrides={**HF_MODEL, "kubernetes.hf_token_secret": ""})
+    assert "HF_TOKEN" not in yaml.safe_dump(without)
+
+
 # -- bad input fails before submission, naming the field -------------------------------------
 
 

@@ -128,6 +128,23 @@ def test_no_store_secret_means_no_secret_refs():
     assert all("valueFrom" not in e for e in m["spec"]["trainer"]["env"])
 
 
+def test_the_hub_token_comes_from_its_secret_and_never_its_value(monkeypatch):
+    monkeypatch.setenv("HF_TOKEN", "hf_very_secret_value")
+    overrides = {
+        "task": "causal_lm",
+        "model.init_from": "hf://org/gated-model",
+        "kubernetes.hf_token_secret": "hf-token",
+    }
+    m = trainjob_manifest(spec_for(overrides))
+    validate_trainjob(m)
+    env = {e["name"]: e for e in m["spec"]["trainer"]["env"]}
+    assert env["HF_TOKEN"] == {
+        "name": "HF_TOKEN",
+        "valueFrom": {"secretKeyRef": {"name": "hf-token", "key": "HF_TOKEN", "optional": True}},
+    }
+    assert "hf_very_secret_value" not in yaml.safe_dump(m)
+
+
 @pytest.mark.parametrize(
     ("mutate", "field"),
     [

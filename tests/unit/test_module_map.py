@@ -13,7 +13,6 @@ TIERS = (REPO / "tests" / "unit", REPO / "tests" / "integration")
 
 #: Module -> the test files that cover it, where no test file carries its name.
 TESTED_IN = {
-    "trainer/checks.py": ["test_errors.py", "test_cli_errors.py"],
     "trainer/credentials.py": ["test_config.py", "test_launch_byo.py"],
     "trainer/distributed.py": ["test_train.py", "test_train_fsdp.py"],
     "trainer/evaluate.py": ["test_evaluate_export.py", "test_report.py"],

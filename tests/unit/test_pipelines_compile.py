@@ -1,6 +1,7 @@
 """compiled/*.yaml is what a fresh compile produces (GitOps: CI fails when it is stale), compiled in
 one process: byte-identical twice, no credentials, the training step never cached."""
 
+import re
 from pathlib import Path
 
 import yaml
@@ -35,20 +36,31 @@ def test_compiled_yaml_holds_no_credentials_and_uses_the_secret():
     text = (REPO / "compiled" / "training_pipeline.yaml").read_text()
     docs = list(yaml.safe_load_all(text))
     platform = docs[1]["platforms"]["kubernetes"]["deploymentSpec"]["executors"]
-    # Every step that touches the store mounts the Secret the run's `store_secret` names.
-    assert set(platform) == {"exec-data-prep", "exec-train", "exec-evaluate", "exec-export"}
-    for executor in platform.values():
-        (secret,) = executor["secretAsEnv"]
-        assert secret["secretNameParameter"]["componentInputParameter"].endswith("store_secret")
-        assert {m["envVar"] for m in secret["keyToEnv"]} == {"AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY"}
+    # Every step that touches the store mounts the Secret the run's `store_secret` names; every
+    # step that may ask the Hugging Face Hub (all but configure) the optional `hf_token_secret`.
+    assert set(platform) == {"exec-configure", "exec-data-prep", "exec-train", "exec-evaluate", "exec-export"}
+    for name, executor in platform.items():
+        store, *hub = executor["secretAsEnv"]
+        assert store["secretNameParameter"]["componentInputParameter"].endswith("store_secret")
+        assert {m["envVar"] for m in store["keyToEnv"]} == {"AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY"}
+        assert store["optional"] is False
+        if name == "exec-configure":
+            assert hub == []
+            continue
+        (token,) = hub
+        assert token["secretNameParameter"]["componentInputParameter"].endswith("hf_token_secret")
+        assert token["keyToEnv"] == [{"envVar": "HF_TOKEN", "secretKey": "HF_TOKEN"}]
+        assert token["optional"] is True  # a public model needs no token: the pods start without the Secret
     params = docs[0]["root"]["inputDefinitions"]["parameters"]
     assert params["store_secret"]["defaultValue"] == "mlpipeline-minio-artifact"
+    assert params["hf_token_secret"]["defaultValue"] == "hf-token"
     # No literal credential anywhere: not as a container env value, not as a parameter default.
     for executor in docs[0]["deploymentSpec"]["executors"].values():
         for env in executor["container"].get("env", []):
             assert "KEY" not in env["name"].upper(), env
     for value in ("minio123", "AKIA", "aws_secret_access_key="):
         assert value.lower() not in text.lower()
+    assert not re.search(r"hf_[A-Za-z0-9]{20,}", text)  # a Hugging Face token's form
 
 
 def test_the_training_step_is_never_cached():

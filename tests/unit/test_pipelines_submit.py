@@ -4,7 +4,9 @@ import subprocess
 import sys
 from pathlib import Path
 
-from pipelines.submit import parse_params
+import pytest
+
+from pipelines.submit import SubmitError, _validate_config, parse_params, pipeline_parameters
 
 REPO = Path(__file__).resolve().parents[2]
 PACKAGE = REPO / "compiled" / "training_pipeline.yaml"
@@ -22,3 +24,13 @@ def kftrain(*args, env_extra=None):
 def test_parameters_are_typed_from_the_compiled_pipeline():
     args = parse_params(["learning_rate=1", "store=s3://bucket/x", "launcher=kubernetes", "min_accuracy=0.5"], PACKAGE)
     assert args == {"learning_rate": 1.0, "store": "s3://bucket/x", "launcher": "kubernetes", "min_accuracy": 0.5}
+
+
+def test_the_secrets_the_steps_mount_are_checked_against_the_config_before_upload():
+    known = pipeline_parameters(PACKAGE)
+    config = "kubernetes:\n  hf_token_secret: team-hf\n"
+    with pytest.raises(SubmitError, match="kubernetes.hf_token_secret.*set the parameter to 'team-hf'"):
+        _validate_config({"config": config}, known)  # the package's default, hf-token, would be mounted
+    _validate_config({"config": config, "hf_token_secret": "team-hf"}, known)
+    with pytest.raises(SubmitError, match="kubernetes.hf_token_secret: 'Team_HF' is not a Secret's name"):
+        _validate_config({"hf_token_secret": "Team_HF"}, known)

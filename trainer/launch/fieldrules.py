@@ -279,6 +279,8 @@ SOURCES = (
     ("**.env[NCCL_DEBUG]", "job.nccl_debug (or kubernetes.env.NCCL_DEBUG)"),
     ("**.env[OMP_NUM_THREADS]", "job.omp_num_threads"),
     ("**.env[TORCH_NCCL_HEARTBEAT_TIMEOUT_SEC]", "job.nccl_heartbeat_timeout_seconds"),
+    ("**.env[HF_TOKEN].valueFrom.secretKeyRef.name", "kubernetes.hf_token_secret"),
+    ("**.env[HF_TOKEN].valueFrom", "kubernetes.hf_token_secret"),
     ("**.env[*].valueFrom.secretKeyRef.name", "kubernetes.store_secret"),
     ("**.env[*].valueFrom", "kubernetes.store_secret_keys"),
     ("**.env[*]", "kubernetes.env.{}"),

@@ -11,7 +11,7 @@ from typing import Any
 from kubeflow.training import models as kt
 from kubernetes import client as k8s
 
-from trainer.config import SHM_VOLUME
+from trainer.config import HF_TOKEN, SHM_VOLUME
 from trainer.launch.spec import DEFAULT_PORT, KUEUE_QUEUE_LABEL, MANAGED_BY_LABEL, JobSpec
 
 GROUP, VERSION, PLURAL, KIND = "kubeflow.org", "v1", "pytorchjobs", "PyTorchJob"
@@ -37,6 +37,15 @@ def _container(spec: JobSpec) -> k8s.V1Container:
         for key, var in sorted(kc.store_secret_keys.items())
         if kc.store_secret  # no Secret: the pods get their store access otherwise (workload identity)
     ]
+    if kc.hf_token_secret:  # optional: a public model needs no token, and a pod without it still starts
+        env.append(
+            k8s.V1EnvVar(
+                name=HF_TOKEN,
+                value_from=k8s.V1EnvVarSource(
+                    secret_key_ref=k8s.V1SecretKeySelector(name=kc.hf_token_secret, key=HF_TOKEN, optional=True)
+                ),
+            )
+        )
     amounts: dict[str, str] = {}
     if kc.cpu:
         amounts["cpu"] = kc.cpu

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from trainer.config import SHM_VOLUME
+from trainer.config import HF_TOKEN, SHM_VOLUME
 from trainer.launch.spec import KUEUE_QUEUE_LABEL, MANAGED_BY_LABEL, NODE, JobSpec
 
 GROUP, VERSION, PLURAL, KIND = "trainer.kubeflow.org", "v1alpha1", "trainjobs", "TrainJob"
@@ -40,6 +40,13 @@ def _env(spec: JobSpec) -> list[dict[str, Any]]:
             {"name": var, "valueFrom": {"secretKeyRef": {"name": kc.store_secret, "key": key, "optional": False}}}
             for key, var in sorted(kc.store_secret_keys.items())
         ]
+    if kc.hf_token_secret:  # optional: a public model needs no token, and a pod without it still starts
+        env.append(
+            {
+                "name": HF_TOKEN,
+                "valueFrom": {"secretKeyRef": {"name": kc.hf_token_secret, "key": HF_TOKEN, "optional": True}},
+            }
+        )
     return env
 
 

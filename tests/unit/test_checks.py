@@ -1,0 +1,248 @@
+"""trainer/checks.py: a pretrained base model is checked before any step, from its small files and
+safetensors headers (nothing here reads a weight or reaches the network: the tier refuses it),
+and every refusal names the field and the fix on one line."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from tests.hf_models import base_model_config, model_variant, tiny_llama_folder
+from trainer.checks import check_base_model, check_model_memory, quantity_bytes, state_bytes_per_rank
+from trainer.config import ConfigError, parse_config
+from trainer.errors import KftrainError
+
+#: The tiny Llama's context (max_position_embeddings).
+CONTEXT = 256
+
+
+@pytest.fixture(scope="module")
+def folder(tmp_path_factory) -> str:
+    return tiny_llama_folder(tmp_path_factory.mktemp("base") / "tiny-llama")
+
+
+def check(init_from: str, extra: str = "") -> None:
+    check_base_model(parse_config(base_model_config(init_from, extra)))
+
+
+LORA = "train:\n  method: lora\n"
+NO_TEMPLATE = {"tokenizer_config": {"chat_template": None}, "drop": ("chat_template.jinja", "chat_template.json")}
+# (how the folder differs from the tiny Llama, extra config, phrases the one-line message holds)
+REFUSED = {
+    "no-folder": (None, "", ["model.init_from", "no such folder (nothing at or under it)", "fix the path"]),
+    "no-config": ({"drop": ("config.json",)}, "", ["model.init_from", "no config.json in the folder"]),
+    "architecture": ({"config": {"model_type": "t5"}}, "", ["model_type 't5' is not supported", "llama"]),
+    "remote-code": (
+        {"config": {"auto_map": {"AutoModelForCausalLM": "modeling.My"}}},
+        "",
+        ["needs its own Python code", "model.trust_remote_code: true"],
+    ),
+    "remote-code-trusted": (
+        {"config": {"auto_map": {"AutoModelForCausalLM": "modeling.My"}}},
+        "model:\n  trust_remote_code: true\n",
+        ["model.init_from", "remote-code models", "use a model transformers implements (llama"],
+    ),
+    "no-safetensors": (
+        {"drop": ("model.safetensors",)},
+        "",
+        ["model.init_from", "safetensors only", "save_pretrained"],
+    ),
+    "no-tokenizer": ({"drop": ("tokenizer.json",)}, "", ["model.init_from", "no tokenizer.json", "save_pretrained"]),
+    "missing-tensor": (
+        {"drop_tensors": ("model.norm.weight",)},
+        "",
+        ["model.init_from", "lack 'model.norm.weight'", "incomplete or of another architecture"],
+    ),
+    "wrong-shape": (
+        {"config": {"intermediate_size": 64}},
+        "",
+        ["model.safetensors: tensor", "has shape [128, 64]", "expects [64, 64]", "config.json disagree"],
+    ),
+    "block-size": (
+        {},
+        f"model:\n  block_size: {CONTEXT * 2}\n",
+        [f"model.block_size {CONTEXT * 2} is longer than the pretrained model's context", f"at most {CONTEXT}"],
+    ),
+    "chat-without-template": (
+        NO_TEMPLATE,
+        "data:\n  format: chat\n",
+        ["data.format: chat needs the model's chat template", "instruct", "data.format: text or jsonl"],
+    ),
+    "lora-unknown-module": (
+        {},
+        LORA + "lora:\n  target_modules: [qkv]\n",
+        ["lora.target_modules ['qkv']", "not found", "The model's linear layers: down_proj, gate_proj, k_proj"],
+    ),
+    "lora-not-linear": (
+        {},
+        LORA + "lora:\n  target_modules: [input_layernorm]\n",
+        ["lora.target_modules ['input_layernorm']", "is not supported", "q_proj"],
+    ),
+    "gpu-memory": (
+        {},
+        "kubernetes:\n  gpu_memory_gb: 0.001\n",
+        ["kubernetes.gpu_memory_gb 0.001:", "train.method full", "1.0 MiB", "train.strategy: fsdp", "lora"],
+    ),
+    "replica-memory": (
+        {},
+        "kubernetes:\n  memory: 1Mi\n",
+        ["kubernetes.memory 1Mi:", "in each replica", "a larger kubernetes.memory"],
+    ),
+    "hub-uri": (None, "", ["model.init_from 'hf://org/na me'", "hf://<org>/<name>"]),
+}
+
+
+@pytest.mark.parametrize("case", list(REFUSED))
+def test_a_bad_base_model_is_refused_on_one_line_naming_the_fix(case, folder, tmp_path):
+    variant, extra, phrases = REFUSED[case]
+    if case == "no-folder":
+        init_from = str(tmp_path / "no-such-model")
+    elif case == "hub-uri":
+        init_from = "hf://org/na me"
+    else:
+        init_from = model_variant(folder, tmp_path / "model", **variant)
+    with pytest.raises(KftrainError) as info:
+        check(init_from, extra)
+    message = str(info.value)
+    assert "\n" not in message and "Traceback" not in message, message
+    for phrase in phrases:
+        assert phrase in message, message
+
+
+@pytest.mark.parametrize(
+    ("variant", "extra"),
+    [
+        ({}, ""),
+        ({}, LORA),
+        ({}, LORA + "lora:\n  target_modules: [q_proj, k_proj, v_proj, o_proj, down_proj]\n"),
+        ({}, "data:\n  format: chat\n"),
+        # The chat template where older transformers kept it: in tokenizer_config.json.
+        (
+            {"drop": ("chat_template.jinja",), "tokenizer_config": {"chat_template": "{{ messages }}"}},
+            "data:\n  format: chat\n",
+        ),
+        (
+            {"drop": ("chat_template.jinja",), "add": {"chat_template.json": json.dumps({"chat_template": "{{ x }}"})}},
+            "data:\n  format: chat\n",
+        ),
+        ({}, "kubernetes:\n  gpu_memory_gb: 80\n"),
+        ({}, "kubernetes:\n  memory: 8Gi\n"),
+        ({}, "kubernetes:\n  gpu_memory_gb: 0\n  memory: 1Mi\n  gpus_per_node: 1\njob:\n  nproc_per_node: 1\n"),
+    ],
+)
+def test_a_good_base_model_passes(folder, tmp_path, variant, extra):
+    check(model_variant(folder, tmp_path / "model", **variant), extra + f"model:\n  block_size: {CONTEXT}\n")
+
+
+def test_a_hub_model_is_checked_for_its_form_only():
+    """No network in this tier: a well-formed hf:// URI passes without the Hub being asked."""
+    check("hf://Qwen/Qwen3-0.6B@main")
+
+
+def test_no_base_model_means_no_check():
+    check_base_model(parse_config("task: causal_lm\n"))
+
+
+def test_a_store_that_fails_is_named_with_the_field(tmp_path, monkeypatch, folder):
+    from trainer import pretrained
+    from trainer.storage import StoreError
+
+    def fail(source):
+        raise StoreError("connection refused")
+
+    monkeypatch.setattr(pretrained, "tensor_index", fail)
+    with pytest.raises(StoreError, match=r"^model.init_from .*tiny-llama: connection refused$"):
+        check(folder)
+
+
+# -- the memory estimate ----------------------------------------------------------------------
+
+GIB = 2**30
+#: Qwen2-7B's parameter count (untied embeddings), and a LoRA of rank 16 on q_proj and v_proj.
+SEVEN_B, ADAPTERS = 7_615_616_512, 5_046_272
+
+
+@pytest.mark.parametrize(
+    ("method", "shards", "frozen", "expected"),
+    [
+        ("full", 1, 2, 16 * SEVEN_B),
+        ("full", 8, 2, 16 * SEVEN_B // 8),
+        ("lora", 1, 2, 2 * SEVEN_B + 16 * ADAPTERS),
+        ("lora", 4, 4, (4 * SEVEN_B + 16 * ADAPTERS) // 4),
+        ("full", 3, 2, -(-16 * SEVEN_B // 3)),  # a remainder rounds up
+    ],
+)
+def test_state_bytes_per_rank(method, shards, frozen, expected):
+    assert state_bytes_per_rank(SEVEN_B, ADAPTERS, method, shards, frozen) == expected
+
+
+def memory_config(**fields) -> str:
+    lines = {"kubernetes": [], "train": [], "job": []}
+    for dotted, value in fields.items():
+        section, name = dotted.split("__")
+        lines[section].append(f"  {name}: {value}")
+    body = "".join(f"{s}:\n" + "\n".join(v) + "\n" for s, v in lines.items() if v)
+    return "task: causal_lm\nmodel:\n  init_from: /models/qwen2-7b\n" + body
+
+
+@pytest.mark.parametrize(
+    ("fields", "adapters", "refused"),
+    [
+        # 16 bytes x 7.6B = 113.5 GiB: no 80 GiB GPU holds it under DDP...
+        ({"kubernetes__gpu_memory_gb": 80}, 0, True),
+        # ...FSDP over 2 ranks (the default job) still needs 56.7 GiB, over 8 ranks 14.2 GiB.
+        ({"kubernetes__gpu_memory_gb": 40, "train__strategy": "fsdp"}, 0, True),
+        ({"kubernetes__gpu_memory_gb": 80, "train__strategy": "fsdp"}, 0, False),
+        ({"kubernetes__gpu_memory_gb": 16, "train__strategy": "fsdp", "job__replicas": 8}, 0, False),
+        # LoRA: the bf16 base is 14.2 GiB on each DDP rank; in fp32 (precision fp32) 28.4 GiB.
+        ({"kubernetes__gpu_memory_gb": 24, "train__method": "lora"}, ADAPTERS, False),
+        ({"kubernetes__gpu_memory_gb": 24, "train__method": "lora", "train__precision": "fp32"}, ADAPTERS, True),
+        # An elastic job can run at its fewest replicas: those hold the largest shards.
+        (
+            {
+                "kubernetes__gpu_memory_gb": 16,
+                "train__strategy": "fsdp",
+                "job__replicas": 8,
+                "kubernetes__elastic": "{enabled: true, min_replicas: 4, max_replicas: 8}",
+                "train__batch_size": 840,  # divides by every world size from 4 to 8
+            },
+            0,
+            True,
+        ),
+        # A CPU job: the replica's memory holds nproc_per_node ranks.
+        ({"kubernetes__memory": "200Gi", "job__nproc_per_node": 2, "train__batch_size": 64}, 0, True),
+        ({"kubernetes__memory": "256Gi"}, 0, False),
+        # Nothing set, or GPUs without gpu_memory_gb (kubernetes.memory is the host's then): no check.
+        ({}, 0, False),
+        ({"kubernetes__memory": "1Gi", "kubernetes__gpus_per_node": 1, "job__nproc_per_node": 1}, 0, False),
+    ],
+)
+def test_the_training_state_must_fit_the_configured_memory(fields, adapters, refused):
+    cfg = parse_config(memory_config(**fields))
+    if refused:
+        with pytest.raises(ConfigError):
+            check_model_memory(cfg, SEVEN_B, adapters)
+    else:
+        check_model_memory(cfg, SEVEN_B, adapters)
+
+
+def test_the_memory_message_names_the_estimate_the_limit_and_the_fixes():
+    cfg = parse_config(memory_config(kubernetes__gpu_memory_gb=80, job__replicas=4))
+    with pytest.raises(ConfigError) as info:
+        check_model_memory(cfg, SEVEN_B, 0)
+    assert str(info.value) == (
+        "kubernetes.gpu_memory_gb 80: training '/models/qwen2-7b' (7.62B parameters, train.method full, "
+        "train.strategy ddp) needs at least 113.5 GiB in each GPU before activations (weights, gradients and "
+        "AdamW moments in fp32: 16 bytes per parameter), more than its 80.0 GiB; use train.strategy: fsdp "
+        "(28.4 GiB over the 4 ranks), train.method: lora (the frozen base alone: 14.2 GiB), at least 2 ranks "
+        "under fsdp (job.replicas x job.nproc_per_node, now 4), or larger GPUs"
+    )
+
+
+@pytest.mark.parametrize(
+    ("quantity", "expected"),
+    [("8", 8), ("64Gi", 64 * GIB), ("500M", 500e6), ("1.5Ti", 1.5 * 2**40), ("2k", 2000), ("512Ki", 2**19)],
+)
+def test_quantity_bytes(quantity, expected):
+    assert quantity_bytes(quantity) == expected
