@@ -146,9 +146,9 @@ def worker_kftrain(uri: str, out: Path, label: str) -> None:
         marks: list[tuple[tuple[int, ...], int, int]] = []
         fill = pretrained.fill_tensor
 
-        def traced_fill(target, rows):
+        def traced_fill(target, rows, row_bytes=0):
             before = proc_status_kb("VmRSS")["VmRSS"]
-            read = fill(target, rows)
+            read = fill(target, rows, row_bytes)
             marks.append((tuple(target.shape), before, proc_status_kb("VmHWM")["VmHWM"]))
             return read
 

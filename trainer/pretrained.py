@@ -60,6 +60,8 @@ _DTYPES = {
     "U8": torch.uint8,
     "BOOL": torch.bool,
 }
+#: Weights are read in ranged reads of at most this many bytes (the memory in flight per rank).
+READ_PIECE_BYTES = 8 << 20
 #: Headers larger than this are not a safetensors file (the format's own limit is 100 MB).
 _MAX_HEADER = 100_000_000
 _HF_REPO = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*/[A-Za-z0-9][A-Za-z0-9._-]*$")
@@ -346,15 +348,28 @@ def read_rows(store: ObjectStore, entry: TensorEntry, start: int, count: int) ->
     return torch.frombuffer(bytearray(raw), dtype=entry.dtype).reshape(shape)
 
 
-def fill_tensor(target: torch.Tensor, rows) -> int:
-    """Copy into `target` (this rank's part) the rows `rows(start, count)` returns; return bytes read."""
+def fill_tensor(target: torch.Tensor, rows: Callable[[int, int], torch.Tensor], row_bytes: int = 0) -> int:
+    """Copy into `target` (this rank's part) the rows `rows(start, count)` returns, in pieces of
+    at most READ_PIECE_BYTES when `row_bytes` is given (so a rank never holds a large tensor's
+    rows twice: once as read, once as copied); return the bytes read."""
     local, start = _local_rows(target)
     if local.numel() == 0:
         return 0
-    data = rows(start, local.shape[0] if local.dim() else 1)
-    with torch.no_grad():
-        local.copy_(data.reshape(local.shape))
-    return data.numel() * data.element_size()
+    if not local.dim():
+        data = rows(start, 1)
+        with torch.no_grad():
+            local.copy_(data.reshape(()))
+        return data.element_size()
+    n = local.shape[0]
+    step = max(1, READ_PIECE_BYTES // row_bytes) if row_bytes else n
+    read = 0
+    for at in range(0, n, step):
+        piece = local[at : at + step]
+        data = rows(start + at, piece.shape[0])
+        with torch.no_grad():
+            piece.copy_(data.reshape(piece.shape))
+        read += data.numel() * data.element_size()
+    return read
 
 
 def load_base_weights(
@@ -386,6 +401,8 @@ def load_base_weights(
                 f"{entry.uri}: tensor {key_name!r} has shape {list(entry.shape)}, the model built from config.json "
                 f"expects {list(tensor.shape)}; the folder's weights and config.json disagree"
             )
-        read += fill_tensor(tensor, lambda start, count, e=entry: read_rows(source.store, e, start, count))
+        read += fill_tensor(
+            tensor, lambda start, count, e=entry: read_rows(source.store, e, start, count), entry.row_bytes
+        )
     log.info("read %d bytes (%.1f MiB) of pretrained weights for this rank from %s", read, read / 2**20, source.origin)
     return not_in_base

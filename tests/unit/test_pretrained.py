@@ -132,3 +132,22 @@ def test_fill_tensor_reads_each_shape_whole(tmp_path, shape):
     target = torch.zeros(shape)
     pretrained.fill_tensor(target, lambda start, count: pretrained.read_rows(LocalStore(), entry, start, count))
     assert torch.equal(target, value)
+
+
+def test_large_tensors_are_read_in_bounded_pieces(tmp_path, monkeypatch):
+    from safetensors.torch import save_file
+
+    value = torch.arange(40 * 6, dtype=torch.float32).reshape(40, 6)
+    save_file({"t": value}, tmp_path / "model.safetensors")
+    entry = pretrained.tensor_index(source(str(tmp_path)))["t"]
+    monkeypatch.setattr(pretrained, "READ_PIECE_BYTES", 7 * entry.row_bytes)
+    asked: list[tuple[int, int]] = []
+
+    def rows(start, count):
+        asked.append((start, count))
+        return pretrained.read_rows(LocalStore(), entry, start, count)
+
+    target = torch.zeros(40, 6)
+    assert pretrained.fill_tensor(target, rows, entry.row_bytes) == value.numel() * 4
+    assert torch.equal(target, value)
+    assert asked == [(i, min(7, 40 - i)) for i in range(0, 40, 7)]
