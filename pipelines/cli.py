@@ -168,6 +168,16 @@ def _cmd_horovod_run(args: argparse.Namespace) -> int:
     return horovod_main([args.script, *args.script_args])
 
 
+def _cmd_example_model(args: argparse.Namespace) -> int:
+    from trainer.example_model import write_example
+
+    folder, chat = write_example(args.out_dir)
+    print(f"a tiny Llama-shaped model (random weights, ChatML chat template): {folder}")
+    print(f"chat data to fine-tune it on: {chat}")
+    print("fine-tune it: kftrain run --local --config configs/finetune-tiny.yaml")
+    return 0
+
+
 def _cmd_submit(args: argparse.Namespace) -> int:
     import datetime
     import tempfile
@@ -301,6 +311,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("script", help="the script (under torchrun: python -m torch.distributed.run -m trainer.horovod.run)")
     p.add_argument("script_args", nargs=argparse.REMAINDER, help="the script's own arguments")
     p.set_defaults(func=_cmd_horovod_run)
+
+    p = sub.add_parser(
+        "example-model",
+        help="write a tiny pretrained-shaped Hugging Face model and chat data (the fine-tuning demo; no download)",
+    )
+    p.add_argument("out_dir", nargs="?", default="kftrain-outputs/example", help="where (default: %(default)s)")
+    p.set_defaults(func=_cmd_example_model)
 
     job = sub.add_parser("job", help="inspect the training job").add_subparsers(dest="job_command", required=True)
     p = job.add_parser("manifest", help="print the validated PyTorchJob or TrainJob YAML (no cluster needed)")

@@ -348,6 +348,7 @@ def read_rows(store: ObjectStore, entry: TensorEntry, start: int, count: int) ->
     return torch.frombuffer(bytearray(raw), dtype=entry.dtype).reshape(shape)
 
 
+@torch.no_grad()
 def fill_tensor(target: torch.Tensor, rows: Callable[[int, int], torch.Tensor], row_bytes: int = 0) -> int:
     """Copy into `target` (this rank's part) the rows `rows(start, count)` returns, in pieces of
     at most READ_PIECE_BYTES when `row_bytes` is given (so a rank never holds a large tensor's
@@ -357,8 +358,7 @@ def fill_tensor(target: torch.Tensor, rows: Callable[[int, int], torch.Tensor], 
         return 0
     if not local.dim():
         data = rows(start, 1)
-        with torch.no_grad():
-            local.copy_(data.reshape(()))
+        local.copy_(data.reshape(()))
         return data.element_size()
     n = local.shape[0]
     step = max(1, READ_PIECE_BYTES // row_bytes) if row_bytes else n
@@ -366,8 +366,7 @@ def fill_tensor(target: torch.Tensor, rows: Callable[[int, int], torch.Tensor], 
     for at in range(0, n, step):
         piece = local[at : at + step]
         data = rows(start + at, piece.shape[0])
-        with torch.no_grad():
-            piece.copy_(data.reshape(piece.shape))
+        piece.copy_(data.reshape(piece.shape))
         read += data.numel() * data.element_size()
     return read
 

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import pytest
 
-from tests.hf_models import tiny_tokenizer, write_chat_jsonl
 from trainer import pretrained
 from trainer.chat_data import GROUP, prepare_chat
 from trainer.config import load_config
+from trainer.example_model import tiny_tokenizer, write_chat_jsonl
 from trainer.shards import DataError
 from trainer.storage import LocalStore
 

@@ -11,8 +11,9 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import run_group
-from tests.hf_models import base_model_config, model_variant, tiny_llama_folder
+from tests.hf_models import base_model_config, model_variant
 from tests.unit.test_config_yaml import alias_bomb
+from trainer.example_model import tiny_llama_folder
 
 REPO = Path(__file__).resolve().parents[2]
 

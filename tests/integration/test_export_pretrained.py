@@ -13,8 +13,8 @@ import torch
 from safetensors import safe_open
 from transformers import AutoModelForCausalLM, AutoTokenizer, GenerationConfig
 
-from tests.hf_models import tiny_llama_folder
 from trainer.config import load_config
+from trainer.example_model import tiny_llama_folder
 from trainer.export import export_model
 from trainer.export_pretrained import ADAPTER_FOLDER, shard_plan
 from trainer.model_io import frozen_names, save_model, trained_state

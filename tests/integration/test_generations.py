@@ -13,9 +13,9 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from tests.hf_models import tiny_llama_folder
 from tests.integration.test_tasks_pretrained_lm import ALL_LINEAR, corpus, finetune_config, upload_folder
 from trainer.evaluate import EVAL_RECORD, evaluate_model
+from trainer.example_model import tiny_llama_folder
 from trainer.generations import GenerationSettings
 from trainer.model_io import frozen_names, save_model, trained_state
 from trainer.pipeline_steps import evaluate, prepare_data

@@ -151,6 +151,35 @@ def test_the_language_model_path_end_to_end(tmp_path):
     assert "tokens/s" in out
 
 
+def test_fine_tuning_the_example_model_end_to_end(tmp_path):
+    """`kftrain example-model`, then configs/finetune-tiny.yaml (LoRA on chat data, 2 ranks, FSDP)
+    through all four steps, as the README says; the exports load in transformers and peft."""
+    import torch
+    from peft import PeftModel
+    from transformers import AutoModelForCausalLM
+
+    rc, out = run_group([*KFTRAIN, "example-model"], timeout=120, env=cli_env(), cwd=str(tmp_path))
+    assert rc == 0, out
+    args = ["--config", str(REPO / "configs" / "finetune-tiny.yaml"), "--summary", "s.json"]
+    rc, out = run_group([*KFTRAIN, "run", "--local", *args], timeout=360, env=cli_env(), cwd=str(tmp_path))
+    assert rc == 0, out[-5000:]
+    summary = json.loads((tmp_path / "s.json").read_text())
+    # The assistant's tokens of the held-out conversations, against log(vocabulary) = 5.77 before.
+    assert summary["metrics"]["test_perplexity"] < 200
+    report = json.loads((Path(summary["artifacts"]["metrics"]) / "metrics.json").read_text())
+    assert len(report["generations"]) == 3
+    assert all(g["after"].startswith("After ") for g in report["generations"])  # it learned the answers' form
+    exported = Path(summary["artifacts"]["exported"])
+    card = json.loads((exported / "model_card.json").read_text())
+    assert card["base_model"]["origin"] == "kftrain-outputs/example/tiny-llama"
+    base = AutoModelForCausalLM.from_pretrained(tmp_path / "kftrain-outputs/example/tiny-llama")
+    adapted = PeftModel.from_pretrained(base, exported / "adapter")
+    merged = AutoModelForCausalLM.from_pretrained(exported / "huggingface")
+    x = torch.arange(24).reshape(2, 12)
+    with torch.no_grad():
+        torch.testing.assert_close(merged(input_ids=x).logits, adapted(input_ids=x).logits, rtol=1e-4, atol=1e-4)
+
+
 @pytest.mark.parametrize("verbose", [False, True], ids=["quiet", "verbose"])
 def test_a_failing_step_fails_the_run_with_exit_code_1(tmp_path, verbose):
     # A cell that is not a number shows only when data prep reads the rows (a missing source

@@ -15,11 +15,11 @@ from torch.distributed.checkpoint import FileSystemReader
 from torch.utils.data import TensorDataset
 from transformers import AutoModelForCausalLM
 
-from tests.hf_models import tiny_llama_folder, write_chat_jsonl
 from tests.jobs import code_job, record_of, train, weights_of
 from trainer.checkpoint import CheckpointManager
 from trainer.config import load_config
 from trainer.evaluate import evaluate_model
+from trainer.example_model import tiny_llama_folder, write_chat_jsonl
 from trainer.launch.backend import run_job
 from trainer.launch.job import training_job
 from trainer.launch.local import LocalBackend
@@ -81,6 +81,8 @@ LOAD_AND_SCORE = """
     env = dist_env()
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     cfg = config_from_json(os.environ["CFG"])
+    import trainer.pretrained
+    trainer.pretrained.READ_PIECE_BYTES = 1000  # many ranged reads per tensor, as for a large model
     with process_group(env, torch.device("cpu")):
         task = task_for(cfg)
         model, meta = task.build_model(cfg, {"vocab_size": 1, "tokenizer": {}})

@@ -11,7 +11,6 @@ import numpy as np
 import pytest
 import torch
 
-from tests.hf_models import CHAT_TEMPLATE, chat_records, tiny_tokenizer, write_chat_jsonl
 from trainer import pretrained
 from trainer.chat_data import (
     ROLES,
@@ -25,6 +24,7 @@ from trainer.chat_data import (
     take_rows,
 )
 from trainer.config import load_config
+from trainer.example_model import CHAT_TEMPLATE, chat_records, tiny_tokenizer, write_chat_jsonl
 from trainer.shards import DataError, read_shard, split_shards
 from trainer.storage import LocalStore
 from trainer.tasks.pretrained_lm import CHAT_FORMAT, IGNORE, PretrainedLMTask

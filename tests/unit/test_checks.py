@@ -8,10 +8,11 @@ import json
 
 import pytest
 
-from tests.hf_models import base_model_config, model_variant, tiny_llama_folder
+from tests.hf_models import base_model_config, model_variant
 from trainer.checks import check_base_model, check_model_memory, quantity_bytes, state_bytes_per_rank
 from trainer.config import ConfigError, parse_config
 from trainer.errors import KftrainError
+from trainer.example_model import tiny_llama_folder
 
 #: The tiny Llama's context (max_position_embeddings).
 CONTEXT = 256

@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from tests.hf_models import tiny_llama_folder
 from trainer import generations, pretrained
+from trainer.example_model import tiny_llama_folder
 from trainer.generations import GenerationError, GenerationSettings
 from trainer.storage import LocalStore
 

@@ -11,8 +11,8 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM
 
-from tests.hf_models import tiny_llama_folder
 from trainer import pretrained
+from trainer.example_model import tiny_llama_folder
 from trainer.storage import LocalStore
 
 
@@ -147,7 +147,7 @@ def test_large_tensors_are_read_in_bounded_pieces(tmp_path, monkeypatch):
         asked.append((start, count))
         return pretrained.read_rows(LocalStore(), entry, start, count)
 
-    target = torch.zeros(40, 6)
+    target = torch.nn.Parameter(torch.zeros(40, 6))  # a trainable parameter, as the model's are
     assert pretrained.fill_tensor(target, rows, entry.row_bytes) == value.numel() * 4
     assert torch.equal(target, value)
     assert asked == [(i, min(7, 40 - i)) for i in range(0, 40, 7)]

@@ -1,0 +1,120 @@
+"""A tiny "pretrained" Hugging Face model and chat data to fine-tune it on, built here (random
+weights, a byte-level BPE trained on the data's words, a ChatML chat template; fixed seeds, so
+the same files every time, and nothing downloaded): the demo of fine-tuning
+(`configs/finetune-tiny.yaml`, `kftrain example-model`) and the tests' "pretrained" model.
+
+The chat data follows a rule a model learns in a few dozen steps (the user names a colour, the
+assistant answers with the colour after it), so a fine-tune visibly lowers the assistant loss.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import torch
+
+#: A ChatML template (the Qwen family's form), with the generation prompt.
+CHAT_TEMPLATE = (
+    "{% for message in messages %}"
+    "{{ '<|im_start|>' + message['role'] + '\n' + message['content'] + '<|im_end|>' + '\n' }}"
+    "{% endfor %}"
+    "{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}"
+)
+SPECIAL_TOKENS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
+COLOURS = ["red", "green", "blue", "yellow", "black", "white", "orange", "purple"]
+
+
+def chat_records(n: int, seed: int = 0) -> list[dict]:
+    """`n` conversations: the user names a colour, the assistant answers with the colour after it."""
+    gen = torch.Generator().manual_seed(seed)
+    out = []
+    for _ in range(n):
+        i = int(torch.randint(len(COLOURS), (1,), generator=gen))
+        messages = [
+            {"role": "system", "content": "You answer with one colour."},
+            {"role": "user", "content": f"What comes after {COLOURS[i]}?"},
+            {"role": "assistant", "content": f"After {COLOURS[i]} comes {COLOURS[(i + 1) % len(COLOURS)]}."},
+        ]
+        out.append({"messages": messages})
+    return out
+
+
+def write_chat_jsonl(path: str | Path, n: int = 400, seed: int = 0) -> str:
+    """A chat JSON Lines file of `n` conversations; returns its path."""
+    path = Path(path)
+    path.write_text("".join(json.dumps(r) + "\n" for r in chat_records(n, seed)))
+    return str(path)
+
+
+def tiny_tokenizer(vocab_size: int = 320):
+    """A byte-level BPE trained on the chat data's words, as transformers' fast tokenizer."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size,
+        special_tokens=SPECIAL_TOKENS,
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
+    corpus = [m["content"] for r in chat_records(200) for m in r["messages"]] + ["system user assistant"]
+    tok.train_from_iterator(corpus, trainer)
+    return PreTrainedTokenizerFast(
+        tokenizer_object=tok,
+        eos_token="<|im_end|>",
+        pad_token="<|endoftext|>",
+        chat_template=CHAT_TEMPLATE,
+    )
+
+
+def tiny_llama_folder(
+    folder: str | Path,
+    *,
+    tie: bool = False,
+    layers: int = 2,
+    hidden: int = 64,
+    chat_template: bool = True,
+    seed: int = 0,
+) -> str:
+    """A Llama-shaped model (GQA, RoPE, RMSNorm, SwiGLU) with random weights, saved as a Hugging
+    Face folder with its tokenizer; returns the folder's path."""
+    from transformers import GenerationConfig, LlamaConfig, LlamaForCausalLM
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.disable_progress_bar()  # one tiny file: a progress bar is noise
+
+    folder = Path(folder)
+    tokenizer = tiny_tokenizer()
+    if not chat_template:
+        tokenizer.chat_template = None
+    config = LlamaConfig(
+        vocab_size=len(tokenizer),
+        hidden_size=hidden,
+        intermediate_size=2 * hidden,
+        num_hidden_layers=layers,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=256,
+        tie_word_embeddings=tie,
+        bos_token_id=None,
+        eos_token_id=tokenizer.eos_token_id,
+        pad_token_id=tokenizer.pad_token_id,
+    )
+    torch.manual_seed(seed)
+    model = LlamaForCausalLM(config)
+    model.generation_config = GenerationConfig(eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id)
+    model.save_pretrained(folder)
+    tokenizer.save_pretrained(folder)
+    return str(folder)
+
+
+def write_example(out_dir: str | Path, records: int = 600) -> tuple[str, str]:
+    """The tiny Llama folder and a chat JSON Lines file under `out_dir`; returns their paths."""
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    folder = tiny_llama_folder(out_dir / "tiny-llama")
+    return folder, write_chat_jsonl(out_dir / "chat.jsonl", records)
