@@ -189,7 +189,7 @@ def check_base_model(cfg: Config) -> None:
     except StoreError as exc:
         named = f"model.init_from: {exc}" if origin in str(exc) else f"model.init_from {origin}: {exc}"
         raise type(exc)(named) from None
-    adapters = _check_modules(cfg, config, index)
+    adapters = _check_modules(cfg, source, config, index)
     parameters = sum(math.prod(e.shape) for e in index.values())
     check_model_memory(cfg, parameters, adapters)
 
@@ -225,7 +225,7 @@ def _check_folder(cfg: Config, source: ModelSource) -> dict[str, Any]:
     return config
 
 
-def _check_modules(cfg: Config, config: dict[str, Any], index: dict[str, TensorEntry]) -> int:
+def _check_modules(cfg: Config, source: ModelSource, config: dict[str, Any], index: dict[str, TensorEntry]) -> int:
     """Build the model of `config` on the meta device (with its LoRA adapters), compare it with
     the safetensors headers in `index`, and return how many adapter parameters train (0: full)."""
     import warnings
@@ -240,7 +240,7 @@ def _check_modules(cfg: Config, config: dict[str, Any], index: dict[str, TensorE
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # transformers' and peft's notes to their own developers
         try:
-            model = pretrained.build_on_meta(config, torch.float32, cfg.model.trust_remote_code)
+            model = pretrained.build_on_meta(config, torch.float32, source)
         except pretrained.PretrainedError as exc:
             raise pretrained.PretrainedError(
                 f"model.init_from {origin!r}: {exc}; use a model transformers implements "

@@ -235,7 +235,7 @@ def base_model(model: nn.Module, meta: dict[str, Any], source: pretrained.ModelS
         with model.disable_adapter():
             yield model
         return
-    base = pretrained.build_on_meta(meta["hf_config"], torch.float32)
+    base = pretrained.build_on_meta(meta["hf_config"], torch.float32, source)
     pretrained.give_storage(base, torch.device("cpu"), pretrained.buffers_of(base))
     left = pretrained.load_base_weights(base, source, pretrained.tensor_index(source))
     if left:

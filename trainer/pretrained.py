@@ -18,6 +18,7 @@ import math
 import os
 import re
 import struct
+import tempfile
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -274,16 +275,35 @@ def parameters_on_meta() -> Iterator[None]:
         nn.Module.register_parameter = register
 
 
-def build_on_meta(config: dict[str, Any], dtype: torch.dtype, trust_remote_code: bool = False) -> nn.Module:
-    """The model of `config` (transformers' Auto classes) with parameters on the meta device."""
+def code_folder(source: ModelSource) -> str:
+    """A local folder holding the model's config.json and Python files, from which transformers
+    imports a remote-code model: the folder itself where it is local, else a copy of those small
+    files (never the weights)."""
+    if not parse_uri(source.uri).is_remote:
+        return source.uri
+    folder = tempfile.mkdtemp(prefix="kftrain-model-code-")
+    for uri in source.store.list(source.uri):
+        name = uri[len(source.uri.rstrip("/")) + 1 :]
+        if "/" not in name and (name == CONFIG or name.endswith(".py")):
+            source.store.get_file(uri, os.path.join(folder, name))
+    return folder
+
+
+def build_on_meta(config: dict[str, Any], dtype: torch.dtype, source: ModelSource | None = None) -> nn.Module:
+    """The model of `config` (transformers' Auto classes) with parameters on the meta device. A
+    model with its own code (`auto_map`, allowed by :func:`read_config` under
+    `model.trust_remote_code`) is built from the code in its folder, `source`."""
     from transformers import AutoConfig, AutoModelForCausalLM
 
-    hf_config = AutoConfig.for_model(**config) if not config.get("auto_map") else None
-    if hf_config is None:  # remote code, allowed by the caller
-        raise PretrainedError("remote-code models are built from their folder; not supported in this build path")
+    if config.get("auto_map"):
+        if source is None:
+            raise PretrainedError("a model with its own code (auto_map) is built from its folder; none was given")
+        hf_config = AutoConfig.from_pretrained(code_folder(source), trust_remote_code=True)
+        with parameters_on_meta():
+            return AutoModelForCausalLM.from_config(hf_config, dtype=dtype, trust_remote_code=True)
+    hf_config = AutoConfig.for_model(**config)
     with parameters_on_meta():
-        model = AutoModelForCausalLM.from_config(hf_config, dtype=dtype)
-    return model
+        return AutoModelForCausalLM.from_config(hf_config, dtype=dtype)
 
 
 def buffers_of(model: nn.Module) -> dict[str, torch.Tensor]:

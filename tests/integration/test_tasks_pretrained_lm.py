@@ -284,3 +284,16 @@ def test_chat_fine_tuning_on_two_ranks_lowers_the_assistant_token_loss(base_mode
     report = evaluate_model(open_store(model_uri), model_uri, dataset, None, 64)
     assert report["test_tokens"] == manifest["splits"]["test"]["assistant_tokens"]  # every test row: fewer than 64
     assert report["loss"] < before - margin / 2, (before, report)
+
+
+def test_a_trusted_model_with_its_own_code_is_built_from_the_store(bucket, tmp_path):
+    from tests.unit.test_pretrained import remote_code_folder
+    from trainer import pretrained
+
+    local = remote_code_folder(tiny_llama_folder(tmp_path / "base"), tmp_path / "remote")
+    source = pretrained.resolve(upload_folder(local, f"s3://{bucket}/models/remote"))
+    config = pretrained.read_config(source, trust_remote_code=True)
+    model = pretrained.build_on_meta(config, torch.float32, source)  # its code copied out of the store
+    assert type(model).__name__ == "TinyRemoteForCausalLM"
+    pretrained.give_storage(model, torch.device("cpu"), pretrained.buffers_of(model))
+    assert pretrained.load_base_weights(model, source, pretrained.tensor_index(source)) == []

@@ -151,3 +151,54 @@ def test_large_tensors_are_read_in_bounded_pieces(tmp_path, monkeypatch):
     assert pretrained.fill_tensor(target, rows, entry.row_bytes) == value.numel() * 4
     assert torch.equal(target, value)
     assert asked == [(i, min(7, 40 - i)) for i in range(0, 40, 7)]
+
+
+REMOTE_CONFIG = """
+from transformers import LlamaConfig
+
+class TinyRemoteConfig(LlamaConfig):
+    model_type = "kftrain-tiny-remote"
+"""
+REMOTE_MODEL = """
+from transformers import LlamaForCausalLM
+from .configuration_tiny import TinyRemoteConfig
+
+class TinyRemoteForCausalLM(LlamaForCausalLM):
+    config_class = TinyRemoteConfig
+"""
+
+
+def remote_code_folder(folder: str, out: Path) -> str:
+    """The tiny model as a model with its own code (config.json auto_map + two Python files)."""
+    out.mkdir()
+    for name in ("model.safetensors", "tokenizer.json"):
+        (out / name).write_bytes(Path(folder, name).read_bytes())
+    config = json.loads(Path(folder, "config.json").read_text())
+    config.update(
+        model_type="kftrain-tiny-remote",
+        architectures=["TinyRemoteForCausalLM"],
+        auto_map={
+            "AutoConfig": "configuration_tiny.TinyRemoteConfig",
+            "AutoModelForCausalLM": "modeling_tiny.TinyRemoteForCausalLM",
+        },
+    )
+    (out / "config.json").write_text(json.dumps(config))
+    (out / "configuration_tiny.py").write_text(REMOTE_CONFIG)
+    (out / "modeling_tiny.py").write_text(REMOTE_MODEL)
+    return str(out)
+
+
+def test_a_model_with_its_own_code_loads_when_trusted(folder, tmp_path):
+    remote = remote_code_folder(folder, tmp_path / "remote")
+    src = source(remote)
+    with pytest.raises(pretrained.PretrainedError, match="trust_remote_code"):
+        pretrained.read_config(src)
+    config = pretrained.read_config(src, trust_remote_code=True)
+    model = pretrained.build_on_meta(config, torch.float32, src)
+    assert type(model).__name__ == "TinyRemoteForCausalLM"
+    pretrained.give_storage(model, torch.device("cpu"), pretrained.buffers_of(model))
+    assert pretrained.load_base_weights(model, src, pretrained.tensor_index(src)) == []
+    ref = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32)
+    x = torch.arange(30).reshape(2, 15)
+    with torch.no_grad():
+        assert torch.equal(model(input_ids=x).logits, ref(input_ids=x).logits)

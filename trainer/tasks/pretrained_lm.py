@@ -142,12 +142,12 @@ class PretrainedLMTask(CausalLMTask):
         }
         if cfg.train.method == "lora":
             meta["lora"] = _lora_dict(cfg.lora)
-        model = self._build(meta, _dtype(cfg))
+        model = self._build(meta, _dtype(cfg), source)
         self._pending = (source, pretrained.buffers_of(model), cfg.train.seed)
         return model, meta
 
-    def _build(self, meta: dict[str, Any], dtype: torch.dtype) -> nn.Module:
-        model = pretrained.build_on_meta(meta["hf_config"], dtype)
+    def _build(self, meta: dict[str, Any], dtype: torch.dtype, source: pretrained.ModelSource) -> nn.Module:
+        model = pretrained.build_on_meta(meta["hf_config"], dtype, source)
         model.config.use_cache = False  # training and scoring need no KV cache
         if meta.get("method") == "lora":
             model = apply_lora(model, meta["lora"])
@@ -163,8 +163,9 @@ class PretrainedLMTask(CausalLMTask):
         init_adapters(model, left, seed, source.origin)
 
     def model_from_meta(self, meta):
-        model = self._build(meta, torch.float32)
-        self._pending = (source_from_meta(meta), pretrained.buffers_of(model), 0)
+        source = source_from_meta(meta)
+        model = self._build(meta, torch.float32, source)
+        self._pending = (source, pretrained.buffers_of(model), 0)
         return model
 
     def load_weights(self, model, meta, store, weights_uri):
