@@ -13,6 +13,7 @@ TIERS = (REPO / "tests" / "unit", REPO / "tests" / "integration")
 
 #: Module -> the test files that cover it, where no test file carries its name.
 TESTED_IN = {
+    "trainer/example_model.py": ["test_pipeline_local.py", "test_tasks_pretrained_lm.py", "test_chat_data.py"],
     "trainer/credentials.py": ["test_config.py", "test_launch_byo.py"],
     "trainer/distributed.py": ["test_train.py", "test_train_fsdp.py"],
     "trainer/evaluate.py": ["test_evaluate_export.py", "test_report.py"],
