@@ -238,7 +238,8 @@ CASES = [
     ),
     (
         # Kueue evicting the job's Workload (Evicted condition, reason Preempted, the message of
-        # Kueue's preemption) and stopping the job: the event on the job carries that message.
+        # Kueue's preemption) and stopping the job: its job reconciler records an event with reason
+        # `Stopped` (pkg/controller/jobframework/events.go, ReasonStopped) carrying that message.
         "Kueue preemption",
         [],
         [
@@ -248,6 +249,27 @@ CASES = [
                 KUEUE_PREEMPTED,
             )
         ],
+        {},
+        failures.PREEMPTED,
+    ),
+    (
+        # Kueue's pod integration marks the pods of an evicted Workload before it stops them
+        # (pkg/controller/jobs/pod tests: TerminationTarget, WorkloadEvictedDueToPreempted).
+        "Kueue stops a pod (TerminationTarget)",
+        [
+            pod(
+                conditions=[
+                    {
+                        "type": "TerminationTarget",
+                        "status": "True",
+                        "reason": "WorkloadEvictedDueToPreempted",
+                        "message": "Preempted to accommodate a higher priority Workload",
+                    }
+                ],
+                state=exited(143),
+            )
+        ],
+        [],
         {},
         failures.PREEMPTED,
     ),

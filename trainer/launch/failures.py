@@ -9,16 +9,17 @@ its latest checkpoint by itself) and fails the step, naming the cause, for a fau
   `EvictionByEvictionAPI` (a drain, a descheduler), `DeletionByTaintManager` (a `NoExecute`
   taint, e.g. `node.kubernetes.io/unreachable`: the node is gone), `DeletionByPodGC` (the pod's
   node no longer exists) or `TerminationByKubelet` (node-pressure eviction, graceful node
-  shutdown); Kueue's `TerminationTarget` condition on the pods it stops;
+  shutdown); Kueue's `TerminationTarget` condition on the pods it stops when it evicts their
+  Workload (reason `WorkloadEvictedDueToPreempted`, ...);
 - pod `status.reason`: `Evicted` (node-pressure eviction: the kubelet sets the phase Failed and a
   message "The node was low on resource: memory. ..."), `NodeLost` (the node controller, when the
   node stops answering), `Shutdown` / `Terminated` (graceful node shutdown);
 - containers' `state` and `lastState`: `terminated.reason: OOMKilled` (the cgroup's OOM killer),
   `waiting.reason` `ErrImagePull` / `ImagePullBackOff` / `InvalidImageName` / `ErrImageNeverPull`;
 - events: the scheduler's `Preempted` on the victim pod, the kubelet's `Evicted`, the taint
-  manager's `TaintManagerEviction`, and Kueue's `Stopped` on the job when it evicts the job's
-  Workload (its `Evicted` condition, reason `Preempted`: "Preempted to accommodate a workload
-  ...");
+  manager's `TaintManagerEviction`, and Kueue's `Stopped` on the job (jobframework's
+  `ReasonStopped`) when it evicts the job's Workload, with the eviction's message (the Workload's
+  `Evicted` condition, reason `Preempted`: "Preempted to accommodate a workload ...");
 - the trainer's exit code (:mod:`trainer.exit_codes`). The container runs torchrun, which exits 1
   whatever its child exited with, and prints the child's code in its `ChildFailedError` summary
   ("Root Cause (first observed failure): ... exitcode  : 3 (pid: 42)"): that code is read from the
@@ -174,8 +175,11 @@ def _pod_evidence(pod: Mapping[str, Any]) -> list[Diagnosis]:
             if reason == "TerminationByKubelet" and status.get("reason") in _POD_REASONS:
                 cause = _POD_REASONS[status["reason"]]
             found.append(Diagnosis(cause, f"pod {name}: DisruptionTarget {reason}: {cond.get('message', '')}".rstrip()))
-        elif cond.get("type") == "TerminationTarget":  # Kueue stopping a pod it manages
-            found.append(Diagnosis(PREEMPTED, f"pod {name}: TerminationTarget {reason} (Kueue)"))
+        elif cond.get("type") == "TerminationTarget" and reason.startswith("WorkloadEvicted"):
+            # Kueue stopping a pod whose Workload it evicted (`WorkloadEvictedDueToPreempted`, ...)
+            found.append(
+                Diagnosis(PREEMPTED, f"pod {name}: TerminationTarget {reason}: {cond.get('message', '')}".rstrip(": "))
+            )
     reason = status.get("reason")
     if reason in _POD_REASONS:
         found.append(Diagnosis(_POD_REASONS[reason], f"pod {name}: {reason}: {status.get('message', '')}".rstrip()))
@@ -210,7 +214,7 @@ def _event_evidence(event: Event) -> Diagnosis | None:
 
 def exit_code_of(pod: Mapping[str, Any]) -> int | None:
     """The pod's training container's exit code (current state, else the last one), if it ended."""
-    for container in pod.get("status", {}).get("containerStatuses") or []:
+    for container in (pod.get("status") or {}).get("containerStatuses") or []:
         for term in _terminated(container):
             if term.get("exitCode") is not None:
                 return int(term["exitCode"])
