@@ -604,6 +604,7 @@ _KUBERNETES_BOUNDS = {
     "backoff_limit": NOT_NEGATIVE,
     "pending_timeout_seconds": ABOVE_ZERO,
     "poll_seconds": ABOVE_ZERO,
+    "termination_grace_seconds": ABOVE_ZERO,
     "api_retry_budget_seconds": ABOVE_ZERO,
     "queue_timeout_seconds": Bound(lambda v: v >= 0, "must be >= 0 (0: no limit)"),
     "store_secret_keys": NOT_EMPTY,
@@ -662,6 +663,10 @@ class KubernetesConfig:
     """Pod restarts before the job is marked Failed."""
     restart_policy: str = "OnFailure"
     """Replica `restartPolicy`: `OnFailure`, `ExitCode` (exit 1-127 permanent, 128-255 retried), `Never`, `Always`."""
+    termination_grace_seconds: int = 120
+    """`terminationGracePeriodSeconds` of the replica pods: on SIGTERM (preemption, eviction, drain) the ranks stop at
+    the next step boundary and commit a checkpoint, which must fit in this time before the SIGKILL; rank 0 warns when
+    a measured checkpoint would not."""
     elastic: ElasticConfig = field(default_factory=ElasticConfig)
     """Elastic training settings."""
     store_secret: str = KFP_STORE_SECRET

@@ -17,6 +17,7 @@ import hashlib
 import json
 import logging
 import math
+import os
 import sys
 import tempfile
 import time
@@ -57,6 +58,7 @@ from trainer.progress import Progress
 from trainer.rng import rng_state, seed_everything, set_rng_state
 from trainer.safetensors_file import TensorFile
 from trainer.shards import read_manifest
+from trainer.stopping import GRACE_ENV, StopSignal, Terminated, grace_warning
 from trainer.storage import ObjectStore, join_uri, open_store
 from trainer.tasks import Task, task_for
 from trainer.training_data import TrainingData, training_data
@@ -296,6 +298,10 @@ class Trainer:
             self.optimizer, lambda s: lr_factor(s, self.total_steps, cfg)
         )
         self.ckpt = self._checkpoints()
+        # Its own group: the checkpoint upload thread uses the checkpoint group meanwhile.
+        self.stop = StopSignal(checkpoint_group(env, cfg.job.collective_timeout_seconds))
+        self.grace_s = float(os.environ.get(GRACE_ENV) or 0)
+        self.grace_warned = False
 
         # Where the run stands: the position and what the epoch so far added up to.
         self.step = self.epoch = self.epoch_step = 0
@@ -428,6 +434,11 @@ class Trainer:
             local=lambda: {"rng": rng_state()},
         )
         self.progress.checkpoint(self.step, self.ckpt.last_stage_seconds, self.ckpt.last_bytes)
+        # save() waited for the previous checkpoint: its commit time, with this one's staging.
+        warning = grace_warning(self.grace_s, self.ckpt.last_stage_seconds, self.ckpt.last_upload_seconds)
+        if warning and self.env.is_main and not self.grace_warned:
+            log.warning("%s", warning)
+            self.grace_warned = True
 
     def train_step(self, batches) -> None:
         """One optimizer step: `train.grad_accum_steps` micro-batches, one gradient sync, the
@@ -505,6 +516,13 @@ class Trainer:
     def run(self) -> dict[str, Any]:
         """Train to the end (train.max_steps or train.epochs) and finish; return the final metrics."""
         self.t_train = time.perf_counter()
+        with self.stop.installed():
+            try:
+                return self._run()
+            finally:
+                self.stop.drain()
+
+    def _run(self) -> dict[str, Any]:
         while self.step < self.total_steps:
             batches = self.data.batches()
             while self.epoch_step < self.epoch_steps_total and self.step < self.total_steps:
@@ -512,13 +530,47 @@ class Trainer:
                 mid_epoch = self.epoch_step < self.epoch_steps_total
                 if self.ckpt is not None and mid_epoch and self._interval_due():
                     self.save_checkpoint()
+                if mid_epoch and self._stopping():
+                    self.terminate()
             if self.epoch_step < self.epoch_steps_total:
                 break  # train.max_steps reached mid-epoch
             self.end_epoch()
+            # After the epoch's record and validation, so a resumed run has them.
+            if self._stopping():
+                self.terminate()
             self.epoch, self.epoch_step = self.epoch + 1, 0
             self.epoch_loss, self.epoch_steps = torch.zeros((), device=self.device), 0
             self.epoch_steps_total = self.data.begin_epoch(self.epoch)
         return self.finish()
+
+    def _stopping(self) -> bool:
+        # The last step finishes the run instead: stopping there would save nothing more.
+        return self.step < self.total_steps and self.stop.agreed()
+
+    def terminate(self) -> None:
+        """Stop after the current step on a stop signal (every rank, at the same step): commit a
+        checkpoint of it and raise :class:`Terminated`."""
+        env, why = self.env, self.stop.name()
+        if self.ckpt is None:
+            if env.is_main:
+                log.warning(
+                    "stopped by %s at step %d: nothing was saved (checkpoint.enabled is off), a new run starts over",
+                    why,
+                    self.step,
+                )
+            raise Terminated(f"stopped by {why} at step {self.step} without a checkpoint")
+        if self.ckpt.last_step != self.step:
+            self.save_checkpoint()
+        self.ckpt.close()  # waits for the commit
+        self.progress.close()
+        if env.is_main:
+            log.info(
+                "stopped by %s at step %d: checkpoint committed %.2fs after the signal; a rerun resumes from it",
+                why,
+                self.step,
+                self.stop.seconds_since(),
+            )
+        raise Terminated(f"stopped by {why} at step {self.step}; checkpoint committed")
 
     def finish(self) -> dict[str, Any]:
         """Wait for the last checkpoint, write the model and the training record (rank 0), and
@@ -595,6 +647,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         with process_group(env, device, timeout_s=cfg.job.collective_timeout_seconds):
             run_training(cfg, args.dataset_uri, args.model_uri, env)
+    except Terminated as exc:
+        return exc.exit_code
     except KftrainError as exc:
         # A message that says what to fix, not a traceback repeated by every rank; the exit code
         # tells the launcher the cause (trainer/exit_codes.py).

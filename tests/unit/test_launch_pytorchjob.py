@@ -327,3 +327,16 @@ def test_the_kubernetes_backend_refuses_local_artifact_paths_before_creating_any
     with pytest.raises(ValueError, match="dataset URI '/tmp/dataset' is a local path"):
         backend.submit(spec)
     assert cluster.calls == []
+
+
+def test_the_grace_period_is_on_every_replica_and_torchrun_waits_as_long():
+    m = manifest_for("multinode-gpu", {"kubernetes.termination_grace_seconds": 300})
+    validate_pytorchjob(m)
+    for replica in m["spec"]["pytorchReplicaSpecs"].values():
+        pod = replica["template"]["spec"]
+        assert pod["terminationGracePeriodSeconds"] == 300
+        env = {e["name"]: e.get("value") for e in pod["containers"][0]["env"]}
+        # torchrun SIGKILLs its workers this long after passing SIGTERM on; the trainer warns by it.
+        assert env["TORCH_ELASTIC_SHUTDOWN_TIMEOUT"] == env["KFTRAIN_TERMINATION_GRACE_SECONDS"] == "300"
+        # torchrun through kftrain's wrapper, which exits 143 when SIGTERM stopped it.
+        assert pod["containers"][0]["command"][:3] == ["python", "-m", "trainer.torchrun"]

@@ -291,3 +291,12 @@ def test_a_bring_your_own_image_job_runs_as_a_trainjob_too():
     env = {e["name"]: e.get("value") for e in m["spec"]["trainer"]["env"]}
     assert env["KFTRAIN_OUTPUT_URI"] == "s3://bucket/out"
     assert (m["spec"]["trainer"]["numNodes"], m["spec"]["trainer"]["numProcPerNode"]) == (2, 4)
+
+
+def test_the_grace_period_reaches_the_runtime_patch():
+    m = trainjob_manifest(spec_for({"kubernetes.termination_grace_seconds": 45}))
+    validate_trainjob(m)
+    pod = m["spec"]["runtimePatches"][0]["trainingRuntimeSpec"]["template"]["spec"]["replicatedJobs"][0]
+    assert pod["template"]["spec"]["template"]["spec"]["terminationGracePeriodSeconds"] == 45
+    env = {e["name"]: e.get("value") for e in m["spec"]["trainer"]["env"]}
+    assert env["TORCH_ELASTIC_SHUTDOWN_TIMEOUT"] == env["KFTRAIN_TERMINATION_GRACE_SECONDS"] == "45"

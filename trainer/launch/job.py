@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from trainer.config import Config, config_to_json
 from trainer.launch.spec import JobSpec, job_name, torchrun_command
+from trainer.stopping import GRACE_ENV
 
 TRAIN_MODULE = "trainer.train"
 
@@ -39,6 +40,10 @@ def job_env(cfg: Config) -> dict[str, str]:
         # leaving every other rank blocked forever.
         "TORCH_NCCL_ASYNC_ERROR_HANDLING": "1",
         "TORCH_NCCL_HEARTBEAT_TIMEOUT_SEC": str(cfg.job.nccl_heartbeat_timeout_seconds),
+        # On SIGTERM torchrun passes it on and SIGKILLs workers still there after this long (30s by
+        # default): the pod's grace period, so their checkpoint may take all of it.
+        "TORCH_ELASTIC_SHUTDOWN_TIMEOUT": str(cfg.kubernetes.termination_grace_seconds),
+        GRACE_ENV: str(cfg.kubernetes.termination_grace_seconds),
     }
     if cfg.job.nccl_debug:
         env["NCCL_DEBUG"] = cfg.job.nccl_debug

@@ -86,6 +86,7 @@ def _pod_template(spec: JobSpec) -> k8s.V1PodTemplateSpec:
         priority_class_name=kc.priority_class or None,
         service_account_name=kc.service_account or None,
         image_pull_secrets=[k8s.V1LocalObjectReference(name=n) for n in kc.image_pull_secrets] or None,
+        termination_grace_period_seconds=kc.termination_grace_seconds,
     )
     meta = k8s.V1ObjectMeta(labels={**MANAGED_BY_LABEL, **kc.labels}, annotations=dict(kc.annotations) or None)
     return k8s.V1PodTemplateSpec(metadata=meta, spec=pod)

@@ -249,5 +249,6 @@ def replica_env_v2(spec: JobSpec, node_rank: int, master_addr: str | None = None
 
 
 def torchrun_command(module: str, args: list[str] | tuple[str, ...], python: str = "python") -> tuple[str, ...]:
-    """`python -m torch.distributed.run -m MODULE ARGS`: torchrun reads the job shape from `PET_*`."""
-    return (python, "-m", "torch.distributed.run", "-m", module, *args)
+    """`python -m trainer.torchrun -m MODULE ARGS`: torchrun, which reads the job shape from `PET_*`, and
+    exits with 143 rather than 1 when SIGTERM stopped it (:mod:`trainer.torchrun`)."""
+    return (python, "-m", "trainer.torchrun", "-m", module, *args)

@@ -72,7 +72,8 @@ def _pod_patch(spec: JobSpec) -> dict[str, Any]:
     volumes += [dict(v) for v in kc.volumes]  # already in pod-spec form (camelCase)
     mounts: list[dict[str, Any]] = [{"name": SHM_VOLUME, "mountPath": "/dev/shm"}] if kc.shm_size else []
     mounts += [dict(m) for m in kc.volume_mounts]
-    pod: dict[str, Any] = {}
+    # Time for the ranks to commit a checkpoint on SIGTERM before the SIGKILL.
+    pod: dict[str, Any] = {"terminationGracePeriodSeconds": kc.termination_grace_seconds}
     if kc.service_account:
         pod["serviceAccountName"] = kc.service_account
     if volumes:
@@ -90,7 +91,7 @@ def _pod_patch(spec: JobSpec) -> dict[str, Any]:
     meta: dict[str, Any] = {"labels": {**MANAGED_BY_LABEL, **kc.labels}}
     if kc.annotations:
         meta["annotations"] = dict(kc.annotations)
-    return {"metadata": meta, "spec": pod} if pod else {"metadata": meta}
+    return {"metadata": meta, "spec": pod}
 
 
 def trainjob_manifest(spec: JobSpec, namespace: str = "", owner: dict[str, Any] | None = None) -> dict[str, Any]:
