@@ -84,9 +84,7 @@ def list_runs(store: ObjectStore, root: str) -> list[RunInfo]:
         if m := _COMMIT.match(uri):
             info = runs.setdefault(key, RunInfo(*key))
             info.steps.setdefault(m.group("prefix"), []).append(int(m.group("step")))
-        elif local and rel == f"{LOCAL_RUNS}/{key[0]}/{RUN_RECORD}":
-            finish[key] = uri
-        elif not local and name == TRAINING_RECORD and "/checkpoints/" not in rel:
+        elif rel == f"{LOCAL_RUNS}/{key[0]}/{RUN_RECORD}" if local else name == TRAINING_RECORD:
             finish[key] = uri
         elif local and rel.startswith(f"{LOCAL_RUNS}/{key[0]}/log-"):
             runs.setdefault(key, RunInfo(*key))

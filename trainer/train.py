@@ -397,7 +397,7 @@ class Trainer:
 
         The run's own prefix comes first (a restart of this run); with none there, the checkpoint
         `checkpoint.resume_from` names (another run's, which this run only reads)."""
-        cfg, env = self.cfg, self.env
+        cfg = self.cfg
         record, source = self.ckpt.latest() if cfg.checkpoint.resume else None, self.ckpt
         if record is None and cfg.checkpoint.resume_from:
             source, record = self._resume_source()
