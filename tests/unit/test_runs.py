@@ -191,3 +191,22 @@ def test_runs_lists_each_runs_state_step_and_latest_checkpoint(runs, tmp_path, c
 def test_runs_of_a_missing_folder_is_one_line(tmp_path, capsys):
     assert cli(["runs", "--store", str(tmp_path / "nowhere")]) == 2
     assert capsys.readouterr().err.strip().endswith("no such folder; pass --store with the store the runs wrote to")
+
+
+def test_the_pre_flights_pin_resume_from_to_the_checkpoint_it_names(runs, monkeypatch):
+    """`kftrain run --local` looks a run id up under its output folder; the pipeline's configure
+    step under `store`; both hand on the step folder, so every later step reads the same one."""
+    import sys
+
+    from components.configure import configure
+    from pipelines.local_run import preflight
+
+    root, _, old_ckpt = runs
+    pinned = join_uri(old_ckpt, f"step-{CUT_AT:08d}")
+    cfg = preflight(load_config(overrides={"checkpoint.resume_from": "old"}), local_root=str(root))
+    assert cfg.checkpoint.resume_from == pinned
+    monkeypatch.setattr(sys, "excepthook", sys.excepthook)  # configure installs its one-line hook
+    text = configure.python_func(config="", store=str(root), resume_from="old")
+    assert json.loads(text)["checkpoint"]["resume_from"] == pinned
+    with pytest.raises(ConfigError, match="'nosuchrun': no committed checkpoint for run nosuchrun"):
+        configure.python_func(config="", store=str(root), resume_from="nosuchrun")
