@@ -95,7 +95,7 @@ def check_resume_from(cfg: Config, root: str) -> Config:
     folder, record = resolve_resume_from(cfg, root)
     world = int(record.get("world_size", 1))
     try:
-        check_resumable(record.get("config", {}), cfg, world, world, streams=True)
+        check_resumable(record.get("config", {}), cfg, world, world, True, "start without resume_from")
     except KftrainError as exc:
         raise ConfigError(f"checkpoint.resume_from {cfg.checkpoint.resume_from!r} ({folder}): {exc}") from None
     return dataclasses.replace(cfg, checkpoint=dataclasses.replace(cfg.checkpoint, resume_from=folder))

@@ -205,14 +205,22 @@ def _flat(tree: dict[str, Any], prefix: str = "") -> dict[str, Any]:
     return out
 
 
-def check_resumable(saved: dict[str, Any], cfg: Config, saved_world: int, world: int, streams: bool) -> None:
+def check_resumable(
+    saved: dict[str, Any],
+    cfg: Config,
+    saved_world: int,
+    world: int,
+    streams: bool,
+    other: str = "point checkpoint.uri at a new prefix",
+) -> None:
     """Refuse to resume a checkpoint written under `saved` (a config as a mapping) with `cfg`
     when the change matters, naming the fields; log the compatible changes.
 
     A different world size (or `train.grad_accum_steps`, `train.num_workers`,
     `data.partitions`) changes which items each rank reads. A streaming task carries its place
     over by the items still to come in the epoch (recorded in the checkpoint); a task that does
-    not stream samples in memory with the world size in its order, so it cannot.
+    not stream samples in memory with the world size in its order, so it cannot. `other` is the
+    message's way out besides the checkpoint's values.
     """
     old, new = _flat(saved), _flat(to_dict(cfg))
     changed = sorted(k for k in old.keys() | new.keys() if old.get(k) != new.get(k))
@@ -221,7 +229,7 @@ def check_resumable(saved: dict[str, Any], cfg: Config, saved_world: int, world:
         raise CheckpointError(
             "cannot resume: the checkpoint was written with a different "
             + ", ".join(f"{k} ({old.get(k)!r}, now {new.get(k)!r})" for k in bad)
-            + "; resume with the checkpoint's values or point checkpoint.uri at a new prefix"
+            + f"; resume with the checkpoint's values or {other}"
         )
     layout = [k for k in ("train.grad_accum_steps", "train.num_workers", "data.partitions") if k in changed]
     if saved_world != world:
@@ -416,7 +424,8 @@ class Trainer:
     def _restore(self, source: CheckpointManager, record: dict[str, Any]) -> list | None:
         cfg, env = self.cfg, self.env
         saved_world = int(record["world_size"])
-        check_resumable(record["config"], cfg, saved_world, env.world_size, self.data.streams)
+        other = "point checkpoint.uri at a new prefix" if source is self.ckpt else "start without resume_from"
+        check_resumable(record["config"], cfg, saved_world, env.world_size, self.data.streams, other)
         model_state, optim_state = get_state_dict(self.model, self.optimizer, options=self.state_options)
         state = {"model": model_state, "optimizer": optim_state}
         own = source.load(record, state)

@@ -107,7 +107,7 @@ def test_an_incompatible_config_is_refused_naming_the_field(runs, digits, tmp_pa
     cfg = config(root, str(tmp_path / "new"), **{"checkpoint.resume_from": "old", "model.hidden_sizes": [32]})
     with pytest.raises(ConfigError, match=r"resume_from 'old'.*model\.hidden_sizes \(\[128, 64\], now \[32\]\)"):
         check_resume_from(cfg, str(root))  # the pre-flight, before any step
-    with pytest.raises(CheckpointError, match=r"resume_from 'old'.*model\.hidden_sizes"):
+    with pytest.raises(CheckpointError, match=r"resume_from 'old'.*model\.hidden_sizes.*without resume_from$"):
         run_training(cfg, digits, str(tmp_path / "m"), DistEnv())  # and the trainer itself
     assert not (tmp_path / "m").exists()
 
