@@ -28,12 +28,14 @@ def configure(
     train_method: str = "",
     store: str = "",
     s3_endpoint: str = "",
+    resume_from: str = "",
     store_secret: str = "mlpipeline-minio-artifact",
     hf_token_secret: str = "hf-token",
 ) -> str:
     """Validate the whole config once, before any work starts, and hand every later step the
     same effective config (as JSON text; the step's output shows it). Also checks what can be
-    checked now: the store and checkpoint prefixes are writable, a custom task imports,
+    checked now: the store and checkpoint prefixes are writable, checkpoint.resume_from names a
+    checkpoint this config can continue (pinned to it), a custom task imports,
     data.source is readable, and a base model's folder is one kftrain can train within the
     configured memory.
 
@@ -64,7 +66,7 @@ def configure(
     cfg = config_from_params(config, store_secret=store_secret, hf_token_secret=hf_token_secret, **knobs)
     # Whatever can be checked before any step is checked now: the job a cluster would refuse, the
     # store and checkpoint prefixes, a custom task, data.source, a base model.
-    check_before_steps(cfg)
+    cfg = check_before_steps(cfg)  # checkpoint.resume_from pinned to the checkpoint it names now
     text = config_to_json(cfg)
     from trainer.errors import redact
 

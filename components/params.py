@@ -77,6 +77,13 @@ PARAMS: tuple[Param, ...] = (
     Param("train_method", "train.method", str, "With base_model: `full` (every weight trains) or `lora` (adapters)."),
     Param("store", "store.uri", str, "Artifact root (`s3://bucket/prefix`); empty everywhere: KFP's pipeline root."),
     Param("s3_endpoint", "store.endpoint", str, "S3 endpoint URL of the store (`http://host:9000`)."),
+    Param(
+        "resume_from",
+        "checkpoint.resume_from",
+        str,
+        "Continue from a previous run's latest committed checkpoint: its run id (`RUN` or `RUN/TASK`, under "
+        "`store`), model URI or checkpoint URI (`kftrain runs` lists them).",
+    ),
 )
 BY_NAME = {p.name: p for p in PARAMS}
 

@@ -130,6 +130,28 @@ def _cmd_run(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_runs(args: argparse.Namespace) -> int:
+    import json
+
+    from trainer.runs import list_runs, runs_as_json, runs_table
+    from trainer.storage import StoreError, open_store, parse_uri
+
+    root = args.store
+    try:
+        if not parse_uri(root).is_remote and not os.path.isdir(parse_uri(root).key):
+            raise StoreError(f"{root}: no such folder; pass --store with the store the runs wrote to")
+        runs = list_runs(open_store(root, args.s3_endpoint or ""), root)
+    except ValueError as exc:  # a malformed URI
+        raise StoreError(f"--store: {exc}") from None
+    if args.json:
+        print(json.dumps(runs_as_json(runs), indent=2))
+    elif not runs:
+        print(f"no runs under {root}")
+    else:
+        print(runs_table(runs))
+    return 0
+
+
 def _cmd_job_manifest(args: argparse.Namespace) -> int:
     import yaml
 
@@ -318,6 +340,18 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("out_dir", nargs="?", default="kftrain-outputs/example", help="where (default: %(default)s)")
     p.set_defaults(func=_cmd_example_model)
+
+    p = sub.add_parser(
+        "runs", help="list a store's runs: state, last step, latest checkpoint (what checkpoint.resume_from takes)"
+    )
+    p.add_argument(
+        "--store",
+        default="kftrain-outputs",
+        help="store root: s3://bucket/prefix (store.uri of the runs) or a local folder (default: %(default)s)",
+    )
+    p.add_argument("--s3-endpoint", help="S3 endpoint URL of the store")
+    p.add_argument("--json", action="store_true", help="print JSON, one object per run")
+    p.set_defaults(func=_cmd_runs)
 
     job = sub.add_parser("job", help="inspect the training job").add_subparsers(dest="job_command", required=True)
     p = job.add_parser("manifest", help="print the validated PyTorchJob or TrainJob YAML (no cluster needed)")

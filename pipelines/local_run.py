@@ -173,10 +173,12 @@ def run_scope(run_id: str, grace_s: float = 10.0) -> Iterator[str]:
         os.close(pipe)
 
 
-def preflight(cfg: Config, local_root: str = DEFAULT_LOCAL_ROOT) -> None:
+def preflight(cfg: Config, local_root: str = DEFAULT_LOCAL_ROOT) -> Config:
     """Fail before any step starts on whatever can be checked then
-    (:func:`trainer.checks.check_before_steps`: the store and checkpoint prefixes, a custom task,
-    `data.source`), and when the local output folder cannot be written."""
+    (:func:`trainer.checks.check_before_steps`: the store and checkpoint prefixes,
+    `checkpoint.resume_from`, a custom task, `data.source`), and when the local output folder
+    cannot be written. Return `cfg` with `checkpoint.resume_from` pinned to the checkpoint it
+    names (a run id is one of the runs under the store, or under the local output folder)."""
     from trainer.checks import check_before_steps
 
     if not cfg.store.uri:
@@ -186,7 +188,7 @@ def preflight(cfg: Config, local_root: str = DEFAULT_LOCAL_ROOT) -> None:
             LocalStore().check(str(Path(local_root).expanduser().resolve()))
         except StoreError as exc:
             raise ConfigError(f"--output-dir: {exc}") from None  # the message names the folder
-    check_before_steps(cfg)
+    return check_before_steps(cfg, cfg.store.uri or str(Path(local_root).expanduser().resolve()))
 
 
 def run_local(
@@ -205,7 +207,7 @@ def run_local(
     ``"already_finished": True``.
     """
     run_id = check_run_id(run_id or new_run_id())
-    preflight(cfg, local_root)
+    cfg = preflight(cfg, local_root)
     done = finished_run(cfg, run_id, local_root)
     if done is not None:
         return {**done, "already_finished": True}

@@ -503,13 +503,15 @@ class CheckpointManager:
             return None
         return record
 
-    def latest(self) -> dict[str, Any] | None:
+    def latest(self, only: int | None = None) -> dict[str, Any] | None:
         """The newest complete checkpoint's commit record, or None (a collective: rank 0 chooses,
-        so every rank loads the same one)."""
+        so every rank loads the same one). With `only`, step `only`'s record if it is complete."""
         choice: dict[str, Any] | None = None
         if self.rank == 0:
             by_step = self._objects_by_step()
             for step in reversed(self._committed(by_step)):
+                if only is not None and step != only:
+                    continue
                 choice = self._complete_record(step, by_step)
                 if choice is not None:
                     break

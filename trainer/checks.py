@@ -18,6 +18,7 @@ import re
 from typing import TYPE_CHECKING, Any
 
 from trainer.config import BUILTIN_TASKS, Config, ConfigError
+from trainer.errors import KftrainError
 from trainer.storage import StoreError, check_deadline, join_uri
 
 if TYPE_CHECKING:  # trainer.pretrained imports torch: only a base model's check pays for it
@@ -52,12 +53,16 @@ def check_writable(cfg: Config, uri: str, field: str) -> None:
         raise type(exc)(f"{field}: {exc}" if uri in str(exc) else f"{field} {uri}: {exc}") from None
 
 
-def check_before_steps(cfg: Config) -> None:
+def check_before_steps(cfg: Config, runs_root: str = "") -> Config:
     """The job the config describes passes the API server's and the operator's checks
     (:func:`trainer.launch.job.check_job_manifests`: the config runs on a cluster unchanged), the
-    store and checkpoint prefixes are writable, a custom task imports, `data.source` (and a
+    store and checkpoint prefixes are writable, `checkpoint.resume_from` names a checkpoint this
+    config can continue (:func:`check_resume_from`), a custom task imports, `data.source` (and a
     tokenizer file) is there and readable (:func:`trainer.data_rules.check_source`), and a base
-    model is one kftrain can fine-tune within the configured memory (:func:`check_base_model`)."""
+    model is one kftrain can fine-tune within the configured memory (:func:`check_base_model`).
+
+    Return `cfg` with `checkpoint.resume_from` pinned to the checkpoint it names now: the store
+    root of a run id is `runs_root`, else `store.uri`."""
     from trainer.data_rules import check_source
     from trainer.launch.job import check_job_manifests
 
@@ -66,12 +71,34 @@ def check_before_steps(cfg: Config) -> None:
         check_writable(cfg, cfg.store.uri, "store.uri")
     if cfg.checkpoint.enabled and cfg.checkpoint.uri:
         check_writable(cfg, cfg.checkpoint.uri, "checkpoint.uri")
+    if cfg.checkpoint.resume_from:
+        cfg = check_resume_from(cfg, runs_root or cfg.store.uri)
     if cfg.task not in BUILTIN_TASKS:
         from trainer.tasks import get_task
 
         get_task(cfg.task)  # a ConfigError naming `task` when it does not import
     check_source(cfg)
     check_base_model(cfg)
+    return cfg
+
+
+def check_resume_from(cfg: Config, root: str) -> Config:
+    """`checkpoint.resume_from` names a complete checkpoint (:func:`trainer.runs.resolve_resume_from`,
+    a run id under store root `root`) written under a config this one can continue: the fields
+    that change what the weights or the data position mean are the same
+    (:func:`trainer.train.check_resumable`; the world size is checked when training starts, as
+    whether it may change depends on the task's data). Return `cfg` with it pinned to that
+    checkpoint's step folder, so a retried step reads the same one."""
+    from trainer.runs import resolve_resume_from
+    from trainer.train import check_resumable
+
+    folder, record = resolve_resume_from(cfg, root)
+    world = int(record.get("world_size", 1))
+    try:
+        check_resumable(record.get("config", {}), cfg, world, world, True, "start without resume_from")
+    except KftrainError as exc:
+        raise ConfigError(f"checkpoint.resume_from {cfg.checkpoint.resume_from!r} ({folder}): {exc}") from None
+    return dataclasses.replace(cfg, checkpoint=dataclasses.replace(cfg.checkpoint, resume_from=folder))
 
 
 def quantity_bytes(quantity: str) -> float:

@@ -474,6 +474,30 @@ class ExportConfig:
 
 #: Bounds of `checkpoint.*` fields.
 _CHECKPOINT_BOUNDS = {"interval_steps": NOT_NEGATIVE, "keep_last": AT_LEAST_ONE}
+#: A run id, or a task's folder in a run (`checkpoint.resume_from: RUN/TASK`).
+_RUN_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,62}")
+
+
+def is_uri(value: str) -> bool:
+    """Whether `checkpoint.resume_from` `value` is a URI or path (`s3://...`, `/...`, `./...`,
+    `~/...`), not a run id: a run id never has `://` and never starts with `/`, `.` or `~`."""
+    return "://" in value or value.startswith(("/", ".", "~"))
+
+
+def check_resume_from(value: str) -> None:
+    """ConfigError naming checkpoint.resume_from when `value` is neither a URI nor `RUN[/TASK]`."""
+    if is_uri(value):
+        try:
+            parse_uri(value)
+        except ValueError as exc:
+            raise ConfigError(f"checkpoint.resume_from: {exc}") from None
+        return
+    parts = value.split("/")
+    if len(parts) > 2 or not all(_RUN_NAME.fullmatch(p) for p in parts):
+        raise ConfigError(
+            f"checkpoint.resume_from {value!r}: expected a run id (RUN, or RUN/TASK; letters, digits, '.', '_', '-'), "
+            "a model URI or a checkpoint URI (s3://..., or a path starting with /, ./ or ~)"
+        )
 
 
 @dataclass(kw_only=True, slots=True)
@@ -494,6 +518,10 @@ class CheckpointConfig:
     """Resume from the latest complete checkpoint under `uri` when one exists (another run's: take the prefix over)."""
     owner: str = ""
     """The run that owns the prefix; empty: the training step's identity (`kftrain run --local`: the run id)."""
+    resume_from: str = ""
+    """Start from another run's latest committed checkpoint, read only: a run id (`RUN`, or `RUN/TASK` where the run
+    trained several times) under `store.uri` (or the local output folder), a model URI, or a checkpoint URI (a prefix
+    or one `step-N` folder); `kftrain runs` lists them. Used when this run's own prefix has no checkpoint yet."""
 
     def __post_init__(self) -> None:
         if self.uri:
@@ -501,6 +529,12 @@ class CheckpointConfig:
                 parse_uri(self.uri)
             except ValueError as exc:
                 raise ConfigError(f"checkpoint.uri: {exc}") from None
+        if self.resume_from:
+            check_resume_from(self.resume_from)
+        if self.resume_from and not self.enabled:
+            raise ConfigError(
+                "checkpoint.resume_from needs checkpoint.enabled: true (the run continues from a checkpoint)"
+            )
         check_bounds(self, "checkpoint", _CHECKPOINT_BOUNDS)
 
 

@@ -207,14 +207,22 @@ def _flat(tree: dict[str, Any], prefix: str = "") -> dict[str, Any]:
     return out
 
 
-def check_resumable(saved: dict[str, Any], cfg: Config, saved_world: int, world: int, streams: bool) -> None:
+def check_resumable(
+    saved: dict[str, Any],
+    cfg: Config,
+    saved_world: int,
+    world: int,
+    streams: bool,
+    other: str = "point checkpoint.uri at a new prefix",
+) -> None:
     """Refuse to resume a checkpoint written under `saved` (a config as a mapping) with `cfg`
     when the change matters, naming the fields; log the compatible changes.
 
     A different world size (or `train.grad_accum_steps`, `train.num_workers`,
     `data.partitions`) changes which items each rank reads. A streaming task carries its place
     over by the items still to come in the epoch (recorded in the checkpoint); a task that does
-    not stream samples in memory with the world size in its order, so it cannot.
+    not stream samples in memory with the world size in its order, so it cannot. `other` is the
+    message's way out besides the checkpoint's values.
     """
     old, new = _flat(saved), _flat(to_dict(cfg))
     changed = sorted(k for k in old.keys() | new.keys() if old.get(k) != new.get(k))
@@ -223,7 +231,7 @@ def check_resumable(saved: dict[str, Any], cfg: Config, saved_world: int, world:
         raise CheckpointError(
             "cannot resume: the checkpoint was written with a different "
             + ", ".join(f"{k} ({old.get(k)!r}, now {new.get(k)!r})" for k in bad)
-            + "; resume with the checkpoint's values or point checkpoint.uri at a new prefix"
+            + f"; resume with the checkpoint's values or {other}"
         )
     layout = [k for k in ("train.grad_accum_steps", "train.num_workers", "data.partitions") if k in changed]
     if saved_world != world:
@@ -311,7 +319,8 @@ class Trainer:
         self.data_wait = 0.0
         self.skipped = self.nonfinite_in_a_row = 0
         self.first_step_at: float | None = None
-        left = self.resume() if self.ckpt is not None and cfg.checkpoint.resume else None
+        resumes = cfg.checkpoint.resume or cfg.checkpoint.resume_from
+        left = self.resume() if self.ckpt is not None and resumes else None
         self.start_step = self.step
         self.epoch_steps_total = self.data.begin_epoch(self.epoch, self.epoch_step, left)
         self.total_steps = self._planned_steps()
@@ -367,19 +376,65 @@ class Trainer:
             raise
         return ckpt
 
+    def _resume_source(self) -> tuple[CheckpointManager, dict[str, Any]]:
+        """The checkpoint `checkpoint.resume_from` names, read only (a collective: rank 0 finds
+        it, every rank reads the same one); the run writes its own under its own prefix."""
+        from trainer.runs import resolve_resume_from, split_step_folder
+
+        cfg, env = self.cfg, self.env
+        found = ("", "")
+        if env.is_main:
+            try:
+                found = (resolve_resume_from(cfg, cfg.store.uri)[0], "")
+            except KftrainError as exc:
+                found = ("", str(exc))
+        if self.ckpt.group is not None:
+            box = [found]
+            torch.distributed.broadcast_object_list(box, src=0, group=self.ckpt.group)
+            found = box[0]
+        folder, error = found
+        if error:
+            raise CheckpointError(error)
+        prefix, step = split_step_folder(folder)
+        store = open_store(prefix, cfg.store.endpoint, cfg.store.region, cfg.store.policy())
+        source = CheckpointManager(store, prefix, rank=env.rank, world_size=env.world_size, group=self.ckpt.group)
+        record = source.latest(only=step)
+        if record is None:
+            source.close()
+            raise CheckpointError(f"checkpoint.resume_from: {folder} is no longer a complete checkpoint")
+        return source, record
+
     def resume(self) -> list | None:
         """Restore the latest complete checkpoint, if any (a collective): weights, optimizer,
         schedule, RNG streams, the position and the record so far. Return the positions of the
-        epoch it left still to come (None at an epoch boundary or without a checkpoint)."""
-        cfg, env = self.cfg, self.env
-        record = self.ckpt.latest()
+        epoch it left still to come (None at an epoch boundary or without a checkpoint).
+
+        The run's own prefix comes first (a restart of this run); with none there, the checkpoint
+        `checkpoint.resume_from` names (another run's, which this run only reads)."""
+        cfg = self.cfg
+        record, source = self.ckpt.latest() if cfg.checkpoint.resume else None, self.ckpt
+        if record is None and cfg.checkpoint.resume_from:
+            source, record = self._resume_source()
         if record is None:
             return None
+        try:
+            return self._restore(source, record)
+        except CheckpointError as exc:
+            if source is self.ckpt:
+                raise
+            raise CheckpointError(f"checkpoint.resume_from {cfg.checkpoint.resume_from!r}: {exc}") from None
+        finally:
+            if source is not self.ckpt:
+                source.close()
+
+    def _restore(self, source: CheckpointManager, record: dict[str, Any]) -> list | None:
+        cfg, env = self.cfg, self.env
         saved_world = int(record["world_size"])
-        check_resumable(record["config"], cfg, saved_world, env.world_size, self.data.streams)
+        other = "point checkpoint.uri at a new prefix" if source is self.ckpt else "start without resume_from"
+        check_resumable(record["config"], cfg, saved_world, env.world_size, self.data.streams, other)
         model_state, optim_state = get_state_dict(self.model, self.optimizer, options=self.state_options)
         state = {"model": model_state, "optimizer": optim_state}
-        own = self.ckpt.load(record, state)
+        own = source.load(record, state)
         set_state_dict(
             self.model,
             self.optimizer,
@@ -405,7 +460,13 @@ class Trainer:
         # The record of a resumed run covers the whole run.
         self.history[:] = record.get("history", [])
         self.loss_curve[:] = record.get("loss_curve", [])
-        log.info("resumed at step %d (epoch %d, %d steps into it)", self.step, self.epoch, self.epoch_step)
+        log.info(
+            "resumed at step %d (epoch %d, %d steps into it) from %s",
+            self.step,
+            self.epoch,
+            self.epoch_step,
+            step_dir(source.prefix, self.step),
+        )
         return pos.get("left")
 
     def save_checkpoint(self) -> None:

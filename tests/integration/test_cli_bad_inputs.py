@@ -41,6 +41,16 @@ ROWS = [
         ["kubernetes.tolerations[0]: operator 'Maybe' is not one of Equal or Exists"],
         id="toleration",
     ),
+    pytest.param(
+        "checkpoint:\n  resume_from: nosuchrun\n",
+        ["checkpoint.resume_from 'nosuchrun': no committed checkpoint for run nosuchrun under", "kftrain runs"],
+        id="resume-from-unknown-run",
+    ),
+    pytest.param(
+        "checkpoint:\n  resume_from: ./nowhere\n",
+        ["checkpoint.resume_from './nowhere': no committed checkpoint at or under"],
+        id="resume-from-no-checkpoint",
+    ),
 ]
 
 

@@ -35,6 +35,7 @@ FROM_CONFIG = {
     "train_method": "lora",
     "store": "s3://cfg-bucket/runs",
     "s3_endpoint": "http://cfg:9000",
+    "resume_from": "20261201-101500-abc123",
 }
 OVERRIDE = {
     "data_source": "s3://data/corpus.txt",
@@ -54,6 +55,7 @@ OVERRIDE = {
     "train_method": "full",
     "store": "s3://param-bucket/runs",
     "s3_endpoint": "http://param:9000",
+    "resume_from": "s3://param-bucket/runs/r1/train-7/model/checkpoints",
 }
 
 

@@ -1,0 +1,212 @@
+"""Resume across runs (`checkpoint.resume_from`, trainer/runs.py) and `kftrain runs`, in one process:
+a run cut short is continued by a new run, bitwise equal to an uninterrupted one; what names
+nothing resumable, or an incompatible config, is one clear line."""
+
+from __future__ import annotations
+
+import json
+import shutil
+
+import pytest
+import torch
+
+from pipelines.cli import main as cli
+from trainer.checkpoint import COMMIT, CheckpointError, CheckpointManager
+from trainer.checks import check_resume_from
+from trainer.config import ConfigError, load_config
+from trainer.distributed import DistEnv
+from trainer.runs import list_runs, resolve_resume_from
+from trainer.storage import LocalStore, join_uri
+from trainer.train import run_training
+
+pytestmark = pytest.mark.timeout(240)
+
+STEPS_PER_EPOCH = 19  # digits: 1,259 train rows // global batch 64
+CUT_AT = 25  # mid epoch 1, on a checkpoint (every 5 steps)
+
+
+def config(root, ckpt: str, **overrides):
+    return load_config(
+        overrides={
+            "job.replicas": 1,
+            "model.dropout": 0.1,  # the RNG stream a resume must carry over
+            "train.epochs": 2,
+            "train.deterministic": True,
+            "train.log_interval_steps": 1000,
+            "store.uri": str(root),
+            "checkpoint.uri": ckpt,
+            "checkpoint.interval_steps": 5,
+            "checkpoint.keep_last": 5,
+            **overrides,
+        }
+    )
+
+
+def weights(model_uri) -> dict[str, torch.Tensor]:
+    from safetensors.torch import load
+
+    return load(LocalStore().get_bytes(join_uri(str(model_uri), "model.safetensors")))
+
+
+def record(model_uri) -> dict:
+    return json.loads(LocalStore().get_bytes(join_uri(str(model_uri), "training.json")))
+
+
+@pytest.fixture(scope="module")
+def runs(digits, tmp_path_factory):
+    """A store root with an uninterrupted reference run and an `old` run cut at step 25 (local
+    layout, `runs/old/checkpoints`), both in the local run layout."""
+    root = tmp_path_factory.mktemp("store")
+    ref = root / "kfprun" / "train-1" / "model"  # a KFP task's folder: its checkpoints beside the model
+    run_training(config(root, ""), digits, str(ref), DistEnv())
+    old_ckpt = str(root / "runs" / "old" / "checkpoints")
+    run_training(config(root, old_ckpt, **{"train.max_steps": CUT_AT}), digits, str(root / "old-model"), DistEnv())
+    return root, ref, old_ckpt
+
+
+@pytest.mark.parametrize("how", ["run id", "checkpoint prefix", "step folder", "model URI"])
+def test_a_new_run_continues_a_cut_run_bitwise_equal_to_an_uninterrupted_one(runs, digits, tmp_path, how):
+    root, ref, old_ckpt = runs
+    value = {
+        "run id": "old",
+        "checkpoint prefix": old_ckpt,
+        "step folder": join_uri(old_ckpt, f"step-{CUT_AT:08d}"),
+        "model URI": str(tmp_path / "model-of-old"),
+    }[how]
+    if how == "model URI":  # a model whose checkpoints are at <model>/checkpoints
+        shutil.copytree(old_ckpt, tmp_path / "model-of-old" / "checkpoints")
+    before = sorted(p.relative_to(old_ckpt) for p in (root / "runs" / "old").rglob("*"))
+    new_ckpt = str(tmp_path / "new-ckpt")
+    cfg = check_resume_from(config(root, new_ckpt, **{"checkpoint.resume_from": value}), str(root))
+    assert cfg.checkpoint.resume_from.endswith(f"step-{CUT_AT:08d}")  # pinned to the checkpoint
+    metrics = run_training(cfg, digits, str(tmp_path / "new"), DistEnv())
+
+    assert metrics["resumed_from_step"] == CUT_AT and metrics["steps"] == 2 * STEPS_PER_EPOCH
+    ref_w, got_w = weights(ref), weights(tmp_path / "new")
+    assert ref_w.keys() == got_w.keys()
+    for name in ref_w:
+        assert torch.equal(ref_w[name], got_w[name]), name  # bitwise
+    assert record(tmp_path / "new")["history"] == record(ref)["history"]
+    # The old run is only read; the new one wrote under its own prefix, as its own owner.
+    assert sorted(p.relative_to(old_ckpt) for p in (root / "runs" / "old").rglob("*")) == before
+    assert CheckpointManager(LocalStore(), new_ckpt).committed_steps()[-1] == 2 * STEPS_PER_EPOCH
+
+
+def test_its_own_checkpoints_come_before_resume_from(runs, digits, tmp_path):
+    """A restarted new run goes on from where it got, not from the old run again."""
+    root, _, old_ckpt = runs
+    new_ckpt = str(tmp_path / "new-ckpt")
+    new = {"checkpoint.resume_from": "old", "checkpoint.owner": "new"}
+    run_training(config(root, new_ckpt, **new, **{"train.max_steps": 30}), digits, str(tmp_path / "m1"), DistEnv())
+    again = run_training(config(root, new_ckpt, **new), digits, str(tmp_path / "m2"), DistEnv())
+    assert again["resumed_from_step"] == 30
+
+
+def test_an_incompatible_config_is_refused_naming_the_field(runs, digits, tmp_path):
+    root, _, old_ckpt = runs
+    cfg = config(root, str(tmp_path / "new"), **{"checkpoint.resume_from": "old", "model.hidden_sizes": [32]})
+    with pytest.raises(ConfigError, match=r"resume_from 'old'.*model\.hidden_sizes \(\[128, 64\], now \[32\]\)"):
+        check_resume_from(cfg, str(root))  # the pre-flight, before any step
+    with pytest.raises(CheckpointError, match=r"resume_from 'old'.*model\.hidden_sizes.*without resume_from$"):
+        run_training(cfg, digits, str(tmp_path / "m"), DistEnv())  # and the trainer itself
+    assert not (tmp_path / "m").exists()
+
+
+@pytest.mark.parametrize(
+    ("value", "root", "error"),
+    [
+        ("nosuchrun", "ROOT", r"'nosuchrun': no committed checkpoint for run nosuchrun under .*kftrain runs --store"),
+        ("old", "", r"'old': a run id is looked up under store.uri, which is empty"),
+        ("EMPTY", "ROOT", r"no committed checkpoint at or under .*empty"),
+        ("OLD/step-00000003", "ROOT", r"step 3 of .*checkpoints is not complete"),
+        ("kfprun/nosuchtask", "ROOT", r"no committed checkpoint for run kfprun/nosuchtask"),
+        ("TWO", "ROOT", r"2 checkpoint prefixes at or under .*name one: RUN/TASK, or its checkpoint URI"),
+    ],
+    ids=[
+        "unknown-run",
+        "run-id-without-store",
+        "uri-without-checkpoint",
+        "uncommitted-step",
+        "unknown-task",
+        "ambiguous",
+    ],
+)
+def test_what_names_nothing_resumable_is_one_line(runs, tmp_path, value, root, error):
+    store_root, _, old_ckpt = runs
+    (tmp_path / "empty").mkdir()
+    two = tmp_path / "two"
+    for name in ("a", "b"):
+        shutil.copytree(old_ckpt, two / name / "checkpoints")
+    value = value.replace("OLD", old_ckpt).replace("EMPTY", str(tmp_path / "empty")).replace("TWO", str(two))
+    cfg = config(store_root, "", **{"checkpoint.resume_from": value})
+    with pytest.raises(ConfigError, match=error) as err:
+        resolve_resume_from(cfg, root.replace("ROOT", str(store_root)))
+    assert "\n" not in str(err.value)
+
+
+@pytest.mark.parametrize("value", ["two words", "a/b/c", "http://host/x"])
+def test_a_resume_from_that_is_neither_a_run_id_nor_a_uri_is_a_config_error(value):
+    with pytest.raises(ConfigError, match="checkpoint.resume_from"):
+        load_config(overrides={"checkpoint.resume_from": value})
+
+
+def test_a_checkpoint_missing_a_part_is_not_resumed(runs, tmp_path):
+    _, _, old_ckpt = runs
+    broken = tmp_path / "broken"
+    shutil.copytree(old_ckpt, broken)
+    steps = sorted(p.name for p in broken.glob("step-*"))
+    (broken / steps[-1] / ".metadata").unlink()  # the newest is incomplete: the one before is chosen
+    folder, chosen = resolve_resume_from(config(tmp_path, "", **{"checkpoint.resume_from": str(broken)}), "")
+    assert folder == str(broken / steps[-2]) and chosen["step"] == int(steps[-2][5:])
+
+
+def test_runs_lists_each_runs_state_step_and_latest_checkpoint(runs, tmp_path, capsys):
+    root, ref, old_ckpt = runs
+    (root / "runs" / "done").mkdir(exist_ok=True)  # a local run that finished, with no checkpoint left
+    (root / "runs" / "done" / "run.json").write_text(json.dumps({"status": "finished"}))
+    (root / "runs" / "fresh").mkdir(exist_ok=True)  # a local run that started: only its log
+    (root / "runs" / "fresh" / "log-20261201-000000.txt").write_text("...")
+    found = {r.name: r for r in list_runs(LocalStore(), str(root))}
+    assert {n: (r.state, r.last_step) for n, r in found.items()} == {
+        "done": ("finished", None),
+        "fresh": ("started", None),
+        "kfprun/train-1": ("finished", 2 * STEPS_PER_EPOCH),
+        "old": ("partial", CUT_AT),
+    }
+    assert found["old"].checkpoint == join_uri(old_ckpt, f"step-{CUT_AT:08d}")
+    commit = json.loads((root / "runs" / "old" / "checkpoints" / f"step-{CUT_AT:08d}" / COMMIT).read_text())
+    assert found["old"].committed_unix_time == commit["committed_unix_time"]
+    assert found["kfprun/train-1"].checkpoint == join_uri(str(ref), "checkpoints", f"step-{2 * STEPS_PER_EPOCH:08d}")
+
+    assert cli(["runs", "--store", str(root)]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0].split() == ["RUN", "STATE", "STEP", "COMMITTED", "(UTC)", "LATEST", "CHECKPOINT"]
+    old_line = next(line for line in lines if line.startswith("old "))
+    assert old_line.split()[:3] == ["old", "partial", str(CUT_AT)] and old_line.endswith(found["old"].checkpoint)
+    assert cli(["runs", "--store", str(root), "--json"]) == 0
+    listed = {r["run"]: r for r in json.loads(capsys.readouterr().out)}
+    assert listed["old"]["state"] == "partial" and listed["old"]["checkpoint"] == found["old"].checkpoint
+
+
+def test_runs_of_a_missing_folder_is_one_line(tmp_path, capsys):
+    assert cli(["runs", "--store", str(tmp_path / "nowhere")]) == 2
+    assert capsys.readouterr().err.strip().endswith("no such folder; pass --store with the store the runs wrote to")
+
+
+def test_the_pre_flights_pin_resume_from_to_the_checkpoint_it_names(runs, monkeypatch):
+    """`kftrain run --local` looks a run id up under its output folder; the pipeline's configure
+    step under `store`; both hand on the step folder, so every later step reads the same one."""
+    import sys
+
+    from components.configure import configure
+    from pipelines.local_run import preflight
+
+    root, _, old_ckpt = runs
+    pinned = join_uri(old_ckpt, f"step-{CUT_AT:08d}")
+    cfg = preflight(load_config(overrides={"checkpoint.resume_from": "old"}), local_root=str(root))
+    assert cfg.checkpoint.resume_from == pinned
+    monkeypatch.setattr(sys, "excepthook", sys.excepthook)  # configure installs its one-line hook
+    text = configure.python_func(config="", store=str(root), resume_from="old")
+    assert json.loads(text)["checkpoint"]["resume_from"] == pinned
+    with pytest.raises(ConfigError, match="'nosuchrun': no committed checkpoint for run nosuchrun"):
+        configure.python_func(config="", store=str(root), resume_from="nosuchrun")

@@ -1,0 +1,244 @@
+"""The runs a store holds (`kftrain runs`), and the checkpoint `checkpoint.resume_from` names.
+
+Nothing here writes: what a store holds per run is read from what the runs wrote anyway. Two
+layouts put a run's checkpoints under a store root:
+
+    runs/<run id>/checkpoints/step-N/COMMIT.json      `kftrain run --local` (pipelines/local_run.py),
+    runs/<run id>/run.json                              and its record once the run finished
+    <run id>/<task>-<DAG execution id>/model/checkpoints/step-N/COMMIT.json
+    <run id>/<task>-<DAG execution id>/model/training.json
+                                                      a KFP run with `store` set (docs/pipeline.md,
+                                                      "Job names"); training.json once training ended
+
+A run whose checkpoint prefix is elsewhere (`checkpoint.uri`) is named by that URI instead.
+Whether an unfinished run failed, was stopped or is still running, the store does not say: it is
+`partial` (committed checkpoints) or `started` (none yet).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+from typing import Any
+
+from trainer.config import Config, ConfigError, is_uri
+from trainer.storage import ObjectNotFound, ObjectStore, StoreError, join_uri, open_store, read_json
+
+#: The folder of `kftrain run --local`'s runs under a store root (pipelines/local_run.py).
+LOCAL_RUNS = "runs"
+#: What marks a local run finished, and a KFP task's training ended.
+RUN_RECORD, TRAINING_RECORD = "run.json", "training.json"
+_COMMIT = re.compile(r"^(?P<prefix>.+)/step-(?P<step>\d{8})/COMMIT\.json$")
+_STEP_FOLDER = re.compile(r"/step-(\d{8})$")
+
+
+@dataclasses.dataclass(slots=True)
+class RunInfo:
+    """One run (one training task of it, for a KFP run) as the store shows it."""
+
+    run_id: str
+    """The run id: `kftrain run --local`'s, or the KFP run's."""
+    task: str = ""
+    """The task's folder in a KFP run (`train-<DAG execution id>`); empty for a local run."""
+    state: str = "started"
+    """`finished`, `partial` (committed checkpoints, not finished) or `started` (neither)."""
+    last_step: int | None = None
+    """The newest step the store records: of its latest checkpoint, or of the finished training."""
+    checkpoint: str = ""
+    """The folder of the latest committed checkpoint (`.../step-N`), empty when none."""
+    committed_unix_time: float | None = None
+    """When that checkpoint was committed."""
+    steps: dict[str, list[int]] = dataclasses.field(default_factory=dict)
+    """Committed steps by checkpoint prefix."""
+    finished: bool = False
+
+    @property
+    def name(self) -> str:
+        """What `checkpoint.resume_from` takes to name this run: `RUN` or `RUN/TASK`."""
+        return f"{self.run_id}/{self.task}" if self.task else self.run_id
+
+
+def _where(rel: str) -> tuple[str, str] | None:
+    """(run id, task folder) of an object at `rel` under a store root, None outside both layouts."""
+    parts = rel.split("/")
+    if parts[0] == LOCAL_RUNS and len(parts) >= 3:
+        return parts[1], ""
+    if len(parts) >= 3:
+        return parts[0], parts[1]
+    return None
+
+
+def list_runs(store: ObjectStore, root: str) -> list[RunInfo]:
+    """The runs under store root `root`, oldest id first, with their state, last step and latest
+    committed checkpoint (one listing of the root, then one read per run of a record)."""
+    root = root.rstrip("/")
+    runs: dict[tuple[str, str], RunInfo] = {}
+    finish: dict[tuple[str, str], str] = {}
+    for uri in store.list(root + "/"):
+        rel = uri[len(root) + 1 :]
+        key = _where(rel)
+        if key is None:
+            continue
+        name = rel.rsplit("/", 1)[-1]
+        local = not key[1]
+        if m := _COMMIT.match(uri):
+            info = runs.setdefault(key, RunInfo(*key))
+            info.steps.setdefault(m.group("prefix"), []).append(int(m.group("step")))
+        elif rel == f"{LOCAL_RUNS}/{key[0]}/{RUN_RECORD}" if local else name == TRAINING_RECORD:
+            finish[key] = uri
+        elif local and rel.startswith(f"{LOCAL_RUNS}/{key[0]}/log-"):
+            runs.setdefault(key, RunInfo(*key))
+    for key, uri in finish.items():
+        info = runs.setdefault(key, RunInfo(*key))
+        try:
+            record = read_json(store, uri)
+        except (ObjectNotFound, StoreError):
+            continue
+        if not isinstance(record, dict):
+            continue
+        if key[1]:
+            info.finished = True
+            steps = record.get("metrics", {}).get("steps")
+            if isinstance(steps, int):
+                info.last_step = steps
+        else:
+            info.finished = record.get("status") == "finished"
+    for info in runs.values():
+        _describe(store, info)
+    return sorted(runs.values(), key=lambda r: (r.run_id, r.task))
+
+
+def _describe(store: ObjectStore, info: RunInfo) -> None:
+    """Fill in the state, latest checkpoint and its commit time of `info` from its steps."""
+    latest = max(((max(steps), prefix) for prefix, steps in info.steps.items()), default=None)
+    if latest is not None:
+        step, prefix = latest
+        info.checkpoint = join_uri(prefix, f"step-{step:08d}")
+        info.last_step = max(step, info.last_step or 0)
+        try:
+            record = read_json(store, join_uri(info.checkpoint, "COMMIT.json"))
+            when = record.get("committed_unix_time") if isinstance(record, dict) else None
+            info.committed_unix_time = float(when) if isinstance(when, int | float) else None
+        except StoreError:
+            pass
+    info.state = "finished" if info.finished else "partial" if info.steps else "started"
+
+
+def runs_as_json(runs: list[RunInfo]) -> list[dict[str, Any]]:
+    """`kftrain runs --json`: one object per run."""
+    return [
+        {
+            "run": r.name,
+            "run_id": r.run_id,
+            "task": r.task,
+            "state": r.state,
+            "last_step": r.last_step,
+            "checkpoint": r.checkpoint,
+            "committed_unix_time": r.committed_unix_time,
+        }
+        for r in runs
+    ]
+
+
+def runs_table(runs: list[RunInfo]) -> str:
+    """`kftrain runs`: a plain table, a header and one line per run."""
+    import time
+
+    rows = [("RUN", "STATE", "STEP", "COMMITTED (UTC)", "LATEST CHECKPOINT")]
+    for r in runs:
+        when = (
+            time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime(r.committed_unix_time))
+            if r.committed_unix_time is not None
+            else "-"
+        )
+        step = "-" if r.last_step is None else str(r.last_step)
+        rows.append((r.name, r.state, step, when, r.checkpoint or "-"))
+    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]) - 1)]
+    return "\n".join(
+        "  ".join([*(cell.ljust(w) for cell, w in zip(row[:-1], widths, strict=True)), row[-1]]).rstrip()
+        for row in rows
+    )
+
+
+def _prefixes_under(store: ObjectStore, base: str) -> dict[str, list[int]]:
+    """Committed steps by checkpoint prefix at or under `base`."""
+    found: dict[str, list[int]] = {}
+    for uri in store.list(base.rstrip("/") + "/"):
+        if m := _COMMIT.match(uri):
+            found.setdefault(m.group("prefix"), []).append(int(m.group("step")))
+    return found
+
+
+def _open(cfg: Config, uri: str) -> ObjectStore:
+    return open_store(uri, cfg.store.endpoint, cfg.store.region, cfg.store.policy())
+
+
+def resolve_resume_from(cfg: Config, root: str) -> tuple[str, dict[str, Any]]:
+    """The checkpoint `checkpoint.resume_from` names: its step folder and commit record.
+
+    A URI: that `step-N` folder, else the one checkpoint prefix at or under it (a checkpoint
+    prefix, a model URI, a run's folder). A run id (`RUN` or `RUN/TASK`): the one checkpoint
+    prefix of that run under store root `root` (either layout above). The latest checkpoint of
+    the prefix whose every part is in the store is chosen. ConfigError in one line naming the
+    value and what to do when it names no such checkpoint, or several prefixes.
+    """
+    from trainer.checkpoint import CheckpointManager
+
+    value = cfg.checkpoint.resume_from
+    field = f"checkpoint.resume_from {value!r}"
+    only = None
+    try:
+        if is_uri(value):
+            base = value.rstrip("/")
+            store = _open(cfg, base)
+            if m := _STEP_FOLDER.search(base):
+                found = {base[: m.start()]: [int(m.group(1))]}
+                only = int(m.group(1))
+            else:
+                found = _prefixes_under(store, base)
+            where = f"at or under {base}"
+        else:
+            if not root:
+                raise ConfigError(
+                    f"{field}: a run id is looked up under store.uri, which is empty; set store.uri (or "
+                    "--store) to the store the run wrote to, or give its model or checkpoint URI"
+                )
+            run_id, _, task = value.partition("/")
+            store = _open(cfg, root)
+            found = {}
+            for base in (join_uri(root, LOCAL_RUNS, run_id), join_uri(root, run_id)):
+                for prefix, steps in _prefixes_under(store, base).items():
+                    folder = prefix[len(base) + 1 :].split("/", 1)[0]  # a KFP run's task folder
+                    local = base.endswith(f"/{LOCAL_RUNS}/{run_id}")
+                    if not task or local or folder == task or folder.startswith(f"{task}-"):
+                        found[prefix] = steps
+            where = f"for run {value} under {root} (`kftrain runs --store {root}` lists the runs there)"
+        if not found:
+            raise ConfigError(f"{field}: no committed checkpoint {where}; name a run or checkpoint that has one")
+        if len(found) > 1:
+            raise ConfigError(
+                f"{field}: {len(found)} checkpoint prefixes {where} ({', '.join(sorted(found))}); name one: "
+                "RUN/TASK, or its checkpoint URI"
+            )
+        (prefix,) = found
+        reader = CheckpointManager(store, prefix)
+        try:
+            record = reader.latest(only=only)
+        finally:
+            reader.close()
+    except StoreError as exc:
+        raise type(exc)(f"{field}: {exc}") from None
+    if record is None:
+        what = f"step {only} of {prefix} is not" if only is not None else f"no checkpoint of {prefix} is"
+        raise ConfigError(
+            f"{field}: {what} complete (a commit record whose parts are all in the store); name another checkpoint"
+        )
+    return join_uri(prefix, f"step-{int(record['step']):08d}"), record
+
+
+def split_step_folder(folder: str) -> tuple[str, int]:
+    """(prefix, step) of a checkpoint's `.../step-N` folder."""
+    m = _STEP_FOLDER.search(folder)
+    if m is None:
+        raise ValueError(f"{folder} is not a checkpoint step folder (.../step-NNNNNNNN)")
+    return folder[: m.start()], int(m.group(1))
