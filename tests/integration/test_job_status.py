@@ -161,3 +161,25 @@ def test_a_status_server_that_fails_leaves_training_untouched(pki, tmp_path_fact
     assert progress.last.step == 12 and not server.received
     warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
     assert len(warnings) == 1 and warning in warnings[0] and "training goes on" in warnings[0], warnings
+
+
+def test_a_training_run_reports_from_its_first_interval_to_its_end(pki, digits, tmp_path, monkeypatch):
+    """The trainer itself (trainer/train.py) in a pod with Trainer's three variables: its reports
+    reach the stand-in server, the last one at 100% with the epoch's validation metrics."""
+    from trainer.config import load_config
+    from trainer.distributed import DistEnv
+    from trainer.train import run_training
+
+    server = StatusServer(pki, "projected-jwt")
+    monkeypatch.setenv(SERVER_URL_ENV, server.url)
+    monkeypatch.setenv(SERVER_CA_ENV, str(pki / "ca.crt"))
+    monkeypatch.setenv(SERVER_TOKEN_ENV, str(pki / "token"))
+    cfg = load_config(overrides={"job.replicas": 1, "train.epochs": 2, "checkpoint.enabled": False})
+    try:
+        metrics = run_training(cfg, digits, str(tmp_path / "model"), DistEnv())
+    finally:
+        server.close()
+    last = Snapshot.from_trainer_status(server.received[-1]["trainerStatus"])
+    assert (last.step, last.total_steps, last.percent, last.epoch) == (metrics["steps"], metrics["steps"], 100, 1)
+    assert last.item_name == "samples" and last.rate > 0 and last.loss > 0
+    assert last.metrics["val_accuracy"] == pytest.approx(metrics["val_accuracy"])
