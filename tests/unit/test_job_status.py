@@ -103,7 +103,8 @@ def progress_for(reporter, total: int) -> Progress:
 
 def test_a_pytorchjob_gets_the_annotation_and_failures_never_break_training(caplog):
     cluster = submitted_job()
-    user_annotations = dict(cluster.jobs[NAME]["metadata"].get("annotations") or {})
+    user_annotations = {"team.example.com/owner": "ana"}  # kubernetes.annotations: the patch keeps them
+    cluster.jobs[NAME]["metadata"]["annotations"] = dict(user_annotations)
     api = FlakyApi(cluster, [ApiException(status=500), ConnectionResetError("reset by peer"), ApiException(403)])
     reporter = Reporter(PyTorchJobAnnotationSink(NAME, NS, api), interval_s=0)
     progress = progress_for(reporter, total=50)

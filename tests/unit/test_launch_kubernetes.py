@@ -4,7 +4,8 @@ No Kubernetes API server can run on the test machines; the fake returns real kub
 client models and plays the Training Operator's part from a script. What is tested is the
 launcher's own behaviour: create, re-attach, wait, Failed, Pending, timeout, cancel, SIGTERM,
 replica-prefixed log streaming (per pod uid), transient API errors retried vs final ones
-failing, and queued (suspended / gang-scheduled) jobs. Time is the fake's clock: the launcher's
+failing, queued (suspended / gang-scheduled) jobs, and the progress rank 0 reports on the job
+(printed by the launcher and `kftrain job status`). Time is the fake's clock: the launcher's
 `sleep` advances it, so retry budgets and queue times of hours run in milliseconds.
 """
 
