@@ -20,6 +20,8 @@ What it models (`kind="pytorchjob"`, the default, or `kind="trainjob"`):
 - PyTorchJobs: create (409 when the name exists), get (404 when gone), patch (a JSON merge
   patch, as the client sends a dict), delete (the job's pods go with it), conditions updated
   in place with a lastTransitionTime;
+- pod disruption as the API shows it (`disrupt`): a `DisruptionTarget` condition, a pod
+  `status.reason` (`Evicted`, `NodeLost`), and a container's terminated reason (`OOMKilled`);
 - pods with a uid each; `add_pod` updates a pod in place (same uid), `recreate_pod` deletes it
   and makes a new one under the same name (new uid), as the operator does under
   restartPolicy ExitCode; logs are read by pod name, so they are the current pod's;
@@ -337,7 +339,17 @@ class FakeCluster:
 
     # -- what the operator would do -------------------------------------------------------
     def add_pod(
-        self, job: str, rtype: str, index: int, phase: str, logs=(), exit_code=None, waiting=None, age_s=0, restarts=0
+        self,
+        job: str,
+        rtype: str,
+        index: int,
+        phase: str,
+        logs=(),
+        exit_code=None,
+        waiting=None,
+        age_s=0,
+        restarts=0,
+        terminated_reason=None,
     ):
         """Set the pod of replica `rtype`/`index` to this state: a new pod, or the same pod (same
         uid) updated. PyTorchJob: `<job>-<rtype>-<index>`; TrainJob (`rtype` "node"): JobSet's
@@ -354,7 +366,9 @@ class FakeCluster:
         uid = old.metadata.uid if old else f"pod-uid-{next(self._uids)}"
         created = old.metadata.creation_timestamp if old else self.clock - dt.timedelta(seconds=age_s)
         state = k8s.V1ContainerState(
-            terminated=k8s.V1ContainerStateTerminated(exit_code=exit_code) if exit_code is not None else None,
+            terminated=k8s.V1ContainerStateTerminated(exit_code=exit_code, reason=terminated_reason)
+            if exit_code is not None
+            else None,
             waiting=k8s.V1ContainerStateWaiting(reason=waiting[0], message=waiting[1]) if waiting else None,
         )
         self.pods[name] = k8s.V1Pod(
@@ -379,6 +393,18 @@ class FakeCluster:
             ),
         )
         self.pod_logs[name] = list(logs)
+
+    def disrupt(self, job: str, rtype: str, index: int, condition=None, reason=None, message="") -> None:
+        """Mark a replica's pod as Kubernetes does when it disrupts it: a `DisruptionTarget`
+        condition with reason `condition` (e.g. `PreemptionByScheduler`) and/or a pod
+        `status.reason` (e.g. `Evicted`, `NodeLost`) with `message`; the phase becomes Failed."""
+        pod = self.pods[self.pod_name(job, rtype, index)]
+        pod.status.phase = "Failed"
+        if condition:
+            cond = k8s.V1PodCondition(type="DisruptionTarget", status="True", reason=condition, message=message)
+            pod.status.conditions = [*(pod.status.conditions or []), cond]
+        if reason:
+            pod.status.reason, pod.status.message = reason, message
 
     def _pod_labels(self, job: str, rtype: str, index: int) -> dict[str, str]:
         if self.kind == "trainjob":

@@ -27,6 +27,7 @@ import yaml
 
 from trainer.credentials import credential_in
 from trainer.errors import KftrainError
+from trainer.launch.failures import DEFAULT_MAX_RESTARTS, budget_check
 from trainer.partitions import partition_problem
 from trainer.storage import RetryPolicy, parse_uri
 from trainer.tokenizer import parse_spec as parse_tokenizer_spec
@@ -686,6 +687,10 @@ class KubernetesConfig:
     """How long one Kubernetes API call retries transient errors (5xx, 429, connection) before the step fails."""
     queue_timeout_seconds: int = 0
     """Longest a job may wait in a queue (Kueue, gang scheduler) before admission; 0: no limit."""
+    max_restarts_by_cause: dict[str, int] = field(default_factory=lambda: dict(DEFAULT_MAX_RESTARTS))
+    """Times a failed job is deleted and re-created (resuming from its latest checkpoint), per cause of the failure:
+    `preempted`, `node_lost`, `oom`, `image_pull`, `collective_timeout`, `nonfinite`, `user_error`, `unknown`;
+    -1: unlimited until `job.timeout_seconds`. A cause left out keeps its default (docs/reliability.md)."""
     runtime: str = "torch-distributed"
     """The ClusterTrainingRuntime a TrainJob runs on (`job.kind: trainjob`); ignored by PyTorchJobs."""
 
@@ -715,6 +720,10 @@ class KubernetesConfig:
             f"must not fill {HF_TOKEN}, which {p}.hf_token_secret gives",
         )
         self._check_volumes()
+        try:
+            budget_check(self.max_restarts_by_cause, f"{p}.max_restarts_by_cause")
+        except ValueError as exc:
+            raise ConfigError(str(exc)) from None
 
     def _check_volumes(self) -> None:
         """Names the API server would reject only after the job was created (a mount of an unknown

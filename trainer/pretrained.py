@@ -298,9 +298,16 @@ def build_on_meta(config: dict[str, Any], dtype: torch.dtype, source: ModelSourc
     if config.get("auto_map"):
         if source is None:
             raise PretrainedError("a model with its own code (auto_map) is built from its folder; none was given")
-        hf_config = AutoConfig.from_pretrained(code_folder(source), trust_remote_code=True)
-        with parameters_on_meta():
-            return AutoModelForCausalLM.from_config(hf_config, dtype=dtype, trust_remote_code=True)
+        try:
+            hf_config = AutoConfig.from_pretrained(code_folder(source), trust_remote_code=True)
+            with parameters_on_meta():
+                return AutoModelForCausalLM.from_config(hf_config, dtype=dtype, trust_remote_code=True)
+        except (OSError, ImportError, ValueError, AttributeError, TypeError) as exc:
+            first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+            raise PretrainedError(
+                f"model.init_from {source.origin!r}: its own code (config.json auto_map {config['auto_map']}) "
+                f"does not build a model: {first}; put the model's .py files beside config.json"
+            ) from None
     hf_config = AutoConfig.for_model(**config)
     with parameters_on_meta():
         return AutoModelForCausalLM.from_config(hf_config, dtype=dtype)

@@ -27,6 +27,7 @@ import torch
 from torch import nn
 from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_dict, set_state_dict
 
+from trainer import exit_codes
 from trainer.checkpoint import CheckpointError, CheckpointManager, step_dir
 from trainer.config import Config, config_from_json, to_dict
 from trainer.consolidate import consolidate
@@ -34,6 +35,7 @@ from trainer.distributed import (
     DistEnv,
     checkpoint_group,
     clip_grad_norm,
+    collective_failed,
     device_for,
     dist_env,
     full_state_dict,
@@ -596,10 +598,21 @@ def main(argv: list[str] | None = None) -> int:
         with process_group(env, device, timeout_s=cfg.job.collective_timeout_seconds):
             run_training(cfg, args.dataset_uri, args.model_uri, env)
     except KftrainError as exc:
-        # A message that says what to fix, not a traceback repeated by every rank.
+        # A message that says what to fix, not a traceback repeated by every rank; the exit code
+        # tells the launcher the cause (trainer/exit_codes.py).
         log.error("%s%s", FAILURE_MARKER, exc)
-        return 1
-    return 0
+        return exit_codes.NONFINITE_LOSS if isinstance(exc, NonFiniteLoss) else exit_codes.USER_ERROR
+    except RuntimeError as exc:
+        if not collective_failed(exc):
+            raise
+        log.error(
+            "%sa collective failed or timed out (a hung or lost peer; job.collective_timeout_seconds=%s): %s",
+            FAILURE_MARKER,
+            cfg.job.collective_timeout_seconds,
+            exc,
+        )
+        return exit_codes.COLLECTIVE_TIMEOUT
+    return exit_codes.OK
 
 
 if __name__ == "__main__":

@@ -42,7 +42,12 @@ REFUSED = {
     "remote-code-trusted": (
         {"config": {"auto_map": {"AutoModelForCausalLM": "modeling.My"}}},
         "model:\n  trust_remote_code: true\n",
-        ["model.init_from", "remote-code models", "use a model transformers implements (llama"],
+        [
+            "model.init_from",
+            "its own code (config.json auto_map",
+            "does not build a model",
+            "put the model's .py files",
+        ],
     ),
     "no-safetensors": (
         {"drop": ("model.safetensors",)},

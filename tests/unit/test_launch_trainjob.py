@@ -34,6 +34,7 @@ GOLDEN = REPO / "tests" / "golden"
 EXAMPLES = {
     "demo": [],
     "gpt-tiny": [],
+    "finetune-tiny": [],
     "master-only": [],
     "multinode-gpu": [
         "kubernetes.priority_class=''",

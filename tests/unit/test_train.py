@@ -18,7 +18,7 @@ from trainer.export import export_model, load_torchscript
 from trainer.model_io import load_model
 from trainer.storage import LocalStore, join_uri
 from trainer.tasks import get_task
-from trainer.train import run_training
+from trainer.train import NonFiniteLoss, run_training
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -185,3 +185,51 @@ def test_gpt_export_loads_in_hugging_face_transformers(tmp_path):
     text = "def héllo(wörld):\n    return 42"
     assert tok.encode(text) == list(text.encode("utf-8"))  # id = byte, as in training
     assert tok.decode(list(text.encode("utf-8"))) == text
+
+
+def _dist_backend_error() -> BaseException:
+    return torch.distributed.DistBackendError("[Rank 1] Watchdog caught collective operation timeout")
+
+
+@pytest.mark.parametrize(
+    ("raised", "code"),
+    [
+        (lambda: NonFiniteLoss("non-finite loss at step 7"), 3),
+        (lambda: ConfigError("data.text_column: 'body' is not a column"), 1),
+        # gloo's timeout as torch 2.13 raises it: a plain RuntimeError
+        (
+            lambda: RuntimeError(
+                "[third_party/gloo/gloo/transport/tcp/unbound_buffer.cc:78] Timed out waiting 2000ms for recv "
+                "operation to complete"
+            ),
+            4,
+        ),
+        (_dist_backend_error, 4),
+    ],
+    ids=["nonfinite", "user error", "gloo timeout", "nccl backend error"],
+)
+def test_main_exits_with_the_code_of_the_cause(monkeypatch, raised, code):
+    """The launcher tells the causes apart by these codes (trainer/exit_codes.py)."""
+    import trainer.train as train
+    from trainer import exit_codes
+    from trainer.config import config_to_json
+
+    def fail(*args, **kwargs):
+        raise raised()
+
+    monkeypatch.setattr(train, "run_training", fail)
+    argv = ["--config-json", config_to_json(load_config()), "--dataset-uri", "d", "--model-uri", "m"]
+    assert train.main(argv) == code
+    assert code in (exit_codes.NONFINITE_LOSS, exit_codes.USER_ERROR, exit_codes.COLLECTIVE_TIMEOUT)
+
+
+def test_main_lets_an_unknown_error_raise(monkeypatch):
+    import trainer.train as train
+    from trainer.config import config_to_json
+
+    def fail(*args, **kwargs):
+        raise RuntimeError("CUDA error: an illegal memory access was encountered")
+
+    monkeypatch.setattr(train, "run_training", fail)
+    with pytest.raises(RuntimeError, match="CUDA error"):
+        train.main(["--config-json", config_to_json(load_config()), "--dataset-uri", "d", "--model-uri", "m"])

@@ -13,7 +13,12 @@ What the old launchers got wrong and this one does:
   Failed is replaced: that is what a retry asks for);
 - the job has an ownerReference to the launcher pod, so cancelling the run (which deletes the
   pod) deletes the job; SIGTERM and every error path delete it too (`run_job`);
-- Failed fails the step, with the condition's reason and the failing replica's last log lines;
+- Failed fails the step, with the condition's reason, its cause (`trainer/launch/failures.py`:
+  preempted, node lost, OOMKilled, image pull, collective timeout, non-finite loss, user error)
+  and the failing replica's last log lines; unless the cause is an infrastructure one within its
+  budget (`kubernetes.max_restarts_by_cause`): then the job is deleted and re-created under the
+  same name (a restarted launcher still finds it; the checkpoint prefix is the same, so the trainer
+  resumes from its latest checkpoint), within the same deadline;
 - a pod Pending past `kubernetes.pending_timeout_seconds` fails the step with its events
   (`Insufficient nvidia.com/gpu`, `ErrImagePull`, ...) instead of waiting forever;
 - the deadline is a real wall-clock deadline (`job.timeout_seconds`), not a per-request timeout;
@@ -52,6 +57,7 @@ from pathlib import Path
 from typing import Any
 
 from trainer.errors import KftrainError
+from trainer.launch import failures
 from trainer.launch.backend import JobFailed, JobTimeout, failure_excerpt, print_line
 from trainer.launch.jobkind import (
     AUTO_PREFERENCE,
@@ -260,6 +266,7 @@ class KubernetesBackend:
         self._streams = LogStreams(self._log)
         self._jobs: dict[str, _Job] = {}  # by job name; `auto` resolved once
         self._progress: dict[str, Snapshot] = {}  # by job name: the last progress printed
+        self._restarts: dict[str, dict[str, int]] = {}  # by job name: re-creations per cause
 
     def _job(self, spec: JobSpec) -> _Job:
         """The handle of `spec`'s job; `auto` asks the cluster once (API discovery, retried)."""
@@ -388,12 +395,24 @@ class KubernetesBackend:
             failed = _condition(obj, kind.failed)
             if failed:
                 self._streams.finish()
-                raise JobFailed(self._failure_message(job, failed))
+                evidence = self._evidence(job)
+                note = self._restart_or_why_not(job, evidence[0])
+                if note is None:
+                    admission = _Admission(kind)
+                    continue
+                raise JobFailed(self._failure_message(job, failed, evidence, note))
             pods = self._pods(job)
             now = self._now()
             why_queued = admission.queued(obj, pods)
             if why_queued:
+                requeued = admission.admitted_at is not None and admission.seen_pods
                 if admission.enter_queue(obj, now):
+                    if requeued:  # Kueue evicted it: it re-admits the job itself, the pods resume
+                        why = failures.classify([], self._event_list(job, job.name))
+                        self._log(
+                            f"kftrain: {job.what} went back to the queue ({why}); when it is admitted again its "
+                            "replicas resume from the latest checkpoint"
+                        )
                     self._log(
                         f"kftrain: {job.what} is queued in {queue_of(obj, kind)}: {why_queued}; "
                         "the Pending clock starts when it is admitted"
@@ -437,6 +456,54 @@ class KubernetesBackend:
         if snapshot is not None and snapshot != self._progress.get(job.name):
             self._progress[job.name] = snapshot
             self._log(progress_message(job.what, snapshot))
+
+    # -- failures by cause ----------------------------------------------------------------
+
+    def _evidence(self, job: _Job) -> tuple[failures.Diagnosis, list[Any], dict[str, list[str]]]:
+        """The cause of the job's failure, its pods, and the last log lines of each pod that ended
+        with a non-zero exit code (by pod name)."""
+        try:
+            pods = self._pods(job)
+        except Exception as exc:  # the pods are evidence, not the answer
+            return failures.Diagnosis(failures.UNKNOWN, f"replica pods unavailable: {describe(exc)}"), [], {}
+        pod_dicts = [_as_dict(pod) for pod in pods]
+        logs = {
+            pod.metadata.name: self._read_log(job, pod.metadata.name, 400)
+            for pod, as_dict in zip(pods, pod_dicts, strict=True)
+            if pod.status.phase == "Failed" or failures.exit_code_of(as_dict) not in (None, 0)
+        }
+        events = self._event_list(job, job.name)
+        for pod in pods:
+            events += self._event_list(job, pod.metadata.name)
+        return failures.classify(pod_dicts, events, logs), pods, logs
+
+    def _restart_or_why_not(self, job: _Job, diagnosis: failures.Diagnosis) -> str | None:
+        """Re-create the failed job when its cause's budget allows (None), else say why not."""
+        field = f"kubernetes.max_restarts_by_cause.{diagnosis.cause}"
+        allowed = failures.restarts_allowed(job.spec.kubernetes.max_restarts_by_cause, diagnosis.cause)
+        done = self._restarts.setdefault(job.name, {}).get(diagnosis.cause, 0)
+        if allowed == 0:
+            return f"not re-created ({field} is 0)"
+        if allowed != failures.UNLIMITED and done >= allowed:
+            return f"not re-created: its {allowed} re-creation(s) for {diagnosis.cause} are spent ({field})"
+        if self._deadline is not None and self._now() > self._deadline:
+            return f"not re-created: the job's deadline has passed ({job.spec.timeout_s:.0f}s, job.timeout_seconds)"
+        self._restarts[job.name][diagnosis.cause] = done + 1
+        if allowed == failures.UNLIMITED:
+            left = f"unlimited ({field} is -1) until the deadline, {self._seconds_left():.0f}s from now"
+        else:
+            left = f"{allowed - done - 1} of {allowed} left ({field})"
+        self._log(
+            f"kftrain: {job.what} failed: {diagnosis}; re-creating it (re-creation {done + 1} for "
+            f"{diagnosis.cause}, {left}); the trainer resumes from its latest checkpoint"
+        )
+        self.cancel(job.spec)
+        self._wait_deleted(job)
+        self._create(job, job.manifest())
+        return None
+
+    def _seconds_left(self) -> float:
+        return max(0.0, (self._deadline - self._now()).total_seconds()) if self._deadline else 0.0
 
     def _timeout_message(self, job: _Job) -> str:
         return f"{job.what} did not finish within {job.spec.timeout_s:.0f}s (job.timeout_seconds); it has been deleted"
@@ -489,15 +556,26 @@ class KubernetesBackend:
     def _events(self, job: _Job, obj_name: str) -> str:
         """Events of an object, for an error message: never the reason the message is lost."""
         try:
-            events = job.api(
-                f"list events of {job.namespace}/{obj_name}",
-                self.core.list_namespaced_event,
-                job.namespace,
-                field_selector=f"involvedObject.name={obj_name}",
-            ).items
+            events = self._list_events(job, obj_name)
         except Exception as exc:
             return f"unavailable ({describe(exc)})"
         return "; ".join(f"{e.reason}: {e.message}" for e in events) or "none"
+
+    def _list_events(self, job: _Job, obj_name: str) -> list[Any]:
+        return job.api(
+            f"list events of {job.namespace}/{obj_name}",
+            self.core.list_namespaced_event,
+            job.namespace,
+            field_selector=f"involvedObject.name={obj_name}",
+        ).items
+
+    def _event_list(self, job: _Job, obj_name: str) -> list[failures.Event]:
+        """An object's events as evidence of a cause; none when they cannot be listed."""
+        try:
+            events = self._list_events(job, obj_name)
+        except Exception:  # evidence, not the answer: the cause is then read from the rest
+            return []
+        return [failures.Event(obj_name, e.reason or "", e.message or "") for e in events]
 
     def _pod_log(self, job: _Job, pod_name: str, **options: Any) -> Any:
         """The training container's log of one pod (`options`: tail_lines, follow, ...)."""
@@ -528,19 +606,24 @@ class KubernetesBackend:
 
     # -- error messages -------------------------------------------------------------------
 
-    def _failure_message(self, job: _Job, cond: dict[str, Any]) -> str:
-        lines = [f"{job.what} failed: {cond.get('reason', 'Failed')}: {cond.get('message', '')}".rstrip()]
-        try:
-            pods = self._pods(job)
-        except Exception as exc:  # the job's Failed condition is the answer; pods are evidence
-            return "\n".join([*lines, f"(replica pods unavailable: {describe(exc)})"])
+    def _failure_message(
+        self,
+        job: _Job,
+        cond: dict[str, Any],
+        evidence: tuple[failures.Diagnosis, list[Any], dict[str, list[str]]],
+        note: str,
+    ) -> str:
+        """The step's error: the Failed condition, the cause and why the job was not re-created
+        (one line), then the failing replica's last log lines."""
+        diagnosis, pods, logs = evidence
+        first = f"{job.what} failed: {cond.get('reason', 'Failed')}: {cond.get('message', '')}".rstrip()
+        lines = [f"{first}; cause: {diagnosis}; {note}"]
         for pod in pods:
-            code = _exit_code(pod)
-            if pod.status.phase == "Failed" or code not in (None, 0):
+            if pod.metadata.name in logs:
                 key = job.kind.replica_key(pod)
+                code = _exit_code(pod)
                 lines.append(f"replica {key} (pod {pod.metadata.name}) exited with code {code}; last log lines:")
-                logs = self._read_log(job, pod.metadata.name, 400)
-                lines += [f"  [{key}] {line}" for line in failure_excerpt(logs)]
+                lines += [f"  [{key}] {line}" for line in failure_excerpt(logs[pod.metadata.name])]
                 break
         return "\n".join(lines)
 
@@ -654,6 +737,15 @@ def _status_message(exc: BaseException) -> str:
     except (ValueError, AttributeError):
         return ""
     return f": {message}" if message else ""
+
+
+def _as_dict(obj: Any) -> dict[str, Any]:
+    """A client model (`V1Pod`) as the API's JSON (camelCase keys), what the classifier reads."""
+    if isinstance(obj, dict):
+        return obj
+    from kubernetes.client import ApiClient
+
+    return ApiClient().sanitize_for_serialization(obj)
 
 
 def _exit_code(pod: Any) -> int | None:

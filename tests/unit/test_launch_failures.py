@@ -1,0 +1,501 @@
+"""Failures by cause (trainer/launch/failures.py) and their budgets in the Kubernetes launcher.
+
+The classification table feeds pod statuses and events shaped as the API serves them (camelCase
+JSON); where each shape comes from is cited on its row. The budget tests run the real
+KubernetesBackend against the FAKE API of tests/fake_kube.py (no API server runs on the test
+machines): the fake plays the operator, the scheduler and the kubelet from a script.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import pytest
+
+from tests.fake_kube import FakeCluster, launcher
+from trainer import exit_codes
+from trainer.config import ConfigError, load_config
+from trainer.launch import failures
+from trainer.launch.backend import JobFailed, run_job
+from trainer.launch.failures import Event, classify, root_cause_exit_code
+from trainer.launch.job import training_job
+
+pytestmark = pytest.mark.timeout(60)
+NAME = "kftrain-0123456789ab"
+POD = f"{NAME}-worker-0"
+
+
+def pod(name=POD, phase="Failed", conditions=(), reason=None, message=None, state=None, last_state=None):
+    """A pod as `GET /api/v1/namespaces/<ns>/pods/<name>` returns it (only what the classifier reads)."""
+    status = {
+        "phase": phase,
+        "conditions": [{"type": "Ready", "status": "False"}, *conditions],
+        "containerStatuses": [
+            {"name": "pytorch", "restartCount": 0, "state": state or {}, "lastState": last_state or {}}
+        ],
+    }
+    if reason:
+        status["reason"], status["message"] = reason, message
+    return {"metadata": {"name": name}, "status": status}
+
+
+def exited(code, reason="Error"):
+    return {"terminated": {"exitCode": code, "reason": reason}}
+
+
+def disruption(reason, message):
+    return {"type": "DisruptionTarget", "status": "True", "reason": reason, "message": message}
+
+
+def torchrun_summary(exitcode):
+    """The end of a replica's log when a training process fails: torchrun's ChildFailedError
+    summary (torch/distributed/elastic/multiprocessing/errors/__init__.py, torch 2.13)."""
+    return [
+        "torch.distributed.elastic.multiprocessing.errors.ChildFailedError: ",
+        "============================================================",
+        "trainer.train FAILED",
+        "------------------------------------------------------------",
+        "Failures:",
+        "  <NO_OTHER_FAILURES>",
+        "------------------------------------------------------------",
+        "Root Cause (first observed failure):",
+        "[0]:",
+        "  time      : 2026-01-01_00:10:00",
+        "  host      : kftrain-0123456789ab-worker-0",
+        "  rank      : 1 (local_rank: 0)",
+        f"  exitcode  : {exitcode} (pid: 57)",
+        "  error_file: <N/A>",
+        "  traceback : To enable traceback see: https://pytorch.org/docs/stable/elastic/errors.html",
+        "============================================================",
+    ]
+
+
+#: Kueue's eviction message when it preempts a Workload (pkg/scheduler/preemption, the Workload's
+#: `Evicted` condition with reason `Preempted`).
+KUEUE_PREEMPTED = (
+    "Preempted to accommodate a workload (UID: 9f54, JobUID: a20d) due to prioritization in the ClusterQueue"
+)
+
+# (case, pods, events, logs by pod name, expected cause)
+CASES = [
+    (
+        # kube-scheduler's preemption (pkg/scheduler/framework/preemption): DisruptionTarget with
+        # reason PreemptionByScheduler and "<schedulerName>: preempting to accommodate a higher
+        # priority pod"; the container got SIGTERM (143).
+        "scheduler preemption",
+        [
+            pod(
+                conditions=[
+                    disruption(
+                        "PreemptionByScheduler", "default-scheduler: preempting to accommodate a higher priority pod"
+                    )
+                ],
+                state=exited(143),
+            )
+        ],
+        [Event(POD, "Preempted", "Preempted by team/urgent-0 on node gpu-node-3")],
+        {},
+        failures.PREEMPTED,
+    ),
+    (
+        # A drain (kubectl drain, a descheduler) through the Eviction API: reason EvictionByEvictionAPI.
+        "eviction API (drain)",
+        [pod(conditions=[disruption("EvictionByEvictionAPI", "Eviction API: evicting")], state=exited(143))],
+        [],
+        {},
+        failures.PREEMPTED,
+    ),
+    (
+        # Node-pressure eviction (kubelet eviction manager): phase Failed, status.reason Evicted, the
+        # "low on resource" message, and DisruptionTarget TerminationByKubelet.
+        "kubelet node-pressure eviction",
+        [
+            pod(
+                conditions=[disruption("TerminationByKubelet", "The node was low on resource: memory. ")],
+                reason="Evicted",
+                message="The node was low on resource: memory. Threshold quantity: 100Mi, available: 92Mi. "
+                "Container pytorch was using 61Gi, request is 32Gi, has larger consumption of memory. ",
+                state=exited(137),
+            )
+        ],
+        [Event(POD, "Evicted", "The node was low on resource: memory.")],
+        {},
+        failures.PREEMPTED,
+    ),
+    (
+        # Graceful node shutdown (kubelet nodeshutdown manager): status.reason Terminated, its message,
+        # DisruptionTarget TerminationByKubelet: the node is going away, not the pod's own doing.
+        "graceful node shutdown",
+        [
+            pod(
+                conditions=[
+                    disruption("TerminationByKubelet", "Pod was terminated in response to imminent node shutdown.")
+                ],
+                reason="Terminated",
+                message="Pod was terminated in response to imminent node shutdown.",
+            )
+        ],
+        [],
+        {},
+        failures.NODE_LOST,
+    ),
+    (
+        # The taint-eviction controller after node.kubernetes.io/unreachable:NoExecute: DeletionByTaintManager.
+        "unreachable node (taint manager)",
+        [
+            pod(
+                phase="Running",
+                conditions=[disruption("DeletionByTaintManager", "Taint manager: deleting due to NoExecute taint")],
+            )
+        ],
+        [Event(POD, "TaintManagerEviction", f"Marking for deletion Pod team/{POD}")],
+        {},
+        failures.NODE_LOST,
+    ),
+    (
+        # PodGC when the pod's node object is gone: DeletionByPodGC.
+        "node deleted (pod GC)",
+        [pod(conditions=[disruption("DeletionByPodGC", "PodGC: node no longer exists")])],
+        [],
+        {},
+        failures.NODE_LOST,
+    ),
+    (
+        # The node lifecycle controller's older marking of pods on an unresponsive node.
+        "node lost (status.reason NodeLost)",
+        [
+            pod(
+                phase="Unknown",
+                reason="NodeLost",
+                message=f"Node gpu-node-3 which was running pod {POD} is unresponsive",
+            )
+        ],
+        [],
+        {},
+        failures.NODE_LOST,
+    ),
+    (
+        # The cgroup OOM killer: state.terminated.reason OOMKilled, exit 137; the other rank sees
+        # its collective fail, which the OOM outranks.
+        "OOMKilled, the peer's collective failed",
+        [
+            pod(state=exited(137, "OOMKilled")),
+            pod(name=f"{NAME}-master-0", state=exited(1)),
+        ],
+        [],
+        {f"{NAME}-master-0": torchrun_summary(exit_codes.COLLECTIVE_TIMEOUT)},
+        failures.OOM,
+    ),
+    (
+        # An OOM that the operator already restarted: the evidence is in lastState.
+        "OOMKilled in lastState",
+        [
+            pod(
+                phase="Running",
+                state={"running": {"startedAt": "2026-01-01T00:00:00Z"}},
+                last_state=exited(137, "OOMKilled"),
+            )
+        ],
+        [],
+        {},
+        failures.OOM,
+    ),
+    (
+        # kubelet image pull failures: state.waiting.reason ErrImagePull, then ImagePullBackOff.
+        "image pull back-off",
+        [
+            pod(
+                phase="Pending",
+                state={
+                    "waiting": {
+                        "reason": "ImagePullBackOff",
+                        "message": 'Back-off pulling image "registry.example/kftrain:nope"',
+                    }
+                },
+            )
+        ],
+        [],
+        {},
+        failures.IMAGE_PULL,
+    ),
+    (
+        "image pull error",
+        [
+            pod(
+                phase="Pending",
+                state={
+                    "waiting": {
+                        "reason": "ErrImagePull",
+                        "message": "rpc error: code = NotFound desc = failed to pull and unpack image "
+                        '"registry.example/kftrain:nope"',
+                    }
+                },
+            )
+        ],
+        [],
+        {},
+        failures.IMAGE_PULL,
+    ),
+    (
+        # Kueue evicting the job's Workload (Evicted condition, reason Preempted, the message of
+        # Kueue's preemption) and stopping the job: its job reconciler records an event with reason
+        # `Stopped` (pkg/controller/jobframework/events.go, ReasonStopped) carrying that message.
+        "Kueue preemption",
+        [],
+        [
+            Event(
+                NAME,
+                "Stopped",
+                KUEUE_PREEMPTED,
+            )
+        ],
+        {},
+        failures.PREEMPTED,
+    ),
+    (
+        # Kueue's pod integration marks the pods of an evicted Workload before it stops them
+        # (pkg/controller/jobs/pod tests: TerminationTarget, WorkloadEvictedDueToPreempted).
+        "Kueue stops a pod (TerminationTarget)",
+        [
+            pod(
+                conditions=[
+                    {
+                        "type": "TerminationTarget",
+                        "status": "True",
+                        "reason": "WorkloadEvictedDueToPreempted",
+                        "message": "Preempted to accommodate a higher priority Workload",
+                    }
+                ],
+                state=exited(143),
+            )
+        ],
+        [],
+        {},
+        failures.PREEMPTED,
+    ),
+    (
+        "trainer: non-finite loss (exit 3 through torchrun)",
+        [pod(state=exited(1))],
+        [],
+        {POD: ["[rank 1] training failed: non-finite loss", *torchrun_summary(exit_codes.NONFINITE_LOSS)]},
+        failures.NONFINITE,
+    ),
+    (
+        "trainer: collective timeout (exit 4 through torchrun)",
+        [pod(state=exited(1))],
+        [],
+        {POD: torchrun_summary(exit_codes.COLLECTIVE_TIMEOUT)},
+        failures.COLLECTIVE_TIMEOUT,
+    ),
+    (
+        # NCCL's watchdog aborts the process before the trainer can exit with its code (SIGABRT, -6).
+        "NCCL watchdog abort",
+        [pod(state=exited(1))],
+        [],
+        {
+            POD: [
+                "[rank1]:[E101 00:10:00.000000000 ProcessGroupNCCL.cpp:632] [Rank 1] Watchdog caught collective "
+                "operation timeout: WorkNCCL(SeqNum=812, OpType=ALLREDUCE, NumelIn=1, NumelOut=1, Timeout(ms)=600000) "
+                "ran for 600083 milliseconds before timing out.",
+                *torchrun_summary(-6),
+            ]
+        },
+        failures.COLLECTIVE_TIMEOUT,
+    ),
+    (
+        "trainer: user error (exit 1 through torchrun)",
+        [pod(state=exited(1))],
+        [],
+        {POD: ["[rank 0] training failed: data.text_column 'body' is not a column", *torchrun_summary(1)]},
+        failures.USER_ERROR,
+    ),
+    (
+        "trainer: terminated after a checkpoint (143), no other evidence",
+        [pod(state=exited(exit_codes.TERMINATED_CHECKPOINTED))],
+        [],
+        {},
+        failures.PREEMPTED,
+    ),
+    (
+        "SIGKILL with nothing to say why",
+        [pod(state=exited(137))],
+        [Event(POD, "Killing", "Stopping container pytorch")],
+        {},
+        failures.UNKNOWN,
+    ),
+    ("no evidence at all", [], [], {}, failures.UNKNOWN),
+]
+
+
+@pytest.mark.parametrize(("pods", "events", "logs", "cause"), [c[1:] for c in CASES], ids=[c[0] for c in CASES])
+def test_each_cause_is_classified_from_realistic_statuses(pods, events, logs, cause):
+    diagnosis = classify(pods, events, logs)
+    assert diagnosis.cause == cause, diagnosis
+    assert diagnosis.evidence  # the step's message says what it is based on
+
+
+def test_torchruns_summary_gives_the_root_causes_exit_code():
+    assert root_cause_exit_code(torchrun_summary(3)) == 3
+    assert root_cause_exit_code(["exitcode  : 9"]) is None  # not inside a root-cause block
+    assert root_cause_exit_code([]) is None
+
+
+def test_defaults_cover_every_cause():
+    assert set(failures.DEFAULT_MAX_RESTARTS) == set(failures.CAUSES) == set(failures.MEANING)
+    assert failures.DEFAULT_MAX_RESTARTS[failures.PREEMPTED] == failures.UNLIMITED
+    assert failures.DEFAULT_MAX_RESTARTS[failures.USER_ERROR] == 0
+
+
+@pytest.mark.parametrize(
+    ("budgets", "named"),
+    [
+        ({"preemption": 1}, "kubernetes.max_restarts_by_cause.preemption: not a cause"),
+        ({"oom": -2}, "kubernetes.max_restarts_by_cause.oom: must be an integer >= -1"),
+        ({"node_lost": True}, "kubernetes.max_restarts_by_cause.node_lost"),
+    ],
+)
+def test_bad_budgets_are_refused_naming_the_field(budgets, named):
+    with pytest.raises(ConfigError, match=named.replace(".", r"\.")):
+        load_config(overrides={"kubernetes.max_restarts_by_cause": budgets})
+
+
+# -- budgets in the launcher (FAKE API) --------------------------------------------------------
+
+
+def make(cluster: FakeCluster, budgets=None, timeout_s=600):
+    overrides = {"kubernetes.poll_seconds": 1.0}
+    if budgets is not None:
+        overrides["kubernetes.max_restarts_by_cause"] = budgets
+    cfg = load_config(overrides=overrides)
+    spec = replace(training_job(cfg, NAME, "s3://bucket/ds", "s3://bucket/model"), timeout_s=timeout_s)
+    lines: list[str] = []
+    return launcher(cluster, "uid-1", lines.append), spec, lines
+
+
+def running(c: FakeCluster) -> None:
+    if f"{NAME}-master-0" not in c.pods:
+        c.add_pod(NAME, "master", 0, "Running", logs=["[rank 0] step 10"])
+        c.add_pod(NAME, "worker", 0, "Running", logs=["[rank 1] step 10"])
+
+
+def preempted(c: FakeCluster) -> None:
+    """The scheduler preempts the worker; the operator gives up on the job (restartPolicy Never)."""
+    c.add_pod(NAME, "worker", 0, "Failed", exit_code=143, logs=["[rank 1] SIGTERM: checkpoint committed"])
+    c.disrupt(
+        NAME,
+        "worker",
+        0,
+        condition="PreemptionByScheduler",
+        message="default-scheduler: preempting to accommodate a higher priority pod",
+    )
+    c.set_condition(NAME, "Failed", "JobFailed", f"PyTorchJob {NAME} is failed because 1 Worker replica(s) failed.")
+
+
+def user_error(c: FakeCluster) -> None:
+    c.add_pod(
+        NAME, "worker", 0, "Failed", exit_code=1, logs=["[rank 1] training failed: bad column", *torchrun_summary(1)]
+    )
+    c.set_condition(NAME, "Failed", "JobFailed", f"PyTorchJob {NAME} is failed because 1 Worker replica(s) failed.")
+
+
+def node_lost(c: FakeCluster) -> None:
+    c.add_pod(NAME, "worker", 0, "Running")
+    c.disrupt(
+        NAME, "worker", 0, reason="NodeLost", message=f"Node gpu-node-3 which was running pod {POD} is unresponsive"
+    )
+    c.set_condition(NAME, "Failed", "JobFailed", f"PyTorchJob {NAME} is failed because 1 Worker replica(s) failed.")
+
+
+def succeeded(c: FakeCluster) -> None:
+    running(c)
+    c.set_condition(NAME, "Succeeded", "JobSucceeded")
+
+
+def test_a_preempted_job_is_recreated_under_its_name_and_then_succeeds():
+    cluster = FakeCluster()
+    backend, spec, lines = make(cluster)
+    cluster.timeline = [running, preempted, running, succeeded]
+    run_job(backend, spec)
+    creates_and_deletes = [c for c in cluster.calls if c[0] in ("create", "delete")]
+    assert creates_and_deletes == [("create", NAME), ("delete", NAME), ("create", NAME)]
+    restart = next(line for line in lines if "re-creating it" in line)
+    assert "failed: preempted (preempted or evicted)" in restart
+    assert "PreemptionByScheduler" in restart
+    assert "unlimited (kubernetes.max_restarts_by_cause.preempted is -1) until the deadline" in restart
+    assert lines[-1] == f"kftrain: PyTorchJob {NAME} succeeded"
+
+
+def test_a_user_error_is_not_retried_and_the_step_names_the_cause():
+    cluster = FakeCluster()
+    backend, spec, lines = make(cluster)
+    cluster.timeline = [running, user_error]
+    with pytest.raises(JobFailed) as info:
+        run_job(backend, spec)
+    first = str(info.value).splitlines()[0]
+    assert "cause: user_error (an error in the run (config, data or code))" in first
+    assert "not re-created (kubernetes.max_restarts_by_cause.user_error is 0)" in first
+    assert [c[0] for c in cluster.calls if c[0] == "create"] == ["create"]
+    assert not any("re-creating" in line for line in lines)
+
+
+def test_a_spent_budget_fails_with_the_cause_named():
+    cluster = FakeCluster()
+    backend, spec, lines = make(cluster, budgets={"node_lost": 2})
+    cluster.timeline = [running, node_lost] * 3
+    with pytest.raises(JobFailed) as info:
+        run_job(backend, spec)
+    restarts = [line for line in lines if "re-creating it" in line]
+    assert len(restarts) == 2
+    assert "1 of 2 left" in restarts[0] and "0 of 2 left" in restarts[1]
+    first = str(info.value).splitlines()[0]
+    assert "cause: node_lost (a node was lost): pod" in first and "NodeLost" in first
+    assert "its 2 re-creation(s) for node_lost are spent (kubernetes.max_restarts_by_cause.node_lost)" in first
+    assert [c[0] for c in cluster.calls if c[0] == "create"] == ["create"] * 3
+
+
+def test_each_cause_has_its_own_budget():
+    # One node loss and one preemption with node_lost: 1: both re-created, the budgets do not mix.
+    cluster = FakeCluster()
+    backend, spec, lines = make(cluster, budgets={"node_lost": 1})
+    cluster.timeline = [running, node_lost, running, preempted, running, succeeded]
+    run_job(backend, spec)
+    restarts = [line for line in lines if "re-creating it" in line]
+    assert [r.split("failed: ")[1].split(" ")[0] for r in restarts] == ["node_lost", "preempted"]
+
+
+def test_unlimited_preemptions_stop_at_the_deadline():
+    cluster = FakeCluster()
+    backend, spec, lines = make(cluster, timeout_s=30)
+
+    def preempted_later(c: FakeCluster) -> None:
+        c.advance(10)  # each new job runs 10 s before the next preemption
+        preempted(c)
+
+    cluster.timeline = [running, preempted_later]  # preempted at every poll after the first
+    with pytest.raises(JobFailed, match=r"not re-created: the job's deadline has passed \(30s, job.timeout_seconds\)"):
+        run_job(backend, spec)
+    # preempted at 11 s and 21 s (a 1 s poll first): re-created; at 31 s the deadline has passed
+    assert sum("re-creating it" in line for line in lines) == 2
+
+
+def test_a_job_kueue_sends_back_to_the_queue_is_reported_with_its_cause():
+    # Kueue preempts by suspending the job (its pods go); it re-admits the job itself, so the
+    # launcher only reports it and waits: no re-creation, no budget spent.
+    cluster = FakeCluster(kueue=True)
+    backend, spec, lines = make(cluster)
+    cfg_spec = replace(spec, kubernetes=replace(spec.kubernetes, queue="team-queue"))
+
+    def evict(c: FakeCluster) -> None:
+        c.events[NAME] = [
+            (
+                "Stopped",
+                KUEUE_PREEMPTED,
+            )
+        ]
+        c.suspend(NAME)
+
+    cluster.timeline = [lambda c: c.admit(NAME), running, evict, lambda c: c.admit(NAME), running, succeeded]
+    run_job(backend, cfg_spec)
+    back = next(line for line in lines if "went back to the queue" in line)
+    assert "preempted (preempted or evicted): event on" in back
+    assert [c[0] for c in cluster.calls if c[0] == "create"] == ["create"]

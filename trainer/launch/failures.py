@@ -1,0 +1,282 @@
+"""Why a job failed: its cause, read from the evidence the cluster and the trainer leave behind.
+
+The launcher re-creates a job that failed for an infrastructure cause (the trainer resumes from
+its latest checkpoint by itself) and fails the step, naming the cause, for a fault in the run
+(`kubernetes.max_restarts_by_cause` holds the budget of each). The evidence, all from the API:
+
+- pod conditions: `DisruptionTarget` (Kubernetes >= 1.26, `k8s.io/api/core/v1` types.go) with
+  reason `PreemptionByScheduler` (the scheduler preempted the pod for a higher priority one),
+  `EvictionByEvictionAPI` (a drain, a descheduler), `DeletionByTaintManager` (a `NoExecute`
+  taint, e.g. `node.kubernetes.io/unreachable`: the node is gone), `DeletionByPodGC` (the pod's
+  node no longer exists) or `TerminationByKubelet` (node-pressure eviction, graceful node
+  shutdown); Kueue's `TerminationTarget` condition on the pods it stops when it evicts their
+  Workload (reason `WorkloadEvictedDueToPreempted`, ...);
+- pod `status.reason`: `Evicted` (node-pressure eviction: the kubelet sets the phase Failed and a
+  message "The node was low on resource: memory. ..."), `NodeLost` (the node controller, when the
+  node stops answering), `Shutdown` / `Terminated` (graceful node shutdown);
+- containers' `state` and `lastState`: `terminated.reason: OOMKilled` (the cgroup's OOM killer),
+  `waiting.reason` `ErrImagePull` / `ImagePullBackOff` / `InvalidImageName` / `ErrImageNeverPull`;
+- events: the scheduler's `Preempted` on the victim pod, the kubelet's `Evicted`, the taint
+  manager's `TaintManagerEviction`, and Kueue's `Stopped` on the job (jobframework's
+  `ReasonStopped`) when it evicts the job's Workload, with the eviction's message (the Workload's
+  `Evicted` condition, reason `Preempted`: "Preempted to accommodate a workload ...");
+- the trainer's exit code (:mod:`trainer.exit_codes`). The container runs torchrun, which exits 1
+  whatever its child exited with, and prints the child's code in its `ChildFailedError` summary
+  ("Root Cause (first observed failure): ... exitcode  : 3 (pid: 42)"): that code is read from the
+  failed replica's log, the container's own exit code otherwise.
+
+One replica's fault shows up on every other rank as a failed collective, so the evidence is
+ranked: what happened to a pod (node lost, preempted, OOMKilled, image pull) outranks what the
+trainer reported, and a diagnosis names the pod it comes from.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from trainer import exit_codes
+
+PREEMPTED = "preempted"
+NODE_LOST = "node_lost"
+OOM = "oom"
+IMAGE_PULL = "image_pull"
+COLLECTIVE_TIMEOUT = "collective_timeout"
+NONFINITE = "nonfinite"
+USER_ERROR = "user_error"
+UNKNOWN = "unknown"
+
+#: Every cause, strongest evidence first (the order a diagnosis is chosen in).
+CAUSES = (NODE_LOST, PREEMPTED, OOM, IMAGE_PULL, NONFINITE, COLLECTIVE_TIMEOUT, USER_ERROR, UNKNOWN)
+#: Unlimited re-creations (still bounded by `job.timeout_seconds`, the job's deadline).
+UNLIMITED = -1
+#: Re-creations of a failed job per cause, unless `kubernetes.max_restarts_by_cause` says otherwise.
+#: A preemption says nothing about the run, so it is retried as long as the deadline allows; a lost
+#: node a few times (a cluster losing nodes over and over has a problem a retry does not fix); a
+#: collective timeout once (a hung peer, or a bug that hangs every time); the rest would fail the
+#: same way again with the same config.
+DEFAULT_MAX_RESTARTS = {
+    PREEMPTED: UNLIMITED,
+    NODE_LOST: 3,
+    OOM: 0,
+    IMAGE_PULL: 0,
+    COLLECTIVE_TIMEOUT: 1,
+    NONFINITE: 0,
+    USER_ERROR: 0,
+    UNKNOWN: 0,
+}
+#: What each cause means, for the step's error line and the docs.
+MEANING = {
+    PREEMPTED: "preempted or evicted",
+    NODE_LOST: "a node was lost",
+    OOM: "out of memory (OOMKilled)",
+    IMAGE_PULL: "the image could not be pulled",
+    COLLECTIVE_TIMEOUT: "a collective timed out (a hung or lost peer)",
+    NONFINITE: "the loss became non-finite",
+    USER_ERROR: "an error in the run (config, data or code)",
+    UNKNOWN: "no known cause in the pods, events or exit codes",
+}
+
+#: `DisruptionTarget` reasons (k8s.io/api/core/v1) and Kueue's, by the cause they mean.
+_DISRUPTION_REASONS = {
+    "PreemptionByScheduler": PREEMPTED,
+    "EvictionByEvictionAPI": PREEMPTED,
+    "TerminationByKubelet": PREEMPTED,  # node-pressure eviction; a node shutdown says so in status.reason
+    "DeletionByTaintManager": NODE_LOST,
+    "DeletionByPodGC": NODE_LOST,
+}
+#: Pod `status.reason` values, by cause.
+_POD_REASONS = {
+    "Evicted": PREEMPTED,
+    "Preempting": PREEMPTED,
+    "NodeLost": NODE_LOST,
+    "Shutdown": NODE_LOST,
+    "Terminated": NODE_LOST,
+    "NodeShutdown": NODE_LOST,
+}
+#: Event reasons, by cause (Kueue's `Stopped` only when its message says preempted or evicted).
+_EVENT_REASONS = {
+    "Preempted": PREEMPTED,
+    "Evicted": PREEMPTED,
+    "TaintManagerEviction": NODE_LOST,
+    "NodeNotReady": NODE_LOST,
+}
+_IMAGE_PULL_WAITING = {"ErrImagePull", "ImagePullBackOff", "InvalidImageName", "ErrImageNeverPull"}
+_KUEUE_STOPPED = re.compile(r"\b(preempted|evicted|node failures?)\b", re.IGNORECASE)
+#: torchrun's ChildFailedError summary: the root cause's exit code (negative: a signal).
+_ROOT_CAUSE = re.compile(r"Root Cause \(first observed failure\)")
+_EXITCODE = re.compile(r"^\s*exitcode\s*:\s*(-?\d+)")
+_NCCL_WATCHDOG = "Watchdog caught collective operation timeout"
+_EXIT_CODE_CAUSES = {
+    exit_codes.NONFINITE_LOSS: NONFINITE,
+    exit_codes.COLLECTIVE_TIMEOUT: COLLECTIVE_TIMEOUT,
+    exit_codes.USER_ERROR: USER_ERROR,
+    exit_codes.TERMINATED_CHECKPOINTED: PREEMPTED,
+}
+
+
+@dataclass(frozen=True)
+class Diagnosis:
+    """Why a job failed: one of :data:`CAUSES` and the evidence that says so."""
+
+    cause: str
+    evidence: str
+
+    def __str__(self) -> str:
+        return f"{self.cause} ({MEANING[self.cause]}): {self.evidence}"
+
+
+@dataclass(frozen=True)
+class Event:
+    """One event as the API lists it: the object it is about, its reason and message."""
+
+    object: str
+    reason: str
+    message: str = ""
+
+
+def root_cause_exit_code(log_lines: Iterable[str]) -> int | None:
+    """The exit code of the first failed training process, from torchrun's `ChildFailedError`
+    summary in a replica's log (the last one printed), else None."""
+    code = None
+    in_root = False
+    for line in log_lines:
+        if _ROOT_CAUSE.search(line):
+            in_root = True
+        elif in_root and (m := _EXITCODE.match(line)):
+            code, in_root = int(m.group(1)), False
+    return code
+
+
+def _containers(pod: Mapping[str, Any]) -> list[Mapping[str, Any]]:
+    status = pod.get("status") or {}
+    return [*(status.get("initContainerStatuses") or []), *(status.get("containerStatuses") or [])]
+
+
+def _terminated(container: Mapping[str, Any]) -> list[Mapping[str, Any]]:
+    """The container's terminated states, the current one first."""
+    states = (container.get("state") or {}, container.get("lastState") or {})
+    return [s["terminated"] for s in states if s.get("terminated")]
+
+
+def _pod_evidence(pod: Mapping[str, Any]) -> list[Diagnosis]:
+    """Every cause a pod's status shows."""
+    name = (pod.get("metadata") or {}).get("name", "?")
+    status = pod.get("status") or {}
+    found: list[Diagnosis] = []
+    for cond in status.get("conditions") or []:
+        if cond.get("status") != "True":
+            continue
+        reason = cond.get("reason", "")
+        if cond.get("type") == "DisruptionTarget" and reason in _DISRUPTION_REASONS:
+            cause = _DISRUPTION_REASONS[reason]
+            if reason == "TerminationByKubelet" and status.get("reason") in _POD_REASONS:
+                cause = _POD_REASONS[status["reason"]]
+            found.append(Diagnosis(cause, f"pod {name}: DisruptionTarget {reason}: {cond.get('message', '')}".rstrip()))
+        elif cond.get("type") == "TerminationTarget" and reason.startswith("WorkloadEvicted"):
+            # Kueue stopping a pod whose Workload it evicted (`WorkloadEvictedDueToPreempted`, ...)
+            found.append(
+                Diagnosis(PREEMPTED, f"pod {name}: TerminationTarget {reason}: {cond.get('message', '')}".rstrip(": "))
+            )
+    reason = status.get("reason")
+    if reason in _POD_REASONS:
+        found.append(Diagnosis(_POD_REASONS[reason], f"pod {name}: {reason}: {status.get('message', '')}".rstrip()))
+    for container in _containers(pod):
+        for term in _terminated(container):
+            if term.get("reason") == "OOMKilled":
+                found.append(
+                    Diagnosis(
+                        OOM, f"pod {name} container {container.get('name')}: OOMKilled (exit {term.get('exitCode')})"
+                    )
+                )
+        waiting = (container.get("state") or {}).get("waiting") or {}
+        if waiting.get("reason") in _IMAGE_PULL_WAITING:
+            found.append(
+                Diagnosis(
+                    IMAGE_PULL,
+                    f"pod {name} container {container.get('name')}: {waiting['reason']}: "
+                    f"{waiting.get('message', '')}".rstrip(": "),
+                )
+            )
+    return found
+
+
+def _event_evidence(event: Event) -> Diagnosis | None:
+    cause = _EVENT_REASONS.get(event.reason)
+    if event.reason == "Stopped" and _KUEUE_STOPPED.search(event.message or ""):
+        cause = NODE_LOST if "node failure" in event.message.lower() else PREEMPTED
+    if cause is None:
+        return None
+    return Diagnosis(cause, f"event on {event.object}: {event.reason}: {event.message}".rstrip(": "))
+
+
+def exit_code_of(pod: Mapping[str, Any]) -> int | None:
+    """The pod's training container's exit code (current state, else the last one), if it ended."""
+    for container in (pod.get("status") or {}).get("containerStatuses") or []:
+        for term in _terminated(container):
+            if term.get("exitCode") is not None:
+                return int(term["exitCode"])
+    return None
+
+
+def _exit_evidence(pod: Mapping[str, Any], log_lines: list[str]) -> Diagnosis | None:
+    name = (pod.get("metadata") or {}).get("name", "?")
+    # NCCL's watchdog aborts the process on a timed-out collective (TORCH_NCCL_ASYNC_ERROR_HANDLING),
+    # before the trainer can exit with its own code: the child dies of SIGABRT, the log says why.
+    for line in log_lines:
+        if _NCCL_WATCHDOG in line:
+            return Diagnosis(COLLECTIVE_TIMEOUT, f"pod {name}: {line.strip()[:300]}")
+    container_code = exit_code_of(pod)
+    code = root_cause_exit_code(log_lines)
+    where = f"pod {name}: the training process exited with code {code} (torchrun's root cause)"
+    if code is None:
+        code, where = container_code, f"pod {name}: exit code {container_code}"
+    if code in (None, 0):
+        return None
+    cause = _EXIT_CODE_CAUSES.get(code, UNKNOWN)
+    meaning = {
+        exit_codes.TERMINATED_CHECKPOINTED: " (terminated by SIGTERM after committing a checkpoint)",
+        exit_codes.NONFINITE_LOSS: " (non-finite loss)",
+        exit_codes.COLLECTIVE_TIMEOUT: " (collective timeout)",
+    }.get(code, "")
+    return Diagnosis(cause, where + meaning)
+
+
+def classify(
+    pods: Iterable[Mapping[str, Any]],
+    events: Iterable[Event] = (),
+    logs: Mapping[str, list[str]] | None = None,
+) -> Diagnosis:
+    """The cause of a failed job, from its pods (API JSON, camelCase), the events of the job and
+    its pods, and the last log lines of each pod (by pod name). The strongest evidence wins
+    (:data:`CAUSES` order); :data:`UNKNOWN` when nothing says why."""
+    logs = logs or {}
+    found: list[Diagnosis] = []
+    for pod in pods:
+        found += _pod_evidence(pod)
+        exit_found = _exit_evidence(pod, logs.get((pod.get("metadata") or {}).get("name", ""), []))
+        if exit_found:
+            found.append(exit_found)
+    found += [d for d in map(_event_evidence, events) if d]
+    if not found:
+        return Diagnosis(UNKNOWN, "no pod, event or exit code explains it")
+    return min(found, key=lambda d: CAUSES.index(d.cause))
+
+
+def budget_check(budgets: Mapping[str, int], field: str) -> None:
+    """Refuse an unknown cause or a budget below -1 (`field` names the config field), as a
+    ValueError the config turns into its own error."""
+    for cause, limit in budgets.items():
+        if cause not in DEFAULT_MAX_RESTARTS:
+            raise ValueError(f"{field}.{cause}: not a cause; the causes are {', '.join(DEFAULT_MAX_RESTARTS)}")
+        if isinstance(limit, bool) or not isinstance(limit, int) or limit < UNLIMITED:
+            raise ValueError(
+                f"{field}.{cause}: must be an integer >= -1 (-1: unlimited until the deadline), got {limit!r}"
+            )
+
+
+def restarts_allowed(budgets: Mapping[str, int], cause: str) -> int:
+    """How many re-creations `cause` gets (:data:`UNLIMITED`: as many as the deadline allows)."""
+    return budgets.get(cause, DEFAULT_MAX_RESTARTS[cause])
