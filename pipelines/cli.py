@@ -184,6 +184,13 @@ def _cmd_job_manifest(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_job_status(args: argparse.Namespace) -> int:
+    from trainer.launch.kubernetes import job_status
+
+    print(job_status(args.name, args.namespace, args.kind))
+    return 0
+
+
 def _cmd_horovod_run(args: argparse.Namespace) -> int:
     from trainer.horovod.run import main as horovod_main
 
@@ -367,6 +374,16 @@ def build_parser() -> argparse.ArgumentParser:
         "--set", action="append", default=[], metavar="KEY=VALUE", help="override a config field (YAML value)"
     )
     p.set_defaults(func=_cmd_job_manifest)
+    p = job.add_parser("status", help="print a running job's state and the progress rank 0 reports to it")
+    p.add_argument("name", help="the job's name (the training step's log names it)")
+    p.add_argument("--namespace", default="", help="namespace (default: the kubeconfig context's, in a pod its own)")
+    p.add_argument(
+        "--kind",
+        choices=("auto", "pytorchjob", "trainjob"),
+        default="auto",
+        help="the job's kind (default: auto, TrainJob first)",
+    )
+    p.set_defaults(func=_cmd_job_status)
     return parser
 
 

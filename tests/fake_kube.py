@@ -17,8 +17,9 @@ What it models (`kind="pytorchjob"`, the default, or `kind="trainjob"`):
   `jobset.sigs.k8s.io/*` labels and `batch.kubernetes.io/job-completion-index`, container `node`,
   and a recreated pod gets a new random name (the Job controller makes a new pod);
 - a log read names a container: the wrong one is a 400, as the API server answers;
-- PyTorchJobs: create (409 when the name exists), get (404 when gone), patch, delete (the
-  job's pods go with it), conditions updated in place with a lastTransitionTime;
+- PyTorchJobs: create (409 when the name exists), get (404 when gone), patch (a JSON merge
+  patch, as the client sends a dict), delete (the job's pods go with it), conditions updated
+  in place with a lastTransitionTime;
 - pod disruption as the API shows it (`disrupt`): a `DisruptionTarget` condition, a pod
   `status.reason` (`Evicted`, `NodeLost`), and a container's terminated reason (`OOMKilled`);
 - pods with a uid each; `add_pod` updates a pod in place (same uid), `recreate_pod` deletes it
@@ -271,12 +272,24 @@ class FakeCluster:
 
         return self._call("delete", name, do)
 
-    def patch_namespaced_custom_object(self, group, version, namespace, plural, name, body):
+    def patch_namespaced_custom_object(self, group, version, namespace, plural, name, body, _request_timeout=None):
+        """A JSON merge patch (RFC 7386, what the client sends for a dict body): mappings merge,
+        anything else (a list of ownerReferences) replaces."""
+
+        def merge(target: dict[str, Any], patch: dict[str, Any]) -> None:
+            for key, value in patch.items():
+                if value is None:
+                    target.pop(key, None)
+                elif isinstance(value, dict) and isinstance(target.get(key), dict):
+                    merge(target[key], value)
+                else:
+                    target[key] = copy.deepcopy(value)
+
         def do():
             self._check_resource(group, version, plural)
             if name not in self.jobs:
                 raise api_error(404)
-            self.jobs[name]["metadata"].update(copy.deepcopy(body["metadata"]))
+            merge(self.jobs[name], body)
             return copy.deepcopy(self.jobs[name])
 
         return self._call("patch", name, do)

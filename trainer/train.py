@@ -52,6 +52,7 @@ from trainer.distributed import (
 )
 from trainer.errors import KftrainError
 from trainer.events import EVENTS_FOLDER, EventWriter
+from trainer.job_status import reporter_from_env
 from trainer.launch.backend import FAILURE_MARKER
 from trainer.model_io import WEIGHTS, frozen_names, publish_model, save_model, tied_names, trained_state
 from trainer.progress import Progress
@@ -339,6 +340,7 @@ class Trainer:
             device=device,
             enabled=env.is_main,
             events=events,
+            reporter=reporter_from_env() if env.is_main else None,
         )
         self.progress.curve = self.loss_curve
 

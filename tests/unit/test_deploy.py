@@ -33,10 +33,11 @@ def test_rbac_overlays(overlay, account):
     objects = build(DEPLOY / "rbac" / overlay)
     for obj in objects:
         kubernetes_validate.validate(obj, "1.30.0", strict=True)
-    role = next(o for o in objects if o["kind"] == "Role")
-    binding = next(o for o in objects if o["kind"] == "RoleBinding")
-    assert binding["roleRef"]["name"] == role["metadata"]["name"]
-    assert binding["subjects"][0]["name"] == account
+    roles = {o["metadata"]["name"]: o for o in objects if o["kind"] == "Role"}
+    bindings = {o["roleRef"]["name"]: o for o in objects if o["kind"] == "RoleBinding"}
+    assert set(roles) == set(bindings) == {"kftrain-launcher", "kftrain-trainer"}
+    role = roles["kftrain-launcher"]
+    assert bindings["kftrain-launcher"]["subjects"][0]["name"] == account
     granted = {
         (g, r, v) for rule in role["rules"] for g in rule["apiGroups"] for r in rule["resources"] for v in rule["verbs"]
     }
@@ -47,6 +48,18 @@ def test_rbac_overlays(overlay, account):
     for resource in ("pods", "pods/log", "events"):
         for verb in ("get", "list", "watch"):
             assert ("", resource, verb) in granted
+
+
+@pytest.mark.parametrize("overlay", ["standalone", "multi-user"])
+def test_training_pods_may_annotate_their_pytorchjob_and_nothing_more(overlay):
+    """Rank 0 merge-patches its PyTorchJob's progress annotation (trainer/job_status.py) as the
+    namespace's `default` service account; a TrainJob's pods need no grant (the controller's
+    status server authenticates their projected token)."""
+    objects = build(DEPLOY / "rbac" / overlay)
+    (role,) = [o for o in objects if o["kind"] == "Role" and o["metadata"]["name"] == "kftrain-trainer"]
+    (binding,) = [o for o in objects if o["kind"] == "RoleBinding" and o["roleRef"]["name"] == "kftrain-trainer"]
+    assert role["rules"] == [{"apiGroups": ["kubeflow.org"], "resources": ["pytorchjobs"], "verbs": ["get", "patch"]}]
+    assert binding["subjects"][0]["name"] == "default"
 
 
 def test_secret_template_holds_placeholders_only():

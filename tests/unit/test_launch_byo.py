@@ -85,7 +85,8 @@ def test_store_keys_reach_the_replicas_only_through_secret_key_refs():
         "optional": False,
     }
     # No Secret (workload identity): no reference to one either.
-    assert not [e for e in container(pytorchjob_manifest(byo(store_secret="")))["env"] if "valueFrom" in e]
+    env = container(pytorchjob_manifest(byo(store_secret="")))["env"]
+    assert not [e for e in env if "secretKeyRef" in e.get("valueFrom", {})]
 
 
 def test_pod_settings_reach_the_manifest_and_pass_preflight():

@@ -4,7 +4,8 @@ No Kubernetes API server can run on the test machines; the fake returns real kub
 client models and plays the Training Operator's part from a script. What is tested is the
 launcher's own behaviour: create, re-attach, wait, Failed, Pending, timeout, cancel, SIGTERM,
 replica-prefixed log streaming (per pod uid), transient API errors retried vs final ones
-failing, and queued (suspended / gang-scheduled) jobs. Time is the fake's clock: the launcher's
+failing, queued (suspended / gang-scheduled) jobs, and the progress rank 0 reports on the job
+(printed by the launcher and `kftrain job status`). Time is the fake's clock: the launcher's
 `sleep` advances it, so retry budgets and queue times of hours run in milliseconds.
 """
 
@@ -626,3 +627,65 @@ def test_replicas_are_listed_in_replica_order_not_text_order():
         "worker-2",
         "worker-10",
     ]
+
+
+# -- progress on the job: the launcher's line and `kftrain job status` ---------------------
+
+
+def test_the_launcher_prints_reported_progress_once_per_change():
+    from trainer.progress import PROGRESS_ANNOTATION, Snapshot
+
+    cluster = FakeCluster()
+    backend, spec, lines = make(cluster)
+
+    def report(step):
+        def play(c: FakeCluster) -> None:  # what rank 0's reporter does (tests/unit/test_job_status.py)
+            note = Snapshot(step=step, total_steps=4, loss=0.5, time=1_767_225_600 + step).annotation()
+            c.patch_namespaced_custom_object(
+                "kubeflow.org",
+                "v1",
+                c.namespace,
+                "pytorchjobs",
+                NAME,
+                {"metadata": {"annotations": {PROGRESS_ANNOTATION: note}}},
+            )
+
+        return play
+
+    cluster.timeline = [report(1), lambda c: None, report(3), lambda c: c.set_condition(NAME, "Succeeded")]
+    run_job(backend, replace(spec, timeout_s=60))
+    assert [line for line in lines if "progress:" in line] == [
+        f"kftrain: PyTorchJob {NAME} progress: step 1/4 (25%) loss 0.5000",
+        f"kftrain: PyTorchJob {NAME} progress: step 3/4 (75%) loss 0.5000",
+    ]
+
+
+def test_job_status_names_the_job_its_state_and_that_no_progress_came_yet():
+    from trainer.launch.kubernetes import job_status
+
+    for kind, expect in (("pytorchjob", "PyTorchJob"), ("trainjob", "TrainJob")):
+        cluster = FakeCluster(kind=kind)
+        backend, spec, _ = make(cluster, **{"job.kind": kind})
+        backend.submit(spec)
+        cluster.set_condition(NAME, "Running", "JobRunning")
+        out = job_status(NAME, cluster.namespace, "auto", custom_api=cluster).splitlines()
+        assert out[0] == f"{expect} team/{NAME}: Running (JobRunning)"
+        hint = "TrainJobStatus feature gate" if kind == "trainjob" else "kftrain-trainer Role"
+        assert out[1].startswith("progress: none reported yet") and hint in out[1]
+
+
+@pytest.mark.parametrize(
+    ("fault", "message"),
+    [
+        (None, "no TrainJob or PyTorchJob named 'nope' in namespace 'team'"),
+        ({"status": 403}, "cannot read TrainJob team/nope: (403) Forbidden (your account lacks RBAC to read it)"),
+    ],
+)
+def test_job_status_errors_are_one_line_that_says_what_to_fix(fault, message):
+    from trainer.launch.kubernetes import JobStatusError, job_status
+
+    cluster = FakeCluster()  # serves PyTorchJobs only: the TrainJob lookup is a 404 first
+    if fault:
+        cluster.fail_next("get", **fault)
+    with pytest.raises(JobStatusError, match=re.escape(message)):
+        job_status("nope", "team", "auto", custom_api=cluster)

@@ -79,7 +79,9 @@ def test_multinode_gpu_as_a_trainjob_carries_every_pod_setting():
         "kind": "ClusterTrainingRuntime",
     }
     assert m["metadata"]["labels"]["kueue.x-k8s.io/queue-name"] == "team-a-gpu"
-    secret_refs = {e["name"]: e["valueFrom"]["secretKeyRef"] for e in trainer["env"] if "valueFrom" in e}
+    secret_refs = {
+        e["name"]: e["valueFrom"]["secretKeyRef"] for e in trainer["env"] if "secretKeyRef" in e.get("valueFrom", {})
+    }
     assert secret_refs["AWS_SECRET_ACCESS_KEY"] == {
         "name": "s3-training-credentials",
         "key": "secretkey",
@@ -126,7 +128,7 @@ def test_pod_settings_reach_the_runtime_patch():
 
 def test_no_store_secret_means_no_secret_refs():
     m = trainjob_manifest(spec_for({"kubernetes.store_secret": ""}))
-    assert all("valueFrom" not in e for e in m["spec"]["trainer"]["env"])
+    assert all("secretKeyRef" not in e.get("valueFrom", {}) for e in m["spec"]["trainer"]["env"])
 
 
 def test_the_hub_token_comes_from_its_secret_and_never_its_value(monkeypatch):

@@ -69,3 +69,32 @@ def test_bad_cli_input_is_one_clear_line(tmp_path, monkeypatch, capsys, config, 
 def test_run_without_local_is_exit_2(capsys):
     rc, out = call_cli(["run"], capsys)
     assert rc == 2 and "only --local is supported" in out
+
+
+def test_job_status_prints_the_progress_line_of_a_job_on_a_fake_cluster(monkeypatch, capsys):
+    """`kftrain job status NAME` against a FAKE API (tests/fake_kube.py) in the kubeconfig
+    context's namespace: the job's state and the line rank 0 logged."""
+    from tests.fake_kube import FakeCluster, launcher
+    from trainer.config import load_config
+    from trainer.launch.job import training_job
+    from trainer.progress import PROGRESS_ANNOTATION, Snapshot
+
+    cluster = FakeCluster(namespace="team")
+    spec = training_job(load_config(), "kftrain-run", "s3://bucket/d", "s3://bucket/m")
+    launcher(cluster).submit(spec)
+    snapshot = Snapshot(step=30, total_steps=120, epoch=1, loss=1.25, eta_seconds=600, time=1_767_225_600)
+    cluster.jobs["kftrain-run"]["metadata"]["annotations"] = {PROGRESS_ANNOTATION: snapshot.annotation()}
+    monkeypatch.setattr("trainer.launch.kubernetes._clients", lambda: (cluster, "team"))
+    assert main(["job", "status", "kftrain-run", "--kind", "pytorchjob"]) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert out[:2] == [
+        "PyTorchJob team/kftrain-run: Created (PyTorchJobCreated)",
+        f"progress: {snapshot.line()}",
+    ]
+    assert snapshot.line() == "step 30/120 (25%) epoch 1 loss 1.2500 eta 10m00s"
+    assert out[2].startswith("reported: 2026-01-01T00:00:00Z (")
+
+    assert main(["job", "status", "missing", "--namespace", "other"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == ["kftrain: error: no TrainJob or PyTorchJob named 'missing' in namespace 'other': check the name "
+                   "(the training step's log names its job) and --namespace"]  # fmt: skip

@@ -1,10 +1,26 @@
+import copy
+import json
 import logging
+import re
+from importlib import resources
 
+import jsonschema
+import pytest
 import torch
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 from trainer.events import EventWriter
-from trainer.progress import Progress, epoch_scalars
+from trainer.launch.preflight import _format_checker, _strict
+from trainer.progress import (
+    MAX_METRIC_CHARS,
+    MAX_METRICS,
+    PROGRESS_ANNOTATION,
+    Progress,
+    Snapshot,
+    epoch_scalars,
+    format_progress,
+    progress_of,
+)
 from trainer.storage import LocalStore
 
 
@@ -69,3 +85,183 @@ def test_scalars_reach_tensorboard_at_every_interval(tmp_path):
 def test_epoch_records_map_onto_readable_tags():
     record = {"epoch": 3, "train_loss": 1.5, "val_perplexity": 9.0, "note": "x", "ok": True}
     assert epoch_scalars(record) == {"train/epoch_loss": 1.5, "val/perplexity": 9.0}
+
+
+# -- the snapshot: one source for the log line, the job's status and the launcher ------------
+
+RFC3339_SECONDS = re.compile(r"^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\dZ$")
+
+
+def trainer_status_validator():
+    """`status.trainerStatus` of the vendored Kubeflow Trainer v2.3.0 TrainJob CRD, strict (unknown
+    keys refused) and with the int32 ranges checked, as the API server decodes them."""
+    doc = json.loads(resources.files("trainer.launch").joinpath("schemas/trainjob.v1alpha1.json").read_text())
+    schema = doc["openAPIV3Schema"]["properties"]["status"]["properties"]["trainerStatus"]
+    return jsonschema.Draft7Validator(_strict(copy.deepcopy(schema)), format_checker=_format_checker())
+
+
+def check_trainer_status(status: dict) -> None:
+    """The schema, plus its CEL rule (`has(self.lastUpdatedTime)`) and the `date-time` format,
+    which jsonschema leaves to the API server."""
+    errors = [e.message for e in trainer_status_validator().iter_errors(status)]
+    assert not errors, errors
+    assert RFC3339_SECONDS.match(status["lastUpdatedTime"]), status["lastUpdatedTime"]
+
+
+SNAP = Snapshot(
+    step=40, total_steps=100, epoch=1, eta_seconds=125, loss=2.345678, learning_rate=1e-3, rate=12345.6,
+    item_name="tokens", mfu=0.351, metrics={"val_loss": 2.1, "val_perplexity": 8.166}, time=1_767_225_600,
+)  # fmt: skip
+
+
+def test_the_vendored_trainjob_schema_has_trainer_status():
+    props = trainer_status_validator().schema["properties"]
+    assert set(props) == {"progressPercentage", "estimatedRemainingSeconds", "metrics", "lastUpdatedTime"}
+    assert props["metrics"]["maxItems"] == MAX_METRICS
+    assert props["metrics"]["items"]["properties"]["name"]["maxLength"] == MAX_METRIC_CHARS
+
+
+def test_a_snapshot_is_a_valid_trainer_status():
+    status = SNAP.trainer_status()
+    check_trainer_status(status)
+    assert status["progressPercentage"] == 40 and status["estimatedRemainingSeconds"] == 125
+    assert status["lastUpdatedTime"] == "2026-01-01T00:00:00Z"
+    assert {m["name"]: m["value"] for m in status["metrics"]} == {
+        "step": "40", "total_steps": "100", "epoch": "1", "loss": "2.345678", "learning_rate": "0.001",
+        "mfu": "0.351", "tokens_per_second": "12345.6", "val_loss": "2.1", "val_perplexity": "8.166",
+    }  # fmt: skip
+
+
+def test_the_trainer_status_is_refused_by_the_schema_when_it_breaks_a_limit():
+    """The validator used above does catch what the API server would refuse."""
+    good = SNAP.trainer_status()
+    for bad in (
+        {**good, "progressPercentage": 101},
+        {**good, "estimatedRemainingSeconds": 2**31},
+        {**good, "metrics": [{"name": "x" * 65, "value": "1"}]},
+        {**good, "metrics": [{"name": "x", "value": ""}]},
+        {**good, "metrics": [{"name": f"m{i}", "value": "1"} for i in range(257)]},
+        {**good, "extra": 1},
+    ):
+        assert list(trainer_status_validator().iter_errors(bad)), bad
+
+
+@pytest.mark.parametrize(
+    ("snapshot", "check"),
+    [
+        # a long metric name is cut to 64 characters, in every rendering
+        (Snapshot(step=1, total_steps=2, metrics={"val_" + "x" * 100: 1.0}), lambda s: len(s.metrics) == 1),
+        # more validation metrics than the 256 the CRD takes: the core metrics stay, the rest fill up
+        (Snapshot(step=1, total_steps=2, loss=1.0, metrics={f"val_{i}": float(i) for i in range(400)}), None),
+        # an ETA beyond int32 (a stalled start) is capped, a negative one is 0
+        (Snapshot(step=1, total_steps=2, eta_seconds=10**12), lambda s: s.eta_seconds == 2**31 - 1),
+        (Snapshot(step=1, total_steps=2, eta_seconds=-5), lambda s: s.eta_seconds == 0),
+        # a percentage never passes 100, nor goes below 0
+        (Snapshot(step=120, total_steps=100), lambda s: s.percent == 100),
+        (Snapshot(step=0, total_steps=100), lambda s: s.percent == 0),
+        # non-finite numbers (a diverged loss) are still valid strings
+        (Snapshot(step=3, total_steps=9, loss=float("nan"), learning_rate=float("inf")), None),
+        # a long throughput unit name
+        (Snapshot(step=1, total_steps=2, rate=5.0, item_name="y" * 80), None),
+        # nothing known but the time
+        (Snapshot(), lambda s: s.trainer_status() == {"lastUpdatedTime": "1970-01-01T00:00:00Z"}),
+    ],
+)
+def test_metric_limits_hold_for_any_snapshot(snapshot, check):
+    status = snapshot.trainer_status()
+    check_trainer_status(status)
+    names = [m["name"] for m in status.get("metrics", [])]
+    assert len(names) == len(set(names)) <= MAX_METRICS
+    assert all(1 <= len(m["value"]) <= MAX_METRIC_CHARS for m in status.get("metrics", []))
+    if snapshot.loss is not None:
+        assert names[: names.index("loss") + 1] == [n for n in ("step", "total_steps", "epoch", "loss") if n in names]
+    assert check is None or check(snapshot)
+
+
+def test_the_annotation_is_json_that_reads_back_as_the_same_snapshot():
+    doc = json.loads(SNAP.annotation())
+    assert doc == {
+        "step": 40, "total_steps": 100, "epoch": 1, "percent": 40, "eta_seconds": 125, "loss": 2.345678,
+        "learning_rate": 0.001, "rate": 12345.6, "mfu": 0.351, "item_name": "tokens",
+        "metrics": {"val_loss": 2.1, "val_perplexity": 8.166}, "time": "2026-01-01T00:00:00Z",
+    }  # fmt: skip
+    assert Snapshot.from_annotation(SNAP.annotation()) == SNAP
+    diverged = Snapshot(step=3, total_steps=9, loss=float("nan"))
+    assert json.loads(diverged.annotation())["loss"] == "nan"  # strict JSON: no bare NaN
+    assert Snapshot.from_annotation(diverged.annotation()).line() == diverged.line()
+
+
+def test_the_three_renderings_agree():
+    """Rank 0's log line, the TrainJob status read back and the PyTorchJob annotation read back
+    give one line, through one formatting function."""
+    from_status = progress_of({"status": {"trainerStatus": SNAP.trainer_status()}})
+    from_annotation = progress_of({"metadata": {"annotations": {PROGRESS_ANNOTATION: SNAP.annotation()}}})
+    assert from_status == from_annotation == SNAP
+    assert format_progress(from_status) == format_progress(from_annotation) == SNAP.line()
+    assert SNAP.line() == (
+        "step 40/100 (40%) epoch 1 loss 2.3457 lr 1.00e-03 12,346 tokens/s eta 2m05s mfu 35.1% "
+        "val_loss 2.1000 val_perplexity 8.1660"
+    )
+
+
+def test_another_reporters_trainer_status_reads_as_far_as_it_goes():
+    """A TrainJob whose status another client wrote (the Kubeflow SDK, a transformers callback)."""
+    status = {
+        "progressPercentage": 45, "estimatedRemainingSeconds": 3600, "lastUpdatedTime": "2026-06-12T03:00:00Z",
+        "metrics": [{"name": "loss", "value": "0.2347"}, {"name": "accuracy", "value": "0.9876"},
+                    {"name": "phase", "value": "warmup"}],
+    }  # fmt: skip
+    assert progress_of({"status": {"trainerStatus": status}}).line() == "45% loss 0.2347 eta 1h00m accuracy 0.9876"
+
+
+@pytest.mark.parametrize(
+    "job",
+    [
+        {},
+        {"status": {"trainerStatus": {"progressPercentage": 3}}},  # no lastUpdatedTime
+        {"status": {"trainerStatus": {"lastUpdatedTime": "yesterday"}}},
+        {"status": {"trainerStatus": {"lastUpdatedTime": "2026-01-01T00:00:00Z", "metrics": [{"name": "step"}]}}},
+        {"metadata": {"annotations": {PROGRESS_ANNOTATION: "{not json"}}},
+        {"metadata": {"annotations": {PROGRESS_ANNOTATION: '{"step": "x", "time": "2026-01-01T00:00:00Z"}'}}},
+        {"metadata": {"annotations": {PROGRESS_ANNOTATION: "[1, 2]"}}},
+    ],
+)
+def test_unreadable_progress_is_no_progress(job):
+    assert progress_of(job) is None
+
+
+def test_each_logged_interval_is_the_snapshot_the_reporter_gets(caplog):
+    class Collect:
+        def __init__(self):
+            self.got, self.closed = [], False
+
+        def submit(self, snapshot):
+            self.got.append(snapshot)
+
+        def close(self):
+            self.closed = True
+
+    sink = Collect()
+    p = Progress(
+        total_steps=4, items_per_step=10, item_name="samples", flops_per_step=0, peak_flops=0,
+        interval=2, device=torch.device("cpu"), enabled=True, reporter=sink,
+    )  # fmt: skip
+    with caplog.at_level(logging.INFO, logger="kftrain.train"):
+        for step in (1, 2, 3):
+            p.step(step, 0, torch.tensor(1.0), 0.1)
+        p.epoch_end(3, {"epoch": 0, "train_loss": 1.0, "val_accuracy": 0.5, "note": "x"})
+        p.step(4, 1, torch.tensor(0.5), 0.1)
+    p.close()
+    assert [r.getMessage() for r in caplog.records] == [s.line() for s in (sink.got[0], sink.got[2])]
+    assert [(s.step, s.percent, dict(s.metrics)) for s in sink.got] == [
+        (2, 50, {}),
+        (2, 50, {"val_accuracy": 0.5}),  # the epoch's validation, reported at once
+        (4, 100, {"val_accuracy": 0.5}),
+    ]
+    assert sink.got[-1].eta_seconds == 0 and sink.closed
+    disabled = Progress(
+        total_steps=1, items_per_step=1, item_name="samples", flops_per_step=0, peak_flops=0,
+        interval=1, device=torch.device("cpu"), enabled=False, reporter=sink,
+    )  # fmt: skip
+    disabled.step(1, 0, torch.tensor(1.0), 0.1)
+    assert len(sink.got) == 3  # only rank 0 reports

@@ -28,6 +28,10 @@ What the old launchers got wrong and this one does:
 - transient API errors (5xx, 429, connection resets) are retried (`trainer/launch/retry.py`)
   within `kubernetes.api_retry_budget_seconds`: only a final answer fails the step and deletes
   the job (the Failed condition, a 4xx, the deadline, or the budget spent);
+- rank 0's progress, which it reports to the job object (a TrainJob's `status.trainerStatus`, a
+  PyTorchJob's `kftrain.io/progress` annotation; trainer/job_status.py), is printed in the step's
+  log whenever it changes, as the same line rank 0 logs (`trainer.progress.format_progress`);
+  `kftrain job status NAME` prints it too (:func:`job_status`);
 - a job held in a queue (Kueue suspends it; a gang scheduler creates no pods until its PodGroup
   is admitted) is reported as queued, with its queue, and again when admitted. The Pending clock
   starts at admission; queue time has its own limit, `kubernetes.queue_timeout_seconds` (off by
@@ -52,13 +56,17 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from trainer.errors import KftrainError
 from trainer.launch import failures
 from trainer.launch.backend import JobFailed, JobTimeout, failure_excerpt, print_line
 from trainer.launch.jobkind import (
+    AUTO_PREFERENCE,
+    BY_NAME,
     JOB_NAME_LABEL,
     PYTORCHJOB_KIND,
     REPLICA_INDEX_LABEL,
     REPLICA_TYPE_LABEL,
+    TRAINJOB_KIND,
     JobKind,
     NoJobKindServed,
     choose_kind,
@@ -67,6 +75,7 @@ from trainer.launch.logstream import LogStreams
 from trainer.launch.pytorchjob import KUEUE_QUEUE_LABEL, owner_reference
 from trainer.launch.retry import ApiRetry, ApiUnavailable, describe, http_status
 from trainer.launch.spec import AUTO, POD_NAME_ENV, POD_UID_ENV, JobSpec, require_object_store
+from trainer.progress import PROGRESS_ANNOTATION, Snapshot, format_seconds, progress_of, stamp
 
 SA_NAMESPACE_FILE = Path("/var/run/secrets/kubernetes.io/serviceaccount/namespace")
 __all__ = ["JOB_NAME_LABEL", "REPLICA_INDEX_LABEL", "REPLICA_TYPE_LABEL", "KubernetesBackend"]
@@ -256,6 +265,7 @@ class KubernetesBackend:
         self._deadline: dt.datetime | None = None  # while waiting: retries stop here too
         self._streams = LogStreams(self._log)
         self._jobs: dict[str, _Job] = {}  # by job name; `auto` resolved once
+        self._progress: dict[str, Snapshot] = {}  # by job name: the last progress printed
         self._restarts: dict[str, dict[str, int]] = {}  # by job name: re-creations per cause
 
     def _job(self, spec: JobSpec) -> _Job:
@@ -377,6 +387,7 @@ class KubernetesBackend:
             obj = self._get(job)
             if obj is None:
                 raise JobFailed(f"{job.what} was deleted while the launcher waited for it")
+            self._show_progress(job, obj)
             if _condition(obj, kind.succeeded):
                 self._streams.finish()
                 self._log(f"kftrain: {job.what} succeeded")
@@ -438,6 +449,13 @@ class KubernetesBackend:
             if now > self._deadline:
                 raise JobTimeout(self._timeout_message(job))
             self._sleep(k8s.poll_seconds)
+
+    def _show_progress(self, job: _Job, obj: dict[str, Any]) -> None:
+        """Print the job's reported progress when it changed since the last poll."""
+        snapshot = progress_of(obj)
+        if snapshot is not None and snapshot != self._progress.get(job.name):
+            self._progress[job.name] = snapshot
+            self._log(progress_message(job.what, snapshot))
 
     # -- failures by cause ----------------------------------------------------------------
 
@@ -621,6 +639,91 @@ class KubernetesBackend:
             f"for {int(waited.total_seconds())}s (kubernetes.pending_timeout_seconds="
             f"{job.spec.kubernetes.pending_timeout_seconds}){detail}. Events: {self._events(job, pod.metadata.name)}"
         )
+
+
+def progress_message(what: str, snapshot: Snapshot) -> str:
+    """The launcher's step-log line for a job's reported progress (rank 0's own line, prefixed)."""
+    return f"kftrain: {what} progress: {snapshot.line()}"
+
+
+class JobStatusError(KftrainError, LookupError):
+    """`kftrain job status`: the job is not there, or the API refused to show it."""
+
+
+def _clients() -> tuple[Any, Any]:
+    """The CustomObjectsApi of this pod's cluster (in-cluster), else of the kubeconfig's current
+    context, and that context's namespace (None in a pod: its service-account namespace is used)."""
+    from kubernetes import client, config
+
+    try:
+        config.load_incluster_config()
+        namespace = None
+    except config.ConfigException:
+        config.load_kube_config()
+        _, active = config.list_kube_config_contexts()
+        namespace = (active or {}).get("context", {}).get("namespace")
+    return client.CustomObjectsApi(), namespace
+
+
+def job_state(obj: dict[str, Any], kind: JobKind) -> str:
+    """The job's latest true condition (`Running`, `Succeeded`, `Suspended`, ...), else `Created`."""
+    conds = [c for c in (obj.get("status") or {}).get("conditions") or [] if c.get("status") == "True"]
+    if not conds:
+        return "Created (no condition yet)"
+    # The latest transition; at the same second, the one the operator appended last.
+    _, _, latest = max((str(c.get("lastTransitionTime") or ""), i, c) for i, c in enumerate(conds))
+    reason = f" ({latest['reason']})" if latest.get("reason") and latest["reason"] != latest["type"] else ""
+    return f"{latest['type']}{reason}"
+
+
+def job_status(
+    name: str,
+    namespace: str = "",
+    kind: str = AUTO,
+    custom_api: Any = None,
+    now: Callable[[], dt.datetime] = _now,
+) -> str:
+    """What `kftrain job status NAME` prints: the job's kind, state and reported progress (the
+    same line rank 0 logged and the launcher printed). `kind` `auto` looks for the name among the
+    kinds the cluster serves, TrainJob first. Raises :class:`JobStatusError` when there is no such
+    job or the API refuses."""
+    context_namespace = None
+    if custom_api is None:
+        custom_api, context_namespace = _clients()
+    namespace = namespace or context_namespace or current_namespace()
+    kinds = [BY_NAME[kind]] if kind != AUTO else list(AUTO_PREFERENCE)
+    obj, found = None, None
+    for k in kinds:
+        try:
+            obj = custom_api.get_namespaced_custom_object(k.group, k.version, namespace, k.plural, name)
+            found = k
+            break
+        except Exception as exc:
+            status = http_status(exc)
+            if status == 404:  # no such job, or (auto) the cluster does not serve the kind
+                continue
+            hint = " (your account lacks RBAC to read it)" if status == 403 else ""
+            raise JobStatusError(f"cannot read {k.crd_kind} {namespace}/{name}: {describe(exc)}{hint}") from None
+    if obj is None or found is None:
+        what = " or ".join(k.crd_kind for k in kinds)
+        raise JobStatusError(
+            f"no {what} named {name!r} in namespace {namespace!r}: check the name (the training step's log "
+            "names its job) and --namespace"
+        )
+    lines = [f"{found.crd_kind} {namespace}/{name}: {job_state(obj, found)}"]
+    snapshot = progress_of(obj)
+    if snapshot is None:
+        where = (
+            "status.trainerStatus; the controller needs its TrainJobStatus feature gate on"
+            if found.name == TRAINJOB_KIND.name
+            else f"the {PROGRESS_ANNOTATION} annotation; the pods' service account needs the kftrain-trainer Role"
+        )
+        lines.append(f"progress: none reported yet (rank 0 reports to {where})")
+    else:
+        age = max(0, int(now().timestamp()) - snapshot.time)
+        lines.append(f"progress: {snapshot.line()}")
+        lines.append(f"reported: {stamp(snapshot.time)} ({format_seconds(age)} ago)")
+    return "\n".join(lines)
 
 
 def _status_message(exc: BaseException) -> str:

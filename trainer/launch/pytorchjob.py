@@ -12,11 +12,20 @@ from kubeflow.training import models as kt
 from kubernetes import client as k8s
 
 from trainer.config import HF_TOKEN, SHM_VOLUME
+from trainer.job_status import JOB_NAMESPACE_ENV, PYTORCHJOB_NAME_ENV
 from trainer.launch.spec import DEFAULT_PORT, KUEUE_QUEUE_LABEL, MANAGED_BY_LABEL, JobSpec
 
 GROUP, VERSION, PLURAL, KIND = "kubeflow.org", "v1", "pytorchjobs", "PyTorchJob"
 CONTAINER = "pytorch"  # the operator finds the training container by this name
 PORT_NAME = "pytorchjob-port"
+#: The label the Training Operator puts on every pod of a PyTorchJob: the job's name.
+JOB_NAME_LABEL = "training.kubeflow.org/job-name"
+
+
+def _field_env(name: str, field_path: str) -> k8s.V1EnvVar:
+    return k8s.V1EnvVar(
+        name=name, value_from=k8s.V1EnvVarSource(field_ref=k8s.V1ObjectFieldSelector(field_path=field_path))
+    )
 
 
 def owner_reference(pod_name: str, pod_uid: str) -> dict[str, Any]:
@@ -36,6 +45,11 @@ def _container(spec: JobSpec) -> k8s.V1Container:
         )
         for key, var in sorted(kc.store_secret_keys.items())
         if kc.store_secret  # no Secret: the pods get their store access otherwise (workload identity)
+    ]
+    # Where rank 0 reports progress (trainer/job_status.py): its job, from the operator's pod label.
+    env += [
+        _field_env(PYTORCHJOB_NAME_ENV, f"metadata.labels['{JOB_NAME_LABEL}']"),
+        _field_env(JOB_NAMESPACE_ENV, "metadata.namespace"),
     ]
     if kc.hf_token_secret:  # optional: a public model needs no token, and a pod without it still starts
         env.append(

@@ -19,6 +19,7 @@ from __future__ import annotations
 from typing import Any
 
 from trainer.config import HF_TOKEN, SHM_VOLUME
+from trainer.job_status import JOB_NAMESPACE_ENV, TRAINJOB_NAME_ENV
 from trainer.launch.spec import KUEUE_QUEUE_LABEL, MANAGED_BY_LABEL, NODE, JobSpec
 
 GROUP, VERSION, PLURAL, KIND = "trainer.kubeflow.org", "v1alpha1", "trainjobs", "TrainJob"
@@ -29,6 +30,8 @@ CONTAINER = NODE
 PATCH_MANAGER = "kftrain.dev/launcher"
 #: What the Training Operator sets and Trainer v2 does not: Python's output reaches the log at once.
 EXTRA_ENV = {"PYTHONUNBUFFERED": "1"}
+#: JobSet's label on every pod: the JobSet's name, which is the TrainJob's.
+JOBSET_NAME_LABEL = "jobset.sigs.k8s.io/jobset-name"
 
 
 def _env(spec: JobSpec) -> list[dict[str, Any]]:
@@ -40,6 +43,15 @@ def _env(spec: JobSpec) -> list[dict[str, Any]]:
             {"name": var, "valueFrom": {"secretKeyRef": {"name": kc.store_secret, "key": key, "optional": False}}}
             for key, var in sorted(kc.store_secret_keys.items())
         ]
+    # Rank 0 reports progress to the controller's status server (trainer/job_status.py); these
+    # only name the job in the message that says the TrainJobStatus feature gate is off.
+    env += [
+        {
+            "name": TRAINJOB_NAME_ENV,
+            "valueFrom": {"fieldRef": {"fieldPath": f"metadata.labels['{JOBSET_NAME_LABEL}']"}},
+        },
+        {"name": JOB_NAMESPACE_ENV, "valueFrom": {"fieldRef": {"fieldPath": "metadata.namespace"}}},
+    ]
     if kc.hf_token_secret:  # optional: a public model needs no token, and a pod without it still starts
         env.append(
             {
