@@ -5,7 +5,8 @@ time: the fast ones wait in the gradient all-reduce for the slow one. So a rank 
 *own* time per step, the step's wall time less the time it sat in the gradient sync waiting for
 the others. Each rank measures over a log interval (`train.log_interval_steps`):
 
-- step: wall seconds per optimizer step;
+- step: seconds per optimizer step, from its start to its update (what runs between steps is
+  not counted);
 - data: seconds per step waiting for batches;
 - sync: seconds per step from the moment its last gradient bucket was ready (DDP calls the
   communication hook this module registers) to the end of its backward, i.e. what it waited for
@@ -17,8 +18,8 @@ the others. Each rank measures over a log interval (`train.log_interval_steps`):
 At each interval every rank contributes those three floats to one small all_gather, so every rank
 holds the same table and takes the same decision. A rank whose own time exceeds the median's
 (the lower middle value for an even count) by `train.straggler_factor` is logged by rank 0 with
-its pod (``HOSTNAME``, the pod's name in Kubernetes; else the host name) and node (``KFTRAIN_NODE_NAME`` where the manifest sets it from
-``spec.nodeName``).
+its pod (``HOSTNAME``, the pod's name in Kubernetes; else the host name) and node
+(``KFTRAIN_NODE_NAME`` where the replica's env sets it from ``spec.nodeName``).
 
 Every `train.divergence_check_steps` steps the ranks all_gather a digest of their trainable
 parameters (the float64 sum, sum of squares and largest magnitude): DDP replicas are bitwise equal,
@@ -100,8 +101,11 @@ def parameter_fingerprint(params: Sequence[torch.Tensor]) -> torch.Tensor:
 
 
 class Health:
-    """One rank's straggler and divergence checks; every rank calls :meth:`after_backward` after
-    the gradient sync and :meth:`end_step` after each optimizer step, together."""
+    """One rank's straggler and divergence checks; every rank calls :meth:`begin_step` as an
+    optimizer step starts, :meth:`after_backward` after its gradient sync and :meth:`end_step`
+    after the update, together. Only the steps are timed: what runs between them (rank 0's
+    validation, checkpoint staging) shows as the others' sync wait in the next step, not as
+    anyone's own time."""
 
     def __init__(
         self,
@@ -125,7 +129,8 @@ class Health:
         self.cuda = device.type == "cuda"
         self._arrived: float | torch.cuda.Event | None = None
         self._waits: list = []  # per step: seconds, or (arrival, done) CUDA events
-        self._t = time.perf_counter()
+        self._t = 0.0  # when the step in progress began
+        self._step_seconds = 0.0
         self._steps = 0
         self._data0 = 0.0
         self.names: list[str] = []
@@ -149,6 +154,10 @@ class Health:
             self._arrived = time.perf_counter()
         return allreduce_hook(state, bucket)
 
+    def begin_step(self) -> None:
+        """Mark the start of an optimizer step."""
+        self._t = time.perf_counter()
+
     def after_backward(self) -> None:
         """Mark the end of the step's gradient sync (the last backward returned)."""
         if self._arrived is None:
@@ -165,6 +174,7 @@ class Health:
         """After optimizer step `step`; `data_wait` is the run's total seconds waiting for batches.
         At a log interval compare the ranks' times; every divergence interval their parameters."""
         self._steps += 1
+        self._step_seconds += time.perf_counter() - self._t
         if self.watch and step % self.interval == 0:
             self._compare_times(step, data_wait)
         if self.divergence_steps and step % self.divergence_steps == 0:
@@ -181,19 +191,16 @@ class Health:
         return total / len(self._waits)
 
     def _compare_times(self, step: int, data_wait: float) -> None:
-        if self.cuda:
-            torch.cuda.synchronize(self.device)
-        now = time.perf_counter()
         steps = max(self._steps, 1)
         mine = torch.tensor(
-            [(now - self._t) / steps, (data_wait - self._data0) / steps, self._sync_seconds()],
+            [self._step_seconds / steps, (data_wait - self._data0) / steps, self._sync_seconds()],
             dtype=torch.float64,
             device=self.device,
         )
         table = [torch.zeros_like(mine) for _ in range(self.env.world_size)]
         dist.all_gather(table, mine)
         rows = [t.tolist() for t in table]
-        self._t, self._steps, self._data0, self._waits = time.perf_counter(), 0, data_wait, []
+        self._step_seconds, self._steps, self._data0, self._waits = 0.0, 0, data_wait, []
         own = [own_time(*row) for row in rows]
         median_step = statistics.median_low(row[0] for row in rows)
         slow = stragglers(own, self.factor, MIN_EXCESS_SHARE * median_step)

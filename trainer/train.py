@@ -465,6 +465,7 @@ class Trainer:
         """One optimizer step: `train.grad_accum_steps` micro-batches, one gradient sync, the
         update (or a skip on a non-finite gradient), the schedule and the progress line."""
         cfg, device, tc = self.cfg, self.device, self.cfg.train
+        self.health.begin_step()
         self.optimizer.zero_grad(set_to_none=True)
         step_loss = torch.zeros((), device=device)
         for i in range(self.accum):

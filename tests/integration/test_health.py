@@ -71,13 +71,14 @@ def test_no_straggler_is_named_when_the_ranks_are_alike(digits, tmp_path, fault_
         overrides={
             "task": "tests.faulty_tasks:SlowRankTask",
             "job.replicas": 2,
-            "train.max_steps": 8,
+            "train.max_steps": 28,  # past the first epoch's end, where rank 0 alone validates
             "train.log_interval_steps": 4,
             "checkpoint.enabled": False,
         }
     )
     lines, failed = run(cfg, "even", digits, str(tmp_path / "m"))
     assert failed is None, failed
+    assert [line for line in lines if "epoch 0 done" in line]
     assert not [line for line in lines if "straggler at step" in line]
 
 
