@@ -241,6 +241,7 @@ class CheckpointManager:
         group: dist.ProcessGroup | None = None,
         block_bytes: int = BLOCK_BYTES,
         owner: str = "",
+        keep_best: tuple[str, str] | None = None,
     ) -> None:
         if block_bytes <= 0:
             raise ValueError(f"block_bytes must be positive, got {block_bytes}")
@@ -252,6 +253,9 @@ class CheckpointManager:
         #: upload and commit once :meth:`claim` made it the prefix's owner, and the only steps
         #: pruning deletes. Empty: no owner (steps committed without one are pruned).
         self.owner = owner
+        #: `(direction, metric)` (`min`/`max`, a key of the ``metrics`` a commit record holds):
+        #: pruning also keeps this run's step with the best value (:func:`best_step`).
+        self.keep_best = keep_best
         self._claimed = False
         self._staging = Path(tempfile.mkdtemp(prefix=f"kftrain-ckpt-rank{rank}-"))
         self._thread: threading.Thread | None = None
@@ -462,6 +466,11 @@ class CheckpointManager:
         if not complete:
             return
         keep = set(complete[-self.keep_last :])
+        if self.keep_best is not None:
+            # Read from the commit records every time: the best survives restarts of the run.
+            best = best_step({s: self._metrics(s) for s in complete}, *self.keep_best)
+            if best is not None:
+                keep.add(best)
         for step, uris in by_step.items():
             # Older than the newest kept: own complete ones past keep_last, and partials of killed writers.
             if step in keep or step in others or step > complete[-1]:
@@ -469,6 +478,31 @@ class CheckpointManager:
             # The commit record goes first: a half-deleted checkpoint never looks complete.
             for uri in sorted(uris, key=lambda u: not u.endswith(f"/{COMMIT}")):
                 self.store.delete(uri)
+
+    def _metrics(self, step: int) -> dict[str, Any]:
+        """The validation metrics a step's commit record holds ({} for none or unreadable)."""
+        try:
+            record = read_json(self.store, join_uri(step_dir(self.prefix, step), COMMIT))
+        except (ObjectNotFound, CorruptObject):
+            return {}
+        metrics = record.get("metrics") if isinstance(record, dict) else None
+        return metrics if isinstance(metrics, dict) else {}
+
+    def best(self) -> dict[str, Any] | None:
+        """The commit record of the complete checkpoint with the best :attr:`keep_best` metric
+        (any owner's), or None (a collective like :meth:`latest`)."""
+        choice: dict[str, Any] | None = None
+        if self.rank == 0 and self.keep_best is not None:
+            by_step = self._objects_by_step()
+            records = {s: self._complete_record(s, by_step) for s in self._committed(by_step)}
+            metrics = {s: r.get("metrics") or {} for s, r in records.items() if r is not None}
+            step = best_step(metrics, *self.keep_best)
+            choice = None if step is None else records[step]
+        if self.group is not None:
+            box = [choice]
+            dist.broadcast_object_list(box, src=0, group=self.group)
+            choice = box[0]
+        return choice
 
     def _commit_owner(self, step: int) -> str | None:
         """The owner a step's commit record names ("" for none), or None when it cannot be read."""
@@ -690,6 +724,22 @@ class StoreReader(FileSystemReader):
         for name in sorted(ranges):
             self.fetch(name, ranges[name])
         return super().read_data(plan, planner)
+
+
+def best_step(metrics: dict[int, dict[str, Any]], direction: str, name: str) -> int | None:
+    """The step whose `metrics` hold the best finite value of `name` (`direction` `min` or `max`;
+    the earliest of equal ones), or None when no step has it."""
+    scored = []
+    for step, values in metrics.items():
+        value = values.get(name) if isinstance(values, dict) else None
+        if (
+            isinstance(value, (int, float))
+            and not isinstance(value, bool)
+            and value == value
+            and abs(value) != float("inf")
+        ):
+            scored.append((value if direction == "min" else -value, step))
+    return min(scored)[1] if scored else None
 
 
 def commit_record(store: ObjectStore, folder: str) -> dict[str, Any]:

@@ -359,6 +359,8 @@ _TRAIN_BOUNDS = {
     "strategy": one_of(STRATEGIES),
     "method": one_of(TRAIN_METHODS),
     "log_interval_steps": POSITIVE,
+    "straggler_factor": Bound(lambda v: v == 0 or v > 1, "must be 0 (off) or above 1 (a multiple of the median)"),
+    "divergence_check_steps": NOT_NEGATIVE,
     "seed": Bound(lambda v: v >= 0, "must be >= 0 (numpy's and torch's generators take no negative seed)"),
 }
 
@@ -416,6 +418,12 @@ class TrainConfig:
     """`ddp` (a full model replica per rank) or `fsdp` (FSDP2: parameters, gradients and optimizer state sharded)."""
     activation_checkpointing: bool = False
     """Recompute each shard unit's activations (the GPT blocks) in backward: less memory, ~1/3 more compute."""
+    straggler_factor: float = 1.5
+    """At every log interval the ranks share their step, data-wait and gradient-sync times; rank 0 names a rank (its
+    pod and node) whose own time per step exceeds the median rank's by this factor; 0: off (docs/reliability.md)."""
+    divergence_check_steps: int = 100
+    """Every this many optimizer steps the DDP ranks compare a digest of their parameters and stop naming the step and
+    the ranks that differ (replicas must stay equal); 0: off; not done under FSDP (each rank holds other shards)."""
     method: str = "full"
     """With `model.init_from`: `full` (every weight trains) or `lora` (the pretrained weights stay frozen and low-rank
     adapters train, see `lora`; checkpoints hold only the adapters and their optimizer state)."""
@@ -500,6 +508,36 @@ def check_resume_from(value: str) -> None:
         )
 
 
+#: Metric-name endings whose direction `checkpoint.keep_best` knows without a `min:`/`max:` prefix.
+LOWER_IS_BETTER = ("loss", "perplexity", "error")
+HIGHER_IS_BETTER = ("accuracy", "f1", "precision", "recall")
+
+
+def best_metric(spec: str) -> tuple[str, str] | None:
+    """`checkpoint.keep_best` as `(direction, metric)`, direction `min` or `max`; None when empty.
+    `min:NAME` / `max:NAME` say the direction; a bare name must end in a known one."""
+    if not spec:
+        return None
+    direction, sep, name = spec.partition(":")
+    if not sep:
+        direction, name = "", spec
+    name = name.strip()
+    if sep and direction not in ("min", "max"):
+        raise ConfigError(f"checkpoint.keep_best: the prefix must be `min:` or `max:`, got {spec!r}")
+    if not name:
+        raise ConfigError(f"checkpoint.keep_best: name a validation metric, e.g. val_loss, got {spec!r}")
+    if not direction:
+        if name.endswith(LOWER_IS_BETTER):
+            direction = "min"
+        elif name.endswith(HIGHER_IS_BETTER):
+            direction = "max"
+        else:
+            raise ConfigError(
+                f"checkpoint.keep_best: the direction of {name!r} is unknown; write min:{name} or max:{name}"
+            )
+    return direction, name
+
+
 @dataclass(kw_only=True, slots=True)
 class CheckpointConfig:
     """Checkpoints in the object store, and automatic resume from the latest complete one."""
@@ -522,8 +560,18 @@ class CheckpointConfig:
     """Start from another run's latest committed checkpoint, read only: a run id (`RUN`, or `RUN/TASK` where the run
     trained several times) under `store.uri` (or the local output folder), a model URI, or a checkpoint URI (a prefix
     or one `step-N` folder); `kftrain runs` lists them. Used when this run's own prefix has no checkpoint yet."""
+    keep_best: str = ""
+    """Also keep the epoch-end checkpoint with the best value of this validation metric (e.g. `val_loss`,
+    `val_accuracy`), whatever `keep_last` prunes; `min:NAME` / `max:NAME` give the direction, a bare name ending in
+    loss/perplexity/error is minimised and in accuracy/f1/precision/recall maximised; empty: off."""
+    export_best: bool = False
+    """With `keep_best`: the model the run writes (which evaluation and export read) holds the best checkpoint's
+    weights instead of the last step's."""
 
     def __post_init__(self) -> None:
+        best_metric(self.keep_best)
+        if self.export_best and not self.keep_best:
+            raise ConfigError("checkpoint.export_best: needs checkpoint.keep_best, the metric that picks the best")
         if self.uri:
             try:
                 parse_uri(self.uri)
@@ -842,6 +890,12 @@ class Config:
             "task",
             self.task,
             f"must be one of {BUILTIN_TASKS} or an import path `package.module:TaskClass`",
+        )
+        _require(
+            self.checkpoint.enabled or not self.checkpoint.keep_best,
+            "checkpoint.keep_best",
+            self.checkpoint.keep_best,
+            "needs checkpoint.enabled: the best step is kept among the run's checkpoints",
         )
         per_step = self.job.world_size * self.train.grad_accum_steps
         _require(

@@ -30,7 +30,7 @@ from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_
 
 from trainer import exit_codes
 from trainer.checkpoint import CheckpointError, CheckpointManager, step_dir
-from trainer.config import Config, config_from_json, to_dict
+from trainer.config import Config, best_metric, config_from_json, to_dict
 from trainer.consolidate import consolidate
 from trainer.distributed import (
     DistEnv,
@@ -52,6 +52,7 @@ from trainer.distributed import (
 )
 from trainer.errors import KftrainError
 from trainer.events import EVENTS_FOLDER, EventWriter
+from trainer.health import Health
 from trainer.job_status import reporter_from_env
 from trainer.launch.backend import FAILURE_MARKER
 from trainer.model_io import WEIGHTS, frozen_names, publish_model, save_model, tied_names, trained_state
@@ -293,6 +294,16 @@ class Trainer:
         if deferred and sharded_here:
             task.materialize(self.model, device)
         self.trainable = [p for p in self.model.parameters() if p.requires_grad]
+        self.health = Health(
+            self.parallel,
+            self.trainable,
+            env,
+            device,
+            interval=tc.log_interval_steps,
+            factor=tc.straggler_factor,
+            divergence_steps=tc.divergence_check_steps,
+            measure_sync=not tc.compile,  # a compiled DDP module's buckets are its own
+        )
         # Frozen weights (LoRA's base) come from model.init_from again: checkpoints hold the rest.
         partial = len(self.trainable) < len(list(self.model.parameters()))
         self.state_options = StateDictOptions(ignore_frozen_params=partial, strict=not partial)
@@ -368,6 +379,7 @@ class Trainer:
             world_size=env.world_size,
             group=checkpoint_group(env, cfg.job.collective_timeout_seconds),
             owner=checkpoint_owner(cfg, self.model_uri),
+            keep_best=best_metric(cfg.checkpoint.keep_best),
         )
         # Before any write; the training step claimed it already (this confirms it), a trainer
         # started by hand claims it here.
@@ -434,16 +446,7 @@ class Trainer:
         saved_world = int(record["world_size"])
         other = "point checkpoint.uri at a new prefix" if source is self.ckpt else "start without resume_from"
         check_resumable(record["config"], cfg, saved_world, env.world_size, self.data.streams, other)
-        model_state, optim_state = get_state_dict(self.model, self.optimizer, options=self.state_options)
-        state = {"model": model_state, "optimizer": optim_state}
-        own = source.load(record, state)
-        set_state_dict(
-            self.model,
-            self.optimizer,
-            model_state_dict=state["model"],
-            optim_state_dict=state["optimizer"],
-            options=self.state_options,
-        )
+        own = self._load(record, source)
         self.scheduler.load_state_dict(record["scheduler"])
         self.step = int(record["step"])
         if own is not None and saved_world == env.world_size:
@@ -471,8 +474,24 @@ class Trainer:
         )
         return pos.get("left")
 
-    def save_checkpoint(self) -> None:
-        """Checkpoint the state after the current step (this rank's part; rank 0 commits)."""
+    def _load(self, record: dict[str, Any], source: CheckpointManager | None = None) -> Any | None:
+        """Load the weights and optimizer state of the checkpoint of `record` (a collective) from
+        `source` (default: this run's checkpoints); return this rank's own part."""
+        model_state, optim_state = get_state_dict(self.model, self.optimizer, options=self.state_options)
+        state = {"model": model_state, "optimizer": optim_state}
+        own = (source or self.ckpt).load(record, state)
+        set_state_dict(
+            self.model,
+            self.optimizer,
+            model_state_dict=state["model"],
+            optim_state_dict=state["optimizer"],
+            options=self.state_options,
+        )
+        return own
+
+    def save_checkpoint(self, metrics: dict[str, float] | None = None) -> None:
+        """Checkpoint the state after the current step (this rank's part; rank 0 commits), with the
+        validation `metrics` of the epoch it ends, if any (checkpoint.keep_best ranks by them)."""
         model_state, optim_state = get_state_dict(self.model, self.optimizer, options=self.state_options)
         at_end = self.epoch_step >= self.epoch_steps_total
         position = {
@@ -490,6 +509,8 @@ class Trainer:
             "history": self.history,
             "loss_curve": self.loss_curve,
         }
+        if metrics is not None:
+            record["metrics"] = metrics
         self.ckpt.save(
             self.step,
             {"model": model_state, "optimizer": optim_state},
@@ -507,6 +528,7 @@ class Trainer:
         """One optimizer step: `train.grad_accum_steps` micro-batches, one gradient sync, the
         update (or a skip on a non-finite gradient), the schedule and the progress line."""
         cfg, device, tc = self.cfg, self.device, self.cfg.train
+        self.health.begin_step()
         self.optimizer.zero_grad(set_to_none=True)
         step_loss = torch.zeros((), device=device)
         for i in range(self.accum):
@@ -519,6 +541,7 @@ class Trainer:
                     loss = self.task.loss(self.step_model, batch) / self.accum
                 loss.backward()
             step_loss += loss.detach()
+        self.health.after_backward()
         grad_norm = clip_grad_norm(self.trainable, tc.grad_clip_norm or float("inf"))
         # Gradients are identical on every rank after the all-reduce, so every rank takes the same
         # decision here; the loss is this rank's own, which names where it went wrong.
@@ -536,6 +559,7 @@ class Trainer:
         self.epoch_steps += 1
         lr = self.scheduler.get_last_lr()[0]
         self.progress.step(self.step, self.epoch, step_loss, lr, grad_norm, self.data_wait)
+        self.health.end_step(self.step, self.data_wait)
 
     def _skip_update(self, step_loss: float, grad_norm: float) -> None:
         tc = self.cfg.train
@@ -570,7 +594,28 @@ class Trainer:
         self.progress.epoch_end(self.step, record)
         # After the record, so a run resumed from here has the epoch in its history.
         if self.ckpt is not None and (self.cfg.checkpoint.at_epoch_end or self._interval_due()):
-            self.save_checkpoint()
+            self.save_checkpoint(self._best_candidate(record))
+
+    def _best_candidate(self, record: dict[str, Any]) -> dict[str, Any] | None:
+        """The epoch's record as the checkpoint's metrics when checkpoint.keep_best ranks them;
+        every rank stops alike if rank 0's validation has no such metric."""
+        if self.ckpt is None or self.ckpt.keep_best is None:
+            return None
+        name = self.ckpt.keep_best[1]
+        problem = ""
+        if self.env.is_main and name not in record:
+            found = ", ".join(k for k in record if k != "epoch")
+            problem = (
+                f"checkpoint.keep_best: task {self.cfg.task!r} reports no validation metric {name!r} "
+                f"(it reports: {found}); name one of those"
+            )
+        if self.env.distributed:
+            box = [problem]
+            torch.distributed.broadcast_object_list(box, src=0)
+            problem = box[0]
+        if problem:
+            raise CheckpointError(problem)
+        return record
 
     def _interval_due(self) -> bool:
         interval = self.cfg.checkpoint.interval_steps
@@ -635,6 +680,27 @@ class Trainer:
             )
         raise Terminated(f"stopped by {why} at step {self.step}; checkpoint committed")
 
+    def _take_best(self) -> dict[str, Any] | None:
+        """checkpoint.export_best: load the best checkpoint's weights for the model file (a
+        collective); return its commit record, or None when no checkpoint has the metric."""
+        best = self.ckpt.best()
+        direction, name = self.ckpt.keep_best
+        if best is None:
+            if self.env.is_main:
+                log.warning("checkpoint.export_best: no checkpoint has %s; the model is the last step's", name)
+            return None
+        if self.env.is_main:
+            log.info(
+                "checkpoint.export_best: the model is step %d's (%s %s %.6g)",
+                best["step"],
+                name,
+                "lowest" if direction == "min" else "highest",
+                best["metrics"][name],
+            )
+        if int(best["step"]) != self.step:
+            self._load(best)
+        return best
+
     def finish(self) -> dict[str, Any]:
         """Wait for the last checkpoint, write the model and the training record (rank 0), and
         return the metrics."""
@@ -650,6 +716,9 @@ class Trainer:
         self.progress.close()
         steps_run = self.step - self.start_step
         final = self.history[-1] if self.history else {}
+        best = self._take_best() if cfg.checkpoint.export_best and self.ckpt is not None else None
+        if best is not None:
+            final = best["metrics"]
         if self.validates and not final:
             final = task.validate(unwrap(self.model), self.data.val, self.device, self.micro)
         first_step_at = self.first_step_at or time.time()
@@ -665,6 +734,8 @@ class Trainer:
             "resumed_from_step": self.start_step,
             "skipped_steps": self.skipped,
         }
+        if best is not None:
+            metrics["best_step"] = int(best["step"])
         if self.peak and self.flops_per_step and steps_run:
             metrics["mfu"] = steps_run * self.flops_per_step / train_seconds / self.peak
         self.meta.update(task=cfg.task, dataset_uri=self.dataset_uri)

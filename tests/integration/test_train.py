@@ -115,3 +115,22 @@ def test_one_rank_and_two_ranks_learn_the_same_model(digits, tmp_path):
     two, _ = load_model(LocalStore(), str(tmp_path / "two"))
     for p1, p2 in zip(one.parameters(), two.parameters(), strict=True):
         torch.testing.assert_close(p1, p2, rtol=1e-4, atol=1e-5)
+
+
+def test_two_ranks_keep_and_export_the_best_checkpoint(digits, tmp_path):
+    """checkpoint.keep_best with DDP: only rank 0 validates, every rank loads the best at the end."""
+    model = str(tmp_path / "model")
+    lines = train(
+        digits,
+        model,
+        replicas=2,
+        **{"checkpoint.keep_last": 1, "checkpoint.keep_best": "min:val_accuracy", "checkpoint.export_best": True},
+    )
+    record = json.loads(LocalStore().get_bytes(join_uri(model, "training.json")))
+    steps, best = record["metrics"]["steps"], record["metrics"]["best_step"]
+    value, epoch = min((h["val_accuracy"], h["epoch"]) for h in record["history"])
+    assert best == (epoch + 1) * steps // 3 and record["metrics"]["val_accuracy"] == value
+    kept = {int(u.split("/step-")[1][:8]) for u in LocalStore().list(join_uri(model, "checkpoints")) if "/step-" in u}
+    assert kept == {best, steps} and best < steps
+    digests = {m.group(1) for line in lines if (m := re.search(r"final parameter digest (\w+)", line))}
+    assert len(digests) == 1 and record["parameter_digest"] in digests  # both ranks hold the best's weights

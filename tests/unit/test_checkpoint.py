@@ -16,6 +16,7 @@ from trainer.checkpoint import (
     CheckpointError,
     CheckpointManager,
     StoreReader,
+    best_step,
     commit_record,
     step_dir,
 )
@@ -267,3 +268,59 @@ def test_a_partly_fetched_part_is_released_then_fetched_again(tmp_path):
     # A whole fetch over a partial copy replaces it with the verified whole file.
     whole = reader.fetch("__0_0.distcp")
     assert whole.read_bytes() == (tmp_path / "ckpt" / "step-00000001" / "__0_0.distcp").read_bytes()
+
+
+# -- keep_best -------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("direction", "expected"),
+    [("min", 4), ("max", 6)],
+)
+def test_best_step_by_direction_ignores_steps_without_a_finite_value(direction, expected):
+    metrics = {
+        2: {"val_loss": 0.9},
+        4: {"val_loss": 0.2},
+        5: {},  # a mid-epoch checkpoint: no validation
+        6: {"val_loss": 1.5},
+        7: {"val_loss": float("nan")},
+        8: {"val_loss": True},
+        9: {"val_loss": "0.1"},
+    }
+    assert best_step(metrics, direction, "val_loss") == expected
+    assert best_step(metrics, direction, "val_accuracy") is None
+    assert best_step({3: {"m": 1.0}, 1: {"m": 1.0}}, direction, "m") == 1  # equal values: the earliest
+
+
+def save_scored(mgr: CheckpointManager, step: int, value: float | None) -> None:
+    mgr.save(
+        step,
+        {"weights": torch.full((4,), float(step))},
+        record={} if value is None else {"metrics": {"epoch": step, "val_loss": value}},
+        blocking=True,
+    )
+
+
+def steps_in(store, prefix) -> set[int]:
+    return {int(uri.rsplit("/", 2)[-2].split("-")[1]) for uri in store.list(prefix) if "/step-" in uri}
+
+
+def test_pruning_keeps_the_best_checkpoint_beside_the_last_and_across_restarts(tmp_path):
+    store, prefix = LocalStore(), str(tmp_path / "ckpt")
+    mgr = CheckpointManager(store, prefix, keep_last=1, keep_best=("min", "val_loss"))
+    for step, value in [(1, 0.8), (2, 0.3), (3, None), (4, 0.5)]:
+        save_scored(mgr, step, value)
+    assert steps_in(store, prefix) == {2, 4}
+    # A restarted run (a new manager, nothing in memory) finds it again in the commit records.
+    again = CheckpointManager(store, prefix, keep_last=1, keep_best=("min", "val_loss"))
+    save_scored(again, 5, 0.4)
+    assert steps_in(store, prefix) == {2, 5}
+    assert again.best()["step"] == 2
+    target = {"weights": torch.zeros(4)}
+    again.load(again.best(), target)
+    torch.testing.assert_close(target["weights"], torch.full((4,), 2.0))
+    save_scored(again, 6, 0.1)  # a new best: the old one goes
+    assert steps_in(store, prefix) == {6}
+    # Without keep_best the plain rule applies, and no best is chosen.
+    plain = CheckpointManager(store, prefix, keep_last=1)
+    assert plain.best() is None

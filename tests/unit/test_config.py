@@ -57,6 +57,13 @@ def test_yaml_file_maps_onto_the_tree(tmp_path):
             "kubernetes.store_secret_keys: must not fill HF_TOKEN, which kubernetes.hf_token_secret gives",
         ),
         ("kubernetes:\n  env: {HF_TOKEN: hf_abc}\n", "kubernetes.hf_token_secret gives HF_TOKEN"),
+        ("train:\n  straggler_factor: 1.0\n", "train.straggler_factor: must be 0 (off) or above 1"),
+        ("train:\n  divergence_check_steps: -1\n", "train.divergence_check_steps: must be >= 0"),
+        ("checkpoint:\n  keep_best: val_bleu\n", "checkpoint.keep_best: the direction of 'val_bleu' is unknown"),
+        ("checkpoint:\n  keep_best: best:val_loss\n", "checkpoint.keep_best: the prefix must be `min:` or `max:`"),
+        ("checkpoint:\n  keep_best: 'min: '\n", "checkpoint.keep_best: name a validation metric"),
+        ("checkpoint:\n  export_best: true\n", "checkpoint.export_best: needs checkpoint.keep_best"),
+        ("checkpoint:\n  keep_best: val_loss\n  enabled: false\n", "checkpoint.keep_best: needs checkpoint.enabled"),
         ("- a\n- b\n", "must hold a mapping"),
         ("train: [\n", "not valid YAML"),
     ],
@@ -95,3 +102,20 @@ def test_every_config_field_is_documented_in_the_configuration_reference():
 
     missing = [name for name in fields(Config, "") if f"`{name}`" not in readme]
     assert not missing
+
+
+@pytest.mark.parametrize(
+    ("spec", "expected"),
+    [
+        ("", None),
+        ("val_loss", ("min", "val_loss")),
+        ("val_perplexity", ("min", "val_perplexity")),
+        ("val_accuracy", ("max", "val_accuracy")),
+        ("max:val_bleu", ("max", "val_bleu")),
+        ("min:val_accuracy", ("min", "val_accuracy")),
+    ],
+)
+def test_keep_best_takes_a_direction_prefix_or_knows_it_from_the_name(spec, expected):
+    from trainer.config import best_metric
+
+    assert best_metric(spec) == expected

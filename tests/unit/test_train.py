@@ -233,3 +233,39 @@ def test_main_lets_an_unknown_error_raise(monkeypatch):
     monkeypatch.setattr(train, "run_training", fail)
     with pytest.raises(RuntimeError, match="CUDA error"):
         train.main(["--config-json", config_to_json(load_config()), "--dataset-uri", "d", "--model-uri", "m"])
+
+
+def test_keep_best_keeps_the_best_epoch_through_pruning_and_a_restart_and_export_best_writes_it(digits, tmp_path):
+    from trainer.checkpoint import CheckpointManager, step_dir
+
+    store, model = LocalStore(), str(tmp_path / "m")
+    prefix = join_uri(model, "checkpoints")
+    # Lowest accuracy as "best" puts the best epoch early, where keep_last: 1 would prune it.
+    base = {"job.replicas": 1, "checkpoint.keep_last": 1, "checkpoint.keep_best": "min:val_accuracy"}
+
+    def kept_and_best(epochs: int) -> tuple[set[int], int, float]:
+        record = json.loads(store.get_bytes(join_uri(model, "training.json")))
+        per_epoch = record["metrics"]["steps"] // epochs
+        scores = [(h["val_accuracy"], h["epoch"]) for h in record["history"]]
+        value, epoch = min(scores)  # the earliest of equal scores, as keep_best takes it
+        kept = {int(uri.split("/step-")[1][:8]) for uri in store.list(prefix) if "/step-" in uri}
+        return kept, (epoch + 1) * per_epoch, value
+
+    single(load_config(overrides={**base, "train.epochs": 3}), digits, model)
+    kept, best, _ = kept_and_best(3)
+    assert kept == {best, record_steps(store, model)} and best < record_steps(store, model)
+    # The run goes on (a restart resumes from its checkpoint) for two more epochs; its model is the best's.
+    metrics = single(load_config(overrides={**base, "train.epochs": 5, "checkpoint.export_best": True}), digits, model)
+    kept, best, value = kept_and_best(5)
+    assert kept == {best, metrics["steps"]} and metrics["best_step"] == best < metrics["steps"]
+    assert metrics["val_accuracy"] == value
+    exported, _ = load_model(store, model)
+    state = {"model": {k: torch.zeros_like(v) for k, v in exported.state_dict().items()}}
+    mgr = CheckpointManager(store, prefix)
+    mgr.load(json.loads(store.get_bytes(join_uri(step_dir(prefix, best), "COMMIT.json"))), state)
+    for name, tensor in exported.state_dict().items():
+        assert torch.equal(tensor, state["model"][name]), name
+
+
+def record_steps(store, model_uri) -> int:
+    return json.loads(store.get_bytes(join_uri(model_uri, "training.json")))["metrics"]["steps"]

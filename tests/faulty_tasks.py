@@ -1,0 +1,44 @@
+"""Classification tasks that misbehave on one rank, for the fault tests (tests/integration/test_health.py).
+
+Set by environment variables, which every replica of a local job inherits:
+`KFTRAIN_TEST_SLOW_RANK` / `KFTRAIN_TEST_SLOW_SECONDS` (SlowRankTask sleeps that long in every
+loss on those ranks, comma-separated), `KFTRAIN_TEST_CORRUPT_RANK` / `KFTRAIN_TEST_CORRUPT_AT` (CorruptRankTask
+adds 1 to one weight of that rank's replica before that loss call, once).
+"""
+
+from __future__ import annotations
+
+import os
+import time
+
+import torch
+
+from trainer.tasks.classification import ClassificationTask
+
+
+def _rank() -> int:
+    return int(os.environ.get("RANK", "0"))
+
+
+class SlowRankTask(ClassificationTask):
+    """A straggler: one rank computes slower than the others (or all alike, when all are listed)."""
+
+    def loss(self, model, batch):
+        if str(_rank()) in os.environ["KFTRAIN_TEST_SLOW_RANK"].split(","):
+            time.sleep(float(os.environ.get("KFTRAIN_TEST_SLOW_SECONDS", "0.05")))
+        return super().loss(model, batch)
+
+
+class CorruptRankTask(ClassificationTask):
+    """A silent fault: one rank's replica gets a changed weight, and DDP alone never notices."""
+
+    calls = 0
+
+    def loss(self, model, batch):
+        self.calls += 1
+        if _rank() == int(os.environ["KFTRAIN_TEST_CORRUPT_RANK"]) and self.calls == int(
+            os.environ["KFTRAIN_TEST_CORRUPT_AT"]
+        ):
+            with torch.no_grad():
+                next(model.parameters()).view(-1)[0] += 1.0
+        return super().loss(model, batch)
