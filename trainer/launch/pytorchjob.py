@@ -12,6 +12,7 @@ from kubeflow.training import models as kt
 from kubernetes import client as k8s
 
 from trainer.config import HF_TOKEN, SHM_VOLUME
+from trainer.health import NODE_ENV
 from trainer.job_status import JOB_NAMESPACE_ENV, PYTORCHJOB_NAME_ENV
 from trainer.launch.spec import DEFAULT_PORT, KUEUE_QUEUE_LABEL, MANAGED_BY_LABEL, JobSpec
 
@@ -50,6 +51,8 @@ def _container(spec: JobSpec) -> k8s.V1Container:
     env += [
         _field_env(PYTORCHJOB_NAME_ENV, f"metadata.labels['{JOB_NAME_LABEL}']"),
         _field_env(JOB_NAMESPACE_ENV, "metadata.namespace"),
+        # The node a straggler runs on, named in rank 0's warning (trainer/health.py).
+        _field_env(NODE_ENV, "spec.nodeName"),
     ]
     if kc.hf_token_secret:  # optional: a public model needs no token, and a pod without it still starts
         env.append(

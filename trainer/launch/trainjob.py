@@ -19,6 +19,7 @@ from __future__ import annotations
 from typing import Any
 
 from trainer.config import HF_TOKEN, SHM_VOLUME
+from trainer.health import NODE_ENV
 from trainer.job_status import JOB_NAMESPACE_ENV, TRAINJOB_NAME_ENV
 from trainer.launch.spec import KUEUE_QUEUE_LABEL, MANAGED_BY_LABEL, NODE, JobSpec
 
@@ -51,6 +52,8 @@ def _env(spec: JobSpec) -> list[dict[str, Any]]:
             "valueFrom": {"fieldRef": {"fieldPath": f"metadata.labels['{JOBSET_NAME_LABEL}']"}},
         },
         {"name": JOB_NAMESPACE_ENV, "valueFrom": {"fieldRef": {"fieldPath": "metadata.namespace"}}},
+        # The node a straggler runs on, named in rank 0's warning (trainer/health.py).
+        {"name": NODE_ENV, "valueFrom": {"fieldRef": {"fieldPath": "spec.nodeName"}}},
     ]
     if kc.hf_token_secret:  # optional: a public model needs no token, and a pod without it still starts
         env.append(
