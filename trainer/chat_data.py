@@ -63,12 +63,11 @@ from trainer.progress import ProgressLine
 from trainer.shards import MANIFEST, SPLITS, DataError, ShardInfo, ShardWriter, read_manifest, split_shards, token_dtype
 from trainer.storage import ObjectStore, join_uri, open_store, read_chunks
 from trainer.streaming import first_items
-from trainer.tasks.causal_lm import BLOCK_BYTES, _bounded_map
+from trainer.tasks.causal_lm import BLOCK_BYTES, IGNORE, _bounded_map
 
 #: The dataset format of chat data (its manifest's `format`).
 CHAT_FORMAT = "kftrain.chat.v1"
-#: Labels of positions that do not count in the loss (torch's cross_entropy default).
-IGNORE = -100
+
 
 log = logging.getLogger("kftrain.data")
 #: The roles a message may have (OpenAI's chat format; `tool` carries a tool's result).

@@ -41,6 +41,8 @@ TOKENIZER_FILE = "tokenizer.json"
 #: Text is read, split and tokenised in blocks of about this many bytes.
 BLOCK_BYTES = 1 << 20
 JSONL_SUFFIXES = (".jsonl", ".json")
+#: Labels of positions that do not count in the loss (torch's cross_entropy default).
+IGNORE = -100
 
 
 def stdlib_documents() -> Iterator[bytes]:
@@ -290,12 +292,16 @@ class CausalLMTask(Task):
 
     @torch.no_grad()
     def _mean_loss(self, model, dataset, device, batch_size):
+        # The mean over the tokens that count (every token of a window; a chat row labels only
+        # the assistant's), whatever the batch size.
         model.eval()
         total, count = 0.0, 0
         for start in range(0, len(dataset), batch_size):
             x, y = (t[start : start + batch_size].to(device) for t in dataset.tensors)
-            total += float(self.loss(model, (x, y))) * len(x)
-            count += len(x)
+            n = int((y != IGNORE).sum())
+            if n:
+                total += float(self.loss(model, (x, y))) * n
+                count += n
         model.train()
         return total / max(count, 1)
 

@@ -194,20 +194,6 @@ class PretrainedLMTask(CausalLMTask):
             logits.reshape(-1, logits.size(-1)).float(), y.reshape(-1), ignore_index=IGNORE
         )
 
-    @torch.no_grad()
-    def _mean_loss(self, model, dataset, device, batch_size):
-        # The mean over the tokens that count: a chat batch labels fewer than rows x block_size.
-        model.eval()
-        total, count = 0.0, 0
-        for start in range(0, len(dataset), batch_size):
-            x, y = (t[start : start + batch_size].to(device) for t in dataset.tensors)
-            n = int((y != IGNORE).sum())
-            if n:
-                total += float(self.loss(model, (x, y))) * n
-                count += n
-        model.train()
-        return total / max(count, 1)
-
     def held_out_loss(self, model, meta, store, dataset_uri, max_items) -> dict[str, Any]:
         """Loss and perplexity on the test split: every token of text data (causal_lm's own), the
         assistant's tokens of chat data."""
