@@ -70,3 +70,53 @@ def log_scalars(metrics_artifact: Any, values: dict[str, Any]) -> None:
     for key, value in values.items():
         if isinstance(value, int | float) and not isinstance(value, bool):
             metrics_artifact.log_metric(key, float(value))
+
+
+def task_settings(task_config: Any) -> dict[str, Any]:
+    """A `dsl.TaskConfig` back in the driver's JSON form (camelCase keys, as `kfp.dsl.executor`
+    reads it: `nodeSelector` -> `node_selector`, `volumeMounts` -> `volume_mounts`), unset keys left out."""
+    names = {
+        "affinity": "affinity",
+        "tolerations": "tolerations",
+        "nodeSelector": "node_selector",
+        "env": "env",
+        "volumes": "volumes",
+        "volumeMounts": "volume_mounts",
+        "resources": "resources",
+    }
+    values = {key: getattr(task_config, attr, None) for key, attr in names.items()}
+    return {key: value for key, value in values.items() if value}
+
+
+def train_step(
+    dataset: Any,
+    model: Any,
+    metrics: Any,
+    config: str,
+    launcher: str,
+    run_id: str,
+    task_name: str,
+    dag_execution_id: str,
+    settings: dict[str, Any],
+) -> None:
+    """The `train` component's work (components/train.py): `settings` are the task's pod settings
+    (`task_settings`), merged into the replicas' `kubernetes` section before the job is built."""
+    from components.params import config_from_params
+    from trainer.launch.taskconfig import apply_task_config
+    from trainer.pipeline_steps import select_backend, train_model
+
+    end_with_one_line("train")
+    cfg, overridden = apply_task_config(config_from_params(config), settings)
+    for note in overridden:
+        print(f"kftrain: task setting not used, the config wins: {note}", flush=True)
+    identity = task_identity(run_id, task_name, dag_execution_id, model.uri)
+    record = train_model(
+        cfg,
+        dataset.uri,
+        output_uri(model, cfg.store.uri, identity, "model"),
+        select_backend(launcher),
+        identity=identity,
+    )
+    log_scalars(metrics, record["metrics"])
+    model.metadata["framework"] = "pytorch"
+    model.metadata["parameter_digest"] = record["parameter_digest"]

@@ -762,6 +762,10 @@ class KubernetesConfig:
     env: dict[str, str] = field(default_factory=dict)
     """Extra non-secret environment of the replicas; credential-looking names (`*SECRET*`, `*_TOKEN`, `*_PASSWORD`, ...)
     and values are refused."""
+    extra_env: list[dict[str, Any]] = field(default_factory=list)
+    """Extra environment entries of the replicas in pod-spec form (`name` plus `value` or `valueFrom`: `secretKeyRef`,
+    `configMapKeyRef`, ...), e.g. a Secret's key; the KFP training task's own environment is added here
+    (docs/components.md, "Task settings")."""
     volumes: list[dict[str, Any]] = field(default_factory=list)
     """Extra pod volumes, as in a pod spec (`name` plus one source: `persistentVolumeClaim`, `secret`, ...)."""
     volume_mounts: list[dict[str, Any]] = field(default_factory=list)
@@ -807,10 +811,43 @@ class KubernetesConfig:
             f"must not fill {HF_TOKEN}, which {p}.hf_token_secret gives",
         )
         self._check_volumes()
+        self._check_extra_env()
         try:
             budget_check(self.max_restarts_by_cause, f"{p}.max_restarts_by_cause")
         except ValueError as exc:
             raise ConfigError(str(exc)) from None
+
+    def _check_extra_env(self) -> None:
+        """Each entry is one pod-spec variable, named once, and not also a plain `kubernetes.env` one."""
+        p = "kubernetes.extra_env"
+        names: list[str] = []
+        for i, entry in enumerate(self.extra_env):
+            _require(
+                isinstance(entry, dict) and bool(entry.get("name")) and ("value" in entry or "valueFrom" in entry),
+                f"{p}[{i}]",
+                entry,
+                "must be a mapping with `name` and `value` or `valueFrom` (pod-spec spelling)",
+            )
+            name = entry["name"]
+            _require(name not in names, f"{p}[{i}].name", name, "must be unique among kubernetes.extra_env")
+            _require(name not in self.env, f"{p}[{i}].name", name, "is also set by kubernetes.env; set it once")
+            names.append(name)
+        check_plain_env(
+            {e["name"]: e["value"] for e in self.extra_env if "value" in e},
+            p,
+            "an entry with `valueFrom: {secretKeyRef: {name, key}}`",
+        )
+        if not self.extra_env:
+            return
+        # The manifest's own rules (a variable's name, a Secret's name and key), named by entry here:
+        # in the built job an entry would be indistinguishable from kubernetes.env or store_secret's.
+        # (Imported only when needed: fieldrules builds a default KubernetesConfig as it loads.)
+        from trainer.launch.fieldrules import field_problems
+
+        for i, entry in enumerate(self.extra_env):
+            for path, _, problem in field_problems({"env": [entry]}):
+                where = "".join(f".{key}" for key in path[2:])  # below env[i]: plain keys
+                raise ConfigError(f"{p}[{i}]{where}: {problem}")
 
     def _check_volumes(self) -> None:
         """Names the API server would reject only after the job was created (a mount of an unknown

@@ -22,6 +22,15 @@ def test_yaml_file_maps_onto_the_tree(tmp_path):
     ("text", "message"),
     [
         ("trian:\n  epochs: 3\n", "trian: unknown key"),
+        ("kubernetes:\n  extra_env: [{name: A}]\n", "kubernetes.extra_env[0]: must be a mapping with `name` and"),
+        ("kubernetes:\n  extra_env: [{name: A, value: x}, {name: A, value: y}]\n", "extra_env[1].name: must be unique"),
+        ("kubernetes:\n  env: {A: x}\n  extra_env: [{name: A, value: y}]\n", "is also set by kubernetes.env"),
+        ("kubernetes:\n  extra_env: [{name: DB_PASSWORD, value: y}]\n", "kubernetes.extra_env.DB_PASSWORD: its name"),
+        (
+            "kubernetes:\n  extra_env: [{name: X, valueFrom: {secretKeyRef: {name: Bad_Name, key: k}}}]\n",
+            "kubernetes.extra_env[0].valueFrom.secretKeyRef.name: 'Bad_Name' is not a Secret's name",
+        ),
+        ("kubernetes:\n  extra_env: [{name: WORLD_SIZE, value: '2'}]\n", "kubernetes.extra_env[0]: WORLD_SIZE is set"),
         ("train:\n  epoch: 3\n", "train.epoch: unknown key"),
         ("train:\n  epochs: three\n", "train.epochs: must be an integer, got 'three'"),
         ("train:\n  epochs: 0\n", "train.epochs: must be positive, got 0"),

@@ -45,7 +45,6 @@ TESTED_IN = {
     "components/gate.py": ["test_pipeline_local.py", "test_pipelines_compile.py"],
     "components/pytorchjob.py": ["test_launch_byo.py", "test_byo_pipeline.py"],
     "components/task_options.py": ["test_pipelines_compile.py", "test_byo_pipeline.py"],
-    "components/train.py": ["test_pipeline_local.py", "test_component_yamls.py"],
     "pipelines/registry.py": ["test_pipelines_compile.py"],
     "pipelines/training.py": ["test_pipelines_compile.py", "test_pipeline_local.py"],
 }

@@ -63,6 +63,7 @@ def _container(spec: JobSpec) -> k8s.V1Container:
                 ),
             )
         )
+    env += [dict(e) for e in kc.extra_env]  # already in pod-spec form (camelCase)
     amounts: dict[str, str] = {}
     if kc.cpu:
         amounts["cpu"] = kc.cpu

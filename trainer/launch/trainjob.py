@@ -62,7 +62,7 @@ def _env(spec: JobSpec) -> list[dict[str, Any]]:
                 "valueFrom": {"secretKeyRef": {"name": kc.hf_token_secret, "key": HF_TOKEN, "optional": True}},
             }
         )
-    return env
+    return env + [dict(e) for e in kc.extra_env]  # already in pod-spec form (camelCase)
 
 
 def _resources(spec: JobSpec) -> dict[str, Any] | None:
