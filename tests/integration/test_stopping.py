@@ -91,12 +91,17 @@ def test_ranks_agree_to_stop_after_the_same_step_when_one_is_signalled(tmp_path)
 
 
 @pytest.mark.timeout(420)
-def test_sigterm_mid_epoch_commits_exits_143_and_resumes_bitwise_equal(tmp_path):
+@pytest.mark.parametrize(
+    "strategy",
+    [{}, {"train.strategy": "fsdp", "data.partitions": 2, "train.grad_clip_norm": 1.0}],
+    ids=["ddp", "fsdp"],
+)
+def test_sigterm_mid_epoch_commits_exits_143_and_resumes_bitwise_equal(tmp_path, strategy):
     store = LocalStore()
     dataset = str(tmp_path / "dataset")
     prepare_dataset(load_config().data, store, dataset)
 
-    ref = resume_config(str(tmp_path / "ref-ckpt"))
+    ref = resume_config(str(tmp_path / "ref-ckpt"), **strategy)
     run_job(
         LocalBackend(sink=lambda line: None),
         replace(training_job(ref, "ref", dataset, str(tmp_path / "ref")), timeout_s=240),
@@ -105,7 +110,9 @@ def test_sigterm_mid_epoch_commits_exits_143_and_resumes_bitwise_equal(tmp_path)
     # SIGTERM to every process of the job (as deleting its pods would) right after the first
     # mid-epoch interval checkpoint, so it lands mid-epoch between two interval checkpoints.
     prefix = str(tmp_path / "ckpt")
-    spec = replace(training_job(resume_config(prefix), "victim", dataset, str(tmp_path / "victim")), timeout_s=240)
+    spec = replace(
+        training_job(resume_config(prefix, **strategy), "victim", dataset, str(tmp_path / "victim")), timeout_s=240
+    )
     lines: list[str] = []
     backend = LocalBackend(sink=lines.append)
     backend.submit(spec)
