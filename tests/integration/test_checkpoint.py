@@ -69,8 +69,9 @@ def test_save_load_round_trip_through_s3(bucket):
     assert set(reader.last_fetched) == set(record["parts"])  # one rank reads every part
 
 
-@pytest.mark.timeout(300)
-@pytest.mark.parametrize(
+#: The strategies every kill-and-resume test runs under (a fixed partition count gives FSDP the
+#: same global batches as DDP).
+RESUME_STRATEGIES = pytest.mark.parametrize(
     "strategy",
     [
         {},  # DDP, one data partition per rank
@@ -78,45 +79,66 @@ def test_save_load_round_trip_through_s3(bucket):
     ],
     ids=["ddp", "fsdp"],
 )
-def test_sigkill_mid_epoch_then_resume_ends_bitwise_equal(tmp_path, strategy):
-    store = LocalStore()
-    dataset = str(tmp_path / "dataset")
-    prepare_dataset(load_config().data, store, dataset)
 
-    # The reference: one uninterrupted run.
+
+def reference_run(tmp_path, strategy: dict) -> tuple[str, str]:
+    """The digits dataset and one uninterrupted run of `resume_config` under `strategy`: (dataset
+    URI, model URI)."""
+    dataset = str(tmp_path / "dataset")
+    prepare_dataset(load_config().data, LocalStore(), dataset)
     ref = resume_config(str(tmp_path / "ref-ckpt"), **strategy)
     run_job(
         LocalBackend(sink=lambda line: None),
         replace(training_job(ref, "ref", dataset, str(tmp_path / "ref")), timeout_s=240),
     )
+    return dataset, str(tmp_path / "ref")
 
-    # The same run, SIGKILLed (whole process groups) right after its first mid-epoch checkpoint...
-    prefix = str(tmp_path / "ckpt")
-    cfg = resume_config(prefix, **strategy)
-    spec = training_job(cfg, "victim", dataset, str(tmp_path / "victim"))
-    backend = LocalBackend(sink=lambda line: None)
+
+def start_until_mid_epoch_checkpoint(spec, prefix: str, sink) -> tuple[LocalBackend, CheckpointManager]:
+    """Start the job `spec` and return once it has committed its first mid-epoch checkpoint."""
+    backend = LocalBackend(sink=sink)
     backend.submit(spec)
-    mgr = CheckpointManager(store, prefix)
+    mgr = CheckpointManager(LocalStore(), prefix)
     deadline = time.monotonic() + 120
     while not [s for s in mgr.committed_steps() if s % STEPS_PER_EPOCH]:
         assert time.monotonic() < deadline, "no checkpoint appeared"
         time.sleep(0.01)
+    return backend, mgr
+
+
+def assert_ends_as_uninterrupted(ref_uri: str, got_uri: str) -> dict:
+    """The final weights equal bitwise and the record holds the same history; returns the record."""
+    ref_w, got_w = final_weights(ref_uri), final_weights(got_uri)
+    assert ref_w.keys() == got_w.keys()
+    for name in ref_w:
+        assert torch.equal(ref_w[name], got_w[name]), name  # bitwise, not approximately
+    store = LocalStore()
+    record = json.loads(store.get_bytes(join_uri(got_uri, "training.json")))
+    ref_record = json.loads(store.get_bytes(join_uri(ref_uri, "training.json")))
+    # The record covers the whole run, the epoch cut by the interruption included.
+    assert record["history"] == ref_record["history"]
+    return record
+
+
+@pytest.mark.timeout(300)
+@RESUME_STRATEGIES
+def test_sigkill_mid_epoch_then_resume_ends_bitwise_equal(tmp_path, strategy):
+    dataset, ref_uri = reference_run(tmp_path, strategy)
+    epochs = resume_config("unused").train.epochs
+
+    # The same run, SIGKILLed (whole process groups) right after its first mid-epoch checkpoint...
+    prefix = str(tmp_path / "ckpt")
+    spec = training_job(resume_config(prefix, **strategy), "victim", dataset, str(tmp_path / "victim"))
+    backend, mgr = start_until_mid_epoch_checkpoint(spec, prefix, sink=lambda line: None)
     backend.kill(spec, signal.SIGKILL)  # every process of the job, torchrun's workers included
     killed_at = max(mgr.committed_steps())
-    assert killed_at < ref.train.epochs * STEPS_PER_EPOCH, "the run finished before it was killed"
+    assert killed_at < epochs * STEPS_PER_EPOCH, "the run finished before it was killed"
 
     # ... then started again: it resumes from the latest complete checkpoint by itself.
     lines: list[str] = []
     run_job(LocalBackend(sink=lines.append), replace(spec, timeout_s=240))
     resumed = [int(m.group(1)) for line in lines if (m := re.search(r"resumed at step (\d+)", line))]
     assert resumed and resumed[0] >= killed_at
-    ref_w, got_w = final_weights(str(tmp_path / "ref")), final_weights(str(tmp_path / "victim"))
-    assert ref_w.keys() == got_w.keys()
-    for name in ref_w:
-        assert torch.equal(ref_w[name], got_w[name]), name  # bitwise, not approximately
-    record = json.loads(store.get_bytes(join_uri(str(tmp_path / "victim"), "training.json")))
+    record = assert_ends_as_uninterrupted(ref_uri, str(tmp_path / "victim"))
     assert record["metrics"]["resumed_from_step"] == resumed[0]
-    # The record covers the whole run, the epoch cut by the kill included, as if never killed.
-    ref_record = json.loads(store.get_bytes(join_uri(str(tmp_path / "ref"), "training.json")))
-    assert [h["epoch"] for h in record["history"]] == list(range(ref.train.epochs))
-    assert record["history"] == ref_record["history"]
+    assert [h["epoch"] for h in record["history"]] == list(range(epochs))

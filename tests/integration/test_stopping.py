@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import os
 import re
 import signal
@@ -13,17 +12,19 @@ import time
 from dataclasses import replace
 
 import pytest
-import torch
 
-from tests.integration.test_checkpoint import STEPS_PER_EPOCH, final_weights, resume_config
-from trainer.checkpoint import CheckpointManager
-from trainer.config import load_config
+from tests.integration.test_checkpoint import (
+    RESUME_STRATEGIES,
+    STEPS_PER_EPOCH,
+    assert_ends_as_uninterrupted,
+    reference_run,
+    resume_config,
+    start_until_mid_epoch_checkpoint,
+)
 from trainer.exit_codes import TERMINATED_CHECKPOINTED
 from trainer.launch.backend import JobFailed, run_job
 from trainer.launch.job import training_job
 from trainer.launch.local import LocalBackend, free_port
-from trainer.storage import LocalStore, join_uri
-from trainer.tasks.classification.data import prepare_dataset
 
 AGREE_SCRIPT = textwrap.dedent(
     """
@@ -91,21 +92,10 @@ def test_ranks_agree_to_stop_after_the_same_step_when_one_is_signalled(tmp_path)
 
 
 @pytest.mark.timeout(420)
-@pytest.mark.parametrize(
-    "strategy",
-    [{}, {"train.strategy": "fsdp", "data.partitions": 2, "train.grad_clip_norm": 1.0}],
-    ids=["ddp", "fsdp"],
-)
+@RESUME_STRATEGIES
 def test_sigterm_mid_epoch_commits_exits_143_and_resumes_bitwise_equal(tmp_path, strategy):
-    store = LocalStore()
-    dataset = str(tmp_path / "dataset")
-    prepare_dataset(load_config().data, store, dataset)
-
-    ref = resume_config(str(tmp_path / "ref-ckpt"), **strategy)
-    run_job(
-        LocalBackend(sink=lambda line: None),
-        replace(training_job(ref, "ref", dataset, str(tmp_path / "ref")), timeout_s=240),
-    )
+    dataset, ref_uri = reference_run(tmp_path, strategy)
+    epochs = resume_config("unused").train.epochs
 
     # SIGTERM to every process of the job (as deleting its pods would) right after the first
     # mid-epoch interval checkpoint, so it lands mid-epoch between two interval checkpoints.
@@ -114,13 +104,7 @@ def test_sigterm_mid_epoch_commits_exits_143_and_resumes_bitwise_equal(tmp_path,
         training_job(resume_config(prefix, **strategy), "victim", dataset, str(tmp_path / "victim")), timeout_s=240
     )
     lines: list[str] = []
-    backend = LocalBackend(sink=lines.append)
-    backend.submit(spec)
-    mgr = CheckpointManager(store, prefix)
-    deadline = time.monotonic() + 120
-    while not [s for s in mgr.committed_steps() if s % STEPS_PER_EPOCH]:
-        assert time.monotonic() < deadline, "no checkpoint appeared"
-        time.sleep(0.01)
+    backend, mgr = start_until_mid_epoch_checkpoint(spec, prefix, sink=lines.append)
     before = set(mgr.committed_steps())
     signalled = time.monotonic()
     backend.kill(spec, signal.SIGTERM)
@@ -136,7 +120,7 @@ def test_sigterm_mid_epoch_commits_exits_143_and_resumes_bitwise_equal(tmp_path,
     stops = {int(m.group(1)) for line in lines if (m := re.search(r"stopped by SIGTERM at step (\d+)", line))}
     assert len(stops) == 1, lines[-40:]
     stopped_at = stops.pop()
-    assert stopped_at % STEPS_PER_EPOCH and stopped_at < ref.train.epochs * STEPS_PER_EPOCH
+    assert stopped_at % STEPS_PER_EPOCH and stopped_at < epochs * STEPS_PER_EPOCH
     assert max(mgr.committed_steps()) == stopped_at  # the step it stopped at, not an older one
     reported = [float(m.group(1)) for line in lines if (m := re.search(r"committed ([\d.]+)s after the signal", line))]
     assert len(reported) == 1, "rank 0 alone reports the time"
@@ -147,10 +131,4 @@ def test_sigterm_mid_epoch_commits_exits_143_and_resumes_bitwise_equal(tmp_path,
     run_job(LocalBackend(sink=lines.append), spec)
     resumed = [int(m.group(1)) for line in lines if (m := re.search(r"resumed at step (\d+)", line))]
     assert resumed and resumed[0] == stopped_at
-    ref_w, got_w = final_weights(str(tmp_path / "ref")), final_weights(str(tmp_path / "victim"))
-    assert ref_w.keys() == got_w.keys()
-    for name in ref_w:
-        assert torch.equal(ref_w[name], got_w[name]), name
-    record = json.loads(store.get_bytes(join_uri(str(tmp_path / "victim"), "training.json")))
-    ref_record = json.loads(store.get_bytes(join_uri(str(tmp_path / "ref"), "training.json")))
-    assert record["history"] == ref_record["history"]
+    assert_ends_as_uninterrupted(ref_uri, str(tmp_path / "victim"))
