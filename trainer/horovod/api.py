@@ -50,6 +50,7 @@ __all__ = [
     "Product",
     "ProcessSet",
     "Sum",
+    "ShimUnsupportedError",
     "SyncBatchNorm",
     "add_process_set",
     "allgather",
@@ -109,10 +110,6 @@ ADASUM_MESSAGE = (
     "op=hvd.Adasum is not supported by kftrain's Horovod shim: use op=hvd.Average (the default), "
     "scaling the learning rate by hvd.size() as Horovod's docs advise for Average"
 )
-PROCESS_SET_MESSAGE = (
-    "Horovod process sets are not supported by kftrain's Horovod shim: make a sub-group with "
-    "torch.distributed.new_group(ranks) and call torch.distributed collectives with group=..."
-)
 _UNSUPPORTED = {
     "SyncBatchNorm": "use torch.nn.SyncBatchNorm.convert_sync_batchnorm(model) with DistributedDataParallel",
     "alltoall": "use torch.distributed.all_to_all_single (NCCL; gloo has no all-to-all)",
@@ -156,7 +153,7 @@ class _Elastic:
     """`hvd.elastic`: any use says what to do instead."""
 
     def __getattr__(self, name: str) -> Any:
-        raise NotImplementedError(ELASTIC_MESSAGE)
+        raise ShimUnsupportedError(ELASTIC_MESSAGE)
 
 
 elastic = _Elastic()
@@ -164,7 +161,7 @@ elastic = _Elastic()
 
 def _unsupported(name: str) -> Callable[..., Any]:
     def fn(*args: Any, **kwargs: Any) -> Any:
-        raise NotImplementedError(f"hvd.{name} is not supported by kftrain's Horovod shim: {_UNSUPPORTED[name]}")
+        raise ShimUnsupportedError(f"hvd.{name} is not supported by kftrain's Horovod shim: {_UNSUPPORTED[name]}")
 
     fn.__name__ = fn.__qualname__ = name
     fn.__doc__ = f"Not supported: {_UNSUPPORTED[name]}."
@@ -879,6 +876,7 @@ def _resolve_op(op: Any, average: bool | None) -> _Op:
     if op is None:
         op = Average if average is None or average else Sum
     if op == Adasum:
+        # Horovod's own type when Adasum cannot run in a configuration.
         raise NotImplementedError(ADASUM_MESSAGE)
     return _Op(op)
 
@@ -1499,13 +1497,12 @@ def DistributedOptimizer(  # noqa: N802 - Horovod's name
     """An optimizer of the same class as `optimizer` (over its param groups; its state is not
     carried over) that averages (or, with `op=Sum`, sums) gradients across processes before each
     `step()`. `num_groups`/`groups` only tune Horovod's tensor fusion and are ignored here."""
-    _set_state(process_set)
     op = _resolve_op(op, None)
     if gradient_predivide_factor != 1.0 and op != Average:
         raise ValueError("gradient_predivide_factor not supported with op != Average")
     if backward_passes_per_step <= 0:
         raise ValueError("backward_passes_per_step must be > 0")
-    _topo()
+    _set_state(process_set)
     base = type(optimizer)
     # A subclass, so isinstance checks (LR schedulers, AMP) still see the user's optimizer class.
     cls = type(base.__name__, (_DistributedOptimizer, base), {"__module__": base.__module__})
