@@ -158,3 +158,107 @@ def test_every_kind_of_disagreement_raises_on_every_rank_within_seconds(tmp_path
     assert "allreduce at collective" in missing["message"] and "'only rank 0'" in missing["message"]
     assert "within 3.0 s" in missing["message"] and "KFTRAIN_HOROVOD_CHECK_TIMEOUT_S" in missing["message"]
     assert 2.5 < missing["seconds"] < 10, missing
+
+
+# --- join: ranks that run out of data answer the others' allreduces with zeros --------------
+
+JOIN_DATA = """
+import torch
+
+LR = 0.1
+
+
+def batch(r, k):
+    g = torch.Generator().manual_seed(1000 * r + k)
+    x = torch.randn(8, 4, generator=g)
+    return x, x @ torch.tensor([[1.0], [-2.0], [0.5], [3.0]]) + 0.3 * torch.randn(8, 1, generator=g)
+
+
+def loss_of(model, r, k):
+    x, y = batch(r, k)
+    return torch.nn.functional.mse_loss(model(x), y)
+"""
+
+JOIN_SCRIPT = (
+    PRELUDE
+    + JOIN_DATA
+    + """
+hvd.init()
+r, n = hvd.rank(), hvd.size()
+batches = json.loads(sys.argv[2])[r]
+torch.manual_seed(r)  # every rank starts elsewhere: broadcast_parameters makes them agree
+model = torch.nn.Linear(4, 1)
+hvd.broadcast_parameters(model.state_dict(), root_rank=0)
+opt = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=LR), named_parameters=model.named_parameters())
+out = {"losses": []}
+for k in range(batches):
+    opt.zero_grad()
+    loss = loss_of(model, r, k)
+    loss.backward()
+    opt.step()
+    out["losses"].append(hvd.allreduce(loss.detach(), op=hvd.Sum, name="loss").item())
+out["last"] = hvd.join()
+# A joined rank stopped stepping: its model is the one of its last step until the usual
+# broadcast from the last rank to join.
+out["at_join"] = {k: v.tolist() for k, v in model.state_dict().items()}
+hvd.broadcast_parameters(model.state_dict(), root_rank=out["last"])
+out["model"] = {k: v.tolist() for k, v in model.state_dict().items()}
+out["after"] = hvd.allreduce(torch.tensor([1.0]), op=hvd.Sum).item()
+# Horovod refuses collectives other than allreduce while a rank has joined, on every rank.
+if r == 0:
+    out["broadcast"] = attempt(lambda: hvd.broadcast(torch.ones(2), root_rank=0))
+else:
+    out["broadcast"] = attempt(hvd.join)
+out["in_step"] = hvd.allreduce(torch.tensor([2.0]), op=hvd.Sum).item()
+dump(out)
+"""
+)
+
+
+def _expected_join_training(batches: list[int], over_active: bool = False):
+    """Horovod's semantics by hand: at step k the ranks that still have data send their gradient,
+    the joined ones zeros, and Average divides by the whole size (by the ranks still active if
+    `over_active`, which is not Horovod's rule)."""
+    ns: dict = {}
+    exec(JOIN_DATA, ns)
+    torch.manual_seed(0)
+    model = torch.nn.Linear(4, 1)
+    size = len(batches)
+    sums, states = [], [{k: v.clone() for k, v in model.state_dict().items()}]
+    for k in range(max(batches)):
+        grads = [torch.zeros_like(p) for p in model.parameters()]
+        total = 0.0
+        for r in range(size):
+            if k < batches[r]:
+                model.zero_grad()
+                loss = ns["loss_of"](model, r, k)
+                loss.backward()
+                total += loss.item()
+                grads = [g + p.grad for g, p in zip(grads, model.parameters(), strict=True)]
+        with torch.no_grad():
+            for p, g in zip(model.parameters(), grads, strict=True):
+                p -= ns["LR"] * g / (sum(k < b for b in batches) if over_active else size)
+        sums.append(total)
+        states.append({k: v.clone() for k, v in model.state_dict().items()})
+    return states, sums
+
+
+@pytest.mark.timeout(150)
+@pytest.mark.parametrize("batches", [[5, 2], [3, 5, 1]], ids=["2 ranks", "3 ranks"])
+def test_join_with_uneven_data_trains_the_model_horovod_semantics_give(tmp_path, batches):
+    ranks = run(tmp_path, JOIN_SCRIPT, len(batches), json.dumps(batches))
+    states, sums = _expected_join_training(batches)
+    last = max(range(len(batches)), key=lambda r: batches[r])
+    for r, got in enumerate(ranks):
+        for name in states[0]:
+            at_join = torch.tensor(got["at_join"][name])
+            torch.testing.assert_close(at_join, states[batches[r]][name], rtol=1e-5, atol=1e-6)
+            torch.testing.assert_close(torch.tensor(got["model"][name]), states[-1][name], rtol=1e-5, atol=1e-6)
+        assert got["losses"] == pytest.approx(sums[: batches[r]], rel=1e-5)
+        assert got["last"] == last and got["after"] == len(batches)
+        assert got["broadcast"]["type"] == "HorovodInternalError", got["broadcast"]
+        assert "Broadcast is not supported with Join" in got["broadcast"]["message"]
+        assert got["in_step"] == 2 * len(batches)
+    # The rule matters here: averaging over the active ranks only would end elsewhere.
+    other, _ = _expected_join_training(batches, over_active=True)
+    assert max(float((states[-1][k] - other[-1][k]).abs().max()) for k in states[0]) > 0.01
