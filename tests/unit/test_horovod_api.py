@@ -34,7 +34,12 @@ UNSUPPORTED = [
     ("hvd.elastic", lambda: hvd.elastic.run, hvd.ShimUnsupportedError, "kubernetes.elastic"),
     ("import horovod.torch.elastic", _import_elastic, hvd.ShimUnsupportedError, "torchrun"),
     ("allreduce op=Adasum", lambda: hvd.allreduce(torch.ones(1), op=hvd.Adasum), NotImplementedError, "op=hvd.Average"),
-    ("allreduce_ op=Adasum", lambda: hvd.allreduce_(torch.ones(1), op=hvd.Adasum), NotImplementedError, "op=hvd.Average"),
+    (
+        "allreduce_ op=Adasum",
+        lambda: hvd.allreduce_(torch.ones(1), op=hvd.Adasum),
+        NotImplementedError,
+        "op=hvd.Average",
+    ),
     (
         "DistributedOptimizer op=Adasum",
         lambda: hvd.DistributedOptimizer(torch.optim.SGD([torch.nn.Parameter(torch.ones(1))]), op=hvd.Adasum),
