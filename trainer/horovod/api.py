@@ -37,7 +37,7 @@ from typing import Any, NamedTuple
 
 import torch
 import torch.distributed as dist
-from torch.distributed.distributed_c10d import AllgatherOptions
+from torch.distributed.distributed_c10d import AllgatherOptions, AllreduceOptions
 
 __all__ = [
     "Adasum",
@@ -569,7 +569,9 @@ def synchronize(handle: _Handle) -> Any:
 # KFTRAIN_HOROVOD_CHECK_TIMEOUT_S. A process in `join()` answers each exchange as joined, reads
 # the collective from the lowest active rank and takes part with zeros (allreduce), as Horovod.
 
-_ACTIVE, _JOINED = 0, 1
+# Each process's state in the exchange: active, or joined (1 + the rounds it has answered since).
+_ACTIVE = 0
+_NOTHING = -(2**62)  # what a joined process sends for the hash and number: never the maximum
 # Kinds whose tensors may differ in their first dimension across ranks (Horovod's allgather):
 # the descriptor hashes the other dimensions and the Agreement carries every rank's first ones.
 FIRST_DIM_FREE_KINDS = {"allgather"}
@@ -697,10 +699,10 @@ def _collective_group(
     if _state.checks:
         specs = tuple(TensorSpec.of(t) for t in tensors)
         desc = _Desc(kind, _names(name, len(specs)), specs, root_rank, tuple(detail))
-        rows = _exchange(st, desc, [index, _hash(desc), _ACTIVE, 0], _state.check_timeout)
-        joined = tuple(st.ranks[i] for i, row in enumerate(rows) if row[2] == _JOINED)
+        codes, _ = _exchange(st, desc, index, _ACTIVE, _state.check_timeout)
+        joined = tuple(st.ranks[i] for i, code in enumerate(codes) if code != _ACTIVE)
         if joined:
-            active = [i for i, row in enumerate(rows) if row[2] == _ACTIVE]
+            active = [i for i, code in enumerate(codes) if code == _ACTIVE]
             box = [desc if me == active[0] else None]
             dist.broadcast_object_list(box, src=st.ranks[active[0]], group=st.side)
             if kind not in JOIN_MIRRORS:
@@ -722,12 +724,30 @@ def _join_unsupported(kind: str) -> str:
     return f"{word} is not supported with Join at this time (a rank has called hvd.join(); only allreduce is)."
 
 
-def _exchange(st: _SetState, desc: _Desc | None, words: list[int], timeout: datetime.timedelta | None):
-    """All-gather this process's words; raise on every process if the active ones disagree."""
+def _exchange(
+    st: _SetState, desc: _Desc | None, seq: int, code: int, timeout: datetime.timedelta | None
+) -> tuple[list[int], int]:
+    """One round of the protocol: every process's state code, and the number of the collective
+    the active ones issue; raises on every process if the active ones disagree.
+
+    One int64 MAX-allreduce carries it all: the hash and the number, each also negated (so the
+    maximum of the negation is minus the minimum: equal maxima mean equal values), and one slot
+    per process for its state code."""
+    n, me = len(st.ranks), st.ranks.index(rank())
+    words = [_NOTHING] * 4 + [-1] * n
+    if desc is not None:
+        h = _hash(desc)
+        words[:4] = [h, -h, seq, -seq]
+    words[4 + me] = code
+    t = torch.tensor(words, dtype=torch.int64)
+    opts = AllreduceOptions()
+    opts.reduceOp = dist.ReduceOp.MAX
+    if timeout is not None:
+        opts.timeout = timeout
     try:
-        rows = _all_gather_words(st, words, timeout)
+        st.side.allreduce([t], opts).wait()
     except RuntimeError as exc:
-        what = f"{desc.kind} at collective #{words[0]}{_quoted(desc.names)}" if desc else "hvd.join()"
+        what = f"{desc.kind} at collective #{seq}{_quoted(desc.names)}" if desc else "hvd.join()"
         raise HorovodInternalError(
             f"{what}: not every process of {st.owner} reached this collective within "
             f"{timeout.total_seconds() if timeout else 'the'} s (one may have skipped it, issued other collectives "
@@ -735,22 +755,24 @@ def _exchange(st: _SetState, desc: _Desc | None, words: list[int], timeout: date
             "legitimately slower (saving a checkpoint) needs a larger KFTRAIN_HOROVOD_CHECK_TIMEOUT_S, and "
             f"KFTRAIN_HOROVOD_CHECKS=0 turns these checks off. ({exc})"
         ) from exc
-    active = [row for row in rows if row[2] == _ACTIVE]
-    if any(row[:2] != active[0][:2] for row in active[1:]):
-        descs: list[Any] = [None] * len(st.ranks)
-        dist.all_gather_object(descs, (words[0], desc), group=st.side)
-        raise HorovodInternalError(_mismatch_message(st, rows, descs))
-    return rows
+    w = t.tolist()
+    codes = w[4:]
+    if _ACTIVE in codes and (w[0] != -w[1] or w[2] != -w[3]):
+        descs: list[Any] = [None] * n
+        dist.all_gather_object(descs, (seq, desc), group=st.side)
+        raise HorovodInternalError(_mismatch_message(st, codes, descs))
+    return codes, w[2]
 
 
 def _quoted(names: tuple[str, ...]) -> str:
     return f" '{names[0]}'" if len(names) == 1 else (f" {list(names)}" if names else "")
 
 
-def _mismatch_message(st: _SetState, rows: list[list[int]], descs: list[Any]) -> str:
-    active = [i for i, row in enumerate(rows) if row[2] == _ACTIVE]
+def _mismatch_message(st: _SetState, codes: list[int], descs: list[Any]) -> str:
+    active = [i for i, code in enumerate(codes) if code == _ACTIVE]
+    keys = {i: (descs[i][0], _hash(descs[i][1])) for i in active}
     a = active[0]
-    b = next(i for i in active[1:] if rows[i][:2] != rows[a][:2])
+    b = next(i for i in active[1:] if keys[i] != keys[a])
     (seq_a, da), (seq_b, db) = descs[a], descs[b]
     ra, rb = st.ranks[a], st.ranks[b]
     if seq_a != seq_b:
@@ -841,16 +863,16 @@ def join(device: int = -1) -> int:
     )
     rounds = 0
     while True:
-        rows = _exchange(st, None, [st.seq, 0, _JOINED, rounds], None)
-        active = [i for i, row in enumerate(rows) if row[2] == _ACTIVE]
+        codes, seq = _exchange(st, None, st.seq, 1 + rounds, None)
+        active = [i for i, code in enumerate(codes) if code == _ACTIVE]
         if not active:
             st.seq += 1
             # The last to join has answered the fewest rounds; ties go to the highest rank.
-            return max(range(len(rows)), key=lambda i: (-rows[i][3], i))
+            return st.ranks[max(range(len(codes)), key=lambda i: (-codes[i], i))]
         box: list[Any] = [None]
         dist.broadcast_object_list(box, src=st.ranks[active[0]], group=st.side)
         desc = box[0]
-        st.seq = rows[active[0]][0] + 1
+        st.seq = seq + 1
         mirror = JOIN_MIRRORS.get(desc.kind)
         if mirror is None:
             raise HorovodInternalError(_join_unsupported(desc.kind))
