@@ -1098,7 +1098,7 @@ def allgather_async(tensor: torch.Tensor, name: str | None = None, process_set: 
     t = tensor.detach().reshape(1) if tensor.dim() == 0 else tensor.detach().contiguous()
     agreement = _collective_group("allgather", [t], name=name, process_set=process_set)
     firsts = [dims[0] for dims in agreement.first_dims]
-    if not _state.checks:
+    if not _state.checks and agreement.size > 1:
         # Without the descriptor check the other dimensions travel here, so that a mismatch is
         # still an error on every rank rather than a crash in the gather.
         shapes: list[Any] = [None] * agreement.size
