@@ -215,9 +215,11 @@ class ProcessSet:
 
     def rank(self) -> int | None:
         """This process's rank within the set (its index among the sorted ranks); None if the set
-        is not registered or this process is not in it."""
-        if self.process_set_id is None or rank() not in self.ranks:
+        is not registered; ValueError if this process is not in it (as Horovod)."""
+        if self.process_set_id is None:
             return None
+        if rank() not in self.ranks:
+            raise ValueError(f"Process is not part of provided process set: rank {rank()} is not in {self}")
         return self.ranks.index(rank())
 
     def size(self) -> int | None:
