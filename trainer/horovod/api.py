@@ -35,6 +35,7 @@ import contextlib
 import datetime
 import enum
 import functools
+import gc
 import hashlib
 import os
 import time
@@ -447,6 +448,9 @@ def shutdown() -> None:
                 if group is not None and group != dist.GroupMember.NON_GROUP_MEMBER:
                     dist.destroy_process_group(group)
     _state.sets = {}
+    # Whatever still holds a group (a caught error's traceback) lets go before the groups are
+    # destroyed, rather than in the interpreter's teardown, where that aborts the process.
+    gc.collect()
     if _state.owns_group and dist.is_initialized():
         dist.destroy_process_group()
     _state.topology, _state.owns_group = None, False
@@ -725,7 +729,9 @@ class _Check:
             try:
                 self.agreement = self._decide(work)
             except HorovodInternalError as exc:
-                self.error = exc
+                # A copy without the traceback: the raised one's frames hold this check, and a
+                # cycle would keep the side group alive until interpreter teardown.
+                self.error = HorovodInternalError(str(exc))
                 raise
         return self.agreement
 
