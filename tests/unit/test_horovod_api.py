@@ -27,26 +27,28 @@ def _import_elastic():
     import horovod.torch.elastic  # noqa: F401
 
 
+# (what, call, the type raised, what the message says to use instead). Horovod's own type where
+# Horovod has one for the situation (NotImplementedError for an Adasum configuration it cannot
+# run); otherwise ShimUnsupportedError, which a script catching RuntimeError does not swallow.
 UNSUPPORTED = [
-    ("hvd.elastic", lambda: hvd.elastic.run, "kubernetes.elastic"),
-    ("import horovod.torch.elastic", _import_elastic, "torchrun"),
-    ("allreduce op=Adasum", lambda: hvd.allreduce(torch.ones(1), op=hvd.Adasum), "op=hvd.Average"),
-    ("allreduce_ op=Adasum", lambda: hvd.allreduce_(torch.ones(1), op=hvd.Adasum), "op=hvd.Average"),
+    ("hvd.elastic", lambda: hvd.elastic.run, hvd.ShimUnsupportedError, "kubernetes.elastic"),
+    ("import horovod.torch.elastic", _import_elastic, hvd.ShimUnsupportedError, "torchrun"),
+    ("allreduce op=Adasum", lambda: hvd.allreduce(torch.ones(1), op=hvd.Adasum), NotImplementedError, "op=hvd.Average"),
+    (
+        "allreduce_ op=Adasum",
+        lambda: hvd.allreduce_(torch.ones(1), op=hvd.Adasum),
+        NotImplementedError,
+        "op=hvd.Average",
+    ),
     (
         "DistributedOptimizer op=Adasum",
         lambda: hvd.DistributedOptimizer(torch.optim.SGD([torch.nn.Parameter(torch.ones(1))]), op=hvd.Adasum),
+        NotImplementedError,
         "op=hvd.Average",
     ),
-    ("ProcessSet", lambda: hvd.ProcessSet([0, 1]), "new_group"),
-    ("add_process_set", lambda: hvd.add_process_set([0]), "new_group"),
-    ("remove_process_set", lambda: hvd.remove_process_set(object()), "new_group"),
-    ("process_set=", lambda: hvd.allreduce(torch.ones(1), process_set=object()), "new_group"),
-    ("init(process_sets=)", lambda: hvd.init(process_sets=[[0]]), "new_group"),
-    ("init(comm=)", lambda: hvd.init(comm=[0, 1]), "no MPI"),
-    ("SyncBatchNorm", lambda: hvd.SyncBatchNorm(8), "convert_sync_batchnorm"),
-    ("alltoall", lambda: hvd.alltoall(torch.ones(2)), "all_to_all_single"),
-    ("reducescatter", lambda: hvd.reducescatter(torch.ones(2)), "reduce_scatter_tensor"),
-    ("start_timeline", lambda: hvd.start_timeline("t.json"), "torch.profiler"),
+    ("init(comm=)", lambda: hvd.init(comm=[0, 1]), hvd.ShimUnsupportedError, "no MPI"),
+    ("SyncBatchNorm", lambda: hvd.SyncBatchNorm(8), hvd.ShimUnsupportedError, "convert_sync_batchnorm"),
+    ("start_timeline", lambda: hvd.start_timeline("t.json"), hvd.ShimUnsupportedError, "torch.profiler"),
 ]
 
 
@@ -75,13 +77,132 @@ def test_several_processes_per_pod_need_torchrun():
         hvd.topology({"RANK": "1", "WORLD_SIZE": "8", "PET_NPROC_PER_NODE": "4"})
 
 
-@pytest.mark.parametrize(("what", "call", "instead"), UNSUPPORTED, ids=[u[0] for u in UNSUPPORTED])
-def test_unsupported_apis_say_what_to_use_instead(shim_on_path, what, call, instead):
-    with pytest.raises(NotImplementedError, match="not supported") as exc:
+@pytest.mark.parametrize(("what", "call", "error", "instead"), UNSUPPORTED, ids=[u[0] for u in UNSUPPORTED])
+def test_unsupported_apis_say_what_to_use_instead(shim_on_path, what, call, error, instead):
+    with pytest.raises(error, match="not supported") as exc:
         call()
-    assert instead in str(exc.value)
+    assert type(exc.value) is error and instead in str(exc.value)
+
+
+def test_the_shims_own_error_is_not_a_runtime_error():
+    # Scripts catch RuntimeError for Horovod's collective failures (HorovodInternalError): they
+    # must not swallow "this feature is missing".
+    assert not issubclass(hvd.ShimUnsupportedError, RuntimeError)
+    assert issubclass(hvd.HorovodInternalError, RuntimeError)
+
+
+BAD_PROCESS_SETS = [
+    ("a string", "0,1", "list of process ranks"),
+    ("a communicator-like object", object(), "list of process ranks"),
+    ("non-integer ranks", [0, 1.5], "integer process ranks"),
+    ("a bool rank", [0, True], "integer process ranks"),
+    ("duplicate ranks", [1, 1], "distinct"),
+]
+
+
+@pytest.mark.parametrize(("what", "ranks", "message"), BAD_PROCESS_SETS, ids=[b[0] for b in BAD_PROCESS_SETS])
+def test_a_bad_process_set_is_a_value_error(what, ranks, message):
+    with pytest.raises(ValueError, match=message):
+        hvd.ProcessSet(ranks)
+
+
+def test_a_process_set_is_sorted_and_unregistered_until_added():
+    ps = hvd.ProcessSet([2, 0])
+    assert ps.ranks == [0, 2] and ps.process_set_id is None and ps.size() is None and ps.rank() is None
+    assert hvd.remove_process_set(ps) is False and hvd.remove_process_set(hvd.global_process_set) is False
+
+
+@pytest.mark.parametrize(
+    ("variable", "value", "message"),
+    [
+        ("KFTRAIN_HOROVOD_CHECKS", "maybe", "use 1"),
+        ("KFTRAIN_HOROVOD_CHECK_TIMEOUT_S", "soon", "not a number"),
+        ("KFTRAIN_HOROVOD_CHECK_TIMEOUT_S", "0", "positive"),
+    ],
+)
+def test_bad_check_settings_are_named(monkeypatch, variable, value, message):
+    monkeypatch.setenv(variable, value)
+    with pytest.raises(ValueError, match=f"{variable}.*{message}"):
+        hvd.init()
+    assert not hvd.is_initialized()
 
 
 def test_using_horovod_before_init_is_an_error():
     with pytest.raises(ValueError, match=r"hvd\.init\(\)"):
         hvd.rank()
+
+
+# --- the mismatch message names both sides ---------------------------------------------------
+
+
+def _desc(kind="allreduce", names=("w",), tensors=((4, 8),), dtype=torch.float32, root=None, detail=()):
+    specs = tuple(hvd.TensorSpec(shape, dtype) for shape in tensors)
+    return hvd._Desc(kind, names, specs, root, detail)
+
+
+MESSAGES = [
+    (
+        "shape",
+        _desc(),
+        _desc(tensors=((4, 9),)),
+        "allreduce mismatch at collective #7 'w': rank 0 passed float32[4, 8], rank 2 passed float32[4, 9]",
+    ),
+    ("dtype", _desc(), _desc(dtype=torch.int32), "rank 0 passed float32[4, 8], rank 2 passed int32[4, 8]"),
+    (
+        "kind",
+        _desc(),
+        _desc(kind="broadcast", root=0),
+        "order mismatch at collective #7: rank 0 called allreduce 'w' of "
+        "float32[4, 8], rank 2 called broadcast 'w' of float32[4, 8]",
+    ),
+    ("name", _desc(), _desc(names=()), "name mismatch at collective #7: rank 0 passed 'w', rank 2 passed no name"),
+    ("count", _desc(), _desc(tensors=((4, 8), (2,))), "rank 0 passed 1 tensors, rank 2 passed 2"),
+    (
+        "root",
+        _desc(kind="broadcast", root=0),
+        _desc(kind="broadcast", root=2),
+        "rank 0 passed root_rank 0, rank 2 passed root_rank 2",
+    ),
+    (
+        "detail",
+        _desc(detail=(("op", "Sum"),)),
+        _desc(detail=(("op", "Max"),)),
+        "allreduce mismatch at collective #7 'w': rank 0 passed op=Sum, rank 2 passed op=Max",
+    ),
+    (
+        "one of many tensors",
+        _desc(names=("a", "b", "c", "d"), tensors=((1,), (2,), (3,), (4,))),
+        _desc(names=("a", "b", "c", "d"), tensors=((1,), (2,), (5,), (4,))),
+        "allreduce mismatch at collective #7 'c': rank 0 passed float32[3], rank 2 passed float32[5]",
+    ),
+    (
+        "allgather first dimension is free",
+        _desc(kind="allgather", tensors=((2, 3),)),
+        _desc(kind="allgather", tensors=((5, 4),)),
+        "rank 0 passed float32[2, 3], rank 2 passed float32[5, 4] (every dimension but the first must match)",
+    ),
+]
+
+
+@pytest.mark.parametrize(("what", "mine", "theirs", "expected"), MESSAGES, ids=[m[0] for m in MESSAGES])
+def test_the_mismatch_message_names_both_sides(what, mine, theirs, expected):
+    # Three processes: the first that differs from rank 0 is named (rank 1 has joined: not compared).
+    st = hvd._SetState((0, 1, 2), None, None, hvd.global_process_set)
+    message = hvd._mismatch_message(st, [0, 1, 0], [(7, mine), (7, None), (7, theirs)])
+    assert expected in message
+
+
+def test_ranks_at_different_collectives_are_out_of_order():
+    st = hvd._SetState((0, 1), None, None, hvd.global_process_set)
+    message = hvd._mismatch_message(st, [0, 0], [(3, _desc()), (4, _desc(names=("v",)))])
+    assert message.startswith(
+        "collectives out of order: rank 0 is at collective #3 (allreduce 'w' of float32[4, 8]), "
+        "rank 1 at collective #4 (allreduce 'v'"
+    )
+
+
+def test_a_first_dimension_alone_does_not_change_an_allgather_descriptor():
+    assert hvd._hash(_desc(kind="allgather", tensors=((2, 3),))) == hvd._hash(
+        _desc(kind="allgather", tensors=((9, 3),))
+    )
+    assert hvd._hash(_desc(tensors=((2, 3),))) != hvd._hash(_desc(tensors=((9, 3),)))
