@@ -15,8 +15,8 @@ Differences from Horovod that a script can notice, each deliberate:
   `num_groups` are accepted and ignored.
 - `join()` is a barrier: every rank must have issued the same collectives before it (no zero
   tensors on behalf of ranks that ran out of data).
-- Elastic training, Adasum, process sets, SyncBatchNorm, alltoall and reducescatter raise
-  NotImplementedError naming what to use instead.
+- Elastic training, Adasum, process sets and SyncBatchNorm raise NotImplementedError naming
+  what to use instead.
 """
 
 from __future__ import annotations
@@ -57,6 +57,7 @@ __all__ = [
     "allreduce_async",
     "allreduce_async_",
     "alltoall",
+    "alltoall_async",
     "barrier",
     "broadcast",
     "broadcast_",
@@ -74,8 +75,14 @@ __all__ = [
     "global_process_set",
     "gloo_built",
     "gloo_enabled",
+    "grouped_allgather",
+    "grouped_allgather_async",
     "grouped_allreduce",
     "grouped_allreduce_",
+    "grouped_allreduce_async",
+    "grouped_allreduce_async_",
+    "grouped_reducescatter",
+    "grouped_reducescatter_async",
     "init",
     "is_initialized",
     "join",
@@ -88,10 +95,12 @@ __all__ = [
     "poll",
     "rank",
     "reducescatter",
+    "reducescatter_async",
     "remove_process_set",
     "rocm_built",
     "shutdown",
     "size",
+    "sparse_allreduce_async",
     "start_timeline",
     "stop_timeline",
     "synchronize",
@@ -112,8 +121,6 @@ PROCESS_SET_MESSAGE = (
 )
 _UNSUPPORTED = {
     "SyncBatchNorm": "use torch.nn.SyncBatchNorm.convert_sync_batchnorm(model) with DistributedDataParallel",
-    "alltoall": "use torch.distributed.all_to_all_single (NCCL; gloo has no all-to-all)",
-    "reducescatter": "use torch.distributed.reduce_scatter_tensor",
     "start_timeline": "use torch.profiler for a trace of collectives",
     "stop_timeline": "use torch.profiler for a trace of collectives",
 }
@@ -162,8 +169,6 @@ def _unsupported(name: str) -> Callable[..., Any]:
 
 
 SyncBatchNorm = _unsupported("SyncBatchNorm")
-alltoall = _unsupported("alltoall")
-reducescatter = _unsupported("reducescatter")
 start_timeline = _unsupported("start_timeline")
 stop_timeline = _unsupported("stop_timeline")
 
@@ -585,8 +590,8 @@ def allgather_async(tensor: torch.Tensor, name: str | None = None, process_set: 
 
 
 def allgather(tensor: torch.Tensor, name: str | None = None, process_set: Any = global_process_set) -> torch.Tensor:
-    """Every process's `tensor` concatenated along dimension 0, in rank order."""
-    return synchronize(allgather_async(tensor, name, process_set))
+    """Every process's `tensor` concatenated along dimension 0, in rank order (differentiable)."""
+    return grouped_allgather([tensor], name, process_set)[0]
 
 
 def _check_root(root_rank: int) -> None:
@@ -614,8 +619,25 @@ def broadcast_async(
 def broadcast(
     tensor: torch.Tensor, root_rank: int, name: str | None = None, process_set: Any = global_process_set
 ) -> torch.Tensor:
-    """root_rank's `tensor`, as a new tensor on every process."""
-    return synchronize(broadcast_async(tensor, root_rank, name, process_set))
+    """root_rank's `tensor`, as a new tensor on every process (differentiable)."""
+    return _BroadcastFunction.apply(tensor, root_rank, name, process_set)
+
+
+class _BroadcastFunction(torch.autograd.Function):
+    """broadcast as an autograd op: Horovod's backward averages the gradient over the set and
+    keeps it on the root only (zero elsewhere)."""
+
+    @staticmethod
+    def forward(ctx, tensor, root_rank, name, process_set):
+        ctx.root_rank, ctx.process_set = root_rank, process_set
+        return synchronize(broadcast_async(tensor, root_rank, name, process_set))
+
+    @staticmethod
+    def backward(ctx, grad_output):
+        grad = allreduce(grad_output, average=True, process_set=ctx.process_set)
+        if rank() != ctx.root_rank:  # root_rank is a global rank, in process sets too
+            grad = torch.zeros_like(grad)
+        return grad, None, None, None
 
 
 def broadcast_(
@@ -691,12 +713,14 @@ class _TensorSlot(NamedTuple):
     shape: tuple[int, ...]
     dtype: torch.dtype
     cuda: bool
+    sparse_dim: int | None = None  # a sparse tensor (SGD's momentum over sparse gradients) travels dense
 
 
 def _strip_tensors(node: Any, tensors: list[torch.Tensor]) -> Any:
     if torch.is_tensor(node):
-        tensors.append(node.detach().contiguous())
-        return _TensorSlot(len(tensors) - 1, tuple(node.shape), node.dtype, node.is_cuda)
+        sparse_dim = node.sparse_dim() if node.is_sparse else None
+        tensors.append(node.detach().to_dense() if node.is_sparse else node.detach().contiguous())
+        return _TensorSlot(len(tensors) - 1, tuple(node.shape), node.dtype, node.is_cuda, sparse_dim)
     if isinstance(node, dict):
         return {k: _strip_tensors(v, tensors) for k, v in node.items()}
     if isinstance(node, (list, tuple)):
@@ -706,7 +730,8 @@ def _strip_tensors(node: Any, tensors: list[torch.Tensor]) -> Any:
 
 def _fill_tensors(node: Any, tensors: list[torch.Tensor]) -> Any:
     if isinstance(node, _TensorSlot):
-        return tensors[node.index]
+        t = tensors[node.index]
+        return t if node.sparse_dim is None else t.to_sparse(node.sparse_dim)
     if isinstance(node, dict):
         return {k: _fill_tensors(v, tensors) for k, v in node.items()}
     if isinstance(node, (list, tuple)):
@@ -722,6 +747,8 @@ def broadcast_optimizer_state(optimizer: torch.optim.Optimizer, root_rank: int, 
     never passes through one process's memory in full more than once."""
     if isinstance(optimizer, torch.optim.LBFGS):
         raise ValueError("cannot broadcast torch.optim.LBFGS state")
+    if not optimizer.state_dict()["state"]:
+        _fill_state(optimizer, model)
     tensors: list[torch.Tensor] = []
     skeleton = _strip_tensors(optimizer.state_dict(), tensors) if rank() == root_rank else None
     skeleton = broadcast_object(skeleton, root_rank)
@@ -738,6 +765,30 @@ def broadcast_optimizer_state(optimizer: torch.optim.Optimizer, root_rank: int, 
         synchronize(h)
     if rank() != root_rank:
         optimizer.load_state_dict(_fill_tensors(skeleton, tensors))
+
+
+def _fill_state(optimizer: torch.optim.Optimizer, model: Any) -> None:
+    """Create a new optimizer's state as Horovod does: one local step on zero gradients (sparse
+    ones for SparseAdam, and for SGD over `model`'s sparse embeddings). The zero gradients stay."""
+    sparse = set()
+    if model is not None:
+        for m in model.modules():
+            if isinstance(m, torch.nn.Embedding) and m.sparse:
+                sparse.update(id(p) for p in m.parameters())
+    for group in optimizer.param_groups:
+        for p in group["params"]:
+            if p.requires_grad:
+                p.grad = torch.zeros_like(p)
+                if isinstance(optimizer, torch.optim.SparseAdam) or (
+                    isinstance(optimizer, torch.optim.SGD) and id(p) in sparse
+                ):
+                    p.grad = p.grad.to_sparse()
+    if isinstance(optimizer, _DistributedOptimizer):
+        # The wrapped optimizer's own step: a DistributedOptimizer's would reduce, and only
+        # ranks whose state is empty get here.
+        super(_DistributedOptimizer, optimizer).step()
+    else:
+        optimizer.step()
 
 
 def _collect_slots(node: Any, out: list[_TensorSlot]) -> None:
@@ -830,6 +881,13 @@ class _DistributedOptimizer:
                 raise ValueError(
                     f"named_parameters was specified, but {len(missing)} optimizer parameter(s) are not in it"
                 )
+        else:  # Horovod's names for unnamed parameters: group index, then index in the group
+            named = [
+                (f"allreduce.noname.{i}.{j}", p)
+                for i, group in enumerate(self.param_groups)
+                for j, p in enumerate(group["params"])
+            ]
+        self._parameter_names = {p: n for n, p in sorted(named, key=lambda item: item[0])}
         self._compression = compression
         self.backward_passes_per_step = backward_passes_per_step
         self.op = op
@@ -881,29 +939,32 @@ class _DistributedOptimizer:
             self._next += 1
 
     def _reduce_async(self, p: torch.Tensor) -> tuple[_Handle, Any]:
-        if p.grad is None:  # unused here, perhaps used on another rank
-            p.grad = torch.zeros_like(p)
-        elif p.grad.is_sparse:
+        name = self._parameter_names.get(p)
+        grad = p.grad
+        if grad is None:  # unused here, perhaps used on another rank
+            grad = p.grad = torch.zeros_like(p)
+        elif grad.is_sparse:
             if not self.sparse_as_dense:
-                raise NotImplementedError(
-                    "sparse gradients are not supported by kftrain's Horovod shim: pass sparse_as_dense=True "
-                    "or use dense embeddings (nn.Embedding(sparse=False))"
-                )
-            p.grad = p.grad.to_dense()
-        compressed, ctx = self._compression.compress(p.grad)
+                # Indices and values gathered from every rank; `synchronize` calls the result.
+                return sparse_allreduce_async(grad, name=name, op=self.op), None
+            # Reduced dense; `synchronize` hands the optimizer a sparse gradient again.
+            grad = grad.to_dense()
+        compressed, ctx = self._compression.compress(grad)
         if self.op == Average:
             pre, post = 1.0 / self.gradient_predivide_factor, self.gradient_predivide_factor
         else:
             pre, post = 1.0, 1.0
-        return allreduce_async_(compressed, op=self.op, prescale_factor=pre, postscale_factor=post), ctx
+        return allreduce_async_(compressed, name=name, op=self.op, prescale_factor=pre, postscale_factor=post), ctx
 
     def synchronize(self) -> None:
         """Finish reducing every gradient (e.g. before clipping); then call `step()` inside
         `skip_synchronize()`."""
         self._start_ready(flush=True)
         for p, (handle, ctx) in self._handles.items():
-            out = self._compression.decompress(synchronize(handle), ctx)
-            if out is not p.grad:
+            out = handle() if callable(handle) else self._compression.decompress(synchronize(handle), ctx)
+            if p.grad.is_sparse:  # optimizers for sparse gradients (SparseAdam) take only sparse ones
+                p.grad = out if out.is_sparse else out.to_sparse(p.grad.sparse_dim())
+            elif out is not p.grad:
                 p.grad.copy_(out)
         self._reset()
         self._synchronized = True
@@ -983,3 +1044,19 @@ def DistributedOptimizer(  # noqa: N802 - Horovod's name
         gradient_predivide_factor,
         sparse_as_dense,
     )
+
+
+# The rest of the collectives live in their own module, which builds on the ones above.
+from trainer.horovod.collectives import (  # noqa: E402
+    alltoall,
+    alltoall_async,
+    grouped_allgather,
+    grouped_allgather_async,
+    grouped_allreduce_async,
+    grouped_allreduce_async_,
+    grouped_reducescatter,
+    grouped_reducescatter_async,
+    reducescatter,
+    reducescatter_async,
+    sparse_allreduce_async,
+)
