@@ -15,8 +15,8 @@ Differences from Horovod that a script can notice, each deliberate:
   `num_groups` are accepted and ignored.
 - `join()` is a barrier: every rank must have issued the same collectives before it (no zero
   tensors on behalf of ranks that ran out of data).
-- Elastic training, Adasum, process sets and SyncBatchNorm raise NotImplementedError naming
-  what to use instead.
+- Elastic training, SyncBatchNorm and timelines raise ShimUnsupportedError naming what to use
+  instead; op=Adasum raises NotImplementedError (Horovod's own type for it).
 """
 
 from __future__ import annotations
@@ -25,16 +25,19 @@ import atexit
 import contextlib
 import datetime
 import enum
+import functools
+import hashlib
 import os
 import time
 import warnings
 import weakref
-from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, replace
 from typing import Any, NamedTuple
 
 import torch
 import torch.distributed as dist
+from torch.distributed.distributed_c10d import AllgatherOptions, AllreduceOptions
 
 __all__ = [
     "Adasum",
@@ -47,6 +50,7 @@ __all__ = [
     "Product",
     "ProcessSet",
     "Sum",
+    "ShimUnsupportedError",
     "SyncBatchNorm",
     "add_process_set",
     "allgather",
@@ -115,10 +119,6 @@ ADASUM_MESSAGE = (
     "op=hvd.Adasum is not supported by kftrain's Horovod shim: use op=hvd.Average (the default), "
     "scaling the learning rate by hvd.size() as Horovod's docs advise for Average"
 )
-PROCESS_SET_MESSAGE = (
-    "Horovod process sets are not supported by kftrain's Horovod shim: make a sub-group with "
-    "torch.distributed.new_group(ranks) and call torch.distributed collectives with group=..."
-)
 _UNSUPPORTED = {
     "SyncBatchNorm": "use torch.nn.SyncBatchNorm.convert_sync_batchnorm(model) with DistributedDataParallel",
     "start_timeline": "use torch.profiler for a trace of collectives",
@@ -127,7 +127,14 @@ _UNSUPPORTED = {
 
 
 class HorovodInternalError(RuntimeError):
-    """A collective failed (raised by `synchronize`), as Horovod names it."""
+    """A collective failed or the processes disagree about one (Horovod's type for both)."""
+
+
+class ShimUnsupportedError(Exception):
+    """A Horovod feature kftrain's shim does not provide; the message says what to use instead.
+
+    Deliberately not a RuntimeError: a script that catches RuntimeError for Horovod's own
+    collective failures must not swallow it."""
 
 
 class _Op(enum.IntEnum):
@@ -153,7 +160,7 @@ class _Elastic:
     """`hvd.elastic`: any use says what to do instead."""
 
     def __getattr__(self, name: str) -> Any:
-        raise NotImplementedError(ELASTIC_MESSAGE)
+        raise ShimUnsupportedError(ELASTIC_MESSAGE)
 
 
 elastic = _Elastic()
@@ -161,7 +168,7 @@ elastic = _Elastic()
 
 def _unsupported(name: str) -> Callable[..., Any]:
     def fn(*args: Any, **kwargs: Any) -> Any:
-        raise NotImplementedError(f"hvd.{name} is not supported by kftrain's Horovod shim: {_UNSUPPORTED[name]}")
+        raise ShimUnsupportedError(f"hvd.{name} is not supported by kftrain's Horovod shim: {_UNSUPPORTED[name]}")
 
     fn.__name__ = fn.__qualname__ = name
     fn.__doc__ = f"Not supported: {_UNSUPPORTED[name]}."
@@ -173,48 +180,75 @@ start_timeline = _unsupported("start_timeline")
 stop_timeline = _unsupported("stop_timeline")
 
 
-class _GlobalProcessSet:
-    """All processes: the only process set the shim has (the default of every `process_set=`)."""
+class ProcessSet:
+    """Processes that run collectives among themselves (Horovod's `hvd.ProcessSet`), given by
+    their global ranks.
 
-    process_set_id = 0
+    Register one on every process, in the same order: `hvd.init(process_sets=[...])` or, after
+    init, `hvd.add_process_set(...)`; then pass it as `process_set=` to any collective, which only
+    its members call. A `root_rank` stays a global rank that belongs to the set."""
+
+    def __init__(self, ranks_or_comm: Any) -> None:
+        if isinstance(ranks_or_comm, (str, bytes, Mapping)) or not isinstance(ranks_or_comm, Iterable):
+            raise ValueError(
+                "ProcessSet should be initialized with a list of process ranks (a communicator needs MPI, "
+                f"which kftrain's Horovod shim does not have); got {ranks_or_comm!r}"
+            )
+        ranks = list(ranks_or_comm)
+        if any(isinstance(r, bool) or not isinstance(r, int) for r in ranks):
+            raise ValueError(f"ProcessSet should be initialized with a list of integer process ranks, got {ranks}")
+        if len(set(ranks)) != len(ranks):
+            raise ValueError(f"ProcessSet ranks must be distinct, got {ranks}")
+        self.ranks: list[int] = sorted(ranks)
+        self.process_set_id: int | None = None
+        self.mpi_comm = None
+
+    def _invalidate(self) -> None:
+        self.process_set_id = None
 
     def included(self) -> bool:
-        """Every process belongs to the global set."""
-        return True
+        """Whether this process belongs to the set."""
+        return rank() in self.ranks
 
-    def rank(self) -> int:
-        """This process's rank in the set: its global rank."""
-        return rank()
+    def rank(self) -> int | None:
+        """This process's rank within the set (its index among the sorted ranks); None if the set
+        is not registered or this process is not in it."""
+        if self.process_set_id is None or rank() not in self.ranks:
+            return None
+        return self.ranks.index(rank())
 
-    def size(self) -> int:
-        """Processes in the set: all of them."""
-        return size()
+    def size(self) -> int | None:
+        """Processes in the set; None if the set is not registered."""
+        return None if self.process_set_id is None else len(self.ranks)
 
     def __repr__(self) -> str:
-        return "ProcessSet(global)"
+        return f"ProcessSet(process_set_id={self.process_set_id}, ranks={self.ranks})"
 
 
-global_process_set = _GlobalProcessSet()
+global_process_set = ProcessSet([])
+global_process_set.process_set_id = 0  # its ranks are filled in by init
 
 
-def ProcessSet(*args: Any, **kwargs: Any) -> Any:  # noqa: N802 - Horovod's class name
-    """Not supported: use torch.distributed.new_group(ranks)."""
-    raise NotImplementedError(PROCESS_SET_MESSAGE)
+def add_process_set(process_set: ProcessSet | Iterable[int]) -> ProcessSet:
+    """Register a process set after init and return it; every process must call this (members or
+    not), with the same ranks, in the same order. No registered set may have the same ranks."""
+    _topo()
+    ps = process_set if isinstance(process_set, ProcessSet) else ProcessSet(process_set)
+    _register(ps)
+    return ps
 
 
-def add_process_set(*args: Any, **kwargs: Any) -> Any:
-    """Not supported: use torch.distributed.new_group(ranks)."""
-    raise NotImplementedError(PROCESS_SET_MESSAGE)
-
-
-def remove_process_set(*args: Any, **kwargs: Any) -> Any:
-    """Not supported: use torch.distributed.new_group(ranks)."""
-    raise NotImplementedError(PROCESS_SET_MESSAGE)
-
-
-def _check_process_set(process_set: Any) -> None:
-    if process_set is not global_process_set:
-        raise NotImplementedError(PROCESS_SET_MESSAGE)
+def remove_process_set(process_set: ProcessSet) -> bool:
+    """Unregister a process set (on every process); False for the global set or one not registered."""
+    pid = getattr(process_set, "process_set_id", None)
+    if not pid or _state.topology is None or pid not in _state.sets:
+        return False
+    st = _state.sets.pop(pid)
+    process_set._invalidate()
+    for group in (st.group, st.side):
+        if group is not None and group != dist.GroupMember.NON_GROUP_MEMBER and dist.is_initialized():
+            dist.destroy_process_group(group)
+    return True
 
 
 # --- topology and lifetime -----------------------------------------------------------------
@@ -265,26 +299,76 @@ def topology(environ: Mapping[str, str] = os.environ) -> Topology:
     return Topology(rank=rank_, size=world, local_rank=0, local_size=1, cross_rank=rank_, cross_size=world)
 
 
+@dataclass(slots=True)
+class _SetState:
+    """A registered process set: its data group and the gloo side group its descriptors travel on."""
+
+    ranks: tuple[int, ...]
+    group: Any  # None: the default (world) group
+    side: Any  # None when the set has one process: nothing to agree with
+    owner: ProcessSet
+    seq: int = 0  # collectives issued on this set so far: the number each check compares
+
+
 class _State:
     topology: Topology | None = None
     owns_group = False
+    checks = True
+    check_timeout = datetime.timedelta(seconds=60)
+    sets: dict[int, _SetState] = {}
+    next_set_id = 1
+    # The rendezvous store lives as long as the process: every init after a shutdown works under
+    # a fresh key prefix of it, so no rank ever meets a store another rank is tearing down.
+    store: Any = None
+    incarnation = 0
+    atexit_registered = False
 
 
 _state = _State()
 
 
+def _env_flag(name: str, default: bool) -> bool:
+    value = os.environ.get(name, "").strip().lower()
+    if not value:
+        return default
+    if value in ("0", "false", "no", "off"):
+        return False
+    if value in ("1", "true", "yes", "on"):
+        return True
+    raise ValueError(f"{name}={value!r}: use 1 (on) or 0 (off)")
+
+
+def _env_seconds(name: str, default: float) -> datetime.timedelta:
+    raw = os.environ.get(name, "")
+    try:
+        seconds = float(raw) if raw.strip() else default
+    except ValueError:
+        raise ValueError(f"{name}={raw!r} is not a number of seconds") from None
+    if not seconds > 0:
+        raise ValueError(f"{name}={raw!r} must be a positive number of seconds")
+    return datetime.timedelta(seconds=seconds)
+
+
 def init(comm: Any = None, process_sets: Any = None) -> None:
     """Join the job's process group (idempotent): gloo for CPU tensors, and NCCL for CUDA tensors
-    with the CUDA device set from the local rank when GPUs are present."""
+    with the CUDA device set from the local rank when GPUs are present.
+
+    `process_sets`: ProcessSet objects (or rank lists) to register now, on every process alike,
+    or "dynamic" (accepted: sets can always be added later with `add_process_set`)."""
     if comm is not None:
-        raise NotImplementedError(
+        raise ShimUnsupportedError(
             "hvd.init(comm=...) is not supported by kftrain's Horovod shim: there is no MPI; ranks come from "
-            "torchrun or the PyTorchJob environment"
+            "torchrun or the PyTorchJob environment (use hvd.init() and, for sub-groups, process_sets=[...])"
         )
-    if process_sets is not None:
-        raise NotImplementedError(PROCESS_SET_MESSAGE)
+    if process_sets == "dynamic":
+        process_sets = None
+    if process_sets is not None and (isinstance(process_sets, (str, bytes)) or not isinstance(process_sets, Iterable)):
+        raise ValueError(f"process_sets must be a list of ProcessSet objects or 'dynamic', got {process_sets!r}")
     if _state.topology is not None:
         return
+    _state.checks = _env_flag("KFTRAIN_HOROVOD_CHECKS", True)
+    _state.check_timeout = _env_seconds("KFTRAIN_HOROVOD_CHECK_TIMEOUT_S", 60.0)
+    timeout = _env_seconds("KFTRAIN_HOROVOD_TIMEOUT_S", 1800.0)
     topo = topology()
     if dist.is_initialized():  # the script (or a library) made the group itself: use it, leave it
         if (dist.get_rank(), dist.get_world_size()) != (topo.rank, topo.size):
@@ -298,19 +382,56 @@ def init(comm: Any = None, process_sets: Any = None) -> None:
             torch.cuda.set_device(topo.local_rank)
         # Horovod reduces CPU and GPU tensors alike (metrics are often CPU tensors): one backend each.
         backend = "cpu:gloo,cuda:nccl" if cuda else "gloo"
-        timeout = datetime.timedelta(seconds=float(os.environ.get("KFTRAIN_HOROVOD_TIMEOUT_S", 1800)))
         if topo.size == 1 and "MASTER_ADDR" not in os.environ:
             # A plain `python script.py`: an in-memory store, no port to pick.
             dist.init_process_group(backend, store=dist.HashStore(), rank=0, world_size=1, timeout=timeout)
         else:
-            dist.init_process_group(backend, timeout=timeout)
+            if _state.store is None:
+                _state.store, _, _ = next(dist.rendezvous("env://", timeout=timeout))
+            store = dist.PrefixStore(f"kftrain-horovod/{_state.incarnation}/", _state.store)
+            dist.init_process_group(backend, store=store, rank=topo.rank, world_size=topo.size, timeout=timeout)
+        _state.incarnation += 1
         _state.owns_group = True
-        atexit.register(shutdown)
+        if not _state.atexit_registered:
+            atexit.register(shutdown)
+            _state.atexit_registered = True
     _state.topology = topo
+    global_process_set.ranks = list(range(topo.size))
+    side = dist.new_group(backend="gloo", timeout=timeout) if topo.size > 1 else None
+    _state.sets = {0: _SetState(tuple(range(topo.size)), None, side, global_process_set)}
+    _state.next_set_id = 1
+    for ps in process_sets or ():
+        _register(ps if isinstance(ps, ProcessSet) else ProcessSet(ps))
+
+
+def _register(ps: ProcessSet) -> None:
+    n = size()
+    if not ps.ranks or any(not 0 <= r < n for r in ps.ranks):
+        raise ValueError(f"{ps}: ranks must be a non-empty list of ranks of this job (0 to {n - 1})")
+    if ps.process_set_id is not None and _state.sets.get(ps.process_set_id, None) is not None:
+        raise ValueError(f"Attempted to add a duplicate process set: {ps} is already registered")
+    if any(st.ranks == tuple(ps.ranks) for st in _state.sets.values()):
+        raise ValueError(f"Attempted to add a duplicate process set: {ps} (a registered set has these ranks)")
+    timeout = _env_seconds("KFTRAIN_HOROVOD_TIMEOUT_S", 1800.0)
+    # new_group is collective over the whole job: every process takes part, members or not.
+    group = dist.new_group(ps.ranks, timeout=timeout)
+    side = dist.new_group(ps.ranks, backend="gloo", timeout=timeout) if len(ps.ranks) > 1 else None
+    ps.process_set_id = _state.next_set_id
+    _state.next_set_id += 1
+    _state.sets[ps.process_set_id] = _SetState(tuple(ps.ranks), group, side, ps)
 
 
 def shutdown() -> None:
-    """Leave the process group (if `init` made it); safe to call more than once."""
+    """Leave the process group (if `init` made it); safe to call more than once. `init` may be
+    called again afterwards (process sets must then be registered again)."""
+    for pid, st in list(_state.sets.items()):
+        if pid:
+            st.owner._invalidate()
+        if not _state.owns_group and dist.is_initialized():  # the script's group stays: drop only ours
+            for group in (st.group, st.side):
+                if group is not None and group != dist.GroupMember.NON_GROUP_MEMBER:
+                    dist.destroy_process_group(group)
+    _state.sets = {}
     if _state.owns_group and dist.is_initialized():
         dist.destroy_process_group()
     _state.topology, _state.owns_group = None, False
@@ -442,6 +563,337 @@ def synchronize(handle: _Handle) -> Any:
     return handle.wait()
 
 
+# --- the collective protocol: process sets, consistency checks, join ------------------------
+#
+# Every collective starts with `_collective_group`. With checks on (the default), the processes
+# of the set first all-gather a few integers on a gloo side group: the collective's number on
+# this set, a hash of its descriptor (kind, name, shapes, dtypes, root, detail), and whether the
+# process has joined. Equal words: the collective proceeds on the data group. Different words:
+# every process gathers the full descriptors and raises one HorovodInternalError naming both
+# sides. A process that never arrives: the others' side exchange times out after
+# KFTRAIN_HOROVOD_CHECK_TIMEOUT_S. A process in `join()` answers each exchange as joined, reads
+# the collective from the lowest active rank and takes part with zeros (allreduce), as Horovod.
+
+# Each process's state in the exchange: active, or joined (1 + the rounds it has answered since).
+_ACTIVE = 0
+_NOTHING = -(2**62)  # what a joined process sends for the hash and number: never the maximum
+# Kinds whose tensors may differ in their first dimension across ranks (Horovod's allgather):
+# the descriptor hashes the other dimensions and the Agreement carries every rank's first ones.
+FIRST_DIM_FREE_KINDS = {"allgather"}
+
+
+class TensorSpec(NamedTuple):
+    """A tensor as the descriptor sees it (stands in for one not yet computed)."""
+
+    shape: tuple[int, ...]
+    dtype: torch.dtype
+    cuda: bool = False
+
+    @classmethod
+    def of(cls, t: torch.Tensor | TensorSpec) -> TensorSpec:
+        """The spec of a tensor (a spec is returned as it is)."""
+        if isinstance(t, TensorSpec):
+            return t
+        return cls(tuple(t.shape), t.dtype, t.is_cuda)
+
+    def __str__(self) -> str:
+        return f"{str(self.dtype).removeprefix('torch.')}{list(self.shape)}"
+
+
+class _Desc(NamedTuple):
+    kind: str
+    names: tuple[str, ...]
+    tensors: tuple[TensorSpec, ...]
+    root: int | None
+    detail: tuple
+
+
+@dataclass(frozen=True, slots=True)
+class Agreement:
+    """What `_collective_group` returns: where to issue the collective and what the set agreed on.
+
+    `group` is the torch ProcessGroup (None: the default group); `rank`/`size` are within the set;
+    `ranks` its global ranks; `joined` the global ranks that have called `join()` (they contribute
+    zeros to allreduce); `index` the collective's number on the set; `root_rank` the global root and
+    `group_root` its rank within the set; `first_dims[r][i]`, for FIRST_DIM_FREE_KINDS, the first
+    dimension of tensor i on the set's r-th process."""
+
+    group: Any
+    ranks: tuple[int, ...]
+    rank: int
+    size: int
+    joined: tuple[int, ...] = ()
+    index: int = 0
+    root_rank: int | None = None
+    group_root: int | None = None
+    first_dims: tuple[tuple[int, ...], ...] | None = None
+
+
+def _set_state(process_set: Any) -> _SetState:
+    _topo()
+    if not isinstance(process_set, ProcessSet):
+        raise ValueError(f"process_set must be an hvd.ProcessSet (default hvd.global_process_set), got {process_set!r}")
+    st = _state.sets.get(process_set.process_set_id) if process_set.process_set_id is not None else None
+    if st is None or st.owner is not process_set:
+        raise ValueError(
+            f"{process_set} is not registered: pass it to hvd.init(process_sets=[...]) or hvd.add_process_set(...) "
+            "on every process first"
+        )
+    if rank() not in st.ranks:
+        raise ValueError(f"rank {rank()} is not a member of {process_set}: only its members may use it")
+    return st
+
+
+def _names(name: str | Sequence[str] | None, n: int) -> tuple[str, ...]:
+    if name is None:
+        return ()
+    if isinstance(name, str):
+        return (name,)
+    return tuple(str(x) for x in name)
+
+
+@functools.lru_cache(maxsize=256)
+def _hash(desc: _Desc) -> int:
+    tensors = desc.tensors
+    if desc.kind in FIRST_DIM_FREE_KINDS:
+        tensors = tuple(TensorSpec((-1, *t.shape[1:]), t.dtype, t.cuda) for t in tensors)
+    key = repr((desc.kind, desc.names, tensors, desc.root, desc.detail)).encode()
+    return int.from_bytes(hashlib.blake2b(key, digest_size=7).digest(), "little")
+
+
+def _all_gather_words(st: _SetState, words: list[int], timeout: datetime.timedelta | None) -> list[list[int]]:
+    t = torch.tensor(words, dtype=torch.int64)
+    out = [torch.empty_like(t) for _ in st.ranks]
+    opts = AllgatherOptions()
+    if timeout is not None:
+        opts.timeout = timeout
+    st.side.allgather([out], [t], opts).wait()
+    return [o.tolist() for o in out]
+
+
+def _collective_group(
+    kind: str,
+    tensors: Sequence[torch.Tensor | TensorSpec],
+    *,
+    name: str | Sequence[str] | None,
+    process_set: Any,
+    root_rank: int | None = None,
+    detail: tuple = (),
+) -> Agreement:
+    """The entry point of every collective: validate `process_set` (this process must be in it)
+    and `root_rank` (a global rank in the set), check that every process of the set issues the
+    same collective (kind, name, shapes, dtypes, root, detail: raising HorovodInternalError on every
+    process if not), and say where to issue it. `detail`: any other per-call data that must agree,
+    best as (label, value) pairs, which the mismatch message shows as label=value."""
+    st = _set_state(process_set)
+    me = st.ranks.index(rank())
+    group_root = None
+    if root_rank is not None:
+        if isinstance(root_rank, bool) or not isinstance(root_rank, int) or root_rank not in st.ranks:
+            where = "this job" if st.owner is global_process_set else str(st.owner)
+            raise ValueError(f"root_rank {root_rank} is not a rank of {where} (ranks {list(st.ranks)})")
+        group_root = st.ranks.index(root_rank)
+    index = st.seq
+    st.seq += 1
+    agreement = Agreement(st.group, st.ranks, me, len(st.ranks), (), index, root_rank, group_root)
+    if st.side is None:
+        if kind in FIRST_DIM_FREE_KINDS:
+            agreement = replace(agreement, first_dims=(tuple(_first_dim(t) for t in tensors),))
+        return agreement
+    desc = None
+    if _state.checks:
+        specs = tuple(TensorSpec.of(t) for t in tensors)
+        desc = _Desc(kind, _names(name, len(specs)), specs, root_rank, tuple(detail))
+        codes, _ = _exchange(st, desc, index, _ACTIVE, _state.check_timeout)
+        joined = tuple(st.ranks[i] for i, code in enumerate(codes) if code != _ACTIVE)
+        if joined:
+            active = [i for i, code in enumerate(codes) if code == _ACTIVE]
+            box = [desc if me == active[0] else None]
+            dist.broadcast_object_list(box, src=st.ranks[active[0]], group=st.side)
+            if kind not in JOIN_MIRRORS:
+                raise HorovodInternalError(_join_unsupported(kind))
+            agreement = replace(agreement, joined=joined)
+    if kind in FIRST_DIM_FREE_KINDS:
+        dims = _all_gather_words(st, [_first_dim(t) for t in tensors], None)
+        agreement = replace(agreement, first_dims=tuple(tuple(d) for d in dims))
+    return agreement
+
+
+def _first_dim(t: torch.Tensor | TensorSpec) -> int:
+    shape = TensorSpec.of(t).shape
+    return shape[0] if shape else 1
+
+
+def _join_unsupported(kind: str) -> str:
+    word = kind.removeprefix("grouped_").split("_")[0].capitalize()
+    return f"{word} is not supported with Join at this time (a rank has called hvd.join(); only allreduce is)."
+
+
+def _exchange(
+    st: _SetState, desc: _Desc | None, seq: int, code: int, timeout: datetime.timedelta | None
+) -> tuple[list[int], int]:
+    """One round of the protocol: every process's state code, and the number of the collective
+    the active ones issue; raises on every process if the active ones disagree.
+
+    One int64 MAX-allreduce carries it all: the hash and the number, each also negated (so the
+    maximum of the negation is minus the minimum: equal maxima mean equal values), and one slot
+    per process for its state code."""
+    n, me = len(st.ranks), st.ranks.index(rank())
+    words = [_NOTHING] * 4 + [-1] * n
+    if desc is not None:
+        h = _hash(desc)
+        words[:4] = [h, -h, seq, -seq]
+    words[4 + me] = code
+    t = torch.tensor(words, dtype=torch.int64)
+    opts = AllreduceOptions()
+    opts.reduceOp = dist.ReduceOp.MAX
+    if timeout is not None:
+        opts.timeout = timeout
+    try:
+        st.side.allreduce([t], opts).wait()
+    except RuntimeError as exc:
+        what = f"{desc.kind} at collective #{seq}{_quoted(desc.names)}" if desc else "hvd.join()"
+        raise HorovodInternalError(
+            f"{what}: not every process of {st.owner} reached this collective within "
+            f"{timeout.total_seconds() if timeout else 'the'} s (one may have skipped it, issued other collectives "
+            "or exited). Every process must issue the same collectives in the same order; a process that is "
+            "legitimately slower (saving a checkpoint) needs a larger KFTRAIN_HOROVOD_CHECK_TIMEOUT_S, and "
+            f"KFTRAIN_HOROVOD_CHECKS=0 turns these checks off. ({exc})"
+        ) from exc
+    w = t.tolist()
+    codes = w[4:]
+    if _ACTIVE in codes and (w[0] != -w[1] or w[2] != -w[3]):
+        descs: list[Any] = [None] * n
+        dist.all_gather_object(descs, (seq, desc), group=st.side)
+        raise HorovodInternalError(_mismatch_message(st, codes, descs))
+    return codes, w[2]
+
+
+def _quoted(names: tuple[str, ...]) -> str:
+    return f" '{names[0]}'" if len(names) == 1 else (f" {list(names)}" if names else "")
+
+
+def _mismatch_message(st: _SetState, codes: list[int], descs: list[Any]) -> str:
+    active = [i for i, code in enumerate(codes) if code == _ACTIVE]
+    keys = {i: (descs[i][0], _hash(descs[i][1])) for i in active}
+    a = active[0]
+    b = next(i for i in active[1:] if keys[i] != keys[a])
+    (seq_a, da), (seq_b, db) = descs[a], descs[b]
+    ra, rb = st.ranks[a], st.ranks[b]
+    if seq_a != seq_b:
+        return (
+            f"collectives out of order: rank {ra} is at collective #{seq_a} ({_summary(da)}), rank {rb} at "
+            f"collective #{seq_b} ({_summary(db)}); a rank skipped or added a collective"
+        )
+    head = f"{da.kind} mismatch at collective #{seq_a}{_quoted(da.names)}"
+    if da.kind != db.kind:
+        return (
+            f"order mismatch at collective #{seq_a}: rank {ra} called {_summary(da)}, rank {rb} called {_summary(db)}"
+        )
+    if da.names != db.names:
+        na, nb = (_quoted(d.names).strip() or "no name" for d in (da, db))
+        return f"{da.kind} name mismatch at collective #{seq_a}: rank {ra} passed {na}, rank {rb} passed {nb}"
+    if len(da.tensors) != len(db.tensors):
+        return f"{head}: rank {ra} passed {len(da.tensors)} tensors, rank {rb} passed {len(db.tensors)}"
+    for i, (ta, tb) in enumerate(zip(da.tensors, db.tensors, strict=True)):
+        if da.kind in FIRST_DIM_FREE_KINDS:
+            same = ta.dtype == tb.dtype and ta.shape[1:] == tb.shape[1:] and len(ta.shape) == len(tb.shape)
+        else:
+            same = (ta.shape, ta.dtype) == (tb.shape, tb.dtype)
+        if not same or ta.cuda != tb.cuda:
+            where = (
+                f"collective #{seq_a} '{da.names[i]}'"
+                if len(da.names) > 1
+                else f"collective #{seq_a}{_quoted(da.names)}"
+            )
+            kind_note = " (every dimension but the first must match)" if da.kind in FIRST_DIM_FREE_KINDS else ""
+            a_, b_ = (f"{t}{' on cuda' if t.cuda else ''}" for t in (ta, tb))
+            return f"{da.kind} mismatch at {where}: rank {ra} passed {a_}, rank {rb} passed {b_}{kind_note}"
+    if da.root != db.root:
+        return f"{head}: rank {ra} passed root_rank {da.root}, rank {rb} passed root_rank {db.root}"
+    return f"{head}: rank {ra} passed {_detail(da.detail)}, rank {rb} passed {_detail(db.detail)}"
+
+
+def _detail(detail: tuple) -> str:
+    if all(isinstance(d, tuple) and len(d) == 2 and isinstance(d[0], str) for d in detail):
+        return ", ".join(f"{k}={v}" for k, v in detail)
+    return repr(detail)
+
+
+def _summary(desc: _Desc | None) -> str:
+    if desc is None:
+        return "hvd.join()"
+    tensors = ", ".join(map(str, desc.tensors[:3])) + (", ..." if len(desc.tensors) > 3 else "")
+    return f"{desc.kind}{_quoted(desc.names)} of {tensors or 'no tensors'}"
+
+
+def _mirror_allreduce(desc: _Desc, st: _SetState, device: torch.device) -> None:
+    op = _TORCH_OP[_Op[dict(desc.detail)["op"].upper()]]
+    works = []
+    for spec in desc.tensors:
+        where = device if spec.cuda else torch.device("cpu")
+        zeros = torch.zeros(spec.shape, dtype=_WIDER.get(spec.dtype, spec.dtype), device=where)
+        works.append(dist.all_reduce(zeros, op=op, group=st.group, async_op=True))
+    for w in works:
+        w.wait()
+
+
+# How a joined process takes part in a collective the others issue (Horovod: allreduce only;
+# the barrier is the exchange itself).
+JOIN_MIRRORS: dict[str, Callable[[_Desc, _SetState, torch.device], None]] = {
+    "allreduce": _mirror_allreduce,
+    "barrier": lambda desc, st, device: None,
+}
+
+
+def join(device: int = -1) -> int:
+    """This process has run out of data: until every process has joined, take part in the
+    others' allreduces with zeros (Average still divides by the full size, as Horovod does);
+    return the rank that joined last (the same on every process).
+
+    Other collectives issued while a process has joined raise HorovodInternalError, as in
+    Horovod. With KFTRAIN_HOROVOD_CHECKS=0 join is a plain barrier."""
+    _topo()
+    st = _state.sets[0]
+    if st.side is None:
+        return rank()
+    if not _state.checks:
+        arrivals: list[Any] = [None] * size()
+        dist.all_gather_object(arrivals, time.time())
+        return max(range(len(arrivals)), key=lambda r: arrivals[r])
+    where = (
+        torch.device("cuda", device if device >= 0 else torch.cuda.current_device())
+        if torch.cuda.is_available()
+        else torch.device("cpu")
+    )
+    rounds = 0
+    while True:
+        codes, seq = _exchange(st, None, st.seq, 1 + rounds, None)
+        active = [i for i, code in enumerate(codes) if code == _ACTIVE]
+        if not active:
+            st.seq += 1
+            # The last to join has answered the fewest rounds; ties go to the highest rank.
+            return st.ranks[max(range(len(codes)), key=lambda i: (-codes[i], i))]
+        box: list[Any] = [None]
+        dist.broadcast_object_list(box, src=st.ranks[active[0]], group=st.side)
+        desc = box[0]
+        st.seq = seq + 1
+        mirror = JOIN_MIRRORS.get(desc.kind)
+        if mirror is None:
+            raise HorovodInternalError(_join_unsupported(desc.kind))
+        mirror(desc, st, where)
+        rounds += 1
+
+
+# gloo and NCCL have no int16: such tensors travel widened and come back narrowed, exactly.
+_WIDER = {torch.int16: torch.int32}
+
+
+def _widen(t: torch.Tensor) -> torch.Tensor:
+    wider = _WIDER.get(t.dtype)
+    return t if wider is None else t.to(wider)
+
+
 # --- allreduce -----------------------------------------------------------------------------
 
 
@@ -451,6 +903,7 @@ def _resolve_op(op: Any, average: bool | None) -> _Op:
     if op is None:
         op = Average if average is None or average else Sum
     if op == Adasum:
+        # Horovod's own type when Adasum cannot run in a configuration.
         raise NotImplementedError(ADASUM_MESSAGE)
     return _Op(op)
 
@@ -464,19 +917,39 @@ def _scale_(tensor: torch.Tensor, factor: float) -> None:
         tensor.copy_(tensor * factor)
 
 
+def _allreduce_detail(op: _Op, prescale_factor: float, postscale_factor: float) -> tuple:
+    return (("op", op.name.capitalize()), ("prescale_factor", prescale_factor), ("postscale_factor", postscale_factor))
+
+
 def _allreduce_into(
-    output: torch.Tensor, op: _Op, prescale_factor: float, postscale_factor: float, finish=lambda t: t
+    output: torch.Tensor,
+    op: _Op,
+    prescale_factor: float,
+    postscale_factor: float,
+    agreement: Agreement,
+    finish=lambda t: t,
 ) -> _Handle:
-    _topo()
-    _scale_(output, prescale_factor)
-    work = dist.all_reduce(output, op=_TORCH_OP[op], async_op=True)
-    post = postscale_factor / size() if op == Average else postscale_factor
+    """Issue the (already agreed) allreduce of `output`, in place."""
+    wire = _widen(output)
+    _scale_(wire, prescale_factor)
+    work = dist.all_reduce(wire, op=_TORCH_OP[op], group=agreement.group, async_op=True)
+    # Horovod divides by the whole set, joined processes (which sent zeros) included.
+    post = postscale_factor / agreement.size if op == Average else postscale_factor
 
     def done() -> torch.Tensor:
-        _scale_(output, post)
+        _scale_(wire, post)
+        if wire is not output:
+            output.copy_(wire)
         return finish(output)
 
     return _Handle([work], done)
+
+
+def _allreduce_agreed(
+    tensors: Sequence[torch.Tensor], name: Any, op: _Op, pre: float, post: float, process_set: Any
+) -> Agreement:
+    detail = _allreduce_detail(op, pre, post)
+    return _collective_group("allreduce", tensors, name=name, process_set=process_set, detail=detail)
 
 
 def allreduce_async(
@@ -488,10 +961,11 @@ def allreduce_async(
     postscale_factor: float = 1.0,
     process_set: Any = global_process_set,
 ) -> _Handle:
-    """Start reducing `tensor` over all processes into a new tensor (Average unless `op` says)."""
+    """Start reducing `tensor` over the set's processes into a new tensor (Average unless `op` says)."""
     op = _resolve_op(op, average)
-    _check_process_set(process_set)
-    return _allreduce_into(tensor.detach().clone(), op, prescale_factor, postscale_factor)
+    out = tensor.detach().clone()
+    agreement = _allreduce_agreed([out], name, op, prescale_factor, postscale_factor, process_set)
+    return _allreduce_into(out, op, prescale_factor, postscale_factor, agreement)
 
 
 def allreduce_async_(
@@ -503,25 +977,28 @@ def allreduce_async_(
     postscale_factor: float = 1.0,
     process_set: Any = global_process_set,
 ) -> _Handle:
-    """Start reducing `tensor` over all processes in place."""
+    """Start reducing `tensor` over the set's processes in place."""
     op = _resolve_op(op, average)
-    _check_process_set(process_set)
-    return _allreduce_into(tensor.data, op, prescale_factor, postscale_factor, finish=lambda _: tensor)
+    agreement = _allreduce_agreed([tensor], name, op, prescale_factor, postscale_factor, process_set)
+    return _allreduce_into(tensor.data, op, prescale_factor, postscale_factor, agreement, finish=lambda _: tensor)
 
 
 class _AllreduceFunction(torch.autograd.Function):
     """Allreduce as an autograd op: the gradient of the result is reduced the same way."""
 
     @staticmethod
-    def forward(ctx, tensor, op, prescale_factor, postscale_factor):
-        ctx.args = (op, prescale_factor, postscale_factor)
-        return synchronize(_allreduce_into(tensor.detach().clone(), op, prescale_factor, postscale_factor))
+    def forward(ctx, tensor, op, prescale_factor, postscale_factor, name, process_set):
+        ctx.args = (op, prescale_factor, postscale_factor, name, process_set)
+        out = tensor.detach().clone()
+        agreement = _allreduce_agreed([out], name, op, prescale_factor, postscale_factor, process_set)
+        return synchronize(_allreduce_into(out, op, prescale_factor, postscale_factor, agreement))
 
     @staticmethod
     def backward(ctx, grad_output):
-        op, pre, post = ctx.args
-        grad = synchronize(_allreduce_into(grad_output.detach().clone(), op, pre, post))
-        return grad, None, None, None
+        op, pre, post, name, process_set = ctx.args
+        grad = grad_output.detach().clone()
+        agreement = _allreduce_agreed([grad], name and f"{name}.grad", op, pre, post, process_set)
+        return synchronize(_allreduce_into(grad, op, pre, post, agreement)), None, None, None, None, None
 
 
 def allreduce(
@@ -534,12 +1011,11 @@ def allreduce(
     postscale_factor: float = 1.0,
     process_set: Any = global_process_set,
 ) -> torch.Tensor:
-    """`tensor` reduced over all processes (a new tensor; differentiable), Average unless `op` says."""
+    """`tensor` reduced over the set's processes (a new tensor; differentiable), Average unless `op` says."""
     op = _resolve_op(op, average)
-    _check_process_set(process_set)
     compression = compression or Compression.none
     compressed, ctx = compression.compress(tensor)
-    out = _AllreduceFunction.apply(compressed, op, prescale_factor, postscale_factor)
+    out = _AllreduceFunction.apply(compressed, op, prescale_factor, postscale_factor, name, process_set)
     return compression.decompress(out, ctx)
 
 
@@ -552,18 +1028,62 @@ def allreduce_(
     postscale_factor: float = 1.0,
     process_set: Any = global_process_set,
 ) -> torch.Tensor:
-    """Reduce `tensor` over all processes in place and return it."""
+    """Reduce `tensor` over the set's processes in place and return it."""
     return synchronize(allreduce_async_(tensor, average, name, op, prescale_factor, postscale_factor, process_set))
 
 
-def grouped_allreduce(tensors: list[torch.Tensor], average=None, name=None, compression=None, op=None, **kwargs):
-    """`allreduce` of each tensor of a list."""
-    return [allreduce(t, average, name, compression, op, **kwargs) for t in tensors]
+def _grouped_allreduce_async(
+    tensors: list[torch.Tensor], outputs: list[torch.Tensor], average, name, op, pre, post, process_set, finish
+) -> list[_Handle]:
+    op = _resolve_op(op, average)
+    # One check for the whole group, as Horovod negotiates a group once.
+    agreement = _allreduce_agreed(outputs, name, op, pre, post, process_set)
+    return [
+        _allreduce_into(o, op, pre, post, agreement, finish=finish(t)) for t, o in zip(tensors, outputs, strict=True)
+    ]
 
 
-def grouped_allreduce_(tensors: list[torch.Tensor], average=None, name=None, op=None, **kwargs):
-    """`allreduce_` of each tensor of a list."""
-    handles = [allreduce_async_(t, average, name, op, **kwargs) for t in tensors]
+def grouped_allreduce(
+    tensors: list[torch.Tensor],
+    average: bool | None = None,
+    name: str | None = None,
+    compression: Any = None,
+    op: Any = None,
+    prescale_factor: float = 1.0,
+    postscale_factor: float = 1.0,
+    process_set: Any = global_process_set,
+) -> list[torch.Tensor]:
+    """`allreduce` of each tensor of a list (new tensors), checked once for the whole list."""
+    compression = compression or Compression.none
+    pairs = [compression.compress(t) for t in tensors]
+    outs = [c.detach().clone() for c, _ in pairs]
+    handles = _grouped_allreduce_async(
+        outs, outs, average, name, op, prescale_factor, postscale_factor, process_set, lambda t: lambda r: r
+    )
+    return [compression.decompress(synchronize(h), ctx) for h, (_, ctx) in zip(handles, pairs, strict=True)]
+
+
+def grouped_allreduce_(
+    tensors: list[torch.Tensor],
+    average: bool | None = None,
+    name: str | None = None,
+    op: Any = None,
+    prescale_factor: float = 1.0,
+    postscale_factor: float = 1.0,
+    process_set: Any = global_process_set,
+) -> list[torch.Tensor]:
+    """`allreduce_` of each tensor of a list, in place, checked once for the whole list."""
+    handles = _grouped_allreduce_async(
+        tensors,
+        [t.data for t in tensors],
+        average,
+        name,
+        op,
+        prescale_factor,
+        postscale_factor,
+        process_set,
+        lambda t: lambda _: t,
+    )
     return [synchronize(h) for h in handles]
 
 
@@ -572,21 +1092,27 @@ def grouped_allreduce_(tensors: list[torch.Tensor], average=None, name=None, op=
 
 def allgather_async(tensor: torch.Tensor, name: str | None = None, process_set: Any = global_process_set) -> _Handle:
     """Start concatenating every process's `tensor` along dimension 0 (first dimensions may differ)."""
-    _check_process_set(process_set)
-    n = size()
     t = tensor.detach().reshape(1) if tensor.dim() == 0 else tensor.detach().contiguous()
-    # The shapes travel first so that every rank pads to the longest and all of them can
-    # report a mismatch the same way instead of hanging in the gather.
-    shapes: list[Any] = [None] * n
-    dist.all_gather_object(shapes, tuple(t.shape))
-    if any(s[1:] != t.shape[1:] for s in shapes):
-        raise ValueError(f"allgather: every dimension but the first must match across ranks, got shapes {shapes}")
-    longest = max(s[0] for s in shapes)
-    padded = t.new_zeros((longest, *t.shape[1:]))
-    padded[: t.shape[0]] = t
-    parts = [torch.empty_like(padded) for _ in range(n)]
-    work = dist.all_gather(parts, padded, async_op=True)
-    return _Handle([work], lambda: torch.cat([p[: s[0]] for p, s in zip(parts, shapes, strict=True)]))
+    agreement = _collective_group("allgather", [t], name=name, process_set=process_set)
+    firsts = [dims[0] for dims in agreement.first_dims]
+    if not _state.checks:
+        # Without the descriptor check the other dimensions travel here, so that a mismatch is
+        # still an error on every rank rather than a crash in the gather.
+        shapes: list[Any] = [None] * agreement.size
+        dist.all_gather_object(shapes, tuple(t.shape), group=_set_state(process_set).side)
+        if any(s[1:] != t.shape[1:] for s in shapes):
+            raise ValueError(f"allgather: every dimension but the first must match across ranks, got shapes {shapes}")
+    wire = _widen(t)
+    longest = max(firsts)
+    padded = wire.new_zeros((longest, *wire.shape[1:]))
+    padded[: wire.shape[0]] = wire
+    parts = [torch.empty_like(padded) for _ in range(agreement.size)]
+    work = dist.all_gather(parts, padded, group=agreement.group, async_op=True)
+
+    def done() -> torch.Tensor:
+        return torch.cat([p[:n] for p, n in zip(parts, firsts, strict=True)]).to(t.dtype)
+
+    return _Handle([work], done)
 
 
 def allgather(tensor: torch.Tensor, name: str | None = None, process_set: Any = global_process_set) -> torch.Tensor:
@@ -594,19 +1120,24 @@ def allgather(tensor: torch.Tensor, name: str | None = None, process_set: Any = 
     return grouped_allgather([tensor], name, process_set)[0]
 
 
-def _check_root(root_rank: int) -> None:
-    if not 0 <= root_rank < size():
-        raise ValueError(f"root_rank {root_rank} is not a rank of this job (size {size()})")
-
-
 def broadcast_async_(
     tensor: torch.Tensor, root_rank: int, name: str | None = None, process_set: Any = global_process_set
 ) -> _Handle:
-    """Start overwriting `tensor` with root_rank's value, in place."""
-    _check_process_set(process_set)
-    _check_root(root_rank)
-    work = dist.broadcast(tensor.data, src=root_rank, async_op=True)
-    return _Handle([work], lambda: tensor)
+    """Start overwriting `tensor` with root_rank's value (a global rank of the set), in place."""
+    agreement = _collective_group("broadcast", [tensor], name=name, process_set=process_set, root_rank=root_rank)
+    return _broadcast_into(tensor, agreement)
+
+
+def _broadcast_into(tensor: torch.Tensor, agreement: Agreement) -> _Handle:
+    wire = _widen(tensor.data)
+    work = dist.broadcast(wire, src=agreement.root_rank, group=agreement.group, async_op=True)
+
+    def done() -> torch.Tensor:
+        if wire is not tensor.data:
+            tensor.data.copy_(wire)
+        return tensor
+
+    return _Handle([work], done)
 
 
 def broadcast_async(
@@ -619,7 +1150,7 @@ def broadcast_async(
 def broadcast(
     tensor: torch.Tensor, root_rank: int, name: str | None = None, process_set: Any = global_process_set
 ) -> torch.Tensor:
-    """root_rank's `tensor`, as a new tensor on every process (differentiable)."""
+    """root_rank's `tensor`, as a new tensor on every process of the set (differentiable)."""
     return _BroadcastFunction.apply(tensor, root_rank, name, process_set)
 
 
@@ -648,39 +1179,26 @@ def broadcast_(
 
 
 def broadcast_object(obj: Any, root_rank: int = 0, name: str | None = None, process_set: Any = global_process_set):
-    """root_rank's picklable `obj` on every process."""
-    _check_process_set(process_set)
-    _check_root(root_rank)
+    """root_rank's picklable `obj` on every process of the set."""
+    agreement = _collective_group("broadcast_object", [], name=name, process_set=process_set, root_rank=root_rank)
     box = [obj]
-    dist.broadcast_object_list(box, src=root_rank)
+    dist.broadcast_object_list(box, src=root_rank, group=agreement.group)
     return box[0]
 
 
 def allgather_object(obj: Any, name: str | None = None, process_set: Any = global_process_set) -> list[Any]:
-    """Every process's picklable `obj`, in rank order."""
-    _check_process_set(process_set)
-    out: list[Any] = [None] * size()
-    dist.all_gather_object(out, obj)
+    """Every process's picklable `obj`, in the set's rank order."""
+    agreement = _collective_group("allgather_object", [], name=name, process_set=process_set)
+    out: list[Any] = [None] * agreement.size
+    dist.all_gather_object(out, obj, group=agreement.group)
     return out
 
 
 def barrier(process_set: Any = global_process_set) -> None:
-    """Wait until every process gets here."""
-    _check_process_set(process_set)
-    _topo()
-    dist.barrier()
-
-
-def join(device: int = -1) -> int:
-    """Wait until every process has joined and return the rank that joined last (by wall clock).
-
-    Unlike Horovod, joined ranks do not answer the others' allreduces with zeros: every rank must
-    run the same collectives (give each rank the same number of batches, e.g. DistributedSampler
-    with drop_last=True)."""
-    _topo()
-    arrivals: list[Any] = [None] * size()
-    dist.all_gather_object(arrivals, time.time())
-    return max(range(len(arrivals)), key=lambda r: arrivals[r])
+    """Wait until every process of the set gets here."""
+    agreement = _collective_group("barrier", [], name=None, process_set=process_set)
+    if not _state.checks or agreement.size == 1:  # with checks on, the exchange itself was the barrier
+        dist.barrier(group=agreement.group)
 
 
 # --- model and optimizer state -------------------------------------------------------------
@@ -695,13 +1213,16 @@ def broadcast_parameters(params: Any, root_rank: int) -> None:
         items = [p if isinstance(p, tuple) else (None, p) for p in params]
     else:
         raise ValueError(f"invalid params of type: {type(params)}")
-    handles = []
+    items = [(name, p) for name, p in items if p is not None]
     for name, p in items:
-        if p is None:
-            continue
         if not torch.is_tensor(p):
             raise ValueError(f"broadcast_parameters: {name or 'an entry'} is a {type(p).__name__}, not a tensor")
-        handles.append(broadcast_async_(p, root_rank))
+    names = [str(name) for name, _ in items] if all(name is not None for name, _ in items) else None
+    # One check for all of them (names, shapes, dtypes, root), then one broadcast each.
+    agreement = _collective_group(
+        "broadcast", [p for _, p in items], name=names, process_set=global_process_set, root_rank=root_rank
+    )
+    handles = [_broadcast_into(p, agreement) for _, p in items]
     for h in handles:
         synchronize(h)
 
@@ -760,7 +1281,10 @@ def broadcast_optimizer_state(optimizer: torch.optim.Optimizer, root_rank: int, 
             torch.empty(s.shape, dtype=s.dtype, device=device if s.cuda else "cpu")
             for s in sorted(slots, key=lambda s: s.index)
         ]
-    handles = [broadcast_async_(t, root_rank) for t in tensors]
+    agreement = _collective_group(
+        "broadcast", tensors, name="optimizer state", process_set=global_process_set, root_rank=root_rank
+    )
+    handles = [_broadcast_into(t, agreement) for t in tensors]
     for h in handles:
         synchronize(h)
     if rank() != root_rank:
@@ -862,6 +1386,7 @@ class _DistributedOptimizer:
         op: _Op,
         gradient_predivide_factor: float,
         sparse_as_dense: bool,
+        process_set: Any = global_process_set,
     ) -> None:
         super().__init__(params)
         all_params = [p for group in self.param_groups for p in group["params"]]
@@ -881,7 +1406,10 @@ class _DistributedOptimizer:
                 raise ValueError(
                     f"named_parameters was specified, but {len(missing)} optimizer parameter(s) are not in it"
                 )
-        else:  # Horovod's names for unnamed parameters: group index, then index in the group
+            by_id = {id(p): n for n, p in named}
+        else:
+            by_id = {}
+            # Horovod's names for unnamed parameters: group index, then index in the group.
             named = [
                 (f"allreduce.noname.{i}.{j}", p)
                 for i, group in enumerate(self.param_groups)
@@ -894,6 +1422,11 @@ class _DistributedOptimizer:
         self.gradient_predivide_factor = gradient_predivide_factor
         self.sparse_as_dense = sparse_as_dense
         self._order = [p for p in reversed(all_params) if p.requires_grad]
+        self._process_set = process_set
+        self._names = tuple(by_id[id(p)] for p in self._order) if by_id else None
+        self._agreement: Agreement | None = None
+        self._spec_key: tuple = ()
+        self._specs: tuple[TensorSpec, ...] = ()
         self._delay = dict.fromkeys(self._order, backward_passes_per_step)
         self._handles: dict[torch.Tensor, tuple[_Handle, Any]] = {}
         self._next = 0  # the first parameter in `_order` whose reduction has not started
@@ -912,6 +1445,7 @@ class _DistributedOptimizer:
 
     def _reset(self) -> None:
         self._handles.clear()
+        self._agreement = None
         self._next = 0
         self._delay = dict.fromkeys(self._order, self.backward_passes_per_step)
 
@@ -930,11 +1464,34 @@ class _DistributedOptimizer:
         if self._delay[p] == 0:
             self._start_ready()
 
+    def _step_specs(self) -> tuple[TensorSpec, ...]:
+        # What goes on the wire for each gradient (after compression), recomputed only if a
+        # parameter's dtype changes.
+        key = tuple(p.dtype for p in self._order)
+        if key != self._spec_key:
+            wire = [self._compression.compress(torch.zeros(0, dtype=p.dtype))[0].dtype for p in self._order]
+            self._specs = tuple(
+                TensorSpec(tuple(p.shape), w, p.is_cuda) for p, w in zip(self._order, wire, strict=True)
+            )
+            self._spec_key = key
+        return self._specs
+
+    def _pre_post(self) -> tuple[float, float]:
+        if self.op == Average:
+            return 1.0 / self.gradient_predivide_factor, self.gradient_predivide_factor
+        return 1.0, 1.0
+
     def _start_ready(self, flush: bool = False) -> None:
         while self._next < len(self._order):
             p = self._order[self._next]
             if self._delay[p] > 0 and not flush:
                 return
+            if self._agreement is None:
+                # One consistency check per step for all the gradients, before the first is sent.
+                pre, post = self._pre_post()
+                self._agreement = _allreduce_agreed(
+                    self._step_specs(), self._names, self.op, pre, post, self._process_set
+                )
             self._handles[p] = self._reduce_async(p)
             self._next += 1
 
@@ -946,15 +1503,13 @@ class _DistributedOptimizer:
         elif grad.is_sparse:
             if not self.sparse_as_dense:
                 # Indices and values gathered from every rank; `synchronize` calls the result.
-                return sparse_allreduce_async(grad, name=name, op=self.op), None
+                return sparse_allreduce_async(grad, name=name, op=self.op, process_set=self._process_set), None
             # Reduced dense; `synchronize` hands the optimizer a sparse gradient again.
             grad = grad.to_dense()
         compressed, ctx = self._compression.compress(grad)
-        if self.op == Average:
-            pre, post = 1.0 / self.gradient_predivide_factor, self.gradient_predivide_factor
-        else:
-            pre, post = 1.0, 1.0
-        return allreduce_async_(compressed, name=name, op=self.op, prescale_factor=pre, postscale_factor=post), ctx
+        pre, post = self._pre_post()
+        out = compressed.data
+        return _allreduce_into(out, self.op, pre, post, self._agreement, finish=lambda _: compressed), ctx
 
     def synchronize(self) -> None:
         """Finish reducing every gradient (e.g. before clipping); then call `step()` inside
@@ -1025,13 +1580,12 @@ def DistributedOptimizer(  # noqa: N802 - Horovod's name
     """An optimizer of the same class as `optimizer` (over its param groups; its state is not
     carried over) that averages (or, with `op=Sum`, sums) gradients across processes before each
     `step()`. `num_groups`/`groups` only tune Horovod's tensor fusion and are ignored here."""
-    _check_process_set(process_set)
     op = _resolve_op(op, None)
     if gradient_predivide_factor != 1.0 and op != Average:
         raise ValueError("gradient_predivide_factor not supported with op != Average")
     if backward_passes_per_step <= 0:
         raise ValueError("backward_passes_per_step must be > 0")
-    _topo()
+    _set_state(process_set)
     base = type(optimizer)
     # A subclass, so isinstance checks (LR schedulers, AMP) still see the user's optimizer class.
     cls = type(base.__name__, (_DistributedOptimizer, base), {"__module__": base.__module__})
@@ -1043,6 +1597,7 @@ def DistributedOptimizer(  # noqa: N802 - Horovod's name
         op,
         gradient_predivide_factor,
         sparse_as_dense,
+        process_set,
     )
 
 

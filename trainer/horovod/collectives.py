@@ -19,7 +19,7 @@ Shapes, defaults, errors and gradients follow Horovod's torch API (horovod/torch
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from typing import Any, NamedTuple
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -46,27 +46,6 @@ _WIDER = {torch.int16: torch.int32, torch.bool: torch.uint8}
 
 # torch renamed these (the old names warn on recent versions); both take the same arguments.
 _reduce_scatter = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
-
-
-class _Agreement(NamedTuple):
-    group: Any
-    size: int
-    rank: int
-    joined: bool
-
-
-def _collective_group(
-    kind: str,
-    tensors: Sequence[torch.Tensor],
-    *,
-    name: str | None,
-    process_set: Any,
-    root_rank: int | None = None,
-    detail: tuple = (),
-) -> _Agreement:
-    """PLACEHOLDER until hvd-core's protocol lands in api.py: the whole world, no checks."""
-    api._check_process_set(process_set)
-    return _Agreement(None, api.size(), api.rank(), False)
 
 
 def _wire(tensor: torch.Tensor) -> torch.Tensor:
@@ -119,8 +98,12 @@ def alltoall_async(
 ) -> Any:
     """Start sending `splits[r]` rows of `tensor` (dimension 0, in order) to each rank r of the set
     and receiving theirs; `synchronize` gives `(received tensor, received splits)`."""
-    send = _alltoall_splits(tensor, splits, process_set.size())
-    agreement = _collective_group("alltoall", [tensor], name=name, process_set=process_set)
+    # Checked before the agreement (whose set validation comes first), so that bad splits raise
+    # here instead of leaving the other processes in a collective this one never joins.
+    send = _alltoall_splits(tensor, splits, len(api._set_state(process_set).ranks))
+    # Dimension 0 may differ across ranks (the splits say how); the rest must agree.
+    spec = api.TensorSpec((-1, *tensor.shape[1:]), tensor.dtype, tensor.is_cuda)
+    agreement = api._collective_group("alltoall", [spec], name=name, process_set=process_set)
     group = agreement.group
     # Every rank learns how many rows each other rank sends it before the data moves.
     recv_t = torch.empty(len(send), dtype=torch.int64)
@@ -190,7 +173,8 @@ def _reducescatter_start(
     tensors: Sequence[torch.Tensor], name: str | None, op: Any, process_set: Any, pre: float, post: float, kind: str
 ) -> Any:
     op = _check_reducescatter(tensors, op)
-    agreement = _collective_group(kind, list(tensors), name=name, process_set=process_set, detail=(int(op), pre, post))
+    detail = api._allreduce_detail(op, pre, post)
+    agreement = api._collective_group(kind, list(tensors), name=name, process_set=process_set, detail=detail)
     n, me = agreement.size, agreement.rank
     if op == api.Average:
         post = post / n
@@ -354,12 +338,13 @@ def grouped_allreduce_async(
     postscale_factor: float = 1.0,
     process_set: Any = api.global_process_set,
 ) -> Any:
-    """Start `allreduce` of each tensor of a list into new tensors; `synchronize` gives the list."""
+    """Start `allreduce` of each tensor of a list into new tensors (checked once for the list);
+    `synchronize` gives the list."""
+    outs = [t.detach().clone() for t in tensors]
     return _combined(
-        [
-            api.allreduce_async(t, average, _part(name, i), op, prescale_factor, postscale_factor, process_set)
-            for i, t in enumerate(tensors)
-        ]
+        api._grouped_allreduce_async(
+            outs, outs, average, name, op, prescale_factor, postscale_factor, process_set, lambda t: lambda r: r
+        )
     )
 
 
@@ -372,12 +357,21 @@ def grouped_allreduce_async_(
     postscale_factor: float = 1.0,
     process_set: Any = api.global_process_set,
 ) -> Any:
-    """Start `allreduce_` of each tensor of a list, in place; `synchronize` gives the list."""
+    """Start `allreduce_` of each tensor of a list, in place (checked once for the list);
+    `synchronize` gives the list."""
+    tensors = list(tensors)
     return _combined(
-        [
-            api.allreduce_async_(t, average, _part(name, i), op, prescale_factor, postscale_factor, process_set)
-            for i, t in enumerate(tensors)
-        ]
+        api._grouped_allreduce_async(
+            tensors,
+            [t.data for t in tensors],
+            average,
+            name,
+            op,
+            prescale_factor,
+            postscale_factor,
+            process_set,
+            lambda t: lambda _: t,
+        )
     )
 
 

@@ -1,5 +1,5 @@
 """`horovod.torch.elastic` is not provided: importing it says what to use instead."""
 
-from trainer.horovod.api import ELASTIC_MESSAGE
+from trainer.horovod.api import ELASTIC_MESSAGE, ShimUnsupportedError
 
-raise NotImplementedError(ELASTIC_MESSAGE)
+raise ShimUnsupportedError(ELASTIC_MESSAGE)
