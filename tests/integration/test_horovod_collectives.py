@@ -190,6 +190,14 @@ errors = {
     "reducescatter-max": lambda: hvd.reducescatter(torch.ones(n), op=hvd.Max),
     "reducescatter-scalar": lambda: hvd.reducescatter(torch.tensor(1.0)),
     "sparse-dense": lambda: hvd.sparse_allreduce_async(torch.ones(2), "d", hvd.Sum),
+    # The ranks disagree: every rank raises, none hangs.
+    "mismatch-reducescatter-shape": lambda: hvd.reducescatter(torch.ones(2 * n + r)),
+    "mismatch-reducescatter-dtype": lambda: hvd.reducescatter(torch.ones(n, dtype=[torch.float32, torch.int32][r % 2])),
+    "mismatch-reducescatter-op": lambda: hvd.reducescatter(torch.ones(n), op=hvd.Sum if r else hvd.Average),
+    "mismatch-reducescatter-scale": lambda: hvd.reducescatter(torch.ones(n), prescale_factor=1.0 + r),
+    "mismatch-alltoall-shape": lambda: hvd.alltoall(torch.ones(n, 1 + r)),
+    "mismatch-alltoall-dtype": lambda: hvd.alltoall(torch.ones(n, dtype=torch.int64 if r else torch.float32)),
+    "mismatch-alltoall-vs-allgather": lambda: hvd.alltoall(torch.ones(n)) if r else hvd.allgather(torch.ones(n)),
 }
 for key, fn in errors.items():
     record("error-" + key, fn)
@@ -438,6 +446,17 @@ def test_collectives_gradients_and_sparse_training_on_gloo(tmp_path, world):
             "reducescatter-max": ("HorovodInternalError", "only supports AVERAGE and SUM"),
             "reducescatter-scalar": ("HorovodInternalError", "rank-zero"),
             "sparse-dense": ("ValueError", "sparse COO"),
+        } | {
+            key: ("HorovodInternalError", key.split("-")[1])
+            for key in [
+                "mismatch-reducescatter-shape",
+                "mismatch-reducescatter-dtype",
+                "mismatch-reducescatter-op",
+                "mismatch-reducescatter-scale",
+                "mismatch-alltoall-shape",
+                "mismatch-alltoall-dtype",
+                "mismatch-alltoall-vs-allgather",
+            ]
         }
         for key, (kind, text) in expect_errors.items():
             err = got["error-" + key]
