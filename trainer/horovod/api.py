@@ -6,17 +6,25 @@ trainer/launch/spec.py): under torchrun `RANK`, `WORLD_SIZE`, `LOCAL_RANK`, `LOC
 pod) the operator's `RANK`/`WORLD_SIZE` are process ranks and every pod is its own node. With no
 such variables a script is rank 0 of 1.
 
+Every collective starts with `_collective_group` (process set and root validated, then the
+consistency check; see "the collective protocol" below): before the data moves, the processes of
+the set compare a descriptor of the collective (kind, name, shapes, dtypes, root, op) over a gloo
+side group, and a disagreement raises one HorovodInternalError on every process naming both
+sides, instead of a hang or a gloo abort. A process that never arrives fails the others after
+KFTRAIN_HOROVOD_CHECK_TIMEOUT_S (default 60, Horovod's stall-warning time);
+KFTRAIN_HOROVOD_CHECKS=0 turns the checks off (and `join()` back into a barrier).
+`DistributedOptimizer`, grouped allreduce and `broadcast_parameters` check once per group.
+
 Differences from Horovod that a script can notice, each deliberate:
 
 - collectives are issued in program order, not negotiated by name: every rank must call the same
-  collectives in the same order (as with torch.distributed). `name=` is accepted and ignored.
+  collectives in the same order (as with torch.distributed); `name=` must then agree too.
 - DistributedOptimizer reduces gradients one tensor at a time in a fixed parameter order (started
   from the backward hooks as soon as that order allows), with no tensor fusion; `groups` and
   `num_groups` are accepted and ignored.
-- `join()` is a barrier: every rank must have issued the same collectives before it (no zero
-  tensors on behalf of ranks that ran out of data).
-- Elastic training, SyncBatchNorm and timelines raise ShimUnsupportedError naming what to use
-  instead; op=Adasum raises NotImplementedError (Horovod's own type for it).
+- Elastic training, SyncBatchNorm and timelines raise ShimUnsupportedError (not a RuntimeError, so
+  a script catching Horovod's RuntimeErrors does not swallow it) naming what to use instead;
+  Adasum raises NotImplementedError, Horovod's own type for an Adasum it cannot run.
 """
 
 from __future__ import annotations
