@@ -72,6 +72,25 @@ def grad_input(r, op, n):
     return (torch.arange(numel, dtype=torch.float64).reshape(shapes[op]) + 1) * (r + 2) / 3
 
 
+def bn_rows(n):
+    # SyncBatchNorm: rank r normalizes r + 2 rows of one batch (uneven, so counts matter).
+    starts = [sum(k + 2 for k in range(r)) for r in range(n)]
+    return [slice(s, s + r + 2) for r, s in enumerate(starts)]
+
+
+def bn_input(n, tail):
+    g = torch.Generator().manual_seed(3)
+    return torch.randn(sum(r + 2 for r in range(n)), 3, *tail, generator=g, dtype=torch.float64)
+
+
+def bn_module(bn):
+    # Weight and bias away from 1 and 0, so that their gradients and effect show.
+    with torch.no_grad():
+        bn.weight.copy_(torch.tensor([1.0, 2.0, 0.5]))
+        bn.bias.copy_(torch.tensor([0.1, -0.2, 0.3]))
+    return bn.double()
+
+
 def weight(r, shape):
     numel = 1
     for s in shape:
@@ -232,6 +251,21 @@ def grouped_grad():
     ((ga * weight(r, ga.shape)).sum() + 3 * (gb * weight(r, gb.shape)).sum()).backward()
     return [lst(a.grad), lst(b.grad)]
 record("grad-grouped_allgather", grouped_grad)
+
+# SyncBatchNorm over every rank's rows, (N, C) and (N, C, H, W).
+def sync_bn(tail):
+    x = bn_input(n, tail)[bn_rows(n)[r]].clone().requires_grad_()
+    bn = bn_module(hvd.SyncBatchNorm(3, momentum=0.3))
+    y = bn(x)
+    (y * weight(r, y.shape)).sum().backward()
+    grads = [hvd.allreduce(g, op=hvd.Sum) for g in (bn.weight.grad, bn.bias.grad)]
+    stats = [bn.running_mean, bn.running_var]
+    return [lst(t) for t in [y.detach(), x.grad, *grads, *stats]] + [int(bn.num_batches_tracked)]
+
+
+record("syncbn-2d", lambda: sync_bn(()))
+record("syncbn-4d", lambda: sync_bn((2, 2)))
+
 
 # Parameter names without named_parameters, as Horovod makes them.
 p = [torch.nn.Parameter(torch.ones(1)) for _ in range(3)]
@@ -470,6 +504,11 @@ def test_collectives_gradients_and_sparse_training_on_gloo(tmp_path, world):
         close(got["grad-grouped_allgather"][0], want_grads_of(grads, "allgather", k))
         close(got["grad-grouped_allgather"][1], [[3 * v for v in row] for row in want_grads_of(grads, "allgather", k)])
 
+        for key, tail in (("syncbn-2d", ()), ("syncbn-4d", (2, 2))):
+            for g, w in zip(got[key][:-1], syncbn_reference(scope, n, tail, k), strict=True):
+                close(g, w, 1e-10)
+            assert got[key][-1] == 1
+
         assert got["names"] == ["allreduce.noname.0.0", "allreduce.noname.0.1", "allreduce.noname.1.0"]
         # Adam: step, exp_avg, exp_avg_sq for weight and bias after one step (step 1).
         adam = got["fill-adam"]
@@ -480,6 +519,18 @@ def test_collectives_gradients_and_sparse_training_on_gloo(tmp_path, world):
         close(got["sparse-train-dense"], reference, 1e-5)
         close(got["sparse-train-sparse"], reference, 1e-5)
     assert ranks[0]["sparse-train-dense"] != sparse_initial(), "training did not move the weights"
+
+
+def syncbn_reference(scope: dict, n: int, tail: tuple, k: int) -> list:
+    """BatchNorm on the whole batch in one process, the loss summed over every rank's rows: rank k's
+    output and input gradient, the weight and bias gradients, and the running statistics."""
+    full = scope["bn_input"](n, tail).requires_grad_()
+    bn = scope["bn_module"](torch.nn.BatchNorm2d(3, momentum=0.3) if tail else torch.nn.BatchNorm1d(3, momentum=0.3))
+    y = bn(full)
+    rows = scope["bn_rows"](n)
+    sum((y[rows[r]] * scope["weight"](r, y[rows[r]].shape)).sum() for r in range(n)).backward()
+    parts = [y.detach()[rows[k]], full.grad[rows[k]], bn.weight.grad, bn.bias.grad, bn.running_mean, bn.running_var]
+    return [p.tolist() for p in parts]
 
 
 def expected_alltoall_rows(r: int, n: int, rows, dtype: str) -> list:

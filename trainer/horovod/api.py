@@ -22,7 +22,7 @@ Differences from Horovod that a script can notice, each deliberate:
 - DistributedOptimizer reduces gradients one tensor at a time in a fixed parameter order (started
   from the backward hooks as soon as that order allows), with no tensor fusion; `groups` and
   `num_groups` are accepted and ignored.
-- Elastic training, SyncBatchNorm and timelines raise ShimUnsupportedError (not a RuntimeError, so
+- Elastic training and timelines raise ShimUnsupportedError (not a RuntimeError, so
   a script catching Horovod's RuntimeErrors does not swallow it) naming what to use instead;
   Adasum raises NotImplementedError, Horovod's own type for an Adasum it cannot run.
 """
@@ -128,7 +128,6 @@ ADASUM_MESSAGE = (
     "scaling the learning rate by hvd.size() as Horovod's docs advise for Average"
 )
 _UNSUPPORTED = {
-    "SyncBatchNorm": "use torch.nn.SyncBatchNorm.convert_sync_batchnorm(model) with DistributedDataParallel",
     "start_timeline": "use torch.profiler for a trace of collectives",
     "stop_timeline": "use torch.profiler for a trace of collectives",
 }
@@ -183,7 +182,6 @@ def _unsupported(name: str) -> Callable[..., Any]:
     return fn
 
 
-SyncBatchNorm = _unsupported("SyncBatchNorm")
 start_timeline = _unsupported("start_timeline")
 stop_timeline = _unsupported("stop_timeline")
 
@@ -1623,3 +1621,4 @@ from trainer.horovod.collectives import (  # noqa: E402
     reducescatter_async,
     sparse_allreduce_async,
 )
+from trainer.horovod.sync_batch_norm import SyncBatchNorm  # noqa: E402
