@@ -131,3 +131,12 @@ def test_alltoall_splits(rows, splits, n, expected):
 def test_bad_alltoall_splits_are_refused_before_anything_is_sent(tensor, splits, n, error, match):
     with pytest.raises(error, match=match):
         _alltoall_splits(tensor, splits, n)
+
+
+@pytest.mark.parametrize(
+    ("version", "code"),
+    [((2, 21, 5), 22105), ((2, 9, 6), 20906), ((2, 8, 4), 2804), ((2, 7, 8), 2708), (2708, 2708)],
+)
+def test_nccl_built_gives_horovods_version_code(version, code):
+    # Horovod returns NCCL_VERSION_CODE, which scripts compare (`hvd.nccl_built() >= 2700`).
+    assert hvd.nccl_version_code(version) == code

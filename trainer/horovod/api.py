@@ -509,9 +509,23 @@ def gloo_built() -> bool:
     return True
 
 
-def nccl_built() -> bool:
-    """NCCL carries CUDA tensors when CUDA and NCCL are available."""
-    return torch.cuda.is_available() and dist.is_nccl_available()
+def nccl_built() -> int:
+    """NCCL's version code (e.g. 22105 for 2.21.5; Horovod's NCCL_VERSION_CODE) when NCCL carries
+    CUDA tensors here, else 0."""
+    if not (torch.cuda.is_available() and dist.is_nccl_available()):
+        return 0
+    return nccl_version_code(torch.cuda.nccl.version())
+
+
+def nccl_version_code(version: tuple[int, ...] | int) -> int:
+    """NCCL's NCCL_VERSION_CODE for a (major, minor, patch) version: X*1000+Y*100+Z up to 2.8,
+    X*10000+Y*100+Z from 2.9 on (torch's older builds give the code itself, an int)."""
+    if isinstance(version, int):
+        return version
+    major, minor, patch = (tuple(version) + (0, 0))[:3]
+    if (major, minor) <= (2, 8):
+        return major * 1000 + minor * 100 + patch
+    return major * 10000 + minor * 100 + patch
 
 
 def cuda_built() -> bool:
