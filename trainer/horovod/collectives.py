@@ -41,15 +41,17 @@ __all__ = [
     "sparse_allreduce_async",
 ]
 
-# gloo has no int16 (nor a bool alltoall): those travel widened, and come back in their own dtype.
-_WIDER = {torch.int16: torch.int32, torch.bool: torch.uint8}
+# gloo and NCCL have no int16, and gloo's alltoall no bool: those travel widened (exactly) and come
+# back in their own dtype.
+_WIDER = {torch.int16: torch.int32}
+_WIDER_ON_CPU = {**_WIDER, torch.bool: torch.uint8}
 
 # torch renamed these (the old names warn on recent versions); both take the same arguments.
 _reduce_scatter = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
 
 
 def _wire(tensor: torch.Tensor) -> torch.Tensor:
-    wider = None if tensor.is_cuda else _WIDER.get(tensor.dtype)
+    wider = (_WIDER if tensor.is_cuda else _WIDER_ON_CPU).get(tensor.dtype)
     return tensor.to(wider) if wider is not None else tensor
 
 
