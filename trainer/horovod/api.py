@@ -35,6 +35,7 @@ import datetime
 import enum
 import functools
 import hashlib
+import importlib
 import os
 import time
 import warnings
@@ -59,7 +60,6 @@ __all__ = [
     "ProcessSet",
     "Sum",
     "ShimUnsupportedError",
-    "SyncBatchNorm",
     "add_process_set",
     "allgather",
     "allgather_async",
@@ -68,8 +68,6 @@ __all__ = [
     "allreduce_",
     "allreduce_async",
     "allreduce_async_",
-    "alltoall",
-    "alltoall_async",
     "barrier",
     "broadcast",
     "broadcast_",
@@ -91,10 +89,6 @@ __all__ = [
     "grouped_allgather_async",
     "grouped_allreduce",
     "grouped_allreduce_",
-    "grouped_allreduce_async",
-    "grouped_allreduce_async_",
-    "grouped_reducescatter",
-    "grouped_reducescatter_async",
     "init",
     "is_initialized",
     "join",
@@ -106,8 +100,6 @@ __all__ = [
     "nccl_built",
     "poll",
     "rank",
-    "reducescatter",
-    "reducescatter_async",
     "remove_process_set",
     "rocm_built",
     "shutdown",
@@ -1135,6 +1127,81 @@ def allgather_async(tensor: torch.Tensor, name: str | None = None, process_set: 
     return _Handle([work], done)
 
 
+def _combined(handles: Sequence[Any], finish: Callable[[list[Any]], Any] = list) -> Any:
+    """One handle for several: done when all are, `synchronize` gives `finish` of their results."""
+    works = [w for h in handles for w in h._works]
+    return _Handle(works, lambda: finish([h.wait() for h in handles]))
+
+
+def grouped_allgather_async(
+    tensors: Sequence[torch.Tensor], name: str | None = None, process_set: Any = global_process_set
+) -> Any:
+    """Start `allgather` of each tensor of a list; `synchronize` gives the list of results."""
+    return _combined([allgather_async(t, _part(name, i), process_set) for i, t in enumerate(tensors)])
+
+
+def _part(name: str | None, i: int) -> str | None:
+    return None if name is None else f"{name}.{i}"
+
+
+class _AllgatherFunction(torch.autograd.Function):
+    """allgather as an autograd op: Horovod's backward averages the gradient over the set and
+    keeps this rank's rows."""
+
+    @staticmethod
+    def forward(ctx, name, process_set, *tensors):
+        ctx.process_set, ctx.rows = process_set, [t.shape[0] if t.dim() else 1 for t in tensors]
+        return tuple(synchronize(grouped_allgather_async(list(tensors), name, process_set)))
+
+    @staticmethod
+    def backward(ctx, *grads):
+        reduced = grouped_allreduce([g.contiguous() for g in grads], average=True, process_set=ctx.process_set)
+        counts = synchronize(
+            grouped_allgather_async([torch.tensor([r]) for r in ctx.rows], process_set=ctx.process_set)
+        )
+        me = ctx.process_set.rank()
+        out = []
+        for g, c, rows in zip(reduced, counts, ctx.rows, strict=True):
+            offset = int(c[:me].sum())
+            out.append(g.narrow(0, offset, rows))
+        return (None, None, *out)
+
+
+def grouped_allgather(
+    tensors: Sequence[torch.Tensor], name: str | None = None, process_set: Any = global_process_set
+) -> list[torch.Tensor]:
+    """`allgather` of each tensor of a list (differentiable)."""
+    scalars = [t.dim() == 0 for t in tensors]
+    outs = _AllgatherFunction.apply(
+        name, process_set, *[t.reshape(1) if s else t for t, s in zip(tensors, scalars, strict=True)]
+    )
+    return list(outs)
+
+
+def sparse_allreduce_async(
+    tensor: torch.Tensor, name: str | None, op: Any, process_set: Any = global_process_set
+) -> Callable[[], torch.Tensor]:
+    """Start reducing a sparse COO tensor over the set as Horovod does: every rank's indices and
+    values are gathered (Average divides the values by the set size). Returns a function to call
+    for the result: an uncoalesced sparse tensor of the same size (duplicate indices add up)."""
+    if not tensor.is_sparse:
+        raise ValueError("sparse_allreduce_async takes a sparse COO tensor: use allreduce_async for dense tensors")
+    if op not in (Sum, Average):
+        raise ValueError(f"sparse_allreduce_async reduces with op=hvd.Sum or op=hvd.Average, got {_Op(op).name}")
+    # allgather concatenates along dimension 0: the indices travel as (nnz, sparse_dim).
+    indices = allgather_async(tensor._indices().t().contiguous(), _part(name, 0), process_set)
+    values = allgather_async(tensor._values(), _part(name, 1), process_set)
+
+    def result() -> torch.Tensor:
+        vals = synchronize(values)
+        idx = synchronize(indices)
+        if op == Average:
+            vals = vals / process_set.size()
+        return torch.sparse_coo_tensor(idx.t(), vals, tensor.size())
+
+    return result
+
+
 def allgather(tensor: torch.Tensor, name: str | None = None, process_set: Any = global_process_set) -> torch.Tensor:
     """Every process's `tensor` concatenated along dimension 0, in rank order (differentiable)."""
     return grouped_allgather([tensor], name, process_set)[0]
@@ -1621,18 +1688,29 @@ def DistributedOptimizer(  # noqa: N802 - Horovod's name
     )
 
 
-# The rest of the collectives live in their own module, which builds on the ones above.
-from trainer.horovod.collectives import (  # noqa: E402
-    alltoall,
-    alltoall_async,
-    grouped_allgather,
-    grouped_allgather_async,
-    grouped_allreduce_async,
-    grouped_allreduce_async_,
-    grouped_reducescatter,
-    grouped_reducescatter_async,
-    reducescatter,
-    reducescatter_async,
-    sparse_allreduce_async,
-)
-from trainer.horovod.sync_batch_norm import SyncBatchNorm  # noqa: E402
+# alltoall, reducescatter, the asynchronous grouped allreduce and SyncBatchNorm live in their own
+# modules, which build on this one: they are this module's attributes too, loaded on first use
+# (so neither module imports the other back at import time).
+_ELSEWHERE = {
+    "alltoall": "collectives",
+    "alltoall_async": "collectives",
+    "grouped_allreduce_async": "collectives",
+    "grouped_allreduce_async_": "collectives",
+    "grouped_reducescatter": "collectives",
+    "grouped_reducescatter_async": "collectives",
+    "reducescatter": "collectives",
+    "reducescatter_async": "collectives",
+    "SyncBatchNorm": "sync_batch_norm",
+}
+__all__ += list(_ELSEWHERE)
+
+
+def __getattr__(name: str) -> Any:
+    if name in _ELSEWHERE:
+        module = importlib.import_module(f"trainer.horovod.{_ELSEWHERE[name]}")
+        return getattr(module, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *_ELSEWHERE})

@@ -1,5 +1,5 @@
-"""Horovod's alltoall, reducescatter, grouped allgather/allreduce and sparse allreduce, and the
-autograd forms of allgather and broadcast, on torch.distributed.
+"""Horovod's alltoall and reducescatter (each with its grouped and asynchronous forms) and the
+asynchronous grouped allreduce, on torch.distributed.
 
 Part of the `horovod.torch` surface: trainer.horovod.api re-exports every public name here.
 Shapes, defaults, errors and gradients follow Horovod's torch API (horovod/torch/mpi_ops.py):
@@ -18,7 +18,7 @@ Shapes, defaults, errors and gradients follow Horovod's torch API (horovod/torch
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 import torch
@@ -29,8 +29,6 @@ from trainer.horovod import api
 __all__ = [
     "alltoall",
     "alltoall_async",
-    "grouped_allgather",
-    "grouped_allgather_async",
     "grouped_allreduce_async",
     "grouped_allreduce_async_",
     "grouped_reducescatter",
@@ -38,7 +36,6 @@ __all__ = [
     "reducescatter",
     "reducescatter_async",
     "reducescatter_sizes",
-    "sparse_allreduce_async",
 ]
 
 # gloo and NCCL have no int16, and gloo's alltoall no bool: those travel widened (exactly) and come
@@ -53,12 +50,6 @@ _reduce_scatter = getattr(dist, "reduce_scatter_single", None) or dist.reduce_sc
 def _wire(tensor: torch.Tensor) -> torch.Tensor:
     wider = (_WIDER if tensor.is_cuda else _WIDER_ON_CPU).get(tensor.dtype)
     return tensor.to(wider) if wider is not None else tensor
-
-
-def _combined(handles: Sequence[Any], finish: Callable[[list[Any]], Any] = list) -> Any:
-    """One handle for several: done when all are, `synchronize` gives `finish` of their results."""
-    works = [w for h in handles for w in h._works]
-    return api._Handle(works, lambda: finish([h.wait() for h in handles]))
 
 
 # --- alltoall ------------------------------------------------------------------------------
@@ -214,7 +205,7 @@ def reducescatter_async(
 ) -> Any:
     """Start reducing `tensor` over the set and keeping this rank's block of dimension 0."""
     handle = _reducescatter_start([tensor], name, op, process_set, prescale_factor, postscale_factor, "reducescatter")
-    return _combined([handle], lambda results: results[0][0])
+    return api._combined([handle], lambda results: results[0][0])
 
 
 def grouped_reducescatter_async(
@@ -233,7 +224,7 @@ def grouped_reducescatter_async(
 
 def _reducescatter_grad(ctx, grads: Sequence[torch.Tensor]) -> list[torch.Tensor]:
     scale = (ctx.process_set.size() if ctx.op == api.Sum else 1) * ctx.pre * ctx.post
-    return grouped_allgather([g * scale if scale != 1 else g for g in grads], process_set=ctx.process_set)
+    return api.grouped_allgather([g * scale if scale != 1 else g for g in grads], process_set=ctx.process_set)
 
 
 class _ReducescatterFunction(torch.autograd.Function):
@@ -282,53 +273,7 @@ def grouped_reducescatter(
     return [compression.decompress(o, c) for o, (_, c) in zip(outs, packed, strict=True)]
 
 
-# --- grouped allgather / allreduce, sparse allreduce ---------------------------------------
-
-
-def grouped_allgather_async(
-    tensors: Sequence[torch.Tensor], name: str | None = None, process_set: Any = api.global_process_set
-) -> Any:
-    """Start `allgather` of each tensor of a list; `synchronize` gives the list of results."""
-    handles = [api.allgather_async(_wire(t), _part(name, i), process_set) for i, t in enumerate(tensors)]
-    return _combined(handles, lambda outs: [o.to(t.dtype) for o, t in zip(outs, tensors, strict=True)])
-
-
-def _part(name: str | None, i: int) -> str | None:
-    return None if name is None else f"{name}.{i}"
-
-
-class _AllgatherFunction(torch.autograd.Function):
-    """allgather as an autograd op: Horovod's backward averages the gradient over the set and
-    keeps this rank's rows."""
-
-    @staticmethod
-    def forward(ctx, name, process_set, *tensors):
-        ctx.process_set, ctx.rows = process_set, [t.shape[0] if t.dim() else 1 for t in tensors]
-        return tuple(api.synchronize(grouped_allgather_async(list(tensors), name, process_set)))
-
-    @staticmethod
-    def backward(ctx, *grads):
-        reduced = api.grouped_allreduce([g.contiguous() for g in grads], average=True, process_set=ctx.process_set)
-        counts = api.synchronize(
-            grouped_allgather_async([torch.tensor([r]) for r in ctx.rows], process_set=ctx.process_set)
-        )
-        me = ctx.process_set.rank()
-        out = []
-        for g, c, rows in zip(reduced, counts, ctx.rows, strict=True):
-            offset = int(c[:me].sum())
-            out.append(g.narrow(0, offset, rows))
-        return (None, None, *out)
-
-
-def grouped_allgather(
-    tensors: Sequence[torch.Tensor], name: str | None = None, process_set: Any = api.global_process_set
-) -> list[torch.Tensor]:
-    """`allgather` of each tensor of a list (differentiable)."""
-    scalars = [t.dim() == 0 for t in tensors]
-    outs = _AllgatherFunction.apply(
-        name, process_set, *[t.reshape(1) if s else t for t, s in zip(tensors, scalars, strict=True)]
-    )
-    return list(outs)
+# --- grouped allreduce, asynchronous ------------------------------------------------------
 
 
 def grouped_allreduce_async(
@@ -343,7 +288,7 @@ def grouped_allreduce_async(
     """Start `allreduce` of each tensor of a list into new tensors (checked once for the list);
     `synchronize` gives the list."""
     outs = [t.detach().clone() for t in tensors]
-    return _combined(
+    return api._combined(
         api._grouped_allreduce_async(
             outs, outs, average, name, op, prescale_factor, postscale_factor, process_set, lambda t: lambda r: r
         )
@@ -362,7 +307,7 @@ def grouped_allreduce_async_(
     """Start `allreduce_` of each tensor of a list, in place (checked once for the list);
     `synchronize` gives the list."""
     tensors = list(tensors)
-    return _combined(
+    return api._combined(
         api._grouped_allreduce_async(
             tensors,
             [t.data for t in tensors],
@@ -375,27 +320,3 @@ def grouped_allreduce_async_(
             lambda t: lambda _: t,
         )
     )
-
-
-def sparse_allreduce_async(
-    tensor: torch.Tensor, name: str | None, op: Any, process_set: Any = api.global_process_set
-) -> Callable[[], torch.Tensor]:
-    """Start reducing a sparse COO tensor over the set as Horovod does: every rank's indices and
-    values are gathered (Average divides the values by the set size). Returns a function to call
-    for the result: an uncoalesced sparse tensor of the same size (duplicate indices add up)."""
-    if not tensor.is_sparse:
-        raise ValueError("sparse_allreduce_async takes a sparse COO tensor: use allreduce_async for dense tensors")
-    if op not in (api.Sum, api.Average):
-        raise ValueError(f"sparse_allreduce_async reduces with op=hvd.Sum or op=hvd.Average, got {api._Op(op).name}")
-    # allgather concatenates along dimension 0: the indices travel as (nnz, sparse_dim).
-    indices = api.allgather_async(tensor._indices().t().contiguous(), _part(name, 0), process_set)
-    values = api.allgather_async(tensor._values(), _part(name, 1), process_set)
-
-    def result() -> torch.Tensor:
-        vals = api.synchronize(values)
-        idx = api.synchronize(indices)
-        if op == api.Average:
-            vals = vals / process_set.size()
-        return torch.sparse_coo_tensor(idx.t(), vals, tensor.size())
-
-    return result
