@@ -338,8 +338,9 @@ dump(out)
 
 
 @pytest.mark.timeout(150)
-@pytest.mark.parametrize("world", [2, 3])
-def test_process_sets_static_and_dynamic_and_int16(tmp_path, world):
+@pytest.mark.parametrize(("world", "checks"), [(2, "1"), (3, "1"), (3, "0")], ids=["2 ranks", "3 ranks", "unchecked"])
+def test_process_sets_static_and_dynamic_and_int16(tmp_path, monkeypatch, world, checks):
+    monkeypatch.setenv("KFTRAIN_HOROVOD_CHECKS", checks)  # every collective works with the checks off too
     ranks = run(tmp_path, SETS_SCRIPT, world)
     sets = {"evens": list(range(0, world, 2)), "rest": list(range(1, world))}
     for r, got in enumerate(ranks):

@@ -129,3 +129,79 @@ def test_bad_check_settings_are_named(monkeypatch, variable, value, message):
 def test_using_horovod_before_init_is_an_error():
     with pytest.raises(ValueError, match=r"hvd\.init\(\)"):
         hvd.rank()
+
+
+# --- the mismatch message names both sides ---------------------------------------------------
+
+
+def _desc(kind="allreduce", names=("w",), tensors=((4, 8),), dtype=torch.float32, root=None, detail=()):
+    specs = tuple(hvd.TensorSpec(shape, dtype) for shape in tensors)
+    return hvd._Desc(kind, names, specs, root, detail)
+
+
+MESSAGES = [
+    (
+        "shape",
+        _desc(),
+        _desc(tensors=((4, 9),)),
+        "allreduce mismatch at collective #7 'w': rank 0 passed float32[4, 8], rank 2 passed float32[4, 9]",
+    ),
+    ("dtype", _desc(), _desc(dtype=torch.int32), "rank 0 passed float32[4, 8], rank 2 passed int32[4, 8]"),
+    (
+        "kind",
+        _desc(),
+        _desc(kind="broadcast", root=0),
+        "order mismatch at collective #7: rank 0 called allreduce 'w' of "
+        "float32[4, 8], rank 2 called broadcast 'w' of float32[4, 8]",
+    ),
+    ("name", _desc(), _desc(names=()), "name mismatch at collective #7: rank 0 passed 'w', rank 2 passed no name"),
+    ("count", _desc(), _desc(tensors=((4, 8), (2,))), "rank 0 passed 1 tensors, rank 2 passed 2"),
+    (
+        "root",
+        _desc(kind="broadcast", root=0),
+        _desc(kind="broadcast", root=2),
+        "rank 0 passed root_rank 0, rank 2 passed root_rank 2",
+    ),
+    (
+        "detail",
+        _desc(detail=(("op", "Sum"),)),
+        _desc(detail=(("op", "Max"),)),
+        "allreduce mismatch at collective #7 'w': rank 0 passed op=Sum, rank 2 passed op=Max",
+    ),
+    (
+        "one of many tensors",
+        _desc(names=("a", "b", "c", "d"), tensors=((1,), (2,), (3,), (4,))),
+        _desc(names=("a", "b", "c", "d"), tensors=((1,), (2,), (5,), (4,))),
+        "allreduce mismatch at collective #7 'c': rank 0 passed float32[3], rank 2 passed float32[5]",
+    ),
+    (
+        "allgather first dimension is free",
+        _desc(kind="allgather", tensors=((2, 3),)),
+        _desc(kind="allgather", tensors=((5, 4),)),
+        "rank 0 passed float32[2, 3], rank 2 passed float32[5, 4] (every dimension but the first must match)",
+    ),
+]
+
+
+@pytest.mark.parametrize(("what", "mine", "theirs", "expected"), MESSAGES, ids=[m[0] for m in MESSAGES])
+def test_the_mismatch_message_names_both_sides(what, mine, theirs, expected):
+    # Three processes: the first that differs from rank 0 is named (rank 1 has joined: not compared).
+    st = hvd._SetState((0, 1, 2), None, None, hvd.global_process_set)
+    message = hvd._mismatch_message(st, [0, 1, 0], [(7, mine), (7, None), (7, theirs)])
+    assert expected in message
+
+
+def test_ranks_at_different_collectives_are_out_of_order():
+    st = hvd._SetState((0, 1), None, None, hvd.global_process_set)
+    message = hvd._mismatch_message(st, [0, 0], [(3, _desc()), (4, _desc(names=("v",)))])
+    assert message.startswith(
+        "collectives out of order: rank 0 is at collective #3 (allreduce 'w' of float32[4, 8]), "
+        "rank 1 at collective #4 (allreduce 'v'"
+    )
+
+
+def test_a_first_dimension_alone_does_not_change_an_allgather_descriptor():
+    assert hvd._hash(_desc(kind="allgather", tensors=((2, 3),))) == hvd._hash(
+        _desc(kind="allgather", tensors=((9, 3),))
+    )
+    assert hvd._hash(_desc(tensors=((2, 3),))) != hvd._hash(_desc(tensors=((9, 3),)))

@@ -578,11 +578,11 @@ def synchronize(handle: _Handle) -> Any:
 # --- the collective protocol: process sets, consistency checks, join ------------------------
 #
 # Every collective starts with `_collective_group`. With checks on (the default), the processes
-# of the set first all-gather a few integers on a gloo side group: the collective's number on
-# this set, a hash of its descriptor (kind, name, shapes, dtypes, root, detail), and whether the
-# process has joined. Equal words: the collective proceeds on the data group. Different words:
-# every process gathers the full descriptors and raises one HorovodInternalError naming both
-# sides. A process that never arrives: the others' side exchange times out after
+# of the set first exchange a few integers on a gloo side group (one MAX-allreduce, see
+# `_exchange`): the collective's number on this set, a hash of its descriptor (kind, name,
+# shapes, dtypes, root, detail), and whether the process has joined. All equal: the collective
+# proceeds on the data group. Not: every process gathers the full descriptors and raises one
+# HorovodInternalError naming both sides. A process that never arrives: the others' side exchange times out after
 # KFTRAIN_HOROVOD_CHECK_TIMEOUT_S. A process in `join()` answers each exchange as joined, reads
 # the collective from the lowest active rank and takes part with zeros (allreduce), as Horovod.
 
@@ -656,7 +656,7 @@ def _set_state(process_set: Any) -> _SetState:
     return st
 
 
-def _names(name: str | Sequence[str] | None, n: int) -> tuple[str, ...]:
+def _names(name: str | Sequence[str] | None) -> tuple[str, ...]:
     if name is None:
         return ()
     if isinstance(name, str):
@@ -715,7 +715,7 @@ def _collective_group(
     desc = None
     if _state.checks:
         specs = tuple(TensorSpec.of(t) for t in tensors)
-        desc = _Desc(kind, _names(name, len(specs)), specs, root_rank, tuple(detail))
+        desc = _Desc(kind, _names(name), specs, root_rank, tuple(detail))
         codes, _ = _exchange(st, desc, index, _ACTIVE, _state.check_timeout)
         joined = tuple(st.ranks[i] for i, code in enumerate(codes) if code != _ACTIVE)
         if joined:
@@ -782,6 +782,9 @@ def _exchange(
 
 
 def _quoted(names: tuple[str, ...]) -> str:
+    if len(names) > 3:  # a model's parameters: enough to recognise it
+        shown = ", ".join(repr(n) for n in names[:2])
+        return f" [{shown}, ... ({len(names)} names)]"
     return f" '{names[0]}'" if len(names) == 1 else (f" {list(names)}" if names else "")
 
 
@@ -1107,7 +1110,7 @@ def allgather_async(tensor: torch.Tensor, name: str | None = None, process_set: 
     t = tensor.detach().reshape(1) if tensor.dim() == 0 else tensor.detach().contiguous()
     agreement = _collective_group("allgather", [t], name=name, process_set=process_set)
     firsts = [dims[0] for dims in agreement.first_dims]
-    if not _state.checks:
+    if not _state.checks and agreement.size > 1:
         # Without the descriptor check the other dimensions travel here, so that a mismatch is
         # still an error on every rank rather than a crash in the gather.
         shapes: list[Any] = [None] * agreement.size
