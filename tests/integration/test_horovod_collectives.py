@@ -263,6 +263,13 @@ def sync_bn(tail):
     return [lst(t) for t in [y.detach(), x.grad, *grads, *stats]] + [int(bn.num_batches_tracked)]
 
 
+# A timeline of a few collectives: rank 0 writes it, the others write nothing.
+hvd.start_timeline(f"{sys.argv[1]}/timeline-rank{r}.json", mark_cycles=True)
+hvd.allreduce(torch.ones(2))
+hvd.broadcast(torch.ones(2), root_rank=0)
+hvd.stop_timeline()
+hvd.stop_timeline()  # nothing is recording: nothing happens
+
 record("syncbn-2d", lambda: sync_bn(()))
 record("syncbn-4d", lambda: sync_bn((2, 2)))
 
@@ -518,6 +525,10 @@ def test_collectives_gradients_and_sparse_training_on_gloo(tmp_path, world):
 
         close(got["sparse-train-dense"], reference, 1e-5)
         close(got["sparse-train-sparse"], reference, 1e-5)
+    trace = json.loads((tmp_path / "timeline-rank0.json").read_text())
+    names = {e.get("name", "") for e in trace["traceEvents"]}
+    assert {"gloo:all_reduce", "gloo:broadcast"} <= names, sorted(names)[:50]
+    assert not any((tmp_path / f"timeline-rank{r}.json").exists() for r in range(1, world))
     assert ranks[0]["sparse-train-dense"] != sparse_initial(), "training did not move the weights"
 
 

@@ -47,7 +47,6 @@ UNSUPPORTED = [
         "op=hvd.Average",
     ),
     ("init(comm=)", lambda: hvd.init(comm=[0, 1]), hvd.ShimUnsupportedError, "no MPI"),
-    ("start_timeline", lambda: hvd.start_timeline("t.json"), hvd.ShimUnsupportedError, "torch.profiler"),
 ]
 
 

@@ -22,7 +22,7 @@ Differences from Horovod that a script can notice, each deliberate:
 - DistributedOptimizer reduces gradients one tensor at a time in a fixed parameter order (started
   from the backward hooks as soon as that order allows), with no tensor fusion; `groups` and
   `num_groups` are accepted and ignored.
-- Elastic training and timelines raise ShimUnsupportedError (not a RuntimeError, so
+- Elastic training raises ShimUnsupportedError (not a RuntimeError, so
   a script catching Horovod's RuntimeErrors does not swallow it) naming what to use instead;
   Adasum raises NotImplementedError, Horovod's own type for an Adasum it cannot run.
 """
@@ -105,8 +105,6 @@ __all__ = [
     "shutdown",
     "size",
     "sparse_allreduce_async",
-    "start_timeline",
-    "stop_timeline",
     "synchronize",
 ]
 
@@ -119,10 +117,6 @@ ADASUM_MESSAGE = (
     "op=hvd.Adasum is not supported by kftrain's Horovod shim: use op=hvd.Average (the default), "
     "scaling the learning rate by hvd.size() as Horovod's docs advise for Average"
 )
-_UNSUPPORTED = {
-    "start_timeline": "use torch.profiler for a trace of collectives",
-    "stop_timeline": "use torch.profiler for a trace of collectives",
-}
 
 
 class HorovodInternalError(RuntimeError):
@@ -163,19 +157,6 @@ class _Elastic:
 
 
 elastic = _Elastic()
-
-
-def _unsupported(name: str) -> Callable[..., Any]:
-    def fn(*args: Any, **kwargs: Any) -> Any:
-        raise ShimUnsupportedError(f"hvd.{name} is not supported by kftrain's Horovod shim: {_UNSUPPORTED[name]}")
-
-    fn.__name__ = fn.__qualname__ = name
-    fn.__doc__ = f"Not supported: {_UNSUPPORTED[name]}."
-    return fn
-
-
-start_timeline = _unsupported("start_timeline")
-stop_timeline = _unsupported("stop_timeline")
 
 
 class ProcessSet:
@@ -1691,9 +1672,9 @@ def DistributedOptimizer(  # noqa: N802 - Horovod's name
     )
 
 
-# alltoall, reducescatter, the asynchronous grouped allreduce and SyncBatchNorm live in their own
-# modules, which build on this one: they are this module's attributes too, loaded on first use
-# (so neither module imports the other back at import time).
+# alltoall, reducescatter, the asynchronous grouped allreduce, SyncBatchNorm and the timeline live
+# in their own modules, which build on this one: they are this module's attributes too, loaded on
+# first use (so neither module imports the other back at import time).
 _ELSEWHERE = {
     "alltoall": "collectives",
     "alltoall_async": "collectives",
@@ -1704,6 +1685,8 @@ _ELSEWHERE = {
     "reducescatter": "collectives",
     "reducescatter_async": "collectives",
     "SyncBatchNorm": "sync_batch_norm",
+    "start_timeline": "timeline",
+    "stop_timeline": "timeline",
 }
 __all__ += list(_ELSEWHERE)
 
