@@ -191,9 +191,11 @@ class ProcessSet:
 
     def rank(self) -> int | None:
         """This process's rank within the set (its index among the sorted ranks); None if the set
-        is not registered or this process is not in it."""
-        if self.process_set_id is None or rank() not in self.ranks:
+        is not registered; ValueError if this process is not in it (as Horovod)."""
+        if self.process_set_id is None:
             return None
+        if rank() not in self.ranks:
+            raise ValueError(f"Process is not part of provided process set: rank {rank()} is not in {self}")
         return self.ranks.index(rank())
 
     def size(self) -> int | None:
@@ -742,16 +744,23 @@ def _exchange(
     opts.reduceOp = dist.ReduceOp.MAX
     if timeout is not None:
         opts.timeout = timeout
+    start = time.monotonic()
     try:
         st.side.allreduce([t], opts).wait()
     except RuntimeError as exc:
         what = f"{desc.kind} at collective #{seq}{_quoted(desc.names)}" if desc else "hvd.join()"
+        waited = time.monotonic() - start
+        if timeout is not None and waited >= 0.9 * timeout.total_seconds():
+            why = (
+                f"not every process of {st.owner} reached this collective within {timeout.total_seconds():g} s "
+                "(one may have skipped it or be stuck elsewhere). A process that is legitimately slower (rank 0 "
+                "saving a checkpoint) needs a larger KFTRAIN_HOROVOD_CHECK_TIMEOUT_S; KFTRAIN_HOROVOD_CHECKS=0 "
+                "turns these checks off"
+            )
+        else:
+            why = f"a process of {st.owner} left or failed before reaching this collective"
         raise HorovodInternalError(
-            f"{what}: not every process of {st.owner} reached this collective within "
-            f"{timeout.total_seconds() if timeout else 'the'} s (one may have skipped it, issued other collectives "
-            "or exited). Every process must issue the same collectives in the same order; a process that is "
-            "legitimately slower (saving a checkpoint) needs a larger KFTRAIN_HOROVOD_CHECK_TIMEOUT_S, and "
-            f"KFTRAIN_HOROVOD_CHECKS=0 turns these checks off. ({exc})"
+            f"{what}: {why}. Every process must issue the same collectives in the same order. ({exc})"
         ) from exc
     w = t.tolist()
     codes = w[4:]
