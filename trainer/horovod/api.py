@@ -1190,7 +1190,8 @@ def sparse_allreduce_async(
         idx = synchronize(indices)
         if op == Average:
             vals = vals / process_set.size()
-        return torch.sparse_coo_tensor(idx.t(), vals, tensor.size())
+        # Checked: indices from a rank whose tensor is larger would otherwise corrupt memory.
+        return torch.sparse_coo_tensor(idx.t(), vals, tensor.size(), check_invariants=True)
 
     return result
 
