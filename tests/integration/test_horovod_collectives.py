@@ -256,6 +256,18 @@ def grouped_grad():
     return [lst(a.grad), lst(b.grad)]
 record("grad-grouped_allgather", grouped_grad)
 
+
+# grouped_reducescatter's too (no scale factors: the single-op case's 2 * 0.5 is the same).
+def grouped_rs_grad():
+    a = grad_input(r, "reducescatter_sum", n).requires_grad_()
+    b = (3 * grad_input(r, "reducescatter_sum", n)).detach().requires_grad_()
+    ya, yb = hvd.grouped_reducescatter([a, b], op=hvd.Sum)
+    ((ya * weight(r, ya.shape)).sum() + 2 * (yb * weight(r, yb.shape)).sum()).backward()
+    return [lst(a.grad), lst(b.grad)]
+
+
+record("grad-grouped_reducescatter", grouped_rs_grad)
+
 # SyncBatchNorm over every rank's rows, (N, C) and (N, C, H, W).
 def sync_bn(tail):
     x = bn_input(n, tail)[bn_rows(n)[r]].clone().requires_grad_()
@@ -546,6 +558,9 @@ def test_collectives_gradients_and_sparse_training_on_gloo(tmp_path, world):
                 close(g, w.tolist())
         else:
             assert "set" not in got
+
+        rs_grad = want_grads_of(grads, "reducescatter_sum", k)
+        close(got["grad-grouped_reducescatter"], [rs_grad, [[2 * v for v in row] for row in rs_grad]])
 
         assert got["names"] == ["allreduce.noname.0.0", "allreduce.noname.0.1", "allreduce.noname.1.0"]
         # Adam: step, exp_avg, exp_avg_sq for weight and bias after one step (step 1).
