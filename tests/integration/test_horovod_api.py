@@ -17,7 +17,7 @@ import torch
 from tests.integration.test_horovod import launch, write
 
 PRELUDE = """
-import json, os, sys, time
+import gc, json, os, sys, time
 import torch
 import horovod.torch as hvd
 
@@ -98,6 +98,15 @@ MISMATCHES = [
         "hvd.allreduce(torch.ones(1), name='b')",
         "allreduce name mismatch at collective #{i}: rank 0 passed 'a', rank 1 passed 'b'",
     ),
+    # Last, as it leaves gradients in flight: in steady state an optimizer sends its gradients
+    # before its check completes; a rank issuing something else meets that check and fails
+    # before sending data, and the optimizer's rank fails in synchronize().
+    (
+        "optimizer step in steady state",
+        "steady.step()",
+        "hvd.allreduce(torch.ones(2), name='metric')",
+        "allreduce name mismatch at collective #{i}: rank 0 passed ['bias', 'weight'], rank 1 passed 'metric'",
+    ),
 ]
 
 MISMATCH_SCRIPT = (
@@ -117,14 +126,29 @@ def step(model):
     opt.step()
 
 
-# The first optimizer of a process imports half of torch: not part of what the cases time.
-torch.optim.SGD([torch.nn.Parameter(torch.ones(1))], lr=0.1).step()
+class Steady:
+    def __init__(self):
+        self.model = torch.nn.Linear(3, 2)
+        sgd = torch.optim.SGD(self.model.parameters(), lr=0.1)
+        self.opt = hvd.DistributedOptimizer(sgd, named_parameters=self.model.named_parameters())
+
+    def step(self):
+        self.model(torch.ones(2, 3)).sum().backward()
+        self.opt.step()
+
+
+steady = Steady()
+steady.step()  # its first step waits for its check: the later ones do not
 out = {}
 for name, mine, theirs in cases:
+    if name == cases[-1][0]:
+        gc.collect()  # the earlier cases' optimizers, held by their errors' tracebacks, are gone
+        out["optimizers"] = len(api._OPTIMIZERS)  # one alone: its steady steps do not wait for checks
     index = api._state.sets[0].seq  # the number the next collective will carry
     out[name] = attempt(lambda: exec(mine if r == 0 else theirs))
     out[name]["index"] = index
-    hvd.allreduce(torch.ones(1), name="in step again")  # every rank carries on after the error
+    if name != cases[-1][0]:
+        hvd.allreduce(torch.ones(1), name="in step again")  # every rank carries on after the error
 # Last: rank 0 issues a collective no other rank ever issues; the others are busy, then leave.
 if r == 0:
     out["missing"] = attempt(lambda: hvd.allreduce(torch.ones(1), name="only rank 0"))
@@ -155,6 +179,7 @@ def test_every_kind_of_disagreement_raises_on_every_rank_within_seconds(tmp_path
             assert seen["type"] == "HorovodInternalError", (name, r, seen)
             assert expected.format(i=seen["index"]) in seen["message"], (name, r, seen["message"])
             assert seen["seconds"] < 10, (name, r, seen)
+    assert [got["optimizers"] for got in ranks] == [1] * world
     missing = ranks[0]["missing"]
     assert missing["type"] == "HorovodInternalError", missing
     assert "allreduce at collective" in missing["message"] and "'only rank 0'" in missing["message"]

@@ -41,7 +41,7 @@ import time
 import warnings
 import weakref
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import Any, NamedTuple
 
 import torch
@@ -289,6 +289,8 @@ class _SetState:
     side: Any  # None when the set has one process: nothing to agree with
     owner: ProcessSet
     seq: int = 0  # collectives issued on this set so far: the number each check compares
+    # Checks started and not yet finished (DistributedOptimizer's, in steady state), oldest first.
+    pending: list[Any] = field(default_factory=list)
 
 
 class _State:
@@ -680,7 +682,66 @@ def _collective_group(
     same collective (kind, name, shapes, dtypes, root, detail: raising HorovodInternalError on every
     process if not), and say where to issue it. `detail`: any other per-call data that must agree,
     best as (label, value) pairs, which the mismatch message shows as label=value."""
+    return _start_check(kind, tensors, name, process_set, root_rank, detail).finish()
+
+
+class _Check:
+    """A consistency check on its way: `agreement` is usable at once for where to issue the data
+    (group, size, ranks); `finish()` waits for the exchange and returns the checked Agreement."""
+
+    __slots__ = ("agreement", "desc", "error", "start", "st", "timeout", "words", "work")
+
+    def __init__(self, st: _SetState, agreement: Agreement, desc: _Desc | None) -> None:
+        self.st, self.agreement, self.desc = st, agreement, desc
+        self.work = self.words = self.error = None
+        self.start, self.timeout = time.monotonic(), _state.check_timeout
+
+    def finish(self) -> Agreement:
+        """Wait for the exchange (once) and act on it; raises HorovodInternalError as _exchange."""
+        if self.error is not None:
+            raise self.error
+        if self.work is not None:
+            work, self.work = self.work, None
+            if self in self.st.pending:
+                self.st.pending.remove(self)
+            try:
+                self.agreement = self._decide(work)
+            except HorovodInternalError as exc:
+                self.error = exc
+                raise
+        return self.agreement
+
+    def _decide(self, work: Any) -> Agreement:
+        st, desc, agreement = self.st, self.desc, self.agreement
+        codes, _ = _exchange_finish(st, desc, agreement.index, self.words, work, self.start, self.timeout)
+        joined = tuple(st.ranks[i] for i, code in enumerate(codes) if code != _ACTIVE)
+        if joined:
+            active = [i for i, code in enumerate(codes) if code == _ACTIVE]
+            box = [desc if agreement.rank == active[0] else None]
+            dist.broadcast_object_list(box, src=st.ranks[active[0]], group=st.side)
+            if desc.kind not in JOIN_MIRRORS:
+                raise HorovodInternalError(_join_unsupported(desc.kind))
+            agreement = replace(agreement, joined=joined)
+        if desc.kind in FIRST_DIM_FREE_KINDS:
+            dims = _all_gather_words(st, [_first_dim(t) for t in desc.tensors], None)
+            agreement = replace(agreement, first_dims=tuple(tuple(d) for d in dims))
+        return agreement
+
+
+def _start_check(
+    kind: str,
+    tensors: Sequence[torch.Tensor | TensorSpec],
+    name: str | Sequence[str] | None,
+    process_set: Any,
+    root_rank: int | None = None,
+    detail: tuple = (),
+) -> _Check:
+    """`_collective_group` without waiting: validate, start the exchange, return the check."""
     st = _set_state(process_set)
+    # Checks still in flight on this set finish first, so that every process acts on them at the
+    # same point of its sequence of collectives.
+    while st.pending:
+        st.pending[0].finish()
     me = st.ranks.index(rank())
     group_root = None
     if root_rank is not None:
@@ -691,27 +752,21 @@ def _collective_group(
     index = st.seq
     st.seq += 1
     agreement = Agreement(st.group, st.ranks, me, len(st.ranks), (), index, root_rank, group_root)
+    specs = tuple(TensorSpec.of(t) for t in tensors)
+    desc = _Desc(kind, _names(name), specs, root_rank, tuple(detail))
+    check = _Check(st, agreement, desc)
     if st.side is None:
         if kind in FIRST_DIM_FREE_KINDS:
-            agreement = replace(agreement, first_dims=(tuple(_first_dim(t) for t in tensors),))
-        return agreement
-    desc = None
-    if _state.checks:
-        specs = tuple(TensorSpec.of(t) for t in tensors)
-        desc = _Desc(kind, _names(name), specs, root_rank, tuple(detail))
-        codes, _ = _exchange(st, desc, index, _ACTIVE, _state.check_timeout)
-        joined = tuple(st.ranks[i] for i, code in enumerate(codes) if code != _ACTIVE)
-        if joined:
-            active = [i for i, code in enumerate(codes) if code == _ACTIVE]
-            box = [desc if me == active[0] else None]
-            dist.broadcast_object_list(box, src=st.ranks[active[0]], group=st.side)
-            if kind not in JOIN_MIRRORS:
-                raise HorovodInternalError(_join_unsupported(kind))
-            agreement = replace(agreement, joined=joined)
-    if kind in FIRST_DIM_FREE_KINDS:
-        dims = _all_gather_words(st, [_first_dim(t) for t in tensors], None)
-        agreement = replace(agreement, first_dims=tuple(tuple(d) for d in dims))
-    return agreement
+            check.agreement = replace(agreement, first_dims=(tuple(_first_dim(t) for t in specs),))
+        return check
+    if not _state.checks:
+        if kind in FIRST_DIM_FREE_KINDS:
+            dims = _all_gather_words(st, [_first_dim(t) for t in specs], None)
+            check.agreement = replace(agreement, first_dims=tuple(tuple(d) for d in dims))
+        return check
+    check.words, check.work = _exchange_start(st, desc, index, _ACTIVE, _state.check_timeout)
+    st.pending.append(check)
+    return check
 
 
 def _first_dim(t: torch.Tensor | TensorSpec) -> int:
@@ -724,15 +779,10 @@ def _join_unsupported(kind: str) -> str:
     return f"{word} is not supported with Join at this time (a rank has called hvd.join(); only allreduce is)."
 
 
-def _exchange(
+def _exchange_start(
     st: _SetState, desc: _Desc | None, seq: int, code: int, timeout: datetime.timedelta | None
-) -> tuple[list[int], int]:
-    """One round of the protocol: every process's state code, and the number of the collective
-    the active ones issue; raises on every process if the active ones disagree.
-
-    One int64 MAX-allreduce carries it all: the hash and the number, each also negated (so the
-    maximum of the negation is minus the minimum: equal maxima mean equal values), and one slot
-    per process for its state code."""
+) -> tuple[torch.Tensor, Any]:
+    """Start one round of the protocol (see `_exchange`)."""
     n, me = len(st.ranks), st.ranks.index(rank())
     words = [_NOTHING] * 4 + [-1] * n
     if desc is not None:
@@ -744,9 +794,21 @@ def _exchange(
     opts.reduceOp = dist.ReduceOp.MAX
     if timeout is not None:
         opts.timeout = timeout
-    start = time.monotonic()
+    return t, st.side.allreduce([t], opts)
+
+
+def _exchange_finish(
+    st: _SetState,
+    desc: _Desc | None,
+    seq: int,
+    t: torch.Tensor,
+    work: Any,
+    start: float,
+    timeout: datetime.timedelta | None,
+) -> tuple[list[int], int]:
+    """Wait for a round started by `_exchange_start` and act on it (see `_exchange`)."""
     try:
-        st.side.allreduce([t], opts).wait()
+        work.wait()
     except RuntimeError as exc:
         what = f"{desc.kind} at collective #{seq}{_quoted(desc.names)}" if desc else "hvd.join()"
         waited = time.monotonic() - start
@@ -765,10 +827,24 @@ def _exchange(
     w = t.tolist()
     codes = w[4:]
     if _ACTIVE in codes and (w[0] != -w[1] or w[2] != -w[3]):
-        descs: list[Any] = [None] * n
+        descs: list[Any] = [None] * len(st.ranks)
         dist.all_gather_object(descs, (seq, desc), group=st.side)
         raise HorovodInternalError(_mismatch_message(st, codes, descs))
     return codes, w[2]
+
+
+def _exchange(
+    st: _SetState, desc: _Desc | None, seq: int, code: int, timeout: datetime.timedelta | None
+) -> tuple[list[int], int]:
+    """One round of the protocol: every process's state code, and the number of the collective
+    the active ones issue; raises on every process if the active ones disagree.
+
+    One int64 MAX-allreduce carries it all: the hash and the number, each also negated (so the
+    maximum of the negation is minus the minimum: equal maxima mean equal values), and one slot
+    per process for its state code."""
+    start = time.monotonic()
+    t, work = _exchange_start(st, desc, seq, code, timeout)
+    return _exchange_finish(st, desc, seq, t, work, start, timeout)
 
 
 def _quoted(names: tuple[str, ...]) -> str:
@@ -866,6 +942,8 @@ def join(device: int = -1) -> int:
         arrivals: list[Any] = [None] * size()
         dist.all_gather_object(arrivals, time.time())
         return max(range(len(arrivals)), key=lambda r: arrivals[r])
+    while st.pending:  # this process's own checks in flight come first
+        st.pending[0].finish()
     where = (
         torch.device("cuda", device if device >= 0 else torch.cuda.current_device())
         if torch.cuda.is_available()
@@ -1447,6 +1525,10 @@ class Compression:
     fp16 = _FP16Compressor
 
 
+# Live DistributedOptimizers of this process (see _DistributedOptimizer._start_check).
+_OPTIMIZERS: weakref.WeakSet = weakref.WeakSet()
+
+
 class _DistributedOptimizer:
     """Mixed in before the user's optimizer class: gradients are reduced across processes
     before the wrapped optimizer's `step()` applies them.
@@ -1506,6 +1588,9 @@ class _DistributedOptimizer:
         self._process_set = process_set
         self._names = tuple(by_id[id(p)] for p in self._order) if by_id else None
         self._agreement: Agreement | None = None
+        self._check: _Check | None = None
+        self._checked_specs: tuple[TensorSpec, ...] | None = None
+        _OPTIMIZERS.add(self)
         self._spec_key: tuple = ()
         self._specs: tuple[TensorSpec, ...] = ()
         self._delay = dict.fromkeys(self._order, backward_passes_per_step)
@@ -1527,6 +1612,7 @@ class _DistributedOptimizer:
     def _reset(self) -> None:
         self._handles.clear()
         self._agreement = None
+        self._check = None  # one still in flight is finished by the set's next collective
         self._next = 0
         self._delay = dict.fromkeys(self._order, self.backward_passes_per_step)
 
@@ -1557,6 +1643,27 @@ class _DistributedOptimizer:
             self._spec_key = key
         return self._specs
 
+    def _start_check(self) -> Agreement:
+        """One consistency check per step for all the gradients.
+
+        The first step (and any step after the gradients' shapes or dtypes change) waits for it
+        before sending any gradient. Later steps send the gradients at once and finish the check
+        in `synchronize()`, hiding its round trip behind the reductions: the descriptor is the
+        one every process already agreed on, and a process doing anything else meets this check
+        with a blocking one of its own and fails before sending data. Two DistributedOptimizers
+        in one process could send each other's gradients before a check tells them apart, so
+        with more than one every step waits."""
+        pre, post = self._pre_post()
+        specs = self._step_specs()
+        detail = _allreduce_detail(self.op, pre, post)
+        check = _start_check("allreduce", specs, self._names, self._process_set, None, detail)
+        if self._checked_specs == specs and len(_OPTIMIZERS) == 1:
+            self._check = check
+            return check.agreement
+        agreement = check.finish()
+        self._checked_specs = specs
+        return agreement
+
     def _pre_post(self) -> tuple[float, float]:
         if self.op == Average:
             return 1.0 / self.gradient_predivide_factor, self.gradient_predivide_factor
@@ -1568,11 +1675,7 @@ class _DistributedOptimizer:
             if self._delay[p] > 0 and not flush:
                 return
             if self._agreement is None:
-                # One consistency check per step for all the gradients, before the first is sent.
-                pre, post = self._pre_post()
-                self._agreement = _allreduce_agreed(
-                    self._step_specs(), self._names, self.op, pre, post, self._process_set
-                )
+                self._agreement = self._start_check()
             self._handles[p] = self._reduce_async(p)
             self._next += 1
 
@@ -1596,6 +1699,9 @@ class _DistributedOptimizer:
         """Finish reducing every gradient (e.g. before clipping); then call `step()` inside
         `skip_synchronize()`."""
         self._start_ready(flush=True)
+        if self._check is not None:
+            check, self._check = self._check, None
+            check.finish()  # a disagreement raises here, before waiting for data that may never come
         for p, (handle, ctx) in self._handles.items():
             out = handle() if callable(handle) else self._compression.decompress(synchronize(handle), ctx)
             if p.grad.is_sparse:  # optimizers for sparse gradients (SparseAdam) take only sparse ones
