@@ -13,7 +13,8 @@ side group, and a disagreement raises one HorovodInternalError on every process 
 sides, instead of a hang or a gloo abort. A process that never arrives fails the others after
 KFTRAIN_HOROVOD_CHECK_TIMEOUT_S (default 60, Horovod's stall-warning time);
 KFTRAIN_HOROVOD_CHECKS=0 turns the checks off (and `join()` back into a barrier).
-`DistributedOptimizer`, grouped allreduce and `broadcast_parameters` check once per group.
+`DistributedOptimizer`, grouped allreduce and `broadcast_parameters` check once per group (an
+optimizer's steady-state check runs behind its reductions, see `_DistributedOptimizer._start_check`).
 
 Differences from Horovod that a script can notice, each deliberate:
 
