@@ -301,6 +301,17 @@ hvd.stop_timeline()
 hvd.stop_timeline()  # nothing is recording: nothing happens
 
 record("syncbn-2d", lambda: sync_bn(()))
+
+
+def sync_bn_half():
+    # float16 input, float32 module (as under autocast): float16 out, float32 statistics.
+    x = bn_input(n, ())[bn_rows(n)[r]].half()
+    bn = bn_module(hvd.SyncBatchNorm(3, momentum=0.3)).float()
+    y = bn(x)
+    return [str(y.dtype), lst(y), lst(bn.running_mean)]
+
+
+record("syncbn-half", sync_bn_half)
 record("syncbn-4d", lambda: sync_bn((2, 2)))
 
 
@@ -545,6 +556,10 @@ def test_collectives_gradients_and_sparse_training_on_gloo(tmp_path, world):
             for g, w in zip(got[key][:-1], syncbn_reference(scope, n, tail, k), strict=True):
                 close(g, w, 1e-10)
             assert got[key][-1] == 1
+        want_bn = syncbn_reference(scope, n, (), k)
+        assert got["syncbn-half"][0] == "torch.float16"
+        close(got["syncbn-half"][1], want_bn[0], 1e-2)
+        close(got["syncbn-half"][2], want_bn[4], 1e-3)
 
         if k in (0, n - 1):
             a, b = scope["set_input"](0), scope["set_input"](n - 1)

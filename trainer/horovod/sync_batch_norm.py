@@ -58,7 +58,10 @@ class SyncBatchNorm(_BatchNorm):
             return self.momentum
         return 1.0 / float(self.num_batches_tracked) if self.track_running_stats else 0.0
 
-    def _synced(self, x: torch.Tensor) -> torch.Tensor:
+    def _synced(self, input: torch.Tensor) -> torch.Tensor:
+        # Half-precision inputs: statistics (and counts past 2048) in float32, the output in theirs.
+        low = input.dtype in (torch.float16, torch.bfloat16)
+        x = input.float() if low else input
         dims = [d for d in range(x.dim()) if d != 1]
         shape = [1, -1] + [1] * (x.dim() - 2)
         local = torch.cat([x.sum(dims), x.new_tensor([x.numel() // x.shape[1]])])
@@ -71,9 +74,9 @@ class SyncBatchNorm(_BatchNorm):
             with torch.no_grad():
                 factor = self._factor()
                 unbiased = var * (count / (count - 1)) if count > 1 else var
-                self.running_mean.mul_(1 - factor).add_(factor * mean)
-                self.running_var.mul_(1 - factor).add_(factor * unbiased)
+                self.running_mean.mul_(1 - factor).add_(factor * mean.to(self.running_mean.dtype))
+                self.running_var.mul_(1 - factor).add_(factor * unbiased.to(self.running_var.dtype))
         out = centered * torch.rsqrt(var + self.eps).reshape(shape)
         if self.affine:
             out = out * self.weight.reshape(shape) + self.bias.reshape(shape)
-        return out
+        return out.to(input.dtype)
