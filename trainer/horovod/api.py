@@ -377,7 +377,7 @@ def init(comm: Any = None, process_sets: Any = None) -> None:
         _state.incarnation += 1
         _state.owns_group = True
         if not _state.atexit_registered:
-            atexit.register(shutdown)
+            atexit.register(_at_exit)
             _state.atexit_registered = True
     _state.topology = topo
     global_process_set.ranks = list(range(topo.size))
@@ -403,6 +403,13 @@ def _register(ps: ProcessSet) -> None:
     ps.process_set_id = _state.next_set_id
     _state.next_set_id += 1
     _state.sets[ps.process_set_id] = _SetState(tuple(ps.ranks), group, side, ps)
+
+
+def _at_exit() -> None:
+    shutdown()
+    # The store outlives shutdown() for the next init(); at exit it goes while the interpreter
+    # is still whole, not in its teardown (where dropping it can abort the process).
+    _state.store = None
 
 
 def shutdown() -> None:
