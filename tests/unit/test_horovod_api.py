@@ -47,8 +47,6 @@ UNSUPPORTED = [
         "op=hvd.Average",
     ),
     ("init(comm=)", lambda: hvd.init(comm=[0, 1]), hvd.ShimUnsupportedError, "no MPI"),
-    ("SyncBatchNorm", lambda: hvd.SyncBatchNorm(8), hvd.ShimUnsupportedError, "convert_sync_batchnorm"),
-    ("start_timeline", lambda: hvd.start_timeline("t.json"), hvd.ShimUnsupportedError, "torch.profiler"),
 ]
 
 

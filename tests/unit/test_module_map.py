@@ -21,6 +21,8 @@ TESTED_IN = {
     "trainer/gpt.py": ["test_train.py", "test_tokenizer.py"],
     "trainer/hf_export.py": ["test_train.py", "test_tasks_causal_lm.py", "test_launch_inferenceservice.py"],
     "trainer/horovod/run.py": ["test_horovod.py"],
+    "trainer/horovod/sync_batch_norm.py": ["test_horovod_collectives.py"],
+    "trainer/horovod/timeline.py": ["test_horovod_collectives.py"],
     "trainer/horovod/shim/horovod/torch/elastic.py": ["test_horovod_api.py"],
     "trainer/launch/backend.py": ["test_launch_local.py", "test_launch_kubernetes.py"],
     "trainer/launch/job.py": ["test_launch_pytorchjob.py", "test_launch_trainjob.py", "test_launch_fieldrules.py"],

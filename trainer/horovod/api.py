@@ -23,7 +23,7 @@ Differences from Horovod that a script can notice, each deliberate:
 - DistributedOptimizer reduces gradients one tensor at a time in a fixed parameter order (started
   from the backward hooks as soon as that order allows), with no tensor fusion; `groups` and
   `num_groups` are accepted and ignored.
-- Elastic training, SyncBatchNorm and timelines raise ShimUnsupportedError (not a RuntimeError, so
+- Elastic training raises ShimUnsupportedError (not a RuntimeError, so
   a script catching Horovod's RuntimeErrors does not swallow it) naming what to use instead;
   Adasum raises NotImplementedError, Horovod's own type for an Adasum it cannot run.
 """
@@ -37,6 +37,7 @@ import enum
 import functools
 import gc
 import hashlib
+import importlib
 import os
 import time
 import warnings
@@ -61,7 +62,6 @@ __all__ = [
     "ProcessSet",
     "Sum",
     "ShimUnsupportedError",
-    "SyncBatchNorm",
     "add_process_set",
     "allgather",
     "allgather_async",
@@ -70,7 +70,6 @@ __all__ = [
     "allreduce_",
     "allreduce_async",
     "allreduce_async_",
-    "alltoall",
     "barrier",
     "broadcast",
     "broadcast_",
@@ -88,6 +87,8 @@ __all__ = [
     "global_process_set",
     "gloo_built",
     "gloo_enabled",
+    "grouped_allgather",
+    "grouped_allgather_async",
     "grouped_allreduce",
     "grouped_allreduce_",
     "init",
@@ -101,13 +102,11 @@ __all__ = [
     "nccl_built",
     "poll",
     "rank",
-    "reducescatter",
     "remove_process_set",
     "rocm_built",
     "shutdown",
     "size",
-    "start_timeline",
-    "stop_timeline",
+    "sparse_allreduce_async",
     "synchronize",
 ]
 
@@ -120,13 +119,6 @@ ADASUM_MESSAGE = (
     "op=hvd.Adasum is not supported by kftrain's Horovod shim: use op=hvd.Average (the default), "
     "scaling the learning rate by hvd.size() as Horovod's docs advise for Average"
 )
-_UNSUPPORTED = {
-    "SyncBatchNorm": "use torch.nn.SyncBatchNorm.convert_sync_batchnorm(model) with DistributedDataParallel",
-    "alltoall": "use torch.distributed.all_to_all_single (NCCL; gloo has no all-to-all)",
-    "reducescatter": "use torch.distributed.reduce_scatter_tensor",
-    "start_timeline": "use torch.profiler for a trace of collectives",
-    "stop_timeline": "use torch.profiler for a trace of collectives",
-}
 
 
 class HorovodInternalError(RuntimeError):
@@ -167,22 +159,6 @@ class _Elastic:
 
 
 elastic = _Elastic()
-
-
-def _unsupported(name: str) -> Callable[..., Any]:
-    def fn(*args: Any, **kwargs: Any) -> Any:
-        raise ShimUnsupportedError(f"hvd.{name} is not supported by kftrain's Horovod shim: {_UNSUPPORTED[name]}")
-
-    fn.__name__ = fn.__qualname__ = name
-    fn.__doc__ = f"Not supported: {_UNSUPPORTED[name]}."
-    return fn
-
-
-SyncBatchNorm = _unsupported("SyncBatchNorm")
-alltoall = _unsupported("alltoall")
-reducescatter = _unsupported("reducescatter")
-start_timeline = _unsupported("start_timeline")
-stop_timeline = _unsupported("stop_timeline")
 
 
 class ProcessSet:
@@ -522,9 +498,23 @@ def gloo_built() -> bool:
     return True
 
 
-def nccl_built() -> bool:
-    """NCCL carries CUDA tensors when CUDA and NCCL are available."""
-    return torch.cuda.is_available() and dist.is_nccl_available()
+def nccl_built() -> int:
+    """NCCL's version code (e.g. 22105 for 2.21.5; Horovod's NCCL_VERSION_CODE) when NCCL carries
+    CUDA tensors here, else 0."""
+    if not (torch.cuda.is_available() and dist.is_nccl_available()):
+        return 0
+    return nccl_version_code(torch.cuda.nccl.version())
+
+
+def nccl_version_code(version: tuple[int, ...] | int) -> int:
+    """NCCL's NCCL_VERSION_CODE for a (major, minor, patch) version: X*1000+Y*100+Z up to 2.8,
+    X*10000+Y*100+Z from 2.9 on (torch's older builds give the code itself, an int)."""
+    if isinstance(version, int):
+        return version
+    major, minor, patch = (tuple(version) + (0, 0))[:3]
+    if (major, minor) <= (2, 8):
+        return major * 1000 + minor * 100 + patch
+    return major * 10000 + minor * 100 + patch
 
 
 def cuda_built() -> bool:
@@ -1222,9 +1212,85 @@ def allgather_async(tensor: torch.Tensor, name: str | None = None, process_set: 
     return _Handle([work], done)
 
 
+def _combined(handles: Sequence[Any], finish: Callable[[list[Any]], Any] = list) -> Any:
+    """One handle for several: done when all are, `synchronize` gives `finish` of their results."""
+    works = [w for h in handles for w in h._works]
+    return _Handle(works, lambda: finish([h.wait() for h in handles]))
+
+
+def grouped_allgather_async(
+    tensors: Sequence[torch.Tensor], name: str | None = None, process_set: Any = global_process_set
+) -> Any:
+    """Start `allgather` of each tensor of a list; `synchronize` gives the list of results."""
+    return _combined([allgather_async(t, _part(name, i), process_set) for i, t in enumerate(tensors)])
+
+
+def _part(name: str | None, i: int) -> str | None:
+    return None if name is None else f"{name}.{i}"
+
+
+class _AllgatherFunction(torch.autograd.Function):
+    """allgather as an autograd op: Horovod's backward averages the gradient over the set and
+    keeps this rank's rows."""
+
+    @staticmethod
+    def forward(ctx, name, process_set, *tensors):
+        ctx.process_set, ctx.rows = process_set, [t.shape[0] if t.dim() else 1 for t in tensors]
+        return tuple(synchronize(grouped_allgather_async(list(tensors), name, process_set)))
+
+    @staticmethod
+    def backward(ctx, *grads):
+        reduced = grouped_allreduce([g.contiguous() for g in grads], average=True, process_set=ctx.process_set)
+        counts = synchronize(
+            grouped_allgather_async([torch.tensor([r]) for r in ctx.rows], process_set=ctx.process_set)
+        )
+        me = ctx.process_set.rank()
+        out = []
+        for g, c, rows in zip(reduced, counts, ctx.rows, strict=True):
+            offset = int(c[:me].sum())
+            out.append(g.narrow(0, offset, rows))
+        return (None, None, *out)
+
+
+def grouped_allgather(
+    tensors: Sequence[torch.Tensor], name: str | None = None, process_set: Any = global_process_set
+) -> list[torch.Tensor]:
+    """`allgather` of each tensor of a list (differentiable)."""
+    scalars = [t.dim() == 0 for t in tensors]
+    outs = _AllgatherFunction.apply(
+        name, process_set, *[t.reshape(1) if s else t for t, s in zip(tensors, scalars, strict=True)]
+    )
+    return list(outs)
+
+
+def sparse_allreduce_async(
+    tensor: torch.Tensor, name: str | None, op: Any, process_set: Any = global_process_set
+) -> Callable[[], torch.Tensor]:
+    """Start reducing a sparse COO tensor over the set as Horovod does: every rank's indices and
+    values are gathered (Average divides the values by the set size). Returns a function to call
+    for the result: an uncoalesced sparse tensor of the same size (duplicate indices add up)."""
+    if not tensor.is_sparse:
+        raise ValueError("sparse_allreduce_async takes a sparse COO tensor: use allreduce_async for dense tensors")
+    if op not in (Sum, Average):
+        raise ValueError(f"sparse_allreduce_async reduces with op=hvd.Sum or op=hvd.Average, got {_Op(op).name}")
+    # allgather concatenates along dimension 0: the indices travel as (nnz, sparse_dim).
+    indices = allgather_async(tensor._indices().t().contiguous(), _part(name, 0), process_set)
+    values = allgather_async(tensor._values(), _part(name, 1), process_set)
+
+    def result() -> torch.Tensor:
+        vals = synchronize(values)
+        idx = synchronize(indices)
+        if op == Average:
+            vals = vals / process_set.size()
+        # Checked: indices from a rank whose tensor is larger would otherwise corrupt memory.
+        return torch.sparse_coo_tensor(idx.t(), vals, tensor.size(), check_invariants=True)
+
+    return result
+
+
 def allgather(tensor: torch.Tensor, name: str | None = None, process_set: Any = global_process_set) -> torch.Tensor:
-    """Every process's `tensor` concatenated along dimension 0, in rank order."""
-    return synchronize(allgather_async(tensor, name, process_set))
+    """Every process's `tensor` concatenated along dimension 0, in rank order (differentiable)."""
+    return grouped_allgather([tensor], name, process_set)[0]
 
 
 def broadcast_async_(
@@ -1257,8 +1323,25 @@ def broadcast_async(
 def broadcast(
     tensor: torch.Tensor, root_rank: int, name: str | None = None, process_set: Any = global_process_set
 ) -> torch.Tensor:
-    """root_rank's `tensor`, as a new tensor on every process of the set."""
-    return synchronize(broadcast_async(tensor, root_rank, name, process_set))
+    """root_rank's `tensor`, as a new tensor on every process of the set (differentiable)."""
+    return _BroadcastFunction.apply(tensor, root_rank, name, process_set)
+
+
+class _BroadcastFunction(torch.autograd.Function):
+    """broadcast as an autograd op: Horovod's backward averages the gradient over the set and
+    keeps it on the root only (zero elsewhere)."""
+
+    @staticmethod
+    def forward(ctx, tensor, root_rank, name, process_set):
+        ctx.root_rank, ctx.process_set = root_rank, process_set
+        return synchronize(broadcast_async(tensor, root_rank, name, process_set))
+
+    @staticmethod
+    def backward(ctx, grad_output):
+        grad = allreduce(grad_output, average=True, process_set=ctx.process_set)
+        if rank() != ctx.root_rank:  # root_rank is a global rank, in process sets too
+            grad = torch.zeros_like(grad)
+        return grad, None, None, None
 
 
 def broadcast_(
@@ -1324,12 +1407,14 @@ class _TensorSlot(NamedTuple):
     shape: tuple[int, ...]
     dtype: torch.dtype
     cuda: bool
+    sparse_dim: int | None = None  # a sparse tensor (SGD's momentum over sparse gradients) travels dense
 
 
 def _strip_tensors(node: Any, tensors: list[torch.Tensor]) -> Any:
     if torch.is_tensor(node):
-        tensors.append(node.detach().contiguous())
-        return _TensorSlot(len(tensors) - 1, tuple(node.shape), node.dtype, node.is_cuda)
+        sparse_dim = node.sparse_dim() if node.is_sparse else None
+        tensors.append(node.detach().to_dense() if node.is_sparse else node.detach().contiguous())
+        return _TensorSlot(len(tensors) - 1, tuple(node.shape), node.dtype, node.is_cuda, sparse_dim)
     if isinstance(node, dict):
         return {k: _strip_tensors(v, tensors) for k, v in node.items()}
     if isinstance(node, (list, tuple)):
@@ -1339,7 +1424,8 @@ def _strip_tensors(node: Any, tensors: list[torch.Tensor]) -> Any:
 
 def _fill_tensors(node: Any, tensors: list[torch.Tensor]) -> Any:
     if isinstance(node, _TensorSlot):
-        return tensors[node.index]
+        t = tensors[node.index]
+        return t if node.sparse_dim is None else t.to_sparse(node.sparse_dim)
     if isinstance(node, dict):
         return {k: _fill_tensors(v, tensors) for k, v in node.items()}
     if isinstance(node, (list, tuple)):
@@ -1355,6 +1441,8 @@ def broadcast_optimizer_state(optimizer: torch.optim.Optimizer, root_rank: int, 
     never passes through one process's memory in full more than once."""
     if isinstance(optimizer, torch.optim.LBFGS):
         raise ValueError("cannot broadcast torch.optim.LBFGS state")
+    if not optimizer.state_dict()["state"]:
+        _fill_state(optimizer, model)
     tensors: list[torch.Tensor] = []
     skeleton = _strip_tensors(optimizer.state_dict(), tensors) if rank() == root_rank else None
     skeleton = broadcast_object(skeleton, root_rank)
@@ -1374,6 +1462,30 @@ def broadcast_optimizer_state(optimizer: torch.optim.Optimizer, root_rank: int, 
         synchronize(h)
     if rank() != root_rank:
         optimizer.load_state_dict(_fill_tensors(skeleton, tensors))
+
+
+def _fill_state(optimizer: torch.optim.Optimizer, model: Any) -> None:
+    """Create a new optimizer's state as Horovod does: one local step on zero gradients (sparse
+    ones for SparseAdam, and for SGD over `model`'s sparse embeddings). The zero gradients stay."""
+    sparse = set()
+    if model is not None:
+        for m in model.modules():
+            if isinstance(m, torch.nn.Embedding) and m.sparse:
+                sparse.update(id(p) for p in m.parameters())
+    for group in optimizer.param_groups:
+        for p in group["params"]:
+            if p.requires_grad:
+                p.grad = torch.zeros_like(p)
+                if isinstance(optimizer, torch.optim.SparseAdam) or (
+                    isinstance(optimizer, torch.optim.SGD) and id(p) in sparse
+                ):
+                    p.grad = p.grad.to_sparse()
+    if isinstance(optimizer, _DistributedOptimizer):
+        # The wrapped optimizer's own step: a DistributedOptimizer's would reduce, and only
+        # ranks whose state is empty get here.
+        super(_DistributedOptimizer, optimizer).step()
+    else:
+        optimizer.step()
 
 
 def _collect_slots(node: Any, out: list[_TensorSlot]) -> None:
@@ -1474,6 +1586,13 @@ class _DistributedOptimizer:
             by_id = {id(p): n for n, p in named}
         else:
             by_id = {}
+            # Horovod's names for unnamed parameters: group index, then index in the group.
+            named = [
+                (f"allreduce.noname.{i}.{j}", p)
+                for i, group in enumerate(self.param_groups)
+                for j, p in enumerate(group["params"])
+            ]
+        self._parameter_names = {p: n for n, p in sorted(named, key=lambda item: item[0])}
         self._compression = compression
         self.backward_passes_per_step = backward_passes_per_step
         self.op = op
@@ -1575,16 +1694,17 @@ class _DistributedOptimizer:
             self._next += 1
 
     def _reduce_async(self, p: torch.Tensor) -> tuple[_Handle, Any]:
-        if p.grad is None:  # unused here, perhaps used on another rank
-            p.grad = torch.zeros_like(p)
-        elif p.grad.is_sparse:
+        name = self._parameter_names.get(p)
+        grad = p.grad
+        if grad is None:  # unused here, perhaps used on another rank
+            grad = p.grad = torch.zeros_like(p)
+        elif grad.is_sparse:
             if not self.sparse_as_dense:
-                raise NotImplementedError(
-                    "sparse gradients are not supported by kftrain's Horovod shim: pass sparse_as_dense=True "
-                    "or use dense embeddings (nn.Embedding(sparse=False))"
-                )
-            p.grad = p.grad.to_dense()
-        compressed, ctx = self._compression.compress(p.grad)
+                # Indices and values gathered from every rank; `synchronize` calls the result.
+                return sparse_allreduce_async(grad, name=name, op=self.op, process_set=self._process_set), None
+            # Reduced dense; `synchronize` hands the optimizer a sparse gradient again.
+            grad = grad.to_dense()
+        compressed, ctx = self._compression.compress(grad)
         pre, post = self._pre_post()
         out = compressed.data
         return _allreduce_into(out, self.op, pre, post, self._agreement, finish=lambda _: compressed), ctx
@@ -1597,8 +1717,10 @@ class _DistributedOptimizer:
             check, self._check = self._check, None
             check.finish()  # a disagreement raises here, before waiting for data that may never come
         for p, (handle, ctx) in self._handles.items():
-            out = self._compression.decompress(synchronize(handle), ctx)
-            if out is not p.grad:
+            out = handle() if callable(handle) else self._compression.decompress(synchronize(handle), ctx)
+            if p.grad.is_sparse:  # optimizers for sparse gradients (SparseAdam) take only sparse ones
+                p.grad = out if out.is_sparse else out.to_sparse(p.grad.sparse_dim())
+            elif out is not p.grad:
                 p.grad.copy_(out)
         self._reset()
         self._synchronized = True
@@ -1678,3 +1800,33 @@ def DistributedOptimizer(  # noqa: N802 - Horovod's name
         sparse_as_dense,
         process_set,
     )
+
+
+# alltoall, reducescatter, the asynchronous grouped allreduce, SyncBatchNorm and the timeline live
+# in their own modules, which build on this one: they are this module's attributes too, loaded on
+# first use (so neither module imports the other back at import time).
+_ELSEWHERE = {
+    "alltoall": "collectives",
+    "alltoall_async": "collectives",
+    "grouped_allreduce_async": "collectives",
+    "grouped_allreduce_async_": "collectives",
+    "grouped_reducescatter": "collectives",
+    "grouped_reducescatter_async": "collectives",
+    "reducescatter": "collectives",
+    "reducescatter_async": "collectives",
+    "SyncBatchNorm": "sync_batch_norm",
+    "start_timeline": "timeline",
+    "stop_timeline": "timeline",
+}
+__all__ += list(_ELSEWHERE)
+
+
+def __getattr__(name: str) -> Any:
+    if name in _ELSEWHERE:
+        module = importlib.import_module(f"trainer.horovod.{_ELSEWHERE[name]}")
+        return getattr(module, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *_ELSEWHERE})
