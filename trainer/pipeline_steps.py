@@ -1,4 +1,4 @@
-"""The four pipeline steps (data prep, training, evaluation, export) as plain functions over a config and URIs.
+"""The pipeline steps (plan, data prep, training, evaluation, export) as plain functions over a config and URIs.
 
 Components call these; so do tests and benchmarks. Each step reads its inputs from and writes
 its outputs to the object store, and checks the store before doing any work, so a missing
@@ -10,14 +10,48 @@ from __future__ import annotations
 import json
 import os
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from trainer.config import Config, to_dict
+from trainer.errors import KftrainError
 from trainer.launch.backend import JobBackend, run_job
 from trainer.launch.spec import job_name
 from trainer.storage import ObjectStore, join_uri, open_store
 
+if TYPE_CHECKING:  # trainer.plan builds models: the step imports it when it runs
+    from trainer.plan import Plan, ProbeResult
+
 LAUNCHERS = ("auto", "local", "kubernetes")
+
+
+class PlanRefused(KftrainError):
+    """`plan.strict` (or `kftrain plan --strict`): the plan predicts the run cannot fit or cannot finish in time."""
+
+
+def plan_run(cfg: Config, probe: ProbeResult | None = None, nodes: tuple[int, ...] | None = None) -> Plan:
+    """The plan of the run `cfg` describes (:func:`trainer.plan.make_plan`): for `plan.gpu` (or the
+    job's own devices), `kubernetes.gpu_memory_gb` when set, the node counts `nodes` (default
+    `plan.nodes`) and `plan.price_per_gpu_hour`; `probe`: measurements of a short run to start from."""
+    from trainer.plan import make_plan
+
+    pc = cfg.plan
+    return make_plan(
+        cfg,
+        gpu=pc.gpu or None,
+        gpu_memory_gb=cfg.kubernetes.gpu_memory_gb or None,
+        nodes=tuple(pc.nodes) if nodes is None else nodes,
+        price_per_gpu_hour=pc.price_per_gpu_hour or None,
+        probe=probe,
+    )
+
+
+def refuse_if_strict(cfg: Config, plan: Plan, strict: bool, switch: str = "plan.strict") -> None:
+    """With `strict`, :class:`PlanRefused` naming why when the plan says the run cannot fit in the
+    GPU's memory or cannot finish within `job.timeout_seconds`; otherwise nothing. `switch` is what
+    turned strictness on (the config field or the CLI flag), for the message."""
+    reason = plan.refusal(cfg) if strict else None
+    if reason:
+        raise PlanRefused(f"the plan refuses this run ({switch}): {reason}")
 
 
 def store_for(cfg: Config, uri: str, check: bool = False) -> ObjectStore:
