@@ -1,4 +1,4 @@
-"""The training pipeline: configure -> data prep -> distributed training -> evaluation -> export.
+"""The training pipeline: configure -> plan -> data prep -> distributed training -> evaluation -> export.
 
 Its signature is generated from the one parameter table (`components/params.py`): `config`,
 then every typed knob (unset by default: the config text decides), then the pipeline's own
@@ -16,6 +16,7 @@ from components.data_prep import data_prep
 from components.evaluate import evaluate
 from components.export import export
 from components.gate import quality_gate_failed
+from components.plan import plan
 from components.params import DEFAULT_HF_TOKEN_SECRET, DEFAULT_STORE_SECRET, PARAMS, signature, with_knob_docs
 from components.task_options import launcher_task_options
 from components.train import train
@@ -48,7 +49,8 @@ def _pipeline(
     **knobs,
 ) -> TrainingOutputs:
     """Train a model with DDP across `replicas` x `nproc_per_node` processes, evaluate it, and
-    export it when it passes the quality gate.
+    export it when it passes the quality gate; with `plan.enabled` in the config, predict its
+    memory, time and cost first (and with `plan.strict`, refuse a run that cannot fit or finish).
 
     The config text is the base of the run; every other parameter left at its unset value
     (-1, empty, {} or []) takes the config's value.
@@ -81,7 +83,11 @@ def _pipeline(
     )
     conf.set_display_name("configure")
     effective = conf.output
-    prep = with_secrets(data_prep(config=effective))
+    # Always there (KFP cannot wait on a task inside a dsl.If): with plan.enabled off it only says so.
+    # Before data prep, so that plan.strict stops a run before anything is spent on it.
+    planned = with_secrets(plan(config=effective))
+    planned.set_display_name("plan")
+    prep = with_secrets(data_prep(config=effective)).after(planned)
     prep.set_display_name("data prep")
     fit = with_secrets(train(dataset=prep.outputs["dataset"], config=effective, launcher=launcher, **TASK_IDENTITY))
     launcher_task_options(fit)
