@@ -311,15 +311,15 @@ def _seconds(text: str) -> float:
 
 
 def _gpu_type(text: str) -> str:
-    """A GPU type of the planner's table (`trainer.plan.hardware.GPUS`), as the table spells it."""
-    from trainer.plan.hardware import GPUS
+    """A GPU type of the planner's table (`trainer.plan.hardware`), as the table names it."""
+    from trainer.plan.hardware import GPUS, HardwareError, gpu_spec
 
-    known = {name.lower(): name for name in GPUS}
-    if text.strip().lower() not in known:
+    try:
+        return gpu_spec(text).name
+    except HardwareError:
         raise argparse.ArgumentTypeError(
-            f"unknown GPU type {text!r}; known: {', '.join(sorted(GPUS))} (another GPU: --gpu-memory GB)"
-        )
-    return known[text.strip().lower()]
+            f"unknown GPU type {text!r}; known: {', '.join(GPUS)} (another GPU: --gpu-memory GB)"
+        ) from None
 
 
 def _gigabytes(text: str) -> float:

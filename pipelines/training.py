@@ -16,8 +16,8 @@ from components.data_prep import data_prep
 from components.evaluate import evaluate
 from components.export import export
 from components.gate import quality_gate_failed
-from components.plan import plan
 from components.params import DEFAULT_HF_TOKEN_SECRET, DEFAULT_STORE_SECRET, PARAMS, signature, with_knob_docs
+from components.plan import plan
 from components.task_options import launcher_task_options
 from components.train import train
 from trainer.config import HF_TOKEN, KFP_STORE_SECRET_KEYS

@@ -483,10 +483,7 @@ class ExportConfig:
 #: Bounds of `plan.*` fields.
 _PLAN_BOUNDS = {
     "gpu": Bound(lambda v: v == v.strip(), "must be a GPU type without surrounding spaces, e.g. H100"),
-    "nodes": Bound(
-        lambda v: all(isinstance(n, int) and not isinstance(n, bool) and n >= 1 for n in v),
-        "must be a list of positive node counts, e.g. [1, 2, 4]",
-    ),
+    "nodes": Bound(lambda v: all(n >= 1 for n in v), "must be a list of positive node counts, e.g. [1, 2, 4]"),
     "price_per_gpu_hour": Bound(lambda v: v >= 0, "must be >= 0 (0: no cost column)"),
 }
 
@@ -502,8 +499,9 @@ class PlanConfig:
     """With `enabled`: stop the pipeline before training, with the reason, when the plan predicts the run does not
     fit in the GPU's memory or does not finish within `job.timeout_seconds`."""
     gpu: str = ""
-    """GPU type to plan for (`H100`, `H200`, `A100-80GB`, ...; `kftrain plan --gpu list` names them); its memory
-    is the limit, unless `kubernetes.gpu_memory_gb` is set. Empty: the job's own devices (CPU without GPUs)."""
+    """GPU type to plan for (`H100-80GB`, `H200-141GB`, `A100-40GB`, `A100-80GB`, `L40S`, `L4`, `A10G`; `H100`,
+    `H200`, `A100` for short, any case): its memory is the limit, unless `kubernetes.gpu_memory_gb` is set. Empty:
+    the CPU."""
     nodes: list[int] = field(default_factory=list)
     """Node counts (replicas of `job.nproc_per_node` ranks) to predict scaling at, e.g. `[1, 2, 4, 8]`; empty:
     the job's `job.replicas` and the planner's default comparison points."""

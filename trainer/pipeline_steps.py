@@ -45,6 +45,31 @@ def plan_run(cfg: Config, probe: ProbeResult | None = None, nodes: tuple[int, ..
     )
 
 
+def run_prediction(cfg: Config) -> dict[str, Any]:
+    """What the plan predicts for the run as `cfg` describes it (its `job.replicas` nodes, on the GPU
+    type `plan.gpu` names for a GPU job, else on the CPU), in the report's terms: `peak_memory_bytes`
+    per rank, `step_seconds`, `eta_seconds` and a `source` note; or `problem`, why there is none."""
+    import dataclasses
+
+    on_gpu = cfg.kubernetes.gpus_per_node > 0
+    plan_cfg = cfg if on_gpu else dataclasses.replace(cfg, plan=dataclasses.replace(cfg.plan, gpu=""))
+    try:
+        plan = plan_run(plan_cfg, nodes=(cfg.job.replicas,))
+    except KftrainError as exc:
+        return {"problem": str(exc)}
+    point = next((p for p in plan.scaling if p.nodes == cfg.job.replicas), None)
+    if point is None:
+        return {"problem": f"the plan has no prediction for {cfg.job.replicas} node(s)"}
+    device = cfg.plan.gpu if on_gpu and cfg.plan.gpu else "the job's devices" if on_gpu else "the CPU"
+    return {
+        "peak_memory_bytes": plan.memory.total,
+        "step_seconds": point.step_seconds,
+        "eta_seconds": point.eta_seconds,
+        "source": f"The plan (trainer.plan.make_plan) for this config on {device}, "
+        f"{cfg.job.replicas} node(s) x {cfg.job.nproc_per_node} process(es), made when this report was.",
+    }
+
+
 def refuse_if_strict(cfg: Config, plan: Plan, strict: bool, switch: str = "plan.strict") -> None:
     """With `strict`, :class:`PlanRefused` naming why when the plan says the run cannot fit in the
     GPU's memory or cannot finish within `job.timeout_seconds`; otherwise nothing. `switch` is what
@@ -169,6 +194,7 @@ def evaluate(
             name: {unit: split[unit] for unit in ("rows", "tokens") if unit in split} for name, split in splits.items()
         },
     }
+    context["prediction"] = run_prediction(cfg)
     store.put_bytes(report_uri, html_report(training, report, (passed, reason), context).encode())
     return report, passed, reason
 

@@ -18,6 +18,7 @@ import json
 import logging
 import math
 import os
+import statistics
 import sys
 import tempfile
 import time
@@ -259,6 +260,13 @@ class Trainer:
         self.cfg, self.dataset_uri, self.model_uri, self.env = cfg, dataset_uri, model_uri, env
         self.task = task = task or task_for(cfg)
         self.device = device = device_for(env)
+        # Measured as the plan's probe measures it, before the model is built (its CPU baseline),
+        # so that the report can set the plan's prediction against it.
+        from trainer.plan.measure import PeakMemory  # trainer.plan's probe runs this module's Trainer
+
+        self.peak_memory = PeakMemory(device)
+        self.peak_memory.reset()
+        self.step_seconds: list[float] = []  # each optimizer step of this start, for the median
         tc = cfg.train
         if tc.deterministic:
             torch.use_deterministic_algorithms(True)
@@ -528,6 +536,7 @@ class Trainer:
         """One optimizer step: `train.grad_accum_steps` micro-batches, one gradient sync, the
         update (or a skip on a non-finite gradient), the schedule and the progress line."""
         cfg, device, tc = self.cfg, self.device, self.cfg.train
+        t_step = time.perf_counter()
         self.health.begin_step()
         self.optimizer.zero_grad(set_to_none=True)
         step_loss = torch.zeros((), device=device)
@@ -560,6 +569,7 @@ class Trainer:
         lr = self.scheduler.get_last_lr()[0]
         self.progress.step(self.step, self.epoch, step_loss, lr, grad_norm, self.data_wait)
         self.health.end_step(self.step, self.data_wait)
+        self.step_seconds.append(time.perf_counter() - t_step)
 
     def _skip_update(self, step_loss: float, grad_norm: float) -> None:
         tc = self.cfg.train
@@ -701,6 +711,13 @@ class Trainer:
             self._load(best)
         return best
 
+    def _peak_memory_bytes(self) -> int:
+        """The peak memory of any rank since the trainer was built (a collective: every rank calls it)."""
+        peak = torch.tensor([float(self.peak_memory.peak_bytes())], dtype=torch.float64, device=self.device)
+        if self.env.distributed:
+            torch.distributed.all_reduce(peak, op=torch.distributed.ReduceOp.MAX)
+        return int(peak.item())
+
     def finish(self) -> dict[str, Any]:
         """Wait for the last checkpoint, write the model and the training record (rank 0), and
         return the metrics."""
@@ -708,6 +725,7 @@ class Trainer:
         if self.device.type == "cuda":
             torch.cuda.synchronize()
         train_seconds = time.perf_counter() - self.t_train
+        peak_memory = self._peak_memory_bytes()  # the training loop's: before the final model is written
         if self.ckpt is not None:
             if is_sharded(self.model) and self.ckpt.last_step != self.step:
                 # FSDP's model file is consolidated from the final step's checkpoint (write_final_model).
@@ -733,7 +751,10 @@ class Trainer:
             "steps": self.step,
             "resumed_from_step": self.start_step,
             "skipped_steps": self.skipped,
+            "peak_memory_bytes": peak_memory,
         }
+        if self.step_seconds:
+            metrics["median_step_seconds"] = statistics.median(self.step_seconds)
         if best is not None:
             metrics["best_step"] = int(best["step"])
         if self.peak and self.flops_per_step and steps_run:
