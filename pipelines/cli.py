@@ -222,10 +222,10 @@ def _cmd_plan(args: argparse.Namespace) -> int:
     cfg = load_config(args.config, {k: v for k, v in flags.items() if v is not None})
     probe = None
     if args.probe:
-        from trainer.plan import run_probe
+        from trainer.plan_probe import probe_locally
 
         print(f"kftrain: probing {args.probe_steps} steps on {cfg.job.world_size} process(es)", file=sys.stderr)
-        probe = run_probe(cfg, steps=args.probe_steps)
+        probe = probe_locally(cfg, steps=args.probe_steps)
     plan = plan_run(cfg, probe)
     text = plan.markdown()
     if args.output:
