@@ -34,6 +34,7 @@ plus the probe's data wait.
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import math
 import os
 from collections.abc import Sequence
@@ -615,7 +616,7 @@ def _verdicts(plan: Plan, cfg: Config, price: float | None) -> list[str]:
     else:
         out.append(f"needs {_gib(m.total)} per rank (no device memory given: --gpu or --gpu-memory)")
     points = [p for p in plan.scaling if p.items_per_second]
-    for prev, nxt in zip(points, points[1:]):
+    for prev, nxt in itertools.pairwise(points):
         speed = nxt.items_per_second / prev.items_per_second
         resources = nxt.gpus / prev.gpus
         cost = ""
