@@ -1,13 +1,19 @@
 """KFP component: the run's plan (memory per rank, step time, ETA, scaling, cost) before training."""
 
 from kfp import dsl
-from kfp.dsl import HTML, Markdown, Metrics, Output
+from kfp.dsl import HTML, Dataset, Input, Markdown, Metrics, Output
 
 from components.image import IMAGE
 
 
 @dsl.component(base_image=IMAGE, install_kfp_package=False)
-def plan(markdown: Output[Markdown], page: Output[HTML], metrics: Output[Metrics], config: str = "") -> None:
+def plan(
+    dataset: Input[Dataset],
+    markdown: Output[Markdown],
+    page: Output[HTML],
+    metrics: Output[Metrics],
+    config: str = "",
+) -> None:
     """Predict what the run will take before it starts (`plan.enabled`; off, the step only says so):
     memory per rank against the GPU's, step time, ETA, scaling over `plan.nodes` and cost, with
     the verdicts and the assumptions behind them. With `plan.strict`, fail (the training step
@@ -15,6 +21,7 @@ def plan(markdown: Output[Markdown], page: Output[HTML], metrics: Output[Metrics
     step's last line saying why.
 
     Args:
+        dataset: The prepared dataset: its manifest gives the model's real shape and the epoch's length (the ETA).
         markdown: The plan as Markdown (the KFP UI shows it).
         page: The same plan as an HTML page.
         metrics: The plan's numbers for the KFP UI (`predicted_*`).
@@ -32,7 +39,7 @@ def plan(markdown: Output[Markdown], page: Output[HTML], metrics: Output[Metrics
     else:
         from trainer.pipeline_steps import plan_run
 
-        result = plan_run(cfg)
+        result = plan_run(cfg, dataset_uri=dataset.uri)
         text = result.markdown()
     print(text)
     with open(markdown.path, "w", encoding="utf-8") as f:

@@ -226,7 +226,7 @@ def _cmd_plan(args: argparse.Namespace) -> int:
 
         print(f"kftrain: probing {args.probe_steps} steps on {cfg.job.world_size} process(es)", file=sys.stderr)
         probe = probe_locally(cfg, steps=args.probe_steps)
-    plan = plan_run(cfg, probe)
+    plan = plan_run(cfg, probe, dataset_uri=args.dataset or "")
     text = plan.markdown()
     if args.output:
         with open(args.output, "w", encoding="utf-8") as f:
@@ -429,6 +429,11 @@ def build_parser() -> argparse.ArgumentParser:
         "--strict",
         action="store_true",
         help="exit 1 when the run cannot fit or cannot finish within job.timeout_seconds (as plan.strict: true)",
+    )
+    p.add_argument(
+        "--dataset",
+        metavar="URI",
+        help="a prepared dataset (data prep's output): the model's real shape and the epoch's length (the ETA)",
     )
     p.add_argument("--json", action="store_true", help="print the plan as JSON instead of Markdown")
     p.add_argument("--output", type=_path, metavar="FILE.md", help="also write the Markdown plan to this file")

@@ -1,4 +1,4 @@
-"""The training pipeline: configure -> plan -> data prep -> distributed training -> evaluation -> export.
+"""The training pipeline: configure -> data prep -> plan -> distributed training -> evaluation -> export.
 
 Its signature is generated from the one parameter table (`components/params.py`): `config`,
 then every typed knob (unset by default: the config text decides), then the pipeline's own
@@ -83,13 +83,14 @@ def _pipeline(
     )
     conf.set_display_name("configure")
     effective = conf.output
-    # Always there (KFP cannot wait on a task inside a dsl.If): with plan.enabled off it only says so.
-    # Before data prep, so that plan.strict stops a run before anything is spent on it.
-    planned = with_secrets(plan(config=effective))
-    planned.set_display_name("plan")
-    prep = with_secrets(data_prep(config=effective)).after(planned)
+    prep = with_secrets(data_prep(config=effective))
     prep.set_display_name("data prep")
+    # Always there (KFP cannot wait on a task inside a dsl.If): with plan.enabled off it only says so.
+    # After data prep, whose manifest gives the model's shape and the epoch's length (the ETA).
+    planned = with_secrets(plan(dataset=prep.outputs["dataset"], config=effective))
+    planned.set_display_name("plan")
     fit = with_secrets(train(dataset=prep.outputs["dataset"], config=effective, launcher=launcher, **TASK_IDENTITY))
+    fit.after(planned)  # plan.strict: a run the plan refuses never starts training
     launcher_task_options(fit)
     fit.set_display_name("distributed training")
     ev = with_secrets(

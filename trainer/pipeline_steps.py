@@ -28,11 +28,24 @@ class PlanRefused(KftrainError):
     """`plan.strict` (or `kftrain plan --strict`): the plan predicts the run cannot fit or cannot finish in time."""
 
 
-def plan_run(cfg: Config, probe: ProbeResult | None = None, nodes: tuple[int, ...] | None = None) -> Plan:
+def plan_run(
+    cfg: Config,
+    probe: ProbeResult | None = None,
+    nodes: tuple[int, ...] | None = None,
+    dataset_uri: str = "",
+    manifest: dict[str, Any] | None = None,
+) -> Plan:
     """The plan of the run `cfg` describes (:func:`trainer.plan.make_plan`): for `plan.gpu` (or the
-    job's own devices), `kubernetes.gpu_memory_gb` when set, the node counts `nodes` (default
-    `plan.nodes`) and `plan.price_per_gpu_hour`; `probe`: measurements of a short run to start from."""
+    CPU), `kubernetes.gpu_memory_gb` when set, the node counts `nodes` (default `plan.nodes`) and
+    `plan.price_per_gpu_hour`; `probe`: measurements of a short run to start from. The prepared
+    dataset (its `manifest`, or read from `dataset_uri`) gives the model's real shape and the
+    epoch's length, so the ETA; without one the plan says what it assumed."""
     from trainer.plan import make_plan
+
+    if manifest is None and dataset_uri:
+        from trainer.shards import read_manifest
+
+        manifest = read_manifest(store_for(cfg, dataset_uri), dataset_uri)
 
     pc = cfg.plan
     return make_plan(
@@ -42,22 +55,24 @@ def plan_run(cfg: Config, probe: ProbeResult | None = None, nodes: tuple[int, ..
         nodes=tuple(pc.nodes) if nodes is None else nodes,
         price_per_gpu_hour=pc.price_per_gpu_hour or None,
         probe=probe,
+        manifest=manifest,
     )
 
 
-def run_prediction(cfg: Config) -> dict[str, Any]:
+def run_prediction(cfg: Config, manifest: dict[str, Any]) -> dict[str, Any]:
     """What the plan predicts for the run as `cfg` describes it (its `job.replicas` nodes, on the GPU
-    type `plan.gpu` names for a GPU job, else on the CPU), in the report's terms: `peak_memory_bytes`
-    per rank, `step_seconds`, `eta_seconds` and a `source` note; or `problem`, why there is none."""
+    type `plan.gpu` names for a GPU job, else on the CPU) from its dataset's `manifest`, in the
+    report's terms: `peak_memory_bytes` per rank, `step_seconds`, `eta_seconds` and a `source`
+    note; or `problem`, why there is none."""
     import dataclasses
 
     on_gpu = cfg.kubernetes.gpus_per_node > 0
     plan_cfg = cfg if on_gpu else dataclasses.replace(cfg, plan=dataclasses.replace(cfg.plan, gpu=""))
     try:
-        plan = plan_run(plan_cfg, nodes=(cfg.job.replicas,))
+        plan = plan_run(plan_cfg, nodes=(cfg.job.replicas,), manifest=manifest)
     except KftrainError as exc:
         return {"problem": str(exc)}
-    point = next((p for p in plan.scaling if p.nodes == cfg.job.replicas), None)
+    point = plan.point(cfg.job.replicas)
     if point is None:
         return {"problem": f"the plan has no prediction for {cfg.job.replicas} node(s)"}
     device = cfg.plan.gpu if on_gpu and cfg.plan.gpu else "the job's devices" if on_gpu else "the CPU"
@@ -186,7 +201,8 @@ def evaluate(
     )
     passed, reason = quality_gate(report, min_accuracy, max_perplexity)
     training = json.loads(store.get_bytes(join_uri(model_uri, TRAINING_RECORD)))
-    splits = read_manifest(store_for(cfg, dataset_uri), dataset_uri)["splits"]
+    manifest = read_manifest(store_for(cfg, dataset_uri), dataset_uri)
+    splits = manifest["splits"]
     context = {
         "run_id": run_id,
         "dataset_uri": dataset_uri,
@@ -194,7 +210,7 @@ def evaluate(
             name: {unit: split[unit] for unit in ("rows", "tokens") if unit in split} for name, split in splits.items()
         },
     }
-    context["prediction"] = run_prediction(cfg)
+    context["prediction"] = run_prediction(cfg, manifest)
     store.put_bytes(report_uri, html_report(training, report, (passed, reason), context).encode())
     return report, passed, reason
 

@@ -108,11 +108,11 @@ def test_the_docs_list_every_component_parameter():
                 assert f"`{name}`" in section, (component.name, name)
 
 
-def test_the_plan_step_runs_before_data_prep_and_so_before_training():
-    """plan.strict stops a run before anything is spent on it: data prep (and through it training)
-    waits for the plan step, which reads only the effective config."""
+def test_the_plan_step_runs_between_data_prep_and_training():
+    """The plan reads the prepared dataset's manifest (the model's shape, the epoch's length), and
+    training waits for it, so that plan.strict stops a run before training starts."""
     tasks = next(yaml.safe_load_all((REPO / "compiled" / "training_pipeline.yaml").read_text()))["root"]["dag"]["tasks"]
-    assert "plan" in tasks["data-prep"]["dependentTasks"]
-    assert "data-prep" in tasks["train"]["dependentTasks"]
+    assert "plan" in tasks["train"]["dependentTasks"]
+    assert tasks["plan"]["dependentTasks"] == ["configure", "data-prep"]
     assert set(tasks["plan"]["inputs"]["parameters"]) == {"config"}
-    assert tasks["plan"]["dependentTasks"] == ["configure"]
+    assert set(tasks["plan"]["inputs"]["artifacts"]) == {"dataset"}
