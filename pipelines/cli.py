@@ -210,6 +210,7 @@ def _cmd_example_model(args: argparse.Namespace) -> int:
 def _cmd_plan(args: argparse.Namespace) -> int:
     import json
 
+    from trainer.checks import check_plan_gpu
     from trainer.config import load_config
     from trainer.pipeline_steps import PlanRefused, plan_run, refuse_if_strict
 
@@ -220,6 +221,7 @@ def _cmd_plan(args: argparse.Namespace) -> int:
         "plan.price_per_gpu_hour": args.price,
     }
     cfg = load_config(args.config, {k: v for k, v in flags.items() if v is not None})
+    check_plan_gpu(cfg)  # plan.gpu from the config file, named as the config's field
     probe = None
     if args.probe:
         from trainer.plan_probe import probe_locally
