@@ -20,7 +20,6 @@ import signal
 import subprocess
 import sys
 import tempfile
-from collections import deque
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -82,10 +81,8 @@ def probe_locally(cfg: Config, steps: int = 5, timeout_s: float = PROBE_TIMEOUT_
             text=True,
             start_new_session=True,  # its own process group: a timeout stops torchrun's workers too
         )
-        tail: deque[str] = deque(maxlen=20)
         try:
             out, _ = proc.communicate(timeout=timeout_s)
-            tail.extend(out.splitlines())
         except subprocess.TimeoutExpired:
             raise ProbeFailed(
                 f"the probe ({world} process(es), {steps} steps) did not finish within {timeout_s:.0f}s; "
@@ -96,10 +93,10 @@ def probe_locally(cfg: Config, steps: int = 5, timeout_s: float = PROBE_TIMEOUT_
                 os.killpg(proc.pid, signal.SIGKILL)  # leftovers of a failed or timed-out probe
             proc.wait()
         if proc.returncode != 0 or not output.is_file():
-            said = [parsed[1] for parsed in map(parse_error_line, tail) if parsed]
+            said = [parsed[1] for parsed in map(parse_error_line, out.splitlines()) if parsed]
             if said:  # a rank's own error (a config the probe cannot run): that one line
                 raise ProbeFailed(f"the probe failed: {said[0]}")
-            lines = "\n".join(f"  {line}" for line in tail)
+            lines = "\n".join(f"  {line}" for line in out.splitlines()[-20:])
             raise ProbeFailed(f"the probe failed (exit code {proc.returncode}); its last lines:\n{lines}")
         return ProbeResult(**json.loads(output.read_text()))
 
