@@ -224,7 +224,7 @@ def _cmd_plan(args: argparse.Namespace) -> int:
     check_plan_gpu(cfg)  # plan.gpu from the config file, named as the config's field
     probe = None
     if args.probe:
-        from trainer.plan_probe import probe_locally
+        from trainer.local_probe import probe_locally
 
         print(f"kftrain: probing {args.probe_steps} steps on {cfg.job.world_size} process(es)", file=sys.stderr)
         probe = probe_locally(cfg, steps=args.probe_steps)

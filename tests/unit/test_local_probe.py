@@ -1,7 +1,7 @@
-"""How `kftrain plan --probe` combines its ranks' measurements (trainer/plan_probe.py); the probe's
-processes themselves run in tests/integration/test_plan_probe.py."""
+"""How `kftrain plan --probe` combines its ranks' measurements (trainer/local_probe.py); the probe's
+processes themselves run in tests/integration/test_local_probe.py."""
 
-from trainer.plan_probe import combine
+from trainer.local_probe import combine
 
 
 def rank(step: float, compute: float, wait: float, comm: float, peak: int) -> dict:

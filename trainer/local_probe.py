@@ -7,7 +7,7 @@ and every rank runs the probe; rank 0 writes what they measured together: the sl
 times (the ranks wait for each other at every gradient reduction, so the slowest one sets the
 pace) and the largest peak memory. Each rank runs
 
-    python -m trainer.plan_probe --config-file FILE --steps N --output FILE
+    python -m trainer.local_probe --config-file FILE --steps N --output FILE
 """
 
 from __future__ import annotations
@@ -66,7 +66,7 @@ def probe_locally(cfg: Config, steps: int = 5, timeout_s: float = PROBE_TIMEOUT_
             "--nnodes=1",
             f"--nproc-per-node={world}",
             "-m",
-            "trainer.plan_probe",
+            "trainer.local_probe",
             f"--config-file={config_file}",
             f"--steps={steps}",
             f"--output={output}",
@@ -108,7 +108,7 @@ def main(argv: list[str] | None = None) -> int:
     from trainer.distributed import device_for, dist_env, process_group
     from trainer.plan import run_probe
 
-    parser = argparse.ArgumentParser(prog="python -m trainer.plan_probe", description=__doc__)
+    parser = argparse.ArgumentParser(prog="python -m trainer.local_probe", description=__doc__)
     parser.add_argument("--config-file", required=True, help="the whole config as JSON")
     parser.add_argument("--steps", type=int, required=True, help="measured steps")
     parser.add_argument("--output", required=True, help="where rank 0 writes the combined result (JSON)")
