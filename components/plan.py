@@ -18,7 +18,8 @@ def plan(
     memory per rank against the GPU's, step time, ETA, scaling over `plan.nodes` and cost, with
     the verdicts and the assumptions behind them. With `plan.strict`, fail (the training step
     never starts) when the run cannot fit or cannot finish within `job.timeout_seconds`, the
-    step's last line saying why.
+    step's last line saying why. A config the planner cannot plan (a custom task it cannot
+    build) fails the step only with `plan.strict`; otherwise the plan says why there is none.
 
     Args:
         dataset: The prepared dataset: its manifest gives the model's real shape and the epoch's length (the ETA).
@@ -37,10 +38,17 @@ def plan(
         text = "## No plan\n\nThe plan step is off: set `plan.enabled: true` in the config to predict this run.\n"
         result = None
     else:
+        from trainer.errors import KftrainError
         from trainer.pipeline_steps import plan_run
 
-        result = plan_run(cfg, dataset_uri=dataset.uri)
-        text = result.markdown()
+        try:
+            result = plan_run(cfg, dataset_uri=dataset.uri)
+            text = result.markdown()
+        except KftrainError as exc:
+            if cfg.plan.strict:  # no plan, no run: strict asked for one
+                raise
+            # A plan is advice: without one the run goes on, and the step says why there is none.
+            result, text = None, f"## No plan\n\nThe planner cannot plan this run: {exc}\n"
     print(text)
     with open(markdown.path, "w", encoding="utf-8") as f:
         f.write(text)
