@@ -1,89 +1,104 @@
-"""Peak memory of a training process, measured the same way by the probe and by every real run.
+"""Peak memory of training tensors, measured the same way by the probe and by real runs.
 
 On CUDA it is the caching allocator's own counter, ``torch.cuda.max_memory_allocated`` (bytes
-held by live tensors, reset with ``reset_peak_memory_stats``): what the plan predicts.
+held by live tensors since ``reset_peak_memory_stats``): what the plan predicts, without the
+CUDA context.
 
-The CPU allocator keeps no such counter. Two ways were weighed: ``torch.profiler`` memory
-events are exact per tensor, but profiling slows every op and holds every event, so a real
-run could not afford it; the kernel's resident-set high-water mark costs nothing, and Linux
-resets it on request (writing ``5`` to ``/proc/self/clear_refs`` sets ``VmHWM`` back to the
-current ``VmRSS``, proc(5)). The CPU measure is therefore ``VmHWM`` since the last reset minus
-the resident set of the process before the model was built (the interpreter, torch's
-libraries, the process group): the tensors' peak plus what the allocator keeps mapped around
-them (glibc returns large blocks to the kernel on free; a small remainder of freed memory stays
-resident, which the measure counts as the process really used it). Where ``clear_refs`` cannot
-be written (not Linux) the high-water mark cannot be reset and the measure falls back to
-``ru_maxrss``, which only grows: the first measurement of a process is still right.
+The CPU allocator keeps no such counter. Two ways were tried (bench/README.md): the kernel's
+resident-set high-water mark (``VmHWM``, resettable through ``/proc/self/clear_refs``) costs
+nothing but measured 40-50% above the tensors' peak for a small GPT, because the resident set
+also holds what glibc keeps of freed blocks, oneDNN's scratch and per-thread caches, which grow
+with the run and cannot be told apart. ``torch.profiler`` with ``profile_memory`` reports every
+allocation and free of torch's CPU allocator, so the peak of live tensor bytes is exact (within
+an op: its net allocation), at the cost of recording every op while it runs. The CPU measure
+is therefore the profiler's, over a window: :meth:`PeakMemory.reset` counts the tensors alive
+then (their storages, found through the garbage collector) and starts recording;
+:meth:`PeakMemory.peak_bytes` stops and adds the highest running total of allocations minus
+frees to that count. Measure a few steps, not a whole run: the recording slows each op.
+Memory a library allocates outside torch's allocator (gloo's own buffers) is not seen.
 """
 
 from __future__ import annotations
 
-import resource
-import sys
-from pathlib import Path
+import gc
+import warnings
+from typing import Any
 
 import torch
 
-_STATUS = Path("/proc/self/status")
-_CLEAR_REFS = Path("/proc/self/clear_refs")
+
+def live_tensor_bytes() -> int:
+    """Bytes of the CPU tensor storages reachable from Python now, each storage once
+    (parameters, gradients, optimizer state, buffers, batches)."""
+    seen: dict[int, int] = {}
+    with warnings.catch_warnings():  # isinstance on deprecated torch aliases warns
+        warnings.simplefilter("ignore")
+        objects = [obj for obj in gc.get_objects() if isinstance(obj, torch.Tensor)]
+    for obj in objects:
+        try:
+            if obj.device.type != "cpu" or obj.is_meta:
+                continue
+            storage = obj.untyped_storage()
+            seen[storage.data_ptr()] = storage.nbytes()
+        except Exception:  # fake, sparse or otherwise storage-less tensors
+            continue
+    return sum(n for ptr, n in seen.items() if ptr)
 
 
-def _status_kb(field: str) -> int | None:
-    try:
-        for line in _STATUS.read_text().splitlines():
-            if line.startswith(field + ":"):
-                return int(line.split()[1])
-    except OSError:
-        return None
-    return None
-
-
-def resident_bytes() -> int:
-    """This process's resident set now (0 where /proc is missing)."""
-    kb = _status_kb("VmRSS")
-    return (kb or 0) * 1024
-
-
-def _high_water_bytes() -> int:
-    kb = _status_kb("VmHWM")
-    if kb is not None:
-        return kb * 1024
-    scale = 1 if sys.platform == "darwin" else 1024  # macOS reports bytes, Linux kilobytes
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * scale
+def _peak_of(events: Any) -> int:
+    """The highest running total of the profiler's self allocations, in the order ops began."""
+    changes = sorted(
+        ((e.time_range.start, e.self_cpu_memory_usage) for e in events if e.self_cpu_memory_usage),
+        key=lambda item: item[0],
+    )
+    running = peak = 0
+    for _start, delta in changes:
+        running += delta
+        peak = max(peak, running)
+    return peak
 
 
 class PeakMemory:
-    """The peak memory of training tensors on `device` since :meth:`reset`.
-
-    Create it before the model is built: on the CPU its baseline is the process's resident set
-    at that moment, so the peak counts what training added (weights, gradients, optimizer
-    state, activations, buffers), as the CUDA counter does.
-    """
+    """The peak bytes of tensors on `device` since :meth:`reset` (see the module docstring)."""
 
     def __init__(self, device: torch.device | str = "cpu") -> None:
         self.device = torch.device(device)
-        self.baseline = 0 if self.device.type == "cuda" else resident_bytes()
-        self.resettable = self.device.type == "cuda" or _CLEAR_REFS.exists()
+        self._profiler: Any = None
+        self._baseline = 0
+        self._peak: int | None = None
 
     @property
     def method(self) -> str:
         """How the peak is measured, in words (for reports)."""
         if self.device.type == "cuda":
             return "torch.cuda.max_memory_allocated"
-        return "resident-set high-water mark (VmHWM) above the pre-model baseline"
+        return "torch.profiler memory events over the live tensors at reset"
 
     def reset(self) -> None:
         """Start a new measurement window (the peak so far is forgotten)."""
         if self.device.type == "cuda":
             torch.cuda.reset_peak_memory_stats(self.device)
             return
-        try:
-            _CLEAR_REFS.write_text("5")
-        except OSError:
-            self.resettable = False
+        self._stop()
+        from torch.profiler import ProfilerActivity, profile
+
+        self._peak = None
+        gc.collect()  # garbage from earlier work (a previous probe's model) is not alive
+        self._baseline = live_tensor_bytes()
+        self._profiler = profile(activities=[ProfilerActivity.CPU], profile_memory=True)
+        self._profiler.__enter__()
+
+    def _stop(self) -> None:
+        if self._profiler is None:
+            return
+        profiler, self._profiler = self._profiler, None
+        profiler.__exit__(None, None, None)
+        self._peak = self._baseline + _peak_of(profiler.events())
 
     def peak_bytes(self) -> int:
-        """The peak since the last :meth:`reset` (or since creation)."""
+        """The peak since the last :meth:`reset` (on the CPU this ends the window); 0 on the
+        CPU when no window was started."""
         if self.device.type == "cuda":
             return int(torch.cuda.max_memory_allocated(self.device))
-        return max(0, _high_water_bytes() - self.baseline)
+        self._stop()
+        return self._peak or 0

@@ -13,8 +13,8 @@ Memory per rank (bytes), for the model the task builds (:mod:`trainer.plan.shape
   recomputed), plus the largest saved tensor again: its gradient exists beside it in backward.
 - communication: FSDP's unsharded buffers: the root's parameters (kept from forward to
   backward), two units' parameters (the one running and the one prefetched) and one unit's
-  unsharded gradient before its reduce-scatter; DDP on the CPU: one bucket (gloo's ring copies
-  a bucket into its own buffers); none for one process.
+  unsharded gradient before its reduce-scatter; none under DDP (the buckets are the gradients,
+  reduced in place).
 - other: on a GPU, :data:`GPU_OVERHEAD_BYTES` (the CUDA context with cuBLAS workspaces, NCCL's
   buffers, the caching allocator's fragmentation); 0 on the CPU.
 
@@ -330,8 +330,6 @@ def _memory(m: _Model, cfg: Config, world: int, target: _Target) -> MemoryBreakd
         per_elem = 2 if (target.cuda and target.bf16) else 4
         unit = max(s.unit_params, default=0)
         out.communication = s.root_params * per_elem + 2 * unit * per_elem + unit * 4
-    elif world > 1 and not target.cuda:
-        out.communication = min(grads, tc.bucket_cap_mb * 1024 * 1024)
     return out
 
 

@@ -11,7 +11,8 @@ The step time is split by running the steps twice: once with the gradient reduct
 off on every micro-step (DDP's ``no_sync``, FSDP2's ``set_requires_gradient_sync(False)``),
 which is the compute (under FSDP it still holds the parameter all-gathers, which cannot be
 switched off), and once as training runs them; the difference is the exposed communication.
-The data wait is the time to move the batch to the device.
+The data wait is the time to move the batch to the device. The peak memory is measured over
+one further step, after the timed ones (on the CPU the measure slows the ops it records).
 """
 
 from __future__ import annotations
@@ -127,12 +128,16 @@ def run_probe(cfg: Config, *, steps: int = 5, manifest: dict | None = None) -> P
     step(True)  # warm-up: optimizer state, DDP's buckets, kernels chosen
     local = [step(False)[0] for _ in range(steps)]
     step(True)  # reduces what the unsynced steps left (FSDP keeps unsharded gradients until then)
-    optimizer.zero_grad(set_to_none=True)
-    peak.reset()
     timed = [step(True) for _ in range(steps)]
+    # Memory over one more step of its own: the CPU measure records every op, which would
+    # slow the timed ones.
+    peak.reset()
+    step(True)
+    peak_bytes = peak.peak_bytes()
     total = statistics.median(t for t, _ in timed)
     wait = statistics.median(w for _, w in timed)
-    compute = statistics.median(local)
+    # FSDP keeps unsharded gradients across unsynced steps, which can make them the slower ones.
+    compute = min(statistics.median(local), total)
     name = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
     return ProbeResult(
         world_size=env.world_size,
@@ -141,7 +146,7 @@ def run_probe(cfg: Config, *, steps: int = 5, manifest: dict | None = None) -> P
         compute_seconds=compute - wait,
         data_wait_seconds=wait,
         comm_seconds=max(0.0, total - compute),
-        peak_memory_bytes=peak.peak_bytes(),
+        peak_memory_bytes=peak_bytes,
         device=name,
         micro_batch=micro,
         memory_method=peak.method,
