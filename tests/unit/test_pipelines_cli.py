@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 
@@ -194,3 +195,25 @@ def test_plan_strict_refuses_a_run_that_cannot_fit_and_says_what_would(tmp_path,
     (tmp_path / "s.yaml").write_text(GPT + "train:\n  batch_size: 16\nplan:\n  strict: true\n")
     rc, out = call_cli(["plan", "--config", "s.yaml", "--gpu-memory", "0.001"], capsys)
     assert rc == 1 and "(plan.strict)" in out.strip().splitlines()[-1], out
+
+
+def test_plan_with_a_prepared_dataset_has_the_real_shape_and_the_runs_steps(tmp_path, monkeypatch, capsys, dataset):
+    """--dataset: the manifest gives the classifier's features and classes, and the epoch's
+    length, so the run's steps without train.max_steps (the ETA's other factor)."""
+    from trainer.plan import Plan
+
+    monkeypatch.chdir(tmp_path)
+    rc, out = call_cli(["plan", "--json"], capsys)
+    assert rc == 0, out
+    guessed = Plan.from_dict(json.loads(out))
+    assert guessed.point(2).eta_seconds is None
+    assert any("no dataset yet" in a for a in guessed.assumptions), guessed.assumptions
+    rc, out = call_cli(["plan", "--json", "--dataset", dataset], capsys)
+    assert rc == 0, out
+    plan = Plan.from_dict(json.loads(out))
+    assert "model built from the prepared dataset's manifest" in plan.assumptions
+    rows = json.loads((Path(dataset) / "manifest.json").read_text())["splits"]["train"]["rows"]
+    assert plan.total_steps == 20 * (rows // 64)  # train.epochs x the train split's full batches
+    assert plan.point(2).eta_seconds is None  # on the CPU without a probe: no step time to multiply
+    rc, out = call_cli(["plan", "--dataset", str(tmp_path / "nowhere")], capsys)
+    assert rc == 2 and out.startswith("kftrain: error: ") and "Traceback" not in out, out
