@@ -25,7 +25,8 @@ def plan(
         dataset: The prepared dataset: its manifest gives the model's real shape and the epoch's length (the ETA).
         markdown: The plan as Markdown (the KFP UI shows it).
         page: The same plan as an HTML page.
-        metrics: The plan's numbers for the KFP UI (`predicted_*`).
+        metrics: The plan's numbers for the KFP UI (`memory_total_gib`, `capacity_gib`, `fits`, and per
+            node count `nodes<N>_step_seconds`, `_eta_seconds`, `_efficiency`, ...).
         config: The kftrain config as YAML/JSON text (`configure`'s output in the pipeline).
     """
     from components.params import config_from_params

@@ -60,14 +60,24 @@ def plan_run(
 
 
 def run_prediction(cfg: Config, manifest: dict[str, Any]) -> dict[str, Any]:
-    """What the plan predicts for the run as `cfg` describes it (its `job.replicas` nodes, on the GPU
+    """What the plan predicts for the run as `cfg` describes it (its `job.replicas` nodes; on the GPU
     type `plan.gpu` names for a GPU job, else on the CPU) from its dataset's `manifest`, in the
-    report's terms: `peak_memory_bytes` per rank, `step_seconds`, `eta_seconds` and a `source`
-    note; or `problem`, why there is none."""
+    report's terms: `peak_memory_bytes` per rank (the tensors, what the measurement counts: not
+    the CUDA context), `step_seconds`, `eta_seconds` and a `source` note; or `problem`, why there
+    is none."""
     import dataclasses
 
     on_gpu = cfg.kubernetes.gpus_per_node > 0
-    plan_cfg = cfg if on_gpu else dataclasses.replace(cfg, plan=dataclasses.replace(cfg.plan, gpu=""))
+    if on_gpu and not (cfg.plan.gpu or cfg.kubernetes.gpu_memory_gb):
+        return {"problem": "a GPU job without plan.gpu: set it to the nodes' GPU type for a prediction"}
+    if not on_gpu:  # a GPU type or memory in the config is not what a CPU run ran on
+        plan_cfg = dataclasses.replace(
+            cfg,
+            plan=dataclasses.replace(cfg.plan, gpu=""),
+            kubernetes=dataclasses.replace(cfg.kubernetes, gpu_memory_gb=0.0),
+        )
+    else:
+        plan_cfg = cfg
     try:
         plan = plan_run(plan_cfg, nodes=(cfg.job.replicas,), manifest=manifest)
     except KftrainError as exc:
@@ -75,13 +85,14 @@ def run_prediction(cfg: Config, manifest: dict[str, Any]) -> dict[str, Any]:
     point = plan.point(cfg.job.replicas)
     if point is None:
         return {"problem": f"the plan has no prediction for {cfg.job.replicas} node(s)"}
-    device = cfg.plan.gpu if on_gpu and cfg.plan.gpu else "the job's devices" if on_gpu else "the CPU"
+    device = (cfg.plan.gpu or "GPUs") if on_gpu else "the CPU"
     return {
-        "peak_memory_bytes": plan.memory.total,
+        "peak_memory_bytes": plan.memory.tensors,
         "step_seconds": point.step_seconds,
         "eta_seconds": point.eta_seconds,
-        "source": f"The plan (trainer.plan.make_plan) for this config on {device}, "
-        f"{cfg.job.replicas} node(s) x {cfg.job.nproc_per_node} process(es), made when this report was.",
+        "source": f"The plan (trainer.plan.make_plan) for this config on {device}, {cfg.job.replicas} node(s) x "
+        f"{cfg.job.nproc_per_node} process(es), made with this report; memory: the tensors (without the CUDA "
+        "context); training time: the steps at the predicted step time (no evaluation or checkpoints).",
     }
 
 
