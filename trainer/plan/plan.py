@@ -375,12 +375,13 @@ def _time(
         gather = tc.grad_accum_steps * (2 * sum(gathers) + root)
         scatter = sum(comms.reduce_scatter(p * 4, nodes, target.per_node, link) for p in s.unit_params)
         scatter += comms.reduce_scatter(s.root_params * 4, nodes, target.per_node, link)
-        total = gather + scatter
+        calls = tc.grad_accum_steps * (2 * len(gathers) + 1) + len(gathers) + 1
+        total = gather + scatter + calls * link.call_overhead_us * 1e-6
         first = root + (gathers[0] if gathers else 0.0)
         exposed = max(total - link.overlap * compute, first if link.overlap > 0 else total)
         return compute, exposed, wait
     sizes = comms.buckets(s.trainable * 4, tc.bucket_cap_mb * 1024 * 1024)
-    times = [comms.all_reduce(b, nodes, target.per_node, link) for b in sizes]
+    times = [comms.all_reduce(b, nodes, target.per_node, link) + link.call_overhead_us * 1e-6 for b in sizes]
     total = sum(times)
     last_backward = backward / tc.grad_accum_steps
     exposed = max(total - link.overlap * last_backward, times[-1] if times else 0.0)
