@@ -128,7 +128,7 @@ def gpt_config(size: str, strategy: str, world: int) -> Config:
     cfg.train.batch_size = 12
     cfg.train.max_steps = 100
     cfg.train.strategy = strategy
-    cfg.job.replicas, cfg.job.nproc_per_node = world, 1
+    cfg.job.replicas, cfg.job.nproc_per_node = 1, world  # one machine: `world` processes on its cores
     return cfg
 
 
@@ -167,8 +167,8 @@ def calibrate_call_overhead(link: Interconnect, repeats: int, steps: int) -> flo
     finally:
         del SIZES["calibration"]
     at = {
-        us: make_plan(cfg, interconnect=dataclasses.replace(link, call_overhead_us=us), probe=base, nodes=(2,))
-        .point(2)
+        us: make_plan(cfg, interconnect=dataclasses.replace(link, call_overhead_us=us), probe=base, nodes=(1,))
+        .point(1)
         .step_seconds
         for us in (0.0, 1000.0)
     }
@@ -187,8 +187,8 @@ def accuracy(link: Interconnect, repeats: int, steps: int) -> list[dict]:
                 # changes by the minute.
                 base = median_probe(probe_locally(gpt_config(size, "ddp", 1), 1, steps=steps, repeats=repeats))
                 cfg = gpt_config(size, strategy, world)
-                plan = make_plan(cfg, interconnect=link, probe=base, nodes=(world,))
-                point = plan.point(world)
+                plan = make_plan(cfg, interconnect=link, probe=base, nodes=(1,))
+                point = plan.point(1)
                 measured = median_probe(probe_locally(cfg, world, steps=steps, repeats=repeats))
                 row = {
                     "model": size,

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+
 import pytest
 
 from trainer.config import Config
@@ -125,9 +127,18 @@ def test_time_scales_compute_by_the_share_of_the_batch_and_adds_the_all_reduce()
     assert grads < MiB
     expected = grads / 1e9 + 2 * 100e-6  # 2 ranks: 2 x 1/2 of the bytes, 2 latency steps
     assert two.comm_seconds == pytest.approx(expected)
-    assert two.compute_seconds == pytest.approx(0.5 * max(1.0, 2 / __import__("os").cpu_count()))
+    assert two.compute_seconds == pytest.approx(0.5)  # half the batch; the other node has its own cores
     assert two.efficiency == pytest.approx(two.items_per_second / (2 * one.items_per_second))
     assert one.eta_seconds == pytest.approx(100 * 1.0)
+
+
+def test_cpu_ranks_of_one_machine_share_its_cores():
+    cores = os.cpu_count() or 1
+    cfg = gpt("ddp", 1)
+    cfg.job.nproc_per_node = 2 * cores
+    plan = make_plan(cfg, probe=probe(1.0))
+    # 1/(2 cores) of the batch each, at half speed: as long as one process alone.
+    assert plan.point(1).compute_seconds == pytest.approx(1.0 / (2 * cores) * 2)
 
 
 def test_a_gpu_type_predicts_compute_from_flops_and_scaling_sentences_with_cost():

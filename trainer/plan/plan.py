@@ -356,8 +356,11 @@ def _time(
         if flops > 0:
             compute = flops * items / (target.gpu.bf16_tflops * 1e12 * mfu)
     elif probe is not None:
-        per_item = probe.compute_seconds / _items_per_rank_step(cfg, probe.world_size) / _contention(probe.world_size)
-        compute = per_item * items * _contention(world if nodes == 1 else target.per_node)
+        shared = probe.device == "cpu"  # CPU ranks share the machine's cores; GPUs are their own
+        per_item = probe.compute_seconds / _items_per_rank_step(cfg, probe.world_size)
+        if shared:
+            per_item /= _contention(probe.world_size)
+        compute = per_item * items * (_contention(target.per_node) if shared else 1.0)
     wait = probe.data_wait_seconds if probe is not None else 0.0
     if compute is None:
         return None, None, wait
