@@ -60,12 +60,15 @@ def all_gather(nbytes: float, nodes: int, per_node: int, link: Interconnect) -> 
     ranks = nodes * per_node
     if ranks <= 1:
         return 0.0
+    intra_gbps = min(link.intra_node_gbps, link.gather_gbps or link.intra_node_gbps)
+    inter_gbps = min(link.inter_node_gbps, link.gather_gbps or link.inter_node_gbps)
+    alpha = link.latency_us if link.gather_latency_us is None else link.gather_latency_us
     if nodes == 1:
-        return ring_all_gather(nbytes, per_node, link.intra_node_gbps, link.latency_us)
+        return ring_all_gather(nbytes, per_node, intra_gbps, alpha)
     # Every node receives the (nodes-1)/nodes of the result the other nodes hold, over its link;
     # within the node the same bytes fan out over NVLink.
-    inter = ring_all_gather(nbytes, nodes, link.inter_node_gbps, link.latency_us)
-    intra = ring_all_gather(nbytes / nodes, per_node, link.intra_node_gbps, link.latency_us)
+    inter = ring_all_gather(nbytes, nodes, inter_gbps, alpha)
+    intra = ring_all_gather(nbytes / nodes, per_node, intra_gbps, alpha)
     return inter + intra
 
 

@@ -82,12 +82,21 @@ class Interconnect:
     the alpha-beta model, per message step. `overlap` is the fraction of the backward pass a
     gradient reduction can hide behind: 1 where the collectives run on their own engine (NCCL
     on a CUDA stream), 0 where they compete with compute for the same cores (gloo on the CPU).
+    `gather_gbps` and `gather_latency_us`: where all-gather and reduce-scatter reach a lower
+    bus bandwidth or a higher latency than all-reduce (gloo's do, bench/README.md), theirs;
+    None: the same figures as all-reduce. `call_overhead_us`: a fixed cost per collective
+    call the alpha-beta terms do not hold (FSDP2's copies into and out of its buffers, its
+    hooks, and on an oversubscribed CPU the wait for the peer to be scheduled); 0 on GPUs,
+    where the calls are queued ahead of the work.
     """
 
     intra_node_gbps: float = 450.0
     inter_node_gbps: float = 50.0 * NETWORK_EFFICIENCY
     latency_us: float = 10.0
     overlap: float = 1.0
+    gather_gbps: float | None = None
+    gather_latency_us: float | None = None
+    call_overhead_us: float = 0.0
 
     def __post_init__(self) -> None:
         for name in ("intra_node_gbps", "inter_node_gbps"):
@@ -107,10 +116,18 @@ def default_interconnect(gpu: GpuSpec | None) -> Interconnect:
     """The interconnect assumed when none is given: for a GPU type, its NVLink at
     :data:`NVLINK_EFFICIENCY` within the node and one 400 Gb/s NIC per node at
     :data:`NETWORK_EFFICIENCY` between nodes, 10 us per step, collectives overlapped; on the
-    CPU (gloo over loopback), figures of the order this machine measures (bench/plan_accuracy.py
-    measures them), not overlapped."""
+    CPU (gloo over loopback), what bench/plan_accuracy.py fitted on a 2-core machine (all-reduce
+    0.66 GB/s and 150 us; all-gather and reduce-scatter 0.27-0.54 GB/s and 0.8-1.7 ms), not
+    overlapped: measure your own with the same sweep."""
     if gpu is None:
-        return Interconnect(intra_node_gbps=2.0, inter_node_gbps=2.0, latency_us=50.0, overlap=0.0)
+        return Interconnect(
+            intra_node_gbps=0.6,
+            inter_node_gbps=0.6,
+            latency_us=150.0,
+            overlap=0.0,
+            gather_gbps=0.3,
+            gather_latency_us=1000.0,
+        )
     return Interconnect(
         intra_node_gbps=gpu.nvlink_gbps * NVLINK_EFFICIENCY,
         inter_node_gbps=400 / 8 * NETWORK_EFFICIENCY,

@@ -49,19 +49,32 @@ def _rank_main(
 
 
 def probe_locally(
-    cfg: Config, world_size: int, *, steps: int = 5, repeats: int = 1, threads: int = 1
+    cfg: Config, world_size: int, *, steps: int = 5, repeats: int = 1, threads: int = 1, timeout_s: float = 600
 ) -> list[list[ProbeResult]]:
     """Run the probe of `cfg` `repeats` times in `world_size` fresh CPU processes joined by gloo
-    (`threads` torch threads each); the results by repeat, then by rank."""
+    (`threads` torch threads each); the results by repeat, then by rank. Processes still running
+    after `timeout_s` are killed and a TimeoutError raised."""
+    import time
+
     import torch.multiprocessing as mp
 
     with tempfile.TemporaryDirectory(prefix="kftrain-probe-") as out:
-        mp.start_processes(
+        ctx = mp.start_processes(
             _rank_main,
             args=(world_size, _free_port(), json.dumps(to_dict(cfg)), steps, repeats, out, threads),
             nprocs=world_size,
-            join=True,
+            join=False,
             start_method="spawn",
         )
+        deadline = time.monotonic() + timeout_s
+        try:
+            while not ctx.join(timeout=1.0):  # raises when a rank failed (and ends the others)
+                if time.monotonic() > deadline:
+                    raise TimeoutError(f"the {world_size}-rank probe did not finish within {timeout_s:.0f} s")
+        finally:
+            for process in ctx.processes:
+                if process.is_alive():
+                    process.kill()
+                    process.join()
         by_rank = [json.loads(Path(out, f"rank{r}.json").read_text()) for r in range(world_size)]
     return [[ProbeResult(**by_rank[r][k]) for r in range(world_size)] for k in range(repeats)]

@@ -30,10 +30,12 @@ import torch
 def live_tensor_bytes() -> int:
     """Bytes of the CPU tensor storages reachable from Python now, each storage once
     (parameters, gradients, optimizer state, buffers, batches)."""
+    from torch._subclasses.fake_tensor import FakeTensor
+
     seen: dict[int, int] = {}
     with warnings.catch_warnings():  # isinstance on deprecated torch aliases warns
         warnings.simplefilter("ignore")
-        objects = [obj for obj in gc.get_objects() if isinstance(obj, torch.Tensor)]
+        objects = [obj for obj in gc.get_objects() if isinstance(obj, torch.Tensor) and not isinstance(obj, FakeTensor)]
     for obj in objects:
         try:
             if obj.device.type != "cpu" or obj.is_meta:

@@ -356,8 +356,11 @@ def _time(
         if flops > 0:
             compute = flops * items / (target.gpu.bf16_tflops * 1e12 * mfu)
     elif probe is not None:
-        per_item = probe.compute_seconds / _items_per_rank_step(cfg, probe.world_size) / _contention(probe.world_size)
-        compute = per_item * items * _contention(world if nodes == 1 else target.per_node)
+        shared = probe.device == "cpu"  # CPU ranks share the machine's cores; GPUs are their own
+        per_item = probe.compute_seconds / _items_per_rank_step(cfg, probe.world_size)
+        if shared:
+            per_item /= _contention(probe.world_size)
+        compute = per_item * items * (_contention(target.per_node) if shared else 1.0)
     wait = probe.data_wait_seconds if probe is not None else 0.0
     if compute is None:
         return None, None, wait
@@ -375,12 +378,13 @@ def _time(
         gather = tc.grad_accum_steps * (2 * sum(gathers) + root)
         scatter = sum(comms.reduce_scatter(p * 4, nodes, target.per_node, link) for p in s.unit_params)
         scatter += comms.reduce_scatter(s.root_params * 4, nodes, target.per_node, link)
-        total = gather + scatter
+        calls = tc.grad_accum_steps * (2 * len(gathers) + 1) + len(gathers) + 1
+        total = gather + scatter + calls * link.call_overhead_us * 1e-6
         first = root + (gathers[0] if gathers else 0.0)
         exposed = max(total - link.overlap * compute, first if link.overlap > 0 else total)
         return compute, exposed, wait
     sizes = comms.buckets(s.trainable * 4, tc.bucket_cap_mb * 1024 * 1024)
-    times = [comms.all_reduce(b, nodes, target.per_node, link) for b in sizes]
+    times = [comms.all_reduce(b, nodes, target.per_node, link) + link.call_overhead_us * 1e-6 for b in sizes]
     total = sum(times)
     last_backward = backward / tc.grad_accum_steps
     exposed = max(total - link.overlap * last_backward, times[-1] if times else 0.0)

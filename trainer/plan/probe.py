@@ -126,8 +126,10 @@ def run_probe(cfg: Config, *, steps: int = 5, manifest: dict | None = None) -> P
         return time.perf_counter() - t0, wait
 
     step(True)  # warm-up: optimizer state, DDP's buckets, kernels chosen
-    local = [step(False)[0] for _ in range(steps)]
-    step(True)  # reduces what the unsynced steps left (FSDP keeps unsharded gradients until then)
+    local: list[float] = []
+    if env.distributed:  # one process has nothing to reduce: its whole step is compute
+        local = [step(False)[0] for _ in range(steps)]
+        step(True)  # reduces what the unsynced steps left (FSDP keeps unsharded gradients until then)
     timed = [step(True) for _ in range(steps)]
     # Memory over one more step of its own: the CPU measure records every op, which would
     # slow the timed ones.
@@ -137,7 +139,7 @@ def run_probe(cfg: Config, *, steps: int = 5, manifest: dict | None = None) -> P
     total = statistics.median(t for t, _ in timed)
     wait = statistics.median(w for _, w in timed)
     # FSDP keeps unsharded gradients across unsynced steps, which can make them the slower ones.
-    compute = min(statistics.median(local), total)
+    compute = min(statistics.median(local), total) if local else total
     name = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
     return ProbeResult(
         world_size=env.world_size,
