@@ -9,7 +9,7 @@ import inspect
 from typing import NamedTuple
 
 from kfp import dsl, kubernetes
-from kfp.dsl import HTML, Dataset, Metrics, Model
+from kfp.dsl import HTML, Dataset, Markdown, Metrics, Model
 
 from components.configure import configure
 from components.data_prep import data_prep
@@ -37,6 +37,7 @@ class TrainingOutputs(NamedTuple):
     model: Model
     metrics: Metrics
     report: HTML
+    plan: Markdown
 
 
 def _pipeline(
@@ -117,6 +118,7 @@ def _pipeline(
         model=fit.outputs["model"],
         metrics=ev.outputs["metrics"],
         report=ev.outputs["report"],
+        plan=planned.outputs["markdown"],
     )
 
 
