@@ -510,6 +510,12 @@ class PlanConfig:
 
     def __post_init__(self) -> None:
         check_bounds(self, "plan", _PLAN_BOUNDS)
+        _require(
+            self.enabled or not self.strict,
+            "plan.strict",
+            self.strict,
+            "needs plan.enabled: true (the plan step is what refuses the run)",
+        )
 
 
 #: Bounds of `checkpoint.*` fields.

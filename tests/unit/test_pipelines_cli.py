@@ -128,6 +128,7 @@ PLAN_CONFIG_ROWS = [
     ("plan:\n  nodes: [0, 2]\n", [], "plan.nodes: must be a list of positive node counts"),
     ("plan:\n  price_per_gpu_hour: -2\n", [], "plan.price_per_gpu_hour: must be >= 0"),
     ("plan:\n  strict: maybe\n", [], "plan.strict: must be"),
+    ("plan:\n  strict: true\n", [], "plan.strict: needs plan.enabled: true"),
     (None, ["--config", "missing.yaml"], "--config missing.yaml: cannot read the config file"),
 ]
 
@@ -192,7 +193,7 @@ def test_plan_strict_refuses_a_run_that_cannot_fit_and_says_what_would(tmp_path,
     last = out.strip().splitlines()[-1]
     assert last.startswith("kftrain: the plan refuses this run (--strict): predicted peak memory per rank"), out
     assert "exceeds the device's" in last
-    (tmp_path / "s.yaml").write_text(GPT + "train:\n  batch_size: 16\nplan:\n  strict: true\n")
+    (tmp_path / "s.yaml").write_text(GPT + "train:\n  batch_size: 16\nplan:\n  enabled: true\n  strict: true\n")
     rc, out = call_cli(["plan", "--config", "s.yaml", "--gpu-memory", "0.001"], capsys)
     assert rc == 1 and "(plan.strict)" in out.strip().splitlines()[-1], out
 
