@@ -164,6 +164,13 @@ def test_an_eta_beyond_the_job_timeout_is_refused():
     assert make_plan(cfg, probe=probe(0.5)).refusal(cfg) is None
 
 
+def test_a_batch_that_does_not_divide_by_the_ranks_is_refused():
+    cfg = gpt("ddp", 3, batch_size=8)
+    plan = make_plan(cfg)
+    assert plan.verdicts[0].startswith("train.batch_size 8 does not divide by 3 ranks")
+    assert "the trainer would refuse it" in plan.refusal(cfg)
+
+
 def test_without_gpu_or_probe_no_time_is_claimed():
     plan = make_plan(gpt())
     assert all(p.step_seconds is None and p.eta_seconds is None for p in plan.scaling)

@@ -183,6 +183,12 @@ class Plan:
                 f"predicted peak memory per rank {_gib(self.memory.total)} exceeds the device's "
                 f"{_gib(self.capacity_bytes or 0)}{way}"
             )
+        split = self.world_size * cfg.train.grad_accum_steps
+        if cfg.train.batch_size % split:
+            return (
+                f"train.batch_size {cfg.train.batch_size} does not divide by {self.world_size} ranks x "
+                f"train.grad_accum_steps {cfg.train.grad_accum_steps}: the trainer would refuse it"
+            )
         here = self.point(self.nodes)
         timeout = cfg.job.timeout_seconds
         if here is not None and here.eta_seconds is not None and timeout and here.eta_seconds > timeout:
@@ -391,7 +397,7 @@ def _time(
     return compute, exposed, wait
 
 
-def _total_steps(cfg: Config, manifest: dict | None, item_name: str) -> int | None:
+def _total_steps(cfg: Config, manifest: dict | None) -> int | None:
     tc = cfg.train
     if tc.max_steps:
         return tc.max_steps
@@ -488,7 +494,7 @@ def make_plan(
         "(Thakur et al. 2005, Patarasuk & Yuan 2009), hierarchical across nodes; ignores congestion, NCCL "
         "protocol and algorithm choice, stragglers, and checkpoint and evaluation time"
     )
-    total_steps = _total_steps(cfg, manifest, task.item_name)
+    total_steps = _total_steps(cfg, manifest)
     if total_steps is None:
         assumptions.append("ETA unknown: set train.max_steps or plan with the prepared dataset's manifest")
 
@@ -603,6 +609,13 @@ def _alternatives(
 
 def _verdicts(plan: Plan, cfg: Config, price: float | None) -> list[str]:
     out = []
+    split = plan.world_size * cfg.train.grad_accum_steps
+    if cfg.train.batch_size % split:
+        out.append(
+            f"train.batch_size {cfg.train.batch_size} does not divide by {plan.world_size} ranks x "
+            f"train.grad_accum_steps {cfg.train.grad_accum_steps}: the trainer refuses it (the plan "
+            "takes the fractional micro-batch)"
+        )
     m = plan.memory
     if plan.fits is True:
         out.append(
