@@ -5,11 +5,13 @@ from __future__ import annotations
 import os
 
 import pytest
+import torch
 
 from trainer.config import Config
 from trainer.example_model import tiny_llama_folder
 from trainer.plan import Interconnect, Plan, ProbeResult, make_plan
 from trainer.plan.plan import GPU_OVERHEAD_BYTES, GiB
+from trainer.tasks import Task
 
 MiB = 2**20
 
@@ -162,6 +164,13 @@ def test_an_eta_beyond_the_job_timeout_is_refused():
     assert make_plan(cfg, probe=probe(0.5)).refusal(cfg) is None
 
 
+def test_a_batch_that_does_not_divide_by_the_ranks_is_refused():
+    cfg = gpt("ddp", 3, batch_size=8)
+    plan = make_plan(cfg)
+    assert plan.verdicts[0].startswith("train.batch_size 8 does not divide by 3 ranks")
+    assert "the trainer would refuse it" in plan.refusal(cfg)
+
+
 def test_without_gpu_or_probe_no_time_is_claimed():
     plan = make_plan(gpt())
     assert all(p.step_seconds is None and p.eta_seconds is None for p in plan.scaling)
@@ -181,3 +190,31 @@ def test_the_plan_round_trips_and_reports():
     for heading in ("## Verdicts", "## Memory per rank", "## Scaling", "## Assumptions"):
         assert heading in text
     assert "Thakur" in text
+
+
+class TwoLayerTask(Task):
+    """A user's task (`task: tests.unit.test_plan_plan:TwoLayerTask`): the plan sees its model."""
+
+    name = "two_layer"
+
+    def build_model(self, cfg, manifest):
+        return torch.nn.Sequential(torch.nn.Linear(32, 100), torch.nn.ReLU(), torch.nn.Linear(100, 3)), {}
+
+    def loss(self, model, batch):
+        x, y = batch
+        return torch.nn.functional.cross_entropy(model(x), y)
+
+    def synthetic_batch(self, cfg, manifest, size):
+        return torch.randn(size, 32), torch.randint(0, 3, (size,))
+
+
+def test_a_custom_task_is_planned_from_the_model_it_builds():
+    cfg = gpt("ddp", 1)
+    cfg.task = "tests.unit.test_plan_plan:TwoLayerTask"
+    plan = make_plan(cfg)
+    assert plan.shape["trainable"] == 32 * 100 + 100 + 100 * 3 + 3
+    assert plan.shape["unit_params"] == []  # no ModuleList: sharded as one unit
+    # Saved for backward per item: the input (32), the hidden pre- and post-ReLU (100 + 100),
+    # the logits' log-softmax (3), fp32; plus the batch's labels.
+    assert plan.memory.activations >= 8 * (32 + 100 + 3) * 4
+    assert any("empty manifest" in a for a in plan.assumptions)

@@ -116,9 +116,10 @@ def default_interconnect(gpu: GpuSpec | None) -> Interconnect:
     """The interconnect assumed when none is given: for a GPU type, its NVLink at
     :data:`NVLINK_EFFICIENCY` within the node and one 400 Gb/s NIC per node at
     :data:`NETWORK_EFFICIENCY` between nodes, 10 us per step, collectives overlapped; on the
-    CPU (gloo over loopback), what bench/plan_accuracy.py fitted on a 2-core machine (all-reduce
-    0.66 GB/s and 150 us; all-gather and reduce-scatter 0.27-0.54 GB/s and 0.8-1.7 ms), not
-    overlapped: measure your own with the same sweep."""
+    CPU (gloo over loopback), what bench/plan_accuracy.py fitted on a 2-core machine shared with
+    other work (all-reduce 0.5-0.7 GB/s and 150-300 us; all-gather and reduce-scatter 0.27-0.54
+    GB/s and 0.6-1.7 ms; 10-18 ms per collective call beyond them), not overlapped: measure
+    your own with the same script."""
     if gpu is None:
         return Interconnect(
             intra_node_gbps=0.6,
@@ -127,6 +128,7 @@ def default_interconnect(gpu: GpuSpec | None) -> Interconnect:
             overlap=0.0,
             gather_gbps=0.3,
             gather_latency_us=1000.0,
+            call_overhead_us=10_000.0,
         )
     return Interconnect(
         intra_node_gbps=gpu.nvlink_gbps * NVLINK_EFFICIENCY,

@@ -42,7 +42,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from trainer.config import Config
-from trainer.plan import comms
+from trainer.plan.comms import all_gather, all_reduce, buckets, reduce_scatter
 from trainer.plan.hardware import GpuSpec, Interconnect, default_interconnect, gpu_spec
 from trainer.plan.probe import ProbeResult
 from trainer.plan.shapes import (
@@ -182,6 +182,12 @@ class Plan:
             return (
                 f"predicted peak memory per rank {_gib(self.memory.total)} exceeds the device's "
                 f"{_gib(self.capacity_bytes or 0)}{way}"
+            )
+        split = self.world_size * cfg.train.grad_accum_steps
+        if cfg.train.batch_size % split:
+            return (
+                f"train.batch_size {cfg.train.batch_size} does not divide by {self.world_size} ranks x "
+                f"train.grad_accum_steps {cfg.train.grad_accum_steps}: the trainer would refuse it"
             )
         here = self.point(self.nodes)
         timeout = cfg.job.timeout_seconds
@@ -371,27 +377,27 @@ def _time(
     s = m.shape
     if tc.strategy == "fsdp":
         per_elem = 2 if (target.cuda and target.bf16) else 4
-        gathers = [comms.all_gather(p * per_elem, nodes, target.per_node, link) for p in s.unit_params]
-        root = comms.all_gather(s.root_params * per_elem, nodes, target.per_node, link)
+        gathers = [all_gather(p * per_elem, nodes, target.per_node, link) for p in s.unit_params]
+        root = all_gather(s.root_params * per_elem, nodes, target.per_node, link)
         # Forward gathers every unit and the root; backward gathers the units again (resharded
         # after forward), per micro-step; the gradients are reduce-scattered once per step.
         gather = tc.grad_accum_steps * (2 * sum(gathers) + root)
-        scatter = sum(comms.reduce_scatter(p * 4, nodes, target.per_node, link) for p in s.unit_params)
-        scatter += comms.reduce_scatter(s.root_params * 4, nodes, target.per_node, link)
+        scatter = sum(reduce_scatter(p * 4, nodes, target.per_node, link) for p in s.unit_params)
+        scatter += reduce_scatter(s.root_params * 4, nodes, target.per_node, link)
         calls = tc.grad_accum_steps * (2 * len(gathers) + 1) + len(gathers) + 1
         total = gather + scatter + calls * link.call_overhead_us * 1e-6
         first = root + (gathers[0] if gathers else 0.0)
         exposed = max(total - link.overlap * compute, first if link.overlap > 0 else total)
         return compute, exposed, wait
-    sizes = comms.buckets(s.trainable * 4, tc.bucket_cap_mb * 1024 * 1024)
-    times = [comms.all_reduce(b, nodes, target.per_node, link) + link.call_overhead_us * 1e-6 for b in sizes]
+    sizes = buckets(s.trainable * 4, tc.bucket_cap_mb * 1024 * 1024)
+    times = [all_reduce(b, nodes, target.per_node, link) + link.call_overhead_us * 1e-6 for b in sizes]
     total = sum(times)
     last_backward = backward / tc.grad_accum_steps
     exposed = max(total - link.overlap * last_backward, times[-1] if times else 0.0)
     return compute, exposed, wait
 
 
-def _total_steps(cfg: Config, manifest: dict | None, item_name: str) -> int | None:
+def _total_steps(cfg: Config, manifest: dict | None) -> int | None:
     tc = cfg.train
     if tc.max_steps:
         return tc.max_steps
@@ -488,7 +494,7 @@ def make_plan(
         "(Thakur et al. 2005, Patarasuk & Yuan 2009), hierarchical across nodes; ignores congestion, NCCL "
         "protocol and algorithm choice, stragglers, and checkpoint and evaluation time"
     )
-    total_steps = _total_steps(cfg, manifest, task.item_name)
+    total_steps = _total_steps(cfg, manifest)
     if total_steps is None:
         assumptions.append("ETA unknown: set train.max_steps or plan with the prepared dataset's manifest")
 
@@ -603,6 +609,13 @@ def _alternatives(
 
 def _verdicts(plan: Plan, cfg: Config, price: float | None) -> list[str]:
     out = []
+    split = plan.world_size * cfg.train.grad_accum_steps
+    if cfg.train.batch_size % split:
+        out.append(
+            f"train.batch_size {cfg.train.batch_size} does not divide by {plan.world_size} ranks x "
+            f"train.grad_accum_steps {cfg.train.grad_accum_steps}: the trainer refuses it (the plan "
+            "takes the fractional micro-batch)"
+        )
     m = plan.memory
     if plan.fits is True:
         out.append(

@@ -253,13 +253,15 @@ def trace_activations(
     )
 
 
-def gpt_activation_formula(micro_batch: int, block: int, n_embd: int, n_head: int, n_layer: int, bf16: bool) -> int:
+def gpt_activation_formula(
+    micro_batch: int, block: int, n_embd: int, n_head: int, n_layer: int, bf16: bool, fused_attention: bool = True
+) -> int:
     """Activation bytes of a GPT's transformer layers by the per-layer formula of Korthikanti et
     al. 2022 ("Reducing Activation Recomputation in Large Transformer Models", eq. 1, no
-    tensor parallelism): ``s b h (34 + 5 a s / h)`` bytes per layer with 16-bit activations,
-    the ``5 a s^2 b`` term the attention scores a fused (flash) kernel does not keep. The
-    cross-check for the trace; the embedding and the logits are outside it."""
+    tensor parallelism): ``s b h (34 + 5 a s / h)`` bytes per layer with 16-bit activations
+    (twice that in fp32). A fused (flash) attention kernel keeps no ``a s^2 b`` scores, which
+    drops the second term. The cross-check for the trace; the embedding and the logits are
+    outside it, and so are dropout masks' share when dropout is 0 (about 2 s b h of the 34)."""
     s, b, h, a = block, micro_batch, n_embd, n_head
-    per_layer = s * b * h * 34  # fused attention: no s^2 term
-    del a
-    return int(per_layer * n_layer * (1.0 if bf16 else 2.0))
+    per_layer = s * b * h * 34 + (0 if fused_attention else 5 * a * s * s * b)
+    return int(per_layer * n_layer * (1 if bf16 else 2))
