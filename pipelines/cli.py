@@ -207,6 +207,42 @@ def _cmd_example_model(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_plan(args: argparse.Namespace) -> int:
+    import json
+
+    from trainer.checks import check_plan_gpu
+    from trainer.config import load_config
+    from trainer.pipeline_steps import PlanRefused, plan_run, refuse_if_strict
+
+    flags = {
+        "plan.gpu": args.gpu,
+        "kubernetes.gpu_memory_gb": args.gpu_memory,
+        "plan.nodes": args.nodes,
+        "plan.price_per_gpu_hour": args.price,
+    }
+    cfg = load_config(args.config, {k: v for k, v in flags.items() if v is not None})
+    check_plan_gpu(cfg)  # plan.gpu from the config file, named as the config's field
+    probe = None
+    if args.probe:
+        from trainer.local_probe import probe_locally
+
+        print(f"kftrain: probing {args.probe_steps} steps on {cfg.job.world_size} process(es)", file=sys.stderr)
+        probe = probe_locally(cfg, steps=args.probe_steps)
+    plan = plan_run(cfg, probe, dataset_uri=args.dataset or "")
+    text = plan.markdown()
+    if args.output:
+        with open(args.output, "w", encoding="utf-8") as f:
+            f.write(text)
+    print(json.dumps(plan.to_dict(), indent=2, sort_keys=True) if args.json else text)
+    strict = args.strict or cfg.plan.strict
+    try:
+        refuse_if_strict(cfg, plan, strict, switch="--strict" if args.strict else "plan.strict")
+    except PlanRefused as exc:
+        print(f"kftrain: {exc}", file=sys.stderr)
+        return 1
+    return 0
+
+
 def _cmd_submit(args: argparse.Namespace) -> int:
     import datetime
     import tempfile
@@ -276,6 +312,51 @@ def _seconds(text: str) -> float:
     return value
 
 
+def _gpu_type(text: str) -> str:
+    """A GPU type of the planner's table (`trainer.plan.hardware`), as the table names it."""
+    from trainer.plan.hardware import GPUS, HardwareError, gpu_spec
+
+    try:
+        return gpu_spec(text).name
+    except HardwareError:
+        raise argparse.ArgumentTypeError(
+            f"unknown GPU type {text!r}; known: {', '.join(GPUS)} (another GPU: --gpu-memory GB)"
+        ) from None
+
+
+def _gigabytes(text: str) -> float:
+    """A positive amount of GPU memory in GB."""
+    value = _number(text)
+    if not 0 < value < float("inf"):
+        raise argparse.ArgumentTypeError(f"must be a positive number of GB, e.g. 80, got {text!r}")
+    return value
+
+
+def _node_counts(text: str) -> list[int]:
+    """`N[,M...]`: positive node counts."""
+    parts = [p.strip() for p in text.split(",")]
+    if not all(p.isdigit() and int(p) >= 1 for p in parts):
+        raise argparse.ArgumentTypeError(
+            f"must be positive whole numbers of nodes separated by commas, e.g. 1,2,4, got {text!r}"
+        )
+    return [int(p) for p in parts]
+
+
+def _price(text: str) -> float:
+    """A price per GPU-hour, >= 0."""
+    value = _number(text)
+    if not 0 <= value < float("inf"):
+        raise argparse.ArgumentTypeError(f"must be a price >= 0 per GPU-hour, e.g. 3.5, got {text!r}")
+    return value
+
+
+def _steps(text: str) -> int:
+    """A positive number of steps."""
+    if not text.strip().isdigit() or int(text) < 1:
+        raise argparse.ArgumentTypeError(f"must be a positive whole number of steps, got {text!r}")
+    return int(text)
+
+
 def _path(text: str) -> str:
     """A non-empty path (an empty one would mean the working directory); `~` is the home folder,
     quoted or not."""
@@ -322,6 +403,43 @@ def build_parser() -> argparse.ArgumentParser:
         help="show kfp.local's whole output (default: step lines, replica lines and the summary; all in the full log)",
     )
     p.set_defaults(func=_cmd_run)
+
+    p = sub.add_parser(
+        "plan", help="predict memory per rank, step time, ETA, scaling and cost of a run before it starts"
+    )
+    p.add_argument("--config", help="kftrain YAML config (default: built-in defaults)")
+    p.add_argument("--gpu", type=_gpu_type, help="GPU type to plan for, e.g. H100 (overrides plan.gpu)")
+    p.add_argument(
+        "--gpu-memory", type=_gigabytes, metavar="GB", help="memory of one GPU (overrides kubernetes.gpu_memory_gb)"
+    )
+    p.add_argument(
+        "--nodes",
+        type=_node_counts,
+        metavar="N[,M...]",
+        help="node counts to predict scaling at (overrides plan.nodes)",
+    )
+    p.add_argument(
+        "--price", type=_price, metavar="PER_GPU_HOUR", help="price of a GPU-hour (overrides plan.price_per_gpu_hour)"
+    )
+    p.add_argument(
+        "--probe",
+        action="store_true",
+        help="measure a short run here first (job.replicas x job.nproc_per_node local processes) and predict from it",
+    )
+    p.add_argument("--probe-steps", type=_steps, default=5, help="steps the probe runs (default: %(default)s)")
+    p.add_argument(
+        "--strict",
+        action="store_true",
+        help="exit 1 when the run cannot fit or cannot finish within job.timeout_seconds (as plan.strict: true)",
+    )
+    p.add_argument(
+        "--dataset",
+        metavar="URI",
+        help="a prepared dataset (data prep's output): the model's real shape and the epoch's length (the ETA)",
+    )
+    p.add_argument("--json", action="store_true", help="print the plan as JSON instead of Markdown")
+    p.add_argument("--output", type=_path, metavar="FILE.md", help="also write the Markdown plan to this file")
+    p.set_defaults(func=_cmd_plan)
 
     p = sub.add_parser("submit", help="upload the pipeline (a new version) to KFP and start a run")
     p.add_argument("--host", required=True, help="KFP API endpoint, e.g. http://localhost:8080 (token: $KFP_TOKEN)")

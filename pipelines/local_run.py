@@ -245,6 +245,8 @@ def _run_pipeline(cfg: Config, local_root: str, min_accuracy: float, max_perplex
             raise PipelineFailed(str(exc)) from None
         outputs = task.outputs
         artifacts = {name: outputs[name].uri for name in ("dataset", "model", "metrics", "report")}
+        if cfg.plan.enabled:  # off, the plan step only says so
+            artifacts["plan"] = outputs["plan"].uri
         metrics = {k: v for k, v in outputs["metrics"].metadata.items() if isinstance(v, int | float)}
         # Export sits behind the quality gate (dsl.If), so it is no pipeline output: read what
         # the export task of this very run recorded, if it ran.

@@ -6,6 +6,7 @@ from components.data_prep import data_prep
 from components.evaluate import evaluate
 from components.export import export
 from components.gate import quality_gate_failed
+from components.plan import plan
 from components.pytorchjob import pytorchjob
 from components.train import train
 from pipelines.training import training_pipeline
@@ -15,6 +16,7 @@ PIPELINES = {"training_pipeline": training_pipeline}
 #: compiled/components/<name>.yaml
 COMPONENTS = {
     "configure": configure,
+    "plan": plan,
     "data_prep": data_prep,
     "train": train,
     "evaluate": evaluate,

@@ -1,4 +1,4 @@
-"""The training pipeline: configure -> data prep -> distributed training -> evaluation -> export.
+"""The training pipeline: configure -> data prep -> plan -> distributed training -> evaluation -> export.
 
 Its signature is generated from the one parameter table (`components/params.py`): `config`,
 then every typed knob (unset by default: the config text decides), then the pipeline's own
@@ -9,7 +9,7 @@ import inspect
 from typing import NamedTuple
 
 from kfp import dsl, kubernetes
-from kfp.dsl import HTML, Dataset, Metrics, Model
+from kfp.dsl import HTML, Dataset, Markdown, Metrics, Model
 
 from components.configure import configure
 from components.data_prep import data_prep
@@ -17,6 +17,7 @@ from components.evaluate import evaluate
 from components.export import export
 from components.gate import quality_gate_failed
 from components.params import DEFAULT_HF_TOKEN_SECRET, DEFAULT_STORE_SECRET, PARAMS, signature, with_knob_docs
+from components.plan import plan
 from components.task_options import launcher_task_options
 from components.train import train
 from trainer.config import HF_TOKEN, KFP_STORE_SECRET_KEYS
@@ -36,6 +37,7 @@ class TrainingOutputs(NamedTuple):
     model: Model
     metrics: Metrics
     report: HTML
+    plan: Markdown
 
 
 def _pipeline(
@@ -48,7 +50,8 @@ def _pipeline(
     **knobs,
 ) -> TrainingOutputs:
     """Train a model with DDP across `replicas` x `nproc_per_node` processes, evaluate it, and
-    export it when it passes the quality gate.
+    export it when it passes the quality gate; with `plan.enabled` in the config, predict its
+    memory, time and cost first (and with `plan.strict`, refuse a run that cannot fit or finish).
 
     The config text is the base of the run; every other parameter left at its unset value
     (-1, empty, {} or []) takes the config's value.
@@ -83,7 +86,12 @@ def _pipeline(
     effective = conf.output
     prep = with_secrets(data_prep(config=effective))
     prep.set_display_name("data prep")
+    # Always there (KFP cannot wait on a task inside a dsl.If): with plan.enabled off it only says so.
+    # After data prep, whose manifest gives the model's shape and the epoch's length (the ETA).
+    planned = with_secrets(plan(dataset=prep.outputs["dataset"], config=effective))
+    planned.set_display_name("plan")
     fit = with_secrets(train(dataset=prep.outputs["dataset"], config=effective, launcher=launcher, **TASK_IDENTITY))
+    fit.after(planned)  # plan.strict: a run the plan refuses never starts training
     launcher_task_options(fit)
     fit.set_display_name("distributed training")
     ev = with_secrets(
@@ -110,6 +118,7 @@ def _pipeline(
         model=fit.outputs["model"],
         metrics=ev.outputs["metrics"],
         report=ev.outputs["report"],
+        plan=planned.outputs["markdown"],
     )
 
 

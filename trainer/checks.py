@@ -59,7 +59,8 @@ def check_before_steps(cfg: Config, runs_root: str = "") -> Config:
     store and checkpoint prefixes are writable, `checkpoint.resume_from` names a checkpoint this
     config can continue (:func:`check_resume_from`), a custom task imports, `data.source` (and a
     tokenizer file) is there and readable (:func:`trainer.data_rules.check_source`), and a base
-    model is one kftrain can fine-tune within the configured memory (:func:`check_base_model`).
+    model is one kftrain can fine-tune within the configured memory (:func:`check_base_model`), and
+    `plan.gpu` is a GPU type the planner knows.
 
     Return `cfg` with `checkpoint.resume_from` pinned to the checkpoint it names now: the store
     root of a run id is `runs_root`, else `store.uri`."""
@@ -79,7 +80,24 @@ def check_before_steps(cfg: Config, runs_root: str = "") -> Config:
         get_task(cfg.task)  # a ConfigError naming `task` when it does not import
     check_source(cfg)
     check_base_model(cfg)
+    check_plan_gpu(cfg)
     return cfg
+
+
+def check_plan_gpu(cfg: Config) -> None:
+    """`plan.gpu` is a GPU type the planner knows (else ConfigError listing them), so that the plan
+    step does not fail on it after the run started."""
+    if not cfg.plan.gpu:
+        return
+    from trainer.plan.hardware import GPUS, HardwareError, gpu_spec
+
+    try:
+        gpu_spec(cfg.plan.gpu)
+    except HardwareError:
+        raise ConfigError(
+            f"plan.gpu: not a GPU type the plan knows, got {cfg.plan.gpu!r}; use one of {', '.join(GPUS)}, "
+            "or leave it empty and set kubernetes.gpu_memory_gb"
+        ) from None
 
 
 def check_resume_from(cfg: Config, root: str) -> Config:

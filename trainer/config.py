@@ -480,6 +480,44 @@ class ExportConfig:
         check_bounds(self, "export", _EXPORT_BOUNDS)
 
 
+#: Bounds of `plan.*` fields.
+_PLAN_BOUNDS = {
+    "gpu": Bound(lambda v: v == v.strip(), "must be a GPU type without surrounding spaces, e.g. H100"),
+    "nodes": Bound(lambda v: all(n >= 1 for n in v), "must be a list of positive node counts, e.g. [1, 2, 4]"),
+    "price_per_gpu_hour": Bound(lambda v: v >= 0, "must be >= 0 (0: no cost column)"),
+}
+
+
+@dataclass(kw_only=True, slots=True)
+class PlanConfig:
+    """The plan step (`kftrain plan`): memory per rank, step time, ETA, scaling and cost, predicted before training."""
+
+    enabled: bool = False
+    """Run the plan step before training: a Markdown and HTML plan of the run (memory per rank against the GPU's,
+    step time, ETA, scaling over `nodes`, cost) and its numbers as KFP metrics. Off: the step only says so."""
+    strict: bool = False
+    """With `enabled`: stop the pipeline before training, with the reason, when the plan predicts the run does not
+    fit in the GPU's memory or does not finish within `job.timeout_seconds`."""
+    gpu: str = ""
+    """GPU type to plan for (`H100-80GB`, `H200-141GB`, `A100-40GB`, `A100-80GB`, `L40S`, `L4`, `A10G`; `H100`,
+    `H200`, `A100` for short, any case): its memory is the limit, unless `kubernetes.gpu_memory_gb` is set. Empty:
+    the CPU."""
+    nodes: list[int] = field(default_factory=list)
+    """Node counts (replicas of `job.nproc_per_node` ranks) to predict scaling at, e.g. `[1, 2, 4, 8]`; empty:
+    the job's `job.replicas` and the planner's default comparison points."""
+    price_per_gpu_hour: float = 0.0
+    """Price of one GPU for an hour, in any currency, for the cost column; 0: no cost."""
+
+    def __post_init__(self) -> None:
+        check_bounds(self, "plan", _PLAN_BOUNDS)
+        _require(
+            self.enabled or not self.strict,
+            "plan.strict",
+            self.strict,
+            "needs plan.enabled: true (the plan step is what refuses the run)",
+        )
+
+
 #: Bounds of `checkpoint.*` fields.
 _CHECKPOINT_BOUNDS = {"interval_steps": NOT_NEGATIVE, "keep_last": AT_LEAST_ONE}
 #: A run id, or a task's folder in a run (`checkpoint.resume_from: RUN/TASK`).
@@ -908,6 +946,8 @@ class Config:
     """Distributed job shape and limits."""
     kubernetes: KubernetesConfig = field(default_factory=KubernetesConfig)
     """Cluster settings of the training job (PyTorchJob or TrainJob)."""
+    plan: PlanConfig = field(default_factory=PlanConfig)
+    """The plan step: predicted memory, time, scaling and cost of the run, before it starts."""
 
     def _check_partitions(self) -> None:
         """A fixed data.partitions must cut every epoch exactly at each world size the job can have."""

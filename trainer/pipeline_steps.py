@@ -1,4 +1,4 @@
-"""The four pipeline steps (data prep, training, evaluation, export) as plain functions over a config and URIs.
+"""The pipeline steps (plan, data prep, training, evaluation, export) as plain functions over a config and URIs.
 
 Components call these; so do tests and benchmarks. Each step reads its inputs from and writes
 its outputs to the object store, and checks the store before doing any work, so a missing
@@ -10,14 +10,99 @@ from __future__ import annotations
 import json
 import os
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from trainer.config import Config, to_dict
+from trainer.errors import KftrainError
 from trainer.launch.backend import JobBackend, run_job
 from trainer.launch.spec import job_name
 from trainer.storage import ObjectStore, join_uri, open_store
 
+if TYPE_CHECKING:  # trainer.plan builds models: the step imports it when it runs
+    from trainer.plan import Plan, ProbeResult
+
 LAUNCHERS = ("auto", "local", "kubernetes")
+
+
+class PlanRefused(KftrainError):
+    """`plan.strict` (or `kftrain plan --strict`): the plan predicts the run cannot fit or cannot finish in time."""
+
+
+def plan_run(
+    cfg: Config,
+    probe: ProbeResult | None = None,
+    nodes: tuple[int, ...] | None = None,
+    dataset_uri: str = "",
+    manifest: dict[str, Any] | None = None,
+) -> Plan:
+    """The plan of the run `cfg` describes (:func:`trainer.plan.make_plan`): for `plan.gpu` (or the
+    CPU), `kubernetes.gpu_memory_gb` when set, the node counts `nodes` (default `plan.nodes`) and
+    `plan.price_per_gpu_hour`; `probe`: measurements of a short run to start from. The prepared
+    dataset (its `manifest`, or read from `dataset_uri`) gives the model's real shape and the
+    epoch's length, so the ETA; without one the plan says what it assumed."""
+    from trainer.plan import make_plan
+
+    if manifest is None and dataset_uri:
+        from trainer.shards import read_manifest
+
+        manifest = read_manifest(store_for(cfg, dataset_uri), dataset_uri)
+
+    pc = cfg.plan
+    return make_plan(
+        cfg,
+        gpu=pc.gpu or None,
+        gpu_memory_gb=cfg.kubernetes.gpu_memory_gb or None,
+        nodes=tuple(pc.nodes) if nodes is None else nodes,
+        price_per_gpu_hour=pc.price_per_gpu_hour or None,
+        probe=probe,
+        manifest=manifest,
+    )
+
+
+def run_prediction(cfg: Config, manifest: dict[str, Any]) -> dict[str, Any]:
+    """What the plan predicts for the run as `cfg` describes it (its `job.replicas` nodes; on the GPU
+    type `plan.gpu` names for a GPU job, else on the CPU) from its dataset's `manifest`, in the
+    report's terms: `peak_memory_bytes` per rank (the tensors, what the measurement counts: not
+    the CUDA context), `step_seconds`, `eta_seconds` and a `source` note; or `problem`, why there
+    is none."""
+    import dataclasses
+
+    on_gpu = cfg.kubernetes.gpus_per_node > 0
+    if on_gpu and not (cfg.plan.gpu or cfg.kubernetes.gpu_memory_gb):
+        return {"problem": "a GPU job without plan.gpu: set it to the nodes' GPU type for a prediction"}
+    if not on_gpu:  # a GPU type or memory in the config is not what a CPU run ran on
+        plan_cfg = dataclasses.replace(
+            cfg,
+            plan=dataclasses.replace(cfg.plan, gpu=""),
+            kubernetes=dataclasses.replace(cfg.kubernetes, gpu_memory_gb=0.0),
+        )
+    else:
+        plan_cfg = cfg
+    try:
+        plan = plan_run(plan_cfg, nodes=(cfg.job.replicas,), manifest=manifest)
+    except KftrainError as exc:
+        return {"problem": str(exc)}
+    point = plan.point(cfg.job.replicas)
+    if point is None:
+        return {"problem": f"the plan has no prediction for {cfg.job.replicas} node(s)"}
+    device = (cfg.plan.gpu or "GPUs") if on_gpu else "the CPU"
+    return {
+        "peak_memory_bytes": plan.memory.tensors,
+        "step_seconds": point.step_seconds,
+        "eta_seconds": point.eta_seconds,
+        "source": f"The plan (trainer.plan.make_plan) for this config on {device}, {cfg.job.replicas} node(s) x "
+        f"{cfg.job.nproc_per_node} process(es), made with this report; memory: the tensors (without the CUDA "
+        "context); training time: the steps at the predicted step time (no evaluation or checkpoints).",
+    }
+
+
+def refuse_if_strict(cfg: Config, plan: Plan, strict: bool, switch: str = "plan.strict") -> None:
+    """With `strict`, :class:`PlanRefused` naming why when the plan says the run cannot fit in the
+    GPU's memory or cannot finish within `job.timeout_seconds`; otherwise nothing. `switch` is what
+    turned strictness on (the config field or the CLI flag), for the message."""
+    reason = plan.refusal(cfg) if strict else None
+    if reason:
+        raise PlanRefused(f"the plan refuses this run ({switch}): {reason}")
 
 
 def store_for(cfg: Config, uri: str, check: bool = False) -> ObjectStore:
@@ -127,7 +212,8 @@ def evaluate(
     )
     passed, reason = quality_gate(report, min_accuracy, max_perplexity)
     training = json.loads(store.get_bytes(join_uri(model_uri, TRAINING_RECORD)))
-    splits = read_manifest(store_for(cfg, dataset_uri), dataset_uri)["splits"]
+    manifest = read_manifest(store_for(cfg, dataset_uri), dataset_uri)
+    splits = manifest["splits"]
     context = {
         "run_id": run_id,
         "dataset_uri": dataset_uri,
@@ -135,6 +221,7 @@ def evaluate(
             name: {unit: split[unit] for unit in ("rows", "tokens") if unit in split} for name, split in splits.items()
         },
     }
+    context["prediction"] = run_prediction(cfg, manifest)
     store.put_bytes(report_uri, html_report(training, report, (passed, reason), context).encode())
     return report, passed, reason
 

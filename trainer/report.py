@@ -88,6 +88,8 @@ LABELS = {
     "resumed_from_step": "resumed from step",
     "skipped_steps": "updates skipped (non-finite)",
     "test_tokens": "test tokens",
+    "peak_memory_bytes": "peak memory per rank (max over ranks)",
+    "median_step_seconds": "step time (median)",
 }
 _PERCENT = ("accuracy", "macro_f1", "mfu", "data_wait_fraction")
 
@@ -109,6 +111,8 @@ def format_value(key: str, value: Any) -> str:
         return f"{value:.2%}"
     if key.endswith("_unix_time"):
         return date_time(value)
+    if key.endswith("_bytes"):
+        return format_bytes(value)
     if key.endswith("_seconds") or key.startswith("seconds_"):
         return duration(value)
     if key.endswith("_per_second"):
@@ -512,6 +516,121 @@ def _generations(rows: list[dict[str, Any]]) -> list[str]:
     ]
 
 
+# -- predicted against measured -------------------------------------------------------------------
+
+#: What the report compares: (the prediction's key, the training record's metric, the row's name).
+PREDICTED_MEASURED = (
+    ("peak_memory_bytes", "peak_memory_bytes", "peak memory per rank (max over ranks)"),
+    ("step_seconds", "median_step_seconds", "step time (median)"),
+    ("eta_seconds", "train_seconds", "training time (ETA)"),
+)
+
+
+def error_percent(predicted: float, measured: float) -> float | None:
+    """The prediction's error relative to the measurement, in percent (positive: over-predicted);
+    None when there is no measurement to compare with."""
+    if not measured:
+        return None
+    return 100.0 * (predicted - measured) / measured
+
+
+def predicted_vs_measured(prediction: dict[str, Any], metrics: dict[str, Any]) -> list[tuple[str, str, str, str]]:
+    """The rows (measure, predicted, measured, error) of the plan's prediction (`peak_memory_bytes`,
+    `step_seconds`, `eta_seconds`) against the training record's metrics; a side that is missing
+    reads `n/a`."""
+    rows = []
+    for key, metric, name in PREDICTED_MEASURED:
+        predicted, measured = prediction.get(key), metrics.get(metric)
+        shown = [
+            ("n/a" if v is None else format_bytes(v) if key == "peak_memory_bytes" else duration(v))
+            for v in (predicted, measured)
+        ]
+        error = error_percent(predicted, measured) if predicted is not None and measured is not None else None
+        rows.append((name, *shown, "n/a" if error is None else f"{error:+.1f}%"))
+    return rows
+
+
+def format_bytes(n: float) -> str:
+    """`512 B`, `3.2 MiB`, `71.5 GiB`."""
+    for unit, scale in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
+        if abs(n) >= scale:
+            return f"{n / scale:.1f} {unit}"
+    return f"{n:.0f} B"
+
+
+def _prediction(prediction: dict[str, Any] | None, metrics: dict[str, Any]) -> list[str]:
+    if not prediction:
+        return []
+    note = prediction.get("source", "")
+    if "problem" in prediction:
+        return ["<h2>Predicted vs measured</h2>", f"<p>No prediction: {esc(prediction['problem'])}</p>"]
+    return [
+        "<h2>Predicted vs measured</h2>",
+        f"<p>{esc(note)}</p>" if note else "",
+        _table(predicted_vs_measured(prediction, metrics), ("measure", "predicted", "measured", "error")),
+    ]
+
+
+# -- a Markdown page as HTML ---------------------------------------------------------------------
+
+_INLINE = re.compile(r"`([^`]+)`|\*\*([^*]+)\*\*")
+
+
+def _inline(text: str) -> str:
+    """Escaped text with `code` and **bold** marked up."""
+    out, last = [], 0
+    for m in _INLINE.finditer(text):
+        out.append(esc(text[last : m.start()]))
+        out.append(f"<code>{esc(m[1])}</code>" if m[1] is not None else f"<strong>{esc(m[2])}</strong>")
+        last = m.end()
+    out.append(esc(text[last:]))
+    return "".join(out)
+
+
+def _cells(line: str) -> list[str]:
+    return [c.strip() for c in line.strip().strip("|").split("|")]
+
+
+def markdown_html(text: str, title: str = "kftrain plan") -> str:
+    """A self-contained HTML page of the Markdown the planner writes: headings, paragraphs, bullet
+    lists, pipe tables, `code` and **bold** (the subset it uses; every piece of text escaped)."""
+    parts = [f"<!doctype html><html><head><meta charset='utf-8'><title>{esc(title)}</title>"]
+    parts.append(f"<style>{STYLE}</style></head><body>")
+    lines = text.splitlines()
+    i = 0
+    while i < len(lines):
+        line = lines[i]
+        if not line.strip():
+            i += 1
+        elif line.startswith("#"):
+            level = min(len(line) - len(line.lstrip("#")), 6)
+            parts.append(f"<h{level}>{_inline(line.lstrip('#').strip())}</h{level}>")
+            i += 1
+        elif line.lstrip().startswith("|"):
+            block = []
+            while i < len(lines) and lines[i].lstrip().startswith("|"):
+                block.append(lines[i])
+                i += 1
+            rows = [_cells(b) for b in block if not re.fullmatch(r"[\s|:-]+", b)]
+            head = "".join(f"<th>{_inline(c)}</th>" for c in rows[0])
+            body = "".join("<tr>" + "".join(f"<td>{_inline(c)}</td>" for c in r) + "</tr>" for r in rows[1:])
+            parts.append(f"<table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>")
+        elif line.lstrip().startswith(("- ", "* ")):
+            items = []
+            while i < len(lines) and lines[i].lstrip().startswith(("- ", "* ")):
+                items.append(f"<li>{_inline(lines[i].lstrip()[2:])}</li>")
+                i += 1
+            parts.append("<ul>" + "".join(items) + "</ul>")
+        else:
+            para = []
+            while i < len(lines) and lines[i].strip() and not lines[i].lstrip().startswith(("#", "|", "- ", "* ")):
+                para.append(lines[i].strip())
+                i += 1
+            parts.append(f"<p>{_inline(' '.join(para))}</p>")
+    parts.append("</body></html>")
+    return "\n".join(parts)
+
+
 STYLE = (
     "body{font-family:system-ui,sans-serif;margin:16px 24px;color:#222;max-width:1000px}"
     "h1{font-size:1.4em}h2{font-size:1.1em;margin-top:1.4em}"
@@ -533,7 +652,9 @@ def html_report(
     context: dict[str, Any] | None = None,
 ) -> str:
     """The report page from the training record (`training.json`), the evaluation report and the
-    gate's verdict. `context`: `run_id`, `dataset_uri` and `dataset_size` (`{split: {"rows" or "tokens": n}}`)."""
+    gate's verdict. `context`: `run_id`, `dataset_uri`, `dataset_size` (`{split: {"rows" or "tokens": n}}`) and
+    `prediction`, the plan's prediction for the run (`peak_memory_bytes`, `step_seconds`, `eta_seconds`, and a
+    `source` note; or `problem`: why there is none), shown against the measurements."""
     context = context or {}
     verdict = "passed" if gate[0] else "failed"
     parts = [
@@ -559,6 +680,7 @@ def html_report(
             for cls, m in evaluation["per_class"].items()
         ]
         parts += ["<h2>Per class</h2>", _table(rows, ("class", "precision", "recall", "F1", "support (test rows)"))]
+    parts += _prediction(context.get("prediction"), training.get("metrics", {}))
     measures = [(label(k), format_value(k, v)) for k, v in training.get("metrics", {}).items()]
     parts += ["<h2>Training</h2>", _table(measures, ("measure", "value")), "</body></html>"]
     return "\n".join(parts)

@@ -18,6 +18,7 @@ import json
 import logging
 import math
 import os
+import statistics
 import sys
 import tempfile
 import time
@@ -259,6 +260,16 @@ class Trainer:
         self.cfg, self.dataset_uri, self.model_uri, self.env = cfg, dataset_uri, model_uri, env
         self.task = task = task or task_for(cfg)
         self.device = device = device_for(env)
+        # Peak memory as the plan's probe measures it, for the report to set the plan against: on
+        # a GPU the allocator's counter over the whole run; on the CPU the profiler's count over
+        # one step (`_measures_peak`), as recording every op of a whole run would slow it.
+        from trainer.plan.measure import PeakMemory  # trainer.plan's probe runs this module's Trainer
+
+        self.peak_memory = PeakMemory(device)
+        if device.type == "cuda":
+            self.peak_memory.reset()
+        self.measured_peak: int | None = None
+        self.step_seconds: list[float] = []  # optimizer steps of this start, for the median
         tc = cfg.train
         if tc.deterministic:
             torch.use_deterministic_algorithms(True)
@@ -528,6 +539,10 @@ class Trainer:
         """One optimizer step: `train.grad_accum_steps` micro-batches, one gradient sync, the
         update (or a skip on a non-finite gradient), the schedule and the progress line."""
         cfg, device, tc = self.cfg, self.device, self.cfg.train
+        measuring = self._measures_peak()
+        if measuring:
+            self.peak_memory.reset()
+        t_step = time.perf_counter()
         self.health.begin_step()
         self.optimizer.zero_grad(set_to_none=True)
         step_loss = torch.zeros((), device=device)
@@ -560,6 +575,18 @@ class Trainer:
         lr = self.scheduler.get_last_lr()[0]
         self.progress.step(self.step, self.epoch, step_loss, lr, grad_norm, self.data_wait)
         self.health.end_step(self.step, self.data_wait)
+        if measuring:  # the profiler slowed this step: its time is not the run's
+            self.measured_peak = self.peak_memory.peak_bytes()
+        else:
+            self.step_seconds.append(time.perf_counter() - t_step)
+
+    def _measures_peak(self) -> bool:
+        """Whether this step is the CPU's measured one: the second of this start (the first
+        creates the optimizer state, as the probe's warm-up step does), or the last when there is
+        no second."""
+        if self.device.type == "cuda" or self.measured_peak is not None:
+            return False
+        return self.step - self.start_step == 1 or self.step + 1 == self.total_steps
 
     def _skip_update(self, step_loss: float, grad_norm: float) -> None:
         tc = self.cfg.train
@@ -701,6 +728,15 @@ class Trainer:
             self._load(best)
         return best
 
+    def _peak_memory_bytes(self) -> int:
+        """The largest peak memory of any rank (a collective: every rank calls it): on a GPU since
+        the trainer was built, on the CPU in the measured step; 0 when no step ran."""
+        mine = self.peak_memory.peak_bytes() if self.device.type == "cuda" else self.measured_peak or 0
+        peak = torch.tensor([float(mine)], dtype=torch.float64, device=self.device)
+        if self.env.distributed:
+            torch.distributed.all_reduce(peak, op=torch.distributed.ReduceOp.MAX)
+        return int(peak.item())
+
     def finish(self) -> dict[str, Any]:
         """Wait for the last checkpoint, write the model and the training record (rank 0), and
         return the metrics."""
@@ -708,6 +744,7 @@ class Trainer:
         if self.device.type == "cuda":
             torch.cuda.synchronize()
         train_seconds = time.perf_counter() - self.t_train
+        peak_memory = self._peak_memory_bytes()  # the training loop's: before the final model is written
         if self.ckpt is not None:
             if is_sharded(self.model) and self.ckpt.last_step != self.step:
                 # FSDP's model file is consolidated from the final step's checkpoint (write_final_model).
@@ -734,6 +771,10 @@ class Trainer:
             "resumed_from_step": self.start_step,
             "skipped_steps": self.skipped,
         }
+        if peak_memory:
+            metrics["peak_memory_bytes"] = peak_memory
+        if self.step_seconds:
+            metrics["median_step_seconds"] = statistics.median(self.step_seconds)
         if best is not None:
             metrics["best_step"] = int(best["step"])
         if self.peak and self.flops_per_step and steps_run:

@@ -75,9 +75,10 @@ def test_demo_on_an_s3_store_reaches_95_percent_and_writes_nothing_locally(s3_en
 @pytest.mark.parametrize(("kind", "first_node"), [("pytorchjob", "master-0"), ("trainjob", "node-0-0")])
 def test_demo_on_a_local_directory_passing_the_gate(tmp_path, kind, first_node):
     """The whole pipeline, its training replicas under the Training Operator's (v1) or Kubeflow
-    Trainer's (v2) environment contract."""
+    Trainer's (v2) environment contract, with the plan step on: its plan is an artifact, and the
+    report sets its prediction against what the run measured."""
     config = tmp_path / "quick.yaml"
-    config.write_text(f"train:\n  epochs: 3\njob:\n  kind: {kind}\n")
+    config.write_text(f"train:\n  epochs: 3\njob:\n  kind: {kind}\nplan:\n  enabled: true\n  nodes: [1, 2, 4]\n")
     args = ["--config", str(config), "--output-dir", "out", "--summary", "s.json", "--min-accuracy", "0.5"]
     rc, out = run_group([*KFTRAIN, "run", "--local", *args], timeout=300, env=cli_env(), cwd=str(tmp_path))
     assert rc == 0, out[-5000:]
@@ -88,6 +89,21 @@ def test_demo_on_a_local_directory_passing_the_gate(tmp_path, kind, first_node):
     assert (Path(summary["artifacts"]["exported"]) / "model_card.json").is_file()
     assert "Quality gate passed" in out
     assert f"[{first_node}] " in out
+    # The plan step ran between data prep and training, from the prepared dataset's manifest.
+    starts = [line.split()[1] for line in out.splitlines() if line.endswith(" started")]
+    assert starts.index("plan") == starts.index("data-prep") + 1 == starts.index("train") - 1, starts
+    plan = Path(summary["artifacts"]["plan"]).read_text()  # among the run's artifacts when enabled
+    assert plan.startswith("# Training plan") and "model built from the prepared dataset's manifest" in plan
+    assert "| 4 |" in plan  # the scaling table's rows of plan.nodes
+    assert "<table>" in next((tmp_path / "out").rglob("plan/page")).read_text()
+    record = json.loads((Path(summary["artifacts"]["model"]) / "training.json").read_text())
+    assert record["metrics"]["peak_memory_bytes"] > 0 and record["metrics"]["median_step_seconds"] > 0
+    report = Path(summary["artifacts"]["report"]).read_text()
+    section = report.split("<h2>Predicted vs measured</h2>", 1)[1].split("<h2>", 1)[0]
+    # Memory, step time and ETA, each predicted against measured (on the CPU without a probe the
+    # plan has no step time: those rows say n/a); the memory's error is there.
+    assert section.count("<tr><td>") == 3 and section.count("%</td></tr>") >= 1, section
+    assert "peak memory per rank (max over ranks)" in section
     # A calm terminal: a line per step start and end, the replicas' lines, the summary; kfp.local's
     # own output (the executor input: the whole config, per step) only in the full log.
     assert "executor_input" not in out and '"parameterValues"' not in out
@@ -101,6 +117,25 @@ def test_demo_on_a_local_directory_passing_the_gate(tmp_path, kind, first_node):
     assert log.parent == tmp_path / "out" / "runs" / summary["run_id"]
     text = log.read_text()
     assert "Got executor_input" in text and f"[{first_node}] " in text
+
+
+def test_plan_strict_stops_the_run_before_training_with_the_reason(tmp_path):
+    """plan.strict with a GPU too small for the model: the plan step fails the run with the
+    reason as its last line, and the training step never starts."""
+    (tmp_path / "c.yaml").write_text("plan:\n  enabled: true\n  strict: true\nkubernetes:\n  gpu_memory_gb: 0.001\n")
+    rc, out = run_group(
+        [*KFTRAIN, "run", "--local", "--config", "c.yaml", "--output-dir", "out"],
+        timeout=240,
+        env=cli_env(),
+        cwd=str(tmp_path),
+    )
+    assert rc == 1, out[-5000:]
+    last = out.strip().splitlines()[-1]
+    assert last.startswith("kftrain: error: step plan: the plan refuses this run (plan.strict): "), out[-5000:]
+    assert "predicted peak memory per rank" in last and "exceeds the device's" in last
+    assert any(line.endswith(" data-prep started") for line in out.splitlines())
+    assert " train started" not in out and "[master-0]" not in out  # training never started
+    assert not list((tmp_path / "out").rglob("training.json"))
 
 
 @pytest.mark.parametrize(

@@ -45,6 +45,7 @@ TESTED_IN = {
     "components/evaluate.py": ["test_pipeline_local.py", "test_component_yamls.py"],
     "components/export.py": ["test_pipeline_local.py", "test_component_yamls.py"],
     "components/gate.py": ["test_pipeline_local.py", "test_pipelines_compile.py"],
+    "components/plan.py": ["test_pipeline_local.py", "test_pipelines_compile.py"],
     "components/pytorchjob.py": ["test_launch_byo.py", "test_byo_pipeline.py"],
     "components/task_options.py": ["test_pipelines_compile.py", "test_byo_pipeline.py"],
     "pipelines/registry.py": ["test_pipelines_compile.py"],

@@ -17,6 +17,7 @@ from trainer.pipeline_steps import (
     claim_checkpoints,
     prepare_data,
     resolve_launcher,
+    run_prediction,
     select_backend,
     store_for,
     train_model,
@@ -201,3 +202,48 @@ def test_train_model_without_a_prepared_dataset_fails_before_any_job_or_claim(tm
         train_model(load_config(), str(tmp_path / "no-dataset"), str(model), backend, identity="run-7/train")
     assert backend.submitted == []
     assert current_owner(LocalStore(), str(model / "checkpoints")) is None
+
+
+# --- the report's prediction --------------------------------------------------------------------
+
+GPT = {
+    "task": "causal_lm",
+    "model.n_layer": 2,
+    "model.n_head": 2,
+    "model.n_embd": 64,
+    "model.block_size": 64,
+    "train.batch_size": 16,
+    "train.max_steps": 100,
+}
+GPU_JOB = {"job.nproc_per_node": 8, "kubernetes.gpus_per_node": 8}
+
+
+@pytest.mark.parametrize(
+    ("overrides", "source", "timed"),
+    [
+        # a CPU run: the config's GPU type and memory are not what it ran on; no step time without a probe
+        ({"plan.gpu": "H200", "kubernetes.gpu_memory_gb": 80.0}, "on the CPU, 2 node(s) x 1 process(es)", False),
+        ({**GPU_JOB, "plan.gpu": "H100"}, "on H100, 2 node(s) x 8 process(es)", True),
+    ],
+)
+def test_the_reports_prediction_is_for_the_device_and_shape_the_run_had(overrides, source, timed):
+    from trainer.pipeline_steps import plan_run
+
+    cfg = load_config(None, {**GPT, **overrides})
+    manifest = {"vocab_size": 256}
+    prediction = run_prediction(cfg, manifest)
+    assert source in prediction["source"]
+    on_cpu = "kubernetes.gpus_per_node" not in overrides
+    plan = plan_run(cfg, nodes=(2,), manifest=manifest) if not on_cpu else None
+    if plan is not None:  # the tensors only: the allocator's counter does not see the CUDA context
+        assert prediction["peak_memory_bytes"] == plan.memory.total - plan.memory.other < plan.memory.total
+    assert prediction["peak_memory_bytes"] > 0
+    assert (prediction["step_seconds"] is not None) == timed
+    assert (prediction["eta_seconds"] is not None) == timed
+    if timed:
+        assert prediction["eta_seconds"] == pytest.approx(100 * prediction["step_seconds"])
+
+
+def test_a_gpu_job_without_a_gpu_type_has_no_prediction_and_says_why():
+    prediction = run_prediction(load_config(None, {**GPT, **GPU_JOB}), {"vocab_size": 256})
+    assert prediction == {"problem": "a GPU job without plan.gpu: set it to the nodes' GPU type for a prediction"}

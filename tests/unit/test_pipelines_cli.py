@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
+
 import pytest
 
 from pipelines.cli import main
@@ -98,3 +101,120 @@ def test_job_status_prints_the_progress_line_of_a_job_on_a_fake_cluster(monkeypa
     err = capsys.readouterr().err.strip().splitlines()
     assert err == ["kftrain: error: no TrainJob or PyTorchJob named 'missing' in namespace 'other': check the name "
                    "(the training step's log names its job) and --namespace"]  # fmt: skip
+
+
+# -- kftrain plan ----------------------------------------------------------------------------------
+
+# (config text or None, arguments after `kftrain plan`, phrase the one error line must hold)
+PLAN_BAD_ROWS = [
+    (None, ["--gpu", "H999"], "argument --gpu: unknown GPU type 'H999'; known: H100-80GB, H200-141GB, A100-80GB"),
+    (None, ["--gpu", ""], "argument --gpu: unknown GPU type ''"),
+    (None, ["--nodes", "0"], "argument --nodes: must be positive whole numbers of nodes separated by commas"),
+    (None, ["--nodes", "1,,2"], "argument --nodes: must be positive whole numbers"),
+    (None, ["--nodes", "two"], "argument --nodes: must be positive whole numbers"),
+    (None, ["--nodes", "-1"], "argument --nodes: must be positive whole numbers"),
+    (None, ["--nodes", "1.5"], "argument --nodes: must be positive whole numbers"),
+    (None, ["--gpu-memory", "0"], "argument --gpu-memory: must be a positive number of GB"),
+    (None, ["--gpu-memory", "nan"], "argument --gpu-memory: must be a positive number of GB"),
+    (None, ["--gpu-memory", "lots"], "argument --gpu-memory: must be a number, got 'lots'"),
+    (None, ["--price", "-1"], "argument --price: must be a price >= 0 per GPU-hour"),
+    (None, ["--price", "inf"], "argument --price: must be a price >= 0 per GPU-hour"),
+    (None, ["--probe-steps", "0"], "argument --probe-steps: must be a positive whole number of steps"),
+    (None, ["--output", " "], "argument --output: must not be empty"),
+]
+# Bad values that argparse passes, refused by the config or the checks: `kftrain: error: <field>: ...`.
+PLAN_CONFIG_ROWS = [
+    ("plan:\n  gpu: H999\n", [], "plan.gpu: not a GPU type the plan knows, got 'H999'; use one of H100-80GB"),
+    ("plan:\n  nodes: [0, 2]\n", [], "plan.nodes: must be a list of positive node counts"),
+    ("plan:\n  price_per_gpu_hour: -2\n", [], "plan.price_per_gpu_hour: must be >= 0"),
+    ("plan:\n  strict: maybe\n", [], "plan.strict: must be"),
+    ("plan:\n  strict: true\n", [], "plan.strict: needs plan.enabled: true"),
+    (None, ["--config", "missing.yaml"], "--config missing.yaml: cannot read the config file"),
+]
+
+
+@pytest.mark.parametrize(("config", "args", "phrase"), PLAN_BAD_ROWS)
+def test_a_bad_plan_flag_is_one_line_naming_it(tmp_path, monkeypatch, capsys, config, args, phrase):
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(SystemExit) as exit_:
+        main(["plan", *args])
+    err = capsys.readouterr().err
+    assert exit_.value.code == 2, err
+    assert phrase in err.strip().splitlines()[-1], err
+    assert "Traceback" not in err
+
+
+@pytest.mark.parametrize(("config", "args", "phrase"), PLAN_CONFIG_ROWS)
+def test_a_bad_plan_config_is_one_line_naming_the_field(tmp_path, monkeypatch, capsys, config, args, phrase):
+    monkeypatch.chdir(tmp_path)
+    argv = ["plan", *args]
+    if config is not None:
+        (tmp_path / "c.yaml").write_text(config)
+        argv += ["--config", "c.yaml"]
+    rc, out = call_cli(argv, capsys)
+    assert rc == 2, out
+    (line,) = out.strip().splitlines()
+    assert line.startswith("kftrain: error: ") and phrase in line, out
+
+
+GPT = (
+    "task: causal_lm\ndata:\n  source: python-stdlib\n"
+    "model:\n  n_layer: 2\n  n_head: 2\n  n_embd: 64\n  block_size: 64\n"
+)
+
+
+def test_plan_prints_the_markdown_plan_for_the_gpu_and_nodes_asked(tmp_path, monkeypatch, capsys):
+    from trainer.plan import Plan
+
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "c.yaml").write_text(GPT + "train:\n  batch_size: 16\n  max_steps: 1000\n")
+    args = ["plan", "--config", "c.yaml", "--gpu", "h200", "--nodes", "1,2,4", "--price", "3.5"]
+    rc, out = call_cli([*args, "--output", "plan.md"], capsys)
+    assert rc == 0, out
+    assert out.startswith("# Training plan") and "device H200-141GB" in out
+    assert (tmp_path / "plan.md").read_text() in out  # the file holds what was printed
+    rc, text = call_cli([*args, "--json"], capsys)
+    assert rc == 0, text
+    plan = Plan.from_dict(json.loads(text))
+    assert [p.nodes for p in plan.scaling] == [1, 2, 4] and plan.fits is True
+    # At 3.5 per GPU-hour, the cost column is the GPU-hours priced.
+    for point in plan.scaling:
+        assert point.cost == pytest.approx(point.gpu_hours * 3.5)
+    assert plan.point(2).eta_seconds is not None  # the config's own job.replicas, with an ETA (max_steps)
+
+
+def test_plan_strict_refuses_a_run_that_cannot_fit_and_says_what_would(tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "c.yaml").write_text(GPT + "train:\n  batch_size: 16\n")
+    rc, out = call_cli(["plan", "--config", "c.yaml", "--gpu-memory", "0.001"], capsys)
+    assert rc == 0 and "does not fit" in out, out  # without --strict the verdict only
+    rc, out = call_cli(["plan", "--config", "c.yaml", "--gpu-memory", "0.001", "--strict"], capsys)
+    assert rc == 1, out
+    last = out.strip().splitlines()[-1]
+    assert last.startswith("kftrain: the plan refuses this run (--strict): predicted peak memory per rank"), out
+    assert "exceeds the device's" in last
+    (tmp_path / "s.yaml").write_text(GPT + "train:\n  batch_size: 16\nplan:\n  enabled: true\n  strict: true\n")
+    rc, out = call_cli(["plan", "--config", "s.yaml", "--gpu-memory", "0.001"], capsys)
+    assert rc == 1 and "(plan.strict)" in out.strip().splitlines()[-1], out
+
+
+def test_plan_with_a_prepared_dataset_has_the_real_shape_and_the_runs_steps(tmp_path, monkeypatch, capsys, dataset):
+    """--dataset: the manifest gives the classifier's features and classes, and the epoch's
+    length, so the run's steps without train.max_steps (the ETA's other factor)."""
+    from trainer.plan import Plan
+
+    monkeypatch.chdir(tmp_path)
+    rc, out = call_cli(["plan", "--json"], capsys)
+    assert rc == 0, out
+    guessed = Plan.from_dict(json.loads(out))
+    assert guessed.point(2).eta_seconds is None
+    assert any("no dataset yet" in a for a in guessed.assumptions), guessed.assumptions
+    rc, out = call_cli(["plan", "--json", "--dataset", dataset], capsys)
+    assert rc == 0, out
+    plan = Plan.from_dict(json.loads(out))
+    assert "model built from the prepared dataset's manifest" in plan.assumptions
+    rows = json.loads((Path(dataset) / "manifest.json").read_text())["splits"]["train"]["rows"]
+    assert plan.total_steps == 20 * (rows // 64)  # train.epochs x the train split's full batches
+    assert plan.point(2).eta_seconds is None  # on the CPU without a probe: no step time to multiply
+    rc, out = call_cli(["plan", "--dataset", str(tmp_path / "nowhere")], capsys)
+    assert rc == 2 and out.startswith("kftrain: error: ") and "Traceback" not in out, out

@@ -38,7 +38,14 @@ def test_compiled_yaml_holds_no_credentials_and_uses_the_secret():
     platform = docs[1]["platforms"]["kubernetes"]["deploymentSpec"]["executors"]
     # Every step that touches the store mounts the Secret the run's `store_secret` names; every
     # step that may ask the Hugging Face Hub (all but configure) the optional `hf_token_secret`.
-    assert set(platform) == {"exec-configure", "exec-data-prep", "exec-train", "exec-evaluate", "exec-export"}
+    assert set(platform) == {
+        "exec-configure",
+        "exec-plan",
+        "exec-data-prep",
+        "exec-train",
+        "exec-evaluate",
+        "exec-export",
+    }
     for name, executor in platform.items():
         store, *hub = executor["secretAsEnv"]
         assert store["secretNameParameter"]["componentInputParameter"].endswith("store_secret")
@@ -99,3 +106,13 @@ def test_the_docs_list_every_component_parameter():
         for name in (component.component_spec.inputs or {}) | (component.component_spec.outputs or {}):
             if name not in BY_NAME:  # the knobs: tests/unit/test_components_params.py checks their table
                 assert f"`{name}`" in section, (component.name, name)
+
+
+def test_the_plan_step_runs_between_data_prep_and_training():
+    """The plan reads the prepared dataset's manifest (the model's shape, the epoch's length), and
+    training waits for it, so that plan.strict stops a run before training starts."""
+    tasks = next(yaml.safe_load_all((REPO / "compiled" / "training_pipeline.yaml").read_text()))["root"]["dag"]["tasks"]
+    assert "plan" in tasks["train"]["dependentTasks"]
+    assert tasks["plan"]["dependentTasks"] == ["configure", "data-prep"]
+    assert set(tasks["plan"]["inputs"]["parameters"]) == {"config"}
+    assert set(tasks["plan"]["inputs"]["artifacts"]) == {"dataset"}

@@ -21,6 +21,8 @@ from trainer.report import (
     html_report,
     linear_ticks,
     log_ticks,
+    markdown_html,
+    predicted_vs_measured,
     short_number,
     svg_chart,
     svg_confusion_matrix,
@@ -166,6 +168,9 @@ def test_time_ticks_fall_on_round_minutes_and_read_as_clock_times():
         ("world_size", 4, "4"),
         ("steps", 19000.0, "19,000"),
         ("loss", 0.123456, "0.1235"),
+        ("peak_memory_bytes", 3 * 2**30 + 2**29, "3.5 GiB"),
+        ("peak_memory_bytes", 200 * 2**20, "200.0 MiB"),
+        ("median_step_seconds", 0.0421, "42 ms"),
     ],
 )
 def test_measures_read_with_units(key, value, text):
@@ -332,3 +337,67 @@ def test_no_generations_no_section():
     for evaluation in ({"loss": 1.2}, {"loss": 1.2, "generations": []}):
         page = html_report(training_record(), evaluation, (True, "ok"))
         assert "Generations" not in page and 'class="generations"' not in page
+
+
+# -- predicted against measured -----------------------------------------------------------------
+
+#: The metrics a real run records (trainer/train.py, Trainer.finish) that the plan is checked against.
+RECORDED = {"peak_memory_bytes": 400 * 2**20, "median_step_seconds": 0.050, "train_seconds": 125.0, "steps": 60}
+
+
+@pytest.mark.parametrize(
+    ("prediction", "rows"),
+    [
+        (
+            {"peak_memory_bytes": 460 * 2**20, "step_seconds": 0.040, "eta_seconds": 150.0},
+            [
+                ("peak memory per rank (max over ranks)", "460.0 MiB", "400.0 MiB", "+15.0%"),
+                ("step time (median)", "40 ms", "50 ms", "-20.0%"),
+                ("training time (ETA)", "2 min 30 s", "2 min 05 s", "+20.0%"),
+            ],
+        ),
+        (  # a side missing (a record from before these metrics, a plan without a step time) reads n/a
+            {"peak_memory_bytes": 400 * 2**20, "step_seconds": None, "eta_seconds": 125.0},
+            [
+                ("peak memory per rank (max over ranks)", "400.0 MiB", "400.0 MiB", "+0.0%"),
+                ("step time (median)", "n/a", "50 ms", "n/a"),
+                ("training time (ETA)", "2 min 05 s", "2 min 05 s", "+0.0%"),
+            ],
+        ),
+    ],
+)
+def test_predicted_vs_measured_rows_give_the_error_in_percent(prediction, rows):
+    assert predicted_vs_measured(prediction, RECORDED) == rows
+    assert predicted_vs_measured(prediction, {})[0][2:] == ("n/a", "n/a")
+
+
+def test_the_report_shows_the_prediction_against_the_run_or_why_there_is_none():
+    record = training_record()
+    record["metrics"].update(RECORDED)
+    prediction = {"peak_memory_bytes": 460 * 2**20, "step_seconds": 0.040, "eta_seconds": 150.0}
+    page = html_report(record, evaluation_record(), (True, "ok"), {"prediction": {**prediction, "source": EVIL}})
+    section = page.split("<h2>Predicted vs measured</h2>", 1)[1].split("<h2>", 1)[0]
+    assert "<td>460.0 MiB</td><td>400.0 MiB</td><td>+15.0%</td>" in section
+    assert "<td>40 ms</td><td>50 ms</td><td>-20.0%</td>" in section
+    assert EVIL not in page and "&lt;script&gt;" in section
+    refused = html_report(record, evaluation_record(), (True, "ok"), {"prediction": {"problem": "no model <x>"}})
+    assert "No prediction: no model &lt;x&gt;" in refused
+    assert "Predicted vs measured" not in html_report(record, evaluation_record(), (True, "ok"), {})
+
+
+def test_a_markdown_plan_becomes_a_page_with_its_headings_lists_and_tables_escaped():
+    text = (
+        "# Plan for `gpt` <b>\n\nIt **fits**: 3.5 GiB of 80 GiB.\n\n- one <i>\n- two\n\n"
+        "| nodes | step time |\n|---:|---|\n| 1 | 0.12 s |\n| 2 | 0.07 s |\n"
+    )
+    page = markdown_html(text)
+    assert "<h1>Plan for <code>gpt</code> &lt;b&gt;</h1>" in page
+    assert "<p>It <strong>fits</strong>: 3.5 GiB of 80 GiB.</p>" in page
+    assert "<ul><li>one &lt;i&gt;</li><li>two</li></ul>" in page
+    assert (
+        "<table><thead><tr><th>nodes</th><th>step time</th></tr></thead>"
+        "<tbody><tr><td>1</td><td>0.12 s</td></tr><tr><td>2</td><td>0.07 s</td></tr></tbody></table>"
+    ) in page
+    parsed = Page()
+    parsed.feed(page)
+    assert parsed.tags.count("table") == 1 and "<i>" not in page

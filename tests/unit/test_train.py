@@ -269,3 +269,19 @@ def test_keep_best_keeps_the_best_epoch_through_pruning_and_a_restart_and_export
 
 def record_steps(store, model_uri) -> int:
     return json.loads(store.get_bytes(join_uri(model_uri, "training.json")))["metrics"]["steps"]
+
+
+@pytest.mark.parametrize("max_steps", [1, 6], ids=["one-step", "six-steps"])
+def test_a_run_records_its_peak_memory_and_median_step_time(digits, tmp_path, max_steps):
+    """What the report sets the plan against: on the CPU the peak is measured over one step (the
+    second, or the only one), and it holds at least the weights, their gradients and AdamW's two
+    moments (16 bytes per fp32 parameter); the median leaves that measured step out."""
+    cfg = load_config(overrides={"job.replicas": 1, "train.max_steps": max_steps, "checkpoint.enabled": False})
+    metrics = single(cfg, digits, str(tmp_path / "m"))
+    model, _ = load_model(LocalStore(), str(tmp_path / "m"))
+    state_bytes = 16 * sum(p.numel() for p in model.parameters())
+    assert state_bytes <= metrics["peak_memory_bytes"] < 50 * state_bytes
+    if max_steps == 1:
+        assert "median_step_seconds" not in metrics  # its only step was the measured one
+    else:
+        assert 0 < metrics["median_step_seconds"] < metrics["train_seconds"]

@@ -83,6 +83,12 @@ class Task:
         """The scalar training loss of one (micro-)batch already on the device."""
         raise NotImplementedError
 
+    def synthetic_batch(self, cfg: Config, manifest: dict, size: int) -> tuple[torch.Tensor, ...] | None:
+        """A training batch of `size` items with the shapes and dtypes of real ones (values do not
+        matter), for `kftrain plan`: its activation trace and its probe run on it. None: the
+        task cannot say; the plan then predicts no activations and runs no probe."""
+        return None
+
     def items_per_sample(self, cfg: Config) -> int:
         """Throughput units per dataset item (1 sample, or block_size tokens)."""
         return 1

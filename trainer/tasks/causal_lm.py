@@ -284,6 +284,10 @@ class CausalLMTask(Task):
         logits = model(x)
         return nn.functional.cross_entropy(logits.reshape(-1, logits.size(-1)).float(), y.reshape(-1))
 
+    def synthetic_batch(self, cfg, manifest, size):
+        vocab, block = manifest["vocab_size"], cfg.model.block_size
+        return torch.randint(0, vocab, (size, block)), torch.randint(0, vocab, (size, block))
+
     def items_per_sample(self, cfg):
         return cfg.model.block_size
 

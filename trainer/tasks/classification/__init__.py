@@ -61,6 +61,9 @@ class ClassificationTask(Task):
         x, y = batch
         return nn.functional.cross_entropy(model(x), y)
 
+    def synthetic_batch(self, cfg, manifest, size):
+        return torch.randn(size, manifest["num_features"]), torch.randint(0, len(manifest["classes"]), (size,))
+
     def flops_per_item(self, model, cfg):
         return 6.0 * sum(p.numel() for p in model.parameters())
 

@@ -1,0 +1,56 @@
+"""`kftrain plan --probe` through the real command: the probe runs in job.world_size local processes
+(torchrun on loopback, gloo), and the plan's time model starts from what they measured."""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import run_group
+
+REPO = Path(__file__).resolve().parents[2]
+KFTRAIN = [sys.executable, "-m", "pipelines.cli"]
+
+pytestmark = pytest.mark.timeout(300)
+
+
+def env_with(*paths: Path) -> dict[str, str]:
+    return {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), *map(str, paths)])}
+
+
+def test_the_probe_runs_every_rank_and_the_plan_scales_from_it(tmp_path):
+    (tmp_path / "c.yaml").write_text("job:\n  replicas: 2\ntrain:\n  batch_size: 32\n  max_steps: 200\n")
+    cmd = [*KFTRAIN, "plan", "--config", "c.yaml", "--probe", "--probe-steps", "3", "--json", "--nodes", "1,2"]
+    rc, out = run_group(cmd, timeout=240, env=env_with(), cwd=str(tmp_path))
+    assert rc == 0, out[-4000:]
+    assert "kftrain: probing 3 steps on 2 process(es)" in out
+    plan = json.loads(out[out.index("{") :])
+    probe = plan["probe"]
+    assert probe["world_size"] == 2 and probe["steps"] == 3 and probe["device"] == "cpu"
+    assert probe["step_seconds"] > 0 and probe["peak_memory_bytes"] > 0
+    assert any("probe" in line for line in plan["assumptions"]), plan["assumptions"]
+    here = next(p for p in plan["scaling"] if p["nodes"] == 2)
+    assert here["eta_seconds"] > 0  # 200 steps at the probed pace
+
+
+def test_a_probe_that_cannot_run_fails_on_one_line_saying_why(tmp_path):
+    """A custom task without synthetic_batch: every rank stops with the planner's reason, and
+    `kftrain plan` ends with that one line (no rank's traceback)."""
+    (tmp_path / "blind_task.py").write_text(
+        "from trainer.tasks.classification import ClassificationTask\n\n\n"
+        "class BlindTask(ClassificationTask):\n"
+        "    def synthetic_batch(self, cfg, manifest, size):\n"
+        "        return None\n"
+    )
+    (tmp_path / "c.yaml").write_text("task: blind_task:BlindTask\njob:\n  replicas: 2\n")
+    cmd = [*KFTRAIN, "plan", "--config", "c.yaml", "--probe", "--probe-steps", "2"]
+    rc, out = run_group(cmd, timeout=240, env=env_with(tmp_path), cwd=str(tmp_path))
+    assert rc == 2, out[-4000:]
+    last = out.strip().splitlines()[-1]
+    assert last.startswith("kftrain: error: the probe failed: "), out[-4000:]
+    assert "gives no synthetic_batch: the probe cannot run it" in last
+    assert "Traceback" not in out

@@ -1,0 +1,52 @@
+"""GPU types by name, and the interconnect's checks and defaults."""
+
+from __future__ import annotations
+
+import pytest
+
+from trainer.plan.hardware import GPUS, HardwareError, Interconnect, default_interconnect, gpu_spec
+
+
+@pytest.mark.parametrize(
+    ("name", "memory_gb", "tflops"),
+    [
+        ("H200", 141.0, 989.0),
+        ("h100", 80.0, 989.0),
+        ("A100-40GB", 40.0, 312.0),
+        ("a100", 80.0, 312.0),
+        ("L4", 24.0, 121.0),
+        ("l40s", 48.0, 362.0),
+        ("A10G", 24.0, 125.0),
+    ],
+)
+def test_gpu_types_by_name(name, memory_gb, tflops):
+    spec = gpu_spec(name)
+    assert (spec.memory_gb, spec.bf16_tflops) == (memory_gb, tflops)
+    assert spec in GPUS.values()
+
+
+def test_an_unknown_gpu_names_the_known_ones_and_the_way_out():
+    with pytest.raises(HardwareError, match=r"--gpu 'V100'.*H200-141GB.*--gpu-memory"):
+        gpu_spec("V100")
+
+
+@pytest.mark.parametrize(
+    ("fields", "message"),
+    [
+        ({"intra_node_gbps": 0.0}, "intra_node_gbps: must be > 0"),
+        ({"inter_node_gbps": -1.0}, "inter_node_gbps: must be > 0"),
+        ({"overlap": 1.5}, "overlap in"),
+        ({"latency_us": -1.0}, "latency_us must be >= 0"),
+    ],
+)
+def test_bad_interconnect_figures_are_refused(fields, message):
+    with pytest.raises(HardwareError, match=message):
+        Interconnect(**fields)
+
+
+def test_defaults_discount_nvlink_to_its_bus_bandwidth_and_do_not_overlap_on_the_cpu():
+    h200 = default_interconnect(gpu_spec("H200"))
+    assert h200.intra_node_gbps == pytest.approx(450.0)
+    assert h200.inter_node_gbps == pytest.approx(45.0)  # one 400 Gb/s NIC at 90%
+    assert h200.overlap == 1.0
+    assert default_interconnect(None).overlap == 0.0

@@ -1,0 +1,220 @@
+"""make_plan: memory per rank by strategy and method, verdicts and refusals, records."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+import torch
+
+from trainer.config import Config
+from trainer.example_model import tiny_llama_folder
+from trainer.plan import Interconnect, Plan, ProbeResult, make_plan
+from trainer.plan.plan import GPU_OVERHEAD_BYTES, GiB
+from trainer.tasks import Task
+
+MiB = 2**20
+
+
+def gpt(strategy: str = "ddp", replicas: int = 2, **train) -> Config:
+    cfg = Config(task="causal_lm")
+    m = cfg.model
+    m.n_layer, m.n_embd, m.n_head, m.block_size = 4, 64, 4, 32
+    cfg.train.batch_size, cfg.train.max_steps, cfg.train.strategy = 8, 100, strategy
+    for k, v in train.items():
+        setattr(cfg.train, k, v)
+    cfg.job.replicas, cfg.job.nproc_per_node = replicas, 1
+    return cfg
+
+
+def test_ddp_keeps_a_full_replica_and_fsdp_a_shard_plus_gather_buffers():
+    ddp, fsdp = make_plan(gpt("ddp", 4)), make_plan(gpt("fsdp", 4))
+    p = ddp.shape["trainable"]
+    assert ddp.memory.parameters == ddp.memory.gradients == 4 * p  # fp32, gradients in the buckets
+    assert ddp.memory.optimizer == 8 * p  # AdamW: exp_avg + exp_avg_sq
+    assert ddp.memory.communication == 0 and ddp.memory.other == 0  # CPU: no CUDA context
+    assert fsdp.memory.parameters == pytest.approx(4 * p / 4, abs=1)
+    assert fsdp.memory.optimizer == pytest.approx(8 * p / 4, abs=1)
+    unit = max(fsdp.shape["unit_params"])
+    root = fsdp.shape["root_params"]
+    # The root's weights, two units' (running + prefetched) and one unit's unsharded gradient.
+    assert fsdp.memory.communication == 4 * root + 2 * 4 * unit + 4 * unit
+    assert fsdp.memory.activations == ddp.memory.activations
+    assert fsdp.memory.total < ddp.memory.total
+
+
+def test_on_a_gpu_the_weights_gather_in_bf16_and_the_context_counts():
+    plan = make_plan(gpt("fsdp", 2), gpu="H100")
+    unit, root = max(plan.shape["unit_params"]), plan.shape["root_params"]
+    assert plan.memory.communication == 2 * root + 2 * 2 * unit + 4 * unit
+    assert plan.memory.other == GPU_OVERHEAD_BYTES
+    assert plan.memory.tensors == plan.memory.total - GPU_OVERHEAD_BYTES
+    assert plan.capacity_bytes == int(80e9) and plan.fits is True
+    # bf16 autocast saves smaller activations than fp32 on the CPU.
+    assert plan.memory.activations < make_plan(gpt("fsdp", 2)).memory.activations
+
+
+def test_activation_checkpointing_and_a_smaller_micro_batch_lower_activations():
+    plain = make_plan(gpt()).memory.activations
+    assert make_plan(gpt(activation_checkpointing=True)).memory.activations < plain
+    assert make_plan(gpt(grad_accum_steps=2)).memory.activations < plain
+
+
+@pytest.fixture(scope="module")
+def llama(tmp_path_factory) -> str:
+    return tiny_llama_folder(tmp_path_factory.mktemp("base") / "tiny-llama", tie=True)
+
+
+def test_lora_has_no_gradients_or_optimizer_state_for_the_frozen_base(llama):
+    cfg = Config(task="causal_lm")
+    cfg.model.init_from, cfg.model.block_size = llama, 64
+    cfg.train.batch_size, cfg.job.replicas = 4, 1
+    full = make_plan(cfg)
+    cfg.train.method = "lora"
+    lora = make_plan(cfg)
+    assert full.shape["frozen"] == 0 and lora.shape["frozen"] > 0
+    assert lora.memory.gradients == 4 * lora.shape["trainable"] < full.memory.gradients / 10
+    assert lora.memory.optimizer == 8 * lora.shape["trainable"]
+    assert lora.memory.parameters == pytest.approx(full.memory.parameters, rel=0.1)
+
+
+def test_full_fine_tuning_that_does_not_fit_is_offered_lora(llama):
+    cfg = Config(task="causal_lm")
+    cfg.model.init_from, cfg.model.block_size = llama, 64
+    cfg.train.batch_size, cfg.job.replicas = 4, 1
+    need = make_plan(cfg, gpu_memory_gb=1000).memory.total
+    lora = make_plan(cfg, gpu_memory_gb=0).alternatives  # never fits: every option listed
+    assert [a.change for a in lora][-2].startswith("train.method: lora")
+    plan = make_plan(cfg, gpu_memory_gb=(need - 1) / GiB)
+    assert plan.fits is False
+    assert any(a.fits and a.change.startswith("train.method: lora") for a in plan.alternatives)
+
+
+def test_a_tiny_gpu_gets_a_does_not_fit_verdict_with_each_alternative_predicted():
+    cfg = gpt("ddp", 2, batch_size=64)
+    need = make_plan(cfg, gpu_memory_gb=1000).memory
+    # Room for everything but a quarter of the activations.
+    room = (need.total - need.activations // 4) / GiB
+    plan = make_plan(cfg, gpu_memory_gb=room)
+    assert plan.fits is False
+    changes = {a.change.split(" ")[0]: a for a in plan.alternatives}
+    assert set(changes) == {"train.strategy:", "half", "train.activation_checkpointing:"}
+    assert all(a.memory.total < plan.memory.total for a in plan.alternatives)
+    assert changes["half"].fits and changes["train.activation_checkpointing:"].fits
+    assert plan.verdicts[0].startswith("does not fit:") and "would fit with:" in plan.verdicts[0]
+    assert "does not fit" not in make_plan(cfg, gpu_memory_gb=1000).verdicts[0]
+    refusal = plan.refusal(cfg)
+    assert refusal.startswith("predicted peak memory per rank") and "train.activation_checkpointing" in refusal
+
+
+def probe(compute: float, world: int = 1) -> ProbeResult:
+    return ProbeResult(
+        world_size=world,
+        steps=3,
+        step_seconds=compute,
+        compute_seconds=compute,
+        data_wait_seconds=0.0,
+        comm_seconds=0.0,
+        peak_memory_bytes=0,
+    )
+
+
+def test_time_scales_compute_by_the_share_of_the_batch_and_adds_the_all_reduce():
+    link = Interconnect(intra_node_gbps=1.0, inter_node_gbps=1.0, latency_us=100.0, overlap=0.0)
+    cfg = gpt("ddp", 1)
+    plan = make_plan(cfg, probe=probe(1.0), interconnect=link, nodes=(1, 2))
+    one, two = plan.point(1), plan.point(2)
+    assert one.step_seconds == pytest.approx(1.0) and one.comm_seconds == 0
+    grads = 4 * plan.shape["trainable"]  # one bucket: under the first 1 MiB
+    assert grads < MiB
+    expected = grads / 1e9 + 2 * 100e-6  # 2 ranks: 2 x 1/2 of the bytes, 2 latency steps
+    assert two.comm_seconds == pytest.approx(expected)
+    assert two.compute_seconds == pytest.approx(0.5)  # half the batch; the other node has its own cores
+    assert two.efficiency == pytest.approx(two.items_per_second / (2 * one.items_per_second))
+    assert one.eta_seconds == pytest.approx(100 * 1.0)
+
+
+def test_cpu_ranks_of_one_machine_share_its_cores():
+    cores = os.cpu_count() or 1
+    cfg = gpt("ddp", 1)
+    cfg.job.nproc_per_node = 2 * cores
+    plan = make_plan(cfg, probe=probe(1.0))
+    # 1/(2 cores) of the batch each, at half speed: as long as one process alone.
+    assert plan.point(1).compute_seconds == pytest.approx(1.0 / (2 * cores) * 2)
+
+
+def test_a_gpu_type_predicts_compute_from_flops_and_scaling_sentences_with_cost():
+    cfg = gpt("ddp", 2, batch_size=64)
+    plan = make_plan(cfg, gpu="H200", nodes=(2, 4), price_per_gpu_hour=2.0)
+    assert [p.nodes for p in plan.scaling] == [2, 4]
+    two, four = plan.scaling
+    flops = plan.shape["flops_per_item"] * 32 * 64 / 2  # per rank, per step
+    assert two.compute_seconds == pytest.approx(flops / (989e12 * 0.4))
+    assert two.cost == pytest.approx(two.gpu_hours * 2.0)
+    assert any(v.startswith("N=4 gives") and "x the cost" in v for v in plan.verdicts)
+
+
+def test_an_eta_beyond_the_job_timeout_is_refused():
+    cfg = gpt("ddp", 1, max_steps=10_000)
+    cfg.job.timeout_seconds = 60
+    plan = make_plan(cfg, probe=probe(0.5))
+    assert plan.point(1).eta_seconds == pytest.approx(5000)
+    assert "exceeds job.timeout_seconds 60" in plan.refusal(cfg)
+    cfg.job.timeout_seconds = 6000
+    assert make_plan(cfg, probe=probe(0.5)).refusal(cfg) is None
+
+
+def test_a_batch_that_does_not_divide_by_the_ranks_is_refused():
+    cfg = gpt("ddp", 3, batch_size=8)
+    plan = make_plan(cfg)
+    assert plan.verdicts[0].startswith("train.batch_size 8 does not divide by 3 ranks")
+    assert "the trainer would refuse it" in plan.refusal(cfg)
+
+
+def test_without_gpu_or_probe_no_time_is_claimed():
+    plan = make_plan(gpt())
+    assert all(p.step_seconds is None and p.eta_seconds is None for p in plan.scaling)
+    assert any("not predicted" in a for a in plan.assumptions)
+
+
+def test_the_plan_round_trips_and_reports():
+    cfg = gpt("fsdp", 2)
+    plan = make_plan(cfg, gpu="A100-40GB", nodes=(1, 2), price_per_gpu_hour=1.5)
+    again = Plan.from_dict(plan.to_dict())
+    assert again.to_dict() == plan.to_dict()
+    metrics = plan.metrics()
+    assert metrics["memory_total_gib"] == pytest.approx(plan.memory.total / GiB)
+    assert metrics["fits"] == 1.0 and "nodes2_step_seconds" in metrics
+    assert all(isinstance(v, float) for v in metrics.values())
+    text = plan.markdown()
+    for heading in ("## Verdicts", "## Memory per rank", "## Scaling", "## Assumptions"):
+        assert heading in text
+    assert "Thakur" in text
+
+
+class TwoLayerTask(Task):
+    """A user's task (`task: tests.unit.test_plan_plan:TwoLayerTask`): the plan sees its model."""
+
+    name = "two_layer"
+
+    def build_model(self, cfg, manifest):
+        return torch.nn.Sequential(torch.nn.Linear(32, 100), torch.nn.ReLU(), torch.nn.Linear(100, 3)), {}
+
+    def loss(self, model, batch):
+        x, y = batch
+        return torch.nn.functional.cross_entropy(model(x), y)
+
+    def synthetic_batch(self, cfg, manifest, size):
+        return torch.randn(size, 32), torch.randint(0, 3, (size,))
+
+
+def test_a_custom_task_is_planned_from_the_model_it_builds():
+    cfg = gpt("ddp", 1)
+    cfg.task = "tests.unit.test_plan_plan:TwoLayerTask"
+    plan = make_plan(cfg)
+    assert plan.shape["trainable"] == 32 * 100 + 100 + 100 * 3 + 3
+    assert plan.shape["unit_params"] == []  # no ModuleList: sharded as one unit
+    # Saved for backward per item: the input (32), the hidden pre- and post-ReLU (100 + 100),
+    # the logits' log-softmax (3), fp32; plus the batch's labels.
+    assert plan.memory.activations >= 8 * (32 + 100 + 3) * 4
+    assert any("empty manifest" in a for a in plan.assumptions)

@@ -1,0 +1,135 @@
+"""`kftrain plan --probe`: the planner's probe (:func:`trainer.plan.run_probe`) on this machine, in as
+many processes as the job has ranks.
+
+:func:`probe_locally` starts `job.replicas x job.nproc_per_node` processes with torchrun on
+loopback (gloo on the CPU, NCCL where there are GPUs), each one rank of the job's process group,
+and every rank runs the probe; rank 0 writes what they measured together: the slowest rank's
+times (the ranks wait for each other at every gradient reduction, so the slowest one sets the
+pace) and the largest peak memory. Each rank runs
+
+    python -m trainer.local_probe --config-file FILE --steps N --output FILE
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from trainer.config import Config, config_from_json, config_to_json
+from trainer.errors import KftrainError, error_line, parse_error_line
+
+if TYPE_CHECKING:
+    from trainer.plan import ProbeResult
+
+#: The probe's wall-clock limit: a few steps of the real model, plus the processes' start.
+PROBE_TIMEOUT_S = 600.0
+#: Fields of the probe's result that are times: the slowest rank's count.
+_TIMES = ("step_seconds", "compute_seconds", "data_wait_seconds", "comm_seconds")
+
+
+class ProbeFailed(KftrainError):
+    """The probe's processes failed or ran past their time; the message carries their last lines."""
+
+
+def combine(results: list[dict]) -> dict:
+    """One result from every rank's (as `ProbeResult.as_dict` gives them): rank 0's, with the
+    slowest rank's times and the largest peak memory."""
+    out = dict(results[0])
+    for key in _TIMES:
+        out[key] = max(r[key] for r in results)
+    out["peak_memory_bytes"] = max(r["peak_memory_bytes"] for r in results)
+    return out
+
+
+def probe_locally(cfg: Config, steps: int = 5, timeout_s: float = PROBE_TIMEOUT_S) -> ProbeResult:
+    """Run the probe of `cfg` in `job.world_size` local processes; return the combined result.
+    :class:`ProbeFailed` with the processes' last lines when they fail or run past `timeout_s`."""
+    from trainer.plan import ProbeResult
+
+    world = cfg.job.world_size
+    with tempfile.TemporaryDirectory(prefix="kftrain-probe-") as tmp:
+        config_file, output = Path(tmp) / "config.json", Path(tmp) / "probe.json"
+        config_file.write_text(config_to_json(cfg))
+        cmd = [
+            sys.executable,
+            "-m",
+            "trainer.torchrun",
+            "--standalone",
+            "--nnodes=1",
+            f"--nproc-per-node={world}",
+            "-m",
+            "trainer.local_probe",
+            f"--config-file={config_file}",
+            f"--steps={steps}",
+            f"--output={output}",
+        ]
+        env = {**os.environ, "OMP_NUM_THREADS": str(cfg.job.omp_num_threads)}
+        proc = subprocess.Popen(
+            cmd,
+            env=env,
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+            start_new_session=True,  # its own process group: a timeout stops torchrun's workers too
+        )
+        try:
+            out, _ = proc.communicate(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            raise ProbeFailed(
+                f"the probe ({world} process(es), {steps} steps) did not finish within {timeout_s:.0f}s; "
+                "run `kftrain plan` without --probe, or with fewer --probe-steps"
+            ) from None
+        finally:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGKILL)  # leftovers of a failed or timed-out probe
+            proc.wait()
+        if proc.returncode != 0 or not output.is_file():
+            said = [parsed[1] for parsed in map(parse_error_line, out.splitlines()) if parsed]
+            if said:  # a rank's own error (a config the probe cannot run): that one line
+                raise ProbeFailed(f"the probe failed: {said[0]}")
+            lines = "\n".join(f"  {line}" for line in out.splitlines()[-20:])
+            raise ProbeFailed(f"the probe failed (exit code {proc.returncode}); its last lines:\n{lines}")
+        return ProbeResult(**json.loads(output.read_text()))
+
+
+def main(argv: list[str] | None = None) -> int:
+    """One rank of the probe (under torchrun)."""
+    import torch.distributed as dist
+
+    from trainer.distributed import device_for, dist_env, process_group
+    from trainer.plan import run_probe
+
+    parser = argparse.ArgumentParser(prog="python -m trainer.local_probe", description=__doc__)
+    parser.add_argument("--config-file", required=True, help="the whole config as JSON")
+    parser.add_argument("--steps", type=int, required=True, help="measured steps")
+    parser.add_argument("--output", required=True, help="where rank 0 writes the combined result (JSON)")
+    args = parser.parse_args(argv)
+    cfg = config_from_json(Path(args.config_file).read_text())
+    env = dist_env()
+    device = device_for(env)
+    try:
+        with process_group(env, device, timeout_s=cfg.job.collective_timeout_seconds):
+            mine = run_probe(cfg, steps=args.steps).as_dict()
+            results = [mine]
+            if env.distributed:
+                results = [None] * env.world_size
+                dist.all_gather_object(results, mine)
+    except KftrainError as exc:
+        print(error_line("probe", exc), flush=True)
+        return 2
+    if env.is_main:
+        Path(args.output).write_text(json.dumps(combine(results)))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,138 @@
+"""What the plan assumes of the hardware: GPU types (memory, dense bf16 peak) and the interconnect.
+
+The numbers are the vendors' published specifications (dense bf16 Tensor Core throughput, no
+2:4 sparsity; NVLink bandwidth per GPU, both directions summed as NVIDIA states it):
+
+- H100 SXM 80 GB: 989 TFLOP/s bf16, 900 GB/s NVLink (NVIDIA H100 Tensor Core GPU datasheet).
+- H200 SXM 141 GB: 989 TFLOP/s bf16, 900 GB/s NVLink (NVIDIA H200 datasheet; same compute as H100).
+- A100 SXM 40/80 GB: 312 TFLOP/s bf16, 600 GB/s NVLink (NVIDIA A100 datasheet).
+- L40S 48 GB: 362 TFLOP/s bf16 (NVIDIA L40S datasheet), PCIe Gen4 x16 only (64 GB/s).
+- L4 24 GB: 121 TFLOP/s bf16 (NVIDIA L4 datasheet), PCIe Gen4 x16 (64 GB/s).
+- A10G 24 GB: 125 TFLOP/s bf16 (AWS G5 / NVIDIA A10 datasheet), PCIe Gen4 x16 (64 GB/s).
+
+A link's usable bandwidth for a collective is less than its marketing number: nccl-tests reports
+"bus bandwidth" (the per-link rate a ring achieves, NCCL docs: PERFORMANCE.md), which on an
+8 x H100 NVLink node reaches about 450 GB/s of the 900. :data:`NVLINK_EFFICIENCY` and
+:data:`NETWORK_EFFICIENCY` carry that discount into the model.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+
+from trainer.errors import KftrainError
+
+
+class HardwareError(KftrainError, ValueError):
+    """An unknown GPU type or a bad interconnect figure."""
+
+
+@dataclass(frozen=True)
+class GpuSpec:
+    """One GPU type: its memory, dense bf16 peak and NVLink (or PCIe) bandwidth per GPU."""
+
+    name: str
+    memory_gb: float
+    bf16_tflops: float
+    nvlink_gbps: float  # GB/s per GPU (bytes, not bits), as in the datasheets
+
+
+GPUS: dict[str, GpuSpec] = {
+    spec.name: spec
+    for spec in (
+        GpuSpec("H100-80GB", 80.0, 989.0, 900.0),
+        GpuSpec("H200-141GB", 141.0, 989.0, 900.0),
+        GpuSpec("A100-80GB", 80.0, 312.0, 600.0),
+        GpuSpec("A100-40GB", 40.0, 312.0, 600.0),
+        GpuSpec("L40S", 48.0, 362.0, 64.0),
+        GpuSpec("L4", 24.0, 121.0, 64.0),
+        GpuSpec("A10G", 24.0, 125.0, 64.0),
+    )
+}
+
+#: Short names people type (`--gpu h200`).
+ALIASES = {"H100": "H100-80GB", "H200": "H200-141GB", "A100": "A100-80GB"}
+
+#: The fraction of a link's datasheet bandwidth a ring collective achieves (nccl-tests bus
+#: bandwidth of about 450 of 900 GB/s on NVLink 4; about 90% of line rate on InfiniBand/RoCE).
+NVLINK_EFFICIENCY = 0.5
+NETWORK_EFFICIENCY = 0.9
+
+
+def gpu_spec(name: str) -> GpuSpec:
+    """The GPU type `name` (case-insensitive; `h200` and `H200-141GB` alike)."""
+    key = name.strip().upper()
+    for spec_name in GPUS:
+        if spec_name.upper() == key:
+            return GPUS[spec_name]
+    if key in ALIASES:
+        return GPUS[ALIASES[key]]
+    raise HardwareError(
+        f"--gpu {name!r}: not a GPU type the plan knows ({', '.join(GPUS)}); give its memory with --gpu-memory instead"
+    )
+
+
+@dataclass(frozen=True)
+class Interconnect:
+    """The links collectives run over: within a node and between nodes.
+
+    `intra_node_gbps` and `inter_node_gbps` are usable bandwidths in GB/s (bytes): per GPU
+    within a node (NVLink), and per node to the network (all of a node's NICs together: 8 x
+    400 Gb/s NICs are 400 GB/s, one 400 Gb/s NIC is 50 GB/s). `latency_us` is the alpha of
+    the alpha-beta model, per message step. `overlap` is the fraction of the backward pass a
+    gradient reduction can hide behind: 1 where the collectives run on their own engine (NCCL
+    on a CUDA stream), 0 where they compete with compute for the same cores (gloo on the CPU).
+    `gather_gbps` and `gather_latency_us`: where all-gather and reduce-scatter reach a lower
+    bus bandwidth or a higher latency than all-reduce (gloo's do, bench/README.md), theirs;
+    None: the same figures as all-reduce. `call_overhead_us`: a fixed cost per collective
+    call the alpha-beta terms do not hold (FSDP2's copies into and out of its buffers, its
+    hooks, and on an oversubscribed CPU the wait for the peer to be scheduled); 0 on GPUs,
+    where the calls are queued ahead of the work.
+    """
+
+    intra_node_gbps: float = 450.0
+    inter_node_gbps: float = 50.0 * NETWORK_EFFICIENCY
+    latency_us: float = 10.0
+    overlap: float = 1.0
+    gather_gbps: float | None = None
+    gather_latency_us: float | None = None
+    call_overhead_us: float = 0.0
+
+    def __post_init__(self) -> None:
+        for name in ("intra_node_gbps", "inter_node_gbps"):
+            if not getattr(self, name) > 0:
+                raise HardwareError(f"interconnect {name}: must be > 0 GB/s, got {getattr(self, name)}")
+        if self.latency_us < 0 or not 0 <= self.overlap <= 1:
+            raise HardwareError(
+                f"interconnect: latency_us must be >= 0 and overlap in [0, 1], got {self.latency_us}, {self.overlap}"
+            )
+
+    def as_dict(self) -> dict:
+        """Plain mapping, for the plan's record."""
+        return asdict(self)
+
+
+def default_interconnect(gpu: GpuSpec | None) -> Interconnect:
+    """The interconnect assumed when none is given: for a GPU type, its NVLink at
+    :data:`NVLINK_EFFICIENCY` within the node and one 400 Gb/s NIC per node at
+    :data:`NETWORK_EFFICIENCY` between nodes, 10 us per step, collectives overlapped; on the
+    CPU (gloo over loopback), what bench/plan_accuracy.py fitted on a 2-core machine shared with
+    other work (all-reduce 0.5-0.7 GB/s and 150-300 us; all-gather and reduce-scatter 0.27-0.54
+    GB/s and 0.6-1.7 ms; 10-18 ms per collective call beyond them), not overlapped: measure
+    your own with the same script."""
+    if gpu is None:
+        return Interconnect(
+            intra_node_gbps=0.6,
+            inter_node_gbps=0.6,
+            latency_us=150.0,
+            overlap=0.0,
+            gather_gbps=0.3,
+            gather_latency_us=1000.0,
+            call_overhead_us=10_000.0,
+        )
+    return Interconnect(
+        intra_node_gbps=gpu.nvlink_gbps * NVLINK_EFFICIENCY,
+        inter_node_gbps=400 / 8 * NETWORK_EFFICIENCY,
+        latency_us=10.0,
+        overlap=1.0,
+    )

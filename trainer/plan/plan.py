@@ -1,0 +1,654 @@
+"""The plan: memory per rank, step time, scaling, cost and verdicts for a config, before a run.
+
+Memory per rank (bytes), for the model the task builds (:mod:`trainer.plan.shapes`):
+
+- parameters: as built (fp32; a LoRA run's frozen base in bf16 on GPUs); 1/N of them under
+  FSDP (FSDP2 shards every parameter along dim 0).
+- gradients: one fp32 per trainable parameter. DDP keeps them in its all-reduce buckets for the
+  whole run (the trainer sets ``gradient_as_bucket_view``: no second copy); FSDP keeps 1/N.
+- optimizer: AdamW's exp_avg and exp_avg_sq, each of the parameter's dtype and shape (fp32),
+  for the trainable parameters only (1/N under FSDP).
+- activations: what autograd saves for backward in one micro-batch (traced, see
+  :mod:`trainer.plan.shapes`; with activation checkpointing the units' inputs plus one unit
+  recomputed), plus the largest saved tensor again: its gradient exists beside it in backward.
+- communication: FSDP's unsharded buffers: the root's parameters (kept from forward to
+  backward), two units' parameters (the one running and the one prefetched) and one unit's
+  unsharded gradient before its reduce-scatter; none under DDP (the buckets are the gradients,
+  reduced in place).
+- other: on a GPU, :data:`GPU_OVERHEAD_BYTES` (the CUDA context with cuBLAS workspaces, NCCL's
+  buffers, the caching allocator's fragmentation); 0 on the CPU.
+
+The peak is their sum: the end of forward (all activations) with DDP's gradient buckets or the
+previous step's optimizer state resident, which the measured peak of the probe checks.
+
+Time: per rank, compute (the probe's measured time per item, or on a GPU type the task's FLOPs
+at :data:`DEFAULT_MFU` of the bf16 peak) for that rank's share of the global batch (the global
+batch stays ``train.batch_size`` at every N), plus the exposed communication of
+:mod:`trainer.plan.comms` (DDP: the bucketed all-reduce of the gradients once per optimizer step,
+hidden behind the last micro-step's backward up to the interconnect's overlap, never less than
+the last bucket; FSDP: an all-gather of every unit in forward and again in backward per
+micro-step and a reduce-scatter of the gradients, hidden behind compute up to the overlap),
+plus the probe's data wait.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+import math
+import os
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from trainer.config import Config
+from trainer.plan.comms import all_gather, all_reduce, buckets, reduce_scatter
+from trainer.plan.hardware import GpuSpec, Interconnect, default_interconnect, gpu_spec
+from trainer.plan.probe import ProbeResult
+from trainer.plan.shapes import (
+    ActivationTrace,
+    ModelShape,
+    PlanError,
+    build_on_meta,
+    model_shape,
+    planning_manifest,
+    trace_activations,
+)
+
+GiB = 1024**3
+#: Per-GPU memory outside the training tensors: the CUDA context and cuBLAS/cuDNN workspaces
+#: (about 0.5-0.8 GiB on Hopper), NCCL's channel buffers and the caching allocator's slack.
+GPU_OVERHEAD_BYTES = int(1.5 * GiB)
+#: Model FLOPs utilisation assumed on a GPU when no probe ran on that GPU: about what
+#: well-tuned data-parallel GPT training reaches (PaLM reports 46%, Chowdhery et al. 2022;
+#: Megatron-LM 41-52%, Narayanan et al. 2021); small models reach less.
+DEFAULT_MFU = 0.4
+#: The backward pass's share of a step's compute (twice the forward's FLOPs).
+BACKWARD_SHARE = 2 / 3
+
+
+@dataclass
+class MemoryBreakdown:
+    """Bytes per rank at the step's peak, by what holds them."""
+
+    parameters: int = 0
+    gradients: int = 0
+    optimizer: int = 0
+    activations: int = 0
+    communication: int = 0
+    other: int = 0
+
+    @property
+    def total(self) -> int:
+        """All of it: what must fit in the device's memory."""
+        return self.parameters + self.gradients + self.optimizer + self.activations + self.communication + self.other
+
+    @property
+    def tensors(self) -> int:
+        """The part an allocator's peak counter sees (all but `other`): what a probe measures."""
+        return self.total - self.other
+
+    def as_dict(self) -> dict[str, int]:
+        """Plain mapping with the total."""
+        return {**dataclasses.asdict(self), "total": self.total}
+
+
+@dataclass
+class Alternative:
+    """A change to the config and the memory per rank it would need."""
+
+    change: str
+    memory: MemoryBreakdown
+    fits: bool | None
+
+    def __iter__(self):  # unpacks as (change, memory, fits)
+        return iter((self.change, self.memory, self.fits))
+
+
+@dataclass
+class ScalePoint:
+    """The predicted run on `nodes` nodes."""
+
+    nodes: int
+    gpus: int
+    step_seconds: float | None
+    compute_seconds: float | None
+    comm_seconds: float | None
+    items_per_second: float | None
+    efficiency: float | None
+    eta_seconds: float | None
+    gpu_hours: float | None
+    cost: float | None
+    memory_total: int = 0
+
+
+@dataclass
+class Plan:
+    """What `kftrain plan` predicts for a config; see the module docstring for the model."""
+
+    memory: MemoryBreakdown
+    capacity_bytes: int | None
+    fits: bool | None
+    alternatives: list[Alternative] = field(default_factory=list)
+    scaling: list[ScalePoint] = field(default_factory=list)
+    verdicts: list[str] = field(default_factory=list)
+    assumptions: list[str] = field(default_factory=list)
+    world_size: int = 1
+    nodes: int = 1
+    per_node: int = 1
+    strategy: str = "ddp"
+    device: str = "cpu"
+    item_name: str = "samples"
+    total_steps: int | None = None
+    timeout_seconds: int | None = None
+    shape: dict[str, Any] = field(default_factory=dict)
+    activation_trace: dict[str, Any] = field(default_factory=dict)
+    probe: dict[str, Any] | None = None
+    interconnect: dict[str, Any] = field(default_factory=dict)
+
+    # -- records -------------------------------------------------------------------------------
+    def to_dict(self) -> dict[str, Any]:
+        """Plain JSON-able mapping; :meth:`from_dict` reads it back."""
+        out = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
+        out["memory"] = dataclasses.asdict(self.memory)
+        out["alternatives"] = [
+            {"change": a.change, "memory": dataclasses.asdict(a.memory), "fits": a.fits} for a in self.alternatives
+        ]
+        out["scaling"] = [dataclasses.asdict(p) for p in self.scaling]
+        return out
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> Plan:
+        """The plan :meth:`to_dict` wrote."""
+        data = dict(data)
+        data["memory"] = MemoryBreakdown(**data["memory"])
+        data["alternatives"] = [
+            Alternative(a["change"], MemoryBreakdown(**a["memory"]), a["fits"]) for a in data.get("alternatives", [])
+        ]
+        data["scaling"] = [ScalePoint(**p) for p in data.get("scaling", [])]
+        names = {f.name for f in dataclasses.fields(cls)}
+        return cls(**{k: v for k, v in data.items() if k in names})
+
+    def point(self, nodes: int) -> ScalePoint | None:
+        """The scaling point of `nodes` nodes, if predicted."""
+        return next((p for p in self.scaling if p.nodes == nodes), None)
+
+    def refusal(self, cfg: Config) -> str | None:
+        """Why `--strict` refuses the run `cfg` describes: it cannot fit, or its predicted ETA
+        exceeds `job.timeout_seconds`; None when neither."""
+        if self.fits is False:
+            fitting = [a.change for a in self.alternatives if a.fits]
+            way = f"; what would fit: {'; '.join(fitting)}" if fitting else "; no single change considered fits"
+            return (
+                f"predicted peak memory per rank {_gib(self.memory.total)} exceeds the device's "
+                f"{_gib(self.capacity_bytes or 0)}{way}"
+            )
+        split = self.world_size * cfg.train.grad_accum_steps
+        if cfg.train.batch_size % split:
+            return (
+                f"train.batch_size {cfg.train.batch_size} does not divide by {self.world_size} ranks x "
+                f"train.grad_accum_steps {cfg.train.grad_accum_steps}: the trainer would refuse it"
+            )
+        here = self.point(self.nodes)
+        timeout = cfg.job.timeout_seconds
+        if here is not None and here.eta_seconds is not None and timeout and here.eta_seconds > timeout:
+            return (
+                f"predicted training time {_duration(here.eta_seconds)} on {self.nodes} node(s) exceeds "
+                f"job.timeout_seconds {timeout} ({_duration(timeout)}); raise it, use more nodes or fewer steps"
+            )
+        return None
+
+    def metrics(self) -> dict[str, float]:
+        """Flat numbers for KFP metrics."""
+        m = self.memory
+        out: dict[str, float] = {
+            f"memory_{k}_gib": v / GiB for k, v in (*dataclasses.asdict(m).items(), ("total", m.total))
+        }
+        if self.capacity_bytes is not None:
+            out["capacity_gib"] = self.capacity_bytes / GiB
+        if self.fits is not None:
+            out["fits"] = float(self.fits)
+        for p in self.scaling:
+            for key in ("step_seconds", "items_per_second", "efficiency", "eta_seconds", "gpu_hours", "cost"):
+                value = getattr(p, key)
+                if value is not None:
+                    out[f"nodes{p.nodes}_{key}"] = float(value)
+        return out
+
+    def markdown(self) -> str:
+        """The plan as a Markdown report."""
+        lines = ["# Training plan", ""]
+        lines.append(
+            f"{self.world_size} rank(s) ({self.nodes} node(s) x {self.per_node}), strategy `{self.strategy}`, "
+            f"device {self.device}."
+        )
+        lines += ["", "## Verdicts", ""] + [f"- {v}" for v in self.verdicts]
+        lines += ["", "## Memory per rank", "", "| component | GiB |", "|---|---:|"]
+        for k, v in dataclasses.asdict(self.memory).items():
+            lines.append(f"| {k} | {v / GiB:.3f} |")
+        lines.append(f"| **total** | **{self.memory.total / GiB:.3f}** |")
+        if self.capacity_bytes is not None:
+            lines.append(f"| capacity | {self.capacity_bytes / GiB:.3f} |")
+        if self.alternatives:
+            lines += ["", "## Alternatives", "", "| change | GiB per rank | fits |", "|---|---:|---|"]
+            for a in self.alternatives:
+                lines.append(f"| {a.change} | {a.memory.total / GiB:.3f} | {_yes(a.fits)} |")
+        if self.scaling:
+            unit = f"{self.item_name}/s"
+            lines += [
+                "",
+                "## Scaling",
+                "",
+                f"| nodes | GPUs | step s | compute s | comm s | {unit} | efficiency | ETA | GPU-hours | cost |",
+                "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+            ]
+            for p in self.scaling:
+                lines.append(
+                    f"| {p.nodes} | {p.gpus} | {_num(p.step_seconds)} | {_num(p.compute_seconds)} | "
+                    f"{_num(p.comm_seconds)} | {_num(p.items_per_second, '.0f')} | {_num(p.efficiency, '.2f')} | "
+                    f"{_duration(p.eta_seconds) if p.eta_seconds is not None else '-'} | "
+                    f"{_num(p.gpu_hours, '.1f')} | {_num(p.cost, '.2f')} |"
+                )
+        lines += ["", "## Assumptions", ""] + [f"- {a}" for a in self.assumptions]
+        return "\n".join(lines) + "\n"
+
+
+def _yes(value: bool | None) -> str:
+    return "unknown" if value is None else ("yes" if value else "no")
+
+
+def _num(value: float | None, fmt: str = ".4g") -> str:
+    return "-" if value is None else format(value, fmt)
+
+
+def _gib(nbytes: int) -> str:
+    return f"{nbytes / GiB:.2f} GiB"
+
+
+def _duration(seconds: float) -> str:
+    if seconds < 120:
+        return f"{seconds:.0f} s"
+    if seconds < 2 * 3600:
+        return f"{seconds / 60:.0f} min"
+    return f"{seconds / 3600:.1f} h"
+
+
+# -- the model's pieces ------------------------------------------------------------------------
+
+
+@dataclass
+class _Model:
+    """What the memory and time models need of one model build."""
+
+    shape: ModelShape
+    trace1: ActivationTrace | None  # micro-batch 1
+    trace2: ActivationTrace | None  # micro-batch 2: with 1, the linear fit in the micro-batch
+
+    def activations(self, micro: float, checkpointing: bool) -> tuple[int, int]:
+        """(activation bytes, largest saved tensor) at micro-batch `micro` (linear in it)."""
+        if self.trace1 is None or self.trace2 is None:
+            return 0, 0
+        a1, a2 = self.trace1.bytes(checkpointing), self.trace2.bytes(checkpointing)
+        l1, l2 = self.trace1.largest_saved, self.trace2.largest_saved
+        return int(a1 + (a2 - a1) * (micro - 1)), int(l1 + (l2 - l1) * (micro - 1))
+
+
+def _build(cfg: Config, manifest: dict | None, bf16: bool) -> tuple[_Model, str]:
+    from trainer.tasks import task_for
+
+    task = task_for(cfg)
+    manifest, note = planning_manifest(cfg, task, manifest)
+    shape = model_shape(build_on_meta(cfg, task, manifest), task, cfg)
+    traces = [trace_activations(build_on_meta(cfg, task, manifest), task, cfg, manifest, b, bf16) for b in (1, 2)]
+    return _Model(shape, traces[0], traces[1]), note
+
+
+@dataclass(frozen=True)
+class _Target:
+    gpu: GpuSpec | None
+    cuda: bool
+    bf16: bool
+    link: Interconnect
+    per_node: int
+
+
+def _memory(m: _Model, cfg: Config, world: int, target: _Target) -> MemoryBreakdown:
+    tc = cfg.train
+    s = m.shape
+    frozen_bytes = s.frozen_bytes
+    if target.cuda and tc.method == "lora" and target.bf16:
+        frozen_bytes = s.frozen * 2  # the trainer builds a LoRA base in bf16 on GPUs
+    micro = tc.batch_size / (world * tc.grad_accum_steps)
+    act, largest = m.activations(micro, tc.activation_checkpointing)
+    grads = s.trainable * 4
+    sharded = tc.strategy == "fsdp" and world > 1
+    out = MemoryBreakdown(
+        parameters=s.trainable_bytes + frozen_bytes,
+        gradients=grads,
+        optimizer=2 * s.trainable_bytes,
+        activations=act + largest,
+        other=GPU_OVERHEAD_BYTES if target.cuda else 0,
+    )
+    if sharded:
+        out.parameters = math.ceil(out.parameters / world)
+        out.gradients = math.ceil(grads / world)
+        out.optimizer = math.ceil(out.optimizer / world)
+        per_elem = 2 if (target.cuda and target.bf16) else 4
+        unit = max(s.unit_params, default=0)
+        out.communication = s.root_params * per_elem + 2 * unit * per_elem + unit * 4
+    return out
+
+
+def _items_per_rank_step(cfg: Config, world: int) -> float:
+    return cfg.train.batch_size / world
+
+
+def _contention(world_here: int) -> float:
+    """CPU ranks on one machine share its cores: more ranks than cores run proportionally slower."""
+    cores = os.cpu_count() or 1
+    return max(1.0, world_here / cores)
+
+
+def _time(
+    m: _Model, cfg: Config, nodes: int, target: _Target, probe: ProbeResult | None, mfu: float
+) -> tuple[float | None, float | None, float]:
+    """(compute, exposed communication, data wait) seconds per optimizer step at `nodes`."""
+    tc = cfg.train
+    world = nodes * target.per_node
+    items = _items_per_rank_step(cfg, world)
+    compute: float | None = None
+    if target.gpu is not None:
+        flops = m.shape.flops_per_item * m.shape.items_per_sample
+        if flops > 0:
+            compute = flops * items / (target.gpu.bf16_tflops * 1e12 * mfu)
+    elif probe is not None:
+        shared = probe.device == "cpu"  # CPU ranks share the machine's cores; GPUs are their own
+        per_item = probe.compute_seconds / _items_per_rank_step(cfg, probe.world_size)
+        if shared:
+            per_item /= _contention(probe.world_size)
+        compute = per_item * items * (_contention(target.per_node) if shared else 1.0)
+    wait = probe.data_wait_seconds if probe is not None else 0.0
+    if compute is None:
+        return None, None, wait
+    link = target.link
+    backward = compute * BACKWARD_SHARE
+    if world <= 1:
+        return compute, 0.0, wait
+    s = m.shape
+    if tc.strategy == "fsdp":
+        per_elem = 2 if (target.cuda and target.bf16) else 4
+        gathers = [all_gather(p * per_elem, nodes, target.per_node, link) for p in s.unit_params]
+        root = all_gather(s.root_params * per_elem, nodes, target.per_node, link)
+        # Forward gathers every unit and the root; backward gathers the units again (resharded
+        # after forward), per micro-step; the gradients are reduce-scattered once per step.
+        gather = tc.grad_accum_steps * (2 * sum(gathers) + root)
+        scatter = sum(reduce_scatter(p * 4, nodes, target.per_node, link) for p in s.unit_params)
+        scatter += reduce_scatter(s.root_params * 4, nodes, target.per_node, link)
+        calls = tc.grad_accum_steps * (2 * len(gathers) + 1) + len(gathers) + 1
+        total = gather + scatter + calls * link.call_overhead_us * 1e-6
+        first = root + (gathers[0] if gathers else 0.0)
+        exposed = max(total - link.overlap * compute, first if link.overlap > 0 else total)
+        return compute, exposed, wait
+    sizes = buckets(s.trainable * 4, tc.bucket_cap_mb * 1024 * 1024)
+    times = [all_reduce(b, nodes, target.per_node, link) + link.call_overhead_us * 1e-6 for b in sizes]
+    total = sum(times)
+    last_backward = backward / tc.grad_accum_steps
+    exposed = max(total - link.overlap * last_backward, times[-1] if times else 0.0)
+    return compute, exposed, wait
+
+
+def _total_steps(cfg: Config, manifest: dict | None) -> int | None:
+    tc = cfg.train
+    if tc.max_steps:
+        return tc.max_steps
+    train = ((manifest or {}).get("splits") or {}).get("train") or {}
+    items = train.get("rows")
+    if items is None and "tokens" in train:
+        items = train["tokens"] // (cfg.model.block_size + 1)
+    if not items:
+        return None
+    return tc.epochs * max(1, items // tc.batch_size)
+
+
+def make_plan(
+    cfg: Config,
+    *,
+    gpu: str | None = None,
+    gpu_memory_gb: float | None = None,
+    nodes: Sequence[int] = (),
+    price_per_gpu_hour: float | None = None,
+    interconnect: Interconnect | None = None,
+    probe: ProbeResult | None = None,
+    manifest: dict | None = None,
+) -> Plan:
+    """Predict memory per rank, step time, scaling and cost of training `cfg`.
+
+    `gpu`: a GPU type of :data:`trainer.plan.hardware.GPUS` (its memory, and its FLOP rate for
+    the time); `gpu_memory_gb` overrides the memory. `nodes`: the node counts to predict (each
+    node runs `job.nproc_per_node` ranks); the config's `job.replicas` is always among them.
+    `probe`: a measured probe of this config (:func:`trainer.plan.run_probe`) the time model
+    scales from. `manifest`: the prepared dataset's manifest (the model's real vocabulary or
+    table width, and the epoch length for the ETA), if data prep has run.
+    """
+    spec = gpu_spec(gpu) if gpu else None
+    cuda = spec is not None or gpu_memory_gb is not None
+    tc = cfg.train
+    bf16 = tc.precision == "bf16" or (tc.precision == "auto" and cuda)
+    per_node = max(1, cfg.job.nproc_per_node)
+    link = interconnect or default_interconnect(spec)
+    target = _Target(spec, cuda, bf16, link, per_node)
+    here_nodes = max(1, cfg.job.replicas)
+    world = here_nodes * per_node
+    from trainer.tasks import task_for
+
+    task = task_for(cfg)
+    model, note = _build(cfg, manifest, bf16)
+    memory = _memory(model, cfg, world, target)
+    capacity = None
+    if gpu_memory_gb is not None:
+        capacity = int(gpu_memory_gb * GiB)
+    elif spec is not None:
+        capacity = int(spec.memory_gb * 1e9)  # datasheets count decimal gigabytes
+    fits = None if capacity is None else memory.total <= capacity
+
+    assumptions = [
+        note,
+        f"parameters: {model.shape.trainable:,} trainable, {model.shape.frozen:,} frozen "
+        f"({len(model.shape.unit_params)} shard units)",
+        f"precision: {'bf16 autocast' if bf16 else 'fp32'}; AdamW state 2 x fp32 per trainable parameter; "
+        "gradients fp32",
+        f"global batch {tc.batch_size} at every N ({tc.grad_accum_steps} accumulation micro-step(s)); "
+        "the micro-batch per rank shrinks as ranks grow",
+    ]
+    if model.trace1 is None:
+        assumptions.append(f"task {cfg.task!r} gives no synthetic_batch: activations not predicted (0)")
+    else:
+        assumptions.append(
+            "activations traced from one forward pass and loss on fake tensors (autograd's saved tensors)"
+            + ("; activation checkpointing of the shard units" if tc.activation_checkpointing else "")
+        )
+    if cuda:
+        assumptions.append(f"{GPU_OVERHEAD_BYTES / GiB:.1f} GiB per GPU for the CUDA context, NCCL and allocator slack")
+    mfu = DEFAULT_MFU
+    if spec is not None:
+        if probe is not None and spec.name.split("-")[0] in probe.device and model.shape.flops_per_item:
+            flops = model.shape.flops_per_item * model.shape.items_per_sample
+            measured = flops * _items_per_rank_step(cfg, probe.world_size) / probe.compute_seconds
+            mfu = measured / (spec.bf16_tflops * 1e12)
+            assumptions.append(f"MFU {mfu:.2f} measured by the probe on {probe.device}")
+        else:
+            assumptions.append(
+                f"compute from the task's FLOPs at {mfu:.0%} MFU of the {spec.name}'s "
+                f"{spec.bf16_tflops:.0f} TFLOP/s bf16 peak"
+            )
+    elif probe is not None:
+        assumptions.append(
+            f"compute scaled from the probe's {probe.compute_seconds:.4g} s per step on {probe.world_size} rank(s), "
+            f"per item; CPU ranks beyond the {os.cpu_count()} cores share them"
+        )
+    else:
+        assumptions.append("no GPU type and no probe: step time, ETA and cost are not predicted")
+    assumptions.append(
+        f"interconnect: {link.intra_node_gbps:g} GB/s within a node, {link.inter_node_gbps:g} GB/s per node "
+        f"between nodes, {link.latency_us:g} us latency, overlap {link.overlap:g}; alpha-beta ring collectives "
+        "(Thakur et al. 2005, Patarasuk & Yuan 2009), hierarchical across nodes; ignores congestion, NCCL "
+        "protocol and algorithm choice, stragglers, and checkpoint and evaluation time"
+    )
+    total_steps = _total_steps(cfg, manifest)
+    if total_steps is None:
+        assumptions.append("ETA unknown: set train.max_steps or plan with the prepared dataset's manifest")
+
+    counts = sorted({1, here_nodes, *nodes})
+    scaling: list[ScalePoint] = []
+    for n in counts:
+        compute, comm, wait = _time(model, cfg, n, target, probe, mfu)
+        ranks = n * per_node
+        step = None if compute is None else compute + comm + wait
+        point = ScalePoint(
+            nodes=n,
+            gpus=ranks,
+            step_seconds=step,
+            compute_seconds=compute,
+            comm_seconds=comm,
+            items_per_second=None if not step else tc.batch_size * model.shape.items_per_sample / step,
+            efficiency=None,
+            eta_seconds=None if step is None or total_steps is None else step * total_steps,
+            gpu_hours=None,
+            cost=None,
+            memory_total=_memory(model, cfg, ranks, target).total,
+        )
+        if point.eta_seconds is not None:
+            point.gpu_hours = point.eta_seconds * ranks / 3600
+            if price_per_gpu_hour is not None:
+                point.cost = point.gpu_hours * price_per_gpu_hour
+        scaling.append(point)
+    base = scaling[0]
+    for p in scaling:
+        if p.items_per_second and base.items_per_second:
+            p.efficiency = p.items_per_second / (base.items_per_second * p.nodes / base.nodes)
+    if set(nodes):
+        scaling = [p for p in scaling if p.nodes in set(nodes) | {here_nodes}]
+
+    plan = Plan(
+        memory=memory,
+        capacity_bytes=capacity,
+        fits=fits,
+        scaling=scaling,
+        assumptions=assumptions,
+        world_size=world,
+        nodes=here_nodes,
+        per_node=per_node,
+        strategy=tc.strategy,
+        device=spec.name if spec else ("GPU" if cuda else "cpu"),
+        item_name=task.item_name,
+        total_steps=total_steps,
+        timeout_seconds=cfg.job.timeout_seconds,
+        shape=model.shape.as_dict(),
+        activation_trace=model.trace1.as_dict() if model.trace1 else {},
+        probe=probe.as_dict() if probe else None,
+        interconnect=link.as_dict(),
+    )
+    if fits is False:
+        plan.alternatives = _alternatives(cfg, model, world, target, capacity, manifest, bf16)
+    plan.verdicts = _verdicts(plan, cfg, price_per_gpu_hour)
+    return plan
+
+
+def _alternatives(
+    cfg: Config, model: _Model, world: int, target: _Target, capacity: int | None, manifest: dict | None, bf16: bool
+) -> list[Alternative]:
+    """The single changes that lower memory per rank, each predicted."""
+    tc = cfg.train
+    options: list[tuple[str, Config, _Model]] = []
+
+    def changed(**train) -> Config:
+        return dataclasses.replace(cfg, train=dataclasses.replace(tc, **train))
+
+    if tc.strategy != "fsdp" and world > 1:
+        options.append((f"train.strategy: fsdp (shards over {world} ranks)", changed(strategy="fsdp"), model))
+    micro = tc.batch_size // (world * tc.grad_accum_steps)
+    if micro >= 2:
+        accum = tc.grad_accum_steps * 2
+        options.append(
+            (
+                f"half the micro-batch: train.grad_accum_steps {accum} (micro-batch {micro // 2})",
+                changed(grad_accum_steps=accum),
+                model,
+            )
+        )
+    if not tc.activation_checkpointing:
+        options.append(("train.activation_checkpointing: true", changed(activation_checkpointing=True), model))
+    if cfg.model.init_from and tc.method != "lora":
+        lora_cfg = changed(method="lora")
+        try:
+            lora_model, _ = _build(lora_cfg, manifest, bf16)
+        except PlanError:
+            lora_model = None
+        if lora_model is not None:
+            options.append((f"train.method: lora (rank {cfg.lora.rank})", lora_cfg, lora_model))
+    out = []
+    for change, alt_cfg, alt_model in options:
+        mem = _memory(alt_model, alt_cfg, world, target)
+        out.append(Alternative(change, mem, None if capacity is None else mem.total <= capacity))
+    if out and not any(a.fits for a in out):
+        combo = changed(
+            strategy="fsdp" if world > 1 else tc.strategy,
+            activation_checkpointing=True,
+            grad_accum_steps=tc.batch_size // world if tc.batch_size % world == 0 else tc.grad_accum_steps,
+        )
+        mem = _memory(model, combo, world, target)
+        out.append(
+            Alternative(
+                "all of them together (fsdp, activation checkpointing, micro-batch 1)",
+                mem,
+                None if capacity is None else mem.total <= capacity,
+            )
+        )
+    return out
+
+
+def _verdicts(plan: Plan, cfg: Config, price: float | None) -> list[str]:
+    out = []
+    split = plan.world_size * cfg.train.grad_accum_steps
+    if cfg.train.batch_size % split:
+        out.append(
+            f"train.batch_size {cfg.train.batch_size} does not divide by {plan.world_size} ranks x "
+            f"train.grad_accum_steps {cfg.train.grad_accum_steps}: the trainer refuses it (the plan "
+            "takes the fractional micro-batch)"
+        )
+    m = plan.memory
+    if plan.fits is True:
+        out.append(
+            f"fits: {_gib(m.total)} per rank of {_gib(plan.capacity_bytes or 0)} "
+            f"({m.total / (plan.capacity_bytes or 1):.0%})"
+        )
+    elif plan.fits is False:
+        fitting = [a.change for a in plan.alternatives if a.fits]
+        out.append(
+            f"does not fit: {_gib(m.total)} per rank, the device has {_gib(plan.capacity_bytes or 0)}; "
+            + (f"would fit with: {'; '.join(fitting)}" if fitting else "no single change considered fits")
+        )
+    else:
+        out.append(f"needs {_gib(m.total)} per rank (no device memory given: --gpu or --gpu-memory)")
+    points = [p for p in plan.scaling if p.items_per_second]
+    for prev, nxt in itertools.pairwise(points):
+        speed = nxt.items_per_second / prev.items_per_second
+        resources = nxt.gpus / prev.gpus
+        cost = ""
+        if prev.cost is not None and nxt.cost is not None and prev.cost > 0:
+            cost = f" at {nxt.cost / prev.cost:.2f}x the cost"
+        out.append(
+            f"N={nxt.nodes} gives {speed:.2f}x of N={prev.nodes} for {resources:g}x the GPUs{cost} "
+            f"(efficiency {nxt.efficiency:.0%} of linear from N={plan.scaling[0].nodes})"
+        )
+    here = plan.point(plan.nodes)
+    if here is not None and here.eta_seconds is not None:
+        timeout = cfg.job.timeout_seconds
+        eta = f"ETA {_duration(here.eta_seconds)} on {plan.nodes} node(s) ({plan.total_steps} steps)"
+        if timeout and here.eta_seconds > timeout:
+            out.append(f"{eta}: longer than job.timeout_seconds {timeout}")
+        else:
+            out.append(eta + (f", within job.timeout_seconds {timeout}" if timeout else ""))
+        if here.cost is not None and price is not None:
+            out.append(f"cost {here.cost:.2f} ({here.gpu_hours:.1f} GPU-hours at {price:g} per GPU-hour)")
+    return out
