@@ -55,6 +55,14 @@ def format_bytes(n: float) -> str:
     return f"{n:.0f} B"
 
 
+def format_memory(n: float) -> str:
+    """`n` bytes of memory in binary units, as device memory is quoted: `512 B`, `3.2 MiB`, `71.5 GiB`."""
+    for unit, scale in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
+        if abs(n) >= scale:
+            return f"{n / scale:.1f} {unit}"
+    return f"{n:.0f} B"
+
+
 def format_seconds(s: float) -> str:
     """A duration for people: `0.4s`, `42s`, `3m05s`, `1h02m`."""
     if s < 10:

@@ -25,6 +25,8 @@ import math
 import re
 from typing import Any
 
+from trainer.progress import format_memory
+
 WIDTH, HEIGHT = 720, 300
 LEFT, RIGHT, TOP, BOTTOM = 70, 44, 50, 52
 COLORS = ("#1f6feb", "#d4700a", "#2da44e", "#a371f7", "#cf222e")
@@ -112,7 +114,7 @@ def format_value(key: str, value: Any) -> str:
     if key.endswith("_unix_time"):
         return date_time(value)
     if key.endswith("_bytes"):
-        return format_bytes(value)
+        return format_memory(value)
     if key.endswith("_seconds") or key.startswith("seconds_"):
         return duration(value)
     if key.endswith("_per_second"):
@@ -542,20 +544,12 @@ def predicted_vs_measured(prediction: dict[str, Any], metrics: dict[str, Any]) -
     for key, metric, name in PREDICTED_MEASURED:
         predicted, measured = prediction.get(key), metrics.get(metric)
         shown = [
-            ("n/a" if v is None else format_bytes(v) if key == "peak_memory_bytes" else duration(v))
+            ("n/a" if v is None else format_memory(v) if key == "peak_memory_bytes" else duration(v))
             for v in (predicted, measured)
         ]
         error = error_percent(predicted, measured) if predicted is not None and measured is not None else None
         rows.append((name, *shown, "n/a" if error is None else f"{error:+.1f}%"))
     return rows
-
-
-def format_bytes(n: float) -> str:
-    """`512 B`, `3.2 MiB`, `71.5 GiB`."""
-    for unit, scale in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
-        if abs(n) >= scale:
-            return f"{n / scale:.1f} {unit}"
-    return f"{n:.0f} B"
 
 
 def _prediction(prediction: dict[str, Any] | None, metrics: dict[str, Any]) -> list[str]:

@@ -218,3 +218,9 @@ def test_a_custom_task_is_planned_from_the_model_it_builds():
     # the logits' log-softmax (3), fp32; plus the batch's labels.
     assert plan.memory.activations >= 8 * (32 + 100 + 3) * 4
     assert any("empty manifest" in a for a in plan.assumptions)
+
+
+def test_activation_checkpointing_costs_a_second_forward_on_a_gpu():
+    plain = make_plan(gpt(replicas=1), gpu="H100").point(1)
+    recomputed = make_plan(gpt(replicas=1, activation_checkpointing=True), gpu="H100").point(1)
+    assert recomputed.compute_seconds == pytest.approx(plain.compute_seconds * 4 / 3)

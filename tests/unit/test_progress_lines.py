@@ -4,7 +4,7 @@ import logging
 
 import pytest
 
-from trainer.progress import ProgressLine, format_bytes, format_seconds
+from trainer.progress import ProgressLine, format_bytes, format_memory, format_seconds
 from trainer.storage import LocalStore, read_chunks
 
 
@@ -81,3 +81,11 @@ def test_read_chunks_reports_the_object_it_reads_when_asked(tmp_path, caplog):
         assert b"".join(read_chunks(LocalStore(), str(path), 1000, progress="data prep pass 1/2")) == b"x" * 2500
     [final] = messages(caplog)
     assert final.startswith(f"data prep pass 1/2: reading {path}: 2.5 kB in ")
+
+
+@pytest.mark.parametrize(
+    ("n", "text"),
+    [(0, "0 B"), (1023, "1023 B"), (1024, "1.0 KiB"), (318_700, "311.2 KiB"), (3 * 2**30 + 2**29, "3.5 GiB")],
+)
+def test_format_memory_in_binary_units(n, text):
+    assert format_memory(n) == text

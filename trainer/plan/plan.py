@@ -54,6 +54,7 @@ from trainer.plan.shapes import (
     planning_manifest,
     trace_activations,
 )
+from trainer.progress import format_memory
 
 GiB = 1024**3
 #: Per-GPU memory outside the training tensors: the CUDA context and cuBLAS/cuDNN workspaces
@@ -65,6 +66,9 @@ GPU_OVERHEAD_BYTES = int(1.5 * GiB)
 DEFAULT_MFU = 0.4
 #: The backward pass's share of a step's compute (twice the forward's FLOPs).
 BACKWARD_SHARE = 2 / 3
+#: A step's compute with activation checkpointing against without: the forward runs again in
+#: backward (forward 1/3 of the FLOPs, so 4/3; Korthikanti et al. 2022 measure about this).
+RECOMPUTE_FACTOR = 4 / 3
 
 
 @dataclass
@@ -180,8 +184,8 @@ class Plan:
             fitting = [a.change for a in self.alternatives if a.fits]
             way = f"; what would fit: {'; '.join(fitting)}" if fitting else "; no single change considered fits"
             return (
-                f"predicted peak memory per rank {_gib(self.memory.total)} exceeds the device's "
-                f"{_gib(self.capacity_bytes or 0)}{way}"
+                f"predicted peak memory per rank {format_memory(self.memory.total)} exceeds the device's "
+                f"{format_memory(self.capacity_bytes or 0)}{way}"
             )
         split = self.world_size * cfg.train.grad_accum_steps
         if cfg.train.batch_size % split:
@@ -223,16 +227,16 @@ class Plan:
             f"device {self.device}."
         )
         lines += ["", "## Verdicts", ""] + [f"- {v}" for v in self.verdicts]
-        lines += ["", "## Memory per rank", "", "| component | GiB |", "|---|---:|"]
+        lines += ["", "## Memory per rank", "", "| component | bytes |", "|---|---:|"]
         for k, v in dataclasses.asdict(self.memory).items():
-            lines.append(f"| {k} | {v / GiB:.3f} |")
-        lines.append(f"| **total** | **{self.memory.total / GiB:.3f}** |")
+            lines.append(f"| {k} | {format_memory(v)} |")
+        lines.append(f"| **total** | **{format_memory(self.memory.total)}** |")
         if self.capacity_bytes is not None:
-            lines.append(f"| capacity | {self.capacity_bytes / GiB:.3f} |")
+            lines.append(f"| capacity | {format_memory(self.capacity_bytes)} |")
         if self.alternatives:
-            lines += ["", "## Alternatives", "", "| change | GiB per rank | fits |", "|---|---:|---|"]
+            lines += ["", "## Alternatives", "", "| change | per rank | fits |", "|---|---:|---|"]
             for a in self.alternatives:
-                lines.append(f"| {a.change} | {a.memory.total / GiB:.3f} | {_yes(a.fits)} |")
+                lines.append(f"| {a.change} | {format_memory(a.memory.total)} | {_yes(a.fits)} |")
         if self.scaling:
             unit = f"{self.item_name}/s"
             lines += [
@@ -259,10 +263,6 @@ def _yes(value: bool | None) -> str:
 
 def _num(value: float | None, fmt: str = ".4g") -> str:
     return "-" if value is None else format(value, fmt)
-
-
-def _gib(nbytes: int) -> str:
-    return f"{nbytes / GiB:.2f} GiB"
 
 
 def _duration(seconds: float) -> str:
@@ -359,6 +359,8 @@ def _time(
     compute: float | None = None
     if target.gpu is not None:
         flops = m.shape.flops_per_item * m.shape.items_per_sample
+        if tc.activation_checkpointing:
+            flops *= RECOMPUTE_FACTOR
         if flops > 0:
             compute = flops * items / (target.gpu.bf16_tflops * 1e12 * mfu)
     elif probe is not None:
@@ -619,17 +621,18 @@ def _verdicts(plan: Plan, cfg: Config, price: float | None) -> list[str]:
     m = plan.memory
     if plan.fits is True:
         out.append(
-            f"fits: {_gib(m.total)} per rank of {_gib(plan.capacity_bytes or 0)} "
+            f"fits: {format_memory(m.total)} per rank of {format_memory(plan.capacity_bytes or 0)} "
             f"({m.total / (plan.capacity_bytes or 1):.0%})"
         )
     elif plan.fits is False:
         fitting = [a.change for a in plan.alternatives if a.fits]
         out.append(
-            f"does not fit: {_gib(m.total)} per rank, the device has {_gib(plan.capacity_bytes or 0)}; "
+            f"does not fit: {format_memory(m.total)} per rank, the device has "
+            f"{format_memory(plan.capacity_bytes or 0)}; "
             + (f"would fit with: {'; '.join(fitting)}" if fitting else "no single change considered fits")
         )
     else:
-        out.append(f"needs {_gib(m.total)} per rank (no device memory given: --gpu or --gpu-memory)")
+        out.append(f"needs {format_memory(m.total)} per rank (no device memory given: --gpu or --gpu-memory)")
     points = [p for p in plan.scaling if p.items_per_second]
     for prev, nxt in itertools.pairwise(points):
         speed = nxt.items_per_second / prev.items_per_second
