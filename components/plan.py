@@ -43,7 +43,7 @@ def plan(
         from trainer.pipeline_steps import plan_run
 
         try:
-            result = plan_run(cfg, dataset_uri=dataset.uri)
+            result = plan_run(cfg, dataset_uri=dataset.uri, probe_cpu=cfg.kubernetes.gpus_per_node == 0)
             text = result.markdown()
         except KftrainError as exc:
             if cfg.plan.strict:  # no plan, no run: strict asked for one

@@ -24,6 +24,10 @@ if TYPE_CHECKING:  # trainer.plan builds models: the step imports it when it run
 LAUNCHERS = ("auto", "local", "kubernetes")
 
 
+#: Steps the plan step and the report measure on the CPU before predicting a CPU run's step time.
+CPU_PROBE_STEPS = 3
+
+
 class PlanRefused(KftrainError):
     """`plan.strict` (or `kftrain plan --strict`): the plan predicts the run cannot fit or cannot finish in time."""
 
@@ -34,13 +38,16 @@ def plan_run(
     nodes: tuple[int, ...] | None = None,
     dataset_uri: str = "",
     manifest: dict[str, Any] | None = None,
+    probe_cpu: bool = False,
 ) -> Plan:
     """The plan of the run `cfg` describes (:func:`trainer.plan.make_plan`): for `plan.gpu` (or the
     CPU), `kubernetes.gpu_memory_gb` when set, the node counts `nodes` (default `plan.nodes`) and
     `plan.price_per_gpu_hour`; `probe`: measurements of a short run to start from. The prepared
     dataset (its `manifest`, or read from `dataset_uri`) gives the model's real shape and the
-    epoch's length, so the ETA; without one the plan says what it assumed."""
-    from trainer.plan import make_plan
+    epoch's length, so the ETA; without one the plan says what it assumed. With `probe_cpu` and
+    no `probe`, a plan for the CPU (no GPU type or memory given) first measures
+    :data:`CPU_PROBE_STEPS` steps in this process: the CPU has no FLOP rate to predict from."""
+    from trainer.plan import make_plan, run_probe
 
     if manifest is None and dataset_uri:
         from trainer.shards import read_manifest
@@ -48,6 +55,8 @@ def plan_run(
         manifest = read_manifest(store_for(cfg, dataset_uri), dataset_uri)
 
     pc = cfg.plan
+    if probe is None and probe_cpu and not (pc.gpu or cfg.kubernetes.gpu_memory_gb):
+        probe = run_probe(cfg, steps=CPU_PROBE_STEPS, manifest=manifest)
     return make_plan(
         cfg,
         gpu=pc.gpu or None,
@@ -79,7 +88,7 @@ def run_prediction(cfg: Config, manifest: dict[str, Any]) -> dict[str, Any]:
     else:
         plan_cfg = cfg
     try:
-        plan = plan_run(plan_cfg, nodes=(cfg.job.replicas,), manifest=manifest)
+        plan = plan_run(plan_cfg, nodes=(cfg.job.replicas,), manifest=manifest, probe_cpu=not on_gpu)
     except KftrainError as exc:
         return {"problem": str(exc)}
     point = plan.point(cfg.job.replicas)
@@ -92,7 +101,8 @@ def run_prediction(cfg: Config, manifest: dict[str, Any]) -> dict[str, Any]:
         "eta_seconds": point.eta_seconds,
         "source": f"The plan (trainer.plan.make_plan) for this config on {device}, {cfg.job.replicas} node(s) x "
         f"{cfg.job.nproc_per_node} process(es), made with this report; memory: the tensors (without the CUDA "
-        "context); training time: the steps at the predicted step time (no evaluation or checkpoints).",
+        "context); training time: the steps at the predicted step time (no evaluation or checkpoints)"
+        + ("." if on_gpu else f"; compute per item from a {CPU_PROBE_STEPS}-step probe in one process here."),
     }
 
 

@@ -221,8 +221,9 @@ GPU_JOB = {"job.nproc_per_node": 8, "kubernetes.gpus_per_node": 8}
 @pytest.mark.parametrize(
     ("overrides", "source", "timed"),
     [
-        # a CPU run: the config's GPU type and memory are not what it ran on; no step time without a probe
-        ({"plan.gpu": "H200", "kubernetes.gpu_memory_gb": 80.0}, "on the CPU, 2 node(s) x 1 process(es)", False),
+        # a CPU run: the config's GPU type and memory are not what it ran on; its step time comes
+        # from a probe of a few steps in this process
+        ({"plan.gpu": "H200", "kubernetes.gpu_memory_gb": 80.0}, "on the CPU, 2 node(s) x 1 process(es)", True),
         ({**GPU_JOB, "plan.gpu": "H100"}, "on H100, 2 node(s) x 8 process(es)", True),
     ],
 )
