@@ -20,11 +20,46 @@ Memory a library allocates outside torch's allocator (gloo's own buffers) is not
 
 from __future__ import annotations
 
+import contextlib
 import gc
+import os
+import sys
+import tempfile
 import warnings
+from collections.abc import Iterator
 from typing import Any
 
 import torch
+
+#: What torch's C++ side prints to stderr around a memory-profiling window, none of it news to a
+#: user: Kineto's start/stop trace lines, and the allocator's one warning per process that a
+#: block allocated before the window was freed inside it (which the measure accounts for: the
+#: live tensors at the window's start are counted separately).
+_PROFILER_NOISE = ("SyncActivityProfilerHandler", "Memory block of unknown size was allocated before the profiling")
+
+
+@contextlib.contextmanager
+def _quiet_profiler_stderr() -> Iterator[None]:
+    """Hold file descriptor 2 (where C++ logs go) for a moment; pass on what is not profiler noise."""
+    sys.stderr.flush()
+    saved = os.dup(2)
+    with tempfile.TemporaryFile(mode="w+b") as held:
+        os.dup2(held.fileno(), 2)
+        try:
+            yield
+        finally:
+            sys.stderr.flush()
+            os.dup2(saved, 2)
+            os.close(saved)
+            held.seek(0)
+            kept = [
+                line
+                for line in held.read().decode(errors="replace").splitlines(keepends=True)
+                if not any(noise in line for noise in _PROFILER_NOISE)
+            ]
+            if kept:
+                sys.stderr.write("".join(kept))
+                sys.stderr.flush()
 
 
 def live_tensor_bytes() -> int:
@@ -88,13 +123,17 @@ class PeakMemory:
         gc.collect()  # garbage from earlier work (a previous probe's model) is not alive
         self._baseline = live_tensor_bytes()
         self._profiler = profile(activities=[ProfilerActivity.CPU], profile_memory=True)
-        self._profiler.__enter__()
+        before = torch.empty(1)
+        with _quiet_profiler_stderr():
+            self._profiler.__enter__()
+            del before  # the allocator's once-per-process warning about such a free, held here
 
     def _stop(self) -> None:
         if self._profiler is None:
             return
         profiler, self._profiler = self._profiler, None
-        profiler.__exit__(None, None, None)
+        with _quiet_profiler_stderr():
+            profiler.__exit__(None, None, None)
         self._peak = self._baseline + _peak_of(profiler.events())
 
     def peak_bytes(self) -> int:
