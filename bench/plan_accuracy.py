@@ -23,6 +23,7 @@ import argparse
 import dataclasses
 import json
 import os
+import socket
 import statistics
 import sys
 import time
@@ -31,8 +32,8 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from trainer.config import Config  # noqa: E402
+from trainer.local_probe import probe_locally  # noqa: E402
 from trainer.plan import Interconnect, make_plan  # noqa: E402
-from trainer.plan.local import _free_port, probe_locally  # noqa: E402
 from trainer.plan.probe import ProbeResult  # noqa: E402
 
 MiB = 2**20
@@ -42,6 +43,13 @@ SIZES = {
     "GPT 4x256": (4, 256, 4, 256),
 }
 SWEEP_BYTES = [2**k for k in range(12, 25, 2)]  # 4 KiB .. 16 MiB
+
+
+def free_port() -> int:
+    """A TCP port free on loopback now, for the sweep's rendezvous."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
 
 
 def _sweep_rank(rank: int, world: int, port: int, out: str) -> None:
@@ -95,7 +103,7 @@ def measure_interconnect(world: int = 2) -> tuple[Interconnect, dict]:
 
     with tempfile.TemporaryDirectory() as tmp:
         out = str(Path(tmp, "sweep.json"))
-        mp.start_processes(_sweep_rank, args=(world, _free_port(), out), nprocs=world, start_method="spawn")
+        mp.start_processes(_sweep_rank, args=(world, free_port(), out), nprocs=world, start_method="spawn")
         sweep = json.loads(Path(out).read_text())
     p = world
     ar_alpha, ar_beta = fit(sweep["all_reduce"], 2 * (p - 1) / p, 2 * (p - 1))
@@ -132,14 +140,9 @@ def gpt_config(size: str, strategy: str, world: int) -> Config:
     return cfg
 
 
-def median_probe(runs: list[list[ProbeResult]]) -> ProbeResult:
-    """Per repeat the slowest rank's time and the largest rank's peak; the medians of those."""
-    worst = [
-        dataclasses.replace(
-            max(ranks, key=lambda r: r.step_seconds), peak_memory_bytes=max(r.peak_memory_bytes for r in ranks)
-        )
-        for ranks in runs
-    ]
+def median_probe(worst: list[ProbeResult]) -> ProbeResult:
+    """The medians over the repeats of each repeat's combined result (the slowest rank's times,
+    the largest rank's peak: :func:`trainer.local_probe.combine`)."""
 
     def med(name: str) -> float:
         return statistics.median(getattr(r, name) for r in worst)
@@ -161,9 +164,9 @@ def calibrate_call_overhead(link: Interconnect, repeats: int, steps: int) -> flo
     small = {"layers": 2, "width": 64, "heads": 4, "context": 64}
     SIZES["calibration"] = tuple(small.values())
     try:
-        base = median_probe(probe_locally(gpt_config("calibration", "ddp", 1), 1, steps=steps, repeats=repeats))
+        base = median_probe(probe_locally(gpt_config("calibration", "ddp", 1), steps=steps, repeats=repeats))
         cfg = gpt_config("calibration", "fsdp", 2)
-        measured = median_probe(probe_locally(cfg, 2, steps=steps, repeats=repeats)).step_seconds
+        measured = median_probe(probe_locally(cfg, steps=steps, repeats=repeats)).step_seconds
     finally:
         del SIZES["calibration"]
     at = {
@@ -185,11 +188,11 @@ def accuracy(link: Interconnect, repeats: int, steps: int) -> list[dict]:
                     continue  # one process: the same run as ddp's
                 # The base right before the run it predicts: the machine's load from other work
                 # changes by the minute.
-                base = median_probe(probe_locally(gpt_config(size, "ddp", 1), 1, steps=steps, repeats=repeats))
+                base = median_probe(probe_locally(gpt_config(size, "ddp", 1), steps=steps, repeats=repeats))
                 cfg = gpt_config(size, strategy, world)
                 plan = make_plan(cfg, interconnect=link, probe=base, nodes=(1,))
                 point = plan.point(1)
-                measured = median_probe(probe_locally(cfg, world, steps=steps, repeats=repeats))
+                measured = median_probe(probe_locally(cfg, steps=steps, repeats=repeats))
                 row = {
                     "model": size,
                     "strategy": strategy,

@@ -227,7 +227,7 @@ def _cmd_plan(args: argparse.Namespace) -> int:
         from trainer.local_probe import probe_locally
 
         print(f"kftrain: probing {args.probe_steps} steps on {cfg.job.world_size} process(es)", file=sys.stderr)
-        probe = probe_locally(cfg, steps=args.probe_steps)
+        (probe,) = probe_locally(cfg, steps=args.probe_steps)
     plan = plan_run(cfg, probe, dataset_uri=args.dataset or "")
     text = plan.markdown()
     if args.output:

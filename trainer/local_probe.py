@@ -49,9 +49,12 @@ def combine(results: list[dict]) -> dict:
     return out
 
 
-def probe_locally(cfg: Config, steps: int = 5, timeout_s: float = PROBE_TIMEOUT_S) -> ProbeResult:
-    """Run the probe of `cfg` in `job.world_size` local processes; return the combined result.
-    :class:`ProbeFailed` with the processes' last lines when they fail or run past `timeout_s`."""
+def probe_locally(
+    cfg: Config, steps: int = 5, timeout_s: float = PROBE_TIMEOUT_S, repeats: int = 1
+) -> list[ProbeResult]:
+    """Run the probe of `cfg` `repeats` times in the same `job.world_size` local processes; return
+    the combined result of each repeat. :class:`ProbeFailed` with the processes' last lines when
+    they fail or run past `timeout_s`."""
     from trainer.plan import ProbeResult
 
     world = cfg.job.world_size
@@ -69,6 +72,7 @@ def probe_locally(cfg: Config, steps: int = 5, timeout_s: float = PROBE_TIMEOUT_
             "trainer.local_probe",
             f"--config-file={config_file}",
             f"--steps={steps}",
+            f"--repeats={repeats}",
             f"--output={output}",
         ]
         env = {**os.environ, "OMP_NUM_THREADS": str(cfg.job.omp_num_threads)}
@@ -98,7 +102,7 @@ def probe_locally(cfg: Config, steps: int = 5, timeout_s: float = PROBE_TIMEOUT_
                 raise ProbeFailed(f"the probe failed: {said[0]}")
             lines = "\n".join(f"  {line}" for line in out.splitlines()[-20:])
             raise ProbeFailed(f"the probe failed (exit code {proc.returncode}); its last lines:\n{lines}")
-        return ProbeResult(**json.loads(output.read_text()))
+        return [ProbeResult(**result) for result in json.loads(output.read_text())]
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -111,23 +115,27 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m trainer.local_probe", description=__doc__)
     parser.add_argument("--config-file", required=True, help="the whole config as JSON")
     parser.add_argument("--steps", type=int, required=True, help="measured steps")
-    parser.add_argument("--output", required=True, help="where rank 0 writes the combined result (JSON)")
+    parser.add_argument("--repeats", type=int, default=1, help="probes run one after the other")
+    parser.add_argument("--output", required=True, help="where rank 0 writes the combined results (JSON list)")
     args = parser.parse_args(argv)
     cfg = config_from_json(Path(args.config_file).read_text())
     env = dist_env()
     device = device_for(env)
     try:
         with process_group(env, device, timeout_s=cfg.job.collective_timeout_seconds):
-            mine = run_probe(cfg, steps=args.steps).as_dict()
-            results = [mine]
-            if env.distributed:
-                results = [None] * env.world_size
-                dist.all_gather_object(results, mine)
+            combined = []
+            for _ in range(args.repeats):
+                mine = run_probe(cfg, steps=args.steps).as_dict()
+                results = [mine]
+                if env.distributed:
+                    results = [None] * env.world_size
+                    dist.all_gather_object(results, mine)
+                combined.append(combine(results))
     except KftrainError as exc:
         print(error_line("probe", exc), flush=True)
         return 2
     if env.is_main:
-        Path(args.output).write_text(json.dumps(combine(results)))
+        Path(args.output).write_text(json.dumps(combined))
     return 0
 
 

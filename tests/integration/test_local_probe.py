@@ -11,6 +11,9 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import run_group
+from trainer.config import Config
+from trainer.local_probe import probe_locally
+from trainer.plan import make_plan
 
 REPO = Path(__file__).resolve().parents[2]
 KFTRAIN = [sys.executable, "-m", "pipelines.cli"]
@@ -54,3 +57,31 @@ def test_a_probe_that_cannot_run_fails_on_one_line_saying_why(tmp_path):
     assert last.startswith("kftrain: error: the probe failed: "), out[-4000:]
     assert "gives no synthetic_batch: the probe cannot run it" in last
     assert "Traceback" not in out
+
+
+def tiny_gpt(strategy: str, world: int) -> Config:
+    cfg = Config(task="causal_lm")
+    m = cfg.model
+    m.n_layer, m.n_embd, m.n_head, m.block_size = 2, 64, 4, 64
+    cfg.train.batch_size, cfg.train.max_steps, cfg.train.strategy = 8, 50, strategy
+    cfg.job.replicas, cfg.job.nproc_per_node = 1, world  # all on this machine
+    return cfg
+
+
+def test_the_two_rank_probe_is_within_a_loose_factor_of_the_plans_prediction():
+    """The probe on 2 gloo ranks (twice in the same processes) against the plan's prediction from
+    the shapes and a 1-rank probe: peak memory per rank and step time within a factor of 3 (a
+    sanity bound, not a timing assertion: bench/plan_accuracy.py measures the error)."""
+    (base,) = probe_locally(tiny_gpt("ddp", 1), steps=3, timeout_s=240)
+    assert base.world_size == 1 and base.comm_seconds == 0 and base.compute_seconds > 0
+    for strategy in ("ddp", "fsdp"):
+        cfg = tiny_gpt(strategy, 2)
+        plan = make_plan(cfg, probe=base, nodes=(1,))
+        repeats = probe_locally(cfg, steps=3, timeout_s=240, repeats=2)
+        assert len(repeats) == 2
+        for measured in repeats:
+            assert measured.world_size == 2 and measured.micro_batch == 4
+            assert plan.memory.tensors / 3 < measured.peak_memory_bytes < plan.memory.tensors * 3
+            assert measured.step_seconds >= measured.compute_seconds > 0 and measured.comm_seconds >= 0
+            step = plan.point(1).step_seconds
+            assert step / 3 < measured.step_seconds < step * 3, strategy

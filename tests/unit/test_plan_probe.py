@@ -1,4 +1,4 @@
-"""run_probe in one process (the multi-rank probe is tests/integration/test_plan_local.py)."""
+"""run_probe in one process (the multi-rank probe is tests/integration/test_local_probe.py)."""
 
 from __future__ import annotations
 

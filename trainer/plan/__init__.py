@@ -7,12 +7,10 @@ GPUs on it, and measure the same with a short probe (issue #20).
 - :mod:`trainer.plan.comms`: the alpha-beta cost of the collectives;
 - :mod:`trainer.plan.hardware`: GPU types and the interconnect;
 - :mod:`trainer.plan.probe`: a few real steps, measured (:func:`run_probe`);
-- :mod:`trainer.plan.local`: the probe in N gloo processes on this machine (:func:`probe_locally`);
 - :mod:`trainer.plan.measure`: peak memory as the probe and every real run measure it.
 """
 
 from trainer.plan.hardware import GPUS, GpuSpec, Interconnect, gpu_spec
-from trainer.plan.local import probe_locally
 from trainer.plan.measure import PeakMemory
 from trainer.plan.plan import Alternative, MemoryBreakdown, Plan, ScalePoint, make_plan
 from trainer.plan.probe import ProbeResult, run_probe
@@ -31,6 +29,5 @@ __all__ = [
     "ScalePoint",
     "gpu_spec",
     "make_plan",
-    "probe_locally",
     "run_probe",
 ]
