@@ -243,13 +243,13 @@ class Plan:
                 "",
                 "## Scaling",
                 "",
-                f"| nodes | GPUs | step s | compute s | comm s | {unit} | efficiency | ETA | GPU-hours | cost |",
+                f"| nodes | GPUs | step | compute | exposed comm | {unit} | efficiency | ETA | GPU-hours | cost |",
                 "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
             ]
             for p in self.scaling:
                 lines.append(
-                    f"| {p.nodes} | {p.gpus} | {_num(p.step_seconds)} | {_num(p.compute_seconds)} | "
-                    f"{_num(p.comm_seconds)} | {_num(p.items_per_second, '.0f')} | {_num(p.efficiency, '.2f')} | "
+                    f"| {p.nodes} | {p.gpus} | {_seconds(p.step_seconds)} | {_seconds(p.compute_seconds)} | "
+                    f"{_seconds(p.comm_seconds)} | {_num(p.items_per_second, ',.0f')} | {_num(p.efficiency, '.2f')} | "
                     f"{_duration(p.eta_seconds) if p.eta_seconds is not None else '-'} | "
                     f"{_num(p.gpu_hours, '.1f')} | {_num(p.cost, '.2f')} |"
                 )
@@ -263,6 +263,19 @@ def _yes(value: bool | None) -> str:
 
 def _num(value: float | None, fmt: str = ".4g") -> str:
     return "-" if value is None else format(value, fmt)
+
+
+def _seconds(value: float | None) -> str:
+    """A step's time at a readable scale: `12 us`, `3.4 ms`, `1.25 s`."""
+    if value is None:
+        return "-"
+    if value == 0:
+        return "0"
+    if value < 1e-3:
+        return f"{value * 1e6:.3g} us"
+    if value < 1:
+        return f"{value * 1e3:.3g} ms"
+    return f"{value:.3g} s"
 
 
 def _duration(seconds: float) -> str:
