@@ -170,11 +170,14 @@ class Health:
             self._waits.append(max(0.0, time.perf_counter() - self._arrived))
         self._arrived = None
 
-    def end_step(self, step: int, data_wait: float) -> None:
+    def end_step(self, step: int, data_wait: float, timed: bool = True) -> None:
         """After optimizer step `step`; `data_wait` is the run's total seconds waiting for batches.
-        At a log interval compare the ranks' times; every divergence interval their parameters."""
-        self._steps += 1
-        self._step_seconds += time.perf_counter() - self._t
+        At a log interval compare the ranks' times; every divergence interval their parameters.
+        `timed` False: the step's time is not the run's (the CPU's profiled memory step) and is left
+        out of the comparison."""
+        if timed:
+            self._steps += 1
+            self._step_seconds += time.perf_counter() - self._t
         if self.watch and step % self.interval == 0:
             self._compare_times(step, data_wait)
         if self.divergence_steps and step % self.divergence_steps == 0:

@@ -574,7 +574,7 @@ class Trainer:
         self.epoch_steps += 1
         lr = self.scheduler.get_last_lr()[0]
         self.progress.step(self.step, self.epoch, step_loss, lr, grad_norm, self.data_wait)
-        self.health.end_step(self.step, self.data_wait)
+        self.health.end_step(self.step, self.data_wait, timed=not measuring)
         if measuring:  # the profiler slowed this step: its time is not the run's
             self.measured_peak = self.peak_memory.peak_bytes()
         else:

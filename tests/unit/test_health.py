@@ -3,10 +3,13 @@ runs are in tests/integration/test_health.py)."""
 
 from __future__ import annotations
 
+import time
+
 import pytest
 import torch
 
-from trainer.health import differing_ranks, own_time, parameter_fingerprint, stragglers
+from trainer.distributed import DistEnv
+from trainer.health import Health, differing_ranks, own_time, parameter_fingerprint, stragglers
 
 
 @pytest.mark.parametrize(
@@ -61,3 +64,15 @@ def test_the_fingerprint_sees_one_changed_weight_and_equal_replicas_agree():
     swapped = [p.clone() for p in params]
     swapped[1][[0, 1]] = swapped[1][[1, 0]]
     assert torch.equal(parameter_fingerprint(params), parameter_fingerprint(swapped))
+
+
+def test_a_step_that_is_not_the_runs_own_is_left_out_of_the_step_time():
+    """The CPU's profiled memory step runs slower on purpose: its time must not make a straggler."""
+    env = DistEnv(rank=0, world_size=1, local_rank=0)
+    health = Health(torch.nn.Linear(2, 2), [], env, torch.device("cpu"), interval=10, factor=1.5, divergence_steps=0)
+    for step, timed in enumerate([True, False, True], start=1):
+        health.begin_step()
+        if not timed:
+            time.sleep(0.05)
+        health.end_step(step, 0.0, timed=timed)
+    assert health._steps == 2 and health._step_seconds < 0.05
