@@ -91,6 +91,8 @@ __all__ = [
     "grouped_allgather_async",
     "grouped_allreduce",
     "grouped_allreduce_",
+    "grouped_allreduce_async",
+    "grouped_allreduce_async_",
     "init",
     "is_initialized",
     "join",
@@ -1170,18 +1172,9 @@ def grouped_allreduce_(
     process_set: Any = global_process_set,
 ) -> list[torch.Tensor]:
     """`allreduce_` of each tensor of a list, in place, checked once for the whole list."""
-    handles = _grouped_allreduce_async(
-        tensors,
-        [t.data for t in tensors],
-        average,
-        name,
-        op,
-        prescale_factor,
-        postscale_factor,
-        process_set,
-        lambda t: lambda _: t,
+    return synchronize(
+        grouped_allreduce_async_(tensors, average, name, op, prescale_factor, postscale_factor, process_set)
     )
-    return [synchronize(h) for h in handles]
 
 
 # --- allgather, broadcast, objects, barrier ------------------------------------------------
@@ -1216,6 +1209,52 @@ def _combined(handles: Sequence[Any], finish: Callable[[list[Any]], Any] = list)
     """One handle for several: done when all are, `synchronize` gives `finish` of their results."""
     works = [w for h in handles for w in h._works]
     return _Handle(works, lambda: finish([h.wait() for h in handles]))
+
+
+def grouped_allreduce_async(
+    tensors: Sequence[torch.Tensor],
+    average: bool | None = None,
+    name: str | None = None,
+    op: Any = None,
+    prescale_factor: float = 1.0,
+    postscale_factor: float = 1.0,
+    process_set: Any = global_process_set,
+) -> Any:
+    """Start `allreduce` of each tensor of a list into new tensors (checked once for the list);
+    `synchronize` gives the list."""
+    outs = [t.detach().clone() for t in tensors]
+    return _combined(
+        _grouped_allreduce_async(
+            outs, outs, average, name, op, prescale_factor, postscale_factor, process_set, lambda t: lambda r: r
+        )
+    )
+
+
+def grouped_allreduce_async_(
+    tensors: Sequence[torch.Tensor],
+    average: bool | None = None,
+    name: str | None = None,
+    op: Any = None,
+    prescale_factor: float = 1.0,
+    postscale_factor: float = 1.0,
+    process_set: Any = global_process_set,
+) -> Any:
+    """Start `allreduce_` of each tensor of a list, in place (checked once for the list);
+    `synchronize` gives the list."""
+    tensors = list(tensors)
+    return _combined(
+        _grouped_allreduce_async(
+            tensors,
+            [t.data for t in tensors],
+            average,
+            name,
+            op,
+            prescale_factor,
+            postscale_factor,
+            process_set,
+            lambda t: lambda _: t,
+        )
+    )
 
 
 def grouped_allgather_async(
@@ -1802,14 +1841,12 @@ def DistributedOptimizer(  # noqa: N802 - Horovod's name
     )
 
 
-# alltoall, reducescatter, the asynchronous grouped allreduce, SyncBatchNorm and the timeline live
+# alltoall, reducescatter, SyncBatchNorm and the timeline live
 # in their own modules, which build on this one: they are this module's attributes too, loaded on
 # first use (so neither module imports the other back at import time).
 _ELSEWHERE = {
     "alltoall": "collectives",
     "alltoall_async": "collectives",
-    "grouped_allreduce_async": "collectives",
-    "grouped_allreduce_async_": "collectives",
     "grouped_reducescatter": "collectives",
     "grouped_reducescatter_async": "collectives",
     "reducescatter": "collectives",

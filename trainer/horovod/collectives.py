@@ -1,5 +1,5 @@
-"""Horovod's alltoall and reducescatter (each with its grouped and asynchronous forms) and the
-asynchronous grouped allreduce, on torch.distributed.
+"""Horovod's alltoall and reducescatter (each with its grouped and asynchronous forms), on
+torch.distributed.
 
 Part of the `horovod.torch` surface: trainer.horovod.api re-exports every public name here.
 Shapes, defaults, errors and gradients follow Horovod's torch API (horovod/torch/mpi_ops.py):
@@ -29,8 +29,6 @@ from trainer.horovod import api
 __all__ = [
     "alltoall",
     "alltoall_async",
-    "grouped_allreduce_async",
-    "grouped_allreduce_async_",
     "grouped_reducescatter",
     "grouped_reducescatter_async",
     "reducescatter",
@@ -271,52 +269,3 @@ def grouped_reducescatter(
         name, op, process_set, prescale_factor, postscale_factor, *[t for t, _ in packed]
     )
     return [compression.decompress(o, c) for o, (_, c) in zip(outs, packed, strict=True)]
-
-
-# --- grouped allreduce, asynchronous ------------------------------------------------------
-
-
-def grouped_allreduce_async(
-    tensors: Sequence[torch.Tensor],
-    average: bool | None = None,
-    name: str | None = None,
-    op: Any = None,
-    prescale_factor: float = 1.0,
-    postscale_factor: float = 1.0,
-    process_set: Any = api.global_process_set,
-) -> Any:
-    """Start `allreduce` of each tensor of a list into new tensors (checked once for the list);
-    `synchronize` gives the list."""
-    outs = [t.detach().clone() for t in tensors]
-    return api._combined(
-        api._grouped_allreduce_async(
-            outs, outs, average, name, op, prescale_factor, postscale_factor, process_set, lambda t: lambda r: r
-        )
-    )
-
-
-def grouped_allreduce_async_(
-    tensors: Sequence[torch.Tensor],
-    average: bool | None = None,
-    name: str | None = None,
-    op: Any = None,
-    prescale_factor: float = 1.0,
-    postscale_factor: float = 1.0,
-    process_set: Any = api.global_process_set,
-) -> Any:
-    """Start `allreduce_` of each tensor of a list, in place (checked once for the list);
-    `synchronize` gives the list."""
-    tensors = list(tensors)
-    return api._combined(
-        api._grouped_allreduce_async(
-            tensors,
-            [t.data for t in tensors],
-            average,
-            name,
-            op,
-            prescale_factor,
-            postscale_factor,
-            process_set,
-            lambda t: lambda _: t,
-        )
-    )
