@@ -9,13 +9,15 @@ runs the unmarked S3 tests on the servers it lists.
 
 from __future__ import annotations
 
+import fcntl
 import os
 import re
+import shutil
 import signal
 import subprocess
 import sysconfig
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
@@ -47,11 +49,17 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """Tests on RGW run in the serial part of CI (one RGW for the session, not one per worker)."""
+    """Tests on RGW are `serial` too (one RGW for the session, not one per worker). Every `serial`
+    test joins one xdist group, so under `-n N --dist loadgroup` they run one after another on one
+    worker (mostly waiting: on outages, on a CLI to be killed) beside the other workers' tests, and
+    they come first, so the group starts at once rather than last, alone."""
     for item in items:
         callspec = getattr(item, "callspec", None)
         if callspec is not None and callspec.params.get("s3_server") == "rgw":
             item.add_marker(pytest.mark.serial)
+        if item.get_closest_marker("serial"):
+            item.add_marker(pytest.mark.xdist_group("serial"))
+    items.sort(key=lambda item: item.get_closest_marker("serial") is None)  # stable: otherwise in order
 
 
 @pytest.fixture(scope="session")
@@ -64,6 +72,33 @@ def digits(tmp_path_factory) -> str:
     uri = str(tmp_path_factory.mktemp("digits") / "dataset")
     prepare_dataset(load_config().data, LocalStore(), uri)
     return uri
+
+
+@pytest.fixture(scope="session")
+def shared(tmp_path_factory: pytest.TempPathFactory) -> Callable[[str, Callable[[Path], None]], Path]:
+    """`shared(key, build)` -> a folder that `build(folder)` filled, once per test session: under
+    pytest-xdist the workers share it (the first to ask builds it, holding a file lock; the others
+    wait for it), so an expensive result (a reference training run) is computed once, not once per
+    test or per worker. Treat it as read-only: copy it first to change it. A build that fails leaves
+    nothing behind, and the next test to ask tries again."""
+    base = tmp_path_factory.getbasetemp()
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        base = base.parent  # the session's folder, above the workers' own
+    root = base / "shared"
+    root.mkdir(exist_ok=True)
+
+    def get(key: str, build: Callable[[Path], None]) -> Path:
+        folder, done = root / key, root / f"{key}.done"
+        with open(root / f"{key}.lock", "w") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            if not done.exists():
+                shutil.rmtree(folder, ignore_errors=True)
+                folder.mkdir()
+                build(folder)
+                done.touch()
+        return folder
+
+    return get
 
 
 @pytest.fixture(scope="session")

@@ -45,11 +45,9 @@ from torch.nn.parallel import DistributedDataParallel
 
 from trainer.distributed import DistEnv
 from trainer.errors import KftrainError
+from trainer.launch.spec import NODE_ENV, POD_ENV
 
 log = logging.getLogger("kftrain.health")
-#: Where a replica's pod and node names come from: the pod name is its hostname in Kubernetes;
-#: the node name needs the downward API (`fieldRef: spec.nodeName`).
-POD_ENV, NODE_ENV = "HOSTNAME", "KFTRAIN_NODE_NAME"
 #: A rank is named only when its own time exceeds the median's by this share of the median step
 #: time as well as by the factor, so microsecond-scale noise on idle ranks never names one.
 MIN_EXCESS_SHARE = 0.1

@@ -31,3 +31,17 @@ def test_trainer_imports_without_kfp_installed():
     )
     out = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
+
+
+def test_launching_and_watching_a_local_job_imports_no_torch():
+    """The processes that only start, watch or stop replicas (the CLI's local run, its watchdog, the
+    training step's launcher) stay light: torch is for the replicas themselves (a second's import
+    in each of those processes otherwise)."""
+    code = (
+        "import sys\n"
+        "import trainer.launch.local, trainer.launch.kubernetes, components.train, pipelines.local_run\n"
+        "heavy = sorted(m for m in sys.modules if m.split('.')[0] in ('torch', 'numpy'))\n"
+        "assert not heavy, heavy\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr

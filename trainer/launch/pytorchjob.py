@@ -12,9 +12,8 @@ from kubeflow.training import models as kt
 from kubernetes import client as k8s
 
 from trainer.config import HF_TOKEN, SHM_VOLUME
-from trainer.health import NODE_ENV
 from trainer.job_status import JOB_NAMESPACE_ENV, PYTORCHJOB_NAME_ENV
-from trainer.launch.spec import DEFAULT_PORT, KUEUE_QUEUE_LABEL, MANAGED_BY_LABEL, JobSpec
+from trainer.launch.spec import DEFAULT_PORT, KUEUE_QUEUE_LABEL, MANAGED_BY_LABEL, NODE_ENV, JobSpec
 
 GROUP, VERSION, PLURAL, KIND = "kubeflow.org", "v1", "pytorchjobs", "PyTorchJob"
 CONTAINER = "pytorch"  # the operator finds the training container by this name

@@ -58,6 +58,9 @@ PYTORCHJOB_ONLY = {
     "backoff_limit": 3,
     "restart_policy": "OnFailure",
 }
+#: The pod's name (Kubernetes sets HOSTNAME to it) and its node's (each replica's env sets this
+#: one from ``spec.nodeName``): how the health checks name a straggler's pod and node.
+POD_ENV, NODE_ENV = "HOSTNAME", "KFTRAIN_NODE_NAME"
 #: Pod and Service names are DNS labels: at most 63 characters.
 MAX_NAME = 63
 #: The launcher pod's name and uid, set by the pipeline (kfp.kubernetes.use_field_path_as_env)

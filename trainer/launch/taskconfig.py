@@ -24,9 +24,8 @@ from typing import Any
 
 from trainer.config import HF_TOKEN, Config, ConfigError
 from trainer.errors import KftrainError
-from trainer.health import NODE_ENV
 from trainer.job_status import JOB_NAMESPACE_ENV, PYTORCHJOB_NAME_ENV, TRAINJOB_NAME_ENV
-from trainer.launch.spec import POD_NAME_ENV, POD_UID_ENV
+from trainer.launch.spec import NODE_ENV, POD_NAME_ENV, POD_UID_ENV
 
 #: The keys of the driver's TaskConfig JSON.
 TASK_CONFIG_KEYS = ("affinity", "tolerations", "nodeSelector", "env", "volumes", "volumeMounts", "resources")

@@ -19,9 +19,8 @@ from __future__ import annotations
 from typing import Any
 
 from trainer.config import HF_TOKEN, SHM_VOLUME
-from trainer.health import NODE_ENV
 from trainer.job_status import JOB_NAMESPACE_ENV, TRAINJOB_NAME_ENV
-from trainer.launch.spec import KUEUE_QUEUE_LABEL, MANAGED_BY_LABEL, NODE, JobSpec
+from trainer.launch.spec import KUEUE_QUEUE_LABEL, MANAGED_BY_LABEL, NODE, NODE_ENV, JobSpec
 
 GROUP, VERSION, PLURAL, KIND = "trainer.kubeflow.org", "v1alpha1", "trainjobs", "TrainJob"
 RUNTIME_KIND = "ClusterTrainingRuntime"
