@@ -44,8 +44,9 @@ import torch.distributed as dist
 from torch.utils.data import DataLoader, DistributedSampler, TensorDataset
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from bench.fsdp_vs_ddp import held_bytes  # noqa: E402
 from bench.gpt_setup import require_ranks  # noqa: E402
-from bench.llama_setup import add_llama_arguments, held_bytes, llama_config, save_llama_folder  # noqa: E402
+from bench.llama_setup import add_llama_arguments, llama_config, save_llama_folder  # noqa: E402
 from trainer.checkpoint import COMMIT, step_dir  # noqa: E402
 from trainer.config import load_config  # noqa: E402
 from trainer.distributed import device_for, dist_env, process_group  # noqa: E402

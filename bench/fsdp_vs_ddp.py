@@ -49,25 +49,30 @@ def local_tensor(t: torch.Tensor) -> torch.Tensor:
     return t.to_local() if hasattr(t, "to_local") else t
 
 
+def held_bytes(tensors, seen: set[int] | None = None) -> int:
+    """Bytes of the storages behind `tensors` as this rank holds them, each storage counted once
+    (also across calls that share `seen`)."""
+    seen = set() if seen is None else seen
+    total = 0
+    for t in tensors:
+        storage = local_tensor(t).untyped_storage()
+        if storage.data_ptr() not in seen:
+            seen.add(storage.data_ptr())
+            total += storage.nbytes()
+    return total
+
+
 def state_bytes(model: torch.nn.Module, opt: torch.optim.Optimizer) -> dict[str, int]:
     """Bytes of this rank's parameters, gradients and optimizer state, each storage counted once
     (DDP's gradients are views into its all-reduce buckets: the bucket is what is allocated)."""
     seen: set[int] = set()
-
-    def count(tensors) -> int:
-        total = 0
-        for t in tensors:
-            storage = local_tensor(t).untyped_storage()
-            if storage.data_ptr() not in seen:
-                seen.add(storage.data_ptr())
-                total += storage.nbytes()
-        return total
-
     params = list(model.parameters())
     out = {
-        "params": count(params),
-        "grads": count(p.grad for p in params if p.grad is not None),
-        "optimizer": count(v for s in opt.state.values() for v in s.values() if isinstance(v, torch.Tensor)),
+        "params": held_bytes(params, seen),
+        "grads": held_bytes((p.grad for p in params if p.grad is not None), seen),
+        "optimizer": held_bytes(
+            (v for s in opt.state.values() for v in s.values() if isinstance(v, torch.Tensor)), seen
+        ),
     }
     out["total"] = sum(out.values())
     return out

@@ -8,8 +8,6 @@ from pathlib import Path
 
 import torch
 
-from bench.fsdp_vs_ddp import local_tensor
-
 
 def add_llama_arguments(parser: argparse.ArgumentParser, **defaults: int) -> None:
     """The model-shape options of a Llama benchmark, with the benchmark's own defaults."""
@@ -53,18 +51,6 @@ def save_llama_folder(folder: str | Path, config, tokenizer=None, seed: int = 0)
         tokenizer.save_pretrained(folder)
     del model
     return str(folder)
-
-
-def held_bytes(tensors) -> int:
-    """Bytes of the storages behind `tensors` as this rank holds them, each storage once."""
-    seen: set[int] = set()
-    total = 0
-    for t in tensors:
-        storage = local_tensor(t).untyped_storage()
-        if storage.data_ptr() not in seen:
-            seen.add(storage.data_ptr())
-            total += storage.nbytes()
-    return total
 
 
 def proc_status_kb(*fields: str) -> dict[str, int]:

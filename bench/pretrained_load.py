@@ -72,8 +72,8 @@ def worker_plain(folder: str, out: Path, label: str) -> None:
     import transformers.models.llama.modeling_llama  # noqa: F401  (code, not the load)
     from transformers import AutoModelForCausalLM
 
-    from bench.fsdp_vs_ddp import reset_peak_rss
-    from bench.llama_setup import held_bytes, proc_status_kb
+    from bench.fsdp_vs_ddp import held_bytes, reset_peak_rss
+    from bench.llama_setup import proc_status_kb
     from trainer.distributed import dist_env, process_group
 
     env = dist_env()
@@ -120,8 +120,8 @@ def worker_kftrain(uri: str, out: Path, label: str) -> None:
     import torch
     import transformers.models.llama.modeling_llama  # noqa: F401  (code, not the load)
 
-    from bench.fsdp_vs_ddp import reset_peak_rss
-    from bench.llama_setup import held_bytes, proc_status_kb
+    from bench.fsdp_vs_ddp import held_bytes, reset_peak_rss
+    from bench.llama_setup import proc_status_kb
     from trainer import pretrained
     from trainer.config import load_config
     from trainer.distributed import dist_env, parallelize, process_group

@@ -445,59 +445,41 @@ def _topo() -> Topology:
     return _state.topology
 
 
-def rank() -> int:
-    """This process's rank among all processes."""
-    return _topo().rank
+def _topology_reader(name: str, doc: str) -> Callable[[], int]:
+    """Horovod's function `name`: one field of the topology `init` found."""
+
+    def read() -> int:
+        return getattr(_topo(), name)
+
+    read.__name__ = read.__qualname__ = name
+    read.__doc__ = doc
+    return read
 
 
-def size() -> int:
-    """Processes in the job."""
-    return _topo().size
+def _fixed_answer(name: str, value: bool, doc: str) -> Callable[[], bool]:
+    """Horovod's build-query function `name`, whose answer is the same in every kftrain process."""
+
+    def answer() -> bool:
+        return value
+
+    answer.__name__ = answer.__qualname__ = name
+    answer.__doc__ = doc
+    return answer
 
 
-def local_rank() -> int:
-    """This process's rank on its node (its GPU index)."""
-    return _topo().local_rank
-
-
-def local_size() -> int:
-    """Processes on this node."""
-    return _topo().local_size
-
-
-def cross_rank() -> int:
-    """This node's rank among the nodes."""
-    return _topo().cross_rank
-
-
-def cross_size() -> int:
-    """Nodes in the job."""
-    return _topo().cross_size
-
-
-def mpi_threads_supported() -> bool:
-    """No MPI here."""
-    return False
-
-
-def mpi_enabled() -> bool:
-    """No MPI here."""
-    return False
-
-
-def mpi_built() -> bool:
-    """No MPI here."""
-    return False
-
-
-def gloo_enabled() -> bool:
-    """gloo carries CPU tensors."""
-    return True
-
-
-def gloo_built() -> bool:
-    """gloo carries CPU tensors."""
-    return True
+rank = _topology_reader("rank", "This process's rank among all processes.")
+size = _topology_reader("size", "Processes in the job.")
+local_rank = _topology_reader("local_rank", "This process's rank on its node (its GPU index).")
+local_size = _topology_reader("local_size", "Processes on this node.")
+cross_rank = _topology_reader("cross_rank", "This node's rank among the nodes.")
+cross_size = _topology_reader("cross_size", "Nodes in the job.")
+mpi_threads_supported = _fixed_answer("mpi_threads_supported", False, "No MPI here.")
+mpi_enabled = _fixed_answer("mpi_enabled", False, "No MPI here.")
+mpi_built = _fixed_answer("mpi_built", False, "No MPI here.")
+gloo_enabled = _fixed_answer("gloo_enabled", True, "gloo carries CPU tensors.")
+gloo_built = _fixed_answer("gloo_built", True, "gloo carries CPU tensors.")
+ddl_built = _fixed_answer("ddl_built", False, "No IBM DDL here.")
+ccl_built = _fixed_answer("ccl_built", False, "No oneCCL here.")
 
 
 def nccl_built() -> int:
@@ -527,16 +509,6 @@ def cuda_built() -> bool:
 def rocm_built() -> bool:
     """This torch build targets ROCm."""
     return bool(getattr(torch.version, "hip", None))
-
-
-def ddl_built() -> bool:
-    """No IBM DDL here."""
-    return False
-
-
-def ccl_built() -> bool:
-    """No oneCCL here."""
-    return False
 
 
 # --- asynchronous handles ------------------------------------------------------------------
