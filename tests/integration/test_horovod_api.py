@@ -318,123 +318,144 @@ SETS_SCRIPT = (
     PRELUDE
     + """
 n = int(os.environ["WORLD_SIZE"])
-evens = hvd.ProcessSet(range(0, n, 2))
-hvd.init(process_sets=[evens])
-r = hvd.rank()
-rest = hvd.add_process_set(list(range(1, n)))  # dynamic, after init, on every rank
-out = {"ids": [evens.process_set_id, rest.process_set_id]}
 
 
-def on(ps):
-    got = {"included": ps.included(), "size": ps.size()}
-    got["rank"] = ps.rank() if ps.included() else attempt(ps.rank)["type"]
-    if not ps.included():
-        got["outsider"] = attempt(lambda: hvd.allreduce(torch.ones(1), process_set=ps))
+def case():
+    evens = hvd.ProcessSet(range(0, n, 2))
+    hvd.init(process_sets=[evens])
+    r = hvd.rank()
+    rest = hvd.add_process_set(list(range(1, n)))  # dynamic, after init, on every rank
+    out = {"ids": [evens.process_set_id, rest.process_set_id]}
+
+    def on(ps):
+        got = {"included": ps.included(), "size": ps.size()}
+        got["rank"] = ps.rank() if ps.included() else attempt(ps.rank)["type"]
+        if not ps.included():
+            got["outsider"] = attempt(lambda: hvd.allreduce(torch.ones(1), process_set=ps))
+            return got
+        x = torch.tensor([1.0, 2.0]) * (r + 1)
+        got["average"] = hvd.allreduce(x, process_set=ps).tolist()
+        y = x.clone()
+        hvd.allreduce_(y, op=hvd.Sum, process_set=ps)
+        got["inplace_sum"] = y.tolist()
+        got["grouped"] = [t.tolist() for t in hvd.grouped_allreduce([x, 2 * x], op=hvd.Sum, process_set=ps)]
+        h = hvd.allreduce_async(x, op=hvd.Max, process_set=ps)
+        got["async_max"] = hvd.synchronize(h).tolist()
+        got["allgather"] = hvd.allgather(torch.full((r + 1, 2), float(r)), process_set=ps).tolist()
+        root = max(ps.ranks)
+        got["broadcast"] = hvd.broadcast(torch.tensor([float(r)]), root_rank=root, process_set=ps).tolist()
+        got["object"] = hvd.broadcast_object({"from": r}, root_rank=min(ps.ranks), process_set=ps)
+        got["objects"] = hvd.allgather_object(r, process_set=ps)
+        hvd.barrier(process_set=ps)
+        w = torch.nn.Parameter(torch.zeros(1))
+        opt = hvd.DistributedOptimizer(torch.optim.SGD([w], lr=1.0), process_set=ps)
+        ((r + 1) * w).sum().backward()
+        opt.step()
+        got["optimizer"] = w.tolist()
+        outside = next((q for q in range(n) if q not in ps.ranks), None)
+        if outside is not None:
+            got["foreign_root"] = attempt(lambda: hvd.broadcast(torch.ones(1), root_rank=outside, process_set=ps))
         return got
-    x = torch.tensor([1.0, 2.0]) * (r + 1)
-    got["average"] = hvd.allreduce(x, process_set=ps).tolist()
-    y = x.clone()
-    hvd.allreduce_(y, op=hvd.Sum, process_set=ps)
-    got["inplace_sum"] = y.tolist()
-    got["grouped"] = [t.tolist() for t in hvd.grouped_allreduce([x, 2 * x], op=hvd.Sum, process_set=ps)]
-    h = hvd.allreduce_async(x, op=hvd.Max, process_set=ps)
-    got["async_max"] = hvd.synchronize(h).tolist()
-    got["allgather"] = hvd.allgather(torch.full((r + 1, 2), float(r)), process_set=ps).tolist()
-    root = max(ps.ranks)
-    got["broadcast"] = hvd.broadcast(torch.tensor([float(r)]), root_rank=root, process_set=ps).tolist()
-    got["object"] = hvd.broadcast_object({"from": r}, root_rank=min(ps.ranks), process_set=ps)
-    got["objects"] = hvd.allgather_object(r, process_set=ps)
-    hvd.barrier(process_set=ps)
-    w = torch.nn.Parameter(torch.zeros(1))
-    opt = hvd.DistributedOptimizer(torch.optim.SGD([w], lr=1.0), process_set=ps)
-    ((r + 1) * w).sum().backward()
-    opt.step()
-    got["optimizer"] = w.tolist()
-    outside = next((q for q in range(n) if q not in ps.ranks), None)
-    if outside is not None:
-        got["foreign_root"] = attempt(lambda: hvd.broadcast(torch.ones(1), root_rank=outside, process_set=ps))
-    return got
+
+    out["evens"] = on(evens)
+    out["rest"] = on(rest)
+    out["global"] = hvd.allreduce(torch.tensor([float(r)]), op=hvd.Sum).item()
+    out["duplicate"] = attempt(lambda: hvd.add_process_set(list(range(0, n, 2))))
+    out["removed"] = hvd.remove_process_set(rest)
+    out["after_remove"] = attempt(lambda: hvd.allreduce(torch.ones(1), process_set=rest))
+
+    # int16 (which gloo and NCCL lack) travels widened and comes back exact, in int16.
+    i16 = torch.tensor([1000 * (r + 1), -7, 3 * r], dtype=torch.int16)
+    widened = {
+        "sum": hvd.allreduce(i16, op=hvd.Sum),
+        "average": hvd.allreduce(i16),
+        "min": hvd.allreduce(i16, op=hvd.Min),
+        "max": hvd.allreduce(i16, op=hvd.Max),
+        "inplace": hvd.allreduce_(i16.clone(), op=hvd.Sum),
+        "grouped": hvd.grouped_allreduce([i16, i16], op=hvd.Sum)[1],
+        "allgather": hvd.allgather(i16[: r + 1]),
+        "broadcast": hvd.broadcast(i16, root_rank=n - 1),
+        "broadcast_inplace": hvd.broadcast_(i16.clone(), root_rank=n - 1),
+    }
+    out["int16"] = {k: [str(v.dtype), v.tolist()] for k, v in widened.items()}
+    if evens.included():
+        out["int16_set"] = hvd.allreduce(i16, op=hvd.Sum, process_set=evens).tolist()
+    hvd.shutdown()
+    return out
 
 
-out["evens"] = on(evens)
-out["rest"] = on(rest)
-out["global"] = hvd.allreduce(torch.tensor([float(r)]), op=hvd.Sum).item()
-out["duplicate"] = attempt(lambda: hvd.add_process_set(list(range(0, n, 2))))
-out["removed"] = hvd.remove_process_set(rest)
-out["after_remove"] = attempt(lambda: hvd.allreduce(torch.ones(1), process_set=rest))
-
-# int16 (which gloo and NCCL lack) travels widened and comes back exact, in int16.
-i16 = torch.tensor([1000 * (r + 1), -7, 3 * r], dtype=torch.int16)
-results = {
-    "sum": hvd.allreduce(i16, op=hvd.Sum),
-    "average": hvd.allreduce(i16),
-    "min": hvd.allreduce(i16, op=hvd.Min),
-    "max": hvd.allreduce(i16, op=hvd.Max),
-    "inplace": hvd.allreduce_(i16.clone(), op=hvd.Sum),
-    "grouped": hvd.grouped_allreduce([i16, i16], op=hvd.Sum)[1],
-    "allgather": hvd.allgather(i16[: r + 1]),
-    "broadcast": hvd.broadcast(i16, root_rank=n - 1),
-    "broadcast_inplace": hvd.broadcast_(i16.clone(), root_rank=n - 1),
-}
-out["int16"] = {k: [str(v.dtype), v.tolist()] for k, v in results.items()}
-if evens.included():
-    out["int16_set"] = hvd.allreduce(i16, op=hvd.Sum, process_set=evens).tolist()
-dump(out)
+# One case per value of KFTRAIN_HOROVOD_CHECKS (read by init), each from a fresh init.
+results = {}
+for checks in json.loads(sys.argv[2]):
+    os.environ["KFTRAIN_HOROVOD_CHECKS"] = checks
+    results[checks] = case()
+dump(results)
 """
 )
 
 
 @pytest.mark.timeout(150)
-@pytest.mark.parametrize(("world", "checks"), [(2, "1"), (3, "1"), (3, "0")], ids=["2 ranks", "3 ranks", "unchecked"])
-def test_process_sets_static_and_dynamic_and_int16(tmp_path, monkeypatch, world, checks):
-    monkeypatch.setenv("KFTRAIN_HOROVOD_CHECKS", checks)  # every collective works with the checks off too
-    ranks = run(tmp_path, SETS_SCRIPT, world)
+@pytest.mark.parametrize(
+    ("world", "cases"), [(2, ["1"]), (3, ["1", "0"])], ids=["2 ranks", "3 ranks checked and unchecked"]
+)
+def test_process_sets_static_and_dynamic_and_int16(tmp_path, world, cases):
+    """Every collective works with the checks off (KFTRAIN_HOROVOD_CHECKS=0) too: the 3-rank job
+    runs the script once per setting, each after a fresh init, and each is checked alone."""
+    ranks = run(tmp_path, SETS_SCRIPT, world, json.dumps(cases))
+    for checks in cases:
+        for r, rank in enumerate(ranks):
+            try:
+                assert_process_sets(rank[checks], r, world)
+            except AssertionError as exc:
+                raise AssertionError(f"KFTRAIN_HOROVOD_CHECKS={checks}, rank {r}: {exc}") from exc
+
+
+def assert_process_sets(got: dict, r: int, world: int) -> None:
+    """What rank `r` of `world` saw of SETS_SCRIPT's process sets and int16 collectives."""
     sets = {"evens": list(range(0, world, 2)), "rest": list(range(1, world))}
-    for r, got in enumerate(ranks):
-        assert got["ids"] == [1, 2]
-        for name, members in sets.items():
-            seen = got[name]
-            assert (seen["included"], seen["size"]) == (r in members, len(members))
-            if r not in members:
-                assert seen["rank"] == "ValueError"  # as Horovod
-                assert seen["outsider"]["type"] == "ValueError" and "not a member" in seen["outsider"]["message"]
-                continue
-            k = len(members)
-            total = sum(m + 1 for m in members)
-            assert seen["rank"] == members.index(r)
-            assert seen["average"] == pytest.approx([total / k, 2 * total / k])
-            assert seen["inplace_sum"] == [total, 2 * total]
-            assert seen["grouped"] == [[total, 2 * total], [2 * total, 4 * total]]
-            assert seen["async_max"] == [max(members) + 1, 2 * (max(members) + 1)]
-            assert seen["allgather"] == [[float(m)] * 2 for m in members for _ in range(m + 1)]
-            assert seen["broadcast"] == [float(max(members))]
-            assert seen["object"] == {"from": min(members)} and seen["objects"] == members
-            assert seen["optimizer"] == pytest.approx([-total / k])  # gradients averaged over the set
-            if "foreign_root" in seen:
-                assert (
-                    seen["foreign_root"]["type"] == "ValueError"
-                    and "is not a rank of" in seen["foreign_root"]["message"]
-                )
-        assert got["global"] == sum(range(world))
-        assert got["duplicate"]["type"] == "ValueError" and "duplicate process set" in got["duplicate"]["message"]
-        assert got["removed"] is True
-        assert got["after_remove"]["type"] == "ValueError" and "not registered" in got["after_remove"]["message"]
-        values = [[1000 * (q + 1), -7, 3 * q] for q in range(world)]
-        sums = [sum(col) for col in zip(*values, strict=True)]
-        expected = {
-            "sum": sums,
-            "average": [int(s / world) for s in sums],  # truncated toward zero, as for any integer tensor
-            "min": [min(col) for col in zip(*values, strict=True)],
-            "max": [max(col) for col in zip(*values, strict=True)],
-            "inplace": sums,
-            "grouped": sums,
-            "allgather": [v for q in range(world) for v in values[q][: q + 1]],
-            "broadcast": values[-1],
-            "broadcast_inplace": values[-1],
-        }
-        assert got["int16"] == {k: ["torch.int16", v] for k, v in expected.items()}
-        if r in sets["evens"]:
-            assert got["int16_set"] == [sum(col) for col in zip(*[values[q] for q in sets["evens"]], strict=True)]
+    assert got["ids"] == [1, 2]
+    for name, members in sets.items():
+        seen = got[name]
+        assert (seen["included"], seen["size"]) == (r in members, len(members))
+        if r not in members:
+            assert seen["rank"] == "ValueError"  # as Horovod
+            assert seen["outsider"]["type"] == "ValueError" and "not a member" in seen["outsider"]["message"]
+            continue
+        k = len(members)
+        total = sum(m + 1 for m in members)
+        assert seen["rank"] == members.index(r)
+        assert seen["average"] == pytest.approx([total / k, 2 * total / k])
+        assert seen["inplace_sum"] == [total, 2 * total]
+        assert seen["grouped"] == [[total, 2 * total], [2 * total, 4 * total]]
+        assert seen["async_max"] == [max(members) + 1, 2 * (max(members) + 1)]
+        assert seen["allgather"] == [[float(m)] * 2 for m in members for _ in range(m + 1)]
+        assert seen["broadcast"] == [float(max(members))]
+        assert seen["object"] == {"from": min(members)} and seen["objects"] == members
+        assert seen["optimizer"] == pytest.approx([-total / k])  # gradients averaged over the set
+        if "foreign_root" in seen:
+            assert (
+                seen["foreign_root"]["type"] == "ValueError" and "is not a rank of" in seen["foreign_root"]["message"]
+            )
+    assert got["global"] == sum(range(world))
+    assert got["duplicate"]["type"] == "ValueError" and "duplicate process set" in got["duplicate"]["message"]
+    assert got["removed"] is True
+    assert got["after_remove"]["type"] == "ValueError" and "not registered" in got["after_remove"]["message"]
+    values = [[1000 * (q + 1), -7, 3 * q] for q in range(world)]
+    sums = [sum(col) for col in zip(*values, strict=True)]
+    expected = {
+        "sum": sums,
+        "average": [int(s / world) for s in sums],  # truncated toward zero, as for any integer tensor
+        "min": [min(col) for col in zip(*values, strict=True)],
+        "max": [max(col) for col in zip(*values, strict=True)],
+        "inplace": sums,
+        "grouped": sums,
+        "allgather": [v for q in range(world) for v in values[q][: q + 1]],
+        "broadcast": values[-1],
+        "broadcast_inplace": values[-1],
+    }
+    assert got["int16"] == {k: ["torch.int16", v] for k, v in expected.items()}
+    if r in sets["evens"]:
+        assert got["int16_set"] == [sum(col) for col in zip(*[values[q] for q in sets["evens"]], strict=True)]
 
 
 # --- shutdown then init, again and again ----------------------------------------------------
