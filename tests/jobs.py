@@ -68,6 +68,25 @@ def fsdp_runs(shared) -> tuple[Path, list[str], list[str]]:
     return root, with_ckpt, without
 
 
+#: The demo on 2 DDP ranks with a fixed partition count (the same global batches on 1 rank).
+TWO_RANKS = {"job.replicas": 2, "train.epochs": 3, "data.partitions": 2}
+
+
+def two_rank_run(shared) -> tuple[str, list[str]]:
+    """(model URI, log lines) of one TWO_RANKS run on the digits, a PyTorchJob on the local
+    backend, built once per test session: test_train.py and test_trainjob_local.py read it."""
+    from trainer.config import load_config
+
+    digits = shared_digits(shared)
+
+    def build(folder: Path) -> None:
+        lines = train(load_config(overrides=TWO_RANKS), "two-ranks", digits, str(folder / "model"))
+        (folder / "lines.json").write_text(json.dumps(lines))
+
+    folder = shared("jobs-two-ranks", build)
+    return str(folder / "model"), json.loads((folder / "lines.json").read_text())
+
+
 def shared_digits(shared) -> str:
     """The demo's prepared digits dataset, built once per test session through the `shared`
     fixture (one for every xdist worker, where the `digits` fixture is one per worker): read-only."""

@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from tests.conftest import truncate
-from tests.jobs import shared_digits
+from tests.jobs import TWO_RANKS, shared_digits, two_rank_run
 from tests.unit.test_train import TINY_GPT, poison_first_train_shard
 from trainer.config import load_config
 from trainer.distributed import DistEnv
@@ -92,21 +92,8 @@ def train(digits, model_uri, replicas, **overrides):
     return lines
 
 
-def two_ranks(shared) -> tuple[str, list[str]]:
-    """(model URI, log lines) of one 2-rank run on fixed partitions, once per session: the 1-rank
-    comparison and the rank-agreement checks read the same run."""
-    digits = shared_digits(shared)
-
-    def build(folder: Path) -> None:
-        lines = train(digits, str(folder / "model"), replicas=2, **{"data.partitions": 2})
-        (folder / "lines.json").write_text(json.dumps(lines))
-
-    folder = shared("test_train-two-ranks", build)
-    return str(folder / "model"), json.loads((folder / "lines.json").read_text())
-
-
 def test_two_ranks_end_with_identical_parameters(shared):
-    model, lines = two_ranks(shared)
+    model, lines = two_rank_run(shared)
     digests = {
         m.group(1): m.group(2)
         for line in lines
@@ -123,9 +110,9 @@ def test_two_ranks_end_with_identical_parameters(shared):
 def test_one_rank_and_two_ranks_learn_the_same_model(shared, tmp_path):
     """Same global batches (a fixed data.partitions), same seed: DDP's averaged gradients equal
     the single-process ones."""
-    train(shared_digits(shared), str(tmp_path / "one"), replicas=1, **{"data.partitions": 2})
+    train(shared_digits(shared), str(tmp_path / "one"), replicas=1, **{**TWO_RANKS, "job.replicas": 1})
     one, _ = load_model(LocalStore(), str(tmp_path / "one"))
-    two, _ = load_model(LocalStore(), two_ranks(shared)[0])
+    two, _ = load_model(LocalStore(), two_rank_run(shared)[0])
     for p1, p2 in zip(one.parameters(), two.parameters(), strict=True):
         torch.testing.assert_close(p1, p2, rtol=1e-4, atol=1e-5)
 

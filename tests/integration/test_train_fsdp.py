@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from tests.jobs import FSDP_CKPT, TINY_GPT, fsdp_runs, record_of, shared_digits, train, weights_of
-from trainer.checkpoint import CheckpointManager
+from trainer.checkpoint import CheckpointManager, step_dir
 from trainer.config import load_config
 from trainer.model_io import load_model
 from trainer.storage import LocalStore, join_uri
@@ -56,20 +56,27 @@ def test_fsdp_learns_what_ddp_learns_on_the_same_batches(shared, tmp_path):
 
 def test_a_two_rank_checkpoint_resumes_on_three_ranks_exactly(shared, tmp_path):
     digits = shared_digits(shared)
-    prefix = str(tmp_path / "ckpt")
-    # The reference: 2 ranks, uninterrupted.
-    ref = load_config(overrides={**RESHARD, "job.replicas": 2, "checkpoint.uri": str(tmp_path / "ref-ckpt")})
+    prefix = str(tmp_path / "ref-ckpt")
+    # The reference: 2 ranks, uninterrupted, keeping every checkpoint; its checkpoint of step 14
+    # (mid-epoch 0: 20 steps per epoch) is what 3 ranks resume from.
+    ref = load_config(overrides={**RESHARD, "job.replicas": 2, "checkpoint.uri": prefix, "checkpoint.keep_last": 10})
     train(ref, "ref", digits, str(tmp_path / "ref"))
-    # 2 ranks stop mid-epoch 0 (20 steps per epoch) right after the checkpoint of step 14.
-    two = load_config(overrides={**RESHARD, "job.replicas": 2, "train.max_steps": 14, "checkpoint.uri": prefix})
-    train(two, "two", digits, str(tmp_path / "two"))
+    step14 = step_dir(prefix, 14)
     # 3 ranks load it and stop at once: their consolidated weights are the checkpoint's, exactly.
-    three = load_config(overrides={**RESHARD, "job.replicas": 3, "train.max_steps": 14, "checkpoint.uri": prefix})
+    three = load_config(
+        overrides={
+            **RESHARD,
+            "job.replicas": 3,
+            "train.max_steps": 14,
+            "checkpoint.uri": str(tmp_path / "load-ckpt"),
+            "checkpoint.resume_from": step14,
+        }
+    )
     lines = train(three, "three-load", digits, str(tmp_path / "loaded"))
-    assert any("resumed at step 14 (epoch 0, 14 steps into it)" in line for line in lines)
+    assert any(f"resumed at step 14 (epoch 0, 14 steps into it) from {step14}" in line for line in lines)
     assert any("changed job.replicas: 2 -> 3" in line for line in lines)
     mgr = CheckpointManager(LocalStore(), prefix)
-    record = mgr.latest()
+    record = mgr.latest(only=14)
     assert record["step"] == 14 and record["world_size"] == 2
     assert sum(name.endswith(".distcp") for name in record["parts"]) == 2  # one shard file per rank
     loaded = weights_of(str(tmp_path / "loaded"))
@@ -81,7 +88,14 @@ def test_a_two_rank_checkpoint_resumes_on_three_ranks_exactly(shared, tmp_path):
         assert torch.equal(tensor, consolidated["model"][name]), name
     # 3 ranks train on from there to the end: the data position and the optimizer state carried
     # over, so they end where the uninterrupted 2-rank run ended (up to the order of float sums).
-    rest = load_config(overrides={**RESHARD, "job.replicas": 3, "checkpoint.uri": prefix})
+    rest = load_config(
+        overrides={
+            **RESHARD,
+            "job.replicas": 3,
+            "checkpoint.uri": str(tmp_path / "rest-ckpt"),
+            "checkpoint.resume_from": step14,
+        }
+    )
     train(rest, "three-rest", digits, str(tmp_path / "rest"))
     ref_w, rest_w = weights_of(str(tmp_path / "ref")), weights_of(str(tmp_path / "rest"))
     for name in ref_w:
