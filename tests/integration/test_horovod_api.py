@@ -187,25 +187,35 @@ def test_every_kind_of_disagreement_raises_on_every_rank_within_seconds(tmp_path
     assert 2.5 < missing["seconds"] < 10, missing
 
 
-GONE_SCRIPT = (
-    PRELUDE
-    + """
+# Run after REINIT_SCRIPT's cases in the same 2-rank job (see `reinit_then_gone`): it must come
+# last, as the other ranks leave.
+GONE = """
 hvd.init()
-out = {}
+out["gone"] = {}
 if hvd.rank() == 0:
-    out["extra"] = attempt(lambda: hvd.allreduce(torch.ones(1), name="after the others left"))
-dump(out)
+    out["gone"]["extra"] = attempt(lambda: hvd.allreduce(torch.ones(1), name="after the others left"))
 """
-)
+
+
+@pytest.fixture
+def reinit_then_gone(shared) -> list[dict]:
+    """What each rank of one 2-rank job saw: REINIT_SCRIPT's repeated init and shutdown, then
+    GONE's collective after the other rank left. One job for both tests, once per session."""
+
+    def build(folder: Path) -> None:
+        run(folder, REINIT_SCRIPT.replace("dump(out)\n", GONE + "dump(out)\n"), 2)
+
+    folder = shared("test_horovod_api-reinit-then-gone", build)
+    return [json.loads((folder / f"rank{r}.json").read_text()) for r in range(2)]
 
 
 @pytest.mark.timeout(120)
-def test_a_collective_after_the_other_ranks_exited_fails_at_once(tmp_path):
+def test_a_collective_after_the_other_ranks_exited_fails_at_once(reinit_then_gone):
     # The default check timeout (60 s) is not what bounds this: the others' exit closes the side group.
-    ranks = run(tmp_path, GONE_SCRIPT, 2)
-    extra = ranks[0]["extra"]
+    extra = reinit_then_gone[0]["gone"]["extra"]
     assert extra["type"] == "HorovodInternalError" and "left or failed" in extra["message"], extra
     assert extra["seconds"] < 10
+    assert reinit_then_gone[1]["gone"] == {}
 
 
 # --- join: ranks that run out of data answer the others' allreduces with zeros --------------
@@ -480,9 +490,8 @@ dump(out)
 
 
 @pytest.mark.timeout(120)
-def test_shutdown_then_init_works_every_time(tmp_path):
-    ranks = run(tmp_path, REINIT_SCRIPT, 2)
-    for r, got in enumerate(ranks):
+def test_shutdown_then_init_works_every_time(reinit_then_gone):
+    for r, got in enumerate(reinit_then_gone):
         assert got["sums"] == [3.0 * i for i in range(6)]
         assert got["set_sums"] == ([float(i) for i in range(6)] if r == 1 else [])
         assert got["initialized_after"] is False and got["set_after"] is None
