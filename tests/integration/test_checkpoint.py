@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 import re
 import signal
@@ -11,6 +12,7 @@ from dataclasses import replace
 import pytest
 import torch
 
+from tests.jobs import shared_digits
 from tests.unit.test_checkpoint import load, save
 from trainer.checkpoint import (
     COMMIT,
@@ -23,7 +25,6 @@ from trainer.launch.backend import run_job
 from trainer.launch.job import training_job
 from trainer.launch.local import LocalBackend
 from trainer.storage import LocalStore, join_uri, open_store
-from trainer.tasks.classification.data import prepare_dataset
 
 # -- resume after SIGKILL, bitwise ---------------------------------------------------------------
 
@@ -35,7 +36,9 @@ def resume_config(prefix: str, **overrides):
         overrides={
             **overrides,
             "model.dropout": 0.1,  # exercises the per-rank RNG streams that a resume must restore
-            "train.epochs": 6,
+            # Killed mid-epoch 0, the resumed run still crosses an epoch boundary (and
+            # test_runs.py's reference is this run's DDP one).
+            "train.epochs": 2,
             "train.log_interval_steps": 1000,
             "train.deterministic": True,
             "checkpoint.uri": prefix,
@@ -81,17 +84,21 @@ RESUME_STRATEGIES = pytest.mark.parametrize(
 )
 
 
-def reference_run(tmp_path, strategy: dict) -> tuple[str, str]:
+def reference_run(shared, strategy: dict) -> tuple[str, str]:
     """The digits dataset and one uninterrupted run of `resume_config` under `strategy`: (dataset
-    URI, model URI)."""
-    dataset = str(tmp_path / "dataset")
-    prepare_dataset(load_config().data, LocalStore(), dataset)
-    ref = resume_config(str(tmp_path / "ref-ckpt"), **strategy)
-    run_job(
-        LocalBackend(sink=lambda line: None),
-        replace(training_job(ref, "ref", dataset, str(tmp_path / "ref")), timeout_s=240),
-    )
-    return dataset, str(tmp_path / "ref")
+    URI, model URI). Built once per test session: the SIGKILL and SIGTERM tests compare against
+    the same run (read-only)."""
+    dataset = shared_digits(shared)
+
+    def build(folder) -> None:
+        ref = resume_config(str(folder / "ref-ckpt"), **strategy)
+        run_job(
+            LocalBackend(sink=lambda line: None),
+            replace(training_job(ref, "ref", dataset, str(folder / "ref")), timeout_s=240),
+        )
+
+    key = hashlib.sha256(json.dumps(strategy, sort_keys=True).encode()).hexdigest()[:12]
+    return dataset, str(shared(f"test_checkpoint-reference-{key}", build) / "ref")
 
 
 def start_until_mid_epoch_checkpoint(spec, prefix: str, sink) -> tuple[LocalBackend, CheckpointManager]:
@@ -122,8 +129,8 @@ def assert_ends_as_uninterrupted(ref_uri: str, got_uri: str) -> dict:
 
 @pytest.mark.timeout(300)
 @RESUME_STRATEGIES
-def test_sigkill_mid_epoch_then_resume_ends_bitwise_equal(tmp_path, strategy):
-    dataset, ref_uri = reference_run(tmp_path, strategy)
+def test_sigkill_mid_epoch_then_resume_ends_bitwise_equal(shared, tmp_path, strategy):
+    dataset, ref_uri = reference_run(shared, strategy)
     epochs = resume_config("unused").train.epochs
 
     # The same run, SIGKILLed (whole process groups) right after its first mid-epoch checkpoint...

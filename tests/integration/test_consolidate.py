@@ -21,13 +21,12 @@ from torch.distributed.checkpoint import FileSystemReader
 from torch.distributed.checkpoint.state_dict import get_state_dict
 
 from tests.conftest import run_group
-from tests.jobs import TINY_GPT, record_of, train, weights_of
+from tests.jobs import fsdp_runs as shared_fsdp_runs
+from tests.jobs import record_of, weights_of
 from trainer.checkpoint import COMMIT, METADATA, CheckpointError, CheckpointManager, step_dir
-from trainer.config import load_config
 from trainer.consolidate import consolidate
 from trainer.model_io import load_model, publish_model
 from trainer.storage import PART_SIZE, LocalStore, open_store
-from trainer.tasks import get_task
 from trainer.tasks.classification.model import build_mlp
 from trainer.train import parameter_digest
 
@@ -35,28 +34,11 @@ REPO = Path(__file__).resolve().parents[2]
 pytestmark = pytest.mark.timeout(300)
 
 
-# -- a 2-rank FSDP run with checkpoints, and the same run without -----------------------------------
-
-FSDP_CKPT = {
-    **TINY_GPT,
-    "train.strategy": "fsdp",
-    "train.max_steps": 12,
-    "checkpoint.enabled": True,
-    "checkpoint.interval_steps": 5,  # saves at 5 and 10: the final step 12 is saved at the end
-    "checkpoint.keep_last": 2,
-}
-
-
-@pytest.fixture(scope="module")
-def fsdp_runs(tmp_path_factory):
-    """(folder, lines of the checkpointed run, lines of the run without checkpoints)."""
-    root = tmp_path_factory.mktemp("fsdp-runs")
-    cfg = load_config(overrides={**FSDP_CKPT, "checkpoint.uri": str(root / "ckpt")})
-    get_task("causal_lm").prepare(cfg, LocalStore(), str(root / "ds"))
-    with_ckpt = train(cfg, "ckpt", str(root / "ds"), str(root / "model"))
-    plain = load_config(overrides={**FSDP_CKPT, "checkpoint.enabled": False})
-    without = train(plain, "gather", str(root / "ds"), str(root / "gathered"))
-    return root, with_ckpt, without
+@pytest.fixture
+def fsdp_runs(shared):
+    """(folder, lines of the checkpointed run, lines of the run without checkpoints): tests/jobs.py's
+    FSDP_CKPT runs, shared by the session."""
+    return shared_fsdp_runs(shared)
 
 
 def loaded_whole(prefix: str, names) -> tuple[dict, dict[str, torch.Tensor]]:

@@ -13,6 +13,7 @@ import pytest
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 from tensorboard.backend.event_processing.event_file_loader import EventFileLoader
 
+from tests.jobs import shared_digits
 from trainer.checkpoint import CheckpointManager
 from trainer.config import load_config
 from trainer.events import EventWriter
@@ -20,6 +21,12 @@ from trainer.launch.backend import run_job
 from trainer.launch.job import training_job
 from trainer.launch.local import LocalBackend
 from trainer.storage import LocalStore, join_uri, open_store
+
+
+@pytest.fixture
+def digits(shared) -> str:
+    """The digits dataset, prepared once per test session (tests/jobs.py), not once per worker."""
+    return shared_digits(shared)
 
 
 def scalars(logdir: str, tag: str) -> list[tuple[int, float]]:
@@ -55,7 +62,7 @@ def test_tensorboard_reads_the_files_straight_from_s3(bucket, s3_env, monkeypatc
 @pytest.mark.slow
 @pytest.mark.timeout(300)
 def test_a_killed_and_resumed_job_shows_one_continuous_curve(tmp_path, digits):
-    steps_per_epoch, epochs = 19, 5  # digits: 1,259 train rows // global batch 64
+    steps_per_epoch, epochs = 19, 2  # digits: 1,259 train rows // global batch 64
     prefix, model = str(tmp_path / "ckpt"), str(tmp_path / "model")
     cfg = load_config(
         overrides={

@@ -2,8 +2,10 @@
 disagree about a collective fail on every rank within seconds, `join()` with uneven data trains
 to the model Horovod's semantics give, process sets, re-initialisation, and int16 by widening.
 
-Each test runs one short script on every rank (started like a PyTorchJob's one-process pods, in
-their own sessions, killed afterwards) that writes what it saw to a JSON file per rank."""
+A short script runs on every rank (started like a PyTorchJob's one-process pods, in their own
+sessions, killed afterwards) and writes what it saw to a JSON file per rank: the disagreement test
+runs its own per world size; the other tests read one job per world size (WORLD_JOBS) that runs
+their cases in turn, each from its own init, once per test session."""
 
 from __future__ import annotations
 
@@ -187,25 +189,25 @@ def test_every_kind_of_disagreement_raises_on_every_rank_within_seconds(tmp_path
     assert 2.5 < missing["seconds"] < 10, missing
 
 
-GONE_SCRIPT = (
-    PRELUDE
-    + """
-hvd.init()
-out = {}
-if hvd.rank() == 0:
-    out["extra"] = attempt(lambda: hvd.allreduce(torch.ones(1), name="after the others left"))
-dump(out)
+# Last in the 2-rank job (see WORLD_JOBS): the other rank leaves after it.
+GONE_CASE = """
+def gone_case(arg):
+    hvd.init()
+    out = {}
+    if hvd.rank() == 0:
+        out["extra"] = attempt(lambda: hvd.allreduce(torch.ones(1), name="after the others left"))
+    return out
 """
-)
 
 
 @pytest.mark.timeout(120)
-def test_a_collective_after_the_other_ranks_exited_fails_at_once(tmp_path):
+def test_a_collective_after_the_other_ranks_exited_fails_at_once(shared):
     # The default check timeout (60 s) is not what bounds this: the others' exit closes the side group.
-    ranks = run(tmp_path, GONE_SCRIPT, 2)
-    extra = ranks[0]["extra"]
+    ranks = world_job(shared, 2)
+    extra = ranks[0]["gone"]["extra"]
     assert extra["type"] == "HorovodInternalError" and "left or failed" in extra["message"], extra
     assert extra["seconds"] < 10
+    assert ranks[1]["gone"] == {}
 
 
 # --- join: ranks that run out of data answer the others' allreduces with zeros --------------
@@ -227,40 +229,39 @@ def loss_of(model, r, k):
     return torch.nn.functional.mse_loss(model(x), y)
 """
 
-JOIN_SCRIPT = (
-    PRELUDE
-    + JOIN_DATA
-    + """
-hvd.init()
-r, n = hvd.rank(), hvd.size()
-batches = json.loads(sys.argv[2])[r]
-torch.manual_seed(r)  # every rank starts elsewhere: broadcast_parameters makes them agree
-model = torch.nn.Linear(4, 1)
-hvd.broadcast_parameters(model.state_dict(), root_rank=0)
-opt = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=LR), named_parameters=model.named_parameters())
-out = {"losses": []}
-for k in range(batches):
-    opt.zero_grad()
-    loss = loss_of(model, r, k)
-    loss.backward()
-    opt.step()
-    out["losses"].append(hvd.allreduce(loss.detach(), op=hvd.Sum, name="loss").item())
-out["last"] = hvd.join()
-# A joined rank stopped stepping: its model is the one of its last step until the usual
-# broadcast from the last rank to join.
-out["at_join"] = {k: v.tolist() for k, v in model.state_dict().items()}
-hvd.broadcast_parameters(model.state_dict(), root_rank=out["last"])
-out["model"] = {k: v.tolist() for k, v in model.state_dict().items()}
-out["after"] = hvd.allreduce(torch.tensor([1.0]), op=hvd.Sum).item()
-# Horovod refuses collectives other than allreduce while a rank has joined, on every rank.
-if r == 0:
-    out["broadcast"] = attempt(lambda: hvd.broadcast(torch.ones(2), root_rank=0))
-else:
-    out["broadcast"] = attempt(hvd.join)
-out["in_step"] = hvd.allreduce(torch.tensor([2.0]), op=hvd.Sum).item()
-dump(out)
+JOIN_CASE = """
+def join_case(all_batches):
+    hvd.init()
+    r, n = hvd.rank(), hvd.size()
+    batches = all_batches[r]
+    torch.manual_seed(r)  # every rank starts elsewhere: broadcast_parameters makes them agree
+    model = torch.nn.Linear(4, 1)
+    hvd.broadcast_parameters(model.state_dict(), root_rank=0)
+    sgd = torch.optim.SGD(model.parameters(), lr=LR)
+    opt = hvd.DistributedOptimizer(sgd, named_parameters=model.named_parameters())
+    out = {"losses": []}
+    for k in range(batches):
+        opt.zero_grad()
+        loss = loss_of(model, r, k)
+        loss.backward()
+        opt.step()
+        out["losses"].append(hvd.allreduce(loss.detach(), op=hvd.Sum, name="loss").item())
+    out["last"] = hvd.join()
+    # A joined rank stopped stepping: its model is the one of its last step until the usual
+    # broadcast from the last rank to join.
+    out["at_join"] = {k: v.tolist() for k, v in model.state_dict().items()}
+    hvd.broadcast_parameters(model.state_dict(), root_rank=out["last"])
+    out["model"] = {k: v.tolist() for k, v in model.state_dict().items()}
+    out["after"] = hvd.allreduce(torch.tensor([1.0]), op=hvd.Sum).item()
+    # Horovod refuses collectives other than allreduce while a rank has joined, on every rank.
+    if r == 0:
+        out["broadcast"] = attempt(lambda: hvd.broadcast(torch.ones(2), root_rank=0))
+    else:
+        out["broadcast"] = attempt(hvd.join)
+    out["in_step"] = hvd.allreduce(torch.tensor([2.0]), op=hvd.Sum).item()
+    hvd.shutdown()
+    return out
 """
-)
 
 
 def _expected_join_training(batches: list[int], over_active: bool = False):
@@ -293,8 +294,9 @@ def _expected_join_training(batches: list[int], over_active: bool = False):
 
 @pytest.mark.timeout(150)
 @pytest.mark.parametrize("batches", [[5, 2], [3, 5, 1]], ids=["2 ranks", "3 ranks"])
-def test_join_with_uneven_data_trains_the_model_horovod_semantics_give(tmp_path, batches):
-    ranks = run(tmp_path, JOIN_SCRIPT, len(batches), json.dumps(batches))
+def test_join_with_uneven_data_trains_the_model_horovod_semantics_give(shared, batches):
+    assert ["join", batches] in WORLD_JOBS[len(batches)]
+    ranks = [got["join"] for got in world_job(shared, len(batches))]
     states, sums = _expected_join_training(batches)
     last = max(range(len(batches)), key=lambda r: batches[r])
     for r, got in enumerate(ranks):
@@ -314,154 +316,197 @@ def test_join_with_uneven_data_trains_the_model_horovod_semantics_give(tmp_path,
 
 # --- process sets (static and dynamic) and int16 --------------------------------------------
 
-SETS_SCRIPT = (
-    PRELUDE
-    + """
-n = int(os.environ["WORLD_SIZE"])
-evens = hvd.ProcessSet(range(0, n, 2))
-hvd.init(process_sets=[evens])
-r = hvd.rank()
-rest = hvd.add_process_set(list(range(1, n)))  # dynamic, after init, on every rank
-out = {"ids": [evens.process_set_id, rest.process_set_id]}
+SETS_CASE = """
+def sets_case(checks):
+    n = int(os.environ["WORLD_SIZE"])
+    evens = hvd.ProcessSet(range(0, n, 2))
+    hvd.init(process_sets=[evens])
+    r = hvd.rank()
+    rest = hvd.add_process_set(list(range(1, n)))  # dynamic, after init, on every rank
+    out = {"ids": [evens.process_set_id, rest.process_set_id]}
 
-
-def on(ps):
-    got = {"included": ps.included(), "size": ps.size()}
-    got["rank"] = ps.rank() if ps.included() else attempt(ps.rank)["type"]
-    if not ps.included():
-        got["outsider"] = attempt(lambda: hvd.allreduce(torch.ones(1), process_set=ps))
+    def on(ps):
+        got = {"included": ps.included(), "size": ps.size()}
+        got["rank"] = ps.rank() if ps.included() else attempt(ps.rank)["type"]
+        if not ps.included():
+            got["outsider"] = attempt(lambda: hvd.allreduce(torch.ones(1), process_set=ps))
+            return got
+        x = torch.tensor([1.0, 2.0]) * (r + 1)
+        got["average"] = hvd.allreduce(x, process_set=ps).tolist()
+        y = x.clone()
+        hvd.allreduce_(y, op=hvd.Sum, process_set=ps)
+        got["inplace_sum"] = y.tolist()
+        got["grouped"] = [t.tolist() for t in hvd.grouped_allreduce([x, 2 * x], op=hvd.Sum, process_set=ps)]
+        h = hvd.allreduce_async(x, op=hvd.Max, process_set=ps)
+        got["async_max"] = hvd.synchronize(h).tolist()
+        got["allgather"] = hvd.allgather(torch.full((r + 1, 2), float(r)), process_set=ps).tolist()
+        root = max(ps.ranks)
+        got["broadcast"] = hvd.broadcast(torch.tensor([float(r)]), root_rank=root, process_set=ps).tolist()
+        got["object"] = hvd.broadcast_object({"from": r}, root_rank=min(ps.ranks), process_set=ps)
+        got["objects"] = hvd.allgather_object(r, process_set=ps)
+        hvd.barrier(process_set=ps)
+        w = torch.nn.Parameter(torch.zeros(1))
+        opt = hvd.DistributedOptimizer(torch.optim.SGD([w], lr=1.0), process_set=ps)
+        ((r + 1) * w).sum().backward()
+        opt.step()
+        got["optimizer"] = w.tolist()
+        outside = next((q for q in range(n) if q not in ps.ranks), None)
+        if outside is not None:
+            got["foreign_root"] = attempt(lambda: hvd.broadcast(torch.ones(1), root_rank=outside, process_set=ps))
         return got
-    x = torch.tensor([1.0, 2.0]) * (r + 1)
-    got["average"] = hvd.allreduce(x, process_set=ps).tolist()
-    y = x.clone()
-    hvd.allreduce_(y, op=hvd.Sum, process_set=ps)
-    got["inplace_sum"] = y.tolist()
-    got["grouped"] = [t.tolist() for t in hvd.grouped_allreduce([x, 2 * x], op=hvd.Sum, process_set=ps)]
-    h = hvd.allreduce_async(x, op=hvd.Max, process_set=ps)
-    got["async_max"] = hvd.synchronize(h).tolist()
-    got["allgather"] = hvd.allgather(torch.full((r + 1, 2), float(r)), process_set=ps).tolist()
-    root = max(ps.ranks)
-    got["broadcast"] = hvd.broadcast(torch.tensor([float(r)]), root_rank=root, process_set=ps).tolist()
-    got["object"] = hvd.broadcast_object({"from": r}, root_rank=min(ps.ranks), process_set=ps)
-    got["objects"] = hvd.allgather_object(r, process_set=ps)
-    hvd.barrier(process_set=ps)
-    w = torch.nn.Parameter(torch.zeros(1))
-    opt = hvd.DistributedOptimizer(torch.optim.SGD([w], lr=1.0), process_set=ps)
-    ((r + 1) * w).sum().backward()
-    opt.step()
-    got["optimizer"] = w.tolist()
-    outside = next((q for q in range(n) if q not in ps.ranks), None)
-    if outside is not None:
-        got["foreign_root"] = attempt(lambda: hvd.broadcast(torch.ones(1), root_rank=outside, process_set=ps))
-    return got
 
+    out["evens"] = on(evens)
+    out["rest"] = on(rest)
+    out["global"] = hvd.allreduce(torch.tensor([float(r)]), op=hvd.Sum).item()
+    out["duplicate"] = attempt(lambda: hvd.add_process_set(list(range(0, n, 2))))
+    out["removed"] = hvd.remove_process_set(rest)
+    out["after_remove"] = attempt(lambda: hvd.allreduce(torch.ones(1), process_set=rest))
 
-out["evens"] = on(evens)
-out["rest"] = on(rest)
-out["global"] = hvd.allreduce(torch.tensor([float(r)]), op=hvd.Sum).item()
-out["duplicate"] = attempt(lambda: hvd.add_process_set(list(range(0, n, 2))))
-out["removed"] = hvd.remove_process_set(rest)
-out["after_remove"] = attempt(lambda: hvd.allreduce(torch.ones(1), process_set=rest))
-
-# int16 (which gloo and NCCL lack) travels widened and comes back exact, in int16.
-i16 = torch.tensor([1000 * (r + 1), -7, 3 * r], dtype=torch.int16)
-results = {
-    "sum": hvd.allreduce(i16, op=hvd.Sum),
-    "average": hvd.allreduce(i16),
-    "min": hvd.allreduce(i16, op=hvd.Min),
-    "max": hvd.allreduce(i16, op=hvd.Max),
-    "inplace": hvd.allreduce_(i16.clone(), op=hvd.Sum),
-    "grouped": hvd.grouped_allreduce([i16, i16], op=hvd.Sum)[1],
-    "allgather": hvd.allgather(i16[: r + 1]),
-    "broadcast": hvd.broadcast(i16, root_rank=n - 1),
-    "broadcast_inplace": hvd.broadcast_(i16.clone(), root_rank=n - 1),
-}
-out["int16"] = {k: [str(v.dtype), v.tolist()] for k, v in results.items()}
-if evens.included():
-    out["int16_set"] = hvd.allreduce(i16, op=hvd.Sum, process_set=evens).tolist()
-dump(out)
+    # int16 (which gloo and NCCL lack) travels widened and comes back exact, in int16.
+    i16 = torch.tensor([1000 * (r + 1), -7, 3 * r], dtype=torch.int16)
+    widened = {
+        "sum": hvd.allreduce(i16, op=hvd.Sum),
+        "average": hvd.allreduce(i16),
+        "min": hvd.allreduce(i16, op=hvd.Min),
+        "max": hvd.allreduce(i16, op=hvd.Max),
+        "inplace": hvd.allreduce_(i16.clone(), op=hvd.Sum),
+        "grouped": hvd.grouped_allreduce([i16, i16], op=hvd.Sum)[1],
+        "allgather": hvd.allgather(i16[: r + 1]),
+        "broadcast": hvd.broadcast(i16, root_rank=n - 1),
+        "broadcast_inplace": hvd.broadcast_(i16.clone(), root_rank=n - 1),
+    }
+    out["int16"] = {k: [str(v.dtype), v.tolist()] for k, v in widened.items()}
+    if evens.included():
+        out["int16_set"] = hvd.allreduce(i16, op=hvd.Sum, process_set=evens).tolist()
+    hvd.shutdown()
+    return out
 """
-)
 
 
 @pytest.mark.timeout(150)
-@pytest.mark.parametrize(("world", "checks"), [(2, "1"), (3, "1"), (3, "0")], ids=["2 ranks", "3 ranks", "unchecked"])
-def test_process_sets_static_and_dynamic_and_int16(tmp_path, monkeypatch, world, checks):
-    monkeypatch.setenv("KFTRAIN_HOROVOD_CHECKS", checks)  # every collective works with the checks off too
-    ranks = run(tmp_path, SETS_SCRIPT, world)
+@pytest.mark.parametrize(
+    ("world", "cases"), [(2, ["1"]), (3, ["1", "0"])], ids=["2 ranks", "3 ranks checked and unchecked"]
+)
+def test_process_sets_static_and_dynamic_and_int16(shared, world, cases):
+    """Every collective works with the checks off (KFTRAIN_HOROVOD_CHECKS=0) too: the 3-rank job
+    runs the sets case once per setting, each after a fresh init, and each is checked alone."""
+    assert all(["sets", checks] in WORLD_JOBS[world] for checks in cases)
+    ranks = world_job(shared, world)
+    for checks in cases:
+        for r, rank in enumerate(ranks):
+            try:
+                assert_process_sets(rank[f"sets-{checks}"], r, world)
+            except AssertionError as exc:
+                raise AssertionError(f"KFTRAIN_HOROVOD_CHECKS={checks}, rank {r}: {exc}") from exc
+
+
+def assert_process_sets(got: dict, r: int, world: int) -> None:
+    """What rank `r` of `world` saw of SETS_CASE's process sets and int16 collectives."""
     sets = {"evens": list(range(0, world, 2)), "rest": list(range(1, world))}
-    for r, got in enumerate(ranks):
-        assert got["ids"] == [1, 2]
-        for name, members in sets.items():
-            seen = got[name]
-            assert (seen["included"], seen["size"]) == (r in members, len(members))
-            if r not in members:
-                assert seen["rank"] == "ValueError"  # as Horovod
-                assert seen["outsider"]["type"] == "ValueError" and "not a member" in seen["outsider"]["message"]
-                continue
-            k = len(members)
-            total = sum(m + 1 for m in members)
-            assert seen["rank"] == members.index(r)
-            assert seen["average"] == pytest.approx([total / k, 2 * total / k])
-            assert seen["inplace_sum"] == [total, 2 * total]
-            assert seen["grouped"] == [[total, 2 * total], [2 * total, 4 * total]]
-            assert seen["async_max"] == [max(members) + 1, 2 * (max(members) + 1)]
-            assert seen["allgather"] == [[float(m)] * 2 for m in members for _ in range(m + 1)]
-            assert seen["broadcast"] == [float(max(members))]
-            assert seen["object"] == {"from": min(members)} and seen["objects"] == members
-            assert seen["optimizer"] == pytest.approx([-total / k])  # gradients averaged over the set
-            if "foreign_root" in seen:
-                assert (
-                    seen["foreign_root"]["type"] == "ValueError"
-                    and "is not a rank of" in seen["foreign_root"]["message"]
-                )
-        assert got["global"] == sum(range(world))
-        assert got["duplicate"]["type"] == "ValueError" and "duplicate process set" in got["duplicate"]["message"]
-        assert got["removed"] is True
-        assert got["after_remove"]["type"] == "ValueError" and "not registered" in got["after_remove"]["message"]
-        values = [[1000 * (q + 1), -7, 3 * q] for q in range(world)]
-        sums = [sum(col) for col in zip(*values, strict=True)]
-        expected = {
-            "sum": sums,
-            "average": [int(s / world) for s in sums],  # truncated toward zero, as for any integer tensor
-            "min": [min(col) for col in zip(*values, strict=True)],
-            "max": [max(col) for col in zip(*values, strict=True)],
-            "inplace": sums,
-            "grouped": sums,
-            "allgather": [v for q in range(world) for v in values[q][: q + 1]],
-            "broadcast": values[-1],
-            "broadcast_inplace": values[-1],
-        }
-        assert got["int16"] == {k: ["torch.int16", v] for k, v in expected.items()}
-        if r in sets["evens"]:
-            assert got["int16_set"] == [sum(col) for col in zip(*[values[q] for q in sets["evens"]], strict=True)]
+    assert got["ids"] == [1, 2]
+    for name, members in sets.items():
+        seen = got[name]
+        assert (seen["included"], seen["size"]) == (r in members, len(members))
+        if r not in members:
+            assert seen["rank"] == "ValueError"  # as Horovod
+            assert seen["outsider"]["type"] == "ValueError" and "not a member" in seen["outsider"]["message"]
+            continue
+        k = len(members)
+        total = sum(m + 1 for m in members)
+        assert seen["rank"] == members.index(r)
+        assert seen["average"] == pytest.approx([total / k, 2 * total / k])
+        assert seen["inplace_sum"] == [total, 2 * total]
+        assert seen["grouped"] == [[total, 2 * total], [2 * total, 4 * total]]
+        assert seen["async_max"] == [max(members) + 1, 2 * (max(members) + 1)]
+        assert seen["allgather"] == [[float(m)] * 2 for m in members for _ in range(m + 1)]
+        assert seen["broadcast"] == [float(max(members))]
+        assert seen["object"] == {"from": min(members)} and seen["objects"] == members
+        assert seen["optimizer"] == pytest.approx([-total / k])  # gradients averaged over the set
+        if "foreign_root" in seen:
+            assert (
+                seen["foreign_root"]["type"] == "ValueError" and "is not a rank of" in seen["foreign_root"]["message"]
+            )
+    assert got["global"] == sum(range(world))
+    assert got["duplicate"]["type"] == "ValueError" and "duplicate process set" in got["duplicate"]["message"]
+    assert got["removed"] is True
+    assert got["after_remove"]["type"] == "ValueError" and "not registered" in got["after_remove"]["message"]
+    values = [[1000 * (q + 1), -7, 3 * q] for q in range(world)]
+    sums = [sum(col) for col in zip(*values, strict=True)]
+    expected = {
+        "sum": sums,
+        "average": [int(s / world) for s in sums],  # truncated toward zero, as for any integer tensor
+        "min": [min(col) for col in zip(*values, strict=True)],
+        "max": [max(col) for col in zip(*values, strict=True)],
+        "inplace": sums,
+        "grouped": sums,
+        "allgather": [v for q in range(world) for v in values[q][: q + 1]],
+        "broadcast": values[-1],
+        "broadcast_inplace": values[-1],
+    }
+    assert got["int16"] == {k: ["torch.int16", v] for k, v in expected.items()}
+    if r in sets["evens"]:
+        assert got["int16_set"] == [sum(col) for col in zip(*[values[q] for q in sets["evens"]], strict=True)]
 
 
 # --- shutdown then init, again and again ----------------------------------------------------
 
-REINIT_SCRIPT = (
+REINIT_CASE = """
+def reinit_case(arg):
+    out = {"sums": [], "set_sums": []}
+    for i in range(6):
+        ps = hvd.ProcessSet([1])
+        hvd.init(process_sets=[ps])
+        r = hvd.rank()
+        out["sums"].append(hvd.allreduce(torch.tensor([float(i * (r + 1))]), op=hvd.Sum).item())
+        if ps.included():
+            out["set_sums"].append(hvd.allreduce(torch.tensor([float(i)]), op=hvd.Sum, process_set=ps).item())
+        hvd.shutdown()
+        out["initialized_after"] = hvd.is_initialized()
+        out["set_after"] = ps.process_set_id
+    return out
+"""
+
+# --- one job per world size runs the cases above in turn, each from its own init -------------
+
+#: [case, argument] in the order each job runs them (GONE last: the other ranks leave after it).
+WORLD_JOBS = {
+    2: [["sets", "1"], ["join", [5, 2]], ["reinit", None], ["gone", None]],
+    3: [["sets", "1"], ["sets", "0"], ["join", [3, 5, 1]]],
+}
+
+WORLD_SCRIPT = (
     PRELUDE
+    + JOIN_DATA
+    + SETS_CASE
+    + JOIN_CASE
+    + REINIT_CASE
+    + GONE_CASE
     + """
-out = {"sums": [], "set_sums": []}
-for i in range(6):
-    ps = hvd.ProcessSet([1])
-    hvd.init(process_sets=[ps])
-    r = hvd.rank()
-    out["sums"].append(hvd.allreduce(torch.tensor([float(i * (r + 1))]), op=hvd.Sum).item())
-    if ps.included():
-        out["set_sums"].append(hvd.allreduce(torch.tensor([float(i)]), op=hvd.Sum, process_set=ps).item())
-    hvd.shutdown()
-    out["initialized_after"] = hvd.is_initialized()
-    out["set_after"] = ps.process_set_id
-dump(out)
+results = {}
+for name, arg in json.loads(sys.argv[2]):
+    # KFTRAIN_HOROVOD_CHECKS is read by init: the sets case runs under the value it names, the
+    # others under the default.
+    os.environ["KFTRAIN_HOROVOD_CHECKS"] = arg if name == "sets" else "1"
+    results[f"sets-{arg}" if name == "sets" else name] = globals()[f"{name}_case"](arg)
+dump(results)
 """
 )
 
 
+def world_job(shared, world: int) -> list[dict]:
+    """What each rank of the `world`-rank job running WORLD_JOBS[world] saw, by case: one job
+    per world size, once per test session, for every test that reads it."""
+
+    def build(folder: Path) -> None:
+        run(folder, WORLD_SCRIPT, world, json.dumps(WORLD_JOBS[world]))
+
+    folder = shared(f"test_horovod_api-world-{world}", build)
+    return [json.loads((folder / f"rank{r}.json").read_text()) for r in range(world)]
+
+
 @pytest.mark.timeout(120)
-def test_shutdown_then_init_works_every_time(tmp_path):
-    ranks = run(tmp_path, REINIT_SCRIPT, 2)
-    for r, got in enumerate(ranks):
+def test_shutdown_then_init_works_every_time(shared):
+    for r, got in enumerate(got["reinit"] for got in world_job(shared, 2)):
         assert got["sums"] == [3.0 * i for i in range(6)]
         assert got["set_sums"] == ([float(i) for i in range(6)] if r == 1 else [])
         assert got["initialized_after"] is False and got["set_after"] is None

@@ -12,6 +12,7 @@ import pytest
 import torch
 
 from pipelines.cli import main as cli
+from tests.integration.test_checkpoint import reference_run
 from tests.unit.test_checkpoint import save
 from trainer.checkpoint import CheckpointManager
 from trainer.config import ConfigError, load_config
@@ -31,7 +32,11 @@ def final_weights(model_uri: str) -> dict[str, torch.Tensor]:
 
 
 @pytest.mark.timeout(300)
-def test_two_replicas_cut_short_are_continued_by_a_new_run_bitwise(digits, tmp_path):
+def test_two_replicas_cut_short_are_continued_by_a_new_run_bitwise(shared, tmp_path):
+    # The reference: test_checkpoint.py's uninterrupted DDP run, built once per session, whose
+    # config differs from these only in where and how often it checkpoints.
+    digits, ref_uri = reference_run(shared, {})
+
     def job(name: str, **overrides) -> list[str]:
         cfg = load_config(
             overrides={
@@ -50,13 +55,17 @@ def test_two_replicas_cut_short_are_continued_by_a_new_run_bitwise(digits, tmp_p
         run_job(LocalBackend(sink=lines.append), replace(spec, timeout_s=240))
         return lines
 
-    job("ref")
     job("old", **{"train.max_steps": 25})
     lines = job("new", **{"checkpoint.resume_from": "old"})  # by run id, under store.uri
+    new = str(tmp_path / "new" / "model")
 
     resumed = {m.group(1) for line in lines if (m := re.search(r"resumed at step 25 .* from (\S+)", line))}
     assert resumed == {join_uri(str(tmp_path / "runs" / "old" / "checkpoints"), "step-00000025")}
-    ref, got = final_weights(str(tmp_path / "ref" / "model")), final_weights(str(tmp_path / "new" / "model"))
+    # The same run but for where and how often it checkpoints (and where it resumed from).
+    configs = [json.loads(LocalStore().get_bytes(join_uri(uri, "training.json")))["config"] for uri in (ref_uri, new)]
+    ref_cfg, new_cfg = ({k: v for k, v in c.items() if k not in ("checkpoint", "store")} for c in configs)
+    assert ref_cfg == new_cfg
+    ref, got = final_weights(ref_uri), final_weights(new)
     assert ref.keys() == got.keys()
     for name in ref:
         assert torch.equal(ref[name], got[name]), name  # bitwise

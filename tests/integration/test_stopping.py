@@ -93,8 +93,8 @@ def test_ranks_agree_to_stop_after_the_same_step_when_one_is_signalled(tmp_path)
 
 @pytest.mark.timeout(420)
 @RESUME_STRATEGIES
-def test_sigterm_mid_epoch_commits_exits_143_and_resumes_bitwise_equal(tmp_path, strategy):
-    dataset, ref_uri = reference_run(tmp_path, strategy)
+def test_sigterm_mid_epoch_commits_exits_143_and_resumes_bitwise_equal(shared, tmp_path, strategy):
+    dataset, ref_uri = reference_run(shared, strategy)
     epochs = resume_config("unused").train.epochs
 
     # SIGTERM to every process of the job (as deleting its pods would) right after the first

@@ -12,6 +12,7 @@ import pytest
 import torch
 
 from tests.conftest import truncate
+from tests.jobs import TWO_RANKS, shared_digits, two_rank_run
 from tests.unit.test_train import TINY_GPT, poison_first_train_shard
 from trainer.config import load_config
 from trainer.distributed import DistEnv
@@ -53,9 +54,9 @@ def test_the_trainer_process_exits_with_a_message_not_a_traceback(dataset, tmp_p
 pytestmark = pytest.mark.timeout(240)
 
 
-def test_nonfinite_loss_stops_the_job_naming_step_and_rank(digits, tmp_path):
+def test_nonfinite_loss_stops_the_job_naming_step_and_rank(shared, tmp_path):
     bad = str(tmp_path / "bad")
-    poison_first_train_shard(digits, bad)
+    poison_first_train_shard(shared_digits(shared), bad)
     cfg = load_config(overrides={"train.epochs": 1, "checkpoint.enabled": False})
     with pytest.raises(JobFailed) as info:
         run_job(
@@ -91,8 +92,8 @@ def train(digits, model_uri, replicas, **overrides):
     return lines
 
 
-def test_two_ranks_end_with_identical_parameters(digits, tmp_path):
-    lines = train(digits, str(tmp_path / "model"), replicas=2)
+def test_two_ranks_end_with_identical_parameters(shared):
+    model, lines = two_rank_run(shared)
     digests = {
         m.group(1): m.group(2)
         for line in lines
@@ -100,28 +101,27 @@ def test_two_ranks_end_with_identical_parameters(digits, tmp_path):
     }
     assert set(digests) == {"master-0", "worker-0"}
     assert digests["master-0"] == digests["worker-0"]
-    record = json.loads(LocalStore().get_bytes(join_uri(str(tmp_path / "model"), "training.json")))
+    record = json.loads(LocalStore().get_bytes(join_uri(model, "training.json")))
     assert record["parameter_digest"] == digests["master-0"]
     assert record["metrics"]["world_size"] == 2
     assert any(line.startswith("[master-0] [rank 0]") and "loss" in line for line in lines)
 
 
-def test_one_rank_and_two_ranks_learn_the_same_model(digits, tmp_path):
+def test_one_rank_and_two_ranks_learn_the_same_model(shared, tmp_path):
     """Same global batches (a fixed data.partitions), same seed: DDP's averaged gradients equal
     the single-process ones."""
-    train(digits, str(tmp_path / "one"), replicas=1, **{"data.partitions": 2})
-    train(digits, str(tmp_path / "two"), replicas=2, **{"data.partitions": 2})
+    train(shared_digits(shared), str(tmp_path / "one"), replicas=1, **{**TWO_RANKS, "job.replicas": 1})
     one, _ = load_model(LocalStore(), str(tmp_path / "one"))
-    two, _ = load_model(LocalStore(), str(tmp_path / "two"))
+    two, _ = load_model(LocalStore(), two_rank_run(shared)[0])
     for p1, p2 in zip(one.parameters(), two.parameters(), strict=True):
         torch.testing.assert_close(p1, p2, rtol=1e-4, atol=1e-5)
 
 
-def test_two_ranks_keep_and_export_the_best_checkpoint(digits, tmp_path):
+def test_two_ranks_keep_and_export_the_best_checkpoint(shared, tmp_path):
     """checkpoint.keep_best with DDP: only rank 0 validates, every rank loads the best at the end."""
     model = str(tmp_path / "model")
     lines = train(
-        digits,
+        shared_digits(shared),
         model,
         replicas=2,
         **{"checkpoint.keep_last": 1, "checkpoint.keep_best": "min:val_accuracy", "checkpoint.export_best": True},

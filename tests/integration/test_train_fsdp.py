@@ -8,8 +8,8 @@ import json
 import pytest
 import torch
 
-from tests.jobs import TINY_GPT, record_of, train, weights_of
-from trainer.checkpoint import CheckpointManager
+from tests.jobs import FSDP_CKPT, TINY_GPT, fsdp_runs, record_of, shared_digits, train, weights_of
+from trainer.checkpoint import CheckpointManager, step_dir
 from trainer.config import load_config
 from trainer.model_io import load_model
 from trainer.storage import LocalStore, join_uri
@@ -29,17 +29,17 @@ RESHARD = {
 }
 
 
-def test_fsdp_learns_what_ddp_learns_on_the_same_batches(tmp_path):
+def test_fsdp_learns_what_ddp_learns_on_the_same_batches(shared, tmp_path):
     """GPT blocks sharded one by one then the root, tied embeddings, activation checkpointing,
-    accumulation and clipping: the same model as DDP up to the order of float sums."""
-    ddp_cfg = load_config(overrides=TINY_GPT)
-    dataset = str(tmp_path / "ds")
-    get_task("causal_lm").prepare(ddp_cfg, LocalStore(), dataset)
-    fsdp_cfg = load_config(overrides={**TINY_GPT, "train.strategy": "fsdp", "train.activation_checkpointing": True})
-    train(ddp_cfg, "ddp", dataset, str(tmp_path / "ddp"))
-    train(fsdp_cfg, "fsdp", dataset, str(tmp_path / "fsdp"))
+    accumulation and clipping: the same model as DDP up to the order of float sums. The FSDP run
+    is tests/jobs.py's FSDP_CKPT run without checkpoints (test_consolidate's too)."""
+    root, _, _ = fsdp_runs(shared)
+    fsdp_uri = str(root / "gathered")
+    assert record_of(fsdp_uri)["config"]["train"]["activation_checkpointing"] is True
+    ddp_cfg = load_config(overrides={**TINY_GPT, "train.max_steps": FSDP_CKPT["train.max_steps"]})
+    train(ddp_cfg, "ddp", str(root / "ds"), str(tmp_path / "ddp"))
     ddp, _ = load_model(LocalStore(), str(tmp_path / "ddp"))
-    fsdp, _ = load_model(LocalStore(), str(tmp_path / "fsdp"))
+    fsdp, _ = load_model(LocalStore(), fsdp_uri)
     initial, _ = get_task("causal_lm").build_model(ddp_cfg, {"vocab_size": 256})
     moved = 0.0
     with torch.no_grad():
@@ -50,25 +50,33 @@ def test_fsdp_learns_what_ddp_learns_on_the_same_batches(tmp_path):
             torch.testing.assert_close(p1, p2, rtol=1e-3, atol=2e-4, msg=lambda m, name=name: f"{name}: {m}")
             moved = max(moved, float((p1 - p0).abs().max()))
     assert moved > 1e-2  # it trained: equal because both learned the same, not because neither moved
-    ddp_rec, fsdp_rec = record_of(str(tmp_path / "ddp")), record_of(str(tmp_path / "fsdp"))
+    ddp_rec, fsdp_rec = record_of(str(tmp_path / "ddp")), record_of(fsdp_uri)
     assert fsdp_rec["metrics"]["val_loss"] == pytest.approx(ddp_rec["metrics"]["val_loss"], rel=1e-4)
 
 
-def test_a_two_rank_checkpoint_resumes_on_three_ranks_exactly(digits, tmp_path):
-    prefix = str(tmp_path / "ckpt")
-    # The reference: 2 ranks, uninterrupted.
-    ref = load_config(overrides={**RESHARD, "job.replicas": 2, "checkpoint.uri": str(tmp_path / "ref-ckpt")})
+def test_a_two_rank_checkpoint_resumes_on_three_ranks_exactly(shared, tmp_path):
+    digits = shared_digits(shared)
+    prefix = str(tmp_path / "ref-ckpt")
+    # The reference: 2 ranks, uninterrupted, keeping every checkpoint; its checkpoint of step 14
+    # (mid-epoch 0: 20 steps per epoch) is what 3 ranks resume from.
+    ref = load_config(overrides={**RESHARD, "job.replicas": 2, "checkpoint.uri": prefix, "checkpoint.keep_last": 10})
     train(ref, "ref", digits, str(tmp_path / "ref"))
-    # 2 ranks stop mid-epoch 0 (20 steps per epoch) right after the checkpoint of step 14.
-    two = load_config(overrides={**RESHARD, "job.replicas": 2, "train.max_steps": 14, "checkpoint.uri": prefix})
-    train(two, "two", digits, str(tmp_path / "two"))
+    step14 = step_dir(prefix, 14)
     # 3 ranks load it and stop at once: their consolidated weights are the checkpoint's, exactly.
-    three = load_config(overrides={**RESHARD, "job.replicas": 3, "train.max_steps": 14, "checkpoint.uri": prefix})
+    three = load_config(
+        overrides={
+            **RESHARD,
+            "job.replicas": 3,
+            "train.max_steps": 14,
+            "checkpoint.uri": str(tmp_path / "load-ckpt"),
+            "checkpoint.resume_from": step14,
+        }
+    )
     lines = train(three, "three-load", digits, str(tmp_path / "loaded"))
-    assert any("resumed at step 14 (epoch 0, 14 steps into it)" in line for line in lines)
+    assert any(f"resumed at step 14 (epoch 0, 14 steps into it) from {step14}" in line for line in lines)
     assert any("changed job.replicas: 2 -> 3" in line for line in lines)
     mgr = CheckpointManager(LocalStore(), prefix)
-    record = mgr.latest()
+    record = mgr.latest(only=14)
     assert record["step"] == 14 and record["world_size"] == 2
     assert sum(name.endswith(".distcp") for name in record["parts"]) == 2  # one shard file per rank
     loaded = weights_of(str(tmp_path / "loaded"))
@@ -80,7 +88,14 @@ def test_a_two_rank_checkpoint_resumes_on_three_ranks_exactly(digits, tmp_path):
         assert torch.equal(tensor, consolidated["model"][name]), name
     # 3 ranks train on from there to the end: the data position and the optimizer state carried
     # over, so they end where the uninterrupted 2-rank run ended (up to the order of float sums).
-    rest = load_config(overrides={**RESHARD, "job.replicas": 3, "checkpoint.uri": prefix})
+    rest = load_config(
+        overrides={
+            **RESHARD,
+            "job.replicas": 3,
+            "checkpoint.uri": str(tmp_path / "rest-ckpt"),
+            "checkpoint.resume_from": step14,
+        }
+    )
     train(rest, "three-rest", digits, str(tmp_path / "rest"))
     ref_w, rest_w = weights_of(str(tmp_path / "ref")), weights_of(str(tmp_path / "rest"))
     for name in ref_w:
@@ -93,9 +108,10 @@ def test_a_two_rank_checkpoint_resumes_on_three_ranks_exactly(digits, tmp_path):
         assert got["val_accuracy"] == pytest.approx(want["val_accuracy"], abs=0.01)
 
 
-def test_a_two_rank_run_resumes_mid_epoch_on_three_ranks_with_the_items_it_left(digits, tmp_path):
+def test_a_two_rank_run_resumes_mid_epoch_on_three_ranks_with_the_items_it_left(shared, tmp_path):
     """No fixed data.partitions: 3 ranks read exactly what the 2 ranks left of the epoch, then
     whole epochs of their own layout; the record covers the whole run."""
+    digits = shared_digits(shared)
     prefix = str(tmp_path / "ckpt")
     shape = {**RESHARD, "train.strategy": "ddp", "data.partitions": 0, "checkpoint.uri": prefix}
     train(

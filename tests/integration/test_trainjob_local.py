@@ -12,6 +12,7 @@ from dataclasses import replace
 import pytest
 import torch
 
+from tests.jobs import TWO_RANKS, shared_digits, two_rank_run
 from tests.jobs import code_job as local_job
 from trainer.config import load_config
 from trainer.launch.backend import JobFailed, run_job
@@ -104,16 +105,20 @@ def test_a_trainjob_succeeds_only_when_every_node_does(kind, fails):
         run_job(backend, replace(spec, timeout_s=60))
 
 
-def test_the_demo_learns_the_same_model_under_the_v1_and_v2_contracts(digits, tmp_path):
-    """Same config, same seed, 2 nodes: the kind changes only how the processes learn their ranks."""
+def test_the_demo_learns_the_same_model_under_the_v1_and_v2_contracts(shared, tmp_path):
+    """Same config, same seed, 2 nodes: the kind changes only how the processes learn their ranks.
+    The v1 run is tests/jobs.py's shared 2-rank PyTorchJob run."""
+    runs = {"pytorchjob": two_rank_run(shared)}
+    cfg = load_config(overrides={**TWO_RANKS, "job.kind": "trainjob"})
+    uri, lines = str(tmp_path / "trainjob"), []
+    digits = shared_digits(shared)
+    run_job(LocalBackend(sink=lines.append), replace(training_job(cfg, "demo-trainjob", digits, uri), timeout_s=150))
+    runs["trainjob"] = (uri, lines)
     models = {}
-    for kind in ("pytorchjob", "trainjob"):
-        cfg = load_config(overrides={"job.replicas": 2, "train.epochs": 2, "job.kind": kind})
-        uri = str(tmp_path / kind)
-        lines: list[str] = []
-        run_job(LocalBackend(sink=lines.append), replace(training_job(cfg, f"demo-{kind}", digits, uri), timeout_s=150))
+    for kind, (uri, lines) in runs.items():
         record = json.loads(LocalStore().get_bytes(join_uri(uri, "training.json")))
         assert record["metrics"]["world_size"] == 2
+        assert record["config"]["job"]["kind"] == kind
         prefix = "[node-0-0]" if kind == "trainjob" else "[master-0]"
         assert any(line.startswith(f"{prefix} [rank 0]") for line in lines)
         models[kind] = load_model(LocalStore(), uri)[0]
