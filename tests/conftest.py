@@ -63,15 +63,12 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
 
 
 @pytest.fixture(scope="session")
-def digits(tmp_path_factory) -> str:
-    """The demo's prepared digits dataset in a local directory, shared by the session."""
-    from trainer.config import load_config
-    from trainer.storage import LocalStore
-    from trainer.tasks.classification.data import prepare_dataset
+def digits(shared) -> str:
+    """The demo's prepared digits dataset, built once per test session (across xdist workers):
+    read-only (`dataset` gives a test its own copy to damage)."""
+    from tests.jobs import shared_digits
 
-    uri = str(tmp_path_factory.mktemp("digits") / "dataset")
-    prepare_dataset(load_config().data, LocalStore(), uri)
-    return uri
+    return shared_digits(shared)
 
 
 @pytest.fixture(scope="session")

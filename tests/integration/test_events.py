@@ -13,7 +13,6 @@ import pytest
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 from tensorboard.backend.event_processing.event_file_loader import EventFileLoader
 
-from tests.jobs import shared_digits
 from trainer.checkpoint import CheckpointManager
 from trainer.config import load_config
 from trainer.events import EventWriter
@@ -21,12 +20,6 @@ from trainer.launch.backend import run_job
 from trainer.launch.job import training_job
 from trainer.launch.local import LocalBackend
 from trainer.storage import LocalStore, join_uri, open_store
-
-
-@pytest.fixture
-def digits(shared) -> str:
-    """The digits dataset, prepared once per test session (tests/jobs.py), not once per worker."""
-    return shared_digits(shared)
 
 
 def scalars(logdir: str, tag: str) -> list[tuple[int, float]]:

@@ -10,7 +10,6 @@ from pathlib import Path
 
 import pytest
 
-from tests.jobs import shared_digits
 from trainer.config import load_config
 from trainer.launch.backend import JobFailed, run_job
 from trainer.launch.job import training_job
@@ -20,12 +19,6 @@ from trainer.storage import LocalStore, join_uri
 REPO = Path(__file__).resolve().parents[2]
 
 pytestmark = pytest.mark.timeout(240)
-
-
-@pytest.fixture
-def digits(shared) -> str:
-    """The digits dataset, prepared once per test session (tests/jobs.py), not once per worker."""
-    return shared_digits(shared)
 
 
 @pytest.fixture
