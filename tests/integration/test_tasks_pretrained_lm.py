@@ -3,7 +3,9 @@ the "pretrained" model a tiny Llama (random weights, saved with save_pretrained)
 
 from __future__ import annotations
 
+import json
 import re
+import shutil
 import signal
 import time
 from dataclasses import replace
@@ -74,48 +76,60 @@ def finetune_config(base: str, source: str, **overrides):
 ALL_LINEAR = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
 
 LOAD_AND_SCORE = """
-    import logging, os, torch
+    import json, logging, os, torch
     from trainer.config import config_from_json
     from trainer.distributed import dist_env, parallelize, process_group
     from trainer.tasks import task_for
     env = dist_env()
     logging.basicConfig(level=logging.INFO, format="%(message)s")
-    cfg = config_from_json(os.environ["CFG"])
     import trainer.pretrained
     trainer.pretrained.READ_PIECE_BYTES = 1000  # many ranged reads per tensor, as for a large model
     with process_group(env, torch.device("cpu")):
-        task = task_for(cfg)
-        model, meta = task.build_model(cfg, {"vocab_size": 1, "tokenizer": {}})
-        parallelize(model, env, torch.device("cpu"), strategy="fsdp", units=task.shard_units(model))
-        task.materialize(model, torch.device("cpu"))
-        x = torch.arange(60).reshape(3, 20) % meta["vocab_size"]
-        with torch.no_grad():
-            logits = model(input_ids=x).logits
-        if env.rank == 0:
-            torch.save(logits, os.environ["OUT"])
+        # One model after the other in the same processes: each loads, shards and scores alike.
+        for name, cfg_json in json.loads(os.environ["CFGS"]).items():
+            cfg = config_from_json(cfg_json)
+            task = task_for(cfg)
+            model, meta = task.build_model(cfg, {"vocab_size": 1, "tokenizer": {}})
+            parallelize(model, env, torch.device("cpu"), strategy="fsdp", units=task.shard_units(model))
+            task.materialize(model, torch.device("cpu"))
+            x = torch.arange(60).reshape(3, 20) % meta["vocab_size"]
+            with torch.no_grad():
+                logits = model(input_ids=x).logits
+            if env.rank == 0:
+                torch.save(logits, os.path.join(os.environ["OUT"], f"{name}.pt"))
 """
 
 
-@pytest.mark.parametrize("tie", [False, True], ids=["untied", "tied"])
-def test_each_fsdp_rank_loads_its_shards_and_the_logits_equal_transformers(bucket, tmp_path, tie):
-    folder = tiny_llama_folder(tmp_path / "base", tie=tie)
-    base = upload_folder(folder, f"s3://{bucket}/models/base")
-    cfg = finetune_config(base, corpus(tmp_path), **{"train.strategy": "fsdp"})
-    out = tmp_path / "logits.pt"
+def test_each_fsdp_rank_loads_its_shards_and_the_logits_equal_transformers(bucket, tmp_path):
+    # The untied and the tied model in one job (two ranks): the checks are per model.
     from trainer.config import config_to_json
 
-    spec = replace(code_job("load", LOAD_AND_SCORE, replicas=2), env={"CFG": config_to_json(cfg), "OUT": str(out)})
+    source = corpus(tmp_path)
+    folders, cfgs = {}, {}
+    for tie, name in ((False, "untied"), (True, "tied")):
+        folders[name] = tiny_llama_folder(tmp_path / name, tie=tie)
+        base = upload_folder(folders[name], f"s3://{bucket}/models/{name}")
+        cfgs[name] = config_to_json(finetune_config(base, source, **{"train.strategy": "fsdp"}))
+    out = tmp_path / "logits"
+    out.mkdir()
+    spec = replace(code_job("load", LOAD_AND_SCORE, replicas=2), env={"CFGS": json.dumps(cfgs), "OUT": str(out)})
     lines: list[str] = []
     run_job(LocalBackend(sink=lines.append), replace(spec, timeout_s=240))
-    # Each rank read its own rows only: together about the model once, not twice.
-    read = [int(m.group(1)) for line in lines if (m := re.search(r"read (\d+) bytes .* of pretrained", line))]
-    total = sum(p.stat().st_size for p in Path(folder).glob("*.safetensors"))
-    assert len(read) == 2 and sum(read) == pytest.approx(total, rel=0.02)  # the header is the rest
-    assert max(read) < 0.6 * total
-    ref = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32)
-    x = torch.arange(60).reshape(3, 20) % ref.config.vocab_size
-    with torch.no_grad():
-        assert torch.equal(torch.load(out), ref(input_ids=x).logits)  # exactly: rotary buffers and tying right
+    reads: dict[str, list[int]] = {name: [] for name in cfgs}
+    for line in lines:  # each rank's read names the model it read
+        if m := re.search(r"read (\d+) bytes .* of pretrained weights .* from s3://.*/models/(\w+)$", line):
+            reads[m.group(2)].append(int(m.group(1)))
+    for name, folder in folders.items():
+        # Each rank read its own rows only: together about the model once, not twice.
+        read = reads[name]
+        total = sum(p.stat().st_size for p in Path(folder).glob("*.safetensors"))
+        assert len(read) == 2 and sum(read) == pytest.approx(total, rel=0.02), (name, read)  # the header is the rest
+        assert max(read) < 0.6 * total, (name, read)
+        ref = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32)
+        x = torch.arange(60).reshape(3, 20) % ref.config.vocab_size
+        with torch.no_grad():
+            # exactly: rotary buffers and tying right
+            assert torch.equal(torch.load(out / f"{name}.pt"), ref(input_ids=x).logits), name
 
 
 @pytest.mark.parametrize(
@@ -123,22 +137,26 @@ def test_each_fsdp_rank_loads_its_shards_and_the_logits_equal_transformers(bucke
     [("fsdp", "full"), ("fsdp", "lora"), ("ddp", "lora")],
     ids=["fsdp-full", "fsdp-lora", "ddp-lora"],
 )
-def test_fine_tuning_on_two_ranks_lowers_the_loss(base_model, tmp_path, strategy, method):
-    # Adapters start at zero and are few: a higher learning rate, as LoRA recipes use.
-    lr = 0.003 if method == "full" else 0.03
-    cfg = finetune_config(
-        base_model,
-        corpus(tmp_path),
-        **{
-            "train.strategy": strategy,
-            "train.method": method,
-            "train.learning_rate": lr,
-            "lora.target_modules": ALL_LINEAR,
-        },
-    )
-    dataset, model_uri = str(tmp_path / "ds"), str(tmp_path / "model")
-    prepare_data(cfg, dataset)
-    train(cfg, "ft", dataset, model_uri)
+def test_fine_tuning_on_two_ranks_lowers_the_loss(base_model, shared, tmp_path, strategy, method):
+    if (strategy, method) == ("fsdp", "lora"):
+        # The SIGKILL test's reference run is this case (with dropout, checkpoints, 16 steps): read its record.
+        model_uri = str(lora_reference(shared, base_model) / "ref")
+    else:
+        # Adapters start at zero and are few: a higher learning rate, as LoRA recipes use.
+        lr = 0.003 if method == "full" else 0.03
+        cfg = finetune_config(
+            base_model,
+            corpus(tmp_path),
+            **{
+                "train.strategy": strategy,
+                "train.method": method,
+                "train.learning_rate": lr,
+                "lora.target_modules": ALL_LINEAR,
+            },
+        )
+        dataset, model_uri = str(tmp_path / "ds"), str(tmp_path / "model")
+        prepare_data(cfg, dataset)
+        train(cfg, "ft", dataset, model_uri)
     curve = [point["loss"] for point in record_of(model_uri)["loss_curve"]]
     # Adapters move a random "pretrained" model less than full training does (its frozen output
     # layer maps any hidden state to near-uniform logits), but they move it.
@@ -172,11 +190,23 @@ def resume_config(base: str, source: str, prefix: str, **overrides):
     )
 
 
-def test_a_lora_run_killed_by_sigkill_resumes_bitwise_equal(base_model, tmp_path):
-    source, dataset = corpus(tmp_path), str(tmp_path / "ds")
-    ref = resume_config(base_model, source, str(tmp_path / "ref-ckpt"))
-    prepare_data(ref, dataset)
-    train(ref, "ref", dataset, str(tmp_path / "ref"))
+def lora_reference(shared, base_model: str) -> Path:
+    """The fsdp LoRA run of `resume_config` (16 steps, dropout, checkpoints), once per session: its
+    dataset in `ds`, its model in `ref`. The SIGKILL test compares its victim with it; the
+    loss-lowering test's fsdp-lora case reads its record. (The base model is the same tiny Llama,
+    byte for byte, whichever test's bucket it was uploaded to.)"""
+
+    def build(folder: Path) -> None:
+        cfg = resume_config(base_model, corpus(folder), str(folder / "ref-ckpt"))
+        prepare_data(cfg, str(folder / "ds"))
+        train(cfg, "ref", str(folder / "ds"), str(folder / "ref"))
+
+    return shared("test_tasks_pretrained_lm-fsdp-lora-ref", build)
+
+
+def test_a_lora_run_killed_by_sigkill_resumes_bitwise_equal(base_model, shared, tmp_path):
+    reference = lora_reference(shared, base_model)
+    source, dataset = corpus(tmp_path), str(reference / "ds")
     # The same run, SIGKILLed (whole process groups) right after its first checkpoint...
     prefix = str(tmp_path / "ckpt")
     spec = training_job(resume_config(base_model, source, prefix), "victim", dataset, str(tmp_path / "victim"))
@@ -199,7 +229,7 @@ def test_a_lora_run_killed_by_sigkill_resumes_bitwise_equal(base_model, tmp_path
     run_job(LocalBackend(sink=lines.append), replace(spec, timeout_s=240))
     resumed = [int(m.group(1)) for line in lines if (m := re.search(r"resumed at step (\d+)", line))]
     assert resumed and resumed[0] >= killed_at
-    ref_w, got_w = weights_of(str(tmp_path / "ref")), weights_of(str(tmp_path / "victim"))
+    ref_w, got_w = weights_of(str(reference / "ref")), weights_of(str(tmp_path / "victim"))
     assert ref_w.keys() == got_w.keys() and ref_w
     for name in ref_w:
         assert torch.equal(ref_w[name], got_w[name]), name  # bitwise, not approximately
@@ -216,14 +246,16 @@ def test_a_two_rank_lora_checkpoint_resumes_on_three_ranks(base_model, tmp_path)
         "lora.dropout": 0.0,
         "train.max_steps": 12,
         "train.learning_rate": 0.003,
+        "checkpoint.interval_steps": 6,
     }
+    # The reference's own checkpoint of step 6 (two ranks, mid-run) is where the three ranks resume.
     ref = resume_config(base_model, source, str(tmp_path / "ref-ckpt"), **shape)
     prepare_data(ref, dataset)
     train(ref, "ref", dataset, str(tmp_path / "ref"))
-    prefix = str(tmp_path / "ckpt")
-    two = resume_config(base_model, source, prefix, **{**shape, "train.max_steps": 6})
-    train(two, "two", dataset, str(tmp_path / "two"))
-    three = resume_config(base_model, source, prefix, **{**shape, "job.replicas": 3})
+    prefix = tmp_path / "ckpt"
+    shutil.copytree(tmp_path / "ref-ckpt", prefix, ignore=shutil.ignore_patterns("step-00000012"))
+    assert sorted(p.name for p in prefix.iterdir() if p.name.startswith("step-")) == ["step-00000006"]
+    three = resume_config(base_model, source, str(prefix), **{**shape, "job.replicas": 3})
     lines = train(three, "three", dataset, str(tmp_path / "three"))
     assert any("resumed at step 6" in line for line in lines)
     assert record_of(str(tmp_path / "three"))["metrics"]["steps"] == 12
