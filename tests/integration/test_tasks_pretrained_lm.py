@@ -137,26 +137,22 @@ def test_each_fsdp_rank_loads_its_shards_and_the_logits_equal_transformers(bucke
     [("fsdp", "full"), ("fsdp", "lora"), ("ddp", "lora")],
     ids=["fsdp-full", "fsdp-lora", "ddp-lora"],
 )
-def test_fine_tuning_on_two_ranks_lowers_the_loss(base_model, shared, tmp_path, strategy, method):
-    if (strategy, method) == ("fsdp", "lora"):
-        # The SIGKILL test's reference run is this case (with dropout, checkpoints, 16 steps): read its record.
-        model_uri = str(lora_reference(shared, base_model) / "ref")
-    else:
-        # Adapters start at zero and are few: a higher learning rate, as LoRA recipes use.
-        lr = 0.003 if method == "full" else 0.03
-        cfg = finetune_config(
-            base_model,
-            corpus(tmp_path),
-            **{
-                "train.strategy": strategy,
-                "train.method": method,
-                "train.learning_rate": lr,
-                "lora.target_modules": ALL_LINEAR,
-            },
-        )
-        dataset, model_uri = str(tmp_path / "ds"), str(tmp_path / "model")
-        prepare_data(cfg, dataset)
-        train(cfg, "ft", dataset, model_uri)
+def test_fine_tuning_on_two_ranks_lowers_the_loss(base_model, tmp_path, strategy, method):
+    # Adapters start at zero and are few: a higher learning rate, as LoRA recipes use.
+    lr = 0.003 if method == "full" else 0.03
+    cfg = finetune_config(
+        base_model,
+        corpus(tmp_path),
+        **{
+            "train.strategy": strategy,
+            "train.method": method,
+            "train.learning_rate": lr,
+            "lora.target_modules": ALL_LINEAR,
+        },
+    )
+    dataset, model_uri = str(tmp_path / "ds"), str(tmp_path / "model")
+    prepare_data(cfg, dataset)
+    train(cfg, "ft", dataset, model_uri)
     curve = [point["loss"] for point in record_of(model_uri)["loss_curve"]]
     # Adapters move a random "pretrained" model less than full training does (its frozen output
     # layer maps any hidden state to near-uniform logits), but they move it.
@@ -190,23 +186,11 @@ def resume_config(base: str, source: str, prefix: str, **overrides):
     )
 
 
-def lora_reference(shared, base_model: str) -> Path:
-    """The fsdp LoRA run of `resume_config` (16 steps, dropout, checkpoints), once per session: its
-    dataset in `ds`, its model in `ref`. The SIGKILL test compares its victim with it; the
-    loss-lowering test's fsdp-lora case reads its record. (The base model is the same tiny Llama,
-    byte for byte, whichever test's bucket it was uploaded to.)"""
-
-    def build(folder: Path) -> None:
-        cfg = resume_config(base_model, corpus(folder), str(folder / "ref-ckpt"))
-        prepare_data(cfg, str(folder / "ds"))
-        train(cfg, "ref", str(folder / "ds"), str(folder / "ref"))
-
-    return shared("test_tasks_pretrained_lm-fsdp-lora-ref", build)
-
-
-def test_a_lora_run_killed_by_sigkill_resumes_bitwise_equal(base_model, shared, tmp_path):
-    reference = lora_reference(shared, base_model)
-    source, dataset = corpus(tmp_path), str(reference / "ds")
+def test_a_lora_run_killed_by_sigkill_resumes_bitwise_equal(base_model, tmp_path):
+    source, dataset = corpus(tmp_path), str(tmp_path / "ds")
+    ref = resume_config(base_model, source, str(tmp_path / "ref-ckpt"))
+    prepare_data(ref, dataset)
+    train(ref, "ref", dataset, str(tmp_path / "ref"))
     # The same run, SIGKILLed (whole process groups) right after its first checkpoint...
     prefix = str(tmp_path / "ckpt")
     spec = training_job(resume_config(base_model, source, prefix), "victim", dataset, str(tmp_path / "victim"))
@@ -229,7 +213,7 @@ def test_a_lora_run_killed_by_sigkill_resumes_bitwise_equal(base_model, shared, 
     run_job(LocalBackend(sink=lines.append), replace(spec, timeout_s=240))
     resumed = [int(m.group(1)) for line in lines if (m := re.search(r"resumed at step (\d+)", line))]
     assert resumed and resumed[0] >= killed_at
-    ref_w, got_w = weights_of(str(reference / "ref")), weights_of(str(tmp_path / "victim"))
+    ref_w, got_w = weights_of(str(tmp_path / "ref")), weights_of(str(tmp_path / "victim"))
     assert ref_w.keys() == got_w.keys() and ref_w
     for name in ref_w:
         assert torch.equal(ref_w[name], got_w[name]), name  # bitwise, not approximately
