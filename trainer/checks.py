@@ -21,7 +21,7 @@ from trainer.config import BUILTIN_TASKS, Config, ConfigError
 from trainer.errors import KftrainError
 from trainer.storage import StoreError, check_deadline, join_uri
 
-if TYPE_CHECKING:  # trainer.pretrained imports torch: only a base model's check pays for it
+if TYPE_CHECKING:
     from trainer.pretrained import ModelSource, TensorEntry
 
 #: Bytes a trained parameter keeps on its rank: fp32 weights and gradients, AdamW's two fp32 moments.
@@ -224,11 +224,9 @@ def check_base_model(cfg: Config) -> None:
     if origin.startswith(pretrained.HF_SCHEME):
         pretrained.parse_hf_uri(origin)
         return
-    from trainer.tasks.pretrained_lm import source_for
-
     try:
         with check_deadline(MODEL_CHECK_BUDGET_S):
-            source = source_for(cfg)
+            source = pretrained.source_for(cfg)
             config = _check_folder(cfg, source)
             index = pretrained.tensor_index(source)
     except StoreError as exc:

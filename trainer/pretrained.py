@@ -22,13 +22,16 @@ import tempfile
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Any
-
-import torch
-from torch import nn
+from typing import TYPE_CHECKING, Any
 
 from trainer.errors import KftrainError
 from trainer.storage import ObjectStore, StoreError, join_uri, open_store, parse_uri
+
+if TYPE_CHECKING:  # torch is imported where a function needs it: the checks of a folder run without it
+    import torch
+    from torch import nn
+
+    from trainer.config import Config
 
 log = logging.getLogger("kftrain.pretrained")
 
@@ -48,18 +51,18 @@ TOKENIZER_FILES = (
 #: `model_type` values of the architectures kftrain builds through transformers' Auto classes
 #: (decoder layers in a ModuleList, one tokenizer.json, weights that shard along dimension 0).
 SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3", "gpt2")
-#: safetensors dtype names -> torch dtypes.
+#: safetensors dtype names -> the names of their torch dtypes.
 _DTYPES = {
-    "F64": torch.float64,
-    "F32": torch.float32,
-    "BF16": torch.bfloat16,
-    "F16": torch.float16,
-    "I64": torch.int64,
-    "I32": torch.int32,
-    "I16": torch.int16,
-    "I8": torch.int8,
-    "U8": torch.uint8,
-    "BOOL": torch.bool,
+    "F64": "float64",
+    "F32": "float32",
+    "BF16": "bfloat16",
+    "F16": "float16",
+    "I64": "int64",
+    "I32": "int32",
+    "I16": "int16",
+    "I8": "int8",
+    "U8": "uint8",
+    "BOOL": "bool",
 }
 #: Weights are read in ranged reads of at most this many bytes (the memory in flight per rank).
 READ_PIECE_BYTES = 8 << 20
@@ -85,6 +88,8 @@ class TensorEntry:
     @property
     def row_bytes(self) -> int:
         """Bytes of one index of dimension 0 (the whole tensor for a scalar)."""
+        import torch
+
         return math.prod(self.shape[1:]) * torch.empty((), dtype=self.dtype).element_size()
 
 
@@ -110,6 +115,12 @@ def parse_hf_uri(uri: str) -> tuple[str, str]:
             f"model.init_from {uri!r}: a Hub model is hf://<org>/<name> or hf://<org>/<name>@<revision>"
         )
     return repo, revision
+
+
+def source_for(cfg: Config) -> ModelSource:
+    """The folder `model.init_from` names, through the configured store."""
+    s = cfg.store
+    return resolve(cfg.model.init_from, s.endpoint, s.region, s.policy())
 
 
 def resolve(init_from: str, endpoint: str = "", region: str = "", policy=None) -> ModelSource:
@@ -231,6 +242,8 @@ def weight_files(source: ModelSource) -> list[str]:
 
 def file_index(store: ObjectStore, uri: str) -> dict[str, TensorEntry]:
     """Every tensor of one safetensors file by name, from its header alone."""
+    import torch
+
     header, data_start = _read_header(store, uri)
     index: dict[str, TensorEntry] = {}
     for name, spec in header.items():
@@ -240,7 +253,7 @@ def file_index(store: ObjectStore, uri: str) -> dict[str, TensorEntry]:
         if dtype is None:
             raise PretrainedError(f"{uri}: tensor {name!r} has dtype {spec.get('dtype')!r}, which kftrain cannot read")
         begin, _end = spec["data_offsets"]
-        index[name] = TensorEntry(uri, dtype, tuple(spec["shape"]), data_start + begin)
+        index[name] = TensorEntry(uri, getattr(torch, dtype), tuple(spec["shape"]), data_start + begin)
     return index
 
 
@@ -261,6 +274,8 @@ def parameter_bytes(index: dict[str, TensorEntry]) -> int:
 def parameters_on_meta() -> Iterator[None]:
     """Modules built inside get their parameters on the meta device (no memory, no init cost);
     buffers stay real, so values computed at construction (rotary frequencies) are kept."""
+    from torch import nn
+
     register = nn.Module.register_parameter
 
     def on_meta(module: nn.Module, name: str, param: nn.Parameter | None) -> None:
@@ -322,6 +337,8 @@ def give_storage(model: nn.Module, device: torch.device, buffers: dict[str, torc
     """Allocate (uninitialised) storage for every parameter on `device`, then put back the buffers
     computed at construction (`to_empty` leaves them as garbage: a wrong rotary buffer shifts the
     logits silently). Tied weights stay tied (`to_empty` would give each name its own tensor)."""
+    import torch
+
     shared: dict[int, list[str]] = {}
     for name, param in model.named_parameters(remove_duplicate=False):
         shared.setdefault(id(param), []).append(name)
@@ -365,6 +382,8 @@ def _local_rows(tensor: torch.Tensor) -> tuple[torch.Tensor, int]:
 
 def read_rows(store: ObjectStore, entry: TensorEntry, start: int, count: int) -> torch.Tensor:
     """Rows [start, start + count) of a stored tensor (one ranged read); a scalar whole."""
+    import torch
+
     shape = (count, *entry.shape[1:]) if entry.shape else ()
     if count == 0 and entry.shape:
         return torch.empty(shape, dtype=entry.dtype)
@@ -375,27 +394,29 @@ def read_rows(store: ObjectStore, entry: TensorEntry, start: int, count: int) ->
     return torch.frombuffer(bytearray(raw), dtype=entry.dtype).reshape(shape)
 
 
-@torch.no_grad()
 def fill_tensor(target: torch.Tensor, rows: Callable[[int, int], torch.Tensor], row_bytes: int = 0) -> int:
     """Copy into `target` (this rank's part) the rows `rows(start, count)` returns, in pieces of
     at most READ_PIECE_BYTES when `row_bytes` is given (so a rank never holds a large tensor's
     rows twice: once as read, once as copied); return the bytes read."""
-    local, start = _local_rows(target)
-    if local.numel() == 0:
-        return 0
-    if not local.dim():
-        data = rows(start, 1)
-        local.copy_(data.reshape(()))
-        return data.element_size()
-    n = local.shape[0]
-    step = max(1, READ_PIECE_BYTES // row_bytes) if row_bytes else n
-    read = 0
-    for at in range(0, n, step):
-        piece = local[at : at + step]
-        data = rows(start + at, piece.shape[0])
-        piece.copy_(data.reshape(piece.shape))
-        read += data.numel() * data.element_size()
-    return read
+    import torch
+
+    with torch.no_grad():
+        local, start = _local_rows(target)
+        if local.numel() == 0:
+            return 0
+        if not local.dim():
+            data = rows(start, 1)
+            local.copy_(data.reshape(()))
+            return data.element_size()
+        n = local.shape[0]
+        step = max(1, READ_PIECE_BYTES // row_bytes) if row_bytes else n
+        read = 0
+        for at in range(0, n, step):
+            piece = local[at : at + step]
+            data = rows(start + at, piece.shape[0])
+            piece.copy_(data.reshape(piece.shape))
+            read += data.numel() * data.element_size()
+        return read
 
 
 def load_base_weights(

@@ -3,7 +3,9 @@ the "pretrained" model a tiny Llama (random weights, saved with save_pretrained)
 
 from __future__ import annotations
 
+import json
 import re
+import shutil
 import signal
 import time
 from dataclasses import replace
@@ -74,48 +76,60 @@ def finetune_config(base: str, source: str, **overrides):
 ALL_LINEAR = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
 
 LOAD_AND_SCORE = """
-    import logging, os, torch
+    import json, logging, os, torch
     from trainer.config import config_from_json
     from trainer.distributed import dist_env, parallelize, process_group
     from trainer.tasks import task_for
     env = dist_env()
     logging.basicConfig(level=logging.INFO, format="%(message)s")
-    cfg = config_from_json(os.environ["CFG"])
     import trainer.pretrained
     trainer.pretrained.READ_PIECE_BYTES = 1000  # many ranged reads per tensor, as for a large model
     with process_group(env, torch.device("cpu")):
-        task = task_for(cfg)
-        model, meta = task.build_model(cfg, {"vocab_size": 1, "tokenizer": {}})
-        parallelize(model, env, torch.device("cpu"), strategy="fsdp", units=task.shard_units(model))
-        task.materialize(model, torch.device("cpu"))
-        x = torch.arange(60).reshape(3, 20) % meta["vocab_size"]
-        with torch.no_grad():
-            logits = model(input_ids=x).logits
-        if env.rank == 0:
-            torch.save(logits, os.environ["OUT"])
+        # One model after the other in the same processes: each loads, shards and scores alike.
+        for name, cfg_json in json.loads(os.environ["CFGS"]).items():
+            cfg = config_from_json(cfg_json)
+            task = task_for(cfg)
+            model, meta = task.build_model(cfg, {"vocab_size": 1, "tokenizer": {}})
+            parallelize(model, env, torch.device("cpu"), strategy="fsdp", units=task.shard_units(model))
+            task.materialize(model, torch.device("cpu"))
+            x = torch.arange(60).reshape(3, 20) % meta["vocab_size"]
+            with torch.no_grad():
+                logits = model(input_ids=x).logits
+            if env.rank == 0:
+                torch.save(logits, os.path.join(os.environ["OUT"], f"{name}.pt"))
 """
 
 
-@pytest.mark.parametrize("tie", [False, True], ids=["untied", "tied"])
-def test_each_fsdp_rank_loads_its_shards_and_the_logits_equal_transformers(bucket, tmp_path, tie):
-    folder = tiny_llama_folder(tmp_path / "base", tie=tie)
-    base = upload_folder(folder, f"s3://{bucket}/models/base")
-    cfg = finetune_config(base, corpus(tmp_path), **{"train.strategy": "fsdp"})
-    out = tmp_path / "logits.pt"
+def test_each_fsdp_rank_loads_its_shards_and_the_logits_equal_transformers(bucket, tmp_path):
+    # The untied and the tied model in one job (two ranks): the checks are per model.
     from trainer.config import config_to_json
 
-    spec = replace(code_job("load", LOAD_AND_SCORE, replicas=2), env={"CFG": config_to_json(cfg), "OUT": str(out)})
+    source = corpus(tmp_path)
+    folders, cfgs = {}, {}
+    for tie, name in ((False, "untied"), (True, "tied")):
+        folders[name] = tiny_llama_folder(tmp_path / name, tie=tie)
+        base = upload_folder(folders[name], f"s3://{bucket}/models/{name}")
+        cfgs[name] = config_to_json(finetune_config(base, source, **{"train.strategy": "fsdp"}))
+    out = tmp_path / "logits"
+    out.mkdir()
+    spec = replace(code_job("load", LOAD_AND_SCORE, replicas=2), env={"CFGS": json.dumps(cfgs), "OUT": str(out)})
     lines: list[str] = []
     run_job(LocalBackend(sink=lines.append), replace(spec, timeout_s=240))
-    # Each rank read its own rows only: together about the model once, not twice.
-    read = [int(m.group(1)) for line in lines if (m := re.search(r"read (\d+) bytes .* of pretrained", line))]
-    total = sum(p.stat().st_size for p in Path(folder).glob("*.safetensors"))
-    assert len(read) == 2 and sum(read) == pytest.approx(total, rel=0.02)  # the header is the rest
-    assert max(read) < 0.6 * total
-    ref = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32)
-    x = torch.arange(60).reshape(3, 20) % ref.config.vocab_size
-    with torch.no_grad():
-        assert torch.equal(torch.load(out), ref(input_ids=x).logits)  # exactly: rotary buffers and tying right
+    reads: dict[str, list[int]] = {name: [] for name in cfgs}
+    for line in lines:  # each rank's read names the model it read
+        if m := re.search(r"read (\d+) bytes .* of pretrained weights .* from s3://.*/models/(\w+)$", line):
+            reads[m.group(2)].append(int(m.group(1)))
+    for name, folder in folders.items():
+        # Each rank read its own rows only: together about the model once, not twice.
+        read = reads[name]
+        total = sum(p.stat().st_size for p in Path(folder).glob("*.safetensors"))
+        assert len(read) == 2 and sum(read) == pytest.approx(total, rel=0.02), (name, read)  # the header is the rest
+        assert max(read) < 0.6 * total, (name, read)
+        ref = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32)
+        x = torch.arange(60).reshape(3, 20) % ref.config.vocab_size
+        with torch.no_grad():
+            # exactly: rotary buffers and tying right
+            assert torch.equal(torch.load(out / f"{name}.pt"), ref(input_ids=x).logits), name
 
 
 @pytest.mark.parametrize(
@@ -216,14 +230,16 @@ def test_a_two_rank_lora_checkpoint_resumes_on_three_ranks(base_model, tmp_path)
         "lora.dropout": 0.0,
         "train.max_steps": 12,
         "train.learning_rate": 0.003,
+        "checkpoint.interval_steps": 6,
     }
+    # The reference's own checkpoint of step 6 (two ranks, mid-run) is where the three ranks resume.
     ref = resume_config(base_model, source, str(tmp_path / "ref-ckpt"), **shape)
     prepare_data(ref, dataset)
     train(ref, "ref", dataset, str(tmp_path / "ref"))
-    prefix = str(tmp_path / "ckpt")
-    two = resume_config(base_model, source, prefix, **{**shape, "train.max_steps": 6})
-    train(two, "two", dataset, str(tmp_path / "two"))
-    three = resume_config(base_model, source, prefix, **{**shape, "job.replicas": 3})
+    prefix = tmp_path / "ckpt"
+    shutil.copytree(tmp_path / "ref-ckpt", prefix, ignore=shutil.ignore_patterns("step-00000012"))
+    assert sorted(p.name for p in prefix.iterdir() if p.name.startswith("step-")) == ["step-00000006"]
+    three = resume_config(base_model, source, str(prefix), **{**shape, "job.replicas": 3})
     lines = train(three, "three", dataset, str(tmp_path / "three"))
     assert any("resumed at step 6" in line for line in lines)
     assert record_of(str(tmp_path / "three"))["metrics"]["steps"] == 12

@@ -23,18 +23,13 @@ from torch import nn
 from trainer import generations, pretrained
 from trainer.chat_data import CHAT_FORMAT, IGNORE, chat_stream, evaluation_rows, prepare_chat
 from trainer.config import Config, LoraConfig
+from trainer.pretrained import source_for
 from trainer.shards import read_manifest
 from trainer.storage import ObjectStore, join_uri
 from trainer.tasks.causal_lm import CausalLMTask
 from trainer.tokenizer import Tokenizer, load_tokenizer
 
 log = logging.getLogger("kftrain.pretrained")
-
-
-def source_for(cfg: Config) -> pretrained.ModelSource:
-    """The folder `model.init_from` names, through the configured store."""
-    s = cfg.store
-    return pretrained.resolve(cfg.model.init_from, s.endpoint, s.region, s.policy())
 
 
 def source_from_meta(meta: dict[str, Any]) -> pretrained.ModelSource:
