@@ -61,8 +61,7 @@ def _causal_manifest(cfg: Config) -> tuple[dict, str]:
     from trainer.tokenizer import parse_spec
 
     if cfg.model.init_from:
-        from trainer.pretrained import read_config
-        from trainer.tasks.pretrained_lm import source_for
+        from trainer.pretrained import read_config, source_for
 
         vocab = int(read_config(source_for(cfg), cfg.model.trust_remote_code)["vocab_size"])
         return {"vocab_size": vocab}, f"vocabulary of {vocab} from the pretrained model's config.json"
