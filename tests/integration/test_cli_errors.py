@@ -43,6 +43,8 @@ class Case:
     before_last: list[str] = field(default_factory=list)
     #: Text that must appear nowhere in the output.
     never: list[str] = field(default_factory=list)
+    #: The last line must be exactly the one phrase in `last`.
+    exact_last: bool = False
 
 
 def csv_with(cell: str, row: int = 7) -> str:
@@ -95,15 +97,21 @@ CASES = {
     # `kftrain submit` to a web server that is no KFP API.
     "submit-not-kfp": Case(["submit", "--host", "{web}"], ["{web} does not answer as a KFP API", "--host"]),
     # Inside a step: data prep's own error is the last line; the resume line names the full log.
+    # (Also the quiet half of tests/integration/test_pipeline_local.py's failing-step test: the
+    # last line is exactly the step's error, kfp.local's executor input stays in the full log.)
     "non-numeric-cell": Case(
         [*RUN],
-        ["kftrain: error: step data-prep: {tmp}/in.csv: row 8 (line 9), column 'a': 'x' is not a number"],
+        [
+            "kftrain: error: step data-prep: {tmp}/in.csv: row 8 (line 9), column 'a': 'x' is not a number; "
+            "every feature column must be numeric"
+        ],
         code=1,
         config="data:\n  source: {tmp}/in.csv\ntrain:\n  epochs: 1\n",
         files={"in.csv": csv_with("x")},
         before_last=["kftrain: see full log: {tmp}/kftrain-outputs/runs/"],
-        never=["Traceback", "[master-0]"],
+        never=["Traceback", "[master-0]", "Got executor_input"],
         within_s=150,
+        exact_last=True,
     ),
 }
 
@@ -166,6 +174,8 @@ def test_the_last_line_names_what_to_fix_and_nothing_is_written(name, tmp_path, 
     assert rc == case.code, out[-3000:]
     for phrase in case.last:
         assert phrase.format(**fill) in lines[-1], out[-3000:]
+    if case.exact_last:
+        assert lines[-1] == case.last[0].format(**fill), out[-3000:]
     for phrase in case.before_last:
         assert phrase.format(**fill) in lines[-2], out[-3000:]
     for phrase in case.never:
@@ -180,4 +190,6 @@ def test_the_last_line_names_what_to_fix_and_nothing_is_written(name, tmp_path, 
         [log_file] = run.glob("log-*")
         assert not list(run.glob("checkpoints/step-*"))  # the claimed prefix holds no step
         log = log_file.read_text()
-        assert "Traceback" in log and "kftrain-error: data-prep: " in log  # the traceback is kept, in the log
+        assert (
+            "Traceback (most recent call last)" in log and "kftrain-error: data-prep: " in log
+        )  # the traceback is kept, in the log

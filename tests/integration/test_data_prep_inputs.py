@@ -243,18 +243,15 @@ CLI = [
         2,
         ["data.source {tmp}/rows.JSONL is a JSON Lines file"],
     ),
-    (
-        "data:\n  source: {tmp}/in.csv\ntrain:\n  epochs: 1\n",
-        {"in.csv": table(cell=lambda i, j: "1e308" if (i, j) == (7, 0) else "1.5")},
-        1,
-        ["kftrain: error: step data-prep: {tmp}/in.csv: row 8 (line 9), column 'a': '1e308' overflows float32"],
-    ),
+    # A float32-overflowing cell, found inside the data-prep step, is refused through the CLI by
+    # tests/integration/test_pipeline_local.py's failing-step run (exit code 1, that error the last
+    # line, training never started): one pipeline run serves both.
 ]
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize(
-    ("config", "files", "code", "phrases"), CLI, ids=["missing", "binary-in-prefix", "jsonl-table", "overflow-cell"]
+    ("config", "files", "code", "phrases"), CLI, ids=["missing", "binary-in-prefix", "jsonl-table"]
 )
 def test_the_command_line_refuses_the_source_naming_it(tmp_path, config, files, code, phrases):
     for name, data in files.items():

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import random
@@ -64,13 +65,25 @@ def start(tmp_path: Path, run_id: str) -> subprocess.Popen:
     )
 
 
-def wait_for_checkpoint(tmp_path: Path, run_id: str, proc: subprocess.Popen, timeout: float = 240) -> None:
-    ckpts = tmp_path / "kftrain-outputs" / "runs" / run_id / "checkpoints"
+def commits(tmp_path: Path, run_id: str) -> dict[int, float]:
+    """The run's committed checkpoints: step -> when its commit marker was written."""
+    found = {}
+    for marker in (tmp_path / "kftrain-outputs" / "runs" / run_id / "checkpoints").glob("step-*/COMMIT.json"):
+        with contextlib.suppress(FileNotFoundError):  # a checkpoint the run retires meanwhile
+            found[int(marker.parent.name.removeprefix("step-"))] = marker.stat().st_mtime
+    return found
+
+
+def wait_for_checkpoint(
+    tmp_path: Path, run_id: str, proc: subprocess.Popen, after_step: int = 0, timeout: float = 240
+) -> int:
+    """Wait for a checkpoint of a step past `after_step`; return the newest committed step."""
     deadline = time.monotonic() + timeout
-    while not list(ckpts.glob("step-*/COMMIT.json")):
+    while max(commits(tmp_path, run_id), default=0) <= after_step:
         assert proc.poll() is None, (tmp_path / f"{run_id}.log").read_text()[-3000:]
         assert time.monotonic() < deadline, "no checkpoint appeared"
         time.sleep(0.1)
+    return max(commits(tmp_path, run_id))
 
 
 def assert_all_stopped(run_id: str, within: float = 20.0) -> float:
@@ -91,7 +104,7 @@ def training_record(tmp_path: Path, summary: dict) -> dict:
 
 @pytest.fixture(scope="module")
 def reference(tmp_path_factory) -> tuple[Path, dict]:
-    """The same config as one uninterrupted run (shared by both signals): its folder and summary."""
+    """The same config as one uninterrupted run: its folder and summary."""
     folder = tmp_path_factory.mktemp("reference")
     (folder / "c.yaml").write_text(CONFIG)
     summary, _ = finish(folder, "reference", "reference.json")
@@ -110,31 +123,40 @@ def finish(tmp_path: Path, run_id: str, name: str) -> tuple[dict, str]:
     return json.loads((tmp_path / name).read_text()), out
 
 
-@pytest.mark.parametrize("sig", [signal.SIGKILL, signal.SIGTERM], ids=["sigkill", "sigterm"])
-def test_killing_the_cli_stops_the_run_and_run_id_resumes_it_bitwise(tmp_path, sig, reference):
+def test_killing_the_cli_stops_the_run_and_run_id_resumes_it_bitwise(tmp_path, reference):
+    """One run through both signals (each resume is a pipeline run, so they share them): SIGTERM
+    anywhere during training, `--run-id` resumes it, SIGKILL anywhere during the resumed training,
+    `--run-id` resumes it again to the uninterrupted run's model, bitwise."""
     (tmp_path / "c.yaml").write_text(CONFIG)
-    run_id = f"victim-{sig.name.lower()}"
-    proc = start(tmp_path, run_id)
-    try:
-        wait_for_checkpoint(tmp_path, run_id, proc)
-        time.sleep(random.uniform(0.0, 2.0))  # anywhere during training
-        assert run_procs(run_id), "the run has no marked processes"
-        os.kill(proc.pid, sig)  # the CLI alone, not its process group
-        proc.wait(timeout=60)
-        stopped_in = assert_all_stopped(run_id)
-    finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
-    log = (tmp_path / f"{run_id}.log").read_text()
-    if sig == signal.SIGTERM:
-        assert proc.returncode == 128 + signal.SIGTERM
-        assert f"run {run_id} stopped by SIGTERM" in log and f"--run-id {run_id}" in log
-    assert "Traceback" not in log.split("kftrain: SIGTERM")[-1] if sig == signal.SIGTERM else True
-    print(f"{sig.name}: every process of the run gone {stopped_in:.1f}s after the CLI died")
+    run_id = "victim"
+    newest = 0  # the newest committed step when the CLI was last killed
+    for sig in (signal.SIGTERM, signal.SIGKILL):
+        started = time.time()
+        proc = start(tmp_path, run_id)
+        try:
+            step = wait_for_checkpoint(tmp_path, run_id, proc, after_step=newest)
+            time.sleep(random.uniform(0.0, 2.0))  # anywhere during training
+            assert run_procs(run_id), "the run has no marked processes"
+            os.kill(proc.pid, sig)  # the CLI alone, not its process group
+            proc.wait(timeout=60)
+            stopped_in = assert_all_stopped(run_id)
+        finally:
+            if proc.poll() is None:
+                os.killpg(proc.pid, signal.SIGKILL)
+        if newest:  # the rerun resumed: each checkpoint it committed is past the one it resumed
+            fresh = [s for s, at in commits(tmp_path, run_id).items() if at >= started]
+            assert fresh and min(fresh) > newest, (newest, commits(tmp_path, run_id))
+        newest = max(commits(tmp_path, run_id), default=step)
+        log = (tmp_path / f"{run_id}.log").read_text()
+        if sig == signal.SIGTERM:
+            assert proc.returncode == 128 + signal.SIGTERM
+            assert f"run {run_id} stopped by SIGTERM" in log and f"--run-id {run_id}" in log
+            assert "Traceback" not in log.split("kftrain: SIGTERM")[-1]
+        print(f"{sig.name}: every process of the run gone {stopped_in:.1f}s after the CLI died")
 
     summary, out = finish(tmp_path, run_id, "resumed.json")
     record = training_record(tmp_path, summary)
-    assert record["metrics"]["resumed_from_step"] > 0, "the rerun did not resume"
+    assert record["metrics"]["resumed_from_step"] >= newest > 0, "the rerun did not resume from the last kill"
     assert summary["run_id"] == run_id
 
     # The reference: the same config as an uninterrupted run.

@@ -2,13 +2,13 @@
 
 import json
 import os
-import re
 import sys
 from pathlib import Path
 
 import pytest
 
 from tests.conftest import run_group
+from tests.pipeline_demo import PLAN_DEMO_CONFIG, check_plan_demo_run, full_log
 from trainer.storage import open_store
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(400)]
@@ -20,12 +20,6 @@ REPO = Path(__file__).resolve().parents[2]
 def cli_env(extra=None):
     env = {**os.environ, "PYTHONPATH": str(REPO), **(extra or {})}
     return env
-
-
-def full_log(out: str) -> str:
-    """Where the CLI said the run's full log is (`full log: PATH` or `see full log: PATH`)."""
-    [line] = [line for line in out.splitlines() if "full log: " in line]
-    return line.split("full log: ", 1)[1]
 
 
 @pytest.mark.s3_servers("moto", "rgw")
@@ -72,51 +66,18 @@ def test_demo_on_an_s3_store_reaches_95_percent_and_writes_nothing_locally(s3_en
     assert card["metrics"]["accuracy"] == pytest.approx(summary["metrics"]["test_accuracy"])
 
 
-@pytest.mark.parametrize(("kind", "first_node"), [("pytorchjob", "master-0"), ("trainjob", "node-0-0")])
-def test_demo_on_a_local_directory_passing_the_gate(tmp_path, kind, first_node):
-    """The whole pipeline, its training replicas under the Training Operator's (v1) or Kubeflow
-    Trainer's (v2) environment contract, with the plan step on: its plan is an artifact, and the
-    report sets its prediction against what the run measured."""
+def test_demo_on_a_local_directory_passing_the_gate(tmp_path):
+    """The whole pipeline, its training replicas under the Training Operator's (v1) environment
+    contract, with the plan step on: its plan is an artifact, and the report sets its prediction
+    against what the run measured. Kubeflow Trainer's (v2) contract gets the same checks on the
+    first run of tests/integration/test_run_ownership.py (one pipeline run less)."""
     config = tmp_path / "quick.yaml"
-    config.write_text(f"train:\n  epochs: 3\njob:\n  kind: {kind}\nplan:\n  enabled: true\n  nodes: [1, 2, 4]\n")
+    config.write_text(PLAN_DEMO_CONFIG.format(kind="pytorchjob"))
     args = ["--config", str(config), "--output-dir", "out", "--summary", "s.json", "--min-accuracy", "0.5"]
     rc, out = run_group([*KFTRAIN, "run", "--local", *args], timeout=300, env=cli_env(), cwd=str(tmp_path))
     assert rc == 0, out[-5000:]
     summary = json.loads((tmp_path / "s.json").read_text())
-    for uri in summary["artifacts"].values():
-        assert uri.startswith(str(tmp_path / "out"))
-    assert summary["exported"] is True
-    assert (Path(summary["artifacts"]["exported"]) / "model_card.json").is_file()
-    assert "Quality gate passed" in out
-    assert f"[{first_node}] " in out
-    # The plan step ran between data prep and training, from the prepared dataset's manifest.
-    starts = [line.split()[1] for line in out.splitlines() if line.endswith(" started")]
-    assert starts.index("plan") == starts.index("data-prep") + 1 == starts.index("train") - 1, starts
-    plan = Path(summary["artifacts"]["plan"]).read_text()  # among the run's artifacts when enabled
-    assert plan.startswith("# Training plan") and "model built from the prepared dataset's manifest" in plan
-    assert "| 4 |" in plan  # the scaling table's rows of plan.nodes
-    assert "<table>" in next((tmp_path / "out").rglob("plan/page")).read_text()
-    record = json.loads((Path(summary["artifacts"]["model"]) / "training.json").read_text())
-    assert record["metrics"]["peak_memory_bytes"] > 0 and record["metrics"]["median_step_seconds"] > 0
-    report = Path(summary["artifacts"]["report"]).read_text()
-    section = report.split("<h2>Predicted vs measured</h2>", 1)[1].split("<h2>", 1)[0]
-    # Memory, step time and ETA, each predicted against measured (on the CPU without a probe the
-    # plan has no step time: those rows say n/a); the memory's error is there.
-    assert section.count("<tr><td>") == 3 and section.count("%</td></tr>") >= 1, section
-    assert "peak memory per rank (max over ranks)" in section
-    # A calm terminal: a line per step start and end, the replicas' lines, the summary; kfp.local's
-    # own output (the executor input: the whole config, per step) only in the full log.
-    assert "executor_input" not in out and '"parameterValues"' not in out
-    lines = out.splitlines()
-    others = [line for line in lines if not re.match(r"  \[[a-z]+(-\d+)+\] ", line)]
-    assert len(others) < 60, "\n".join(others)
-    assert any(line.endswith(" train started") for line in lines)
-    assert any(" train done in " in line for line in lines)
-    assert lines[-1].startswith("full log: ")
-    log = Path(full_log(out))
-    assert log.parent == tmp_path / "out" / "runs" / summary["run_id"]
-    text = log.read_text()
-    assert "Got executor_input" in text and f"[{first_node}] " in text
+    check_plan_demo_run(tmp_path / "out", summary, out, first_node="master-0")
 
 
 def test_plan_strict_stops_the_run_before_training_with_the_reason(tmp_path):
@@ -215,27 +176,33 @@ def test_fine_tuning_the_example_model_end_to_end(tmp_path):
         torch.testing.assert_close(merged(input_ids=x).logits, adapted(input_ids=x).logits, rtol=1e-4, atol=1e-4)
 
 
-@pytest.mark.parametrize("verbose", [False, True], ids=["quiet", "verbose"])
-def test_a_failing_step_fails_the_run_with_exit_code_1(tmp_path, verbose):
-    # A cell that is not a number shows only when data prep reads the rows (a missing source
+def test_a_failing_step_fails_the_run_with_exit_code_1_verbose_too(tmp_path):
+    """With --verbose (kfp.local's own output on the terminal) the step's own error is still the
+    last line. The same run is the command line's check that a float32-overflowing cell stops data
+    prep (tests/integration/test_data_prep_inputs.py refuses the other sources through the CLI);
+    without --verbose: tests/integration/test_cli_errors.py's `non-numeric-cell`."""
+    # A cell float32 cannot carry shows only when data prep reads the rows (a missing source
     # fails before any step: tests/integration/test_data_prep_inputs.py).
-    (tmp_path / "bad.csv").write_text("a,label\n" + "1,x\n2,y\n" * 10 + "oops,x\n")
-    (tmp_path / "c.yaml").write_text(f"data:\n  source: {tmp_path / 'bad.csv'}\n")
+    (tmp_path / "bad.csv").write_text(
+        "a,b,label\n" + "1.5,1.5,x\n1.5,1.5,y\n" * 3 + "1e308,1.5,x\n" + "1.5,1.5,y\n" * 40
+    )
+    (tmp_path / "c.yaml").write_text(f"data:\n  source: {tmp_path / 'bad.csv'}\ntrain:\n  epochs: 1\n")
     rc, out = run_group(
-        [*KFTRAIN, "run", "--local", "--config", "c.yaml", *(["--verbose"] if verbose else [])],
+        [*KFTRAIN, "run", "--local", "--config", "c.yaml", "--verbose"],
         timeout=120,
         env=cli_env(),
         cwd=str(tmp_path),
     )
-    assert rc == 1
+    assert rc == 1, out[-3000:]
     # The data-prep step's own error reaches the terminal, whatever else is left in the log.
-    assert "column 'a': 'oops' is not a number" in out
+    assert "column 'a': '1e308' overflows float32" in out
     # The last line is the step's own error; the one before it says where the full log is.
     assert out.strip().splitlines()[-1] == (
-        "kftrain: error: step data-prep: " + str(tmp_path / "bad.csv") + ": row 21 (line 22), column 'a': 'oops' "
-        "is not a number; every feature column must be numeric"
-    )
+        "kftrain: error: step data-prep: " + str(tmp_path / "bad.csv") + ": row 7 (line 8), column 'a': '1e308' "
+        "overflows float32, the model's feature type (at most ±3.403e+38); every feature must be a finite number "
+        "within float32's range: fix or drop the row"
+    ), out[-3000:]
     assert out.strip().splitlines()[-2].startswith("kftrain: see full log: ")
-    assert "[master-0]" not in out  # training never started
-    assert ("Got executor_input" in out) == verbose
+    assert "[master-0]" not in out and "non-finite loss" not in out  # training never started
+    assert "Got executor_input" in out  # --verbose: kfp.local's own output too
     assert "Traceback (most recent call last)" in Path(full_log(out)).read_text()

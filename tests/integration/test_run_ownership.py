@@ -12,6 +12,7 @@ import pytest
 import torch
 
 from tests.conftest import run_group
+from tests.pipeline_demo import PLAN_DEMO_CONFIG, check_plan_demo_run
 from trainer.checkpoint import CheckpointError, CheckpointManager, claim_prefix, current_owner
 from trainer.storage import S3Store
 
@@ -74,12 +75,16 @@ def test_the_cli_refuses_a_prefix_another_run_owns_before_any_step_starts(tmp_pa
 @pytest.mark.timeout(600)
 def test_a_second_run_in_one_output_dir_that_fails_the_gate_reports_its_own_failure(tmp_path):
     """Also the quality gate's own test (the second run): it stops export and says why, in the summary,
-    the terminal, the quality-gate-failed step's log and the report."""
-    config = tmp_path / "quick.yaml"
+    the terminal, the quality-gate-failed step's log and the report. The first run is the demo on a
+    local directory under Kubeflow Trainer's (v2) environment contract, with the plan step on, and
+    gets all of that demo's checks (tests/pipeline_demo.py; the v1 contract's run is in
+    tests/integration/test_pipeline_local.py)."""
+    first_config, config = tmp_path / "plan-trainjob.yaml", tmp_path / "quick.yaml"
+    first_config.write_text(PLAN_DEMO_CONFIG.format(kind="trainjob"))
     config.write_text("train:\n  epochs: 1\n")
-    common = ["--config", str(config), "--output-dir", "out"]
+    first_args = ["--config", str(first_config), "--output-dir", "out", "--summary", "first.json"]
     rc, out = run_group(
-        [*KFTRAIN, "run", "--local", *common, "--summary", "first.json", "--min-accuracy", "0.5"],
+        [*KFTRAIN, "run", "--local", *first_args, "--min-accuracy", "0.5"],
         timeout=280,
         env=cli_env(),
         cwd=str(tmp_path),
@@ -87,7 +92,9 @@ def test_a_second_run_in_one_output_dir_that_fails_the_gate_reports_its_own_fail
     assert rc == 0, out[-5000:]
     first = json.loads((tmp_path / "first.json").read_text())
     assert first["exported"] is True
+    check_plan_demo_run(tmp_path / "out", first, out, first_node="node-0-0")
 
+    common = ["--config", str(config), "--output-dir", "out"]
     rc, out = run_group(
         [*KFTRAIN, "run", "--local", *common, "--summary", "second.json", "--min-accuracy", "0.999"],
         timeout=280,
