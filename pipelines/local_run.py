@@ -84,7 +84,7 @@ def claim_run_checkpoints(cfg: Config) -> None:
     refused now, naming that run, not after data prep (trainer.checkpoint.claim_prefix)."""
     if not cfg.checkpoint.enabled:
         return
-    from trainer.checkpoint import CheckpointError, claim_prefix
+    from trainer.checkpoint_owner import CheckpointError, claim_prefix
     from trainer.pipeline_steps import store_for
 
     uri = cfg.checkpoint.uri

@@ -14,16 +14,7 @@ Layout under the checkpoint prefix (``torch.distributed.checkpoint``, DCP, for t
     owner/00000001.json              who owns the prefix: the run's identity, host, pid, time;
     owner/00000002.json              a later generation is a deliberate takeover (resume: true)
 
-Ownership: a prefix belongs to one run at a time. Before anything is written the run claims it
-(:func:`claim_prefix`): it creates the next ``owner/NNNNNNNN.json`` only if absent (S3
-``If-None-Match: *``, a local hard link), so of two runs racing for one generation exactly one
-wins. The newest generation is the owner. A run whose identity is the owner's (a retried step,
-a restarted pod, ``kftrain run --run-id``) goes on; another run refuses, naming the owner,
-unless ``checkpoint.resume`` is true, which takes the prefix over and continues from its latest
-checkpoint. Before it uploads a step and again before it commits one, a writer checks that it
-still owns the prefix (a run taken over stops instead of writing beside the new owner), and
-``COMMIT.json`` is created only if absent: a committed step is never overwritten. Pruning
-deletes only steps whose commit record names this run as owner (and partial ones).
+Ownership (a prefix belongs to one run at a time): :mod:`trainer.checkpoint_owner`.
 
 Saving: DCP writes this rank's files into a local staging folder on the calling thread (the
 only part that stalls training), then a background thread uploads them (one checkpoint in
@@ -48,7 +39,6 @@ import logging
 import os
 import re
 import shutil
-import socket
 import tempfile
 import threading
 import time
@@ -62,17 +52,19 @@ import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint import FileSystemReader, FileSystemWriter
 from torch.distributed.checkpoint.api import CheckpointException
 
-from trainer.errors import KftrainError
+from trainer.checkpoint_owner import (
+    COMMIT,
+    STEP_DIR,
+    CheckpointError,
+    claim_prefix,
+    current_owner,
+    describe_owner,
+)
 from trainer.progress import ProgressLine
 from trainer.storage import CorruptObject, ObjectNotFound, ObjectStore, StoreError, join_uri, read_json
 
-COMMIT = "COMMIT.json"
-#: The folder of the owner records under a checkpoint prefix, one per generation.
-OWNER_FOLDER = "owner"
-_OWNER_RECORD = re.compile(r"/owner/(\d{8})\.json$")
 #: DCP's index of the checkpoint, written by rank 0; every checkpoint has one.
 METADATA = ".metadata"
-_STEP_DIR = re.compile(r"/step-(\d{8})/")
 #: The unit of a ranged read of a ``.distcp`` part, each with its own sha256 in COMMIT.json. A
 #: trade-off: smaller blocks waste less on the edges of what a reader needs (on average one
 #: block per range read) but lengthen COMMIT.json, which every rank reads and rank 0 broadcasts
@@ -84,10 +76,6 @@ _GET_BYTES = 8 * 2**20
 _DISTCP = ".distcp"
 _HEX64 = re.compile(r"[0-9a-f]{64}")
 log = logging.getLogger("kftrain.checkpoint")
-
-
-class CheckpointError(KftrainError, RuntimeError):
-    """A checkpoint could not be written or read; the message says which and why."""
 
 
 def step_dir(prefix: str, step: int) -> str:
@@ -130,96 +118,6 @@ def _block_span(offset: int, length: int, block_bytes: int) -> range:
     if length <= 0:
         return range(0)
     return range(offset // block_bytes, (offset + length - 1) // block_bytes + 1)
-
-
-# -- ownership ------------------------------------------------------------------------------------
-
-
-def owner_uri(prefix: str, generation: int) -> str:
-    """The owner record of generation `generation` under `prefix`."""
-    return join_uri(prefix, OWNER_FOLDER, f"{generation:08d}.json")
-
-
-def current_owner(store: ObjectStore, prefix: str) -> dict[str, Any] | None:
-    """The owner record of the newest generation under `prefix`, or None when nobody claimed it."""
-    prefix = prefix.rstrip("/")
-    generations = sorted(
-        int(m.group(1)) for uri in store.list(join_uri(prefix, OWNER_FOLDER)) if (m := _OWNER_RECORD.search(uri))
-    )
-    if not generations:
-        return None
-    return read_json(store, owner_uri(prefix, generations[-1]))
-
-
-def describe_owner(record: dict[str, Any]) -> str:
-    """An owner record in words: the run, when and where it claimed the prefix."""
-    when = time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(float(record.get("created_unix_time", 0))))
-    return f"run {record.get('owner')!r} (claimed {when} on host {record.get('host')}, pid {record.get('pid')})"
-
-
-def _committed_steps_in(store: ObjectStore, prefix: str) -> list[int]:
-    return sorted(
-        int(m.group(1))
-        for uri in store.list(prefix)
-        if uri.endswith(f"/{COMMIT}") and (m := _STEP_DIR.search(uri[len(prefix) :]))
-    )
-
-
-def claim_prefix(store: ObjectStore, prefix: str, owner: str, *, resume: bool) -> dict[str, Any]:
-    """Make run `owner` the owner of checkpoint prefix `prefix` before it writes there; return
-    the owner record. CheckpointError, in one line naming the owner and what to do, when the
-    prefix is another run's and `resume` is false, or holds committed steps and `resume` is false.
-
-    Same owner: nothing to do (a retry or restart of this run). Another owner and `resume`: the
-    next generation's record takes the prefix over; that run stops at its next save.
-    """
-    prefix = prefix.rstrip("/")
-    if not owner:
-        raise ValueError("a checkpoint owner must be named")
-    for _ in range(8):  # each lost race means another run claimed in between: look again
-        current = current_owner(store, prefix)
-        if current is not None and current.get("owner") == owner:
-            steps = [] if resume else _committed_steps_in(store, prefix)
-            if steps:
-                raise CheckpointError(
-                    f"checkpoint prefix {prefix} already holds committed steps {steps} of this run ({owner!r}) "
-                    "and checkpoint.resume is false, so they would be overwritten: set checkpoint.resume: true "
-                    "to continue from them, or point checkpoint.uri at a new prefix"
-                )
-            return current
-        if not resume:
-            if current is not None:
-                raise CheckpointError(
-                    f"checkpoint prefix {prefix} belongs to {describe_owner(current)}; this run ({owner!r}) has "
-                    "checkpoint.resume: false and will neither overwrite nor prune that run's checkpoints: point "
-                    "checkpoint.uri at a new prefix, or set checkpoint.resume: true to continue from them"
-                )
-            steps = _committed_steps_in(store, prefix)
-            if steps:
-                raise CheckpointError(
-                    f"checkpoint prefix {prefix} holds committed steps {steps} of an earlier run (written before "
-                    f"owner records) and this run ({owner!r}) has checkpoint.resume: false: point checkpoint.uri "
-                    "at a new prefix, or set checkpoint.resume: true to continue from them"
-                )
-        generation = int(current["generation"]) + 1 if current is not None else 1
-        record = {
-            "owner": owner,
-            "generation": generation,
-            "host": socket.gethostname(),
-            "pid": os.getpid(),
-            "created_unix_time": time.time(),
-            "previous_owner": current.get("owner") if current is not None else None,
-        }
-        if store.put_bytes_if_absent(owner_uri(prefix, generation), json.dumps(record).encode()):
-            if current is not None:
-                log.warning(
-                    "checkpoint prefix %s taken over from %s (checkpoint.resume: true): continuing from its "
-                    "checkpoints; its steps are kept, never pruned by this run",
-                    prefix,
-                    describe_owner(current),
-                )
-            return record
-    raise CheckpointError(f"could not claim checkpoint prefix {prefix}: other runs kept claiming it at the same time")
 
 
 class CheckpointManager:
@@ -446,7 +344,7 @@ class CheckpointManager:
     def _objects_by_step(self) -> dict[int, list[str]]:
         by_step: dict[int, list[str]] = {}
         for uri in self.store.list(self.prefix):
-            m = _STEP_DIR.search(uri[len(self.prefix) :])
+            m = STEP_DIR.search(uri[len(self.prefix) :])
             if m:
                 by_step.setdefault(int(m.group(1)), []).append(uri)
         return by_step

@@ -167,8 +167,8 @@ def train_model(
     `identity` names the task (`components.runtime.task_identity`); the job's name derives from it.
     """
     from trainer.launch.job import training_job
+    from trainer.runs import TRAINING_RECORD
     from trainer.shards import read_manifest
-    from trainer.train import TRAINING_RECORD
 
     store = store_for(cfg, model_uri, check=True)
     read_manifest(store_for(cfg, dataset_uri), dataset_uri)  # fail now, not in every replica
@@ -188,7 +188,7 @@ def claim_checkpoints(cfg: Config, model_uri: str, owner: str) -> Config:
 
     if not cfg.checkpoint.enabled:
         return cfg
-    from trainer.checkpoint import claim_prefix
+    from trainer.checkpoint_owner import claim_prefix
     from trainer.train import checkpoint_prefix
 
     owner = cfg.checkpoint.owner or owner
@@ -213,8 +213,8 @@ def evaluate(
     from trainer.evaluate import evaluate_model, quality_gate
     from trainer.generations import GenerationSettings
     from trainer.report import html_report
+    from trainer.runs import TRAINING_RECORD
     from trainer.shards import read_manifest
-    from trainer.train import TRAINING_RECORD
 
     store = store_for(cfg, output_uri, check=True)
     report = evaluate_model(

@@ -59,6 +59,7 @@ from trainer.launch.backend import FAILURE_MARKER
 from trainer.model_io import WEIGHTS, frozen_names, publish_model, save_model, tied_names, trained_state
 from trainer.progress import Progress
 from trainer.rng import rng_state, seed_everything, set_rng_state
+from trainer.runs import TRAINING_RECORD
 from trainer.safetensors_file import TensorFile
 from trainer.shards import read_manifest
 from trainer.stopping import GRACE_ENV, StopSignal, Terminated, grace_warning
@@ -66,7 +67,6 @@ from trainer.storage import ObjectStore, join_uri, open_store
 from trainer.tasks import Task, task_for
 from trainer.training_data import TrainingData, training_data
 
-TRAINING_RECORD = "training.json"
 log = logging.getLogger("kftrain.train")
 
 #: Dense bf16 peak TFLOP/s per GPU by device-name fragment, for the MFU estimate.

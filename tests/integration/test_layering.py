@@ -33,13 +33,16 @@ def test_trainer_imports_without_kfp_installed():
     assert out.returncode == 0, out.stderr
 
 
-def test_launching_and_watching_a_local_job_imports_no_torch():
-    """The processes that only start, watch or stop replicas (the CLI's local run, its watchdog, the
-    training step's launcher) stay light: torch is for the replicas themselves (a second's import
-    in each of those processes otherwise)."""
+def test_launching_and_watching_a_local_job_imports_no_torch(tmp_path):
+    """The processes that only start, watch or stop replicas (the CLI's local run, which claims the
+    run's checkpoint prefix first, its watchdog, the training step's launcher) stay light: torch is
+    for the replicas themselves (1-2 CPU-s of import in each of those processes otherwise)."""
     code = (
         "import sys\n"
         "import trainer.launch.local, trainer.launch.kubernetes, components.train, pipelines.local_run\n"
+        "from trainer.config import load_config\n"
+        f"cfg = load_config(overrides={{'checkpoint.uri': {str(tmp_path / 'ckpt')!r}, 'checkpoint.owner': 'r'}})\n"
+        "pipelines.local_run.claim_run_checkpoints(cfg)\n"
         "heavy = sorted(m for m in sys.modules if m.split('.')[0] in ('torch', 'numpy'))\n"
         "assert not heavy, heavy\n"
     )
