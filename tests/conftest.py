@@ -52,14 +52,15 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     """Tests on RGW are `serial` too (one RGW for the session, not one per worker). Every `serial`
     test joins one xdist group, so under `-n N --dist loadgroup` they run one after another on one
     worker (mostly waiting: on outages, on a CLI to be killed) beside the other workers' tests, and
-    they come first, so the group starts at once rather than last, alone."""
+    they come first, so the group starts at once rather than last, alone; then the `slow` tests,
+    so that the last tests to be handed out are short ones and no worker waits alone on a long one."""
     for item in items:
         callspec = getattr(item, "callspec", None)
         if callspec is not None and callspec.params.get("s3_server") == "rgw":
             item.add_marker(pytest.mark.serial)
         if item.get_closest_marker("serial"):
             item.add_marker(pytest.mark.xdist_group("serial"))
-    items.sort(key=lambda item: item.get_closest_marker("serial") is None)  # stable: otherwise in order
+    items.sort(key=lambda item: (not item.get_closest_marker("serial"), not item.get_closest_marker("slow")))
 
 
 @pytest.fixture(scope="session")

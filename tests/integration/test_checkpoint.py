@@ -127,6 +127,7 @@ def assert_ends_as_uninterrupted(ref_uri: str, got_uri: str) -> dict:
     return record
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(300)
 @RESUME_STRATEGIES
 def test_sigkill_mid_epoch_then_resume_ends_bitwise_equal(shared, tmp_path, strategy):

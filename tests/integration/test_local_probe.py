@@ -68,6 +68,7 @@ def tiny_gpt(strategy: str, world: int) -> Config:
     return cfg
 
 
+@pytest.mark.slow
 def test_the_two_rank_probe_is_within_a_loose_factor_of_the_plans_prediction():
     """The probe on 2 gloo ranks (twice in the same processes) against the plan's prediction from
     the shapes and a 1-rank probe: peak memory per rank and step time within a factor of 3 (a

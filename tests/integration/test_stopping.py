@@ -91,6 +91,7 @@ def test_ranks_agree_to_stop_after_the_same_step_when_one_is_signalled(tmp_path)
     print("agreement all-reduce, median per step:", [f"{m.group(4)} us" for m in lines])
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(420)
 @RESUME_STRATEGIES
 def test_sigterm_mid_epoch_commits_exits_143_and_resumes_bitwise_equal(shared, tmp_path, strategy):

@@ -15,7 +15,7 @@ from trainer.model_io import load_model
 from trainer.storage import LocalStore, join_uri
 from trainer.tasks import get_task
 
-pytestmark = pytest.mark.timeout(300)
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
 
 
 RESHARD = {
