@@ -36,9 +36,10 @@ def resume_config(prefix: str, **overrides):
         overrides={
             **overrides,
             "model.dropout": 0.1,  # exercises the per-rank RNG streams that a resume must restore
-            # Killed mid-epoch 0, the resumed run still crosses an epoch boundary (and
-            # test_runs.py's reference is this run's DDP one).
-            "train.epochs": 2,
+            # Killed mid-epoch 0 (after step 7), the resumed run still crosses epoch boundaries, and 50
+            # steps are left for the kill to land before the run ends, however loaded the machine
+            # (test_runs.py's reference is this run's DDP one).
+            "train.epochs": 3,
             "train.log_interval_steps": 1000,
             "train.deterministic": True,
             "checkpoint.uri": prefix,

@@ -55,7 +55,7 @@ def test_tensorboard_reads_the_files_straight_from_s3(bucket, s3_env, monkeypatc
 @pytest.mark.slow
 @pytest.mark.timeout(300)
 def test_a_killed_and_resumed_job_shows_one_continuous_curve(tmp_path, digits):
-    steps_per_epoch, epochs = 19, 2  # digits: 1,259 train rows // global batch 64
+    steps_per_epoch, epochs = 19, 3  # digits: 1,259 train rows // global batch 64
     prefix, model = str(tmp_path / "ckpt"), str(tmp_path / "model")
     cfg = load_config(
         overrides={

@@ -41,7 +41,7 @@ def test_two_replicas_cut_short_are_continued_by_a_new_run_bitwise(shared, tmp_p
         cfg = load_config(
             overrides={
                 "model.dropout": 0.1,
-                "train.epochs": 2,
+                "train.epochs": 3,
                 "train.deterministic": True,
                 "train.log_interval_steps": 1000,
                 "checkpoint.interval_steps": 5,
@@ -71,7 +71,7 @@ def test_two_replicas_cut_short_are_continued_by_a_new_run_bitwise(shared, tmp_p
         assert torch.equal(ref[name], got[name]), name  # bitwise
     runs = {r.name: r for r in list_runs(LocalStore(), str(tmp_path))}
     assert (runs["old"].state, runs["old"].last_step) == ("partial", 25)
-    assert runs["new"].last_step == 2 * STEPS_PER_EPOCH
+    assert runs["new"].last_step == 3 * STEPS_PER_EPOCH
 
 
 def test_runs_on_an_s3_store(bucket, capsys):
