@@ -11,9 +11,9 @@ import pytest
 import torch
 
 from tests.faultproxy import FaultProxy
+from tests.integration.test_checkpoint import reference_run, resume_config
 from trainer.checkpoint import CheckpointManager
 from trainer.config import load_config
-from trainer.launch.backend import run_job
 from trainer.launch.job import training_job
 from trainer.launch.local import LocalBackend
 from trainer.storage import LocalStore, ObjectNotFound, RetryPolicy, S3Store, StoreError, join_uri, open_store
@@ -77,7 +77,7 @@ def outage_config(endpoint: str, prefix: str):
     return load_config(
         overrides={
             "model.dropout": 0.1,
-            "train.epochs": 6,
+            "train.epochs": 3,  # test_checkpoint.resume_config's training, whose reference run this reads
             "train.log_interval_steps": 1000,
             "train.deterministic": True,
             "store.endpoint": endpoint,
@@ -90,20 +90,21 @@ def outage_config(endpoint: str, prefix: str):
     )
 
 
-@pytest.fixture(scope="module")
-def reference_weights(tmp_path_factory):
-    """An uninterrupted run of the same config on a local directory."""
+@pytest.fixture
+def reference_weights(shared):
+    """The uninterrupted run of the same training config on a local directory: test_checkpoint.py's
+    DDP reference, built once per session (outage_config differs from it only in its store and
+    checkpoint settings, which do not change the weights)."""
     from safetensors.torch import load
 
-    tmp = tmp_path_factory.mktemp("ref")
-    store = LocalStore()
-    prepare_dataset(load_config().data, store, str(tmp / "dataset"))
-    cfg = outage_config("http://unused:9000", str(tmp / "ckpt"))
-    run_job(
-        LocalBackend(sink=lambda line: None),
-        replace(training_job(cfg, "ref", str(tmp / "dataset"), str(tmp / "m")), timeout_s=200),
-    )
-    return load(store.get_bytes(str(tmp / "m" / "model.safetensors")))
+    from trainer.config import to_dict
+
+    ours, theirs = to_dict(outage_config("http://unused:9000", "p")), to_dict(resume_config("p"))
+    assert {k: v for k, v in ours.items() if k not in ("checkpoint", "store")} == {
+        k: v for k, v in theirs.items() if k not in ("checkpoint", "store")
+    }
+    _, model_uri = reference_run(shared, {})
+    return load(LocalStore().get_bytes(join_uri(model_uri, "model.safetensors")))
 
 
 @pytest.mark.parametrize(
