@@ -31,7 +31,7 @@ from trainer.storage import LocalStore, open_store
 from trainer.streaming import first_items
 from trainer.tasks.pretrained_lm import CHAT_FORMAT, PretrainedLMTask
 
-pytestmark = pytest.mark.timeout(300)
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
 
 
 def upload_folder(folder: str, uri: str) -> str:
