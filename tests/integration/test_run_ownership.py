@@ -77,8 +77,8 @@ def test_a_second_run_in_one_output_dir_that_fails_the_gate_reports_its_own_fail
     """Also the quality gate's own test (the second run): it stops export and says why, in the summary,
     the terminal, the quality-gate-failed step's log and the report. The first run is the demo on a
     local directory under Kubeflow Trainer's (v2) environment contract, with the plan step on, and
-    gets all of that demo's checks (tests/pipeline_demo.py; the v1 contract's run is in
-    tests/integration/test_pipeline_local.py)."""
+    gets all of that demo's checks (tests/pipeline_demo.py; the v1 contract's run is the demo on
+    an S3 store in tests/integration/test_pipeline_local.py)."""
     first_config, config = tmp_path / "plan-trainjob.yaml", tmp_path / "quick.yaml"
     first_config.write_text(PLAN_DEMO_CONFIG.format(kind="trainjob"))
     config.write_text("train:\n  epochs: 1\n")
@@ -109,6 +109,9 @@ def test_a_second_run_in_one_output_dir_that_fails_the_gate_reports_its_own_fail
     assert "is below the minimum 0.9990 (min_accuracy)" in lines[-3]
     second = json.loads((tmp_path / "second.json").read_text())
     assert second["exported"] is False and "exported" not in second["artifacts"]
+    # Without the plan step the summary names exactly the other steps' artifacts (with it, and
+    # exported: tests/integration/test_pipeline_local.py's demo on an S3 store).
+    assert set(second["artifacts"]) == {"dataset", "model", "metrics", "report"}
     assert "is below the minimum 0.9990" in second["quality_gate"]
     # Each summary's artifacts are its own run's.
     assert second["artifacts"]["model"] != first["artifacts"]["model"]
