@@ -1,13 +1,16 @@
 """The checks of a demo run with the plan step on, shared by the tests that make such a run
 (tests/integration/test_pipeline_local.py's demo on an S3 store for the Training Operator's
 contract, tests/integration/test_run_ownership.py's first run, on a local directory, for Kubeflow
-Trainer's), so each contract costs one pipeline run, not one more. The checks read through the
-run's store, so they hold for a local directory and for S3 alike."""
+Trainer's), so each contract costs one pipeline run, not one more. The run's checks read through
+its store, so they hold for a local directory and for S3 alike; the plan's own files are KFP
+outputs, which with a store set stay in kfp.local's temporary pipeline root (not in the store),
+so they are checked on the local directory's run (their content does not depend on the kind)."""
 
 from __future__ import annotations
 
 import json
 import re
+from pathlib import Path
 
 from trainer.storage import open_store
 
@@ -30,8 +33,9 @@ def check_plan_demo_run(output: str, summary: dict, out: str, first_node: str) -
     run record; the first replica's lines carry `first_node`, the job kind's name for it."""
     output = str(output).rstrip("/")
     store = open_store(output)
-    for uri in summary["artifacts"].values():
-        assert uri.startswith(output + "/"), (uri, output)
+    for name, uri in summary["artifacts"].items():
+        assert name == "plan" or uri.startswith(output + "/"), (name, uri, output)
+    assert "plan" in summary["artifacts"]  # among the run's artifacts when enabled
     assert summary["exported"] is True
     assert store.exists(summary["artifacts"]["exported"] + "/model_card.json")
     assert "Quality gate passed" in out
@@ -39,11 +43,6 @@ def check_plan_demo_run(output: str, summary: dict, out: str, first_node: str) -
     # The plan step ran between data prep and training, from the prepared dataset's manifest.
     starts = [line.split()[1] for line in out.splitlines() if line.endswith(" started")]
     assert starts.index("plan") == starts.index("data-prep") + 1 == starts.index("train") - 1, starts
-    plan = store.get_bytes(summary["artifacts"]["plan"]).decode()  # among the run's artifacts when enabled
-    assert plan.startswith("# Training plan") and "model built from the prepared dataset's manifest" in plan
-    assert "| 4 |" in plan  # the scaling table's rows of plan.nodes
-    page = next(uri for uri in store.list(output) if uri.endswith("/plan/page"))
-    assert "<table>" in store.get_bytes(page).decode()
     record = json.loads(store.get_bytes(summary["artifacts"]["model"] + "/training.json"))
     assert record["metrics"]["peak_memory_bytes"] > 0 and record["metrics"]["median_step_seconds"] > 0
     report = store.get_bytes(summary["artifacts"]["report"]).decode()
@@ -65,3 +64,14 @@ def check_plan_demo_run(output: str, summary: dict, out: str, first_node: str) -
     assert log.rsplit("/", 1)[0] == f"{output}/runs/{summary['run_id']}", log
     text = store.get_bytes(log).decode()
     assert "Got executor_input" in text and f"[{first_node}] " in text
+
+
+def check_plan_files(output_dir: Path, summary: dict) -> None:
+    """The plan's own files of a run of a PLAN_CONFIG config into the local `output_dir`: the plan
+    as Markdown (a summary artifact under `output_dir`) and as an HTML page."""
+    plan = Path(summary["artifacts"]["plan"])
+    assert plan.is_relative_to(output_dir), (plan, output_dir)
+    text = plan.read_text()
+    assert text.startswith("# Training plan") and "model built from the prepared dataset's manifest" in text
+    assert "| 4 |" in text  # the scaling table's rows of plan.nodes
+    assert "<table>" in next(output_dir.rglob("plan/page")).read_text()
