@@ -1,7 +1,10 @@
-"""The checks of a demo run on a local directory with the plan step on, shared by the tests that
-make such a run (tests/integration/test_pipeline_local.py for the Training Operator's contract,
-tests/integration/test_run_ownership.py's first run for Kubeflow Trainer's), so each contract
-costs one pipeline run, not one more."""
+"""The checks of a demo run with the plan step on, shared by the tests that make such a run
+(tests/integration/test_pipeline_local.py's demo on an S3 store for the Training Operator's
+contract, tests/integration/test_run_ownership.py's first run, on a local directory, for Kubeflow
+Trainer's), so each contract costs one pipeline run, not one more. The run's checks read through
+its store, so they hold for a local directory and for S3 alike; the plan's own files are KFP
+outputs, which with a store set stay in kfp.local's temporary pipeline root (not in the store),
+so they are checked on the local directory's run (their content does not depend on the kind)."""
 
 from __future__ import annotations
 
@@ -9,8 +12,12 @@ import json
 import re
 from pathlib import Path
 
-#: A quick demo config with the plan step on; `{kind}` is the job's kind.
-PLAN_DEMO_CONFIG = "train:\n  epochs: 1\njob:\n  kind: {kind}\nplan:\n  enabled: true\n  nodes: [1, 2, 4]\n"
+from trainer.storage import open_store
+
+#: The plan step on, with a scaling table over three node counts; `{kind}` is the job's kind.
+PLAN_CONFIG = "job:\n  kind: {kind}\nplan:\n  enabled: true\n  nodes: [1, 2, 4]\n"
+#: A quick demo config (one epoch) with the plan step on; `{kind}` is the job's kind.
+PLAN_DEMO_CONFIG = "train:\n  epochs: 1\n" + PLAN_CONFIG
 
 
 def full_log(out: str) -> str:
@@ -19,27 +26,26 @@ def full_log(out: str) -> str:
     return line.split("full log: ", 1)[1]
 
 
-def check_plan_demo_run(output_dir: Path, summary: dict, out: str, first_node: str) -> None:
-    """A run of PLAN_DEMO_CONFIG into `output_dir` (its summary, its terminal output) that passed
-    the gate: its artifacts, its plan between data prep and training, the report's predicted vs
-    measured section, a calm terminal, the full log beside the run record; the first replica's
-    lines carry `first_node`, the job kind's name for it."""
-    for uri in summary["artifacts"].values():
-        assert uri.startswith(str(output_dir))
+def check_plan_demo_run(output: str, summary: dict, out: str, first_node: str) -> None:
+    """A run of a PLAN_CONFIG config into `output` (a local directory or a store URI; its summary,
+    its terminal output) that passed the gate: its artifacts, its plan between data prep and
+    training, the report's predicted vs measured section, a calm terminal, the full log beside the
+    run record; the first replica's lines carry `first_node`, the job kind's name for it."""
+    output = str(output).rstrip("/")
+    store = open_store(output)
+    for name, uri in summary["artifacts"].items():
+        assert name == "plan" or uri.startswith(output + "/"), (name, uri, output)
+    assert "plan" in summary["artifacts"]  # among the run's artifacts when enabled
     assert summary["exported"] is True
-    assert (Path(summary["artifacts"]["exported"]) / "model_card.json").is_file()
+    assert store.exists(summary["artifacts"]["exported"] + "/model_card.json")
     assert "Quality gate passed" in out
     assert f"[{first_node}] " in out
     # The plan step ran between data prep and training, from the prepared dataset's manifest.
     starts = [line.split()[1] for line in out.splitlines() if line.endswith(" started")]
     assert starts.index("plan") == starts.index("data-prep") + 1 == starts.index("train") - 1, starts
-    plan = Path(summary["artifacts"]["plan"]).read_text()  # among the run's artifacts when enabled
-    assert plan.startswith("# Training plan") and "model built from the prepared dataset's manifest" in plan
-    assert "| 4 |" in plan  # the scaling table's rows of plan.nodes
-    assert "<table>" in next(output_dir.rglob("plan/page")).read_text()
-    record = json.loads((Path(summary["artifacts"]["model"]) / "training.json").read_text())
+    record = json.loads(store.get_bytes(summary["artifacts"]["model"] + "/training.json"))
     assert record["metrics"]["peak_memory_bytes"] > 0 and record["metrics"]["median_step_seconds"] > 0
-    report = Path(summary["artifacts"]["report"]).read_text()
+    report = store.get_bytes(summary["artifacts"]["report"]).decode()
     section = report.split("<h2>Predicted vs measured</h2>", 1)[1].split("<h2>", 1)[0]
     # Memory, step time and ETA, each predicted against measured (on the CPU without a probe the
     # plan has no step time: those rows say n/a); the memory's error is there.
@@ -54,7 +60,18 @@ def check_plan_demo_run(output_dir: Path, summary: dict, out: str, first_node: s
     assert any(line.endswith(" train started") for line in lines)
     assert any(" train done in " in line for line in lines)
     assert lines[-1].startswith("full log: ")
-    log = Path(full_log(out))
-    assert log.parent == output_dir / "runs" / summary["run_id"]
-    text = log.read_text()
+    log = full_log(out)
+    assert log.rsplit("/", 1)[0] == f"{output}/runs/{summary['run_id']}", log
+    text = store.get_bytes(log).decode()
     assert "Got executor_input" in text and f"[{first_node}] " in text
+
+
+def check_plan_files(output_dir: Path, summary: dict) -> None:
+    """The plan's own files of a run of a PLAN_CONFIG config into the local `output_dir`: the plan
+    as Markdown (a summary artifact under `output_dir`) and as an HTML page."""
+    plan = Path(summary["artifacts"]["plan"])
+    assert plan.is_relative_to(output_dir), (plan, output_dir)
+    text = plan.read_text()
+    assert text.startswith("# Training plan") and "model built from the prepared dataset's manifest" in text
+    assert "| 4 |" in text  # the scaling table's rows of plan.nodes
+    assert "<table>" in next(output_dir.rglob("plan/page")).read_text()

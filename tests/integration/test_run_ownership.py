@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from tests.conftest import run_group
-from tests.pipeline_demo import PLAN_DEMO_CONFIG, check_plan_demo_run
+from tests.pipeline_demo import PLAN_DEMO_CONFIG, check_plan_demo_run, check_plan_files
 from trainer.checkpoint import CheckpointError, CheckpointManager, claim_prefix, current_owner
 from trainer.storage import S3Store
 
@@ -77,8 +77,8 @@ def test_a_second_run_in_one_output_dir_that_fails_the_gate_reports_its_own_fail
     """Also the quality gate's own test (the second run): it stops export and says why, in the summary,
     the terminal, the quality-gate-failed step's log and the report. The first run is the demo on a
     local directory under Kubeflow Trainer's (v2) environment contract, with the plan step on, and
-    gets all of that demo's checks (tests/pipeline_demo.py; the v1 contract's run is in
-    tests/integration/test_pipeline_local.py)."""
+    gets all of that demo's checks (tests/pipeline_demo.py; the v1 contract's run is the demo on
+    an S3 store in tests/integration/test_pipeline_local.py)."""
     first_config, config = tmp_path / "plan-trainjob.yaml", tmp_path / "quick.yaml"
     first_config.write_text(PLAN_DEMO_CONFIG.format(kind="trainjob"))
     config.write_text("train:\n  epochs: 1\n")
@@ -93,6 +93,7 @@ def test_a_second_run_in_one_output_dir_that_fails_the_gate_reports_its_own_fail
     first = json.loads((tmp_path / "first.json").read_text())
     assert first["exported"] is True
     check_plan_demo_run(tmp_path / "out", first, out, first_node="node-0-0")
+    check_plan_files(tmp_path / "out", first)
 
     common = ["--config", str(config), "--output-dir", "out"]
     rc, out = run_group(
@@ -109,6 +110,9 @@ def test_a_second_run_in_one_output_dir_that_fails_the_gate_reports_its_own_fail
     assert "is below the minimum 0.9990 (min_accuracy)" in lines[-3]
     second = json.loads((tmp_path / "second.json").read_text())
     assert second["exported"] is False and "exported" not in second["artifacts"]
+    # Without the plan step the summary names exactly the other steps' artifacts (with it, and
+    # exported: tests/integration/test_pipeline_local.py's demo on an S3 store).
+    assert set(second["artifacts"]) == {"dataset", "model", "metrics", "report"}
     assert "is below the minimum 0.9990" in second["quality_gate"]
     # Each summary's artifacts are its own run's.
     assert second["artifacts"]["model"] != first["artifacts"]["model"]
