@@ -13,6 +13,9 @@ def plan(
     page: Output[HTML],
     metrics: Output[Metrics],
     config: str = "",
+    run_id: str = "",
+    task_name: str = "",
+    dag_execution_id: str = "",
 ) -> None:
     """Predict what the run will take before it starts (`plan.enabled`; off, the step only says so):
     memory per rank against the GPU's, step time, ETA, scaling over `plan.nodes` and cost, with
@@ -28,9 +31,14 @@ def plan(
         metrics: The plan's numbers for the KFP UI (`memory_total_gib`, `capacity_gib`, `fits`, and per
             node count `nodes<N>_step_seconds`, `_eta_seconds`, `_efficiency`, ...).
         config: The kftrain config as YAML/JSON text (`configure`'s output in the pipeline).
+        run_id: `dsl.PIPELINE_JOB_ID_PLACEHOLDER` (with the next two, names the output folder
+            under `store.uri`, where the plan's Markdown and HTML go when it is set; without them
+            the artifact's URI does).
+        task_name: `dsl.PIPELINE_TASK_NAME_PLACEHOLDER`.
+        dag_execution_id: `dsl.PIPELINE_TASK_ID_PLACEHOLDER`.
     """
     from components.params import config_from_params
-    from components.runtime import end_with_one_line, log_scalars
+    from components.runtime import end_with_one_line, log_scalars, output_uri, task_identity
     from trainer.report import markdown_html
 
     end_with_one_line("plan")
@@ -51,10 +59,16 @@ def plan(
             # A plan is advice: without one the run goes on, and the step says why there is none.
             result, text = None, f"## No plan\n\nThe planner cannot plan this run: {exc}\n"
     print(text)
-    with open(markdown.path, "w", encoding="utf-8") as f:
-        f.write(text)
-    with open(page.path, "w", encoding="utf-8") as f:
-        f.write(markdown_html(text))
+    identity = task_identity(run_id, task_name, dag_execution_id, markdown.uri)
+    for artifact, name, content in ((markdown, "plan.md", text), (page, "plan.html", markdown_html(text))):
+        if cfg.store.uri:  # beside the run's other outputs, as every step's with a store set
+            from trainer.pipeline_steps import store_for
+
+            uri = output_uri(artifact, cfg.store.uri, identity, name)
+            store_for(cfg, uri).put_bytes(uri, content.encode())
+        else:
+            with open(artifact.path, "w", encoding="utf-8") as f:
+                f.write(content)
     if result is not None:
         from trainer.pipeline_steps import refuse_if_strict
 

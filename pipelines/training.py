@@ -88,7 +88,7 @@ def _pipeline(
     prep.set_display_name("data prep")
     # Always there (KFP cannot wait on a task inside a dsl.If): with plan.enabled off it only says so.
     # After data prep, whose manifest gives the model's shape and the epoch's length (the ETA).
-    planned = with_secrets(plan(dataset=prep.outputs["dataset"], config=effective))
+    planned = with_secrets(plan(dataset=prep.outputs["dataset"], config=effective, **TASK_IDENTITY))
     planned.set_display_name("plan")
     fit = with_secrets(train(dataset=prep.outputs["dataset"], config=effective, launcher=launcher, **TASK_IDENTITY))
     fit.after(planned)  # plan.strict: a run the plan refuses never starts training

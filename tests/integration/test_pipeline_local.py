@@ -28,8 +28,8 @@ def test_demo_on_an_s3_store_reaches_95_percent_and_writes_nothing_locally(s3_en
     environment contract, with the plan step on: its plan is an artifact, and the report sets its
     prediction against what the run measured (tests/pipeline_demo.py's checks, read through the
     store). Kubeflow Trainer's (v2) contract gets the same checks on a local directory, on the
-    first run of tests/integration/test_run_ownership.py, which also checks the plan's own files
-    (kind-independent; with a store set they are not in it)."""
+    first run of tests/integration/test_run_ownership.py. The plan's own files (Markdown and
+    HTML) are checked on both: in the store here, as KFP outputs on the local directory there."""
     config, cwd = tmp_path / "plan.yaml", tmp_path / "cwd"
     config.write_text(PLAN_CONFIG.format(kind="pytorchjob"))
     cwd.mkdir()
@@ -42,9 +42,7 @@ def test_demo_on_an_s3_store_reaches_95_percent_and_writes_nothing_locally(s3_en
     artifacts = summary["artifacts"]
     assert summary["exported"] is True and "reaches the minimum 0.9000" in summary["quality_gate"]
     assert set(artifacts) == {"dataset", "plan", "model", "metrics", "report", "exported"}
-    # The plan's Markdown is a KFP output, which with a store set stays in kfp.local's temporary
-    # pipeline root (tests/pipeline_demo.py); every other artifact is in the store.
-    assert all(uri.startswith(f"s3://{bucket}/runs/") for name, uri in artifacts.items() if name != "plan")
+    assert all(uri.startswith(f"s3://{bucket}/runs/") for uri in artifacts.values())  # the plan's too
     store = open_store(f"s3://{bucket}/runs")
     names = {uri.rsplit("/", 2)[-2] + "/" + uri.rsplit("/", 1)[-1] for uri in store.list(f"s3://{bucket}/runs")}
     for expected in [

@@ -114,5 +114,6 @@ def test_the_plan_step_runs_between_data_prep_and_training():
     tasks = next(yaml.safe_load_all((REPO / "compiled" / "training_pipeline.yaml").read_text()))["root"]["dag"]["tasks"]
     assert "plan" in tasks["train"]["dependentTasks"]
     assert tasks["plan"]["dependentTasks"] == ["configure", "data-prep"]
-    assert set(tasks["plan"]["inputs"]["parameters"]) == {"config"}
+    # The task's identity names its output folder under store.uri, as for every other step.
+    assert set(tasks["plan"]["inputs"]["parameters"]) == {"config", "run_id", "task_name", "dag_execution_id"}
     assert set(tasks["plan"]["inputs"]["artifacts"]) == {"dataset"}
