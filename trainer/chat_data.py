@@ -49,7 +49,7 @@ import math
 import tempfile
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ProcessPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
@@ -386,10 +386,16 @@ def _groups(records: Iterator[tuple[str, list[dict]]], cfg: Config) -> Iterator[
 
 @dataclass(slots=True)
 class _SplitStats:
+    """One split's counts, as its manifest entry states them."""
+
     rows: int = 0
+    """Rows written (conversations kept)."""
     assistant_tokens: int = 0
+    """Tokens the loss counts: the assistant's, within the rows."""
     cut: int = 0
+    """Conversations longer than a row, cut at it."""
     dropped: int = 0
+    """Conversations with no assistant token within a row, left out."""
 
 
 def prepare_chat(cfg: Config, store: ObjectStore, dataset_uri: str, source: pretrained.ModelSource) -> dict[str, Any]:
@@ -438,14 +444,8 @@ def prepare_chat(cfg: Config, store: ObjectStore, dataset_uri: str, source: pret
         if not shards:
             raise DataError(_empty_split(cfg, split, reading.records, stats))
         s = stats[split]
-        splits[split] = {
-            "rows": s.rows,
-            "assistant_tokens": s.assistant_tokens,
-            "cut": s.cut,
-            "dropped": s.dropped,
-            "shards": [sh.as_dict() for sh in shards],
-        }
-    total = {k: sum(getattr(s, k) for s in stats.values()) for k in ("rows", "assistant_tokens", "cut", "dropped")}
+        splits[split] = {**asdict(s), "shards": [sh.as_dict() for sh in shards]}
+    total = {f.name: sum(getattr(s, f.name) for s in stats.values()) for f in fields(_SplitStats)}
     _log_counts(reading.records, total, block)
     manifest: dict[str, Any] = {
         "format": CHAT_FORMAT,

@@ -16,11 +16,17 @@ class GPTConfig:
     """Shape of the model; GPT-2 small is n_layer=12, n_head=12, n_embd=768, block_size=1024."""
 
     vocab_size: int = 256
+    """Token ids the embedding and the tied output layer cover (the tokenizer's vocabulary)."""
     block_size: int = 1024
+    """Longest sequence, in tokens: the number of learned positions."""
     n_layer: int = 12
+    """Transformer blocks."""
     n_head: int = 12
+    """Attention heads per block; `n_embd` divides by it."""
     n_embd: int = 768
+    """Width of the residual stream (embeddings and every block's input and output)."""
     dropout: float = 0.0
+    """Dropout probability on the embeddings, attention weights and residual branches (0: none)."""
 
     def as_dict(self) -> dict:
         """Plain-mapping form, stored in the model metadata."""

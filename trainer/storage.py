@@ -99,10 +99,15 @@ class RetryPolicy:
     """How the S3 store rides out outages: per-request timeouts and one retry budget per operation."""
 
     budget_s: float = 120.0
+    """Seconds one operation may spend retrying transient failures before it fails (`store.retry_budget_seconds`)."""
     connect_timeout_s: float = 10.0
+    """Seconds a TCP connection may take before the attempt fails (`store.connect_timeout_seconds`)."""
     read_timeout_s: float = 60.0
+    """Seconds without a byte from the store before the attempt fails (`store.read_timeout_seconds`)."""
     first_backoff_s: float = 0.5
+    """Pause before the first retry; each later one doubles it, with jitter."""
     max_backoff_s: float = 10.0
+    """Longest pause between two attempts."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -244,11 +244,17 @@ class Topology:
     """Where this process sits: global, per-node (local) and across-node (cross) ranks."""
 
     rank: int = 0
+    """This process's rank among all processes (`hvd.rank()`)."""
     size: int = 1
+    """Processes in the job (`hvd.size()`)."""
     local_rank: int = 0
+    """This process's rank on its node, its GPU index (`hvd.local_rank()`)."""
     local_size: int = 1
+    """Processes on this node (`hvd.local_size()`)."""
     cross_rank: int = 0
+    """This node's rank among the nodes (`hvd.cross_rank()`)."""
     cross_size: int = 1
+    """Nodes in the job (`hvd.cross_size()`)."""
 
 
 def topology(environ: Mapping[str, str] = os.environ) -> Topology:

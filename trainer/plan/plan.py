@@ -76,11 +76,17 @@ class MemoryBreakdown:
     """Bytes per rank at the step's peak, by what holds them."""
 
     parameters: int = 0
+    """The parameters as built, trainable and frozen (1/N of them under FSDP)."""
     gradients: int = 0
+    """One fp32 per trainable parameter (1/N under FSDP)."""
     optimizer: int = 0
+    """AdamW's exp_avg and exp_avg_sq of the trainable parameters (1/N under FSDP)."""
     activations: int = 0
+    """What autograd saves for backward in one micro-batch, plus the largest saved tensor again (its gradient)."""
     communication: int = 0
+    """FSDP's unsharded parameter and gradient buffers; 0 under DDP."""
     other: int = 0
+    """On a GPU, :data:`GPU_OVERHEAD_BYTES` (CUDA context, NCCL buffers, allocator slack); 0 on the CPU."""
 
     @property
     def total(self) -> int:
