@@ -47,6 +47,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from bench.fsdp_vs_ddp import held_bytes  # noqa: E402
 from bench.gpt_setup import require_ranks  # noqa: E402
 from bench.llama_setup import add_llama_arguments, llama_config, save_llama_folder  # noqa: E402
+from bench.plain_loop import loader_steps  # noqa: E402
 from trainer.checkpoint import COMMIT, step_dir  # noqa: E402
 from trainer.config import load_config  # noqa: E402
 from trainer.distributed import device_for, dist_env, process_group  # noqa: E402
@@ -100,19 +101,14 @@ def plain_loop(folder: str, cfg, train_ds: TensorDataset, env, steps: int) -> fl
     loader = DataLoader(train_ds, batch_size=tc.batch_size // env.world_size, sampler=sampler, drop_last=True)
     dist.barrier()
     t0 = time.perf_counter()
-    done = 0
-    while done < steps:
-        for x, y in loader:
-            logits = model(input_ids=x).logits
-            loss = torch.nn.functional.cross_entropy(
-                logits.reshape(-1, logits.size(-1)).float(), y.reshape(-1), ignore_index=IGNORE
-            )
-            opt.zero_grad(set_to_none=True)
-            loss.backward()
-            opt.step()
-            done += 1
-            if done == steps:
-                break
+    for x, y in loader_steps(loader, steps):
+        logits = model(input_ids=x).logits
+        loss = torch.nn.functional.cross_entropy(
+            logits.reshape(-1, logits.size(-1)).float(), y.reshape(-1), ignore_index=IGNORE
+        )
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        opt.step()
     seconds = time.perf_counter() - t0
     del model, opt
     gc.collect()

@@ -84,18 +84,25 @@ class Run:
 
     def steps(self, data: torch.Tensor, n: int) -> float:
         """`n` optimizer steps on `data` (batches, micro, block + 1); wall seconds, device synchronised."""
-        sync(self.device)
-        t0 = time.perf_counter()
-        for i in range(n):
-            batch = data[i % len(data)]
-            self.opt.zero_grad(set_to_none=True)
-            with self.amp:
-                loss = self.task.loss(self.step_model, (batch[:, :-1], batch[:, 1:]))
-            loss.backward()
-            clip_grad_norm(list(self.model.parameters()), 1.0)
-            self.opt.step()
-        sync(self.device)
-        return time.perf_counter() - t0
+        return timed_steps(self, data, n, self.amp, list(self.model.parameters()), 1.0)[0]
+
+
+def timed_steps(run, data: torch.Tensor, n: int, amp, params: list, max_norm: float) -> tuple[float, torch.Tensor]:
+    """`n` optimizer steps of `run` (its `step_model`, `task` and `opt` on its `device`) on `data` (batches,
+    micro, block + 1), the forward under `amp`, the gradients of `params` clipped to `max_norm`:
+    (wall seconds, device synchronised; the last step's loss)."""
+    sync(run.device)
+    t0 = time.perf_counter()
+    for i in range(n):
+        batch = data[i % len(data)]
+        run.opt.zero_grad(set_to_none=True)
+        with amp:
+            loss = run.task.loss(run.step_model, (batch[:, :-1], batch[:, 1:]))
+        loss.backward()
+        clip_grad_norm(params, max_norm)
+        run.opt.step()
+    sync(run.device)
+    return time.perf_counter() - t0, loss
 
 
 def sync(device: torch.device) -> None:

@@ -35,18 +35,17 @@ import gc
 import json
 import statistics
 import sys
-import time
 from pathlib import Path
 
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from bench.fsdp_vs_ddp import local_tensor  # noqa: E402
-from bench.gpu_gpt2 import allocated, peak_gb_since, reset_peak, sync  # noqa: E402
+from bench.gpu_gpt2 import allocated, peak_gb_since, reset_peak, timed_steps  # noqa: E402
 from bench.llama_setup import add_llama_arguments, llama_config  # noqa: E402
 from trainer import pretrained  # noqa: E402
 from trainer.config import load_config  # noqa: E402
-from trainer.distributed import clip_grad_norm, device_for, dist_env, parallelize, process_group  # noqa: E402
+from trainer.distributed import device_for, dist_env, parallelize, process_group  # noqa: E402
 from trainer.tasks import pretrained_lm  # noqa: E402
 from trainer.train import autocast_for, peak_flops  # noqa: E402
 
@@ -100,18 +99,8 @@ class Run:
 
     def steps(self, data: torch.Tensor, n: int) -> float:
         """`n` optimizer steps on `data` (batches, micro, block + 1); wall seconds, device synchronised."""
-        sync(self.device)
-        t0 = time.perf_counter()
-        for i in range(n):
-            batch = data[i % len(data)]
-            self.opt.zero_grad(set_to_none=True)
-            with autocast_for(self.device, self.cfg):
-                loss = self.task.loss(self.step_model, (batch[:, :-1], batch[:, 1:]))
-            loss.backward()
-            clip_grad_norm(self.trainable, float("inf"))  # the trainer's default: the norm, no clipping
-            self.opt.step()
-        sync(self.device)
-        seconds = time.perf_counter() - t0
+        # float("inf"): the trainer's default, the norm computed but no clipping.
+        seconds, loss = timed_steps(self, data, n, autocast_for(self.device, self.cfg), self.trainable, float("inf"))
         self.last_loss = float(loss)  # a NaN here would make the timing meaningless
         return seconds
 

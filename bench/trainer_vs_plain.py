@@ -19,22 +19,26 @@ import contextlib
 import json
 import os
 import statistics
+import sys
 import tempfile
 import time
+from pathlib import Path
 
 import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
 from torch.utils.data import DataLoader, DistributedSampler, TensorDataset
 
-from trainer.config import load_config
-from trainer.distributed import device_for, dist_env, process_group
-from trainer.events import EventWriter
-from trainer.shards import read_manifest, split_shards
-from trainer.storage import LocalStore
-from trainer.streaming import first_items
-from trainer.tasks import get_task
-from trainer.train import peak_flops, run_training
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from bench.plain_loop import loader_steps  # noqa: E402
+from trainer.config import load_config  # noqa: E402
+from trainer.distributed import device_for, dist_env, process_group  # noqa: E402
+from trainer.events import EventWriter  # noqa: E402
+from trainer.shards import read_manifest, split_shards  # noqa: E402
+from trainer.storage import LocalStore  # noqa: E402
+from trainer.streaming import first_items  # noqa: E402
+from trainer.tasks import get_task  # noqa: E402
+from trainer.train import peak_flops, run_training  # noqa: E402
 
 CPU = {
     "model.n_layer": 4, "model.n_head": 4, "model.n_embd": 128, "model.block_size": 128,
@@ -63,19 +67,14 @@ def plain_loop(cfg, task, train_ds, device, env, steps: int) -> float:
     )  # fmt: skip
     amp = torch.autocast("cuda", dtype=torch.bfloat16) if device.type == "cuda" else contextlib.nullcontext()
     t0 = time.perf_counter()
-    done = 0
-    while done < steps:
-        for x, y in loader:
-            x, y = x.to(device, non_blocking=True), y.to(device, non_blocking=True)
-            with amp:
-                logits = step_model(x)
-            loss = torch.nn.functional.cross_entropy(logits.reshape(-1, logits.size(-1)).float(), y.reshape(-1))
-            opt.zero_grad(set_to_none=True)
-            loss.backward()
-            opt.step()
-            done += 1
-            if done == steps:
-                break
+    for x, y in loader_steps(loader, steps):
+        x, y = x.to(device, non_blocking=True), y.to(device, non_blocking=True)
+        with amp:
+            logits = step_model(x)
+        loss = torch.nn.functional.cross_entropy(logits.reshape(-1, logits.size(-1)).float(), y.reshape(-1))
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        opt.step()
     if device.type == "cuda":
         torch.cuda.synchronize()
     return time.perf_counter() - t0

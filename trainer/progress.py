@@ -293,12 +293,8 @@ def format_progress(s: Snapshot) -> str:
         parts.append(f"step {s.step}/{s.total_steps}" if s.total_steps else f"step {s.step}")
     if s.percent is not None:
         parts.append(f"({s.percent}%)" if parts else f"{s.percent}%")
-    if s.epoch is not None:
-        parts.append(f"epoch {s.epoch}")
-    if s.loss is not None:
-        parts.append(f"loss {s.loss:.4f}")
-    if s.learning_rate is not None:
-        parts.append(f"lr {s.learning_rate:.2e}")
+    labelled = (("epoch", s.epoch, ""), ("loss", s.loss, ".4f"), ("lr", s.learning_rate, ".2e"))
+    parts += [f"{label} {value:{spec}}" for label, value, spec in labelled if value is not None]
     if s.rate is not None:
         parts.append(f"{s.rate:,.0f} {s.item_name}/s")
     if s.eta_seconds is not None:
