@@ -183,7 +183,7 @@ def main() -> None:
         root = Path(shared[0])
         folder, dataset = str(root / "base"), str(root / "dataset")
         if env.is_main:
-            from tests.hf_models import tiny_tokenizer
+            from trainer.example_model import tiny_tokenizer
 
             tokenizer = tiny_tokenizer()
             save_llama_folder(folder, llama_config(args, vocab=len(tokenizer), context=args.block), tokenizer)

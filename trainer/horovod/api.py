@@ -1133,11 +1133,10 @@ def grouped_allreduce(
     """`allreduce` of each tensor of a list (new tensors), checked once for the whole list."""
     compression = compression or Compression.none
     pairs = [compression.compress(t) for t in tensors]
-    outs = [c.detach().clone() for c, _ in pairs]
-    handles = _grouped_allreduce_async(
-        outs, outs, average, name, op, prescale_factor, postscale_factor, process_set, lambda t: lambda r: r
+    handle = grouped_allreduce_async(
+        [c for c, _ in pairs], average, name, op, prescale_factor, postscale_factor, process_set
     )
-    return [compression.decompress(synchronize(h), ctx) for h, (_, ctx) in zip(handles, pairs, strict=True)]
+    return [compression.decompress(out, ctx) for out, (_, ctx) in zip(synchronize(handle), pairs, strict=True)]
 
 
 def grouped_allreduce_(
