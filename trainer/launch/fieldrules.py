@@ -29,10 +29,46 @@ from trainer.launch.spec import DEFAULT_PORT, JobSpec, replica_env
 
 # -- the API server's name and value formats (k8s.io/apimachinery/pkg/util/validation) ----------
 
-_DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
-_DNS_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
-_QUALIFIED_NAME = re.compile(r"^([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9]$")
-_LABEL_VALUE = re.compile(r"^(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?$")
+
+@dataclass(frozen=True, slots=True)
+class _NameForm:
+    """A name format of the API server: the text it takes (`pattern`, at most `limit` characters)
+    and how a refusal states it (`rule`)."""
+
+    pattern: re.Pattern[str]
+    limit: int
+    rule: str
+
+    def matches(self, value: Any) -> bool:
+        """`value` is text of at most `limit` characters matching `pattern`."""
+        return isinstance(value, str) and len(value) <= self.limit and bool(self.pattern.fullmatch(value))
+
+    def problem(self, value: Any, what: str) -> str | None:
+        """None when `value` matches, else why it is not `what`."""
+        return None if self.matches(value) else f"{_show(value)} is not {what}: {self.rule}"
+
+
+_DNS_LABEL = _NameForm(
+    re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$"),
+    63,
+    "a DNS-1123 label, <= 63 lower-case letters, digits and '-', starting and ending alphanumeric",
+)
+_DNS_SUBDOMAIN = _NameForm(
+    re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$"),
+    253,
+    "a DNS-1123 subdomain, <= 253 lower-case letters, digits, '-' and '.', starting and ending alphanumeric",
+)
+#: The name part of a qualified name (a label or annotation key).
+_QUALIFIED_NAME = _NameForm(
+    re.compile(r"^([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9]$"),
+    63,
+    "<= 63 letters, digits, '-', '_' and '.' starting and ending alphanumeric",
+)
+_LABEL_VALUE = _NameForm(
+    re.compile(r"^(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?$"),
+    63,
+    "<= 63 letters, digits, '-', '_' and '.', starting and ending alphanumeric, or empty",
+)
 _ENV_NAME = re.compile(r"^[-._a-zA-Z][-._a-zA-Z0-9]*$")
 _CONFIG_KEY = re.compile(r"^[-._a-zA-Z0-9]+$")
 #: resource.Quantity: a signed decimal number, then a binary (Ki..Ei) or decimal (n, u, m, k..E)
@@ -66,51 +102,18 @@ def _show(value: Any, limit: int = 60) -> str:
     return text if len(text) <= limit else f"{text[:limit]}... ({len(str(value))} characters)"
 
 
-def _name_problem(value: Any, pattern: re.Pattern[str], limit: int, what: str, form: str) -> str | None:
-    """None when `value` is text of at most `limit` characters matching `pattern`, else why not."""
-    if isinstance(value, str) and len(value) <= limit and pattern.fullmatch(value):
-        return None
-    return f"{_show(value)} is not {what}: {form}"
-
-
-def _dns_label(value: str, what: str) -> str | None:
-    return _name_problem(
-        value,
-        _DNS_LABEL,
-        63,
-        what,
-        "a DNS-1123 label, <= 63 lower-case letters, digits and '-', starting and ending alphanumeric",
-    )
-
-
-def _dns_subdomain(value: str, what: str) -> str | None:
-    return _name_problem(
-        value,
-        _DNS_SUBDOMAIN,
-        253,
-        what,
-        "a DNS-1123 subdomain, <= 253 lower-case letters, digits, '-' and '.', starting and ending alphanumeric",
-    )
-
-
 def qualified_name_problem(key: str) -> str | None:
     """Why `key` is not a qualified name (a label or annotation key), or None."""
     prefix, slash, name = key.rpartition("/")
-    if slash and (not prefix or "/" in prefix or len(prefix) > 253 or not _DNS_SUBDOMAIN.fullmatch(prefix)):
+    if slash and ("/" in prefix or not _DNS_SUBDOMAIN.matches(prefix)):
         return f"its prefix {prefix!r} is not a DNS-1123 subdomain (<= 253 lower-case letters, digits, '-', '.')"
-    if not name or len(name) > 63 or not _QUALIFIED_NAME.fullmatch(name):
-        return f"its name {name!r} is not <= 63 letters, digits, '-', '_' and '.' starting and ending alphanumeric"
+    if not _QUALIFIED_NAME.matches(name):
+        return f"its name {name!r} is not {_QUALIFIED_NAME.rule}"
     return None
 
 
 def _label_value(value: Any) -> str | None:
-    why = _name_problem(
-        value,
-        _LABEL_VALUE,
-        63,
-        "a label value",
-        "<= 63 letters, digits, '-', '_' and '.', starting and ending alphanumeric, or empty",
-    )
+    why = _LABEL_VALUE.problem(value, "a label value")
     return why and f"value {why}"
 
 
@@ -195,7 +198,7 @@ def _env_var(value: Any, key: Any) -> str | None:
 
 
 def _secret_name(value: Any, key: Any) -> str | None:
-    return _dns_subdomain(value, "a Secret's name")
+    return _DNS_SUBDOMAIN.problem(value, "a Secret's name")
 
 
 def _secret_key(value: Any, key: Any) -> str | None:
@@ -205,11 +208,11 @@ def _secret_key(value: Any, key: Any) -> str | None:
 
 
 def _namespace(value: Any, key: Any) -> str | None:
-    return _dns_label(value, "a namespace")
+    return _DNS_LABEL.problem(value, "a namespace")
 
 
 def _object_name(value: Any, key: Any) -> str | None:
-    return _dns_subdomain(value, f"a valid {key}")
+    return _DNS_SUBDOMAIN.problem(value, f"a valid {key}")
 
 
 def _quantity(value: Any, key: Any) -> str | None:
