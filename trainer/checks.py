@@ -14,11 +14,11 @@ from __future__ import annotations
 
 import dataclasses
 import math
-import re
 from typing import TYPE_CHECKING, Any
 
 from trainer.config import BUILTIN_TASKS, Config, ConfigError
 from trainer.errors import KftrainError
+from trainer.k8s_formats import quantity_value
 from trainer.storage import StoreError, check_deadline, join_uri
 
 if TYPE_CHECKING:
@@ -28,10 +28,6 @@ if TYPE_CHECKING:
 TRAINED_BYTES = 16
 #: Seconds the base model's check may take against the store (a few small reads per weight file).
 MODEL_CHECK_BUDGET_S = 15.0
-_QUANTITY_SCALE = {
-    **{"": 1, "m": 1e-3, "k": 1e3, "M": 1e6, "G": 1e9, "T": 1e12, "P": 1e15, "E": 1e18},
-    **{"Ki": 2**10, "Mi": 2**20, "Gi": 2**30, "Ti": 2**40, "Pi": 2**50, "Ei": 2**60},
-}
 
 
 def gate_problem(name: str, value: float) -> str:
@@ -120,9 +116,8 @@ def check_resume_from(cfg: Config, root: str) -> Config:
 
 
 def quantity_bytes(quantity: str) -> float:
-    """Bytes of a Kubernetes memory quantity as the config accepts them (`64Gi`, `500M`, `8`)."""
-    number, suffix = re.fullmatch(r"([0-9.]+)([A-Za-z]*)", quantity).groups()
-    return float(number) * _QUANTITY_SCALE[suffix]
+    """Bytes of a Kubernetes memory quantity as the config accepts them (`64Gi`, `500M`, `8`, `1e9`)."""
+    return quantity_value(quantity)
 
 
 def state_bytes_per_rank(parameters: int, adapters: int, method: str, shards: int, frozen_bytes: int) -> int:

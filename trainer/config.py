@@ -25,6 +25,7 @@ from typing import Any
 
 import yaml
 
+from trainer import k8s_formats as k8s
 from trainer.credentials import credential_in
 from trainer.errors import KftrainError
 from trainer.launch.failures import DEFAULT_MAX_RESTARTS, budget_check
@@ -51,11 +52,8 @@ PYTORCHJOB, TRAINJOB, AUTO = "pytorchjob", "trainjob", "auto"
 JOB_KINDS = (PYTORCHJOB, TRAINJOB, AUTO)
 #: Default of `data.cache_bytes`, each reader's cache of prefetched shards (:class:`trainer.streaming.ShardCache`).
 SHARD_CACHE_BYTES = 512 * 2**20
-_QUANTITY = re.compile(r"^[0-9]+(\.[0-9]+)?(m|k|M|G|T|P|E|Ki|Mi|Gi|Ti|Pi|Ei)?$")
-_LABEL_VALUE = re.compile(r"^(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?$")
 #: The memory-backed volume kftrain mounts at /dev/shm (`kubernetes.shm_size`).
 SHM_VOLUME = "dshm"
-_DNS_1123 = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
 
 
 #: KFP's own artifact-store Secret and the variables its keys fill: the default everywhere.
@@ -87,7 +85,6 @@ ABOVE_ZERO = Bound(lambda v: v > 0, "must be > 0")
 NOT_NEGATIVE = Bound(lambda v: v >= 0, "must be >= 0")
 AT_LEAST_ONE = Bound(lambda v: v >= 1, "must be >= 1")
 NOT_EMPTY = Bound(bool, "must not be empty")
-QUANTITY = Bound(lambda v: not v or bool(_QUANTITY.match(v)), "must be a Kubernetes quantity such as 8, 500m, 64Gi")
 
 
 def one_of(choices: tuple[str, ...]) -> Bound:
@@ -705,16 +702,8 @@ class ElasticConfig:
 
 #: Bounds of `kubernetes.*` fields.
 _KUBERNETES_BOUNDS = {
-    "runtime": Bound(
-        lambda v: len(v) <= 253 and bool(_DNS_1123.match(v)),
-        "must name a ClusterTrainingRuntime (a DNS-1123 subdomain of at most 253 characters)",
-    ),
-    "namespace": Bound(lambda v: not v or bool(_DNS_1123.match(v)), "must be a DNS-1123 label"),
     "gpus_per_node": NOT_NEGATIVE,
     "gpu_memory_gb": Bound(lambda v: v >= 0, "must be >= 0 (0: unknown, no memory check)"),
-    "cpu": QUANTITY,
-    "memory": QUANTITY,
-    "shm_size": QUANTITY,
     "clean_pod_policy": one_of(CLEAN_POD_POLICIES),
     "restart_policy": one_of(RESTART_POLICIES),
     "min_available": NOT_NEGATIVE,
@@ -728,6 +717,24 @@ _KUBERNETES_BOUNDS = {
     "api_retry_budget_seconds": ABOVE_ZERO,
     "queue_timeout_seconds": Bound(lambda v: v >= 0, "must be >= 0 (0: no limit)"),
     "store_secret_keys": NOT_EMPTY,
+}
+
+
+#: `kubernetes.*` fields that become one name or value of the job, and why the API server would
+#: refuse a value (:mod:`trainer.k8s_formats`, the formats the preflight checks the manifest with);
+#: empty is unset, except for `runtime`.
+_KUBERNETES_FORMATS: dict[str, Callable[[Any], str | None]] = {
+    "namespace": k8s.namespace_problem,
+    "runtime": k8s.runtime_name_problem,
+    "cpu": lambda v: k8s.quantity_problem(v, "cpu"),
+    "memory": lambda v: k8s.quantity_problem(v, "memory"),
+    "shm_size": k8s.quantity_problem,
+    "priority_class": lambda v: k8s.object_name_problem(v, "a valid priorityClassName"),
+    "service_account": lambda v: k8s.object_name_problem(v, "a valid serviceAccountName"),
+    "queue": k8s.label_value_problem,  # the value of Kueue's queue-name label
+    "scheduling_queue": k8s.queue_name_problem,
+    "store_secret": k8s.secret_name_problem,
+    "hf_token_secret": k8s.secret_name_problem,
 }
 
 
@@ -828,20 +835,13 @@ class KubernetesConfig:
         check_bounds(self, p, _KUBERNETES_BOUNDS)
         for i, tol in enumerate(self.tolerations):
             _require(isinstance(tol, dict), f"{p}.tolerations[{i}]", tol, "must be a mapping")
-        for name in ("labels", "node_selector"):
-            for key, value in getattr(self, name).items():
-                _require(
-                    len(value) <= 63 and bool(_LABEL_VALUE.match(value)),
-                    f"{p}.{name}.{key}",
-                    value,
-                    "must be a label value (<= 63 alphanumerics, '-', '_', '.')",
-                )
         check_plain_env(
             self.env,
             f"{p}.env",
             f"{p}.store_secret and {p}.store_secret_keys map Secret keys to variables; {p}.hf_token_secret "
             f"gives {HF_TOKEN}",
         )
+        self._check_formats()
         _require(
             not (self.hf_token_secret and self.store_secret and HF_TOKEN in self.store_secret_keys.values()),
             f"{p}.store_secret_keys",
@@ -854,6 +854,29 @@ class KubernetesConfig:
             budget_check(self.max_restarts_by_cause, f"{p}.max_restarts_by_cause")
         except ValueError as exc:
             raise ConfigError(str(exc)) from None
+
+    def _check_formats(self) -> None:
+        """Refuse what the API server would refuse in the job built from these fields, in the words
+        the preflight uses for the same value in the manifest (:mod:`trainer.k8s_formats`)."""
+        p = "kubernetes"
+        problems: list[tuple[str, str | None]] = [
+            (f"{p}.{name}", problem(value))
+            for name, problem in _KUBERNETES_FORMATS.items()
+            if (value := getattr(self, name)) or name == "runtime"
+        ]
+        problems += [(f"{p}.image_pull_secrets", k8s.secret_name_problem(n)) for n in self.image_pull_secrets]
+        for name in ("labels", "node_selector"):
+            problems += [(f"{p}.{name}", k8s.label_problem(k, v)) for k, v in getattr(self, name).items()]
+        problems += [(f"{p}.annotations", k8s.annotation_key_problem(k)) for k in self.annotations]
+        problems.append((f"{p}.annotations", k8s.annotations_size_problem(self.annotations)))
+        problems += [(f"{p}.tolerations[{i}]", k8s.toleration_problem(t)) for i, t in enumerate(self.tolerations)]
+        problems += [(f"{p}.env.{k8s.plain(n)}", k8s.env_name_problem(n)) for n in self.env]
+        if self.store_secret:  # the keys are read only from the Secret
+            for key, var in self.store_secret_keys.items():
+                problems.append((f"{p}.store_secret_keys", k8s.secret_key_problem(key) or k8s.env_name_problem(var)))
+        where, problem = next(((f, why) for f, why in problems if why), ("", None))
+        if problem:
+            raise ConfigError(f"{where}: {problem}")
 
     def _check_extra_env(self) -> None:
         """Each entry is one pod-spec variable, named once, and not also a plain `kubernetes.env` one."""
@@ -920,6 +943,15 @@ class KubernetesConfig:
             _require(
                 mount["name"] in names, f"{where}.name", mount["name"], f"must name one of kubernetes.volumes {names}"
             )
+        if not self.volumes:
+            return
+        # The manifest's rules for a volume (its name, a Secret's name, a size), named by entry here.
+        from trainer.launch.fieldrules import field_problems
+
+        for i, vol in enumerate(self.volumes):
+            for path, _, problem in field_problems({"volumes": [vol]}):
+                where = "".join(f".{key}" for key in path[2:])  # below volumes[i]
+                raise ConfigError(f"{p}.volumes[{i}]{where}: {problem}")
 
 
 @dataclass(kw_only=True, slots=True)

@@ -36,7 +36,8 @@ from trainer.config import (
     KubernetesConfig,
     check_plain_env,
 )
-from trainer.launch.fieldrules import OPERATOR_ENV, env_name_problem
+from trainer.k8s_formats import env_name_problem
+from trainer.launch.fieldrules import OPERATOR_ENV
 from trainer.launch.spec import JobSpec, require_object_store
 from trainer.storage import parse_uri
 

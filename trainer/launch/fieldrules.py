@@ -15,6 +15,9 @@ value came from (:data:`SOURCES`), the bad value, what is allowed, and the manif
 
 Patterns are dotted paths: a literal key, `*` (any key), `**` (any depth), `[*]` (any list item),
 `[NAME]` (the list item whose `name` is NAME), `'a.b/c'` (a key holding dots).
+
+The formats themselves (what a namespace, a label or a quantity is, and the words that say so)
+are trainer/k8s_formats.py's, which the config checks the same fields with at load.
 """
 
 from __future__ import annotations
@@ -24,59 +27,9 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
+from trainer import k8s_formats as k8s
 from trainer.config import NCCL_DEBUG_LEVELS
 from trainer.launch.spec import DEFAULT_PORT, JobSpec, replica_env
-
-# -- the API server's name and value formats (k8s.io/apimachinery/pkg/util/validation) ----------
-
-
-@dataclass(frozen=True, slots=True)
-class _NameForm:
-    """A name format of the API server: the text it takes (`pattern`, at most `limit` characters)
-    and how a refusal states it (`rule`)."""
-
-    pattern: re.Pattern[str]
-    limit: int
-    rule: str
-
-    def matches(self, value: Any) -> bool:
-        """`value` is text of at most `limit` characters matching `pattern`."""
-        return isinstance(value, str) and len(value) <= self.limit and bool(self.pattern.fullmatch(value))
-
-    def problem(self, value: Any, what: str) -> str | None:
-        """None when `value` matches, else why it is not `what`."""
-        return None if self.matches(value) else f"{_show(value)} is not {what}: {self.rule}"
-
-
-_DNS_LABEL = _NameForm(
-    re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$"),
-    63,
-    "a DNS-1123 label, <= 63 lower-case letters, digits and '-', starting and ending alphanumeric",
-)
-_DNS_SUBDOMAIN = _NameForm(
-    re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$"),
-    253,
-    "a DNS-1123 subdomain, <= 253 lower-case letters, digits, '-' and '.', starting and ending alphanumeric",
-)
-#: The name part of a qualified name (a label or annotation key).
-_QUALIFIED_NAME = _NameForm(
-    re.compile(r"^([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9]$"),
-    63,
-    "<= 63 letters, digits, '-', '_' and '.' starting and ending alphanumeric",
-)
-_LABEL_VALUE = _NameForm(
-    re.compile(r"^(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?$"),
-    63,
-    "<= 63 letters, digits, '-', '_' and '.', starting and ending alphanumeric, or empty",
-)
-_ENV_NAME = re.compile(r"^[-._a-zA-Z][-._a-zA-Z0-9]*$")
-_CONFIG_KEY = re.compile(r"^[-._a-zA-Z0-9]+$")
-#: resource.Quantity: a signed decimal number, then a binary (Ki..Ei) or decimal (n, u, m, k..E)
-#: suffix or an exponent (`1e3`; `1E` alone is exa).
-_QUANTITY = re.compile(r"^[+-]?([0-9]+(\.[0-9]*)?|\.[0-9]+)([eE][+-]?[0-9]+|[KMGTPE]i|[numkMGTPE])?$")
-MAX_ANNOTATIONS_BYTES = 256 * 1024  # TotalAnnotationSizeLimitB: keys and values together
-TOLERATION_OPERATORS = ("Equal", "Exists")
-TAINT_EFFECTS = ("NoSchedule", "PreferNoSchedule", "NoExecute")
 
 
 def _operator_env() -> frozenset[str]:
@@ -96,92 +49,31 @@ def _operator_env() -> frozenset[str]:
 OPERATOR_ENV = _operator_env()
 
 
-def _show(value: Any, limit: int = 60) -> str:
-    """`repr(value)`, shortened: an error line must stay a line even for a 5 MB annotation."""
-    text = repr(value)
-    return text if len(text) <= limit else f"{text[:limit]}... ({len(str(value))} characters)"
-
-
-def qualified_name_problem(key: str) -> str | None:
-    """Why `key` is not a qualified name (a label or annotation key), or None."""
-    prefix, slash, name = key.rpartition("/")
-    if slash and ("/" in prefix or not _DNS_SUBDOMAIN.matches(prefix)):
-        return f"its prefix {prefix!r} is not a DNS-1123 subdomain (<= 253 lower-case letters, digits, '-', '.')"
-    if not _QUALIFIED_NAME.matches(name):
-        return f"its name {name!r} is not {_QUALIFIED_NAME.rule}"
-    return None
-
-
-def _label_value(value: Any) -> str | None:
-    why = _LABEL_VALUE.problem(value, "a label value")
-    return why and f"value {why}"
-
-
-def env_name_problem(name: str) -> str | None:
-    """Why `name` is not an environment variable name the API server takes, or None."""
-    if _ENV_NAME.fullmatch(name) and name != "." and not name.startswith(".."):
-        return None
-    return (
-        f"name {_show(name)} is not an environment variable name: letters, digits, '_', '-' and '.', not starting "
-        "with a digit (no '=')"
-    )
-
-
 # -- the rules: (value, key) -> what is wrong, or None ------------------------------------------
 # `key` is the node's last path segment: a mapping key, or a list item's name (else its index).
 
 
 def _label(value: Any, key: Any) -> str | None:
-    why = qualified_name_problem(key) if isinstance(key, str) else "it is not text"
-    if why:
-        return f"key {_show(key)} is not a label key: {why}; an optional 'prefix/' may lead"
-    return _label_value(value) and f"{key!r}: {_label_value(value)}"
+    return k8s.label_problem(key, value)
 
 
 def _annotation_key(value: Any, key: Any) -> str | None:
-    why = qualified_name_problem(key.lower()) if isinstance(key, str) else "it is not text"
-    return why and f"key {_show(key)} is not an annotation key: {why}; an optional 'prefix/' may lead"
+    return k8s.annotation_key_problem(key)
 
 
 def _annotations_size(value: Any, key: Any) -> str | None:
-    if not isinstance(value, dict):
-        return None
-    size = sum(len(str(k).encode()) + len(str(v).encode()) for k, v in value.items())
-    if size <= MAX_ANNOTATIONS_BYTES:
-        return None
-    biggest = max(value, key=lambda k: len(str(value[k])))
-    return (
-        f"{size} bytes of keys and values (the largest, {biggest!r}, {len(str(value[biggest]))} characters) "
-        f"exceed the API server's {MAX_ANNOTATIONS_BYTES} bytes (256 KiB) for all annotations together"
-    )
+    return k8s.annotations_size_problem(value)
 
 
 def _toleration(value: Any, key: Any) -> str | None:
-    if not isinstance(value, dict):
-        return None
-    tkey, op, tvalue, effect = (value.get(k) or "" for k in ("key", "operator", "value", "effect"))
-    if tkey and (why := qualified_name_problem(tkey)):
-        return f"key {_show(tkey)} is not a label key: {why}"
-    if op not in ("", *TOLERATION_OPERATORS):
-        return f"operator {_show(op)} is not one of {' or '.join(TOLERATION_OPERATORS)} (empty: Equal)"
-    if not tkey and op != "Exists":
-        return "an empty key needs operator Exists (it matches every taint)"
-    if op == "Exists" and tvalue:
-        return f"value {_show(tvalue)} must be empty with operator Exists"
-    if op != "Exists" and (why := _label_value(tvalue)):
-        return why
-    if effect not in ("", *TAINT_EFFECTS):
-        return f"effect {_show(effect)} is not one of {', '.join(TAINT_EFFECTS)} (empty: every effect)"
-    if value.get("tolerationSeconds") is not None and effect != "NoExecute":
-        return f"tolerationSeconds needs effect NoExecute, got {_show(effect or '')}"
-    return None
+    return k8s.toleration_problem(value)
 
 
 def _env_var(value: Any, key: Any) -> str | None:
     if not isinstance(value, dict) or not isinstance(value.get("name"), str):
         return None
     name = value["name"]
-    if why := env_name_problem(name):
+    if why := k8s.env_name_problem(name):
         return why
     if name in OPERATOR_ENV:
         return (
@@ -190,7 +82,7 @@ def _env_var(value: Any, key: Any) -> str | None:
         )
     if name == "NCCL_DEBUG" and str(value.get("value", "")).upper() not in NCCL_DEBUG_LEVELS:
         return (
-            f"NCCL_DEBUG {_show(value.get('value', ''))} is not a level NCCL knows "
+            f"NCCL_DEBUG {k8s.show(value.get('value', ''))} is not a level NCCL knows "
             f"({', '.join(NCCL_DEBUG_LEVELS[1:])}); "
             "NCCL would silently log nothing"
         )
@@ -198,40 +90,41 @@ def _env_var(value: Any, key: Any) -> str | None:
 
 
 def _secret_name(value: Any, key: Any) -> str | None:
-    return _DNS_SUBDOMAIN.problem(value, "a Secret's name")
+    return k8s.secret_name_problem(value)
 
 
 def _secret_key(value: Any, key: Any) -> str | None:
-    if isinstance(value, str) and len(value) <= 253 and _CONFIG_KEY.fullmatch(value) and not value.startswith(".."):
-        return None
-    return f"{_show(value)} is not a Secret key: <= 253 letters, digits, '-', '_' and '.'"
+    return k8s.secret_key_problem(value)
 
 
 def _namespace(value: Any, key: Any) -> str | None:
-    return _DNS_LABEL.problem(value, "a namespace")
+    return k8s.namespace_problem(value)
 
 
 def _object_name(value: Any, key: Any) -> str | None:
-    return _DNS_SUBDOMAIN.problem(value, f"a valid {key}")
+    return k8s.object_name_problem(value, f"a valid {key}")
+
+
+def _runtime_name(value: Any, key: Any) -> str | None:
+    return k8s.runtime_name_problem(value)
+
+
+def _queue_name(value: Any, key: Any) -> str | None:
+    return k8s.queue_name_problem(value)
+
+
+def _volume_name(value: Any, key: Any) -> str | None:
+    return k8s.volume_name_problem(value)
 
 
 def _quantity(value: Any, key: Any) -> str | None:
-    if isinstance(value, int) and not isinstance(value, bool) and value >= 0:
-        return None
-    if isinstance(value, str) and _QUANTITY.fullmatch(value) and not value.startswith("-"):
-        if key != "nvidia.com/gpu" or value.isdigit():
-            return None
-        return f"{key} {_show(value)} is not a whole number (extended resources cannot be split)"
-    return (
-        f"{_show(value)} is not a Kubernetes quantity: a non-negative number with an optional suffix "
-        "(m, k, M, G, T, Ki, Mi, Gi, Ti, ... or an exponent, e.g. 500m, 8, 64Gi, 1e3)"
-    )
+    return k8s.quantity_problem(value, key)
 
 
 def _port(value: Any, key: Any) -> str | None:
     if isinstance(value, int) and 1 <= value <= 65535:
         return None
-    return f"{_show(value)} is not a port number (1-65535)"
+    return f"{k8s.show(value)} is not a port number (1-65535)"
 
 
 @dataclass(frozen=True, slots=True)
@@ -259,6 +152,9 @@ RULES = (
     Rule("**.serviceAccountName", _object_name),
     Rule("**.priorityClassName", _object_name),
     Rule("spec.runPolicy.schedulingPolicy.priorityClass", _object_name),
+    Rule("spec.runPolicy.schedulingPolicy.queue", _queue_name),
+    Rule("spec.runtimeRef.name", _runtime_name),
+    Rule("**.volumes[*].name", _volume_name),
     Rule("**.resources.*.*", _quantity),
     Rule("spec.trainer.resourcesPerNode.*.*", _quantity),
     Rule("**.emptyDir.sizeLimit", _quantity),
@@ -326,7 +222,7 @@ class Item:
     name: str | None = None
 
     def __str__(self) -> str:
-        return f"[{_plain(self.name) if self.name is not None else self.index}]"
+        return f"[{k8s.plain(self.name) if self.name is not None else self.index}]"
 
     @property
     def label(self) -> Any:
@@ -366,17 +262,11 @@ def _match(pattern: str, path: tuple[Any, ...]) -> list[Any] | None:
     return go(0, 0)
 
 
-def _plain(segment: Any) -> str:
-    """A path segment as written, unless that would break the line or run on (then quoted, cut)."""
-    text = str(segment)
-    return text if text.isprintable() and len(text) <= 60 else _show(segment)
-
-
 def path_text(path: tuple[Any, ...]) -> str:
     """`spec.trainer.env[NCCL_DEBUG]`: dotted keys, list items by name (else index)."""
     out = ""
     for p in path:
-        out += str(p) if isinstance(p, Item) else (f".{_plain(p)}" if out else _plain(p))
+        out += str(p) if isinstance(p, Item) else (f".{k8s.plain(p)}" if out else k8s.plain(p))
     return out or "(manifest)"
 
 
@@ -402,7 +292,7 @@ def config_field(path: tuple[Any, ...]) -> str | None:
         for pattern, field in SOURCES:
             captured = _match(pattern, path[:end])
             if captured is not None:
-                return field.format(*(_plain(c) for c in captured[-1:]))
+                return field.format(*(k8s.plain(c) for c in captured[-1:]))
     return None
 
 
