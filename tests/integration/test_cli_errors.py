@@ -64,6 +64,12 @@ CASES = {
     "zero-collective-timeout": Case(
         [*RUN], ["job.collective_timeout_seconds", "> 0"], config="job:\n  collective_timeout_seconds: 0\n"
     ),
+    # A Kubernetes name the API server would refuse: refused at load, in the preflight's words.
+    "namespace-not-a-label": Case(
+        [*RUN],
+        ["kubernetes.namespace: 'team.a' is not a namespace: a DNS-1123 label"],
+        config="kubernetes:\n  namespace: team.a\n",
+    ),
     # Checked before any step: the checkpoint prefix, a custom task.
     "checkpoint-uri-a-file": Case(
         [*RUN],

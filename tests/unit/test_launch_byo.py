@@ -191,7 +191,10 @@ def test_a_local_path_is_refused_on_a_cluster_and_fine_locally(which, uri):
         ({"command": []}, "command: must be a non-empty list"),
         ({"s3_endpoint": "minio:9000"}, "s3_endpoint: must be a URL"),
         ({"replicas": 0}, "replicas must be >= 1"),
-        ({"node_selector": {"pool": "not a label!"}}, "node_selector.pool"),
+        (
+            {"node_selector": {"pool": "not a label!"}},
+            "node_selector: 'pool': value 'not a label!' is not a label value",
+        ),
     ],
 )
 def test_bad_settings_fail_in_the_builder_naming_the_parameter(overrides, message):

@@ -134,8 +134,8 @@ def test_what_the_api_server_takes_passes(overrides, kind):
 _POD = ("spec", "pytorchReplicaSpecs", "Master", "template", "spec")
 _CONTAINER = (*_POD, "containers", 0)
 
-# Manifest fields no config value reaches directly, or that the config holds to a narrower form
-# (its quantities have no exponent): edit the PyTorchJob, expect the phrase.
+# Manifest fields no config value reaches directly, or values the config refuses at load already
+# (tests/unit/test_k8s_formats.py): edit the PyTorchJob, expect the phrase.
 EDITS = [
     ((*_CONTAINER, "resources"), {"limits": {"cpu": "1.5.5"}}, "kubernetes.cpu: '1.5.5' is not a Kubernetes quantity"),
     ((*_CONTAINER, "resources"), {"requests": {"memory": "-1Gi"}}, "kubernetes.memory: '-1Gi' is not a Kubernetes quantity"),

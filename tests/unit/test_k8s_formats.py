@@ -1,0 +1,168 @@
+"""The API server's name and value formats (trainer/k8s_formats.py), one table a field: every
+config field that becomes a Kubernetes name or value takes what a real API server takes and
+refuses, at load, what it refuses, naming the field and the value; and the preflight's field
+table says the same of the same value in the manifest (both ask trainer.k8s_formats)."""
+
+# ruff: noqa: E501 (the table reads best one row a line)
+from __future__ import annotations
+
+import ast
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from trainer.config import ConfigError, parse_config
+from trainer.k8s_formats import quantity_problem, quantity_value
+from trainer.launch.fieldrules import Item, problem_at
+
+_ENV = ("spec", "trainer", "env")
+_SECRET_REF = (*_ENV, Item(0, "X"), "valueFrom", "secretKeyRef")
+_LIMITS = ("c", "resources", "limits")
+
+
+def _scalar(*path: Any) -> Callable[[Any], tuple[tuple[Any, ...], Any]]:
+    """A field whose value is one manifest node at `path`."""
+    return lambda v: (path, v)
+
+
+def _first(mapping: dict) -> tuple[Any, Any]:
+    return next(iter(mapping.items()))
+
+
+# (config field, where its value lands in a manifest: value -> (path, node), values the API server takes, values it refuses)
+FIELDS = [
+    ("kubernetes.namespace", _scalar("metadata", "namespace"),
+     ["team-a", "a", "0", "n" * 63],
+     ["team.a", "Team", "n" * 64, "-a", "a-", "a_b", "a b"]),
+    ("kubernetes.runtime", _scalar("spec", "runtimeRef", "name"),
+     ["torch-distributed", "a.b", "r" * 253],
+     ["", "Torch", "a..b", "-a", "r" * 254, "a_b"]),
+    ("kubernetes.store_secret", _scalar(*_SECRET_REF, "name"),
+     ["s3", "minio.keys-v2", "s" * 253],
+     ["Store_Keys", "a b", "-a", "s" * 254, "a."]),
+    ("kubernetes.hf_token_secret", _scalar(*_SECRET_REF, "name"),
+     ["hf-token.v2"],
+     ["HF_Token", ".hf"]),
+    ("kubernetes.priority_class", _scalar("spec", "priorityClassName"),
+     ["high", "system-node-critical"],
+     ["High_Prio", "p" * 254]),
+    ("kubernetes.service_account", _scalar("spec", "serviceAccountName"),
+     ["trainer", "trainer.ml"],
+     ["Trainer_SA", "-sa"]),
+    ("kubernetes.scheduling_queue", _scalar("spec", "runPolicy", "schedulingPolicy", "queue"),
+     ["default", "team-a.gpu"],
+     ["Default", "team queue", "q" * 254]),
+    ("kubernetes.queue", _scalar("metadata", "labels", "kueue.x-k8s.io/queue-name"),
+     ["team-a", "Team_A.1", "q" * 63],
+     ["team queue", "q" * 64, "-q", "q."]),
+    ("kubernetes.cpu", _scalar(*_LIMITS, "cpu"),
+     ["8", "500m", "1.5", "1e3", ".5", "100n", "+1", "0"],
+     ["8 cores", "-1", "1.5.5", "1K", "one", "1m2"]),
+    ("kubernetes.memory", _scalar(*_LIMITS, "memory"),
+     ["64Gi", "1E", "128974848", "500M", "1.5Gi"],
+     ["64GB", "-1Gi", "Gi", "1Qi", "64 Gi"]),
+    ("kubernetes.shm_size", _scalar("volumes", Item(0, "dshm"), "emptyDir", "sizeLimit"),
+     ["2Gi", "512Mi", "1e9"],
+     ["2 Gi", "2GiB", "-2Gi"]),
+    ("kubernetes.image_pull_secrets", lambda v: (("spec", "imagePullSecrets", Item(0), "name"), v[0]),
+     [["regcred.v2"]],
+     [["My_Secret"], ["regcred\n"], [""], ["-r"]]),
+    ("kubernetes.labels", lambda v: (("metadata", "labels", _first(v)[0]), _first(v)[1]),
+     [{"example.com/team": "ml"}, {"empty": ""}, {"k" * 63: "v" * 63}, {"app.kubernetes.io/part-of": "A_b.c"}],
+     [{"bad key!": "x"}, {"a/b/c": "x"}, {"Example.com/x": "y"}, {"/x": "y"}, {"example.com/": "y"}, {"k" * 64: "y"},
+      {"a": "b c"}, {"a": "v" * 64}, {"a": "-v"}, {"a": "a.b/c"}]),
+    ("kubernetes.node_selector", lambda v: (("spec", "nodeSelector", _first(v)[0]), _first(v)[1]),
+     [{"nvidia.com/gpu.product": "NVIDIA-H100-80GB-HBM3"}],
+     [{"pool name": "gpu"}, {"pool": "a100 x8"}, {"Pool.io/x": "y"}]),
+    ("kubernetes.annotations", lambda v: (("metadata", "annotations", _first(v)[0]), _first(v)[1]),
+     [{"Example.COM/Note": "any text at all"}, {"k8s.io/a_b.c": ""}],
+     [{"bad key!": "x"}, {"a/b/c": "x"}, {"k" * 64: "x"}]),
+    ("kubernetes.tolerations", lambda v: (("spec", "tolerations", Item(0)), v[0]),
+     [[{"operator": "Exists"}], [{"key": "gpu", "value": "a100", "effect": "NoSchedule"}]],
+     [[{"key": "a", "operator": "Maybe"}], [{"key": "a", "value": "b c"}], [{"key": "a b", "operator": "Exists"}],
+      [{"key": "a", "effect": "NoScheduel"}]]),
+    ("kubernetes.env", lambda v: ((*_ENV, Item(0, _first(v)[0])), {"name": _first(v)[0], "value": _first(v)[1]}),
+     [{"my.var-name": "1"}, {"_X": ""}],
+     [{"A=B": "1"}, {"1ST": "1"}, {"..X": "1"}, {"A B": "1"}]),
+    ("kubernetes.store_secret_keys", lambda v: (("env", Item(0, "X"), "valueFrom", "secretKeyRef", "key"), _first(v)[0]),
+     [{"accesskey": "AWS_ACCESS_KEY_ID"}, {"a.b_c-D": "X"}],
+     [{"access key": "X"}, {".": "X"}, {"..a": "X"}, {"k" * 254: "X"}]),
+    ("kubernetes.store_secret_keys", lambda v: (("env", Item(0, _first(v)[1])), {"name": _first(v)[1], "valueFrom": {}}),
+     [{"k": "my.var"}],
+     [{"k": "AWS=KEY"}, {"k": "1ST"}]),
+    ("kubernetes.volumes", lambda v: (("volumes", Item(0, v[0]["name"]), "name"), v[0]["name"]),
+     [[{"name": "data", "emptyDir": {}}]],
+     [[{"name": "Data", "emptyDir": {}}], [{"name": "a.b", "emptyDir": {}}], [{"name": "v" * 64, "emptyDir": {}}]]),
+]  # fmt: skip
+
+
+def _texts(value: Any) -> list[str]:
+    """The text in a value: itself, or a mapping's keys and values, a list's items, at any depth."""
+    if isinstance(value, dict):
+        return [t for k, v in value.items() for t in (*_texts(k), *_texts(v))]
+    if isinstance(value, list):
+        return [t for v in value for t in _texts(v)]
+    return [value] if isinstance(value, str) else []
+
+
+ACCEPTED = [(f, probe, v) for f, probe, good, _ in FIELDS for v in good]
+REFUSED = [(f, probe, v) for f, probe, _, bad in FIELDS for v in bad]
+
+
+@pytest.mark.parametrize(("field", "probe", "value"), ACCEPTED, ids=[f"{f}={v!r}"[:70] for f, _, v in ACCEPTED])
+def test_what_the_api_server_takes_loads_and_passes_the_manifest_rules(field, probe, value):
+    parse_config("", {field: value})
+    assert problem_at(*probe(value)) is None
+
+
+@pytest.mark.parametrize(("field", "probe", "value"), REFUSED, ids=[f"{f}={v!r}"[:70] for f, _, v in REFUSED])
+def test_what_it_refuses_fails_at_load_naming_the_field_in_the_manifest_rules_words(field, probe, value):
+    with pytest.raises(ConfigError) as err:
+        parse_config("", {field: value})
+    message = str(err.value)
+    assert message.startswith(field) and "\n" not in message, message
+    where, problem = message.split(": ", 1)
+    assert any(repr(text)[:20] in problem for text in _texts(value)), message  # the bad value, quoted
+    manifest_problem = problem_at(*probe(value))
+    assert manifest_problem is not None and problem in manifest_problem, (problem, manifest_problem)
+
+
+def test_empty_is_unset_where_the_job_leaves_the_field_out():
+    cfg = parse_config("", {f"kubernetes.{name}": "" for name in ("namespace", "cpu", "memory", "shm_size")}).kubernetes
+    assert (cfg.namespace, cfg.cpu, cfg.shm_size) == ("", "", "")
+    # The Secret's keys are not read without the Secret (workload identity).
+    parse_config("", {"kubernetes.store_secret": "", "kubernetes.store_secret_keys": {"a key": "X"}})
+
+
+@pytest.mark.parametrize(
+    ("quantity", "value"),
+    [
+        ("64Gi", 64 * 2**30),
+        ("500M", 5e8),
+        ("8", 8),
+        ("500m", 0.5),
+        ("1e3", 1000),
+        ("1E", 1e18),
+        ("1.5Ki", 1536),
+        (".5", 0.5),
+        ("100n", 1e-7),
+    ],
+)
+def test_quantity_value(quantity, value):
+    assert quantity_problem(quantity) is None
+    assert quantity_value(quantity) == pytest.approx(value)
+
+
+def test_a_gpu_count_is_whole():
+    assert quantity_problem("8", "nvidia.com/gpu") is None
+    assert "not a whole number" in quantity_problem("0.5", "nvidia.com/gpu")
+
+
+def test_the_module_is_a_leaf():
+    """The config imports it and fieldrules imports the config: it may import nothing of kftrain."""
+    tree = ast.parse((Path(__file__).resolve().parents[2] / "trainer" / "k8s_formats.py").read_text())
+    imported = {n.module for n in ast.walk(tree) if isinstance(n, ast.ImportFrom)}
+    imported |= {a.name for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names}
+    assert not {m for m in imported if m and m.split(".")[0] in ("trainer", "components", "pipelines")}
