@@ -155,11 +155,11 @@ def test_the_hub_token_comes_from_its_secret_and_never_its_value(monkeypatch):
     ("overrides", "message"),
     [
         ({"kubernetes.gpus_per_node": 4}, "kubernetes.gpus_per_node: must equal job.nproc_per_node (1)"),
-        ({"kubernetes.memory": "lots"}, "kubernetes.memory: must be a Kubernetes quantity"),
+        ({"kubernetes.memory": "lots"}, "kubernetes.memory: 'lots' is not a Kubernetes quantity"),
         ({"kubernetes.restart_policy": "Sometimes"}, "kubernetes.restart_policy: must be one of"),
         ({"kubernetes.clean_pod_policy": "Never"}, "kubernetes.clean_pod_policy: must be one of"),
-        ({"kubernetes.namespace": "Team_A"}, "kubernetes.namespace: must be a DNS-1123 label"),
-        ({"kubernetes.labels": {"team": "a b"}}, "kubernetes.labels.team: must be a label value"),
+        ({"kubernetes.namespace": "Team_A"}, "kubernetes.namespace: 'Team_A' is not a namespace: a DNS-1123 label"),
+        ({"kubernetes.labels": {"team": "a b"}}, "kubernetes.labels: 'team': value 'a b' is not a label value"),
         (
             {"kubernetes.elastic": {"enabled": True, "min_replicas": 3, "max_replicas": 4}},
             "job.replicas: must lie within",
@@ -185,7 +185,7 @@ def test_bad_configs_fail_with_the_field_named(overrides, message):
             "Master.template.spec.tolerations[0]: Additional properties are not allowed ('efect'",
         ),
         (
-            {"kubernetes.tolerations": [{"key": "gpu", "tolerationSeconds": "soon"}]},
+            {"kubernetes.tolerations": [{"key": "gpu", "effect": "NoExecute", "tolerationSeconds": "soon"}]},
             "tolerations[0].tolerationSeconds: 'soon' is not of type 'integer'",
         ),
         (

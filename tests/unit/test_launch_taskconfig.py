@@ -247,7 +247,7 @@ BAD = {
     "a non-label node selector value": (
         {},
         {"nodeSelector": {"pool": "not a label"}},
-        "the KFP task's settings given to the replicas: kubernetes.node_selector.pool",
+        "the KFP task's settings given to the replicas: kubernetes.node_selector: 'pool': value 'not a label'",
     ),
 }
 
