@@ -53,6 +53,12 @@ DNS_LABEL = NameForm(
     63,
     "a DNS-1123 label, <= 63 lower-case letters, digits and '-', starting and ending alphanumeric",
 )
+#: The name of a PyTorchJob or a TrainJob (its operator's webhook: the name becomes a Service's, IsDNS1035Label).
+DNS_1035_LABEL = NameForm(
+    re.compile(r"[a-z]([-a-z0-9]*[a-z0-9])?"),
+    63,
+    "a DNS-1035 label, <= 63 lower-case letters, digits and '-', starting with a letter and ending alphanumeric",
+)
 #: Most object names: a Secret, a ServiceAccount, a PriorityClass, a custom resource (IsDNS1123Subdomain).
 DNS_SUBDOMAIN = NameForm(
     re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*"),

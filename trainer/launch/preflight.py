@@ -27,9 +27,9 @@ from importlib import resources
 from typing import Any
 
 from trainer.errors import KftrainError
+from trainer.k8s_formats import DNS_1035_LABEL, DNS_SUBDOMAIN
 from trainer.launch.fieldrules import describe, field_problems, named_path, problem_at
 
-_DNS_1035 = re.compile(r"^[a-z]([-a-z0-9]*[a-z0-9])?$")
 REPLICA_TYPES = ("Master", "Worker")
 KUBERNETES_VERSION = "1.30.0"  # the oldest minor the pod-template check holds the manifest to
 
@@ -116,11 +116,8 @@ def validate_fields(manifest: dict[str, Any]) -> None:
 def validate_webhook_rules(manifest: dict[str, Any]) -> None:
     """The Training Operator v1.9 validating webhook's rules for PyTorchJob."""
     name = manifest.get("metadata", {}).get("name", "")
-    if not name or len(name) > 63 or not _DNS_1035.match(name):
-        raise ManifestError(
-            f"PyTorchJob metadata.name: {name!r} must be a DNS-1035 label (<= 63 lower-case "
-            "alphanumerics or '-', starting with a letter)"
-        )
+    if not DNS_1035_LABEL.matches(name):
+        raise ManifestError(f"PyTorchJob metadata.name: {name!r} must be {DNS_1035_LABEL.rule}")
     spec = manifest.get("spec", {})
     replicas = spec.get("pytorchReplicaSpecs") or {}
     if not replicas:
@@ -207,7 +204,6 @@ def validate_pytorchjob(manifest: dict[str, Any]) -> None:
 TORCHRUN_RESERVED_ENV = ("PET_NNODES", "PET_NPROC_PER_NODE", "PET_NODE_RANK", "PET_MASTER_ADDR", "PET_MASTER_PORT")
 #: The webhook's protected containers: their environment comes from `trainer`/`initializer` only.
 _ENV_PROTECTED_CONTAINERS = ("node", "dataset-initializer", "model-initializer")
-_DNS_1123_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
 _HTTP_PATH = re.compile(r"^[A-Za-z0-9/\-._~%!$&'()*+,;=:]+$")
 #: The replicated job and container every Trainer v2 torch runtime has (`constants.Node`);
 #: kftrain only patches those, and the webhook refuses a patch of one the runtime lacks.
@@ -229,11 +225,8 @@ def validate_trainjob_rules(manifest: dict[str, Any]) -> None:
     reserved `PET_*` env, runtime patch manager, patch targets, env in a protected container,
     duplicate list-map keys, and every volumeMount naming a patched volume."""
     name = manifest.get("metadata", {}).get("name", "")
-    if not name or len(name) > 63 or not _DNS_1035.match(name):
-        raise ManifestError(
-            f"TrainJob metadata.name: {name!r} must be a DNS-1035 label (<= 63 lower-case "
-            "alphanumerics or '-', starting with a letter)"
-        )
+    if not DNS_1035_LABEL.matches(name):
+        raise ManifestError(f"TrainJob metadata.name: {name!r} must be {DNS_1035_LABEL.rule}")
     spec = manifest.get("spec") or {}
     if not (spec.get("runtimeRef") or {}).get("name"):
         raise ManifestError("TrainJob spec.runtimeRef.name: must name a (Cluster)TrainingRuntime")
@@ -255,7 +248,7 @@ def validate_trainjob_rules(manifest: dict[str, Any]) -> None:
         where = f"TrainJob spec.runtimePatches[{i}]"
         manager = patch.get("manager", "")
         host, _, path = manager.partition("/")
-        if not (host and path and _DNS_1123_SUBDOMAIN.match(host) and len(host) <= 253 and _HTTP_PATH.match(path)):
+        if not (host and path and DNS_SUBDOMAIN.matches(host) and _HTTP_PATH.match(path)):
             raise ManifestError(f"{where}.manager: {manager!r} must be a domain-prefixed path (such as 'acme.io/foo')")
         rjobs = (((patch.get("trainingRuntimeSpec") or {}).get("template") or {}).get("spec") or {}).get(
             "replicatedJobs"
