@@ -50,7 +50,9 @@ OVERRIDE = {
     "gpus_per_node": 2,
     "queue": "team-param",
     "node_selector": {"pool": "param"},
-    "tolerations": [{"key": "param", "operator": "Equal", "value": "x", "tolerationSeconds": 300.0}],
+    "tolerations": [
+        {"key": "param", "operator": "Equal", "value": "x", "effect": "NoExecute", "tolerationSeconds": 300.0}
+    ],
     "base_model": "hf://org/param-model@main",
     "train_method": "full",
     "store": "s3://param-bucket/runs",
