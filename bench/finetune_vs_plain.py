@@ -49,6 +49,7 @@ from bench.gpt_setup import require_ranks  # noqa: E402
 from bench.llama_setup import add_llama_arguments, llama_config, save_llama_folder  # noqa: E402
 from bench.plain_loop import loader_steps  # noqa: E402
 from trainer.checkpoint import COMMIT, step_dir  # noqa: E402
+from trainer.checkpoint_owner import checkpoint_prefix  # noqa: E402
 from trainer.config import load_config  # noqa: E402
 from trainer.distributed import device_for, dist_env, process_group  # noqa: E402
 from trainer.pretrained import parameter_bytes, resolve, tensor_index  # noqa: E402
@@ -56,7 +57,7 @@ from trainer.shards import read_manifest, split_shards  # noqa: E402
 from trainer.storage import LocalStore  # noqa: E402
 from trainer.streaming import first_items  # noqa: E402
 from trainer.tasks import task_for  # noqa: E402
-from trainer.train import Trainer, checkpoint_prefix  # noqa: E402
+from trainer.train import Trainer  # noqa: E402
 
 #: Labels that do not count in the loss (the task's and torch's default).
 IGNORE = -100

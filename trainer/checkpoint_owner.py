@@ -21,10 +21,13 @@ import os
 import re
 import socket
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from trainer.errors import KftrainError
 from trainer.storage import ObjectStore, join_uri, read_json
+
+if TYPE_CHECKING:
+    from trainer.config import Config
 
 #: The commit record of a checkpoint step, written last (trainer.checkpoint).
 COMMIT = "COMMIT.json"
@@ -39,6 +42,17 @@ log = logging.getLogger("kftrain.checkpoint")
 
 class CheckpointError(KftrainError, RuntimeError):
     """A checkpoint could not be written or read; the message says which and why."""
+
+
+def checkpoint_prefix(cfg: Config, model_uri: str) -> str:
+    """Where the run's checkpoints go: checkpoint.uri, else `<model URI>/checkpoints`."""
+    return cfg.checkpoint.uri or join_uri(model_uri, "checkpoints")
+
+
+def checkpoint_owner(cfg: Config, model_uri: str) -> str:
+    """Who owns the checkpoint prefix: checkpoint.owner (the training step sets it to its task
+    identity), else the model URI, which names one run and stays the same when it restarts."""
+    return cfg.checkpoint.owner or model_uri
 
 
 def owner_uri(prefix: str, generation: int) -> str:

@@ -188,8 +188,7 @@ def claim_checkpoints(cfg: Config, model_uri: str, owner: str) -> Config:
 
     if not cfg.checkpoint.enabled:
         return cfg
-    from trainer.checkpoint_owner import claim_prefix
-    from trainer.train import checkpoint_prefix
+    from trainer.checkpoint_owner import checkpoint_prefix, claim_prefix
 
     owner = cfg.checkpoint.owner or owner
     prefix = checkpoint_prefix(cfg, model_uri)

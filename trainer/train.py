@@ -31,6 +31,7 @@ from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_
 
 from trainer import exit_codes
 from trainer.checkpoint import CheckpointError, CheckpointManager, step_dir
+from trainer.checkpoint_owner import checkpoint_owner, checkpoint_prefix
 from trainer.config import Config, best_metric, config_from_json, to_dict
 from trainer.consolidate import consolidate
 from trainer.distributed import (
@@ -136,17 +137,6 @@ def write_final_model(
     if digest:
         log.info("final parameter digest %s", digest)
     return digest
-
-
-def checkpoint_prefix(cfg: Config, model_uri: str) -> str:
-    """Where the run's checkpoints go: checkpoint.uri, else `<model URI>/checkpoints`."""
-    return cfg.checkpoint.uri or join_uri(model_uri, "checkpoints")
-
-
-def checkpoint_owner(cfg: Config, model_uri: str) -> str:
-    """Who owns the checkpoint prefix: checkpoint.owner (the training step sets it to its task
-    identity), else the model URI, which names one run and stays the same when it restarts."""
-    return cfg.checkpoint.owner or model_uri
 
 
 def lr_factor(step: int, total: int, cfg: Config) -> float:
