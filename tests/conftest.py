@@ -30,6 +30,13 @@ from tests.s3server import s3_server as start_s3_server
 
 S3_SERVERS = ("moto", "rgw")
 
+# torch in one thread per process, in the xdist workers and in every process the tests start
+# (they inherit the environment; the training replicas get job.omp_num_threads anyway): the
+# workers already fill the cores, and more threads than cores spin against each other. On the
+# 2-core CI machine torch's default (one thread per core) doubled the CPU time of torch work:
+# tests/unit/test_train.py took 44 CPU-s with it and 21 with one thread.
+os.environ.setdefault("OMP_NUM_THREADS", "1")
+
 
 def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
     """One run per S3 server named by the test's `s3_servers` mark, or for unmarked tests by
