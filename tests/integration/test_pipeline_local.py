@@ -22,9 +22,10 @@ def cli_env(extra=None):
     return env
 
 
-@pytest.mark.s3_servers("moto", "rgw")
+@pytest.mark.s3_servers("strict")
 def test_demo_on_an_s3_store_reaches_95_percent_and_writes_nothing_locally(s3_env, bucket, tmp_path):
-    """The whole demo on an S3 store, its training replicas under the Training Operator's (v1)
+    """The whole demo on an S3 store (RGW where it runs, which checks credentials and names as
+    MinIO and AWS do; moto elsewhere), its training replicas under the Training Operator's (v1)
     environment contract, with the plan step on: its plan is an artifact, and the report sets its
     prediction against what the run measured (tests/pipeline_demo.py's checks, read through the
     store). Kubeflow Trainer's (v2) contract gets the same checks on a local directory, on the
