@@ -135,7 +135,7 @@ def byo_demo(script: str, fail_rank: str) -> Model:
         input_data=data.outputs["data"],
         replicas=2,
         env={"STEPS": 5, "FAIL_RANK": fail_rank},
-        tolerations=[{"key": "gpu", "operator": "Exists", "tolerationSeconds": 300}],
+        tolerations=[{"key": "gpu", "operator": "Exists", "effect": "NoExecute", "tolerationSeconds": 300}],
         timeout_seconds=180,
         launcher="local",
         run_id=dsl.PIPELINE_JOB_ID_PLACEHOLDER,
