@@ -7,11 +7,16 @@ tier down. Such a test belongs in tests/integration/.
 Torch computes on as many threads as the workers leave each of them a core (one under `-n 2` on two
 cores): with more threads than cores OpenMP's threads spin waiting for each other, and the tier
 took several times the CPU for the same work.
+
+The objects alive when the tier starts (the modules and the collected tests) are frozen out of the
+garbage collector's sight: every CPU peak-memory window (trainer/plan/measure.py) starts with a full
+`gc.collect()` and a walk of `gc.get_objects()`, which took half a second each over them.
 """
 
 from __future__ import annotations
 
 import _posixsubprocess
+import gc
 import os
 import socket
 import subprocess
@@ -46,6 +51,17 @@ def torch_on_a_share_of_the_cores() -> Iterator[None]:
     torch.set_num_threads(torch_threads())
     yield
     torch.set_num_threads(before)
+
+
+@pytest.fixture(scope="package", autouse=True)
+def collected_objects_frozen() -> Iterator[None]:
+    """Package scope: the frozen objects are the imports and the collection's (a few tiny tensors
+    of module constants among them, 128 bytes in all: a peak-memory window's baseline leaves them
+    out), not any test's; they are handed back to the collector after the tier."""
+    gc.collect()
+    gc.freeze()
+    yield
+    gc.unfreeze()
 
 
 @pytest.fixture(scope="package", autouse=True)
