@@ -8,9 +8,10 @@ Torch computes on as many threads as the workers leave each of them a core (one 
 cores): with more threads than cores OpenMP's threads spin waiting for each other, and the tier
 took several times the CPU for the same work.
 
-The objects alive when the tier starts (the modules and the collected tests) are frozen out of the
-garbage collector's sight: every CPU peak-memory window (trainer/plan/measure.py) starts with a full
-`gc.collect()` and a walk of `gc.get_objects()`, which took half a second each over them.
+The objects alive when each test module starts (the imports, the collected tests, what earlier
+modules left) are frozen out of the garbage collector's sight: every CPU peak-memory window
+(trainer/plan/measure.py) starts with a full `gc.collect()` and a walk of `gc.get_objects()`, which
+took half a second over them each time.
 """
 
 from __future__ import annotations
@@ -54,14 +55,21 @@ def torch_on_a_share_of_the_cores() -> Iterator[None]:
 
 
 @pytest.fixture(scope="package", autouse=True)
-def collected_objects_frozen() -> Iterator[None]:
-    """Package scope: the frozen objects are the imports and the collection's (a few tiny tensors
-    of module constants among them, 128 bytes in all: a peak-memory window's baseline leaves them
-    out), not any test's; they are handed back to the collector after the tier."""
-    gc.collect()
-    gc.freeze()
+def frozen_objects_thawed_after_the_tier() -> Iterator[None]:
+    """Hands what `earlier_objects_frozen` froze back to the collector once the tier is done."""
     yield
     gc.unfreeze()
+
+
+@pytest.fixture(scope="module", autouse=True)
+def earlier_objects_frozen() -> None:
+    """Freezes what is alive as a module starts, after collecting the garbage (so none is frozen);
+    each collection then covers only what the previous module made. An autouse fixture is set up
+    before the module's own module-scoped fixtures: theirs and the tests' objects stay in sight.
+    Tensors alive then are no test's (measured: none, or up to about 1 MB that an earlier module
+    left); a peak-memory window's baseline leaves them out."""
+    gc.collect()
+    gc.freeze()
 
 
 @pytest.fixture(scope="package", autouse=True)
