@@ -235,7 +235,8 @@ def test_a_job_without_pods_for_too_long_is_reported():
 
 def test_wall_clock_deadline_deletes_the_job():
     cluster = FakeCluster()
-    backend, spec, _ = make(cluster)
+    # Polls of 0.1 s (on the fake's clock): a dozen of them reach the deadline, not a thousand.
+    backend, spec, _ = make(cluster, **{"kubernetes.poll_seconds": 0.1})
     cluster.timeline = running_then(lambda c: None)  # runs forever
     with pytest.raises(JobTimeout, match="did not finish within 1s"):
         run_job(backend, replace(spec, timeout_s=1))
