@@ -4,10 +4,6 @@ Every test here runs with process creation (fork, exec, spawn) and network conne
 refused, so a test that needs either fails at once, naming what it tried, instead of slowing the
 tier down. Such a test belongs in tests/integration/.
 
-Torch computes on as many threads as the workers leave each of them a core (one under `-n 2` on two
-cores): with more threads than cores OpenMP's threads spin waiting for each other, and the tier
-took several times the CPU for the same work.
-
 The objects alive when each test module starts (the imports, the collected tests, what earlier
 modules left) are frozen out of the garbage collector's sight: every CPU peak-memory window
 (trainer/plan/measure.py) starts with a full `gc.collect()` and a walk of `gc.get_objects()`, which
@@ -35,23 +31,6 @@ def _refuse(what: str):
         raise NotAUnitTest(f"a unit test may not {what}: move this test to tests/integration/")
 
     return refuse
-
-
-def torch_threads() -> int:
-    """Intra-op threads for each pytest process: its share of the cores it may run on."""
-    workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
-    return max(1, len(os.sched_getaffinity(0)) // workers)
-
-
-@pytest.fixture(scope="package", autouse=True)
-def torch_on_a_share_of_the_cores() -> Iterator[None]:
-    """Package scope, as `no_processes_or_servers`: the threads go back to what they were after the tier."""
-    import torch
-
-    before = torch.get_num_threads()
-    torch.set_num_threads(torch_threads())
-    yield
-    torch.set_num_threads(before)
 
 
 @pytest.fixture(scope="package", autouse=True)
