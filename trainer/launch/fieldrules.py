@@ -53,20 +53,17 @@ OPERATOR_ENV = _operator_env()
 # `key` is the node's last path segment: a mapping key, or a list item's name (else its index).
 
 
+def _of_value(problem: Callable[[Any], str | None]) -> Callable[[Any, Any], str | None]:
+    """The rule that asks `problem` about the value alone."""
+    return lambda value, key: problem(value)
+
+
 def _label(value: Any, key: Any) -> str | None:
     return k8s.label_problem(key, value)
 
 
 def _annotation_key(value: Any, key: Any) -> str | None:
     return k8s.annotation_key_problem(key)
-
-
-def _annotations_size(value: Any, key: Any) -> str | None:
-    return k8s.annotations_size_problem(value)
-
-
-def _toleration(value: Any, key: Any) -> str | None:
-    return k8s.toleration_problem(value)
 
 
 def _env_var(value: Any, key: Any) -> str | None:
@@ -89,32 +86,8 @@ def _env_var(value: Any, key: Any) -> str | None:
     return None
 
 
-def _secret_name(value: Any, key: Any) -> str | None:
-    return k8s.secret_name_problem(value)
-
-
-def _secret_key(value: Any, key: Any) -> str | None:
-    return k8s.secret_key_problem(value)
-
-
-def _namespace(value: Any, key: Any) -> str | None:
-    return k8s.namespace_problem(value)
-
-
 def _object_name(value: Any, key: Any) -> str | None:
     return k8s.object_name_problem(value, f"a valid {key}")
-
-
-def _runtime_name(value: Any, key: Any) -> str | None:
-    return k8s.runtime_name_problem(value)
-
-
-def _queue_name(value: Any, key: Any) -> str | None:
-    return k8s.queue_name_problem(value)
-
-
-def _volume_name(value: Any, key: Any) -> str | None:
-    return k8s.volume_name_problem(value)
 
 
 def _quantity(value: Any, key: Any) -> str | None:
@@ -138,23 +111,23 @@ class Rule:
 #: The table, applied by :func:`validate_fields` in one walk (both kinds; a pattern that matches
 #: nothing in a kind costs nothing).
 RULES = (
-    Rule("metadata.namespace", _namespace),
+    Rule("metadata.namespace", _of_value(k8s.namespace_problem)),
     Rule("**.metadata.labels.*", _label),
-    Rule("**.metadata.annotations", _annotations_size),
+    Rule("**.metadata.annotations", _of_value(k8s.annotations_size_problem)),
     Rule("**.metadata.annotations.*", _annotation_key),
     Rule("**.nodeSelector.*", _label),
-    Rule("**.tolerations[*]", _toleration),
+    Rule("**.tolerations[*]", _of_value(k8s.toleration_problem)),
     Rule("**.env[*]", _env_var),
-    Rule("**.env[*].valueFrom.secretKeyRef.name", _secret_name),
-    Rule("**.env[*].valueFrom.secretKeyRef.key", _secret_key),
-    Rule("**.imagePullSecrets[*].name", _secret_name),
-    Rule("**.volumes[*].secret.secretName", _secret_name),
+    Rule("**.env[*].valueFrom.secretKeyRef.name", _of_value(k8s.secret_name_problem)),
+    Rule("**.env[*].valueFrom.secretKeyRef.key", _of_value(k8s.secret_key_problem)),
+    Rule("**.imagePullSecrets[*].name", _of_value(k8s.secret_name_problem)),
+    Rule("**.volumes[*].secret.secretName", _of_value(k8s.secret_name_problem)),
     Rule("**.serviceAccountName", _object_name),
     Rule("**.priorityClassName", _object_name),
     Rule("spec.runPolicy.schedulingPolicy.priorityClass", _object_name),
-    Rule("spec.runPolicy.schedulingPolicy.queue", _queue_name),
-    Rule("spec.runtimeRef.name", _runtime_name),
-    Rule("**.volumes[*].name", _volume_name),
+    Rule("spec.runPolicy.schedulingPolicy.queue", _of_value(k8s.queue_name_problem)),
+    Rule("spec.runtimeRef.name", _of_value(k8s.runtime_name_problem)),
+    Rule("**.volumes[*].name", _of_value(k8s.volume_name_problem)),
     Rule("**.resources.*.*", _quantity),
     Rule("spec.trainer.resourcesPerNode.*.*", _quantity),
     Rule("**.emptyDir.sizeLimit", _quantity),
