@@ -626,7 +626,6 @@ _JOB_BOUNDS = {
     "kind": one_of(JOB_KINDS),
     "replicas": Bound(lambda v: v >= 1, "must be at least 1 (the Master)"),
     "nproc_per_node": AT_LEAST_ONE,
-    "image": Bound(lambda v: bool(v.strip()), "must not be empty"),
     "timeout_seconds": ABOVE_ZERO,
     "omp_num_threads": AT_LEAST_ONE,
     "collective_timeout_seconds": ABOVE_ZERO,
@@ -665,6 +664,8 @@ class JobConfig:
 
     def __post_init__(self) -> None:
         check_bounds(self, "job", _JOB_BOUNDS)
+        if problem := k8s.image_problem(self.image):
+            raise ConfigError(f"job.image: {problem}")
 
     @property
     def world_size(self) -> int:

@@ -121,6 +121,14 @@ def volume_name_problem(value: Any) -> str | None:
     return DNS_LABEL.problem(value, "a volume's name")
 
 
+def image_problem(value: Any) -> str | None:
+    """Why `value` is not a container image the API server takes (a pod's container needs one, and
+    refuses leading or trailing whitespace), or None."""
+    if isinstance(value, str) and value and value == value.strip():
+        return None
+    return f"{show(value)} is not a container image: a non-empty reference without leading or trailing whitespace"
+
+
 def qualified_name_problem(key: str) -> str | None:
     """Why `key` is not a qualified name (a label or annotation key), or None."""
     prefix, slash, name = key.rpartition("/")

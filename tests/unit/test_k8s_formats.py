@@ -95,6 +95,9 @@ FIELDS = [
     ("kubernetes.volumes", lambda v: (("volumes", Item(0, v[0]["name"]), "name"), v[0]["name"]),
      [[{"name": "data", "emptyDir": {}}]],
      [[{"name": "Data", "emptyDir": {}}], [{"name": "a.b", "emptyDir": {}}], [{"name": "v" * 64, "emptyDir": {}}]]),
+    ("job.image", _scalar("spec", "trainer", "image"),
+     ["ghcr.io/kftrain/kftrain:0.1.0", "registry.local:5000/team/train@sha256:" + "0" * 64],
+     ["", " ghcr.io/kftrain/kftrain:0.1.0", "ghcr.io/kftrain/kftrain:0.1.0\n", "img "]),
 ]  # fmt: skip
 
 

@@ -189,6 +189,8 @@ def test_a_local_path_is_refused_on_a_cluster_and_fine_locally(which, uri):
         ({"volumes": [{"name": "dshm", "emptyDir": {}}]}, "kftrain's /dev/shm volume"),
         ({"volume_mounts": [{"name": "data", "mount_path": "/x"}], "volumes": [PVC]}, "`mountPath`"),
         ({"command": []}, "command: must be a non-empty list"),
+        ({"image": ""}, "image: '' is not a container image"),
+        ({"image": "user/img:1 "}, "image: 'user/img:1 ' is not a container image"),
         ({"s3_endpoint": "minio:9000"}, "s3_endpoint: must be a URL"),
         ({"replicas": 0}, "replicas must be >= 1"),
         (

@@ -36,7 +36,7 @@ from trainer.config import (
     KubernetesConfig,
     check_plain_env,
 )
-from trainer.k8s_formats import env_name_problem
+from trainer.k8s_formats import env_name_problem, image_problem
 from trainer.launch.fieldrules import OPERATOR_ENV
 from trainer.launch.spec import JobSpec, require_object_store
 from trainer.storage import parse_uri
@@ -140,8 +140,8 @@ def byo_job(
     command = list(command)
     if not command or not all(isinstance(c, str) and c for c in command):
         raise ConfigError(f"command: must be a non-empty list of non-empty strings, got {command!r}")
-    if not image.strip():
-        raise ConfigError("image: must not be empty")
+    if problem := image_problem(image):
+        raise ConfigError(f"image: {problem}")
     if timeout_s <= 0:
         raise ConfigError(f"timeout_seconds: must be > 0, got {timeout_s}")
     if kind not in JOB_KINDS:

@@ -132,6 +132,8 @@ RULES = (
     Rule("spec.trainer.resourcesPerNode.*.*", _quantity),
     Rule("**.emptyDir.sizeLimit", _quantity),
     Rule("**.containers[*].ports[*].containerPort", _port),
+    Rule("**.containers[*].image", _of_value(k8s.image_problem)),
+    Rule("spec.trainer.image", _of_value(k8s.image_problem)),
 )
 
 #: Manifest path pattern -> the config field it is built from (the longest matching prefix of a
