@@ -1,10 +1,9 @@
 """The checks of a demo run with the plan step on, shared by the tests that make such a run
 (tests/integration/test_pipeline_local.py's demo on an S3 store for the Training Operator's
 contract, tests/integration/test_run_ownership.py's first run, on a local directory, for Kubeflow
-Trainer's), so each contract costs one pipeline run, not one more. The run's checks read through
-its store, so they hold for a local directory and for S3 alike; the plan's own files are KFP
-outputs, which with a store set stay in kfp.local's temporary pipeline root (not in the store),
-so they are checked on the local directory's run (their content does not depend on the kind)."""
+Trainer's), so each contract costs one pipeline run, not one more. The checks read through the
+run's store, so they hold for a local directory and for S3 alike, the plan's own files included
+(KFP outputs on a local directory; `plan.md` and `plan.html` in the store when one is set)."""
 
 from __future__ import annotations
 

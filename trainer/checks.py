@@ -115,11 +115,6 @@ def check_resume_from(cfg: Config, root: str) -> Config:
     return dataclasses.replace(cfg, checkpoint=dataclasses.replace(cfg.checkpoint, resume_from=folder))
 
 
-def quantity_bytes(quantity: str) -> float:
-    """Bytes of a Kubernetes memory quantity as the config accepts them (`64Gi`, `500M`, `8`, `1e9`)."""
-    return quantity_value(quantity)
-
-
 def state_bytes_per_rank(parameters: int, adapters: int, method: str, shards: int, frozen_bytes: int) -> int:
     """The training state one rank holds, activations aside. `full` trains every parameter
     (:data:`TRAINED_BYTES` each); `lora` keeps the base's `parameters` frozen at `frozen_bytes`
@@ -146,7 +141,7 @@ def check_model_memory(cfg: Config, parameters: int, adapters: int) -> None:
         ranks_per_limit, place = 1, "each GPU"
         frozen = 2 if train.precision in ("auto", "bf16") else 4  # a LoRA base is bf16 on GPUs
     elif not kc.gpus_per_node and kc.memory:
-        field, value, limit = "kubernetes.memory", kc.memory, quantity_bytes(kc.memory)
+        field, value, limit = "kubernetes.memory", kc.memory, quantity_value(kc.memory)
         ranks_per_limit, place = job.nproc_per_node, "each replica"
         frozen = 4
     else:

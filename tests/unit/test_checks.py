@@ -9,7 +9,7 @@ import json
 import pytest
 
 from tests.hf_models import base_model_config, model_variant
-from trainer.checks import check_base_model, check_model_memory, quantity_bytes, state_bytes_per_rank
+from trainer.checks import check_base_model, check_model_memory, state_bytes_per_rank
 from trainer.config import ConfigError, parse_config
 from trainer.errors import KftrainError
 from trainer.example_model import tiny_llama_folder
@@ -244,11 +244,3 @@ def test_the_memory_message_names_the_estimate_the_limit_and_the_fixes():
         "(28.4 GiB over the 4 ranks), train.method: lora (the frozen base alone: 14.2 GiB), at least 2 ranks "
         "under fsdp (job.replicas x job.nproc_per_node, now 4), or larger GPUs"
     )
-
-
-@pytest.mark.parametrize(
-    ("quantity", "expected"),
-    [("8", 8), ("64Gi", 64 * GIB), ("500M", 500e6), ("1.5Ti", 1.5 * 2**40), ("2k", 2000), ("512Ki", 2**19)],
-)
-def test_quantity_bytes(quantity, expected):
-    assert quantity_bytes(quantity) == expected

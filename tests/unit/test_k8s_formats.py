@@ -151,6 +151,9 @@ def test_empty_is_unset_where_the_job_leaves_the_field_out():
         ("1.5Ki", 1536),
         (".5", 0.5),
         ("100n", 1e-7),
+        ("1.5Ti", 1.5 * 2**40),
+        ("2k", 2000),
+        ("512Ki", 2**19),
     ],
 )
 def test_quantity_value(quantity, value):
