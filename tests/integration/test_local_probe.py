@@ -69,20 +69,20 @@ def tiny_gpt(strategy: str, world: int) -> Config:
 
 
 @pytest.mark.slow
-def test_the_two_rank_probe_is_within_a_loose_factor_of_the_plans_prediction():
+def test_the_two_rank_probe_s_peak_memory_is_within_a_loose_factor_of_the_plans_prediction():
     """The probe on 2 gloo ranks (twice in the same processes) against the plan's prediction from
-    the shapes and a 1-rank probe: peak memory per rank and step time within a factor of 3 (a
-    sanity bound, not a timing assertion: bench/plan_accuracy.py measures the error)."""
+    the shapes and a 1-rank probe: peak memory per rank within a factor of 3. Step time is not
+    bounded here: on a shared 2-core machine a 30 ms step moves by more than any factor a test
+    could hold, so bench/plan_accuracy.py measures the time model's error instead."""
     (base,) = probe_locally(tiny_gpt("ddp", 1), steps=3, timeout_s=240)
     assert base.world_size == 1 and base.comm_seconds == 0 and base.compute_seconds > 0
     for strategy in ("ddp", "fsdp"):
         cfg = tiny_gpt(strategy, 2)
         plan = make_plan(cfg, probe=base, nodes=(1,))
+        assert plan.point(1).step_seconds > 0
         repeats = probe_locally(cfg, steps=3, timeout_s=240, repeats=2)
         assert len(repeats) == 2
         for measured in repeats:
             assert measured.world_size == 2 and measured.micro_batch == 4
-            assert plan.memory.tensors / 3 < measured.peak_memory_bytes < plan.memory.tensors * 3
+            assert plan.memory.tensors / 3 < measured.peak_memory_bytes < plan.memory.tensors * 3, strategy
             assert measured.step_seconds >= measured.compute_seconds > 0 and measured.comm_seconds >= 0
-            step = plan.point(1).step_seconds
-            assert step / 3 < measured.step_seconds < step * 3, strategy
