@@ -37,7 +37,6 @@ import hashlib
 import json
 import logging
 import os
-import re
 import shutil
 import tempfile
 import threading
@@ -54,17 +53,21 @@ from torch.distributed.checkpoint.api import CheckpointException
 
 from trainer.checkpoint_owner import (
     COMMIT,
-    STEP_DIR,
+    METADATA,
     CheckpointError,
     claim_prefix,
+    committed,
+    committed_parts,
+    complete_record,
     current_owner,
     describe_owner,
+    latest_complete,
+    objects_by_step,
+    step_dir,
 )
 from trainer.progress import ProgressLine
 from trainer.storage import CorruptObject, ObjectNotFound, ObjectStore, StoreError, join_uri, read_json
 
-#: DCP's index of the checkpoint, written by rank 0; every checkpoint has one.
-METADATA = ".metadata"
 #: The unit of a ranged read of a ``.distcp`` part, each with its own sha256 in COMMIT.json. A
 #: trade-off: smaller blocks waste less on the edges of what a reader needs (on average one
 #: block per range read) but lengthen COMMIT.json, which every rank reads and rank 0 broadcasts
@@ -74,13 +77,7 @@ BLOCK_BYTES = 32 * 2**20
 #: throughput (S3's guidance: 8-16 MB), small enough not to raise a reader's memory peak.
 _GET_BYTES = 8 * 2**20
 _DISTCP = ".distcp"
-_HEX64 = re.compile(r"[0-9a-f]{64}")
 log = logging.getLogger("kftrain.checkpoint")
-
-
-def step_dir(prefix: str, step: int) -> str:
-    """The folder of the checkpoint taken after optimizer step `step`."""
-    return join_uri(prefix, f"step-{step:08d}")
 
 
 def rank_part(rank: int) -> str:
@@ -342,16 +339,11 @@ class CheckpointManager:
         self._prune()
 
     def _objects_by_step(self) -> dict[int, list[str]]:
-        by_step: dict[int, list[str]] = {}
-        for uri in self.store.list(self.prefix):
-            m = STEP_DIR.search(uri[len(self.prefix) :])
-            if m:
-                by_step.setdefault(int(m.group(1)), []).append(uri)
-        return by_step
+        return objects_by_step(self.store, self.prefix)
 
     @staticmethod
     def _committed(by_step: dict[int, list[str]]) -> list[int]:
-        return sorted(s for s, uris in by_step.items() if any(u.endswith(f"/{COMMIT}") for u in uris))
+        return committed(by_step)
 
     def _prune(self) -> None:
         by_step = self._objects_by_step()
@@ -417,36 +409,13 @@ class CheckpointManager:
         return self._committed(self._objects_by_step())
 
     def _complete_record(self, step: int, by_step: dict[int, list[str]]) -> dict[str, Any] | None:
-        """The commit record of `step` when it and every part it lists are in the store, else None."""
-        folder = step_dir(self.prefix, step)
-        try:
-            record = read_json(self.store, join_uri(folder, COMMIT))
-            parts = _committed_parts(record)
-            present = {uri.rsplit("/", 1)[-1] for uri in by_step.get(step, [])}
-            missing = sorted(set(parts) - present)
-            if missing:
-                raise ObjectNotFound(f"parts {missing} listed in {COMMIT} are not in the store")
-            for name, part in parts.items():
-                size = self.store.size(join_uri(folder, name))
-                if size != part["bytes"]:
-                    raise CorruptObject(f"{name} has {size} bytes, its commit record says {part['bytes']}")
-        except (ObjectNotFound, CorruptObject) as exc:
-            log.warning("skipping checkpoint %s (incomplete): %s", folder, exc)
-            return None
-        return record
+        return complete_record(self.store, self.prefix, step, by_step)
 
     def latest(self, only: int | None = None) -> dict[str, Any] | None:
         """The newest complete checkpoint's commit record, or None (a collective: rank 0 chooses,
         so every rank loads the same one). With `only`, step `only`'s record if it is complete."""
-        choice: dict[str, Any] | None = None
-        if self.rank == 0:
-            by_step = self._objects_by_step()
-            for step in reversed(self._committed(by_step)):
-                if only is not None and step != only:
-                    continue
-                choice = self._complete_record(step, by_step)
-                if choice is not None:
-                    break
+        found = latest_complete(self.store, self.prefix, only) if self.rank == 0 else None
+        choice = found[1] if found else None
         if self.group is not None:
             box = [choice]
             dist.broadcast_object_list(box, src=0, group=self.group)
@@ -646,30 +615,7 @@ def commit_record(store: ObjectStore, folder: str) -> dict[str, Any]:
     uri = join_uri(folder, COMMIT)
     try:
         record = read_json(store, uri)
-        _committed_parts(record)
+        committed_parts(record)
     except (ObjectNotFound, CorruptObject) as exc:
         raise CheckpointError(f"checkpoint {folder} is not committed ({uri}): {exc}") from exc
     return record
-
-
-def _committed_parts(record: Any) -> dict[str, dict[str, Any]]:
-    """The parts a commit record lists (name -> bytes, sha256, and optionally block_bytes with
-    the blocks' sha256s); CorruptObject when malformed."""
-    parts = record.get("parts") if isinstance(record, dict) else None
-    if not isinstance(parts, dict) or METADATA not in parts:
-        raise CorruptObject(f"{COMMIT} lists no parts (or no {METADATA}) under 'parts'")
-    for name, part in parts.items():
-        if not (isinstance(part, dict) and isinstance(part.get("bytes"), int) and isinstance(part.get("sha256"), str)):
-            raise CorruptObject(f"{COMMIT} has no size and sha256 for {name} under 'parts'")
-        if "blocks" not in part and "block_bytes" not in part:
-            continue  # written before block hashes: read whole
-        block_bytes, blocks = part.get("block_bytes"), part.get("blocks")
-        if not (isinstance(block_bytes, int) and block_bytes > 0 and isinstance(blocks, list)):
-            raise CorruptObject(f"{COMMIT} has block hashes for {name} without a positive block_bytes and a list")
-        expected = -(-part["bytes"] // block_bytes)
-        if len(blocks) != expected or not all(isinstance(h, str) and _HEX64.fullmatch(h) for h in blocks):
-            raise CorruptObject(
-                f"{COMMIT} lists {len(blocks)} block hashes for {name}, expected {expected} sha256 hex digests "
-                f"({part['bytes']} bytes in blocks of {block_bytes})"
-            )
-    return parts

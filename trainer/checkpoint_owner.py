@@ -1,4 +1,5 @@
-"""Who owns a checkpoint prefix: one run at a time (no torch here: the CLI claims a run's prefixes
+"""Who owns a checkpoint prefix, and which of its steps are complete (no torch here: the CLI
+claims a run's prefixes, lists runs and finds the checkpoint `checkpoint.resume_from` names
 before any step starts).
 
 Ownership: a prefix belongs to one run at a time. Before anything is written the run claims it
@@ -24,24 +25,32 @@ import time
 from typing import TYPE_CHECKING, Any
 
 from trainer.errors import KftrainError
-from trainer.storage import ObjectStore, join_uri, read_json
+from trainer.storage import CorruptObject, ObjectNotFound, ObjectStore, join_uri, read_json
 
 if TYPE_CHECKING:
     from trainer.config import Config
 
 #: The commit record of a checkpoint step, written last (trainer.checkpoint).
 COMMIT = "COMMIT.json"
+#: DCP's index of the checkpoint, written by rank 0; every checkpoint has one.
+METADATA = ".metadata"
 #: The folder of the owner records under a checkpoint prefix, one per generation.
 OWNER_FOLDER = "owner"
 _OWNER_RECORD = re.compile(r"/owner/(\d{8})\.json$")
 #: A step's folder in a URI below the prefix.
 STEP_DIR = re.compile(r"/step-(\d{8})/")
+_HEX64 = re.compile(r"[0-9a-f]{64}")
 
 log = logging.getLogger("kftrain.checkpoint")
 
 
 class CheckpointError(KftrainError, RuntimeError):
     """A checkpoint could not be written or read; the message says which and why."""
+
+
+def step_dir(prefix: str, step: int) -> str:
+    """The folder of the checkpoint taken after optimizer step `step`."""
+    return join_uri(prefix, f"step-{step:08d}")
 
 
 def checkpoint_prefix(cfg: Config, model_uri: str) -> str:
@@ -84,6 +93,76 @@ def committed_steps_in(store: ObjectStore, prefix: str) -> list[int]:
         for uri in store.list(prefix)
         if uri.endswith(f"/{COMMIT}") and (m := STEP_DIR.search(uri[len(prefix) :]))
     )
+
+
+def objects_by_step(store: ObjectStore, prefix: str) -> dict[int, list[str]]:
+    """Every object under `prefix` by the step folder it is in (one listing)."""
+    by_step: dict[int, list[str]] = {}
+    for uri in store.list(prefix):
+        if m := STEP_DIR.search(uri[len(prefix) :]):
+            by_step.setdefault(int(m.group(1)), []).append(uri)
+    return by_step
+
+
+def committed(by_step: dict[int, list[str]]) -> list[int]:
+    """The steps of :func:`objects_by_step` that have a commit record, ascending."""
+    return sorted(s for s, uris in by_step.items() if any(u.endswith(f"/{COMMIT}") for u in uris))
+
+
+def committed_parts(record: Any) -> dict[str, dict[str, Any]]:
+    """The parts a commit record lists (name -> bytes, sha256, and optionally block_bytes with
+    the blocks' sha256s); CorruptObject when malformed."""
+    parts = record.get("parts") if isinstance(record, dict) else None
+    if not isinstance(parts, dict) or METADATA not in parts:
+        raise CorruptObject(f"{COMMIT} lists no parts (or no {METADATA}) under 'parts'")
+    for name, part in parts.items():
+        if not (isinstance(part, dict) and isinstance(part.get("bytes"), int) and isinstance(part.get("sha256"), str)):
+            raise CorruptObject(f"{COMMIT} has no size and sha256 for {name} under 'parts'")
+        if "blocks" not in part and "block_bytes" not in part:
+            continue  # written before block hashes: read whole
+        block_bytes, blocks = part.get("block_bytes"), part.get("blocks")
+        if not (isinstance(block_bytes, int) and block_bytes > 0 and isinstance(blocks, list)):
+            raise CorruptObject(f"{COMMIT} has block hashes for {name} without a positive block_bytes and a list")
+        expected = -(-part["bytes"] // block_bytes)
+        if len(blocks) != expected or not all(isinstance(h, str) and _HEX64.fullmatch(h) for h in blocks):
+            raise CorruptObject(
+                f"{COMMIT} lists {len(blocks)} block hashes for {name}, expected {expected} sha256 hex digests "
+                f"({part['bytes']} bytes in blocks of {block_bytes})"
+            )
+    return parts
+
+
+def complete_record(store: ObjectStore, prefix: str, step: int, by_step: dict[int, list[str]]) -> dict[str, Any] | None:
+    """The commit record of `step` under `prefix` when it and every part it lists are in the
+    store with the sizes it records, else None (logged): the one test of a complete checkpoint."""
+    folder = step_dir(prefix, step)
+    try:
+        record = read_json(store, join_uri(folder, COMMIT))
+        parts = committed_parts(record)
+        present = {uri.rsplit("/", 1)[-1] for uri in by_step.get(step, [])}
+        missing = sorted(set(parts) - present)
+        if missing:
+            raise ObjectNotFound(f"parts {missing} listed in {COMMIT} are not in the store")
+        for name, part in parts.items():
+            size = store.size(join_uri(folder, name))
+            if size != part["bytes"]:
+                raise CorruptObject(f"{name} has {size} bytes, its commit record says {part['bytes']}")
+    except (ObjectNotFound, CorruptObject) as exc:
+        log.warning("skipping checkpoint %s (incomplete): %s", folder, exc)
+        return None
+    return record
+
+
+def latest_complete(store: ObjectStore, prefix: str, only: int | None = None) -> tuple[int, dict[str, Any]] | None:
+    """(step, commit record) of the newest complete checkpoint under `prefix` (of step `only`,
+    with `only`), or None."""
+    by_step = objects_by_step(store, prefix)
+    for step in reversed(committed(by_step)):
+        if only is None or step == only:
+            record = complete_record(store, prefix, step, by_step)
+            if record is not None:
+                return step, record
+    return None
 
 
 def claim_prefix(store: ObjectStore, prefix: str, owner: str, *, resume: bool) -> dict[str, Any]:

@@ -18,9 +18,12 @@ Whether an unfinished run failed, was stopped or is still running, the store doe
 from __future__ import annotations
 
 import dataclasses
+import math
 import re
+import time
 from typing import Any
 
+from trainer.checkpoint_owner import latest_complete
 from trainer.config import Config, ConfigError, is_uri
 from trainer.storage import ObjectNotFound, ObjectStore, StoreError, join_uri, open_store, read_json
 
@@ -47,9 +50,9 @@ class RunInfo:
     checkpoint: str = ""
     """The folder of the latest committed checkpoint (`.../step-N`), empty when none."""
     committed_unix_time: float | None = None
-    """When that checkpoint was committed."""
+    """When that checkpoint was committed (None when its record does not say, or says nonsense)."""
     steps: dict[str, list[int]] = dataclasses.field(default_factory=dict)
-    """Committed steps by checkpoint prefix."""
+    """Steps with a commit record (complete or not) by checkpoint prefix."""
     finished: bool = False
 
     @property
@@ -64,6 +67,17 @@ def _where(rel: str) -> tuple[str, str] | None:
     if parts[0] == LOCAL_RUNS and len(parts) >= 3:
         return parts[1], ""
     if len(parts) >= 3:
+        return parts[0], parts[1]
+    return None
+
+
+def _run_of_prefix(rel: str) -> tuple[str, str] | None:
+    """(run id, task folder) of the run whose own checkpoint prefix is `rel` (relative to a store
+    root) in either layout above, else None."""
+    parts = rel.split("/")
+    if len(parts) == 3 and parts[0] == LOCAL_RUNS and parts[2] == "checkpoints":
+        return parts[1], ""
+    if len(parts) == 4 and parts[0] != LOCAL_RUNS and parts[2:] == ["model", "checkpoints"]:
         return parts[0], parts[1]
     return None
 
@@ -109,19 +123,32 @@ def list_runs(store: ObjectStore, root: str) -> list[RunInfo]:
 
 
 def _describe(store: ObjectStore, info: RunInfo) -> None:
-    """Fill in the state, latest checkpoint and its commit time of `info` from its steps."""
-    latest = max(((max(steps), prefix) for prefix, steps in info.steps.items()), default=None)
-    if latest is not None:
-        step, prefix = latest
+    """Fill in the state, latest complete checkpoint and its commit time of `info` from its steps
+    (a commit record whose parts are not all in the store is no checkpoint to resume from)."""
+    complete = [(found, prefix) for prefix in info.steps if (found := latest_complete(store, prefix))]
+    if complete:
+        (step, record), prefix = max(complete, key=lambda c: c[0][0])
         info.checkpoint = join_uri(prefix, f"step-{step:08d}")
         info.last_step = max(step, info.last_step or 0)
-        try:
-            record = read_json(store, join_uri(info.checkpoint, "COMMIT.json"))
-            when = record.get("committed_unix_time") if isinstance(record, dict) else None
-            info.committed_unix_time = float(when) if isinstance(when, int | float) else None
-        except StoreError:
-            pass
-    info.state = "finished" if info.finished else "partial" if info.steps else "started"
+        info.committed_unix_time = _unix_time(record.get("committed_unix_time"))
+    info.state = "finished" if info.finished else "partial" if complete else "started"
+
+
+def _unix_time(value: Any) -> float | None:
+    """`value` as a time to show, None unless it is a number the calendar can write (a foreign or
+    damaged record may hold anything)."""
+    if not isinstance(value, int | float) or isinstance(value, bool) or not math.isfinite(value):
+        return None
+    try:
+        time.gmtime(value)
+    except (OverflowError, OSError, ValueError):
+        return None
+    return float(value)
+
+
+def _shown(text: str) -> str:
+    """`text` safe to print on a terminal: a store key may hold control characters."""
+    return text if text.isprintable() else repr(text)[1:-1]
 
 
 def runs_as_json(runs: list[RunInfo]) -> list[dict[str, Any]]:
@@ -142,8 +169,6 @@ def runs_as_json(runs: list[RunInfo]) -> list[dict[str, Any]]:
 
 def runs_table(runs: list[RunInfo]) -> str:
     """`kftrain runs`: a plain table, a header and one line per run."""
-    import time
-
     rows = [("RUN", "STATE", "STEP", "COMMITTED (UTC)", "LATEST CHECKPOINT")]
     for r in runs:
         when = (
@@ -152,7 +177,7 @@ def runs_table(runs: list[RunInfo]) -> str:
             else "-"
         )
         step = "-" if r.last_step is None else str(r.last_step)
-        rows.append((r.name, r.state, step, when, r.checkpoint or "-"))
+        rows.append((_shown(r.name), r.state, step, when, _shown(r.checkpoint) or "-"))
     widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]) - 1)]
     return "\n".join(
         "  ".join([*(cell.ljust(w) for cell, w in zip(row[:-1], widths, strict=True)), row[-1]]).rstrip()
@@ -182,8 +207,6 @@ def resolve_resume_from(cfg: Config, root: str) -> tuple[str, dict[str, Any]]:
     the prefix whose every part is in the store is chosen. ConfigError in one line naming the
     value and what to do when it names no such checkpoint, or several prefixes.
     """
-    from trainer.checkpoint import CheckpointManager
-
     value = cfg.checkpoint.resume_from
     field = f"checkpoint.resume_from {value!r}"
     only = None
@@ -203,15 +226,9 @@ def resolve_resume_from(cfg: Config, root: str) -> tuple[str, dict[str, Any]]:
                     f"{field}: a run id is looked up under store.uri, which is empty; set store.uri (or "
                     "--store) to the store the run wrote to, or give its model or checkpoint URI"
                 )
-            run_id, _, task = value.partition("/")
+            root = root.rstrip("/")
             store = _open(cfg, root)
-            found = {}
-            for base in (join_uri(root, LOCAL_RUNS, run_id), join_uri(root, run_id)):
-                for prefix, steps in _prefixes_under(store, base).items():
-                    folder = prefix[len(base) + 1 :].split("/", 1)[0]  # a KFP run's task folder
-                    local = base.endswith(f"/{LOCAL_RUNS}/{run_id}")
-                    if not task or local or folder == task or folder.startswith(f"{task}-"):
-                        found[prefix] = steps
+            found = _run_prefixes(store, root, *value.partition("/")[::2])
             where = f"for run {value} under {root} (`kftrain runs --store {root}` lists the runs there)"
         if not found:
             raise ConfigError(f"{field}: no committed checkpoint {where}; name a run or checkpoint that has one")
@@ -221,19 +238,31 @@ def resolve_resume_from(cfg: Config, root: str) -> tuple[str, dict[str, Any]]:
                 "RUN/TASK, or its checkpoint URI"
             )
         (prefix,) = found
-        reader = CheckpointManager(store, prefix)
-        try:
-            record = reader.latest(only=only)
-        finally:
-            reader.close()
+        latest = latest_complete(store, prefix, only)
     except StoreError as exc:
         raise type(exc)(f"{field}: {exc}") from None
-    if record is None:
+    if latest is None:
         what = f"step {only} of {prefix} is not" if only is not None else f"no checkpoint of {prefix} is"
         raise ConfigError(
             f"{field}: {what} complete (a commit record whose parts are all in the store); name another checkpoint"
         )
-    return join_uri(prefix, f"step-{int(record['step']):08d}"), record
+    step, record = latest
+    return join_uri(prefix, f"step-{step:08d}"), record
+
+
+def _run_prefixes(store: ObjectStore, root: str, run_id: str, task: str) -> dict[str, list[int]]:
+    """Committed steps by checkpoint prefix of run `run_id` under store root `root`: its own
+    prefix in either layout, and only a KFP run's with a `task` (`train` names `train-<id>`)."""
+    found = {}
+    for base in (join_uri(root, LOCAL_RUNS, run_id), join_uri(root, run_id)):
+        for prefix, steps in _prefixes_under(store, base).items():
+            owner = _run_of_prefix(prefix[len(root) + 1 :])
+            if owner is None or owner[0] != run_id:
+                continue  # another run's, or a prefix of neither layout
+            folder = owner[1]
+            if (not folder and not task) or (folder and (not task or folder == task or folder.startswith(f"{task}-"))):
+                found[prefix] = steps
+    return found
 
 
 def split_step_folder(folder: str) -> tuple[str, int]:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import shutil
+from pathlib import Path
 
 import pytest
 import torch
@@ -121,6 +122,11 @@ def test_an_incompatible_config_is_refused_naming_the_field(runs, digits, tmp_pa
         ("OLD/step-00000003", "ROOT", r"step 3 of .*checkpoints is not complete"),
         ("kfprun/nosuchtask", "ROOT", r"no committed checkpoint for run kfprun/nosuchtask"),
         ("TWO", "ROOT", r"2 checkpoint prefixes at or under .*name one: RUN/TASK, or its checkpoint URI"),
+        # A run id names that run's own prefix in one layout, never another run's or a folder's:
+        ("runs", "ROOT", r"no committed checkpoint for run runs under"),  # the local runs' folder
+        ("old/nosuchtask", "ROOT", r"no committed checkpoint for run old/nosuchtask"),  # a local run has no task
+        ("kfprun/model", "ROOT", r"no committed checkpoint for run kfprun/model"),  # a folder, not a task
+        ("old-model", "ROOT", r"no committed checkpoint for run old-model"),  # a model folder, not a run
     ],
     ids=[
         "unknown-run",
@@ -129,6 +135,10 @@ def test_an_incompatible_config_is_refused_naming_the_field(runs, digits, tmp_pa
         "uncommitted-step",
         "unknown-task",
         "ambiguous",
+        "the-runs-folder",
+        "a-task-of-a-local-run",
+        "a-folder-of-a-kfp-run",
+        "a-model-folder",
     ],
 )
 def test_what_names_nothing_resumable_is_one_line(runs, tmp_path, value, root, error):
@@ -186,6 +196,28 @@ def test_runs_lists_each_runs_state_step_and_latest_checkpoint(runs, tmp_path, c
     assert cli(["runs", "--store", str(root), "--json"]) == 0
     listed = {r["run"]: r for r in json.loads(capsys.readouterr().out)}
     assert listed["old"]["state"] == "partial" and listed["old"]["checkpoint"] == found["old"].checkpoint
+
+
+def test_runs_lists_complete_checkpoints_only_and_shows_what_a_record_holds_safely(runs, tmp_path, capsys):
+    """The latest checkpoint `kftrain runs` shows is one `resume_from` can load; a foreign or
+    damaged commit time or a run name with control characters does not break the listing."""
+    _, _, old_ckpt = runs
+    steps = sorted(p.name for p in Path(old_ckpt).glob("step-*"))
+    for name, when in (("\x1b[31mred", 1e300), ("nan", float("nan")), ("text", "yesterday"), ("past", -1e18)):
+        ckpt = tmp_path / "runs" / name / "checkpoints"
+        shutil.copytree(old_ckpt, ckpt)
+        (ckpt / steps[-1] / ".metadata").unlink()  # the newest is incomplete: the one before is the latest
+        commit = ckpt / steps[-2] / COMMIT
+        commit.write_text(json.dumps({**json.loads(commit.read_text()), "committed_unix_time": when}))
+    found = {r.run_id: r for r in list_runs(LocalStore(), str(tmp_path))}
+    for name, info in found.items():
+        assert info.checkpoint == str(tmp_path / "runs" / name / "checkpoints" / steps[-2]), name
+        assert info.state == "partial" and info.last_step == int(steps[-2][5:]) and info.committed_unix_time is None
+    assert cli(["runs", "--store", str(tmp_path)]) == 0
+    out = capsys.readouterr().out
+    assert "\x1b" not in out and "\\x1b[31mred" in out
+    assert cli(["runs", "--store", str(tmp_path), "--json"]) == 0
+    assert len(json.loads(capsys.readouterr().out)) == 4
 
 
 def test_runs_of_a_missing_folder_is_one_line(tmp_path, capsys):
