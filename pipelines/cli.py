@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+from typing import NoReturn
 
 from trainer.errors import KftrainError, redact
 
@@ -365,9 +366,17 @@ def _path(text: str) -> str:
     return os.path.expanduser(text)
 
 
+class _Parser(argparse.ArgumentParser):
+    """argparse's parser (its subcommands' too), whose usage errors, which repeat what was typed,
+    never print a password a mistyped URL holds."""
+
+    def error(self, message: str) -> NoReturn:
+        super().error(redact(message))
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser of every subcommand."""
-    parser = argparse.ArgumentParser(prog="kftrain", description="Distributed PyTorch training on Kubeflow.")
+    parser = _Parser(prog="kftrain", description="Distributed PyTorch training on Kubeflow.")
     sub = parser.add_subparsers(dest="command", required=True)
 
     p = sub.add_parser("compile", help="compile every pipeline to YAML")

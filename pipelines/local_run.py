@@ -35,7 +35,7 @@ from trainer.storage import ObjectNotFound, StoreError, join_uri, parse_uri
 
 DEFAULT_LOCAL_ROOT = "kftrain-outputs"
 RUN_RECORD = "run.json"
-_RUN_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,62}$")
+_RUN_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,62}")
 
 
 class PipelineFailed(RuntimeError):
@@ -57,7 +57,7 @@ def new_run_id() -> str:
 
 def check_run_id(run_id: str) -> str:
     """`run_id` if usable as one folder name in a store, else ConfigError naming --run-id."""
-    if not _RUN_ID.match(run_id) or run_id in (".", ".."):
+    if not _RUN_ID.fullmatch(run_id) or run_id in (".", ".."):
         raise ConfigError(
             f"--run-id: must be 1-63 letters, digits, '.', '_' or '-', starting alphanumeric, got {run_id!r}"
         )

@@ -68,7 +68,7 @@ _DTYPES = {
 READ_PIECE_BYTES = 8 << 20
 #: Headers larger than this are not a safetensors file (the format's own limit is 100 MB).
 _MAX_HEADER = 100_000_000
-_HF_REPO = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*/[A-Za-z0-9][A-Za-z0-9._-]*$")
+_HF_REPO = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*/[A-Za-z0-9][A-Za-z0-9._-]*")
 
 
 class PretrainedError(KftrainError, ValueError):
@@ -110,7 +110,7 @@ def parse_hf_uri(uri: str) -> tuple[str, str]:
     rest = uri.removeprefix(HF_SCHEME)
     repo, _, revision = rest.partition("@")
     repo = repo.strip("/")
-    if not _HF_REPO.match(repo) or (_ and not revision):
+    if not _HF_REPO.fullmatch(repo) or (_ and not revision):
         raise PretrainedError(
             f"model.init_from {uri!r}: a Hub model is hf://<org>/<name> or hf://<org>/<name>@<revision>"
         )

@@ -40,8 +40,8 @@ REMOTE_SCHEMES = ("s3", "minio")
 KFP_STORE_ENDPOINT = "http://seaweedfs.kubeflow:9000"
 #: Multipart part size: files above it upload in parallel-safe parts, smaller ones in one PUT.
 PART_SIZE = 8 * 1024 * 1024
-_BUCKET_RE = re.compile(r"^[a-z0-9][a-z0-9.\-]{1,61}[a-z0-9]$")
-_IPV4_RE = re.compile(r"^\d+\.\d+\.\d+\.\d+$")
+_BUCKET_RE = re.compile(r"[a-z0-9][a-z0-9.\-]{1,61}[a-z0-9]")
+_IPV4_RE = re.compile(r"\d+\.\d+\.\d+\.\d+")
 #: S3 error codes that mean "try again later", not "no".
 TRANSIENT_S3_CODES = frozenset(
     {
@@ -135,6 +135,7 @@ def parse_uri(uri: str) -> Location:
         return Location("file", "", os.path.abspath(os.path.expanduser(uri)))
     parts = urlsplit(uri)
     scheme = parts.scheme.lower()
+    uri = redact(uri)  # every message below shows the URI, never a password in it
     if scheme == "file":
         if parts.netloc not in ("", "localhost"):
             raise ValueError(f"file URI {uri!r} names a host; use file:///absolute/path")
@@ -144,9 +145,15 @@ def parse_uri(uri: str) -> Location:
             f"unsupported storage URI scheme {parts.scheme!r} in {uri!r}: "
             "use s3://bucket/key, minio://bucket/key, file:///path or a plain path"
         )
+    if "@" in parts.netloc:
+        raise ValueError(
+            f"storage URI {uri!r} holds a user or password: a store URI is never where credentials go (they "
+            "would be printed and recorded); set AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY (the store "
+            "Secret on a cluster) and write s3://bucket/key"
+        )
     bucket = parts.netloc
     # S3's rules, which real servers (RGW, AWS) enforce: moto and some gateways accept more.
-    if not _BUCKET_RE.match(bucket) or any(s in bucket for s in ("..", ".-", "-.")) or _IPV4_RE.match(bucket):
+    if not _BUCKET_RE.fullmatch(bucket) or any(s in bucket for s in ("..", ".-", "-.")) or _IPV4_RE.fullmatch(bucket):
         raise ValueError(
             f"invalid bucket name {bucket!r} in {uri!r}: 3-63 characters of lower-case letters, "
             "digits, '.' and '-', starting and ending with a letter or digit, with no '..', '.-' or '-.' "

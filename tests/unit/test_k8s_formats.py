@@ -172,3 +172,63 @@ def test_the_module_is_a_leaf():
     imported = {n.module for n in ast.walk(tree) if isinstance(n, ast.ImportFrom)}
     imported |= {a.name for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names}
     assert not {m for m in imported if m and m.split(".")[0] in ("trainer", "components", "pipelines")}
+
+
+def _isvc(name: str) -> None:
+    from trainer.launch.inferenceservice import validate_inferenceservice
+
+    validate_inferenceservice(
+        {
+            "apiVersion": "serving.kserve.io/v1beta1",
+            "kind": "InferenceService",
+            "metadata": {"name": name},
+            "spec": {"predictor": {"model": {"modelFormat": {"name": "onnx"}, "storageUri": "s3://b/m"}}},
+        }
+    )
+
+
+def _job(name: str) -> None:
+    from trainer.launch.spec import JobSpec
+
+    JobSpec(name=name, image="img:1", command=("c",))
+
+
+def _run_id(value: str) -> None:
+    from pipelines.local_run import check_run_id
+
+    check_run_id(value)
+
+
+def _hub(repo: str) -> None:
+    from trainer.pretrained import parse_hf_uri
+
+    parse_hf_uri(f"hf://{repo}")
+
+
+def _resume_from(value: str) -> None:
+    parse_config("", {"checkpoint.resume_from": value})
+
+
+def _namespace(value: str) -> None:
+    parse_config("", {"kubernetes.namespace": value})
+
+
+@pytest.mark.parametrize(
+    ("check", "good"),
+    [
+        (_isvc, "model"),
+        (_job, "kftrain-job"),
+        (_run_id, "run-1"),
+        (_hub, "org/name"),
+        (_resume_from, "run-1"),
+        (_namespace, "team"),
+    ],
+    ids=["inferenceservice-name", "job-name", "run-id", "hub-repo", "resume-from-run-id", "namespace"],
+)
+def test_no_name_check_takes_a_trailing_newline(check, good):
+    """`^...$` with `re.match` lets a final newline through (`$` matches before it): every
+    name check matches the whole value, so `name\\n` is refused where `name` is taken."""
+    check(good)
+    with pytest.raises(Exception) as err:
+        check(good + "\n")
+    assert not isinstance(err.value, AssertionError | AttributeError | TypeError | KeyError), err.value

@@ -218,3 +218,36 @@ def test_plan_with_a_prepared_dataset_has_the_real_shape_and_the_runs_steps(tmp_
     assert plan.point(2).eta_seconds is None  # on the CPU without a probe: no step time to multiply
     rc, out = call_cli(["plan", "--dataset", str(tmp_path / "nowhere")], capsys)
     assert rc == 2 and out.startswith("kftrain: error: ") and "Traceback" not in out, out
+
+
+SECRET = "SEKRETzz9911"
+CREDENTIAL_URI = f"s3://akid:{SECRET}@bucket/prefix"
+
+
+@pytest.mark.parametrize(
+    ("config", "args"),
+    [
+        ("", ["run", "--local", "--store", CREDENTIAL_URI]),
+        (f"store:\n  uri: {CREDENTIAL_URI}\n", ["run", "--local"]),
+        (f"checkpoint:\n  uri: {CREDENTIAL_URI}\n", ["run", "--local"]),
+        (f"checkpoint:\n  resume_from: {CREDENTIAL_URI}\n", ["run", "--local"]),
+        (f"data:\n  source: {CREDENTIAL_URI}/d.csv\n", ["run", "--local"]),
+        ("", ["runs", "--store", CREDENTIAL_URI]),
+        ("", ["run", "--local", "--no-such-flag", CREDENTIAL_URI]),  # argparse repeats what it did not take
+    ],
+    ids=["--store", "store.uri", "checkpoint.uri", "checkpoint.resume_from", "data.source", "runs --store", "usage"],
+)
+def test_a_uri_holding_credentials_is_refused_without_printing_them(tmp_path, monkeypatch, capsys, config, args):
+    monkeypatch.chdir(tmp_path)
+    if config:
+        (tmp_path / "c.yaml").write_text(config)
+        args = [*args, "--config", "c.yaml"]
+    try:
+        code = main(args)
+    except SystemExit as exc:  # argparse's usage error
+        code = exc.code
+    out, err = capsys.readouterr()
+    assert code == 2, err
+    assert SECRET not in out + err and "akid" not in out + err
+    assert err.strip().splitlines()[-1].startswith("kftrain: error: ") or "usage:" in err
+    assert not (tmp_path / "kftrain-outputs").exists()

@@ -19,7 +19,7 @@ from typing import Any
 from trainer.launch.preflight import ManifestError, _path, _strict
 
 #: KServe's IsvcNameFmt (pkg/apis/serving/v1beta1/inference_service_validation.go).
-_ISVC_NAME = re.compile(r"^[a-z]([-a-z0-9]*[a-z0-9])?$")
+_ISVC_NAME = re.compile(r"[a-z]([-a-z0-9]*[a-z0-9])?")
 #: Predictor fields that each name one way to run the model (the "1-of" fields of PredictorSpec).
 PREDICTOR_IMPLEMENTATIONS = (
     "model",
@@ -51,7 +51,7 @@ def validate_inferenceservice(manifest: dict[str, Any]) -> None:
     if (manifest.get("apiVersion"), manifest.get("kind")) != ("serving.kserve.io/v1beta1", "InferenceService"):
         raise ManifestError("InferenceService: apiVersion/kind must be serving.kserve.io/v1beta1 InferenceService")
     name = manifest.get("metadata", {}).get("name", "")
-    if not _ISVC_NAME.match(name):
+    if not _ISVC_NAME.fullmatch(name):
         raise ManifestError(f"InferenceService metadata.name: {name!r} must match {_ISVC_NAME.pattern}")
     errors = sorted(_validator().iter_errors(manifest), key=lambda e: (-len(e.absolute_path), str(e.absolute_path)))
     if errors:

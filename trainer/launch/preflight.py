@@ -204,7 +204,7 @@ def validate_pytorchjob(manifest: dict[str, Any]) -> None:
 TORCHRUN_RESERVED_ENV = ("PET_NNODES", "PET_NPROC_PER_NODE", "PET_NODE_RANK", "PET_MASTER_ADDR", "PET_MASTER_PORT")
 #: The webhook's protected containers: their environment comes from `trainer`/`initializer` only.
 _ENV_PROTECTED_CONTAINERS = ("node", "dataset-initializer", "model-initializer")
-_HTTP_PATH = re.compile(r"^[A-Za-z0-9/\-._~%!$&'()*+,;=:]+$")
+_HTTP_PATH = re.compile(r"[A-Za-z0-9/\-._~%!$&'()*+,;=:]+")
 #: The replicated job and container every Trainer v2 torch runtime has (`constants.Node`);
 #: kftrain only patches those, and the webhook refuses a patch of one the runtime lacks.
 TRAINER_JOB = "node"
@@ -248,7 +248,7 @@ def validate_trainjob_rules(manifest: dict[str, Any]) -> None:
         where = f"TrainJob spec.runtimePatches[{i}]"
         manager = patch.get("manager", "")
         host, _, path = manager.partition("/")
-        if not (host and path and DNS_SUBDOMAIN.matches(host) and _HTTP_PATH.match(path)):
+        if not (host and path and DNS_SUBDOMAIN.matches(host) and _HTTP_PATH.fullmatch(path)):
             raise ManifestError(f"{where}.manager: {manager!r} must be a domain-prefixed path (such as 'acme.io/foo')")
         rjobs = (((patch.get("trainingRuntimeSpec") or {}).get("template") or {}).get("spec") or {}).get(
             "replicatedJobs"

@@ -69,7 +69,7 @@ POD_NAME_ENV, POD_UID_ENV = "KFTRAIN_POD_NAME", "KFTRAIN_POD_UID"
 #: Kueue's LocalQueue label, on the job object of either kind.
 KUEUE_QUEUE_LABEL = "kueue.x-k8s.io/queue-name"
 MANAGED_BY_LABEL = {"app.kubernetes.io/managed-by": "kftrain"}
-_DNS_1035 = re.compile(r"^[a-z]([-a-z0-9]*[a-z0-9])?$")
+_DNS_1035 = re.compile(r"[a-z]([-a-z0-9]*[a-z0-9])?")
 
 
 @dataclass(kw_only=True, frozen=True, slots=True)
@@ -102,7 +102,7 @@ class JobSpec:
 
     def __post_init__(self) -> None:
         longest = MAX_NAME - len(self.longest_replica_suffix())
-        if len(self.name) > longest or not _DNS_1035.match(self.name):
+        if len(self.name) > longest or not _DNS_1035.fullmatch(self.name):
             raise ValueError(
                 f"job name {self.name!r} must be a DNS-1035 label of at most {longest} characters (lower-case "
                 "letters, digits and '-', starting with a letter and ending with a letter or digit): the "
