@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+from pathlib import Path
 from typing import NoReturn
 
 from trainer.errors import KftrainError, redact
@@ -231,9 +232,9 @@ def _cmd_plan(args: argparse.Namespace) -> int:
         (probe,) = probe_locally(cfg, steps=args.probe_steps)
     plan = plan_run(cfg, probe, dataset_uri=args.dataset or "")
     text = plan.markdown()
-    if args.output:
-        with open(args.output, "w", encoding="utf-8") as f:
-            f.write(text)
+    if args.output:  # checked writable as the command started (_output_file)
+        Path(args.output).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.output).write_text(text, encoding="utf-8")
     print(json.dumps(plan.to_dict(), indent=2, sort_keys=True) if args.json else text)
     strict = args.strict or cfg.plan.strict
     try:
@@ -374,6 +375,23 @@ class _Parser(argparse.ArgumentParser):
         super().error(redact(message))
 
 
+def _output_file(text: str) -> str:
+    """A file path that can be written, checked as the command starts, not after the run it
+    records: not a folder, under a folder that exists or can be made, and writable."""
+    path = Path(_path(text))
+    if path.is_dir():
+        raise argparse.ArgumentTypeError(f"{text} is a folder; name a file")
+    folder = path.parent
+    while not folder.exists():  # the folders that are missing are made when the file is written
+        folder = folder.parent
+    if not folder.is_dir():
+        raise argparse.ArgumentTypeError(f"{folder} is a file, so {text} cannot be made; name a file in a folder")
+    target = path if path.exists() else folder
+    if not os.access(target, os.W_OK):
+        raise argparse.ArgumentTypeError(f"{target} cannot be written (permission denied); name a file you can write")
+    return str(path)
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser of every subcommand."""
     parser = _Parser(prog="kftrain", description="Distributed PyTorch training on Kubeflow.")
@@ -391,7 +409,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--output-dir", type=_path, default="kftrain-outputs", help="local artifact root when no store is given"
     )
-    p.add_argument("--summary", type=_path, help="write artifact URIs and final metrics to this JSON file")
+    p.add_argument("--summary", type=_output_file, help="write artifact URIs and final metrics to this JSON file")
     p.add_argument(
         "--min-accuracy",
         type=_gate("min_accuracy"),
@@ -447,7 +465,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="a prepared dataset (data prep's output): the model's real shape and the epoch's length (the ETA)",
     )
     p.add_argument("--json", action="store_true", help="print the plan as JSON instead of Markdown")
-    p.add_argument("--output", type=_path, metavar="FILE.md", help="also write the Markdown plan to this file")
+    p.add_argument("--output", type=_output_file, metavar="FILE.md", help="also write the Markdown plan to this file")
     p.set_defaults(func=_cmd_plan)
 
     p = sub.add_parser("submit", help="upload the pipeline (a new version) to KFP and start a run")

@@ -120,16 +120,61 @@ def keep_log(cfg: Config, uri: str, path: Path) -> str:
 
 
 def finished_run(cfg: Config, run_id: str, local_root: str = DEFAULT_LOCAL_ROOT) -> dict[str, Any] | None:
-    """The summary of run `run_id` if it finished, else None."""
+    """The summary of run `run_id` if it finished, else None; CorruptObject naming the record
+    when it says finished without a summary of the form :func:`run_local` writes. Within the
+    store check's time limit: an unreachable store fails as fast as the pre-flight would."""
     from trainer.pipeline_steps import store_for
-    from trainer.storage import read_json
+    from trainer.storage import CHECK_BUDGET_S, CorruptObject, check_deadline, read_json
 
     uri = join_uri(run_root(cfg, run_id, local_root), RUN_RECORD)
     try:
-        record = read_json(store_for(cfg, uri), uri)
+        with check_deadline(CHECK_BUDGET_S):
+            record = read_json(store_for(cfg, uri), uri)
     except ObjectNotFound:
         return None
-    return record.get("summary") if isinstance(record, dict) and record.get("status") == "finished" else None
+    if not (isinstance(record, dict) and record.get("status") == "finished"):
+        return None
+    summary = record.get("summary")
+    if not _is_summary(summary):
+        raise CorruptObject(
+            f"{uri} says run {run_id} finished but holds no summary of it (artifacts, metrics, exported, "
+            "quality_gate): it is damaged; delete it to run the run again from its checkpoints"
+        )
+    return summary
+
+
+def _is_summary(summary: Any) -> bool:
+    """`summary` has the form of what :func:`run_local` returns (what the CLI prints of it)."""
+    return (
+        isinstance(summary, dict)
+        and isinstance(summary.get("artifacts"), dict)
+        and all(isinstance(k, str) and isinstance(v, str) for k, v in summary["artifacts"].items())
+        and isinstance(summary.get("metrics"), dict)
+        and all(isinstance(v, int | float) and not isinstance(v, bool) for v in summary["metrics"].values())
+        and isinstance(summary.get("exported"), bool)
+        and isinstance(summary.get("quality_gate"), str)
+    )
+
+
+def own_checkpoints_first(cfg: Config, run_id: str, local_root: str = DEFAULT_LOCAL_ROOT) -> Config:
+    """`cfg` without `checkpoint.resume_from` once run `run_id` has a complete checkpoint of its
+    own: the run goes on from that (docs/checkpoints.md), so what it first resumed from need not
+    exist any more (nor is it looked up again)."""
+    if not (cfg.checkpoint.resume_from and cfg.checkpoint.enabled):
+        return cfg
+    from trainer.checkpoint_owner import latest_complete
+    from trainer.pipeline_steps import store_for
+    from trainer.storage import CHECK_BUDGET_S, check_deadline
+
+    prefix = with_run_checkpoints(cfg, run_id, local_root).checkpoint.uri
+    try:
+        with check_deadline(CHECK_BUDGET_S):
+            own = latest_complete(store_for(cfg, prefix), prefix)
+    except StoreError:
+        return cfg  # the pre-flight's store check says what is wrong
+    if own is None:
+        return cfg
+    return dataclasses.replace(cfg, checkpoint=dataclasses.replace(cfg.checkpoint, resume_from=""))
 
 
 def record_finished(cfg: Config, run_id: str, summary: dict[str, Any], local_root: str = DEFAULT_LOCAL_ROOT) -> str:
@@ -207,10 +252,10 @@ def run_local(
     ``"already_finished": True``.
     """
     run_id = check_run_id(run_id or new_run_id())
-    cfg = preflight(cfg, local_root)
     done = finished_run(cfg, run_id, local_root)
-    if done is not None:
+    if done is not None:  # nothing runs, so nothing else is checked: not even what it resumed from
         return {**done, "already_finished": True}
+    cfg = preflight(own_checkpoints_first(cfg, run_id, local_root), local_root)
     cfg = with_run_checkpoints(cfg, run_id, local_root)
     claim_run_checkpoints(cfg)
     summary = {**_run_pipeline(cfg, local_root, min_accuracy, max_perplexity), "run_id": run_id}

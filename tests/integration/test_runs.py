@@ -106,3 +106,16 @@ def test_runs_on_an_s3_store(bucket, capsys):
     cfg = load_config(overrides={"store.uri": root, "checkpoint.resume_from": "kfp-run-2"})
     with pytest.raises(ConfigError, match=r"no committed checkpoint for run kfp-run-2 under s3://"):
         resolve_resume_from(cfg, root)
+
+
+def test_a_finished_run_prints_its_summary_though_what_it_resumed_from_is_gone(tmp_path, monkeypatch, capsys):
+    from pipelines.cli import main
+
+    monkeypatch.chdir(tmp_path)
+    summary = {"artifacts": {"model": "/m"}, "metrics": {"acc": 0.9}, "exported": True, "quality_gate": "ok"}
+    record = tmp_path / "kftrain-outputs" / "runs" / "r1" / "run.json"
+    record.parent.mkdir(parents=True)
+    record.write_text(json.dumps({"status": "finished", "summary": summary}))
+    (tmp_path / "c.yaml").write_text("checkpoint:\n  resume_from: /gone/run/checkpoints/step-00000005\n")
+    assert main(["run", "--local", "--config", "c.yaml", "--run-id", "r1"]) == 0
+    assert "run r1 had already finished; nothing to do" in capsys.readouterr().out

@@ -251,3 +251,25 @@ def test_a_uri_holding_credentials_is_refused_without_printing_them(tmp_path, mo
     assert SECRET not in out + err and "akid" not in out + err
     assert err.strip().splitlines()[-1].startswith("kftrain: error: ") or "usage:" in err
     assert not (tmp_path / "kftrain-outputs").exists()
+
+
+@pytest.mark.parametrize(
+    "flag", [["run", "--local", "--summary"], ["plan", "--output"]], ids=["run --summary", "plan --output"]
+)
+@pytest.mark.parametrize(
+    ("path", "error"),
+    [("afile/x.json", "afile is a file, so afile/x.json cannot be made"), (".", ". is a folder; name a file")],
+    ids=["under-a-file", "a-folder"],
+)
+def test_an_output_file_that_cannot_be_written_is_refused_before_anything_runs(
+    tmp_path, monkeypatch, capsys, flag, path, error
+):
+    """Checked as the command starts, naming the flag: not after the run whose summary it is."""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "afile").write_text("")
+    with pytest.raises(SystemExit) as exit_:
+        main([*flag, path])
+    assert exit_.value.code == 2
+    assert f"argument {flag[-1]}: {error}" in capsys.readouterr().err
+    assert main(["plan", "--output", "new/folders/plan.md", "--json"]) == 0  # missing folders are made
+    assert (tmp_path / "new" / "folders" / "plan.md").exists()

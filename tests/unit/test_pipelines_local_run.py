@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from pipelines.local_run import PipelineFailed, _task_output, kfp_run_folder
+from pipelines.local_run import PipelineFailed, _task_output, finished_run, kfp_run_folder, own_checkpoints_first
 
 
 def kfp_run(root: Path, name: str, *, exported: bool, reason: str, mtime: float) -> Path:
@@ -51,3 +51,73 @@ def test_with_every_output_in_a_store_the_private_root_must_hold_one_run(tmp_pat
     kfp_run(tmp_path, "training-pipeline-2", exported=False, reason="r", mtime=1_000)
     with pytest.raises(PipelineFailed, match="holds 2 run folders"):
         kfp_run_folder(tmp_path, ["s3://bucket/x/model"])
+
+
+SUMMARY = {"artifacts": {"model": "/m"}, "metrics": {"test_accuracy": 0.97}, "exported": True, "quality_gate": "ok"}
+
+
+def write_record(root: Path, run_id: str, record) -> Path:
+    path = root / "runs" / run_id / "run.json"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(record if isinstance(record, str) else json.dumps(record))
+    return path
+
+
+@pytest.mark.parametrize(
+    "record",
+    [
+        {"status": "finished"},
+        {"status": "finished", "summary": 5},
+        {"status": "finished", "summary": {"artifacts": {}}},
+        {"status": "finished", "summary": {**SUMMARY, "metrics": {"test_accuracy": "high"}}},
+        {"status": "finished", "summary": {**SUMMARY, "artifacts": {"model": 3}}},
+        {"status": "finished", "summary": {**SUMMARY, "exported": "yes"}},
+    ],
+    ids=["no-summary", "a-number", "no-metrics", "a-metric-as-text", "an-artifact-not-a-uri", "exported-as-text"],
+)
+def test_a_finished_record_without_a_summary_is_named_as_damaged(tmp_path, record):
+    from trainer.config import load_config
+    from trainer.storage import CorruptObject
+
+    path = write_record(tmp_path, "r1", record)
+    with pytest.raises(CorruptObject, match=f"{path} says run r1 finished but holds no summary") as err:
+        finished_run(load_config(), "r1", str(tmp_path))
+    assert "delete it" in str(err.value)
+
+
+@pytest.mark.parametrize(
+    ("record", "expected"),
+    [({"status": "finished", "summary": SUMMARY}, SUMMARY), ({"status": "running"}, None), ([1, 2], None)],
+    ids=["finished", "not-finished", "not-a-record"],
+)
+def test_a_finished_run_gives_its_summary_and_others_none(tmp_path, record, expected):
+    from trainer.config import load_config
+
+    write_record(tmp_path, "r1", record)
+    assert finished_run(load_config(), "r1", str(tmp_path)) == expected
+    assert finished_run(load_config(), "never-ran", str(tmp_path)) is None
+
+
+def fake_checkpoint(prefix: Path, step: int, complete: bool = True) -> None:
+    """A committed step whose one part has the size its record says (or not): what
+    trainer.checkpoint_owner.latest_complete tests, without torch."""
+    folder = prefix / f"step-{step:08d}"
+    folder.mkdir(parents=True)
+    (folder / ".metadata").write_bytes(b"x" * (4 if complete else 3))
+    (folder / "COMMIT.json").write_text(
+        json.dumps({"step": step, "parts": {".metadata": {"bytes": 4, "sha256": "0" * 64}}})
+    )
+
+
+@pytest.mark.parametrize(
+    ("own", "kept"), [(None, True), (False, True), (True, False)], ids=["none", "incomplete", "complete"]
+)
+def test_resume_from_gives_way_to_a_complete_checkpoint_of_the_runs_own(tmp_path, own, kept):
+    from trainer.config import load_config
+
+    if own is not None:
+        fake_checkpoint(tmp_path / "runs" / "r1" / "checkpoints", 5, complete=own)
+    cfg = load_config(overrides={"checkpoint.resume_from": "/gone/run/checkpoints"})
+    assert own_checkpoints_first(cfg, "r1", str(tmp_path)).checkpoint.resume_from == (
+        cfg.checkpoint.resume_from if kept else ""
+    )
