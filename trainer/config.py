@@ -1149,10 +1149,11 @@ def from_dict(cls: type, data: dict[str, Any], path: str = "") -> Any:
     hints = typing.get_type_hints(cls)
     names = {f.name for f in dataclasses.fields(cls) if f.init}
     prefix = f"{path}." if path else ""
-    unknown = sorted(set(data) - names)
+    unknown = sorted((k for k in data if k not in names), key=lambda k: (not isinstance(k, str), str(k)))
     if unknown:
+        key = unknown[0] if isinstance(unknown[0], str) else f"{unknown[0]!r} (not text)"
         raise ConfigError(
-            f"{prefix}{unknown[0]}: unknown key (valid keys in {path or 'the top level'}: {', '.join(sorted(names))})"
+            f"{prefix}{key}: unknown key (valid keys in {path or 'the top level'}: {', '.join(sorted(names))})"
         )
     kwargs = {k: _convert(v, hints[k], f"{prefix}{k}") for k, v in data.items()}
     try:
@@ -1233,6 +1234,30 @@ class _ConfigLoader(yaml.SafeLoader):
                     f"{key_node.start_mark.line + 1} (YAML would silently keep only the last); keep one"
                 )
             seen[key] = key_node.start_mark
+
+
+# YAML 1.2's core schema for plain scalars, not PyYAML's YAML 1.1: `yes`, `no`, `on` and `off`
+# stay text (1.1 reads them as booleans, so `on: true` became the key True), and so do `010`
+# (1.1: octal 8; 1.2: 10) and `1:30` (1.1: base 60, 90), which a type check then refuses by
+# name instead of a number the user may not have meant.
+_YAML_1_1_ONLY = {"tag:yaml.org,2002:bool", "tag:yaml.org,2002:int", "tag:yaml.org,2002:float"}
+_ConfigLoader.yaml_implicit_resolvers = {
+    first: [(tag, rx) for tag, rx in resolvers if tag not in _YAML_1_1_ONLY]
+    for first, resolvers in yaml.SafeLoader.yaml_implicit_resolvers.items()
+}
+_ConfigLoader.add_implicit_resolver(
+    "tag:yaml.org,2002:bool", re.compile(r"^(?:true|True|TRUE|false|False|FALSE)$"), list("tTfF")
+)
+_ConfigLoader.add_implicit_resolver(
+    "tag:yaml.org,2002:int", re.compile(r"^(?:[-+]?(?:0|[1-9][0-9]*)|0x[0-9a-fA-F]+)$"), list("-+0123456789")
+)
+_ConfigLoader.add_implicit_resolver(
+    "tag:yaml.org,2002:float",
+    re.compile(
+        r"^(?:[-+]?(?:\.[0-9]+|(?:0|[1-9][0-9]*)(?:\.[0-9]*)?)(?:[eE][-+]?[0-9]+)?|[-+]?\.(?:inf|Inf|INF)|\.(?:nan|NaN|NAN))$"
+    ),
+    list("-+0123456789."),
+)
 
 
 def load_yaml(text: str, origin: str = "config") -> Any:

@@ -96,3 +96,40 @@ def test_config_text_size_is_bounded():
     """The pipeline's `config` parameter is text, not a file: the same bound, named by its origin."""
     with pytest.raises(ConfigError, match=r"^config: 1048577 bytes is larger than a config may be \(1048576"):
         parse_config("#" * (MAX_CONFIG_BYTES + 1))
+
+
+@pytest.mark.parametrize(
+    ("scalar", "value"),
+    [
+        ("true", True), ("False", False), ("yes", "yes"), ("no", "no"), ("on", "on"), ("Off", "Off"),
+        ("10", 10), ("-3", -3), ("0", 0), ("0x1f", 31), ("010", "010"), ("1:30", "1:30"), ("1_000", "1_000"),
+        ("0.5", 0.5), (".5", 0.5), ("1e-3", 0.001), ("-2.5E2", -250.0), ("00.5", "00.5"), ("0123", "0123"),
+    ],
+)  # fmt: skip
+def test_plain_scalars_are_read_by_yaml_1_2_s_core_schema(scalar, value):
+    """What YAML 1.1 (PyYAML's default) reads as another type or another number stays the text
+    written, which a field's type check then refuses by name: `010` is not silently 8."""
+    got = load_yaml(f"k: {scalar}\n")["k"]
+    assert got == value and type(got) is type(value)
+
+
+@pytest.mark.parametrize(
+    ("text", "error"),
+    [
+        ("train:\n  epochs: 010\n", "train.epochs: must be an integer, got '010'"),
+        ("train:\n  epochs: 1:30\n", "train.epochs: must be an integer, got '1:30'"),
+        ("checkpoint:\n  enabled: yes\n", "checkpoint.enabled: must be true or false, got 'yes'"),
+        ("checkpoint:\n  on: true\n", "checkpoint.on: unknown key"),
+        ("train:\n  1: 2\n  epoch: 3\n", "train.epoch: unknown key"),
+        ("train:\n  1: 2\n", "train.1 (not text): unknown key"),
+        ("kubernetes:\n  node_selector:\n    zone: 0123\n", None),
+    ],
+    ids=["octal-looking", "base-60-looking", "yes", "on-as-a-key", "keys-of-two-types", "a-number-key", "text-kept"],
+)
+def test_what_yaml_1_1_would_change_is_refused_by_name_or_kept_as_written(text, error):
+    if error is None:
+        assert parse_config(text).kubernetes.node_selector == {"zone": "0123"}
+        return
+    with pytest.raises(ConfigError) as err:
+        parse_config(text)
+    assert error in str(err.value) and "\n" not in str(err.value)
