@@ -85,6 +85,9 @@ ABOVE_ZERO = Bound(lambda v: v > 0, "must be > 0")
 NOT_NEGATIVE = Bound(lambda v: v >= 0, "must be >= 0")
 AT_LEAST_ONE = Bound(lambda v: v >= 1, "must be >= 1")
 NOT_EMPTY = Bound(bool, "must not be empty")
+#: A seed: numpy's generators take 0 to 2**32 - 1, and the trainer derives per-epoch and per-rank
+#: seeds from it that must stay within torch's 64-bit seeds.
+SEED = Bound(lambda v: 0 <= v < 2**32, "must be from 0 to 4294967295 (2**32 - 1), the seeds numpy and torch take")
 
 
 def one_of(choices: tuple[str, ...]) -> Bound:
@@ -195,7 +198,7 @@ _DATA_BOUNDS = {
     "text_field": NOT_EMPTY,
     "max_bytes": NOT_NEGATIVE,
     "tokenizer_sample_bytes": POSITIVE,
-    "seed": NOT_NEGATIVE,
+    "seed": SEED,
     "format": one_of(DATA_FORMATS),
     "messages_field": NOT_EMPTY,
 }
@@ -358,7 +361,7 @@ _TRAIN_BOUNDS = {
     "log_interval_steps": POSITIVE,
     "straggler_factor": Bound(lambda v: v == 0 or v > 1, "must be 0 (off) or above 1 (a multiple of the median)"),
     "divergence_check_steps": NOT_NEGATIVE,
-    "seed": Bound(lambda v: v >= 0, "must be >= 0 (numpy's and torch's generators take no negative seed)"),
+    "seed": SEED,
 }
 
 

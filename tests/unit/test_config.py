@@ -73,6 +73,9 @@ def test_yaml_file_maps_onto_the_tree(tmp_path):
         ("checkpoint:\n  keep_best: 'min: '\n", "checkpoint.keep_best: name a validation metric"),
         ("checkpoint:\n  export_best: true\n", "checkpoint.export_best: needs checkpoint.keep_best"),
         ("checkpoint:\n  keep_best: val_loss\n  enabled: false\n", "checkpoint.keep_best: needs checkpoint.enabled"),
+        ("train:\n  seed: 1733100000000000000\n", "train.seed: must be from 0 to 4294967295"),  # a timestamp in ns
+        ("data:\n  seed: 4294967296\n", "data.seed: must be from 0 to 4294967295"),
+        ("train:\n  seed: -1\n", "train.seed: must be from 0 to 4294967295"),
         ("- a\n- b\n", "must hold a mapping"),
         ("train: [\n", "not valid YAML"),
     ],
