@@ -215,6 +215,8 @@ def test_peak_memory_does_not_grow_with_the_source(tmp_path):
     ("text", "message"),
     [
         ("a,b\n1,2\n", "in.csv: no column 'label'"),
+        ("label,a,label\n1,2,3\n", "in.csv: the header names 'label' more than once; give every column its own name"),
+        ("a,a,label,b,b\n1,2,x,3,4\n", "the header names 'a', 'b' more than once"),
         (
             "a,label\n1,x\n2,y\nnope,x\n",
             r"in.csv: row 3 \(line 4\), column 'a': 'nope' is not a number.*must be numeric",

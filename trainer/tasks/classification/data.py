@@ -206,6 +206,11 @@ def csv_rows(
     if first is None:
         raise DataError(f"{uri}: needs a header row and at least one data row (the object holds no rows)")
     header = first[1]
+    twice = sorted({name for name in header if header.count(name) > 1})
+    if twice:  # the second label column would be read as a feature, a repeated feature as two
+        raise DataError(
+            f"{uri}: the header names {', '.join(map(repr, twice))} more than once; give every column its own name"
+        )
     if label_column not in header:
         raise DataError(f"{uri}: no column {label_column!r} (data.label_column); columns are {header}")
     li = header.index(label_column)
