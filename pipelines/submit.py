@@ -50,15 +50,23 @@ class Submission:
 
 
 def pipeline_parameters(package: Path) -> dict[str, dict[str, Any]]:
-    """The compiled pipeline's parameters: name -> {type, default}."""
-    spec = next(yaml.safe_load_all(package.read_text()))
-    params = spec["root"].get("inputDefinitions", {}).get("parameters", {})
-    out = {}
-    for name, p in params.items():
-        default = p.get("defaultValue")
-        if p["parameterType"] == "NUMBER_INTEGER" and isinstance(default, float):
-            default = int(default)  # the compiled YAML writes integer defaults as 64.0
-        out[name] = {"type": p["parameterType"], "default": default}
+    """The compiled pipeline's parameters: name -> {type, default}; SubmitError naming
+    --package when the file is not a compiled KFP pipeline."""
+    try:
+        spec = next(yaml.safe_load_all(package.read_text(encoding="utf-8")), None)
+        params = spec["root"].get("inputDefinitions", {}).get("parameters", {})
+        out = {}
+        for name, p in params.items():
+            default = p.get("defaultValue")
+            if p["parameterType"] == "NUMBER_INTEGER" and isinstance(default, float):
+                default = int(default)  # the compiled YAML writes integer defaults as 64.0
+            out[name] = {"type": p["parameterType"], "default": default}
+    except (OSError, UnicodeDecodeError, yaml.YAMLError, LookupError, TypeError, AttributeError) as exc:
+        reason = " ".join(str(exc).split()) or type(exc).__name__
+        raise SubmitError(
+            f"--package {package}: not a compiled KFP pipeline ({type(exc).__name__}: {reason}); pass the YAML "
+            "`kftrain compile` writes (compiled/training_pipeline.yaml), or leave --package out to compile now"
+        ) from None
     return out
 
 

@@ -690,3 +690,29 @@ def test_job_status_errors_are_one_line_that_says_what_to_fix(fault, message):
         cluster.fail_next("get", **fault)
     with pytest.raises(JobStatusError, match=re.escape(message)):
         job_status("nope", "team", "auto", custom_api=cluster)
+
+
+@pytest.mark.parametrize(
+    ("kubeconfig", "reason"),
+    [
+        (None, "No configuration found"),
+        ("garbage: [", "while parsing"),
+        ("apiVersion: v1\nkind: Config\ncontexts: []\n", "current-context"),
+    ],
+    ids=["missing", "not-yaml", "no-context"],
+)
+def test_no_usable_kubeconfig_is_one_line_saying_what_to_do(tmp_path, monkeypatch, kubeconfig, reason):
+    """Outside a pod with no usable kubeconfig, `kftrain job status` and the Kubernetes backend
+    end on one line, not the client library's traceback."""
+    from trainer.launch.kubernetes import ClusterConfigError, load_cluster_config
+
+    path = tmp_path / "kubeconfig"
+    if kubeconfig is not None:
+        path.write_text(kubeconfig)
+    monkeypatch.setenv("KUBECONFIG", str(path))
+    monkeypatch.delenv("KUBERNETES_SERVICE_HOST", raising=False)
+    with pytest.raises(ClusterConfigError) as err:
+        load_cluster_config()
+    message = str(err.value)
+    assert message.startswith("no Kubernetes cluster to talk to") and reason in message and "\n" not in message
+    assert message.endswith("point KUBECONFIG at a kubeconfig file or choose a context (kubectl config use-context)")

@@ -34,3 +34,16 @@ def test_the_secrets_the_steps_mount_are_checked_against_the_config_before_uploa
     _validate_config({"config": config, "hf_token_secret": "team-hf"}, known)
     with pytest.raises(SubmitError, match="kubernetes.hf_token_secret: 'Team_HF' is not a Secret's name"):
         _validate_config({"hf_token_secret": "Team_HF"}, known)
+
+
+@pytest.mark.parametrize(
+    "text",
+    ["train:\n  epochs: 1\n", "", "a: [\n", "- a list\n", "root: 3\n", b"\xff\xfe"],
+    ids=["a-kftrain-config", "empty", "not-yaml", "a-list", "root-not-a-mapping", "not-utf8"],
+)
+def test_a_package_that_is_not_a_compiled_pipeline_is_one_line_naming_it(tmp_path, text):
+    package = tmp_path / "p.yaml"
+    package.write_bytes(text if isinstance(text, bytes) else text.encode())
+    with pytest.raises(SubmitError) as err:
+        pipeline_parameters(package)
+    assert str(err.value).startswith(f"--package {package}: not a compiled KFP pipeline") and "\n" not in str(err.value)

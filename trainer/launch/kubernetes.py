@@ -250,12 +250,9 @@ class KubernetesBackend:
         rng: Callable[[], float] = random.random,
     ) -> None:
         if custom_api is None or core_api is None:
-            from kubernetes import client, config
+            from kubernetes import client
 
-            try:
-                config.load_incluster_config()
-            except config.ConfigException:
-                config.load_kube_config()
+            load_cluster_config()
             custom_api, core_api = client.CustomObjectsApi(), client.CoreV1Api()
         self.custom, self.core = custom_api, core_api
         self._home = namespace or current_namespace()  # the launcher pod's own namespace
@@ -650,18 +647,40 @@ class JobStatusError(KftrainError, LookupError):
     """`kftrain job status`: the job is not there, or the API refused to show it."""
 
 
-def _clients() -> tuple[Any, Any]:
-    """The CustomObjectsApi of this pod's cluster (in-cluster), else of the kubeconfig's current
-    context, and that context's namespace (None in a pod: its service-account namespace is used)."""
-    from kubernetes import client, config
+class ClusterConfigError(KftrainError, RuntimeError):
+    """No Kubernetes API to talk to: not in a pod, and no usable kubeconfig."""
+
+
+def load_cluster_config() -> str | None:
+    """Configure the Kubernetes client for this pod's cluster (in-cluster), else for the
+    kubeconfig's current context; return that context's namespace (None in a pod: its
+    service-account namespace is used). ClusterConfigError saying what to do when neither works."""
+    import yaml
+    from kubernetes import config
 
     try:
         config.load_incluster_config()
-        namespace = None
+        return None
     except config.ConfigException:
-        config.load_kube_config()
-        _, active = config.list_kube_config_contexts()
-        namespace = (active or {}).get("context", {}).get("namespace")
+        pass
+    files = os.environ.get("KUBECONFIG") or None  # read now: the client library reads it once, at import
+    try:
+        config.load_kube_config(config_file=files)
+        _, active = config.list_kube_config_contexts(config_file=files)
+    except (config.ConfigException, yaml.YAMLError, OSError, ValueError, TypeError, KeyError) as exc:
+        reason = " ".join(str(exc).split()) or type(exc).__name__
+        raise ClusterConfigError(
+            f"no Kubernetes cluster to talk to: not in a pod, and the kubeconfig is not usable ({reason}); "
+            "point KUBECONFIG at a kubeconfig file or choose a context (kubectl config use-context)"
+        ) from None
+    return (active or {}).get("context", {}).get("namespace")
+
+
+def _clients() -> tuple[Any, Any]:
+    """The CustomObjectsApi of the cluster :func:`load_cluster_config` finds, and the namespace it gives."""
+    from kubernetes import client
+
+    namespace = load_cluster_config()
     return client.CustomObjectsApi(), namespace
 
 
