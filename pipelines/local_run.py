@@ -132,6 +132,8 @@ def finished_run(cfg: Config, run_id: str, local_root: str = DEFAULT_LOCAL_ROOT)
             record = read_json(store_for(cfg, uri), uri)
     except ObjectNotFound:
         return None
+    except StoreError as exc:  # the first request to the store: name where the runs live
+        raise type(exc)(f"{'store.uri' if cfg.store.uri else '--output-dir'}: {exc}") from None
     if not (isinstance(record, dict) and record.get("status") == "finished"):
         return None
     summary = record.get("summary")

@@ -26,7 +26,8 @@ if TYPE_CHECKING:
 
 #: Bytes a trained parameter keeps on its rank: fp32 weights and gradients, AdamW's two fp32 moments.
 TRAINED_BYTES = 16
-#: Seconds the base model's check may take against the store (a few small reads per weight file).
+#: Seconds the base model's check may take against the store (a few small reads per weight file),
+#: and the lookup of the checkpoint `checkpoint.resume_from` names (a few listings and records).
 MODEL_CHECK_BUDGET_S = 15.0
 
 
@@ -106,7 +107,8 @@ def check_resume_from(cfg: Config, root: str) -> Config:
     from trainer.runs import resolve_resume_from
     from trainer.train import check_resumable
 
-    folder, record = resolve_resume_from(cfg, root)
+    with check_deadline(MODEL_CHECK_BUDGET_S):  # a few listings and reads, as the base model's check
+        folder, record = resolve_resume_from(cfg, root)
     world = int(record.get("world_size", 1))
     try:
         check_resumable(record.get("config", {}), cfg, world, world, True, "start without resume_from")

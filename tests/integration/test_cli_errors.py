@@ -94,6 +94,14 @@ CASES = {
         config="store:\n  read_timeout_seconds: 600\n  connect_timeout_seconds: 600\n  retry_budget_seconds: 600\n",
         within_s=30,
     ),
+    # The lookup of the checkpoint resume_from names keeps its 15 s against the same endpoint.
+    "resume-from-on-a-hung-store": Case(
+        [*RUN],
+        ["checkpoint.resume_from 's3://{bucket}/runs/old'", "cannot reach the object store", "limit of 15s"],
+        config="store:\n  endpoint: {hang}\n  read_timeout_seconds: 600\n  retry_budget_seconds: 600\n"
+        "checkpoint:\n  resume_from: s3://{bucket}/runs/old\n",
+        within_s=45,
+    ),
     # A password in the endpoint: refused, and printed nowhere (the resume line included).
     "password-in-endpoint": Case(
         [*RUN, "--store", "s3://{bucket}/root", "--s3-endpoint", "http://bob:hunter2@127.0.0.1:9"],
