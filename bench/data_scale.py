@@ -127,7 +127,7 @@ def run_phase(name: str, args: dict) -> dict:
         load_tokenizer(
             cfg.data.tokenizer,
             store,
-            sample=source_pieces(cfg, store),
+            sample=source_pieces(cfg),
             max_sample_bytes=cfg.data.tokenizer_sample_bytes,
         )
         return {"seconds": time.perf_counter() - t0}

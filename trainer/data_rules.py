@@ -216,14 +216,14 @@ def _check_sources(cfg: Config) -> None:
     source = cfg.data.source
     if source not in BUILTIN_SOURCES:
         try:
-            _check_source(cfg, _check_store(cfg, source), source)
+            _check_source(cfg, source_store(cfg, source), source)
         except StoreError as exc:
             raise type(exc)(f"data.source {source}: {exc}") from None
     if cfg.task == "causal_lm":
         spec = parse_spec(cfg.data.tokenizer)
         if spec.kind == "file":
             try:
-                found = _check_store(cfg, spec.uri).exists(spec.uri)
+                found = source_store(cfg, spec.uri).exists(spec.uri)
             except StoreError as exc:
                 raise type(exc)(f"data.tokenizer {spec.uri}: {exc}") from None
             if not found:
@@ -232,8 +232,10 @@ def _check_sources(cfg: Config) -> None:
                 )
 
 
-def _check_store(cfg: Config, uri: str) -> ObjectStore:
-    """The store serving `uri` (:func:`check_source` runs under the check's deadline)."""
+def source_store(cfg: Config, uri: str) -> ObjectStore:
+    """The store serving `uri`, a data source or a tokenizer file, with the configured endpoint:
+    data prep reads it there, whichever store the artifacts go to (:func:`check_source` reads it
+    the same way, under the check's deadline)."""
     return open_store(uri, cfg.store.endpoint, cfg.store.region, cfg.store.policy())
 
 

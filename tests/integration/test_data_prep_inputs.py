@@ -220,6 +220,31 @@ def test_sources_on_s3_are_checked_the_same_way(bucket):
         assert phrase in str(err.value)
 
 
+@pytest.mark.parametrize("task", ["classification", "causal_lm", "causal_lm-tokenizer-file"])
+@pytest.mark.parametrize("where", ["source-on-s3", "dataset-on-s3"])
+def test_the_source_is_read_from_its_own_store_whichever_store_the_dataset_goes_to(bucket, tmp_path, task, where):
+    """The pre-flight and data prep both read data.source (and a tokenizer file) from the store
+    its URI names: a CSV on S3 with local artifacts, or a local corpus with the dataset on S3."""
+    on_s3 = where == "source-on-s3"
+    base = f"s3://{bucket}/src" if on_s3 else str(tmp_path / "src")
+    store = open_store(base)
+    lm = task.startswith("causal_lm")
+    source = f"{base}/corpus.txt" if lm else f"{base}/table.csv"
+    store.put_bytes(source, ("line of text\n" * 400 if lm else table()).encode())
+    overrides = {**LM, "data.source": source} if lm else {"data.source": source}
+    if task.endswith("tokenizer-file"):
+        from trainer.tokenizer import train_bpe
+
+        store.put_bytes(f"{base}/tokenizer.json", train_bpe([b"line of text\n" * 50], 300).to_json())
+        overrides["data.tokenizer"] = f"{base}/tokenizer.json"
+    dataset = str(tmp_path / "ds") if on_s3 else f"s3://{bucket}/ds"
+    cfg = load_config(overrides=overrides)
+    check_source(cfg)
+    manifest = prepare_data(cfg, dataset)
+    assert manifest["splits"]["train"]["tokens" if lm else "rows"] > 0
+    assert open_store(dataset).exists(f"{dataset}/manifest.json")
+
+
 def test_a_source_bucket_that_does_not_exist_is_named(s3_env):
     cfg = load_config(overrides={"data.source": "s3://no-such-bucket-here/in.csv"})
     with pytest.raises(StoreError, match=r"data.source s3://no-such-bucket-here/in.csv: .*no-such-bucket-here"):

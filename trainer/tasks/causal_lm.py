@@ -26,14 +26,14 @@ import torch
 from torch import nn
 
 from trainer.config import Config
-from trainer.data_rules import source_objects, text_chunks
+from trainer.data_rules import source_objects, source_store, text_chunks
 from trainer.gpt import GPT, GPTConfig
 from trainer.progress import ProgressLine
 from trainer.shards import MANIFEST, SPLITS, DataError, ShardInfo, ShardWriter, read_manifest, split_shards, token_dtype
 from trainer.storage import ObjectStore, decode_object, has_suffix, join_uri, read_chunks
 from trainer.streaming import first_items
 from trainer.tasks.base import Task
-from trainer.tokenizer import ByteTokenizer, Tokenizer, load_tokenizer, tokenizer_from_json
+from trainer.tokenizer import ByteTokenizer, Tokenizer, load_tokenizer, parse_spec, tokenizer_from_json
 
 FORMAT = "kftrain.tokens.v2"
 HF_FOLDER = "huggingface"
@@ -83,8 +83,9 @@ def _record_text(line: bytes, uri: str, field: str, number: int) -> bytes:
     return record[field].encode("utf-8")
 
 
-def source_pieces(cfg: Config, store: ObjectStore, progress: str = "") -> Iterator[bytes]:
-    """The configured source as pieces of text, in a fixed order, at most `data.max_bytes` in all.
+def source_pieces(cfg: Config, progress: str = "") -> Iterator[bytes]:
+    """The configured source as pieces of text, in a fixed order, at most `data.max_bytes` in all,
+    read from the source's own store (:func:`trainer.data_rules.source_store`).
     With `progress` (what the reading is for), logs the bytes taken every few seconds and at the
     end, with percent and ETA against `data.max_bytes` when it is set."""
     d = cfg.data
@@ -92,6 +93,7 @@ def source_pieces(cfg: Config, store: ObjectStore, progress: str = "") -> Iterat
     if source == "python-stdlib":
         pieces = stdlib_documents()
     else:
+        store = source_store(cfg, source)
         uris = source_objects(store, source)
         if not uris:
             raise DataError(f"data.source {source!r}: no object there and none below it; check the URI")
@@ -189,13 +191,13 @@ class CausalLMTask(Task):
     serving_input = "tokens"
     serving_dynamic_dims = (0, 1)
 
-    def tokenizer(self, cfg: Config, store: ObjectStore) -> Tokenizer:
+    def tokenizer(self, cfg: Config) -> Tokenizer:
         """The tokenizer data prep uses: `data.tokenizer` (a BPE learns from the start of the same
-        stream it then tokenizes)."""
+        stream it then tokenizes; a tokenizer.json is read from its own store)."""
         d = cfg.data
-        return load_tokenizer(
-            d.tokenizer, store, sample=source_pieces(cfg, store), max_sample_bytes=d.tokenizer_sample_bytes
-        )
+        uri = parse_spec(d.tokenizer).uri
+        store = source_store(cfg, uri) if uri else None
+        return load_tokenizer(d.tokenizer, store, sample=source_pieces(cfg), max_sample_bytes=d.tokenizer_sample_bytes)
 
     def tokenizer_record(self, cfg: Config, tokenizer: Tokenizer) -> dict[str, Any]:
         """What the manifest (and the model) records of the tokenizer: its kind and vocabulary,
@@ -207,7 +209,7 @@ class CausalLMTask(Task):
 
     def prepare(self, cfg: Config, store: ObjectStore, dataset_uri: str) -> dict[str, Any]:
         d = cfg.data
-        tokenizer = self.tokenizer(cfg, store)
+        tokenizer = self.tokenizer(cfg)
         dtype = token_dtype(tokenizer.vocab_size)
         raw_tokenizer = None if tokenizer.kind == "bytes" else tokenizer.to_json()
         writers = {
@@ -222,7 +224,7 @@ class CausalLMTask(Task):
             else None
         )
         try:
-            texts = blocks(source_pieces(cfg, store, progress="data prep"))
+            texts = blocks(source_pieces(cfg, progress="data prep"))
             for ids in _bounded_map(pool, tokenize_block, texts, d.val_fraction, d.test_fraction, ahead=2 * d.num_proc):
                 for split, tokens in ids.items():
                     if len(tokens):

@@ -93,7 +93,7 @@ class PretrainedLMTask(CausalLMTask):
         self._pending: tuple[pretrained.ModelSource, dict[str, torch.Tensor], int] | None = None
 
     # -- data ---------------------------------------------------------------------------------
-    def tokenizer(self, cfg: Config, store: ObjectStore) -> Tokenizer:
+    def tokenizer(self, cfg: Config) -> Tokenizer:
         source = source_for(cfg)
         return load_tokenizer(join_uri(source.uri, "tokenizer.json"), source.store)
 

@@ -12,6 +12,7 @@ import torch
 from torch import nn
 
 from trainer.config import Config
+from trainer.data_rules import source_store
 from trainer.shards import ShardInfo
 from trainer.storage import ObjectStore
 from trainer.tasks.base import Task
@@ -33,7 +34,8 @@ class ClassificationTask(Task):
     item_name = "samples"
 
     def prepare(self, cfg: Config, store: ObjectStore, dataset_uri: str) -> dict[str, Any]:
-        return prepare_dataset(cfg.data, store, dataset_uri)
+        source = source_store(cfg, cfg.data.source) if cfg.data.source not in ("", "digits") else None
+        return prepare_dataset(cfg.data, store, dataset_uri, source=source)
 
     def stream(self, cfg, manifest):
         return _rows, _row_batch

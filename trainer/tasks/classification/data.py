@@ -350,11 +350,17 @@ class _Moments:
 
 
 def prepare_dataset(
-    cfg: DataConfig, store: ObjectStore, dataset_uri: str, chunk_bytes: int = CHUNK_BYTES, batch_rows: int = 0
+    cfg: DataConfig,
+    store: ObjectStore,
+    dataset_uri: str,
+    chunk_bytes: int = CHUNK_BYTES,
+    batch_rows: int = 0,
+    source: ObjectStore | None = None,
 ) -> dict:
-    """Split, normalise (statistics from train only) and shard the source in two streamed passes;
-    return the manifest. `chunk_bytes` and `batch_rows` (0: from the width) only bound memory."""
-    rows = open_source(cfg, store, chunk_bytes, batch_rows)
+    """Split, normalise (statistics from train only) and shard the source (read through `source`,
+    its own store; `store` when None) into `store` in two streamed passes; return the manifest.
+    `chunk_bytes` and `batch_rows` (0: from the width) only bound memory."""
+    rows = open_source(cfg, source or store, chunk_bytes, batch_rows)
     name = cfg.source or "digits"
 
     # Pass 1: classes, split sizes, and the train rows' statistics.
