@@ -365,6 +365,14 @@ def _cause(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {exc}"
 
 
+def _no_bucket(bucket: str, endpoint: str) -> StoreError:
+    """A missing bucket, in words (callers prefix the field that named it: store.uri,
+    data.source, checkpoint.uri, ...)."""
+    return StoreError(
+        f"bucket {bucket!r} does not exist at {endpoint}: create it (e.g. `mc mb`), or name a bucket that exists"
+    )
+
+
 @contextlib.contextmanager
 def check_deadline(seconds: float = CHECK_BUDGET_S) -> Iterator[None]:
     """Every S3 request this thread makes inside gives up `seconds` from now at the latest: each
@@ -532,10 +540,7 @@ class S3Store:
                 return ObjectNotFound(f"no object at {uri}")
             if code == "NoSuchBucket":
                 bucket = self._loc(uri).bucket
-                return StoreError(
-                    f"bucket {bucket!r} does not exist at {self.endpoint}: create it "
-                    f"(e.g. `mc mb`), or point store.uri at an existing bucket"
-                )
+                return _no_bucket(bucket, self.endpoint)
             if code in ("InvalidAccessKeyId", "SignatureDoesNotMatch", "AccessDenied"):
                 return StoreError(
                     f"{self.endpoint} rejected the credentials for {uri} ({code}): check "
@@ -648,10 +653,7 @@ class S3Store:
 
     def _check(self, uri: str, loc: Location) -> None:
         if not self._call("HEAD", uri, lambda: self._client.bucket_exists(loc.bucket)):
-            raise StoreError(
-                f"bucket {loc.bucket!r} does not exist at {self.endpoint}: create it "
-                f"(e.g. `mc mb`), or point store.uri at an existing bucket"
-            )
+            raise _no_bucket(loc.bucket, self.endpoint)
         # bucket_exists passes with read-only keys (and on any web server that answers HEAD with
         # 200): write a probe and read it back to prove this is an S3 API we can write to.
         probe = join_uri(uri, ".kftrain-write-check")
