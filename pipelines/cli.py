@@ -199,6 +199,10 @@ def _cmd_horovod_run(args: argparse.Namespace) -> int:
     return horovod_main([args.script, *args.script_args])
 
 
+#: Where `kftrain example-model` writes, and configs/finetune-tiny.yaml reads.
+EXAMPLE_DIR = "kftrain-outputs/example"
+
+
 def _cmd_example_model(args: argparse.Namespace) -> int:
     from trainer.example_model import write_example
 
@@ -206,6 +210,9 @@ def _cmd_example_model(args: argparse.Namespace) -> int:
     print(f"a tiny Llama-shaped model (random weights, ChatML chat template): {folder}")
     print(f"chat data to fine-tune it on: {chat}")
     print("fine-tune it: kftrain run --local --config configs/finetune-tiny.yaml")
+    if Path(args.out_dir).resolve() != Path(EXAMPLE_DIR).resolve():  # the config reads the default folder
+        print(f"  (that config reads {EXAMPLE_DIR}/: in a copy of it, set model.init_from: {folder}")
+        print(f"   and data.source: {chat})")
     return 0
 
 
@@ -490,7 +497,7 @@ def build_parser() -> argparse.ArgumentParser:
         "example-model",
         help="write a tiny pretrained-shaped Hugging Face model and chat data (the fine-tuning demo; no download)",
     )
-    p.add_argument("out_dir", nargs="?", default="kftrain-outputs/example", help="where (default: %(default)s)")
+    p.add_argument("out_dir", nargs="?", default=EXAMPLE_DIR, help="where (default: %(default)s)")
     p.set_defaults(func=_cmd_example_model)
 
     p = sub.add_parser(

@@ -273,3 +273,21 @@ def test_an_output_file_that_cannot_be_written_is_refused_before_anything_runs(
     assert f"argument {flag[-1]}: {error}" in capsys.readouterr().err
     assert main(["plan", "--output", "new/folders/plan.md", "--json"]) == 0  # missing folders are made
     assert (tmp_path / "new" / "folders" / "plan.md").exists()
+
+
+@pytest.mark.parametrize("out_dir", [None, "elsewhere"], ids=["default", "another-folder"])
+def test_example_model_says_how_to_fine_tune_what_it_wrote(tmp_path, monkeypatch, capsys, out_dir):
+    """The config the hint names reads the default folder: for another folder, the hint says
+    which two fields point at what was written. (The writer is replaced: what it writes is
+    tests/integration/test_pipeline_local.py's fine-tuning run.)"""
+    import trainer.example_model
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(trainer.example_model, "write_example", lambda d: (f"{d}/tiny-llama", f"{d}/chat.jsonl"))
+    assert main(["example-model", *([out_dir] if out_dir else [])]) == 0
+    out = capsys.readouterr().out
+    assert "fine-tune it: kftrain run --local --config configs/finetune-tiny.yaml" in out
+    if out_dir:
+        assert "set model.init_from: elsewhere/tiny-llama" in out and "data.source: elsewhere/chat.jsonl" in out
+    else:
+        assert "model.init_from" not in out
