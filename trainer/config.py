@@ -1155,6 +1155,12 @@ def from_dict(cls: type, data: dict[str, Any], path: str = "") -> Any:
     unknown = sorted((k for k in data if k not in names), key=lambda k: (not isinstance(k, str), str(k)))
     if unknown:
         key = unknown[0] if isinstance(unknown[0], str) else f"{unknown[0]!r} (not text)"
+        head, dot, rest = key.partition(".")
+        if dot and head in names:  # `train.epochs: 3` at the top: YAML keys do not nest by dots
+            raise ConfigError(
+                f"{prefix}{key}: unknown key; a dotted key is not nested in YAML: write {head}: and under it, "
+                f"indented, {rest}:"
+            )
         raise ConfigError(
             f"{prefix}{key}: unknown key (valid keys in {path or 'the top level'}: {', '.join(sorted(names))})"
         )

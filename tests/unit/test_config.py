@@ -22,6 +22,8 @@ def test_yaml_file_maps_onto_the_tree(tmp_path):
     ("text", "message"),
     [
         ("trian:\n  epochs: 3\n", "trian: unknown key"),
+        ("train.epochs: 3\n", "train.epochs: unknown key; a dotted key is not nested in YAML: write train: and under"),
+        ("train:\n  lr.x: 3\n", "train.lr.x: unknown key (valid keys in train:"),
         ("kubernetes:\n  extra_env: [{name: A}]\n", "kubernetes.extra_env[0]: must be a mapping with `name` and"),
         ("kubernetes:\n  extra_env: [{name: A, value: x}, {name: A, value: y}]\n", "extra_env[1].name: must be unique"),
         ("kubernetes:\n  env: {A: x}\n  extra_env: [{name: A, value: y}]\n", "is also set by kubernetes.env"),
