@@ -37,6 +37,12 @@ from trainer.tokenizer import parse_spec as parse_tokenizer_spec
 #: leaves NCCL's logging off without a word); empty: unset.
 NCCL_DEBUG_LEVELS = ("", "VERSION", "WARN", "INFO", "ABORT", "TRACE")
 BUILTIN_TASKS = ("classification", "causal_lm")
+#: What every epoch's record holds for a built-in task (what `checkpoint.keep_best` may rank):
+#: train_loss, and what the task's `validate` reports (tests/unit/test_train.py holds each task to it).
+EPOCH_METRICS = {
+    "classification": ("train_loss", "val_accuracy"),
+    "causal_lm": ("train_loss", "val_loss", "val_perplexity"),
+}
 PRECISIONS = ("auto", "fp32", "bf16")
 LR_SCHEDULES = ("constant", "cosine")
 NONFINITE_POLICIES = ("stop", "skip")
@@ -1010,6 +1016,15 @@ class Config:
             self.checkpoint.keep_best,
             "needs checkpoint.enabled: the best step is kept among the run's checkpoints",
         )
+        if self.checkpoint.keep_best and self.task in EPOCH_METRICS:  # a custom task's: known once it ran
+            metric = best_metric(self.checkpoint.keep_best)[1]
+            _require(
+                metric in EPOCH_METRICS[self.task],
+                "checkpoint.keep_best",
+                self.checkpoint.keep_best,
+                f"task {self.task!r} reports no metric {metric!r} each epoch; name one of "
+                f"{', '.join(EPOCH_METRICS[self.task])}",
+            )
         per_step = self.job.world_size * self.train.grad_accum_steps
         _require(
             self.train.batch_size % per_step == 0,

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 import torch
 
-from trainer.config import ConfigError, load_config
+from trainer.config import EPOCH_METRICS, ConfigError, load_config
 from trainer.distributed import DistEnv
 from trainer.evaluate import evaluate_model
 from trainer.export import export_model, load_torchscript
@@ -151,6 +151,8 @@ def test_gpt_task_learns_on_a_tiny_shape(tmp_path):
     torch.testing.assert_close(scripted(x), model(x))
     record = json.loads(store.get_bytes(join_uri(model_uri, "training.json")))
     assert record["config"]["task"] == "causal_lm"
+    # What the task validates is what keep_best may name (the run ends within its first epoch).
+    assert {k for k in metrics if k.startswith("val_")} == {m for m in EPOCH_METRICS["causal_lm"] if m != "train_loss"}
 
 
 def test_gpt_default_shape_is_gpt2_small():
@@ -247,6 +249,7 @@ def test_keep_best_keeps_the_best_epoch_through_pruning_and_a_restart_and_export
     def kept_and_best(epochs: int) -> tuple[set[int], int, float]:
         record = json.loads(store.get_bytes(join_uri(model, "training.json")))
         per_epoch = record["metrics"]["steps"] // epochs
+        assert all(set(h) == {"epoch", *EPOCH_METRICS["classification"]} for h in record["history"])
         scores = [(h["val_accuracy"], h["epoch"]) for h in record["history"]]
         value, epoch = min(scores)  # the earliest of equal scores, as keep_best takes it
         kept = {int(uri.split("/step-")[1][:8]) for uri in store.list(prefix) if "/step-" in uri}
