@@ -329,15 +329,15 @@ def _gpu_type(text: str) -> str:
         return gpu_spec(text).name
     except HardwareError:
         raise argparse.ArgumentTypeError(
-            f"unknown GPU type {text!r}; known: {', '.join(GPUS)} (another GPU: --gpu-memory GB)"
+            f"unknown GPU type {text!r}; known: {', '.join(GPUS)} (another GPU: --gpu-memory GIB)"
         ) from None
 
 
 def _gigabytes(text: str) -> float:
-    """A positive amount of GPU memory in GB."""
+    """A positive amount of GPU memory in GiB (as nvidia-smi's MiB / 1024)."""
     value = _number(text)
     if not 0 < value < float("inf"):
-        raise argparse.ArgumentTypeError(f"must be a positive number of GB, e.g. 80, got {text!r}")
+        raise argparse.ArgumentTypeError(f"must be a positive number of GiB, e.g. 80, got {text!r}")
     return value
 
 
@@ -444,7 +444,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--config", help="kftrain YAML config (default: built-in defaults)")
     p.add_argument("--gpu", type=_gpu_type, help="GPU type to plan for, e.g. H100 (overrides plan.gpu)")
     p.add_argument(
-        "--gpu-memory", type=_gigabytes, metavar="GB", help="memory of one GPU (overrides kubernetes.gpu_memory_gb)"
+        "--gpu-memory",
+        type=_gigabytes,
+        metavar="GIB",
+        help="memory of one GPU in GiB, as nvidia-smi's MiB / 1024 (overrides kubernetes.gpu_memory_gb)",
     )
     p.add_argument(
         "--nodes",

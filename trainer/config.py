@@ -757,8 +757,9 @@ class KubernetesConfig:
     gpus_per_node: int = 0
     """`nvidia.com/gpu` limit of each replica; when set it must equal `job.nproc_per_node`."""
     gpu_memory_gb: float = 0.0
-    """Memory of one GPU in GiB (an 80 GB A100: 80). With `model.init_from`, a run whose weights, gradients and
-    optimizer state cannot fit on each rank's GPU is refused before any step; 0: unknown, no check."""
+    """Memory of one GPU in GiB, as nvidia-smi's MiB / 1024 (an 80 GB A100: 80; an 80 GB H100: 79.6). With
+    `model.init_from`, a run whose weights, gradients and optimizer state cannot fit on each rank's GPU is
+    refused before any step; 0: unknown, no check."""
     cpu: str = ""
     """CPU request and limit of each replica (a Kubernetes quantity, e.g. `8` or `7500m`)."""
     memory: str = ""

@@ -8,20 +8,20 @@ from trainer.plan.hardware import GPUS, HardwareError, Interconnect, default_int
 
 
 @pytest.mark.parametrize(
-    ("name", "memory_gb", "tflops"),
+    ("name", "memory_gib", "tflops"),
     [
-        ("H200", 141.0, 989.0),
-        ("h100", 80.0, 989.0),
+        ("H200", 140.4, 989.0),
+        ("h100", 79.6, 989.0),
         ("A100-40GB", 40.0, 312.0),
         ("a100", 80.0, 312.0),
-        ("L4", 24.0, 121.0),
-        ("l40s", 48.0, 362.0),
-        ("A10G", 24.0, 125.0),
+        ("L4", 22.5, 121.0),
+        ("l40s", 45.0, 362.0),
+        ("A10G", 22.5, 125.0),
     ],
 )
-def test_gpu_types_by_name(name, memory_gb, tflops):
+def test_gpu_types_by_name(name, memory_gib, tflops):
     spec = gpu_spec(name)
-    assert (spec.memory_gb, spec.bf16_tflops) == (memory_gb, tflops)
+    assert (spec.memory_gib, spec.bf16_tflops) == (memory_gib, tflops)
     assert spec in GPUS.values()
 
 

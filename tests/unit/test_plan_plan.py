@@ -49,7 +49,9 @@ def test_on_a_gpu_the_weights_gather_in_bf16_and_the_context_counts():
     assert plan.memory.communication == 2 * root + 2 * 2 * unit + 4 * unit
     assert plan.memory.other == GPU_OVERHEAD_BYTES
     assert plan.memory.tensors == plan.memory.total - GPU_OVERHEAD_BYTES
-    assert plan.capacity_bytes == int(80e9) and plan.fits is True
+    assert plan.capacity_bytes == int(79.6 * 2**30) and plan.fits is True
+    # The same card through --gpu-memory (GiB, as kubernetes.gpu_memory_gb) is the same capacity.
+    assert make_plan(gpt("fsdp", 2), gpu_memory_gb=79.6).capacity_bytes == plan.capacity_bytes
     # bf16 autocast saves smaller activations than fp32 on the CPU.
     assert plan.memory.activations < make_plan(gpt("fsdp", 2)).memory.activations
 

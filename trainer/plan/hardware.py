@@ -10,6 +10,10 @@ The numbers are the vendors' published specifications (dense bf16 Tensor Core th
 - L4 24 GB: 121 TFLOP/s bf16 (NVIDIA L4 datasheet), PCIe Gen4 x16 (64 GB/s).
 - A10G 24 GB: 125 TFLOP/s bf16 (AWS G5 / NVIDIA A10 datasheet), PCIe Gen4 x16 (64 GB/s).
 
+Memory is the device's as the driver reports it (nvidia-smi's total in MiB / 1024), in GiB, the unit
+`kubernetes.gpu_memory_gb` and `--gpu-memory` take: an "80 GB" A100 holds 81,920 MiB = 80 GiB, an
+"80 GB" H100 81,559 MiB = 79.6 GiB (reading the datasheets' GB as 10**9 bytes undercounts by 7%).
+
 A link's usable bandwidth for a collective is less than its marketing number: nccl-tests reports
 "bus bandwidth" (the per-link rate a ring achieves, NCCL docs: PERFORMANCE.md), which on an
 8 x H100 NVLink node reaches about 450 GB/s of the 900. :data:`NVLINK_EFFICIENCY` and
@@ -32,7 +36,7 @@ class GpuSpec:
     """One GPU type: its memory, dense bf16 peak and NVLink (or PCIe) bandwidth per GPU."""
 
     name: str
-    memory_gb: float
+    memory_gib: float  # GiB, as the driver reports the device (see the module docstring)
     bf16_tflops: float
     nvlink_gbps: float  # GB/s per GPU (bytes, not bits), as in the datasheets
 
@@ -40,13 +44,13 @@ class GpuSpec:
 GPUS: dict[str, GpuSpec] = {
     spec.name: spec
     for spec in (
-        GpuSpec("H100-80GB", 80.0, 989.0, 900.0),
-        GpuSpec("H200-141GB", 141.0, 989.0, 900.0),
+        GpuSpec("H100-80GB", 79.6, 989.0, 900.0),
+        GpuSpec("H200-141GB", 140.4, 989.0, 900.0),
         GpuSpec("A100-80GB", 80.0, 312.0, 600.0),
         GpuSpec("A100-40GB", 40.0, 312.0, 600.0),
-        GpuSpec("L40S", 48.0, 362.0, 64.0),
-        GpuSpec("L4", 24.0, 121.0, 64.0),
-        GpuSpec("A10G", 24.0, 125.0, 64.0),
+        GpuSpec("L40S", 45.0, 362.0, 64.0),
+        GpuSpec("L4", 22.5, 121.0, 64.0),
+        GpuSpec("A10G", 22.5, 125.0, 64.0),
     )
 }
 

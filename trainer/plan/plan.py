@@ -469,7 +469,7 @@ def make_plan(
     if gpu_memory_gb is not None:
         capacity = int(gpu_memory_gb * GiB)
     elif spec is not None:
-        capacity = int(spec.memory_gb * 1e9)  # datasheets count decimal gigabytes
+        capacity = int(spec.memory_gib * GiB)
     fits = None if capacity is None else memory.total <= capacity
 
     assumptions = [
@@ -636,6 +636,14 @@ def _verdicts(plan: Plan, cfg: Config, price: float | None) -> list[str]:
             f"train.batch_size {cfg.train.batch_size} does not divide by {plan.world_size} ranks x "
             f"train.grad_accum_steps {cfg.train.grad_accum_steps}: the trainer refuses it (the plan "
             "takes the fractional micro-batch)"
+        )
+    accum = cfg.train.grad_accum_steps
+    refused = [p for p in plan.scaling if p.nodes != plan.nodes and cfg.train.batch_size % (p.gpus * accum)]
+    if refused:
+        out.append(
+            f"N={', '.join(str(p.nodes) for p in refused)}: train.batch_size {cfg.train.batch_size} does not divide "
+            f"by their {', '.join(str(p.gpus) for p in refused)} ranks x train.grad_accum_steps {accum}: the trainer "
+            "would refuse those node counts (their rows take the fractional micro-batch)"
         )
     m = plan.memory
     if plan.fits is True:
