@@ -228,6 +228,10 @@ def test_peak_memory_does_not_grow_with_the_source(tmp_path):
         ("label\nx\n", "needs at least one feature column"),
         ("a,label\n1,x\n2,x\n3,x\n", "needs at least two classes, found \\['x'\\]"),
         ("a,label\n1,x\n2,y\n", "2 rows are too few for a train/val/test split"),
+        (
+            "label,b\n" + "".join(f"{i}.25,{i % 2}\n" for i in range(300)),  # a continuous column as the label
+            r"300 of the 300 classes in column 'label' \(data.label_column\) have one row each.*holds the classes",
+        ),
         (b"a,label\n1,x\n2,\xff\n", "in.csv: line 3 is not UTF-8 text"),
     ],
 )

@@ -377,6 +377,13 @@ def prepare_dataset(
         raise DataError(f"{name}: needs at least two classes, found {classes}")
     sizes = [sum(c[s] for c in counts.values()) for s in range(len(SPLITS))]
     if not all(sizes):
+        singles = sum(1 for c in counts.values() if sum(c) == 1)
+        if singles >= 10 and singles * 2 > total:  # each class splits on its own: one row each cannot
+            raise DataError(
+                f"{name}: {singles} of the {len(classes)} classes in column {cfg.label_column!r} "
+                "(data.label_column) have one row each, too few to split: is it a measurement rather than a "
+                "class? Name the column that holds the classes"
+            )
         raise DataError(
             f"{name}: {total} rows are too few for a train/val/test split "
             f"with val_fraction={cfg.val_fraction} and test_fraction={cfg.test_fraction}"
