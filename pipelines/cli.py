@@ -6,7 +6,7 @@ import argparse
 import os
 import sys
 from pathlib import Path
-from typing import NoReturn
+from typing import Any, NoReturn
 
 from trainer.errors import KftrainError, redact
 
@@ -216,6 +216,25 @@ def _cmd_example_model(args: argparse.Namespace) -> int:
     return 0
 
 
+def _prepared_dataset(cfg: Any, uri: str) -> dict[str, Any]:
+    """The manifest of the prepared dataset `--dataset` names, for the task `cfg` trains;
+    ConfigError naming the flag when there is none, or it was prepared for another task."""
+    from trainer.config import ConfigError
+    from trainer.pipeline_steps import store_for
+    from trainer.shards import DataError, dataset_format, read_manifest
+    from trainer.storage import ObjectNotFound
+
+    try:
+        return read_manifest(store_for(cfg, uri), uri, dataset_format(cfg.task, cfg.data.format))
+    except ObjectNotFound:
+        raise ConfigError(
+            f"--dataset {uri}: no prepared dataset there (no manifest.json); pass the folder data prep wrote "
+            "(the pipeline's dataset artifact)"
+        ) from None
+    except DataError as exc:
+        raise ConfigError(f"--dataset: {exc}") from None
+
+
 def _cmd_plan(args: argparse.Namespace) -> int:
     import json
 
@@ -231,13 +250,14 @@ def _cmd_plan(args: argparse.Namespace) -> int:
     }
     cfg = load_config(args.config, {k: v for k, v in flags.items() if v is not None})
     check_plan_gpu(cfg)  # plan.gpu from the config file, named as the config's field
+    manifest = _prepared_dataset(cfg, args.dataset) if args.dataset else None  # before a probe spends minutes
     probe = None
     if args.probe:
         from trainer.local_probe import probe_locally
 
         print(f"kftrain: probing {args.probe_steps} steps on {cfg.job.world_size} process(es)", file=sys.stderr)
         (probe,) = probe_locally(cfg, steps=args.probe_steps)
-    plan = plan_run(cfg, probe, dataset_uri=args.dataset or "")
+    plan = plan_run(cfg, probe, manifest=manifest)
     text = plan.markdown()
     if args.output:  # checked writable as the command started (_output_file)
         Path(args.output).parent.mkdir(parents=True, exist_ok=True)

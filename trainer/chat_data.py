@@ -60,13 +60,22 @@ from trainer import pretrained
 from trainer.config import Config
 from trainer.data_rules import BUILTIN_SOURCES, source_objects, text_chunks
 from trainer.progress import ProgressLine
-from trainer.shards import MANIFEST, SPLITS, DataError, ShardInfo, ShardWriter, read_manifest, split_shards, token_dtype
+from trainer.shards import (
+    CHAT_FORMAT,
+    MANIFEST,
+    SPLITS,
+    DataError,
+    ShardInfo,
+    ShardWriter,
+    read_manifest,
+    split_shards,
+    token_dtype,
+)
 from trainer.storage import ObjectStore, join_uri, open_store, read_chunks
 from trainer.streaming import first_items
 from trainer.tasks.causal_lm import BLOCK_BYTES, IGNORE, _bounded_map
 
 #: The dataset format of chat data (its manifest's `format`).
-CHAT_FORMAT = "kftrain.chat.v1"
 
 
 log = logging.getLogger("kftrain.data")

@@ -50,9 +50,10 @@ def plan_run(
     from trainer.plan import make_plan, run_probe
 
     if manifest is None and dataset_uri:
-        from trainer.shards import read_manifest
+        from trainer.shards import dataset_format, read_manifest
 
-        manifest = read_manifest(store_for(cfg, dataset_uri), dataset_uri)
+        fmt = dataset_format(cfg.task, cfg.data.format)
+        manifest = read_manifest(store_for(cfg, dataset_uri), dataset_uri, fmt)
 
     pc = cfg.plan
     if probe is None and probe_cpu and not (pc.gpu or cfg.kubernetes.gpu_memory_gb):
@@ -168,10 +169,11 @@ def train_model(
     """
     from trainer.launch.job import training_job
     from trainer.runs import TRAINING_RECORD
-    from trainer.shards import read_manifest
+    from trainer.shards import dataset_format, read_manifest
 
     store = store_for(cfg, model_uri, check=True)
-    read_manifest(store_for(cfg, dataset_uri), dataset_uri)  # fail now, not in every replica
+    # Fail now, not in every replica: a missing dataset, or one prepared for another task.
+    read_manifest(store_for(cfg, dataset_uri), dataset_uri, dataset_format(cfg.task, cfg.data.format))
     cfg = claim_checkpoints(cfg, model_uri, owner=identity)
     spec = training_job(cfg, job_name(identity), dataset_uri, model_uri)
     print(f"kftrain: training job {spec.name} for task {identity}", flush=True)

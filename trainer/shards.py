@@ -165,6 +165,22 @@ def split_shards(manifest: dict, split: str, dataset_uri: str) -> list[ShardInfo
     return [ShardInfo.from_dict(e, f"{dataset_uri} manifest, split {split}") for e in entries]
 
 
+#: The manifest `format` of each built-in dataset layout: data prep writes it, every reader checks it.
+TABULAR_FORMAT = "kftrain.tabular.v2"
+TOKENS_FORMAT = "kftrain.tokens.v2"
+CHAT_FORMAT = "kftrain.chat.v1"
+
+
+def dataset_format(task: str, data_format: str) -> str | None:
+    """The manifest format data prep writes for config `task` and `data.format` (None: a custom
+    task's, which only it knows)."""
+    if task == "classification":
+        return TABULAR_FORMAT
+    if task == "causal_lm":
+        return CHAT_FORMAT if data_format == "chat" else TOKENS_FORMAT
+    return None
+
+
 def read_manifest(store: ObjectStore, dataset_uri: str, expected_format: str | None = None) -> dict:
     """The dataset's manifest; a clear error when the dataset is missing, incomplete or of another task."""
     uri = join_uri(dataset_uri, MANIFEST)

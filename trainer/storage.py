@@ -286,7 +286,7 @@ class LocalStore:
             with path.open("rb") as f:
                 f.seek(offset)
                 return f.read(length or -1)
-        except (FileNotFoundError, IsADirectoryError):
+        except (FileNotFoundError, IsADirectoryError, NotADirectoryError):  # a file where a folder is: no object
             raise ObjectNotFound(f"no file at {uri}") from None
 
     def size(self, uri: str) -> int:

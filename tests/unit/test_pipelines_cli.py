@@ -291,3 +291,27 @@ def test_example_model_says_how_to_fine_tune_what_it_wrote(tmp_path, monkeypatch
         assert "set model.init_from: elsewhere/tiny-llama" in out and "data.source: elsewhere/chat.jsonl" in out
     else:
         assert "model.init_from" not in out
+
+
+@pytest.mark.parametrize(
+    ("config", "dataset", "error"),
+    [
+        ("", "missing", "--dataset missing: no prepared dataset there (no manifest.json)"),
+        ("", "afile", "--dataset afile: no prepared dataset there (no manifest.json)"),  # a file, not a folder
+        ("task: causal_lm\n", "tabular", "holds a 'kftrain.tabular.v2' dataset, not 'kftrain.tokens.v2'"),
+        ("", "tokens", "holds a 'kftrain.tokens.v2' dataset, not 'kftrain.tabular.v2'"),
+    ],
+    ids=["missing", "a-file", "another-tasks", "another-tasks-too"],
+)
+def test_plan_dataset_that_is_not_this_tasks_prepared_dataset_is_named(
+    tmp_path, monkeypatch, capsys, config, dataset, error
+):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "afile").write_text("")
+    (tmp_path / "c.yaml").write_text(config)
+    for name, fmt in (("tabular", "kftrain.tabular.v2"), ("tokens", "kftrain.tokens.v2")):
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "manifest.json").write_text(json.dumps({"format": fmt, "splits": {}}))
+    assert main(["plan", "--config", "c.yaml", "--dataset", dataset]) == 2
+    last = capsys.readouterr().err.strip().splitlines()[-1]
+    assert last.startswith("kftrain: error: --dataset") and error in last

@@ -29,13 +29,23 @@ from trainer.config import Config
 from trainer.data_rules import source_objects, source_store, text_chunks
 from trainer.gpt import GPT, GPTConfig
 from trainer.progress import ProgressLine
-from trainer.shards import MANIFEST, SPLITS, DataError, ShardInfo, ShardWriter, read_manifest, split_shards, token_dtype
+from trainer.shards import (
+    MANIFEST,
+    SPLITS,
+    TOKENS_FORMAT,
+    DataError,
+    ShardInfo,
+    ShardWriter,
+    read_manifest,
+    split_shards,
+    token_dtype,
+)
 from trainer.storage import ObjectStore, decode_object, has_suffix, join_uri, read_chunks
 from trainer.streaming import first_items
 from trainer.tasks.base import Task
 from trainer.tokenizer import ByteTokenizer, Tokenizer, load_tokenizer, parse_spec, tokenizer_from_json
 
-FORMAT = "kftrain.tokens.v2"
+FORMAT = TOKENS_FORMAT
 HF_FOLDER = "huggingface"
 TOKENIZER_FILE = "tokenizer.json"
 #: Text is read, split and tokenised in blocks of about this many bytes.

@@ -46,10 +46,19 @@ import numpy as np
 from trainer.config import DataConfig
 from trainer.data_rules import bad_feature, canonical_label, source_format_problem, text_chunks
 from trainer.data_rules import class_order as class_order
-from trainer.shards import MANIFEST, SPLITS, DataError, ShardWriter, read_manifest, read_shard, split_shards
+from trainer.shards import (
+    MANIFEST,
+    SPLITS,
+    TABULAR_FORMAT,
+    DataError,
+    ShardWriter,
+    read_manifest,
+    read_shard,
+    split_shards,
+)
 from trainer.storage import CorruptObject, ObjectStore, join_uri, read_chunks
 
-FORMAT = "kftrain.tabular.v2"
+FORMAT = TABULAR_FORMAT
 #: A CSV source is read in ranged reads of this many bytes.
 CHUNK_BYTES = 1 << 20
 #: Rows are converted and normalised in batches of about this many cells (rows x columns).
