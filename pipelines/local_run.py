@@ -265,6 +265,22 @@ def run_local(
     return summary
 
 
+@contextlib.contextmanager
+def _temporary_files_in(folder: str) -> Iterator[None]:
+    """Every process the run starts makes its temporary files in `folder` (removed after the run):
+    each kfp.local step writes its component's code to a `mktemp -d` folder, and torchrun a
+    `torchelastic_*` one, that nothing removes."""
+    before = os.environ.get("TMPDIR")
+    os.environ["TMPDIR"] = folder
+    try:
+        yield
+    finally:
+        if before is None:
+            os.environ.pop("TMPDIR", None)
+        else:
+            os.environ["TMPDIR"] = before
+
+
 def _run_pipeline(cfg: Config, local_root: str, min_accuracy: float, max_perplexity: float) -> dict[str, Any]:
     from kfp import local
 
@@ -275,7 +291,11 @@ def _run_pipeline(cfg: Config, local_root: str, min_accuracy: float, max_perplex
     # image (the project image) is this very Python environment.
     warnings.filterwarnings("ignore", message=".*have no effect in the current local runner.*")
     warnings.filterwarnings("ignore", message=".*non-Python base image.*")
-    with tempfile.TemporaryDirectory(prefix="kftrain-kfp-") as tmp:
+    with (
+        tempfile.TemporaryDirectory(prefix="kftrain-kfp-") as tmp,
+        tempfile.TemporaryDirectory(prefix="kftrain-tmp-") as scratch,
+        _temporary_files_in(scratch),
+    ):
         root = tmp if cfg.store.uri else str(Path(local_root).expanduser().resolve())
         local.init(runner=local.SubprocessRunner(use_venv=False), pipeline_root=root)
         try:

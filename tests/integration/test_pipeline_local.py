@@ -31,13 +31,16 @@ def test_demo_on_an_s3_store_reaches_95_percent_and_writes_nothing_locally(s3_en
     store). Kubeflow Trainer's (v2) contract gets the same checks on a local directory, on the
     first run of tests/integration/test_run_ownership.py. The plan's own files (Markdown and
     HTML) are checked on both: in the store here, as KFP outputs on the local directory there."""
-    config, cwd = tmp_path / "plan.yaml", tmp_path / "cwd"
+    config, cwd, scratch = tmp_path / "plan.yaml", tmp_path / "cwd", tmp_path / "tmp"
     config.write_text(PLAN_CONFIG.format(kind="pytorchjob"))
     cwd.mkdir()
+    scratch.mkdir()
     args = ["--config", str(config), "--store", f"s3://{bucket}/runs", "--summary", "summary.json"]
-    rc, out = run_group([*KFTRAIN, "run", "--local", *args], timeout=360, env=cli_env(), cwd=str(cwd))
+    env = {**cli_env(), "TMPDIR": str(scratch)}
+    rc, out = run_group([*KFTRAIN, "run", "--local", *args], timeout=360, env=env, cwd=str(cwd))
     assert rc == 0, out[-5000:]
     assert sorted(os.listdir(cwd)) == ["summary.json"]  # nothing else lands locally
+    assert os.listdir(scratch) == []  # nor in the temporary folder: no step's or torchrun's leftovers
     summary = json.loads((cwd / "summary.json").read_text())
     assert summary["metrics"]["test_accuracy"] >= 0.95
     artifacts = summary["artifacts"]
