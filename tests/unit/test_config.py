@@ -83,6 +83,8 @@ def test_yaml_file_maps_onto_the_tree(tmp_path):
             "task: causal_lm\ncheckpoint:\n  keep_best: max:val_accuracy\n",
             "name one of train_loss, val_loss, val_perplexity",
         ),
+        ("checkpoint:\n  resume_from: 12345\n", "must be a string (YAML reads it unquoted as a number: write '12345')"),
+        ("kubernetes:\n  namespace: true\n", "must be a string (YAML reads it unquoted as a boolean: write 'true')"),
         ("- a\n- b\n", "must hold a mapping"),
         ("train: [\n", "not valid YAML"),
     ],
