@@ -99,6 +99,7 @@ def _validate_config(args: dict[str, Any], known: dict[str, dict[str, Any]]) -> 
     from components.params import BY_NAME, SECRET_PARAMS, config_from_params
     from trainer.checks import gate_problem
     from trainer.launch.job import check_job_manifests
+    from trainer.launch.spec import require_object_store
 
     for name in ("min_accuracy", "max_perplexity"):
         if name in args and (problem := gate_problem(name, args[name])):
@@ -108,7 +109,12 @@ def _validate_config(args: dict[str, Any], known: dict[str, dict[str, Any]]) -> 
     config = args.get("config", known.get("config", {}).get("default") or "")
     secrets = {name: args.get(name, known.get(name, {}).get("default") or "") for name in SECRET_PARAMS}
     try:
-        check_job_manifests(config_from_params(config, **secrets, **effective))
+        cfg = config_from_params(config, **secrets, **effective)
+        check_job_manifests(cfg)
+        # What every step and replica writes and the next one reads: on a cluster no two pods
+        # share a disk (empty store.uri: KFP's own artifact store).
+        shared = {"store.uri": cfg.store.uri, "checkpoint.uri": cfg.checkpoint.uri}
+        require_object_store({field: uri for field, uri in shared.items() if uri})
     except ValueError as exc:
         raise SubmitError(f"the run's parameters are invalid: {exc}") from None
 

@@ -47,3 +47,20 @@ def test_a_package_that_is_not_a_compiled_pipeline_is_one_line_naming_it(tmp_pat
     with pytest.raises(SubmitError) as err:
         pipeline_parameters(package)
     assert str(err.value).startswith(f"--package {package}: not a compiled KFP pipeline") and "\n" not in str(err.value)
+
+
+@pytest.mark.parametrize(
+    ("params", "config", "field"),
+    [
+        (["store=/tmp/x"], "", "store.uri '/tmp/x' is a local path"),
+        ([], "store:\n  uri: ./runs\n", "store.uri './runs' is a local path"),
+        ([], "checkpoint:\n  uri: /data/ckpt\n", "checkpoint.uri '/data/ckpt' is a local path"),
+    ],
+    ids=["--param store", "config store.uri", "config checkpoint.uri"],
+)
+def test_what_pods_share_must_be_in_an_object_store_before_upload(params, config, field):
+    """No two pods share a disk: a local store or checkpoint prefix is refused at submit, not in
+    the training step on the cluster."""
+    with pytest.raises(SubmitError, match=f"the run's parameters are invalid: {field}"):
+        parse_params([*params, *([f"config={config}"] if config else [])], PACKAGE)
+    assert parse_params(["store=s3://bucket/x"], PACKAGE) == {"store": "s3://bucket/x"}
