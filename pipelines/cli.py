@@ -402,6 +402,19 @@ class _Parser(argparse.ArgumentParser):
         super().error(redact(message))
 
 
+def _api_url(text: str) -> str:
+    """An http(s) URL without a user or password (which KFP's client would not use, and a log
+    would print): the token travels in $KFP_TOKEN."""
+    scheme, sep, rest = text.partition("://")
+    if not sep or scheme.lower() not in ("http", "https") or not rest.split("/", 1)[0]:
+        raise argparse.ArgumentTypeError(f"must be a URL starting with http:// or https://, got {redact(text)!r}")
+    if "@" in rest.split("/", 1)[0]:
+        raise argparse.ArgumentTypeError(
+            "a user or password in the URL is not used (and would be printed): remove it and set $KFP_TOKEN"
+        )
+    return text
+
+
 def _output_file(text: str) -> str:
     """A file path that can be written, checked as the command starts, not after the run it
     records: not a folder, under a folder that exists or can be made, and writable."""
@@ -499,7 +512,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=_cmd_plan)
 
     p = sub.add_parser("submit", help="upload the pipeline (a new version) to KFP and start a run")
-    p.add_argument("--host", required=True, help="KFP API endpoint, e.g. http://localhost:8080 (token: $KFP_TOKEN)")
+    p.add_argument(
+        "--host", required=True, type=_api_url, help="KFP API endpoint, e.g. http://localhost:8080 (token: $KFP_TOKEN)"
+    )
     p.add_argument("--namespace", default=None, help="profile namespace (multi-user Kubeflow)")
     p.add_argument("--experiment", default="kftrain", help="experiment name (created if missing)")
     p.add_argument("--run-name", default="", help="run name (default: pipeline name and UTC time)")

@@ -315,3 +315,19 @@ def test_plan_dataset_that_is_not_this_tasks_prepared_dataset_is_named(
     assert main(["plan", "--config", "c.yaml", "--dataset", dataset]) == 2
     last = capsys.readouterr().err.strip().splitlines()[-1]
     assert last.startswith("kftrain: error: --dataset") and error in last
+
+
+@pytest.mark.parametrize(
+    ("host", "error"),
+    [
+        ("http://user:hunter2@127.0.0.1:9", "a user or password in the URL is not used (and would be printed)"),
+        ("localhost:8080", "must be a URL starting with http:// or https://, got 'localhost:8080'"),
+        ("http://", "must be a URL starting with http:// or https://"),
+    ],
+    ids=["credentials", "no-scheme", "no-host"],
+)
+def test_submit_host_must_be_a_plain_http_url(capsys, host, error):
+    with pytest.raises(SystemExit) as exit_:
+        main(["submit", "--host", host])
+    err = capsys.readouterr().err
+    assert exit_.value.code == 2 and f"argument --host: {error}" in err and "hunter2" not in err
