@@ -239,6 +239,12 @@ def source_store(cfg: Config, uri: str) -> ObjectStore:
     return open_store(uri, cfg.store.endpoint, cfg.store.region, cfg.store.policy())
 
 
+def _builtin_hint(value: str) -> str:
+    """A hint when a missing source is a built-in one's name in other letters (`Digits`)."""
+    near = [name for name in BUILTIN_SOURCES if name and name == value.strip().lower() and name != value]
+    return f" (the built-in source is {near[0]!r}, in lower case)" if near else ""
+
+
 def _check_source(cfg: Config, store: ObjectStore, source: str) -> None:
     if cfg.task == "classification":
         try:
@@ -248,13 +254,15 @@ def _check_source(cfg: Config, store: ObjectStore, source: str) -> None:
             hint = (
                 f"it is a folder or prefix of {len(below)} object(s); point data.source at one CSV object"
                 if below
-                else "no such object; check the URI"
+                else "no such object; check the URI" + _builtin_hint(cfg.data.source)
             )
             raise DataError(f"data.source {source}: {hint}") from None
         return
     objects = source_objects(store, source)
     if not objects:
-        raise DataError(f"data.source {source}: no object there and none below it; check the URI")
+        raise DataError(
+            f"data.source {source}: no object there and none below it; check the URI" + _builtin_hint(cfg.data.source)
+        )
     if cfg.task == "causal_lm":
         for uri in objects[:CHECK_OBJECTS]:
             _check_object(cfg, store, uri, "text or JSON Lines", one=len(objects) == 1)

@@ -156,3 +156,25 @@ def test_a_source_suffix_its_task_does_not_read_is_named(task, uri, phrase):
         assert problem is None
     else:
         assert problem is not None and phrase in problem, problem
+
+
+@pytest.mark.parametrize(
+    ("task", "source", "hint"),
+    [
+        ("classification", "Digits", "'digits'"),
+        ("causal_lm", "Python-Stdlib", "'python-stdlib'"),
+        ("classification", "digitz", None),
+    ],
+)
+def test_a_missing_source_spelled_like_a_built_in_one_says_so(tmp_path, monkeypatch, task, source, hint):
+    from trainer.config import load_config
+    from trainer.data_rules import check_source
+    from trainer.shards import DataError
+
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(DataError) as err:
+        check_source(load_config(overrides={"task": task, "data.source": source}))
+    message = str(err.value)
+    assert message.startswith(f"data.source {source}") and (
+        f"the built-in source is {hint}, in lower case" in message if hint else "built-in" not in message
+    )
