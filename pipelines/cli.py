@@ -64,7 +64,6 @@ def _cmd_run(args: argparse.Namespace) -> int:
     cfg = load_config(args.config, overrides)
     run_id = check_run_id(args.run_id or new_run_id())
     resume = _resume_command(args.argv, run_id)
-    print(f"kftrain: run {run_id} (stopped or killed, it continues with: {resume})", flush=True)
     log_uri, log_path = run_log(cfg, run_id, args.output_dir)
 
     def open_log():
@@ -81,6 +80,12 @@ def _cmd_run(args: argparse.Namespace) -> int:
                 min_accuracy=args.min_accuracy,
                 max_perplexity=args.max_perplexity,
                 run_id=run_id,
+                # Once it passed the pre-flight: a refused run has nothing to continue.
+                on_start=lambda: print(
+                    f"kftrain: run {run_id} (stopped or killed, it continues with: {resume})",
+                    file=console.out,
+                    flush=True,
+                ),
             )
     except (PipelineFailed, RunStopped) as exc:
         outcome = exc

@@ -26,7 +26,7 @@ import sys
 import tempfile
 import time
 import warnings
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -244,9 +244,11 @@ def run_local(
     min_accuracy: float = 0.9,
     max_perplexity: float = 0.0,
     run_id: str = "",
+    on_start: Callable[[], None] = lambda: None,
 ) -> dict[str, Any]:
     """Run the whole pipeline as run `run_id` (new when empty); return the artifact URIs, the test
-    metrics, the gate's verdict and the run id.
+    metrics, the gate's verdict and the run id. `on_start` is called once the run passed its
+    pre-flight checks and owns its checkpoints, before the first step.
 
     With ``cfg.store.uri`` set, every artifact goes there and KFP's own local bookkeeping lives
     in a temporary directory; otherwise KFP's pipeline root `local_root` is the store. A run id
@@ -260,6 +262,7 @@ def run_local(
     cfg = preflight(own_checkpoints_first(cfg, run_id, local_root), local_root)
     cfg = with_run_checkpoints(cfg, run_id, local_root)
     claim_run_checkpoints(cfg)
+    on_start()
     summary = {**_run_pipeline(cfg, local_root, min_accuracy, max_perplexity), "run_id": run_id}
     record_finished(cfg, run_id, summary, local_root)
     return summary
