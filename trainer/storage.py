@@ -288,6 +288,8 @@ class LocalStore:
                 return f.read(length or -1)
         except (FileNotFoundError, IsADirectoryError, NotADirectoryError):  # a file where a folder is: no object
             raise ObjectNotFound(f"no file at {uri}") from None
+        except OSError as exc:  # permission denied, an I/O error: what the OS said, naming the file
+            raise StoreError(f"cannot read {uri}: {exc.strerror or exc}") from None
 
     def size(self, uri: str) -> int:
         path = self._path(uri)

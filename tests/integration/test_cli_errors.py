@@ -60,7 +60,7 @@ CASES = {
         [*RUN, "--output-dir", "{tmp}/afile"], ["--output-dir", "is a file, not a folder"], files={"afile": "x"}
     ),
     # Config values out of range.
-    "negative-seed": Case([*RUN], ["train.seed", ">= 0"], config="train:\n  seed: -1\n"),
+    "negative-seed": Case([*RUN], ["train.seed", "must be from 0 to 4294967295"], config="train:\n  seed: -1\n"),
     "zero-collective-timeout": Case(
         [*RUN], ["job.collective_timeout_seconds", "> 0"], config="job:\n  collective_timeout_seconds: 0\n"
     ),
