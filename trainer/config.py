@@ -202,6 +202,7 @@ _DATA_BOUNDS = {
     "eval_new_tokens": Bound(lambda v: 1 <= v <= 512, "must be between 1 and 512"),
     "num_proc": POSITIVE,
     "text_field": NOT_EMPTY,
+    "label_column": NOT_EMPTY,
     "max_bytes": NOT_NEGATIVE,
     "tokenizer_sample_bytes": POSITIVE,
     "seed": SEED,

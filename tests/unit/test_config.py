@@ -85,6 +85,7 @@ def test_yaml_file_maps_onto_the_tree(tmp_path):
         ),
         ("checkpoint:\n  resume_from: 12345\n", "must be a string (YAML reads it unquoted as a number: write '12345')"),
         ("kubernetes:\n  namespace: true\n", "must be a string (YAML reads it unquoted as a boolean: write 'true')"),
+        ("data:\n  label_column: ''\n", "data.label_column: must not be empty"),
         ("- a\n- b\n", "must hold a mapping"),
         ("train: [\n", "not valid YAML"),
     ],
