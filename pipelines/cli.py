@@ -141,13 +141,19 @@ def _cmd_runs(args: argparse.Namespace) -> int:
     import json
 
     from trainer.runs import list_runs, runs_as_json, runs_table
-    from trainer.storage import StoreError, open_store, parse_uri
+    from trainer.storage import CHECK_BUDGET_S, StoreError, check_deadline, join_uri, open_store, parse_uri
 
     root = args.store
     try:
         if not parse_uri(root).is_remote and not os.path.isdir(parse_uri(root).key):
             raise StoreError(f"{root}: no such folder; pass --store with the store the runs wrote to")
-        runs = list_runs(open_store(root, args.s3_endpoint or ""), root)
+        store = open_store(root, args.s3_endpoint or "")
+        try:
+            with check_deadline(CHECK_BUDGET_S):  # one small request first: a wrong endpoint fails in seconds
+                store.exists(join_uri(root, "runs"))
+        except StoreError as exc:
+            raise type(exc)(f"--store: {exc}") from None
+        runs = list_runs(store, root)
     except ValueError as exc:  # a malformed URI
         raise StoreError(f"--store: {exc}") from None
     if args.json:

@@ -102,6 +102,12 @@ CASES = {
         "checkpoint:\n  resume_from: s3://{bucket}/runs/old\n",
         within_s=45,
     ),
+    # `kftrain runs` asks the store one small question first, within the same 5 s.
+    "runs-on-a-hung-store": Case(
+        ["runs", "--store", "s3://{bucket}/root", "--s3-endpoint", "{hang}"],
+        ["--store: cannot reach the object store", "the store check's limit of 5s"],
+        within_s=30,
+    ),
     # A password in the endpoint: refused, and printed nowhere (the resume line included).
     "password-in-endpoint": Case(
         [*RUN, "--store", "s3://{bucket}/root", "--s3-endpoint", "http://bob:hunter2@127.0.0.1:9"],
