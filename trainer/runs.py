@@ -228,7 +228,8 @@ def resolve_resume_from(cfg: Config, root: str) -> tuple[str, dict[str, Any]]:
                 )
             root = root.rstrip("/")
             store = _open(cfg, root)
-            found = _run_prefixes(store, root, *value.partition("/")[::2])
+            run_id, _, task = value.partition("/")
+            found = _run_prefixes(store, root, run_id, task)
             where = f"for run {value} under {root} (`kftrain runs --store {root}` lists the runs there)"
         if not found:
             raise ConfigError(f"{field}: no committed checkpoint {where}; name a run or checkpoint that has one")
