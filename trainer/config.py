@@ -1159,18 +1159,12 @@ def _convert(value: Any, tp: Any, path: str) -> Any:
         _require(isinstance(value, bool), path, value, "must be true or false")
         return value
     if tp is str:
-        written = str(value).lower() if isinstance(value, bool) else value
-        quote = (
-            f" (YAML reads it unquoted as a {'boolean' if isinstance(value, bool) else 'number'}: write '{written}')"
-        )
-        _require(isinstance(value, str), path, value, "must be a string" + (quote if _is_scalar(value) else ""))
+        if isinstance(value, int | float):  # what YAML makes of an unquoted value meant as text (bool too)
+            kind, written = ("boolean", str(value).lower()) if isinstance(value, bool) else ("number", value)
+            _require(False, path, value, f"must be a string (YAML reads it unquoted as a {kind}: write '{written}')")
+        _require(isinstance(value, str), path, value, "must be a string")
         return value
     raise TypeError(f"{path}: unsupported annotation {_type_name(tp)}")  # a bug in this module
-
-
-def _is_scalar(value: Any) -> bool:
-    """A number or boolean: what YAML makes of an unquoted value that was meant as text."""
-    return isinstance(value, int | float | bool)
 
 
 def from_dict(cls: type, data: dict[str, Any], path: str = "") -> Any:
