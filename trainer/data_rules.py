@@ -241,8 +241,12 @@ def source_store(cfg: Config, uri: str) -> ObjectStore:
 
 def _builtin_hint(value: str) -> str:
     """A hint when a missing source is a built-in one's name in other letters (`Digits`)."""
-    near = [name for name in BUILTIN_SOURCES if name and name == value.strip().lower() and name != value]
-    return f" (the built-in source is {near[0]!r}, in lower case)" if near else ""
+    name = value.strip().lower()
+    return (
+        f" (the built-in source is {name!r}, in lower case)"
+        if name and name != value and name in BUILTIN_SOURCES
+        else ""
+    )
 
 
 def _check_source(cfg: Config, store: ObjectStore, source: str) -> None:
