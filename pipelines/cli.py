@@ -364,7 +364,7 @@ def _gpu_type(text: str) -> str:
         ) from None
 
 
-def _gigabytes(text: str) -> float:
+def _gibibytes(text: str) -> float:
     """A positive amount of GPU memory in GiB (as nvidia-smi's MiB / 1024)."""
     value = _number(text)
     if not 0 < value < float("inf"):
@@ -489,7 +489,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--gpu", type=_gpu_type, help="GPU type to plan for, e.g. H100 (overrides plan.gpu)")
     p.add_argument(
         "--gpu-memory",
-        type=_gigabytes,
+        type=_gibibytes,
         metavar="GIB",
         help="memory of one GPU in GiB, as nvidia-smi's MiB / 1024 (overrides kubernetes.gpu_memory_gb)",
     )
