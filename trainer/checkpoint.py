@@ -58,6 +58,7 @@ from trainer.checkpoint_owner import (
     claim_prefix,
     committed,
     committed_parts,
+    committed_steps_in,
     complete_record,
     current_owner,
     describe_owner,
@@ -338,20 +339,13 @@ class CheckpointManager:
         log.info("checkpoint step %d committed to %s (%d parts)", step, remote, len(every))
         self._prune()
 
-    def _objects_by_step(self) -> dict[int, list[str]]:
-        return objects_by_step(self.store, self.prefix)
-
-    @staticmethod
-    def _committed(by_step: dict[int, list[str]]) -> list[int]:
-        return committed(by_step)
-
     def _prune(self) -> None:
-        by_step = self._objects_by_step()
+        by_step = objects_by_step(self.store, self.prefix)
         complete, others = [], set()
-        for s in self._committed(by_step):
+        for s in committed(by_step):
             if self._commit_owner(s) != self.owner:
                 others.add(s)  # another run's (an earlier owner's) step: never deleted
-            elif self._complete_record(s, by_step) is not None:
+            elif complete_record(self.store, self.prefix, s, by_step) is not None:
                 complete.append(s)
         if not complete:
             return
@@ -383,8 +377,8 @@ class CheckpointManager:
         (any owner's), or None (a collective like :meth:`latest`)."""
         choice: dict[str, Any] | None = None
         if self.rank == 0 and self.keep_best is not None:
-            by_step = self._objects_by_step()
-            records = {s: self._complete_record(s, by_step) for s in self._committed(by_step)}
+            by_step = objects_by_step(self.store, self.prefix)
+            records = {s: complete_record(self.store, self.prefix, s, by_step) for s in committed(by_step)}
             metrics = {s: r.get("metrics") or {} for s, r in records.items() if r is not None}
             step = best_step(metrics, *self.keep_best)
             choice = None if step is None else records[step]
@@ -406,10 +400,7 @@ class CheckpointManager:
 
     def committed_steps(self) -> list[int]:
         """Steps that have a commit record, ascending (parts not yet verified)."""
-        return self._committed(self._objects_by_step())
-
-    def _complete_record(self, step: int, by_step: dict[int, list[str]]) -> dict[str, Any] | None:
-        return complete_record(self.store, self.prefix, step, by_step)
+        return committed_steps_in(self.store, self.prefix)
 
     def latest(self, only: int | None = None) -> dict[str, Any] | None:
         """The newest complete checkpoint's commit record, or None (a collective: rank 0 chooses,

@@ -88,11 +88,7 @@ def describe_owner(record: dict[str, Any]) -> str:
 
 def committed_steps_in(store: ObjectStore, prefix: str) -> list[int]:
     """The steps under `prefix` that have a commit record (complete or not, by its presence only)."""
-    return sorted(
-        int(m.group(1))
-        for uri in store.list(prefix)
-        if uri.endswith(f"/{COMMIT}") and (m := STEP_DIR.search(uri[len(prefix) :]))
-    )
+    return committed(objects_by_step(store, prefix))
 
 
 def objects_by_step(store: ObjectStore, prefix: str) -> dict[int, list[str]]:

@@ -18,6 +18,7 @@ from trainer.checkpoint import (
     current_owner,
     step_dir,
 )
+from trainer.checkpoint_owner import complete_record, objects_by_step
 from trainer.storage import LocalStore, join_uri
 
 
@@ -37,7 +38,8 @@ def save(ckpt: CheckpointManager, step: int) -> None:
 def loaded(store, prefix: str, step: int) -> torch.Tensor:
     """Step `step` loaded with a fresh reader (checks every byte against its commit record)."""
     reader = manager(store, prefix, "reader")
-    record = next(r for r in [reader._complete_record(step, reader._objects_by_step())] if r)  # noqa: SLF001
+    record = complete_record(reader.store, reader.prefix, step, objects_by_step(reader.store, reader.prefix))
+    assert record is not None
     state = {"model": {"w": torch.zeros(4)}}
     reader.load(record, state)
     reader.close()
