@@ -236,7 +236,7 @@ def _prepared_dataset(cfg: Any, uri: str) -> dict[str, Any]:
     from trainer.storage import ObjectNotFound
 
     try:
-        return read_manifest(store_for(cfg, uri), uri, dataset_format(cfg.task, cfg.data.format))
+        return read_manifest(store_for(cfg, uri), uri, dataset_format(cfg))
     except ObjectNotFound:
         raise ConfigError(
             f"--dataset {uri}: no prepared dataset there (no manifest.json); pass the folder data prep wrote "

@@ -58,7 +58,7 @@ import torch
 
 from trainer import pretrained
 from trainer.config import Config
-from trainer.data_rules import BUILTIN_SOURCES, source_objects, text_chunks
+from trainer.data_rules import BUILTIN_SOURCES, source_objects, source_store, text_chunks
 from trainer.progress import ProgressLine
 from trainer.shards import (
     CHAT_FORMAT,
@@ -71,7 +71,7 @@ from trainer.shards import (
     split_shards,
     token_dtype,
 )
-from trainer.storage import ObjectStore, join_uri, open_store, read_chunks
+from trainer.storage import ObjectStore, join_uri, read_chunks
 from trainer.streaming import first_items
 from trainer.tasks.causal_lm import BLOCK_BYTES, IGNORE, _bounded_map
 
@@ -328,7 +328,7 @@ def chat_records(cfg: Config, reading: _Reading) -> Iterator[tuple[str, list[dic
     to `data.max_bytes`; blank lines are skipped."""
     d = cfg.data
     # The source's own store: it need not be the dataset's.
-    store = open_store(d.source, cfg.store.endpoint, cfg.store.region, cfg.store.policy())
+    store = source_store(cfg, d.source)
     reading.objects = sorted(source_objects(store, d.source))
     if not reading.objects:
         raise DataError(f"data.source {d.source!r}: no object there and none below it; check the URI")

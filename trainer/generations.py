@@ -32,10 +32,9 @@ from torch import nn
 
 from trainer import pretrained
 from trainer.chat_data import CHAT_FORMAT, IGNORE, evaluation_rows
-from trainer.shards import split_shards
+from trainer.shards import TOKENS_FORMAT, split_shards
 from trainer.storage import ObjectStore, join_uri
 from trainer.streaming import first_items
-from trainer.tasks.causal_lm import FORMAT as TOKENS_FORMAT
 from trainer.tasks.causal_lm import _window_batch, _windows
 
 log = logging.getLogger("kftrain.generations")

@@ -52,8 +52,7 @@ def plan_run(
     if manifest is None and dataset_uri:
         from trainer.shards import dataset_format, read_manifest
 
-        fmt = dataset_format(cfg.task, cfg.data.format)
-        manifest = read_manifest(store_for(cfg, dataset_uri), dataset_uri, fmt)
+        manifest = read_manifest(store_for(cfg, dataset_uri), dataset_uri, dataset_format(cfg))
 
     pc = cfg.plan
     if probe is None and probe_cpu and not (pc.gpu or cfg.kubernetes.gpu_memory_gb):
@@ -173,7 +172,7 @@ def train_model(
 
     store = store_for(cfg, model_uri, check=True)
     # Fail now, not in every replica: a missing dataset, or one prepared for another task.
-    read_manifest(store_for(cfg, dataset_uri), dataset_uri, dataset_format(cfg.task, cfg.data.format))
+    read_manifest(store_for(cfg, dataset_uri), dataset_uri, dataset_format(cfg))
     cfg = claim_checkpoints(cfg, model_uri, owner=identity)
     spec = training_job(cfg, job_name(identity), dataset_uri, model_uri)
     print(f"kftrain: training job {spec.name} for task {identity}", flush=True)

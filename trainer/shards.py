@@ -16,11 +16,15 @@ from __future__ import annotations
 import hashlib
 import io
 from dataclasses import asdict, dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from trainer.errors import KftrainError
 from trainer.storage import CorruptObject, ObjectStore, decode_object, has_suffix, join_uri, read_json
+
+if TYPE_CHECKING:
+    from trainer.config import Config
 
 #: The dataset's description, written last by data prep.
 MANIFEST = "manifest.json"
@@ -171,13 +175,12 @@ TOKENS_FORMAT = "kftrain.tokens.v2"
 CHAT_FORMAT = "kftrain.chat.v1"
 
 
-def dataset_format(task: str, data_format: str) -> str | None:
-    """The manifest format data prep writes for config `task` and `data.format` (None: a custom
-    task's, which only it knows)."""
-    if task == "classification":
+def dataset_format(cfg: Config) -> str | None:
+    """The manifest format data prep writes for `cfg` (None: a custom task's, which only it knows)."""
+    if cfg.task == "classification":
         return TABULAR_FORMAT
-    if task == "causal_lm":
-        return CHAT_FORMAT if data_format == "chat" else TOKENS_FORMAT
+    if cfg.task == "causal_lm":
+        return CHAT_FORMAT if cfg.data.format == "chat" else TOKENS_FORMAT
     return None
 
 

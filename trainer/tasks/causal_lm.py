@@ -45,7 +45,6 @@ from trainer.streaming import first_items
 from trainer.tasks.base import Task
 from trainer.tokenizer import ByteTokenizer, Tokenizer, load_tokenizer, parse_spec, tokenizer_from_json
 
-FORMAT = TOKENS_FORMAT
 HF_FOLDER = "huggingface"
 TOKENIZER_FILE = "tokenizer.json"
 #: Text is read, split and tokenised in blocks of about this many bytes.
@@ -259,7 +258,7 @@ class CausalLMTask(Task):
             # Beside the dataset for people and tools.
             store.put_bytes(join_uri(dataset_uri, TOKENIZER_FILE), raw_tokenizer)
         manifest: dict[str, Any] = {
-            "format": FORMAT,
+            "format": TOKENS_FORMAT,
             "source": source,
             "vocab_size": tokenizer.vocab_size,
             "tokenizer": tokenizer_info,
@@ -328,7 +327,7 @@ class CausalLMTask(Task):
     def evaluate(self, model, meta, store, dataset_uri, max_items):
         from torch.utils.data import TensorDataset
 
-        manifest = read_manifest(store, dataset_uri, FORMAT)
+        manifest = read_manifest(store, dataset_uri, TOKENS_FORMAT)
         block = meta["architecture"]["block_size"]
         shards = split_shards(manifest, "test", dataset_uri)
         x, y = first_items(

@@ -58,7 +58,6 @@ from trainer.shards import (
 )
 from trainer.storage import CorruptObject, ObjectStore, join_uri, read_chunks
 
-FORMAT = TABULAR_FORMAT
 #: A CSV source is read in ranged reads of this many bytes.
 CHUNK_BYTES = 1 << 20
 #: Rows are converted and normalised in batches of about this many cells (rows x columns).
@@ -431,7 +430,7 @@ def prepare_dataset(
         raise DataError(f"{name} changed while data prep read it (its rows differ between passes); rerun data prep")
 
     manifest: dict = {
-        "format": FORMAT,
+        "format": TABULAR_FORMAT,
         "source": name,
         "seed": cfg.seed,
         "num_features": len(rows.feature_names),
@@ -453,7 +452,7 @@ def load_split(
 ) -> tuple[np.ndarray, np.ndarray]:
     """The first `max_rows` rows of one split in shard order (0: all) as (x float32, y int64);
     only the shards that hold them are read."""
-    manifest = manifest or read_manifest(store, dataset_uri, FORMAT)
+    manifest = manifest or read_manifest(store, dataset_uri, TABULAR_FORMAT)
     xs, ys, count = [], [], 0
     for info in split_shards(manifest, split, dataset_uri):
         if max_rows and count >= max_rows:
