@@ -113,26 +113,32 @@ class JobKind:
         return self.name == PYTORCHJOB and bool(_run_policy(job).get("schedulingPolicy"))
 
 
-PYTORCHJOB_KIND = JobKind(
-    name=PYTORCHJOB,
-    crd_kind=pytorchjob.KIND,
-    group=pytorchjob.GROUP,
-    version=pytorchjob.VERSION,
-    plural=pytorchjob.PLURAL,
-    container=pytorchjob.CONTAINER,
+def _kind(name: str, manifests: Any, **behaviour: Any) -> JobKind:
+    """A JobKind whose resource facts (kind, group, version, plural, container) are those of its
+    manifest builder's module, so that they are written once."""
+    return JobKind(
+        name=name,
+        crd_kind=manifests.KIND,
+        group=manifests.GROUP,
+        version=manifests.VERSION,
+        plural=manifests.PLURAL,
+        container=manifests.CONTAINER,
+        **behaviour,
+    )
+
+
+PYTORCHJOB_KIND = _kind(
+    PYTORCHJOB,
+    pytorchjob,
     succeeded="Succeeded",
     job_label=JOB_NAME_LABEL,
     build=pytorchjob.pytorchjob_manifest,
     validate=validate_pytorchjob,
     replica_key=_pytorchjob_replica,
 )
-TRAINJOB_KIND = JobKind(
-    name=TRAINJOB,
-    crd_kind=trainjob.KIND,
-    group=trainjob.GROUP,
-    version=trainjob.VERSION,
-    plural=trainjob.PLURAL,
-    container=trainjob.CONTAINER,
+TRAINJOB_KIND = _kind(
+    TRAINJOB,
+    trainjob,
     succeeded="Complete",
     job_label=JOBSET_NAME_LABEL,  # the JobSet is named like the TrainJob
     build=trainjob.trainjob_manifest,
