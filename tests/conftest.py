@@ -56,12 +56,15 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
         metafunc.parametrize("s3_server", names, indirect=True)
 
 
+@pytest.hookimpl(tryfirst=True)  # before xdist's own, which reads the xdist_group marks it finds then
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     """Tests on RGW are `serial` too (one RGW for the session, not one per worker). Every `serial`
     test joins one xdist group, so under `-n N --dist loadgroup` they run one after another on one
-    worker (mostly waiting: on outages, on a CLI to be killed) beside the other workers' tests, and
-    they come first, so the group starts at once rather than last, alone; then the `slow` tests,
-    so that the last tests to be handed out are short ones and no worker waits alone on a long one."""
+    worker (mostly waiting: out a time limit, on outages, on a CLI to be killed) beside the other
+    workers' tests, whose processes get both cores meanwhile (two workers waiting at once leave the
+    machine idle: a third worker costs more in contention than it saves), and they come first, so
+    the group starts at once rather than last, alone; then the `slow` tests, so that the last tests
+    to be handed out are short ones and no worker waits alone on a long one."""
     for item in items:
         callspec = getattr(item, "callspec", None)
         if callspec is not None and callspec.params.get("s3_server") in ("rgw", "strict"):
@@ -69,6 +72,17 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
         if item.get_closest_marker("serial"):
             item.add_marker(pytest.mark.xdist_group("serial"))
     items.sort(key=lambda item: (not item.get_closest_marker("serial"), not item.get_closest_marker("slow")))
+
+
+def pytest_runtest_setup(item: pytest.Item) -> None:
+    """Under `--dist loadgroup` a `serial` test carries its group in its id (xdist's own mark of it);
+    without it the group silently does not exist (marks added after xdist read them; pytest 9.2's
+    node ids, pytest-xdist#1386), and two workers would wait out their time limits at once, or both
+    start an RGW: fail, naming why, rather than run so."""
+    if getattr(item.config.option, "loadgroup", False) and item.get_closest_marker("serial") and "@" not in item.nodeid:
+        pytest.fail(
+            "this serial test is outside its xdist group: see tests/conftest.py and the pytest pin in pyproject.toml"
+        )
 
 
 @pytest.fixture(scope="session")

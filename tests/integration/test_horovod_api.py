@@ -170,6 +170,7 @@ def run(tmp_path: Path, script: str, world: int, *args: str, timeout: float = 90
 
 
 @pytest.mark.timeout(150)
+@pytest.mark.serial  # each rank waits out the 3 s check timeout
 @pytest.mark.parametrize("world", [2, 3])
 def test_every_kind_of_disagreement_raises_on_every_rank_within_seconds(tmp_path, monkeypatch, world):
     monkeypatch.setenv("KFTRAIN_HOROVOD_CHECK_TIMEOUT_S", "3")

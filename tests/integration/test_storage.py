@@ -17,14 +17,17 @@ from trainer.storage import (
 
 pytestmark = pytest.mark.timeout(120)
 
+#: A store that never answers: the check waits out its 5 s limit (`serial`: tests/conftest.py).
+WAITS = pytest.mark.serial
+
 
 @pytest.mark.parametrize(
     ("endpoint", "env", "phrase"),
     [
         ("html200", {}, "is not an S3 API (it answered"),
         ("html200", {}, "console's port instead of the API port"),
-        ("html502", {}, "cannot reach the object store"),
-        ("unreachable", {}, "cannot reach the object store"),
+        pytest.param(*("html502", {}, "cannot reach the object store"), marks=WAITS),
+        pytest.param(*("unreachable", {}, "cannot reach the object store"), marks=WAITS),
         ("html200", {"AWS_ACCESS_KEY_ID": None, "MINIO_ACCESS_KEY": None}, "see README 'Credentials'"),
     ],
 )
@@ -110,6 +113,7 @@ def test_s3_wrong_credentials_are_named_and_not_echoed(bucket, monkeypatch, whic
     assert "AKIAWRONGWRONGWRONG1" not in message
 
 
+@WAITS
 def test_unreachable_endpoint_is_a_store_error(monkeypatch):
     monkeypatch.setenv("AWS_ACCESS_KEY_ID", "a")
     monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "b")
