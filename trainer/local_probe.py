@@ -100,9 +100,17 @@ def probe_locally(
             said = [parsed[1] for parsed in map(parse_error_line, out.splitlines()) if parsed]
             if said:  # a rank's own error (a config the probe cannot run): that one line
                 raise ProbeFailed(f"the probe failed: {said[0]}")
-            lines = "\n".join(f"  {line}" for line in out.splitlines()[-20:])
-            raise ProbeFailed(f"the probe failed (exit code {proc.returncode}); its last lines:\n{lines}")
+            raise ProbeFailed(probe_failure(proc.returncode, out.splitlines()))
         return [ProbeResult(**result) for result in json.loads(output.read_text())]
+
+
+def probe_failure(returncode: int, out: list[str]) -> str:
+    """Why the probe failed, from torchrun's exit code and output `out`: what the ranks printed
+    (:func:`trainer.launch.backend.failure_excerpt`), not torchrun's summary of which one died."""
+    from trainer.launch.backend import failure_excerpt
+
+    lines = "\n".join(f"  {line}" for line in failure_excerpt(out, tail=20))
+    return f"the probe failed (exit code {returncode}); its last lines:\n{lines}"
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -1,7 +1,7 @@
 """How `kftrain plan --probe` combines its ranks' measurements (trainer/local_probe.py); the probe's
 processes themselves run in tests/integration/test_local_probe.py."""
 
-from trainer.local_probe import combine
+from trainer.local_probe import combine, probe_failure
 
 
 def rank(step: float, compute: float, wait: float, comm: float, peak: int) -> dict:
@@ -30,3 +30,34 @@ def test_the_slowest_rank_sets_each_time_and_the_largest_peak_the_memory():
         "peak_memory_bytes": 700,
     }
     assert combine(ranks[:1]) == ranks[0]
+
+
+#: The end of torchrun's output when a rank died of a signal: what the rank printed, then torchrun's summary.
+TORCHRUN_OUT = [
+    "kftrain: probing",
+    "terminate called after throwing an instance of 'gloo::IoException'",
+    "  what():  Connection reset by peer",
+    "=" * 55,
+    "trainer.local_probe FAILED",
+    "-" * 55,
+    "Failures:",
+    "[1]:",
+    "  exitcode  : -15 (pid: 7)",
+    "-" * 55,
+    "Root Cause (first observed failure):",
+    "[0]:",
+    "  rank      : 1 (local_rank: 1)",
+    "  exitcode  : -6 (pid: 8)",
+    "  traceback : Signal 6 (SIGABRT) received by PID 8",
+    "=" * 55,
+]
+
+
+def test_a_failed_probe_shows_what_the_ranks_printed_not_torchrun_s_summary():
+    message = probe_failure(1, TORCHRUN_OUT)
+    assert message.startswith("the probe failed (exit code 1); its last lines:")
+    assert message.endswith("torchrun: the first process to fail exited with -6")
+    assert "gloo::IoException" in message and "Connection reset by peer" in message
+    assert "Failures:" not in message and "trainer.local_probe FAILED" not in message
+    # Output without torchrun's summary is shown as it is.
+    assert probe_failure(2, ["boom"]) == "the probe failed (exit code 2); its last lines:\n  boom"

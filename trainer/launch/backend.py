@@ -11,6 +11,7 @@ from collections.abc import Iterator
 from typing import Protocol
 
 from trainer.errors import REPLICA_FAILURE, KftrainError
+from trainer.launch.failures import before_torchrun_summary, root_cause_exit_code
 from trainer.launch.spec import JobSpec
 
 _stdout_lock = threading.Lock()
@@ -45,13 +46,22 @@ FAILURE_MARKER = REPLICA_FAILURE
 def failure_excerpt(lines: list[str], tail: int = 15, traceback_lines: int = 25) -> list[str]:
     """What explains a failed replica: the trainer's own failure lines (:data:`FAILURE_MARKER`)
     or else the end of the last training-process traceback (torchrun prefixes those lines
-    `[rankN]:`), followed by the replica's last log lines."""
+    `[rankN]:`), followed by the replica's last log lines; or else the last lines the processes
+    printed before torchrun's failure summary, and the exit code of the first to fail."""
     reported = list(dict.fromkeys(line for line in lines if FAILURE_MARKER in line))[-4:]
     if reported:
         return [*reported, "...", *[line for line in lines[-tail:] if line not in reported]]
     starts = [i for i, line in enumerate(lines) if re.match(r"^\[rank\d+\]:\s*Traceback", line)]
-    if not starts:
-        return lines[-tail:]
+    if not starts:  # no Python traceback (a signal, a C++ abort): what the processes printed
+        before = before_torchrun_summary(lines)
+        if len(before) == len(lines):
+            return lines[-tail:]
+        # torchrun's summary says only which process died and how: its root cause's code.
+        return [
+            *before[-tail:],
+            "...",
+            f"torchrun: the first process to fail exited with {root_cause_exit_code(lines)}",
+        ]
     prefix = lines[starts[-1]].split(":", 1)[0] + ":"
     block = [line for line in lines[starts[-1] :] if line.startswith(prefix)]
     if len(block) > traceback_lines:

@@ -150,6 +150,16 @@ def root_cause_exit_code(log_lines: Iterable[str]) -> int | None:
     return code
 
 
+def before_torchrun_summary(log_lines: list[str]) -> list[str]:
+    """The lines a log holds before torchrun's `ChildFailedError` summary (a rule of `=`, then
+    `<entrypoint> FAILED`): what the processes themselves printed, which says why they failed
+    where the summary says only which one died and how."""
+    for i in range(len(log_lines) - 1, 0, -1):
+        if log_lines[i].rstrip().endswith(" FAILED") and set(log_lines[i - 1].strip()) == {"="}:
+            return log_lines[: i - 1]
+    return log_lines
+
+
 def _containers(pod: Mapping[str, Any]) -> list[Mapping[str, Any]]:
     status = pod.get("status") or {}
     return [*(status.get("initContainerStatuses") or []), *(status.get("containerStatuses") or [])]
