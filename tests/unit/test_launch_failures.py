@@ -17,7 +17,7 @@ from trainer import exit_codes
 from trainer.config import ConfigError, load_config
 from trainer.launch import failures
 from trainer.launch.backend import JobFailed, run_job
-from trainer.launch.failures import Event, classify, root_cause_exit_code
+from trainer.launch.failures import Event, before_torchrun_summary, classify, root_cause_exit_code
 from trainer.launch.job import training_job
 
 pytestmark = pytest.mark.timeout(60)
@@ -499,3 +499,27 @@ def test_a_job_kueue_sends_back_to_the_queue_is_reported_with_its_cause():
     back = next(line for line in lines if "went back to the queue" in line)
     assert "preempted (preempted or evicted): event on" in back
     assert [c[0] for c in cluster.calls if c[0] == "create"] == ["create"]
+
+
+#: torchrun's own traceback of the ChildFailedError it raises, printed before its summary.
+AGENT_TRACEBACK = [
+    "Traceback (most recent call last):",
+    '  File "/app/trainer/torchrun.py", line 25, in main',
+    "    torchrun(argv)",
+    '  File ".../torch/distributed/launcher/api.py", line 383, in launch_agent',
+    "    raise ChildFailedError(",
+]
+RANKS_SAID = ["[rank1]:W step 3", "terminate called after throwing an instance of 'gloo::IoException'"]
+
+
+@pytest.mark.parametrize(
+    "log",
+    [
+        [*RANKS_SAID, *torchrun_summary(-6)],  # the summary (its first line: the exception's)
+        [*RANKS_SAID, *AGENT_TRACEBACK, *torchrun_summary(-6)],  # and torchrun's traceback before it
+    ],
+    ids=["summary", "traceback-and-summary"],
+)
+def test_what_the_processes_printed_is_the_log_before_torchrun_s_report(log):
+    assert before_torchrun_summary(log) == RANKS_SAID
+    assert before_torchrun_summary(RANKS_SAID) == RANKS_SAID  # no failure reported: all of it

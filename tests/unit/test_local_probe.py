@@ -37,6 +37,9 @@ TORCHRUN_OUT = [
     "kftrain: probing",
     "terminate called after throwing an instance of 'gloo::IoException'",
     "  what():  Connection reset by peer",
+    "Traceback (most recent call last):",  # torchrun's own, of the ChildFailedError it raises
+    '  File ".../torch/distributed/run.py", line 1019, in run',
+    "torch.distributed.elastic.multiprocessing.errors.ChildFailedError: ",
     "=" * 55,
     "trainer.local_probe FAILED",
     "-" * 55,
@@ -59,5 +62,6 @@ def test_a_failed_probe_shows_what_the_ranks_printed_not_torchrun_s_summary():
     assert message.endswith("torchrun: the first process to fail exited with -6")
     assert "gloo::IoException" in message and "Connection reset by peer" in message
     assert "Failures:" not in message and "trainer.local_probe FAILED" not in message
+    assert "Traceback" not in message and "ChildFailedError" not in message
     # Output without torchrun's summary is shown as it is.
     assert probe_failure(2, ["boom"]) == "the probe failed (exit code 2); its last lines:\n  boom"

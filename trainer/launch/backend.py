@@ -56,11 +56,11 @@ def failure_excerpt(lines: list[str], tail: int = 15, traceback_lines: int = 25)
         before = before_torchrun_summary(lines)
         if len(before) == len(lines):
             return lines[-tail:]
-        # torchrun's summary says only which process died and how: its root cause's code.
+        code = root_cause_exit_code(lines)  # all torchrun's report says: which process died, and how
         return [
             *before[-tail:],
             "...",
-            f"torchrun: the first process to fail exited with {root_cause_exit_code(lines)}",
+            f"torchrun: {'a process failed' if code is None else f'the first process to fail exited with {code}'}",
         ]
     prefix = lines[starts[-1]].split(":", 1)[0] + ":"
     block = [line for line in lines[starts[-1] :] if line.startswith(prefix)]

@@ -151,12 +151,17 @@ def root_cause_exit_code(log_lines: Iterable[str]) -> int | None:
 
 
 def before_torchrun_summary(log_lines: list[str]) -> list[str]:
-    """The lines a log holds before torchrun's `ChildFailedError` summary (a rule of `=`, then
-    `<entrypoint> FAILED`): what the processes themselves printed, which says why they failed
-    where the summary says only which one died and how."""
+    """The lines a log holds before torchrun's own report of a failed process: its summary (a
+    rule of `=`, then `<entrypoint> FAILED`) and the traceback of its `ChildFailedError` before
+    it. What is left is what the processes themselves printed, which says why they failed where
+    torchrun says only which one died and how."""
     for i in range(len(log_lines) - 1, 0, -1):
         if log_lines[i].rstrip().endswith(" FAILED") and set(log_lines[i - 1].strip()) == {"="}:
-            return log_lines[: i - 1]
+            end = i - 1
+            if end and "ChildFailedError" in log_lines[end - 1]:
+                starts = [k for k in range(end) if log_lines[k].startswith("Traceback (most recent call last)")]
+                end = starts[-1] if starts else end - 1
+            return log_lines[:end]
     return log_lines
 
 
