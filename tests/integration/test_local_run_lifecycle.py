@@ -34,6 +34,7 @@ train:
 checkpoint:
   interval_steps: 5
 """
+CHECKPOINT_INTERVAL = 5
 
 
 def env() -> dict[str, str]:
@@ -143,8 +144,12 @@ def test_killing_the_cli_stops_the_run_and_run_id_resumes_it_bitwise(tmp_path, r
         started = time.time()
         proc = start(tmp_path, run_id)
         try:
-            step = wait_for_checkpoint(tmp_path, run_id, proc, after_step=newest)
-            time.sleep(random.uniform(0.0, 2.0))  # anywhere during training
+            # Anywhere in the first 60 steps after the last kill (of 152: 8 epochs of 19), chosen by
+            # the step, not by a sleep: on a fast machine a sleep let the first run reach the end,
+            # leaving the resumed one nothing to be killed in.
+            target = newest + random.randrange(0, 60, CHECKPOINT_INTERVAL)
+            step = wait_for_checkpoint(tmp_path, run_id, proc, after_step=target)
+            time.sleep(random.uniform(0.0, 0.2))  # mid-step, not only at a commit
             assert run_procs(run_id), "the run has no marked processes"
             os.kill(proc.pid, sig)  # the CLI alone, not its process group
             proc.wait(timeout=60)
