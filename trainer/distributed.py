@@ -5,7 +5,8 @@ A run is distributed when torchrun (or the Training Operator through torchrun) s
 same weights and then draws from its own random streams (:func:`seed_rank_streams`); the global
 batch is divided by the world size and the accumulation steps (:func:`micro_batch_size`);
 ``.module`` is unwrapped before ``state_dict()``; no rank leaves before rank 0 has written the
-outputs (:func:`leave_together`); the process group is destroyed in ``finally``.
+outputs (:func:`leave_together`, which :func:`process_group` also does before the group is
+destroyed); the process group is destroyed in ``finally``.
 
 ``train.strategy`` picks how the model is made data-parallel (:func:`parallelize`): ``ddp``
 keeps a full replica per rank and all-reduces gradients; ``fsdp`` (FSDP2, ``fully_shard``)
@@ -21,8 +22,10 @@ from __future__ import annotations
 
 import contextlib
 import datetime
+import faulthandler
 import math
 import os
+import sys
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 
@@ -110,9 +113,21 @@ def device_for(env: DistEnv) -> torch.device:
     return torch.device("cpu")
 
 
+def report_fatal_signals() -> None:
+    """Make this rank print every thread's Python stack when a fatal signal kills it (a C++
+    abort, a segfault): without it such a rank leaves only C++'s last line ("terminate called
+    ...") and torchrun's exit code, which say that it died but not where. Call it first thing
+    in a rank's entry point; its output goes to the real stderr, which the launcher collects."""
+    faulthandler.enable(file=sys.__stderr__, all_threads=True)
+
+
 @contextlib.contextmanager
 def process_group(env: DistEnv, device: torch.device, timeout_s: float = 600) -> Iterator[None]:
-    """Join the job's process group for the duration of the block (no-op for one process)."""
+    """Join the job's process group for the duration of the block (no-op for one process).
+
+    A block that ends normally leaves together (:func:`leave_together`) before the group is
+    destroyed: a gloo rank that tears the group down while a peer is still in it can abort
+    the peer. A block that raises does not wait (its peers may be gone)."""
     if not env.distributed:
         yield
         return
@@ -120,6 +135,7 @@ def process_group(env: DistEnv, device: torch.device, timeout_s: float = 600) ->
     dist.init_process_group(backend_for(device), timeout=datetime.timedelta(seconds=timeout_s), **kwargs)
     try:
         yield
+        leave_together(env)
     finally:
         dist.destroy_process_group()
 

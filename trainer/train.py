@@ -49,6 +49,7 @@ from trainer.distributed import (
     nonfinite_ranks,
     parallelize,
     process_group,
+    report_fatal_signals,
     seed_rank_streams,
     unwrap,
 )
@@ -800,6 +801,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--dataset-uri", required=True, help="prepared dataset (data prep output)")
     parser.add_argument("--model-uri", required=True, help="where rank 0 writes the model")
     args = parser.parse_args(argv)
+    report_fatal_signals()
     env = dist_env()
     logging.basicConfig(
         level=logging.INFO,

@@ -11,6 +11,7 @@ import sys
 import textwrap
 import time
 from dataclasses import replace
+from pathlib import Path
 
 import pytest
 
@@ -20,6 +21,7 @@ from trainer.launch.local import LocalBackend
 from trainer.launch.spec import JobSpec
 
 pytestmark = pytest.mark.timeout(120)
+REPO = Path(__file__).resolve().parents[2]
 
 ENV_KEYS = [
     "MASTER_ADDR",
@@ -120,6 +122,52 @@ def test_a_failing_replica_fails_the_job_with_its_last_lines():
     assert "replica worker-0 exited with code 3" in message
     assert "boom: CUDA out of memory" in message
     assert all(r.proc.poll() is not None for r in backend._jobs["fails"])
+
+
+def test_a_rank_killed_by_a_fatal_signal_says_where_it_was():
+    """A C++ abort leaves no Python traceback: with report_fatal_signals (every rank's entry calls
+    it) the job's failure still names the function the rank died in."""
+    code = """
+        import os
+        from trainer.distributed import report_fatal_signals
+        report_fatal_signals()
+        def load_the_shards():
+            os.abort()  # as libstdc++'s std::terminate does
+        if os.environ["RANK"] == "1":
+            load_the_shards()
+    """
+    spec = replace(job("aborts", code, replicas=2), env={"PYTHONPATH": str(REPO)}, timeout_s=60)
+    with pytest.raises(JobFailed) as info:
+        run_job(LocalBackend(sink=lambda line: None), spec)
+    message = str(info.value)
+    assert "Fatal Python error: Aborted" in message, message
+    assert "in load_the_shards" in message, message
+
+
+def test_a_process_group_that_ends_normally_leaves_together(tmp_path):
+    """No rank destroys the gloo group while a peer is still in its block (gloo can abort that
+    peer): rank 0 leaves only after the slow rank 1 has finished its block."""
+    done = tmp_path / "rank1-done"
+    code = f"""
+        import os, pathlib, sys, time, torch
+        from trainer.distributed import dist_env, process_group
+        env = dist_env()
+        with process_group(env, torch.device("cpu"), timeout_s=60):
+            if env.rank == 1:
+                time.sleep(1.5)
+                pathlib.Path({str(done)!r}).write_text("x")
+        if env.rank == 0 and not os.path.exists({str(done)!r}):
+            sys.exit("rank 0 left before rank 1 finished its block")
+    """
+    spec = JobSpec(
+        name="leave-together",
+        image="local",
+        command=("python", "-m", "torch.distributed.run", "--no-python", sys.executable, "-c", textwrap.dedent(code)),
+        replicas=1,
+        nproc_per_node=2,
+        env={"OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO)},
+    )
+    run_job(LocalBackend(sink=lambda line: None), replace(spec, timeout_s=90))
 
 
 def test_timeout_cancels_the_whole_process_group(tmp_path):
