@@ -37,7 +37,7 @@ METADATA = ".metadata"
 #: The folder of the owner records under a checkpoint prefix, one per generation.
 OWNER_FOLDER = "owner"
 _OWNER_RECORD = re.compile(r"/owner/(\d{8})\.json$")
-#: A step's folder in a URI below the prefix.
+#: A step's folder: the first folder below the prefix (matched at the start of what follows it).
 STEP_DIR = re.compile(r"/step-(\d{8})/")
 _HEX64 = re.compile(r"[0-9a-f]{64}")
 
@@ -95,7 +95,7 @@ def objects_by_step(store: ObjectStore, prefix: str) -> dict[int, list[str]]:
     """Every object under `prefix` by the step folder it is in (one listing)."""
     by_step: dict[int, list[str]] = {}
     for uri in store.list(prefix):
-        if m := STEP_DIR.search(uri[len(prefix) :]):
+        if m := STEP_DIR.match(uri[len(prefix.rstrip("/")) :]):
             by_step.setdefault(int(m.group(1)), []).append(uri)
     return by_step
 

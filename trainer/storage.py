@@ -213,7 +213,8 @@ class ObjectStore(Protocol):
         """Whether an object exists at `uri`."""
 
     def list(self, prefix: str) -> list[str]:
-        """Full URIs of all objects under `prefix` (recursively), sorted."""
+        """Full URIs of all objects in the folder `prefix` (recursively), sorted. A folder, not a
+        string prefix: listing `runs/exp1` never returns `runs/exp10/...`, another run's objects."""
 
     def delete(self, uri: str) -> None:
         """Delete one object; no error when absent."""
@@ -312,8 +313,6 @@ class LocalStore:
 
     def list(self, prefix: str) -> list[str]:
         root = self._path(prefix)
-        if root.is_file():
-            return [prefix]
         if not root.is_dir():
             return []
         base = prefix.rstrip("/")
@@ -636,10 +635,11 @@ class S3Store:
 
     def list(self, prefix: str) -> list[str]:
         loc = self._loc(prefix)
+        folder = loc.key.rstrip("/") + "/" if loc.key.strip("/") else ""  # S3 matches letters, not folders
         keys = self._call(
             "LIST",
             prefix,
-            lambda: [o.object_name for o in self._client.list_objects(loc.bucket, prefix=loc.key, recursive=True)],
+            lambda: [o.object_name for o in self._client.list_objects(loc.bucket, prefix=folder, recursive=True)],
         )
         return sorted(f"{loc.scheme}://{loc.bucket}/{k}" for k in keys)
 

@@ -14,6 +14,7 @@ import torch
 
 from tests.jobs import shared_digits
 from tests.unit.test_checkpoint import load, save
+from tests.unit.test_checkpoint_owner import assert_pruning_stays_in_its_folder
 from trainer.checkpoint import (
     COMMIT,
     METADATA,
@@ -71,6 +72,12 @@ def test_save_load_round_trip_through_s3(bucket):
     torch.testing.assert_close(target["nested"]["bias"], torch.arange(3.0) + 30)
     assert own == {"rng": b"\x01\x02"}
     assert set(reader.last_fetched) == set(record["parts"])  # one rank reads every part
+
+
+@pytest.mark.s3_servers("moto", "rgw")
+def test_pruning_on_s3_stays_in_the_prefix_s_own_folder(bucket):
+    """S3 lists by letters, not folders: `ckpt/exp1` also matches `ckpt/exp10/...`."""
+    assert_pruning_stays_in_its_folder(open_store(f"s3://{bucket}/ckpt"), f"s3://{bucket}/ckpt")
 
 
 #: The strategies every kill-and-resume test runs under (a fixed partition count gives FSDP the

@@ -8,6 +8,7 @@ import pytest
 
 from tests.s3server import free_port
 from tests.unit.test_pipelines_cli import call_cli
+from tests.unit.test_storage import assert_lists_folders
 from trainer.storage import (
     ObjectNotFound,
     S3Store,
@@ -77,6 +78,10 @@ def test_s3_store_round_trip_with_multipart_upload(bucket, tmp_path):
     assert store.exists(f"s3://{bucket}/runs/a/one.json")
     store.delete(f"s3://{bucket}/runs/a/one.json")
     assert not store.exists(f"s3://{bucket}/runs/a/one.json")
+
+
+def test_s3_store_lists_folders_not_name_prefixes(bucket):
+    assert_lists_folders(open_store(f"s3://{bucket}"), f"s3://{bucket}")
 
 
 def test_s3_missing_key(bucket):

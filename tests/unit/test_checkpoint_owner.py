@@ -195,6 +195,31 @@ def test_steps_written_before_owner_records_are_kept_by_pruning_and_refused_with
     assert a.committed_steps() == [1, 3]
 
 
+def assert_pruning_stays_in_its_folder(store, root: str) -> None:
+    """Run A on `<root>/exp1` prunes its own steps only: not those of run B on `<root>/exp10` (a
+    name that extends A's, with the same step numbers) nor a copy nested in `<root>/exp1/archive`.
+    Called on a local folder here and on the S3 servers by tests/integration/test_checkpoint.py."""
+    a_prefix, b_prefix, nested = join_uri(root, "exp1"), join_uri(root, "exp10"), join_uri(root, "exp1/archive")
+    for other, owner in ((b_prefix, "run-b"), (nested, "run-b")):
+        b = manager(store, other, owner, keep_last=0)
+        b.claim(resume=False)
+        for step in (1, 2, 3):
+            save(b, step)
+    a = manager(store, a_prefix, "run-a", keep_last=1)
+    a.claim(resume=False)  # the neighbours' steps are not A's: no refusal
+    for step in (1, 2, 3):
+        save(a, step)
+    assert a.committed_steps() == [3]
+    assert_intact(store, a_prefix, "run-a", [3])
+    for other in (b_prefix, nested):
+        assert manager(store, other, "reader").committed_steps() == [1, 2, 3], other
+        assert_intact(store, other, "run-b", [1, 2, 3])
+
+
+def test_pruning_and_claims_stay_in_the_prefix_s_own_folder(tmp_path):
+    assert_pruning_stays_in_its_folder(LocalStore(), str(tmp_path))
+
+
 @pytest.mark.parametrize("kind", ["new", "same bytes (a retried attempt)", "other bytes"])
 def test_create_only_writes_on_a_local_directory(tmp_path, kind):
     store, uri = LocalStore(), str(tmp_path / "x" / "owner.json")

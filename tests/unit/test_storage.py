@@ -61,6 +61,32 @@ def test_join_uri():
     assert join_uri("s3://b/prefix/", "run", "/model/") == "s3://b/prefix/run/model"
 
 
+#: Objects below a root, and what listing a folder of them returns: a folder, never the
+#: neighbours whose names start with the same letters (S3's own LIST matches letters).
+LISTED_OBJECTS = ("runs/exp1/a.bin", "runs/exp1/sub/b.bin", "runs/exp10/c.bin", "runs/exp1.json", "other/d.bin")
+LISTINGS = [
+    ("runs/exp1", ["runs/exp1/a.bin", "runs/exp1/sub/b.bin"]),
+    ("runs/exp1/", ["runs/exp1/a.bin", "runs/exp1/sub/b.bin"]),
+    ("runs", ["runs/exp1.json", "runs/exp1/a.bin", "runs/exp1/sub/b.bin", "runs/exp10/c.bin"]),
+    ("runs/exp", []),
+    ("runs/exp1.json", []),  # an object, not a folder
+    ("", sorted(LISTED_OBJECTS)),
+]
+
+
+def assert_lists_folders(store, root: str) -> None:
+    """`store.list` of each folder of :data:`LISTINGS` under `root` (also run on the S3 servers)."""
+    for key in LISTED_OBJECTS:
+        store.put_bytes(join_uri(root, key), b"x")
+    for folder, expected in LISTINGS:
+        uri = join_uri(root, folder) + ("/" if folder.endswith("/") else "")
+        assert store.list(uri) == [join_uri(root, k) for k in expected], folder
+
+
+def test_local_store_lists_folders_not_name_prefixes(tmp_path):
+    assert_lists_folders(LocalStore(), str(tmp_path))
+
+
 def test_local_store_round_trip(tmp_path):
     store = LocalStore()
     root = str(tmp_path / "root")
