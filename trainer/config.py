@@ -73,9 +73,29 @@ class ConfigError(KftrainError, ValueError):
     """A configuration value is missing, unknown, of the wrong type or out of range."""
 
 
+#: Fields whose values may be credentials: an error about one of them (or anything inside it)
+#: says what kind of value it got, never the value (`check_plain_env` names what to do instead).
+_UNSHOWN_VALUES = ("kubernetes.env", "kubernetes.extra_env")
+#: The longest duration any `*_seconds` field takes: a year. Longer is a slip of the keyboard, and
+#: past it lie the limits of datetime, sleep and the operators' deadlines (an overflow far away).
+MAX_SECONDS = 366 * 24 * 3600
+#: Integers go to Kubernetes (int64 fields) and torch (int64 tensors): nothing wider fits.
+_INT64_BITS = 63
+
+
+def _shown(path: str, value: Any) -> str:
+    """`value` as an error shows it: its repr, or only its kind where it may be a credential."""
+    if not path.startswith(_UNSHOWN_VALUES):
+        text = repr(value)
+        return text if len(text) <= 100 else f"{text[:60]}... ({len(text)} characters)"
+    if isinstance(value, dict):
+        return f"a mapping with the keys {sorted(map(str, value))} (values not shown: they may be credentials)"
+    return f"a value of type {type(value).__name__} (not shown: it may be a credential)"
+
+
 def _require(ok: bool, path: str, value: Any, expectation: str) -> None:
     if not ok:
-        raise ConfigError(f"{path}: {expectation}, got {value!r}")
+        raise ConfigError(f"{path}: {expectation}, got {_shown(path, value)}")
 
 
 @dataclass(frozen=True, slots=True)
@@ -1145,8 +1165,8 @@ def _convert(value: Any, tp: Any, path: str) -> Any:
         )
         # NaN passes every `>= 0` check (all comparisons are false only for `<`), and inf
         # crashes far away from the config: refuse both here, for every float field at once.
-        _require(math.isfinite(value), path, value, "must be a finite number (not nan or inf)")
-        return float(value)
+        _require(_finite(value), path, value, "must be a finite number (not nan, inf or past 1.8e308)")
+        return _duration(float(value), path)
     if tp is int:
         _require(
             isinstance(value, int) and not isinstance(value, bool),
@@ -1154,17 +1174,34 @@ def _convert(value: Any, tp: Any, path: str) -> Any:
             value,
             "must be an integer",
         )
-        return value
+        _require(abs(value) < 2**_INT64_BITS, path, value, "must fit in an int64 (|value| < 2**63), as Kubernetes and torch store it")
+        return _duration(value, path)
     if tp is bool:
         _require(isinstance(value, bool), path, value, "must be true or false")
         return value
     if tp is str:
         if isinstance(value, int | float):  # what YAML makes of an unquoted value meant as text (bool too)
             kind, written = ("boolean", str(value).lower()) if isinstance(value, bool) else ("number", value)
-            _require(False, path, value, f"must be a string (YAML reads it unquoted as a {kind}: write '{written}')")
+            quoted = "quote it" if path.startswith(_UNSHOWN_VALUES) else f"write '{written}'"
+            _require(False, path, value, f"must be a string (YAML reads it unquoted as a {kind}: {quoted})")
         _require(isinstance(value, str), path, value, "must be a string")
         return value
     raise TypeError(f"{path}: unsupported annotation {_type_name(tp)}")  # a bug in this module
+
+
+def _finite(value: int | float) -> bool:
+    """Whether `value` is a finite float, or an integer a float can hold (not 10**400)."""
+    try:
+        return math.isfinite(value)
+    except OverflowError:
+        return False
+
+
+def _duration(value: int | float, path: str) -> int | float:
+    """`value`, checked against :data:`MAX_SECONDS` where the field is a `*_seconds` one."""
+    if path.endswith("_seconds"):
+        _require(value <= MAX_SECONDS, path, value, f"must be at most {MAX_SECONDS} seconds (366 days)")
+    return value
 
 
 def from_dict(cls: type, data: dict[str, Any], path: str = "") -> Any:
@@ -1322,9 +1359,9 @@ def parse_config(text: str, overrides: dict[str, Any] | None = None, origin: str
     for dotted, value in (overrides or {}).items():
         node = data
         *parents, leaf = dotted.split(".")
-        for p in parents:
+        for i, p in enumerate(parents):
             node = node.setdefault(p, {})
-            _require(isinstance(node, dict), p, node, "must be a mapping")
+            _require(isinstance(node, dict), ".".join(parents[: i + 1]), node, "must be a mapping")
         node[leaf] = value
     return from_dict(Config, data)
 

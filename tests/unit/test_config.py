@@ -141,3 +141,78 @@ def test_keep_best_takes_a_direction_prefix_or_knows_it_from_the_name(spec, expe
     from trainer.config import best_metric
 
     assert best_metric(spec) == expected
+
+
+# -- every field of a kind at once: numbers that would overflow far away, values never shown ------
+
+
+def leaf_fields(cls: type = Config, prefix: str = "") -> list[tuple[str, type]]:
+    """(dotted path, annotation) of every scalar field of the config tree."""
+    import dataclasses
+    import typing
+
+    out = []
+    for f in dataclasses.fields(cls):
+        tp = typing.get_type_hints(cls)[f.name]
+        if dataclasses.is_dataclass(tp):
+            out += leaf_fields(tp, f"{prefix}{f.name}.")
+        elif tp in (int, float):
+            out.append((f"{prefix}{f.name}", tp))
+    return out
+
+
+NUMBER_FIELDS = leaf_fields()
+
+
+def override_error(dotted: str, value) -> str:
+    with pytest.raises(ConfigError) as info:
+        parse_config("", {dotted: value})
+    return str(info.value)
+
+
+@pytest.mark.parametrize(("dotted", "tp"), NUMBER_FIELDS, ids=[d for d, _ in NUMBER_FIELDS])
+def test_every_number_field_refuses_what_would_overflow_later_naming_itself(dotted, tp):
+    """Past int64 (Kubernetes, torch), past a float (10**400), or past a year of seconds (datetime,
+    sleep and the operators' deadlines overflow) is refused at load, naming the field, not met
+    as an OverflowError traceback at the first use."""
+    message = override_error(dotted, 10**400)
+    assert message.startswith(f"{dotted}: must "), message
+    assert len(message) < 300  # the 400 digits are not echoed whole
+    if tp is int:
+        assert "must fit in an int64" in override_error(dotted, 2**63)
+    if dotted.endswith("_seconds"):
+        assert "must be at most 31622400 seconds (366 days)" in override_error(dotted, 31622401)
+
+
+SECRET = "wJalrXUtnFEMI-K7MDENG-bPxRfiCY"
+
+
+@pytest.mark.parametrize(
+    ("text", "field"),
+    [
+        (f"kubernetes:\n  extra_env: [{{Name: AWS_SECRET_ACCESS_KEY, value: {SECRET}}}]\n", "kubernetes.extra_env[0]"),
+        (f"kubernetes:\n  extra_env: [{{name: TOKEN, valeu: {SECRET}}}]\n", "kubernetes.extra_env[0]"),
+        (f"kubernetes:\n  extra_env: [{{name: '', value: {SECRET}}}]\n", "kubernetes.extra_env[0]"),
+        (f"kubernetes:\n  extra_env: {SECRET}\n", "kubernetes.extra_env"),
+        (f"kubernetes:\n  extra_env: [{SECRET}]\n", "kubernetes.extra_env[0]"),
+        (f"kubernetes:\n  env: [AWS_SECRET_ACCESS_KEY={SECRET}]\n", "kubernetes.env"),
+        (f"kubernetes:\n  env: AWS_SECRET_ACCESS_KEY={SECRET}\n", "kubernetes.env"),
+        (f"kubernetes:\n  env: {{DB_PASSWORD: {{value: {SECRET}}}}}\n", "kubernetes.env.DB_PASSWORD"),
+        ("kubernetes:\n  env: {DB_PASSWORD: 827364519}\n", "kubernetes.env.DB_PASSWORD"),
+    ],
+)
+def test_a_malformed_environment_entry_is_named_without_its_value(text, field):
+    """Values under kubernetes.env and kubernetes.extra_env may be credentials: an error about
+    their shape names the entry and what it should be, never the value (it reaches logs and UIs)."""
+    with pytest.raises(ConfigError) as info:
+        parse_config(text)
+    message = str(info.value)
+    assert message.startswith(f"{field}: "), message
+    assert SECRET not in message and "827364519" not in message, message
+
+
+def test_an_override_through_a_non_mapping_names_the_whole_path():
+    with pytest.raises(ConfigError, match=r"^train: must be a mapping, got 3$"):
+        parse_config("train: 3", {"train.epochs": 2})
+    with pytest.raises(ConfigError, match=r"^train\.lr\.x: must be a mapping"):
+        parse_config("train:\n  lr: {x: 3}\n", {"train.lr.x.y": 2})

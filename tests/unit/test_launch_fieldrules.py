@@ -121,7 +121,7 @@ ACCEPTED = [
     },
     {"kubernetes.env": {"my.var-name": "1", "_X": "", "PET_MONITOR_INTERVAL": "1", "NCCL_DEBUG": "info"}},
     {"job.nccl_debug": "TRACE"},
-    {"job.replicas": 4, "kubernetes.active_deadline_seconds": 2**31},  # activeDeadlineSeconds is an int64
+    {"job.replicas": 4, "kubernetes.active_deadline_seconds": 31622400},  # the longest the config takes
 ]
 
 
@@ -151,6 +151,7 @@ EDITS_ACCEPTED = [
     ((*_CONTAINER, "resources"), {"limits": {"cpu": "1e3", "memory": "+1.5Gi", "nvidia.com/gpu": "8"}}),
     ((*_CONTAINER, "resources"), {"requests": {"cpu": ".5", "memory": "128974848"}, "limits": {"cpu": 2}}),
     ((*_CONTAINER, "resources"), {"limits": {"cpu": "100n", "memory": "1E"}}),
+    (("spec", "runPolicy", "activeDeadlineSeconds"), 2**31),  # an int64, not an int32
 ]
 
 
