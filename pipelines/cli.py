@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import signal
 import sys
 from pathlib import Path
 from typing import Any, NoReturn
@@ -345,10 +346,14 @@ def _gate(name: str):
 
 
 def _seconds(text: str) -> float:
-    """A positive number of seconds."""
+    """A positive number of seconds, at most the config's longest duration."""
+    from trainer.config import MAX_SECONDS
+
     value = _number(text)
-    if not 0 < value < float("inf"):
-        raise argparse.ArgumentTypeError(f"must be a positive number of seconds, got {text!r}")
+    if not 0 < value <= MAX_SECONDS:
+        raise argparse.ArgumentTypeError(
+            f"must be a positive number of seconds, at most {MAX_SECONDS} (366 days), got {text!r}"
+        )
     return value
 
 
@@ -599,6 +604,9 @@ def main(argv: list[str] | None = None) -> int:
     except (KftrainError, ValueError, OSError) as exc:
         print(f"kftrain: error: {redact(str(exc))}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt:  # Ctrl-C outside `run --local` (which stops its run itself)
+        print("\nkftrain: interrupted; what it started on this machine has stopped", file=sys.stderr)
+        return 128 + signal.SIGINT
 
 
 if __name__ == "__main__":

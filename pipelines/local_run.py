@@ -197,11 +197,10 @@ def run_scope(run_id: str, grace_s: float = 10.0) -> Iterator[str]:
     that stops every marked process if this process dies, and turns SIGTERM/SIGINT into
     :class:`RunStopped` after stopping the run's processes. Yields the marker.
     """
-    from trainer.launch.local import RUN_MARKER_ENV, start_watchdog, stop_marked
+    from trainer.launch.local import RUN_MARKER_ENV, stop_marked, stopped_at_exit
 
     marker = f"{run_id}-{secrets.token_hex(4)}"
     os.environ[RUN_MARKER_ENV] = marker
-    pipe = start_watchdog(marker, RUN_MARKER_ENV, grace_s)
 
     def on_signal(signum: int, frame: Any) -> None:
         signal.signal(signum, signal.SIG_IGN)  # a second Ctrl-C must not interrupt the cleanup
@@ -211,13 +210,12 @@ def run_scope(run_id: str, grace_s: float = 10.0) -> Iterator[str]:
 
     previous = {sig: signal.signal(sig, on_signal) for sig in (signal.SIGTERM, signal.SIGINT)}
     try:
-        yield marker
+        with stopped_at_exit(marker, RUN_MARKER_ENV, grace_s):  # nothing of the run outlives it
+            yield marker
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler)
-        stop_marked(marker, RUN_MARKER_ENV, grace_s)  # nothing of the run outlives it
         os.environ.pop(RUN_MARKER_ENV, None)
-        os.close(pipe)
 
 
 def preflight(cfg: Config, local_root: str = DEFAULT_LOCAL_ROOT) -> Config:

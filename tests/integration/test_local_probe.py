@@ -5,13 +5,18 @@ from __future__ import annotations
 
 import json
 import os
+import signal
+import subprocess
 import sys
+import time
+import uuid
 from pathlib import Path
 
 import pytest
 
 from tests.conftest import run_group
 from trainer.config import Config
+from trainer.launch.local import JOB_MARKER_ENV, marked_pids
 from trainer.local_probe import probe_locally
 from trainer.plan import make_plan
 
@@ -57,6 +62,53 @@ def test_a_probe_that_cannot_run_fails_on_one_line_saying_why(tmp_path):
     assert last.startswith("kftrain: error: the probe failed: "), out[-4000:]
     assert "gives no synthetic_batch: the probe cannot run it" in last
     assert "Traceback" not in out
+
+
+def probe_processes(tag: str) -> list[int]:
+    """The processes of the probe the test started (agent and workers carry the probe's marker)."""
+    return [pid for pid in marked_pids(tag, "TEST_TAG") if b"\0" + JOB_MARKER_ENV.encode() + b"=probe-" in environ(pid)]
+
+
+def environ(pid: int) -> bytes:
+    try:
+        with open(f"/proc/{pid}/environ", "rb") as f:
+            return b"\0" + f.read()
+    except OSError:
+        return b""
+
+
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGKILL], ids=["ctrl-c", "sigkill"])
+def test_stopping_kftrain_plan_mid_probe_stops_every_rank_of_it(tmp_path, sig):
+    """torchrun starts its workers in sessions of their own: a Ctrl-C (the CLI cleans up) or a
+    SIGKILL (its watchdog does) of `kftrain plan --probe` must leave none of them running."""
+    (tmp_path / "c.yaml").write_text("job:\n  replicas: 2\n")
+    tag = uuid.uuid4().hex
+    cmd = [*KFTRAIN, "plan", "--config", "c.yaml", "--probe", "--probe-steps", "1000000"]
+    log = open(tmp_path / "plan.log", "wb")  # noqa: SIM115 (the child owns it)
+    proc = subprocess.Popen(
+        cmd,
+        cwd=tmp_path,
+        env={**env_with(), "TEST_TAG": tag},
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+    )
+    try:
+        deadline = time.monotonic() + 120
+        while len(probe_processes(tag)) < 3:  # torchrun's agent and both ranks are up
+            assert proc.poll() is None and time.monotonic() < deadline, (tmp_path / "plan.log").read_text()[-3000:]
+            time.sleep(0.1)
+        os.kill(proc.pid, sig)  # the CLI alone, as a terminal's Ctrl-C or the OOM killer would
+        proc.wait(timeout=60)
+        deadline = time.monotonic() + 20
+        while left := marked_pids(tag, "TEST_TAG"):  # the watchdog is tagged too: it ends when done
+            assert time.monotonic() < deadline, f"still running 20s after the CLI ended: {left}"
+            time.sleep(0.1)
+        if sig == signal.SIGINT:
+            assert proc.returncode != 0 and "Traceback" not in (tmp_path / "plan.log").read_text()
+    finally:
+        for pid in marked_pids(tag, "TEST_TAG"):  # leave the machine clean before failing
+            os.kill(pid, signal.SIGKILL)
 
 
 def tiny_gpt(strategy: str, world: int) -> Config:

@@ -331,3 +331,23 @@ def test_submit_host_must_be_a_plain_http_url(capsys, host, error):
         main(["submit", "--host", host])
     err = capsys.readouterr().err
     assert exit_.value.code == 2 and f"argument --host: {error}" in err and "hunter2" not in err
+
+
+@pytest.mark.parametrize("flag", ["--timeout", "--poll-seconds"])
+@pytest.mark.parametrize("value", ["0", "-5", "nan", "inf", "1e20", "31622401"])
+def test_submit_durations_are_positive_and_at_most_a_year(capsys, flag, value):
+    """A duration past a year would overflow sleep and datetime on first use, as a traceback."""
+    with pytest.raises(SystemExit) as exit_:
+        main(["submit", "--host", "http://127.0.0.1:9", flag, value])
+    err = capsys.readouterr().err
+    assert exit_.value.code == 2 and f"argument {flag}: must be a positive number of seconds, at most 31622400" in err
+
+
+def test_ctrl_c_ends_any_command_with_one_line_and_exit_130(monkeypatch, capsys):
+    def interrupted(args):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr("pipelines.cli._cmd_plan", interrupted)
+    rc = main(["plan"])
+    err = capsys.readouterr().err
+    assert rc == 130 and err.strip() == "kftrain: interrupted; what it started on this machine has stopped"

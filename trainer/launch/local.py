@@ -19,7 +19,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
 from trainer.launch.backend import JobFailed, JobTimeout, failure_excerpt, print_line
@@ -98,6 +98,19 @@ def start_watchdog(marker: str, var: str = RUN_MARKER_ENV, grace_s: float = 10.0
     )
     os.close(read_end)
     return write_end
+
+
+@contextlib.contextmanager
+def stopped_at_exit(marker: str, var: str, grace_s: float = 10.0) -> Iterator[None]:
+    """Every process carrying `var=marker` is stopped when the block ends, however it ends, and
+    by a watchdog (:func:`start_watchdog`) when this process dies inside it, SIGKILL included.
+    Give the processes the block starts `var=marker` in their environment."""
+    pipe = start_watchdog(marker, var, grace_s)
+    try:
+        yield
+    finally:
+        stop_marked(marker, var, grace_s)
+        os.close(pipe)
 
 
 def _watch(var: str, marker: str, grace_s: float) -> int:
