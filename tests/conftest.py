@@ -14,7 +14,6 @@ import fcntl
 import os
 import re
 import shutil
-import signal
 import subprocess
 import sysconfig
 import threading
@@ -28,6 +27,7 @@ from tests.rgwserver import RGWUnavailable
 from tests.rgwserver import rgw_server as start_rgw_server
 from tests.s3server import S3Server, free_port
 from tests.s3server import s3_server as start_s3_server
+from trainer.launch.local import run_captured
 
 S3_SERVERS = ("moto", "rgw", "strict")
 
@@ -172,28 +172,12 @@ def bucket(s3_env: S3Server, request: pytest.FixtureRequest) -> str:
 
 
 def run_group(cmd: list[str], timeout: float, env: dict[str, str] | None = None, cwd: str | None = None):
-    """Run a command in its own process group; on timeout kill the whole group and fail."""
-    proc = subprocess.Popen(
-        cmd,
-        env=env,
-        cwd=cwd,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-        start_new_session=True,
-    )
+    """Run a command in its own process group (killed after it, taking leftovers such as torchrun's
+    workers); on timeout fail with its output."""
     try:
-        out, _ = proc.communicate(timeout=timeout)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        out, _ = proc.communicate()
-        pytest.fail(f"{cmd[:3]} timed out after {timeout}s; output:\n{out[-4000:]}")
-    finally:
-        try:
-            os.killpg(proc.pid, signal.SIGKILL)  # leftovers such as torchrun's workers
-        except ProcessLookupError:
-            pass
-    return proc.returncode, out
+        return run_captured(cmd, timeout, env=env, cwd=cwd)
+    except subprocess.TimeoutExpired as exc:
+        pytest.fail(f"{cmd[:3]} timed out after {timeout}s; output:\n{(exc.output or '')[-4000:]}")
 
 
 # -- fixtures and helpers that both tiers, or several files, use --------------------------------

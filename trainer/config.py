@@ -80,7 +80,7 @@ _UNSHOWN_VALUES = ("kubernetes.env", "kubernetes.extra_env")
 #: past it lie the limits of datetime, sleep and the operators' deadlines (an overflow far away).
 MAX_SECONDS = 366 * 24 * 3600
 #: Integers go to Kubernetes (int64 fields) and torch (int64 tensors): nothing wider fits.
-_INT64_BITS = 63
+_INT64_LIMIT = 2**63
 
 
 def _shown(path: str, value: Any) -> str:
@@ -1174,7 +1174,7 @@ def _convert(value: Any, tp: Any, path: str) -> Any:
             value,
             "must be an integer",
         )
-        _require(abs(value) < 2**_INT64_BITS, path, value, "must fit in an int64 (|value| < 2**63), as Kubernetes and torch store it")
+        _require(abs(value) < _INT64_LIMIT, path, value, "must fit in an int64 (|value| < 2**63)")
         return _duration(value, path)
     if tp is bool:
         _require(isinstance(value, bool), path, value, "must be true or false")

@@ -13,11 +13,9 @@ pace) and the largest peak memory. Each rank runs
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
 import os
 import secrets
-import signal
 import subprocess
 import sys
 import tempfile
@@ -26,7 +24,7 @@ from typing import TYPE_CHECKING
 
 from trainer.config import Config, config_from_json, config_to_json
 from trainer.errors import KftrainError, error_line, parse_error_line
-from trainer.launch.local import JOB_MARKER_ENV, stopped_at_exit
+from trainer.launch.local import JOB_MARKER_ENV, run_captured, stopped_at_exit
 
 if TYPE_CHECKING:
     from trainer.plan import ProbeResult
@@ -82,39 +80,20 @@ def probe_locally(
         # probe ends, whether it returns, raises (a time limit, Ctrl-C) or this process is killed.
         marker = f"probe-{secrets.token_hex(6)}"
         env = {**os.environ, "OMP_NUM_THREADS": str(cfg.job.omp_num_threads), JOB_MARKER_ENV: marker}
-        with stopped_at_exit(marker, JOB_MARKER_ENV, grace_s=5.0):
-            out, returncode = _run_probe(cmd, env, timeout_s, f"the probe ({world} process(es), {steps} steps)")
+        try:
+            with stopped_at_exit(marker, JOB_MARKER_ENV, grace_s=5.0):
+                returncode, out = run_captured(cmd, timeout_s, env=env)
+        except subprocess.TimeoutExpired:
+            raise ProbeFailed(
+                f"the probe ({world} process(es), {steps} steps) did not finish within {timeout_s:.0f}s; "
+                "run `kftrain plan` without --probe, or with fewer --probe-steps"
+            ) from None
         if returncode != 0 or not output.is_file():
             said = [parsed[1] for parsed in map(parse_error_line, out.splitlines()) if parsed]
             if said:  # a rank's own error (a config the probe cannot run): that one line
                 raise ProbeFailed(f"the probe failed: {said[0]}")
             raise ProbeFailed(probe_failure(returncode, out.splitlines()))
         return [ProbeResult(**result) for result in json.loads(output.read_text())]
-
-
-def _run_probe(cmd: list[str], env: dict[str, str], timeout_s: float, what: str) -> tuple[str, int]:
-    """Run torchrun's `cmd`; (its output, its exit code). :class:`ProbeFailed` past `timeout_s`."""
-    proc = subprocess.Popen(
-        cmd,
-        env=env,
-        stdin=subprocess.DEVNULL,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-        start_new_session=True,
-    )
-    try:
-        out, _ = proc.communicate(timeout=timeout_s)
-    except subprocess.TimeoutExpired:
-        raise ProbeFailed(
-            f"{what} did not finish within {timeout_s:.0f}s; run `kftrain plan` without --probe, "
-            "or with fewer --probe-steps"
-        ) from None
-    finally:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(proc.pid, signal.SIGKILL)  # torchrun; its workers are in sessions of their own
-        proc.wait()
-    return out, proc.returncode
 
 
 def probe_failure(returncode: int, out: list[str]) -> str:

@@ -124,6 +124,35 @@ def _watch(var: str, marker: str, grace_s: float) -> int:
     return 0
 
 
+def run_captured(
+    cmd: list[str], timeout_s: float, env: dict[str, str] | None = None, cwd: str | None = None
+) -> tuple[int, str]:
+    """Run `cmd` in a process group of its own, stdout and stderr together; return (exit code,
+    output). The group is killed when it returns or raises, taking whatever the command left in
+    it; past `timeout_s`, :class:`subprocess.TimeoutExpired` carries the output so far."""
+    proc = subprocess.Popen(
+        cmd,
+        env=env,
+        cwd=cwd,
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        start_new_session=True,
+    )
+    try:
+        out, _ = proc.communicate(timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        out, _ = proc.communicate()
+        raise subprocess.TimeoutExpired(cmd, timeout_s, output=out) from None
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+    return proc.returncode, out
+
+
 def free_port() -> int:
     """A TCP port that is free on loopback right now."""
     with socket.socket() as s:
