@@ -126,7 +126,9 @@ class FakeCluster:
         self.jobs: dict[str, dict[str, Any]] = {}
         self.pods: dict[str, k8s.V1Pod] = {}
         self.pod_logs: dict[str, list[str]] = {}
-        self.events: dict[str, list[tuple[str, str]]] = {}
+        #: Events by the name of their object: (reason, message), or (reason, message, when) as
+        #: `post_event` writes them. They outlive their object, as a real cluster's do (an hour).
+        self.events: dict[str, list[tuple]] = {}
         self.calls: list[tuple[str, str]] = []
         self.timeline: list[Callable[[FakeCluster], None]] = []
         self.polls = 0
@@ -315,10 +317,11 @@ class FakeCluster:
                 k8s.CoreV1Event(
                     metadata=k8s.V1ObjectMeta(name=f"{name}.{i}"),
                     involved_object=k8s.V1ObjectReference(name=name),
-                    reason=reason,
-                    message=message,
+                    reason=event[0],
+                    message=event[1],
+                    last_timestamp=event[2] if len(event) > 2 else None,
                 )
-                for i, (reason, message) in enumerate(self.events.get(name, []))
+                for i, event in enumerate(self.events.get(name, []))
             ]
         )
 
@@ -469,6 +472,10 @@ class FakeCluster:
         else:
             self.jobs[job]["spec"]["runPolicy"]["suspend"] = False
             self.set_condition(job, "Suspended", "JobResumed", "PyTorchJob is resumed.", status="False")
+
+    def post_event(self, name: str, reason: str, message: str) -> None:
+        """An event about object `name`, last seen now."""
+        self.events.setdefault(name, []).append((reason, message, self.clock))
 
     def advance(self, seconds: float) -> None:
         self.clock += dt.timedelta(seconds=seconds)

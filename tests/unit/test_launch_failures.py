@@ -478,6 +478,33 @@ def test_unlimited_preemptions_stop_at_the_deadline():
     assert sum("re-creating it" in line for line in lines) == 2
 
 
+@pytest.mark.parametrize("on", ["job", "pod"])
+def test_an_earlier_attempt_s_preemption_event_does_not_explain_this_attempt_s_failure(on):
+    """Events outlive the job and pods they are about, and a re-created job keeps their names: a
+    preemption event of attempt 1, still listed, must not make attempt 2's OOM a preemption
+    (unlimited re-creations). The one of attempt 2 itself still counts."""
+    cluster = FakeCluster()
+    backend, spec, lines = make(cluster)
+    obj = NAME if on == "job" else f"{NAME}-worker-0"
+
+    def preempted_with_event(c: FakeCluster) -> None:
+        c.post_event(obj, "Preempted", "Preempted by a higher-priority workload")
+        c.advance(1)
+        preempted(c)
+
+    def oom(c: FakeCluster) -> None:
+        c.advance(30)
+        c.add_pod(NAME, "worker", 0, "Failed", exit_code=137, terminated_reason="OOMKilled")
+        c.set_condition(NAME, "Failed", "JobFailed", f"PyTorchJob {NAME} is failed because 1 Worker replica(s) failed.")
+
+    cluster.timeline = [running, preempted_with_event, lambda c: c.advance(5), running, oom]
+    with pytest.raises(JobFailed) as info:
+        run_job(backend, spec)
+    assert "cause: oom" in str(info.value).splitlines()[0], str(info.value)
+    restarts = [line for line in lines if "re-creating it" in line]
+    assert len(restarts) == 1 and "failed: preempted" in restarts[0]
+
+
 def test_a_job_kueue_sends_back_to_the_queue_is_reported_with_its_cause():
     # Kueue preempts by suspending the job (its pods go); it re-admits the job itself, so the
     # launcher only reports it and waits: no re-creation, no budget spent.

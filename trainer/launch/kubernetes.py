@@ -185,6 +185,19 @@ class _Admission:
         return max(created, self.admitted_at) if self.from_queue and self.admitted_at else created
 
 
+def _created(obj: dict[str, Any]) -> dt.datetime | None:
+    """When the API server created `obj` (API JSON), if it says."""
+    created = (obj.get("metadata") or {}).get("creationTimestamp")
+    return _parse_time(created) if created else None
+
+
+def _event_time(event: Any) -> dt.datetime | None:
+    """When an event was last seen: `lastTimestamp` (core events), else `eventTime` (events.k8s.io
+    writers), else its creation."""
+    meta = getattr(event, "metadata", None)
+    return event.last_timestamp or event.event_time or (meta.creation_timestamp if meta else None)
+
+
 class _Job:
     """One job as the backend drives it: its spec, its kind (`auto` already resolved), where it
     lives, its owner, and the API calls on its resource."""
@@ -392,7 +405,7 @@ class KubernetesBackend:
             failed = _condition(obj, kind.failed)
             if failed:
                 self._streams.finish()
-                evidence = self._evidence(job)
+                evidence = self._evidence(job, since=admission.admitted_at or _created(obj))
                 note = self._restart_or_why_not(job, evidence[0])
                 if note is None:
                     admission = _Admission(kind)
@@ -456,9 +469,13 @@ class KubernetesBackend:
 
     # -- failures by cause ----------------------------------------------------------------
 
-    def _evidence(self, job: _Job) -> tuple[failures.Diagnosis, list[Any], dict[str, list[str]]]:
+    def _evidence(
+        self, job: _Job, since: dt.datetime | None = None
+    ) -> tuple[failures.Diagnosis, list[Any], dict[str, list[str]]]:
         """The cause of the job's failure, its pods, and the last log lines of each pod that ended
-        with a non-zero exit code (by pod name)."""
+        with a non-zero exit code (by pod name). Events not after `since` (this attempt's
+        admission) are an earlier attempt's: the job and its pods keep their names when re-created
+        or re-admitted, and events outlive them by an hour."""
         try:
             pods = self._pods(job)
         except Exception as exc:  # the pods are evidence, not the answer
@@ -469,9 +486,9 @@ class KubernetesBackend:
             for pod, as_dict in zip(pods, pod_dicts, strict=True)
             if pod.status.phase == "Failed" or failures.exit_code_of(as_dict) not in (None, 0)
         }
-        events = self._event_list(job, job.name)
+        events = self._event_list(job, job.name, since)
         for pod in pods:
-            events += self._event_list(job, pod.metadata.name)
+            events += self._event_list(job, pod.metadata.name, since)
         return failures.classify(pod_dicts, events, logs), pods, logs
 
     def _restart_or_why_not(self, job: _Job, diagnosis: failures.Diagnosis) -> str | None:
@@ -566,13 +583,18 @@ class KubernetesBackend:
             field_selector=f"involvedObject.name={obj_name}",
         ).items
 
-    def _event_list(self, job: _Job, obj_name: str) -> list[failures.Event]:
-        """An object's events as evidence of a cause; none when they cannot be listed."""
+    def _event_list(self, job: _Job, obj_name: str, since: dt.datetime | None = None) -> list[failures.Event]:
+        """An object's events as evidence of a cause, those last seen at or before `since` left
+        out; none when they cannot be listed."""
         try:
             events = self._list_events(job, obj_name)
         except Exception:  # evidence, not the answer: the cause is then read from the rest
             return []
-        return [failures.Event(obj_name, e.reason or "", e.message or "") for e in events]
+        return [
+            failures.Event(obj_name, e.reason or "", e.message or "")
+            for e in events
+            if since is None or (when := _event_time(e)) is None or when > since  # whole seconds: at `since` is before
+        ]
 
     def _pod_log(self, job: _Job, pod_name: str, **options: Any) -> Any:
         """The training container's log of one pod (`options`: tail_lines, follow, ...)."""
