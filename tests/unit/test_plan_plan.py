@@ -80,6 +80,27 @@ def test_lora_has_no_gradients_or_optimizer_state_for_the_frozen_base(llama):
     assert lora.memory.parameters == pytest.approx(full.memory.parameters, rel=0.1)
 
 
+def test_fsdp_reduce_scatters_only_what_trains(llama):
+    """FSDP gathers every weight but reduce-scatters gradients only: under LoRA the adapters', so
+    neither the step's communication time nor the unsharded-gradient buffer counts the frozen base."""
+    plans = {}
+    for method in ("full", "lora"):
+        cfg = Config(task="causal_lm")
+        cfg.model.init_from, cfg.model.block_size = llama, 64
+        cfg.train.batch_size, cfg.train.strategy, cfg.train.method = 8, "fsdp", method
+        cfg.job.replicas = 2
+        plans[method] = make_plan(cfg, gpu="H100", nodes=(2,))
+    full, lora = plans["full"], plans["lora"]
+    assert full.shape["unit_trainable"] == full.shape["unit_params"] and full.shape["root_trainable"] > 0
+    assert 0 < max(lora.shape["unit_trainable"]) < max(lora.shape["unit_params"]) / 10
+    assert lora.shape["root_trainable"] == 0  # embeddings and head are frozen
+    unit, root = max(lora.shape["unit_params"]), lora.shape["root_params"]
+    assert lora.memory.communication == 2 * root + 2 * 2 * unit + 4 * max(lora.shape["unit_trainable"])
+    # LoRA gathers slightly more (the adapters) but reduce-scatters far less than full fine-tuning.
+    assert sum(lora.shape["unit_params"]) > sum(full.shape["unit_params"])
+    assert lora.point(2).comm_seconds < full.point(2).comm_seconds
+
+
 def test_full_fine_tuning_that_does_not_fit_is_offered_lora(llama):
     cfg = Config(task="causal_lm")
     cfg.model.init_from, cfg.model.block_size = llama, 64

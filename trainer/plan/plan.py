@@ -354,7 +354,9 @@ def _memory(m: _Model, cfg: Config, world: int, target: _Target) -> MemoryBreakd
         out.optimizer = math.ceil(out.optimizer / world)
         per_elem = 2 if (target.cuda and target.bf16) else 4
         unit = max(s.unit_params, default=0)
-        out.communication = s.root_params * per_elem + 2 * unit * per_elem + unit * 4
+        # The gathered unit (twice: the next one is prefetched) and the full gradients of the
+        # largest unit's trainable parameters before the reduce-scatter (LoRA: adapters only).
+        out.communication = s.root_params * per_elem + 2 * unit * per_elem + max(s.unit_trainable, default=0) * 4
     return out
 
 
@@ -403,9 +405,11 @@ def _time(
         # Forward gathers every unit and the root; backward gathers the units again (resharded
         # after forward), per micro-step; the gradients are reduce-scattered once per step.
         gather = tc.grad_accum_steps * (2 * sum(gathers) + root)
-        scatter = sum(reduce_scatter(p * 4, nodes, target.per_node, link) for p in s.unit_params)
-        scatter += reduce_scatter(s.root_params * 4, nodes, target.per_node, link)
-        calls = tc.grad_accum_steps * (2 * len(gathers) + 1) + len(gathers) + 1
+        # Only gradients are reduce-scattered: the trainable parameters' (a LoRA run's adapters).
+        scatter = sum(reduce_scatter(p * 4, nodes, target.per_node, link) for p in s.unit_trainable if p)
+        scatter += reduce_scatter(s.root_trainable * 4, nodes, target.per_node, link) if s.root_trainable else 0.0
+        scatters = sum(1 for p in s.unit_trainable if p) + (1 if s.root_trainable else 0)
+        calls = tc.grad_accum_steps * (2 * len(gathers) + 1) + scatters
         total = gather + scatter + calls * link.call_overhead_us * 1e-6
         first = root + (gathers[0] if gathers else 0.0)
         exposed = max(total - link.overlap * compute, first if link.overlap > 0 else total)

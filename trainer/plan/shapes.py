@@ -104,6 +104,8 @@ class ModelShape:
     unit_bytes: list[int]
     root_params: int  # outside every unit (sharded with the root)
     root_bytes: int
+    unit_trainable: list[int]  # the trainable ones per shard unit: what FSDP reduce-scatters (LoRA: adapters)
+    root_trainable: int
     largest_param: int  # elements of the largest parameter tensor
     flops_per_item: float
     items_per_sample: int
@@ -123,12 +125,13 @@ def model_shape(model: nn.Module, task: Task, cfg: Config) -> ModelShape:
     params = list(model.parameters())  # shared (tied) parameters once
     units = task.shard_units(model)
     in_unit: set[int] = set()
-    unit_params, unit_bytes = [], []
+    unit_params, unit_bytes, unit_trainable = [], [], []
     for unit in units:
         own = [p for p in unit.parameters() if id(p) not in in_unit]
         in_unit.update(id(p) for p in own)
         unit_params.append(sum(p.numel() for p in own))
         unit_bytes.append(sum(p.numel() * p.element_size() for p in own))
+        unit_trainable.append(sum(p.numel() for p in own if p.requires_grad))
     root = [p for p in params if id(p) not in in_unit]
     try:
         flops = float(task.flops_per_item(model, cfg))
@@ -143,6 +146,8 @@ def model_shape(model: nn.Module, task: Task, cfg: Config) -> ModelShape:
         unit_bytes=unit_bytes,
         root_params=sum(p.numel() for p in root),
         root_bytes=sum(p.numel() * p.element_size() for p in root),
+        unit_trainable=unit_trainable,
+        root_trainable=sum(p.numel() for p in root if p.requires_grad),
         largest_param=max((p.numel() for p in params), default=0),
         flops_per_item=flops,
         items_per_sample=int(task.items_per_sample(cfg)),
