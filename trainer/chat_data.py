@@ -460,7 +460,7 @@ def prepare_chat(cfg: Config, store: ObjectStore, dataset_uri: str, source: pret
         "format": CHAT_FORMAT,
         "source": d.source,
         "vocab_size": vocab_size,
-        "tokenizer": {"kind": "pretrained", "vocab_size": vocab_size, "model": cfg.model.init_from},
+        "tokenizer": pretrained.tokenizer_record(source, vocab_size),
         "block_size": block,
         "pad_id": encoder.pad_id,
         "dtype": dtype.name,

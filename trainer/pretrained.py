@@ -105,6 +105,15 @@ class ModelSource:
     """The Hub revision (commit) of an `hf://` model; empty otherwise."""
 
 
+def tokenizer_record(source: ModelSource, vocab_size: int) -> dict[str, Any]:
+    """The dataset manifest's record of the model it was tokenized with: what the user wrote and,
+    for a Hub model, the commit, which training then reads too (:func:`source_for`'s `pinned`)."""
+    record = {"kind": "pretrained", "vocab_size": vocab_size, "model": source.origin}
+    if source.revision:
+        record["revision"] = source.revision
+    return record
+
+
 def parse_hf_uri(uri: str) -> tuple[str, str]:
     """`hf://org/name[@revision]` -> (repo id, revision or "")."""
     rest = uri.removeprefix(HF_SCHEME)
@@ -117,15 +126,28 @@ def parse_hf_uri(uri: str) -> tuple[str, str]:
     return repo, revision
 
 
-def source_for(cfg: Config) -> ModelSource:
-    """The folder `model.init_from` names, through the configured store."""
+def source_for(cfg: Config, weights: bool = True, pinned: str = "") -> ModelSource:
+    """The folder `model.init_from` names, through the configured store. `weights`: False where
+    a step reads only the config and tokenizer (a Hub model's weights are not downloaded).
+    `pinned`: the Hub commit an earlier step used (the dataset's tokenizer record), for an
+    `hf://` model given without `@revision`, so that every step and every restart of the job
+    reads the same commit however the repository moves meanwhile."""
     s = cfg.store
-    return resolve(cfg.model.init_from, s.endpoint, s.region, s.policy())
+    init_from = cfg.model.init_from
+    if pinned and init_from.startswith(HF_SCHEME) and "@" not in init_from:
+        init_from = f"{init_from}@{pinned}"
+    return resolve(init_from, s.endpoint, s.region, s.policy(), weights=weights)
 
 
-def resolve(init_from: str, endpoint: str = "", region: str = "", policy=None) -> ModelSource:
+#: What a Hub model's download holds: config, tokenizer and chat-template files, and the weights.
+_HUB_FILES = ["*.json", "*.jinja", "*.txt", "*.model"]
+_HUB_WEIGHTS = ["*.safetensors"]
+
+
+def resolve(init_from: str, endpoint: str = "", region: str = "", policy=None, weights: bool = True) -> ModelSource:
     """The folder `init_from` names. An `hf://` model is downloaded once into the local Hugging
-    Face cache (weights, config and tokenizer files only; the token from `HF_TOKEN`)."""
+    Face cache (config and tokenizer files, and with `weights` the weights; the token from
+    `HF_TOKEN`)."""
     if not init_from.startswith(HF_SCHEME):
         parse_uri(init_from)
         return ModelSource(init_from, open_store(init_from, endpoint, region, policy), init_from)
@@ -136,7 +158,7 @@ def resolve(init_from: str, endpoint: str = "", region: str = "", policy=None) -
         path = snapshot_download(
             repo,
             revision=revision or None,
-            allow_patterns=["*.json", "*.safetensors", "*.jinja", "*.txt", "*.model"],
+            allow_patterns=_HUB_FILES + (_HUB_WEIGHTS if weights else []),
             token=os.environ.get("HF_TOKEN") or None,
         )
     except Exception as exc:  # network, auth, a missing repo: all end here, named

@@ -202,3 +202,49 @@ def test_a_model_with_its_own_code_loads_when_trusted(folder, tmp_path):
     x = torch.arange(30).reshape(2, 15)
     with torch.no_grad():
         assert torch.equal(model(input_ids=x).logits, ref(input_ids=x).logits)
+
+
+class MovingHub:
+    """A FAKE `huggingface_hub.snapshot_download` (no network here) over one repository whose main
+    branch gets a new commit at every call, as a busy Hub repository can between two steps of a
+    run: it returns the commit's snapshot folder, holding the files `allow_patterns` matches."""
+
+    def __init__(self, model: str, root: Path) -> None:
+        self.model, self.root, self.calls, self.head = Path(model), root, [], 0
+
+    def __call__(self, repo, revision=None, allow_patterns=None, token=None):
+        import fnmatch
+        import shutil
+
+        self.head += 1
+        commit = revision or f"commit{self.head:02d}"
+        self.calls.append((revision, tuple(allow_patterns)))
+        snapshot = self.root / repo.replace("/", "--") / "snapshots" / commit
+        snapshot.mkdir(parents=True, exist_ok=True)
+        for f in self.model.iterdir():
+            if any(fnmatch.fnmatch(f.name, p) for p in allow_patterns):
+                shutil.copy(f, snapshot / f.name)
+        return str(snapshot)
+
+
+def test_a_hub_model_is_read_at_one_commit_by_every_step_and_downloads_weights_only_to_train(
+    folder, tmp_path, monkeypatch
+):
+    """Data prep records the commit it tokenized with; training (every restart of it too) reads
+    that commit although the branch moved, and only training downloads the weights."""
+    from trainer.config import Config
+    from trainer.tasks import task_for
+
+    hub = MovingHub(folder, tmp_path / "hub")
+    monkeypatch.setattr("huggingface_hub.snapshot_download", hub)
+    cfg = Config(task="causal_lm")
+    cfg.model.init_from, cfg.model.block_size = "hf://org/tiny-llama", 64
+    task = task_for(cfg)
+    record = task.tokenizer_record(cfg, task.tokenizer(cfg))
+    assert record["revision"] == "commit01" and record["model"] == "hf://org/tiny-llama"
+    assert hub.calls[0][0] is None and "*.safetensors" not in hub.calls[0][1]  # data prep: no weights
+    manifest = {"vocab_size": record["vocab_size"], "tokenizer": record}
+    for _restart in range(2):
+        task_for(cfg).build_model(cfg, manifest)
+    assert [c[0] for c in hub.calls[1:]] == ["commit01", "commit01"]  # the branch is at commit03 by now
+    assert all("*.safetensors" in c[1] for c in hub.calls[1:])

@@ -63,7 +63,7 @@ def _causal_manifest(cfg: Config) -> tuple[dict, str]:
     if cfg.model.init_from:
         from trainer.pretrained import read_config, source_for
 
-        vocab = int(read_config(source_for(cfg), cfg.model.trust_remote_code)["vocab_size"])
+        vocab = int(read_config(source_for(cfg, weights=False), cfg.model.trust_remote_code)["vocab_size"])
         return {"vocab_size": vocab}, f"vocabulary of {vocab} from the pretrained model's config.json"
     try:
         spec = parse_spec(cfg.data.tokenizer)

@@ -91,19 +91,20 @@ class PretrainedLMTask(CausalLMTask):
 
     def __init__(self) -> None:
         self._pending: tuple[pretrained.ModelSource, dict[str, torch.Tensor], int] | None = None
+        self._data_source: pretrained.ModelSource | None = None  # the folder data prep tokenizes with
 
     # -- data ---------------------------------------------------------------------------------
     def tokenizer(self, cfg: Config) -> Tokenizer:
-        source = source_for(cfg)
+        source = self._data_source = source_for(cfg, weights=False)
         return load_tokenizer(join_uri(source.uri, "tokenizer.json"), source.store)
 
     def tokenizer_record(self, cfg: Config, tokenizer: Tokenizer) -> dict[str, Any]:
         # The model's tokenizer files travel with the model (its folder), not in the manifest.
-        return {"kind": "pretrained", "vocab_size": tokenizer.vocab_size, "model": cfg.model.init_from}
+        return pretrained.tokenizer_record(self._data_source, tokenizer.vocab_size)
 
     def prepare(self, cfg: Config, store: ObjectStore, dataset_uri: str) -> dict[str, Any]:
         if cfg.data.format == "chat":
-            return prepare_chat(cfg, store, dataset_uri, source_for(cfg))
+            return prepare_chat(cfg, store, dataset_uri, source_for(cfg, weights=False))
         return super().prepare(cfg, store, dataset_uri)
 
     def stream(self, cfg, manifest):
@@ -113,7 +114,7 @@ class PretrainedLMTask(CausalLMTask):
 
     # -- model --------------------------------------------------------------------------------
     def build_model(self, cfg, manifest):
-        source = source_for(cfg)
+        source = source_for(cfg, pinned=manifest.get("tokenizer", {}).get("revision", ""))
         config = pretrained.read_config(source, cfg.model.trust_remote_code)
         limit = pretrained.context_length(config)
         if limit and cfg.model.block_size > limit:
