@@ -16,7 +16,7 @@ from tests.fake_kube import FakeCluster, launcher
 from trainer import exit_codes
 from trainer.config import ConfigError, load_config
 from trainer.launch import failures
-from trainer.launch.backend import JobFailed, run_job
+from trainer.launch.backend import JobFailed, JobTimeout, run_job
 from trainer.launch.failures import Event, before_torchrun_summary, classify, root_cause_exit_code
 from trainer.launch.job import training_job
 
@@ -503,6 +503,40 @@ def test_an_earlier_attempt_s_preemption_event_does_not_explain_this_attempt_s_f
     assert "cause: oom" in str(info.value).splitlines()[0], str(info.value)
     restarts = [line for line in lines if "re-creating it" in line]
     assert len(restarts) == 1 and "failed: preempted" in restarts[0]
+
+
+def test_a_re_created_job_gets_the_time_left_and_a_retried_launcher_keeps_the_first_deadline():
+    """job.timeout_seconds is the run's, not each attempt's: a job re-created after a preemption
+    carries the first attempt's deadline, with the server-side activeDeadlineSeconds of the time
+    left, and a launcher KFP retries re-attaches to it and times out at that same deadline."""
+    cluster = FakeCluster()
+    backend, spec, lines = make(cluster, timeout_s=600)
+
+    def preempted_later(c: FakeCluster) -> None:
+        c.advance(200)
+        preempted(c)
+
+    def launcher_dies(c: FakeCluster) -> None:
+        c.advance(100)
+        raise KeyboardInterrupt  # the launcher pod is gone; the job stays (as the owner is not deleted)
+
+    cluster.timeline = [running, preempted_later, running, launcher_dies]
+    with pytest.raises(KeyboardInterrupt):
+        backend.submit(spec)
+        backend.wait(spec)
+    job = cluster.jobs[NAME]
+    deadline = job["metadata"]["annotations"]["kftrain.io/deadline"]
+    assert job["spec"]["runPolicy"]["activeDeadlineSeconds"] == pytest.approx(600 - 201, abs=2)
+    # KFP retries the step: a new launcher finds the job running and re-attaches to it.
+    retried, _, retried_lines = make(cluster, timeout_s=600)
+    cluster.timeline = [running]
+    started = cluster.clock
+    with pytest.raises(JobTimeout):
+        run_job(retried, spec)
+    assert any("re-attaching to it" in line for line in retried_lines)
+    assert (cluster.clock - started).total_seconds() < 600 - 300 + 5  # the first deadline, not a fresh 600 s
+    assert NAME not in cluster.jobs  # deleted at the deadline
+    assert deadline.endswith("Z")
 
 
 def test_a_job_kueue_sends_back_to_the_queue_is_reported_with_its_cause():

@@ -48,6 +48,7 @@ from __future__ import annotations
 
 import datetime as dt
 import json
+import math
 import os
 import random
 import re
@@ -198,9 +199,23 @@ def _event_time(event: Any) -> dt.datetime | None:
     return event.last_timestamp or event.event_time or (meta.creation_timestamp if meta else None)
 
 
+#: When the run's time (`job.timeout_seconds`) is up, RFC 3339, on the job: a retried launcher
+#: that re-attaches to the job, and every re-creation of it, keep the first attempt's deadline.
+DEADLINE_ANNOTATION = "kftrain.io/deadline"
+
+
+def _deadline_of(obj: dict[str, Any] | None) -> dt.datetime | None:
+    """The deadline a job carries (:data:`DEADLINE_ANNOTATION`), if it does and it parses."""
+    text = (((obj or {}).get("metadata") or {}).get("annotations") or {}).get(DEADLINE_ANNOTATION)
+    try:
+        return _parse_time(text) if text else None
+    except ValueError:
+        return None
+
+
 class _Job:
     """One job as the backend drives it: its spec, its kind (`auto` already resolved), where it
-    lives, its owner, and the API calls on its resource."""
+    lives, its owner, its deadline, and the API calls on its resource."""
 
     def __init__(self, backend: KubernetesBackend, spec: JobSpec, kind: JobKind) -> None:
         self.spec, self.kind, self.name = spec, kind, spec.name
@@ -208,6 +223,7 @@ class _Job:
         # The launcher pod owns the job only in the pod's own namespace: Kubernetes treats a
         # cross-namespace owner as absent and would garbage-collect the job at once.
         self.owner = backend._owner if self.namespace == backend._home else None
+        self.deadline: dt.datetime | None = None  # set by submit: now + timeout, or the job's own
         self._backend = backend
 
     @property
@@ -230,10 +246,21 @@ class _Job:
         k = self.kind
         return self.api(f"{verb} job {self.ref}", method, k.group, k.version, self.namespace, k.plural, *args, **kwargs)
 
-    def manifest(self) -> dict[str, Any]:
-        """The validated job (preflight raises before anything is sent)."""
+    def manifest(self, now: dt.datetime) -> dict[str, Any]:
+        """The validated job (preflight raises before anything is sent), carrying its deadline,
+        with the server-side one (`activeDeadlineSeconds`) no later: a re-created job gets the
+        time left, not the whole timeout again."""
         require_object_store(self.spec.artifact_uris)
         manifest = self.kind.build(self.spec, self.namespace, self.owner)
+        if self.deadline is not None:
+            meta = manifest["metadata"]
+            meta["annotations"] = {
+                **(meta.get("annotations") or {}),
+                DEADLINE_ANNOTATION: stamp(int(self.deadline.timestamp())),
+            }
+            policy = manifest["spec"].get("runPolicy") or manifest["spec"]  # PyTorchJob / TrainJob
+            left = max(1, math.ceil((self.deadline - now).total_seconds()))
+            policy["activeDeadlineSeconds"] = min(policy.get("activeDeadlineSeconds") or left, left)
         self.kind.validate(manifest)
         return manifest
 
@@ -316,7 +343,9 @@ class KubernetesBackend:
     def submit(self, spec: JobSpec) -> None:
         """Create the job; re-attach to it if it exists (replace it if it already Failed)."""
         job = self._job(spec)
-        manifest = job.manifest()
+        now = self._now()
+        job.deadline = now + dt.timedelta(seconds=spec.timeout_s)
+        manifest = job.manifest(now)
         try:
             self._create(job, manifest)
             self._log(f"kftrain: created {job.kind.crd_kind} {job.ref}")
@@ -339,6 +368,8 @@ class KubernetesBackend:
             self._wait_deleted(job)
             self._create(job, manifest)
             return
+        # Re-attached (a retried launcher): the run's time counts from its first attempt.
+        job.deadline = _deadline_of(existing) or job.deadline
         self._log(f"kftrain: {job.kind.crd_kind} {job.ref} already exists; re-attaching to it")
         self._adopt(job, existing)
 
@@ -347,7 +378,7 @@ class KubernetesBackend:
         long in a queue (when limited), the deadline (`spec.timeout_s`), or an API that stays
         unavailable."""
         job = self._job(spec)
-        self._deadline = self._now() + dt.timedelta(seconds=spec.timeout_s)
+        self._deadline = job.deadline or self._now() + dt.timedelta(seconds=spec.timeout_s)
         try:
             self._wait(job)
         except ApiUnavailable as exc:
@@ -513,7 +544,7 @@ class KubernetesBackend:
         )
         self.cancel(job.spec)
         self._wait_deleted(job)
-        self._create(job, job.manifest())
+        self._create(job, job.manifest(self._now()))
         return None
 
     def _seconds_left(self) -> float:
