@@ -505,12 +505,15 @@ def test_an_earlier_attempt_s_preemption_event_does_not_explain_this_attempt_s_f
     assert len(restarts) == 1 and "failed: preempted" in restarts[0]
 
 
-def test_a_re_created_job_gets_the_time_left_and_a_retried_launcher_keeps_the_first_deadline():
+@pytest.mark.parametrize("explicit_deadline", [0, 86400], ids=["from-timeout", "explicit-longer"])
+def test_a_re_created_job_gets_the_time_left_and_a_retried_launcher_keeps_the_first_deadline(explicit_deadline):
     """job.timeout_seconds is the run's, not each attempt's: a job re-created after a preemption
     carries the first attempt's deadline, with the server-side activeDeadlineSeconds of the time
-    left, and a launcher KFP retries re-attaches to it and times out at that same deadline."""
+    left (also when kubernetes.active_deadline_seconds is set), and a launcher KFP retries
+    re-attaches to it and times out at that same deadline."""
     cluster = FakeCluster()
     backend, spec, lines = make(cluster, timeout_s=600)
+    spec = replace(spec, kubernetes=replace(spec.kubernetes, active_deadline_seconds=explicit_deadline))
 
     def preempted_later(c: FakeCluster) -> None:
         c.advance(200)

@@ -54,6 +54,7 @@ import random
 import re
 import time
 from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -174,8 +175,7 @@ class _Admission:
         elif was_queued:
             self.admitted_at = now
         else:
-            created = (job.get("metadata") or {}).get("creationTimestamp")
-            self.admitted_at = _parse_time(created) if created else now
+            self.admitted_at = _created(job) or now
         queued_for = self.admitted_at - self.queued_since if was_queued else None
         self.queued_since = None
         return queued_for
@@ -251,16 +251,22 @@ class _Job:
         with the server-side one (`activeDeadlineSeconds`) no later: a re-created job gets the
         time left, not the whole timeout again."""
         require_object_store(self.spec.artifact_uris)
-        manifest = self.kind.build(self.spec, self.namespace, self.owner)
+        spec = self.spec
+        if self.deadline is not None:  # the builders set activeDeadlineSeconds from these two fields
+            left = max(1, math.ceil((self.deadline - now).total_seconds()))
+            kc = spec.kubernetes
+            spec = replace(
+                spec,
+                timeout_s=min(spec.timeout_s, left),
+                kubernetes=replace(kc, active_deadline_seconds=min(kc.active_deadline_seconds or left, left)),
+            )
+        manifest = self.kind.build(spec, self.namespace, self.owner)
         if self.deadline is not None:
             meta = manifest["metadata"]
             meta["annotations"] = {
                 **(meta.get("annotations") or {}),
                 DEADLINE_ANNOTATION: stamp(int(self.deadline.timestamp())),
             }
-            policy = manifest["spec"].get("runPolicy") or manifest["spec"]  # PyTorchJob / TrainJob
-            left = max(1, math.ceil((self.deadline - now).total_seconds()))
-            policy["activeDeadlineSeconds"] = min(policy.get("activeDeadlineSeconds") or left, left)
         self.kind.validate(manifest)
         return manifest
 

@@ -100,7 +100,8 @@ class PretrainedLMTask(CausalLMTask):
 
     def tokenizer_record(self, cfg: Config, tokenizer: Tokenizer) -> dict[str, Any]:
         # The model's tokenizer files travel with the model (its folder), not in the manifest.
-        return pretrained.tokenizer_record(self._data_source, tokenizer.vocab_size)
+        source = self._data_source or source_for(cfg, weights=False)  # the one `tokenizer` read, when it ran
+        return pretrained.tokenizer_record(source, tokenizer.vocab_size)
 
     def prepare(self, cfg: Config, store: ObjectStore, dataset_uri: str) -> dict[str, Any]:
         if cfg.data.format == "chat":
