@@ -3,7 +3,9 @@
 Set by environment variables, which every replica of a local job inherits:
 `KFTRAIN_TEST_SLOW_RANK` / `KFTRAIN_TEST_SLOW_SECONDS` (SlowRankTask sleeps that long in every
 loss on those ranks, comma-separated), `KFTRAIN_TEST_CORRUPT_RANK` / `KFTRAIN_TEST_CORRUPT_AT` (CorruptRankTask
-adds 1 to one weight of that rank's replica before that loss call, once).
+adds 1 to one weight of that rank's replica before that loss call, once), `KFTRAIN_TEST_RAISE_RANK` /
+`KFTRAIN_TEST_RAISE_AT` (RaisingRankTask raises a ValueError, as a bug in a task would, on that rank at that loss
+call while its peers wait in the step's collective).
 """
 
 from __future__ import annotations
@@ -41,4 +43,18 @@ class CorruptRankTask(ClassificationTask):
         ):
             with torch.no_grad():
                 next(model.parameters()).view(-1)[0] += 1.0
+        return super().loss(model, batch)
+
+
+class RaisingRankTask(ClassificationTask):
+    """A fault of the run on one rank: its peers are left waiting in the step's all-reduce."""
+
+    calls = 0
+
+    def loss(self, model, batch):
+        self.calls += 1
+        if _rank() == int(os.environ["KFTRAIN_TEST_RAISE_RANK"]) and self.calls == int(
+            os.environ.get("KFTRAIN_TEST_RAISE_AT", "3")
+        ):
+            raise ValueError("label 11 is not one of the task's 10 classes")
         return super().loss(model, batch)

@@ -47,6 +47,15 @@ def disruption(reason, message):
     return {"type": "DisruptionTarget", "status": "True", "reason": reason, "message": message}
 
 
+MASTER_POD = f"{NAME}-master-0"
+USER_ERROR_LINE = "[rank 1] training failed: data.text_column 'body' is not a column"
+WATCHDOG_LINE = (
+    "[rank0]:[E101 00:10:00.000000000 ProcessGroupNCCL.cpp:632] [Rank 0] Watchdog caught collective operation "
+    "timeout: WorkNCCL(SeqNum=812, OpType=ALLREDUCE, NumelIn=1, NumelOut=1, Timeout(ms)=600000) ran for 600083 "
+    "milliseconds before timing out."
+)
+
+
 def torchrun_summary(exitcode):
     """The end of a replica's log when a training process fails: torchrun's ChildFailedError
     summary (torch/distributed/elastic/multiprocessing/errors/__init__.py, torch 2.13)."""
@@ -307,6 +316,48 @@ CASES = [
         [pod(state=exited(1))],
         [],
         {POD: ["[rank 0] training failed: data.text_column 'body' is not a column", *torchrun_summary(1)]},
+        failures.USER_ERROR,
+    ),
+    # One rank's own fault leaves its peers in a collective that fails: the fault is the cause, so
+    # a run that would fail the same way is not re-created for a "collective timeout".
+    (
+        "one rank's error, its peer's collective failed",
+        [pod(state=exited(1)), pod(name=MASTER_POD, state=exited(1))],
+        [],
+        {POD: [USER_ERROR_LINE, *torchrun_summary(1)], MASTER_POD: torchrun_summary(exit_codes.COLLECTIVE_TIMEOUT)},
+        failures.USER_ERROR,
+    ),
+    (
+        "one rank's error, its peer's NCCL watchdog fired",
+        [pod(name=MASTER_POD, state=exited(1)), pod(state=exited(1))],
+        [],
+        {MASTER_POD: [WATCHDOG_LINE, *torchrun_summary(-6)], POD: [USER_ERROR_LINE, *torchrun_summary(1)]},
+        failures.USER_ERROR,
+    ),
+    (
+        "one rank's non-finite loss, its peer's collective failed",
+        [pod(state=exited(1)), pod(name=MASTER_POD, state=exited(1))],
+        [],
+        {POD: torchrun_summary(exit_codes.NONFINITE_LOSS), MASTER_POD: torchrun_summary(exit_codes.COLLECTIVE_TIMEOUT)},
+        failures.NONFINITE,
+    ),
+    (
+        # torchrun's container exits 1 whatever its process did: with no report in the log (it
+        # could not be read), that 1 does not outrank the peer's own report.
+        "a peer's exit 1 with an unreadable log, a collective timed out",
+        [pod(state=exited(1)), pod(name=MASTER_POD, state=exited(1))],
+        [],
+        {
+            POD: ["(log unavailable: 500 Internal Server Error)"],
+            MASTER_POD: torchrun_summary(exit_codes.COLLECTIVE_TIMEOUT),
+        },
+        failures.COLLECTIVE_TIMEOUT,
+    ),
+    (
+        "a container's exit 1 alone",
+        [pod(state=exited(1))],
+        [],
+        {},
         failures.USER_ERROR,
     ),
     (

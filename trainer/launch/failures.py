@@ -27,7 +27,10 @@ its latest checkpoint by itself) and fails the step, naming the cause, for a fau
 
 One replica's fault shows up on every other rank as a failed collective, so the evidence is
 ranked: what happened to a pod (node lost, preempted, OOMKilled, image pull) outranks what the
-trainer reported, and a diagnosis names the pod it comes from.
+trainer reported, a process's own fault (a non-finite loss, an error in the run) outranks the
+failed collectives it leaves its peers in, and a diagnosis names the pod it comes from. A
+container's exit code 1 with no process's report in its log says only that torchrun failed
+(it exits 1 whatever its process did), so it ranks after the peers' failed collectives.
 """
 
 from __future__ import annotations
@@ -49,7 +52,7 @@ USER_ERROR = "user_error"
 UNKNOWN = "unknown"
 
 #: Every cause, strongest evidence first (the order a diagnosis is chosen in).
-CAUSES = (NODE_LOST, PREEMPTED, OOM, IMAGE_PULL, NONFINITE, COLLECTIVE_TIMEOUT, USER_ERROR, UNKNOWN)
+CAUSES = (NODE_LOST, PREEMPTED, OOM, IMAGE_PULL, NONFINITE, USER_ERROR, COLLECTIVE_TIMEOUT, UNKNOWN)
 #: Unlimited re-creations (still bounded by `job.timeout_seconds`, the job's deadline).
 UNLIMITED = -1
 #: Re-creations of a failed job per cause, unless `kubernetes.max_restarts_by_cause` says otherwise.
@@ -123,6 +126,15 @@ class Diagnosis:
 
     cause: str
     evidence: str
+    generic: bool = False
+    """Only a container's exit code says so, which a torchrun container sets to 1 whatever its
+    process did: ranked after a peer's failed collective, which would otherwise explain it."""
+
+    def rank(self) -> float:
+        """Where it stands in :data:`CAUSES` order (lower: stronger)."""
+        if self.generic and self.cause == USER_ERROR:
+            return CAUSES.index(COLLECTIVE_TIMEOUT) + 0.5
+        return CAUSES.index(self.cause)
 
     def __str__(self) -> str:
         return f"{self.cause} ({MEANING[self.cause]}): {self.evidence}"
@@ -243,11 +255,12 @@ def _exit_evidence(pod: Mapping[str, Any], log_lines: list[str]) -> Diagnosis | 
     for line in log_lines:
         if _NCCL_WATCHDOG in line:
             return Diagnosis(COLLECTIVE_TIMEOUT, f"pod {name}: {line.strip()[:300]}")
-    container_code = exit_code_of(pod)
     code = root_cause_exit_code(log_lines)
     where = f"pod {name}: the training process exited with code {code} (torchrun's root cause)"
-    if code is None:
-        code, where = container_code, f"pod {name}: exit code {container_code}"
+    generic = code is None
+    if generic:
+        code = exit_code_of(pod)
+        where = f"pod {name}: exit code {code}"
     if code in (None, 0):
         return None
     cause = _EXIT_CODE_CAUSES.get(code, UNKNOWN)
@@ -256,7 +269,7 @@ def _exit_evidence(pod: Mapping[str, Any], log_lines: list[str]) -> Diagnosis | 
         exit_codes.NONFINITE_LOSS: " (non-finite loss)",
         exit_codes.COLLECTIVE_TIMEOUT: " (collective timeout)",
     }.get(code, "")
-    return Diagnosis(cause, where + meaning)
+    return Diagnosis(cause, where + meaning, generic)
 
 
 def classify(
@@ -277,7 +290,7 @@ def classify(
     found += [d for d in map(_event_evidence, events) if d]
     if not found:
         return Diagnosis(UNKNOWN, "no pod, event or exit code explains it")
-    return min(found, key=lambda d: CAUSES.index(d.cause))
+    return min(found, key=Diagnosis.rank)
 
 
 def budget_check(budgets: Mapping[str, int], field: str) -> None:
