@@ -354,6 +354,22 @@ CASES = [
         failures.COLLECTIVE_TIMEOUT,
     ),
     (
+        # When a job fails, the operator deletes its running pods (cleanPodPolicy: Running): their
+        # SIGTERM ends in 143 (kftrain's torchrun), which must not make the failure a preemption.
+        "one rank's error, a peer stopped by the operator's clean-up (143)",
+        [pod(state=exited(1)), pod(name=MASTER_POD, state=exited(exit_codes.TERMINATED_CHECKPOINTED))],
+        [],
+        {POD: [USER_ERROR_LINE, *torchrun_summary(1)], MASTER_POD: ["[rank 0] stopping at step 12 (SIGTERM)"]},
+        failures.USER_ERROR,
+    ),
+    (
+        "a rank stopped by SIGTERM after its checkpoint, its peer's collective failed",
+        [pod(state=exited(exit_codes.TERMINATED_CHECKPOINTED)), pod(name=MASTER_POD, state=exited(1))],
+        [],
+        {MASTER_POD: torchrun_summary(exit_codes.COLLECTIVE_TIMEOUT)},
+        failures.PREEMPTED,
+    ),
+    (
         "a container's exit 1 alone",
         [pod(state=exited(1))],
         [],

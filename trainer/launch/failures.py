@@ -28,9 +28,9 @@ its latest checkpoint by itself) and fails the step, naming the cause, for a fau
 One replica's fault shows up on every other rank as a failed collective, so the evidence is
 ranked: what happened to a pod (node lost, preempted, OOMKilled, image pull) outranks what the
 trainer reported, a process's own fault (a non-finite loss, an error in the run) outranks the
-failed collectives it leaves its peers in, and a diagnosis names the pod it comes from. A
-container's exit code 1 with no process's report in its log says only that torchrun failed
-(it exits 1 whatever its process did), so it ranks after the peers' failed collectives.
+failed collectives it leaves its peers in, and a diagnosis names the pod it comes from
+(:meth:`Diagnosis.rank` has the two exceptions: a stop signal's exit code, and a container's bare
+exit 1).
 """
 
 from __future__ import annotations
@@ -126,13 +126,19 @@ class Diagnosis:
 
     cause: str
     evidence: str
-    generic: bool = False
-    """Only a container's exit code says so, which a torchrun container sets to 1 whatever its
-    process did: ranked after a peer's failed collective, which would otherwise explain it."""
+    source: str = "pod"
+    """What it was read from: `pod` (a pod's status, an event), `process` (the training process's
+    own exit code or log line) or `container` (only the container's exit code, which a torchrun
+    container sets to 1 whatever its process did)."""
 
     def rank(self) -> float:
-        """Where it stands in :data:`CAUSES` order (lower: stronger)."""
-        if self.generic and self.cause == USER_ERROR:
+        """How strong the evidence is (lower: stronger): :data:`CAUSES` order, except a stop
+        signal's exit code (143), which does not say who sent it (a preemption, or the operator
+        deleting the running pods of a job that already failed), after a process's own fault; and
+        a container's bare exit 1 after a peer's failed collective, which would explain it."""
+        if self.cause == PREEMPTED and self.source != "pod":
+            return CAUSES.index(COLLECTIVE_TIMEOUT) - 0.5
+        if self.cause == USER_ERROR and self.source == "container":
             return CAUSES.index(COLLECTIVE_TIMEOUT) + 0.5
         return CAUSES.index(self.cause)
 
@@ -254,11 +260,12 @@ def _exit_evidence(pod: Mapping[str, Any], log_lines: list[str]) -> Diagnosis | 
     # before the trainer can exit with its own code: the child dies of SIGABRT, the log says why.
     for line in log_lines:
         if _NCCL_WATCHDOG in line:
-            return Diagnosis(COLLECTIVE_TIMEOUT, f"pod {name}: {line.strip()[:300]}")
+            return Diagnosis(COLLECTIVE_TIMEOUT, f"pod {name}: {line.strip()[:300]}", "process")
     code = root_cause_exit_code(log_lines)
     where = f"pod {name}: the training process exited with code {code} (torchrun's root cause)"
-    generic = code is None
-    if generic:
+    source = "process"
+    if code is None:
+        source = "container"
         code = exit_code_of(pod)
         where = f"pod {name}: exit code {code}"
     if code in (None, 0):
@@ -269,7 +276,7 @@ def _exit_evidence(pod: Mapping[str, Any], log_lines: list[str]) -> Diagnosis | 
         exit_codes.NONFINITE_LOSS: " (non-finite loss)",
         exit_codes.COLLECTIVE_TIMEOUT: " (collective timeout)",
     }.get(code, "")
-    return Diagnosis(cause, where + meaning, generic)
+    return Diagnosis(cause, where + meaning, source)
 
 
 def classify(
