@@ -520,6 +520,39 @@ def test_a_spent_budget_fails_with_the_cause_named():
     assert [c[0] for c in cluster.calls if c[0] == "create"] == ["create"] * 3
 
 
+@pytest.mark.parametrize("annotation", ["", "not json", "[1]", '{"node_lost": "x", "bogus": 9}'])
+def test_a_retried_launcher_spends_the_run_s_budget_not_a_fresh_one(annotation):
+    """The re-creations are the run's (annotation kftrain.io/restarts on the job): a launcher KFP
+    retries re-attaches to a job re-created once for a lost node and has one of two left. An
+    annotation that does not parse counts as none: it must not stop the run."""
+    cluster = FakeCluster()
+    backend, spec, lines = make(cluster, budgets={"node_lost": 2})
+
+    def launcher_dies(c: FakeCluster) -> None:
+        raise KeyboardInterrupt  # the launcher pod is gone; its job stays
+
+    cluster.timeline = [running, node_lost, running, launcher_dies]
+    with pytest.raises(KeyboardInterrupt):
+        backend.submit(spec)
+        backend.wait(spec)
+    assert cluster.jobs[NAME]["metadata"]["annotations"]["kftrain.io/restarts"] == '{"node_lost": 1}'
+    if annotation:
+        cluster.jobs[NAME]["metadata"]["annotations"]["kftrain.io/restarts"] = annotation
+    retried, _, retried_lines = make(cluster, budgets={"node_lost": 2})
+    cluster.timeline, cluster.polls = [running, node_lost, running, node_lost], 0
+    with pytest.raises(JobFailed) as info:
+        run_job(retried, spec)
+    restarts = [line for line in retried_lines if "re-creating it" in line]
+    if annotation:  # unreadable: the retried launcher starts from none, as without the annotation
+        assert len(restarts) == 2 and "1 of 2 left" in restarts[0]
+        assert "its 2 re-creation(s) for node_lost are spent" in str(info.value)
+        return
+    assert len(restarts) == 1 and "re-creation 2 for node_lost, 0 of 2 left" in restarts[0]
+    assert "its 2 re-creation(s) for node_lost are spent" in str(info.value)
+    # First launcher: create, re-create; the retried one: its create (409: re-attach), re-create.
+    assert [c[0] for c in cluster.calls if c[0] == "create"] == ["create"] * 4
+
+
 def test_each_cause_has_its_own_budget():
     # One node loss and one preemption with node_lost: 1: both re-created, the budgets do not mix.
     cluster = FakeCluster()

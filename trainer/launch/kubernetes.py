@@ -202,15 +202,34 @@ def _event_time(event: Any) -> dt.datetime | None:
 #: When the run's time (`job.timeout_seconds`) is up, RFC 3339, on the job: a retried launcher
 #: that re-attaches to the job, and every re-creation of it, keep the first attempt's deadline.
 DEADLINE_ANNOTATION = "kftrain.io/deadline"
+#: The job's re-creations so far by cause, JSON (`{"preempted": 2}`), on the job: a retried
+#: launcher that re-attaches to it spends the same `kubernetes.max_restarts_by_cause` budget.
+RESTARTS_ANNOTATION = "kftrain.io/restarts"
+
+
+def _annotation(obj: dict[str, Any] | None, key: str) -> str:
+    return (((obj or {}).get("metadata") or {}).get("annotations") or {}).get(key) or ""
 
 
 def _deadline_of(obj: dict[str, Any] | None) -> dt.datetime | None:
     """The deadline a job carries (:data:`DEADLINE_ANNOTATION`), if it does and it parses."""
-    text = (((obj or {}).get("metadata") or {}).get("annotations") or {}).get(DEADLINE_ANNOTATION)
+    text = _annotation(obj, DEADLINE_ANNOTATION)
     try:
         return _parse_time(text) if text else None
     except ValueError:
         return None
+
+
+def _restarts_of(obj: dict[str, Any] | None) -> dict[str, int]:
+    """The re-creations a job carries (:data:`RESTARTS_ANNOTATION`); what does not parse counts
+    as none (an annotation someone edited must not stop the run)."""
+    try:
+        found = json.loads(_annotation(obj, RESTARTS_ANNOTATION) or "{}")
+    except ValueError:
+        return {}
+    if not isinstance(found, dict):
+        return {}
+    return {c: n for c, n in found.items() if c in failures.CAUSES and isinstance(n, int) and n >= 0}
 
 
 class _Job:
@@ -224,6 +243,7 @@ class _Job:
         # cross-namespace owner as absent and would garbage-collect the job at once.
         self.owner = backend._owner if self.namespace == backend._home else None
         self.deadline: dt.datetime | None = None  # set by submit: now + timeout, or the job's own
+        self.restarts: dict[str, int] = {}  # re-creations per cause: this launcher's, or the job's own
         self._backend = backend
 
     @property
@@ -247,9 +267,9 @@ class _Job:
         return self.api(f"{verb} job {self.ref}", method, k.group, k.version, self.namespace, k.plural, *args, **kwargs)
 
     def manifest(self, now: dt.datetime) -> dict[str, Any]:
-        """The validated job (preflight raises before anything is sent), carrying its deadline,
-        with the server-side one (`activeDeadlineSeconds`) no later: a re-created job gets the
-        time left, not the whole timeout again."""
+        """The validated job (preflight raises before anything is sent), carrying its deadline
+        and its re-creations so far, with the server-side deadline (`activeDeadlineSeconds`) no
+        later: a re-created job gets the time left, not the whole timeout again."""
         require_object_store(self.spec.artifact_uris)
         spec = self.spec
         if self.deadline is not None:  # the builders set activeDeadlineSeconds from these two fields
@@ -261,12 +281,14 @@ class _Job:
                 kubernetes=replace(kc, active_deadline_seconds=min(kc.active_deadline_seconds or left, left)),
             )
         manifest = self.kind.build(spec, self.namespace, self.owner)
+        run_state = {}
         if self.deadline is not None:
+            run_state[DEADLINE_ANNOTATION] = stamp(int(self.deadline.timestamp()))
+        if self.restarts:
+            run_state[RESTARTS_ANNOTATION] = json.dumps(self.restarts, sort_keys=True)
+        if run_state:
             meta = manifest["metadata"]
-            meta["annotations"] = {
-                **(meta.get("annotations") or {}),
-                DEADLINE_ANNOTATION: stamp(int(self.deadline.timestamp())),
-            }
+            meta["annotations"] = {**(meta.get("annotations") or {}), **run_state}
         self.kind.validate(manifest)
         return manifest
 
@@ -309,7 +331,6 @@ class KubernetesBackend:
         self._streams = LogStreams(self._log)
         self._jobs: dict[str, _Job] = {}  # by job name; `auto` resolved once
         self._progress: dict[str, Snapshot] = {}  # by job name: the last progress printed
-        self._restarts: dict[str, dict[str, int]] = {}  # by job name: re-creations per cause
 
     def _job(self, spec: JobSpec) -> _Job:
         """The handle of `spec`'s job; `auto` asks the cluster once (API discovery, retried)."""
@@ -374,8 +395,9 @@ class KubernetesBackend:
             self._wait_deleted(job)
             self._create(job, manifest)
             return
-        # Re-attached (a retried launcher): the run's time counts from its first attempt.
+        # Re-attached (a retried launcher): the run's time and re-creations count from its first attempt.
         job.deadline = _deadline_of(existing) or job.deadline
+        job.restarts = _restarts_of(existing)
         self._log(f"kftrain: {job.kind.crd_kind} {job.ref} already exists; re-attaching to it")
         self._adopt(job, existing)
 
@@ -532,14 +554,14 @@ class KubernetesBackend:
         """Re-create the failed job when its cause's budget allows (None), else say why not."""
         field = f"kubernetes.max_restarts_by_cause.{diagnosis.cause}"
         allowed = failures.restarts_allowed(job.spec.kubernetes.max_restarts_by_cause, diagnosis.cause)
-        done = self._restarts.setdefault(job.name, {}).get(diagnosis.cause, 0)
+        done = job.restarts.get(diagnosis.cause, 0)
         if allowed == 0:
             return f"not re-created ({field} is 0)"
         if allowed != failures.UNLIMITED and done >= allowed:
             return f"not re-created: its {allowed} re-creation(s) for {diagnosis.cause} are spent ({field})"
         if self._deadline is not None and self._now() > self._deadline:
             return f"not re-created: the job's deadline has passed ({job.spec.timeout_s:.0f}s, job.timeout_seconds)"
-        self._restarts[job.name][diagnosis.cause] = done + 1
+        job.restarts[diagnosis.cause] = done + 1
         if allowed == failures.UNLIMITED:
             left = f"unlimited ({field} is -1) until the deadline, {self._seconds_left():.0f}s from now"
         else:
