@@ -12,10 +12,17 @@ from __future__ import annotations
 
 import os
 import time
+from typing import Any
 
 import torch
 
+from trainer.config import Config, load_config
 from trainer.tasks.classification import ClassificationTask
+
+
+def two_replicas_of(task: str, overrides: dict[str, Any]) -> Config:
+    """The config of a job of two replicas (one process each) of one of these tasks, by class name."""
+    return load_config(overrides={"task": f"tests.faulty_tasks:{task}", "job.replicas": 2, **overrides})
 
 
 def _rank() -> int:

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from trainer.config import load_config
+from tests.faulty_tasks import two_replicas_of
 from trainer.launch.backend import JobFailed, run_job
 from trainer.launch.job import training_job
 from trainer.launch.local import LocalBackend
@@ -42,14 +42,13 @@ def test_a_rank_that_sleeps_is_named_as_the_straggler(digits, tmp_path, fault_en
     fault_env.setenv("KFTRAIN_TEST_SLOW_RANK", "1")
     fault_env.setenv("KFTRAIN_TEST_SLOW_SECONDS", "0.05")
     fault_env.setenv("KFTRAIN_NODE_NAME", "node-a")
-    cfg = load_config(
-        overrides={
-            "task": "tests.faulty_tasks:SlowRankTask",
-            "job.replicas": 2,
+    cfg = two_replicas_of(
+        "SlowRankTask",
+        {
             "train.max_steps": 8,
             "train.log_interval_steps": 4,
             "checkpoint.enabled": False,
-        }
+        },
     )
     lines, failed = run(cfg, "slow", digits, str(tmp_path / "m"))
     assert failed is None, failed
@@ -67,14 +66,13 @@ def test_no_straggler_is_named_when_the_ranks_are_alike(digits, tmp_path, fault_
     # Both ranks compute 30 ms a step, so a loaded test machine's millisecond jitter stays noise.
     fault_env.setenv("KFTRAIN_TEST_SLOW_RANK", "0,1")
     fault_env.setenv("KFTRAIN_TEST_SLOW_SECONDS", "0.03")
-    cfg = load_config(
-        overrides={
-            "task": "tests.faulty_tasks:SlowRankTask",
-            "job.replicas": 2,
+    cfg = two_replicas_of(
+        "SlowRankTask",
+        {
             "train.max_steps": 28,  # past the first epoch's end, where rank 0 alone validates
             "train.log_interval_steps": 4,
             "checkpoint.enabled": False,
-        }
+        },
     )
     lines, failed = run(cfg, "even", digits, str(tmp_path / "m"))
     assert failed is None, failed
@@ -85,13 +83,12 @@ def test_no_straggler_is_named_when_the_ranks_are_alike(digits, tmp_path, fault_
 def test_a_corrupted_replica_stops_the_job_within_the_check_interval(digits, tmp_path, fault_env):
     fault_env.setenv("KFTRAIN_TEST_CORRUPT_RANK", "1")
     fault_env.setenv("KFTRAIN_TEST_CORRUPT_AT", "6")  # before the 6th step's forward pass
-    cfg = load_config(
-        overrides={
-            "task": "tests.faulty_tasks:CorruptRankTask",
-            "job.replicas": 2,
+    cfg = two_replicas_of(
+        "CorruptRankTask",
+        {
             "train.max_steps": 30,
             "train.divergence_check_steps": 4,
-        }
+        },
     )
     model = str(tmp_path / "m")
     lines, failed = run(cfg, "corrupt", digits, model)

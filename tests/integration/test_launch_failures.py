@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.faulty_tasks import two_replicas_of
 from trainer import exit_codes
-from trainer.config import load_config
 from trainer.launch import failures
 from trainer.launch.job import training_job
 from trainer.launch.local import free_port, run_captured
@@ -63,14 +63,13 @@ def test_one_rank_s_error_is_the_cause_not_the_collective_failures_it_leaves_its
     The diagnosis is rank 1's error (user_error: no re-creation), not a collective timeout
     (which would re-create the job to fail the same way)."""
     monkeypatch.setenv("KFTRAIN_TEST_RAISE_RANK", "1")
-    cfg = load_config(
-        overrides={
-            "task": "tests.faulty_tasks:RaisingRankTask",
-            "job.replicas": 2,
+    cfg = two_replicas_of(
+        "RaisingRankTask",
+        {
             "train.max_steps": 8,
             "checkpoint.enabled": False,
             "job.collective_timeout_seconds": 60,
-        }
+        },
     )
     ended = run_until_every_replica_ends(training_job(cfg, "raise", digits, str(tmp_path / "m")))
     logs = {name: lines for name, (_, lines) in ended.items()}
