@@ -534,8 +534,10 @@ def test_a_retried_launcher_spends_the_run_s_budget_not_a_fresh_one(annotation):
     cluster.timeline = [running, node_lost, running, launcher_dies]
     with pytest.raises(KeyboardInterrupt):
         backend.submit(spec)
-        backend.wait(spec)
-    assert cluster.jobs[NAME]["metadata"]["annotations"]["kftrain.io/restarts"] == '{"node_lost": 1}'
+        backend.wait(replace(spec))  # the same job, described again: its run state stays
+    annotations = cluster.jobs[NAME]["metadata"]["annotations"]
+    assert annotations["kftrain.io/restarts"] == '{"node_lost": 1}'
+    assert annotations["kftrain.io/deadline"] == "2026-01-01T00:10:00Z"  # submitted at T0, 600 s
     if annotation:
         cluster.jobs[NAME]["metadata"]["annotations"]["kftrain.io/restarts"] = annotation
     retried, _, retried_lines = make(cluster, budgets={"node_lost": 2})

@@ -341,8 +341,10 @@ class KubernetesBackend:
             except NoJobKindServed as exc:
                 raise JobFailed(str(exc)) from None
             job = self._jobs[spec.name] = _Job(self, spec, kind)
-        elif job.spec is not spec:  # the same job, described again: its kind stays resolved
-            job = self._jobs[spec.name] = _Job(self, spec, job.kind)
+        elif job.spec is not spec:  # the same job, described again: its kind and run state stay
+            before, job = job, _Job(self, spec, job.kind)
+            job.deadline, job.restarts = before.deadline, before.restarts
+            self._jobs[spec.name] = job
         return job
 
     def _served(self, spec: JobSpec, kind: JobKind) -> bool:
