@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import signal
 import sys
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any, NoReturn
 
@@ -15,7 +17,9 @@ from trainer.errors import KftrainError, redact
 def _cmd_compile(args: argparse.Namespace) -> int:
     from pipelines.compile import compile_all
 
-    for path in compile_all(args.output_dir):
+    with _writing("--output-dir"):
+        paths = compile_all(args.output_dir)
+    for path in paths:
         print(f"wrote {path}")
     return 0
 
@@ -42,6 +46,7 @@ def _resume_command(argv: list[str], run_id: str) -> str:
 def _cmd_run(args: argparse.Namespace) -> int:
     from pipelines.console import StepConsole, capturing, plain
     from pipelines.local_run import (
+        DEFAULT_LOCAL_ROOT,
         PipelineFailed,
         RunStopped,
         check_run_id,
@@ -50,9 +55,10 @@ def _cmd_run(args: argparse.Namespace) -> int:
         run_local,
         run_log,
         run_scope,
+        run_started,
         write_summary,
     )
-    from trainer.config import load_config
+    from trainer.config import ConfigError, load_config
 
     if not args.local:
         print("kftrain run: only --local is supported; on a cluster use `kftrain submit`", file=sys.stderr)
@@ -63,7 +69,24 @@ def _cmd_run(args: argparse.Namespace) -> int:
     if args.s3_endpoint:
         overrides["store.endpoint"] = args.s3_endpoint
     cfg = load_config(args.config, overrides)
+    if args.output_dir and cfg.store.uri:
+        raise ConfigError(
+            f"--output-dir {args.output_dir}: not used when a store is set ({'--store' if args.store else 'store.uri'}"
+            f" {redact(cfg.store.uri)}: every artifact goes there); leave out one of them"
+        )
+    args.output_dir = args.output_dir or DEFAULT_LOCAL_ROOT
     run_id = check_run_id(args.run_id or new_run_id())
+    if args.run_id and not run_started(cfg, run_id, args.output_dir):
+        where = (
+            f"{'--store' if args.store else 'store.uri'} {redact(cfg.store.uri)}"
+            if cfg.store.uri
+            else (f"--output-dir {args.output_dir}")
+        )
+        print(
+            f"kftrain: no run {run_id} under {where} yet: it starts from the beginning (a run that wrote elsewhere "
+            "continues with that --output-dir or --store; `kftrain runs --store ...` lists a store's runs)",
+            file=sys.stderr,
+        )
     resume = _resume_command(args.argv, run_id)
     log_uri, log_path = run_log(cfg, run_id, args.output_dir)
 
@@ -131,7 +154,8 @@ def _cmd_run(args: argparse.Namespace) -> int:
     verdict = "passed" if summary["exported"] else "FAILED: the model was not exported"
     print(f"Quality gate {verdict} ({summary['quality_gate']})")
     if args.summary:
-        write_summary(summary, args.summary)
+        with _writing("--summary"):
+            write_summary(summary, args.summary)
         print(f"summary written to {args.summary}")
     if full_log:
         print(f"full log: {full_log}")
@@ -218,7 +242,8 @@ EXAMPLE_DIR = "kftrain-outputs/example"
 def _cmd_example_model(args: argparse.Namespace) -> int:
     from trainer.example_model import write_example
 
-    folder, chat = write_example(args.out_dir)
+    with _writing("example-model"):
+        folder, chat = write_example(args.out_dir)
     print(f"a tiny Llama-shaped model (random weights, ChatML chat template): {folder}")
     print(f"chat data to fine-tune it on: {chat}")
     print("fine-tune it: kftrain run --local --config configs/finetune-tiny.yaml")
@@ -271,9 +296,10 @@ def _cmd_plan(args: argparse.Namespace) -> int:
         (probe,) = probe_locally(cfg, steps=args.probe_steps)
     plan = plan_run(cfg, probe, manifest=manifest)
     text = plan.markdown()
-    if args.output:  # checked writable as the command started (_output_file)
-        Path(args.output).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.output).write_text(text, encoding="utf-8")
+    if args.output:  # checked as the command started (_output_file)
+        with _writing("--output"):
+            Path(args.output).parent.mkdir(parents=True, exist_ok=True)
+            Path(args.output).write_text(text, encoding="utf-8")
     print(json.dumps(plan.to_dict(), indent=2, sort_keys=True) if args.json else text)
     strict = args.strict or cfg.plan.strict
     try:
@@ -431,21 +457,70 @@ def _api_url(text: str) -> str:
     return text
 
 
-def _output_file(text: str) -> str:
-    """A file path that can be written, checked as the command starts, not after the run it
-    records: not a folder, under a folder that exists or can be made, and writable."""
-    path = Path(_path(text))
-    if path.is_dir():
-        raise argparse.ArgumentTypeError(f"{text} is a folder; name a file")
-    folder = path.parent
-    while not folder.exists():  # the folders that are missing are made when the file is written
-        folder = folder.parent
-    if not folder.is_dir():
-        raise argparse.ArgumentTypeError(f"{folder} is a file, so {text} cannot be made; name a file in a folder")
-    target = path if path.exists() else folder
-    if not os.access(target, os.W_OK):
-        raise argparse.ArgumentTypeError(f"{target} cannot be written (permission denied); name a file you can write")
-    return str(path)
+def _output_file(what: str, earlier: Callable[[str], bool]) -> Callable[[str], str]:
+    """The argparse type of a file the command writes: checked as the command starts, not after
+    the run it records: not a folder, under a folder that exists or can be made, writable, and
+    new or an earlier `what` (`earlier(text)`): a file of anything else (the config itself, say)
+    is never overwritten."""
+
+    def check(text: str) -> str:
+        path = Path(_path(text))
+        if path.is_dir():
+            raise argparse.ArgumentTypeError(f"{text} is a folder; name a file")
+        folder = path.parent
+        while not folder.exists():  # the folders that are missing are made when the file is written
+            folder = folder.parent
+        if not folder.is_dir():
+            raise argparse.ArgumentTypeError(f"{folder} is a file, so {text} cannot be made; name a file in a folder")
+        target = path if path.exists() else folder
+        if not os.access(target, os.W_OK):
+            raise argparse.ArgumentTypeError(
+                f"{target} cannot be written (permission denied); name a file you can write"
+            )
+        if path.exists() and not earlier(_head(path)):
+            raise argparse.ArgumentTypeError(
+                f"{text} exists and is not {what}: it would be overwritten; name a new file, or remove that one"
+            )
+        return str(path)
+
+    return check
+
+
+def _head(path: Path, limit: int = 1 << 20) -> str:
+    """The start of a file as text (what tells an earlier output from anything else)."""
+    try:
+        with open(path, "rb") as f:
+            return f.read(limit).decode("utf-8", errors="replace")
+    except OSError:
+        return ""
+
+
+def _is_summary(text: str) -> bool:
+    import json
+
+    try:
+        found = json.loads(text)
+    except ValueError:
+        return False
+    return isinstance(found, dict) and {"artifacts", "metrics"} <= found.keys()
+
+
+def _is_plan(text: str) -> bool:
+    return text.startswith("# Training plan\n")
+
+
+@contextlib.contextmanager
+def _writing(flag: str) -> Iterator[None]:
+    """An OS error writing what `flag` names, as an error naming the flag and what to do."""
+    try:
+        yield
+    except OSError as exc:
+        where = exc.filename or "it"
+        raise OutputError(f"{flag}: cannot write {where}: {exc.strerror or exc}; name a folder you can write") from None
+
+
+class OutputError(KftrainError):
+    """What a command writes on this machine cannot be written there."""
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -463,9 +538,15 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--store", help="artifact root, e.g. s3://bucket/prefix (overrides store.uri)")
     p.add_argument("--s3-endpoint", help="S3 endpoint URL (overrides store.endpoint)")
     p.add_argument(
-        "--output-dir", type=_path, default="kftrain-outputs", help="local artifact root when no store is given"
+        "--output-dir",
+        type=_path,
+        help="local artifact root, when no store is given (default: kftrain-outputs)",
     )
-    p.add_argument("--summary", type=_output_file, help="write artifact URIs and final metrics to this JSON file")
+    p.add_argument(
+        "--summary",
+        type=_output_file("a run summary", _is_summary),
+        help="write artifact URIs and final metrics to this JSON file (new, or an earlier summary)",
+    )
     p.add_argument(
         "--min-accuracy",
         type=_gate("min_accuracy"),
@@ -524,7 +605,12 @@ def build_parser() -> argparse.ArgumentParser:
         help="a prepared dataset (data prep's output): the model's real shape and the epoch's length (the ETA)",
     )
     p.add_argument("--json", action="store_true", help="print the plan as JSON instead of Markdown")
-    p.add_argument("--output", type=_output_file, metavar="FILE.md", help="also write the Markdown plan to this file")
+    p.add_argument(
+        "--output",
+        type=_output_file("a training plan", _is_plan),
+        metavar="FILE.md",
+        help="also write the Markdown plan to this file (new, or an earlier plan)",
+    )
     p.set_defaults(func=_cmd_plan)
 
     p = sub.add_parser("submit", help="upload the pipeline (a new version) to KFP and start a run")
@@ -551,7 +637,7 @@ def build_parser() -> argparse.ArgumentParser:
         "example-model",
         help="write a tiny pretrained-shaped Hugging Face model and chat data (the fine-tuning demo; no download)",
     )
-    p.add_argument("out_dir", nargs="?", default=EXAMPLE_DIR, help="where (default: %(default)s)")
+    p.add_argument("out_dir", nargs="?", type=_path, default=EXAMPLE_DIR, help="where (default: %(default)s)")
     p.set_defaults(func=_cmd_example_model)
 
     p = sub.add_parser(

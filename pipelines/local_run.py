@@ -179,6 +179,20 @@ def own_checkpoints_first(cfg: Config, run_id: str, local_root: str = DEFAULT_LO
     return dataclasses.replace(cfg, checkpoint=dataclasses.replace(cfg.checkpoint, resume_from=""))
 
 
+def run_started(cfg: Config, run_id: str, local_root: str = DEFAULT_LOCAL_ROOT) -> bool:
+    """Whether run `run_id` left anything under its run folder (a log, checkpoints, its record);
+    True when the store cannot say (the run's own checks report that)."""
+    from trainer.pipeline_steps import store_for
+    from trainer.storage import CHECK_BUDGET_S, check_deadline
+
+    root = run_root(cfg, run_id, local_root)
+    try:
+        with check_deadline(CHECK_BUDGET_S):
+            return bool(store_for(cfg, root).list(root))
+    except (StoreError, OSError, ValueError):
+        return True
+
+
 def record_finished(cfg: Config, run_id: str, summary: dict[str, Any], local_root: str = DEFAULT_LOCAL_ROOT) -> str:
     """Write the run record that marks run `run_id` finished (the last thing a run writes)."""
     from trainer.pipeline_steps import store_for

@@ -9,10 +9,14 @@ assistant answers with the colour after it), so a fine-tune visibly lowers the a
 
 from __future__ import annotations
 
+import filecmp
 import json
+import tempfile
 from pathlib import Path
 
 import torch
+
+from trainer.errors import KftrainError
 
 #: A ChatML template (the Qwen family's form), with the generation prompt.
 CHAT_TEMPLATE = (
@@ -112,9 +116,39 @@ def tiny_llama_folder(
     return str(folder)
 
 
+class ExampleInTheWay(KftrainError):
+    """Where the example goes holds something else: it is never overwritten."""
+
+
 def write_example(out_dir: str | Path, records: int = 600) -> tuple[str, str]:
-    """The tiny Llama folder and a chat JSON Lines file under `out_dir`; returns their paths."""
+    """The tiny Llama folder and a chat JSON Lines file under `out_dir`; returns their paths.
+
+    Written aside first, then put in place: a target that exists is kept when it is this very
+    example (the files are the same every time), and refused otherwise, before anything moves."""
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
-    folder = tiny_llama_folder(out_dir / "tiny-llama")
-    return folder, write_chat_jsonl(out_dir / "chat.jsonl", records)
+    targets = (out_dir / "tiny-llama", out_dir / "chat.jsonl")
+    with tempfile.TemporaryDirectory(prefix=".kftrain-example-", dir=out_dir) as aside:
+        made = (Path(tiny_llama_folder(Path(aside) / targets[0].name)), Path(aside) / targets[1].name)
+        write_chat_jsonl(made[1], records)
+        for new, target in zip(made, targets, strict=True):
+            if target.exists() and not _same(new, target):
+                raise ExampleInTheWay(
+                    f"{target} exists and is not kftrain's example {'model' if new.is_dir() else 'chat data'}: it "
+                    "is kept; name another folder for `kftrain example-model`, or move that one away"
+                )
+        for new, target in zip(made, targets, strict=True):
+            if not target.exists():
+                new.rename(target)
+    return str(targets[0]), str(targets[1])
+
+
+def _same(a: Path, b: Path) -> bool:
+    """Whether file or folder `b` holds exactly what `a` does."""
+    if a.is_dir():
+        return (
+            b.is_dir()
+            and sorted(p.name for p in a.iterdir()) == sorted(p.name for p in b.iterdir())
+            and all(_same(p, b / p.name) for p in a.iterdir())
+        )
+    return b.is_file() and filecmp.cmp(a, b, shallow=False)

@@ -132,6 +132,12 @@ def parse_uri(uri: str) -> Location:
     if not isinstance(uri, str) or not uri.strip():
         raise ValueError(f"empty storage URI {uri!r}: use s3://bucket/key, minio://bucket/key or a path")
     if "://" not in uri:  # a path: `~` is the user's home, as in a shell
+        scheme = uri.split(":", 1)[0].lower() if ":" in uri else ""
+        if scheme in (*REMOTE_SCHEMES, "file", "gs", "http", "https"):  # `s3:/b/k`: a slash short, not a folder
+            raise ValueError(
+                f"storage URI {redact(uri)!r} lacks the '//' after '{scheme}:': write {scheme}://bucket/key "
+                f"(a local folder whose name starts with '{scheme}:' is written ./{redact(uri)})"
+            )
         return Location("file", "", os.path.abspath(os.path.expanduser(uri)))
     parts = urlsplit(uri)
     scheme = parts.scheme.lower()

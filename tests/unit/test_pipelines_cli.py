@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from pipelines.cli import main
+from pipelines.cli import build_parser, main
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -46,6 +46,12 @@ CLI_ROWS = [
     (None, ["--run-id", "../escape"], "--run-id: must be 1-63 letters"),
     (None, ["--run-id", "a/b"], "--run-id: must be 1-63 letters"),
     (None, ["--run-id", "x" * 64], "--run-id: must be 1-63 letters"),
+    # a URI a slash short is no local folder; a store and a local output folder are not both used
+    (None, ["--store", "s3:/my-bucket/prefix"], "store.uri: storage URI 's3:/my-bucket/prefix' lacks the '//'"),
+    ("store:\n  uri: minio:b/x\n", [], "store.uri: storage URI 'minio:b/x' lacks the '//' after 'minio:'"),
+    ("checkpoint:\n  uri: s3:/b/ckpt\n", [], "checkpoint.uri: storage URI 's3:/b/ckpt' lacks the '//'"),
+    (None, ["--store", "st", "--output-dir", "o"], "--output-dir o: not used when a store is set (--store st:"),
+    ("store:\n  uri: st\n", ["--output-dir", "o"], "--output-dir o: not used when a store is set (store.uri st:"),
 ]
 
 
@@ -273,6 +279,57 @@ def test_an_output_file_that_cannot_be_written_is_refused_before_anything_runs(
     assert f"argument {flag[-1]}: {error}" in capsys.readouterr().err
     assert main(["plan", "--output", "new/folders/plan.md", "--json"]) == 0  # missing folders are made
     assert (tmp_path / "new" / "folders" / "plan.md").exists()
+
+
+@pytest.mark.parametrize(
+    ("flag", "earlier"),
+    [
+        (["run", "--local", "--summary"], '{"artifacts": {}, "metrics": {}}'),
+        (["plan", "--output"], "# Training plan\n\n1 rank(s)\n"),
+    ],
+    ids=["run --summary", "plan --output"],
+)
+@pytest.mark.parametrize(
+    ("name", "content"),
+    [
+        ("my.yaml", "train:\n  epochs: 2\n"),  # the config the same command reads
+        ("notes.json", '{"mine": true}'),
+        ("empty.md", ""),
+        ("blob.bin", "\udcff".encode("utf-8", "surrogateescape").decode("latin-1")),
+    ],
+)
+def test_an_output_file_overwrites_only_an_earlier_output_of_its_kind(
+    tmp_path, monkeypatch, capsys, flag, earlier, name, content
+):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / name).write_text(content)
+    with pytest.raises(SystemExit) as exit_:
+        main([*flag, name, "--config", name] if flag[0] == "run" else [*flag, name])
+    assert exit_.value.code == 2
+    assert f"argument {flag[-1]}: {name} exists and is not a " in capsys.readouterr().err
+    assert (tmp_path / name).read_text() == content
+    (tmp_path / "earlier").write_text(earlier)  # the same command's earlier output: it may be replaced
+    assert build_parser().parse_args([*flag, "earlier"])
+
+
+def test_example_model_keeps_what_is_not_its_example(tmp_path, monkeypatch, capsys):
+    """Written twice into one folder: the same files, kept. Over the user's own chat data or
+    model folder: refused, naming it, and nothing in the folder changes."""
+    monkeypatch.chdir(tmp_path)
+    assert main(["example-model", "ex"]) == 0
+    before = {p: p.read_bytes() for p in (tmp_path / "ex").rglob("*") if p.is_file()}
+    assert main(["example-model", "ex"]) == 0
+    assert {p: p.read_bytes() for p in (tmp_path / "ex").rglob("*") if p.is_file()} == before
+    for mine in ("chat.jsonl", "tiny-llama/config.json"):
+        folder = tmp_path / mine.split("/")[0].replace(".", "-")
+        (folder / mine).parent.mkdir(parents=True)
+        (folder / mine).write_text("mine")
+        capsys.readouterr()
+        assert main(["example-model", str(folder)]) == 2
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and f"{folder / mine.split('/')[0]} exists and is not kftrain's example" in err[0], err
+        assert [p for p in folder.rglob("*") if p.is_file()] == [folder / mine]
+        assert (folder / mine).read_text() == "mine"
 
 
 @pytest.mark.parametrize("out_dir", [None, "elsewhere"], ids=["default", "another-folder"])

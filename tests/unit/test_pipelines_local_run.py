@@ -8,7 +8,14 @@ from pathlib import Path
 
 import pytest
 
-from pipelines.local_run import PipelineFailed, _task_output, finished_run, kfp_run_folder, own_checkpoints_first
+from pipelines.local_run import (
+    PipelineFailed,
+    _task_output,
+    finished_run,
+    kfp_run_folder,
+    own_checkpoints_first,
+    run_started,
+)
 
 
 def kfp_run(root: Path, name: str, *, exported: bool, reason: str, mtime: float) -> Path:
@@ -121,3 +128,19 @@ def test_resume_from_gives_way_to_a_complete_checkpoint_of_the_runs_own(tmp_path
     assert own_checkpoints_first(cfg, "r1", str(tmp_path)).checkpoint.resume_from == (
         cfg.checkpoint.resume_from if kept else ""
     )
+
+
+def test_a_run_has_started_once_anything_is_in_its_folder(tmp_path):
+    """`--run-id` of a run that left nothing under this root starts afresh, and says so: a run of
+    another --output-dir or store is not found by its id here."""
+    from trainer.config import load_config
+
+    cfg = load_config()
+    assert not run_started(cfg, "r1", str(tmp_path))  # no folder at all
+    (tmp_path / "runs" / "r1").mkdir(parents=True)
+    assert not run_started(cfg, "r1", str(tmp_path))  # an empty one
+    (tmp_path / "runs" / "r10" / "x").mkdir(parents=True)
+    (tmp_path / "runs" / "r10" / "log.txt").write_text("a neighbour whose name starts alike")
+    assert not run_started(cfg, "r1", str(tmp_path))
+    (tmp_path / "runs" / "r1" / "log-20261204-000000.txt").write_text("started")
+    assert run_started(cfg, "r1", str(tmp_path))

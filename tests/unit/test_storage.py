@@ -33,6 +33,8 @@ def test_parse_uri(uri, expected):
 def test_relative_paths_become_absolute(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     assert parse_uri("out/x").key == os.path.join(str(tmp_path), "out/x")
+    assert parse_uri("./s3:x").key == os.path.join(str(tmp_path), "s3:x")  # a folder so named, written so
+    assert parse_uri("run:1/x").key == os.path.join(str(tmp_path), "run:1/x")
 
 
 @pytest.mark.parametrize(
@@ -49,6 +51,12 @@ def test_relative_paths_become_absolute(tmp_path, monkeypatch):
         ("s3://bucket/a//b", "empty path segment"),
         ("s3://bucket/a?x=1", "query or fragment"),
         ("file://host/x", "names a host"),
+        # A slash short is not a local folder named `s3:` (every flag and field reads URIs here).
+        ("s3:/my-bucket/prefix", "lacks the '//' after 's3:': write s3://bucket/key"),
+        ("s3:my-bucket/x", "lacks the '//' after 's3:'"),
+        ("MINIO:/b/x", "lacks the '//' after 'minio:'"),
+        ("file:/tmp/x", "lacks the '//' after 'file:'"),
+        ("gs:/b/x", "lacks the '//' after 'gs:'"),
     ],
 )
 def test_malformed_uris_are_rejected_with_the_accepted_forms(uri, message):
