@@ -316,8 +316,10 @@ def _cmd_submit(args: argparse.Namespace) -> int:
     from pathlib import Path
 
     from pipelines.compile import compile_all
-    from pipelines.submit import kfp_errors, make_client, parse_params, submit, succeeded
+    from pipelines.submit import SubmitError, kfp_errors, make_client, parse_params, submit, succeeded
 
+    if args.timeout is not None and not args.wait:
+        raise SubmitError("--timeout: limits how long --wait follows the run; add --wait, or leave out --timeout")
     with tempfile.TemporaryDirectory() as tmp:
         package = Path(args.package) if args.package else compile_all(tmp)[0]
         if not package.is_file():
@@ -339,7 +341,7 @@ def _cmd_submit(args: argparse.Namespace) -> int:
                 params,
                 namespace=args.namespace,
                 wait=args.wait,
-                timeout_s=args.timeout,
+                timeout_s=args.timeout or 24 * 3600,
                 poll_seconds=args.poll_seconds,
             )
     print(f"pipeline {args.pipeline_name} version {result.version_name}")
@@ -624,7 +626,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--package", default="", help="compiled pipeline YAML (default: compile training_pipeline now)")
     p.add_argument("--param", action="append", default=[], metavar="NAME=VALUE", help="a pipeline parameter")
     p.add_argument("--wait", action="store_true", help="follow the run; exit 1 unless it succeeds")
-    p.add_argument("--timeout", type=_seconds, default=24 * 3600, help="--wait limit in seconds")
+    p.add_argument(
+        "--timeout", type=_seconds, help="with --wait: how long to follow the run, in seconds (default: a day)"
+    )
     p.add_argument("--poll-seconds", type=_seconds, default=10, help=argparse.SUPPRESS)
     p.set_defaults(func=_cmd_submit)
 

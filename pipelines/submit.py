@@ -82,6 +82,8 @@ def parse_params(pairs: list[str], package: Path) -> dict[str, Any]:
             raise SubmitError(f"--param {pair!r}: write it as name=value")
         if name not in known:
             raise SubmitError(f"--param {name}: not a parameter of this pipeline; known: {', '.join(sorted(known))}")
+        if name in out:
+            raise SubmitError(f"--param {name}: given twice; give each parameter once")
         expected = _KFP_TYPES.get(known[name]["type"], str)
         value = raw if expected is str else load_yaml(raw, f"--param {name}")
         if expected is float and isinstance(value, int) and not isinstance(value, bool):

@@ -234,6 +234,11 @@ def _check_folder(cfg: Config, source: ModelSource) -> dict[str, Any]:
     from trainer import pretrained
 
     origin, store = source.origin, source.store
+    if store.exists(source.uri.rstrip("/")):
+        raise pretrained.PretrainedError(
+            f"model.init_from {origin!r}: a file, not a folder; name the model's folder (config.json, "
+            "*.safetensors, tokenizer.json)"
+        )
     if not store.exists(join_uri(source.uri, pretrained.CONFIG)) and not store.list(source.uri.rstrip("/") + "/"):
         raise pretrained.PretrainedError(
             f"model.init_from {origin!r}: no such folder (nothing at or under it); fix the path, or put the "

@@ -27,10 +27,10 @@ import yaml
 
 from trainer import k8s_formats as k8s
 from trainer.credentials import credential_in
-from trainer.errors import KftrainError
+from trainer.errors import KftrainError, redact
 from trainer.launch.failures import DEFAULT_MAX_RESTARTS, budget_check
 from trainer.partitions import partition_problem
-from trainer.storage import RetryPolicy, parse_uri
+from trainer.storage import RetryPolicy, endpoint_problem, parse_uri
 from trainer.tokenizer import parse_spec as parse_tokenizer_spec
 
 #: `job.nccl_debug`: the levels NCCL's `ncclDebugInit` recognises (ignoring case; any other value
@@ -152,10 +152,6 @@ _STORE_BOUNDS = {
     "retry_budget_seconds": NOT_NEGATIVE,
     "connect_timeout_seconds": ABOVE_ZERO,
     "read_timeout_seconds": ABOVE_ZERO,
-    "endpoint": Bound(
-        lambda v: not v or v.startswith(("http://", "https://")),
-        "must be a URL starting with http:// (no TLS) or https:// (TLS)",
-    ),
 }
 
 
@@ -193,19 +189,8 @@ class StoreConfig:
                 parse_uri(self.uri)
             except ValueError as exc:
                 raise ConfigError(f"store.uri: {exc}") from None
-        if self.endpoint:
-            _require(
-                self.endpoint.startswith(("http://", "https://")),
-                "store.endpoint",
-                self.endpoint,
-                "must be a URL starting with http:// (no TLS) or https:// (TLS)",
-            )
-            if "@" in self.endpoint.split("://", 1)[1].split("/", 1)[0]:  # the value is not repeated: a password
-                raise ConfigError(
-                    "store.endpoint: a user or password in the URL is not used (and would be printed); remove it "
-                    "(from the config or --s3-endpoint) and set AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY (on a "
-                    "cluster, from the store Secret)"
-                )
+        if self.endpoint and (problem := endpoint_problem(self.endpoint)):
+            raise ConfigError(f"store.endpoint: {redact(self.endpoint)!r} {problem}")  # never a password
 
 
 _FRACTION = Bound(lambda v: 0.0 < v < 0.5, "must be between 0 and 0.5")
@@ -1377,6 +1362,11 @@ def load_config(path: str | Path | None = None, overrides: dict[str, Any] | None
         except (OSError, UnicodeDecodeError) as exc:
             reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
             raise ConfigError(f"--config {path}: cannot read the config file ({reason}); pass a YAML file") from None
+        if not raw.strip():  # an empty file is a mistake (a failed `> file`), not a wish for the defaults
+            raise ConfigError(
+                f"--config {path}: the file is empty; write the fields to change, or leave out --config for the "
+                "built-in defaults"
+            )
         if len(raw) > MAX_CONFIG_BYTES:
             raise ConfigError(
                 f"--config {path}: larger than a config may be ({MAX_CONFIG_BYTES} bytes = 1 MiB); "

@@ -440,23 +440,22 @@ class S3Store:
         )
 
         self.policy = policy or RetryPolicy()
-        endpoint = endpoint or os.environ.get("AWS_ENDPOINT_URL_S3") or os.environ.get("AWS_ENDPOINT_URL", "")
-        region = region or os.environ.get("AWS_REGION") or os.environ.get("AWS_DEFAULT_REGION", "")
+        endpoint, endpoint_from = _setting(endpoint, "store.endpoint", "AWS_ENDPOINT_URL_S3", "AWS_ENDPOINT_URL")
+        region, region_from = _setting(region, "store.region", "AWS_REGION", "AWS_DEFAULT_REGION")
         if endpoint:
+            if problem := endpoint_problem(endpoint):
+                raise StoreError(f"{endpoint_from}: S3 endpoint {redact(endpoint)!r} {problem}")
             parts = urlsplit(endpoint)
-            if parts.scheme not in ("http", "https") or not parts.netloc:
-                raise StoreError(
-                    f"S3 endpoint {redact(endpoint)!r} must be a URL like http://host:9000 or https://host"
-                )
-            if "@" in parts.netloc:
-                raise StoreError(
-                    f"S3 endpoint {redact(endpoint)}: a user or password in the URL is not used (and would be "
-                    "printed); remove it from store.endpoint / --s3-endpoint and set AWS_ACCESS_KEY_ID / "
-                    "AWS_SECRET_ACCESS_KEY instead"
-                )
             host, secure = parts.netloc, parts.scheme == "https"
         else:
             host, secure = "s3.amazonaws.com", True
+        if region and not _REGION_RE.fullmatch(region):
+            raise StoreError(
+                f"{region_from}: {region!r} is not a region name (letters, digits, '-', '_' and '.', e.g. us-east-1)"
+            )
+        for key, secret in (("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY"), ("MINIO_ACCESS_KEY", "MINIO_SECRET_KEY")):
+            if os.environ.get(key) and not os.environ.get(secret):
+                raise StoreError(f"{key} is set but {secret} is not: set both (on a cluster, from the store Secret)")
         providers = [EnvAWSProvider(), EnvMinioProvider()]
         # Web-identity (IRSA) credentials only when the pod is set up for it: probing the
         # instance metadata service elsewhere would stall every call.
@@ -671,6 +670,37 @@ class S3Store:
         if back != token:
             raise self._not_s3(probe, f"{back[:40]!r} instead of the object just written")
         self.delete(probe)
+
+
+_REGION_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,62}")
+
+
+def _setting(value: str, field: str, *env: str) -> tuple[str, str]:
+    """A store setting and where it came from: the config `field`, else the first of the
+    environment variables `env` that is set (named in an error about its value)."""
+    if value:
+        return value, field
+    for name in env:
+        if os.environ.get(name):
+            return os.environ[name], f"${name}"
+    return "", field
+
+
+def endpoint_problem(endpoint: str) -> str | None:
+    """Why `endpoint` is no S3 endpoint URL (None when it is one): an http(s) URL of a host,
+    with no user or password (never used, and printed), and no path, query or fragment (the S3
+    API is at the host's root: a path would be dropped, and the objects go elsewhere)."""
+    parts = urlsplit(endpoint)
+    if parts.scheme not in ("http", "https") or not parts.netloc:
+        return "must be a URL starting with http:// (no TLS) or https:// (TLS), e.g. http://host:9000"
+    if "@" in parts.netloc:
+        return (
+            "holds a user or password, which is not used (and would be printed): remove it (store.endpoint / "
+            "--s3-endpoint) and set AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY (on a cluster, from the store Secret)"
+        )
+    if parts.path.strip("/") or parts.query or parts.fragment:
+        return "has a path, query or fragment: the S3 API is at the host's root; write only scheme://host[:port]"
+    return None
 
 
 def open_store(uri: str, endpoint: str = "", region: str = "", policy: RetryPolicy | None = None) -> ObjectStore:

@@ -107,7 +107,7 @@ def test_plan_strict_stops_the_run_before_training_with_the_reason(tmp_path):
 def test_bad_input_stops_the_run_before_training(s3_env, tmp_path, args, config, message):
     (tmp_path / "c.yaml").write_text(config)
     rc, out = run_group(
-        [*KFTRAIN, "run", "--local", "--config", "c.yaml", *args],
+        [*KFTRAIN, "run", "--local", *(["--config", "c.yaml"] if config else []), *args],
         timeout=60,
         env=cli_env(),
         cwd=str(tmp_path),

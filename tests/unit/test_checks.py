@@ -32,6 +32,7 @@ NO_TEMPLATE = {"tokenizer_config": {"chat_template": None}, "drop": ("chat_templ
 # (how the folder differs from the tiny Llama, extra config, phrases the one-line message holds)
 REFUSED = {
     "no-folder": (None, "", ["model.init_from", "no such folder (nothing at or under it)", "fix the path"]),
+    "a-file": (None, "", ["model.init_from", "a file, not a folder; name the model's folder"]),
     "no-config": ({"drop": ("config.json",)}, "", ["model.init_from", "no config.json in the folder"]),
     "architecture": ({"config": {"model_type": "t5"}}, "", ["model_type 't5' is not supported", "llama"]),
     "remote-code": (
@@ -104,6 +105,9 @@ def test_a_bad_base_model_is_refused_on_one_line_naming_the_fix(case, folder, tm
     variant, extra, phrases = REFUSED[case]
     if case == "no-folder":
         init_from = str(tmp_path / "no-such-model")
+    elif case == "a-file":
+        init_from = str(tmp_path / "config.yaml")
+        (tmp_path / "config.yaml").write_text("train: {}\n")
     elif case == "hub-uri":
         init_from = "hf://org/na me"
     else:

@@ -304,7 +304,7 @@ def test_manifests_that_could_not_run_are_refused_naming_the_field(tmp_path, cap
 
     path = tmp_path / "c.yaml"
     path.write_text(config)
-    assert main(["job", "manifest", "--config", str(path), *args]) == 2
+    assert main(["job", "manifest", *(["--config", str(path)] if config else []), *args]) == 2
     err = capsys.readouterr().err
     assert message in err, err
     assert "Traceback" not in err

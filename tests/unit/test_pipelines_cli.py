@@ -40,9 +40,12 @@ CLI_ROWS = [
     (None, ["--config", "missing.yaml"], "--config missing.yaml: cannot read the config file (No such file"),
     (None, ["--config", "."], "--config .: cannot read the config file (Is a directory)"),
     ("- a\n- list\n", [], "c.yaml: must hold a mapping"),
+    ("", [], "--config c.yaml: the file is empty; write the fields to change, or leave out --config"),
+    (" \n\n", [], "--config c.yaml: the file is empty"),
     ("train: [unclosed\n", [], "c.yaml: not valid YAML"),
     ("train:\n  epochs: 2\n  learning_rat: 0.1\n", [], "train.learning_rat: unknown key"),
-    (None, ["--s3-endpoint", "ftp://host:9000"], "store.endpoint: must be a URL starting with http://"),
+    (None, ["--s3-endpoint", "ftp://host:9000"], "store.endpoint: 'ftp://host:9000' must be a URL starting with"),
+    (None, ["--s3-endpoint", "http://h:9000/some/path"], "store.endpoint: 'http://h:9000/some/path' has a path"),
     (None, ["--run-id", "../escape"], "--run-id: must be 1-63 letters"),
     (None, ["--run-id", "a/b"], "--run-id: must be 1-63 letters"),
     (None, ["--run-id", "x" * 64], "--run-id: must be 1-63 letters"),
@@ -369,7 +372,7 @@ def test_plan_dataset_that_is_not_this_tasks_prepared_dataset_is_named(
     for name, fmt in (("tabular", "kftrain.tabular.v2"), ("tokens", "kftrain.tokens.v2")):
         (tmp_path / name).mkdir()
         (tmp_path / name / "manifest.json").write_text(json.dumps({"format": fmt, "splits": {}}))
-    assert main(["plan", "--config", "c.yaml", "--dataset", dataset]) == 2
+    assert main(["plan", *(["--config", "c.yaml"] if config else []), "--dataset", dataset]) == 2
     last = capsys.readouterr().err.strip().splitlines()[-1]
     assert last.startswith("kftrain: error: --dataset") and error in last
 
@@ -408,3 +411,22 @@ def test_ctrl_c_ends_any_command_with_one_line_and_exit_130(monkeypatch, capsys)
     rc = main(["plan"])
     err = capsys.readouterr().err
     assert rc == 130 and err.strip() == "kftrain: interrupted; what it started on this machine has stopped"
+
+
+@pytest.mark.parametrize(
+    ("argv", "phrase"),
+    [
+        (["submit", "--host", "http://127.0.0.1:9", "--timeout", "60"], "--timeout: limits how long --wait follows"),
+        (
+            ["submit", "--host", "http://127.0.0.1:9", "--param", "epochs=2", "--param", "epochs=3"],
+            "--param epochs: given twice; give each parameter once",
+        ),
+        (["horovod-run", "nonexist.py"], "kftrain horovod-run: nonexist.py: no such file; name the Horovod script"),
+        (["horovod-run", "."], "kftrain horovod-run: .: a folder without __main__.py"),
+    ],
+)
+def test_a_flag_that_would_be_ignored_or_a_missing_script_is_one_line(tmp_path, monkeypatch, capsys, argv, phrase):
+    monkeypatch.chdir(tmp_path)
+    rc, out = call_cli(argv, capsys)
+    assert rc == 2, out
+    assert phrase in out and "Traceback" not in out, out

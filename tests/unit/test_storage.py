@@ -120,6 +120,35 @@ def test_s3_without_credentials_says_which_variables(monkeypatch):
         S3Store(endpoint="http://127.0.0.1:1")
 
 
+#: (store.endpoint, store.region, environment, what the error names): every way the settings
+#: of an S3 store are wrong, from the config or the environment, named by where they came from.
+S3_SETTINGS = [
+    ("http://h:9000/some/path", "", {}, "store.endpoint: S3 endpoint 'http://h:9000/some/path' has a path"),
+    ("http://h:9000?x=1", "", {}, "store.endpoint: S3 endpoint 'http://h:9000?x=1' has a path, query"),
+    ("", "", {"AWS_ENDPOINT_URL": "https://h/bucket"}, "$AWS_ENDPOINT_URL: S3 endpoint 'https://h/bucket' has a"),
+    ("", "", {"AWS_ENDPOINT_URL_S3": "h:9000"}, "$AWS_ENDPOINT_URL_S3: S3 endpoint 'h:9000' must be a URL"),
+    ("http://u:pw@h:9000", "", {}, "store.endpoint: S3 endpoint 'http://***@h:9000' holds a user or password"),
+    ("http://h:9000", "bad region!", {}, "store.region: 'bad region!' is not a region name"),
+    ("http://h:9000", "", {"AWS_REGION": "bad region!"}, "$AWS_REGION: 'bad region!' is not a region name"),
+    ("http://h:9000", "", {"AWS_DEFAULT_REGION": "x/y"}, "$AWS_DEFAULT_REGION: 'x/y' is not a region name"),
+    ("http://h:9000", "", {"AWS_SECRET_ACCESS_KEY": ""}, "AWS_ACCESS_KEY_ID is set but AWS_SECRET_ACCESS_KEY is not"),
+]
+
+
+@pytest.mark.parametrize(("endpoint", "region", "env", "named"), S3_SETTINGS)
+def test_s3_settings_are_checked_naming_where_they_came_from(monkeypatch, endpoint, region, env, named):
+    for name in ("AWS_ENDPOINT_URL", "AWS_ENDPOINT_URL_S3", "AWS_REGION", "AWS_DEFAULT_REGION"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "akid")
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "secret")
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    with pytest.raises(StoreError) as info:
+        S3Store(endpoint=endpoint, region=region)
+    assert named in str(info.value)
+    assert "pw" not in str(info.value) and "secret" not in str(info.value)
+
+
 @pytest.mark.parametrize("name", ["events.out.tfevents.1.host", "rows-00000.npz", "COMMIT.json"])
 def test_a_local_write_in_progress_never_looks_like_its_object(tmp_path, name):
     """A writer SIGKILLed mid-write leaves its temporary file behind: it must not be mistaken for

@@ -75,6 +75,11 @@ def main(argv: list[str] | None = None) -> int:
     if not argv or argv[0] in ("-h", "--help"):
         print(__doc__.strip().splitlines()[0] + "\n\nusage: python -m trainer.horovod.run SCRIPT [ARGS]")
         return 0 if argv else 2
+    script = Path(argv[0])
+    if not (script.is_file() or (script / "__main__.py").is_file()):
+        what = "a folder without __main__.py" if script.is_dir() else "no such file"
+        print(f"kftrain horovod-run: {argv[0]}: {what}; name the Horovod script to run", file=sys.stderr)
+        return 2
     try:
         run_script(argv[0], argv[1:])
     except RealHorovodInstalled as exc:
