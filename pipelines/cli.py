@@ -170,8 +170,10 @@ def _cmd_runs(args: argparse.Namespace) -> int:
 
     root = args.store
     try:
-        if not parse_uri(root).is_remote and not os.path.isdir(parse_uri(root).key):
-            raise StoreError(f"{root}: no such folder; pass --store with the store the runs wrote to")
+        if not parse_uri(root).is_remote:  # absolute: the checkpoints listed are what resume_from takes
+            if not os.path.isdir(parse_uri(root).key):
+                raise StoreError(f"{root}: no such folder; pass --store with the store the runs wrote to")
+            root = parse_uri(root).key
         store = open_store(root, args.s3_endpoint or "")
         try:
             with check_deadline(CHECK_BUDGET_S):  # one small request first: a wrong endpoint fails in seconds
@@ -407,19 +409,26 @@ def _gibibytes(text: str) -> float:
 
 def _node_counts(text: str) -> list[int]:
     """`N[,M...]`: positive node counts."""
+    from trainer.config import MAX_PLAN_NODES
+
     parts = [p.strip() for p in text.split(",")]
-    if not all(p.isdigit() and int(p) >= 1 for p in parts):
+    if not all(p.isdigit() and 1 <= int(p) <= MAX_PLAN_NODES for p in parts):
         raise argparse.ArgumentTypeError(
-            f"must be positive whole numbers of nodes separated by commas, e.g. 1,2,4, got {text!r}"
+            f"must be positive whole numbers of nodes up to {MAX_PLAN_NODES} separated by commas, e.g. 1,2,4, "
+            f"got {text!r}"
         )
     return [int(p) for p in parts]
 
 
 def _price(text: str) -> float:
     """A price per GPU-hour, >= 0."""
+    from trainer.config import MAX_GPU_HOUR_PRICE
+
     value = _number(text)
-    if not 0 <= value < float("inf"):
-        raise argparse.ArgumentTypeError(f"must be a price >= 0 per GPU-hour, e.g. 3.5, got {text!r}")
+    if not 0 <= value <= MAX_GPU_HOUR_PRICE:
+        raise argparse.ArgumentTypeError(
+            f"must be a price >= 0 per GPU-hour, at most {MAX_GPU_HOUR_PRICE:g}, e.g. 3.5, got {text!r}"
+        )
     return value
 
 

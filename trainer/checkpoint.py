@@ -67,7 +67,15 @@ from trainer.checkpoint_owner import (
     step_dir,
 )
 from trainer.progress import ProgressLine
-from trainer.storage import CorruptObject, ObjectNotFound, ObjectStore, StoreError, join_uri, read_json
+from trainer.storage import (
+    CorruptObject,
+    ObjectNotFound,
+    ObjectStore,
+    StoreError,
+    drop_empty_folders,
+    join_uri,
+    read_json,
+)
 
 #: The unit of a ranged read of a ``.distcp`` part, each with its own sha256 in COMMIT.json. A
 #: trade-off: smaller blocks waste less on the edges of what a reader needs (on average one
@@ -362,6 +370,7 @@ class CheckpointManager:
             # The commit record goes first: a half-deleted checkpoint never looks complete.
             for uri in sorted(uris, key=lambda u: not u.endswith(f"/{COMMIT}")):
                 self.store.delete(uri)
+            drop_empty_folders(self.store, step_dir(self.prefix, step))
 
     def _metrics(self, step: int) -> dict[str, Any]:
         """The validation metrics a step's commit record holds ({} for none or unreadable)."""

@@ -492,11 +492,20 @@ class ExportConfig:
         check_bounds(self, "export", _EXPORT_BOUNDS)
 
 
+#: The most nodes a plan predicts for, and the highest price per GPU-hour it takes: past them a
+#: number is a typo, and the predictions would overflow (an infinite cost is not JSON).
+MAX_PLAN_NODES = 100_000
+MAX_GPU_HOUR_PRICE = 1e6
 #: Bounds of `plan.*` fields.
 _PLAN_BOUNDS = {
     "gpu": Bound(lambda v: v == v.strip(), "must be a GPU type without surrounding spaces, e.g. H100"),
-    "nodes": Bound(lambda v: all(n >= 1 for n in v), "must be a list of positive node counts, e.g. [1, 2, 4]"),
-    "price_per_gpu_hour": Bound(lambda v: v >= 0, "must be >= 0 (0: no cost column)"),
+    "nodes": Bound(
+        lambda v: all(1 <= n <= MAX_PLAN_NODES for n in v),
+        f"must be a list of positive node counts up to {MAX_PLAN_NODES}, e.g. [1, 2, 4]",
+    ),
+    "price_per_gpu_hour": Bound(
+        lambda v: 0 <= v <= MAX_GPU_HOUR_PRICE, f"must be >= 0 and <= {MAX_GPU_HOUR_PRICE:g} (0: no cost column)"
+    ),
 }
 
 

@@ -229,6 +229,22 @@ class ObjectStore(Protocol):
         """Preflight: raise :class:`StoreError` saying what to fix if `uri` cannot be written."""
 
 
+def drop_empty_folders(store: ObjectStore, prefix: str) -> None:
+    """Remove the folders left empty at and under `prefix` once its objects are deleted: in an
+    object store no folder outlives its objects, and a local one should look the same. Only for
+    a folder nothing writes to any more (a pruned checkpoint step)."""
+    if not isinstance(store, LocalStore):
+        return
+    top = store._path(prefix)
+    if not top.is_dir():
+        return
+    for folder in sorted((p for p in top.rglob("*") if p.is_dir()), key=lambda p: len(p.parts), reverse=True):
+        with contextlib.suppress(OSError):  # not empty: something else lives there, and stays
+            folder.rmdir()
+    with contextlib.suppress(OSError):
+        top.rmdir()
+
+
 def read_chunks(store: ObjectStore, uri: str, chunk_bytes: int, progress: str = "") -> Iterator[bytes]:
     """The object at `uri` in consecutive ranged reads of `chunk_bytes` (the last may be shorter),
     so a reader holds one chunk however large the object. With `progress` (what the reading is

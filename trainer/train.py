@@ -582,9 +582,14 @@ class Trainer:
     def _skip_update(self, step_loss: float, grad_norm: float) -> None:
         tc = self.cfg.train
         culprits = nonfinite_ranks(step_loss, self.env, self.device)
+        what = (
+            f"the loss was non-finite on rank(s) {culprits}"
+            if culprits
+            else "the loss was finite on every rank, the gradients overflowed"
+        )
         where = (
-            f"optimizer step {self.step + 1} (epoch {self.epoch}): the loss was non-finite on rank(s) "
-            f"{culprits or 'none (the gradients overflowed)'}; grad norm {grad_norm} (reported by rank {self.env.rank})"
+            f"optimizer step {self.step + 1} (epoch {self.epoch}): {what}; grad norm {grad_norm} (reported by rank "
+            f"{self.env.rank})"
         )
         if tc.on_nonfinite == "stop":
             raise NonFiniteLoss(f"non-finite loss or gradients at {where} (train.on_nonfinite: stop)")

@@ -142,6 +142,8 @@ def test_pruning_removes_old_and_partial_checkpoints(tmp_path):
     save(mgr, 3, blocking=True)
     assert {uri.rsplit("/", 2)[-2] for uri in store.list(prefix)} == {"step-00000003"}
     assert join_uri(step_dir(prefix, 3), COMMIT) in store.list(prefix)
+    # No empty folder outlives its checkpoint (an object store has none either).
+    assert [p.name for p in (tmp_path / "ckpt").iterdir() if p.is_dir()] == ["step-00000003"]
 
 
 def test_an_upload_failure_surfaces_on_the_next_save(tmp_path):

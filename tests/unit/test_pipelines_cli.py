@@ -118,7 +118,11 @@ def test_job_status_prints_the_progress_line_of_a_job_on_a_fake_cluster(monkeypa
 PLAN_BAD_ROWS = [
     (None, ["--gpu", "H999"], "argument --gpu: unknown GPU type 'H999'; known: H100-80GB, H200-141GB, A100-80GB"),
     (None, ["--gpu", ""], "argument --gpu: unknown GPU type ''"),
-    (None, ["--nodes", "0"], "argument --nodes: must be positive whole numbers of nodes separated by commas"),
+    (
+        None,
+        ["--nodes", "0"],
+        "argument --nodes: must be positive whole numbers of nodes up to 100000 separated by commas",
+    ),
     (None, ["--nodes", "1,,2"], "argument --nodes: must be positive whole numbers"),
     (None, ["--nodes", "two"], "argument --nodes: must be positive whole numbers"),
     (None, ["--nodes", "-1"], "argument --nodes: must be positive whole numbers"),
@@ -128,6 +132,8 @@ PLAN_BAD_ROWS = [
     (None, ["--gpu-memory", "lots"], "argument --gpu-memory: must be a number, got 'lots'"),
     (None, ["--price", "-1"], "argument --price: must be a price >= 0 per GPU-hour"),
     (None, ["--price", "inf"], "argument --price: must be a price >= 0 per GPU-hour"),
+    (None, ["--price", "1e308"], "argument --price: must be a price >= 0 per GPU-hour, at most 1e+06"),
+    (None, ["--nodes", "1,100000000"], "argument --nodes: must be positive whole numbers of nodes up to 100000"),
     (None, ["--probe-steps", "0"], "argument --probe-steps: must be a positive whole number of steps"),
     (None, ["--output", " "], "argument --output: must not be empty"),
 ]
@@ -136,6 +142,8 @@ PLAN_CONFIG_ROWS = [
     ("plan:\n  gpu: H999\n", [], "plan.gpu: not a GPU type the plan knows, got 'H999'; use one of H100-80GB"),
     ("plan:\n  nodes: [0, 2]\n", [], "plan.nodes: must be a list of positive node counts"),
     ("plan:\n  price_per_gpu_hour: -2\n", [], "plan.price_per_gpu_hour: must be >= 0"),
+    ("plan:\n  price_per_gpu_hour: 1.0e+300\n", [], "plan.price_per_gpu_hour: must be >= 0 and <= 1e+06"),
+    ("plan:\n  nodes: [1, 1000000]\n", [], "plan.nodes: must be a list of positive node counts up to 100000"),
     ("plan:\n  strict: maybe\n", [], "plan.strict: must be"),
     ("plan:\n  strict: true\n", [], "plan.strict: needs plan.enabled: true"),
     (None, ["--config", "missing.yaml"], "--config missing.yaml: cannot read the config file"),

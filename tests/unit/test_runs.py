@@ -170,7 +170,7 @@ def test_a_checkpoint_missing_a_part_is_not_resumed(runs, tmp_path):
     assert folder == str(broken / steps[-2]) and chosen["step"] == int(steps[-2][5:])
 
 
-def test_runs_lists_each_runs_state_step_and_latest_checkpoint(runs, tmp_path, capsys):
+def test_runs_lists_each_runs_state_step_and_latest_checkpoint(runs, tmp_path, capsys, monkeypatch):
     root, ref, old_ckpt = runs
     (root / "runs" / "done").mkdir(exist_ok=True)  # a local run that finished, with no checkpoint left
     (root / "runs" / "done" / "run.json").write_text(json.dumps({"status": "finished"}))
@@ -196,6 +196,10 @@ def test_runs_lists_each_runs_state_step_and_latest_checkpoint(runs, tmp_path, c
     assert cli(["runs", "--store", str(root), "--json"]) == 0
     listed = {r["run"]: r for r in json.loads(capsys.readouterr().out)}
     assert listed["old"]["state"] == "partial" and listed["old"]["checkpoint"] == found["old"].checkpoint
+    # A relative --store lists absolute checkpoints: what checkpoint.resume_from takes as written.
+    monkeypatch.chdir(root.parent)
+    assert cli(["runs", "--store", root.name, "--json"]) == 0
+    assert {r["run"]: r for r in json.loads(capsys.readouterr().out)}["old"]["checkpoint"] == found["old"].checkpoint
 
 
 def test_runs_lists_complete_checkpoints_only_and_shows_what_a_record_holds_safely(runs, tmp_path, capsys):
