@@ -105,11 +105,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
                 max_perplexity=args.max_perplexity,
                 run_id=run_id,
                 # Once it passed the pre-flight: a refused run has nothing to continue.
-                on_start=lambda: print(
-                    f"kftrain: run {run_id} (stopped or killed, it continues with: {resume})",
-                    file=console.out,
-                    flush=True,
-                ),
+                on_start=lambda: console.say(f"kftrain: run {run_id} (stopped or killed, it continues with: {resume})"),
             )
     except (PipelineFailed, RunStopped) as exc:
         outcome = exc
@@ -139,6 +135,9 @@ def _cmd_run(args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
         return 128 + outcome.signum
+    if args.summary:  # before the terminal lines: a closed terminal must not lose it
+        with _writing("--summary"):
+            write_summary(summary, args.summary)
     if summary.get("already_finished"):
         print(f"kftrain: run {run_id} had already finished; nothing to do. Its summary:")
     print("\nkftrain: run finished. Artifacts:")
@@ -154,8 +153,6 @@ def _cmd_run(args: argparse.Namespace) -> int:
     verdict = "passed" if summary["exported"] else "FAILED: the model was not exported"
     print(f"Quality gate {verdict} ({summary['quality_gate']})")
     if args.summary:
-        with _writing("--summary"):
-            write_summary(summary, args.summary)
         print(f"summary written to {args.summary}")
     if full_log:
         print(f"full log: {full_log}")
@@ -699,6 +696,10 @@ def main(argv: list[str] | None = None) -> int:
     args.argv = list(argv)
     try:
         return args.func(args)
+    except BrokenPipeError:  # the reader went away (`| head`): as a command killed by SIGPIPE, quietly
+        with contextlib.suppress(OSError):
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # the exit's flush must not fail
+        return 128 + signal.SIGPIPE
     # What the user can fix: one line, no traceback (an OSError names the local file it is about).
     except (KftrainError, ValueError, OSError) as exc:
         print(f"kftrain: error: {redact(str(exc))}", file=sys.stderr)

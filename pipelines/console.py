@@ -5,9 +5,11 @@ kfp.local writes everything to ``sys.stdout``: its own records (a root logging h
 and each step's subprocess output, printed line by line, indented by four spaces, including the
 executor input (the whole config, once per step). So while the pipeline runs ``sys.stdout`` is a
 :class:`StepConsole`: every line goes to the full log file, and the terminal gets one line when a
-step starts and one when it ends (with its duration), the replicas' lines, and the step's own log
-records except kfp's bookkeeping (progress lines, warnings); with `verbose`, everything as kfp.local
-wrote it. When a step fails with a kftrain error, its one line (``kftrain-error: <step>: ...``,
+step starts and one when it ends (with its duration), the replicas' lines (a traceback's frames and
+torchrun's report of a failed process only in the log), and the step's own log records except kfp's
+bookkeeping (progress lines, warnings); with `verbose`, everything as kfp.local wrote it. A terminal
+that closes (`| head`) is left alone: the run goes on, its full log complete. When a step fails
+with a kftrain error, its one line (``kftrain-error: <step>: ...``,
 :mod:`trainer.errors`) stays in :attr:`failure_line` for the CLI to end with, and its traceback only
 in the log; when it fails otherwise (a bug), the last lines of its output that the terminal has not
 shown (its error, without traceback frames) go to the terminal's stderr and stay in
@@ -42,6 +44,10 @@ _STEP_RECORD = re.compile(r"^\[KFP Executor [^\]]* (?P<level>[A-Z]+)\]: (?P<msg>
 _STEP_BOOKKEEPING = ("Looking for component", "Loading KFP component", "Got executor_input", "Wrote executor output")
 #: A training replica's line: `[master-0] [rank 0] ...`, `[worker-1] ...`, `[node-0-0] ...`.
 _REPLICA = re.compile(r"^\[[a-z][a-z0-9]*(?:-\d+)+\] ")
+#: What joins two tracebacks of one chain of exceptions.
+_CHAINED = ("During handling of the above exception", "The above exception was the direct cause")
+#: The exception torchrun's agent raises when a training process failed; its report follows.
+_TORCHRUN_REPORT = "torch.distributed.elastic.multiprocessing.errors.ChildFailedError"
 #: kfp.local indents a step's output by this much.
 _STEP_INDENT = "    "
 TAIL_LINES = 8
@@ -70,6 +76,8 @@ class StepConsole(io.TextIOBase):
         self._t0 = 0.0
         self._in_json = False
         self._tail: collections.deque[str] = collections.deque(maxlen=TAIL_LINES)
+        self._closed: set[TextIO] = set()  # terminal streams that went away
+        self._replicas: dict[str, str] = {}  # by replica: "frames" in a traceback, "report" past torchrun's
         self._error = ""  # the running step's kftrain error line, if it printed one
         #: The step that failed, and the last lines of its output the terminal had not shown.
         self.failed_step = ""
@@ -85,7 +93,7 @@ class StepConsole(io.TextIOBase):
             if self.log is None:
                 self.log = self._open_log()
             if self.verbose:
-                self.out.write(redact(s))
+                self._to_terminal(self.out, redact(s))
             self._partial += s
             *lines, self._partial = self._partial.split("\n")
             for line in lines:
@@ -98,7 +106,7 @@ class StepConsole(io.TextIOBase):
         with self._lock:
             if self.log is not None:
                 self.log.flush()
-            self.out.flush()
+            self._to_terminal(self.out, "")
 
     def close(self) -> None:
         """Write out a last line that never got its line end, and close the log."""
@@ -108,12 +116,28 @@ class StepConsole(io.TextIOBase):
         if self.log is not None:
             self.log.close()
 
+    def say(self, line: str) -> None:
+        """A line of kftrain's own for the terminal (and the log), verbose or not."""
+        with self._lock:
+            if self.log is not None:
+                self.log.write(redact(line) + "\n")
+            self._to_terminal(self.out, redact(line) + "\n")
+
     def _show(self, line: str, stream: TextIO | None = None) -> None:
         if self.verbose:  # the terminal had the raw line already
             return
-        stream = stream or self.out
-        stream.write(line + "\n")
-        stream.flush()
+        self._to_terminal(stream or self.out, line + "\n")
+
+    def _to_terminal(self, stream: TextIO, text: str) -> None:
+        """The terminal is a view of the run: once it is closed (`| head`, a closed `less`), the
+        run goes on without it, everything still in the full log."""
+        if stream in self._closed:
+            return
+        try:
+            stream.write(text)
+            stream.flush()
+        except (BrokenPipeError, ValueError):  # ValueError: writing to a closed file
+            self._closed.add(stream)
 
     def _route(self, line: str) -> None:
         record = _KFP_RECORD.match(line)
@@ -128,6 +152,7 @@ class StepConsole(io.TextIOBase):
         if m := _STEP_START.match(msg):
             self._step, self._t0, self._in_json, self._error = m["task"], time.monotonic(), False, ""
             self._tail.clear()
+            self._replicas.clear()
             self._show(f"{now} {self._step} started")
         elif m := _STEP_END.match(msg):
             took = format_seconds(time.monotonic() - self._t0)
@@ -156,10 +181,28 @@ class StepConsole(io.TextIOBase):
                 return
             level = record["level"]
             self._show("  " + (record["msg"] if level == "INFO" else f"{level.lower()}: {record['msg']}"))
-        elif _REPLICA.match(line):
-            self._show("  " + line)
+        elif m := _REPLICA.match(line):
+            if self._replica_shows(m.group(0), line[m.end() :]):
+                self._show("  " + line)
         elif line.strip() and not line[0].isspace() and line != "Traceback (most recent call last):":
             self._tail.append(line[:_TAIL_CHARS])
+
+    def _replica_shows(self, replica: str, text: str) -> bool:
+        """Whether the terminal shows this line of `replica`: a traceback's frames, and torchrun's
+        report of a failed process after its `ChildFailedError` (the launcher names the cause in
+        the step's error), stay in the full log; the exception a traceback ends with is shown."""
+        mode = self._replicas.get(replica, "")
+        if mode == "report" or text.startswith("Traceback (most recent call last):"):
+            self._replicas[replica] = mode or "frames"
+            return False
+        if text.startswith(_CHAINED):
+            return False
+        if mode != "frames":
+            return True
+        if not text.strip() or text[0].isspace():
+            return False
+        self._replicas[replica] = "report" if text.startswith(_TORCHRUN_REPORT) else ""
+        return not self._replicas[replica]
 
 
 @contextlib.contextmanager

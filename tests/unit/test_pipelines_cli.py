@@ -438,3 +438,18 @@ def test_a_flag_that_would_be_ignored_or_a_missing_script_is_one_line(tmp_path, 
     rc, out = call_cli(argv, capsys)
     assert rc == 2, out
     assert phrase in out and "Traceback" not in out, out
+
+
+def test_a_reader_that_goes_away_ends_the_command_quietly(tmp_path, monkeypatch, capsys):
+    """`kftrain compile | head -1`: no error line, the status of a command SIGPIPE ended."""
+    import io
+
+    class Closed(io.StringIO):
+        def write(self, s: str) -> int:
+            raise BrokenPipeError(32, "Broken pipe")
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr("sys.stdout", Closed())
+    assert main(["compile", "--output-dir", "out"]) == 141
+    assert capsys.readouterr().err == ""
+    assert list((tmp_path / "out").glob("*.yaml"))  # the work was done; only its report had no reader

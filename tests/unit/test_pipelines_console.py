@@ -98,3 +98,75 @@ def test_nothing_written_opens_no_log():
     console = StepConsole(lambda: opened.append(1) or io.StringIO(), io.StringIO(), io.StringIO())
     console.close()
     assert console.log is None and not opened
+
+
+# A training step whose rank 1 hit a bug: its traceback, then torchrun's own (ChildFailedError)
+# and report, each line prefixed with its replica as the local backend streams them.
+TRAINING_BUG = """\
+15:00:00.002 - INFO - Executing task 'train'
+15:00:00.003 - INFO - Streamed logs:
+
+    [master-0] [rank 0] 15:00:01 step 20/40 epoch 1 loss 1.5
+    [worker-0] Traceback (most recent call last):
+    [worker-0]   File "/app/trainer/train.py", line 820, in main
+    [worker-0]     run_training(cfg, args.dataset_uri, args.model_uri, env)
+    [worker-0]     ~~~~~~~~~~~~^^^^^
+    [worker-0] KeyError: 'label'
+    [worker-0]
+    [worker-0] During handling of the above exception, another exception occurred:
+    [worker-0]
+    [worker-0] Traceback (most recent call last):
+    [worker-0]   File "/app/trainer/tasks/classification.py", line 40, in loss
+    [worker-0] ValueError: label 11 is not one of the task's 10 classes
+    [master-0] [rank 0] 15:00:02 a collective failed or timed out
+    [worker-0] Traceback (most recent call last):
+    [worker-0]   File "/app/trainer/torchrun.py", line 25, in main
+    [worker-0]     torchrun(argv)
+    [worker-0] torch.distributed.elastic.multiprocessing.errors.ChildFailedError:
+    [worker-0] ============================================================
+    [worker-0] trainer.train FAILED
+    [worker-0] ------------------------------------------------------------
+    [worker-0] Root Cause (first observed failure):
+    [worker-0]   exitcode  : 1 (pid: 42)
+    [worker-0] ============================================================
+    [worker-0] a line after the report
+
+15:00:05.000 - ERROR - Task 'train' finished with status FAILURE
+"""
+
+
+def test_replicas_tracebacks_show_their_error_and_torchruns_report_stays_in_the_log():
+    console, log, out, err = run(TRAINING_BUG)
+    assert [line for line in out.splitlines() if line.startswith("  [")] == [
+        "  [master-0] [rank 0] 15:00:01 step 20/40 epoch 1 loss 1.5",
+        "  [worker-0] KeyError: 'label'",
+        "  [worker-0] ValueError: label 11 is not one of the task's 10 classes",
+        "  [master-0] [rank 0] 15:00:02 a collective failed or timed out",
+    ]
+    assert "ChildFailedError" in log and "File " in log and "Root Cause" in log  # all of it in the full log
+
+
+class ClosedAfter(io.StringIO):
+    """A terminal its reader closes after `n` writes (`kftrain run --local | head`)."""
+
+    def __init__(self, n: int) -> None:
+        super().__init__()
+        self.n = n
+
+    def write(self, s: str) -> int:
+        self.n -= 1
+        if self.n < 0:
+            raise BrokenPipeError(32, "Broken pipe")
+        return super().write(s)
+
+
+def test_a_terminal_that_closes_leaves_the_run_and_its_log_whole():
+    log, out, err = io.StringIO(), ClosedAfter(2), io.StringIO()
+    console = StepConsole(lambda: log, out, err)
+    for line in KFP_OUTPUT.splitlines(keepends=True):
+        console.write(line)
+    console.say("kftrain: run r1 (stopped or killed, it continues with: ...)")
+    console.flush()
+    assert log.getvalue().count("\n") == KFP_OUTPUT.count("\n") + 1
+    assert console.failed_step == "evaluate"  # still followed: the CLI's last line names it
+    assert len(out.getvalue().splitlines()) == 2
