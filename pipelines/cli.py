@@ -162,7 +162,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
 def _cmd_runs(args: argparse.Namespace) -> int:
     import json
 
-    from trainer.runs import list_runs, runs_as_json, runs_table
+    from trainer.runs import list_runs, runs_as_json, runs_table, stores_under
     from trainer.storage import CHECK_BUDGET_S, StoreError, check_deadline, join_uri, open_store, parse_uri
 
     root = args.store
@@ -183,7 +183,9 @@ def _cmd_runs(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(runs_as_json(runs), indent=2))
     elif not runs:
-        print(f"no runs under {root}")
+        nested = stores_under(store, root)
+        hint = f"; it holds stores with runs: pass one as --store: {', '.join(nested[:5])}" if nested else ""
+        print(f"no runs under {root}{hint}")
     else:
         print(runs_table(runs))
     return 0

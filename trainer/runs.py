@@ -66,9 +66,21 @@ def _where(rel: str) -> tuple[str, str] | None:
     parts = rel.split("/")
     if parts[0] == LOCAL_RUNS and len(parts) >= 3:
         return parts[1], ""
-    if len(parts) >= 3:
+    if len(parts) >= 4 and parts[2] == "model":  # what a run of a store holds of its training: the model's
         return parts[0], parts[1]
     return None
+
+
+def stores_under(store: ObjectStore, root: str) -> list[str]:
+    """The store roots one folder below `root` that hold runs (`root` is a parent of stores:
+    `kftrain runs` of it lists nothing, and names these instead)."""
+    root = root.rstrip("/")
+    found = set()
+    for uri in store.list(root + "/"):
+        first, _, rel = uri[len(root) + 1 :].partition("/")
+        if rel and _where(rel) is not None:
+            found.add(join_uri(root, first))
+    return sorted(found)
 
 
 def _run_of_prefix(rel: str) -> tuple[str, str] | None:

@@ -202,6 +202,24 @@ def test_runs_lists_each_runs_state_step_and_latest_checkpoint(runs, tmp_path, c
     assert {r["run"]: r for r in json.loads(capsys.readouterr().out)}["old"]["checkpoint"] == found["old"].checkpoint
 
 
+def test_a_parent_of_stores_lists_no_runs_and_names_the_stores(runs, tmp_path, capsys):
+    """Two stores in one folder: their `runs/` folder and their KFP runs' task folders are not runs
+    of the parent (was: `exp/runs` listed as a run's task, and finished runs as partial)."""
+    root, _, _ = runs
+    for name in ("exp", "x"):
+        shutil.copytree(root, tmp_path / "parent" / name, ignore=shutil.ignore_patterns("old-model"))
+    (tmp_path / "parent" / "notes" / "a" / "b").mkdir(parents=True)
+    (tmp_path / "parent" / "notes" / "a" / "b" / "c.txt").write_text("no run")
+    assert list_runs(LocalStore(), str(tmp_path / "parent")) == []
+    assert cli(["runs", "--store", str(tmp_path / "parent")]) == 0
+    out = capsys.readouterr().out.strip()
+    assert out == (
+        f"no runs under {tmp_path / 'parent'}; it holds stores with runs: pass one as --store: "
+        f"{tmp_path / 'parent' / 'exp'}, {tmp_path / 'parent' / 'x'}"
+    )
+    assert {"old", "kfprun/train-1"} <= {r.name for r in list_runs(LocalStore(), str(tmp_path / "parent" / "exp"))}
+
+
 def test_runs_lists_complete_checkpoints_only_and_shows_what_a_record_holds_safely(runs, tmp_path, capsys):
     """The latest checkpoint `kftrain runs` shows is one `resume_from` can load; a foreign or
     damaged commit time or a run name with control characters does not break the listing."""
