@@ -207,14 +207,18 @@ def record_finished(cfg: Config, run_id: str, summary: dict[str, Any], local_roo
 def run_scope(run_id: str, grace_s: float = 10.0) -> Iterator[str]:
     """Make this process and everything it starts one stoppable unit.
 
-    Tags the environment (inherited by every descendant) with a run marker, starts the watchdog
-    that stops every marked process if this process dies, and turns SIGTERM/SIGINT into
-    :class:`RunStopped` after stopping the run's processes. Yields the marker.
+    Tags the environment (inherited by every descendant) with a run marker, puts every temporary
+    file of the run in one folder, starts the watchdog that stops every marked process and removes
+    that folder if this process dies, and turns SIGTERM/SIGINT into :class:`RunStopped` after
+    stopping the run's processes. Yields the marker.
     """
     from trainer.launch.local import RUN_MARKER_ENV, stop_marked, stopped_at_exit
 
     marker = f"{run_id}-{secrets.token_hex(4)}"
     os.environ[RUN_MARKER_ENV] = marker
+    # Every temporary file of the run in one folder, which goes with the run, SIGKILL included.
+    scratch, tempdir_before = tempfile.mkdtemp(prefix=f"kftrain-{run_id}-"), tempfile.tempdir
+    tempfile.tempdir = scratch
 
     def on_signal(signum: int, frame: Any) -> None:
         signal.signal(signum, signal.SIG_IGN)  # a second Ctrl-C must not interrupt the cleanup
@@ -224,12 +228,13 @@ def run_scope(run_id: str, grace_s: float = 10.0) -> Iterator[str]:
 
     previous = {sig: signal.signal(sig, on_signal) for sig in (signal.SIGTERM, signal.SIGINT)}
     try:
-        with stopped_at_exit(marker, RUN_MARKER_ENV, grace_s):  # nothing of the run outlives it
+        with stopped_at_exit(marker, RUN_MARKER_ENV, grace_s, remove=scratch):  # nothing of the run outlives it
             yield marker
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler)
         os.environ.pop(RUN_MARKER_ENV, None)
+        tempfile.tempdir = tempdir_before
 
 
 def preflight(cfg: Config, local_root: str = DEFAULT_LOCAL_ROOT) -> Config:

@@ -58,10 +58,11 @@ def run_procs(marker_prefix: str) -> list[int]:
 
 def start(tmp_path: Path, run_id: str) -> subprocess.Popen:
     """The CLI in its own session (so the test can kill it alone, not its group)."""
+    (tmp_path / "tmp").mkdir(exist_ok=True)
     return subprocess.Popen(
         [*KFTRAIN, "run", "--local", "--config", "c.yaml", "--min-accuracy", "0.1", "--run-id", run_id],
         cwd=tmp_path,
-        env=env(),
+        env={**env(), "TMPDIR": str(tmp_path / "tmp")},  # where the run's temporary files go, and leave
         stdout=open(tmp_path / f"{run_id}.log", "ab"),  # noqa: SIM115 (the child owns it)
         stderr=subprocess.STDOUT,
         start_new_session=True,
@@ -154,6 +155,10 @@ def test_killing_the_cli_stops_the_run_and_run_id_resumes_it_bitwise(tmp_path, r
             os.kill(proc.pid, sig)  # the CLI alone, not its process group
             proc.wait(timeout=60)
             stopped_in = assert_all_stopped(run_id)
+            deadline = time.monotonic() + 10  # the watchdog removes them once it stopped the processes
+            while list((tmp_path / "tmp").iterdir()) and time.monotonic() < deadline:
+                time.sleep(0.1)
+            assert not list((tmp_path / "tmp").iterdir()), f"{sig.name} left temporary files behind"
         finally:
             if proc.poll() is None:
                 os.killpg(proc.pid, signal.SIGKILL)

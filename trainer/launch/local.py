@@ -13,6 +13,7 @@ import collections
 import contextlib
 import os
 import secrets
+import shutil
 import signal
 import socket
 import subprocess
@@ -81,15 +82,16 @@ def stop_marked(marker: str, var: str, grace_s: float = 10.0) -> int:
     return len(pids)
 
 
-def start_watchdog(marker: str, var: str = RUN_MARKER_ENV, grace_s: float = 10.0) -> int:
+def start_watchdog(marker: str, var: str = RUN_MARKER_ENV, grace_s: float = 10.0, remove: str = "") -> int:
     """Start a watchdog in its own session that stops every process carrying `var=marker` as
-    soon as this process dies, however it dies (SIGKILL included). Return the write end of the
-    pipe it watches: close it for a clean exit. Only this process holds it (not inheritable), so
-    the pipe reaches EOF exactly when this process is gone."""
+    soon as this process dies, however it dies (SIGKILL included), then removes the folder
+    `remove` (when given). Return the write end of the pipe it watches: close it for a clean
+    exit. Only this process holds it (not inheritable), so the pipe reaches EOF exactly when this
+    process is gone."""
     read_end, write_end = os.pipe()
     env = {k: v for k, v in os.environ.items() if k != var}  # the watchdog is not one of the run
     subprocess.Popen(
-        [sys.executable, "-m", "trainer.launch.local", "watch", var, marker, str(grace_s)],
+        [sys.executable, "-m", "trainer.launch.local", "watch", var, marker, str(grace_s), remove],
         stdin=read_end,
         stdout=subprocess.DEVNULL,
         env=env,
@@ -101,26 +103,32 @@ def start_watchdog(marker: str, var: str = RUN_MARKER_ENV, grace_s: float = 10.0
 
 
 @contextlib.contextmanager
-def stopped_at_exit(marker: str, var: str, grace_s: float = 10.0) -> Iterator[None]:
+def stopped_at_exit(marker: str, var: str, grace_s: float = 10.0, remove: str = "") -> Iterator[None]:
     """Every process carrying `var=marker` is stopped when the block ends, however it ends, and
-    by a watchdog (:func:`start_watchdog`) when this process dies inside it, SIGKILL included.
-    Give the processes the block starts `var=marker` in their environment."""
-    pipe = start_watchdog(marker, var, grace_s)
+    by a watchdog (:func:`start_watchdog`) when this process dies inside it, SIGKILL included;
+    then the folder `remove` (when given: the processes' temporary files) goes too. Give the
+    processes the block starts `var=marker` in their environment."""
+    pipe = start_watchdog(marker, var, grace_s, remove)
     try:
         yield
     finally:
         stop_marked(marker, var, grace_s)
+        if remove:
+            shutil.rmtree(remove, ignore_errors=True)
         os.close(pipe)
 
 
-def _watch(var: str, marker: str, grace_s: float) -> int:
-    """The watchdog: block until the pipe from the run's process closes, then stop the run."""
+def _watch(var: str, marker: str, grace_s: float, remove: str = "") -> int:
+    """The watchdog: block until the pipe from the run's process closes, then stop the run and
+    remove its temporary folder."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     while os.read(0, 4096):
         pass
     n = stop_marked(marker, var, grace_s)
     if n:
         print(f"kftrain watchdog: the run's process ended; stopped {n} process(es) of it", file=sys.stderr)
+    if remove:
+        shutil.rmtree(remove, ignore_errors=True)
     return 0
 
 
@@ -313,6 +321,6 @@ class LocalBackend:
 
 
 if __name__ == "__main__":
-    if len(sys.argv) == 5 and sys.argv[1] == "watch":
-        sys.exit(_watch(sys.argv[2], sys.argv[3], float(sys.argv[4])))
-    sys.exit("usage: python -m trainer.launch.local watch VAR MARKER GRACE_SECONDS")
+    if len(sys.argv) in (5, 6) and sys.argv[1] == "watch":
+        sys.exit(_watch(sys.argv[2], sys.argv[3], float(sys.argv[4]), *sys.argv[5:]))
+    sys.exit("usage: python -m trainer.launch.local watch VAR MARKER GRACE_SECONDS [FOLDER]")
