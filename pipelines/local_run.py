@@ -31,6 +31,7 @@ from pathlib import Path
 from typing import Any
 
 from trainer.config import Config, ConfigError, config_to_json
+from trainer.errors import KftrainError
 from trainer.storage import ObjectNotFound, StoreError, join_uri, parse_uri
 
 DEFAULT_LOCAL_ROOT = "kftrain-outputs"
@@ -77,6 +78,33 @@ def with_run_checkpoints(cfg: Config, run_id: str, local_root: str = DEFAULT_LOC
     prefix = cfg.checkpoint.uri or join_uri(run_root(cfg, run_id, local_root), "checkpoints")
     owner = cfg.checkpoint.owner or run_id
     return dataclasses.replace(cfg, checkpoint=dataclasses.replace(cfg.checkpoint, uri=prefix, owner=owner))
+
+
+def check_own_checkpoint(cfg: Config, run_id: str) -> None:
+    """A run continuing from a checkpoint of its own (`--run-id`) continues it with a config that
+    can: refused before any step, as `checkpoint.resume_from` is (was: found in the train step,
+    after data prep)."""
+    if not cfg.checkpoint.enabled or not cfg.checkpoint.resume:
+        return
+    from trainer.checkpoint_owner import latest_complete
+    from trainer.pipeline_steps import store_for
+    from trainer.storage import CHECK_BUDGET_S, check_deadline
+    from trainer.train import check_resumable
+
+    prefix = cfg.checkpoint.uri
+    try:
+        with check_deadline(CHECK_BUDGET_S):
+            latest = latest_complete(store_for(cfg, prefix), prefix)
+    except StoreError:
+        return  # the pre-flight's store check says what is wrong
+    if latest is None or not isinstance(latest[1].get("config"), dict):
+        return  # nothing to continue, or a record that does not say (the trainer's own check will)
+    step, record = latest
+    world = int(record.get("world_size", 1))
+    try:
+        check_resumable(record["config"], cfg, world, world, True, "start a new run (without --run-id)")
+    except KftrainError as exc:
+        raise ConfigError(f"--run-id {run_id}: its checkpoint of step {step} ({prefix}): {exc}") from None
 
 
 def claim_run_checkpoints(cfg: Config) -> None:
@@ -278,6 +306,7 @@ def run_local(
         return {**done, "already_finished": True}
     cfg = preflight(own_checkpoints_first(cfg, run_id, local_root), local_root)
     cfg = with_run_checkpoints(cfg, run_id, local_root)
+    check_own_checkpoint(cfg, run_id)
     claim_run_checkpoints(cfg)
     on_start()
     summary = {**_run_pipeline(cfg, local_root, min_accuracy, max_perplexity), "run_id": run_id}

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 from pathlib import Path
@@ -144,3 +145,25 @@ def test_a_run_has_started_once_anything_is_in_its_folder(tmp_path):
     assert not run_started(cfg, "r1", str(tmp_path))
     (tmp_path / "runs" / "r1" / "log-20261204-000000.txt").write_text("started")
     assert run_started(cfg, "r1", str(tmp_path))
+
+
+def test_a_run_id_whose_checkpoint_this_config_cannot_continue_is_refused_before_any_step(tmp_path):
+    """`--run-id` with another model (or no --config at all): refused with the run's checkpoint
+    and the field named, before data prep (was: in the train step, after every step before it)."""
+    from pipelines.local_run import check_own_checkpoint, with_run_checkpoints
+    from trainer.config import ConfigError, load_config, to_dict
+
+    cfg = with_run_checkpoints(load_config(), "r1", str(tmp_path))
+    prefix = Path(cfg.checkpoint.uri)
+    fake_checkpoint(prefix, 5)
+    check_own_checkpoint(cfg, "r1")  # written under the same config: continues
+    commit = prefix / "step-00000005" / "COMMIT.json"
+    saved = to_dict(load_config(overrides={"model.hidden_sizes": [8]}))
+    commit.write_text(json.dumps({**json.loads(commit.read_text()), "config": saved, "world_size": 2}))
+    with pytest.raises(ConfigError) as info:
+        check_own_checkpoint(cfg, "r1")
+    message = str(info.value)
+    assert message.startswith(f"--run-id r1: its checkpoint of step 5 ({prefix}): cannot resume: "), message
+    assert "model.hidden_sizes ([8], now [" in message and "start a new run (without --run-id)" in message
+    off = dataclasses.replace(cfg, checkpoint=dataclasses.replace(cfg.checkpoint, enabled=False))
+    check_own_checkpoint(off, "r1")  # checkpoints off: nothing to continue
