@@ -43,6 +43,28 @@ def _resume_command(argv: list[str], run_id: str) -> str:
     return redact(shlex.join(["kftrain", *args, "--run-id", run_id]))
 
 
+#: `--min-accuracy` when not given (a classification run's gate).
+DEFAULT_MIN_ACCURACY = 0.9
+
+
+def _check_gates(args: argparse.Namespace, task: str) -> None:
+    """Refuse a quality gate the built-in `task` never reports the metric of (it would be ignored);
+    then give the gates not given their defaults."""
+    from trainer.config import EPOCH_METRICS, ConfigError
+
+    for flag, value, metric, other in (
+        ("--min-accuracy", args.min_accuracy, "val_accuracy", "--max-perplexity"),
+        ("--max-perplexity", args.max_perplexity, "val_perplexity", "--min-accuracy"),
+    ):
+        if value and task in EPOCH_METRICS and metric not in EPOCH_METRICS[task]:
+            raise ConfigError(
+                f"{flag} {value:g}: task {task!r} reports no {metric.removeprefix('val_')}, so the gate would be "
+                f"ignored; its gate is {other}"
+            )
+    args.min_accuracy = DEFAULT_MIN_ACCURACY if args.min_accuracy is None else args.min_accuracy
+    args.max_perplexity = args.max_perplexity or 0.0
+
+
 def _cmd_run(args: argparse.Namespace) -> int:
     from pipelines.console import StepConsole, capturing, plain
     from pipelines.local_run import (
@@ -69,6 +91,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
     if args.s3_endpoint:
         overrides["store.endpoint"] = args.s3_endpoint
     cfg = load_config(args.config, overrides)
+    _check_gates(args, cfg.task)
     if args.output_dir and cfg.store.uri:
         raise ConfigError(
             f"--output-dir {args.output_dir}: not used when a store is set ({'--store' if args.store else 'store.uri'}"
@@ -560,11 +583,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--min-accuracy",
         type=_gate("min_accuracy"),
-        default=0.9,
-        help="quality gate for classification, in [0, 1] (default 0.9)",
+        help=f"quality gate for classification, in [0, 1] (default {DEFAULT_MIN_ACCURACY})",
     )
     p.add_argument(
-        "--max-perplexity", type=_gate("max_perplexity"), default=0.0, help="quality gate for causal_lm (0: none)"
+        "--max-perplexity", type=_gate("max_perplexity"), help="quality gate for causal_lm (default 0: none)"
     )
     p.add_argument(
         "--run-id",

@@ -53,6 +53,8 @@ CLI_ROWS = [
     (None, ["--store", "s3:/my-bucket/prefix"], "store.uri: storage URI 's3:/my-bucket/prefix' lacks the '//'"),
     ("store:\n  uri: minio:b/x\n", [], "store.uri: storage URI 'minio:b/x' lacks the '//' after 'minio:'"),
     ("checkpoint:\n  uri: s3:/b/ckpt\n", [], "checkpoint.uri: storage URI 's3:/b/ckpt' lacks the '//'"),
+    (None, ["--max-perplexity", "5"], "--max-perplexity 5: task 'classification' reports no perplexity"),
+    ("task: causal_lm\n", ["--min-accuracy", "0.5"], "--min-accuracy 0.5: task 'causal_lm' reports no accuracy"),
     (None, ["--store", "st", "--output-dir", "o"], "--output-dir o: not used when a store is set (--store st:"),
     ("store:\n  uri: st\n", ["--output-dir", "o"], "--output-dir o: not used when a store is set (store.uri st:"),
 ]
