@@ -268,14 +268,22 @@ def file_index(store: ObjectStore, uri: str) -> dict[str, TensorEntry]:
 
     header, data_start = _read_header(store, uri)
     index: dict[str, TensorEntry] = {}
+    data_end = 0
     for name, spec in header.items():
         if name == "__metadata__":
             continue
         dtype = _DTYPES.get(spec.get("dtype"))
         if dtype is None:
             raise PretrainedError(f"{uri}: tensor {name!r} has dtype {spec.get('dtype')!r}, which kftrain cannot read")
-        begin, _end = spec["data_offsets"]
+        begin, end = spec["data_offsets"]
+        data_end = max(data_end, end)
         index[name] = TensorEntry(uri, getattr(torch, dtype), tuple(spec["shape"]), data_start + begin)
+    size = store.size(uri)
+    if size < data_start + data_end:  # a copy cut short: found now, not when a rank reads the last tensor
+        raise PretrainedError(
+            f"{uri}: the file is cut short: its header places {data_start + data_end} bytes, the file holds {size}; "
+            "copy the model's weights again"
+        )
     return index
 
 

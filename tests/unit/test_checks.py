@@ -5,6 +5,7 @@ and every refusal names the field and the fix on one line."""
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 
@@ -33,6 +34,7 @@ NO_TEMPLATE = {"tokenizer_config": {"chat_template": None}, "drop": ("chat_templ
 REFUSED = {
     "no-folder": (None, "", ["model.init_from", "no such folder (nothing at or under it)", "fix the path"]),
     "a-file": (None, "", ["model.init_from", "a file, not a folder; name the model's folder"]),
+    "weights-cut-short": (None, "", ["model.safetensors: the file is cut short", "copy the model's weights again"]),
     "no-config": ({"drop": ("config.json",)}, "", ["model.init_from", "no config.json in the folder"]),
     "architecture": ({"config": {"model_type": "t5"}}, "", ["model_type 't5' is not supported", "llama"]),
     "remote-code": (
@@ -105,6 +107,10 @@ def test_a_bad_base_model_is_refused_on_one_line_naming_the_fix(case, folder, tm
     variant, extra, phrases = REFUSED[case]
     if case == "no-folder":
         init_from = str(tmp_path / "no-such-model")
+    elif case == "weights-cut-short":
+        init_from = model_variant(folder, tmp_path / "model")
+        weights = Path(init_from) / "model.safetensors"
+        weights.write_bytes(weights.read_bytes()[:-1000])
     elif case == "a-file":
         init_from = str(tmp_path / "config.yaml")
         (tmp_path / "config.yaml").write_text("train: {}\n")
