@@ -67,6 +67,12 @@ def configure(
     # Whatever can be checked before any step is checked now: the job a cluster would refuse, the
     # store and checkpoint prefixes, a custom task, data.source, a base model.
     cfg = check_before_steps(cfg)  # checkpoint.resume_from pinned to the checkpoint it names now
+    import logging
+
+    from trainer.checks import ignored_settings
+
+    for line in ignored_settings(cfg):
+        logging.getLogger("kftrain").warning(line)
     text = config_to_json(cfg)
     from trainer.errors import redact
 

@@ -16,7 +16,7 @@ import dataclasses
 import math
 from typing import TYPE_CHECKING, Any
 
-from trainer.config import BUILTIN_TASKS, Config, ConfigError
+from trainer.config import BUILTIN_TASKS, Config, ConfigError, to_dict
 from trainer.errors import KftrainError
 from trainer.k8s_formats import quantity_value
 from trainer.storage import StoreError, check_deadline, join_uri
@@ -79,6 +79,54 @@ def check_before_steps(cfg: Config, runs_root: str = "") -> Config:
     check_base_model(cfg)
     check_plan_gpu(cfg)
     return cfg
+
+
+#: Fields only one built-in task reads: set for the other, they change nothing.
+_TASK_ONLY_FIELDS = {
+    "classification": ("data.label_column", "model.hidden_sizes", "model.dropout"),
+    "causal_lm": (
+        "data.text_field",
+        "data.max_bytes",
+        "data.tokenizer",
+        "data.tokenizer_sample_bytes",
+        "data.format",
+        "data.messages_field",
+        "data.shard_rows",
+        "data.eval_prompts",
+        "data.eval_generations",
+        "data.eval_new_tokens",
+        "model.n_layer",
+        "model.n_head",
+        "model.n_embd",
+        "model.block_size",
+        "model.init_from",
+        "model.trust_remote_code",
+    ),
+}
+
+
+def ignored_settings(cfg: Config) -> list[str]:
+    """A line for each field set away from its default that this run never reads: another built-in
+    task's field, or a `lora.*` field without `train.method: lora`. Not errors (a config is often
+    switched between tasks or methods), but never silent."""
+    from trainer.report import config_changes
+
+    changed = [field for field, _, _ in config_changes(to_dict(cfg))]
+    lines = []
+    for task, fields in _TASK_ONLY_FIELDS.items():
+        if cfg.task in BUILTIN_TASKS and cfg.task != task:
+            lines += [
+                f"{f}: set, but only task {task!r} reads it (task is {cfg.task!r}): no effect"
+                for f in fields
+                if f in changed
+            ]
+    if cfg.train.method != "lora":
+        lines += [
+            f"{f}: set, but LoRA is off (train.method {cfg.train.method!r}): no effect"
+            for f in changed
+            if f.startswith("lora.")
+        ]
+    return lines
 
 
 def check_plan_gpu(cfg: Config) -> None:

@@ -254,3 +254,28 @@ def test_the_memory_message_names_the_estimate_the_limit_and_the_fixes():
         "(28.4 GiB over the 4 ranks), train.method: lora (the frozen base alone: 14.2 GiB), at least 2 ranks "
         "under fsdp (job.replicas x job.nproc_per_node, now 4), or larger GPUs"
     )
+
+
+@pytest.mark.parametrize(
+    ("overrides", "said"),
+    [
+        ({"lora.rank": 4}, ["lora.rank: set, but LoRA is off (train.method 'full'): no effect"]),
+        (
+            {"model.n_layer": 48, "data.max_bytes": 5},
+            ["data.max_bytes: set, but only task 'causal_lm' reads it", "model.n_layer: set, but only task"],
+        ),
+        ({"task": "causal_lm", "model.hidden_sizes": [8]}, ["model.hidden_sizes: set, but only task 'classification'"]),
+        ({"data.eval_prompts": ["hi"]}, ["data.eval_prompts: set, but only task 'causal_lm' reads it"]),
+        ({"task": "causal_lm", "model.n_layer": 2, "data.tokenizer": "bpe:300"}, []),  # its own fields
+        ({"model.hidden_sizes": [8], "train.epochs": 3}, []),
+        ({"model.hidden_sizes": [128, 64]}, []),  # the default, written out
+    ],
+)
+def test_a_setting_the_run_never_reads_is_named(overrides, said):
+    """Another built-in task's field, or LoRA's without train.method lora: the configure step
+    warns, one line each (not an error: a config is often switched between tasks)."""
+    from trainer.checks import ignored_settings
+    from trainer.config import load_config
+
+    lines = ignored_settings(load_config(overrides=overrides))
+    assert len(lines) == len(said) and all(line.startswith(s) for line, s in zip(lines, said, strict=True)), lines
