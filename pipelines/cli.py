@@ -6,6 +6,7 @@ import argparse
 import contextlib
 import os
 import signal
+import stat
 import sys
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -510,7 +511,7 @@ def _output_file(what: str, earlier: Callable[[str], bool]) -> Callable[[str], s
             raise argparse.ArgumentTypeError(
                 f"{target} cannot be written (permission denied); name a file you can write"
             )
-        if path.exists() and not earlier(_head(path)):
+        if _holds_data(path) and not earlier(_text_of(path)):
             raise argparse.ArgumentTypeError(
                 f"{text} exists and is not {what}: it would be overwritten; name a new file, or remove that one"
             )
@@ -519,11 +520,24 @@ def _output_file(what: str, earlier: Callable[[str], bool]) -> Callable[[str], s
     return check
 
 
-def _head(path: Path, limit: int = 1 << 20) -> str:
-    """The start of a file as text (what tells an earlier output from anything else)."""
+#: The most of an existing output file read to tell an earlier output from anything else.
+_OUTPUT_READ_LIMIT = 64 << 20
+
+
+def _holds_data(path: Path) -> bool:
+    """A regular file with something in it: what an output could destroy (not a device, a pipe,
+    `/dev/stdout`, which are written to, never read; not an empty file, `mktemp`'s)."""
+    try:
+        st = path.stat()
+    except OSError:
+        return False
+    return stat.S_ISREG(st.st_mode) and st.st_size > 0
+
+
+def _text_of(path: Path) -> str:
     try:
         with open(path, "rb") as f:
-            return f.read(limit).decode("utf-8", errors="replace")
+            return f.read(_OUTPUT_READ_LIMIT).decode("utf-8", errors="replace")
     except OSError:
         return ""
 
@@ -531,11 +545,12 @@ def _head(path: Path, limit: int = 1 << 20) -> str:
 def _is_summary(text: str) -> bool:
     import json
 
+    from pipelines.local_run import is_summary
+
     try:
-        found = json.loads(text)
+        return is_summary(json.loads(text))
     except ValueError:
         return False
-    return isinstance(found, dict) and {"artifacts", "metrics"} <= found.keys()
 
 
 def _is_plan(text: str) -> bool:
@@ -713,17 +728,38 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _stdout_closed() -> bool:
+    """Whether standard output's reader went away (its pipe reports an error)."""
+    import select
+
+    try:
+        sys.stdout.flush()
+    except (BrokenPipeError, ValueError):
+        return True
+    try:
+        poller = select.poll()
+        poller.register(sys.stdout.fileno(), select.POLLERR)
+        return any(event & select.POLLERR for _, event in poller.poll(0))
+    except (OSError, ValueError):
+        return False
+
+
 def main(argv: list[str] | None = None) -> int:
     """Entry point of the `kftrain` console script."""
     argv = sys.argv[1:] if argv is None else argv
     args = build_parser().parse_args(argv)
     args.argv = list(argv)
     try:
-        return args.func(args)
-    except BrokenPipeError:  # the reader went away (`| head`): as a command killed by SIGPIPE, quietly
-        with contextlib.suppress(OSError):
-            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # the exit's flush must not fail
-        return 128 + signal.SIGPIPE
+        code = args.func(args)
+        sys.stdout.flush()  # what is still buffered for a pipe: a reader gone away shows here
+        return code
+    except BrokenPipeError as exc:
+        if _stdout_closed():  # the reader went away (`| head`): as a command killed by SIGPIPE, quietly
+            with contextlib.suppress(OSError):
+                os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # the exit's flush must not fail
+            return 128 + signal.SIGPIPE
+        print(f"kftrain: error: {redact(str(exc))}", file=sys.stderr)  # another pipe: an error like any other
+        return 2
     # What the user can fix: one line, no traceback (an OSError names the local file it is about).
     except (KftrainError, ValueError, OSError) as exc:
         print(f"kftrain: error: {redact(str(exc))}", file=sys.stderr)

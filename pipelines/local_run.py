@@ -21,6 +21,7 @@ import json
 import os
 import re
 import secrets
+import shutil
 import signal
 import sys
 import tempfile
@@ -80,18 +81,19 @@ def with_run_checkpoints(cfg: Config, run_id: str, local_root: str = DEFAULT_LOC
     return dataclasses.replace(cfg, checkpoint=dataclasses.replace(cfg.checkpoint, uri=prefix, owner=owner))
 
 
-def check_own_checkpoint(cfg: Config, run_id: str) -> None:
-    """A run continuing from a checkpoint of its own (`--run-id`) continues it with a config that
-    can: refused before any step, as `checkpoint.resume_from` is (was: found in the train step,
-    after data prep)."""
-    if not cfg.checkpoint.enabled or not cfg.checkpoint.resume:
+def check_own_checkpoint(cfg: Config, run_id: str, local_root: str = DEFAULT_LOCAL_ROOT) -> None:
+    """A run continuing from a checkpoint of its own (`--run-id`, in its own prefix) continues it
+    with a config that can: refused before any step, as `checkpoint.resume_from` is (was: found in
+    the train step, after data prep). A prefix the user chose (`checkpoint.uri`) is not the run's
+    own: its owner check and the trainer's speak for it."""
+    if not cfg.checkpoint.enabled or not cfg.checkpoint.resume or cfg.checkpoint.uri:
         return
     from trainer.checkpoint_owner import latest_complete
     from trainer.pipeline_steps import store_for
     from trainer.storage import CHECK_BUDGET_S, check_deadline
     from trainer.train import check_resumable
 
-    prefix = cfg.checkpoint.uri
+    prefix = with_run_checkpoints(cfg, run_id, local_root).checkpoint.uri
     try:
         with check_deadline(CHECK_BUDGET_S):
             latest = latest_complete(store_for(cfg, prefix), prefix)
@@ -165,7 +167,7 @@ def finished_run(cfg: Config, run_id: str, local_root: str = DEFAULT_LOCAL_ROOT)
     if not (isinstance(record, dict) and record.get("status") == "finished"):
         return None
     summary = record.get("summary")
-    if not _is_summary(summary):
+    if not is_summary(summary):
         raise CorruptObject(
             f"{uri} says run {run_id} finished but holds no summary of it (artifacts, metrics, exported, "
             "quality_gate): it is damaged; delete it to run the run again from its checkpoints"
@@ -173,7 +175,7 @@ def finished_run(cfg: Config, run_id: str, local_root: str = DEFAULT_LOCAL_ROOT)
     return summary
 
 
-def _is_summary(summary: Any) -> bool:
+def is_summary(summary: Any) -> bool:
     """`summary` has the form of what :func:`run_local` returns (what the CLI prints of it)."""
     return (
         isinstance(summary, dict)
@@ -208,15 +210,16 @@ def own_checkpoints_first(cfg: Config, run_id: str, local_root: str = DEFAULT_LO
 
 
 def run_started(cfg: Config, run_id: str, local_root: str = DEFAULT_LOCAL_ROOT) -> bool:
-    """Whether run `run_id` left anything under its run folder (a log, checkpoints, its record);
-    True when the store cannot say (the run's own checks report that)."""
+    """Whether run `run_id` left anything in its run folder (a log, its record) or its checkpoint
+    prefix (`checkpoint.uri` when set); True when the store cannot say (the run's own checks
+    report that)."""
     from trainer.pipeline_steps import store_for
     from trainer.storage import CHECK_BUDGET_S, check_deadline
 
-    root = run_root(cfg, run_id, local_root)
+    places = {run_root(cfg, run_id, local_root), with_run_checkpoints(cfg, run_id, local_root).checkpoint.uri}
     try:
         with check_deadline(CHECK_BUDGET_S):
-            return bool(store_for(cfg, root).list(root))
+            return any(store_for(cfg, place).list(place) for place in places)
     except (StoreError, OSError, ValueError):
         return True
 
@@ -243,10 +246,6 @@ def run_scope(run_id: str, grace_s: float = 10.0) -> Iterator[str]:
     from trainer.launch.local import RUN_MARKER_ENV, stop_marked, stopped_at_exit
 
     marker = f"{run_id}-{secrets.token_hex(4)}"
-    os.environ[RUN_MARKER_ENV] = marker
-    # Every temporary file of the run in one folder, which goes with the run, SIGKILL included.
-    scratch, tempdir_before = tempfile.mkdtemp(prefix=f"kftrain-{run_id}-"), tempfile.tempdir
-    tempfile.tempdir = scratch
 
     def on_signal(signum: int, frame: Any) -> None:
         signal.signal(signum, signal.SIG_IGN)  # a second Ctrl-C must not interrupt the cleanup
@@ -254,15 +253,22 @@ def run_scope(run_id: str, grace_s: float = 10.0) -> Iterator[str]:
         stop_marked(marker, RUN_MARKER_ENV, grace_s)
         raise RunStopped(signum)
 
-    previous = {sig: signal.signal(sig, on_signal) for sig in (signal.SIGTERM, signal.SIGINT)}
+    previous: dict[int, Any] = {}
+    tempdir_before = tempfile.tempdir
     try:
+        os.environ[RUN_MARKER_ENV] = marker
+        # Every temporary file of the run in one folder, which goes with the run, SIGKILL included.
+        scratch = tempfile.tempdir = tempfile.mkdtemp(prefix=f"kftrain-{run_id}-")
+        previous = {sig: signal.signal(sig, on_signal) for sig in (signal.SIGTERM, signal.SIGINT)}
         with stopped_at_exit(marker, RUN_MARKER_ENV, grace_s, remove=scratch):  # nothing of the run outlives it
             yield marker
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler)
         os.environ.pop(RUN_MARKER_ENV, None)
-        tempfile.tempdir = tempdir_before
+        if tempfile.tempdir != tempdir_before:
+            shutil.rmtree(tempfile.tempdir, ignore_errors=True)  # gone already, unless the block never started
+            tempfile.tempdir = tempdir_before
 
 
 def preflight(cfg: Config, local_root: str = DEFAULT_LOCAL_ROOT) -> Config:
@@ -305,8 +311,8 @@ def run_local(
     if done is not None:  # nothing runs, so nothing else is checked: not even what it resumed from
         return {**done, "already_finished": True}
     cfg = preflight(own_checkpoints_first(cfg, run_id, local_root), local_root)
+    check_own_checkpoint(cfg, run_id, local_root)
     cfg = with_run_checkpoints(cfg, run_id, local_root)
-    check_own_checkpoint(cfg, run_id)
     claim_run_checkpoints(cfg)
     on_start()
     summary = {**_run_pipeline(cfg, local_root, min_accuracy, max_perplexity), "run_id": run_id}

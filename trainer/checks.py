@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any
 from trainer.config import BUILTIN_TASKS, Config, ConfigError, to_dict
 from trainer.errors import KftrainError
 from trainer.k8s_formats import quantity_value
-from trainer.storage import StoreError, check_deadline, join_uri
+from trainer.storage import StoreError, check_deadline, join_uri, parse_uri
 
 if TYPE_CHECKING:
     from trainer.pretrained import ModelSource, TensorEntry
@@ -83,7 +83,7 @@ def check_before_steps(cfg: Config, runs_root: str = "") -> Config:
 
 #: Fields only one built-in task reads: set for the other, they change nothing.
 _TASK_ONLY_FIELDS = {
-    "classification": ("data.label_column", "model.hidden_sizes", "model.dropout"),
+    "classification": ("data.label_column", "model.hidden_sizes"),
     "causal_lm": (
         "data.text_field",
         "data.max_bytes",
@@ -91,7 +91,6 @@ _TASK_ONLY_FIELDS = {
         "data.tokenizer_sample_bytes",
         "data.format",
         "data.messages_field",
-        "data.shard_rows",
         "data.eval_prompts",
         "data.eval_generations",
         "data.eval_new_tokens",
@@ -282,7 +281,7 @@ def _check_folder(cfg: Config, source: ModelSource) -> dict[str, Any]:
     from trainer import pretrained
 
     origin, store = source.origin, source.store
-    if store.exists(source.uri.rstrip("/")):
+    if parse_uri(source.uri).key and store.exists(source.uri.rstrip("/")):
         raise pretrained.PretrainedError(
             f"model.init_from {origin!r}: a file, not a folder; name the model's folder (config.json, "
             "*.safetensors, tokenizer.json)"

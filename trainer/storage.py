@@ -134,9 +134,12 @@ def parse_uri(uri: str) -> Location:
     if "://" not in uri:  # a path: `~` is the user's home, as in a shell
         scheme = uri.split(":", 1)[0].lower() if ":" in uri else ""
         if scheme in (*REMOTE_SCHEMES, "file", "gs", "http", "https"):  # `s3:/b/k`: a slash short, not a folder
+            form = {"file": "file:///absolute/path"}.get(scheme, f"{scheme}://bucket/key")
+            fix = f"write {form}" if scheme in (*REMOTE_SCHEMES, "file") else "and is no store kftrain reads"
             raise ValueError(
-                f"storage URI {redact(uri)!r} lacks the '//' after '{scheme}:': write {scheme}://bucket/key "
-                f"(a local folder whose name starts with '{scheme}:' is written ./{redact(uri)})"
+                f"storage URI {redact(uri)!r} lacks the '//' after '{scheme}:' ({fix}; use s3://bucket/key, "
+                f"minio://bucket/key or a path; a local folder whose name starts with '{scheme}:' is written "
+                f"./{redact(uri)})"
             )
         return Location("file", "", os.path.abspath(os.path.expanduser(uri)))
     parts = urlsplit(uri)
@@ -469,23 +472,12 @@ class S3Store:
             raise StoreError(
                 f"{region_from}: {region!r} is not a region name (letters, digits, '-', '_' and '.', e.g. us-east-1)"
             )
-        for key, secret in (("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY"), ("MINIO_ACCESS_KEY", "MINIO_SECRET_KEY")):
-            if os.environ.get(key) and not os.environ.get(secret):
-                raise StoreError(f"{key} is set but {secret} is not: set both (on a cluster, from the store Secret)")
+        _require_credentials()
         providers = [EnvAWSProvider(), EnvMinioProvider()]
         # Web-identity (IRSA) credentials only when the pod is set up for it: probing the
         # instance metadata service elsewhere would stall every call.
         if os.environ.get("AWS_WEB_IDENTITY_TOKEN_FILE"):
             providers.append(IamAwsProvider())
-        if not (
-            os.environ.get("AWS_ACCESS_KEY_ID")
-            or os.environ.get("MINIO_ACCESS_KEY")
-            or os.environ.get("AWS_WEB_IDENTITY_TOKEN_FILE")
-        ):
-            raise StoreError(
-                "no object-store credentials: set AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY "
-                "(on a cluster, from a Kubernetes Secret; see README 'Credentials')"
-            )
         self.endpoint = f"{'https' if secure else 'http'}://{host}"
         # minio's default client waits 5 minutes for a read and retries on its own; ours waits
         # as long as object storage reasonably needs, and leaves retrying to _call.
@@ -686,6 +678,33 @@ class S3Store:
         if back != token:
             raise self._not_s3(probe, f"{back[:40]!r} instead of the object just written")
         self.delete(probe)
+
+
+#: The key and secret variables minio's providers read, each pair's names in its order of preference.
+_CREDENTIAL_PAIRS = (
+    (("AWS_ACCESS_KEY_ID", "AWS_ACCESS_KEY"), ("AWS_SECRET_ACCESS_KEY", "AWS_SECRET_KEY")),
+    (("MINIO_ACCESS_KEY",), ("MINIO_SECRET_KEY",)),
+)
+
+
+def _require_credentials() -> None:
+    """Refuse, naming the variables, when no provider has credentials: no complete key/secret
+    pair and no web identity (a key without its secret is named as such)."""
+    if os.environ.get("AWS_WEB_IDENTITY_TOKEN_FILE"):
+        return
+    halves = []
+    for keys, secrets in _CREDENTIAL_PAIRS:
+        key, secret = (next((n for n in names if os.environ.get(n)), "") for names in (keys, secrets))
+        if key and secret:
+            return
+        if key or secret:
+            halves.append(f"{key} is set but {secrets[0]} is not" if key else f"{secret} is set but {keys[0]} is not")
+    if halves:
+        raise StoreError(f"{'; '.join(halves)}: set both (on a cluster, from the store Secret)")
+    raise StoreError(
+        "no object-store credentials: set AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY "
+        "(on a cluster, from a Kubernetes Secret; see README 'Credentials')"
+    )
 
 
 _REGION_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,62}")

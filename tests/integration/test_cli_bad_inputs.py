@@ -163,3 +163,10 @@ def test_a_base_model_in_the_store_is_checked_there(tmp_path, tiny_llama, s3_env
     run_refused(tmp_path, config, {**os.environ, **s3_env.env()}, ["model.block_size 512", "at most 256"])
     lora = base_model_config(f"s3://{bucket}/models/tiny", LORA + "lora:\n  target_modules: [qkv]\n")
     run_refused(tmp_path, lora, {**os.environ, **s3_env.env()}, ["lora.target_modules ['qkv']"])
+    # A model at a bucket's root is a folder too (was, for a moment: "names a bucket, not an object").
+    root = f"{bucket}-model"
+    client.make_bucket(root)
+    for path in Path(tiny_llama).iterdir():
+        client.fput_object(root, path.name, str(path))
+    at_root = base_model_config(f"s3://{root}", "model:\n  block_size: 512\n")
+    run_refused(tmp_path, at_root, {**os.environ, **s3_env.env()}, ["model.block_size 512", "at most 256"])

@@ -269,6 +269,8 @@ def test_the_memory_message_names_the_estimate_the_limit_and_the_fixes():
         ({"task": "causal_lm", "model.n_layer": 2, "data.tokenizer": "bpe:300"}, []),  # its own fields
         ({"model.hidden_sizes": [8], "train.epochs": 3}, []),
         ({"model.hidden_sizes": [128, 64]}, []),  # the default, written out
+        ({"task": "causal_lm", "model.dropout": 0.1}, []),  # both tasks read these two
+        ({"data.shard_rows": 64}, []),
     ],
 )
 def test_a_setting_the_run_never_reads_is_named(overrides, said):

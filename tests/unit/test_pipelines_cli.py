@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 import pytest
@@ -50,7 +51,11 @@ CLI_ROWS = [
     (None, ["--run-id", "a/b"], "--run-id: must be 1-63 letters"),
     (None, ["--run-id", "x" * 64], "--run-id: must be 1-63 letters"),
     # a URI a slash short is no local folder; a store and a local output folder are not both used
-    (None, ["--store", "s3:/my-bucket/prefix"], "store.uri: storage URI 's3:/my-bucket/prefix' lacks the '//'"),
+    (
+        None,
+        ["--store", "s3:/my-bucket/prefix"],
+        "store.uri: storage URI 's3:/my-bucket/prefix' lacks the '//' after 's3:' (write s3://bucket/key",
+    ),
     ("store:\n  uri: minio:b/x\n", [], "store.uri: storage URI 'minio:b/x' lacks the '//' after 'minio:'"),
     ("checkpoint:\n  uri: s3:/b/ckpt\n", [], "checkpoint.uri: storage URI 's3:/b/ckpt' lacks the '//'"),
     (None, ["--max-perplexity", "5"], "--max-perplexity 5: task 'classification' reports no perplexity"),
@@ -297,7 +302,10 @@ def test_an_output_file_that_cannot_be_written_is_refused_before_anything_runs(
 @pytest.mark.parametrize(
     ("flag", "earlier"),
     [
-        (["run", "--local", "--summary"], '{"artifacts": {}, "metrics": {}}'),
+        (
+            ["run", "--local", "--summary"],
+            '{"artifacts": {}, "metrics": {}, "exported": false, "quality_gate": "test accuracy 0.5"}',
+        ),
         (["plan", "--output"], "# Training plan\n\n1 rank(s)\n"),
     ],
     ids=["run --summary", "plan --output"],
@@ -307,7 +315,7 @@ def test_an_output_file_that_cannot_be_written_is_refused_before_anything_runs(
     [
         ("my.yaml", "train:\n  epochs: 2\n"),  # the config the same command reads
         ("notes.json", '{"mine": true}'),
-        ("empty.md", ""),
+        ("partial.json", '{"artifacts": {}, "metrics": {}}'),
         ("blob.bin", "\udcff".encode("utf-8", "surrogateescape").decode("latin-1")),
     ],
 )
@@ -322,7 +330,9 @@ def test_an_output_file_overwrites_only_an_earlier_output_of_its_kind(
     assert f"argument {flag[-1]}: {name} exists and is not a " in capsys.readouterr().err
     assert (tmp_path / name).read_text() == content
     (tmp_path / "earlier").write_text(earlier)  # the same command's earlier output: it may be replaced
-    assert build_parser().parse_args([*flag, "earlier"])
+    (tmp_path / "empty").write_text("")  # an empty file (`mktemp`'s) holds nothing to lose
+    for target in ("earlier", "empty", os.devnull):  # a device is written to, never read
+        assert build_parser().parse_args([*flag, target])
 
 
 def test_example_model_keeps_what_is_not_its_example(tmp_path, monkeypatch, capsys):
@@ -443,15 +453,21 @@ def test_a_flag_that_would_be_ignored_or_a_missing_script_is_one_line(tmp_path, 
 
 
 def test_a_reader_that_goes_away_ends_the_command_quietly(tmp_path, monkeypatch, capsys):
-    """`kftrain compile | head -1`: no error line, the status of a command SIGPIPE ended."""
-    import io
-
-    class Closed(io.StringIO):
-        def write(self, s: str) -> int:
-            raise BrokenPipeError(32, "Broken pipe")
-
+    """`kftrain compile | head -0`: a real pipe whose reader closed; no error line, the status of
+    a command SIGPIPE ended. A broken pipe that is not standard output's stays an error."""
     monkeypatch.chdir(tmp_path)
-    monkeypatch.setattr("sys.stdout", Closed())
-    assert main(["compile", "--output-dir", "out"]) == 141
+    read_end, write_end = os.pipe()
+    os.close(read_end)
+    with os.fdopen(write_end, "w") as closed:
+        monkeypatch.setattr("sys.stdout", closed)
+        assert main(["compile", "--output-dir", "out"]) == 141
+        monkeypatch.undo()
     assert capsys.readouterr().err == ""
     assert list((tmp_path / "out").glob("*.yaml"))  # the work was done; only its report had no reader
+
+    def broken(*args, **kwargs):
+        raise BrokenPipeError(32, "Broken pipe (a subprocess's)")
+
+    monkeypatch.setattr("pipelines.compile.compile_all", broken)
+    assert main(["compile", "--output-dir", "out"]) == 2
+    assert "kftrain: error: " in capsys.readouterr().err

@@ -145,6 +145,12 @@ def test_a_run_has_started_once_anything_is_in_its_folder(tmp_path):
     assert not run_started(cfg, "r1", str(tmp_path))
     (tmp_path / "runs" / "r1" / "log-20261204-000000.txt").write_text("started")
     assert run_started(cfg, "r1", str(tmp_path))
+    # Its checkpoints elsewhere (checkpoint.uri), its log lost with a SIGKILLed CLI: started too.
+    elsewhere = dataclasses.replace(cfg, checkpoint=dataclasses.replace(cfg.checkpoint, uri=str(tmp_path / "ck")))
+    assert not run_started(elsewhere, "r2", str(tmp_path))
+    (tmp_path / "ck").mkdir()
+    (tmp_path / "ck" / ".kftrain-owner.json").write_text("{}")
+    assert run_started(elsewhere, "r2", str(tmp_path))
 
 
 def test_a_run_id_whose_checkpoint_this_config_cannot_continue_is_refused_before_any_step(tmp_path):
@@ -153,17 +159,17 @@ def test_a_run_id_whose_checkpoint_this_config_cannot_continue_is_refused_before
     from pipelines.local_run import check_own_checkpoint, with_run_checkpoints
     from trainer.config import ConfigError, load_config, to_dict
 
-    cfg = with_run_checkpoints(load_config(), "r1", str(tmp_path))
-    prefix = Path(cfg.checkpoint.uri)
+    cfg = load_config()
+    prefix = Path(with_run_checkpoints(cfg, "r1", str(tmp_path)).checkpoint.uri)
     fake_checkpoint(prefix, 5)
-    check_own_checkpoint(cfg, "r1")  # written under the same config: continues
+    check_own_checkpoint(cfg, "r1", str(tmp_path))  # written under the same config: continues
     commit = prefix / "step-00000005" / "COMMIT.json"
     saved = to_dict(load_config(overrides={"model.hidden_sizes": [8]}))
     commit.write_text(json.dumps({**json.loads(commit.read_text()), "config": saved, "world_size": 2}))
     with pytest.raises(ConfigError) as info:
-        check_own_checkpoint(cfg, "r1")
+        check_own_checkpoint(cfg, "r1", str(tmp_path))
     message = str(info.value)
     assert message.startswith(f"--run-id r1: its checkpoint of step 5 ({prefix}): cannot resume: "), message
     assert "model.hidden_sizes ([8], now [" in message and "start a new run (without --run-id)" in message
-    off = dataclasses.replace(cfg, checkpoint=dataclasses.replace(cfg.checkpoint, enabled=False))
-    check_own_checkpoint(off, "r1")  # checkpoints off: nothing to continue
+    for change in ({"enabled": False}, {"uri": str(prefix)}):  # off; a prefix the user named (not the run's own)
+        check_own_checkpoint(dataclasses.replace(cfg, checkpoint=dataclasses.replace(cfg.checkpoint, **change)), "r1")

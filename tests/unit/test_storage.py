@@ -2,6 +2,7 @@ import os
 
 import pytest
 
+from trainer import storage
 from trainer.storage import (
     LocalStore,
     Location,
@@ -52,11 +53,11 @@ def test_relative_paths_become_absolute(tmp_path, monkeypatch):
         ("s3://bucket/a?x=1", "query or fragment"),
         ("file://host/x", "names a host"),
         # A slash short is not a local folder named `s3:` (every flag and field reads URIs here).
-        ("s3:/my-bucket/prefix", "lacks the '//' after 's3:': write s3://bucket/key"),
+        ("s3:/my-bucket/prefix", "lacks the '//' after 's3:' (write s3://bucket/key;"),
         ("s3:my-bucket/x", "lacks the '//' after 's3:'"),
-        ("MINIO:/b/x", "lacks the '//' after 'minio:'"),
-        ("file:/tmp/x", "lacks the '//' after 'file:'"),
-        ("gs:/b/x", "lacks the '//' after 'gs:'"),
+        ("MINIO:/b/x", "lacks the '//' after 'minio:' (write minio://bucket/key;"),
+        ("file:/tmp/x", "lacks the '//' after 'file:' (write file:///absolute/path;"),
+        ("gs:/b/x", "lacks the '//' after 'gs:' (and is no store kftrain reads;"),
     ],
 )
 def test_malformed_uris_are_rejected_with_the_accepted_forms(uri, message):
@@ -113,9 +114,38 @@ def test_local_store_round_trip(tmp_path):
         store.get_bytes(join_uri(root, "missing"))
 
 
+@pytest.mark.parametrize(
+    ("env", "refused"),
+    [
+        ({"AWS_ACCESS_KEY_ID": "a", "AWS_SECRET_KEY": "b"}, ""),  # minio's AWS provider reads the short names too
+        ({"AWS_ACCESS_KEY": "a", "AWS_SECRET_ACCESS_KEY": "b"}, ""),
+        ({"AWS_ACCESS_KEY_ID": "a", "MINIO_ACCESS_KEY": "m", "MINIO_SECRET_KEY": "s"}, ""),  # one pair is whole
+        ({"AWS_ACCESS_KEY_ID": "a"}, "AWS_ACCESS_KEY_ID is set but AWS_SECRET_ACCESS_KEY is not"),
+        ({"AWS_SECRET_KEY": "b"}, "AWS_SECRET_KEY is set but AWS_ACCESS_KEY_ID is not"),
+        ({"MINIO_ACCESS_KEY": "m"}, "MINIO_ACCESS_KEY is set but MINIO_SECRET_KEY is not"),
+        ({"AWS_ACCESS_KEY_ID": "a", "AWS_WEB_IDENTITY_TOKEN_FILE": "/t"}, ""),  # IRSA: the web identity's
+    ],
+)
+def test_s3_credentials_are_refused_only_when_no_provider_has_a_pair(monkeypatch, env, refused):
+    for keys, secrets in storage._CREDENTIAL_PAIRS:
+        for name in (*keys, *secrets):
+            monkeypatch.delenv(name, raising=False)
+    monkeypatch.delenv("AWS_WEB_IDENTITY_TOKEN_FILE", raising=False)
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    if not refused:
+        S3Store(endpoint="http://127.0.0.1:1")
+        return
+    with pytest.raises(StoreError) as info:
+        S3Store(endpoint="http://127.0.0.1:1")
+    assert str(info.value).startswith(refused) and "set both" in str(info.value)
+
+
 def test_s3_without_credentials_says_which_variables(monkeypatch):
-    for name in ("AWS_ACCESS_KEY_ID", "MINIO_ACCESS_KEY", "AWS_WEB_IDENTITY_TOKEN_FILE"):
-        monkeypatch.delenv(name, raising=False)
+    for keys, secrets in storage._CREDENTIAL_PAIRS:
+        for name in (*keys, *secrets):
+            monkeypatch.delenv(name, raising=False)
+    monkeypatch.delenv("AWS_WEB_IDENTITY_TOKEN_FILE", raising=False)
     with pytest.raises(StoreError, match="set AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY"):
         S3Store(endpoint="http://127.0.0.1:1")
 
@@ -131,7 +161,6 @@ S3_SETTINGS = [
     ("http://h:9000", "bad region!", {}, "store.region: 'bad region!' is not a region name"),
     ("http://h:9000", "", {"AWS_REGION": "bad region!"}, "$AWS_REGION: 'bad region!' is not a region name"),
     ("http://h:9000", "", {"AWS_DEFAULT_REGION": "x/y"}, "$AWS_DEFAULT_REGION: 'x/y' is not a region name"),
-    ("http://h:9000", "", {"AWS_SECRET_ACCESS_KEY": ""}, "AWS_ACCESS_KEY_ID is set but AWS_SECRET_ACCESS_KEY is not"),
 ]
 
 
