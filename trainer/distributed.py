@@ -142,10 +142,11 @@ def process_group(env: DistEnv, device: torch.device, timeout_s: float = 600) ->
 
 def collective_failed(exc: BaseException) -> bool:
     """Whether `exc` is a collective that timed out or lost its peer, as torch 2.13 reports it:
-    NCCL's `DistBackendError` (the watchdog's timeout, a peer's abort), a `DistNetworkError`, or
+    NCCL's `DistBackendError` (the watchdog's timeout, a peer's abort), a `DistNetworkError`, a
+    `DistStoreError` (the rendezvous store on the Master's pod gone), or
     gloo's plain RuntimeError ("Timed out waiting 600000ms for recv operation to complete",
     "Connection closed by peer")."""
-    if isinstance(exc, (dist.DistBackendError, dist.DistNetworkError)):
+    if isinstance(exc, (dist.DistBackendError, dist.DistNetworkError, dist.DistStoreError)):
         return True
     text = str(exc)
     return isinstance(exc, RuntimeError) and ("Timed out waiting" in text or "Connection closed by peer" in text)

@@ -363,10 +363,27 @@ CASES = [
         failures.USER_ERROR,
     ),
     (
-        "a rank stopped by SIGTERM after its checkpoint, its peer's collective failed",
+        # A peer's collective timed out; the hung pod, deleted by the operator once the job failed,
+        # ends in 143: the timeout's budget (1) holds, not a preemption's (unlimited).
+        "a collective timed out, the hung peer stopped by the operator's clean-up (143)",
         [pod(state=exited(exit_codes.TERMINATED_CHECKPOINTED)), pod(name=MASTER_POD, state=exited(1))],
         [],
         {MASTER_POD: torchrun_summary(exit_codes.COLLECTIVE_TIMEOUT)},
+        failures.COLLECTIVE_TIMEOUT,
+    ),
+    (
+        "a bare exit 1 (log unreadable), a peer stopped by the operator's clean-up (143)",
+        [pod(state=exited(1)), pod(name=MASTER_POD, state=exited(exit_codes.TERMINATED_CHECKPOINTED))],
+        [],
+        {POD: ["(log unavailable: 500 Internal Server Error)"]},
+        failures.USER_ERROR,
+    ),
+    (
+        # Every rank stopped on the signal together: a preemption whose pod evidence is gone.
+        "every replica stopped by SIGTERM after the checkpoint (143)",
+        [pod(state=exited(exit_codes.TERMINATED_CHECKPOINTED)), pod(name=MASTER_POD, state=exited(143))],
+        [],
+        {MASTER_POD: ["[rank 0] stopped by SIGTERM at step 40: checkpoint committed 3.10s after the signal"]},
         failures.PREEMPTED,
     ),
     (

@@ -208,8 +208,10 @@ def _dist_backend_error() -> BaseException:
             4,
         ),
         (_dist_backend_error, 4),
+        # the TCPStore on the Master's pod gone (its node lost): a lost peer, not the run's fault
+        (lambda: torch.distributed.DistStoreError("Failed to recv, got 0 bytes. Connection was likely closed."), 4),
     ],
-    ids=["nonfinite", "user error", "gloo timeout", "nccl backend error"],
+    ids=["nonfinite", "user error", "gloo timeout", "nccl backend error", "store lost"],
 )
 def test_main_exits_with_the_code_of_the_cause(monkeypatch, raised, code):
     """The launcher tells the causes apart by these codes (trainer/exit_codes.py)."""

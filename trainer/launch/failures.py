@@ -132,13 +132,15 @@ class Diagnosis:
     container sets to 1 whatever its process did)."""
 
     def rank(self) -> float:
-        """How strong the evidence is (lower: stronger): :data:`CAUSES` order, except a stop
-        signal's exit code (143), which does not say who sent it (a preemption, or the operator
-        deleting the running pods of a job that already failed), after a process's own fault; and
-        a container's bare exit 1 after a peer's failed collective, which would explain it."""
-        if self.cause == PREEMPTED and self.source != "pod":
-            return CAUSES.index(COLLECTIVE_TIMEOUT) - 0.5
-        if self.cause == USER_ERROR and self.source == "container":
+        """How strong the evidence is (lower: stronger): :data:`CAUSES` order, except what only an
+        exit code says, which ranks after a process's own report of its failure: a container's
+        bare exit 1 (torchrun's, whatever its process did), and a stop signal's exit 143, which
+        does not say who sent the signal. A preemption's SIGTERM reaches every rank together and
+        leaves pod evidence; the 143 of a pod beside another's failure is more likely the operator
+        deleting the running pods of a job that already failed (a hung peer among them)."""
+        if self.source != "pod" and self.cause == PREEMPTED:
+            return CAUSES.index(COLLECTIVE_TIMEOUT) + 0.75
+        if self.source == "container" and self.cause == USER_ERROR:
             return CAUSES.index(COLLECTIVE_TIMEOUT) + 0.5
         return CAUSES.index(self.cause)
 
