@@ -9,10 +9,12 @@ assistant answers with the colour after it), so a fine-tune visibly lowers the a
 
 from __future__ import annotations
 
-import filecmp
+import hashlib
 import json
+import shutil
 import tempfile
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -120,35 +122,49 @@ class ExampleInTheWay(KftrainError):
     """Where the example goes holds something else: it is never overwritten."""
 
 
+#: What `write_example` wrote last, by target: the digests of its files (a newer kftrain, torch
+#: or transformers writes other bytes; what is still as written may be replaced).
+WRITTEN = ".kftrain-example.json"
+
+
 def write_example(out_dir: str | Path, records: int = 600) -> tuple[str, str]:
     """The tiny Llama folder and a chat JSON Lines file under `out_dir`; returns their paths.
 
-    Written aside first, then put in place: a target that exists is kept when it is this very
-    example (the files are the same every time), and refused otherwise, before anything moves."""
+    Written aside first, then put in place: a target that exists is replaced when it is this
+    example (as written now, or as written last and unchanged since), and refused otherwise,
+    before anything moves."""
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     targets = (out_dir / "tiny-llama", out_dir / "chat.jsonl")
+    written = _written(out_dir / WRITTEN)
     with tempfile.TemporaryDirectory(prefix=".kftrain-example-", dir=out_dir) as aside:
         made = (Path(tiny_llama_folder(Path(aside) / targets[0].name)), Path(aside) / targets[1].name)
         write_chat_jsonl(made[1], records)
         for new, target in zip(made, targets, strict=True):
-            if target.exists() and not _same(new, target):
+            if target.exists() and _digests(target) not in (_digests(new), written.get(target.name)):
                 raise ExampleInTheWay(
                     f"{target} exists and is not kftrain's example {'model' if new.is_dir() else 'chat data'}: it "
                     "is kept; name another folder for `kftrain example-model`, or move that one away"
                 )
         for new, target in zip(made, targets, strict=True):
-            if not target.exists():
-                new.rename(target)
+            if target.is_dir():
+                shutil.rmtree(target)
+            elif target.exists():
+                target.unlink()
+            new.rename(target)
+    (out_dir / WRITTEN).write_text(json.dumps({t.name: _digests(t) for t in targets}, indent=1, sort_keys=True))
     return str(targets[0]), str(targets[1])
 
 
-def _same(a: Path, b: Path) -> bool:
-    """Whether file or folder `b` holds exactly what `a` does."""
-    if a.is_dir():
-        return (
-            b.is_dir()
-            and sorted(p.name for p in a.iterdir()) == sorted(p.name for p in b.iterdir())
-            and all(_same(p, b / p.name) for p in a.iterdir())
-        )
-    return b.is_file() and filecmp.cmp(a, b, shallow=False)
+def _written(path: Path) -> dict[str, Any]:
+    try:
+        found = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return {}
+    return found if isinstance(found, dict) else {}
+
+
+def _digests(path: Path) -> dict[str, str]:
+    """The sha256 of every file at or under `path`, by its path from `path`'s folder."""
+    files = [path] if path.is_file() else sorted(p for p in path.rglob("*") if p.is_file())
+    return {str(p.relative_to(path.parent)): hashlib.sha256(p.read_bytes()).hexdigest() for p in files}

@@ -343,6 +343,20 @@ def test_example_model_keeps_what_is_not_its_example(tmp_path, monkeypatch, caps
     before = {p: p.read_bytes() for p in (tmp_path / "ex").rglob("*") if p.is_file()}
     assert main(["example-model", "ex"]) == 0
     assert {p: p.read_bytes() for p in (tmp_path / "ex").rglob("*") if p.is_file()} == before
+    # A newer version writes other bytes: what the last one wrote, unchanged since, is replaced...
+    import trainer.example_model as example
+
+    real = example.chat_records
+    monkeypatch.setattr(example, "chat_records", lambda n, seed=0: real(n, seed + 1))
+    assert main(["example-model", "ex"]) == 0
+    assert (tmp_path / "ex" / "chat.jsonl").read_bytes() != before[tmp_path / "ex" / "chat.jsonl"]
+    # ... but not once the user changed it.
+    with open(tmp_path / "ex" / "chat.jsonl", "a") as f:
+        f.write('{"messages": []}\n')
+    monkeypatch.setattr(example, "chat_records", real)
+    capsys.readouterr()
+    assert main(["example-model", "ex"]) == 2
+    assert "ex/chat.jsonl exists and is not kftrain's example chat data" in capsys.readouterr().err
     for mine in ("chat.jsonl", "tiny-llama/config.json"):
         folder = tmp_path / mine.split("/")[0].replace(".", "-")
         (folder / mine).parent.mkdir(parents=True)
