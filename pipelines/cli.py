@@ -51,17 +51,16 @@ DEFAULT_MIN_ACCURACY = 0.9
 def _check_gates(args: argparse.Namespace, task: str) -> None:
     """Refuse a quality gate the built-in `task` never reports the metric of (it would be ignored);
     then give the gates not given their defaults."""
-    from trainer.config import EPOCH_METRICS, ConfigError
+    from trainer.checks import gate_ignored
+    from trainer.config import ConfigError
 
-    for flag, value, metric, other in (
-        ("--min-accuracy", args.min_accuracy, "val_accuracy", "--max-perplexity"),
-        ("--max-perplexity", args.max_perplexity, "val_perplexity", "--min-accuracy"),
-    ):
-        if value and task in EPOCH_METRICS and metric not in EPOCH_METRICS[task]:
-            raise ConfigError(
-                f"{flag} {value:g}: task {task!r} reports no {metric.removeprefix('val_')}, so the gate would be "
-                f"ignored; its gate is {other}"
-            )
+    def flag(name: str) -> str:
+        return "--" + name.replace("_", "-")
+
+    for name in ("min_accuracy", "max_perplexity"):
+        value = getattr(args, name)
+        if problem := gate_ignored(name, value, task, flag):
+            raise ConfigError(f"{flag(name)} {value:g}: {problem}")
     args.min_accuracy = DEFAULT_MIN_ACCURACY if args.min_accuracy is None else args.min_accuracy
     args.max_perplexity = args.max_perplexity or 0.0
 

@@ -99,7 +99,7 @@ def _validate_config(args: dict[str, Any], known: dict[str, dict[str, Any]]) -> 
     """Run the trainer's config validation on the run's effective parameters before uploading,
     and the quality gate's bounds (the same as `kftrain run`'s flags)."""
     from components.params import BY_NAME, SECRET_PARAMS, config_from_params
-    from trainer.checks import gate_problem
+    from trainer.checks import gate_ignored, gate_problem
     from trainer.launch.job import check_job_manifests
     from trainer.launch.spec import require_object_store
 
@@ -119,6 +119,9 @@ def _validate_config(args: dict[str, Any], known: dict[str, dict[str, Any]]) -> 
         require_object_store({field: uri for field, uri in shared.items() if uri})
     except ValueError as exc:
         raise SubmitError(f"the run's parameters are invalid: {exc}") from None
+    for name in ("min_accuracy", "max_perplexity"):
+        if problem := gate_ignored(name, args.get(name, 0.0), cfg.task):
+            raise SubmitError(f"--param {name}={args[name]}: {problem}")
 
 
 def version_name(pipeline_name: str, package: Path) -> str:

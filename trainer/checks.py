@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from trainer.config import BUILTIN_TASKS, Config, ConfigError, to_dict
@@ -37,6 +38,25 @@ def gate_problem(name: str, value: float) -> str:
     if name == "min_accuracy":
         return "" if 0.0 <= value <= 1.0 else "must be a number in [0, 1]"  # nan fails
     return "" if value == 0.0 or 0.0 < value < math.inf else "must be 0 (no bar) or a positive number"
+
+
+#: What each quality gate reads, as a built-in task's epoch record names it (EPOCH_METRICS).
+GATE_METRICS = {"min_accuracy": "val_accuracy", "max_perplexity": "val_perplexity"}
+
+
+def gate_ignored(name: str, value: float, task: str, spell: Callable[[str], str] = str) -> str:
+    """Why quality gate `name` at `value` would be ignored by `task` (a built-in task that never
+    reports its metric; the other gate, named by `spell`, is its own), or ''."""
+    from trainer.config import EPOCH_METRICS
+
+    metric = GATE_METRICS[name]
+    if not value or task not in EPOCH_METRICS or metric in EPOCH_METRICS[task]:
+        return ""
+    other = next(n for n in GATE_METRICS if n != name)
+    return (
+        f"task {task!r} reports no {metric.removeprefix('val_')}, so the gate would be ignored; its gate is "
+        f"{spell(other)}"
+    )
 
 
 def check_writable(cfg: Config, uri: str, field: str) -> None:

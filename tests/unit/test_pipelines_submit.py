@@ -64,3 +64,23 @@ def test_what_pods_share_must_be_in_an_object_store_before_upload(params, config
     with pytest.raises(SubmitError, match=f"the run's parameters are invalid: {field}"):
         parse_params([*params, *([f"config={config}"] if config else [])], PACKAGE)
     assert parse_params(["store=s3://bucket/x"], PACKAGE) == {"store": "s3://bucket/x"}
+
+
+@pytest.mark.parametrize(
+    ("params", "refused"),
+    [
+        (["max_perplexity=5"], "--param max_perplexity=5.0: task 'classification' reports no perplexity"),
+        (["config=task: causal_lm", "min_accuracy=0.5"], "--param min_accuracy=0.5: task 'causal_lm' reports no"),
+        (["min_accuracy=0.5"], ""),
+        (["config=task: causal_lm", "max_perplexity=20"], ""),
+        (["max_perplexity=0"], ""),  # 0: no bar, nothing to ignore
+    ],
+)
+def test_a_gate_the_task_never_reports_is_refused_at_submit(params, refused):
+    """The same rule as `kftrain run`'s flags (trainer.checks.gate_ignored)."""
+    if not refused:
+        parse_params(params, PACKAGE)
+        return
+    with pytest.raises(SubmitError) as info:
+        parse_params(params, PACKAGE)
+    assert str(info.value).startswith(refused) and "its gate is " in str(info.value)
