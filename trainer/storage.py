@@ -700,7 +700,9 @@ def _require_credentials() -> None:
         if key or secret:
             halves.append(f"{key} is set but {secrets[0]} is not" if key else f"{secret} is set but {keys[0]} is not")
     if halves:
-        raise StoreError(f"{'; '.join(halves)}: set both (on a cluster, from the store Secret)")
+        raise StoreError(
+            f"{'; '.join(halves)}: set both (on a cluster, from the store Secret; see README 'Credentials')"
+        )
     raise StoreError(
         "no object-store credentials: set AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY "
         "(on a cluster, from a Kubernetes Secret; see README 'Credentials')"
