@@ -88,3 +88,31 @@ def test_a_trained_bpe_goes_from_data_prep_to_the_hugging_face_export(tmp_path):
     x = torch.tensor([ids[:32]])
     with torch.no_grad():
         torch.testing.assert_close(hf(x).logits, model(x), rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize(
+    ("name", "fmt", "expected"),
+    [
+        ("t.txt", "jsonl", b"doc 0\ndoc 1\n"),  # the format says JSON Lines: the suffix does not decide
+        ("t.txt", "auto", b'{"text": "doc 0", "id": 0}\n{"text": "doc 1", "id": 1}\n'),
+        ("d.jsonl", "text", b'{"text": "doc 0", "id": 0}\n{"text": "doc 1", "id": 1}\n'),
+        ("d.jsonl", "auto", b"doc 0\ndoc 1\n"),
+    ],
+)
+def test_data_format_decides_how_an_object_reads(tmp_path, name, fmt, expected):
+    """`data.format: text` or `jsonl` is what the object is read as (was: its suffix decided, and
+    a `.txt` of records trained on the raw JSON without a word)."""
+    from trainer.tasks.causal_lm import _object_pieces
+
+    path = tmp_path / name
+    path.write_bytes(b'{"text": "doc 0", "id": 0}\n{"text": "doc 1", "id": 1}\n')
+    assert b"".join(_object_pieces(LocalStore(), str(path), "text", fmt)) == expected
+
+
+def test_chat_records_read_as_text_records_point_at_the_chat_format(tmp_path):
+    from trainer.tasks.causal_lm import _object_pieces
+
+    path = tmp_path / "chat.jsonl"
+    path.write_text('{"messages": [{"role": "user", "content": "hi"}]}\n')
+    with pytest.raises(DataError, match="records of `messages` are chat data: set data.format: chat"):
+        list(_object_pieces(LocalStore(), str(path), "text", "auto"))

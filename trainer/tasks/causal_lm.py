@@ -64,11 +64,11 @@ def stdlib_documents() -> Iterator[bytes]:
         yield path.read_bytes() + b"\n"
 
 
-def _object_pieces(store: ObjectStore, uri: str, text_field: str) -> Iterator[bytes]:
-    """One object's text in pieces of at most a block: a text file as it is, a JSON Lines file
-    as the `text_field` of each record, one record per line."""
+def _object_pieces(store: ObjectStore, uri: str, text_field: str, fmt: str = "auto") -> Iterator[bytes]:
+    """One object's text in pieces of at most a block: as it is (`data.format: text`), or the
+    `text_field` of each JSON Lines record, one record per line (`jsonl`); `auto` by the suffix."""
     carry = b""
-    jsonl = has_suffix(uri, *JSONL_SUFFIXES)
+    jsonl = fmt == "jsonl" or (fmt == "auto" and has_suffix(uri, *JSONL_SUFFIXES))
     for raw in text_chunks(read_chunks(store, uri, BLOCK_BYTES), uri, "text or JSON Lines"):
         chunk = carry + raw
         if not jsonl:
@@ -85,9 +85,11 @@ def _object_pieces(store: ObjectStore, uri: str, text_field: str) -> Iterator[by
 def _record_text(line: bytes, uri: str, field: str, number: int) -> bytes:
     record = decode_object(f"{uri} (a line)", line, json.loads, "JSON Lines record")
     if not isinstance(record, dict) or not isinstance(record.get(field), str):
+        chat = isinstance(record, dict) and isinstance(record.get("messages"), list)
+        hint = "; records of `messages` are chat data: set data.format: chat" if chat else ""
         raise DataError(
             f"{uri}: a record has no text field {field!r} (data.text_field); its keys: "
-            f"{sorted(record) if isinstance(record, dict) else type(record).__name__}"
+            f"{sorted(record) if isinstance(record, dict) else type(record).__name__}{hint}"
         )
     return record[field].encode("utf-8")
 
@@ -106,7 +108,7 @@ def source_pieces(cfg: Config, progress: str = "") -> Iterator[bytes]:
         uris = source_objects(store, source)
         if not uris:
             raise DataError(f"data.source {source!r}: no object there and none below it; check the URI")
-        pieces = (piece for uri in uris for piece in _object_pieces(store, uri, d.text_field))
+        pieces = (piece for uri in uris for piece in _object_pieces(store, uri, d.text_field, d.format))
     left = d.max_bytes or math.inf
     line = ProgressLine(f"{progress}: reading {source}", total=d.max_bytes) if progress else None
     for piece in pieces:
