@@ -332,6 +332,30 @@ def _check_folder(cfg: Config, source: ModelSource) -> dict[str, Any]:
     return config
 
 
+def _check_lora_targets(cfg: Config, modules: dict[str, Any], linear: set[str]) -> None:
+    """Every `lora.target_modules` entry names a layer of the model (peft's rule: the layer's
+    name, or its last path components): a misspelled entry beside a good one is dropped by peft
+    in silence."""
+    missing = [t for t in cfg.lora.target_modules if not any(name == t or name.endswith("." + t) for name in modules)]
+    if missing:
+        raise ConfigError(
+            f"lora.target_modules {missing}: not found in the model (a misspelled name beside a good one would be "
+            f"dropped). The model's linear layers: {', '.join(sorted(linear))} (a name matches a layer's last path "
+            "component)"
+        )
+
+
+def _check_lora_rank(cfg: Config, model: Any) -> None:
+    """`lora.rank` is at most the smaller side of every layer it adapts: past it an adapter only
+    costs memory (a rank of 10**6 on a 64-wide layer took gigabytes, then the job)."""
+    sides = [min(m.in_features, m.out_features) for m in model.modules() if hasattr(m, "lora_A")]
+    if sides and cfg.lora.rank > min(sides):
+        raise ConfigError(
+            f"lora.rank: {cfg.lora.rank} is larger than the smaller side ({min(sides)}) of a layer it adapts: an "
+            "adapter's rank is at most that; lower lora.rank"
+        )
+
+
 def _check_modules(cfg: Config, source: ModelSource, config: dict[str, Any], index: dict[str, TensorEntry]) -> int:
     """Build the model of `config` on the meta device (with its LoRA adapters), compare it with
     the safetensors headers in `index`, and return how many adapter parameters train (0: full)."""
@@ -361,6 +385,7 @@ def _check_modules(cfg: Config, source: ModelSource, config: dict[str, Any], ind
             ) from None
         if cfg.train.method == "lora":
             linear = {name.rsplit(".", 1)[-1] for name, m in model.named_modules() if isinstance(m, torch.nn.Linear)}
+            _check_lora_targets(cfg, dict(model.named_modules()), linear)
             try:
                 model = apply_lora(model, dataclasses.asdict(cfg.lora))
             except pretrained.PretrainedError as exc:
@@ -368,6 +393,7 @@ def _check_modules(cfg: Config, source: ModelSource, config: dict[str, Any], ind
                     f"{exc} The model's linear layers: {', '.join(sorted(linear))} (a name matches a layer's last "
                     "path component)"
                 ) from None
+            _check_lora_rank(cfg, model)
     tied = tied_names(model)
     for name, tensor in model.state_dict(keep_vars=True).items():
         if name in tied or ".lora_" in name:

@@ -99,6 +99,13 @@ REFUSED = {
         ["kubernetes.memory 1Mi:", "in each replica", "a larger kubernetes.memory"],
     ),
     "hub-uri": (None, "", ["model.init_from 'hf://org/na me'", "hf://<org>/<name>"]),
+    # A misspelled entry beside a good one: peft drops it in silence.
+    "lora-target-misspelled": (
+        {},
+        LORA + "lora:\n  target_modules: [q_proj, foo_proj]\n",
+        ["lora.target_modules ['foo_proj']: not found in the model", "q_proj", "v_proj"],
+    ),
+    "lora-rank-past-a-layer": ({}, LORA + "lora:\n  rank: 100000\n", ["lora.rank: 100000 is larger than the smaller"]),
 }
 
 
