@@ -161,7 +161,6 @@ class CheckpointManager:
         #: pruning also keeps this run's step with the best value (:func:`best_step`).
         self.keep_best = keep_best
         self._claimed = False
-        self._staging = Path(tempfile.mkdtemp(prefix=f"kftrain-ckpt-rank{rank}-"))
         self._thread: threading.Thread | None = None
         self._error: BaseException | None = None
         self.last_stage_seconds = 0.0
@@ -241,17 +240,22 @@ class CheckpointManager:
         """
         self.wait()  # at most one checkpoint in flight, and its failure surfaces here
         t0 = time.perf_counter()
-        folder = self._staging / f"step-{step:08d}"
-        shutil.rmtree(folder, ignore_errors=True)
-        # DCP copies device tensors to these files before it returns: training may go on afterwards.
-        dcp.save(
-            state,
-            storage_writer=FileSystemWriter(str(folder)),
-            process_group=self.group,
-            no_dist=self.group is None,
-        )
-        if local is not None:
-            torch.save(local(), folder / rank_part(self.rank))
+        # A folder per checkpoint, gone once it is uploaded (or fails): nothing outlives a manager
+        # that is never closed.
+        folder = Path(tempfile.mkdtemp(prefix=f"kftrain-ckpt-rank{self.rank}-step{step:08d}-"))
+        try:
+            # DCP copies device tensors to these files before it returns: training may go on afterwards.
+            dcp.save(
+                state,
+                storage_writer=FileSystemWriter(str(folder)),
+                process_group=self.group,
+                no_dist=self.group is None,
+            )
+            if local is not None:
+                torch.save(local(), folder / rank_part(self.rank))
+        except BaseException:
+            shutil.rmtree(folder, ignore_errors=True)
+            raise
         self.last_step = step
         files = sorted(p for p in folder.iterdir() if p.is_file())
         self.last_stage_seconds = time.perf_counter() - t0
@@ -274,11 +278,8 @@ class CheckpointManager:
             raise CheckpointError(f"checkpoint upload to {self.prefix} failed: {err}") from err
 
     def close(self) -> None:
-        """Wait for the upload in flight and remove the local staging folder."""
-        try:
-            self.wait()
-        finally:
-            shutil.rmtree(self._staging, ignore_errors=True)
+        """Wait for the upload in flight (its local staging folder goes with it)."""
+        self.wait()
 
     def _upload_guarded(self, step: int, folder: Path, files: list[Path], record: dict[str, Any] | None) -> None:
         try:

@@ -58,7 +58,8 @@ def probe_locally(
     from trainer.plan import ProbeResult
 
     world = cfg.job.world_size
-    with tempfile.TemporaryDirectory(prefix="kftrain-probe-") as tmp:
+    # Removed however the probe ends, by its watchdog too when this process is killed.
+    with tempfile.TemporaryDirectory(prefix="kftrain-probe-", ignore_cleanup_errors=True) as tmp:
         config_file, output = Path(tmp) / "config.json", Path(tmp) / "probe.json"
         config_file.write_text(config_to_json(cfg))
         cmd = [
@@ -79,21 +80,27 @@ def probe_locally(
         # process group: every process of the probe carries a marker, and they all stop when the
         # probe ends, whether it returns, raises (a time limit, Ctrl-C) or this process is killed.
         marker = f"probe-{secrets.token_hex(6)}"
-        env = {**os.environ, "OMP_NUM_THREADS": str(cfg.job.omp_num_threads), JOB_MARKER_ENV: marker}
+        env = {
+            **os.environ,
+            "OMP_NUM_THREADS": str(cfg.job.omp_num_threads),
+            JOB_MARKER_ENV: marker,
+            "TMPDIR": tmp,  # torchrun's own temporary files too
+        }
         try:
-            with stopped_at_exit(marker, JOB_MARKER_ENV, grace_s=5.0):
+            with stopped_at_exit(marker, JOB_MARKER_ENV, grace_s=5.0, remove=tmp):
                 returncode, out = run_captured(cmd, timeout_s, env=env)
+                results = json.loads(output.read_text()) if returncode == 0 and output.is_file() else None
         except subprocess.TimeoutExpired:
             raise ProbeFailed(
                 f"the probe ({world} process(es), {steps} steps) did not finish within {timeout_s:.0f}s; "
                 "run `kftrain plan` without --probe, or with fewer --probe-steps"
             ) from None
-        if returncode != 0 or not output.is_file():
+        if results is None:
             said = [parsed[1] for parsed in map(parse_error_line, out.splitlines()) if parsed]
             if said:  # a rank's own error (a config the probe cannot run): that one line
                 raise ProbeFailed(f"the probe failed: {said[0]}")
             raise ProbeFailed(probe_failure(returncode, out.splitlines()))
-        return [ProbeResult(**result) for result in json.loads(output.read_text())]
+        return [ProbeResult(**result) for result in results]
 
 
 def probe_failure(returncode: int, out: list[str]) -> str:

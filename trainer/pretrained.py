@@ -320,18 +320,20 @@ def parameters_on_meta() -> Iterator[None]:
         nn.Module.register_parameter = register
 
 
-def code_folder(source: ModelSource) -> str:
+@contextmanager
+def code_folder(source: ModelSource) -> Iterator[str]:
     """A local folder holding the model's config.json and Python files, from which transformers
     imports a remote-code model: the folder itself where it is local, else a copy of those small
-    files (never the weights)."""
+    files (never the weights), removed after the block (transformers keeps what it imported)."""
     if not parse_uri(source.uri).is_remote:
-        return source.uri
-    folder = tempfile.mkdtemp(prefix="kftrain-model-code-")
-    for uri in source.store.list(source.uri):
-        name = uri[len(source.uri.rstrip("/")) + 1 :]
-        if "/" not in name and (name == CONFIG or name.endswith(".py")):
-            source.store.get_file(uri, os.path.join(folder, name))
-    return folder
+        yield source.uri
+        return
+    with tempfile.TemporaryDirectory(prefix="kftrain-model-code-") as folder:
+        for uri in source.store.list(source.uri):
+            name = uri[len(source.uri.rstrip("/")) + 1 :]
+            if "/" not in name and (name == CONFIG or name.endswith(".py")):
+                source.store.get_file(uri, os.path.join(folder, name))
+        yield folder
 
 
 def build_on_meta(config: dict[str, Any], dtype: torch.dtype, source: ModelSource | None = None) -> nn.Module:
@@ -344,9 +346,10 @@ def build_on_meta(config: dict[str, Any], dtype: torch.dtype, source: ModelSourc
         if source is None:
             raise PretrainedError("a model with its own code (auto_map) is built from its folder; none was given")
         try:
-            hf_config = AutoConfig.from_pretrained(code_folder(source), trust_remote_code=True)
-            with parameters_on_meta():
-                return AutoModelForCausalLM.from_config(hf_config, dtype=dtype, trust_remote_code=True)
+            with code_folder(source) as folder:
+                hf_config = AutoConfig.from_pretrained(folder, trust_remote_code=True)
+                with parameters_on_meta():
+                    return AutoModelForCausalLM.from_config(hf_config, dtype=dtype, trust_remote_code=True)
         except (OSError, ImportError, ValueError, AttributeError, TypeError) as exc:
             first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
             raise PretrainedError(

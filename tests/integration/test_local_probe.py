@@ -80,15 +80,17 @@ def environ(pid: int) -> bytes:
 @pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGKILL], ids=["ctrl-c", "sigkill"])
 def test_stopping_kftrain_plan_mid_probe_stops_every_rank_of_it(tmp_path, sig):
     """torchrun starts its workers in sessions of their own: a Ctrl-C (the CLI cleans up) or a
-    SIGKILL (its watchdog does) of `kftrain plan --probe` must leave none of them running."""
+    SIGKILL (its watchdog does) of `kftrain plan --probe` must leave none of them running, nor
+    its temporary folder."""
     (tmp_path / "c.yaml").write_text("job:\n  replicas: 2\n")
+    (tmp_path / "tmp").mkdir()
     tag = uuid.uuid4().hex
     cmd = [*KFTRAIN, "plan", "--config", "c.yaml", "--probe", "--probe-steps", "1000000"]
     log = open(tmp_path / "plan.log", "wb")  # noqa: SIM115 (the child owns it)
     proc = subprocess.Popen(
         cmd,
         cwd=tmp_path,
-        env={**env_with(), "TEST_TAG": tag},
+        env={**env_with(), "TEST_TAG": tag, "TMPDIR": str(tmp_path / "tmp")},
         stdout=log,
         stderr=subprocess.STDOUT,
         start_new_session=True,
@@ -104,6 +106,7 @@ def test_stopping_kftrain_plan_mid_probe_stops_every_rank_of_it(tmp_path, sig):
         while left := marked_pids(tag, "TEST_TAG"):  # the watchdog is tagged too: it ends when done
             assert time.monotonic() < deadline, f"still running 20s after the CLI ended: {left}"
             time.sleep(0.1)
+        assert not list((tmp_path / "tmp").iterdir()), f"{sig.name} left temporary files behind"
         if sig == signal.SIGINT:
             assert proc.returncode != 0 and "Traceback" not in (tmp_path / "plan.log").read_text()
     finally:
