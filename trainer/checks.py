@@ -356,6 +356,21 @@ def _check_lora_rank(cfg: Config, model: Any) -> None:
         )
 
 
+def _check_merge(cfg: Config, model: Any, copies: set[str]) -> None:
+    """`export.merge_lora` with an adapter on a tied copy of a weight (`lm_head` tied to the
+    embeddings): merging would untie them, which a merged folder cannot hold; found now, not at
+    export after the whole run."""
+    if not cfg.export.merge_lora:
+        return
+    adapted = [n for n, m in model.named_modules() if hasattr(m, "lora_A") or hasattr(m, "lora_embedding_A")]
+    clash = sorted(c for c in copies if any(a == c or a.endswith("." + c) for a in adapted))
+    if clash:
+        raise ConfigError(
+            f"export.merge_lora: the adapter on {clash[0]!r} changes a weight tied to another one, which a merged "
+            "folder cannot hold; serve the adapter (export.merge_lora: false), or leave it out of lora.target_modules"
+        )
+
+
 def _check_modules(cfg: Config, source: ModelSource, config: dict[str, Any], index: dict[str, TensorEntry]) -> int:
     """Build the model of `config` on the meta device (with its LoRA adapters), compare it with
     the safetensors headers in `index`, and return how many adapter parameters train (0: full)."""
@@ -386,6 +401,7 @@ def _check_modules(cfg: Config, source: ModelSource, config: dict[str, Any], ind
         if cfg.train.method == "lora":
             linear = {name.rsplit(".", 1)[-1] for name, m in model.named_modules() if isinstance(m, torch.nn.Linear)}
             _check_lora_targets(cfg, dict(model.named_modules()), linear)
+            copies = {name.removesuffix(".weight") for name in tied_names(model)}  # `lm_head` tied to embeddings
             try:
                 model = apply_lora(model, dataclasses.asdict(cfg.lora))
             except pretrained.PretrainedError as exc:
@@ -394,6 +410,7 @@ def _check_modules(cfg: Config, source: ModelSource, config: dict[str, Any], ind
                     "path component)"
                 ) from None
             _check_lora_rank(cfg, model)
+            _check_merge(cfg, model, copies)
     tied = tied_names(model)
     for name, tensor in model.state_dict(keep_vars=True).items():
         if name in tied or ".lora_" in name:

@@ -105,6 +105,12 @@ REFUSED = {
         LORA + "lora:\n  target_modules: [q_proj, foo_proj]\n",
         ["lora.target_modules ['foo_proj']: not found in the model", "q_proj", "v_proj"],
     ),
+    # lm_head tied to the embeddings, an adapter on it, merged at export: found before the run.
+    "merge-a-tied-copy": (
+        {"config": {"tie_word_embeddings": True}, "drop_tensors": ("lm_head.weight",)},
+        LORA + "lora:\n  target_modules: [q_proj, lm_head]\nexport:\n  merge_lora: true\n",
+        ["export.merge_lora: the adapter on 'lm_head' changes a weight tied to another one", "merge_lora: false"],
+    ),
     "lora-rank-past-a-layer": ({}, LORA + "lora:\n  rank: 100000\n", ["lora.rank: 100000 is larger than the smaller"]),
 }
 
