@@ -210,6 +210,10 @@ def layout_row(ids: np.ndarray, mask: np.ndarray, block_size: int, pad_id: int) 
     return Row(tokens, row_mask, cut)
 
 
+#: More characters than one token of any real vocabulary spans (what bounds the text tokenized).
+MAX_CHARS_PER_TOKEN = 64
+
+
 class ChatEncoder:
     """Renders conversations with a transformers tokenizer's chat template and lays each out as a
     :class:`Row` of `block_size + 1` tokens."""
@@ -237,7 +241,9 @@ class ChatEncoder:
                     f"{where}: the model's chat template refused the conversation ({type(exc).__name__}: {exc}); "
                     "fix the record to the form the model's template expects"
                 ) from None
-            texts.append(text)
+            # Only the row's first `block_size + 1` tokens are kept: tokenize no more text than they
+            # can span (a 40 MB message took 17 GB in the tokenizer's offsets, then was cut anyway).
+            texts.append(text[: (self.block_size + 1) * MAX_CHARS_PER_TOKEN])
             spans.append(turn_spans)
         # The template writes the special tokens it wants (a BOS among them): add none.
         encoded = self.tokenizer(texts, add_special_tokens=False, return_offsets_mapping=True, verbose=False)

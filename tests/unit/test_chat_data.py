@@ -102,6 +102,28 @@ def test_the_labelled_tokens_are_exactly_the_assistant_turns_and_their_end_token
     assert (row.tokens[n:] == tokenizer.pad_token_id).all() and not row.mask[n:].any() and not row.cut
 
 
+def test_a_huge_message_is_tokenized_only_as_far_as_the_row_reaches(tokenizer, monkeypatch):
+    """The row keeps its first block_size + 1 tokens: the tokenizer is given no more text than
+    they can span (was: all 40 MB of a message, 17 GB in offsets), and the row is the same."""
+    messages = [
+        {"role": "user", "content": "What comes after red? " * 20 + "x " * 200_000},
+        {"role": "assistant", "content": "After red comes green."},
+    ]
+    seen = []
+    real = tokenizer.__call__
+
+    def counting(texts, **kwargs):
+        seen.extend(len(t) for t in texts)
+        return real(texts, **kwargs)
+
+    monkeypatch.setattr(type(tokenizer), "__call__", lambda self, texts, **kw: counting(texts, **kw))
+    row = ChatEncoder(tokenizer, 64).encode([("rec", messages)])[0]
+    assert seen and max(seen) <= 65 * 64
+    assert row.tokens is None and row.cut  # the answer lies past the row: dropped, as before
+    short = [{"role": "user", "content": "What comes after red?"}, messages[1]]
+    assert ChatEncoder(tokenizer, 64).encode([("rec", short)])[0].tokens is not None
+
+
 def test_the_spans_come_from_the_rendering_not_the_record(folder, tmp_path, tokenizer):
     shouting = with_template(
         folder, tmp_path, CHAT_TEMPLATE.replace("message['content']", "message['content'] | upper")
