@@ -44,6 +44,8 @@ _STEP_RECORD = re.compile(r"^\[KFP Executor [^\]]* (?P<level>[A-Z]+)\]: (?P<msg>
 _STEP_BOOKKEEPING = ("Looking for component", "Loading KFP component", "Got executor_input", "Wrote executor output")
 #: A training replica's line: `[master-0] [rank 0] ...`, `[worker-1] ...`, `[node-0-0] ...`.
 _REPLICA = re.compile(r"^\[[a-z][a-z0-9]*(?:-\d+)+\] ")
+#: The prefix torch's elastic agent puts on a worker's stderr lines.
+_TORCH_RANK = re.compile(r"^(\[rank\d+\]):\s?")
 #: What joins two tracebacks of one chain of exceptions.
 _CHAINED = ("During handling of the above exception", "The above exception was the direct cause")
 #: The exception torchrun's agent raises when a training process failed; its report follows.
@@ -191,6 +193,9 @@ class StepConsole(io.TextIOBase):
         """Whether the terminal shows this line of `replica`: a traceback's frames, and torchrun's
         report of a failed process after its `ChildFailedError` (the launcher names the cause in
         the step's error), stay in the full log; the exception a traceback ends with is shown."""
+        # torch prefixes a worker's own stderr with `[rankN]:`: each rank's traceback is its own.
+        if m := _TORCH_RANK.match(text):
+            replica, text = replica + m.group(1), text[m.end() :]
         mode = self._replicas.get(replica, "")
         if mode == "report" or text.startswith("Traceback (most recent call last):"):
             self._replicas[replica] = mode or "frames"

@@ -130,6 +130,13 @@ TRAINING_BUG = """\
     [worker-0]   exitcode  : 1 (pid: 42)
     [worker-0] ============================================================
     [worker-0] a line after the report
+    [master-0] [rank0]: Traceback (most recent call last):
+    [master-0] [rank1]: Traceback (most recent call last):
+    [master-0] [rank0]:   File "/app/trainer/train.py", line 820, in main
+    [master-0] [rank1]:   File "/app/trainer/train.py", line 820, in main
+    [master-0] [rank0]: RuntimeError: DefaultCPUAllocator: can't allocate memory
+    [master-0] [rank1]:     run_training(cfg)
+    [master-0] [rank1]: RuntimeError: DefaultCPUAllocator: can't allocate memory
 
 15:00:05.000 - ERROR - Task 'train' finished with status FAILURE
 """
@@ -142,6 +149,9 @@ def test_replicas_tracebacks_show_their_error_and_torchruns_report_stays_in_the_
         "  [worker-0] KeyError: 'label'",
         "  [worker-0] ValueError: label 11 is not one of the task's 10 classes",
         "  [master-0] [rank 0] 15:00:02 a collective failed or timed out",
+        # torch's `[rankN]:` prefix on two workers' interleaved tracebacks: each shows its error only
+        "  [master-0] [rank0]: RuntimeError: DefaultCPUAllocator: can't allocate memory",
+        "  [master-0] [rank1]: RuntimeError: DefaultCPUAllocator: can't allocate memory",
     ]
     assert "ChildFailedError" in log and "File " in log and "Root Cause" in log  # all of it in the full log
 
