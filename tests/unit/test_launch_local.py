@@ -22,3 +22,22 @@ def test_log_lines_streamed_from_many_threads_stay_whole(capsys):
     for t in threads:
         t.join()
     assert sorted(capsys.readouterr().out.splitlines()) == sorted(lines)
+
+
+@pytest.mark.parametrize(
+    ("code", "said"),
+    [
+        (-9, "; its training process was killed by SIGKILL (most likely the kernel's out-of-memory killer"),
+        (-11, "; its training process was killed by SIGSEGV"),
+        (3, ""),  # its own exit code: the trainer's line says why
+        (None, ""),
+    ],
+)
+def test_a_replica_whose_process_a_signal_ended_says_so(code, said):
+    """torchrun exits 1 whatever ended its process: the local backend reads the signal from
+    torchrun's summary (was: 'exited with code 1' for a rank the OOM killer took)."""
+    from tests.unit.test_launch_failures import torchrun_summary
+    from trainer.launch.local import killed_by
+
+    found = killed_by(torchrun_summary(code) if code is not None else ["[rank 0] step 3"])
+    assert found.startswith(said) and bool(found) == bool(said), found

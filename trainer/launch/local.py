@@ -132,6 +132,22 @@ def _watch(var: str, marker: str, grace_s: float, remove: str = "") -> int:
     return 0
 
 
+def killed_by(log_lines: list[str]) -> str:
+    """`; its training process was killed by SIGKILL (...)` when torchrun's summary in a replica's
+    log says a signal ended the process (torchrun itself exits 1 whatever ended it), else ''."""
+    from trainer.launch.failures import root_cause_exit_code
+
+    code = root_cause_exit_code(log_lines)
+    if code is None or code >= 0:
+        return ""
+    try:
+        name = signal.Signals(-code).name
+    except ValueError:
+        name = f"signal {-code}"
+    why = " (most likely the kernel's out-of-memory killer: lower the batch or the model)" if name == "SIGKILL" else ""
+    return f"; its training process was killed by {name}{why}"
+
+
 def run_captured(
     cmd: list[str], timeout_s: float, env: dict[str, str] | None = None, cwd: str | None = None
 ) -> tuple[int, str]:
@@ -278,8 +294,8 @@ class LocalBackend:
     def _failure_message(spec: JobSpec, rep: _Replica) -> str:
         tail = "\n".join(f"  [{rep.key}] {line}" for line in failure_excerpt(list(rep.tail)))
         return (
-            f"job {spec.name} failed: replica {rep.key} exited with code {rep.proc.returncode}. "
-            f"Its last log lines:\n{tail}"
+            f"job {spec.name} failed: replica {rep.key} exited with code {rep.proc.returncode}"
+            f"{killed_by(list(rep.tail))}. Its last log lines:\n{tail}"
         )
 
     def logs(self, spec: JobSpec, tail: int = 50) -> dict[str, list[str]]:
