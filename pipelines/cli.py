@@ -92,19 +92,16 @@ def _cmd_run(args: argparse.Namespace) -> int:
         overrides["store.endpoint"] = args.s3_endpoint
     cfg = load_config(args.config, overrides)
     _check_gates(args, cfg.task)
+    store = f"{'--store' if args.store else 'store.uri'} {redact(cfg.store.uri)}"
     if args.output_dir and cfg.store.uri:
         raise ConfigError(
-            f"--output-dir {args.output_dir}: not used when a store is set ({'--store' if args.store else 'store.uri'}"
-            f" {redact(cfg.store.uri)}: every artifact goes there); leave out one of them"
+            f"--output-dir {args.output_dir}: not used when a store is set ({store}: every artifact goes there); "
+            "leave out one of them"
         )
     args.output_dir = args.output_dir or DEFAULT_LOCAL_ROOT
     run_id = check_run_id(args.run_id or new_run_id())
     if args.run_id and not run_started(cfg, run_id, args.output_dir):
-        where = (
-            f"{'--store' if args.store else 'store.uri'} {redact(cfg.store.uri)}"
-            if cfg.store.uri
-            else (f"--output-dir {args.output_dir}")
-        )
+        where = store if cfg.store.uri else f"--output-dir {args.output_dir}"
         print(
             f"kftrain: no run {run_id} under {where} yet: it starts from the beginning (a run that wrote elsewhere "
             "continues with that --output-dir or --store; `kftrain runs --store ...` lists a store's runs)",
