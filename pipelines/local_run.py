@@ -89,9 +89,9 @@ def check_own_checkpoint(cfg: Config, run_id: str, local_root: str = DEFAULT_LOC
     if not cfg.checkpoint.enabled or not cfg.checkpoint.resume or cfg.checkpoint.uri:
         return
     from trainer.checkpoint_owner import latest_complete
+    from trainer.checks import check_continues
     from trainer.pipeline_steps import store_for
     from trainer.storage import CHECK_BUDGET_S, check_deadline
-    from trainer.train import check_resumable
 
     prefix = with_run_checkpoints(cfg, run_id, local_root).checkpoint.uri
     try:
@@ -102,9 +102,8 @@ def check_own_checkpoint(cfg: Config, run_id: str, local_root: str = DEFAULT_LOC
     if latest is None or not isinstance(latest[1].get("config"), dict):
         return  # nothing to continue, or a record that does not say (the trainer's own check will)
     step, record = latest
-    world = int(record.get("world_size", 1))
     try:
-        check_resumable(record["config"], cfg, world, world, True, "start a new run (without --run-id)")
+        check_continues(cfg, record, "start a new run (without --run-id)")
     except KftrainError as exc:
         raise ConfigError(f"--run-id {run_id}: its checkpoint of step {step} ({prefix}): {exc}") from None
 

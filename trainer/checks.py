@@ -172,16 +172,25 @@ def check_resume_from(cfg: Config, root: str) -> Config:
     whether it may change depends on the task's data). Return `cfg` with it pinned to that
     checkpoint's step folder, so a retried step reads the same one."""
     from trainer.runs import resolve_resume_from
-    from trainer.train import check_resumable
 
     with check_deadline(MODEL_CHECK_BUDGET_S):  # a few listings and reads, as the base model's check
         folder, record = resolve_resume_from(cfg, root)
-    world = int(record.get("world_size", 1))
     try:
-        check_resumable(record.get("config", {}), cfg, world, world, True, "start without resume_from")
+        check_continues(cfg, record, "start without resume_from")
     except KftrainError as exc:
         raise ConfigError(f"checkpoint.resume_from {cfg.checkpoint.resume_from!r} ({folder}): {exc}") from None
     return dataclasses.replace(cfg, checkpoint=dataclasses.replace(cfg.checkpoint, resume_from=folder))
+
+
+def check_continues(cfg: Config, record: dict[str, Any], other: str) -> None:
+    """`cfg` can continue the checkpoint whose commit record is `record`
+    (:func:`trainer.train.check_resumable` at the checkpoint's own world size: whether that may
+    change depends on the task's data, checked when training starts); `other` is the way out the
+    error names besides the checkpoint's values."""
+    from trainer.train import check_resumable
+
+    world = int(record.get("world_size", 1))
+    check_resumable(record.get("config", {}), cfg, world, world, True, other)
 
 
 def state_bytes_per_rank(parameters: int, adapters: int, method: str, shards: int, frozen_bytes: int) -> int:

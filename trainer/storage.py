@@ -459,7 +459,7 @@ class S3Store:
         )
 
         self.policy = policy or RetryPolicy()
-        endpoint, endpoint_from = _setting(endpoint, "store.endpoint", "AWS_ENDPOINT_URL_S3", "AWS_ENDPOINT_URL")
+        endpoint, endpoint_from = _setting(endpoint, "store.endpoint", *ENDPOINT_ENV)
         region, region_from = _setting(region, "store.region", "AWS_REGION", "AWS_DEFAULT_REGION")
         if endpoint:
             if problem := endpoint_problem(endpoint):
@@ -709,6 +709,8 @@ def _require_credentials() -> None:
     )
 
 
+#: Where an S3 endpoint comes from when no field or flag gives one: the first set (the AWS SDKs' order).
+ENDPOINT_ENV = ("AWS_ENDPOINT_URL_S3", "AWS_ENDPOINT_URL")
 _REGION_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,62}")
 
 
@@ -744,8 +746,7 @@ def open_store(uri: str, endpoint: str = "", region: str = "", policy: RetryPoli
     """The store serving `uri`: :class:`S3Store` for s3:// and minio://, else :class:`LocalStore`."""
     loc = parse_uri(uri)
     if loc.is_remote:
-        env_endpoint = os.environ.get("AWS_ENDPOINT_URL_S3") or os.environ.get("AWS_ENDPOINT_URL")
-        if loc.scheme == "minio" and not (endpoint or env_endpoint):
+        if loc.scheme == "minio" and not _setting(endpoint, "store.endpoint", *ENDPOINT_ENV)[0]:
             endpoint = KFP_STORE_ENDPOINT
         return S3Store(endpoint=endpoint, region=region, policy=policy)
     return LocalStore()
