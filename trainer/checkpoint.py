@@ -65,6 +65,7 @@ from trainer.checkpoint_owner import (
     latest_complete,
     objects_by_step,
     step_dir,
+    written_by_a_checkpoint,
 )
 from trainer.progress import ProgressLine
 from trainer.storage import (
@@ -368,8 +369,13 @@ class CheckpointManager:
             # Older than the newest kept: own complete ones past keep_last, and partials of killed writers.
             if step in keep or step in others or step > complete[-1]:
                 continue
+            ours = [u for u in uris if written_by_a_checkpoint(self.prefix, u)]
+            if len(ours) < len(uris):
+                kept = sorted(set(uris) - set(ours))
+                if ours:  # said once: the step's own objects are gone after this
+                    log.warning("pruning step %d keeps %d objects no checkpoint writes: %s", step, len(kept), kept[:3])
             # The commit record goes first: a half-deleted checkpoint never looks complete.
-            for uri in sorted(uris, key=lambda u: not u.endswith(f"/{COMMIT}")):
+            for uri in sorted(ours, key=lambda u: not u.endswith(f"/{COMMIT}")):
                 self.store.delete(uri)
             drop_empty_folders(self.store, step_dir(self.prefix, step))
 

@@ -11,7 +11,8 @@ unless ``checkpoint.resume`` is true, which takes the prefix over and continues 
 checkpoint. Before it uploads a step and again before it commits one, a writer checks that it
 still owns the prefix (a run taken over stops instead of writing beside the new owner), and
 ``COMMIT.json`` is created only if absent: a committed step is never overwritten. Pruning
-deletes only steps whose commit record names this run as owner (and partial ones).
+deletes only steps whose commit record names this run as owner (and partial ones), and of
+those only the objects a checkpoint writer makes.
 """
 
 from __future__ import annotations
@@ -39,6 +40,9 @@ OWNER_FOLDER = "owner"
 _OWNER_RECORD = re.compile(r"/owner/(\d{8})\.json$")
 #: A step's folder: the first folder below the prefix (matched at the start of what follows it).
 STEP_DIR = re.compile(r"/step-(\d{8})/")
+#: What a checkpoint writer puts in a step folder: DCP's index and data files, each rank's own
+#: part and the commit record. Pruning deletes these and leaves anything else a user put there.
+_WRITTEN_NAME = re.compile(r"(COMMIT\.json|(__\d+)?\.metadata|__\d+_\d+\.distcp|rank-\d{5,}\.pt)")
 _HEX64 = re.compile(r"[0-9a-f]{64}")
 
 log = logging.getLogger("kftrain.checkpoint")
@@ -98,6 +102,12 @@ def objects_by_step(store: ObjectStore, prefix: str) -> dict[int, list[str]]:
         if m := STEP_DIR.match(uri[len(prefix.rstrip("/")) :]):
             by_step.setdefault(int(m.group(1)), []).append(uri)
     return by_step
+
+
+def written_by_a_checkpoint(prefix: str, uri: str) -> bool:
+    """Whether `uri` (in a step folder under `prefix`) is an object a checkpoint writer creates."""
+    m = STEP_DIR.match(uri[len(prefix.rstrip("/")) :])
+    return m is not None and _WRITTEN_NAME.fullmatch(uri[len(prefix.rstrip("/")) + m.end() :]) is not None
 
 
 def committed(by_step: dict[int, list[str]]) -> list[int]:

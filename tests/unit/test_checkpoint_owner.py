@@ -245,3 +245,29 @@ def test_the_training_step_claims_the_prefix_for_its_task_before_the_job_starts(
     other = load_config(None, {"checkpoint.resume": False})
     with pytest.raises(CheckpointError, match="belongs to run 'run-1/train'"):
         claim_checkpoints(other, model_uri, owner="run-2/train")
+
+
+@pytest.mark.parametrize(
+    "foreign",
+    [
+        "step-00000001/NOTES.txt",  # beside a pruned step's own objects
+        "step-00000001/eval/results.json",  # in a folder below it
+        "step-00000001/rank-1.pt",  # a name near a rank part's
+        "step-00000002/weights.safetensors",  # a step folder a user made by hand, without a commit
+    ],
+)
+def test_pruning_deletes_only_what_a_checkpoint_writer_wrote(prefix, foreign):
+    """A pruned step's folder goes whole when the writer made all of it; anything a user put in
+    the checkpoint prefix by hand stays, and so does the folder that holds it."""
+    store = LocalStore()
+    a = manager(store, prefix, "run-a", keep_last=1)
+    a.claim(resume=False)
+    save(a, 1)
+    store.put_bytes(join_uri(prefix, foreign), b"the user's")
+    for step in (3, 4):
+        save(a, step)
+    by_step = objects_by_step(store, prefix)
+    assert sorted(by_step) == sorted({4, int(foreign[5:13])})
+    assert by_step[int(foreign[5:13])] == [join_uri(prefix, foreign)]
+    assert store.get_bytes(join_uri(prefix, foreign)) == b"the user's"
+    assert_intact(store, prefix, "run-a", [4])
