@@ -46,6 +46,9 @@ def _resume_command(argv: list[str], run_id: str) -> str:
 
 #: `--min-accuracy` when not given (a classification run's gate).
 DEFAULT_MIN_ACCURACY = 0.9
+#: `kftrain run`'s exit status when the run finished but its model failed the quality gate (and
+#: was not exported): a script's `kftrain run ... && deploy` stops there.
+GATE_FAILED = 3
 
 
 def _check_gates(args: argparse.Namespace, task: str) -> None:
@@ -176,7 +179,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
         print(f"summary written to {args.summary}")
     if full_log:
         print(f"full log: {full_log}")
-    return 0
+    return 0 if summary["exported"] else GATE_FAILED
 
 
 def _cmd_runs(args: argparse.Namespace) -> int:

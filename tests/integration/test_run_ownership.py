@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from pipelines.cli import GATE_FAILED
 from tests.conftest import run_group
 from tests.pipeline_demo import PLAN_DEMO_CONFIG, check_plan_demo_run
 from trainer.checkpoint import CheckpointError, CheckpointManager, claim_prefix, current_owner
@@ -101,7 +102,7 @@ def test_a_second_run_in_one_output_dir_that_fails_the_gate_reports_its_own_fail
         env=cli_env(),
         cwd=str(tmp_path),
     )
-    assert rc == 0, out[-5000:]
+    assert rc == GATE_FAILED, out[-5000:]  # finished, and said so, but a script must not deploy it
     lines = out.strip().splitlines()
     assert lines[-1].startswith("full log: ")  # then the summary file, then the gate's verdict
     assert lines[-2] == "summary written to second.json"
