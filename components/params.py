@@ -46,6 +46,11 @@ class Param:
         """The default that means "take the config's value"."""
         return UNSET[self.type]
 
+    @property
+    def unset_shown(self) -> str:
+        """:attr:`unset` as the docs and messages write it."""
+        return {int: "-1", float: "-1", str: "empty", dict: "{}", list: "[]"}[self.type]
+
 
 PARAMS: tuple[Param, ...] = (
     Param(
@@ -102,8 +107,7 @@ def effective_default(param: Param) -> Any:
 def param_help(param: Param) -> str:
     """The parameter's doc line: what it is, and what its unset value means."""
     shown = "empty" if effective_default(param) in ("", {}, []) else repr(effective_default(param))
-    unset = {int: "-1", float: "-1", str: "empty", dict: "{}", list: "[]"}[param.type]
-    return f"{param.help} {unset}: the config's value (by default {shown})."
+    return f"{param.help} {param.unset_shown}: the config's value (by default {shown})."
 
 
 def signature(

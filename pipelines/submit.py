@@ -11,6 +11,7 @@ import contextlib
 import hashlib
 import json
 import os
+import re
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -118,6 +119,11 @@ def _validate_config(args: dict[str, Any], known: dict[str, dict[str, Any]]) -> 
         shared = {"store.uri": cfg.store.uri, "checkpoint.uri": cfg.checkpoint.uri}
         require_object_store({field: uri for field, uri in shared.items() if uri})
     except ValueError as exc:
+        # A bad value a --param gave: name the flag, and the value that leaves the config's own.
+        for name in args:
+            if name in BY_NAME and re.match(rf"{re.escape(BY_NAME[name].field)}[:.\[ ]", str(exc)):
+                keeps = BY_NAME[name].unset_shown
+                raise SubmitError(f"--param {name}: {exc} ({keeps} keeps the config's value)") from None
         raise SubmitError(f"the run's parameters are invalid: {exc}") from None
     for name in ("min_accuracy", "max_perplexity"):
         if problem := gate_ignored(name, args.get(name, 0.0), cfg.task):

@@ -61,7 +61,8 @@ def test_a_package_that_is_not_a_compiled_pipeline_is_one_line_naming_it(tmp_pat
 def test_what_pods_share_must_be_in_an_object_store_before_upload(params, config, field):
     """No two pods share a disk: a local store or checkpoint prefix is refused at submit, not in
     the training step on the cluster."""
-    with pytest.raises(SubmitError, match=f"the run's parameters are invalid: {field}"):
+    where = "--param store" if params else "the run's parameters are invalid"
+    with pytest.raises(SubmitError, match=f"{where}: {field}"):
         parse_params([*params, *([f"config={config}"] if config else [])], PACKAGE)
     assert parse_params(["store=s3://bucket/x"], PACKAGE) == {"store": "s3://bucket/x"}
 
@@ -84,3 +85,22 @@ def test_a_gate_the_task_never_reports_is_refused_at_submit(params, refused):
     with pytest.raises(SubmitError) as info:
         parse_params(params, PACKAGE)
     assert str(info.value).startswith(refused) and "its gate is " in str(info.value)
+
+
+@pytest.mark.parametrize(
+    ("param", "refused"),
+    [
+        ("epochs=-2", "--param epochs: train.epochs: must be positive, got -2 (-1 keeps the config's value)"),
+        ("learning_rate=-0.5", "--param learning_rate: train.learning_rate: must be positive"),
+        ("job_kind=foo", "--param job_kind: job.kind: must be one of"),
+        ("node_selector={a: [1]}", "--param node_selector: kubernetes.node_selector.a: must be a string"),
+        ("tolerations=[1]", "--param tolerations: kubernetes.tolerations[0]: must be a mapping"),
+    ],
+)
+def test_a_bad_parameter_value_names_the_flag_and_the_value_that_keeps_the_config_s(param, refused):
+    """The config's message names the field; the user typed a --param, and its unset value is not obvious."""
+    with pytest.raises(SubmitError) as info:
+        parse_params([param], PACKAGE)
+    assert str(info.value).startswith(refused)
+    unset = {"epochs": "-1", "learning_rate": "-1", "job_kind": "empty", "node_selector": "{}", "tolerations": "[]"}
+    assert str(info.value).endswith(f"({unset[param.split('=')[0]]} keeps the config's value)")
