@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import logging
 import math
+import warnings
 import zlib
 from typing import Any
 
@@ -58,7 +59,9 @@ def apply_lora(model: nn.Module, lora: dict[str, Any]) -> nn.Module:
         task_type="CAUSAL_LM",
     )
     try:
-        with pretrained.parameters_on_meta():
+        with pretrained.parameters_on_meta(), warnings.catch_warnings():
+            # peft reads transformers' deprecated alias: a FutureWarning no user can act on.
+            warnings.filterwarnings("ignore", "`is_gradient_checkpointing` is deprecated", FutureWarning)
             return get_peft_model(model, peft_config)
     except ValueError as exc:  # peft names the modules it did not find
         raise pretrained.PretrainedError(f"lora.target_modules {lora['target_modules']}: {exc}") from None
