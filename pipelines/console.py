@@ -46,6 +46,8 @@ _STEP_BOOKKEEPING = ("Looking for component", "Loading KFP component", "Got exec
 _REPLICA = re.compile(r"^\[[a-z][a-z0-9]*(?:-\d+)+\] ")
 #: The prefix torch's elastic agent puts on a worker's stderr lines.
 _TORCH_RANK = re.compile(r"^(\[rank\d+\]):\s?")
+#: The line that ends a traceback: the exception's (dotted) class name, then `: message` or nothing.
+_EXCEPTION_LINE = re.compile(r"^(?:[A-Za-z_]\w*\.)*[A-Za-z_]\w*(?::\s|:?$)")
 #: What joins two tracebacks of one chain of exceptions.
 _CHAINED = ("During handling of the above exception", "The above exception was the direct cause")
 #: The exception torchrun's agent raises when a training process failed; its report follows.
@@ -79,7 +81,9 @@ class StepConsole(io.TextIOBase):
         self._in_json = False
         self._tail: collections.deque[str] = collections.deque(maxlen=TAIL_LINES)
         self._closed: set[TextIO] = set()  # terminal streams that went away
-        self._replicas: dict[str, str] = {}  # by replica: "frames" in a traceback, "report" past torchrun's
+        #: By replica (and torch's rank prefix): its tracebacks not yet ended by their exception
+        #: line (processes without a prefix share one replica's lines), or -1 past torchrun's report.
+        self._open_tracebacks: dict[str, int] = {}
         self._error = ""  # the running step's kftrain error line, if it printed one
         #: The step that failed, and the last lines of its output the terminal had not shown.
         self.failed_step = ""
@@ -154,7 +158,7 @@ class StepConsole(io.TextIOBase):
         if m := _STEP_START.match(msg):
             self._step, self._t0, self._in_json, self._error = m["task"], time.monotonic(), False, ""
             self._tail.clear()
-            self._replicas.clear()
+            self._open_tracebacks.clear()
             self._show(f"{now} {self._step} started")
         elif m := _STEP_END.match(msg):
             took = format_seconds(time.monotonic() - self._t0)
@@ -196,18 +200,22 @@ class StepConsole(io.TextIOBase):
         # torch prefixes a worker's own stderr with `[rankN]:`: each rank's traceback is its own.
         if m := _TORCH_RANK.match(text):
             replica, text = replica + m.group(1), text[m.end() :]
-        mode = self._replicas.get(replica, "")
-        if mode == "report" or text.startswith("Traceback (most recent call last):"):
-            self._replicas[replica] = mode or "frames"
+        open_now = self._open_tracebacks.get(replica, 0)
+        if open_now < 0:
+            return False
+        if text.startswith("Traceback (most recent call last):"):
+            self._open_tracebacks[replica] = open_now + 1
             return False
         if text.startswith(_CHAINED):
             return False
-        if mode != "frames":
+        if not open_now:
             return True
         if not text.strip() or text[0].isspace():
-            return False
-        self._replicas[replica] = "report" if text.startswith(_TORCHRUN_REPORT) else ""
-        return not self._replicas[replica]
+            return False  # a frame: its file and line, the code, the markers under it
+        if _EXCEPTION_LINE.match(text):  # ends the oldest open traceback (another process's line does not)
+            self._open_tracebacks[replica] = -1 if text.startswith(_TORCHRUN_REPORT) else open_now - 1
+            return not text.startswith(_TORCHRUN_REPORT)
+        return True
 
 
 @contextlib.contextmanager

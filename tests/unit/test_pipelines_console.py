@@ -156,6 +156,38 @@ def test_replicas_tracebacks_show_their_error_and_torchruns_report_stays_in_the_
     assert "ChildFailedError" in log and "File " in log and "Root Cause" in log  # all of it in the full log
 
 
+# Two processes of one replica without torch's rank prefix: their tracebacks interleave, and a
+# third process's line falls between the frames.
+INTERLEAVED = """\
+15:00:00.002 - INFO - Executing task 'train'
+15:00:00.003 - INFO - Streamed logs:
+
+    [node-0-0] Traceback (most recent call last):
+    [node-0-0] Traceback (most recent call last):
+    [node-0-0]   File "/app/trainer/train.py", line 820, in main
+    [node-0-0] 15:00:03 rank 2 waits for its peers
+    [node-0-0]   File "/app/trainer/train.py", line 820, in main
+    [node-0-0] OSError: [Errno 28] No space left on device
+    [node-0-0]     run_training(cfg)
+    [node-0-0]     ~~~~~~~~~~~~^^^^^
+    [node-0-0] KeyboardInterrupt
+    [node-0-0] 15:00:04 rank 2 stops
+
+15:00:05.000 - ERROR - Task 'train' finished with status FAILURE
+"""
+
+
+def test_interleaved_tracebacks_of_one_replica_show_each_error_and_no_frame():
+    console, log, out, err = run(INTERLEAVED)
+    assert [line for line in out.splitlines() if line.startswith("  [")] == [
+        "  [node-0-0] 15:00:03 rank 2 waits for its peers",
+        "  [node-0-0] OSError: [Errno 28] No space left on device",
+        "  [node-0-0] KeyboardInterrupt",
+        "  [node-0-0] 15:00:04 rank 2 stops",
+    ]
+    assert log.count("File ") == 2
+
+
 class ClosedAfter(io.StringIO):
     """A terminal its reader closes after `n` writes (`kftrain run --local | head`)."""
 
