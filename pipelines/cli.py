@@ -480,13 +480,23 @@ class _Parser(argparse.ArgumentParser):
 def _api_url(text: str) -> str:
     """An http(s) URL without a user or password (which KFP's client would not use, and a log
     would print): the token travels in $KFP_TOKEN."""
+    from urllib.parse import urlsplit
+
+    from trainer.errors import has_userinfo
+
     scheme, sep, rest = text.partition("://")
     if not sep or scheme.lower() not in ("http", "https") or not rest.split("/", 1)[0]:
         raise argparse.ArgumentTypeError(f"must be a URL starting with http:// or https://, got {redact(text)!r}")
-    if "@" in rest.split("/", 1)[0]:
+    if has_userinfo(text):
         raise argparse.ArgumentTypeError(
             "a user or password in the URL is not used (and would be printed): remove it and set $KFP_TOKEN"
         )
+    if any(c.isspace() or not c.isprintable() for c in text):
+        raise argparse.ArgumentTypeError(f"{redact(text)!r} holds a space or a control character")
+    try:
+        urlsplit(text).port  # noqa: B018 (it checks the port: a number from 0 to 65535)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{redact(text)!r}: the port must be a number from 1 to 65535") from None
     return text
 
 

@@ -122,8 +122,13 @@ def _validate_config(args: dict[str, Any], known: dict[str, dict[str, Any]]) -> 
         # A bad value a --param gave: name the flag, and the value that leaves the config's own.
         for name in args:
             if name in BY_NAME and re.match(rf"{re.escape(BY_NAME[name].field)}[:.\[ ]", str(exc)):
-                keeps = BY_NAME[name].unset_shown
-                raise SubmitError(f"--param {name}: {exc} ({keeps} keeps the config's value)") from None
+                # -1 for "the config's value" is not obvious; an empty text or {} / [] is.
+                keeps = (
+                    f" ({BY_NAME[name].unset_shown} keeps the config's value)"
+                    if BY_NAME[name].type in (int, float)
+                    else ""
+                )
+                raise SubmitError(f"--param {name}: {exc}{keeps}") from None
         raise SubmitError(f"the run's parameters are invalid: {exc}") from None
     for name in ("min_accuracy", "max_perplexity"):
         if problem := gate_ignored(name, args.get(name, 0.0), cfg.task):
@@ -175,6 +180,7 @@ def probe_host(host: str, timeout_s: float = 10.0) -> None:
     is one clear line at once: kfp.Client retries its health check and reports a timeout, and
     against another service fails later with a confusing message ("Missing the required
     parameter `pipeline_id`")."""
+    import http.client
     import urllib.error
     import urllib.request
 
@@ -190,7 +196,7 @@ def probe_host(host: str, timeout_s: float = 10.0) -> None:
         if exc.code in (401, 403):
             raise _rejected(host, exc.code, exc.reason) from None
         raise _not_kfp(host, f"HTTP {exc.code} {exc.reason} for {url}") from None
-    except (urllib.error.URLError, OSError, ValueError) as exc:
+    except (urllib.error.URLError, OSError, ValueError, http.client.HTTPException) as exc:
         raise _unreachable(host, exc) from None
     try:
         answer = json.loads(body)

@@ -329,7 +329,14 @@ class ModelConfig:
 
     def __post_init__(self) -> None:
         check_bounds(self, "model", _MODEL_BOUNDS)
-        if self.init_from and not self.init_from.startswith("hf://"):
+        if self.init_from.startswith("hf://"):
+            from trainer.pretrained import PretrainedError, parse_hf_uri
+
+            try:
+                parse_hf_uri(self.init_from)
+            except PretrainedError as exc:
+                raise ConfigError(str(exc)) from None
+        elif self.init_from:
             try:
                 parse_uri(self.init_from)
             except ValueError as exc:

@@ -24,7 +24,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from trainer.errors import KftrainError
+from trainer.errors import KftrainError, has_userinfo, redact
 from trainer.storage import ObjectStore, StoreError, join_uri, open_store, parse_uri
 
 if TYPE_CHECKING:  # torch is imported where a function needs it: the checks of a folder run without it
@@ -116,6 +116,12 @@ def tokenizer_record(source: ModelSource, vocab_size: int) -> dict[str, Any]:
 
 def parse_hf_uri(uri: str) -> tuple[str, str]:
     """`hf://org/name[@revision]` -> (repo id, revision or "")."""
+    if has_userinfo(uri):
+        raise PretrainedError(
+            f"model.init_from {redact(uri)!r}: what stands before '@' must be the model's <org>/<name> (a token "
+            "there is never used, and would be printed): write hf://<org>/<name>[@<revision>] and give the token "
+            "as $HF_TOKEN (on a cluster, kubernetes.hf_token_secret)"
+        )
     rest = uri.removeprefix(HF_SCHEME)
     repo, _, revision = rest.partition("@")
     repo = repo.strip("/")

@@ -31,7 +31,7 @@ from typing import Any, Protocol, TypeVar
 from urllib.parse import urlsplit
 from xml.etree import ElementTree
 
-from trainer.errors import KftrainError, redact
+from trainer.errors import KftrainError, has_userinfo, redact
 from trainer.progress import ProgressLine
 
 REMOTE_SCHEMES = ("s3", "minio")
@@ -144,6 +144,7 @@ def parse_uri(uri: str) -> Location:
         return Location("file", "", os.path.abspath(os.path.expanduser(uri)))
     parts = urlsplit(uri)
     scheme = parts.scheme.lower()
+    credentials = has_userinfo(uri)
     uri = redact(uri)  # every message below shows the URI, never a password in it
     if scheme == "file":
         if parts.netloc not in ("", "localhost"):
@@ -154,13 +155,18 @@ def parse_uri(uri: str) -> Location:
             f"unsupported storage URI scheme {parts.scheme!r} in {uri!r}: "
             "use s3://bucket/key, minio://bucket/key, file:///path or a plain path"
         )
-    if "@" in parts.netloc:
+    if credentials:
         raise ValueError(
             f"storage URI {uri!r} holds a user or password: a store URI is never where credentials go (they "
             "would be printed and recorded); set AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY (the store "
             "Secret on a cluster) and write s3://bucket/key"
         )
     bucket = parts.netloc
+    if ":" in bucket:
+        raise ValueError(
+            f"storage URI {uri!r}: {scheme}://{bucket}/... names a host, not a bucket; write {scheme}://bucket/key "
+            "and the server in store.endpoint (--s3-endpoint)"
+        )
     # S3's rules, which real servers (RGW, AWS) enforce: moto and some gateways accept more.
     if not _BUCKET_RE.fullmatch(bucket) or any(s in bucket for s in ("..", ".-", "-.")) or _IPV4_RE.fullmatch(bucket):
         raise ValueError(
@@ -732,7 +738,7 @@ def endpoint_problem(endpoint: str) -> str | None:
     parts = urlsplit(endpoint)
     if parts.scheme not in ("http", "https") or not parts.netloc:
         return "must be a URL starting with http:// (no TLS) or https:// (TLS), e.g. http://host:9000"
-    if "@" in parts.netloc:
+    if has_userinfo(endpoint):
         return (
             "holds a user or password, which is not used (and would be printed): remove it (store.endpoint / "
             "--s3-endpoint) and set AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY (on a cluster, from the store Secret)"

@@ -25,7 +25,46 @@ REDACTED = [
     ("{'endpoint': 'http://a:b@h'}", "{'endpoint': 'http://***@h'}"),
     ("no url here, user@example.com", "no url here, user@example.com"),
     ("s3://bucket/key@v1 and http://h:9000/x", "s3://bucket/key@v1 and http://h:9000/x"),  # '@' after the host
+    # An AWS secret key often holds '/': unencoded, the URL's host seems to end there.
+    ("http://AKIAX:wJalr/K7MDENG@minio:9000 x", "http://***@minio:9000 x"),
+    ("s3://AKIAX:wJalr/K7/MDENG@bucket/k", "s3://***@bucket/k"),
+    ("hf://org/name@v1 hf://hf_tok@org/name", "hf://org/name@v1 hf://***@org/name"),
 ]
+
+#: A URL's userinfo as users write it: with a password, with a '/' in it, a token alone.
+CREDENTIALS = ["bob:SECRETPART", "AKIAX:wJ/SECRETPART", "SECRETPART"]
+
+
+def _url_takers():
+    """Every place kftrain takes a URL a user wrote, as `(name, call)`: each must refuse one with
+    credentials (and say so) without printing them."""
+    import argparse
+
+    from pipelines.cli import _api_url
+    from trainer.config import load_config
+    from trainer.storage import endpoint_problem
+
+    def endpoint(url):
+        if problem := endpoint_problem(url):
+            raise ValueError(problem)
+
+    return [
+        ("store.uri", lambda u: parse_uri(f"s3://{u}@bucket/key")),
+        ("store.endpoint", lambda u: endpoint(f"http://{u}@minio:9000")),
+        ("submit --host", lambda u: _api_url(f"http://{u}@kfp:8080")),
+        ("model.init_from", lambda u: load_config(overrides={"task": "causal_lm", "model.init_from": f"hf://{u}@o/m"})),
+    ], (ValueError, argparse.ArgumentTypeError)
+
+
+@pytest.mark.parametrize("userinfo", CREDENTIALS)
+def test_every_url_taker_refuses_credentials_without_printing_them(userinfo):
+    takers, errors = _url_takers()
+    for name, take in takers:
+        with pytest.raises(errors) as info:
+            take(userinfo)
+        message = str(info.value)
+        assert "SECRETPART" not in message, (name, message)
+        assert "user or password" in message or "token" in message, (name, message)
 
 
 @pytest.mark.parametrize(("text", "expected"), REDACTED)

@@ -417,8 +417,12 @@ def test_plan_dataset_that_is_not_this_tasks_prepared_dataset_is_named(
         ("http://user:hunter2@127.0.0.1:9", "a user or password in the URL is not used (and would be printed)"),
         ("localhost:8080", "must be a URL starting with http:// or https://, got 'localhost:8080'"),
         ("http://", "must be a URL starting with http:// or https://"),
+        ("http://127.0.0.1:abc", "'http://127.0.0.1:abc': the port must be a number from 1 to 65535"),
+        ("http://127.0.0.1:99999", "'http://127.0.0.1:99999': the port must be a number"),
+        ("http:// 127.0.0.1:9", "'http:// 127.0.0.1:9' holds a space or a control character"),
+        ("http://u:hunter2/x@127.0.0.1:9", "a user or password in the URL is not used"),
     ],
-    ids=["credentials", "no-scheme", "no-host"],
+    ids=["credentials", "no-scheme", "no-host", "port-not-a-number", "port-too-large", "space", "slash-in-password"],
 )
 def test_submit_host_must_be_a_plain_http_url(capsys, host, error):
     with pytest.raises(SystemExit) as exit_:
