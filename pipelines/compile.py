@@ -1,13 +1,50 @@
 """Compile every pipeline to `compiled/<name>.yaml` and every component to
-`compiled/components/<name>.yaml` (deterministic output, kept in Git)."""
+`compiled/components/<name>.yaml` (deterministic output, kept in Git).
+
+The output folder may hold other files: a file of one of these names is replaced only when it
+is an earlier compile's (KFP's header on its first line), and every file is compiled aside
+first, so a compile that fails (or is refused) changes nothing.
+"""
 
 from __future__ import annotations
 
+import os
+import shutil
+import tempfile
 from pathlib import Path
 
 from kfp import compiler
 
 from pipelines.registry import COMPONENTS, PIPELINES
+from trainer.errors import KftrainError
+
+#: The first line KFP writes in every pipeline and component it compiles.
+KFP_HEADER = "# PIPELINE DEFINITION\n"
+
+
+class CompileRefused(KftrainError, ValueError):
+    """A file where the compile would write is not one it wrote before."""
+
+
+def _replace_problem(path: Path) -> str | None:
+    """Why the compile must not write `path` (None when it may): a link, something that is not a
+    regular file, a regular file that is not a compiled pipeline, or a parent that is a file."""
+    for parent in path.parents:
+        if parent.exists() or parent.is_symlink():
+            if not parent.is_dir():
+                return f"{parent} is not a folder"
+            break
+    if path.is_symlink():
+        return f"{path} is a link (the compile writes only its own files)"
+    if not path.exists():
+        return None
+    if not path.is_file():
+        return f"{path} is not a regular file"
+    with open(path, "rb") as f:
+        first = f.readline(len(KFP_HEADER) + 1)
+    if first != KFP_HEADER.encode():
+        return f"{path} is not a compiled pipeline (its first line is not {KFP_HEADER.strip()!r})"
+    return None
 
 
 def compile_all(output_dir: str | Path = "compiled") -> list[Path]:
@@ -15,7 +52,23 @@ def compile_all(output_dir: str | Path = "compiled") -> list[Path]:
     out = Path(output_dir)
     targets = [(out / f"{name}.yaml", func) for name, func in PIPELINES.items()]
     targets += [(out / "components" / f"{name}.yaml", comp) for name, comp in COMPONENTS.items()]
-    for path, func in targets:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        compiler.Compiler().compile(pipeline_func=func, package_path=str(path))
+    problems = list(dict.fromkeys(p for path, _ in targets if (p := _replace_problem(path))))
+    if problems:
+        raise CompileRefused(
+            f"--output-dir {output_dir}: {'; '.join(problems)}: nothing was written; move those files, or name "
+            "another --output-dir"
+        )
+    out.mkdir(parents=True, exist_ok=True)
+    # Aside, in the output folder itself: the files then move into place on the same file system.
+    staging = Path(tempfile.mkdtemp(dir=out, prefix=".kftrain-compile-"))
+    try:
+        staged = []
+        for i, (path, func) in enumerate(targets):
+            compiler.Compiler().compile(pipeline_func=func, package_path=str(staging / f"{i}.yaml"))
+            staged.append((staging / f"{i}.yaml", path))
+        for tmp, path in staged:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            os.replace(tmp, path)
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
     return [path for path, _ in targets]

@@ -4,10 +4,11 @@ one process: byte-identical twice, no credentials, the training step never cache
 import re
 from pathlib import Path
 
+import pytest
 import yaml
 
 from components.params import BY_NAME
-from pipelines.compile import compile_all
+from pipelines.compile import CompileRefused, compile_all
 from pipelines.registry import COMPONENTS, PIPELINES
 
 REPO = Path(__file__).resolve().parents[2]
@@ -117,3 +118,42 @@ def test_the_plan_step_runs_between_data_prep_and_training():
     # The task's identity names its output folder under store.uri, as for every other step.
     assert set(tasks["plan"]["inputs"]["parameters"]) == {"config", "run_id", "task_name", "dag_execution_id"}
     assert set(tasks["plan"]["inputs"]["artifacts"]) == {"dataset"}
+
+
+def _obstacle(out: Path, kind: str) -> str:
+    """Put in `out` what a compile must not replace; return what the refusal names."""
+    (out / "components").mkdir(parents=True)
+    if kind == "user file":
+        (out / "components" / "train.yaml").write_text("precious\n")
+        return "components/train.yaml is not a compiled pipeline"
+    if kind == "link":
+        (out.parent / "outside.txt").write_text("precious\n")
+        (out / "training_pipeline.yaml").symlink_to(out.parent / "outside.txt")
+        return "training_pipeline.yaml is a link"
+    if kind == "folder":
+        (out / "training_pipeline.yaml").mkdir()
+        return "training_pipeline.yaml is not a regular file"
+    (out / "components").rmdir()
+    (out / "components").write_text("precious\n")
+    return "components is not a folder"
+
+
+def _tree(root: Path) -> dict[str, str]:
+    return {
+        p.relative_to(root).as_posix(): (p.read_text() if p.is_file() else "")
+        for p in sorted(root.rglob("*"))
+        if not p.is_symlink()
+    }
+
+
+@pytest.mark.parametrize("kind", ["user file", "link", "folder", "a file where a folder goes"])
+def test_compile_replaces_only_its_own_earlier_output_and_writes_nothing_when_refused(tmp_path, kind):
+    out = tmp_path / "out"
+    named = _obstacle(out, kind)
+    before = _tree(tmp_path)
+    with pytest.raises(CompileRefused, match=re.escape(named)):
+        compile_all(out)
+    assert _tree(tmp_path) == before  # no file replaced, no partial output, no staging folder left
+    fresh = compile_all(tmp_path / "fresh")
+    assert compile_all(tmp_path / "fresh") == fresh  # an earlier compile's files are replaced
+    assert not list((tmp_path / "fresh").glob(".kftrain-compile-*"))
