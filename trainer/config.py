@@ -964,7 +964,15 @@ class KubernetesConfig:
                 vol["name"],
                 "is the name of kftrain's /dev/shm volume (kubernetes.shm_size); choose another",
             )
+            sources = sorted(k for k in vol if k != "name")
+            _require(
+                len(sources) <= 1,
+                f"{p}.volumes[{i}]",
+                sources,
+                "must have one source (`persistentVolumeClaim`, `secret`, `emptyDir`, ...): Kubernetes refuses more",
+            )
             names.append(vol["name"])
+        paths: list[str] = []
         for i, mount in enumerate(self.volume_mounts):
             where = f"{p}.volume_mounts[{i}]"
             _require(
@@ -976,6 +984,24 @@ class KubernetesConfig:
             _require(
                 mount["name"] in names, f"{where}.name", mount["name"], f"must name one of kubernetes.volumes {names}"
             )
+            path = str(mount["mountPath"]).rstrip("/") or "/"
+            _require(
+                path not in paths, f"{where}.mountPath", path, "must be unique: a container mounts one volume at a path"
+            )
+            _require(
+                not (self.shm_size and path == "/dev/shm"),
+                f"{where}.mountPath",
+                path,
+                "is where kftrain mounts its shared memory (kubernetes.shm_size): choose another path, or set "
+                "shm_size: ''",
+            )
+            _require(
+                ".." not in str(mount.get("subPath", "")).split("/"),
+                f"{where}.subPath",
+                mount.get("subPath"),
+                "must not hold a '..' segment (Kubernetes refuses it)",
+            )
+            paths.append(path)
         if not self.volumes:
             return
         # The manifest's rules for a volume (its name, a Secret's name, a size), named by entry here.

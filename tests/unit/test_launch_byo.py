@@ -188,6 +188,16 @@ def test_a_local_path_is_refused_on_a_cluster_and_fine_locally(which, uri):
         ({"volumes": [PVC, PVC], "volume_mounts": []}, "volumes[1].name: must be unique"),
         ({"volumes": [{"name": "dshm", "emptyDir": {}}]}, "kftrain's /dev/shm volume"),
         ({"volume_mounts": [{"name": "data", "mount_path": "/x"}], "volumes": [PVC]}, "`mountPath`"),
+        (
+            {
+                "volume_mounts": [{"name": "data", "mountPath": "/x/"}, {"name": "data", "mountPath": "/x"}],
+                "volumes": [PVC],
+            },
+            "volume_mounts[1].mountPath: must be unique",
+        ),
+        ({"volume_mounts": [{"name": "data", "mountPath": "/dev/shm"}], "volumes": [PVC]}, "kftrain mounts its shared"),
+        ({"volume_mounts": [{"name": "data", "mountPath": "/x", "subPath": "a/../../b"}], "volumes": [PVC]}, "'..'"),
+        ({"volumes": [{**PVC, "emptyDir": {}}]}, "volumes[0]: must have one source"),
         ({"command": []}, "command: must be a non-empty list"),
         ({"image": ""}, "image: '' is not a container image"),
         ({"image": "user/img:1 "}, "image: 'user/img:1 ' is not a container image"),

@@ -4,6 +4,7 @@ named by their field. `kftrain job manifest` as a process is in tests/integratio
 from __future__ import annotations
 
 import copy
+import re
 from pathlib import Path
 
 import pytest
@@ -340,3 +341,32 @@ def test_the_grace_period_is_on_every_replica_and_torchrun_waits_as_long():
         assert env["TORCH_ELASTIC_SHUTDOWN_TIMEOUT"] == env["KFTRAIN_TERMINATION_GRACE_SECONDS"] == "300"
         # torchrun through kftrain's wrapper, which exits 143 when SIGTERM stopped it.
         assert pod["containers"][0]["command"][:3] == ["python", "-m", "trainer.torchrun"]
+
+
+CONTAINER = ("spec", "pytorchReplicaSpecs", "Master", "template", "spec", "containers", 0)
+
+
+@pytest.mark.parametrize(
+    ("path", "extra", "named"),
+    [
+        ((*CONTAINER, "env"), {"name": "OMP_NUM_THREADS", "value": "8"}, "'OMP_NUM_THREADS' appears more than once"),
+        ((*CONTAINER, "volumeMounts"), {"name": "other", "mountPath": "/dev/shm"}, "'/dev/shm' appears more than once"),
+        # The API server defaults a port's protocol to TCP before it compares the keys.
+        ((*CONTAINER, "ports"), {"containerPort": 23456, "name": "again"}, "(23456, 'TCP') appears more than once"),
+        (
+            ("spec", "pytorchReplicaSpecs", "Master", "template", "spec", "volumes"),
+            {"name": "dshm", "emptyDir": {}},
+            "'dshm' appears more than once",
+        ),
+    ],
+    ids=["env", "volumeMounts", "ports", "volumes"],
+)
+def test_every_keyed_list_of_the_schema_refuses_a_key_twice(path, extra, named):
+    """Lists the CRD schema declares `x-kubernetes-list-type: map` (whatever put the entry there)."""
+    manifest = manifest_for("demo")
+    node = manifest
+    for key in path:
+        node = node[key]
+    node.append(extra)
+    with pytest.raises(ManifestError, match=re.escape(named)):
+        validate_pytorchjob(manifest)

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from trainer.config import Config, config_to_json
+from trainer.config import Config, ConfigError, config_to_json
 from trainer.launch.spec import JobSpec, job_name, torchrun_command
 from trainer.stopping import GRACE_ENV
 
@@ -33,21 +33,39 @@ def training_job(cfg: Config, name: str, dataset_uri: str, model_uri: str) -> Jo
 
 
 def job_env(cfg: Config) -> dict[str, str]:
-    """Settings every training process needs and a user should not have to know."""
-    env = {
-        "OMP_NUM_THREADS": str(cfg.job.omp_num_threads),
+    """Settings every training process needs and a user should not have to know, and
+    `kubernetes.env`; a variable kftrain sets from a field is refused there, naming the field."""
+    own = {name: value for name, (value, _) in _own_env(cfg).items() if value}
+    for name in cfg.kubernetes.env:
+        if name in own:
+            raise ConfigError(
+                f"kubernetes.env.{name}: kftrain sets it (to {own[name]!r}) {_own_env(cfg)[name][1]}; "
+                "remove it from kubernetes.env"
+            )
+    return {**own, **cfg.kubernetes.env}
+
+
+_GRACE_FIELD = "from kubernetes.termination_grace_seconds: set that instead"
+
+
+def _own_env(cfg: Config) -> dict[str, tuple[str, str]]:
+    """The variables kftrain sets in every replica: name -> (value, the field it comes from)."""
+    grace = str(cfg.kubernetes.termination_grace_seconds)
+    return {
+        "OMP_NUM_THREADS": (str(cfg.job.omp_num_threads), "from job.omp_num_threads: set that instead"),
         # A failed or timed-out NCCL collective aborts the process (and so the job) instead of
-        # leaving every other rank blocked forever.
-        "TORCH_NCCL_ASYNC_ERROR_HANDLING": "1",
-        "TORCH_NCCL_HEARTBEAT_TIMEOUT_SEC": str(cfg.job.nccl_heartbeat_timeout_seconds),
+        # leaving every other rank blocked forever: never off.
+        "TORCH_NCCL_ASYNC_ERROR_HANDLING": ("1", "always, so that a failed collective ends the job"),
+        "TORCH_NCCL_HEARTBEAT_TIMEOUT_SEC": (
+            str(cfg.job.nccl_heartbeat_timeout_seconds),
+            "from job.nccl_heartbeat_timeout_seconds: set that instead",
+        ),
         # On SIGTERM torchrun passes it on and SIGKILLs workers still there after this long (30s by
         # default): the pod's grace period, so their checkpoint may take all of it.
-        "TORCH_ELASTIC_SHUTDOWN_TIMEOUT": str(cfg.kubernetes.termination_grace_seconds),
-        GRACE_ENV: str(cfg.kubernetes.termination_grace_seconds),
+        "TORCH_ELASTIC_SHUTDOWN_TIMEOUT": (grace, _GRACE_FIELD),
+        GRACE_ENV: (grace, _GRACE_FIELD),
+        "NCCL_DEBUG": (cfg.job.nccl_debug, "from job.nccl_debug: set that instead"),
     }
-    if cfg.job.nccl_debug:
-        env["NCCL_DEBUG"] = cfg.job.nccl_debug
-    return {**env, **cfg.kubernetes.env}
 
 
 #: What :func:`check_job_manifests` builds with: a name as long as the launcher's (`job_name`),

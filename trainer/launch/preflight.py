@@ -23,6 +23,7 @@ import copy
 import functools
 import json
 import re
+from collections.abc import Iterator
 from importlib import resources
 from typing import Any
 
@@ -86,10 +87,13 @@ def _path(parts) -> str:
     return out or "(manifest)"
 
 
+_SCHEMA_FILES = {"PyTorchJob": "pytorchjob.v1.json", "TrainJob": "trainjob.v1alpha1.json"}
+
+
 def validate_schema(manifest: dict[str, Any]) -> None:
     """Check `manifest` against its kind's strict CRD schema; raise on the first (deepest-path) error."""
     kind = manifest.get("kind", "PyTorchJob")
-    schema_file = {"PyTorchJob": "pytorchjob.v1.json", "TrainJob": "trainjob.v1alpha1.json"}.get(kind)
+    schema_file = _SCHEMA_FILES.get(kind)
     if schema_file is None:
         raise ManifestError(f"kind: {kind!r} is neither PyTorchJob nor TrainJob")
     validator = _validator(schema_file)
@@ -104,6 +108,40 @@ def validate_schema(manifest: dict[str, Any]) -> None:
             problem = f"{e.instance} is out of range: the API server takes an {e.validator_value} ({lo}..{hi})"
             raise ManifestError(describe(kind, path, problem))
         raise ManifestError(f"{kind} {_path(e.absolute_path)}: {e.message}")
+
+
+#: What the API server fills in for a list-map key left out, before it compares the keys.
+_KEY_DEFAULTS = {"protocol": "TCP"}
+
+
+def _list_map_duplicates(node: Any, schema: Any, path: tuple[Any, ...] = ()) -> Iterator[tuple[tuple[Any, ...], Any]]:
+    """Every entry of a `x-kubernetes-list-type: map` list in `node` whose keys an earlier entry
+    has, as (its path, its keys); the schema says which lists are maps and by which keys."""
+    if not isinstance(schema, dict):
+        return
+    if isinstance(node, dict):
+        properties, rest = schema.get("properties") or {}, schema.get("additionalProperties")
+        for key, value in node.items():
+            yield from _list_map_duplicates(value, properties.get(key, rest), (*path, key))
+    elif isinstance(node, list):
+        keys = schema.get("x-kubernetes-list-map-keys") if schema.get("x-kubernetes-list-type") == "map" else None
+        seen: set[str] = set()
+        for i, item in enumerate(node):
+            if keys and isinstance(item, dict):
+                value = tuple(item.get(k, _KEY_DEFAULTS.get(k)) for k in keys)
+                if json.dumps(value, default=str) in seen:
+                    yield (*path, i), value if len(value) > 1 else value[0]
+                seen.add(json.dumps(value, default=str))
+            yield from _list_map_duplicates(item, schema.get("items"), (*path, i))
+
+
+def validate_list_maps(manifest: dict[str, Any]) -> None:
+    """The API server refuses two entries of a keyed list (`env` by name, `volumeMounts` by
+    mountPath, `ports` by port and protocol, ...) with the same key: raise naming the first."""
+    kind = manifest.get("kind", "PyTorchJob")
+    for path, value in _list_map_duplicates(manifest, _validator(_SCHEMA_FILES[kind]).schema):
+        problem = f"{value!r} appears more than once in a list the API server keys by it"
+        raise ManifestError(describe(kind, named_path(manifest, path), problem))
 
 
 def validate_fields(manifest: dict[str, Any]) -> None:
@@ -192,6 +230,7 @@ def validate_pytorchjob(manifest: dict[str, Any]) -> None:
     """All preflight checks; raise :class:`ManifestError` naming the field on the first failure."""
     validate_webhook_rules(manifest)
     validate_schema(manifest)
+    validate_list_maps(manifest)
     validate_fields(manifest)
     validate_volume_references(manifest)
     validate_pod_templates(manifest)
@@ -292,4 +331,5 @@ def validate_trainjob(manifest: dict[str, Any]) -> None:
     """All TrainJob preflight checks; raise :class:`ManifestError` naming the field on the first failure."""
     validate_trainjob_rules(manifest)
     validate_schema(manifest)
+    validate_list_maps(manifest)
     validate_fields(manifest)

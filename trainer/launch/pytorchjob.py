@@ -11,21 +11,16 @@ from typing import Any
 from kubeflow.training import models as kt
 from kubernetes import client as k8s
 
-from trainer.config import HF_TOKEN, SHM_VOLUME
-from trainer.job_status import JOB_NAMESPACE_ENV, PYTORCHJOB_NAME_ENV
-from trainer.launch.spec import DEFAULT_PORT, KUEUE_QUEUE_LABEL, MANAGED_BY_LABEL, NODE_ENV, JobSpec
+from trainer.config import SHM_VOLUME
+from trainer.job_status import PYTORCHJOB_NAME_ENV
+from trainer.launch.container_env import container_env
+from trainer.launch.spec import DEFAULT_PORT, KUEUE_QUEUE_LABEL, MANAGED_BY_LABEL, JobSpec
 
 GROUP, VERSION, PLURAL, KIND = "kubeflow.org", "v1", "pytorchjobs", "PyTorchJob"
 CONTAINER = "pytorch"  # the operator finds the training container by this name
 PORT_NAME = "pytorchjob-port"
 #: The label the Training Operator puts on every pod of a PyTorchJob: the job's name.
 JOB_NAME_LABEL = "training.kubeflow.org/job-name"
-
-
-def _field_env(name: str, field_path: str) -> k8s.V1EnvVar:
-    return k8s.V1EnvVar(
-        name=name, value_from=k8s.V1EnvVarSource(field_ref=k8s.V1ObjectFieldSelector(field_path=field_path))
-    )
 
 
 def owner_reference(pod_name: str, pod_uid: str) -> dict[str, Any]:
@@ -35,34 +30,7 @@ def owner_reference(pod_name: str, pod_uid: str) -> dict[str, Any]:
 
 def _container(spec: JobSpec) -> k8s.V1Container:
     kc = spec.kubernetes
-    env = [k8s.V1EnvVar(name=k, value=v) for k, v in sorted(spec.env.items())]
-    env += [
-        k8s.V1EnvVar(
-            name=var,
-            value_from=k8s.V1EnvVarSource(
-                secret_key_ref=k8s.V1SecretKeySelector(name=kc.store_secret, key=key, optional=False)
-            ),
-        )
-        for key, var in sorted(kc.store_secret_keys.items())
-        if kc.store_secret  # no Secret: the pods get their store access otherwise (workload identity)
-    ]
-    # Where rank 0 reports progress (trainer/job_status.py): its job, from the operator's pod label.
-    env += [
-        _field_env(PYTORCHJOB_NAME_ENV, f"metadata.labels['{JOB_NAME_LABEL}']"),
-        _field_env(JOB_NAMESPACE_ENV, "metadata.namespace"),
-        # The node a straggler runs on, named in rank 0's warning (trainer/health.py).
-        _field_env(NODE_ENV, "spec.nodeName"),
-    ]
-    if kc.hf_token_secret:  # optional: a public model needs no token, and a pod without it still starts
-        env.append(
-            k8s.V1EnvVar(
-                name=HF_TOKEN,
-                value_from=k8s.V1EnvVarSource(
-                    secret_key_ref=k8s.V1SecretKeySelector(name=kc.hf_token_secret, key=HF_TOKEN, optional=True)
-                ),
-            )
-        )
-    env += [dict(e) for e in kc.extra_env]  # already in pod-spec form (camelCase)
+    env = container_env(spec, PYTORCHJOB_NAME_ENV, JOB_NAME_LABEL)
     amounts: dict[str, str] = {}
     if kc.cpu:
         amounts["cpu"] = kc.cpu

@@ -18,9 +18,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from trainer.config import HF_TOKEN, SHM_VOLUME
-from trainer.job_status import JOB_NAMESPACE_ENV, TRAINJOB_NAME_ENV
-from trainer.launch.spec import KUEUE_QUEUE_LABEL, MANAGED_BY_LABEL, NODE, NODE_ENV, JobSpec
+from trainer.config import SHM_VOLUME
+from trainer.job_status import TRAINJOB_NAME_ENV
+from trainer.launch.container_env import container_env
+from trainer.launch.spec import KUEUE_QUEUE_LABEL, MANAGED_BY_LABEL, NODE, JobSpec
 
 GROUP, VERSION, PLURAL, KIND = "trainer.kubeflow.org", "v1alpha1", "trainjobs", "TrainJob"
 RUNTIME_KIND = "ClusterTrainingRuntime"
@@ -32,36 +33,6 @@ PATCH_MANAGER = "kftrain.dev/launcher"
 EXTRA_ENV = {"PYTHONUNBUFFERED": "1"}
 #: JobSet's label on every pod: the JobSet's name, which is the TrainJob's.
 JOBSET_NAME_LABEL = "jobset.sigs.k8s.io/jobset-name"
-
-
-def _env(spec: JobSpec) -> list[dict[str, Any]]:
-    kc = spec.kubernetes
-    plain = {**spec.env, **EXTRA_ENV}
-    env: list[dict[str, Any]] = [{"name": k, "value": v} for k, v in sorted(plain.items())]
-    if kc.store_secret:  # no Secret: the pods get their store access otherwise (workload identity)
-        env += [
-            {"name": var, "valueFrom": {"secretKeyRef": {"name": kc.store_secret, "key": key, "optional": False}}}
-            for key, var in sorted(kc.store_secret_keys.items())
-        ]
-    # Rank 0 reports progress to the controller's status server (trainer/job_status.py); these
-    # only name the job in the message that says the TrainJobStatus feature gate is off.
-    env += [
-        {
-            "name": TRAINJOB_NAME_ENV,
-            "valueFrom": {"fieldRef": {"fieldPath": f"metadata.labels['{JOBSET_NAME_LABEL}']"}},
-        },
-        {"name": JOB_NAMESPACE_ENV, "valueFrom": {"fieldRef": {"fieldPath": "metadata.namespace"}}},
-        # The node a straggler runs on, named in rank 0's warning (trainer/health.py).
-        {"name": NODE_ENV, "valueFrom": {"fieldRef": {"fieldPath": "spec.nodeName"}}},
-    ]
-    if kc.hf_token_secret:  # optional: a public model needs no token, and a pod without it still starts
-        env.append(
-            {
-                "name": HF_TOKEN,
-                "valueFrom": {"secretKeyRef": {"name": kc.hf_token_secret, "key": HF_TOKEN, "optional": True}},
-            }
-        )
-    return env + [dict(e) for e in kc.extra_env]  # already in pod-spec form (camelCase)
 
 
 def _resources(spec: JobSpec) -> dict[str, Any] | None:
@@ -126,7 +97,7 @@ def trainjob_manifest(spec: JobSpec, namespace: str = "", owner: dict[str, Any] 
     trainer: dict[str, Any] = {
         "image": spec.image,
         "command": list(spec.command),
-        "env": _env(spec),
+        "env": container_env(spec, TRAINJOB_NAME_ENV, JOBSET_NAME_LABEL, EXTRA_ENV),
         "numNodes": spec.replicas,
         "numProcPerNode": spec.nproc_per_node,
     }
