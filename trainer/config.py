@@ -1155,6 +1155,10 @@ def _type_name(tp: Any) -> str:
     return getattr(tp, "__name__", None) or str(tp).replace("typing.", "")
 
 
+#: A number in exponent notation without a '.', which PyYAML reads as a string (YAML 1.1).
+_EXPONENT_FLOAT = re.compile(r"[-+]?(0|[1-9][0-9]*)(\.[0-9]*)?[eE][-+]?[0-9]+")
+
+
 def _convert(value: Any, tp: Any, path: str) -> Any:
     """Check `value` against the annotation `tp` and build nested dataclasses."""
     origin = typing.get_origin(tp)
@@ -1178,12 +1182,10 @@ def _convert(value: Any, tp: Any, path: str) -> Any:
         key_t, val_t = typing.get_args(tp)
         return {_convert(k, key_t, f"{path} key"): _convert(v, val_t, f"{path}.{k}") for k, v in value.items()}
     if tp is float:
-        # YAML reads `1e-3` as a string and `1` as an int: both are meant as floats.
-        if isinstance(value, str):
-            try:
-                value = float(value)
-            except ValueError:
-                pass
+        # YAML reads `1e-3` as a string and `1` as an int: both are meant as floats. Only that
+        # notation: `010`, `1_0` or ` 7 ` stay text, refused as every number field does.
+        if isinstance(value, str) and _EXPONENT_FLOAT.fullmatch(value):
+            value = float(value)
         _require(
             isinstance(value, int | float) and not isinstance(value, bool),
             path,

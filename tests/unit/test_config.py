@@ -37,6 +37,11 @@ def test_yaml_file_maps_onto_the_tree(tmp_path):
         ("train:\n  epochs: three\n", "train.epochs: must be an integer, got 'three'"),
         ("train:\n  epochs: 0\n", "train.epochs: must be positive, got 0"),
         ("train:\n  learning_rate: fast\n", "train.learning_rate: must be a number"),
+        # Text Python's float() would take: only YAML's exponent notation is read as a number.
+        ("train:\n  learning_rate: 010\n", "train.learning_rate: must be a number, got '010'"),
+        ("train:\n  learning_rate: 1_0\n", "train.learning_rate: must be a number, got '1_0'"),
+        ("train:\n  learning_rate: '  7  '\n", "train.learning_rate: must be a number, got '  7  '"),
+        ("train:\n  learning_rate: 'nan'\n", "train.learning_rate: must be a number, got 'nan'"),
         ("job:\n  replicas: true\n", "job.replicas: must be an integer, got True"),
         ("model:\n  hidden_sizes: 64\n", "model.hidden_sizes: must be a list"),
         ("data:\n  test_fraction: 0.7\n", "data.test_fraction: must be between 0 and 0.5"),
