@@ -693,22 +693,29 @@ _CREDENTIAL_PAIRS = (
 )
 
 
+def credential_pair_problem(has: Callable[[str], bool]) -> str | None:
+    """None when the variables `has` says are set hold a complete key/secret pair of one provider;
+    else each half set without its other half ('' when none is set)."""
+    halves = []
+    for keys, secrets in _CREDENTIAL_PAIRS:
+        key, secret = (next((n for n in names if has(n)), "") for names in (keys, secrets))
+        if key and secret:
+            return None
+        if key or secret:
+            halves.append(f"{key} without {secrets[0]}" if key else f"{secret} without {keys[0]}")
+    return "; ".join(halves)
+
+
 def _require_credentials() -> None:
     """Refuse, naming the variables, when no provider has credentials: no complete key/secret
     pair and no web identity (a key without its secret is named as such)."""
     if os.environ.get("AWS_WEB_IDENTITY_TOKEN_FILE"):
         return
-    halves = []
-    for keys, secrets in _CREDENTIAL_PAIRS:
-        key, secret = (next((n for n in names if os.environ.get(n)), "") for names in (keys, secrets))
-        if key and secret:
-            return
-        if key or secret:
-            halves.append(f"{key} is set but {secrets[0]} is not" if key else f"{secret} is set but {keys[0]} is not")
+    halves = credential_pair_problem(lambda name: bool(os.environ.get(name)))
+    if halves is None:
+        return
     if halves:
-        raise StoreError(
-            f"{'; '.join(halves)}: set both (on a cluster, from the store Secret; see README 'Credentials')"
-        )
+        raise StoreError(f"{halves}: set both (on a cluster, from the store Secret; see README 'Credentials')")
     raise StoreError(
         "no object-store credentials: set AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY "
         "(on a cluster, from a Kubernetes Secret; see README 'Credentials')"

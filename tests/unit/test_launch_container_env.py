@@ -42,12 +42,15 @@ SECRET_REF = {"valueFrom": {"secretKeyRef": {"name": "other", "key": "k"}}}
             "kubernetes.extra_env[0]: sets AWS_SECRET_ACCESS_KEY, which kubernetes.store_secret_keys sets too",
         ),
         (
-            {"store_secret_keys": {"a": "AWS_ACCESS_KEY_ID", "b": "AWS_ACCESS_KEY_ID"}},
+            {"store_secret_keys": {"a": "AWS_ACCESS_KEY_ID", "b": "AWS_ACCESS_KEY_ID", "c": "AWS_SECRET_ACCESS_KEY"}},
             {},
             "kubernetes.store_secret_keys: sets AWS_ACCESS_KEY_ID, which kubernetes.store_secret_keys sets too",
         ),
         (
-            {"env": {"MY_SETTING": "1"}, "store_secret_keys": {"accesskey": "MY_SETTING", "secretkey": "S"}},
+            {
+                "env": {"MY_SETTING": "1"},
+                "store_secret_keys": {"id": "AWS_ACCESS_KEY_ID", "key": "AWS_SECRET_ACCESS_KEY", "x": "MY_SETTING"},
+            },
             {},
             "kubernetes.store_secret_keys: sets MY_SETTING, which kubernetes.env.MY_SETTING sets too",
         ),

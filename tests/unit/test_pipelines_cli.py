@@ -18,7 +18,7 @@ CLI_ROWS = [
     # non-finite floats, each named at load, for any float field
     ("train:\n  learning_rate: .inf\n", [], "train.learning_rate: must be a finite number"),
     ("train:\n  learning_rate: .nan\n", [], "train.learning_rate: must be a finite number"),
-    ("train:\n  learning_rate: nan\n", [], "train.learning_rate: must be a finite number"),
+    ("train:\n  learning_rate: nan\n", [], "train.learning_rate: must be a number, got 'nan'"),  # text: YAML's is .nan
     ("train:\n  weight_decay: .nan\n", [], "train.weight_decay: must be a finite number"),
     ("train:\n  grad_clip_norm: .inf\n", [], "train.grad_clip_norm: must be a finite number"),
     ("train:\n  peak_tflops: -.inf\n", [], "train.peak_tflops: must be a finite number"),

@@ -114,18 +114,18 @@ def test_local_store_round_trip(tmp_path):
         store.get_bytes(join_uri(root, "missing"))
 
 
-@pytest.mark.parametrize(
-    ("env", "refused"),
-    [
-        ({"AWS_ACCESS_KEY_ID": "a", "AWS_SECRET_KEY": "b"}, ""),  # minio's AWS provider reads the short names too
-        ({"AWS_ACCESS_KEY": "a", "AWS_SECRET_ACCESS_KEY": "b"}, ""),
-        ({"AWS_ACCESS_KEY_ID": "a", "MINIO_ACCESS_KEY": "m", "MINIO_SECRET_KEY": "s"}, ""),  # one pair is whole
-        ({"AWS_ACCESS_KEY_ID": "a"}, "AWS_ACCESS_KEY_ID is set but AWS_SECRET_ACCESS_KEY is not"),
-        ({"AWS_SECRET_KEY": "b"}, "AWS_SECRET_KEY is set but AWS_ACCESS_KEY_ID is not"),
-        ({"MINIO_ACCESS_KEY": "m"}, "MINIO_ACCESS_KEY is set but MINIO_SECRET_KEY is not"),
-        ({"AWS_ACCESS_KEY_ID": "a", "AWS_WEB_IDENTITY_TOKEN_FILE": "/t"}, ""),  # IRSA: the web identity's
-    ],
-)
+CREDENTIAL_CASES = [
+    ({"AWS_ACCESS_KEY_ID": "a", "AWS_SECRET_KEY": "b"}, ""),  # minio's AWS provider reads the short names too
+    ({"AWS_ACCESS_KEY": "a", "AWS_SECRET_ACCESS_KEY": "b"}, ""),
+    ({"AWS_ACCESS_KEY_ID": "a", "MINIO_ACCESS_KEY": "m", "MINIO_SECRET_KEY": "s"}, ""),  # one pair is whole
+    ({"AWS_ACCESS_KEY_ID": "a"}, "AWS_ACCESS_KEY_ID without AWS_SECRET_ACCESS_KEY"),
+    ({"AWS_SECRET_KEY": "b"}, "AWS_SECRET_KEY without AWS_ACCESS_KEY_ID"),
+    ({"MINIO_ACCESS_KEY": "m"}, "MINIO_ACCESS_KEY without MINIO_SECRET_KEY"),
+    ({"AWS_ACCESS_KEY_ID": "a", "AWS_WEB_IDENTITY_TOKEN_FILE": "/t"}, ""),  # IRSA: the web identity's
+]
+
+
+@pytest.mark.parametrize(("env", "refused"), CREDENTIAL_CASES)
 def test_s3_credentials_are_refused_only_when_no_provider_has_a_pair(monkeypatch, env, refused):
     for keys, secrets in storage._CREDENTIAL_PAIRS:
         for name in (*keys, *secrets):
@@ -196,3 +196,18 @@ def test_a_local_write_in_progress_never_looks_like_its_object(tmp_path, name):
     assert list(tmp_path.iterdir()) == []  # cleaned up when it could be
     LocalStore().put_bytes(str(dest), b"whole")
     assert LocalStore().list(str(tmp_path)) == [str(dest)]
+
+
+@pytest.mark.parametrize(("env", "refused"), [c for c in CREDENTIAL_CASES if "AWS_WEB_IDENTITY_TOKEN_FILE" not in c[0]])
+def test_the_store_secret_fills_a_pair_by_the_same_rule(env, refused):
+    """What `kubernetes.store_secret_keys` fills is what the pods' store client reads: a half is
+    refused when the config loads, not at the pods' first request."""
+    from trainer.config import ConfigError, load_config
+    from trainer.launch.job import check_job_manifests
+
+    cfg = load_config(overrides={"kubernetes.store_secret_keys": {f"key{i}": name for i, name in enumerate(env)}})
+    if not refused:
+        check_job_manifests(cfg)
+        return
+    with pytest.raises(ConfigError, match=f"kubernetes.store_secret_keys: must fill a key and its secret .*{refused}"):
+        check_job_manifests(cfg)

@@ -5,12 +5,23 @@ from __future__ import annotations
 from trainer.config import Config, ConfigError, config_to_json
 from trainer.launch.spec import JobSpec, job_name, torchrun_command
 from trainer.stopping import GRACE_ENV
+from trainer.storage import credential_pair_problem
 
 TRAIN_MODULE = "trainer.train"
 
 
 def training_job(cfg: Config, name: str, dataset_uri: str, model_uri: str) -> JobSpec:
     """The description of the training step of `cfg` (a PyTorchJob or TrainJob per `job.kind`)."""
+    kc = cfg.kubernetes
+    # What the Secret fills is what the replicas' store client reads (a custom image's, through the
+    # pytorchjob component, may read other names): a half is refused now, not at the first request.
+    halves = credential_pair_problem(set(kc.store_secret_keys.values()).__contains__)
+    if kc.store_secret and halves is not None:
+        raise ConfigError(
+            f"kubernetes.store_secret_keys: must fill a key and its secret ({halves or 'it fills neither'}), e.g. "
+            "{accesskey: AWS_ACCESS_KEY_ID, secretkey: AWS_SECRET_ACCESS_KEY}; or set kubernetes.store_secret: '' "
+            f"where the pods get access otherwise, got {kc.store_secret_keys}"
+        )
     # The replicas need no pod settings: the kubernetes section stays off their command line.
     replica_cfg = config_to_json(cfg, exclude=("kubernetes",))
     args = ["--config-json", replica_cfg, "--dataset-uri", dataset_uri, "--model-uri", model_uri]
