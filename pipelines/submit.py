@@ -103,10 +103,13 @@ def _validate_config(args: dict[str, Any], known: dict[str, dict[str, Any]]) -> 
     from trainer.checks import gate_ignored, gate_problem
     from trainer.launch.job import check_job_manifests
     from trainer.launch.spec import require_object_store
+    from trainer.pipeline_steps import LAUNCHERS
 
     for name in ("min_accuracy", "max_perplexity"):
         if name in args and (problem := gate_problem(name, args[name])):
             raise SubmitError(f"--param {name}={args[name]}: {problem}")
+    if args.get("launcher", "auto") not in LAUNCHERS:  # else the training step fails, after data prep
+        raise SubmitError(f"--param launcher={args['launcher']}: must be one of {', '.join(LAUNCHERS)}")
 
     effective = {k: args.get(k, known[k]["default"]) for k in known if k in BY_NAME}
     config = args.get("config", known.get("config", {}).get("default") or "")
