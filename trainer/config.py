@@ -760,7 +760,7 @@ _KUBERNETES_FORMATS: dict[str, Callable[[Any], str | None]] = {
     "runtime": k8s.runtime_name_problem,
     "cpu": lambda v: k8s.quantity_problem(v, "cpu"),
     "memory": lambda v: k8s.quantity_problem(v, "memory"),
-    "shm_size": k8s.quantity_problem,
+    "shm_size": lambda v: k8s.quantity_problem(v, "shm_size"),
     "priority_class": lambda v: k8s.object_name_problem(v, "a valid priorityClassName"),
     "service_account": lambda v: k8s.object_name_problem(v, "a valid serviceAccountName"),
     "queue": k8s.label_value_problem,  # the value of Kueue's queue-name label
@@ -1091,6 +1091,13 @@ class Config:
                 self.data.source,
                 f"is not a {self.task} source; use {expected!r} or a file URI",
             )
+        _require(
+            self.kubernetes.min_available <= self.job.replicas,
+            "kubernetes.min_available",
+            self.kubernetes.min_available,
+            f"must be at most the job's pods (job.replicas: {self.job.replicas}): a gang scheduler never admits "
+            "a job that waits for more pods than it has",
+        )
         gpus = self.kubernetes.gpus_per_node
         _require(
             gpus in (0, self.job.nproc_per_node),

@@ -192,12 +192,18 @@ def secret_key_problem(value: Any) -> str | None:
     return f"{show(value)} is not a Secret key: <= 253 letters, digits, '-', '_' and '.' (not '.' or '..*')"
 
 
+#: Quantities in bytes: the names of resources and of the fields that hold sizes.
+BYTE_RESOURCES = frozenset({"memory", "ephemeral-storage", "storage", "sizeLimit", "shm_size"})
+
+
 def quantity_problem(value: Any, resource: str = "") -> str | None:
     """Why `value` is not a non-negative quantity of `resource` (e.g. `cpu`), or None. An extended
     resource (`nvidia.com/gpu`) cannot be split: its quantity is a whole number."""
     if isinstance(value, int) and not isinstance(value, bool) and value >= 0:
         return None
     if isinstance(value, str) and _QUANTITY.fullmatch(value) and not value.startswith("-"):
+        if resource in BYTE_RESOURCES and value.endswith("m"):  # valid, and never what was meant
+            return f"{show(value)} is thousandths of a byte ('m' is milli): write {value[:-1]}Mi or {value[:-1]}M"
         if resource != "nvidia.com/gpu" or value.isdigit():
             return None
         return f"{resource} {show(value)} is not a whole number (extended resources cannot be split)"
