@@ -121,12 +121,26 @@ def volume_name_problem(value: Any) -> str | None:
     return DNS_LABEL.problem(value, "a volume's name")
 
 
+#: An image reference as the container runtime parses it (distribution's grammar): an optional
+#: registry host (and port), a lower-case path, an optional tag and an optional digest.
+_IMAGE_REF = re.compile(
+    r"(?:(?:\[[0-9A-Fa-f:]+\]|[A-Za-z0-9](?:[A-Za-z0-9-]*[A-Za-z0-9])?(?:\.[A-Za-z0-9](?:[A-Za-z0-9-]*[A-Za-z0-9])?)*)"
+    r"(?::[0-9]+)?/)?"
+    r"[a-z0-9]+(?:(?:[._]|__|-+)[a-z0-9]+)*(?:/[a-z0-9]+(?:(?:[._]|__|-+)[a-z0-9]+)*)*"
+    r"(?::[A-Za-z0-9_][A-Za-z0-9_.-]{0,127})?"
+    r"(?:@[A-Za-z][A-Za-z0-9]*(?:[-_+.][A-Za-z][A-Za-z0-9]*)*:[0-9A-Fa-f]{32,})?"
+)
+
+
 def image_problem(value: Any) -> str | None:
-    """Why `value` is not a container image the API server takes (a pod's container needs one, and
-    refuses leading or trailing whitespace), or None."""
-    if isinstance(value, str) and value and value == value.strip():
+    """Why `value` is not a container image reference (the API server refuses an empty one, the
+    kubelet one it cannot parse: InvalidImageName, after the job started), or None."""
+    if isinstance(value, str) and _IMAGE_REF.fullmatch(value):
         return None
-    return f"{show(value)} is not a container image: a non-empty reference without leading or trailing whitespace"
+    return (
+        f"{show(value)} is not a container image: [registry[:port]/]path[:tag][@digest], the path in lower case, "
+        "no spaces (e.g. ghcr.io/org/kftrain:0.1.0)"
+    )
 
 
 def qualified_name_problem(key: str) -> str | None:

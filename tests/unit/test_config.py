@@ -61,7 +61,10 @@ def test_yaml_file_maps_onto_the_tree(tmp_path):
         ("data:\n  eval_prompts: ['hi', ' ']\n", "data.eval_prompts: must list non-empty prompts"),
         ("data:\n  eval_generations: 17\n", "data.eval_generations: must be between 0 and 16, got 17"),
         ("data:\n  eval_new_tokens: 0\n", "data.eval_new_tokens: must be between 1 and 512, got 0"),
-        ("kubernetes:\n  min_available: 3\n", "kubernetes.min_available: must be at most the job's pods (job.replicas: 2)"),
+        (
+            "kubernetes:\n  min_available: 3\n",
+            "kubernetes.min_available: must be at most the job's pods (job.replicas: 2)",
+        ),
         ("job:\n  kind: podjob\n", "job.kind: must be one of ('pytorchjob', 'trainjob', 'auto'), got 'podjob'"),
         ("export:\n  max_shard_bytes: 0\n", "export.max_shard_bytes: must be positive, got 0"),
         (

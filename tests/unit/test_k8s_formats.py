@@ -96,8 +96,10 @@ FIELDS = [
      [[{"name": "data", "emptyDir": {}}]],
      [[{"name": "Data", "emptyDir": {}}], [{"name": "a.b", "emptyDir": {}}], [{"name": "v" * 64, "emptyDir": {}}]]),
     ("job.image", _scalar("spec", "trainer", "image"),
-     ["ghcr.io/kftrain/kftrain:0.1.0", "registry.local:5000/team/train@sha256:" + "0" * 64],
-     ["", " ghcr.io/kftrain/kftrain:0.1.0", "ghcr.io/kftrain/kftrain:0.1.0\n", "img "]),
+     ["ghcr.io/kftrain/kftrain:0.1.0", "registry.local:5000/team/train@sha256:" + "0" * 64, "python", "[::1]:5000/a/b:C_1",
+      "My.Registry:443/a__b/c-d:v1.2", "localhost/img"],
+     ["", " ghcr.io/kftrain/kftrain:0.1.0", "ghcr.io/kftrain/kftrain:0.1.0\n", "img ", "My Image:latest",
+      "ghcr.io/Org/img:1", "img:", "img:-x", "img@sha256:abc"]),
 ]  # fmt: skip
 
 
