@@ -89,7 +89,7 @@ FIELDS = [
     ("kubernetes.store_secret_keys", lambda v: (("env", Item(0, "X"), "valueFrom", "secretKeyRef", "key"), _first(v)[0]),
      [{"accesskey": "AWS_ACCESS_KEY_ID"}, {"a.b_c-D": "X"}],
      [{"access key": "X"}, {".": "X"}, {"..a": "X"}, {"k" * 254: "X"}]),
-    ("kubernetes.store_secret_keys", lambda v: (("env", Item(0, _first(v)[1])), {"name": _first(v)[1], "valueFrom": {}}),
+    ("kubernetes.store_secret_keys", lambda v: (("env", Item(0, _first(v)[1])), {"name": _first(v)[1], "valueFrom": {"secretKeyRef": {}}}),
      [{"k": "my.var"}],
      [{"k": "AWS=KEY"}, {"k": "1ST"}]),
     ("kubernetes.volumes", lambda v: (("volumes", Item(0, v[0]["name"]), "name"), v[0]["name"]),

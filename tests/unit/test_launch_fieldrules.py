@@ -78,6 +78,12 @@ REFUSED = [
     # (a TrainJob's webhook reserves the five PET_* names itself: its rule speaks first, naming them)
     ({"kubernetes.env": {"PET_MASTER_ADDR": "x"}}, V1, ["kubernetes.env.PET_MASTER_ADDR: PET_MASTER_ADDR is set"]),
     ({"kubernetes.env": {"PET_MASTER_ADDR": "x"}}, ("trainjob",), ["['PET_MASTER_ADDR']", "kubernetes.env"]),
+    ({"kubernetes.extra_env": [{"name": "X", "value": "a", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}}]}, BOTH, ["kubernetes.extra_env[0]: X has both `value` and `valueFrom`"]),
+    ({"kubernetes.extra_env": [{"name": "X", "valueFrom": {}}]}, BOTH, ["kubernetes.extra_env[0]: X: `valueFrom` must have exactly one of"]),
+    ({"kubernetes.extra_env": [{"name": "X", "valueFrom": {"fieldRef": {"fieldPath": "spec.bogus"}}}]}, BOTH, ["kubernetes.extra_env[0].valueFrom.fieldRef.fieldPath: 'spec.bogus' is not a pod field"]),
+    # pod settings Kubernetes refuses a pod for, after the job was created
+    ({"kubernetes.affinity": {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [{"matchExpressions": [{"key": "z", "operator": "In"}]}]}}}}, BOTH, ["kubernetes.affinity: operator In needs a non-empty `values` list"]),
+    ({"kubernetes.affinity": {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [{"matchExpressions": [{"key": "z", "operator": "Gt", "values": ["a"]}]}]}}}}, BOTH, ["kubernetes.affinity: operator Gt needs one integer"]),
     ({"job.nccl_debug": "LOUD"}, BOTH, ["job.nccl_debug", "'LOUD'"]),
     ({"kubernetes.env": {"NCCL_DEBUG": "verbose"}}, BOTH, ["kubernetes.env.NCCL_DEBUG", "'verbose'", "VERSION, WARN, INFO"]),
     # integers within the API server's types (the CRD schemas' int32/int64 formats)

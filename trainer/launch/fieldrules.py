@@ -77,12 +77,50 @@ def _env_var(value: Any, key: Any) -> str | None:
             f"{name} is set in every replica by the job's operator or by torchrun (docs/cluster.md, the "
             "environment each replica gets); remove it"
         )
+    if "value" in value and "valueFrom" in value:
+        return f"{name} has both `value` and `valueFrom`: Kubernetes takes one; keep one"
+    sources = sorted(value.get("valueFrom") or {}) if isinstance(value.get("valueFrom"), dict) else []
+    if "valueFrom" in value and len(sources) != 1:
+        return f"{name}: `valueFrom` must have exactly one of {', '.join(_ENV_SOURCES)}, got {sources}"
     if name == "NCCL_DEBUG" and str(value.get("value", "")).upper() not in NCCL_DEBUG_LEVELS:
         return (
             f"NCCL_DEBUG {k8s.show(value.get('value', ''))} is not a level NCCL knows "
             f"({', '.join(NCCL_DEBUG_LEVELS[1:])}); "
             "NCCL would silently log nothing"
         )
+    return None
+
+
+#: Where a variable's `valueFrom` may read it.
+_ENV_SOURCES = ("secretKeyRef", "configMapKeyRef", "fieldRef", "resourceFieldRef")
+#: The pod fields a variable may read through `fieldRef` (the API server's list).
+_FIELD_PATHS = re.compile(
+    r"metadata\.(name|namespace|uid|labels\['[^']+'\]|annotations\['[^']+'\])"
+    r"|spec\.(nodeName|serviceAccountName)|status\.(hostIP|hostIPs|podIP|podIPs)"
+)
+
+
+def _field_path(value: Any, key: Any) -> str | None:
+    if isinstance(value, str) and _FIELD_PATHS.fullmatch(value):
+        return None
+    return (
+        f"{k8s.show(value)} is not a pod field a variable can read: metadata.name, metadata.namespace, "
+        "metadata.uid, metadata.labels['KEY'], metadata.annotations['KEY'], spec.nodeName, "
+        "spec.serviceAccountName, status.hostIP, status.podIP (or their plural)"
+    )
+
+
+def _selector_requirement(value: Any, key: Any) -> str | None:
+    """A `matchExpressions` entry: In/NotIn with values, Exists/DoesNotExist without, Gt/Lt one integer."""
+    if not isinstance(value, dict):
+        return None
+    op, values = value.get("operator"), value.get("values") or []
+    if op in ("In", "NotIn") and not values:
+        return f"operator {op} needs a non-empty `values` list"
+    if op in ("Exists", "DoesNotExist") and values:
+        return f"operator {op} takes no `values`, got {k8s.show(values)}"
+    if op in ("Gt", "Lt") and not (len(values) == 1 and str(values[0]).lstrip("-").isdigit()):
+        return f"operator {op} needs one integer in `values`, got {k8s.show(values)}"
     return None
 
 
@@ -118,6 +156,8 @@ RULES = (
     Rule("**.nodeSelector.*", _label),
     Rule("**.tolerations[*]", _of_value(k8s.toleration_problem)),
     Rule("**.env[*]", _env_var),
+    Rule("**.env[*].valueFrom.fieldRef.fieldPath", _field_path),
+    Rule("**.matchExpressions[*]", _selector_requirement),
     Rule("**.env[*].valueFrom.secretKeyRef.name", _of_value(k8s.secret_name_problem)),
     Rule("**.env[*].valueFrom.secretKeyRef.key", _of_value(k8s.secret_key_problem)),
     Rule("**.imagePullSecrets[*].name", _of_value(k8s.secret_name_problem)),
