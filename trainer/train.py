@@ -171,8 +171,18 @@ def autocast_for(device: torch.device, cfg: Config):
 
 #: Config fields a checkpoint cannot be resumed under when they changed: the model's shape and
 #: the meaning of its weights and of the data position (which positions of which epoch order,
-#: counted in global batches).
+#: counted in global batches), and the prepared data the position counts in (its items and
+#: their split: a changed split puts test rows into training, a shorter one ends past its end).
 INCOMPATIBLE_FIELDS = (
+    "data.source",
+    "data.label_column",
+    "data.val_fraction",
+    "data.test_fraction",
+    "data.seed",
+    "data.text_field",
+    "data.messages_field",
+    "data.max_bytes",
+    "data.tokenizer_sample_bytes",
     "task",
     "model.init_from",
     "train.method",

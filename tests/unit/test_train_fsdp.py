@@ -33,3 +33,25 @@ def test_a_world_size_change_is_resumable_when_the_task_streams():
     with pytest.raises(CheckpointError, match=r"train\.strategy \('ddp', now 'fsdp'\)"):
         fsdp = load_config(overrides={"train.strategy": "fsdp"})
         check_resumable(to_dict(load_config()), fsdp, 2, 2, streams=True)
+
+
+@pytest.mark.parametrize(
+    ("field", "value"),
+    [
+        ("data.source", "s3://bucket/other.csv"),
+        ("data.val_fraction", 0.45),
+        ("data.test_fraction", 0.3),
+        ("data.seed", 1),  # another split: the new test rows were trained on
+        ("data.max_bytes", 30_000),  # fewer items: the position ends past them
+        ("data.label_column", "target"),
+        ("data.text_field", "body"),
+        ("data.messages_field", "turns"),
+        ("data.tokenizer_sample_bytes", 1_000_000),
+    ],
+)
+def test_a_resume_on_other_prepared_data_is_refused_naming_the_field(field, value):
+    """The data position counts items of the prepared data: another split, source or size of it
+    would put test rows into training or index past its end (was: logged and resumed)."""
+    cfg = load_config()
+    with pytest.raises(CheckpointError, match=rf"cannot resume: .*{field.replace('.', '[.]')} \("):
+        check_resumable(to_dict(cfg), load_config(overrides={field: value}), 2, 2, streams=True)
