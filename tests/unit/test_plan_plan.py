@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import os
 
 import pytest
@@ -247,3 +248,26 @@ def test_activation_checkpointing_costs_a_second_forward_on_a_gpu():
     plain = make_plan(gpt(replicas=1), gpu="H100").point(1)
     recomputed = make_plan(gpt(replicas=1, activation_checkpointing=True), gpu="H100").point(1)
     assert recomputed.compute_seconds == pytest.approx(plain.compute_seconds * 4 / 3)
+
+
+@pytest.mark.parametrize("gpu", ["H100", "A100-40GB", "L4"])
+def test_an_fp32_run_computes_at_the_gpu_s_fp32_rate(gpu):
+    """kftrain never turns TF32 on: an fp32 run's matmuls run at the plain fp32 peak (was: timed at bf16's)."""
+    from trainer.plan.hardware import gpu_spec
+
+    plans = {p: make_plan(gpt(precision=p), gpu=gpu) for p in ("bf16", "fp32")}
+    bf16, fp32 = (plans[p].scaling[0].compute_seconds for p in ("bf16", "fp32"))
+    spec = gpu_spec(gpu)
+    assert fp32 / bf16 == pytest.approx(spec.bf16_tflops / spec.fp32_tflops)
+    assert any("fp32 (no TF32) peak" in a for a in plans["fp32"].assumptions)
+    assert make_plan(gpt(precision="auto"), gpu=gpu).scaling[0].compute_seconds == bf16  # auto on a GPU: bf16
+
+
+def test_a_probe_on_another_device_is_not_mixed_into_a_gpu_plan():
+    """A CPU probe's compute and data wait say nothing of an H100 (was: its data wait was added
+    to the FLOPs-based step, which then was not compute + communication)."""
+    cpu = dataclasses.replace(probe(1.0), data_wait_seconds=0.5, device="cpu")
+    plan = make_plan(gpt("ddp", 1), gpu="H100", probe=cpu)
+    assert plan.scaling[0].step_seconds == pytest.approx(plan.scaling[0].compute_seconds)
+    assert any("the probe ran on cpu, not the H100-80GB: its times are not used" in a for a in plan.assumptions)
+    assert plan.scaling[0].compute_seconds == make_plan(gpt("ddp", 1), gpu="H100").scaling[0].compute_seconds

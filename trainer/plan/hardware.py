@@ -33,24 +33,30 @@ class HardwareError(KftrainError, ValueError):
 
 @dataclass(frozen=True)
 class GpuSpec:
-    """One GPU type: its memory, dense bf16 peak and NVLink (or PCIe) bandwidth per GPU."""
+    """One GPU type: its memory, dense bf16 and fp32 peaks and NVLink (or PCIe) bandwidth per GPU."""
 
     name: str
     memory_gib: float  # GiB, as the driver reports the device (see the module docstring)
     bf16_tflops: float
     nvlink_gbps: float  # GB/s per GPU (bytes, not bits), as in the datasheets
+    #: Plain fp32 (no TF32: kftrain leaves `allow_tf32` off, so an fp32 run's matmuls run at this rate).
+    fp32_tflops: float
+
+    def tflops(self, bf16: bool) -> float:
+        """The dense peak a run computes at: bf16 autocast's, or plain fp32's."""
+        return self.bf16_tflops if bf16 else self.fp32_tflops
 
 
 GPUS: dict[str, GpuSpec] = {
     spec.name: spec
     for spec in (
-        GpuSpec("H100-80GB", 79.6, 989.0, 900.0),
-        GpuSpec("H200-141GB", 140.4, 989.0, 900.0),
-        GpuSpec("A100-80GB", 80.0, 312.0, 600.0),
-        GpuSpec("A100-40GB", 40.0, 312.0, 600.0),
-        GpuSpec("L40S", 45.0, 362.0, 64.0),
-        GpuSpec("L4", 22.5, 121.0, 64.0),
-        GpuSpec("A10G", 22.5, 125.0, 64.0),
+        GpuSpec("H100-80GB", 79.6, 989.0, 900.0, 67.0),
+        GpuSpec("H200-141GB", 140.4, 989.0, 900.0, 67.0),
+        GpuSpec("A100-80GB", 80.0, 312.0, 600.0, 19.5),
+        GpuSpec("A100-40GB", 40.0, 312.0, 600.0, 19.5),
+        GpuSpec("L40S", 45.0, 362.0, 64.0, 91.6),
+        GpuSpec("L4", 22.5, 121.0, 64.0, 30.3),
+        GpuSpec("A10G", 22.5, 125.0, 64.0, 31.2),
     )
 }
 

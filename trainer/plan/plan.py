@@ -383,7 +383,7 @@ def _time(
         if tc.activation_checkpointing:
             flops *= RECOMPUTE_FACTOR
         if flops > 0:
-            compute = flops * items / (target.gpu.bf16_tflops * 1e12 * mfu)
+            compute = flops * items / (target.gpu.tflops(target.bf16) * 1e12 * mfu)
     elif probe is not None:
         shared = probe.device == "cpu"  # CPU ranks share the machine's cores; GPUs are their own
         per_item = probe.compute_seconds / _items_per_rank_step(cfg, probe.world_size)
@@ -495,16 +495,22 @@ def make_plan(
     if cuda:
         assumptions.append(f"{GPU_OVERHEAD_BYTES / GiB:.1f} GiB per GPU for the CUDA context, NCCL and allocator slack")
     mfu = DEFAULT_MFU
+    if spec is not None and probe is not None and spec.name.split("-")[0] not in probe.device:
+        # Its compute and its data wait are another device's: neither is used for this one.
+        assumptions.append(f"the probe ran on {probe.device}, not the {spec.name}: its times are not used")
+        probe_here = None
+    else:
+        probe_here = probe
     if spec is not None:
-        if probe is not None and spec.name.split("-")[0] in probe.device and model.shape.flops_per_item:
+        if probe_here is not None and model.shape.flops_per_item:
             flops = model.shape.flops_per_item * model.shape.items_per_sample
             measured = flops * _items_per_rank_step(cfg, probe.world_size) / probe.compute_seconds
-            mfu = measured / (spec.bf16_tflops * 1e12)
+            mfu = measured / (spec.tflops(bf16) * 1e12)
             assumptions.append(f"MFU {mfu:.2f} measured by the probe on {probe.device}")
         else:
             assumptions.append(
                 f"compute from the task's FLOPs at {mfu:.0%} MFU of the {spec.name}'s "
-                f"{spec.bf16_tflops:.0f} TFLOP/s bf16 peak"
+                f"{spec.tflops(bf16):.0f} TFLOP/s {'bf16' if bf16 else 'fp32 (no TF32)'} peak"
             )
     elif probe is not None:
         assumptions.append(
@@ -526,7 +532,7 @@ def make_plan(
     counts = sorted({1, here_nodes, *nodes})
     scaling: list[ScalePoint] = []
     for n in counts:
-        compute, comm, wait = _time(model, cfg, n, target, probe, mfu)
+        compute, comm, wait = _time(model, cfg, n, target, probe_here, mfu)
         ranks = n * per_node
         step = None if compute is None else compute + comm + wait
         point = ScalePoint(
