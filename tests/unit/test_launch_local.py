@@ -30,6 +30,7 @@ def test_log_lines_streamed_from_many_threads_stay_whole(capsys):
         (-9, "; its training process was killed by SIGKILL (most likely the kernel's out-of-memory killer"),
         (-11, "; its training process was killed by SIGSEGV"),
         (3, ""),  # its own exit code: the trainer's line says why
+        (143, "; its training process stopped on a SIGTERM after committing a checkpoint (nothing to fix"),
         (None, ""),
     ],
 )
@@ -37,7 +38,7 @@ def test_a_replica_whose_process_a_signal_ended_says_so(code, said):
     """torchrun exits 1 whatever ended its process: the local backend reads the signal from
     torchrun's summary (was: 'exited with code 1' for a rank the OOM killer took)."""
     from tests.unit.test_launch_failures import torchrun_summary
-    from trainer.launch.local import killed_by
+    from trainer.launch.local import how_it_ended
 
-    found = killed_by(torchrun_summary(code) if code is not None else ["[rank 0] step 3"])
+    found = how_it_ended(torchrun_summary(code) if code is not None else ["[rank 0] step 3"])
     assert found.startswith(said) and bool(found) == bool(said), found

@@ -132,12 +132,16 @@ def _watch(var: str, marker: str, grace_s: float, remove: str = "") -> int:
     return 0
 
 
-def killed_by(log_lines: list[str]) -> str:
-    """`; its training process was killed by SIGKILL (...)` when torchrun's summary in a replica's
-    log says a signal ended the process (torchrun itself exits 1 whatever ended it), else ''."""
+def how_it_ended(log_lines: list[str]) -> str:
+    """What torchrun's summary in a replica's log says ended its process (torchrun itself exits 1
+    whatever did): `; its training process was killed by SIGKILL (...)` for a signal, a note that
+    nothing needs fixing for a stop on SIGTERM with a checkpoint committed, else ''."""
+    from trainer import exit_codes
     from trainer.launch.failures import root_cause_exit_code
 
     code = root_cause_exit_code(log_lines)
+    if code == exit_codes.TERMINATED_CHECKPOINTED:
+        return "; its training process stopped on a SIGTERM after committing a checkpoint (nothing to fix: resume it)"
     if code is None or code >= 0:
         return ""
     try:
@@ -295,7 +299,7 @@ class LocalBackend:
         tail = "\n".join(f"  [{rep.key}] {line}" for line in failure_excerpt(list(rep.tail)))
         return (
             f"job {spec.name} failed: replica {rep.key} exited with code {rep.proc.returncode}"
-            f"{killed_by(list(rep.tail))}. Its last log lines:\n{tail}"
+            f"{how_it_ended(list(rep.tail))}. Its last log lines:\n{tail}"
         )
 
     def logs(self, spec: JobSpec, tail: int = 50) -> dict[str, list[str]]:
