@@ -85,8 +85,9 @@ def check_own_checkpoint(cfg: Config, run_id: str, local_root: str = DEFAULT_LOC
     """A run continuing from a checkpoint of its own (`--run-id`, in its own prefix) continues it
     with a config that can: refused before any step, as `checkpoint.resume_from` is (was: found in
     the train step, after data prep). A prefix the user chose (`checkpoint.uri`) is not the run's
-    own: its owner check and the trainer's speak for it."""
-    if not cfg.checkpoint.enabled or not cfg.checkpoint.resume or cfg.checkpoint.uri:
+    own: its owner check and the trainer's speak for it. A config that would not read the
+    checkpoint (checkpoints or resuming off) is refused too: the run would train from the start."""
+    if cfg.checkpoint.uri:
         return
     from trainer.checkpoint_owner import latest_complete
     from trainer.checks import check_continues
@@ -99,9 +100,17 @@ def check_own_checkpoint(cfg: Config, run_id: str, local_root: str = DEFAULT_LOC
             latest = latest_complete(store_for(cfg, prefix), prefix)
     except StoreError:
         return  # the pre-flight's store check says what is wrong
-    if latest is None or not isinstance(latest[1].get("config"), dict):
-        return  # nothing to continue, or a record that does not say (the trainer's own check will)
+    if latest is None:
+        return  # nothing to continue
     step, record = latest
+    off = next((f"checkpoint.{k}" for k in ("enabled", "resume") if not getattr(cfg.checkpoint, k)), "")
+    if off:
+        raise ConfigError(
+            f"--run-id {run_id}: {off} is false, so its checkpoint of step {step} would not be read and the run "
+            f"would train from the beginning: set {off}: true to continue it, or start a new run (without --run-id)"
+        )
+    if not isinstance(record.get("config"), dict):
+        return  # a record that does not say (the trainer's own check will)
     try:
         check_continues(cfg, record, "start a new run (without --run-id)")
     except KftrainError as exc:

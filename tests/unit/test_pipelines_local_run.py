@@ -171,5 +171,11 @@ def test_a_run_id_whose_checkpoint_this_config_cannot_continue_is_refused_before
     message = str(info.value)
     assert message.startswith(f"--run-id r1: its checkpoint of step 5 ({prefix}): cannot resume: "), message
     assert "model.hidden_sizes ([8], now [" in message and "start a new run (without --run-id)" in message
-    for change in ({"enabled": False}, {"uri": str(prefix)}):  # off; a prefix the user named (not the run's own)
-        check_own_checkpoint(dataclasses.replace(cfg, checkpoint=dataclasses.replace(cfg.checkpoint, **change)), "r1")
+    named = dataclasses.replace(cfg, checkpoint=dataclasses.replace(cfg.checkpoint, uri=str(prefix)))
+    check_own_checkpoint(named, "r1", str(tmp_path))  # a prefix the user named is not the run's own
+    for field in ("enabled", "resume"):  # a config that would not read the checkpoint: a silent fresh start
+        off = dataclasses.replace(cfg, checkpoint=dataclasses.replace(cfg.checkpoint, **{field: False}))
+        with pytest.raises(
+            ConfigError, match=rf"--run-id r1: checkpoint.{field} is false, so its checkpoint of step 5"
+        ):
+            check_own_checkpoint(off, "r1", str(tmp_path))
