@@ -183,15 +183,17 @@ def test_bad_configs_fail_with_the_field_named(overrides, message):
     [
         (
             {"kubernetes.tolerations": [{"key": "gpu", "efect": "NoSchedule"}]},
-            "Master.template.spec.tolerations[0]: Additional properties are not allowed ('efect'",
+            "kubernetes.tolerations[0]: Additional properties are not allowed ('efect' was unexpected) (PyTorchJob "
+            "spec.pytorchReplicaSpecs.Master.template.spec.tolerations[0])",
         ),
         (
             {"kubernetes.tolerations": [{"key": "gpu", "effect": "NoExecute", "tolerationSeconds": "soon"}]},
-            "tolerations[0].tolerationSeconds: 'soon' is not of type 'integer'",
+            "kubernetes.tolerations[0]: 'soon' is not of type 'integer' (PyTorchJob spec.pytorchReplicaSpecs.Master."
+            "template.spec.tolerations[0].tolerationSeconds)",
         ),
         (
             {"kubernetes.affinity": {"nodeAfinity": {}}},
-            "template.spec.affinity: Additional properties are not allowed ('nodeAfinity'",
+            "kubernetes.affinity: Additional properties are not allowed ('nodeAfinity'",
         ),
         (
             {"kubernetes.affinity": {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {}}}},
@@ -236,9 +238,9 @@ def test_bad_pod_settings_fail_preflight_with_the_field_named(overrides, message
         (
             ("spec", "runPolicy", "backoffLimit"),
             "3",
-            "spec.runPolicy.backoffLimit: '3' is not of type 'integer'",
+            "kubernetes.backoff_limit: '3' is not of type 'integer' (PyTorchJob spec.runPolicy.backoffLimit)",
         ),
-        (("spec", "nprocPerNode"), 8, "spec.nprocPerNode: 8 is not of type 'string'"),
+        (("spec", "nprocPerNode"), 8, "job.nproc_per_node: 8 is not of type 'string' (PyTorchJob spec.nprocPerNode)"),
     ],
 )
 def test_webhook_and_strict_schema_rules(path, value, message):

@@ -107,7 +107,7 @@ def validate_schema(manifest: dict[str, Any]) -> None:
             lo, hi = INT_RANGES[e.validator_value]
             problem = f"{e.instance} is out of range: the API server takes an {e.validator_value} ({lo}..{hi})"
             raise ManifestError(describe(kind, path, problem))
-        raise ManifestError(f"{kind} {_path(e.absolute_path)}: {e.message}")
+        raise ManifestError(describe(kind, path, e.message))
 
 
 #: What the API server fills in for a list-map key left out, before it compares the keys.
