@@ -5,14 +5,18 @@ from __future__ import annotations
 import argparse
 import contextlib
 import os
+import re
 import signal
 import stat
 import sys
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any, NoReturn
+from typing import TYPE_CHECKING, Any, NoReturn
 
 from trainer.errors import KftrainError, redact
+
+if TYPE_CHECKING:
+    from trainer.config import Config
 
 
 def _cmd_compile(args: argparse.Namespace) -> int:
@@ -68,6 +72,21 @@ def _check_gates(args: argparse.Namespace, task: str) -> None:
     args.max_perplexity = args.max_perplexity or 0.0
 
 
+def _load_with_flags(path: str | None, flags: dict[str, tuple[str, Any]]) -> Config:
+    """The config at `path` with the flags given (`{field: (flag, value)}`, None: not given) set
+    over it; a refused value is named by its flag, which is what the user typed."""
+    from trainer.config import ConfigError, load_config
+
+    given = {field: value for field, (_, value) in flags.items() if value is not None}
+    try:
+        return load_config(path, given)
+    except ConfigError as exc:
+        for field, (flag, value) in flags.items():
+            if value is not None and re.match(rf"{re.escape(field)}\b", str(exc)):
+                raise ConfigError(f"{flag}: {exc}") from None
+        raise
+
+
 def _cmd_run(args: argparse.Namespace) -> int:
     from pipelines.console import StepConsole, capturing, plain
     from pipelines.local_run import (
@@ -83,17 +102,15 @@ def _cmd_run(args: argparse.Namespace) -> int:
         run_started,
         write_summary,
     )
-    from trainer.config import ConfigError, load_config
+    from trainer.config import ConfigError
 
     if not args.local:
         print("kftrain run: only --local is supported; on a cluster use `kftrain submit`", file=sys.stderr)
         return 2
-    overrides = {}
-    if args.store:
-        overrides["store.uri"] = args.store
-    if args.s3_endpoint:
-        overrides["store.endpoint"] = args.s3_endpoint
-    cfg = load_config(args.config, overrides)
+    cfg = _load_with_flags(
+        args.config,
+        {"store.uri": ("--store", args.store or None), "store.endpoint": ("--s3-endpoint", args.s3_endpoint or None)},
+    )
     _check_gates(args, cfg.task)
     store = f"{'--store' if args.store else 'store.uri'} {redact(cfg.store.uri)}"
     if args.output_dir and cfg.store.uri:
@@ -217,7 +234,7 @@ def _cmd_runs(args: argparse.Namespace) -> int:
 def _cmd_job_manifest(args: argparse.Namespace) -> int:
     import yaml
 
-    from trainer.config import ConfigError, load_config, load_yaml
+    from trainer.config import ConfigError, load_yaml
     from trainer.launch.job import training_job
     from trainer.launch.jobkind import BY_NAME
     from trainer.launch.spec import require_object_store
@@ -228,9 +245,8 @@ def _cmd_job_manifest(args: argparse.Namespace) -> int:
         if not sep or not key:
             raise ConfigError(f"--set {item!r}: expected KEY=VALUE, e.g. kubernetes.backoff_limit=3")
         overrides[key] = load_yaml(value, f"--set {key}")
-    if args.kind:
-        overrides["job.kind"] = args.kind
-    cfg = load_config(args.config, overrides)
+    flags = {"job.kind": ("--kind", args.kind or None), "kubernetes.namespace": ("--namespace", args.namespace or None)}
+    cfg = _load_with_flags(args.config, {**{k: (f"--set {k}", v) for k, v in overrides.items()}, **flags})
     if cfg.job.kind not in BY_NAME:  # `auto` is answered by a cluster's API discovery
         raise ConfigError(
             f"job.kind: {cfg.job.kind!r} is resolved by the cluster at run time; pass --kind pytorchjob or "
@@ -240,7 +256,7 @@ def _cmd_job_manifest(args: argparse.Namespace) -> int:
     spec = training_job(cfg, args.name, args.dataset_uri, args.model_uri)
     require_object_store(spec.artifact_uris)
     kind = BY_NAME[cfg.job.kind]
-    manifest = kind.build(spec, args.namespace or cfg.kubernetes.namespace, None)
+    manifest = kind.build(spec, cfg.kubernetes.namespace, None)
     kind.validate(manifest)
     sys.stdout.write(yaml.safe_dump(manifest, sort_keys=False, width=1000))
     return 0
@@ -300,16 +316,17 @@ def _cmd_plan(args: argparse.Namespace) -> int:
     import json
 
     from trainer.checks import check_plan_gpu
-    from trainer.config import load_config
     from trainer.pipeline_steps import PlanRefused, plan_run, refuse_if_strict
 
-    flags = {
-        "plan.gpu": args.gpu,
-        "kubernetes.gpu_memory_gb": args.gpu_memory,
-        "plan.nodes": args.nodes,
-        "plan.price_per_gpu_hour": args.price,
-    }
-    cfg = load_config(args.config, {k: v for k, v in flags.items() if v is not None})
+    cfg = _load_with_flags(
+        args.config,
+        {
+            "plan.gpu": ("--gpu", args.gpu),
+            "kubernetes.gpu_memory_gb": ("--gpu-memory", args.gpu_memory),
+            "plan.nodes": ("--nodes", args.nodes),
+            "plan.price_per_gpu_hour": ("--price", args.price),
+        },
+    )
     check_plan_gpu(cfg)  # plan.gpu from the config file, named as the config's field
     manifest = _prepared_dataset(cfg, args.dataset) if args.dataset else None  # before a probe spends minutes
     probe = None

@@ -489,3 +489,23 @@ def test_a_reader_that_goes_away_ends_the_command_quietly(tmp_path, monkeypatch,
     monkeypatch.setattr("pipelines.compile.compile_all", broken)
     assert main(["compile", "--output-dir", "out"]) == 2
     assert "kftrain: error: " in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    ("argv", "named"),
+    [
+        (["job", "manifest", "--namespace", "My_NS"], "--namespace: kubernetes.namespace: 'My_NS' is not a namespace"),
+        (["job", "manifest", "--set", "kubernetes.backoff_limit=-3"], "--set kubernetes.backoff_limit: kubernetes."),
+        (["run", "--local", "--store", "s3:/x"], "--store: store.uri: storage URI 's3:/x' lacks the '//'"),
+        (
+            ["run", "--local", "--s3-endpoint", "minio:9000"],
+            "--s3-endpoint: store.endpoint: 'minio:9000' must be a URL",
+        ),
+    ],
+)
+def test_a_flag_s_bad_value_is_named_by_the_flag(tmp_path, monkeypatch, capsys, argv, named):
+    """The user typed the flag, not the config field it sets: the error names both."""
+    monkeypatch.chdir(tmp_path)
+    assert main(argv) == 2
+    last = capsys.readouterr().err.strip().splitlines()[-1]
+    assert last.startswith(f"kftrain: error: {named}"), last
