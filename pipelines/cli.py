@@ -246,7 +246,8 @@ def _cmd_job_manifest(args: argparse.Namespace) -> int:
             raise ConfigError(f"--set {item!r}: expected KEY=VALUE, e.g. kubernetes.backoff_limit=3")
         overrides[key] = load_yaml(value, f"--set {key}")
     flags = {"job.kind": ("--kind", args.kind or None), "kubernetes.namespace": ("--namespace", args.namespace or None)}
-    cfg = _load_with_flags(args.config, {**{k: (f"--set {k}", v) for k, v in overrides.items()}, **flags})
+    given = {k: flag for k, flag in flags.items() if flag[1] is not None}  # over --set, where given
+    cfg = _load_with_flags(args.config, {**{k: (f"--set {k}", v) for k, v in overrides.items()}, **given})
     if cfg.job.kind not in BY_NAME:  # `auto` is answered by a cluster's API discovery
         raise ConfigError(
             f"job.kind: {cfg.job.kind!r} is resolved by the cluster at run time; pass --kind pytorchjob or "
