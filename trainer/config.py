@@ -1136,12 +1136,11 @@ class Config:
     def _check_pretrained(self) -> None:
         """Fields that only mean something with, or conflict with, a pretrained model."""
         pretrained = bool(self.model.init_from)
-        _require(
-            not self.export.merge_lora or self.train.method == "lora",
-            "export.merge_lora",
-            self.export.merge_lora,
-            "merges LoRA adapters into the base weights: it needs train.method: lora",
-        )
+        if self.export.merge_lora and self.train.method != "lora":
+            raise ConfigError(
+                f"export.merge_lora: true merges LoRA adapters into the base weights, and train.method is "
+                f"{self.train.method!r} (no adapters): set train.method: lora, or leave export.merge_lora out"
+            )
         if pretrained:
             _require(self.task == "causal_lm", "model.init_from", self.model.init_from, "needs task: causal_lm")
             _require(
