@@ -72,14 +72,19 @@ def _check_gates(args: argparse.Namespace, task: str) -> None:
     args.max_perplexity = args.max_perplexity or 0.0
 
 
-def _load_with_flags(path: str | None, flags: dict[str, tuple[str, Any]]) -> Config:
+def _load_with_flags(
+    path: str | None, flags: dict[str, tuple[str, Any]], check: Callable[[Config], None] | None = None
+) -> Config:
     """The config at `path` with the flags given (`{field: (flag, value)}`, None: not given) set
-    over it; a refused value is named by its flag, which is what the user typed."""
+    over it, and `check`ed; a refused value is named by its flag, which is what the user typed."""
     from trainer.config import ConfigError, load_config
 
     given = {field: value for field, (_, value) in flags.items() if value is not None}
     try:
-        return load_config(path, given)
+        cfg = load_config(path, given)
+        if check is not None:
+            check(cfg)
+        return cfg
     except ConfigError as exc:
         for field, (flag, value) in flags.items():
             if value is not None and re.match(rf"{re.escape(field)}\b", str(exc)):
@@ -327,8 +332,8 @@ def _cmd_plan(args: argparse.Namespace) -> int:
             "plan.nodes": ("--nodes", args.nodes),
             "plan.price_per_gpu_hour": ("--price", args.price),
         },
+        check_plan_gpu,
     )
-    check_plan_gpu(cfg)  # plan.gpu from the config file, named as the config's field
     manifest = _prepared_dataset(cfg, args.dataset) if args.dataset else None  # before a probe spends minutes
     probe = None
     if args.probe:

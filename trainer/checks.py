@@ -156,12 +156,17 @@ def check_plan_gpu(cfg: Config) -> None:
     from trainer.plan.hardware import GPUS, HardwareError, gpu_spec
 
     try:
-        gpu_spec(cfg.plan.gpu)
+        spec = gpu_spec(cfg.plan.gpu)
     except HardwareError:
         raise ConfigError(
             f"plan.gpu: not a GPU type the plan knows, got {cfg.plan.gpu!r}; use one of {', '.join(GPUS)}, "
             "or leave it empty and set kubernetes.gpu_memory_gb"
         ) from None
+    if cfg.kubernetes.gpu_memory_gb > spec.memory_gib:  # less is a share of it (a MIG slice); more is not this GPU
+        raise ConfigError(
+            f"kubernetes.gpu_memory_gb: {cfg.kubernetes.gpu_memory_gb:g} GiB is more than the {spec.name} has "
+            f"({spec.memory_gib:g} GiB, plan.gpu {cfg.plan.gpu!r}): name the GPU you have, or give less"
+        )
 
 
 def check_resume_from(cfg: Config, root: str) -> Config:
