@@ -271,3 +271,18 @@ def test_a_probe_on_another_device_is_not_mixed_into_a_gpu_plan():
     assert plan.scaling[0].step_seconds == pytest.approx(plan.scaling[0].compute_seconds)
     assert any("the probe ran on cpu, not the H100-80GB: its times are not used" in a for a in plan.assumptions)
     assert plan.scaling[0].compute_seconds == make_plan(gpt("ddp", 1), gpu="H100").scaling[0].compute_seconds
+
+
+def test_strict_says_what_it_could_not_check(capsys):
+    """A strict plan without a device memory or a step time passes, saying which checks it could
+    not make (was: a silent pass, read in CI as checked)."""
+    from trainer.pipeline_steps import refuse_if_strict
+
+    cfg = gpt()
+    refuse_if_strict(cfg, make_plan(cfg), True, switch="--strict")
+    err = capsys.readouterr().err
+    assert err.startswith("kftrain: --strict could not check memory") and "time against job.timeout_seconds" in err
+    refuse_if_strict(cfg, make_plan(cfg, gpu="H100"), True)
+    assert capsys.readouterr().err == ""  # a GPU type: both predicted
+    refuse_if_strict(cfg, make_plan(cfg), False)
+    assert capsys.readouterr().err == ""  # not strict: nothing to say

@@ -208,6 +208,17 @@ class Plan:
             )
         return None
 
+    def unchecked(self, cfg: Config) -> list[str]:
+        """What :meth:`refusal` could not check for want of a figure: the memory (no device memory
+        known) and the time (no step time predicted, with `job.timeout_seconds` set)."""
+        gaps = []
+        if self.fits is None:
+            gaps.append("memory (give a GPU type or its memory: --gpu / --gpu-memory, plan.gpu)")
+        here = self.point(self.nodes)
+        if cfg.job.timeout_seconds and (here is None or here.eta_seconds is None):
+            gaps.append("time against job.timeout_seconds (no step time predicted: give a GPU type, or --probe)")
+        return gaps
+
     def metrics(self) -> dict[str, float]:
         """Flat numbers for KFP metrics."""
         m = self.memory
