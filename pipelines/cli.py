@@ -278,7 +278,10 @@ def _cmd_job_status(args: argparse.Namespace) -> int:
 def _cmd_horovod_run(args: argparse.Namespace) -> int:
     from trainer.horovod.run import main as horovod_main
 
-    return horovod_main([args.script, *args.script_args])
+    # The script's arguments as typed after it (argparse would drop a `--` among them, which
+    # `python script.py -- ...` and horovodrun pass on).
+    rest = args.argv[args.argv.index(args.script) + 1 :] if args.script in args.argv else args.script_args
+    return horovod_main([args.script, *rest])
 
 
 #: Where `kftrain example-model` writes, and configs/finetune-tiny.yaml reads.

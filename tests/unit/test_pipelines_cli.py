@@ -512,3 +512,16 @@ def test_a_flag_s_bad_value_is_named_by_the_flag(tmp_path, monkeypatch, capsys, 
     assert main(argv) == 2
     last = capsys.readouterr().err.strip().splitlines()[-1]
     assert last.startswith(f"kftrain: error: {named}"), last
+
+
+@pytest.mark.parametrize("args", [["--", "--lr", "1"], ["--lr", "1", "x"], []])
+def test_horovod_run_passes_the_script_its_arguments_as_python_would(tmp_path, monkeypatch, capsys, args):
+    """`kftrain horovod-run s.py ARGS` and `python -m trainer.horovod.run s.py ARGS` give the script
+    the same argv, a `--` among them included (was: the CLI's parser dropped it)."""
+    from trainer.horovod.run import main as module_main
+
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "s.py").write_text("import sys\nprint('ARGS', sys.argv[1:])\n")
+    assert main(["horovod-run", "s.py", *args]) == 0
+    assert module_main(["s.py", *args]) == 0
+    assert capsys.readouterr().out.splitlines() == [f"ARGS {args}"] * 2
