@@ -123,14 +123,12 @@ def _validate_config(args: dict[str, Any], known: dict[str, dict[str, Any]]) -> 
         require_object_store({field: uri for field, uri in shared.items() if uri})
     except ValueError as exc:
         # A bad value a --param gave: name the flag, and the value that leaves the config's own.
+        fields = {**{n: p.field for n, p in BY_NAME.items()}, **{n: f"kubernetes.{n}" for n in SECRET_PARAMS}}
         for name in args:
-            if name in BY_NAME and re.match(rf"{re.escape(BY_NAME[name].field)}[:.\[ ]", str(exc)):
+            if name in fields and re.match(rf"{re.escape(fields[name])}[:.\[ ]", str(exc)):
                 # -1 for "the config's value" is not obvious; an empty text or {} / [] is.
-                keeps = (
-                    f" ({BY_NAME[name].unset_shown} keeps the config's value)"
-                    if BY_NAME[name].type in (int, float)
-                    else ""
-                )
+                numeric = name in BY_NAME and BY_NAME[name].type in (int, float)
+                keeps = f" ({BY_NAME[name].unset_shown} keeps the config's value)" if numeric else ""
                 raise SubmitError(f"--param {name}: {exc}{keeps}") from None
         raise SubmitError(f"the run's parameters are invalid: {exc}") from None
     for name in ("min_accuracy", "max_perplexity"):

@@ -96,6 +96,7 @@ def test_a_gate_the_task_never_reports_is_refused_at_submit(params, refused):
         ("node_selector={a: [1]}", "--param node_selector: kubernetes.node_selector.a: must be a string"),
         ("tolerations=[1]", "--param tolerations: kubernetes.tolerations[0]: must be a mapping"),
         ("launcher=Kubernetes", "--param launcher=Kubernetes: must be one of auto, local, kubernetes"),
+        ("store_secret=Bad_Secret", "--param store_secret: kubernetes.store_secret: 'Bad_Secret' is not a Secret"),
     ],
 )
 def test_a_bad_parameter_value_names_the_flag_and_the_value_that_keeps_the_config_s(param, refused):
