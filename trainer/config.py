@@ -13,6 +13,7 @@ keeps only what a table cannot say (URIs, rules across fields, per-item checks o
 from __future__ import annotations
 
 import dataclasses
+import datetime
 import json
 import math
 import re
@@ -1215,8 +1216,10 @@ def _convert(value: Any, tp: Any, path: str) -> Any:
         _require(isinstance(value, bool), path, value, "must be true or false")
         return value
     if tp is str:
-        if isinstance(value, int | float):  # what YAML makes of an unquoted value meant as text (bool too)
+        if isinstance(value, int | float | datetime.date):  # YAML's reading of unquoted text (bool too)
             kind, written = ("boolean", str(value).lower()) if isinstance(value, bool) else ("number", value)
+            if isinstance(value, datetime.date):
+                kind, written = "date", value.isoformat()
             quoted = "quote it" if path.startswith(_UNSHOWN_VALUES) else f"write '{written}'"
             _require(False, path, value, f"must be a string (YAML reads it unquoted as a {kind}: {quoted})")
         _require(isinstance(value, str), path, value, "must be a string")

@@ -37,6 +37,10 @@ def test_yaml_file_maps_onto_the_tree(tmp_path):
         ("train:\n  epochs: three\n", "train.epochs: must be an integer, got 'three'"),
         ("train:\n  epochs: 0\n", "train.epochs: must be positive, got 0"),
         ("train:\n  learning_rate: fast\n", "train.learning_rate: must be a number"),
+        (
+            "kubernetes:\n  labels: {day: 2024-01-01}\n",
+            "kubernetes.labels.day: must be a string (YAML reads it unquoted as a date",
+        ),
         # Text Python's float() would take: only YAML's exponent notation is read as a number.
         ("train:\n  learning_rate: 010\n", "train.learning_rate: must be a number, got '010'"),
         ("train:\n  learning_rate: 1_0\n", "train.learning_rate: must be a number, got '1_0'"),
