@@ -208,9 +208,19 @@ def _cmd_runs(args: argparse.Namespace) -> int:
     import json
 
     from trainer.runs import list_runs, runs_as_json, runs_table, stores_under
-    from trainer.storage import CHECK_BUDGET_S, StoreError, check_deadline, join_uri, open_store, parse_uri
+    from trainer.storage import (
+        CHECK_BUDGET_S,
+        StoreError,
+        check_deadline,
+        endpoint_problem,
+        join_uri,
+        open_store,
+        parse_uri,
+    )
 
     root = args.store
+    if args.s3_endpoint and (problem := endpoint_problem(args.s3_endpoint)):
+        raise StoreError(f"--s3-endpoint {redact(args.s3_endpoint)!r} {problem}")
     try:
         if not parse_uri(root).is_remote:  # absolute: the checkpoints listed are what resume_from takes
             if not os.path.isdir(parse_uri(root).key):

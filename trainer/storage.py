@@ -752,6 +752,10 @@ def endpoint_problem(endpoint: str) -> str | None:
         )
     if parts.path.strip("/") or parts.query or parts.fragment:
         return "has a path, query or fragment: the S3 API is at the host's root; write only scheme://host[:port]"
+    try:
+        parts.port  # noqa: B018 (it parses the port)
+    except ValueError:
+        return "has a port that is not a number from 0 to 65535; write scheme://host[:port]"
     return None
 
 
