@@ -18,9 +18,12 @@ ERROR_MARKER = "kftrain-error: "
 #: The trainer's own failure lines inside a replica's log (a failed job carries them).
 REPLICA_FAILURE = "training failed: "
 #: The userinfo of a URL (`scheme://user:password@host`), wherever it appears in a text. A
-#: password may hold an unencoded '/' (AWS secret keys do): after a ':' anything up to the '@'
-#: counts, so `http://host:9000/a@b` is redacted too (a lost path beats a printed secret).
-_USERINFO = re.compile(r"(?P<scheme>\b[A-Za-z][A-Za-z0-9+.-]*://)(?P<userinfo>[^/@\s'\"]+|[^/@\s'\":]*:[^@\s'\"]*)@")
+#: password may hold an unencoded '/' (AWS secret keys do) or '@': after a ':' anything up to the
+#: last '@' of the word counts, so `http://host:9000/a@b` is redacted too (a lost path beats a
+#: printed secret).
+_USERINFO = re.compile(r"(?P<scheme>\b[A-Za-z][A-Za-z0-9+.-]*://)(?P<userinfo>[^/@\s'\":]*:[^\s'\"]*|[^/@\s'\"]+)@")
+#: The same with quotes in the userinfo (a password may hold one): a second pass, before any '/'.
+_QUOTED_USERINFO = re.compile(r"(?P<scheme>\b[A-Za-z][A-Za-z0-9+.-]*://)(?P<userinfo>[^\s/@]*['\"][^\s/]*)@")
 
 
 class KftrainError(Exception):
@@ -32,13 +35,19 @@ def redact(text: str) -> str:
 
     Everything kftrain prints that may hold a URL goes through here: endpoints, store URIs,
     the resume command, error messages, the full log of a local run."""
-    return _USERINFO.sub(r"\g<scheme>***@", text)
+    return _QUOTED_USERINFO.sub(r"\g<scheme>***@", _USERINFO.sub(r"\g<scheme>***@", text))
 
 
 def has_userinfo(url: str) -> bool:
     """Whether the URL `url` holds a user or password (as :func:`redact` finds them): the one
     check of every URL kftrain takes (store URIs, endpoints, the KFP host)."""
-    return _USERINFO.match(url.strip()) is not None
+    from urllib.parse import urlsplit
+
+    try:  # a password with a quote or a space is not one redact() finds: refused all the same
+        in_netloc = "@" in urlsplit(url.strip()).netloc
+    except ValueError:
+        in_netloc = False
+    return in_netloc or _USERINFO.match(url.strip()) is not None
 
 
 def one_line(exc: BaseException) -> str:

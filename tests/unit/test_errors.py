@@ -29,10 +29,12 @@ REDACTED = [
     ("http://AKIAX:wJalr/K7MDENG@minio:9000 x", "http://***@minio:9000 x"),
     ("s3://AKIAX:wJalr/K7/MDENG@bucket/k", "s3://***@bucket/k"),
     ("hf://org/name@v1 hf://hf_tok@org/name", "hf://org/name@v1 hf://***@org/name"),
+    ("s3://u:p@ss@bucket/k", "s3://***@bucket/k"),  # an '@' in the password
+    ("http://u:ab'cd@host:9000", "http://***@host:9000"),  # a quote in it
 ]
 
 #: A URL's userinfo as users write it: with a password, with a '/' in it, a token alone.
-CREDENTIALS = ["bob:SECRETPART", "AKIAX:wJ/SECRETPART", "SECRETPART"]
+CREDENTIALS = ["bob:SECRETPART", "AKIAX:wJ/SECRETPART", "SECRETPART", "bob:x'SECRETPART", "bob:x@SECRETPART"]
 
 
 def _url_takers():
