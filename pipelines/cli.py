@@ -75,21 +75,26 @@ def _check_gates(args: argparse.Namespace, task: str) -> None:
 def _load_with_flags(
     path: str | None, flags: dict[str, tuple[str, Any]], check: Callable[[Config], None] | None = None
 ) -> Config:
-    """The config at `path` with the flags given (`{field: (flag, value)}`, None: not given) set
-    over it, and `check`ed; a refused value is named by its flag, which is what the user typed."""
+    """The config at `path` with the flags given (`{field: (flag, value)}`, only those the user
+    gave) set over it, and `check`ed; a refused value is named by its flag, which is what the
+    user typed."""
     from trainer.config import ConfigError, load_config
 
-    given = {field: value for field, (_, value) in flags.items() if value is not None}
     try:
-        cfg = load_config(path, given)
+        cfg = load_config(path, {field: value for field, (_, value) in flags.items()})
         if check is not None:
             check(cfg)
         return cfg
     except ConfigError as exc:
-        for field, (flag, value) in flags.items():
-            if value is not None and re.match(rf"{re.escape(field)}\b", str(exc)):
+        for field, (flag, _) in flags.items():
+            if re.match(rf"{re.escape(field)}\b", str(exc)):
                 raise ConfigError(f"{flag}: {exc}") from None
         raise
+
+
+def _given(flags: dict[str, tuple[str, Any]]) -> dict[str, tuple[str, Any]]:
+    """The flags of `flags` the user gave (argparse's None, or empty text, for one left out)."""
+    return {field: (flag, value) for field, (flag, value) in flags.items() if value not in (None, "")}
 
 
 def _cmd_run(args: argparse.Namespace) -> int:
@@ -114,7 +119,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
         return 2
     cfg = _load_with_flags(
         args.config,
-        {"store.uri": ("--store", args.store or None), "store.endpoint": ("--s3-endpoint", args.s3_endpoint or None)},
+        _given({"store.uri": ("--store", args.store), "store.endpoint": ("--s3-endpoint", args.s3_endpoint)}),
     )
     _check_gates(args, cfg.task)
     store = f"{'--store' if args.store else 'store.uri'} {redact(cfg.store.uri)}"
@@ -260,9 +265,8 @@ def _cmd_job_manifest(args: argparse.Namespace) -> int:
         if not sep or not key:
             raise ConfigError(f"--set {item!r}: expected KEY=VALUE, e.g. kubernetes.backoff_limit=3")
         overrides[key] = load_yaml(value, f"--set {key}")
-    flags = {"job.kind": ("--kind", args.kind or None), "kubernetes.namespace": ("--namespace", args.namespace or None)}
-    given = {k: flag for k, flag in flags.items() if flag[1] is not None}  # over --set, where given
-    cfg = _load_with_flags(args.config, {**{k: (f"--set {k}", v) for k, v in overrides.items()}, **given})
+    flags = _given({"job.kind": ("--kind", args.kind), "kubernetes.namespace": ("--namespace", args.namespace)})
+    cfg = _load_with_flags(args.config, {**{k: (f"--set {k}", v) for k, v in overrides.items()}, **flags})
     if cfg.job.kind not in BY_NAME:  # `auto` is answered by a cluster's API discovery
         raise ConfigError(
             f"job.kind: {cfg.job.kind!r} is resolved by the cluster at run time; pass --kind pytorchjob or "
@@ -339,12 +343,14 @@ def _cmd_plan(args: argparse.Namespace) -> int:
 
     cfg = _load_with_flags(
         args.config,
-        {
-            "plan.gpu": ("--gpu", args.gpu),
-            "kubernetes.gpu_memory_gb": ("--gpu-memory", args.gpu_memory),
-            "plan.nodes": ("--nodes", args.nodes),
-            "plan.price_per_gpu_hour": ("--price", args.price),
-        },
+        _given(
+            {
+                "plan.gpu": ("--gpu", args.gpu),
+                "kubernetes.gpu_memory_gb": ("--gpu-memory", args.gpu_memory),
+                "plan.nodes": ("--nodes", args.nodes),
+                "plan.price_per_gpu_hour": ("--price", args.price),
+            }
+        ),
         check_plan_gpu,
     )
     manifest = _prepared_dataset(cfg, args.dataset) if args.dataset else None  # before a probe spends minutes

@@ -499,6 +499,11 @@ def test_a_reader_that_goes_away_ends_the_command_quietly(tmp_path, monkeypatch,
     [
         (["job", "manifest", "--namespace", "My_NS"], "--namespace: kubernetes.namespace: 'My_NS' is not a namespace"),
         (["job", "manifest", "--set", "kubernetes.backoff_limit=-3"], "--set kubernetes.backoff_limit: kubernetes."),
+        (
+            ["job", "manifest", "--set", "kubernetes.queue="],
+            "--set kubernetes.queue: kubernetes.queue: must be a string",
+        ),
+        (["job", "manifest", "--set", "job.kind=auto"], "job.kind: 'auto' is resolved by the cluster"),  # no --kind
         (["run", "--local", "--store", "s3:/x"], "--store: store.uri: storage URI 's3:/x' lacks the '//'"),
         (
             ["run", "--local", "--s3-endpoint", "minio:9000"],
