@@ -1163,7 +1163,7 @@ def _type_name(tp: Any) -> str:
 
 
 #: A number in exponent notation without a '.', which PyYAML reads as a string (YAML 1.1).
-_EXPONENT_FLOAT = re.compile(r"[-+]?(0|[1-9][0-9]*)(\.[0-9]*)?[eE][-+]?[0-9]+")
+_EXPONENT_FLOAT = re.compile(r"[-+]?((0|[1-9][0-9]*)(\.[0-9]*)?|\.[0-9]+)[eE][-+]?[0-9]+")
 
 
 def _convert(value: Any, tp: Any, path: str) -> Any:

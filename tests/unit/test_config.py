@@ -16,6 +16,8 @@ def test_yaml_file_maps_onto_the_tree(tmp_path):
     assert cfg.job.replicas == 4
     assert cfg.train.batch_size == 128
     assert cfg.train.learning_rate == pytest.approx(1e-3)
+    for text, value in ((".5e-3", 5e-4), ("1.e-3", 1e-3), ("2E+0", 2.0)):  # YAML 1.1 reads these as text too
+        assert load_config(overrides={"train.learning_rate": text}).train.learning_rate == pytest.approx(value)
 
 
 @pytest.mark.parametrize(

@@ -90,7 +90,6 @@ REFUSED = [
     ({"job.replicas": 2**32, "train.batch_size": 2**32}, BOTH, ["job.replicas: 42949672", "int32 (-2147483648..2147483647)"]),
     ({"kubernetes.backoff_limit": 2**31}, V1, ["kubernetes.backoff_limit: 2147483648 is out of range", "int32"]),
     ({"kubernetes.ttl_seconds_after_finished": 2**31}, V1, ["kubernetes.ttl_seconds_after_finished: 2147483648"]),
-    ({"kubernetes.min_available": 2**31}, V1, ["kubernetes.min_available: ", "2147483648"]),
     ({"kubernetes.active_deadline_seconds": 2**63}, BOTH, ["kubernetes.active_deadline_seconds", "9223372036854775808", "int64"]),
     ({"job.timeout_seconds": 2**63}, BOTH, ["job.timeout_seconds", "9223372036854775808", "int64"]),
 ]  # fmt: skip
@@ -128,6 +127,32 @@ ACCEPTED = [
     {"kubernetes.env": {"my.var-name": "1", "_X": "", "PET_MONITOR_INTERVAL": "1", "NCCL_DEBUG": "info"}},
     {"job.nccl_debug": "TRACE"},
     {"job.replicas": 4, "kubernetes.active_deadline_seconds": 31622400},  # the longest the config takes
+    # What the API server takes: an empty value beside valueFrom, the pod fields a variable may read,
+    # a signed integer for Gt/Lt.
+    {
+        "kubernetes.extra_env": [
+            {"name": "A", "value": "", "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}},
+            {"name": "B", "valueFrom": {"fieldRef": {"fieldPath": "metadata.labels['team']"}}},
+            {"name": "C", "valueFrom": {"fieldRef": {"fieldPath": "status.podIPs"}}},
+        ]
+    },
+    {
+        "kubernetes.affinity": {
+            "nodeAffinity": {
+                "requiredDuringSchedulingIgnoredDuringExecution": {
+                    "nodeSelectorTerms": [
+                        {
+                            "matchExpressions": [
+                                {"key": "gen", "operator": "Gt", "values": ["+5"]},
+                                {"key": "zone", "operator": "Exists"},
+                                {"key": "pool", "operator": "NotIn", "values": ["cpu"]},
+                            ]
+                        }
+                    ]
+                }
+            }
+        }
+    },
 ]
 
 

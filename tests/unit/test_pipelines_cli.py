@@ -155,6 +155,7 @@ PLAN_CONFIG_ROWS = [
     ("plan:\n  strict: true\n", [], "plan.strict: needs plan.enabled: true"),
     # A memory the named GPU does not have (less is a share of it: a MIG slice).
     ("plan:\n  gpu: A100-40GB\nkubernetes:\n  gpu_memory_gb: 80\n", [], "kubernetes.gpu_memory_gb: 80 GiB is more"),
+    ("plan:\n  gpu: H200\nkubernetes:\n  gpu_memory_gb: 144\n", [], "kubernetes.gpu_memory_gb: 144 GiB is more"),
     (None, ["--gpu", "A100-40GB", "--gpu-memory", "80"], "--gpu-memory: kubernetes.gpu_memory_gb: 80 GiB is more than"),
     (None, ["--config", "missing.yaml"], "--config missing.yaml: cannot read the config file"),
 ]

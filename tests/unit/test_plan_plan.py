@@ -286,3 +286,18 @@ def test_strict_says_what_it_could_not_check(capsys):
     assert capsys.readouterr().err == ""  # a GPU type: both predicted
     refuse_if_strict(cfg, make_plan(cfg), False)
     assert capsys.readouterr().err == ""  # not strict: nothing to say
+
+
+@pytest.mark.parametrize(
+    ("device", "gpu", "used"),
+    [
+        ("NVIDIA L40S", "L4", False),  # an L40S is no L4
+        ("NVIDIA L4", "L4", True),
+        ("NVIDIA H100 80GB HBM3", "H100", True),
+        ("cpu", None, False),  # a GPU plan by its memory alone: a CPU probe is not one
+    ],
+)
+def test_a_probe_counts_only_on_the_gpu_it_ran_on(device, gpu, used):
+    run = dataclasses.replace(probe(1.0), device=device)
+    plan = make_plan(gpt("ddp", 1), gpu=gpu, gpu_memory_gb=None if gpu else 40.0, probe=run)
+    assert any("its times are not used" in a for a in plan.assumptions) is not used

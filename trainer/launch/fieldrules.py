@@ -77,10 +77,11 @@ def _env_var(value: Any, key: Any) -> str | None:
             f"{name} is set in every replica by the job's operator or by torchrun (docs/cluster.md, the "
             "environment each replica gets); remove it"
         )
-    if "value" in value and "valueFrom" in value:
+    source = value.get("valueFrom")
+    if value.get("value") and source is not None:  # an empty value is none (the API server's rule)
         return f"{name} has both `value` and `valueFrom`: Kubernetes takes one; keep one"
-    sources = sorted(value.get("valueFrom") or {}) if isinstance(value.get("valueFrom"), dict) else []
-    if "valueFrom" in value and len(sources) != 1:
+    sources = sorted(source) if isinstance(source, dict) else []
+    if source is not None and len(sources) != 1:
         return f"{name}: `valueFrom` must have exactly one of {', '.join(_ENV_SOURCES)}, got {sources}"
     if name == "NCCL_DEBUG" and str(value.get("value", "")).upper() not in NCCL_DEBUG_LEVELS:
         return (
@@ -119,7 +120,7 @@ def _selector_requirement(value: Any, key: Any) -> str | None:
         return f"operator {op} needs a non-empty `values` list"
     if op in ("Exists", "DoesNotExist") and values:
         return f"operator {op} takes no `values`, got {k8s.show(values)}"
-    if op in ("Gt", "Lt") and not (len(values) == 1 and str(values[0]).lstrip("-").isdigit()):
+    if op in ("Gt", "Lt") and not (len(values) == 1 and re.fullmatch(r"[-+]?[0-9]+", str(values[0]))):
         return f"operator {op} needs one integer in `values`, got {k8s.show(values)}"
     return None
 

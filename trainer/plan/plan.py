@@ -37,6 +37,7 @@ import dataclasses
 import itertools
 import math
 import os
+import re
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -216,7 +217,8 @@ class Plan:
             gaps.append("memory (give a GPU type or its memory: --gpu / --gpu-memory, plan.gpu)")
         here = self.point(self.nodes)
         if cfg.job.timeout_seconds and (here is None or here.eta_seconds is None):
-            gaps.append("time against job.timeout_seconds (no step time predicted: give a GPU type, or --probe)")
+            how = "give a GPU type, or --probe" if self.capacity_bytes or cfg.kubernetes.gpus_per_node else "--probe"
+            gaps.append(f"time against job.timeout_seconds (no step time predicted: {how})")
         return gaps
 
     def metrics(self) -> dict[str, float]:
@@ -446,6 +448,14 @@ def _total_steps(cfg: Config, manifest: dict | None) -> int | None:
     return tc.epochs * max(1, items // tc.batch_size)
 
 
+def _probed_on(device: str, spec: GpuSpec | None) -> bool:
+    """Whether a probe on `device` (CUDA's name, or `cpu`) ran on the GPU type `spec` (None: on
+    some GPU); by whole words, so an L40S is no L4."""
+    if device == "cpu":
+        return False
+    return spec is None or spec.name.split("-")[0].upper() in re.split(r"[^A-Z0-9]+", device.upper())
+
+
 def make_plan(
     cfg: Config,
     *,
@@ -506,9 +516,10 @@ def make_plan(
     if cuda:
         assumptions.append(f"{GPU_OVERHEAD_BYTES / GiB:.1f} GiB per GPU for the CUDA context, NCCL and allocator slack")
     mfu = DEFAULT_MFU
-    if spec is not None and probe is not None and spec.name.split("-")[0] not in probe.device:
+    if probe is not None and cuda and not _probed_on(probe.device, spec):
         # Its compute and its data wait are another device's: neither is used for this one.
-        assumptions.append(f"the probe ran on {probe.device}, not the {spec.name}: its times are not used")
+        target_name = spec.name if spec is not None else "GPU"
+        assumptions.append(f"the probe ran on {probe.device}, not the {target_name}: its times are not used")
         probe_here = None
     else:
         probe_here = probe
@@ -523,7 +534,7 @@ def make_plan(
                 f"compute from the task's FLOPs at {mfu:.0%} MFU of the {spec.name}'s "
                 f"{spec.tflops(bf16):.0f} TFLOP/s {'bf16' if bf16 else 'fp32 (no TF32)'} peak"
             )
-    elif probe is not None:
+    elif probe_here is not None:
         assumptions.append(
             f"compute scaled from the probe's {probe.compute_seconds:.4g} s per step on {probe.world_size} rank(s), "
             f"per item; CPU ranks beyond the {os.cpu_count()} cores share them"
