@@ -124,6 +124,12 @@ _TASK_ONLY_FIELDS = {
 }
 
 
+def unread_by(task: str, field: str) -> bool:
+    """Whether the built-in `task` never reads `field` (another built-in task's own); a custom
+    task may read any."""
+    return task in BUILTIN_TASKS and any(field in fields for t, fields in _TASK_ONLY_FIELDS.items() if t != task)
+
+
 def ignored_settings(cfg: Config) -> list[str]:
     """A line for each field set away from its default that this run never reads: another built-in
     task's field, or a `lora.*` field without `train.method: lora`. Not errors (a config is often
@@ -133,12 +139,11 @@ def ignored_settings(cfg: Config) -> list[str]:
     changed = [field for field, _, _ in config_changes(to_dict(cfg))]
     lines = []
     for task, fields in _TASK_ONLY_FIELDS.items():
-        if cfg.task in BUILTIN_TASKS and cfg.task != task:
-            lines += [
-                f"{f}: set, but only task {task!r} reads it (task is {cfg.task!r}): no effect"
-                for f in fields
-                if f in changed
-            ]
+        lines += [
+            f"{f}: set, but only task {task!r} reads it (task is {cfg.task!r}): no effect"
+            for f in fields
+            if f in changed and unread_by(cfg.task, f)
+        ]
     if cfg.train.method != "lora":
         lines += [
             f"{f}: set, but LoRA is off (train.method {cfg.train.method!r}): no effect"

@@ -228,9 +228,13 @@ def check_resumable(
     not stream samples in memory with the world size in its order, so it cannot. `other` is the
     message's way out besides the checkpoint's values.
     """
+    from trainer.checks import unread_by
+
     old, new = _flat(saved), _flat(to_dict(cfg))
     changed = sorted(k for k in old.keys() | new.keys() if old.get(k) != new.get(k))
-    bad = [k for k in changed if k in INCOMPATIBLE_FIELDS]
+    # A field the checkpoint's record lacks came after it was written (it ran as the default
+    # does), and one the task never reads changes nothing it resumes.
+    bad = [k for k in changed if k in INCOMPATIBLE_FIELDS and k in old and not unread_by(cfg.task, k)]
     if bad:
         raise CheckpointError(
             "cannot resume: the checkpoint was written with a different "

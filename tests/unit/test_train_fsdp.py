@@ -36,22 +36,35 @@ def test_a_world_size_change_is_resumable_when_the_task_streams():
 
 
 @pytest.mark.parametrize(
-    ("field", "value"),
+    ("task", "field", "value"),
     [
-        ("data.source", "s3://bucket/other.csv"),
-        ("data.val_fraction", 0.45),
-        ("data.test_fraction", 0.3),
-        ("data.seed", 1),  # another split: the new test rows were trained on
-        ("data.max_bytes", 30_000),  # fewer items: the position ends past them
-        ("data.label_column", "target"),
-        ("data.text_field", "body"),
-        ("data.messages_field", "turns"),
-        ("data.tokenizer_sample_bytes", 1_000_000),
+        ("classification", "data.source", "s3://bucket/other.csv"),
+        ("classification", "data.val_fraction", 0.45),
+        ("classification", "data.test_fraction", 0.3),
+        ("classification", "data.seed", 1),  # another split: the new test rows were trained on
+        ("classification", "data.label_column", "target"),
+        ("causal_lm", "data.max_bytes", 30_000),  # fewer items: the position ends past them
+        ("causal_lm", "data.text_field", "body"),
+        ("causal_lm", "data.messages_field", "turns"),
+        ("causal_lm", "data.tokenizer_sample_bytes", 1_000_000),
     ],
 )
-def test_a_resume_on_other_prepared_data_is_refused_naming_the_field(field, value):
+def test_a_resume_on_other_prepared_data_is_refused_naming_the_field(task, field, value):
     """The data position counts items of the prepared data: another split, source or size of it
     would put test rows into training or index past its end (was: logged and resumed)."""
-    cfg = load_config()
+    cfg = load_config(overrides={"task": task})
+    changed = load_config(overrides={"task": task, field: value})
     with pytest.raises(CheckpointError, match=rf"cannot resume: .*{field.replace('.', '[.]')} \("):
-        check_resumable(to_dict(cfg), load_config(overrides={field: value}), 2, 2, streams=True)
+        check_resumable(to_dict(cfg), changed, 2, 2, streams=True)
+    other = "classification" if task == "causal_lm" else "causal_lm"
+    if field != "data.source" and "fraction" not in field and field != "data.seed":  # one task's own field
+        check_resumable(
+            to_dict(load_config(overrides={"task": other})),
+            load_config(overrides={"task": other, field: value}),
+            2,
+            2,
+            streams=True,
+        )
+    saved = to_dict(cfg)
+    del saved[field.split(".")[0]][field.split(".")[1]]  # a record from before the field existed
+    check_resumable(saved, changed, 2, 2, streams=True)
