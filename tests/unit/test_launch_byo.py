@@ -198,6 +198,7 @@ def test_a_local_path_is_refused_on_a_cluster_and_fine_locally(which, uri):
         ({"volume_mounts": [{"name": "data", "mountPath": "/dev/shm"}], "volumes": [PVC]}, "kftrain mounts its shared"),
         ({"volume_mounts": [{"name": "data", "mountPath": "/x", "subPath": "a/../../b"}], "volumes": [PVC]}, "'..'"),
         ({"volumes": [{**PVC, "emptyDir": {}}]}, "volumes[0]: must have one source"),
+        ({"env": {"KFTRAIN_NODE_NAME": "x"}}, "env.KFTRAIN_NODE_NAME: set by the Training Operator or the launcher"),
         ({"command": []}, "command: must be a non-empty list"),
         ({"image": ""}, "image: '' is not a container image"),
         ({"image": "user/img:1 "}, "image: 'user/img:1 ' is not a container image"),

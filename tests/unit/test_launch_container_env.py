@@ -85,3 +85,21 @@ def test_both_kinds_give_the_container_the_same_variables():
     differ = {"KFTRAIN_PYTORCHJOB_NAME", "KFTRAIN_TRAINJOB_NAME", "PYTHONUNBUFFERED"}
     strip = lambda env: [e for e in env if e["name"] not in differ]  # noqa: E731
     assert strip(pytorch["env"]) == strip(train["env"])
+
+
+def test_a_trainjob_does_not_override_a_user_s_variable_silently():
+    """Trainer v2 does not set PYTHONUNBUFFERED, so kftrain does: a user's value is refused, not replaced."""
+    cfg = load_config(overrides={"kubernetes.env": {"PYTHONUNBUFFERED": "0"}, "job.kind": "trainjob"})
+    with pytest.raises(ConfigError, match="kubernetes.env.PYTHONUNBUFFERED: sets PYTHONUNBUFFERED, which kftrain's"):
+        check_job_manifests(cfg)
+
+
+def test_a_credential_pair_may_come_from_two_secrets():
+    """The store Secret fills the key, kubernetes.extra_env the secret (another Secret): a whole pair."""
+    cfg = load_config(
+        overrides={
+            "kubernetes.store_secret_keys": {"accesskey": "AWS_ACCESS_KEY_ID"},
+            "kubernetes.extra_env": [{"name": "AWS_SECRET_ACCESS_KEY", **SECRET_REF}],
+        }
+    )
+    check_job_manifests(cfg)

@@ -37,6 +37,7 @@ from trainer.config import (
     check_plain_env,
 )
 from trainer.k8s_formats import env_name_problem, image_problem
+from trainer.launch.container_env import OWN_CONTAINER_ENV
 from trainer.launch.fieldrules import OPERATOR_ENV
 from trainer.launch.spec import JobSpec, require_object_store
 from trainer.storage import parse_uri
@@ -49,7 +50,13 @@ _SECRET_HINT = "the store_secret and store_secret_keys parameters map a Secret's
 
 
 #: What the operator, torchrun and this launcher set: a user value would be shadowed or would shadow them.
-RESERVED_ENV = OPERATOR_ENV | {"PYTHONUNBUFFERED", OUTPUT_URI_ENV, INPUT_URI_ENV, ENDPOINT_ENV}
+RESERVED_ENV = OPERATOR_ENV | {
+    "PYTHONUNBUFFERED",
+    OUTPUT_URI_ENV,
+    INPUT_URI_ENV,
+    ENDPOINT_ENV,
+    *OWN_CONTAINER_ENV,
+}
 
 
 def replica_uri(uri: str, what: str, cluster: bool) -> str:

@@ -12,8 +12,12 @@ from __future__ import annotations
 from typing import Any
 
 from trainer.config import HF_TOKEN, ConfigError
-from trainer.job_status import JOB_NAMESPACE_ENV
+from trainer.job_status import JOB_NAMESPACE_ENV, PYTORCHJOB_NAME_ENV, TRAINJOB_NAME_ENV
 from trainer.launch.spec import NODE_ENV, JobSpec
+
+#: The variables the container gets from its pod, whichever the job's kind (the job's name, its
+#: namespace, the node): a user's variable of the same name is refused.
+OWN_CONTAINER_ENV = (PYTORCHJOB_NAME_ENV, TRAINJOB_NAME_ENV, JOB_NAMESPACE_ENV, NODE_ENV)
 
 
 def _secret_ref(secret: str, key: str, optional: bool) -> dict[str, Any]:
@@ -29,8 +33,12 @@ def container_env(spec: JobSpec, job_name_env: str, job_name_label: str, plain: 
     spec's plain variables; `job_name_env` gets the job's name from the pod label `job_name_label`."""
     kc = spec.kubernetes
     sources: list[tuple[str, dict[str, Any]]] = []
-    for name, value in sorted({**spec.env, **(plain or {})}.items()):
-        where = f"kubernetes.env.{name}" if name in kc.env else "kftrain's own environment"
+    own = "kftrain's own environment"
+    named = [(n, v, f"kubernetes.env.{n}" if n in kc.env else own) for n, v in spec.env.items()]
+    named += [(n, v, own) for n, v in (plain or {}).items()]
+    for name, value, where in sorted(
+        named, key=lambda item: (item[0], item[2] != own)
+    ):  # ours first: the user's is named
         sources.append((where, {"name": name, "value": value}))
     if kc.store_secret:  # no Secret: the pods get their store access otherwise (workload identity)
         sources += [
@@ -38,7 +46,6 @@ def container_env(spec: JobSpec, job_name_env: str, job_name_label: str, plain: 
             for key, var in sorted(kc.store_secret_keys.items())
         ]
     # Where rank 0 reports progress (trainer/job_status.py) and the node a straggler runs on (trainer/health.py).
-    own = "kftrain's own environment"
     sources += [
         (own, {"name": job_name_env, "valueFrom": _field_ref(f"metadata.labels['{job_name_label}']")}),
         (own, {"name": JOB_NAMESPACE_ENV, "valueFrom": _field_ref("metadata.namespace")}),

@@ -15,7 +15,8 @@ def training_job(cfg: Config, name: str, dataset_uri: str, model_uri: str) -> Jo
     kc = cfg.kubernetes
     # What the Secret fills is what the replicas' store client reads (a custom image's, through the
     # pytorchjob component, may read other names): a half is refused now, not at the first request.
-    halves = credential_pair_problem(set(kc.store_secret_keys.values()).__contains__)
+    filled = {*kc.store_secret_keys.values(), *(e.get("name") for e in kc.extra_env)}  # a pair from two Secrets too
+    halves = credential_pair_problem(filled.__contains__)
     if kc.store_secret and halves is not None:
         raise ConfigError(
             f"kubernetes.store_secret_keys: must fill a key and its secret ({halves or 'it fills neither'}), e.g. "
