@@ -34,15 +34,16 @@ def _replace_problem(path: Path) -> str | None:
             if not parent.is_dir():
                 return f"{parent} is not a folder"
             break
-    if path.is_symlink():
-        return f"{path} is a link (the compile writes only its own files)"
+    if path.is_symlink() or path.parent.is_symlink():
+        link = path if path.is_symlink() else path.parent
+        return f"{link} is a link (the compile writes only its own files, in the output folder)"
     if not path.exists():
         return None
     if not path.is_file():
         return f"{path} is not a regular file"
     with open(path, "rb") as f:
-        first = f.readline(len(KFP_HEADER) + 1)
-    if first != KFP_HEADER.encode():
+        first = f.readline(len(KFP_HEADER) + 2)
+    if first.rstrip(b"\r\n") != KFP_HEADER.strip().encode():  # a checkout may end lines with CRLF
         return f"{path} is not a compiled pipeline (its first line is not {KFP_HEADER.strip()!r})"
     return None
 

@@ -130,6 +130,11 @@ def _obstacle(out: Path, kind: str) -> str:
         (out.parent / "outside.txt").write_text("precious\n")
         (out / "training_pipeline.yaml").symlink_to(out.parent / "outside.txt")
         return "training_pipeline.yaml is a link"
+    if kind == "linked folder":
+        (out / "components").rmdir()
+        (out.parent / "elsewhere").mkdir()
+        (out / "components").symlink_to(out.parent / "elsewhere")
+        return "components is a link"
     if kind == "folder":
         (out / "training_pipeline.yaml").mkdir()
         return "training_pipeline.yaml is not a regular file"
@@ -146,7 +151,7 @@ def _tree(root: Path) -> dict[str, str]:
     }
 
 
-@pytest.mark.parametrize("kind", ["user file", "link", "folder", "a file where a folder goes"])
+@pytest.mark.parametrize("kind", ["user file", "link", "linked folder", "folder", "a file where a folder goes"])
 def test_compile_replaces_only_its_own_earlier_output_and_writes_nothing_when_refused(tmp_path, kind):
     out = tmp_path / "out"
     named = _obstacle(out, kind)
@@ -157,3 +162,10 @@ def test_compile_replaces_only_its_own_earlier_output_and_writes_nothing_when_re
     fresh = compile_all(tmp_path / "fresh")
     assert compile_all(tmp_path / "fresh") == fresh  # an earlier compile's files are replaced
     assert not list((tmp_path / "fresh").glob(".kftrain-compile-*"))
+
+
+def test_an_earlier_compile_with_crlf_line_ends_is_replaced(tmp_path):
+    """A checkout with `core.autocrlf` ends the committed files' lines with CRLF: still the compile's own."""
+    paths = compile_all(tmp_path)
+    paths[0].write_bytes(paths[0].read_bytes().replace(b"\n", b"\r\n"))
+    assert compile_all(tmp_path) == paths
