@@ -256,7 +256,8 @@ def run_scope(run_id: str, grace_s: float = 10.0) -> Iterator[str]:
     marker = f"{run_id}-{secrets.token_hex(4)}"
 
     def on_signal(signum: int, frame: Any) -> None:
-        signal.signal(signum, signal.SIG_IGN)  # a second Ctrl-C must not interrupt the cleanup
+        for sig in (signal.SIGTERM, signal.SIGINT):  # a second signal, of either kind, must not interrupt the cleanup
+            signal.signal(sig, signal.SIG_IGN)
         print(f"\nkftrain: {signal.Signals(signum).name}: stopping every process of run {run_id}", file=sys.stderr)
         stop_marked(marker, RUN_MARKER_ENV, grace_s)
         raise RunStopped(signum)

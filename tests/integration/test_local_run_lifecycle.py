@@ -188,3 +188,19 @@ def test_killing_the_cli_stops_the_run_and_run_id_resumes_it_bitwise(tmp_path, r
     assert time.monotonic() - t0 < 30
     assert "had already finished; nothing to do" in out and "configure started" not in out
     assert again["artifacts"] == summary["artifacts"]
+
+
+def test_a_second_signal_of_either_kind_does_not_interrupt_the_stop():
+    """SIGTERM, then Ctrl-C while the run's processes stop: the second is ignored (was: a second
+    stop banner, and the run ended 'stopped by SIGINT')."""
+    from pipelines.local_run import RunStopped, run_scope
+
+    before = (signal.getsignal(signal.SIGTERM), signal.getsignal(signal.SIGINT))
+    with pytest.raises(RunStopped) as stopped, run_scope("r-signals", grace_s=0.1):
+        try:
+            signal.getsignal(signal.SIGTERM)(signal.SIGTERM, None)
+        finally:
+            during = (signal.getsignal(signal.SIGTERM), signal.getsignal(signal.SIGINT))
+    assert stopped.value.signum == signal.SIGTERM
+    assert during == (signal.SIG_IGN, signal.SIG_IGN)
+    assert (signal.getsignal(signal.SIGTERM), signal.getsignal(signal.SIGINT)) == before  # restored after
