@@ -212,7 +212,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
 def _cmd_runs(args: argparse.Namespace) -> int:
     import json
 
-    from trainer.runs import list_runs, runs_as_json, runs_table, stores_under
+    from trainer.runs import LOCAL_RUNS, list_runs, runs_as_json, runs_table, stores_under
     from trainer.storage import (
         CHECK_BUDGET_S,
         StoreError,
@@ -245,6 +245,9 @@ def _cmd_runs(args: argparse.Namespace) -> int:
     elif not runs:
         nested = stores_under(store, root)
         hint = f"; it holds stores with runs: pass one as --store: {', '.join(nested[:5])}" if nested else ""
+        parent, _, last = root.rstrip("/").rpartition("/")
+        if not hint and last == LOCAL_RUNS and parent and list_runs(store, parent):
+            hint = f"; the store is the folder that holds {LOCAL_RUNS}/: pass --store {parent}"
         print(f"no runs under {root}{hint}")
     else:
         print(runs_table(runs))

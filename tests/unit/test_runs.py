@@ -218,6 +218,9 @@ def test_a_parent_of_stores_lists_no_runs_and_names_the_stores(runs, tmp_path, c
         f"{tmp_path / 'parent' / 'exp'}, {tmp_path / 'parent' / 'x'}"
     )
     assert {"old", "kfprun/train-1"} <= {r.name for r in list_runs(LocalStore(), str(tmp_path / "parent" / "exp"))}
+    # One level too deep, in the store's own runs/ folder: the hint names the store.
+    assert cli(["runs", "--store", str(tmp_path / "parent" / "exp" / "runs")]) == 0
+    assert capsys.readouterr().out.strip().endswith(f"holds runs/: pass --store {tmp_path / 'parent' / 'exp'}")
 
 
 def test_runs_lists_complete_checkpoints_only_and_shows_what_a_record_holds_safely(runs, tmp_path, capsys):
