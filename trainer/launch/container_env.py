@@ -36,9 +36,8 @@ def container_env(spec: JobSpec, job_name_env: str, job_name_label: str, plain: 
     own = "kftrain's own environment"
     named = [(n, v, f"kubernetes.env.{n}" if n in kc.env else own) for n, v in spec.env.items()]
     named += [(n, v, own) for n, v in (plain or {}).items()]
-    for name, value, where in sorted(
-        named, key=lambda item: (item[0], item[2] != own)
-    ):  # ours first: the user's is named
+    # By name, kftrain's own before a user's of the same name: the error then names the user's.
+    for name, value, where in sorted(named, key=lambda item: (item[0], item[2] != own)):
         sources.append((where, {"name": name, "value": value}))
     if kc.store_secret:  # no Secret: the pods get their store access otherwise (workload identity)
         sources += [
