@@ -2,6 +2,8 @@
 
 import io
 
+import pytest
+
 from pipelines.console import StepConsole
 
 # What kfp.local writes for a step that succeeds and one that fails (colours as it sends them).
@@ -142,20 +144,6 @@ TRAINING_BUG = """\
 """
 
 
-def test_replicas_tracebacks_show_their_error_and_torchruns_report_stays_in_the_log():
-    console, log, out, err = run(TRAINING_BUG)
-    assert [line for line in out.splitlines() if line.startswith("  [")] == [
-        "  [master-0] [rank 0] 15:00:01 step 20/40 epoch 1 loss 1.5",
-        "  [worker-0] KeyError: 'label'",
-        "  [worker-0] ValueError: label 11 is not one of the task's 10 classes",
-        "  [master-0] [rank 0] 15:00:02 a collective failed or timed out",
-        # torch's `[rankN]:` prefix on two workers' interleaved tracebacks: each shows its error only
-        "  [master-0] [rank0]: RuntimeError: DefaultCPUAllocator: can't allocate memory",
-        "  [master-0] [rank1]: RuntimeError: DefaultCPUAllocator: can't allocate memory",
-    ]
-    assert "ChildFailedError" in log and "File " in log and "Root Cause" in log  # all of it in the full log
-
-
 # Two processes of one replica without torch's rank prefix: their tracebacks interleave, and a
 # third process's line falls between the frames.
 INTERLEAVED = """\
@@ -177,15 +165,39 @@ INTERLEAVED = """\
 """
 
 
-def test_interleaved_tracebacks_of_one_replica_show_each_error_and_no_frame():
-    console, log, out, err = run(INTERLEAVED)
-    assert [line for line in out.splitlines() if line.startswith("  [")] == [
-        "  [node-0-0] 15:00:03 rank 2 waits for its peers",
-        "  [node-0-0] OSError: [Errno 28] No space left on device",
-        "  [node-0-0] KeyboardInterrupt",
-        "  [node-0-0] 15:00:04 rank 2 stops",
-    ]
-    assert log.count("File ") == 2
+@pytest.mark.parametrize(
+    ("text", "shown", "in_log"),
+    [
+        (
+            TRAINING_BUG,
+            [
+                "  [master-0] [rank 0] 15:00:01 step 20/40 epoch 1 loss 1.5",
+                "  [worker-0] KeyError: 'label'",
+                "  [worker-0] ValueError: label 11 is not one of the task's 10 classes",
+                "  [master-0] [rank 0] 15:00:02 a collective failed or timed out",
+                # torch's `[rankN]:` prefix on two workers' interleaved tracebacks: each shows its error only
+                "  [master-0] [rank0]: RuntimeError: DefaultCPUAllocator: can't allocate memory",
+                "  [master-0] [rank1]: RuntimeError: DefaultCPUAllocator: can't allocate memory",
+            ],
+            ["ChildFailedError", "File ", "Root Cause"],
+        ),
+        (
+            INTERLEAVED,
+            [
+                "  [node-0-0] 15:00:03 rank 2 waits for its peers",
+                "  [node-0-0] OSError: [Errno 28] No space left on device",
+                "  [node-0-0] KeyboardInterrupt",
+                "  [node-0-0] 15:00:04 rank 2 stops",
+            ],
+            ['File "/app/trainer/train.py"', "~~~~~~~~~~~~^^^^^"],
+        ),
+    ],
+    ids=["torchrun-report", "interleaved-without-prefix"],
+)
+def test_replicas_tracebacks_show_their_error_lines_only_and_the_log_keeps_everything(text, shown, in_log):
+    console, log, out, err = run(text)
+    assert [line for line in out.splitlines() if line.startswith("  [")] == shown
+    assert all(part in log for part in in_log)  # all of it in the full log
 
 
 class ClosedAfter(io.StringIO):
