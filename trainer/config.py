@@ -1099,6 +1099,16 @@ class Config:
             f"must be at most the job's pods (job.replicas: {self.job.replicas}): a gang scheduler never admits "
             "a job that waits for more pods than it has",
         )
+        if self.job.kind == "trainjob":  # its runtime patch keys a container's mounts by volume name
+            mounted = [m.get("name") for m in self.kubernetes.volume_mounts]
+            again = next((i for i, name in enumerate(mounted) if name in mounted[:i]), None)
+            _require(
+                again is None,
+                f"kubernetes.volume_mounts[{again}].name",
+                mounted[again] if again is not None else None,
+                "mounts a volume a second time, which a TrainJob's runtime patch cannot (it keys mounts by volume "
+                "name): mount it once, at a parent folder, or use job.kind: pytorchjob",
+            )
         gpus = self.kubernetes.gpus_per_node
         _require(
             gpus in (0, self.job.nproc_per_node),

@@ -71,6 +71,11 @@ def test_yaml_file_maps_onto_the_tree(tmp_path):
             "kubernetes:\n  min_available: 3\n",
             "kubernetes.min_available: must be at most the job's pods (job.replicas: 2)",
         ),
+        (
+            "job:\n  kind: trainjob\nkubernetes:\n  volumes: [{name: d, emptyDir: {}}]\n"
+            "  volume_mounts: [{name: d, mountPath: /a, subPath: a}, {name: d, mountPath: /b, subPath: b}]\n",
+            "kubernetes.volume_mounts[1].name: mounts a volume a second time, which a TrainJob's runtime patch cannot",
+        ),
         ("job:\n  kind: podjob\n", "job.kind: must be one of ('pytorchjob', 'trainjob', 'auto'), got 'podjob'"),
         ("export:\n  max_shard_bytes: 0\n", "export.max_shard_bytes: must be positive, got 0"),
         (
