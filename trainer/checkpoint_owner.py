@@ -106,8 +106,9 @@ def objects_by_step(store: ObjectStore, prefix: str) -> dict[int, list[str]]:
 
 def written_by_a_checkpoint(prefix: str, uri: str) -> bool:
     """Whether `uri` (in a step folder under `prefix`) is an object a checkpoint writer creates."""
-    m = STEP_DIR.match(uri[len(prefix.rstrip("/")) :])
-    return m is not None and _WRITTEN_NAME.fullmatch(uri[len(prefix.rstrip("/")) + m.end() :]) is not None
+    rel = uri[len(prefix.rstrip("/")) :]
+    m = STEP_DIR.match(rel)
+    return m is not None and _WRITTEN_NAME.fullmatch(rel[m.end() :]) is not None
 
 
 def committed(by_step: dict[int, list[str]]) -> list[int]:

@@ -1172,7 +1172,8 @@ def _type_name(tp: Any) -> str:
     return getattr(tp, "__name__", None) or str(tp).replace("typing.", "")
 
 
-#: A number in exponent notation without a '.', which PyYAML reads as a string (YAML 1.1).
+#: A number in exponent notation that PyYAML (YAML 1.1) reads as a string: `1e-3`, `.5e-3`, `1.0e3`
+#: (its float needs a '.' and a signed exponent).
 _EXPONENT_FLOAT = re.compile(r"[-+]?((0|[1-9][0-9]*)(\.[0-9]*)?|\.[0-9]+)[eE][-+]?[0-9]+")
 
 
@@ -1227,9 +1228,12 @@ def _convert(value: Any, tp: Any, path: str) -> Any:
         return value
     if tp is str:
         if isinstance(value, int | float | datetime.date):  # YAML's reading of unquoted text (bool too)
-            kind, written = ("boolean", str(value).lower()) if isinstance(value, bool) else ("number", value)
-            if isinstance(value, datetime.date):
+            if isinstance(value, bool):
+                kind, written = "boolean", str(value).lower()
+            elif isinstance(value, datetime.date):
                 kind, written = "date", value.isoformat()
+            else:
+                kind, written = "number", value
             quoted = "quote it" if path.startswith(_UNSHOWN_VALUES) else f"write '{written}'"
             _require(False, path, value, f"must be a string (YAML reads it unquoted as a {kind}: {quoted})")
         _require(isinstance(value, str), path, value, "must be a string")

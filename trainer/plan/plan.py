@@ -526,9 +526,9 @@ def make_plan(
     if spec is not None:
         if probe_here is not None and model.shape.flops_per_item:
             flops = model.shape.flops_per_item * model.shape.items_per_sample
-            measured = flops * _items_per_rank_step(cfg, probe.world_size) / probe.compute_seconds
+            measured = flops * _items_per_rank_step(cfg, probe_here.world_size) / probe_here.compute_seconds
             mfu = measured / (spec.tflops(bf16) * 1e12)
-            assumptions.append(f"MFU {mfu:.2f} measured by the probe on {probe.device}")
+            assumptions.append(f"MFU {mfu:.2f} measured by the probe on {probe_here.device}")
         else:
             assumptions.append(
                 f"compute from the task's FLOPs at {mfu:.0%} MFU of the {spec.name}'s "
@@ -536,7 +536,8 @@ def make_plan(
             )
     elif probe_here is not None:
         assumptions.append(
-            f"compute scaled from the probe's {probe.compute_seconds:.4g} s per step on {probe.world_size} rank(s), "
+            f"compute scaled from the probe's {probe_here.compute_seconds:.4g} s per step on {probe_here.world_size} "
+            "rank(s), "
             f"per item; CPU ranks beyond the {os.cpu_count()} cores share them"
         )
     else:
