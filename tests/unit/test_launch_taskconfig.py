@@ -187,6 +187,10 @@ CASES = {
                 {"name": "KFTRAIN_POD_UID", "valueFrom": {"fieldRef": {"fieldPath": "metadata.uid"}}},
                 {"name": "OMP_NUM_THREADS", "value": "8"},
                 {"name": "MASTER_ADDR", "value": "elsewhere"},
+                # torchrun's per-process variables and the replica's own node: never the launcher's
+                {"name": "LOCAL_RANK", "value": "3"},
+                {"name": "TORCHELASTIC_RUN_ID", "value": "launcher"},
+                {"name": "KFTRAIN_NODE_NAME", "valueFrom": {"fieldRef": {"fieldPath": "spec.nodeName"}}},
             ]
         },
         {"extra_env": []},

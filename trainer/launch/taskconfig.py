@@ -24,33 +24,17 @@ from typing import Any
 
 from trainer.config import HF_TOKEN, Config, ConfigError
 from trainer.errors import KftrainError
-from trainer.job_status import JOB_NAMESPACE_ENV, PYTORCHJOB_NAME_ENV, TRAINJOB_NAME_ENV
-from trainer.launch.spec import NODE_ENV, POD_NAME_ENV, POD_UID_ENV
+from trainer.launch.container_env import OWN_CONTAINER_ENV
+from trainer.launch.fieldrules import OPERATOR_ENV
+from trainer.launch.spec import POD_NAME_ENV, POD_UID_ENV
 
 #: The keys of the driver's TaskConfig JSON.
 TASK_CONFIG_KEYS = ("affinity", "tolerations", "nodeSelector", "env", "volumes", "volumeMounts", "resources")
 #: Resources kftrain sets on a replica, and the `kubernetes` field each one fills.
 RESOURCE_FIELDS = {"cpu": "cpu", "memory": "memory", "nvidia.com/gpu": "gpus_per_node"}
 #: Variables the launcher pod has that would be wrong on a replica: they name the launcher pod
-#: (owner of the job), or are set on the replicas by kftrain or the operator themselves.
-_NOT_PASSED = {
-    POD_NAME_ENV,
-    POD_UID_ENV,
-    PYTORCHJOB_NAME_ENV,
-    TRAINJOB_NAME_ENV,
-    JOB_NAMESPACE_ENV,
-    NODE_ENV,
-    "PYTHONUNBUFFERED",
-    "MASTER_ADDR",
-    "MASTER_PORT",
-    "RANK",
-    "WORLD_SIZE",
-    "PET_MASTER_ADDR",
-    "PET_MASTER_PORT",
-    "PET_NODE_RANK",
-    "PET_NNODES",
-    "PET_NPROC_PER_NODE",
-}
+#: (owner of the job), or are set on the replicas by kftrain, the operator or torchrun themselves.
+_NOT_PASSED = {POD_NAME_ENV, POD_UID_ENV, "PYTHONUNBUFFERED", *OWN_CONTAINER_ENV, *OPERATOR_ENV}
 
 
 class TaskConfigError(KftrainError, ValueError):
