@@ -129,7 +129,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
             "leave out one of them"
         )
     args.output_dir = args.output_dir or DEFAULT_LOCAL_ROOT
-    run_id = check_run_id(args.run_id or new_run_id())
+    run_id = check_run_id(new_run_id() if args.run_id is None else args.run_id)  # `--run-id ''`: refused
     if args.run_id and not run_started(cfg, run_id, args.output_dir):
         where = store if cfg.store.uri else f"--output-dir {args.output_dir}"
         print(
@@ -659,7 +659,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument(
         "--run-id",
-        default="",
+        default=None,
         help="continue run ID from its latest checkpoint (nothing to do if it finished); default: a new run",
     )
     p.add_argument(

@@ -30,12 +30,14 @@ from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
-from trainer.config import Config, ConfigError, config_to_json
-from trainer.errors import KftrainError
-from trainer.storage import ObjectNotFound, StoreError, join_uri, parse_uri
+from trainer.config import Config, ConfigError, config_to_json, flatten_config, to_dict
+from trainer.errors import KftrainError, redact
+from trainer.storage import CorruptObject, ObjectNotFound, StoreError, join_uri, parse_uri, read_json
 
 DEFAULT_LOCAL_ROOT = "kftrain-outputs"
 RUN_RECORD = "run.json"
+#: Beside the run record, written at a run's first start: where the run keeps its checkpoints.
+STARTED_RECORD = "started.json"
 _RUN_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,62}")
 
 
@@ -81,27 +83,42 @@ def with_run_checkpoints(cfg: Config, run_id: str, local_root: str = DEFAULT_LOC
 
 
 def check_own_checkpoint(cfg: Config, run_id: str, local_root: str = DEFAULT_LOCAL_ROOT) -> None:
-    """A run continuing from a checkpoint of its own (`--run-id`, in its own prefix) continues it
-    with a config that can: refused before any step, as `checkpoint.resume_from` is (was: found in
-    the train step, after data prep). A prefix the user chose (`checkpoint.uri`) is not the run's
-    own: its owner check and the trainer's speak for it. A config that would not read the
-    checkpoint (checkpoints or resuming off) is refused too: the run would train from the start."""
-    if cfg.checkpoint.uri:
-        return
+    """A run continuing from a checkpoint of its own (`--run-id`) continues it with a config that
+    can: refused before any step, as `checkpoint.resume_from` is (was: found in the train step,
+    after data prep). Its checkpoints are where its first start put them (:data:`STARTED_RECORD`;
+    a run that predates the record: its own prefix). A config that would not read them is refused:
+    checkpoints or resuming off, or `checkpoint.uri` pointing elsewhere (was: silently trained from
+    the beginning). A prefix the user chose is checked by its owner check and the trainer's."""
     from trainer.checkpoint_owner import latest_complete
     from trainer.checks import check_continues
     from trainer.pipeline_steps import store_for
     from trainer.storage import CHECK_BUDGET_S, check_deadline
 
-    prefix = with_run_checkpoints(cfg, run_id, local_root).checkpoint.uri
+    now = with_run_checkpoints(cfg, run_id, local_root).checkpoint.uri
+    started = join_uri(run_root(cfg, run_id, local_root), STARTED_RECORD)
     try:
         with check_deadline(CHECK_BUDGET_S):
+            try:
+                prefix = read_json(store_for(cfg, started), started).get("checkpoint_uri")
+            except (ObjectNotFound, CorruptObject, AttributeError):
+                prefix = None
+            if not isinstance(prefix, str) or not prefix:
+                prefix = join_uri(run_root(cfg, run_id, local_root), "checkpoints")
+            if cfg.checkpoint.uri and prefix == now:
+                return  # the user's prefix, as at its start
             latest = latest_complete(store_for(cfg, prefix), prefix)
     except StoreError:
         return  # the pre-flight's store check says what is wrong
     if latest is None:
         return  # nothing to continue
     step, record = latest
+    if prefix != now:
+        raise ConfigError(
+            f"--run-id {run_id}: its checkpoint of step {step} is in {redact(prefix)}, but checkpoint.uri now "
+            f"says {redact(now) if cfg.checkpoint.uri else '(unset: the run folder)'}, where the run would train "
+            f"from the beginning: set checkpoint.uri: {redact(prefix)} to continue it, or start a new run "
+            "(without --run-id)"
+        )
     off = next((f"checkpoint.{k}" for k in ("enabled", "resume") if not getattr(cfg.checkpoint, k)), "")
     if off:
         raise ConfigError(
@@ -114,6 +131,17 @@ def check_own_checkpoint(cfg: Config, run_id: str, local_root: str = DEFAULT_LOC
         check_continues(cfg, record, "start a new run (without --run-id)")
     except KftrainError as exc:
         raise ConfigError(f"--run-id {run_id}: its checkpoint of step {step} ({prefix}): {exc}") from None
+
+
+def record_started(cfg: Config, run_id: str, local_root: str = DEFAULT_LOCAL_ROOT) -> None:
+    """Note where run `run_id` keeps its checkpoints (`cfg` is its effective config), once, at its
+    first start: a later start with another `checkpoint.uri` is refused (:func:`check_own_checkpoint`)."""
+    from trainer.pipeline_steps import store_for
+
+    uri = join_uri(run_root(cfg, run_id, local_root), STARTED_RECORD)
+    store = store_for(cfg, uri)
+    if not store.exists(uri):
+        store.put_bytes(uri, json.dumps({"run_id": run_id, "checkpoint_uri": cfg.checkpoint.uri}).encode())
 
 
 def claim_run_checkpoints(cfg: Config) -> None:
@@ -156,12 +184,16 @@ def keep_log(cfg: Config, uri: str, path: Path) -> str:
     return uri
 
 
-def finished_run(cfg: Config, run_id: str, local_root: str = DEFAULT_LOCAL_ROOT) -> dict[str, Any] | None:
+def finished_run(
+    cfg: Config, run_id: str, local_root: str = DEFAULT_LOCAL_ROOT, gates: dict[str, float] | None = None
+) -> dict[str, Any] | None:
     """The summary of run `run_id` if it finished, else None; CorruptObject naming the record
-    when it says finished without a summary of the form :func:`run_local` writes. Within the
-    store check's time limit: an unreachable store fails as fast as the pre-flight would."""
+    when it says finished without a summary of the form :func:`run_local` writes, ConfigError
+    when it finished with another config or quality gate than `cfg` and `gates`
+    (:func:`check_same_run`). Within the store check's time limit: an unreachable store fails as
+    fast as the pre-flight would."""
     from trainer.pipeline_steps import store_for
-    from trainer.storage import CHECK_BUDGET_S, CorruptObject, check_deadline, read_json
+    from trainer.storage import CHECK_BUDGET_S, check_deadline
 
     uri = join_uri(run_root(cfg, run_id, local_root), RUN_RECORD)
     try:
@@ -179,7 +211,38 @@ def finished_run(cfg: Config, run_id: str, local_root: str = DEFAULT_LOCAL_ROOT)
             f"{uri} says run {run_id} finished but holds no summary of it (artifacts, metrics, exported, "
             "quality_gate): it is damaged; delete it to run the run again from its checkpoints"
         )
+    check_same_run(record, cfg, gates or {}, run_id)
     return summary
+
+
+def check_same_run(record: dict[str, Any], cfg: Config, gates: dict[str, float], run_id: str) -> None:
+    """A finished run's summary stands for the config and quality gate it ran with: asked for
+    again with others (another `max_steps`, task or `--min-accuracy`), ConfigError naming each
+    difference, rather than that summary under the new settings (was: printed as if it were
+    theirs). A record that predates these fields is not compared."""
+    ran = record.get("config")
+    changed: list[str] = []
+    if isinstance(ran, dict):
+        old, new = flatten_config(ran), flatten_config(to_dict(cfg))
+        changed = [
+            f"{k} {old.get(k)!r} (now {new.get(k)!r})"
+            for k in sorted(old.keys() | new.keys())
+            if old.get(k) != new.get(k)
+        ]
+    ran_gates = record.get("gates")
+    if isinstance(ran_gates, dict):
+        changed += [
+            f"--{k.replace('_', '-')} {ran_gates.get(k)!r} (now {v!r})"
+            for k, v in gates.items()
+            if ran_gates.get(k) != v
+        ]
+    if changed:
+        shown = "; ".join(changed[:5]) + (f"; and {len(changed) - 5} more" if len(changed) > 5 else "")
+        raise ConfigError(
+            f"--run-id {run_id}: that run finished with other settings: {redact(shown)}. Its results are for "
+            "those: give the config and flags it ran with to see them again, or start a new run (without "
+            f"--run-id; `checkpoint.resume_from: {run_id}` starts it from this run's last checkpoint)"
+        )
 
 
 def is_summary(summary: Any) -> bool:
@@ -231,12 +294,22 @@ def run_started(cfg: Config, run_id: str, local_root: str = DEFAULT_LOCAL_ROOT) 
         return True
 
 
-def record_finished(cfg: Config, run_id: str, summary: dict[str, Any], local_root: str = DEFAULT_LOCAL_ROOT) -> str:
-    """Write the run record that marks run `run_id` finished (the last thing a run writes)."""
+def record_finished(
+    cfg: Config,
+    run_id: str,
+    summary: dict[str, Any],
+    local_root: str = DEFAULT_LOCAL_ROOT,
+    given: Config | None = None,
+    gates: dict[str, float] | None = None,
+) -> str:
+    """Write the run record that marks run `run_id` finished (the last thing a run writes): its
+    summary, and the config (`given`: as the user gave it) and quality `gates` it ran with."""
     from trainer.pipeline_steps import store_for
 
     uri = join_uri(run_root(cfg, run_id, local_root), RUN_RECORD)
     record = {"run_id": run_id, "status": "finished", "finished_unix_time": time.time(), "summary": summary}
+    if given is not None:
+        record |= {"config": to_dict(given), "gates": gates or {}}
     store_for(cfg, uri).put_bytes(uri, json.dumps(record, indent=2, sort_keys=True).encode())
     return uri
 
@@ -315,16 +388,18 @@ def run_local(
     ``"already_finished": True``.
     """
     run_id = check_run_id(run_id or new_run_id())
-    done = finished_run(cfg, run_id, local_root)
+    given, gates = cfg, {"min_accuracy": min_accuracy, "max_perplexity": max_perplexity}
+    done = finished_run(cfg, run_id, local_root, gates)
     if done is not None:  # nothing runs, so nothing else is checked: not even what it resumed from
         return {**done, "already_finished": True}
     cfg = preflight(own_checkpoints_first(cfg, run_id, local_root), local_root)
     check_own_checkpoint(cfg, run_id, local_root)
     cfg = with_run_checkpoints(cfg, run_id, local_root)
     claim_run_checkpoints(cfg)
+    record_started(cfg, run_id, local_root)
     on_start()
     summary = {**_run_pipeline(cfg, local_root, min_accuracy, max_perplexity), "run_id": run_id}
-    record_finished(cfg, run_id, summary, local_root)
+    record_finished(cfg, run_id, summary, local_root, given, gates)
     return summary
 
 

@@ -1287,6 +1287,17 @@ def to_dict(cfg: Any) -> dict[str, Any]:
     return dataclasses.asdict(cfg)
 
 
+def flatten_config(tree: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+    """A config's plain mapping (:func:`to_dict`) by dotted field name (`train.max_steps`)."""
+    out: dict[str, Any] = {}
+    for key, value in tree.items():
+        if isinstance(value, dict):
+            out.update(flatten_config(value, f"{prefix}{key}."))
+        else:
+            out[f"{prefix}{key}"] = value
+    return out
+
+
 #: Largest config text kftrain reads: a config is a few kilobytes; this bounds parsing time and memory.
 MAX_CONFIG_BYTES = 1 << 20
 #: Deepest nesting of mappings and lists in a config (free-form affinity needs about ten levels).

@@ -32,6 +32,10 @@ LOCAL_RUNS = "runs"
 #: What marks a local run finished, and a KFP task's training ended.
 RUN_RECORD, TRAINING_RECORD = "run.json", "training.json"
 _COMMIT = re.compile(r"^(?P<prefix>.+)/step-(?P<step>\d{8})/COMMIT\.json$")
+#: The folder kfp.local gives each start of `kftrain run --local` under its output folder
+#: (`<pipeline name>-<start time>`, pipelines/training.py's name): an attempt of the run listed
+#: under `runs/<run id>`, not a KFP run of its own.
+KFP_LOCAL_ATTEMPT = re.compile(r"kftrain-training-\d{4}(-\d\d){5}-\d{6}")
 _STEP_FOLDER = re.compile(r"/step-(\d{8})$")
 
 
@@ -66,8 +70,8 @@ def _where(rel: str) -> tuple[str, str] | None:
     parts = rel.split("/")
     if parts[0] == LOCAL_RUNS and len(parts) >= 3:
         return parts[1], ""
-    if len(parts) >= 4 and parts[2] == "model":  # what a run of a store holds of its training: the model's
-        return parts[0], parts[1]
+    if len(parts) >= 4 and parts[2] == "model" and not KFP_LOCAL_ATTEMPT.fullmatch(parts[0]):
+        return parts[0], parts[1]  # what a run of a store holds of its training: the model's
     return None
 
 

@@ -32,7 +32,7 @@ from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_
 from trainer import exit_codes
 from trainer.checkpoint import CheckpointError, CheckpointManager, step_dir
 from trainer.checkpoint_owner import checkpoint_owner, checkpoint_prefix
-from trainer.config import Config, best_metric, config_from_json, to_dict
+from trainer.config import Config, best_metric, config_from_json, flatten_config, to_dict
 from trainer.consolidate import consolidate
 from trainer.distributed import (
     DistEnv,
@@ -201,16 +201,6 @@ INCOMPATIBLE_FIELDS = (
 )
 
 
-def _flat(tree: dict[str, Any], prefix: str = "") -> dict[str, Any]:
-    out: dict[str, Any] = {}
-    for key, value in tree.items():
-        if isinstance(value, dict):
-            out.update(_flat(value, f"{prefix}{key}."))
-        else:
-            out[f"{prefix}{key}"] = value
-    return out
-
-
 def check_resumable(
     saved: dict[str, Any],
     cfg: Config,
@@ -230,7 +220,7 @@ def check_resumable(
     """
     from trainer.checks import unread_by
 
-    old, new = _flat(saved), _flat(to_dict(cfg))
+    old, new = flatten_config(saved), flatten_config(to_dict(cfg))
     changed = sorted(k for k in old.keys() | new.keys() if old.get(k) != new.get(k))
     # A field the checkpoint's record lacks came after it was written (it ran as the default
     # does), and one the task never reads changes nothing it resumes.

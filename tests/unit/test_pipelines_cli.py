@@ -49,6 +49,7 @@ CLI_ROWS = [
     (None, ["--s3-endpoint", "http://h:9000/some/path"], "store.endpoint: 'http://h:9000/some/path' has a path"),
     (None, ["--run-id", "../escape"], "--run-id: must be 1-63 letters"),
     (None, ["--run-id", "a/b"], "--run-id: must be 1-63 letters"),
+    (None, ["--run-id", ""], "--run-id: must be 1-63 letters"),  # `--run-id "$UNSET"`: not a new run
     (None, ["--run-id", "x" * 64], "--run-id: must be 1-63 letters"),
     # a URI a slash short is no local folder; a store and a local output folder are not both used
     (

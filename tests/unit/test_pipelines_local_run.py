@@ -179,3 +179,92 @@ def test_a_run_id_whose_checkpoint_this_config_cannot_continue_is_refused_before
             ConfigError, match=rf"--run-id r1: checkpoint.{field} is false, so its checkpoint of step 5"
         ):
             check_own_checkpoint(off, "r1", str(tmp_path))
+
+
+GATES = {"min_accuracy": 0.9, "max_perplexity": 0.0}
+SAME_RUN_CASES = {
+    "the same config and gates": ({}, GATES, None),
+    "another max_steps": ({"train.max_steps": 4}, GATES, r"train\.max_steps 0 \(now 4\)"),
+    "another task": ({"task": "causal_lm"}, GATES, r"task 'classification' \(now 'causal_lm'\)"),
+    "another gate": ({}, {**GATES, "min_accuracy": 0.99}, r"--min-accuracy 0\.9 \(now 0\.99\)"),
+    "another endpoint": (
+        {"store.endpoint": "http://host:9000"},
+        GATES,
+        r"store\.endpoint '' \(now 'http://host:9000'\)",
+    ),
+}
+
+
+@pytest.mark.parametrize(("overrides", "gates", "refused"), SAME_RUN_CASES.values(), ids=SAME_RUN_CASES.keys())
+def test_a_finished_run_asked_for_with_other_settings_is_refused_naming_them(tmp_path, overrides, gates, refused):
+    """Its summary stands for the settings it ran with (was: printed under any config or gate)."""
+    from pipelines.local_run import record_finished
+    from trainer.config import ConfigError, load_config
+
+    ran = load_config()
+    record_finished(ran, "r1", SUMMARY, str(tmp_path), given=ran, gates=GATES)
+    now = load_config(overrides=overrides)
+    if refused is None:
+        assert finished_run(now, "r1", str(tmp_path), gates) == SUMMARY
+        return
+    with pytest.raises(ConfigError, match=r"--run-id r1: that run finished with other settings: " + refused) as info:
+        finished_run(now, "r1", str(tmp_path), gates)
+    assert "start a new run (without --run-id" in str(info.value)
+
+
+def test_a_finished_record_from_before_the_settings_were_kept_still_gives_its_summary(tmp_path):
+    from trainer.config import load_config
+
+    write_record(tmp_path, "r1", {"status": "finished", "summary": SUMMARY})
+    assert finished_run(load_config(overrides={"train.max_steps": 4}), "r1", str(tmp_path), GATES) == SUMMARY
+
+
+def _with_uri(cfg, uri: str):
+    return dataclasses.replace(cfg, checkpoint=dataclasses.replace(cfg.checkpoint, uri=uri))
+
+
+# (where the first start put its checkpoints: "own" or "a"; recorded in started.json; checkpoint.uri
+# now: "" (the run folder), "a" or "b"; whether a checkpoint is there; refused naming this prefix)
+PREFIX_CASES = {
+    "own prefix, now elsewhere": ("own", False, "b", True, "own"),
+    "own prefix, recorded, now elsewhere": ("own", True, "b", True, "own"),
+    "a chosen prefix, now unset": ("a", True, "", True, "a"),
+    "a chosen prefix, now another": ("a", True, "b", True, "a"),
+    "a chosen prefix, now the same": ("a", True, "a", True, None),
+    "own prefix, now the same": ("own", True, "", True, None),
+    "nothing committed yet, now elsewhere": ("a", True, "b", False, None),
+}
+
+
+@pytest.mark.parametrize(
+    ("first", "recorded", "now", "committed", "named"), PREFIX_CASES.values(), ids=PREFIX_CASES.keys()
+)
+def test_a_run_id_whose_checkpoints_are_elsewhere_is_refused_not_trained_from_the_start(
+    tmp_path, first, recorded, now, committed, named
+):
+    from pipelines.local_run import check_own_checkpoint, record_started, with_run_checkpoints
+    from trainer.config import ConfigError, load_config
+
+    prefixes = {"own": "", "": "", "a": str(tmp_path / "ck-a"), "b": str(tmp_path / "ck-b")}
+    started = with_run_checkpoints(_with_uri(load_config(), prefixes[first]), "r1", str(tmp_path))
+    if recorded:
+        record_started(started, "r1", str(tmp_path))
+    if committed:
+        fake_checkpoint(Path(started.checkpoint.uri), 5)
+    cfg = _with_uri(load_config(), prefixes[now])
+    if named is None:
+        check_own_checkpoint(cfg, "r1", str(tmp_path))
+        return
+    with pytest.raises(ConfigError) as info:
+        check_own_checkpoint(cfg, "r1", str(tmp_path))
+    assert str(info.value).startswith(f"--run-id r1: its checkpoint of step 5 is in {started.checkpoint.uri}, ")
+    assert f"set checkpoint.uri: {started.checkpoint.uri} to continue it" in str(info.value)
+
+
+def test_the_started_record_keeps_the_first_starts_prefix(tmp_path):
+    from pipelines.local_run import STARTED_RECORD, record_started
+    from trainer.config import load_config
+
+    record_started(_with_uri(load_config(), "/first"), "r1", str(tmp_path))
+    record_started(_with_uri(load_config(), "/second"), "r1", str(tmp_path))
+    assert json.loads((tmp_path / "runs" / "r1" / STARTED_RECORD).read_text())["checkpoint_uri"] == "/first"

@@ -267,3 +267,23 @@ def test_the_pre_flights_pin_resume_from_to_the_checkpoint_it_names(runs, monkey
     assert json.loads(text)["checkpoint"]["resume_from"] == pinned
     with pytest.raises(ConfigError, match="'nosuchrun': no committed checkpoint for run nosuchrun"):
         configure.python_func(config="", store=str(root), resume_from="nosuchrun")
+
+
+def test_the_attempts_kfp_local_makes_of_a_local_run_are_not_listed_as_runs(tmp_path):
+    """`kftrain run --local` without a store: kfp.local's folder for each start
+    (`kftrain-training-<time>/train/model/training.json`) has a KFP run's layout, but is an attempt
+    of the run under runs/ (was: one extra `finished` row per start, Ctrl-C'd ones included)."""
+    import datetime
+
+    from pipelines.training import training_pipeline
+    from trainer.runs import KFP_LOCAL_ATTEMPT
+
+    when = datetime.datetime(2026, 12, 4, 10, 46, 46, 329880).strftime("%Y-%m-%d-%H-%M-%S-%f")
+    attempt = f"{training_pipeline.name}-{when}"  # how kfp.local names a run's folder
+    assert KFP_LOCAL_ATTEMPT.fullmatch(attempt)
+    (tmp_path / "runs" / "r1").mkdir(parents=True)
+    (tmp_path / "runs" / "r1" / "run.json").write_text(json.dumps({"status": "finished"}))
+    for run in (attempt, "kftrain-training-2026-12-04-10-47-24-019175", "kfp-run-1"):
+        (tmp_path / run / "train" / "model").mkdir(parents=True)
+        (tmp_path / run / "train" / "model" / "training.json").write_text(json.dumps({"metrics": {"steps": 3}}))
+    assert sorted(r.name for r in list_runs(LocalStore(), str(tmp_path))) == ["kfp-run-1/train", "r1"]
