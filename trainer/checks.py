@@ -357,13 +357,30 @@ def _check_lora_targets(cfg: Config, modules: dict[str, Any], linear: set[str]) 
     """Every `lora.target_modules` entry names a layer of the model (peft's rule: the layer's
     name, or its last path components): a misspelled entry beside a good one is dropped by peft
     in silence."""
-    missing = [t for t in cfg.lora.target_modules if not any(name == t or name.endswith("." + t) for name in modules)]
+    layers = f"The model's linear layers: {', '.join(sorted(linear))} (a name matches a layer's last path component)"
+    matched = {t: [m for n, m in modules.items() if n == t or n.endswith("." + t)] for t in cfg.lora.target_modules}
+    missing = [t for t, found in matched.items() if not found]
     if missing:
         raise ConfigError(
             f"lora.target_modules {missing}: not found in the model (a misspelled name beside a good one would be "
-            f"dropped). The model's linear layers: {', '.join(sorted(linear))} (a name matches a layer's last path "
-            "component)"
+            f"dropped). {layers}"
         )
+    for target, found in matched.items():
+        if not any(_adaptable(m) for m in found):
+            kind = type(found[0]).__name__
+            what = "a block of layers" if any(True for _ in found[0].children()) else "not a layer LoRA adapts"
+            raise ConfigError(
+                f"lora.target_modules: {target!r} names a {kind}, {what}; name the layers in it. {layers}"
+            )
+
+
+def _adaptable(module: Any) -> bool:
+    """A layer peft's LoRA can adapt: linear, embedding or convolution (transformers' GPT-2 style
+    `Conv1D` included) or multi-head attention."""
+    import torch
+
+    kinds = (torch.nn.Linear, torch.nn.Embedding, torch.nn.modules.conv._ConvNd, torch.nn.MultiheadAttention)
+    return isinstance(module, kinds) or type(module).__name__ == "Conv1D"
 
 
 def _check_lora_rank(cfg: Config, model: Any) -> None:

@@ -86,7 +86,18 @@ REFUSED = {
     "lora-not-linear": (
         {},
         LORA + "lora:\n  target_modules: [input_layernorm]\n",
-        ["lora.target_modules ['input_layernorm']", "is not supported", "q_proj"],
+        ["lora.target_modules: 'input_layernorm' names a LlamaRMSNorm, not a layer LoRA adapts", "q_proj"],
+    ),
+    # A block of layers (was: peft's error with the block's whole module tree, hundreds of lines).
+    "lora-a-block": (
+        {},
+        LORA + "lora:\n  target_modules: [self_attn]\n",
+        ["lora.target_modules: 'self_attn' names a LlamaAttention, a block of layers; name the layers in it", "q_proj"],
+    ),
+    "lora-the-whole-model": (
+        {},
+        LORA + "lora:\n  target_modules: [layers]\n",
+        ["lora.target_modules: 'layers' names a ModuleList, a block of layers", "down_proj"],
     ),
     "gpu-memory": (
         {},

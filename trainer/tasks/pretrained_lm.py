@@ -64,7 +64,8 @@ def apply_lora(model: nn.Module, lora: dict[str, Any]) -> nn.Module:
             warnings.filterwarnings("ignore", "`is_gradient_checkpointing` is deprecated", FutureWarning)
             return get_peft_model(model, peft_config)
     except ValueError as exc:  # peft names the modules it did not find
-        raise pretrained.PretrainedError(f"lora.target_modules {lora['target_modules']}: {exc}") from None
+        first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__  # peft may print a module tree below
+        raise pretrained.PretrainedError(f"lora.target_modules {lora['target_modules']}: {first}") from None
 
 
 def adapter_init(name: str, shape: tuple[int, ...], seed: int) -> torch.Tensor:
