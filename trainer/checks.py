@@ -338,6 +338,7 @@ def _check_folder(cfg: Config, source: ModelSource) -> dict[str, Any]:
             f"model.init_from {origin!r}: no tokenizer.json in the folder; kftrain tokenizes with the model's fast "
             "tokenizer: add it (transformers: `AutoTokenizer.from_pretrained(...).save_pretrained(folder)`)"
         )
+    pretrained.check_tokenizer_files(source, config, chat=cfg.data.format == "chat")
     limit = pretrained.context_length(config)
     if limit and cfg.model.block_size > limit:
         raise ConfigError(

@@ -228,6 +228,89 @@ def chat_template_uri(source: ModelSource) -> str:
     return uri if isinstance(settings, dict) and settings.get("chat_template") else ""
 
 
+#: The folder's small files that transformers parses as JSON when it loads the tokenizer or
+#: generates, besides config.json (each is optional).
+JSON_FILES = (
+    GENERATION_CONFIG,
+    "tokenizer.json",
+    "tokenizer_config.json",
+    "special_tokens_map.json",
+    "chat_template.json",
+)
+
+
+def check_tokenizer_files(source: ModelSource, config: dict[str, Any], chat: bool) -> None:
+    """Before any step: each of the folder's :data:`JSON_FILES` there parses as a JSON object,
+    tokenizer.json's token ids fit the model's `vocab_size` and, for chat data (`chat`), its chat
+    template compiles (was: found in data prep, at evaluation or in the train step, with the data
+    or the dataset blamed)."""
+    origin = source.origin
+    again = "copy the model's files again (transformers: `save_pretrained`)"
+    parsed: dict[str, Any] = {}
+    for name in JSON_FILES:
+        uri = join_uri(source.uri, name)
+        if not source.store.exists(uri):
+            continue
+        try:
+            parsed[name] = json.loads(source.store.get_bytes(uri))
+        except ValueError as exc:
+            raise PretrainedError(f"model.init_from {origin!r}: {name} is not valid JSON ({exc}); {again}") from None
+        if not isinstance(parsed[name], dict):
+            raise PretrainedError(f"model.init_from {origin!r}: {name} is not a JSON object; {again}")
+    if chat:
+        _check_chat_template(source, parsed)
+    top = _largest_token_id(parsed.get("tokenizer.json", {}))
+    vocab = config.get("vocab_size")
+    if isinstance(vocab, int) and top is not None and top >= vocab:
+        raise PretrainedError(
+            f"model.init_from {origin!r}: tokenizer.json has token ids up to {top}, but config.json's vocab_size is "
+            f"{vocab} (the embedding has no row past {vocab - 1}): the folder's tokenizer and weights do not belong "
+            "together; use the tokenizer saved with these weights"
+        )
+
+
+def _check_chat_template(source: ModelSource, parsed: dict[str, Any]) -> None:
+    """The folder's chat template (where transformers looks, :func:`chat_template_uri`) compiles,
+    as transformers compiles it (its extensions: loop controls, `{% generation %}`)."""
+    import jinja2
+    from transformers.utils.chat_template_utils import _compile_jinja_template
+
+    uri = chat_template_uri(source)
+    if not uri:
+        return
+    name = uri.rsplit("/", 1)[-1]
+    if name.endswith(".jinja"):
+        templates = [source.store.get_bytes(uri).decode("utf-8", errors="replace")]
+    else:
+        found = parsed.get(name, {}).get("chat_template")
+        # One template, or several by name (`[{"name": ..., "template": ...}]`).
+        templates = (
+            [found] if isinstance(found, str) else [t.get("template") for t in found or [] if isinstance(t, dict)]
+        )
+    for text in templates:
+        if not isinstance(text, str):
+            continue
+        try:
+            _compile_jinja_template(text)
+        except jinja2.TemplateSyntaxError as exc:
+            raise PretrainedError(
+                f"model.init_from {source.origin!r}: the chat template in {name} does not parse (TemplateSyntaxError "
+                f"line {exc.lineno}: {exc.message}); fix it, or copy the model's tokenizer files again"
+            ) from None
+
+
+def _largest_token_id(tokenizer: dict[str, Any]) -> int | None:
+    """The largest id a tokenizer.json gives a token (its vocabulary's and its added tokens'), or
+    None where it does not say in a form read here."""
+    ids = [t["id"] for t in tokenizer.get("added_tokens") or [] if isinstance(t, dict) and isinstance(t.get("id"), int)]
+    vocab = (tokenizer.get("model") or {}).get("vocab") if isinstance(tokenizer.get("model"), dict) else None
+    if isinstance(vocab, dict):  # BPE, WordPiece, WordLevel: token -> id
+        ids += [i for i in vocab.values() if isinstance(i, int)]
+    elif isinstance(vocab, list):  # Unigram: [token, score] by id
+        ids.append(len(vocab) - 1)
+    return max(ids) if ids else None
+
+
 def context_length(config: dict[str, Any]) -> int:
     """The longest context the model was built for (0 where config.json does not say)."""
     for key in ("max_position_embeddings", "n_positions", "n_ctx", "seq_length"):

@@ -99,6 +99,29 @@ REFUSED = {
         LORA + "lora:\n  target_modules: [layers]\n",
         ["lora.target_modules: 'layers' names a ModuleList, a block of layers", "down_proj"],
     ),
+    # The folder's other small files, each as transformers reads them (was: found in data prep, at
+    # evaluation after the whole run, or in the train step, blaming the data or the dataset).
+    "generation-config-not-json": (
+        {"add": {"generation_config.json": "{"}},
+        "",
+        ["model.init_from", "generation_config.json is not valid JSON", "copy the model's files again"],
+    ),
+    "tokenizer-not-json": (
+        {"add": {"tokenizer.json": '{"version": '}},
+        "",
+        ["tokenizer.json is not valid JSON", "copy the model's files again"],
+    ),
+    "tokenizer-config-not-an-object": ({"add": {"tokenizer_config.json": "[1]"}}, "", ["is not a JSON object"]),
+    "chat-template-does-not-parse": (
+        {"drop": ("chat_template.json",), "add": {"chat_template.jinja": "{% for m in messages %}{{ m.content "}},
+        "data:\n  format: chat\n",
+        ["the chat template in chat_template.jinja does not parse (TemplateSyntaxError line 1", "fix it"],
+    ),
+    "tokenizer-past-the-embedding": (
+        {"config": {"vocab_size": 100}},
+        "",
+        ["tokenizer.json has token ids up to", "config.json's vocab_size is 100", "do not belong together"],
+    ),
     "gpu-memory": (
         {},
         "kubernetes:\n  gpu_memory_gb: 0.001\n",
