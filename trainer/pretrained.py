@@ -322,14 +322,18 @@ def context_length(config: dict[str, Any]) -> int:
 def _read_header(store: ObjectStore, uri: str) -> tuple[dict[str, Any], int]:
     """A safetensors file's header (two ranged reads) and the offset of its data section."""
     size = store.size(uri)
-    head = store.get_bytes(uri, 0, 8) if size >= 8 else b""
-    n = struct.unpack("<Q", head)[0] if len(head) == 8 else -1
+    again = "the model's weights are damaged or cut short: copy them again (transformers: `save_pretrained`)"
+    if size < 8:
+        raise PretrainedError(f"{uri}: not a safetensors file ({size} bytes, shorter than its header); {again}")
+    n = struct.unpack("<Q", store.get_bytes(uri, 0, 8))[0]
     if n <= 0 or n > _MAX_HEADER or 8 + n > size:
-        raise PretrainedError(f"{uri}: not a safetensors file (its header length is {n}, file size {size})")
+        raise PretrainedError(
+            f"{uri}: not a safetensors file (its first 8 bytes give a header of {n} bytes in a file of {size}); {again}"
+        )
     try:
         header = json.loads(store.get_bytes(uri, 8, n))
     except ValueError as exc:
-        raise PretrainedError(f"{uri}: the safetensors header is not JSON ({exc})") from None
+        raise PretrainedError(f"{uri}: the safetensors header is not JSON ({exc}); {again}") from None
     return header, 8 + n
 
 
@@ -338,10 +342,18 @@ def weight_files(source: ModelSource) -> list[str]:
     index_uri = join_uri(source.uri, INDEX_FILE)
     if source.store.exists(index_uri):
         try:
-            weight_map = json.loads(source.store.get_bytes(index_uri))["weight_map"]
-        except (ValueError, KeyError, TypeError) as exc:
-            raise PretrainedError(f"{index_uri}: not a safetensors index (weight_map missing: {exc})") from None
-        return [join_uri(source.uri, name) for name in sorted(set(weight_map.values()))]
+            names = sorted({str(name) for name in json.loads(source.store.get_bytes(index_uri))["weight_map"].values()})
+        except (ValueError, KeyError, TypeError, AttributeError) as exc:
+            raise PretrainedError(
+                f"{index_uri}: not a safetensors index (no weight_map of tensor names to files: {exc!r}); copy the "
+                "model's files again"
+            ) from None
+        if outside := [n for n in names if not n or "/" in n or "\\" in n or n in (".", "..")]:
+            raise PretrainedError(
+                f"{index_uri}: weight_map names {outside[0]!r}, not a file of the folder; an index names its "
+                "safetensors files by their bare names (model-00001-of-00002.safetensors)"
+            )
+        return [join_uri(source.uri, name) for name in names]
     single = join_uri(source.uri, SINGLE_FILE)
     if source.store.exists(single):
         return [single]

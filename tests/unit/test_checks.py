@@ -122,6 +122,26 @@ REFUSED = {
         "",
         ["tokenizer.json has token ids up to", "config.json's vocab_size is 100", "do not belong together"],
     ),
+    "weights-an-empty-file": (
+        {"add": {"model.safetensors": ""}},
+        "",
+        ["model.safetensors: not a safetensors file (0 bytes", "copy them again"],
+    ),
+    "weights-not-safetensors": (
+        {"add": {"model.safetensors": "PK\x03\x04 a zip, or pickle"}},
+        "",
+        ["model.safetensors: not a safetensors file (its first 8 bytes give a header of", "copy them again"],
+    ),
+    "index-naming-a-file-outside": (
+        {"add": {"model.safetensors.index.json": json.dumps({"weight_map": {"w": "../other/model.safetensors"}})}},
+        "",
+        ["weight_map names '../other/model.safetensors', not a file of the folder"],
+    ),
+    "index-without-a-map": (
+        {"add": {"model.safetensors.index.json": json.dumps({"weight_map": ["model.safetensors"]})}},
+        "",
+        ["not a safetensors index (no weight_map of tensor names to files", "copy the model's files again"],
+    ),
     "gpu-memory": (
         {},
         "kubernetes:\n  gpu_memory_gb: 0.001\n",
