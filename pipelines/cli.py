@@ -86,9 +86,14 @@ def _load_with_flags(
             check(cfg)
         return cfg
     except ConfigError as exc:
-        for field, (flag, _) in flags.items():
-            if re.match(rf"{re.escape(field)}\b", str(exc)):
-                raise ConfigError(f"{flag}: {exc}") from None
+        # The field the message starts with, or a section above the flag's field: an unknown key
+        # under it (`--set job..replicas=2` is refused at `job.`).
+        message = str(exc)
+        lead = message.split(":", 1)[0].rstrip(".")
+        named = [flag for field, (flag, _) in flags.items() if re.match(rf"{re.escape(field)}\b", message)]
+        under = [flag for field, (flag, _) in flags.items() if field.startswith(lead + ".")]
+        if named or under:
+            raise ConfigError(f"{(named or under)[0]}: {message}") from None
         raise
 
 
@@ -262,13 +267,21 @@ def _cmd_job_manifest(args: argparse.Namespace) -> int:
     from trainer.launch.jobkind import BY_NAME
     from trainer.launch.spec import require_object_store
 
-    overrides = {}
+    def overlaps(a: str, b: str) -> bool:  # one field, or a section and a field in it
+        return a == b or a.startswith(b + ".") or b.startswith(a + ".")
+
+    flags = _given({"job.kind": ("--kind", args.kind), "kubernetes.namespace": ("--namespace", args.namespace)})
+    overrides: dict[str, Any] = {}
     for item in args.set:
         key, sep, value = item.partition("=")
         if not sep or not key:
             raise ConfigError(f"--set {item!r}: expected KEY=VALUE, e.g. kubernetes.backoff_limit=3")
+        # As a YAML key twice or a repeated --param: the last would win without a word.
+        if other := next((f"--set {k}" for k in overrides if overlaps(key, k)), None) or next(
+            (flag for field, (flag, _) in flags.items() if overlaps(key, field)), None
+        ):
+            raise ConfigError(f"--set {key}: {other} sets it too; give each field once")
         overrides[key] = load_yaml(value, f"--set {key}")
-    flags = _given({"job.kind": ("--kind", args.kind), "kubernetes.namespace": ("--namespace", args.namespace)})
     cfg = _load_with_flags(args.config, {**{k: (f"--set {k}", v) for k, v in overrides.items()}, **flags})
     if cfg.job.kind not in BY_NAME:  # `auto` is answered by a cluster's API discovery
         raise ConfigError(

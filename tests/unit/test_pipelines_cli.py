@@ -506,6 +506,20 @@ def test_a_reader_that_goes_away_ends_the_command_quietly(tmp_path, monkeypatch,
             "--set kubernetes.queue: kubernetes.queue: must be a string",
         ),
         (["job", "manifest", "--set", "job.kind=auto"], "job.kind: 'auto' is resolved by the cluster"),  # no --kind
+        # One field set twice: refused, as a repeated --param or YAML key (was: the last won in silence).
+        (
+            ["job", "manifest", "--set", "job.replicas=4", "--set", "job.replicas=1"],
+            "--set job.replicas: --set job.replicas sets it too; give each field once",
+        ),
+        (
+            ["job", "manifest", "--set", "job.replicas=4", "--set", "job={replicas: 1}"],
+            "--set job: --set job.replicas sets it too",
+        ),
+        (["job", "manifest", "--set", "job.kind=trainjob", "--kind", "pytorchjob"], "--set job.kind: --kind sets it"),
+        (["job", "manifest", "--set", "kubernetes={}", "--namespace", "b"], "--set kubernetes: --namespace sets it"),
+        # An unknown key is refused at the section above it: still named by its --set.
+        (["job", "manifest", "--set", "job..replicas=2"], "--set job..replicas: job.: unknown key"),
+        (["job", "manifest", "--set", "nosuch.x=1"], "--set nosuch.x: nosuch: unknown key"),
         (["run", "--local", "--store", "s3:/x"], "--store: store.uri: storage URI 's3:/x' lacks the '//'"),
         (
             ["run", "--local", "--s3-endpoint", "minio:9000"],
