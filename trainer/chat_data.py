@@ -126,6 +126,11 @@ def conversation(record: Any, field_name: str, where: str) -> list[dict]:
             f"{where}: the conversation has no assistant message, so nothing to learn; every record needs "
             "at least one message with role 'assistant'"
         )
+    if messages[0]["role"] == "assistant":  # its prompt would be an empty conversation, which templates refuse
+        raise DataError(
+            f"{where}: the conversation starts with an assistant message, answering no prompt; begin each record "
+            "with a system or user message"
+        )
     return messages
 
 

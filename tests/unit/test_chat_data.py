@@ -335,6 +335,7 @@ GOOD = json.dumps(chat_records(1)[0])
         ),
         ('{"messages": [{"role": "user", "content": "x"}]}', "no assistant message, so nothing to learn"),
         ('{"messages": []}', "no assistant message"),
+        ('{"messages": [{"role": "assistant", "content": "y"}]}', "starts with an assistant message, answering no"),
     ],
     ids=[
         "not-json",
@@ -349,6 +350,7 @@ GOOD = json.dumps(chat_records(1)[0])
         "unknown-role",
         "no-assistant",
         "no-messages",
+        "assistant-first",
     ],
 )
 def test_a_bad_record_is_named_with_its_object_and_line(folder, tmp_path, line, message):
