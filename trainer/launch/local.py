@@ -130,13 +130,11 @@ def sweep_abandoned_scratch(parent: str | None = None) -> list[str]:
     """Remove the `owned_scratch` folders in `parent` (the temporary directory) that no process
     holds: their run and its watchdog were killed together (SIGKILL to the process group, the
     OOM killer), so nothing removed them, and they may hold a model's worth of downloads. A
-    folder whose lock is held (a live run), that has no lock file (not one of ours), that another
-    user owns or that is under a minute old is left. Returns the folders removed."""
+    folder whose lock is held (a live run, of whichever user), that has no lock file (not one of
+    ours) or that is under a minute old is left. Returns the folders removed."""
     removed = []
     for entry in os.scandir(parent or tempfile.gettempdir()):
         if not entry.name.startswith("kftrain-") or not entry.is_dir(follow_symlinks=False):
-            continue
-        if entry.stat(follow_symlinks=False).st_uid != os.getuid():  # another user's: theirs to sweep
             continue
         try:
             fd = os.open(os.path.join(entry.path, SCRATCH_LOCK), os.O_RDONLY | os.O_NOFOLLOW)
