@@ -21,6 +21,7 @@ import json
 import os
 import re
 import secrets
+import shutil
 import signal
 import sys
 import tempfile
@@ -323,7 +324,7 @@ def run_scope(run_id: str, grace_s: float = 10.0) -> Iterator[str]:
     that folder if this process dies, and turns SIGTERM/SIGINT into :class:`RunStopped` after
     stopping the run's processes. Yields the marker.
     """
-    from trainer.launch.local import RUN_MARKER_ENV, owned_scratch, stop_marked, stopped_at_exit
+    from trainer.launch.local import RUN_MARKER_ENV, stop_marked, stopped_at_exit
 
     marker = f"{run_id}-{secrets.token_hex(4)}"
 
@@ -338,18 +339,18 @@ def run_scope(run_id: str, grace_s: float = 10.0) -> Iterator[str]:
     tempdir_before = tempfile.tempdir
     try:
         os.environ[RUN_MARKER_ENV] = marker
-        # Every temporary file of the run in one folder, which goes with the run, SIGKILL included
-        # (by the watchdog; with the watchdog too, by the next run's sweep).
-        with owned_scratch(f"kftrain-{run_id}-") as scratch:
-            tempfile.tempdir = scratch
-            previous = {sig: signal.signal(sig, on_signal) for sig in (signal.SIGTERM, signal.SIGINT)}
-            with stopped_at_exit(marker, RUN_MARKER_ENV, grace_s, remove=scratch):  # nothing of the run outlives it
-                yield marker
+        # Every temporary file of the run in one folder, which goes with the run, SIGKILL included.
+        scratch = tempfile.tempdir = tempfile.mkdtemp(prefix=f"kftrain-{run_id}-")
+        previous = {sig: signal.signal(sig, on_signal) for sig in (signal.SIGTERM, signal.SIGINT)}
+        with stopped_at_exit(marker, RUN_MARKER_ENV, grace_s, remove=scratch):  # nothing of the run outlives it
+            yield marker
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler)
         os.environ.pop(RUN_MARKER_ENV, None)
-        tempfile.tempdir = tempdir_before
+        if tempfile.tempdir != tempdir_before:
+            shutil.rmtree(tempfile.tempdir, ignore_errors=True)  # gone already, unless the block never started
+            tempfile.tempdir = tempdir_before
 
 
 def preflight(cfg: Config, local_root: str = DEFAULT_LOCAL_ROOT) -> Config:

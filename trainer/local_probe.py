@@ -18,12 +18,13 @@ import os
 import secrets
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from trainer.config import Config, config_from_json, config_to_json
 from trainer.errors import KftrainError, error_line, parse_error_line
-from trainer.launch.local import JOB_MARKER_ENV, owned_scratch, run_captured, stopped_at_exit
+from trainer.launch.local import JOB_MARKER_ENV, run_captured, stopped_at_exit
 
 if TYPE_CHECKING:
     from trainer.plan import ProbeResult
@@ -58,7 +59,7 @@ def probe_locally(
 
     world = cfg.job.world_size
     # Removed however the probe ends, by its watchdog too when this process is killed.
-    with owned_scratch("kftrain-probe-") as tmp:
+    with tempfile.TemporaryDirectory(prefix="kftrain-probe-", ignore_cleanup_errors=True) as tmp:
         config_file, output = Path(tmp) / "config.json", Path(tmp) / "probe.json"
         config_file.write_text(config_to_json(cfg))
         cmd = [

@@ -7,7 +7,6 @@ import contextlib
 import json
 import os
 import signal
-import subprocess
 import sys
 import textwrap
 import time
@@ -242,35 +241,3 @@ def test_sigterm_to_the_launcher_stops_every_replica(tmp_path):
     finally:
         with contextlib.suppress(ProcessLookupError):
             os.killpg(proc.pid, signal.SIGKILL)
-
-
-HOLD_SCRATCH = """
-import sys, time
-from trainer.launch.local import owned_scratch
-with owned_scratch("kftrain-victim-") as folder:
-    open(folder + "/download.bin", "wb").write(b"x" * 1000)
-    print(folder, flush=True)
-    time.sleep(600)
-"""
-
-
-def test_a_scratch_folder_whose_process_was_sigkilled_is_swept_by_the_next_one(tmp_path):
-    """A run killed together with its watchdog (SIGKILL to its process group) leaves its folder:
-    while the process lives the next start keeps it, once it is dead the next start removes it."""
-    from trainer.launch.local import SCRATCH_LOCK, sweep_abandoned_scratch
-
-    env = {**os.environ, "TMPDIR": str(tmp_path), "PYTHONPATH": str(Path(__file__).resolve().parents[2])}
-    proc = subprocess.Popen(
-        [sys.executable, "-c", HOLD_SCRATCH], env=env, stdout=subprocess.PIPE, text=True, start_new_session=True
-    )
-    try:
-        folder = Path(proc.stdout.readline().strip())
-        assert folder.parent == tmp_path and (folder / "download.bin").is_file()
-        old = time.time() - 3600  # past the grace a folder just made gets
-        os.utime(folder / SCRATCH_LOCK, (old, old))
-        assert sweep_abandoned_scratch(str(tmp_path)) == [] and folder.is_dir()  # its process lives
-    finally:
-        os.killpg(proc.pid, signal.SIGKILL)
-        proc.wait(timeout=30)
-    assert folder.is_dir()  # SIGKILL: nothing of it ran its clean-up
-    assert sweep_abandoned_scratch(str(tmp_path)) == [str(folder)] and not folder.exists()

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import collections
 import contextlib
-import fcntl
 import os
 import secrets
 import shutil
@@ -19,7 +18,6 @@ import signal
 import socket
 import subprocess
 import sys
-import tempfile
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -102,56 +100,6 @@ def start_watchdog(marker: str, var: str = RUN_MARKER_ENV, grace_s: float = 10.0
     )
     os.close(read_end)
     return write_end
-
-
-#: In a run's (or a probe's) temporary folder: the file its process holds locked while it lives.
-SCRATCH_LOCK = ".kftrain-owner.lock"
-#: A folder this young is left alone by the sweep: its maker may not have locked it yet.
-_SCRATCH_GRACE_S = 60.0
-
-
-@contextlib.contextmanager
-def owned_scratch(prefix: str) -> Iterator[str]:
-    """A new temporary folder for the block, removed when it ends, that this process holds (a
-    lock on its `SCRATCH_LOCK`) while it runs. First the folders of earlier blocks that nobody
-    holds any more are removed (:func:`sweep_abandoned_scratch`)."""
-    sweep_abandoned_scratch()
-    folder = tempfile.mkdtemp(prefix=prefix)
-    fd = os.open(os.path.join(folder, SCRATCH_LOCK), os.O_CREAT | os.O_RDWR | os.O_NOFOLLOW, 0o600)
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        yield folder
-    finally:
-        shutil.rmtree(folder, ignore_errors=True)
-        os.close(fd)
-
-
-def sweep_abandoned_scratch(parent: str | None = None) -> list[str]:
-    """Remove the `owned_scratch` folders in `parent` (the temporary directory) that no process
-    holds: their run and its watchdog were killed together (SIGKILL to the process group, the
-    OOM killer), so nothing removed them, and they may hold a model's worth of downloads. A
-    folder whose lock is held (a live run, of whichever user), that has no lock file (not one of
-    ours) or that is under a minute old is left. Returns the folders removed."""
-    removed = []
-    for entry in os.scandir(parent or tempfile.gettempdir()):
-        if not entry.name.startswith("kftrain-") or not entry.is_dir(follow_symlinks=False):
-            continue
-        try:
-            fd = os.open(os.path.join(entry.path, SCRATCH_LOCK), os.O_RDONLY | os.O_NOFOLLOW)
-        except OSError:
-            continue
-        try:
-            if time.time() - os.fstat(fd).st_mtime < _SCRATCH_GRACE_S:
-                continue
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)  # OSError while its process lives
-        except OSError:
-            continue
-        else:
-            shutil.rmtree(entry.path, ignore_errors=True)
-            removed.append(entry.path)
-        finally:
-            os.close(fd)
-    return removed
 
 
 @contextlib.contextmanager
