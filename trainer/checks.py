@@ -345,12 +345,6 @@ def _check_folder(cfg: Config, source: ModelSource) -> dict[str, Any]:
             f"model.block_size {cfg.model.block_size} is longer than the pretrained model's context "
             f"({limit} tokens, config.json of {origin!r}); use at most {limit}"
         )
-    if cfg.data.format == "chat" and not pretrained.chat_template_uri(source):
-        raise pretrained.PretrainedError(
-            f"data.format: chat needs the model's chat template, and model.init_from {origin!r} has none (no "
-            "chat_template.jinja, chat_template.json or tokenizer_config.json chat_template); use the model's "
-            "chat (instruct) variant, add a template to its tokenizer files, or train on data.format: text or jsonl"
-        )
     return config
 
 

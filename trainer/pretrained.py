@@ -211,23 +211,6 @@ def read_config(source: ModelSource, trust_remote_code: bool = False) -> dict[st
     return config
 
 
-def chat_template_uri(source: ModelSource) -> str:
-    """The file holding the folder's chat template (`chat_template.jinja`, `chat_template.json`, or
-    the `chat_template` key of `tokenizer_config.json`, as transformers looks), or "" for none."""
-    for name in ("chat_template.jinja", "chat_template.json"):
-        uri = join_uri(source.uri, name)
-        if source.store.exists(uri):
-            return uri
-    uri = join_uri(source.uri, "tokenizer_config.json")
-    if not source.store.exists(uri):
-        return ""
-    try:
-        settings = json.loads(source.store.get_bytes(uri))
-    except ValueError as exc:
-        raise PretrainedError(f"{uri}: not valid JSON ({exc})") from None
-    return uri if isinstance(settings, dict) and settings.get("chat_template") else ""
-
-
 #: The folder's small files that transformers parses as JSON when it loads the tokenizer or
 #: generates, besides config.json (each is optional).
 JSON_FILES = (
@@ -269,23 +252,36 @@ def check_tokenizer_files(source: ModelSource, config: dict[str, Any], chat: boo
         )
 
 
+def _chat_templates(source: ModelSource, parsed: dict[str, Any]) -> tuple[str, list[Any]]:
+    """Where transformers finds the folder's chat template (`chat_template.jinja`, then
+    `chat_template.json`, then the `chat_template` key of `tokenizer_config.json`) and what is
+    there: (file name, templates), or ("", []) for none."""
+    jinja = join_uri(source.uri, "chat_template.jinja")
+    if source.store.exists(jinja):
+        return "chat_template.jinja", [source.store.get_bytes(jinja).decode("utf-8", errors="replace")]
+    for name in ("chat_template.json", "tokenizer_config.json"):
+        found = parsed.get(name, {}).get("chat_template")
+        if found:
+            # One template, or several by name (`[{"name": ..., "template": ...}]`).
+            named = found if isinstance(found, list) else []
+            return name, [found] if isinstance(found, str) else [
+                t.get("template") for t in named if isinstance(t, dict)
+            ]
+    return "", []
+
+
 def _check_chat_template(source: ModelSource, parsed: dict[str, Any]) -> None:
-    """The folder's chat template (where transformers looks, :func:`chat_template_uri`) compiles,
-    as transformers compiles it (its extensions: loop controls, `{% generation %}`)."""
+    """The folder has a chat template (:func:`_chat_templates`) and it compiles, as transformers
+    compiles it (its extensions: loop controls, `{% generation %}`)."""
     import jinja2
     from transformers.utils.chat_template_utils import _compile_jinja_template
 
-    uri = chat_template_uri(source)
-    if not uri:
-        return
-    name = uri.rsplit("/", 1)[-1]
-    if name.endswith(".jinja"):
-        templates = [source.store.get_bytes(uri).decode("utf-8", errors="replace")]
-    else:
-        found = parsed.get(name, {}).get("chat_template")
-        # One template, or several by name (`[{"name": ..., "template": ...}]`).
-        templates = (
-            [found] if isinstance(found, str) else [t.get("template") for t in found or [] if isinstance(t, dict)]
+    name, templates = _chat_templates(source, parsed)
+    if not name:
+        raise PretrainedError(
+            f"data.format: chat needs the model's chat template, and model.init_from {source.origin!r} has none (no "
+            "chat_template.jinja, chat_template.json or tokenizer_config.json chat_template); use the model's "
+            "chat (instruct) variant, add a template to its tokenizer files, or train on data.format: text or jsonl"
         )
     for text in templates:
         if not isinstance(text, str):

@@ -109,6 +109,33 @@ def test_data_format_decides_how_an_object_reads(tmp_path, name, fmt, expected):
     assert b"".join(_object_pieces(LocalStore(), str(path), "text", fmt)) == expected
 
 
+@pytest.mark.parametrize(
+    "first_line, fmt, says",
+    [
+        ('{"messages": [{"role": "user", "content": "hi"}]}', "text", "set data.format: chat"),
+        ('{"text": "doc", "id": 0}', "text", "set data.format: jsonl"),
+        ('{"text": "doc", "id": 0}', "auto", "set data.format: jsonl"),  # a .txt of records
+        ("plain prose, the usual case", "text", None),
+        ("{not json at all", "text", None),
+        ('["a", "list"]', "text", None),
+    ],
+)
+def test_records_read_as_plain_text_get_one_warning_naming_the_format(tmp_path, caplog, first_line, fmt, says):
+    """A source of JSON records read as plain text trains on their keys and quotes: a warning
+    says which format reads them (was: nothing)."""
+    from trainer.tasks.causal_lm import _object_pieces
+
+    path = tmp_path / "d.txt"
+    path.write_text(f"{first_line}\n{first_line}\n")
+    with caplog.at_level("WARNING", logger="trainer.tasks.causal_lm"):
+        list(_object_pieces(LocalStore(), str(path), "text", fmt))
+    warned = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
+    if says is None:
+        assert warned == []
+    else:
+        assert len(warned) == 1 and says in warned[0] and f"(data.format: {fmt})" in warned[0], warned
+
+
 def test_chat_records_read_as_text_records_point_at_the_chat_format(tmp_path):
     from trainer.tasks.causal_lm import _object_pieces
 

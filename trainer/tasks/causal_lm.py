@@ -13,6 +13,7 @@ nothing is widened but the windows of a batch.
 from __future__ import annotations
 
 import json
+import logging
 import math
 import sysconfig
 from collections import deque
@@ -53,6 +54,8 @@ JSONL_SUFFIXES = (".jsonl", ".json")
 #: Labels of positions that do not count in the loss (torch's cross_entropy default).
 IGNORE = -100
 
+log = logging.getLogger(__name__)
+
 
 def stdlib_documents() -> Iterator[bytes]:
     """Python's own standard-library source (always installed; sorted, so stable), file by file."""
@@ -69,9 +72,13 @@ def _object_pieces(store: ObjectStore, uri: str, text_field: str, fmt: str = "au
     `text_field` of each JSON Lines record, one record per line (`jsonl`); `auto` by the suffix."""
     carry = b""
     jsonl = fmt == "jsonl" or (fmt == "auto" and has_suffix(uri, *JSONL_SUFFIXES))
+    first = True
     for raw in text_chunks(read_chunks(store, uri, BLOCK_BYTES), uri, "text or JSON Lines"):
         chunk = carry + raw
         if not jsonl:
+            if first:
+                _warn_if_records(chunk, uri, fmt)
+            first = False
             yield chunk
             continue
         *lines, carry = chunk.split(b"\n")
@@ -80,6 +87,28 @@ def _object_pieces(store: ObjectStore, uri: str, text_field: str, fmt: str = "au
                 yield _record_text(line, uri, text_field, number) + b"\n"
     if carry.strip():
         yield _record_text(carry, uri, text_field, -1) + b"\n"
+
+
+def _warn_if_records(chunk: bytes, uri: str, fmt: str) -> None:
+    """Text read as plain text trains on its bytes as they are; an object whose first line is a
+    JSON object is most likely records, whose keys and quotes the model would learn: say so once."""
+    line = chunk.split(b"\n", 1)[0].strip()
+    if not line.startswith(b"{"):
+        return
+    try:
+        record = json.loads(line)
+    except ValueError:
+        return
+    if isinstance(record, dict):
+        chat = isinstance(record.get("messages"), list)
+        log.warning(
+            "%s is read as plain text (data.format: %s), JSON syntax included, but its first line is a JSON record; %s",
+            uri,
+            fmt,
+            "set data.format: chat for records of messages"
+            if chat
+            else "set data.format: jsonl to train on each record's data.text_field",
+        )
 
 
 def _record_text(line: bytes, uri: str, field: str, number: int) -> bytes:
