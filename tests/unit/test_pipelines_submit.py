@@ -1,5 +1,6 @@
 """`kftrain submit` against a STAND-IN KFP API server (tests/kfp_standin.py): no KFP can run here."""
 
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -65,6 +66,33 @@ def test_what_pods_share_must_be_in_an_object_store_before_upload(params, config
     with pytest.raises(SubmitError, match=f"{where}: {field}"):
         parse_params([*params, *([f"config={config}"] if config else [])], PACKAGE)
     assert parse_params(["store=s3://bucket/x"], PACKAGE) == {"store": "s3://bucket/x"}
+
+
+@pytest.mark.parametrize(
+    ("config", "refused"),
+    [
+        ("data:\n  source: ./corpus.txt\n", "data.source './corpus.txt'"),
+        ("data:\n  source: corpus/\n", "data.source 'corpus/'"),
+        ("data:\n  source: ~/corpus.txt\n", "data.source '~/corpus.txt'"),
+        ("task: causal_lm\nmodel:\n  init_from: models/llama\n", "model.init_from 'models/llama'"),
+        ("task: causal_lm\ndata:\n  tokenizer: ./tok/tokenizer.json\n", "data.tokenizer './tok/tokenizer.json'"),
+        ("data:\n  source: /data/corpus.txt\n", ""),  # absolute: a path inside the image
+        ("data:\n  source: s3://bucket/corpus.txt\n", ""),
+        ("task: causal_lm\nmodel:\n  init_from: hf://org/name\n", ""),
+        ("task: causal_lm\nmodel:\n  init_from: /models/llama\n", ""),
+        ("task: causal_lm\ndata:\n  tokenizer: bpe:512\n", ""),
+        ("data:\n  source: digits\n", ""),
+    ],
+)
+def test_what_pods_read_is_refused_at_submit_as_a_path_relative_to_this_machine(config, refused):
+    """A relative path or `~` would be resolved in the pod's own folder and home: refused at
+    submit, naming the field (was: uploaded, then data prep or training failed on the cluster)."""
+    known = pipeline_parameters(PACKAGE)
+    if refused:
+        with pytest.raises(SubmitError, match=f"{re.escape(refused)} is a path on this machine"):
+            _validate_config({"config": config, "store": "s3://bucket/x"}, known)
+    else:
+        _validate_config({"config": config, "store": "s3://bucket/x"}, known)
 
 
 @pytest.mark.parametrize(

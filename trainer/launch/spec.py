@@ -30,6 +30,7 @@ started through torchrun (`torchrun_command`) runs unchanged under both.
 from __future__ import annotations
 
 import hashlib
+import os
 import re
 from dataclasses import dataclass, field
 
@@ -194,6 +195,19 @@ def require_object_store(uris: dict[str, str]) -> None:
                 f"{what} {uri!r} is a local path, which each pod would see as its own empty disk: "
                 "use an object-store URI (s3://bucket/key or minio://bucket/key)"
             )
+
+
+def require_pod_paths(uris: dict[str, str]) -> None:
+    """What the pods only read (the data source, a base model, a tokenizer) may be a path inside
+    their image, but only an absolute one: a relative path or `~` would be resolved against this
+    machine's folder and home, not the pod's. `uris` maps each field to its value."""
+    for what, uri in uris.items():
+        if "://" in uri or (os.path.isabs(uri) and not uri.startswith("~")):
+            continue
+        raise ValueError(
+            f"{what} {uri!r} is a path on this machine, which the cluster's pods cannot read: upload it to the "
+            "object store and give its s3:// URI, or give the absolute path where the image holds it"
+        )
 
 
 def job_name(identity: str, prefix: str = "kftrain") -> str:
