@@ -111,6 +111,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
         check_run_id,
         keep_log,
         new_run_id,
+        newest_checkpoint,
         run_local,
         run_log,
         run_scope,
@@ -185,8 +186,11 @@ def _cmd_run(args: argparse.Namespace) -> int:
             print(f"kftrain: error: the pipeline failed: {redact(plain(str(outcome)))}", file=sys.stderr)
         return 1
     if isinstance(outcome, RunStopped):
+        step = newest_checkpoint(cfg, run_id, args.output_dir) if cfg.checkpoint.enabled else None
+        kept = "no checkpoint committed yet" if step is None else f"its newest committed checkpoint is step {step}"
         print(
-            f"kftrain: run {run_id} stopped by {outcome}; every process of it has ended{see_log}. Resume it: {resume}",
+            f"kftrain: run {run_id} stopped by {outcome}; every process of it has ended ({kept}){see_log}. "
+            f"Resume it: {resume}",
             file=sys.stderr,
         )
         return 128 + outcome.signum

@@ -96,15 +96,9 @@ def check_own_checkpoint(cfg: Config, run_id: str, local_root: str = DEFAULT_LOC
     from trainer.storage import CHECK_BUDGET_S, check_deadline
 
     now = with_run_checkpoints(cfg, run_id, local_root).checkpoint.uri
-    started = join_uri(run_root(cfg, run_id, local_root), STARTED_RECORD)
     try:
         with check_deadline(CHECK_BUDGET_S):
-            try:
-                prefix = read_json(store_for(cfg, started), started).get("checkpoint_uri")
-            except (ObjectNotFound, CorruptObject, AttributeError):
-                prefix = None
-            if not isinstance(prefix, str) or not prefix:
-                prefix = join_uri(run_root(cfg, run_id, local_root), "checkpoints")
+            prefix = run_checkpoints(cfg, run_id, local_root)
             if cfg.checkpoint.uri and prefix == now:
                 return  # the user's prefix, as at its start
             latest = latest_complete(store_for(cfg, prefix), prefix)
@@ -132,6 +126,35 @@ def check_own_checkpoint(cfg: Config, run_id: str, local_root: str = DEFAULT_LOC
         check_continues(cfg, record, "start a new run (without --run-id)")
     except KftrainError as exc:
         raise ConfigError(f"--run-id {run_id}: its checkpoint of step {step} ({prefix}): {exc}") from None
+
+
+def run_checkpoints(cfg: Config, run_id: str, local_root: str = DEFAULT_LOCAL_ROOT) -> str:
+    """Where run `run_id` keeps its checkpoints: where its first start put them
+    (:data:`STARTED_RECORD`), or its run folder's for a run that predates the record."""
+    from trainer.pipeline_steps import store_for
+
+    started = join_uri(run_root(cfg, run_id, local_root), STARTED_RECORD)
+    try:
+        prefix = read_json(store_for(cfg, started), started).get("checkpoint_uri")
+    except (ObjectNotFound, CorruptObject, AttributeError):
+        prefix = None
+    return prefix if isinstance(prefix, str) and prefix else join_uri(run_root(cfg, run_id, local_root), "checkpoints")
+
+
+def newest_checkpoint(cfg: Config, run_id: str, local_root: str = DEFAULT_LOCAL_ROOT) -> int | None:
+    """The step of run `run_id`'s newest complete checkpoint (what `--run-id` continues from); None
+    for none, or where the store cannot say within the check budget."""
+    from trainer.checkpoint_owner import latest_complete
+    from trainer.pipeline_steps import store_for
+    from trainer.storage import CHECK_BUDGET_S, check_deadline
+
+    try:
+        with check_deadline(CHECK_BUDGET_S):
+            prefix = run_checkpoints(cfg, run_id, local_root)
+            latest = latest_complete(store_for(cfg, prefix), prefix)
+    except (StoreError, OSError, ValueError):
+        return None
+    return None if latest is None else latest[0]
 
 
 def record_started(cfg: Config, run_id: str, local_root: str = DEFAULT_LOCAL_ROOT) -> None:

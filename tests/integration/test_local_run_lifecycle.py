@@ -170,6 +170,7 @@ def test_killing_the_cli_stops_the_run_and_run_id_resumes_it_bitwise(tmp_path, r
         if sig == signal.SIGTERM:
             assert proc.returncode == 128 + signal.SIGTERM
             assert f"run {run_id} stopped by SIGTERM" in log and f"--run-id {run_id}" in log
+            assert f"(its newest committed checkpoint is step {newest})" in log  # what the resume continues from
             assert "Traceback" not in log.split("kftrain: SIGTERM")[-1]
         print(f"{sig.name}: every process of the run gone {stopped_in:.1f}s after the CLI died")
 

@@ -268,3 +268,31 @@ def test_the_started_record_keeps_the_first_starts_prefix(tmp_path):
     record_started(_with_uri(load_config(), "/first"), "r1", str(tmp_path))
     record_started(_with_uri(load_config(), "/second"), "r1", str(tmp_path))
     assert json.loads((tmp_path / "runs" / "r1" / STARTED_RECORD).read_text())["checkpoint_uri"] == "/first"
+
+
+# (where the first start put its checkpoints: "own" or "a"; recorded in started.json; steps
+# committed there, the last one incomplete when marked False; the step a stop names)
+NEWEST_CASES = {
+    "nothing committed": ("own", True, [], None),
+    "own prefix": ("own", True, [2, 4], 4),
+    "own prefix, before the record": ("own", False, [2], 2),
+    "a chosen prefix": ("a", True, [3, 6], 6),
+    "the newest incomplete": ("own", True, [2, (4, False)], 2),
+}
+
+
+@pytest.mark.parametrize(("first", "recorded", "steps", "newest"), NEWEST_CASES.values(), ids=NEWEST_CASES.keys())
+def test_a_stopped_run_names_the_checkpoint_its_resume_continues_from(tmp_path, first, recorded, steps, newest):
+    """What `--run-id` continues from, read where the run's first start put its checkpoints
+    (the CLI's last line after a stop names it)."""
+    from pipelines.local_run import newest_checkpoint, record_started, with_run_checkpoints
+    from trainer.config import load_config
+
+    chosen = {"own": "", "a": str(tmp_path / "ck-a")}[first]
+    started = with_run_checkpoints(_with_uri(load_config(), chosen), "r1", str(tmp_path))
+    if recorded:
+        record_started(started, "r1", str(tmp_path))
+    for step in steps:
+        step, complete = step if isinstance(step, tuple) else (step, True)
+        fake_checkpoint(Path(started.checkpoint.uri), step, complete)
+    assert newest_checkpoint(load_config(), "r1", str(tmp_path)) == newest
