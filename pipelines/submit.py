@@ -101,7 +101,7 @@ def _validate_config(args: dict[str, Any], known: dict[str, dict[str, Any]]) -> 
     and the quality gate's bounds (the same as `kftrain run`'s flags)."""
     from components.params import BY_NAME, SECRET_PARAMS, config_from_params
     from trainer.checks import gate_ignored, gate_problem
-    from trainer.launch.job import check_job_manifests
+    from trainer.launch.job import check_job_manifests, pod_read_paths
     from trainer.launch.spec import require_object_store, require_pod_paths
     from trainer.pipeline_steps import LAUNCHERS
 
@@ -121,7 +121,7 @@ def _validate_config(args: dict[str, Any], known: dict[str, dict[str, Any]]) -> 
         # share a disk (empty store.uri: KFP's own artifact store).
         shared = {"store.uri": cfg.store.uri, "checkpoint.uri": cfg.checkpoint.uri}
         require_object_store({field: uri for field, uri in shared.items() if uri})
-        require_pod_paths(_pod_read_paths(cfg))
+        require_pod_paths(pod_read_paths(cfg))
     except ValueError as exc:
         # A bad value a --param gave: name the flag, and the value that leaves the config's own.
         fields = {**{n: p.field for n, p in BY_NAME.items()}, **{n: f"kubernetes.{n}" for n in SECRET_PARAMS}}
@@ -135,17 +135,6 @@ def _validate_config(args: dict[str, Any], known: dict[str, dict[str, Any]]) -> 
     for name in ("min_accuracy", "max_perplexity"):
         if problem := gate_ignored(name, args.get(name, 0.0), cfg.task):
             raise SubmitError(f"--param {name}={args[name]}: {problem}")
-
-
-def _pod_read_paths(cfg: Any) -> dict[str, str]:
-    """The config's locations that the cluster's pods read but never write, by field: the data
-    source, the base model and a tokenizer file (the built-in sources and tokenizers are none)."""
-    from trainer.data_rules import BUILTIN_SOURCES
-
-    paths = {"data.source": cfg.data.source, "model.init_from": cfg.model.init_from}
-    if cfg.data.tokenizer != "bytes" and not cfg.data.tokenizer.startswith("bpe:"):
-        paths["data.tokenizer"] = cfg.data.tokenizer
-    return {field: value for field, value in paths.items() if value and value not in BUILTIN_SOURCES}
 
 
 def version_name(pipeline_name: str, package: Path) -> str:

@@ -37,6 +37,7 @@ import hashlib
 import json
 import logging
 import os
+import re
 import shutil
 import tempfile
 import threading
@@ -452,13 +453,27 @@ class CheckpointManager:
             # DCP wraps what read_data raised, with every failed rank's traceback; the reader's
             # own error (this rank's or another's) says in one line which object is wrong.
             ours = [e for e, _ in exc.failures.values() if isinstance(e, (CheckpointError, StoreError))]
-            if not ours:
+            if ours:
+                raise CheckpointError(f"cannot read checkpoint {folder}: {ours[0]}") from exc
+            # DCP's planner names a tensor of `state` the checkpoint lacks: another model (a
+            # changed setting that adds or removes a layer), found only once the load began.
+            missing = [m.group(1) for e, _ in exc.failures.values() if (m := _MISSING_KEY.match(str(e)))]
+            if not missing:
                 raise
-            raise CheckpointError(f"cannot read checkpoint {folder}: {ours[0]}") from exc
+            raise CheckpointError(
+                "cannot resume: the model built from this config has a tensor the checkpoint lacks "
+                f"({missing[0]}), so it is another model (a model.* setting changed that adds or removes a layer; "
+                "the 'resuming with a changed' lines name the changes): resume with the settings it was written "
+                "with, or start a new run"
+            ) from None
         finally:
             shutil.rmtree(cache, ignore_errors=True)
         line.done(f"loaded, this rank read {len(self.last_fetched)} of its parts")
         return own
+
+
+#: How DCP's default planner names a tensor to load that the checkpoint does not hold.
+_MISSING_KEY = re.compile(r"Missing key in checkpoint state_dict: (.+?)\.?$")
 
 
 class StoreReader(FileSystemReader):

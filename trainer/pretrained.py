@@ -12,6 +12,7 @@ copied to local disk first.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 import math
@@ -356,6 +357,45 @@ def weight_files(source: ModelSource) -> list[str]:
     raise PretrainedError(
         f"model.init_from {source.origin!r}: no {SINGLE_FILE} or {INDEX_FILE} in the folder; kftrain reads "
         "safetensors only (no pickle): convert the weights with `model.save_pretrained(folder)` in transformers"
+    )
+
+
+#: A base model's fingerprint reads, of each weight file, its size, its header and this many
+#: samples of :data:`FINGERPRINT_SAMPLE_BYTES` spread over its data.
+FINGERPRINT_SAMPLES = 8
+FINGERPRINT_SAMPLE_BYTES = 4096
+
+
+def weights_fingerprint(source: ModelSource) -> str:
+    """What identifies the base model's weights, for a checkpoint or an adapter to be resumed or
+    loaded only on the weights it was trained on: each weight file's name, size and header, and
+    samples of its data (a few ranged reads a file, not the model: a model replaced in place by
+    another version, or by the same one retrained, differs in nearly every value)."""
+    digest = hashlib.sha256()
+    for uri in weight_files(source):
+        header, start = _read_header(source.store, uri)
+        size = source.store.size(uri)
+        digest.update(f"{uri.rsplit('/', 1)[-1]}\0{size}\0".encode())
+        digest.update(json.dumps(header, sort_keys=True).encode())
+        for i in range(FINGERPRINT_SAMPLES):
+            offset = start + (size - start) * i // FINGERPRINT_SAMPLES
+            if (length := min(FINGERPRINT_SAMPLE_BYTES, size - offset)) > 0:
+                digest.update(source.store.get_bytes(uri, offset, length))
+    return digest.hexdigest()
+
+
+def check_same_weights(source: ModelSource, fingerprint: str, when: str) -> None:
+    """The base model's weights are those `fingerprint` (:func:`weights_fingerprint`) was taken
+    of `when` (what happened on them: "the adapters were trained"); nothing recorded: not checked."""
+    if fingerprint and weights_fingerprint(source) != fingerprint:
+        raise PretrainedError(f"{base_changed(source.origin, when)}: put back those weights, or train again on these")
+
+
+def base_changed(origin: str, when: str) -> str:
+    """What is wrong with a base model whose weights changed since `when`; the caller says what to do."""
+    return (
+        f"model.init_from {origin!r} holds other weights than when {when} (the folder was replaced, or a new "
+        "version put over it)"
     )
 
 

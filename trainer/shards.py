@@ -184,6 +184,17 @@ def dataset_format(cfg: Config) -> str | None:
     return None
 
 
+def content_digest(manifest: dict) -> str:
+    """What identifies a prepared dataset's items: the sha256 of each split's shards, in order
+    (equal for the same items in the same shards, whenever and wherever they were prepared)."""
+    digest = hashlib.sha256()
+    for split in sorted(manifest.get("splits", {})):
+        digest.update(split.encode() + b"\0")
+        for shard in manifest["splits"][split].get("shards", []):
+            digest.update(str(shard.get("sha256", "")).encode() + b"\0")
+    return digest.hexdigest()
+
+
 def read_manifest(store: ObjectStore, dataset_uri: str, expected_format: str | None = None) -> dict:
     """The dataset's manifest; a clear error when the dataset is missing, incomplete or of another task."""
     uri = join_uri(dataset_uri, MANIFEST)

@@ -63,7 +63,7 @@ from trainer.progress import Progress
 from trainer.rng import rng_state, seed_everything, set_rng_state
 from trainer.runs import TRAINING_RECORD
 from trainer.safetensors_file import TensorFile
-from trainer.shards import read_manifest
+from trainer.shards import content_digest, read_manifest
 from trainer.stopping import GRACE_ENV, StopSignal, Terminated, grace_warning
 from trainer.storage import ObjectStore, join_uri, open_store
 from trainer.tasks import Task, task_for
@@ -187,6 +187,7 @@ INCOMPATIBLE_FIELDS = (
     "model.init_from",
     "train.method",
     "lora.rank",
+    "lora.alpha",
     "lora.target_modules",
     "data.format",
     "model.hidden_sizes",
@@ -221,10 +222,16 @@ def check_resumable(
     from trainer.checks import unread_by
 
     old, new = flatten_config(saved), flatten_config(to_dict(cfg))
-    changed = sorted(k for k in old.keys() | new.keys() if old.get(k) != new.get(k))
-    # A field the checkpoint's record lacks came after it was written (it ran as the default
-    # does), and one the task never reads changes nothing it resumes.
-    bad = [k for k in changed if k in INCOMPATIBLE_FIELDS and k in old and not unread_by(cfg.task, k)]
+    # A field the task never reads changes nothing it resumes, nor do the adapters' settings
+    # unless both runs train adapters (a change of method is named by itself).
+    lora_both = old.get("train.method") == new.get("train.method") == "lora"
+    changed = sorted(
+        k
+        for k in old.keys() | new.keys()
+        if old.get(k) != new.get(k) and not unread_by(cfg.task, k) and (lora_both or not k.startswith("lora."))
+    )
+    # A field the checkpoint's record lacks came after it was written (it ran as the default does).
+    bad = [k for k in changed if k in INCOMPATIBLE_FIELDS and k in old]
     if bad:
         raise CheckpointError(
             "cannot resume: the checkpoint was written with a different "
@@ -240,9 +247,72 @@ def check_resumable(
             "(Task.stream), so its batches depend on the world size; resume with the checkpoint's shape"
         )
     for k in changed:
-        log.info("resuming with a changed %s: %r -> %r", k, old.get(k), new.get(k))
+        if not k.startswith("kubernetes."):  # where the pods run, not what they train
+            log.info("resuming with a changed %s: %r -> %r", k, old.get(k), new.get(k))
     if layout:
         log.info("resuming with a changed %s: the epoch goes on with the items still to come", ", ".join(layout))
+
+
+def check_steps_left(record: dict[str, Any], cfg: Config, own: bool, other: str) -> None:
+    """Refuse to resume the checkpoint of `record` under a step limit it has reached: past it, the
+    model would stay the checkpoint's, trained further than `cfg` says; at it, nothing would
+    train, which only a restart of the run itself (`own`, say after a failed evaluation) means."""
+    step, pos, tc = int(record.get("step", 0)), record.get("position") or {}, cfg.train
+    epoch, epoch_step = int(pos.get("epoch", 0)), int(pos.get("epoch_step", 0))
+    if tc.max_steps:
+        limit, past, at = f"train.max_steps {tc.max_steps}", step > tc.max_steps, step == tc.max_steps
+    else:
+        limit = f"train.epochs {tc.epochs}"
+        past, at = epoch > tc.epochs or (epoch == tc.epochs and epoch_step > 0), epoch == tc.epochs and not epoch_step
+    if past or (at and not own):
+        field = limit.split()[0]
+        raise CheckpointError(
+            f"cannot resume: {limit} ends {'before' if past else 'at'} the checkpoint's step {step} ({epoch} epochs "
+            f"and {epoch_step} steps done), so nothing would train and the model would be the checkpoint's: set "
+            f"{field} past it, or {other}"
+        )
+
+
+def input_fingerprints(manifest: dict[str, Any], meta: dict[str, Any]) -> dict[str, str]:
+    """What a run trains on, as its checkpoints record it: the prepared data's items
+    (:func:`trainer.shards.content_digest`) and a base model's weights (their fingerprint)."""
+    inputs = {"dataset": content_digest(manifest)}
+    if base := (meta.get("base_model") or {}).get("fingerprint"):
+        inputs["base_model"] = base
+    return inputs
+
+
+def check_same_inputs(
+    saved: dict[str, str], inputs: dict[str, str], saved_config: dict[str, Any], cfg: Config, other: str
+) -> None:
+    """Refuse to resume a checkpoint that recorded other inputs (:func:`input_fingerprints`) than
+    `inputs` under the same settings (:func:`check_resumable` compares those): the data or the
+    base model changed in place. An input that either side lacks (a record from before inputs
+    were recorded; the data before it is prepared) is not compared."""
+    from trainer.pretrained import base_changed
+
+    def differs(name: str) -> bool:
+        return name in saved and name in inputs and saved[name] != inputs[name]
+
+    if differs("base_model"):
+        raise CheckpointError(
+            f"cannot resume: {base_changed(cfg.model.init_from, 'the checkpoint was written')}: put back the weights "
+            f"it was trained on, or {other}"
+        )
+    if not differs("dataset"):
+        return
+    rows = flatten_config(saved_config).get("data.shard_rows", cfg.data.shard_rows)
+    if rows != cfg.data.shard_rows:
+        raise CheckpointError(
+            f"cannot resume: data.shard_rows changed ({rows!r}, now {cfg.data.shard_rows!r}), which cuts the data into "
+            f"other shards (and text into other windows), so the epoch's position would count other items; resume "
+            f"with the checkpoint's value, or {other}"
+        )
+    raise CheckpointError(
+        f"cannot resume: the prepared data holds other items than the checkpoint's under the same settings: "
+        f"data.source {cfg.data.source!r} changed since it was written (its split would put test rows into training, "
+        f"and the epoch's position would count other items); put back the data it was written on, or {other}"
+    )
 
 
 class Trainer:
@@ -278,6 +348,7 @@ class Trainer:
         # streams for anything random in the step (dropout).
         seed_everything(tc.seed)
         self.model, self.meta = task.build_model(cfg, manifest)
+        self.inputs = input_fingerprints(manifest, self.meta)
         # A model built on the meta device (a pretrained one) gets its weights after sharding, so
         # each rank reads only its shards; a replicated one before DDP wraps it.
         deferred = any(p.is_meta for p in self.model.parameters())
@@ -452,6 +523,8 @@ class Trainer:
         saved_world = int(record["world_size"])
         other = "point checkpoint.uri at a new prefix" if source is self.ckpt else "start without resume_from"
         check_resumable(record["config"], cfg, saved_world, env.world_size, self.data.streams, other)
+        check_same_inputs(record.get("inputs") or {}, self.inputs, record["config"], cfg, other)
+        check_steps_left(record, cfg, source is self.ckpt, other)
         own = self._load(record, source)
         self.scheduler.load_state_dict(record["scheduler"])
         self.step = int(record["step"])
@@ -512,6 +585,7 @@ class Trainer:
             "position": position,
             "scheduler": self.scheduler.state_dict(),
             "config": to_dict(self.cfg),
+            "inputs": self.inputs,
             "history": self.history,
             "loss_curve": self.loss_curve,
         }
@@ -746,8 +820,9 @@ class Trainer:
         train_seconds = time.perf_counter() - self.t_train
         peak_memory = self._peak_memory_bytes()  # the training loop's: before the final model is written
         if self.ckpt is not None:
-            if is_sharded(self.model) and self.ckpt.last_step != self.step:
-                # FSDP's model file is consolidated from the final step's checkpoint (write_final_model).
+            if self.ckpt.last_step != self.step:
+                # The run's latest checkpoint is its model (what `kftrain runs` lists and a new run
+                # continues); FSDP's model file is also consolidated from it (write_final_model).
                 self.save_checkpoint()
             self.ckpt.close()
         self.progress.close()

@@ -19,11 +19,14 @@ from trainer.launch.preflight import (
 REPO = Path(__file__).resolve().parents[2]
 GOLDEN = REPO / "tests" / "golden"
 EXAMPLES = sorted(p.stem for p in (REPO / "configs").glob("*.yaml"))
+#: The `--set`s of TRAINJOB_EXAMPLES that give a local demo's paths cluster URIs.
+PATHS = ("data.source=", "model.init_from=")
 
 
 @pytest.mark.parametrize("config", EXAMPLES)
 def test_manifest_matches_golden(config):
     """`kftrain job manifest` output is reviewed in tests/golden/ (KFTRAIN_UPDATE_GOLDEN=1 rewrites)."""
+    sets = [arg for s in TRAINJOB_EXAMPLES.get(config) or [] if s.startswith(PATHS) for arg in ("--set", s)]
     out = subprocess.run(
         [
             sys.executable,
@@ -35,6 +38,7 @@ def test_manifest_matches_golden(config):
             f"configs/{config}.yaml",
             "--namespace",
             "team-a",
+            *sets,
         ],
         cwd=REPO,
         capture_output=True,
@@ -82,6 +86,18 @@ def test_trainjob_manifest_matches_golden_and_the_strict_v2_schema(config):
     manifest = yaml.safe_load(golden.read_text())
     validate_trainjob(manifest)  # the reviewed file itself passes preflight
     assert (manifest["apiVersion"], manifest["kind"]) == ("trainer.kubeflow.org/v1alpha1", "TrainJob")
+
+
+def test_a_local_demos_paths_are_refused_as_submit_refuses_them():
+    """What the pods read, as a path relative to this machine (the fine-tuning demo's
+    `kftrain-outputs/example/...`), is refused naming the field (was: printed into the job)."""
+    out = cli_manifest("finetune-tiny", [])
+    assert out.returncode == 2
+    assert (
+        out.stderr.strip()
+        .splitlines()[-1]
+        .startswith("kftrain: error: data.source 'kftrain-outputs/example/chat.jsonl' is a path on this machine")
+    )
 
 
 def test_elastic_example_is_refused_as_a_trainjob_with_the_field_named():

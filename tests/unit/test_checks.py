@@ -348,3 +348,35 @@ def test_a_setting_the_run_never_reads_is_named(overrides, said):
 
     lines = ignored_settings(load_config(overrides=overrides))
     assert len(lines) == len(said) and all(line.startswith(s) for line, s in zip(lines, said, strict=True)), lines
+
+
+def test_a_resume_on_a_base_model_replaced_in_place_is_refused_before_any_step(folder, tmp_path):
+    """The configure step compares the base weights' fingerprint (a few ranged reads of samples,
+    :func:`trainer.pretrained.weights_fingerprint`) with the checkpoint's, and the step limit with
+    its step, so neither is found after data prep."""
+    import shutil
+
+    from safetensors.torch import load_file, save_file
+
+    from trainer import pretrained
+    from trainer.checkpoint import CheckpointError
+    from trainer.checks import check_continues
+    from trainer.config import to_dict
+
+    base = tmp_path / "base"
+    shutil.copytree(folder, base)
+    cfg = parse_config(base_model_config(str(base), "train:\n  max_steps: 8\n"))
+    record = {
+        "step": 5,
+        "position": {"epoch": 0, "epoch_step": 5},
+        "config": to_dict(cfg),
+        "inputs": {"base_model": pretrained.weights_fingerprint(pretrained.source_for(cfg, weights=False))},
+    }
+    check_continues(cfg, record, "start without resume_from", own=False)
+    fewer = parse_config(base_model_config(str(base), "train:\n  max_steps: 4\n"))
+    with pytest.raises(CheckpointError, match="train.max_steps 4 ends before the checkpoint's step 5"):
+        check_continues(fewer, record, "start without resume_from", own=False)
+    weights = base / pretrained.SINGLE_FILE
+    save_file({k: v + 0.01 for k, v in load_file(weights).items()}, weights, metadata={"format": "pt"})
+    with pytest.raises(CheckpointError, match=f"model.init_from '{base}' holds other weights than when the checkpoint"):
+        check_continues(cfg, record, "start without resume_from", own=False)

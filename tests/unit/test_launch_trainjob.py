@@ -34,7 +34,8 @@ GOLDEN = REPO / "tests" / "golden"
 EXAMPLES = {
     "demo": [],
     "gpt-tiny": [],
-    "finetune-tiny": [],
+    # Its local demo's paths (`kftrain example-model`) as a cluster's pods would read them.
+    "finetune-tiny": ["data.source=s3://datasets/chat.jsonl", "model.init_from=s3://models/tiny-llama"],
     "master-only": [],
     "multinode-gpu": [
         "kubernetes.priority_class=''",

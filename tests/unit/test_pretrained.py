@@ -248,3 +248,37 @@ def test_a_hub_model_is_read_at_one_commit_by_every_step_and_downloads_weights_o
         task_for(cfg).build_model(cfg, manifest)
     assert [c[0] for c in hub.calls[1:]] == ["commit01", "commit01"]  # the branch is at commit03 by now
     assert all("*.safetensors" in c[1] for c in hub.calls[1:])
+
+
+def _rewrite_values(path: Path, change) -> None:
+    """The safetensors file at `path` with its tensors passed through `change` (same names, shapes
+    and dtypes: a header byte for byte the same)."""
+    from safetensors.torch import load_file, save_file
+
+    save_file({k: change(k, v).contiguous() for k, v in load_file(path).items()}, path, metadata={"format": "pt"})
+
+
+# How the copy of the base model differs from the folder the fingerprint was taken of.
+FINGERPRINT_CASES = {
+    "an unchanged copy": (None, True),
+    "every value nudged (a new version)": (lambda k, v: v + 0.01, False),
+    "another dtype (a header of other offsets)": (lambda k, v: v.to(torch.bfloat16), False),
+}
+
+
+@pytest.mark.parametrize(("change", "same"), FINGERPRINT_CASES.values(), ids=FINGERPRINT_CASES.keys())
+def test_a_base_model_replaced_in_place_is_told_from_an_identical_copy(folder, tmp_path, change, same):
+    import shutil
+
+    before = pretrained.weights_fingerprint(source(folder))
+    copy = tmp_path / "base"
+    shutil.copytree(folder, copy)
+    if change is not None:
+        _rewrite_values(copy / pretrained.SINGLE_FILE, change)
+    assert (pretrained.weights_fingerprint(source(str(copy))) == before) is same
+    if same:
+        pretrained.check_same_weights(source(str(copy)), before, "the adapters were trained")
+    else:
+        with pytest.raises(pretrained.PretrainedError, match="holds other weights than when the adapters were trained"):
+            pretrained.check_same_weights(source(str(copy)), before, "the adapters were trained")
+    pretrained.check_same_weights(source(str(copy)), "", "the adapters were trained")  # nothing recorded: no check

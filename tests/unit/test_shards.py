@@ -68,3 +68,24 @@ def test_a_corrupt_token_shard_is_named_by_uri(tmp_path):
     info = ShardInfo("train/tokens-00000.npy", 10, len(raw), hashlib.sha256(raw).hexdigest())
     with pytest.raises(CorruptObject, match=r"tokens-00000.npy is not a valid token shard"):
         read_shard(store, uri, info)
+
+
+def _manifest(**shas) -> dict:
+    return {"splits": {split: {"shards": [{"sha256": s} for s in v]} for split, v in shas.items()}}
+
+
+@pytest.mark.parametrize(
+    ("other", "same"),
+    [
+        (_manifest(train=["a", "b"], test=["c"]), True),
+        ({**_manifest(train=["a", "b"], test=["c"]), "source": "elsewhere", "seed": 3}, True),  # the items decide
+        (_manifest(train=["b", "a"], test=["c"]), False),  # another order of the same shards
+        (_manifest(train=["a"], test=["b", "c"]), False),  # a shard moved to another split
+        (_manifest(train=["a", "b"], test=["d"]), False),
+        (_manifest(train=["a", "b", "c"]), False),
+    ],
+)
+def test_a_datasets_content_digest_is_its_splits_shards_in_order(other, same):
+    from trainer.shards import content_digest
+
+    assert (content_digest(_manifest(train=["a", "b"], test=["c"])) == content_digest(other)) is same

@@ -291,3 +291,143 @@ def test_a_run_records_its_peak_memory_and_median_step_time(digits, tmp_path, ma
         assert "median_step_seconds" not in metrics  # its only step was the measured one
     else:
         assert 0 < metrics["median_step_seconds"] < metrics["train_seconds"]
+
+
+# -- what a resume continues: the step limit, the same inputs, the same model -------------------
+
+# (checkpoint step, its position (epochs done, steps into the next), the run's own checkpoint,
+# overrides, refused with)
+STEPS_LEFT_CASES = {
+    "max_steps past it": (5, (0, 5), False, {"train.max_steps": 8}, None),
+    "max_steps before it": (5, (0, 5), False, {"train.max_steps": 3}, "train.max_steps 3 ends before"),
+    "max_steps at it, another run's": (5, (0, 5), False, {"train.max_steps": 5}, "train.max_steps 5 ends at"),
+    "max_steps at it, the run's own restart": (5, (0, 5), True, {"train.max_steps": 5}, None),
+    "epochs past it": (40, (2, 0), False, {"train.epochs": 3}, None),
+    "epochs before it": (40, (2, 0), False, {"train.epochs": 1}, "train.epochs 1 ends before"),
+    "epochs before it, mid-epoch": (45, (2, 5), True, {"train.epochs": 2}, "train.epochs 2 ends before"),
+    "epochs at it, another run's": (40, (2, 0), False, {"train.epochs": 2}, "train.epochs 2 ends at"),
+    "epochs at it, the run's own restart": (40, (2, 0), True, {"train.epochs": 2}, None),
+    "mid-epoch, the epoch left to train": (7, (0, 7), False, {"train.epochs": 1}, None),
+}
+
+
+@pytest.mark.parametrize(
+    ("step", "position", "own", "overrides", "refused"), STEPS_LEFT_CASES.values(), ids=STEPS_LEFT_CASES.keys()
+)
+def test_a_resume_under_a_step_limit_it_has_reached_is_refused(step, position, own, overrides, refused):
+    """Was: resumed, trained nothing, exited 0 and exported the checkpoint's model under a config
+    that says fewer steps."""
+    from trainer.checkpoint import CheckpointError
+    from trainer.train import check_steps_left
+
+    record = {"step": step, "position": {"epoch": position[0], "epoch_step": position[1]}}
+    cfg = load_config(overrides=overrides)
+    if refused is None:
+        check_steps_left(record, cfg, own, "start without resume_from")
+        return
+    with pytest.raises(CheckpointError, match=refused) as err:
+        check_steps_left(record, cfg, own, "start without resume_from")
+    assert f"the checkpoint's step {step}" in str(err.value) and str(err.value).endswith("start without resume_from")
+
+
+# (what the checkpoint recorded, what the run has now, a changed data.shard_rows; refused with)
+INPUT_CASES = {
+    "the same": ({"dataset": "a", "base_model": "w"}, {"dataset": "a", "base_model": "w"}, None, None),
+    "other data": ({"dataset": "a"}, {"dataset": "b"}, None, "holds other items than the checkpoint's"),
+    "other data, other shards": ({"dataset": "a"}, {"dataset": "b"}, 64, r"data\.shard_rows changed \(512, now 64\)"),
+    "other base weights": (
+        {"dataset": "a", "base_model": "w"},
+        {"dataset": "a", "base_model": "v"},
+        None,
+        "holds other weights",
+    ),
+    "a record from before inputs": ({}, {"dataset": "b", "base_model": "v"}, None, None),
+    "data not prepared yet": ({"dataset": "a", "base_model": "w"}, {"base_model": "w"}, None, None),
+}
+
+
+@pytest.mark.parametrize(("saved", "now", "rows", "refused"), INPUT_CASES.values(), ids=INPUT_CASES.keys())
+def test_a_resume_on_other_data_or_base_weights_under_the_same_settings_is_refused(saved, now, rows, refused):
+    """Was: a source file or a base model replaced in place resumed without a word (test rows
+    trained on; adapters trained half on one base, half on another)."""
+    from trainer.checkpoint import CheckpointError
+    from trainer.train import check_same_inputs
+
+    cfg = load_config(overrides={"data.shard_rows": rows} if rows else {})
+    saved_config = {"data": {"shard_rows": 512}}
+    if refused is None:
+        check_same_inputs(saved, now, saved_config, cfg, "start without resume_from")
+        return
+    with pytest.raises(CheckpointError, match=refused):
+        check_same_inputs(saved, now, saved_config, cfg, "start without resume_from")
+
+
+# (the checkpoint's method and LoRA settings, this run's; refused naming)
+LORA_RESUME_CASES = {
+    "full, unused lora settings changed": ({"train.method": "full"}, {"train.method": "full", "lora.rank": 4}, None),
+    "full to lora": ({"train.method": "full"}, {"train.method": "lora", "lora.rank": 4}, "train.method"),
+    "lora, rank changed": ({"train.method": "lora"}, {"train.method": "lora", "lora.rank": 4}, "lora.rank"),
+    "lora, alpha changed": ({"train.method": "lora"}, {"train.method": "lora", "lora.alpha": 32.0}, "lora.alpha"),
+    "lora, dropout changed": ({"train.method": "lora"}, {"train.method": "lora", "lora.dropout": 0.1}, None),
+}
+
+
+@pytest.mark.parametrize(("saved", "now", "named"), LORA_RESUME_CASES.values(), ids=LORA_RESUME_CASES.keys())
+def test_lora_settings_count_on_resume_only_when_both_runs_train_adapters(saved, now, named):
+    """Was: a full fine-tune refused over `lora.*` values it never read; a changed `lora.alpha`
+    rescaled the adapters' learned update at once, logged only."""
+    from trainer.checkpoint import CheckpointError
+    from trainer.config import to_dict
+    from trainer.train import check_resumable
+
+    lm = {"task": "causal_lm", "model.init_from": "/models/base"}
+    old, new = load_config(overrides={**lm, **saved}), load_config(overrides={**lm, **now})
+    if named is None:
+        check_resumable(to_dict(old), new, 2, 2, streams=True)
+        return
+    with pytest.raises(CheckpointError) as err:
+        check_resumable(to_dict(old), new, 2, 2, streams=True)
+    reasons = str(err.value).split("different ")[1]
+    assert named in reasons and (named == "lora.rank" or "lora.rank" not in reasons), reasons
+
+
+def test_a_resume_refuses_other_data_a_reached_step_limit_and_another_model_and_keeps_the_final_step(tmp_path):
+    """In one process, through the trainer: the final step of a run that stops mid-epoch is
+    committed (was: only under FSDP, so `kftrain runs` showed an older step, or none); resuming it
+    with a lower `train.max_steps`, with `model.dropout` that adds a layer, or on the source
+    changed in place is refused in one line; on the same data it continues."""
+    from trainer.checkpoint import CheckpointError, CheckpointManager, step_dir
+    from trainer.tasks.classification.data import prepare_dataset
+
+    rng = np.random.default_rng(0)
+
+    def csv(rows: int) -> str:
+        x = rng.normal(size=(rows, 3))
+        return "".join(f"{a:.4f},{b:.4f},{c:.4f},{'pos' if a + b > 0 else 'neg'}\n" for a, b, c in x)
+
+    source = tmp_path / "t.csv"
+    source.write_text("a,b,c,label\n" + csv(240))
+    shape = {"data.source": str(source), "model.hidden_sizes": [8], "train.batch_size": 16, "job.replicas": 1}
+    shape |= {"checkpoint.interval_steps": 3, "train.epochs": 3}
+
+    def prepared(name: str) -> str:
+        prepare_dataset(load_config(overrides=shape).data, LocalStore(), str(tmp_path / name))
+        return str(tmp_path / name)
+
+    def run(name: str, dataset: str, **overrides) -> dict:
+        cfg = load_config(overrides={**shape, "checkpoint.uri": str(tmp_path / f"{name}-ckpt"), **overrides})
+        return run_training(cfg, dataset, str(tmp_path / name), DistEnv())
+
+    first = prepared("data-a")
+    run("first", first, **{"train.max_steps": 5})
+    assert CheckpointManager(LocalStore(), str(tmp_path / "first-ckpt")).committed_steps() == [3, 5]
+    step5 = step_dir(str(tmp_path / "first-ckpt"), 5)
+    with pytest.raises(CheckpointError, match="train.max_steps 4 ends before the checkpoint's step 5"):
+        run("fewer", first, **{"train.max_steps": 4, "checkpoint.resume_from": step5})
+    with pytest.raises(CheckpointError, match=r"has a tensor the checkpoint lacks \(model\.3\.weight\)"):
+        run("dropout", first, **{"train.max_steps": 8, "model.dropout": 0.5, "checkpoint.resume_from": step5})
+    source.write_text("a,b,c,label\n" + csv(60) + source.read_text().split("\n", 1)[1])  # rows put in front
+    with pytest.raises(CheckpointError, match=f"data.source '{source}' changed since it was written"):
+        run("changed", prepared("data-b"), **{"train.max_steps": 8, "checkpoint.resume_from": step5})
+    metrics = run("same", first, **{"train.max_steps": 8, "checkpoint.resume_from": step5})
+    assert metrics["resumed_from_step"] == 5 and metrics["steps"] == 8

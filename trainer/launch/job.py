@@ -95,3 +95,15 @@ def check_job_manifests(cfg: Config) -> None:
     spec = training_job(cfg, PREFLIGHT_NAME, *PREFLIGHT_URIS)
     for kind in [BY_NAME[cfg.job.kind]] if cfg.job.kind in BY_NAME else list(BY_NAME.values()):
         kind.validate(kind.build(spec, cfg.kubernetes.namespace, None))
+
+
+def pod_read_paths(cfg: Config) -> dict[str, str]:
+    """The config's locations that a cluster's pods read but never write, by field: the data
+    source, the base model and a tokenizer file (the built-in sources and tokenizers are none);
+    what :func:`trainer.launch.spec.require_pod_paths` checks."""
+    from trainer.data_rules import BUILTIN_SOURCES
+
+    paths = {"data.source": cfg.data.source, "model.init_from": cfg.model.init_from}
+    if cfg.data.tokenizer != "bytes" and not cfg.data.tokenizer.startswith("bpe:"):
+        paths["data.tokenizer"] = cfg.data.tokenizer
+    return {field: value for field, value in paths.items() if value and value not in BUILTIN_SOURCES}

@@ -135,7 +135,12 @@ class PretrainedLMTask(CausalLMTask):
         meta = {
             "architecture": {"block_size": cfg.model.block_size},
             "hf_config": config,
-            "base_model": {"origin": source.origin, "folder": source.uri, "revision": source.revision},
+            "base_model": {
+                "origin": source.origin,
+                "folder": source.uri,
+                "revision": source.revision,
+                "fingerprint": pretrained.weights_fingerprint(source),
+            },
             "method": cfg.train.method,
             "tokenizer": manifest.get("tokenizer", {}),
             "vocab_size": config["vocab_size"],
@@ -165,6 +170,10 @@ class PretrainedLMTask(CausalLMTask):
 
     def model_from_meta(self, meta):
         source = source_from_meta(meta)
+        if meta.get("method") == "lora":  # the adapters are only the difference to the base they trained on
+            pretrained.check_same_weights(
+                source, meta["base_model"].get("fingerprint", ""), "the adapters were trained"
+            )
         model = self._build(meta, torch.float32, source)
         self._pending = (source, pretrained.buffers_of(model), 0)
         return model
