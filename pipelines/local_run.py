@@ -123,7 +123,7 @@ def check_own_checkpoint(cfg: Config, run_id: str, local_root: str = DEFAULT_LOC
     if not isinstance(record.get("config"), dict):
         return  # a record that does not say (the trainer's own check will)
     try:
-        check_continues(cfg, record, "start a new run (without --run-id)", own=True)
+        check_continues(cfg, record, "start a new run (without --run-id)")
     except KftrainError as exc:
         raise ConfigError(f"--run-id {run_id}: its checkpoint of step {step} ({prefix}): {exc}") from None
 

@@ -188,17 +188,17 @@ def check_resume_from(cfg: Config, root: str) -> Config:
     with check_deadline(MODEL_CHECK_BUDGET_S):  # a few listings and reads, as the base model's check
         folder, record = resolve_resume_from(cfg, root)
     try:
-        check_continues(cfg, record, "start without resume_from", own=False)
+        check_continues(cfg, record, "start without resume_from")
     except KftrainError as exc:
         raise ConfigError(f"checkpoint.resume_from {cfg.checkpoint.resume_from!r} ({folder}): {exc}") from None
     return dataclasses.replace(cfg, checkpoint=dataclasses.replace(cfg.checkpoint, resume_from=folder))
 
 
-def check_continues(cfg: Config, record: dict[str, Any], other: str, own: bool) -> None:
+def check_continues(cfg: Config, record: dict[str, Any], other: str) -> None:
     """`cfg` can continue the checkpoint whose commit record is `record`, before any step:
     :func:`trainer.train.check_resumable` at the checkpoint's own world size (whether that may
-    change depends on the task's data, checked when training starts), a step limit past it
-    (:func:`trainer.train.check_steps_left`; `own`: the run's own checkpoint) and the same base
+    change depends on the task's data, checked when training starts), a step limit not before
+    it (:func:`trainer.train.check_steps_left`) and the same base
     model weights (a Hub model: when training starts, which downloads them). `other` is the way
     out the error names besides the checkpoint's values."""
     from trainer import pretrained
@@ -206,7 +206,7 @@ def check_continues(cfg: Config, record: dict[str, Any], other: str, own: bool) 
 
     world = int(record.get("world_size", 1))
     check_resumable(record.get("config", {}), cfg, world, world, True, other)
-    check_steps_left(record, cfg, own, other)
+    check_steps_left(record, cfg, other)
     saved = record.get("inputs") or {}
     if "base_model" in saved and cfg.model.init_from and not cfg.model.init_from.startswith(pretrained.HF_SCHEME):
         now = {"base_model": pretrained.weights_fingerprint(pretrained.source_for(cfg, weights=False))}

@@ -253,23 +253,21 @@ def check_resumable(
         log.info("resuming with a changed %s: the epoch goes on with the items still to come", ", ".join(layout))
 
 
-def check_steps_left(record: dict[str, Any], cfg: Config, own: bool, other: str) -> None:
-    """Refuse to resume the checkpoint of `record` under a step limit it has reached: past it, the
-    model would stay the checkpoint's, trained further than `cfg` says; at it, nothing would
-    train, which only a restart of the run itself (`own`, say after a failed evaluation) means."""
+def check_steps_left(record: dict[str, Any], cfg: Config, other: str) -> None:
+    """Refuse to resume the checkpoint of `record` under a step limit that ends before it: the
+    model would stay the checkpoint's, trained further than `cfg` says. A limit at its step is a
+    resume that only writes the checkpoint's model (and evaluates and exports it)."""
     step, pos, tc = int(record.get("step", 0)), record.get("position") or {}, cfg.train
     epoch, epoch_step = int(pos.get("epoch", 0)), int(pos.get("epoch_step", 0))
     if tc.max_steps:
-        limit, past, at = f"train.max_steps {tc.max_steps}", step > tc.max_steps, step == tc.max_steps
+        limit, past = f"train.max_steps {tc.max_steps}", step > tc.max_steps
     else:
-        limit = f"train.epochs {tc.epochs}"
-        past, at = epoch > tc.epochs or (epoch == tc.epochs and epoch_step > 0), epoch == tc.epochs and not epoch_step
-    if past or (at and not own):
-        field = limit.split()[0]
+        limit, past = f"train.epochs {tc.epochs}", epoch > tc.epochs or (epoch == tc.epochs and epoch_step > 0)
+    if past:
         raise CheckpointError(
-            f"cannot resume: {limit} ends {'before' if past else 'at'} the checkpoint's step {step} ({epoch} epochs "
-            f"and {epoch_step} steps done), so nothing would train and the model would be the checkpoint's: set "
-            f"{field} past it, or {other}"
+            f"cannot resume: {limit} ends before the checkpoint's step {step} ({epoch} epochs and {epoch_step} "
+            f"steps done), so the model would be the checkpoint's, trained further than the config says: set "
+            f"{limit.split()[0]} at or past it, or {other}"
         )
 
 
@@ -524,7 +522,7 @@ class Trainer:
         other = "point checkpoint.uri at a new prefix" if source is self.ckpt else "start without resume_from"
         check_resumable(record["config"], cfg, saved_world, env.world_size, self.data.streams, other)
         check_same_inputs(record.get("inputs") or {}, self.inputs, record["config"], cfg, other)
-        check_steps_left(record, cfg, source is self.ckpt, other)
+        check_steps_left(record, cfg, other)
         own = self._load(record, source)
         self.scheduler.load_state_dict(record["scheduler"])
         self.step = int(record["step"])

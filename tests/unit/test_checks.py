@@ -372,11 +372,11 @@ def test_a_resume_on_a_base_model_replaced_in_place_is_refused_before_any_step(f
         "config": to_dict(cfg),
         "inputs": {"base_model": pretrained.weights_fingerprint(pretrained.source_for(cfg, weights=False))},
     }
-    check_continues(cfg, record, "start without resume_from", own=False)
+    check_continues(cfg, record, "start without resume_from")
     fewer = parse_config(base_model_config(str(base), "train:\n  max_steps: 4\n"))
     with pytest.raises(CheckpointError, match="train.max_steps 4 ends before the checkpoint's step 5"):
-        check_continues(fewer, record, "start without resume_from", own=False)
+        check_continues(fewer, record, "start without resume_from")
     weights = base / pretrained.SINGLE_FILE
     save_file({k: v + 0.01 for k, v in load_file(weights).items()}, weights, metadata={"format": "pt"})
     with pytest.raises(CheckpointError, match=f"model.init_from '{base}' holds other weights than when the checkpoint"):
-        check_continues(cfg, record, "start without resume_from", own=False)
+        check_continues(cfg, record, "start without resume_from")

@@ -295,26 +295,23 @@ def test_a_run_records_its_peak_memory_and_median_step_time(digits, tmp_path, ma
 
 # -- what a resume continues: the step limit, the same inputs, the same model -------------------
 
-# (checkpoint step, its position (epochs done, steps into the next), the run's own checkpoint,
-# overrides, refused with)
+# (checkpoint step, its position (epochs done, steps into the next), overrides, refused with)
 STEPS_LEFT_CASES = {
-    "max_steps past it": (5, (0, 5), False, {"train.max_steps": 8}, None),
-    "max_steps before it": (5, (0, 5), False, {"train.max_steps": 3}, "train.max_steps 3 ends before"),
-    "max_steps at it, another run's": (5, (0, 5), False, {"train.max_steps": 5}, "train.max_steps 5 ends at"),
-    "max_steps at it, the run's own restart": (5, (0, 5), True, {"train.max_steps": 5}, None),
-    "epochs past it": (40, (2, 0), False, {"train.epochs": 3}, None),
-    "epochs before it": (40, (2, 0), False, {"train.epochs": 1}, "train.epochs 1 ends before"),
-    "epochs before it, mid-epoch": (45, (2, 5), True, {"train.epochs": 2}, "train.epochs 2 ends before"),
-    "epochs at it, another run's": (40, (2, 0), False, {"train.epochs": 2}, "train.epochs 2 ends at"),
-    "epochs at it, the run's own restart": (40, (2, 0), True, {"train.epochs": 2}, None),
-    "mid-epoch, the epoch left to train": (7, (0, 7), False, {"train.epochs": 1}, None),
+    "max_steps past it": (5, (0, 5), {"train.max_steps": 8}, None),
+    "max_steps before it": (5, (0, 5), {"train.max_steps": 3}, "train.max_steps 3 ends before"),
+    "max_steps at it: its model written": (5, (0, 5), {"train.max_steps": 5}, None),
+    "epochs past it": (40, (2, 0), {"train.epochs": 3}, None),
+    "epochs before it": (40, (2, 0), {"train.epochs": 1}, "train.epochs 1 ends before"),
+    "epochs before it, mid-epoch": (45, (2, 5), {"train.epochs": 2}, "train.epochs 2 ends before"),
+    "epochs at it: its model written": (40, (2, 0), {"train.epochs": 2}, None),
+    "mid-epoch, the epoch left to train": (7, (0, 7), {"train.epochs": 1}, None),
 }
 
 
 @pytest.mark.parametrize(
-    ("step", "position", "own", "overrides", "refused"), STEPS_LEFT_CASES.values(), ids=STEPS_LEFT_CASES.keys()
+    ("step", "position", "overrides", "refused"), STEPS_LEFT_CASES.values(), ids=STEPS_LEFT_CASES.keys()
 )
-def test_a_resume_under_a_step_limit_it_has_reached_is_refused(step, position, own, overrides, refused):
+def test_a_resume_under_a_step_limit_before_the_checkpoint_is_refused(step, position, overrides, refused):
     """Was: resumed, trained nothing, exited 0 and exported the checkpoint's model under a config
     that says fewer steps."""
     from trainer.checkpoint import CheckpointError
@@ -323,10 +320,10 @@ def test_a_resume_under_a_step_limit_it_has_reached_is_refused(step, position, o
     record = {"step": step, "position": {"epoch": position[0], "epoch_step": position[1]}}
     cfg = load_config(overrides=overrides)
     if refused is None:
-        check_steps_left(record, cfg, own, "start without resume_from")
+        check_steps_left(record, cfg, "start without resume_from")
         return
     with pytest.raises(CheckpointError, match=refused) as err:
-        check_steps_left(record, cfg, own, "start without resume_from")
+        check_steps_left(record, cfg, "start without resume_from")
     assert f"the checkpoint's step {step}" in str(err.value) and str(err.value).endswith("start without resume_from")
 
 
