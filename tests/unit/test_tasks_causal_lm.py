@@ -143,3 +143,22 @@ def test_chat_records_read_as_text_records_point_at_the_chat_format(tmp_path):
     path.write_text('{"messages": [{"role": "user", "content": "hi"}]}\n')
     with pytest.raises(DataError, match="records of `messages` are chat data: set data.format: chat"):
         list(_object_pieces(LocalStore(), str(path), "text", "auto"))
+
+
+@pytest.mark.parametrize("sizes", [(80_000, 90_000), (20_000, 20_000, 20_000), (300_000,)])
+def test_every_split_samples_every_file_of_a_small_corpus(sizes):
+    """The source's files one after another in one block: each split holds lines of each (was:
+    val and test only from the block's tail, the last file's), in the fractions asked for."""
+    from trainer.tasks.causal_lm import split_block
+
+    files = [b"".join(b"file %d line %06d\n" % (f, i) for i in range(size // 20)) for f, size in enumerate(sizes)]
+    parts = split_block(b"".join(files), 0.1, 0.2)
+    assert b"".join(sorted(b"".join(parts.values()).splitlines(keepends=True))) == b"".join(
+        sorted(b"".join(files).splitlines(keepends=True))
+    )  # every line once, none cut
+    total = sum(len(f.splitlines()) for f in files)
+    for split, share in (("train", 0.7), ("val", 0.1), ("test", 0.2)):
+        assert len(parts[split].splitlines()) / total == pytest.approx(share, abs=0.02), split
+        for f in range(len(files)):  # a piece that straddles two files shares out between them
+            lines = parts[split].count(b"file %d " % f)
+            assert lines / len(files[f].splitlines()) == pytest.approx(share, abs=0.1), (split, f)

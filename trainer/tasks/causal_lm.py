@@ -176,12 +176,27 @@ def _cut(block: bytes, at: int) -> int:
     return nl + 1 if nl != -1 and nl - at < 4096 else at
 
 
+#: A block is split piece by piece, each about this many bytes (cut at a line end): every split
+#: then samples the whole corpus, also one of a few small files (a block's tail alone would be
+#: its last file's).
+SPLIT_PIECE_BYTES = 16 << 10
+
+
 def split_block(block: bytes, val_fraction: float, test_fraction: float) -> dict[str, bytes]:
-    """A block's train, val and test parts: its first (1 - val - test) share, then val, then test."""
-    n = len(block)
-    a = _cut(block, int(n * (1 - val_fraction - test_fraction)))
-    b = max(a, _cut(block, int(n * (1 - test_fraction))))
-    return {"train": block[:a], "val": block[a:b], "test": block[b:]}
+    """A block's train, val and test parts: of each piece of about :data:`SPLIT_PIECE_BYTES`, its
+    first (1 - val - test) share, then val, then test."""
+    parts: dict[str, list[bytes]] = {"train": [], "val": [], "test": []}
+    start = 0
+    while start < len(block):
+        end = _cut(block, start + SPLIT_PIECE_BYTES)
+        piece, n = block[start:end], end - start
+        a = _cut(piece, int(n * (1 - val_fraction - test_fraction)))
+        b = max(a, _cut(piece, int(n * (1 - test_fraction))))
+        parts["train"].append(piece[:a])
+        parts["val"].append(piece[a:b])
+        parts["test"].append(piece[b:])
+        start = end
+    return {split: b"".join(pieces) for split, pieces in parts.items()}
 
 
 #: The tokenizer of this data-prep process (set once per worker: a tokenizer.json can be MBs).
