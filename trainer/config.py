@@ -529,8 +529,8 @@ class PlanConfig:
     fit in the GPU's memory or does not finish within `job.timeout_seconds`."""
     gpu: str = ""
     """GPU type to plan for (`H100-80GB`, `H200-141GB`, `A100-40GB`, `A100-80GB`, `L40S`, `L4`, `A10G`; `H100`,
-    `H200`, `A100` for short, any case): its memory is the limit, unless `kubernetes.gpu_memory_gb` is set. Empty:
-    the CPU."""
+    `H200` for short, any case, or the name nvidia-smi prints): its memory is the limit, unless
+    `kubernetes.gpu_memory_gb` is set. Empty: the CPU."""
     nodes: list[int] = field(default_factory=list)
     """Node counts (replicas of `job.nproc_per_node` ranks) to predict scaling at, e.g. `[1, 2, 4, 8]`; empty:
     the job's `job.replicas` and the planner's default comparison points."""

@@ -13,8 +13,17 @@ from trainer.plan.hardware import GPUS, HardwareError, Interconnect, default_int
         ("H200", 140.4, 989.0),
         ("h100", 79.6, 989.0),
         ("A100-40GB", 40.0, 312.0),
-        ("a100", 80.0, 312.0),
+        ("a100-80gb", 80.0, 312.0),
         ("L4", 22.5, 121.0),
+        # As nvidia-smi and torch.cuda.get_device_name print them.
+        ("NVIDIA H100 80GB HBM3", 79.6, 989.0),
+        ("NVIDIA H200", 140.4, 989.0),
+        ("NVIDIA A100-SXM4-40GB", 40.0, 312.0),
+        ("NVIDIA A100-SXM4-80GB", 80.0, 312.0),
+        ("NVIDIA A100-PCIE-40GB", 40.0, 312.0),
+        ("NVIDIA L40S", 45.0, 362.0),
+        ("NVIDIA L4", 22.5, 121.0),
+        ("NVIDIA A10G", 22.5, 125.0),
         ("l40s", 45.0, 362.0),
         ("A10G", 22.5, 125.0),
     ],
@@ -25,9 +34,18 @@ def test_gpu_types_by_name(name, memory_gib, tflops):
     assert spec in GPUS.values()
 
 
-def test_an_unknown_gpu_names_the_known_ones_and_the_way_out():
-    with pytest.raises(HardwareError, match=r"--gpu 'V100'.*H200-141GB.*--gpu-memory"):
-        gpu_spec("V100")
+@pytest.mark.parametrize("name", ["V100", "Tesla T4", "NVIDIA GeForce RTX 4090", "L40", "NVIDIA H100 NVL", "H100 PCIe"])
+def test_an_unknown_gpu_names_the_known_ones_and_the_way_out(name):
+    """Also another product of a known model (an H100 NVL or PCIe has other memory and peaks)."""
+    with pytest.raises(HardwareError, match=rf"--gpu '{name}'.*H200-141GB.*--gpu-memory"):
+        gpu_spec(name)
+
+
+@pytest.mark.parametrize("name", ["A100", "a100", "NVIDIA A100"])
+def test_a_gpu_that_comes_in_two_sizes_is_named_whole(name):
+    """Was: an A100 planned as the 80 GB one without a word."""
+    with pytest.raises(HardwareError, match=r"the A100 comes as A100-80GB and A100-40GB; name one"):
+        gpu_spec(name)
 
 
 @pytest.mark.parametrize(

@@ -22,6 +22,7 @@ A link's usable bandwidth for a collective is less than its marketing number: nc
 
 from __future__ import annotations
 
+import re
 from dataclasses import asdict, dataclass
 
 from trainer.errors import KftrainError
@@ -60,8 +61,8 @@ GPUS: dict[str, GpuSpec] = {
     )
 }
 
-#: Short names people type (`--gpu h200`).
-ALIASES = {"H100": "H100-80GB", "H200": "H200-141GB", "A100": "A100-80GB"}
+#: Short names people type (`--gpu h200`); an A100 comes with 40 or 80 GB, so it is named whole.
+ALIASES = {"H100": "H100-80GB", "H200": "H200-141GB"}
 
 #: The fraction of a link's datasheet bandwidth a ring collective achieves (nccl-tests bus
 #: bandwidth of about 450 of 900 GB/s on NVLink 4; about 90% of line rate on InfiniBand/RoCE).
@@ -70,15 +71,28 @@ NETWORK_EFFICIENCY = 0.9
 
 
 def gpu_spec(name: str) -> GpuSpec:
-    """The GPU type `name` (case-insensitive; `h200` and `H200-141GB` alike)."""
+    """The GPU type `name`, case-insensitive: the plan's name (`H200-141GB`), a short one (`h200`),
+    or the driver's as `nvidia-smi` and `torch.cuda.get_device_name` print it (`NVIDIA H100 80GB
+    HBM3`, `NVIDIA A100-SXM4-40GB`): the model and, where it comes in two sizes, the GB."""
     key = name.strip().upper()
     for spec_name in GPUS:
         if spec_name.upper() == key:
             return GPUS[spec_name]
     if key in ALIASES:
         return GPUS[ALIASES[key]]
+    words = re.split(r"[\s_-]+", key.removeprefix("NVIDIA").strip())
+    gb = next((w[:-2] for w in words if re.fullmatch(r"\d+GB", w)), "")
+    models = {spec.split("-")[0] for spec in GPUS}
+    model = next((w for w in words if w in models), "")
+    sized = [spec for spec in GPUS if spec.split("-")[0] == model and (not gb or spec.endswith(f"-{gb}GB"))]
+    other_product = model == "H100" and {"NVL", "PCIE"} & set(words)  # other memory and peaks than the SXM's
+    if model and len(sized) == 1 and not other_product and (gb or "-" not in sized[0] or model in ALIASES):
+        return GPUS[sized[0]]
+    if model and not gb and len(sized) > 1:
+        raise HardwareError(f"--gpu {name!r}: the {model} comes as {' and '.join(sized)}; name one")
     raise HardwareError(
-        f"--gpu {name!r}: not a GPU type the plan knows ({', '.join(GPUS)}); give its memory with --gpu-memory instead"
+        f"--gpu {name!r}: not a GPU type the plan knows ({', '.join(GPUS)}, or the name nvidia-smi prints for "
+        "one); give its memory with --gpu-memory instead"
     )
 
 
