@@ -143,16 +143,32 @@ def binary_reason(head: bytes, complete: bool = False) -> str | None:
 
 
 def text_chunks(chunks: Iterable[bytes], uri: str, what: str) -> Iterator[bytes]:
-    """`chunks` of the object at `uri` unchanged, once its first chunk passed :func:`binary_reason`;
-    `what` names the text expected (`CSV`, `text or JSON Lines`) in the error."""
-    first = True
+    """`chunks` of the object at `uri` unchanged, as long as they are UTF-8 text: the first one
+    passes :func:`binary_reason`, and every later byte decodes (was: only the head was checked, so
+    a bad byte further on was replaced where a tokenizer decodes the text). `what` names the text
+    expected (`CSV`, `text or JSON Lines`) in the error."""
+    decoder = codecs.getincrementaldecoder("utf-8")()
+    offset = lines = 0
     for chunk in chunks:
-        if first:
-            first = False
+        if not offset:
             reason = binary_reason(chunk[:HEAD_BYTES], complete=len(chunk) < HEAD_BYTES)
             if reason:
                 raise DataError(f"data.source {uri} {reason}: data prep reads {what}")
+        pending = decoder.getstate()[0]  # the start of a character the previous chunk ended in
+        try:
+            decoder.decode(chunk)
+        except UnicodeDecodeError as exc:
+            data = pending + chunk
+            line = lines + data.count(b"\n", len(pending), max(exc.start, len(pending))) + 1
+            raise DataError(
+                f"data.source {uri} is not UTF-8 text (line {line}: byte 0x{data[exc.start]:02x} at offset "
+                f"{offset - len(pending) + exc.start}; save it as UTF-8): data prep reads {what}"
+            ) from None
+        offset += len(chunk)
+        lines += chunk.count(b"\n")
         yield chunk
+    if decoder.getstate()[0]:
+        raise DataError(f"data.source {uri} is not UTF-8 text (it ends inside a character; save it as UTF-8)")
 
 
 def source_format_problem(task: str, uri: str) -> str | None:

@@ -6,7 +6,15 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from trainer.data_rules import bad_feature, binary_reason, canonical_label, class_order, source_format_problem
+from trainer.data_rules import (
+    HEAD_BYTES,
+    bad_feature,
+    binary_reason,
+    canonical_label,
+    class_order,
+    source_format_problem,
+)
+from trainer.shards import DataError
 from trainer.storage import has_suffix
 from trainer.tokenizer import parse_spec
 
@@ -178,3 +186,38 @@ def test_a_missing_source_spelled_like_a_built_in_one_says_so(tmp_path, monkeypa
     assert message.startswith(f"data.source {source}") and (
         f"the built-in source is {hint}, in lower case" in message if hint else "built-in" not in message
     )
+
+
+#: A first chunk as store reads give it: a whole head (shorter, it would be the whole object).
+HEAD = b"head line\n" * (HEAD_BYTES // 10 + 1)
+HEAD_LINES = HEAD.count(b"\n")
+
+# (the object's chunks after HEAD, the line and offset named (counted after HEAD); None: it reads whole)
+LATE_UTF8_CASES = {
+    "valid throughout": ([b"caf\xc3\xa9\n" * 3, b"na\xc3\xafve\n"], None),
+    "a character split between chunks": ([b"line\ncaf\xc3", b"\xa9\nmore\n"], None),
+    "latin-1 in a later chunk": ([b"a\nb\n", b"c\ncaf\xe9\n"], (4, 9)),
+    "a bad continuation across chunks": ([b"a\n\xc3", b"(b\n"], (2, 2)),
+    "cut inside its last character": ([b"a\nb\xe2\x82"], "ends inside a character"),
+}
+
+
+@pytest.mark.parametrize(("chunks", "named"), LATE_UTF8_CASES.values(), ids=LATE_UTF8_CASES.keys())
+def test_text_that_stops_being_utf8_after_its_head_is_refused_where_it_does(chunks, named):
+    """Was: only the head was checked; a bad byte further on was replaced by the tokenizer."""
+    from trainer.data_rules import text_chunks
+
+    read = text_chunks(iter([HEAD, *chunks]), "s3://b/corpus.txt", "text or JSON Lines")
+    if named is None:
+        assert b"".join(read) == HEAD + b"".join(chunks)
+        return
+    with pytest.raises(DataError) as err:
+        list(read)
+    message = str(err.value)
+    assert message.startswith("data.source s3://b/corpus.txt is not UTF-8 text (")
+    if isinstance(named, tuple):
+        line, offset = named
+        assert f"(line {HEAD_LINES + line}: byte 0x" in message, message
+        assert f"at offset {len(HEAD) + offset};" in message, message
+    else:
+        assert named in message
