@@ -94,10 +94,13 @@ def export_model(
     training_config: dict[str, Any] | None = None,
     max_shard_bytes: int = ExportConfig().max_shard_bytes,
     merge_lora: bool = False,
+    training: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     """Write and verify every format under `output_uri`; return the model card (written last).
 
-    `max_shard_bytes` and `merge_lora`: `export.*`, for a fine-tuned pretrained model."""
+    `max_shard_bytes` and `merge_lora`: `export.*`, for a fine-tuned pretrained model.
+    `training`: what the card says of the weights' training (steps, the step resumed from, the
+    best checkpoint's step)."""
     line = ProgressLine(f"export to {output_uri}")
 
     def put(name: str, data: bytes) -> None:
@@ -109,7 +112,7 @@ def export_model(
     # The weights are not loaded yet: a pretrained model's are streamed from the file instead.
     model = task.model_from_meta(meta)
     if task.serving_module(model, meta) is None:
-        common = _common_card(meta, model_uri, metrics, training_config)
+        common = _common_card(meta, model_uri, metrics, training_config, training)
         if "base_model" in meta:
             from trainer.export_pretrained import write_pretrained_export
 
@@ -151,7 +154,7 @@ def export_model(
         put(name, data)
     put(SAFETENSORS, save_safetensors(weights(serving)))
     card = {
-        **_common_card(meta, model_uri, metrics, training_config),
+        **_common_card(meta, model_uri, metrics, training_config, training),
         "inputs": {
             "name": names[0],
             "dtype": str(example.dtype).removeprefix("torch."),
@@ -177,7 +180,11 @@ def export_model(
 
 
 def _common_card(
-    meta: dict[str, Any], model_uri: str, metrics: dict[str, Any] | None, training_config: dict[str, Any] | None
+    meta: dict[str, Any],
+    model_uri: str,
+    metrics: dict[str, Any] | None,
+    training_config: dict[str, Any] | None,
+    training: dict[str, Any] | None,
 ) -> dict[str, Any]:
     """The card's fields every task has: what the model is, how it did, where it came from."""
     return {
@@ -187,6 +194,7 @@ def _common_card(
         "architecture": meta["architecture"],
         "metrics": metrics or {},
         "training_config": training_config or {},
+        "training": training or {},
         "source_dataset_uri": meta["dataset_uri"],
         "source_model_uri": model_uri,
     }

@@ -242,14 +242,20 @@ def evaluate(
 def export(cfg: Config, model_uri: str, output_uri: str, metrics: dict[str, Any]) -> dict[str, Any]:
     """Serving formats and model card of the trained model under `output_uri`."""
     from trainer.export import export_model
+    from trainer.runs import TRAINING_RECORD
 
     store = store_for(cfg, output_uri, check=True)
+    # The card tells of the weights: the config they trained under and how many steps they had
+    # (a run resumed from another one's checkpoint says so; `export_best`: the best step's weights).
+    record = json.loads(store_for(cfg, model_uri).get_bytes(join_uri(model_uri, TRAINING_RECORD)))
+    done = record.get("metrics", {})
     return export_model(
         store,
         model_uri,
         output_uri,
         metrics=metrics,
-        training_config=to_dict(cfg),
+        training_config=record.get("config") or to_dict(cfg),
         max_shard_bytes=cfg.export.max_shard_bytes,
         merge_lora=cfg.export.merge_lora,
+        training={k: done[k] for k in ("steps", "resumed_from_step", "best_step") if k in done},
     )

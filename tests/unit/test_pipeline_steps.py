@@ -248,3 +248,20 @@ def test_the_reports_prediction_is_for_the_device_and_shape_the_run_had(override
 def test_a_gpu_job_without_a_gpu_type_has_no_prediction_and_says_why():
     prediction = run_prediction(load_config(None, {**GPT, **GPU_JOB}), {"vocab_size": 256})
     assert prediction == {"problem": "a GPU job without plan.gpu: set it to the nodes' GPU type for a prediction"}
+
+
+def test_the_model_card_tells_the_config_and_the_steps_the_weights_trained_under(digits, tmp_path):
+    """Was: the export step's own config (a resume with other settings showed those) and no step
+    count, so a card could not say which weights it describes."""
+    from trainer.config import load_config, to_dict
+    from trainer.distributed import DistEnv
+    from trainer.pipeline_steps import export
+    from trainer.train import run_training
+
+    trained = load_config(overrides={"train.max_steps": 3, "model.hidden_sizes": [16], "job.replicas": 1})
+    run_training(trained, digits, str(tmp_path / "model"), DistEnv())
+    later = load_config(overrides={"train.max_steps": 9, "export.max_shard_bytes": 1 << 20})
+    card = export(later, str(tmp_path / "model"), str(tmp_path / "exported"), {"test_accuracy": 0.5})
+    assert card["training"] == {"steps": 3, "resumed_from_step": 0}
+    assert card["training_config"]["train"]["max_steps"] == 3
+    assert card["training_config"]["model"] == to_dict(trained)["model"]
