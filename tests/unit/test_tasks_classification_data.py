@@ -232,7 +232,7 @@ def test_peak_memory_does_not_grow_with_the_source(tmp_path):
             "label,b\n" + "".join(f"{i}.25,{i % 2}\n" for i in range(300)),  # a continuous column as the label
             r"300 of the 300 classes in column 'label' \(data.label_column\) have one row each.*holds the classes",
         ),
-        (b"a,label\n1,x\n2,\xff\n", "in.csv: line 3 is not UTF-8 text"),
+        (b"a,label\n1,x\n2,\xff\n", r"in.csv is not UTF-8 text \(line 3: byte 0xff"),
     ],
 )
 def test_bad_csv_says_what_is_wrong(tmp_path, text, message):
