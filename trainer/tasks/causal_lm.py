@@ -189,6 +189,8 @@ def split_block(block: bytes, val_fraction: float, test_fraction: float) -> dict
     start = 0
     while start < len(block):
         end = _cut(block, start + SPLIT_PIECE_BYTES)
+        if len(block) - end < SPLIT_PIECE_BYTES // 2:  # no short last piece: its shares would be a few lines
+            end = len(block)
         piece, n = block[start:end], end - start
         a = _cut(piece, int(n * (1 - val_fraction - test_fraction)))
         b = max(a, _cut(piece, int(n * (1 - test_fraction))))
