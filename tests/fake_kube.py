@@ -269,8 +269,9 @@ class FakeCluster:
             self._check_resource(group, version, plural)
             if name not in self.jobs:
                 raise api_error(404)
-            del self.jobs[name]
+            job = self.jobs.pop(name)
             self._delete_pods(name)
+            return job  # the API answers a delete with the object (a Foreground one: still being deleted)
 
         return self._call("delete", name, do)
 

@@ -28,6 +28,8 @@ What the old launchers got wrong and this one does:
 - transient API errors (5xx, 429, connection resets) are retried (`trainer/launch/retry.py`)
   within `kubernetes.api_retry_budget_seconds`: only a final answer fails the step and deletes
   the job (the Failed condition, a 4xx, the deadline, or the budget spent);
+- an answer that is not a Kubernetes object (an auth proxy's login page, an empty body) is a
+  final one too, one line naming the server, the call and what came instead (:func:`api_call`);
 - rank 0's progress, which it reports to the job object (a TrainJob's `status.trainerStatus`, a
   PyTorchJob's `kftrain.io/progress` annotation; trainer/job_status.py), is printed in the step's
   log whenever it changes, as the same line rank 0 logs (`trainer.progress.format_progress`);
@@ -58,7 +60,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from trainer.errors import KftrainError
+from trainer.errors import KftrainError, redact
 from trainer.launch import failures
 from trainer.launch.backend import JobFailed, JobTimeout, failure_excerpt, print_line
 from trainer.launch.jobkind import (
@@ -256,9 +258,10 @@ class _Job:
         """`<namespace>/<name>`."""
         return f"{self.namespace}/{self.name}"
 
-    def api(self, what: str, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
-        """One API call for this job, through the backend's retry policy."""
-        return self._backend._api(self.spec, what, fn, *args, **kwargs)
+    def api(self, what: str, fn: Callable[..., Any], *args: Any, text: bool = False, **kwargs: Any) -> Any:
+        """One API call for this job, through the backend's retry policy and answer check
+        (`text`: the answer is text, a log, not an object)."""
+        return self._backend._api(self.spec, what, fn, *args, text=text, **kwargs)
 
     def custom(self, verb: str, method: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
         """One custom-objects API call on the job's resource: `method(group, version, namespace,
@@ -585,11 +588,15 @@ class KubernetesBackend:
 
     # -- API calls, all through the retry -------------------------------------------------
 
-    def _api(self, spec: JobSpec, what: str, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+    def _api(
+        self, spec: JobSpec, what: str, fn: Callable[..., Any], *args: Any, text: bool = False, **kwargs: Any
+    ) -> Any:
+        """Every API call of the backend: retried (:class:`ApiRetry`), and its answer checked to be
+        a Kubernetes object (:func:`api_call`; `text`: a log read, whose answer is text)."""
         retry = ApiRetry(
             spec.kubernetes.api_retry_budget_seconds, now=self._now, sleep=self._sleep, log=self._log, rng=self._rng
         )
-        return retry.call(what, fn, *args, stop_at=self._deadline, **kwargs)
+        return retry.call(what, api_call, what, fn, *args, text=text, stop_at=self._deadline, **kwargs)
 
     def _create(self, job: _Job, manifest: dict[str, Any]) -> None:
         job.custom("create", self.custom.create_namespaced_custom_object, manifest)
@@ -665,6 +672,7 @@ class KubernetesBackend:
             pod_name,
             job.namespace,
             container=job.kind.container,
+            text=True,
             **options,
         )
 
@@ -724,6 +732,82 @@ class KubernetesBackend:
 def progress_message(what: str, snapshot: Snapshot) -> str:
     """The launcher's step-log line for a job's reported progress (rank 0's own line, prefixed)."""
     return f"kftrain: {what} progress: {snapshot.line()}"
+
+
+class NotKubernetesAnswer(JobFailed):
+    """The API server answered a call with something that is not a Kubernetes object: an auth
+    proxy's login page, an empty body, another service at the kubeconfig's address."""
+
+
+def api_call(what: str, fn: Callable[..., Any], *args: Any, text: bool = False, **kwargs: Any) -> Any:
+    """`fn(*args, **kwargs)`, a `kubernetes.client` API method, with its answer checked: an object
+    call (custom objects, lists, discovery) must get a Kubernetes object, else
+    :class:`NotKubernetesAnswer` names the server and what it sent instead; `text` (a log read)
+    takes any text. `what` names the call (`get job team/kftrain-...`).
+
+    Why here: on a 200 answer that is not JSON the client returns the body as a `str` for a
+    custom-object call, and fails building a model (`V1PodList`) with a bare ValueError; both
+    would reach the caller as an AttributeError or a message about a field it never set."""
+    try:
+        answer = fn(*args, **kwargs)
+    except ValueError as exc:
+        # The models' own validation of a deserialized answer raises a plain ValueError; the
+        # client's checks of our arguments raise ApiValueError (a subclass): a bug, kept as is.
+        if type(exc) is not ValueError:
+            raise
+        raise NotKubernetesAnswer(_not_kubernetes(what, fn, _last_body(fn))) from None
+    if text and isinstance(answer, str):
+        return answer
+    if isinstance(answer, (str, bytes)) or (isinstance(answer, (dict, list)) and not _is_object(answer)):
+        raise NotKubernetesAnswer(_not_kubernetes(what, fn, answer))
+    return answer  # a client model, built from a JSON object with its required fields, or a log stream
+
+
+def _is_object(answer: Any) -> bool:
+    """A Kubernetes object as JSON (the job, a Status): a mapping with a `kind`."""
+    return isinstance(answer, dict) and bool(answer.get("kind"))
+
+
+def _last_body(fn: Callable[..., Any]) -> Any:
+    """The body of the answer the API client behind the bound method `fn` received last (None
+    when `fn` is not one: a test's stand-in)."""
+    api_client = getattr(getattr(fn, "__self__", None), "api_client", None)
+    return getattr(getattr(api_client, "last_response", None), "data", None)
+
+
+def _not_kubernetes(what: str, fn: Callable[..., Any], body: Any) -> str:
+    """The one line for an answer that is not a Kubernetes object: the server, the call, what the
+    answer looks like (never its content: a login page may echo a user name or a token)."""
+    api_client = getattr(getattr(fn, "__self__", None), "api_client", None)
+    host = getattr(getattr(api_client, "configuration", None), "host", None)
+    server = f"the API server at {redact(host)}" if isinstance(host, str) and host else "the API server"
+    return (
+        f"{server} answered {what!r} with something that is not a Kubernetes object ({_looks_like(body)}); "
+        "check the kubeconfig's server and credentials"
+    )
+
+
+def _looks_like(body: Any) -> str:
+    """What an answer that is not a Kubernetes object is, in a few words."""
+    if isinstance(body, bytes):
+        body = body.decode("utf-8", errors="replace")
+    if isinstance(body, str):
+        stripped = body.strip()
+        if not stripped:
+            return "an empty body"
+        if stripped.startswith("<"):
+            return "an HTML page: a login or proxy page?"
+        try:
+            body = json.loads(stripped)
+        except ValueError:
+            return "text that is not JSON"
+    if isinstance(body, dict):
+        return "a JSON object without a kind" if body else "an empty JSON object"
+    if isinstance(body, list):
+        return "a JSON array"
+    if body is None:
+        return "no body the client could read as the object"
+    return f"a JSON {type(body).__name__}"
 
 
 class JobStatusError(KftrainError, LookupError):
@@ -797,9 +881,12 @@ def job_status(
     obj, found = None, None
     for k in kinds:
         try:
-            obj = custom_api.get_namespaced_custom_object(k.group, k.version, namespace, k.plural, name)
+            get = custom_api.get_namespaced_custom_object
+            obj = api_call(f"get {k.crd_kind} {namespace}/{name}", get, k.group, k.version, namespace, k.plural, name)
             found = k
             break
+        except NotKubernetesAnswer:
+            raise  # its own line: not a refusal to read this job
         except Exception as exc:
             status = http_status(exc)
             if status == 404:  # no such job, or (auto) the cluster does not serve the kind
