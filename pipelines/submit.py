@@ -9,10 +9,12 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
+import io
 import json
 import os
 import re
-from collections.abc import Iterator
+import sys
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -224,9 +226,42 @@ def make_client(host: str, namespace: str | None):
     return kfp.Client(host=host, namespace=namespace, existing_token=os.environ.get(TOKEN_ENV) or None)
 
 
-def _version_id(client, pipeline_id: str, name: str) -> str | None:
+def _kfp_call(host: str, what: str, need: str | None, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+    """Every kfp.Client call of :func:`submit`: `fn(*args, **kwargs)`, whose answer must carry the
+    field `need` (the id the next call or the printed link uses), else one :class:`SubmitError`
+    saying `host` does not answer as the KFP API.
+
+    Why here: a server that answers 200 with JSON but is not the KFP API (`{}` to everything)
+    gets through kfp.Client's deserialization with every field None; the client then prints its
+    UI link (`Pipeline details: .../details/None`) and a later call fails with a message about a
+    parameter the user never gave. The client's own lines are held back until the answer is
+    checked, then printed as they came."""
+    printed = io.StringIO()
+    try:
+        with contextlib.redirect_stdout(printed):
+            answer = fn(*args, **kwargs)
+        if need is not None and not _has(answer, need):
+            printed = io.StringIO()  # its link names the missing id: not worth showing
+            raise _not_kfp(host, f"its answer to {what} has no {need}")
+    finally:
+        sys.stdout.write(printed.getvalue())
+    return answer
+
+
+def _has(answer: Any, field: str) -> bool:
+    """Whether the KFP API model `answer` holds a non-empty `field` (an id is a non-empty string)."""
+    value = getattr(answer, field, None)
+    return isinstance(value, str) and bool(value.strip())
+
+
+def _version_id(client, host: str, pipeline_id: str, name: str) -> str | None:
     flt = json.dumps({"predicates": [{"operation": "EQUALS", "key": "display_name", "stringValue": name}]})
-    versions = client.list_pipeline_versions(pipeline_id=pipeline_id, filter=flt).pipeline_versions or []
+    listed = _kfp_call(
+        host, "list pipeline versions", None, client.list_pipeline_versions, pipeline_id=pipeline_id, filter=flt
+    )
+    versions = getattr(listed, "pipeline_versions", None) or []
+    if versions and not _has(versions[0], "pipeline_version_id"):
+        raise _not_kfp(host, "its answer to list pipeline versions has a version without a pipeline_version_id")
     return versions[0].pipeline_version_id if versions else None
 
 
@@ -245,17 +280,43 @@ def submit(
 ) -> Submission:
     """Upload (as a new version when the pipeline exists), create the run, optionally wait."""
     vname = version_name(pipeline_name, package)
-    pipeline_id = client.get_pipeline_id(pipeline_name)
+    pipeline_id = _kfp_call(host, "find the pipeline", None, client.get_pipeline_id, pipeline_name)
     if pipeline_id is None:
-        created = client.upload_pipeline(str(package), pipeline_name=pipeline_name, namespace=namespace)
+        created = _kfp_call(
+            host,
+            "upload the pipeline",
+            "pipeline_id",
+            client.upload_pipeline,
+            str(package),
+            pipeline_name=pipeline_name,
+            namespace=namespace,
+        )
         pipeline_id = created.pipeline_id
-    version_id = _version_id(client, pipeline_id, vname)
+    version_id = _version_id(client, host, pipeline_id, vname)
     if version_id is None:
-        version = client.upload_pipeline_version(str(package), pipeline_version_name=vname, pipeline_id=pipeline_id)
+        version = _kfp_call(
+            host,
+            "upload the pipeline version",
+            "pipeline_version_id",
+            client.upload_pipeline_version,
+            str(package),
+            pipeline_version_name=vname,
+            pipeline_id=pipeline_id,
+        )
         version_id = version.pipeline_version_id
-    exp = client.create_experiment(experiment, namespace=namespace)
-    run = client.run_pipeline(
-        exp.experiment_id, job_name=run_name, params=params, pipeline_id=pipeline_id, version_id=version_id
+    exp = _kfp_call(
+        host, "create the experiment", "experiment_id", client.create_experiment, experiment, namespace=namespace
+    )
+    run = _kfp_call(
+        host,
+        "create the run",
+        "run_id",
+        client.run_pipeline,
+        exp.experiment_id,
+        job_name=run_name,
+        params=params,
+        pipeline_id=pipeline_id,
+        version_id=version_id,
     )
     result = Submission(
         pipeline_id=pipeline_id,
