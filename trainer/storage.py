@@ -21,7 +21,6 @@ import os
 import random
 import re
 import shutil
-import tempfile
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -265,8 +264,25 @@ def read_chunks(store: ObjectStore, uri: str, chunk_bytes: int, progress: str = 
     yield from chunks
 
 
+def _new_temp_file(folder: Path) -> tuple[int, str]:
+    """A new, empty `.kftrain-*.tmp` file in `folder`: its descriptor (open for writing) and path.
+
+    Every object LocalStore writes starts as one of these and is renamed (or linked) into place,
+    keeping this file's mode. It is created as open() creates a file, mode 0o666 less the umask
+    (and a folder's default ACL), not 0600 as tempfile.mkstemp makes it: a serving container or a
+    colleague under another uid must be able to read an exported model, as they can the inputs."""
+    for _ in range(100):
+        name = os.path.join(folder, f".kftrain-{os.urandom(6).hex()}.tmp")
+        try:
+            return os.open(name, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_CLOEXEC", 0), 0o666), name
+        except FileExistsError:  # another writer's name: draw again
+            continue
+    raise FileExistsError(f"no free temporary file name in {folder}")
+
+
 class LocalStore:
-    """A local directory standing in for the object store."""
+    """A local directory standing in for the object store. Its files get the mode open() gives
+    (0o666 less the umask): see :func:`_new_temp_file`."""
 
     @staticmethod
     def _path(uri: str) -> Path:
@@ -282,7 +298,7 @@ class LocalStore:
         killed mid-write leaves a `.kftrain-*.tmp` that no reader globbing for `dest`'s kind
         (TensorBoard's `*tfevents*`, shard patterns) mistakes for an object."""
         dest.parent.mkdir(parents=True, exist_ok=True)
-        fd, name = tempfile.mkstemp(dir=dest.parent, prefix=".kftrain-", suffix=".tmp")
+        fd, name = _new_temp_file(dest.parent)
         os.close(fd)
         tmp = Path(name)
         try:
@@ -298,7 +314,7 @@ class LocalStore:
     def put_bytes_if_absent(self, uri: str, data: bytes) -> bool:
         dest = self._path(uri)
         dest.parent.mkdir(parents=True, exist_ok=True)
-        fd, name = tempfile.mkstemp(dir=dest.parent, prefix=".kftrain-", suffix=".tmp")
+        fd, name = _new_temp_file(dest.parent)
         try:
             with os.fdopen(fd, "wb") as f:
                 f.write(data)

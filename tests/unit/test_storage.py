@@ -214,3 +214,41 @@ def test_the_store_secret_fills_a_pair_by_the_same_rule(env, refused):
         return
     with pytest.raises(ConfigError, match=f"kubernetes.store_secret_keys: must fill a key and its secret .*{refused}"):
         check_job_manifests(cfg)
+
+
+#: Every way LocalStore writes a file: (name, write `data` to `dest` given a scratch folder).
+LOCAL_WRITES = {
+    "put_bytes": lambda store, dest, scratch: store.put_bytes(str(dest), b"data"),
+    "put_bytes over an object": lambda store, dest, scratch: (
+        store.put_bytes(str(dest), b"old"),
+        os.chmod(dest, 0o600),  # the old object's mode is not the new one's
+        store.put_bytes(str(dest), b"data"),
+    ),
+    "put_bytes_if_absent": lambda store, dest, scratch: store.put_bytes_if_absent(str(dest), b"data"),
+    "put_file": lambda store, dest, scratch: (
+        (scratch / "src").write_bytes(b"data"),
+        os.chmod(scratch / "src", 0o600),  # the source's mode is not copied either
+        store.put_file(str(dest), scratch / "src"),
+    ),
+    "get_file": lambda store, dest, scratch: (
+        store.put_bytes(str(scratch / "obj"), b"data"),
+        store.get_file(str(scratch / "obj"), dest),
+    ),
+}
+
+
+@pytest.mark.parametrize("umask", [0o022, 0o027], ids=["umask-022", "umask-027"])
+@pytest.mark.parametrize("write", list(LOCAL_WRITES))
+def test_local_store_files_get_the_mode_open_gives_under_the_umask(tmp_path, write, umask):
+    """Another uid (a serving container, a colleague) reads a local run's outputs as it reads
+    any file this user creates: mode 0o666 less the umask, not the 0600 of a temporary file."""
+    scratch = tmp_path / "scratch"
+    scratch.mkdir()
+    dest = tmp_path / "out" / "model.safetensors"
+    before = os.umask(umask)
+    try:
+        LOCAL_WRITES[write](LocalStore(), dest, scratch)
+    finally:
+        os.umask(before)
+    assert dest.read_bytes() == b"data"
+    assert oct(dest.stat().st_mode & 0o777) == oct(0o666 & ~umask)
