@@ -253,7 +253,8 @@ def _cmd_runs(args: argparse.Namespace) -> int:
         print(json.dumps(runs_as_json(runs), indent=2))
     elif not runs:
         nested = stores_under(store, root)
-        hint = f"; it holds stores with runs: pass one as --store: {', '.join(nested[:5])}" if nested else ""
+        shown = ", ".join(nested[:5]) + (f", and {len(nested) - 5} more" if len(nested) > 5 else "")
+        hint = f"; it holds stores with runs: pass one as --store: {shown}" if nested else ""
         parent, _, last = root.rstrip("/").rpartition("/")
         if not hint and last == LOCAL_RUNS and parent and list_runs(store, parent):
             hint = f"; the store is the folder that holds {LOCAL_RUNS}/: pass --store {parent}"

@@ -223,6 +223,20 @@ def test_a_parent_of_stores_lists_no_runs_and_names_the_stores(runs, tmp_path, c
     assert capsys.readouterr().out.strip().endswith(f"holds runs/: pass --store {tmp_path / 'parent' / 'exp'}")
 
 
+@pytest.mark.parametrize(("stores", "more"), [(1, ""), (5, ""), (6, ", and 1 more"), (9, ", and 4 more")])
+def test_the_stores_a_parent_holds_are_named_up_to_five_then_counted(tmp_path, capsys, stores, more):
+    """The hint names at most five stores, and says how many it leaves out (was: silently five)."""
+    parent = tmp_path / "parent"
+    for i in range(stores):  # a store with one local run's checkpoint object: enough to be listed
+        (parent / f"s{i}" / "runs" / "r1" / "checkpoints").mkdir(parents=True)
+        (parent / f"s{i}" / "runs" / "r1" / "checkpoints" / "x").write_text("")
+    assert cli(["runs", "--store", str(parent)]) == 0
+    named = ", ".join(str(parent / f"s{i}") for i in range(min(stores, 5)))
+    assert capsys.readouterr().out.strip() == (
+        f"no runs under {parent}; it holds stores with runs: pass one as --store: {named}{more}"
+    )
+
+
 def test_runs_lists_complete_checkpoints_only_and_shows_what_a_record_holds_safely(runs, tmp_path, capsys):
     """The latest checkpoint `kftrain runs` shows is one `resume_from` can load; a foreign or
     damaged commit time or a run name with control characters does not break the listing."""
