@@ -410,10 +410,7 @@ def _cmd_submit(args: argparse.Namespace) -> int:
         raise SubmitError("--timeout: limits how long --wait follows the run; add --wait, or leave out --timeout")
     with tempfile.TemporaryDirectory() as tmp:
         package = Path(args.package) if args.package else compile_all(tmp)[0]
-        if not package.is_file():
-            print(f"kftrain submit: no compiled pipeline at {package}", file=sys.stderr)
-            return 2
-        params = parse_params(args.param, package)
+        params = parse_params(args.param, package)  # SubmitError when --package is no compiled pipeline
         run_name = (
             args.run_name or f"{args.pipeline_name} {datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M:%S}"
         )

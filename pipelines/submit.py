@@ -52,11 +52,29 @@ class Submission:
     error: str | None = None
 
 
+#: What to pass instead of a --package that is not a compiled pipeline.
+PACKAGE_HINT = (
+    "pass the YAML `kftrain compile` writes (compiled/training_pipeline.yaml), or leave --package out to compile now"
+)
+
+
 def pipeline_parameters(package: Path) -> dict[str, dict[str, Any]]:
     """The compiled pipeline's parameters: name -> {type, default}; SubmitError naming
-    --package when the file is not a compiled KFP pipeline."""
+    --package when it is not a compiled KFP pipeline: no such file, a folder, not a pipeline's
+    YAML, or a compiled component's."""
+    if package.is_dir():
+        inside = package / "training_pipeline.yaml"
+        instead = f"pass the file in it: --package {inside}" if inside.is_file() else PACKAGE_HINT
+        raise SubmitError(f"--package {package}: is a folder, not a compiled pipeline; {instead}")
+    if not package.exists():
+        raise SubmitError(f"--package {package}: no such file; {PACKAGE_HINT}")
     try:
         spec = next(yaml.safe_load_all(package.read_text(encoding="utf-8")), None)
+        if component := _component_name(spec):
+            raise SubmitError(
+                f"--package {package}: a compiled component ({component}), not a pipeline: KFP would run that one "
+                f"step alone; {PACKAGE_HINT}"
+            )
         params = spec["root"].get("inputDefinitions", {}).get("parameters", {})
         out = {}
         for name, p in params.items():
@@ -67,10 +85,25 @@ def pipeline_parameters(package: Path) -> dict[str, dict[str, Any]]:
     except (OSError, UnicodeDecodeError, yaml.YAMLError, LookupError, TypeError, AttributeError) as exc:
         reason = " ".join(str(exc).split()) or type(exc).__name__
         raise SubmitError(
-            f"--package {package}: not a compiled KFP pipeline ({type(exc).__name__}: {reason}); pass the YAML "
-            "`kftrain compile` writes (compiled/training_pipeline.yaml), or leave --package out to compile now"
+            f"--package {package}: not a compiled KFP pipeline ({type(exc).__name__}: {reason}); {PACKAGE_HINT}"
         ) from None
     return out
+
+
+def _component_name(spec: Any) -> str | None:
+    """The component's name when `spec` is a compiled component (compiled/components/*.yaml), else
+    None. KFP compiles a component into the same format as a pipeline: `pipelineInfo`, and a root
+    DAG with one task, the component itself, named as the pipeline is (`pipelineInfo.name`); a
+    pipeline's steps are tasks of another name (the training pipeline: many)."""
+    if not isinstance(spec, dict):
+        return None
+    info, root, components = spec.get("pipelineInfo"), spec.get("root"), spec.get("components")
+    dag = root.get("dag") if isinstance(root, dict) else None
+    tasks = dag.get("tasks") if isinstance(dag, dict) else None
+    name = info.get("name") if isinstance(info, dict) else None
+    if isinstance(tasks, dict) and list(tasks) == [name] and isinstance(components, dict) and len(components) == 1:
+        return str(name)
+    return None
 
 
 def parse_params(pairs: list[str], package: Path) -> dict[str, Any]:
@@ -87,6 +120,8 @@ def parse_params(pairs: list[str], package: Path) -> dict[str, Any]:
             raise SubmitError(f"--param {name}: not a parameter of this pipeline; known: {', '.join(sorted(known))}")
         if name in out:
             raise SubmitError(f"--param {name}: given twice; give each parameter once")
+        if name == "config":
+            _refuse_a_file_name(raw)
         expected = _KFP_TYPES.get(known[name]["type"], str)
         value = raw if expected is str else load_yaml(raw, f"--param {name}")
         if expected is float and isinstance(value, int) and not isinstance(value, bool):
@@ -96,6 +131,30 @@ def parse_params(pairs: list[str], package: Path) -> dict[str, Any]:
         out[name] = value
     _validate_config(out, known)
     return out
+
+
+def _refuse_a_file_name(raw: str) -> None:
+    """SubmitError when `--param config=` got a config file's name instead of its text: one line
+    that names a file here or ends in .yaml/.yml/.json, and is not a YAML mapping itself. The
+    parameter carries the text into the pipeline (the pods cannot read this machine's files), and
+    a name would be refused later as a config that "must hold a mapping, got 'str'"."""
+    import shlex
+
+    text = raw.strip()
+    if not text or "\n" in text:
+        return
+    named = text.lower().endswith((".yaml", ".yml", ".json")) or os.path.isfile(os.path.expanduser(text))
+    if not named:
+        return
+    try:
+        if isinstance(yaml.safe_load(text), dict):  # `model: {init_from: /m/x.json}`: a config after all
+            return
+    except yaml.YAMLError:
+        pass
+    raise SubmitError(
+        f"--param config={text}: the parameter takes the config's YAML text, not a file's name (the pipeline's "
+        f"pods cannot read this machine's files); pass the file's text: --param config=\"$(cat {shlex.quote(text)})\""
+    )
 
 
 def _validate_config(args: dict[str, Any], known: dict[str, dict[str, Any]]) -> None:

@@ -134,3 +134,73 @@ def test_a_bad_parameter_value_names_the_flag_and_the_value_that_keeps_the_confi
     assert str(info.value).startswith(refused)
     numeric = param.split("=")[0] in ("epochs", "learning_rate")  # -1: the config's value, which nobody guesses
     assert str(info.value).endswith("(-1 keeps the config's value)") is numeric
+
+
+@pytest.mark.parametrize(
+    ("value", "refused"),
+    [
+        ("{tmp}/d.yaml", True),  # an existing config file
+        ("{tmp}/settings", True),  # an existing file, no suffix
+        ("configs/missing.yml", True),
+        ("/nowhere/run.json", True),
+        ("  {tmp}/d.yaml  ", True),
+        ("train: {epochs: 1}", False),  # the text itself, on one line
+        ("data: {source: s3://bucket/rows.json}", False),  # a mapping that ends in .json is text
+        ("train:\n  epochs: 1\n", False),
+    ],
+    ids=["existing-yaml", "existing-no-suffix", "yml", "json", "spaces", "inline", "inline-json-suffix", "multiline"],
+)
+def test_a_config_file_name_as_the_config_parameter_says_to_pass_its_text(tmp_path, value, refused):
+    """`--param config=FILE` (what `kftrain run --config` takes) is refused naming the fix, not as a
+    config that "must hold a mapping, got 'str'"."""
+    (tmp_path / "d.yaml").write_text("train:\n  epochs: 1\n")
+    (tmp_path / "settings").write_text("train:\n  epochs: 1\n")
+    value = value.replace("{tmp}", str(tmp_path))
+    if not refused:
+        assert parse_params([f"config={value}"], PACKAGE) == {"config": value}
+        return
+    with pytest.raises(SubmitError) as err:
+        parse_params([f"config={value}"], PACKAGE)
+    name = value.strip()
+    assert str(err.value) == (
+        f"--param config={name}: the parameter takes the config's YAML text, not a file's name (the pipeline's pods "
+        f"cannot read this machine's files); pass the file's text: --param config=\"$(cat {name})\""
+    )
+
+
+COMPONENTS = sorted((REPO / "compiled" / "components").glob("*.yaml"))
+
+
+@pytest.mark.parametrize("component", COMPONENTS, ids=[c.stem for c in COMPONENTS])
+def test_a_compiled_component_is_refused_as_the_package_naming_it(component):
+    """A component's YAML has the pipeline format too (KFP would run that one step alone)."""
+    import yaml
+
+    name = next(yaml.safe_load_all(component.read_text()))["pipelineInfo"]["name"]
+    with pytest.raises(SubmitError) as err:
+        pipeline_parameters(component)
+    assert str(err.value).startswith(f"--package {component}: a compiled component ({name}), not a pipeline")
+    assert "compiled/training_pipeline.yaml" in str(err.value)
+    assert pipeline_parameters(PACKAGE)  # the pipeline itself is one
+
+
+@pytest.mark.parametrize(
+    ("where", "message"),
+    [
+        ("folder", "is a folder, not a compiled pipeline; pass the YAML `kftrain compile` writes"),
+        (
+            "compiled folder",
+            "is a folder, not a compiled pipeline; pass the file in it: --package {p}/training_pipeline.yaml",
+        ),
+        ("missing", "no such file; pass the YAML `kftrain compile` writes"),
+    ],
+)
+def test_a_package_that_is_a_folder_or_missing_is_named_so(tmp_path, where, message):
+    package = tmp_path / "p"
+    if where != "missing":
+        package.mkdir()
+    if where == "compiled folder":
+        (package / "training_pipeline.yaml").write_bytes(PACKAGE.read_bytes())
+    with pytest.raises(SubmitError) as err:
+        pipeline_parameters(package)
+    assert str(err.value).startswith(f"--package {package}: {message.format(p=package)}")
