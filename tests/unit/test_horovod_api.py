@@ -204,3 +204,66 @@ def test_a_first_dimension_alone_does_not_change_an_allgather_descriptor():
         _desc(kind="allgather", tensors=((9, 3),))
     )
     assert hvd._hash(_desc(tensors=((2, 3),))) != hvd._hash(_desc(tensors=((9, 3),)))
+
+
+# --- a script for another framework's Horovod -------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("imports", "missing"),
+    [
+        ("import horovod.tensorflow as hvd", "horovod.tensorflow"),
+        ("import horovod.tensorflow.keras as hvd", "horovod.tensorflow"),
+        ("import horovod.keras as hvd", "horovod.keras"),
+        ("import horovod.mxnet as hvd", "horovod.mxnet"),
+        ("from horovod import tensorflow", "horovod.tensorflow"),
+        ("from horovod.tensorflow import keras", "horovod.tensorflow"),
+    ],
+)
+def test_a_script_importing_another_framework_s_horovod_is_one_line(tmp_path, monkeypatch, capsys, imports, missing):
+    """`kftrain horovod-run` of a TensorFlow/Keras/MXNet script: one line saying the shim has only
+    horovod.torch (was: the script's bare ModuleNotFoundError traceback)."""
+    from trainer.horovod.run import main
+
+    script = tmp_path / "train.py"
+    script.write_text(f"{imports}\nprint('trained')\n")
+    monkeypatch.setattr(sys, "path", list(sys.path))  # the runner puts the shim first, in this process
+    monkeypatch.setattr(sys, "argv", list(sys.argv))
+    try:
+        assert main([str(script)]) == 1
+    finally:
+        for name in [m for m in sys.modules if m == "horovod" or m.startswith("horovod.")]:
+            del sys.modules[name]
+    out, err = capsys.readouterr()
+    assert out == ""
+    assert err.splitlines() == [
+        f"kftrain horovod-run: {script} imports {missing}, which kftrain's Horovod shim does not provide: it "
+        "provides only horovod.torch (a PyTorch script's Horovod API, on torch.distributed); run a TensorFlow, "
+        "Keras or MXNet script with horovodrun and a real Horovod"
+    ]
+
+
+@pytest.mark.parametrize(
+    ("script", "code", "said"),
+    [
+        # A script that probes for a framework and falls back runs on, as under python.
+        ("try:\n    import horovod.tensorflow\nexcept ImportError:\n    print('no tf')\n", 0, "no tf"),
+        # Another missing module is the script's own error: its traceback, as python shows it.
+        ("import no_such_module_kftrain\n", 1, "ModuleNotFoundError: No module named 'no_such_module_kftrain'"),
+    ],
+    ids=["caught-by-the-script", "another-module"],
+)
+def test_other_import_errors_stay_the_script_s_own(tmp_path, monkeypatch, capsys, script, code, said):
+    from trainer.horovod.run import main
+
+    path = tmp_path / "train.py"
+    path.write_text(script)
+    monkeypatch.setattr(sys, "path", list(sys.path))
+    monkeypatch.setattr(sys, "argv", list(sys.argv))
+    try:
+        assert main([str(path)]) == code
+    finally:
+        for name in [m for m in sys.modules if m == "horovod" or m.startswith("horovod.")]:
+            del sys.modules[name]
+    out, err = capsys.readouterr()
+    assert said in out + err and "kftrain's Horovod shim" not in err

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import importlib.util
 import os
+import re
 import runpy
 import sys
 import traceback
@@ -63,6 +64,19 @@ def run_script(script: str, args: list[str]) -> None:
     runpy.run_path(script, run_name="__main__")
 
 
+def not_in_shim(exc: ImportError) -> str | None:
+    """The `horovod` module a script's import asked for that the shim lacks (`horovod.tensorflow`,
+    `horovod.keras`, `horovod.mxnet`, ...), else None (another module is missing: the script's own
+    error). A script that catches the ImportError itself never gets here: it runs on as it would."""
+    name = exc.name or ""
+    if isinstance(exc, ModuleNotFoundError) and name.startswith("horovod."):
+        return name
+    # `from horovod import tensorflow`: Python reports the name it could not import from the package.
+    if name == "horovod" and (found := re.match(r"cannot import name '([\w.]+)'", str(exc))):
+        return f"horovod.{found.group(1)}"
+    return None
+
+
 def horovod_command(script: str, args: list[str] | tuple[str, ...] = (), python: str = "python") -> tuple[str, ...]:
     """The PyTorchJob container command that runs a Horovod script through torchrun
     (`JobSpec(command=...)`; torchrun reads the job's shape from the operator's `PET_*`)."""
@@ -85,6 +99,18 @@ def main(argv: list[str] | None = None) -> int:
     except RealHorovodInstalled as exc:
         print(f"kftrain horovod-run: {exc}", file=sys.stderr)
         return 2
+    except ImportError as exc:
+        missing = not_in_shim(exc)
+        if missing is None:
+            traceback.print_exc()
+            return 1
+        print(
+            f"kftrain horovod-run: {argv[0]} imports {missing}, which kftrain's Horovod shim does not provide: it "
+            "provides only horovod.torch (a PyTorch script's Horovod API, on torch.distributed); run a TensorFlow, "
+            "Keras or MXNet script with horovodrun and a real Horovod",
+            file=sys.stderr,
+        )
+        return 1
     except Exception:
         # The script's own error, with its traceback, and the status `python script.py` gives.
         traceback.print_exc()
