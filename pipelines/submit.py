@@ -287,8 +287,8 @@ def make_client(host: str, namespace: str | None):
 
 def _kfp_call(host: str, what: str, need: str | None, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
     """Every kfp.Client call of :func:`submit`: `fn(*args, **kwargs)`, whose answer must carry the
-    field `need` (the id the next call or the printed link uses), else one :class:`SubmitError`
-    saying `host` does not answer as the KFP API.
+    field `need` (the id the next call or the printed link uses; returned instead of the answer),
+    else one :class:`SubmitError` saying `host` does not answer as the KFP API.
 
     Why here: a server that answers 200 with JSON but is not the KFP API (`{}` to everything)
     gets through kfp.Client's deserialization with every field None; the client then prints its
@@ -304,7 +304,7 @@ def _kfp_call(host: str, what: str, need: str | None, fn: Callable[..., Any], *a
             raise _not_kfp(host, f"its answer to {what} has no {need}")
     finally:
         sys.stdout.write(printed.getvalue())
-    return answer
+    return answer if need is None else getattr(answer, need)
 
 
 def _has(answer: Any, field: str) -> bool:
@@ -341,7 +341,7 @@ def submit(
     vname = version_name(pipeline_name, package)
     pipeline_id = _kfp_call(host, "find the pipeline", None, client.get_pipeline_id, pipeline_name)
     if pipeline_id is None:
-        created = _kfp_call(
+        pipeline_id = _kfp_call(
             host,
             "upload the pipeline",
             "pipeline_id",
@@ -350,10 +350,9 @@ def submit(
             pipeline_name=pipeline_name,
             namespace=namespace,
         )
-        pipeline_id = created.pipeline_id
     version_id = _version_id(client, host, pipeline_id, vname)
     if version_id is None:
-        version = _kfp_call(
+        version_id = _kfp_call(
             host,
             "upload the pipeline version",
             "pipeline_version_id",
@@ -362,16 +361,15 @@ def submit(
             pipeline_version_name=vname,
             pipeline_id=pipeline_id,
         )
-        version_id = version.pipeline_version_id
-    exp = _kfp_call(
+    experiment_id = _kfp_call(
         host, "create the experiment", "experiment_id", client.create_experiment, experiment, namespace=namespace
     )
-    run = _kfp_call(
+    run_id = _kfp_call(
         host,
         "create the run",
         "run_id",
         client.run_pipeline,
-        exp.experiment_id,
+        experiment_id,
         job_name=run_name,
         params=params,
         pipeline_id=pipeline_id,
@@ -381,13 +379,13 @@ def submit(
         pipeline_id=pipeline_id,
         version_id=version_id,
         version_name=vname,
-        experiment_id=exp.experiment_id,
-        run_id=run.run_id,
-        run_url=redact(f"{host.rstrip('/')}/#/runs/details/{run.run_id}"),
+        experiment_id=experiment_id,
+        run_id=run_id,
+        run_url=redact(f"{host.rstrip('/')}/#/runs/details/{run_id}"),
     )
     if wait:
         try:
-            done = client.wait_for_run_completion(run.run_id, timeout=timeout_s, sleep_duration=poll_seconds)
+            done = client.wait_for_run_completion(run_id, timeout=timeout_s, sleep_duration=poll_seconds)
         except TimeoutError:
             result.state, result.error = "TIMEOUT", f"the run did not finish within {timeout_s:.0f}s"
             return result
