@@ -316,8 +316,9 @@ def context_length(config: dict[str, Any]) -> int:
     return 0
 
 
-def _read_header(store: ObjectStore, uri: str) -> tuple[dict[str, Any], int]:
-    """A safetensors file's header (two ranged reads) and the offset of its data section."""
+def _read_header(store: ObjectStore, uri: str) -> tuple[dict[str, Any], int, int]:
+    """A safetensors file's header (two ranged reads), the offset of its data section and the
+    file's size."""
     size = store.size(uri)
     again = "the model's weights are damaged or cut short: copy them again (transformers: `save_pretrained`)"
     if size < 8:
@@ -331,7 +332,7 @@ def _read_header(store: ObjectStore, uri: str) -> tuple[dict[str, Any], int]:
         header = json.loads(store.get_bytes(uri, 8, n))
     except ValueError as exc:
         raise PretrainedError(f"{uri}: the safetensors header is not JSON ({exc}); {again}") from None
-    return header, 8 + n
+    return header, 8 + n, size
 
 
 def weight_files(source: ModelSource) -> list[str]:
@@ -373,8 +374,7 @@ def weights_fingerprint(source: ModelSource) -> str:
     another version, or by the same one retrained, differs in nearly every value)."""
     digest = hashlib.sha256()
     for uri in weight_files(source):
-        header, start = _read_header(source.store, uri)
-        size = source.store.size(uri)
+        header, start, size = _read_header(source.store, uri)
         digest.update(f"{uri.rsplit('/', 1)[-1]}\0{size}\0".encode())
         digest.update(json.dumps(header, sort_keys=True).encode())
         for i in range(FINGERPRINT_SAMPLES):
@@ -403,7 +403,7 @@ def file_index(store: ObjectStore, uri: str) -> dict[str, TensorEntry]:
     """Every tensor of one safetensors file by name, from its header alone."""
     import torch
 
-    header, data_start = _read_header(store, uri)
+    header, data_start, size = _read_header(store, uri)
     index: dict[str, TensorEntry] = {}
     data_end = 0
     for name, spec in header.items():
@@ -415,7 +415,6 @@ def file_index(store: ObjectStore, uri: str) -> dict[str, TensorEntry]:
         begin, end = spec["data_offsets"]
         data_end = max(data_end, end)
         index[name] = TensorEntry(uri, getattr(torch, dtype), tuple(spec["shape"]), data_start + begin)
-    size = store.size(uri)
     if size < data_start + data_end:  # a copy cut short: found now, not when a rank reads the last tensor
         raise PretrainedError(
             f"{uri}: the file is cut short: its header places {data_start + data_end} bytes, the file holds {size}; "

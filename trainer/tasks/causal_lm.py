@@ -72,13 +72,11 @@ def _object_pieces(store: ObjectStore, uri: str, text_field: str, fmt: str = "au
     `text_field` of each JSON Lines record, one record per line (`jsonl`); `auto` by the suffix."""
     carry = b""
     jsonl = fmt == "jsonl" or (fmt == "auto" and has_suffix(uri, *JSONL_SUFFIXES))
-    first = True
-    for raw in text_chunks(read_chunks(store, uri, BLOCK_BYTES), uri, "text or JSON Lines"):
+    for i, raw in enumerate(text_chunks(read_chunks(store, uri, BLOCK_BYTES), uri, "text or JSON Lines")):
         chunk = carry + raw
         if not jsonl:
-            if first:
+            if i == 0:
                 _warn_if_records(chunk, uri, fmt)
-            first = False
             yield chunk
             continue
         *lines, carry = chunk.split(b"\n")
