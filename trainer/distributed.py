@@ -22,10 +22,8 @@ from __future__ import annotations
 
 import contextlib
 import datetime
-import faulthandler
 import math
 import os
-import sys
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 
@@ -111,14 +109,6 @@ def device_for(env: DistEnv) -> torch.device:
         torch.cuda.set_device(env.local_rank)
         return torch.device("cuda", env.local_rank)
     return torch.device("cpu")
-
-
-def report_fatal_signals() -> None:
-    """Make this rank print every thread's Python stack when a fatal signal kills it (a C++
-    abort, a segfault): without it such a rank leaves only C++'s last line ("terminate called
-    ...") and torchrun's exit code, which say that it died but not where. Call it first thing
-    in a rank's entry point; its output goes to the real stderr, which the launcher collects."""
-    faulthandler.enable(file=sys.__stderr__, all_threads=True)
 
 
 @contextlib.contextmanager

@@ -116,8 +116,9 @@ def main(argv: list[str] | None = None) -> int:
     """One rank of the probe (under torchrun)."""
     import torch.distributed as dist
 
-    from trainer.distributed import device_for, dist_env, process_group, report_fatal_signals
+    from trainer.distributed import device_for, dist_env, process_group
     from trainer.plan import run_probe
+    from trainer.stacks import print_stacks_on_signals
 
     parser = argparse.ArgumentParser(prog="python -m trainer.local_probe", description=__doc__)
     parser.add_argument("--config-file", required=True, help="the whole config as JSON")
@@ -125,7 +126,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--repeats", type=int, default=1, help="probes run one after the other")
     parser.add_argument("--output", required=True, help="where rank 0 writes the combined results (JSON list)")
     args = parser.parse_args(argv)
-    report_fatal_signals()
+    print_stacks_on_signals()
     cfg = config_from_json(Path(args.config_file).read_text())
     env = dist_env()
     device = device_for(env)

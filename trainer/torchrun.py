@@ -8,7 +8,8 @@ raises the signal as an exception out of its `main`, so the interpreter exits wi
 Training Operator's `restartPolicy: ExitCode` a permanent failure. Here it ends with 128 + the
 signal instead (143 for SIGTERM, :data:`trainer.exit_codes.TERMINATED_CHECKPOINTED`): retryable,
 as the workers' own exit codes say (they stop at a step boundary and commit a checkpoint first).
-Everything else is torchrun's own behaviour.
+It also prints its stacks on SIGUSR1 (:mod:`trainer.stacks`), as the ranks do. Everything else is
+torchrun's own behaviour.
 """
 
 from __future__ import annotations
@@ -21,6 +22,9 @@ def main(argv: list[str] | None = None) -> int:
     from torch.distributed.elastic.multiprocessing.api import SignalException
     from torch.distributed.run import main as torchrun
 
+    from trainer.stacks import print_stacks_on_signals
+
+    print_stacks_on_signals()
     try:
         torchrun(argv)
     except SignalException as exc:

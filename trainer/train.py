@@ -49,7 +49,6 @@ from trainer.distributed import (
     nonfinite_ranks,
     parallelize,
     process_group,
-    report_fatal_signals,
     seed_rank_streams,
     unwrap,
 )
@@ -64,6 +63,7 @@ from trainer.rng import rng_state, seed_everything, set_rng_state
 from trainer.runs import TRAINING_RECORD
 from trainer.safetensors_file import TensorFile
 from trainer.shards import content_digest, read_manifest
+from trainer.stacks import print_stacks_on_signals
 from trainer.stopping import GRACE_ENV, StopSignal, Terminated, grace_warning
 from trainer.storage import ObjectStore, join_uri, open_store
 from trainer.tasks import Task, task_for
@@ -883,7 +883,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--dataset-uri", required=True, help="prepared dataset (data prep output)")
     parser.add_argument("--model-uri", required=True, help="where rank 0 writes the model")
     args = parser.parse_args(argv)
-    report_fatal_signals()
+    print_stacks_on_signals()
     env = dist_env()
     logging.basicConfig(
         level=logging.INFO,

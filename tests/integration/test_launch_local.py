@@ -125,12 +125,12 @@ def test_a_failing_replica_fails_the_job_with_its_last_lines():
 
 
 def test_a_rank_killed_by_a_fatal_signal_says_where_it_was():
-    """A C++ abort leaves no Python traceback: with report_fatal_signals (every rank's entry calls
+    """A C++ abort leaves no Python traceback: with print_stacks_on_signals (every rank's entry calls
     it) the job's failure still names the function the rank died in."""
     code = """
         import os
-        from trainer.distributed import report_fatal_signals
-        report_fatal_signals()
+        from trainer.stacks import print_stacks_on_signals
+        print_stacks_on_signals()
         def load_the_shards():
             os.abort()  # as libstdc++'s std::terminate does
         if os.environ["RANK"] == "1":

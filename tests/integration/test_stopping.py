@@ -9,6 +9,7 @@ import subprocess
 import sys
 import textwrap
 import time
+import warnings
 from dataclasses import replace
 
 import pytest
@@ -91,6 +92,28 @@ def test_ranks_agree_to_stop_after_the_same_step_when_one_is_signalled(tmp_path)
     print("agreement all-reduce, median per step:", [f"{m.group(4)} us" for m in lines])
 
 
+def replica_exit_codes(backend: LocalBackend, spec, lines: list[str], slow_s: float = 30.0) -> list[int]:
+    """The exit codes of the job's replicas once they all ended.
+
+    One still running `slow_s` after the first ended has every process of the job print its
+    stacks, which go into a warning with the job's last lines (the CI log's warnings summary
+    keeps them), and the rest of the pod's grace period: torchrun SIGKILLs a rank still running
+    at TORCH_ELASTIC_SHUTDOWN_TIMEOUT, as the kubelet would the pod."""
+    replicas = backend._jobs[spec.name]
+    end = time.monotonic() + slow_s
+    while any(r.proc.poll() is None for r in replicas) and time.monotonic() < end:
+        time.sleep(0.1)
+    if any(r.proc.poll() is None for r in replicas):
+        asked = backend.ask_for_stacks(spec)
+        warnings.warn(
+            f"a replica of {spec.name} still ran {slow_s:.0f}s after another ended; the stacks of {asked}, "
+            "in its last lines:\n" + "\n".join(lines[-150:]),
+            stacklevel=2,
+        )
+    grace = int(spec.env["TORCH_ELASTIC_SHUTDOWN_TIMEOUT"])
+    return [r.proc.wait(timeout=grace + 30) for r in replicas]
+
+
 @pytest.mark.slow
 @pytest.mark.timeout(420)
 @RESUME_STRATEGIES
@@ -116,7 +139,7 @@ def test_sigterm_mid_epoch_commits_exits_143_and_resumes_bitwise_equal(shared, t
     with pytest.raises(JobFailed, match=f"exited with code {TERMINATED_CHECKPOINTED}"):
         backend.wait(spec)
     # Every replica (its torchrun agent, whose exit the pod reports) ended with 143.
-    assert [r.proc.wait(timeout=30) for r in backend._jobs[spec.name]] == [TERMINATED_CHECKPOINTED] * 2
+    assert replica_exit_codes(backend, spec, lines) == [TERMINATED_CHECKPOINTED] * 2
 
     stops = {int(m.group(1)) for line in lines if (m := re.search(r"stopped by SIGTERM at step (\d+)", line))}
     assert len(stops) == 1, lines[-40:]

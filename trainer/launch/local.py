@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 from trainer.launch.backend import JobFailed, JobTimeout, failure_excerpt, print_line
 from trainer.launch.spec import NODE, TRAINJOB, JobSpec, replica_env, replica_env_v2
 from trainer.launch.trainjob import EXTRA_ENV as TRAINJOB_EXTRA_ENV
+from trainer.stacks import ask_for_stacks
 
 LOOPBACK = "127.0.0.1"
 #: Every process of a local job inherits this variable. torchrun starts its workers in new
@@ -276,8 +277,9 @@ class LocalBackend:
             elif master.proc.poll() == 0:
                 break  # like the operator: with a Master, the job succeeds when the Master does
             if time.monotonic() > deadline:
+                where = " (where each process waited: the stacks above)" if self.ask_for_stacks(spec) else ""
                 raise JobTimeout(
-                    f"job {spec.name} did not finish within {timeout_s:.0f}s (job.timeout_seconds); "
+                    f"job {spec.name} did not finish within {timeout_s:.0f}s (job.timeout_seconds){where}; "
                     "it has been cancelled"
                 )
             time.sleep(0.2)
@@ -301,6 +303,17 @@ class LocalBackend:
             f"job {spec.name} failed: replica {rep.key} exited with code {rep.proc.returncode}"
             f"{how_it_ended(list(rep.tail))}. Its last log lines:\n{tail}"
         )
+
+    def ask_for_stacks(self, spec: JobSpec, settle_s: float = 1.0) -> list[int]:
+        """Have every process of the job that can (:mod:`trainer.stacks`: kftrain's ranks and
+        torchrun agents) print its threads' stacks into the log, and wait `settle_s` for the lines;
+        return the processes asked."""
+        marker = self._markers.get(spec.name)
+        pids = {r.proc.pid for r in self._jobs.get(spec.name, [])} | set(marked_pids(marker) if marker else [])
+        asked = ask_for_stacks(sorted(pids))
+        if asked:
+            time.sleep(settle_s)
+        return asked
 
     def logs(self, spec: JobSpec, tail: int = 50) -> dict[str, list[str]]:
         return {r.key: list(r.tail)[-tail:] for r in self._jobs.get(spec.name, [])}

@@ -1,0 +1,91 @@
+"""Every thread's Python stack of a running process, on demand: where a hung job waits.
+
+A job stuck in a collective on a lost peer, or on a store that never answers, shows in its log
+only that it stopped logging. Every kftrain rank and torchrun agent calls
+:func:`print_stacks_on_signals` first thing, so that a fatal signal (a C++ abort, a segfault)
+prints every thread's stack before the process dies, and :data:`STACKS_SIGNAL` prints them and
+the process goes on. On a cluster, for each pod of the job::
+
+    kubectl exec POD -- python -m trainer.stacks
+    kubectl logs POD
+
+The stacks are printed by the interpreter's fault handler, in C, when the signal arrives: a main
+thread blocked inside a collective or a socket read prints its stack too.
+
+Only processes that catch the signal are sent it (:func:`catches`): its default action ends a
+process, so a rank still importing torch, or a command of the user's, is left alone.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import faulthandler
+import os
+import signal
+import sys
+from collections.abc import Iterable
+
+#: The signal on which a process prints every thread's stack and goes on.
+STACKS_SIGNAL = signal.SIGUSR1
+
+
+def print_stacks_on_signals() -> None:
+    """Make this process print every thread's Python stack to the real stderr (which the
+    launcher collects) when a fatal signal kills it, and on :data:`STACKS_SIGNAL`, after which
+    it goes on. Without it a rank killed by a C++ abort leaves only C++'s last line ("terminate
+    called ...") and its exit code."""
+    faulthandler.enable(file=sys.__stderr__, all_threads=True)
+    faulthandler.register(STACKS_SIGNAL, file=sys.__stderr__, all_threads=True)
+
+
+def catches(pid: int, sig: int = STACKS_SIGNAL) -> bool:
+    """Whether process `pid` has a handler for `sig` (Linux's `SigCgt` mask; False where it cannot
+    be read: the process is gone, or this is not Linux)."""
+    try:
+        with open(f"/proc/{pid}/status") as status:
+            for line in status:
+                if line.startswith("SigCgt:"):
+                    return bool(int(line.split()[1], 16) >> (sig - 1) & 1)
+    except (OSError, ValueError):
+        pass
+    return False
+
+
+def ask_for_stacks(pids: Iterable[int]) -> list[int]:
+    """Send :data:`STACKS_SIGNAL` to each of `pids` that catches it; return those signalled."""
+    asked = []
+    for pid in pids:
+        if catches(pid):
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, STACKS_SIGNAL)
+                asked.append(pid)
+    return asked
+
+
+def _kftrain_processes() -> list[int]:
+    """This machine's (this container's) other processes running a kftrain module."""
+    found = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit() or int(entry) == os.getpid():
+            continue
+        with contextlib.suppress(OSError), open(f"/proc/{entry}/cmdline", "rb") as f:
+            if b"trainer." in f.read():
+                found.append(int(entry))
+    return sorted(found)
+
+
+def main() -> int:
+    """`python -m trainer.stacks`: ask every kftrain process here for its stacks."""
+    if not os.path.isdir("/proc"):
+        print("kftrain: error: python -m trainer.stacks needs Linux's /proc", file=sys.stderr)
+        return 2
+    asked = ask_for_stacks(_kftrain_processes())
+    if not asked:
+        print("no kftrain process here prints its stacks on SIGUSR1 (none is running, or none has started yet)")
+        return 1
+    print(f"asked {len(asked)} process(es) ({', '.join(map(str, asked))}) to print their stacks into their log")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
