@@ -405,12 +405,18 @@ def _cmd_submit(args: argparse.Namespace) -> int:
 
     from pipelines.compile import compile_all
     from pipelines.submit import SubmitError, kfp_errors, make_client, parse_params, submit, succeeded
+    from trainer.config import read_config_file
 
     if args.timeout is not None and not args.wait:
         raise SubmitError("--timeout: limits how long --wait follows the run; add --wait, or leave out --timeout")
     with tempfile.TemporaryDirectory() as tmp:
         package = Path(args.package) if args.package else compile_all(tmp)[0]
-        params = parse_params(args.param, package)  # SubmitError when --package is no compiled pipeline
+        pairs = list(args.param)
+        if args.config:
+            if any(pair.partition("=")[0] == "config" for pair in pairs):
+                raise SubmitError("--config and --param config= both give the run's config: give one of them")
+            pairs.append(f"config={read_config_file(args.config)}")  # the text: the pods cannot read this file
+        params = parse_params(pairs, package)  # SubmitError when --package is no compiled pipeline
         run_name = (
             args.run_name or f"{args.pipeline_name} {datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M:%S}"
         )
@@ -734,11 +740,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--host", required=True, type=_api_url, help="KFP API endpoint, e.g. http://localhost:8080 (token: $KFP_TOKEN)"
     )
-    p.add_argument("--namespace", default=None, help="profile namespace (multi-user Kubeflow)")
+    p.add_argument("-n", "--namespace", default=None, help="profile namespace (multi-user Kubeflow)")
     p.add_argument("--experiment", default="kftrain", help="experiment name (created if missing)")
     p.add_argument("--run-name", default="", help="run name (default: pipeline name and UTC time)")
     p.add_argument("--pipeline-name", default="kftrain-training", help="pipeline to add the version to")
     p.add_argument("--package", default="", help="compiled pipeline YAML (default: compile training_pipeline now)")
+    p.add_argument("--config", help="kftrain YAML config: its text is the run's `config` parameter")
     p.add_argument("--param", action="append", default=[], metavar="NAME=VALUE", help="a pipeline parameter")
     p.add_argument("--wait", action="store_true", help="follow the run; exit 1 unless it succeeds")
     p.add_argument(
@@ -775,7 +782,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = job.add_parser("manifest", help="print the validated PyTorchJob or TrainJob YAML (no cluster needed)")
     p.add_argument("--config", help="kftrain YAML config (default: built-in defaults)")
     p.add_argument("--name", default="kftrain-job", help="job name (a DNS-1035 label)")
-    p.add_argument("--namespace", default="", help="namespace (default: kubernetes.namespace, else none)")
+    p.add_argument("-n", "--namespace", default="", help="namespace (default: kubernetes.namespace, else none)")
     p.add_argument("--dataset-uri", default="s3://kftrain/dataset", help="prepared dataset URI")
     p.add_argument("--model-uri", default="s3://kftrain/model", help="where rank 0 writes the model")
     p.add_argument(
@@ -787,7 +794,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=_cmd_job_manifest)
     p = job.add_parser("status", help="print a running job's state and the progress rank 0 reports to it")
     p.add_argument("name", help="the job's name (the training step's log names it)")
-    p.add_argument("--namespace", default="", help="namespace (default: the kubeconfig context's, in a pod its own)")
+    p.add_argument(
+        "-n", "--namespace", default="", help="namespace (default: the kubeconfig context's, in a pod its own)"
+    )
     p.add_argument(
         "--kind",
         choices=("auto", "pytorchjob", "trainjob"),

@@ -153,7 +153,7 @@ def _refuse_a_file_name(raw: str) -> None:
         pass
     raise SubmitError(
         f"--param config={text}: the parameter takes the config's YAML text, not a file's name (the pipeline's "
-        f"pods cannot read this machine's files); pass the file's text: --param config=\"$(cat {shlex.quote(text)})\""
+        f"pods cannot read this machine's files); pass the file with --config {shlex.quote(text)}, which sends its text"
     )
 
 

@@ -1153,7 +1153,12 @@ class Config:
                 f"{self.train.method!r} (no adapters): set train.method: lora, or leave export.merge_lora out"
             )
         if pretrained:
-            _require(self.task == "causal_lm", "model.init_from", self.model.init_from, "needs task: causal_lm")
+            _require(
+                self.task == "causal_lm",
+                "model.init_from",
+                self.model.init_from,
+                "needs task: causal_lm (a pretrained model is fine-tuned as a language model): set it in the config",
+            )
             _require(
                 self.data.tokenizer == "bytes",
                 "data.tokenizer",
@@ -1431,26 +1436,30 @@ def parse_config(text: str, overrides: dict[str, Any] | None = None, origin: str
 
 def load_config(path: str | Path | None = None, overrides: dict[str, Any] | None = None) -> Config:
     """Load a YAML config file (the defaults when `path` is None) and apply dotted overrides."""
-    text = ""
-    if path is not None:
-        try:
-            with open(path, "rb") as f:
-                raw = f.read(MAX_CONFIG_BYTES + 1)  # never more: a config past the bound is refused unread
-            text = raw.decode("utf-8")
-        except (OSError, UnicodeDecodeError) as exc:
-            reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
-            raise ConfigError(f"--config {path}: cannot read the config file ({reason}); pass a YAML file") from None
-        if not raw.strip():  # an empty file is a mistake (a failed `> file`), not a wish for the defaults
-            raise ConfigError(
-                f"--config {path}: the file is empty; write the fields to change, or leave out --config for the "
-                "built-in defaults"
-            )
-        if len(raw) > MAX_CONFIG_BYTES:
-            raise ConfigError(
-                f"--config {path}: larger than a config may be ({MAX_CONFIG_BYTES} bytes = 1 MiB); "
-                "is it the right file?"
-            )
+    text = "" if path is None else read_config_file(path)
     return parse_config(text, overrides, origin=str(path or "config"))
+
+
+def read_config_file(path: str | Path) -> str:
+    """The text of the config file `path` (`--config`), refused in one line when it cannot be
+    read, is not UTF-8, is empty or is larger than a config may be."""
+    try:
+        with open(path, "rb") as f:
+            raw = f.read(MAX_CONFIG_BYTES + 1)  # never more: a config past the bound is refused unread
+        text = raw.decode("utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
+        raise ConfigError(f"--config {path}: cannot read the config file ({reason}); pass a YAML file") from None
+    if not raw.strip():  # an empty file is a mistake (a failed `> file`), not a wish for the defaults
+        raise ConfigError(
+            f"--config {path}: the file is empty; write the fields to change, or leave out --config for the "
+            "built-in defaults"
+        )
+    if len(raw) > MAX_CONFIG_BYTES:
+        raise ConfigError(
+            f"--config {path}: larger than a config may be ({MAX_CONFIG_BYTES} bytes = 1 MiB); is it the right file?"
+        )
+    return text
 
 
 def config_to_json(cfg: Config, exclude: tuple[str, ...] = ()) -> str:

@@ -62,6 +62,14 @@ def ask_for_stacks(pids: Iterable[int]) -> list[int]:
     return asked
 
 
+def runs_a_kftrain_module(cmdline: bytes) -> bool:
+    """Whether a process's command line (`/proc/PID/cmdline`: NUL-separated) runs a kftrain module
+    (`python -m trainer.train`, `-m trainer.torchrun`, ...), not a file or argument that only
+    resembles one (`python my_trainer.py`)."""
+    args = cmdline.split(b"\0")
+    return any(flag == b"-m" and module.startswith(b"trainer.") for flag, module in zip(args, args[1:], strict=False))
+
+
 def _kftrain_processes() -> list[int]:
     """This machine's (this container's) other processes running a kftrain module."""
     found = []
@@ -69,13 +77,20 @@ def _kftrain_processes() -> list[int]:
         if not entry.isdigit() or int(entry) == os.getpid():
             continue
         with contextlib.suppress(OSError), open(f"/proc/{entry}/cmdline", "rb") as f:
-            if b"trainer." in f.read():
+            if runs_a_kftrain_module(f.read()):
                 found.append(int(entry))
     return sorted(found)
 
 
-def main() -> int:
+def main(argv: list[str] | None = None) -> int:
     """`python -m trainer.stacks`: ask every kftrain process here for its stacks."""
+    import argparse
+
+    argparse.ArgumentParser(
+        prog="python -m trainer.stacks",
+        description="Ask every kftrain rank and torchrun agent on this machine (in a pod: of this pod) to print its "
+        "threads' Python stacks into its log, and go on (SIGUSR1 to each that catches it).",
+    ).parse_args(argv)
     if not os.path.isdir("/proc"):
         print("kftrain: error: python -m trainer.stacks needs Linux's /proc", file=sys.stderr)
         return 2

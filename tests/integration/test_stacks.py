@@ -71,7 +71,7 @@ def test_the_command_asks_every_kftrain_process_here(monkeypatch, capsys):
         assert rank.stdout is not None and rank.stdout.readline().startswith("ready")
         # Only this test's process: the real scan would also find the ranks of tests running beside it.
         monkeypatch.setattr(stacks, "_kftrain_processes", lambda: [rank.pid])
-        assert stacks.main() == 0
+        assert stacks.main([]) == 0
         assert f"asked 1 process(es) ({rank.pid})" in capsys.readouterr().out
         time.sleep(0.5)
         assert rank.poll() is None
@@ -80,13 +80,29 @@ def test_the_command_asks_every_kftrain_process_here(monkeypatch, capsys):
     assert "in wait_for_a_lost_peer" in rank.communicate(timeout=10)[1]
 
     monkeypatch.setattr(stacks, "_kftrain_processes", lambda: [])
-    assert stacks.main() == 1
+    assert stacks.main([]) == 1
     assert "no kftrain process here prints its stacks" in capsys.readouterr().out
 
 
-def test_the_scan_finds_a_kftrain_module_and_not_itself():
+@pytest.mark.parametrize(
+    ("cmdline", "matched"),
+    [
+        ([sys.executable, "-m", "trainer.torchrun", "-m", "trainer.train", "--config-json", "{}"], True),
+        ([sys.executable, "-u", "-m", "trainer.train", "--dataset-uri", "s3://b/d"], True),  # a rank under torchrun
+        ([sys.executable, "my_trainer.py"], False),
+        ([sys.executable, "/src/trainer.py", "trainer.train"], False),  # resembles, runs no kftrain module
+        (["vim", "trainer.py"], False),
+        ([sys.executable, "-m", "pytest", "tests/test_trainer.py"], False),
+    ],
+)
+def test_only_a_kftrain_module_s_process_is_one_to_ask(cmdline, matched):
+    assert stacks.runs_a_kftrain_module(b"\0".join(a.encode() for a in cmdline) + b"\0") is matched
+
+
+def test_the_scan_finds_a_running_kftrain_module_and_not_itself():
     proc = subprocess.Popen(
-        [sys.executable, "-c", "import time; print('ready', flush=True); time.sleep(30)", "trainer.train"],
+        # `-m trainer.x` is the code's own argv here: the command line reads as a kftrain module's.
+        [sys.executable, "-c", "import time; print('ready', flush=True); time.sleep(30)", "-m", "trainer.x"],
         stdout=subprocess.PIPE,
         text=True,
         start_new_session=True,
@@ -98,6 +114,12 @@ def test_the_scan_finds_a_kftrain_module_and_not_itself():
     finally:
         os.killpg(proc.pid, signal.SIGKILL)
         proc.wait()
+
+
+def test_the_command_has_help_and_asks_no_one_for_it(capsys):
+    with pytest.raises(SystemExit) as exit_:
+        stacks.main(["--help"])
+    assert exit_.value.code == 0 and "SIGUSR1" in capsys.readouterr().out
 
 
 @pytest.mark.timeout(120)

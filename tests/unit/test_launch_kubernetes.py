@@ -324,9 +324,32 @@ def test_no_owner_reference_across_namespaces():
     """A job in another namespace than the launcher pod must not name the pod as its owner:
     Kubernetes would treat the owner as absent and delete the job right away."""
     cluster = FakeCluster(namespace="gpu-jobs")
-    backend, spec, _ = make(cluster, **{"kubernetes.namespace": "gpu-jobs"})
+    backend, spec, lines = make(cluster, **{"kubernetes.namespace": "gpu-jobs"})
     backend._home = "kubeflow-user"  # the launcher pod runs elsewhere
     backend.submit(spec)
+    assert "ownerReferences" not in cluster.jobs[NAME]["metadata"]
+    assert any(
+        "warning" in line and "runs in namespace gpu-jobs, not in the launcher pod's kubeflow-user" in line
+        for line in lines
+    )
+
+
+@pytest.mark.parametrize("owned", [True, False], ids=["owned", "no-pod-env"])
+def test_a_job_without_an_owner_is_created_with_a_warning_saying_what_it_costs(owned):
+    """A pipeline of the user's own that leaves out launcher_task_options gives the launcher no
+    pod name and uid: the job is created anyway, with one warning that says so and how to fix it."""
+    cluster = FakeCluster()
+    lines: list[str] = []
+    backend = launcher(cluster, "uid-1" if owned else None, lines.append)
+    spec = make(cluster)[1]
+    backend.submit(spec)
+    warned = [line for line in lines if "warning" in line]
+    if owned:
+        assert not warned
+        return
+    assert len(warned) == 1, lines
+    assert "KFTRAIN_POD_NAME and KFTRAIN_POD_UID are not set" in warned[0]
+    assert "launcher_task_options" in warned[0] and "job.timeout_seconds" in warned[0]
     assert "ownerReferences" not in cluster.jobs[NAME]["metadata"]
 
 

@@ -10,6 +10,8 @@ import pytest
 
 from pipelines.cli import build_parser, main
 
+REPO = Path(__file__).resolve().parents[2]
+
 pytestmark = pytest.mark.timeout(120)
 
 
@@ -546,3 +548,45 @@ def test_horovod_run_passes_the_script_its_arguments_as_python_would(tmp_path, m
     assert main(["horovod-run", "s.py", *args]) == 0
     assert module_main(["s.py", *args]) == 0
     assert capsys.readouterr().out.splitlines() == [f"ARGS {args}"] * 2
+
+
+SUBMIT = ["submit", "--host", "http://127.0.0.1:9", "--package", str(REPO / "compiled" / "training_pipeline.yaml")]
+
+
+@pytest.mark.parametrize(
+    ("text", "extra", "phrase"),
+    [
+        ("train:\n  epochs: 2\n", [], None),
+        ("train:\n  epochs: 2\n", ["--param", "config=train: {epochs: 1}"], "--config and --param config= both give"),
+        (None, [], "--config c.yaml: cannot read the config file (No such file or directory)"),
+        ("", [], "--config c.yaml: the file is empty"),
+        ("task: causal_lm\nmodel: {init_from: s3://models/x, n_layer: 3}\n", [], "model.n_layer: is defined by the"),
+    ],
+    ids=["its-text-is-the-parameter", "twice", "missing", "empty", "invalid"],
+)
+def test_submit_takes_a_config_file_as_run_and_plan_do(tmp_path, monkeypatch, capsys, text, extra, phrase):
+    """`kftrain submit --config FILE` sends the file's text as the `config` parameter (the pods cannot
+    read this machine's files), checked as `--param config=` is, before anything is uploaded."""
+    monkeypatch.chdir(tmp_path)
+    if text is not None:
+        (tmp_path / "c.yaml").write_text(text)
+    sent = {}
+
+    def submit(client, host, package, pipeline, experiment, run_name, params, **kwargs):
+        sent.update(params)
+        return type("Result", (), {"version_name": "v", "run_id": "r", "run_url": "u"})()
+
+    monkeypatch.setattr("pipelines.submit.make_client", lambda host, namespace: object())
+    monkeypatch.setattr("pipelines.submit.submit", submit)
+    rc, out = call_cli([*SUBMIT, "--config", "c.yaml", *extra], capsys)
+    if phrase is None:
+        assert rc == 0 and sent == {"config": text}, out
+        return
+    assert rc == 2 and phrase in out and "Traceback" not in out and not sent, out
+
+
+@pytest.mark.parametrize(
+    "argv", [["job", "status", "x", "-n", "team-a"], ["job", "manifest", "-n", "team-a"], [*SUBMIT, "-n", "team-a"]]
+)
+def test_every_namespace_flag_takes_kubectl_s_short_form(argv):
+    assert build_parser().parse_args(argv).namespace == "team-a"

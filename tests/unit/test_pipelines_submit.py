@@ -164,7 +164,7 @@ def test_a_config_file_name_as_the_config_parameter_says_to_pass_its_text(tmp_pa
     name = value.strip()
     assert str(err.value) == (
         f"--param config={name}: the parameter takes the config's YAML text, not a file's name (the pipeline's pods "
-        f"cannot read this machine's files); pass the file's text: --param config=\"$(cat {name})\""
+        f"cannot read this machine's files); pass the file with --config {name}, which sends its text"
     )
 
 

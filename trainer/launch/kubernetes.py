@@ -381,6 +381,8 @@ class KubernetesBackend:
         try:
             self._create(job, manifest)
             self._log(f"kftrain: created {job.kind.crd_kind} {job.ref}")
+            if job.owner is None:
+                self._log(f"kftrain: warning: {job.kind.crd_kind} {job.ref} {self._no_owner(job)}")
             return
         except JobFailed:
             raise
@@ -405,6 +407,24 @@ class KubernetesBackend:
         job.restarts = _restarts_of(existing)
         self._log(f"kftrain: {job.kind.crd_kind} {job.ref} already exists; re-attaching to it")
         self._adopt(job, existing)
+
+    def _no_owner(self, job: _Job) -> str:
+        """Why `job` has no owner and what that costs: cancelling the run deletes the job only
+        through this launcher (SIGTERM), not through Kubernetes' garbage collector."""
+        if job.namespace != self._home:
+            why = (
+                f"runs in namespace {job.namespace}, not in the launcher pod's {self._home}, so the pod cannot own it "
+                "(Kubernetes ignores an owner in another namespace)"
+            )
+        else:
+            why = (
+                f"has no owner: {POD_NAME_ENV} and {POD_UID_ENV} are not set in the launcher pod (a pipeline of "
+                "your own: apply components.task_options.launcher_task_options to the training task)"
+            )
+        return (
+            f"{why}; if the launcher pod dies before it deletes the job (its node lost, a SIGKILL), the job and its "
+            f"GPUs run on until its deadline of {job.spec.timeout_s:.0f}s (job.timeout_seconds)"
+        )
 
     def wait(self, spec: JobSpec) -> None:
         """Poll until Succeeded; raise on Failed, a pod Pending too long after admission, too
