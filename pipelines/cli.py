@@ -29,9 +29,10 @@ def _cmd_compile(args: argparse.Namespace) -> int:
     return 0
 
 
-def _resume_command(argv: list[str], run_id: str) -> str:
-    """The command line that continues this run: the same arguments with --run-id (a password in
-    a URL among them written `***`: put credentials in the environment, not on the command line)."""
+def _resume_command(argv: list[str], run_id: str | None) -> str:
+    """The command line that continues this run: the same arguments with --run-id (without one when
+    `run_id` is None: the same run started anew). A password in a URL among them is written `***`:
+    put credentials in the environment, not on the command line."""
     import shlex
 
     args, skip = [], False
@@ -45,7 +46,7 @@ def _resume_command(argv: list[str], run_id: str) -> str:
         if a.startswith("--run-id="):
             continue
         args.append(a)
-    return redact(shlex.join(["kftrain", *args, "--run-id", run_id]))
+    return redact(shlex.join(["kftrain", *args, *(["--run-id", run_id] if run_id else [])]))
 
 
 #: `--min-accuracy` when not given (a classification run's gate).
@@ -111,7 +112,6 @@ def _cmd_run(args: argparse.Namespace) -> int:
         check_run_id,
         keep_log,
         new_run_id,
-        newest_checkpoint,
         run_local,
         run_log,
         run_scope,
@@ -152,6 +152,12 @@ def _cmd_run(args: argparse.Namespace) -> int:
 
     console = StepConsole(open_log, sys.stdout, sys.stderr, verbose=args.verbose)
     outcome: BaseException | None = None
+    started: list[bool] = []  # whether the run got past its pre-flight (and so has an id to continue)
+
+    def on_start() -> None:
+        started.append(True)
+        console.say(f"kftrain: run {run_id} (stopped or killed, it continues with: {resume})")
+
     try:
         with run_scope(run_id), capturing(console):
             summary = run_local(
@@ -161,7 +167,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
                 max_perplexity=args.max_perplexity,
                 run_id=run_id,
                 # Once it passed the pre-flight: a refused run has nothing to continue.
-                on_start=lambda: console.say(f"kftrain: run {run_id} (stopped or killed, it continues with: {resume})"),
+                on_start=on_start,
             )
     except (PipelineFailed, RunStopped) as exc:
         outcome = exc
@@ -186,11 +192,9 @@ def _cmd_run(args: argparse.Namespace) -> int:
             print(f"kftrain: error: the pipeline failed: {redact(plain(str(outcome)))}", file=sys.stderr)
         return 1
     if isinstance(outcome, RunStopped):
-        step = newest_checkpoint(cfg, run_id, args.output_dir) if cfg.checkpoint.enabled else None
-        kept = "no checkpoint committed yet" if step is None else f"its newest committed checkpoint is step {step}"
         print(
-            f"kftrain: run {run_id} stopped by {outcome}; every process of it has ended ({kept}){see_log}. "
-            f"Resume it: {resume}",
+            f"kftrain: run {run_id} stopped by {outcome}; {_stopped(cfg, args, run_id, bool(started))}{see_log}. "
+            f"{_then(cfg, args, run_id, bool(started))}",
             file=sys.stderr,
         )
         return 128 + outcome.signum
@@ -216,6 +220,30 @@ def _cmd_run(args: argparse.Namespace) -> int:
     if full_log:
         print(f"full log: {full_log}")
     return 0 if summary["exported"] else GATE_FAILED
+
+
+def _stopped(cfg, args: argparse.Namespace, run_id: str, started: bool) -> str:
+    """What a stopped local run leaves: nothing before its pre-flight passed, else its newest
+    committed checkpoint (none when checkpoints are off)."""
+    from pipelines.local_run import newest_checkpoint
+
+    if not started:
+        return "it was stopped before it started, so nothing of it ran"
+    if not cfg.checkpoint.enabled:
+        return "every process of it has ended (checkpoint.enabled is off: no training step was saved)"
+    step = newest_checkpoint(cfg, run_id, args.output_dir)
+    kept = "no checkpoint committed yet" if step is None else f"its newest committed checkpoint is step {step}"
+    return f"every process of it has ended ({kept})"
+
+
+def _then(cfg, args: argparse.Namespace, run_id: str, started: bool) -> str:
+    """What to run next after a stop: the same command (a run that never started, unless it was
+    already a continued one), else the command that continues it."""
+    if not started and args.run_id is None:
+        return f"Start it again: {_resume_command(args.argv, None)}"
+    if started and not cfg.checkpoint.enabled:
+        return f"Continue it (its training starts over from step 0): {_resume_command(args.argv, run_id)}"
+    return f"Resume it: {_resume_command(args.argv, run_id)}"
 
 
 def _cmd_runs(args: argparse.Namespace) -> int:

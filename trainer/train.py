@@ -403,6 +403,7 @@ class Trainer:
         self.epoch_loss, self.epoch_steps = torch.zeros((), device=device), 0
         self.history: list[dict[str, float]] = []
         self.loss_curve: list[dict[str, float]] = []  # the progress log's curve, the same list
+        self.validation: list[dict[str, float]] = []  # the progress log's validation points, the same list
         self.data_wait = 0.0
         self.skipped = self.nonfinite_in_a_row = 0
         self.first_step_at: float | None = None
@@ -428,7 +429,7 @@ class Trainer:
             events=events,
             reporter=reporter_from_env() if env.is_main else None,
         )
-        self.progress.curve = self.loss_curve
+        self.progress.curve, self.progress.validation = self.loss_curve, self.validation
 
     def _planned_steps(self) -> int:
         """The step the run ends at: train.max_steps, or the end of the last epoch (the epoch
@@ -539,9 +540,10 @@ class Trainer:
             # The epoch's loss so far, so the resumed run reports the same mean for the epoch.
             self.epoch_loss += torch.tensor(pos["epoch_loss"], dtype=self.epoch_loss.dtype, device=self.device)
             self.epoch_steps = int(pos["epoch_steps"])
-        # The record of a resumed run covers the whole run.
+        # The record of a resumed run covers the whole run (the report draws all three).
         self.history[:] = record.get("history", [])
         self.loss_curve[:] = record.get("loss_curve", [])
+        self.validation[:] = record.get("validation", [])
         log.info(
             "resumed at step %d (epoch %d, %d steps into it) from %s",
             self.step,
@@ -586,6 +588,7 @@ class Trainer:
             "inputs": self.inputs,
             "history": self.history,
             "loss_curve": self.loss_curve,
+            "validation": self.validation,
         }
         if metrics is not None:
             record["metrics"] = metrics

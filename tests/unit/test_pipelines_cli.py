@@ -590,3 +590,38 @@ def test_submit_takes_a_config_file_as_run_and_plan_do(tmp_path, monkeypatch, ca
 )
 def test_every_namespace_flag_takes_kubectl_s_short_form(argv):
     assert build_parser().parse_args(argv).namespace == "team-a"
+
+
+@pytest.mark.parametrize(
+    ("started", "run_id", "checkpoints", "said", "then"),
+    [
+        (False, None, True, "stopped before it started, so nothing of it ran", "Start it again: kftrain run --local"),
+        (False, "r1", True, "stopped before it started", "Resume it: kftrain run --local --run-id r1"),
+        (
+            True,
+            None,
+            True,
+            "(its newest committed checkpoint is step 40)",
+            "Resume it: kftrain run --local --run-id r1",
+        ),
+        (True, None, False, "(checkpoint.enabled is off: no training step was saved)", "training starts over"),
+    ],
+    ids=["before-start", "continued-run-before-start", "checkpointed", "checkpoints-off"],
+)
+def test_a_stopped_run_s_last_line_says_what_it_left_and_what_to_run(
+    monkeypatch, started, run_id, checkpoints, said, then
+):
+    """A stop before the pre-flight passed offers the same command (not a --run-id nothing was
+    written for); with checkpoints off the rerun is said to start training over."""
+    from pipelines.cli import _stopped, _then
+    from trainer.config import load_config
+
+    monkeypatch.setattr("pipelines.local_run.newest_checkpoint", lambda cfg, run, root: 40)
+    cfg = load_config(overrides={"checkpoint.enabled": checkpoints})
+    args = build_parser().parse_args(["run", "--local", *(["--run-id", run_id] if run_id else [])])
+    args.argv = ["run", "--local", *(["--run-id", run_id] if run_id else [])]
+    assert said in _stopped(cfg, args, "r1", started)
+    line = _then(cfg, args, "r1", started)
+    assert then in line
+    if not started and run_id is None:
+        assert "--run-id" not in line

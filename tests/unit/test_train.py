@@ -264,6 +264,10 @@ def test_keep_best_keeps_the_best_epoch_through_pruning_and_a_restart_and_export
     metrics = single(load_config(overrides={**base, "train.epochs": 5, "checkpoint.export_best": True}), digits, model)
     kept, best, value = kept_and_best(5)
     assert kept == {best, metrics["steps"]} and metrics["best_step"] == best < metrics["steps"]
+    # The restart's record has every epoch's validation at its step, which the report draws (was:
+    # only the restart's own two epochs).
+    validation = json.loads(store.get_bytes(join_uri(model, "training.json")))["progress"]["validation"]
+    assert [v["step"] for v in validation] == [metrics["steps"] // 5 * (e + 1) for e in range(5)]
     assert metrics["val_accuracy"] == value
     exported, _ = load_model(store, model)
     state = {"model": {k: torch.zeros_like(v) for k, v in exported.state_dict().items()}}
