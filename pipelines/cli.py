@@ -228,7 +228,8 @@ def _stopped(cfg, args: argparse.Namespace, run_id: str, started: bool) -> str:
     from pipelines.local_run import newest_checkpoint
 
     if not started:
-        return "it was stopped before it started, so nothing of it ran"
+        earlier = " (what its earlier starts committed stays)" if args.run_id else ""
+        return f"it was stopped before this start began, so nothing of it ran{earlier}"
     if not cfg.checkpoint.enabled:
         return "every process of it has ended (checkpoint.enabled is off: no training step was saved)"
     step = newest_checkpoint(cfg, run_id, args.output_dir)
@@ -440,7 +441,7 @@ def _cmd_submit(args: argparse.Namespace) -> int:
     with tempfile.TemporaryDirectory() as tmp:
         package = Path(args.package) if args.package else compile_all(tmp)[0]
         pairs = list(args.param)
-        if args.config:
+        if args.config is not None:  # `--config "$UNSET"` is refused as an unreadable file, not ignored
             if any(pair.partition("=")[0] == "config" for pair in pairs):
                 raise SubmitError("--config and --param config= both give the run's config: give one of them")
             pairs.append(f"config={read_config_file(args.config)}")  # the text: the pods cannot read this file

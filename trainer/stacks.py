@@ -23,6 +23,7 @@ import faulthandler
 import os
 import signal
 import sys
+import time
 from collections.abc import Iterable
 
 #: The signal on which a process prints every thread's stack and goes on.
@@ -51,21 +52,26 @@ def catches(pid: int, sig: int = STACKS_SIGNAL) -> bool:
     return False
 
 
-def ask_for_stacks(pids: Iterable[int]) -> list[int]:
-    """Send :data:`STACKS_SIGNAL` to each of `pids` that catches it; return those signalled."""
+def ask_for_stacks(pids: Iterable[int], gap_s: float = 0.3) -> list[int]:
+    """Send :data:`STACKS_SIGNAL` to each of `pids` that catches it, one at a time, `gap_s` apart:
+    a torchrun agent and its ranks share one output, and dumps written at once would interleave
+    within lines. Return those signalled (not one that is gone, or another user's)."""
     asked = []
     for pid in pids:
-        if catches(pid):
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(pid, STACKS_SIGNAL)
-                asked.append(pid)
+        if not catches(pid):
+            continue
+        if asked:
+            time.sleep(gap_s)
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.kill(pid, STACKS_SIGNAL)
+            asked.append(pid)
     return asked
 
 
 def runs_a_kftrain_module(cmdline: bytes) -> bool:
-    """Whether a process's command line (`/proc/PID/cmdline`: NUL-separated) runs a kftrain module
-    (`python -m trainer.train`, `-m trainer.torchrun`, ...), not a file or argument that only
-    resembles one (`python my_trainer.py`)."""
+    """Whether a process's command line (`/proc/PID/cmdline`: NUL-separated) holds `-m trainer.*`
+    (`python -m trainer.train`, `-m trainer.torchrun`, ...); a file or argument that only resembles
+    one (`python my_trainer.py`, `vim trainer.py`) does not count."""
     args = cmdline.split(b"\0")
     return any(flag == b"-m" and module.startswith(b"trainer.") for flag, module in zip(args, args[1:], strict=False))
 
@@ -96,9 +102,13 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     asked = ask_for_stacks(_kftrain_processes())
     if not asked:
-        print("no kftrain process here prints its stacks on SIGUSR1 (none is running, or none has started yet)")
+        print(
+            "kftrain: no kftrain process here prints its stacks on SIGUSR1 (none is running, or none has started yet)"
+        )
         return 1
-    print(f"asked {len(asked)} process(es) ({', '.join(map(str, asked))}) to print their stacks into their log")
+    print(
+        f"kftrain: asked {len(asked)} process(es) ({', '.join(map(str, asked))}) to print their stacks into their log"
+    )
     return 0
 
 

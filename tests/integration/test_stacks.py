@@ -72,7 +72,7 @@ def test_the_command_asks_every_kftrain_process_here(monkeypatch, capsys):
         # Only this test's process: the real scan would also find the ranks of tests running beside it.
         monkeypatch.setattr(stacks, "_kftrain_processes", lambda: [rank.pid])
         assert stacks.main([]) == 0
-        assert f"asked 1 process(es) ({rank.pid})" in capsys.readouterr().out
+        assert f"kftrain: asked 1 process(es) ({rank.pid})" in capsys.readouterr().out
         time.sleep(0.5)
         assert rank.poll() is None
     finally:
@@ -81,7 +81,7 @@ def test_the_command_asks_every_kftrain_process_here(monkeypatch, capsys):
 
     monkeypatch.setattr(stacks, "_kftrain_processes", lambda: [])
     assert stacks.main([]) == 1
-    assert "no kftrain process here prints its stacks" in capsys.readouterr().out
+    assert "kftrain: no kftrain process here prints its stacks" in capsys.readouterr().out
 
 
 @pytest.mark.parametrize(

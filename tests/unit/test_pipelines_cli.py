@@ -595,8 +595,20 @@ def test_every_namespace_flag_takes_kubectl_s_short_form(argv):
 @pytest.mark.parametrize(
     ("started", "run_id", "checkpoints", "said", "then"),
     [
-        (False, None, True, "stopped before it started, so nothing of it ran", "Start it again: kftrain run --local"),
-        (False, "r1", True, "stopped before it started", "Resume it: kftrain run --local --run-id r1"),
+        (
+            False,
+            None,
+            True,
+            "stopped before this start began, so nothing of it ran",
+            "Start it again: kftrain run --local",
+        ),
+        (
+            False,
+            "r1",
+            True,
+            "stopped before this start began, so nothing of it ran (what its earlier starts",
+            "Resume it: kftrain run --local --run-id r1",
+        ),
         (
             True,
             None,
@@ -625,3 +637,9 @@ def test_a_stopped_run_s_last_line_says_what_it_left_and_what_to_run(
     assert then in line
     if not started and run_id is None:
         assert "--run-id" not in line
+
+
+def test_submit_refuses_an_empty_config_flag_instead_of_ignoring_it(capsys):
+    """`--config "$CFG"` with CFG unset would otherwise submit the pipeline's default config."""
+    rc, out = call_cli([*SUBMIT, "--config", ""], capsys)
+    assert rc == 2 and "--config : cannot read the config file" in out and "Traceback" not in out, out

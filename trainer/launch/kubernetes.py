@@ -423,7 +423,9 @@ class KubernetesBackend:
             )
         return (
             f"{why}; if the launcher pod dies before it deletes the job (its node lost, a SIGKILL), the job and its "
-            f"GPUs run on until its deadline of {job.spec.timeout_s:.0f}s (job.timeout_seconds)"
+            f"GPUs run on until its activeDeadlineSeconds of "
+            f"{job.spec.kubernetes.active_deadline_seconds or job.spec.timeout_s:.0f}s "
+            "(kubernetes.active_deadline_seconds, else job.timeout_seconds)"
         )
 
     def wait(self, spec: JobSpec) -> None:
