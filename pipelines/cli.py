@@ -438,13 +438,13 @@ def _cmd_submit(args: argparse.Namespace) -> int:
 
     if args.timeout is not None and not args.wait:
         raise SubmitError("--timeout: limits how long --wait follows the run; add --wait, or leave out --timeout")
+    pairs = list(args.param)
+    if args.config is not None:  # `--config "$UNSET"` is refused as an unreadable file, not ignored
+        if any(pair.partition("=")[0] == "config" for pair in pairs):
+            raise SubmitError("--config and --param config= both give the run's config: give one of them")
+        pairs.append(f"config={read_config_file(args.config)}")  # the text: the pods cannot read this file
     with tempfile.TemporaryDirectory() as tmp:
         package = Path(args.package) if args.package else compile_all(tmp)[0]
-        pairs = list(args.param)
-        if args.config is not None:  # `--config "$UNSET"` is refused as an unreadable file, not ignored
-            if any(pair.partition("=")[0] == "config" for pair in pairs):
-                raise SubmitError("--config and --param config= both give the run's config: give one of them")
-            pairs.append(f"config={read_config_file(args.config)}")  # the text: the pods cannot read this file
         params = parse_params(pairs, package)  # SubmitError when --package is no compiled pipeline
         run_name = (
             args.run_name or f"{args.pipeline_name} {datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M:%S}"

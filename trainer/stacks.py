@@ -68,12 +68,28 @@ def ask_for_stacks(pids: Iterable[int], gap_s: float = 0.3) -> list[int]:
     return asked
 
 
+#: The entry points that call :func:`print_stacks_on_signals` first thing (a test holds them to it).
+ENTRY_MODULES = ("trainer.train", "trainer.torchrun", "trainer.local_probe")
+
+
 def runs_a_kftrain_module(cmdline: bytes) -> bool:
-    """Whether a process's command line (`/proc/PID/cmdline`: NUL-separated) holds `-m trainer.*`
-    (`python -m trainer.train`, `-m trainer.torchrun`, ...); a file or argument that only resembles
-    one (`python my_trainer.py`, `vim trainer.py`) does not count."""
-    args = cmdline.split(b"\0")
-    return any(flag == b"-m" and module.startswith(b"trainer.") for flag, module in zip(args, args[1:], strict=False))
+    """Whether a process's command line (`/proc/PID/cmdline`: NUL-separated) is Python running one
+    of :data:`ENTRY_MODULES` (`python [options] -m trainer.train ...`); a script, `-c` code, an
+    argument of theirs, or a user's own `trainer` package (`python -m trainer.task`) is not."""
+    args = cmdline.rstrip(b"\0").split(b"\0")[1:]
+    i = 0
+    while i < len(args):
+        arg = args[i]
+        if arg == b"-m" or (arg.startswith(b"-m") and len(arg) > 2):
+            module = args[i + 1] if arg == b"-m" and i + 1 < len(args) else arg[2:]
+            return module.decode(errors="replace") in ENTRY_MODULES
+        if arg in (b"-X", b"-W", b"--check-hash-based-pycs"):
+            i += 2  # an option with its value
+            continue
+        if arg == b"-c" or not arg.startswith(b"-"):
+            return False  # `-c` code or a script: whatever follows is its own argument
+        i += 1
+    return False
 
 
 def _kftrain_processes() -> list[int]:

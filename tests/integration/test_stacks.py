@@ -89,20 +89,34 @@ def test_the_command_asks_every_kftrain_process_here(monkeypatch, capsys):
     [
         ([sys.executable, "-m", "trainer.torchrun", "-m", "trainer.train", "--config-json", "{}"], True),
         ([sys.executable, "-u", "-m", "trainer.train", "--dataset-uri", "s3://b/d"], True),  # a rank under torchrun
+        ([sys.executable, "-X", "importtime", "-mtrainer.local_probe"], True),
         ([sys.executable, "my_trainer.py"], False),
-        ([sys.executable, "/src/trainer.py", "trainer.train"], False),  # resembles, runs no kftrain module
+        ([sys.executable, "my.py", "-m", "trainer.train"], False),  # the script's own argument
+        ([sys.executable, "-c", "pass", "-m", "trainer.train"], False),
+        ([sys.executable, "-m", "trainer.task"], False),  # a user's own `trainer` package (Vertex AI's convention)
         (["vim", "trainer.py"], False),
         ([sys.executable, "-m", "pytest", "tests/test_trainer.py"], False),
     ],
 )
-def test_only_a_kftrain_module_s_process_is_one_to_ask(cmdline, matched):
+def test_only_a_kftrain_entry_point_s_process_is_one_to_ask(cmdline, matched):
     assert stacks.runs_a_kftrain_module(b"\0".join(a.encode() for a in cmdline) + b"\0") is matched
 
 
-def test_the_scan_finds_a_running_kftrain_module_and_not_itself():
+@pytest.mark.parametrize("module", stacks.ENTRY_MODULES)
+def test_every_entry_point_asked_registers_its_handlers(module):
+    source = (REPO / (module.replace(".", "/") + ".py")).read_text()
+    assert "print_stacks_on_signals()" in source, module
+
+
+def test_the_scan_finds_a_running_entry_point_and_not_itself(tmp_path):
+    # A `trainer` package of its own first on the path: the command line is exactly a rank's.
+    (tmp_path / "trainer").mkdir()
+    (tmp_path / "trainer" / "__init__.py").write_text("")
+    (tmp_path / "trainer" / "train.py").write_text("import time\nprint('ready', flush=True)\ntime.sleep(30)\n")
     proc = subprocess.Popen(
-        # `-m trainer.x` is the code's own argv here: the command line reads as a kftrain module's.
-        [sys.executable, "-c", "import time; print('ready', flush=True); time.sleep(30)", "-m", "trainer.x"],
+        [sys.executable, "-S", "-m", "trainer.train"],  # -S: no site, so not the installed kftrain's finder
+        env={**os.environ, "PYTHONPATH": str(tmp_path)},
+        cwd=tmp_path,  # `-m` puts the working directory first on the path
         stdout=subprocess.PIPE,
         text=True,
         start_new_session=True,
