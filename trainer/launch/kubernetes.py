@@ -790,18 +790,21 @@ def _is_object(answer: Any) -> bool:
     return isinstance(answer, dict) and bool(answer.get("kind"))
 
 
+def _api_client(fn: Callable[..., Any]) -> Any:
+    """The API client behind the bound `kubernetes.client` method `fn` (None when `fn` is not one:
+    a test's stand-in)."""
+    return getattr(getattr(fn, "__self__", None), "api_client", None)
+
+
 def _last_body(fn: Callable[..., Any]) -> Any:
-    """The body of the answer the API client behind the bound method `fn` received last (None
-    when `fn` is not one: a test's stand-in)."""
-    api_client = getattr(getattr(fn, "__self__", None), "api_client", None)
-    return getattr(getattr(api_client, "last_response", None), "data", None)
+    """The body of the answer the API client behind `fn` received last (None without one)."""
+    return getattr(getattr(_api_client(fn), "last_response", None), "data", None)
 
 
 def _not_kubernetes(what: str, fn: Callable[..., Any], body: Any) -> str:
     """The one line for an answer that is not a Kubernetes object: the server, the call, what the
     answer looks like (never its content: a login page may echo a user name or a token)."""
-    api_client = getattr(getattr(fn, "__self__", None), "api_client", None)
-    host = getattr(getattr(api_client, "configuration", None), "host", None)
+    host = getattr(getattr(_api_client(fn), "configuration", None), "host", None)
     server = f"the API server at {redact(host)}" if isinstance(host, str) and host else "the API server"
     return (
         f"{server} answered {what!r} with something that is not a Kubernetes object ({_looks_like(body)}); "

@@ -23,10 +23,10 @@ import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
+from trainer import stacks
 from trainer.launch.backend import JobFailed, JobTimeout, failure_excerpt, print_line
 from trainer.launch.spec import NODE, TRAINJOB, JobSpec, replica_env, replica_env_v2
 from trainer.launch.trainjob import EXTRA_ENV as TRAINJOB_EXTRA_ENV
-from trainer.stacks import ask_for_stacks
 
 LOOPBACK = "127.0.0.1"
 #: Every process of a local job inherits this variable. torchrun starts its workers in new
@@ -309,8 +309,7 @@ class LocalBackend:
         torchrun agents) print its threads' stacks into the log, and wait `settle_s` for the lines;
         return the processes asked."""
         marker = self._markers.get(spec.name)
-        pids = {r.proc.pid for r in self._jobs.get(spec.name, [])} | set(marked_pids(marker) if marker else [])
-        asked = ask_for_stacks(sorted(pids))
+        asked = stacks.ask_for_stacks(sorted(marked_pids(marker))) if marker else []  # the agents carry it too
         if asked:
             time.sleep(settle_s)
         return asked
