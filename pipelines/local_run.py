@@ -33,10 +33,10 @@ from typing import Any
 
 from trainer.config import Config, ConfigError, config_to_json, flatten_config, to_dict
 from trainer.errors import KftrainError, redact
+from trainer.runs import RUN_RECORD
 from trainer.storage import CorruptObject, ObjectNotFound, StoreError, join_uri, parse_uri, read_json
 
 DEFAULT_LOCAL_ROOT = "kftrain-outputs"
-RUN_RECORD = "run.json"
 #: Beside the run record, written at a run's first start: where the run keeps its checkpoints.
 STARTED_RECORD = "started.json"
 _RUN_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,62}")
