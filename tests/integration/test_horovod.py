@@ -335,8 +335,11 @@ def test_one_plain_process_and_the_optimizer_contract(tmp_path):
     script = write(tmp_path / "single.py", SINGLE)
     result = tmp_path / "out.json"
     env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "MASTER_ADDR", "LOCAL_RANK")}
+    env["HOROVOD_TIMELINE"] = str(tmp_path / "timeline.json")  # what horovodrun --timeline-filename sets
     rc, out = run_group([sys.executable, "-m", "trainer.horovod.run", str(script), str(result)], 100, env, str(REPO))
     assert rc == 0, out
+    # Not read (was: ignored in silence): the line names what records a timeline instead.
+    assert out.count("HOROVOD_TIMELINE is not read here; call hvd.start_timeline(path)") == 1, out
     got = json.loads(result.read_text())
     assert Path(got["file"]).is_relative_to(SHIM_DIR)
     assert (got["size"], got["rank"], got["argv"]) == (1, 0, [str(result)])

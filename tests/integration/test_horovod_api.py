@@ -142,6 +142,16 @@ class Steady:
 steady = Steady()
 steady.step()  # its first step waits for its check: the later ones do not
 out = {}
+# Waiting is what a barrier and a broadcast are for: rank 0 prepares alone for longer than the check
+# timeout (downloads the data, loads a checkpoint), the others wait in them, with no error.
+for name, call in [
+    ("barrier", hvd.barrier),
+    ("broadcast_parameters", lambda: hvd.broadcast_parameters(steady.model.state_dict(), root_rank=0)),
+    ("broadcast_object", lambda: hvd.broadcast_object(r, root_rank=0)),
+]:
+    if r == 0:
+        time.sleep(4)
+    out[name] = attempt(call)
 for name, mine, theirs in cases:
     if name == cases[-1][0]:
         gc.collect()  # the earlier cases' optimizers, held by their errors' tracebacks, are gone
@@ -183,6 +193,11 @@ def test_every_kind_of_disagreement_raises_on_every_rank_within_seconds(tmp_path
             assert expected.format(i=seen["index"]) in seen["message"], (name, r, seen["message"])
             assert seen["seconds"] < 10, (name, r, seen)
     assert [got["optimizers"] for got in ranks] == [1] * world
+    for r, got in enumerate(ranks):
+        for name in ("barrier", "broadcast_parameters", "broadcast_object"):
+            assert got[name]["type"] is None, (name, r, got[name])
+            if r:
+                assert got[name]["seconds"] > 3, (name, r, got[name])  # waited past the check timeout
     missing = ranks[0]["missing"]
     assert missing["type"] == "HorovodInternalError", missing
     assert "allreduce at collective" in missing["message"] and "'only rank 0'" in missing["message"]

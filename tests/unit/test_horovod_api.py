@@ -243,6 +243,54 @@ def test_a_script_importing_another_framework_s_horovod_is_one_line(tmp_path, mo
     ]
 
 
+# (module, name) of Horovod 0.28's PyTorch side that scripts and libraries import directly.
+HOROVOD_TORCH_MODULES = [
+    ("horovod.torch.mpi_ops", "allreduce_async"),
+    ("horovod.torch.mpi_ops", "synchronize"),
+    ("horovod.torch.mpi_ops", "Average"),
+    ("horovod.torch.compression", "Compression"),
+    ("horovod.torch.functions", "broadcast_object"),
+    ("horovod.torch.functions", "broadcast_optimizer_state"),
+    ("horovod.torch.sync_batch_norm", "SyncBatchNorm"),
+    ("horovod.torch.optimizer", "DistributedOptimizer"),
+    ("horovod.common.exceptions", "HorovodInternalError"),
+    ("horovod.common.process_sets", "ProcessSet"),
+    ("horovod.common.process_sets", "add_process_set"),
+]
+
+
+@pytest.mark.parametrize(("module", "name"), HOROVOD_TORCH_MODULES)
+def test_horovods_pytorch_modules_give_the_shims_objects(shim_on_path, module, name):
+    """(was: refused, saying the script was a TensorFlow, Keras or MXNet one)"""
+    import importlib
+
+    assert getattr(importlib.import_module(module), name) is getattr(hvd, name)
+
+
+def test_compressors_have_horovods_names(shim_on_path):
+    from horovod.torch.compression import FP16Compressor, NoneCompressor
+
+    assert (NoneCompressor, FP16Compressor) == (hvd.Compression.none, hvd.Compression.fp16)
+
+
+def test_a_missing_pytorch_side_module_is_named_with_what_the_shim_has(tmp_path, monkeypatch, capsys):
+    from trainer.horovod.run import main, shim_modules
+
+    script = tmp_path / "train.py"
+    script.write_text("from horovod.torch.mpi_lib_v2 import horovod_torch_allreduce_async_\n")
+    monkeypatch.setattr(sys, "path", list(sys.path))
+    monkeypatch.setattr(sys, "argv", list(sys.argv))
+    try:
+        assert main([str(script)]) == 1
+    finally:
+        for name in [m for m in sys.modules if m == "horovod" or m.startswith("horovod.")]:
+            del sys.modules[name]
+    err = capsys.readouterr().err
+    assert err.startswith(f"kftrain horovod-run: {script} imports horovod.torch.mpi_lib_v2, which kftrain's")
+    assert "horovod.torch.mpi_ops, horovod.torch.optimizer" in err and "TensorFlow" not in err
+    assert {module for module, _ in HOROVOD_TORCH_MODULES} <= set(shim_modules())
+
+
 @pytest.mark.parametrize(
     ("script", "code", "said"),
     [

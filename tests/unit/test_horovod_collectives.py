@@ -140,3 +140,23 @@ def test_bad_alltoall_splits_are_refused_before_anything_is_sent(tensor, splits,
 def test_nccl_built_gives_horovods_version_code(version, code):
     # Horovod returns NCCL_VERSION_CODE, which scripts compare (`hvd.nccl_built() >= 2700`).
     assert hvd.nccl_version_code(version) == code
+
+
+@pytest.mark.parametrize(
+    ("dtype", "value", "factor", "expected"),
+    [
+        # Average of 3 ranks' 123456789 (the sum times 1/3): was 123456792, scaled in float32.
+        (torch.int64, 3 * 123456789, 1 / 3, 123456789),
+        (torch.int32, 2 * (2**25 + 1), 0.5, 2**25 + 1),  # a postscale_factor of 1/size
+        (torch.int64, 2 * (2**40 + 1), 0.5, 2**40 + 1),
+        (torch.int64, 2**40 + 1, 3.0, 3 * (2**40 + 1)),  # a prescale_factor
+        (torch.int64, -7, 0.5, -3),  # truncated toward zero, as Horovod's C++ conversion
+        (torch.uint8, 201, 0.5, 100),
+        (torch.float64, 2**52 + 2, 0.5, 2**51 + 1),
+    ],
+)
+def test_scaling_an_integer_tensor_is_exact_as_horovods_double(dtype, value, factor, expected):
+    """Horovod scales (Average's 1/size, pre- and postscale_factor) in C++ double: integers are exact up to 2**53."""
+    tensor = torch.tensor([value, value], dtype=dtype)
+    hvd._scale_(tensor, factor)
+    assert tensor.dtype == dtype and tensor.tolist() == [expected, expected]

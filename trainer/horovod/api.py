@@ -11,7 +11,8 @@ consistency check; see "the collective protocol" below): before the data moves, 
 the set compare a descriptor of the collective (kind, name, shapes, dtypes, root, op) over a gloo
 side group, and a disagreement raises one HorovodInternalError on every process naming both
 sides, instead of a hang or a gloo abort. A process that never arrives fails the others after
-KFTRAIN_HOROVOD_CHECK_TIMEOUT_S (default 60, Horovod's stall-warning time);
+KFTRAIN_HOROVOD_CHECK_TIMEOUT_S (default 60, Horovod's stall-warning time; a barrier's or a
+broadcast's after KFTRAIN_HOROVOD_TIMEOUT_S, see PATIENT_KINDS);
 KFTRAIN_HOROVOD_CHECKS=0 turns the checks off (and `join()` back into a barrier).
 `DistributedOptimizer`, grouped allreduce and `broadcast_parameters` check once per group (an
 optimizer's steady-state check runs behind its reductions, see `_DistributedOptimizer._start_check`).
@@ -39,6 +40,7 @@ import gc
 import hashlib
 import importlib
 import os
+import sys
 import time
 import warnings
 import weakref
@@ -308,6 +310,8 @@ class _State:
     owns_group = False
     checks = True
     check_timeout = datetime.timedelta(seconds=60)
+    # How long a collective's data may take (KFTRAIN_HOROVOD_TIMEOUT_S); also the patient kinds' checks.
+    timeout = datetime.timedelta(seconds=1800)
     sets: dict[int, _SetState] = {}
     next_set_id = 1
     # The rendezvous store lives as long as the process: every init after a shutdown works under
@@ -361,7 +365,7 @@ def init(comm: Any = None, process_sets: Any = None) -> None:
         return
     _state.checks = _env_flag("KFTRAIN_HOROVOD_CHECKS", True)
     _state.check_timeout = _env_seconds("KFTRAIN_HOROVOD_CHECK_TIMEOUT_S", 60.0)
-    timeout = _env_seconds("KFTRAIN_HOROVOD_TIMEOUT_S", 1800.0)
+    timeout = _state.timeout = _env_seconds("KFTRAIN_HOROVOD_TIMEOUT_S", 1800.0)
     topo = topology()
     if dist.is_initialized():  # the script (or a library) made the group itself: use it, leave it
         if (dist.get_rank(), dist.get_world_size()) != (topo.rank, topo.size):
@@ -395,6 +399,13 @@ def init(comm: Any = None, process_sets: Any = None) -> None:
     _state.next_set_id = 1
     for ps in process_sets or ():
         _register(ps if isinstance(ps, ProcessSet) else ProcessSet(ps))
+    if os.environ.get("HOROVOD_TIMELINE") and topo.rank == 0:
+        # horovodrun --timeline-filename sets it; a file that silently never appears would puzzle.
+        print(
+            "kftrain horovod shim: HOROVOD_TIMELINE is not read here; call hvd.start_timeline(path) and "
+            "hvd.stop_timeline() around the steps to record (docs/horovod.md)",
+            file=sys.stderr,
+        )
 
 
 def _register(ps: ProcessSet) -> None:
@@ -405,7 +416,7 @@ def _register(ps: ProcessSet) -> None:
         raise ValueError(f"Attempted to add a duplicate process set: {ps} is already registered")
     if any(st.ranks == tuple(ps.ranks) for st in _state.sets.values()):
         raise ValueError(f"Attempted to add a duplicate process set: {ps} (a registered set has these ranks)")
-    timeout = _env_seconds("KFTRAIN_HOROVOD_TIMEOUT_S", 1800.0)
+    timeout = _state.timeout
     # new_group is collective over the whole job: every process takes part, members or not.
     group = dist.new_group(ps.ranks, timeout=timeout)
     side = dist.new_group(ps.ranks, backend="gloo", timeout=timeout) if len(ps.ranks) > 1 else None
@@ -569,6 +580,11 @@ _NOTHING = -(2**62)  # what a joined process sends for the hash and number: neve
 # Kinds whose tensors may differ in their first dimension across ranks (Horovod's allgather):
 # the descriptor hashes the other dimensions and the Agreement carries every rank's first ones.
 FIRST_DIM_FREE_KINDS = {"allgather"}
+# Kinds the other processes reach first by design and wait in, as long as it takes (Horovod waits
+# without limit): a barrier, and a broadcast, which follows what its root alone prepares (rank 0
+# downloading the data, loading a checkpoint before `broadcast_parameters`). Their checks wait up to
+# KFTRAIN_HOROVOD_TIMEOUT_S, not KFTRAIN_HOROVOD_CHECK_TIMEOUT_S.
+PATIENT_KINDS = {"barrier", "broadcast", "broadcast_object"}
 
 
 class TensorSpec(NamedTuple):
@@ -686,7 +702,7 @@ class _Check:
     def __init__(self, st: _SetState, agreement: Agreement, desc: _Desc | None) -> None:
         self.st, self.agreement, self.desc = st, agreement, desc
         self.work = self.words = self.error = None
-        self.start, self.timeout = time.monotonic(), _state.check_timeout
+        self.start, self.timeout = time.monotonic(), _check_timeout(desc.kind if desc else "")
 
     def finish(self) -> Agreement:
         """Wait for the exchange (once) and act on it; raises HorovodInternalError as _exchange."""
@@ -758,9 +774,16 @@ def _start_check(
             dims = _all_gather_words(st, [_first_dim(t) for t in specs], None)
             check.agreement = replace(agreement, first_dims=tuple(tuple(d) for d in dims))
         return check
-    check.words, check.work = _exchange_start(st, desc, index, _ACTIVE, _state.check_timeout)
+    check.words, check.work = _exchange_start(st, desc, index, _ACTIVE, check.timeout)
     st.pending.append(check)
     return check
+
+
+def _check_timeout(kind: str) -> datetime.timedelta:
+    """How long the processes of a set wait for each other in the check of a `kind` collective:
+    KFTRAIN_HOROVOD_CHECK_TIMEOUT_S, except where waiting is what the collective is for
+    (:data:`PATIENT_KINDS`), whose checks wait as long as the data may take."""
+    return _state.timeout if kind in PATIENT_KINDS else _state.check_timeout
 
 
 def _first_dim(t: torch.Tensor | TensorSpec) -> int:
@@ -791,6 +814,11 @@ def _exchange_start(
     return t, st.side.allreduce([t], opts)
 
 
+def _timeout_variable(desc: _Desc | None) -> str:
+    kind = desc.kind if desc else ""
+    return "KFTRAIN_HOROVOD_TIMEOUT_S" if kind in PATIENT_KINDS else "KFTRAIN_HOROVOD_CHECK_TIMEOUT_S"
+
+
 def _exchange_finish(
     st: _SetState,
     desc: _Desc | None,
@@ -810,7 +838,7 @@ def _exchange_finish(
             why = (
                 f"not every process of {st.owner} reached this collective within {timeout.total_seconds():g} s "
                 "(one may have skipped it or be stuck elsewhere). A process that is legitimately slower (rank 0 "
-                "saving a checkpoint) needs a larger KFTRAIN_HOROVOD_CHECK_TIMEOUT_S; KFTRAIN_HOROVOD_CHECKS=0 "
+                f"saving a checkpoint) needs a larger {_timeout_variable(desc)}; KFTRAIN_HOROVOD_CHECKS=0 "
                 "turns these checks off"
             )
         else:
@@ -990,8 +1018,8 @@ def _scale_(tensor: torch.Tensor, factor: float) -> None:
         return
     if tensor.is_floating_point() or tensor.is_complex():
         tensor.mul_(factor)
-    else:  # integers: the scaled value truncated toward zero, in the tensor's dtype
-        tensor.copy_(tensor * factor)
+    else:  # integers: scaled in float64 as Horovod (exact to 2**53), truncated toward zero, in the tensor's dtype
+        tensor.copy_(tensor.to(torch.float64) * factor)
 
 
 def _allreduce_detail(op: _Op, prescale_factor: float, postscale_factor: float) -> tuple:

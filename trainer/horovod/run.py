@@ -77,6 +77,29 @@ def not_in_shim(exc: ImportError) -> str | None:
     return None
 
 
+def shim_modules() -> list[str]:
+    """The modules of the `horovod` package the shim provides (Horovod's PyTorch side), but
+    `horovod.torch.elastic`: importing that one says what to use instead."""
+    names = {
+        ".".join(p.relative_to(SHIM_DIR).with_suffix("").parts).removesuffix(".__init__")
+        for p in SHIM_DIR.rglob("*.py")
+    }
+    return sorted(names - {"horovod", "horovod.torch.elastic"})
+
+
+def not_provided(missing: str) -> str:
+    """Why the shim lacks the `horovod` module `missing`, and what to do."""
+    if missing.split(".")[1] in ("torch", "common"):
+        return (
+            "which kftrain's Horovod shim does not provide: it has Horovod's PyTorch API in "
+            f"{', '.join(shim_modules())}; import the names from horovod.torch"
+        )
+    return (
+        "which kftrain's Horovod shim does not provide: it provides only horovod.torch (a PyTorch script's Horovod "
+        "API, on torch.distributed); run a TensorFlow, Keras or MXNet script with horovodrun and a real Horovod"
+    )
+
+
 def horovod_command(script: str, args: list[str] | tuple[str, ...] = (), python: str = "python") -> tuple[str, ...]:
     """The PyTorchJob container command that runs a Horovod script through torchrun
     (`JobSpec(command=...)`; torchrun reads the job's shape from the operator's `PET_*`)."""
@@ -104,12 +127,7 @@ def main(argv: list[str] | None = None) -> int:
         if missing is None:
             traceback.print_exc()
             return 1
-        print(
-            f"kftrain horovod-run: {argv[0]} imports {missing}, which kftrain's Horovod shim does not provide: it "
-            "provides only horovod.torch (a PyTorch script's Horovod API, on torch.distributed); run a TensorFlow, "
-            "Keras or MXNet script with horovodrun and a real Horovod",
-            file=sys.stderr,
-        )
+        print(f"kftrain horovod-run: {argv[0]} imports {missing}, {not_provided(missing)}", file=sys.stderr)
         return 1
     except Exception:
         # The script's own error, with its traceback, and the status `python script.py` gives.

@@ -1,0 +1,1 @@
+"""`horovod.common`: the framework-independent parts a PyTorch script imports (exceptions, process sets)."""
