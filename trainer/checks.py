@@ -378,12 +378,19 @@ def _check_lora_targets(cfg: Config, modules: dict[str, Any], linear: set[str]) 
 
 
 def _adaptable(module: Any) -> bool:
-    """A layer peft's LoRA can adapt: linear, embedding or convolution (transformers' GPT-2 style
-    `Conv1D` included) or multi-head attention."""
+    """A layer peft's LoRA can adapt: linear (GPT-2's `Conv1D` included), embedding or convolution
+    or multi-head attention."""
     import torch
 
-    kinds = (torch.nn.Linear, torch.nn.Embedding, torch.nn.modules.conv._ConvNd, torch.nn.MultiheadAttention)
-    return isinstance(module, kinds) or type(module).__name__ == "Conv1D"
+    kinds = (torch.nn.Embedding, torch.nn.modules.conv._ConvNd, torch.nn.MultiheadAttention)
+    return _linear(module) or isinstance(module, kinds)
+
+
+def _linear(module: Any) -> bool:
+    """A linear layer: `nn.Linear`, or transformers' `Conv1D` (GPT-2's, a linear layer with its weight input-major)."""
+    import torch
+
+    return isinstance(module, torch.nn.Linear) or type(module).__name__ == "Conv1D"
 
 
 def _check_lora_rank(cfg: Config, model: Any) -> None:
@@ -440,7 +447,7 @@ def _check_modules(cfg: Config, source: ModelSource, config: dict[str, Any], ind
                 f"({type(exc).__name__}: {first})"
             ) from None
         if cfg.train.method == "lora":
-            linear = {name.rsplit(".", 1)[-1] for name, m in model.named_modules() if isinstance(m, torch.nn.Linear)}
+            linear = {name.rsplit(".", 1)[-1] for name, m in model.named_modules() if _linear(m)}
             _check_lora_targets(cfg, dict(model.named_modules()), linear)
             copies = {name.removesuffix(".weight") for name in tied_names(model)}  # `lm_head` tied to embeddings
             try:

@@ -31,6 +31,7 @@ and the tests load every folder with transformers and peft and compare logits.
 
 from __future__ import annotations
 
+import copy
 import json
 import os
 import tempfile
@@ -350,7 +351,7 @@ def _generation_config(source: pretrained.ModelSource, config: dict[str, Any]) -
         return source.store.get_bytes(uri)
     from transformers import AutoConfig, GenerationConfig
 
-    return GenerationConfig.from_model_config(AutoConfig.for_model(**config)).to_json_string().encode()
+    return GenerationConfig.from_model_config(AutoConfig.for_model(**copy.deepcopy(config))).to_json_string().encode()
 
 
 def _copy_files(out: _Output, source: pretrained.ModelSource, names: tuple[str, ...]) -> list[str]:

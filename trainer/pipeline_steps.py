@@ -215,14 +215,16 @@ def evaluate(
     `run_id` names the run in the report's header."""
     from trainer.evaluate import evaluate_model, quality_gate
     from trainer.generations import GenerationSettings
+    from trainer.pretrained import bases_through
     from trainer.report import html_report
     from trainer.runs import TRAINING_RECORD
     from trainer.shards import read_manifest
 
     store = store_for(cfg, output_uri, check=True)
-    report = evaluate_model(
-        store, model_uri, dataset_uri, output_uri, cfg.data.eval_items, GenerationSettings.from_config(cfg)
-    )
+    with bases_through(cfg.store):  # a fine-tuned model's base is in the configured store, as training read it
+        report = evaluate_model(
+            store, model_uri, dataset_uri, output_uri, cfg.data.eval_items, GenerationSettings.from_config(cfg)
+        )
     passed, reason = quality_gate(report, min_accuracy, max_perplexity)
     training = json.loads(store.get_bytes(join_uri(model_uri, TRAINING_RECORD)))
     manifest = read_manifest(store_for(cfg, dataset_uri), dataset_uri)
@@ -242,6 +244,7 @@ def evaluate(
 def export(cfg: Config, model_uri: str, output_uri: str, metrics: dict[str, Any]) -> dict[str, Any]:
     """Serving formats and model card of the trained model under `output_uri`."""
     from trainer.export import export_model
+    from trainer.pretrained import bases_through
     from trainer.runs import TRAINING_RECORD
 
     store = store_for(cfg, output_uri, check=True)
@@ -249,13 +252,14 @@ def export(cfg: Config, model_uri: str, output_uri: str, metrics: dict[str, Any]
     # (a run resumed from another one's checkpoint says so; `export_best`: the best step's weights).
     record = json.loads(store_for(cfg, model_uri).get_bytes(join_uri(model_uri, TRAINING_RECORD)))
     done = record.get("metrics", {})
-    return export_model(
-        store,
-        model_uri,
-        output_uri,
-        metrics=metrics,
-        training_config=record.get("config") or to_dict(cfg),
-        max_shard_bytes=cfg.export.max_shard_bytes,
-        merge_lora=cfg.export.merge_lora,
-        training={k: done[k] for k in ("steps", "resumed_from_step", "best_step") if k in done},
-    )
+    with bases_through(cfg.store):
+        return export_model(
+            store,
+            model_uri,
+            output_uri,
+            metrics=metrics,
+            training_config=record.get("config") or to_dict(cfg),
+            max_shard_bytes=cfg.export.max_shard_bytes,
+            merge_lora=cfg.export.merge_lora,
+            training={k: done[k] for k in ("steps", "resumed_from_step", "best_step") if k in done},
+        )

@@ -12,6 +12,7 @@ copied to local disk first.
 
 from __future__ import annotations
 
+import copy
 import hashlib
 import json
 import logging
@@ -22,6 +23,7 @@ import struct
 import tempfile
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from contextvars import ContextVar
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -149,6 +151,29 @@ def source_for(cfg: Config, weights: bool = True, pinned: str = "") -> ModelSour
 #: What a Hub model's download holds: config, tokenizer and chat-template files, and the weights.
 _HUB_FILES = ["*.json", "*.jinja", "*.txt", "*.model"]
 _HUB_WEIGHTS = ["*.safetensors"]
+
+
+#: The store settings (`cfg.store`) through which a saved model's base folder is read again: see `bases_through`.
+_BASES_STORE: ContextVar[Any] = ContextVar("kftrain_bases_store", default=None)
+
+
+@contextmanager
+def bases_through(store: Any) -> Iterator[None]:
+    """Within the block, read a saved model's base folder (`resolve_saved_base`: evaluation, the
+    report's generations, export) through the store settings `store` (`cfg.store`: endpoint,
+    region, retry budget), as data prep and training read it. Without it, the environment's
+    (`AWS_ENDPOINT_URL`, else AWS S3)."""
+    token = _BASES_STORE.set(store)
+    try:
+        yield
+    finally:
+        _BASES_STORE.reset(token)
+
+
+def resolve_saved_base(origin: str) -> ModelSource:
+    """The base folder `origin` a saved model records, through the store of `bases_through`."""
+    s = _BASES_STORE.get()
+    return resolve(origin) if s is None else resolve(origin, s.endpoint, s.region, s.policy())
 
 
 def resolve(init_from: str, endpoint: str = "", region: str = "", policy=None, weights: bool = True) -> ModelSource:
@@ -492,7 +517,9 @@ def build_on_meta(config: dict[str, Any], dtype: torch.dtype, source: ModelSourc
                 f"model.init_from {source.origin!r}: its own code (config.json auto_map {config['auto_map']}) "
                 f"does not build a model: {first}; put the model's .py files beside config.json"
             ) from None
-    hf_config = AutoConfig.for_model(**config)
+    # A deep copy: transformers writes into the nested dicts it is given (rope_theta into a
+    # legacy rope_scaling), and `config` is what the export writes out again.
+    hf_config = AutoConfig.for_model(**copy.deepcopy(config))
     with parameters_on_meta():
         return AutoModelForCausalLM.from_config(hf_config, dtype=dtype)
 

@@ -282,3 +282,33 @@ def test_a_base_model_replaced_in_place_is_told_from_an_identical_copy(folder, t
         with pytest.raises(pretrained.PretrainedError, match="holds other weights than when the adapters were trained"):
             pretrained.check_same_weights(source(str(copy)), before, "the adapters were trained")
     pretrained.check_same_weights(source(str(copy)), "", "the adapters were trained")  # nothing recorded: no check
+
+
+def test_building_the_model_leaves_its_config_as_the_folder_has_it(tmp_path):
+    """transformers writes into the nested dicts it is given (rope_theta into a transformers-4 style
+    rope_scaling); the config is what the export writes out again (was: changed in place)."""
+    import copy
+
+    config = json.loads((Path(tiny_llama_folder(tmp_path / "m")) / "config.json").read_text())
+    config["rope_theta"] = 500000.0
+    config["rope_scaling"] = {
+        "rope_type": "llama3",
+        "factor": 8.0,
+        "low_freq_factor": 1.0,
+        "high_freq_factor": 4.0,
+        "original_max_position_embeddings": 32,
+    }
+    before = copy.deepcopy(config)
+    pretrained.build_on_meta(config, torch.float32)
+    assert config == before
+
+
+def test_gpt2s_conv1d_layers_are_named_as_linear_layers():
+    """GPT-2's c_attn, c_proj and c_fc (transformers' Conv1D) are what its LoRA targets: the hint
+    for a target not found lists them (was: lm_head alone)."""
+    from transformers.pytorch_utils import Conv1D
+
+    from trainer.checks import _linear
+
+    assert _linear(torch.nn.Linear(4, 3)) and _linear(Conv1D(3, 4))
+    assert not _linear(torch.nn.Embedding(4, 3)) and not _linear(torch.nn.LayerNorm(4))

@@ -31,3 +31,23 @@ def test_adapters_are_loaded_only_on_the_base_weights_they_were_trained_on(tmp_p
     save_file({k: v * 1.01 for k, v in load_file(weights).items()}, weights, metadata={"format": "pt"})
     with pytest.raises(pretrained.PretrainedError, match=f"model.init_from '{base}' holds other weights"):
         PretrainedLMTask().model_from_meta(meta)
+
+
+def test_a_saved_models_base_is_read_through_the_configured_store(monkeypatch):
+    """Evaluation and export read a fine-tuned model's base in S3 through `store.*`, as data prep
+    and training did (was: through the environment's endpoint, else AWS S3, with the default retry
+    budget: a base in MinIO failed evaluation after the training had run)."""
+    from trainer.config import StoreConfig
+    from trainer.storage import ENDPOINT_ENV
+    from trainer.tasks.pretrained_lm import source_from_meta
+
+    for name in ENDPOINT_ENV:
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "test")
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "test-secret")
+    meta = {"base_model": {"origin": "s3://models/qwen3-0.6b"}}
+    with pretrained.bases_through(StoreConfig(endpoint="http://127.0.0.1:9000", retry_budget_seconds=5)):
+        source = source_from_meta(meta)
+    assert source.store.endpoint == "http://127.0.0.1:9000" and source.store.policy.budget_s == 5
+    assert source.uri == "s3://models/qwen3-0.6b"
+    assert source_from_meta(meta).store.endpoint != "http://127.0.0.1:9000"  # outside the block: the default

@@ -42,7 +42,7 @@ def source_from_meta(meta: dict[str, Any]) -> pretrained.ModelSource:
     if origin.startswith(pretrained.HF_SCHEME) and base.get("revision"):
         repo, _revision = pretrained.parse_hf_uri(origin)
         origin = f"{pretrained.HF_SCHEME}{repo}@{base['revision']}"
-    return pretrained.resolve(origin)
+    return pretrained.resolve_saved_base(origin)
 
 
 def apply_lora(model: nn.Module, lora: dict[str, Any]) -> nn.Module:
