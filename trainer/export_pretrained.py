@@ -296,6 +296,8 @@ def _write_hf_folder(
 ) -> dict[str, Any]:
     """The weights (sharded above `max_shard_bytes`), config.json, generation_config.json and the
     base model's tokenizer files in `huggingface/`; return what the card says of the weights."""
+    if not source.store.exists(join_uri(source.uri, "tokenizer.json")):  # before any file: no folder without it
+        raise _no_tokenizer(source)
     shards = [[tensors[i] for i in shard] for shard in shard_plan([t.spec.nbytes for t in tensors], max_shard_bytes)]
     names = (
         [pretrained.SINGLE_FILE]
@@ -325,12 +327,16 @@ def _write_hf_folder(
     out.put_bytes(f"{HF_FOLDER}/{pretrained.CONFIG}", json.dumps(config, indent=2, sort_keys=True).encode())
     out.put_bytes(f"{HF_FOLDER}/{pretrained.GENERATION_CONFIG}", _generation_config(source, config))
     copied = _copy_files(out, source, pretrained.TOKENIZER_FILES)
-    if "tokenizer.json" not in copied:
-        raise pretrained.PretrainedError(
-            f"the base model {source.origin!r} has no tokenizer.json any more (the model was trained with it); "
-            "restore the folder and export again"
-        )
+    if "tokenizer.json" not in copied:  # gone meanwhile
+        raise _no_tokenizer(source)
     return {"dtype": dtype, "total_size": total, "tensors": len(tensors), "files": names}
+
+
+def _no_tokenizer(source: pretrained.ModelSource) -> pretrained.PretrainedError:
+    return pretrained.PretrainedError(
+        f"the base model {source.origin!r} has no tokenizer.json any more (the model was trained with it); "
+        "restore the folder and export again"
+    )
 
 
 def _main_dtype(tensors: list[_Source]) -> str:

@@ -246,6 +246,20 @@ def test_a_model_file_that_does_not_match_its_metadata_is_named(base, bucket):
         export_model(open_store(out), model_uri, out)
 
 
+def test_a_base_without_its_tokenizer_any_more_fails_before_the_folder_is_written(base, bucket):
+    """(was: the weights, config.json and the other tokenizer files written first, a folder that
+    looked loadable, without its tokenizer)"""
+    _folder, base_uri = base
+    model_uri, out = f"s3://{bucket}/m", f"s3://{bucket}/e"
+    trained_model(base_uri, model_uri, "full")
+    open_store(base_uri).delete(join_uri(base_uri, "tokenizer.json"))
+    with pytest.raises(
+        PretrainedError, match=r"has no tokenizer\.json any more .* restore the folder and export again"
+    ):
+        export_model(open_store(out), model_uri, out)
+    assert not [obj for obj in open_store(out).list(out) if "/huggingface/" in obj]
+
+
 def test_merging_an_adapter_on_a_tied_weight_is_refused_by_name(bucket, tmp_path):
     base_uri = upload_folder(tiny_llama_folder(tmp_path / "base", tie=True), f"s3://{bucket}/models/base")
     model_uri, out = f"s3://{bucket}/m", f"s3://{bucket}/e"
