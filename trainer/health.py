@@ -131,6 +131,7 @@ class Health:
         self._step_seconds = 0.0
         self._steps = 0
         self._data0 = 0.0
+        self._step_began = (0, 0.0)  # at the step in progress's start: len(self._waits), the data wait
         self.names: list[str] = []
         if self.watch:
             if self.ddp and measure_sync:
@@ -152,9 +153,10 @@ class Health:
             self._arrived = time.perf_counter()
         return allreduce_hook(state, bucket)
 
-    def begin_step(self) -> None:
-        """Mark the start of an optimizer step."""
+    def begin_step(self, data_wait: float = 0.0) -> None:
+        """Mark the start of an optimizer step; `data_wait`: the run's total seconds waiting for batches so far."""
         self._t = time.perf_counter()
+        self._step_began = (len(self._waits), data_wait)
 
     def after_backward(self) -> None:
         """Mark the end of the step's gradient sync (the last backward returned)."""
@@ -176,6 +178,10 @@ class Health:
         if timed:
             self._steps += 1
             self._step_seconds += time.perf_counter() - self._t
+        else:  # its sync and data waits go too: the rest of them less its wait made times negative
+            waits, data0 = self._step_began
+            del self._waits[waits:]
+            self._data0 += data_wait - data0
         if self.watch and step % self.interval == 0:
             self._compare_times(step, data_wait)
         if self.divergence_steps and step % self.divergence_steps == 0:

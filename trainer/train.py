@@ -613,9 +613,10 @@ class Trainer:
         if measuring:
             self.peak_memory.reset()
         t_step = time.perf_counter()
-        self.health.begin_step()
+        self.health.begin_step(self.data_wait)
         self.optimizer.zero_grad(set_to_none=True)
         step_loss = torch.zeros((), device=device)
+        units = None  # this rank's units of a summed loss (Task.summed_loss), else None
         for i in range(self.accum):
             t0 = time.perf_counter()
             batch = tuple(t.to(device, non_blocking=True) for t in next(batches))
@@ -623,9 +624,16 @@ class Trainer:
             # Gradients are reduced across ranks on the last micro-batch only.
             with gradient_sync(self.parallel, enabled=i == self.accum - 1):
                 with autocast_for(device, cfg):
-                    loss = self.task.loss(self.step_model, batch) / self.accum
+                    summed = self.task.summed_loss(self.step_model, batch)
+                    if summed is None:
+                        loss = self.task.loss(self.step_model, batch) / self.accum
+                    else:
+                        loss, count = summed
+                        units = count.detach() + (0 if units is None else units)
                 loss.backward()
             step_loss += loss.detach()
+        if units is not None:
+            step_loss = self._mean_over_units(step_loss, units)
         self.health.after_backward()
         grad_norm = clip_grad_norm(self.trainable, tc.grad_clip_norm or float("inf"))
         # Gradients are identical on every rank after the all-reduce, so every rank takes the same
@@ -649,6 +657,20 @@ class Trainer:
             self.measured_peak = self.peak_memory.peak_bytes()
         else:
             self.step_seconds.append(time.perf_counter() - t_step)
+
+    def _mean_over_units(self, summed: torch.Tensor, units: torch.Tensor) -> torch.Tensor:
+        """Turn the gradients of summed losses, averaged over the ranks by the sync, into those of
+        the mean over every unit of the global batch (a collective: every rank calls it); return
+        this rank's own mean loss, for its progress line and the non-finite check."""
+        total = units.to(torch.float64)
+        if self.env.distributed:
+            torch.distributed.all_reduce(total)
+        if total.item() > 0:  # none at all: the gradients are zero, and stay so
+            scale = self.env.world_size / total.item()
+            for p in self.trainable:
+                if p.grad is not None:
+                    p.grad.mul_(scale)
+        return summed / units.clamp(min=1)
 
     def _measures_peak(self) -> bool:
         """Whether this step is the CPU's measured one: the second of this start (the first

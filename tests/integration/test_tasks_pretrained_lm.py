@@ -285,6 +285,40 @@ def test_chat_fine_tuning_on_two_ranks_lowers_the_assistant_token_loss(base_mode
         assert "model.embed_tokens.weight" in saved and "lm_head.weight" in saved
 
 
+@pytest.mark.timeout(200)
+def test_chat_fine_tuning_learns_the_same_on_one_rank_accumulating_as_on_two(base_model, bucket, tmp_path):
+    """The loss of chat data is the mean over the assistant's tokens of the whole global batch, which
+    rows hold in different numbers: 1 rank accumulating 2 micro-batches and 2 FSDP ranks of one each
+    take the same step (was: the mean of each micro-batch's mean, weights 5e-2 apart after 3 steps)."""
+    cfg = finetune_config(
+        base_model,
+        chat_source(bucket, tmp_path, 80),
+        **{
+            "data.format": "chat",
+            "data.partitions": 2,  # the same global batches at either world size
+            "model.block_size": 64,
+            "train.batch_size": 8,
+            "train.max_steps": 3,
+            "train.learning_rate": 0.01,
+            "train.deterministic": True,
+        },
+    )
+    dataset = str(tmp_path / "ds")
+    prepare_data(cfg, dataset)
+    rows = read_manifest(open_store(dataset), dataset, CHAT_FORMAT)["splits"]["train"]
+    assert rows["assistant_tokens"] % rows["rows"], rows  # rows with unequal counts: the case at stake
+    one = replace(cfg, job=replace(cfg.job, replicas=1), train=replace(cfg.train, grad_accum_steps=2))
+    train(one, "one-rank", dataset, str(tmp_path / "one"))
+    two = replace(cfg, train=replace(cfg.train, strategy="fsdp"))  # the sharded gradients scaled too
+    train(two, "two-ranks", dataset, str(tmp_path / "two"))
+    base = AutoModelForCausalLM.from_pretrained(str(tmp_path / "tiny-llama"), dtype=torch.float32).state_dict()
+    one_w, two_w = weights_of(str(tmp_path / "one")), weights_of(str(tmp_path / "two"))
+    moved = max(float((one_w[name] - base[name]).abs().max()) for name in one_w)
+    assert moved > 1e-2, moved  # it trained
+    for name in one_w:  # equal up to the order of float sums
+        torch.testing.assert_close(two_w[name], one_w[name], rtol=1e-4, atol=1e-5, msg=name)
+
+
 def test_a_trusted_model_with_its_own_code_is_built_from_the_store(bucket, tmp_path):
     from tests.unit.test_pretrained import remote_code_folder
     from trainer import pretrained

@@ -70,9 +70,16 @@ def test_a_step_that_is_not_the_runs_own_is_left_out_of_the_step_time():
     """The CPU's profiled memory step runs slower on purpose: its time must not make a straggler."""
     env = DistEnv(rank=0, world_size=1, local_rank=0)
     health = Health(torch.nn.Linear(2, 2), [], env, torch.device("cpu"), interval=10, factor=1.5, divergence_steps=0)
+    data_wait = 0.0
     for step, timed in enumerate([True, False, True], start=1):
-        health.begin_step()
+        health.begin_step(data_wait)
+        health._arrived = time.perf_counter()  # as the DDP comm hook marks it
         if not timed:
             time.sleep(0.05)
-        health.end_step(step, 0.0, timed=timed)
+            data_wait += 0.5
+        health.after_backward()
+        health.end_step(step, data_wait, timed=timed)
     assert health._steps == 2 and health._step_seconds < 0.05
+    # Nor its sync and data waits (were kept: a rank's own time, the step less its sync, went negative).
+    assert len(health._waits) == 2 and max(health._waits) < 0.05
+    assert health._data0 == 0.5

@@ -83,6 +83,16 @@ class Task:
         """The scalar training loss of one (micro-)batch already on the device."""
         raise NotImplementedError
 
+    def summed_loss(
+        self, model: nn.Module, batch: tuple[torch.Tensor, ...]
+    ) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """For a loss that is a mean over units whose number varies from micro-batch to micro-batch
+        (the assistant's tokens of chat data): the sum of the micro-batch's per-unit losses and the
+        number of units. Training then takes the mean over every unit of the global batch, so that
+        the world size and `train.grad_accum_steps` do not change what is learned. None (the
+        default): the micro-batches weigh the same, and training averages their `loss`."""
+        return None
+
     def synthetic_batch(self, cfg: Config, manifest: dict, size: int) -> tuple[torch.Tensor, ...] | None:
         """A training batch of `size` items with the shapes and dtypes of real ones (values do not
         matter), for `kftrain plan`: its activation trace and its probe run on it. None: the

@@ -198,11 +198,17 @@ class PretrainedLMTask(CausalLMTask):
         return decoder_layers(model)
 
     def loss(self, model, batch):
+        summed, tokens = self.summed_loss(model, batch)
+        return summed / tokens
+
+    def summed_loss(self, model, batch):
+        # The tokens the loss counts (chat data's assistant tokens) differ from row to row.
         x, y = batch
         logits = model(input_ids=x).logits
-        return nn.functional.cross_entropy(
-            logits.reshape(-1, logits.size(-1)).float(), y.reshape(-1), ignore_index=IGNORE
+        summed = nn.functional.cross_entropy(
+            logits.reshape(-1, logits.size(-1)).float(), y.reshape(-1), ignore_index=IGNORE, reduction="sum"
         )
+        return summed, (y != IGNORE).sum()
 
     def held_out_loss(self, model, meta, store, dataset_uri, max_items) -> dict[str, Any]:
         """Loss and perplexity on the test split: every token of text data (causal_lm's own), the
