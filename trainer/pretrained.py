@@ -449,11 +449,32 @@ def file_index(store: ObjectStore, uri: str) -> dict[str, TensorEntry]:
 
 
 def tensor_index(source: ModelSource) -> dict[str, TensorEntry]:
-    """Every tensor of the folder by name, from the files' headers alone."""
+    """Every tensor of the folder by name, from the files' headers alone, named as the model
+    transformers builds names its parameters (see `with_base_prefix`)."""
     index: dict[str, TensorEntry] = {}
     for uri in weight_files(source):
         index.update(file_index(source.store, uri))
-    return index
+    config = json.loads(source.store.get_bytes(join_uri(source.uri, CONFIG)))
+    return with_base_prefix(index, base_model_prefix(config.get("model_type")))
+
+
+def base_model_prefix(model_type: Any) -> str:
+    """Where the causal LM of `model_type` keeps its base model (`transformer` for GPT-2, `model` for
+    Llama), '' for a model type transformers' Auto classes do not know."""
+    import transformers
+    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
+
+    name = MODEL_FOR_CAUSAL_LM_MAPPING_NAMES.get(model_type) if isinstance(model_type, str) else None
+    return getattr(getattr(transformers, name, None), "base_model_prefix", "") if name else ""
+
+
+def with_base_prefix(index: dict[str, TensorEntry], prefix: str) -> dict[str, TensorEntry]:
+    """`index` with the base model's names under `prefix`, where the files hold none under it: a
+    base model saved on its own (the Hub's GPT-2: `wte.weight`, `h.0.attn.c_attn.weight`), which
+    transformers loads into the causal LM the same way. The head (`lm_head.*`) keeps its name."""
+    if not prefix or any(name.startswith(f"{prefix}.") for name in index):
+        return index
+    return {name if name.startswith("lm_head.") else f"{prefix}.{name}": entry for name, entry in index.items()}
 
 
 def parameter_bytes(index: dict[str, TensorEntry]) -> int:

@@ -312,3 +312,40 @@ def test_gpt2s_conv1d_layers_are_named_as_linear_layers():
 
     assert _linear(torch.nn.Linear(4, 3)) and _linear(Conv1D(3, 4))
     assert not _linear(torch.nn.Embedding(4, 3)) and not _linear(torch.nn.LayerNorm(4))
+
+
+def test_a_gpt2_saved_as_its_base_model_is_read_under_the_causal_lms_names(tmp_path):
+    """The Hub's GPT-2 holds `wte.weight`, `h.0.attn.c_attn.weight` (saved from GPT2Model), which
+    transformers loads into GPT2LMHeadModel's `transformer.*` (was: refused, "the folder's weights
+    lack 'transformer.wte.weight'")."""
+    from safetensors.torch import load_file, save_file
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    cfg = GPT2Config(vocab_size=64, n_positions=32, n_embd=16, n_layer=2, n_head=2)
+    GPT2LMHeadModel(cfg).save_pretrained(tmp_path / "lm")
+    ours = pretrained.tensor_index(source(str(tmp_path / "lm")))
+    assert "transformer.wte.weight" in ours
+    GPT2LMHeadModel(cfg).save_pretrained(tmp_path / "hub")
+    weights = tmp_path / "hub" / "model.safetensors"
+    tensors = load_file(weights)
+    save_file({k.removeprefix("transformer."): v for k, v in tensors.items()}, weights, metadata={"format": "pt"})
+    hub = pretrained.tensor_index(source(str(tmp_path / "hub")))
+    assert {k: e.shape for k, e in hub.items()} == {k: e.shape for k, e in ours.items()}
+
+
+@pytest.mark.parametrize(
+    ("names", "prefix", "expected"),
+    [
+        (
+            ["wte.weight", "h.0.mlp.c_fc.weight"],
+            "transformer",
+            ["transformer.wte.weight", "transformer.h.0.mlp.c_fc.weight"],
+        ),
+        (["embed_tokens.weight", "lm_head.weight"], "model", ["model.embed_tokens.weight", "lm_head.weight"]),
+        (["model.embed_tokens.weight", "lm_head.weight"], "model", ["model.embed_tokens.weight", "lm_head.weight"]),
+        (["embed_tokens.weight"], "", ["embed_tokens.weight"]),  # a model type transformers does not know
+    ],
+)
+def test_the_base_prefix_is_added_only_where_the_files_have_none(names, prefix, expected):
+    index = {name: pretrained.TensorEntry("u", torch.float32, (1,), 0) for name in names}
+    assert list(pretrained.with_base_prefix(index, prefix)) == expected
