@@ -13,6 +13,7 @@ on the meta device, which takes no memory.
 from __future__ import annotations
 
 import dataclasses
+import logging
 import math
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
@@ -21,6 +22,8 @@ from trainer.config import BUILTIN_TASKS, Config, ConfigError, to_dict
 from trainer.errors import KftrainError
 from trainer.k8s_formats import quantity_value
 from trainer.storage import StoreError, check_deadline, join_uri, parse_uri
+
+log = logging.getLogger("kftrain.checks")
 
 if TYPE_CHECKING:
     from trainer.pretrained import ModelSource, TensorEntry
@@ -460,6 +463,16 @@ def _check_modules(cfg: Config, source: ModelSource, config: dict[str, Any], ind
             _check_lora_rank(cfg, model)
             _check_merge(cfg, model, copies)
     tied = tied_names(model)
+    for key in sorted({pretrained.base_name(name) for name in tied} & index.keys()):
+        # transformers 5 unties the two where their values differ; kftrain reads config.json alone.
+        log.warning(
+            "model.init_from %r: config.json ties %r to the input embeddings (tie_word_embeddings: true), and the "
+            "weights hold their own %r too: kftrain trains and exports the embeddings in its place, which is the "
+            "same model where the two are equal; where they differ, set tie_word_embeddings: false in config.json",
+            origin,
+            key,
+            key,
+        )
     for name, tensor in model.state_dict(keep_vars=True).items():
         if name in tied or ".lora_" in name:
             continue

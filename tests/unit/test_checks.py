@@ -218,6 +218,22 @@ def test_a_good_base_model_passes(folder, tmp_path, variant, extra):
     check(model_variant(folder, tmp_path / "model", **variant), extra + f"model:\n  block_size: {CONTEXT}\n")
 
 
+def test_a_tied_model_whose_files_hold_their_own_lm_head_is_said_to_train_the_embeddings(tmp_path, caplog):
+    """transformers 5 unties the two where they differ (was: tied in silence, a different model)."""
+    from safetensors.torch import load_file, save_file
+
+    tied = tiny_llama_folder(tmp_path / "tied", tie=True)
+    weights = load_file(Path(tied) / "model.safetensors")
+    weights["lm_head.weight"] = weights["model.embed_tokens.weight"] + 1
+    save_file(weights, Path(tied) / "model.safetensors", metadata={"format": "pt"})
+    check(tied, f"model:\n  block_size: {CONTEXT}\n")
+    (said,) = [r.getMessage() for r in caplog.records if "tie_word_embeddings" in r.getMessage()]
+    assert "the weights hold their own 'lm_head.weight' too" in said and "set tie_word_embeddings: false" in said
+    caplog.clear()
+    check(tiny_llama_folder(tmp_path / "plain", tie=True), f"model:\n  block_size: {CONTEXT}\n")
+    assert not [r for r in caplog.records if "tie_word_embeddings" in r.getMessage()]
+
+
 def test_a_hub_model_is_checked_for_its_form_only():
     """No network in this tier: a well-formed hf:// URI passes without the Hub being asked."""
     check("hf://Qwen/Qwen3-0.6B@main")
