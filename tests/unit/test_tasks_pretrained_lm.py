@@ -51,3 +51,19 @@ def test_a_saved_models_base_is_read_through_the_configured_store(monkeypatch):
     assert source.store.endpoint == "http://127.0.0.1:9000" and source.store.policy.budget_s == 5
     assert source.uri == "s3://models/qwen3-0.6b"
     assert source_from_meta(meta).store.endpoint != "http://127.0.0.1:9000"  # outside the block: the default
+
+
+@pytest.mark.parametrize("targets", [["c_attn", "c_fc"], ["lm_head"]], ids=["conv1d", "tied-head"])
+def test_peft_notes_with_nothing_to_act_on_stay_off_the_terminal(targets):
+    """(were: a UserWarning on every GPT-2 LoRA run, and on an adapter of a tied head)"""
+    import warnings
+
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    from trainer.tasks.pretrained_lm import apply_lora
+
+    model = GPT2LMHeadModel(GPT2Config(vocab_size=64, n_positions=16, n_embd=16, n_layer=1, n_head=2))
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        apply_lora(model, {"rank": 2, "alpha": 4, "dropout": 0.0, "target_modules": targets})
+    assert not [str(w.message) for w in seen if "peft" in w.filename], [str(w.message) for w in seen]

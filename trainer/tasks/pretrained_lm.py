@@ -62,6 +62,10 @@ def apply_lora(model: nn.Module, lora: dict[str, Any]) -> nn.Module:
         with pretrained.parameters_on_meta(), warnings.catch_warnings():
             # peft reads transformers' deprecated alias: a FutureWarning no user can act on.
             warnings.filterwarnings("ignore", "`is_gradient_checkpointing` is deprecated", FutureWarning)
+            # Notes on what peft settles itself (GPT-2's Conv1D layers) or kftrain already refuses by
+            # name (merging an adapter of a tied weight, export.merge_lora): nothing to act on.
+            warnings.filterwarnings("ignore", "fan_in_fan_out is set to False", UserWarning)
+            warnings.filterwarnings("ignore", "Model has `tie_word_embeddings=True` and a tied layer", UserWarning)
             return get_peft_model(model, peft_config)
     except ValueError as exc:  # peft names the modules it did not find
         first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__  # peft may print a module tree below
