@@ -209,6 +209,20 @@ def test_a_first_dimension_alone_does_not_change_an_allgather_descriptor():
 # --- a script for another framework's Horovod -------------------------------------------------
 
 
+def run_script(monkeypatch, path, text: str) -> int:
+    """`kftrain horovod-run` of a script holding `text`, in this process; its exit status."""
+    from trainer.horovod.run import main
+
+    path.write_text(text)
+    monkeypatch.setattr(sys, "path", list(sys.path))  # the runner puts the shim first, in this process
+    monkeypatch.setattr(sys, "argv", list(sys.argv))
+    try:
+        return main([str(path)])
+    finally:
+        for name in [m for m in sys.modules if m == "horovod" or m.startswith("horovod.")]:
+            del sys.modules[name]
+
+
 @pytest.mark.parametrize(
     ("imports", "missing"),
     [
@@ -223,17 +237,8 @@ def test_a_first_dimension_alone_does_not_change_an_allgather_descriptor():
 def test_a_script_importing_another_framework_s_horovod_is_one_line(tmp_path, monkeypatch, capsys, imports, missing):
     """`kftrain horovod-run` of a TensorFlow/Keras/MXNet script: one line saying the shim has only
     horovod.torch (was: the script's bare ModuleNotFoundError traceback)."""
-    from trainer.horovod.run import main
-
     script = tmp_path / "train.py"
-    script.write_text(f"{imports}\nprint('trained')\n")
-    monkeypatch.setattr(sys, "path", list(sys.path))  # the runner puts the shim first, in this process
-    monkeypatch.setattr(sys, "argv", list(sys.argv))
-    try:
-        assert main([str(script)]) == 1
-    finally:
-        for name in [m for m in sys.modules if m == "horovod" or m.startswith("horovod.")]:
-            del sys.modules[name]
+    assert run_script(monkeypatch, script, f"{imports}\nprint('trained')\n") == 1
     out, err = capsys.readouterr()
     assert out == ""
     assert err.splitlines() == [
@@ -274,17 +279,10 @@ def test_compressors_have_horovods_names(shim_on_path):
 
 
 def test_a_missing_pytorch_side_module_is_named_with_what_the_shim_has(tmp_path, monkeypatch, capsys):
-    from trainer.horovod.run import main, shim_modules
+    from trainer.horovod.run import shim_modules
 
     script = tmp_path / "train.py"
-    script.write_text("from horovod.torch.mpi_lib_v2 import horovod_torch_allreduce_async_\n")
-    monkeypatch.setattr(sys, "path", list(sys.path))
-    monkeypatch.setattr(sys, "argv", list(sys.argv))
-    try:
-        assert main([str(script)]) == 1
-    finally:
-        for name in [m for m in sys.modules if m == "horovod" or m.startswith("horovod.")]:
-            del sys.modules[name]
+    assert run_script(monkeypatch, script, "from horovod.torch.mpi_lib_v2 import horovod_torch_allreduce_async_\n") == 1
     err = capsys.readouterr().err
     assert err.startswith(f"kftrain horovod-run: {script} imports horovod.torch.mpi_lib_v2, which kftrain's")
     assert "horovod.torch.mpi_ops, horovod.torch.optimizer" in err and "TensorFlow" not in err
@@ -302,16 +300,6 @@ def test_a_missing_pytorch_side_module_is_named_with_what_the_shim_has(tmp_path,
     ids=["caught-by-the-script", "another-module"],
 )
 def test_other_import_errors_stay_the_script_s_own(tmp_path, monkeypatch, capsys, script, code, said):
-    from trainer.horovod.run import main
-
-    path = tmp_path / "train.py"
-    path.write_text(script)
-    monkeypatch.setattr(sys, "path", list(sys.path))
-    monkeypatch.setattr(sys, "argv", list(sys.argv))
-    try:
-        assert main([str(path)]) == code
-    finally:
-        for name in [m for m in sys.modules if m == "horovod" or m.startswith("horovod.")]:
-            del sys.modules[name]
+    assert run_script(monkeypatch, tmp_path / "train.py", script) == code
     out, err = capsys.readouterr()
     assert said in out + err and "kftrain's Horovod shim" not in err
