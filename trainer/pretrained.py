@@ -28,7 +28,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from trainer.errors import KftrainError, has_userinfo, redact
-from trainer.storage import ObjectStore, StoreError, join_uri, open_store, parse_uri
+from trainer.storage import ObjectNotFound, ObjectStore, StoreError, join_uri, open_store, parse_uri
 
 if TYPE_CHECKING:  # torch is imported where a function needs it: the checks of a folder run without it
     import torch
@@ -454,8 +454,11 @@ def tensor_index(source: ModelSource) -> dict[str, TensorEntry]:
     index: dict[str, TensorEntry] = {}
     for uri in weight_files(source):
         index.update(file_index(source.store, uri))
-    config = json.loads(source.store.get_bytes(join_uri(source.uri, CONFIG)))
-    return with_base_prefix(index, base_model_prefix(config.get("model_type")))
+    try:
+        model_type = json.loads(source.store.get_bytes(join_uri(source.uri, CONFIG))).get("model_type")
+    except ObjectNotFound:  # weights alone: named as they are
+        model_type = None
+    return with_base_prefix(index, base_model_prefix(model_type))
 
 
 def base_model_prefix(model_type: Any) -> str:
