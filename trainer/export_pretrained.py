@@ -163,10 +163,13 @@ def write_pretrained_export(
                 f"export.merge_lora: the adapter on {lost[0]!r} changes a weight tied to another one, which a "
                 "merged folder cannot hold; serve the adapter (export.merge_lora: false)"
             )
+    source = source_from_meta(meta) if not lora or merge_lora else None
+    if source is not None and not source.store.exists(join_uri(source.uri, "tokenizer.json")):
+        raise _no_tokenizer(source)  # before any file: no folder without it
+    if lora:
         _write_adapter(out, store, weights_uri, peft_config)
         files["adapter"] = ADAPTER_FOLDER
-    if not lora or merge_lora:
-        source = source_from_meta(meta)
+    if source is not None:
         if lora:
             index = pretrained.tensor_index(source)
             tensors = _tensors(model, index, source.store, f"the base model {source.origin!r}", layers)
@@ -296,8 +299,6 @@ def _write_hf_folder(
 ) -> dict[str, Any]:
     """The weights (sharded above `max_shard_bytes`), config.json, generation_config.json and the
     base model's tokenizer files in `huggingface/`; return what the card says of the weights."""
-    if not source.store.exists(join_uri(source.uri, "tokenizer.json")):  # before any file: no folder without it
-        raise _no_tokenizer(source)
     shards = [[tensors[i] for i in shard] for shard in shard_plan([t.spec.nbytes for t in tensors], max_shard_bytes)]
     names = (
         [pretrained.SINGLE_FILE]

@@ -455,9 +455,11 @@ def tensor_index(source: ModelSource) -> dict[str, TensorEntry]:
     for uri in weight_files(source):
         index.update(file_index(source.store, uri))
     try:
-        model_type = json.loads(source.store.get_bytes(join_uri(source.uri, CONFIG))).get("model_type")
+        config = json.loads(source.store.get_bytes(join_uri(source.uri, CONFIG)))
     except ObjectNotFound:  # weights alone: named as they are
-        model_type = None
+        config = {}
+    # A model with its own code names its weights as its code does, whatever its model_type says.
+    model_type = None if not isinstance(config, dict) or config.get("auto_map") else config.get("model_type")
     return with_base_prefix(index, base_model_prefix(model_type))
 
 

@@ -632,13 +632,19 @@ class Trainer:
                         units = count.detach() + (0 if units is None else units)
                 loss.backward()
             step_loss += loss.detach()
+        counted = True
         if units is not None:
-            step_loss = self._mean_over_units(step_loss, units)
+            step_loss, counted = self._mean_over_units(step_loss, units)
         self.health.after_backward()
         grad_norm = clip_grad_norm(self.trainable, tc.grad_clip_norm or float("inf"))
         # Gradients are identical on every rank after the all-reduce, so every rank takes the same
         # decision here; the loss is this rank's own, which names where it went wrong.
-        if torch.isfinite(grad_norm):
+        if not counted:  # nothing to learn from, and AdamW's momentum and weight decay would still move the weights
+            if self.env.is_main:
+                log.warning(
+                    "optimizer step %d: no token the loss counts in the global batch; update skipped", self.step + 1
+                )
+        elif torch.isfinite(grad_norm):
             self.nonfinite_in_a_row = 0
             self.optimizer.step()
         else:
@@ -658,10 +664,11 @@ class Trainer:
         else:
             self.step_seconds.append(time.perf_counter() - t_step)
 
-    def _mean_over_units(self, summed: torch.Tensor, units: torch.Tensor) -> torch.Tensor:
+    def _mean_over_units(self, summed: torch.Tensor, units: torch.Tensor) -> tuple[torch.Tensor, bool]:
         """Turn the gradients of summed losses, averaged over the ranks by the sync, into those of
         the mean over every unit of the global batch (a collective: every rank calls it); return
-        this rank's own mean loss, for its progress line and the non-finite check."""
+        this rank's own mean loss, for its progress line and the non-finite check, and whether the
+        global batch had any unit at all."""
         total = units.to(torch.float64)
         if self.env.distributed:
             torch.distributed.all_reduce(total)
@@ -670,7 +677,7 @@ class Trainer:
             for p in self.trainable:
                 if p.grad is not None:
                     p.grad.mul_(scale)
-        return summed / units.clamp(min=1)
+        return summed / units.clamp(min=1), total.item() > 0
 
     def _measures_peak(self) -> bool:
         """Whether this step is the CPU's measured one: the second of this start (the first

@@ -331,6 +331,11 @@ def test_a_gpt2_saved_as_its_base_model_is_read_under_the_causal_lms_names(tmp_p
     save_file({k.removeprefix("transformer."): v for k, v in tensors.items()}, weights, metadata={"format": "pt"})
     hub = pretrained.tensor_index(source(str(tmp_path / "hub")))
     assert {k: e.shape for k, e in hub.items()} == {k: e.shape for k, e in ours.items()}
+    # A model with its own code names its weights as its code does: left as they are.
+    config = json.loads((tmp_path / "hub" / "config.json").read_text())
+    config["auto_map"] = {"AutoModelForCausalLM": "modeling.My"}
+    (tmp_path / "hub" / "config.json").write_text(json.dumps(config))
+    assert "wte.weight" in pretrained.tensor_index(source(str(tmp_path / "hub")))
 
 
 @pytest.mark.parametrize(

@@ -432,3 +432,33 @@ def test_a_resume_refuses_other_data_a_reached_step_limit_and_another_model_and_
         run("changed", prepared("data-b"), **{"train.max_steps": 8, "checkpoint.resume_from": step5})
     metrics = run("same", first, **{"train.max_steps": 8, "checkpoint.resume_from": step5})
     assert metrics["resumed_from_step"] == 5 and metrics["steps"] == 8
+
+
+@pytest.mark.parametrize(
+    ("units", "grad", "loss", "counted"),
+    [
+        (4, [0.5, 1.0], 2.0, True),  # the gradients of the sum, divided by the tokens counted
+        (0, [2.0, 4.0], 0.0, False),  # none in the global batch: nothing to average, no update
+    ],
+)
+def test_a_summed_loss_becomes_the_mean_over_the_global_batchs_units(units, grad, loss, counted):
+    from types import SimpleNamespace
+
+    from trainer.train import Trainer
+
+    p = torch.nn.Parameter(torch.zeros(2))
+    p.grad = torch.tensor([2.0, 4.0])
+    trainer = SimpleNamespace(env=DistEnv(), trainable=[p])
+    mean, any_units = Trainer._mean_over_units(trainer, torch.tensor(8.0 if units else 0.0), torch.tensor(units))
+    assert (float(mean), any_units) == (loss, counted) and p.grad.tolist() == grad
+
+
+def test_a_pretrained_task_with_its_own_loss_trains_on_it():
+    """A subclass that overrides `loss` alone: training calls it, not the token-summed loss."""
+    from trainer.tasks.pretrained_lm import PretrainedLMTask
+
+    class Mine(PretrainedLMTask):
+        def loss(self, model, batch):
+            return torch.tensor(1.0)
+
+    assert Mine().summed_loss(None, (None, None)) is None

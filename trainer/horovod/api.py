@@ -780,9 +780,9 @@ def _start_check(
 
 
 def _check_timeout(kind: str) -> datetime.timedelta:
-    """How long the processes of a set wait for each other in the check of a `kind` collective:
-    KFTRAIN_HOROVOD_CHECK_TIMEOUT_S, except where waiting is what the collective is for
-    (:data:`PATIENT_KINDS`), whose checks wait as long as the data may take."""
+    """How long the processes of a set wait for each other in the check of a `kind` collective
+    (the variable `_timeout_variable` names): KFTRAIN_HOROVOD_CHECK_TIMEOUT_S, except where waiting
+    is what the collective is for (:data:`PATIENT_KINDS`), whose checks wait as long as the data may take."""
     return _state.timeout if kind in PATIENT_KINDS else _state.check_timeout
 
 

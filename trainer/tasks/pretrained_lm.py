@@ -207,6 +207,8 @@ class PretrainedLMTask(CausalLMTask):
 
     def summed_loss(self, model, batch):
         # The tokens the loss counts (chat data's assistant tokens) differ from row to row.
+        if type(self).loss is not PretrainedLMTask.loss:  # a subclass's own loss: training uses it
+            return None
         x, y = batch
         logits = model(input_ids=x).logits
         summed = nn.functional.cross_entropy(
