@@ -455,10 +455,16 @@ def test_a_summed_loss_becomes_the_mean_over_the_global_batchs_units(units, grad
 
 def test_a_pretrained_task_with_its_own_loss_trains_on_it():
     """A subclass that overrides `loss` alone: training calls it, not the token-summed loss."""
+    from types import SimpleNamespace
+
     from trainer.tasks.pretrained_lm import PretrainedLMTask
 
     class Mine(PretrainedLMTask):
         def loss(self, model, batch):
-            return torch.tensor(1.0)
+            return super().loss(model, batch) * 2  # the built-in loss, reweighted
 
-    assert Mine().summed_loss(None, (None, None)) is None
+    x = torch.tensor([[1, 2, 3]])
+    batch = (x, torch.tensor([[2, 3, -100]]))
+    model = lambda input_ids: SimpleNamespace(logits=torch.zeros(1, 3, 5))  # noqa: E731 (uniform over 5 tokens)
+    assert Mine().summed_loss(model, batch) is None
+    assert float(Mine().loss(model, batch)) == pytest.approx(2 * math.log(5))

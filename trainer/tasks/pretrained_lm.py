@@ -202,13 +202,16 @@ class PretrainedLMTask(CausalLMTask):
         return decoder_layers(model)
 
     def loss(self, model, batch):
-        summed, tokens = self.summed_loss(model, batch)
+        summed, tokens = self._token_loss(model, batch)
         return summed / tokens
 
     def summed_loss(self, model, batch):
         # The tokens the loss counts (chat data's assistant tokens) differ from row to row.
         if type(self).loss is not PretrainedLMTask.loss:  # a subclass's own loss: training uses it
             return None
+        return self._token_loss(model, batch)
+
+    def _token_loss(self, model, batch):
         x, y = batch
         logits = model(input_ids=x).logits
         summed = nn.functional.cross_entropy(
