@@ -303,15 +303,25 @@ def test_building_the_model_leaves_its_config_as_the_folder_has_it(tmp_path):
     assert config == before
 
 
-def test_gpt2s_conv1d_layers_are_named_as_linear_layers():
-    """GPT-2's c_attn, c_proj and c_fc (transformers' Conv1D) are what its LoRA targets: the hint
-    for a target not found lists them (was: lm_head alone)."""
-    from transformers.pytorch_utils import Conv1D
+def test_a_gpt2_lora_target_not_found_lists_its_conv1d_layers(tmp_path):
+    """GPT-2's c_attn, c_proj and c_fc (transformers' Conv1D) are what its LoRA targets: the
+    pre-flight's hint for a target not found lists them (was: lm_head alone)."""
+    from transformers import GPT2Config, GPT2LMHeadModel
 
-    from trainer.checks import _linear
+    from tests.hf_models import base_model_config
+    from trainer.checks import check_base_model
+    from trainer.config import parse_config
+    from trainer.errors import KftrainError
 
-    assert _linear(torch.nn.Linear(4, 3)) and _linear(Conv1D(3, 4))
-    assert not _linear(torch.nn.Embedding(4, 3)) and not _linear(torch.nn.LayerNorm(4))
+    folder = Path(tiny_llama_folder(tmp_path / "gpt2"))
+    vocab = json.loads((folder / "config.json").read_text())["vocab_size"]
+    (folder / "model.safetensors").unlink()
+    GPT2LMHeadModel(GPT2Config(vocab_size=vocab, n_positions=64, n_embd=16, n_layer=1, n_head=2)).save_pretrained(
+        folder
+    )
+    extra = "train:\n  method: lora\nlora:\n  target_modules: [q_proj]\n"
+    with pytest.raises(KftrainError, match="linear layers: c_attn, c_fc, c_proj, lm_head"):
+        check_base_model(parse_config(base_model_config(str(folder), extra, block_size=64)))
 
 
 def test_a_gpt2_saved_as_its_base_model_is_read_under_the_causal_lms_names(tmp_path):
