@@ -433,7 +433,7 @@ def _cmd_submit(args: argparse.Namespace) -> int:
     from pathlib import Path
 
     from pipelines.compile import compile_all
-    from pipelines.submit import SubmitError, kfp_errors, make_client, parse_params, submit, succeeded
+    from pipelines.submit import SubmitError, follow, kfp_errors, make_client, parse_params, submit, succeeded
     from trainer.config import read_config_file
 
     if args.timeout is not None and not args.wait:
@@ -460,16 +460,25 @@ def _cmd_submit(args: argparse.Namespace) -> int:
                 run_name,
                 params,
                 namespace=args.namespace,
-                wait=args.wait,
-                timeout_s=args.timeout or 24 * 3600,
-                poll_seconds=args.poll_seconds,
             )
     print(f"pipeline {args.pipeline_name} version {result.version_name}")
-    print(f"run {result.run_id}: {result.run_url}")
+    print(f"run {result.run_id}: {result.run_url}", flush=True)
     if not args.wait:
         return 0
-    print(f"run finished: {result.state}" + (f" ({result.error})" if result.error else ""))
+    try:
+        follow(client, args.host, result, args.timeout or 24 * 3600, args.poll_seconds, log=_print_now)
+    except KeyboardInterrupt:  # the run is KFP's: stopping to watch it does not stop it
+        print(f"\nkftrain: stopped following; {result.left_running()}", file=sys.stderr)
+        return 128 + signal.SIGINT
+    if result.state == "TIMEOUT":
+        print(f"run {result.state}: {result.error}")
+    else:
+        print(f"run finished: {result.state}" + (f" ({result.error})" if result.error else ""))
     return 0 if succeeded(result) else 1
+
+
+def _print_now(line: str) -> None:
+    print(line, flush=True)
 
 
 def _number(text: str) -> float:

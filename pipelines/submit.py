@@ -8,12 +8,14 @@ the in-cluster service-account token, or an already authenticated endpoint (a po
 from __future__ import annotations
 
 import contextlib
+import datetime as dt
 import hashlib
 import io
 import json
 import os
 import re
 import sys
+import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -22,6 +24,7 @@ from typing import Any
 import yaml
 
 from trainer.errors import KftrainError, redact
+from trainer.launch.retry import ApiRetry, ApiUnavailable
 
 TOKEN_ENV = "KFP_TOKEN"
 _KFP_TYPES = {
@@ -32,6 +35,13 @@ _KFP_TYPES = {
     "STRUCT": dict,
     "LIST": list,
 }
+
+
+#: KFP's final run states (API v2beta1's RuntimeState); CANCELING and PAUSED are not final.
+FINAL_STATES = frozenset({"SUCCEEDED", "FAILED", "SKIPPED", "CANCELED"})
+#: How long one poll of a followed run may keep failing transiently (the KFP API restarting, a
+#: gateway's 502/503) before `--wait` stops following; the run itself goes on in KFP.
+FOLLOW_RETRY_BUDGET_S = 600.0
 
 
 class SubmitError(KftrainError, ValueError):
@@ -50,6 +60,10 @@ class Submission:
     run_url: str
     state: str | None = None
     error: str | None = None
+
+    def left_running(self) -> str:
+        """What to tell a user who stops following the run: KFP runs it on."""
+        return f"the run is not stopped by this; see it at {self.run_url}"
 
 
 #: What to pass instead of a --package that is not a compiled pipeline.
@@ -333,11 +347,8 @@ def submit(
     run_name: str,
     params: dict[str, Any],
     namespace: str | None = None,
-    wait: bool = False,
-    timeout_s: float = 24 * 3600,
-    poll_seconds: float = 10,
 ) -> Submission:
-    """Upload (as a new version when the pipeline exists), create the run, optionally wait."""
+    """Upload (as a new version when the pipeline exists) and create the run; :func:`follow` waits for it."""
     vname = version_name(pipeline_name, package)
     pipeline_id = _kfp_call(host, "find the pipeline", None, client.get_pipeline_id, pipeline_name)
     if pipeline_id is None:
@@ -383,16 +394,71 @@ def submit(
         run_id=run_id,
         run_url=redact(f"{host.rstrip('/')}/#/runs/details/{run_id}"),
     )
-    if wait:
-        try:
-            done = client.wait_for_run_completion(run_id, timeout=timeout_s, sleep_duration=poll_seconds)
-        except TimeoutError:
-            result.state, result.error = "TIMEOUT", f"the run did not finish within {timeout_s:.0f}s"
-            return result
-        result.state = (done.state or "").upper()
-        if done.error is not None:
-            result.error = getattr(done.error, "message", None) or str(done.error)
     return result
+
+
+def follow(
+    client,
+    host: str,
+    result: Submission,
+    timeout_s: float,
+    poll_seconds: float,
+    *,
+    now: Callable[[], dt.datetime] = lambda: dt.datetime.now(dt.timezone.utc),
+    sleep: Callable[[float], None] = time.sleep,
+    log: Callable[[str], None] = print,
+) -> Submission:
+    """Poll the submitted run until it is in one of :data:`FINAL_STATES` or `timeout_s` has
+    passed, logging each state it enters with the time since following began; sets
+    `result.state` (`TIMEOUT` when it did not end) and `result.error`.
+
+    Not `kfp.Client.wait_for_run_completion`: it does not stop on CANCELED (a run cancelled in
+    the UI was followed until the timeout, a day by default), and one failed poll (the API
+    server restarting, a gateway's 503) ended the wait with a traceback. Here a poll failing
+    transiently is retried under the launcher's retry policy for up to
+    :data:`FOLLOW_RETRY_BUDGET_S`; any other failure is one :class:`SubmitError` saying the run
+    goes on in KFP."""
+    start = now()
+    deadline = start + dt.timedelta(seconds=timeout_s)
+    retry = ApiRetry(
+        FOLLOW_RETRY_BUDGET_S,
+        now=now,
+        sleep=sleep,
+        log=log,
+        api="KFP API",
+        limit=f"(--wait retries a poll for {FOLLOW_RETRY_BUDGET_S:g}s)",
+    )
+    goes_on = result.left_running()
+    seen = None
+    while True:
+        try:
+            with kfp_errors(host):
+                run = retry.call(f"get run {result.run_id}", client.get_run, result.run_id, stop_at=deadline)
+        except ApiUnavailable as exc:
+            if not exc.at_deadline:
+                raise SubmitError(f"stopped following: {exc}; {goes_on}") from None
+            result.state = "TIMEOUT"
+            result.error = f"not finished within {timeout_s:.0f}s (the KFP API was unavailable at the end); {goes_on}"
+            return result
+        except SubmitError as exc:
+            raise SubmitError(f"stopped following: {exc}; {goes_on}") from None
+        state = str(getattr(run, "state", None) or "RUNTIME_STATE_UNSPECIFIED").upper()
+        waited = (now() - start).total_seconds()
+        if state != seen:
+            log(f"run {state} ({waited:.0f}s)")
+            seen = state
+        if state in FINAL_STATES:
+            result.state = state
+            error = getattr(run, "error", None)
+            if error is not None:
+                result.error = getattr(error, "message", None) or str(error)
+            return result
+        left = (deadline - now()).total_seconds()
+        if left <= 0:
+            result.state = "TIMEOUT"
+            result.error = f"not finished within {timeout_s:.0f}s (last state: {state}); {goes_on}"
+            return result
+        sleep(min(poll_seconds, left))
 
 
 def succeeded(result: Submission) -> bool:

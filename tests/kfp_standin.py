@@ -3,34 +3,41 @@
 No KFP deployment can run on the test machines. This small HTTP server answers the calls that
 `kfp.Client` makes for upload, versioning, experiments and runs, checks what it receives (the
 uploaded YAML must be a compiled pipeline; a run must name an uploaded version), and records
-every request so tests can assert on them. Runs go RUNNING, then to `final_state`.
+every request so tests can assert on them. Each poll of a run answers the next entry of
+`run_states` (the last one repeats): a state, or an HTTP status to fail that poll with.
+`socketless(api)` hands kfp.Client's requests to it without a connection (unit tests).
 """
 
 from __future__ import annotations
 
 import email.parser
 import email.policy
+import io
 import json
 import threading
 import uuid
+from collections.abc import Callable
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from urllib.parse import parse_qs, urlsplit
 
+import urllib3
 import yaml
 
 PREFIX = "/apis/v2beta1"
 
 
 class StandInKFP:
-    def __init__(self, final_state: str = "SUCCEEDED") -> None:
-        self.final_state = final_state
+    def __init__(self, run_states: list[str | int] | None = None) -> None:
+        self.run_states = run_states or ["RUNNING", "SUCCEEDED"]
+        self.broken: Callable[[str, str], dict | None] = lambda method, path: None
         self.pipelines: dict[str, dict] = {}
         self.experiments: dict[str, dict] = {}
         self.runs: dict[str, dict] = {}
         self.requests: list[dict] = []
         self._server = ThreadingHTTPServer(("127.0.0.1", 0), self._handler())
         self.url = f"http://127.0.0.1:{self._server.server_address[1]}"
-        self._thread = threading.Thread(target=self._server.serve_forever, daemon=True)
+        # A short poll interval: `shutdown()` waits up to one (0.5 s by default) in every test.
+        self._thread = threading.Thread(target=self._server.serve_forever, args=(0.02,), daemon=True)
 
     def __enter__(self) -> StandInKFP:
         self._thread.start()
@@ -89,9 +96,14 @@ class StandInKFP:
             self.runs[run["run_id"]] = run
             return 200, {k: v for k, v in run.items() if k != "polls"}
         if path.startswith(f"{PREFIX}/runs/") and method == "GET":
-            run = self.runs[path.rsplit("/", 1)[1]]
+            run = self.runs.get(path.rsplit("/", 1)[1])
+            if run is None:
+                return 404, {"error": "run not found"}
+            answer = self.run_states[min(run["polls"], len(self.run_states) - 1)]
             run["polls"] += 1
-            run["state"] = "RUNNING" if run["polls"] < 2 else self.final_state
+            if isinstance(answer, int):
+                return answer, {"error": f"HTTP {answer} from the stand-in"}
+            run["state"] = answer
             if run["state"] == "FAILED":
                 run["error"] = {"message": "train: PyTorchJob failed: JobFailed"}
             return 200, {k: v for k, v in run.items() if k != "polls"}
@@ -142,3 +154,33 @@ def _uploaded_pipeline(body: bytes, headers) -> dict:
     spec = next(yaml.safe_load_all(part.get_payload(decode=True)))
     assert "pipelineInfo" in spec and "root" in spec, "not a compiled pipeline"
     return spec
+
+
+def socketless(api: StandInKFP):
+    """A `urllib3.PoolManager.urlopen` that hands each request to `api.handle` instead of a
+    socket (patch it in with monkeypatch): everything of kfp.Client above the transport is real.
+    Where `api.broken(method, path)` gives an object, the request is answered 200 with it: a
+    server that answers JSON but not as KFP does."""
+
+    def urlopen(self, method, url, body=None, headers=None, preload_content=True, **kwargs):
+        parts = urlsplit(url)
+        bad = api.broken(method, parts.path)
+        if bad is not None:
+            return _response(200, bad, preload_content)
+        if isinstance(body, str):
+            body = body.encode()
+        status, payload = api.handle(method, parts.path, parse_qs(parts.query), body or b"", headers or {})
+        return _response(status, payload, preload_content)
+
+    return urlopen
+
+
+def _response(status: int, payload: dict, preload_content: bool) -> urllib3.HTTPResponse:
+    raw = json.dumps(payload).encode()
+    return urllib3.HTTPResponse(
+        body=io.BytesIO(raw),
+        headers={"Content-Type": "application/json", "Content-Length": str(len(raw))},
+        status=status,
+        reason="OK" if status == 200 else "Error",
+        preload_content=preload_content,
+    )

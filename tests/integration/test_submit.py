@@ -72,9 +72,11 @@ def test_first_submit_uploads_the_pipeline_then_later_ones_add_versions(tmp_path
         assert len(kfp_api.pipelines) == 1 and len(pipeline["versions"]) == len(names) + 1
 
 
-@pytest.mark.parametrize(("final", "code", "word"), [("SUCCEEDED", 0, "SUCCEEDED"), ("FAILED", 1, "FAILED")])
+@pytest.mark.parametrize(
+    ("final", "code", "word"), [("SUCCEEDED", 0, "SUCCEEDED"), ("FAILED", 1, "FAILED"), ("CANCELED", 1, "CANCELED")]
+)
 def test_wait_follows_the_run_and_the_exit_code_says_how_it_ended(final, code, word):
-    with StandInKFP(final_state=final) as kfp_api:
+    with StandInKFP(run_states=["RUNNING", final]) as kfp_api:
         out = kftrain(
             "submit", "--host", kfp_api.url, "--package", str(PACKAGE), "--wait", "--poll-seconds", "0.05",
             env_extra={"KFP_TOKEN": "token-value-123"},
@@ -87,6 +89,32 @@ def test_wait_follows_the_run_and_the_exit_code_says_how_it_ended(final, code, w
             r["auth"] == "Bearer token-value-123" for r in kfp_api.requests if r["path"] != "/apis/v2beta1/healthz"
         )
         assert "token-value-123" not in out.stdout + out.stderr
+
+
+def test_ctrl_c_while_waiting_stops_following_and_says_the_run_goes_on():
+    import os
+    import signal
+
+    with StandInKFP(run_states=["RUNNING"]) as kfp_api:
+        cmd = [sys.executable, "-m", "pipelines.cli", "submit", "--host", kfp_api.url, "--package", str(PACKAGE)]
+        proc = subprocess.Popen(
+            [*cmd, "--wait", "--poll-seconds", "0.05"],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            env={**os.environ, "PYTHONPATH": str(REPO)},
+        )
+        lines = iter(proc.stdout.readline, "")
+        assert any(line.startswith("run RUNNING") for line in lines)  # following
+        proc.send_signal(signal.SIGINT)
+        out, err = proc.communicate(timeout=60)
+    (run_id,) = kfp_api.runs
+    assert proc.returncode == 130, out + err
+    assert (
+        f"kftrain: stopped following; the run is not stopped by this; see it at {kfp_api.url}/#/runs/details/{run_id}"
+        in err
+    )
+    assert "Traceback" not in err
 
 
 @pytest.mark.parametrize(

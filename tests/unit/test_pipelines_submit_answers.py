@@ -11,16 +11,13 @@ KFP API, and no link with `None` in it is printed before.
 
 from __future__ import annotations
 
-import io
-import json
 from pathlib import Path
-from urllib.parse import parse_qs, urlsplit
 
 import pytest
 import urllib3
 
 from pipelines.submit import SubmitError, submit
-from tests.kfp_standin import PREFIX, StandInKFP
+from tests.kfp_standin import PREFIX, StandInKFP, socketless
 
 pytestmark = pytest.mark.timeout(120)
 REPO = Path(__file__).resolve().parents[2]
@@ -48,40 +45,21 @@ NOT_KFP = {
 
 @pytest.fixture
 def kfp_api(monkeypatch):
-    """The STAND-IN KFP API behind kfp.Client's transport; `kfp_api.broken = key of NOT_KFP`
-    makes that call answer as a server that is not KFP."""
+    """The STAND-IN KFP API behind kfp.Client's transport (`kfp_api.broken = not_kfp(key)` makes
+    one call answer as a server that is not KFP)."""
     with StandInKFP() as api:  # its own server listens, unused: no request reaches a socket
-        api.broken = None
-        monkeypatch.setattr(urllib3.PoolManager, "urlopen", _transport_to(api))
+        monkeypatch.setattr(urllib3.PoolManager, "urlopen", socketless(api))
         yield api
 
 
-def _transport_to(api: StandInKFP):
-    """`PoolManager.urlopen` answered by `api` (or as `NOT_KFP[api.broken]` says), not a socket."""
+def not_kfp(key: str):
+    """`StandInKFP.broken` answering the call `NOT_KFP[key]` names as a server that is not KFP."""
+    (bad_method, suffix), bad_answer, _ = NOT_KFP[key]
 
-    def urlopen(self, method, url, body=None, headers=None, preload_content=True, **kwargs):
-        parts = urlsplit(url)
-        if api.broken is not None:
-            (bad_method, suffix), bad_answer, _ = NOT_KFP[api.broken]
-            if bad_method is None or (method == bad_method and parts.path.endswith(suffix)):
-                return _response(200, bad_answer, preload_content)
-        if isinstance(body, str):
-            body = body.encode()
-        status, payload = api.handle(method, parts.path, parse_qs(parts.query), body or b"", headers or {})
-        return _response(status, payload, preload_content)
+    def broken(method: str, path: str) -> dict | None:
+        return bad_answer if bad_method is None or (method == bad_method and path.endswith(suffix)) else None
 
-    return urlopen
-
-
-def _response(status: int, payload: dict, preload_content: bool) -> urllib3.HTTPResponse:
-    raw = json.dumps(payload).encode()
-    return urllib3.HTTPResponse(
-        body=io.BytesIO(raw),
-        headers={"Content-Type": "application/json", "Content-Length": str(len(raw))},
-        status=status,
-        reason="OK" if status == 200 else "Error",
-        preload_content=preload_content,
-    )
+    return broken
 
 
 def _submit(params=None):
@@ -102,7 +80,7 @@ def test_the_stand_in_transport_submits_as_a_kfp_api_would(kfp_api, capsys):
 
 @pytest.mark.parametrize("broken", list(NOT_KFP))
 def test_an_answer_without_the_id_kfp_gives_is_one_line_and_no_link_to_none(kfp_api, capsys, broken):
-    kfp_api.broken = broken
+    kfp_api.broken = not_kfp(broken)
     with pytest.raises(SubmitError) as caught:
         _submit()
     message = str(caught.value)
@@ -118,7 +96,7 @@ def test_submit_command_prints_only_the_error_line_for_a_host_that_answers_empty
     from pipelines.cli import main
 
     monkeypatch.setattr("pipelines.submit.probe_host", lambda host, timeout_s=10.0: None)
-    kfp_api.broken = "every call"
+    kfp_api.broken = not_kfp("every call")
     assert main(["submit", "--host", HOST, "--package", str(PACKAGE)]) == 2
     out, err = capsys.readouterr()
     assert out == ""

@@ -1,4 +1,5 @@
-"""One retry policy for every Kubernetes API call of the launcher: transient vs final.
+"""One retry policy for every call to a cluster's API (Kubernetes for the launcher, KFP for
+`kftrain submit --wait`): transient vs final.
 
 A training job runs for hours; in that time the API server restarts, a load balancer resets
 connections, and API Priority and Fairness answers 429. None of that says anything about the
@@ -37,7 +38,7 @@ CONNECTION_ERRORS = (_Urllib3Error, OSError, http.client.HTTPException)  # OSErr
 
 
 class ApiUnavailable(JobFailed):
-    """A Kubernetes API call kept failing transiently until its retry budget or the deadline ran out."""
+    """An API call kept failing transiently until its retry budget or the deadline ran out."""
 
     def __init__(self, message: str, at_deadline: bool = False) -> None:
         super().__init__(message)
@@ -92,7 +93,8 @@ class ApiRetry:
 
     `now` and `sleep` are injected so tests run on a fake clock; `rng` gives the jitter. The
     budget is per call, not per job: a job that lives for days survives any number of short
-    outages, while one outage longer than the budget fails the step with its cause.
+    outages, while one outage longer than the budget fails the step with its cause. `api` names
+    the service in the error, and `limit` the budget (default: the setting that gives it).
     """
 
     def __init__(
@@ -105,8 +107,12 @@ class ApiRetry:
         base_s: float = 1.0,
         cap_s: float = 30.0,
         rng: Callable[[], float] = random.random,
+        api: str = "Kubernetes API",
+        limit: str | None = None,
     ) -> None:
         self.budget_s, self.base_s, self.cap_s = budget_s, base_s, cap_s
+        self.api = api
+        self.limit = limit or f"(kubernetes.api_retry_budget_seconds={budget_s:g})"
         self._now, self._sleep, self._log, self._rng = now, sleep, log, rng
 
     def backoff(self, attempt: int) -> float:
@@ -137,14 +143,9 @@ class ApiRetry:
                 # Past the budget, or the server asks for longer than is left: that is the answer.
                 if left <= 0 or (asked is not None and asked > left):
                     waited = (now - start).total_seconds()
-                    limit = (
-                        "until the job's deadline (job.timeout_seconds)"
-                        if at_deadline
-                        else f"(kubernetes.api_retry_budget_seconds={self.budget_s:g})"
-                    )
+                    limit = "until the job's deadline (job.timeout_seconds)" if at_deadline else self.limit
                     raise ApiUnavailable(
-                        f"Kubernetes API call '{what}' kept failing for {waited:.0f}s {limit}; "
-                        f"last error: {describe(exc)}",
+                        f"{self.api} call '{what}' kept failing for {waited:.0f}s {limit}; last error: {describe(exc)}",
                         at_deadline=at_deadline,
                     ) from exc
                 delay = min(delay, left)
