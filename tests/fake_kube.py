@@ -94,11 +94,22 @@ def _stamp(when: dt.datetime) -> str:
 
 class FakeStream:
     def __init__(self, lines: list[str]) -> None:
-        self._data = "".join(f"{line}\n" for line in lines).encode()
+        # A line may hold bytes that are not UTF-8, as `"\udcff"` (surrogateescape): sent as they are.
+        self._data = "".join(f"{line}\n" for line in lines).encode("utf-8", "surrogateescape")
 
     def stream(self, amt: int):
         for i in range(0, len(self._data), 7):  # odd-sized chunks: lines split across reads
             yield self._data[i : i + 7]
+
+    def release_conn(self) -> None:
+        pass
+
+
+class FakeResponse:
+    """An unread answer (urllib3's HTTPResponse): `data` is the body's bytes."""
+
+    def __init__(self, data: bytes) -> None:
+        self.data = data
 
     def release_conn(self) -> None:
         pass
@@ -114,8 +125,13 @@ class FakeCluster:
         kind: str = "pytorchjob",
         served: tuple[str, ...] | None = None,
         runtimes: tuple[str, ...] = ("torch-distributed",),
+        deletion_seconds: float = 0,
     ) -> None:
         self.namespace = namespace
+        #: How long a deleted job stays, with `metadata.deletionTimestamp`, before it is gone: a
+        #: Foreground deletion waits for its pods, each within its termination grace period.
+        self.deletion_seconds = deletion_seconds
+        self._gone_at: dict[str, dt.datetime] = {}  # job name -> when its deletion completes
         self.kueue = kueue
         self.kind = kind
         self.k = KINDS[kind]
@@ -130,6 +146,7 @@ class FakeCluster:
         #: `post_event` writes them. They outlive their object, as a real cluster's do (an hour).
         self.events: dict[str, list[tuple]] = {}
         self.calls: list[tuple[str, str]] = []
+        self.untimed: list[tuple[str, str]] = []
         self.timeline: list[Callable[[FakeCluster], None]] = []
         self.polls = 0
         self.clock = T0
@@ -180,8 +197,16 @@ class FakeCluster:
             make, applied = queue.pop(0)
         return make(), applied
 
-    def _call(self, call: str, name: str, do: Callable[[], Any]) -> Any:
+    def _call(self, timeout: Any, call: str, name: str, do: Callable[[], Any]) -> Any:
+        """One API call: recorded (and in `untimed` when it carries no `_request_timeout`: a
+        real connection that never answers would block it for good), faults applied."""
         self.calls.append((call, name))
+        for job, when in list(self._gone_at.items()):  # deletions that completed by now
+            if self.clock >= when:
+                del self._gone_at[job]
+                self.jobs.pop(job, None)
+        if timeout is None:
+            self.untimed.append((call, name))
         fault = self._fault(call)
         if fault and not fault[1]:
             raise fault[0]
@@ -191,7 +216,7 @@ class FakeCluster:
         return result
 
     # -- discovery ----------------------------------------------------------------------
-    def get_api_resources(self, group, version):
+    def get_api_resources(self, group, version, _request_timeout=None):
         """`GET /apis/<group>/<version>`: 404 unless a served CRD belongs to that group/version."""
 
         def do():
@@ -213,7 +238,7 @@ class FakeCluster:
                 ],
             )
 
-        return self._call("discover", f"{group}/{version}", do)
+        return self._call(_request_timeout, "discover", f"{group}/{version}", do)
 
     # -- CustomObjectsApi ---------------------------------------------------------------
     def _check_resource(self, group, version, plural) -> None:
@@ -222,7 +247,7 @@ class FakeCluster:
             raise api_error(404)  # the server could not find the requested resource
         assert (group, version, plural) == self.k["gvp"], "the test's cluster runs the other kind"
 
-    def create_namespaced_custom_object(self, group, version, namespace, plural, body):
+    def create_namespaced_custom_object(self, group, version, namespace, plural, body, _request_timeout=None):
         assert namespace == self.namespace
         name = body["metadata"]["name"]
 
@@ -249,9 +274,9 @@ class FakeCluster:
                 self.suspend(name)
             return copy.deepcopy(job)
 
-        return self._call("create", name, do)
+        return self._call(_request_timeout, "create", name, do)
 
-    def get_namespaced_custom_object(self, group, version, namespace, plural, name):
+    def get_namespaced_custom_object(self, group, version, namespace, plural, name, _request_timeout=None):
         def do():
             self._check_resource(group, version, plural)
             if self.timeline and name in self.jobs:
@@ -262,18 +287,25 @@ class FakeCluster:
                 raise api_error(404)
             return copy.deepcopy(self.jobs[name])
 
-        return self._call("get", name, do)
+        return self._call(_request_timeout, "get", name, do)
 
-    def delete_namespaced_custom_object(self, group, version, namespace, plural, name, propagation_policy=None):
+    def delete_namespaced_custom_object(
+        self, group, version, namespace, plural, name, propagation_policy=None, _request_timeout=None
+    ):
         def do():
             self._check_resource(group, version, plural)
             if name not in self.jobs:
                 raise api_error(404)
-            job = self.jobs.pop(name)
             self._delete_pods(name)
-            return job  # the API answers a delete with the object (a Foreground one: still being deleted)
+            if not self.deletion_seconds:
+                return self.jobs.pop(name)
+            job = self.jobs[name]
+            if name not in self._gone_at:
+                job["metadata"]["deletionTimestamp"] = _stamp(self.clock)
+                self._gone_at[name] = self.clock + dt.timedelta(seconds=self.deletion_seconds)
+            return copy.deepcopy(job)  # the API answers a delete with the object (a Foreground one: still there)
 
-        return self._call("delete", name, do)
+        return self._call(_request_timeout, "delete", name, do)
 
     def patch_namespaced_custom_object(self, group, version, namespace, plural, name, body, _request_timeout=None):
         """A JSON merge patch (RFC 7386, what the client sends for a dict body): mappings merge,
@@ -295,12 +327,13 @@ class FakeCluster:
             merge(self.jobs[name], body)
             return copy.deepcopy(self.jobs[name])
 
-        return self._call("patch", name, do)
+        return self._call(_request_timeout, "patch", name, do)
 
     # -- CoreV1Api ----------------------------------------------------------------------
-    def list_namespaced_pod(self, namespace, label_selector):
+    def list_namespaced_pod(self, namespace, label_selector, _request_timeout=None):
         key, value = label_selector.split("=")
         return self._call(
+            _request_timeout,
             "list_pods",
             value,
             lambda: k8s.V1PodList(
@@ -308,9 +341,9 @@ class FakeCluster:
             ),
         )
 
-    def list_namespaced_event(self, namespace, field_selector):
+    def list_namespaced_event(self, namespace, field_selector, _request_timeout=None):
         name = field_selector.split("=", 1)[1]
-        return self._call("list_events", name, lambda: self._events(name))
+        return self._call(_request_timeout, "list_events", name, lambda: self._events(name))
 
     def _events(self, name: str) -> k8s.CoreV1EventList:
         return k8s.CoreV1EventList(
@@ -327,7 +360,14 @@ class FakeCluster:
         )
 
     def read_namespaced_pod_log(
-        self, name, namespace, container=None, tail_lines=None, follow=False, _preload_content=True
+        self,
+        name,
+        namespace,
+        container=None,
+        tail_lines=None,
+        follow=False,
+        _preload_content=True,
+        _request_timeout=None,
     ):
         def do():
             if name not in self.pods:
@@ -337,9 +377,19 @@ class FakeCluster:
             lines = list(self.pod_logs.get(name, []))
             if follow:
                 return FakeStream(lines)
-            return "\n".join(lines[-tail_lines:] if tail_lines else lines)
+            raw = "\n".join(lines[-tail_lines:] if tail_lines else lines).encode("utf-8", "surrogateescape")
+            if not _preload_content:  # unread: the bytes as sent
+                return FakeResponse(raw)
+            # Read as kubernetes.client reads a `str` answer: decoded strictly (UnicodeDecodeError),
+            # then parsed as JSON where it is JSON (`null` -> None, an object -> its Python repr).
+            text = raw.decode("utf-8")
+            try:
+                parsed = json.loads(text)
+            except ValueError:
+                return text
+            return None if parsed is None else str(parsed)
 
-        return self._call("read_log", name, do)
+        return self._call(_request_timeout if not follow else "a stream", "read_log", name, do)
 
     # -- what the operator would do -------------------------------------------------------
     def add_pod(

@@ -258,7 +258,9 @@ def test_rbac_errors_fail_clearly_and_leave_nothing():
     cluster = FakeCluster()
     cluster.fail_next("create", status=403)
     backend, spec, _ = make(cluster)
-    with pytest.raises(JobFailed, match="cannot create PyTorchJob team/kftrain-0123456789ab: \\(403\\)"):
+    with pytest.raises(
+        JobFailed, match="refused 'create job team/kftrain-0123456789ab': \\(403\\) Forbidden \\(the run's"
+    ):
         run_job(backend, replace(spec, timeout_s=60))
     assert not cluster.jobs
 
@@ -431,7 +433,7 @@ def test_a_final_4xx_on_create_fails_at_once_without_retrying(status):
     cluster = FakeCluster()
     backend, spec, lines = make(cluster)
     cluster.fail_next("create", status=status, times=5)
-    with pytest.raises(JobFailed, match=rf"cannot create PyTorchJob team/{NAME}: \({status}\) \w"):
+    with pytest.raises(JobFailed, match=rf"the Kubernetes API refused 'create job team/{NAME}': \({status}\) \w"):
         run_job(backend, replace(spec, timeout_s=60))
     assert [c for c in cluster.calls if c[0] == "create"] == [("create", NAME)]
     assert not retry_sleeps(cluster) and not any(line.startswith("kftrain: API") for line in lines)
@@ -441,7 +443,10 @@ def test_a_final_4xx_while_waiting_fails_and_deletes_the_job():
     cluster = FakeCluster()
     backend, spec, _ = make(cluster)
     cluster.timeline = inject_at_first_poll("get", status=403, times=5)  # RBAC revoked mid-run
-    with pytest.raises(JobFailed, match=r"refused a call .*: \(403\) Forbidden \(the run's service account lacks RBAC"):
+    with pytest.raises(
+        JobFailed,
+        match=rf"refused 'get job team/{NAME}' while .*: \(403\) Forbidden \(the run's service account lacks RBAC",
+    ):
         run_job(backend, replace(spec, timeout_s=3600))
     assert not retry_sleeps(cluster) and NAME not in cluster.jobs
 

@@ -87,15 +87,26 @@ class JobBackend(Protocol):
         """Stop the job and free its resources; safe to call more than once."""
 
 
+class _Terminated(BaseException):
+    """SIGTERM reached the launcher. A BaseException, as KeyboardInterrupt is: the backends catch
+    `Exception` where a failed API call is evidence, not the answer (events, a log tail), and a
+    cancellation caught there was lost: the launcher re-created the job and went on waiting.
+    :func:`run_job` turns it into :class:`JobCancelled` once the job is deleted."""
+
+
 @contextlib.contextmanager
 def _sigterm_raises() -> Iterator[None]:
-    """Turn SIGTERM (pod deletion, run cancel) into an exception so cleanup runs."""
+    """Turn SIGTERM (pod deletion, run cancel) into an exception so cleanup runs; a second
+    SIGTERM while the job is being deleted does not interrupt the deletion."""
     if threading.current_thread() is not threading.main_thread():
         yield
         return
+    received: list[int] = []
 
     def handler(signum: int, frame: object) -> None:
-        raise JobCancelled(f"launcher received signal {signum}; job cancelled")
+        if not received:
+            received.append(signum)
+            raise _Terminated(signum)
 
     previous = signal.signal(signal.SIGTERM, handler)
     try:
@@ -120,4 +131,8 @@ def run_job(backend: JobBackend, spec: JobSpec) -> None:
                 backend.cancel(spec)
             except Exception as cancel_exc:
                 exc.add_note(f"cancelling the job failed too, delete it by hand: {cancel_exc}")
+            if isinstance(exc, _Terminated):
+                cancelled = JobCancelled(f"launcher received signal {exc.args[0]}; job cancelled")
+                cancelled.__notes__ = getattr(exc, "__notes__", [])
+                raise cancelled from None
             raise

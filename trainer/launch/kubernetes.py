@@ -77,11 +77,19 @@ from trainer.launch.jobkind import (
 )
 from trainer.launch.logstream import LogStreams
 from trainer.launch.pytorchjob import KUEUE_QUEUE_LABEL, owner_reference
-from trainer.launch.retry import ApiRetry, ApiUnavailable, describe, http_status
+from trainer.launch.retry import ApiRetry, ApiUnavailable, describe, http_status, refused_call
 from trainer.launch.spec import AUTO, POD_NAME_ENV, POD_UID_ENV, JobSpec, require_object_store
 from trainer.progress import PROGRESS_ANNOTATION, Snapshot, format_seconds, progress_of, stamp
 
 SA_NAMESPACE_FILE = Path("/var/run/secrets/kubernetes.io/serviceaccount/namespace")
+#: Every API call's (connect, read) timeout, in seconds. The client has none: a connection that
+#: a dead API server or load balancer leaves half-open blocked the launcher for good, past its
+#: deadline and its retry budget. A timed-out call is transient (retried); log streams have none
+#: (a quiet replica's stream is idle for as long as it is quiet).
+REQUEST_TIMEOUT_S = (10.0, 60.0)
+#: Extra time, past the pods' termination grace period, for an old job's deletion to finish before
+#: it is re-created (the operator, the garbage collector and the kubelet each take their turn).
+DELETION_SLACK_S = 300
 __all__ = ["JOB_NAME_LABEL", "REPLICA_INDEX_LABEL", "REPLICA_TYPE_LABEL", "KubernetesBackend"]
 
 
@@ -143,6 +151,7 @@ class _Admission:
         self.admitted_at: dt.datetime | None = None
         self.from_queue = False  # False: admitted_at is the job's creation (it was never queued)
         self.seen_pods = False
+        self.pods_last_seen: dt.datetime | None = None  # a poll that listed pods, the latest
 
     def queued(self, job: dict[str, Any], pods: list[Any]) -> str | None:
         """Why the job is queued, or None when it is admitted."""
@@ -181,6 +190,12 @@ class _Admission:
         queued_for = self.admitted_at - self.queued_since if was_queued else None
         self.queued_since = None
         return queued_for
+
+    def pods_started(self, now: dt.datetime) -> dt.datetime:
+        """Since when the job has had no pods to show: the last poll that listed some, if after
+        admission, else admission (which a re-admitted job's pods wait for)."""
+        admitted = self.admitted_at or now
+        return self.pods_last_seen if self.pods_last_seen and self.pods_last_seen > admitted else admitted
 
     def pending_since(self, pod: Any) -> dt.datetime:
         """When a Pending pod's clock started: its creation, but never before admission."""
@@ -245,6 +260,14 @@ class _Job:
         # cross-namespace owner as absent and would garbage-collect the job at once.
         self.owner = backend._owner if self.namespace == backend._home else None
         self.deadline: dt.datetime | None = None  # set by submit: now + timeout, or the job's own
+        kc = spec.kubernetes
+        #: What sets the deadline: the run's time, or the job's own shorter server-side limit
+        #: (which a re-created job must not get afresh).
+        self.deadline_field = (
+            f"kubernetes.active_deadline_seconds={kc.active_deadline_seconds}"
+            if 0 < kc.active_deadline_seconds < spec.timeout_s
+            else f"job.timeout_seconds={spec.timeout_s:.0f}"
+        )
         self.restarts: dict[str, int] = {}  # re-creations per cause: this launcher's, or the job's own
         self._backend = backend
 
@@ -373,40 +396,53 @@ class KubernetesBackend:
     # -- the JobBackend interface ---------------------------------------------------------
 
     def submit(self, spec: JobSpec) -> None:
-        """Create the job; re-attach to it if it exists (replace it if it already Failed)."""
+        """Create the job; re-attach to it if it exists (replace it if it already Failed, wait for
+        it to go if it is being deleted)."""
         job = self._job(spec)
         now = self._now()
-        job.deadline = now + dt.timedelta(seconds=spec.timeout_s)
+        # The job's own server-side limit, when shorter, is the run's deadline too: kept on the
+        # job, so that no re-creation gets it afresh.
+        limit = min(spec.timeout_s, spec.kubernetes.active_deadline_seconds or spec.timeout_s)
+        job.deadline = now + dt.timedelta(seconds=limit)
         manifest = job.manifest(now)
         try:
-            self._create(job, manifest)
-            self._log(f"kftrain: created {job.kind.crd_kind} {job.ref}")
-            if job.owner is None:
-                self._log(f"kftrain: warning: {job.kind.crd_kind} {job.ref} {self._no_owner(job)}")
-            return
+            existing = self._create(job, manifest)
+            if existing is None:
+                self._log(f"kftrain: created {job.kind.crd_kind} {job.ref}")
+                if job.owner is None:
+                    self._log(f"kftrain: warning: {job.kind.crd_kind} {job.ref} {self._no_owner(job)}")
+                return
+            if _condition(existing, job.kind.failed) or _deleting(existing):
+                # A retried step asks for a new attempt, not for the old failure again; a job
+                # being deleted (a cancelled attempt's) is gone once its pods are.
+                state = "Failed" if _condition(existing, job.kind.failed) else "is being deleted"
+                self._log(f"kftrain: {job.kind.crd_kind} {job.ref} exists and {state}; replacing it")
+                self.cancel(spec)
+                self._wait_deleted(job)
+                self._create(job, job.manifest(self._now()), ours=True)
+                return
+            # Re-attached (a retried launcher): the run's time and re-creations count from its first attempt.
+            job.deadline = _deadline_of(existing) or job.deadline
+            job.restarts = _restarts_of(existing)
+            self._log(f"kftrain: {job.kind.crd_kind} {job.ref} already exists; re-attaching to it")
+            self._adopt(job, existing)
         except JobFailed:
             raise
         except Exception as exc:
-            # 409 also when our own create took effect but its answer was lost and the retry
-            # found the job: re-attaching to it is right either way.
-            status = http_status(exc)
-            if status != 409:
-                hint = f" (is the {job.kind.crd} CRD installed?)" if status == 404 else ""
-                detail = _status_message(exc)
-                raise JobFailed(f"cannot create {job.kind.crd_kind} {job.ref}: {describe(exc)}{hint}{detail}") from None
-        existing = self._get(job)
-        if existing is not None and _condition(existing, job.kind.failed):
-            # A retried step asks for a new attempt, not for the old failure again.
-            self._log(f"kftrain: {job.kind.crd_kind} {job.ref} exists and Failed; replacing it")
-            self.cancel(spec)
-            self._wait_deleted(job)
-            self._create(job, manifest)
-            return
-        # Re-attached (a retried launcher): the run's time and re-creations count from its first attempt.
-        job.deadline = _deadline_of(existing) or job.deadline
-        job.restarts = _restarts_of(existing)
-        self._log(f"kftrain: {job.kind.crd_kind} {job.ref} already exists; re-attaching to it")
-        self._adopt(job, existing)
+            if http_status(exc) is None:
+                raise
+            raise self._refusal(job, exc) from None
+
+    def _refusal(self, job: _Job, exc: BaseException, during: str = "") -> JobFailed:
+        """One line for a final API answer (401, 403, 404, 422, ...): the call it refused, the
+        answer, the API server's own reason (a webhook's denial), and what to check."""
+        status, detail = http_status(exc), _status_message(exc)
+        hint = ""
+        if status == 403 and "admission webhook" not in detail:  # a webhook's denial says why itself
+            hint = f" (the run's service account lacks RBAC for that call in namespace {job.namespace})"
+        elif status == 404 and "create" in refused_call(exc):
+            hint = f" (is the {job.kind.crd} CRD installed?)"
+        return JobFailed(f"the Kubernetes API refused {refused_call(exc)}{during}: {describe(exc)}{hint}{detail}")
 
     def _no_owner(self, job: _Job) -> str:
         """Why `job` has no owner and what that costs: cancelling the run deletes the job only
@@ -443,14 +479,10 @@ class KubernetesBackend:
         except JobFailed:
             raise
         except Exception as exc:
-            status = http_status(exc)
-            if status is None:
+            if http_status(exc) is None:
                 raise
             # A final answer (401, 403, ...): one line for the step log, not the client's dump.
-            hint = " (the run's service account lacks RBAC in the job's namespace)" if status == 403 else ""
-            raise JobFailed(
-                f"the Kubernetes API refused a call while the launcher waited for {job.what}: {describe(exc)}{hint}"
-            ) from exc
+            raise self._refusal(job, exc, f" while the launcher waited for {job.what}") from exc
         finally:
             self._deadline = None
 
@@ -492,7 +524,7 @@ class KubernetesBackend:
             if failed:
                 self._streams.finish()
                 evidence = self._evidence(job, since=admission.admitted_at or _created(obj))
-                note = self._restart_or_why_not(job, evidence[0])
+                note = self._restart_or_why_not(job, evidence[0], failed)
                 if note is None:
                     admission = _Admission(kind)
                     continue
@@ -533,13 +565,20 @@ class KubernetesBackend:
                         raise JobFailed(self._pending_message(job, pod, waited))
                 elif phase in ("Running", "Succeeded", "Failed"):
                     self._stream(job, pod)
-            if not pods and not why_queued and now - admission.admitted_at > pending_limit:
-                since = "admitted" if admission.from_queue else "created"
+            # Pods seen since admission and gone now are being recreated (an evicted pod, a JobSet
+            # restart): their clock starts when they went, not at the job's creation.
+            if pods:
+                admission.pods_last_seen = now
+            elif not why_queued and now - (started := admission.pods_started(now)) > pending_limit:
+                if started == admission.pods_last_seen:
+                    since = "its pods were deleted"
+                else:
+                    since = "it was admitted" if admission.from_queue else "it was created"
+                waited = now - started
                 raise JobFailed(
-                    f"{job.what} has no pods {int((now - admission.admitted_at).total_seconds())}s "
-                    f"after it was {since} (kubernetes.pending_timeout_seconds="
-                    f"{k8s.pending_timeout_seconds}): the operator did not create them (a "
-                    f"ResourceQuota, a webhook, or a gang scheduler the job does not name). "
+                    f"{job.what} has no pods {int(waited.total_seconds())}s after {since} "
+                    f"(kubernetes.pending_timeout_seconds={k8s.pending_timeout_seconds}): the operator did not "
+                    f"create them (a ResourceQuota, a webhook, or a gang scheduler the job does not name). "
                     f"Events: {self._events(job, job.name)}"
                 )
             if now > self._deadline:
@@ -577,17 +616,23 @@ class KubernetesBackend:
             events += self._event_list(job, pod.metadata.name, since)
         return failures.classify(pod_dicts, events, logs), pods, logs
 
-    def _restart_or_why_not(self, job: _Job, diagnosis: failures.Diagnosis) -> str | None:
+    def _restart_or_why_not(
+        self, job: _Job, diagnosis: failures.Diagnosis, failed: dict[str, Any] | None = None
+    ) -> str | None:
         """Re-create the failed job when its cause's budget allows (None), else say why not."""
         field = f"kubernetes.max_restarts_by_cause.{diagnosis.cause}"
         allowed = failures.restarts_allowed(job.spec.kubernetes.max_restarts_by_cause, diagnosis.cause)
         done = job.restarts.get(diagnosis.cause, 0)
+        if failed is not None and _ended_by_deadline(failed):
+            # The operator stopped it at activeDeadlineSeconds: the ranks' SIGTERM looks like a
+            # preemption, but the limit is the job's own, and a re-created job would get it afresh.
+            return f"not re-created: the job's own deadline ended it ({job.deadline_field})"
         if allowed == 0:
             return f"not re-created ({field} is 0)"
         if allowed != failures.UNLIMITED and done >= allowed:
             return f"not re-created: its {allowed} re-creation(s) for {diagnosis.cause} are spent ({field})"
         if self._deadline is not None and self._now() > self._deadline:
-            return f"not re-created: the job's deadline has passed ({job.spec.timeout_s:.0f}s, job.timeout_seconds)"
+            return f"not re-created: the job's deadline has passed ({job.deadline_field})"
         job.restarts[diagnosis.cause] = done + 1
         if allowed == failures.UNLIMITED:
             left = f"unlimited ({field} is -1) until the deadline, {self._seconds_left():.0f}s from now"
@@ -599,14 +644,15 @@ class KubernetesBackend:
         )
         self.cancel(job.spec)
         self._wait_deleted(job)
-        self._create(job, job.manifest(self._now()))
+        self._create(job, job.manifest(self._now()), ours=True)
         return None
 
     def _seconds_left(self) -> float:
         return max(0.0, (self._deadline - self._now()).total_seconds()) if self._deadline else 0.0
 
     def _timeout_message(self, job: _Job) -> str:
-        return f"{job.what} did not finish within {job.spec.timeout_s:.0f}s (job.timeout_seconds); it has been deleted"
+        limit = job.deadline_field.rpartition("=")
+        return f"{job.what} did not finish within {limit[2]}s ({limit[0]}); it has been deleted"
 
     # -- API calls, all through the retry -------------------------------------------------
 
@@ -618,10 +664,28 @@ class KubernetesBackend:
         retry = ApiRetry(
             spec.kubernetes.api_retry_budget_seconds, now=self._now, sleep=self._sleep, log=self._log, rng=self._rng
         )
+        if not kwargs.get("follow"):
+            kwargs.setdefault("_request_timeout", REQUEST_TIMEOUT_S)
         return retry.call(what, api_call, what, fn, *args, text=text, stop_at=self._deadline, **kwargs)
 
-    def _create(self, job: _Job, manifest: dict[str, Any]) -> None:
-        job.custom("create", self.custom.create_namespaced_custom_object, manifest)
+    def _create(self, job: _Job, manifest: dict[str, Any], ours: bool = False) -> dict[str, Any] | None:
+        """Create the job: None when created, else the job of that name that exists (409).
+        `ours`: no other launcher can hold the name (we just deleted the old job), so a 409 means
+        our own create took effect and its answer was lost: that job, if it is this attempt's, is
+        as good as created."""
+        try:
+            job.custom("create", self.custom.create_namespaced_custom_object, manifest)
+            return None
+        except Exception as exc:
+            if http_status(exc) != 409:
+                raise
+        existing = self._get(job)
+        if existing is None:  # gone again in between: one more try decides
+            job.custom("create", self.custom.create_namespaced_custom_object, manifest)
+            return None
+        if ours and not _deleting(existing) and not _condition(existing, job.kind.failed):
+            return None
+        return existing
 
     def _get(self, job: _Job) -> dict[str, Any] | None:
         try:
@@ -631,11 +695,20 @@ class KubernetesBackend:
                 return None
             raise
 
-    def _wait_deleted(self, job: _Job, timeout_s: float = 300) -> None:
+    def _wait_deleted(self, job: _Job) -> None:
+        """Wait until the deleted job is gone (Foreground: its pods first, each within its
+        termination grace period), at most that period and :data:`DELETION_SLACK_S`."""
+        grace = job.spec.kubernetes.termination_grace_seconds
+        timeout_s = grace + DELETION_SLACK_S
         end = self._now() + dt.timedelta(seconds=timeout_s)
         while self._get(job) is not None:
             if self._now() > end:
-                raise JobFailed(f"old {job.what} was not deleted within {timeout_s:.0f}s")
+                raise JobFailed(
+                    f"old {job.what} was not deleted within {timeout_s:.0f}s (its pods' termination grace, "
+                    f"kubernetes.termination_grace_seconds={grace}, and {DELETION_SLACK_S}s): a pod stuck "
+                    f"Terminating (on a lost node) holds it; `kubectl -n {job.namespace} get pods -l "
+                    f"{job.kind.pod_selector(job.name)}` shows it, `kubectl delete pod --force` frees it"
+                )
             self._sleep(job.spec.kubernetes.poll_seconds)
 
     def _adopt(self, job: _Job, obj: dict[str, Any] | None) -> None:
@@ -700,10 +773,11 @@ class KubernetesBackend:
 
     def _read_log(self, job: _Job, pod_name: str, tail: int) -> list[str]:
         try:
-            text = self._pod_log(job, pod_name, tail_lines=tail)
+            # The raw bytes: the client decodes strictly (one byte of another encoding lost the
+            # whole tail) and parses a tail that happens to be JSON (`null` became None).
+            return _log_text(self._pod_log(job, pod_name, tail_lines=tail, _preload_content=False)).splitlines()
         except Exception as exc:
             return [f"(log unavailable: {describe(exc)})"]
-        return text.splitlines()
 
     def _stream(self, job: _Job, pod: Any) -> None:
         """Follow the replica's log into the step's log (once per container instance)."""
@@ -951,6 +1025,32 @@ def _status_message(exc: BaseException) -> str:
     except (ValueError, AttributeError):
         return ""
     return f": {message}" if message else ""
+
+
+def _deleting(obj: dict[str, Any]) -> bool:
+    """Whether the API server is deleting `obj` (its Foreground deletion waits for its pods)."""
+    return bool((obj.get("metadata") or {}).get("deletionTimestamp"))
+
+
+def _ended_by_deadline(failed: dict[str, Any]) -> bool:
+    """Whether a Failed condition says the job's own activeDeadlineSeconds ended it: the Training
+    Operator's "...was active longer than specified deadline", a `DeadlineExceeded` reason."""
+    text = f"{failed.get('reason') or ''} {failed.get('message') or ''}".lower()
+    return "deadlineexceeded" in text or "longer than specified deadline" in text or "deadline exceeded" in text
+
+
+def _log_text(answer: Any) -> str:
+    """A log read's answer as text: the bytes of an unread response decoded with replacement
+    (`_preload_content=False`), or the text a stand-in gives."""
+    if isinstance(answer, str):
+        return answer
+    data = getattr(answer, "data", None)
+    release = getattr(answer, "release_conn", None)
+    if callable(release):
+        release()
+    if isinstance(data, bytes):
+        return data.decode("utf-8", "replace")
+    return data if isinstance(data, str) else ""
 
 
 def _as_dict(obj: Any) -> dict[str, Any]:

@@ -15,6 +15,10 @@ from typing import Any
 
 from trainer.launch.retry import describe
 
+#: A line longer than this is written as it comes, in pieces of about this size: output without newlines
+#: (a progress bar redrawn with `\r`) was held back whole, and split again on every chunk (quadratic).
+MAX_LINE_BYTES = 64 * 1024
+
 
 class LogStreams:
     """The log streams of one launcher, keyed by container instance (pod uid, restarts)."""
@@ -39,6 +43,9 @@ class LogStreams:
                 for chunk in resp.stream(4096):
                     buf += chunk
                     *lines, buf = buf.split(b"\n")
+                    if len(buf) > MAX_LINE_BYTES:  # output without newlines (a `\r` progress bar)
+                        lines.append(buf)
+                        buf = b""
                     for raw in lines:
                         self._log(f"[{key}] {raw.decode('utf-8', 'replace')}")
                 if buf:

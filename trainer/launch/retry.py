@@ -78,6 +78,12 @@ def retry_after(exc: BaseException, now: dt.datetime | None = None) -> float | N
     return max(0.0, (when - (now or dt.datetime.now(dt.timezone.utc))).total_seconds())
 
 
+def refused_call(exc: BaseException) -> str:
+    """The call a final API error answered (`get job team/x`), as :meth:`ApiRetry.call` named it;
+    `a call` when the error did not come through it."""
+    return f"'{exc.api_call}'" if isinstance(getattr(exc, "api_call", None), str) else "a call"
+
+
 def describe(exc: BaseException) -> str:
     """A one-line cause: `(503) Service Unavailable` for API errors, `Type: message` otherwise
     (`str(ApiException)` spans several lines with headers and body)."""
@@ -134,6 +140,7 @@ class ApiRetry:
                 return fn(*args, **kwargs)
             except Exception as exc:
                 if not is_transient(exc):
+                    exc.api_call = what  # the caller's error names the call that was refused
                     raise
                 now = self._now()
                 # `Retry-After: 0` would make a tight loop against a server that is shedding load.

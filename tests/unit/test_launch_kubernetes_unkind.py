@@ -1,0 +1,327 @@
+"""The Kubernetes launcher against a cluster that behaves as real ones do on a bad day.
+
+The cluster is the FAKE API object of tests/fake_kube.py (no API server can run here): jobs, pods,
+logs and events in memory, on a fake clock, with faults injected per call. Each test here is a
+class of what a probe of the launcher found (2026-12-04): cancellation arriving at any moment, the
+job's own deadline, answers lost or refused around a 409, a job still being deleted, pods that
+are recreated, logs that are not clean UTF-8, and calls that must never wait forever.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import signal
+from dataclasses import replace
+
+import pytest
+
+from tests.fake_kube import FakeCluster, api_error
+from tests.unit.test_launch_kubernetes import NAME, make, running_then
+from trainer.launch.backend import JobCancelled, JobFailed, JobTimeout, run_job
+from trainer.launch.logstream import MAX_LINE_BYTES, LogStreams
+
+pytestmark = pytest.mark.timeout(60)
+POD = f"{NAME}-master-0"
+
+
+def earlier_attempt(cluster: FakeCluster, spec, condition: str = "") -> None:
+    """The job as a retried step finds it: created by the earlier attempt's launcher, with
+    `condition` (Failed) when given; the calls it made are forgotten."""
+    make(cluster, owner_uid="uid-earlier")[0].submit(spec)
+    if condition:
+        cluster.set_condition(NAME, condition, "PyTorchJobFailed", "1 Master replica(s) failed")
+    cluster.calls.clear()
+
+
+def creates(cluster: FakeCluster) -> int:
+    return sum(1 for call, _ in cluster.calls if call == "create")
+
+
+def preempted_once(c: FakeCluster) -> None:
+    """The first attempt: the master runs, is preempted, and the job Failed; later attempts succeed."""
+    if creates(c) > 1:
+        if POD not in c.pods:
+            c.add_pod(NAME, "master", 0, "Running")
+        else:
+            c.set_condition(NAME, "Succeeded")
+        return
+    if POD not in c.pods:
+        c.add_pod(NAME, "master", 0, "Running")
+        return
+    if "Failed" not in str(c.jobs[NAME].get("status")):
+        c.add_pod(NAME, "master", 0, "Failed", exit_code=143, logs=["[rank 0] SIGTERM: checkpoint committed"])
+        c.disrupt(NAME, "master", 0, condition="PreemptionByScheduler", message="preempted")
+        c.set_condition(NAME, "Failed", "PyTorchJobFailed", "1 Master replica(s) failed")
+
+
+# -- cancellation is never swallowed -------------------------------------------------------------
+
+
+class SigtermDuring(FakeCluster):
+    """SIGTERM (KFP cancels the run) arrives during the first call `call` made after the job failed,
+    while the launcher gathers the evidence its `except Exception` guards."""
+
+    def __init__(self, call: str) -> None:
+        super().__init__()
+        self.call, self.fired = call, False
+
+    def _call(self, timeout, call, name, do):
+        failed = NAME in self.jobs and "Failed" in str(self.jobs[NAME].get("status"))
+        if call == self.call and failed and not self.fired:
+            self.fired = True
+            signal.raise_signal(signal.SIGTERM)
+        return super()._call(timeout, call, name, do)
+
+
+@pytest.mark.parametrize("call", ["list_pods", "read_log", "list_events"])
+def test_sigterm_while_the_launcher_reads_a_failure_s_evidence_cancels_the_job(call):
+    cluster = SigtermDuring(call)
+    backend, spec, lines = make(cluster)
+    cluster.timeline = [preempted_once]
+    with pytest.raises(JobCancelled, match="launcher received signal 15"):
+        run_job(backend, replace(spec, timeout_s=600))
+    assert cluster.fired and creates(cluster) == 1, lines  # not re-created after the cancel
+    assert NAME not in cluster.jobs
+
+
+# -- the job's own deadline ----------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("reason", "message"),
+    [
+        ("PyTorchJobFailed", f"Job {NAME} has failed because it was active longer than specified deadline"),
+        ("DeadlineExceeded", "TrainJob exceeded its active deadline"),
+    ],
+)
+def test_a_job_ended_by_its_own_deadline_is_not_re_created_as_a_preemption(reason, message):
+    cluster = FakeCluster()
+    backend, spec, _ = make(cluster, **{"kubernetes.active_deadline_seconds": 3600, "kubernetes.poll_seconds": 60})
+
+    def operator(c: FakeCluster) -> None:
+        if POD not in c.pods:
+            c.add_pod(NAME, "master", 0, "Running")
+        elapsed = (c.clock - dt.datetime.fromisoformat(c.jobs[NAME]["metadata"]["creationTimestamp"])).total_seconds()
+        if elapsed >= 3600 and "Failed" not in str(c.jobs[NAME].get("status")):
+            # The operator at activeDeadlineSeconds: running pods deleted, the ranks stop on SIGTERM.
+            c.add_pod(NAME, "master", 0, "Failed", exit_code=143, logs=["[rank 0] SIGTERM: checkpoint committed"])
+            c.set_condition(NAME, "Failed", reason, message)
+
+    cluster.timeline = [operator]
+    with pytest.raises(JobFailed) as err:
+        run_job(backend, replace(spec, timeout_s=4 * 3600))
+    assert "not re-created: the job's own deadline ended it (kubernetes.active_deadline_seconds=3600)" in str(err.value)
+    assert creates(cluster) == 1
+
+
+def test_a_re_created_job_gets_what_is_left_of_its_own_deadline_not_all_of_it_again():
+    cluster = FakeCluster()
+    backend, spec, _ = make(cluster, **{"kubernetes.active_deadline_seconds": 3600, "kubernetes.poll_seconds": 60})
+    created = []
+    original = cluster.create_namespaced_custom_object
+
+    def create(group, version, namespace, plural, body, _request_timeout=None):
+        created.append((cluster.clock, body["spec"]["runPolicy"]["activeDeadlineSeconds"]))
+        return original(group, version, namespace, plural, body, _request_timeout)
+
+    cluster.create_namespaced_custom_object = create
+    cluster.timeline = [preempted_once]
+    run_job(backend, replace(spec, timeout_s=4 * 3600))
+    (t0, first), (t1, second) = created
+    assert first == 3600 and second == 3600 - (t1 - t0).total_seconds()
+
+
+def test_the_launcher_stops_at_the_job_s_own_deadline_naming_it():
+    cluster = FakeCluster()
+    backend, spec, _ = make(cluster, **{"kubernetes.active_deadline_seconds": 600, "kubernetes.poll_seconds": 60})
+    cluster.timeline = running_then(lambda c: None)  # the operator never marks it
+    with pytest.raises(JobTimeout, match=r"did not finish within 600s \(kubernetes.active_deadline_seconds\)"):
+        run_job(backend, replace(spec, timeout_s=4 * 3600))
+
+
+# -- 409: our own answer lost, a job being deleted, refusals after it ------------------------------
+
+
+@pytest.mark.parametrize("path", ["re-created after a preemption", "replacing a Failed job"])
+def test_a_create_whose_answer_was_lost_is_as_good_as_created(path):
+    cluster = FakeCluster()
+    backend, spec, lines = make(cluster)
+    if path == "replacing a Failed job":  # a retried step finds the old attempt Failed
+        earlier_attempt(cluster, spec, "Failed")
+        cluster.timeline = running_then(lambda c: c.set_condition(NAME, "Succeeded"))
+        cluster.fail_next("create", status=409)  # the first create finds the old job (as it would anyway)
+        cluster.fail_next("create", exc=ConnectionResetError, applied=True)  # the replacement's answer lost
+    else:
+        cluster.timeline = [preempted_once]
+        original = cluster.create_namespaced_custom_object
+
+        def create(*args, **kwargs):
+            if creates(cluster) == 1:  # the re-creation: it takes effect, the answer is lost
+                cluster.fail_next("create", exc=ConnectionResetError, applied=True)
+            return original(*args, **kwargs)
+
+        cluster.create_namespaced_custom_object = create
+    run_job(backend, replace(spec, timeout_s=3600))
+    assert f"kftrain: PyTorchJob {NAME} succeeded" in lines
+    assert sum(1 for call, _ in cluster.calls if call == "create") == 3  # the lost one, retried: 409
+
+
+def test_a_retried_step_waits_for_its_last_attempt_s_job_to_be_deleted_then_creates_its_own():
+    cluster = FakeCluster(deletion_seconds=120)  # the old pods' termination grace
+    backend, spec, lines = make(cluster, **{"kubernetes.poll_seconds": 5})
+    earlier_attempt(cluster, spec)
+    cluster.delete_namespaced_custom_object("kubeflow.org", "v1", "team", "pytorchjobs", NAME)  # its run_job's cancel
+    cluster.calls.clear()
+    cluster.timeline = running_then(lambda c: c.set_condition(NAME, "Succeeded"))
+    run_job(backend, replace(spec, timeout_s=3600))
+    assert f"kftrain: PyTorchJob team/{NAME} exists and is being deleted; replacing it" in lines
+    assert creates(cluster) == 2 and not any("re-attaching" in line for line in lines)
+
+
+@pytest.mark.parametrize("grace", [60, 600])
+def test_re_creation_waits_for_the_old_pods_termination_grace(grace):
+    cluster = FakeCluster(deletion_seconds=grace + 30)  # Foreground: each pod within its grace period
+    backend, spec, lines = make(
+        cluster, **{"kubernetes.termination_grace_seconds": grace, "kubernetes.poll_seconds": 5}
+    )
+    cluster.timeline = [preempted_once]
+    run_job(backend, replace(spec, timeout_s=4 * 3600))
+    assert f"kftrain: PyTorchJob {NAME} succeeded" in lines
+
+
+def test_a_deletion_that_never_completes_says_what_holds_it():
+    cluster = FakeCluster(deletion_seconds=10**6)  # a pod stuck Terminating on a lost node
+    backend, spec, _ = make(cluster, **{"kubernetes.termination_grace_seconds": 60, "kubernetes.poll_seconds": 5})
+    cluster.timeline = [preempted_once]
+    with pytest.raises(JobFailed, match=r"not deleted within 360s .* stuck Terminating .* --force"):
+        run_job(backend, replace(spec, timeout_s=4 * 3600))
+
+
+@pytest.mark.parametrize(
+    ("call", "status", "words"),
+    [
+        ("get", 403, f"refused 'get job team/{NAME}': (403) Forbidden (the run's service account lacks RBAC"),
+        ("patch", 403, f"refused 'patch job team/{NAME}': (403) Forbidden (the run's service account lacks RBAC"),
+        ("patch", 422, f"refused 'patch job team/{NAME}': (422) Unprocessable Entity"),
+    ],
+)
+def test_a_refusal_after_a_409_is_one_line_naming_the_call(call, status, words):
+    cluster = FakeCluster()
+    backend, spec, _ = make(cluster)
+    earlier_attempt(cluster, spec)  # a retried step's job, running
+    cluster.fail_next(call, status=status)
+    with pytest.raises(JobFailed) as err:
+        run_job(backend, replace(spec, timeout_s=3600))
+    assert str(err.value).startswith(f"the Kubernetes API {words}"), str(err.value)
+    assert "\n" not in str(err.value)
+
+
+def test_a_webhook_refusing_the_replacement_of_a_failed_job_is_one_line_with_its_words():
+    cluster = FakeCluster()
+    backend, spec, _ = make(cluster)
+    earlier_attempt(cluster, spec, "Failed")
+    cluster.fail_next("create", status=409)  # the first create finds the old job (as it would anyway)
+    denial = api_error(422)
+    denial.body = '{"kind": "Status", "message": "admission webhook \\"quota.example\\" denied the request: no GPUs"}'
+    cluster.fail_next("create", exc=denial)
+    with pytest.raises(JobFailed, match=r"refused 'create job team/.*': \(422\) .*: admission webhook .* no GPUs$"):
+        run_job(backend, replace(spec, timeout_s=3600))
+
+
+# -- pods that go and come back --------------------------------------------------------------------
+
+
+def test_a_running_job_whose_pods_are_briefly_gone_is_waited_for_not_failed():
+    cluster = FakeCluster()
+    backend, spec, lines = make(cluster, **{"kubernetes.poll_seconds": 60, "kubernetes.pending_timeout_seconds": 900})
+
+    def script(c: FakeCluster) -> None:
+        age = c.polls * 60
+        if age < 1200 or age >= 1260:
+            c.add_pod(NAME, "master", 0, "Running")
+        else:  # evicted; the operator creates the replacement a poll later
+            c.pods.pop(POD, None)
+        if age >= 1500:
+            c.set_condition(NAME, "Succeeded")
+
+    cluster.timeline = [script]
+    run_job(backend, replace(spec, timeout_s=3600))
+    assert f"kftrain: PyTorchJob {NAME} succeeded" in lines
+
+
+def test_pods_gone_for_longer_than_the_pending_limit_fail_counting_from_when_they_went():
+    cluster = FakeCluster()
+    backend, spec, _ = make(cluster, **{"kubernetes.poll_seconds": 60, "kubernetes.pending_timeout_seconds": 300})
+
+    def script(c: FakeCluster) -> None:
+        if c.polls * 60 < 1200:
+            c.add_pod(NAME, "master", 0, "Running")
+        else:
+            c.pods.pop(POD, None)
+
+    cluster.timeline = [script]
+    with pytest.raises(JobFailed, match=r"has no pods 3\d\ds after its pods were deleted"):
+        run_job(backend, replace(spec, timeout_s=7200))
+
+
+# -- logs as they come, calls that cannot hang ------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("tail", "shown"),
+    [
+        (["loss nan at step 3", "caf\udce9 au lait"], "caf\ufffd au lait"),  # one Latin-1 byte
+        (["null"], "null"),  # a tail that is JSON: kept as text
+        (['{"level": "error", "msg": "boom"}'], '{"level": "error", "msg": "boom"}'),
+    ],
+)
+def test_a_failed_replica_s_log_tail_is_read_as_the_bytes_it_holds(tail, shown):
+    cluster = FakeCluster()
+    backend, spec, _ = make(cluster)
+
+    def fail(c: FakeCluster) -> None:
+        c.add_pod(NAME, "master", 0, "Failed", exit_code=1, logs=tail)
+        c.set_condition(NAME, "Failed", "PyTorchJobFailed", "1 Master replica(s) failed")
+
+    cluster.timeline = [fail]
+    with pytest.raises(JobFailed) as err:
+        run_job(backend, replace(spec, timeout_s=600))
+    assert f"  [master-0] {shown}" in str(err.value).splitlines(), str(err.value)
+    assert "log unavailable" not in str(err.value)
+
+
+def test_every_api_call_but_a_log_stream_carries_a_request_timeout():
+    cluster = FakeCluster()
+    backend, spec, _ = make(cluster)
+    earlier_attempt(cluster, spec)  # re-attach: get, patch too
+    cluster.timeline = [preempted_once]
+    run_job(backend, replace(spec, timeout_s=3600))
+    kinds = {call for call, _ in cluster.calls}
+    assert {"create", "get", "patch", "delete", "list_pods", "list_events", "read_log"} <= kinds
+    assert cluster.untimed == []
+
+
+class OneStream:
+    def __init__(self, data: bytes) -> None:
+        self.data = data
+
+    def stream(self, amt: int):
+        for i in range(0, len(self.data), amt):
+            yield self.data[i : i + amt]
+
+    def release_conn(self) -> None:
+        pass
+
+
+def test_a_log_without_newlines_is_written_in_pieces_as_it_comes():
+    lines: list[str] = []
+    streams = LogStreams(lines.append)
+    pod = type("Pod", (), {})()
+    pod.metadata = type("Meta", (), {"uid": "u1", "name": "p"})()
+    pod.status = type("Status", (), {"container_statuses": []})()
+    bar = b"".join(b"\r%3d%%|####" % (i % 100) for i in range(60_000))  # a progress bar, 600 kB
+    streams.follow(pod, "master-0", lambda: OneStream(bar + b"\ndone\n"))
+    streams.finish()
+    assert len(lines) > 5 and all(len(line) <= MAX_LINE_BYTES + 4096 + 20 for line in lines)
+    assert "".join(line.removeprefix("[master-0] ") for line in lines[:-1]).encode() == bar
+    assert lines[-1] == "[master-0] done"
