@@ -93,9 +93,20 @@ def _stamp(when: dt.datetime) -> str:
 
 
 class FakeStream:
-    def __init__(self, lines: list[str]) -> None:
+    """A following log stream that sends the lines logged so far, then ends (as one cut by a load
+    balancer's idle timeout does: the launcher must open it again while the container runs).
+    `timestamps`: each line after the kubelet's RFC 3339 stamp, the i-th line's i microseconds
+    after T0 (trailing zeros dropped, as the kubelet writes them); `since_seconds` is not applied,
+    so a re-opened stream sends again what the last one sent."""
+
+    def __init__(self, lines: list[str], timestamps: bool = False) -> None:
+        def stamp(i: int) -> str:
+            when = T0 + dt.timedelta(microseconds=i)
+            return when.strftime("%Y-%m-%dT%H:%M:%S") + f".{when.microsecond:06d}".rstrip("0").rstrip(".") + "Z "
+
         # A line may hold bytes that are not UTF-8, as `"\udcff"` (surrogateescape): sent as they are.
-        self._data = "".join(f"{line}\n" for line in lines).encode("utf-8", "surrogateescape")
+        text = "".join(f"{stamp(i) if timestamps else ''}{line}\n" for i, line in enumerate(lines))
+        self._data = text.encode("utf-8", "surrogateescape")
 
     def stream(self, amt: int):
         for i in range(0, len(self._data), 7):  # odd-sized chunks: lines split across reads
@@ -366,6 +377,8 @@ class FakeCluster:
         container=None,
         tail_lines=None,
         follow=False,
+        timestamps=False,
+        since_seconds=None,
         _preload_content=True,
         _request_timeout=None,
     ):
@@ -376,7 +389,7 @@ class FakeCluster:
                 raise api_error(400)  # container <x> is not valid for pod <name>
             lines = list(self.pod_logs.get(name, []))
             if follow:
-                return FakeStream(lines)
+                return FakeStream(lines, timestamps)
             raw = "\n".join(lines[-tail_lines:] if tail_lines else lines).encode("utf-8", "surrogateescape")
             if not _preload_content:  # unread: the bytes as sent
                 return FakeResponse(raw)
@@ -424,6 +437,7 @@ class FakeCluster:
             if exit_code is not None
             else None,
             waiting=k8s.V1ContainerStateWaiting(reason=waiting[0], message=waiting[1]) if waiting else None,
+            running=k8s.V1ContainerStateRunning() if phase == "Running" and exit_code is None and not waiting else None,
         )
         self.pods[name] = k8s.V1Pod(
             metadata=k8s.V1ObjectMeta(

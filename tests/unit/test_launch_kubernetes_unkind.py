@@ -320,8 +320,121 @@ def test_a_log_without_newlines_is_written_in_pieces_as_it_comes():
     pod.metadata = type("Meta", (), {"uid": "u1", "name": "p"})()
     pod.status = type("Status", (), {"container_statuses": []})()
     bar = b"".join(b"\r%3d%%|####" % (i % 100) for i in range(60_000))  # a progress bar, 600 kB
-    streams.follow(pod, "master-0", lambda: OneStream(bar + b"\ndone\n"))
+    streams.follow(pod, "master-0", lambda since: OneStream(bar + b"\ndone\n"))
     streams.finish()
     assert len(lines) > 5 and all(len(line) <= MAX_LINE_BYTES + 4096 + 20 for line in lines)
     assert "".join(line.removeprefix("[master-0] ") for line in lines[:-1]).encode() == bar
     assert lines[-1] == "[master-0] done"
+
+
+@pytest.mark.parametrize(
+    ("reason", "code", "cause"), [("Error", 1, "cause: user_error"), ("OOMKilled", 137, "cause: oom")]
+)
+def test_a_crash_looping_replica_s_pod_deleted_with_the_failure_still_names_its_cause(reason, code, cause):
+    """The defaults (restartPolicy OnFailure, backoffLimit 3, cleanPodPolicy Running): the kubelet
+    restarts the crashing container in its pod; past the backoff limit the operator deletes the
+    Running pods and marks the job Failed in one reconcile, before the launcher reads anything."""
+    from kubernetes import client as k8s
+
+    cluster = FakeCluster()
+    backend, spec, _ = make(cluster)
+
+    def crash_loop(c: FakeCluster) -> None:
+        c.add_pod(NAME, "master", 0, "Running", restarts=3, logs=["[rank 0] ValueError: bad column 'label'"])
+        status = c.pods[POD].status.container_statuses[0]
+        status.state = k8s.V1ContainerState(waiting=k8s.V1ContainerStateWaiting(reason="CrashLoopBackOff"))
+        status.last_state = k8s.V1ContainerState(
+            terminated=k8s.V1ContainerStateTerminated(exit_code=code, reason=reason)
+        )
+
+    def backoff_limit(c: FakeCluster) -> None:
+        c.pods.pop(POD)
+        c.set_condition(
+            NAME,
+            "Failed",
+            "PyTorchJobFailed",
+            f"Job {NAME} has failed because it has reached the specified backoff limit",
+        )
+
+    cluster.timeline = [crash_loop, crash_loop, backoff_limit]
+    with pytest.raises(JobFailed) as err:
+        run_job(backend, replace(spec, timeout_s=3600))
+    message = str(err.value)
+    assert cause in message, message
+    assert "  [master-0] [rank 0] ValueError: bad column 'label'" in message.splitlines()  # the streamed lines
+
+
+def test_a_log_stream_that_ends_while_the_replica_runs_is_opened_again_from_where_it_stopped():
+    cluster = FakeCluster()
+    backend, spec, lines = make(cluster)
+
+    def start(c: FakeCluster) -> None:
+        c.add_pod(NAME, "master", 0, "Running", logs=["step 1"])
+
+    def more(c: FakeCluster) -> None:  # the same container logs on; each stream ends (an idle timeout)
+        backend._streams.finish()  # this poll's stream has sent what there was
+        c.pod_logs[POD].append(f"step {len(c.pod_logs[POD]) + 1}")
+
+    cluster.timeline = [start, more, more, more, lambda c: c.set_condition(NAME, "Succeeded")]
+    run_job(backend, replace(spec, timeout_s=600))
+    assert [line for line in lines if line.startswith("[master-0]")] == [f"[master-0] step {i}" for i in range(1, 5)]
+    reads = [c for c in cluster.calls if c[0] == "read_log"]
+    assert len(reads) >= 4, reads  # opened again, and nothing written twice
+
+
+class Stamped:
+    """A stream of `(stamp, text)` lines with the kubelet's timestamps, then its end or `error`."""
+
+    def __init__(self, lines, error=None) -> None:
+        self.data = "".join(f"2026-01-01T00:00:{s}Z {text}\n" for s, text in lines).encode()
+        self.error = error
+
+    def stream(self, amt: int):
+        yield from (self.data[i : i + 5] for i in range(0, len(self.data), 5))
+        if self.error:
+            raise self.error
+
+    def release_conn(self) -> None:
+        pass
+
+
+def test_a_re_opened_stream_writes_each_line_once_even_where_lines_share_a_timestamp():
+    from kubernetes import client as k8s
+
+    sent = [
+        Stamped([("01.5", "a"), ("02", "b"), ("02", "c")], error=ConnectionResetError("reset by peer")),
+        # The API sends from `sinceSeconds` ago: again what was written, then what is new. The
+        # kubelet drops trailing zeros: 01.5 is before 01.50001, 02 the same as 02.000.
+        Stamped([("01.5", "a"), ("02", "b"), ("02.000", "c"), ("02", "d"), ("01.50001", "x"), ("03", "e")]),
+    ]
+    asked: list[int | None] = []
+    lines: list[str] = []
+    streams = LogStreams(lines.append)
+    pod = k8s.V1Pod(
+        metadata=k8s.V1ObjectMeta(name="p", uid="u"),
+        status=k8s.V1PodStatus(
+            container_statuses=[
+                k8s.V1ContainerStatus(
+                    name="c", image="i", image_id="", ready=True, restart_count=0,
+                    state=k8s.V1ContainerState(running=k8s.V1ContainerStateRunning()),
+                )
+            ]
+        ),
+    )  # fmt: skip
+
+    def open_stream(since):
+        asked.append(since)
+        return sent[len(asked) - 1]
+
+    for _ in sent:
+        streams.follow(pod, "master-0", open_stream)
+        streams.finish()
+    assert asked[0] is None and asked[1] >= 60  # from before the last line, with the margin for clocks
+    assert lines == [
+        "[master-0] a",
+        "[master-0] b",
+        "[master-0] c",
+        "[master-0] (log stream ended: ConnectionResetError: reset by peer; it is re-opened while the container runs)",
+        "[master-0] d",
+        "[master-0] e",
+    ]

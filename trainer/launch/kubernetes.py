@@ -152,6 +152,9 @@ class _Admission:
         self.from_queue = False  # False: admitted_at is the job's creation (it was never queued)
         self.seen_pods = False
         self.pods_last_seen: dt.datetime | None = None  # a poll that listed pods, the latest
+        #: Each pod of this attempt as last listed, by name: the operator may delete a failed
+        #: replica's pod (cleanPodPolicy Running) before the launcher reads its failure.
+        self.pods: dict[str, Any] = {}
 
     def queued(self, job: dict[str, Any], pods: list[Any]) -> str | None:
         """Why the job is queued, or None when it is admitted."""
@@ -523,7 +526,7 @@ class KubernetesBackend:
             failed = _condition(obj, kind.failed)
             if failed:
                 self._streams.finish()
-                evidence = self._evidence(job, since=admission.admitted_at or _created(obj))
+                evidence = self._evidence(job, since=admission.admitted_at or _created(obj), seen=admission.pods)
                 note = self._restart_or_why_not(job, evidence[0], failed)
                 if note is None:
                     admission = _Admission(kind)
@@ -567,6 +570,7 @@ class KubernetesBackend:
                     self._stream(job, pod)
             # Pods seen since admission and gone now are being recreated (an evicted pod, a JobSet
             # restart): their clock starts when they went, not at the job's creation.
+            admission.pods.update((pod.metadata.name, pod) for pod in pods)
             if pods:
                 admission.pods_last_seen = now
             elif not why_queued and now - (started := admission.pods_started(now)) > pending_limit:
@@ -595,19 +599,28 @@ class KubernetesBackend:
     # -- failures by cause ----------------------------------------------------------------
 
     def _evidence(
-        self, job: _Job, since: dt.datetime | None = None
+        self, job: _Job, since: dt.datetime | None = None, seen: dict[str, Any] | None = None
     ) -> tuple[failures.Diagnosis, list[Any], dict[str, list[str]]]:
         """The cause of the job's failure, its pods, and the last log lines of each pod that ended
         with a non-zero exit code (by pod name). Events not after `since` (this attempt's
         admission) are an earlier attempt's: the job and its pods keep their names when re-created
-        or re-admitted, and events outlive them by an hour."""
+        or re-admitted, and events outlive them by an hour. A pod in `seen` (this attempt's pods
+        as last listed) that is gone now counts as it was last seen, with the log lines streamed
+        from it: the operator deletes a crash-looping replica's pod as it marks the job Failed."""
         try:
-            pods = self._pods(job)
+            listed = self._pods(job)
         except Exception as exc:  # the pods are evidence, not the answer
             return failures.Diagnosis(failures.UNKNOWN, f"replica pods unavailable: {describe(exc)}"), [], {}
+        names = {pod.metadata.name for pod in listed}
+        gone = [pod for name, pod in (seen or {}).items() if name not in names]
+        pods = sorted([*listed, *gone], key=lambda pod: _replica_order(job.kind.replica_key(pod)))
         pod_dicts = [_as_dict(pod) for pod in pods]
         logs = {
-            pod.metadata.name: self._read_log(job, pod.metadata.name, 400)
+            pod.metadata.name: (
+                self._read_log(job, pod.metadata.name, 400)
+                if pod.metadata.name in names
+                else self._streams.tail(pod.metadata.name) or ["(its pod was deleted before its log could be read)"]
+            )
             for pod, as_dict in zip(pods, pod_dicts, strict=True)
             if pod.status.phase == "Failed" or failures.exit_code_of(as_dict) not in (None, 0)
         }
@@ -780,11 +793,13 @@ class KubernetesBackend:
             return [f"(log unavailable: {describe(exc)})"]
 
     def _stream(self, job: _Job, pod: Any) -> None:
-        """Follow the replica's log into the step's log (once per container instance)."""
+        """Follow the replica's log into the step's log (once per container instance, again when
+        its stream ended while it runs)."""
         name = pod.metadata.name
 
-        def open_stream() -> Any:
-            return self._pod_log(job, name, follow=True, _preload_content=False)
+        def open_stream(since_seconds: int | None) -> Any:
+            since = {} if since_seconds is None else {"since_seconds": since_seconds}
+            return self._pod_log(job, name, follow=True, timestamps=True, _preload_content=False, **since)
 
         self._streams.follow(pod, job.kind.replica_key(pod), open_stream)
 
