@@ -438,3 +438,35 @@ def test_a_re_opened_stream_writes_each_line_once_even_where_lines_share_a_times
         "[master-0] d",
         "[master-0] e",
     ]
+
+
+@pytest.mark.parametrize("apart_s", [1200, -1200, 0])
+def test_the_pending_clock_is_the_api_server_s_when_the_launcher_s_clock_is_apart(apart_s):
+    """Off-cluster (a kubeconfig), the launcher's clock may be minutes from the server's, which
+    stamps every time the launcher compares: the job's creationTimestamp tells them apart."""
+    from tests.fake_kube import launcher
+
+    cluster = FakeCluster()
+    _, spec, lines = make(cluster, **{"kubernetes.poll_seconds": 60, "kubernetes.pending_timeout_seconds": 900})
+    backend = launcher(cluster, log=lines.append)
+    backend._now = lambda: cluster.clock + dt.timedelta(seconds=apart_s)
+
+    def script(c: FakeCluster) -> None:
+        if c.polls * 60 < 600:  # Pending for 10 minutes (ContainerCreating), then running
+            c.add_pod(NAME, "master", 0, "Pending", waiting=("ContainerCreating", ""))
+        elif c.polls * 60 < 900:
+            c.add_pod(NAME, "master", 0, "Running")
+        else:
+            c.set_condition(NAME, "Succeeded")
+
+    cluster.timeline = [script]
+    run_job(backend, replace(spec, timeout_s=3600))
+    assert f"kftrain: PyTorchJob {NAME} succeeded" in lines
+
+
+def test_a_timeout_spent_in_the_queue_says_the_job_was_never_admitted():
+    cluster = FakeCluster(kueue=True)
+    backend, spec, _ = make(cluster, **{"kubernetes.queue": "team-a", "kubernetes.poll_seconds": 60})
+    cluster.timeline = [lambda c: None]
+    with pytest.raises(JobTimeout, match=r"within 600s .*; it was still queued in queue team-a .*, not admitted since"):
+        run_job(backend, replace(spec, timeout_s=600))

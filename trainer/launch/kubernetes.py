@@ -272,6 +272,9 @@ class _Job:
             else f"job.timeout_seconds={spec.timeout_s:.0f}"
         )
         self.restarts: dict[str, int] = {}  # re-creations per cause: this launcher's, or the job's own
+        #: The API server's clock minus this launcher's, as the job's creationTimestamp showed it
+        #: (zero within the stamp's one-second grain, and for a job another launcher created).
+        self.clock_offset = dt.timedelta(0)
         self._backend = backend
 
     @property
@@ -372,7 +375,7 @@ class KubernetesBackend:
             job = self._jobs[spec.name] = _Job(self, spec, kind)
         elif job.spec is not spec:  # the same job, described again: its kind and run state stay
             before, job = job, _Job(self, spec, job.kind)
-            job.deadline, job.restarts = before.deadline, before.restarts
+            job.deadline, job.restarts, job.clock_offset = before.deadline, before.restarts, before.clock_offset
             self._jobs[spec.name] = job
         return job
 
@@ -533,7 +536,8 @@ class KubernetesBackend:
                     continue
                 raise JobFailed(self._failure_message(job, failed, evidence, note))
             pods = self._pods(job)
-            now = self._now()
+            # The API server's clock, which stamped every time compared with it below.
+            now = self._now() + job.clock_offset
             why_queued = admission.queued(obj, pods)
             if why_queued:
                 requeued = admission.admitted_at is not None and admission.seen_pods
@@ -585,8 +589,13 @@ class KubernetesBackend:
                     f"create them (a ResourceQuota, a webhook, or a gang scheduler the job does not name). "
                     f"Events: {self._events(job, job.name)}"
                 )
-            if now > self._deadline:
-                raise JobTimeout(self._timeout_message(job))
+            if self._now() > self._deadline:
+                queued = ""
+                if why_queued:  # the whole time, or since a re-queue: the cluster's capacity, not the run
+                    queued = (
+                        f"; it was still queued in {queue_of(obj, kind)}, not admitted since {admission.queued_since}"
+                    )
+                raise JobTimeout(self._timeout_message(job) + queued)
             self._sleep(k8s.poll_seconds)
 
     def _show_progress(self, job: _Job, obj: dict[str, Any]) -> None:
@@ -687,7 +696,9 @@ class KubernetesBackend:
         our own create took effect and its answer was lost: that job, if it is this attempt's, is
         as good as created."""
         try:
-            job.custom("create", self.custom.create_namespaced_custom_object, manifest)
+            before = self._now()
+            created = job.custom("create", self.custom.create_namespaced_custom_object, manifest)
+            job.clock_offset = _clock_offset(created, before, self._now())
             return None
         except Exception as exc:
             if http_status(exc) != 409:
@@ -1040,6 +1051,20 @@ def _status_message(exc: BaseException) -> str:
     except (ValueError, AttributeError):
         return ""
     return f": {message}" if message else ""
+
+
+def _clock_offset(created: Any, before: dt.datetime, after: dt.datetime) -> dt.timedelta:
+    """The API server's clock minus ours, from the creationTimestamp of an object created between
+    `before` and `after` (our clock): zero when the stamp falls in that span (it has whole seconds).
+    Off-cluster the two clocks can be minutes apart, and a pod created this second looked Pending
+    for as long."""
+    stamp = _created(created) if isinstance(created, dict) else None
+    if stamp is None:
+        return dt.timedelta(0)
+    early, late = before - dt.timedelta(seconds=1), after + dt.timedelta(seconds=1)
+    if early <= stamp <= late:
+        return dt.timedelta(0)
+    return stamp - (before + (after - before) / 2)
 
 
 def _deleting(obj: dict[str, Any]) -> bool:
