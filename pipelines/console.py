@@ -90,6 +90,9 @@ class StepConsole(io.TextIOBase):
         self.failure_tail: list[str] = []
         #: The failed step's own one-line error (its message, without the marker), if it printed one.
         self.failure_line = ""
+        #: Warnings the terminal showed: the configure step runs the checks the CLI's pre-flight
+        #: ran, and evaluation and export read the same base model; each warning is shown once.
+        self._warned: set[str] = set()
 
     def writable(self) -> bool:
         return True
@@ -128,6 +131,16 @@ class StepConsole(io.TextIOBase):
             if self.log is not None:
                 self.log.write(redact(line) + "\n")
             self._to_terminal(self.out, redact(line) + "\n")
+
+    def warn(self, message: str) -> None:
+        """A warning of kftrain's own in this process (the pre-flight's), as a step's are shown."""
+        with self._lock:
+            if self.log is None:
+                self.log = self._open_log()
+            self.log.write(redact(f"warning: {message}") + "\n")
+            if message not in self._warned:
+                self._warned.add(message)
+                self._to_terminal(self.out, redact(f"  warning: {message}") + "\n")
 
     def _show(self, line: str, stream: TextIO | None = None) -> None:
         if self.verbose:  # the terminal had the raw line already
@@ -185,8 +198,12 @@ class StepConsole(io.TextIOBase):
             if record["msg"].startswith(_STEP_BOOKKEEPING):
                 self._in_json = record["msg"].startswith("Got executor_input")
                 return
-            level = record["level"]
-            self._show("  " + (record["msg"] if level == "INFO" else f"{level.lower()}: {record['msg']}"))
+            level, message = record["level"], record["msg"]
+            if level == "WARNING":
+                if message in self._warned:
+                    return  # shown once already (the full log has it again)
+                self._warned.add(message)
+            self._show("  " + (message if level == "INFO" else f"{level.lower()}: {message}"))
         elif m := _REPLICA.match(line):
             if self._replica_shows(m.group(0), line[m.end() :]):
                 self._show("  " + line)
@@ -220,10 +237,23 @@ class StepConsole(io.TextIOBase):
 
 @contextlib.contextmanager
 def capturing(console: StepConsole) -> Iterator[StepConsole]:
-    """`console` as the process's ``sys.stdout`` for the duration; closed (its log too) after."""
+    """`console` as the process's ``sys.stdout`` for the duration, and the place kftrain's own
+    warnings in this process go (:meth:`StepConsole.warn`); closed (its log too) after."""
+    import logging
+
+    class ToConsole(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            console.warn(record.getMessage())
+
+    logger = logging.getLogger("kftrain")
+    handler, propagated = ToConsole(logging.WARNING), logger.propagate
     previous, sys.stdout = sys.stdout, console
+    logger.addHandler(handler)
+    logger.propagate = False  # not also through the root handler kfp.local sets up around a task
     try:
         yield console
     finally:
+        logger.removeHandler(handler)
+        logger.propagate = propagated
         sys.stdout = previous
         console.close()

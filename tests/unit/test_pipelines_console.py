@@ -224,3 +224,30 @@ def test_a_terminal_that_closes_leaves_the_run_and_its_log_whole():
     assert log.getvalue().count("\n") == KFP_OUTPUT.count("\n") + 1
     assert console.failed_step == "evaluate"  # still followed: the CLI's last line names it
     assert len(out.getvalue().splitlines()) == 2
+
+
+def test_a_warning_is_shown_once_whether_the_pre_flight_or_any_step_gives_it_again():
+    """The CLI's pre-flight and the configure step run the same checks (evaluation and export read
+    the same base model): the terminal shows each warning once, the full log every time."""
+    import logging
+
+    from pipelines.console import capturing
+
+    step = "    [KFP Executor 2026-12-01 15:00:00,100 WARNING]: {}\n"
+    log, out, err = io.StringIO(), io.StringIO(), io.StringIO()
+    console = StepConsole(lambda: log, out, err)
+    with capturing(console):
+        logging.getLogger("kftrain.checks").warning("model.init_from 'm': config.json ties 'lm_head.weight'")
+        for task in ("configure", "evaluate"):
+            console.write(f"15:00:00.001 - INFO - Executing task '{task}'\n")
+            console.write(step.format("model.init_from 'm': config.json ties 'lm_head.weight'"))
+            console.write(step.format(f"{task}'s own warning"))
+            console.write(step.format(f"{task}'s own warning"))
+        full_log = log.getvalue()  # the console closes it on the way out
+    assert [line for line in out.getvalue().splitlines() if "warning:" in line] == [
+        "  warning: model.init_from 'm': config.json ties 'lm_head.weight'",
+        "  warning: configure's own warning",
+        "  warning: evaluate's own warning",
+    ]
+    assert full_log.count("config.json ties") == 3 and not err.getvalue()
+    assert logging.getLogger("kftrain").handlers == [] and logging.getLogger("kftrain").propagate
