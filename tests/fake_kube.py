@@ -370,18 +370,13 @@ class FakeCluster:
             ]
         )
 
-    def read_namespaced_pod_log(
-        self,
-        name,
-        namespace,
-        container=None,
-        tail_lines=None,
-        follow=False,
-        timestamps=False,
-        since_seconds=None,
-        _preload_content=True,
-        _request_timeout=None,
-    ):
+    def read_namespaced_pod_log(self, name, namespace, container=None, tail_lines=None, follow=False, **options):
+        """`options`: `timestamps`, `since_seconds` (not applied: see FakeStream), `_preload_content`,
+        `_request_timeout`; any other name is refused, as the real client refuses it."""
+        assert set(options) <= {"timestamps", "since_seconds", "_preload_content", "_request_timeout"}, options
+        timestamps, _preload_content = options.get("timestamps", False), options.get("_preload_content", True)
+        _request_timeout = options.get("_request_timeout")
+
         def do():
             if name not in self.pods:
                 raise api_error(404)
