@@ -24,7 +24,7 @@ from typing import Any
 import yaml
 
 from trainer.errors import KftrainError, redact
-from trainer.launch.retry import ApiRetry, ApiUnavailable
+from trainer.launch.retry import REQUEST_TIMEOUT_S, ApiRetry, ApiUnavailable
 
 TOKEN_ENV = "KFP_TOKEN"
 _KFP_TYPES = {
@@ -433,7 +433,7 @@ def follow(
     while True:
         try:
             with kfp_errors(host):
-                run = retry.call(f"get run {result.run_id}", client.get_run, result.run_id, stop_at=deadline)
+                run = retry.call(f"get run {result.run_id}", _get_run, client, result.run_id, stop_at=deadline)
         except ApiUnavailable as exc:
             if not exc.at_deadline:
                 raise SubmitError(f"stopped following: {exc}; {goes_on}") from None
@@ -459,6 +459,15 @@ def follow(
             result.error = f"not finished within {timeout_s:.0f}s (last state: {state}); {goes_on}"
             return result
         sleep(min(poll_seconds, left))
+
+
+def _get_run(client, run_id: str) -> Any:
+    """The run, asked with a request timeout: `kfp.Client.get_run` takes none, and a connection
+    the KFP API left half-open would hold `--wait` past `--timeout`. A timed-out poll is transient."""
+    api = getattr(client, "_run_api", None)  # what kfp.Client.get_run calls
+    if api is None:
+        return client.get_run(run_id)
+    return api.run_service_get_run(run_id=run_id, _request_timeout=REQUEST_TIMEOUT_S)
 
 
 def succeeded(result: Submission) -> bool:

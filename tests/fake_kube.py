@@ -95,14 +95,17 @@ def _stamp(when: dt.datetime) -> str:
 class FakeStream:
     """A following log stream that sends the lines logged so far, then ends (as one cut by a load
     balancer's idle timeout does: the launcher must open it again while the container runs).
-    `timestamps`: each line after the kubelet's RFC 3339 stamp, the i-th line's i microseconds
-    after T0 (trailing zeros dropped, as the kubelet writes them); `since_seconds` is not applied,
-    so a re-opened stream sends again what the last one sent."""
+    `timestamps`: each line after the kubelet's RFC 3339 stamp with nanoseconds, the i-th line's
+    i microseconds after T0, in `zone` (`Z`, or a node's own offset such as `+08:00`);
+    `since_seconds` is not applied, so a re-opened stream sends again what the last one sent."""
 
-    def __init__(self, lines: list[str], timestamps: bool = False) -> None:
+    def __init__(self, lines: list[str], timestamps: bool = False, zone: str = "Z") -> None:
         def stamp(i: int) -> str:
             when = T0 + dt.timedelta(microseconds=i)
-            return when.strftime("%Y-%m-%dT%H:%M:%S") + f".{when.microsecond:06d}".rstrip("0").rstrip(".") + "Z "
+            if zone != "Z":
+                sign, hours, minutes = zone[0], int(zone[1:3]), int(zone[4:6])
+                when += (1 if sign == "+" else -1) * dt.timedelta(hours=hours, minutes=minutes)
+            return f"{when:%Y-%m-%dT%H:%M:%S}.{when.microsecond * 1000:09d}{zone} "
 
         # A line may hold bytes that are not UTF-8, as `"\udcff"` (surrogateescape): sent as they are.
         text = "".join(f"{stamp(i) if timestamps else ''}{line}\n" for i, line in enumerate(lines))
@@ -142,6 +145,8 @@ class FakeCluster:
         #: How long a deleted job stays, with `metadata.deletionTimestamp`, before it is gone: a
         #: Foreground deletion waits for its pods, each within its termination grace period.
         self.deletion_seconds = deletion_seconds
+        #: The zone of the kubelet's log timestamps: a node's runtime stamps in its local time.
+        self.log_zone = "Z"
         self._gone_at: dict[str, dt.datetime] = {}  # job name -> when its deletion completes
         self.kueue = kueue
         self.kind = kind
@@ -384,7 +389,7 @@ class FakeCluster:
                 raise api_error(400)  # container <x> is not valid for pod <name>
             lines = list(self.pod_logs.get(name, []))
             if follow:
-                return FakeStream(lines, timestamps)
+                return FakeStream(lines, timestamps, self.log_zone)
             raw = "\n".join(lines[-tail_lines:] if tail_lines else lines).encode("utf-8", "surrogateescape")
             if not _preload_content:  # unread: the bytes as sent
                 return FakeResponse(raw)
@@ -397,7 +402,7 @@ class FakeCluster:
                 return text
             return None if parsed is None else str(parsed)
 
-        return self._call(_request_timeout if not follow else "a stream", "read_log", name, do)
+        return self._call(_request_timeout, "read_log", name, do)
 
     # -- what the operator would do -------------------------------------------------------
     def add_pod(

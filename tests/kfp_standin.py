@@ -170,6 +170,7 @@ def socketless(api: StandInKFP):
         if isinstance(body, str):
             body = body.encode()
         status, payload = api.handle(method, parts.path, parse_qs(parts.query), body or b"", headers or {})
+        api.requests[-1]["timeout"] = kwargs.get("timeout")  # what the client would wait at most
         return _response(status, payload, preload_content)
 
     return urlopen

@@ -819,8 +819,8 @@ class KubernetesConfig:
     ttl_seconds_after_finished: int = 86400
     """The job object is deleted this long after it finished."""
     active_deadline_seconds: int = 0
-    """Server-side deadline of the job, for the whole run (a re-created job gets what is left, and a
-    job it ended is not re-created); 0: `job.timeout_seconds`, so a job outliving its launcher still stops."""
+    """Server-side deadline of the job, counted by the operator from its start (a job it ended is not
+    re-created); 0: `job.timeout_seconds`, so a job outliving its launcher still stops."""
     backoff_limit: int = 3
     """Pod restarts before the job is marked Failed."""
     restart_policy: str = "OnFailure"

@@ -47,17 +47,28 @@ def silent_api_server():
     server.close()
 
 
-def test_a_call_to_an_api_server_that_never_answers_gives_up_and_the_step_fails(silent_api_server, monkeypatch):
-    from kubernetes import client
-
-    monkeypatch.setattr(k8s_launcher, "REQUEST_TIMEOUT_S", (0.5, 0.5))
-    configuration = client.Configuration(host=silent_api_server)
-    configuration.retries = 0  # urllib3's own retries would only multiply the wait
-    api = client.ApiClient(configuration)
-    backend = k8s_launcher.KubernetesBackend(
-        custom_api=client.CustomObjectsApi(api), core_api=client.CoreV1Api(api), namespace="team", owner=None
+def test_a_call_to_an_api_server_that_never_answers_gives_up_and_the_step_fails(
+    silent_api_server, monkeypatch, tmp_path
+):
+    # The launcher's own clients, from a kubeconfig as off-cluster: its timeouts and retries.
+    kubeconfig = tmp_path / "kubeconfig"
+    kubeconfig.write_text(
+        f"""
+apiVersion: v1
+kind: Config
+clusters: [{{name: c, cluster: {{server: "{silent_api_server}"}}}}]
+users: [{{name: u, user: {{token: not-a-real-token}}}}]
+contexts: [{{name: x, context: {{cluster: c, user: u, namespace: team}}}}]
+current-context: x
+"""
     )
+    monkeypatch.setenv("KUBECONFIG", str(kubeconfig))
+    monkeypatch.setattr(k8s_launcher, "REQUEST_TIMEOUT_S", (0.5, 0.5))  # the name the launcher reads
+    backend = k8s_launcher.KubernetesBackend(namespace="team", owner=None)
     cfg = load_config(overrides={"kubernetes.api_retry_budget_seconds": 2})
     spec = training_job(cfg, "kftrain-0123456789ab", "s3://bucket/ds", "s3://bucket/model")
-    with pytest.raises(JobFailed, match=r"'create job team/kftrain-0123456789ab' kept failing for \ds .*timed out"):
+    assert backend.custom.api_client.configuration.retries == 0  # ApiRetry's retries only, not urllib3's too
+    with pytest.raises(
+        JobFailed, match=r"'create PyTorchJob team/kftrain-0123456789ab' kept failing for \ds .*timed out"
+    ):
         run_job(backend, replace(spec, timeout_s=600))

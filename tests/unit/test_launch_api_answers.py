@@ -80,9 +80,9 @@ def spec_for(kind: str):
 
 #: Each kind of call the backend makes: (job.kind, what the backend is asked, the call named).
 OPERATIONS = {
-    "create": ("pytorchjob", lambda b, s: b.submit(s), f"create job {NS}/{NAME}"),
-    "get": ("pytorchjob", lambda b, s: b.wait(s), f"get job {NS}/{NAME}"),
-    "delete": ("pytorchjob", lambda b, s: b.cancel(s), f"delete job {NS}/{NAME}"),
+    "create": ("pytorchjob", lambda b, s: b.submit(s), f"create PyTorchJob {NS}/{NAME}"),
+    "get": ("pytorchjob", lambda b, s: b.wait(s), f"get PyTorchJob {NS}/{NAME}"),
+    "delete": ("pytorchjob", lambda b, s: b.cancel(s), f"delete PyTorchJob {NS}/{NAME}"),
     "list pods": ("pytorchjob", lambda b, s: b.logs(s), f"list pods of job {NS}/{NAME}"),
     "discovery": ("auto", lambda b, s: b.submit(s), "discover trainer.kubeflow.org/v1alpha1"),
 }

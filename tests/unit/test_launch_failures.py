@@ -591,7 +591,7 @@ def test_unlimited_preemptions_stop_at_the_deadline():
         preempted(c)
 
     cluster.timeline = [running, preempted_later]  # preempted at every poll after the first
-    with pytest.raises(JobFailed, match=r"not re-created: the job's deadline has passed \(job.timeout_seconds=30\)"):
+    with pytest.raises(JobFailed, match=r"not re-created: the job's deadline has passed \(30s, job.timeout_seconds\)"):
         run_job(backend, spec)
     # preempted at 11 s and 21 s (a 1 s poll first): re-created; at 31 s the deadline has passed
     assert sum("re-creating it" in line for line in lines) == 2

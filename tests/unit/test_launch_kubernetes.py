@@ -259,7 +259,7 @@ def test_rbac_errors_fail_clearly_and_leave_nothing():
     cluster.fail_next("create", status=403)
     backend, spec, _ = make(cluster)
     with pytest.raises(
-        JobFailed, match="refused 'create job team/kftrain-0123456789ab': \\(403\\) Forbidden \\(the run's"
+        JobFailed, match="refused 'create PyTorchJob team/kftrain-0123456789ab': \\(403\\) Forbidden \\(the run's"
     ):
         run_job(backend, replace(spec, timeout_s=60))
     assert not cluster.jobs
@@ -374,7 +374,7 @@ def test_transient_api_errors_while_waiting_are_retried_and_the_job_survives(cal
     assert NAME in cluster.jobs and ("delete", NAME) not in cluster.calls
     retries = [line for line in lines if line.startswith("kftrain: API ")]
     assert len(retries) == fault.get("times", 1)
-    what = "get job team/" if call == "get" else "list pods of job team/"
+    what = "get PyTorchJob team/" if call == "get" else "list pods of job team/"
     assert all(what + NAME in line and "retrying in" in line for line in retries)
     sleeps = retry_sleeps(cluster)
     # capped exponential backoff with jitter: 1, 2, 4, ... 30 s, each scaled by 0.5-1.0
@@ -386,7 +386,7 @@ def test_a_503_storm_logs_the_status_and_backs_off():
     backend, spec, lines = make(cluster)
     cluster.timeline = inject_at_first_poll("get", status=503, times=8)
     run_job(backend, replace(spec, timeout_s=3600))
-    assert any(line.startswith(f"kftrain: API get job team/{NAME} returned 503; retrying in") for line in lines)
+    assert any(line.startswith(f"kftrain: API get PyTorchJob team/{NAME} returned 503; retrying in") for line in lines)
     sleeps = retry_sleeps(cluster)
     assert len(sleeps) == 8 and max(sleeps) <= 30 and sleeps[-1] >= 15  # grew to the cap's half at least
 
@@ -397,7 +397,7 @@ def test_429_waits_as_long_as_retry_after_says():
     cluster.timeline = inject_at_first_poll("get", status=429, times=2, headers={"Retry-After": "7"})
     run_job(backend, replace(spec, timeout_s=3600))
     assert retry_sleeps(cluster) == [7.0, 7.0]
-    assert f"kftrain: API get job team/{NAME} returned 429; retrying in 7.0s (Retry-After)" in lines
+    assert f"kftrain: API get PyTorchJob team/{NAME} returned 429; retrying in 7.0s (Retry-After)" in lines
 
 
 @pytest.mark.parametrize(
@@ -433,7 +433,9 @@ def test_a_final_4xx_on_create_fails_at_once_without_retrying(status):
     cluster = FakeCluster()
     backend, spec, lines = make(cluster)
     cluster.fail_next("create", status=status, times=5)
-    with pytest.raises(JobFailed, match=rf"the Kubernetes API refused 'create job team/{NAME}': \({status}\) \w"):
+    with pytest.raises(
+        JobFailed, match=rf"the Kubernetes API refused 'create PyTorchJob team/{NAME}': \({status}\) \w"
+    ):
         run_job(backend, replace(spec, timeout_s=60))
     assert [c for c in cluster.calls if c[0] == "create"] == [("create", NAME)]
     assert not retry_sleeps(cluster) and not any(line.startswith("kftrain: API") for line in lines)
@@ -445,7 +447,7 @@ def test_a_final_4xx_while_waiting_fails_and_deletes_the_job():
     cluster.timeline = inject_at_first_poll("get", status=403, times=5)  # RBAC revoked mid-run
     with pytest.raises(
         JobFailed,
-        match=rf"refused 'get job team/{NAME}' while .*: \(403\) Forbidden \(the run's service account lacks RBAC",
+        match=rf"refused 'get PyTorchJob team/{NAME}' while .*: \(403\) Forbidden \(the run's service account lacks",
     ):
         run_job(backend, replace(spec, timeout_s=3600))
     assert not retry_sleeps(cluster) and NAME not in cluster.jobs
@@ -465,7 +467,7 @@ def test_an_outage_longer_than_the_budget_fails_naming_the_call_and_deletes_the_
     with pytest.raises(ApiUnavailable) as info:
         run_job(backend, replace(spec, timeout_s=3600))
     pattern = (
-        rf"Kubernetes API call 'get job team/{NAME}' kept failing for 12\ds "
+        rf"Kubernetes API call 'get PyTorchJob team/{NAME}' kept failing for 12\ds "
         rf"\(kubernetes.api_retry_budget_seconds=120\); last error: {cause}"
     )
     assert re.search(pattern, str(info.value)), str(info.value)

@@ -214,7 +214,7 @@ def test_a_runtime_the_cluster_lacks_is_refused_with_the_webhooks_words():
     backend, spec, _ = make(cluster, **{"kubernetes.runtime": "torch-cuda-128"})
     with pytest.raises(JobFailed) as err:
         run_job(backend, replace(spec, timeout_s=60))
-    assert "refused 'create job team/kftrain-0123456789ab': (403) Forbidden: admission webhook" in str(err.value)
+    assert "refused 'create TrainJob team/kftrain-0123456789ab': (403) Forbidden: admission webhook" in str(err.value)
     assert 'clustertrainingruntimes.trainer.kubeflow.org "torch-cuda-128" not found' in str(err.value)
     assert not cluster.jobs
 

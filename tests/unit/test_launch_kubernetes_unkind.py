@@ -110,11 +110,13 @@ def test_a_job_ended_by_its_own_deadline_is_not_re_created_as_a_preemption(reaso
     cluster.timeline = [operator]
     with pytest.raises(JobFailed) as err:
         run_job(backend, replace(spec, timeout_s=4 * 3600))
-    assert "not re-created: the job's own deadline ended it (kubernetes.active_deadline_seconds=3600)" in str(err.value)
+    assert "not re-created: its own activeDeadlineSeconds (3600s, kubernetes.active_deadline_seconds) ended it" in str(
+        err.value
+    )
     assert creates(cluster) == 1
 
 
-def test_a_re_created_job_gets_what_is_left_of_its_own_deadline_not_all_of_it_again():
+def test_a_re_created_job_gets_no_more_than_the_run_s_time_left():
     cluster = FakeCluster()
     backend, spec, _ = make(cluster, **{"kubernetes.active_deadline_seconds": 3600, "kubernetes.poll_seconds": 60})
     created = []
@@ -126,17 +128,9 @@ def test_a_re_created_job_gets_what_is_left_of_its_own_deadline_not_all_of_it_ag
 
     cluster.create_namespaced_custom_object = create
     cluster.timeline = [preempted_once]
-    run_job(backend, replace(spec, timeout_s=4 * 3600))
+    run_job(backend, replace(spec, timeout_s=3000))  # the run's time, shorter than the job's own limit
     (t0, first), (t1, second) = created
-    assert first == 3600 and second == 3600 - (t1 - t0).total_seconds()
-
-
-def test_the_launcher_stops_at_the_job_s_own_deadline_naming_it():
-    cluster = FakeCluster()
-    backend, spec, _ = make(cluster, **{"kubernetes.active_deadline_seconds": 600, "kubernetes.poll_seconds": 60})
-    cluster.timeline = running_then(lambda c: None)  # the operator never marks it
-    with pytest.raises(JobTimeout, match=r"did not finish within 600s \(kubernetes.active_deadline_seconds\)"):
-        run_job(backend, replace(spec, timeout_s=4 * 3600))
+    assert first == 3000 and second == 3000 - (t1 - t0).total_seconds()
 
 
 # -- 409: our own answer lost, a job being deleted, refusals after it ------------------------------
@@ -200,9 +194,13 @@ def test_a_deletion_that_never_completes_says_what_holds_it():
 @pytest.mark.parametrize(
     ("call", "status", "words"),
     [
-        ("get", 403, f"refused 'get job team/{NAME}': (403) Forbidden (the run's service account lacks RBAC"),
-        ("patch", 403, f"refused 'patch job team/{NAME}': (403) Forbidden (the run's service account lacks RBAC"),
-        ("patch", 422, f"refused 'patch job team/{NAME}': (422) Unprocessable Entity"),
+        ("get", 403, f"refused 'get PyTorchJob team/{NAME}': (403) Forbidden (the run's service account lacks RBAC"),
+        (
+            "patch",
+            403,
+            f"refused 'patch PyTorchJob team/{NAME}': (403) Forbidden (the run's service account lacks RBAC",
+        ),
+        ("patch", 422, f"refused 'patch PyTorchJob team/{NAME}': (422) Unprocessable Entity"),
     ],
 )
 def test_a_refusal_after_a_409_is_one_line_naming_the_call(call, status, words):
@@ -224,7 +222,9 @@ def test_a_webhook_refusing_the_replacement_of_a_failed_job_is_one_line_with_its
     denial = api_error(422)
     denial.body = '{"kind": "Status", "message": "admission webhook \\"quota.example\\" denied the request: no GPUs"}'
     cluster.fail_next("create", exc=denial)
-    with pytest.raises(JobFailed, match=r"refused 'create job team/.*': \(422\) .*: admission webhook .* no GPUs$"):
+    with pytest.raises(
+        JobFailed, match=r"refused 'create PyTorchJob team/.*': \(422\) .*: admission webhook .* no GPUs$"
+    ):
         run_job(backend, replace(spec, timeout_s=3600))
 
 
@@ -290,7 +290,7 @@ def test_a_failed_replica_s_log_tail_is_read_as_the_bytes_it_holds(tail, shown):
     assert "log unavailable" not in str(err.value)
 
 
-def test_every_api_call_but_a_log_stream_carries_a_request_timeout():
+def test_every_api_call_log_streams_included_carries_a_request_timeout():
     cluster = FakeCluster()
     backend, spec, _ = make(cluster)
     earlier_attempt(cluster, spec)  # re-attach: get, patch too
@@ -320,7 +320,7 @@ def test_a_log_without_newlines_is_written_in_pieces_as_it_comes():
     pod.metadata = type("Meta", (), {"uid": "u1", "name": "p"})()
     pod.status = type("Status", (), {"container_statuses": []})()
     bar = b"".join(b"\r%3d%%|####" % (i % 100) for i in range(60_000))  # a progress bar, 600 kB
-    streams.follow(pod, "master-0", lambda since: OneStream(bar + b"\ndone\n"))
+    streams.follow(pod, "master-0", "pytorch", lambda since: OneStream(bar + b"\ndone\n"))
     streams.finish()
     assert len(lines) > 5 and all(len(line) <= MAX_LINE_BYTES + 4096 + 20 for line in lines)
     assert "".join(line.removeprefix("[master-0] ") for line in lines[:-1]).encode() == bar
@@ -364,8 +364,10 @@ def test_a_crash_looping_replica_s_pod_deleted_with_the_failure_still_names_its_
     assert "  [master-0] [rank 0] ValueError: bad column 'label'" in message.splitlines()  # the streamed lines
 
 
-def test_a_log_stream_that_ends_while_the_replica_runs_is_opened_again_from_where_it_stopped():
+@pytest.mark.parametrize("zone", ["Z", "+08:00", "-03:30"])
+def test_a_log_stream_that_ends_while_the_replica_runs_is_opened_again_from_where_it_stopped(zone):
     cluster = FakeCluster()
+    cluster.log_zone = zone  # containerd stamps in the node's local time
     backend, spec, lines = make(cluster)
 
     def start(c: FakeCluster) -> None:
@@ -382,11 +384,29 @@ def test_a_log_stream_that_ends_while_the_replica_runs_is_opened_again_from_wher
     assert len(reads) >= 4, reads  # opened again, and nothing written twice
 
 
+def running_pod(uid: str = "u", sidecar_running: bool = False, trainer_running: bool = True):
+    from kubernetes import client as k8s
+
+    def status(name: str, running: bool):
+        state = k8s.V1ContainerState(
+            running=k8s.V1ContainerStateRunning() if running else None,
+            terminated=None if running else k8s.V1ContainerStateTerminated(exit_code=0),
+        )
+        return k8s.V1ContainerStatus(name=name, image="i", image_id="", ready=running, restart_count=0, state=state)
+
+    return k8s.V1Pod(
+        metadata=k8s.V1ObjectMeta(name="p", uid=uid),
+        status=k8s.V1PodStatus(
+            container_statuses=[status("istio-proxy", sidecar_running), status("pytorch", trainer_running)]
+        ),
+    )
+
+
 class Stamped:
     """A stream of `(stamp, text)` lines with the kubelet's timestamps, then its end or `error`."""
 
     def __init__(self, lines, error=None) -> None:
-        self.data = "".join(f"2026-01-01T00:00:{s}Z {text}\n" for s, text in lines).encode()
+        self.data = b"".join(f"2026-01-01T00:00:{s} ".encode() + text + b"\n" for s, text in lines)
         self.error = error
 
     def stream(self, amt: int):
@@ -398,46 +418,75 @@ class Stamped:
         pass
 
 
-def test_a_re_opened_stream_writes_each_line_once_even_where_lines_share_a_timestamp():
-    from kubernetes import client as k8s
-
-    sent = [
-        Stamped([("01.5", "a"), ("02", "b"), ("02", "c")], error=ConnectionResetError("reset by peer")),
-        # The API sends from `sinceSeconds` ago: again what was written, then what is new. The
-        # kubelet drops trailing zeros: 01.5 is before 01.50001, 02 the same as 02.000.
-        Stamped([("01.5", "a"), ("02", "b"), ("02.000", "c"), ("02", "d"), ("01.50001", "x"), ("03", "e")]),
-    ]
+def follow_all(streams_sent, pod=None):
+    """Each of `streams_sent` opened in turn for one running container: (lines written, sinceSeconds asked)."""
     asked: list[int | None] = []
     lines: list[str] = []
     streams = LogStreams(lines.append)
-    pod = k8s.V1Pod(
-        metadata=k8s.V1ObjectMeta(name="p", uid="u"),
-        status=k8s.V1PodStatus(
-            container_statuses=[
-                k8s.V1ContainerStatus(
-                    name="c", image="i", image_id="", ready=True, restart_count=0,
-                    state=k8s.V1ContainerState(running=k8s.V1ContainerStateRunning()),
-                )
-            ]
-        ),
-    )  # fmt: skip
 
     def open_stream(since):
         asked.append(since)
-        return sent[len(asked) - 1]
+        return streams_sent[len(asked) - 1]
 
-    for _ in sent:
-        streams.follow(pod, "master-0", open_stream)
+    for _ in streams_sent:
+        streams.follow(pod or running_pod(), "master-0", "pytorch", open_stream)
         streams.finish()
-    assert asked[0] is None and asked[1] >= 60  # from before the last line, with the margin for clocks
+    return lines, asked
+
+
+def test_a_re_opened_stream_writes_each_line_once_by_its_timestamp_and_text():
+    ns = "000000000"
+    lines, asked = follow_all(
+        [
+            Stamped(
+                [(f"01.5{ns[:8]}Z", b"a"), (f"02.{ns}Z", b"b"), (f"02.{ns}Z", b"c")], ConnectionResetError("reset")
+            ),
+            # From `sinceSeconds` ago: again what was written, then what is new (stdout and stderr
+            # interleave: a new line may carry an older stamp than the last one written).
+            Stamped(
+                [
+                    (f"01.5{ns[:8]}Z", b"a"),
+                    (f"02.{ns}Z", b"b"),
+                    (f"02.{ns}Z", b"c"),
+                    (f"02.{ns}Z", b"d"),
+                    (f"01.9{ns[:8]}Z", b"x"),
+                    (f"03.{ns}+08:00", b"e"),
+                ]
+            ),
+        ]
+    )
+    assert asked[0] is None and asked[1] >= 5  # from before the last line, with a margin
     assert lines == [
         "[master-0] a",
         "[master-0] b",
         "[master-0] c",
-        "[master-0] (log stream ended: ConnectionResetError: reset by peer; it is re-opened while the container runs)",
+        "[master-0] (log stream ended: ConnectionResetError: reset; it is opened again while the container runs)",
         "[master-0] d",
+        "[master-0] x",
         "[master-0] e",
     ]
+
+
+def test_a_long_line_the_runtime_split_is_written_without_the_kubelet_s_stamps_inside_it():
+    from trainer.launch.logstream import RUNTIME_PIECE_BYTES
+
+    line = bytes(range(65, 91)) * (3 * RUNTIME_PIECE_BYTES // 26 + 10)  # three pieces and a bit
+    pieces = [line[i : i + RUNTIME_PIECE_BYTES] for i in range(0, len(line), RUNTIME_PIECE_BYTES)]
+    stamped = b"".join(f"2026-01-01T00:00:0{i}.000000000+02:00 ".encode() + p for i, p in enumerate(pieces))
+    lines, _ = follow_all([OneStream(stamped + b"\n")])
+    assert "".join(x.removeprefix("[master-0] ") for x in lines).encode() == line
+
+
+def test_a_stream_the_api_refuses_is_said_once_and_not_opened_again():
+    lines, asked = follow_all([Stamped([], api_error(403))] * 3)
+    assert len(asked) == 1
+    assert lines == ["[master-0] (log stream refused: (403) Forbidden; the replica's log is not followed)"]
+
+
+def test_a_finished_container_beside_a_running_sidecar_is_not_streamed_again():
+    pod = running_pod(sidecar_running=True, trainer_running=False)
+    lines, asked = follow_all([OneStream(b"2026-01-01T00:00:01.000000000Z done\n")] * 3, pod)
+    assert asked == [None] and lines == ["[master-0] done"]
 
 
 @pytest.mark.parametrize("apart_s", [1200, -1200, 0])
@@ -470,3 +519,24 @@ def test_a_timeout_spent_in_the_queue_says_the_job_was_never_admitted():
     cluster.timeline = [lambda c: None]
     with pytest.raises(JobTimeout, match=r"within 600s .*; it was still queued in queue team-a .*, not admitted since"):
         run_job(backend, replace(spec, timeout_s=600))
+
+
+def test_sigterm_while_run_job_deletes_a_failed_job_lets_the_deletion_finish():
+    cluster = FakeCluster()
+    backend, spec, _ = make(cluster)
+    original = cluster.delete_namespaced_custom_object
+
+    def delete(*args, **kwargs):
+        signal.raise_signal(signal.SIGTERM)  # KFP cancels the run just as the launcher cleans up
+        return original(*args, **kwargs)
+
+    cluster.delete_namespaced_custom_object = delete
+    cluster.timeline = [
+        lambda c: (
+            c.add_pod(NAME, "master", 0, "Failed", exit_code=1, logs=["[rank 0] ValueError: bad data"]),
+            c.set_condition(NAME, "Failed", "PyTorchJobFailed", "1 Master replica(s) failed"),
+        )
+    ]
+    with pytest.raises(JobFailed, match="cause: user_error"):  # the failure, not the signal
+        run_job(backend, replace(spec, timeout_s=600))
+    assert NAME not in cluster.jobs

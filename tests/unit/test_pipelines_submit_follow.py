@@ -41,6 +41,8 @@ def followed(monkeypatch, states: list[str | int], timeout_s: float = DAY, poll_
             )
         except SubmitError as exc:
             outcome = exc
+    polls = [r for r in api.requests if r["path"].startswith("/apis/v2beta1/runs/")]
+    assert polls and all(r["timeout"] is not None for r in polls)  # no poll may wait forever
     return outcome, clock.lines, sum(clock.sleeps)
 
 

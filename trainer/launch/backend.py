@@ -94,23 +94,29 @@ class _Terminated(BaseException):
     :func:`run_job` turns it into :class:`JobCancelled` once the job is deleted."""
 
 
+class _Cleanup:
+    """Whether :func:`run_job` is deleting the job: a SIGTERM then must not interrupt it."""
+
+    started = False
+
+
 @contextlib.contextmanager
-def _sigterm_raises() -> Iterator[None]:
-    """Turn SIGTERM (pod deletion, run cancel) into an exception so cleanup runs; a second
-    SIGTERM while the job is being deleted does not interrupt the deletion."""
+def _sigterm_raises() -> Iterator[_Cleanup]:
+    """Turn SIGTERM (pod deletion, run cancel) into an exception so cleanup runs; once cleanup
+    has started (`.started` of what it yields), a SIGTERM is left to it: the job is deleted."""
+    cleanup = _Cleanup()
     if threading.current_thread() is not threading.main_thread():
-        yield
+        yield cleanup
         return
-    received: list[int] = []
 
     def handler(signum: int, frame: object) -> None:
-        if not received:
-            received.append(signum)
+        if not cleanup.started:
+            cleanup.started = True
             raise _Terminated(signum)
 
     previous = signal.signal(signal.SIGTERM, handler)
     try:
-        yield
+        yield cleanup
     finally:
         signal.signal(signal.SIGTERM, previous)
 
@@ -122,11 +128,12 @@ def run_job(backend: JobBackend, spec: JobSpec) -> None:
     reaches this point fails the step. If cancelling fails too, the original error is still the
     one raised (the cancel failure is added as a note): it says why the step failed.
     """
-    with _sigterm_raises():
+    with _sigterm_raises() as cleanup:
         try:
             backend.submit(spec)
             backend.wait(spec)
         except BaseException as exc:
+            cleanup.started = True
             try:
                 backend.cancel(spec)
             except Exception as cancel_exc:

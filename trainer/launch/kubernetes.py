@@ -77,16 +77,14 @@ from trainer.launch.jobkind import (
 )
 from trainer.launch.logstream import LogStreams
 from trainer.launch.pytorchjob import KUEUE_QUEUE_LABEL, owner_reference
-from trainer.launch.retry import ApiRetry, ApiUnavailable, describe, http_status, refused_call
+from trainer.launch.retry import REQUEST_TIMEOUT_S, ApiRetry, ApiUnavailable, describe, http_status, refused_call
 from trainer.launch.spec import AUTO, POD_NAME_ENV, POD_UID_ENV, JobSpec, require_object_store
 from trainer.progress import PROGRESS_ANNOTATION, Snapshot, format_seconds, progress_of, stamp
 
 SA_NAMESPACE_FILE = Path("/var/run/secrets/kubernetes.io/serviceaccount/namespace")
-#: Every API call's (connect, read) timeout, in seconds. The client has none: a connection that
-#: a dead API server or load balancer leaves half-open blocked the launcher for good, past its
-#: deadline and its retry budget. A timed-out call is transient (retried); log streams have none
-#: (a quiet replica's stream is idle for as long as it is quiet).
-REQUEST_TIMEOUT_S = (10.0, 60.0)
+#: A log stream's (connect, read) timeout: a replica quiet for longer (a long evaluation) has its
+#: stream opened again at the next poll, as has one whose connection went silent for good.
+STREAM_TIMEOUT_S = (10.0, 300.0)
 #: Extra time, past the pods' termination grace period, for an old job's deletion to finish before
 #: it is re-created (the operator, the garbage collector and the kubelet each take their turn).
 DELETION_SLACK_S = 300
@@ -263,14 +261,6 @@ class _Job:
         # cross-namespace owner as absent and would garbage-collect the job at once.
         self.owner = backend._owner if self.namespace == backend._home else None
         self.deadline: dt.datetime | None = None  # set by submit: now + timeout, or the job's own
-        kc = spec.kubernetes
-        #: What sets the deadline: the run's time, or the job's own shorter server-side limit
-        #: (which a re-created job must not get afresh).
-        self.deadline_field = (
-            f"kubernetes.active_deadline_seconds={kc.active_deadline_seconds}"
-            if 0 < kc.active_deadline_seconds < spec.timeout_s
-            else f"job.timeout_seconds={spec.timeout_s:.0f}"
-        )
         self.restarts: dict[str, int] = {}  # re-creations per cause: this launcher's, or the job's own
         #: The API server's clock minus this launcher's, as the job's creationTimestamp showed it
         #: (zero within the stamp's one-second grain, and for a job another launcher created).
@@ -296,7 +286,9 @@ class _Job:
         """One custom-objects API call on the job's resource: `method(group, version, namespace,
         plural, *args)`, e.g. `custom("get", api.get_namespaced_custom_object, name)`."""
         k = self.kind
-        return self.api(f"{verb} job {self.ref}", method, k.group, k.version, self.namespace, k.plural, *args, **kwargs)
+        return self.api(
+            f"{verb} {k.crd_kind} {self.ref}", method, k.group, k.version, self.namespace, k.plural, *args, **kwargs
+        )
 
     def manifest(self, now: dt.datetime) -> dict[str, Any]:
         """The validated job (preflight raises before anything is sent), carrying its deadline
@@ -353,7 +345,11 @@ class KubernetesBackend:
             from kubernetes import client
 
             load_cluster_config()
-            custom_api, core_api = client.CustomObjectsApi(), client.CoreV1Api()
+            configuration = client.Configuration.get_default_copy()
+            # ApiRetry owns retries: urllib3's own three more made each timed-out call wait 4x.
+            configuration.retries = 0
+            api_client = client.ApiClient(configuration)
+            custom_api, core_api = client.CustomObjectsApi(api_client), client.CoreV1Api(api_client)
         self.custom, self.core = custom_api, core_api
         self._home = namespace or current_namespace()  # the launcher pod's own namespace
         self._owner = owner if owner is not None else launcher_owner()
@@ -406,10 +402,7 @@ class KubernetesBackend:
         it to go if it is being deleted)."""
         job = self._job(spec)
         now = self._now()
-        # The job's own server-side limit, when shorter, is the run's deadline too: kept on the
-        # job, so that no re-creation gets it afresh.
-        limit = min(spec.timeout_s, spec.kubernetes.active_deadline_seconds or spec.timeout_s)
-        job.deadline = now + dt.timedelta(seconds=limit)
+        job.deadline = now + dt.timedelta(seconds=spec.timeout_s)
         manifest = job.manifest(now)
         try:
             existing = self._create(job, manifest)
@@ -628,7 +621,7 @@ class KubernetesBackend:
             pod.metadata.name: (
                 self._read_log(job, pod.metadata.name, 400)
                 if pod.metadata.name in names
-                else self._streams.tail(pod.metadata.name) or ["(its pod was deleted before its log could be read)"]
+                else self._streams.tail(pod) or ["(its pod was deleted before its log could be read)"]
             )
             for pod, as_dict in zip(pods, pod_dicts, strict=True)
             if pod.status.phase == "Failed" or failures.exit_code_of(as_dict) not in (None, 0)
@@ -648,13 +641,16 @@ class KubernetesBackend:
         if failed is not None and _ended_by_deadline(failed):
             # The operator stopped it at activeDeadlineSeconds: the ranks' SIGTERM looks like a
             # preemption, but the limit is the job's own, and a re-created job would get it afresh.
-            return f"not re-created: the job's own deadline ended it ({job.deadline_field})"
+            limit = job.spec.kubernetes.active_deadline_seconds or f"{job.spec.timeout_s:.0f}"
+            return (
+                f"not re-created: its own activeDeadlineSeconds ({limit}s, kubernetes.active_deadline_seconds) ended it"
+            )
         if allowed == 0:
             return f"not re-created ({field} is 0)"
         if allowed != failures.UNLIMITED and done >= allowed:
             return f"not re-created: its {allowed} re-creation(s) for {diagnosis.cause} are spent ({field})"
         if self._deadline is not None and self._now() > self._deadline:
-            return f"not re-created: the job's deadline has passed ({job.deadline_field})"
+            return f"not re-created: the job's deadline has passed ({job.spec.timeout_s:.0f}s, job.timeout_seconds)"
         job.restarts[diagnosis.cause] = done + 1
         if allowed == failures.UNLIMITED:
             left = f"unlimited ({field} is -1) until the deadline, {self._seconds_left():.0f}s from now"
@@ -673,8 +669,7 @@ class KubernetesBackend:
         return max(0.0, (self._deadline - self._now()).total_seconds()) if self._deadline else 0.0
 
     def _timeout_message(self, job: _Job) -> str:
-        limit = job.deadline_field.rpartition("=")
-        return f"{job.what} did not finish within {limit[2]}s ({limit[0]}); it has been deleted"
+        return f"{job.what} did not finish within {job.spec.timeout_s:.0f}s (job.timeout_seconds); it has been deleted"
 
     # -- API calls, all through the retry -------------------------------------------------
 
@@ -686,8 +681,7 @@ class KubernetesBackend:
         retry = ApiRetry(
             spec.kubernetes.api_retry_budget_seconds, now=self._now, sleep=self._sleep, log=self._log, rng=self._rng
         )
-        if not kwargs.get("follow"):
-            kwargs.setdefault("_request_timeout", REQUEST_TIMEOUT_S)
+        kwargs.setdefault("_request_timeout", REQUEST_TIMEOUT_S)
         return retry.call(what, api_call, what, fn, *args, text=text, stop_at=self._deadline, **kwargs)
 
     def _create(self, job: _Job, manifest: dict[str, Any], ours: bool = False) -> dict[str, Any] | None:
@@ -783,11 +777,12 @@ class KubernetesBackend:
             if since is None or (when := _event_time(e)) is None or when > since  # whole seconds: at `since` is before
         ]
 
-    def _pod_log(self, job: _Job, pod_name: str, **options: Any) -> Any:
-        """The training container's log of one pod (`options`: tail_lines, follow, ...)."""
+    def _pod_log(self, job: _Job, pod_name: str, read: Callable[..., Any] | None = None, **options: Any) -> Any:
+        """The training container's log of one pod (`options`: tail_lines, follow, ...), through
+        `read` (the client's method, or a wrapper of it that reads the answer within the retry)."""
         return job.api(
             f"read log of pod {job.namespace}/{pod_name}",
-            self.core.read_namespaced_pod_log,
+            read or self.core.read_namespaced_pod_log,
             pod_name,
             job.namespace,
             container=job.kind.container,
@@ -796,10 +791,13 @@ class KubernetesBackend:
         )
 
     def _read_log(self, job: _Job, pod_name: str, tail: int) -> list[str]:
+        def read_text(*args: Any, **kwargs: Any) -> str:
+            # The raw bytes, read within the retry: the client decodes strictly (one byte of another
+            # encoding lost the whole tail) and parses a tail that happens to be JSON (`null`: None).
+            return _log_text(self.core.read_namespaced_pod_log(*args, _preload_content=False, **kwargs))
+
         try:
-            # The raw bytes: the client decodes strictly (one byte of another encoding lost the
-            # whole tail) and parses a tail that happens to be JSON (`null` became None).
-            return _log_text(self._pod_log(job, pod_name, tail_lines=tail, _preload_content=False)).splitlines()
+            return self._pod_log(job, pod_name, read_text, tail_lines=tail).splitlines()
         except Exception as exc:
             return [f"(log unavailable: {describe(exc)})"]
 
@@ -810,9 +808,17 @@ class KubernetesBackend:
 
         def open_stream(since_seconds: int | None) -> Any:
             since = {} if since_seconds is None else {"since_seconds": since_seconds}
-            return self._pod_log(job, name, follow=True, timestamps=True, _preload_content=False, **since)
+            return self._pod_log(
+                job,
+                name,
+                follow=True,
+                timestamps=True,
+                _preload_content=False,
+                _request_timeout=STREAM_TIMEOUT_S,
+                **since,
+            )
 
-        self._streams.follow(pod, job.kind.replica_key(pod), open_stream)
+        self._streams.follow(pod, job.kind.replica_key(pod), job.kind.container, open_stream)
 
     # -- error messages -------------------------------------------------------------------
 
@@ -865,7 +871,7 @@ def api_call(what: str, fn: Callable[..., Any], *args: Any, text: bool = False, 
     """`fn(*args, **kwargs)`, a `kubernetes.client` API method, with its answer checked: an object
     call (custom objects, lists, discovery) must get a Kubernetes object, else
     :class:`NotKubernetesAnswer` names the server and what it sent instead; `text` (a log read)
-    takes any text. `what` names the call (`get job team/kftrain-...`).
+    takes any text. `what` names the call (`get PyTorchJob team/kftrain-...`).
 
     Why here: on a 200 answer that is not JSON the client returns the body as a `str` for a
     custom-object call, and fails building a model (`V1PodList`) with a bare ValueError; both
@@ -1084,10 +1090,12 @@ def _log_text(answer: Any) -> str:
     (`_preload_content=False`), or the text a stand-in gives."""
     if isinstance(answer, str):
         return answer
-    data = getattr(answer, "data", None)
-    release = getattr(answer, "release_conn", None)
-    if callable(release):
-        release()
+    try:
+        data = getattr(answer, "data", None)
+    finally:
+        release = getattr(answer, "release_conn", None)
+        if callable(release):
+            release()
     if isinstance(data, bytes):
         return data.decode("utf-8", "replace")
     return data if isinstance(data, str) else ""

@@ -3,47 +3,68 @@
 Each line is written whole with the replica's key as a prefix (`[master-0] ...`,
 `[node-0-1] ...`). A container restarted by its restartPolicy, or a pod recreated under the same
 name (a new uid), is a new instance and gets a new stream: the old one ended with the old
-container. A stream that breaks is reported on one line and never fails the launcher; one that
+container. A stream that breaks is reported on one line and never fails the launcher. One that
 ends while its container still runs (a load balancer's idle timeout during a quiet evaluation, an
-API server restart) is opened again at the next poll, from where it stopped: streams ask for the
-kubelet's timestamp on every line, so a re-opened stream skips what was already written.
+API server restart, or this side's own read timeout on a connection gone silent) is opened again
+at the next poll, reaching back to a little before its last line: the streams carry the kubelet's
+timestamp on every line, and a line already written (the same timestamp and text) is skipped.
 """
 
 from __future__ import annotations
 
 import collections
-import datetime as dt
 import math
 import re
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
-from trainer.launch.retry import describe
+from trainer.launch.retry import describe, http_status
 
 #: A line longer than this is written as it comes, in pieces of about this size: output without newlines
 #: (a progress bar redrawn with `\r`) was held back whole, and split again on every chunk (quadratic).
 MAX_LINE_BYTES = 64 * 1024
-#: The kubelet's timestamp before each line of a `timestamps=true` log (RFC 3339, up to nanoseconds).
-_STAMP = re.compile(rb"^(\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d)(?:\.(\d{1,9}))?Z ")
-#: Extra seconds a re-opened stream reaches back (`sinceSeconds`), for the clocks of this launcher
-#: and of the node being apart; what it sends twice is skipped by its timestamp.
-SINCE_MARGIN_S = 60
+#: The timestamp the kubelet writes before each line of a `timestamps=true` log: RFC 3339 with
+#: nanoseconds, in UTC or in the node's own offset (containerd and CRI-O stamp in local time).
+STAMP = re.compile(rb"(\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(?:\.\d{1,9})?(?:Z|[+-]\d\d:\d\d)) ")
+#: The runtimes split a line longer than this into pieces, and the kubelet stamps each piece:
+#: a long line carries a timestamp every this many bytes (kubernetes/kubernetes#77603).
+RUNTIME_PIECE_BYTES = 16 * 1024
+#: How far a re-opened stream reaches back before the last line it received (`sinceSeconds`,
+#: on the kubelet's own clock): what it sends twice is skipped by its timestamp and text.
+SINCE_MARGIN_S = 5
+#: The lines of a container instance remembered to skip when its stream is opened again.
+SEEN_LINES = 2000
 
 
 @dataclass
 class _Instance:
-    """One container instance's stream: its current thread, and where it got to."""
+    """One container instance's stream: its current thread and what it has written."""
 
     thread: threading.Thread | None = None
-    last: tuple[str, int] = ("", 0)  # the last line's timestamp (sortable), and how many lines had it
+    received_at: float | None = None  # time.monotonic() of the last line received
+    seen: collections.deque[bytes] = field(default_factory=lambda: collections.deque(maxlen=SEEN_LINES))
+    said_ended: bool = False  # an unexpected end was reported once; later ones are not
+    final: bool = False  # access to the log refused (403 on pods/log): not opened again
 
 
-def _sortable(date: bytes, fraction: bytes | None) -> str:
-    """A timestamp that sorts as time does (the kubelet drops a fraction's trailing zeros)."""
-    return f"{date.decode()}.{(fraction or b'').decode():0<9}"
+def _without_stamps(line: bytes) -> tuple[bytes, bytes]:
+    """(the leading timestamp, the line without it and without the stamps the kubelet put inside
+    a long line at each runtime piece's start); no stamp: (b"", line)."""
+    lead = STAMP.match(line)
+    if not lead:
+        return b"", line
+    text, at = line[lead.end() :], RUNTIME_PIECE_BYTES
+    while len(text) > at and (inner := STAMP.match(text, at)):
+        text = text[:at] + text[inner.end() :]
+        at += RUNTIME_PIECE_BYTES
+    return lead[1], text
+
+
+def _container_status(pod: Any, container: str) -> Any:
+    return next((cs for cs in pod.status.container_statuses or [] if cs.name == container), None)
 
 
 class LogStreams:
@@ -52,72 +73,77 @@ class LogStreams:
     def __init__(self, log: Callable[[str], None], tail_lines: int = 400) -> None:
         self._log = log
         self._instances: dict[tuple[str, int], _Instance] = {}
-        #: The last lines streamed from each pod, by pod name: the evidence of a pod the operator
+        #: The last lines streamed from each pod, by pod uid: the evidence of a pod the operator
         #: deleted before the launcher could read its log (cleanPodPolicy Running on Failed).
         self._tails: dict[str, collections.deque[str]] = {}
         self._tail_lines = tail_lines
 
-    def tail(self, pod_name: str) -> list[str]:
-        """The last lines streamed from `pod_name` (any of its container instances), oldest first."""
-        return list(self._tails.get(pod_name, ()))
+    def tail(self, pod: Any) -> list[str]:
+        """The last lines streamed from `pod` (any of its container instances), oldest first."""
+        return list(self._tails.get(pod.metadata.uid or pod.metadata.name, ()))
 
-    def follow(self, pod: Any, key: str, open_stream: Callable[[int | None], Any]) -> None:
-        """Stream `pod`'s current container unless it is streamed already, or again when its stream
+    def follow(self, pod: Any, key: str, container: str, open_stream: Callable[[int | None], Any]) -> None:
+        """Stream `pod`'s `container` unless it is streamed already, or again when its stream
         ended while the container runs. `open_stream(since_seconds)` returns the API's unread,
         following log response with timestamps (`stream(n)` chunks, `release_conn()`), from
         `since_seconds` ago when not None; `key` is the replica's name in the prefix."""
-        statuses = pod.status.container_statuses or []
-        restarts = sum(cs.restart_count or 0 for cs in statuses)
+        status = _container_status(pod, container)
+        restarts = (status.restart_count or 0) if status is not None else 0
         instance = self._instances.setdefault((pod.metadata.uid or pod.metadata.name, restarts), _Instance())
         since = None
         if instance.thread is not None:
-            running = any(cs.state is not None and cs.state.running is not None for cs in statuses)
-            if instance.thread.is_alive() or not running:
+            running = status is not None and status.state is not None and status.state.running is not None
+            if instance.thread.is_alive() or instance.final or not running:
                 return
-            if instance.last[0]:
-                written = dt.datetime.fromisoformat(instance.last[0][:26]).replace(tzinfo=dt.timezone.utc)
-                since = max(1, math.ceil(time.time() - written.timestamp()) + SINCE_MARGIN_S)
-        tail = self._tails.setdefault(pod.metadata.name, collections.deque(maxlen=self._tail_lines))
-
-        # What this instance's earlier streams wrote, which a re-opened one sends again: lines
-        # stamped before the last one written, and as many stamped the same as were written.
-        skip_before, skip_at = instance.last
-        skipped_at = 0
+            if instance.received_at is not None:
+                since = math.ceil(time.monotonic() - instance.received_at) + SINCE_MARGIN_S
+        tail = self._tails.setdefault(pod.metadata.uid or pod.metadata.name, collections.deque(maxlen=self._tail_lines))
+        seen = set(instance.seen)  # what earlier streams of this instance wrote
 
         def emit(raw: bytes) -> None:
-            nonlocal skipped_at
-            stamp = _STAMP.match(raw)
+            stamp, text = _without_stamps(raw)
             if stamp:
-                raw, when = raw[stamp.end() :], _sortable(stamp[1], stamp[2])
-                if when < skip_before or (when == skip_before and skipped_at < skip_at):
-                    skipped_at += when == skip_before
+                instance.received_at = time.monotonic()
+                if stamp + b" " + text in seen:
                     return
-                last, count = instance.last
-                instance.last = (when, count + 1 if when == last else 1)
-            line = raw.decode("utf-8", "replace")
+                instance.seen.append(stamp + b" " + text)
+            line = text.decode("utf-8", "replace")
             tail.append(line)
             self._log(f"[{key}] {line}")
 
         def run() -> None:
             try:
                 resp = open_stream(since)
-                buf = b""
-                for chunk in resp.stream(4096):
-                    buf += chunk
-                    *lines, buf = buf.split(b"\n")
-                    if len(buf) > MAX_LINE_BYTES:  # output without newlines (a `\r` progress bar)
-                        lines.append(buf)
-                        buf = b""
-                    for raw in lines:
-                        emit(raw)
-                if buf:
-                    emit(buf)
-                resp.release_conn()
+                try:
+                    buf = b""
+                    for chunk in resp.stream(4096):
+                        buf += chunk
+                        *lines, buf = buf.split(b"\n")
+                        if len(buf) > MAX_LINE_BYTES:  # output without newlines (a `\r` progress bar)
+                            lines.append(buf)
+                            buf = b""
+                        for raw in lines:
+                            emit(raw)
+                    if buf:
+                        emit(buf)
+                finally:
+                    resp.release_conn()
             except Exception as exc:  # a log stream must never fail the launcher
-                self._log(f"[{key}] (log stream ended: {describe(exc)}; it is re-opened while the container runs)")
+                self._ended(instance, key, exc)
 
         instance.thread = threading.Thread(target=run, name=f"logs-{key}", daemon=True)
         instance.thread.start()
+
+    def _ended(self, instance: _Instance, key: str, exc: Exception) -> None:
+        """Say once how a stream broke: a refusal of access (401, 403) ends it for good; a read
+        timeout (a silent connection) is opened again without a word; anything else (a 400 for a
+        container still starting, a reset) is opened again while the container runs."""
+        if http_status(exc) in (401, 403):
+            instance.final = True
+            self._log(f"[{key}] (log stream refused: {describe(exc)}; the replica's log is not followed)")
+        elif "timed out" not in str(exc).lower() and not instance.said_ended:
+            instance.said_ended = True
+            self._log(f"[{key}] (log stream ended: {describe(exc)}; it is opened again while the container runs)")
 
     def finish(self, timeout_s: float = 10) -> None:
         """Let the streams drain the ended containers' last lines, for at most `timeout_s` in all."""

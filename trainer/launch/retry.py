@@ -33,6 +33,10 @@ except ImportError:  # pragma: no cover
 
 T = TypeVar("T")
 
+#: Every API call's (connect, read) timeout, in seconds. The clients have none: a connection that
+#: a dead API server or load balancer leaves half-open blocked the caller for good, past its
+#: deadline and its retry budget. A timed-out call is transient (retried).
+REQUEST_TIMEOUT_S = (10.0, 60.0)
 RETRIED_STATUSES = frozenset({408, 429})
 CONNECTION_ERRORS = (_Urllib3Error, OSError, http.client.HTTPException)  # OSError covers Connection/TimeoutError
 
@@ -79,7 +83,7 @@ def retry_after(exc: BaseException, now: dt.datetime | None = None) -> float | N
 
 
 def refused_call(exc: BaseException) -> str:
-    """The call a final API error answered (`get job team/x`), as :meth:`ApiRetry.call` named it;
+    """The call a final API error answered (`get PyTorchJob team/x`), as :meth:`ApiRetry.call` named it;
     `a call` when the error did not come through it."""
     return f"'{exc.api_call}'" if isinstance(getattr(exc, "api_call", None), str) else "a call"
 
@@ -128,7 +132,7 @@ class ApiRetry:
 
     def call(self, what: str, fn: Callable[..., T], *args: Any, stop_at: dt.datetime | None = None, **kwargs: Any) -> T:
         """`fn(*args, **kwargs)`, retried while it fails transiently; `what` names the call in
-        logs and errors (`get job team/kftrain-...`). Final errors propagate unchanged."""
+        logs and errors (`get PyTorchJob team/kftrain-...`). Final errors propagate unchanged."""
         start = self._now()
         give_up = start + dt.timedelta(seconds=self.budget_s)
         at_deadline = stop_at is not None and stop_at < give_up
