@@ -516,10 +516,12 @@ def _seconds(text: str) -> float:
 
 def _gpu_type(text: str) -> str:
     """A GPU type of the planner's table (`trainer.plan.hardware`), as the table names it."""
-    from trainer.plan.hardware import GPUS, HardwareError, gpu_spec
+    from trainer.plan.hardware import GPUS, AmbiguousGpu, HardwareError, gpu_spec
 
     try:
         return gpu_spec(text).name
+    except AmbiguousGpu as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
     except HardwareError:
         raise argparse.ArgumentTypeError(
             f"unknown GPU type {text!r}; known: {', '.join(GPUS)} (another GPU: --gpu-memory GIB)"

@@ -161,10 +161,12 @@ def check_plan_gpu(cfg: Config) -> None:
     step does not fail on it after the run started."""
     if not cfg.plan.gpu:
         return
-    from trainer.plan.hardware import GPUS, HardwareError, gpu_spec
+    from trainer.plan.hardware import GPUS, AmbiguousGpu, HardwareError, gpu_spec
 
     try:
         spec = gpu_spec(cfg.plan.gpu)
+    except AmbiguousGpu as exc:
+        raise ConfigError(f"plan.gpu: {exc}") from None
     except HardwareError:
         raise ConfigError(
             f"plan.gpu: not a GPU type the plan knows, got {cfg.plan.gpu!r}; use one of {', '.join(GPUS)}, "

@@ -57,6 +57,19 @@ def test_on_a_gpu_the_weights_gather_in_bf16_and_the_context_counts():
     assert plan.memory.activations < make_plan(gpt("fsdp", 2)).memory.activations
 
 
+@pytest.mark.parametrize("gpu", [None, "H100"])
+def test_fsdp_accumulating_micro_steps_holds_every_whole_gradient_in_fp32(gpu):
+    """Micro-steps skip the reduce-scatter (set_requires_gradient_sync(False)): FSDP2 keeps each
+    trainable parameter's whole fp32 gradient until the last one (was: planned as a shard, and
+    "more accumulation steps" suggested as lowering memory)."""
+    one, two = make_plan(gpt("fsdp", 4), gpu=gpu), make_plan(gpt("fsdp", 4, grad_accum_steps=2), gpu=gpu)
+    p = one.shape["trainable"]
+    assert one.memory.gradients == pytest.approx(4 * p / 4, abs=1)
+    assert two.memory.gradients == pytest.approx(4 * p / 4 + 4 * p, abs=1)
+    ddp_one, ddp_two = make_plan(gpt("ddp", 4), gpu=gpu), make_plan(gpt("ddp", 4, grad_accum_steps=2), gpu=gpu)
+    assert ddp_two.memory.gradients == ddp_one.memory.gradients == 4 * p  # DDP's buckets hold them anyway
+
+
 def test_activation_checkpointing_and_a_smaller_micro_batch_lower_activations():
     plain = make_plan(gpt()).memory.activations
     assert make_plan(gpt(activation_checkpointing=True)).memory.activations < plain
@@ -301,3 +314,14 @@ def test_a_probe_counts_only_on_the_gpu_it_ran_on(device, gpu, used):
     run = dataclasses.replace(probe(1.0), device=device)
     plan = make_plan(gpt("ddp", 1), gpu=gpu, gpu_memory_gb=None if gpu else 40.0, probe=run)
     assert any("its times are not used" in a for a in plan.assumptions) is not used
+
+
+def test_efficiency_is_against_the_first_row_shown_and_a_row_that_does_not_fit_says_so():
+    plan = make_plan(gpt("ddp", 2), gpu="H200", nodes=[2, 4])
+    assert [p.nodes for p in plan.scaling] == [2, 4]
+    assert plan.scaling[0].efficiency == pytest.approx(1.0)  # was: against a hidden N=1
+    four = plan.scaling[1]
+    assert f"(efficiency {four.efficiency:.0%} of linear from N=2)" in "\n".join(plan.verdicts)
+    tight = make_plan(gpt("fsdp", 2), gpu_memory_gb=plan.memory.total / GiB * 0.9, nodes=[1, 2])
+    said = [line for line in tight.verdicts if "its row only compares" in line]
+    assert said and said[0].startswith("N=1 does not fit: ")

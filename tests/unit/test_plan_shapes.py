@@ -161,3 +161,22 @@ def test_a_gpt_block_saves_what_korthikanti_et_al_count(bf16):
     h = 128
     weight_copies = 2 * (h * 3 * h + h * h + h * 4 * h + 4 * h * h) if bf16 else 0
     assert trace.unit_saved[0] - weight_copies == pytest.approx(per_layer, rel=0.15)
+
+
+def test_weights_the_gpu_holds_in_bf16_leave_no_autocast_copy_in_the_trace():
+    """The trace runs on this CPU in the model's dtypes; under FSDP on GPUs the weights are
+    gathered in bf16, and a LoRA base is built in bf16: autocast then copies none of them (was:
+    2 bytes per parameter counted as activations, 128 GiB of a 70B plan)."""
+    cfg = gpt_config(n_layer=2, n_embd=128, block_size=64)
+    task = task_for(cfg)
+    manifest, _ = planning_manifest(cfg, task)
+
+    def trace(held):
+        return trace_activations(build_on_meta(cfg, task, manifest), task, cfg, manifest, 4, True, held)
+
+    copied, held = trace(None), trace(lambda p: True)
+    h = 128
+    weight_copies = 2 * (h * 3 * h + h * h + h * 4 * h + 4 * h * h)  # per block: its four matrices
+    # At least the copies (the residual stream is bf16 too when the embeddings are, as on the GPU).
+    assert copied.unit_saved[0] - held.unit_saved[0] >= weight_copies
+    assert held.saved_bytes < copied.saved_bytes - 2 * weight_copies

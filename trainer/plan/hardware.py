@@ -32,6 +32,10 @@ class HardwareError(KftrainError, ValueError):
     """An unknown GPU type or a bad interconnect figure."""
 
 
+class AmbiguousGpu(HardwareError):
+    """A GPU model that comes in more than one size (`A100`): the message says which to name."""
+
+
 @dataclass(frozen=True)
 class GpuSpec:
     """One GPU type: its memory, dense bf16 and fp32 peaks and NVLink (or PCIe) bandwidth per GPU."""
@@ -89,7 +93,7 @@ def gpu_spec(name: str) -> GpuSpec:
     if model and len(sized) == 1 and not other_product and (gb or "-" not in sized[0] or model in ALIASES):
         return GPUS[sized[0]]
     if model and not gb and len(sized) > 1:
-        raise HardwareError(f"--gpu {name!r}: the {model} comes as {' and '.join(sized)}; name one")
+        raise AmbiguousGpu(f"the {model} comes as {' and '.join(sized)}; name one")
     raise HardwareError(
         f"--gpu {name!r}: not a GPU type the plan knows ({', '.join(GPUS)}, or the name nvidia-smi prints for "
         "one); give its memory with --gpu-memory instead"

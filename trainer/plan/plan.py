@@ -38,7 +38,7 @@ import itertools
 import math
 import os
 import re
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -325,14 +325,29 @@ class _Model:
         return int(a1 + (a2 - a1) * (micro - 1)), int(l1 + (l2 - l1) * (micro - 1))
 
 
-def _build(cfg: Config, manifest: dict | None, bf16: bool) -> tuple[_Model, str]:
+def _build(cfg: Config, manifest: dict | None, bf16: bool, cuda: bool) -> tuple[_Model, str]:
     from trainer.tasks import task_for
 
     task = task_for(cfg)
     manifest, note = planning_manifest(cfg, task, manifest)
     shape = model_shape(build_on_meta(cfg, task, manifest), task, cfg)
-    traces = [trace_activations(build_on_meta(cfg, task, manifest), task, cfg, manifest, b, bf16) for b in (1, 2)]
+    held = _held_in_bf16(cfg, bf16, cuda)
+    traces = [trace_activations(build_on_meta(cfg, task, manifest), task, cfg, manifest, b, bf16, held) for b in (1, 2)]
     return _Model(shape, traces[0], traces[1]), note
+
+
+def _held_in_bf16(cfg: Config, bf16: bool, cuda: bool) -> Callable[[Any], bool] | None:
+    """Which parameters a GPU run holds in bf16 for compute, so that autocast saves no bf16 copy of
+    them (the trace runs on this machine's CPU, in the dtypes the model has here): all of them
+    under FSDP (its mixed-precision policy gathers them in bf16), a LoRA run's frozen base (built
+    in bf16 on GPUs); None: autocast copies each one, as it does under DDP."""
+    if not (cuda and bf16):
+        return None
+    if cfg.train.strategy == "fsdp":
+        return lambda p: True
+    if cfg.train.method == "lora":
+        return lambda p: not p.requires_grad
+    return None
 
 
 @dataclass(frozen=True)
@@ -364,6 +379,10 @@ def _memory(m: _Model, cfg: Config, world: int, target: _Target) -> MemoryBreakd
     if sharded:
         out.parameters = math.ceil(out.parameters / world)
         out.gradients = math.ceil(grads / world)
+        if tc.grad_accum_steps > 1:
+            # Accumulation micro-steps skip the reduce-scatter (trainer.distributed.gradient_sync):
+            # FSDP2 keeps every trainable parameter's whole gradient, in fp32, until the last one.
+            out.gradients += grads
         out.optimizer = math.ceil(out.optimizer / world)
         per_elem = 2 if (target.cuda and target.bf16) else 4
         unit = max(s.unit_params, default=0)
@@ -488,7 +507,7 @@ def make_plan(
     from trainer.tasks import task_for
 
     task = task_for(cfg)
-    model, note = _build(cfg, manifest, bf16)
+    model, note = _build(cfg, manifest, bf16, cuda)
     memory = _memory(model, cfg, world, target)
     capacity = None
     if gpu_memory_gb is not None:
@@ -576,12 +595,12 @@ def make_plan(
             if price_per_gpu_hour is not None:
                 point.cost = point.gpu_hours * price_per_gpu_hour
         scaling.append(point)
-    base = scaling[0]
+    if set(nodes):
+        scaling = [p for p in scaling if p.nodes in set(nodes) | {here_nodes}]
+    base = scaling[0]  # the efficiency is against the first row shown, as the verdicts name it
     for p in scaling:
         if p.items_per_second and base.items_per_second:
             p.efficiency = p.items_per_second / (base.items_per_second * p.nodes / base.nodes)
-    if set(nodes):
-        scaling = [p for p in scaling if p.nodes in set(nodes) | {here_nodes}]
 
     plan = Plan(
         memory=memory,
@@ -635,7 +654,7 @@ def _alternatives(
     if cfg.model.init_from and tc.method != "lora":
         lora_cfg = changed(method="lora")
         try:
-            lora_model, _ = _build(lora_cfg, manifest, bf16)
+            lora_model, _ = _build(lora_cfg, manifest, bf16, target.cuda)
         except PlanError:
             lora_model = None
         if lora_model is not None:
@@ -693,6 +712,12 @@ def _verdicts(plan: Plan, cfg: Config, price: float | None) -> list[str]:
         )
     else:
         out.append(f"needs {format_memory(m.total)} per rank (no device memory given: --gpu or --gpu-memory)")
+    if plan.capacity_bytes is not None:
+        for p in plan.scaling:
+            if p.memory_total > plan.capacity_bytes:
+                out.append(
+                    f"N={p.nodes} does not fit: {format_memory(p.memory_total)} per rank; its row only compares"
+                )
     points = [p for p in plan.scaling if p.items_per_second]
     for prev, nxt in itertools.pairwise(points):
         speed = nxt.items_per_second / prev.items_per_second

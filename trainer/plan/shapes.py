@@ -13,6 +13,7 @@ activation checkpointing keeps instead.
 from __future__ import annotations
 
 import contextlib
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -177,9 +178,9 @@ class ActivationTrace:
         return {k: getattr(self, k) for k in self.__dataclass_fields__}
 
 
-def _to_fake(model: nn.Module, mode) -> None:
-    """Give every parameter and buffer of `model` a fake CPU tensor of its shape and dtype
-    (shared ones stay shared)."""
+def _to_fake(model: nn.Module, mode, bf16: Callable[[nn.Parameter], bool] | None = None) -> None:
+    """Give every parameter and buffer of `model` a fake CPU tensor of its shape and dtype (bf16
+    for the floating parameters `bf16` picks; shared ones stay shared)."""
     done: dict[int, torch.Tensor] = {}
     for module in model.modules():
         for store, make in ((module._parameters, True), (module._buffers, False)):
@@ -187,22 +188,32 @@ def _to_fake(model: nn.Module, mode) -> None:
                 if t is None:
                     continue
                 if id(t) not in done:
+                    dtype = t.dtype
+                    if make and bf16 is not None and t.is_floating_point() and bf16(t):
+                        dtype = torch.bfloat16
                     with mode:
-                        fake = torch.empty(t.shape, dtype=t.dtype, device="cpu")
+                        fake = torch.empty(t.shape, dtype=dtype, device="cpu")
                     done[id(t)] = nn.Parameter(fake, requires_grad=t.requires_grad) if make else fake
                 store[name] = done[id(t)]
 
 
 def trace_activations(
-    model: nn.Module, task: Task, cfg: Config, manifest: dict, micro_batch: int, bf16: bool
+    model: nn.Module,
+    task: Task,
+    cfg: Config,
+    manifest: dict,
+    micro_batch: int,
+    bf16: bool,
+    held_bf16: Callable[[nn.Parameter], bool] | None = None,
 ) -> ActivationTrace | None:
     """Trace the activations of `model` (on the meta device; it is changed to fake tensors) for
-    a micro-batch of `micro_batch` items, under bf16 autocast when `bf16`; None when the task
-    gives no synthetic batch."""
+    a micro-batch of `micro_batch` items, under bf16 autocast when `bf16`, with the parameters
+    `held_bf16` picks in bf16 (autocast copies the others: a copy the run has too); None when
+    the task gives no synthetic batch."""
     from torch._subclasses.fake_tensor import FakeTensorMode
 
     mode = FakeTensorMode(allow_non_fake_inputs=True)
-    _to_fake(model, mode)
+    _to_fake(model, mode, held_bf16)
     with mode:
         batch = task.synthetic_batch(cfg, manifest, micro_batch)
     if batch is None:
