@@ -400,6 +400,7 @@ def _cmd_plan(args: argparse.Namespace) -> int:
                 "kubernetes.gpu_memory_gb": ("--gpu-memory", args.gpu_memory),
                 "plan.nodes": ("--nodes", args.nodes),
                 "plan.price_per_gpu_hour": ("--price", args.price),
+                "plan.network_gbits": ("--network", args.network),
             }
         ),
         check_plan_gpu,
@@ -750,6 +751,12 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument(
         "--price", type=_price, metavar="PER_GPU_HOUR", help="price of a GPU-hour (overrides plan.price_per_gpu_hour)"
+    )
+    p.add_argument(
+        "--network",
+        type=_number,
+        metavar="GBITS",
+        help="Gb/s between nodes per node, its NICs together, e.g. 3200 for 8x400 (overrides plan.network_gbits)",
     )
     p.add_argument(
         "--probe",

@@ -514,6 +514,7 @@ _PLAN_BOUNDS = {
     "price_per_gpu_hour": Bound(
         lambda v: 0 <= v <= MAX_GPU_HOUR_PRICE, f"must be >= 0 and <= {MAX_GPU_HOUR_PRICE:g} (0: no cost column)"
     ),
+    "network_gbits": Bound(lambda v: 0 < v <= 100_000, "must be > 0 and <= 100000 Gb/s, e.g. 400 or 3200"),
 }
 
 
@@ -536,6 +537,9 @@ class PlanConfig:
     the job's `job.replicas` and the planner's default comparison points."""
     price_per_gpu_hour: float = 0.0
     """Price of one GPU for an hour, in any currency, for the cost column; 0: no cost."""
+    network_gbits: float = 400.0
+    """Network bandwidth of one node to the others, in Gb/s, its NICs together: 400 for one ConnectX-7, 3200 for a
+    DGX/HGX H100 or H200 node's eight. Sets the time of collectives between nodes."""
 
     def __post_init__(self) -> None:
         check_bounds(self, "plan", _PLAN_BOUNDS)

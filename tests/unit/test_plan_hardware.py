@@ -68,3 +68,9 @@ def test_defaults_discount_nvlink_to_its_bus_bandwidth_and_do_not_overlap_on_the
     assert h200.inter_node_gbps == pytest.approx(45.0)  # one 400 Gb/s NIC at 90%
     assert h200.overlap == 1.0
     assert default_interconnect(None).overlap == 0.0
+
+
+def test_the_network_between_nodes_is_the_config_s_not_one_nic():
+    one, eight = default_interconnect(gpu_spec("H100")), default_interconnect(gpu_spec("H100"), 3200)
+    assert eight.inter_node_gbps == pytest.approx(8 * one.inter_node_gbps)
+    assert eight.intra_node_gbps == one.intra_node_gbps

@@ -325,3 +325,12 @@ def test_efficiency_is_against_the_first_row_shown_and_a_row_that_does_not_fit_s
     tight = make_plan(gpt("fsdp", 2), gpu_memory_gb=plan.memory.total / GiB * 0.9, nodes=[1, 2])
     said = [line for line in tight.verdicts if "its row only compares" in line]
     assert said and said[0].startswith("N=1 does not fit: ")
+
+
+def test_more_network_per_node_shortens_the_multi_node_step():
+    cfg = gpt("ddp", 1)
+    slow = make_plan(cfg, gpu="H100", nodes=[4])
+    cfg.plan.network_gbits = 3200.0
+    fast = make_plan(cfg, gpu="H100", nodes=[4])
+    assert fast.point(4).comm_seconds < slow.point(4).comm_seconds
+    assert fast.point(1).comm_seconds == slow.point(1).comm_seconds  # within a node: NVLink either way

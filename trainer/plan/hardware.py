@@ -140,10 +140,11 @@ class Interconnect:
         return asdict(self)
 
 
-def default_interconnect(gpu: GpuSpec | None) -> Interconnect:
+def default_interconnect(gpu: GpuSpec | None, network_gbits: float = 400.0) -> Interconnect:
     """The interconnect assumed when none is given: for a GPU type, its NVLink at
-    :data:`NVLINK_EFFICIENCY` within the node and one 400 Gb/s NIC per node at
-    :data:`NETWORK_EFFICIENCY` between nodes, 10 us per step, collectives overlapped; on the
+    :data:`NVLINK_EFFICIENCY` within the node and `network_gbits` per node (`plan.network_gbits`:
+    one 400 Gb/s NIC by default) at :data:`NETWORK_EFFICIENCY` between nodes, 10 us per step,
+    collectives overlapped; on the
     CPU (gloo over loopback), what bench/plan_accuracy.py fitted on a 2-core machine shared with
     other work (all-reduce 0.5-0.7 GB/s and 150-300 us; all-gather and reduce-scatter 0.27-0.54
     GB/s and 0.6-1.7 ms; 10-18 ms per collective call beyond them), not overlapped: measure
@@ -160,7 +161,7 @@ def default_interconnect(gpu: GpuSpec | None) -> Interconnect:
         )
     return Interconnect(
         intra_node_gbps=gpu.nvlink_gbps * NVLINK_EFFICIENCY,
-        inter_node_gbps=400 / 8 * NETWORK_EFFICIENCY,
+        inter_node_gbps=network_gbits / 8 * NETWORK_EFFICIENCY,
         latency_us=10.0,
         overlap=1.0,
     )

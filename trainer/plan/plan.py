@@ -500,7 +500,7 @@ def make_plan(
     tc = cfg.train
     bf16 = tc.precision == "bf16" or (tc.precision == "auto" and cuda)
     per_node = max(1, cfg.job.nproc_per_node)
-    link = interconnect or default_interconnect(spec)
+    link = interconnect or default_interconnect(spec, cfg.plan.network_gbits)
     target = _Target(spec, cuda, bf16, link, per_node)
     here_nodes = max(1, cfg.job.replicas)
     world = here_nodes * per_node
@@ -715,9 +715,7 @@ def _verdicts(plan: Plan, cfg: Config, price: float | None) -> list[str]:
     if plan.capacity_bytes is not None:
         for p in plan.scaling:
             if p.memory_total > plan.capacity_bytes:
-                out.append(
-                    f"N={p.nodes} does not fit: {format_memory(p.memory_total)} per rank; its row only compares"
-                )
+                out.append(f"N={p.nodes} does not fit: {format_memory(p.memory_total)} per rank; its row only compares")
     points = [p for p in plan.scaling if p.items_per_second]
     for prev, nxt in itertools.pairwise(points):
         speed = nxt.items_per_second / prev.items_per_second
