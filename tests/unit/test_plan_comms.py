@@ -54,8 +54,9 @@ def test_hierarchical_all_reduce_is_intra_reduce_scatter_inter_all_reduce_intra_
 def test_hierarchical_all_gather_and_a_slower_gather_bandwidth():
     link = Interconnect(intra_node_gbps=100.0, inter_node_gbps=10.0, latency_us=0.0)
     n = 8e9
-    # Across 2 nodes: 1/2 of 8 GB at 10 GB/s = 0.4 s; then each node's 4 GB fan out over NVLink: 3/4 x 4 / 100.
-    assert comms.all_gather(n, 2, 4, link) == pytest.approx(0.4 + 0.03)
+    # Across 2 nodes: 1/2 of 8 GB at 10 GB/s = 0.4 s; then each GPU receives the 3/4 of the whole
+    # 8 GB its 3 node peers hold, over NVLink: 3/4 x 8 / 100 (was: 1/nodes of that).
+    assert comms.all_gather(n, 2, 4, link) == pytest.approx(0.4 + 0.06)
     slow = Interconnect(intra_node_gbps=100.0, inter_node_gbps=10.0, latency_us=0.0, gather_gbps=1.0)
     assert comms.all_gather(n, 1, 2, slow) == pytest.approx(4.0)  # 1/2 of 8 GB at 1 GB/s
     assert comms.all_reduce(n, 1, 2, slow) == comms.all_reduce(n, 1, 2, link)  # all-reduce keeps its own

@@ -65,10 +65,11 @@ def all_gather(nbytes: float, nodes: int, per_node: int, link: Interconnect) -> 
     alpha = link.latency_us if link.gather_latency_us is None else link.gather_latency_us
     if nodes == 1:
         return ring_all_gather(nbytes, per_node, intra_gbps, alpha)
-    # Every node receives the (nodes-1)/nodes of the result the other nodes hold, over its link;
-    # within the node the same bytes fan out over NVLink.
+    # Each GPU gathers its 1/per_node slice from its peers on the other nodes (all of a node's
+    # GPUs share its link: (nodes-1)/nodes of the result crosses it), then the node's GPUs gather
+    # the whole result from each other over NVLink: each still receives (per_node-1)/per_node of it.
     inter = ring_all_gather(nbytes, nodes, inter_gbps, alpha)
-    intra = ring_all_gather(nbytes / nodes, per_node, intra_gbps, alpha)
+    intra = ring_all_gather(nbytes, per_node, intra_gbps, alpha)
     return inter + intra
 
 
