@@ -24,7 +24,7 @@ from typing import Any
 import yaml
 
 from trainer.errors import KftrainError, redact
-from trainer.launch.retry import REQUEST_TIMEOUT_S, ApiRetry, ApiUnavailable
+from trainer.launch.retry import REQUEST_TIMEOUT_S, ApiRetry, ApiUnavailable, http_status
 
 TOKEN_ENV = "KFP_TOKEN"
 _KFP_TYPES = {
@@ -46,6 +46,10 @@ FOLLOW_RETRY_BUDGET_S = 600.0
 
 class SubmitError(KftrainError, ValueError):
     """The submission cannot go ahead; the message says what to fix."""
+
+
+class RunGone(SubmitError):
+    """The followed run was deleted from KFP."""
 
 
 @dataclass
@@ -433,13 +437,27 @@ def follow(
     while True:
         try:
             with kfp_errors(host):
-                run = retry.call(f"get run {result.run_id}", _get_run, client, result.run_id, stop_at=deadline)
+                try:
+                    run = retry.call(f"get run {result.run_id}", _get_run, client, result.run_id, stop_at=deadline)
+                except Exception as exc:
+                    if http_status(exc) == 404:  # deleted in the UI: nothing goes on
+                        raise RunGone(
+                            f"stopped following: run {result.run_id} is no longer in the KFP API at {redact(host)} "
+                            "(HTTP 404): it was deleted"
+                        ) from None
+                    raise
+            # A login page or `{}` from a gateway whose session expired: kfp.Client makes a run of
+            # None fields from it, which looked RUNTIME_STATE_UNSPECIFIED until the timeout.
+            if not _has(run, "run_id"):
+                raise _not_kfp(host, "its answer to get run has no run_id")
         except ApiUnavailable as exc:
             if not exc.at_deadline:
                 raise SubmitError(f"stopped following: {exc}; {goes_on}") from None
             result.state = "TIMEOUT"
             result.error = f"not finished within {timeout_s:.0f}s (the KFP API was unavailable at the end); {goes_on}"
             return result
+        except RunGone:
+            raise
         except SubmitError as exc:
             raise SubmitError(f"stopped following: {exc}; {goes_on}") from None
         state = str(getattr(run, "state", None) or "RUNTIME_STATE_UNSPECIFIED").upper()

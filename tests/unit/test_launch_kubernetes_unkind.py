@@ -540,3 +540,153 @@ def test_sigterm_while_run_job_deletes_a_failed_job_lets_the_deletion_finish():
     with pytest.raises(JobFailed, match="cause: user_error"):  # the failure, not the signal
         run_job(backend, replace(spec, timeout_s=600))
     assert NAME not in cluster.jobs
+
+
+# -- round two: what an earlier part of the same attempt leaves behind --------------------------
+
+
+def test_a_jobset_restart_s_earlier_preemption_does_not_decide_a_later_failure():
+    from tests.unit.test_launch_kubernetes_trainjob import make as make_trainjob
+
+    cluster = FakeCluster(kind="trainjob")
+    backend, spec, lines = make_trainjob(cluster)
+    steps = iter(range(10**6))
+
+    def script(c: FakeCluster) -> None:
+        n = next(steps)
+        if n == 0:
+            c.add_pod(NAME, "node", 0, "Running")
+            c.add_pod(NAME, "node", 1, "Running")
+        elif n == 1:  # node 0 preempted
+            c.add_pod(NAME, "node", 0, "Failed", exit_code=143, logs=["SIGTERM: checkpoint committed"])
+            c.disrupt(NAME, "node", 0, condition="PreemptionByScheduler", message="preempted")
+        elif n == 2:  # JobSet's failurePolicy restart: every pod recreated under a new name
+            c.recreate_pod(NAME, "node", 0, "Running")
+            c.recreate_pod(NAME, "node", 1, "Running")
+        elif n == 3:  # then the run's own error
+            c.add_pod(NAME, "node", 0, "Failed", exit_code=1, logs=["[rank 0] ValueError: no column 'label'"])
+            c.set_condition(NAME, "Failed", "ReachedMaxRestarts", "jobset failed due to reaching max restarts")
+
+    cluster.timeline = [script]
+    with pytest.raises(JobFailed, match="cause: user_error") as err:
+        run_job(backend, replace(spec, timeout_s=3600))
+    assert creates(cluster) == 1 and "ValueError: no column 'label'" in str(err.value)
+
+
+def test_pods_of_an_earlier_jobset_restart_still_listed_are_not_evidence():
+    from trainer.launch.kubernetes import JOBSET_RESTART_LABEL, _latest_restart
+
+    cluster = FakeCluster(kind="trainjob")
+    for index, attempt in ((0, "0"), (1, "1"), (2, "1")):
+        cluster.add_pod(NAME, "node", index, "Failed" if attempt == "0" else "Running")
+        cluster.pods[cluster.pod_name(NAME, "node", index)].metadata.labels[JOBSET_RESTART_LABEL] = attempt
+    latest = _latest_restart(list(cluster.pods.values()))
+    assert [p.metadata.labels[JOBSET_RESTART_LABEL] for p in latest] == ["1", "1"]
+
+
+def test_the_error_shows_the_log_of_the_replica_its_cause_names():
+    cluster = FakeCluster()
+    backend, spec, _ = make(cluster)
+
+    def fail(c: FakeCluster) -> None:  # the worker's own error; the operator then stops the master
+        c.add_pod(NAME, "master", 0, "Failed", exit_code=143, logs=["[rank 0] stopped by SIGTERM at step 401"])
+        c.add_pod(NAME, "worker", 0, "Failed", exit_code=1, logs=["kftrain-error: train: shard 17 is corrupt"])
+        c.set_condition(NAME, "Failed", "PyTorchJobFailed", "1 Worker replica(s) failed")
+
+    cluster.timeline = [fail]
+    with pytest.raises(JobFailed) as err:
+        run_job(backend, replace(spec, timeout_s=600))
+    message = str(err.value)
+    assert f"pod {NAME}-worker-0" in message.splitlines()[0]
+    assert f"replica worker-0 (pod {NAME}-worker-0) exited with code 1" in message
+    assert "shard 17 is corrupt" in message and "stopped by SIGTERM" not in message
+
+
+def test_an_elastic_job_training_on_its_minimum_is_not_failed_for_the_replicas_still_pending():
+    cluster = FakeCluster()
+    backend, spec, lines = make(
+        cluster,
+        **{
+            "kubernetes.poll_seconds": 60,
+            "job.replicas": 4,
+            "train.batch_size": 48,
+            "kubernetes.elastic": {"enabled": True, "min_replicas": 2, "max_replicas": 4},
+        },
+    )
+
+    def script(c: FakeCluster) -> None:
+        for i in (0, 1):
+            c.add_pod(NAME, "worker", i, "Running")
+        for i in (2, 3):  # no GPUs for them for an hour
+            c.add_pod(NAME, "worker", i, "Pending", waiting=("ContainerCreating", ""))
+        if c.polls * 60 > 3600:
+            c.set_condition(NAME, "Succeeded")
+
+    cluster.timeline = [script]
+    run_job(backend, replace(spec, timeout_s=4 * 3600))
+    assert f"kftrain: PyTorchJob {NAME} succeeded" in lines
+    assert sum("those Pending join when the cluster places them" in line for line in lines) == 1
+
+
+@pytest.mark.parametrize("edited", ["2026-01-01T06:00:00", "2026-01-01", "soon"])
+def test_a_hand_edited_deadline_annotation_is_read_or_ignored_never_a_traceback(edited):
+    cluster = FakeCluster()
+    backend, spec, lines = make(cluster)
+    earlier_attempt(cluster, spec)
+    cluster.jobs[NAME]["metadata"]["annotations"]["kftrain.io/deadline"] = edited
+    cluster.timeline = running_then(lambda c: c.set_condition(NAME, "Succeeded"))
+    run_job(backend, replace(spec, timeout_s=10**6))
+    assert f"kftrain: PyTorchJob {NAME} succeeded" in lines
+
+
+def test_a_trainjob_initializer_s_own_container_log_is_read_and_streamed():
+    from kubernetes import client as k8s
+
+    from tests.unit.test_launch_kubernetes_trainjob import make as make_trainjob
+
+    cluster = FakeCluster(kind="trainjob")
+    backend, spec, lines = make_trainjob(cluster)
+    pod = f"{NAME}-dataset-initializer-0-0-x7k2p"
+
+    def initializer(phase: str, code: int | None) -> k8s.V1Pod:
+        state = k8s.V1ContainerState(
+            running=k8s.V1ContainerStateRunning() if code is None else None,
+            terminated=k8s.V1ContainerStateTerminated(exit_code=code, reason="Error") if code is not None else None,
+        )
+        labels = {
+            "jobset.sigs.k8s.io/jobset-name": NAME,
+            "jobset.sigs.k8s.io/replicatedjob-name": "dataset-initializer",
+        }
+        status = k8s.V1ContainerStatus(
+            name="dataset-initializer", image="i", image_id="", ready=code is None, restart_count=0, state=state
+        )
+        return k8s.V1Pod(
+            metadata=k8s.V1ObjectMeta(name=pod, uid="uid-init", creation_timestamp=cluster.clock, labels=labels),
+            status=k8s.V1PodStatus(phase=phase, container_statuses=[status]),
+        )
+
+    original = cluster.read_namespaced_pod_log
+
+    def read_log(name, namespace, container=None, **options):  # the real API: one of the pod's containers
+        if name == pod:
+            if container != "dataset-initializer":
+                raise api_error(400)
+            container = cluster.k["container"]  # let the fake serve it
+        return original(name, namespace, container=container, **options)
+
+    cluster.read_namespaced_pod_log = read_log
+    polls = iter(range(10**6))
+
+    def script(c: FakeCluster) -> None:
+        c.pod_logs[pod] = ["downloading s3://bucket/ds", "ERROR: NoCredentialsError: Unable to locate credentials"]
+        if next(polls) < 2:
+            c.pods[pod] = initializer("Running", None)
+        else:
+            c.pods[pod] = initializer("Failed", 1)
+            c.set_condition(NAME, "Failed", "FailedJobs", "jobset failed due to one or more job failures")
+
+    cluster.timeline = [script]
+    with pytest.raises(JobFailed) as err:
+        run_job(backend, replace(spec, timeout_s=600))
+    assert "Unable to locate credentials" in str(err.value) and "log unavailable" not in str(err.value)
+    assert any(line.endswith("downloading s3://bucket/ds") for line in lines)  # streamed too

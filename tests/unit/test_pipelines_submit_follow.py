@@ -97,7 +97,6 @@ def test_the_timeout_names_the_last_state_and_where_the_run_goes_on(monkeypatch,
             f"stopped following: KFP API call 'get run {{id}}' kept failing for {FOLLOW_RETRY_BUDGET_S:.0f}s "
             f"(--wait retries a poll for {FOLLOW_RETRY_BUDGET_S:.0f}s); last error: (503) Error",
         ),
-        (["RUNNING", 404], f"stopped following: the KFP API at {HOST} answered HTTP 404 Error:"),
         (["RUNNING", 401], f"stopped following: the KFP API at {HOST} rejected the request (HTTP 401 Error): set"),
         (["RUNNING", 400], f"stopped following: the KFP API at {HOST} answered HTTP 400 Error:"),
     ],
@@ -110,3 +109,26 @@ def test_a_poll_that_cannot_succeed_is_one_line_saying_where_the_run_goes_on(mon
     assert message.startswith(words.format(id=run_id)), message
     assert message.endswith(f"; {GOES_ON} {HOST}/#/runs/details/{run_id}")
     assert "\n" not in message
+
+
+def test_a_run_deleted_mid_wait_is_said_so_and_not_said_to_go_on(monkeypatch):
+    error, _, _ = followed(monkeypatch, ["RUNNING", 404])
+    assert str(error) == f"stopped following: run r-1 is no longer in the KFP API at {HOST} (HTTP 404): it was deleted"
+
+
+@pytest.mark.parametrize("answer", [{}, {"error": "session expired"}, {"state": "RUNNING"}])
+def test_an_answer_that_is_not_a_kfp_run_stops_the_wait_at_once(monkeypatch, answer):
+    """A gateway's answer once its session expired (`{}`, a login page kfp.Client reads as an empty
+    run) was followed as RUNTIME_STATE_UNSPECIFIED until --timeout, a day by default."""
+    import kfp
+
+    clock = Clock()
+    with StandInKFP(run_states=["RUNNING"]) as api:
+        monkeypatch.setattr(urllib3.PoolManager, "urlopen", socketless(api))
+        client = kfp.Client(host=HOST)
+        api.runs["r-1"] = {"run_id": "r-1", "state": "PENDING", "polls": 0}
+        api.broken = lambda method, path: answer if path.startswith("/apis/v2beta1/runs/") else None
+        result = Submission("p", "v", "kftrain-v", "e", "r-1", f"{HOST}/#/runs/details/r-1")
+        with pytest.raises(SubmitError, match=r"does not answer as a KFP API \(its answer to get run has no run_id\)"):
+            follow(client, HOST, result, DAY, 10, now=clock.now, sleep=clock.sleep, log=clock.lines.append)
+    assert sum(clock.sleeps) == 0

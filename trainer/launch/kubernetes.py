@@ -150,9 +150,12 @@ class _Admission:
         self.from_queue = False  # False: admitted_at is the job's creation (it was never queued)
         self.seen_pods = False
         self.pods_last_seen: dt.datetime | None = None  # a poll that listed pods, the latest
-        #: Each pod of this attempt as last listed, by name: the operator may delete a failed
-        #: replica's pod (cleanPodPolicy Running) before the launcher reads its failure.
+        #: The pods of the latest poll, by name: the operator may delete a failed replica's pod
+        #: (cleanPodPolicy Running) as it marks the job Failed, before the launcher reads it.
+        #: Only the latest: a pod replaced earlier (a JobSet restart, an elastic scale-down) is
+        #: not this failure's.
         self.pods: dict[str, Any] = {}
+        self.said_elastic = False  # an elastic job's Pending replicas were reported
 
     def queued(self, job: dict[str, Any], pods: list[Any]) -> str | None:
         """Why the job is queued, or None when it is admitted."""
@@ -488,7 +491,7 @@ class KubernetesBackend:
     def logs(self, spec: JobSpec, tail: int = 50) -> dict[str, list[str]]:
         """The last `tail` lines of each replica's current container."""
         job = self._job(spec)
-        return {job.kind.replica_key(pod): self._read_log(job, pod.metadata.name, tail) for pod in self._pods(job)}
+        return {job.kind.replica_key(pod): self._read_log(job, pod, tail) for pod in self._pods(job)}
 
     def cancel(self, spec: JobSpec) -> None:
         """Delete the job (Foreground: its pods go first); a job already gone is fine."""
@@ -557,9 +560,21 @@ class KubernetesBackend:
                     f"kftrain: {job.what} admitted from {queue_of(obj, kind)} after "
                     f"{max(0, int(queued_for.total_seconds()))}s"
                 )
+            elastic = k8s.elastic
+            running = sum(1 for pod in pods if pod.status.phase == "Running")
+            # An elastic job trains on min_replicas or more: the replicas the cluster cannot place
+            # yet are what it scales up to, not a stuck job.
+            short_handed = elastic.enabled and running >= elastic.min_replicas
             for pod in pods:
                 phase = pod.status.phase
-                if phase == "Pending" and not why_queued:
+                if phase == "Pending" and not why_queued and short_handed:
+                    if not admission.said_elastic:
+                        admission.said_elastic = True
+                        self._log(
+                            f"kftrain: {job.what} trains on {running} replica(s); those Pending join when the "
+                            f"cluster places them (kubernetes.elastic.min_replicas={elastic.min_replicas})"
+                        )
+                elif phase == "Pending" and not why_queued:
                     waited = now - admission.pending_since(pod)
                     if waited > pending_limit:
                         raise JobFailed(self._pending_message(job, pod, waited))
@@ -567,7 +582,7 @@ class KubernetesBackend:
                     self._stream(job, pod)
             # Pods seen since admission and gone now are being recreated (an evicted pod, a JobSet
             # restart): their clock starts when they went, not at the job's creation.
-            admission.pods.update((pod.metadata.name, pod) for pod in pods)
+            admission.pods = {pod.metadata.name: pod for pod in pods}  # as they were when last seen alive
             if pods:
                 admission.pods_last_seen = now
             elif not why_queued and now - (started := admission.pods_started(now)) > pending_limit:
@@ -613,13 +628,14 @@ class KubernetesBackend:
             listed = self._pods(job)
         except Exception as exc:  # the pods are evidence, not the answer
             return failures.Diagnosis(failures.UNKNOWN, f"replica pods unavailable: {describe(exc)}"), [], {}
+        listed = _latest_restart(listed)
         names = {pod.metadata.name for pod in listed}
         gone = [pod for name, pod in (seen or {}).items() if name not in names]
-        pods = sorted([*listed, *gone], key=lambda pod: _replica_order(job.kind.replica_key(pod)))
+        pods = sorted(_latest_restart([*listed, *gone]), key=lambda pod: _replica_order(job.kind.replica_key(pod)))
         pod_dicts = [_as_dict(pod) for pod in pods]
         logs = {
             pod.metadata.name: (
-                self._read_log(job, pod.metadata.name, 400)
+                self._read_log(job, pod, 400)
                 if pod.metadata.name in names
                 else self._streams.tail(pod) or ["(its pod was deleted before its log could be read)"]
             )
@@ -777,40 +793,39 @@ class KubernetesBackend:
             if since is None or (when := _event_time(e)) is None or when > since  # whole seconds: at `since` is before
         ]
 
-    def _pod_log(self, job: _Job, pod_name: str, read: Callable[..., Any] | None = None, **options: Any) -> Any:
-        """The training container's log of one pod (`options`: tail_lines, follow, ...), through
+    def _pod_log(self, job: _Job, pod: Any, read: Callable[..., Any] | None = None, **options: Any) -> Any:
+        """The log of one pod's training container (`options`: tail_lines, follow, ...), through
         `read` (the client's method, or a wrapper of it that reads the answer within the retry)."""
         return job.api(
-            f"read log of pod {job.namespace}/{pod_name}",
+            f"read log of pod {job.namespace}/{pod.metadata.name}",
             read or self.core.read_namespaced_pod_log,
-            pod_name,
+            pod.metadata.name,
             job.namespace,
-            container=job.kind.container,
+            container=_container(job, pod),
             text=True,
             **options,
         )
 
-    def _read_log(self, job: _Job, pod_name: str, tail: int) -> list[str]:
+    def _read_log(self, job: _Job, pod: Any, tail: int) -> list[str]:
         def read_text(*args: Any, **kwargs: Any) -> str:
             # The raw bytes, read within the retry: the client decodes strictly (one byte of another
             # encoding lost the whole tail) and parses a tail that happens to be JSON (`null`: None).
             return _log_text(self.core.read_namespaced_pod_log(*args, _preload_content=False, **kwargs))
 
         try:
-            return self._pod_log(job, pod_name, read_text, tail_lines=tail).splitlines()
+            return self._pod_log(job, pod, read_text, tail_lines=tail).splitlines()
         except Exception as exc:
             return [f"(log unavailable: {describe(exc)})"]
 
     def _stream(self, job: _Job, pod: Any) -> None:
         """Follow the replica's log into the step's log (once per container instance, again when
         its stream ended while it runs)."""
-        name = pod.metadata.name
 
         def open_stream(since_seconds: int | None) -> Any:
             since = {} if since_seconds is None else {"since_seconds": since_seconds}
             return self._pod_log(
                 job,
-                name,
+                pod,
                 follow=True,
                 timestamps=True,
                 _preload_content=False,
@@ -818,7 +833,7 @@ class KubernetesBackend:
                 **since,
             )
 
-        self._streams.follow(pod, job.kind.replica_key(pod), job.kind.container, open_stream)
+        self._streams.follow(pod, job.kind.replica_key(pod), _container(job, pod), open_stream)
 
     # -- error messages -------------------------------------------------------------------
 
@@ -834,13 +849,17 @@ class KubernetesBackend:
         diagnosis, pods, logs = evidence
         first = f"{job.what} failed: {cond.get('reason', 'Failed')}: {cond.get('message', '')}".rstrip()
         lines = [f"{first}; cause: {diagnosis}; {note}"]
-        for pod in pods:
-            if pod.metadata.name in logs:
-                key = job.kind.replica_key(pod)
-                code = _exit_code(pod)
-                lines.append(f"replica {key} (pod {pod.metadata.name}) exited with code {code}; last log lines:")
-                lines += [f"  [{key}] {line}" for line in failure_excerpt(logs[pod.metadata.name])]
-                break
+        failed = [pod for pod in pods if pod.metadata.name in logs]
+        # The replica the cause names (`pod NAME: ...`, `event on NAME: ...`), else the first to fail
+        # in replica order: a worker's own error beside the master the operator then stopped.
+        named = [
+            pod for pod in failed if re.search(rf"\b(pod|event on) {re.escape(pod.metadata.name)}:", diagnosis.evidence)
+        ]
+        for pod in (named or failed)[:1]:
+            key = job.kind.replica_key(pod)
+            code = _exit_code(pod)
+            lines.append(f"replica {key} (pod {pod.metadata.name}) exited with code {code}; last log lines:")
+            lines += [f"  [{key}] {line}" for line in failure_excerpt(logs[pod.metadata.name])]
         return "\n".join(lines)
 
     def _pending_message(self, job: _Job, pod: Any, waited: dt.timedelta) -> str:
@@ -1073,6 +1092,31 @@ def _clock_offset(created: Any, before: dt.datetime, after: dt.datetime) -> dt.t
     return stamp - (before + (after - before) / 2)
 
 
+#: The label JobSet puts on the pods of each restart of the whole set (failurePolicy.maxRestarts).
+JOBSET_RESTART_LABEL = "jobset.sigs.k8s.io/restart-attempt"
+
+
+def _latest_restart(pods: list[Any]) -> list[Any]:
+    """The pods of the JobSet's latest restart (all of them when the pods carry no such label): a
+    restart's older pods, still listed or remembered, are not evidence of the failure now."""
+
+    def attempt(pod: Any) -> int:
+        value = ((pod.metadata.labels or {}) if pod.metadata else {}).get(JOBSET_RESTART_LABEL, "")
+        return int(value) if str(value).isdigit() else -1
+
+    latest = max((attempt(pod) for pod in pods), default=-1)
+    return [pod for pod in pods if attempt(pod) in (latest, -1)]
+
+
+def _container(job: _Job, pod: Any) -> str:
+    """The container whose log is the pod's: the training container, or, in a pod without one (a
+    TrainJob runtime's dataset or model initializer), the pod's own first container."""
+    names = [cs.name for cs in (pod.status.container_statuses if pod.status else None) or []]
+    spec = getattr(pod, "spec", None)
+    names += [c.name for c in (getattr(spec, "containers", None) or []) if c.name not in names]
+    return job.kind.container if job.kind.container in names or not names else names[0]
+
+
 def _deleting(obj: dict[str, Any]) -> bool:
     """Whether the API server is deleting `obj` (its Foreground deletion waits for its pods)."""
     return bool((obj.get("metadata") or {}).get("deletionTimestamp"))
@@ -1119,6 +1163,7 @@ def _exit_code(pod: Any) -> int | None:
 
 
 def _parse_time(value: Any) -> dt.datetime:
-    if isinstance(value, dt.datetime):
-        return value
-    return dt.datetime.fromisoformat(str(value).replace("Z", "+00:00"))
+    """A timestamp as an aware datetime: one without a zone (an annotation someone edited) is UTC,
+    as everything the API server writes is."""
+    when = value if isinstance(value, dt.datetime) else dt.datetime.fromisoformat(str(value).replace("Z", "+00:00"))
+    return when if when.tzinfo is not None else when.replace(tzinfo=dt.timezone.utc)
