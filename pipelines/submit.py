@@ -421,7 +421,7 @@ def follow(
     server restarting, a gateway's 503) ended the wait with a traceback. Here a poll failing
     transiently is retried under the launcher's retry policy for up to
     :data:`FOLLOW_RETRY_BUDGET_S`; any other failure is one :class:`SubmitError` saying the run
-    goes on in KFP."""
+    goes on in KFP, except a run deleted meanwhile (:class:`RunGone`)."""
     start = now()
     deadline = start + dt.timedelta(seconds=timeout_s)
     retry = ApiRetry(
