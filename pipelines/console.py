@@ -93,6 +93,7 @@ class StepConsole(io.TextIOBase):
         #: Warnings the terminal showed: the configure step runs the checks the CLI's pre-flight
         #: ran, and evaluation and export read the same base model; each warning is shown once.
         self._warned: set[str] = set()
+        self._unlogged: list[str] = []  # warnings given before the log opened, for its start
 
     def writable(self) -> bool:
         return True
@@ -101,6 +102,8 @@ class StepConsole(io.TextIOBase):
         with self._lock:
             if self.log is None:
                 self.log = self._open_log()
+                self.log.writelines(self._unlogged)
+                self._unlogged.clear()
             if self.verbose:
                 self._to_terminal(self.out, redact(s))
             self._partial += s
@@ -135,9 +138,11 @@ class StepConsole(io.TextIOBase):
     def warn(self, message: str) -> None:
         """A warning of kftrain's own in this process (the pre-flight's), as a step's are shown."""
         with self._lock:
-            if self.log is None:
-                self.log = self._open_log()
-            self.log.write(redact(f"warning: {message}") + "\n")
+            line = redact(f"warning: {message}") + "\n"
+            if self.log is None:  # the log opens with the first step: a run refused before it keeps none
+                self._unlogged.append(line)
+            else:
+                self.log.write(line)
             if message not in self._warned:
                 self._warned.add(message)
                 self._to_terminal(self.out, redact(f"  warning: {message}") + "\n")

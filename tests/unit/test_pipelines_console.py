@@ -250,4 +250,19 @@ def test_a_warning_is_shown_once_whether_the_pre_flight_or_any_step_gives_it_aga
         "  warning: evaluate's own warning",
     ]
     assert full_log.count("config.json ties") == 3 and not err.getvalue()
+    assert full_log.startswith("warning: model.init_from")  # given before the log opened, kept at its start
+
+
+def test_a_warning_alone_opens_no_log():
+    """A run refused in its pre-flight (an unreachable store, which warns as it retries) keeps no
+    log: the CLI would upload it to that store, waiting out the store's whole retry budget."""
+    import logging
+
+    from pipelines.console import capturing
+
+    opened = []
+    console = StepConsole(lambda: opened.append(1) or io.StringIO(), io.StringIO(), io.StringIO())
+    with capturing(console):
+        logging.getLogger("kftrain.storage").warning("GET s3://b/x failed; retry 1 in 0.5s")
+    assert console.log is None and not opened
     assert logging.getLogger("kftrain").handlers == [] and logging.getLogger("kftrain").propagate
