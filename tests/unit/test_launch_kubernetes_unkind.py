@@ -690,3 +690,22 @@ def test_a_trainjob_initializer_s_own_container_log_is_read_and_streamed():
         run_job(backend, replace(spec, timeout_s=600))
     assert "Unable to locate credentials" in str(err.value) and "log unavailable" not in str(err.value)
     assert any(line.endswith("downloading s3://bucket/ds") for line in lines)  # streamed too
+
+
+def test_what_the_launcher_keeps_of_a_replica_s_lines_is_bounded_not_the_lines_themselves():
+    """64 replicas printing long lines: the de-duplication window keeps hashes, and a pod's last
+    lines (a deleted pod's evidence) keep the first TAIL_LINE_CHARS of each line."""
+    from trainer.launch.logstream import SEEN_LINES, TAIL_LINE_CHARS
+
+    streams = LogStreams(lambda line: None)
+    pod = running_pod()
+    long_line = b"x" * 50_000
+    data = b"".join(
+        f"2026-01-01T00:00:{i % 60:02d}.{i:09d}Z ".encode() + long_line + b"\n" for i in range(SEEN_LINES + 5)
+    )
+    streams.follow(pod, "master-0", "pytorch", lambda since: OneStream(data))
+    streams.finish()
+    (instance,) = streams._instances.values()
+    assert len(instance.seen) == SEEN_LINES and all(isinstance(h, int) for h in instance.seen)
+    tail = streams.tail(pod)
+    assert len(tail) == 400 and all(len(line) == TAIL_LINE_CHARS for line in tail)

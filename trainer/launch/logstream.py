@@ -35,8 +35,11 @@ RUNTIME_PIECE_BYTES = 16 * 1024
 #: How far a re-opened stream reaches back before the last line it received (`sinceSeconds`,
 #: on the kubelet's own clock): what it sends twice is skipped by its timestamp and text.
 SINCE_MARGIN_S = 5
-#: The lines of a container instance remembered to skip when its stream is opened again.
+#: The lines of a container instance remembered (by hash) to skip when its stream is opened again.
 SEEN_LINES = 2000
+#: What a pod's remembered last lines keep of each line (its failure's evidence): 64 replicas
+#: printing long lines must not hold gigabytes in the launcher.
+TAIL_LINE_CHARS = 2000
 
 
 @dataclass
@@ -45,7 +48,7 @@ class _Instance:
 
     thread: threading.Thread | None = None
     received_at: float | None = None  # time.monotonic() of the last line received
-    seen: collections.deque[bytes] = field(default_factory=lambda: collections.deque(maxlen=SEEN_LINES))
+    seen: collections.deque[int] = field(default_factory=lambda: collections.deque(maxlen=SEEN_LINES))  # hashes
     said_ended: bool = False  # an unexpected end was reported once; later ones are not
     final: bool = False  # access to the log refused (403 on pods/log): not opened again
 
@@ -104,11 +107,12 @@ class LogStreams:
             stamp, text = _without_stamps(raw)
             if stamp:
                 instance.received_at = time.monotonic()
-                if stamp + b" " + text in seen:
+                written = hash((stamp, text))  # the line's identity, without keeping the line
+                if written in seen:
                     return
-                instance.seen.append(stamp + b" " + text)
+                instance.seen.append(written)
             line = text.decode("utf-8", "replace")
-            tail.append(line)
+            tail.append(line[:TAIL_LINE_CHARS])
             self._log(f"[{key}] {line}")
 
         def run() -> None:
