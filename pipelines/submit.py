@@ -436,20 +436,7 @@ def follow(
     seen = None
     while True:
         try:
-            with kfp_errors(host):
-                try:
-                    run = retry.call(f"get run {result.run_id}", _get_run, client, result.run_id, stop_at=deadline)
-                except Exception as exc:
-                    if http_status(exc) == 404:  # deleted in the UI: nothing goes on
-                        raise RunGone(
-                            f"stopped following: run {result.run_id} is no longer in the KFP API at {redact(host)} "
-                            "(HTTP 404): it was deleted"
-                        ) from None
-                    raise
-            # A login page or `{}` from a gateway whose session expired: kfp.Client makes a run of
-            # None fields from it, which looked RUNTIME_STATE_UNSPECIFIED until the timeout.
-            if not _has(run, "run_id"):
-                raise _not_kfp(host, "its answer to get run has no run_id")
+            run = _poll(client, host, result.run_id, retry, deadline)
         except ApiUnavailable as exc:
             if not exc.at_deadline:
                 raise SubmitError(f"stopped following: {exc}; {goes_on}") from None
@@ -477,6 +464,27 @@ def follow(
             result.error = f"not finished within {timeout_s:.0f}s (last state: {state}); {goes_on}"
             return result
         sleep(min(poll_seconds, left))
+
+
+def _poll(client, host: str, run_id: str, retry: ApiRetry, deadline: dt.datetime) -> Any:
+    """One poll of the run, retried while it fails transiently: the run, else :class:`RunGone`
+    (404), another :class:`SubmitError` (a refusal, an answer that is not a KFP run), or
+    :class:`ApiUnavailable` (the retries ran out)."""
+    with kfp_errors(host):
+        try:
+            run = retry.call(f"get run {run_id}", _get_run, client, run_id, stop_at=deadline)
+        except Exception as exc:
+            if http_status(exc) == 404:  # deleted in the UI: nothing goes on
+                raise RunGone(
+                    f"stopped following: run {run_id} is no longer in the KFP API at {redact(host)} (HTTP 404): "
+                    "it was deleted"
+                ) from None
+            raise
+    # A login page or `{}` from a gateway whose session expired: kfp.Client makes a run of None
+    # fields from it, which looked RUNTIME_STATE_UNSPECIFIED until the timeout.
+    if not _has(run, "run_id"):
+        raise _not_kfp(host, "its answer to get run has no run_id")
+    return run
 
 
 def _get_run(client, run_id: str) -> Any:

@@ -302,12 +302,15 @@ def test_every_api_call_log_streams_included_carries_a_request_timeout():
 
 
 class OneStream:
-    def __init__(self, data: bytes) -> None:
-        self.data = data
+    """A log stream of `data`, in chunks as the API sends them, then its end or `error`."""
+
+    def __init__(self, data: bytes, error: Exception | None = None) -> None:
+        self.data, self.error = data, error
 
     def stream(self, amt: int):
-        for i in range(0, len(self.data), amt):
-            yield self.data[i : i + amt]
+        yield from (self.data[i : i + amt] for i in range(0, len(self.data), amt))
+        if self.error:
+            raise self.error
 
     def release_conn(self) -> None:
         pass
@@ -402,20 +405,9 @@ def running_pod(uid: str = "u", sidecar_running: bool = False, trainer_running: 
     )
 
 
-class Stamped:
+def stamped(lines, error=None) -> OneStream:
     """A stream of `(stamp, text)` lines with the kubelet's timestamps, then its end or `error`."""
-
-    def __init__(self, lines, error=None) -> None:
-        self.data = b"".join(f"2026-01-01T00:00:{s} ".encode() + text + b"\n" for s, text in lines)
-        self.error = error
-
-    def stream(self, amt: int):
-        yield from (self.data[i : i + 5] for i in range(0, len(self.data), 5))
-        if self.error:
-            raise self.error
-
-    def release_conn(self) -> None:
-        pass
+    return OneStream(b"".join(f"2026-01-01T00:00:{s} ".encode() + text + b"\n" for s, text in lines), error)
 
 
 def follow_all(streams_sent, pod=None):
@@ -438,12 +430,12 @@ def test_a_re_opened_stream_writes_each_line_once_by_its_timestamp_and_text():
     ns = "000000000"
     lines, asked = follow_all(
         [
-            Stamped(
+            stamped(
                 [(f"01.5{ns[:8]}Z", b"a"), (f"02.{ns}Z", b"b"), (f"02.{ns}Z", b"c")], ConnectionResetError("reset")
             ),
             # From `sinceSeconds` ago: again what was written, then what is new (stdout and stderr
             # interleave: a new line may carry an older stamp than the last one written).
-            Stamped(
+            stamped(
                 [
                     (f"01.5{ns[:8]}Z", b"a"),
                     (f"02.{ns}Z", b"b"),
@@ -478,7 +470,7 @@ def test_a_long_line_the_runtime_split_is_written_without_the_kubelet_s_stamps_i
 
 
 def test_a_stream_the_api_refuses_is_said_once_and_not_opened_again():
-    lines, asked = follow_all([Stamped([], api_error(403))] * 3)
+    lines, asked = follow_all([stamped([], api_error(403))] * 3)
     assert len(asked) == 1
     assert lines == ["[master-0] (log stream refused: (403) Forbidden; the replica's log is not followed)"]
 
@@ -709,3 +701,14 @@ def test_what_the_launcher_keeps_of_a_replica_s_lines_is_bounded_not_the_lines_t
     assert len(instance.seen) == SEEN_LINES and all(isinstance(h, int) for h in instance.seen)
     tail = streams.tail(pod)
     assert len(tail) == 400 and all(len(line) == TAIL_LINE_CHARS for line in tail)
+
+
+def test_a_stream_past_its_read_timeout_is_opened_again_without_a_word():
+    from urllib3.exceptions import ReadTimeoutError
+
+    quiet = ReadTimeoutError(None, "/log", "Read timed out.")
+    ns = "000000000"
+    lines, asked = follow_all(
+        [stamped([(f"01.{ns}Z", b"a")], quiet), stamped([(f"01.{ns}Z", b"a"), (f"09.{ns}Z", b"b")])]
+    )
+    assert len(asked) == 2 and lines == ["[master-0] a", "[master-0] b"]

@@ -23,6 +23,13 @@ from typing import Any
 
 from trainer.launch.retry import describe, http_status
 
+try:  # what a stream read past its read timeout raises (the kubernetes client's transport)
+    from urllib3.exceptions import TimeoutError as _Urllib3Timeout
+
+    _TIMEOUTS: tuple[type[BaseException], ...] = (_Urllib3Timeout, TimeoutError)
+except ImportError:  # pragma: no cover
+    _TIMEOUTS = (TimeoutError,)
+
 #: A line longer than this is written as it comes, in pieces of about this size: output without newlines
 #: (a progress bar redrawn with `\r`) was held back whole, and split again on every chunk (quadratic).
 MAX_LINE_BYTES = 64 * 1024
@@ -145,7 +152,7 @@ class LogStreams:
         if http_status(exc) in (401, 403):
             instance.final = True
             self._log(f"[{key}] (log stream refused: {describe(exc)}; the replica's log is not followed)")
-        elif "timed out" not in str(exc).lower() and not instance.said_ended:
+        elif not isinstance(exc, _TIMEOUTS) and not instance.said_ended:
             instance.said_ended = True
             self._log(f"[{key}] (log stream ended: {describe(exc)}; it is opened again while the container runs)")
 
