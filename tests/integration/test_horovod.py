@@ -38,20 +38,33 @@ def write(path: Path, code: str) -> Path:
     return path
 
 
-def launch(cmd: list[str], world: int, logs: Path, timeout: float) -> None:
-    """`world` processes with the environment a PyTorchJob gives one-process pods (no torchrun)."""
+def start(cmd: list[str], world: int, logs: Path) -> list[subprocess.Popen]:
+    """`world` processes with the environment a PyTorchJob gives one-process pods (no torchrun),
+    each in its own session, writing to logs/log{rank}.txt."""
     port = free_port()
     procs = []
+    for r in range(world):
+        env = {**os.environ, **QUIET, "RANK": str(r), "WORLD_SIZE": str(world)}
+        env |= {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)}
+        with open(logs / f"log{r}.txt", "w") as log:
+            procs.append(
+                subprocess.Popen(cmd, env=env, cwd=REPO, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+            )
+    return procs
+
+
+def kill_all(procs: list[subprocess.Popen]) -> None:
+    for p in procs:
+        try:
+            os.killpg(p.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+
+
+def launch(cmd: list[str], world: int, logs: Path, timeout: float) -> None:
+    """Run `start`'s processes to the end; fail unless every one exits 0 within `timeout`."""
+    procs = start(cmd, world, logs)
     try:
-        for r in range(world):
-            env = {**os.environ, **QUIET, "RANK": str(r), "WORLD_SIZE": str(world)}
-            env |= {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)}
-            with open(logs / f"log{r}.txt", "w") as log:
-                procs.append(
-                    subprocess.Popen(
-                        cmd, env=env, cwd=REPO, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
-                    )
-                )
         deadline = time.monotonic() + timeout
         for p in procs:
             try:
@@ -61,11 +74,7 @@ def launch(cmd: list[str], world: int, logs: Path, timeout: float) -> None:
         for r, p in enumerate(procs):
             assert p.returncode == 0, (logs / f"log{r}.txt").read_text()[-4000:]
     finally:
-        for p in procs:
-            try:
-                os.killpg(p.pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
+        kill_all(procs)
 
 
 # --- the runner never shadows a real Horovod ----------------------------------------------
@@ -294,6 +303,8 @@ for passes in (1, 2):
         opt.step()
         opt.zero_grad()
     torch.save(model.state_dict(), f"{sys.argv[1]}/ddp-{passes}-rank{rank}.pt")
+# Leave together: a gloo rank that tears its group down while a peer is still in it can abort.
+dist.barrier()
 dist.destroy_process_group()
 """
 

@@ -10,13 +10,14 @@ their cases in turn, each from its own init, once per test session."""
 from __future__ import annotations
 
 import json
+import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 import torch
 
-from tests.integration.test_horovod import launch, write
+from tests.integration.test_horovod import kill_all, launch, start, write
 
 PRELUDE = """
 import gc, json, os, sys, time
@@ -205,25 +206,90 @@ def test_every_kind_of_disagreement_raises_on_every_rank_within_seconds(tmp_path
     assert 2.5 < missing["seconds"] < 10, missing
 
 
-# Last in the 2-rank job (see WORLD_JOBS): the other rank leaves after it.
+# --- shutdown: the processes leave together, and a peer still working is told ------------------
+
+LEAVE_CASE = """
+def leave_case(arg):
+    hvd.init()
+    r = hvd.rank()
+    mark = f"{out_dir}/leave-rank1"
+    if r == 1:
+        time.sleep(1.0)
+        open(mark, "w").close()
+    hvd.shutdown()
+    return {"saw_the_other_arrive": r == 1 or os.path.exists(mark)}
+"""
+
 GONE_CASE = """
 def gone_case(arg):
     hvd.init()
     out = {}
     if hvd.rank() == 0:
         out["extra"] = attempt(lambda: hvd.allreduce(torch.ones(1), name="after the others left"))
+    out["shutdown"] = attempt(hvd.shutdown)
     return out
+"""
+
+# Last in the 2-rank job (see WORLD_JOBS): rank 0's script ends while rank 1 is in join().
+JOINED_CASE = """
+def joined_case(arg):
+    hvd.init()
+    return {"join": attempt(hvd.join)} if hvd.rank() == 1 else {}
 """
 
 
 @pytest.mark.timeout(120)
-def test_a_collective_after_the_other_ranks_exited_fails_at_once(shared):
-    # The default check timeout (60 s) is not what bounds this: the others' exit closes the side group.
+def test_shutdown_waits_for_every_process_before_tearing_the_group_down(shared):
+    # A gloo rank that destroys its group while a peer still works in it can abort the peer
+    # ("terminate called without an active exception"): rank 1 arrives a second late.
+    assert [got["leave"] for got in world_job(shared, 2)] == [{"saw_the_other_arrive": True}] * 2
+
+
+@pytest.mark.timeout(120)
+def test_a_collective_or_join_after_another_process_shut_down_fails_at_once_naming_it(shared):
     ranks = world_job(shared, 2)
     extra = ranks[0]["gone"]["extra"]
-    assert extra["type"] == "HorovodInternalError" and "left or failed" in extra["message"], extra
+    assert extra["type"] == "HorovodInternalError", extra
+    assert "'after the others left'" in extra["message"] and "rank 1 has shut down" in extra["message"], extra
     assert extra["seconds"] < 10
-    assert ranks[1]["gone"] == {}
+    assert [got["gone"]["shutdown"]["type"] for got in ranks] == [None, None]
+    join = ranks[1]["joined"]["join"]
+    assert join["type"] == "HorovodInternalError" and join["seconds"] < 10, join
+    assert "hvd.join() can never complete: rank 0 has shut down without joining" in join["message"], join
+
+
+FAILED_RANK = (
+    PRELUDE
+    + """
+hvd.init()
+if hvd.rank() == 1:
+    raise ValueError("boom on rank 1")
+while not os.path.exists(f"{out_dir}/go"):
+    time.sleep(0.05)
+dump({"after": attempt(lambda: hvd.allreduce(torch.ones(1), name="after rank 1 failed"))})
+"""
+)
+
+
+@pytest.mark.timeout(120)
+def test_a_process_ending_on_an_uncaught_error_does_not_wait_for_the_others(tmp_path, monkeypatch):
+    # Its peers may never come: waiting the check timeout (600 s here) would only hide the failure.
+    monkeypatch.setenv("KFTRAIN_HOROVOD_CHECK_TIMEOUT_S", "600")
+    path = write(tmp_path / "script.py", FAILED_RANK)
+    procs = start([sys.executable, "-m", "trainer.horovod.run", str(path), str(tmp_path)], 2, tmp_path)
+    try:
+        try:
+            procs[1].wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            pytest.fail("rank 1 waited at its exit for rank 0:\n" + (tmp_path / "log1.txt").read_text()[-3000:])
+        assert procs[1].returncode == 1 and "boom on rank 1" in (tmp_path / "log1.txt").read_text()
+        (tmp_path / "go").touch()
+        assert procs[0].wait(timeout=60) == 0, (tmp_path / "log0.txt").read_text()[-3000:]
+    finally:
+        kill_all(procs)
+    after = json.loads((tmp_path / "rank0.json").read_text())["after"]
+    assert after["type"] == "HorovodInternalError" and "left or failed" in after["message"], after
+    assert after["seconds"] < 10, after
 
 
 # --- join: ranks that run out of data answer the others' allreduces with zeros --------------
@@ -484,9 +550,9 @@ def reinit_case(arg):
 
 # --- one job per world size runs the cases above in turn, each from its own init -------------
 
-#: [case, argument] in the order each job runs them (GONE last: the other ranks leave after it).
+#: [case, argument] in the order each job runs them (JOINED last: rank 0 leaves after it).
 WORLD_JOBS = {
-    2: [["sets", "1"], ["join", [5, 2]], ["reinit", None], ["gone", None]],
+    2: [["sets", "1"], ["join", [5, 2]], ["reinit", None], ["leave", None], ["gone", None], ["joined", None]],
     3: [["sets", "1"], ["sets", "0"], ["join", [3, 5, 1]]],
 }
 
@@ -496,7 +562,9 @@ WORLD_SCRIPT = (
     + SETS_CASE
     + JOIN_CASE
     + REINIT_CASE
+    + LEAVE_CASE
     + GONE_CASE
+    + JOINED_CASE
     + """
 results = {}
 for name, arg in json.loads(sys.argv[2]):

@@ -79,6 +79,7 @@ def test_torchrun_turns_node_ranks_into_process_ranks():
         # One write per line: with PYTHONUNBUFFERED (the operator sets it) print() writes piecewise,
         # and two local ranks sharing the pod's stdout would interleave.
         sys.stdout.write(f"RANK {env['RANK']} {env['LOCAL_RANK']} {env['WORLD_SIZE']} {int(t.item())}\\n")
+        dist.barrier()  # leave together: a rank tearing the group down can abort a peer still in it
         dist.destroy_process_group()
     """
     lines: list[str] = []

@@ -50,6 +50,7 @@ AGREE_SCRIPT = textwrap.dedent(
                 break
     us = sorted(timed)[len(timed) // 2] * 1e6
     sys.stdout.write(f"rank {rank} stopped after step {step} signal {stop.signum} agree_us {us:.0f}\\n")
+    dist.barrier()  # leave together: a rank tearing the group down can abort a peer still in it
     dist.destroy_process_group()
     """
 )

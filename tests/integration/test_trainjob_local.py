@@ -66,6 +66,7 @@ def test_torchrun_forms_the_job_from_pet_variables_alone(tmp_path):
             t = torch.tensor([1.0])
             dist.all_reduce(t)
             sys.stdout.write(f"RANK {os.environ['RANK']} {os.environ['WORLD_SIZE']} {int(t.item())}\\n")
+            dist.barrier()  # leave together: a rank tearing the group down can abort a peer still in it
             dist.destroy_process_group()
             """
         )

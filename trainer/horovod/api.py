@@ -319,6 +319,8 @@ class _State:
     store: Any = None
     incarnation = 0
     atexit_registered = False
+    # Whether shutdown waits for the other processes (not at an exit by an uncaught error).
+    leave_together = True
 
 
 _state = _State()
@@ -425,7 +427,17 @@ def _register(ps: ProcessSet) -> None:
     _state.sets[ps.process_set_id] = _SetState(tuple(ps.ranks), group, side, ps)
 
 
+def ending_on_error() -> None:
+    """The script ended on an uncaught error: `shutdown` at exit does not wait for the other
+    processes (they may never come, and the job should learn of the failure at once)."""
+    _state.leave_together = False
+
+
 def _at_exit() -> None:
+    if hasattr(sys, "last_value"):  # `python script.py` ended on an uncaught error, printed
+        ending_on_error()
+        # Its frames may hold process groups: they let go now, not in the interpreter's teardown.
+        sys.last_traceback = sys.last_value.__traceback__ = None
     shutdown()
     # The store outlives shutdown() for the next init(); at exit it goes while the interpreter
     # is still whole, not in its teardown (where dropping it can abort the process).
@@ -435,6 +447,8 @@ def _at_exit() -> None:
 def shutdown() -> None:
     """Leave the process group (if `init` made it); safe to call more than once. `init` may be
     called again afterwards (process sets must then be registered again)."""
+    if _state.leave_together:
+        _leave_together()
     for pid, st in list(_state.sets.items()):
         if pid:
             st.owner._invalidate()
@@ -449,6 +463,23 @@ def shutdown() -> None:
     if _state.owns_group and dist.is_initialized():
         dist.destroy_process_group()
     _state.topology, _state.owns_group = None, False
+
+
+def _leave_together() -> None:
+    """Wait until every process got to its shutdown, for at most the check timeout: a gloo rank
+    that tears its groups down while a peer still works in them can abort the peer ("terminate
+    called without an active exception"). It is a round of the collective protocol, so a peer
+    that issues a collective instead learns at once that this process has shut down; a peer that
+    failed or left only costs the wait."""
+    st = _state.sets.get(0)
+    if st is None or st.side is None or not dist.is_initialized():
+        return
+    with contextlib.suppress(Exception):  # a peer gone, or one that called a collective: it is told
+        codes, _ = _exchange(st, _SHUTDOWN, st.seq, _ACTIVE, _state.check_timeout)
+        active = [i for i, code in enumerate(codes) if code == _ACTIVE]
+        if len(active) < len(codes):  # processes in join() read what the first active one does
+            box = [_SHUTDOWN if st.ranks[active[0]] == rank() else None]
+            dist.broadcast_object_list(box, src=st.ranks[active[0]], group=st.side)
 
 
 def is_initialized() -> bool:
@@ -611,6 +642,10 @@ class _Desc(NamedTuple):
     tensors: tuple[TensorSpec, ...]
     root: int | None
     detail: tuple
+
+
+# What a process sends in its last round, `shutdown()`: a collective's peers see it as the kind.
+_SHUTDOWN = _Desc("shutdown", (), (), None, ())
 
 
 @dataclass(frozen=True, slots=True)
@@ -889,6 +924,13 @@ def _mismatch_message(st: _SetState, codes: list[int], descs: list[Any]) -> str:
             f"collective #{seq_b} ({_summary(db)}); a rank skipped or added a collective"
         )
     head = f"{da.kind} mismatch at collective #{seq_a}{_quoted(da.names)}"
+    if _SHUTDOWN in (da, db) and seq_a == seq_b:
+        r_gone, here, r_here = (ra, db, rb) if da == _SHUTDOWN else (rb, da, ra)
+        return (
+            f"{_summary(here)} at collective #{seq_a} on rank {r_here} can never complete: rank {r_gone} has "
+            "shut down (its script ended or called hvd.shutdown()); a collective after another process "
+            "finished is an error, as in Horovod"
+        )
     if da.kind != db.kind:
         return (
             f"order mismatch at collective #{seq_a}: rank {ra} called {_summary(da)}, rank {rb} called {_summary(db)}"
@@ -983,6 +1025,11 @@ def join(device: int = -1) -> int:
         dist.broadcast_object_list(box, src=st.ranks[active[0]], group=st.side)
         desc = box[0]
         st.seq = seq + 1
+        if desc == _SHUTDOWN:
+            raise HorovodInternalError(
+                f"hvd.join() can never complete: rank {st.ranks[active[0]]} has shut down without joining (its "
+                "script ended or called hvd.shutdown()); every process must call hvd.join() once it runs out of data"
+            )
         mirror = JOIN_MIRRORS.get(desc.kind)
         if mirror is None:
             raise HorovodInternalError(_join_unsupported(desc.kind))

@@ -125,15 +125,23 @@ def main(argv: list[str] | None = None) -> int:
     except ImportError as exc:
         missing = not_in_shim(exc)
         if missing is None:
-            traceback.print_exc()
+            _uncaught(exc)
             return 1
         print(f"kftrain horovod-run: {argv[0]} imports {missing}, {not_provided(missing)}", file=sys.stderr)
         return 1
-    except Exception:
-        # The script's own error, with its traceback, and the status `python script.py` gives.
-        traceback.print_exc()
+    except Exception as exc:
+        _uncaught(exc)
         return 1
     return 0
+
+
+def _uncaught(exc: BaseException) -> None:
+    """End as `python script.py` does on the script's own error: its traceback; and the shim, if
+    the script started it, leaves at exit without waiting for the other processes."""
+    traceback.print_exception(exc)
+    api = sys.modules.get("trainer.horovod.api")
+    if api is not None:
+        api.ending_on_error()
 
 
 if __name__ == "__main__":
