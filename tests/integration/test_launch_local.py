@@ -132,10 +132,12 @@ def test_a_rank_killed_by_a_fatal_signal_says_where_it_was():
         import os
         from trainer.stacks import print_stacks_on_signals
         print_stacks_on_signals()
+        import time
         def load_the_shards():
             os.abort()  # as libstdc++'s std::terminate does
         if os.environ["RANK"] == "1":
             load_the_shards()
+        time.sleep(60)  # the Master outlives the abort: a Master that succeeds ends the job as succeeded
     """
     spec = replace(job("aborts", code, replicas=2), env={"PYTHONPATH": str(REPO)}, timeout_s=60)
     with pytest.raises(JobFailed) as info:
