@@ -159,7 +159,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
         console.say(f"kftrain: run {run_id} (stopped or killed, it continues with: {resume})")
 
     try:
-        with run_scope(run_id), capturing(console):
+        with run_scope(run_id, on_stop=console.stopping), capturing(console):
             summary = run_local(
                 cfg,
                 local_root=args.output_dir,

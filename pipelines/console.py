@@ -46,6 +46,8 @@ _STEP_BOOKKEEPING = ("Looking for component", "Loading KFP component", "Got exec
 _REPLICA = re.compile(r"^\[[a-z][a-z0-9]*(?:-\d+)+\] ")
 #: The prefix torch's elastic agent puts on a worker's stderr lines.
 _TORCH_RANK = re.compile(r"^(\[rank\d+\]):\s?")
+#: torchrun's own record (glog style), e.g. of the SIGTERM it passes on to its processes.
+_TORCHRUN_RECORD = re.compile(r"^[IWE]\d{4} [\d:.]+ +\d+ \S*torch/distributed/")
 #: The line that ends a traceback: the exception's (dotted) class name, then `: message` or nothing.
 _EXCEPTION_LINE = re.compile(r"^(?:[A-Za-z_]\w*\.)*[A-Za-z_]\w*(?::\s|:?$)")
 #: What joins two tracebacks of one chain of exceptions.
@@ -94,6 +96,11 @@ class StepConsole(io.TextIOBase):
         #: ran, and evaluation and export read the same base model; each warning is shown once.
         self._warned: set[str] = set()
         self._unlogged: list[str] = []  # warnings given before the log opened, for its start
+        self._stopping = False  # the run was stopped (:meth:`stopping`): a step that ends now was stopped
+
+    def stopping(self, signum: int) -> None:
+        """The run is being stopped: the running step ends as stopped, not as failed."""
+        self._stopping = True
 
     def writable(self) -> bool:
         return True
@@ -182,6 +189,8 @@ class StepConsole(io.TextIOBase):
             took = format_seconds(time.monotonic() - self._t0)
             if m["status"] == "SUCCESS":
                 self._show(f"{now} {m['task']} done in {took}")
+            elif self._stopping:
+                self._show(f"{now} {m['task']} stopped after {took}", self.err)
             else:
                 self.failed_step, self.failure_tail, self.failure_line = m["task"], list(self._tail), self._error
                 self._show(f"{now} {m['task']} FAILED after {took}", self.err)
@@ -210,6 +219,8 @@ class StepConsole(io.TextIOBase):
                 self._warned.add(message)
             self._show("  " + (message if level == "INFO" else f"{level.lower()}: {message}"))
         elif m := _REPLICA.match(line):
+            if self._stopping and _TORCHRUN_RECORD.match(line[m.end() :]):
+                return  # how torchrun passed the stop on: the log has it, the terminal needs only the ranks' lines
             if self._replica_shows(m.group(0), line[m.end() :]):
                 self._show("  " + line)
         elif line.strip() and not line[0].isspace() and line != "Traceback (most recent call last):":

@@ -25,6 +25,7 @@ import shutil
 import signal
 import sys
 import tempfile
+import threading
 import time
 import warnings
 from collections.abc import Callable, Iterable, Iterator
@@ -338,25 +339,58 @@ def record_finished(
     return uri
 
 
+#: Whether this process is inside kfp.local's run of the pipeline, reading a step's output to the
+#: end (see :func:`run_scope`): a stop there lets the step's last lines through.
+_reading_steps = threading.Event()
+
+
 @contextlib.contextmanager
-def run_scope(run_id: str, grace_s: float = 10.0) -> Iterator[str]:
+def _steps_read_to_the_end() -> Iterator[None]:
+    _reading_steps.set()
+    try:
+        yield
+    finally:
+        _reading_steps.clear()
+
+
+@contextlib.contextmanager
+def run_scope(
+    run_id: str, grace_s: float = 10.0, on_stop: Callable[[int], None] = lambda signum: None
+) -> Iterator[str]:
     """Make this process and everything it starts one stoppable unit.
 
     Tags the environment (inherited by every descendant) with a run marker, puts every temporary
     file of the run in one folder, starts the watchdog that stops every marked process and removes
     that folder if this process dies, and turns SIGTERM/SIGINT into :class:`RunStopped` after
-    stopping the run's processes. Yields the marker.
+    stopping the run's processes (`on_stop(signum)` is called first). Yields the marker.
+
+    A signal while a pipeline step runs does not interrupt the reading of its output: the run's
+    processes are stopped, the step's last lines (a rank's "stopped by SIGTERM, checkpoint
+    committed") come through to the end, any process started after that is killed at once, and
+    the block then ends in RunStopped whatever the pipeline raised.
     """
-    from trainer.launch.local import RUN_MARKER_ENV, stop_marked, stopped_at_exit
+    from trainer.launch.local import RUN_MARKER_ENV, marked_pids, stop_marked, stopped_at_exit
 
     marker = f"{run_id}-{secrets.token_hex(4)}"
+    stopped: list[int] = []
+    done = threading.Event()
+
+    def keep_stopped() -> None:
+        while not done.wait(0.1):
+            for pid in marked_pids(marker, RUN_MARKER_ENV):
+                with contextlib.suppress(ProcessLookupError, PermissionError):
+                    os.kill(pid, signal.SIGKILL)
 
     def on_signal(signum: int, frame: Any) -> None:
         for sig in (signal.SIGTERM, signal.SIGINT):  # a second signal, of either kind, must not interrupt the cleanup
             signal.signal(sig, signal.SIG_IGN)
         print(f"\nkftrain: {signal.Signals(signum).name}: stopping every process of run {run_id}", file=sys.stderr)
+        on_stop(signum)
         stop_marked(marker, RUN_MARKER_ENV, grace_s)
-        raise RunStopped(signum)
+        if not _reading_steps.is_set():
+            raise RunStopped(signum)
+        stopped.append(signum)
+        threading.Thread(target=keep_stopped, name="kftrain-keep-stopped", daemon=True).start()
 
     previous: dict[int, Any] = {}
     tempdir_before = tempfile.tempdir
@@ -366,7 +400,15 @@ def run_scope(run_id: str, grace_s: float = 10.0) -> Iterator[str]:
         scratch = tempfile.tempdir = tempfile.mkdtemp(prefix=f"kftrain-{run_id}-")
         previous = {sig: signal.signal(sig, on_signal) for sig in (signal.SIGTERM, signal.SIGINT)}
         with stopped_at_exit(marker, RUN_MARKER_ENV, grace_s, remove=scratch):  # nothing of the run outlives it
-            yield marker
+            try:
+                yield marker
+            except BaseException:
+                if not stopped:
+                    raise
+            finally:
+                done.set()
+            if stopped:  # what the pipeline made of its stopped step does not matter: the run was stopped
+                raise RunStopped(stopped[0]) from None
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler)
@@ -461,15 +503,16 @@ def _run_pipeline(cfg: Config, local_root: str, min_accuracy: float, max_perplex
         root = tmp if cfg.store.uri else str(Path(local_root).expanduser().resolve())
         local.init(runner=local.SubprocessRunner(use_venv=False), pipeline_root=root)
         try:
-            task = training_pipeline(
-                config=config_to_json(cfg),
-                # The config's own Secrets: the pipeline's defaults would contradict a config naming others.
-                store_secret=cfg.kubernetes.store_secret,
-                hf_token_secret=cfg.kubernetes.hf_token_secret or DEFAULT_HF_TOKEN_SECRET,
-                launcher="local",
-                min_accuracy=min_accuracy,
-                max_perplexity=max_perplexity,
-            )
+            with _steps_read_to_the_end():
+                task = training_pipeline(
+                    config=config_to_json(cfg),
+                    # The config's own Secrets: the pipeline's defaults would contradict a config naming others.
+                    store_secret=cfg.kubernetes.store_secret,
+                    hf_token_secret=cfg.kubernetes.hf_token_secret or DEFAULT_HF_TOKEN_SECRET,
+                    launcher="local",
+                    min_accuracy=min_accuracy,
+                    max_perplexity=max_perplexity,
+                )
         except RuntimeError as exc:  # how kfp.local reports a failed task
             raise PipelineFailed(str(exc)) from None
         outputs = task.outputs

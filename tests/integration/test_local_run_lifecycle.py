@@ -172,6 +172,9 @@ def test_killing_the_cli_stops_the_run_and_run_id_resumes_it_bitwise(tmp_path, r
             assert f"run {run_id} stopped by SIGTERM" in log and f"--run-id {run_id}" in log
             assert f"(its newest committed checkpoint is step {newest})" in log  # what the resume continues from
             assert "Traceback" not in log.split("kftrain: SIGTERM")[-1]
+            # The ranks' own last lines reach the terminal, and the step reads as stopped, not failed.
+            assert f"stopped by SIGTERM at step {newest}: checkpoint committed" in log, log[-3000:]
+            assert " train stopped after " in log and " FAILED " not in log
         print(f"{sig.name}: every process of the run gone {stopped_in:.1f}s after the CLI died")
 
     summary, out = finish(tmp_path, run_id, "resumed.json")
@@ -189,6 +192,40 @@ def test_killing_the_cli_stops_the_run_and_run_id_resumes_it_bitwise(tmp_path, r
     assert time.monotonic() - t0 < 30
     assert "had already finished; nothing to do" in out and "configure started" not in out
     assert again["artifacts"] == summary["artifacts"]
+
+
+STOPPABLE_STEP = """
+import signal, sys, time
+def stop(signum, frame):
+    print("last line: stopped cleanly", flush=True)
+    sys.exit(143)
+signal.signal(signal.SIGTERM, stop)
+print("ready", flush=True)
+time.sleep(60)
+"""
+
+
+@pytest.mark.timeout(60)
+def test_a_stop_while_a_step_runs_lets_its_last_lines_through_then_ends_in_run_stopped():
+    """The step's processes are stopped, the step's output is read to its end (a raise in the
+    signal handler had dropped it), a process started after the stop is killed at once, and the
+    block ends in RunStopped whatever the pipeline made of its stopped step."""
+    from pipelines.local_run import RunStopped, _steps_read_to_the_end, run_scope
+
+    with pytest.raises(RunStopped) as stopped, run_scope("r-drain", grace_s=10), _steps_read_to_the_end():
+        step = subprocess.Popen([sys.executable, "-c", STOPPABLE_STEP], stdout=subprocess.PIPE, text=True)
+        try:
+            assert step.stdout.readline() == "ready\n"
+            os.kill(os.getpid(), signal.SIGTERM)  # its handler runs here, stopping the step, and returns
+            rest = step.stdout.read()
+            late = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+            late_rc = late.wait(timeout=10)
+        finally:
+            step.kill()
+        raise RuntimeError("how kfp.local reports the failed task")
+    assert stopped.value.signum == signal.SIGTERM
+    assert rest == "last line: stopped cleanly\n" and step.wait() == 143
+    assert late_rc == -signal.SIGKILL
 
 
 def test_a_second_signal_of_either_kind_does_not_interrupt_the_stop():

@@ -50,9 +50,11 @@ KFP_OUTPUT = f"""\
 """
 
 
-def run(text: str, verbose: bool = False) -> tuple[StepConsole, str, str, str]:
+def run(text: str, verbose: bool = False, stopping: bool = False) -> tuple[StepConsole, str, str, str]:
     log, out, err = io.StringIO(), io.StringIO(), io.StringIO()
     console = StepConsole(lambda: log, out, err, verbose=verbose)
+    if stopping:
+        console.stopping(15)
     for piece in text.splitlines(keepends=True):  # kfp.local prints the indent and the line apart
         if piece.startswith("    "):
             console.write("    ")
@@ -87,6 +89,35 @@ def test_a_failed_step_names_itself_and_its_error_not_the_traceback_frames():
     assert console.failure_tail == ["trainer.storage.ObjectNotFound: no file at /m/model.json"]
     assert err.splitlines()[0].endswith(" evaluate FAILED after 0.0s")
     assert err.splitlines()[1:] == ["  trainer.storage.ObjectNotFound: no file at /m/model.json"]
+
+
+STOPPED_STEP = f"""\
+15:00:00.002 - INFO - Executing task {CYAN}'train'{RESET}
+15:00:00.003 - INFO - Streamed logs:
+
+    [master-0] [rank 0] 15:00:01 step 20/40 epoch 1 loss 1.5 lr 3.00e-03 6,067 samples/s eta 4s
+    [master-0] W1204 15:00:02.386000 9515 /v/torch/distributed/elastic/agent/server/api.py:753] Received 15 death signal
+    [master-0] [rank 0] 15:00:02 stopped by SIGTERM at step 21: checkpoint committed 0.05s after the signal
+    Traceback (most recent call last):
+      File "x.py", line 3, in train
+    trainer.launch.backend.JobCancelled: job kftrain-1 was cancelled
+
+
+15:00:05.000 - ERROR - Task {CYAN}'train'{RESET} finished with status {RED}FAILURE{RESET}
+"""
+
+
+def test_a_step_that_ends_while_the_run_stops_shows_its_last_lines_and_was_stopped_not_failed():
+    console, log, out, err = run(STOPPED_STEP, stopping=True)
+    assert [line for line in out.splitlines() if line.startswith("  ")] == [
+        "  [master-0] [rank 0] 15:00:01 step 20/40 epoch 1 loss 1.5 lr 3.00e-03 6,067 samples/s eta 4s",
+        "  [master-0] [rank 0] 15:00:02 stopped by SIGTERM at step 21: checkpoint committed 0.05s after the signal",
+    ]
+    assert [line.split(" ", 1)[1] for line in err.splitlines()] == ["train stopped after 0.0s"]
+    assert console.failed_step == "" and "Received 15 death signal" in log
+    # Not stopping, the same end is a failure with its error (torchrun's records stay on the terminal).
+    console, log, out, err = run(STOPPED_STEP)
+    assert console.failed_step == "train" and "FAILED after" in err and "Received 15 death signal" in out
 
 
 def test_verbose_passes_everything_through_unchanged():
