@@ -34,16 +34,15 @@ class FaultProxy:
         self._lock = threading.Lock()
         self._conns: list[tuple[socket.socket, socket.socket]] = []
         self._stop = threading.Event()
+        self._held: socket.socket | None = None
         self._listener = self._listen(0)
         self.port = self._listener.getsockname()[1]
         self.url = f"http://127.0.0.1:{self.port}"
         self._acceptor = threading.Thread(target=self._accept_loop, daemon=True)
         self._acceptor.start()
 
-    def _listen(self, port: int) -> socket.socket:
-        s = socket.socket()
-        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        s.bind(("127.0.0.1", port))
+    def _listen(self, port: int, bound: socket.socket | None = None) -> socket.socket:
+        s = bound or _bound(port)
         s.listen(64)
         s.settimeout(0.1)
         return s
@@ -55,13 +54,18 @@ class FaultProxy:
             old, self.mode = self.mode, mode
             if mode == "refuse":
                 self._drop_all()
+                # Bound, not listening: connections are refused, and no other process takes the port.
+                self._held = _bound(self.port)
             elif old == "refuse":
-                self._listener = self._listen(self.port)
+                held, self._held = self._held, None
+                self._listener = self._listen(self.port, held)
 
     def close(self) -> None:
         self._stop.set()
         with self._lock:
             self._drop_all()
+            if self._held is not None:
+                self._held.close()
 
     def _drop_all(self) -> None:
         """Stop listening and reset every open connection (call with the lock held)."""
@@ -132,3 +136,10 @@ def _reset(s: socket.socket) -> None:
         s.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
     with contextlib.suppress(OSError):
         s.close()
+
+
+def _bound(port: int) -> socket.socket:
+    s = socket.socket()
+    s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    s.bind(("127.0.0.1", port))
+    return s

@@ -56,9 +56,8 @@ def test_a_rank_that_sleeps_is_named_as_the_straggler(digits, tmp_path, fault_en
     # Rank 0 logs it, at both intervals, and names rank 1 alone with its pod and node.
     assert len(named) == 2, "\n".join(lines[-30:])
     assert all(line.startswith("[master-0] [rank 0]") for line in named)
-    assert all(
-        re.search(r"rank 1 \(pod [^,]+, node node-a\) takes 0\.0[5-9]\d*s of its own per step", n) for n in named
-    )
+    own = [re.search(r"rank 1 \(pod [^,]+, node node-a\) takes ([\d.]+)s of its own per step", n) for n in named]
+    assert all(own) and all(float(m.group(1)) >= 0.05 for m in own), named  # its sleep, and what a loaded machine adds
     assert all("sync wait 0.0" in n for n in named), named  # rank 1 barely waits: the others wait for it
 
 

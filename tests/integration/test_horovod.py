@@ -21,10 +21,9 @@ import pytest
 import torch
 
 from tests.conftest import run_group
-from tests.s3server import free_port
 from trainer.horovod.run import SHIM_DIR, horovod_command
 from trainer.launch.backend import run_job
-from trainer.launch.local import LocalBackend
+from trainer.launch.local import LocalBackend, free_port
 from trainer.launch.preflight import validate_pytorchjob
 from trainer.launch.pytorchjob import pytorchjob_manifest
 from trainer.launch.spec import JobSpec

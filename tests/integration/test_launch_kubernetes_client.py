@@ -69,6 +69,6 @@ current-context: x
     spec = training_job(cfg, "kftrain-0123456789ab", "s3://bucket/ds", "s3://bucket/model")
     assert backend.custom.api_client.configuration.retries == 0  # ApiRetry's retries only, not urllib3's too
     with pytest.raises(
-        JobFailed, match=r"'create PyTorchJob team/kftrain-0123456789ab' kept failing for \ds .*timed out"
+        JobFailed, match=r"'create PyTorchJob team/kftrain-0123456789ab' kept failing for \d+s .*timed out"
     ):
         run_job(backend, replace(spec, timeout_s=600))

@@ -183,8 +183,18 @@ def test_timeout_cancels_the_whole_process_group(tmp_path):
         time.sleep(120)
     """
     backend = LocalBackend(sink=lambda line: None)
+    spec = replace(job("hangs", code), timeout_s=2)
+    backend.submit(spec)
+    try:
+        deadline = time.monotonic() + 60  # the grandchild is up, however slowly a loaded machine starts it
+        while not pidfile.is_file() or not pidfile.read_text():
+            assert time.monotonic() < deadline, "the replica never started its child"
+            time.sleep(0.05)
+    except BaseException:
+        backend.cancel(spec)
+        raise
     with pytest.raises(JobTimeout, match="did not finish within 2s"):
-        run_job(backend, replace(job("hangs", code), timeout_s=2))
+        run_job(backend, spec)  # re-attaches to the running job, times out, and cancels it
     grandchild = int(pidfile.read_text())
     deadline = time.monotonic() + 10
     while time.monotonic() < deadline:

@@ -187,10 +187,8 @@ def test_killing_the_cli_stops_the_run_and_run_id_resumes_it_bitwise(tmp_path, r
     assert record["parameter_digest"] == reference["parameter_digest"]
 
     # Rerunning a finished run does nothing and says so.
-    t0 = time.monotonic()
     again, out = finish(tmp_path, run_id, "again.json")
-    assert time.monotonic() - t0 < 30
-    assert "had already finished; nothing to do" in out and "configure started" not in out
+    assert "had already finished; nothing to do" in out and "configure started" not in out  # no step ran
     assert again["artifacts"] == summary["artifacts"]
 
 

@@ -6,9 +6,9 @@ import os
 
 import pytest
 
-from tests.s3server import free_port
 from tests.unit.test_pipelines_cli import call_cli
 from tests.unit.test_storage import assert_lists_folders
+from trainer.launch.local import free_port
 from trainer.storage import (
     ObjectNotFound,
     S3Store,

@@ -165,7 +165,7 @@ def test_definite_answers_fail_at_once(proxy, bucket, monkeypatch):
         t0 = time.monotonic()
         with pytest.raises(error, match=phrase):
             call()
-        assert time.monotonic() - t0 < 2.0  # no retrying a final answer
+        assert time.monotonic() - t0 < 15  # no retrying a final answer (retries would go on for the 60 s budget)
 
 
 @pytest.mark.parametrize(

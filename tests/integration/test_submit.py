@@ -10,8 +10,8 @@ import pytest
 
 from pipelines.submit import SubmitError, parse_params, submit, version_name
 from tests.kfp_standin import StandInKFP
-from tests.s3server import free_port
 from tests.unit.test_pipelines_cli import call_cli
+from trainer.launch.local import free_port
 
 pytestmark = pytest.mark.timeout(120)
 

@@ -90,11 +90,14 @@ def test_torchrun_forms_the_job_from_pet_variables_alone(tmp_path):
 def test_a_trainjob_succeeds_only_when_every_node_does(kind, fails):
     """JobSet's default success policy waits for every node; the operator's PyTorchJob is done
     when its Master is (and stops the stragglers)."""
-    code = """
+    # Node 1 fails after its peer has succeeded: 1.5 s later for the TrainJob, whose outcome does
+    # not depend on the order; for the PyTorchJob long after the Master's success ended the job
+    # (its replicas may start seconds apart on a loaded machine), which stops it.
+    code = f"""
         import os, sys, time
         rank = int(os.environ["PET_NODE_RANK"])
         if rank == 1:
-            time.sleep(1.5)
+            time.sleep({1.5 if fails else 60})
             sys.exit(3)
     """
     backend = LocalBackend(sink=lambda line: None, grace_s=5.0)

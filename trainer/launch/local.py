@@ -183,10 +183,22 @@ def run_captured(
 
 
 def free_port() -> int:
-    """A TCP port that is free on loopback right now."""
-    with socket.socket() as s:
-        s.bind((LOOPBACK, 0))
-        return s.getsockname()[1]
+    """A TCP port on loopback that stays free for the process that binds it next (a rendezvous
+    store, a test's server): a port merely free now can go to any other process's `bind(0)` or
+    outgoing connection before that process starts.
+
+    The port is left in TIME_WAIT (one connection to it, closed from the accepting side first),
+    so the kernel hands it to no other socket for a minute, while a listener that sets
+    SO_REUSEADDR (torch's TCPStore, Python's HTTP servers) can still take it."""
+    with socket.socket() as listener:
+        listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        listener.bind((LOOPBACK, 0))
+        listener.listen(1)
+        port = listener.getsockname()[1]
+        with socket.create_connection((LOOPBACK, port)):
+            accepted, _ = listener.accept()
+            accepted.close()
+    return port
 
 
 @dataclass
