@@ -115,9 +115,13 @@ def start_until_mid_epoch_checkpoint(spec, prefix: str, sink) -> tuple[LocalBack
     backend.submit(spec)
     mgr = CheckpointManager(LocalStore(), prefix)
     deadline = time.monotonic() + 120
-    while not [s for s in mgr.committed_steps() if s % STEPS_PER_EPOCH]:
-        assert time.monotonic() < deadline, "no checkpoint appeared"
-        time.sleep(0.01)
+    try:
+        while not [s for s in mgr.committed_steps() if s % STEPS_PER_EPOCH]:
+            assert time.monotonic() < deadline, "no checkpoint appeared"
+            time.sleep(0.01)
+    except BaseException:
+        backend.cancel(spec)  # a job left running would load the machine for the tests after this one
+        raise
     return backend, mgr
 
 
