@@ -313,6 +313,17 @@ def check_same_inputs(
     )
 
 
+def _resumed_epoch_loss(saved: float | list[float], saved_world: int, env: DistEnv) -> float:
+    """This rank's share of the epoch's loss so far, from a checkpoint's position: its own sum
+    when the world size is the same; under another, the mean of the saved ranks' sums, so that
+    the ranks together hold as many rank-steps of loss as they go on to add. A checkpoint of an
+    earlier kftrain holds rank 0's sum alone, which then stands for every rank's."""
+    sums = saved if isinstance(saved, list) else [float(saved)] * saved_world
+    if len(sums) == env.world_size:
+        return sums[env.rank]
+    return sum(sums) / len(sums)
+
+
 class Trainer:
     """One rank's training run, in the phases the loop is made of: setup (the constructor and
     :meth:`resume`), :meth:`train_step`, :meth:`end_epoch`, :meth:`save_checkpoint` and
@@ -538,7 +549,8 @@ class Trainer:
         self.epoch, self.epoch_step = int(pos["epoch"]), int(pos["epoch_step"])
         if self.epoch_step:
             # The epoch's loss so far, so the resumed run reports the same mean for the epoch.
-            self.epoch_loss += torch.tensor(pos["epoch_loss"], dtype=self.epoch_loss.dtype, device=self.device)
+            own = _resumed_epoch_loss(pos["epoch_loss"], saved_world, env)
+            self.epoch_loss += torch.tensor(own, dtype=self.epoch_loss.dtype, device=self.device)
             self.epoch_steps = int(pos["epoch_steps"])
         # The record of a resumed run covers the whole run (the report draws all three).
         self.history[:] = record.get("history", [])
@@ -576,7 +588,8 @@ class Trainer:
         position = {
             "epoch": self.epoch + 1 if at_end else self.epoch,
             "epoch_step": 0 if at_end else self.epoch_step,
-            "epoch_loss": 0.0 if at_end else float(self.epoch_loss),
+            # Every rank's sum of its step losses so far this epoch (a collective, as the save is).
+            "epoch_loss": [0.0] * self.env.world_size if at_end else self._epoch_losses(),
             "epoch_steps": 0 if at_end else self.epoch_steps,
             # What the epoch has still to give, in case the run resumes under another layout.
             "left": None if at_end else self.data.left(self.epoch_step),
@@ -712,9 +725,19 @@ class Trainer:
         self.optimizer.zero_grad(set_to_none=True)
         self.skipped += 1
 
+    def _epoch_losses(self) -> list[float]:
+        """Each rank's sum of its step losses this epoch, by rank (a collective: every rank calls it)."""
+        if not self.env.distributed:
+            return [float(self.epoch_loss)]
+        every = [torch.zeros_like(self.epoch_loss) for _ in range(self.env.world_size)]
+        torch.distributed.all_gather(every, self.epoch_loss)
+        return [float(t) for t in every]
+
     def end_epoch(self) -> None:
         """Score the validation sample, record the epoch, and checkpoint at its end if asked."""
-        record = {"epoch": self.epoch, "train_loss": float(self.epoch_loss) / max(self.epoch_steps, 1)}
+        # The mean over the epoch's steps of every rank's loss: the whole job's data, not rank 0's share.
+        mean = sum(self._epoch_losses()) / (self.env.world_size * max(self.epoch_steps, 1))
+        record = {"epoch": self.epoch, "train_loss": mean}
         if self.validates:
             record.update(self.task.validate(unwrap(self.model), self.data.val, self.device, self.micro))
         if self.env.is_main:

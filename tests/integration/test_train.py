@@ -111,10 +111,14 @@ def test_one_rank_and_two_ranks_learn_the_same_model(shared, tmp_path):
     """Same global batches (a fixed data.partitions), same seed: DDP's averaged gradients equal
     the single-process ones."""
     train(shared_digits(shared), str(tmp_path / "one"), replicas=1, **{**TWO_RANKS, "job.replicas": 1})
-    one, _ = load_model(LocalStore(), str(tmp_path / "one"))
-    two, _ = load_model(LocalStore(), two_rank_run(shared)[0])
+    uris = (str(tmp_path / "one"), two_rank_run(shared)[0])
+    one, _ = load_model(LocalStore(), uris[0])
+    two, _ = load_model(LocalStore(), uris[1])
     for p1, p2 in zip(one.parameters(), two.parameters(), strict=True):
         torch.testing.assert_close(p1, p2, rtol=1e-4, atol=1e-5)
+    # An epoch's train_loss is the whole job's, both ranks' halves of each batch (was: rank 0's half).
+    one_h, two_h = (json.loads(LocalStore().get_bytes(join_uri(u, "training.json")))["history"] for u in uris)
+    assert [h["train_loss"] for h in two_h] == pytest.approx([h["train_loss"] for h in one_h], rel=1e-5)
 
 
 def test_two_ranks_keep_and_export_the_best_checkpoint(shared, tmp_path):

@@ -18,7 +18,7 @@ from trainer.export import export_model, load_torchscript
 from trainer.model_io import load_model
 from trainer.storage import LocalStore, join_uri
 from trainer.tasks import get_task
-from trainer.train import NonFiniteLoss, run_training
+from trainer.train import NonFiniteLoss, _resumed_epoch_loss, run_training
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -468,3 +468,17 @@ def test_a_pretrained_task_with_its_own_loss_trains_on_it():
     model = lambda input_ids: SimpleNamespace(logits=torch.zeros(1, 3, 5))  # noqa: E731 (uniform over 5 tokens)
     assert Mine().summed_loss(model, batch) is None
     assert float(Mine().loss(model, batch)) == pytest.approx(2 * math.log(5))
+
+
+@pytest.mark.parametrize(
+    ("saved", "saved_world", "rank", "world", "own"),
+    [
+        ([1.0, 3.0], 2, 1, 2, 3.0),  # the same layout: each rank its own sum, exactly
+        ([1.0, 3.0], 2, 0, 2, 1.0),
+        ([1.0, 3.0, 5.0], 3, 0, 2, 3.0),  # another: the mean rank's sum, on every rank
+        ([1.0, 3.0], 2, 2, 4, 2.0),
+        (1.5, 2, 1, 2, 1.5),  # an earlier kftrain's checkpoint: rank 0's sum stands for each rank's
+    ],
+)
+def test_a_resumed_epoch_s_loss_so_far_counts_every_rank_of_the_saved_run(saved, saved_world, rank, world, own):
+    assert _resumed_epoch_loss(saved, saved_world, DistEnv(rank=rank, world_size=world)) == own
