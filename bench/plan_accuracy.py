@@ -23,7 +23,6 @@ import argparse
 import dataclasses
 import json
 import os
-import socket
 import statistics
 import sys
 import time
@@ -32,6 +31,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from trainer.config import Config  # noqa: E402
+from trainer.launch.local import free_port  # noqa: E402
 from trainer.local_probe import probe_locally  # noqa: E402
 from trainer.plan import Interconnect, make_plan  # noqa: E402
 from trainer.plan.probe import ProbeResult  # noqa: E402
@@ -43,13 +43,6 @@ SIZES = {
     "GPT 4x256": (4, 256, 4, 256),
 }
 SWEEP_BYTES = [2**k for k in range(12, 25, 2)]  # 4 KiB .. 16 MiB
-
-
-def free_port() -> int:
-    """A TCP port free on loopback now, for the sweep's rendezvous."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _sweep_rank(rank: int, world: int, port: int, out: str) -> None:

@@ -367,7 +367,8 @@ def run_scope(
     A signal while a pipeline step runs does not interrupt the reading of its output: the run's
     processes are stopped, the step's last lines (a rank's "stopped by SIGTERM, checkpoint
     committed") come through to the end, any process started after that is killed at once, and
-    the block then ends in RunStopped whatever the pipeline raised.
+    the block then ends in RunStopped whatever the pipeline raised (a pipeline that finished all
+    the same was signalled after its last step: the run is done).
     """
     from trainer.launch.local import RUN_MARKER_ENV, marked_pids, stop_marked, stopped_at_exit
 
@@ -405,10 +406,11 @@ def run_scope(
             except BaseException:
                 if not stopped:
                     raise
+                # What the pipeline made of its stopped step does not matter: the run was stopped.
+                raise RunStopped(stopped[0]) from None
             finally:
                 done.set()
-            if stopped:  # what the pipeline made of its stopped step does not matter: the run was stopped
-                raise RunStopped(stopped[0]) from None
+            # A signal after the last step's processes had ended stopped nothing: the run finished.
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler)

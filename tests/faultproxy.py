@@ -139,7 +139,17 @@ def _reset(s: socket.socket) -> None:
 
 
 def _bound(port: int) -> socket.socket:
-    s = socket.socket()
-    s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    s.bind(("127.0.0.1", port))
-    return s
+    """A socket bound to `port`, retried for a moment: a listener just closed while the accept
+    loop's poll held it lets go of the port within that poll's 0.1 s."""
+    deadline = time.monotonic() + 5
+    while True:
+        s = socket.socket()
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            s.bind(("127.0.0.1", port))
+            return s
+        except OSError:
+            s.close()
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.02)

@@ -252,7 +252,7 @@ def test_a_collective_or_join_after_another_process_shut_down_fails_at_once_nami
     assert extra["type"] == "HorovodInternalError", extra
     assert "'after the others left'" in extra["message"] and "rank 1 has shut down" in extra["message"], extra
     assert extra["seconds"] < 10
-    assert [got["gone"]["shutdown"]["type"] for got in ranks] == [None, None]
+    assert all(got["gone"]["shutdown"]["seconds"] < 10 for got in ranks), ranks  # not the 60 s check timeout
     join = ranks[1]["joined"]["join"]
     assert join["type"] == "HorovodInternalError" and join["seconds"] < 10, join
     assert "hvd.join() can never complete: rank 0 has shut down without joining" in join["message"], join

@@ -254,3 +254,37 @@ def test_sigterm_to_the_launcher_stops_every_replica(tmp_path):
     finally:
         with contextlib.suppress(ProcessLookupError):
             os.killpg(proc.pid, signal.SIGKILL)
+
+
+def test_a_cancel_returns_after_the_replicas_last_lines_are_passed_on(tmp_path):
+    """A cancelled rank's last words (its stop checkpoint's line) reach the sink before cancel()
+    returns: the step that cancels may exit right after (was: lost when the copying thread lagged)."""
+    ready = tmp_path / "ready"
+    code = f"""
+        import pathlib, signal, sys, time
+        def stop(signum, frame):
+            for i in range(4000):
+                sys.stdout.write(f"last words {{i}}\\n")
+            sys.stdout.flush()
+            sys.exit(143)
+        signal.signal(signal.SIGTERM, stop)
+        pathlib.Path({str(ready)!r}).touch()
+        time.sleep(60)
+    """
+    lines: list[str] = []
+
+    def slow_sink(line: str) -> None:  # a consumer that lags (a loaded machine, a slow terminal)
+        time.sleep(0.0005)
+        lines.append(line)
+
+    backend = LocalBackend(sink=slow_sink)
+    spec = job("cancelled", code)
+    backend.submit(spec)
+    try:
+        deadline = time.monotonic() + 60
+        while not ready.exists():
+            assert time.monotonic() < deadline, "the replica never started"
+            time.sleep(0.05)
+    finally:
+        backend.cancel(spec)
+    assert [line for line in lines if "last words" in line][-1].endswith("last words 3999"), lines[-5:]

@@ -225,6 +225,11 @@ def test_a_stop_while_a_step_runs_lets_its_last_lines_through_then_ends_in_run_s
     assert rest == "last line: stopped cleanly\n" and step.wait() == 143
     assert late_rc == -signal.SIGKILL
 
+    # A signal after the last step's processes ended stops nothing: a pipeline that finishes all
+    # the same finished (the CLI then reports the run done, with its summary).
+    with run_scope("r-late", grace_s=1), _steps_read_to_the_end():
+        os.kill(os.getpid(), signal.SIGTERM)
+
 
 def test_a_second_signal_of_either_kind_does_not_interrupt_the_stop():
     """SIGTERM, then Ctrl-C while the run's processes stop: the second is ignored (was: a second

@@ -145,10 +145,9 @@ def test_sigterm_mid_epoch_commits_exits_143_and_resumes_bitwise_equal(shared, t
     stops = {int(m.group(1)) for line in lines if (m := re.search(r"stopped by SIGTERM at step (\d+)", line))}
     assert len(stops) == 1, lines[-40:]
     stopped_at = stops.pop()
-    # Mid-epoch as a rule (signalled right after the first mid-epoch checkpoint); on a loaded
-    # machine the signal may come late enough for the stop to fall on an epoch's end, which
-    # resumes just as well.
     assert stopped_at < epochs * STEPS_PER_EPOCH
+    if not stopped_at % STEPS_PER_EPOCH:  # signalled right after a mid-epoch checkpoint, a loaded machine can be late
+        pytest.skip(f"the stop fell on an epoch's end (step {stopped_at}): this run cannot show a mid-epoch resume")
     assert max(mgr.committed_steps()) == stopped_at  # the step it stopped at, not an older one
     reported = [float(m.group(1)) for line in lines if (m := re.search(r"committed ([\d.]+)s after the signal", line))]
     assert len(reported) == 1, "rank 0 alone reports the time"

@@ -475,6 +475,8 @@ def _leave_together() -> None:
     if st is None or st.side is None or not dist.is_initialized():
         return
     with contextlib.suppress(Exception):  # a peer gone, or one that called a collective: it is told
+        while st.pending:  # this process's own checks in flight come first (as in join())
+            st.pending[0].finish()
         codes, _ = _exchange(st, _SHUTDOWN, st.seq, _ACTIVE, _state.check_timeout)
         active = [i for i, code in enumerate(codes) if code == _ACTIVE]
         if len(active) < len(codes):  # processes in join() read what the first active one does

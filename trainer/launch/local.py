@@ -331,7 +331,8 @@ class LocalBackend:
 
     def cancel(self, spec: JobSpec) -> None:
         """SIGTERM to every process of the job (as stopping its containers would), then, after a
-        grace period, SIGKILL whatever is left."""
+        grace period, SIGKILL whatever is left; their last lines (a rank's "stopped by SIGTERM,
+        checkpoint committed") are passed on before this returns."""
         replicas = self._jobs.get(spec.name, [])
         self.kill(spec, signal.SIGTERM)
         end = time.monotonic() + 10.0
@@ -340,6 +341,8 @@ class LocalBackend:
                 r.proc.poll()  # reap the agents
             time.sleep(0.05)
         self.kill(spec)
+        for r in replicas:
+            self._drain(r)
 
     def kill(self, spec: JobSpec, sig: int = signal.SIGKILL) -> None:
         """Send `sig` to every process of the job at once, as a node failure would."""
