@@ -186,10 +186,7 @@ class StoreConfig:
     def __post_init__(self) -> None:
         check_bounds(self, "store", _STORE_BOUNDS)
         if self.uri:
-            try:
-                parse_uri(self.uri)
-            except ValueError as exc:
-                raise ConfigError(f"store.uri: {exc}") from None
+            check_uri("store.uri", self.uri)
         if self.endpoint and (problem := endpoint_problem(self.endpoint)):
             raise ConfigError(f"store.endpoint: {redact(self.endpoint)!r} {problem}")  # never a password
 
@@ -275,10 +272,7 @@ class DataConfig:
 
     def __post_init__(self) -> None:
         if self.source not in ("", "digits", "python-stdlib"):
-            try:
-                parse_uri(self.source)
-            except ValueError as exc:
-                raise ConfigError(f"data.source: {exc}") from None
+            check_uri("data.source", self.source)
         check_bounds(self, "data", _DATA_BOUNDS)
         try:
             parse_tokenizer_spec(self.tokenizer)
@@ -338,10 +332,7 @@ class ModelConfig:
             except PretrainedError as exc:
                 raise ConfigError(str(exc)) from None
         elif self.init_from:
-            try:
-                parse_uri(self.init_from)
-            except ValueError as exc:
-                raise ConfigError(f"model.init_from: {exc}") from None
+            check_uri("model.init_from", self.init_from)
         if self.init_from:
             defaults = ModelConfig()
             for name in PRETRAINED_OWNS:
@@ -563,13 +554,27 @@ def is_uri(value: str) -> bool:
     return "://" in value or value.startswith(("/", ".", "~"))
 
 
+def check_uri(field: str, value: str) -> None:
+    """ConfigError naming `field` when the store URI `value` is malformed, or starts or ends with
+    whitespace: a space pasted along (`s3://bucket/runs `) would put everything under another
+    prefix, or in a relative folder named ' ' instead of the absolute path typed."""
+    _no_whitespace_around(field, value)
+    try:
+        parse_uri(value)
+    except ValueError as exc:
+        raise ConfigError(f"{field}: {exc}") from None
+
+
+def _no_whitespace_around(field: str, value: str) -> None:
+    if value != value.strip():
+        raise ConfigError(f"{field}: {redact(value)!r} starts or ends with whitespace: remove it")
+
+
 def check_resume_from(value: str) -> None:
     """ConfigError naming checkpoint.resume_from when `value` is neither a URI nor `RUN[/TASK]`."""
+    _no_whitespace_around("checkpoint.resume_from", value)
     if is_uri(value):
-        try:
-            parse_uri(value)
-        except ValueError as exc:
-            raise ConfigError(f"checkpoint.resume_from: {exc}") from None
+        check_uri("checkpoint.resume_from", value)
         return
     parts = value.split("/")
     if len(parts) > 2 or not all(_RUN_NAME.fullmatch(p) for p in parts):
@@ -644,10 +649,7 @@ class CheckpointConfig:
         if self.export_best and not self.keep_best:
             raise ConfigError("checkpoint.export_best: needs checkpoint.keep_best, the metric that picks the best")
         if self.uri:
-            try:
-                parse_uri(self.uri)
-            except ValueError as exc:
-                raise ConfigError(f"checkpoint.uri: {exc}") from None
+            check_uri("checkpoint.uri", self.uri)
         if self.resume_from:
             check_resume_from(self.resume_from)
         if self.resume_from and not self.enabled:

@@ -1,3 +1,5 @@
+import re
+
 import pytest
 
 from trainer.config import Config, ConfigError, config_from_json, config_to_json, load_config, parse_config
@@ -237,3 +239,14 @@ def test_an_override_through_a_non_mapping_names_the_whole_path():
         parse_config("train: 3", {"train.epochs": 2})
     with pytest.raises(ConfigError, match=r"^train\.lr\.x: must be a mapping"):
         parse_config("train:\n  lr: {x: 3}\n", {"train.lr.x.y": 2})
+
+
+@pytest.mark.parametrize(
+    "field", ["store.uri", "checkpoint.uri", "checkpoint.resume_from", "data.source", "model.init_from"]
+)
+@pytest.mark.parametrize("value", ["s3://kftrain-runs/runs ", " /tmp/runs", "/tmp/runs\t", "\ns3://kftrain-runs/x"])
+def test_a_uri_with_whitespace_around_it_is_refused_naming_the_field(field, value):
+    # A space pasted along (the KFP UI's text box) put a whole run under 'runs /', or in a
+    # relative folder named ' ', while the run succeeded.
+    with pytest.raises(ConfigError, match=f"^{re.escape(field)}: .* starts or ends with whitespace: remove it$"):
+        load_config(overrides={field: value})
