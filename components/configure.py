@@ -31,6 +31,9 @@ def configure(
     resume_from: str = "",
     store_secret: str = "mlpipeline-minio-artifact",
     hf_token_secret: str = "hf-token",
+    launcher: str = "auto",
+    min_accuracy: float = 0.0,
+    max_perplexity: float = 0.0,
 ) -> str:
     """Validate the whole config once, before any work starts, and hand every later step the
     same effective config (as JSON text; the step's output shows it). Also checks what can be
@@ -46,11 +49,17 @@ def configure(
             replicas get the same one.
         hf_token_secret: The Secret with the Hugging Face token (key `HF_TOKEN`) that the later
             step pods mount; the training replicas get the same one.
+        launcher: The training step's launcher (`auto`, `kubernetes`, `local`), checked here.
+        min_accuracy: The evaluation's quality gate (classification), checked here.
+        max_perplexity: The evaluation's quality gate (causal_lm), checked here.
 
     Returns:
         The effective config as JSON text.
     """
-    knobs = {k: v for k, v in locals().items() if k not in ("config", "store_secret", "hf_token_secret")}
+    knobs = dict(locals())  # the parameters, first thing: what config_from_params maps onto the config
+    for name in ("config", "store_secret", "hf_token_secret"):
+        del knobs[name]
+    run_settings = {name: knobs.pop(name) for name in ("launcher", "min_accuracy", "max_perplexity")}
     from components.runtime import end_with_one_line
 
     end_with_one_line("configure")
@@ -64,6 +73,9 @@ def configure(
         # The later steps mount it by name: an empty name is a pod the API server refuses.
         raise ConfigError("hf_token_secret: must name a Secret (it is optional: none by that name is fine)")
     cfg = config_from_params(config, store_secret=store_secret, hf_token_secret=hf_token_secret, **knobs)
+    from trainer.checks import check_run_settings
+
+    check_run_settings(cfg, **run_settings)
     # Whatever can be checked before any step is checked now: the job a cluster would refuse, the
     # store and checkpoint prefixes, a custom task, data.source, a base model.
     cfg = check_before_steps(cfg)  # checkpoint.resume_from pinned to the checkpoint it names now

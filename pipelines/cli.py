@@ -50,7 +50,6 @@ def _resume_command(argv: list[str], run_id: str | None) -> str:
 
 
 #: `--min-accuracy` when not given (a classification run's gate).
-DEFAULT_MIN_ACCURACY = 0.9
 #: `kftrain run`'s exit status when the run finished but its model failed the quality gate (and
 #: was not exported): a script's `kftrain run ... && deploy` stops there.
 GATE_FAILED = 3
@@ -59,7 +58,7 @@ GATE_FAILED = 3
 def _check_gates(args: argparse.Namespace, task: str) -> None:
     """Refuse a quality gate the built-in `task` never reports the metric of (it would be ignored);
     then give the gates not given their defaults."""
-    from trainer.checks import gate_ignored
+    from trainer.checks import GATE_DEFAULTS, gate_ignored
     from trainer.config import ConfigError
 
     def flag(name: str) -> str:
@@ -69,7 +68,7 @@ def _check_gates(args: argparse.Namespace, task: str) -> None:
         value = getattr(args, name)
         if problem := gate_ignored(name, value, task, flag):
             raise ConfigError(f"{flag(name)} {value:g}: {problem}")
-    args.min_accuracy = DEFAULT_MIN_ACCURACY if args.min_accuracy is None else args.min_accuracy
+    args.min_accuracy = GATE_DEFAULTS["min_accuracy"] if args.min_accuracy is None else args.min_accuracy
     args.max_perplexity = args.max_perplexity or 0.0
 
 
@@ -690,6 +689,8 @@ class OutputError(KftrainError):
 
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser of every subcommand."""
+    from trainer.checks import GATE_DEFAULTS
+
     parser = _Parser(prog="kftrain", description="Distributed PyTorch training on Kubeflow.")
     sub = parser.add_subparsers(dest="command", required=True)
 
@@ -715,7 +716,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--min-accuracy",
         type=_gate("min_accuracy"),
-        help=f"quality gate for classification, in [0, 1] (default {DEFAULT_MIN_ACCURACY})",
+        help=f"quality gate for classification, in [0, 1] (default {GATE_DEFAULTS['min_accuracy']:g})",
     )
     p.add_argument(
         "--max-perplexity", type=_gate("max_perplexity"), help="quality gate for causal_lm (default 0: none)"

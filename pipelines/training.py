@@ -20,6 +20,7 @@ from components.params import DEFAULT_HF_TOKEN_SECRET, DEFAULT_STORE_SECRET, PAR
 from components.plan import plan
 from components.task_options import launcher_task_options
 from components.train import train
+from trainer.checks import GATE_DEFAULTS
 from trainer.config import HF_TOKEN, KFP_STORE_SECRET_KEYS
 
 #: Resolved by KFP's driver per task: together they name a task exactly (components/runtime.py).
@@ -79,7 +80,15 @@ def _pipeline(
 
     # configure reads the store (its prefixes, data.source, a base model's folder), never the Hub.
     conf = with_secrets(
-        configure(config=config, store_secret=store_secret, hf_token_secret=hf_token_secret, **knobs),
+        configure(
+            config=config,
+            store_secret=store_secret,
+            hf_token_secret=hf_token_secret,
+            launcher=launcher,
+            min_accuracy=min_accuracy,
+            max_perplexity=max_perplexity,
+            **knobs,
+        ),
         hub_token=False,
     )
     conf.set_display_name("configure")
@@ -132,7 +141,7 @@ SIGNATURE = signature(
         _param("store_secret", str, DEFAULT_STORE_SECRET),
         _param("hf_token_secret", str, DEFAULT_HF_TOKEN_SECRET),
         _param("launcher", str, "auto"),
-        _param("min_accuracy", float, 0.9),
+        _param("min_accuracy", float, GATE_DEFAULTS["min_accuracy"]),
         _param("max_perplexity", float, 0.0),
     ],
     return_annotation=TrainingOutputs,

@@ -43,6 +43,36 @@ def gate_problem(name: str, value: float) -> str:
     return "" if value == 0.0 or 0.0 < value < math.inf else "must be 0 (no bar) or a positive number"
 
 
+#: The pipeline's and `kftrain run`'s quality gates when none is given (0: no bar).
+GATE_DEFAULTS = {"min_accuracy": 0.9, "max_perplexity": 0.0}
+
+
+def check_gates(min_accuracy: float, max_perplexity: float, task: str = "") -> None:
+    """ConfigError naming the quality gate whose value cannot work: out of its range (a
+    percentage for the fraction, a negative bar), or a bar set (not the default) that `task`, a
+    built-in task, never reports."""
+    for name, value in (("min_accuracy", min_accuracy), ("max_perplexity", max_perplexity)):
+        ignored = "" if value == GATE_DEFAULTS[name] else gate_ignored(name, value, task)
+        if problem := gate_problem(name, value) or ignored:
+            raise ConfigError(f"{name} {value:g}: {problem}")
+
+
+def check_run_settings(cfg: Config, launcher: str, min_accuracy: float, max_perplexity: float) -> None:
+    """The pipeline's own parameters, beside the config, checked in its first step: a value that
+    would otherwise fail the training step after data prep, or pass the quality gate whatever
+    the model, is a ConfigError naming the parameter. On a cluster every location the steps and
+    replicas share must be in the object store (pods share no disk)."""
+    from trainer.launch.job import pod_read_paths
+    from trainer.launch.spec import require_object_store, require_pod_paths
+    from trainer.pipeline_steps import resolve_launcher
+
+    check_gates(min_accuracy, max_perplexity, cfg.task)
+    if resolve_launcher(launcher) == "kubernetes":
+        shared = {"store.uri": cfg.store.uri, "checkpoint.uri": cfg.checkpoint.uri}
+        require_object_store({field: uri for field, uri in shared.items() if uri})
+        require_pod_paths(pod_read_paths(cfg))
+
+
 #: What each quality gate reads, as a built-in task's epoch record names it (EPOCH_METRICS).
 GATE_METRICS = {"min_accuracy": "val_accuracy", "max_perplexity": "val_perplexity"}
 

@@ -13,7 +13,7 @@ import sys
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from trainer.config import Config, to_dict
+from trainer.config import Config, ConfigError, to_dict
 from trainer.errors import KftrainError
 from trainer.launch.backend import JobBackend, run_job
 from trainer.launch.spec import job_name
@@ -140,7 +140,7 @@ def resolve_launcher(launcher: str) -> str:
     """`local` or `kubernetes`: `auto` picks Kubernetes inside a pod (the service-account env is
     present), else local."""
     if launcher not in LAUNCHERS:
-        raise ValueError(f"launcher must be one of {', '.join(LAUNCHERS)}, got {launcher!r}")
+        raise ConfigError(f"launcher {launcher!r}: must be one of {', '.join(LAUNCHERS)}")
     if launcher == "auto":
         return "kubernetes" if os.environ.get("KUBERNETES_SERVICE_HOST") else "local"
     return launcher
@@ -213,6 +213,7 @@ def evaluate(
     """Test-split metrics (also `output_uri`/metrics.json), the quality gate's verdict and reason,
     and the HTML report (run header, curves, confusion matrix, tables) written to `report_uri`;
     `run_id` names the run in the report's header."""
+    from trainer.checks import check_gates
     from trainer.evaluate import evaluate_model, quality_gate
     from trainer.generations import GenerationSettings
     from trainer.pretrained import bases_through
@@ -220,6 +221,7 @@ def evaluate(
     from trainer.runs import TRAINING_RECORD
     from trainer.shards import read_manifest
 
+    check_gates(min_accuracy, max_perplexity, cfg.task)  # before the test split is scored, not after
     store = store_for(cfg, output_uri, check=True)
     with bases_through(cfg.store):  # a fine-tuned model's base is in the configured store, as training read it
         report = evaluate_model(

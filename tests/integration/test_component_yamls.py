@@ -97,3 +97,35 @@ def test_component_yamls_in_a_user_pipeline_two_training_tasks_get_their_own_job
     assert len(models) == 2 and {m.parent.name.split("-")[0] for m in models} == {"train"}
     for model in models:
         assert json.loads((model / "training.json").read_text())["config"]["train"]["epochs"] == 1
+
+
+@pytest.mark.timeout(200)
+def test_the_pipeline_s_own_parameters_fail_its_first_step_naming_them(tmp_path):
+    """As typed in the KFP UI: each bad value fails `configure` with its one line, before data
+    prep (was: min_accuracy -1 exported whatever model; a launcher typo failed the training step
+    after data prep; a store URI with a trailing space ran the whole pipeline under another prefix)."""
+    cases = {
+        "min_accuracy": (
+            {"min_accuracy": -1.0},
+            "kftrain-error: configure: min_accuracy -1: must be a number in [0, 1]",
+        ),
+        "launcher": ({"launcher": "Local"}, "kftrain-error: configure: launcher 'Local': must be one of"),
+        "store": ({"store": str(tmp_path / "store ")}, "starts or ends with whitespace: remove it"),
+    }
+    result = run_kfp_local(
+        tmp_path,
+        f"""
+        pipeline = components.load_component_from_file(REPO + "/compiled/training_pipeline.yaml")
+        failed = {{}}
+        for name, params in {json.dumps({k: v[0] for k, v in cases.items()})}.items():
+            try:
+                pipeline(**{{"config": "job: {{replicas: 1}}", "launcher": "local", **params}})
+            except RuntimeError as exc:
+                failed[name] = str(exc)
+        print("RESULT " + json.dumps(failed))
+        """,
+    )
+    for name, (_, line) in cases.items():
+        assert "Inner task failed" in result[name] and "'configure'" in result[name], result[name]
+        assert line in result["out"], (name, result["out"][-3000:])
+    assert "data-prep" not in result["out"] and "Executing task 'data-prep'" not in result["out"]

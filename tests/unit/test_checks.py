@@ -5,13 +5,14 @@ and every refusal names the field and the fix on one line."""
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 
 import pytest
 
 from tests.hf_models import base_model_config, model_variant
-from trainer.checks import check_base_model, check_model_memory, state_bytes_per_rank
-from trainer.config import ConfigError, parse_config
+from trainer.checks import GATE_DEFAULTS, check_base_model, check_model_memory, check_run_settings, state_bytes_per_rank
+from trainer.config import ConfigError, load_config, parse_config
 from trainer.errors import KftrainError
 from trainer.example_model import tiny_llama_folder
 
@@ -396,3 +397,40 @@ def test_a_resume_on_a_base_model_replaced_in_place_is_refused_before_any_step(f
     save_file({k: v + 0.01 for k, v in load_file(weights).items()}, weights, metadata={"format": "pt"})
     with pytest.raises(CheckpointError, match=f"model.init_from '{base}' holds other weights than when the checkpoint"):
         check_continues(cfg, record, "start without resume_from")
+
+
+LM = {"task": "causal_lm"}
+S3 = {"store.uri": "s3://kftrain-runs/r", "store.endpoint": "http://127.0.0.1:9000"}
+
+
+@pytest.mark.parametrize(
+    ("overrides", "settings", "refused"),
+    [
+        ({}, {"min_accuracy": -1.0}, "min_accuracy -1: must be a number in [0, 1]"),  # was: the gate off
+        ({}, {"min_accuracy": 90.0}, "min_accuracy 90: must be a number in [0, 1]"),  # a percentage
+        ({}, {"min_accuracy": math.nan}, "min_accuracy nan: must be a number in [0, 1]"),
+        (LM, {"max_perplexity": -1.0}, "max_perplexity -1: must be 0 (no bar) or a positive number"),
+        ({}, {"max_perplexity": 1.5}, "max_perplexity 1.5: task 'classification' reports no perplexity"),
+        (LM, {"min_accuracy": 0.5}, "min_accuracy 0.5: task 'causal_lm' reports no accuracy"),
+        ({}, {"launcher": "Local"}, "launcher 'Local': must be one of auto, local, kubernetes"),
+        ({"store.uri": "/tmp/runs"}, {"launcher": "kubernetes"}, "store.uri"),  # pods share no disk
+        ({**S3, "checkpoint.uri": "/tmp/ckpt"}, {"launcher": "kubernetes"}, "checkpoint.uri"),
+        ({}, {}, ""),  # the pipeline's defaults, on either task
+        (LM, {}, ""),
+        (LM, {"max_perplexity": 40.0}, ""),
+        (S3, {"launcher": "kubernetes", "min_accuracy": 0.0}, ""),
+        ({"store.uri": "/tmp/runs"}, {"launcher": "local"}, ""),
+    ],
+)
+def test_the_pipeline_s_own_parameters_are_checked_in_its_first_step(overrides, settings, refused):
+    """What the KFP UI takes beside the config: a bad value was found at the training step (a
+    launcher typo, after data prep), after training (a local store on a cluster), or never (a
+    negative min_accuracy turned the gate off, a perplexity bar on a classifier was ignored)."""
+    cfg = load_config(overrides=overrides)
+    given = {"launcher": "auto", "min_accuracy": GATE_DEFAULTS["min_accuracy"], "max_perplexity": 0.0, **settings}
+    if not refused:
+        check_run_settings(cfg, **given)
+        return
+    with pytest.raises(ConfigError) as err:
+        check_run_settings(cfg, **given)
+    assert str(err.value).startswith(refused), str(err.value)

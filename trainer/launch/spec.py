@@ -34,7 +34,7 @@ import os
 import re
 from dataclasses import dataclass, field
 
-from trainer.config import AUTO, PYTORCHJOB, TRAINJOB, KubernetesConfig
+from trainer.config import AUTO, PYTORCHJOB, TRAINJOB, ConfigError, KubernetesConfig
 from trainer.storage import parse_uri
 
 MASTER = "master"
@@ -189,9 +189,9 @@ def require_object_store(uris: dict[str, str]) -> None:
         try:
             remote = parse_uri(uri).is_remote
         except ValueError as exc:
-            raise ValueError(f"{what}: {exc}") from None
+            raise ConfigError(f"{what}: {exc}") from None
         if not remote:
-            raise ValueError(
+            raise ConfigError(
                 f"{what} {uri!r} is a local path, which each pod would see as its own empty disk: "
                 "use an object-store URI (s3://bucket/key or minio://bucket/key)"
             )
@@ -204,7 +204,7 @@ def require_pod_paths(uris: dict[str, str]) -> None:
     for what, uri in uris.items():
         if "://" in uri or (os.path.isabs(uri) and not uri.startswith("~")):
             continue
-        raise ValueError(
+        raise ConfigError(
             f"{what} {uri!r} is a path on this machine, which the cluster's pods cannot read: upload it to the "
             "object store and give its s3:// URI, or give the absolute path where the image holds it"
         )
