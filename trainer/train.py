@@ -418,11 +418,23 @@ class Trainer:
         self.data_wait = 0.0
         self.skipped = self.nonfinite_in_a_row = 0
         self.first_step_at: float | None = None
+        self.resumed_elsewhere = False  # from checkpoint.resume_from, another run's checkpoint
         resumes = cfg.checkpoint.resume or cfg.checkpoint.resume_from
         left = self.resume() if self.ckpt is not None and resumes else None
         self.start_step = self.step
         self.epoch_steps_total = self.data.begin_epoch(self.epoch, self.epoch_step, left)
         self.total_steps = self._planned_steps()
+        if self.resumed_elsewhere and self.step >= self.total_steps and env.is_main:
+            # Legitimate after a retry of this run; from another run's checkpoint, most likely
+            # train.epochs left as that run had it.
+            limit = f"train.max_steps {tc.max_steps}" if tc.max_steps else f"train.epochs {tc.epochs}"
+            log.warning(
+                "checkpoint.resume_from: its step %d is where %s ends, so nothing is left to train and the "
+                "model is the checkpoint's; raise %s to train it further",
+                self.step,
+                limit,
+                limit.split()[0],
+            )
 
         self.peak = peak_flops(device, cfg) * env.world_size
         events = None
@@ -518,6 +530,7 @@ class Trainer:
             source, record = self._resume_source()
         if record is None:
             return None
+        self.resumed_elsewhere = source is not self.ckpt
         try:
             return self._restore(source, record)
         except CheckpointError as exc:

@@ -73,6 +73,11 @@ def test_two_replicas_cut_short_are_continued_by_a_new_run_bitwise(shared, tmp_p
     assert (runs["old"].state, runs["old"].last_step) == ("partial", 25)
     assert runs["new"].last_step == 3 * STEPS_PER_EPOCH
 
+    # Continuing the finished run with its own train.epochs trains nothing, and says so (was: silent).
+    lines = job("again", **{"checkpoint.resume_from": "new"})
+    said = [line for line in lines if "nothing is left to train" in line]
+    assert len(said) == 1 and f"its step {3 * STEPS_PER_EPOCH} is where train.epochs 3 ends" in said[0], said
+
 
 def test_runs_on_an_s3_store(bucket, capsys):
     root = f"s3://{bucket}/store"
