@@ -19,7 +19,7 @@ from trainer.config import Config, ConfigError
 from trainer.distributed import DistEnv
 from trainer.shards import split_shards
 from trainer.storage import ObjectStore, open_store
-from trainer.streaming import Ranges, StreamingSplit, first_items, merge_ranges
+from trainer.streaming import Layout, Ranges, StreamingSplit, first_items, merge_ranges
 from trainer.tasks.base import Task
 
 log = logging.getLogger("kftrain.data")
@@ -110,6 +110,28 @@ class SampledData(TrainingData):
         self._sampler.start_index = epoch_step * self._accum * self._micro
         self._loader.generator.manual_seed(self._sampler.seed * 100_003 + epoch)
         return self.steps_per_epoch
+
+
+def check_an_epoch_has_a_step(cfg: Config, task: Task, manifest: dict, dataset_uri: str) -> None:
+    """ConfigError, before any replica starts, when the job's ranks (`job.replicas` x
+    `job.nproc_per_node`) would find no whole optimizer step in an epoch of the prepared
+    training split: the same layout each rank computes (:class:`StreamingSplit`), from the
+    manifest's counts. A task that does not stream is checked by its ranks, which read the data."""
+    streaming = task.stream(cfg, manifest)
+    if streaming is None:
+        return
+    tc, world = cfg.train, cfg.job.world_size
+    items = sum(streaming[0](info) for info in split_shards(manifest, "train", dataset_uri))
+    micro = tc.batch_size // (world * tc.grad_accum_steps)
+    workers = max(1, tc.num_workers)
+    layout = Layout(items, cfg.data.partitions or world * workers, world * workers, micro)
+    if layout.batches_per_reader * workers // tc.grad_accum_steps == 0:
+        raise ConfigError(
+            f"train.batch_size: the {items} training items of {dataset_uri} make no whole step of "
+            f"{tc.batch_size} items on {world} ranks (micro-batches of {micro}, train.grad_accum_steps "
+            f"{tc.grad_accum_steps}, {layout.partitions} data partitions); use a smaller train.batch_size or "
+            "train.grad_accum_steps, fewer data.partitions, or more data"
+        )
 
 
 def training_data(

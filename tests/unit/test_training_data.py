@@ -13,9 +13,17 @@ from torch.utils.data import DataLoader, TensorDataset
 
 from trainer.config import ConfigError, load_config
 from trainer.distributed import DistEnv, micro_batch_size
+from trainer.shards import DataError
 from trainer.storage import LocalStore
 from trainer.tasks import Task, get_task
-from trainer.training_data import ResumableSampler, SampledData, StreamedData, TrainingData, training_data
+from trainer.training_data import (
+    ResumableSampler,
+    SampledData,
+    StreamedData,
+    TrainingData,
+    check_an_epoch_has_a_step,
+    training_data,
+)
 
 CPU = torch.device("cpu")
 
@@ -227,3 +235,38 @@ def test_streamed_data_without_one_whole_step_per_epoch_is_refused(dataset, batc
         streamed(dataset, 1, 0, batch=batch, accum=accum)
     assert str(err.value).startswith(f"train.batch_size: the 84 training items make no whole step of {batch} items")
     assert f"train.grad_accum_steps {accum}" in str(err.value)
+
+
+@pytest.mark.parametrize(
+    ("world", "batch", "accum", "extra"),
+    [
+        (1, 8, 1, {}),
+        (2, 84, 1, {}),  # the whole split in one step
+        (2, 88, 1, {}),  # past it
+        (2, 1_000_000, 1, {}),  # as a UI user typed it
+        (4, 80, 2, {}),
+        (2, 88, 1, {"data.partitions": 8}),  # every partition too small
+        (2, 8, 1, {"data.partitions": 8}),
+        (2, 40, 1, {"train.num_workers": 2}),
+        (1, 48, 2, {"train.num_workers": 2}),
+    ],
+)
+def test_the_launcher_refuses_a_job_without_a_whole_step_exactly_when_its_ranks_would(
+    dataset, world, batch, accum, extra
+):
+    """The training step checks the manifest before any replica starts (on a cluster, before
+    they are scheduled), and agrees with what every rank computes from the same layout."""
+    cfg = config(world, batch, accum, **extra)
+    task = get_task("classification")
+    try:
+        for rank in range(world):
+            assert build(cfg, task, world, rank, dataset).steps_per_epoch > 0
+        ranks_refuse = False
+    except (ConfigError, DataError):
+        ranks_refuse = True
+    uri, manifest = dataset
+    if not ranks_refuse:
+        check_an_epoch_has_a_step(cfg, task, manifest, uri)
+        return
+    with pytest.raises(ConfigError, match=r"^train\.batch_size: the 84 training items of .* make no whole step"):
+        check_an_epoch_has_a_step(cfg, task, manifest, uri)
