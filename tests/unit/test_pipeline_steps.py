@@ -187,12 +187,25 @@ def test_train_model_runs_the_job_as_the_claimed_owner_and_returns_its_record(tm
     dataset, model = str(tmp_path / "dataset"), str(tmp_path / "model")
     prepare_data(load_config(overrides={"data.source": small_csv(tmp_path)}), dataset)
     backend = JobThatWritesItsRecord()
-    record = train_model(load_config(), dataset, model, backend, identity="run-7/train")
+    record = train_model(
+        load_config(overrides={"train.batch_size": 8}), dataset, model, backend, identity="run-7/train"
+    )
     assert record == {"steps": 3}
     (spec,) = backend.submitted
     assert spec.name == job_name("run-7/train")
     assert replica_config(spec).checkpoint.owner == "run-7/train"
     assert current_owner(LocalStore(), join_uri(model, "checkpoints"))["owner"] == "run-7/train"
+
+
+def test_train_model_with_no_whole_step_in_an_epoch_fails_before_any_job_or_claim(tmp_path):
+    dataset, model = str(tmp_path / "dataset"), tmp_path / "model"
+    prepare_data(load_config(overrides={"data.source": small_csv(tmp_path)}), dataset)
+    backend = JobThatWritesItsRecord()
+    cfg = load_config(overrides={"train.batch_size": 1_000_000})  # as typed in the KFP UI
+    with pytest.raises(ConfigError, match=r"^train\.batch_size: the \d+ training items .* make no whole step"):
+        train_model(cfg, dataset, str(model), backend, identity="run-7/train")
+    assert backend.submitted == []
+    assert current_owner(LocalStore(), str(model / "checkpoints")) is None
 
 
 def test_train_model_without_a_prepared_dataset_fails_before_any_job_or_claim(tmp_path):
