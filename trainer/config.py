@@ -1429,7 +1429,12 @@ def parse_config(text: str, overrides: dict[str, Any] | None = None, origin: str
     loaded = load_yaml(text, origin) if text.strip() else None
     if loaded is None:
         loaded = {}
-    _require(isinstance(loaded, dict), origin, type(loaded).__name__, "must hold a mapping")
+    _require(
+        isinstance(loaded, dict),
+        origin,
+        type(loaded).__name__,
+        'must hold a mapping of sections, as YAML (train: {epochs: 3}) or JSON ({"train": {"epochs": 3}})',
+    )
     data: dict[str, Any] = loaded
     for dotted, value in (overrides or {}).items():
         node = data

@@ -410,7 +410,13 @@ def _cause(exc: BaseException) -> str:
 
     if isinstance(exc, urllib3.exceptions.MaxRetryError) and exc.reason is not None:
         exc = exc.reason
-    return f"{type(exc).__name__}: {exc}"
+    said = f"{type(exc).__name__}: {exc}"
+    if isinstance(exc, urllib3.exceptions.SSLError) and "WRONG_VERSION_NUMBER" in said.upper().replace(" ", "_"):
+        # What TLS says to a server that answers in plain HTTP.
+        return f"{said} (the endpoint does not speak TLS: write it with http://, not https://)"
+    if isinstance(exc, urllib3.exceptions.SSLError) and "CERTIFICATE_VERIFY_FAILED" in said:
+        return f"{said} (the endpoint's certificate is not trusted here: give its CA bundle in SSL_CERT_FILE)"
+    return said
 
 
 def _no_bucket(bucket: str, endpoint: str) -> StoreError:

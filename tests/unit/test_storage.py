@@ -9,6 +9,7 @@ from trainer.storage import (
     ObjectNotFound,
     S3Store,
     StoreError,
+    _cause,
     join_uri,
     parse_uri,
 )
@@ -252,3 +253,19 @@ def test_local_store_files_get_the_mode_open_gives_under_the_umask(tmp_path, wri
         os.umask(before)
     assert dest.read_bytes() == b"data"
     assert oct(dest.stat().st_mode & 0o777) == oct(0o666 & ~umask)
+
+
+@pytest.mark.parametrize(
+    ("said", "hint"),
+    [
+        ("[SSL: WRONG_VERSION_NUMBER] wrong version number (_ssl.c:1006)", "write it with http://, not https://"),
+        ("[SSL: CERTIFICATE_VERIFY_FAILED] certificate verify failed", "give its CA bundle in SSL_CERT_FILE"),
+        ("[SSL: TLSV1_ALERT_INTERNAL_ERROR] tlsv1 alert internal error", ""),
+    ],
+)
+def test_a_tls_failure_says_what_to_fix(said, hint):
+    import urllib3.exceptions
+
+    exc = urllib3.exceptions.MaxRetryError(None, "/k", urllib3.exceptions.SSLError(said))
+    assert _cause(exc).startswith(f"SSLError: {said}")
+    assert _cause(exc).endswith(f"{hint})" if hint else said)
