@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from trainer.errors import KftrainError
-from trainer.storage import CorruptObject, ObjectStore, decode_object, has_suffix, join_uri, read_json
+from trainer.storage import CorruptObject, ObjectNotFound, ObjectStore, decode_object, has_suffix, join_uri, read_json
 
 if TYPE_CHECKING:
     from trainer.config import Config
@@ -198,7 +198,14 @@ def content_digest(manifest: dict) -> str:
 def read_manifest(store: ObjectStore, dataset_uri: str, expected_format: str | None = None) -> dict:
     """The dataset's manifest; a clear error when the dataset is missing, incomplete or of another task."""
     uri = join_uri(dataset_uri, MANIFEST)
-    manifest = read_json(store, uri)
+    try:
+        manifest = read_json(store, uri)
+    except ObjectNotFound:
+        # Most often another artifact wired into a step's `dataset` input (in a user's pipeline).
+        raise ObjectNotFound(
+            f"no file at {uri}: {dataset_uri} is not a dataset kftrain's data prep wrote; give the step the "
+            "`dataset` output of data prep (or rerun data prep)"
+        ) from None
     if not isinstance(manifest, dict) or not isinstance(manifest.get("splits"), dict):
         raise CorruptObject(f"{uri} is not a kftrain dataset manifest (no 'splits'): rerun data prep")
     if expected_format and manifest.get("format") != expected_format:

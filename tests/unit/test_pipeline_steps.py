@@ -211,7 +211,12 @@ def test_train_model_with_no_whole_step_in_an_epoch_fails_before_any_job_or_clai
 def test_train_model_without_a_prepared_dataset_fails_before_any_job_or_claim(tmp_path):
     model = tmp_path / "model"
     backend = JobThatWritesItsRecord()
-    with pytest.raises(ObjectNotFound, match=r"no file at .*no-dataset/manifest\.json"):
+    # Also what another artifact wired into the step's `dataset` input gets: what to wire instead.
+    with pytest.raises(
+        ObjectNotFound,
+        match=r"no file at .*no-dataset/manifest\.json: .* is not a dataset kftrain's "
+        r"data prep wrote; give the step the `dataset` output of data prep",
+    ):
         train_model(load_config(), str(tmp_path / "no-dataset"), str(model), backend, identity="run-7/train")
     assert backend.submitted == []
     assert current_owner(LocalStore(), str(model / "checkpoints")) is None
