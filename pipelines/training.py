@@ -78,19 +78,11 @@ def _pipeline(
             )
         return task
 
-    # configure reads the store (its prefixes, data.source, a base model's folder), never the Hub.
-    conf = with_secrets(
-        configure(
-            config=config,
-            store_secret=store_secret,
-            hf_token_secret=hf_token_secret,
-            launcher=launcher,
-            min_accuracy=min_accuracy,
-            max_perplexity=max_perplexity,
-            **knobs,
-        ),
-        hub_token=False,
-    )
+    # configure reads the store (its prefixes, data.source, a base model's folder), never the Hub;
+    # it also checks the run's own settings, which only later steps use.
+    run_settings = {"launcher": launcher, "min_accuracy": min_accuracy, "max_perplexity": max_perplexity}
+    secrets = {"store_secret": store_secret, "hf_token_secret": hf_token_secret}
+    conf = with_secrets(configure(config=config, **secrets, **run_settings, **knobs), hub_token=False)
     conf.set_display_name("configure")
     effective = conf.output
     prep = with_secrets(data_prep(config=effective))
