@@ -876,8 +876,11 @@ def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     args = build_parser().parse_args(argv)
     args.argv = list(argv)
+    from pipelines.console import warnings_on_stderr
+
     try:
-        code = args.func(args)
+        with warnings_on_stderr():
+            code = args.func(args)
         sys.stdout.flush()  # what is still buffered for a pipe: a reader gone away shows here
         return code
     except BrokenPipeError as exc:

@@ -22,6 +22,7 @@ from __future__ import annotations
 import collections
 import contextlib
 import io
+import logging
 import re
 import sys
 import threading
@@ -251,25 +252,47 @@ class StepConsole(io.TextIOBase):
         return True
 
 
+class _Warnings(logging.Handler):
+    """kftrain's own warnings in this process (the `kftrain` loggers, WARNING and above), each to `show`."""
+
+    def __init__(self, show: Callable[[str], None]) -> None:
+        super().__init__(logging.WARNING)
+        self._show = show
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self._show(record.getMessage())
+
+
+@contextlib.contextmanager
+def _warnings_to(show: Callable[[str], None], propagate: bool) -> Iterator[None]:
+    """For the duration, kftrain's own warnings go to `show` alone (whatever handled them before
+    takes them back after); with `propagate` false, not also through the root logger's handlers."""
+    logger = logging.getLogger("kftrain")
+    before = logger.handlers[:], logger.propagate
+    logger.handlers, logger.propagate = [_Warnings(show)], propagate and before[1]
+    try:
+        yield
+    finally:
+        logger.handlers, logger.propagate = before
+
+
+def warnings_on_stderr() -> contextlib.AbstractContextManager[None]:
+    """A command's own warnings (a store request retried, a check's note) as redacted
+    `kftrain: warning: ...` lines on ``sys.stderr`` for the duration (the CLI's whole command;
+    a local run's console takes them over while it runs: :func:`capturing`). Without it they went
+    out bare and unredacted through Python's last-resort handler."""
+    return _warnings_to(lambda message: print(f"kftrain: warning: {redact(message)}", file=sys.stderr), True)
+
+
 @contextlib.contextmanager
 def capturing(console: StepConsole) -> Iterator[StepConsole]:
     """`console` as the process's ``sys.stdout`` for the duration, and the place kftrain's own
     warnings in this process go (:meth:`StepConsole.warn`); closed (its log too) after."""
-    import logging
-
-    class ToConsole(logging.Handler):
-        def emit(self, record: logging.LogRecord) -> None:
-            console.warn(record.getMessage())
-
-    logger = logging.getLogger("kftrain")
-    handler, propagated = ToConsole(logging.WARNING), logger.propagate
     previous, sys.stdout = sys.stdout, console
-    logger.addHandler(handler)
-    logger.propagate = False  # not also through the root handler kfp.local sets up around a task
     try:
-        yield console
+        # Not also through the root handler kfp.local sets up around a task.
+        with _warnings_to(console.warn, propagate=False):
+            yield console
     finally:
-        logger.removeHandler(handler)
-        logger.propagate = propagated
         sys.stdout = previous
         console.close()

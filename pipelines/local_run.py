@@ -226,8 +226,8 @@ def finished_run(
             record = read_json(store_for(cfg, uri), uri)
     except ObjectNotFound:
         return None
-    except StoreError as exc:  # the first request to the store: name where the runs live
-        raise type(exc)(f"{'store.uri' if cfg.store.uri else '--output-dir'}: {exc}") from None
+    except StoreError as exc:
+        raise _where_runs_live(cfg, exc) from None
     if not (isinstance(record, dict) and record.get("status") == "finished"):
         return None
     summary = record.get("summary")
@@ -306,8 +306,8 @@ def own_checkpoints_first(cfg: Config, run_id: str, local_root: str = DEFAULT_LO
 
 def run_started(cfg: Config, run_id: str, local_root: str = DEFAULT_LOCAL_ROOT) -> bool:
     """Whether run `run_id` left anything in its run folder (a log, its record) or its checkpoint
-    prefix (`checkpoint.uri` when set); True when the store cannot say (the run's own checks
-    report that)."""
+    prefix (`checkpoint.uri` when set). A store that fails the request raises (:class:`StoreError`
+    naming the setting); True when a local folder cannot be read (the run's own checks say why)."""
     from trainer.pipeline_steps import store_for
     from trainer.storage import CHECK_BUDGET_S, check_deadline
 
@@ -315,8 +315,17 @@ def run_started(cfg: Config, run_id: str, local_root: str = DEFAULT_LOCAL_ROOT) 
     try:
         with check_deadline(CHECK_BUDGET_S):
             return any(store_for(cfg, place).list(place) for place in places)
-    except (StoreError, OSError, ValueError):
+    except StoreError as exc:
+        raise _where_runs_live(cfg, exc) from None
+    except (OSError, ValueError):
         return True
+
+
+def _where_runs_live(cfg: Config, exc: StoreError) -> StoreError:
+    """`exc`, from a run's first request to its store, naming the setting that chose the store.
+    The first request reports: a probe that swallowed the failure left the user waiting out the
+    store check's limit once more before the next request said the same."""
+    return type(exc)(f"{'store.uri' if cfg.store.uri else '--output-dir'}: {exc}")
 
 
 def record_finished(

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 
 import pytest
 
@@ -51,6 +52,11 @@ def test_a_store_that_is_not_s3_or_not_there_fails_preflight(
     assert rc == 2, out
     assert phrase in out, out
     assert "Traceback" not in out and "configure started" not in out
+    # The first request that fails reports: no probe before it waits out the check's limit as well
+    # (each retry shown is of the request the error names), and retries show as warnings.
+    failed = re.search(r"for ((GET|PUT|LIST|HEAD|DELETE) \S+):", out)
+    retries = [line for line in out.splitlines() if "retry" in line and "of the retry budget left" in line]
+    assert all("warning: " in line and failed[1] in line for line in retries), out
 
 
 # Every S3 test here runs on moto and on Ceph's RADOS Gateway (tests/conftest.py).

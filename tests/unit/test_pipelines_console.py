@@ -297,3 +297,28 @@ def test_a_warning_alone_opens_no_log():
         logging.getLogger("kftrain.storage").warning("GET s3://b/x failed; retry 1 in 0.5s")
     assert console.log is None and not opened
     assert logging.getLogger("kftrain").handlers == [] and logging.getLogger("kftrain").propagate
+
+
+def test_a_command_s_warnings_are_redacted_lines_on_stderr_and_a_run_s_console_takes_them_over(capsys):
+    """Every command's own warnings (a store request retried before a run's console exists, `kftrain
+    runs` on a slow store) show as `kftrain: warning:` lines, redacted; while a run's console holds
+    them they go to it alone, and back to stderr after."""
+    import logging
+
+    from pipelines.console import capturing, warnings_on_stderr
+
+    logger = logging.getLogger("kftrain.storage")
+    console = StepConsole(io.StringIO, io.StringIO(), io.StringIO())
+    with warnings_on_stderr():
+        logger.warning("GET s3://b/x at http://admin:hunter2@minio:9000 failed; retry 1 in 0.5s")
+        with capturing(console):
+            logger.warning("LIST s3://b/y failed; retry 1 in 0.5s")
+        logger.warning("PUT s3://b/z failed; retry 1 in 0.5s")
+    logger.warning("after the command: not ours to show")
+    err = capsys.readouterr().err.splitlines()
+    assert err[:2] == [
+        "kftrain: warning: GET s3://b/x at http://***@minio:9000 failed; retry 1 in 0.5s",
+        "kftrain: warning: PUT s3://b/z failed; retry 1 in 0.5s",
+    ]
+    assert "LIST" not in "\n".join(err) and "LIST s3://b/y" in console.out.getvalue()
+    assert logging.getLogger("kftrain").handlers == []

@@ -127,7 +127,7 @@ def test_records_read_as_plain_text_get_one_warning_naming_the_format(tmp_path, 
 
     path = tmp_path / "d.txt"
     path.write_text(f"{first_line}\n{first_line}\n")
-    with caplog.at_level("WARNING", logger="trainer.tasks.causal_lm"):
+    with caplog.at_level("WARNING", logger="kftrain.data"):
         list(_object_pieces(LocalStore(), str(path), "text", fmt))
     warned = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
     if says is None:

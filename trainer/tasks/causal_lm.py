@@ -54,7 +54,7 @@ JSONL_SUFFIXES = (".jsonl", ".json")
 #: Labels of positions that do not count in the loss (torch's cross_entropy default).
 IGNORE = -100
 
-log = logging.getLogger(__name__)
+log = logging.getLogger("kftrain.data")
 
 
 def stdlib_documents() -> Iterator[bytes]:
