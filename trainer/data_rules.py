@@ -189,6 +189,17 @@ def _head(store: ObjectStore, uri: str, size: int) -> bytes:
         raise DataError(f"data.source {uri}: cannot read it ({exc.strerror or exc})") from None
 
 
+def _check_header(cfg: Config, store: ObjectStore, uri: str) -> None:
+    """The CSV's header row, checked as data prep checks it (it names `data.label_column` and a
+    feature column besides it, each once): a wrong column fails before any step, not in data prep."""
+    from trainer.tasks.classification.data import csv_rows  # that module imports this one
+
+    try:
+        csv_rows(store, uri, cfg.data.label_column, chunk_bytes=HEAD_BYTES)  # the header alone, not a chunk of rows
+    except DataError as exc:
+        raise DataError(f"data.source {exc}") from None
+
+
 def _check_object(cfg: Config, store: ObjectStore, uri: str, what: str, one: bool = True) -> None:
     """One object of the source (`one`: the whole source, so it must not be empty)."""
     size = store.size(uri)
@@ -277,6 +288,7 @@ def _check_source(cfg: Config, store: ObjectStore, source: str) -> None:
                 else "no such object; check the URI" + _builtin_hint(cfg.data.source)
             )
             raise DataError(f"data.source {source}: {hint}") from None
+        _check_header(cfg, store, source)
         return
     objects = source_objects(store, source)
     if not objects:

@@ -166,20 +166,25 @@ def test_data_prep_itself_sniffs_every_object_of_a_prefix(tmp_path, position):
         get_task("causal_lm").prepare(cfg, LocalStore(), str(tmp_path / "ds"))
 
 
-MISSING = [
+REFUSED = [
     # (task, how the source is made, source relative to tmp_path, phrase)
     ("classification", {}, "nothing.csv", "nothing.csv: no such object; check the URI"),
     ("classification", {"table/a.csv": table()}, "table", "is a folder or prefix of 1 object(s)"),
     ("classification", {"empty.csv": ""}, "empty.csv", "empty.csv is empty (0 bytes)"),
     ("classification", {"rows.JSONL": '{"a": 1}\n'}, "rows.JSONL", "is a JSON Lines file (.jsonl); the class"),
+    # A header data prep would refuse (its reading of the header, data.label_column's name).
+    ("classification", {"t.csv": "a,b,lbl\n1,2,x\n"}, "t.csv", "t.csv: no column 'label' (data.label_column)"),
+    ("classification", {"t.csv": "Label,a\n1,2\n"}, "t.csv", "no column 'label' (data.label_column); columns"),
+    ("classification", {"t.csv": "label\nx\ny\n"}, "t.csv", "needs at least one feature column besides 'label'"),
+    ("classification", {"t.csv": "a,a,label\n1,2,x\n"}, "t.csv", "the header names 'a' more than once"),
     ("causal_lm", {}, "corpus/", "no object there and none below it"),
     ("causal_lm", {"corpus/.hidden": "text\n"}, "corpus/", "no object there and none below it"),
     ("causal_lm", {"one.txt": ""}, "one.txt", "one.txt is empty (0 bytes)"),
 ]
 
 
-@pytest.mark.parametrize(("task", "objects", "source", "phrase"), MISSING)
-def test_a_missing_or_empty_source_is_refused_before_data_prep(tmp_path, task, objects, source, phrase):
+@pytest.mark.parametrize(("task", "objects", "source", "phrase"), REFUSED)
+def test_a_missing_empty_or_unreadable_source_is_refused_before_data_prep(tmp_path, task, objects, source, phrase):
     for name, data in objects.items():
         write(tmp_path, name, data)
     cfg = load_config(overrides={"data.source": str(tmp_path / source), **(LM if task == "causal_lm" else {})})

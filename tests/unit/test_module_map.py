@@ -47,6 +47,7 @@ TESTED_IN = {
     "trainer/tasks/base.py": ["test_train.py", "test_layering.py"],
     "trainer/tasks/classification/model.py": ["test_evaluate_export.py", "test_train.py"],
     "trainer/tasks/classification/report.py": ["test_report.py", "test_report_browser.py"],
+    "trainer/tasks/classification/task.py": ["test_train.py", "test_evaluate_export.py", "test_plan_probe.py"],
     "components/configure.py": ["test_components_params.py", "test_component_yamls.py"],
     "components/data_prep.py": ["test_pipeline_local.py", "test_component_yamls.py"],
     "components/evaluate.py": ["test_pipeline_local.py", "test_component_yamls.py"],

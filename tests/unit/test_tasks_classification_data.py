@@ -214,7 +214,11 @@ def test_peak_memory_does_not_grow_with_the_source(tmp_path):
 @pytest.mark.parametrize(
     ("text", "message"),
     [
-        ("a,b\n1,2\n", "in.csv: no column 'label'"),
+        ("a,b\n1,2\n", "in.csv: no column 'label' \\(data.label_column\\); columns are 'a', 'b'$"),
+        (  # a wide table: the message names the first columns and how many there are, not all of them
+            ",".join(f"f{i}" for i in range(5000)) + "\n" + ",".join("1" * 5000) + "\n",
+            r"columns are 'f0', 'f1', .*'f11', \.\.\. \(5000 in all\)$",
+        ),
         ("label,a,label\n1,2,3\n", "in.csv: the header names 'label' more than once; give every column its own name"),
         ("a,a,label,b,b\n1,2,x,3,4\n", "the header names 'a', 'b' more than once"),
         (

@@ -32,7 +32,7 @@ def get_task(name: str, pretrained: bool = False) -> Task:
 
         return PretrainedLMTask()
     if name == "classification":
-        from trainer.tasks.classification import ClassificationTask
+        from trainer.tasks.classification.task import ClassificationTask
 
         return ClassificationTask()
     if name == "causal_lm":

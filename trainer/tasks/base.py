@@ -6,15 +6,16 @@ Built-in tasks import it from here, so no task module imports the package that l
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import torch
-from torch import nn
-from torch.utils.data import Dataset
+if TYPE_CHECKING:  # the interface alone imports no torch: the up-front checks import tasks too
+    import torch
+    from torch import nn
+    from torch.utils.data import Dataset
 
-from trainer.config import Config
-from trainer.storage import ObjectStore
-from trainer.streaming import ItemsOf, Take
+    from trainer.config import Config
+    from trainer.storage import ObjectStore
+    from trainer.streaming import ItemsOf, Take
 
 
 class Task:
@@ -77,6 +78,8 @@ class Task:
         all-gathers its weights only while it runs) and `train.activation_checkpointing`
         recomputes in backward. Default: every module of every `nn.ModuleList` child (a GPT's
         blocks); none for a model without one, which is then sharded as one unit."""
+        from torch import nn
+
         return [unit for child in model.children() if isinstance(child, nn.ModuleList) for unit in child]
 
     def loss(self, model: nn.Module, batch: tuple[torch.Tensor, ...]) -> torch.Tensor:

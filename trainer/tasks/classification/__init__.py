@@ -1,94 +1,20 @@
 """The built-in classification task: an MLP over a normalised table (the demo: digits).
 
-The task owns its code: `data` (the table's two-pass data prep and the split reader), `model`
-(the MLP and its serving wrapper) and `report` (the test-split report)."""
+The task owns its code: `task` (the :class:`~trainer.tasks.base.Task`), `data` (the table's
+two-pass data prep and the split reader), `model` (the MLP and its serving wrapper) and `report`
+(the test-split report). Importing the package imports no torch: the up-front checks read a CSV's
+header with `data` alone (:func:`trainer.data_rules.check_source`), in steps that never train.
+"""
 
 from __future__ import annotations
 
 from typing import Any
 
-import numpy as np
-import torch
-from torch import nn
 
-from trainer.config import Config
-from trainer.data_rules import source_store
-from trainer.shards import ShardInfo
-from trainer.storage import ObjectStore
-from trainer.tasks.base import Task
-from trainer.tasks.classification.data import load_split, prepare_dataset
-from trainer.tasks.classification.model import ServingModel, build_mlp
-from trainer.tasks.classification.report import classification_report
+def __getattr__(name: str) -> Any:
+    # `trainer.tasks.classification:ClassificationTask` (a task spec) names the class here.
+    if name == "ClassificationTask":
+        from trainer.tasks.classification.task import ClassificationTask
 
-
-def _rows(info: ShardInfo) -> int:
-    return info.items
-
-
-def _row_batch(arrays: dict[str, np.ndarray], idx: np.ndarray) -> tuple[torch.Tensor, torch.Tensor]:
-    return torch.from_numpy(arrays["x"][idx]), torch.from_numpy(arrays["y"][idx])
-
-
-class ClassificationTask(Task):
-    name = "classification"
-    item_name = "samples"
-
-    def prepare(self, cfg: Config, store: ObjectStore, dataset_uri: str) -> dict[str, Any]:
-        source = source_store(cfg, cfg.data.source) if cfg.data.source not in ("", "digits") else None
-        return prepare_dataset(cfg.data, store, dataset_uri, source=source)
-
-    def stream(self, cfg, manifest):
-        return _rows, _row_batch
-
-    def build_model(self, cfg, manifest):
-        arch = {
-            "num_features": manifest["num_features"],
-            "hidden_sizes": cfg.model.hidden_sizes,
-            "num_classes": len(manifest["classes"]),
-            "dropout": cfg.model.dropout,
-        }
-        meta = {
-            "architecture": arch,
-            "classes": manifest["classes"],
-            "feature_names": manifest["feature_names"],
-            "normalization": manifest["normalization"],
-        }
-        return self.model_from_meta(meta), meta
-
-    def model_from_meta(self, meta):
-        a = meta["architecture"]
-        return build_mlp(a["num_features"], a["hidden_sizes"], a["num_classes"], a["dropout"])
-
-    def loss(self, model, batch):
-        x, y = batch
-        return nn.functional.cross_entropy(model(x), y)
-
-    def synthetic_batch(self, cfg, manifest, size):
-        return torch.randn(size, manifest["num_features"]), torch.randint(0, len(manifest["classes"]), (size,))
-
-    def flops_per_item(self, model, cfg):
-        return 6.0 * sum(p.numel() for p in model.parameters())
-
-    @torch.no_grad()
-    def validate(self, model, dataset, device, batch_size):
-        x, y = dataset.tensors
-        model.eval()
-        pred = model(x.to(device)).argmax(dim=1)
-        model.train()
-        return {"val_accuracy": float((pred == y.to(device)).float().mean())}
-
-    @torch.no_grad()
-    def evaluate(self, model, meta, store, dataset_uri, max_items):
-        x, y = load_split(store, dataset_uri, "test", max_rows=max_items)
-        logits = model(torch.from_numpy(x))
-        report = classification_report(y, logits.argmax(dim=1).numpy(), meta["classes"])
-        report["loss"] = float(nn.functional.cross_entropy(logits, torch.from_numpy(y)))
-        report["test_rows"] = int(len(y))
-        return report
-
-    def serving_module(self, model, meta):
-        serving = ServingModel(model, **meta["normalization"]).eval()
-        norm = meta["normalization"]
-        # Raw-feature-scale inputs: normalised values of a standard normal sample.
-        z = torch.randn(8, meta["architecture"]["num_features"], generator=torch.Generator().manual_seed(0))
-        return serving, z * torch.tensor(norm["std"]) + torch.tensor(norm["mean"])
+        return ClassificationTask
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

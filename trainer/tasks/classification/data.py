@@ -203,6 +203,13 @@ def _numbers_one_by_one(
     return out
 
 
+def _names(header: list[str], most: int = 12) -> str:
+    """The first `most` column names for a message, and how many there are when that is not all
+    (a wide table's header would be a message of megabytes)."""
+    shown = ", ".join(map(repr, header[:most]))
+    return shown if len(header) <= most else f"{shown}, ... ({len(header)} in all)"
+
+
 def csv_rows(
     store: ObjectStore, uri: str, label_column: str, chunk_bytes: int = CHUNK_BYTES, batch_rows: int = 0
 ) -> Rows:
@@ -220,7 +227,7 @@ def csv_rows(
             f"{uri}: the header names {', '.join(map(repr, twice))} more than once; give every column its own name"
         )
     if label_column not in header:
-        raise DataError(f"{uri}: no column {label_column!r} (data.label_column); columns are {header}")
+        raise DataError(f"{uri}: no column {label_column!r} (data.label_column); columns are {_names(header)}")
     li = header.index(label_column)
     features = header[:li] + header[li + 1 :]
     if not features:
