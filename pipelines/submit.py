@@ -303,6 +303,19 @@ def make_client(host: str, namespace: str | None):
     return kfp.Client(host=host, namespace=namespace, existing_token=os.environ.get(TOKEN_ENV) or None)
 
 
+def _without_urllib3_retries(client) -> None:
+    """From now on ApiRetry owns the client's retries, as it does for the Kubernetes API: urllib3's
+    default three more, under it, hid each dropped poll and made a poll that timed out wait four
+    times its timeout, past `--timeout`. (Submitting keeps them: kftrain retries no upload, and
+    urllib3 resends a POST only when it never reached the server.) kfp.Client takes no retry setting:
+    its connection pools do."""
+    api_client = getattr(getattr(client, "_run_api", None), "api_client", None)  # one for every kfp API
+    pools = getattr(getattr(api_client, "rest_client", None), "pool_manager", None)
+    if pools is not None:
+        pools.connection_pool_kw["retries"] = 0
+        pools.clear()  # the pool of kfp.Client's health check was made with the default
+
+
 def _kfp_call(host: str, what: str, need: str | None, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
     """Every kfp.Client call of :func:`submit`: `fn(*args, **kwargs)`, whose answer must carry the
     field `need` (the id the next call or the printed link uses; returned instead of the answer),
@@ -422,6 +435,7 @@ def follow(
     transiently is retried under the launcher's retry policy for up to
     :data:`FOLLOW_RETRY_BUDGET_S`; any other failure is one :class:`SubmitError` saying the run
     goes on in KFP, except a run deleted meanwhile (:class:`RunGone`)."""
+    _without_urllib3_retries(client)
     start = now()
     deadline = start + dt.timedelta(seconds=timeout_s)
     retry = ApiRetry(

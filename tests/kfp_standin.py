@@ -4,7 +4,8 @@ No KFP deployment can run on the test machines. This small HTTP server answers t
 `kfp.Client` makes for upload, versioning, experiments and runs, checks what it receives (the
 uploaded YAML must be a compiled pipeline; a run must name an uploaded version), and records
 every request so tests can assert on them. Each poll of a run answers the next entry of
-`run_states` (the last one repeats): a state, or an HTTP status to fail that poll with.
+`run_states` (the last one repeats): a state, an HTTP status to fail that poll with, or
+:data:`HANG_UP`.
 `socketless(api)` hands kfp.Client's requests to it without a connection (unit tests).
 """
 
@@ -24,6 +25,8 @@ import urllib3
 import yaml
 
 PREFIX = "/apis/v2beta1"
+#: A run state that answers the poll by closing the connection (a proxy or the server restarting).
+HANG_UP = "hang up"
 
 
 class StandInKFP:
@@ -101,6 +104,8 @@ class StandInKFP:
                 return 404, {"error": "run not found"}
             answer = self.run_states[min(run["polls"], len(self.run_states) - 1)]
             run["polls"] += 1
+            if answer == HANG_UP:
+                return 0, {}
             if isinstance(answer, int):
                 return answer, {"error": f"HTTP {answer} from the stand-in"}
             run["state"] = answer
@@ -123,6 +128,9 @@ class StandInKFP:
                 parts = urlsplit(self.path)
                 body = self.rfile.read(int(self.headers.get("Content-Length") or 0))
                 status, payload = api.handle(self.command, parts.path, parse_qs(parts.query), body, self.headers)
+                if status == 0:  # HANG_UP: the connection closes without an answer
+                    self.close_connection = True
+                    return
                 raw = json.dumps(payload).encode()
                 self.send_response(status)
                 self.send_header("Content-Type", "application/json")

@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from pipelines.submit import SubmitError, parse_params, submit, version_name
-from tests.kfp_standin import StandInKFP
+from pipelines.submit import Submission, SubmitError, follow, make_client, parse_params, submit, version_name
+from tests.kfp_standin import HANG_UP, StandInKFP
 from tests.unit.test_pipelines_cli import call_cli
 from trainer.launch.local import free_port
 
@@ -145,3 +145,18 @@ def test_submit_function_reuses_an_existing_experiment():
         second = submit(client, kfp_api.url, PACKAGE, "p", "exp", "r2", {})
         assert first.experiment_id == second.experiment_id and len(kfp_api.experiments) == 1
         assert first.version_id == second.version_id
+
+
+def test_each_dropped_poll_is_retried_by_kftrain_s_one_retry_policy():
+    """kfp.Client's connections retry nothing themselves: urllib3's default three retries under
+    kftrain's hid each dropped poll, and made a poll that timed out wait four times its request
+    timeout, past `--timeout`. Real sockets: urllib3 retries below the stand-in's socketless hook."""
+    lines: list[str] = []
+    with StandInKFP(run_states=["RUNNING", HANG_UP, HANG_UP, HANG_UP, "SUCCEEDED"]) as api:
+        client = make_client(api.url, None)
+        api.runs["r-1"] = {"run_id": "r-1", "state": "PENDING", "polls": 0}  # as a submitted run is
+        result = Submission("p", "v", "kftrain-v", "e", "r-1", f"{api.url}/#/runs/details/r-1")
+        result = follow(client, api.url, result, 120, 0.01, sleep=lambda s: None, log=lines.append)
+    assert result.state == "SUCCEEDED", lines
+    assert len([line for line in lines if "retry" in line]) == 3, lines
+    assert len([r for r in api.requests if r["path"].endswith("/runs/r-1")]) == 5
