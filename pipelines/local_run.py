@@ -311,21 +311,30 @@ def run_started(cfg: Config, run_id: str, local_root: str = DEFAULT_LOCAL_ROOT) 
     from trainer.pipeline_steps import store_for
     from trainer.storage import CHECK_BUDGET_S, check_deadline
 
-    places = {run_root(cfg, run_id, local_root), with_run_checkpoints(cfg, run_id, local_root).checkpoint.uri}
+    # Each place with the setting that chose it: a checkpoint.uri of its own is another store.
+    places = {run_root(cfg, run_id, local_root): ""}
+    places.setdefault(
+        with_run_checkpoints(cfg, run_id, local_root).checkpoint.uri, "checkpoint.uri" if cfg.checkpoint.uri else ""
+    )
     try:
         with check_deadline(CHECK_BUDGET_S):
-            return any(store_for(cfg, place).list(place) for place in places)
-    except StoreError as exc:
-        raise _where_runs_live(cfg, exc) from None
+            for place, field in places.items():
+                try:
+                    if store_for(cfg, place).list(place):
+                        return True
+                except StoreError as exc:
+                    raise _where_runs_live(cfg, exc, field) from None
+            return False
     except (OSError, ValueError):
         return True
 
 
-def _where_runs_live(cfg: Config, exc: StoreError) -> StoreError:
-    """`exc`, from a run's first request to its store, naming the setting that chose the store.
-    The first request reports: a probe that swallowed the failure left the user waiting out the
-    store check's limit once more before the next request said the same."""
-    return type(exc)(f"{'store.uri' if cfg.store.uri else '--output-dir'}: {exc}")
+def _where_runs_live(cfg: Config, exc: StoreError, field: str = "") -> StoreError:
+    """`exc`, from a run's first request to its store, naming the setting that chose the store
+    (`field`, else `store.uri` or `--output-dir`). The first request reports: a probe that
+    swallowed the failure left the user waiting out the store check's limit once more before
+    the next request said the same."""
+    return type(exc)(f"{field or ('store.uri' if cfg.store.uri else '--output-dir')}: {exc}")
 
 
 def record_finished(

@@ -180,8 +180,7 @@ def _validate_config(args: dict[str, Any], known: dict[str, dict[str, Any]]) -> 
     and the quality gate's bounds (the same as `kftrain run`'s flags)."""
     from components.params import BY_NAME, SECRET_PARAMS, config_from_params
     from trainer.checks import gate_ignored, gate_problem
-    from trainer.launch.job import check_job_manifests, pod_read_paths
-    from trainer.launch.spec import require_object_store, require_pod_paths
+    from trainer.launch.job import check_cluster_locations, check_job_manifests
     from trainer.pipeline_steps import LAUNCHERS
 
     for name in ("min_accuracy", "max_perplexity"):
@@ -196,11 +195,7 @@ def _validate_config(args: dict[str, Any], known: dict[str, dict[str, Any]]) -> 
     try:
         cfg = config_from_params(config, **secrets, **effective)
         check_job_manifests(cfg)
-        # What every step and replica writes and the next one reads: on a cluster no two pods
-        # share a disk (empty store.uri: KFP's own artifact store).
-        shared = {"store.uri": cfg.store.uri, "checkpoint.uri": cfg.checkpoint.uri}
-        require_object_store({field: uri for field, uri in shared.items() if uri})
-        require_pod_paths(pod_read_paths(cfg))
+        check_cluster_locations(cfg)
     except ValueError as exc:
         # A bad value a --param gave: name the flag, and the value that leaves the config's own.
         fields = {**{n: p.field for n, p in BY_NAME.items()}, **{n: f"kubernetes.{n}" for n in SECRET_PARAMS}}

@@ -40,7 +40,8 @@ def gate_problem(name: str, value: float) -> str:
     rule behind `kftrain run`'s flags and `kftrain submit`'s parameters."""
     if name == "min_accuracy":
         return "" if 0.0 <= value <= 1.0 else "must be a number in [0, 1]"  # nan fails
-    return "" if value == 0.0 or 0.0 < value < math.inf else "must be 0 (no bar) or a positive number"
+    # exp(mean cross-entropy): never below 1, so a bar under 1 could never pass.
+    return "" if value == 0.0 or 1.0 <= value < math.inf else "must be 0 (no bar) or a number of at least 1"
 
 
 #: The pipeline's and `kftrain run`'s quality gates when none is given (0: no bar).
@@ -62,15 +63,12 @@ def check_run_settings(cfg: Config, launcher: str, min_accuracy: float, max_perp
     would otherwise fail the training step after data prep, or pass the quality gate whatever
     the model, is a ConfigError naming the parameter. On a cluster every location the steps and
     replicas share must be in the object store (pods share no disk)."""
-    from trainer.launch.job import pod_read_paths
-    from trainer.launch.spec import require_object_store, require_pod_paths
+    from trainer.launch.job import check_cluster_locations
     from trainer.pipeline_steps import resolve_launcher
 
     check_gates(min_accuracy, max_perplexity, cfg.task)
     if resolve_launcher(launcher) == "kubernetes":
-        shared = {"store.uri": cfg.store.uri, "checkpoint.uri": cfg.checkpoint.uri}
-        require_object_store({field: uri for field, uri in shared.items() if uri})
-        require_pod_paths(pod_read_paths(cfg))
+        check_cluster_locations(cfg)
 
 
 #: What each quality gate reads, as a built-in task's epoch record names it (EPOCH_METRICS).

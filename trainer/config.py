@@ -324,6 +324,7 @@ class ModelConfig:
 
     def __post_init__(self) -> None:
         check_bounds(self, "model", _MODEL_BOUNDS)
+        _no_whitespace_around("model.init_from", self.init_from)
         if self.init_from.startswith("hf://"):
             from trainer.pretrained import PretrainedError, parse_hf_uri
 

@@ -72,6 +72,9 @@ READ_PIECE_BYTES = 8 << 20
 #: Headers larger than this are not a safetensors file (the format's own limit is 100 MB).
 _MAX_HEADER = 100_000_000
 _HF_REPO = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*/[A-Za-z0-9][A-Za-z0-9._-]*")
+#: A revision: a branch or tag (git's ref-name rules: no space, control character, backslash or
+#: `~^:?*[`) or a commit hash; `refs/pr/1` holds a slash.
+_HF_REVISION = re.compile(r"[^\s\x00-\x1f\x7f~^:?*\[\\]+")
 
 
 class PretrainedError(KftrainError, ValueError):
@@ -128,9 +131,10 @@ def parse_hf_uri(uri: str) -> tuple[str, str]:
     rest = uri.removeprefix(HF_SCHEME)
     repo, _, revision = rest.partition("@")
     repo = repo.strip("/")
-    if not _HF_REPO.fullmatch(repo) or (_ and not revision):
+    if not _HF_REPO.fullmatch(repo) or (_ and not _HF_REVISION.fullmatch(revision)):
         raise PretrainedError(
-            f"model.init_from {uri!r}: a Hub model is hf://<org>/<name> or hf://<org>/<name>@<revision>"
+            f"model.init_from {uri!r}: a Hub model is hf://<org>/<name> or hf://<org>/<name>@<revision> (a branch, "
+            "tag or commit: no spaces)"
         )
     return repo, revision
 

@@ -658,9 +658,9 @@ class Trainer:
                         units = count.detach() + (0 if units is None else units)
                 loss.backward()
             step_loss += loss.detach()
-        counted = True
+        counted, job_loss = True, None
         if units is not None:
-            step_loss, counted = self._mean_over_units(step_loss, units)
+            step_loss, job_loss, counted = self._mean_over_units(step_loss, units)
         self.health.after_backward()
         grad_norm = clip_grad_norm(self.trainable, tc.grad_clip_norm or float("inf"))
         # Gradients are identical on every rank after the all-reduce, so every rank takes the same
@@ -680,7 +680,8 @@ class Trainer:
         self.epoch_step += 1
         if self.first_step_at is None:
             self.first_step_at = time.time()
-        self.epoch_loss += step_loss
+        # The epoch's loss is the job's: a summed loss's ranks hold unequal numbers of units.
+        self.epoch_loss += step_loss if job_loss is None else job_loss
         self.epoch_steps += 1
         lr = self.scheduler.get_last_lr()[0]
         self.progress.step(self.step, self.epoch, step_loss, lr, grad_norm, self.data_wait)
@@ -690,20 +691,22 @@ class Trainer:
         else:
             self.step_seconds.append(time.perf_counter() - t_step)
 
-    def _mean_over_units(self, summed: torch.Tensor, units: torch.Tensor) -> tuple[torch.Tensor, bool]:
+    def _mean_over_units(self, summed: torch.Tensor, units: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, bool]:
         """Turn the gradients of summed losses, averaged over the ranks by the sync, into those of
         the mean over every unit of the global batch (a collective: every rank calls it); return
-        this rank's own mean loss, for its progress line and the non-finite check, and whether the
-        global batch had any unit at all."""
-        total = units.to(torch.float64)
+        this rank's own mean loss, for its progress line and the non-finite check, the global
+        batch's mean loss, and whether the global batch had any unit at all."""
+        both = torch.stack([summed.detach().to(torch.float64), units.to(torch.float64)])
         if self.env.distributed:
-            torch.distributed.all_reduce(total)
-        if total.item() > 0:  # none at all: the gradients are zero, and stay so
-            scale = self.env.world_size / total.item()
+            torch.distributed.all_reduce(both)
+        total = both[1].item()
+        if total > 0:  # none at all: the gradients are zero, and stay so
+            scale = self.env.world_size / total
             for p in self.trainable:
                 if p.grad is not None:
                     p.grad.mul_(scale)
-        return summed / units.clamp(min=1), total.item() > 0
+        job_loss = (both[0] / max(total, 1.0)).to(summed.dtype)
+        return summed / units.clamp(min=1), job_loss, total > 0
 
     def _measures_peak(self) -> bool:
         """Whether this step is the CPU's measured one: the second of this start (the first

@@ -54,7 +54,7 @@ def csv_with(cell: str, row: int = 7) -> str:
 CASES = {
     # CLI flags: refused at parse time, naming the flag.
     "min-accuracy-nan": Case([*RUN, "--min-accuracy", "nan"], ["--min-accuracy", "[0, 1]"]),
-    "max-perplexity-negative": Case([*RUN, "--max-perplexity", "-1"], ["--max-perplexity", "positive"]),
+    "max-perplexity-negative": Case([*RUN, "--max-perplexity", "-1"], ["--max-perplexity", "at least 1"]),
     "output-dir-empty": Case([*RUN, "--output-dir", ""], ["--output-dir", "must not be empty"]),
     "output-dir-a-file": Case(
         [*RUN, "--output-dir", "{tmp}/afile"], ["--output-dir", "is a file, not a folder"], files={"afile": "x"}

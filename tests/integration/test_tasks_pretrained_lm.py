@@ -225,10 +225,17 @@ def test_a_two_rank_lora_checkpoint_resumes_on_three_ranks(base_model, tmp_path)
         torch.testing.assert_close(got_w[name], ref_w[name], rtol=1e-3, atol=1e-5, msg=name)
 
 
-def chat_source(bucket: str, tmp_path, n: int) -> str:
-    """The colour conversations as a JSON Lines object in the S3 store."""
+def chat_source(bucket: str, tmp_path, n: int, long_every: int = 0) -> str:
+    """The colour conversations as a JSON Lines object in the S3 store; with `long_every`, every
+    such conversation's answer is four times as long (rows of very unequal assistant tokens)."""
     uri = f"s3://{bucket}/data/chat.jsonl"
-    open_store(uri).put_file(uri, write_chat_jsonl(tmp_path / "chat.jsonl", n))
+    path = write_chat_jsonl(tmp_path / "chat.jsonl", n)
+    if long_every:
+        records = [json.loads(line) for line in Path(path).read_text().splitlines()]
+        for record in records[::long_every]:
+            record["messages"][-1]["content"] = " ".join([record["messages"][-1]["content"]] * 4)
+        Path(path).write_text("".join(json.dumps(r) + "\n" for r in records))
+    open_store(uri).put_file(uri, path)
     return uri
 
 
@@ -292,13 +299,14 @@ def test_chat_fine_tuning_learns_the_same_on_one_rank_accumulating_as_on_two(bas
     take the same step (was: the mean of each micro-batch's mean, weights 5e-2 apart after 3 steps)."""
     cfg = finetune_config(
         base_model,
-        chat_source(bucket, tmp_path, 80),
+        chat_source(bucket, tmp_path, 28, long_every=3),
         **{
             "data.format": "chat",
             "data.partitions": 2,  # the same global batches at either world size
             "model.block_size": 64,
             "train.batch_size": 8,
             "train.max_steps": 3,
+            "train.epochs": 1,
             "train.learning_rate": 0.01,
             "train.deterministic": True,
         },
@@ -312,11 +320,15 @@ def test_chat_fine_tuning_learns_the_same_on_one_rank_accumulating_as_on_two(bas
     two = replace(cfg, train=replace(cfg.train, strategy="fsdp"))  # the sharded gradients scaled too
     train(two, "two-ranks", dataset, str(tmp_path / "two"))
     base = AutoModelForCausalLM.from_pretrained(str(tmp_path / "tiny-llama"), dtype=torch.float32).state_dict()
-    one_w, two_w = weights_of(str(tmp_path / "one")), weights_of(str(tmp_path / "two"))
+    models = (str(tmp_path / "one"), str(tmp_path / "two"))
+    one_w, two_w = (weights_of(m) for m in models)
     moved = max(float((one_w[name] - base[name]).abs().max()) for name in one_w)
     assert moved > 1e-2, moved  # it trained
     for name in one_w:  # equal up to the order of float sums
         torch.testing.assert_close(two_w[name], one_w[name], rtol=1e-4, atol=1e-5, msg=name)
+    # And so is the epoch's train_loss (was: the mean of the two ranks' own means).
+    one_h, two_h = (record_of(m)["history"] for m in models)
+    assert one_h and [h["train_loss"] for h in two_h] == pytest.approx([h["train_loss"] for h in one_h], rel=1e-5)
 
 
 def test_a_trusted_model_with_its_own_code_is_built_from_the_store(bucket, tmp_path):

@@ -409,12 +409,17 @@ S3 = {"store.uri": "s3://kftrain-runs/r", "store.endpoint": "http://127.0.0.1:90
         ({}, {"min_accuracy": -1.0}, "min_accuracy -1: must be a number in [0, 1]"),  # was: the gate off
         ({}, {"min_accuracy": 90.0}, "min_accuracy 90: must be a number in [0, 1]"),  # a percentage
         ({}, {"min_accuracy": math.nan}, "min_accuracy nan: must be a number in [0, 1]"),
-        (LM, {"max_perplexity": -1.0}, "max_perplexity -1: must be 0 (no bar) or a positive number"),
+        (LM, {"max_perplexity": -1.0}, "max_perplexity -1: must be 0 (no bar) or a number of at least 1"),
+        # a perplexity is never below 1: the gate could never pass (was: accepted)
+        (LM, {"max_perplexity": 0.5}, "max_perplexity 0.5: must be 0 (no bar) or a number of at least 1"),
+        (LM, {"max_perplexity": 1.0}, ""),
         ({}, {"max_perplexity": 1.5}, "max_perplexity 1.5: task 'classification' reports no perplexity"),
         (LM, {"min_accuracy": 0.5}, "min_accuracy 0.5: task 'causal_lm' reports no accuracy"),
         ({}, {"launcher": "Local"}, "launcher 'Local': must be one of auto, local, kubernetes"),
         ({"store.uri": "/tmp/runs"}, {"launcher": "kubernetes"}, "store.uri"),  # pods share no disk
         ({**S3, "checkpoint.uri": "/tmp/ckpt"}, {"launcher": "kubernetes"}, "checkpoint.uri"),
+        # never written: no checkpoint for pods to share (was: refused all the same)
+        ({**S3, "checkpoint.uri": "/tmp/ckpt", "checkpoint.enabled": False}, {"launcher": "kubernetes"}, ""),
         ({}, {}, ""),  # the pipeline's defaults, on either task
         (LM, {}, ""),
         (LM, {"max_perplexity": 40.0}, ""),

@@ -244,7 +244,9 @@ def test_an_override_through_a_non_mapping_names_the_whole_path():
 @pytest.mark.parametrize(
     "field", ["store.uri", "checkpoint.uri", "checkpoint.resume_from", "data.source", "model.init_from"]
 )
-@pytest.mark.parametrize("value", ["s3://kftrain-runs/runs ", " /tmp/runs", "/tmp/runs\t", "\ns3://kftrain-runs/x"])
+@pytest.mark.parametrize(
+    "value", ["s3://kftrain-runs/runs ", " /tmp/runs", "/tmp/runs\t", "\ns3://kftrain-runs/x", "hf://org/name@main "]
+)
 def test_a_uri_with_whitespace_around_it_is_refused_naming_the_field(field, value):
     # A space pasted along (the KFP UI's text box) put a whole run under 'runs /', or in a
     # relative folder named ' ', while the run succeeded.

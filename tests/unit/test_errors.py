@@ -180,6 +180,8 @@ def test_the_check_deadline_cuts_and_nests():
         ("max_perplexity", 0.0, True),
         ("max_perplexity", 12.5, True),
         ("max_perplexity", -1.0, False),
+        ("max_perplexity", 0.99, False),  # a perplexity is at least 1
+        ("max_perplexity", 1.0, True),
         ("max_perplexity", float("nan"), False),
         ("max_perplexity", float("inf"), False),
     ],

@@ -313,6 +313,18 @@ def test_manifests_that_could_not_run_are_refused_naming_the_field(tmp_path, cap
     assert "Traceback" not in err
 
 
+def test_a_checkpoint_prefix_never_written_is_no_shared_artifact():
+    # checkpoint.enabled: false writes nothing there: a local path is no reason to refuse the job.
+    on = {"checkpoint.uri": "/mnt/ckpt"}
+    assert training_job(load_config(overrides=on), "kftrain-x", "s3://b/d", "s3://b/m").artifact_uris == {
+        "dataset URI": "s3://b/d",
+        "model URI": "s3://b/m",
+        "checkpoint.uri": "/mnt/ckpt",
+    }
+    off = training_job(load_config(overrides={**on, "checkpoint.enabled": False}), "kftrain-x", "s3://b/d", "s3://b/m")
+    assert "checkpoint.uri" not in off.artifact_uris
+
+
 def test_the_longest_allowed_name_is_accepted():
     spec = training_job(
         load_config(overrides={"job.replicas": 12, "train.batch_size": 60}), "a" * 53, "s3://b/d", "s3://b/m"

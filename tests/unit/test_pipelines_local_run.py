@@ -153,6 +153,21 @@ def test_a_run_has_started_once_anything_is_in_its_folder(tmp_path):
     assert run_started(elsewhere, "r2", str(tmp_path))
 
 
+def test_a_store_failing_the_first_request_is_named_by_the_setting_that_chose_it(tmp_path, monkeypatch):
+    """The run folder's store is --output-dir's (or store.uri's); a checkpoint prefix of its own
+    is checkpoint.uri's (was: its failure blamed on --output-dir)."""
+    import trainer.storage
+    from trainer.config import load_config
+    from trainer.storage import StoreError
+
+    monkeypatch.setattr(trainer.storage, "CHECK_BUDGET_S", 1.0)  # the refused port fails each retry at once
+    unreachable = {"store.endpoint": "http://127.0.0.1:9", "checkpoint.uri": "s3://kftrain-ck/r"}
+    with pytest.raises(StoreError, match=r"^checkpoint\.uri: "):
+        run_started(load_config(overrides=unreachable), "r1", str(tmp_path))
+    with pytest.raises(StoreError, match=r"^store\.uri: "):
+        run_started(load_config(overrides={**unreachable, "store.uri": "s3://kftrain-runs/x"}), "r1", str(tmp_path))
+
+
 def test_a_run_id_whose_checkpoint_this_config_cannot_continue_is_refused_before_any_step(tmp_path):
     """`--run-id` with another model (or no --config at all): refused with the run's checkpoint
     and the field named, before data prep (was: in the train step, after every step before it)."""

@@ -66,6 +66,9 @@ def test_what_pods_share_must_be_in_an_object_store_before_upload(params, config
     with pytest.raises(SubmitError, match=f"{where}: {field}"):
         parse_params([*params, *([f"config={config}"] if config else [])], PACKAGE)
     assert parse_params(["store=s3://bucket/x"], PACKAGE) == {"store": "s3://bucket/x"}
+    # Checkpoints off: nothing is written there, so nothing for pods to share.
+    off = "checkpoint:\n  enabled: false\n  uri: /data/ckpt\n"
+    assert parse_params(["store=s3://bucket/x", f"config={off}"], PACKAGE)["config"] == off
 
 
 @pytest.mark.parametrize(

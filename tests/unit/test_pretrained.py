@@ -31,13 +31,25 @@ def source(uri: str) -> pretrained.ModelSource:
         ("hf://Qwen/Qwen3-0.6B", "Qwen/Qwen3-0.6B", ""),
         ("hf://meta-llama/Llama-3.2-1B@main", "meta-llama/Llama-3.2-1B", "main"),
         ("hf://org/name@0123abcd", "org/name", "0123abcd"),
+        ("hf://org/name@refs/pr/1", "org/name", "refs/pr/1"),
     ],
 )
 def test_hub_uris_parse(uri, repo, revision):
     assert pretrained.parse_hf_uri(uri) == (repo, revision)
 
 
-@pytest.mark.parametrize("uri", ["hf://", "hf://just-a-name", "hf://org/name@", "hf://org/na me", "hf://a/b/c"])
+@pytest.mark.parametrize(
+    "uri",
+    [
+        "hf://",
+        "hf://just-a-name",
+        "hf://org/name@",
+        "hf://org/na me",
+        "hf://a/b/c",
+        "hf://org/name@ma in",
+        "hf://o/n@v~1",
+    ],
+)
 def test_malformed_hub_uris_are_refused_naming_the_form(uri):
     with pytest.raises(pretrained.PretrainedError, match="hf://<org>/<name>"):
         pretrained.parse_hf_uri(uri)

@@ -449,8 +449,11 @@ def test_a_summed_loss_becomes_the_mean_over_the_global_batchs_units(units, grad
     p = torch.nn.Parameter(torch.zeros(2))
     p.grad = torch.tensor([2.0, 4.0])
     trainer = SimpleNamespace(env=DistEnv(), trainable=[p])
-    mean, any_units = Trainer._mean_over_units(trainer, torch.tensor(8.0 if units else 0.0), torch.tensor(units))
-    assert (float(mean), any_units) == (loss, counted) and p.grad.tolist() == grad
+    mean, job_mean, any_units = Trainer._mean_over_units(
+        trainer, torch.tensor(8.0 if units else 0.0), torch.tensor(units)
+    )
+    # One rank: its own mean is the global batch's.
+    assert (float(mean), float(job_mean), any_units) == (loss, loss, counted) and p.grad.tolist() == grad
 
 
 def test_a_pretrained_task_with_its_own_loss_trains_on_it():

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from trainer.config import Config, ConfigError, config_to_json
-from trainer.launch.spec import JobSpec, job_name, torchrun_command
+from trainer.launch.spec import JobSpec, job_name, require_object_store, require_pod_paths, torchrun_command
 from trainer.stopping import GRACE_ENV
 from trainer.storage import credential_pair_problem
 
@@ -39,7 +39,7 @@ def training_job(cfg: Config, name: str, dataset_uri: str, model_uri: str) -> Jo
         artifact_uris={
             "dataset URI": dataset_uri,
             "model URI": model_uri,
-            **({"checkpoint.uri": cfg.checkpoint.uri} if cfg.checkpoint.uri else {}),
+            **({"checkpoint.uri": cfg.checkpoint.uri} if cfg.checkpoint.enabled and cfg.checkpoint.uri else {}),
         },
     )
 
@@ -107,3 +107,15 @@ def pod_read_paths(cfg: Config) -> dict[str, str]:
     if cfg.data.tokenizer != "bytes" and not cfg.data.tokenizer.startswith("bpe:"):
         paths["data.tokenizer"] = cfg.data.tokenizer
     return {field: value for field, value in paths.items() if value and value not in BUILTIN_SOURCES}
+
+
+def check_cluster_locations(cfg: Config) -> None:
+    """ConfigError naming the field whose location a cluster's pods could not share: what the
+    steps and replicas write and the next one reads must be in the object store (no two pods
+    share a disk; an empty `store.uri` is KFP's own store; checkpoints count only when written),
+    and what they only read an object or an absolute path inside their image."""
+    shared = {"store.uri": cfg.store.uri}
+    if cfg.checkpoint.enabled:
+        shared["checkpoint.uri"] = cfg.checkpoint.uri
+    require_object_store({field: uri for field, uri in shared.items() if uri})
+    require_pod_paths(pod_read_paths(cfg))
