@@ -296,9 +296,9 @@ def _cmd_job_manifest(args: argparse.Namespace) -> int:
     import yaml
 
     from trainer.config import ConfigError, load_yaml
-    from trainer.launch.job import pod_read_paths, training_job
+    from trainer.launch.job import check_cluster_locations, training_job
     from trainer.launch.jobkind import BY_NAME
-    from trainer.launch.spec import require_object_store, require_pod_paths
+    from trainer.launch.spec import require_object_store
 
     def overlaps(a: str, b: str) -> bool:  # one field, or a section and a field in it
         return a == b or a.startswith(b + ".") or b.startswith(a + ".")
@@ -323,8 +323,7 @@ def _cmd_job_manifest(args: argparse.Namespace) -> int:
         )
     require_object_store({"--dataset-uri": args.dataset_uri, "--model-uri": args.model_uri})
     spec = training_job(cfg, args.name, args.dataset_uri, args.model_uri)
-    require_object_store(spec.artifact_uris)
-    require_pod_paths(pod_read_paths(cfg))  # as `kftrain submit` checks them
+    check_cluster_locations(cfg)  # as `kftrain submit` checks them
     kind = BY_NAME[cfg.job.kind]
     manifest = kind.build(spec, cfg.kubernetes.namespace, None)
     kind.validate(manifest)

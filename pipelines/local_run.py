@@ -305,17 +305,19 @@ def own_checkpoints_first(cfg: Config, run_id: str, local_root: str = DEFAULT_LO
 
 
 def run_started(cfg: Config, run_id: str, local_root: str = DEFAULT_LOCAL_ROOT) -> bool:
-    """Whether run `run_id` left anything in its run folder (a log, its record) or its checkpoint
-    prefix (`checkpoint.uri` when set). A store that fails the request raises (:class:`StoreError`
-    naming the setting); True when a local folder cannot be read (the run's own checks say why)."""
+    """Whether run `run_id` left anything in its run folder (a log, its record) or, with
+    checkpoints on, its checkpoint prefix (`checkpoint.uri` when set). A store that fails the
+    request raises (:class:`StoreError` naming the setting); True when a local folder cannot be
+    read (the run's own checks say why)."""
     from trainer.pipeline_steps import store_for
     from trainer.storage import CHECK_BUDGET_S, check_deadline
 
     # Each place with the setting that chose it: a checkpoint.uri of its own is another store.
     places = {run_root(cfg, run_id, local_root): ""}
-    places.setdefault(
-        with_run_checkpoints(cfg, run_id, local_root).checkpoint.uri, "checkpoint.uri" if cfg.checkpoint.uri else ""
-    )
+    if cfg.checkpoint.enabled:  # off, nothing was written there, nor is its store used
+        places.setdefault(
+            with_run_checkpoints(cfg, run_id, local_root).checkpoint.uri, "checkpoint.uri" if cfg.checkpoint.uri else ""
+        )
     try:
         with check_deadline(CHECK_BUDGET_S):
             for place, field in places.items():

@@ -15,6 +15,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import math
+import os
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
@@ -101,6 +102,35 @@ def check_writable(cfg: Config, uri: str, field: str) -> None:
         raise type(exc)(f"{field}: {exc}" if uri in str(exc) else f"{field} {uri}: {exc}") from None
 
 
+def check_writes_outside_source(cfg: Config, output_dir: str = "") -> None:
+    """ConfigError naming the place a run writes (`store.uri`, `checkpoint.uri`, or
+    `output_dir`, a local run's `--output-dir`) that lies inside the `data.source` folder or
+    prefix: data prep would read the run's own logs, records and checkpoints as training data."""
+    from trainer.data_rules import BUILTIN_SOURCES
+
+    source = cfg.data.source
+    if not source or source in BUILTIN_SOURCES or source.startswith("hf://"):
+        return
+
+    def place(uri: str) -> tuple[bool, str, str]:  # s3:// and minio:// name one store
+        loc = parse_uri(uri)
+        key = loc.key if loc.is_remote else os.path.realpath(loc.key)  # --output-dir arrives resolved
+        return loc.is_remote, loc.bucket, key.rstrip("/")
+
+    _, bucket, folder = read = place(source)
+    writes = {"store.uri": cfg.store.uri, "--output-dir": output_dir}
+    writes["checkpoint.uri"] = cfg.checkpoint.uri if cfg.checkpoint.enabled else ""
+    for field, uri in writes.items():
+        if not uri:
+            continue
+        remote, where_bucket, key = place(uri)
+        if (remote, where_bucket) == read[:2] and (key == folder or key.startswith(f"{folder}/")):
+            raise ConfigError(
+                f"{field} {uri!r} is inside data.source {source!r}: data prep would read the run's own logs, "
+                "records and checkpoints as training data; write them outside the source"
+            )
+
+
 def check_before_steps(cfg: Config, runs_root: str = "") -> Config:
     """The job the config describes passes the API server's and the operator's checks
     (:func:`trainer.launch.job.check_job_manifests`: the config runs on a cluster unchanged), the
@@ -116,6 +146,7 @@ def check_before_steps(cfg: Config, runs_root: str = "") -> Config:
     from trainer.launch.job import check_job_manifests
 
     check_job_manifests(cfg)
+    check_writes_outside_source(cfg, "" if cfg.store.uri else runs_root)
     if cfg.store.uri:
         check_writable(cfg, cfg.store.uri, "store.uri")
     if cfg.checkpoint.enabled and cfg.checkpoint.uri:

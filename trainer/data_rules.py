@@ -197,7 +197,8 @@ def _check_header(cfg: Config, store: ObjectStore, uri: str) -> None:
     try:
         csv_rows(store, uri, cfg.data.label_column, chunk_bytes=HEAD_BYTES)  # the header alone, not a chunk of rows
     except DataError as exc:
-        raise DataError(f"data.source {exc}") from None
+        message = str(exc)  # a decoding error names data.source itself
+        raise DataError(message if message.startswith("data.source") else f"data.source {message}") from None
 
 
 def _check_object(cfg: Config, store: ObjectStore, uri: str, what: str, one: bool = True) -> None:

@@ -550,6 +550,7 @@ class Trainer:
         check_steps_left(record, cfg, other)
         own = self._load(record, source)
         self.scheduler.load_state_dict(record["scheduler"])
+        self._apply_optimizer_settings()
         self.step = int(record["step"])
         if own is not None and saved_world == env.world_size:
             set_rng_state(own["rng"])
@@ -691,12 +692,24 @@ class Trainer:
         else:
             self.step_seconds.append(time.perf_counter() - t_step)
 
+    def _apply_optimizer_settings(self) -> None:
+        """The config's learning rate and weight decay over the checkpoint's: the optimizer's and
+        the scheduler's saved states carry the values they were written with, so a change was
+        logged as taking effect and then ignored. Unchanged, the values are the same floats."""
+        tc = self.cfg.train
+        self.scheduler.base_lrs = [tc.learning_rate] * len(self.optimizer.param_groups)
+        for group in self.optimizer.param_groups:
+            group["initial_lr"], group["weight_decay"] = tc.learning_rate, tc.weight_decay
+            group["lr"] = tc.learning_rate * lr_factor(self.scheduler.last_epoch, self.total_steps, self.cfg)
+        self.scheduler._last_lr = [group["lr"] for group in self.optimizer.param_groups]  # what the log shows
+
     def _mean_over_units(self, summed: torch.Tensor, units: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, bool]:
         """Turn the gradients of summed losses, averaged over the ranks by the sync, into those of
         the mean over every unit of the global batch (a collective: every rank calls it); return
         this rank's own mean loss, for its progress line and the non-finite check, the global
         batch's mean loss, and whether the global batch had any unit at all."""
-        both = torch.stack([summed.detach().to(torch.float64), units.to(torch.float64)])
+        # A custom task may count on the CPU: the collective needs both on the loss's device.
+        both = torch.stack([summed.detach().to(torch.float64), units.to(summed.device, torch.float64)])
         if self.env.distributed:
             torch.distributed.all_reduce(both)
         total = both[1].item()

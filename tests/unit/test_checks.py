@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from pathlib import Path
 
 import pytest
@@ -439,3 +440,31 @@ def test_the_pipeline_s_own_parameters_are_checked_in_its_first_step(overrides, 
     with pytest.raises(ConfigError) as err:
         check_run_settings(cfg, **given)
     assert str(err.value).startswith(refused), str(err.value)
+
+
+@pytest.mark.parametrize(
+    ("source", "writes", "refused"),
+    [
+        ("{tmp}/corpus/", {"output_dir": "{tmp}/corpus/out"}, "--output-dir"),  # was: trained on its own logs
+        ("{tmp}/corpus", {"output_dir": "{tmp}/corpus"}, "--output-dir"),
+        ("{tmp}/corpus", {"store.uri": "{tmp}/corpus/runs"}, "store.uri"),
+        ("{tmp}/corpus", {"checkpoint.uri": "{tmp}/corpus/ck"}, "checkpoint.uri"),
+        ("s3://bkt/data/", {"store.uri": "minio://bkt/data/runs"}, "store.uri"),  # one store, two schemes
+        ("{tmp}/corpus", {"output_dir": "{tmp}/corpus-out"}, ""),  # a neighbour whose name starts alike
+        ("{tmp}/corpus/t.txt", {"output_dir": "{tmp}/corpus"}, ""),  # beside a one-file source
+        ("s3://bkt/data/", {"store.uri": "s3://other/data/runs"}, ""),
+        ("s3://bkt/data/", {"store.uri": "{tmp}/corpus"}, ""),  # a local folder is not the bucket
+        ("{tmp}/corpus", {"checkpoint.uri": "{tmp}/corpus/ck", "checkpoint.enabled": False}, ""),  # never written
+    ],
+)
+def test_a_run_never_writes_inside_its_data_source(tmp_path, source, writes, refused):
+    from trainer.checks import check_writes_outside_source
+
+    fill = {k: v.format(tmp=tmp_path) if isinstance(v, str) else v for k, v in writes.items()}
+    output_dir = fill.pop("output_dir", "")
+    cfg = load_config(overrides={"data.source": source.format(tmp=tmp_path), **fill})
+    if not refused:
+        check_writes_outside_source(cfg, output_dir)
+        return
+    with pytest.raises(ConfigError, match=f"^{re.escape(refused)} .* is inside data.source .*: data prep would read"):
+        check_writes_outside_source(cfg, output_dir)

@@ -164,6 +164,8 @@ def test_a_store_failing_the_first_request_is_named_by_the_setting_that_chose_it
     unreachable = {"store.endpoint": "http://127.0.0.1:9", "checkpoint.uri": "s3://kftrain-ck/r"}
     with pytest.raises(StoreError, match=r"^checkpoint\.uri: "):
         run_started(load_config(overrides=unreachable), "r1", str(tmp_path))
+    # Checkpoints off: that store is never used, so it cannot fail the run.
+    assert not run_started(load_config(overrides={**unreachable, "checkpoint.enabled": False}), "r1", str(tmp_path))
     with pytest.raises(StoreError, match=r"^store\.uri: "):
         run_started(load_config(overrides={**unreachable, "store.uri": "s3://kftrain-runs/x"}), "r1", str(tmp_path))
 

@@ -409,7 +409,7 @@ def test_a_resume_refuses_other_data_a_reached_step_limit_and_another_model_and_
     source = tmp_path / "t.csv"
     source.write_text("a,b,c,label\n" + csv(240))
     shape = {"data.source": str(source), "model.hidden_sizes": [8], "train.batch_size": 16, "job.replicas": 1}
-    shape |= {"checkpoint.interval_steps": 3, "train.epochs": 3}
+    shape |= {"checkpoint.interval_steps": 3, "train.epochs": 3, "train.log_interval_steps": 1}
 
     def prepared(name: str) -> str:
         prepare_dataset(load_config(overrides=shape).data, LocalStore(), str(tmp_path / name))
@@ -432,6 +432,19 @@ def test_a_resume_refuses_other_data_a_reached_step_limit_and_another_model_and_
         run("changed", prepared("data-b"), **{"train.max_steps": 8, "checkpoint.resume_from": step5})
     metrics = run("same", first, **{"train.max_steps": 8, "checkpoint.resume_from": step5})
     assert metrics["resumed_from_step"] == 5 and metrics["steps"] == 8
+
+    # A changed learning rate and weight decay take effect, as logged (was: the checkpoint's kept).
+    def record_of(name: str) -> dict:
+        return json.loads((tmp_path / name / "training.json").read_text())
+
+    same = record_of("same")
+    lower = {"train.learning_rate": 1e-4, "train.weight_decay": 0.5, "train.max_steps": 8}
+    run("lower", first, **{**lower, "checkpoint.resume_from": step5})
+    changed = record_of("lower")
+    ratio = 1e-4 / load_config().train.learning_rate
+    for old, new in zip(same["loss_curve"], changed["loss_curve"], strict=True):
+        assert new["lr"] == pytest.approx(old["lr"] * (ratio if new["step"] > 5 else 1)), (old, new)
+    assert changed["parameter_digest"] != same["parameter_digest"]
 
 
 @pytest.mark.parametrize(
