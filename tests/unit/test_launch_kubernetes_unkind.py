@@ -534,6 +534,28 @@ def test_sigterm_while_run_job_deletes_a_failed_job_lets_the_deletion_finish():
     assert NAME not in cluster.jobs
 
 
+@pytest.mark.parametrize("second", [signal.SIGINT, signal.SIGTERM], ids=["ctrl-c-again", "then-sigterm"])
+def test_ctrl_c_then_another_signal_while_run_job_cancels_lets_the_cancel_finish(second):
+    """A terminal's Ctrl-C reaches the whole process group: the launcher is interrupted, and the
+    CLI stops the step as well while it cancels (was: that second signal interrupted the cancel,
+    so the ranks' last lines were never passed on)."""
+    cluster = FakeCluster()
+    backend, spec, _ = make(cluster)
+    original = cluster.delete_namespaced_custom_object
+
+    def delete(*args, **kwargs):
+        signal.raise_signal(second)
+        return original(*args, **kwargs)
+
+    cluster.delete_namespaced_custom_object = delete
+    cluster.timeline = [lambda c: c.add_pod(NAME, "master", 0, "Running"), lambda c: signal.raise_signal(signal.SIGINT)]
+    before = (signal.getsignal(signal.SIGINT), signal.getsignal(signal.SIGTERM))
+    with pytest.raises(KeyboardInterrupt):
+        run_job(backend, replace(spec, timeout_s=600))
+    assert NAME not in cluster.jobs  # the deletion ran to its end
+    assert (signal.getsignal(signal.SIGINT), signal.getsignal(signal.SIGTERM)) == before
+
+
 # -- round two: what an earlier part of the same attempt leaves behind --------------------------
 
 

@@ -101,9 +101,12 @@ class _Cleanup:
 
 
 @contextlib.contextmanager
-def _sigterm_raises() -> Iterator[_Cleanup]:
-    """Turn SIGTERM (pod deletion, run cancel) into an exception so cleanup runs; once cleanup
-    has started (`.started` of what it yields), a SIGTERM is left to it: the job is deleted."""
+def _signals_raise() -> Iterator[_Cleanup]:
+    """Turn SIGTERM (pod deletion, run cancel) into an exception so cleanup runs, and Ctrl-C into
+    KeyboardInterrupt as Python does; once cleanup has started (`.started` of what it yields), a
+    signal of either kind is left to it: the job is deleted and its last lines passed on. (A
+    terminal's Ctrl-C reaches the whole process group, and `kftrain run --local` then stops the
+    step too: the second signal interrupted the cancel, and the ranks' last lines were lost.)"""
     cleanup = _Cleanup()
     if threading.current_thread() is not threading.main_thread():
         yield cleanup
@@ -112,13 +115,17 @@ def _sigterm_raises() -> Iterator[_Cleanup]:
     def handler(signum: int, frame: object) -> None:
         if not cleanup.started:
             cleanup.started = True
-            raise _Terminated(signum)
+            raise _Terminated(signum) if signum == signal.SIGTERM else KeyboardInterrupt
 
-    previous = signal.signal(signal.SIGTERM, handler)
+    signals = [signal.SIGTERM]
+    if signal.getsignal(signal.SIGINT) is signal.default_int_handler:  # not where Ctrl-C is ignored
+        signals.append(signal.SIGINT)
+    previous = {sig: signal.signal(sig, handler) for sig in signals}
     try:
         yield cleanup
     finally:
-        signal.signal(signal.SIGTERM, previous)
+        for sig, old in previous.items():
+            signal.signal(sig, old)
 
 
 def run_job(backend: JobBackend, spec: JobSpec) -> None:
@@ -128,7 +135,7 @@ def run_job(backend: JobBackend, spec: JobSpec) -> None:
     reaches this point fails the step. If cancelling fails too, the original error is still the
     one raised (the cancel failure is added as a note): it says why the step failed.
     """
-    with _sigterm_raises() as cleanup:
+    with _signals_raise() as cleanup:
         try:
             backend.submit(spec)
             backend.wait(spec)
