@@ -117,14 +117,14 @@ def check_writes_outside_source(cfg: Config, output_dir: str = "") -> None:
         key = loc.key if loc.is_remote else os.path.realpath(loc.key)  # --output-dir arrives resolved
         return loc.is_remote, loc.bucket, key.rstrip("/")
 
-    _, bucket, folder = read = place(source)
+    *store, folder = place(source)
     writes = {"store.uri": cfg.store.uri, "--output-dir": output_dir}
     writes["checkpoint.uri"] = cfg.checkpoint.uri if cfg.checkpoint.enabled else ""
     for field, uri in writes.items():
         if not uri:
             continue
-        remote, where_bucket, key = place(uri)
-        if (remote, where_bucket) == read[:2] and (key == folder or key.startswith(f"{folder}/")):
+        *where, key = place(uri)
+        if where == store and (key == folder or key.startswith(f"{folder}/")):
             raise ConfigError(
                 f"{field} {uri!r} is inside data.source {source!r}: data prep would read the run's own logs, "
                 "records and checkpoints as training data; write them outside the source"
