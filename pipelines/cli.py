@@ -73,15 +73,24 @@ def _check_gates(args: argparse.Namespace, task: str) -> None:
 
 
 def _load_with_flags(
-    path: str | None, flags: dict[str, tuple[str, Any]], check: Callable[[Config], None] | None = None
+    path: str | None,
+    flags: dict[str, tuple[str, Any]],
+    check: Callable[[Config], None] | None = None,
+    recorded: tuple[str, dict[str, Any]] | None = None,
 ) -> Config:
-    """The config at `path` with the flags given (`{field: (flag, value)}`, only those the user
-    gave) set over it, and `check`ed; a refused value is named by its flag, which is what the
-    user typed."""
-    from trainer.config import ConfigError, load_config
+    """The config at `path` (or the `recorded` one: (where it was read, its tree)) with the flags
+    given (`{field: (flag, value)}`, only those the user gave) set over it, and `check`ed; a
+    refused value is named by its flag, which is what the user typed."""
+    import json
 
+    from trainer.config import ConfigError, load_config, parse_config
+
+    overrides = {field: value for field, (_, value) in flags.items()}
     try:
-        cfg = load_config(path, {field: value for field, (_, value) in flags.items()})
+        if recorded is None:
+            cfg = load_config(path, overrides)
+        else:
+            cfg = parse_config(json.dumps(recorded[1]), overrides, origin=recorded[0])
         if check is not None:
             check(cfg)
         return cfg
@@ -111,6 +120,8 @@ def _cmd_run(args: argparse.Namespace) -> int:
         check_run_id,
         keep_log,
         new_run_id,
+        newest_checkpoint,
+        run_checkpoints,
         run_local,
         run_log,
         run_scope,
@@ -122,11 +133,8 @@ def _cmd_run(args: argparse.Namespace) -> int:
     if not args.local:
         print("kftrain run: only --local is supported; on a cluster use `kftrain submit`", file=sys.stderr)
         return 2
-    cfg = _load_with_flags(
-        args.config,
-        _given({"store.uri": ("--store", args.store), "store.endpoint": ("--s3-endpoint", args.s3_endpoint)}),
-    )
-    _check_gates(args, cfg.task)
+    flags = _given({"store.uri": ("--store", args.store), "store.endpoint": ("--s3-endpoint", args.s3_endpoint)})
+    cfg = _load_with_flags(args.config, flags)
     store = f"{'--store' if args.store else 'store.uri'} {redact(cfg.store.uri)}"
     if args.output_dir and cfg.store.uri:
         raise ConfigError(
@@ -135,7 +143,11 @@ def _cmd_run(args: argparse.Namespace) -> int:
         )
     args.output_dir = args.output_dir or DEFAULT_LOCAL_ROOT
     run_id = check_run_id(new_run_id() if args.run_id is None else args.run_id)  # `--run-id ''`: refused
-    if args.run_id and not run_started(cfg, run_id, args.output_dir):
+    if args.run_id and args.config is None:
+        cfg = _as_started(cfg, args, run_id, flags)
+    _check_gates(args, cfg.task)
+    existed = bool(args.run_id) and run_started(cfg, run_id, args.output_dir)
+    if args.run_id and not existed:
         where = store if cfg.store.uri else f"--output-dir {args.output_dir}"
         print(
             f"kftrain: no run {run_id} under {where} yet: it starts from the beginning (a run that wrote elsewhere "
@@ -156,6 +168,13 @@ def _cmd_run(args: argparse.Namespace) -> int:
     def on_start() -> None:
         started.append(True)
         console.say(f"kftrain: run {run_id} (stopped or killed, it continues with: {resume})")
+        # Said, not silent: a run whose checkpoints were deleted (or never written) trains anew.
+        own = existed and cfg.checkpoint.enabled and not cfg.checkpoint.resume_from
+        if own and newest_checkpoint(cfg, run_id, args.output_dir) is None:
+            console.say(
+                f"kftrain: run {run_id} has no complete checkpoint in "
+                f"{redact(run_checkpoints(cfg, run_id, args.output_dir))}: its training starts from step 0"
+            )
 
     try:
         with run_scope(run_id, on_stop=console.stopping), capturing(console):
@@ -219,6 +238,34 @@ def _cmd_run(args: argparse.Namespace) -> int:
     if full_log:
         print(f"full log: {full_log}")
     return 0 if summary["exported"] else GATE_FAILED
+
+
+def _as_started(cfg: Config, args: argparse.Namespace, run_id: str, flags: dict[str, tuple[str, Any]]) -> Config:
+    """`--run-id` without `--config` continues the run with the config and quality gates it was
+    last started with (its start record), the flags given now set over them; `cfg` (the
+    defaults) for a run without that record. Before, the built-in defaults ran in its name: a
+    run stopped before its first checkpoint trained the demo instead."""
+    from pipelines.local_run import started_settings
+
+    started = started_settings(cfg, run_id, args.output_dir)
+    if started is None:
+        return cfg
+    from trainer.checks import gate_ignored
+
+    uri, config, gates = started
+    cfg = _load_with_flags(None, flags, recorded=(f"run {run_id}'s recorded config {redact(uri)}", config))
+    for name in ("min_accuracy", "max_perplexity"):
+        value = gates.get(name)
+        # The recorded gates include the defaults: the one the task has no metric for stays unset.
+        usable = isinstance(value, int | float) and not isinstance(value, bool)
+        if getattr(args, name) is None and usable and not gate_ignored(name, value, cfg.task):
+            setattr(args, name, value)
+    print(
+        f"kftrain: run {run_id}: with the config and quality gate it was last started with ({redact(uri)}); "
+        "to change them, give --config (and the gate flags)",
+        file=sys.stderr,
+    )
+    return cfg
 
 
 def _stopped(cfg, args: argparse.Namespace, run_id: str, started: bool) -> str:

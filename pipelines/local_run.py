@@ -38,7 +38,8 @@ from trainer.runs import RUN_RECORD
 from trainer.storage import CorruptObject, ObjectNotFound, StoreError, join_uri, parse_uri, read_json
 
 DEFAULT_LOCAL_ROOT = "kftrain-outputs"
-#: Beside the run record, written at a run's first start: where the run keeps its checkpoints.
+#: Beside the run record, written at each start of a run: where the run keeps its checkpoints (its
+#: first start's), and the config and quality gates it was last started with.
 STARTED_RECORD = "started.json"
 _RUN_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,62}")
 
@@ -158,15 +159,54 @@ def newest_checkpoint(cfg: Config, run_id: str, local_root: str = DEFAULT_LOCAL_
     return None if latest is None else latest[0]
 
 
-def record_started(cfg: Config, run_id: str, local_root: str = DEFAULT_LOCAL_ROOT) -> None:
-    """Note where run `run_id` keeps its checkpoints (`cfg` is its effective config), once, at its
-    first start: a later start with another `checkpoint.uri` is refused (:func:`check_own_checkpoint`)."""
+def record_started(
+    cfg: Config,
+    run_id: str,
+    local_root: str = DEFAULT_LOCAL_ROOT,
+    given: Config | None = None,
+    gates: dict[str, float] | None = None,
+) -> None:
+    """Note, at each start of run `run_id` (`cfg` is its effective config), where it keeps its
+    checkpoints (its first start's: a later start with another `checkpoint.uri` is refused,
+    :func:`check_own_checkpoint`), and the config (`given`, as the user gave it) and quality gates
+    it was started with: what `--run-id` without `--config` continues with (:func:`started_settings`).
+    A record that cannot be read is left as it is (its run keeps its own checkpoint folder)."""
     from trainer.pipeline_steps import store_for
 
     uri = join_uri(run_root(cfg, run_id, local_root), STARTED_RECORD)
     store = store_for(cfg, uri)
-    if not store.exists(uri):
-        store.put_bytes(uri, json.dumps({"run_id": run_id, "checkpoint_uri": cfg.checkpoint.uri}).encode())
+    try:
+        record = read_json(store, uri)
+    except ObjectNotFound:
+        record = {"checkpoint_uri": cfg.checkpoint.uri}
+    except CorruptObject:
+        return
+    if not isinstance(record, dict):
+        return
+    record.update(run_id=run_id, config=to_dict(given or cfg), gates=gates or {})
+    store.put_bytes(uri, json.dumps(record).encode())
+
+
+def started_settings(cfg: Config, run_id: str, local_root: str = DEFAULT_LOCAL_ROOT) -> tuple[str, dict, dict] | None:
+    """Where run `run_id`'s start record is, and the config and quality gates it was last started
+    with (:func:`record_started`); None for a run without that record (never started, or started
+    before kftrain kept it). A store that fails raises :class:`StoreError` naming the setting."""
+    from trainer.pipeline_steps import store_for
+    from trainer.storage import CHECK_BUDGET_S, check_deadline
+
+    uri = join_uri(run_root(cfg, run_id, local_root), STARTED_RECORD)
+    try:
+        with check_deadline(CHECK_BUDGET_S):
+            record = read_json(store_for(cfg, uri), uri)
+    except (ObjectNotFound, CorruptObject):
+        return None
+    except StoreError as exc:
+        raise _where_runs_live(cfg, exc) from None
+    config = record.get("config") if isinstance(record, dict) else None
+    gates = record.get("gates") if isinstance(record, dict) else None
+    if not isinstance(config, dict):
+        return None
+    return uri, config, gates if isinstance(gates, dict) else {}
 
 
 def claim_run_checkpoints(cfg: Config) -> None:
@@ -484,7 +524,7 @@ def run_local(
     check_own_checkpoint(cfg, run_id, local_root)
     cfg = with_run_checkpoints(cfg, run_id, local_root)
     claim_run_checkpoints(cfg)
-    record_started(cfg, run_id, local_root)
+    record_started(cfg, run_id, local_root, given, gates)
     on_start()
     summary = {**_run_pipeline(cfg, local_root, min_accuracy, max_perplexity), "run_id": run_id}
     record_finished(cfg, run_id, summary, local_root, given, gates)

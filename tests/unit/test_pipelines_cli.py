@@ -643,3 +643,106 @@ def test_submit_refuses_an_empty_config_flag_instead_of_ignoring_it(capsys):
     """`--config "$CFG"` with CFG unset would otherwise submit the pipeline's default config."""
     rc, out = call_cli([*SUBMIT, "--config", ""], capsys)
     assert rc == 2 and "--config : cannot read the config file" in out and "Traceback" not in out, out
+
+
+def _no_process_watch(monkeypatch) -> None:
+    """No watchdog process for the run's processes: the fake `run_local`s start none."""
+    import contextlib
+
+    monkeypatch.setattr("pipelines.local_run.run_scope", lambda run_id, on_stop: contextlib.nullcontext())
+
+
+# (config the run started with, gates it started with, what this start gives: --config text and
+# flags; the task and epochs the run gets, its --min-accuracy and --max-perplexity)
+STARTED_ROWS = {
+    "no --config: the recorded config and gate": (
+        {"train": {"epochs": 7}},
+        {"min_accuracy": 0.5, "max_perplexity": 0.0},
+        None,
+        [],
+        ("classification", 7, 0.5, 0.0),
+    ),
+    "a gate given now wins": (
+        {"train": {"epochs": 7}},
+        {"min_accuracy": 0.5, "max_perplexity": 0.0},
+        None,
+        ["--min-accuracy", "0.7"],
+        ("classification", 7, 0.7, 0.0),
+    ),
+    "--config given: that config, the default gate": (
+        {"train": {"epochs": 7}},
+        {"min_accuracy": 0.5, "max_perplexity": 0.0},
+        "train:\n  epochs: 2\n",
+        [],
+        ("classification", 2, 0.9, 0.0),
+    ),
+    "a language model: its gate, not the other task's default": (
+        {"task": "causal_lm", "train": {"epochs": 4}},
+        {"min_accuracy": 0.9, "max_perplexity": 50.0},
+        None,
+        [],
+        ("causal_lm", 4, 0.9, 50.0),
+    ),
+}
+
+
+@pytest.mark.parametrize(
+    ("recorded", "gates", "config", "flags", "expected"), STARTED_ROWS.values(), ids=STARTED_ROWS.keys()
+)
+def test_run_id_without_config_continues_with_what_the_run_started_with(
+    tmp_path, monkeypatch, capsys, recorded, gates, config, flags, expected
+):
+    """`--run-id` of a run stopped before its first checkpoint (data prep, say) continued with the
+    built-in defaults when --config was left out: the demo trained in the run's name. `run_local`
+    is replaced by a fake that records what it was given; the start record is the real one."""
+    from pipelines.local_run import record_started, with_run_checkpoints
+    from trainer.config import parse_config
+
+    monkeypatch.chdir(tmp_path)
+    _no_process_watch(monkeypatch)
+    first = parse_config(json.dumps(recorded))
+    record_started(with_run_checkpoints(first, "r1", "out"), "r1", "out", first, gates)
+    given: dict = {}
+
+    def fake_run_local(cfg, local_root, min_accuracy, max_perplexity, run_id, on_start):
+        given.update(cfg=cfg, gates=(min_accuracy, max_perplexity))
+        on_start()
+        return {"artifacts": {}, "metrics": {}, "exported": True, "quality_gate": "passed", "run_id": run_id}
+
+    monkeypatch.setattr("pipelines.local_run.run_local", fake_run_local)
+    if config is not None:
+        Path("c.yaml").write_text(config)
+    argv = ["run", "--local", "--output-dir", "out", "--run-id", "r1", *flags]
+    assert main([*argv, *(["--config", "c.yaml"] if config else [])]) == 0
+    task, epochs, min_accuracy, max_perplexity = expected
+    assert (given["cfg"].task, given["cfg"].train.epochs) == (task, epochs)
+    assert given["gates"] == (min_accuracy, max_perplexity)
+    err = "".join(capsys.readouterr())  # its notes: stdout and stderr
+    assert ("r1: with the config and quality gate it was last started with" in err) == (config is None)
+    # Nothing was committed: said, not silent (as when its checkpoints were deleted).
+    assert "kftrain: run r1 has no complete checkpoint in " in err
+    assert "its training starts from step 0" in err
+
+
+def test_a_run_id_with_a_checkpoint_or_never_started_gets_no_start_over_note(tmp_path, monkeypatch, capsys):
+    from pipelines.local_run import record_started, with_run_checkpoints
+    from tests.unit.test_pipelines_local_run import fake_checkpoint
+    from trainer.config import load_config
+
+    monkeypatch.chdir(tmp_path)
+    _no_process_watch(monkeypatch)
+    monkeypatch.setattr(
+        "pipelines.local_run.run_local",
+        lambda cfg, on_start, **kw: (
+            on_start() or {"artifacts": {}, "metrics": {}, "exported": True, "quality_gate": ""}
+        ),
+    )
+    assert main(["run", "--local", "--output-dir", "out", "--run-id", "new"]) == 0
+    err = "".join(capsys.readouterr())  # its notes: stdout and stderr
+    assert "no run new under --output-dir out yet" in err and "no complete checkpoint" not in err
+    started = with_run_checkpoints(load_config(), "r1", "out")
+    record_started(started, "r1", "out")
+    fake_checkpoint(Path(started.checkpoint.uri), 3)
+    assert main(["run", "--local", "--output-dir", "out", "--run-id", "r1"]) == 0
+    err = "".join(capsys.readouterr())  # its notes: stdout and stderr
+    assert "no complete checkpoint" not in err and "with the config and quality gate it was last started" in err
