@@ -389,13 +389,14 @@ class CheckpointManager:
         metrics = record.get("metrics") if isinstance(record, dict) else None
         return metrics if isinstance(metrics, dict) else {}
 
-    def best(self) -> dict[str, Any] | None:
+    def best(self, up_to: int | None = None) -> dict[str, Any] | None:
         """The commit record of the complete checkpoint with the best :attr:`keep_best` metric
-        (any owner's), or None (a collective like :meth:`latest`)."""
+        (any owner's; at step `up_to` or before when given), or None (a collective like :meth:`latest`)."""
         choice: dict[str, Any] | None = None
         if self.rank == 0 and self.keep_best is not None:
             by_step = objects_by_step(self.store, self.prefix)
-            records = {s: complete_record(self.store, self.prefix, s, by_step) for s in committed(by_step)}
+            steps = [s for s in committed(by_step) if up_to is None or s <= up_to]
+            records = {s: complete_record(self.store, self.prefix, s, by_step) for s in steps}
             metrics = {s: r.get("metrics") or {} for s, r in records.items() if r is not None}
             step = best_step(metrics, *self.keep_best)
             choice = None if step is None else records[step]

@@ -643,7 +643,8 @@ class CheckpointConfig:
     loss/perplexity/error is minimised and in accuracy/f1/precision/recall maximised; empty: off."""
     export_best: bool = False
     """With `keep_best`: the model the run writes (which evaluation and export read) holds the best checkpoint's
-    weights instead of the last step's."""
+    weights instead of the last step's. A run begun from another run's checkpoint (`resume_from`) ranks that run's
+    checkpoints up to the one it began from with its own."""
 
     def __post_init__(self) -> None:
         best_metric(self.keep_best)

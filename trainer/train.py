@@ -30,7 +30,7 @@ from torch import nn
 from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_dict, set_state_dict
 
 from trainer import exit_codes
-from trainer.checkpoint import CheckpointError, CheckpointManager, step_dir
+from trainer.checkpoint import CheckpointError, CheckpointManager, best_step, step_dir
 from trainer.checkpoint_owner import checkpoint_owner, checkpoint_prefix
 from trainer.config import Config, best_metric, config_from_json, flatten_config, to_dict
 from trainer.consolidate import consolidate
@@ -103,9 +103,10 @@ def write_final_model(
     gets the final parameter digest ("" where this rank holds no full weights).
 
     DDP (or one process): rank 0 streams its own weights into the file one tensor at a time.
-    FSDP with checkpoints: rank 0 consolidates the checkpoint of the last step, which the caller
-    saved and closed (:meth:`CheckpointManager.close` waits for the commit), from the shards one
-    tensor at a time: rank 0 needs memory for one tensor, not the model, and no rank gathers.
+    FSDP with checkpoints: rank 0 consolidates the checkpoint `ckpt` last saved or loaded (the
+    last step's, or `checkpoint.export_best`'s pick), which the caller closed
+    (:meth:`CheckpointManager.close` waits for the commit), from the shards one tensor at a
+    time: rank 0 needs memory for one tensor, not the model, and no rank gathers.
     FSDP without checkpoints: the full state dict is gathered into rank 0's host memory (a
     collective), as there are no shards to consolidate from.
     """
@@ -419,6 +420,9 @@ class Trainer:
         self.skipped = self.nonfinite_in_a_row = 0
         self.first_step_at: float | None = None
         self.resumed_elsewhere = False  # from checkpoint.resume_from, another run's checkpoint
+        # The step folder of the other run's checkpoint this run's weights began from (this
+        # start's resume_from, or the one its own checkpoints record); "" for none.
+        self.lineage = ""
         resumes = cfg.checkpoint.resume or cfg.checkpoint.resume_from
         left = self.resume() if self.ckpt is not None and resumes else None
         self.start_step = self.step
@@ -509,13 +513,26 @@ class Trainer:
         if error:
             raise CheckpointError(error)
         prefix, step = split_step_folder(folder)
-        store = open_store(prefix, cfg.store.endpoint, cfg.store.region, cfg.store.policy())
-        source = CheckpointManager(store, prefix, rank=env.rank, world_size=env.world_size, group=self.ckpt.group)
+        source = self._reader(prefix)
         record = source.latest(only=step)
         if record is None:
             source.close()
             raise CheckpointError(f"checkpoint.resume_from: {folder} is no longer a complete checkpoint")
         return source, record
+
+    def _reader(self, prefix: str) -> CheckpointManager:
+        """The checkpoints of another run under `prefix`, read only, ranked by this run's
+        `checkpoint.keep_best`."""
+        cfg, env = self.cfg, self.env
+        store = open_store(prefix, cfg.store.endpoint, cfg.store.region, cfg.store.policy())
+        return CheckpointManager(
+            store,
+            prefix,
+            rank=env.rank,
+            world_size=env.world_size,
+            group=self.ckpt.group,
+            keep_best=self.ckpt.keep_best,
+        )
 
     def resume(self) -> list | None:
         """Restore the latest complete checkpoint, if any (a collective): weights, optimizer,
@@ -549,6 +566,8 @@ class Trainer:
         check_same_inputs(record.get("inputs") or {}, self.inputs, record["config"], cfg, other)
         check_steps_left(record, cfg, other)
         own = self._load(record, source)
+        lineage = record.get("resumed_from")
+        self.lineage = step_dir(source.prefix, int(record["step"])) if source is not self.ckpt else lineage or ""
         self.scheduler.load_state_dict(record["scheduler"])
         self._apply_optimizer_settings()
         self.step = int(record["step"])
@@ -619,6 +638,8 @@ class Trainer:
         }
         if metrics is not None:
             record["metrics"] = metrics
+        if self.lineage:
+            record["resumed_from"] = self.lineage
         self.ckpt.save(
             self.step,
             {"model": model_state, "optimizer": optim_state},
@@ -863,26 +884,41 @@ class Trainer:
             )
         raise Terminated(f"stopped by {why} at step {self.step}; checkpoint committed")
 
-    def _take_best(self) -> dict[str, Any] | None:
+    def _take_best(self) -> tuple[dict[str, Any], CheckpointManager] | None:
         """checkpoint.export_best: load the best checkpoint's weights for the model file (a
-        collective); return its commit record, or None when no checkpoint has the metric."""
-        best = self.ckpt.best()
+        collective); return its commit record and the checkpoints it is one of, or None when no
+        checkpoint has the metric. A run resumed from another run's checkpoint ranks that run's
+        checkpoints up to the one it began from with its own: one line of training, validated on
+        the same split (a resume on another split is refused), so the best may be from before."""
+        best, holder = self.ckpt.best(), self.ckpt
         direction, name = self.ckpt.keep_best
+        if self.lineage:
+            from trainer.runs import split_step_folder
+
+            prefix, began = split_step_folder(self.lineage)
+            earlier = self._reader(prefix)
+            before = earlier.best(up_to=began)
+            candidates = {int(r["step"]): r["metrics"] for r in (best, before) if r is not None}
+            if before is not None and best_step(candidates, direction, name) == int(before["step"]):
+                best, holder = before, earlier
+            else:
+                earlier.close()
         if best is None:
             if self.env.is_main:
                 log.warning("checkpoint.export_best: no checkpoint has %s; the model is the last step's", name)
             return None
         if self.env.is_main:
             log.info(
-                "checkpoint.export_best: the model is step %d's (%s %s %.6g)",
+                "checkpoint.export_best: the model is step %d's (%s %s %.6g)%s",
                 best["step"],
                 name,
                 "lowest" if direction == "min" else "highest",
                 best["metrics"][name],
+                f", from {holder.prefix}, which this run resumed from" if holder is not self.ckpt else "",
             )
-        if int(best["step"]) != self.step:
-            self._load(best)
-        return best
+        if holder is not self.ckpt or int(best["step"]) != self.step:
+            self._load(best, holder)
+        return best, holder
 
     def _peak_memory_bytes(self) -> int:
         """The largest peak memory of any rank (a collective: every rank calls it): on a GPU since
@@ -910,7 +946,8 @@ class Trainer:
         self.progress.close()
         steps_run = self.step - self.start_step
         final = self.history[-1] if self.history else {}
-        best = self._take_best() if cfg.checkpoint.export_best and self.ckpt is not None else None
+        taken = self._take_best() if cfg.checkpoint.export_best and self.ckpt is not None else None
+        best, holder = taken or (None, self.ckpt)
         if best is not None:
             final = best["metrics"]
         if self.validates and not final:
@@ -937,7 +974,9 @@ class Trainer:
         if self.peak and self.flops_per_step and steps_run:
             metrics["mfu"] = steps_run * self.flops_per_step / train_seconds / self.peak
         self.meta.update(task=cfg.task, dataset_uri=self.dataset_uri)
-        digest = write_final_model(self.model, self.meta, self.store, self.model_uri, env, self.ckpt)
+        digest = write_final_model(self.model, self.meta, self.store, self.model_uri, env, holder)
+        if holder is not self.ckpt:
+            holder.close()
         if env.is_main:
             record = {
                 "metrics": metrics,

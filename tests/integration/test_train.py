@@ -10,11 +10,13 @@ from pathlib import Path
 
 import pytest
 import torch
+from safetensors.torch import load as load_safetensors
 
 from tests.conftest import truncate
-from tests.jobs import TWO_RANKS, shared_digits, two_rank_run
+from tests.jobs import TWO_RANKS, record_of, shared_digits, two_rank_run, weights_of
 from tests.unit.test_train import TINY_GPT, poison_first_train_shard
 from trainer.config import load_config
+from trainer.consolidate import consolidate
 from trainer.distributed import DistEnv
 from trainer.launch.backend import JobFailed, run_job
 from trainer.launch.job import training_job
@@ -90,6 +92,38 @@ def train(digits, model_uri, replicas, **overrides):
         LocalBackend(sink=lines.append), replace(training_job(cfg, f"t{replicas}", digits, model_uri), timeout_s=150)
     )
     return lines
+
+
+def test_fsdp_exports_the_best_checkpoint_and_so_does_a_run_resumed_from_it(shared, tmp_path):
+    """checkpoint.export_best under FSDP: the model file is consolidated from the best step's
+    shards, not the last's. A run resumed from the last checkpoint ranks the first run's
+    checkpoints up to that step with its own (was: only its own epochs): its further epoch (a
+    higher accuracy) loses to the first run's best, whose shards it consolidates."""
+    best_of = {"checkpoint.keep_best": "min:val_accuracy", "checkpoint.export_best": True, "train.strategy": "fsdp"}
+    first, later = str(tmp_path / "first"), str(tmp_path / "later")
+    train(shared_digits(shared), first, replicas=2, **{"checkpoint.keep_last": 1, **best_of})
+    record = record_of(first)
+    steps, best = record["metrics"]["steps"], record["metrics"]["best_step"]
+    value = min(h["val_accuracy"] for h in record["history"])
+    assert best < steps and record["metrics"]["val_accuracy"] == value
+    checkpoints = join_uri(first, "checkpoints")
+    consolidate(LocalStore(), join_uri(checkpoints, f"step-{best:08d}"), tmp_path / "best.safetensors")
+    from_best = load_safetensors((tmp_path / "best.safetensors").read_bytes())
+    exported = weights_of(first)
+    assert exported.keys() == from_best.keys()
+    assert all(torch.equal(exported[k], from_best[k]) for k in exported)  # the best's weights, not the last's
+    overrides = {"train.epochs": 4, "checkpoint.resume_from": join_uri(checkpoints, f"step-{steps:08d}"), **best_of}
+    lines = train(shared_digits(shared), later, replicas=2, **overrides)
+    resumed = record_of(later)
+    assert resumed["metrics"]["steps"] > steps and resumed["history"][-1]["val_accuracy"] > value
+    assert resumed["metrics"]["best_step"] == best and resumed["metrics"]["val_accuracy"] == value
+    assert resumed["parameter_digest"] == record["parameter_digest"]
+    assert any(f"from {checkpoints}, which this run resumed from" in line for line in lines)
+    # A restart of that run (a retried pod) resumes from its own last checkpoint, whose record
+    # keeps where the run began: the same choice.
+    lines = train(shared_digits(shared), later, replicas=2, **overrides)
+    assert any(f"resumed at step {resumed['metrics']['steps']} " in line for line in lines)
+    assert record_of(later)["metrics"]["best_step"] == best
 
 
 def test_two_ranks_end_with_identical_parameters(shared):

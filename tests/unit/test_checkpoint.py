@@ -318,11 +318,14 @@ def test_pruning_keeps_the_best_checkpoint_beside_the_last_and_across_restarts(t
     save_scored(again, 5, 0.4)
     assert steps_in(store, prefix) == {2, 5}
     assert again.best()["step"] == 2
+    # Up to a step (what a run resumed from this one ranks): only the steps at or before it.
+    assert [(again.best(up_to=n) or {}).get("step") for n in (1, 2, 4, 5)] == [None, 2, 2, 2]
     target = {"weights": torch.zeros(4)}
     again.load(again.best(), target)
     torch.testing.assert_close(target["weights"], torch.full((4,), 2.0))
     save_scored(again, 6, 0.1)  # a new best: the old one goes
     assert steps_in(store, prefix) == {6}
+    assert again.best(up_to=5) is None and again.best(up_to=6)["step"] == 6
     # Without keep_best the plain rule applies, and no best is chosen.
     plain = CheckpointManager(store, prefix, keep_last=1)
     assert plain.best() is None
