@@ -312,9 +312,11 @@ def _cmd_runs(args: argparse.Namespace) -> int:
         raise StoreError(f"--s3-endpoint {redact(args.s3_endpoint)!r} {problem}")
     try:
         if not parse_uri(root).is_remote:  # absolute: the checkpoints listed are what resume_from takes
-            if not os.path.isdir(parse_uri(root).key):
-                raise StoreError(f"{root}: no such folder; pass --store with the store the runs wrote to")
-            root = parse_uri(root).key
+            folder = parse_uri(root).key
+            if not os.path.isdir(folder):
+                what = "a file, not a folder" if os.path.exists(folder) else "no such folder"
+                raise StoreError(f"--store {root}: {what}; pass --store with the store the runs wrote to")
+            root = folder
         store = open_store(root, args.s3_endpoint or "")
         try:
             with check_deadline(CHECK_BUDGET_S):  # one small request first: a wrong endpoint fails in seconds
@@ -324,6 +326,11 @@ def _cmd_runs(args: argparse.Namespace) -> int:
         runs = list_runs(store, root)
     except ValueError as exc:  # a malformed URI
         raise StoreError(f"--store: {exc}") from None
+    except OSError as exc:  # a local folder the listing cannot read all of (`--store /`)
+        raise StoreError(
+            f"--store {root}: cannot read {exc.filename or root} ({exc.strerror or exc}); pass --store with the "
+            "store the runs wrote to (the --store or --output-dir of `kftrain run`)"
+        ) from None
     if args.json:
         print(json.dumps(runs_as_json(runs), indent=2))
     elif not runs:

@@ -4,7 +4,8 @@ tokens only.
 
 **Reading.** The source is a JSON Lines object, or every object under a prefix (in name order),
 read in blocks of about a MiB: one conversation per line, its `data.messages_field` a list of
-OpenAI-style `{"role", "content"}` messages (roles: system, user, assistant, tool). Every record
+OpenAI-style `{"role", "content"}` messages (roles: system, user, assistant, tool; an assistant
+message may call tools with `tool_calls`, its content then null). Every record
 is checked as it is read; the first bad one stops data prep with an error naming the object, the
 line and the fix. At most `data.max_bytes` of records are taken (whole records only). Record `i`
 (counted across the objects) goes to the val or test split when a hash of `(data.seed, i)` falls
@@ -113,14 +114,22 @@ def conversation(record: Any, field_name: str, where: str) -> list[dict]:
                 f"{where}: message {number} is a JSON {_json_kind(message)}, not an object with "
                 "string 'role' and 'content'"
             )
+        calls = "tool_calls" in message and message.get("role") == "assistant"
         for key in ("role", "content"):
+            if key == "content" and calls and message.get(key) is None:
+                continue  # an OpenAI tool call: its turn is the calls the template renders
             if not isinstance(message.get(key), str):
                 found = "missing" if key not in message else f"a JSON {_json_kind(message[key])}"
-                raise DataError(f"{where}: message {number} has no string {key!r} ({found}); every message needs one")
+                only = " (or, on an assistant message, null beside its 'tool_calls')" if key == "content" else ""
+                raise DataError(
+                    f"{where}: message {number} has no string {key!r} ({found}); every message needs one{only}"
+                )
         if message["role"] not in ROLES:
             raise DataError(
                 f"{where}: message {number} has role {message['role']!r}; data.format: chat allows {', '.join(ROLES)}"
             )
+        if "tool_calls" in message:
+            check_tool_calls(message, f"{where}: message {number}")
     if not any(m["role"] == "assistant" for m in messages):
         raise DataError(
             f"{where}: the conversation has no assistant message, so nothing to learn; every record needs "
@@ -132,6 +141,28 @@ def conversation(record: Any, field_name: str, where: str) -> list[dict]:
             "with a system or user message"
         )
     return messages
+
+
+def check_tool_calls(message: dict, where: str) -> None:
+    """An assistant message's `tool_calls`, in OpenAI's form: a non-empty list of objects, each
+    with a `function` object holding a string `name` (its `arguments`, text or an object, go to
+    the template as they are). :class:`DataError` naming `where` otherwise."""
+    form = '[{"type": "function", "function": {"name": "...", "arguments": "{...}"}}, ...]'
+    calls = message["tool_calls"]
+    if message["role"] != "assistant":
+        raise DataError(f"{where}: a {message['role']} message has 'tool_calls'; only an assistant message calls tools")
+    if not isinstance(calls, list) or not calls:
+        what = "an empty list" if calls == [] else f"a JSON {_json_kind(calls)}"
+        raise DataError(f"{where}: 'tool_calls' is {what}, not a list of calls like {form}")
+    for k, call in enumerate(calls, 1):
+        function = call.get("function") if isinstance(call, dict) else None
+        if not isinstance(function, dict) or not isinstance(function.get("name"), str) or not function["name"]:
+            raise DataError(f"{where}: tool call {k} has no 'function' with a string 'name'; each call is like {form}")
+
+
+def tool_names(message: dict) -> list[str]:
+    """The names of the functions an assistant `message` calls (checked by :func:`check_tool_calls`)."""
+    return [call["function"]["name"] for call in message.get("tool_calls") or []]
 
 
 def _json_kind(value: Any) -> str:
@@ -168,6 +199,13 @@ def assistant_spans(render: Render, messages: list[dict], where: str) -> tuple[s
                 f"(message {i + 1}) differently once later messages follow (render(messages[:i+1]) is not a prefix "
                 "of the whole rendering; templates that drop earlier turns' reasoning do this); give each assistant "
                 "turn its own record (the conversation up to and including that turn)"
+            )
+        missing = [name for name in tool_names(message) if name not in upto[len(prompt) :]]
+        if missing:
+            raise DataError(
+                f"{where}: the model's chat template does not render the tool calls of assistant turn {turn} "
+                f"(message {i + 1}; {missing[0]!r} is not in its rendering), so the turn would teach no call; "
+                "use a model whose chat template renders 'tool_calls', or leave tool-call turns out"
             )
         end = max(len(prompt), len(upto.rstrip()))
         if end > len(prompt):

@@ -269,7 +269,7 @@ def check_continues(cfg: Config, record: dict[str, Any], other: str) -> None:
     from trainer.train import check_resumable, check_same_inputs, check_steps_left
 
     world = int(record.get("world_size", 1))
-    check_resumable(record.get("config", {}), cfg, world, world, True, other)
+    check_resumable(record.get("config", {}), cfg, world, world, True, other, log_changes=False)
     check_steps_left(record, cfg, other)
     saved = record.get("inputs") or {}
     if "base_model" in saved and cfg.model.init_from and not cfg.model.init_from.startswith(pretrained.HF_SCHEME):

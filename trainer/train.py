@@ -210,9 +210,11 @@ def check_resumable(
     world: int,
     streams: bool,
     other: str = "point checkpoint.uri at a new prefix",
+    log_changes: bool = True,
 ) -> None:
     """Refuse to resume a checkpoint written under `saved` (a config as a mapping) with `cfg`
-    when the change matters, naming the fields; log the compatible changes.
+    when the change matters, naming the fields; log the compatible changes when `log_changes`
+    (once per resume: by the trainer's rank 0, not again by a pre-flight or every rank).
 
     A different world size (or `train.grad_accum_steps`, `train.num_workers`,
     `data.partitions`) changes which items each rank reads. A streaming task carries its place
@@ -247,6 +249,8 @@ def check_resumable(
             f"cannot resume: {', '.join(layout)} changed, and task {cfg.task!r} does not stream its data "
             "(Task.stream), so its batches depend on the world size; resume with the checkpoint's shape"
         )
+    if not log_changes:
+        return
     for k in changed:
         if not k.startswith("kubernetes."):  # where the pods run, not what they train
             log.info("resuming with a changed %s: %r -> %r", k, old.get(k), new.get(k))
@@ -562,7 +566,7 @@ class Trainer:
         cfg, env = self.cfg, self.env
         saved_world = int(record["world_size"])
         other = "point checkpoint.uri at a new prefix" if source is self.ckpt else "start without resume_from"
-        check_resumable(record["config"], cfg, saved_world, env.world_size, self.data.streams, other)
+        check_resumable(record["config"], cfg, saved_world, env.world_size, self.data.streams, other, env.is_main)
         check_same_inputs(record.get("inputs") or {}, self.inputs, record["config"], cfg, other)
         check_steps_left(record, cfg, other)
         own = self._load(record, source)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from pathlib import Path
 
 import numpy as np
@@ -17,6 +18,7 @@ from trainer.chat_data import (
     ChatEncoder,
     assistant_spans,
     chat_stream,
+    conversation,
     label_mask,
     layout_row,
     prepare_chat,
@@ -122,6 +124,57 @@ def test_a_huge_message_is_tokenized_only_as_far_as_the_row_reaches(tokenizer, m
     assert row.tokens is None and row.cut  # the answer lies past the row: dropped, as before
     short = [{"role": "user", "content": "What comes after red?"}, messages[1]]
     assert ChatEncoder(tokenizer, 64).encode([("rec", short)])[0].tokens is not None
+
+
+#: The example's ChatML, rendering an assistant's tool calls after its (possibly null) content.
+TOOL_TEMPLATE = CHAT_TEMPLATE.replace(
+    "message['content'] + '<|im_end|>'",
+    "(message['content'] or '') + tool_text(message) + '<|im_end|>'",
+).replace(
+    "{% for message in messages %}",
+    "{% macro tool_text(m) %}{% if m.tool_calls is defined %}{% for c in m.tool_calls %}"
+    "{{ '<call>' + c.function.name + ' ' + c.function.arguments + '</call>' }}{% endfor %}{% endif %}{% endmacro %}"
+    "{% for message in messages %}",
+)
+TOOL_TURN = [
+    {"role": "user", "content": "What comes after blue?"},
+    {
+        "role": "assistant",
+        "content": None,
+        "tool_calls": [
+            {"id": "c1", "type": "function", "function": {"name": "next_colour", "arguments": '{"c": "blue"}'}}
+        ],
+    },
+    {"role": "tool", "tool_call_id": "c1", "content": "yellow"},
+    {"role": "assistant", "content": "Yellow."},
+]
+
+
+@pytest.mark.parametrize(
+    ("template", "refused"),
+    [
+        (TOOL_TEMPLATE, None),
+        (
+            TOOL_TEMPLATE.replace("tool_text(message)", "''"),
+            re.escape("does not render the tool calls of assistant turn 1 (message 2; 'next_colour' is not in its"),
+        ),
+        (CHAT_TEMPLATE, re.escape("the model's chat template refused the conversation (")),
+    ],
+    ids=["renders-calls", "drops-calls", "fails-on-null"],
+)
+def test_an_assistant_tool_call_is_learned_where_the_template_renders_it(template, refused):
+    """OpenAI's tool-call turn (`content: null` beside `tool_calls`) was refused as a message
+    without content. It is taken as the template renders it: its calls are the assistant's
+    tokens; a template that drops them, or fails on the null, is named."""
+    tok = tiny_tokenizer()
+    tok.chat_template = template
+    conversation({"messages": TOOL_TURN}, "messages", "rec")
+    if refused is not None:
+        with pytest.raises(DataError, match=f"^rec: .*{refused}"):
+            ChatEncoder(tok, 128).encode([("rec", TOOL_TURN)])
+        return
+    row = ChatEncoder(tok, 128).encode([("rec", TOOL_TURN)])[0]
+    assert labelled_text(tok, row.tokens, row.mask) == '<call>next_colour {"c": "blue"}</call>' + END + "Yellow." + END
 
 
 def test_the_spans_come_from_the_rendering_not_the_record(folder, tmp_path, tokenizer):
@@ -327,7 +380,33 @@ GOOD = json.dumps(chat_records(1)[0])
         ('{"messages": "hello"}', "'messages' is a JSON string, not a list of messages"),
         ('{"messages": ["hello"]}', "message 1 is a JSON string, not an object"),
         ('{"messages": [{"content": "x"}]}', r"message 1 has no string 'role' \(missing\)"),
-        ('{"messages": [{"role": "user", "content": null}]}', r"message 1 has no string 'content' \(a JSON null\)"),
+        (
+            '{"messages": [{"role": "user", "content": null}]}',
+            r"message 1 has no string 'content' \(a JSON null\); every message needs one \(or, on an assistant",
+        ),
+        (
+            '{"messages": [{"role": "user", "content": "x"}, {"role": "assistant", "content": null}]}',
+            r"message 2 has no string 'content' \(a JSON null\); .* null beside its 'tool_calls'",
+        ),
+        (
+            '{"messages": [{"role": "user", "content": "x", "tool_calls": []}]}',
+            "message 1: a user message has 'tool_calls'; only an assistant message calls tools",
+        ),
+        (
+            '{"messages": [{"role": "user", "content": "x"}, '
+            '{"role": "assistant", "content": null, "tool_calls": []}]}',
+            "message 2: 'tool_calls' is an empty list, not a list of calls like",
+        ),
+        (
+            '{"messages": [{"role": "user", "content": "x"}, {"role": "assistant", "content": null, '
+            '"tool_calls": {"function": {"name": "f"}}}]}',
+            "message 2: 'tool_calls' is a JSON object, not a list of calls like",
+        ),
+        (
+            '{"messages": [{"role": "user", "content": "x"}, {"role": "assistant", "content": null, '
+            '"tool_calls": [{"type": "function", "function": {"arguments": "{}"}}]}]}',
+            "message 2: tool call 1 has no 'function' with a string 'name'",
+        ),
         ('{"messages": [{"role": "user", "content": ["x"]}]}', r"message 1 has no string 'content' \(a JSON array\)"),
         (
             '{"messages": [{"role": "user", "content": "x"}, {"role": "bot", "content": "y"}]}',
@@ -346,6 +425,11 @@ GOOD = json.dumps(chat_records(1)[0])
         "message-not-an-object",
         "no-role",
         "null-content",
+        "null-assistant-content-without-calls",
+        "tool-calls-on-a-user-message",
+        "empty-tool-calls",
+        "tool-calls-not-a-list",
+        "tool-call-without-a-name",
         "list-content",
         "unknown-role",
         "no-assistant",

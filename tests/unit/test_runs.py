@@ -259,9 +259,27 @@ def test_runs_lists_complete_checkpoints_only_and_shows_what_a_record_holds_safe
     assert len(json.loads(capsys.readouterr().out)) == 4
 
 
-def test_runs_of_a_missing_folder_is_one_line(tmp_path, capsys):
-    assert cli(["runs", "--store", str(tmp_path / "nowhere")]) == 2
-    assert capsys.readouterr().err.strip().endswith("no such folder; pass --store with the store the runs wrote to")
+def _unreadable(store, root):
+    # What listing `/` as root meets in /proc (a permission no chmod gives root here).
+    raise PermissionError(13, "Permission denied", f"{root}/proc/1/cwd")
+
+
+@pytest.mark.parametrize(
+    ("make", "said"),
+    [
+        (lambda p: None, "no such folder; pass --store with the store the runs wrote to"),
+        (lambda p: p.write_text("x"), "a file, not a folder; pass --store with the store the runs wrote to"),
+        (lambda p: p.mkdir(), "/proc/1/cwd (Permission denied); pass --store with the store the runs wrote to"),
+    ],
+    ids=["missing", "a-file", "unreadable-below"],
+)
+def test_runs_of_a_store_that_is_no_readable_folder_is_one_line(tmp_path, monkeypatch, capsys, make, said):
+    make(tmp_path / "store")
+    monkeypatch.setattr("trainer.runs.list_runs", _unreadable)
+    assert cli(["runs", "--store", str(tmp_path / "store")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith(f"kftrain: error: --store {tmp_path / 'store'}: ") and said in err, err
+    assert "\n" not in err
 
 
 def test_the_pre_flights_pin_resume_from_to_the_checkpoint_it_names(runs, monkeypatch):

@@ -392,6 +392,30 @@ def test_lora_settings_count_on_resume_only_when_both_runs_train_adapters(saved,
     assert named in reasons and (named == "lora.rank" or "lora.rank" not in reasons), reasons
 
 
+@pytest.mark.parametrize("log_changes", [True, False])
+def test_the_compatible_changes_of_a_resume_are_said_once(caplog, log_changes):
+    """The trainer's rank 0 names each change; a pre-flight's check and the other ranks stay
+    quiet (were: every change said by the pre-flight and again by each rank)."""
+    import logging
+
+    from trainer.checks import check_continues
+    from trainer.config import to_dict
+    from trainer.train import check_resumable
+
+    old, new = load_config(), load_config(overrides={"train.learning_rate": 0.01, "train.num_workers": 2})
+    record = {"config": to_dict(old), "world_size": 2, "step": 5}
+    with caplog.at_level(logging.INFO, logger="kftrain.train"):
+        check_continues(new, record, "start anew")
+        check_resumable(to_dict(old), new, 2, 2, True, "start anew", log_changes)
+    said = [r.getMessage() for r in caplog.records if "resuming with a changed" in r.getMessage()]
+    expected = [
+        "resuming with a changed train.learning_rate: 0.003 -> 0.01",
+        "resuming with a changed train.num_workers: 0 -> 2",
+        "resuming with a changed train.num_workers: the epoch goes on with the items still to come",
+    ]
+    assert said == (expected if log_changes else [])
+
+
 def test_a_resume_refuses_other_data_a_reached_step_limit_and_another_model_and_keeps_the_final_step(tmp_path):
     """In one process, through the trainer: the final step of a run that stops mid-epoch is
     committed (was: only under FSDP, so `kftrain runs` showed an older step, or none); resuming it
