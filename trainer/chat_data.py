@@ -394,16 +394,23 @@ def chat_records(cfg: Config, reading: _Reading) -> Iterator[tuple[str, list[dic
             reading.bytes += len(line) + 1
             progress.add(len(line) + 1)
             where = f"{uri} line {number}"
-            try:
-                record = json.loads(line)
-            except ValueError as exc:
-                raise DataError(
-                    f"{where} is not JSON ({getattr(exc, 'msg', exc)}); data.format: chat reads JSON Lines, one "
-                    f"object with a {d.messages_field!r} list per line"
-                ) from None
+            messages = chat_record(line, d.messages_field, where)
             reading.records += 1
-            yield where, conversation(record, d.messages_field, where)
+            yield where, messages
     progress.done()
+
+
+def chat_record(line: bytes, field_name: str, where: str) -> list[dict]:
+    """The messages of one JSON Lines line of chat data, checked (:func:`conversation`); a line
+    that is not JSON is a :class:`DataError` naming `where`."""
+    try:
+        record = json.loads(line)
+    except ValueError as exc:
+        raise DataError(
+            f"{where} is not JSON ({getattr(exc, 'msg', exc)}); data.format: chat reads JSON Lines, one "
+            f"object with a {field_name!r} list per line"
+        ) from None
+    return conversation(record, field_name, where)
 
 
 #: The encoder of a data-prep worker process (`data.num_proc` > 1).

@@ -216,6 +216,33 @@ def _check_object(cfg: Config, store: ObjectStore, uri: str, what: str, one: boo
         reason = binary_reason(head, complete=size <= len(head))
         if reason:
             raise DataError(f"data.source {uri} {reason}: data prep reads {what}")
+    if cfg.task == "causal_lm":
+        _check_first_record(cfg, uri, head, complete=size <= len(head))
+
+
+def _check_first_record(cfg: Config, uri: str, head: bytes, complete: bool) -> None:
+    """The first JSON Lines record in `head` (the object's first bytes), read as data prep reads
+    it (`data.format` `jsonl`, `auto` on a `.jsonl`/`.json` object, or `chat`): chat records read
+    as text records, or records without `data.text_field`, fail before any step, not in data
+    prep. A first line longer than the head is left to data prep."""
+    from trainer.chat_data import chat_record  # both modules import this one
+    from trainer.tasks.causal_lm import JSONL_SUFFIXES, record_text
+
+    fmt = cfg.data.format
+    if not (fmt in ("jsonl", "chat") or (fmt == "auto" and has_suffix(uri, *JSONL_SUFFIXES))):
+        return
+    lines = head.split(b"\n")
+    whole = lines if complete else lines[:-1]  # the last piece may be cut at the head's end
+    number, line = next(((n, line) for n, line in enumerate(whole, 1) if line.strip()), (0, b""))
+    if not number:
+        return
+    try:
+        if fmt == "chat":
+            chat_record(line, cfg.data.messages_field, f"{uri} line {number}")
+        else:
+            record_text(line, f"{uri} line {number}", cfg.data.text_field)
+    except DataError as exc:
+        raise DataError(f"data.source {exc}") from None
 
 
 def source_objects(store: ObjectStore, source: str) -> list[str]:

@@ -188,6 +188,48 @@ def test_a_missing_source_spelled_like_a_built_in_one_says_so(tmp_path, monkeypa
     )
 
 
+CHAT_LINE = '{"messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "yo"}]}'
+LONG_TEXT = "x" * (HEAD_BYTES + 10)
+
+# (data.format, the object's name and text, what the error says; None: passes, left to data prep)
+FIRST_RECORD_CASES = {
+    "auto on chat records": ("auto", "c.jsonl", CHAT_LINE + "\n", "set data.format: chat"),
+    "jsonl without the text field": ("jsonl", "c.txt", '{"body": "x"}\n', "no text field 'text' (data.text_field)"),
+    "jsonl, not JSON": ("jsonl", "c.jsonl", "\n{oops\n", "c.jsonl line 2 is not JSON (Expecting property name"),
+    "chat without an assistant": (
+        "chat",
+        "c.jsonl",
+        '\n{"messages": [{"role": "user", "content": "x"}]}\n',
+        "line 2: ",
+    ),
+    "chat as text records": ("chat", "c.jsonl", '{"text": "x"}\n', "no 'messages' field"),
+    "auto on jsonl text": ("auto", "c.jsonl", '{"text": "x"}\n' + CHAT_LINE, None),
+    "text format": ("text", "c.jsonl", CHAT_LINE + "\n", None),
+    "a chat first line past the head": ("chat", "c.jsonl", '{"messages": "' + LONG_TEXT + '"}\n', None),
+    "good chat": ("chat", "c.jsonl", CHAT_LINE + "\n" + CHAT_LINE, None),
+}
+
+
+@pytest.mark.parametrize(("fmt", "name", "text", "said"), FIRST_RECORD_CASES.values(), ids=FIRST_RECORD_CASES.keys())
+def test_the_first_record_is_read_as_data_prep_reads_it_before_any_step(tmp_path, fmt, name, text, said):
+    """Records of another form than `data.format` says (chat read as text records, a missing
+    `data.text_field`, a bad first conversation) were found in data prep, after the run began."""
+    from trainer.config import load_config
+    from trainer.data_rules import check_source
+    from trainer.shards import DataError
+
+    source = tmp_path / name
+    source.write_text(text)
+    chat = {"model.init_from": "/models/base"} if fmt == "chat" else {}  # chat data needs a base model
+    cfg = load_config(overrides={"task": "causal_lm", "data.source": str(source), "data.format": fmt, **chat})
+    if said is None:
+        check_source(cfg)
+        return
+    with pytest.raises(DataError) as err:
+        check_source(cfg)
+    assert str(err.value).startswith(f"data.source {source}") and said in str(err.value), err.value
+
+
 #: A first chunk as store reads give it: a whole head (shorter, it would be the whole object).
 HEAD = b"head line\n" * (HEAD_BYTES // 10 + 1)
 HEAD_LINES = HEAD.count(b"\n")

@@ -41,7 +41,7 @@ from trainer.shards import (
     split_shards,
     token_dtype,
 )
-from trainer.storage import ObjectStore, decode_object, has_suffix, join_uri, read_chunks
+from trainer.storage import ObjectStore, has_suffix, join_uri, read_chunks
 from trainer.streaming import first_items
 from trainer.tasks.base import Task
 from trainer.tokenizer import ByteTokenizer, Tokenizer, load_tokenizer, parse_spec, tokenizer_from_json
@@ -70,7 +70,7 @@ def stdlib_documents() -> Iterator[bytes]:
 def _object_pieces(store: ObjectStore, uri: str, text_field: str, fmt: str = "auto") -> Iterator[bytes]:
     """One object's text in pieces of at most a block: as it is (`data.format: text`), or the
     `text_field` of each JSON Lines record, one record per line (`jsonl`); `auto` by the suffix."""
-    carry = b""
+    carry, number = b"", 0
     jsonl = fmt == "jsonl" or (fmt == "auto" and has_suffix(uri, *JSONL_SUFFIXES))
     for i, raw in enumerate(text_chunks(read_chunks(store, uri, BLOCK_BYTES), uri, "text or JSON Lines")):
         chunk = carry + raw
@@ -80,11 +80,12 @@ def _object_pieces(store: ObjectStore, uri: str, text_field: str, fmt: str = "au
             yield chunk
             continue
         *lines, carry = chunk.split(b"\n")
-        for number, line in enumerate(lines):
+        for line in lines:
+            number += 1
             if line.strip():
-                yield _record_text(line, uri, text_field, number) + b"\n"
+                yield record_text(line, f"{uri} line {number}", text_field) + b"\n"
     if carry.strip():
-        yield _record_text(carry, uri, text_field, -1) + b"\n"
+        yield record_text(carry, f"{uri} line {number + 1}", text_field) + b"\n"
 
 
 def _warn_if_records(chunk: bytes, uri: str, fmt: str) -> None:
@@ -109,13 +110,23 @@ def _warn_if_records(chunk: bytes, uri: str, fmt: str) -> None:
         )
 
 
-def _record_text(line: bytes, uri: str, field: str, number: int) -> bytes:
-    record = decode_object(f"{uri} (a line)", line, json.loads, "JSON Lines record")
+def record_text(line: bytes, where: str, field: str) -> bytes:
+    """The `field` text of one JSON Lines record (`data.format: jsonl`), UTF-8; :class:`DataError`
+    naming `where` (the object and line) when the line is not JSON or not a record holding that
+    text (with a hint for chat records). A user's source is not an artifact kftrain wrote: it is
+    named as data, not as a corrupt object to delete."""
+    try:
+        record = json.loads(line)
+    except ValueError as exc:
+        raise DataError(
+            f"{where} is not JSON ({getattr(exc, 'msg', exc)}); data.format: jsonl reads JSON Lines, one object "
+            f"with a {field!r} text field (data.text_field) per line"
+        ) from None
     if not isinstance(record, dict) or not isinstance(record.get(field), str):
         chat = isinstance(record, dict) and isinstance(record.get("messages"), list)
         hint = "; records of `messages` are chat data: set data.format: chat" if chat else ""
         raise DataError(
-            f"{uri}: a record has no text field {field!r} (data.text_field); its keys: "
+            f"{where}: the record has no text field {field!r} (data.text_field); its keys: "
             f"{sorted(record) if isinstance(record, dict) else type(record).__name__}{hint}"
         )
     return record[field].encode("utf-8")
