@@ -59,7 +59,7 @@ import torch
 
 from trainer import pretrained
 from trainer.config import Config
-from trainer.data_rules import BUILTIN_SOURCES, source_objects, source_store, text_chunks
+from trainer.data_rules import BUILTIN_SOURCES, json_kind, source_objects, source_store, text_chunks
 from trainer.progress import ProgressLine
 from trainer.shards import (
     CHAT_FORMAT,
@@ -94,7 +94,7 @@ def conversation(record: Any, field_name: str, where: str) -> list[dict]:
     assistant turn. `where` (object and line) names the record in the error."""
     if not isinstance(record, dict):
         raise DataError(
-            f"{where}: the record is a JSON {_json_kind(record)}, not an object; each line of a chat JSON Lines "
+            f"{where}: the record is a JSON {json_kind(record)}, not an object; each line of a chat JSON Lines "
             f'file is one object like {{"{field_name}": [{{"role": "user", "content": "..."}}, ...]}}'
         )
     if field_name not in record:
@@ -105,13 +105,13 @@ def conversation(record: Any, field_name: str, where: str) -> list[dict]:
     messages = record[field_name]
     if not isinstance(messages, list):
         raise DataError(
-            f"{where}: {field_name!r} is a JSON {_json_kind(messages)}, not a list of messages "
+            f"{where}: {field_name!r} is a JSON {json_kind(messages)}, not a list of messages "
             '(`[{"role": "user", "content": "..."}, ...]`)'
         )
     for number, message in enumerate(messages, 1):
         if not isinstance(message, dict):
             raise DataError(
-                f"{where}: message {number} is a JSON {_json_kind(message)}, not an object with "
+                f"{where}: message {number} is a JSON {json_kind(message)}, not an object with "
                 "string 'role' and 'content'"
             )
         calls = "tool_calls" in message and message.get("role") == "assistant"
@@ -119,7 +119,7 @@ def conversation(record: Any, field_name: str, where: str) -> list[dict]:
             if key == "content" and calls and message.get(key) is None:
                 continue  # an OpenAI tool call: its turn is the calls the template renders
             if not isinstance(message.get(key), str):
-                found = "missing" if key not in message else f"a JSON {_json_kind(message[key])}"
+                found = "missing" if key not in message else f"a JSON {json_kind(message[key])}"
                 only = " (or, on an assistant message, null beside its 'tool_calls')" if key == "content" else ""
                 raise DataError(
                     f"{where}: message {number} has no string {key!r} ({found}); every message needs one{only}"
@@ -152,7 +152,7 @@ def check_tool_calls(message: dict, where: str) -> None:
     if message["role"] != "assistant":
         raise DataError(f"{where}: a {message['role']} message has 'tool_calls'; only an assistant message calls tools")
     if not isinstance(calls, list) or not calls:
-        what = "an empty list" if calls == [] else f"a JSON {_json_kind(calls)}"
+        what = "an empty list" if calls == [] else f"a JSON {json_kind(calls)}"
         raise DataError(f"{where}: 'tool_calls' is {what}, not a list of calls like {form}")
     for k, call in enumerate(calls, 1):
         function = call.get("function") if isinstance(call, dict) else None
@@ -163,14 +163,6 @@ def check_tool_calls(message: dict, where: str) -> None:
 def tool_names(message: dict) -> list[str]:
     """The names of the functions an assistant `message` calls (checked by :func:`check_tool_calls`)."""
     return [call["function"]["name"] for call in message.get("tool_calls") or []]
-
-
-def _json_kind(value: Any) -> str:
-    if value is None:
-        return "null"
-    return {bool: "boolean", int: "number", float: "number", str: "string", list: "array", dict: "object"}.get(
-        type(value), type(value).__name__
-    )
 
 
 def assistant_spans(render: Render, messages: list[dict], where: str) -> tuple[str, list[tuple[int, int]]]:

@@ -26,6 +26,7 @@ import math
 import re
 from collections.abc import Iterable, Iterator
 from decimal import Decimal
+from typing import Any
 
 import numpy as np
 
@@ -169,6 +170,15 @@ def text_chunks(chunks: Iterable[bytes], uri: str, what: str) -> Iterator[bytes]
         yield chunk
     if decoder.getstate()[0]:
         raise DataError(f"data.source {uri} is not UTF-8 text (it ends inside a character; save it as UTF-8)")
+
+
+def json_kind(value: Any) -> str:
+    """The JSON name of `value`'s kind (`null`, `number`, `array`, ...), for messages about records."""
+    if value is None:
+        return "null"
+    return {bool: "boolean", int: "number", float: "number", str: "string", list: "array", dict: "object"}.get(
+        type(value), type(value).__name__
+    )
 
 
 def source_format_problem(task: str, uri: str) -> str | None:

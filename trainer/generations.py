@@ -219,6 +219,14 @@ def select_prompts(
     if settings.count <= 0:
         return []
     if settings.prompts:
+        if len(settings.prompts) > settings.count:
+            log.warning(
+                "generations: data.eval_prompts lists %d prompts and data.eval_generations is %d: the first %d "
+                "are generated for; raise data.eval_generations for all of them",
+                len(settings.prompts),
+                settings.count,
+                settings.count,
+            )
         return configured_prompts(settings.prompts, tokenizer, chat, settings.count)
     return from_test(settings.count)[: settings.count]
 
@@ -270,7 +278,18 @@ class Generator:
         ids = self.tokenizer(prompt, add_special_tokens=False, return_tensors="pt")["input_ids"]
         if ids.shape[1] == 0:
             raise GenerationError(f"the prompt {prompt!r} encodes to no tokens; give prompts with text in them")
-        return ids[:, -self.room :] if self.room else ids
+        if self.room and ids.shape[1] > self.room:  # said: the continuation is of the prompt's end alone
+            log.warning(
+                "generations: the prompt %.40r... is %d tokens, more than the %d the model's context leaves beside "
+                "%d new tokens (data.eval_new_tokens); its first %d tokens are left out",
+                prompt,
+                ids.shape[1],
+                self.room,
+                self.new_tokens,
+                ids.shape[1] - self.room,
+            )
+            return ids[:, -self.room :]
+        return ids
 
     @torch.no_grad()
     def complete(self, model: nn.Module, prompt: str) -> str:

@@ -195,6 +195,13 @@ LONG_TEXT = "x" * (HEAD_BYTES + 10)
 FIRST_RECORD_CASES = {
     "auto on chat records": ("auto", "c.jsonl", CHAT_LINE + "\n", "set data.format: chat"),
     "jsonl without the text field": ("jsonl", "c.txt", '{"body": "x"}\n', "no text field 'text' (data.text_field)"),
+    "jsonl, the text field a list": (
+        "jsonl",
+        "c.jsonl",
+        CHAT_LINE.replace('"messages"', '"text"') + "\n",
+        "its 'text' (data.text_field) is a JSON array, not text",
+    ),
+    "jsonl, a record that is no object": ("jsonl", "c.jsonl", '["x"]\n', "its keys: none: it is a JSON array"),
     "jsonl, not JSON": ("jsonl", "c.jsonl", "\n{oops\n", "c.jsonl line 2 is not JSON (Expecting property name"),
     "chat without an assistant": (
         "chat",

@@ -47,9 +47,16 @@ def no_test_prompts(count: int) -> list[str]:
 # -- which prompts -----------------------------------------------------------------------------
 
 
-def test_configured_prompts_come_first_at_most_count_of_them(tokenizer):
+def test_configured_prompts_come_first_at_most_count_of_them_and_the_rest_are_named(tokenizer, caplog):
     settings = GenerationSettings(prompts=("a", "b", "c", "d"), count=2)
-    assert generations.select_prompts(settings, tokenizer, False, no_test_prompts) == ["a", "b"]
+    with caplog.at_level(logging.WARNING, logger="kftrain.generations"):
+        assert generations.select_prompts(settings, tokenizer, False, no_test_prompts) == ["a", "b"]
+        generations.select_prompts(GenerationSettings(prompts=("a", "b"), count=2), tokenizer, False, no_test_prompts)
+    said = [r.getMessage() for r in caplog.records]
+    assert said == [
+        "generations: data.eval_prompts lists 4 prompts and data.eval_generations is 2: the first 2 are generated "
+        "for; raise data.eval_generations for all of them"
+    ]
 
 
 def test_with_chat_data_a_configured_prompt_is_one_user_message(tokenizer):
@@ -125,12 +132,17 @@ def test_a_format_without_a_prompt_source_gives_none_and_says_so(caplog):
 # -- tokens in and out -------------------------------------------------------------------------
 
 
-def test_a_long_prompt_is_cut_from_the_left_to_leave_room_for_the_new_tokens(tokenizer):
+def test_a_long_prompt_is_cut_from_the_left_to_leave_room_for_the_new_tokens(tokenizer, caplog):
     gen = generations.Generator(tokenizer, 2, 0, new_tokens=4, context=16)
     text = " ".join(["red green blue"] * 20)
     full = tokenizer(text, add_special_tokens=False)["input_ids"]
-    assert gen.ids(text)[0].tolist() == full[-12:]
-    assert gen.ids("red")[0].tolist() == tokenizer("red", add_special_tokens=False)["input_ids"]
+    with caplog.at_level(logging.WARNING, logger="kftrain.generations"):
+        assert gen.ids(text)[0].tolist() == full[-12:]
+        assert gen.ids("red")[0].tolist() == tokenizer("red", add_special_tokens=False)["input_ids"]
+    # Said once, for the prompt that was cut (was: silent).
+    said = [r.getMessage() for r in caplog.records]
+    assert len(said) == 1 and f"is {len(full)} tokens, more than the 12 the model's context leaves" in said[0]
+    assert f"its first {len(full) - 12} tokens are left out" in said[0]
     # More new tokens than the context holds: one prompt token and the rest new.
     tight = generations.Generator(tokenizer, 2, 0, new_tokens=32, context=16)
     assert tight.config.max_new_tokens == 15 and tight.ids(text).shape[1] == 1

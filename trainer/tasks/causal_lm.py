@@ -27,7 +27,7 @@ import torch
 from torch import nn
 
 from trainer.config import Config
-from trainer.data_rules import source_objects, source_store, text_chunks
+from trainer.data_rules import json_kind, source_objects, source_store, text_chunks
 from trainer.gpt import GPT, GPTConfig
 from trainer.progress import ProgressLine
 from trainer.shards import (
@@ -125,10 +125,12 @@ def record_text(line: bytes, where: str, field: str) -> bytes:
     if not isinstance(record, dict) or not isinstance(record.get(field), str):
         chat = isinstance(record, dict) and isinstance(record.get("messages"), list)
         hint = "; records of `messages` are chat data: set data.format: chat" if chat else ""
-        raise DataError(
-            f"{where}: the record has no text field {field!r} (data.text_field); its keys: "
-            f"{sorted(record) if isinstance(record, dict) else type(record).__name__}{hint}"
-        )
+        if isinstance(record, dict) and field in record:  # there, but not text (a list of messages, a number)
+            what = f"its {field!r} (data.text_field) is a JSON {json_kind(record[field])}, not text"
+        else:
+            keys = sorted(record) if isinstance(record, dict) else f"none: it is a JSON {json_kind(record)}"
+            what = f"the record has no text field {field!r} (data.text_field); its keys: {keys}"
+        raise DataError(f"{where}: {what}{hint}")
     return record[field].encode("utf-8")
 
 
