@@ -65,7 +65,7 @@ from trainer.safetensors_file import TensorFile
 from trainer.shards import content_digest, read_manifest
 from trainer.stacks import print_stacks_on_signals
 from trainer.stopping import GRACE_ENV, StopSignal, Terminated, grace_warning
-from trainer.storage import ObjectStore, join_uri, open_store
+from trainer.storage import ObjectStore, join_uri, open_store, parse_uri
 from trainer.tasks import Task, task_for
 from trainer.training_data import TrainingData, training_data
 
@@ -203,6 +203,26 @@ INCOMPATIBLE_FIELDS = (
 )
 
 
+#: Fields that name a place: one local file written two ways (`data.csv`, `./data.csv`, its
+#: absolute path) is the same setting.
+LOCATION_FIELDS = ("data.source", "model.init_from")
+
+
+def _same_setting(field: str, old: Any, new: Any) -> bool:
+    """Whether a resumed checkpoint's `old` value of config `field` is the `new` one: equal, or
+    for a :data:`LOCATION_FIELDS` path the same place (as :func:`trainer.storage.parse_uri`
+    resolves it; a URI, a built-in source name or an `hf://` id as written)."""
+    if old == new:
+        return True
+    if field not in LOCATION_FIELDS or not (isinstance(old, str) and isinstance(new, str)):
+        return False
+    from trainer.data_rules import BUILTIN_SOURCES
+
+    if any("://" in v or v in BUILTIN_SOURCES or not v.strip() for v in (old, new)):
+        return False  # a URI or a built-in source (`digits`): as written
+    return parse_uri(old).key == parse_uri(new).key
+
+
 def check_resumable(
     saved: dict[str, Any],
     cfg: Config,
@@ -231,7 +251,9 @@ def check_resumable(
     changed = sorted(
         k
         for k in old.keys() | new.keys()
-        if old.get(k) != new.get(k) and not unread_by(cfg.task, k) and (lora_both or not k.startswith("lora."))
+        if not _same_setting(k, old.get(k), new.get(k))
+        and not unread_by(cfg.task, k)
+        and (lora_both or not k.startswith("lora."))
     )
     # A field the checkpoint's record lacks came after it was written (it ran as the default does).
     bad = [k for k in changed if k in INCOMPATIBLE_FIELDS and k in old]

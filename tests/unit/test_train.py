@@ -392,6 +392,35 @@ def test_lora_settings_count_on_resume_only_when_both_runs_train_adapters(saved,
     assert named in reasons and (named == "lora.rank" or "lora.rank" not in reasons), reasons
 
 
+# (data.source the checkpoint was written with, the one now; whether the resume is refused)
+SOURCE_SPELLINGS = {
+    "relative and absolute": ("data/t.csv", "{cwd}/data/t.csv", False),
+    "with ./ and a doubled slash": ("./data/t.csv", "data//t.csv", False),
+    "a bare file name": ("t.csv", "./t.csv", False),
+    "another file": ("data/t.csv", "data/u.csv", True),
+    "a built-in name and a folder of that name": ("digits", "./digits", True),
+    "an S3 key in other letters": ("s3://data/t.csv", "s3://data/T.csv", True),
+}
+
+
+@pytest.mark.parametrize(("saved", "now", "refused"), SOURCE_SPELLINGS.values(), ids=SOURCE_SPELLINGS.keys())
+def test_a_local_source_written_another_way_is_the_same_source(tmp_path, monkeypatch, saved, now, refused):
+    """Was: `data.source: data/t.csv` resumed as `./data/t.csv` or its absolute path was refused
+    as another source (compared as text)."""
+    from trainer.checkpoint import CheckpointError
+    from trainer.config import to_dict
+    from trainer.train import check_resumable
+
+    monkeypatch.chdir(tmp_path)
+    old = load_config(overrides={"data.source": saved})
+    new = load_config(overrides={"data.source": now.format(cwd=tmp_path)})
+    if not refused:
+        check_resumable(to_dict(old), new, 1, 1, True, "start anew", log_changes=False)
+        return
+    with pytest.raises(CheckpointError, match="different data.source"):
+        check_resumable(to_dict(old), new, 1, 1, True, "start anew", log_changes=False)
+
+
 @pytest.mark.parametrize("log_changes", [True, False])
 def test_the_compatible_changes_of_a_resume_are_said_once(caplog, log_changes):
     """The trainer's rank 0 names each change; a pre-flight's check and the other ranks stay
