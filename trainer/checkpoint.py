@@ -391,19 +391,27 @@ class CheckpointManager:
 
     def best(self, up_to: int | None = None) -> dict[str, Any] | None:
         """The commit record of the complete checkpoint with the best :attr:`keep_best` metric
-        (any owner's; at step `up_to` or before when given), or None (a collective like :meth:`latest`)."""
+        (any owner's; at step `up_to` or before when given), or None (a collective like :meth:`latest`).
+        A store that fails rank 0's listing raises :class:`StoreError` on every rank, not on rank 0
+        alone while the others wait in the broadcast."""
         choice: dict[str, Any] | None = None
+        error = ""
         if self.rank == 0 and self.keep_best is not None:
-            by_step = objects_by_step(self.store, self.prefix)
-            steps = [s for s in committed(by_step) if up_to is None or s <= up_to]
-            records = {s: complete_record(self.store, self.prefix, s, by_step) for s in steps}
+            try:
+                by_step = objects_by_step(self.store, self.prefix)
+                steps = [s for s in committed(by_step) if up_to is None or s <= up_to]
+                records = {s: complete_record(self.store, self.prefix, s, by_step) for s in steps}
+            except StoreError as exc:
+                error, records = str(exc), {}
             metrics = {s: r.get("metrics") or {} for s, r in records.items() if r is not None}
             step = best_step(metrics, *self.keep_best)
             choice = None if step is None else records[step]
         if self.group is not None:
-            box = [choice]
+            box = [(choice, error)]
             dist.broadcast_object_list(box, src=0, group=self.group)
-            choice = box[0]
+            choice, error = box[0]
+        if error:
+            raise StoreError(error)
         return choice
 
     def _commit_owner(self, step: int) -> str | None:

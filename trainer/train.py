@@ -65,7 +65,7 @@ from trainer.safetensors_file import TensorFile
 from trainer.shards import content_digest, read_manifest
 from trainer.stacks import print_stacks_on_signals
 from trainer.stopping import GRACE_ENV, StopSignal, Terminated, grace_warning
-from trainer.storage import ObjectStore, join_uri, open_store, parse_uri
+from trainer.storage import ObjectStore, StoreError, join_uri, open_store, parse_uri
 from trainer.tasks import Task, task_for
 from trainer.training_data import TrainingData, training_data
 
@@ -923,7 +923,12 @@ class Trainer:
 
             prefix, began = split_step_folder(self.lineage)
             earlier = self._reader(prefix)
-            before = earlier.best(up_to=began)
+            try:
+                before = earlier.best(up_to=began)
+            except StoreError as exc:  # the training is done: an unreadable earlier run costs its candidates only
+                before = None
+                if self.env.is_main:
+                    log.warning("checkpoint.export_best: %s's checkpoints are not ranked: %s", prefix, exc)
             candidates = {int(r["step"]): r["metrics"] for r in (best, before) if r is not None}
             if before is not None and best_step(candidates, direction, name) == int(before["step"]):
                 best, holder = before, earlier

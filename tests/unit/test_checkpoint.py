@@ -307,6 +307,20 @@ def steps_in(store, prefix) -> set[int]:
     return {int(uri.rsplit("/", 2)[-2].split("-")[1]) for uri in store.list(prefix) if "/step-" in uri}
 
 
+def test_a_store_failing_the_best_lookup_raises_a_store_error(tmp_path):
+    """Rank 0's failed listing is broadcast as an error (here one process): the caller decides,
+    on every rank alike, not rank 0 alone while the others wait in the broadcast."""
+    from trainer.storage import StoreError
+
+    class Failing(LocalStore):
+        def list(self, prefix):
+            raise StoreError("cannot reach the object store")
+
+    mgr = CheckpointManager(Failing(), str(tmp_path / "ckpt"), keep_best=("min", "val_loss"))
+    with pytest.raises(StoreError, match="cannot reach the object store"):
+        mgr.best(up_to=5)
+
+
 def test_pruning_keeps_the_best_checkpoint_beside_the_last_and_across_restarts(tmp_path):
     store, prefix = LocalStore(), str(tmp_path / "ckpt")
     mgr = CheckpointManager(store, prefix, keep_last=1, keep_best=("min", "val_loss"))
