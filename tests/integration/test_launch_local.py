@@ -173,6 +173,45 @@ def test_a_process_group_that_ends_normally_leaves_together(tmp_path):
     run_job(LocalBackend(sink=lambda line: None), replace(spec, timeout_s=90))
 
 
+def test_a_cancel_signals_each_process_once(tmp_path):
+    """SIGTERM reaches each process of the job once: its process group's members and one that
+    left the group alike (was: the members twice, by group and by marker; torchrun, handling the
+    first while the second came, printed a 30-line logging traceback on every Ctrl-C)."""
+    counter = """
+        import os, signal, sys, time
+        got = []
+        def term(signum, frame):
+            got.append(signum)
+        signal.signal(signal.SIGTERM, term)
+        open(sys.argv[1] + ".up", "w").close()
+        while not got:
+            time.sleep(0.01)
+        time.sleep(1.0)  # a second signal, if one comes, comes now
+        open(sys.argv[1], "w").write(str(len(got)))
+    """
+    code = f"""
+        import subprocess, sys
+        counter = {textwrap.dedent(counter)!r}
+        base = {str(tmp_path)!r}
+        subprocess.Popen([sys.executable, "-c", counter, base + "/left"], start_new_session=True)
+        exec(counter.replace("sys.argv[1]", repr(base + "/member")))
+    """
+    backend = LocalBackend(sink=lambda line: None)
+    spec = job("counted", code)
+    backend.submit(spec)
+    try:
+        deadline = time.monotonic() + 60
+        while not ((tmp_path / "member.up").exists() and (tmp_path / "left.up").exists()):
+            assert time.monotonic() < deadline, "the job's processes never started"
+            time.sleep(0.05)
+    finally:
+        backend.cancel(spec)
+    deadline = time.monotonic() + 10
+    while not ((tmp_path / "member").exists() and (tmp_path / "left").exists()) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert ((tmp_path / "member").read_text(), (tmp_path / "left").read_text()) == ("1", "1")
+
+
 def test_timeout_cancels_the_whole_process_group(tmp_path):
     pidfile = tmp_path / "child.pid"
     # The replica starts a grandchild (like torchrun's workers) that would outlive a plain kill.

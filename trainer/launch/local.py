@@ -347,12 +347,16 @@ class LocalBackend:
     def kill(self, spec: JobSpec, sig: int = signal.SIGKILL) -> None:
         """Send `sig` to every process of the job at once, as a node failure would."""
         marker = self._markers.get(spec.name)
-        for r in self._jobs.get(spec.name, []):
+        groups = {r.proc.pid for r in self._jobs.get(spec.name, [])}
+        for group in groups:
             with contextlib.suppress(ProcessLookupError, PermissionError):
-                os.killpg(r.proc.pid, sig)
+                os.killpg(group, sig)
+        # Then the job's processes that left those groups, once each: a second SIGTERM reaches
+        # torchrun while it handles the first, and it prints a logging traceback.
         for pid in marked_pids(marker) if marker else []:
             with contextlib.suppress(ProcessLookupError):
-                os.kill(pid, sig)
+                if os.getpgid(pid) not in groups:
+                    os.kill(pid, sig)
         if sig == signal.SIGKILL:
             for r in self._jobs.get(spec.name, []):
                 r.proc.wait()
