@@ -143,7 +143,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
         )
     args.output_dir = args.output_dir or DEFAULT_LOCAL_ROOT
     run_id = check_run_id(new_run_id() if args.run_id is None else args.run_id)  # `--run-id ''`: refused
-    if args.run_id and args.config is None:
+    if args.run_id:
         cfg = _as_started(cfg, args, run_id, flags)
     _check_gates(args, cfg.task)
     existed = bool(args.run_id) and run_started(cfg, run_id, args.output_dir)
@@ -223,7 +223,9 @@ def _cmd_run(args: argparse.Namespace) -> int:
         print(f"kftrain: run {run_id} had already finished; nothing to do. Its summary:")
     print("\nkftrain: run finished. Artifacts:")
     for name, uri in summary["artifacts"].items():
-        print(f"  {name:9s} {uri}")
+        # A finished run's summary is its record: a local artifact deleted since is said, not listed as there.
+        gone = summary.get("already_finished") and "://" not in uri and not os.path.exists(uri)
+        print(f"  {name:9s} {uri}{'  (deleted since: start a new run to make it again)' if gone else ''}")
     print("Metrics:")
     metrics = summary["metrics"]
     per_class = sorted(k for k in metrics if k.startswith("test_class_"))
@@ -241,30 +243,35 @@ def _cmd_run(args: argparse.Namespace) -> int:
 
 
 def _as_started(cfg: Config, args: argparse.Namespace, run_id: str, flags: dict[str, tuple[str, Any]]) -> Config:
-    """`--run-id` without `--config` continues the run with the config and quality gates it was
-    last started with (its start record), the flags given now set over them; `cfg` (the
-    defaults) for a run without that record. Before, the built-in defaults ran in its name: a
-    run stopped before its first checkpoint trained the demo instead."""
+    """`--run-id` continues the run with the config (when `--config` is left out) and quality
+    gates (each flag left out) it was last started with (its start record), the flags given now
+    set over them; a gate given now that differs is said. `cfg` for a run without that record.
+    Before, the built-in defaults ran in its name: a run stopped before its first checkpoint
+    trained the demo, and a gate left out went back to its default in silence."""
     from pipelines.local_run import started_settings
+    from trainer.checks import GATE_DEFAULTS, gate_ignored
 
     started = started_settings(cfg, run_id, args.output_dir)
     if started is None:
         return cfg
-    from trainer.checks import gate_ignored
-
     uri, config, gates = started
-    cfg = _load_with_flags(None, flags, recorded=(f"run {run_id}'s recorded config {redact(uri)}", config))
+    if args.config is None:
+        cfg = _load_with_flags(None, flags, recorded=(f"run {run_id}'s recorded config {redact(uri)}", config))
+        print(
+            f"kftrain: run {run_id}: with the config it was last started with ({redact(uri)}); --config gives another",
+            file=sys.stderr,
+        )
     for name in ("min_accuracy", "max_perplexity"):
-        value = gates.get(name)
+        value, given, flag = gates.get(name), getattr(args, name), "--" + name.replace("_", "-")
         # The recorded gates include the defaults: the one the task has no metric for stays unset.
-        usable = isinstance(value, int | float) and not isinstance(value, bool)
-        if getattr(args, name) is None and usable and not gate_ignored(name, value, cfg.task):
+        if not isinstance(value, int | float) or isinstance(value, bool) or gate_ignored(name, value, cfg.task):
+            continue
+        if given is None:
             setattr(args, name, value)
-    print(
-        f"kftrain: run {run_id}: with the config and quality gate it was last started with ({redact(uri)}); "
-        "to change them, give --config (and the gate flags)",
-        file=sys.stderr,
-    )
+            if value != GATE_DEFAULTS[name]:
+                print(f"kftrain: run {run_id}: {flag} {value:g}, as it was last started with", file=sys.stderr)
+        elif given != value:
+            print(f"kftrain: run {run_id}: {flag} {given:g} (it was last started with {value:g})", file=sys.stderr)
     return cfg
 
 

@@ -203,6 +203,10 @@ INCOMPATIBLE_FIELDS = (
 )
 
 
+#: The way out of a resume this config cannot make from the run's own checkpoint: a new run,
+#: which checkpoints elsewhere (a retry, or `--run-id`, keeps the same prefix).
+START_ANEW = "start a new run (locally: without --run-id; with checkpoint.uri set: another prefix)"
+
 #: Fields that name a place: one local file written two ways (`data.csv`, `./data.csv`, its
 #: absolute path) is the same setting.
 LOCATION_FIELDS = ("data.source", "model.init_from")
@@ -229,7 +233,7 @@ def check_resumable(
     saved_world: int,
     world: int,
     streams: bool,
-    other: str = "point checkpoint.uri at a new prefix",
+    other: str = START_ANEW,
     log_changes: bool = True,
 ) -> None:
     """Refuse to resume a checkpoint written under `saved` (a config as a mapping) with `cfg`
@@ -587,7 +591,7 @@ class Trainer:
     def _restore(self, source: CheckpointManager, record: dict[str, Any]) -> list | None:
         cfg, env = self.cfg, self.env
         saved_world = int(record["world_size"])
-        other = "point checkpoint.uri at a new prefix" if source is self.ckpt else "start without resume_from"
+        other = START_ANEW if source is self.ckpt else "start without resume_from"
         check_resumable(record["config"], cfg, saved_world, env.world_size, self.data.streams, other, env.is_main)
         check_same_inputs(record.get("inputs") or {}, self.inputs, record["config"], cfg, other)
         check_steps_left(record, cfg, other)

@@ -117,10 +117,16 @@ def test_a_finished_run_prints_its_summary_though_what_it_resumed_from_is_gone(t
     from pipelines.cli import main
 
     monkeypatch.chdir(tmp_path)
-    summary = {"artifacts": {"model": "/m"}, "metrics": {"acc": 0.9}, "exported": True, "quality_gate": "ok"}
+    (tmp_path / "report").mkdir()
+    artifacts = {"model": "/m", "report": str(tmp_path / "report")}
+    summary = {"artifacts": artifacts, "metrics": {"acc": 0.9}, "exported": True, "quality_gate": "ok"}
     record = tmp_path / "kftrain-outputs" / "runs" / "r1" / "run.json"
     record.parent.mkdir(parents=True)
     record.write_text(json.dumps({"status": "finished", "summary": summary}))
     (tmp_path / "c.yaml").write_text("checkpoint:\n  resume_from: /gone/run/checkpoints/step-00000005\n")
     assert main(["run", "--local", "--config", "c.yaml", "--run-id", "r1"]) == 0
-    assert "run r1 had already finished; nothing to do" in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert "run r1 had already finished; nothing to do" in out
+    # An artifact deleted since is said (was: listed as if it were there).
+    assert "  model     /m  (deleted since: start a new run to make it again)" in out
+    assert f"  report    {tmp_path / 'report'}\n" in out

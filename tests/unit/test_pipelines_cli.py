@@ -669,11 +669,18 @@ STARTED_ROWS = {
         ["--min-accuracy", "0.7"],
         ("classification", 7, 0.7, 0.0),
     ),
-    "--config given: that config, the default gate": (
+    "--config given: that config, the recorded gate": (
         {"train": {"epochs": 7}},
         {"min_accuracy": 0.5, "max_perplexity": 0.0},
         "train:\n  epochs: 2\n",
         [],
+        ("classification", 2, 0.5, 0.0),
+    ),
+    "--config and a gate given": (
+        {"train": {"epochs": 7}},
+        {"min_accuracy": 0.5, "max_perplexity": 0.0},
+        "train:\n  epochs: 2\n",
+        ["--min-accuracy", "0.9"],
         ("classification", 2, 0.9, 0.0),
     ),
     "a language model: its gate, not the other task's default": (
@@ -718,7 +725,12 @@ def test_run_id_without_config_continues_with_what_the_run_started_with(
     assert (given["cfg"].task, given["cfg"].train.epochs) == (task, epochs)
     assert given["gates"] == (min_accuracy, max_perplexity)
     err = "".join(capsys.readouterr())  # its notes: stdout and stderr
-    assert ("r1: with the config and quality gate it was last started with" in err) == (config is None)
+    assert ("r1: with the config it was last started with" in err) == (config is None)
+    # The gate: taken as started (said when not the default), or a change said.
+    if not flags and min_accuracy != 0.9:
+        assert f"kftrain: run r1: --min-accuracy {min_accuracy:g}, as it was last started with" in err
+    if flags:
+        assert f"kftrain: run r1: --min-accuracy {flags[1]} (it was last started with 0.5)" in err
     # Nothing was committed: said, not silent (as when its checkpoints were deleted).
     assert "kftrain: run r1 has no complete checkpoint in " in err
     assert "its training starts from step 0" in err
@@ -745,4 +757,4 @@ def test_a_run_id_with_a_checkpoint_or_never_started_gets_no_start_over_note(tmp
     fake_checkpoint(Path(started.checkpoint.uri), 3)
     assert main(["run", "--local", "--output-dir", "out", "--run-id", "r1"]) == 0
     err = "".join(capsys.readouterr())  # its notes: stdout and stderr
-    assert "no complete checkpoint" not in err and "with the config and quality gate it was last started" in err
+    assert "no complete checkpoint" not in err and "with the config it was last started with" in err

@@ -6,6 +6,7 @@ import hashlib
 import io
 import json
 import math
+import re
 
 import numpy as np
 import pytest
@@ -483,6 +484,12 @@ def test_a_resume_refuses_other_data_a_reached_step_limit_and_another_model_and_
     source.write_text("a,b,c,label\n" + csv(60) + source.read_text().split("\n", 1)[1])  # rows put in front
     with pytest.raises(CheckpointError, match=f"data.source '{source}' changed since it was written"):
         run("changed", prepared("data-b"), **{"train.max_steps": 8, "checkpoint.resume_from": step5})
+    # From its own checkpoint (a retry, `--run-id`) the way out is a new run (was: "point
+    # checkpoint.uri at a new prefix", which `--run-id` refuses).
+    from trainer.train import START_ANEW
+
+    with pytest.raises(CheckpointError, match=re.escape(f"put back the data it was written on, or {START_ANEW}")):
+        run("first", prepared("data-c"), **{"train.max_steps": 8})
     metrics = run("same", first, **{"train.max_steps": 8, "checkpoint.resume_from": step5})
     assert metrics["resumed_from_step"] == 5 and metrics["steps"] == 8
 
