@@ -210,9 +210,9 @@ def _cmd_run(args: argparse.Namespace) -> int:
             print(f"kftrain: error: the pipeline failed: {redact(plain(str(outcome)))}", file=sys.stderr)
         return 1
     if isinstance(outcome, RunStopped):
+        left = _stopped(cfg, args, run_id, bool(started), existed)
         print(
-            f"kftrain: run {run_id} stopped by {outcome}; {_stopped(cfg, args, run_id, bool(started))}{see_log}. "
-            f"{_then(cfg, args, run_id, bool(started))}",
+            f"kftrain: run {run_id} stopped by {outcome}; {left}{see_log}. {_then(cfg, args, run_id, bool(started))}",
             file=sys.stderr,
         )
         return 128 + outcome.signum
@@ -275,13 +275,13 @@ def _as_started(cfg: Config, args: argparse.Namespace, run_id: str, flags: dict[
     return cfg
 
 
-def _stopped(cfg, args: argparse.Namespace, run_id: str, started: bool) -> str:
-    """What a stopped local run leaves: nothing before its pre-flight passed, else its newest
-    committed checkpoint (none when checkpoints are off)."""
+def _stopped(cfg, args: argparse.Namespace, run_id: str, started: bool, existed: bool) -> str:
+    """What a stopped local run leaves: nothing before its pre-flight passed (what earlier starts
+    left when it `existed`), else its newest committed checkpoint (none when checkpoints are off)."""
     from pipelines.local_run import newest_checkpoint
 
     if not started:
-        earlier = " (what its earlier starts committed stays)" if args.run_id else ""
+        earlier = " (what its earlier starts committed stays)" if existed else ""
         return f"it was stopped before this start began, so nothing of it ran{earlier}"
     if not cfg.checkpoint.enabled:
         return "every process of it has ended (checkpoint.enabled is off: no training step was saved)"

@@ -632,7 +632,9 @@ def test_a_stopped_run_s_last_line_says_what_it_left_and_what_to_run(
     cfg = load_config(overrides={"checkpoint.enabled": checkpoints})
     args = build_parser().parse_args(["run", "--local", *(["--run-id", run_id] if run_id else [])])
     args.argv = ["run", "--local", *(["--run-id", run_id] if run_id else [])]
-    assert said in _stopped(cfg, args, "r1", started)
+    assert said in _stopped(cfg, args, "r1", started, existed=run_id is not None)
+    if not started:  # a new run named with --run-id had no earlier start (was: said it had)
+        assert "earlier starts" not in _stopped(cfg, args, "r1", started, existed=False)
     line = _then(cfg, args, "r1", started)
     assert then in line
     if not started and run_id is None:
