@@ -55,19 +55,21 @@ def _resume_command(argv: list[str], run_id: str | None) -> str:
 GATE_FAILED = 3
 
 
+def _gate_flag(name: str) -> str:
+    """The flag of quality gate `name` (`min_accuracy` -> `--min-accuracy`)."""
+    return "--" + name.replace("_", "-")
+
+
 def _check_gates(args: argparse.Namespace, task: str) -> None:
     """Refuse a quality gate the built-in `task` never reports the metric of (it would be ignored);
     then give the gates not given their defaults."""
     from trainer.checks import GATE_DEFAULTS, gate_ignored
     from trainer.config import ConfigError
 
-    def flag(name: str) -> str:
-        return "--" + name.replace("_", "-")
-
     for name in ("min_accuracy", "max_perplexity"):
         value = getattr(args, name)
-        if problem := gate_ignored(name, value, task, flag):
-            raise ConfigError(f"{flag(name)} {value:g}: {problem}")
+        if problem := gate_ignored(name, value, task, _gate_flag):
+            raise ConfigError(f"{_gate_flag(name)} {value:g}: {problem}")
     args.min_accuracy = GATE_DEFAULTS["min_accuracy"] if args.min_accuracy is None else args.min_accuracy
     args.max_perplexity = args.max_perplexity or 0.0
 
@@ -170,7 +172,11 @@ def _cmd_run(args: argparse.Namespace) -> int:
         console.say(f"kftrain: run {run_id} (stopped or killed, it continues with: {resume})")
         # Said, not silent: a run whose checkpoints were deleted (or never written) trains anew.
         own = existed and cfg.checkpoint.enabled and not cfg.checkpoint.resume_from
-        if own and newest_checkpoint(cfg, run_id, args.output_dir) is None:
+        try:
+            none = own and newest_checkpoint(cfg, run_id, args.output_dir, strict=True) is None
+        except (KftrainError, OSError, ValueError):  # could not look: the run's own checks say why
+            none = False
+        if none:
             console.say(
                 f"kftrain: run {run_id} has no complete checkpoint in "
                 f"{redact(run_checkpoints(cfg, run_id, args.output_dir))}: its training starts from step 0"
@@ -255,14 +261,20 @@ def _as_started(cfg: Config, args: argparse.Namespace, run_id: str, flags: dict[
     if started is None:
         return cfg
     uri, config, gates = started
-    if args.config is None:
+    if args.config is None and config is None:
+        print(
+            f"kftrain: run {run_id}: its start record ({redact(uri)}) holds no config (damaged, or written before "
+            "kftrain kept one): the built-in defaults apply; give --config with the config it ran with",
+            file=sys.stderr,
+        )
+    elif args.config is None:
         cfg = _load_with_flags(None, flags, recorded=(f"run {run_id}'s recorded config {redact(uri)}", config))
         print(
             f"kftrain: run {run_id}: with the config it was last started with ({redact(uri)}); --config gives another",
             file=sys.stderr,
         )
     for name in ("min_accuracy", "max_perplexity"):
-        value, given, flag = gates.get(name), getattr(args, name), "--" + name.replace("_", "-")
+        value, given, flag = gates.get(name), getattr(args, name), _gate_flag(name)
         # The recorded gates include the defaults: the one the task has no metric for stays unset.
         if not isinstance(value, int | float) or isinstance(value, bool) or gate_ignored(name, value, cfg.task):
             continue

@@ -143,9 +143,12 @@ def run_checkpoints(cfg: Config, run_id: str, local_root: str = DEFAULT_LOCAL_RO
     return prefix if isinstance(prefix, str) and prefix else join_uri(run_root(cfg, run_id, local_root), "checkpoints")
 
 
-def newest_checkpoint(cfg: Config, run_id: str, local_root: str = DEFAULT_LOCAL_ROOT) -> int | None:
+def newest_checkpoint(
+    cfg: Config, run_id: str, local_root: str = DEFAULT_LOCAL_ROOT, strict: bool = False
+) -> int | None:
     """The step of run `run_id`'s newest complete checkpoint (what `--run-id` continues from); None
-    for none, or where the store cannot say within the check budget."""
+    for none, or where the store cannot say within the check budget (`strict`: that raises, so a
+    caller can tell "none" from "could not look")."""
     from trainer.checkpoint_owner import latest_complete
     from trainer.pipeline_steps import store_for
     from trainer.storage import CHECK_BUDGET_S, check_deadline
@@ -155,6 +158,8 @@ def newest_checkpoint(cfg: Config, run_id: str, local_root: str = DEFAULT_LOCAL_
             prefix = run_checkpoints(cfg, run_id, local_root)
             latest = latest_complete(store_for(cfg, prefix), prefix)
     except (StoreError, OSError, ValueError):
+        if strict:
+            raise
         return None
     return None if latest is None else latest[0]
 
@@ -187,10 +192,12 @@ def record_started(
     store.put_bytes(uri, json.dumps(record).encode())
 
 
-def started_settings(cfg: Config, run_id: str, local_root: str = DEFAULT_LOCAL_ROOT) -> tuple[str, dict, dict] | None:
-    """Where run `run_id`'s start record is, and the config and quality gates it was last started
-    with (:func:`record_started`); None for a run without that record (never started, or started
-    before kftrain kept it). A store that fails raises :class:`StoreError` naming the setting."""
+def started_settings(
+    cfg: Config, run_id: str, local_root: str = DEFAULT_LOCAL_ROOT
+) -> tuple[str, dict | None, dict] | None:
+    """Where run `run_id`'s start record is, and the config (None: the record is damaged or
+    predates it) and quality gates it was last started with (:func:`record_started`); None for a
+    run without that record. A store that fails raises :class:`StoreError` naming the setting."""
     from trainer.pipeline_steps import store_for
     from trainer.storage import CHECK_BUDGET_S, check_deadline
 
@@ -198,15 +205,15 @@ def started_settings(cfg: Config, run_id: str, local_root: str = DEFAULT_LOCAL_R
     try:
         with check_deadline(CHECK_BUDGET_S):
             record = read_json(store_for(cfg, uri), uri)
-    except (ObjectNotFound, CorruptObject):
+    except ObjectNotFound:
         return None
+    except CorruptObject:
+        return uri, None, {}
     except StoreError as exc:
         raise _where_runs_live(cfg, exc) from None
     config = record.get("config") if isinstance(record, dict) else None
     gates = record.get("gates") if isinstance(record, dict) else None
-    if not isinstance(config, dict):
-        return None
-    return uri, config, gates if isinstance(gates, dict) else {}
+    return uri, config if isinstance(config, dict) else None, gates if isinstance(gates, dict) else {}
 
 
 def claim_run_checkpoints(cfg: Config) -> None:

@@ -108,12 +108,15 @@ def conversation(record: Any, field_name: str, where: str) -> list[dict]:
             f"{where}: {field_name!r} is a JSON {json_kind(messages)}, not a list of messages "
             '(`[{"role": "user", "content": "..."}, ...]`)'
         )
+    checked = []
     for number, message in enumerate(messages, 1):
         if not isinstance(message, dict):
             raise DataError(
                 f"{where}: message {number} is a JSON {json_kind(message)}, not an object with "
                 "string 'role' and 'content'"
             )
+        if message.get("tool_calls") in (None, []):  # exports write `"tool_calls": null` on every message
+            message = {k: v for k, v in message.items() if k != "tool_calls"}
         calls = "tool_calls" in message and message.get("role") == "assistant"
         for key in ("role", "content"):
             if key == "content" and calls and message.get(key) is None:
@@ -129,7 +132,9 @@ def conversation(record: Any, field_name: str, where: str) -> list[dict]:
                 f"{where}: message {number} has role {message['role']!r}; data.format: chat allows {', '.join(ROLES)}"
             )
         if "tool_calls" in message:
-            check_tool_calls(message, f"{where}: message {number}")
+            message = with_tool_calls(message, f"{where}: message {number}")
+        checked.append(message)
+    messages = checked
     if not any(m["role"] == "assistant" for m in messages):
         raise DataError(
             f"{where}: the conversation has no assistant message, so nothing to learn; every record needs "
@@ -143,26 +148,33 @@ def conversation(record: Any, field_name: str, where: str) -> list[dict]:
     return messages
 
 
-def check_tool_calls(message: dict, where: str) -> None:
-    """An assistant message's `tool_calls`, in OpenAI's form: a non-empty list of objects, each
-    with a `function` object holding a string `name` (its `arguments`, text or an object, go to
-    the template as they are). :class:`DataError` naming `where` otherwise."""
+def with_tool_calls(message: dict, where: str) -> dict:
+    """An assistant `message` whose `tool_calls` are in OpenAI's form, checked: a non-empty list
+    of objects, each with a `function` object holding a string `name`. Its `arguments`, which
+    OpenAI writes as a JSON string, become the object they hold (what transformers' chat
+    templates expect: those that render `arguments | tojson` would teach the model a quoted
+    string); other arguments go to the template as they are. :class:`DataError` naming `where`."""
     form = '[{"type": "function", "function": {"name": "...", "arguments": "{...}"}}, ...]'
     calls = message["tool_calls"]
     if message["role"] != "assistant":
         raise DataError(f"{where}: a {message['role']} message has 'tool_calls'; only an assistant message calls tools")
-    if not isinstance(calls, list) or not calls:
-        what = "an empty list" if calls == [] else f"a JSON {json_kind(calls)}"
-        raise DataError(f"{where}: 'tool_calls' is {what}, not a list of calls like {form}")
+    if not isinstance(calls, list):
+        raise DataError(f"{where}: 'tool_calls' is a JSON {json_kind(calls)}, not a list of calls like {form}")
+    parsed = []
     for k, call in enumerate(calls, 1):
         function = call.get("function") if isinstance(call, dict) else None
         if not isinstance(function, dict) or not isinstance(function.get("name"), str) or not function["name"]:
             raise DataError(f"{where}: tool call {k} has no 'function' with a string 'name'; each call is like {form}")
-
-
-def tool_names(message: dict) -> list[str]:
-    """The names of the functions an assistant `message` calls (checked by :func:`check_tool_calls`)."""
-    return [call["function"]["name"] for call in message.get("tool_calls") or []]
+        arguments = function.get("arguments")
+        if isinstance(arguments, str):
+            try:
+                value = json.loads(arguments)
+            except ValueError:
+                value = None
+            if isinstance(value, dict):
+                function = {**function, "arguments": value}
+        parsed.append({**call, "function": function})
+    return {**message, "tool_calls": parsed}
 
 
 def assistant_spans(render: Render, messages: list[dict], where: str) -> tuple[str, list[tuple[int, int]]]:
@@ -192,13 +204,14 @@ def assistant_spans(render: Render, messages: list[dict], where: str) -> tuple[s
                 "of the whole rendering; templates that drop earlier turns' reasoning do this); give each assistant "
                 "turn its own record (the conversation up to and including that turn)"
             )
-        missing = [name for name in tool_names(message) if name not in upto[len(prompt) :]]
-        if missing:
-            raise DataError(
-                f"{where}: the model's chat template does not render the tool calls of assistant turn {turn} "
-                f"(message {i + 1}; {missing[0]!r} is not in its rendering), so the turn would teach no call; "
-                "use a model whose chat template renders 'tool_calls', or leave tool-call turns out"
-            )
+        if message.get("tool_calls"):
+            bare = {**{k: v for k, v in message.items() if k != "tool_calls"}, "content": message["content"] or ""}
+            if render([*messages[:i], bare], False) == upto:
+                raise DataError(
+                    f"{where}: the model's chat template does not render the tool calls of assistant turn {turn} "
+                    f"(message {i + 1}: the turn renders the same without them), so the turn would teach no call; "
+                    "use a model whose chat template renders 'tool_calls', or leave tool-call turns out"
+                )
         end = max(len(prompt), len(upto.rstrip()))
         if end > len(prompt):
             spans.append((len(prompt), end))

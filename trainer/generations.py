@@ -260,6 +260,7 @@ class Generator:
         from transformers import GenerationConfig
 
         self.tokenizer = tokenizer
+        self.warned: set[str] = set()  # the prompts whose cut was said (each is encoded once per model)
         # A prompt is cut from the left so prompt + continuation fit the model's context.
         self.new_tokens = min(new_tokens, context - 1) if context > 1 else new_tokens
         self.room = context - self.new_tokens if context > 1 else 0
@@ -279,6 +280,9 @@ class Generator:
         if ids.shape[1] == 0:
             raise GenerationError(f"the prompt {prompt!r} encodes to no tokens; give prompts with text in them")
         if self.room and ids.shape[1] > self.room:  # said: the continuation is of the prompt's end alone
+            if prompt in self.warned:
+                return ids[:, -self.room :]
+            self.warned.add(prompt)
             log.warning(
                 "generations: the prompt %.40r... is %d tokens, more than the %d the model's context leaves beside "
                 "%d new tokens (data.eval_new_tokens); its first %d tokens are left out",

@@ -133,7 +133,8 @@ TOOL_TEMPLATE = CHAT_TEMPLATE.replace(
 ).replace(
     "{% for message in messages %}",
     "{% macro tool_text(m) %}{% if m.tool_calls is defined %}{% for c in m.tool_calls %}"
-    "{{ '<call>' + c.function.name + ' ' + c.function.arguments + '</call>' }}{% endfor %}{% endif %}{% endmacro %}"
+    "{{ '<call>' + c.function.name + ' ' + (c.function.arguments | tojson) + '</call>' }}{% endfor %}{% endif %}"
+    "{% endmacro %}"
     "{% for message in messages %}",
 )
 TOOL_TURN = [
@@ -150,13 +151,25 @@ TOOL_TURN = [
 ]
 
 
+def test_null_or_empty_tool_calls_are_no_calls():
+    """Exports write `"tool_calls": null` (or `[]`) on every message: no call, not an error."""
+    messages = [
+        {"role": "user", "content": "hi", "tool_calls": None},
+        {"role": "assistant", "content": "yo", "tool_calls": []},
+    ]
+    assert conversation({"messages": messages}, "messages", "rec") == [
+        {"role": "user", "content": "hi"},
+        {"role": "assistant", "content": "yo"},
+    ]
+
+
 @pytest.mark.parametrize(
     ("template", "refused"),
     [
         (TOOL_TEMPLATE, None),
         (
             TOOL_TEMPLATE.replace("tool_text(message)", "''"),
-            re.escape("does not render the tool calls of assistant turn 1 (message 2; 'next_colour' is not in its"),
+            re.escape("does not render the tool calls of assistant turn 1 (message 2: the turn renders the same"),
         ),
         (CHAT_TEMPLATE, re.escape("the model's chat template refused the conversation (")),
     ],
@@ -168,12 +181,13 @@ def test_an_assistant_tool_call_is_learned_where_the_template_renders_it(templat
     tokens; a template that drops them, or fails on the null, is named."""
     tok = tiny_tokenizer()
     tok.chat_template = template
-    conversation({"messages": TOOL_TURN}, "messages", "rec")
+    messages = conversation({"messages": TOOL_TURN}, "messages", "rec")  # as data prep reads them
     if refused is not None:
         with pytest.raises(DataError, match=f"^rec: .*{refused}"):
-            ChatEncoder(tok, 128).encode([("rec", TOOL_TURN)])
+            ChatEncoder(tok, 128).encode([("rec", messages)])
         return
-    row = ChatEncoder(tok, 128).encode([("rec", TOOL_TURN)])[0]
+    row = ChatEncoder(tok, 128).encode([("rec", messages)])[0]
+    # OpenAI's arguments (a JSON string) reach the template as the object they hold.
     assert labelled_text(tok, row.tokens, row.mask) == '<call>next_colour {"c": "blue"}</call>' + END + "Yellow." + END
 
 
@@ -389,13 +403,13 @@ GOOD = json.dumps(chat_records(1)[0])
             r"message 2 has no string 'content' \(a JSON null\); .* null beside its 'tool_calls'",
         ),
         (
-            '{"messages": [{"role": "user", "content": "x", "tool_calls": []}]}',
+            '{"messages": [{"role": "user", "content": "x", "tool_calls": [{"function": {"name": "f"}}]}]}',
             "message 1: a user message has 'tool_calls'; only an assistant message calls tools",
         ),
-        (
+        (  # an empty list is no call: the content must then be there
             '{"messages": [{"role": "user", "content": "x"}, '
             '{"role": "assistant", "content": null, "tool_calls": []}]}',
-            "message 2: 'tool_calls' is an empty list, not a list of calls like",
+            r"message 2 has no string 'content' \(a JSON null\)",
         ),
         (
             '{"messages": [{"role": "user", "content": "x"}, {"role": "assistant", "content": null, '
@@ -427,7 +441,7 @@ GOOD = json.dumps(chat_records(1)[0])
         "null-content",
         "null-assistant-content-without-calls",
         "tool-calls-on-a-user-message",
-        "empty-tool-calls",
+        "null-content-with-empty-tool-calls",
         "tool-calls-not-a-list",
         "tool-call-without-a-name",
         "list-content",

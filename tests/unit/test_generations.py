@@ -139,6 +139,7 @@ def test_a_long_prompt_is_cut_from_the_left_to_leave_room_for_the_new_tokens(tok
     with caplog.at_level(logging.WARNING, logger="kftrain.generations"):
         assert gen.ids(text)[0].tolist() == full[-12:]
         assert gen.ids("red")[0].tolist() == tokenizer("red", add_special_tokens=False)["input_ids"]
+        gen.ids(text)  # encoded again for the base model: not said again
     # Said once, for the prompt that was cut (was: silent).
     said = [r.getMessage() for r in caplog.records]
     assert len(said) == 1 and f"is {len(full)} tokens, more than the 12 the model's context leaves" in said[0]

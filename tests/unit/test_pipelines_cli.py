@@ -760,3 +760,24 @@ def test_a_run_id_with_a_checkpoint_or_never_started_gets_no_start_over_note(tmp
     assert main(["run", "--local", "--output-dir", "out", "--run-id", "r1"]) == 0
     err = "".join(capsys.readouterr())  # its notes: stdout and stderr
     assert "no complete checkpoint" not in err and "with the config it was last started with" in err
+
+
+@pytest.mark.parametrize("record", ["{not json", '{"run_id": "r1", "checkpoint_uri": ""}'], ids=["damaged", "old"])
+def test_a_start_record_without_a_config_says_the_defaults_apply(tmp_path, monkeypatch, capsys, record):
+    """A damaged start record, or one from before kftrain kept the config: the defaults are said
+    to apply (was: applied in silence, as the record was taken for none)."""
+    monkeypatch.chdir(tmp_path)
+    _no_process_watch(monkeypatch)
+    monkeypatch.setattr(
+        "pipelines.local_run.run_local",
+        lambda cfg, on_start, **kw: (
+            on_start() or {"artifacts": {}, "metrics": {}, "exported": True, "quality_gate": ""}
+        ),
+    )
+    started = tmp_path / "out" / "runs" / "r1" / "started.json"
+    started.parent.mkdir(parents=True)
+    started.write_text(record)
+    assert main(["run", "--local", "--output-dir", "out", "--run-id", "r1"]) == 0
+    err = capsys.readouterr().err
+    assert f"kftrain: run r1: its start record ({started}) holds no config" in err
+    assert "the built-in defaults apply; give --config with the config it ran with" in err
