@@ -647,11 +647,15 @@ def test_submit_refuses_an_empty_config_flag_instead_of_ignoring_it(capsys):
     assert rc == 2 and "--config : cannot read the config file" in out and "Traceback" not in out, out
 
 
-def _no_process_watch(monkeypatch) -> None:
-    """No watchdog process for the run's processes: the fake `run_local`s start none."""
+def _no_process_watch(monkeypatch, runs: bool = False) -> None:
+    """No watchdog process for the run's processes: the fake `run_local`s start none. `runs`:
+    `run_local` is such a fake, which passes its pre-flight and finishes at once."""
     import contextlib
 
     monkeypatch.setattr("pipelines.local_run.run_scope", lambda run_id, on_stop: contextlib.nullcontext())
+    if runs:
+        summary = {"artifacts": {}, "metrics": {}, "exported": True, "quality_gate": ""}
+        monkeypatch.setattr("pipelines.local_run.run_local", lambda cfg, on_start, **kw: on_start() or summary)
 
 
 # (config the run started with, gates it started with, what this start gives: --config text and
@@ -744,13 +748,7 @@ def test_a_run_id_with_a_checkpoint_or_never_started_gets_no_start_over_note(tmp
     from trainer.config import load_config
 
     monkeypatch.chdir(tmp_path)
-    _no_process_watch(monkeypatch)
-    monkeypatch.setattr(
-        "pipelines.local_run.run_local",
-        lambda cfg, on_start, **kw: (
-            on_start() or {"artifacts": {}, "metrics": {}, "exported": True, "quality_gate": ""}
-        ),
-    )
+    _no_process_watch(monkeypatch, runs=True)
     assert main(["run", "--local", "--output-dir", "out", "--run-id", "new"]) == 0
     err = "".join(capsys.readouterr())  # its notes: stdout and stderr
     assert "no run new under --output-dir out yet" in err and "no complete checkpoint" not in err
@@ -767,13 +765,7 @@ def test_a_start_record_without_a_config_says_the_defaults_apply(tmp_path, monke
     """A damaged start record, or one from before kftrain kept the config: the defaults are said
     to apply (was: applied in silence, as the record was taken for none)."""
     monkeypatch.chdir(tmp_path)
-    _no_process_watch(monkeypatch)
-    monkeypatch.setattr(
-        "pipelines.local_run.run_local",
-        lambda cfg, on_start, **kw: (
-            on_start() or {"artifacts": {}, "metrics": {}, "exported": True, "quality_gate": ""}
-        ),
-    )
+    _no_process_watch(monkeypatch, runs=True)
     started = tmp_path / "out" / "runs" / "r1" / "started.json"
     started.parent.mkdir(parents=True)
     started.write_text(record)
