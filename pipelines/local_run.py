@@ -198,19 +198,13 @@ def started_settings(
     """Where run `run_id`'s start record is, and the config (None: the record is damaged or
     predates it) and quality gates it was last started with (:func:`record_started`); None for a
     run without that record. A store that fails raises :class:`StoreError` naming the setting."""
-    from trainer.pipeline_steps import store_for
-    from trainer.storage import CHECK_BUDGET_S, check_deadline
-
     uri = join_uri(run_root(cfg, run_id, local_root), STARTED_RECORD)
     try:
-        with check_deadline(CHECK_BUDGET_S):
-            record = read_json(store_for(cfg, uri), uri)
+        record = _read_run_file(cfg, uri)
     except ObjectNotFound:
         return None
     except CorruptObject:
         return uri, None, {}
-    except StoreError as exc:
-        raise _where_runs_live(cfg, exc) from None
     config = record.get("config") if isinstance(record, dict) else None
     gates = record.get("gates") if isinstance(record, dict) else None
     return uri, config if isinstance(config, dict) else None, gates if isinstance(gates, dict) else {}
@@ -264,17 +258,11 @@ def finished_run(
     when it finished with another config or quality gate than `cfg` and `gates`
     (:func:`check_same_run`). Within the store check's time limit: an unreachable store fails as
     fast as the pre-flight would."""
-    from trainer.pipeline_steps import store_for
-    from trainer.storage import CHECK_BUDGET_S, check_deadline
-
     uri = join_uri(run_root(cfg, run_id, local_root), RUN_RECORD)
     try:
-        with check_deadline(CHECK_BUDGET_S):
-            record = read_json(store_for(cfg, uri), uri)
+        record = _read_run_file(cfg, uri)
     except ObjectNotFound:
         return None
-    except StoreError as exc:
-        raise _where_runs_live(cfg, exc) from None
     if not (isinstance(record, dict) and record.get("status") == "finished"):
         return None
     summary = record.get("summary")
@@ -376,6 +364,23 @@ def run_started(cfg: Config, run_id: str, local_root: str = DEFAULT_LOCAL_ROOT) 
             return False
     except (OSError, ValueError):
         return True
+
+
+def _read_run_file(cfg: Config, uri: str) -> Any:
+    """The JSON record at `uri` in a run's folder, within the store check's time limit (an
+    unreachable store fails as fast as the pre-flight would). ObjectNotFound when it is not
+    there; any other store failure, a damaged record (CorruptObject) included, names the setting
+    that chose the store."""
+    from trainer.pipeline_steps import store_for
+    from trainer.storage import CHECK_BUDGET_S, check_deadline
+
+    try:
+        with check_deadline(CHECK_BUDGET_S):
+            return read_json(store_for(cfg, uri), uri)
+    except ObjectNotFound:
+        raise
+    except StoreError as exc:
+        raise _where_runs_live(cfg, exc) from None
 
 
 def _where_runs_live(cfg: Config, exc: StoreError, field: str = "") -> StoreError:

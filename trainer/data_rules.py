@@ -236,10 +236,10 @@ def _check_first_record(cfg: Config, uri: str, head: bytes, complete: bool) -> N
     as text records, or records without `data.text_field`, fail before any step, not in data
     prep. A first line longer than the head is left to data prep."""
     from trainer.chat_data import chat_record  # both modules import this one
-    from trainer.tasks.causal_lm import JSONL_SUFFIXES, record_text
+    from trainer.tasks.causal_lm import reads_as_jsonl, record_text
 
     fmt = cfg.data.format
-    if not (fmt in ("jsonl", "chat") or (fmt == "auto" and has_suffix(uri, *JSONL_SUFFIXES))):
+    if not (fmt == "chat" or reads_as_jsonl(fmt, uri)):
         return
     lines = head.split(b"\n")
     whole = lines if complete else lines[:-1]  # the last piece may be cut at the head's end

@@ -67,11 +67,17 @@ def stdlib_documents() -> Iterator[bytes]:
         yield path.read_bytes() + b"\n"
 
 
+def reads_as_jsonl(fmt: str, uri: str) -> bool:
+    """Whether `data.format` `fmt` reads the object `uri` as JSON Lines text records (`jsonl`, or
+    `auto` on a `.jsonl`/`.json` object)."""
+    return fmt == "jsonl" or (fmt == "auto" and has_suffix(uri, *JSONL_SUFFIXES))
+
+
 def _object_pieces(store: ObjectStore, uri: str, text_field: str, fmt: str = "auto") -> Iterator[bytes]:
     """One object's text in pieces of at most a block: as it is (`data.format: text`), or the
     `text_field` of each JSON Lines record, one record per line (`jsonl`); `auto` by the suffix."""
     carry, number = b"", 0
-    jsonl = fmt == "jsonl" or (fmt == "auto" and has_suffix(uri, *JSONL_SUFFIXES))
+    jsonl = reads_as_jsonl(fmt, uri)
     for i, raw in enumerate(text_chunks(read_chunks(store, uri, BLOCK_BYTES), uri, "text or JSON Lines")):
         chunk = carry + raw
         if not jsonl:
