@@ -345,6 +345,8 @@ def _cmd_runs(args: argparse.Namespace) -> int:
         runs = list_runs(store, root)
     except ValueError as exc:  # a malformed URI
         raise StoreError(f"--store: {exc}") from None
+    except StoreError:
+        raise  # named already (an object gone in the listing is an OSError too)
     except OSError as exc:  # a local folder the listing cannot read all of (`--store /`)
         raise StoreError(
             f"--store {root}: cannot read {exc.filename or root} ({exc.strerror or exc}); pass --store with the "

@@ -18,6 +18,8 @@ Whether an unfinished run failed, was stopped or is still running, the store doe
 from __future__ import annotations
 
 import dataclasses
+import json
+import logging
 import math
 import re
 import time
@@ -25,7 +27,7 @@ from typing import Any
 
 from trainer.checkpoint_owner import latest_complete
 from trainer.config import Config, ConfigError, is_uri
-from trainer.storage import ObjectNotFound, ObjectStore, StoreError, join_uri, open_store, read_json
+from trainer.storage import ObjectNotFound, ObjectStore, StoreError, join_uri, open_store
 
 #: The folder of `kftrain run --local`'s runs under a store root (pipelines/local_run.py).
 LOCAL_RUNS = "runs"
@@ -37,6 +39,8 @@ _COMMIT = re.compile(r"^(?P<prefix>.+)/step-(?P<step>\d{8})/COMMIT\.json$")
 #: under `runs/<run id>`, not a KFP run of its own.
 KFP_LOCAL_ATTEMPT = re.compile(r"kftrain-training-\d{4}(-\d\d){5}-\d{6}")
 _STEP_FOLDER = re.compile(r"/step-(\d{8})$")
+
+log = logging.getLogger("kftrain.runs")
 
 
 @dataclasses.dataclass(slots=True)
@@ -121,10 +125,16 @@ def list_runs(store: ObjectStore, root: str) -> list[RunInfo]:
     for key, uri in finish.items():
         info = runs.setdefault(key, RunInfo(*key))
         try:
-            record = read_json(store, uri)
-        except (ObjectNotFound, StoreError):
-            continue
+            record = json.loads(store.get_bytes(uri))
+        except ObjectNotFound:
+            continue  # deleted since the listing
+        except StoreError as exc:
+            record = exc
+        except ValueError:
+            record = None
         if not isinstance(record, dict):
+            why = record if isinstance(record, StoreError) else f"{uri} is damaged (not a JSON object)"
+            log.warning(f"{why}; run {info.name} is shown as its checkpoints show it (a finished run as partial)")
             continue
         if key[1]:
             info.finished = True
@@ -288,3 +298,28 @@ def split_step_folder(folder: str) -> tuple[str, int]:
     if m is None:
         raise ValueError(f"{folder} is not a checkpoint step folder (.../step-NNNNNNNN)")
     return folder[: m.start()], int(m.group(1))
+
+
+#: How many runs back a run's commit records trace where its weights came from (`lineage_of`).
+MAX_LINEAGE = 32
+
+
+def lineage_of(record: dict[str, Any], began: list[str], own_prefix: str) -> list[str]:
+    """The step folders of the other runs' checkpoints a run's weights came through, newest first:
+    `began` (the checkpoint it starts from now, when another run's), then what `record`, the commit
+    record it resumes from, lists (`lineage`; `resumed_from` alone in records of kftrain before it).
+    Each checkpoint prefix once (its newest entry) and never the run's own (`own_prefix`), so a
+    chain that loops back ends; at most :data:`MAX_LINEAGE`. What a damaged record holds that
+    names no step folder is left out."""
+    recorded = record.get("lineage")
+    if not isinstance(recorded, list):
+        recorded = [record.get("resumed_from")]
+    chain, seen = [], {own_prefix.rstrip("/")}
+    for folder in [*began, *recorded]:
+        if not isinstance(folder, str) or not _STEP_FOLDER.search(folder):
+            continue
+        prefix = split_step_folder(folder)[0].rstrip("/")
+        if prefix not in seen:
+            seen.add(prefix)
+            chain.append(folder)
+    return chain[:MAX_LINEAGE]

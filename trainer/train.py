@@ -60,7 +60,7 @@ from trainer.launch.backend import FAILURE_MARKER
 from trainer.model_io import WEIGHTS, frozen_names, publish_model, save_model, tied_names, trained_state
 from trainer.progress import Progress
 from trainer.rng import rng_state, seed_everything, set_rng_state
-from trainer.runs import TRAINING_RECORD
+from trainer.runs import TRAINING_RECORD, lineage_of, split_step_folder
 from trainer.safetensors_file import TensorFile
 from trainer.shards import content_digest, read_manifest
 from trainer.stacks import print_stacks_on_signals
@@ -450,9 +450,10 @@ class Trainer:
         self.skipped = self.nonfinite_in_a_row = 0
         self.first_step_at: float | None = None
         self.resumed_elsewhere = False  # from checkpoint.resume_from, another run's checkpoint
-        # The step folder of the other run's checkpoint this run's weights began from (this
-        # start's resume_from, or the one its own checkpoints record); "" for none.
-        self.lineage = ""
+        # The step folders of the other runs' checkpoints this run's weights began from, newest
+        # first (this start's resume_from and where that run began in turn, or what this run's own
+        # checkpoints record); empty for none.
+        self.lineage: list[str] = []
         resumes = cfg.checkpoint.resume or cfg.checkpoint.resume_from
         left = self.resume() if self.ckpt is not None and resumes else None
         self.start_step = self.step
@@ -596,8 +597,8 @@ class Trainer:
         check_same_inputs(record.get("inputs") or {}, self.inputs, record["config"], cfg, other)
         check_steps_left(record, cfg, other)
         own = self._load(record, source)
-        lineage = record.get("resumed_from")
-        self.lineage = step_dir(source.prefix, int(record["step"])) if source is not self.ckpt else lineage or ""
+        began = [step_dir(source.prefix, int(record["step"]))] if source is not self.ckpt else []
+        self.lineage = lineage_of(record, began, self.ckpt.prefix)
         self.scheduler.load_state_dict(record["scheduler"])
         self._apply_optimizer_settings()
         self.step = int(record["step"])
@@ -669,7 +670,7 @@ class Trainer:
         if metrics is not None:
             record["metrics"] = metrics
         if self.lineage:
-            record["resumed_from"] = self.lineage
+            record["resumed_from"], record["lineage"] = self.lineage[0], self.lineage
         self.ckpt.save(
             self.step,
             {"model": model_state, "optimizer": optim_state},
@@ -918,26 +919,30 @@ class Trainer:
         """checkpoint.export_best: load the best checkpoint's weights for the model file (a
         collective); return its commit record and the checkpoints it is one of, or None when no
         checkpoint has the metric. A run resumed from another run's checkpoint ranks that run's
-        checkpoints up to the one it began from with its own: one line of training, validated on
-        the same split (a resume on another split is refused), so the best may be from before."""
-        best, holder = self.ckpt.best(), self.ckpt
+        checkpoints up to the one it began from with its own, and so on back through the runs that
+        one began from: one line of training, validated on the same split (a resume on another
+        split is refused), so the best may be from before."""
         direction, name = self.ckpt.keep_best
-        if self.lineage:
-            from trainer.runs import split_step_folder
-
-            prefix, began = split_step_folder(self.lineage)
-            earlier = self._reader(prefix)
+        found = {}  # step -> (commit record, its checkpoints); this run's own first, then back in time
+        holders = [self.ckpt]
+        if (own := self.ckpt.best()) is not None:
+            found[int(own["step"])] = (own, self.ckpt)
+        for folder in self.lineage:
+            prefix, began = split_step_folder(folder)
+            holders.append(earlier := self._reader(prefix))
             try:
                 before = earlier.best(up_to=began)
             except StoreError as exc:  # the training is done: an unreadable earlier run costs its candidates only
-                before = None
                 if self.env.is_main:
                     log.warning("checkpoint.export_best: %s's checkpoints are not ranked: %s", prefix, exc)
-            candidates = {int(r["step"]): r["metrics"] for r in (best, before) if r is not None}
-            if before is not None and best_step(candidates, direction, name) == int(before["step"]):
-                best, holder = before, earlier
-            else:
-                earlier.close()
+                continue
+            if before is not None:
+                found.setdefault(int(before["step"]), (before, earlier))
+        step = best_step({s: record["metrics"] for s, (record, _) in found.items()}, direction, name)
+        best, holder = found[step] if step is not None else (None, self.ckpt)
+        for other in holders[1:]:
+            if other is not holder:
+                other.close()
         if best is None:
             if self.env.is_main:
                 log.warning("checkpoint.export_best: no checkpoint has %s; the model is the last step's", name)

@@ -259,6 +259,70 @@ def test_runs_lists_complete_checkpoints_only_and_shows_what_a_record_holds_safe
     assert len(json.loads(capsys.readouterr().out)) == 4
 
 
+@pytest.mark.parametrize("content", ["{not json", "[1, 2]", '"finished"'], ids=["not-json", "a-list", "a-string"])
+@pytest.mark.parametrize("layout", ["local", "kfp"])
+def test_a_damaged_run_record_is_said_and_the_run_shown_by_its_checkpoints(runs, tmp_path, capsys, content, layout):
+    """A run record that is no JSON object (run.json of a local run, training.json of a KFP task)
+    is named in a warning, and the run listed as its checkpoints show it (was: silently partial)."""
+    _, _, old_ckpt = runs
+    if layout == "local":
+        folder, name = tmp_path / "runs" / "r1", "r1"
+        shutil.copytree(old_ckpt, folder / "checkpoints")
+        (folder / "run.json").write_text(content)
+    else:
+        folder, name = tmp_path / "kfp1" / "train-7" / "model", "kfp1/train-7"
+        shutil.copytree(old_ckpt, folder / "checkpoints")
+        (folder / "training.json").write_text(content)
+    assert cli(["runs", "--store", str(tmp_path)]) == 0
+    captured = capsys.readouterr()
+    assert captured.out.splitlines()[1].split()[:3] == [name, "partial", str(CUT_AT)]
+    warning = captured.err.strip()
+    assert warning.startswith("kftrain: warning: ") and "\n" not in warning, warning
+    assert f"run {name} is shown as its checkpoints show it" in warning and str(folder) in warning, warning
+
+
+S = "s3://b/runs/{}/checkpoints/step-{:08d}".format
+
+
+@pytest.mark.parametrize(
+    ("record", "began", "chain"),
+    [
+        ({}, [], []),
+        ({}, [S("a", 5)], [S("a", 5)]),
+        ({"resumed_from": S("a", 5)}, [], [S("a", 5)]),  # a record of kftrain before `lineage`
+        ({"resumed_from": S("b", 9), "lineage": [S("b", 9), S("a", 5)]}, [], [S("b", 9), S("a", 5)]),
+        (
+            {"resumed_from": S("b", 9), "lineage": [S("b", 9), S("a", 5)]},
+            [S("c", 12)],
+            [S("c", 12), S("b", 9), S("a", 5)],
+        ),
+        # Back to this run's own checkpoints, or to a run met already: the newest entry of each counts.
+        ({"lineage": [S("me", 4), S("a", 5)]}, [], [S("a", 5)]),
+        ({"lineage": [S("a", 7), S("b", 3), S("a", 2)]}, [], [S("a", 7), S("b", 3)]),
+        # A damaged record: what names no step folder is left out.
+        ({"lineage": [None, 3, "s3://b/x", S("a", 5)]}, [], [S("a", 5)]),
+        ({"lineage": "s3://b/x", "resumed_from": S("a", 5)}, [], [S("a", 5)]),
+        ({"lineage": [S(f"r{i}", 1) for i in range(40)]}, [], [S(f"r{i}", 1) for i in range(32)]),
+    ],
+    ids=[
+        "none",
+        "begins",
+        "old-record",
+        "recorded",
+        "begins-again",
+        "own",
+        "met-again",
+        "damaged",
+        "not-a-list",
+        "long",
+    ],
+)
+def test_the_lineage_lists_each_earlier_run_once_newest_first(record, began, chain):
+    from trainer.runs import lineage_of
+
+    assert lineage_of(record, began, "s3://b/runs/me/checkpoints/") == chain
+
+
 def _unreadable(store, root):
     # What listing `/` as root meets in /proc (a permission no chmod gives root here).
     raise PermissionError(13, "Permission denied", f"{root}/proc/1/cwd")

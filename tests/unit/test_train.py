@@ -5,6 +5,7 @@ from __future__ import annotations
 import hashlib
 import io
 import json
+import logging
 import math
 import re
 
@@ -274,6 +275,36 @@ def test_keep_best_keeps_the_best_epoch_through_pruning_and_a_restart_and_export
     state = {"model": {k: torch.zeros_like(v) for k, v in exported.state_dict().items()}}
     mgr = CheckpointManager(store, prefix)
     mgr.load(json.loads(store.get_bytes(join_uri(step_dir(prefix, best), "COMMIT.json"))), state)
+    for name, tensor in exported.state_dict().items():
+        assert torch.equal(tensor, state["model"][name]), name
+
+
+def test_export_best_ranks_every_run_a_chain_of_resumes_came_through(digits, tmp_path, caplog):
+    """Three runs, each begun from the one before's last checkpoint: the third ranks the first's
+    checkpoints too (was: one level back, the second's only), and its model is that best's."""
+    from trainer.checkpoint import CheckpointManager, step_dir
+
+    store = LocalStore()
+    best_of = {"job.replicas": 1, "checkpoint.keep_last": 1, "checkpoint.keep_best": "min:val_accuracy"}
+    models = [str(tmp_path / name) for name in ("a", "b", "c")]
+    resume_from = ""
+    for epochs, model in zip((1, 2, 3), models, strict=True):
+        overrides = {**best_of, "train.epochs": epochs, "checkpoint.export_best": True}
+        with caplog.at_level(logging.INFO, logger="kftrain"):
+            metrics = single(load_config(overrides={**overrides, "checkpoint.resume_from": resume_from}), digits, model)
+        resume_from = step_dir(join_uri(model, "checkpoints"), metrics["steps"])
+    first = join_uri(models[0], "checkpoints")
+    history = json.loads(store.get_bytes(join_uri(models[2], "training.json")))["history"]
+    per_epoch = metrics["steps"] // 3
+    value, epoch = min((h["val_accuracy"], h["epoch"]) for h in history)
+    assert epoch == 0, history  # the premise: the best is the first run's, two runs back
+    assert metrics["best_step"] == per_epoch and metrics["val_accuracy"] == value
+    assert f"from {first}, which this run resumed from" in caplog.text
+    exported, _ = load_model(store, models[2])
+    state = {"model": {k: torch.zeros_like(v) for k, v in exported.state_dict().items()}}
+    CheckpointManager(store, first).load(
+        json.loads(store.get_bytes(join_uri(step_dir(first, per_epoch), "COMMIT.json"))), state
+    )
     for name, tensor in exported.state_dict().items():
         assert torch.equal(tensor, state["model"][name]), name
 
