@@ -5,6 +5,9 @@ the same files every time, and nothing downloaded): the demo of fine-tuning
 
 The chat data follows a rule a model learns in a few dozen steps (the user names a colour, the
 assistant answers with the colour after it), so a fine-tune visibly lowers the assistant loss.
+Each question carries its own number, so no two conversations are alike: the val and test splits,
+held out by record, hold conversations the training split does not, and measure the rule learned
+rather than the conversations remembered.
 """
 
 from __future__ import annotations
@@ -32,14 +35,15 @@ COLOURS = ["red", "green", "blue", "yellow", "black", "white", "orange", "purple
 
 
 def chat_records(n: int, seed: int = 0) -> list[dict]:
-    """`n` conversations: the user names a colour, the assistant answers with the colour after it."""
+    """`n` conversations, each its own: the user asks question k (1 to `n`) naming a colour, the
+    assistant answers with the colour after it."""
     gen = torch.Generator().manual_seed(seed)
     out = []
-    for _ in range(n):
+    for k in range(n):
         i = int(torch.randint(len(COLOURS), (1,), generator=gen))
         messages = [
             {"role": "system", "content": "You answer with one colour."},
-            {"role": "user", "content": f"What comes after {COLOURS[i]}?"},
+            {"role": "user", "content": f"Question {k + 1}: what comes after {COLOURS[i]}?"},
             {"role": "assistant", "content": f"After {COLOURS[i]} comes {COLOURS[(i + 1) % len(COLOURS)]}."},
         ]
         out.append({"messages": messages})
@@ -53,7 +57,7 @@ def write_chat_jsonl(path: str | Path, n: int = 400, seed: int = 0) -> str:
     return str(path)
 
 
-def tiny_tokenizer(vocab_size: int = 320):
+def tiny_tokenizer(vocab_size: int = 400):
     """A byte-level BPE trained on the chat data's words, as transformers' fast tokenizer."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
     from transformers import PreTrainedTokenizerFast

@@ -332,7 +332,7 @@ def test_data_prep_is_deterministic_and_streams_rows(folder, tmp_path):
     again = prepare(folder, source, str(tmp_path / "b"), **{"data.shard_rows": 32})
     assert first["splits"] == again["splits"]  # names, sizes and sha256 of every shard
     assert first["format"] == CHAT_FORMAT and first["conversations"] == 200
-    assert first["tokenizer"] == {"kind": "pretrained", "vocab_size": 320, "model": folder}
+    assert first["tokenizer"] == {"kind": "pretrained", "vocab_size": 400, "model": folder}
     train = first["splits"]["train"]
     assert [s["items"] for s in train["shards"]][:-1] == [32] * (len(train["shards"]) - 1)
     other_seed = prepare(folder, source, str(tmp_path / "c"), **{"data.seed": 1})
@@ -343,6 +343,18 @@ def test_data_prep_is_deterministic_and_streams_rows(folder, tmp_path):
     info = split_shards(first, "train", str(tmp_path / "a"))[0]
     x, y = take(read_shard(LocalStore(), str(tmp_path / "a"), info), np.array([2, 0, 1]))
     assert items_of(info) == 32 and x.shape == y.shape == (3, 64) and x.dtype == y.dtype == torch.int64
+
+
+def test_the_examples_val_and_test_splits_hold_no_conversation_of_training(folder, tmp_path):
+    """The example's conversations are each its own, so its held-out splits measure the rule, not
+    conversations met in training (was: 600 records of 8 conversations, the same in every split)."""
+    ds = str(tmp_path / "ds")
+    manifest = prepare(folder, write_chat_jsonl(tmp_path / "chat.jsonl", 600), ds)
+    rows = {}
+    for split in ("train", "val", "test"):
+        arrays = [read_shard(LocalStore(), ds, info)["tokens"] for info in split_shards(manifest, split, ds)]
+        rows[split] = {row.tobytes() for row in np.concatenate(arrays)}
+    assert all(rows.values()) and not (rows["train"] & rows["val"]) and not (rows["train"] & rows["test"])
 
 
 def test_max_bytes_takes_whole_records_only(folder, tmp_path):
