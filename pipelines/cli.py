@@ -109,8 +109,15 @@ def _load_with_flags(
 
 
 def _given(flags: dict[str, tuple[str, Any]]) -> dict[str, tuple[str, Any]]:
-    """The flags of `flags` the user gave (argparse's None, or empty text, for one left out)."""
-    return {field: (flag, value) for field, (flag, value) in flags.items() if value not in (None, "")}
+    """The flags of `flags` the user gave (argparse's None for one left out). One given as empty
+    text (`--store "$STORE"` with the variable unset) is refused: read as left out, it ran on the
+    config's value in silence."""
+    from trainer.config import ConfigError
+
+    for field, (flag, value) in flags.items():
+        if isinstance(value, str) and not value.strip():
+            raise ConfigError(f"{flag}: empty; give a value, or leave {flag} out to use {field} of the config")
+    return {field: (flag, value) for field, (flag, value) in flags.items() if value is not None}
 
 
 def _cmd_run(args: argparse.Namespace) -> int:
@@ -409,7 +416,7 @@ def _cmd_job_manifest(args: argparse.Namespace) -> int:
 def _cmd_job_status(args: argparse.Namespace) -> int:
     from trainer.launch.kubernetes import job_status
 
-    print(job_status(args.name, args.namespace, args.kind))
+    print(job_status(args.name, args.namespace or "", args.kind))
     return 0
 
 
@@ -642,6 +649,36 @@ def _steps(text: str) -> int:
     return int(text)
 
 
+def _namespace(text: str) -> str:
+    """A namespace's name, checked before any cluster is asked (which answered a bad one with a
+    connection error, or a 404 naming neither)."""
+    from trainer.k8s_formats import namespace_problem
+
+    if problem := namespace_problem(text):
+        raise argparse.ArgumentTypeError(problem)
+    return text
+
+
+def _object_name(what: str):
+    """An argparse type for `what`, the name of a Kubernetes object, checked before any request."""
+
+    def parse(text: str) -> str:
+        from trainer.k8s_formats import object_name_problem
+
+        if problem := object_name_problem(text, what):
+            raise argparse.ArgumentTypeError(problem)
+        return text
+
+    return parse
+
+
+def _nonempty(text: str) -> str:
+    """Text that is not empty (an unset shell variable), which would be read as left out."""
+    if not text.strip():
+        raise argparse.ArgumentTypeError("must not be empty; leave the flag out for its default")
+    return text
+
+
 def _path(text: str) -> str:
     """A non-empty path (an empty one would mean the working directory); `~` is the home folder,
     quoted or not."""
@@ -862,8 +899,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--host", required=True, type=_api_url, help="KFP API endpoint, e.g. http://localhost:8080 (token: $KFP_TOKEN)"
     )
-    p.add_argument("-n", "--namespace", default=None, help="profile namespace (multi-user Kubeflow)")
-    p.add_argument("--experiment", default="kftrain", help="experiment name (created if missing)")
+    p.add_argument("-n", "--namespace", type=_namespace, help="profile namespace (multi-user Kubeflow)")
+    p.add_argument("--experiment", type=_nonempty, default="kftrain", help="experiment name (created if missing)")
     p.add_argument("--run-name", default="", help="run name (default: pipeline name and UTC time)")
     p.add_argument("--pipeline-name", default="kftrain-training", help="pipeline to add the version to")
     p.add_argument("--package", default="", help="compiled pipeline YAML (default: compile training_pipeline now)")
@@ -896,7 +933,7 @@ def build_parser() -> argparse.ArgumentParser:
         default="kftrain-outputs",
         help="store root: s3://bucket/prefix (store.uri of the runs) or a local folder (default: %(default)s)",
     )
-    p.add_argument("--s3-endpoint", help="S3 endpoint URL of the store")
+    p.add_argument("--s3-endpoint", type=_nonempty, help="S3 endpoint URL of the store")
     p.add_argument("--json", action="store_true", help="print JSON, one object per run")
     p.set_defaults(func=_cmd_runs)
 
@@ -904,7 +941,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = job.add_parser("manifest", help="print the validated PyTorchJob or TrainJob YAML (no cluster needed)")
     p.add_argument("--config", help="kftrain YAML config (default: built-in defaults)")
     p.add_argument("--name", default="kftrain-job", help="job name (a DNS-1035 label)")
-    p.add_argument("-n", "--namespace", default="", help="namespace (default: kubernetes.namespace, else none)")
+    p.add_argument("-n", "--namespace", help="namespace (default: kubernetes.namespace, else none)")
     p.add_argument("--dataset-uri", default="s3://kftrain/dataset", help="prepared dataset URI")
     p.add_argument("--model-uri", default="s3://kftrain/model", help="where rank 0 writes the model")
     p.add_argument(
@@ -915,9 +952,12 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.set_defaults(func=_cmd_job_manifest)
     p = job.add_parser("status", help="print a running job's state and the progress rank 0 reports to it")
-    p.add_argument("name", help="the job's name (the training step's log names it)")
+    p.add_argument("name", type=_object_name("a job's name"), help="the job's name (the training step's log names it)")
     p.add_argument(
-        "-n", "--namespace", default="", help="namespace (default: the kubeconfig context's, in a pod its own)"
+        "-n",
+        "--namespace",
+        type=_namespace,
+        help="namespace (default: the kubeconfig context's, in a pod its own)",
     )
     p.add_argument(
         "--kind",

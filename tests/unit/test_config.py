@@ -129,6 +129,53 @@ def test_overrides_win_over_the_text():
     assert (cfg.job.replicas, cfg.train.epochs) == (2, 1)
 
 
+SECTIONS_TEXT = (
+    "job: {replicas: 2, nproc_per_node: 8}\n"
+    "train: {epochs: 7, batch_size: 192}\n"
+    "kubernetes:\n  queue: a\n  gpus_per_node: 8\n  node_selector: {pool: gpu}\n"
+    "  elastic: {enabled: true, min_replicas: 2, max_replicas: 2}\n"
+)
+
+
+@pytest.mark.parametrize(
+    ("overrides", "expected"),
+    [
+        # A mapping for a section sets the fields it names; the file's others stay (was: all back at defaults).
+        ({"kubernetes": {"queue": "b"}}, {"kubernetes.queue": "b", "kubernetes.gpus_per_node": 8}),
+        ({"train": {"epochs": 2}}, {"train.epochs": 2, "train.batch_size": 192}),
+        # Nested sections too, at any depth the override starts from.
+        ({"kubernetes": {"elastic": {"max_replicas": 4}}}, {"kubernetes.elastic.enabled": True}),
+        (
+            {"kubernetes.elastic": {"max_replicas": 4}},
+            {"kubernetes.elastic.max_replicas": 4, "kubernetes.elastic.enabled": True},
+        ),
+        # A field whose value is a mapping is replaced, as any value is.
+        ({"kubernetes.node_selector": {"zone": "b"}}, {"kubernetes.node_selector": {"zone": "b"}}),
+        ({"kubernetes": {"node_selector": {"zone": "b"}}}, {"kubernetes.node_selector": {"zone": "b"}}),
+    ],
+)
+def test_a_mapping_given_for_a_section_merges_into_the_configs(overrides, expected):
+    cfg = parse_config(SECTIONS_TEXT, overrides)
+    for dotted, value in expected.items():
+        node = cfg
+        for name in dotted.split("."):
+            node = getattr(node, name)
+        assert node == value, dotted
+
+
+@pytest.mark.parametrize(
+    ("overrides", "message"),
+    [
+        ({"kubernetes": {"nope": 1}}, "kubernetes.nope: unknown key"),
+        ({"kubernetes": {"elastic": {"nope": 1}}}, "kubernetes.elastic.nope: unknown key"),
+        ({"kubernetes": 3}, "kubernetes: must be a mapping, got 3"),
+    ],
+)
+def test_a_section_override_is_checked_as_the_file_is(overrides, message):
+    with pytest.raises(ConfigError, match=re.escape(message)):
+        parse_config(SECTIONS_TEXT, overrides)
+
+
 def test_every_config_field_is_documented_in_the_configuration_reference():
     """docs/configuration.md lists every field (it is the user's manual; tests/unit/test_config_docs.py
     holds it to the docstrings exactly)."""

@@ -164,6 +164,37 @@ PLAN_CONFIG_ROWS = [
 ]
 
 
+#: Flags given as empty text (an unset shell variable) or a name no cluster could hold: refused
+#: before anything runs or any cluster is asked (were: read as left out, the run going on with the
+#: config's value or the default; or a connection attempt answering a bad namespace).
+EMPTY_OR_BAD_FLAGS = [
+    (["run", "--local", "--store", ""], "--store: empty; give a value, or leave --store out"),
+    (["run", "--local", "--s3-endpoint", " "], "--s3-endpoint: empty; give a value"),
+    (["job", "manifest", "-n", ""], "--namespace: empty; give a value"),
+    (["plan", "--gpu", ""], "argument --gpu: unknown GPU type ''"),
+    (["runs", "--s3-endpoint", ""], "argument --s3-endpoint: must not be empty"),
+    (["submit", "--host", "http://127.0.0.1:9", "-n", ""], "argument -n/--namespace: '' is not a namespace"),
+    (["submit", "--host", "http://127.0.0.1:9", "-n", "Bad_NS"], "'Bad_NS' is not a namespace"),
+    (["submit", "--host", "http://127.0.0.1:9", "--experiment", ""], "argument --experiment: must not be empty"),
+    (["job", "status", "MyJob"], "argument name: 'MyJob' is not a job's name"),
+    (["job", "status", "x", "-n", "Bad"], "argument -n/--namespace: 'Bad' is not a namespace"),
+]
+
+
+@pytest.mark.parametrize(("argv", "phrase"), EMPTY_OR_BAD_FLAGS, ids=[" ".join(a) for a, _ in EMPTY_OR_BAD_FLAGS])
+def test_an_empty_or_impossible_flag_is_refused_before_anything_runs(tmp_path, monkeypatch, capsys, argv, phrase):
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("KUBECONFIG", str(tmp_path / "no-kubeconfig"))
+    try:
+        code = main(argv)
+    except SystemExit as exc:  # argparse's usage error
+        code = exc.code
+    err = capsys.readouterr().err
+    assert code == 2, err
+    assert phrase in err.strip().splitlines()[-1], err
+    assert not list(tmp_path.iterdir())  # nothing ran
+
+
 @pytest.mark.parametrize(("config", "args", "phrase"), PLAN_BAD_ROWS)
 def test_a_bad_plan_flag_is_one_line_naming_it(tmp_path, monkeypatch, capsys, config, args, phrase):
     monkeypatch.chdir(tmp_path)
