@@ -497,19 +497,7 @@ def _check_modules(cfg: Config, source: ModelSource, config: dict[str, Any], ind
     origin = cfg.model.init_from
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # transformers' and peft's notes to their own developers
-        try:
-            model = pretrained.build_on_meta(config, torch.float32, source)
-        except pretrained.PretrainedError as exc:
-            raise pretrained.PretrainedError(
-                f"model.init_from {origin!r}: {exc}; use a model transformers implements "
-                f"({', '.join(pretrained.SUPPORTED_MODEL_TYPES)})"
-            ) from None
-        except (ValueError, TypeError, KeyError, AttributeError) as exc:
-            first = str(exc).splitlines()[0] if str(exc) else ""
-            raise pretrained.PretrainedError(
-                f"model.init_from {origin!r}: transformers cannot build the model its config.json describes "
-                f"({type(exc).__name__}: {first})"
-            ) from None
+        model = pretrained.build_on_meta(config, torch.float32, source)  # its errors name the folder
         if cfg.train.method == "lora":
             linear = {name.rsplit(".", 1)[-1] for name, m in model.named_modules() if _linear(m)}
             _check_lora_targets(cfg, dict(model.named_modules()), linear)

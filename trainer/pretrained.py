@@ -238,7 +238,45 @@ def read_config(source: ModelSource, trust_remote_code: bool = False) -> dict[st
             f"model.init_from {source.origin!r}: model_type {model_type!r} is not supported; kftrain fine-tunes "
             f"{', '.join(SUPPORTED_MODEL_TYPES)} (and models with remote code under model.trust_remote_code)"
         )
+    if problem := shape_problem(config):
+        raise PretrainedError(f"{uri}: {problem}; the file is damaged or edited: take the model's own config.json")
     return config
+
+
+#: config.json's sizes (Llama, Mistral and Qwen names, then GPT-2's), each a positive whole number
+#: where the file has it: what every size, memory figure and layer of the model is computed from.
+SHAPE_KEYS = (
+    "hidden_size",
+    "intermediate_size",
+    "num_hidden_layers",
+    "num_attention_heads",
+    "num_key_value_heads",
+    "head_dim",
+    "vocab_size",
+    "max_position_embeddings",
+    "n_embd",
+    "n_layer",
+    "n_head",
+    "n_positions",
+)
+
+
+def shape_problem(config: dict[str, Any]) -> str | None:
+    """Why `config`'s sizes describe no model (a size that is no positive whole number, or heads that
+    do not divide the width or the key-value heads), or None. Transformers answers these with an
+    error naming no field (`integer modulo by zero`), or a negative dimension, when the model is built."""
+    for key in SHAPE_KEYS:
+        value = config.get(key)
+        if key in config and value is not None and not (isinstance(value, int) and not isinstance(value, bool)):
+            return f"{key} must be a whole number, got {value!r}"
+        if isinstance(value, int) and not isinstance(value, bool) and value < 1:
+            return f"{key} must be positive, got {value}"
+    hidden, heads, kv = (config.get(k) for k in ("hidden_size", "num_attention_heads", "num_key_value_heads"))
+    if isinstance(hidden, int) and isinstance(heads, int) and not config.get("head_dim") and hidden % heads:
+        return f"hidden_size {hidden} does not divide by num_attention_heads {heads}"
+    if isinstance(heads, int) and isinstance(kv, int) and heads % kv:
+        return f"num_attention_heads {heads} does not divide by num_key_value_heads {kv}"
+    return None
 
 
 #: The folder's small files that transformers parses as JSON when it loads the tokenizer or
@@ -547,11 +585,19 @@ def build_on_meta(config: dict[str, Any], dtype: torch.dtype, source: ModelSourc
                 f"model.init_from {source.origin!r}: its own code (config.json auto_map {config['auto_map']}) "
                 f"does not build a model: {first}; put the model's .py files beside config.json"
             ) from None
-    # A deep copy: transformers writes into the nested dicts it is given (rope_theta into a
-    # legacy rope_scaling), and `config` is what the export writes out again.
-    hf_config = AutoConfig.for_model(**copy.deepcopy(config))
-    with parameters_on_meta():
-        return AutoModelForCausalLM.from_config(hf_config, dtype=dtype)
+    try:
+        # A deep copy: transformers writes into the nested dicts it is given (rope_theta into a
+        # legacy rope_scaling), and `config` is what the export writes out again.
+        hf_config = AutoConfig.for_model(**copy.deepcopy(config))
+        with parameters_on_meta():
+            return AutoModelForCausalLM.from_config(hf_config, dtype=dtype)
+    except Exception as exc:  # config.json is the only input: whatever its values break, name it
+        first = " ".join(line.strip() for line in str(exc).splitlines() if line.strip())[:300]
+        where = f"model.init_from {source.origin!r}: " if source is not None else ""
+        raise PretrainedError(
+            f"{where}transformers cannot build the model its config.json describes ({type(exc).__name__}: {first}); "
+            "take the model's own config.json"
+        ) from None
 
 
 def buffers_of(model: nn.Module) -> dict[str, torch.Tensor]:

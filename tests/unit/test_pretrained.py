@@ -103,11 +103,44 @@ def edit_config(folder, tmp_path, **changes) -> str:
     [
         ({"model_type": "t5"}, "model_type 't5' is not supported"),
         ({"auto_map": {"AutoModelForCausalLM": "x.Y"}}, "needs its own Python code"),
+        # Sizes that describe no model (were: `integer modulo by zero`, a negative dimension, or a
+        # traceback naming no field, from transformers as the model was built).
+        ({"num_attention_heads": 0}, "config.json: num_attention_heads must be positive, got 0; the file is damaged"),
+        ({"vocab_size": -1}, "vocab_size must be positive, got -1"),
+        ({"num_hidden_layers": "2"}, "num_hidden_layers must be a whole number, got '2'"),
+        ({"intermediate_size": 1.5}, "intermediate_size must be a whole number, got 1.5"),
+        ({"hidden_size": True}, "hidden_size must be a whole number, got True"),
+        ({"hidden_size": 63, "head_dim": None}, "hidden_size 63 does not divide by num_attention_heads 4"),
+        ({"num_key_value_heads": 3}, "num_attention_heads 4 does not divide by num_key_value_heads 3"),
     ],
 )
 def test_config_problems_are_named(folder, tmp_path, changes, message):
     with pytest.raises(pretrained.PretrainedError, match=message):
         pretrained.read_config(source(edit_config(folder, tmp_path, **changes)))
+
+
+@pytest.mark.parametrize(
+    ("changes", "message"),
+    [
+        ({"rms_norm_eps": "x"}, "TypeError: Field 'rms_norm_eps' expected float, got str"),
+        ({"hidden_act": "nope"}, "nope"),
+    ],
+)
+def test_a_config_transformers_cannot_build_is_named_by_the_pre_flight_and_the_plan(folder, tmp_path, changes, message):
+    """What passes the size checks and still breaks transformers is one error naming the folder,
+    from the run's pre-flight and from the planner alike (was: transformers' traceback in `kftrain plan`)."""
+    from trainer.checks import check_base_model
+    from trainer.config import load_config
+    from trainer.plan.plan import make_plan
+
+    edited = edit_config(folder, tmp_path, **changes)
+    cfg = load_config(overrides={"task": "causal_lm", "model.init_from": edited, "model.block_size": 32})
+    for check in (check_base_model, make_plan):
+        with pytest.raises(pretrained.PretrainedError) as raised:
+            check(cfg)
+        said = str(raised.value)
+        assert said.startswith(f"model.init_from {edited!r}: transformers cannot build the model its config.json")
+        assert message in said and "\n" not in said, said
 
 
 def test_a_folder_without_config_is_named(tmp_path):
