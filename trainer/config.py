@@ -884,6 +884,13 @@ class KubernetesConfig:
             f"{p}.store_secret and {p}.store_secret_keys map Secret keys to variables; {p}.hf_token_secret "
             f"gives {HF_TOKEN}",
         )
+        for name in ("labels", "annotations"):  # by value: names such as Vault's `agent-inject-secret-*` are fine
+            for key, value in getattr(self, name).items():
+                if credential_in("", value):
+                    raise ConfigError(
+                        f"{p}.{name}.{key}: its value looks like a credential, and {name} are readable by anyone "
+                        "who can list the job; keep credentials in a Kubernetes Secret"
+                    )
         self._check_formats()
         _require(
             not (self.hf_token_secret and self.store_secret and HF_TOKEN in self.store_secret_keys.values()),

@@ -10,9 +10,29 @@ from __future__ import annotations
 import re
 from typing import Any
 
+#: A URL's query parameter that carries a credential (a presigned S3 or GCS URL's signature, an
+#: API key or token): the one pattern of :func:`trainer.errors.redact` and of the value check here.
+QUERY_CREDENTIAL = (
+    r"(?i)([?&](?:X-Amz-(?:Signature|Credential|Security-Token)|X-Goog-(?:Signature|Credential)|AWSAccessKeyId"
+    r"|Signature|sig|token|access_token|api_key|apikey|key|password|secret)=)[^&#\s'\"]+"
+)
+
 #: Words of an environment variable's name that mark a credential (`HF_TOKEN`, `DB_PASSWORD`);
 #: whole words, so `TOKENIZERS_PARALLELISM` stays allowed.
-_CREDENTIAL_WORDS = frozenset({"TOKEN", "PASSWORD", "PASSWD", "PASSPHRASE", "CREDENTIAL", "CREDENTIALS", "APIKEY"})
+_CREDENTIAL_WORDS = frozenset(
+    {
+        "TOKEN",
+        "PASSWORD",
+        "PASSWD",
+        "PASSPHRASE",
+        "CREDENTIAL",
+        "CREDENTIALS",
+        "APIKEY",
+        "AUTH",
+        "AUTHORIZATION",
+        "COOKIE",
+    }
+)
 _CREDENTIAL_PAIRS = frozenset(
     {("ACCESS", "KEY"), ("API", "KEY"), ("PRIVATE", "KEY"), ("SESSION", "KEY"), ("SSH", "KEY"), ("SIGNING", "KEY")}
 )
@@ -25,6 +45,9 @@ _CREDENTIAL_VALUES = (
     re.compile(r"\bxox[abposr]-[A-Za-z0-9-]{10,}"),  # Slack tokens
     re.compile(r"\bsk-[A-Za-z0-9_-]{20,}"),  # OpenAI-style API keys
     re.compile(r"^[a-z][a-z0-9+.-]*://[^/@:\s]+:[^/@\s]+@"),  # a URL with user:password
+    re.compile(r"^\s*(Bearer|Basic|Token)\s+\S{8,}", re.IGNORECASE),  # an HTTP Authorization value
+    re.compile(r"\beyJ[A-Za-z0-9_-]{8,}\.[A-Za-z0-9_-]{8,}\."),  # a JSON Web Token
+    re.compile(QUERY_CREDENTIAL),  # a signed or keyed URL
 )
 
 
@@ -34,7 +57,9 @@ def credential_in(name: str, value: Any) -> str:
     format, a URL with a password), or '' when neither does."""
     words = [w for w in re.split(r"[^A-Z0-9]+", name.upper()) if w]
     pairs = set(zip(words, words[1:], strict=False))
-    if "SECRET" in name.upper() or _CREDENTIAL_WORDS & set(words) or _CREDENTIAL_PAIRS & pairs:
+    # A name ending in KEY (`WANDB_KEY`, `OPENAI_KEY`) holds one; one starting with it (`KEY_COLUMN`) need not.
+    last_key = len(words) > 1 and words[-1] == "KEY"
+    if "SECRET" in name.upper() or _CREDENTIAL_WORDS & set(words) or _CREDENTIAL_PAIRS & pairs or last_key:
         return "name"
     if isinstance(value, str) and any(p.search(value) for p in _CREDENTIAL_VALUES):
         return "value"

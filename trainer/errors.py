@@ -13,6 +13,8 @@ from __future__ import annotations
 
 import re
 
+from trainer.credentials import QUERY_CREDENTIAL
+
 #: Marks the one line a failed step ends with (see the module docstring).
 ERROR_MARKER = "kftrain-error: "
 #: The trainer's own failure lines inside a replica's log (a failed job carries them).
@@ -26,16 +28,22 @@ _USERINFO = re.compile(r"(?P<scheme>\b[A-Za-z][A-Za-z0-9+.-]*://)(?P<userinfo>[^
 _QUOTED_USERINFO = re.compile(r"(?P<scheme>\b[A-Za-z][A-Za-z0-9+.-]*://)(?P<userinfo>[^\s/@]*['\"][^\s/]*)@")
 
 
+#: A credential in a URL's query (`?X-Amz-Signature=...`, `&token=...`): its value is written `***`.
+_QUERY_CREDENTIAL = re.compile(QUERY_CREDENTIAL)
+
+
 class KftrainError(Exception):
     """An error the user can fix: the message names the field or the object and what to do."""
 
 
 def redact(text: str) -> str:
-    """`text` with the userinfo of every URL in it (`http://user:secret@host`) written `***`.
+    """`text` with the userinfo of every URL in it (`http://user:secret@host`) written `***`, and
+    the value of each query parameter that carries a credential (`?X-Amz-Signature=...`).
 
     Everything kftrain prints that may hold a URL goes through here: endpoints, store URIs,
     the resume command, error messages, the full log of a local run."""
-    return _QUOTED_USERINFO.sub(r"\g<scheme>***@", _USERINFO.sub(r"\g<scheme>***@", text))
+    text = _QUOTED_USERINFO.sub(r"\g<scheme>***@", _USERINFO.sub(r"\g<scheme>***@", text))
+    return _QUERY_CREDENTIAL.sub(r"\1***", text)
 
 
 def has_userinfo(url: str) -> bool:

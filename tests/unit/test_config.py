@@ -176,6 +176,17 @@ def test_a_section_override_is_checked_as_the_file_is(overrides, message):
         parse_config(SECTIONS_TEXT, overrides)
 
 
+@pytest.mark.parametrize("section", ["labels", "annotations"])
+@pytest.mark.parametrize("value", ["Bearer abcdefghijkl", "AKIAIOSFODNN7EXAMPLE"])
+def test_a_credential_in_a_label_or_annotation_is_refused_without_showing_it(section, value):
+    with pytest.raises(ConfigError) as raised:
+        parse_config(f"kubernetes:\n  {section}:\n    note: {value}\n")
+    assert str(raised.value).startswith(f"kubernetes.{section}.note: its value looks like a credential")
+    assert value not in str(raised.value)
+    # Names alone are not judged: Vault's injector annotations name secrets by design.
+    assert parse_config("kubernetes:\n  annotations:\n    vault.hashicorp.com/agent-inject-secret-db: kv/db\n")
+
+
 def test_every_config_field_is_documented_in_the_configuration_reference():
     """docs/configuration.md lists every field (it is the user's manual; tests/unit/test_config_docs.py
     holds it to the docstrings exactly)."""

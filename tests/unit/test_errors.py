@@ -31,6 +31,16 @@ REDACTED = [
     ("hf://org/name@v1 hf://hf_tok@org/name", "hf://org/name@v1 hf://***@org/name"),
     ("s3://u:p@ss@bucket/k", "s3://***@bucket/k"),  # an '@' in the password
     ("http://u:ab'cd@host:9000", "http://***@host:9000"),  # a quote in it
+    # A credential in the query: a presigned URL's signature, a key or token parameter (were: printed).
+    ("s3://b/x?X-Amz-Signature=abc123&X-Amz-Date=1", "s3://b/x?X-Amz-Signature=***&X-Amz-Date=1"),
+    ("'http://h:9000?sig=abc' x", "'http://h:9000?sig=***' x"),
+    ("https://h/p?a=1&token=abc#top", "https://h/p?a=1&token=***#top"),
+    (
+        "https://storage.googleapis.com/b/o?X-Goog-Signature=f00",
+        "https://storage.googleapis.com/b/o?X-Goog-Signature=***",
+    ),
+    ("http://u:p@h/x?API_KEY=zz", "http://***@h/x?API_KEY=***"),
+    ("key=value outside a URL", "key=value outside a URL"),
 ]
 
 #: A URL's userinfo as users write it: with a password, with a '/' in it, a token alone.

@@ -139,6 +139,14 @@ def test_pod_settings_reach_the_manifest_and_pass_preflight():
         ("SOME_SETTING", "ghp_" + "a1B2" * 9),
         ("SOME_SETTING", "hf_" + "x" * 34),
         ("DATABASE_URL", "postgres://trainer:hunter22@db:5432/runs"),
+        # Names and values a probe found accepted and printed into the manifest.
+        ("AUTHORIZATION", "x"),
+        ("NPM_AUTH", "x"),
+        ("WANDB_KEY", "0123456789abcdef0123456789abcdef01234567"),
+        ("SESSION_COOKIE", "abc"),
+        ("SOME_SETTING", "Bearer abcdefghijkl"),
+        ("SOME_SETTING", "eyJhbGciOiJIUzI1NiJ9.eyJzdWIiOiIxMjM0In0.c2lnbmF0dXJl"),
+        ("DATA_URL", "https://h/data.csv?X-Amz-Signature=abc123"),
     ],
 )
 def test_credential_looking_plain_env_is_refused_in_both_places(name, value):
@@ -157,7 +165,8 @@ def test_credential_looking_plain_env_is_refused_in_both_places(name, value):
     "env",
     [
         {"TOKENIZERS_PARALLELISM": "false"},
-        {"NCCL_DEBUG": "INFO", "HF_HOME": "/cache/hf", "KEY_COLUMN": "label"},
+        {"NCCL_DEBUG": "INFO", "HF_HOME": "/cache/hf", "KEY_COLUMN": "label", "AUTHOR": "me"},
+        {"DATA_URL": "https://example.com/data.csv?version=3", "MODE": "Basic"},
         {"DATA_URL": "https://example.com/data.csv"},
     ],
 )
