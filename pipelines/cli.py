@@ -403,6 +403,18 @@ def _cmd_job_manifest(args: argparse.Namespace) -> int:
             f"job.kind: {cfg.job.kind!r} is resolved by the cluster at run time; pass --kind pytorchjob or "
             "--kind trainjob to print one"
         )
+    if args.dataset_uri is None or args.model_uri is None:
+        from trainer.storage import join_uri
+
+        base = cfg.store.uri or "s3://kftrain"
+        args.dataset_uri = args.dataset_uri or join_uri(base, "dataset")
+        args.model_uri = args.model_uri or join_uri(base, "model")
+        print(
+            f"kftrain: note: the job reads the dataset at {redact(args.dataset_uri)} and writes the model to "
+            f"{redact(args.model_uri)}, under {'store.uri' if cfg.store.uri else 'a placeholder store'}; pass "
+            "--dataset-uri and --model-uri for the job you will apply",
+            file=sys.stderr,
+        )
     require_object_store({"--dataset-uri": args.dataset_uri, "--model-uri": args.model_uri})
     spec = training_job(cfg, args.name, args.dataset_uri, args.model_uri)
     check_cluster_locations(cfg)  # as `kftrain submit` checks them
@@ -942,8 +954,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--config", help="kftrain YAML config (default: built-in defaults)")
     p.add_argument("--name", default="kftrain-job", help="job name (a DNS-1035 label)")
     p.add_argument("-n", "--namespace", help="namespace (default: kubernetes.namespace, else none)")
-    p.add_argument("--dataset-uri", default="s3://kftrain/dataset", help="prepared dataset URI")
-    p.add_argument("--model-uri", default="s3://kftrain/model", help="where rank 0 writes the model")
+    p.add_argument("--dataset-uri", help="prepared dataset URI (default: STORE/dataset, STORE the config's store.uri)")
+    p.add_argument("--model-uri", help="where rank 0 writes the model (default: STORE/model)")
     p.add_argument(
         "--kind", choices=("pytorchjob", "trainjob"), help="the job to print (default: job.kind of the config)"
     )

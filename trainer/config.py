@@ -917,6 +917,7 @@ class KubernetesConfig:
         problems += [(f"{p}.image_pull_secrets", k8s.secret_name_problem(n)) for n in self.image_pull_secrets]
         for name in ("labels", "node_selector"):
             problems += [(f"{p}.{name}", k8s.label_problem(k, v)) for k, v in getattr(self, name).items()]
+        problems += [(f"{p}.labels", k8s.own_label_problem(k)) for k in self.labels]
         problems += [(f"{p}.annotations", k8s.annotation_key_problem(k)) for k in self.annotations]
         problems.append((f"{p}.annotations", k8s.annotations_size_problem(self.annotations)))
         problems += [(f"{p}.tolerations[{i}]", k8s.toleration_problem(t)) for i, t in enumerate(self.tolerations)]

@@ -168,6 +168,26 @@ def label_problem(key: Any, value: Any) -> str | None:
     return why and f"{key!r}: {why}"
 
 
+#: Kueue's LocalQueue label, on the job object of either kind (kftrain sets it from `kubernetes.queue`).
+KUEUE_QUEUE_LABEL = "kueue.x-k8s.io/queue-name"
+#: What marks a job kftrain made.
+MANAGED_BY_LABEL = {"app.kubernetes.io/managed-by": "kftrain"}
+#: Prefixes of the labels the operators put on a job's pods and find them by.
+OPERATOR_LABEL_PREFIXES = ("training.kubeflow.org/", "trainer.kubeflow.org/", "jobset.sigs.k8s.io/")
+
+
+def own_label_problem(key: Any) -> str | None:
+    """Why `key` may not be one of the user's labels, which kftrain puts on the job and its pods
+    (kftrain or an operator sets it, and the user's value would win on some objects only), or None."""
+    if key == KUEUE_QUEUE_LABEL:
+        return f"key {key!r} is set from kubernetes.queue, on the job where Kueue reads it; set kubernetes.queue"
+    if key in MANAGED_BY_LABEL:
+        return f"key {key!r} marks the jobs kftrain made; leave it to kftrain"
+    if isinstance(key, str) and key.startswith(OPERATOR_LABEL_PREFIXES):
+        return f"key {key!r} is the operator's: it finds the job's pods by these labels; choose another key"
+    return None
+
+
 def annotation_key_problem(key: Any) -> str | None:
     """Why `key` is not an annotation key (a qualified name, its case ignored), or None."""
     why = qualified_name_problem(key.lower()) if isinstance(key, str) else "it is not text"

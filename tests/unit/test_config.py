@@ -187,6 +187,25 @@ def test_a_credential_in_a_label_or_annotation_is_refused_without_showing_it(sec
     assert parse_config("kubernetes:\n  annotations:\n    vault.hashicorp.com/agent-inject-secret-db: kv/db\n")
 
 
+@pytest.mark.parametrize(
+    ("key", "message"),
+    [
+        # Was: the job queued in kubernetes.queue's LocalQueue, its pod templates labelled with another.
+        ("kueue.x-k8s.io/queue-name", "is set from kubernetes.queue, on the job where Kueue reads it"),
+        ("app.kubernetes.io/managed-by", "marks the jobs kftrain made"),
+        ("training.kubeflow.org/replica-type", "is the operator's"),
+        ("trainer.kubeflow.org/trainjob-name", "is the operator's"),
+        ("jobset.sigs.k8s.io/jobset-name", "is the operator's"),
+    ],
+)
+def test_a_label_kftrain_or_an_operator_sets_is_refused_naming_what_sets_it(key, message):
+    with pytest.raises(ConfigError, match=re.escape(f"kubernetes.labels: key {key!r} {message}")):
+        parse_config(f"kubernetes:\n  queue: q1\n  labels:\n    {key}: q2\n")
+    assert parse_config(
+        "kubernetes:\n  labels:\n    kueue.x-k8s.io/priority-class: high\n"
+    )  # Kueue's other labels are the user's
+
+
 def test_every_config_field_is_documented_in_the_configuration_reference():
     """docs/configuration.md lists every field (it is the user's manual; tests/unit/test_config_docs.py
     holds it to the docstrings exactly)."""

@@ -195,6 +195,27 @@ def test_an_empty_or_impossible_flag_is_refused_before_anything_runs(tmp_path, m
     assert not list(tmp_path.iterdir())  # nothing ran
 
 
+@pytest.mark.parametrize(
+    ("args", "dataset", "note"),
+    [
+        (["--set", "store.uri=s3://mlx/kftrain"], "s3://mlx/kftrain/dataset", "under store.uri"),
+        ([], "s3://kftrain/dataset", "under a placeholder store"),
+        (["--dataset-uri", "s3://dsx/ds", "--model-uri", "s3://dsx/m"], "s3://dsx/ds", ""),
+    ],
+    ids=["store", "placeholder", "given"],
+)
+def test_job_manifest_says_which_uris_it_filled_in(capsys, args, dataset, note):
+    """Left out, --dataset-uri and --model-uri are under the config's store, and said (was: a fixed
+    s3://kftrain/... in silence, whatever store.uri held)."""
+    assert main(["job", "manifest", "--kind", "pytorchjob", *args]) == 0
+    out, err = capsys.readouterr()
+    assert f"- {dataset}\n" in out
+    if note:
+        assert err.startswith(f"kftrain: note: the job reads the dataset at {dataset} ") and note in err, err
+    else:
+        assert not err
+
+
 @pytest.mark.parametrize(("config", "args", "phrase"), PLAN_BAD_ROWS)
 def test_a_bad_plan_flag_is_one_line_naming_it(tmp_path, monkeypatch, capsys, config, args, phrase):
     monkeypatch.chdir(tmp_path)

@@ -61,6 +61,7 @@ from pathlib import Path
 from typing import Any
 
 from trainer.errors import KftrainError, redact
+from trainer.k8s_formats import KUEUE_QUEUE_LABEL
 from trainer.launch import failures
 from trainer.launch.backend import JobFailed, JobTimeout, failure_excerpt, print_line
 from trainer.launch.jobkind import (
@@ -76,7 +77,7 @@ from trainer.launch.jobkind import (
     choose_kind,
 )
 from trainer.launch.logstream import LogStreams
-from trainer.launch.pytorchjob import KUEUE_QUEUE_LABEL, owner_reference
+from trainer.launch.pytorchjob import owner_reference
 from trainer.launch.retry import REQUEST_TIMEOUT_S, ApiRetry, ApiUnavailable, describe, http_status, refused_call
 from trainer.launch.spec import AUTO, POD_NAME_ENV, POD_UID_ENV, JobSpec, require_object_store
 from trainer.progress import PROGRESS_ANNOTATION, Snapshot, format_seconds, progress_of, stamp

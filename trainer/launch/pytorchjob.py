@@ -13,8 +13,9 @@ from kubernetes import client as k8s
 
 from trainer.config import SHM_VOLUME
 from trainer.job_status import PYTORCHJOB_NAME_ENV
+from trainer.k8s_formats import KUEUE_QUEUE_LABEL, MANAGED_BY_LABEL
 from trainer.launch.container_env import container_env
-from trainer.launch.spec import DEFAULT_PORT, KUEUE_QUEUE_LABEL, MANAGED_BY_LABEL, JobSpec
+from trainer.launch.spec import DEFAULT_PORT, JobSpec
 
 GROUP, VERSION, PLURAL, KIND = "kubeflow.org", "v1", "pytorchjobs", "PyTorchJob"
 CONTAINER = "pytorch"  # the operator finds the training container by this name

@@ -67,9 +67,6 @@ MAX_NAME = 63
 #: The launcher pod's name and uid, set by the pipeline (kfp.kubernetes.use_field_path_as_env)
 #: so the PyTorchJob can name that pod as its owner.
 POD_NAME_ENV, POD_UID_ENV = "KFTRAIN_POD_NAME", "KFTRAIN_POD_UID"
-#: Kueue's LocalQueue label, on the job object of either kind.
-KUEUE_QUEUE_LABEL = "kueue.x-k8s.io/queue-name"
-MANAGED_BY_LABEL = {"app.kubernetes.io/managed-by": "kftrain"}
 _DNS_1035 = re.compile(r"[a-z]([-a-z0-9]*[a-z0-9])?")
 
 

@@ -20,8 +20,9 @@ from typing import Any
 
 from trainer.config import SHM_VOLUME
 from trainer.job_status import TRAINJOB_NAME_ENV
+from trainer.k8s_formats import KUEUE_QUEUE_LABEL, MANAGED_BY_LABEL
 from trainer.launch.container_env import container_env
-from trainer.launch.spec import KUEUE_QUEUE_LABEL, MANAGED_BY_LABEL, NODE, JobSpec
+from trainer.launch.spec import NODE, JobSpec
 
 GROUP, VERSION, PLURAL, KIND = "trainer.kubeflow.org", "v1alpha1", "trainjobs", "TrainJob"
 RUNTIME_KIND = "ClusterTrainingRuntime"
