@@ -35,6 +35,7 @@ from trainer.chat_data import CHAT_FORMAT, IGNORE, evaluation_rows
 from trainer.shards import TOKENS_FORMAT, split_shards
 from trainer.storage import ObjectStore, join_uri
 from trainer.streaming import first_items
+from trainer.tasks.base import evaluating
 from trainer.tasks.causal_lm import _window_batch, _windows
 
 log = logging.getLogger("kftrain.generations")
@@ -299,7 +300,8 @@ class Generator:
     def complete(self, model: nn.Module, prompt: str) -> str:
         """The model's greedy continuation of `prompt` (new tokens only, special tokens dropped)."""
         ids = self.ids(prompt)
-        out = model.generate(input_ids=ids, attention_mask=torch.ones_like(ids), generation_config=self.config)
+        with evaluating(model):  # greedy is the same text every time only without dropout
+            out = model.generate(input_ids=ids, attention_mask=torch.ones_like(ids), generation_config=self.config)
         return self.tokenizer.decode(out[0, ids.shape[1] :].tolist(), skip_special_tokens=True)
 
 

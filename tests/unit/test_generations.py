@@ -209,3 +209,26 @@ def test_settings_come_from_the_config():
         overrides={"data.eval_prompts": ["Hello", "Bye"], "data.eval_generations": 1, "data.eval_new_tokens": 7}
     )
     assert GenerationSettings.from_config(cfg) == GenerationSettings(prompts=("Hello", "Bye"), count=1, new_tokens=7)
+
+
+def test_a_model_with_dropout_gives_the_same_greedy_text_in_either_mode_and_keeps_its_mode(tmp_path, tokenizer):
+    """Greedy generation and held-out scoring run without dropout, and leave the model's mode as
+    it was (was: scoring ended in train mode, and the report's generations of a model with
+    dropout, every GPT-2, were random: other text each run than the exported model writes)."""
+    from transformers import AutoModelForCausalLM
+
+    from trainer.tasks.pretrained_lm import PretrainedLMTask
+
+    folder = tiny_llama_folder(tmp_path / "dropout")
+    config = json.loads(Path(folder, "config.json").read_text())
+    Path(folder, "config.json").write_text(json.dumps({**config, "attention_dropout": 0.5}))
+    model = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32).eval()
+    gen = generations.Generator(tokenizer, tokenizer.eos_token_id, tokenizer.pad_token_id, 12)
+    greedy = gen.complete(model, chatml(USER))
+    x = torch.arange(40).reshape(2, 20) % config["vocab_size"]
+    data = torch.utils.data.TensorDataset(x, x)
+    scores = {PretrainedLMTask()._mean_loss(model, data, torch.device("cpu"), 2) for _ in range(2)}
+    assert not model.training and len(scores) == 1  # scored without dropout, and left in eval mode
+    model.train()
+    assert [gen.complete(model, chatml(USER)) for _ in range(3)] == [greedy] * 3
+    assert model.training  # its mode is the caller's

@@ -6,6 +6,8 @@ Built-in tasks import it from here, so no task module imports the package that l
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:  # the interface alone imports no torch: the up-front checks import tasks too
@@ -16,6 +18,18 @@ if TYPE_CHECKING:  # the interface alone imports no torch: the up-front checks i
     from trainer.config import Config
     from trainer.storage import ObjectStore
     from trainer.streaming import ItemsOf, Take
+
+
+@contextlib.contextmanager
+def evaluating(model: nn.Module) -> Iterator[nn.Module]:
+    """`model` in eval mode for the duration (no dropout: validation, scoring and greedy
+    generation give the same numbers and text every time), then back in the mode it was in."""
+    was_training = model.training
+    model.eval()
+    try:
+        yield model
+    finally:
+        model.train(was_training)
 
 
 class Task:

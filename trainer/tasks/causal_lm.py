@@ -43,7 +43,7 @@ from trainer.shards import (
 )
 from trainer.storage import ObjectStore, has_suffix, join_uri, read_chunks
 from trainer.streaming import first_items
-from trainer.tasks.base import Task
+from trainer.tasks.base import Task, evaluating
 from trainer.tokenizer import ByteTokenizer, Tokenizer, load_tokenizer, parse_spec, tokenizer_from_json
 
 HF_FOLDER = "huggingface"
@@ -374,15 +374,14 @@ class CausalLMTask(Task):
     def _mean_loss(self, model, dataset, device, batch_size):
         # The mean over the tokens that count (every token of a window; a chat row labels only
         # the assistant's), whatever the batch size.
-        model.eval()
         total, count = 0.0, 0
-        for start in range(0, len(dataset), batch_size):
-            x, y = (t[start : start + batch_size].to(device) for t in dataset.tensors)
-            n = int((y != IGNORE).sum())
-            if n:
-                total += float(self.loss(model, (x, y))) * n
-                count += n
-        model.train()
+        with evaluating(model):
+            for start in range(0, len(dataset), batch_size):
+                x, y = (t[start : start + batch_size].to(device) for t in dataset.tensors)
+                n = int((y != IGNORE).sum())
+                if n:
+                    total += float(self.loss(model, (x, y))) * n
+                    count += n
         return total / max(count, 1)
 
     def validate(self, model, dataset, device, batch_size):

@@ -13,7 +13,7 @@ from trainer.config import Config
 from trainer.data_rules import source_store
 from trainer.shards import ShardInfo
 from trainer.storage import ObjectStore
-from trainer.tasks.base import Task
+from trainer.tasks.base import Task, evaluating
 from trainer.tasks.classification.data import load_split, prepare_dataset
 from trainer.tasks.classification.model import ServingModel, build_mlp
 from trainer.tasks.classification.report import classification_report
@@ -70,9 +70,8 @@ class ClassificationTask(Task):
     @torch.no_grad()
     def validate(self, model, dataset, device, batch_size):
         x, y = dataset.tensors
-        model.eval()
-        pred = model(x.to(device)).argmax(dim=1)
-        model.train()
+        with evaluating(model):
+            pred = model(x.to(device)).argmax(dim=1)
         return {"val_accuracy": float((pred == y.to(device)).float().mean())}
 
     @torch.no_grad()
