@@ -5,7 +5,8 @@ tokens only.
 **Reading.** The source is a JSON Lines object, or every object under a prefix (in name order),
 read in blocks of about a MiB: one conversation per line, its `data.messages_field` a list of
 OpenAI-style `{"role", "content"}` messages (roles: system, user, assistant, tool; an assistant
-message may call tools with `tool_calls`, its content then null). Every record
+message may call tools with `tool_calls`, its content then null, and one with OpenAI's `"weight": 0`
+is part of the later turns' prompt but not learned). Every record
 is checked as it is read; the first bad one stops data prep with an error naming the object, the
 line and the fix. At most `data.max_bytes` of records are taken (whole records only). Record `i`
 (counted across the objects) goes to the val or test split when a hash of `(data.seed, i)` falls
@@ -133,12 +134,24 @@ def conversation(record: Any, field_name: str, where: str) -> list[dict]:
             )
         if "tool_calls" in message:
             message = with_tool_calls(message, f"{where}: message {number}")
+        if "weight" in message:  # OpenAI's fine-tuning files: weight 0 keeps a turn out of the loss
+            weight = message["weight"]
+            if message["role"] != "assistant" or weight not in (0, 1) or isinstance(weight, bool):
+                raise DataError(
+                    f"{where}: message {number} has 'weight' {weight!r}; as in OpenAI's fine-tuning files, an "
+                    "assistant message may have weight 0 (not learned) or 1 (learned, as without one)"
+                )
         checked.append(message)
     messages = checked
     if not any(m["role"] == "assistant" for m in messages):
         raise DataError(
             f"{where}: the conversation has no assistant message, so nothing to learn; every record needs "
             "at least one message with role 'assistant'"
+        )
+    if not any(m["role"] == "assistant" and m.get("weight", 1) for m in messages):
+        raise DataError(
+            f"{where}: every assistant message has weight 0, so nothing to learn; give at least one weight 1 "
+            "(or leave the record out)"
         )
     if messages[0]["role"] == "assistant":  # its prompt would be an empty conversation, which templates refuse
         raise DataError(
@@ -188,6 +201,8 @@ def assistant_spans(render: Render, messages: list[dict], where: str) -> tuple[s
         if message["role"] != "assistant":
             continue
         turn += 1
+        if message.get("weight", 1) == 0:
+            continue  # the prompt of the turns after it, not learned
         prompt = render(messages[:i], True)
         upto = render(messages[: i + 1], False)
         if not upto.startswith(prompt):

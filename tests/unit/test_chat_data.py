@@ -72,6 +72,33 @@ def labelled_text(tokenizer, tokens: np.ndarray, mask: np.ndarray) -> str:
     return tokenizer.decode(y[0][y[0] != IGNORE])
 
 
+def test_an_assistant_turn_of_weight_0_is_context_not_learned(tokenizer):
+    """OpenAI's fine-tuning `weight`: 0 keeps the turn out of the loss, 1 is as without one (was: the
+    key ignored, every turn learned)."""
+    first, second = MULTI_TURN[2], MULTI_TURN[5]
+    messages = [*MULTI_TURN[:2], {**first, "weight": 0}, *MULTI_TURN[3:5], {**second, "weight": 1}]
+    row = ChatEncoder(tokenizer, 96).encode([("rec", conversation({"messages": messages}, "messages", "rec"))])[0]
+    assert labelled_text(tokenizer, row.tokens, row.mask) == second["content"] + END
+    assert first["content"] in tokenizer.decode(row.tokens)  # still the later turn's prompt
+
+
+@pytest.mark.parametrize(
+    ("change", "said"),
+    [
+        ({2: {"weight": 2}}, "message 3 has 'weight' 2; as in OpenAI's fine-tuning files, an assistant message may"),
+        ({2: {"weight": "0"}}, "message 3 has 'weight' '0'"),
+        ({2: {"weight": True}}, "message 3 has 'weight' True"),
+        ({1: {"weight": 0}}, "message 2 has 'weight' 0"),  # a user message
+        ({2: {"weight": 0}, 5: {"weight": 0}}, "every assistant message has weight 0, so nothing to learn"),
+    ],
+    ids=["two", "text", "bool", "on-a-user-message", "all-zero"],
+)
+def test_a_weight_outside_openais_form_is_refused_naming_the_message(change, said):
+    messages = [{**m, **change.get(i, {})} for i, m in enumerate(MULTI_TURN)]
+    with pytest.raises(DataError, match=re.escape(f"rec: {said}")):
+        conversation({"messages": messages}, "messages", "rec")
+
+
 # -- masking ------------------------------------------------------------------------------------
 
 MULTI_TURN = [
