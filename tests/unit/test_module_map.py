@@ -43,7 +43,6 @@ TESTED_IN = {
     "trainer/partitions.py": ["test_streaming.py", "test_config.py"],
     "trainer/rng.py": ["test_checkpoint.py"],
     "trainer/safetensors_file.py": ["test_consolidate.py"],
-    "trainer/torchrun.py": ["test_stopping.py", "test_launch_pytorchjob.py"],
     "trainer/tasks/base.py": ["test_train.py", "test_layering.py"],
     "trainer/tasks/classification/model.py": ["test_evaluate_export.py", "test_train.py"],
     "trainer/tasks/classification/report.py": ["test_report.py", "test_report_browser.py"],
