@@ -75,7 +75,7 @@ from trainer.shards import (
 )
 from trainer.storage import ObjectStore, join_uri, read_chunks
 from trainer.streaming import first_items
-from trainer.tasks.causal_lm import BLOCK_BYTES, IGNORE, _bounded_map
+from trainer.tasks.causal_lm import BLOCK_BYTES, IGNORE, _bounded_map, max_bytes_note
 
 #: The dataset format of chat data (its manifest's `format`).
 
@@ -410,6 +410,7 @@ def chat_records(cfg: Config, reading: _Reading) -> Iterator[tuple[str, list[dic
             if reading.bytes + len(line) + 1 > limit:
                 reading.stopped_at_max_bytes = True
                 progress.done("data.max_bytes reached")
+                log.warning(max_bytes_note(cfg, f"{reading.records} conversation(s)"))
                 return
             reading.bytes += len(line) + 1
             progress.add(len(line) + 1)

@@ -4,6 +4,7 @@ assistant's tokens only, one padded row per conversation; every bad record named
 from __future__ import annotations
 
 import json
+import logging
 import math
 import re
 from pathlib import Path
@@ -384,12 +385,18 @@ def test_the_examples_val_and_test_splits_hold_no_conversation_of_training(folde
     assert all(rows.values()) and not (rows["train"] & rows["val"]) and not (rows["train"] & rows["test"])
 
 
-def test_max_bytes_takes_whole_records_only(folder, tmp_path):
+def test_max_bytes_takes_whole_records_only_and_says_so(folder, tmp_path, caplog):
     source = write_chat_jsonl(tmp_path / "chat.jsonl", 200)
     lines = Path(source).read_bytes().splitlines(keepends=True)
     limit = sum(len(line) for line in lines[:150]) + 10
-    manifest = prepare(folder, source, str(tmp_path / "ds"), **{"data.max_bytes": limit})
+    with caplog.at_level(logging.WARNING, logger="kftrain.data"):
+        manifest = prepare(folder, source, str(tmp_path / "ds"), **{"data.max_bytes": limit})
     assert manifest["conversations"] == 150
+    # Said: the causal_lm default takes 4 MB, and a larger source lost the rest in silence.
+    assert [r.getMessage() for r in caplog.records] == [
+        f"data.max_bytes {limit} reached after 150 conversation(s): the rest of data.source {source} is not used; "
+        "set data.max_bytes: 0 to take all of it, or a larger limit"
+    ]
 
 
 def test_a_stream_for_another_block_size_is_refused(folder, tmp_path):

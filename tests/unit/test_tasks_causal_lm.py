@@ -3,6 +3,7 @@ BPE tokenizer goes all the way from data prep to the Hugging Face export."""
 
 from __future__ import annotations
 
+import logging
 from pathlib import Path
 
 import numpy as np
@@ -167,3 +168,24 @@ def test_every_split_samples_every_file_of_a_small_corpus(sizes):
         for f in range(len(files)):  # a piece that straddles two files shares out between them
             lines = parts[split].count(b"file %d " % f)
             assert lines / len(files[f].splitlines()) == pytest.approx(share, abs=0.1), (split, f)
+
+
+@pytest.mark.parametrize(("size", "warned"), [(999, False), (1000, False), (1001, True)])
+def test_a_text_source_cut_at_max_bytes_says_so(tmp_path, caplog, size, warned):
+    """data.max_bytes (4 MB by default) leaving part of the user's text unread is said (was: only
+    the progress line's percentage); a source that fits is not."""
+    from trainer.tasks.causal_lm import source_pieces
+
+    (tmp_path / "t.txt").write_bytes(b"x" * size)
+    cfg = load_config(overrides={"task": "causal_lm", "data.source": str(tmp_path / "t.txt"), "data.max_bytes": 1000})
+    with caplog.at_level(logging.WARNING, logger="kftrain.data"):
+        assert len(b"".join(source_pieces(cfg, "data prep"))) == min(size, 1000)
+    said = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert said == (
+        [
+            f"data.max_bytes 1000 reached: the rest of data.source {tmp_path / 't.txt'} is not used; set "
+            "data.max_bytes: 0 to take all of it, or a larger limit"
+        ]
+        if warned
+        else []
+    )
