@@ -281,13 +281,20 @@ class DataConfig:
 
 
 #: Bounds of `model.*` fields.
+def _up_to(top: int, scale: str) -> Bound:
+    """Positive and at most `top`: past the largest models trained (`scale`), a value is a typo, and
+    building or planning a model of it would run for hours or out of memory first."""
+    return Bound(lambda v: 0 < v <= top, f"must be 1 to {top:,} ({scale})")
+
+
 _MODEL_BOUNDS = {
-    "n_layer": POSITIVE,
-    "n_head": POSITIVE,
-    "n_embd": POSITIVE,
-    "block_size": POSITIVE,
+    "n_layer": _up_to(1024, "the largest models have about 130 blocks"),
+    "n_head": _up_to(1024, "the largest models have about 128 heads"),
+    "n_embd": _up_to(65536, "the largest models are about 16,384 wide"),
+    "block_size": _up_to(1 << 20, "a million tokens: the longest contexts models are built for"),
     "hidden_sizes": Bound(
-        lambda v: len(v) > 0 and all(h > 0 for h in v), "must be a non-empty list of positive integers"
+        lambda v: 0 < len(v) <= 1024 and all(0 < h <= 1 << 20 for h in v),
+        "must be a non-empty list of at most 1,024 widths, each 1 to 1,048,576",
     ),
     "dropout": Bound(lambda v: 0.0 <= v < 1.0, "must be in [0, 1)"),
 }

@@ -40,6 +40,11 @@ def test_yaml_file_maps_onto_the_tree(tmp_path):
         ("train:\n  epoch: 3\n", "train.epoch: unknown key"),
         ("train:\n  epochs: three\n", "train.epochs: must be an integer, got 'three'"),
         ("train:\n  epochs: 0\n", "train.epochs: must be positive, got 0"),
+        # A model no one could build: was accepted, and `kftrain plan` ran for hours.
+        ("model:\n  n_layer: 100000\n", "model.n_layer: must be 1 to 1,024 (the largest models have about 130"),
+        ("model:\n  n_embd: 0\n", "model.n_embd: must be 1 to 65,536"),
+        ("model:\n  block_size: 2097152\n", "model.block_size: must be 1 to 1,048,576"),
+        ("model:\n  hidden_sizes: [10000000]\n", "model.hidden_sizes: must be a non-empty list of at most 1,024"),
         ("train:\n  learning_rate: fast\n", "train.learning_rate: must be a number"),
         (
             "kubernetes:\n  labels: {day: 2024-01-01}\n",
