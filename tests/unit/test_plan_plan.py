@@ -17,6 +17,14 @@ from trainer.tasks import Task
 MiB = 2**20
 
 
+@pytest.fixture
+def no_launch_floor(monkeypatch):
+    """The FLOP-rate path alone, for the tests of it on the small models here (whose steps on a
+    GPU the kernel launches bound: test_a_small_models_gpu_step_is_bound_by_its_kernel_launches)."""
+    monkeypatch.setattr("trainer.plan.plan.KERNEL_LAUNCH_S", 0.0)
+    monkeypatch.setattr("trainer.plan.plan.STEP_OVERHEAD_S", 0.0)
+
+
 def gpt(strategy: str = "ddp", replicas: int = 2, **train) -> Config:
     cfg = Config(task="causal_lm")
     m = cfg.model
@@ -94,7 +102,7 @@ def test_lora_has_no_gradients_or_optimizer_state_for_the_frozen_base(llama):
     assert lora.memory.parameters == pytest.approx(full.memory.parameters, rel=0.1)
 
 
-def test_fsdp_reduce_scatters_only_what_trains(llama):
+def test_fsdp_reduce_scatters_only_what_trains(llama, no_launch_floor):
     """FSDP gathers every weight but reduce-scatters gradients only: under LoRA the adapters', so
     neither the step's communication time nor the unsharded-gradient buffer counts the frozen base."""
     plans = {}
@@ -180,7 +188,7 @@ def test_cpu_ranks_of_one_machine_share_its_cores():
     assert plan.point(1).compute_seconds == pytest.approx(1.0 / (2 * cores) * 2)
 
 
-def test_a_gpu_type_predicts_compute_from_flops_and_scaling_sentences_with_cost():
+def test_a_gpu_type_predicts_compute_from_flops_and_scaling_sentences_with_cost(no_launch_floor):
     cfg = gpt("ddp", 2, batch_size=64)
     plan = make_plan(cfg, gpu="H200", nodes=(2, 4), price_per_gpu_hour=2.0)
     assert [p.nodes for p in plan.scaling] == [2, 4]
@@ -257,14 +265,14 @@ def test_a_custom_task_is_planned_from_the_model_it_builds():
     assert any("empty manifest" in a for a in plan.assumptions)
 
 
-def test_activation_checkpointing_costs_a_second_forward_on_a_gpu():
+def test_activation_checkpointing_costs_a_second_forward_on_a_gpu(no_launch_floor):
     plain = make_plan(gpt(replicas=1), gpu="H100").point(1)
     recomputed = make_plan(gpt(replicas=1, activation_checkpointing=True), gpu="H100").point(1)
     assert recomputed.compute_seconds == pytest.approx(plain.compute_seconds * 4 / 3)
 
 
 @pytest.mark.parametrize("gpu", ["H100", "A100-40GB", "L4"])
-def test_an_fp32_run_computes_at_the_gpu_s_fp32_rate(gpu):
+def test_an_fp32_run_computes_at_the_gpu_s_fp32_rate(gpu, no_launch_floor):
     """kftrain never turns TF32 on: an fp32 run's matmuls run at the plain fp32 peak (was: timed at bf16's)."""
     from trainer.plan.hardware import gpu_spec
 
@@ -334,3 +342,21 @@ def test_more_network_per_node_shortens_the_multi_node_step():
     fast = make_plan(cfg, gpu="H100", nodes=[4])
     assert fast.point(4).comm_seconds < slow.point(4).comm_seconds
     assert fast.point(1).comm_seconds == slow.point(1).comm_seconds  # within a node: NVLink either way
+
+
+def test_a_small_models_gpu_step_is_bound_by_its_kernel_launches():
+    """A step takes at least its kernel launches (was: the FLOP rate alone, a 0.02 us step and
+    millions of samples per second for the demo's MLP); a large model's FLOPs still decide."""
+    from trainer.plan.plan import KERNEL_LAUNCH_S, KERNELS_PER_TENSOR, STEP_OVERHEAD_S
+
+    small = make_plan(gpt(replicas=1), gpu="H100")
+    floor = KERNELS_PER_TENSOR * small.shape["param_tensors"] * KERNEL_LAUNCH_S + STEP_OVERHEAD_S
+    assert small.point(1).compute_seconds == pytest.approx(floor) and floor > 1e-4
+    assert any("kernel launches" in a for a in small.assumptions)
+    accumulating = make_plan(gpt(replicas=1, grad_accum_steps=4), gpu="H100").point(1).compute_seconds
+    assert accumulating == pytest.approx(4 * (floor - STEP_OVERHEAD_S) + STEP_OVERHEAD_S)  # per micro-step
+    large = gpt(replicas=1, batch_size=64)
+    large.model.n_layer, large.model.n_embd, large.model.n_head, large.model.block_size = 12, 768, 12, 1024
+    plan = make_plan(large, gpu="H100")
+    flops = plan.shape["flops_per_item"] * 1024 * 64
+    assert plan.point(1).compute_seconds == pytest.approx(flops / (989e12 * 0.4))

@@ -70,6 +70,20 @@ BACKWARD_SHARE = 2 / 3
 #: A step's compute with activation checkpointing against without: the forward runs again in
 #: backward (forward 1/3 of the FLOPs, so 4/3; Korthikanti et al. 2022 measure about this).
 RECOMPUTE_FACTOR = 4 / 3
+#: Eager PyTorch launches every kernel from the CPU, each taking about this long whatever its size;
+#: a small model's step is bound by the launches, not by the GPU's FLOP rate.
+KERNEL_LAUNCH_S = 6e-6
+#: Kernels per parameter tensor per micro-step: its forward op, the backward's two (the input's and
+#: the weight's gradients) and its share of the optimizer's update.
+KERNELS_PER_TENSOR = 4
+#: What else a step launches and waits for once (the loss, the optimizer's bookkeeping, the batch's copy).
+STEP_OVERHEAD_S = 2e-4
+
+
+def launch_floor(shape: ModelShape, cfg: Config) -> float:
+    """The least time a GPU step takes in eager PyTorch, in seconds: its kernel launches."""
+    per_micro = KERNELS_PER_TENSOR * shape.param_tensors * KERNEL_LAUNCH_S
+    return cfg.train.grad_accum_steps * per_micro + STEP_OVERHEAD_S
 
 
 @dataclass
@@ -415,7 +429,7 @@ def _time(
         if tc.activation_checkpointing:
             flops *= RECOMPUTE_FACTOR
         if flops > 0:
-            compute = flops * items / (target.gpu.tflops(target.bf16) * 1e12 * mfu)
+            compute = max(flops * items / (target.gpu.tflops(target.bf16) * 1e12 * mfu), launch_floor(m.shape, cfg))
     elif probe is not None:
         shared = probe.device == "cpu"  # CPU ranks share the machine's cores; GPUs are their own
         per_item = probe.compute_seconds / _items_per_rank_step(cfg, probe.world_size)
@@ -551,7 +565,9 @@ def make_plan(
         else:
             assumptions.append(
                 f"compute from the task's FLOPs at {mfu:.0%} MFU of the {spec.name}'s "
-                f"{spec.tflops(bf16):.0f} TFLOP/s {'bf16' if bf16 else 'fp32 (no TF32)'} peak"
+                f"{spec.tflops(bf16):.0f} TFLOP/s {'bf16' if bf16 else 'fp32 (no TF32)'} peak, and at least "
+                f"{launch_floor(model.shape, cfg) * 1e3:.2g} ms a step of kernel launches ({KERNELS_PER_TENSOR} per "
+                f"parameter tensor per micro-step at {KERNEL_LAUNCH_S * 1e6:g} us, eager PyTorch)"
             )
     elif probe_here is not None:
         assumptions.append(

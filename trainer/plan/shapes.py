@@ -110,6 +110,7 @@ class ModelShape:
     largest_param: int  # elements of the largest parameter tensor
     flops_per_item: float
     items_per_sample: int
+    param_tensors: int = 0  # parameter tensors (tied once): each costs kernel launches every step
 
     @property
     def total(self) -> int:
@@ -152,6 +153,7 @@ def model_shape(model: nn.Module, task: Task, cfg: Config) -> ModelShape:
         largest_param=max((p.numel() for p in params), default=0),
         flops_per_item=flops,
         items_per_sample=int(task.items_per_sample(cfg)),
+        param_tensors=len(params),
     )
 
 
