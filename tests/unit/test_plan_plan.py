@@ -360,3 +360,29 @@ def test_a_small_models_gpu_step_is_bound_by_its_kernel_launches():
     plan = make_plan(large, gpu="H100")
     flops = plan.shape["flops_per_item"] * 1024 * 64
     assert plan.point(1).compute_seconds == pytest.approx(flops / (989e12 * 0.4))
+
+
+def test_when_no_single_change_fits_the_fewest_that_do_together_are_named():
+    """Was: "all of them together (fsdp, activation checkpointing, micro-batch 1)", though fsdp and
+    activation checkpointing alone fitted, with less memory and no smaller micro-batch."""
+    cfg = gpt("ddp", 2, batch_size=64)
+    pair = make_plan(
+        dataclasses.replace(cfg, train=dataclasses.replace(cfg.train, strategy="fsdp", activation_checkpointing=True)),
+        gpu="H100",
+    )
+    plan = make_plan(cfg, gpu_memory_gb=(pair.memory.total + 1024) / GiB)
+    singles = [a for a in plan.alternatives if " with " not in a.change]
+    assert plan.fits is False and singles and not any(a.fits for a in singles)
+    together = {a.change: a for a in plan.alternatives if " with " in a.change}
+    assert all(a.fits and a.change.count(" with ") == 1 for a in together.values())  # pairs, each fitting
+    fsdp_ac = together["train.strategy: fsdp (shards over 2 ranks) with train.activation_checkpointing: true"]
+    assert fsdp_ac.memory.total == pair.memory.total  # as that config's own plan predicts it
+    assert not any("all of them together" in a.change for a in plan.alternatives)
+    assert plan.verdicts[0].endswith("would fit with: " + "; ".join(together))
+
+
+@pytest.mark.parametrize(("share", "said"), [(0.5, False), (0.95, True)])
+def test_a_plan_that_fits_with_little_room_says_so(share, said):
+    used = make_plan(gpt(), gpu="H100").memory.total
+    verdict = make_plan(gpt(), gpu_memory_gb=used / share / GiB).verdicts[0]
+    assert verdict.startswith("fits: ") and ("little headroom" in verdict) == said

@@ -70,6 +70,9 @@ BACKWARD_SHARE = 2 / 3
 #: A step's compute with activation checkpointing against without: the forward runs again in
 #: backward (forward 1/3 of the FLOPs, so 4/3; Korthikanti et al. 2022 measure about this).
 RECOMPUTE_FACTOR = 4 / 3
+#: A share of the device's memory past which a plan that fits says it has little headroom (the
+#: caching allocator's fragmentation alone often takes several percent).
+TIGHT_FIT = 0.9
 #: Eager PyTorch launches every kernel from the CPU, each taking about this long whatever its size;
 #: a small model's step is bound by the launches, not by the GPU's FLOP rate.
 KERNEL_LAUNCH_S = 6e-6
@@ -646,54 +649,64 @@ def make_plan(
 def _alternatives(
     cfg: Config, model: _Model, world: int, target: _Target, capacity: int | None, manifest: dict | None, bf16: bool
 ) -> list[Alternative]:
-    """The single changes that lower memory per rank, each predicted."""
+    """The single changes that lower memory per rank, each predicted; when none fits, the fewest of
+    them together that do (every such combination of that size), else all of them at micro-batch 1."""
     tc = cfg.train
-    options: list[tuple[str, Config, _Model]] = []
+    # The model as each strategy and method trace it (FSDP and a LoRA base hold weights in bf16,
+    # so autocast saves no copy of them), built once each.
+    models = {(tc.strategy, tc.method): model}
 
-    def changed(**train) -> Config:
-        return dataclasses.replace(cfg, train=dataclasses.replace(tc, **train))
+    def model_for(alt: Config) -> _Model:
+        key = (alt.train.strategy, alt.train.method)
+        if key not in models:
+            models[key] = _build(alt, manifest, bf16, target.cuda)[0]
+        return models[key]
 
+    def with_train(**fields: Any) -> Config:
+        return dataclasses.replace(cfg, train=dataclasses.replace(tc, **fields))
+
+    singles: list[tuple[str, dict[str, Any]]] = []  # (the change, its train fields)
     if tc.strategy != "fsdp" and world > 1:
-        options.append((f"train.strategy: fsdp (shards over {world} ranks)", changed(strategy="fsdp"), model))
+        singles.append((f"train.strategy: fsdp (shards over {world} ranks)", {"strategy": "fsdp"}))
     micro = tc.batch_size // (world * tc.grad_accum_steps)
     if micro >= 2:
         accum = tc.grad_accum_steps * 2
-        options.append(
+        singles.append(
             (
                 f"half the micro-batch: train.grad_accum_steps {accum} (micro-batch {micro // 2})",
-                changed(grad_accum_steps=accum),
-                model,
+                {"grad_accum_steps": accum},
             )
         )
     if not tc.activation_checkpointing:
-        options.append(("train.activation_checkpointing: true", changed(activation_checkpointing=True), model))
+        singles.append(("train.activation_checkpointing: true", {"activation_checkpointing": True}))
     if cfg.model.init_from and tc.method != "lora":
-        lora_cfg = changed(method="lora")
         try:
-            lora_model, _ = _build(lora_cfg, manifest, bf16, target.cuda)
+            model_for(with_train(method="lora"))
+            singles.append((f"train.method: lora (rank {cfg.lora.rank})", {"method": "lora"}))
         except PlanError:
-            lora_model = None
-        if lora_model is not None:
-            options.append((f"train.method: lora (rank {cfg.lora.rank})", lora_cfg, lora_model))
-    out = []
-    for change, alt_cfg, alt_model in options:
-        mem = _memory(alt_model, alt_cfg, world, target)
-        out.append(Alternative(change, mem, None if capacity is None else mem.total <= capacity))
-    if out and not any(a.fits for a in out):
-        combo = changed(
-            strategy="fsdp" if world > 1 else tc.strategy,
-            activation_checkpointing=True,
-            grad_accum_steps=tc.batch_size // world if tc.batch_size % world == 0 else tc.grad_accum_steps,
-        )
-        mem = _memory(model, combo, world, target)
-        out.append(
-            Alternative(
-                "all of them together (fsdp, activation checkpointing, micro-batch 1)",
-                mem,
-                None if capacity is None else mem.total <= capacity,
-            )
-        )
-    return out
+            pass
+
+    def predicted(change: str, alt: Config) -> Alternative:
+        mem = _memory(model_for(alt), alt, world, target)
+        return Alternative(change, mem, None if capacity is None else mem.total <= capacity)
+
+    out = [predicted(change, with_train(**fields)) for change, fields in singles]
+    if not out or any(a.fits for a in out) or capacity is None:
+        return out
+    for size in range(2, len(singles) + 1):
+        fitting = []
+        for combo in itertools.combinations(singles, size):
+            fields = {k: v for _, changes in combo for k, v in changes.items()}
+            if (a := predicted(" with ".join(c for c, _ in combo), with_train(**fields))).fits:
+                fitting.append(a)
+        if fitting:
+            return out + fitting
+    everything = with_train(
+        strategy="fsdp" if world > 1 else tc.strategy,
+        activation_checkpointing=True,
+        grad_accum_steps=tc.batch_size // world if tc.batch_size % world == 0 else tc.grad_accum_steps,
+    )
+    return [*out, predicted("all of them together (fsdp, activation checkpointing, micro-batch 1)", everything)]
 
 
 def _verdicts(plan: Plan, cfg: Config, price: float | None) -> list[str]:
@@ -715,9 +728,14 @@ def _verdicts(plan: Plan, cfg: Config, price: float | None) -> list[str]:
         )
     m = plan.memory
     if plan.fits is True:
+        share = m.total / (plan.capacity_bytes or 1)
         out.append(
-            f"fits: {format_memory(m.total)} per rank of {format_memory(plan.capacity_bytes or 0)} "
-            f"({m.total / (plan.capacity_bytes or 1):.0%})"
+            f"fits: {format_memory(m.total)} per rank of {format_memory(plan.capacity_bytes or 0)} ({share:.0%})"
+            + (
+                "; little headroom: the allocator's fragmentation or a longer batch can run out of memory"
+                if share > TIGHT_FIT
+                else ""
+            )
         )
     elif plan.fits is False:
         fitting = [a.change for a in plan.alternatives if a.fits]
