@@ -60,7 +60,15 @@ import torch
 
 from trainer import pretrained
 from trainer.config import Config
-from trainer.data_rules import BUILTIN_SOURCES, json_kind, source_objects, source_store, text_chunks
+from trainer.data_rules import (
+    ARRAY_HINT,
+    BUILTIN_SOURCES,
+    json_kind,
+    json_line,
+    source_objects,
+    source_store,
+    text_chunks,
+)
 from trainer.progress import ProgressLine
 from trainer.shards import (
     CHAT_FORMAT,
@@ -94,9 +102,10 @@ def conversation(record: Any, field_name: str, where: str) -> list[dict]:
     messages with string `role` and `content`, every role one of :data:`ROLES`, and at least one
     assistant turn. `where` (object and line) names the record in the error."""
     if not isinstance(record, dict):
+        hint = f"; {ARRAY_HINT}" if isinstance(record, list) else ""
         raise DataError(
             f"{where}: the record is a JSON {json_kind(record)}, not an object; each line of a chat JSON Lines "
-            f'file is one object like {{"{field_name}": [{{"role": "user", "content": "..."}}, ...]}}'
+            f'file is one object like {{"{field_name}": [{{"role": "user", "content": "..."}}, ...]}}{hint}'
         )
     if field_name not in record:
         raise DataError(
@@ -125,6 +134,11 @@ def conversation(record: Any, field_name: str, where: str) -> list[dict]:
             if not isinstance(message.get(key), str):
                 found = "missing" if key not in message else f"a JSON {json_kind(message[key])}"
                 only = " (or, on an assistant message, null beside its 'tool_calls')" if key == "content" else ""
+                if key not in message and {"from", "value"} <= message.keys():
+                    only += (
+                        "; 'from' and 'value' are ShareGPT's form: write each message as OpenAI's "
+                        "{'role', 'content'}, 'human' as 'user' and 'gpt' as 'assistant'"
+                    )
                 raise DataError(
                     f"{where}: message {number} has no string {key!r} ({found}); every message needs one{only}"
                 )
@@ -143,6 +157,8 @@ def conversation(record: Any, field_name: str, where: str) -> list[dict]:
                 )
         checked.append(message)
     messages = checked
+    if not messages:
+        raise DataError(f"{where}: {field_name!r} is an empty list; every record needs its conversation's messages")
     if not any(m["role"] == "assistant" for m in messages):
         raise DataError(
             f"{where}: the conversation has no assistant message, so nothing to learn; every record needs "
@@ -424,14 +440,8 @@ def chat_records(cfg: Config, reading: _Reading) -> Iterator[tuple[str, list[dic
 def chat_record(line: bytes, field_name: str, where: str) -> list[dict]:
     """The messages of one JSON Lines line of chat data, checked (:func:`conversation`); a line
     that is not JSON is a :class:`DataError` naming `where`."""
-    try:
-        record = json.loads(line)
-    except ValueError as exc:
-        raise DataError(
-            f"{where} is not JSON ({getattr(exc, 'msg', exc)}); data.format: chat reads JSON Lines, one "
-            f"object with a {field_name!r} list per line"
-        ) from None
-    return conversation(record, field_name, where)
+    reads = f"data.format: chat reads JSON Lines, one object with a {field_name!r} list per line"
+    return conversation(json_line(line, where, reads), field_name, where)
 
 
 #: The encoder of a data-prep worker process (`data.num_proc` > 1).

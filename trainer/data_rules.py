@@ -22,6 +22,7 @@
 from __future__ import annotations
 
 import codecs
+import json
 import math
 import re
 from collections.abc import Iterable, Iterator
@@ -172,6 +173,23 @@ def text_chunks(chunks: Iterable[bytes], uri: str, what: str) -> Iterator[bytes]
         raise DataError(f"data.source {uri} is not UTF-8 text (it ends inside a character; save it as UTF-8)")
 
 
+#: What a JSON array where a JSON Lines record belongs most often is: a whole `.json` file of records.
+ARRAY_HINT = (
+    "is the file one JSON array of records? JSON Lines holds one object per line: convert it, e.g. "
+    "`jq -c '.[]' data.json > data.jsonl`"
+)
+
+
+def json_line(line: bytes, where: str, reads: str) -> Any:
+    """One JSON Lines line, parsed; a :class:`DataError` naming `where` when it is not JSON, saying
+    what the format `reads` there (and how to convert a whole-file array, when the line opens one)."""
+    try:
+        return json.loads(line)
+    except ValueError as exc:
+        hint = f"; {ARRAY_HINT}" if line.lstrip().startswith(b"[") else ""
+        raise DataError(f"{where} is not JSON ({getattr(exc, 'msg', exc)}); {reads}{hint}") from None
+
+
 def json_kind(value: Any) -> str:
     """The JSON name of `value`'s kind (`null`, `number`, `array`, ...), for messages about records."""
     if value is None:
@@ -245,6 +263,8 @@ def _check_first_record(cfg: Config, uri: str, head: bytes, complete: bool) -> N
     whole = lines if complete else lines[:-1]  # the last piece may be cut at the head's end
     number, line = next(((n, line) for n, line in enumerate(whole, 1) if line.strip()), (0, b""))
     if not number:
+        if head.lstrip().startswith(b"["):  # a record is an object: one long line opening an array is a whole file's
+            raise DataError(f"data.source {uri} line 1 opens a JSON array, not a record; {ARRAY_HINT}")
         return
     try:
         if fmt == "chat":

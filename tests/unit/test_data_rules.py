@@ -213,6 +213,14 @@ FIRST_RECORD_CASES = {
     "auto on jsonl text": ("auto", "c.jsonl", '{"text": "x"}\n' + CHAT_LINE, None),
     "text format": ("text", "c.jsonl", CHAT_LINE + "\n", None),
     "a chat first line past the head": ("chat", "c.jsonl", '{"messages": "' + LONG_TEXT + '"}\n', None),
+    # A whole .json file of records, its array on one line past the head (was: passed, refused in data prep).
+    "an array on one long line": (
+        "auto",
+        "c.json",
+        '[{"text": "' + LONG_TEXT + '"}]',
+        "line 1 opens a JSON array, not a record; is the file one JSON array of records?",
+    ),
+    "a pretty-printed array": ("chat", "c.json", '[\n  {"messages": []}\n]\n', "line 1 is not JSON (Expecting value)"),
     "good chat": ("chat", "c.jsonl", CHAT_LINE + "\n" + CHAT_LINE, None),
 }
 

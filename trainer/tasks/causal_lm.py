@@ -27,7 +27,7 @@ import torch
 from torch import nn
 
 from trainer.config import Config
-from trainer.data_rules import json_kind, source_objects, source_store, text_chunks
+from trainer.data_rules import ARRAY_HINT, json_kind, json_line, source_objects, source_store, text_chunks
 from trainer.gpt import GPT, GPTConfig
 from trainer.progress import ProgressLine
 from trainer.shards import (
@@ -121,16 +121,12 @@ def record_text(line: bytes, where: str, field: str) -> bytes:
     naming `where` (the object and line) when the line is not JSON or not a record holding that
     text (with a hint for chat records). A user's source is not an artifact kftrain wrote: it is
     named as data, not as a corrupt object to delete."""
-    try:
-        record = json.loads(line)
-    except ValueError as exc:
-        raise DataError(
-            f"{where} is not JSON ({getattr(exc, 'msg', exc)}); data.format: jsonl reads JSON Lines, one object "
-            f"with a {field!r} text field (data.text_field) per line"
-        ) from None
+    reads = f"data.format: jsonl reads JSON Lines, one object with a {field!r} text field (data.text_field) per line"
+    record = json_line(line, where, reads)
     if not isinstance(record, dict) or not isinstance(record.get(field), str):
         chat = isinstance(record, dict) and isinstance(record.get("messages"), list)
         hint = "; records of `messages` are chat data: set data.format: chat" if chat else ""
+        hint += f"; {ARRAY_HINT}" if isinstance(record, list) else ""
         if isinstance(record, dict) and field in record:  # there, but not text (a list of messages, a number)
             what = f"its {field!r} (data.text_field) is a JSON {json_kind(record[field])}, not text"
         else:
