@@ -1444,6 +1444,11 @@ def parse_config(text: str, overrides: dict[str, Any] | None = None, origin: str
     `overrides` maps dotted keys to values, e.g. ``{"job.replicas": 3}``; they win over the text.
     """
     loaded = load_yaml(text, origin) if text.strip() else None
+    if loaded is None and text.strip():  # as an empty file is: a mistake, not a wish for the defaults
+        raise ConfigError(
+            f"{origin}: holds no settings (only comments, or null); write the fields to change, or leave out "
+            "--config for the built-in defaults"
+        )
     if loaded is None:
         loaded = {}
     _require(

@@ -119,6 +119,8 @@ def tiny_llama_folder(
     model.generation_config = GenerationConfig(eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id)
     model.save_pretrained(folder)
     tokenizer.save_pretrained(folder)
+    for path in folder.iterdir():  # safetensors writes its file 0600: readable like the rest, as a download is
+        path.chmod(0o644)
     return str(folder)
 
 

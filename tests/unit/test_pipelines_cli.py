@@ -45,6 +45,9 @@ CLI_ROWS = [
     ("- a\n- list\n", [], "c.yaml: must hold a mapping"),
     ("", [], "--config c.yaml: the file is empty; write the fields to change, or leave out --config"),
     (" \n\n", [], "--config c.yaml: the file is empty"),
+    # A file of comments, or `null`, is as empty (was: the built-in defaults ran).
+    ("# train:\n#   epochs: 3\n", [], "c.yaml: holds no settings (only comments, or null); write the fields to change"),
+    ("null\n", [], "c.yaml: holds no settings"),
     ("train: [unclosed\n", [], "c.yaml: not valid YAML"),
     ("train:\n  epochs: 2\n  learning_rat: 0.1\n", [], "train.learning_rat: unknown key"),
     (None, ["--s3-endpoint", "ftp://host:9000"], "store.endpoint: 'ftp://host:9000' must be a URL starting with"),
@@ -400,6 +403,8 @@ def test_example_model_keeps_what_is_not_its_example(tmp_path, monkeypatch, caps
     monkeypatch.chdir(tmp_path)
     assert main(["example-model", "ex"]) == 0
     before = {p: p.read_bytes() for p in (tmp_path / "ex").rglob("*") if p.is_file()}
+    # Every file readable as a download's are (was: model.safetensors 0600, as safetensors writes it).
+    assert {p.stat().st_mode & 0o777 for p in (tmp_path / "ex" / "tiny-llama").iterdir()} == {0o644}
     assert main(["example-model", "ex"]) == 0
     assert {p: p.read_bytes() for p in (tmp_path / "ex").rglob("*") if p.is_file()} == before
     # A newer version writes other bytes: what the last one wrote, unchanged since, is replaced...
