@@ -386,3 +386,12 @@ def test_a_plan_that_fits_with_little_room_says_so(share, said):
     used = make_plan(gpt(), gpu="H100").memory.total
     verdict = make_plan(gpt(), gpu_memory_gb=used / share / GiB).verdicts[0]
     assert verdict.startswith("fits: ") and ("little headroom" in verdict) == said
+
+
+def test_a_share_of_a_gpus_memory_is_named_beside_the_gpu():
+    """`--gpu H200` with kubernetes.gpu_memory_gb 40 plans for 40 GiB and says so (was: the header
+    named the H200 alone)."""
+    plan = make_plan(gpt(), gpu="H200", gpu_memory_gb=40)
+    assert plan.capacity_bytes == 40 * GiB
+    assert plan.device == "H200-141GB (40 GiB of it, kubernetes.gpu_memory_gb or --gpu-memory)"
+    assert make_plan(gpt(), gpu="H200").device == "H200-141GB"

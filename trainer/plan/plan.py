@@ -631,7 +631,12 @@ def make_plan(
         nodes=here_nodes,
         per_node=per_node,
         strategy=tc.strategy,
-        device=spec.name if spec else ("GPU" if cuda else "cpu"),
+        device=(spec.name if spec else ("GPU" if cuda else "cpu"))
+        + (
+            f" ({gpu_memory_gb:g} GiB of it, kubernetes.gpu_memory_gb or --gpu-memory)"
+            if spec is not None and gpu_memory_gb is not None and gpu_memory_gb < spec.memory_gib
+            else ""
+        ),
         item_name=task.item_name,
         total_steps=total_steps,
         timeout_seconds=cfg.job.timeout_seconds,
