@@ -948,8 +948,15 @@ class KubernetesConfig:
                 "must be a mapping with `name` and `value` or `valueFrom` (pod-spec spelling)",
             )
             name = entry["name"]
-            _require(name not in names, f"{p}[{i}].name", name, "must be unique among kubernetes.extra_env")
-            _require(name not in self.env, f"{p}[{i}].name", name, "is also set by kubernetes.env; set it once")
+            # A name is no credential: said (the values of this field are not shown).
+            if name in names or name in self.env:
+                where = "earlier in kubernetes.extra_env" if name in names else "by kubernetes.env"
+                raise ConfigError(f"{p}[{i}].name: {name!r} is also set {where}; set each variable once")
+            if "value" in entry and not isinstance(entry["value"], str):
+                raise ConfigError(
+                    f"{p}[{i}].value: must be text, as a pod's variables are (quote it: '8'), got a JSON "
+                    f"{'number' if isinstance(entry['value'], int | float) else type(entry['value']).__name__}"
+                )
             names.append(name)
         check_plain_env(
             {e["name"]: e["value"] for e in self.extra_env if "value" in e},

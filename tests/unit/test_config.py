@@ -29,8 +29,13 @@ def test_yaml_file_maps_onto_the_tree(tmp_path):
         ("train.epochs: 3\n", "train.epochs: unknown key; a dotted key is not nested in YAML: write train: and under"),
         ("train:\n  lr.x: 3\n", "train.lr.x: unknown key (valid keys in train:"),
         ("kubernetes:\n  extra_env: [{name: A}]\n", "kubernetes.extra_env[0]: must be a mapping with `name` and"),
-        ("kubernetes:\n  extra_env: [{name: A, value: x}, {name: A, value: y}]\n", "extra_env[1].name: must be unique"),
-        ("kubernetes:\n  env: {A: x}\n  extra_env: [{name: A, value: y}]\n", "is also set by kubernetes.env"),
+        ("kubernetes:\n  env: {A: x}\n  extra_env: [{name: A, value: y}]\n", "'A' is also set by kubernetes.env"),
+        # The entry's own field named, and the name shown (was: blamed on kubernetes.env.A, or the name hidden).
+        ("kubernetes:\n  extra_env: [{name: A, value: 8}]\n", "kubernetes.extra_env[0].value: must be text"),
+        (
+            "kubernetes:\n  extra_env: [{name: A, value: x}, {name: A, value: y}]\n",
+            "kubernetes.extra_env[1].name: 'A' is also set earlier in kubernetes.extra_env",
+        ),
         ("kubernetes:\n  extra_env: [{name: DB_PASSWORD, value: y}]\n", "kubernetes.extra_env.DB_PASSWORD: its name"),
         (
             "kubernetes:\n  extra_env: [{name: X, valueFrom: {secretKeyRef: {name: Bad_Name, key: k}}}]\n",
