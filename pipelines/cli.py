@@ -109,14 +109,8 @@ def _load_with_flags(
 
 
 def _given(flags: dict[str, tuple[str, Any]]) -> dict[str, tuple[str, Any]]:
-    """The flags of `flags` the user gave (argparse's None for one left out). One given as empty
-    text (`--store "$STORE"` with the variable unset) is refused: read as left out, it ran on the
-    config's value in silence."""
-    from trainer.config import ConfigError
-
-    for field, (flag, value) in flags.items():
-        if isinstance(value, str) and not value.strip():
-            raise ConfigError(f"{flag}: empty; give a value, or leave {flag} out to use {field} of the config")
+    """The flags of `flags` the user gave (argparse's None for one left out; a text flag given
+    empty is refused by its type, :func:`_nonempty`)."""
     return {field: (flag, value) for field, (flag, value) in flags.items() if value is not None}
 
 
@@ -377,7 +371,7 @@ def _cmd_runs(args: argparse.Namespace) -> int:
 def _cmd_job_manifest(args: argparse.Namespace) -> int:
     import yaml
 
-    from trainer.config import ConfigError, load_yaml
+    from trainer.config import ConfigError, dotted_fields, load_yaml
     from trainer.launch.job import check_cluster_locations, training_job
     from trainer.launch.jobkind import BY_NAME
     from trainer.launch.spec import require_object_store
@@ -391,12 +385,14 @@ def _cmd_job_manifest(args: argparse.Namespace) -> int:
         key, sep, value = item.partition("=")
         if not sep or not key:
             raise ConfigError(f"--set {item!r}: expected KEY=VALUE, e.g. kubernetes.backoff_limit=3")
-        # As a YAML key twice or a repeated --param: the last would win without a word.
-        if other := next((f"--set {k}" for k in overrides if overlaps(key, k)), None) or next(
-            (flag for field, (flag, _) in flags.items() if overlaps(key, field)), None
-        ):
-            raise ConfigError(f"--set {key}: {other} sets it too; give each field once")
-        overrides[key] = load_yaml(value, f"--set {key}")
+        # As a YAML key twice or a repeated --param: the last would win without a word. A mapping
+        # for a section sets its fields, each compared on its own.
+        for field, item in dotted_fields(key, load_yaml(value, f"--set {key}")).items():
+            if other := next((f"--set {k}" for k in overrides if overlaps(field, k)), None) or next(
+                (flag for f, (flag, _) in flags.items() if overlaps(field, f)), None
+            ):
+                raise ConfigError(f"--set {key}: {field} is also set by {other}; give each field once")
+            overrides[field] = item
     cfg = _load_with_flags(args.config, {**{k: (f"--set {k}", v) for k, v in overrides.items()}, **flags})
     if cfg.job.kind not in BY_NAME:  # `auto` is answered by a cluster's API discovery
         raise ConfigError(
@@ -404,14 +400,16 @@ def _cmd_job_manifest(args: argparse.Namespace) -> int:
             "--kind trainjob to print one"
         )
     if args.dataset_uri is None or args.model_uri is None:
-        from trainer.storage import join_uri
+        from trainer.storage import join_uri, parse_uri
 
-        base = cfg.store.uri or "s3://kftrain"
+        # A local store.uri is no place for pods (the check would blame a --dataset-uri not given).
+        remote = bool(cfg.store.uri) and parse_uri(cfg.store.uri).is_remote
+        base = cfg.store.uri if remote else "s3://kftrain"
         args.dataset_uri = args.dataset_uri or join_uri(base, "dataset")
         args.model_uri = args.model_uri or join_uri(base, "model")
         print(
             f"kftrain: note: the job reads the dataset at {redact(args.dataset_uri)} and writes the model to "
-            f"{redact(args.model_uri)}, under {'store.uri' if cfg.store.uri else 'a placeholder store'}; pass "
+            f"{redact(args.model_uri)}, under {'store.uri' if remote else 'a placeholder store'}; pass "
             "--dataset-uri and --model-uri for the job you will apply",
             file=sys.stderr,
         )
@@ -687,7 +685,7 @@ def _object_name(what: str):
 def _nonempty(text: str) -> str:
     """Text that is not empty (an unset shell variable), which would be read as left out."""
     if not text.strip():
-        raise argparse.ArgumentTypeError("must not be empty; leave the flag out for its default")
+        raise argparse.ArgumentTypeError("must not be empty; give a value, or leave the flag out for its default")
     return text
 
 
@@ -824,8 +822,8 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("run", help="run the training pipeline")
     p.add_argument("--local", action="store_true", help="on this machine through kfp.local")
     p.add_argument("--config", help="kftrain YAML config (default: built-in defaults)")
-    p.add_argument("--store", help="artifact root, e.g. s3://bucket/prefix (overrides store.uri)")
-    p.add_argument("--s3-endpoint", help="S3 endpoint URL (overrides store.endpoint)")
+    p.add_argument("--store", type=_nonempty, help="artifact root, e.g. s3://bucket/prefix (overrides store.uri)")
+    p.add_argument("--s3-endpoint", type=_nonempty, help="S3 endpoint URL (overrides store.endpoint)")
     p.add_argument(
         "--output-dir",
         type=_path,
@@ -953,7 +951,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = job.add_parser("manifest", help="print the validated PyTorchJob or TrainJob YAML (no cluster needed)")
     p.add_argument("--config", help="kftrain YAML config (default: built-in defaults)")
     p.add_argument("--name", default="kftrain-job", help="job name (a DNS-1035 label)")
-    p.add_argument("-n", "--namespace", help="namespace (default: kubernetes.namespace, else none)")
+    p.add_argument("-n", "--namespace", type=_nonempty, help="namespace (default: kubernetes.namespace, else none)")
     p.add_argument("--dataset-uri", help="prepared dataset URI (default: STORE/dataset, STORE the config's store.uri)")
     p.add_argument("--model-uri", help="where rank 0 writes the model (default: STORE/model)")
     p.add_argument(

@@ -59,11 +59,10 @@ import numpy as np
 import torch
 
 from trainer import pretrained
-from trainer.config import Config
+from trainer.config import Config, json_kind
 from trainer.data_rules import (
     ARRAY_HINT,
     BUILTIN_SOURCES,
-    json_kind,
     json_line,
     source_objects,
     source_store,
@@ -108,9 +107,11 @@ def conversation(record: Any, field_name: str, where: str) -> list[dict]:
             f'file is one object like {{"{field_name}": [{{"role": "user", "content": "..."}}, ...]}}{hint}'
         )
     if field_name not in record:
+        sharegpt = "; ShareGPT's `conversations` of from/value are written as OpenAI's messages of role/content"
         raise DataError(
             f"{where}: the record has no {field_name!r} field (data.messages_field); its keys: "
             f"{sorted(record)[:10]}; set data.messages_field to the field that holds the messages"
+            + (sharegpt if "conversations" in record else "")
         )
     messages = record[field_name]
     if not isinstance(messages, list):

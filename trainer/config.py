@@ -94,6 +94,16 @@ def _shown(path: str, value: Any) -> str:
     return f"a value of type {type(value).__name__} (not shown: it may be a credential)"
 
 
+def json_kind(value: Any) -> str:
+    """The JSON name of `value`'s kind (`null`, `number`, `array`, ...), for messages about records
+    and values that are not shown."""
+    if value is None:
+        return "null"
+    return {bool: "boolean", int: "number", float: "number", str: "string", list: "array", dict: "object"}.get(
+        type(value), type(value).__name__
+    )
+
+
 def _require(ok: bool, path: str, value: Any, expectation: str) -> None:
     if not ok:
         raise ConfigError(f"{path}: {expectation}, got {_shown(path, value)}")
@@ -954,8 +964,8 @@ class KubernetesConfig:
                 raise ConfigError(f"{p}[{i}].name: {name!r} is also set {where}; set each variable once")
             if "value" in entry and not isinstance(entry["value"], str):
                 raise ConfigError(
-                    f"{p}[{i}].value: must be text, as a pod's variables are (quote it: '8'), got a JSON "
-                    f"{'number' if isinstance(entry['value'], int | float) else type(entry['value']).__name__}"
+                    f"{p}[{i}].value: must be text, as a pod's variables are (quote it in YAML), got a JSON "
+                    f"{json_kind(entry['value'])}"
                 )
             names.append(name)
         check_plain_env(
@@ -1474,6 +1484,18 @@ def parse_config(text: str, overrides: dict[str, Any] | None = None, origin: str
             section = _section_of(section, p)
         _override(node, leaf, value, _section_of(section, leaf))
     return from_dict(Config, data)
+
+
+def dotted_fields(dotted: str, value: Any) -> dict[str, Any]:
+    """An override as the fields it sets: a mapping given for a section (`kubernetes`, `{queue: a}`)
+    is its fields (`kubernetes.queue: a`), at any depth; anything else is the one field. What two
+    overrides set is compared field by field so (`--set 'kubernetes={queue: a}'` beside `-n ns`)."""
+    section: type | None = Config
+    for name in dotted.split("."):
+        section = _section_of(section, name)
+    if section is None or not isinstance(value, dict):
+        return {dotted: value}
+    return {k: v for name, item in value.items() for k, v in dotted_fields(f"{dotted}.{name}", item).items()}
 
 
 def _section_of(parent: type | None, name: Any) -> type | None:

@@ -45,7 +45,9 @@ _CREDENTIAL_VALUES = (
     re.compile(r"\bxox[abposr]-[A-Za-z0-9-]{10,}"),  # Slack tokens
     re.compile(r"\bsk-[A-Za-z0-9_-]{20,}"),  # OpenAI-style API keys
     re.compile(r"^[a-z][a-z0-9+.-]*://[^/@:\s]+:[^/@\s]+@"),  # a URL with user:password
-    re.compile(r"^\s*(Bearer|Basic|Token)\s+\S{8,}", re.IGNORECASE),  # an HTTP Authorization value
+    # An HTTP Authorization value: the scheme and one token of 16 or more characters with a digit or
+    # a base64 sign in it, and nothing else (`Basic questions about colours` is text).
+    re.compile(r"^\s*(Bearer|Basic|Token)\s+(?=\S*[0-9=+/])[A-Za-z0-9._~+/=-]{16,}\s*$"),
     re.compile(r"\beyJ[A-Za-z0-9_-]{8,}\.[A-Za-z0-9_-]{8,}\."),  # a JSON Web Token
     re.compile(QUERY_CREDENTIAL),  # a signed or keyed URL
 )

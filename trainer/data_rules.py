@@ -190,15 +190,6 @@ def json_line(line: bytes, where: str, reads: str) -> Any:
         raise DataError(f"{where} is not JSON ({getattr(exc, 'msg', exc)}); {reads}{hint}") from None
 
 
-def json_kind(value: Any) -> str:
-    """The JSON name of `value`'s kind (`null`, `number`, `array`, ...), for messages about records."""
-    if value is None:
-        return "null"
-    return {bool: "boolean", int: "number", float: "number", str: "string", list: "array", dict: "object"}.get(
-        type(value), type(value).__name__
-    )
-
-
 def source_format_problem(task: str, uri: str) -> str | None:
     """Why the object at `uri` is not a source `task` reads, judged by its suffix alone; None when it may be."""
     if task == "classification":

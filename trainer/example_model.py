@@ -120,7 +120,8 @@ def tiny_llama_folder(
     model.save_pretrained(folder)
     tokenizer.save_pretrained(folder)
     for path in folder.iterdir():  # safetensors writes its file 0600: readable like the rest, as a download is
-        path.chmod(0o644)
+        if path.is_file():
+            path.chmod(0o644)
     return str(folder)
 
 

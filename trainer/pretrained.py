@@ -569,6 +569,7 @@ def build_on_meta(config: dict[str, Any], dtype: torch.dtype, source: ModelSourc
     """The model of `config` (transformers' Auto classes) with parameters on the meta device. A
     model with its own code (`auto_map`, allowed by :func:`read_config` under
     `model.trust_remote_code`) is built from the code in its folder, `source`."""
+    from huggingface_hub.errors import StrictDataclassError
     from transformers import AutoConfig, AutoModelForCausalLM
 
     if config.get("auto_map"):
@@ -591,7 +592,17 @@ def build_on_meta(config: dict[str, Any], dtype: torch.dtype, source: ModelSourc
         hf_config = AutoConfig.for_model(**copy.deepcopy(config))
         with parameters_on_meta():
             return AutoModelForCausalLM.from_config(hf_config, dtype=dtype)
-    except Exception as exc:  # config.json is the only input: whatever its values break, name it
+    except (
+        ValueError,
+        TypeError,
+        KeyError,
+        AttributeError,
+        IndexError,
+        ZeroDivisionError,
+        StrictDataclassError,
+    ) as exc:
+        # What config.json's values break in transformers (its config classes validate with
+        # huggingface_hub's strict dataclasses); anything else is no fault of the file's.
         first = " ".join(line.strip() for line in str(exc).splitlines() if line.strip())[:300]
         where = f"model.init_from {source.origin!r}: " if source is not None else ""
         raise PretrainedError(

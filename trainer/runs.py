@@ -18,7 +18,6 @@ Whether an unfinished run failed, was stopped or is still running, the store doe
 from __future__ import annotations
 
 import dataclasses
-import json
 import logging
 import math
 import re
@@ -27,7 +26,7 @@ from typing import Any
 
 from trainer.checkpoint_owner import latest_complete
 from trainer.config import Config, ConfigError, is_uri
-from trainer.storage import ObjectNotFound, ObjectStore, StoreError, join_uri, open_store
+from trainer.storage import CorruptObject, ObjectNotFound, ObjectStore, StoreError, join_uri, open_store, read_json
 
 #: The folder of `kftrain run --local`'s runs under a store root (pipelines/local_run.py).
 LOCAL_RUNS = "runs"
@@ -125,16 +124,16 @@ def list_runs(store: ObjectStore, root: str) -> list[RunInfo]:
     for key, uri in finish.items():
         info = runs.setdefault(key, RunInfo(*key))
         try:
-            record = json.loads(store.get_bytes(uri))
+            record = read_json(store, uri)
         except ObjectNotFound:
             continue  # deleted since the listing
-        except StoreError as exc:
-            record = exc
-        except ValueError:
+        except CorruptObject:  # not JSON; a store that fails is the listing's error, not the run's damage
             record = None
         if not isinstance(record, dict):
-            why = record if isinstance(record, StoreError) else f"{uri} is damaged (not a JSON object)"
-            log.warning(f"{why}; run {info.name} is shown as its checkpoints show it (a finished run as partial)")
+            log.warning(
+                f"{uri} is damaged (not a JSON object); run {info.name} is shown as its checkpoints show it "
+                "(a finished run as partial)"
+            )
             continue
         if key[1]:
             info.finished = True

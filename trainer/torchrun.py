@@ -12,10 +12,14 @@ It also prints its stacks on SIGUSR1 (:mod:`trainer.stacks`), as the ranks do.
 
 One race of torchrun's is told in one line: after a successful job, the agent that serves the
 rendezvous store may leave while another still reads the end of the exit barrier, which torchrun
-logged as an error with a traceback and c10's C++ warning with twenty frames (in about a third of
-the two-replica runs on a CPU), though every worker had finished and the job's result stands. The
-agent's own C++ warnings are off for that (`TORCH_CPP_LOG_LEVEL=ERROR` in the agent alone, unless
-set: its workers get the environment as it was). Everything else is torchrun's own behaviour.
+logged as an error with a traceback (in about a third of the two-replica runs on a CPU), though
+every worker had finished and the job's result stands; any other exit-barrier failure (a node
+still running at the barrier's timeout) is torchrun's own lines. c10's C++ warning of the same
+race (twenty frames) is the agent's C++ log, kept on a cluster, where the agent's failed
+connections to the rendezvous are what a stuck multi-node start shows; the local backend, whose
+rendezvous is on loopback, asks for the agent's C++ warnings off (:data:`QUIET_AGENT_ENV`;
+`TORCH_CPP_LOG_LEVEL` set by the user wins). The workers get the environment as it was.
+Everything else is torchrun's own behaviour.
 """
 
 from __future__ import annotations
@@ -28,13 +32,20 @@ import sys
 AGENT_LOGGER = "torch.distributed.elastic.agent.server.api"
 
 
+#: Set by the local backend: the agent's own c10 log level (`ERROR`), for this process alone.
+QUIET_AGENT_ENV = "KFTRAIN_AGENT_CPP_LOG_LEVEL"
+#: What a peer's closed store connection reads as (the race after a successful job).
+_CLOSED = ("Connection was likely closed", "Connection reset", "Broken pipe")
+
+
 class ExitBarrierNote(logging.Filter):
-    """torchrun's "Error waiting on exit barrier" and its traceback as one warning line."""
+    """torchrun's "Error waiting on exit barrier" of a closed store connection, and its traceback,
+    as one warning line (another failure of the barrier passes as torchrun logs it)."""
 
     def filter(self, record: logging.LogRecord) -> bool:
-        if record.exc_info and str(record.msg).startswith("Error waiting on exit barrier"):
-            exc = record.exc_info[1]
-            first = str(exc).splitlines()[0] if str(exc) else ""
+        exc = record.exc_info[1] if record.exc_info else None
+        if str(record.msg).startswith("Error waiting on exit barrier") and any(c in str(exc) for c in _CLOSED):
+            first = str(exc).splitlines()[0]
             record.msg = "exit barrier: another agent left first (%s: %s); this node's workers had finished"
             record.args = (type(exc).__name__, first)
             record.exc_info = record.exc_text = None
@@ -44,9 +55,10 @@ class ExitBarrierNote(logging.Filter):
 
 def main(argv: list[str] | None = None) -> int:
     """Run torchrun with `argv` (the command line when None); return the process's exit status."""
-    quiet = "TORCH_CPP_LOG_LEVEL" not in os.environ
+    level = os.environ.pop(QUIET_AGENT_ENV, "")
+    quiet = bool(level) and "TORCH_CPP_LOG_LEVEL" not in os.environ
     if quiet:  # read by c10 as torch loads; the workers torchrun starts get the environment as it was
-        os.environ["TORCH_CPP_LOG_LEVEL"] = "ERROR"
+        os.environ["TORCH_CPP_LOG_LEVEL"] = level
     try:
         from torch.distributed.elastic.multiprocessing.api import SignalException
         from torch.distributed.run import main as torchrun

@@ -948,13 +948,18 @@ class Trainer:
                 log.warning("checkpoint.export_best: no checkpoint has %s; the model is the last step's", name)
             return None
         if self.env.is_main:
+            where = ""
+            if holder is not self.ckpt:
+                parent = split_step_folder(self.lineage[0])[0]
+                how = "which this run resumed from" if holder.prefix == parent else "further back in its resumes"
+                where = f", from {holder.prefix}, {how}"
             log.info(
                 "checkpoint.export_best: the model is step %d's (%s %s %.6g)%s",
                 best["step"],
                 name,
                 "lowest" if direction == "min" else "highest",
                 best["metrics"][name],
-                f", from {holder.prefix}, which this run resumed from" if holder is not self.ckpt else "",
+                where,
             )
         if holder is not self.ckpt or int(best["step"]) != self.step:
             self._load(best, holder)

@@ -187,7 +187,7 @@ def test_a_section_override_is_checked_as_the_file_is(overrides, message):
 
 
 @pytest.mark.parametrize("section", ["labels", "annotations"])
-@pytest.mark.parametrize("value", ["Bearer abcdefghijkl", "AKIAIOSFODNN7EXAMPLE"])
+@pytest.mark.parametrize("value", ["Bearer 4f9a8b7c6d5e4f3a2b1c", "AKIAIOSFODNN7EXAMPLE"])
 def test_a_credential_in_a_label_or_annotation_is_refused_without_showing_it(section, value):
     with pytest.raises(ConfigError) as raised:
         parse_config(f"kubernetes:\n  {section}:\n    note: {value}\n")

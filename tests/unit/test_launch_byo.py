@@ -144,7 +144,7 @@ def test_pod_settings_reach_the_manifest_and_pass_preflight():
         ("NPM_AUTH", "x"),
         ("WANDB_KEY", "0123456789abcdef0123456789abcdef01234567"),
         ("SESSION_COOKIE", "abc"),
-        ("SOME_SETTING", "Bearer abcdefghijkl"),
+        ("SOME_SETTING", "Bearer 4f9a8b7c6d5e4f3a2b1c"),
         ("SOME_SETTING", "eyJhbGciOiJIUzI1NiJ9.eyJzdWIiOiIxMjM0In0.c2lnbmF0dXJl"),
         ("DATA_URL", "https://h/data.csv?X-Amz-Signature=abc123"),
     ],
@@ -167,6 +167,8 @@ def test_credential_looking_plain_env_is_refused_in_both_places(name, value):
         {"TOKENIZERS_PARALLELISM": "false"},
         {"NCCL_DEBUG": "INFO", "HF_HOME": "/cache/hf", "KEY_COLUMN": "label", "AUTHOR": "me"},
         {"DATA_URL": "https://example.com/data.csv?version=3", "MODE": "Basic"},
+        # Text that starts like an Authorization value is text (a review found these refused).
+        {"SYSTEM_PROMPT": "Basic questions about colours", "RUN_NOTE": "Basic fine-tuning-run", "T": "Token ring"},
         {"DATA_URL": "https://example.com/data.csv"},
     ],
 )

@@ -171,9 +171,9 @@ PLAN_CONFIG_ROWS = [
 #: before anything runs or any cluster is asked (were: read as left out, the run going on with the
 #: config's value or the default; or a connection attempt answering a bad namespace).
 EMPTY_OR_BAD_FLAGS = [
-    (["run", "--local", "--store", ""], "--store: empty; give a value, or leave --store out"),
-    (["run", "--local", "--s3-endpoint", " "], "--s3-endpoint: empty; give a value"),
-    (["job", "manifest", "-n", ""], "--namespace: empty; give a value"),
+    (["run", "--local", "--store", ""], "argument --store: must not be empty; give a value, or leave the flag out"),
+    (["run", "--local", "--s3-endpoint", " "], "argument --s3-endpoint: must not be empty"),
+    (["job", "manifest", "-n", ""], "argument -n/--namespace: must not be empty"),
     (["plan", "--gpu", ""], "argument --gpu: unknown GPU type ''"),
     (["runs", "--s3-endpoint", ""], "argument --s3-endpoint: must not be empty"),
     (["submit", "--host", "http://127.0.0.1:9", "-n", ""], "argument -n/--namespace: '' is not a namespace"),
@@ -568,14 +568,17 @@ def test_a_reader_that_goes_away_ends_the_command_quietly(tmp_path, monkeypatch,
         # One field set twice: refused, as a repeated --param or YAML key (was: the last won in silence).
         (
             ["job", "manifest", "--set", "job.replicas=4", "--set", "job.replicas=1"],
-            "--set job.replicas: --set job.replicas sets it too; give each field once",
+            "--set job.replicas: job.replicas is also set by --set job.replicas; give each field once",
         ),
         (
             ["job", "manifest", "--set", "job.replicas=4", "--set", "job={replicas: 1}"],
-            "--set job: --set job.replicas sets it too",
+            "--set job: job.replicas is also set by --set job.replicas",
         ),
-        (["job", "manifest", "--set", "job.kind=trainjob", "--kind", "pytorchjob"], "--set job.kind: --kind sets it"),
-        (["job", "manifest", "--set", "kubernetes={}", "--namespace", "b"], "--set kubernetes: --namespace sets it"),
+        (["job", "manifest", "--set", "job.kind=trainjob", "--kind", "pytorchjob"], "--set job.kind: job.kind is also"),
+        (
+            ["job", "manifest", "--set", "kubernetes={namespace: a}", "--namespace", "b"],
+            "--set kubernetes: kubernetes.namespace is also set by --namespace",
+        ),
         # An unknown key is refused at the section above it: still named by its --set.
         (["job", "manifest", "--set", "job..replicas=2"], "--set job..replicas: job.: unknown key"),
         (["job", "manifest", "--set", "nosuch.x=1"], "--set nosuch.x: nosuch: unknown key"),
@@ -592,6 +595,21 @@ def test_a_flag_s_bad_value_is_named_by_the_flag(tmp_path, monkeypatch, capsys, 
     assert main(argv) == 2
     last = capsys.readouterr().err.strip().splitlines()[-1]
     assert last.startswith(f"kftrain: error: {named}"), last
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["--set", "kubernetes={queue: a}", "--namespace", "ns"],
+        ["--set", "kubernetes={queue: a}", "--set", "kubernetes.namespace=ns"],
+    ],
+    ids=["--namespace", "--set"],
+)
+def test_a_section_mapping_and_another_field_of_that_section_both_apply(capsys, argv):
+    """A mapping for a section sets only its own fields (was: refused beside any other field of the section)."""
+    assert main(["job", "manifest", "--kind", "pytorchjob", *argv]) == 0
+    out = capsys.readouterr().out
+    assert "kueue.x-k8s.io/queue-name: a" in out and "namespace: ns" in out
 
 
 @pytest.mark.parametrize("args", [["--", "--lr", "1"], ["--lr", "1", "x"], []])

@@ -393,5 +393,7 @@ def test_a_share_of_a_gpus_memory_is_named_beside_the_gpu():
     named the H200 alone)."""
     plan = make_plan(gpt(), gpu="H200", gpu_memory_gb=40)
     assert plan.capacity_bytes == 40 * GiB
-    assert plan.device == "H200-141GB (40 GiB of it, kubernetes.gpu_memory_gb or --gpu-memory)"
-    assert make_plan(gpt(), gpu="H200").device == "H200-141GB"
+    assert plan.device == "H200-141GB"  # the name, as --json gives it
+    head = "device H200-141GB (40 GiB of it, kubernetes.gpu_memory_gb or --gpu-memory)."
+    assert head in plan.markdown().splitlines()[2]
+    assert make_plan(gpt(), gpu="H200").markdown().splitlines()[2].endswith("device H200-141GB.")

@@ -27,6 +27,7 @@ from trainer import stacks
 from trainer.launch.backend import JobFailed, JobTimeout, failure_excerpt, print_line
 from trainer.launch.spec import NODE, TRAINJOB, JobSpec, replica_env, replica_env_v2
 from trainer.launch.trainjob import EXTRA_ENV as TRAINJOB_EXTRA_ENV
+from trainer.torchrun import QUIET_AGENT_ENV
 
 LOOPBACK = "127.0.0.1"
 #: Every process of a local job inherits this variable. torchrun starts its workers in new
@@ -249,6 +250,7 @@ class LocalBackend:
                 env = {**os.environ, **spec.env, **replica_env(spec, rtype, index, master_addr=LOOPBACK)}
                 env["MASTER_PORT"] = env["PET_MASTER_PORT"] = str(port)
             env[JOB_MARKER_ENV] = marker
+            env[QUIET_AGENT_ENV] = "ERROR"  # the rendezvous is on loopback: its race's C++ trace is noise
             proc = subprocess.Popen(
                 self._command(spec),
                 env=env,

@@ -44,7 +44,7 @@ from typing import Any
 
 from trainer.config import Config
 from trainer.plan.comms import all_gather, all_reduce, buckets, reduce_scatter
-from trainer.plan.hardware import GpuSpec, Interconnect, default_interconnect, gpu_spec
+from trainer.plan.hardware import GpuSpec, HardwareError, Interconnect, default_interconnect, gpu_spec
 from trainer.plan.probe import ProbeResult
 from trainer.plan.shapes import (
     ActivationTrace,
@@ -255,12 +255,22 @@ class Plan:
                     out[f"nodes{p.nodes}_{key}"] = float(value)
         return out
 
+    def _memory_share(self) -> str:
+        """` (40 GiB of it, ...)` when the plan is for less of the GPU's memory than it has."""
+        try:
+            whole = gpu_spec(self.device).memory_gib * GiB
+        except HardwareError:  # "GPU" or "cpu": no table entry
+            return ""
+        if self.capacity_bytes is None or self.capacity_bytes >= int(whole):
+            return ""
+        return f" ({self.capacity_bytes / GiB:g} GiB of it, kubernetes.gpu_memory_gb or --gpu-memory)"
+
     def markdown(self) -> str:
         """The plan as a Markdown report."""
         lines = ["# Training plan", ""]
         lines.append(
             f"{self.world_size} rank(s) ({self.nodes} node(s) x {self.per_node}), strategy `{self.strategy}`, "
-            f"device {self.device}."
+            f"device {self.device}{self._memory_share()}."
         )
         lines += ["", "## Verdicts", ""] + [f"- {v}" for v in self.verdicts]
         lines += ["", "## Memory per rank", "", "| component | bytes |", "|---|---:|"]
@@ -631,12 +641,7 @@ def make_plan(
         nodes=here_nodes,
         per_node=per_node,
         strategy=tc.strategy,
-        device=(spec.name if spec else ("GPU" if cuda else "cpu"))
-        + (
-            f" ({gpu_memory_gb:g} GiB of it, kubernetes.gpu_memory_gb or --gpu-memory)"
-            if spec is not None and gpu_memory_gb is not None and gpu_memory_gb < spec.memory_gib
-            else ""
-        ),
+        device=spec.name if spec else ("GPU" if cuda else "cpu"),
         item_name=task.item_name,
         total_steps=total_steps,
         timeout_seconds=cfg.job.timeout_seconds,
@@ -685,24 +690,24 @@ def _alternatives(
     if not tc.activation_checkpointing:
         singles.append(("train.activation_checkpointing: true", {"activation_checkpointing": True}))
     if cfg.model.init_from and tc.method != "lora":
-        try:
-            model_for(with_train(method="lora"))
-            singles.append((f"train.method: lora (rank {cfg.lora.rank})", {"method": "lora"}))
-        except PlanError:
-            pass
+        singles.append((f"train.method: lora (rank {cfg.lora.rank})", {"method": "lora"}))
 
-    def predicted(change: str, alt: Config) -> Alternative:
-        mem = _memory(model_for(alt), alt, world, target)
+    def predicted(change: str, alt: Config) -> Alternative | None:
+        try:
+            alt_model = model_for(alt)
+        except PlanError:  # a combination the task cannot build (FSDP over this LoRA model): not offered
+            return None
+        mem = _memory(alt_model, alt, world, target)
         return Alternative(change, mem, None if capacity is None else mem.total <= capacity)
 
-    out = [predicted(change, with_train(**fields)) for change, fields in singles]
+    out = [a for change, fields in singles if (a := predicted(change, with_train(**fields)))]
     if not out or any(a.fits for a in out) or capacity is None:
         return out
     for size in range(2, len(singles) + 1):
         fitting = []
         for combo in itertools.combinations(singles, size):
             fields = {k: v for _, changes in combo for k, v in changes.items()}
-            if (a := predicted(" with ".join(c for c, _ in combo), with_train(**fields))).fits:
+            if (a := predicted(" with ".join(c for c, _ in combo), with_train(**fields))) and a.fits:
                 fitting.append(a)
         if fitting:
             return out + fitting
@@ -711,7 +716,8 @@ def _alternatives(
         activation_checkpointing=True,
         grad_accum_steps=tc.batch_size // world if tc.batch_size % world == 0 else tc.grad_accum_steps,
     )
-    return [*out, predicted("all of them together (fsdp, activation checkpointing, micro-batch 1)", everything)]
+    last = predicted("all of them together (fsdp, activation checkpointing, micro-batch 1)", everything)
+    return [*out, last] if last else out
 
 
 def _verdicts(plan: Plan, cfg: Config, price: float | None) -> list[str]:

@@ -26,8 +26,8 @@ import numpy as np
 import torch
 from torch import nn
 
-from trainer.config import Config
-from trainer.data_rules import ARRAY_HINT, json_kind, json_line, source_objects, source_store, text_chunks
+from trainer.config import Config, json_kind
+from trainer.data_rules import ARRAY_HINT, json_line, source_objects, source_store, text_chunks
 from trainer.gpt import GPT, GPTConfig
 from trainer.progress import ProgressLine
 from trainer.shards import (
@@ -156,6 +156,8 @@ def source_pieces(cfg: Config, progress: str = "") -> Iterator[bytes]:
     cut = False
     for piece in pieces:
         if left <= 0:
+            if not piece:
+                continue  # an empty piece leaves nothing unread
             cut = True
             break
         if len(piece) > left:
