@@ -1475,14 +1475,17 @@ def parse_config(text: str, overrides: dict[str, Any] | None = None, origin: str
         'must hold a mapping of sections, as YAML (train: {epochs: 3}) or JSON ({"train": {"epochs": 3}})',
     )
     data: dict[str, Any] = loaded
-    for dotted, value in (overrides or {}).items():
-        node, section = data, Config
+    # A mapping given for a section (`--set 'kubernetes={queue: a}'`) sets the fields it names, as
+    # the same fields written under the section would (was: it replaced the section, every field it
+    # left out back at its default); a field's value, a mapping or not, replaces the field's.
+    fields = {k: v for dotted, value in (overrides or {}).items() for k, v in dotted_fields(dotted, value).items()}
+    for dotted, value in fields.items():
+        node = data
         *parents, leaf = dotted.split(".")
         for i, p in enumerate(parents):
             node = node.setdefault(p, {})
             _require(isinstance(node, dict), ".".join(parents[: i + 1]), node, "must be a mapping")
-            section = _section_of(section, p)
-        _override(node, leaf, value, _section_of(section, leaf))
+        node[leaf] = value
     return from_dict(Config, data)
 
 
@@ -1502,19 +1505,6 @@ def _section_of(parent: type | None, name: Any) -> type | None:
     """The config section (a dataclass) field `name` of section `parent` holds; None for a value."""
     hint = typing.get_type_hints(parent).get(name) if parent is not None and isinstance(name, str) else None
     return hint if dataclasses.is_dataclass(hint) else None
-
-
-def _override(node: dict[str, Any], key: str, value: Any, section: type | None) -> None:
-    """Set `node[key]` to an override's `value`. A mapping given for a section (`--set
-    'kubernetes={queue: a}'`) merges into what the config sets there, field by field, as the same
-    fields written under it would (was: it replaced the section, every field it left out back
-    at its default); a field's value, a mapping or not, replaces the field's."""
-    old = node.get(key)
-    if section is None or not isinstance(value, dict) or not isinstance(old, dict):
-        node[key] = value
-        return
-    for name, item in value.items():
-        _override(old, name, item, _section_of(section, name))
 
 
 def load_config(path: str | Path | None = None, overrides: dict[str, Any] | None = None) -> Config:

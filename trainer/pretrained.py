@@ -267,9 +267,11 @@ def shape_problem(config: dict[str, Any]) -> str | None:
     error naming no field (`integer modulo by zero`), or a negative dimension, when the model is built."""
     for key in SHAPE_KEYS:
         value = config.get(key)
-        if key in config and value is not None and not (isinstance(value, int) and not isinstance(value, bool)):
+        if value is None:
+            continue  # left to the model's own default
+        if not isinstance(value, int) or isinstance(value, bool):
             return f"{key} must be a whole number, got {value!r}"
-        if isinstance(value, int) and not isinstance(value, bool) and value < 1:
+        if value < 1:
             return f"{key} must be positive, got {value}"
     hidden, heads, kv = (config.get(k) for k in ("hidden_size", "num_attention_heads", "num_key_value_heads"))
     if isinstance(hidden, int) and isinstance(heads, int) and not config.get("head_dim") and hidden % heads:

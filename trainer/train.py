@@ -670,7 +670,7 @@ class Trainer:
         if metrics is not None:
             record["metrics"] = metrics
         if self.lineage:
-            record["resumed_from"], record["lineage"] = self.lineage[0], self.lineage
+            record["lineage"] = self.lineage
         self.ckpt.save(
             self.step,
             {"model": model_state, "optimizer": optim_state},
