@@ -76,10 +76,16 @@ def configure(
     from trainer.checks import check_run_settings
 
     check_run_settings(cfg, **run_settings)
-    # Whatever can be checked before any step is checked now: the job a cluster would refuse, the
-    # store and checkpoint prefixes, a custom task, data.source, a base model.
-    cfg = check_before_steps(cfg)  # checkpoint.resume_from pinned to the checkpoint it names now
     import logging
+
+    from trainer.checks import checked_before
+
+    if checked_before(cfg):
+        print("pre-flight checks: done by `kftrain run` before this step, on this very config")
+    else:
+        # Whatever can be checked before any step is checked now: the job a cluster would refuse, the
+        # store and checkpoint prefixes, a custom task, data.source, a base model.
+        cfg = check_before_steps(cfg)  # checkpoint.resume_from pinned to the checkpoint it names now
 
     from trainer.checks import ignored_settings
 

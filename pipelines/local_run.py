@@ -544,19 +544,17 @@ def run_local(
 
 
 @contextlib.contextmanager
-def _temporary_files_in(folder: str) -> Iterator[None]:
-    """Every process the run starts makes its temporary files in `folder` (removed after the run):
-    each kfp.local step writes its component's code to a `mktemp -d` folder, and torchrun a
-    `torchelastic_*` one, that nothing removes."""
-    before = os.environ.get("TMPDIR")
-    os.environ["TMPDIR"] = folder
+def _environ(name: str, value: str) -> Iterator[None]:
+    """Environment variable `name` is `value` inside the block (for every process started in it)."""
+    before = os.environ.get(name)
+    os.environ[name] = value
     try:
         yield
     finally:
         if before is None:
-            os.environ.pop("TMPDIR", None)
+            os.environ.pop(name, None)
         else:
-            os.environ["TMPDIR"] = before
+            os.environ[name] = before
 
 
 def _run_pipeline(cfg: Config, local_root: str, min_accuracy: float, max_perplexity: float) -> dict[str, Any]:
@@ -564,6 +562,7 @@ def _run_pipeline(cfg: Config, local_root: str, min_accuracy: float, max_perplex
 
     from components.params import DEFAULT_HF_TOKEN_SECRET
     from pipelines.training import training_pipeline
+    from trainer.checks import CHECKED_CONFIG_ENV, checked_digest
 
     # kfp.local's notes that do not apply here: display names are UI-only, and the steps'
     # image (the project image) is this very Python environment.
@@ -572,17 +571,23 @@ def _run_pipeline(cfg: Config, local_root: str, min_accuracy: float, max_perplex
     with (
         tempfile.TemporaryDirectory(prefix="kftrain-kfp-") as tmp,
         tempfile.TemporaryDirectory(prefix="kftrain-tmp-") as scratch,
-        _temporary_files_in(scratch),
+        # Every process the run starts makes its temporary files there (removed after the run): each
+        # kfp.local step writes its component's code to a `mktemp -d` folder, and torchrun a
+        # `torchelastic_*` one, that nothing removes.
+        _environ("TMPDIR", scratch),
     ):
         root = tmp if cfg.store.uri else str(Path(local_root).expanduser().resolve())
         local.init(runner=local.SubprocessRunner(use_venv=False), pipeline_root=root)
+        # The config's own Secrets: the pipeline's defaults would contradict a config naming others.
+        mounted = {"store_secret": cfg.kubernetes.store_secret}
+        mounted["hf_token_secret"] = cfg.kubernetes.hf_token_secret or DEFAULT_HF_TOKEN_SECRET
+        # The config the configure step makes of these, which the pre-flight checked: not again.
+        checked = dataclasses.replace(cfg, kubernetes=dataclasses.replace(cfg.kubernetes, **mounted))
         try:
-            with _steps_read_to_the_end():
+            with _steps_read_to_the_end(), _environ(CHECKED_CONFIG_ENV, checked_digest(checked)):
                 task = training_pipeline(
                     config=config_to_json(cfg),
-                    # The config's own Secrets: the pipeline's defaults would contradict a config naming others.
-                    store_secret=cfg.kubernetes.store_secret,
-                    hf_token_secret=cfg.kubernetes.hf_token_secret or DEFAULT_HF_TOKEN_SECRET,
+                    **mounted,
                     launcher="local",
                     min_accuracy=min_accuracy,
                     max_perplexity=max_perplexity,

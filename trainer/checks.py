@@ -131,6 +131,27 @@ def check_writes_outside_source(cfg: Config, output_dir: str = "") -> None:
             )
 
 
+#: Set by `kftrain run` for its steps' processes: the digest (:func:`checked_digest`) of the config
+#: its pre-flight has just checked with :func:`check_before_steps`, so that the configure step does
+#: not check the same config again (reading the source's first record and a base model's headers
+#: costs seconds). Any other config, or a pipeline on a cluster, is checked by the configure step.
+CHECKED_CONFIG_ENV = "KFTRAIN_CHECKED_CONFIG"
+
+
+def checked_digest(cfg: Config) -> str:
+    """What :data:`CHECKED_CONFIG_ENV` holds for `cfg`: a digest of its whole effective config."""
+    import hashlib
+
+    from trainer.config import config_to_json
+
+    return hashlib.sha256(config_to_json(cfg).encode()).hexdigest()
+
+
+def checked_before(cfg: Config) -> bool:
+    """Whether this process runs a step of `kftrain run`, whose pre-flight checked `cfg` itself."""
+    return os.environ.get(CHECKED_CONFIG_ENV) == checked_digest(cfg)
+
+
 def check_before_steps(cfg: Config, runs_root: str = "") -> Config:
     """The job the config describes passes the API server's and the operator's checks
     (:func:`trainer.launch.job.check_job_manifests`: the config runs on a cluster unchanged), the

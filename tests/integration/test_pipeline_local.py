@@ -190,6 +190,8 @@ def test_a_failing_step_fails_the_run_with_exit_code_1_verbose_too(tmp_path):
         cwd=str(tmp_path),
     )
     assert rc == 1, out[-3000:]
+    # The configure step knew the config for the one the pre-flight had just checked (no second check).
+    assert "pre-flight checks: done by `kftrain run` before this step" in out
     # The data-prep step's own error reaches the terminal, whatever else is left in the log.
     assert "column 'a': '1e308' overflows float32" in out
     # The last line is the step's own error; the one before it says where the full log is.

@@ -13,7 +13,9 @@ import yaml
 from components.configure import configure
 from components.params import BY_NAME, PARAMS, UNSET, config_from_params, effective_default
 from pipelines.training import training_pipeline
-from trainer.config import Config, ConfigError, load_config
+from trainer.checks import CHECKED_CONFIG_ENV, checked_digest
+from trainer.config import Config, ConfigError, config_from_json, load_config
+from trainer.errors import KftrainError
 
 REPO = Path(__file__).resolve().parents[2]
 #: For each knob, a config value that differs from the default and from the override below.
@@ -144,6 +146,25 @@ def test_configure_refuses_an_empty_hf_token_secret(monkeypatch):
     monkeypatch.setattr(sys, "excepthook", sys.excepthook)  # configure installs its one-line hook
     with pytest.raises(ConfigError, match="hf_token_secret: must name a Secret"):
         configure.python_func(config="", hf_token_secret="")
+
+
+def test_configure_checks_every_config_but_the_one_kftrain_run_has_just_checked(monkeypatch, tmp_path):
+    """`kftrain run` checks the config before its first step and marks that very config in the
+    steps' environment: its configure step does not read the source (or a base model) again. Any
+    other config is checked: a knob set on top of it, or no mark (a cluster's pipeline run)."""
+    monkeypatch.setattr(sys, "excepthook", sys.excepthook)  # configure installs its one-line hook
+    config = f"data:\n  source: {tmp_path / 'gone.csv'}\n"
+    unread = r"data.source .*gone\.csv"
+    with pytest.raises(KftrainError, match=unread):
+        configure.python_func(config=config)
+    checked = config_from_params(config, store_secret="mlpipeline-minio-artifact", hf_token_secret="hf-token")
+    monkeypatch.setenv(CHECKED_CONFIG_ENV, checked_digest(checked))
+    assert config_from_json(configure.python_func(config=config)) == checked
+    with pytest.raises(KftrainError, match=unread):
+        configure.python_func(config=config, epochs=3)
+    monkeypatch.setenv(CHECKED_CONFIG_ENV, "0" * 64)
+    with pytest.raises(KftrainError, match=unread):
+        configure.python_func(config=config)
 
 
 def test_unknown_parameter_is_a_type_error():
