@@ -436,8 +436,8 @@ class TrainConfig:
     """With `on_nonfinite: skip`: this many skipped updates in a row stop the job naming the step and rank (the run has
     diverged)."""
     peak_tflops: float = 0.0
-    """Peak bf16 TFLOP/s of one GPU for the MFU estimate; 0: looked up from the device name (H100/H200, A100, L40S,
-    A10G, L4)."""
+    """Peak TFLOP/s of one GPU for the MFU estimate; 0: the GPU type of the device's name, as `plan.gpu` knows them,
+    at the run's precision (bf16 or fp32)."""
     deterministic: bool = False
     """`torch.use_deterministic_algorithms(True)`: bitwise-reproducible runs, at some speed cost on GPUs."""
     tensorboard: bool = True
@@ -538,7 +538,8 @@ class PlanConfig:
     """With `enabled`: stop the pipeline before training, with the reason, when the plan predicts the run does not
     fit in the GPU's memory or does not finish within `job.timeout_seconds`."""
     gpu: str = ""
-    """GPU type to plan for (`H100-80GB`, `H200-141GB`, `A100-40GB`, `A100-80GB`, `L40S`, `L4`, `A10G`; `H100`,
+    """GPU type to plan for (`H100-80GB`, `H100-PCIe-80GB`, `H100-NVL-94GB`, `H200-141GB`, `H200-NVL-141GB`,
+    `A100-40GB`, `A100-80GB`, `A100-PCIe-40GB`, `A100-PCIe-80GB`, `L40S`, `L4`, `A10G`; `H100`,
     `H200` for short, any case, or the name nvidia-smi prints): its memory is the limit, unless
     `kubernetes.gpu_memory_gb` is set. Empty: the CPU."""
     nodes: list[int] = field(default_factory=list)

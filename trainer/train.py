@@ -71,9 +71,6 @@ from trainer.training_data import TrainingData, training_data
 
 log = logging.getLogger("kftrain.train")
 
-#: Dense bf16 peak TFLOP/s per GPU by device-name fragment, for the MFU estimate.
-PEAK_BF16_TFLOPS = {"H200": 989.0, "H100": 989.0, "A100": 312.0, "L40S": 362.0, "A10G": 125.0, "L4": 121.0}
-
 
 class NonFiniteLoss(KftrainError, RuntimeError):
     """The loss or the gradients became NaN/inf (train.on_nonfinite: stop)."""
@@ -153,19 +150,29 @@ def lr_factor(step: int, total: int, cfg: Config) -> float:
 
 
 def peak_flops(device: torch.device, cfg: Config) -> float:
-    """Peak FLOP/s of one device for MFU (0 on CPU or an unknown GPU)."""
+    """Peak FLOP/s of one device for MFU, at the precision the run computes in: the planner's GPU
+    type of the device's name (:func:`trainer.plan.hardware.gpu_spec`); 0 on CPU or an unknown GPU."""
     if cfg.train.peak_tflops:
         return cfg.train.peak_tflops * 1e12
     if device.type != "cuda":
         return 0.0
-    name = torch.cuda.get_device_name(device)
-    return next((tf * 1e12 for key, tf in PEAK_BF16_TFLOPS.items() if key in name), 0.0)
+    from trainer.plan.hardware import HardwareError, gpu_spec
+
+    try:
+        spec = gpu_spec(torch.cuda.get_device_name(device))
+    except HardwareError:
+        return 0.0
+    return spec.tflops(bf16=computes_in_bf16(device, cfg)) * 1e12
+
+
+def computes_in_bf16(device: torch.device, cfg: Config) -> bool:
+    """Whether the run computes under bf16 autocast: on CUDA (precision auto or bf16); on CPU only when asked."""
+    return cfg.train.precision == "bf16" or (cfg.train.precision == "auto" and device.type == "cuda")
 
 
 def autocast_for(device: torch.device, cfg: Config):
-    """bf16 autocast on CUDA (precision auto or bf16); nothing on CPU unless asked."""
-    precision = cfg.train.precision
-    if precision == "bf16" or (precision == "auto" and device.type == "cuda"):
+    """bf16 autocast where :func:`computes_in_bf16`, else nothing."""
+    if computes_in_bf16(device, cfg):
         return torch.autocast(device_type=device.type, dtype=torch.bfloat16)
     return contextlib.nullcontext()
 

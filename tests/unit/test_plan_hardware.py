@@ -21,6 +21,11 @@ from trainer.plan.hardware import GPUS, HardwareError, Interconnect, default_int
         ("NVIDIA A100-SXM4-40GB", 40.0, 312.0),
         ("NVIDIA A100-SXM4-80GB", 80.0, 312.0),
         ("NVIDIA A100-PCIE-40GB", 40.0, 312.0),
+        ("NVIDIA A100 80GB PCIe", 80.0, 312.0),
+        ("NVIDIA H100 PCIe", 79.6, 756.0),
+        ("NVIDIA H100 NVL", 93.6, 835.0),
+        ("NVIDIA H200 NVL", 140.4, 835.0),
+        ("h100 pcie", 79.6, 756.0),
         ("NVIDIA L40S", 45.0, 362.0),
         ("NVIDIA L4", 22.5, 121.0),
         ("NVIDIA A10G", 22.5, 125.0),
@@ -34,17 +39,46 @@ def test_gpu_types_by_name(name, memory_gib, tflops):
     assert spec in GPUS.values()
 
 
-@pytest.mark.parametrize("name", ["V100", "Tesla T4", "NVIDIA GeForce RTX 4090", "L40", "NVIDIA H100 NVL", "H100 PCIe"])
+@pytest.mark.parametrize(
+    ("name", "link"),
+    [
+        ("NVIDIA H100 80GB HBM3", 900.0),
+        ("NVIDIA A100-SXM4-80GB", 600.0),
+        # A card's NVLink bridge joins two (or four) cards, not the node: a ring crosses PCIe.
+        ("NVIDIA H100 PCIe", 128.0),
+        ("NVIDIA H100 NVL", 128.0),
+        ("NVIDIA H200 NVL", 128.0),
+        ("NVIDIA A100-PCIE-40GB", 64.0),
+        ("NVIDIA A100 80GB PCIe", 64.0),
+    ],
+)
+def test_a_card_is_planned_with_its_own_link_not_the_sxm_module_s(name, link):
+    """Was: an A100 PCIe planned with the SXM module's 600 GB/s NVLink, an H200 NVL as the SXM
+    H200 (989 TFLOP/s and NVLink), an H100 PCIe or NVL refused."""
+    assert gpu_spec(name).nvlink_gbps == link
+
+
+@pytest.mark.parametrize(
+    "name", ["V100", "Tesla T4", "NVIDIA GeForce RTX 4090", "L40", "NVIDIA GH200 480GB", "H100 94GB"]
+)
 def test_an_unknown_gpu_names_the_known_ones_and_the_way_out(name):
-    """Also another product of a known model (an H100 NVL or PCIe has other memory and peaks)."""
+    """Also a model whose other words name no product of it (an H100 with 94 GB is the NVL card)."""
     with pytest.raises(HardwareError, match=rf"--gpu '{name}'.*H200-141GB.*--gpu-memory"):
         gpu_spec(name)
 
 
-@pytest.mark.parametrize("name", ["A100", "a100", "NVIDIA A100"])
-def test_a_gpu_that_comes_in_two_sizes_is_named_whole(name):
+@pytest.mark.parametrize(
+    ("name", "sizes"),
+    [
+        ("A100", "A100-80GB and A100-40GB"),
+        ("a100", "A100-80GB and A100-40GB"),
+        ("NVIDIA A100", "A100-80GB and A100-40GB"),
+        ("A100 PCIe", "A100-PCIe-80GB and A100-PCIe-40GB"),
+    ],
+)
+def test_a_gpu_that_comes_in_two_sizes_is_named_whole(name, sizes):
     """Was: an A100 planned as the 80 GB one without a word."""
-    with pytest.raises(HardwareError, match=r"the A100 comes as A100-80GB and A100-40GB; name one"):
+    with pytest.raises(HardwareError, match=rf"the A100( PCIe)? comes as {sizes}; name one"):
         gpu_spec(name)
 
 

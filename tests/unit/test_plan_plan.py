@@ -294,6 +294,23 @@ def test_a_probe_on_another_device_is_not_mixed_into_a_gpu_plan():
     assert plan.scaling[0].compute_seconds == make_plan(gpt("ddp", 1), gpu="H100").scaling[0].compute_seconds
 
 
+@pytest.mark.parametrize(
+    ("device", "gpu", "used"),
+    [
+        ("NVIDIA H100 80GB HBM3", "H100", True),
+        ("NVIDIA H100 PCIe", "H100", False),  # was: used, an H100 all the same
+        ("NVIDIA L40S", "L4", False),
+        ("NVIDIA L40", "L4", False),
+        ("NVIDIA A100-SXM4-80GB", "A100-80GB", True),
+        ("NVIDIA A100-SXM4-40GB", "A100-80GB", False),  # its memory bandwidth is another: another type
+    ],
+)
+def test_a_probe_s_times_are_used_only_for_its_own_gpu_type(device, gpu, used):
+    measured = dataclasses.replace(probe(1.0), device=device)
+    plan = make_plan(gpt("ddp", 1), gpu=gpu, probe=measured)
+    assert any(f"measured by the probe on {device}" in a for a in plan.assumptions) is used, plan.assumptions
+
+
 def test_strict_says_what_it_could_not_check(capsys):
     """A strict plan without a device memory or a step time passes, saying which checks it could
     not make (was: a silent pass, read in CI as checked)."""

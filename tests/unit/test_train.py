@@ -589,3 +589,26 @@ def test_a_pretrained_task_with_its_own_loss_trains_on_it():
 )
 def test_a_resumed_epoch_s_loss_so_far_counts_every_rank_of_the_saved_run(saved, saved_world, rank, world, own):
     assert _resumed_epoch_loss(saved, saved_world, DistEnv(rank=rank, world_size=world)) == own
+
+
+@pytest.mark.parametrize(
+    ("device_name", "precision", "tflops"),
+    [
+        ("NVIDIA H100 80GB HBM3", "auto", 989.0),
+        ("NVIDIA H100 80GB HBM3", "fp32", 67.0),  # was: the bf16 peak, an fp32 run's MFU 15x too low
+        ("NVIDIA H100 PCIe", "bf16", 756.0),  # was: the SXM module's 989
+        ("NVIDIA H200 NVL", "auto", 835.0),
+        ("NVIDIA L40S", "auto", 362.0),
+        ("NVIDIA L40", "auto", 0.0),  # was: 121, an L4's: the name holds "L4"
+        ("Tesla V100-SXM2-16GB", "auto", 0.0),
+    ],
+)
+def test_the_mfu_peak_is_the_planner_s_gpu_type_at_the_run_s_precision(monkeypatch, device_name, precision, tflops):
+    """One table of GPU types for the plan and the MFU estimate (was: a second one here, matched by
+    substring, bf16 peaks only)."""
+    from trainer.train import peak_flops
+
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: device_name)
+    cfg = load_config(overrides={"train.precision": precision})
+    assert peak_flops(torch.device("cuda", 0), cfg) == tflops * 1e12
+    assert peak_flops(torch.device("cuda", 0), load_config(overrides={"train.peak_tflops": 100.0})) == 100e12

@@ -4,8 +4,12 @@ The numbers are the vendors' published specifications (dense bf16 Tensor Core th
 2:4 sparsity; NVLink bandwidth per GPU, both directions summed as NVIDIA states it):
 
 - H100 SXM 80 GB: 989 TFLOP/s bf16, 900 GB/s NVLink (NVIDIA H100 Tensor Core GPU datasheet).
+- H100 PCIe 80 GB: 756 TFLOP/s bf16, PCIe Gen5 x16 (128 GB/s) (same datasheet).
+- H100 NVL 94 GB: 835 TFLOP/s bf16, PCIe Gen5 x16 (same datasheet).
 - H200 SXM 141 GB: 989 TFLOP/s bf16, 900 GB/s NVLink (NVIDIA H200 datasheet; same compute as H100).
-- A100 SXM 40/80 GB: 312 TFLOP/s bf16, 600 GB/s NVLink (NVIDIA A100 datasheet).
+- H200 NVL 141 GB: 835 TFLOP/s bf16, PCIe Gen5 x16 (same datasheet).
+- A100 SXM 40/80 GB: 312 TFLOP/s bf16, 600 GB/s NVLink (NVIDIA A100 datasheet); the PCIe cards:
+  the same compute, PCIe Gen4 x16 (64 GB/s).
 - L40S 48 GB: 362 TFLOP/s bf16 (NVIDIA L40S datasheet), PCIe Gen4 x16 only (64 GB/s).
 - L4 24 GB: 121 TFLOP/s bf16 (NVIDIA L4 datasheet), PCIe Gen4 x16 (64 GB/s).
 - A10G 24 GB: 125 TFLOP/s bf16 (AWS G5 / NVIDIA A10 datasheet), PCIe Gen4 x16 (64 GB/s).
@@ -13,6 +17,9 @@ The numbers are the vendors' published specifications (dense bf16 Tensor Core th
 Memory is the device's as the driver reports it (nvidia-smi's total in MiB / 1024), in GiB, the unit
 `kubernetes.gpu_memory_gb` and `--gpu-memory` take: an "80 GB" A100 holds 81,920 MiB = 80 GiB, an
 "80 GB" H100 81,559 MiB = 79.6 GiB (reading the datasheets' GB as 10**9 bytes undercounts by 7%).
+
+The PCIe and NVL cards are planned with their PCIe link between GPUs: their NVLink bridges join
+pairs (or fours) of cards, not the node, and a ring over the node's GPUs crosses PCIe.
 
 A link's usable bandwidth for a collective is less than its marketing number: nccl-tests reports
 "bus bandwidth" (the per-link rate a ring achieves, NCCL docs: PERFORMANCE.md), which on an
@@ -56,17 +63,36 @@ GPUS: dict[str, GpuSpec] = {
     spec.name: spec
     for spec in (
         GpuSpec("H100-80GB", 79.6, 989.0, 900.0, 67.0),
+        GpuSpec("H100-PCIe-80GB", 79.6, 756.0, 128.0, 51.0),
+        GpuSpec("H100-NVL-94GB", 93.6, 835.0, 128.0, 60.0),
         GpuSpec("H200-141GB", 140.4, 989.0, 900.0, 67.0),
+        GpuSpec("H200-NVL-141GB", 140.4, 835.0, 128.0, 60.0),
         GpuSpec("A100-80GB", 80.0, 312.0, 600.0, 19.5),
         GpuSpec("A100-40GB", 40.0, 312.0, 600.0, 19.5),
+        GpuSpec("A100-PCIe-80GB", 80.0, 312.0, 64.0, 19.5),
+        GpuSpec("A100-PCIe-40GB", 40.0, 312.0, 64.0, 19.5),
         GpuSpec("L40S", 45.0, 362.0, 64.0, 91.6),
         GpuSpec("L4", 22.5, 121.0, 64.0, 30.3),
         GpuSpec("A10G", 22.5, 125.0, 64.0, 31.2),
     )
 }
 
-#: Short names people type (`--gpu h200`); an A100 comes with 40 or 80 GB, so it is named whole.
-ALIASES = {"H100": "H100-80GB", "H200": "H200-141GB"}
+#: The words of a product name that name a card rather than the SXM module (other peaks and links),
+#: as the plan's names spell them.
+CARD_FORMS = {"PCIE": "PCIe", "NVL": "NVL"}
+
+
+def _parts(name: str) -> tuple[str, str, str]:
+    """The model (`H100`), the card form (`PCIe`, `NVL`, or '' for the SXM module, whatever else
+    the name says of it) and the memory in GB ('' where the name has none) a GPU's name holds:
+    the plan's own (`A100-PCIe-40GB`) or the driver's (`NVIDIA A100 80GB PCIe`, `NVIDIA H100 NVL`)."""
+    words = re.split(r"[\s_-]+", name.strip().upper().removeprefix("NVIDIA").strip())
+    models = {spec.split("-")[0].upper() for spec in GPUS}
+    model = next((w for w in words if w in models), "")
+    form = next((CARD_FORMS[w] for w in words if w in CARD_FORMS), "")
+    gb = next((w[:-2] for w in words if re.fullmatch(r"\d+GB", w)), "")
+    return model, form, gb
+
 
 #: The fraction of a link's datasheet bandwidth a ring collective achieves (nccl-tests bus
 #: bandwidth of about 450 of 900 GB/s on NVLink 4; about 90% of line rate on InfiniBand/RoCE).
@@ -77,23 +103,19 @@ NETWORK_EFFICIENCY = 0.9
 def gpu_spec(name: str) -> GpuSpec:
     """The GPU type `name`, case-insensitive: the plan's name (`H200-141GB`), a short one (`h200`),
     or the driver's as `nvidia-smi` and `torch.cuda.get_device_name` print it (`NVIDIA H100 80GB
-    HBM3`, `NVIDIA A100-SXM4-40GB`): the model and, where it comes in two sizes, the GB."""
+    HBM3`, `NVIDIA A100-SXM4-40GB`, `NVIDIA H100 NVL`): the model, the card (`PCIe`, `NVL`; none:
+    the SXM module) and, where it comes in two sizes, the GB."""
     key = name.strip().upper()
     for spec_name in GPUS:
         if spec_name.upper() == key:
             return GPUS[spec_name]
-    if key in ALIASES:
-        return GPUS[ALIASES[key]]
-    words = re.split(r"[\s_-]+", key.removeprefix("NVIDIA").strip())
-    gb = next((w[:-2] for w in words if re.fullmatch(r"\d+GB", w)), "")
-    models = {spec.split("-")[0] for spec in GPUS}
-    model = next((w for w in words if w in models), "")
-    sized = [spec for spec in GPUS if spec.split("-")[0] == model and (not gb or spec.endswith(f"-{gb}GB"))]
-    other_product = model == "H100" and {"NVL", "PCIE"} & set(words)  # other memory and peaks than the SXM's
-    if model and len(sized) == 1 and not other_product and (gb or "-" not in sized[0] or model in ALIASES):
+    # A model whose memory is left out is the one size it comes in (`h200`, `H100 PCIe`).
+    model, form, gb = _parts(name)
+    sized = [spec for spec in GPUS if _parts(spec)[:2] == (model, form) and (not gb or _parts(spec)[2] == gb)]
+    if model and len(sized) == 1:
         return GPUS[sized[0]]
     if model and not gb and len(sized) > 1:
-        raise AmbiguousGpu(f"the {model} comes as {' and '.join(sized)}; name one")
+        raise AmbiguousGpu(f"the {' '.join(filter(None, (model, form)))} comes as {' and '.join(sized)}; name one")
     raise HardwareError(
         f"--gpu {name!r}: not a GPU type the plan knows ({', '.join(GPUS)}, or the name nvidia-smi prints for "
         "one); give its memory with --gpu-memory instead"

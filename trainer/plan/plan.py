@@ -37,7 +37,6 @@ import dataclasses
 import itertools
 import math
 import os
-import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -496,10 +495,15 @@ def _total_steps(cfg: Config, manifest: dict | None) -> int | None:
 
 def _probed_on(device: str, spec: GpuSpec | None) -> bool:
     """Whether a probe on `device` (CUDA's name, or `cpu`) ran on the GPU type `spec` (None: on
-    some GPU); by whole words, so an L40S is no L4."""
+    some GPU): the type of the device's name, so an L40S is no L4 and an H100 PCIe no H100 SXM."""
     if device == "cpu":
         return False
-    return spec is None or spec.name.split("-")[0].upper() in re.split(r"[^A-Z0-9]+", device.upper())
+    if spec is None:
+        return True
+    try:
+        return gpu_spec(device) == spec
+    except HardwareError:  # another type, or one this table does not know
+        return False
 
 
 def make_plan(
