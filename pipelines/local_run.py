@@ -85,6 +85,20 @@ def with_run_checkpoints(cfg: Config, run_id: str, local_root: str = DEFAULT_LOC
     return dataclasses.replace(cfg, checkpoint=dataclasses.replace(cfg.checkpoint, uri=prefix, owner=owner))
 
 
+def check_owner(cfg: Config, run_id: str) -> None:
+    """A local run owns its checkpoints as its run id: `checkpoint.owner` naming another identity
+    is refused. It would make this run that one, free to continue and prune its checkpoints, which
+    a config copied from a run's records (`training.json`, `model_card.json`) does in silence:
+    they hold the owner the run had. `--run-id` is how a local run continues another start."""
+    owner = cfg.checkpoint.owner
+    if owner and owner != run_id:
+        raise ConfigError(
+            f"checkpoint.owner: {owner!r} is not this run's id ({run_id}): a local run owns its checkpoints as "
+            f"its run id, and as {owner!r} it would continue and prune that run's; drop checkpoint.owner (a config "
+            f"copied from a run's records holds it), or continue that run with --run-id {owner}"
+        )
+
+
 def check_own_checkpoint(cfg: Config, run_id: str, local_root: str = DEFAULT_LOCAL_ROOT) -> None:
     """A run continuing from a checkpoint of its own (`--run-id`) continues it with a config that
     can: refused before any step, as `checkpoint.resume_from` is (was: found in the train step,
@@ -532,6 +546,7 @@ def run_local(
     done = finished_run(cfg, run_id, local_root, gates)
     if done is not None:  # nothing runs, so nothing else is checked: not even what it resumed from
         return {**done, "already_finished": True}
+    check_owner(cfg, run_id)
     cfg = preflight(own_checkpoints_first(cfg, run_id, local_root), local_root)
     check_own_checkpoint(cfg, run_id, local_root)
     cfg = with_run_checkpoints(cfg, run_id, local_root)

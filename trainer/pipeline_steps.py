@@ -8,13 +8,14 @@ bucket or a rejected key fails the step in a second, not after training.
 from __future__ import annotations
 
 import json
+import logging
 import os
 import sys
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from trainer.config import Config, ConfigError, to_dict
-from trainer.errors import KftrainError
+from trainer.errors import KftrainError, redact
 from trainer.launch.backend import JobBackend, run_job
 from trainer.launch.spec import job_name
 from trainer.storage import ObjectStore, join_uri, open_store
@@ -198,8 +199,17 @@ def claim_checkpoints(cfg: Config, model_uri: str, owner: str) -> Config:
         return cfg
     from trainer.checkpoint_owner import checkpoint_prefix, claim_prefix
 
-    owner = cfg.checkpoint.owner or owner
     prefix = checkpoint_prefix(cfg, model_uri)
+    if cfg.checkpoint.owner and cfg.checkpoint.owner != owner:
+        # Deliberate (a run continued by hand), or a config copied from a run's records: said either way.
+        logging.getLogger("kftrain").warning(
+            "checkpoint.owner %r: this task (%s) trains as that run, owning its checkpoints at %s (it continues and "
+            "prunes them); drop checkpoint.owner for a run of its own (a config copied from a run's records holds it)",
+            cfg.checkpoint.owner,
+            owner,
+            redact(prefix),
+        )
+    owner = cfg.checkpoint.owner or owner
     claim_prefix(store_for(cfg, prefix), prefix, owner, resume=cfg.checkpoint.resume)
     return dataclasses.replace(cfg, checkpoint=dataclasses.replace(cfg.checkpoint, owner=owner))
 

@@ -137,11 +137,15 @@ def test_prepare_data_checks_the_source_before_writing_anything(tmp_path):
     ],
 )
 @pytest.mark.parametrize("own_uri", [False, True], ids=["under the model", "checkpoint.uri"])
-def test_claim_checkpoints_sets_the_owner_the_replicas_write_as(tmp_path, overrides, owner, own_uri):
+def test_claim_checkpoints_sets_the_owner_the_replicas_write_as(tmp_path, caplog, overrides, owner, own_uri):
     model_uri = str(tmp_path / "model")
     prefix = str(tmp_path / "elsewhere") if own_uri else join_uri(model_uri, "checkpoints")
     cfg = load_config(overrides={**overrides, **({"checkpoint.uri": prefix} if own_uri else {})})
-    claimed = claim_checkpoints(cfg, model_uri, owner="run-1/train")
+    with caplog.at_level("WARNING", logger="kftrain"):
+        claimed = claim_checkpoints(cfg, model_uri, owner="run-1/train")
+    # Another run's identity is said: a config copied from a run's records holds it (was: silent).
+    said = f"checkpoint.owner 'pinned': this task (run-1/train) trains as that run, owning its checkpoints at {prefix}"
+    assert (said in caplog.text) is (owner == "pinned"), caplog.text
     assert claimed.checkpoint.owner == owner
     assert current_owner(LocalStore(), prefix)["owner"] == owner
     assert cfg.checkpoint.owner == overrides.get("checkpoint.owner", "")  # the caller's config is unchanged

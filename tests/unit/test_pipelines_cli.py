@@ -129,7 +129,11 @@ def test_job_status_prints_the_progress_line_of_a_job_on_a_fake_cluster(monkeypa
 
 # (config text or None, arguments after `kftrain plan`, phrase the one error line must hold)
 PLAN_BAD_ROWS = [
-    (None, ["--gpu", "H999"], "argument --gpu: unknown GPU type 'H999'; known: H100-80GB, H100-PCIe-80GB, H100-NVL-94GB, H200-141GB"),
+    (
+        None,
+        ["--gpu", "H999"],
+        "argument --gpu: unknown GPU type 'H999'; known: H100-80GB, H100-PCIe-80GB, H100-NVL-94GB, H200-141GB",
+    ),
     (None, ["--gpu", ""], "argument --gpu: unknown GPU type ''"),
     (
         None,

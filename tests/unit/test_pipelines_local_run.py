@@ -12,11 +12,14 @@ import pytest
 from pipelines.local_run import (
     PipelineFailed,
     _task_output,
+    check_owner,
     finished_run,
     kfp_run_folder,
     own_checkpoints_first,
+    run_local,
     run_started,
 )
+from trainer.config import ConfigError, load_config
 
 
 def kfp_run(root: Path, name: str, *, exported: bool, reason: str, mtime: float) -> Path:
@@ -313,3 +316,30 @@ def test_a_stopped_run_names_the_checkpoint_its_resume_continues_from(tmp_path, 
         step, complete = step if isinstance(step, tuple) else (step, True)
         fake_checkpoint(Path(started.checkpoint.uri), step, complete)
     assert newest_checkpoint(load_config(), "r1", str(tmp_path)) == newest
+
+
+@pytest.mark.parametrize(
+    ("owner", "run_id", "refused"),
+    [
+        ("", "b", False),
+        ("b", "b", False),  # its own records' config, continued with --run-id b
+        ("a", "b", True),  # run a's records' config in a new run: it would prune a's checkpoints as a
+        ("20261205-192255-528cf1", "20261205-200000-000000", True),
+    ],
+)
+def test_a_local_run_owns_its_checkpoints_as_its_run_id_only(owner, run_id, refused):
+    """Was: a config copied from a run's model card (checkpoint.owner and .uri of that run) made a
+    new run that run, which continued in its checkpoint folder and pruned its final checkpoint."""
+    cfg = load_config(overrides={"checkpoint.owner": owner})
+    if not refused:
+        check_owner(cfg, run_id)
+        return
+    with pytest.raises(ConfigError, match=rf"checkpoint.owner: '{owner}' is not this run's id .*--run-id {owner}"):
+        check_owner(cfg, run_id)
+
+
+def test_the_owner_is_checked_before_anything_is_written(tmp_path):
+    cfg = load_config(overrides={"checkpoint.owner": "a"})
+    with pytest.raises(ConfigError, match="checkpoint.owner"):
+        run_local(cfg, local_root=str(tmp_path / "out"), run_id="b")
+    assert not (tmp_path / "out").exists()
