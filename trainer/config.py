@@ -1400,6 +1400,14 @@ class _ConfigLoader(yaml.SafeLoader):
         for key_node, _ in node.value:
             if not isinstance(key_node, yaml.ScalarNode):
                 continue
+            if key_node.value == "<<" and key_node.style is None:
+                # YAML 1.1's merge key (not in 1.2): its copies are aliases, and its precedence was
+                # taken the wrong way round by PyYAML's loader (the last mapping won) past the
+                # duplicate-key check.
+                self._fail(
+                    key_node.start_mark,
+                    "YAML merge keys (<<) are not allowed in a config; write the fields out",
+                )
             key = (key_node.tag, key_node.value)
             if key in seen:
                 self._path.append(key_node.value)
@@ -1416,7 +1424,12 @@ class _ConfigLoader(yaml.SafeLoader):
 # stay text (1.1 reads them as booleans, so `on: true` became the key True), and so do `010`
 # (1.1: octal 8; 1.2: 10) and `1:30` (1.1: base 60, 90), which a type check then refuses by
 # name instead of a number the user may not have meant.
-_YAML_1_1_ONLY = {"tag:yaml.org,2002:bool", "tag:yaml.org,2002:int", "tag:yaml.org,2002:float"}
+_YAML_1_1_ONLY = {
+    "tag:yaml.org,2002:bool",
+    "tag:yaml.org,2002:int",
+    "tag:yaml.org,2002:float",
+    "tag:yaml.org,2002:merge",
+}
 _ConfigLoader.yaml_implicit_resolvers = {
     first: [(tag, rx) for tag, rx in resolvers if tag not in _YAML_1_1_ONLY]
     for first, resolvers in yaml.SafeLoader.yaml_implicit_resolvers.items()

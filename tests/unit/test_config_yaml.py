@@ -29,6 +29,11 @@ ROWS = [
     pytest.param(
         "base: &b {replicas: 2}\njob:\n  <<: *b\n", ["anchors and aliases (&b)"], id="merge-key-needs-an-anchor"
     ),
+    # Merge keys without an anchor (was: past every check; the last mapping won, against YAML 1.1's rule).
+    pytest.param(
+        "train:\n  <<: [{epochs: 2}, {epochs: 5}]\n", ["line 2:", "merge keys (<<) are not allowed"], id="merge-list"
+    ),
+    pytest.param("train: {<<: {epochs: 2}, epochs: 3}\n", ["merge keys (<<)"], id="merge-beside-its-field"),
     pytest.param(
         "job:\n  replicas: 2\n  image: x\n  replicas: 3\n",
         ["job.replicas: duplicate key, on lines 2 and 4", "keep one"],
