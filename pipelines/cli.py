@@ -316,6 +316,7 @@ def _then(cfg, args: argparse.Namespace, run_id: str, started: bool) -> str:
 def _cmd_runs(args: argparse.Namespace) -> int:
     import json
 
+    from trainer.config import ConfigError
     from trainer.runs import LOCAL_RUNS, list_runs, runs_as_json, runs_table, stores_under
     from trainer.storage import (
         CHECK_BUDGET_S,
@@ -332,6 +333,11 @@ def _cmd_runs(args: argparse.Namespace) -> int:
         raise StoreError(f"--s3-endpoint {redact(args.s3_endpoint)!r} {problem}")
     try:
         if not parse_uri(root).is_remote:  # absolute: the checkpoints listed are what resume_from takes
+            if args.s3_endpoint:
+                raise ConfigError(
+                    f"--s3-endpoint: --store {root} is a folder on this machine, which the endpoint is not for; "
+                    "drop --s3-endpoint, or give --store the s3:// store it serves"
+                )
             folder = parse_uri(root).key
             if not os.path.isdir(folder):
                 what = "a file, not a folder" if os.path.exists(folder) else "no such folder"
@@ -344,6 +350,8 @@ def _cmd_runs(args: argparse.Namespace) -> int:
         except StoreError as exc:
             raise type(exc)(f"--store: {exc}") from None
         runs = list_runs(store, root)
+    except ConfigError:
+        raise  # a flag that does not go with --store, named
     except ValueError as exc:  # a malformed URI
         raise StoreError(f"--store: {exc}") from None
     except StoreError:
@@ -441,6 +449,8 @@ def _cmd_horovod_run(args: argparse.Namespace) -> int:
 
 #: Where `kftrain example-model` writes, and configs/finetune-tiny.yaml reads.
 EXAMPLE_DIR = "kftrain-outputs/example"
+#: Steps `kftrain plan --probe` runs when --probe-steps is left out.
+PROBE_STEPS = 5
 
 
 def _cmd_example_model(args: argparse.Namespace) -> int:
@@ -480,8 +490,11 @@ def _cmd_plan(args: argparse.Namespace) -> int:
     import json
 
     from trainer.checks import check_plan_gpu
+    from trainer.config import ConfigError
     from trainer.pipeline_steps import PlanRefused, plan_run, refuse_if_strict
 
+    if args.probe_steps is not None and not args.probe:
+        raise ConfigError("--probe-steps: given without --probe, which it is for; add --probe (or drop --probe-steps)")
     cfg = _load_with_flags(
         args.config,
         _given(
@@ -500,8 +513,9 @@ def _cmd_plan(args: argparse.Namespace) -> int:
     if args.probe:
         from trainer.local_probe import probe_locally
 
-        print(f"kftrain: probing {args.probe_steps} steps on {cfg.job.world_size} process(es)", file=sys.stderr)
-        (probe,) = probe_locally(cfg, steps=args.probe_steps)
+        steps = args.probe_steps or PROBE_STEPS
+        print(f"kftrain: probing {steps} steps on {cfg.job.world_size} process(es)", file=sys.stderr)
+        (probe,) = probe_locally(cfg, steps=steps)
     plan = plan_run(cfg, probe, manifest=manifest)
     text = plan.markdown()
     if args.output:  # checked as the command started (_output_file)
@@ -690,10 +704,15 @@ def _nonempty(text: str) -> str:
 
 
 def _path(text: str) -> str:
-    """A non-empty path (an empty one would mean the working directory); `~` is the home folder,
-    quoted or not."""
+    """A non-empty path on this machine (an empty one would mean the working directory, a URI a
+    folder named like its scheme: `s3:`); `~` is the home folder, quoted or not."""
     if not text.strip():
         raise argparse.ArgumentTypeError("must not be empty (an empty path would write into the working directory)")
+    if re.match(r"[A-Za-z][A-Za-z0-9+.-]*://", text):
+        raise argparse.ArgumentTypeError(
+            f"{redact(text)!r} is a URI: this takes a folder on this machine (a plain path; an object store is "
+            "--store, where the command has it)"
+        )
     return os.path.expanduser(text)
 
 
@@ -885,7 +904,7 @@ def build_parser() -> argparse.ArgumentParser:
         action="store_true",
         help="measure a short run here first (job.replicas x job.nproc_per_node local processes) and predict from it",
     )
-    p.add_argument("--probe-steps", type=_steps, default=5, help="steps the probe runs (default: %(default)s)")
+    p.add_argument("--probe-steps", type=_steps, help=f"steps the probe runs (default: {PROBE_STEPS})")
     p.add_argument(
         "--strict",
         action="store_true",

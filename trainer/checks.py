@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any
 from trainer.config import BUILTIN_TASKS, Config, ConfigError, to_dict
 from trainer.errors import KftrainError
 from trainer.k8s_formats import quantity_value
-from trainer.storage import StoreError, check_deadline, join_uri, parse_uri
+from trainer.storage import REMOTE_SCHEMES, StoreError, check_deadline, join_uri, parse_uri
 
 log = logging.getLogger("kftrain.checks")
 
@@ -233,6 +233,21 @@ def ignored_settings(cfg: Config) -> list[str]:
             for f in changed
             if f.startswith("lora.")
         ]
+    # Every s3:// (minio://) URI of the run is read with store.endpoint; without one it reads nothing.
+    uris = {
+        "store.uri": cfg.store.uri,
+        "data.source": cfg.data.source,
+        "data.tokenizer": cfg.data.tokenizer,
+        "model.init_from": cfg.model.init_from,
+        "checkpoint.uri": cfg.checkpoint.uri,
+        "checkpoint.resume_from": cfg.checkpoint.resume_from,
+    }
+    remote = [uri for uri in uris.values() if "://" in uri and uri.split("://")[0].lower() in REMOTE_SCHEMES]
+    if cfg.store.endpoint and not remote:
+        lines.append(
+            f"store.endpoint: set, but nothing of the run is in an object store ({', '.join(uris)} are local or "
+            "empty): no effect"
+        )
     return lines
 
 

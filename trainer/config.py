@@ -342,6 +342,11 @@ class ModelConfig:
     def __post_init__(self) -> None:
         check_bounds(self, "model", _MODEL_BOUNDS)
         _no_whitespace_around("model.init_from", self.init_from)
+        if self.init_from[:5].lower() == "hf://" and not self.init_from.startswith("hf://"):
+            raise ConfigError(
+                f"model.init_from: {self.init_from!r}: write the Hugging Face scheme in lower case, "
+                f"hf://{self.init_from[5:]}"
+            )
         if self.init_from.startswith("hf://"):
             from trainer.pretrained import PretrainedError, parse_hf_uri
 

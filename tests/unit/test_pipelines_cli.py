@@ -185,6 +185,13 @@ EMPTY_OR_BAD_FLAGS = [
     (["submit", "--host", "http://127.0.0.1:9", "--experiment", ""], "argument --experiment: must not be empty"),
     (["job", "status", "MyJob"], "argument name: 'MyJob' is not a job's name"),
     (["job", "status", "x", "-n", "Bad"], "argument -n/--namespace: 'Bad' is not a namespace"),
+    # A URI where a folder on this machine goes (was: a local folder `s3:/bucket/x`, exit 0).
+    (["example-model", "s3://bucket/x"], "argument out_dir: 's3://bucket/x' is a URI: this takes a folder on this"),
+    (["run", "--local", "--output-dir", "s3://b/x"], "argument --output-dir: 's3://b/x' is a URI"),
+    (["compile", "--output-dir", "file:///tmp/x"], "argument --output-dir: 'file:///tmp/x' is a URI"),
+    # A flag for another that is left out (were: accepted and unused, exit 0).
+    (["plan", "--probe-steps", "50"], "--probe-steps: given without --probe, which it is for"),
+    (["runs", "--s3-endpoint", "http://127.0.0.1:1"], "--s3-endpoint: --store kftrain-outputs is a folder on this"),
 ]
 
 

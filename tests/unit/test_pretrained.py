@@ -409,3 +409,14 @@ def test_a_gpt2_saved_as_its_base_model_is_read_under_the_causal_lms_names(tmp_p
 def test_the_base_prefix_is_added_only_where_the_files_have_none(names, prefix, expected):
     index = {name: pretrained.TensorEntry("u", torch.float32, (1,), 0) for name in names}
     assert list(pretrained.with_base_prefix(index, prefix)) == expected
+
+
+@pytest.mark.parametrize("uri", ["HF://org/name", "Hf://org/name@main"])
+def test_the_hugging_face_scheme_in_another_case_is_named_with_its_fix(uri):
+    """Was: 'unsupported storage URI scheme 'hf'', as if hf:// were not supported."""
+    from trainer.config import ConfigError, load_config
+
+    with pytest.raises(
+        ConfigError, match=rf"model.init_from: '{uri}': write the Hugging Face scheme in lower case, hf://"
+    ):
+        load_config(overrides={"task": "causal_lm", "model.init_from": uri})
