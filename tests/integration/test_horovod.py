@@ -361,6 +361,30 @@ def test_one_plain_process_and_the_optimizer_contract(tmp_path):
     assert "not in it" in got["bad_names"][0] and "duplicates" in got["bad_names"][1]
 
 
+TIMELINE_LEFT_RUNNING = """
+import sys, torch, horovod.torch as hvd
+hvd.init()
+try:
+    hvd.start_timeline(sys.argv[1] + "/no/such/folder/timeline.json")
+except ValueError as exc:
+    print("refused:", exc)
+hvd.start_timeline(sys.argv[1] + "/timeline.json")
+hvd.allreduce(torch.ones(2), name="x")
+"""  # and no stop_timeline(), as Horovod scripts end
+
+
+@pytest.mark.timeout(120)
+def test_a_timeline_is_refused_where_it_cannot_be_written_and_written_at_exit_without_stop(tmp_path):
+    """Horovod writes its timeline from the start and closes it at shutdown (was: a path in no
+    folder accepted, the trace lost at the end; without stop_timeline a segfault at exit, no file)."""
+    script = write(tmp_path / "timeline.py", TIMELINE_LEFT_RUNNING)
+    env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "MASTER_ADDR", "LOCAL_RANK")}
+    rc, out = run_group([sys.executable, "-m", "trainer.horovod.run", str(script), str(tmp_path)], 100, env, str(REPO))
+    assert rc == 0, out
+    assert f"refused: start_timeline: cannot write '{tmp_path}/no/such/folder/timeline.json'" in out, out
+    assert json.loads((tmp_path / "timeline.json").read_text())["traceEvents"]
+
+
 def test_a_failing_script_exits_1_with_its_traceback(tmp_path):
     script = write(tmp_path / "bad.py", "raise ValueError('from the script')\n")
     rc, out = run_group([sys.executable, "-m", "pipelines.cli", "horovod-run", str(script)], 100, None, str(REPO))

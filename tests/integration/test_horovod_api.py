@@ -89,6 +89,21 @@ MISMATCHES = [
         "hvd.allgather(torch.ones(5, 4))",
         "rank 0 passed float32[2, 3], rank 1 passed float32[5, 4] (every dimension but the first must match)",
     ),
+    # A sparse tensor beside a dense one travels by other collectives (was: a hang for 30 min).
+    (
+        "sparse beside dense",
+        "hvd.allreduce(torch.ones(2).to_sparse(), name='emb')",
+        "hvd.allreduce(torch.ones(2), name='emb')",
+        "allreduce mismatch at collective #{i} 'emb': rank 0 passed sparse float32[2], rank 1 passed float32[2]",
+    ),
+    # The gathered indices fit the larger size (was: a wrong result there, in silence).
+    (
+        "sparse sizes",
+        "hvd.sparse_allreduce_async(torch.ones(2).to_sparse(), name='emb', op=hvd.Sum)()",
+        "hvd.sparse_allreduce_async(torch.ones(3).to_sparse(), name='emb', op=hvd.Sum)()",
+        "sparse_allreduce mismatch at collective #{i} 'emb': rank 0 passed sparse float32[2], "
+        "rank 1 passed sparse float32[3]",
+    ),
     (
         "optimizer parameter shape",
         "step(torch.nn.Linear(8, 4))",

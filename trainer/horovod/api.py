@@ -444,9 +444,17 @@ def _at_exit() -> None:
     _state.store = None
 
 
+#: Called (once each) first thing in `shutdown`, which also runs at exit: what must end while the
+#: process is whole (a timeline's profiler, which left running aborts the interpreter's teardown).
+_ON_SHUTDOWN: list[Callable[[], None]] = []
+
+
 def shutdown() -> None:
     """Leave the process group (if `init` made it); safe to call more than once. `init` may be
-    called again afterwards (process sets must then be registered again)."""
+    called again afterwards (process sets must then be registered again). A timeline being
+    recorded is written, as Horovod closes its timeline at shutdown."""
+    while _ON_SHUTDOWN:
+        _ON_SHUTDOWN.pop()()
     if _state.leave_together:
         _leave_together()
     for pid, st in list(_state.sets.items()):
@@ -626,16 +634,19 @@ class TensorSpec(NamedTuple):
     shape: tuple[int, ...]
     dtype: torch.dtype
     cuda: bool = False
+    #: A sparse COO tensor (its shape the dense one's): it travels by other collectives than a dense
+    #: one, so a rank passing one where another passes a dense tensor would wait forever.
+    sparse: bool = False
 
     @classmethod
     def of(cls, t: torch.Tensor | TensorSpec) -> TensorSpec:
         """The spec of a tensor (a spec is returned as it is)."""
         if isinstance(t, TensorSpec):
             return t
-        return cls(tuple(t.shape), t.dtype, t.is_cuda)
+        return cls(tuple(t.shape), t.dtype, t.is_cuda, t.is_sparse)
 
     def __str__(self) -> str:
-        return f"{str(self.dtype).removeprefix('torch.')}{list(self.shape)}"
+        return f"{'sparse ' if self.sparse else ''}{str(self.dtype).removeprefix('torch.')}{list(self.shape)}"
 
 
 class _Desc(NamedTuple):
@@ -698,7 +709,7 @@ def _names(name: str | Sequence[str] | None) -> tuple[str, ...]:
 def _hash(desc: _Desc) -> int:
     tensors = desc.tensors
     if desc.kind in FIRST_DIM_FREE_KINDS:
-        tensors = tuple(TensorSpec((-1, *t.shape[1:]), t.dtype, t.cuda) for t in tensors)
+        tensors = tuple(TensorSpec((-1, *t.shape[1:]), t.dtype, t.cuda, t.sparse) for t in tensors)
     key = repr((desc.kind, desc.names, tensors, desc.root, desc.detail)).encode()
     return int.from_bytes(hashlib.blake2b(key, digest_size=7).digest(), "little")
 
@@ -947,7 +958,7 @@ def _mismatch_message(st: _SetState, codes: list[int], descs: list[Any]) -> str:
             same = ta.dtype == tb.dtype and ta.shape[1:] == tb.shape[1:] and len(ta.shape) == len(tb.shape)
         else:
             same = (ta.shape, ta.dtype) == (tb.shape, tb.dtype)
-        if not same or ta.cuda != tb.cuda:
+        if not same or (ta.cuda, ta.sparse) != (tb.cuda, tb.sparse):
             where = (
                 f"collective #{seq_a} '{da.names[i]}'"
                 if len(da.names) > 1
@@ -1366,7 +1377,10 @@ def sparse_allreduce_async(
         raise ValueError("sparse_allreduce_async takes a sparse COO tensor: use allreduce_async for dense tensors")
     if op not in (Sum, Average):
         raise ValueError(f"sparse_allreduce_async reduces with op=hvd.Sum or op=hvd.Average, got {_Op(op).name}")
-    # allgather concatenates along dimension 0: the indices travel as (nnz, sparse_dim).
+    # Every rank's tensor has the same dense size (was: another size on one rank built a wrong
+    # result on the others, in silence, as their indices fit); then allgather concatenates along
+    # dimension 0: the indices travel as (nnz, sparse_dim).
+    _collective_group("sparse_allreduce", [tensor], name=name, process_set=process_set, detail=(("op", _Op(op).name),))
     indices = allgather_async(tensor._indices().t().contiguous(), _part(name, 0), process_set)
     values = allgather_async(tensor._values(), _part(name, 1), process_set)
 
