@@ -68,6 +68,7 @@ from trainer.checkpoint_owner import (
     step_dir,
     written_by_a_checkpoint,
 )
+from trainer.errors import redact
 from trainer.progress import ProgressLine
 from trainer.storage import (
     CorruptObject,
@@ -208,12 +209,19 @@ class CheckpointManager:
                     "it stops rather than write beside it; the steps it committed are kept"
                 )
         commit = join_uri(step_dir(self.prefix, step), COMMIT)
-        if self.store.exists(commit):
-            return (
-                f"checkpoint step {step} is already committed at {commit} and is never overwritten: "
-                "point checkpoint.uri at a new prefix, or delete that step folder if it is unwanted"
-            )
-        return ""
+        if not self.store.exists(commit):
+            return ""
+        by_step = objects_by_step(self.store, self.prefix)
+        if self._commit_owner(step) == self.owner and complete_record(self.store, self.prefix, step, by_step) is None:
+            # This run's own step, damaged (a part lost): a resume skipped it, and training came
+            # back to it; nothing can load it, so it is written again rather than block the run.
+            log.warning("checkpoint step %d of this run at %s is incomplete: written again", step, redact(commit))
+            self._delete_step(step, by_step.get(step, []))
+            return ""
+        return (
+            f"checkpoint step {step} is already committed at {commit} and is never overwritten: "
+            "point checkpoint.uri at a new prefix, or delete that step folder if it is unwanted"
+        )
 
     def _agree(self, problem: str) -> str:
         """Rank 0's `problem` on every rank (a collective on the checkpoint group)."""
@@ -370,15 +378,19 @@ class CheckpointManager:
             # Older than the newest kept: own complete ones past keep_last, and partials of killed writers.
             if step in keep or step in others or step > complete[-1]:
                 continue
-            ours = [u for u in uris if written_by_a_checkpoint(self.prefix, u)]
-            if len(ours) < len(uris):
-                kept = sorted(set(uris) - set(ours))
-                if ours:  # said once: the step's own objects are gone after this
-                    log.warning("pruning step %d keeps %d objects no checkpoint writes: %s", step, len(kept), kept[:3])
-            # The commit record goes first: a half-deleted checkpoint never looks complete.
-            for uri in sorted(ours, key=lambda u: not u.endswith(f"/{COMMIT}")):
-                self.store.delete(uri)
-            drop_empty_folders(self.store, step_dir(self.prefix, step))
+            self._delete_step(step, uris)
+
+    def _delete_step(self, step: int, uris: list[str]) -> None:
+        """Delete what a checkpoint wrote of step `step` among its objects `uris`, the commit
+        record first (a half-deleted checkpoint never looks complete); anything else stays."""
+        ours = [u for u in uris if written_by_a_checkpoint(self.prefix, u)]
+        if len(ours) < len(uris):
+            kept = sorted(set(uris) - set(ours))
+            if ours:  # said once: the step's own objects are gone after this
+                log.warning("deleting step %d keeps %d objects no checkpoint writes: %s", step, len(kept), kept[:3])
+        for uri in sorted(ours, key=lambda u: not u.endswith(f"/{COMMIT}")):
+            self.store.delete(uri)
+        drop_empty_folders(self.store, step_dir(self.prefix, step))
 
     def _metrics(self, step: int) -> dict[str, Any]:
         """The validation metrics a step's commit record holds ({} for none or unreadable)."""

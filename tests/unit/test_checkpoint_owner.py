@@ -182,6 +182,28 @@ def test_a_committed_step_is_never_overwritten(prefix):
     assert_intact(store, prefix, "run-a", [2])
 
 
+@pytest.mark.parametrize("lost", [".metadata", "__0_0.distcp"])
+def test_a_damaged_step_of_the_run_s_own_is_written_again_when_training_comes_back_to_it(prefix, lost):
+    """Was: a resume skipped the incomplete step, trained back to it and stopped there ("already
+    committed ... never overwritten"), and --run-id could not get past it. Another run's damaged
+    step stays refused: it is not this run's to delete."""
+    store = LocalStore()
+    a = manager(store, prefix, "run-a", keep_last=5)
+    a.claim(resume=True)
+    save(a, 1)
+    save(a, 2)
+    store.delete(join_uri(step_dir(prefix, 2), lost))
+    assert complete_record(store, prefix, 2, objects_by_step(store, prefix)) is None
+    save(a, 2)  # the run resumed at step 1 and came back to step 2
+    assert_intact(store, prefix, "run-a", [1, 2])
+    b = manager(store, prefix, "run-b", keep_last=5)
+    b.claim(resume=True)
+    store.delete(join_uri(step_dir(prefix, 2), lost))
+    with pytest.raises(CheckpointError, match="step 2 is already committed .* never overwritten"):
+        save(b, 2)
+    assert_intact(store, prefix, "run-a", [1])
+
+
 def test_steps_written_before_owner_records_are_kept_by_pruning_and_refused_without_resume(prefix):
     store = LocalStore()
     legacy = manager(store, prefix, "")  # no owner, no claim: as checkpoints were written before
