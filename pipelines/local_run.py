@@ -543,19 +543,51 @@ def run_local(
     """
     run_id = check_run_id(run_id or new_run_id())
     given, gates = cfg, {"min_accuracy": min_accuracy, "max_perplexity": max_perplexity}
-    done = finished_run(cfg, run_id, local_root, gates)
-    if done is not None:  # nothing runs, so nothing else is checked: not even what it resumed from
-        return {**done, "already_finished": True}
-    check_owner(cfg, run_id)
-    cfg = preflight(own_checkpoints_first(cfg, run_id, local_root), local_root)
-    check_own_checkpoint(cfg, run_id, local_root)
-    cfg = with_run_checkpoints(cfg, run_id, local_root)
-    claim_run_checkpoints(cfg)
-    record_started(cfg, run_id, local_root, given, gates)
-    on_start()
-    summary = {**_run_pipeline(cfg, local_root, min_accuracy, max_perplexity), "run_id": run_id}
-    record_finished(cfg, run_id, summary, local_root, given, gates)
-    return summary
+    with running_alone(run_root(cfg, run_id, local_root), run_id):
+        done = finished_run(cfg, run_id, local_root, gates)
+        if done is not None:  # nothing runs, so nothing else is checked: not even what it resumed from
+            return {**done, "already_finished": True}
+        check_owner(cfg, run_id)
+        cfg = preflight(own_checkpoints_first(cfg, run_id, local_root), local_root)
+        check_own_checkpoint(cfg, run_id, local_root)
+        cfg = with_run_checkpoints(cfg, run_id, local_root)
+        claim_run_checkpoints(cfg)
+        record_started(cfg, run_id, local_root, given, gates)
+        on_start()
+        summary = {**_run_pipeline(cfg, local_root, min_accuracy, max_perplexity), "run_id": run_id}
+        record_finished(cfg, run_id, summary, local_root, given, gates)
+        return summary
+
+
+@contextlib.contextmanager
+def running_alone(root: str, run_id: str) -> Iterator[None]:
+    """Hold this machine's lock of the run at `root` inside the block; a second start of the same
+    run meanwhile is refused (was: both trained into its one checkpoint prefix, each pruning the
+    other's steps, and both failed). The lock is a file lock the system drops with the process,
+    however it ends; it is per machine (a run on another machine sharing the store is not seen)."""
+    import fcntl
+    import hashlib
+
+    key = hashlib.sha256(root.encode()).hexdigest()[:24]
+    # The system's temporary folder, as tempfile finds it: not tempfile.gettempdir(), which a
+    # running start of this process points into its own scratch folder (run_scope).
+    system_tmp = next((os.environ[v] for v in ("TMPDIR", "TEMP", "TMP") if os.environ.get(v)), "/tmp")
+    path = Path(system_tmp) / f"kftrain-run-{key}.lock"
+    with open(path, "a+") as lock:
+        try:
+            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            lock.seek(0)
+            holder = lock.read().strip() or "another process"
+            raise ConfigError(
+                f"--run-id {run_id}: the run is running already on this machine ({holder}): wait for it to end, "
+                "or stop it (Ctrl-C in its terminal); two starts would train into its one checkpoint prefix"
+            ) from None
+        lock.seek(0)
+        lock.truncate()
+        lock.write(f"process {os.getpid()}, started {time.strftime('%H:%M:%S')}")
+        lock.flush()
+        yield
 
 
 @contextlib.contextmanager

@@ -198,10 +198,12 @@ def claim_checkpoints(cfg: Config, model_uri: str, owner: str) -> Config:
     if not cfg.checkpoint.enabled:
         return cfg
     from trainer.checkpoint_owner import checkpoint_prefix, claim_prefix
+    from trainer.launch.local import RUN_MARKER_ENV
 
     prefix = checkpoint_prefix(cfg, model_uri)
-    if cfg.checkpoint.owner and cfg.checkpoint.owner != owner:
-        # Deliberate (a run continued by hand), or a config copied from a run's records: said either way.
+    # `kftrain run --local` names its run id the owner (and refuses any other); elsewhere another
+    # owner is deliberate (a run continued by hand) or a config copied from a run's records: said.
+    if cfg.checkpoint.owner and cfg.checkpoint.owner != owner and not os.environ.get(RUN_MARKER_ENV):
         logging.getLogger("kftrain").warning(
             "checkpoint.owner %r: this task (%s) trains as that run, owning its checkpoints at %s (it continues and "
             "prunes them); drop checkpoint.owner for a run of its own (a config copied from a run's records holds it)",

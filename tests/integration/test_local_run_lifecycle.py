@@ -245,3 +245,36 @@ def test_a_second_signal_of_either_kind_does_not_interrupt_the_stop():
     assert stopped.value.signum == signal.SIGTERM
     assert during == (signal.SIG_IGN, signal.SIG_IGN)
     assert (signal.getsignal(signal.SIGTERM), signal.getsignal(signal.SIGINT)) == before  # restored after
+
+
+HOLD_THE_RUN = """
+import sys, time
+from pipelines.local_run import running_alone
+with running_alone(sys.argv[1], "r1"):
+    print("holding", flush=True)
+    time.sleep(60)
+"""
+
+
+@pytest.mark.timeout(60)
+def test_a_second_start_of_a_running_run_is_refused_until_the_first_is_gone_however_it_ended(tmp_path, monkeypatch):
+    """Was: two starts of one --run-id at once, both training into its one checkpoint prefix, each
+    pruning the other's steps, both failing. The lock goes with the process, SIGKILL included."""
+    from pipelines.local_run import running_alone
+    from trainer.config import ConfigError
+
+    monkeypatch.setenv("TMPDIR", str(tmp_path))
+    root = str(tmp_path / "out" / "runs" / "r1")
+    first = subprocess.Popen([sys.executable, "-c", HOLD_THE_RUN, root], stdout=subprocess.PIPE, text=True)
+    try:
+        assert first.stdout.readline() == "holding\n"
+        refused = rf"--run-id r1: the run is running already on this machine \(process {first.pid}, started [0-9:]+\)"
+        with pytest.raises(ConfigError, match=refused), running_alone(root, "r1"):
+            pass
+        with running_alone(str(tmp_path / "out" / "runs" / "r2"), "r2"):  # another run: its own lock
+            pass
+    finally:
+        first.kill()
+        first.wait(timeout=10)
+    with running_alone(root, "r1"):  # the killed holder's lock went with it
+        pass

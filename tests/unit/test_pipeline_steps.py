@@ -11,7 +11,7 @@ import pytest
 
 from trainer.checkpoint import current_owner
 from trainer.config import ConfigError, config_from_json, load_config
-from trainer.launch.local import LocalBackend
+from trainer.launch.local import RUN_MARKER_ENV, LocalBackend
 from trainer.launch.spec import JobSpec, job_name
 from trainer.pipeline_steps import (
     claim_checkpoints,
@@ -146,6 +146,12 @@ def test_claim_checkpoints_sets_the_owner_the_replicas_write_as(tmp_path, caplog
     # Another run's identity is said: a config copied from a run's records holds it (was: silent).
     said = f"checkpoint.owner 'pinned': this task (run-1/train) trains as that run, owning its checkpoints at {prefix}"
     assert (said in caplog.text) is (owner == "pinned"), caplog.text
+    # Under `kftrain run --local`, which names its run id the owner (and refuses another): not said.
+    caplog.clear()
+    with caplog.at_level("WARNING", logger="kftrain"), pytest.MonkeyPatch.context() as env:
+        env.setenv(RUN_MARKER_ENV, "run-1")
+        claim_checkpoints(cfg, model_uri, owner="run-1/train")
+    assert "checkpoint.owner" not in caplog.text
     assert claimed.checkpoint.owner == owner
     assert current_owner(LocalStore(), prefix)["owner"] == owner
     assert cfg.checkpoint.owner == overrides.get("checkpoint.owner", "")  # the caller's config is unchanged
