@@ -66,3 +66,17 @@ def credential_in(name: str, value: Any) -> str:
     if isinstance(value, str) and any(p.search(value) for p in _CREDENTIAL_VALUES):
         return "value"
     return ""
+
+
+#: A long run of letters, digits and base64 signs, without the separators of names (`-`, `_`, `.`),
+#: mixing upper case, lower case and digits (an AWS secret access key, a random token).
+_TOKEN_LIKE = re.compile(r"(?=.*[a-z])(?=.*[A-Z])(?=.*[0-9])[A-Za-z0-9/+=]{20,}")
+
+
+def looks_like_credential(value: Any) -> bool:
+    """Whether `value` (text) looks like a credential by itself: a known key or token format, a
+    URL with a password or a signature, or a long random-looking token. An error message that
+    would show such a value shows `***` instead (a token pasted where a name goes)."""
+    if not isinstance(value, str):
+        return False
+    return any(p.search(value) for p in _CREDENTIAL_VALUES) or bool(_TOKEN_LIKE.fullmatch(value.strip()))

@@ -16,9 +16,14 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
+from trainer.credentials import looks_like_credential
+
 
 def show(value: Any, limit: int = 60) -> str:
-    """`repr(value)`, shortened: an error line must stay a line even for a 5 MB annotation."""
+    """`repr(value)`, shortened: an error line must stay a line even for a 5 MB annotation; a value
+    that looks like a credential (:func:`trainer.credentials.looks_like_credential`) is `'***'`."""
+    if looks_like_credential(value):
+        return "'***' (it looks like a credential)"
     text = repr(value)
     return text if len(text) <= limit else f"{text[:limit]}... ({len(str(value))} characters)"
 
