@@ -24,7 +24,7 @@ import re
 import time
 from typing import Any
 
-from trainer.checkpoint_owner import latest_complete
+from trainer.checkpoint_owner import COMMIT, latest_complete, step_dir
 from trainer.config import Config, ConfigError, is_uri
 from trainer.storage import CorruptObject, ObjectNotFound, ObjectStore, StoreError, join_uri, open_store, read_json
 
@@ -265,9 +265,16 @@ def resolve_resume_from(cfg: Config, root: str) -> tuple[str, dict[str, Any]]:
             )
         (prefix,) = found
         latest = latest_complete(store, prefix, only)
+        gone = latest is None and only is not None and not store.exists(join_uri(step_dir(prefix, only), COMMIT))
     except StoreError as exc:
         raise type(exc)(f"{field}: {exc}") from None
     if latest is None:
+        if gone:  # pinned by the pre-flight (or named) while its run trained on and pruned it
+            raise ConfigError(
+                f"{field}: step {only} of {prefix} has no commit record (never written, or deleted since: a run "
+                "still training deletes its older checkpoints as it commits new ones); name the run, whose newest "
+                "checkpoint is taken, or a step it keeps"
+            )
         what = f"step {only} of {prefix} is not" if only is not None else f"no checkpoint of {prefix} is"
         raise ConfigError(
             f"{field}: {what} complete (a commit record whose parts are all in the store); name another checkpoint"

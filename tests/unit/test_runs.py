@@ -119,7 +119,9 @@ def test_an_incompatible_config_is_refused_naming_the_field(runs, digits, tmp_pa
         ("nosuchrun", "ROOT", r"'nosuchrun': no committed checkpoint for run nosuchrun under .*kftrain runs --store"),
         ("old", "", r"'old': a run id is looked up under store.uri, which is empty"),
         ("EMPTY", "ROOT", r"no committed checkpoint at or under .*empty"),
-        ("OLD/step-00000003", "ROOT", r"step 3 of .*checkpoints is not complete"),
+        # Also what a run still training pruned after the pre-flight pinned it (was: "not complete").
+        ("OLD/step-00000003", "ROOT", r"step 3 of .*checkpoints has no commit record \(never written, or deleted"),
+        ("OLD/step-LAST", "ROOT", r"step \d+ of .*lost is not complete \(a commit record whose parts"),
         ("kfprun/nosuchtask", "ROOT", r"no committed checkpoint for run kfprun/nosuchtask"),
         ("TWO", "ROOT", r"2 checkpoint prefixes at or under .*name one: RUN/TASK, or its checkpoint URI"),
         # A run id names that run's own prefix in one layout, never another run's or a folder's:
@@ -133,6 +135,7 @@ def test_an_incompatible_config_is_refused_naming_the_field(runs, digits, tmp_pa
         "run-id-without-store",
         "uri-without-checkpoint",
         "uncommitted-step",
+        "step-with-a-part-lost",
         "unknown-task",
         "ambiguous",
         "the-runs-folder",
@@ -147,6 +150,12 @@ def test_what_names_nothing_resumable_is_one_line(runs, tmp_path, value, root, e
     two = tmp_path / "two"
     for name in ("a", "b"):
         shutil.copytree(old_ckpt, two / name / "checkpoints")
+    if "step-LAST" in value:  # its newest step, with a part lost
+        lost = tmp_path / "lost"
+        shutil.copytree(old_ckpt, lost)
+        last = sorted(p.name for p in lost.glob("step-*"))[-1]
+        (lost / last / ".metadata").unlink()
+        value = f"{lost}/{last}"
     value = value.replace("OLD", old_ckpt).replace("EMPTY", str(tmp_path / "empty")).replace("TWO", str(two))
     cfg = config(store_root, "", **{"checkpoint.resume_from": value})
     with pytest.raises(ConfigError, match=error) as err:
