@@ -121,6 +121,7 @@ def list_runs(store: ObjectStore, root: str) -> list[RunInfo]:
             finish[key] = uri
         elif local and rel.startswith(f"{LOCAL_RUNS}/{key[0]}/log-"):
             runs.setdefault(key, RunInfo(*key))
+    local_runs = {run_id for run_id, task in (*runs, *finish) if not task}
     for key, uri in finish.items():
         info = runs.setdefault(key, RunInfo(*key))
         try:
@@ -136,6 +137,9 @@ def list_runs(store: ObjectStore, root: str) -> list[RunInfo]:
             )
             continue
         if key[1]:
+            if _step_of_a_local_run(record, info, local_runs):
+                del runs[key]
+                continue
             info.finished = True
             steps = record.get("metrics", {}).get("steps")
             if isinstance(steps, int):
@@ -145,6 +149,17 @@ def list_runs(store: ObjectStore, root: str) -> list[RunInfo]:
     for info in runs.values():
         _describe(store, info)
     return sorted(runs.values(), key=lambda r: (r.run_id, r.task))
+
+
+def _step_of_a_local_run(record: dict[str, Any], info: RunInfo, local_runs: set[str]) -> bool:
+    """Whether the training task `info` found in the KFP layout is the training step of one of the
+    `local_runs` listed (`kftrain run --local --store`: kfp.local's steps write there, and the run id
+    owns the checkpoints, which it keeps under its own folder): shown as that run, not again as a
+    run of its own (was: finished whatever the run was, and no resume_from takes its id)."""
+    config = record.get("config")
+    checkpoint = config.get("checkpoint") if isinstance(config, dict) else None
+    owner = checkpoint.get("owner") if isinstance(checkpoint, dict) else None
+    return isinstance(owner, str) and owner in local_runs and not info.steps
 
 
 def _describe(store: ObjectStore, info: RunInfo) -> None:

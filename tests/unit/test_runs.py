@@ -392,3 +392,19 @@ def test_the_attempts_kfp_local_makes_of_a_local_run_are_not_listed_as_runs(tmp_
         (tmp_path / run / "train" / "model").mkdir(parents=True)
         (tmp_path / run / "train" / "model" / "training.json").write_text(json.dumps({"metrics": {"steps": 3}}))
     assert sorted(r.name for r in list_runs(LocalStore(), str(tmp_path))) == ["kfp-run-1/train", "r1"]
+
+
+def test_the_training_step_of_a_local_run_on_a_store_is_shown_as_that_run_only(tmp_path):
+    """`kftrain run --local --store`: kfp.local's training step writes its model in a KFP run's
+    layout (`<id>/train-<id>/model/training.json`), the run id owning the checkpoints under runs/
+    (was: an extra `finished` row, also for a run killed before its export, whose id no
+    resume_from took). A KFP run's own training task stays listed."""
+    (tmp_path / "runs" / "r1").mkdir(parents=True)
+    (tmp_path / "runs" / "r1" / "run.json").write_text(json.dumps({"status": "started"}))
+    for run, owner in (("89619849", "r1"), ("52", "r9"), ("kfp-run-1", "kfp-run-1/train-7")):
+        model = tmp_path / run / "train-84826831" / "model"
+        model.mkdir(parents=True)
+        record = {"metrics": {"steps": 3}, "config": {"checkpoint": {"owner": owner}}}
+        (model / "training.json").write_text(json.dumps(record))
+    runs = {r.name: r.state for r in list_runs(LocalStore(), str(tmp_path))}
+    assert runs == {"r1": "started", "52/train-84826831": "finished", "kfp-run-1/train-84826831": "finished"}
