@@ -126,6 +126,9 @@ def _obstacle(out: Path, kind: str) -> str:
     if kind == "user file":
         (out / "components" / "train.yaml").write_text("precious\n")
         return "components/train.yaml is not a compiled pipeline"
+    if kind == "another compiled pipeline":  # a user's own, of the same file name (was: replaced)
+        (out / "training_pipeline.yaml").write_text("# PIPELINE DEFINITION\n# Name: my-own-pipeline\nprecious\n")
+        return "training_pipeline.yaml is another compiled pipeline ('# Name: my-own-pipeline', not '# Name: kftrain"
     if kind == "link":
         (out.parent / "outside.txt").write_text("precious\n")
         (out / "training_pipeline.yaml").symlink_to(out.parent / "outside.txt")
@@ -151,7 +154,9 @@ def _tree(root: Path) -> dict[str, str]:
     }
 
 
-@pytest.mark.parametrize("kind", ["user file", "link", "linked folder", "folder", "a file where a folder goes"])
+@pytest.mark.parametrize(
+    "kind", ["user file", "another compiled pipeline", "link", "linked folder", "folder", "a file where a folder goes"]
+)
 def test_compile_replaces_only_its_own_earlier_output_and_writes_nothing_when_refused(tmp_path, kind):
     out = tmp_path / "out"
     named = _obstacle(out, kind)
