@@ -29,21 +29,22 @@ def _cmd_compile(args: argparse.Namespace) -> int:
     return 0
 
 
-def _resume_command(argv: list[str], run_id: str | None) -> str:
-    """The command line that continues this run: the same arguments with --run-id (without one when
-    `run_id` is None: the same run started anew). A password in a URL among them is written `***`:
-    put credentials in the environment, not on the command line."""
+def _resume_command(argv: list[str], run_id: str | None, drop: tuple[str, ...] = ()) -> str:
+    """The command line that continues this run: the same arguments, less the flags `drop` names,
+    with --run-id (without one when `run_id` is None: the same run started anew). A password in a
+    URL among them is written `***`: put credentials in the environment, not on the command line."""
     import shlex
 
+    dropped = ("--run-id", *drop)
     args, skip = [], False
     for a in argv:
         if skip:
             skip = False
             continue
-        if a == "--run-id":
+        if a in dropped:
             skip = True
             continue
-        if a.startswith("--run-id="):
+        if a.startswith(tuple(f"{flag}=" for flag in dropped)):
             continue
         args.append(a)
     return redact(shlex.join(["kftrain", *args, *(["--run-id", run_id] if run_id else [])]))
@@ -223,9 +224,13 @@ def _cmd_run(args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
         return 128 + outcome.signum
+    unwritten = None
     if args.summary:  # before the terminal lines: a closed terminal must not lose it
-        with _writing("--summary"):
-            write_summary(summary, args.summary)
+        try:
+            with _writing("--summary"):
+                write_summary(summary, args.summary)
+        except OutputError as exc:  # the run is done all the same: its lines below, then this
+            unwritten = exc
     if summary.get("already_finished"):
         print(f"kftrain: run {run_id} had already finished; nothing to do. Its summary:")
     print("\nkftrain: run finished. Artifacts:")
@@ -242,10 +247,18 @@ def _cmd_run(args: argparse.Namespace) -> int:
         print(f"  (and {len(per_class)} per-class measures: see the report)")
     verdict = "passed" if summary["exported"] else "FAILED: the model was not exported"
     print(f"Quality gate {verdict} ({summary['quality_gate']})")
-    if args.summary:
+    if args.summary and not unwritten:
         print(f"summary written to {args.summary}")
     if full_log:
         print(f"full log: {full_log}")
+    if unwritten:
+        again = _resume_command(args.argv, run_id, drop=("--summary",))
+        print(
+            f"kftrain: error: {unwritten} (the run finished; its summary is kept with it: `{again} --summary PATH` "
+            "writes it again)",
+            file=sys.stderr,
+        )
+        return 1
     return 0 if summary["exported"] else GATE_FAILED
 
 

@@ -859,3 +859,26 @@ def test_a_start_record_without_a_config_says_the_defaults_apply(tmp_path, monke
     err = capsys.readouterr().err
     assert f"kftrain: run r1: its start record ({started}) holds no config" in err
     assert "the built-in defaults apply; give --config with the config it ran with" in err
+
+
+def test_a_summary_that_cannot_be_written_at_the_end_fails_the_run_after_its_lines(tmp_path, monkeypatch, capsys):
+    """The run finished, then --summary's folder could not be written (was: exit 2, which says
+    refused before any step, and no artifacts or metrics on the terminal)."""
+    import errno
+
+    def full_disk(summary, path):
+        raise OSError(errno.ENOSPC, "No space left on device", path)
+
+    monkeypatch.chdir(tmp_path)
+    _no_process_watch(monkeypatch, runs=True)
+    monkeypatch.setattr("pipelines.local_run.write_summary", full_disk)
+    rc = main(["run", "--local", "--output-dir", "out", "--run-id", "r1", "--summary", "s.json"])
+    out, err = capsys.readouterr()
+    assert rc == 1, err
+    assert "kftrain: run finished. Artifacts:" in out and "Quality gate passed" in out
+    assert "summary written to" not in out
+    assert err.strip().splitlines()[-1] == (
+        "kftrain: error: --summary: cannot write s.json: No space left on device; name a folder you can write (the run "
+        "finished; its summary is kept with it: `kftrain run --local --output-dir out --run-id r1 --summary PATH` "
+        "writes it again)"
+    )
