@@ -1048,11 +1048,20 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     # What the user can fix: one line, no traceback (an OSError names the local file it is about).
     except (KftrainError, ValueError, OSError) as exc:
-        print(f"kftrain: error: {redact(str(exc))}", file=sys.stderr)
+        print(f"kftrain: error: {redact(_said(exc))}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:  # Ctrl-C outside `run --local` (which stops its run itself)
         print("\nkftrain: interrupted; what it started on this machine has stopped", file=sys.stderr)
         return 128 + signal.SIGINT
+
+
+def _said(exc: BaseException) -> str:
+    """The error's line: an OS error as its file and what the system said of it, not Python's
+    `[Errno 2] No such file or directory: '/proc/x'`."""
+    if isinstance(exc, OSError) and not isinstance(exc, KftrainError) and exc.strerror:
+        where = f"{exc.filename}: " if exc.filename else ""
+        return f"{where}{exc.strerror}" + (f" (-> {exc.filename2})" if exc.filename2 else "")
+    return str(exc)
 
 
 if __name__ == "__main__":

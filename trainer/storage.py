@@ -21,6 +21,7 @@ import os
 import random
 import re
 import shutil
+import tempfile
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -373,7 +374,9 @@ class LocalStore:
         self._path(uri).unlink(missing_ok=True)
 
     def check(self, uri: str) -> None:
-        """Whether a write under `uri` can succeed; creates nothing (the first write makes the folders)."""
+        """Whether a write under `uri` can succeed; leaves nothing behind (the first write makes the
+        folders): a folder is made and removed again in the nearest one that exists, as the
+        permission bits do not tell (root may write anywhere by them, and not in /proc)."""
         path = self._path(uri)
         existing = path
         while not existing.exists() and existing != existing.parent:
@@ -382,6 +385,12 @@ class LocalStore:
             raise StoreError(f"cannot write under {uri}: {existing} is a file, not a folder")
         if not os.access(existing, os.W_OK | os.X_OK):
             raise StoreError(f"cannot write under {uri}: the folder {existing} is not writable by this user")
+        try:
+            os.rmdir(tempfile.mkdtemp(prefix=".kftrain-check-", dir=existing))
+        except OSError as exc:
+            raise StoreError(
+                f"cannot write under {uri}: a folder in {existing} cannot be made ({exc.strerror})"
+            ) from None
 
 
 def is_transient(exc: BaseException) -> bool:

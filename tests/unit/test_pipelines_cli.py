@@ -882,3 +882,20 @@ def test_a_summary_that_cannot_be_written_at_the_end_fails_the_run_after_its_lin
         "finished; its summary is kept with it: `kftrain run --local --output-dir out --run-id r1 --summary PATH` "
         "writes it again)"
     )
+
+
+@pytest.mark.parametrize(
+    ("error", "line"),
+    [
+        (FileNotFoundError(2, "No such file or directory", "/proc/x"), "/proc/x: No such file or directory"),
+        (PermissionError(1, "Operation not permitted", "/sys/x"), "/sys/x: Operation not permitted"),
+        (OSError(18, "Invalid cross-device link", "a", None, "b"), "a: Invalid cross-device link (-> b)"),
+        (OSError("no errno"), "no errno"),
+        (ValueError("a value"), "a value"),
+    ],
+)
+def test_an_os_error_reaching_the_command_line_is_its_file_and_what_the_system_said(error, line):
+    """Was: Python's `[Errno 2] No such file or directory: '/proc/x'`."""
+    from pipelines.cli import _said
+
+    assert _said(error) == line

@@ -1,4 +1,5 @@
 import os
+import re
 
 import pytest
 
@@ -95,6 +96,24 @@ def assert_lists_folders(store, root: str) -> None:
 
 def test_local_store_lists_folders_not_name_prefixes(tmp_path):
     assert_lists_folders(LocalStore(), str(tmp_path))
+
+
+@pytest.mark.parametrize(
+    ("where", "said"),
+    [
+        ("a-file/x", "a-file is a file, not a folder"),
+        # Writable by its mode bits (root's view) and still no folder can be made there (was: passed,
+        # then the first write failed with a bare "[Errno 2] No such file or directory: '/proc/x'").
+        ("/proc/kftrain-check/x", "a folder in /proc cannot be made (No such file or directory)"),
+    ],
+)
+def test_a_local_folder_no_write_can_happen_in_is_refused_by_its_check(tmp_path, where, said):
+    (tmp_path / "a-file").write_text("")
+    with pytest.raises(StoreError, match=re.escape(said)):
+        LocalStore().check(where if where.startswith("/") else str(tmp_path / where))
+    store_root = tmp_path / "fine" / "deeper"
+    LocalStore().check(str(store_root))
+    assert list(tmp_path.iterdir()) == [tmp_path / "a-file"]  # nothing left behind
 
 
 def test_local_store_round_trip(tmp_path):
