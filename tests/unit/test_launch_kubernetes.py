@@ -710,7 +710,18 @@ def test_job_status_names_the_job_its_state_and_that_no_progress_came_yet():
     [
         (None, "no TrainJob or PyTorchJob named 'nope' in namespace 'team'"),
         ({"status": 403}, "cannot read TrainJob team/nope: (403) Forbidden (your account lacks RBAC to read it)"),
+        # No answer at all (was: "cannot read TrainJob ...: MaxRetryError: HTTPSConnectionPool(host=...", of a
+        # kind the user never named, with no fix).
+        (
+            {"exc": ConnectionRefusedError(111, "Connection refused")},
+            "cannot reach the Kubernetes API server (Connection refused): check the kubeconfig's current context",
+        ),
+        (
+            {"exc": urllib3.exceptions.MaxRetryError(None, "/apis", OSError(-2, "Name or service not known"))},
+            "cannot reach the Kubernetes API server (Name or service not known): check the kubeconfig",
+        ),
     ],
+    ids=["missing", "forbidden", "refused", "no-such-host"],
 )
 def test_job_status_errors_are_one_line_that_says_what_to_fix(fault, message):
     from trainer.launch.kubernetes import JobStatusError, job_status

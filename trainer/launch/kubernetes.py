@@ -78,7 +78,16 @@ from trainer.launch.jobkind import (
 )
 from trainer.launch.logstream import LogStreams
 from trainer.launch.pytorchjob import owner_reference
-from trainer.launch.retry import REQUEST_TIMEOUT_S, ApiRetry, ApiUnavailable, describe, http_status, refused_call
+from trainer.launch.retry import (
+    CONNECTION_ERRORS,
+    REQUEST_TIMEOUT_S,
+    ApiRetry,
+    ApiUnavailable,
+    describe,
+    http_status,
+    refused_call,
+    unreachable,
+)
 from trainer.launch.spec import AUTO, POD_NAME_ENV, POD_UID_ENV, JobSpec, require_object_store
 from trainer.progress import PROGRESS_ANNOTATION, Snapshot, format_seconds, progress_of, stamp
 
@@ -1042,6 +1051,13 @@ def job_status(
             status = http_status(exc)
             if status == 404:  # no such job, or (auto) the cluster does not serve the kind
                 continue
+            if status is None and isinstance(exc, CONNECTION_ERRORS):  # no answer: no kind of job is to blame
+                host = getattr(getattr(getattr(custom_api, "api_client", None), "configuration", None), "host", "")
+                raise JobStatusError(
+                    f"cannot reach the Kubernetes API server{f' at {host}' if host else ''} ({unreachable(exc)}): "
+                    "check the kubeconfig's current context (KUBECONFIG, `kubectl config current-context`) and "
+                    "that the cluster is up"
+                ) from None
             hint = " (your account lacks RBAC to read it)" if status == 403 else ""
             raise JobStatusError(f"cannot read {k.crd_kind} {namespace}/{name}: {describe(exc)}{hint}") from None
     if obj is None or found is None:

@@ -21,6 +21,7 @@ import datetime as dt
 import email.utils
 import http.client
 import random
+import re
 from collections.abc import Callable
 from typing import Any, TypeVar
 
@@ -96,6 +97,14 @@ def describe(exc: BaseException) -> str:
         return f"({status}) {getattr(exc, 'reason', '') or ''}".rstrip()
     text = str(exc).strip()
     return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
+
+
+def unreachable(exc: BaseException) -> str:
+    """What the system said of a connection that got no answer (`Connection refused`, `Name or
+    service not known`), from under urllib3's `MaxRetryError(... NewConnectionError(...))`."""
+    text = str(getattr(exc, "reason", None) or exc)
+    said = re.findall(r"\[Errno -?\d+\] ([^'\")\]]+)", text)
+    return said[-1].strip() if said else describe(exc)[:200]
 
 
 class ApiRetry:
