@@ -70,6 +70,22 @@ def test_topology_from_the_environment(environ, expected):
     assert hvd.topology(environ) == expected
 
 
+@pytest.mark.parametrize(
+    ("environ", "said"),
+    [
+        ({"RANK": "abc", "WORLD_SIZE": "2"}, "RANK='abc' is not a whole number"),
+        ({"RANK": "0", "WORLD_SIZE": "0"}, "WORLD_SIZE='0' must be at least 1"),  # was: "MASTER_ADDR expected"
+        ({"RANK": "3", "WORLD_SIZE": "2"}, r"RANK=3 is not a rank of WORLD_SIZE=2 processes \(0..1\)"),
+        ({"RANK": "0", "WORLD_SIZE": "2", "LOCAL_RANK": "x"}, "LOCAL_RANK='x' is not a whole number"),
+        ({"RANK": "-1", "WORLD_SIZE": "2"}, "RANK='-1' must be at least 0"),
+    ],
+)
+def test_an_environment_no_job_runs_with_is_named_by_its_variable(environ, said):
+    """Was: `invalid literal for int() with base 10: 'abc'` in a traceback, not naming RANK."""
+    with pytest.raises(hvd.HorovodEnvironmentError, match=said):
+        hvd.topology(environ)
+
+
 def test_several_processes_per_pod_need_torchrun():
     with pytest.raises(RuntimeError, match="through torchrun"):
         hvd.topology({"RANK": "1", "WORLD_SIZE": "8", "PET_NPROC_PER_NODE": "4"})
@@ -116,13 +132,27 @@ def test_a_process_set_is_sorted_and_unregistered_until_added():
         ("KFTRAIN_HOROVOD_CHECKS", "maybe", "use 1"),
         ("KFTRAIN_HOROVOD_CHECK_TIMEOUT_S", "soon", "not a number"),
         ("KFTRAIN_HOROVOD_CHECK_TIMEOUT_S", "0", "positive"),
+        ("KFTRAIN_HOROVOD_CHECK_TIMEOUT_S", "inf", "at most 604800"),
+        ("KFTRAIN_HOROVOD_TIMEOUT_S", "1e400", "at most 604800"),  # was: OverflowError, naming no variable
     ],
 )
 def test_bad_check_settings_are_named(monkeypatch, variable, value, message):
+    """One line from `horovod-run` (tests/integration/test_horovod.py), not a traceback."""
     monkeypatch.setenv(variable, value)
-    with pytest.raises(ValueError, match=f"{variable}.*{message}"):
+    with pytest.raises(hvd.HorovodEnvironmentError, match=f"{variable}.*{message}"):
         hvd.init()
     assert not hvd.is_initialized()
+
+
+def test_a_root_rank_that_is_no_int_is_said_as_such():
+    """Was: "root_rank 0 is not a rank of this job (ranks [0])" for the text '0'."""
+    hvd.init()
+    try:
+        with pytest.raises(ValueError, match=r"root_rank must be an int \(a rank\), got str '0'"):
+            hvd.broadcast(torch.ones(2), root_rank="0")
+        assert hvd.broadcast(torch.ones(2), root_rank=0).tolist() == [1.0, 1.0]
+    finally:
+        hvd.shutdown()
 
 
 def test_using_horovod_before_init_is_an_error():
@@ -303,3 +333,25 @@ def test_other_import_errors_stay_the_script_s_own(tmp_path, monkeypatch, capsys
     assert run_script(monkeypatch, tmp_path / "train.py", script) == code
     out, err = capsys.readouterr()
     assert said in out + err and "kftrain's Horovod shim" not in err
+
+
+@pytest.mark.parametrize(
+    ("env", "said"),
+    [
+        ({"RANK": "abc", "WORLD_SIZE": "2"}, "RANK='abc' is not a whole number"),
+        ({"KFTRAIN_HOROVOD_CHECK_TIMEOUT_S": "soon"}, "KFTRAIN_HOROVOD_CHECK_TIMEOUT_S='soon' is not a number"),
+    ],
+)
+def test_horovod_run_says_an_environment_no_job_runs_with_in_one_line(
+    shim_on_path, tmp_path, monkeypatch, capsys, env, said
+):
+    """Was: the script's traceback, ending in `invalid literal for int()` (not naming RANK)."""
+    from trainer.horovod.run import main
+
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    script = tmp_path / "train.py"
+    script.write_text("import horovod.torch as hvd\nhvd.init()\n")
+    assert main([str(script)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith(f"kftrain horovod-run: hvd.init(): {said}") and "\n" not in err, err

@@ -129,6 +129,13 @@ class HorovodInternalError(RuntimeError):
     """A collective failed or the processes disagree about one (Horovod's type for both)."""
 
 
+class HorovodEnvironmentError(ValueError, RuntimeError):
+    """The process's environment is not one a job runs with (a rank or size that is no number,
+    a KFTRAIN_HOROVOD_* setting out of range, a pod that needs torchrun): `horovod-run` says it in
+    one line, naming the variable. A ValueError (a bad value) and a RuntimeError (as the shim
+    raised for a pod that needs torchrun), for code that catches either."""
+
+
 class ShimUnsupportedError(Exception):
     """A Horovod feature kftrain's shim does not provide; the message says what to use instead.
 
@@ -261,22 +268,24 @@ class Topology:
 
 def topology(environ: Mapping[str, str] = os.environ) -> Topology:
     """This process's ranks from the torchrun / PyTorchJob environment (rank 0 of 1 without one)."""
-    world = int(environ.get("WORLD_SIZE", 1))
-    rank_ = int(environ.get("RANK", 0))
+    world = _env_int(environ, "WORLD_SIZE", 1, minimum=1)
+    rank_ = _env_int(environ, "RANK", 0, minimum=0)
+    if rank_ >= world:
+        raise HorovodEnvironmentError(f"RANK={rank_} is not a rank of WORLD_SIZE={world} processes (0..{world - 1})")
     if "LOCAL_RANK" in environ:  # torchrun (or anything that follows its contract)
-        local_size = int(environ.get("LOCAL_WORLD_SIZE", 1))
+        local_size = _env_int(environ, "LOCAL_WORLD_SIZE", 1, minimum=1)
         return Topology(
             rank=rank_,
             size=world,
-            local_rank=int(environ["LOCAL_RANK"]),
+            local_rank=_env_int(environ, "LOCAL_RANK", 0, minimum=0),
             local_size=local_size,
-            cross_rank=int(environ.get("GROUP_RANK", rank_ // local_size)),
-            cross_size=int(environ.get("GROUP_WORLD_SIZE", world // local_size)),
+            cross_rank=_env_int(environ, "GROUP_RANK", rank_ // local_size, minimum=0),
+            cross_size=_env_int(environ, "GROUP_WORLD_SIZE", world // local_size, minimum=1),
         )
     nproc = environ.get("PET_NPROC_PER_NODE", "1")
     if nproc.isdigit() and int(nproc) > 1:
         # The operator's RANK is then a node rank, not a process rank.
-        raise RuntimeError(
+        raise HorovodEnvironmentError(
             f"PET_NPROC_PER_NODE={nproc} but no LOCAL_RANK: with several processes per pod start the script "
             "through torchrun: python -m torch.distributed.run -m trainer.horovod.run SCRIPT [ARGS]"
         )
@@ -284,12 +293,26 @@ def topology(environ: Mapping[str, str] = os.environ) -> Topology:
     if "RANK" not in environ and nnodes.isdigit() and int(nnodes) > 1:
         # A Trainer v2 TrainJob injects only PET_*: without torchrun no process knows its rank,
         # and every pod would silently train alone as rank 0 of 1.
-        raise RuntimeError(
+        raise HorovodEnvironmentError(
             f"PET_NNODES={nnodes} but no RANK or LOCAL_RANK (a Kubeflow Trainer v2 TrainJob sets only PET_*): "
             "start the script through torchrun: python -m torch.distributed.run -m trainer.horovod.run SCRIPT [ARGS]"
         )
     # One process per pod: the operator's RANK/WORLD_SIZE are process ranks, each pod a node.
     return Topology(rank=rank_, size=world, local_rank=0, local_size=1, cross_rank=rank_, cross_size=world)
+
+
+def _env_int(environ: Mapping[str, str], name: str, default: int, minimum: int) -> int:
+    """The whole number `environ[name]` (`default` when unset), at least `minimum`."""
+    raw = environ.get(name)
+    if raw is None:
+        return default
+    try:
+        value = int(raw)
+    except ValueError:
+        raise HorovodEnvironmentError(f"{name}={raw!r} is not a whole number") from None
+    if value < minimum:
+        raise HorovodEnvironmentError(f"{name}={raw!r} must be at least {minimum}")
+    return value
 
 
 @dataclass(slots=True)
@@ -334,7 +357,11 @@ def _env_flag(name: str, default: bool) -> bool:
         return False
     if value in ("1", "true", "yes", "on"):
         return True
-    raise ValueError(f"{name}={value!r}: use 1 (on) or 0 (off)")
+    raise HorovodEnvironmentError(f"{name}={value!r}: use 1 (on) or 0 (off)")
+
+
+#: The longest wait a KFTRAIN_HOROVOD_*_TIMEOUT_S may set (a week; past it, a typo).
+MAX_TIMEOUT_S = 7 * 24 * 3600.0
 
 
 def _env_seconds(name: str, default: float) -> datetime.timedelta:
@@ -342,9 +369,11 @@ def _env_seconds(name: str, default: float) -> datetime.timedelta:
     try:
         seconds = float(raw) if raw.strip() else default
     except ValueError:
-        raise ValueError(f"{name}={raw!r} is not a number of seconds") from None
-    if not seconds > 0:
-        raise ValueError(f"{name}={raw!r} must be a positive number of seconds")
+        raise HorovodEnvironmentError(f"{name}={raw!r} is not a number of seconds") from None
+    if not 0 < seconds <= MAX_TIMEOUT_S:
+        raise HorovodEnvironmentError(
+            f"{name}={raw!r} must be a positive number of seconds, at most {MAX_TIMEOUT_S:.0f} (a week)"
+        )
     return datetime.timedelta(seconds=seconds)
 
 
@@ -803,7 +832,9 @@ def _start_check(
     me = st.ranks.index(rank())
     group_root = None
     if root_rank is not None:
-        if isinstance(root_rank, bool) or not isinstance(root_rank, int) or root_rank not in st.ranks:
+        if isinstance(root_rank, bool) or not isinstance(root_rank, int):
+            raise ValueError(f"root_rank must be an int (a rank), got {type(root_rank).__name__} {root_rank!r}")
+        if root_rank not in st.ranks:
             where = "this job" if st.owner is global_process_set else str(st.owner)
             raise ValueError(f"root_rank {root_rank} is not a rank of {where} (ranks {list(st.ranks)})")
         group_root = st.ranks.index(root_rank)

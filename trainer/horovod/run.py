@@ -130,6 +130,10 @@ def main(argv: list[str] | None = None) -> int:
         print(f"kftrain horovod-run: {argv[0]} imports {missing}, {not_provided(missing)}", file=sys.stderr)
         return 1
     except Exception as exc:
+        api = sys.modules.get("trainer.horovod.api")
+        if api is not None and isinstance(exc, api.HorovodEnvironmentError):  # the environment's, not the script's
+            print(f"kftrain horovod-run: hvd.init(): {exc}", file=sys.stderr)
+            return 2
         _uncaught(exc)
         return 1
     return 0
