@@ -1061,6 +1061,10 @@ class KubernetesConfig:
                 raise ConfigError(f"{p}.volumes[{i}]{where}: {problem}")
 
 
+#: A custom task's import path: a dotted module and a class, each a Python name.
+_TASK_PATH = re.compile(r"[A-Za-z_]\w*(\.[A-Za-z_]\w*)*:[A-Za-z_]\w*")
+
+
 @dataclass(kw_only=True, slots=True)
 class Config:
     """The whole kftrain configuration: one YAML file, one section per concern."""
@@ -1102,10 +1106,10 @@ class Config:
 
     def __post_init__(self) -> None:
         _require(
-            self.task in BUILTIN_TASKS or ":" in self.task,
+            self.task in BUILTIN_TASKS or bool(_TASK_PATH.fullmatch(self.task)),
             "task",
             self.task,
-            f"must be one of {BUILTIN_TASKS} or an import path `package.module:TaskClass`",
+            f"must be one of {BUILTIN_TASKS} or an import path `package.module:TaskClass` (Python names, dotted)",
         )
         _require(
             self.checkpoint.enabled or not self.checkpoint.keep_best,

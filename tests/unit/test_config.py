@@ -339,3 +339,25 @@ def test_a_uri_with_whitespace_around_it_is_refused_naming_the_field(field, valu
     # relative folder named ' ', while the run succeeded.
     with pytest.raises(ConfigError, match=f"^{re.escape(field)}: .* starts or ends with whitespace: remove it$"):
         load_config(overrides={field: value})
+
+
+@pytest.mark.parametrize(
+    ("task", "refused"),
+    [
+        ("classification", False),
+        ("my_pkg.tasks:Regression", False),
+        ("mod:Cls", False),
+        ("a b:c", True),  # was: accepted by `job manifest`, a name no import could find
+        ("x:", True),
+        ("a:b:c", True),
+        ("pkg.mod.Cls", True),  # a dot where the colon goes
+        ("9pkg:Cls", True),
+        ("regression", True),
+    ],
+)
+def test_a_task_is_a_built_in_one_or_an_import_path_of_python_names(task, refused):
+    if not refused:
+        assert load_config(overrides={"task": task}).task == task
+        return
+    with pytest.raises(ConfigError, match=r"task: must be one of .* import path `package.module:TaskClass`"):
+        load_config(overrides={"task": task})
