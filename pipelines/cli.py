@@ -490,6 +490,10 @@ def _prepared_dataset(cfg: Any, uri: str) -> dict[str, Any]:
 
     try:
         return read_manifest(store_for(cfg, uri), uri, dataset_format(cfg))
+    except ConfigError:
+        raise
+    except ValueError as exc:  # a malformed URI
+        raise ConfigError(f"--dataset: {exc}") from None
     except ObjectNotFound:
         raise ConfigError(
             f"--dataset {uri}: no prepared dataset there (no manifest.json); pass the folder data prep wrote "

@@ -1292,6 +1292,9 @@ def _convert(value: Any, tp: Any, path: str) -> Any:
                 kind, written = "number", value
             quoted = "quote it" if path.startswith(_UNSHOWN_VALUES) else f"write '{written}'"
             _require(False, path, value, f"must be a string (YAML reads it unquoted as a {kind}: {quoted})")
+        if isinstance(value, dict) and len(value) == 1 and None in value.values():
+            # `max:` or `--set keep_best=max:`: a key with no value, where text ending in ':' was meant.
+            _require(False, path, value, f"must be a string (YAML reads `{next(iter(value))}:` as a mapping: quote it)")
         _require(isinstance(value, str), path, value, "must be a string")
         return value
     raise TypeError(f"{path}: unsupported annotation {_type_name(tp)}")  # a bug in this module
@@ -1542,10 +1545,17 @@ def read_config_file(path: str | Path) -> str:
     try:
         with open(path, "rb") as f:
             raw = f.read(MAX_CONFIG_BYTES + 1)  # never more: a config past the bound is refused unread
-        text = raw.decode("utf-8")
-    except (OSError, UnicodeDecodeError) as exc:
-        reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
+    except OSError as exc:
+        reason = exc.strerror or str(exc)
         raise ConfigError(f"--config {path}: cannot read the config file ({reason}); pass a YAML file") from None
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        line = raw[: exc.start].count(b"\n") + 1
+        raise ConfigError(
+            f"--config {path}: line {line}: byte {raw[exc.start]:#04x} is not UTF-8 text (a file saved in another "
+            "encoding, e.g. Latin-1 or UTF-16); save it as UTF-8"
+        ) from None
     if not raw.strip():  # an empty file is a mistake (a failed `> file`), not a wish for the defaults
         raise ConfigError(
             f"--config {path}: the file is empty; write the fields to change, or leave out --config for the "

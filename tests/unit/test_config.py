@@ -118,6 +118,7 @@ def test_yaml_file_maps_onto_the_tree(tmp_path):
         ),
         ("checkpoint:\n  resume_from: 12345\n", "must be a string (YAML reads it unquoted as a number: write '12345')"),
         ("kubernetes:\n  namespace: true\n", "must be a string (YAML reads it unquoted as a boolean: write 'true')"),
+        ("checkpoint:\n  keep_best: {max: }\n", "must be a string (YAML reads `max:` as a mapping: quote it)"),
         ("data:\n  label_column: ''\n", "data.label_column: must not be empty"),
         ("- a\n- b\n", "must hold a mapping"),
         ("train: [\n", "not valid YAML"),
@@ -361,3 +362,20 @@ def test_a_task_is_a_built_in_one_or_an_import_path_of_python_names(task, refuse
         return
     with pytest.raises(ConfigError, match=r"task: must be one of .* import path `package.module:TaskClass`"):
         load_config(overrides={"task": task})
+
+
+@pytest.mark.parametrize(
+    ("raw", "said"),
+    [
+        (b"train:\n  # caf\xe9\n  epochs: 2\n", "line 2: byte 0xe9 is not UTF-8 text"),  # Latin-1
+        ("train:\n  epochs: 2\n".encode("utf-16"), "line 1: byte 0xff is not UTF-8 text"),
+    ],
+)
+def test_a_config_file_in_another_encoding_names_the_line_and_the_fix(tmp_path, raw, said):
+    """Was: "cannot read the config file ('utf-8' codec can't decode byte 0xe9 in position 16: ...);
+    pass a YAML file" of a YAML file."""
+    from trainer.config import read_config_file
+
+    (tmp_path / "c.yaml").write_bytes(raw)
+    with pytest.raises(ConfigError, match=rf"--config .*c.yaml: {said} .*; save it as UTF-8$"):
+        read_config_file(tmp_path / "c.yaml")

@@ -757,3 +757,5 @@ def test_no_usable_kubeconfig_is_one_line_saying_what_to_do(tmp_path, monkeypatc
     message = str(err.value)
     assert message.startswith("no Kubernetes cluster to talk to") and reason in message and "\n" not in message
     assert message.endswith("point KUBECONFIG at a kubeconfig file or choose a context (kubectl config use-context)")
+    # The file it read, and whether there is one (was: "No configuration found", naming no file).
+    assert f"the kubeconfig ({path}{', no such file' if kubeconfig is None else ''}) is not usable" in message

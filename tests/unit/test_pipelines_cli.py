@@ -168,6 +168,7 @@ PLAN_CONFIG_ROWS = [
     ("plan:\n  gpu: H200\nkubernetes:\n  gpu_memory_gb: 144\n", [], "kubernetes.gpu_memory_gb: 144 GiB is more"),
     (None, ["--gpu", "A100-40GB", "--gpu-memory", "80"], "--gpu-memory: kubernetes.gpu_memory_gb: 80 GiB is more than"),
     (None, ["--config", "missing.yaml"], "--config missing.yaml: cannot read the config file"),
+    (None, ["--dataset", "s3://"], "--dataset: invalid bucket name '' in 's3://'"),  # was: naming no flag
 ]
 
 

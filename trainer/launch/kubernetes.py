@@ -974,6 +974,12 @@ class JobStatusError(KftrainError, LookupError):
     """`kftrain job status`: the job is not there, or the API refused to show it."""
 
 
+def _missing(files: str | None) -> bool:
+    """Whether none of the kubeconfig files (KUBECONFIG's list, else the default one) exists."""
+    paths = files.split(os.pathsep) if files else [os.path.expanduser("~/.kube/config")]
+    return not any(os.path.isfile(p) for p in paths if p)
+
+
 class ClusterConfigError(KftrainError, RuntimeError):
     """No Kubernetes API to talk to: not in a pod, and no usable kubeconfig."""
 
@@ -997,7 +1003,8 @@ def load_cluster_config() -> str | None:
     except (config.ConfigException, yaml.YAMLError, OSError, ValueError, TypeError, KeyError) as exc:
         reason = " ".join(str(exc).split()) or type(exc).__name__
         raise ClusterConfigError(
-            f"no Kubernetes cluster to talk to: not in a pod, and the kubeconfig is not usable ({reason}); "
+            f"no Kubernetes cluster to talk to: not in a pod, and the kubeconfig "
+            f"({files or '~/.kube/config'}{', no such file' if _missing(files) else ''}) is not usable ({reason}); "
             "point KUBECONFIG at a kubeconfig file or choose a context (kubectl config use-context)"
         ) from None
     return (active or {}).get("context", {}).get("namespace")
