@@ -36,11 +36,11 @@ def configure(
     max_perplexity: float = 0.0,
 ) -> str:
     """Validate the whole config once, before any work starts, and hand every later step the
-    same effective config (as JSON text; the step's output shows it). Also checks what can be
-    checked now: the store and checkpoint prefixes are writable, checkpoint.resume_from names a
-    checkpoint this config can continue (pinned to it), a custom task imports,
-    data.source is readable, and a base model's folder is one kftrain can train within the
-    configured memory.
+    same effective config (as JSON text; the step's output shows it), with `data.source_version`
+    set to the version of the data data prep will read. Also checks what can be checked now: the
+    store and checkpoint prefixes are writable, checkpoint.resume_from names a checkpoint this
+    config can continue (pinned to it), a custom task imports, data.source is readable, and a base
+    model's folder is one kftrain can train within the configured memory. Never cached.
 
     Args:
         config: The kftrain config as YAML/JSON text: the base of the run.
@@ -76,9 +76,11 @@ def configure(
     from trainer.checks import check_run_settings
 
     check_run_settings(cfg, **run_settings)
+    import dataclasses
     import logging
 
     from trainer.checks import checked_before
+    from trainer.data_rules import source_version
 
     if checked_before(cfg):
         print("pre-flight checks: done by `kftrain run` before this step, on this very config")
@@ -86,6 +88,9 @@ def configure(
         # Whatever can be checked before any step is checked now: the job a cluster would refuse, the
         # store and checkpoint prefixes, a custom task, data.source, a base model.
         cfg = check_before_steps(cfg)  # checkpoint.resume_from pinned to the checkpoint it names now
+    # The version of the data data prep reads, in its input: KFP's cache reuses a prepared dataset
+    # only for the same data (this step is never cached: it reads the store anew each run).
+    cfg = dataclasses.replace(cfg, data=dataclasses.replace(cfg.data, source_version=source_version(cfg)))
 
     from trainer.checks import ignored_settings
 

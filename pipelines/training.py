@@ -84,6 +84,9 @@ def _pipeline(
     secrets = {"store_secret": store_secret, "hf_token_secret": hf_token_secret}
     conf = with_secrets(configure(config=config, **secrets, **run_settings, **knobs), hub_token=False)
     conf.set_display_name("configure")
+    # Never cached: its checks, the checkpoint it pins resume_from to and the version of the source
+    # it records (data prep's cache key) are the store's now, not an earlier run's with this config.
+    conf.set_caching_options(False)
     effective = conf.output
     prep = with_secrets(data_prep(config=effective))
     prep.set_display_name("data prep")

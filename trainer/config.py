@@ -232,6 +232,11 @@ class DataConfig:
     """Classification: `digits` (scikit-learn's handwritten digits, bundled) or a CSV URI; causal_lm: `python-stdlib`
     (Python's own library source), a text or JSON Lines object, or a prefix holding many (`s3://bucket/corpus/`); empty:
     the task's default."""
+    source_version: str = ""
+    """Set by the pipeline's configure step; leave it empty: a digest of what data prep reads from a store (the
+    source's objects and a `data.tokenizer` file: their sizes and ETags, or a local file's modification time) when
+    the run started. A source changed in place changes it, so KFP's cache prepares the data again (was: a cached
+    dataset of the old data, in silence)."""
     label_column: str = "label"
     """For a CSV source: the column holding the class label; every other column is a numeric feature (finite, within
     float32's range). Labels are stripped of surrounding whitespace and numbers compare as numbers: `1`, `1.0` and ` 1`

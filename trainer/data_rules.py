@@ -276,6 +276,32 @@ def source_objects(store: ObjectStore, source: str) -> list[str]:
     return [u for u in store.list(source.rstrip("/") + "/") if not u.rsplit("/", 1)[-1].startswith(".")]
 
 
+def source_version(cfg: Config) -> str:
+    """`data.source_version` for `cfg`: a digest of the version of every object data prep reads
+    from a store (the source's, a `data.tokenizer` file), '' when it reads none (a built-in
+    source). A store that fails raises :class:`StoreError` naming the field."""
+    import hashlib
+
+    named = []
+    if cfg.data.source not in BUILTIN_SOURCES:
+        named.append(("data.source", cfg.data.source, True))
+    spec = parse_spec(cfg.data.tokenizer) if cfg.task == "causal_lm" else None
+    if spec is not None and spec.kind == "file":
+        named.append(("data.tokenizer", spec.uri, False))
+    if not named:
+        return ""
+    digest = hashlib.sha256()
+    with check_deadline(CHECK_BUDGET_S):
+        for field, uri, many in named:
+            store = source_store(cfg, uri)
+            try:
+                for obj in source_objects(store, uri) if many else [uri]:
+                    digest.update(f"{obj}={store.version(obj)}\n".encode())
+            except StoreError as exc:
+                raise type(exc)(f"{field} {uri}: {exc}") from None
+    return digest.hexdigest()[:16]
+
+
 def check_source(cfg: Config) -> None:
     """Before any step: `data.source` exists, is readable, is what its task reads and is text
     (a causal_lm prefix: its first `CHECK_OBJECTS` objects), and a causal_lm `data.tokenizer`

@@ -218,6 +218,10 @@ class ObjectStore(Protocol):
     def size(self, uri: str) -> int:
         """The object's size in bytes; :class:`ObjectNotFound` when absent."""
 
+    def version(self, uri: str) -> str:
+        """A token that changes whenever the object does (its size and ETag; a local file's size
+        and modification time); :class:`ObjectNotFound` when absent."""
+
     def put_file(self, uri: str, path: str | Path) -> None:
         """Upload a local file (multipart for large files)."""
 
@@ -341,10 +345,17 @@ class LocalStore:
             raise StoreError(f"cannot read {uri}: {exc.strerror or exc}") from None
 
     def size(self, uri: str) -> int:
+        return self._stat(uri).st_size
+
+    def version(self, uri: str) -> str:
+        st = self._stat(uri)
+        return f"{st.st_size}:{st.st_mtime_ns}"
+
+    def _stat(self, uri: str) -> os.stat_result:
         path = self._path(uri)
         if not path.is_file():
             raise ObjectNotFound(f"no file at {uri}")
-        return path.stat().st_size
+        return path.stat()
 
     def put_file(self, uri: str, path: str | Path) -> None:
         self._replace_atomically(self._path(uri), lambda tmp: shutil.copyfile(path, tmp))
@@ -658,6 +669,11 @@ class S3Store:
     def size(self, uri: str) -> int:
         loc = self._obj(uri)
         return self._call("HEAD", uri, lambda: self._client.stat_object(loc.bucket, loc.key).size)
+
+    def version(self, uri: str) -> str:
+        loc = self._obj(uri)
+        stat = self._call("HEAD", uri, lambda: self._client.stat_object(loc.bucket, loc.key))
+        return f"{stat.size}:{stat.etag}"
 
     def put_file(self, uri: str, path: str | Path) -> None:
         loc = self._obj(uri)

@@ -84,8 +84,15 @@ def test_s3_store_round_trip_with_multipart_upload(bucket, tmp_path):
     ]
     assert store.list(f"s3://{bucket}/elsewhere") == []
     assert store.exists(f"s3://{bucket}/runs/a/one.json")
+    # An object's version (data.source_version's part) changes with its content, not with its reads.
+    version = store.version(f"s3://{bucket}/runs/a/one.json")
+    assert store.version(f"s3://{bucket}/runs/a/one.json") == version
+    store.put_bytes(f"s3://{bucket}/runs/a/one.json", b"[]")
+    assert store.version(f"s3://{bucket}/runs/a/one.json") != version
     store.delete(f"s3://{bucket}/runs/a/one.json")
     assert not store.exists(f"s3://{bucket}/runs/a/one.json")
+    with pytest.raises(ObjectNotFound):
+        store.version(f"s3://{bucket}/runs/a/one.json")
 
 
 def test_s3_store_lists_folders_not_name_prefixes(bucket):

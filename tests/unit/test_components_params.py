@@ -3,6 +3,7 @@ pipeline, the configure component and docs/pipeline.md all follow the one parame
 
 from __future__ import annotations
 
+import dataclasses
 import inspect
 import sys
 from pathlib import Path
@@ -153,13 +154,18 @@ def test_configure_checks_every_config_but_the_one_kftrain_run_has_just_checked(
     steps' environment: its configure step does not read the source (or a base model) again. Any
     other config is checked: a knob set on top of it, or no mark (a cluster's pipeline run)."""
     monkeypatch.setattr(sys, "excepthook", sys.excepthook)  # configure installs its one-line hook
-    config = f"data:\n  source: {tmp_path / 'gone.csv'}\n"
-    unread = r"data.source .*gone\.csv"
+    (tmp_path / "t.csv").write_text("a,b\n1,2\n")  # no label column: refused by the check
+    config = f"data:\n  source: {tmp_path / 't.csv'}\n"
+    unread = r"data.source .*t\.csv.*label"
     with pytest.raises(KftrainError, match=unread):
         configure.python_func(config=config)
     checked = config_from_params(config, store_secret="mlpipeline-minio-artifact", hf_token_secret="hf-token")
     monkeypatch.setenv(CHECKED_CONFIG_ENV, checked_digest(checked))
-    assert config_from_json(configure.python_func(config=config)) == checked
+    effective = config_from_json(configure.python_func(config=config))
+    # The source's version is set either way: data prep's cache key (tests/unit/test_data_rules.py).
+    assert effective.data.source_version and effective == dataclasses.replace(
+        checked, data=dataclasses.replace(checked.data, source_version=effective.data.source_version)
+    )
     with pytest.raises(KftrainError, match=unread):
         configure.python_func(config=config, epochs=3)
     monkeypatch.setenv(CHECKED_CONFIG_ENV, "0" * 64)

@@ -278,3 +278,33 @@ def test_text_that_stops_being_utf8_after_its_head_is_refused_where_it_does(chun
         assert f"at offset {len(HEAD) + offset};" in message, message
     else:
         assert named in message
+
+
+def test_the_source_version_changes_with_what_data_prep_reads_and_only_then(tmp_path):
+    """configure records it in the effective config, data prep's input: KFP's cache reuses a
+    prepared dataset only for the same data (was: a source changed in place kept its old dataset)."""
+    import os
+
+    from trainer.config import load_config
+    from trainer.data_rules import source_version
+
+    corpus = tmp_path / "corpus"
+    corpus.mkdir()
+    (corpus / "a.txt").write_text("hello world\n")
+    (corpus / "b.txt").write_text("more text\n")
+    (tmp_path / "tok.json").write_text("{}")
+    cfg = load_config(overrides={"task": "causal_lm", "data.source": str(corpus)})
+    first = source_version(cfg)
+    assert len(first) == 16 and source_version(cfg) == first  # the same data: the same version
+    (corpus / "a.txt").write_text("hello world\n")  # rewritten in place, the same bytes: a new mtime
+    os.utime(corpus / "a.txt", ns=(1, 1))
+    assert source_version(cfg) != first
+    second = source_version(cfg)
+    (corpus / "c.txt").write_text("a new file\n")  # a new object under the prefix
+    assert source_version(cfg) != second
+    tokenizer = load_config(
+        overrides={"task": "causal_lm", "data.source": str(corpus), "data.tokenizer": str(tmp_path / "tok.json")}
+    )
+    assert source_version(tokenizer) != source_version(cfg)  # the tokenizer file is read too
+    assert source_version(load_config()) == ""  # the built-in digits: nothing from a store
+    assert source_version(load_config(overrides={"task": "causal_lm", "data.source": "python-stdlib"})) == ""

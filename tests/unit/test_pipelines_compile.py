@@ -109,6 +109,18 @@ def test_the_docs_list_every_component_parameter():
                 assert f"`{name}`" in section, (component.name, name)
 
 
+def test_configure_is_never_cached_and_data_prep_is_cached_by_the_source_s_version():
+    """A cached configure gave a later run with the same config text an earlier run's effective
+    config: its checks skipped, checkpoint.resume_from pinned to an older checkpoint, and the data
+    prep it feeds cached on a source since changed in place. Now configure runs every time and its
+    output (data prep's only input) holds data.source_version."""
+    tasks = next(yaml.safe_load_all((REPO / "compiled" / "training_pipeline.yaml").read_text()))["root"]["dag"]["tasks"]
+    assert tasks["configure"]["cachingOptions"] == {}
+    assert tasks["data-prep"]["cachingOptions"] == {"enableCache": True}
+    assert set(tasks["data-prep"]["inputs"]["parameters"]) == {"config"}
+    assert tasks["data-prep"]["inputs"]["parameters"]["config"]["taskOutputParameter"]["producerTask"] == "configure"
+
+
 def test_the_plan_step_runs_between_data_prep_and_training():
     """The plan reads the prepared dataset's manifest (the model's shape, the epoch's length), and
     training waits for it, so that plan.strict stops a run before training starts."""
