@@ -116,22 +116,7 @@ def _given(flags: dict[str, tuple[str, Any]]) -> dict[str, tuple[str, Any]]:
 
 
 def _cmd_run(args: argparse.Namespace) -> int:
-    from pipelines.console import StepConsole, capturing, plain
-    from pipelines.local_run import (
-        DEFAULT_LOCAL_ROOT,
-        PipelineFailed,
-        RunStopped,
-        check_run_id,
-        keep_log,
-        new_run_id,
-        newest_checkpoint,
-        run_checkpoints,
-        run_local,
-        run_log,
-        run_scope,
-        run_started,
-        write_summary,
-    )
+    from pipelines.local_run import DEFAULT_LOCAL_ROOT, check_run_id, new_run_id, run_root, running_alone
     from trainer.config import ConfigError
 
     if not args.local:
@@ -150,6 +135,31 @@ def _cmd_run(args: argparse.Namespace) -> int:
     if args.run_id:
         cfg = _as_started(cfg, args, run_id, flags)
     _check_gates(args, cfg.task)
+    from trainer.checks import unused_endpoint
+
+    if note := unused_endpoint(cfg):
+        print(f"kftrain: warning: {note}", file=sys.stderr)
+    # Before anything is written for it (its log): a second start of a running run is refused.
+    with running_alone(run_root(cfg, run_id, args.output_dir), run_id):
+        return _run_alone(args, cfg, run_id, store)
+
+
+def _run_alone(args: argparse.Namespace, cfg: Any, run_id: str, store: str) -> int:
+    """`kftrain run --local`, once no other start of run `run_id` runs on this machine."""
+    from pipelines.console import StepConsole, capturing, plain
+    from pipelines.local_run import (
+        PipelineFailed,
+        RunStopped,
+        keep_log,
+        newest_checkpoint,
+        run_checkpoints,
+        run_local,
+        run_log,
+        run_scope,
+        run_started,
+        write_summary,
+    )
+
     existed = bool(args.run_id) and run_started(cfg, run_id, args.output_dir)
     if args.run_id and not existed:
         where = store if cfg.store.uri else f"--output-dir {args.output_dir}"
@@ -258,7 +268,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
             "writes it again)",
             file=sys.stderr,
         )
-        return 1
+        return 1 if summary["exported"] else GATE_FAILED  # a failed gate's code stays what a script checks
     return 0 if summary["exported"] else GATE_FAILED
 
 
@@ -721,13 +731,14 @@ def _nonempty(text: str) -> str:
 
 
 def _path(text: str) -> str:
-    """A non-empty path on this machine (an empty one would mean the working directory, a URI a
-    folder named like its scheme: `s3:`); `~` is the home folder, quoted or not."""
+    """A non-empty path on this machine, a folder's or a file's (an empty one would mean the
+    working directory, a URI a folder named like its scheme: `s3:`); `~` is the home folder,
+    quoted or not."""
     if not text.strip():
         raise argparse.ArgumentTypeError("must not be empty (an empty path would write into the working directory)")
     if re.match(r"[A-Za-z][A-Za-z0-9+.-]*://", text):
         raise argparse.ArgumentTypeError(
-            f"{redact(text)!r} is a URI: this takes a folder on this machine (a plain path; an object store is "
+            f"{redact(text)!r} is a URI: this takes a path on this machine (a plain one; an object store is "
             "--store, where the command has it)"
         )
     return os.path.expanduser(text)

@@ -78,11 +78,10 @@ def run_root(cfg: Config, run_id: str, local_root: str = DEFAULT_LOCAL_ROOT) -> 
 
 def with_run_checkpoints(cfg: Config, run_id: str, local_root: str = DEFAULT_LOCAL_ROOT) -> Config:
     """`cfg` with a run-scoped `checkpoint.uri` unless the user chose one, and the run id as the
-    checkpoints' owner unless the user named one: rerunning the same run id then finds the same
-    checkpoints and owns them (the pipeline's own output folders and KFP ids are new each time)."""
+    checkpoints' owner (:func:`check_owner` refuses another): rerunning the same run id then finds
+    the same checkpoints and owns them (the pipeline's own output folders and KFP ids are new each time)."""
     prefix = cfg.checkpoint.uri or join_uri(run_root(cfg, run_id, local_root), "checkpoints")
-    owner = cfg.checkpoint.owner or run_id
-    return dataclasses.replace(cfg, checkpoint=dataclasses.replace(cfg.checkpoint, uri=prefix, owner=owner))
+    return dataclasses.replace(cfg, checkpoint=dataclasses.replace(cfg.checkpoint, uri=prefix, owner=run_id))
 
 
 def check_owner(cfg: Config, run_id: str) -> None:
@@ -94,8 +93,9 @@ def check_owner(cfg: Config, run_id: str) -> None:
     if owner and owner != run_id:
         raise ConfigError(
             f"checkpoint.owner: {owner!r} is not this run's id ({run_id}): a local run owns its checkpoints as "
-            f"its run id, and as {owner!r} it would continue and prune that run's; drop checkpoint.owner (a config "
-            f"copied from a run's records holds it), or continue that run with --run-id {owner}"
+            f"its run id, and as {owner!r} it would continue and prune that run's; drop checkpoint.owner, and "
+            f"checkpoint.uri with it if it is that run's (a config copied from a run's records holds both), or "
+            f"continue that run with --run-id {owner}"
         )
 
 
@@ -543,51 +543,77 @@ def run_local(
     """
     run_id = check_run_id(run_id or new_run_id())
     given, gates = cfg, {"min_accuracy": min_accuracy, "max_perplexity": max_perplexity}
-    with running_alone(run_root(cfg, run_id, local_root), run_id):
-        done = finished_run(cfg, run_id, local_root, gates)
-        if done is not None:  # nothing runs, so nothing else is checked: not even what it resumed from
-            return {**done, "already_finished": True}
-        check_owner(cfg, run_id)
-        cfg = preflight(own_checkpoints_first(cfg, run_id, local_root), local_root)
-        check_own_checkpoint(cfg, run_id, local_root)
-        cfg = with_run_checkpoints(cfg, run_id, local_root)
-        claim_run_checkpoints(cfg)
-        record_started(cfg, run_id, local_root, given, gates)
-        on_start()
-        summary = {**_run_pipeline(cfg, local_root, min_accuracy, max_perplexity), "run_id": run_id}
-        record_finished(cfg, run_id, summary, local_root, given, gates)
-        return summary
+    done = finished_run(cfg, run_id, local_root, gates)
+    if done is not None:  # nothing runs, so nothing else is checked: not even what it resumed from
+        return {**done, "already_finished": True}
+    check_owner(cfg, run_id)
+    cfg = preflight(own_checkpoints_first(cfg, run_id, local_root), local_root)
+    check_own_checkpoint(cfg, run_id, local_root)
+    cfg = with_run_checkpoints(cfg, run_id, local_root)
+    claim_run_checkpoints(cfg)
+    record_started(cfg, run_id, local_root, given, gates)
+    on_start()
+    summary = {**_run_pipeline(cfg, local_root, min_accuracy, max_perplexity), "run_id": run_id}
+    record_finished(cfg, run_id, summary, local_root, given, gates)
+    return summary
+
+
+#: Where the runs' locks live: one folder of the machine whatever a process's TMPDIR (a run sets
+#: its own for its steps), so that every start of a run sees the others'.
+LOCK_FOLDER = "/tmp"
 
 
 @contextlib.contextmanager
 def running_alone(root: str, run_id: str) -> Iterator[None]:
     """Hold this machine's lock of the run at `root` inside the block; a second start of the same
     run meanwhile is refused (was: both trained into its one checkpoint prefix, each pruning the
-    other's steps, and both failed). The lock is a file lock the system drops with the process,
-    however it ends; it is per machine (a run on another machine sharing the store is not seen)."""
+    other's steps, and both failed). A file lock the system drops with the process, however it
+    ends; the file goes with the block (a killed holder's stays, unlocked, and is taken over). Per
+    machine: a start on another machine sharing the store is not seen."""
     import fcntl
     import hashlib
 
-    key = hashlib.sha256(root.encode()).hexdigest()[:24]
-    # The system's temporary folder, as tempfile finds it: not tempfile.gettempdir(), which a
-    # running start of this process points into its own scratch folder (run_scope).
-    system_tmp = next((os.environ[v] for v in ("TMPDIR", "TEMP", "TMP") if os.environ.get(v)), "/tmp")
-    path = Path(system_tmp) / f"kftrain-run-{key}.lock"
-    with open(path, "a+") as lock:
+    folder = LOCK_FOLDER if os.path.isdir(LOCK_FOLDER) else tempfile.gettempdir()
+    path = os.path.join(folder, f"kftrain-run-{hashlib.sha256(root.encode()).hexdigest()[:24]}.lock")
+    while True:
         try:
-            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o666)
+        except PermissionError:  # another user's, in a sticky folder: locked all the same read-only
+            fd = _open_lock(path, os.O_RDONLY)
+        except OSError as exc:
+            raise ConfigError(f"--run-id {run_id}: cannot make the run's lock {path} ({exc.strerror})") from None
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
-            lock.seek(0)
-            holder = lock.read().strip() or "another process"
+            holder = os.pread(fd, 200, 0).decode(errors="replace").strip() or "another process"
+            os.close(fd)
             raise ConfigError(
                 f"--run-id {run_id}: the run is running already on this machine ({holder}): wait for it to end, "
                 "or stop it (Ctrl-C in its terminal); two starts would train into its one checkpoint prefix"
             ) from None
-        lock.seek(0)
-        lock.truncate()
-        lock.write(f"process {os.getpid()}, started {time.strftime('%H:%M:%S')}")
-        lock.flush()
+        try:  # the file the lock is on is still the one at `path` (not one a holder removed as it left)
+            same = os.path.samestat(os.fstat(fd), os.stat(path))
+        except FileNotFoundError:
+            same = False
+        if same:
+            break
+        os.close(fd)
+    try:
+        with contextlib.suppress(OSError):  # read-only: the holder is not said, the lock holds the same
+            os.ftruncate(fd, 0)
+            os.pwrite(fd, f"process {os.getpid()}, started {time.strftime('%H:%M:%S')}".encode(), 0)
         yield
+    finally:
+        with contextlib.suppress(OSError):
+            os.unlink(path)  # while locked: a start that opened it meanwhile finds it gone, and makes another
+        os.close(fd)
+
+
+def _open_lock(path: str, flags: int) -> int:
+    try:
+        return os.open(path, flags)
+    except OSError as exc:
+        raise ConfigError(f"cannot open the run's lock {path} ({exc.strerror})") from None
 
 
 @contextlib.contextmanager

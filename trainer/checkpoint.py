@@ -212,7 +212,7 @@ class CheckpointManager:
         if not self.store.exists(commit):
             return ""
         by_step = objects_by_step(self.store, self.prefix)
-        if self._commit_owner(step) == self.owner and complete_record(self.store, self.prefix, step, by_step) is None:
+        if self._commit_owner(step) == self.owner and self._lost_a_part(step):
             # This run's own step, damaged (a part lost): a resume skipped it, and training came
             # back to it; nothing can load it, so it is written again rather than block the run.
             log.warning("checkpoint step %d of this run at %s is incomplete: written again", step, redact(commit))
@@ -379,6 +379,22 @@ class CheckpointManager:
             if step in keep or step in others or step > complete[-1]:
                 continue
             self._delete_step(step, uris)
+
+    def _lost_a_part(self, step: int) -> bool:
+        """Whether a part the commit record of `step` lists is absent or of another size, asked of
+        each part itself (not of a listing, which a store may return short)."""
+        folder = step_dir(self.prefix, step)
+        try:
+            parts = committed_parts(read_json(self.store, join_uri(folder, COMMIT)))
+        except (ObjectNotFound, CorruptObject):
+            return False  # no record to trust: not this run's to delete
+        for name, part in parts.items():
+            try:
+                if self.store.size(join_uri(folder, name)) != part["bytes"]:
+                    return True
+            except ObjectNotFound:
+                return True
+        return False
 
     def _delete_step(self, step: int, uris: list[str]) -> None:
         """Delete what a checkpoint wrote of step `step` among its objects `uris`, the commit

@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any
 from trainer.config import BUILTIN_TASKS, Config, ConfigError, to_dict
 from trainer.errors import KftrainError
 from trainer.k8s_formats import quantity_value
-from trainer.storage import REMOTE_SCHEMES, StoreError, check_deadline, join_uri, parse_uri
+from trainer.storage import StoreError, check_deadline, join_uri, parse_uri
 
 log = logging.getLogger("kftrain.checks")
 
@@ -233,7 +233,13 @@ def ignored_settings(cfg: Config) -> list[str]:
             for f in changed
             if f.startswith("lora.")
         ]
-    # Every s3:// (minio://) URI of the run is read with store.endpoint; without one it reads nothing.
+    return lines
+
+
+def unused_endpoint(cfg: Config) -> str:
+    """A line when `store.endpoint` is set and a local run (`kftrain run --local` without a store)
+    reads nothing with it, else ''. Not on a cluster: there the steps' own files are in KFP's
+    pipeline root, an object store read with it."""
     uris = {
         "store.uri": cfg.store.uri,
         "data.source": cfg.data.source,
@@ -242,13 +248,19 @@ def ignored_settings(cfg: Config) -> list[str]:
         "checkpoint.uri": cfg.checkpoint.uri,
         "checkpoint.resume_from": cfg.checkpoint.resume_from,
     }
-    remote = [uri for uri in uris.values() if "://" in uri and uri.split("://")[0].lower() in REMOTE_SCHEMES]
-    if cfg.store.endpoint and not remote:
-        lines.append(
-            f"store.endpoint: set, but nothing of the run is in an object store ({', '.join(uris)} are local or "
-            "empty): no effect"
-        )
-    return lines
+
+    def remote(uri: str) -> bool:
+        try:
+            return "://" in uri and parse_uri(uri).is_remote
+        except ValueError:  # not a store URI (hf://, a tokenizer spec)
+            return False
+
+    if not cfg.store.endpoint or any(remote(uri) for uri in uris.values()):
+        return ""
+    return (
+        f"store.endpoint (--s3-endpoint) is set, but this local run reads and writes nothing in an object store "
+        f"({', '.join(uris)} are local or empty): it has no effect; give --store s3://bucket/prefix for one"
+    )
 
 
 def check_plan_gpu(cfg: Config) -> None:

@@ -63,20 +63,45 @@ def credential_in(name: str, value: Any) -> str:
     last_key = len(words) > 1 and words[-1] == "KEY"
     if "SECRET" in name.upper() or _CREDENTIAL_WORDS & set(words) or _CREDENTIAL_PAIRS & pairs or last_key:
         return "name"
-    if isinstance(value, str) and any(p.search(value) for p in _CREDENTIAL_VALUES):
+    if isinstance(value, str) and _known_credential(value):
         return "value"
     return ""
 
 
-#: A long run of letters, digits and base64 signs, without the separators of names (`-`, `_`, `.`),
-#: mixing upper case, lower case and digits (an AWS secret access key, a random token).
-_TOKEN_LIKE = re.compile(r"(?=.*[a-z])(?=.*[A-Z])(?=.*[0-9])[A-Za-z0-9/+=]{20,}")
+#: An AWS secret access key's shape: 40 characters of base64 (letters of both cases, digits, / and +).
+_AWS_SECRET_KEY = re.compile(r"(?=.*[a-z])(?=.*[A-Z])(?=.*[0-9])[A-Za-z0-9/+]{40}")
+#: A run of base64 characters long enough to be a random token.
+_TOKEN_CHARS = re.compile(r"[A-Za-z0-9][A-Za-z0-9/+=]{31,}")
+
+
+def _random_looking(text: str) -> bool:
+    """Whether `text` reads as a random token, not a name: 32 or more base64 characters with both
+    cases and three digits, whose kind of character (upper, lower, digit, sign) changes at least
+    every other character (random text: about 2 in 3; a CamelCase name with a number: 1 in 3)."""
+    if not _TOKEN_CHARS.fullmatch(text) or sum(c.isdigit() for c in text) < 3:
+        return False
+    if not (any(c.isupper() for c in text) and any(c.islower() for c in text)):
+        return False
+    kinds = ["U" if c.isupper() else "L" if c.islower() else "D" if c.isdigit() else "S" for c in text]
+    changes = sum(a != b for a, b in zip(kinds, kinds[1:], strict=False))
+    return changes >= 0.45 * (len(text) - 1)
+
+
+def _known_credential(text: str) -> bool:
+    """Whether `text` holds a credential of a known format (a key id, a token, a URL with a password)."""
+    return any(p.search(text) for p in _CREDENTIAL_VALUES)
 
 
 def looks_like_credential(value: Any) -> bool:
-    """Whether `value` (text) looks like a credential by itself: a known key or token format, a
-    URL with a password or a signature, or a long random-looking token. An error message that
-    would show such a value shows `***` instead (a token pasted where a name goes)."""
-    if not isinstance(value, str):
-        return False
-    return any(p.search(value) for p in _CREDENTIAL_VALUES) or bool(_TOKEN_LIKE.fullmatch(value.strip()))
+    """Whether `value` looks like a credential by itself: text of a known key or token format, a URL
+    with a password or a signature, an AWS secret key's shape, a random-looking token; or a list or
+    mapping holding such text. An error message that would show it shows `***` instead (a token
+    pasted where a name goes), while a mistyped name stays shown, to be fixed."""
+    if isinstance(value, str):
+        text = value.strip()
+        return _known_credential(text) or bool(_AWS_SECRET_KEY.fullmatch(text)) or _random_looking(text)
+    if isinstance(value, dict):
+        return any(looks_like_credential(k) or looks_like_credential(v) for k, v in value.items())
+    if isinstance(value, list | tuple | set):
+        return any(looks_like_credential(v) for v in value)
+    return False

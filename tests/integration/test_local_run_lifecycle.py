@@ -257,13 +257,12 @@ with running_alone(sys.argv[1], "r1"):
 
 
 @pytest.mark.timeout(60)
-def test_a_second_start_of_a_running_run_is_refused_until_the_first_is_gone_however_it_ended(tmp_path, monkeypatch):
+def test_a_second_start_of_a_running_run_is_refused_until_the_first_is_gone_however_it_ended(tmp_path):
     """Was: two starts of one --run-id at once, both training into its one checkpoint prefix, each
     pruning the other's steps, both failing. The lock goes with the process, SIGKILL included."""
     from pipelines.local_run import running_alone
     from trainer.config import ConfigError
 
-    monkeypatch.setenv("TMPDIR", str(tmp_path))
     root = str(tmp_path / "out" / "runs" / "r1")
     first = subprocess.Popen([sys.executable, "-c", HOLD_THE_RUN, root], stdout=subprocess.PIPE, text=True)
     try:

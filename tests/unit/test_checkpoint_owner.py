@@ -204,6 +204,23 @@ def test_a_damaged_step_of_the_run_s_own_is_written_again_when_training_comes_ba
     assert_intact(store, prefix, "run-a", [1])
 
 
+def test_a_complete_step_a_short_listing_hides_a_part_of_is_not_written_again(prefix):
+    """A store may list short (a page lost, a slow index): each part is asked for itself before
+    the step is taken for damaged and deleted."""
+
+    class ShortListing(LocalStore):
+        def list(self, uri):
+            return [u for u in super().list(uri) if not u.endswith("/.metadata")]
+
+    store = ShortListing()
+    a = manager(store, prefix, "run-a", keep_last=5)
+    a.claim(resume=True)
+    save(a, 1)
+    with pytest.raises(CheckpointError, match="step 1 is already committed .* never overwritten"):
+        save(a, 1)
+    assert_intact(LocalStore(), prefix, "run-a", [1])
+
+
 def test_steps_written_before_owner_records_are_kept_by_pruning_and_refused_without_resume(prefix):
     store = LocalStore()
     legacy = manager(store, prefix, "")  # no owner, no claim: as checkpoints were written before

@@ -356,15 +356,6 @@ def test_the_memory_message_names_the_estimate_the_limit_and_the_fixes():
         ({"model.hidden_sizes": [128, 64]}, []),  # the default, written out
         ({"task": "causal_lm", "model.dropout": 0.1}, []),  # both tasks read these two
         ({"data.shard_rows": 64}, []),
-        # An endpoint with nothing in an object store (was: `--s3-endpoint` without `--store`, in silence).
-        (
-            {"store.endpoint": "http://127.0.0.1:9000"},
-            ["store.endpoint: set, but nothing of the run is in an object store (store.uri, data.source"],
-        ),
-        ({"store.endpoint": "http://127.0.0.1:9000", "store.uri": "s3://bkt/runs"}, []),
-        ({"store.endpoint": "http://127.0.0.1:9000", "data.source": "S3://bkt/data.csv"}, []),
-        ({"store.endpoint": "http://127.0.0.1:9000", "checkpoint.resume_from": "minio://bkt/ck"}, []),
-        ({"store.endpoint": "http://127.0.0.1:9000", "checkpoint.uri": "/tmp/ck"}, ["store.endpoint: set"]),
     ],
 )
 def test_a_setting_the_run_never_reads_is_named(overrides, said):

@@ -78,6 +78,8 @@ def test_topology_from_the_environment(environ, expected):
         ({"RANK": "3", "WORLD_SIZE": "2"}, r"RANK=3 is not a rank of WORLD_SIZE=2 processes \(0..1\)"),
         ({"RANK": "0", "WORLD_SIZE": "2", "LOCAL_RANK": "x"}, "LOCAL_RANK='x' is not a whole number"),
         ({"RANK": "-1", "WORLD_SIZE": "2"}, "RANK='-1' must be at least 0"),
+        ({"RANK": "1", "WORLD_SIZE": "2", "LOCAL_RANK": "2", "LOCAL_WORLD_SIZE": "2"}, "LOCAL_RANK=2 is not below"),
+        ({"RANK": "1", "WORLD_SIZE": "2", "LOCAL_RANK": "0", "GROUP_RANK": "3"}, "GROUP_RANK=3 is not below"),
     ],
 )
 def test_an_environment_no_job_runs_with_is_named_by_its_variable(environ, said):

@@ -250,6 +250,13 @@ def test_no_name_check_takes_a_trailing_newline(check, good):
         ("kubernetes:\n  store_secret: My_Secret\n", True),
         ("kubernetes:\n  store_secret: Team-Store-Credentials-2024\n", True),
         ("kubernetes:\n  namespace: Research_Team\n", True),
+        # Names in CamelCase with numbers, image paths: shown, for the user to see what to fix.
+        ("kubernetes:\n  store_secret: MinioCredentials2024\n", True),
+        ("kubernetes:\n  namespace: TeamNlpProject2024Q3x\n", True),
+        ("kubernetes:\n  store_secret: MyVeryLongCamelCaseName1234567890\n", True),
+        ("job:\n  image: MyOrg/KftrainTrainer2024\n", True),
+        # A random-looking token of no known format.
+        ("kubernetes:\n  store_secret: Zx8Qw2Lp9Rt4Vb7Nm1Kj6Hg3Fd5Sa0Yu\n", False),
     ],
 )
 def test_a_credential_given_as_a_name_is_never_shown_in_its_error(text, shown):
@@ -259,3 +266,11 @@ def test_a_credential_given_as_a_name_is_never_shown_in_its_error(text, shown):
     message = str(refused.value)
     assert (value in message) is shown, message
     assert ("'***' (it looks like a credential)" in message) is not shown, message
+
+
+def test_a_credential_inside_a_list_or_mapping_is_never_shown():
+    from trainer.k8s_formats import show
+
+    assert show(["a", "hf_aBcDeFgHiJkLmNoPqRsTuVwXyZ01234567"]) == "'***' (it looks like a credential)"
+    assert show({"k": "wJalrXUtnFEMI/K7MDENG/bPxRfiCYEXAMPLEKEY"}) == "'***' (it looks like a credential)"
+    assert show(["plain", "names"]) == "['plain', 'names']"

@@ -187,9 +187,13 @@ EMPTY_OR_BAD_FLAGS = [
     (["job", "status", "MyJob"], "argument name: 'MyJob' is not a job's name"),
     (["job", "status", "x", "-n", "Bad"], "argument -n/--namespace: 'Bad' is not a namespace"),
     # A URI where a folder on this machine goes (was: a local folder `s3:/bucket/x`, exit 0).
-    (["example-model", "s3://bucket/x"], "argument out_dir: 's3://bucket/x' is a URI: this takes a folder on this"),
+    (["example-model", "s3://bucket/x"], "argument out_dir: 's3://bucket/x' is a URI: this takes a path on this"),
     (["run", "--local", "--output-dir", "s3://b/x"], "argument --output-dir: 's3://b/x' is a URI"),
     (["compile", "--output-dir", "file:///tmp/x"], "argument --output-dir: 'file:///tmp/x' is a URI"),
+    (
+        ["run", "--local", "--summary", "s3://b/s.json"],
+        "argument --summary: 's3://b/s.json' is a URI: this takes a path",
+    ),
     # A flag for another that is left out (were: accepted and unused, exit 0).
     (["plan", "--probe-steps", "50"], "--probe-steps: given without --probe, which it is for"),
     (["runs", "--s3-endpoint", "http://127.0.0.1:1"], "--s3-endpoint: --store kftrain-outputs is a folder on this"),
@@ -900,3 +904,27 @@ def test_an_os_error_reaching_the_command_line_is_its_file_and_what_the_system_s
     from pipelines.cli import _said
 
     assert _said(error) == line
+
+
+@pytest.mark.parametrize(
+    ("argv", "said"),
+    [
+        (["--s3-endpoint", "http://127.0.0.1:9000"], True),  # was: accepted and unused, in silence
+        (["--s3-endpoint", "http://127.0.0.1:9000", "--store", "s3://bkt/runs"], False),
+        ([], False),
+    ],
+)
+def test_a_local_run_says_an_endpoint_it_reads_nothing_with(tmp_path, monkeypatch, capsys, argv, said):
+    """Only `kftrain run --local`: on a cluster the steps' files are in KFP's pipeline root, an
+    object store read with store.endpoint, whatever the config's URIs."""
+    from trainer.checks import ignored_settings
+    from trainer.config import load_config
+
+    monkeypatch.chdir(tmp_path)
+    _no_process_watch(monkeypatch, runs=True)
+    monkeypatch.setattr("pipelines.local_run.run_started", lambda *a: False)
+    out_dir = [] if "--store" in argv else ["--output-dir", "out"]
+    assert main(["run", "--local", *out_dir, *argv]) == 0
+    err = capsys.readouterr().err
+    assert ("kftrain: warning: store.endpoint (--s3-endpoint) is set, but this local run" in err) is said, err
+    assert ignored_settings(load_config(overrides={"store.endpoint": "http://minio-service.kubeflow:9000"})) == []

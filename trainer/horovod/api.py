@@ -274,7 +274,7 @@ def topology(environ: Mapping[str, str] = os.environ) -> Topology:
         raise HorovodEnvironmentError(f"RANK={rank_} is not a rank of WORLD_SIZE={world} processes (0..{world - 1})")
     if "LOCAL_RANK" in environ:  # torchrun (or anything that follows its contract)
         local_size = _env_int(environ, "LOCAL_WORLD_SIZE", 1, minimum=1)
-        return Topology(
+        topo = Topology(
             rank=rank_,
             size=world,
             local_rank=_env_int(environ, "LOCAL_RANK", 0, minimum=0),
@@ -282,6 +282,13 @@ def topology(environ: Mapping[str, str] = os.environ) -> Topology:
             cross_rank=_env_int(environ, "GROUP_RANK", rank_ // local_size, minimum=0),
             cross_size=_env_int(environ, "GROUP_WORLD_SIZE", world // local_size, minimum=1),
         )
+        for of, size, rank_name, size_name in (
+            (topo.local_rank, local_size, "LOCAL_RANK", "LOCAL_WORLD_SIZE"),
+            (topo.cross_rank, topo.cross_size, "GROUP_RANK", "GROUP_WORLD_SIZE"),
+        ):
+            if of >= size:
+                raise HorovodEnvironmentError(f"{rank_name}={of} is not below {size_name}={size}")
+        return topo
     nproc = environ.get("PET_NPROC_PER_NODE", "1")
     if nproc.isdigit() and int(nproc) > 1:
         # The operator's RANK is then a node rank, not a process rank.
@@ -483,7 +490,11 @@ def shutdown() -> None:
     called again afterwards (process sets must then be registered again). A timeline being
     recorded is written, as Horovod closes its timeline at shutdown."""
     while _ON_SHUTDOWN:
-        _ON_SHUTDOWN.pop()()
+        hook = _ON_SHUTDOWN.pop()
+        try:
+            hook()
+        except Exception as exc:  # the groups are torn down whatever a hook met (a full disk)
+            print(f"kftrain horovod shim: hvd.shutdown(): {type(exc).__name__}: {exc}", file=sys.stderr)
     if _state.leave_together:
         _leave_together()
     for pid, st in list(_state.sets.items()):

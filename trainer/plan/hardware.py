@@ -94,6 +94,8 @@ def _parts(name: str) -> tuple[str, str, str]:
     return model, form, gb
 
 
+_SPEC_PARTS = {spec: _parts(spec) for spec in GPUS}
+
 #: The fraction of a link's datasheet bandwidth a ring collective achieves (nccl-tests bus
 #: bandwidth of about 450 of 900 GB/s on NVLink 4; about 90% of line rate on InfiniBand/RoCE).
 NVLINK_EFFICIENCY = 0.5
@@ -111,7 +113,7 @@ def gpu_spec(name: str) -> GpuSpec:
             return GPUS[spec_name]
     # A model whose memory is left out is the one size it comes in (`h200`, `H100 PCIe`).
     model, form, gb = _parts(name)
-    sized = [spec for spec in GPUS if _parts(spec)[:2] == (model, form) and (not gb or _parts(spec)[2] == gb)]
+    sized = [spec for spec, (m, f, g) in _SPEC_PARTS.items() if (m, f) == (model, form) and (not gb or g == gb)]
     if model and len(sized) == 1:
         return GPUS[sized[0]]
     if model and not gb and len(sized) > 1:
