@@ -184,6 +184,10 @@ EMPTY_OR_BAD_FLAGS = [
     (["submit", "--host", "http://127.0.0.1:9", "-n", ""], "argument -n/--namespace: '' is not a namespace"),
     (["submit", "--host", "http://127.0.0.1:9", "-n", "Bad_NS"], "'Bad_NS' is not a namespace"),
     (["submit", "--host", "http://127.0.0.1:9", "--experiment", ""], "argument --experiment: must not be empty"),
+    (["submit", "--host", "http://127.0.0.1:9", "--run-name", ""], "argument --run-name: must not be empty"),
+    (["submit", "--host", "http://127.0.0.1:9", "--pipeline-name", ""], "argument --pipeline-name: must not be"),
+    # `--package "$PKG"` unset: was a compile of the pipeline now, not the user's package.
+    (["submit", "--host", "http://127.0.0.1:9", "--package", " "], "argument --package: must not be empty"),
     (["job", "status", "MyJob"], "argument name: 'MyJob' is not a job's name"),
     (["job", "status", "x", "-n", "Bad"], "argument -n/--namespace: 'Bad' is not a namespace"),
     # A URI where a folder on this machine goes (was: a local folder `s3:/bucket/x`, exit 0).
