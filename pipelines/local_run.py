@@ -577,11 +577,12 @@ def running_alone(root: str, run_id: str) -> Iterator[None]:
     path = os.path.join(folder, f"kftrain-run-{hashlib.sha256(root.encode()).hexdigest()[:24]}.lock")
     while True:
         try:
-            fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o666)
-        except PermissionError:  # another user's, in a sticky folder: locked all the same read-only
-            fd = _open_lock(path, os.O_RDONLY)
+            try:
+                fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o666)
+            except PermissionError:  # another user's, in a sticky folder: locked all the same read-only
+                fd = os.open(path, os.O_RDONLY)
         except OSError as exc:
-            raise ConfigError(f"--run-id {run_id}: cannot make the run's lock {path} ({exc.strerror})") from None
+            raise ConfigError(f"--run-id {run_id}: cannot open the run's lock {path} ({exc.strerror})") from None
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
@@ -607,13 +608,6 @@ def running_alone(root: str, run_id: str) -> Iterator[None]:
         with contextlib.suppress(OSError):
             os.unlink(path)  # while locked: a start that opened it meanwhile finds it gone, and makes another
         os.close(fd)
-
-
-def _open_lock(path: str, flags: int) -> int:
-    try:
-        return os.open(path, flags)
-    except OSError as exc:
-        raise ConfigError(f"cannot open the run's lock {path} ({exc.strerror})") from None
 
 
 @contextlib.contextmanager
