@@ -200,6 +200,8 @@ EMPTY_OR_BAD_FLAGS = [
     ),
     # A flag for another that is left out (were: accepted and unused, exit 0).
     (["plan", "--probe-steps", "50"], "--probe-steps: given without --probe, which it is for"),
+    # Another store's URI (was: "use ... file:///path or a plain path", which the flag then refuses).
+    (["job", "manifest", "--model-uri", "gs://b/x"], "--model-uri 'gs://b/x': not an object store kftrain writes"),
     (["runs", "--s3-endpoint", "http://127.0.0.1:1"], "--s3-endpoint: --store kftrain-outputs is a folder on this"),
 ]
 

@@ -35,7 +35,8 @@ import re
 from dataclasses import dataclass, field
 
 from trainer.config import AUTO, PYTORCHJOB, TRAINJOB, ConfigError, KubernetesConfig
-from trainer.storage import parse_uri
+from trainer.errors import redact
+from trainer.storage import REMOTE_SCHEMES, parse_uri
 
 MASTER = "master"
 WORKER = "worker"
@@ -183,6 +184,12 @@ def require_object_store(uris: dict[str, str]) -> None:
     """Pods share no file system: every artifact a replica reads or writes on a cluster must be
     an object-store URI. `uris` maps what each one is (a flag or field name) to the URI."""
     for what, uri in uris.items():
+        scheme = uri.split("://", 1)[0].lower() if "://" in uri else ""
+        if scheme and scheme not in (*REMOTE_SCHEMES, "file"):  # parse_uri's forms would offer local paths too
+            raise ConfigError(
+                f"{what} {redact(uri)!r}: not an object store kftrain writes to; use s3://bucket/key or "
+                "minio://bucket/key"
+            )
         try:
             remote = parse_uri(uri).is_remote
         except ValueError as exc:
