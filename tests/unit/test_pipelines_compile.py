@@ -204,3 +204,6 @@ def test_the_own_pipeline_example_compiles_and_its_job_gets_an_owner(tmp_path, m
     executors = docs[1]["platforms"]["kubernetes"]["deploymentSpec"]["executors"]
     fields = {e["name"]: e["fieldPath"] for e in executors["exec-train"]["fieldPathAsEnv"]}
     assert fields == {"KFTRAIN_POD_NAME": "metadata.name", "KFTRAIN_POD_UID": "metadata.uid"}
+    # configure uncached and reading the store with its keys, as the training_pipeline has it.
+    assert docs[0]["root"]["dag"]["tasks"]["configure"]["cachingOptions"] == {}
+    assert "secretAsEnv" in executors["exec-configure"]
