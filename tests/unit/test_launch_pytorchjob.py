@@ -297,7 +297,11 @@ def test_pipeline_parameters_and_config_reach_the_pytorchjob():
         (ELASTIC_512, [], "but not by 12: use a multiple of 48"),
         ("", ["--dataset-uri", "/data/digits"], "--dataset-uri '/data/digits' is a local path"),
         ("", ["--model-uri", "out/model"], "--model-uri 'out/model' is a local path"),
-        ("", ["--model-uri", "gs://bucket/model"], "--model-uri: unsupported storage URI scheme 'gs'"),
+        (
+            "",
+            ["--model-uri", "gs://bucket/model"],
+            "--model-uri 'gs://bucket/model': not an object store kftrain writes to; use s3://",
+        ),
         ("checkpoint:\n  uri: /mnt/ckpt\n", [], "checkpoint.uri '/mnt/ckpt' is a local path"),
     ],
 )
