@@ -124,6 +124,16 @@ def _component_name(spec: Any) -> str | None:
     return None
 
 
+#: What a --param value of each type is written as.
+_PARAM_FORMS = {
+    int: "expected a whole number, e.g. 3",
+    float: "expected a number, e.g. 0.001",
+    bool: "expected true or false",
+    list: 'expected a JSON list, e.g. \'[{"key": "gpu", "operator": "Exists"}]\'',
+    dict: 'expected a JSON object, e.g. \'{"pool": "a100"}\'',
+}
+
+
 def parse_params(pairs: list[str], package: Path) -> dict[str, Any]:
     """`k=v` strings -> typed arguments, checked against the pipeline's own parameters."""
     from trainer.config import load_yaml
@@ -145,7 +155,7 @@ def parse_params(pairs: list[str], package: Path) -> dict[str, Any]:
         if expected is float and isinstance(value, int) and not isinstance(value, bool):
             value = float(value)
         if not isinstance(value, expected) or (expected is int and isinstance(value, bool)):
-            raise SubmitError(f"--param {name}={raw}: expected {expected.__name__}")
+            raise SubmitError(f"--param {name}={redact(raw)}: {_PARAM_FORMS.get(expected, expected.__name__)}")
         out[name] = value
     _validate_config(out, known)
     return out

@@ -1412,6 +1412,18 @@ class _ConfigLoader(yaml.SafeLoader):
         finally:
             del self._path[len(self._path) - len(segments) :]
 
+    def construct_yaml_float(self, node: Any) -> float:
+        """A float, but not one too small for a float that would read as 0 (`1e-400`): a typo
+        for a small value, which a check for a positive number would then blame on 0.0."""
+        value = super().construct_yaml_float(node)
+        mantissa = re.split(r"[eE]", str(node.value))[0]
+        if value == 0.0 and re.search(r"[1-9]", mantissa):
+            self._fail(
+                node.start_mark,
+                f"{node.value} is too small for a float (it would read as 0); write 0 or a larger number",
+            )
+        return value
+
     def _check_unique(self, node: Any) -> None:
         seen: dict[tuple[str, str], Any] = {}
         for key_node, _ in node.value:
@@ -1451,6 +1463,7 @@ _ConfigLoader.yaml_implicit_resolvers = {
     first: [(tag, rx) for tag, rx in resolvers if tag not in _YAML_1_1_ONLY]
     for first, resolvers in yaml.SafeLoader.yaml_implicit_resolvers.items()
 }
+_ConfigLoader.add_constructor("tag:yaml.org,2002:float", _ConfigLoader.construct_yaml_float)
 _ConfigLoader.add_implicit_resolver(
     "tag:yaml.org,2002:bool", re.compile(r"^(?:true|True|TRUE|false|False|FALSE)$"), list("tTfF")
 )

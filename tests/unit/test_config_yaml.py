@@ -50,6 +50,8 @@ ROWS = [
     pytest.param("a: " + "[" * 200 + "]" * 200 + "\n", ["nested deeper than 64 levels"], id="too-deep"),
     pytest.param("job:\n  replicas: " + "9" * 5000 + "\n", ["not a usable value", "digits"], id="huge-integer"),
     pytest.param("job: [unclosed\n", ["not valid YAML"], id="not-yaml"),
+    # Below a float's range (was: read as 0.0, then "must be positive, got 0.0").
+    pytest.param("train:\n  learning_rate: 1e-400\n", ["line 2: 1e-400 is too small for a float"], id="underflow"),
 ]
 
 

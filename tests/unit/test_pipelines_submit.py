@@ -27,6 +27,22 @@ def test_parameters_are_typed_from_the_compiled_pipeline():
     assert args == {"learning_rate": 1.0, "store": "s3://bucket/x", "launcher": "kubernetes", "min_accuracy": 0.5}
 
 
+@pytest.mark.parametrize(
+    ("pair", "said"),
+    [
+        ("epochs=abc", "--param epochs=abc: expected a whole number, e.g. 3"),  # was: "expected int"
+        ("epochs=2.5", "--param epochs=2.5: expected a whole number"),
+        ("learning_rate=fast", "--param learning_rate=fast: expected a number, e.g. 0.001"),
+        ("tolerations=not json", "--param tolerations=not json: expected a JSON list, e.g. '[{"),
+        ("node_selector=[1]", "--param node_selector=[1]: expected a JSON object, e.g. '{"),
+    ],
+)
+def test_a_parameter_of_the_wrong_type_says_how_to_write_one(pair, said):
+    with pytest.raises(SubmitError) as refused:
+        parse_params([pair], PACKAGE)
+    assert str(refused.value).startswith(said), refused.value
+
+
 def test_the_secrets_the_steps_mount_are_checked_against_the_config_before_upload():
     known = pipeline_parameters(PACKAGE)
     config = "kubernetes:\n  hf_token_secret: team-hf\n"
