@@ -121,7 +121,7 @@ def test_ctrl_c_while_waiting_stops_following_and_says_the_run_goes_on():
     ("param", "message"),
     [
         ("epoch=3", "--param epoch: not a parameter of this pipeline"),
-        ("epochs=three", "--param epochs=three: expected int"),
+        ("epochs=three", "--param epochs=three: expected a whole number, e.g. 3"),
         ("replicas", "write it as name=value"),
         ("batch_size=63", "train.batch_size: must divide by the world size 2"),
     ],
