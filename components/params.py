@@ -17,7 +17,8 @@ import inspect
 import math
 from typing import Any
 
-from trainer.config import KFP_STORE_SECRET, Config, ConfigError, parse_config
+from trainer import k8s_formats as k8s
+from trainer.config import KFP_STORE_SECRET, KFP_STORE_SECRET_KEYS, Config, ConfigError, parse_config
 
 #: The Secret KFP itself uses for its artifact store; the step pods mount it by default.
 DEFAULT_STORE_SECRET = KFP_STORE_SECRET
@@ -180,7 +181,19 @@ def config_from_params(config: str = "", store_secret: str = "", hf_token_secret
                 f"step pods mount, is {given!r}: set the parameter to {named!r} (or drop the field from the config)"
             )
         secrets[f"kubernetes.{name}"] = given
-    return parse_config(config, {**overrides, **secrets}) if secrets else cfg
+    cfg = parse_config(config, {**overrides, **secrets}) if secrets else cfg
+    keys = cfg.kubernetes.store_secret_keys
+    if store_secret and cfg.kubernetes.store_secret and keys != KFP_STORE_SECRET_KEYS:
+        # The step pods' secretKeyRefs are compiled into the pipeline with KFP's own keys, and not
+        # optional: a Secret without them keeps every step pod from starting.
+        wanted = ", ".join(f"{key} ({var})" for key, var in KFP_STORE_SECRET_KEYS.items())
+        raise ConfigError(
+            f"kubernetes.store_secret_keys: the pipeline's step pods read the keys {wanted} of the Secret "
+            f"{cfg.kubernetes.store_secret!r}, and its training replicas read the same; got other keys "
+            f"({k8s.show(keys, limit=200)}): put the store's keys in the Secret under those names and drop "
+            "store_secret_keys from the config"
+        )
+    return cfg
 
 
 def _raw_kubernetes(config: str) -> dict[str, Any]:

@@ -105,7 +105,10 @@ def _load_with_flags(
         named = [flag for field, (flag, _) in flags.items() if re.match(rf"{re.escape(field)}\b", message)]
         under = [flag for field, (flag, _) in flags.items() if field.startswith(lead + ".")]
         if named or under:
-            raise ConfigError(f"{(named or under)[0]}: {message}") from None
+            flag = (named or under)[0]
+            if flag.startswith("--set ") and message.startswith(flag.removeprefix("--set ") + ":"):
+                raise ConfigError(f"--set {message}") from None  # the field once: `--set job.replicas: ...`
+            raise ConfigError(f"{flag}: {message}") from None
         raise
 
 

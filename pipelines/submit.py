@@ -189,7 +189,7 @@ def _validate_config(args: dict[str, Any], known: dict[str, dict[str, Any]]) -> 
     """Run the trainer's config validation on the run's effective parameters before uploading,
     and the quality gate's bounds (the same as `kftrain run`'s flags)."""
     from components.params import BY_NAME, SECRET_PARAMS, config_from_params
-    from trainer.checks import gate_ignored, gate_problem
+    from trainer.checks import check_plan_gpu, gate_ignored, gate_problem
     from trainer.launch.job import check_cluster_locations, check_job_manifests
     from trainer.pipeline_steps import LAUNCHERS
 
@@ -206,6 +206,7 @@ def _validate_config(args: dict[str, Any], known: dict[str, dict[str, Any]]) -> 
         cfg = config_from_params(config, **secrets, **effective)
         check_job_manifests(cfg)
         check_cluster_locations(cfg)
+        check_plan_gpu(cfg)  # else the plan step fails on it, after the run started
     except ValueError as exc:
         # A bad value a --param gave: name the flag, and the value that leaves the config's own.
         fields = {**{n: p.field for n, p in BY_NAME.items()}, **{n: f"kubernetes.{n}" for n in SECRET_PARAMS}}

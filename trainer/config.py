@@ -82,13 +82,14 @@ _UNSHOWN_VALUES = ("kubernetes.env", "kubernetes.extra_env")
 MAX_SECONDS = 366 * 24 * 3600
 #: Integers go to Kubernetes (int64 fields) and torch (int64 tensors): nothing wider fits.
 _INT64_LIMIT = 2**63
+#: The largest count a manifest takes (the API server's int32).
+_INT32_MAX = 2**31 - 1
 
 
 def _shown(path: str, value: Any) -> str:
     """`value` as an error shows it: its repr, or only its kind where it may be a credential."""
     if not path.startswith(_UNSHOWN_VALUES):
-        text = repr(value)
-        return text if len(text) <= 100 else f"{text[:60]}... ({len(text)} characters)"
+        return k8s.show(value, limit=100)
     if isinstance(value, dict):
         return f"a mapping with the keys {sorted(map(str, value))} (values not shown: they may be credentials)"
     return f"a value of type {type(value).__name__} (not shown: it may be a credential)"
@@ -692,8 +693,9 @@ class CheckpointConfig:
 #: Bounds of `job.*` fields.
 _JOB_BOUNDS = {
     "kind": one_of(JOB_KINDS),
-    "replicas": Bound(lambda v: v >= 1, "must be at least 1 (the Master)"),
-    "nproc_per_node": AT_LEAST_ONE,
+    # The manifests hold counts as the API server's int32.
+    "replicas": Bound(lambda v: 1 <= v <= _INT32_MAX, f"must be from 1 (the Master) to {_INT32_MAX}"),
+    "nproc_per_node": Bound(lambda v: 1 <= v <= _INT32_MAX, f"must be from 1 to {_INT32_MAX}"),
     "timeout_seconds": ABOVE_ZERO,
     "omp_num_threads": AT_LEAST_ONE,
     "collective_timeout_seconds": ABOVE_ZERO,
@@ -800,7 +802,7 @@ _KUBERNETES_FORMATS: dict[str, Callable[[Any], str | None]] = {
     "shm_size": lambda v: k8s.quantity_problem(v, "shm_size"),
     "priority_class": lambda v: k8s.object_name_problem(v, "a valid priorityClassName"),
     "service_account": lambda v: k8s.object_name_problem(v, "a valid serviceAccountName"),
-    "queue": k8s.label_value_problem,  # the value of Kueue's queue-name label
+    "queue": k8s.kueue_queue_problem,
     "scheduling_queue": k8s.queue_name_problem,
     "store_secret": k8s.secret_name_problem,
     "hf_token_secret": k8s.secret_name_problem,
@@ -956,6 +958,13 @@ class KubernetesConfig:
         where, problem = next(((f, why) for f, why in problems if why), ("", None))
         if problem:
             raise ConfigError(f"{where}: {problem}")
+        if self.memory and self.shm_size and k8s.quantity_value(self.shm_size) > k8s.quantity_value(self.memory):
+            # /dev/shm is memory (tmpfs): its pages count against the container's limit.
+            raise ConfigError(
+                f"{p}.shm_size: {self.shm_size} of /dev/shm is more than {p}.memory ({self.memory}), the replica's "
+                "memory limit that its pages count against: the pod would be OOM-killed before /dev/shm is full; "
+                "give less shm_size, or more memory"
+            )
 
     def _check_extra_env(self) -> None:
         """Each entry is one pod-spec variable, named once, and not also a plain `kubernetes.env` one."""
@@ -1259,6 +1268,17 @@ def _convert(value: Any, tp: Any, path: str) -> Any:
     if origin is dict:
         _require(isinstance(value, dict), path, value, "must be a mapping")
         key_t, val_t = typing.get_args(tp)
+        for k, v in value.items():
+            if val_t is str and isinstance(v, dict) and len(v) == 1 and not path.startswith(_UNSHOWN_VALUES):
+                # `--set kubernetes.node_selector.kubernetes.io/arch=amd64` splits the key at its dots.
+                (_, inner), whole = next(iter(v.items())), f"{k}.{next(iter(v))}"
+                _require(
+                    False,
+                    f"{path}.{k}",
+                    v,
+                    f"must be a string; for the key {whole!r}, which holds dots, give the mapping whole: "
+                    f"--set '{path}={{{whole}: {inner}}}'",
+                )
         return {_convert(k, key_t, f"{path} key"): _convert(v, val_t, f"{path}.{k}") for k, v in value.items()}
     if tp is float:
         # YAML reads `1e-3` as a string and `1` as an int: both are meant as floats. Only that
@@ -1300,6 +1320,10 @@ def _convert(value: Any, tp: Any, path: str) -> Any:
         if isinstance(value, dict) and len(value) == 1 and None in value.values():
             # `max:` or `--set keep_best=max:`: a key with no value, where text ending in ':' was meant.
             _require(False, path, value, f"must be a string (YAML reads `{next(iter(value))}:` as a mapping: quote it)")
+        if value is None:  # `field:` or `--set field=`, where empty text was meant
+            _require(
+                False, path, value, "must be a string (YAML reads an empty value as null: write '' for empty text)"
+            )
         _require(isinstance(value, str), path, value, "must be a string")
         return value
     raise TypeError(f"{path}: unsupported annotation {_type_name(tp)}")  # a bug in this module

@@ -55,15 +55,16 @@ _CREDENTIAL_VALUES = (
 
 def credential_in(name: str, value: Any) -> str:
     """What of the variable `name=value` looks like a credential: `name` (`*SECRET*`, `*_TOKEN`,
-    `*_PASSWORD`, `*_ACCESS_KEY*`, ...), `value` (an AWS key id, a private key, a known token
-    format, a URL with a password), or '' when neither does."""
+    `*_PASSWORD`, `*_ACCESS_KEY*`, ...), `value` (:func:`looks_like_credential`: an AWS key id or
+    secret key, a private key, a known token format, a URL with a password, a random-looking
+    token), or '' when neither does."""
     words = [w for w in re.split(r"[^A-Z0-9]+", name.upper()) if w]
     pairs = set(zip(words, words[1:], strict=False))
     # A name ending in KEY (`WANDB_KEY`, `OPENAI_KEY`) holds one; one starting with it (`KEY_COLUMN`) need not.
     last_key = len(words) > 1 and words[-1] == "KEY"
     if "SECRET" in name.upper() or _CREDENTIAL_WORDS & set(words) or _CREDENTIAL_PAIRS & pairs or last_key:
         return "name"
-    if isinstance(value, str) and _known_credential(value):
+    if isinstance(value, str) and looks_like_credential(value):
         return "value"
     return ""
 

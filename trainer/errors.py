@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import re
 
-from trainer.credentials import QUERY_CREDENTIAL
+from trainer.credentials import QUERY_CREDENTIAL, looks_like_credential
 
 #: Marks the one line a failed step ends with (see the module docstring).
 ERROR_MARKER = "kftrain-error: "
@@ -30,6 +30,8 @@ _QUOTED_USERINFO = re.compile(r"(?P<scheme>\b[A-Za-z][A-Za-z0-9+.-]*://)(?P<user
 
 #: A credential in a URL's query (`?X-Amz-Signature=...`, `&token=...`): its value is written `***`.
 _QUERY_CREDENTIAL = re.compile(QUERY_CREDENTIAL)
+#: A word long enough to be a key or a token (the characters of base64, paths and known token formats).
+_WORD = re.compile(r"[A-Za-z0-9_./+~-]{16,}")
 
 
 class KftrainError(Exception):
@@ -37,13 +39,16 @@ class KftrainError(Exception):
 
 
 def redact(text: str) -> str:
-    """`text` with the userinfo of every URL in it (`http://user:secret@host`) written `***`, and
-    the value of each query parameter that carries a credential (`?X-Amz-Signature=...`).
+    """`text` with the userinfo of every URL in it (`http://user:secret@host`) written `***`, the
+    value of each query parameter that carries a credential (`?X-Amz-Signature=...`), and every
+    word that is a credential by itself (:func:`trainer.credentials.looks_like_credential`: a key
+    id, a token, an AWS secret key's shape, a random-looking token), wherever a user pasted it.
 
-    Everything kftrain prints that may hold a URL goes through here: endpoints, store URIs,
-    the resume command, error messages, the full log of a local run."""
+    Everything kftrain prints that may hold a URL or a pasted value goes through here: endpoints,
+    store URIs, the resume command, error messages, the full log of a local run."""
     text = _QUOTED_USERINFO.sub(r"\g<scheme>***@", _USERINFO.sub(r"\g<scheme>***@", text))
-    return _QUERY_CREDENTIAL.sub(r"\1***", text)
+    text = _QUERY_CREDENTIAL.sub(r"\1***", text)
+    return _WORD.sub(lambda m: "***" if looks_like_credential(m.group()) else m.group(), text)
 
 
 def has_userinfo(url: str) -> bool:

@@ -121,6 +121,12 @@ def queue_name_problem(value: Any) -> str | None:
     return DNS_SUBDOMAIN.problem(value, "a scheduler queue's name")
 
 
+def kueue_queue_problem(value: Any) -> str | None:
+    """Why `value` cannot be Kueue's `queue-name` label: a label value that names a LocalQueue
+    (Kueue's job webhook refuses any other), or None."""
+    return label_value_problem(value) or DNS_SUBDOMAIN.problem(value, "a Kueue LocalQueue's name")
+
+
 def volume_name_problem(value: Any) -> str | None:
     """Why `value` is not a pod volume's name, or None."""
     return DNS_LABEL.problem(value, "a volume's name")

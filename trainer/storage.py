@@ -131,6 +131,8 @@ def parse_uri(uri: str) -> Location:
     or a flag, it would otherwise be a folder named `~`)."""
     if not isinstance(uri, str) or not uri.strip():
         raise ValueError(f"empty storage URI {uri!r}: use s3://bucket/key, minio://bucket/key or a path")
+    if uri != uri.strip():  # a pasted space: a folder or key with it is never what was meant
+        raise ValueError(f"storage URI {redact(uri)!r} starts or ends with whitespace: remove it")
     if "://" not in uri:  # a path: `~` is the user's home, as in a shell
         scheme = uri.split(":", 1)[0].lower() if ":" in uri else ""
         if scheme in (*REMOTE_SCHEMES, "file", "gs", "http", "https"):  # `s3:/b/k`: a slash short, not a folder

@@ -151,7 +151,7 @@ REFUSED = {
     ),
     "replica-memory": (
         {},
-        "kubernetes:\n  memory: 1Mi\n",
+        "kubernetes:\n  memory: 1Mi\n  shm_size: ''\n",
         ["kubernetes.memory 1Mi:", "in each replica", "a larger kubernetes.memory"],
     ),
     "hub-uri": (None, "", ["model.init_from 'hf://org/na me'", "hf://<org>/<name>"]),
@@ -213,7 +213,11 @@ def test_a_bad_base_model_is_refused_on_one_line_naming_the_fix(case, folder, tm
         ),
         ({}, "kubernetes:\n  gpu_memory_gb: 80\n"),
         ({}, "kubernetes:\n  memory: 8Gi\n"),
-        ({}, "kubernetes:\n  gpu_memory_gb: 0\n  memory: 1Mi\n  gpus_per_node: 1\njob:\n  nproc_per_node: 1\n"),
+        (
+            {},
+            "kubernetes:\n  gpu_memory_gb: 0\n  memory: 1Mi\n  shm_size: ''\n  gpus_per_node: 1\n"
+            "job:\n  nproc_per_node: 1\n",
+        ),
     ],
 )
 def test_a_good_base_model_passes(folder, tmp_path, variant, extra):
@@ -316,7 +320,16 @@ def memory_config(**fields) -> str:
         ({"kubernetes__memory": "256Gi"}, 0, False),
         # Nothing set, or GPUs without gpu_memory_gb (kubernetes.memory is the host's then): no check.
         ({}, 0, False),
-        ({"kubernetes__memory": "1Gi", "kubernetes__gpus_per_node": 1, "job__nproc_per_node": 1}, 0, False),
+        (
+            {
+                "kubernetes__memory": "1Gi",
+                "kubernetes__shm_size": "512Mi",
+                "kubernetes__gpus_per_node": 1,
+                "job__nproc_per_node": 1,
+            },
+            0,
+            False,
+        ),
     ],
 )
 def test_the_training_state_must_fit_the_configured_memory(fields, adapters, refused):

@@ -129,6 +129,25 @@ def test_a_config_naming_another_store_secret_is_refused_with_the_fix():
         config_from_params("kubernetes:\n  store_secret: team-s3\n", store_secret="mlpipeline-minio-artifact")
 
 
+@pytest.mark.parametrize(
+    "keys",
+    [
+        "{AWS_ACCESS_KEY_ID: AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY: AWS_SECRET_ACCESS_KEY}",
+        "{accesskey: AWS_ACCESS_KEY_ID, secret: AWS_SECRET_ACCESS_KEY}",
+    ],
+)
+def test_store_secret_keys_other_than_the_step_pods_read_are_refused(keys):
+    """The step pods' secretKeyRefs are compiled with KFP's keys: a Secret with other keys would keep
+    them from starting while the replicas read it (was: accepted by submit and configure)."""
+    text = f"kubernetes:\n  store_secret: team-s3\n  store_secret_keys: {keys}\n"
+    with pytest.raises(
+        ConfigError, match="kubernetes.store_secret_keys: the pipeline's step pods read the keys accesskey"
+    ):
+        config_from_params(text, store_secret="team-s3")
+    # Outside a pipeline (`kftrain job manifest`, the pytorchjob component) the keys are the user's.
+    assert config_from_params(text).kubernetes.store_secret == "team-s3"
+
+
 def test_hf_token_secret_parameter_reaches_the_replicas():
     assert config_from_params("", hf_token_secret="team-hf").kubernetes.hf_token_secret == "team-hf"
     # Empty in the config is "none": the steps mount theirs (optionally), and the replicas get the same.

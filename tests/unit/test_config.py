@@ -61,6 +61,22 @@ def test_yaml_file_maps_onto_the_tree(tmp_path):
         ("train:\n  learning_rate: '  7  '\n", "train.learning_rate: must be a number, got '  7  '"),
         ("train:\n  learning_rate: 'nan'\n", "train.learning_rate: must be a number, got 'nan'"),
         ("job:\n  replicas: true\n", "job.replicas: must be an integer, got True"),
+        # Found by probes: each named what was wrong badly, or was accepted and failed on the cluster.
+        ("job:\n  replicas: 4294967296\n", "job.replicas: must be from 1 (the Master) to 2147483647"),
+        ("job:\n  nproc_per_node: 4294967296\n", "job.nproc_per_node: must be from 1 to 2147483647"),
+        ("kubernetes:\n  priority_class:\n", "priority_class: must be a string (YAML reads an empty value as null"),
+        (
+            "kubernetes:\n  node_selector: {kubernetes: {io/arch: amd64}}\n",
+            "for the key 'kubernetes.io/arch', which holds dots, give the mapping whole: "
+            "--set 'kubernetes.node_selector={kubernetes.io/arch: amd64}'",
+        ),
+        (
+            "kubernetes:\n  memory: 1Gi\n  shm_size: 4Gi\n",
+            "kubernetes.shm_size: 4Gi of /dev/shm is more than kubernetes.memory (1Gi), the replica's memory limit",
+        ),
+        ("kubernetes:\n  memory: 1Gi\n", "kubernetes.shm_size: 2Gi of /dev/shm is more than"),  # the default
+        ("kubernetes:\n  queue: Team_A\n", "kubernetes.queue: 'Team_A' is not a Kueue LocalQueue's name"),
+        ("store:\n  uri: 's3://b/x '\n", "starts or ends with whitespace: remove it"),
         ("model:\n  hidden_sizes: 64\n", "model.hidden_sizes: must be a list"),
         ("data:\n  test_fraction: 0.7\n", "data.test_fraction: must be between 0 and 0.5"),
         ("store:\n  uri: gs://bucket/x\n", "store.uri: unsupported storage URI scheme 'gs'"),

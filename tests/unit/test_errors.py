@@ -41,6 +41,19 @@ REDACTED = [
     ),
     ("http://u:p@h/x?API_KEY=zz", "http://***@h/x?API_KEY=***"),
     ("key=value outside a URL", "key=value outside a URL"),
+    # A key or token pasted anywhere (a name, a mapping an error shows): the word alone goes.
+    ("got {'accesskey': 'AKIAIOSFODNN7EXAMPLE'}", "got {'accesskey': '***'}"),
+    ("key wJalrXUtnFEMI/K7MDENG/bPxRfiCYEXAMPLEKEY: no", "key ***: no"),
+    ("MY_VAR=Zx8Qw2Lp9Rt4Vb7Nm1Kj6Hg3Fd5Sa0Yu+Pq7Ws and hf_aBcDeFgHiJkLmNoPqRsTuVwXyZ01234567", "MY_VAR=*** and ***"),
+    # Words that are not: digests, run ids, paths, CamelCase names, dated names.
+    (
+        "sha 0123456789abcdef0123456789abcdef01234567 run 20261205-220907-ebd598",
+        "sha 0123456789abcdef0123456789abcdef01234567 run 20261205-220907-ebd598",
+    ),
+    (
+        "/models/Llama-3.1-8B-Instruct/model-00001-of-00004.safetensors TeamNlpProject2024Q3Experiment7",
+        "/models/Llama-3.1-8B-Instruct/model-00001-of-00004.safetensors TeamNlpProject2024Q3Experiment7",
+    ),
 ]
 
 #: A URL's userinfo as users write it: with a password, with a '/' in it, a token alone.

@@ -54,9 +54,10 @@ FIELDS = [
     ("kubernetes.scheduling_queue", _scalar("spec", "runPolicy", "schedulingPolicy", "queue"),
      ["default", "team-a.gpu"],
      ["Default", "team queue", "q" * 254]),
+    # A label value that names a LocalQueue (Kueue's webhook refuses any other: Team_A was accepted).
     ("kubernetes.queue", _scalar("metadata", "labels", "kueue.x-k8s.io/queue-name"),
-     ["team-a", "Team_A.1", "q" * 63],
-     ["team queue", "q" * 64, "-q", "q."]),
+     ["team-a", "team-a.gpu", "q" * 63],
+     ["team queue", "q" * 64, "-q", "q.", "Team_A", "team_a", "Team-A.1"]),
     ("kubernetes.cpu", _scalar(*_LIMITS, "cpu"),
      ["8", "500m", "1.5", "1e3", ".5", "100n", "+1", "0"],
      ["8 cores", "-1", "1.5.5", "1K", "one", "1m2"]),
@@ -118,7 +119,8 @@ REFUSED = [(f, probe, v) for f, probe, _, bad in FIELDS for v in bad]
 
 @pytest.mark.parametrize(("field", "probe", "value"), ACCEPTED, ids=[f"{f}={v!r}"[:70] for f, _, v in ACCEPTED])
 def test_what_the_api_server_takes_loads_and_passes_the_manifest_rules(field, probe, value):
-    parse_config("", {field: value})
+    # No /dev/shm beside a small memory limit (2Gi of it would be more than the limit: refused).
+    parse_config("", {field: value, **({"kubernetes.shm_size": ""} if field == "kubernetes.memory" else {})})
     assert problem_at(*probe(value)) is None
 
 

@@ -147,6 +147,10 @@ def test_pod_settings_reach_the_manifest_and_pass_preflight():
         ("SOME_SETTING", "Bearer 4f9a8b7c6d5e4f3a2b1c"),
         ("SOME_SETTING", "eyJhbGciOiJIUzI1NiJ9.eyJzdWIiOiIxMjM0In0.c2lnbmF0dXJl"),
         ("DATA_URL", "https://h/data.csv?X-Amz-Signature=abc123"),
+        # A key of no known format under an ordinary name: an AWS secret key's shape, a random token
+        # (were: accepted, and printed into the manifest).
+        ("MY_VAR", "wJalrXUtnFEMI/K7MDENG/bPxRfiCYEXAMPLEKEY"),
+        ("S3_KEY2", "Zx8Qw2Lp9Rt4Vb7Nm1Kj6Hg3Fd5Sa0Yu+Pq7Ws"),
     ],
 )
 def test_credential_looking_plain_env_is_refused_in_both_places(name, value):
@@ -170,6 +174,9 @@ def test_credential_looking_plain_env_is_refused_in_both_places(name, value):
         # Text that starts like an Authorization value is text (a review found these refused).
         {"SYSTEM_PROMPT": "Basic questions about colours", "RUN_NOTE": "Basic fine-tuning-run", "T": "Token ring"},
         {"DATA_URL": "https://example.com/data.csv"},
+        # Long values that are not keys: a commit, a digest, a path, a CamelCase name.
+        {"GIT_COMMIT": "0123456789abcdef0123456789abcdef01234567", "RUN": "TeamNlpProject2024Q3Experiment7"},
+        {"WEIGHTS": "/models/Llama-3.1-8B-Instruct/model-00001-of-00004.safetensors"},
     ],
 )
 def test_ordinary_plain_env_is_accepted(env):

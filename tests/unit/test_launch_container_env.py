@@ -21,6 +21,13 @@ SECRET_REF = {"valueFrom": {"secretKeyRef": {"name": "other", "key": "k"}}}
         ({"env": {"NCCL_DEBUG": "INFO"}}, {"nccl_debug": "WARN"}, "from job.nccl_debug: set that instead"),
         ({"env": {"TORCH_NCCL_ASYNC_ERROR_HANDLING": "0"}}, {}, "always, so that a failed collective ends the job"),
         ({"env": {"KFTRAIN_TERMINATION_GRACE_SECONDS": "5"}}, {}, "from kubernetes.termination_grace_seconds"),
+        # The operator appends its own after the pod's (a PyTorchJob's was silently overwritten).
+        ({"env": {"PYTHONUNBUFFERED": "0"}}, {}, "kubernetes.env: PYTHONUNBUFFERED is set to '1' in every replica"),
+        (
+            {"extra_env": [{"name": "PYTHONUNBUFFERED", "value": "0"}]},
+            {},
+            "kubernetes.extra_env[0]: PYTHONUNBUFFERED is set to '1' in every replica",
+        ),
         (
             {"extra_env": [{"name": "OMP_NUM_THREADS", "value": "8"}]},
             {},
@@ -85,13 +92,6 @@ def test_both_kinds_give_the_container_the_same_variables():
     differ = {"KFTRAIN_PYTORCHJOB_NAME", "KFTRAIN_TRAINJOB_NAME", "PYTHONUNBUFFERED"}
     strip = lambda env: [e for e in env if e["name"] not in differ]  # noqa: E731
     assert strip(pytorch["env"]) == strip(train["env"])
-
-
-def test_a_trainjob_does_not_override_a_user_s_variable_silently():
-    """Trainer v2 does not set PYTHONUNBUFFERED, so kftrain does: a user's value is refused, not replaced."""
-    cfg = load_config(overrides={"kubernetes.env": {"PYTHONUNBUFFERED": "0"}, "job.kind": "trainjob"})
-    with pytest.raises(ConfigError, match="kubernetes.env.PYTHONUNBUFFERED: sets PYTHONUNBUFFERED, which kftrain's"):
-        check_job_manifests(cfg)
 
 
 def test_a_credential_pair_may_come_from_two_secrets():

@@ -202,6 +202,12 @@ EMPTY_OR_BAD_FLAGS = [
     (["plan", "--probe-steps", "50"], "--probe-steps: given without --probe, which it is for"),
     # Another store's URI (was: "use ... file:///path or a plain path", which the flag then refuses).
     (["job", "manifest", "--model-uri", "gs://b/x"], "--model-uri 'gs://b/x': not an object store kftrain writes"),
+    # A pasted space (was: " s3://" called no object store; "s3://b/x " accepted into the manifest).
+    (
+        ["job", "manifest", "--model-uri", " s3://b/x"],
+        "--model-uri: storage URI ' s3://b/x' starts or ends with whitespace",
+    ),
+    (["job", "manifest", "--dataset-uri", "s3://b/x "], "--dataset-uri: storage URI 's3://b/x ' starts or ends with"),
     (["runs", "--s3-endpoint", "http://127.0.0.1:1"], "--s3-endpoint: --store kftrain-outputs is a folder on this"),
 ]
 
@@ -581,10 +587,10 @@ def test_a_reader_that_goes_away_ends_the_command_quietly(tmp_path, monkeypatch,
     ("argv", "named"),
     [
         (["job", "manifest", "--namespace", "My_NS"], "--namespace: kubernetes.namespace: 'My_NS' is not a namespace"),
-        (["job", "manifest", "--set", "kubernetes.backoff_limit=-3"], "--set kubernetes.backoff_limit: kubernetes."),
+        (["job", "manifest", "--set", "kubernetes.backoff_limit=-3"], "--set kubernetes.backoff_limit: must be"),
         (
             ["job", "manifest", "--set", "kubernetes.queue="],
-            "--set kubernetes.queue: kubernetes.queue: must be a string",
+            "--set kubernetes.queue: must be a string",
         ),
         (["job", "manifest", "--set", "job.kind=auto"], "job.kind: 'auto' is resolved by the cluster"),  # no --kind
         # One field set twice: refused, as a repeated --param or YAML key (was: the last won in silence).

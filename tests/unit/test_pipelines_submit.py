@@ -54,6 +54,23 @@ def test_the_secrets_the_steps_mount_are_checked_against_the_config_before_uploa
 
 
 @pytest.mark.parametrize(
+    ("config", "params", "refused"),
+    [
+        # Each was uploaded and started, then failed on the cluster (the plan step, or every step pod).
+        ("plan:\n  enabled: true\n  gpu: B200\n", {}, "plan.gpu: not a GPU type the plan knows, got 'B200'"),
+        (
+            "kubernetes:\n  store_secret: my-s3\n  store_secret_keys: {AWS_ACCESS_KEY_ID: AWS_ACCESS_KEY_ID}\n",
+            {"store_secret": "my-s3"},
+            "kubernetes.store_secret_keys: the pipeline's step pods read the keys accesskey",
+        ),
+    ],
+)
+def test_what_a_step_would_refuse_on_the_cluster_is_refused_before_upload(config, params, refused):
+    with pytest.raises(SubmitError, match=re.escape(refused)):
+        _validate_config({"config": config, **params}, pipeline_parameters(PACKAGE))
+
+
+@pytest.mark.parametrize(
     "text",
     ["train:\n  epochs: 1\n", "", "a: [\n", "- a list\n", "root: 3\n", b"\xff\xfe"],
     ids=["a-kftrain-config", "empty", "not-yaml", "a-list", "root-not-a-mapping", "not-utf8"],

@@ -152,6 +152,7 @@ class Rule:
 RULES = (
     Rule("metadata.namespace", _of_value(k8s.namespace_problem)),
     Rule("**.metadata.labels.*", _label),
+    Rule("**.metadata.labels.'kueue.x-k8s.io/queue-name'", _of_value(k8s.kueue_queue_problem)),
     Rule("**.metadata.annotations", _of_value(k8s.annotations_size_problem)),
     Rule("**.metadata.annotations.*", _annotation_key),
     Rule("**.nodeSelector.*", _label),

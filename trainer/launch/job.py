@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from trainer import k8s_formats as k8s
 from trainer.config import Config, ConfigError, config_to_json
 from trainer.launch.spec import JobSpec, job_name, require_object_store, require_pod_paths, torchrun_command
 from trainer.stopping import GRACE_ENV
@@ -21,7 +22,7 @@ def training_job(cfg: Config, name: str, dataset_uri: str, model_uri: str) -> Jo
         raise ConfigError(
             f"kubernetes.store_secret_keys: must fill a key and its secret ({halves or 'it fills neither'}), e.g. "
             "{accesskey: AWS_ACCESS_KEY_ID, secretkey: AWS_SECRET_ACCESS_KEY}; or set kubernetes.store_secret: '' "
-            f"where the pods get access otherwise, got {kc.store_secret_keys}"
+            f"where the pods get access otherwise, got {k8s.show(kc.store_secret_keys, limit=200)}"
         )
     # The replicas need no pod settings: the kubernetes section stays off their command line.
     replica_cfg = config_to_json(cfg, exclude=("kubernetes",))
@@ -54,7 +55,21 @@ def job_env(cfg: Config) -> dict[str, str]:
                 f"kubernetes.env.{name}: kftrain sets it (to {own[name]!r}) {_own_env(cfg)[name][1]}; "
                 "remove it from kubernetes.env"
             )
+    given = [("kubernetes.env", n) for n in cfg.kubernetes.env]
+    given += [(f"kubernetes.extra_env[{i}]", e.get("name")) for i, e in enumerate(cfg.kubernetes.extra_env)]
+    for where, name in given:
+        if name == UNBUFFERED:
+            # The Training Operator appends its own after the pod's variables (the last one wins),
+            # and a TrainJob gets kftrain's: another value would be overwritten, or named twice.
+            raise ConfigError(
+                f"{where}: {UNBUFFERED} is set to '1' in every replica (by the Training Operator, or by kftrain "
+                "for a TrainJob), so that each log line reaches the pod's log at once; remove it"
+            )
     return {**own, **cfg.kubernetes.env}
+
+
+#: Set to '1' in every replica by the operator (a PyTorchJob) or by kftrain (a TrainJob).
+UNBUFFERED = "PYTHONUNBUFFERED"
 
 
 _GRACE_FIELD = "from kubernetes.termination_grace_seconds: set that instead"

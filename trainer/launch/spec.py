@@ -185,7 +185,8 @@ def require_object_store(uris: dict[str, str]) -> None:
     an object-store URI. `uris` maps what each one is (a flag or field name) to the URI."""
     for what, uri in uris.items():
         scheme = uri.split("://", 1)[0].lower() if "://" in uri else ""
-        if scheme and scheme not in (*REMOTE_SCHEMES, "file"):  # parse_uri's forms would offer local paths too
+        if scheme and scheme.strip() == scheme and scheme not in (*REMOTE_SCHEMES, "file"):
+            # parse_uri's forms would offer local paths too (a space around it: parse_uri says so)
             raise ConfigError(
                 f"{what} {redact(uri)!r}: not an object store kftrain writes to; use s3://bucket/key or "
                 "minio://bucket/key"
