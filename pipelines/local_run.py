@@ -509,7 +509,8 @@ def run_scope(
 def preflight(cfg: Config, local_root: str = DEFAULT_LOCAL_ROOT) -> Config:
     """Fail before any step starts on whatever can be checked then
     (:func:`trainer.checks.check_before_steps`: the store and checkpoint prefixes,
-    `checkpoint.resume_from`, a custom task, `data.source`), and when the local output folder
+    `checkpoint.resume_from`, a custom task, `data.source`, the base model, an `hf://` one
+    fetched: the steps run here), and when the local output folder
     cannot be written. Return `cfg` with `checkpoint.resume_from` pinned to the checkpoint it
     names (a run id is one of the runs under the store, or under the local output folder)."""
     from trainer.checks import check_before_steps
@@ -521,7 +522,7 @@ def preflight(cfg: Config, local_root: str = DEFAULT_LOCAL_ROOT) -> Config:
             LocalStore().check(str(Path(local_root).expanduser().resolve()))
         except StoreError as exc:
             raise ConfigError(f"--output-dir: {exc}") from None  # the message names the folder
-    return check_before_steps(cfg, cfg.store.uri or str(Path(local_root).expanduser().resolve()))
+    return check_before_steps(cfg, cfg.store.uri or str(Path(local_root).expanduser().resolve()), hub=True)
 
 
 def run_local(

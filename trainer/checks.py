@@ -152,7 +152,7 @@ def checked_before(cfg: Config) -> bool:
     return os.environ.get(CHECKED_CONFIG_ENV) == checked_digest(cfg)
 
 
-def check_before_steps(cfg: Config, runs_root: str = "") -> Config:
+def check_before_steps(cfg: Config, runs_root: str = "", hub: bool = False) -> Config:
     """The job the config describes passes the API server's and the operator's checks
     (:func:`trainer.launch.job.check_job_manifests`: the config runs on a cluster unchanged), the
     store and checkpoint prefixes are writable, `checkpoint.resume_from` names a checkpoint this
@@ -162,7 +162,9 @@ def check_before_steps(cfg: Config, runs_root: str = "") -> Config:
     `plan.gpu` is a GPU type the planner knows.
 
     Return `cfg` with `checkpoint.resume_from` pinned to the checkpoint it names now: the store
-    root of a run id is `runs_root`, else `store.uri`."""
+    root of a run id is `runs_root`, else `store.uri`. With `hub` (where the steps run on this
+    machine, with its network and `HF_TOKEN`), an `hf://` base model's small files are fetched and
+    checked too."""
     from trainer.data_rules import check_source
     from trainer.launch.job import check_job_manifests
 
@@ -179,7 +181,7 @@ def check_before_steps(cfg: Config, runs_root: str = "") -> Config:
 
         get_task(cfg.task)  # a ConfigError naming `task` when it does not import
     check_source(cfg)
-    check_base_model(cfg)
+    check_base_model(cfg, hub)
     check_plan_gpu(cfg)
     return cfg
 
@@ -214,9 +216,9 @@ def unread_by(task: str, field: str) -> bool:
 
 
 def ignored_settings(cfg: Config) -> list[str]:
-    """A line for each field set away from its default that this run never reads: another built-in
-    task's field, or a `lora.*` field without `train.method: lora`. Not errors (a config is often
-    switched between tasks or methods), but never silent."""
+    """A line for each field set away from its default that this run never reads: another
+    built-in task's field, or a `lora.*` field (or `export.merge_lora`) without `train.method:
+    lora`. Not errors (a config is often switched between tasks or methods), but never silent."""
     from trainer.report import config_changes
 
     changed = [field for field, _, _ in config_changes(to_dict(cfg))]
@@ -228,10 +230,12 @@ def ignored_settings(cfg: Config) -> list[str]:
             if f in changed and unread_by(cfg.task, f)
         ]
     if cfg.train.method != "lora":
+        # `export.merge_lora` too: a LoRA config switched to `train.method: full` (a pipeline's
+        # train_method parameter) exports the whole model, which is what merging would give.
         lines += [
             f"{f}: set, but LoRA is off (train.method {cfg.train.method!r}): no effect"
             for f in changed
-            if f.startswith("lora.")
+            if f.startswith("lora.") or f == "export.merge_lora"
         ]
     return lines
 
@@ -406,7 +410,7 @@ def _count(n: int) -> str:
     return str(n)
 
 
-def check_base_model(cfg: Config) -> None:
+def check_base_model(cfg: Config, hub: bool = False) -> None:
     """`model.init_from` names a model kftrain can fine-tune as configured: the folder exists with
     config.json (an architecture kftrain builds; remote code only under `model.trust_remote_code`)
     and tokenizer.json, `model.block_size` is within its context, `data.format: chat` has a chat
@@ -415,7 +419,9 @@ def check_base_model(cfg: Config) -> None:
     memory (:func:`check_model_memory`). No weight is read.
 
     An `hf://` model is checked for its form only: the Hub is asked in data prep, from a pod that
-    has the network and the token (the pre-flight runs without either)."""
+    has the network and the token (a cluster's configure step has neither). With `hub` (the steps
+    run here: `kftrain run --local`), its config and tokenizer files are fetched into the Hugging
+    Face cache, where data prep reads them again, and checked as a folder's are, without the weights."""
     origin = cfg.model.init_from
     if not origin:
         return
@@ -423,6 +429,8 @@ def check_base_model(cfg: Config) -> None:
 
     if origin.startswith(pretrained.HF_SCHEME):
         pretrained.parse_hf_uri(origin)
+        if hub:
+            _check_folder(cfg, pretrained.resolve(origin, weights=False))
         return
     try:
         with check_deadline(MODEL_CHECK_BUDGET_S):
@@ -531,6 +539,40 @@ def _check_merge(cfg: Config, model: Any, copies: set[str]) -> None:
         )
 
 
+def _check_weights(origin: str, model: Any, index: dict[str, TensorEntry]) -> None:
+    """The folder's safetensors hold every tensor `model` (built from its config.json, on the meta
+    device) needs, in its shape; a tied copy is said once, in a warning."""
+    from trainer import pretrained
+    from trainer.model_io import tied_names
+
+    tied = tied_names(model)
+    for key in sorted({pretrained.base_name(name) for name in tied} & index.keys()):
+        # transformers 5 unties the two where their values differ; kftrain reads config.json alone.
+        log.warning(
+            "model.init_from %r: config.json ties %r to the input embeddings (tie_word_embeddings: true), and the "
+            "weights hold their own %r too: kftrain trains and exports the embeddings in its place, which is the "
+            "same model where the two are equal; where they differ, set tie_word_embeddings: false in config.json",
+            origin,
+            key,
+            key,
+        )
+    for name, tensor in model.state_dict(keep_vars=True).items():
+        if name in tied:
+            continue
+        key = pretrained.base_name(name)
+        entry = index.get(key)
+        if entry is None:
+            raise pretrained.PretrainedError(
+                f"model.init_from {origin!r}: the folder's weights lack {key!r}, which the model of its config.json "
+                "needs; the folder is incomplete or of another architecture"
+            )
+        if tuple(entry.shape) != tuple(tensor.shape):
+            raise pretrained.PretrainedError(
+                f"{entry.uri}: tensor {key!r} has shape {list(entry.shape)}, the model built from config.json "
+                f"expects {list(tensor.shape)}; the folder's weights and config.json disagree"
+            )
+
+
 def _check_modules(cfg: Config, source: ModelSource, config: dict[str, Any], index: dict[str, TensorEntry]) -> int:
     """Build the model of `config` on the meta device (with its LoRA adapters), compare it with
     the safetensors headers in `index`, and return how many adapter parameters train (0: full)."""
@@ -546,6 +588,9 @@ def _check_modules(cfg: Config, source: ModelSource, config: dict[str, Any], ind
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # transformers' and peft's notes to their own developers
         model = pretrained.build_on_meta(config, torch.float32, source)  # its errors name the folder
+        # The weights against config.json first: a folder of another architecture is said as such,
+        # not as layers its config lacks (`lora.target_modules`).
+        _check_weights(origin, model, index)
         if cfg.train.method == "lora":
             linear = {name.rsplit(".", 1)[-1] for name, m in model.named_modules() if _linear(m)}
             _check_lora_targets(cfg, dict(model.named_modules()), linear)
@@ -559,30 +604,4 @@ def _check_modules(cfg: Config, source: ModelSource, config: dict[str, Any], ind
                 ) from None
             _check_lora_rank(cfg, model)
             _check_merge(cfg, model, copies)
-    tied = tied_names(model)
-    for key in sorted({pretrained.base_name(name) for name in tied} & index.keys()):
-        # transformers 5 unties the two where their values differ; kftrain reads config.json alone.
-        log.warning(
-            "model.init_from %r: config.json ties %r to the input embeddings (tie_word_embeddings: true), and the "
-            "weights hold their own %r too: kftrain trains and exports the embeddings in its place, which is the "
-            "same model where the two are equal; where they differ, set tie_word_embeddings: false in config.json",
-            origin,
-            key,
-            key,
-        )
-    for name, tensor in model.state_dict(keep_vars=True).items():
-        if name in tied or ".lora_" in name:
-            continue
-        key = pretrained.base_name(name)
-        entry = index.get(key)
-        if entry is None:
-            raise pretrained.PretrainedError(
-                f"model.init_from {origin!r}: the folder's weights lack {key!r}, which the model of its config.json "
-                "needs; the folder is incomplete or of another architecture"
-            )
-        if tuple(entry.shape) != tuple(tensor.shape):
-            raise pretrained.PretrainedError(
-                f"{entry.uri}: tensor {key!r} has shape {list(entry.shape)}, the model built from config.json "
-                f"expects {list(tensor.shape)}; the folder's weights and config.json disagree"
-            )
     return sum(p.numel() for p in model.parameters() if p.requires_grad) if cfg.train.method == "lora" else 0

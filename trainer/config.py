@@ -1212,11 +1212,6 @@ class Config:
     def _check_pretrained(self) -> None:
         """Fields that only mean something with, or conflict with, a pretrained model."""
         pretrained = bool(self.model.init_from)
-        if self.export.merge_lora and self.train.method != "lora":
-            raise ConfigError(
-                f"export.merge_lora: true merges LoRA adapters into the base weights, and train.method is "
-                f"{self.train.method!r} (no adapters): set train.method: lora, or leave export.merge_lora out"
-            )
         if pretrained:
             _require(
                 self.task == "causal_lm",

@@ -217,14 +217,20 @@ START_ANEW = "start a new run (locally: without --run-id; with checkpoint.uri se
 #: Fields that name a place: one local file written two ways (`data.csv`, `./data.csv`, its
 #: absolute path) is the same setting.
 LOCATION_FIELDS = ("data.source", "model.init_from")
+#: Fields whose lists are sets: peft adapts the layers named in any order (its own
+#: `adapter_config.json`, which kftrain exports, lists them sorted).
+SET_FIELDS = ("lora.target_modules",)
 
 
 def _same_setting(field: str, old: Any, new: Any) -> bool:
-    """Whether a resumed checkpoint's `old` value of config `field` is the `new` one: equal, or
-    for a :data:`LOCATION_FIELDS` path the same place (as :func:`trainer.storage.parse_uri`
-    resolves it; a URI, a built-in source name or an `hf://` id as written)."""
+    """Whether a resumed checkpoint's `old` value of config `field` is the `new` one: equal, for a
+    :data:`SET_FIELDS` list the same names in any order, or for a :data:`LOCATION_FIELDS` path the
+    same place (as :func:`trainer.storage.parse_uri` resolves it; a URI, a built-in source name or
+    an `hf://` id as written)."""
     if old == new:
         return True
+    if field in SET_FIELDS and isinstance(old, list) and isinstance(new, list):
+        return set(old) == set(new)
     if field not in LOCATION_FIELDS or not (isinstance(old, str) and isinstance(new, str)):
         return False
     from trainer.data_rules import BUILTIN_SOURCES

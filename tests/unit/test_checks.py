@@ -39,6 +39,13 @@ REFUSED = {
     "weights-cut-short": (None, "", ["model.safetensors: the file is cut short", "copy the model's weights again"]),
     "no-config": ({"drop": ("config.json",)}, "", ["model.init_from", "no config.json in the folder"]),
     "architecture": ({"config": {"model_type": "t5"}}, "", ["model_type 't5' is not supported", "llama"]),
+    # config.json of another architecture than the weights: said as such, LoRA or not (was, under
+    # LoRA: "lora.target_modules [...]: not found in the model", a fix that does not help).
+    "config-of-another-architecture": (
+        {"config": {"model_type": "gpt2", "architectures": ["GPT2LMHeadModel"]}},
+        LORA + "lora:\n  target_modules: [q_proj, v_proj]\n",
+        ["model.init_from", "the folder's weights lack", "incomplete or of another architecture"],
+    ),
     "remote-code": (
         {"config": {"auto_map": {"AutoModelForCausalLM": "modeling.My"}}},
         "",
@@ -193,6 +200,22 @@ def test_a_bad_base_model_is_refused_on_one_line_naming_the_fix(case, folder, tm
     assert "\n" not in message and "Traceback" not in message, message
     for phrase in phrases:
         assert phrase in message, message
+
+
+def test_an_hf_model_is_fetched_by_the_pre_flight_only_where_the_steps_run_here(monkeypatch):
+    """`kftrain run --local` (hub=True) asks the Hub before any step, as data prep would on this
+    machine (was: the run started and data prep failed on it); a cluster's configure step, without
+    the network and the token, checks the URI's form. The Hub here is a closed port: no network."""
+    import huggingface_hub.constants
+
+    from trainer.pretrained import PretrainedError
+
+    monkeypatch.setattr(huggingface_hub.constants, "ENDPOINT", "http://127.0.0.1:9")
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", False)
+    cfg = parse_config(base_model_config("hf://kftrain-tests/no-such-model"))
+    check_base_model(cfg)  # the form alone
+    with pytest.raises(PretrainedError, match="'hf://kftrain-tests/no-such-model': cannot fetch it from the Hugging"):
+        check_base_model(cfg, hub=True)
 
 
 @pytest.mark.parametrize(
@@ -358,6 +381,11 @@ def test_the_memory_message_names_the_estimate_the_limit_and_the_fixes():
     ("overrides", "said"),
     [
         ({"lora.rank": 4}, ["lora.rank: set, but LoRA is off (train.method 'full'): no effect"]),
+        # A LoRA config switched to full fine-tuning (was: refused, failing a pipeline run that set train_method).
+        (
+            {"task": "causal_lm", "model.init_from": "/m", "export.merge_lora": True},
+            ["export.merge_lora: set, but LoRA is off (train.method 'full'): no effect"],
+        ),
         (
             {"model.n_layer": 48, "data.max_bytes": 5},
             ["data.max_bytes: set, but only task 'causal_lm' reads it", "model.n_layer: set, but only task"],

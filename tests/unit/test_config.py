@@ -106,10 +106,6 @@ def test_yaml_file_maps_onto_the_tree(tmp_path):
         ),
         ("job:\n  kind: podjob\n", "job.kind: must be one of ('pytorchjob', 'trainjob', 'auto'), got 'podjob'"),
         ("export:\n  max_shard_bytes: 0\n", "export.max_shard_bytes: must be positive, got 0"),
-        (
-            "task: causal_lm\nmodel:\n  init_from: s3://models/base\nexport:\n  merge_lora: true\n",
-            "export.merge_lora: true merges LoRA adapters into the base weights, and train.method is 'full'",
-        ),
         ("kubernetes:\n  gpu_memory_gb: -1\n", "kubernetes.gpu_memory_gb: must be >= 0 (0: unknown, no memory check)"),
         ("kubernetes:\n  gpu_memory_gb: .nan\n", "kubernetes.gpu_memory_gb: must be a finite number"),
         (

@@ -402,6 +402,18 @@ LORA_RESUME_CASES = {
     "lora, rank changed": ({"train.method": "lora"}, {"train.method": "lora", "lora.rank": 4}, "lora.rank"),
     "lora, alpha changed": ({"train.method": "lora"}, {"train.method": "lora", "lora.alpha": 32.0}, "lora.alpha"),
     "lora, dropout changed": ({"train.method": "lora"}, {"train.method": "lora", "lora.dropout": 0.1}, None),
+    # The same layers listed in another order, or as the exported adapter_config.json lists them
+    # (sorted), are the same adapters (was: refused as a different lora.target_modules).
+    "lora, the same targets in another order": (
+        {"train.method": "lora", "lora.target_modules": ["q_proj", "v_proj", "o_proj"]},
+        {"train.method": "lora", "lora.target_modules": ["o_proj", "q_proj", "v_proj"]},
+        None,
+    ),
+    "lora, another target": (
+        {"train.method": "lora", "lora.target_modules": ["q_proj", "v_proj"]},
+        {"train.method": "lora", "lora.target_modules": ["q_proj", "k_proj"]},
+        "lora.target_modules",
+    ),
 }
 
 
