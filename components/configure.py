@@ -72,7 +72,15 @@ def configure(
 
         # The later steps mount it by name: an empty name is a pod the API server refuses.
         raise ConfigError("hf_token_secret: must name a Secret (it is optional: none by that name is fine)")
-    cfg = config_from_params(config, store_secret=store_secret, hf_token_secret=hf_token_secret, **knobs)
+    import os
+
+    from trainer.launch.local import RUN_MARKER_ENV
+
+    # `kftrain run --local` (kfp.local) mounts no Secret in pods it never starts.
+    pods = RUN_MARKER_ENV not in os.environ
+    cfg = config_from_params(
+        config, store_secret=store_secret, hf_token_secret=hf_token_secret, step_pods=pods, **knobs
+    )
     from trainer.checks import check_run_settings
 
     check_run_settings(cfg, **run_settings)

@@ -158,13 +158,16 @@ def overrides_from_params(**params: Any) -> dict[str, Any]:
     return out
 
 
-def config_from_params(config: str = "", store_secret: str = "", hf_token_secret: str = "", **params: Any) -> Config:
+def config_from_params(
+    config: str = "", store_secret: str = "", hf_token_secret: str = "", step_pods: bool = True, **params: Any
+) -> Config:
     """The validated config: `config` text, with the parameters that are set applied on top.
 
     `store_secret` and `hf_token_secret` are the Secrets the KFP step pods mount (fixed when the
     pod is created, so they cannot come from the config text): the replicas must use the same
     ones. A config that names another Secret is an error rather than a run whose steps and
-    replicas disagree. Empty: not given (the config's value stands).
+    replicas disagree. Empty: not given (the config's value stands). With `step_pods` (a cluster's
+    run), the Secret's keys must be the ones the step pods read; kfp.local starts no pods.
     """
     overrides = overrides_from_params(**params)
     cfg = parse_config(config, overrides, origin="config")
@@ -183,7 +186,7 @@ def config_from_params(config: str = "", store_secret: str = "", hf_token_secret
         secrets[f"kubernetes.{name}"] = given
     cfg = parse_config(config, {**overrides, **secrets}) if secrets else cfg
     keys = cfg.kubernetes.store_secret_keys
-    if store_secret and cfg.kubernetes.store_secret and keys != KFP_STORE_SECRET_KEYS:
+    if step_pods and store_secret and cfg.kubernetes.store_secret and keys != KFP_STORE_SECRET_KEYS:
         # The step pods' secretKeyRefs are compiled into the pipeline with KFP's own keys, and not
         # optional: a Secret without them keeps every step pod from starting.
         wanted = ", ".join(f"{key} ({var})" for key, var in KFP_STORE_SECRET_KEYS.items())

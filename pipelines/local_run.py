@@ -32,7 +32,7 @@ from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
-from trainer.config import Config, ConfigError, config_to_json, flatten_config, to_dict
+from trainer.config import Config, ConfigError, config_to_json, flatten_config, same_setting, to_dict
 from trainer.errors import KftrainError, redact
 from trainer.runs import RUN_RECORD
 from trainer.storage import CorruptObject, ObjectNotFound, StoreError, join_uri, parse_uri, read_json
@@ -301,7 +301,7 @@ def check_same_run(record: dict[str, Any], cfg: Config, gates: dict[str, float],
         changed = [
             f"{k} {old.get(k)!r} (now {new.get(k)!r})"
             for k in sorted(old.keys() | new.keys())
-            if old.get(k) != new.get(k)
+            if not same_setting(k, old.get(k), new.get(k))
         ]
     ran_gates = record.get("gates")
     if isinstance(ran_gates, dict):

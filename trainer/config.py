@@ -958,13 +958,6 @@ class KubernetesConfig:
         where, problem = next(((f, why) for f, why in problems if why), ("", None))
         if problem:
             raise ConfigError(f"{where}: {problem}")
-        if self.memory and self.shm_size and k8s.quantity_value(self.shm_size) > k8s.quantity_value(self.memory):
-            # /dev/shm is memory (tmpfs): its pages count against the container's limit.
-            raise ConfigError(
-                f"{p}.shm_size: {self.shm_size} of /dev/shm is more than {p}.memory ({self.memory}), the replica's "
-                "memory limit that its pages count against: the pod would be OOM-killed before /dev/shm is full; "
-                "give less shm_size, or more memory"
-            )
 
     def _check_extra_env(self) -> None:
         """Each entry is one pod-spec variable, named once, and not also a plain `kubernetes.env` one."""
@@ -1271,8 +1264,9 @@ def _convert(value: Any, tp: Any, path: str) -> Any:
                     False,
                     f"{path}.{k}",
                     v,
-                    f"must be a string; for the key {whole!r}, which holds dots, give the mapping whole: "
-                    f"--set '{path}={{{whole}: {inner}}}'",
+                    f"must be a string; a key with dots ({whole!r}) is one key: write it so in YAML "
+                    f"(`{path}: {{{whole}: {inner}}}`), or with --set give the whole mapping, which replaces the "
+                    f"config's: --set '{path}={{{whole}: {inner}}}' (its other keys too)",
                 )
         return {_convert(k, key_t, f"{path} key"): _convert(v, val_t, f"{path}.{k}") for k, v in value.items()}
     if tp is float:
@@ -1368,6 +1362,32 @@ def from_dict(cls: type, data: dict[str, Any], path: str = "") -> Any:
 def to_dict(cfg: Any) -> dict[str, Any]:
     """The plain-mapping form of a config (the inverse of :func:`from_dict`)."""
     return dataclasses.asdict(cfg)
+
+
+#: Fields that name a place: one local file written two ways (`data.csv`, `./data.csv`, its
+#: absolute path) is the same setting.
+LOCATION_FIELDS = ("data.source", "model.init_from")
+#: Fields whose lists are sets: peft adapts the layers named in any order (its own
+#: `adapter_config.json`, which kftrain exports, lists them sorted).
+SET_FIELDS = ("lora.target_modules",)
+
+
+def same_setting(field: str, old: Any, new: Any) -> bool:
+    """Whether a resumed checkpoint's `old` value of config `field` is the `new` one: equal, for a
+    :data:`SET_FIELDS` list the same names in any order, or for a :data:`LOCATION_FIELDS` path the
+    same place (as :func:`trainer.storage.parse_uri` resolves it; a URI, a built-in source name or
+    an `hf://` id as written)."""
+    if old == new:
+        return True
+    if field in SET_FIELDS and isinstance(old, list) and isinstance(new, list):
+        return set(old) == set(new)
+    if field not in LOCATION_FIELDS or not (isinstance(old, str) and isinstance(new, str)):
+        return False
+    from trainer.data_rules import BUILTIN_SOURCES
+
+    if any("://" in v or v in BUILTIN_SOURCES or not v.strip() for v in (old, new)):
+        return False  # a URI or a built-in source (`digits`): as written
+    return parse_uri(old).key == parse_uri(new).key
 
 
 def flatten_config(tree: dict[str, Any], prefix: str = "") -> dict[str, Any]:

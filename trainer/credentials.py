@@ -75,6 +75,13 @@ _AWS_SECRET_KEY = re.compile(r"(?=.*[a-z])(?=.*[A-Z])(?=.*[0-9])[A-Za-z0-9/+]{40
 _TOKEN_CHARS = re.compile(r"[A-Za-z0-9][A-Za-z0-9/+=]{31,}")
 
 
+def _path_like(text: str) -> bool:
+    """Whether `text` reads as a path (`/workspace/Src2/Lib`, `Runs2024/Model7Qx/ckpt9Step`): from
+    the root, with an empty segment, or of three or more segments. A key's base64 holds a '/' in
+    one place of 64."""
+    return text.startswith("/") or "//" in text or text.count("/") >= 3
+
+
 def _random_looking(text: str) -> bool:
     """Whether `text` reads as a random token, not a name: 32 or more base64 characters with both
     cases and three digits, whose kind of character (upper, lower, digit, sign) changes at least
@@ -100,7 +107,9 @@ def looks_like_credential(value: Any) -> bool:
     pasted where a name goes), while a mistyped name stays shown, to be fixed."""
     if isinstance(value, str):
         text = value.strip()
-        return _known_credential(text) or bool(_AWS_SECRET_KEY.fullmatch(text)) or _random_looking(text)
+        if _known_credential(text):
+            return True
+        return not _path_like(text) and (bool(_AWS_SECRET_KEY.fullmatch(text)) or _random_looking(text))
     if isinstance(value, dict):
         return any(looks_like_credential(k) or looks_like_credential(v) for k, v in value.items())
     if isinstance(value, list | tuple | set):

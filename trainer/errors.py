@@ -48,7 +48,14 @@ def redact(text: str) -> str:
     store URIs, the resume command, error messages, the full log of a local run."""
     text = _QUOTED_USERINFO.sub(r"\g<scheme>***@", _USERINFO.sub(r"\g<scheme>***@", text))
     text = _QUERY_CREDENTIAL.sub(r"\1***", text)
-    return _WORD.sub(lambda m: "***" if looks_like_credential(m.group()) else m.group(), text)
+    return _WORD.sub(_masked, text)
+
+
+def _masked(word: re.Match[str]) -> str:
+    """The word, its credential written `***` (a sentence's full stop or a dash around it kept)."""
+    text = word.group()
+    core = text.strip("._-~")
+    return text.replace(core, "***") if core and looks_like_credential(core) else text
 
 
 def has_userinfo(url: str) -> bool:

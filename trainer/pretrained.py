@@ -200,8 +200,9 @@ def resolve(init_from: str, endpoint: str = "", region: str = "", policy=None, w
     except Exception as exc:  # network, auth, a missing repo: all end here, named
         raise PretrainedError(
             f"model.init_from {init_from!r}: cannot fetch it from the Hugging Face Hub ({type(exc).__name__}: "
-            f"{str(exc).splitlines()[0] if str(exc) else ''}); where the cluster has no network, put the model "
-            "folder in the store and point model.init_from at it (a gated model also needs HF_TOKEN from a Secret)"
+            f"{str(exc).splitlines()[0] if str(exc) else ''}); check the network and the model's name (a gated "
+            "model needs HF_TOKEN: exported here, from kubernetes.hf_token_secret on a cluster), or put the model "
+            "folder in the store and point model.init_from at it"
         ) from None
     commit = os.path.basename(os.path.normpath(path))
     return ModelSource(path, open_store(path), init_from, revision=commit)

@@ -32,7 +32,7 @@ from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_
 from trainer import exit_codes
 from trainer.checkpoint import CheckpointError, CheckpointManager, best_step, step_dir
 from trainer.checkpoint_owner import checkpoint_owner, checkpoint_prefix
-from trainer.config import Config, best_metric, config_from_json, flatten_config, to_dict
+from trainer.config import Config, best_metric, config_from_json, flatten_config, same_setting, to_dict
 from trainer.consolidate import consolidate
 from trainer.distributed import (
     DistEnv,
@@ -65,7 +65,7 @@ from trainer.safetensors_file import TensorFile
 from trainer.shards import content_digest, read_manifest
 from trainer.stacks import print_stacks_on_signals
 from trainer.stopping import GRACE_ENV, StopSignal, Terminated, grace_warning
-from trainer.storage import ObjectStore, StoreError, join_uri, open_store, parse_uri
+from trainer.storage import ObjectStore, StoreError, join_uri, open_store
 from trainer.tasks import Task, task_for
 from trainer.training_data import TrainingData, training_data
 
@@ -214,31 +214,6 @@ INCOMPATIBLE_FIELDS = (
 #: which checkpoints elsewhere (a retry, or `--run-id`, keeps the same prefix).
 START_ANEW = "start a new run (locally: without --run-id; with checkpoint.uri set: another prefix)"
 
-#: Fields that name a place: one local file written two ways (`data.csv`, `./data.csv`, its
-#: absolute path) is the same setting.
-LOCATION_FIELDS = ("data.source", "model.init_from")
-#: Fields whose lists are sets: peft adapts the layers named in any order (its own
-#: `adapter_config.json`, which kftrain exports, lists them sorted).
-SET_FIELDS = ("lora.target_modules",)
-
-
-def _same_setting(field: str, old: Any, new: Any) -> bool:
-    """Whether a resumed checkpoint's `old` value of config `field` is the `new` one: equal, for a
-    :data:`SET_FIELDS` list the same names in any order, or for a :data:`LOCATION_FIELDS` path the
-    same place (as :func:`trainer.storage.parse_uri` resolves it; a URI, a built-in source name or
-    an `hf://` id as written)."""
-    if old == new:
-        return True
-    if field in SET_FIELDS and isinstance(old, list) and isinstance(new, list):
-        return set(old) == set(new)
-    if field not in LOCATION_FIELDS or not (isinstance(old, str) and isinstance(new, str)):
-        return False
-    from trainer.data_rules import BUILTIN_SOURCES
-
-    if any("://" in v or v in BUILTIN_SOURCES or not v.strip() for v in (old, new)):
-        return False  # a URI or a built-in source (`digits`): as written
-    return parse_uri(old).key == parse_uri(new).key
-
 
 def check_resumable(
     saved: dict[str, Any],
@@ -268,7 +243,7 @@ def check_resumable(
     changed = sorted(
         k
         for k in old.keys() | new.keys()
-        if not _same_setting(k, old.get(k), new.get(k))
+        if not same_setting(k, old.get(k), new.get(k))
         and not unread_by(cfg.task, k)
         and (lora_both or not k.startswith("lora."))
     )

@@ -158,7 +158,7 @@ REFUSED = {
     ),
     "replica-memory": (
         {},
-        "kubernetes:\n  memory: 1Mi\n  shm_size: ''\n",
+        "kubernetes:\n  memory: 1Mi\n",
         ["kubernetes.memory 1Mi:", "in each replica", "a larger kubernetes.memory"],
     ),
     "hub-uri": (None, "", ["model.init_from 'hf://org/na me'", "hf://<org>/<name>"]),
@@ -238,8 +238,7 @@ def test_an_hf_model_is_fetched_by_the_pre_flight_only_where_the_steps_run_here(
         ({}, "kubernetes:\n  memory: 8Gi\n"),
         (
             {},
-            "kubernetes:\n  gpu_memory_gb: 0\n  memory: 1Mi\n  shm_size: ''\n  gpus_per_node: 1\n"
-            "job:\n  nproc_per_node: 1\n",
+            "kubernetes:\n  gpu_memory_gb: 0\n  memory: 1Mi\n  gpus_per_node: 1\njob:\n  nproc_per_node: 1\n",
         ),
     ],
 )
@@ -343,16 +342,7 @@ def memory_config(**fields) -> str:
         ({"kubernetes__memory": "256Gi"}, 0, False),
         # Nothing set, or GPUs without gpu_memory_gb (kubernetes.memory is the host's then): no check.
         ({}, 0, False),
-        (
-            {
-                "kubernetes__memory": "1Gi",
-                "kubernetes__shm_size": "512Mi",
-                "kubernetes__gpus_per_node": 1,
-                "job__nproc_per_node": 1,
-            },
-            0,
-            False,
-        ),
+        ({"kubernetes__memory": "1Gi", "kubernetes__gpus_per_node": 1, "job__nproc_per_node": 1}, 0, False),
     ],
 )
 def test_the_training_state_must_fit_the_configured_memory(fields, adapters, refused):

@@ -144,8 +144,23 @@ def test_store_secret_keys_other_than_the_step_pods_read_are_refused(keys):
         ConfigError, match="kubernetes.store_secret_keys: the pipeline's step pods read the keys accesskey"
     ):
         config_from_params(text, store_secret="team-s3")
-    # Outside a pipeline (`kftrain job manifest`, the pytorchjob component) the keys are the user's.
+    # Outside a pipeline (`kftrain job manifest`, the pytorchjob component) the keys are the user's,
+    # and so in `kftrain run --local`, whose steps are no pods (a review found it refused there).
     assert config_from_params(text).kubernetes.store_secret == "team-s3"
+    assert config_from_params(text, store_secret="team-s3", step_pods=False).kubernetes.store_secret == "team-s3"
+
+
+def test_configure_under_kftrain_run_local_takes_the_config_s_own_store_secret_keys(monkeypatch, capsys):
+    """kfp.local's configure step (the local run marks every process it starts) mounts no Secret."""
+    from trainer.launch.local import RUN_MARKER_ENV
+
+    monkeypatch.setattr(sys, "excepthook", sys.excepthook)  # configure installs its one-line hook
+    keys = "{id: AWS_ACCESS_KEY_ID, key: AWS_SECRET_ACCESS_KEY}"
+    text = f"kubernetes:\n  store_secret: team-s3\n  store_secret_keys: {keys}\n"
+    with pytest.raises(ConfigError, match="kubernetes.store_secret_keys: the pipeline's step pods read"):
+        configure.python_func(config=text, store_secret="team-s3")
+    monkeypatch.setenv(RUN_MARKER_ENV, "r-local")
+    assert '"store_secret":"team-s3"' in configure.python_func(config=text, store_secret="team-s3")
 
 
 def test_hf_token_secret_parameter_reaches_the_replicas():

@@ -44,6 +44,10 @@ REDACTED = [
     # A key or token pasted anywhere (a name, a mapping an error shows): the word alone goes.
     ("got {'accesskey': 'AKIAIOSFODNN7EXAMPLE'}", "got {'accesskey': '***'}"),
     ("key wJalrXUtnFEMI/K7MDENG/bPxRfiCYEXAMPLEKEY: no", "key ***: no"),
+    ("got wJalrXUtnFEMI/K7MDENG/bPxRfiCYEXAMPLEKEY.", "got ***."),  # a full stop after it
+    # Paths of a key's length and letters (a review found them masked): from the root, or of 3+ segments.
+    ("s3://bucket/Runs2024/Model7Qx/ckpt9Step/Ab3 x", "s3://bucket/Runs2024/Model7Qx/ckpt9Step/Ab3 x"),
+    ("HF_HOME=/workspace/Src2/Lib/Python3/Site/Pkgs/xy", "HF_HOME=/workspace/Src2/Lib/Python3/Site/Pkgs/xy"),
     ("MY_VAR=Zx8Qw2Lp9Rt4Vb7Nm1Kj6Hg3Fd5Sa0Yu+Pq7Ws and hf_aBcDeFgHiJkLmNoPqRsTuVwXyZ01234567", "MY_VAR=*** and ***"),
     # Words that are not: digests, run ids, paths, CamelCase names, dated names.
     (

@@ -177,6 +177,7 @@ def test_credential_looking_plain_env_is_refused_in_both_places(name, value):
         # Long values that are not keys: a commit, a digest, a path, a CamelCase name.
         {"GIT_COMMIT": "0123456789abcdef0123456789abcdef01234567", "RUN": "TeamNlpProject2024Q3Experiment7"},
         {"WEIGHTS": "/models/Llama-3.1-8B-Instruct/model-00001-of-00004.safetensors"},
+        {"HF_HOME": "/workspace/Src2/Lib/Python3/Site/Pkgs/xy", "OUT": "Runs2024/Model7Qx/ckpt9Step/Ab3xYz9Qw"},
     ],
 )
 def test_ordinary_plain_env_is_accepted(env):

@@ -22,7 +22,7 @@ SECRET_REF = {"valueFrom": {"secretKeyRef": {"name": "other", "key": "k"}}}
         ({"env": {"TORCH_NCCL_ASYNC_ERROR_HANDLING": "0"}}, {}, "always, so that a failed collective ends the job"),
         ({"env": {"KFTRAIN_TERMINATION_GRACE_SECONDS": "5"}}, {}, "from kubernetes.termination_grace_seconds"),
         # The operator appends its own after the pod's (a PyTorchJob's was silently overwritten).
-        ({"env": {"PYTHONUNBUFFERED": "0"}}, {}, "kubernetes.env: PYTHONUNBUFFERED is set to '1' in every replica"),
+        ({"env": {"PYTHONUNBUFFERED": "0"}}, {}, "kubernetes.env.PYTHONUNBUFFERED: PYTHONUNBUFFERED is set to '1'"),
         (
             {"extra_env": [{"name": "PYTHONUNBUFFERED", "value": "0"}]},
             {},

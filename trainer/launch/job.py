@@ -55,15 +55,18 @@ def job_env(cfg: Config) -> dict[str, str]:
                 f"kubernetes.env.{name}: kftrain sets it (to {own[name]!r}) {_own_env(cfg)[name][1]}; "
                 "remove it from kubernetes.env"
             )
-    given = [("kubernetes.env", n) for n in cfg.kubernetes.env]
-    given += [(f"kubernetes.extra_env[{i}]", e.get("name")) for i, e in enumerate(cfg.kubernetes.extra_env)]
-    for where, name in given:
-        if name == UNBUFFERED:
+    given = [(f"kubernetes.env.{n}", n, v) for n, v in cfg.kubernetes.env.items()]
+    given += [
+        (f"kubernetes.extra_env[{i}]", e.get("name"), e.get("value")) for i, e in enumerate(cfg.kubernetes.extra_env)
+    ]
+    for where, name, value in given:
+        if name == UNBUFFERED and value != "1":
             # The Training Operator appends its own after the pod's variables (the last one wins),
             # and a TrainJob gets kftrain's: another value would be overwritten, or named twice.
             raise ConfigError(
                 f"{where}: {UNBUFFERED} is set to '1' in every replica (by the Training Operator, or by kftrain "
-                "for a TrainJob), so that each log line reaches the pod's log at once; remove it"
+                "for a TrainJob), so that each log line reaches the pod's log at once; another value would be "
+                "overwritten: remove it"
             )
     return {**own, **cfg.kubernetes.env}
 
