@@ -1264,8 +1264,8 @@ def _convert(value: Any, tp: Any, path: str) -> Any:
                     False,
                     f"{path}.{k}",
                     v,
-                    f"must be a string; a key with dots ({whole!r}) is one key: write it so in YAML "
-                    f"(`{path}: {{{whole}: {inner}}}`), or with --set give the whole mapping, which replaces the "
+                    f"must be a string; a key with dots ({whole!r}) is one key: in YAML write `{whole}: {inner}` "
+                    f"under `{path.rsplit('.', 1)[-1]}:`, or with --set give the whole mapping, which replaces the "
                     f"config's: --set '{path}={{{whole}: {inner}}}' (its other keys too)",
                 )
         return {_convert(k, key_t, f"{path} key"): _convert(v, val_t, f"{path}.{k}") for k, v in value.items()}

@@ -67,8 +67,9 @@ def test_yaml_file_maps_onto_the_tree(tmp_path):
         ("kubernetes:\n  priority_class:\n", "priority_class: must be a string (YAML reads an empty value as null"),
         (
             "kubernetes:\n  node_selector: {kubernetes: {io/arch: amd64}}\n",
-            "a key with dots ('kubernetes.io/arch') is one key: write it so in YAML (`kubernetes.node_selector: "
-            "{kubernetes.io/arch: amd64}`), or with --set give the whole mapping",
+            "a key with dots ('kubernetes.io/arch') is one key: in YAML write `kubernetes.io/arch: amd64` under "
+            "`node_selector:`, or with --set give the whole mapping, which replaces the config's: "
+            "--set 'kubernetes.node_selector={kubernetes.io/arch: amd64}'",
         ),
         ("kubernetes:\n  queue: Team_A\n", "kubernetes.queue: 'Team_A' is not a Kueue LocalQueue's name"),
         ("store:\n  uri: 's3://b/x '\n", "starts or ends with whitespace: remove it"),
