@@ -19,7 +19,7 @@ import os
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from trainer.config import BUILTIN_TASKS, Config, ConfigError, to_dict
+from trainer.config import BUILTIN_TASKS, Config, ConfigError, config_to_json, to_dict
 from trainer.errors import KftrainError
 from trainer.k8s_formats import quantity_value
 from trainer.storage import StoreError, check_deadline, join_uri, parse_uri
@@ -141,8 +141,6 @@ CHECKED_CONFIG_ENV = "KFTRAIN_CHECKED_CONFIG"
 def checked_digest(cfg: Config) -> str:
     """What :data:`CHECKED_CONFIG_ENV` holds for `cfg`: a digest of its whole effective config."""
     import hashlib
-
-    from trainer.config import config_to_json
 
     return hashlib.sha256(config_to_json(cfg).encode()).hexdigest()
 

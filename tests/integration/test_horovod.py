@@ -368,7 +368,8 @@ try:
     hvd.start_timeline(sys.argv[1] + "/no/such/folder/timeline.json")
 except ValueError as exc:
     print("refused:", exc)
-hvd.start_timeline(sys.argv[1] + "/timeline.json")
+hvd.start_timeline(sys.argv[1] + "/first.json")
+hvd.start_timeline(sys.argv[1] + "/timeline.json")  # while recording: the file changes
 hvd.allreduce(torch.ones(2), name="x")
 """  # and no stop_timeline(), as Horovod scripts end
 
@@ -383,6 +384,7 @@ def test_a_timeline_is_refused_where_it_cannot_be_written_and_written_at_exit_wi
     assert rc == 0, out
     assert f"refused: start_timeline: cannot write '{tmp_path}/no/such/folder/timeline.json'" in out, out
     assert json.loads((tmp_path / "timeline.json").read_text())["traceEvents"]
+    assert not (tmp_path / "first.json").exists()  # was: left behind, an empty file
 
 
 def test_a_failing_script_exits_1_with_its_traceback(tmp_path):

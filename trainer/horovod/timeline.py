@@ -8,6 +8,8 @@ open it in chrome://tracing or Perfetto. Recording costs memory for every op unt
 
 from __future__ import annotations
 
+import contextlib
+
 import torch
 from torch.profiler import ProfilerActivity, profile
 
@@ -28,8 +30,10 @@ def start_timeline(file_path: str, mark_cycles: bool = False) -> None:
     writes to `file_path` (on rank 0, which creates the file now, as Horovod does: a path it
     cannot write is a ValueError here, not a trace lost at the end).
 
-    Starting again while recording only changes the file. `mark_cycles` is accepted and has no
-    effect (there are no negotiation cycles here)."""
+    Starting again while recording only changes the file (the first one, still empty, is removed).
+    `mark_cycles` is accepted and has no effect (there are no negotiation cycles here)."""
+    import os
+
     writes = api.rank() == 0  # Horovod's ValueError before hvd.init()
     path = str(file_path)
     if writes:
@@ -41,6 +45,11 @@ def start_timeline(file_path: str, mark_cycles: bool = False) -> None:
                 f"start_timeline: cannot write {path!r} ({exc.strerror or exc}); give a file in a folder that "
                 "exists and this process may write"
             ) from None
+        earlier = _recording.path if _recording.profiler is not None and _recording.writes else ""
+        if earlier and os.path.abspath(earlier) != os.path.abspath(path):
+            with contextlib.suppress(OSError):  # the empty placeholder of a trace now written elsewhere
+                if os.path.getsize(earlier) == 0:
+                    os.remove(earlier)
     _recording.path, _recording.writes = path, writes
     if _recording.profiler is None:
         activities = [ProfilerActivity.CPU]
