@@ -39,7 +39,7 @@ from trainer.config import (
 from trainer.k8s_formats import env_name_problem, image_problem
 from trainer.launch.container_env import OWN_CONTAINER_ENV
 from trainer.launch.fieldrules import OPERATOR_ENV
-from trainer.launch.spec import JobSpec, require_object_store
+from trainer.launch.spec import UNBUFFERED_ENV, JobSpec, require_object_store
 from trainer.storage import parse_uri
 
 OUTPUT_URI_ENV = "KFTRAIN_OUTPUT_URI"
@@ -51,7 +51,7 @@ _SECRET_HINT = "the store_secret and store_secret_keys parameters map a Secret's
 
 #: What the operator, torchrun and this launcher set: a user value would be shadowed or would shadow them.
 RESERVED_ENV = OPERATOR_ENV | {
-    "PYTHONUNBUFFERED",
+    UNBUFFERED_ENV,
     OUTPUT_URI_ENV,
     INPUT_URI_ENV,
     ENDPOINT_ENV,

@@ -4,7 +4,14 @@ from __future__ import annotations
 
 from trainer import k8s_formats as k8s
 from trainer.config import Config, ConfigError, config_to_json
-from trainer.launch.spec import JobSpec, job_name, require_object_store, require_pod_paths, torchrun_command
+from trainer.launch.spec import (
+    UNBUFFERED_ENV,
+    JobSpec,
+    job_name,
+    require_object_store,
+    require_pod_paths,
+    torchrun_command,
+)
 from trainer.stopping import GRACE_ENV
 from trainer.storage import credential_pair_problem
 
@@ -60,19 +67,15 @@ def job_env(cfg: Config) -> dict[str, str]:
         (f"kubernetes.extra_env[{i}]", e.get("name"), e.get("value")) for i, e in enumerate(cfg.kubernetes.extra_env)
     ]
     for where, name, value in given:
-        if name == UNBUFFERED and value != "1":
+        if name == UNBUFFERED_ENV and value != "1":
             # The Training Operator appends its own after the pod's variables (the last one wins),
             # and a TrainJob gets kftrain's: another value would be overwritten, or named twice.
             raise ConfigError(
-                f"{where}: {UNBUFFERED} is set to '1' in every replica (by the Training Operator, or by kftrain "
+                f"{where}: {UNBUFFERED_ENV} is set to '1' in every replica (by the Training Operator, or by kftrain "
                 "for a TrainJob), so that each log line reaches the pod's log at once; another value would be "
                 "overwritten: remove it"
             )
     return {**own, **cfg.kubernetes.env}
-
-
-#: Set to '1' in every replica by the operator (a PyTorchJob) or by kftrain (a TrainJob).
-UNBUFFERED = "PYTHONUNBUFFERED"
 
 
 _GRACE_FIELD = "from kubernetes.termination_grace_seconds: set that instead"

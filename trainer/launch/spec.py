@@ -68,6 +68,9 @@ MAX_NAME = 63
 #: The launcher pod's name and uid, set by the pipeline (kfp.kubernetes.use_field_path_as_env)
 #: so the PyTorchJob can name that pod as its owner.
 POD_NAME_ENV, POD_UID_ENV = "KFTRAIN_POD_NAME", "KFTRAIN_POD_UID"
+#: Python's unbuffered output, `1` in every replica (the operator's, or kftrain's for a TrainJob):
+#: each log line reaches the pod's log at once.
+UNBUFFERED_ENV = "PYTHONUNBUFFERED"
 _DNS_1035 = re.compile(r"[a-z]([-a-z0-9]*[a-z0-9])?")
 
 
@@ -239,7 +242,7 @@ def replica_env(spec: JobSpec, replica_type: str, index: int, master_addr: str |
         raise ValueError(f"unknown replica type {replica_type!r}")
     addr = master_addr or spec.master_service()
     return {
-        "PYTHONUNBUFFERED": "1",
+        UNBUFFERED_ENV: "1",
         "MASTER_ADDR": addr,
         "PET_MASTER_ADDR": addr,
         "MASTER_PORT": str(spec.port),

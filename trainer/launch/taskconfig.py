@@ -26,7 +26,7 @@ from trainer.config import HF_TOKEN, Config, ConfigError
 from trainer.errors import KftrainError
 from trainer.launch.container_env import OWN_CONTAINER_ENV
 from trainer.launch.fieldrules import OPERATOR_ENV
-from trainer.launch.spec import POD_NAME_ENV, POD_UID_ENV
+from trainer.launch.spec import POD_NAME_ENV, POD_UID_ENV, UNBUFFERED_ENV
 
 #: The keys of the driver's TaskConfig JSON.
 TASK_CONFIG_KEYS = ("affinity", "tolerations", "nodeSelector", "env", "volumes", "volumeMounts", "resources")
@@ -34,7 +34,7 @@ TASK_CONFIG_KEYS = ("affinity", "tolerations", "nodeSelector", "env", "volumes",
 RESOURCE_FIELDS = {"cpu": "cpu", "memory": "memory", "nvidia.com/gpu": "gpus_per_node"}
 #: Variables the launcher pod has that would be wrong on a replica: they name the launcher pod
 #: (owner of the job), or are set on the replicas by kftrain, the operator or torchrun themselves.
-_NOT_PASSED = {POD_NAME_ENV, POD_UID_ENV, "PYTHONUNBUFFERED", *OWN_CONTAINER_ENV, *OPERATOR_ENV}
+_NOT_PASSED = {POD_NAME_ENV, POD_UID_ENV, UNBUFFERED_ENV, *OWN_CONTAINER_ENV, *OPERATOR_ENV}
 
 
 class TaskConfigError(KftrainError, ValueError):

@@ -22,7 +22,7 @@ from trainer.config import SHM_VOLUME
 from trainer.job_status import TRAINJOB_NAME_ENV
 from trainer.k8s_formats import KUEUE_QUEUE_LABEL, MANAGED_BY_LABEL
 from trainer.launch.container_env import container_env
-from trainer.launch.spec import NODE, JobSpec
+from trainer.launch.spec import NODE, UNBUFFERED_ENV, JobSpec
 
 GROUP, VERSION, PLURAL, KIND = "trainer.kubeflow.org", "v1alpha1", "trainjobs", "TrainJob"
 RUNTIME_KIND = "ClusterTrainingRuntime"
@@ -31,7 +31,7 @@ CONTAINER = NODE
 #: Owner of kftrain's runtime patch: the webhook wants a domain-prefixed path.
 PATCH_MANAGER = "kftrain.dev/launcher"
 #: What the Training Operator sets and Trainer v2 does not: Python's output reaches the log at once.
-EXTRA_ENV = {"PYTHONUNBUFFERED": "1"}
+EXTRA_ENV = {UNBUFFERED_ENV: "1"}
 #: JobSet's label on every pod: the JobSet's name, which is the TrainJob's.
 JOBSET_NAME_LABEL = "jobset.sigs.k8s.io/jobset-name"
 
