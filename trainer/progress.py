@@ -380,9 +380,23 @@ class Progress:
 
         self._loss = torch.zeros((), device=device)
         self._grad_norm = torch.zeros((), device=device)
-        self._steps = 0
+        self._steps = 0  # in the interval's loss and gradient norm (a resumed interval: its earlier steps too)
+        self._timed = 0  # since `_t`: the steps the rate is of
         self._t = time.perf_counter()
         self._data_wait = 0.0
+
+    def window(self) -> dict[str, float]:
+        """The interval in progress, as a checkpoint keeps it: its summed loss and gradient norm,
+        and its steps (so that a resumed run's next line is the mean of the same steps)."""
+        return {"loss": float(self._loss), "grad_norm": float(self._grad_norm), "steps": self._steps}
+
+    def resume_window(self, window: dict[str, float] | None) -> None:
+        """Continue the interval a checkpoint's :meth:`window` kept (nothing for a checkpoint
+        written before it was kept)."""
+        if window:
+            self._loss.fill_(float(window["loss"]))
+            self._grad_norm.fill_(float(window["grad_norm"]))
+            self._steps = int(window["steps"])
 
     def step(
         self,
@@ -399,11 +413,12 @@ class Progress:
         if grad_norm is not None:
             self._grad_norm += grad_norm.detach().float()
         self._steps += 1
+        self._timed += 1
         if not self.enabled or (step % self.interval and step != self.total_steps):
             return
         now = time.perf_counter()
         seconds = now - self._t
-        seconds_per_step = seconds / self._steps
+        seconds_per_step = seconds / self._timed
         mean_loss = float(self._loss) / self._steps
         rate = self.items_per_step / seconds_per_step
         scalars = {
@@ -439,7 +454,7 @@ class Progress:
             self.events.flush()
         self._loss.zero_()
         self._grad_norm.zero_()
-        self._t, self._steps, self._data_wait = now, 0, data_wait
+        self._t, self._steps, self._timed, self._data_wait = now, 0, 0, data_wait
 
     def epoch_end(self, step: int, record: dict[str, Any]) -> None:
         """Record an epoch's summary (`{"epoch", "train_loss", "val_*"...}`) at optimizer step `step`."""

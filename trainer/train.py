@@ -442,6 +442,7 @@ class Trainer:
         # first (this start's resume_from and where that run began in turn, or what this run's own
         # checkpoints record); empty for none.
         self.lineage: list[str] = []
+        self.resumed_window: dict[str, float] | None = None  # the progress line's interval a checkpoint kept
         resumes = cfg.checkpoint.resume or cfg.checkpoint.resume_from
         left = self.resume() if self.ckpt is not None and resumes else None
         self.start_step = self.step
@@ -476,6 +477,7 @@ class Trainer:
             reporter=reporter_from_env() if env.is_main else None,
         )
         self.progress.curve, self.progress.validation = self.loss_curve, self.validation
+        self.progress.resume_window(self.resumed_window)
 
     def _planned_steps(self) -> int:
         """The step the run ends at: train.max_steps, or the end of the last epoch (the epoch
@@ -608,6 +610,7 @@ class Trainer:
         self.history[:] = record.get("history", [])
         self.loss_curve[:] = record.get("loss_curve", [])
         self.validation[:] = record.get("validation", [])
+        self.resumed_window = record.get("progress_window")
         log.info(
             "resumed at step %d (epoch %d, %d steps into it) from %s",
             self.step,
@@ -654,6 +657,8 @@ class Trainer:
             "history": self.history,
             "loss_curve": self.loss_curve,
             "validation": self.validation,
+            # The progress line's interval so far (rank 0's, which logs it).
+            "progress_window": self.progress.window(),
         }
         if metrics is not None:
             record["metrics"] = metrics

@@ -138,6 +138,11 @@ def assert_ends_as_uninterrupted(ref_uri: str, got_uri: str) -> dict:
     # validation points the report draws against the step (was: only the last start's).
     assert record["history"] == ref_record["history"]
     assert record["progress"]["validation"] == ref_record["progress"]["validation"]
+    # And the progress lines' losses: the interval cut by the interruption is the same steps' mean
+    # (was: the steps since the resume alone).
+    assert [(p["step"], p["loss"]) for p in record["loss_curve"]] == [
+        (p["step"], p["loss"]) for p in ref_record["loss_curve"]
+    ]
     return record
 
 

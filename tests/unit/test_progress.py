@@ -39,6 +39,32 @@ def test_logs_every_interval_and_at_the_last_step_with_mfu(caplog):
     assert all("tokens/s" in line and "eta" in line and "mfu" in line for line in lines)
 
 
+def test_an_interval_cut_by_a_checkpoint_and_resumed_averages_the_same_steps():
+    """A resumed run's next line is the mean of the interval's steps before the checkpoint too
+    (was: of the steps since the resume alone), and its rate is of the steps it timed."""
+
+    def progress():
+        return Progress(
+            total_steps=6, items_per_step=10, item_name="tokens", flops_per_step=0, peak_flops=0,
+            interval=4, device=torch.device("cpu"), enabled=True,
+        )  # fmt: skip
+
+    losses = [4.0, 2.0, 3.0, 1.0, 0.5, 0.25]
+    whole = progress()
+    for step, loss in enumerate(losses, start=1):
+        whole.step(step, 0, torch.tensor(loss), 1e-3, torch.tensor(float(step)))
+    cut = progress()
+    for step, loss in enumerate(losses[:3], start=1):
+        cut.step(step, 0, torch.tensor(loss), 1e-3, torch.tensor(float(step)))
+    resumed = progress()
+    resumed.resume_window(json.loads(json.dumps(cut.window())))  # through a checkpoint's JSON record
+    for step, loss in enumerate(losses[3:], start=4):
+        resumed.step(step, 0, torch.tensor(loss), 1e-3, torch.tensor(float(step)))
+    assert [(c["step"], c["loss"]) for c in resumed.curve] == [(c["step"], c["loss"]) for c in whole.curve]
+    assert resumed.last.loss == whole.last.loss and all(c["items_per_second"] > 0 for c in resumed.curve)
+    progress().resume_window(None)  # a checkpoint written before the window was kept
+
+
 def test_only_rank_0_logs(caplog):
     p = Progress(
         total_steps=2, items_per_step=1, item_name="samples", flops_per_step=0, peak_flops=0,
