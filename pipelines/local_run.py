@@ -456,9 +456,9 @@ def run_scope(
     the block then ends in RunStopped whatever the pipeline raised (a pipeline that finished all
     the same was signalled after its last step: the run is done).
     """
-    from trainer.launch.local import RUN_MARKER_ENV, marked_pids, stop_marked, stopped_at_exit
+    from trainer.launch.local import RUN_MARKER_ENV, marked_pids, run_marker, stop_marked, stopped_at_exit
 
-    marker = f"{run_id}-{secrets.token_hex(4)}"
+    marker = run_marker(run_id)
     stopped: list[int] = []
     done = threading.Event()
 

@@ -47,15 +47,24 @@ def quality_gate(report: dict[str, Any], min_accuracy: float = 0.0, max_perplexi
     if min_accuracy and "accuracy" in report:
         ok = report["accuracy"] >= min_accuracy
         verb = "reaches" if ok else "is below"
-        return ok, f"test accuracy {report['accuracy']:.4f} {verb} the minimum {min_accuracy:.4f} (min_accuracy)"
+        got, bar = _told_apart(report["accuracy"], min_accuracy, 4)
+        return ok, f"test accuracy {got} {verb} the minimum {bar} (min_accuracy)"
     if max_perplexity and "perplexity" in report:
         ok = report["perplexity"] <= max_perplexity
         verb = "is within" if ok else "exceeds"
-        return (
-            ok,
-            f"test perplexity {report['perplexity']:.3f} {verb} the maximum {max_perplexity:.3f} (max_perplexity)",
-        )
+        got, bar = _told_apart(report["perplexity"], max_perplexity, 3)
+        return ok, f"test perplexity {got} {verb} the maximum {bar} (max_perplexity)"
     return True, "no quality bar set for this task (min_accuracy / max_perplexity)"
+
+
+def _told_apart(measured: float, bar: float, digits: int) -> tuple[str, str]:
+    """`measured` and `bar` with `digits` decimals, or as many more as it takes to show them
+    different where they are (0.9750 below the minimum 0.9750 reads as a contradiction)."""
+    for places in range(digits, 16):
+        shown = f"{measured:.{places}f}", f"{bar:.{places}f}"
+        if measured == bar or shown[0] != shown[1]:
+            return shown
+    return repr(measured), repr(bar)
 
 
 def ui_scalars(report: dict[str, Any]) -> dict[str, float]:

@@ -247,8 +247,10 @@ def evaluate(
     training = json.loads(store.get_bytes(join_uri(model_uri, TRAINING_RECORD)))
     manifest = read_manifest(store_for(cfg, dataset_uri), dataset_uri)
     splits = manifest["splits"]
+    from trainer.launch.local import local_run_id
+
     context = {
-        "run_id": run_id,
+        "run_id": local_run_id() or run_id,  # `kftrain run --local`: its own id, not kfp.local's
         "dataset_uri": dataset_uri,
         "dataset_size": {
             name: {unit: split[unit] for unit in ("rows", "tokens") if unit in split} for name, split in splits.items()

@@ -96,6 +96,17 @@ LABELS = {
 _PERCENT = ("accuracy", "macro_f1", "mfu", "data_wait_fraction")
 
 
+def _measure_label(key: str, best_step: int | None) -> str:
+    """A training measure's name; with `checkpoint.export_best` (`best_step`) the epoch measures
+    are the exported step's epoch's, not the last epoch's, and say so."""
+    if best_step is None or key not in ("val_accuracy", "val_loss", "val_perplexity", "train_loss"):
+        return label(key)
+    name = label(key).split(" (")[0]
+    if key == "train_loss":
+        return f"{name} (mean of the epoch ending at step {best_step}, the exported model's)"
+    return f"{name} (at step {best_step}, the exported model's)"
+
+
 def label(key: str) -> str:
     """A person's name for a measure (`samples_per_second` -> `throughput (samples/s)`)."""
     if key in LABELS:
@@ -385,8 +396,9 @@ def _header(training: dict[str, Any], evaluation: dict[str, Any], context: dict[
         f"{split} " + ", ".join(f"{n:,} {unit}" for unit, n in units.items()) for split, units in sizes.items()
     )
     world = metrics.get("world_size", job.get("replicas", 0) * job.get("nproc_per_node", 1))
+    name = str(config.get("train", {}).get("strategy", "ddp")).upper()  # was "DDP" whatever the run's
     strategy = (
-        f"DDP, {world} process(es): {job.get('replicas', '?')} replica(s) × {job.get('nproc_per_node', '?')} "
+        f"{name}, {world} process(es): {job.get('replicas', '?')} replica(s) × {job.get('nproc_per_node', '?')} "
         f"per replica" + (", elastic" if elastic else "")
     )
     ckpts = progress.get("checkpoints", [])
@@ -444,8 +456,10 @@ def _charts(training: dict[str, Any], evaluation: dict[str, Any]) -> list[str]:
     val_loss = [(v["step"], v["val_loss"]) for v in validation if "val_loss" in v]
     if val_loss and by_step:
         loss_series.append({"name": "validation (end of epoch)", "points": val_loss, "markers": len(val_loss) < 3})
+    best = training.get("metrics", {}).get("best_step")  # checkpoint.export_best: the model evaluated is its
     if "loss" in evaluation and last_step:
-        loss_series.append({"name": "test (final model)", "points": [(last_step, evaluation["loss"])], "markers": True})
+        name, at = ("test (final model)", last_step) if best is None else (f"test (step {best}'s model)", best)
+        loss_series.append({"name": name, "points": [(at, evaluation["loss"])], "markers": True})
     parts = [
         "<h2>Loss</h2>",
         svg_chart(loss_series, title="loss", x_label="optimizer step", y_label="loss", y_log=True),
@@ -675,6 +689,7 @@ def html_report(
         ]
         parts += ["<h2>Per class</h2>", _table(rows, ("class", "precision", "recall", "F1", "support (test rows)"))]
     parts += _prediction(context.get("prediction"), training.get("metrics", {}))
-    measures = [(label(k), format_value(k, v)) for k, v in training.get("metrics", {}).items()]
+    metrics = training.get("metrics", {})
+    measures = [(_measure_label(k, metrics.get("best_step")), format_value(k, v)) for k, v in metrics.items()]
     parts += ["<h2>Training</h2>", _table(measures, ("measure", "value")), "</body></html>"]
     return "\n".join(parts)

@@ -64,6 +64,7 @@ def test_demo_on_an_s3_store_reaches_95_percent_and_writes_nothing_locally(s3_en
         assert expected in names, (expected, sorted(names))
     report = store.get_bytes(artifacts["report"]).decode()
     assert report.startswith("<!doctype html>") and "<svg" in report and "Quality gate: passed" in report
+    assert f"<dt>run</dt><dd>{summary['run_id']}</dd>" in report  # the id --run-id takes (was: kfp.local's job id)
     # Replica logs reach the step log with their replica prefix.
     assert "[master-0] [rank 0]" in out and "[worker-0] [rank 1]" in out
     # The full log sits beside the run record in the store.

@@ -42,3 +42,17 @@ def test_a_replica_whose_process_a_signal_ended_says_so(code, said):
 
     found = how_it_ended(torchrun_summary(code) if code is not None else ["[rank 0] step 3"])
     assert found.startswith(said) and bool(found) == bool(said), found
+
+
+@pytest.mark.parametrize("run_id", ["20261205-231129-33a364", "victim", "my-run-2"])
+def test_a_local_run_s_processes_know_its_run_id(monkeypatch, run_id):
+    """The evaluation report names the run by the id `--run-id` and `kftrain runs` take (was:
+    kfp.local's job id, which the user can do nothing with)."""
+    from trainer.launch.local import RUN_MARKER_ENV, local_run_id, run_marker
+
+    monkeypatch.delenv(RUN_MARKER_ENV, raising=False)
+    assert local_run_id() == ""
+    marker = run_marker(run_id)
+    assert marker != run_marker(run_id)  # two starts of one run id are told apart
+    monkeypatch.setenv(RUN_MARKER_ENV, marker)
+    assert local_run_id() == run_id

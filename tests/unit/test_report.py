@@ -132,6 +132,13 @@ def test_quality_gate_in_both_directions():
         True,
         "no quality bar set for this task (min_accuracy / max_perplexity)",
     )
+    # A bar just past the measure: both shown with the digits that tell them apart (was: "0.9750
+    # is below the minimum 0.9750").
+    assert quality_gate({"accuracy": 0.975}, min_accuracy=0.97501)[1].startswith(
+        "test accuracy 0.97500 is below the minimum 0.97501"
+    )
+    assert "18.8497 exceeds the maximum 18.8496" in quality_gate({"perplexity": 18.84966}, max_perplexity=18.8496)[1]
+    assert "0.9750 reaches the minimum 0.9750" in quality_gate({"accuracy": 0.975}, min_accuracy=0.975)[1]
 
 
 # -- axes and units --------------------------------------------------------------------------------
@@ -246,6 +253,23 @@ def test_the_header_names_the_run_and_its_inputs():
     assert "1.796e+09" not in page and "0.07172" not in page
     changed = {field for field, _, _ in config_changes(config)}
     assert changed == {"train.epochs", "job.image", "store.uri"}
+
+
+def test_an_fsdp_run_exporting_its_best_step_says_both():
+    """The header named DDP whatever the strategy, and with checkpoint.export_best the epoch
+    measures (the exported step's) read as the last epoch's, the test point drawn at the last step."""
+    training = training_record()
+    training["config"]["train"]["strategy"] = "fsdp"
+    training["metrics"] |= {"best_step": 20, "val_loss": 0.5, "train_loss": 1.0}
+    page = html_report(training, evaluation_record(), (True, ""), {"run_id": "r"})
+    parsed = Page()
+    parsed.feed(page)
+    text = " ".join(parsed.text)
+    assert "FSDP, 2 process(es): 2 replica(s) × 1 per replica" in text and "DDP" not in text
+    assert "validation loss (at step 20, the exported model's)" in text and "last epoch" not in text
+    assert "training loss (mean of the epoch ending at step 20, the exported model's)" in text
+    loss = re.search(r'<svg[^>]*aria-label="loss".*?</svg>', page, flags=re.S).group(0)
+    assert "test (step 20&#x27;s model)" in loss or "test (step 20's model)" in loss, loss[:2000]
 
 
 def test_user_text_is_escaped_everywhere():

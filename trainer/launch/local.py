@@ -42,6 +42,19 @@ _V1_ONLY_ENV = ("MASTER_ADDR", "MASTER_PORT", "RANK", "WORLD_SIZE")
 RUN_MARKER_ENV = "KFTRAIN_LOCAL_RUN"
 
 
+def run_marker(run_id: str) -> str:
+    """The :data:`RUN_MARKER_ENV` value of a `kftrain run --local`: its run id and a random tail
+    (two starts of one run id are told apart)."""
+    return f"{run_id}-{secrets.token_hex(4)}"
+
+
+def local_run_id() -> str:
+    """The run id of the `kftrain run --local` this process is part of ('' outside one): the id the
+    user resumes and lists runs by, where KFP's own ids are kfp.local's."""
+    marker = os.environ.get(RUN_MARKER_ENV, "")
+    return marker.rsplit("-", 1)[0] if marker else ""
+
+
 def marked_pids(marker: str, var: str = JOB_MARKER_ENV) -> list[int]:
     """Live processes whose environment carries `var=marker`, this process excepted (Linux /proc;
     elsewhere none are found and cancelling falls back to the replicas' process groups)."""
