@@ -153,13 +153,17 @@ def export_model(
     for name, data in extra.items():
         put(name, data)
     put(SAFETENSORS, save_safetensors(weights(serving)))
+    inputs: dict[str, Any] = {
+        "name": names[0],
+        "dtype": str(example.dtype).removeprefix("torch."),
+        "shape": _shape(example, dims),
+    }
+    if 1 in dims and (longest := meta.get("architecture", {}).get("block_size")):
+        # A sequence dimension the shape cannot bound (-1): past it the model has no position.
+        inputs["max_length"] = int(longest)
     card = {
         **_common_card(meta, model_uri, metrics, training_config, training),
-        "inputs": {
-            "name": names[0],
-            "dtype": str(example.dtype).removeprefix("torch."),
-            "shape": _shape(example, dims),
-        },
+        "inputs": inputs,
         "outputs": {
             "name": names[1],
             "dtype": str(expected.dtype).removeprefix("torch."),

@@ -142,6 +142,9 @@ def test_the_language_model_path_end_to_end(tmp_path):
     for name in ("model.pt", "model_repository/kftrain/1/model.onnx", "huggingface/config.json", "model_card.json"):
         assert (exported / name).is_file(), name
     assert "tokens/s" in out
+    # The sequence dimension is -1 in every format: the card says how long it may be.
+    inputs = json.loads((exported / "model_card.json").read_text())["inputs"]
+    assert inputs["shape"] == [-1, -1] and inputs["max_length"] == 64
 
 
 def test_fine_tuning_the_example_model_end_to_end(tmp_path):
