@@ -187,7 +187,10 @@ def json_line(line: bytes, where: str, reads: str) -> Any:
         return json.loads(line)
     except ValueError as exc:
         hint = f"; {ARRAY_HINT}" if line.lstrip().startswith(b"[") else ""
-        raise DataError(f"{where} is not JSON ({getattr(exc, 'msg', exc)}); {reads}{hint}") from None
+        said = getattr(exc, "msg", str(exc))
+        if isinstance(exc, json.JSONDecodeError):  # its msg alone can end mid-sentence ("... starting at")
+            said = f"{exc.msg}, column {exc.colno}"
+        raise DataError(f"{where} is not JSON ({said}); {reads}{hint}") from None
 
 
 def source_format_problem(task: str, uri: str) -> str | None:
@@ -373,3 +376,8 @@ def _check_source(cfg: Config, store: ObjectStore, source: str) -> None:
     if cfg.task == "causal_lm":
         for uri in objects[:CHECK_OBJECTS]:
             _check_object(cfg, store, uri, "text or JSON Lines", one=len(objects) == 1)
+        if len(objects) <= CHECK_OBJECTS and all(store.size(uri) == 0 for uri in objects):
+            raise DataError(
+                f"data.source {source}: its {len(objects)} objects are all empty (0 bytes); put the text there, "
+                "or point data.source at the text"
+            )

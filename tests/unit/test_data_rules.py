@@ -166,6 +166,24 @@ def test_a_source_suffix_its_task_does_not_read_is_named(task, uri, phrase):
         assert problem is not None and phrase in problem, problem
 
 
+@pytest.mark.parametrize("files", [{"x.txt": "", "y.jsonl": ""}, {"x.txt": "", "y.txt": "some text"}])
+def test_a_prefix_of_empty_objects_is_refused_before_any_step(tmp_path, files):
+    """Was: passed, then data prep said "the train split has 0 tokens" and advised a larger
+    data.shard_rows or a shorter context."""
+    from trainer.config import load_config
+    from trainer.data_rules import check_source
+    from trainer.shards import DataError
+
+    for name, text in files.items():
+        (tmp_path / name).write_text(text)
+    cfg = load_config(overrides={"task": "causal_lm", "data.source": f"{tmp_path}/"})
+    if all(not text for text in files.values()):
+        with pytest.raises(DataError, match=r"its 2 objects are all empty \(0 bytes\)"):
+            check_source(cfg)
+    else:
+        check_source(cfg)  # one with text is enough
+
+
 @pytest.mark.parametrize(
     ("task", "source", "hint"),
     [
@@ -203,6 +221,13 @@ FIRST_RECORD_CASES = {
     ),
     "jsonl, a record that is no object": ("jsonl", "c.jsonl", '["x"]\n', "its keys: none: it is a JSON array"),
     "jsonl, not JSON": ("jsonl", "c.jsonl", "\n{oops\n", "c.jsonl line 2 is not JSON (Expecting property name"),
+    # Where on the line (was: "(Unterminated string starting at)", the sentence cut off).
+    "jsonl, a string cut": (
+        "jsonl",
+        "c.jsonl",
+        '{"text": "abc\n',
+        "c.jsonl line 1 is not JSON (Unterminated string starting at, column 10)",
+    ),
     "chat without an assistant": (
         "chat",
         "c.jsonl",
@@ -220,7 +245,7 @@ FIRST_RECORD_CASES = {
         '[{"text": "' + LONG_TEXT + '"}]',
         "line 1 opens a JSON array, not a record; is the file one JSON array of records?",
     ),
-    "a pretty-printed array": ("chat", "c.json", '[\n  {"messages": []}\n]\n', "line 1 is not JSON (Expecting value)"),
+    "a pretty-printed array": ("chat", "c.json", '[\n  {"messages": []}\n]\n', "line 1 is not JSON (Expecting value, column 2)"),
     "good chat": ("chat", "c.jsonl", CHAT_LINE + "\n" + CHAT_LINE, None),
 }
 

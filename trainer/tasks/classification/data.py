@@ -38,6 +38,7 @@ import csv
 import hashlib
 import io
 import json
+import logging
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
@@ -57,6 +58,8 @@ from trainer.shards import (
     split_shards,
 )
 from trainer.storage import CorruptObject, ObjectStore, join_uri, read_chunks
+
+log = logging.getLogger("kftrain.data")
 
 #: A CSV source is read in ranged reads of this many bytes.
 CHUNK_BYTES = 1 << 20
@@ -175,6 +178,9 @@ def _numbers(rows: list[list[str]], columns: list[str], uri: str, first_row: int
     try:
         out = np.array(rows, dtype=np.float64)
     except ValueError:
+        out = None
+    # `1_000` is a number to Python's float() (and so numpy's), and no CSV writer's: found below.
+    if out is None or any("_" in cell for row in rows for cell in row):
         out = _numbers_one_by_one(rows, columns, uri, first_row, lines)
     bad = bad_feature(out)
     if bad is not None:
@@ -194,6 +200,8 @@ def _numbers_one_by_one(
     for i, row in enumerate(rows):
         for j, value in enumerate(row):
             try:
+                if "_" in value:  # `1_000`: a typo or another tool's notation, not a CSV number
+                    raise ValueError(value)
                 out[i, j] = float(value)
             except ValueError:
                 raise DataError(
@@ -407,7 +415,8 @@ def prepare_dataset(
     for label, seen in sorted(rows.spellings.items()):
         if len(seen) > 1:
             spelled = ", ".join(repr(s) for s in sorted(seen))
-            print(f"kftrain: {name}: labels {spelled} are one class {label!r} (data.label_column)", flush=True)
+            # A warning: the step's warnings reach the terminal (a print stayed in the full log).
+            log.warning("%s: labels %s are one class %r (data.label_column)", name, spelled, label)
 
     # Pass 2: normalise and shard, in row order within each split.
     index = {c: i for i, c in enumerate(classes)}
