@@ -33,6 +33,7 @@ Parts recorded without block hashes (checkpoints written before them), ``.metada
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import logging
@@ -42,7 +43,8 @@ import shutil
 import tempfile
 import threading
 import time
-from collections.abc import Callable, Iterable
+import warnings
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -127,6 +129,18 @@ def _block_span(offset: int, length: int, block_bytes: int) -> range:
     if length <= 0:
         return range(0)
     return range(offset // block_bytes, (offset + length - 1) // block_bytes + 1)
+
+
+@contextlib.contextmanager
+def _alone_said_once(group: Any) -> Iterator[None]:
+    """DCP without a process group (one process: `job.replicas: 1`, consolidation) warns at every
+    save and load that it assumes a single process, which is what `no_dist` told it: quiet."""
+    if group is not None:
+        yield
+        return
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="torch.distributed is disabled, unavailable or uninitialized")
+        yield
 
 
 class CheckpointManager:
@@ -255,12 +269,13 @@ class CheckpointManager:
         folder = Path(tempfile.mkdtemp(prefix=f"kftrain-ckpt-rank{self.rank}-step{step:08d}-"))
         try:
             # DCP copies device tensors to these files before it returns: training may go on afterwards.
-            dcp.save(
-                state,
-                storage_writer=FileSystemWriter(str(folder)),
-                process_group=self.group,
-                no_dist=self.group is None,
-            )
+            with _alone_said_once(self.group):
+                dcp.save(
+                    state,
+                    storage_writer=FileSystemWriter(str(folder)),
+                    process_group=self.group,
+                    no_dist=self.group is None,
+                )
             if local is not None:
                 torch.save(local(), folder / rank_part(self.rank))
         except BaseException:
@@ -477,7 +492,8 @@ class CheckpointManager:
             # Every rank reads what its load plan needs: how much that is, only DCP knows.
             line = ProgressLine(f"resuming: downloading checkpoint {folder}")
             reader = StoreReader(self.store, folder, cache, record["parts"], progress=line)
-            dcp.load(state, storage_reader=reader, process_group=self.group, no_dist=self.group is None)
+            with _alone_said_once(self.group):
+                dcp.load(state, storage_reader=reader, process_group=self.group, no_dist=self.group is None)
             own = None
             if rank_part(self.rank) in record["parts"]:
                 own = torch.load(reader.fetch(rank_part(self.rank)), map_location="cpu", weights_only=True)

@@ -103,6 +103,21 @@ def flip_byte(path, offset: int) -> None:
     path.write_bytes(bytes(raw))
 
 
+def test_one_process_saves_and_loads_without_dcp_s_single_process_warning(tmp_path):
+    """`job.replicas: 1` printed torch's "torch.distributed is disabled ... assuming the intent is
+    to save in a single process" at every checkpoint, on the terminal: what `no_dist` says."""
+    import warnings
+
+    store, prefix = LocalStore(), str(tmp_path / "ckpt")
+    mgr = CheckpointManager(store, prefix)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        save(mgr, 3, blocking=True)
+        state = {"weights": torch.zeros(4), "nested": {"bias": torch.zeros(3)}}
+        mgr.load(mgr.latest(), state)
+    assert torch.equal(state["weights"], torch.full((4,), 3.0))
+
+
 def test_a_partial_checkpoint_is_never_chosen(tmp_path):
     store, prefix = LocalStore(), str(tmp_path / "ckpt")
     mgr = CheckpointManager(store, prefix, keep_last=5)

@@ -245,7 +245,12 @@ FIRST_RECORD_CASES = {
         '[{"text": "' + LONG_TEXT + '"}]',
         "line 1 opens a JSON array, not a record; is the file one JSON array of records?",
     ),
-    "a pretty-printed array": ("chat", "c.json", '[\n  {"messages": []}\n]\n', "line 1 is not JSON (Expecting value, column 2)"),
+    "a pretty-printed array": (
+        "chat",
+        "c.json",
+        '[\n  {"messages": []}\n]\n',
+        "line 1 is not JSON (Expecting value, column 2)",
+    ),
     "good chat": ("chat", "c.jsonl", CHAT_LINE + "\n" + CHAT_LINE, None),
 }
 
