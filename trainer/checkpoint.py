@@ -33,7 +33,6 @@ Parts recorded without block hashes (checkpoints written before them), ``.metada
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
 import json
 import logging
@@ -44,7 +43,7 @@ import tempfile
 import threading
 import time
 import warnings
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
@@ -94,6 +93,14 @@ _DISTCP = ".distcp"
 log = logging.getLogger("kftrain.checkpoint")
 
 
+def quiet_no_process_group() -> None:
+    """DCP without a process group (one process: `job.replicas: 1`, consolidation) warns at every
+    save and load that it assumes a single process, which is what `no_dist` told it: one filter
+    for the process (a `warnings.catch_warnings()` around each call is process-wide, not
+    thread-safe, and resets the once-per-place record of every other warning)."""
+    warnings.filterwarnings("ignore", message="torch.distributed is disabled, unavailable or uninitialized")
+
+
 def rank_part(rank: int) -> str:
     """The name of rank `rank`'s own small part (its RNG streams)."""
     return f"rank-{rank:05d}.pt"
@@ -131,18 +138,6 @@ def _block_span(offset: int, length: int, block_bytes: int) -> range:
     return range(offset // block_bytes, (offset + length - 1) // block_bytes + 1)
 
 
-@contextlib.contextmanager
-def _alone_said_once(group: Any) -> Iterator[None]:
-    """DCP without a process group (one process: `job.replicas: 1`, consolidation) warns at every
-    save and load that it assumes a single process, which is what `no_dist` told it: quiet."""
-    if group is not None:
-        yield
-        return
-    with warnings.catch_warnings():
-        warnings.filterwarnings("ignore", message="torch.distributed is disabled, unavailable or uninitialized")
-        yield
-
-
 class CheckpointManager:
     """Save (asynchronously, from every rank), find the latest complete checkpoint, load it, prune.
 
@@ -170,6 +165,8 @@ class CheckpointManager:
         #: The block size of the per-block sha256s recorded for each ``.distcp`` part it saves.
         self.block_bytes = block_bytes
         self.rank, self.world_size, self.group = rank, world_size, group
+        if group is None:
+            quiet_no_process_group()
         #: The run this manager writes for: recorded in every COMMIT.json, checked before every
         #: upload and commit once :meth:`claim` made it the prefix's owner, and the only steps
         #: pruning deletes. Empty: no owner (steps committed without one are pruned).
@@ -269,13 +266,12 @@ class CheckpointManager:
         folder = Path(tempfile.mkdtemp(prefix=f"kftrain-ckpt-rank{self.rank}-step{step:08d}-"))
         try:
             # DCP copies device tensors to these files before it returns: training may go on afterwards.
-            with _alone_said_once(self.group):
-                dcp.save(
-                    state,
-                    storage_writer=FileSystemWriter(str(folder)),
-                    process_group=self.group,
-                    no_dist=self.group is None,
-                )
+            dcp.save(
+                state,
+                storage_writer=FileSystemWriter(str(folder)),
+                process_group=self.group,
+                no_dist=self.group is None,
+            )
             if local is not None:
                 torch.save(local(), folder / rank_part(self.rank))
         except BaseException:
@@ -492,8 +488,7 @@ class CheckpointManager:
             # Every rank reads what its load plan needs: how much that is, only DCP knows.
             line = ProgressLine(f"resuming: downloading checkpoint {folder}")
             reader = StoreReader(self.store, folder, cache, record["parts"], progress=line)
-            with _alone_said_once(self.group):
-                dcp.load(state, storage_reader=reader, process_group=self.group, no_dist=self.group is None)
+            dcp.load(state, storage_reader=reader, process_group=self.group, no_dist=self.group is None)
             own = None
             if rank_part(self.rank) in record["parts"]:
                 own = torch.load(reader.fetch(rank_part(self.rank)), map_location="cpu", weights_only=True)

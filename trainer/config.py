@@ -529,7 +529,7 @@ _PLAN_BOUNDS = {
     "gpu": Bound(lambda v: v == v.strip(), "must be a GPU type without surrounding spaces, e.g. H100"),
     "nodes": Bound(
         lambda v: all(1 <= n <= MAX_PLAN_NODES for n in v) and len(set(v)) == len(v),
-        f"must be a list of different positive node counts up to {MAX_PLAN_NODES}, e.g. [1, 2, 4]",
+        f"must be a list of positive node counts up to {MAX_PLAN_NODES}, each given once, e.g. [1, 2, 4]",
     ),
     "price_per_gpu_hour": Bound(
         lambda v: 0 <= v <= MAX_GPU_HOUR_PRICE, f"must be >= 0 and <= {MAX_GPU_HOUR_PRICE:g} (0: no cost column)"

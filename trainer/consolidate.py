@@ -21,7 +21,6 @@ import logging
 import shutil
 import tempfile
 import time
-import warnings
 from collections import Counter
 from collections.abc import Collection
 from pathlib import Path
@@ -31,7 +30,7 @@ import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.api import CheckpointException
 from torch.distributed.checkpoint.metadata import Metadata, TensorStorageMetadata
 
-from trainer.checkpoint import CheckpointError, StoreReader, commit_record
+from trainer.checkpoint import CheckpointError, StoreReader, commit_record, quiet_no_process_group
 from trainer.progress import ProgressLine
 from trainer.safetensors_file import SafetensorsWriter, TensorSpec
 from trainer.storage import ObjectStore, StoreError
@@ -72,6 +71,7 @@ def consolidate(
     where it is read, is a CheckpointError naming it, and no partial file is left at `path`.
     """
     t0 = time.perf_counter()
+    quiet_no_process_group()  # dcp.load below, once per tensor, without a group
     record = commit_record(store, folder)
     cache = Path(tempfile.mkdtemp(prefix="kftrain-consolidate-", dir=scratch))
     try:
@@ -89,9 +89,7 @@ def consolidate(
                 files[wanted[index.fqn].name].setdefault(info.relative_path, []).append((info.offset, info.length))
         # How many tensors still to write read each file: at 0 its local copy goes.
         pending = Counter(f for names in files.values() for f in names)
-        with SafetensorsWriter(path, specs) as writer, warnings.catch_warnings():
-            # dcp.load warns on every call that it runs without a process group: that is the point.
-            warnings.filterwarnings("ignore", message="torch.distributed is disabled")
+        with SafetensorsWriter(path, specs) as writer:
             spec_of = {s.name: s for s in specs}
             for name in writer.order:
                 # Fetched here rather than inside DCP, whose wrapper would bury our error message.

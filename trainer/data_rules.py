@@ -187,9 +187,8 @@ def json_line(line: bytes, where: str, reads: str) -> Any:
         return json.loads(line)
     except ValueError as exc:
         hint = f"; {ARRAY_HINT}" if line.lstrip().startswith(b"[") else ""
-        said = getattr(exc, "msg", str(exc))
-        if isinstance(exc, json.JSONDecodeError):  # its msg alone can end mid-sentence ("... starting at")
-            said = f"{exc.msg}, column {exc.colno}"
+        # A decode error's msg alone can end mid-sentence ("Unterminated string starting at").
+        said = f"{exc.msg}, column {exc.colno}" if isinstance(exc, json.JSONDecodeError) else str(exc)
         raise DataError(f"{where} is not JSON ({said}); {reads}{hint}") from None
 
 
@@ -223,13 +222,13 @@ def _check_header(cfg: Config, store: ObjectStore, uri: str) -> None:
         raise DataError(message if message.startswith("data.source") else f"data.source {message}") from None
 
 
-def _check_object(cfg: Config, store: ObjectStore, uri: str, what: str, one: bool = True) -> None:
-    """One object of the source (`one`: the whole source, so it must not be empty)."""
+def _check_object(cfg: Config, store: ObjectStore, uri: str, what: str, one: bool = True) -> int:
+    """One object of the source (`one`: the whole source, so it must not be empty); its size."""
     size = store.size(uri)
     if size == 0:
         if one:
             raise DataError(f"data.source {uri} is empty (0 bytes)")
-        return
+        return 0
     problem = source_format_problem(cfg.task, uri)
     if problem:
         raise DataError(f"data.source {uri} {problem}")
@@ -240,6 +239,7 @@ def _check_object(cfg: Config, store: ObjectStore, uri: str, what: str, one: boo
             raise DataError(f"data.source {uri} {reason}: data prep reads {what}")
     if cfg.task == "causal_lm":
         _check_first_record(cfg, uri, head, complete=size <= len(head))
+    return size
 
 
 def _check_first_record(cfg: Config, uri: str, head: bytes, complete: bool) -> None:
@@ -374,9 +374,11 @@ def _check_source(cfg: Config, store: ObjectStore, source: str) -> None:
             f"data.source {source}: no object there and none below it; check the URI" + _builtin_hint(cfg.data.source)
         )
     if cfg.task == "causal_lm":
-        for uri in objects[:CHECK_OBJECTS]:
+        sizes = [
             _check_object(cfg, store, uri, "text or JSON Lines", one=len(objects) == 1)
-        if len(objects) <= CHECK_OBJECTS and all(store.size(uri) == 0 for uri in objects):
+            for uri in objects[:CHECK_OBJECTS]
+        ]
+        if len(objects) <= CHECK_OBJECTS and not any(sizes):
             raise DataError(
                 f"data.source {source}: its {len(objects)} objects are all empty (0 bytes); put the text there, "
                 "or point data.source at the text"

@@ -385,15 +385,21 @@ class Progress:
         self._t = time.perf_counter()
         self._data_wait = 0.0
 
-    def window(self) -> dict[str, float]:
-        """The interval in progress, as a checkpoint keeps it: its summed loss and gradient norm,
-        and its steps (so that a resumed run's next line is the mean of the same steps)."""
-        return {"loss": float(self._loss), "grad_norm": float(self._grad_norm), "steps": self._steps}
+    def window(self) -> dict[str, float | int]:
+        """The interval in progress, as a checkpoint keeps it: its length, summed loss and gradient
+        norm, and steps (so that a resumed run's next line is the mean of the same steps)."""
+        return {
+            "interval": self.interval,
+            "loss": float(self._loss),
+            "grad_norm": float(self._grad_norm),
+            "steps": self._steps,
+        }
 
-    def resume_window(self, window: dict[str, float] | None) -> None:
-        """Continue the interval a checkpoint's :meth:`window` kept (nothing for a checkpoint
-        written before it was kept)."""
-        if window:
+    def resume_window(self, window: dict[str, float | int] | None, step: int) -> None:
+        """At optimizer step `step`, continue the interval a checkpoint's :meth:`window` kept; not
+        one of another `train.log_interval_steps` (its steps would cross this run's intervals), nor
+        a checkpoint's from before windows were kept."""
+        if window and window.get("interval") == self.interval and window["steps"] == step % self.interval:
             self._loss.fill_(float(window["loss"]))
             self._grad_norm.fill_(float(window["grad_norm"]))
             self._steps = int(window["steps"])

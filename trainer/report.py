@@ -396,7 +396,8 @@ def _header(training: dict[str, Any], evaluation: dict[str, Any], context: dict[
         f"{split} " + ", ".join(f"{n:,} {unit}" for unit, n in units.items()) for split, units in sizes.items()
     )
     world = metrics.get("world_size", job.get("replicas", 0) * job.get("nproc_per_node", 1))
-    name = str(config.get("train", {}).get("strategy", "ddp")).upper()  # was "DDP" whatever the run's
+    # The run's (was "DDP" whatever it was); one process is neither.
+    name = str(config.get("train", {}).get("strategy", "ddp")).upper() if world != 1 else "one process, no parallelism"
     strategy = (
         f"{name}, {world} process(es): {job.get('replicas', '?')} replica(s) × {job.get('nproc_per_node', '?')} "
         f"per replica" + (", elastic" if elastic else "")

@@ -477,7 +477,7 @@ class Trainer:
             reporter=reporter_from_env() if env.is_main else None,
         )
         self.progress.curve, self.progress.validation = self.loss_curve, self.validation
-        self.progress.resume_window(self.resumed_window)
+        self.progress.resume_window(self.resumed_window, self.step)
 
     def _planned_steps(self) -> int:
         """The step the run ends at: train.max_steps, or the end of the last epoch (the epoch
@@ -610,7 +610,8 @@ class Trainer:
         self.history[:] = record.get("history", [])
         self.loss_curve[:] = record.get("loss_curve", [])
         self.validation[:] = record.get("validation", [])
-        self.resumed_window = record.get("progress_window")
+        if saved_world == env.world_size:  # rank 0's losses: of other items at another world size
+            self.resumed_window = record.get("progress_window")
         log.info(
             "resumed at step %d (epoch %d, %d steps into it) from %s",
             self.step,
@@ -658,7 +659,7 @@ class Trainer:
             "loss_curve": self.loss_curve,
             "validation": self.validation,
             # The progress line's interval so far (rank 0's, which logs it).
-            "progress_window": self.progress.window(),
+            "progress_window": self.progress.window() if self.env.is_main else None,
         }
         if metrics is not None:
             record["metrics"] = metrics

@@ -46,9 +46,7 @@ ROWS = [
         ["plan.gpu: not a GPU type the plan knows, got 'H999'", "H200-141GB", "kubernetes.gpu_memory_gb"],
         id="plan-gpu",
     ),
-    pytest.param(
-        "plan:\n  nodes: [2, 0]\n", ["plan.nodes: must be a list of different positive node counts"], id="plan-nodes"
-    ),
+    pytest.param("plan:\n  nodes: [2, 0]\n", ["plan.nodes: must be a list of positive node counts"], id="plan-nodes"),
     pytest.param(
         "checkpoint:\n  resume_from: nosuchrun\n",
         ["checkpoint.resume_from 'nosuchrun': no committed checkpoint for run nosuchrun under", "kftrain runs"],

@@ -157,13 +157,17 @@ PLAN_BAD_ROWS = [
 # Bad values that argparse passes, refused by the config or the checks: `kftrain: error: <field>: ...`.
 PLAN_CONFIG_ROWS = [
     ("plan:\n  gpu: H999\n", [], "plan.gpu: not a GPU type the plan knows, got 'H999'; use one of H100-80GB"),
-    ("plan:\n  nodes: [0, 2]\n", [], "plan.nodes: must be a list of different positive node counts"),
+    ("plan:\n  nodes: [0, 2]\n", [], "plan.nodes: must be a list of positive node counts"),
     ("plan:\n  price_per_gpu_hour: -2\n", [], "plan.price_per_gpu_hour: must be >= 0"),
     ("plan:\n  price_per_gpu_hour: 1.0e+300\n", [], "plan.price_per_gpu_hour: must be >= 0 and <= 1e+06"),
-    ("plan:\n  nodes: [1, 1000000]\n", [], "plan.nodes: must be a list of different positive node counts up to 100000"),
+    ("plan:\n  nodes: [1, 1000000]\n", [], "plan.nodes: must be a list of positive node counts up to 100000"),
     # A count given twice (was: dropped in silence, the table one row short).
-    ("plan:\n  nodes: [1, 1, 2]\n", [], "plan.nodes: must be a list of different positive node counts"),
-    (None, ["--nodes", "1,2,2"], "--nodes: plan.nodes: must be a list of different positive node counts"),
+    ("plan:\n  nodes: [1, 1, 2]\n", [], "up to 100000, each given once"),
+    (
+        None,
+        ["--nodes", "1,2,2"],
+        "--nodes: plan.nodes: must be a list of positive node counts up to 100000, each given once",
+    ),
     ("plan:\n  strict: maybe\n", [], "plan.strict: must be"),
     ("plan:\n  strict: true\n", [], "plan.strict: needs plan.enabled: true"),
     # A memory the named GPU does not have (less is a share of it: a MIG slice).

@@ -56,13 +56,20 @@ def test_an_interval_cut_by_a_checkpoint_and_resumed_averages_the_same_steps():
     cut = progress()
     for step, loss in enumerate(losses[:3], start=1):
         cut.step(step, 0, torch.tensor(loss), 1e-3, torch.tensor(float(step)))
+    window = json.loads(json.dumps(cut.window()))  # through a checkpoint's JSON record
     resumed = progress()
-    resumed.resume_window(json.loads(json.dumps(cut.window())))  # through a checkpoint's JSON record
+    resumed.resume_window(window, 3)
     for step, loss in enumerate(losses[3:], start=4):
         resumed.step(step, 0, torch.tensor(loss), 1e-3, torch.tensor(float(step)))
     assert [(c["step"], c["loss"]) for c in resumed.curve] == [(c["step"], c["loss"]) for c in whole.curve]
     assert resumed.last.loss == whole.last.loss and all(c["items_per_second"] > 0 for c in resumed.curve)
-    progress().resume_window(None)  # a checkpoint written before the window was kept
+    # Not continued: a window of another interval (a changed train.log_interval_steps), one that does
+    # not end at the resumed step, and none (a checkpoint from before windows were kept).
+    for kept, at in (({**window, "interval": 2}, 3), (window, 2), (None, 3)):
+        fresh = progress()
+        fresh.resume_window(kept, at)
+        fresh.step(4, 0, torch.tensor(1.0), 1e-3)
+        assert fresh.last.loss == 1.0, (kept, at)
 
 
 def test_only_rank_0_logs(caplog):

@@ -270,6 +270,8 @@ def test_an_fsdp_run_exporting_its_best_step_says_both():
     assert "training loss (mean of the epoch ending at step 20, the exported model's)" in text
     loss = re.search(r'<svg[^>]*aria-label="loss".*?</svg>', page, flags=re.S).group(0)
     assert "test (step 20&#x27;s model)" in loss or "test (step 20's model)" in loss, loss[:2000]
+    training["metrics"]["world_size"] = 1  # FSDP and DDP are not applied to one process
+    assert "one process, no parallelism, 1 process(es)" in html_report(training, evaluation_record(), (True, ""), {})
 
 
 def test_user_text_is_escaped_everywhere():

@@ -9,6 +9,7 @@ open it in chrome://tracing or Perfetto. Recording costs memory for every op unt
 from __future__ import annotations
 
 import contextlib
+import os
 
 import torch
 from torch.profiler import ProfilerActivity, profile
@@ -32,8 +33,6 @@ def start_timeline(file_path: str, mark_cycles: bool = False) -> None:
 
     Starting again while recording only changes the file (the first one, still empty, is removed).
     `mark_cycles` is accepted and has no effect (there are no negotiation cycles here)."""
-    import os
-
     writes = api.rank() == 0  # Horovod's ValueError before hvd.init()
     path = str(file_path)
     if writes:
@@ -46,10 +45,9 @@ def start_timeline(file_path: str, mark_cycles: bool = False) -> None:
                 "exists and this process may write"
             ) from None
         earlier = _recording.path if _recording.profiler is not None and _recording.writes else ""
-        if earlier and os.path.abspath(earlier) != os.path.abspath(path):
-            with contextlib.suppress(OSError):  # the empty placeholder of a trace now written elsewhere
-                if os.path.getsize(earlier) == 0:
-                    os.remove(earlier)
+        with contextlib.suppress(OSError):  # the empty placeholder of a trace now written elsewhere
+            if earlier and not os.path.samefile(earlier, path) and os.path.getsize(earlier) == 0:
+                os.remove(earlier)
     _recording.path, _recording.writes = path, writes
     if _recording.profiler is None:
         activities = [ProfilerActivity.CPU]

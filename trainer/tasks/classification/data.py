@@ -180,7 +180,7 @@ def _numbers(rows: list[list[str]], columns: list[str], uri: str, first_row: int
     except ValueError:
         out = None
     # `1_000` is a number to Python's float() (and so numpy's), and no CSV writer's: found below.
-    if out is None or any("_" in cell for row in rows for cell in row):
+    if out is None or any("_" in "".join(row) for row in rows):
         out = _numbers_one_by_one(rows, columns, uri, first_row, lines)
     bad = bad_feature(out)
     if bad is not None:
