@@ -319,6 +319,11 @@ class CausalLMTask(Task):
                 pool.shutdown(cancel_futures=True)
         source = d.source or "python-stdlib"
         block = cfg.model.block_size
+        if not any(writer.items for writer in writers.values()):  # no shard or context length would help
+            raise DataError(
+                f"{source}: no text read from it (its objects are empty, or their records hold no text); put the "
+                "text there, or point data.source at it"
+            )
         splits = {}
         for split, writer in writers.items():
             shards = writer.close()
