@@ -537,9 +537,9 @@ def _check_merge(cfg: Config, model: Any, copies: set[str]) -> None:
         )
 
 
-def _check_weights(origin: str, model: Any, index: dict[str, TensorEntry]) -> None:
+def _check_weights(origin: str, model: Any, index: dict[str, TensorEntry]) -> set[str]:
     """The folder's safetensors hold every tensor `model` (built from its config.json, on the meta
-    device) needs, in its shape; a tied copy is said once, in a warning."""
+    device) needs, in its shape; a tied copy is said once, in a warning. Returns the tied names."""
     from trainer import pretrained
     from trainer.model_io import tied_names
 
@@ -569,6 +569,7 @@ def _check_weights(origin: str, model: Any, index: dict[str, TensorEntry]) -> No
                 f"{entry.uri}: tensor {key!r} has shape {list(entry.shape)}, the model built from config.json "
                 f"expects {list(tensor.shape)}; the folder's weights and config.json disagree"
             )
+    return tied
 
 
 def _check_modules(cfg: Config, source: ModelSource, config: dict[str, Any], index: dict[str, TensorEntry]) -> int:
@@ -579,7 +580,6 @@ def _check_modules(cfg: Config, source: ModelSource, config: dict[str, Any], ind
     import torch
 
     from trainer import pretrained
-    from trainer.model_io import tied_names
     from trainer.tasks.pretrained_lm import apply_lora
 
     origin = cfg.model.init_from
@@ -588,11 +588,11 @@ def _check_modules(cfg: Config, source: ModelSource, config: dict[str, Any], ind
         model = pretrained.build_on_meta(config, torch.float32, source)  # its errors name the folder
         # The weights against config.json first: a folder of another architecture is said as such,
         # not as layers its config lacks (`lora.target_modules`).
-        _check_weights(origin, model, index)
+        tied = _check_weights(origin, model, index)
         if cfg.train.method == "lora":
             linear = {name.rsplit(".", 1)[-1] for name, m in model.named_modules() if _linear(m)}
             _check_lora_targets(cfg, dict(model.named_modules()), linear)
-            copies = {name.removesuffix(".weight") for name in tied_names(model)}  # `lm_head` tied to embeddings
+            copies = {name.removesuffix(".weight") for name in tied}  # `lm_head` tied to embeddings
             try:
                 model = apply_lora(model, dataclasses.asdict(cfg.lora))
             except pretrained.PretrainedError as exc:
