@@ -61,6 +61,20 @@ def _gate_flag(name: str) -> str:
     return "--" + name.replace("_", "-")
 
 
+def _check_summary_place(summary: str, root: str, run_id: str) -> None:
+    """`--summary` names no folder the run makes on this machine (its output root, one above it,
+    its run folder): refused before any step (was: the whole run, then `Is a directory`)."""
+    from trainer.config import ConfigError
+    from trainer.storage import parse_uri
+
+    loc = parse_uri(root)
+    if loc.is_remote:
+        return
+    top, path = Path(os.path.realpath(loc.key)), Path(os.path.realpath(summary))
+    if path == top or path in top.parents or path in (top / "runs", top / "runs" / run_id):
+        raise ConfigError(f"--summary {summary}: the run makes that folder (its outputs go under {top}); name a file")
+
+
 def _check_gates(args: argparse.Namespace, task: str) -> None:
     """Refuse a quality gate the built-in `task` never reports the metric of (it would be ignored);
     then give the gates not given their defaults."""
@@ -138,6 +152,8 @@ def _cmd_run(args: argparse.Namespace) -> int:
     if args.run_id:
         cfg = _as_started(cfg, args, run_id, flags)
     _check_gates(args, cfg.task)
+    if args.summary:
+        _check_summary_place(args.summary, cfg.store.uri or args.output_dir, run_id)
     from trainer.checks import unused_endpoint
 
     if note := unused_endpoint(cfg):
@@ -160,7 +176,7 @@ def _run_alone(args: argparse.Namespace, cfg: Any, run_id: str, store: str) -> i
         run_log,
         run_scope,
         run_started,
-        write_summary,
+        summary_json,
     )
 
     existed = bool(args.run_id) and run_started(cfg, run_id, args.output_dir)
@@ -240,8 +256,7 @@ def _run_alone(args: argparse.Namespace, cfg: Any, run_id: str, store: str) -> i
     unwritten = None
     if args.summary:  # before the terminal lines: a closed terminal must not lose it
         try:
-            with _writing("--summary"):
-                write_summary(summary, args.summary)
+            write_output("--summary", args.summary, summary_json(summary), *SUMMARY_FILE)
         except OutputError as exc:  # the run is done all the same: its lines below, then this
             unwritten = exc
     if summary.get("already_finished"):
@@ -433,6 +448,7 @@ def _cmd_job_manifest(args: argparse.Namespace) -> int:
             f"job.kind: {cfg.job.kind!r} is resolved by the cluster at run time; pass --kind pytorchjob or "
             "--kind trainjob to print one"
         )
+    note = ""  # said once the job is known to be valid: before an error, it is noise
     if args.dataset_uri is None or args.model_uri is None:
         from trainer.storage import join_uri, parse_uri
 
@@ -441,11 +457,10 @@ def _cmd_job_manifest(args: argparse.Namespace) -> int:
         base = cfg.store.uri if remote else "s3://kftrain"
         args.dataset_uri = args.dataset_uri or join_uri(base, "dataset")
         args.model_uri = args.model_uri or join_uri(base, "model")
-        print(
+        note = (
             f"kftrain: note: the job reads the dataset at {redact(args.dataset_uri)} and writes the model to "
             f"{redact(args.model_uri)}, under {'store.uri' if remote else 'a placeholder store'}; pass "
-            "--dataset-uri and --model-uri for the job you will apply",
-            file=sys.stderr,
+            "--dataset-uri and --model-uri for the job you will apply"
         )
     require_object_store({"--dataset-uri": args.dataset_uri, "--model-uri": args.model_uri})
     spec = training_job(cfg, args.name, args.dataset_uri, args.model_uri)
@@ -453,6 +468,8 @@ def _cmd_job_manifest(args: argparse.Namespace) -> int:
     kind = BY_NAME[cfg.job.kind]
     manifest = kind.build(spec, cfg.kubernetes.namespace, None)
     kind.validate(manifest)
+    if note:
+        print(note, file=sys.stderr)
     sys.stdout.write(yaml.safe_dump(manifest, sort_keys=False, width=1000))
     return 0
 
@@ -548,10 +565,8 @@ def _cmd_plan(args: argparse.Namespace) -> int:
         (probe,) = probe_locally(cfg, steps=steps)
     plan = plan_run(cfg, probe, manifest=manifest)
     text = plan.markdown()
-    if args.output:  # checked as the command started (_output_file)
-        with _writing("--output"):
-            Path(args.output).parent.mkdir(parents=True, exist_ok=True)
-            Path(args.output).write_text(text, encoding="utf-8")
+    if args.output:
+        write_output("--output", args.output, text, *PLAN_FILE)
     print(json.dumps(plan.to_dict(), indent=2, sort_keys=True) if args.json else text)
     strict = args.strict or cfg.plan.strict
     try:
@@ -569,7 +584,7 @@ def _cmd_submit(args: argparse.Namespace) -> int:
 
     from pipelines.compile import compile_all
     from pipelines.submit import SubmitError, follow, kfp_errors, make_client, parse_params, submit, succeeded
-    from trainer.config import read_config_file
+    from trainer.config import load_yaml, read_config_file
 
     if args.timeout is not None and not args.wait:
         raise SubmitError("--timeout: limits how long --wait follows the run; add --wait, or leave out --timeout")
@@ -577,7 +592,9 @@ def _cmd_submit(args: argparse.Namespace) -> int:
     if args.config is not None:  # `--config "$UNSET"` is refused as an unreadable file, not ignored
         if any(pair.partition("=")[0] == "config" for pair in pairs):
             raise SubmitError("--config and --param config= both give the run's config: give one of them")
-        pairs.append(f"config={read_config_file(args.config)}")  # the text: the pods cannot read this file
+        text = read_config_file(args.config)
+        load_yaml(text, args.config)  # YAML's mistakes named by the file, as `run` names them
+        pairs.append(f"config={text}")  # the text: the pods cannot read this file
     with tempfile.TemporaryDirectory() as tmp:
         package = Path(args.package) if args.package else compile_all(tmp)[0]
         params = parse_params(pairs, package)  # SubmitError when --package is no compiled pipeline
@@ -844,6 +861,32 @@ def _is_plan(text: str) -> bool:
     return text.startswith("# Training plan\n")
 
 
+#: What each output file is, and how an earlier one of it is told from a user's file.
+SUMMARY_FILE = ("a run summary", _is_summary)
+PLAN_FILE = ("a training plan", _is_plan)
+
+
+def write_output(flag: str, path: str, text: str, what: str, earlier: Callable[[str], bool]) -> None:
+    """Write `text` to the file `flag` names, checked as the command started (:func:`_output_file`)
+    and again now, which may be hours later: a file made there meanwhile that is not `what` is
+    kept, and OutputError says so (was: overwritten). A new file is created exclusively, so one
+    made between that check and the write is never replaced."""
+    target = Path(path)
+    with _writing(flag):
+        target.parent.mkdir(parents=True, exist_ok=True)
+        try:
+            out = open(target, "x", encoding="utf-8")  # noqa: SIM115 (closed below)
+        except FileExistsError:
+            if _holds_data(target) and not earlier(_text_of(target)):
+                raise OutputError(
+                    f"{flag}: {path} was made while the command ran and is not {what}: it is kept, not "
+                    "overwritten; name a new file"
+                ) from None
+            out = open(target, "w", encoding="utf-8")  # noqa: SIM115 (closed below)
+        with out:
+            out.write(text)
+
+
 @contextlib.contextmanager
 def _writing(flag: str) -> Iterator[None]:
     """An OS error writing what `flag` names, as an error naming the flag and what to do."""
@@ -881,7 +924,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument(
         "--summary",
-        type=_output_file("a run summary", _is_summary),
+        type=_output_file(*SUMMARY_FILE),
         help="write artifact URIs and final metrics to this JSON file (new, or an earlier summary)",
     )
     p.add_argument(
@@ -949,7 +992,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--json", action="store_true", help="print the plan as JSON instead of Markdown")
     p.add_argument(
         "--output",
-        type=_output_file("a training plan", _is_plan),
+        type=_output_file(*PLAN_FILE),
         metavar="FILE.md",
         help="also write the Markdown plan to this file (new, or an earlier plan)",
     )

@@ -70,6 +70,8 @@ def _head(path: Path) -> tuple[bytes, bytes]:
 def compile_all(output_dir: str | Path = "compiled") -> list[Path]:
     """Write one YAML per pipeline and per component; return the paths written."""
     out = Path(output_dir)
+    if out.is_symlink() and out.is_dir():  # the folder the user named, through a link: write in it
+        out = out.resolve()
     targets = [(out / f"{name}.yaml", func) for name, func in PIPELINES.items()]
     targets += [(out / "components" / f"{name}.yaml", comp) for name, comp in COMPONENTS.items()]
     problems = list(dict.fromkeys(p for path, _ in targets if (p := _replace_problem(path))))

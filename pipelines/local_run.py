@@ -35,7 +35,16 @@ from typing import Any
 from trainer.config import Config, ConfigError, config_to_json, flatten_config, same_setting, to_dict
 from trainer.errors import KftrainError, redact
 from trainer.runs import RUN_RECORD
-from trainer.storage import CorruptObject, ObjectNotFound, StoreError, join_uri, parse_uri, read_json
+from trainer.storage import (
+    CorruptObject,
+    ObjectNotFound,
+    StoreError,
+    join_uri,
+    parse_uri,
+    place_of,
+    read_json,
+    same_place,
+)
 
 DEFAULT_LOCAL_ROOT = "kftrain-outputs"
 #: Beside the run record, written at each start of a run: where the run keeps its checkpoints (its
@@ -115,7 +124,7 @@ def check_own_checkpoint(cfg: Config, run_id: str, local_root: str = DEFAULT_LOC
     try:
         with check_deadline(CHECK_BUDGET_S):
             prefix = run_checkpoints(cfg, run_id, local_root)
-            if cfg.checkpoint.uri and prefix == now:
+            if cfg.checkpoint.uri and same_place(prefix, now):
                 return  # the user's prefix, as at its start
             latest = latest_complete(store_for(cfg, prefix), prefix)
     except StoreError:
@@ -123,7 +132,7 @@ def check_own_checkpoint(cfg: Config, run_id: str, local_root: str = DEFAULT_LOC
     if latest is None:
         return  # nothing to continue
     step, record = latest
-    if prefix != now:
+    if not same_place(prefix, now):
         raise ConfigError(
             f"--run-id {run_id}: its checkpoint of step {step} is in {redact(prefix)}, but checkpoint.uri now "
             f"says {redact(now) if cfg.checkpoint.uri else '(unset: the run folder)'}, where the run would train "
@@ -224,9 +233,10 @@ def started_settings(
     return uri, config if isinstance(config, dict) else None, gates if isinstance(gates, dict) else {}
 
 
-def claim_run_checkpoints(cfg: Config) -> None:
+def claim_run_checkpoints(cfg: Config, field: str = "") -> None:
     """Claim the run's checkpoint prefix before any step starts: a prefix another run owns is
-    refused now, naming that run, not after data prep (trainer.checkpoint.claim_prefix)."""
+    refused now, naming that run, not after data prep (trainer.checkpoint.claim_prefix). A store
+    error names `field`, the setting that chose the prefix (else the run's store)."""
     if not cfg.checkpoint.enabled:
         return
     from trainer.checkpoint_owner import CheckpointError, claim_prefix
@@ -237,6 +247,8 @@ def claim_run_checkpoints(cfg: Config) -> None:
         claim_prefix(store_for(cfg, uri), uri, cfg.checkpoint.owner, resume=cfg.checkpoint.resume)
     except CheckpointError as exc:  # the config points at a prefix this run may not use
         raise ConfigError(str(exc)) from None
+    except StoreError as exc:  # the first write under it: a file in place of a folder, say
+        raise _where_runs_live(cfg, exc, field) from None
 
 
 def run_log(cfg: Config, run_id: str, local_root: str = DEFAULT_LOCAL_ROOT) -> tuple[str, Path]:
@@ -550,8 +562,9 @@ def run_local(
     check_owner(cfg, run_id)
     cfg = preflight(own_checkpoints_first(cfg, run_id, local_root), local_root)
     check_own_checkpoint(cfg, run_id, local_root)
+    chosen = "checkpoint.uri" if cfg.checkpoint.uri else ""
     cfg = with_run_checkpoints(cfg, run_id, local_root)
-    claim_run_checkpoints(cfg)
+    claim_run_checkpoints(cfg, chosen)
     record_started(cfg, run_id, local_root, given, gates)
     on_start()
     summary = {**_run_pipeline(cfg, local_root, min_accuracy, max_perplexity), "run_id": run_id}
@@ -575,7 +588,8 @@ def running_alone(root: str, run_id: str) -> Iterator[None]:
     import hashlib
 
     folder = LOCK_FOLDER if os.path.isdir(LOCK_FOLDER) else tempfile.gettempdir()
-    path = os.path.join(folder, f"kftrain-run-{hashlib.sha256(root.encode()).hexdigest()[:24]}.lock")
+    key = place_of(root) or root  # one lock however the store is written (`st`, `./st/`, a link to it)
+    path = os.path.join(folder, f"kftrain-run-{hashlib.sha256(key.encode()).hexdigest()[:24]}.lock")
     while True:
         try:
             try:
@@ -708,7 +722,6 @@ def _task_output(folder: Path, task: str, name: str, parameter: bool = False) ->
     return artifacts[0]["uri"] if artifacts else None
 
 
-def write_summary(summary: dict[str, Any], path: str) -> None:
-    """The run summary as JSON (artifact URIs and final metrics)."""
-    Path(path).parent.mkdir(parents=True, exist_ok=True)
-    Path(path).write_text(json.dumps(summary, indent=2, sort_keys=True) + "\n")
+def summary_json(summary: dict[str, Any]) -> str:
+    """The run summary's file text (artifact URIs and final metrics): what `--summary` writes."""
+    return json.dumps(summary, indent=2, sort_keys=True) + "\n"

@@ -31,7 +31,7 @@ from trainer.credentials import credential_in
 from trainer.errors import KftrainError, redact
 from trainer.launch.failures import DEFAULT_MAX_RESTARTS, budget_check
 from trainer.partitions import partition_problem
-from trainer.storage import RetryPolicy, endpoint_problem, parse_uri
+from trainer.storage import RetryPolicy, endpoint_problem, parse_uri, same_place
 from trainer.tokenizer import parse_spec as parse_tokenizer_spec
 
 #: `job.nccl_debug`: the levels NCCL's `ncclDebugInit` recognises (ignoring case; any other value
@@ -1364,9 +1364,9 @@ def to_dict(cfg: Any) -> dict[str, Any]:
     return dataclasses.asdict(cfg)
 
 
-#: Fields that name a place: one local file written two ways (`data.csv`, `./data.csv`, its
-#: absolute path) is the same setting.
-LOCATION_FIELDS = ("data.source", "model.init_from")
+#: Fields that name a place: one place written two ways (`data.csv`, `./data.csv`, its absolute
+#: path; `s3://b/x` and `s3://b/x/`) is the same setting.
+LOCATION_FIELDS = ("data.source", "model.init_from", "store.uri", "checkpoint.uri")
 #: Fields whose lists are sets: peft adapts the layers named in any order (its own
 #: `adapter_config.json`, which kftrain exports, lists them sorted).
 SET_FIELDS = ("lora.target_modules",)
@@ -1375,19 +1375,21 @@ SET_FIELDS = ("lora.target_modules",)
 def same_setting(field: str, old: Any, new: Any) -> bool:
     """Whether a resumed checkpoint's `old` value of config `field` is the `new` one: equal, for a
     :data:`SET_FIELDS` list the same names in any order, or for a :data:`LOCATION_FIELDS` path the
-    same place (as :func:`trainer.storage.parse_uri` resolves it; a URI, a built-in source name or
-    an `hf://` id as written)."""
+    same place (:func:`trainer.storage.same_place`; a built-in source name or an `hf://` id as
+    written), for `store.endpoint` the same server (a trailing '/' aside)."""
     if old == new:
         return True
     if field in SET_FIELDS and isinstance(old, list) and isinstance(new, list):
         return set(old) == set(new)
-    if field not in LOCATION_FIELDS or not (isinstance(old, str) and isinstance(new, str)):
+    if not (isinstance(old, str) and isinstance(new, str)):
         return False
+    if field == "store.endpoint":
+        return old.rstrip("/").lower() == new.rstrip("/").lower()
     from trainer.data_rules import BUILTIN_SOURCES
 
-    if any("://" in v or v in BUILTIN_SOURCES or not v.strip() for v in (old, new)):
-        return False  # a URI or a built-in source (`digits`): as written
-    return parse_uri(old).key == parse_uri(new).key
+    if field not in LOCATION_FIELDS or any(v in BUILTIN_SOURCES or not v.strip() for v in (old, new)):
+        return False  # a built-in source (`digits`), or unset: as written
+    return same_place(old, new)
 
 
 def flatten_config(tree: dict[str, Any], prefix: str = "") -> dict[str, Any]:

@@ -178,12 +178,31 @@ def parse_uri(uri: str) -> Location:
         )
     if parts.query or parts.fragment:
         raise ValueError(f"storage URI {uri!r} must not have a query or fragment")
-    key = parts.path.lstrip("/")
-    if "//" in key:
+    key = parts.path[1:]  # the one '/' after the bucket; `s3://b//k` keeps its empty segment
+    if "//" in key or key.startswith("/"):
         raise ValueError(f"storage URI {uri!r} has an empty path segment ('//')")
     if any(seg in (".", "..") for seg in key.split("/")):
         raise ValueError(f"storage URI {uri!r} has a '.' or '..' path segment: object keys are not paths; remove it")
     return Location(scheme, bucket, key)
+
+
+def place_of(uri: str) -> str | None:
+    """One spelling of the place a store URI or path names, for telling whether two settings name
+    the same one (`st`, `./st/`, its absolute path and a link to it; `s3://b/x` and `s3://b/x/`):
+    a local path absolute with its links resolved, an object-store URI without a trailing '/'.
+    None where `uri` is no store URI (an `hf://` id, a malformed one)."""
+    try:
+        loc = parse_uri(uri)
+    except ValueError:
+        return None
+    if loc.is_remote:
+        return f"{loc.scheme}://{loc.bucket}/{loc.key.rstrip('/')}"
+    return os.path.realpath(loc.key)
+
+
+def same_place(a: str, b: str) -> bool:
+    """Whether store URIs or paths `a` and `b` name one place (:func:`place_of`)."""
+    return a == b or (place_of(a) is not None and place_of(a) == place_of(b))
 
 
 def join_uri(base: str, *parts: str) -> str:
@@ -299,12 +318,23 @@ class LocalStore:
         return Path(loc.key)
 
     @staticmethod
+    def _make_folders(dest: Path) -> None:
+        """Make the folders of file `dest`; a file standing in place of one is a StoreError naming
+        it (was: `[Errno 20] Not a directory` of `dest`, or `[Errno 17] File exists`)."""
+        try:
+            dest.parent.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            blocker = _nearest_existing(dest.parent)
+            why = f"{blocker} is a file, not a folder: move it, or write elsewhere" if not blocker.is_dir() else ""
+            raise StoreError(f"cannot write {dest}: {why or exc.strerror or exc}") from None
+
+    @staticmethod
     def _replace_atomically(dest: Path, write: Callable[[Path], None]) -> None:
         """Write a temporary file beside `dest`, then rename it over `dest`: readers see the old
         object or the whole new one. The temporary name is neutral (not `dest`'s): a writer
         killed mid-write leaves a `.kftrain-*.tmp` that no reader globbing for `dest`'s kind
         (TensorBoard's `*tfevents*`, shard patterns) mistakes for an object."""
-        dest.parent.mkdir(parents=True, exist_ok=True)
+        LocalStore._make_folders(dest)
         fd, name = _new_temp_file(dest.parent)
         os.close(fd)
         tmp = Path(name)
@@ -320,7 +350,7 @@ class LocalStore:
 
     def put_bytes_if_absent(self, uri: str, data: bytes) -> bool:
         dest = self._path(uri)
-        dest.parent.mkdir(parents=True, exist_ok=True)
+        self._make_folders(dest)
         fd, name = _new_temp_file(dest.parent)
         try:
             with os.fdopen(fd, "wb") as f:
@@ -390,10 +420,7 @@ class LocalStore:
         """Whether a write under `uri` can succeed; leaves nothing behind (the first write makes the
         folders): a folder is made and removed again in the nearest one that exists, as the
         permission bits do not tell (root may write anywhere by them, and not in /proc)."""
-        path = self._path(uri)
-        existing = path
-        while not existing.exists() and existing != existing.parent:
-            existing = existing.parent
+        existing = _nearest_existing(self._path(uri))
         if not existing.is_dir():
             raise StoreError(f"cannot write under {uri}: {existing} is a file, not a folder")
         if not os.access(existing, os.W_OK | os.X_OK):
@@ -404,6 +431,13 @@ class LocalStore:
             raise StoreError(
                 f"cannot write under {uri}: a folder in {existing} cannot be made ({exc.strerror})"
             ) from None
+
+
+def _nearest_existing(path: Path) -> Path:
+    """`path`, or its nearest ancestor that exists."""
+    while not path.exists() and path != path.parent:
+        path = path.parent
+    return path
 
 
 def is_transient(exc: BaseException) -> bool:

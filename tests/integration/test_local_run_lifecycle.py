@@ -268,8 +268,12 @@ def test_a_second_start_of_a_running_run_is_refused_until_the_first_is_gone_howe
     try:
         assert first.stdout.readline() == "holding\n"
         refused = rf"--run-id r1: the run is running already on this machine \(process {first.pid}, started [0-9:]+\)"
-        with pytest.raises(ConfigError, match=refused), running_alone(root, "r1"):
-            pass
+        # However the store is written: with a '/' after it, relative, through a link (was: each
+        # spelling its own lock, and two starts trained into one prefix at once).
+        (tmp_path / "link").symlink_to(tmp_path / "out")
+        for spelling in (root, f"{root}/", os.path.relpath(root), str(tmp_path / "link" / "runs" / "r1")):
+            with pytest.raises(ConfigError, match=refused), running_alone(spelling, "r1"):
+                pass
         with running_alone(str(tmp_path / "out" / "runs" / "r2"), "r2"):  # another run: its own lock
             pass
     finally:

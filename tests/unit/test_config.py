@@ -387,3 +387,35 @@ def test_a_config_file_in_another_encoding_names_the_line_and_the_fix(tmp_path, 
     (tmp_path / "c.yaml").write_bytes(raw)
     with pytest.raises(ConfigError, match=rf"--config .*c.yaml: {said} .*; save it as UTF-8$"):
         read_config_file(tmp_path / "c.yaml")
+
+
+@pytest.mark.parametrize(
+    ("field", "old", "new", "same"),
+    [
+        ("store.uri", "st3", "st3/", True),  # was: "that run finished with other settings: store.uri"
+        ("store.uri", "st3", "./st3", True),
+        ("store.uri", "st3", "{tmp}/st3", True),
+        ("store.uri", "s3://bkt/x", "s3://bkt/x/", True),
+        ("store.uri", "s3://bkt/x", "s3://bkt/y", False),
+        ("checkpoint.uri", "st3/runs/r3/checkpoints", "{tmp}/st3/runs/r3/checkpoints/", True),
+        ("checkpoint.uri", "st3/runs/r3/checkpoints", "st3/runs/r4/checkpoints", False),
+        ("store.endpoint", "http://127.0.0.1:9000", "http://127.0.0.1:9000/", True),
+        ("store.endpoint", "http://127.0.0.1:9000", "http://127.0.0.1:9001", False),
+        ("data.source", "corpus.txt", "./corpus.txt", True),
+        ("data.source", "digits", "./digits", False),  # the built-in set, or a folder of that name
+        ("model.init_from", "hf://org/m", "hf://org/m@main", False),
+        ("lora.target_modules", ["q_proj", "v_proj"], ["v_proj", "q_proj"], True),
+        ("train.epochs", 2, 3, False),
+        ("job.image", "img", "./img", False),  # not a place
+    ],
+)
+def test_a_setting_written_another_way_for_the_same_place_is_the_same_setting(
+    tmp_path, monkeypatch, field, old, new, same
+):
+    """What `--run-id` and a resume compare: one place, or server, however written."""
+    from trainer.config import same_setting
+
+    monkeypatch.chdir(tmp_path)
+    old, new = (v.format(tmp=tmp_path) if isinstance(v, str) else v for v in (old, new))
+    assert same_setting(field, old, new) is same
+    assert same_setting(field, new, old) is same

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from pipelines.cli import build_parser, main
+from pipelines.cli import PLAN_FILE, SUMMARY_FILE, OutputError, build_parser, main, write_output
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -430,6 +430,76 @@ def test_an_output_file_overwrites_only_an_earlier_output_of_its_kind(
     (tmp_path / "empty").write_text("")  # an empty file (`mktemp`'s) holds nothing to lose
     for target in ("earlier", "empty", os.devnull):  # a device is written to, never read
         assert build_parser().parse_args([*flag, target])
+
+
+@pytest.mark.parametrize(("what", "earlier"), [SUMMARY_FILE, PLAN_FILE], ids=["run --summary", "plan --output"])
+@pytest.mark.parametrize(
+    ("made_meanwhile", "kept"),
+    [
+        (None, False),  # still absent: created
+        ("", False),  # an empty file (`mktemp`'s): written
+        ("earlier", False),  # the same command's earlier output: replaced
+        ('{"my": "thesis data"}', True),  # the user's, made while the run ran: kept
+    ],
+    ids=["absent", "empty", "earlier", "user's"],
+)
+def test_an_output_written_at_the_end_keeps_a_users_file_made_meanwhile(tmp_path, what, earlier, made_meanwhile, kept):
+    """Checked as the command starts (above) and again as it writes, which may be hours later
+    (was: a file made there meanwhile was overwritten in silence)."""
+    target = tmp_path / "sub" / "out.json"
+    if made_meanwhile is not None:
+        target.parent.mkdir()
+        content = made_meanwhile
+        if made_meanwhile == "earlier":
+            content = '{"artifacts": {}, "metrics": {}, "exported": true, "quality_gate": "x"}'
+            content = content if what == "a run summary" else "# Training plan\n"
+        target.write_text(content)
+    if kept:
+        with pytest.raises(OutputError, match=rf"--flag: {target} was made while the command ran and is not {what}"):
+            write_output("--flag", str(target), "NEW\n", what, earlier)
+        assert target.read_text() == made_meanwhile
+    else:
+        write_output("--flag", str(target), "NEW\n", what, earlier)
+        assert target.read_text() == "NEW\n"
+
+
+@pytest.mark.parametrize(
+    ("summary", "store"),
+    [
+        ("od", ""),  # the output folder the run makes
+        ("od/runs", ""),
+        ("od/runs/r1", ""),  # the run's own folder
+        ("st/runs", "./st/"),  # a local store's
+        ("st", "st"),
+        ("st", "st/x"),  # a folder above the store
+    ],
+)
+def test_a_summary_path_that_the_run_makes_a_folder_is_refused_before_any_step(
+    tmp_path, monkeypatch, capsys, summary, store
+):
+    """Was: the whole run, then `--summary: cannot write od: Is a directory`, exit 1."""
+    monkeypatch.chdir(tmp_path)
+    where = ["--store", store] if store else ["--output-dir", "od"]
+    assert main(["run", "--local", *where, "--run-id", "r1", "--summary", summary]) == 2
+    err = capsys.readouterr().err.strip().splitlines()[-1]
+    assert err.startswith(f"kftrain: error: --summary {summary}: the run makes that folder"), err
+    assert not list(tmp_path.iterdir())  # nothing ran
+
+
+def test_submit_names_the_config_file_whose_yaml_is_broken(tmp_path, capsys):
+    """Was: `the run's parameters are invalid: config: not valid YAML`, naming neither --config
+    nor the file (`run` names it)."""
+    (tmp_path / "tab.yaml").write_text("train:\n\tepochs: 2\n")
+    assert main(["submit", "--host", "http://127.0.0.1:9", "--config", str(tmp_path / "tab.yaml")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith(f"kftrain: error: {tmp_path / 'tab.yaml'}: not valid YAML"), err
+
+
+def test_job_manifest_says_nothing_but_the_error_when_it_refuses(capsys):
+    """The placeholder-store note comes with a manifest, not before an error it has nothing to do with."""
+    assert main(["job", "manifest", "--kind", "pytorchjob", "--name", "Bad_Name"]) == 2
+    err = capsys.readouterr().err
+    assert "note" not in err and err.startswith("kftrain: error: job name 'Bad_Name'"), err
 
 
 def test_example_model_keeps_what_is_not_its_example(tmp_path, monkeypatch, capsys):
@@ -890,12 +960,14 @@ def test_a_summary_that_cannot_be_written_at_the_end_fails_the_run_after_its_lin
     refused before any step, and no artifacts or metrics on the terminal)."""
     import errno
 
-    def full_disk(summary, path):
-        raise OSError(errno.ENOSPC, "No space left on device", path)
+    def full_disk(path, *args, **kwargs):
+        if Path(path).name != "s.json":
+            return open(path, *args, **kwargs)
+        raise OSError(errno.ENOSPC, "No space left on device", "s.json")
 
     monkeypatch.chdir(tmp_path)
     _no_process_watch(monkeypatch, runs=True)
-    monkeypatch.setattr("pipelines.local_run.write_summary", full_disk)
+    monkeypatch.setattr("pipelines.cli.open", full_disk, raising=False)  # the module's own `open` only
     rc = main(["run", "--local", "--output-dir", "out", "--run-id", "r1", "--summary", "s.json"])
     out, err = capsys.readouterr()
     assert rc == 1, err

@@ -181,6 +181,16 @@ def test_compile_replaces_only_its_own_earlier_output_and_writes_nothing_when_re
     assert not list((tmp_path / "fresh").glob(".kftrain-compile-*"))
 
 
+def test_an_output_folder_named_through_a_link_is_written_in(tmp_path):
+    """The folder the user names may be a link (a work folder often is): the files go into the
+    folder it points at (was: refused, "move those files", with no files to move). Links inside it
+    stay refused (above)."""
+    (tmp_path / "real").mkdir()
+    (tmp_path / "link").symlink_to(tmp_path / "real")
+    paths = compile_all(tmp_path / "link")
+    assert paths and all(p.is_relative_to(tmp_path / "real") and p.is_file() for p in paths)
+
+
 def test_an_earlier_compile_with_crlf_line_ends_is_replaced(tmp_path):
     """A checkout with `core.autocrlf` ends the committed files' lines with CRLF: still the compile's own."""
     paths = compile_all(tmp_path)

@@ -13,6 +13,7 @@ from trainer.storage import (
     _cause,
     join_uri,
     parse_uri,
+    same_place,
 )
 
 # Every S3 test here runs on moto and on Ceph's RADOS Gateway (tests/conftest.py).
@@ -52,6 +53,10 @@ def test_relative_paths_become_absolute(tmp_path, monkeypatch):
         ("s3://ab-.cd/x", "invalid bucket name 'ab-.cd'"),
         ("s3://10.0.0.1/x", "invalid bucket name '10.0.0.1'"),
         ("s3://bucket/a//b", "empty path segment"),
+        # Right after the bucket too (was: taken as s3://bucket/x, and `kftrain runs` of it cut
+        # the first letter off every run id it listed).
+        ("s3://bucket//x", "empty path segment"),
+        ("s3://bucket//", "empty path segment"),
         ("s3://bucket/a?x=1", "query or fragment"),
         ("file://host/x", "names a host"),
         # A slash short is not a local folder named `s3:` (every flag and field reads URIs here).
@@ -66,6 +71,50 @@ def test_malformed_uris_are_rejected_with_the_accepted_forms(uri, message):
     with pytest.raises(ValueError, match=None) as info:
         parse_uri(uri)
     assert message in str(info.value)
+
+
+@pytest.mark.parametrize(
+    ("a", "b", "same"),
+    [
+        ("st", "./st/", True),
+        ("st", "{tmp}/st", True),
+        ("st", "link", True),  # a link to it
+        ("st", "file://{tmp}/st", True),
+        ("st", "st2", False),
+        ("s3://bk1/x", "s3://bk1/x/", True),
+        ("s3://bk1/x", "s3://bk1/y", False),
+        ("s3://bk1/x", "s3://bk2/x", False),
+        ("s3://bk1/x", "minio://bk1/x", False),  # KFP's store, or the endpoint's: not told apart here
+        ("hf://org/m", "hf://org/m/", False),  # no store place: equal as written only
+    ],
+)
+def test_same_place_reads_one_place_however_it_is_written(tmp_path, monkeypatch, a, b, same):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "st").mkdir()
+    (tmp_path / "link").symlink_to(tmp_path / "st")
+    a, b = a.format(tmp=tmp_path), b.format(tmp=tmp_path)
+    assert same_place(a, b) is same and same_place(b, a) is same
+    assert same_place(a, a)
+
+
+@pytest.mark.parametrize(
+    "write",
+    [
+        lambda store, uri, src: store.put_bytes(uri, b"x"),
+        lambda store, uri, src: store.put_bytes_if_absent(uri, b"x"),
+        lambda store, uri, src: store.put_file(uri, src),
+    ],
+    ids=["put_bytes", "put_bytes_if_absent", "put_file"],
+)
+@pytest.mark.parametrize("depth", ["runs/r1/checkpoints/owner", "runs/owner"], ids=["deeper", "the parent"])
+def test_a_local_write_blocked_by_a_file_where_a_folder_goes_names_that_file(tmp_path, write, depth):
+    """Was: `[Errno 20] Not a directory` (or `[Errno 17] File exists`) of the object's path, the
+    user's file that stands in the way unnamed."""
+    (tmp_path / "runs").write_text("mine\n")
+    (tmp_path / "src").write_text("data")
+    with pytest.raises(StoreError, match=rf"{tmp_path / 'runs'} is a file, not a folder: move it, or write elsewhere"):
+        write(LocalStore(), str(tmp_path / depth / "x.json"), tmp_path / "src")
+    assert (tmp_path / "runs").read_text() == "mine\n"
 
 
 def test_join_uri():
