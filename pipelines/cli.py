@@ -120,8 +120,9 @@ def _load_with_flags(
         under = [flag for field, (flag, _) in flags.items() if field.startswith(lead + ".")]
         if named or under:
             flag = (named or under)[0]
-            if flag.startswith("--set ") and message.startswith(flag.removeprefix("--set ") + ":"):
-                raise ConfigError(f"--set {message}") from None  # the field once: `--set job.replicas: ...`
+            if flag.startswith("--set ") and re.match(rf"{re.escape(flag.removeprefix('--set '))}[:.\[]", message):
+                # The field once: `--set job.replicas: ...`, `--set kubernetes.env.A: ...` for a mapping's entry.
+                raise ConfigError(f"--set {message}") from None
             raise ConfigError(f"{flag}: {message}") from None
         raise
 
@@ -702,13 +703,14 @@ def _node_counts(text: str) -> list[int]:
 
 
 def _price(text: str) -> float:
-    """A price per GPU-hour, >= 0."""
+    """A price per GPU-hour, > 0 (0 would mean none: a cost column left out, in silence)."""
     from trainer.config import MAX_GPU_HOUR_PRICE
 
     value = _number(text)
-    if not 0 <= value <= MAX_GPU_HOUR_PRICE:
+    if not 0 < value <= MAX_GPU_HOUR_PRICE:
         raise argparse.ArgumentTypeError(
-            f"must be a price >= 0 per GPU-hour, at most {MAX_GPU_HOUR_PRICE:g}, e.g. 3.5, got {text!r}"
+            f"must be a price > 0 per GPU-hour, at most {MAX_GPU_HOUR_PRICE:g}, e.g. 3.5 (leave --price out for no "
+            f"cost), got {text!r}"
         )
     return value
 
@@ -986,6 +988,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument(
         "--dataset",
+        type=_nonempty,
         metavar="URI",
         help="a prepared dataset (data prep's output): the model's real shape and the epoch's length (the ETA)",
     )

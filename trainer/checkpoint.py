@@ -575,10 +575,7 @@ class StoreReader(FileSystemReader):
         if self._progress is not None:
             self._progress.add(size)
         if size != part["bytes"] or _sha256(tmp) != part["sha256"]:
-            raise CheckpointError(
-                f"{join_uri(self._folder, name)} does not match its size and sha256 in {COMMIT}: "
-                "the checkpoint was changed after it was committed"
-            )
+            raise self._changed(f"{join_uri(self._folder, name)} does not match its size and sha256")
         tmp.rename(path)  # over a partial copy, if any
         self._blocks.pop(name, None)
         self._whole.add(name)
@@ -615,16 +612,21 @@ class StoreReader(FileSystemReader):
                         break  # the object is shorter than committed
                 # A block that fails stays out of `have`: its bytes are never read, only refetched.
                 if got != end - start or digest.hexdigest() != hashes[i]:
-                    raise CheckpointError(
-                        f"{uri} block {i} (bytes {start}..{end}) does not match its sha256 in {COMMIT}: "
-                        "the checkpoint was changed after it was committed"
-                    )
+                    raise self._changed(f"{uri} block {i} (bytes {start}..{end}) does not match its sha256")
                 have.add(i)
         if len(have) == len(hashes):
             self._whole.add(name)
             del self._blocks[name]
         self._note(name)
         return path
+
+    def _changed(self, what: str) -> CheckpointError:
+        """A part whose bytes are not the committed ones: the step is damaged for good (a retry
+        reads the same bytes), so the error says how to go back to the step before it."""
+        return CheckpointError(
+            f"{what} in {COMMIT}: the checkpoint was changed after it was committed; delete {self._folder} to resume "
+            "from the checkpoint before it"
+        )
 
     def _note(self, name: str) -> None:
         if name not in self.fetched:

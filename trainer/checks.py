@@ -522,14 +522,15 @@ def _check_lora_rank(cfg: Config, model: Any) -> None:
         )
 
 
-def _check_merge(cfg: Config, model: Any, copies: set[str]) -> None:
-    """`export.merge_lora` with an adapter on a tied copy of a weight (`lm_head` tied to the
-    embeddings): merging would untie them, which a merged folder cannot hold; found now, not at
-    export after the whole run."""
+def _check_merge(cfg: Config, model: Any, shared: set[str]) -> None:
+    """`export.merge_lora` with an adapter on either side of a weight tie (`lm_head` tied to the
+    embeddings, or the embeddings themselves): merging its change into the one tensor would change
+    the other side too, which the trained model never did (was: the embeddings' adapter merged,
+    and the exported model's loss far from the reported one); found now, not at export."""
     if not cfg.export.merge_lora:
         return
     adapted = [n for n, m in model.named_modules() if hasattr(m, "lora_A") or hasattr(m, "lora_embedding_A")]
-    clash = sorted(c for c in copies if any(a == c or a.endswith("." + c) for a in adapted))
+    clash = sorted(c for c in shared if any(a == c or a.endswith("." + c) for a in adapted))
     if clash:
         raise ConfigError(
             f"export.merge_lora: the adapter on {clash[0]!r} changes a weight tied to another one, which a merged "
@@ -537,9 +538,9 @@ def _check_merge(cfg: Config, model: Any, copies: set[str]) -> None:
         )
 
 
-def _check_weights(origin: str, model: Any, index: dict[str, TensorEntry]) -> set[str]:
+def _check_weights(origin: str, model: Any, index: dict[str, TensorEntry]) -> None:
     """The folder's safetensors hold every tensor `model` (built from its config.json, on the meta
-    device) needs, in its shape; a tied copy is said once, in a warning. Returns the tied names."""
+    device) needs, in its shape; a tied copy is said once, in a warning."""
     from trainer import pretrained
     from trainer.model_io import tied_names
 
@@ -569,7 +570,6 @@ def _check_weights(origin: str, model: Any, index: dict[str, TensorEntry]) -> se
                 f"{entry.uri}: tensor {key!r} has shape {list(entry.shape)}, the model built from config.json "
                 f"expects {list(tensor.shape)}; the folder's weights and config.json disagree"
             )
-    return tied
 
 
 def _check_modules(cfg: Config, source: ModelSource, config: dict[str, Any], index: dict[str, TensorEntry]) -> int:
@@ -580,6 +580,7 @@ def _check_modules(cfg: Config, source: ModelSource, config: dict[str, Any], ind
     import torch
 
     from trainer import pretrained
+    from trainer.model_io import shared_names
     from trainer.tasks.pretrained_lm import apply_lora
 
     origin = cfg.model.init_from
@@ -588,11 +589,11 @@ def _check_modules(cfg: Config, source: ModelSource, config: dict[str, Any], ind
         model = pretrained.build_on_meta(config, torch.float32, source)  # its errors name the folder
         # The weights against config.json first: a folder of another architecture is said as such,
         # not as layers its config lacks (`lora.target_modules`).
-        tied = _check_weights(origin, model, index)
+        _check_weights(origin, model, index)
         if cfg.train.method == "lora":
             linear = {name.rsplit(".", 1)[-1] for name, m in model.named_modules() if _linear(m)}
             _check_lora_targets(cfg, dict(model.named_modules()), linear)
-            copies = {name.removesuffix(".weight") for name in tied}  # `lm_head` tied to embeddings
+            shared = {name.removesuffix(".weight") for name in shared_names(model)}  # both sides of a tie
             try:
                 model = apply_lora(model, dataclasses.asdict(cfg.lora))
             except pretrained.PretrainedError as exc:
@@ -601,5 +602,5 @@ def _check_modules(cfg: Config, source: ModelSource, config: dict[str, Any], ind
                     "path component)"
                 ) from None
             _check_lora_rank(cfg, model)
-            _check_merge(cfg, model, copies)
+            _check_merge(cfg, model, shared)
     return sum(p.numel() for p in model.parameters() if p.requires_grad) if cfg.train.method == "lora" else 0

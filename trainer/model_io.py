@@ -80,6 +80,15 @@ def tied_names(model: nn.Module) -> set[str]:
     return tied
 
 
+def shared_names(model: nn.Module) -> set[str]:
+    """Every name of a parameter registered under more than one: both sides of a weight tie (the
+    embeddings and `lm_head`), where :func:`tied_names` has the copies only."""
+    names: dict[int, list[str]] = {}
+    for name, p in model.named_parameters(remove_duplicate=False):
+        names.setdefault(id(p), []).append(name)
+    return {name for group in names.values() if len(group) > 1 for name in group}
+
+
 def weights(model: nn.Module, state: dict[str, torch.Tensor] | None = None) -> dict[str, torch.Tensor]:
     """The state dict (`state`, or the model's own) for a safetensors file: on the CPU,
     contiguous, each tied tensor once."""

@@ -386,6 +386,29 @@ CASES = [
         {MASTER_POD: ["[rank 0] stopped by SIGTERM at step 40: checkpoint committed 3.10s after the signal"]},
         failures.PREEMPTED,
     ),
+    # A training process killed by a signal is its own failure, not its peers' (was: unknown, ranked
+    # below the collective its peer then failed, and the job re-created to be killed again).
+    (
+        "a rank killed by SIGKILL (the OOM killer, the container alive), its peer's collective failed",
+        [pod(state=exited(1)), pod(name=MASTER_POD, state=exited(1))],
+        [],
+        {POD: torchrun_summary(-9), MASTER_POD: torchrun_summary(exit_codes.COLLECTIVE_TIMEOUT)},
+        failures.OOM,
+    ),
+    (
+        "a rank killed by SIGKILL, the master's own exit 1",
+        [pod(name=MASTER_POD, state=exited(1)), pod(state=exited(1))],
+        [],
+        {POD: torchrun_summary(-9), MASTER_POD: torchrun_summary(1)},
+        failures.OOM,
+    ),
+    (
+        "a rank crashed (SIGBUS: /dev/shm full), its peer's collective failed",
+        [pod(state=exited(1)), pod(name=MASTER_POD, state=exited(1))],
+        [],
+        {POD: torchrun_summary(-7), MASTER_POD: torchrun_summary(exit_codes.COLLECTIVE_TIMEOUT)},
+        failures.USER_ERROR,
+    ),
     (
         "a container's exit 1 alone",
         [pod(state=exited(1))],

@@ -16,6 +16,7 @@ from dataclasses import replace
 import pytest
 
 from tests.fake_kube import FakeCluster, api_error
+from tests.unit.test_launch_failures import torchrun_summary
 from tests.unit.test_launch_kubernetes import NAME, make, running_then
 from trainer.launch.backend import JobCancelled, JobFailed, JobTimeout, run_job
 from trainer.launch.logstream import MAX_LINE_BYTES, LogStreams
@@ -181,6 +182,16 @@ def test_re_creation_waits_for_the_old_pods_termination_grace(grace):
     cluster.timeline = [preempted_once]
     run_job(backend, replace(spec, timeout_s=4 * 3600))
     assert f"kftrain: PyTorchJob {NAME} succeeded" in lines
+
+
+def test_no_job_is_re_created_once_the_wait_for_the_old_ones_deletion_spent_the_run_s_time():
+    """Was: created after the deadline (activeDeadlineSeconds 1), its pods scheduled for nothing."""
+    cluster = FakeCluster(deletion_seconds=300)  # longer than the run has left
+    backend, spec, _ = make(cluster, **{"kubernetes.termination_grace_seconds": 60, "kubernetes.poll_seconds": 5})
+    cluster.timeline = [preempted_once]
+    with pytest.raises(JobFailed, match=r"not re-created: the job's deadline has passed \(200s, job.timeout_seconds\)"):
+        run_job(backend, replace(spec, timeout_s=200))
+    assert creates(cluster) == 1
 
 
 def test_a_deletion_that_never_completes_says_what_holds_it():
@@ -598,22 +609,37 @@ def test_pods_of_an_earlier_jobset_restart_still_listed_are_not_evidence():
     assert [p.metadata.labels[JOBSET_RESTART_LABEL] for p in latest] == ["1", "1"]
 
 
-def test_the_error_shows_the_log_of_the_replica_its_cause_names():
+@pytest.mark.parametrize(
+    ("worker", "code", "cause"),
+    [
+        ({"exit_code": 1, "logs": ["kftrain-error: train: shard 17 is corrupt"]}, 1, "user_error"),
+        # Container-level evidence (`pod NAME container C: ...`; was: the master's log shown).
+        (
+            {"exit_code": 137, "terminated_reason": "OOMKilled", "logs": ["[rank 1] step 400 shard 17 is corrupt"]},
+            137,
+            "oom",
+        ),
+        ({"exit_code": 1, "logs": ["[rank 1] shard 17 is corrupt", *torchrun_summary(-9)]}, 1, "oom"),
+    ],
+    ids=["its own error", "OOMKilled", "a rank SIGKILLed"],
+)
+def test_the_error_shows_the_log_of_the_replica_its_cause_names(worker, code, cause):
     cluster = FakeCluster()
     backend, spec, _ = make(cluster)
 
-    def fail(c: FakeCluster) -> None:  # the worker's own error; the operator then stops the master
+    def fail(c: FakeCluster) -> None:  # the worker's own failure; the operator then stops the master
         c.add_pod(NAME, "master", 0, "Failed", exit_code=143, logs=["[rank 0] stopped by SIGTERM at step 401"])
-        c.add_pod(NAME, "worker", 0, "Failed", exit_code=1, logs=["kftrain-error: train: shard 17 is corrupt"])
+        c.add_pod(NAME, "worker", 0, "Failed", **worker)
         c.set_condition(NAME, "Failed", "PyTorchJobFailed", "1 Worker replica(s) failed")
 
     cluster.timeline = [fail]
     with pytest.raises(JobFailed) as err:
         run_job(backend, replace(spec, timeout_s=600))
     message = str(err.value)
-    assert f"pod {NAME}-worker-0" in message.splitlines()[0]
-    assert f"replica worker-0 (pod {NAME}-worker-0) exited with code 1" in message
+    assert f"pod {NAME}-worker-0" in message.splitlines()[0] and f"cause: {cause}" in message.splitlines()[0]
+    assert f"replica worker-0 (pod {NAME}-worker-0) exited with code {code}" in message
     assert "shard 17 is corrupt" in message and "stopped by SIGTERM" not in message
+    assert creates(cluster) == 1  # not re-created: it would fail the same way
 
 
 def test_an_elastic_job_training_on_its_minimum_is_not_failed_for_the_replicas_still_pending():
@@ -734,3 +760,19 @@ def test_a_stream_past_its_read_timeout_is_opened_again_without_a_word():
         [stamped([(f"01.{ns}Z", b"a")], quiet), stamped([(f"01.{ns}Z", b"a"), (f"09.{ns}Z", b"b")])]
     )
     assert len(asked) == 2 and lines == ["[master-0] a", "[master-0] b"]
+
+
+@pytest.mark.parametrize(
+    ("edited", "counted"),
+    [
+        ('{"node_lost": 2, "preempted": 1}', {"node_lost": 2, "preempted": 1}),
+        ('{"node_lost": true}', {}),  # was: 1 re-creation (a bool is an int to Python)
+        ('{"node_lost": -1, "oom": 1.0, "nope": 3}', {}),
+        ("[1]", {}),
+        ("not json", {}),
+    ],
+)
+def test_a_hand_edited_restarts_annotation_counts_only_whole_numbers_of_known_causes(edited, counted):
+    from trainer.launch.kubernetes import RESTARTS_ANNOTATION, _restarts_of
+
+    assert _restarts_of({"metadata": {"annotations": {RESTARTS_ANNOTATION: edited}}}) == counted

@@ -147,9 +147,13 @@ PLAN_BAD_ROWS = [
     (None, ["--gpu-memory", "0"], "argument --gpu-memory: must be a positive number of GiB"),
     (None, ["--gpu-memory", "nan"], "argument --gpu-memory: must be a positive number of GiB"),
     (None, ["--gpu-memory", "lots"], "argument --gpu-memory: must be a number, got 'lots'"),
-    (None, ["--price", "-1"], "argument --price: must be a price >= 0 per GPU-hour"),
-    (None, ["--price", "inf"], "argument --price: must be a price >= 0 per GPU-hour"),
-    (None, ["--price", "1e308"], "argument --price: must be a price >= 0 per GPU-hour, at most 1e+06"),
+    (None, ["--price", "-1"], "argument --price: must be a price > 0 per GPU-hour"),
+    (None, ["--price", "inf"], "argument --price: must be a price > 0 per GPU-hour"),
+    (None, ["--price", "1e308"], "argument --price: must be a price > 0 per GPU-hour, at most 1e+06"),
+    # 0 was taken, and meant no price: the cost column left out in silence.
+    (None, ["--price", "0"], "argument --price: must be a price > 0 per GPU-hour, at most 1e+06, e.g. 3.5 (leave"),
+    # `--dataset "$DS"` with DS unset was ignored: the plan without the dataset, in silence.
+    (None, ["--dataset", ""], "argument --dataset: must not be empty"),
     (None, ["--nodes", "1,100000000"], "argument --nodes: must be positive whole numbers of nodes up to 100000"),
     (None, ["--probe-steps", "0"], "argument --probe-steps: must be a positive whole number of steps"),
     (None, ["--output", " "], "argument --output: must not be empty"),
@@ -665,6 +669,11 @@ def test_a_reader_that_goes_away_ends_the_command_quietly(tmp_path, monkeypatch,
     [
         (["job", "manifest", "--namespace", "My_NS"], "--namespace: kubernetes.namespace: 'My_NS' is not a namespace"),
         (["job", "manifest", "--set", "kubernetes.backoff_limit=-3"], "--set kubernetes.backoff_limit: must be"),
+        # A mapping's entry: the field once (was: `--set kubernetes.max_restarts_by_cause: kubernetes.max_...oom:`).
+        (
+            ["job", "manifest", "--set", "kubernetes.max_restarts_by_cause={oom: 1.5}"],
+            "--set kubernetes.max_restarts_by_cause.oom: must be an integer, got 1.5",
+        ),
         (
             ["job", "manifest", "--set", "kubernetes.queue="],
             "--set kubernetes.queue: must be a string",

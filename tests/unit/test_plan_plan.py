@@ -65,6 +65,18 @@ def test_on_a_gpu_the_weights_gather_in_bf16_and_the_context_counts():
     assert plan.memory.activations < make_plan(gpt("fsdp", 2)).memory.activations
 
 
+def test_fsdp_on_one_rank_is_planned_as_the_unwrapped_model_it_trains():
+    """One rank trains the model unwrapped (no FSDP, no bf16 policy), as DDP does: the same
+    activations (was: FSDP's bf16 weights assumed, 10% fewer), in the one-rank row of a scaling
+    table too; with more ranks FSDP's own."""
+    ddp, fsdp = make_plan(gpt("ddp", 1), gpu="H100"), make_plan(gpt("fsdp", 1), gpu="H100", nodes=(1, 2))
+    assert fsdp.memory.activations == ddp.memory.activations
+    two = make_plan(gpt("fsdp", 2), gpu="H100", nodes=(1, 2))
+    assert fsdp.point(1).memory_total == make_plan(gpt("fsdp", 1), gpu="H100").memory.total
+    assert two.memory.activations < make_plan(gpt("ddp", 2), gpu="H100").memory.activations
+    assert two.point(1).memory_total == fsdp.memory.total
+
+
 @pytest.mark.parametrize("gpu", [None, "H100"])
 def test_fsdp_accumulating_micro_steps_holds_every_whole_gradient_in_fp32(gpu):
     """Micro-steps skip the reduce-scatter (set_requires_gradient_sync(False)): FSDP2 keeps each

@@ -267,7 +267,15 @@ class Topology:
 
 
 def topology(environ: Mapping[str, str] = os.environ) -> Topology:
-    """This process's ranks from the torchrun / PyTorchJob environment (rank 0 of 1 without one)."""
+    """This process's ranks from the torchrun / PyTorchJob environment (rank 0 of 1 without one),
+    with where they meet checked (:func:`_check_rendezvous`)."""
+    topo = _ranks(environ)
+    if topo.size > 1 or "MASTER_ADDR" in environ:
+        _check_rendezvous(environ)
+    return topo
+
+
+def _ranks(environ: Mapping[str, str]) -> Topology:
     world = _env_int(environ, "WORLD_SIZE", 1, minimum=1)
     rank_ = _env_int(environ, "RANK", 0, minimum=0)
     if rank_ >= world:
@@ -306,6 +314,21 @@ def topology(environ: Mapping[str, str] = os.environ) -> Topology:
         )
     # One process per pod: the operator's RANK/WORLD_SIZE are process ranks, each pod a node.
     return Topology(rank=rank_, size=world, local_rank=0, local_size=1, cross_rank=rank_, cross_size=world)
+
+
+def _check_rendezvous(environ: Mapping[str, str]) -> None:
+    """MASTER_ADDR and MASTER_PORT, where the ranks meet (torch's env:// rendezvous; torchrun and
+    the operator set both), are given and well formed (was: torch's traceback, `MASTER_ADDR
+    expected`, or `invalid literal for int()` naming no variable)."""
+    if not environ.get("MASTER_ADDR", "").strip():
+        raise HorovodEnvironmentError(
+            "MASTER_ADDR is not set: the ranks meet at rank 0's address (MASTER_ADDR, MASTER_PORT), which torchrun "
+            "and the Training Operator set; start the script through them, or set both"
+        )
+    if "MASTER_PORT" not in environ:
+        raise HorovodEnvironmentError("MASTER_PORT is not set: the port rank 0 listens on, beside MASTER_ADDR")
+    if _env_int(environ, "MASTER_PORT", 0, minimum=1) > 65535:
+        raise HorovodEnvironmentError(f"MASTER_PORT={environ['MASTER_PORT']!r} is not a port (1-65535)")
 
 
 def _env_int(environ: Mapping[str, str], name: str, default: int, minimum: int) -> int:

@@ -5,7 +5,8 @@
     kftrain horovod-run train.py [ARGS]
 
 Inside this process only, `import horovod` and `import horovod.torch` resolve to kftrain's shim
-(`trainer/horovod/shim/`, first on `sys.path`), so child processes the script spawns see it too.
+(`trainer/horovod/shim/`, first on `sys.path`): the script's multiprocessing children (spawn,
+forkserver) get that path, a `subprocess` of another Python does not.
 A real Horovod installation is never shadowed: if one is importable the runner refuses (a script
 meant for real Horovod should be started with `horovodrun`, which this runner does not replace).
 """

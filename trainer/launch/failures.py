@@ -36,6 +36,7 @@ exit 1).
 from __future__ import annotations
 
 import re
+import signal
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -272,6 +273,8 @@ def _exit_evidence(pod: Mapping[str, Any], log_lines: list[str]) -> Diagnosis | 
         where = f"pod {name}: exit code {code}"
     if code in (None, 0):
         return None
+    if code < 0:  # torchrun's root cause was killed by a signal: its own fault, not its peers'
+        return Diagnosis(_SIGNAL_CAUSES.get(-code, USER_ERROR), f"{where} (killed by {killed_by(-code)})", source)
     cause = _EXIT_CODE_CAUSES.get(code, UNKNOWN)
     meaning = {
         exit_codes.TERMINATED_CHECKPOINTED: " (terminated by SIGTERM after committing a checkpoint)",
@@ -279,6 +282,27 @@ def _exit_evidence(pod: Mapping[str, Any], log_lines: list[str]) -> Diagnosis | 
         exit_codes.COLLECTIVE_TIMEOUT: " (collective timeout)",
     }.get(code, "")
     return Diagnosis(cause, where + meaning, source)
+
+
+#: A training process killed by a signal, by cause: SIGKILL with no other evidence is the kernel's
+#: out-of-memory killer (a container limit kills the whole container, OOMKilled, only where the
+#: cgroup kills as a group), SIGTERM a stop from outside; any other (SIGSEGV, SIGBUS, SIGABRT) a
+#: crash of the run, which a new job would repeat.
+_SIGNAL_CAUSES = {signal.SIGKILL: OOM, signal.SIGTERM: PREEMPTED}
+
+
+def killed_by(signum: int) -> str:
+    """How a process killed by signal `signum` is said: its name, and for SIGKILL the likely sender."""
+    try:
+        name = signal.Signals(signum).name
+    except ValueError:
+        return f"signal {signum}"
+    if signum == signal.SIGKILL:
+        return (
+            f"{name} (most likely the kernel's out-of-memory killer: lower the batch or the model, or give it "
+            "more memory)"
+        )
+    return name
 
 
 def classify(

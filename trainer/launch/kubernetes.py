@@ -260,7 +260,8 @@ def _restarts_of(obj: dict[str, Any] | None) -> dict[str, int]:
         return {}
     if not isinstance(found, dict):
         return {}
-    return {c: n for c, n in found.items() if c in failures.CAUSES and isinstance(n, int) and n >= 0}
+    # `true` is no count (bool is an int to Python).
+    return {c: n for c, n in found.items() if c in failures.CAUSES and type(n) is int and n >= 0}
 
 
 class _Job:
@@ -675,8 +676,8 @@ class KubernetesBackend:
             return f"not re-created ({field} is 0)"
         if allowed != failures.UNLIMITED and done >= allowed:
             return f"not re-created: its {allowed} re-creation(s) for {diagnosis.cause} are spent ({field})"
-        if self._deadline is not None and self._now() > self._deadline:
-            return f"not re-created: the job's deadline has passed ({job.spec.timeout_s:.0f}s, job.timeout_seconds)"
+        if past := self._past_deadline(job):
+            return past
         job.restarts[diagnosis.cause] = done + 1
         if allowed == failures.UNLIMITED:
             left = f"unlimited ({field} is -1) until the deadline, {self._seconds_left():.0f}s from now"
@@ -688,8 +689,16 @@ class KubernetesBackend:
         )
         self.cancel(job.spec)
         self._wait_deleted(job)
+        if past := self._past_deadline(job):  # spent waiting for the deletion: no job is made to idle
+            return past
         self._create(job, job.manifest(self._now()), ours=True)
         return None
+
+    def _past_deadline(self, job: _Job) -> str:
+        """Why a failed job is not re-created once the run's deadline has passed, else ''."""
+        if self._deadline is not None and self._now() > self._deadline:
+            return f"not re-created: the job's deadline has passed ({job.spec.timeout_s:.0f}s, job.timeout_seconds)"
+        return ""
 
     def _seconds_left(self) -> float:
         return max(0.0, (self._deadline - self._now()).total_seconds()) if self._deadline else 0.0
@@ -746,6 +755,8 @@ class KubernetesBackend:
         timeout_s = grace + DELETION_SLACK_S
         end = self._now() + dt.timedelta(seconds=timeout_s)
         while self._get(job) is not None:
+            if self._past_deadline(job):  # the run's time is up: the caller says so, not this wait
+                return
             if self._now() > end:
                 raise JobFailed(
                     f"old {job.what} was not deleted within {timeout_s:.0f}s (its pods' termination grace, "
@@ -860,16 +871,23 @@ class KubernetesBackend:
         first = f"{job.what} failed: {cond.get('reason', 'Failed')}: {cond.get('message', '')}".rstrip()
         lines = [f"{first}; cause: {diagnosis}; {note}"]
         failed = [pod for pod in pods if pod.metadata.name in logs]
-        # The replica the cause names (`pod NAME: ...`, `event on NAME: ...`), else the first to fail
-        # in replica order: a worker's own error beside the master the operator then stopped.
+        # The replica the cause names (`pod NAME: ...`, `pod NAME container C: ...`, `event on
+        # NAME: ...`), else the first to fail in replica order: a worker's own error beside the
+        # master the operator then stopped.
         named = [
-            pod for pod in failed if re.search(rf"\b(pod|event on) {re.escape(pod.metadata.name)}:", diagnosis.evidence)
+            pod
+            for pod in pods
+            if re.search(rf"\b(pod|event on) {re.escape(pod.metadata.name)}( container \S+)?:", diagnosis.evidence)
         ]
         for pod in (named or failed)[:1]:
-            key = job.kind.replica_key(pod)
+            key, excerpt = job.kind.replica_key(pod), failure_excerpt(logs.get(pod.metadata.name, []))
             code = _exit_code(pod)
-            lines.append(f"replica {key} (pod {pod.metadata.name}) exited with code {code}; last log lines:")
-            lines += [f"  [{key}] {line}" for line in failure_excerpt(logs[pod.metadata.name])]
+            ended = f"exited with code {code}" if code is not None else "has no exit code (its pod is gone or stopped)"
+            lines.append(
+                f"replica {key} (pod {pod.metadata.name}) {ended}; "
+                + ("last log lines:" if excerpt else "no log lines")
+            )
+            lines += [f"  [{key}] {line}" for line in excerpt]
         return "\n".join(lines)
 
     def _pending_message(self, job: _Job, pod: Any, waited: dt.timedelta) -> str:

@@ -152,19 +152,14 @@ def how_it_ended(log_lines: list[str]) -> str:
     whatever did): `; its training process was killed by SIGKILL (...)` for a signal, a note that
     nothing needs fixing for a stop on SIGTERM with a checkpoint committed, else ''."""
     from trainer import exit_codes
-    from trainer.launch.failures import root_cause_exit_code
+    from trainer.launch.failures import killed_by, root_cause_exit_code
 
     code = root_cause_exit_code(log_lines)
     if code == exit_codes.TERMINATED_CHECKPOINTED:
         return "; its training process stopped on a SIGTERM after committing a checkpoint (nothing to fix: resume it)"
     if code is None or code >= 0:
         return ""
-    try:
-        name = signal.Signals(-code).name
-    except ValueError:
-        name = f"signal {-code}"
-    why = " (most likely the kernel's out-of-memory killer: lower the batch or the model)" if name == "SIGKILL" else ""
-    return f"; its training process was killed by {name}{why}"
+    return f"; its training process was killed by {killed_by(-code)}"
 
 
 def run_captured(

@@ -341,6 +341,13 @@ class _Model:
     shape: ModelShape
     trace1: ActivationTrace | None  # micro-batch 1
     trace2: ActivationTrace | None  # micro-batch 2: with 1, the linear fit in the micro-batch
+    alone: _Model | None = None
+    """FSDP's model on one rank, which trains it unwrapped (`distributed.parallelize`), without
+    FSDP's bf16 policy: traced as DDP's is. None where the two do not differ."""
+
+    def on(self, world: int) -> _Model:
+        """The model as `world` ranks train it."""
+        return self.alone if world == 1 and self.alone is not None else self
 
     def activations(self, micro: float, checkpointing: bool) -> tuple[int, int]:
         """(activation bytes, largest saved tensor) at micro-batch `micro` (linear in it)."""
@@ -357,9 +364,20 @@ def _build(cfg: Config, manifest: dict | None, bf16: bool, cuda: bool) -> tuple[
     task = task_for(cfg)
     manifest, note = planning_manifest(cfg, task, manifest)
     shape = model_shape(build_on_meta(cfg, task, manifest), task, cfg)
+
+    def traced(held: Callable[[Any], bool] | None) -> list[ActivationTrace | None]:
+        return [
+            trace_activations(build_on_meta(cfg, task, manifest), task, cfg, manifest, b, bf16, held) for b in (1, 2)
+        ]
+
     held = _held_in_bf16(cfg, bf16, cuda)
-    traces = [trace_activations(build_on_meta(cfg, task, manifest), task, cfg, manifest, b, bf16, held) for b in (1, 2)]
-    return _Model(shape, traces[0], traces[1]), note
+    alone = None
+    if cfg.train.strategy == "fsdp" and held is not None:
+        unwrapped = _held_in_bf16(
+            dataclasses.replace(cfg, train=dataclasses.replace(cfg.train, strategy="ddp")), bf16, cuda
+        )
+        alone = _Model(shape, *traced(unwrapped))
+    return _Model(shape, *traced(held), alone=alone), note
 
 
 def _held_in_bf16(cfg: Config, bf16: bool, cuda: bool) -> Callable[[Any], bool] | None:
@@ -392,7 +410,7 @@ def _memory(m: _Model, cfg: Config, world: int, target: _Target) -> MemoryBreakd
     if target.cuda and tc.method == "lora" and target.bf16:
         frozen_bytes = s.frozen * 2  # the trainer builds a LoRA base in bf16 on GPUs
     micro = tc.batch_size / (world * tc.grad_accum_steps)
-    act, largest = m.activations(micro, tc.activation_checkpointing)
+    act, largest = m.on(world).activations(micro, tc.activation_checkpointing)
     grads = s.trainable * 4
     sharded = tc.strategy == "fsdp" and world > 1
     out = MemoryBreakdown(
