@@ -482,9 +482,10 @@ def _check_lora_targets(cfg: Config, modules: dict[str, Any], linear: set[str]) 
     matched = {t: [m for n, m in modules.items() if n == t or n.endswith("." + t)] for t in cfg.lora.target_modules}
     missing = [t for t, found in matched.items() if not found]
     if missing:
+        peft = "; peft's 'all-linear' is not taken here: list the layers" if "all-linear" in missing else ""
         raise ConfigError(
             f"lora.target_modules {missing}: not found in the model (a misspelled name beside a good one would be "
-            f"dropped). {layers}"
+            f"dropped{peft}). {layers}"
         )
     for target, found in matched.items():
         if not any(_adaptable(m) for m in found):

@@ -492,8 +492,9 @@ class LoraConfig:
     dropout: float = 0.0
     """Dropout on the adapter's input."""
     target_modules: list[str] = field(default_factory=list)
-    """Names (last path component) of the linear layers that get adapters, e.g. `[q_proj, v_proj]`; empty: peft's
-    default for the architecture (Llama/Qwen/Mistral: `q_proj`, `v_proj`; GPT-2: `c_attn`)."""
+    """Names (last path component) of the layers that get adapters, linear ones or the embeddings, e.g. `[q_proj,
+    v_proj]`; empty: peft's default for the architecture (Llama/Qwen/Mistral: `q_proj`, `v_proj`; GPT-2: `c_attn`).
+    peft's `all-linear` is not taken: list the layers."""
 
     def __post_init__(self) -> None:
         check_bounds(self, "lora", _LORA_BOUNDS)

@@ -481,6 +481,11 @@ GOOD = json.dumps(chat_records(1)[0])
         ('{"messages": [{"role": "user", "content": "x"}]}', "no assistant message, so nothing to learn"),
         ('{"messages": []}', "'messages' is an empty list; every record needs its conversation's messages"),
         ('{"messages": [{"role": "assistant", "content": "y"}]}', "starts with an assistant message, answering no"),
+        # Its only learned token the turn's end (was: trained in silence to answer nothing).
+        (
+            '{"messages": [{"role": "user", "content": "x"}, {"role": "assistant", "content": " "}]}',
+            "message 2 is an assistant message with empty content, which would teach the model to answer nothing",
+        ),
     ],
     ids=[
         "not-json",
@@ -504,6 +509,7 @@ GOOD = json.dumps(chat_records(1)[0])
         "no-assistant",
         "no-messages",
         "assistant-first",
+        "empty-answer",
     ],
 )
 def test_a_bad_record_is_named_with_its_object_and_line(folder, tmp_path, line, message):

@@ -168,6 +168,12 @@ REFUSED = {
         LORA + "lora:\n  target_modules: [q_proj, foo_proj]\n",
         ["lora.target_modules ['foo_proj']: not found in the model", "q_proj", "v_proj"],
     ),
+    # peft's own special value: said as such (was: "not found in the model" alone).
+    "lora-target-all-linear": (
+        {},
+        LORA + "lora:\n  target_modules: [all-linear]\n",
+        ["lora.target_modules ['all-linear']: not found", "peft's 'all-linear' is not taken here: list the layers"],
+    ),
     # lm_head tied to the embeddings, an adapter on it, merged at export: found before the run.
     "merge-a-tied-copy": (
         {"config": {"tie_word_embeddings": True}, "drop_tensors": ("lm_head.weight",)},
