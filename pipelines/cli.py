@@ -62,8 +62,9 @@ def _gate_flag(name: str) -> str:
 
 
 def _check_summary_place(summary: str, root: str, run_id: str) -> None:
-    """`--summary` names no folder the run makes on this machine (its output root, one above it,
-    its run folder): refused before any step (was: the whole run, then `Is a directory`)."""
+    """`--summary` names no folder the run makes on this machine (its output root, any folder above
+    it, `runs` and the run's folder there): refused before any step (was: the whole run, then `Is a
+    directory`)."""
     from trainer.config import ConfigError
     from trainer.storage import parse_uri
 
@@ -231,8 +232,12 @@ def _run_alone(args: argparse.Namespace, cfg: Any, run_id: str, store: str) -> i
         full_log = keep_log(cfg, log_uri, log_path) if console.log is not None else ""
     see_log = f"; see full log: {full_log}" if full_log else ""
     if isinstance(outcome, PipelineFailed):
+        from trainer.launch.local import NOTHING_TO_FIX
+
         # The last line says what to fix: the failed step's own error line, or where the bug is.
-        print(f"kftrain: run {run_id} did not finish; after fixing the cause, resume it: {resume}", file=sys.stderr)
+        # A rank stopped from outside after its checkpoint (a SIGTERM to it alone) has none.
+        fix = "" if NOTHING_TO_FIX in (console.failure_line or "") else "after fixing the cause, "
+        print(f"kftrain: run {run_id} did not finish; {fix}resume it: {resume}", file=sys.stderr)
         if full_log:
             print(f"kftrain: see full log: {full_log}", file=sys.stderr)
         if console.failure_line:
@@ -703,14 +708,13 @@ def _node_counts(text: str) -> list[int]:
 
 
 def _price(text: str) -> float:
-    """A price per GPU-hour, > 0 (0 would mean none: a cost column left out, in silence)."""
+    """A price per GPU-hour, >= 0 (0: no cost column, as `plan.price_per_gpu_hour: 0`)."""
     from trainer.config import MAX_GPU_HOUR_PRICE
 
     value = _number(text)
-    if not 0 < value <= MAX_GPU_HOUR_PRICE:
+    if not 0 <= value <= MAX_GPU_HOUR_PRICE:
         raise argparse.ArgumentTypeError(
-            f"must be a price > 0 per GPU-hour, at most {MAX_GPU_HOUR_PRICE:g}, e.g. 3.5 (leave --price out for no "
-            f"cost), got {text!r}"
+            f"must be a price >= 0 per GPU-hour, at most {MAX_GPU_HOUR_PRICE:g}, e.g. 3.5, got {text!r}"
         )
     return value
 
@@ -830,9 +834,17 @@ def _output_file(what: str, earlier: Callable[[str], bool]) -> Callable[[str], s
 _OUTPUT_READ_LIMIT = 64 << 20
 
 
+def _a_stream(path: Path) -> bool:
+    """A device or a process's stream (`/dev/stdout`, `/proc/self/fd/1`): written to, never read,
+    and never truncated, even where it is a file the shell redirected to."""
+    return str(path).startswith(("/dev/", "/proc/"))
+
+
 def _holds_data(path: Path) -> bool:
     """A regular file with something in it: what an output could destroy (not a device, a pipe,
     `/dev/stdout`, which are written to, never read; not an empty file, `mktemp`'s)."""
+    if _a_stream(path):
+        return False
     try:
         st = path.stat()
     except OSError:
@@ -875,6 +887,10 @@ def write_output(flag: str, path: str, text: str, what: str, earlier: Callable[[
     made between that check and the write is never replaced."""
     target = Path(path)
     with _writing(flag):
+        if _a_stream(target):  # the log it may be redirected to keeps what the run printed
+            with open(target, "a", encoding="utf-8") as out:
+                out.write(text)
+            return
         target.parent.mkdir(parents=True, exist_ok=True)
         try:
             out = open(target, "x", encoding="utf-8")  # noqa: SIM115 (closed below)
@@ -967,7 +983,10 @@ def build_parser() -> argparse.ArgumentParser:
         help="node counts to predict scaling at (overrides plan.nodes)",
     )
     p.add_argument(
-        "--price", type=_price, metavar="PER_GPU_HOUR", help="price of a GPU-hour (overrides plan.price_per_gpu_hour)"
+        "--price",
+        type=_price,
+        metavar="PER_GPU_HOUR",
+        help="price of a GPU-hour (overrides plan.price_per_gpu_hour; 0: no cost column)",
     )
     p.add_argument(
         "--network",

@@ -149,12 +149,6 @@ def conversation(record: Any, field_name: str, where: str) -> list[dict]:
             )
         if "tool_calls" in message:
             message = with_tool_calls(message, f"{where}: message {number}")
-        elif message["role"] == "assistant" and not message["content"].strip() and message.get("weight", 1):
-            # Its only learned token would be the end of the turn: it teaches answering nothing.
-            raise DataError(
-                f"{where}: message {number} is an assistant message with empty content, which would teach the "
-                "model to answer nothing; leave the record out, give the answer, or weight 0 to keep it out of the loss"
-            )
         if "weight" in message:  # OpenAI's fine-tuning files: weight 0 keeps a turn out of the loss
             weight = message["weight"]
             if message["role"] != "assistant" or weight not in (0, 1) or isinstance(weight, bool):
@@ -162,6 +156,13 @@ def conversation(record: Any, field_name: str, where: str) -> list[dict]:
                     f"{where}: message {number} has 'weight' {weight!r}; as in OpenAI's fine-tuning files, an "
                     "assistant message may have weight 0 (not learned) or 1 (learned, as without one)"
                 )
+        empty = "tool_calls" not in message and not (message["content"] or "").strip()
+        if message["role"] == "assistant" and empty and message.get("weight", 1):
+            # Its only learned token would be the end of the turn: it teaches answering nothing.
+            raise DataError(
+                f"{where}: message {number} is an assistant message with empty content, which would teach the "
+                "model to answer nothing; leave the record out, give the answer, or weight 0 to keep it out of the loss"
+            )
         checked.append(message)
     messages = checked
     if not messages:

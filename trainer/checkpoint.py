@@ -624,8 +624,8 @@ class StoreReader(FileSystemReader):
         """A part whose bytes are not the committed ones: the step is damaged for good (a retry
         reads the same bytes), so the error says how to go back to the step before it."""
         return CheckpointError(
-            f"{what} in {COMMIT}: the checkpoint was changed after it was committed; delete {self._folder} to resume "
-            "from the checkpoint before it"
+            f"{what} in {COMMIT}: the checkpoint was changed after it was committed, and is damaged for good; delete "
+            f"{self._folder}, and a resume starts from the checkpoint before it"
         )
 
     def _note(self, name: str) -> None:

@@ -1377,7 +1377,7 @@ def same_setting(field: str, old: Any, new: Any) -> bool:
     """Whether a resumed checkpoint's `old` value of config `field` is the `new` one: equal, for a
     :data:`SET_FIELDS` list the same names in any order, or for a :data:`LOCATION_FIELDS` path the
     same place (:func:`trainer.storage.same_place`; a built-in source name or an `hf://` id as
-    written), for `store.endpoint` the same server (a trailing '/' aside)."""
+    written), for `store.endpoint` the same server (in any case, a trailing '/' aside)."""
     if old == new:
         return True
     if field in SET_FIELDS and isinstance(old, list) and isinstance(new, list):

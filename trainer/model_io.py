@@ -69,24 +69,23 @@ def frozen_names(model: nn.Module) -> set[str]:
     return {name for name, p in model.named_parameters() if not p.requires_grad}
 
 
+def _tie_groups(model: nn.Module) -> list[list[str]]:
+    """The names of each parameter registered under more than one (weight tying), first seen first."""
+    names: dict[int, list[str]] = {}
+    for name, p in model.named_parameters(remove_duplicate=False):
+        names.setdefault(id(p), []).append(name)
+    return [group for group in names.values() if len(group) > 1]
+
+
 def tied_names(model: nn.Module) -> set[str]:
     """Names under which an already-seen parameter is registered again (weight tying)."""
-    seen: set[int] = set()
-    tied = set()
-    for name, p in model.named_parameters(remove_duplicate=False):
-        if id(p) in seen:
-            tied.add(name)
-        seen.add(id(p))
-    return tied
+    return {name for group in _tie_groups(model) for name in group[1:]}
 
 
 def shared_names(model: nn.Module) -> set[str]:
     """Every name of a parameter registered under more than one: both sides of a weight tie (the
     embeddings and `lm_head`), where :func:`tied_names` has the copies only."""
-    names: dict[int, list[str]] = {}
-    for name, p in model.named_parameters(remove_duplicate=False):
-        names.setdefault(id(p), []).append(name)
-    return {name for group in names.values() if len(group) > 1 for name in group}
+    return {name for group in _tie_groups(model) for name in group}
 
 
 def weights(model: nn.Module, state: dict[str, torch.Tensor] | None = None) -> dict[str, torch.Tensor]:

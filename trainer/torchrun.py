@@ -53,6 +53,26 @@ class ExitBarrierNote(logging.Filter):
         return True
 
 
+def stop_once() -> None:
+    """Make torchrun's stop-signal handler act on the first signal only. It raises out of
+    whatever runs, and a second stop signal while torchrun stops its workers (a local run's stop
+    and its launcher's cancel each send one; a kubelet and an impatient user too) raised inside
+    its logging call: thirty lines of `--- Logging error ---` for a stop that was going well. The
+    workers are stopped by the first, and SIGKILL still ends torchrun."""
+    import signal
+
+    import torch.distributed.elastic.multiprocessing.api as elastic
+
+    first = elastic._terminate_process_handler
+
+    def once(signum: int, frame: object) -> None:
+        for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT):
+            signal.signal(sig, signal.SIG_IGN)
+        first(signum, frame)
+
+    elastic._terminate_process_handler = once
+
+
 def main(argv: list[str] | None = None) -> int:
     """Run torchrun with `argv` (the command line when None); return the process's exit status."""
     level = os.environ.pop(QUIET_AGENT_ENV, "")
@@ -70,6 +90,7 @@ def main(argv: list[str] | None = None) -> int:
 
     logging.getLogger(AGENT_LOGGER).addFilter(ExitBarrierNote())
     print_stacks_on_signals()
+    stop_once()
     try:
         torchrun(argv)
     except SignalException as exc:

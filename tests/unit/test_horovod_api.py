@@ -52,19 +52,16 @@ UNSUPPORTED = [
 
 # --- the environment contract --------------------------------------------------------------
 
-#: Where the ranks meet, as torchrun and the operator set it.
-MEET = {"MASTER_ADDR": "10.0.0.7", "MASTER_PORT": "23456"}
-
 
 @pytest.mark.parametrize(
     ("environ", "expected"),
     [
         ({}, hvd.Topology()),
         # PyTorchJob, one process per pod, no torchrun: process ranks, each pod a node.
-        ({"RANK": "2", "WORLD_SIZE": "3", "PET_NPROC_PER_NODE": "1", **MEET}, hvd.Topology(2, 3, 0, 1, 2, 3)),
+        ({"RANK": "2", "WORLD_SIZE": "3", "PET_NPROC_PER_NODE": "1"}, hvd.Topology(2, 3, 0, 1, 2, 3)),
         # torchrun, 2 nodes x 4 processes: the 7th process is local rank 2 on node 1.
         (
-            {"RANK": "6", "WORLD_SIZE": "8", "LOCAL_RANK": "2", "LOCAL_WORLD_SIZE": "4", "GROUP_RANK": "1", **MEET},
+            {"RANK": "6", "WORLD_SIZE": "8", "LOCAL_RANK": "2", "LOCAL_WORLD_SIZE": "4", "GROUP_RANK": "1"},
             hvd.Topology(6, 8, 2, 4, 1, 2),
         ),
     ],
@@ -83,29 +80,33 @@ def test_topology_from_the_environment(environ, expected):
         ({"RANK": "-1", "WORLD_SIZE": "2"}, "RANK='-1' must be at least 0"),
         ({"RANK": "1", "WORLD_SIZE": "2", "LOCAL_RANK": "2", "LOCAL_WORLD_SIZE": "2"}, "LOCAL_RANK=2 is not below"),
         ({"RANK": "1", "WORLD_SIZE": "2", "LOCAL_RANK": "0", "GROUP_RANK": "3"}, "GROUP_RANK=3 is not below"),
-        # Where the ranks meet (was: torch's traceback, or `invalid literal for int()` naming nothing).
-        ({"RANK": "1", "WORLD_SIZE": "2"}, "MASTER_ADDR is not set: the ranks meet at rank 0's address"),
-        ({"RANK": "1", "WORLD_SIZE": "2", "MASTER_ADDR": " "}, "MASTER_ADDR is not set"),
-        ({"RANK": "1", "WORLD_SIZE": "2", "MASTER_ADDR": "h"}, "MASTER_PORT is not set"),
-        (
-            {"RANK": "0", "WORLD_SIZE": "2", "MASTER_ADDR": "h", "MASTER_PORT": "abc"},
-            "MASTER_PORT='abc' is not a whole",
-        ),
-        (
-            {"RANK": "0", "WORLD_SIZE": "2", "MASTER_ADDR": "h", "MASTER_PORT": "0"},
-            "MASTER_PORT='0' must be at least 1",
-        ),
-        (
-            {"RANK": "0", "WORLD_SIZE": "2", "MASTER_ADDR": "h", "MASTER_PORT": "70000"},
-            "MASTER_PORT='70000' is not a port",
-        ),
-        ({"MASTER_ADDR": "h", "MASTER_PORT": "x"}, "MASTER_PORT='x'"),  # one process, meeting all the same
     ],
 )
 def test_an_environment_no_job_runs_with_is_named_by_its_variable(environ, said):
     """Was: `invalid literal for int() with base 10: 'abc'` in a traceback, not naming RANK."""
     with pytest.raises(hvd.HorovodEnvironmentError, match=said):
         hvd.topology(environ)
+
+
+@pytest.mark.parametrize(
+    ("environ", "said"),
+    [
+        ({}, "MASTER_ADDR is not set: the ranks meet at rank 0's address"),
+        ({"MASTER_ADDR": " "}, "MASTER_ADDR is not set"),
+        ({"MASTER_ADDR": "h"}, "MASTER_PORT is not set"),
+        ({"MASTER_ADDR": "h", "MASTER_PORT": "abc"}, "MASTER_PORT='abc' is not a whole"),
+        ({"MASTER_ADDR": "h", "MASTER_PORT": "0"}, "MASTER_PORT='0' must be at least 1"),
+        ({"MASTER_ADDR": "h", "MASTER_PORT": "70000"}, "MASTER_PORT='70000' is not a port"),
+    ],
+)
+def test_where_the_ranks_meet_is_named_by_its_variable_before_torch_reads_it(environ, said):
+    """What init() checks before torch's env:// rendezvous (was: torch's traceback, `MASTER_ADDR
+    expected`, or `invalid literal for int()` naming no variable)."""
+    from trainer.horovod.api import _check_rendezvous
+
+    with pytest.raises(hvd.HorovodEnvironmentError, match=said):
+        _check_rendezvous(environ)
+    _check_rendezvous({"MASTER_ADDR": "10.0.0.7", "MASTER_PORT": "23456"})
 
 
 def test_several_processes_per_pod_need_torchrun():

@@ -409,6 +409,37 @@ CASES = [
         {POD: torchrun_summary(-7), MASTER_POD: torchrun_summary(exit_codes.COLLECTIVE_TIMEOUT)},
         failures.USER_ERROR,
     ),
+    # NCCL aborts the peers of a failed rank (TORCH_NCCL_ASYNC_ERROR_HANDLING): SIGABRT with its
+    # lines is the collective's failure; without them, below any process's own report.
+    (
+        "a rank's own error, its peer aborted by NCCL (SIGABRT, NCCL's lines)",
+        [pod(name=MASTER_POD, state=exited(1)), pod(state=exited(1))],
+        [],
+        {
+            MASTER_POD: [
+                "[rank0]:[E101 ProcessGroupNCCL.cpp:1484] [PG 0 Rank 0] Process group watchdog thread terminated "
+                "with exception: NCCL error: remote process exited or there was a network error",
+                *torchrun_summary(-6),
+            ],
+            POD: [USER_ERROR_LINE, *torchrun_summary(1)],
+        },
+        failures.USER_ERROR,
+    ),
+    (
+        "a collective timed out, its peer aborted with no NCCL line",
+        [pod(name=MASTER_POD, state=exited(1)), pod(state=exited(1))],
+        [],
+        {MASTER_POD: torchrun_summary(-6), POD: torchrun_summary(exit_codes.COLLECTIVE_TIMEOUT)},
+        failures.COLLECTIVE_TIMEOUT,
+    ),
+    (
+        "a rank aborted by NCCL's heartbeat monitor alone (a hung peer)",
+        [pod(state=exited(1))],
+        [],
+        {POD: ["[rank1]:[E101 ProcessGroupNCCL.cpp:1423] Heartbeat monitor timed out!", *torchrun_summary(-6)]},
+        failures.COLLECTIVE_TIMEOUT,
+    ),
+    ("a rank's SIGSEGV alone", [pod(state=exited(1))], [], {POD: torchrun_summary(-11)}, failures.USER_ERROR),
     (
         "a container's exit 1 alone",
         [pod(state=exited(1))],

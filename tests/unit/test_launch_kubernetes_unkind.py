@@ -189,7 +189,9 @@ def test_no_job_is_re_created_once_the_wait_for_the_old_ones_deletion_spent_the_
     cluster = FakeCluster(deletion_seconds=300)  # longer than the run has left
     backend, spec, _ = make(cluster, **{"kubernetes.termination_grace_seconds": 60, "kubernetes.poll_seconds": 5})
     cluster.timeline = [preempted_once]
-    with pytest.raises(JobFailed, match=r"not re-created: the job's deadline has passed \(200s, job.timeout_seconds\)"):
+    with pytest.raises(
+        JobFailed, match=r"not re-created after all: the job's deadline \(200s, job.timeout_seconds\) passed"
+    ):
         run_job(backend, replace(spec, timeout_s=200))
     assert creates(cluster) == 1
 

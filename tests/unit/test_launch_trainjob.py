@@ -270,8 +270,7 @@ def test_v2_contract_is_pet_only_with_the_first_nodes_hostname_and_port_29500():
     ("environ", "expected"),
     [
         ({"PET_NNODES": "1", "PET_NODE_RANK": "0"}, (0, 1)),  # one node without torchrun: rank 0 of 1 is right
-        # A PyTorchJob pod without torchrun (the operator sets where the ranks meet too).
-        ({"RANK": "2", "WORLD_SIZE": "3", "MASTER_ADDR": "tj-master-0", "MASTER_PORT": "23456"}, (2, 3)),
+        ({"RANK": "2", "WORLD_SIZE": "3"}, (2, 3)),  # a PyTorchJob pod without torchrun
         ({"PET_NNODES": "2", "PET_NODE_RANK": "1"}, RuntimeError),  # a TrainJob pod without torchrun
     ],
 )

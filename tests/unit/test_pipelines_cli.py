@@ -147,11 +147,9 @@ PLAN_BAD_ROWS = [
     (None, ["--gpu-memory", "0"], "argument --gpu-memory: must be a positive number of GiB"),
     (None, ["--gpu-memory", "nan"], "argument --gpu-memory: must be a positive number of GiB"),
     (None, ["--gpu-memory", "lots"], "argument --gpu-memory: must be a number, got 'lots'"),
-    (None, ["--price", "-1"], "argument --price: must be a price > 0 per GPU-hour"),
-    (None, ["--price", "inf"], "argument --price: must be a price > 0 per GPU-hour"),
-    (None, ["--price", "1e308"], "argument --price: must be a price > 0 per GPU-hour, at most 1e+06"),
-    # 0 was taken, and meant no price: the cost column left out in silence.
-    (None, ["--price", "0"], "argument --price: must be a price > 0 per GPU-hour, at most 1e+06, e.g. 3.5 (leave"),
+    (None, ["--price", "-1"], "argument --price: must be a price >= 0 per GPU-hour"),
+    (None, ["--price", "inf"], "argument --price: must be a price >= 0 per GPU-hour"),
+    (None, ["--price", "1e308"], "argument --price: must be a price >= 0 per GPU-hour, at most 1e+06"),
     # `--dataset "$DS"` with DS unset was ignored: the plan without the dataset, in silence.
     (None, ["--dataset", ""], "argument --dataset: must not be empty"),
     (None, ["--nodes", "1,100000000"], "argument --nodes: must be positive whole numbers of nodes up to 100000"),
@@ -434,6 +432,17 @@ def test_an_output_file_overwrites_only_an_earlier_output_of_its_kind(
     (tmp_path / "empty").write_text("")  # an empty file (`mktemp`'s) holds nothing to lose
     for target in ("earlier", "empty", os.devnull):  # a device is written to, never read
         assert build_parser().parse_args([*flag, target])
+    # A stream the shell redirected to a file that holds the command's lines: appended to, at the
+    # end too (was: refused there, "made while the command ran", or truncated before that).
+    fd = os.open(tmp_path / "log", os.O_WRONLY | os.O_CREAT | os.O_APPEND)
+    try:
+        os.write(fd, b"the command's lines\n")
+        stream = f"/proc/self/fd/{fd}"
+        assert build_parser().parse_args([*flag, stream])
+        write_output("--flag", stream, "OUT\n", "x", lambda text: False)
+    finally:
+        os.close(fd)
+    assert (tmp_path / "log").read_text() == "the command's lines\nOUT\n"
 
 
 @pytest.mark.parametrize(("what", "earlier"), [SUMMARY_FILE, PLAN_FILE], ids=["run --summary", "plan --output"])
@@ -1028,3 +1037,36 @@ def test_a_local_run_says_an_endpoint_it_reads_nothing_with(tmp_path, monkeypatc
     err = capsys.readouterr().err
     assert ("kftrain: warning: store.endpoint (--s3-endpoint) is set, but this local run" in err) is said, err
     assert ignored_settings(load_config(overrides={"store.endpoint": "http://minio-service.kubeflow:9000"})) == []
+
+
+@pytest.mark.parametrize(
+    ("error", "first"),
+    [
+        ("data.source 'x': no object there", "did not finish; after fixing the cause, resume it: kftrain run"),
+        # Its rank stopped from outside after its checkpoint (a SIGTERM to it alone): nothing to fix.
+        (
+            "training job kftrain-1 failed: replica master-0 exited with code 1; its training process stopped on a "
+            "SIGTERM after committing a checkpoint (nothing to fix: resume it)",
+            "did not finish; resume it: kftrain run",
+        ),
+    ],
+    ids=["a cause to fix", "stopped from outside"],
+)
+def test_a_failed_run_says_to_fix_the_cause_only_where_there_is_one(tmp_path, monkeypatch, capsys, error, first):
+    from pipelines.local_run import PipelineFailed
+    from trainer.errors import error_line
+
+    def failing(cfg, on_start, **kw):
+        on_start()
+        print("00:00:00.000 - INFO - Executing task 'train'")
+        print(f"    {error_line('train', RuntimeError(error))}")
+        print("00:00:01.000 - ERROR - Task 'train' finished with status FAILURE")
+        raise PipelineFailed("Task train failed")
+
+    monkeypatch.chdir(tmp_path)
+    _no_process_watch(monkeypatch)
+    monkeypatch.setattr("pipelines.local_run.run_local", failing)
+    assert main(["run", "--local", "--output-dir", "out", "--run-id", "r1"]) == 1
+    err = capsys.readouterr().err
+    assert f"kftrain: run r1 {first}" in err, err
+    assert err.strip().splitlines()[-1] == f"kftrain: error: step train: {error}"

@@ -91,3 +91,24 @@ def test_the_agent_alone_is_quiet_and_only_when_asked(monkeypatch, asked, preset
     assert [level for when, level in seen if when == "import"] == [at_import, at_import]
     assert [level for when, level in seen if when == "workers"] == [for_workers]
     assert torchrun.QUIET_AGENT_ENV not in torchrun.os.environ  # not passed on to the workers
+
+
+def test_torchruns_stop_handler_acts_on_the_first_signal_and_ignores_the_next(monkeypatch):
+    """A second SIGTERM while torchrun stops its workers raised inside its logging (was: thirty
+    lines of `--- Logging error ---`); the first one still ends torchrun with its signal."""
+    import signal
+
+    import torch.distributed.elastic.multiprocessing.api as elastic
+    from torch.distributed.elastic.multiprocessing.api import SignalException
+
+    monkeypatch.setattr(elastic, "_terminate_process_handler", elastic._terminate_process_handler)
+    before = {sig: signal.getsignal(sig) for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT)}
+    try:
+        torchrun.stop_once()
+        with pytest.raises(SignalException) as info:
+            elastic._terminate_process_handler(signal.SIGTERM, None)
+        assert info.value.sigval == signal.SIGTERM
+        assert all(signal.getsignal(sig) == signal.SIG_IGN for sig in before)
+    finally:
+        for sig, handler in before.items():
+            signal.signal(sig, handler)

@@ -267,15 +267,7 @@ class Topology:
 
 
 def topology(environ: Mapping[str, str] = os.environ) -> Topology:
-    """This process's ranks from the torchrun / PyTorchJob environment (rank 0 of 1 without one),
-    with where they meet checked (:func:`_check_rendezvous`)."""
-    topo = _ranks(environ)
-    if topo.size > 1 or "MASTER_ADDR" in environ:
-        _check_rendezvous(environ)
-    return topo
-
-
-def _ranks(environ: Mapping[str, str]) -> Topology:
+    """This process's ranks from the torchrun / PyTorchJob environment (rank 0 of 1 without one)."""
     world = _env_int(environ, "WORLD_SIZE", 1, minimum=1)
     rank_ = _env_int(environ, "RANK", 0, minimum=0)
     if rank_ >= world:
@@ -445,6 +437,7 @@ def init(comm: Any = None, process_sets: Any = None) -> None:
             dist.init_process_group(backend, store=dist.HashStore(), rank=0, world_size=1, timeout=timeout)
         else:
             if _state.store is None:
+                _check_rendezvous(os.environ)
                 _state.store, _, _ = next(dist.rendezvous("env://", timeout=timeout))
             store = dist.PrefixStore(f"kftrain-horovod/{_state.incarnation}/", _state.store)
             dist.init_process_group(backend, store=store, rank=topo.rank, world_size=topo.size, timeout=timeout)

@@ -6,7 +6,7 @@
 
 Inside this process only, `import horovod` and `import horovod.torch` resolve to kftrain's shim
 (`trainer/horovod/shim/`, first on `sys.path`): the script's multiprocessing children (spawn,
-forkserver) get that path, a `subprocess` of another Python does not.
+forkserver) get that path; a program it starts with `subprocess` does not.
 A real Horovod installation is never shadowed: if one is importable the runner refuses (a script
 meant for real Horovod should be started with `horovodrun`, which this runner does not replace).
 """

@@ -113,6 +113,8 @@ _KUEUE_STOPPED = re.compile(r"\b(preempted|evicted|node failures?)\b", re.IGNORE
 _ROOT_CAUSE = re.compile(r"Root Cause \(first observed failure\)")
 _EXITCODE = re.compile(r"^\s*exitcode\s*:\s*(-?\d+)")
 _NCCL_WATCHDOG = "Watchdog caught collective operation timeout"
+#: What NCCL logs as it aborts a rank whose collective failed: a peer gone or hung.
+_NCCL_FAILURE = re.compile(r"ProcessGroupNCCL|DistBackendError|Heartbeat monitor|NCCL error")
 _EXIT_CODE_CAUSES = {
     exit_codes.NONFINITE_LOSS: NONFINITE,
     exit_codes.COLLECTIVE_TIMEOUT: COLLECTIVE_TIMEOUT,
@@ -129,8 +131,9 @@ class Diagnosis:
     evidence: str
     source: str = "pod"
     """What it was read from: `pod` (a pod's status, an event), `process` (the training process's
-    own exit code or log line) or `container` (only the container's exit code, which a torchrun
-    container sets to 1 whatever its process did)."""
+    own exit code or log line), `container` (only the container's exit code, which a torchrun
+    container sets to 1 whatever its process did) or `abort` (a process's SIGABRT with no NCCL
+    failure in its log: a crash, or NCCL's abort of it after a peer's failure)."""
 
     def rank(self) -> float:
         """How strong the evidence is (lower: stronger): :data:`CAUSES` order, except what only an
@@ -141,7 +144,7 @@ class Diagnosis:
         deleting the running pods of a job that already failed (a hung peer among them)."""
         if self.source != "pod" and self.cause == PREEMPTED:
             return CAUSES.index(COLLECTIVE_TIMEOUT) + 0.75
-        if self.source == "container" and self.cause == USER_ERROR:
+        if self.source in ("container", "abort") and self.cause == USER_ERROR:
             return CAUSES.index(COLLECTIVE_TIMEOUT) + 0.5
         return CAUSES.index(self.cause)
 
@@ -273,8 +276,15 @@ def _exit_evidence(pod: Mapping[str, Any], log_lines: list[str]) -> Diagnosis | 
         where = f"pod {name}: exit code {code}"
     if code in (None, 0):
         return None
-    if code < 0:  # torchrun's root cause was killed by a signal: its own fault, not its peers'
-        return Diagnosis(_SIGNAL_CAUSES.get(-code, USER_ERROR), f"{where} (killed by {killed_by(-code)})", source)
+    if code < 0:  # torchrun's root cause was killed by a signal
+        said = f"{where} (killed by {killed_by(-code)})"
+        if -code == signal.SIGABRT:
+            # NCCL aborts a rank whose peer failed or hung (TORCH_NCCL_ASYNC_ERROR_HANDLING): the
+            # collective's failure where its log shows NCCL's, else a crash, below any own report.
+            if any(_NCCL_FAILURE.search(line) for line in log_lines):
+                return Diagnosis(COLLECTIVE_TIMEOUT, said, "process")
+            return Diagnosis(USER_ERROR, said, "abort")
+        return Diagnosis(_SIGNAL_CAUSES.get(-code, USER_ERROR), said, source)
     cause = _EXIT_CODE_CAUSES.get(code, UNKNOWN)
     meaning = {
         exit_codes.TERMINATED_CHECKPOINTED: " (terminated by SIGTERM after committing a checkpoint)",
@@ -286,8 +296,8 @@ def _exit_evidence(pod: Mapping[str, Any], log_lines: list[str]) -> Diagnosis | 
 
 #: A training process killed by a signal, by cause: SIGKILL with no other evidence is the kernel's
 #: out-of-memory killer (a container limit kills the whole container, OOMKilled, only where the
-#: cgroup kills as a group), SIGTERM a stop from outside; any other (SIGSEGV, SIGBUS, SIGABRT) a
-#: crash of the run, which a new job would repeat.
+#: cgroup kills as a group), SIGTERM a stop from outside; any other (SIGSEGV, SIGBUS) a crash of
+#: the run, which a new job would repeat (SIGABRT: :func:`_exit_evidence`).
 _SIGNAL_CAUSES = {signal.SIGKILL: OOM, signal.SIGTERM: PREEMPTED}
 
 

@@ -689,8 +689,11 @@ class KubernetesBackend:
         )
         self.cancel(job.spec)
         self._wait_deleted(job)
-        if past := self._past_deadline(job):  # spent waiting for the deletion: no job is made to idle
-            return past
+        if self._past_deadline(job):  # spent waiting for the deletion: no job is made to idle
+            return (
+                f"not re-created after all: the job's deadline ({job.spec.timeout_s:.0f}s, job.timeout_seconds) "
+                "passed while the failed job was being deleted"
+            )
         self._create(job, job.manifest(self._now()), ours=True)
         return None
 

@@ -147,6 +147,10 @@ def _watch(var: str, marker: str, grace_s: float, remove: str = "") -> int:
     return 0
 
 
+#: How a replica's failure says that its processes were stopped from outside after a checkpoint.
+NOTHING_TO_FIX = "nothing to fix: resume it"
+
+
 def how_it_ended(log_lines: list[str]) -> str:
     """What torchrun's summary in a replica's log says ended its process (torchrun itself exits 1
     whatever did): `; its training process was killed by SIGKILL (...)` for a signal, a note that
@@ -156,7 +160,7 @@ def how_it_ended(log_lines: list[str]) -> str:
 
     code = root_cause_exit_code(log_lines)
     if code == exit_codes.TERMINATED_CHECKPOINTED:
-        return "; its training process stopped on a SIGTERM after committing a checkpoint (nothing to fix: resume it)"
+        return f"; its training process stopped on a SIGTERM after committing a checkpoint ({NOTHING_TO_FIX})"
     if code is None or code >= 0:
         return ""
     return f"; its training process was killed by {killed_by(-code)}"
