@@ -522,20 +522,18 @@ def _prepared_dataset(cfg: Any, uri: str) -> dict[str, Any]:
     from trainer.config import ConfigError
     from trainer.pipeline_steps import store_for
     from trainer.shards import DataError, dataset_format, read_manifest
-    from trainer.storage import ObjectNotFound
+    from trainer.storage import ObjectNotFound, StoreError
 
     try:
         return read_manifest(store_for(cfg, uri), uri, dataset_format(cfg))
     except ConfigError:
         raise
-    except ValueError as exc:  # a malformed URI
-        raise ConfigError(f"--dataset: {exc}") from None
     except ObjectNotFound:
         raise ConfigError(
             f"--dataset {uri}: no prepared dataset there (no manifest.json); pass the folder data prep wrote "
             "(the pipeline's dataset artifact)"
         ) from None
-    except DataError as exc:
+    except (ValueError, DataError, StoreError) as exc:  # a malformed URI, a manifest, the store's answer
         raise ConfigError(f"--dataset: {exc}") from None
 
 

@@ -1070,3 +1070,12 @@ def test_a_failed_run_says_to_fix_the_cause_only_where_there_is_one(tmp_path, mo
     err = capsys.readouterr().err
     assert f"kftrain: run r1 {first}" in err, err
     assert err.strip().splitlines()[-1] == f"kftrain: error: step train: {error}"
+
+
+def test_plan_names_dataset_when_its_store_refuses(tmp_path, monkeypatch, capsys):
+    """The store's answer for --dataset names the flag (was: "no object-store credentials" alone)."""
+    monkeypatch.chdir(tmp_path)
+    for name in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "MINIO_ACCESS_KEY", "MINIO_SECRET_KEY"):
+        monkeypatch.delenv(name, raising=False)
+    assert main(["plan", "--dataset", "s3://kfbkt/x"]) == 2
+    assert capsys.readouterr().err.startswith("kftrain: error: --dataset: no object-store credentials")

@@ -426,3 +426,12 @@ def test_a_share_of_a_gpus_memory_is_named_beside_the_gpu():
     head = "device H200-141GB (40 GiB of it, kubernetes.gpu_memory_gb or --gpu-memory)."
     assert head in plan.markdown().splitlines()[2]
     assert make_plan(gpt(), gpu="H200").markdown().splitlines()[2].endswith("device H200-141GB.")
+
+
+def test_a_cpu_plan_counts_processes_and_a_gpu_plan_gpus():
+    """A plan of this machine's CPU (a probe here) said "GPUs" and "GPU-hours"."""
+    cpu = make_plan(gpt("ddp", 1), probe=probe(1.0), nodes=(1, 2), price_per_gpu_hour=2.0)
+    gpu = make_plan(gpt("ddp", 1), gpu="H100", nodes=(1, 2), price_per_gpu_hour=2.0)
+    assert any("for 2x the processes" in v for v in cpu.verdicts) and "process-hours" in cpu.markdown()
+    assert "GPU" not in "".join(cpu.verdicts) + cpu.markdown().split("## Scaling")[1]
+    assert any("for 2x the GPUs" in v for v in gpu.verdicts) and "| GPU-hours |" in gpu.markdown()

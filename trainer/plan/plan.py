@@ -283,12 +283,12 @@ class Plan:
             for a in self.alternatives:
                 lines.append(f"| {a.change} | {format_memory(a.memory.total)} | {_yes(a.fits)} |")
         if self.scaling:
-            unit = f"{self.item_name}/s"
+            unit, (ranks, hour) = f"{self.item_name}/s", _ranks_words(self.device)
             lines += [
                 "",
                 "## Scaling",
                 "",
-                f"| nodes | GPUs | step | compute | exposed comm | {unit} | efficiency | ETA | GPU-hours | cost |",
+                f"| nodes | {ranks} | step | compute | exposed comm | {unit} | efficiency | ETA | {hour}s | cost |",
                 "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
             ]
             for p in self.scaling:
@@ -784,6 +784,7 @@ def _verdicts(plan: Plan, cfg: Config, price: float | None) -> list[str]:
             if p.memory_total > plan.capacity_bytes:
                 out.append(f"N={p.nodes} does not fit: {format_memory(p.memory_total)} per rank; its row only compares")
     points = [p for p in plan.scaling if p.items_per_second]
+    ranks, hour = _ranks_words(plan.device)
     for prev, nxt in itertools.pairwise(points):
         speed = nxt.items_per_second / prev.items_per_second
         resources = nxt.gpus / prev.gpus
@@ -791,7 +792,7 @@ def _verdicts(plan: Plan, cfg: Config, price: float | None) -> list[str]:
         if prev.cost is not None and nxt.cost is not None and prev.cost > 0:
             cost = f" at {nxt.cost / prev.cost:.2f}x the cost"
         out.append(
-            f"N={nxt.nodes} gives {speed:.2f}x of N={prev.nodes} for {resources:g}x the GPUs{cost} "
+            f"N={nxt.nodes} gives {speed:.2f}x of N={prev.nodes} for {resources:g}x the {ranks}{cost} "
             f"(efficiency {nxt.efficiency:.0%} of linear from N={plan.scaling[0].nodes})"
         )
     here = plan.point(plan.nodes)
@@ -803,5 +804,10 @@ def _verdicts(plan: Plan, cfg: Config, price: float | None) -> list[str]:
         else:
             out.append(eta + (f", within job.timeout_seconds {timeout}" if timeout else ""))
         if here.cost is not None and price is not None:
-            out.append(f"cost {here.cost:.2f} ({here.gpu_hours:.1f} GPU-hours at {price:g} per GPU-hour)")
+            out.append(f"cost {here.cost:.2f} ({here.gpu_hours:.1f} {hour}s at {price:g} per {hour})")
     return out
+
+
+def _ranks_words(device: str) -> tuple[str, str]:
+    """What a plan's ranks are, and their hour: GPUs, or processes (a plan of this machine's CPU)."""
+    return ("processes", "process-hour") if device == "cpu" else ("GPUs", "GPU-hour")
