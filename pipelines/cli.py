@@ -706,7 +706,7 @@ def _node_counts(text: str) -> list[int]:
 
 
 def _price(text: str) -> float:
-    """A price per GPU-hour, >= 0 (0: no cost column, as `plan.price_per_gpu_hour: 0`)."""
+    """A price per GPU-hour, >= 0 (0: no cost, as `plan.price_per_gpu_hour: 0`)."""
     from trainer.config import MAX_GPU_HOUR_PRICE
 
     value = _number(text)
@@ -833,9 +833,15 @@ _OUTPUT_READ_LIMIT = 64 << 20
 
 
 def _a_stream(path: Path) -> bool:
-    """A device or a process's stream (`/dev/stdout`, `/proc/self/fd/1`): written to, never read,
-    and never truncated, even where it is a file the shell redirected to."""
-    return str(path).startswith(("/dev/", "/proc/"))
+    """A process's stream (`/dev/stdout`, `/dev/fd/1`, `/proc/self/fd/1`) or a device, pipe or
+    socket: written to, never read, and never truncated, even where it is a file the shell
+    redirected to (`/dev/shm/x` is a file like any other)."""
+    if re.match(r"/dev/(std(in|out|err)|fd/)|/proc/[^/]+/fd/", os.path.abspath(path)):
+        return True
+    try:
+        return not stat.S_ISREG(path.stat().st_mode) and not path.is_dir()
+    except OSError:
+        return False
 
 
 def _holds_data(path: Path) -> bool:
@@ -984,7 +990,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--price",
         type=_price,
         metavar="PER_GPU_HOUR",
-        help="price of a GPU-hour (overrides plan.price_per_gpu_hour; 0: no cost column)",
+        help="price of a GPU-hour (overrides plan.price_per_gpu_hour; 0: no cost)",
     )
     p.add_argument(
         "--network",

@@ -440,6 +440,33 @@ CASES = [
         failures.COLLECTIVE_TIMEOUT,
     ),
     ("a rank's SIGSEGV alone", [pod(state=exited(1))], [], {POD: torchrun_summary(-11)}, failures.USER_ERROR),
+    # NCCL's warnings of a healthy run are no failure, and a CUDA error is the rank's own bug.
+    (
+        "a rank's SIGABRT beside NCCL's barrier warning",
+        [pod(state=exited(1))],
+        [],
+        {
+            POD: [
+                "[rank1]:[W101 ProcessGroupNCCL.cpp:4715] [PG ID 0 PG GUID 0 Rank 1] using GPU 1 to perform barrier "
+                "as devices used by this process are currently unknown.",
+                *torchrun_summary(-6),
+            ]
+        },
+        failures.USER_ERROR,
+    ),
+    (
+        "a rank's device-side assert, which NCCL's watchdog reports as it aborts",
+        [pod(state=exited(1))],
+        [],
+        {
+            POD: [
+                "[rank1]:[E101 ProcessGroupNCCL.cpp:1484] [PG 0 Rank 1] Process group watchdog thread terminated with "
+                "exception: CUDA error: device-side assert triggered",
+                *torchrun_summary(-6),
+            ]
+        },
+        failures.USER_ERROR,
+    ),
     (
         "a container's exit 1 alone",
         [pod(state=exited(1))],

@@ -1079,3 +1079,15 @@ def test_plan_names_dataset_when_its_store_refuses(tmp_path, monkeypatch, capsys
         monkeypatch.delenv(name, raising=False)
     assert main(["plan", "--dataset", "s3://kfbkt/x"]) == 2
     assert capsys.readouterr().err.startswith("kftrain: error: --dataset: no object-store credentials")
+
+
+@pytest.mark.parametrize(
+    ("path", "stream"),
+    [("/dev/stdout", True), ("/dev/fd/1", True), ("/proc/self/fd/1", True), (os.devnull, True)]
+    + [("/dev/shm/kftrain-summary.json", False), ("out/summary.json", False)],
+)
+def test_only_a_stream_or_device_is_appended_to_unchecked(path, stream):
+    """`/dev/shm/x` is a file like any other: checked, and replaced whole (was: any path under /dev)."""
+    from pipelines.cli import _a_stream
+
+    assert _a_stream(Path(path)) is stream

@@ -113,8 +113,12 @@ _KUEUE_STOPPED = re.compile(r"\b(preempted|evicted|node failures?)\b", re.IGNORE
 _ROOT_CAUSE = re.compile(r"Root Cause \(first observed failure\)")
 _EXITCODE = re.compile(r"^\s*exitcode\s*:\s*(-?\d+)")
 _NCCL_WATCHDOG = "Watchdog caught collective operation timeout"
-#: What NCCL logs as it aborts a rank whose collective failed: a peer gone or hung.
-_NCCL_FAILURE = re.compile(r"ProcessGroupNCCL|DistBackendError|Heartbeat monitor|NCCL error")
+#: What NCCL logs as it aborts a rank whose collective failed: a peer gone or hung (not its
+#: warnings of a healthy run, nor a CUDA error of the rank's own: a device-side assert is its bug).
+_NCCL_FAILURE = re.compile(
+    r"Watchdog caught|watchdog thread terminated with exception|Heartbeat monitor timed out|watchdog got stuck|"
+    r"Some NCCL operations have failed|ncclRemoteError|remote process exited|DistBackendError"
+)
 _EXIT_CODE_CAUSES = {
     exit_codes.NONFINITE_LOSS: NONFINITE,
     exit_codes.COLLECTIVE_TIMEOUT: COLLECTIVE_TIMEOUT,
@@ -281,7 +285,8 @@ def _exit_evidence(pod: Mapping[str, Any], log_lines: list[str]) -> Diagnosis | 
         if -code == signal.SIGABRT:
             # NCCL aborts a rank whose peer failed or hung (TORCH_NCCL_ASYNC_ERROR_HANDLING): the
             # collective's failure where its log shows NCCL's, else a crash, below any own report.
-            if any(_NCCL_FAILURE.search(line) for line in log_lines):
+            own = any("CUDA error" in line for line in log_lines)
+            if not own and any(_NCCL_FAILURE.search(line) for line in log_lines):
                 return Diagnosis(COLLECTIVE_TIMEOUT, said, "process")
             return Diagnosis(USER_ERROR, said, "abort")
         return Diagnosis(_SIGNAL_CAUSES.get(-code, USER_ERROR), said, source)
