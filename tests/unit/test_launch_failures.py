@@ -56,16 +56,22 @@ WATCHDOG_LINE = (
 )
 
 
-def torchrun_summary(exitcode):
+def torchrun_summary(exitcode, *others):
     """The end of a replica's log when a training process fails: torchrun's ChildFailedError
-    summary (torch/distributed/elastic/multiprocessing/errors/__init__.py, torch 2.13)."""
+    summary (torch/distributed/elastic/multiprocessing/errors/__init__.py, torch 2.13), with the
+    exit codes of `others` failed in the same poll."""
+    listed = [
+        line
+        for i, code in enumerate(others, 1)
+        for line in (f"[{i}]:", f"  rank      : {i} (local_rank: {i})", f"  exitcode  : {code} (pid: {60 + i})")
+    ]
     return [
         "torch.distributed.elastic.multiprocessing.errors.ChildFailedError: ",
         "============================================================",
         "trainer.train FAILED",
         "------------------------------------------------------------",
         "Failures:",
-        "  <NO_OTHER_FAILURES>",
+        *(listed or ["  <NO_OTHER_FAILURES>"]),
         "------------------------------------------------------------",
         "Root Cause (first observed failure):",
         "[0]:",
@@ -440,6 +446,15 @@ CASES = [
         failures.COLLECTIVE_TIMEOUT,
     ),
     ("a rank's SIGSEGV alone", [pod(state=exited(1))], [], {POD: torchrun_summary(-11)}, failures.USER_ERROR),
+    # Two processes of one pod failed in one poll: the root cause is the lower rank, here the one
+    # NCCL aborted; the other's own exit code says why (was: a collective's failure, re-created).
+    (
+        "a pod's rank aborted by NCCL as the root cause, its other rank's own error beside it",
+        [pod(state=exited(1))],
+        [],
+        {POD: [WATCHDOG_LINE, *torchrun_summary(-6, exit_codes.NONFINITE_LOSS)]},
+        failures.NONFINITE,
+    ),
     # NCCL's warnings of a healthy run are no failure, and a CUDA error is the rank's own bug.
     (
         "a rank's SIGABRT beside NCCL's barrier warning",

@@ -178,6 +178,21 @@ def root_cause_exit_code(log_lines: Iterable[str]) -> int | None:
     return code
 
 
+def other_failure_codes(log_lines: Iterable[str]) -> list[int]:
+    """The exit codes of the failed training processes torchrun's last summary lists besides its
+    root cause (its `Failures:` section; `<NO_OTHER_FAILURES>`: none)."""
+    codes: list[int] = []
+    listing = False
+    for line in log_lines:
+        if line.strip() == "Failures:":
+            codes, listing = [], True
+        elif _ROOT_CAUSE.search(line):
+            listing = False
+        elif listing and (m := _EXITCODE.match(line)):
+            codes.append(int(m.group(1)))
+    return codes
+
+
 def before_torchrun_summary(log_lines: list[str]) -> list[str]:
     """The lines a log holds before torchrun's own report of a failed process: its summary (a
     rule of `=`, then `<entrypoint> FAILED`) and the traceback of its `ChildFailedError` before
@@ -266,13 +281,18 @@ def exit_code_of(pod: Mapping[str, Any]) -> int | None:
 
 def _exit_evidence(pod: Mapping[str, Any], log_lines: list[str]) -> Diagnosis | None:
     name = (pod.get("metadata") or {}).get("name", "?")
+    code = root_cause_exit_code(log_lines)
+    # Failures seen in one poll: the root cause is the lowest rank, maybe the one NCCL aborted
+    # after another process of the pod failed by itself, whose exit code then says how.
+    own = [c for c in other_failure_codes(log_lines) if c > 0] if code == -signal.SIGABRT else []
     # NCCL's watchdog aborts the process on a timed-out collective (TORCH_NCCL_ASYNC_ERROR_HANDLING),
     # before the trainer can exit with its own code: the child dies of SIGABRT, the log says why.
-    for line in log_lines:
+    for line in [] if own else log_lines:
         if _NCCL_WATCHDOG in line:
             return Diagnosis(COLLECTIVE_TIMEOUT, f"pod {name}: {line.strip()[:300]}", "process")
-    code = root_cause_exit_code(log_lines)
     where = f"pod {name}: the training process exited with code {code} (torchrun's root cause)"
+    if own:
+        code, where = own[0], f"pod {name}: a training process exited with code {own[0]} (torchrun's failures)"
     source = "process"
     if code is None:
         source = "container"
@@ -285,8 +305,8 @@ def _exit_evidence(pod: Mapping[str, Any], log_lines: list[str]) -> Diagnosis | 
         if -code == signal.SIGABRT:
             # NCCL aborts a rank whose peer failed or hung (TORCH_NCCL_ASYNC_ERROR_HANDLING): the
             # collective's failure where its log shows NCCL's, else a crash, below any own report.
-            own = any("CUDA error" in line for line in log_lines)
-            if not own and any(_NCCL_FAILURE.search(line) for line in log_lines):
+            cuda = any("CUDA error" in line for line in log_lines)  # the rank's own bug
+            if not cuda and any(_NCCL_FAILURE.search(line) for line in log_lines):
                 return Diagnosis(COLLECTIVE_TIMEOUT, said, "process")
             return Diagnosis(USER_ERROR, said, "abort")
         return Diagnosis(_SIGNAL_CAUSES.get(-code, USER_ERROR), said, source)
