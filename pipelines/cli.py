@@ -66,12 +66,12 @@ def _check_summary_place(summary: str, root: str, run_id: str) -> None:
     it, `runs` and the run's folder there): refused before any step (was: the whole run, then `Is a
     directory`)."""
     from trainer.config import ConfigError
-    from trainer.storage import parse_uri
+    from trainer.storage import place_of
 
-    loc = parse_uri(root)
-    if loc.is_remote:
+    top = place_of(root)
+    if top is None or "://" in top:  # an object store's: nothing of it on this machine
         return
-    top, path = Path(os.path.realpath(loc.key)), Path(os.path.realpath(summary))
+    top, path = Path(top), Path(os.path.realpath(summary))
     if path == top or path in top.parents or path in (top / "runs", top / "runs" / run_id):
         raise ConfigError(f"--summary {summary}: the run makes that folder (its outputs go under {top}); name a file")
 
@@ -819,7 +819,7 @@ def _output_file(what: str, earlier: Callable[[str], bool]) -> Callable[[str], s
             raise argparse.ArgumentTypeError(
                 f"{target} cannot be written (permission denied); name a file you can write"
             )
-        if _holds_data(path) and not earlier(_text_of(path)):
+        if _would_destroy(path, earlier):
             raise argparse.ArgumentTypeError(
                 f"{text} exists and is not {what}: it would be overwritten; name a new file, or remove that one"
             )
@@ -854,6 +854,11 @@ def _holds_data(path: Path) -> bool:
     except OSError:
         return False
     return stat.S_ISREG(st.st_mode) and st.st_size > 0
+
+
+def _would_destroy(path: Path, earlier: Callable[[str], bool]) -> bool:
+    """Whether writing `path` would destroy data that is not an `earlier` output of the command."""
+    return _holds_data(path) and not earlier(_text_of(path))
 
 
 def _text_of(path: Path) -> str:
@@ -899,7 +904,7 @@ def write_output(flag: str, path: str, text: str, what: str, earlier: Callable[[
         try:
             out = open(target, "x", encoding="utf-8")  # noqa: SIM115 (closed below)
         except FileExistsError:
-            if _holds_data(target) and not earlier(_text_of(target)):
+            if _would_destroy(target, earlier):
                 raise OutputError(
                     f"{flag}: {path} was made while the command ran and is not {what}: it is kept, not "
                     "overwritten; name a new file"

@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any
 from trainer.config import BUILTIN_TASKS, Config, ConfigError, config_to_json, to_dict
 from trainer.errors import KftrainError
 from trainer.k8s_formats import quantity_value
-from trainer.storage import StoreError, check_deadline, join_uri, parse_uri
+from trainer.storage import StoreError, check_deadline, join_uri, parse_uri, place_of
 
 log = logging.getLogger("kftrain.checks")
 
@@ -112,19 +112,18 @@ def check_writes_outside_source(cfg: Config, output_dir: str = "") -> None:
     if not source or source in BUILTIN_SOURCES or source.startswith("hf://"):
         return
 
-    def place(uri: str) -> tuple[bool, str, str]:  # s3:// and minio:// name one store
-        loc = parse_uri(uri)
-        key = loc.key if loc.is_remote else os.path.realpath(loc.key)  # --output-dir arrives resolved
-        return loc.is_remote, loc.bucket, key.rstrip("/")
+    def place(uri: str) -> str:  # `bucket/key` (s3:// and minio:// name one store), or an absolute path
+        spelled = place_of(uri) or uri
+        return spelled.split("://", 1)[1] if "://" in spelled else spelled
 
-    *store, folder = place(source)
+    folder = place(source)
     writes = {"store.uri": cfg.store.uri, "--output-dir": output_dir}
     writes["checkpoint.uri"] = cfg.checkpoint.uri if cfg.checkpoint.enabled else ""
     for field, uri in writes.items():
         if not uri:
             continue
-        *where, key = place(uri)
-        if where == store and (key == folder or key.startswith(f"{folder}/")):
+        key = place(uri)
+        if key == folder or key.startswith(f"{folder}/"):
             raise ConfigError(
                 f"{field} {uri!r} is inside data.source {source!r}: data prep would read the run's own logs, "
                 "records and checkpoints as training data; write them outside the source"

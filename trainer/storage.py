@@ -196,13 +196,17 @@ def place_of(uri: str) -> str | None:
     except ValueError:
         return None
     if loc.is_remote:
-        return f"{loc.scheme}://{loc.bucket}/{loc.key.rstrip('/')}"
+        key = loc.key.rstrip("/")
+        return f"{loc.scheme}://{loc.bucket}" + (f"/{key}" if key else "")
     return os.path.realpath(loc.key)
 
 
 def same_place(a: str, b: str) -> bool:
     """Whether store URIs or paths `a` and `b` name one place (:func:`place_of`)."""
-    return a == b or (place_of(a) is not None and place_of(a) == place_of(b))
+    if a == b:
+        return True
+    place = place_of(a)
+    return place is not None and place == place_of(b)
 
 
 def join_uri(base: str, *parts: str) -> str:

@@ -496,6 +496,7 @@ def test_the_pipeline_s_own_parameters_are_checked_in_its_first_step(overrides, 
         ("s3://bkt/data/", {"store.uri": "minio://bkt/data/runs"}, "store.uri"),  # one store, two schemes
         ("{tmp}/corpus", {"output_dir": "{tmp}/corpus-out"}, ""),  # a neighbour whose name starts alike
         ("{tmp}/corpus/t.txt", {"output_dir": "{tmp}/corpus"}, ""),  # beside a one-file source
+        ("s3://bkt", {"store.uri": "s3://bkt/runs"}, "store.uri"),  # a whole bucket (was: not seen)
         ("s3://bkt/data/", {"store.uri": "s3://other/data/runs"}, ""),
         ("s3://bkt/data/", {"store.uri": "{tmp}/corpus"}, ""),  # a local folder is not the bucket
         ("{tmp}/corpus", {"checkpoint.uri": "{tmp}/corpus/ck", "checkpoint.enabled": False}, ""),  # never written

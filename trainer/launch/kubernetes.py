@@ -676,8 +676,8 @@ class KubernetesBackend:
             return f"not re-created ({field} is 0)"
         if allowed != failures.UNLIMITED and done >= allowed:
             return f"not re-created: its {allowed} re-creation(s) for {diagnosis.cause} are spent ({field})"
-        if past := self._past_deadline(job):
-            return past
+        if self._deadline_passed():
+            return f"not re-created: the job's deadline has passed ({job.spec.timeout_s:.0f}s, job.timeout_seconds)"
         job.restarts[diagnosis.cause] = done + 1
         if allowed == failures.UNLIMITED:
             left = f"unlimited ({field} is -1) until the deadline, {self._seconds_left():.0f}s from now"
@@ -689,7 +689,7 @@ class KubernetesBackend:
         )
         self.cancel(job.spec)
         self._wait_deleted(job)
-        if self._past_deadline(job):  # spent waiting for the deletion: no job is made to idle
+        if self._deadline_passed():  # spent waiting for the deletion: no job is made to idle
             return (
                 f"not re-created after all: the job's deadline ({job.spec.timeout_s:.0f}s, job.timeout_seconds) "
                 "passed while the failed job was being deleted"
@@ -697,11 +697,8 @@ class KubernetesBackend:
         self._create(job, job.manifest(self._now()), ours=True)
         return None
 
-    def _past_deadline(self, job: _Job) -> str:
-        """Why a failed job is not re-created once the run's deadline has passed, else ''."""
-        if self._deadline is not None and self._now() > self._deadline:
-            return f"not re-created: the job's deadline has passed ({job.spec.timeout_s:.0f}s, job.timeout_seconds)"
-        return ""
+    def _deadline_passed(self) -> bool:
+        return self._deadline is not None and self._now() > self._deadline
 
     def _seconds_left(self) -> float:
         return max(0.0, (self._deadline - self._now()).total_seconds()) if self._deadline else 0.0
@@ -758,7 +755,7 @@ class KubernetesBackend:
         timeout_s = grace + DELETION_SLACK_S
         end = self._now() + dt.timedelta(seconds=timeout_s)
         while self._get(job) is not None:
-            if self._past_deadline(job):  # the run's time is up: the caller says so, not this wait
+            if self._deadline_passed():  # the run's time is up: the caller says so, not this wait
                 return
             if self._now() > end:
                 raise JobFailed(
