@@ -378,6 +378,43 @@ def _largest_token_id(tokenizer: dict[str, Any]) -> int | None:
     return max(ids) if ids else None
 
 
+def _json_object(source: ModelSource, name: str) -> dict[str, Any]:
+    """The folder's JSON file `name` as an object; {} where it is absent (each is optional, and
+    :func:`check_tokenizer_files` has refused a damaged one before any step)."""
+    uri = join_uri(source.uri, name)
+    if not source.store.exists(uri):
+        return {}
+    try:
+        parsed = json.loads(source.store.get_bytes(uri))
+    except ValueError as exc:
+        raise PretrainedError(f"model.init_from {source.origin!r}: {name} is not valid JSON ({exc})") from None
+    return parsed if isinstance(parsed, dict) else {}
+
+
+def end_token(source: ModelSource) -> str:
+    """The model's end-of-text token, as text, where transformers finds it: the `eos_token` of
+    tokenizer_config.json, then of special_tokens_map.json; else the token of config.json's (then
+    generation_config.json's) `eos_token_id` in tokenizer.json. "" where the folder names none."""
+    for name in ("tokenizer_config.json", "special_tokens_map.json"):
+        token = _json_object(source, name).get("eos_token")
+        if isinstance(token, dict):  # an AddedToken written out: {"content": ..., "special": ...}
+            token = token.get("content")
+        if isinstance(token, str) and token:
+            return token
+    for name in (CONFIG, GENERATION_CONFIG):
+        eos = _json_object(source, name).get("eos_token_id")
+        eos = eos[0] if isinstance(eos, list) and eos else eos
+        if type(eos) is int:
+            tokenizer = _json_object(source, "tokenizer.json")
+            for added in tokenizer.get("added_tokens") or []:
+                if isinstance(added, dict) and added.get("id") == eos and isinstance(added.get("content"), str):
+                    return added["content"]
+            vocab = (tokenizer.get("model") or {}).get("vocab")
+            if isinstance(vocab, dict):
+                return next((token for token, i in vocab.items() if i == eos), "")
+    return ""
+
+
 def context_length(config: dict[str, Any]) -> int:
     """The longest context the model was built for (0 where config.json does not say)."""
     for key in ("max_position_embeddings", "n_positions", "n_ctx", "seq_length"):

@@ -420,3 +420,55 @@ def test_the_hugging_face_scheme_in_another_case_is_named_with_its_fix(uri):
         ConfigError, match=rf"model.init_from: '{uri}': write the Hugging Face scheme in lower case, hf://"
     ):
         load_config(overrides={"task": "causal_lm", "model.init_from": uri})
+
+
+def _with_files(folder: str, tmp_path: Path, files: dict[str, dict | None]) -> pretrained.ModelSource:
+    """A copy of `folder` with each of `files` written (a dict) or removed (None)."""
+    import shutil
+
+    out = tmp_path / "copy"
+    shutil.copytree(folder, out)
+    for name, content in files.items():
+        (out / name).unlink(missing_ok=True)
+        if content is not None:
+            (out / name).write_text(json.dumps(content))
+    return source(str(out))
+
+
+NO_EOS = {"tokenizer_config.json": {}, "special_tokens_map.json": None, "generation_config.json": None}
+
+
+@pytest.mark.parametrize(
+    ("files", "expected"),
+    [
+        ({}, "<|im_end|>"),  # the example model's tokenizer_config.json
+        ({"tokenizer_config.json": {"eos_token": "</s>"}}, "</s>"),
+        ({"tokenizer_config.json": {"eos_token": {"content": "<|eot|>", "special": True}}}, "<|eot|>"),
+        ({**NO_EOS, "special_tokens_map.json": {"eos_token": "<|im_end|>"}}, "<|im_end|>"),
+        ({**NO_EOS, "config.json": "eos_id", "generation_config.json": None}, "<|im_end|>"),  # by id
+        ({**NO_EOS, "config.json": "eos_ids"}, "<|im_end|>"),  # a list of ids: the first
+        ({**NO_EOS, "config.json": "no_eos"}, ""),
+    ],
+)
+def test_the_end_of_text_token_is_found_where_transformers_looks(folder, tmp_path, files, expected):
+    """tokenizer_config.json's eos_token (text or an AddedToken), special_tokens_map.json's, then
+    the token of config.json's eos_token_id (an id or a list) in tokenizer.json; none is ""."""
+    config = json.loads((Path(folder) / "config.json").read_text())
+    eos_id = json.loads((Path(folder) / "tokenizer.json").read_text())["added_tokens"]
+    eos_id = next(t["id"] for t in eos_id if t["content"] == "<|im_end|>")
+    configs = {
+        "eos_id": {**config, "eos_token_id": eos_id},
+        "eos_ids": {**config, "eos_token_id": [eos_id, 0]},
+        "no_eos": {k: v for k, v in config.items() if k != "eos_token_id"},
+    }
+    files = {
+        name: configs.get(content, content) if isinstance(content, str) else content for name, content in files.items()
+    }
+    assert pretrained.end_token(_with_files(folder, tmp_path, files)) == expected
+
+
+def test_a_damaged_tokenizer_config_is_named_when_its_end_token_is_read(folder, tmp_path):
+    out = _with_files(folder, tmp_path, {})
+    Path(out.uri, "tokenizer_config.json").write_text("{not json")
+    with pytest.raises(pretrained.PretrainedError, match="tokenizer_config.json is not valid JSON"):
+        pretrained.end_token(out)

@@ -118,6 +118,29 @@ def test_data_format_decides_how_an_object_reads(tmp_path, name, fmt, expected):
 
 
 @pytest.mark.parametrize(
+    ("content", "fmt", "end", "expected"),
+    [
+        (b"no line end", "text", b"", b"no line end\n"),  # the next object's first line stays its own
+        (b"ends in one\n", "text", b"", b"ends in one\n"),
+        (b"", "text", b"", b""),
+        (b"no line end", "text", b"<eos>", b"no line end<eos>\n"),
+        (b"line 1\nline 2\n", "text", b"<eos>", b"line 1\nline 2\n<eos>\n"),  # one document, one end
+        (b"", "text", b"<eos>", b""),  # an empty object is no document
+        (b'{"text": "a"}\n\n{"text": "b\\nc"}', "jsonl", b"<eos>", b"a<eos>\nb\nc<eos>\n"),  # each record
+    ],
+)
+def test_each_document_ends_in_the_end_text_and_a_line_end(tmp_path, content, fmt, end, expected):
+    """A text object and each JSON Lines record end in `end` (a pretrained model's end-of-text
+    token) and a line end (was: text objects were joined as they were, the last line of one
+    running into the first of the next, and no end token at all)."""
+    from trainer.tasks.causal_lm import _object_pieces
+
+    path = tmp_path / "d"
+    path.write_bytes(content)
+    assert b"".join(_object_pieces(LocalStore(), str(path), "text", fmt, end)) == expected
+
+
+@pytest.mark.parametrize(
     "first_line, fmt, says",
     [
         ('{"messages": [{"role": "user", "content": "hi"}]}', "text", "set data.format: chat"),
@@ -178,7 +201,7 @@ def test_a_text_source_cut_at_max_bytes_says_so(tmp_path, caplog, size, warned):
     the progress line's percentage); a source that fits is not."""
     from trainer.tasks.causal_lm import source_pieces
 
-    (tmp_path / "t.txt").write_bytes(b"x" * size)
+    (tmp_path / "t.txt").write_bytes(b"x" * (size - 1) + b"\n")
     cfg = load_config(overrides={"task": "causal_lm", "data.source": str(tmp_path / "t.txt"), "data.max_bytes": 1000})
     with caplog.at_level(logging.WARNING, logger="kftrain.data"):
         assert len(b"".join(source_pieces(cfg, "data prep"))) == min(size, 1000)

@@ -67,3 +67,59 @@ def test_peft_notes_with_nothing_to_act_on_stay_off_the_terminal(targets):
         warnings.simplefilter("always")
         apply_lora(model, {"rank": 2, "alpha": 4, "dropout": 0.0, "target_modules": targets})
     assert not [str(w.message) for w in seen if "peft" in w.filename], [str(w.message) for w in seen]
+
+
+@pytest.mark.parametrize("eos", ["<|im_end|>", "", "no such token"], ids=["eos", "none", "split"])
+def test_text_for_a_pretrained_model_ends_each_record_in_its_end_of_text_token(tmp_path, caplog, eos):
+    """Data prep of `data.format: jsonl` for a pretrained model ends each record in the model's
+    end-of-text token, one token, so that the model learns to stop (was: records joined by a line
+    end alone, a window running from one into the next); a folder naming none, or one its
+    tokenizer splits, is said with a warning, and the records are joined as before."""
+    import json
+
+    import numpy as np
+
+    from trainer.config import load_config
+    from trainer.shards import read_shard, split_shards
+    from trainer.storage import LocalStore
+
+    folder = tmp_path / "model"
+    shutil.copytree(tiny_llama_folder(tmp_path / "tiny"), folder)
+    tokenizer_config = json.loads((folder / "tokenizer_config.json").read_text())
+    tokenizer_config["eos_token"] = eos
+    (folder / "tokenizer_config.json").write_text(json.dumps(tokenizer_config))
+    config = json.loads((folder / "config.json").read_text())
+    (folder / "config.json").write_text(json.dumps({k: v for k, v in config.items() if k != "eos_token_id"}))
+    for name in ("special_tokens_map.json", "generation_config.json"):  # where else transformers looks
+        (folder / name).unlink(missing_ok=True)
+    (tmp_path / "d.jsonl").write_text("".join(json.dumps({"text": f"record {i} " * 8}) + "\n" for i in range(300)))
+    cfg = load_config(
+        overrides={
+            "task": "causal_lm",
+            "model.init_from": str(folder),
+            "model.block_size": 16,
+            "data.source": str(tmp_path / "d.jsonl"),
+            "data.val_fraction": 0.1,
+            "data.test_fraction": 0.1,
+        }
+    )
+    task = PretrainedLMTask()
+    with caplog.at_level("WARNING", logger="kftrain.pretrained"):
+        manifest = task.prepare(cfg, LocalStore(), str(tmp_path / "ds"))
+    tokens = np.concatenate(
+        [
+            read_shard(LocalStore(), str(tmp_path / "ds"), info)
+            for split in ("train", "val", "test")
+            for info in split_shards(manifest, split, str(tmp_path / "ds"))
+        ]
+    )
+    end_id = task.tokenizer(cfg).encode(b"<|im_end|>")
+    assert len(end_id) == 1
+    warned = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
+    if eos == "<|im_end|>":
+        assert manifest["record_end"] == eos and warned == []
+        assert int((tokens == end_id[0]).sum()) == 300  # one per record, none lost at a split's cut
+    else:
+        assert "record_end" not in manifest and int((tokens == end_id[0]).sum()) == 0
+        assert len(warned) == 1 and "the model does not learn where one ends" in warned[0], warned
+        assert ("is not one token of its tokenizer" if eos else "names no end-of-text token") in warned[0]

@@ -57,14 +57,15 @@ IGNORE = -100
 log = logging.getLogger("kftrain.data")
 
 
-def stdlib_documents() -> Iterator[bytes]:
-    """Python's own standard-library source (always installed; sorted, so stable), file by file."""
+def stdlib_documents(end: bytes = b"") -> Iterator[bytes]:
+    """Python's own standard-library source (always installed; sorted, so stable), file by file,
+    each file followed by `end` (see :func:`source_pieces`) and a line end."""
     root = Path(sysconfig.get_paths()["stdlib"])
     for path in sorted(root.rglob("*.py")):
         rel = path.relative_to(root).parts
         if "site-packages" in rel or "test" in rel or "tests" in rel:
             continue
-        yield path.read_bytes() + b"\n"
+        yield path.read_bytes() + end + b"\n"
 
 
 def reads_as_jsonl(fmt: str, uri: str) -> bool:
@@ -73,25 +74,32 @@ def reads_as_jsonl(fmt: str, uri: str) -> bool:
     return fmt == "jsonl" or (fmt == "auto" and has_suffix(uri, *JSONL_SUFFIXES))
 
 
-def _object_pieces(store: ObjectStore, uri: str, text_field: str, fmt: str = "auto") -> Iterator[bytes]:
+def _object_pieces(
+    store: ObjectStore, uri: str, text_field: str, fmt: str = "auto", end: bytes = b""
+) -> Iterator[bytes]:
     """One object's text in pieces of at most a block: as it is (`data.format: text`), or the
-    `text_field` of each JSON Lines record, one record per line (`jsonl`); `auto` by the suffix."""
-    carry, number = b"", 0
+    `text_field` of each JSON Lines record, one record per line (`jsonl`); `auto` by the suffix.
+    Each record, and a text object as a whole, is followed by `end` (see :func:`source_pieces`)
+    and ends in a line end: the next object's first line never continues this one's last."""
+    carry, number, last = b"", 0, b""
     jsonl = reads_as_jsonl(fmt, uri)
     for i, raw in enumerate(text_chunks(read_chunks(store, uri, BLOCK_BYTES), uri, "text or JSON Lines")):
         chunk = carry + raw
         if not jsonl:
             if i == 0:
                 _warn_if_records(chunk, uri, fmt)
+            last = chunk[-1:] or last
             yield chunk
             continue
         *lines, carry = chunk.split(b"\n")
         for line in lines:
             number += 1
             if line.strip():
-                yield record_text(line, f"{uri} line {number}", text_field) + b"\n"
+                yield record_text(line, f"{uri} line {number}", text_field) + end + b"\n"
     if carry.strip():
-        yield record_text(carry, f"{uri} line {number + 1}", text_field) + b"\n"
+        yield record_text(carry, f"{uri} line {number + 1}", text_field) + end + b"\n"
+    if last and (end or last != b"\n"):  # a text object that is not empty
+        yield end + b"\n"
 
 
 def _warn_if_records(chunk: bytes, uri: str, fmt: str) -> None:
@@ -136,28 +144,30 @@ def record_text(line: bytes, where: str, field: str) -> bytes:
     return record[field].encode("utf-8")
 
 
-def source_pieces(cfg: Config, progress: str = "") -> Iterator[bytes]:
+def source_pieces(cfg: Config, progress: str = "", end: bytes = b"") -> Iterator[bytes]:
     """The configured source as pieces of text, in a fixed order, at most `data.max_bytes` in all,
-    read from the source's own store (:func:`trainer.data_rules.source_store`).
+    read from the source's own store (:func:`trainer.data_rules.source_store`). `end` (a
+    pretrained model's end-of-text token, or nothing) follows each document: each JSON Lines
+    record, each text object, each file of the built-in corpus.
     With `progress` (what the reading is for), logs the bytes taken every few seconds and at the
     end, with percent and ETA against `data.max_bytes` when it is set."""
     d = cfg.data
     source = d.source or "python-stdlib"
     if source == "python-stdlib":
-        pieces = stdlib_documents()
+        pieces = stdlib_documents(end)
     else:
         store = source_store(cfg, source)
         uris = source_objects(store, source)
         if not uris:
             raise DataError(f"data.source {source!r}: no object there and none below it; check the URI")
-        pieces = (piece for uri in uris for piece in _object_pieces(store, uri, d.text_field, d.format))
+        pieces = (piece for uri in uris for piece in _object_pieces(store, uri, d.text_field, d.format, end))
     left = d.max_bytes or math.inf
     line = ProgressLine(f"{progress}: reading {source}", total=d.max_bytes) if progress else None
     cut = False
     for piece in pieces:
         if left <= 0:
-            if not piece:
-                continue  # an empty piece leaves nothing unread
+            if not piece or piece == end + b"\n":
+                continue  # a piece without the source's text (only its end) leaves nothing unread
             cut = True
             break
         if len(piece) > left:
@@ -292,9 +302,16 @@ class CausalLMTask(Task):
             info.update(file=TOKENIZER_FILE, json=tokenizer.to_json().decode("utf-8"))
         return info
 
+    def record_end(self, cfg: Config, tokenizer: Tokenizer) -> bytes:
+        """The text data prep puts at the end of each document (record, text object, file) before
+        tokenizing it: nothing for a model trained here from scratch, whose documents are
+        joined by line ends alone."""
+        return b""
+
     def prepare(self, cfg: Config, store: ObjectStore, dataset_uri: str) -> dict[str, Any]:
         d = cfg.data
         tokenizer = self.tokenizer(cfg)
+        end = self.record_end(cfg, tokenizer)
         dtype = token_dtype(tokenizer.vocab_size)
         raw_tokenizer = None if tokenizer.kind == "bytes" else tokenizer.to_json()
         writers = {
@@ -309,7 +326,7 @@ class CausalLMTask(Task):
             else None
         )
         try:
-            texts = blocks(source_pieces(cfg, progress="data prep"))
+            texts = blocks(source_pieces(cfg, progress="data prep", end=end))
             for ids in _bounded_map(pool, tokenize_block, texts, d.val_fraction, d.test_fraction, ahead=2 * d.num_proc):
                 for split, tokens in ids.items():
                     if len(tokens):
@@ -346,6 +363,8 @@ class CausalLMTask(Task):
             "dtype": dtype.name,
             "splits": splits,
         }
+        if end:
+            manifest["record_end"] = end.decode()
         store.put_bytes(join_uri(dataset_uri, MANIFEST), json.dumps(manifest, indent=2).encode())
         return manifest
 

@@ -111,6 +111,26 @@ class PretrainedLMTask(CausalLMTask):
         source = self._data_source or source_for(cfg, weights=False)  # the one `tokenizer` read, when it ran
         return pretrained.tokenizer_record(source, tokenizer.vocab_size)
 
+    def record_end(self, cfg: Config, tokenizer: Tokenizer) -> bytes:
+        """The model's end-of-text token (:func:`pretrained.end_token`), so that the model learns
+        where a document ends and stops there, as a chat template's end of turn teaches; nothing,
+        with a warning, where the folder names no such token or its tokenizer splits it."""
+        source = self._data_source or source_for(cfg, weights=False)
+        token = pretrained.end_token(source)
+        ids = tokenizer.encode(token.encode()) if token else []
+        if len(ids) != 1:
+            log.warning(
+                "model.init_from %r: %s; documents are joined by a line end alone, and the model does not learn "
+                "where one ends",
+                source.origin,
+                f"its end-of-text token {token!r} is not one token of its tokenizer"
+                if token
+                else "names no end-of-text token (tokenizer_config.json eos_token, config.json eos_token_id)",
+            )
+            return b""
+        log.info("each document ends in the model's end-of-text token %r (id %d)", token, int(ids[0]))
+        return token.encode()
+
     def prepare(self, cfg: Config, store: ObjectStore, dataset_uri: str) -> dict[str, Any]:
         if cfg.data.format == "chat":
             return prepare_chat(cfg, store, dataset_uri, source_for(cfg, weights=False))
