@@ -105,6 +105,9 @@ class Tokenizer(Protocol):
     def decode(self, ids: Iterable[int]) -> bytes:
         """The bytes that `ids` stand for."""
 
+    def specials_around_text(self) -> tuple[list[str], list[str]]:
+        """The special tokens (their text) the tokenizer puts before and after one text."""
+
     def to_json(self) -> bytes:
         """The tokenizer as a Hugging Face tokenizer.json."""
 
@@ -181,6 +184,10 @@ class ByteTokenizer:
         arr = np.asarray(ids if not isinstance(ids, Iterator) else list(ids)).astype(np.int64, copy=False)
         _check_ids(arr, 256)
         return arr.astype(np.uint8).tobytes()
+
+    def specials_around_text(self) -> tuple[list[str], list[str]]:
+        """None: bytes have no special tokens."""
+        return [], []
 
     def to_json(self) -> bytes:
         """The equivalent byte-level tokenizer.json (see :func:`byte_tokenizer_json`)."""
@@ -268,6 +275,18 @@ class HFTokenizer:
             for enc in self._tok.encode_batch_fast(batch, add_special_tokens=False):
                 ids.extend(enc.ids)
         return ids
+
+    def specials_around_text(self) -> tuple[list[str], list[str]]:
+        """The special tokens the tokenizer's post-processor puts before and after one text, as
+        their text: what transformers' `tokenizer(text)` adds (a Llama tokenizer's
+        beginning-of-text token; nothing for GPT-2's or Qwen's)."""
+        bare = self._tok.encode("a", add_special_tokens=False).ids
+        full = self._tok.encode("a", add_special_tokens=True).ids
+        for at in range(len(full) - len(bare) + 1):
+            if full[at : at + len(bare)] == bare:
+                before, after = full[:at], full[at + len(bare) :]
+                return [self._tok.id_to_token(i) for i in before], [self._tok.id_to_token(i) for i in after]
+        return [], []
 
     def decode(self, ids: Iterable[int]) -> bytes:
         """The bytes that `ids` stand for (special tokens as their text, like transformers)."""

@@ -123,21 +123,22 @@ def test_data_format_decides_how_an_object_reads(tmp_path, name, fmt, expected):
         (b"no line end", "text", b"", b"no line end\n"),  # the next object's first line stays its own
         (b"ends in one\n", "text", b"", b"ends in one\n"),
         (b"", "text", b"", b""),
-        (b"no line end", "text", b"<eos>", b"no line end<eos>\n"),
-        (b"line 1\nline 2\n", "text", b"<eos>", b"line 1\nline 2\n<eos>\n"),  # one document, one end
+        (b"no line end", "text", b"<eos>", b"<s>no line end<eos>\n"),
+        (b"line 1\nline 2\n", "text", b"<eos>", b"<s>line 1\nline 2\n<eos>\n"),  # one document
         (b"", "text", b"<eos>", b""),  # an empty object is no document
-        (b'{"text": "a"}\n\n{"text": "b\\nc"}', "jsonl", b"<eos>", b"a<eos>\nb\nc<eos>\n"),  # each record
+        (b'{"text": "a"}\n\n{"text": "b\\nc"}', "jsonl", b"<eos>", b"<s>a<eos>\n<s>b\nc<eos>\n"),  # each record
     ],
 )
-def test_each_document_ends_in_the_end_text_and_a_line_end(tmp_path, content, fmt, end, expected):
-    """A text object and each JSON Lines record end in `end` (a pretrained model's end-of-text
-    token) and a line end (was: text objects were joined as they were, the last line of one
-    running into the first of the next, and no end token at all)."""
-    from trainer.tasks.causal_lm import _object_pieces
+def test_each_document_is_marked_and_ends_in_a_line_end(tmp_path, content, fmt, end, expected):
+    """A text object and each JSON Lines record is one document: in a pretrained model's marks
+    (here `<s>`, and `end` for its end-of-text token), then a line end (was: text objects were
+    joined as they were, the last line of one running into the first of the next, and no mark)."""
+    from trainer.tasks.causal_lm import Marks, _object_pieces
 
     path = tmp_path / "d"
     path.write_bytes(content)
-    assert b"".join(_object_pieces(LocalStore(), str(path), "text", fmt, end)) == expected
+    marks = Marks(start=b"<s>", end=end) if end else Marks()
+    assert b"".join(_object_pieces(LocalStore(), str(path), "text", fmt, marks)) == expected
 
 
 @pytest.mark.parametrize(

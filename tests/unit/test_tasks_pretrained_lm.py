@@ -69,11 +69,16 @@ def test_peft_notes_with_nothing_to_act_on_stay_off_the_terminal(targets):
     assert not [str(w.message) for w in seen if "peft" in w.filename], [str(w.message) for w in seen]
 
 
-@pytest.mark.parametrize("eos", ["<|im_end|>", "", "no such token"], ids=["eos", "none", "split"])
-def test_text_for_a_pretrained_model_ends_each_record_in_its_end_of_text_token(tmp_path, caplog, eos):
-    """Data prep of `data.format: jsonl` for a pretrained model ends each record in the model's
-    end-of-text token, one token, so that the model learns to stop (was: records joined by a line
-    end alone, a window running from one into the next); a folder naming none, or one its
+@pytest.mark.parametrize(
+    ("eos", "bos"),
+    [("<|im_end|>", False), ("<|im_end|>", True), ("", False), ("no such token", False)],
+    ids=["eos", "bos-eos", "none", "split"],
+)
+def test_text_for_a_pretrained_model_is_tokenized_document_by_document_as_transformers_does(tmp_path, caplog, eos, bos):
+    """Data prep of `data.format: jsonl` for a pretrained model makes each record one document:
+    the special tokens the tokenizer's post-processor puts before a text (Llama's BOS), the text,
+    the model's end-of-text token, so that the model learns to stop (was: records joined by a line
+    end alone, a window running from one into the next); a folder naming no end token, or one its
     tokenizer splits, is said with a warning, and the records are joined as before."""
     import json
 
@@ -92,6 +97,14 @@ def test_text_for_a_pretrained_model_ends_each_record_in_its_end_of_text_token(t
     (folder / "config.json").write_text(json.dumps({k: v for k, v in config.items() if k != "eos_token_id"}))
     for name in ("special_tokens_map.json", "generation_config.json"):  # where else transformers looks
         (folder / name).unlink(missing_ok=True)
+    if bos:  # as a Llama tokenizer.json: `<|endoftext|>` (id 0) before every text
+        tokenizer = json.loads((folder / "tokenizer.json").read_text())
+        start = {"SpecialToken": {"id": "<|endoftext|>", "type_id": 0}}
+        tokenizer["post_processor"]["single"].insert(0, start)
+        tokenizer["post_processor"]["special_tokens"] = {
+            "<|endoftext|>": {"id": "<|endoftext|>", "ids": [0], "tokens": ["<|endoftext|>"]}
+        }
+        (folder / "tokenizer.json").write_text(json.dumps(tokenizer))
     (tmp_path / "d.jsonl").write_text("".join(json.dumps({"text": f"record {i} " * 8}) + "\n" for i in range(300)))
     cfg = load_config(
         overrides={
@@ -113,13 +126,17 @@ def test_text_for_a_pretrained_model_ends_each_record_in_its_end_of_text_token(t
             for info in split_shards(manifest, split, str(tmp_path / "ds"))
         ]
     )
-    end_id = task.tokenizer(cfg).encode(b"<|im_end|>")
-    assert len(end_id) == 1
+    tokenizer = task.tokenizer(cfg)
+    end_id, start_id = (int(tokenizer.encode(text.encode())[0]) for text in ("<|im_end|>", "<|endoftext|>"))
+    assert (end_id, start_id) == (2, 0)
     warned = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
+    assert int((tokens == start_id).sum()) == (300 if bos else 0)  # one per record, none lost at a cut
+    if bos:
+        assert tokens[0] == start_id
     if eos == "<|im_end|>":
-        assert manifest["record_end"] == eos and warned == []
-        assert int((tokens == end_id[0]).sum()) == 300  # one per record, none lost at a split's cut
+        assert manifest["document_marks"] == {"start": "<|endoftext|>" if bos else "", "end": eos} and warned == []
+        assert int((tokens == end_id).sum()) == 300
     else:
-        assert "record_end" not in manifest and int((tokens == end_id[0]).sum()) == 0
+        assert "document_marks" not in manifest and int((tokens == end_id).sum()) == 0
         assert len(warned) == 1 and "the model does not learn where one ends" in warned[0], warned
         assert ("is not one token of its tokenizer" if eos else "names no end-of-text token") in warned[0]

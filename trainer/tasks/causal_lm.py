@@ -19,6 +19,7 @@ import sysconfig
 from collections import deque
 from collections.abc import Iterator
 from concurrent.futures import Executor, Future, ProcessPoolExecutor
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -57,15 +58,33 @@ IGNORE = -100
 log = logging.getLogger("kftrain.data")
 
 
-def stdlib_documents(end: bytes = b"") -> Iterator[bytes]:
+@dataclass(frozen=True)
+class Marks:
+    """The special tokens' text data prep puts around each document (a JSON Lines record, a text
+    object, a file of the built-in corpus) for a pretrained model: what its tokenizer adds before
+    a text (a Llama tokenizer's beginning-of-text token) and its end-of-text token. Nothing for a
+    model trained here from scratch. A line end follows each document either way."""
+
+    start: bytes = b""
+    end: bytes = b""
+
+    def around(self, text: bytes) -> bytes:
+        """`text` as one document."""
+        return self.start + text + self.end + b"\n"
+
+
+NO_MARKS = Marks()
+
+
+def stdlib_documents(marks: Marks = NO_MARKS) -> Iterator[bytes]:
     """Python's own standard-library source (always installed; sorted, so stable), file by file,
-    each file followed by `end` (see :func:`source_pieces`) and a line end."""
+    each one document (:class:`Marks`)."""
     root = Path(sysconfig.get_paths()["stdlib"])
     for path in sorted(root.rglob("*.py")):
         rel = path.relative_to(root).parts
         if "site-packages" in rel or "test" in rel or "tests" in rel:
             continue
-        yield path.read_bytes() + end + b"\n"
+        yield marks.around(path.read_bytes())
 
 
 def reads_as_jsonl(fmt: str, uri: str) -> bool:
@@ -75,12 +94,12 @@ def reads_as_jsonl(fmt: str, uri: str) -> bool:
 
 
 def _object_pieces(
-    store: ObjectStore, uri: str, text_field: str, fmt: str = "auto", end: bytes = b""
+    store: ObjectStore, uri: str, text_field: str, fmt: str = "auto", marks: Marks = NO_MARKS
 ) -> Iterator[bytes]:
     """One object's text in pieces of at most a block: as it is (`data.format: text`), or the
     `text_field` of each JSON Lines record, one record per line (`jsonl`); `auto` by the suffix.
-    Each record, and a text object as a whole, is followed by `end` (see :func:`source_pieces`)
-    and ends in a line end: the next object's first line never continues this one's last."""
+    Each record, and a text object as a whole, is one document (:class:`Marks`): it ends in a
+    line end, so the next object's first line never continues this one's last."""
     carry, number, last = b"", 0, b""
     jsonl = reads_as_jsonl(fmt, uri)
     for i, raw in enumerate(text_chunks(read_chunks(store, uri, BLOCK_BYTES), uri, "text or JSON Lines")):
@@ -88,6 +107,8 @@ def _object_pieces(
         if not jsonl:
             if i == 0:
                 _warn_if_records(chunk, uri, fmt)
+            if chunk and not last:  # the object's first text
+                chunk = marks.start + chunk
             last = chunk[-1:] or last
             yield chunk
             continue
@@ -95,11 +116,11 @@ def _object_pieces(
         for line in lines:
             number += 1
             if line.strip():
-                yield record_text(line, f"{uri} line {number}", text_field) + end + b"\n"
+                yield marks.around(record_text(line, f"{uri} line {number}", text_field))
     if carry.strip():
-        yield record_text(carry, f"{uri} line {number + 1}", text_field) + end + b"\n"
-    if last and (end or last != b"\n"):  # a text object that is not empty
-        yield end + b"\n"
+        yield marks.around(record_text(carry, f"{uri} line {number + 1}", text_field))
+    if last and (marks.end or last != b"\n"):  # a text object that is not empty
+        yield marks.end + b"\n"
 
 
 def _warn_if_records(chunk: bytes, uri: str, fmt: str) -> None:
@@ -144,29 +165,28 @@ def record_text(line: bytes, where: str, field: str) -> bytes:
     return record[field].encode("utf-8")
 
 
-def source_pieces(cfg: Config, progress: str = "", end: bytes = b"") -> Iterator[bytes]:
+def source_pieces(cfg: Config, progress: str = "", marks: Marks = NO_MARKS) -> Iterator[bytes]:
     """The configured source as pieces of text, in a fixed order, at most `data.max_bytes` in all,
-    read from the source's own store (:func:`trainer.data_rules.source_store`). `end` (a
-    pretrained model's end-of-text token, or nothing) follows each document: each JSON Lines
-    record, each text object, each file of the built-in corpus.
+    read from the source's own store (:func:`trainer.data_rules.source_store`), each document in
+    its `marks`.
     With `progress` (what the reading is for), logs the bytes taken every few seconds and at the
     end, with percent and ETA against `data.max_bytes` when it is set."""
     d = cfg.data
     source = d.source or "python-stdlib"
     if source == "python-stdlib":
-        pieces = stdlib_documents(end)
+        pieces = stdlib_documents(marks)
     else:
         store = source_store(cfg, source)
         uris = source_objects(store, source)
         if not uris:
             raise DataError(f"data.source {source!r}: no object there and none below it; check the URI")
-        pieces = (piece for uri in uris for piece in _object_pieces(store, uri, d.text_field, d.format, end))
+        pieces = (piece for uri in uris for piece in _object_pieces(store, uri, d.text_field, d.format, marks))
     left = d.max_bytes or math.inf
     line = ProgressLine(f"{progress}: reading {source}", total=d.max_bytes) if progress else None
     cut = False
     for piece in pieces:
         if left <= 0:
-            if not piece or piece == end + b"\n":
+            if not piece or piece == marks.end + b"\n":
                 continue  # a piece without the source's text (only its end) leaves nothing unread
             cut = True
             break
@@ -302,16 +322,15 @@ class CausalLMTask(Task):
             info.update(file=TOKENIZER_FILE, json=tokenizer.to_json().decode("utf-8"))
         return info
 
-    def record_end(self, cfg: Config, tokenizer: Tokenizer) -> bytes:
-        """The text data prep puts at the end of each document (record, text object, file) before
-        tokenizing it: nothing for a model trained here from scratch, whose documents are
-        joined by line ends alone."""
-        return b""
+    def document_marks(self, cfg: Config, tokenizer: Tokenizer) -> Marks:
+        """What data prep puts around each document before tokenizing it (:class:`Marks`):
+        nothing for a model trained here from scratch, whose documents are joined by line ends."""
+        return NO_MARKS
 
     def prepare(self, cfg: Config, store: ObjectStore, dataset_uri: str) -> dict[str, Any]:
         d = cfg.data
         tokenizer = self.tokenizer(cfg)
-        end = self.record_end(cfg, tokenizer)
+        marks = self.document_marks(cfg, tokenizer)
         dtype = token_dtype(tokenizer.vocab_size)
         raw_tokenizer = None if tokenizer.kind == "bytes" else tokenizer.to_json()
         writers = {
@@ -326,7 +345,7 @@ class CausalLMTask(Task):
             else None
         )
         try:
-            texts = blocks(source_pieces(cfg, progress="data prep", end=end))
+            texts = blocks(source_pieces(cfg, progress="data prep", marks=marks))
             for ids in _bounded_map(pool, tokenize_block, texts, d.val_fraction, d.test_fraction, ahead=2 * d.num_proc):
                 for split, tokens in ids.items():
                     if len(tokens):
@@ -363,8 +382,8 @@ class CausalLMTask(Task):
             "dtype": dtype.name,
             "splits": splits,
         }
-        if end:
-            manifest["record_end"] = end.decode()
+        if marks != NO_MARKS:
+            manifest["document_marks"] = {"start": marks.start.decode(), "end": marks.end.decode()}
         store.put_bytes(join_uri(dataset_uri, MANIFEST), json.dumps(manifest, indent=2).encode())
         return manifest
 

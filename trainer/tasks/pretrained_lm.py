@@ -27,7 +27,7 @@ from trainer.config import Config, LoraConfig
 from trainer.pretrained import source_for
 from trainer.shards import read_manifest
 from trainer.storage import ObjectStore, join_uri
-from trainer.tasks.causal_lm import CausalLMTask
+from trainer.tasks.causal_lm import CausalLMTask, Marks
 from trainer.tokenizer import Tokenizer, load_tokenizer
 
 log = logging.getLogger("kftrain.pretrained")
@@ -111,11 +111,14 @@ class PretrainedLMTask(CausalLMTask):
         source = self._data_source or source_for(cfg, weights=False)  # the one `tokenizer` read, when it ran
         return pretrained.tokenizer_record(source, tokenizer.vocab_size)
 
-    def record_end(self, cfg: Config, tokenizer: Tokenizer) -> bytes:
-        """The model's end-of-text token (:func:`pretrained.end_token`), so that the model learns
-        where a document ends and stops there, as a chat template's end of turn teaches; nothing,
-        with a warning, where the folder names no such token or its tokenizer splits it."""
+    def document_marks(self, cfg: Config, tokenizer: Tokenizer) -> Marks:
+        """Each document as the model's tokenizer makes one text (transformers' `tokenizer(text)`:
+        a Llama tokenizer's beginning-of-text token first), ending in the model's end-of-text
+        token (:func:`pretrained.end_token`), so that the model learns where a document ends and
+        stops there, as a chat template's end of turn teaches. No end, with a warning, where the
+        folder names no such token or its tokenizer splits it."""
         source = self._data_source or source_for(cfg, weights=False)
+        before, _ = tokenizer.specials_around_text()
         token = pretrained.end_token(source)
         ids = tokenizer.encode(token.encode()) if token else []
         if len(ids) != 1:
@@ -127,9 +130,11 @@ class PretrainedLMTask(CausalLMTask):
                 if token
                 else "names no end-of-text token (tokenizer_config.json eos_token, config.json eos_token_id)",
             )
-            return b""
-        log.info("each document ends in the model's end-of-text token %r (id %d)", token, int(ids[0]))
-        return token.encode()
+            token = ""
+        marks = Marks(start="".join(before).encode(), end=token.encode())
+        if marks.start or marks.end:
+            log.info("each document is tokenized as %s<text>%s, the model's own special tokens", "".join(before), token)
+        return marks
 
     def prepare(self, cfg: Config, store: ObjectStore, dataset_uri: str) -> dict[str, Any]:
         if cfg.data.format == "chat":
