@@ -33,6 +33,7 @@ def export(
 
     from components.params import config_from_params
     from components.runtime import end_with_one_line, output_uri, task_identity
+    from trainer.config import ConfigError
     from trainer.evaluate import EVAL_RECORD
     from trainer.pipeline_steps import export as export_step
     from trainer.pipeline_steps import store_for
@@ -41,7 +42,13 @@ def export(
     end_with_one_line("export")
     cfg = config_from_params(config)
     identity = task_identity(run_id, task_name, dag_execution_id, exported.uri)
-    report = json.loads(store_for(cfg, metrics.uri).get_bytes(join_uri(metrics.uri, EVAL_RECORD)))
+    store, record = store_for(cfg, metrics.uri), join_uri(metrics.uri, EVAL_RECORD)
+    if not store.exists(record):  # another step's Metrics (training's, a user's own component)
+        raise ConfigError(
+            f"metrics: no {EVAL_RECORD} at {metrics.uri}: pass the evaluate step's `metrics` output, whose "
+            "record export reads (a training step's metrics are not one)"
+        )
+    report = json.loads(store.get_bytes(record))
     summary = {k: v for k, v in report.items() if isinstance(v, int | float) and not isinstance(v, bool)}
     card = export_step(cfg, model.uri, output_uri(exported, cfg.store.uri, identity, "exported"), summary)
     exported.metadata["files"] = card["files"]

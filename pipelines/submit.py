@@ -1,8 +1,10 @@
 """Upload a compiled pipeline as a new version of a named pipeline, start a run, follow it.
 
-Authentication is what `kfp.Client` supports: a bearer token from the environment
-(`KFP_TOKEN`, never a command-line flag, so it stays out of shell history and process lists),
-the in-cluster service-account token, or an already authenticated endpoint (a port-forward).
+Authentication: a bearer token from the environment (`KFP_TOKEN`, never a command-line flag, so
+it stays out of shell history and process lists); else, in a pod (a Kubeflow notebook), the
+projected service-account token KFP's clients read (`KF_PIPELINES_SA_TOKEN_PATH`, by default
+/var/run/secrets/kubeflow/pipelines/token), which kfp.Client itself ignores once a host is given;
+else none, for an endpoint that needs none (a port-forward).
 """
 
 from __future__ import annotations
@@ -27,6 +29,13 @@ from trainer.errors import KftrainError, redact
 from trainer.launch.retry import REQUEST_TIMEOUT_S, ApiRetry, ApiUnavailable, http_status
 
 TOKEN_ENV = "KFP_TOKEN"
+#: Where a pod's projected service-account token for KFP is (the variable, then kfp's default).
+SA_TOKEN_PATH_ENV = "KF_PIPELINES_SA_TOKEN_PATH"
+SA_TOKEN_PATH = "/var/run/secrets/kubeflow/pipelines/token"
+#: HTTP statuses of a KFP API that is there but not answering now (restarting, a gateway's timeout).
+UNAVAILABLE = frozenset({502, 503, 504})
+#: How much of an error answer's body is shown (an HTML error page may be hundreds of lines).
+BODY_EXCERPT_CHARS = 200
 _KFP_TYPES = {
     "NUMBER_INTEGER": int,
     "NUMBER_DOUBLE": float,
@@ -239,8 +248,11 @@ def kfp_errors(host: str) -> Iterator[None]:
         status = exc.status or 0
         if status in (401, 403):
             raise _rejected(host, status, exc.reason) from None
+        if status in UNAVAILABLE:
+            raise _unavailable(host, status, exc.reason) from None
+        said = answer_excerpt(exc.body)
         raise SubmitError(
-            f"the KFP API at {redact(host)} answered HTTP {status} {exc.reason}: {exc.body or ''}".strip()
+            redact(f"the KFP API at {host} answered HTTP {status} {exc.reason}{f': {said}' if said else ''}")
         ) from None
     except (urllib3.exceptions.HTTPError, ConnectionError, TimeoutError) as exc:
         raise _unreachable(host, exc) from None
@@ -251,6 +263,31 @@ def _rejected(host: str, status: int, reason: str) -> SubmitError:
         f"the KFP API at {redact(host)} rejected the request (HTTP {status} {reason}): set {TOKEN_ENV} to a "
         "valid bearer token, or check the namespace and your access to it"
     )
+
+
+def _unavailable(host: str, status: int, reason: str) -> SubmitError:
+    return SubmitError(
+        f"the KFP API at {redact(host)} is unavailable (HTTP {status} {reason}): it may be restarting, or the "
+        "gateway in front of it timed out; try again in a minute (kubectl -n kubeflow get pods -l app=ml-pipeline)"
+    )
+
+
+def answer_excerpt(body: Any) -> str:
+    """What an error answer says, in one short line: a KFP error's `message` (or `error`), else
+    the body's text with HTML's tags and runs of white space taken out, at most
+    :data:`BODY_EXCERPT_CHARS` characters."""
+    if isinstance(body, bytes):
+        body = body.decode("utf-8", errors="replace")
+    text = str(body or "")
+    try:
+        answer = json.loads(text)
+    except ValueError:
+        answer = None
+    if isinstance(answer, dict) and isinstance(answer.get("message") or answer.get("error"), str):
+        text = answer.get("message") or answer["error"]
+    text = re.sub(r"(?is)<(script|style)\b.*?</\1>|<[^>]*>", " ", text)
+    text = " ".join(text.split())
+    return text if len(text) <= BODY_EXCERPT_CHARS else text[: BODY_EXCERPT_CHARS - 3].rstrip() + "..."
 
 
 def _unreachable(host: str, exc: BaseException) -> SubmitError:
@@ -273,7 +310,7 @@ def probe_host(host: str, timeout_s: float = 10.0) -> None:
 
     url = f"{host.rstrip('/')}/apis/v2beta1/healthz"
     req = urllib.request.Request(url)
-    token = os.environ.get(TOKEN_ENV)
+    token = bearer_token()
     if token:
         req.add_header("Authorization", f"Bearer {token}")
     try:
@@ -282,6 +319,8 @@ def probe_host(host: str, timeout_s: float = 10.0) -> None:
     except urllib.error.HTTPError as exc:
         if exc.code in (401, 403):
             raise _rejected(host, exc.code, exc.reason) from None
+        if exc.code in UNAVAILABLE:
+            raise _unavailable(host, exc.code, exc.reason) from None
         raise _not_kfp(host, f"HTTP {exc.code} {exc.reason} for {url}") from None
     except (urllib.error.URLError, OSError, ValueError, http.client.HTTPException) as exc:
         raise _unreachable(host, exc) from None
@@ -301,12 +340,43 @@ def _not_kfp(host: str, seen: str) -> SubmitError:
     )
 
 
+def _sa_token_path() -> str | None:
+    """The pod's projected service-account token for KFP, where there is one."""
+    path = os.environ.get(SA_TOKEN_PATH_ENV) or SA_TOKEN_PATH
+    return path if os.path.isfile(path) else None
+
+
+def bearer_token() -> str | None:
+    """The token every request carries: $KFP_TOKEN, else the service-account token's file."""
+    token = os.environ.get(TOKEN_ENV)
+    if token:
+        return token
+    path = _sa_token_path()
+    if path is None:
+        return None
+    try:
+        return Path(path).read_text().strip() or None
+    except OSError as exc:
+        raise SubmitError(f"cannot read the service-account token {path} ({exc.strerror}); set {TOKEN_ENV}") from None
+
+
 def make_client(host: str, namespace: str | None):
-    """A kfp.Client for `host`, with a bearer token from $KFP_TOKEN when set."""
+    """A kfp.Client for `host`, with the bearer token of :func:`bearer_token` (the service
+    account's as a credential that reads its file again, since the kubelet rotates it)."""
+    import warnings
+
     import kfp
 
     probe_host(host)
-    return kfp.Client(host=host, namespace=namespace, existing_token=os.environ.get(TOKEN_ENV) or None)
+    with warnings.catch_warnings():
+        # kfp's notice that its client will change, on every submit: not the user's to act on.
+        warnings.simplefilter("ignore", FutureWarning)
+        if os.environ.get(TOKEN_ENV) or _sa_token_path() is None:
+            return kfp.Client(host=host, namespace=namespace, existing_token=os.environ.get(TOKEN_ENV) or None)
+        from kfp.client import ServiceAccountTokenVolumeCredentials
+
+        credentials = ServiceAccountTokenVolumeCredentials(_sa_token_path())
+        return kfp.Client(host=host, namespace=namespace, credentials=credentials)
 
 
 def _without_urllib3_retries(client) -> None:
@@ -350,8 +420,33 @@ def _has(answer: Any, field: str) -> bool:
     return isinstance(value, str) and bool(value.strip())
 
 
+def _named(name: str) -> str:
+    """A KFP list filter: the objects whose display name is `name`."""
+    return json.dumps({"predicates": [{"operation": "EQUALS", "key": "display_name", "stringValue": name}]})
+
+
+def _pipeline_id(client, host: str, name: str, namespace: str | None) -> str | None:
+    """The id of the pipeline `name` in `namespace` (multi-user KFP keeps a namespace's own
+    pipelines apart from the shared ones: kfp.Client's `get_pipeline_id` looks at the shared
+    ones only, so a namespace's pipeline was never found again and its upload refused as a
+    duplicate), or None."""
+    listed = _kfp_call(
+        host, "find the pipeline", None, client.list_pipelines, filter=_named(name), namespace=namespace, page_size=2
+    )
+    pipelines = getattr(listed, "pipelines", None) or []
+    if len(pipelines) > 1:
+        where = f" in namespace {namespace}" if namespace else ""
+        raise SubmitError(
+            f"the KFP API at {redact(host)} holds more than one pipeline named {name!r}{where}: pass --pipeline-name "
+            "with a name of its own, or delete the extra pipelines in the KFP UI"
+        )
+    if pipelines and not _has(pipelines[0], "pipeline_id"):
+        raise _not_kfp(host, "its answer to find the pipeline has a pipeline without a pipeline_id")
+    return pipelines[0].pipeline_id if pipelines else None
+
+
 def _version_id(client, host: str, pipeline_id: str, name: str) -> str | None:
-    flt = json.dumps({"predicates": [{"operation": "EQUALS", "key": "display_name", "stringValue": name}]})
+    flt = _named(name)
     listed = _kfp_call(
         host, "list pipeline versions", None, client.list_pipeline_versions, pipeline_id=pipeline_id, filter=flt
     )
@@ -373,7 +468,7 @@ def submit(
 ) -> Submission:
     """Upload (as a new version when the pipeline exists) and create the run; :func:`follow` waits for it."""
     vname = version_name(pipeline_name, package)
-    pipeline_id = _kfp_call(host, "find the pipeline", None, client.get_pipeline_id, pipeline_name)
+    pipeline_id = _pipeline_id(client, host, pipeline_name, namespace)
     if pipeline_id is None:
         pipeline_id = _kfp_call(
             host,

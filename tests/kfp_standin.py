@@ -56,15 +56,24 @@ class StandInKFP:
         self.requests.append({"method": method, "path": path, "query": query, "auth": headers.get("Authorization")})
         if path == f"{PREFIX}/healthz":
             return 200, {"multi_user": False}
+        # Pipelines live in a namespace (multi-user KFP; "" is the shared ones), as a list sees them.
+        namespace = query.get("namespace", [""])[0]
         if path == f"{PREFIX}/pipelines" and method == "GET":
             name = _filter_name(query)
-            found = [p["info"] for p in self.pipelines.values() if name is None or p["info"]["display_name"] == name]
+            found = [
+                p["info"]
+                for p in self.pipelines.values()
+                if name in (None, p["info"]["display_name"]) and p["namespace"] == namespace
+            ]
             return 200, {"pipelines": found, "total_size": len(found)} if found else {}
         if path == f"{PREFIX}/pipelines/upload" and method == "POST":
             spec = _uploaded_pipeline(body, headers)
+            name = query["name"][0]
+            if any(p["info"]["display_name"] == name and p["namespace"] == namespace for p in self.pipelines.values()):
+                return 409, {"error": f"pipeline {name} already exists in namespace {namespace!r}"}
             pid = str(uuid.uuid4())
-            info = {"pipeline_id": pid, "display_name": query["name"][0]}
-            self.pipelines[pid] = {"info": info, "versions": {}}
+            info = {"pipeline_id": pid, "display_name": name}
+            self.pipelines[pid] = {"info": info, "versions": {}, "namespace": namespace}
             self._add_version(pid, query["name"][0], spec)
             return 200, info
         if path == f"{PREFIX}/pipelines/upload_version" and method == "POST":

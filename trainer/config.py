@@ -1549,8 +1549,8 @@ def parse_config(text: str, overrides: dict[str, Any] | None = None, origin: str
     loaded = load_yaml(text, origin) if text.strip() else None
     if loaded is None and text.strip():  # as an empty file is: a mistake, not a wish for the defaults
         raise ConfigError(
-            f"{origin}: holds no settings (only comments, or null); write the fields to change, or leave out "
-            "--config for the built-in defaults"
+            f"{origin}: holds no settings (only comments, or null); write the fields to change, or give no config "
+            "at all (no --config, an empty `config` parameter) for the built-in defaults"
         )
     if loaded is None:
         loaded = {}

@@ -11,9 +11,10 @@ that line its own last word. Any other exception is a bug: its traceback stays i
 
 from __future__ import annotations
 
+import os
 import re
 
-from trainer.credentials import QUERY_CREDENTIAL, looks_like_credential
+from trainer.credentials import QUERY_CREDENTIAL, credential_in, looks_like_credential
 
 #: Marks the one line a failed step ends with (see the module docstring).
 ERROR_MARKER = "kftrain-error: "
@@ -46,9 +47,39 @@ def redact(text: str) -> str:
 
     Everything kftrain prints that may hold a URL or a pasted value goes through here: endpoints,
     store URIs, the resume command, error messages, the full log of a local run."""
+    for secret in _environment_secrets():
+        text = text.replace(secret, "***")
     text = _QUOTED_USERINFO.sub(r"\g<scheme>***@", _USERINFO.sub(r"\g<scheme>***@", text))
     text = _QUERY_CREDENTIAL.sub(r"\1***", text)
     return _WORD.sub(_masked, text)
+
+
+#: The last word of a variable's name whose value is a place, not a secret
+#: (`AWS_WEB_IDENTITY_TOKEN_FILE`, `SSH_AUTH_SOCK`, `KFP_TOKEN_PATH`).
+_PLACE_WORDS = frozenset({"FILE", "PATH", "DIR", "SOCK", "SOCKET", "URL", "URI", "ENDPOINT", "HOST"})
+#: Values shorter than this are not masked as text: `test` would take every such word out of a message.
+_SHORTEST_SECRET = 8
+_environment_seen: tuple[tuple[tuple[str, str], ...], tuple[str, ...]] = ((), ())
+
+
+def _environment_secrets() -> tuple[str, ...]:
+    """The values of the environment's credential variables (by name: `KFP_TOKEN`,
+    `AWS_SECRET_ACCESS_KEY`, `HF_TOKEN`, ...; :func:`trainer.credentials.credential_in`), longest
+    first: :func:`redact` masks each wherever it appears, whatever it looks like (a plain
+    `MyToken42` has no shape the patterns know, and an API's error page may echo it back).
+    Computed again only when the environment changed."""
+    global _environment_seen
+    items = tuple(os.environ.items())
+    if items != _environment_seen[0]:
+        secrets = {
+            value
+            for name, value in items
+            if len(value) >= _SHORTEST_SECRET
+            and name.upper().rsplit("_", 1)[-1] not in _PLACE_WORDS
+            and credential_in(name, "") == "name"
+        }
+        _environment_seen = (items, tuple(sorted(secrets, key=len, reverse=True)))
+    return _environment_seen[1]
 
 
 def _masked(word: re.Match[str]) -> str:

@@ -24,6 +24,8 @@ REPO = Path(__file__).resolve().parents[2]
         (None, "cannot reach the KFP API at"),
         (401, "rejected the request (HTTP 401"),
         (403, "rejected the request (HTTP 403"),
+        (503, "is unavailable (HTTP 503"),  # the API restarting: not "not a KFP API, check --host"
+        (502, "is unavailable (HTTP 502"),
     ],
 )
 def test_submit_to_an_unreachable_or_rejecting_host_is_one_line(capsys, html_server, status, phrase):
@@ -134,6 +136,56 @@ def test_bad_parameters_fail_before_anything_is_uploaded(param, message):
         out = kftrain("submit", "--host", kfp_api.url, "--package", str(PACKAGE), "--param", param)
         assert out.returncode == 2 and message in out.stderr
         assert not kfp_api.pipelines and not kfp_api.runs
+
+
+@pytest.mark.parametrize("namespace", [None, "team-a"])
+def test_submit_function_finds_its_pipeline_again_in_its_namespace(namespace):
+    """Multi-user KFP lists a namespace's pipelines apart from the shared ones (the stand-in too):
+    a second submit to the namespace adds to its pipeline (was: looked among the shared ones, did
+    not find it, and its upload was refused as a duplicate), and a shared pipeline of the same
+    name is not the namespace's."""
+    import kfp
+
+    with StandInKFP() as kfp_api:
+        client = kfp.Client(host=kfp_api.url)
+        if namespace:
+            shared = submit(client, kfp_api.url, PACKAGE, "p", "exp", "r0", {})
+        first = submit(client, kfp_api.url, PACKAGE, "p", "exp", "r1", {}, namespace=namespace)
+        second = submit(client, kfp_api.url, PACKAGE, "p", "exp", "r2", {}, namespace=namespace)
+        assert first.pipeline_id == second.pipeline_id and first.version_id == second.version_id
+        assert kfp_api.pipelines[first.pipeline_id]["namespace"] == (namespace or "")
+        assert len(kfp_api.pipelines) == (2 if namespace else 1)
+        if namespace:
+            assert shared.pipeline_id != first.pipeline_id
+        finds = [r for r in kfp_api.requests if r["method"] == "GET" and r["path"].endswith("/pipelines")]
+        assert all(r["query"].get("namespace", [""])[0] == (namespace or "") for r in finds[-2:])
+
+
+def test_two_pipelines_of_one_name_are_one_line_naming_the_flag():
+    import kfp
+
+    with StandInKFP() as kfp_api:
+        client = kfp.Client(host=kfp_api.url)
+        first = submit(client, kfp_api.url, PACKAGE, "p", "exp", "r1", {})
+        twin = dict(kfp_api.pipelines[first.pipeline_id], info={"pipeline_id": "twin", "display_name": "p"})
+        kfp_api.pipelines["twin"] = twin  # as another user's upload of the same name, racing ours
+        with pytest.raises(SubmitError, match="holds more than one pipeline named 'p': pass --pipeline-name"):
+            submit(client, kfp_api.url, PACKAGE, "p", "exp", "r2", {})
+
+
+def test_a_pods_service_account_token_is_sent_when_kfp_token_is_not_set(tmp_path, monkeypatch, capsys):
+    """In a Kubeflow notebook the projected token at KF_PIPELINES_SA_TOKEN_PATH authenticates
+    (kfp.Client ignores it once a host is given: was a 401 saying to set KFP_TOKEN); kfp's own
+    FutureWarning is not printed on every submit."""
+    token = tmp_path / "token"
+    token.write_text("sa-token-of-the-notebook-pod\n")
+    monkeypatch.delenv("KFP_TOKEN", raising=False)
+    monkeypatch.setenv("KF_PIPELINES_SA_TOKEN_PATH", str(token))
+    with StandInKFP() as kfp_api:
+        rc, out = call_cli(["submit", "--host", kfp_api.url, "--package", str(PACKAGE)], capsys)
+        assert rc == 0, out
+        assert {r["auth"] for r in kfp_api.requests} == {"Bearer sa-token-of-the-notebook-pod"}
+    assert "FutureWarning" not in out and "sa-token" not in out
 
 
 def test_submit_function_reuses_an_existing_experiment():

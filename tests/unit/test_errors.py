@@ -227,3 +227,28 @@ def test_the_local_write_check_creates_nothing_and_names_the_file_in_the_way(tmp
     (tmp_path / "f").write_text("x")
     with pytest.raises(StoreError, match=rf"cannot write under {tmp_path}/f/ck: {tmp_path}/f is a file, not a folder"):
         LocalStore().check(str(tmp_path / "f" / "ck"))
+
+
+@pytest.mark.parametrize(
+    ("name", "value", "masked"),
+    [
+        ("KFP_TOKEN", "MyPlainToken42", True),  # no shape the patterns know: masked as the variable's value
+        ("AWS_SECRET_ACCESS_KEY", "minio-secret-123", True),
+        ("AWS_SESSION_TOKEN", "short-lived-session", True),
+        ("HF_TOKEN", "abcdefgh", True),
+        ("DB_PASSWORD", "correct horse", True),
+        ("KFP_TOKEN", "short", False),  # shorter than 8: it would take a word out of every message
+        ("AWS_WEB_IDENTITY_TOKEN_FILE", "/var/run/secrets/eks/token", False),  # a place, named in errors
+        ("KF_PIPELINES_SA_TOKEN_PATH", "/var/run/secrets/kubeflow/pipelines/token", False),
+        ("TOKENIZERS_PARALLELISM", "false-value", False),  # not a credential's name
+        ("KFTRAIN_RUN", "MyPlainToken42", False),
+    ],
+)
+def test_the_value_of_every_credential_variable_is_masked_wherever_it_appears(monkeypatch, name, value, masked):
+    """An API's error page may echo the request's token back (was: printed, a plain token having
+    no shape that redact knows)."""
+    monkeypatch.setenv(name, value)
+    text = f"your header: Bearer {value}; at {value}."
+    assert (value not in redact(text)) == masked, redact(text)
+    monkeypatch.delenv(name)
+    assert value in redact(text)  # the environment is read again once it changed

@@ -234,8 +234,27 @@ def test_bad_settings_fail_in_the_builder_naming_the_parameter(overrides, messag
         byo(**overrides)
 
 
+@pytest.mark.parametrize("kind", ["pytorchjob", "trainjob", "auto"])
+@pytest.mark.parametrize(
+    ("overrides", "message"),
+    [
+        ({"tolerations": [{"key": "a", "operatr": "Exists"}]}, "tolerations[0]: Additional properties"),
+        ({"volumes": [{"name": "data", "persistentVolumeClaim": {"claimname": "x"}}]}, "volumes (data): 'claimName'"),
+        ({"volumes": [{"name": "data", "persistentVolumeClaim": {}}]}, "volumes (data): 'claimName' is a required"),
+    ],
+)
+def test_what_the_clusters_schema_refuses_is_refused_by_the_local_launcher_too(kind, overrides, message):
+    """(was: the local launcher ran the job, and the same arguments failed the step on a cluster
+    after the pipeline's earlier steps; the parameter was named as `kubernetes.`'s field)"""
+    with pytest.raises(ConfigError) as caught:
+        byo(cluster=False, kind=kind, **overrides)
+    assert str(caught.value).startswith(message), str(caught.value)
+
+
 def test_preflight_catches_a_misspelt_volume_source_and_a_dangling_mount():
-    manifest = pytorchjob_manifest(byo(volumes=[{"name": "data", "persistentVolumeClaim": {"claimname": "x"}}]))
+    manifest = pytorchjob_manifest(byo())
+    pod = manifest["spec"]["pytorchReplicaSpecs"]["Master"]["template"]["spec"]
+    pod["volumes"] = [{"name": "data", "persistentVolumeClaim": {"claimname": "x"}}]
     with pytest.raises(ManifestError, match="persistentVolumeClaim"):
         validate_pytorchjob(manifest)
     manifest = pytorchjob_manifest(byo())

@@ -161,7 +161,16 @@ def test_the_hub_token_comes_from_its_secret_and_never_its_value(monkeypatch):
             "spec: Additional properties",
         ),
         (_set("spec.podTemplateOverrides", []), "TrainJob spec: Additional properties"),
-        (_set("spec.trainer.env", [{"name": "PET_NNODES", "value": "2"}]), "spec.trainer.env: must not set"),
+        (
+            _set("spec.trainer.env", [{"name": "PET_NNODES", "value": "2"}]),
+            "kubernetes.env.PET_NNODES: PET_NNODES is set by the torch plugin (reserved)",
+        ),
+        (  # a Secret's key mapped onto it: named as that field (was: kubernetes.env)
+            _set(
+                "spec.trainer.env", [{"name": "PET_NNODES", "valueFrom": {"secretKeyRef": {"name": "s", "key": "k"}}}]
+            ),
+            "kubernetes.store_secret_keys: PET_NNODES is set by the torch plugin",
+        ),
         (
             _set("spec.trainer.env", [{"name": "A", "value": "1"}, {"name": "A", "value": "2"}]),
             "spec.trainer.env[1].name: 'A' appears more than once",

@@ -50,7 +50,6 @@ TESTED_IN = {
     "components/configure.py": ["test_components_params.py", "test_component_yamls.py"],
     "components/data_prep.py": ["test_pipeline_local.py", "test_component_yamls.py"],
     "components/evaluate.py": ["test_pipeline_local.py", "test_component_yamls.py"],
-    "components/export.py": ["test_pipeline_local.py", "test_component_yamls.py"],
     "components/gate.py": ["test_pipeline_local.py", "test_pipelines_compile.py"],
     "components/plan.py": ["test_pipeline_local.py", "test_pipelines_compile.py"],
     "components/pytorchjob.py": ["test_launch_byo.py", "test_byo_pipeline.py"],

@@ -240,3 +240,34 @@ def test_a_package_that_is_a_folder_or_missing_is_named_so(tmp_path, where, mess
     with pytest.raises(SubmitError) as err:
         pipeline_parameters(package)
     assert str(err.value).startswith(f"--package {package}: {message.format(p=package)}")
+
+
+PAGE = "<!doctype html><html><head><style>body {color: red}</style></head><body>" + "<p>line</p>\n" * 400
+
+
+@pytest.mark.parametrize(
+    ("status", "body", "said"),
+    [
+        (500, PAGE + "<p>your header: Bearer MyPlainToken42</p></body></html>", "HTTP 500 Error: line line line"),
+        (500, "<html><body>your header: Bearer MyPlainToken42</body></html>", "your header: Bearer ***"),
+        (400, '{"error": "bad filter", "code": 3, "message": "invalid filter: key display_name"}', "invalid filter"),
+        (404, "", "answered HTTP 404 Error"),
+        (500, b"plain \xff bytes", "plain \ufffd bytes"),
+        (503, PAGE, "is unavailable (HTTP 503 Error): it may be restarting"),
+        (504, "", "try again in a minute"),
+    ],
+)
+def test_an_api_error_is_one_short_line_without_the_token(monkeypatch, status, body, said):
+    """(was: an HTML error page printed whole, 400 lines, with the token it echoed back)"""
+    from kfp_server_api.exceptions import ApiException
+
+    from pipelines.submit import kfp_errors
+
+    monkeypatch.setenv("KFP_TOKEN", "MyPlainToken42")
+    exc = ApiException(status=status, reason="Error")
+    exc.body = body
+    with pytest.raises(SubmitError) as caught, kfp_errors("http://kfp.example.test"):
+        raise exc
+    message = str(caught.value)
+    assert said in message and "\n" not in message and len(message) < 400, message
+    assert "MyPlainToken42" not in message and "<" not in message

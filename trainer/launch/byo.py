@@ -39,6 +39,8 @@ from trainer.config import (
 from trainer.k8s_formats import env_name_problem, image_problem
 from trainer.launch.container_env import OWN_CONTAINER_ENV
 from trainer.launch.fieldrules import OPERATOR_ENV
+from trainer.launch.jobkind import kinds_it_may_become
+from trainer.launch.preflight import ManifestError
 from trainer.launch.spec import UNBUFFERED_ENV, JobSpec, require_object_store
 from trainer.storage import parse_uri
 
@@ -180,7 +182,7 @@ def byo_job(
         # The parameters are named without the config section (one spelling per concept).
         raise ConfigError(str(exc).removeprefix("kubernetes.")) from None
     try:
-        return JobSpec(
+        spec = JobSpec(
             name=name,
             image=image,
             command=tuple(command),
@@ -193,3 +195,11 @@ def byo_job(
         )
     except ValueError as exc:
         raise ConfigError(str(exc)) from None
+    # What the cluster's schema and webhooks would refuse, on the local launcher too: a step
+    # tried locally first must fail there, not after the pipeline's earlier steps on a cluster.
+    for job_kind in kinds_it_may_become(kind):
+        try:
+            job_kind.validate(job_kind.build(spec, namespace, None))
+        except ManifestError as exc:
+            raise ConfigError(str(exc).removeprefix("kubernetes.")) from None
+    return spec

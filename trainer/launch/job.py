@@ -111,10 +111,10 @@ def check_job_manifests(cfg: Config) -> None:
     """Build the job `cfg` would create on a cluster (each kind `job.kind` may become) and preflight
     it, so that a value the API server, the operator or NCCL would refuse fails before any step,
     pod or upload starts, naming its config field (:class:`~trainer.launch.preflight.ManifestError`)."""
-    from trainer.launch.jobkind import BY_NAME
+    from trainer.launch.jobkind import kinds_it_may_become
 
     spec = training_job(cfg, PREFLIGHT_NAME, *PREFLIGHT_URIS)
-    for kind in [BY_NAME[cfg.job.kind]] if cfg.job.kind in BY_NAME else list(BY_NAME.values()):
+    for kind in kinds_it_may_become(cfg.job.kind):
         kind.validate(kind.build(spec, cfg.kubernetes.namespace, None))
 
 

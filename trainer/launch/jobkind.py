@@ -147,6 +147,13 @@ TRAINJOB_KIND = _kind(
 )
 #: The job kinds a cluster can run, by their `job.kind` spelling (`auto` is not one: it chooses).
 BY_NAME = {k.name: k for k in (PYTORCHJOB_KIND, TRAINJOB_KIND)}
+
+
+def kinds_it_may_become(kind: str) -> list[JobKind]:
+    """The job kinds a `job.kind` of `kind` may create on a cluster: itself, or each (`auto`)."""
+    return [BY_NAME[kind]] if kind in BY_NAME else list(BY_NAME.values())
+
+
 #: `auto` prefers the newer API when a cluster serves both.
 AUTO_PREFERENCE = (TRAINJOB_KIND, PYTORCHJOB_KIND)
 

@@ -272,12 +272,13 @@ def validate_trainjob_rules(manifest: dict[str, Any]) -> None:
     trainer = spec.get("trainer") or {}
     env = trainer.get("env") or []
     _unique(env, "name", "TrainJob spec.trainer.env")
-    reserved = sorted({e.get("name") for e in env} & set(TORCHRUN_RESERVED_ENV))
-    if reserved:
-        raise ManifestError(
-            f"TrainJob spec.trainer.env: must not set {reserved}: the torch plugin injects them (reserved); "
-            "remove them from kubernetes.env"
-        )
+    for i, entry in enumerate(env):
+        if isinstance(entry, dict) and entry.get("name") in TORCHRUN_RESERVED_ENV:
+            # Named by the field it came from: kubernetes.env, or a Secret's key (store_secret_keys).
+            path = named_path(manifest, ("spec", "trainer", "env", i))
+            raise ManifestError(
+                describe("TrainJob", path, f"{entry['name']} is set by the torch plugin (reserved); remove it", entry)
+            )
     for key in ("numNodes", "numProcPerNode"):
         if isinstance(trainer.get(key), int) and trainer[key] < 1:
             raise ManifestError(f"TrainJob spec.trainer.{key}: must be >= 1, got {trainer[key]}")
