@@ -366,9 +366,8 @@ def _cmd_runs(args: argparse.Namespace) -> int:
     from trainer.config import ConfigError
     from trainer.runs import LOCAL_RUNS, list_runs, runs_as_json, runs_table, stores_under
     from trainer.storage import (
-        CHECK_BUDGET_S,
         StoreError,
-        check_deadline,
+        answer_within,
         endpoint_problem,
         join_uri,
         open_store,
@@ -392,8 +391,7 @@ def _cmd_runs(args: argparse.Namespace) -> int:
             root = folder
         store = open_store(root, args.s3_endpoint or "")
         try:
-            with check_deadline(CHECK_BUDGET_S):  # one small request first: a wrong endpoint fails in seconds
-                store.exists(join_uri(root, "runs"))
+            answer_within(store, join_uri(root, "runs"))  # a wrong endpoint fails in seconds
         except StoreError as exc:
             raise type(exc)(f"--store: {exc}") from None
         runs = list_runs(store, root)

@@ -38,9 +38,11 @@ from trainer.storage import (
     ObjectNotFound,
     ObjectStore,
     StoreError,
+    answer_within,
     check_deadline,
     has_suffix,
     open_store,
+    parse_uri,
 )
 from trainer.tokenizer import parse_spec
 
@@ -270,13 +272,40 @@ def _check_first_record(cfg: Config, uri: str, head: bytes, complete: bool) -> N
 
 
 def source_objects(store: ObjectStore, source: str) -> list[str]:
-    """The objects a source names: itself when it is one, else the non-hidden objects below it."""
-    try:
-        if store.exists(source):
-            return [source]
-    except ObjectNotFound:
-        pass
-    return [u for u in store.list(source.rstrip("/") + "/") if not u.rsplit("/", 1)[-1].startswith(".")]
+    """The objects a source names (:func:`source_listing`)."""
+    return list(source_listing(store, source, versions=False))
+
+
+def source_listing(store: ObjectStore, source: str, versions: bool = True) -> dict[str, str]:
+    """The objects a source names, in order, each with its version (`versions`, else ""): the
+    object `source` is, unless it names a folder (it ends in '/', or is a bucket's root); else
+    every object below it but hidden ones (a name or a folder starting with '.': `.git/`,
+    `.ipynb_checkpoints/`) and folder markers (an empty key ending in '/', the S3 console's
+    "Create folder"), the same in every store. A local file name that is not UTF-8, which no
+    object store could hold either, is refused naming it."""
+    if not (source.endswith("/") or not parse_uri(source).key.strip("/")):
+        try:
+            if store.exists(source):
+                return {source: store.version(source) if versions else ""}
+        except ObjectNotFound:
+            pass
+    folder = source.rstrip("/") + "/"
+    listed = store.versions(folder) if versions else dict.fromkeys(store.list(folder), "")
+    found = {}
+    for uri, version in listed.items():
+        below = uri[len(folder) :] if uri.startswith(folder) else uri.rsplit("/", 1)[-1]
+        if not below or below.endswith("/") or any(part.startswith(".") for part in below.split("/")):
+            continue
+        try:
+            below.encode("utf-8")
+        except UnicodeEncodeError:
+            raw = below.encode("utf-8", "surrogateescape")
+            raise DataError(
+                f"data.source {source}: the file name {raw!r} below it is not UTF-8, which data prep and object "
+                "stores take; rename it (e.g. `convmv -f latin1 -t utf8 -r --notest FOLDER`)"
+            ) from None
+        found[uri] = version
+    return found
 
 
 def source_version(cfg: Config) -> str:
@@ -294,14 +323,14 @@ def source_version(cfg: Config) -> str:
     if not named:
         return ""
     digest = hashlib.sha256()
-    with check_deadline(CHECK_BUDGET_S):
-        for field, uri, many in named:
-            store = source_store(cfg, uri)
-            try:
-                for obj in source_objects(store, uri) if many else [uri]:
-                    digest.update(f"{obj}={store.version(obj)}\n".encode())
-            except StoreError as exc:
-                raise type(exc)(f"{field} {uri}: {exc}") from None
+    for field, uri, many in named:
+        store = source_store(cfg, uri)
+        try:
+            answer_within(store, uri)
+            for obj, version in (source_listing(store, uri) if many else {uri: store.version(uri)}).items():
+                digest.update(f"{obj}={version}\n".encode())
+        except StoreError as exc:
+            raise type(exc)(f"{field} {uri}: {exc}") from None
     return digest.hexdigest()[:16]
 
 
@@ -311,24 +340,23 @@ def check_source(cfg: Config) -> None:
     file exists.
 
     Raises :class:`DataError` (a ValueError) naming the field and the URI; a store that cannot be
-    reached fails as :class:`StoreError` within `CHECK_BUDGET_S` seconds, naming them too.
+    reached fails as :class:`StoreError` within `CHECK_BUDGET_S` seconds (its first answer; a
+    listing of many objects then takes the time it takes), naming them too.
     """
-    with check_deadline(CHECK_BUDGET_S):
-        _check_sources(cfg)
-
-
-def _check_sources(cfg: Config) -> None:
     source = cfg.data.source
     if source not in BUILTIN_SOURCES:
         try:
-            _check_source(cfg, source_store(cfg, source), source)
+            store = source_store(cfg, source)
+            answer_within(store, source)
+            _check_source(cfg, store, source)
         except StoreError as exc:
             raise type(exc)(f"data.source {source}: {exc}") from None
     if cfg.task == "causal_lm":
         spec = parse_spec(cfg.data.tokenizer)
         if spec.kind == "file":
             try:
-                found = source_store(cfg, spec.uri).exists(spec.uri)
+                with check_deadline(CHECK_BUDGET_S):
+                    found = source_store(cfg, spec.uri).exists(spec.uri)
             except StoreError as exc:
                 raise type(exc)(f"data.tokenizer {spec.uri}: {exc}") from None
             if not found:

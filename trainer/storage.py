@@ -27,6 +27,7 @@ import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from stat import S_ISREG
 from typing import Any, Protocol, TypeVar
 from urllib.parse import urlsplit
 from xml.etree import ElementTree
@@ -58,6 +59,8 @@ TRANSIENT_S3_CODES = frozenset(
 #: The time limit of an up-front store check (`store.check`, the data source check): every
 #: request and retry of it ends by then, whatever `store.*_timeout_seconds` and the retry budget say.
 CHECK_BUDGET_S = 5.0
+#: A local write in progress is a file named `.kftrain-<random>.tmp` beside its destination.
+TEMP_PREFIX, TEMP_SUFFIX = ".kftrain-", ".tmp"
 _deadline = threading.local()
 log = logging.getLogger("kftrain.storage")
 T = TypeVar("T")
@@ -260,6 +263,10 @@ class ObjectStore(Protocol):
         """Full URIs of all objects in the folder `prefix` (recursively), sorted. A folder, not a
         string prefix: listing `runs/exp1` never returns `runs/exp10/...`, another run's objects."""
 
+    def versions(self, prefix: str) -> dict[str, str]:
+        """:meth:`list`'s objects, each with its :meth:`version`, from the listing itself (one
+        request per thousand objects, not one per object)."""
+
     def delete(self, uri: str) -> None:
         """Delete one object; no error when absent."""
 
@@ -302,7 +309,7 @@ def _new_temp_file(folder: Path) -> tuple[int, str]:
     (and a folder's default ACL), not 0600 as tempfile.mkstemp makes it: a serving container or a
     colleague under another uid must be able to read an exported model, as they can the inputs."""
     for _ in range(100):
-        name = os.path.join(folder, f".kftrain-{os.urandom(6).hex()}.tmp")
+        name = os.path.join(folder, f"{TEMP_PREFIX}{os.urandom(6).hex()}{TEMP_SUFFIX}")
         try:
             return os.open(name, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_CLOEXEC", 0), 0o666), name
         except FileExistsError:  # another writer's name: draw again
@@ -407,15 +414,35 @@ class LocalStore:
         return self._path(uri).is_file()
 
     def list(self, prefix: str) -> list[str]:
+        return sorted(uri for uri, _ in self._files(prefix))
+
+    def versions(self, prefix: str) -> dict[str, str]:
+        return {uri: f"{st.st_size}:{st.st_mtime_ns}" for uri, st in sorted(self._files(prefix))}
+
+    def _files(self, prefix: str) -> Iterator[tuple[str, os.stat_result]]:
+        """(URI, stat) of every file below the folder `prefix`, through linked folders too (a
+        folder of links to datasets is a folder of data; each real folder is entered once, so a
+        link loop ends), but for the `.kftrain-*.tmp` files of writes in progress."""
         root = self._path(prefix)
         if not root.is_dir():
-            return []
-        base = prefix.rstrip("/")
-        return sorted(
-            join_uri(base, p.relative_to(root).as_posix())
-            for p in root.rglob("*")
-            if p.is_file() and not p.name.endswith(".tmp")
-        )
+            return
+        base, seen = prefix.rstrip("/"), set()
+        for folder, subfolders, names in os.walk(root, followlinks=True):
+            real = os.path.realpath(folder)
+            if real in seen:
+                subfolders[:] = []
+                continue
+            seen.add(real)
+            rel = Path(folder).relative_to(root)
+            for name in names:
+                if name.startswith(TEMP_PREFIX) and name.endswith(TEMP_SUFFIX):
+                    continue
+                try:
+                    st = os.stat(os.path.join(folder, name))  # through a link; a broken one is no file
+                except OSError:
+                    continue
+                if S_ISREG(st.st_mode):
+                    yield join_uri(base, (rel / name).as_posix()), st
 
     def delete(self, uri: str) -> None:
         self._path(uri).unlink(missing_ok=True)
@@ -501,6 +528,16 @@ def check_deadline(seconds: float = CHECK_BUDGET_S) -> Iterator[None]:
         yield
     finally:
         _deadline.at, _deadline.seconds = outer
+
+
+def answer_within(store: ObjectStore, uri: str, seconds: float = CHECK_BUDGET_S) -> None:
+    """One small request about `uri` (whether an object is there; for a bucket's root, a name in
+    it) that must be answered within `seconds`: a wrong endpoint, a hung or unreachable store
+    fails in seconds, as :class:`StoreError`, before longer work (the listing of many objects)
+    runs under the store's own retry policy."""
+    probe = uri.rstrip("/") if parse_uri(uri).key.strip("/") else join_uri(uri, ".kftrain-answer")
+    with check_deadline(seconds):
+        store.exists(probe)
 
 
 def _time_left() -> float | None:
@@ -740,14 +777,20 @@ class S3Store:
         return self._call("HEAD", uri, stat)
 
     def list(self, prefix: str) -> list[str]:
+        return list(self.versions(prefix))
+
+    def versions(self, prefix: str) -> dict[str, str]:
         loc = self._loc(prefix)
         folder = loc.key.rstrip("/") + "/" if loc.key.strip("/") else ""  # S3 matches letters, not folders
-        keys = self._call(
+        listed = self._call(
             "LIST",
             prefix,
-            lambda: [o.object_name for o in self._client.list_objects(loc.bucket, prefix=folder, recursive=True)],
+            lambda: [
+                (o.object_name, f"{o.size}:{(o.etag or '').strip(chr(34))}")
+                for o in self._client.list_objects(loc.bucket, prefix=folder, recursive=True)
+            ],
         )
-        return sorted(f"{loc.scheme}://{loc.bucket}/{k}" for k in keys)
+        return {f"{loc.scheme}://{loc.bucket}/{k}": v for k, v in sorted(listed)}
 
     def delete(self, uri: str) -> None:
         loc = self._obj(uri)

@@ -142,3 +142,33 @@ def test_unreachable_endpoint_is_a_store_error(monkeypatch):
     store = S3Store(endpoint=f"http://127.0.0.1:{free_port()}")
     with pytest.raises(StoreError, match="cannot reach the object store"):
         store.check("s3://some-bucket/x")
+
+
+def test_an_s3_source_lists_as_a_local_one_does(bucket):
+    """tests/unit/test_data_rules.py's source tree, plus the empty `data/` key the S3 console's
+    "Create folder" makes: a source ending in '/' is a folder, never that marker (was: read as
+    the one, empty, object); a bucket's root is a folder (was: refused as naming no object)."""
+    from tests.unit.test_data_rules import assert_source_objects
+
+    store = open_store(f"s3://{bucket}")
+    store.put_bytes(f"s3://{bucket}/data/", b"")
+    assert_source_objects(store, f"s3://{bucket}")
+
+
+def test_a_prefix_s_version_is_read_from_its_listing_not_one_request_per_object(bucket, monkeypatch):
+    """data.source_version of a prefix of many objects: one LIST, no HEAD per object (was: a HEAD
+    each, serially, under the pre-flight's 5 s: about 700 objects failed it, "cannot reach the
+    object store", though the store answered)."""
+    from trainer.config import load_config
+    from trainer.data_rules import source_version
+
+    store = open_store(f"s3://{bucket}")
+    for i in range(30):
+        store.put_bytes(f"s3://{bucket}/many/{i:03d}.txt", b"line\n")
+    heads = []
+    monkeypatch.setattr(S3Store, "version", lambda self, uri: heads.append(uri) or "")
+    cfg = load_config(overrides={"task": "causal_lm", "data.source": f"s3://{bucket}/many/"})
+    first = source_version(cfg)
+    assert heads == [] and len(first) == 16
+    store.put_bytes(f"s3://{bucket}/many/007.txt", b"changed\n")
+    assert source_version(cfg) != first

@@ -338,3 +338,102 @@ def test_the_source_version_changes_with_what_data_prep_reads_and_only_then(tmp_
     assert source_version(tokenizer) != source_version(cfg)  # the tokenizer file is read too
     assert source_version(load_config()) == ""  # the built-in digits: nothing from a store
     assert source_version(load_config(overrides={"task": "causal_lm", "data.source": "python-stdlib"})) == ""
+
+
+#: A source folder as people's folders are: a user's `.tmp` file, a git clone's and a notebook's
+#: hidden folders, a hidden file, a deeper hidden folder, and a neighbour sharing its first letters.
+SOURCE_TREE = (
+    "data/a.txt",
+    "data/notes.tmp",
+    "data/sub/b.txt",
+    "data/.git/objects/ab",
+    "data/.ipynb_checkpoints/a-checkpoint.txt",
+    "data/.hidden",
+    "data/sub/.cache/c.txt",
+    "datax/z.txt",
+)
+SOURCE_LISTINGS = [
+    ("data", ["data/a.txt", "data/notes.tmp", "data/sub/b.txt"]),
+    ("data/", ["data/a.txt", "data/notes.tmp", "data/sub/b.txt"]),
+    ("data/a.txt", ["data/a.txt"]),
+    ("", ["data/a.txt", "data/notes.tmp", "data/sub/b.txt", "datax/z.txt"]),  # a bucket's root: a folder
+]
+
+
+def assert_source_objects(store, root: str) -> None:
+    """The objects each source of :data:`SOURCE_LISTINGS` under `root` names, with the versions
+    `store.version` gives them, the same in every store (also run on the S3 servers): hidden
+    files and folders are not data, a user's `.tmp` file is (was: local stores dropped every
+    `.tmp`, S3 kept it; hidden folders were read; a bucket's root was refused)."""
+    from trainer.data_rules import source_listing, source_objects
+    from trainer.storage import join_uri
+
+    for key in SOURCE_TREE:
+        store.put_bytes(join_uri(root, key), key.encode())
+    for source, expected in SOURCE_LISTINGS:
+        uri = join_uri(root, source) + ("/" if source.endswith("/") or not source else "")
+        uris = [join_uri(root, k) for k in expected]
+        assert source_objects(store, uri) == uris, source
+        assert source_listing(store, uri) == {u: store.version(u) for u in uris}, source
+
+
+def test_a_local_source_lists_as_a_store_does(tmp_path):
+    from trainer.storage import LocalStore
+
+    assert_source_objects(LocalStore(), str(tmp_path))
+
+
+def test_a_linked_folder_is_read_through_once_and_a_link_loop_ends(tmp_path):
+    """(was: a folder linked into the source was skipped in silence)"""
+    from trainer.data_rules import source_objects
+    from trainer.storage import LocalStore
+
+    (tmp_path / "elsewhere").mkdir()
+    (tmp_path / "elsewhere" / "c.txt").write_text("c")
+    (tmp_path / "src" / "sub").mkdir(parents=True)
+    (tmp_path / "src" / "a.txt").write_text("a")
+    (tmp_path / "src" / "linked").symlink_to(tmp_path / "elsewhere")
+    (tmp_path / "src" / "sub" / "loop").symlink_to(tmp_path / "src")
+    (tmp_path / "src" / "broken").symlink_to(tmp_path / "gone")
+    (tmp_path / "src" / ".kftrain-0a1b.tmp").write_text("a write in progress")
+    src = str(tmp_path / "src")
+    assert source_objects(LocalStore(), src) == [f"{src}/a.txt", f"{src}/linked/c.txt"]
+
+
+def test_a_file_name_that_is_not_utf8_is_named_with_its_fix(tmp_path):
+    """(was: a UnicodeEncodeError in the pre-flight, reported as a bug in kftrain)"""
+    import os
+
+    from trainer.data_rules import source_objects
+    from trainer.storage import LocalStore
+
+    (tmp_path / "ok.txt").write_text("x")
+    with open(os.path.join(os.fsencode(tmp_path), b"caf\xe9.txt"), "w") as f:
+        f.write("x")
+    with pytest.raises(DataError, match=r"the file name b'caf\\xe9.txt' below it is not UTF-8.*rename it"):
+        source_objects(LocalStore(), str(tmp_path))
+
+
+@pytest.mark.parametrize("check", ["source_version", "check_source"])
+def test_only_the_stores_first_answer_is_held_to_the_checks_seconds(tmp_path, monkeypatch, check):
+    """An unreachable store fails the pre-flight in seconds by its first request; the listing of
+    a prefix of many objects that follows takes the time it takes (was: all of it under 5 s)."""
+    import trainer.data_rules as data_rules
+    from trainer.config import load_config
+    from trainer.storage import _time_left
+
+    (tmp_path / "src").mkdir()
+    (tmp_path / "src" / "a.txt").write_text("some text\n")
+    calls = []
+    real = data_rules.source_listing
+
+    def listing(store, source, versions=True):
+        calls.append(_time_left())
+        return real(store, source, versions)
+
+    monkeypatch.setattr(data_rules, "source_listing", listing)
+    answered = []
+    monkeypatch.setattr(data_rules, "answer_within", lambda store, uri, seconds=5.0: answered.append(uri))
+    cfg = load_config(overrides={"task": "causal_lm", "data.source": str(tmp_path / "src")})
+    getattr(data_rules, check)(cfg)
+    assert answered == [str(tmp_path / "src")] and calls and all(left is None for left in calls)
