@@ -242,6 +242,12 @@ def _run_alone(args: argparse.Namespace, cfg: Any, run_id: str, store: str) -> i
             print(f"kftrain: see full log: {full_log}", file=sys.stderr)
         if console.failure_line:
             print(f"kftrain: error: step {console.failed_step}: {console.failure_line}", file=sys.stderr)
+        elif console.os_error:
+            print(
+                f"kftrain: error: step {console.failed_step}: {redact(console.os_error)}: a file in the way, a folder "
+                "gone, a permission or a full disk on this machine; fix that, then resume",
+                file=sys.stderr,
+            )
         elif console.failed_step:
             where = f"the traceback is in the full log: {full_log}" if full_log else "run again with --verbose"
             print(

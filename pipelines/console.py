@@ -58,6 +58,13 @@ _TORCHRUN_REPORT = "torch.distributed.elastic.multiprocessing.errors.ChildFailed
 #: kfp.local indents a step's output by this much.
 _STEP_INDENT = "    "
 TAIL_LINES = 8
+#: A traceback's last line that is the operating system's answer about a file (`[Errno N]`): a
+#: file in the way, a folder gone, a permission, a full disk. Raised before a step's own code
+#: runs (kfp's executor makes the output folders), it is this machine's to fix, not a bug.
+_OS_ERROR = re.compile(
+    r"^(?:FileExistsError|FileNotFoundError|PermissionError|NotADirectoryError|IsADirectoryError|OSError)"
+    r": \[Errno \d+\] "
+)
 _TAIL_CHARS = 500
 
 
@@ -226,6 +233,12 @@ class StepConsole(io.TextIOBase):
                 self._show("  " + line)
         elif line.strip() and not line[0].isspace() and line != "Traceback (most recent call last):":
             self._tail.append(line[:_TAIL_CHARS])
+
+    @property
+    def os_error(self) -> str:
+        """The failed step's last line when it is the OS's answer about a file (:data:`_OS_ERROR`), else ""."""
+        last = self.failure_tail[-1] if self.failure_tail else ""
+        return last if _OS_ERROR.match(last) else ""
 
     def _replica_shows(self, replica: str, text: str) -> bool:
         """Whether the terminal shows this line of `replica`: a traceback's frames, and torchrun's

@@ -262,9 +262,11 @@ class Generator:
 
         self.tokenizer = tokenizer
         self.warned: set[str] = set()  # the prompts whose cut was said (each is encoded once per model)
-        # A prompt is cut from the left so prompt + continuation fit the model's context.
-        self.new_tokens = min(new_tokens, context - 1) if context > 1 else new_tokens
-        self.room = context - self.new_tokens if context > 1 else 0
+        self.new_tokens, self.context = new_tokens, context if context > 1 else 0
+        # Prompt and continuation share the model's context: a prompt keeps all of it that leaves
+        # room for the continuation, or for half the context where that is shorter (a
+        # data.eval_new_tokens of the context's length or more would leave the prompt one token).
+        self.room = context - min(new_tokens, context // 2) if self.context else 0
         self.config = GenerationConfig(
             max_new_tokens=self.new_tokens,
             do_sample=False,
@@ -276,32 +278,43 @@ class Generator:
 
     def ids(self, prompt: str) -> torch.Tensor:
         """The prompt's token ids (special tokens written in it are parsed, none are added:
-        data prep encodes the same way), cut to fit the context."""
+        data prep encodes the same way), cut from the left to fit the context (said once)."""
         ids = self.tokenizer(prompt, add_special_tokens=False, return_tensors="pt")["input_ids"]
         if ids.shape[1] == 0:
             raise GenerationError(f"the prompt {prompt!r} encodes to no tokens; give prompts with text in them")
-        if self.room and ids.shape[1] > self.room:  # said: the continuation is of the prompt's end alone
-            if prompt in self.warned:
-                return ids[:, -self.room :]
+        kept = ids[:, -self.room :] if self.room and ids.shape[1] > self.room else ids
+        new = self.continuation(kept.shape[1])
+        if (kept.shape[1] < ids.shape[1] or new < self.new_tokens) and prompt not in self.warned:
             self.warned.add(prompt)
+            cut = f"its first {ids.shape[1] - kept.shape[1]} tokens are left out, and " if kept is not ids else ""
             log.warning(
-                "generations: the prompt %.40r... is %d tokens, more than the %d the model's context leaves beside "
-                "%d new tokens (data.eval_new_tokens); its first %d tokens are left out",
+                "generations: the prompt %.40r... is %d tokens of the model's context of %d: %sit continues for %d "
+                "new tokens, not data.eval_new_tokens %d",
                 prompt,
                 ids.shape[1],
-                self.room,
+                self.context,
+                cut,
+                new,
                 self.new_tokens,
-                ids.shape[1] - self.room,
             )
-            return ids[:, -self.room :]
-        return ids
+        return kept
+
+    def continuation(self, prompt_tokens: int) -> int:
+        """How many new tokens a prompt of `prompt_tokens` tokens gets: data.eval_new_tokens, or
+        what the model's context leaves."""
+        return min(self.new_tokens, self.context - prompt_tokens) if self.context else self.new_tokens
 
     @torch.no_grad()
     def complete(self, model: nn.Module, prompt: str) -> str:
         """The model's greedy continuation of `prompt` (new tokens only, special tokens dropped)."""
         ids = self.ids(prompt)
         with evaluating(model):  # greedy is the same text every time only without dropout
-            out = model.generate(input_ids=ids, attention_mask=torch.ones_like(ids), generation_config=self.config)
+            out = model.generate(
+                input_ids=ids,
+                attention_mask=torch.ones_like(ids),
+                generation_config=self.config,
+                max_new_tokens=self.continuation(ids.shape[1]),
+            )
         return self.tokenizer.decode(out[0, ids.shape[1] :].tolist(), skip_special_tokens=True)
 
 

@@ -96,15 +96,33 @@ LABELS = {
 _PERCENT = ("accuracy", "macro_f1", "mfu", "data_wait_fraction")
 
 
-def _measure_label(key: str, best_step: int | None) -> str:
+def _measure_label(key: str, best_step: int | None, end_step: int | None = None) -> str:
     """A training measure's name; with `checkpoint.export_best` (`best_step`) the epoch measures
-    are the exported step's epoch's, not the last epoch's, and say so."""
-    if best_step is None or key not in ("val_accuracy", "val_loss", "val_perplexity", "train_loss"):
+    are the exported step's epoch's, not the last epoch's, and say so; with `end_step` (a run
+    that ended before any epoch did) the validation is the end of training's."""
+    if key not in ("val_accuracy", "val_loss", "val_perplexity", "train_loss"):
         return label(key)
     name = label(key).split(" (")[0]
-    if key == "train_loss":
-        return f"{name} (mean of the epoch ending at step {best_step}, the exported model's)"
-    return f"{name} (at step {best_step}, the exported model's)"
+    if best_step is not None:
+        if key == "train_loss":
+            return f"{name} (mean of the epoch ending at step {best_step}, the exported model's)"
+        return f"{name} (at step {best_step}, the exported model's)"
+    if end_step is not None:
+        return f"{name} (at step {end_step}, the end of training: no epoch ended)"
+    return label(key)
+
+
+def _training_measures(training: dict[str, Any]) -> list[tuple[str, str]]:
+    """The training record's measures as rows, and where `checkpoint.export_best` found no
+    checkpoint to rank (no epoch ended before the run's step limit), which model was exported."""
+    metrics, config = training.get("metrics", {}), training.get("config") or {}
+    end_step = metrics.get("steps") if not training.get("history") else None
+    rows = [(_measure_label(k, metrics.get("best_step"), end_step), format_value(k, v)) for k, v in metrics.items()]
+    checkpoint = config.get("checkpoint") or {}
+    if checkpoint.get("export_best") and "best_step" not in metrics and "steps" in metrics:
+        ranked = str(checkpoint.get("keep_best") or "?").rpartition(":")[2]
+        rows.append(("exported model", f"the last step's ({metrics['steps']:,}): no checkpoint had {ranked} to rank"))
+    return rows
 
 
 def label(key: str) -> str:
@@ -558,6 +576,8 @@ def predicted_vs_measured(prediction: dict[str, Any], metrics: dict[str, Any]) -
     rows = []
     for key, metric, name in PREDICTED_MEASURED:
         predicted, measured = prediction.get(key), metrics.get(metric)
+        if key == "eta_seconds" and predicted is not None:
+            predicted = _predicted_for_this_start(predicted, metrics)
         shown = [
             ("n/a" if v is None else format_memory(v) if key == "peak_memory_bytes" else duration(v))
             for v in (predicted, measured)
@@ -565,6 +585,15 @@ def predicted_vs_measured(prediction: dict[str, Any], metrics: dict[str, Any]) -
         error = error_percent(predicted, measured) if predicted is not None and measured is not None else None
         rows.append((name, *shown, "n/a" if error is None else f"{error:+.1f}%"))
     return rows
+
+
+def _predicted_for_this_start(eta_seconds: float, metrics: dict[str, Any]) -> float:
+    """The plan's ETA is for the whole run, step 0 to its last; a resumed start trained only its
+    steps past `resumed_from_step` (its `train_seconds` measures those): its share of the ETA."""
+    steps, resumed = metrics.get("steps"), metrics.get("resumed_from_step") or 0
+    if not resumed or not isinstance(steps, int) or steps <= 0:
+        return eta_seconds
+    return eta_seconds * max(steps - resumed, 0) / steps
 
 
 def _prediction(prediction: dict[str, Any] | None, metrics: dict[str, Any]) -> list[str]:
@@ -690,7 +719,5 @@ def html_report(
         ]
         parts += ["<h2>Per class</h2>", _table(rows, ("class", "precision", "recall", "F1", "support (test rows)"))]
     parts += _prediction(context.get("prediction"), training.get("metrics", {}))
-    metrics = training.get("metrics", {})
-    measures = [(_measure_label(k, metrics.get("best_step")), format_value(k, v)) for k, v in metrics.items()]
-    parts += ["<h2>Training</h2>", _table(measures, ("measure", "value")), "</body></html>"]
+    parts += ["<h2>Training</h2>", _table(_training_measures(training), ("measure", "value")), "</body></html>"]
     return "\n".join(parts)

@@ -991,19 +991,23 @@ class Trainer:
             final = best["metrics"]
         if self.validates and not final:
             final = task.validate(unwrap(self.model), self.data.val, self.device, self.micro)
-        first_step_at = self.first_step_at or time.time()
         metrics = {
             **{k: v for k, v in final.items() if k != "epoch"},
-            f"{task.item_name}_per_second": steps_run * self.items_per_step / max(train_seconds, 1e-9),
-            "train_seconds": train_seconds,
-            "seconds_to_first_step": first_step_at - self.t_start,
-            "first_step_unix_time": first_step_at,
-            "data_wait_fraction": self.data_wait / max(train_seconds, 1e-9),
             "world_size": env.world_size,
             "steps": self.step,
             "resumed_from_step": self.start_step,
             "skipped_steps": self.skipped,
         }
+        if steps_run and self.first_step_at is not None:  # a start that only resumed a finished training has no timing
+            metrics.update(
+                {
+                    f"{task.item_name}_per_second": steps_run * self.items_per_step / max(train_seconds, 1e-9),
+                    "train_seconds": train_seconds,
+                    "seconds_to_first_step": self.first_step_at - self.t_start,
+                    "first_step_unix_time": self.first_step_at,
+                    "data_wait_fraction": self.data_wait / max(train_seconds, 1e-9),
+                }
+            )
         if peak_memory:
             metrics["peak_memory_bytes"] = peak_memory
         if self.step_seconds:

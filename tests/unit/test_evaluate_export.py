@@ -205,3 +205,28 @@ def test_a_task_without_a_serving_module_exports_its_own_files_from_the_loaded_w
     # The trained weights, not a freshly initialised model's.
     assert json.loads(store.get_bytes(join_uri(out, "served/first_weight.json"))) == model[0].weight.tolist()
     assert card["files"] == {"extra": ["served/first_weight.json"]} and card["classes"] == ["x", "y", "z"]
+
+
+@pytest.mark.parametrize(
+    ("expected", "got", "passes"),
+    [
+        ([1e12, -3e11], [1e12 + 6e6, -3e11], True),  # large logits: float32's rounding, 6e-6 of them (was refused)
+        ([0.5, -0.25], [0.5 + 5e-5, -0.25], True),
+        ([0.5, -0.25], [0.5 + 1e-3, -0.25], False),  # small outputs: still held to 1e-4
+        ([1e4, 1.0], [1e4 * (1 + 1e-3), 1.0], False),  # 0.1% off: wrong, however large
+        ([1.0, 2.0], [float("nan"), 2.0], False),
+        ([float("inf"), 2.0], [float("inf"), 2.0], True),  # as PyTorch's own
+        ([1.0, 2.0], [float("inf"), 2.0], False),
+    ],
+)
+def test_an_exported_format_is_held_to_a_relative_and_an_absolute_tolerance(expected, got, passes):
+    import numpy as np
+
+    from trainer.export import ExportError, _check
+
+    expected, got = np.array(expected, dtype=np.float32), np.array(got, dtype=np.float32)
+    if passes:
+        _check("ONNX", got, expected)
+    else:
+        with pytest.raises(ExportError, match="ONNX output differs from the PyTorch model by"):
+            _check("ONNX", got, expected)

@@ -137,17 +137,39 @@ def test_a_long_prompt_is_cut_from_the_left_to_leave_room_for_the_new_tokens(tok
     text = " ".join(["red green blue"] * 20)
     full = tokenizer(text, add_special_tokens=False)["input_ids"]
     with caplog.at_level(logging.WARNING, logger="kftrain.generations"):
-        assert gen.ids(text)[0].tolist() == full[-12:]
+        assert gen.ids(text)[0].tolist() == full[-12:] and gen.continuation(12) == 4
         assert gen.ids("red")[0].tolist() == tokenizer("red", add_special_tokens=False)["input_ids"]
         gen.ids(text)  # encoded again for the base model: not said again
     # Said once, for the prompt that was cut (was: silent).
     said = [r.getMessage() for r in caplog.records]
-    assert len(said) == 1 and f"is {len(full)} tokens, more than the 12 the model's context leaves" in said[0]
-    assert f"its first {len(full) - 12} tokens are left out" in said[0]
-    # More new tokens than the context holds: one prompt token and the rest new.
-    tight = generations.Generator(tokenizer, 2, 0, new_tokens=32, context=16)
-    assert tight.config.max_new_tokens == 15 and tight.ids(text).shape[1] == 1
+    assert len(said) == 1 and f"is {len(full)} tokens of the model's context of 16" in said[0]
+    assert f"its first {len(full) - 12} tokens are left out, and it continues for 4 new tokens" in said[0]
     assert generations.Generator(tokenizer, 2, 0, new_tokens=32).config.max_new_tokens == 32  # context unknown
+
+
+@pytest.mark.parametrize(
+    ("prompt_tokens", "kept", "new"),
+    [
+        (3, 3, 13),  # a short prompt kept whole, the rest of the context new (was: cut to 1 token)
+        (8, 8, 8),
+        (12, 8, 8),  # a long one keeps what leaves half the context to the continuation
+    ],
+)
+def test_more_new_tokens_than_the_context_holds_keep_the_prompt_and_say_how_many(
+    tokenizer, caplog, prompt_tokens, kept, new
+):
+    """data.eval_new_tokens of the context's length or more: the prompt is not cut to one token
+    to make room (its continuation was of that token alone, the same for every prompt); the
+    warning says how many new tokens it got (was: 255 where 512 were asked)."""
+    tight = generations.Generator(tokenizer, 2, 0, new_tokens=32, context=16)
+    text = " ".join(["red green blue"] * 20)
+    ids = tokenizer(text, add_special_tokens=False)["input_ids"][:prompt_tokens]
+    prompt = tokenizer.decode(ids)
+    with caplog.at_level(logging.WARNING, logger="kftrain.generations"):
+        got = tight.ids(prompt)
+    assert got.shape[1] == kept and tight.continuation(got.shape[1]) == new
+    (said,) = [r.getMessage() for r in caplog.records]
+    assert f"it continues for {new} new tokens, not data.eval_new_tokens 32" in said
 
 
 def test_special_tokens_in_a_prompt_are_parsed_and_none_are_added(tokenizer):

@@ -125,9 +125,20 @@ def test_storage_uris_follow_kserves_webhook_rules(mutate, message):
         (lambda d: d["spec"]["predictor"].update(sklearn={"storageUri": "s3://x/y"}), "exactly one of"),
         (lambda d: d["spec"]["predictor"].pop("model"), "exactly one of"),
         (lambda d: d["metadata"].update(name="Kftrain_LM"), "metadata.name"),
+        (lambda d: d["metadata"].update(name="a" * 48), "is 48 characters; KServe names the predictor's revision"),
+        (lambda d: d["metadata"].update(name="a" * 70), "use 47 or fewer"),
         (lambda d: d.update(kind="Deployment"), "apiVersion/kind"),
     ],
-    ids=["misspelt field", "args not a list", "two implementations", "no implementation", "bad name", "wrong kind"],
+    ids=[
+        "misspelt field",
+        "args not a list",
+        "two implementations",
+        "no implementation",
+        "bad name",
+        "long name",
+        "too long for a label",
+        "wrong kind",
+    ],
 )
 def test_the_validator_rejects_what_kserve_would_reject_or_drop(mutate, message):
     with pytest.raises(ManifestError, match="InferenceService") as exc:

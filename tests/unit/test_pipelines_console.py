@@ -91,6 +91,22 @@ def test_a_failed_step_names_itself_and_its_error_not_the_traceback_frames():
     assert err.splitlines()[1:] == ["  trainer.storage.ObjectNotFound: no file at /m/model.json"]
 
 
+@pytest.mark.parametrize(
+    ("last", "os_error"),
+    [
+        ("FileExistsError: [Errno 17] File exists: '/o/run/export'", True),  # kfp's executor, a file in the way
+        ("PermissionError: [Errno 13] Permission denied: '/o/run'", True),
+        ("OSError: [Errno 28] No space left on device", True),
+        ("trainer.storage.ObjectNotFound: no file at /m/model.json", False),
+        ("ValueError: [Errno 17] not an OS error", False),
+    ],
+)
+def test_a_step_that_failed_on_a_file_of_this_machine_says_so(last, os_error):
+    """(was: a file in the way of kfp's output folder read "an unexpected error ... a bug in kftrain")"""
+    console, *_ = run(KFP_OUTPUT.replace("trainer.storage.ObjectNotFound: no file at /m/model.json", last))
+    assert console.failure_tail[-1] == last and console.os_error == (last if os_error else "")
+
+
 STOPPED_STEP = f"""\
 15:00:00.002 - INFO - Executing task {CYAN}'train'{RESET}
 15:00:00.003 - INFO - Streamed logs:

@@ -255,6 +255,21 @@ def test_the_header_names_the_run_and_its_inputs():
     assert changed == {"train.epochs", "job.image", "store.uri"}
 
 
+def test_a_run_that_ends_before_an_epoch_says_its_validation_is_the_ends_and_what_was_exported():
+    """`train.max_steps` before the first epoch's end: the validation is at the last step, not
+    "(last epoch)", and export_best's fallback to the last step's model is in the report (was:
+    in the log alone)."""
+    training = training_record()
+    training["history"] = []
+    training["config"]["checkpoint"] |= {"export_best": True, "keep_best": "val_loss"}
+    training["metrics"] |= {"val_loss": 2.5, "steps": 40}
+    parsed = Page()
+    parsed.feed(html_report(training, evaluation_record(), (True, ""), {"run_id": "r"}))
+    text = " ".join(parsed.text)
+    assert "validation loss (at step 40, the end of training: no epoch ended)" in text and "last epoch" not in text
+    assert "exported model the last step's (40): no checkpoint had val_loss to rank" in text
+
+
 def test_an_fsdp_run_exporting_its_best_step_says_both():
     """The header named DDP whatever the strategy, and with checkpoint.export_best the epoch
     measures (the exported step's) read as the last epoch's, the test point drawn at the last step."""
@@ -395,6 +410,20 @@ RECORDED = {"peak_memory_bytes": 400 * 2**20, "median_step_seconds": 0.050, "tra
 def test_predicted_vs_measured_rows_give_the_error_in_percent(prediction, rows):
     assert predicted_vs_measured(prediction, RECORDED) == rows
     assert predicted_vs_measured(prediction, {})[0][2:] == ("n/a", "n/a")
+
+
+@pytest.mark.parametrize(
+    ("resumed_from_step", "measured", "row"),
+    [
+        (20, {"train_seconds": 100.0}, ("training time (ETA)", "1 min 40 s", "1 min 40 s", "+0.0%")),  # 40 of 60
+        (60, {}, ("training time (ETA)", "0 ms", "n/a", "n/a")),  # resumed at its end: no step, nothing timed
+    ],
+)
+def test_a_resumed_start_is_held_to_its_share_of_the_eta(resumed_from_step, measured, row):
+    """The plan's ETA is the whole run's; a resumed start's training time is of its own steps
+    (was: compared whole, and a start of no step at all read "measured 0 ms, +11481502.2%")."""
+    metrics = {"steps": 60, "resumed_from_step": resumed_from_step, **measured}
+    assert predicted_vs_measured({"eta_seconds": 150.0}, metrics)[2] == row
 
 
 def test_the_report_shows_the_prediction_against_the_run_or_why_there_is_none():

@@ -279,6 +279,18 @@ def test_keep_best_keeps_the_best_epoch_through_pruning_and_a_restart_and_export
         assert torch.equal(tensor, state["model"][name]), name
 
 
+def test_a_start_that_resumes_a_finished_training_records_no_timing(digits, tmp_path):
+    """A start of no step (an export that failed after training, resumed) has no throughput or
+    first step (was: "first optimizer step at" the resume, "training time 0 ms", 0 samples/s)."""
+    store, model = LocalStore(), str(tmp_path / "m")
+    cfg = load_config(overrides={"job.replicas": 1, "train.epochs": 1})
+    first = single(cfg, digits, model)
+    again = single(cfg, digits, model)
+    timing = ("samples_per_second", "train_seconds", "seconds_to_first_step", "first_step_unix_time")
+    assert all(key in first for key in timing) and not any(key in again for key in timing), again
+    assert again["resumed_from_step"] == again["steps"] == first["steps"] == record_steps(store, model)
+
+
 def test_export_best_ranks_every_run_a_chain_of_resumes_came_through(digits, tmp_path, caplog):
     """Three runs, each begun from the one before's last checkpoint: the third ranks the first's
     checkpoints too (was: one level back, the second's only), and its model is that best's."""

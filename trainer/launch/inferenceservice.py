@@ -20,6 +20,9 @@ from trainer.launch.preflight import ManifestError, _path, _strict
 
 #: KServe's IsvcNameFmt (pkg/apis/serving/v1beta1/inference_service_validation.go).
 _ISVC_NAME = re.compile(r"[a-z]([-a-z0-9]*[a-z0-9])?")
+#: The longest name whose predictor revision (`NAME-predictor-00001`, Knative's) is a DNS label:
+#: a longer one is accepted by the API server and fails when KServe deploys it (kserve#4807).
+ISVC_NAME_MAX = 63 - len("-predictor-00001")
 #: Predictor fields that each name one way to run the model (the "1-of" fields of PredictorSpec).
 PREDICTOR_IMPLEMENTATIONS = (
     "model",
@@ -53,6 +56,11 @@ def validate_inferenceservice(manifest: dict[str, Any]) -> None:
     name = manifest.get("metadata", {}).get("name", "")
     if not _ISVC_NAME.fullmatch(name):
         raise ManifestError(f"InferenceService metadata.name: {name!r} must match {_ISVC_NAME.pattern}")
+    if len(name) > ISVC_NAME_MAX:
+        raise ManifestError(
+            f"InferenceService metadata.name: {name!r} is {len(name)} characters; KServe names the predictor's "
+            f"revision NAME-predictor-00001, a DNS label of at most 63: use {ISVC_NAME_MAX} or fewer"
+        )
     errors = sorted(_validator().iter_errors(manifest), key=lambda e: (-len(e.absolute_path), str(e.absolute_path)))
     if errors:
         e = errors[0]
