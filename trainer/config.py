@@ -263,7 +263,8 @@ class DataConfig:
     eval_generations: int = 3
     """`model.init_from`: the evaluation generates for at most this many prompts (0: none)."""
     eval_new_tokens: int = 32
-    """`model.init_from`: each generation is at most this many new tokens (it stops early at end of sequence)."""
+    """`model.init_from`: each generation is at most this many new tokens (it stops early at end of sequence, and
+    is shorter where the prompt and this many would pass the model's context)."""
     text_field: str = "text"
     """causal_lm, JSON Lines sources: the field of each record that holds its text."""
     num_proc: int = 1
