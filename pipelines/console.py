@@ -293,8 +293,10 @@ def warnings_on_stderr() -> contextlib.AbstractContextManager[None]:
     """A command's own warnings (a store request retried, a check's note) as redacted
     `kftrain: warning: ...` lines on ``sys.stderr`` for the duration (the CLI's whole command;
     a local run's console takes them over while it runs: :func:`capturing`). Without it they went
-    out bare and unredacted through Python's last-resort handler."""
-    return _warnings_to(lambda message: print(f"kftrain: warning: {redact(message)}", file=sys.stderr), True)
+    out bare and unredacted through Python's last-resort handler; and not also through the root
+    logger, where a library's `logging.warning()` leaves a handler of `basicConfig`'s (each warning
+    was then printed twice, the second time unredacted)."""
+    return _warnings_to(lambda message: print(f"kftrain: warning: {redact(message)}", file=sys.stderr), False)
 
 
 @contextlib.contextmanager

@@ -338,3 +338,21 @@ def test_a_command_s_warnings_are_redacted_lines_on_stderr_and_a_run_s_console_t
     ]
     assert "LIST" not in "\n".join(err) and "LIST s3://b/y" in console.out.getvalue()
     assert logging.getLogger("kftrain").handlers == []
+
+
+def test_a_command_s_warning_is_printed_once_when_the_root_logger_has_a_handler(capsys):
+    """A library's `logging.warning()` gives the root logger `basicConfig`'s handler: a retried
+    store request was then printed twice, the second time unredacted (`WARNING:kftrain.storage:`)."""
+    import logging
+
+    from pipelines.console import warnings_on_stderr
+
+    root = logging.getLogger()
+    handler = logging.StreamHandler()  # stderr, as basicConfig's; made now, so capsys holds it
+    root.addHandler(handler)
+    try:
+        with warnings_on_stderr():
+            logging.getLogger("kftrain.storage").warning("PUT s3://b/z at http://admin:hunter2@minio:9000 failed")
+    finally:
+        root.removeHandler(handler)
+    assert capsys.readouterr().err.splitlines() == ["kftrain: warning: PUT s3://b/z at http://***@minio:9000 failed"]
