@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import collections
 import contextlib
+import errno
 import io
 import logging
 import re
@@ -63,7 +64,12 @@ TAIL_LINES = 8
 #: runs (kfp's executor makes the output folders), it is this machine's to fix, not a bug.
 _OS_ERROR = re.compile(
     r"^(?:FileExistsError|FileNotFoundError|PermissionError|NotADirectoryError|IsADirectoryError|OSError)"
-    r": \[Errno \d+\] "
+    r": \[Errno (\d+)\] "
+)
+#: The errors of `_OS_ERROR` that are about files (not memory, descriptors or sockets).
+_FILE_ERRNOS = frozenset(
+    {errno.EEXIST, errno.ENOENT, errno.EACCES, errno.EPERM, errno.ENOTDIR, errno.EISDIR, errno.ENOSPC}
+    | {errno.EROFS, errno.EDQUOT}
 )
 _TAIL_CHARS = 500
 
@@ -146,9 +152,10 @@ class StepConsole(io.TextIOBase):
     def say(self, line: str) -> None:
         """A line of kftrain's own for the terminal (and the log), verbose or not."""
         with self._lock:
+            line = redact(line) + "\n"
             if self.log is not None:
-                self.log.write(redact(line) + "\n")
-            self._to_terminal(self.out, redact(line) + "\n")
+                self.log.write(line)
+            self._to_terminal(self.out, line)
 
     def warn(self, message: str) -> None:
         """A warning of kftrain's own in this process (the pre-flight's), as a step's are shown."""
@@ -238,7 +245,8 @@ class StepConsole(io.TextIOBase):
     def os_error(self) -> str:
         """The failed step's last line when it is the OS's answer about a file (:data:`_OS_ERROR`), else ""."""
         last = self.failure_tail[-1] if self.failure_tail else ""
-        return last if _OS_ERROR.match(last) else ""
+        m = _OS_ERROR.match(last)
+        return last if m and int(m.group(1)) in _FILE_ERRNOS else ""
 
     def _replica_shows(self, replica: str, text: str) -> bool:
         """Whether the terminal shows this line of `replica`: a traceback's frames, and torchrun's

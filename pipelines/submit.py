@@ -273,8 +273,8 @@ def _unavailable(host: str, status: int, reason: str) -> SubmitError:
 
 
 def answer_excerpt(body: Any) -> str:
-    """What an error answer says, in one short line: a KFP error's `message` (or `error`), else
-    the body's text with HTML's tags and runs of white space taken out, at most
+    """What an error answer says, in one short line, redacted: a KFP error's `message` (or
+    `error`), else the body's text with HTML's tags and runs of white space taken out, at most
     :data:`BODY_EXCERPT_CHARS` characters."""
     if isinstance(body, bytes):
         body = body.decode("utf-8", errors="replace")
@@ -285,6 +285,7 @@ def answer_excerpt(body: Any) -> str:
         answer = None
     if isinstance(answer, dict) and isinstance(answer.get("message") or answer.get("error"), str):
         text = answer.get("message") or answer["error"]
+    text = redact(text)  # before the cut: half a token no longer matches the token it is of
     text = re.sub(r"(?is)<(script|style)\b.*?</\1>|<[^>]*>", " ", text)
     text = " ".join(text.split())
     return text if len(text) <= BODY_EXCERPT_CHARS else text[: BODY_EXCERPT_CHARS - 3].rstrip() + "..."
@@ -310,7 +311,7 @@ def probe_host(host: str, timeout_s: float = 10.0) -> None:
 
     url = f"{host.rstrip('/')}/apis/v2beta1/healthz"
     req = urllib.request.Request(url)
-    token = bearer_token()
+    token = bearer_token(host)
     if token:
         req.add_header("Authorization", f"Bearer {token}")
     try:
@@ -340,18 +341,27 @@ def _not_kfp(host: str, seen: str) -> SubmitError:
     )
 
 
-def _sa_token_path() -> str | None:
-    """The pod's projected service-account token for KFP, where there is one."""
-    path = os.environ.get(SA_TOKEN_PATH_ENV) or SA_TOKEN_PATH
-    return path if os.path.isfile(path) else None
+def _sa_token_path(host: str) -> str | None:
+    """The pod's projected service-account token for KFP, where there is one and `host` may have
+    it: a host inside the cluster (`ml-pipeline.kubeflow:8888`, `*.svc`, `*.svc.cluster.local`),
+    or any host once $KF_PIPELINES_SA_TOKEN_PATH names the file (a pod's token is not sent to a
+    host outside the cluster unasked)."""
+    from urllib.parse import urlsplit
+
+    named = os.environ.get(SA_TOKEN_PATH_ENV)
+    name = (urlsplit(host).hostname or "").lower()
+    in_cluster = name.endswith((".svc", ".svc.cluster.local")) or name.startswith("ml-pipeline")
+    path = named or (SA_TOKEN_PATH if in_cluster else "")
+    return path if path and os.path.isfile(path) else None
 
 
-def bearer_token() -> str | None:
-    """The token every request carries: $KFP_TOKEN, else the service-account token's file."""
+def bearer_token(host: str) -> str | None:
+    """The token every request to `host` carries: $KFP_TOKEN, else the service-account token's
+    file (:func:`_sa_token_path`)."""
     token = os.environ.get(TOKEN_ENV)
     if token:
         return token
-    path = _sa_token_path()
+    path = _sa_token_path(host)
     if path is None:
         return None
     try:
@@ -371,11 +381,12 @@ def make_client(host: str, namespace: str | None):
     with warnings.catch_warnings():
         # kfp's notice that its client will change, on every submit: not the user's to act on.
         warnings.simplefilter("ignore", FutureWarning)
-        if os.environ.get(TOKEN_ENV) or _sa_token_path() is None:
+        path = _sa_token_path(host)
+        if os.environ.get(TOKEN_ENV) or path is None:
             return kfp.Client(host=host, namespace=namespace, existing_token=os.environ.get(TOKEN_ENV) or None)
         from kfp.client import ServiceAccountTokenVolumeCredentials
 
-        credentials = ServiceAccountTokenVolumeCredentials(_sa_token_path())
+        credentials = ServiceAccountTokenVolumeCredentials(path)
         return kfp.Client(host=host, namespace=namespace, credentials=credentials)
 
 

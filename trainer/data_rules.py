@@ -308,10 +308,18 @@ def source_listing(store: ObjectStore, source: str, versions: bool = True) -> di
     return found
 
 
+#: How causal_lm data prep makes tokens of its text, in `data.source_version`: KFP's cache keys
+#: data prep on the effective config, not on kftrain's code in the image, so a change to the
+#: tokens the same text gives must change it. 2: each document ends in a line end, and a
+#: pretrained model's documents are in its special tokens.
+TEXT_PREP_VERSION = 2
+
+
 def source_version(cfg: Config) -> str:
     """`data.source_version` for `cfg`: a digest of the version of every object data prep reads
-    from a store (the source's, a `data.tokenizer` file), '' when it reads none (a built-in
-    source). A store that fails raises :class:`StoreError` naming the field."""
+    from a store (the source's, a `data.tokenizer` file) and, for causal_lm, of how it makes
+    tokens of them (:data:`TEXT_PREP_VERSION`); '' when it reads no object and makes no text
+    tokens (the built-in digits). A store that fails raises :class:`StoreError` naming the field."""
     import hashlib
 
     named = []
@@ -320,9 +328,11 @@ def source_version(cfg: Config) -> str:
     spec = parse_spec(cfg.data.tokenizer) if cfg.task == "causal_lm" else None
     if spec is not None and spec.kind == "file":
         named.append(("data.tokenizer", spec.uri, False))
-    if not named:
+    if not named and cfg.task != "causal_lm":
         return ""
     digest = hashlib.sha256()
+    if cfg.task == "causal_lm":
+        digest.update(f"text-prep={TEXT_PREP_VERSION}\n".encode())
     for field, uri, many in named:
         store = source_store(cfg, uri)
         try:

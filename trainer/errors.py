@@ -57,29 +57,35 @@ def redact(text: str) -> str:
 #: The last word of a variable's name whose value is a place, not a secret
 #: (`AWS_WEB_IDENTITY_TOKEN_FILE`, `SSH_AUTH_SOCK`, `KFP_TOKEN_PATH`).
 _PLACE_WORDS = frozenset({"FILE", "PATH", "DIR", "SOCK", "SOCKET", "URL", "URI", "ENDPOINT", "HOST"})
-#: Values shorter than this are not masked as text: `test` would take every such word out of a message.
-_SHORTEST_SECRET = 8
-_environment_seen: tuple[tuple[tuple[str, str], ...], tuple[str, ...]] = ((), ())
+#: Values shorter than this are not masked as text: a short one (`test`, `password`) would take
+#: that word out of every message.
+_SHORTEST_SECRET = 10
+#: (the environment's size when they were found, the names of its credential variables).
+_secret_names: tuple[int, tuple[str, ...]] = (-1, ())
 
 
-def _environment_secrets() -> tuple[str, ...]:
+def _environment_secrets() -> list[str]:
     """The values of the environment's credential variables (by name: `KFP_TOKEN`,
     `AWS_SECRET_ACCESS_KEY`, `HF_TOKEN`, ...; :func:`trainer.credentials.credential_in`), longest
     first: :func:`redact` masks each wherever it appears, whatever it looks like (a plain
-    `MyToken42` has no shape the patterns know, and an API's error page may echo it back).
-    Computed again only when the environment changed."""
-    global _environment_seen
-    items = tuple(os.environ.items())
-    if items != _environment_seen[0]:
-        secrets = {
-            value
-            for name, value in items
-            if len(value) >= _SHORTEST_SECRET
-            and name.upper().rsplit("_", 1)[-1] not in _PLACE_WORDS
-            and credential_in(name, "") == "name"
-        }
-        _environment_seen = (items, tuple(sorted(secrets, key=len, reverse=True)))
-    return _environment_seen[1]
+    `MyToken42` has no shape the patterns know, and an API's error page may echo it back). A
+    value that is a path (`KUBEFLOW_TRAINER_SERVER_TOKEN`, `GOOGLE_APPLICATION_CREDENTIALS` name
+    files) is a place, named in errors. The names are found again when the environment's size
+    changes; their values are read on every call (redact runs on each line of a run's log)."""
+    global _secret_names
+    if len(os.environ) != _secret_names[0]:
+        names = tuple(
+            name
+            for name in os.environ
+            if name.upper().rsplit("_", 1)[-1] not in _PLACE_WORDS and credential_in(name, "") == "name"
+        )
+        _secret_names = (len(os.environ), names)
+    values = {os.environ.get(name) or "" for name in _secret_names[1]}
+    return sorted(
+        (v for v in values if len(v) >= _SHORTEST_SECRET and not v.startswith(("/", "~", "./", "../"))),
+        key=len,
+        reverse=True,
+    )
 
 
 def _masked(word: re.Match[str]) -> str:

@@ -60,12 +60,13 @@ ATOL, RTOL = 1e-4, 1e-4
 
 def _check(name: str, got: np.ndarray, expected: np.ndarray) -> float:
     """`got`'s largest absolute difference from `expected`; :class:`ExportError` when an output
-    is further than :data:`ATOL` + :data:`RTOL` x its size, or is not finite where PyTorch's is."""
-    finite = np.isfinite(expected)
-    with np.errstate(invalid="ignore"):  # inf - inf where both are inf: left out below
-        diff = np.abs(got.astype(np.float64) - expected)[finite]
+    is further than :data:`ATOL` + :data:`RTOL` x its size, or either side is not finite (a model
+    whose outputs are NaN or inf is not one to serve)."""
+    if not (np.all(np.isfinite(expected)) and np.all(np.isfinite(got))):
+        raise ExportError(f"{name} output or the PyTorch model's is not finite (NaN or inf) on the check batch")
+    diff = np.abs(got.astype(np.float64) - expected)
     err = float(diff.max()) if diff.size else 0.0
-    if not np.array_equal(np.isfinite(got), finite) or np.any(diff > ATOL + RTOL * np.abs(expected[finite])):
+    if np.any(diff > ATOL + RTOL * np.abs(expected.astype(np.float64))):
         raise ExportError(
             f"{name} output differs from the PyTorch model by {err:.3g} (tolerance {ATOL} + {RTOL} x the output)"
         )

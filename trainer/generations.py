@@ -286,16 +286,15 @@ class Generator:
         new = self.continuation(kept.shape[1])
         if (kept.shape[1] < ids.shape[1] or new < self.new_tokens) and prompt not in self.warned:
             self.warned.add(prompt)
-            cut = f"its first {ids.shape[1] - kept.shape[1]} tokens are left out, and " if kept is not ids else ""
+            said = [f"its first {ids.shape[1] - kept.shape[1]} tokens are left out"] if kept is not ids else []
+            if new < self.new_tokens:
+                said.append(f"it continues for {new} new tokens, not data.eval_new_tokens {self.new_tokens}")
             log.warning(
-                "generations: the prompt %.40r... is %d tokens of the model's context of %d: %sit continues for %d "
-                "new tokens, not data.eval_new_tokens %d",
+                "generations: the prompt %.40r... is %d tokens of the model's context of %d: %s",
                 prompt,
                 ids.shape[1],
                 self.context,
-                cut,
-                new,
-                self.new_tokens,
+                ", and ".join(said),
             )
         return kept
 

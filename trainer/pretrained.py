@@ -406,12 +406,14 @@ def end_token(source: ModelSource) -> str:
         eos = eos[0] if isinstance(eos, list) and eos else eos
         if type(eos) is int:
             tokenizer = _json_object(source, "tokenizer.json")
-            for added in tokenizer.get("added_tokens") or []:
-                if isinstance(added, dict) and added.get("id") == eos and isinstance(added.get("content"), str):
-                    return added["content"]
             vocab = (tokenizer.get("model") or {}).get("vocab")
-            if isinstance(vocab, dict):
-                return next((token for token, i in vocab.items() if i == eos), "")
+            tokens = [
+                (t.get("id"), t.get("content")) for t in tokenizer.get("added_tokens") or [] if isinstance(t, dict)
+            ]
+            tokens += [(i, token) for token, i in vocab.items()] if isinstance(vocab, dict) else []
+            found = next((token for i, token in tokens if i == eos and isinstance(token, str) and token), "")
+            if found:
+                return found
     return ""
 
 

@@ -420,21 +420,31 @@ class LocalStore:
         return {uri: f"{st.st_size}:{st.st_mtime_ns}" for uri, st in sorted(self._files(prefix))}
 
     def _files(self, prefix: str) -> Iterator[tuple[str, os.stat_result]]:
-        """(URI, stat) of every file below the folder `prefix`, through linked folders too (a
-        folder of links to datasets is a folder of data; each real folder is entered once, so a
-        link loop ends), but for the `.kftrain-*.tmp` files of writes in progress."""
+        """(URI, stat) of every file below the folder `prefix`, in a fixed order, but for the
+        `.kftrain-*.tmp` files of writes in progress; through linked folders that lead out of it
+        (a folder of links to datasets is a folder of data), each real folder once, so a link
+        loop ends. A link back into the folder is not entered (what it leads to is read under its
+        own name), nor a hidden one (a source's listing leaves hidden paths out: the first way in
+        to a folder would have hidden it)."""
         root = self._path(prefix)
         if not root.is_dir():
             return
-        base, seen = prefix.rstrip("/"), set()
+        base, real_root = prefix.rstrip("/"), os.path.realpath(root)
+        claimed = {real_root}
         for folder, subfolders, names in os.walk(root, followlinks=True):
-            real = os.path.realpath(folder)
-            if real in seen:
-                subfolders[:] = []
-                continue
-            seen.add(real)
+            entered = []
+            for sub in sorted(subfolders):
+                path = os.path.join(folder, sub)
+                real = os.path.realpath(path)
+                if real in claimed or (
+                    os.path.islink(path) and (sub.startswith(".") or os.path.commonpath([real, real_root]) == real_root)
+                ):
+                    continue
+                claimed.add(real)
+                entered.append(sub)
+            subfolders[:] = entered
             rel = Path(folder).relative_to(root)
-            for name in names:
+            for name in sorted(names):
                 if name.startswith(TEMP_PREFIX) and name.endswith(TEMP_SUFFIX):
                     continue
                 try:

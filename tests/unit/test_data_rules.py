@@ -337,7 +337,12 @@ def test_the_source_version_changes_with_what_data_prep_reads_and_only_then(tmp_
     )
     assert source_version(tokenizer) != source_version(cfg)  # the tokenizer file is read too
     assert source_version(load_config()) == ""  # the built-in digits: nothing from a store
-    assert source_version(load_config(overrides={"task": "causal_lm", "data.source": "python-stdlib"})) == ""
+    # The built-in text: no object, but how data prep makes its tokens (KFP's cache key; was "").
+    stdlib = source_version(load_config(overrides={"task": "causal_lm", "data.source": "python-stdlib"}))
+    assert len(stdlib) == 16
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr("trainer.data_rules.TEXT_PREP_VERSION", 1)  # data prep's tokens changed: the key too
+        assert source_version(load_config(overrides={"task": "causal_lm", "data.source": "python-stdlib"})) != stdlib
 
 
 #: A source folder as people's folders are: a user's `.tmp` file, a git clone's and a notebook's
@@ -383,21 +388,28 @@ def test_a_local_source_lists_as_a_store_does(tmp_path):
     assert_source_objects(LocalStore(), str(tmp_path))
 
 
-def test_a_linked_folder_is_read_through_once_and_a_link_loop_ends(tmp_path):
-    """(was: a folder linked into the source was skipped in silence)"""
+def test_a_linked_folder_is_read_through_once_under_one_name_and_a_link_loop_ends(tmp_path):
+    """(was: a folder linked into the source was skipped in silence) A link back into the source
+    (`latest -> v2`, a hidden `.alias -> data`) is not followed: its folder is read under its own
+    name (a hidden alias walked first had hidden the folder's data, on some machines); a folder
+    two links lead to is read once, under the first name in order."""
     from trainer.data_rules import source_objects
     from trainer.storage import LocalStore
 
-    (tmp_path / "elsewhere").mkdir()
-    (tmp_path / "elsewhere" / "c.txt").write_text("c")
-    (tmp_path / "src" / "sub").mkdir(parents=True)
-    (tmp_path / "src" / "a.txt").write_text("a")
+    for folder in ("elsewhere", "src/sub", "src/data", "src/v2"):
+        (tmp_path / folder).mkdir(parents=True)
+    for path in ("elsewhere/c.txt", "src/a.txt", "src/data/d.txt", "src/v2/e.txt"):
+        (tmp_path / path).write_text(path)
     (tmp_path / "src" / "linked").symlink_to(tmp_path / "elsewhere")
+    (tmp_path / "src" / "sub" / "again").symlink_to(tmp_path / "elsewhere")  # the same folder: once
     (tmp_path / "src" / "sub" / "loop").symlink_to(tmp_path / "src")
+    (tmp_path / "src" / ".alias").symlink_to(tmp_path / "src" / "data")
+    (tmp_path / "src" / "latest").symlink_to(tmp_path / "src" / "v2")
     (tmp_path / "src" / "broken").symlink_to(tmp_path / "gone")
     (tmp_path / "src" / ".kftrain-0a1b.tmp").write_text("a write in progress")
     src = str(tmp_path / "src")
-    assert source_objects(LocalStore(), src) == [f"{src}/a.txt", f"{src}/linked/c.txt"]
+    expected = [f"{src}/{p}" for p in ("a.txt", "data/d.txt", "linked/c.txt", "v2/e.txt")]
+    assert source_objects(LocalStore(), src) == expected
 
 
 def test_a_file_name_that_is_not_utf8_is_named_with_its_fix(tmp_path):

@@ -235,9 +235,11 @@ def test_the_local_write_check_creates_nothing_and_names_the_file_in_the_way(tmp
         ("KFP_TOKEN", "MyPlainToken42", True),  # no shape the patterns know: masked as the variable's value
         ("AWS_SECRET_ACCESS_KEY", "minio-secret-123", True),
         ("AWS_SESSION_TOKEN", "short-lived-session", True),
-        ("HF_TOKEN", "abcdefgh", True),
+        ("HF_TOKEN", "abcdefghij", True),
         ("DB_PASSWORD", "correct horse", True),
-        ("KFP_TOKEN", "short", False),  # shorter than 8: it would take a word out of every message
+        ("KFP_TOKEN", "password", False),  # shorter than 10: it would take a word out of every message
+        ("GOOGLE_APPLICATION_CREDENTIALS", "/etc/gcp/key.json", False),  # a path: a place, named in errors
+        ("KUBEFLOW_TRAINER_SERVER_TOKEN", "/var/run/secrets/trainer/token", False),
         ("AWS_WEB_IDENTITY_TOKEN_FILE", "/var/run/secrets/eks/token", False),  # a place, named in errors
         ("KF_PIPELINES_SA_TOKEN_PATH", "/var/run/secrets/kubeflow/pipelines/token", False),
         ("TOKENIZERS_PARALLELISM", "false-value", False),  # not a credential's name

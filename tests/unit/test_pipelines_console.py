@@ -97,6 +97,8 @@ def test_a_failed_step_names_itself_and_its_error_not_the_traceback_frames():
         ("FileExistsError: [Errno 17] File exists: '/o/run/export'", True),  # kfp's executor, a file in the way
         ("PermissionError: [Errno 13] Permission denied: '/o/run'", True),
         ("OSError: [Errno 28] No space left on device", True),
+        ("OSError: [Errno 24] Too many open files", False),  # not a file of this machine's to fix
+        ("OSError: [Errno 98] Address already in use", False),
         ("trainer.storage.ObjectNotFound: no file at /m/model.json", False),
         ("ValueError: [Errno 17] not an OS error", False),
     ],

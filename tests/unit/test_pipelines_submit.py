@@ -250,6 +250,7 @@ PAGE = "<!doctype html><html><head><style>body {color: red}</style></head><body>
     [
         (500, PAGE + "<p>your header: Bearer MyPlainToken42</p></body></html>", "HTTP 500 Error: line line line"),
         (500, "<html><body>your header: Bearer MyPlainToken42</body></html>", "your header: Bearer ***"),
+        (500, "x" * 185 + " Bearer MyPlainToken42 " + "y" * 50, "Bearer ***"),  # across the cut: masked first
         (400, '{"error": "bad filter", "code": 3, "message": "invalid filter: key display_name"}', "invalid filter"),
         (404, "", "answered HTTP 404 Error"),
         (500, b"plain \xff bytes", "plain \ufffd bytes"),
@@ -270,4 +271,28 @@ def test_an_api_error_is_one_short_line_without_the_token(monkeypatch, status, b
         raise exc
     message = str(caught.value)
     assert said in message and "\n" not in message and len(message) < 400, message
-    assert "MyPlainToken42" not in message and "<" not in message
+    assert "MyPlain" not in message and "<" not in message
+
+
+@pytest.mark.parametrize(
+    ("host", "named", "sent"),
+    [
+        ("http://ml-pipeline.kubeflow:8888", False, True),  # a Kubeflow notebook's in-cluster host
+        ("http://ml-pipeline-ui.kubeflow.svc.cluster.local", False, True),
+        ("https://kfp.example.com", False, False),  # outside the cluster: not unasked
+        ("http://localhost:8080", False, False),
+        ("https://kfp.example.com", True, True),  # KF_PIPELINES_SA_TOKEN_PATH names the file: asked
+    ],
+)
+def test_a_pods_service_account_token_goes_only_where_it_belongs(tmp_path, monkeypatch, host, named, sent):
+    from pipelines import submit
+
+    token = tmp_path / "token"
+    token.write_text("sa-token\n")
+    monkeypatch.delenv("KFP_TOKEN", raising=False)
+    monkeypatch.setattr(submit, "SA_TOKEN_PATH", str(token))
+    if named:
+        monkeypatch.setenv("KF_PIPELINES_SA_TOKEN_PATH", str(token))
+    else:
+        monkeypatch.delenv("KF_PIPELINES_SA_TOKEN_PATH", raising=False)
+    assert submit.bearer_token(host) == ("sa-token" if sent else None)

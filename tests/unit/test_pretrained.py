@@ -448,6 +448,7 @@ NO_EOS = {"tokenizer_config.json": {}, "special_tokens_map.json": None, "generat
         ({**NO_EOS, "config.json": "eos_id", "generation_config.json": None}, "<|im_end|>"),  # by id
         ({**NO_EOS, "config.json": "eos_ids"}, "<|im_end|>"),  # a list of ids: the first
         ({**NO_EOS, "config.json": "no_eos"}, ""),
+        ({**NO_EOS, "config.json": "eos_bad", "generation_config.json": "gen_eos"}, "<|im_end|>"),  # the next file
     ],
 )
 def test_the_end_of_text_token_is_found_where_transformers_looks(folder, tmp_path, files, expected):
@@ -460,6 +461,8 @@ def test_the_end_of_text_token_is_found_where_transformers_looks(folder, tmp_pat
         "eos_id": {**config, "eos_token_id": eos_id},
         "eos_ids": {**config, "eos_token_id": [eos_id, 0]},
         "no_eos": {k: v for k, v in config.items() if k != "eos_token_id"},
+        "eos_bad": {**config, "eos_token_id": 99_999},  # no token of the tokenizer's
+        "gen_eos": {"eos_token_id": eos_id},
     }
     files = {
         name: configs.get(content, content) if isinstance(content, str) else content for name, content in files.items()

@@ -119,6 +119,16 @@ class PretrainedLMTask(CausalLMTask):
         folder names no such token or its tokenizer splits it."""
         source = self._data_source or source_for(cfg, weights=False)
         before, _ = tokenizer.specials_around_text()
+        # Written as text, each must read back as its one token (a tokenizer that splits its own
+        # special token's text would train on its pieces): else none.
+        if any(len(tokenizer.encode(t.encode())) != 1 for t in before):
+            log.warning(
+                "model.init_from %r: its tokenizer does not read its beginning-of-text %s back as one token; documents "
+                "are not begun with it",
+                source.origin,
+                before,
+            )
+            before = []
         token = pretrained.end_token(source)
         ids = tokenizer.encode(token.encode()) if token else []
         if len(ids) != 1:
