@@ -277,8 +277,9 @@ class Generator:
         )
 
     def ids(self, prompt: str) -> torch.Tensor:
-        """The prompt's token ids (special tokens written in it are parsed, none are added:
-        data prep encodes the same way), cut from the left to fit the context (said once)."""
+        """The prompt's token ids (special tokens written in it are parsed, none are added: data
+        prep writes a document's special tokens as text too), cut from the left to fit the
+        context (said once)."""
         ids = self.tokenizer(prompt, add_special_tokens=False, return_tensors="pt")["input_ids"]
         if ids.shape[1] == 0:
             raise GenerationError(f"the prompt {prompt!r} encodes to no tokens; give prompts with text in them")
@@ -324,20 +325,26 @@ def generations(
     settings: GenerationSettings,
     from_test: Callable[[Any, int], list[str]],
     chat: bool = False,
+    document_start: str = "",
 ) -> list[dict[str, str]]:
     """`{prompt, before, after}` for each prompt :func:`select_prompts` picks: the base model's
     and the fine-tuned `model`'s continuations. `model` is what `trainer.model_io.load_model`
     returns (eval mode, CPU); `from_test(tokenizer, count)`: the test split's first prompts;
-    `chat`: the model was fine-tuned on chat data (configured prompts become user messages)."""
+    `chat`: the model was fine-tuned on chat data (configured prompts become user messages);
+    `document_start`: the special tokens' text each document of text data began with (a Llama
+    tokenizer's beginning-of-text, the manifest's `document_marks`), which a configured prompt
+    is given too, as the model was fine-tuned to read a text and as transformers' tokenizer and
+    vLLM give it."""
     if settings.count <= 0:
         return []
     tokenizer = load_hf_tokenizer(source)
     prompts = select_prompts(settings, tokenizer, chat, lambda count: from_test(tokenizer, count))
     if not prompts:
         return []
+    fed = [document_start + p for p in prompts] if settings.prompts and not chat else prompts
     eos, pad = _stop_ids(source, meta["hf_config"], tokenizer)
     gen = Generator(tokenizer, eos, pad, settings.new_tokens, pretrained.context_length(meta["hf_config"]))
-    after = [gen.complete(model, p) for p in prompts]
+    after = [gen.complete(model, p) for p in fed]
     with base_model(model, meta, source) as base:
-        before = [gen.complete(base, p) for p in prompts]
+        before = [gen.complete(base, p) for p in fed]
     return [dict(zip(FIELDS, row, strict=True)) for row in zip(prompts, before, after, strict=True)]

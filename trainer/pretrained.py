@@ -392,29 +392,42 @@ def _json_object(source: ModelSource, name: str) -> dict[str, Any]:
 
 
 def end_token(source: ModelSource) -> str:
-    """The model's end-of-text token, as text, where transformers finds it: the `eos_token` of
-    tokenizer_config.json, then of special_tokens_map.json; else the token of config.json's (then
-    generation_config.json's) `eos_token_id` in tokenizer.json. "" where the folder names none."""
+    """The model's end-of-text token, as text: one that generation stops at. Where transformers'
+    generate() stops: generation_config.json's `eos_token_id` (one or a list), else config.json's;
+    the tokenizer's own `eos_token` (tokenizer_config.json, then special_tokens_map.json) where it
+    is one of them or none is named, else the first of them, with a warning (a model that learned
+    to end with a token generation does not stop at runs on). "" where the folder names none."""
+    named = ""
     for name in ("tokenizer_config.json", "special_tokens_map.json"):
         token = _json_object(source, name).get("eos_token")
         if isinstance(token, dict):  # an AddedToken written out: {"content": ..., "special": ...}
             token = token.get("content")
         if isinstance(token, str) and token:
-            return token
-    for name in (CONFIG, GENERATION_CONFIG):
+            named = token
+            break
+    tokenizer = _json_object(source, "tokenizer.json")
+    vocab = (tokenizer.get("model") or {}).get("vocab")
+    tokens = [(t.get("id"), t.get("content")) for t in tokenizer.get("added_tokens") or [] if isinstance(t, dict)]
+    tokens += [(i, token) for token, i in vocab.items()] if isinstance(vocab, dict) else []
+    by_id = {i: token for i, token in reversed(tokens) if type(i) is int and isinstance(token, str) and token}
+    stops: list[int] = []
+    for name in (GENERATION_CONFIG, CONFIG):
         eos = _json_object(source, name).get("eos_token_id")
-        eos = eos[0] if isinstance(eos, list) and eos else eos
-        if type(eos) is int:
-            tokenizer = _json_object(source, "tokenizer.json")
-            vocab = (tokenizer.get("model") or {}).get("vocab")
-            tokens = [
-                (t.get("id"), t.get("content")) for t in tokenizer.get("added_tokens") or [] if isinstance(t, dict)
-            ]
-            tokens += [(i, token) for token, i in vocab.items()] if isinstance(vocab, dict) else []
-            found = next((token for i, token in tokens if i == eos and isinstance(token, str) and token), "")
-            if found:
-                return found
-    return ""
+        stops = [i for i in (eos if isinstance(eos, list) else [eos]) if type(i) is int and i in by_id]
+        if stops:
+            break
+    if not stops or named in (by_id[i] for i in stops):
+        return named or (by_id[stops[0]] if stops else "")
+    if named:
+        log.warning(
+            "model.init_from %r: its tokenizer's eos_token %r is not a token generation stops at (eos_token_id %s); "
+            "documents end in %r, which it stops at",
+            source.origin,
+            named,
+            stops,
+            by_id[stops[0]],
+        )
+    return by_id[stops[0]]
 
 
 def context_length(config: dict[str, Any]) -> int:

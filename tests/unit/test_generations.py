@@ -83,6 +83,26 @@ def test_a_count_of_zero_generates_nothing_and_reads_nothing(folder):
     assert rows == []
 
 
+@pytest.mark.parametrize(("chat", "start", "fed"), [(False, "<|endoftext|>", "<|endoftext|>the cat"), (True, "", None)])
+def test_a_configured_prompt_begins_as_the_models_documents_did(folder, monkeypatch, chat, start, fed):
+    """Text data whose documents began with the tokenizer's beginning-of-text token: a configured
+    prompt begins with it too, as transformers' tokenizer and vLLM give it (was: without it, and
+    the report's continuation differed from the served model's); the row shows the prompt as
+    configured. Chat prompts carry the template's own."""
+    import contextlib
+
+    seen = []
+    monkeypatch.setattr(generations.Generator, "complete", lambda self, model, prompt: seen.append(prompt) or "x")
+    monkeypatch.setattr(generations, "base_model", lambda model, meta, source: contextlib.nullcontext(model))
+    settings = GenerationSettings(prompts=("the cat",), count=1)
+    meta = {"hf_config": json.loads((Path(folder) / "config.json").read_text())}
+    rows = generations.generations(
+        object(), meta, pretrained.resolve(folder), settings, no_test_prompts, chat=chat, document_start=start
+    )
+    assert seen == [fed or chatml({"role": "user", "content": "the cat"})] * 2  # after, then before
+    assert rows[0]["prompt"] == (fed or seen[0]).removeprefix(start)
+
+
 @pytest.mark.parametrize(
     ("messages", "expected"),
     [

@@ -122,8 +122,25 @@ CASES = [
     ),
     (
         # Node-pressure eviction (kubelet eviction manager): phase Failed, status.reason Evicted, the
-        # "low on resource" message, and DisruptionTarget TerminationByKubelet.
+        # "low on resource" message, and DisruptionTarget TerminationByKubelet; the pod within its
+        # request: another tenant's pressure, a preemption.
         "kubelet node-pressure eviction",
+        [
+            pod(
+                conditions=[disruption("TerminationByKubelet", "The node was low on resource: memory. ")],
+                reason="Evicted",
+                message="The node was low on resource: memory. Threshold quantity: 100Mi, available: 92Mi. ",
+                state=exited(137),
+            )
+        ],
+        [Event(POD, "Evicted", "The node was low on resource: memory.")],
+        {},
+        failures.PREEMPTED,
+    ),
+    (
+        # The same eviction of a pod the kubelet names as over its memory request: the run's own
+        # use, which a re-created job repeats (was: preempted, re-created 40 times to the deadline).
+        "kubelet eviction of a pod over its memory request",
         [
             pod(
                 conditions=[disruption("TerminationByKubelet", "The node was low on resource: memory. ")],
@@ -133,9 +150,23 @@ CASES = [
                 state=exited(137),
             )
         ],
-        [Event(POD, "Evicted", "The node was low on resource: memory.")],
+        [Event(POD, "Evicted", "Container pytorch was using 61Gi, request is 32Gi, has larger consumption of memory.")],
         {},
-        failures.PREEMPTED,
+        failures.OOM,
+    ),
+    (
+        # Over its ephemeral-storage request (checkpoints staged on the node's disk): the run's settings.
+        "kubelet eviction of a pod over its disk request",
+        [
+            pod(
+                reason="Evicted",
+                message="The node was low on resource: ephemeral-storage. Threshold quantity: 10Gi, available: 2Gi. "
+                "Container pytorch was using 80Gi, request is 0, has larger consumption of ephemeral-storage. ",
+            )
+        ],
+        [],
+        {},
+        failures.USER_ERROR,
     ),
     (
         # Graceful node shutdown (kubelet nodeshutdown manager): status.reason Terminated, its message,

@@ -436,14 +436,22 @@ def _with_files(folder: str, tmp_path: Path, files: dict[str, dict | None]) -> p
 
 
 NO_EOS = {"tokenizer_config.json": {}, "special_tokens_map.json": None, "generation_config.json": None}
+NO_IDS = {"config.json": "no_eos", "generation_config.json": None}
 
 
 @pytest.mark.parametrize(
     ("files", "expected"),
     [
         ({}, "<|im_end|>"),  # the example model's tokenizer_config.json
-        ({"tokenizer_config.json": {"eos_token": "</s>"}}, "</s>"),
-        ({"tokenizer_config.json": {"eos_token": {"content": "<|eot|>", "special": True}}}, "<|eot|>"),
+        ({"tokenizer_config.json": {"eos_token": "</s>"}, **NO_IDS}, "</s>"),  # no id names a stop: the tokenizer's
+        ({"tokenizer_config.json": {"eos_token": {"content": "<|eot|>", "special": True}}, **NO_IDS}, "<|eot|>"),
+        # The tokenizer's eos_token is not one generation stops at: the one it stops at (was: the tokenizer's,
+        # and the fine-tuned model ran on past its end).
+        ({"tokenizer_config.json": {"eos_token": "<|endoftext|>"}}, "<|im_end|>"),
+        (
+            {"tokenizer_config.json": {"eos_token": "<|endoftext|>"}, "generation_config.json": "gen_both"},
+            "<|endoftext|>",
+        ),
         ({**NO_EOS, "special_tokens_map.json": {"eos_token": "<|im_end|>"}}, "<|im_end|>"),
         ({**NO_EOS, "config.json": "eos_id", "generation_config.json": None}, "<|im_end|>"),  # by id
         ({**NO_EOS, "config.json": "eos_ids"}, "<|im_end|>"),  # a list of ids: the first
@@ -463,6 +471,7 @@ def test_the_end_of_text_token_is_found_where_transformers_looks(folder, tmp_pat
         "no_eos": {k: v for k, v in config.items() if k != "eos_token_id"},
         "eos_bad": {**config, "eos_token_id": 99_999},  # no token of the tokenizer's
         "gen_eos": {"eos_token_id": eos_id},
+        "gen_both": {"eos_token_id": [eos_id, 0]},  # <|im_end|> and <|endoftext|>, as Qwen2.5-Instruct's
     }
     files = {
         name: configs.get(content, content) if isinstance(content, str) else content for name, content in files.items()

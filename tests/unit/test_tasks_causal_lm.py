@@ -215,3 +215,38 @@ def test_a_text_source_cut_at_max_bytes_says_so(tmp_path, caplog, size, warned):
         if warned
         else []
     )
+
+
+@pytest.mark.parametrize("record", ["x" * 5425, "é" * 3000, "word " * 1500], ids=["ascii", "two-byte", "words"])
+@pytest.mark.parametrize("fractions", [(0.1, 0.2), (0.05, 0.05), (0.3, 0.3)])
+def test_a_split_of_long_lines_never_cuts_a_mark_or_a_character(record, fractions):
+    """Lines of more than 4 KiB (JSON Lines web text) are cut inside the text where no line end is
+    near: never inside a document's mark (was: `<|be` in one split, `gin|>` in the next, as text
+    tokens) nor inside a UTF-8 character."""
+    from trainer.tasks.causal_lm import Marks, split_block
+
+    marks = Marks(start=b"<|begin_of_text|>", end=b"<|end_of_text|>")
+    block = b"".join(marks.around(record.encode()) for _ in range(40))
+    parts = split_block(block, *fractions, marks)
+    assert sum(len(p) for p in parts.values()) == len(block)
+    for part in parts.values():
+        part.decode("utf-8")  # whole characters
+        bare = part.replace(marks.start, b"").replace(marks.end, b"")
+        assert b"<|" not in bare and b"|>" not in bare and b"_text" not in bare
+    assert sum(p.count(marks.start) for p in parts.values()) == 40 == sum(p.count(marks.end) for p in parts.values())
+
+
+def test_max_bytes_takes_whole_documents_in_marks(tmp_path):
+    """(was: the last document cut at data.max_bytes, inside its end mark: `<|end` as text)"""
+    import json
+
+    from trainer.tasks.causal_lm import Marks, source_pieces
+
+    (tmp_path / "d.jsonl").write_text("".join(json.dumps({"text": f"record {i} " * 5}) + "\n" for i in range(50)))
+    marks = Marks(start=b"<s>", end=b"</s>")
+    for max_bytes in range(300, 420, 7):
+        cfg = load_config(
+            overrides={"task": "causal_lm", "data.source": str(tmp_path / "d.jsonl"), "data.max_bytes": max_bytes}
+        )
+        text = b"".join(source_pieces(cfg, marks=marks))
+        assert len(text) <= max_bytes and text.endswith(b"</s>\n") and text.count(b"<s>") == text.count(b"</s>")

@@ -107,6 +107,11 @@ _EVENT_REASONS = {
     "TaintManagerEviction": NODE_LOST,
     "NodeNotReady": NODE_LOST,
 }
+#: The kubelet's node-pressure eviction message names a container that used more than it requested
+#: ("Container pytorch was using 60Gi, request is 8Gi, has larger consumption of memory"): the run's
+#: own use, which a re-created job repeats, not a preemption. Memory is the run's out-of-memory; a
+#: disk or process count over its request, an error in the run's settings.
+_OVER_REQUEST = re.compile(r"has larger consumption of (memory|ephemeral-storage|pids?)\b")
 _IMAGE_PULL_WAITING = {"ErrImagePull", "ImagePullBackOff", "InvalidImageName", "ErrImageNeverPull"}
 _KUEUE_STOPPED = re.compile(r"\b(preempted|evicted|node failures?)\b", re.IGNORECASE)
 #: torchrun's ChildFailedError summary: the root cause's exit code (negative: a signal).
@@ -219,6 +224,14 @@ def _terminated(container: Mapping[str, Any]) -> list[Mapping[str, Any]]:
     return [s["terminated"] for s in states if s.get("terminated")]
 
 
+def _eviction(cause: str, *messages: str) -> str:
+    """`cause`, unless an eviction's message says the pod used more than it requested (:data:`_OVER_REQUEST`)."""
+    for message in messages:
+        if cause == PREEMPTED and (m := _OVER_REQUEST.search(message or "")):
+            return OOM if m.group(1) == "memory" else USER_ERROR
+    return cause
+
+
 def _pod_evidence(pod: Mapping[str, Any]) -> list[Diagnosis]:
     """Every cause a pod's status shows."""
     name = (pod.get("metadata") or {}).get("name", "?")
@@ -232,6 +245,7 @@ def _pod_evidence(pod: Mapping[str, Any]) -> list[Diagnosis]:
             cause = _DISRUPTION_REASONS[reason]
             if reason == "TerminationByKubelet" and status.get("reason") in _POD_REASONS:
                 cause = _POD_REASONS[status["reason"]]
+            cause = _eviction(cause, cond.get("message", ""), status.get("message", ""))
             found.append(Diagnosis(cause, f"pod {name}: DisruptionTarget {reason}: {cond.get('message', '')}".rstrip()))
         elif cond.get("type") == "TerminationTarget" and reason.startswith("WorkloadEvicted"):
             # Kueue stopping a pod whose Workload it evicted (`WorkloadEvictedDueToPreempted`, ...)
@@ -240,7 +254,8 @@ def _pod_evidence(pod: Mapping[str, Any]) -> list[Diagnosis]:
             )
     reason = status.get("reason")
     if reason in _POD_REASONS:
-        found.append(Diagnosis(_POD_REASONS[reason], f"pod {name}: {reason}: {status.get('message', '')}".rstrip()))
+        cause = _eviction(_POD_REASONS[reason], status.get("message", ""))
+        found.append(Diagnosis(cause, f"pod {name}: {reason}: {status.get('message', '')}".rstrip()))
     for container in _containers(pod):
         for term in _terminated(container):
             if term.get("reason") == "OOMKilled":
@@ -267,6 +282,7 @@ def _event_evidence(event: Event) -> Diagnosis | None:
         cause = NODE_LOST if "node failure" in event.message.lower() else PREEMPTED
     if cause is None:
         return None
+    cause = _eviction(cause, event.message)
     return Diagnosis(cause, f"event on {event.object}: {event.reason}: {event.message}".rstrip(": "))
 
 

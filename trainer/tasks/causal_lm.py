@@ -191,7 +191,10 @@ def source_pieces(cfg: Config, progress: str = "", marks: Marks = NO_MARKS) -> I
             cut = True
             break
         if len(piece) > left:
-            piece, cut = piece[: int(left)], True
+            cut = True
+            if marks != NO_MARKS:  # a document in marks is taken whole or not at all (a cut one ended mid-mark)
+                break
+            piece = piece[: int(left)]
         left -= len(piece)
         if line is not None:
             line.add(len(piece))
@@ -226,12 +229,24 @@ def blocks(pieces: Iterator[bytes], size: int = 0) -> Iterator[bytes]:
         yield b"".join(buf)
 
 
-def _cut(block: bytes, at: int) -> int:
-    """The first line end at or after `at` (so a line is never split between splits), else `at`."""
+def _cut(block: bytes, at: int, marks: Marks = NO_MARKS) -> int:
+    """The first line end at or after `at` (so a line is never split between splits); where none
+    is near (a line of more than 4 KiB), `at` itself, moved back to a character's start and out
+    of a document mark: before a start mark, after an end mark (a cut through one left its
+    halves as text tokens)."""
     if at >= len(block):
         return len(block)
     nl = block.find(b"\n", at)
-    return nl + 1 if nl != -1 and nl - at < 4096 else at
+    if nl != -1 and nl - at < 4096:
+        return nl + 1
+    while at > 0 and block[at] & 0xC0 == 0x80:  # a UTF-8 continuation byte
+        at -= 1
+    for mark, before in ((marks.start, True), (marks.end, False)):
+        if mark:
+            found = block.rfind(mark, max(0, at - len(mark) + 1), at + len(mark) - 1)
+            if found != -1 and found < at < found + len(mark):
+                return found if before else found + len(mark)
+    return at
 
 
 #: A block is split piece by piece, each about this many bytes (cut at a line end): every split
@@ -240,18 +255,18 @@ def _cut(block: bytes, at: int) -> int:
 SPLIT_PIECE_BYTES = 16 << 10
 
 
-def split_block(block: bytes, val_fraction: float, test_fraction: float) -> dict[str, bytes]:
+def split_block(block: bytes, val_fraction: float, test_fraction: float, marks: Marks = NO_MARKS) -> dict[str, bytes]:
     """A block's train, val and test parts: of each piece of about :data:`SPLIT_PIECE_BYTES`, its
-    first (1 - val - test) share, then val, then test."""
+    first (1 - val - test) share, then val, then test (each cut by :func:`_cut`)."""
     parts: dict[str, list[bytes]] = {"train": [], "val": [], "test": []}
     start = 0
     while start < len(block):
-        end = _cut(block, start + SPLIT_PIECE_BYTES)
+        end = _cut(block, start + SPLIT_PIECE_BYTES, marks)
         if len(block) - end < SPLIT_PIECE_BYTES // 2:  # no short last piece: its shares would be a few lines
             end = len(block)
         piece, n = block[start:end], end - start
-        a = _cut(piece, int(n * (1 - val_fraction - test_fraction)))
-        b = max(a, _cut(piece, int(n * (1 - test_fraction))))
+        a = _cut(piece, int(n * (1 - val_fraction - test_fraction)), marks)
+        b = max(a, _cut(piece, int(n * (1 - test_fraction)), marks))
         parts["train"].append(piece[:a])
         parts["val"].append(piece[a:b])
         parts["test"].append(piece[b:])
@@ -268,9 +283,11 @@ def _use_tokenizer(raw: bytes | None) -> None:
     _TOKENIZER = ByteTokenizer() if raw is None else tokenizer_from_json(raw, "the dataset's tokenizer")
 
 
-def tokenize_block(block: bytes, val_fraction: float, test_fraction: float) -> dict[str, np.ndarray]:
+def tokenize_block(
+    block: bytes, val_fraction: float, test_fraction: float, marks: Marks = NO_MARKS
+) -> dict[str, np.ndarray]:
     """The token ids of a block's three parts, with this process's tokenizer."""
-    parts = split_block(block, val_fraction, test_fraction)
+    parts = split_block(block, val_fraction, test_fraction, marks)
     return {split: _TOKENIZER.encode(text) for split, text in parts.items()}
 
 
@@ -346,7 +363,8 @@ class CausalLMTask(Task):
         )
         try:
             texts = blocks(source_pieces(cfg, progress="data prep", marks=marks))
-            for ids in _bounded_map(pool, tokenize_block, texts, d.val_fraction, d.test_fraction, ahead=2 * d.num_proc):
+            split = (d.val_fraction, d.test_fraction, marks)
+            for ids in _bounded_map(pool, tokenize_block, texts, *split, ahead=2 * d.num_proc):
                 for split, tokens in ids.items():
                     if len(tokens):
                         writers[split].add(tokens=tokens.astype(dtype, copy=False))

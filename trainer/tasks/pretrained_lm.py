@@ -301,6 +301,7 @@ class PretrainedLMTask(CausalLMTask):
             self.generation,
             lambda tokenizer, count: generations.split_prompts(store, dataset_uri, manifest, meta, tokenizer, count),
             chat=manifest.get("format") == CHAT_FORMAT,
+            document_start=(manifest.get("document_marks") or {}).get("start", ""),
         )
 
     def serving_module(self, model, meta):
