@@ -351,8 +351,15 @@ def _stopped(cfg, args: argparse.Namespace, run_id: str, started: bool, existed:
         return f"it was stopped before this start began, so nothing of it ran{earlier}"
     if not cfg.checkpoint.enabled:
         return "every process of it has ended (checkpoint.enabled is off: no training step was saved)"
-    step = newest_checkpoint(cfg, run_id, args.output_dir)
-    kept = "no checkpoint committed yet" if step is None else f"its newest committed checkpoint is step {step}"
+    from pipelines.console import plain
+    from trainer.storage import StoreError
+
+    try:
+        step = newest_checkpoint(cfg, run_id, args.output_dir, strict=True)
+    except (StoreError, OSError, ValueError) as exc:  # "none" only when the store said so
+        kept = f"its store could not be read for its newest checkpoint: {redact(plain(str(exc)))}"
+    else:
+        kept = "no checkpoint committed yet" if step is None else f"its newest committed checkpoint is step {step}"
     return f"every process of it has ended ({kept})"
 
 

@@ -49,8 +49,8 @@ class StopSignal:
     """Records the first stop signal this process receives, and agrees with the other ranks on it.
 
     `group` is the process group of :meth:`agreed` (None for one process); the handlers are
-    installed only while :meth:`installed` is active, so a signal outside the training loop
-    (setup, writing the model) keeps its default effect.
+    installed only while :meth:`installed` is active (the training loop); outside it (setup,
+    writing the model) :func:`stop_while_starting` ends the process at once.
     """
 
     def __init__(self, group: dist.ProcessGroup | None = None, signals: tuple[int, ...] = STOP_SIGNALS) -> None:
@@ -85,6 +85,10 @@ class StopSignal:
             yield self
         finally:
             for sig, handler in previous.items():
+                if self.signum is not None and isinstance(handler, _OutsideTheLoop):
+                    # Stopping already: a later copy of the signal (torchrun passes the pod's on
+                    # to each rank, which got its own) must not break the group's teardown.
+                    handler.stopping = True
                 signal.signal(sig, handler)
 
     def agreed(self) -> bool:
@@ -127,6 +131,41 @@ class StopSignal:
     def seconds_since(self) -> float:
         """Seconds since the signal (0 before any)."""
         return time.monotonic() - self.since if self.since is not None else 0.0
+
+
+class _OutsideTheLoop:
+    """:func:`stop_while_starting`'s handler: the first stop signal raises :class:`Terminated`,
+    unless the training loop stopped on one already (`stopping`: this is a later copy of it)."""
+
+    def __init__(self) -> None:
+        self.received: list[int] = []
+        self.stopping = False
+
+    def __call__(self, signum: int, frame: FrameType | None = None) -> None:
+        if self.received or self.stopping:
+            return
+        self.received.append(signum)
+        raise Terminated(f"stopped by {signal.Signals(signum).name} outside the training loop")
+
+
+@contextlib.contextmanager
+def stop_while_starting(signals: tuple[int, ...] = STOP_SIGNALS) -> Iterator[list[int]]:
+    """For the block, a stop signal outside the training loop (which takes the signals over with
+    :meth:`StopSignal.installed`) ends this process at once by :class:`Terminated` (exit 143, one
+    line): while the process group forms, a checkpoint downloads, the data opens, or the model is
+    written. SIGTERM's default death there left the peers a collective's traceback. Nothing of
+    the start is lost: a rerun resumes from the newest committed checkpoint. Yields the signals
+    received (the first one); only the main thread can install handlers (elsewhere: none)."""
+    handle = _OutsideTheLoop()
+    if threading.current_thread() is not threading.main_thread():
+        yield handle.received
+        return
+    previous = {sig: signal.signal(sig, handle) for sig in signals}
+    try:
+        yield handle.received
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
 
 
 def grace_warning(grace_s: float, stage_s: float, commit_s: float) -> str:

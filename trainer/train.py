@@ -18,6 +18,7 @@ import json
 import logging
 import math
 import os
+import signal
 import statistics
 import sys
 import tempfile
@@ -64,7 +65,7 @@ from trainer.runs import TRAINING_RECORD, lineage_of, split_step_folder
 from trainer.safetensors_file import TensorFile
 from trainer.shards import content_digest, read_manifest
 from trainer.stacks import print_stacks_on_signals
-from trainer.stopping import GRACE_ENV, StopSignal, Terminated, grace_warning
+from trainer.stopping import GRACE_ENV, StopSignal, Terminated, grace_warning, stop_while_starting
 from trainer.storage import ObjectStore, StoreError, join_uri, open_store
 from trainer.tasks import Task, task_for
 from trainer.training_data import TrainingData, training_data
@@ -1042,6 +1043,17 @@ def run_training(
     return Trainer(cfg, dataset_uri, model_uri, env, task).run()
 
 
+def _stopped_outside_the_loop(env: DistEnv, received: list[int]) -> int:
+    """The one line and the exit code of a rank stopped by a signal outside the training loop."""
+    if env.is_main:
+        log.info(
+            "stopped by %s before or after the training loop: nothing of this start to commit; a rerun resumes "
+            "from the newest committed checkpoint",
+            signal.Signals(received[0]).name,
+        )
+    return exit_codes.TERMINATED_CHECKPOINTED
+
+
 def main(argv: list[str] | None = None) -> int:
     """Command-line entry of one training process."""
     parser = argparse.ArgumentParser(prog="python -m trainer.train", description=__doc__)
@@ -1059,17 +1071,20 @@ def main(argv: list[str] | None = None) -> int:
     )
     cfg = config_from_json(args.config_json)
     device = device_for(env)
+    received: list[int] = []
     try:
-        with process_group(env, device, timeout_s=cfg.job.collective_timeout_seconds):
+        with stop_while_starting() as received, process_group(env, device, cfg.job.collective_timeout_seconds):
             run_training(cfg, args.dataset_uri, args.model_uri, env)
     except Terminated as exc:
-        return exc.exit_code
+        return _stopped_outside_the_loop(env, received) if received else exc.exit_code
     except KftrainError as exc:
         # A message that says what to fix, not a traceback repeated by every rank; the exit code
         # tells the launcher the cause (trainer/exit_codes.py).
         log.error("%s%s", FAILURE_MARKER, exc)
         return exit_codes.NONFINITE_LOSS if isinstance(exc, NonFiniteLoss) else exit_codes.USER_ERROR
     except RuntimeError as exc:
+        if received:  # a collective that broke as its peers stopped on the same signal
+            return _stopped_outside_the_loop(env, received)
         if not collective_failed(exc):
             raise
         log.error(

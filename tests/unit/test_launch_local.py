@@ -44,6 +44,15 @@ def test_a_replica_whose_process_a_signal_ended_says_so(code, said):
     assert found.startswith(said) and bool(found) == bool(said), found
 
 
+@pytest.mark.parametrize(("returncode", "nothing_to_fix"), [(143, True), (1, False), (-15, False), (None, False)])
+def test_a_replica_whose_agent_stopped_on_a_signal_has_nothing_to_fix(returncode, nothing_to_fix):
+    """A SIGTERM to a replica's torchrun agent (as the kubelet sends a pod's) leaves no summary and
+    exits 143 (was: "after fixing the cause", as for a failure)."""
+    from trainer.launch.local import NOTHING_TO_FIX, how_it_ended
+
+    assert (NOTHING_TO_FIX in how_it_ended(["[rank 0] stopped by SIGTERM at step 30"], returncode)) == nothing_to_fix
+
+
 @pytest.mark.parametrize("run_id", ["20261205-231129-33a364", "victim", "my-run-2"])
 def test_a_local_run_s_processes_know_its_run_id(monkeypatch, run_id):
     """The evaluation report names the run by the id `--run-id` and `kftrain runs` take (was:

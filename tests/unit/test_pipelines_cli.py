@@ -790,6 +790,27 @@ def test_every_namespace_flag_takes_kubectl_s_short_form(argv):
     assert build_parser().parse_args(argv).namespace == "team-a"
 
 
+def test_a_stopped_run_whose_store_cannot_be_read_says_so_not_that_nothing_was_committed(monkeypatch):
+    """(was: "no checkpoint committed yet" of a run with six committed, its store gone away)"""
+    from pipelines.cli import _stopped
+    from trainer.config import load_config
+    from trainer.storage import StoreError
+
+    def unreachable(cfg, run, root, strict=False):
+        if not strict:
+            return None
+        raise StoreError("cannot reach the object store at http://127.0.0.1:9 (connection refused)")
+
+    monkeypatch.setattr("pipelines.local_run.newest_checkpoint", unreachable)
+    args = build_parser().parse_args(["run", "--local"])
+    said = _stopped(load_config(), args, "r1", True, existed=False)
+    assert "no checkpoint committed" not in said
+    assert said.endswith(
+        "(its store could not be read for its newest checkpoint: cannot reach the object store at "
+        "http://127.0.0.1:9 (connection refused))"
+    )
+
+
 @pytest.mark.parametrize(
     ("started", "run_id", "checkpoints", "said", "then"),
     [
@@ -826,7 +847,7 @@ def test_a_stopped_run_s_last_line_says_what_it_left_and_what_to_run(
     from pipelines.cli import _stopped, _then
     from trainer.config import load_config
 
-    monkeypatch.setattr("pipelines.local_run.newest_checkpoint", lambda cfg, run, root: 40)
+    monkeypatch.setattr("pipelines.local_run.newest_checkpoint", lambda cfg, run, root, strict=False: 40)
     cfg = load_config(overrides={"checkpoint.enabled": checkpoints})
     args = build_parser().parse_args(["run", "--local", *(["--run-id", run_id] if run_id else [])])
     args.argv = ["run", "--local", *(["--run-id", run_id] if run_id else [])]

@@ -39,6 +39,21 @@ def test_handlers_are_installed_for_the_block_only():
     assert {sig: signal.getsignal(sig) for sig in before} == before
 
 
+def test_a_later_copy_of_the_signal_after_the_loop_stopped_leaves_the_teardown_alone():
+    """torchrun passes the pod's SIGTERM on to each rank, which got its own: the copy that comes
+    after the loop stopped must not raise in the group's teardown."""
+    from trainer.stopping import stop_while_starting
+
+    with stop_while_starting() as received:
+        with StopSignal().installed():
+            os.kill(os.getpid(), signal.SIGTERM)  # the loop's stop
+        os.kill(os.getpid(), signal.SIGTERM)  # the later copy: nothing
+    assert received == []
+    with pytest.raises(Terminated), stop_while_starting() as received:
+        os.kill(os.getpid(), signal.SIGTERM)  # outside any loop: ends the rank
+    assert received == [signal.SIGTERM]
+
+
 def test_another_rank_signalled_is_named_so():
     assert StopSignal().name() == "a signal to another rank"
 
@@ -100,3 +115,36 @@ def test_sigterm_without_checkpoints_stops_at_once_and_says_nothing_was_saved(di
         run_training(cfg, digits, str(tmp_path / "model"), DistEnv(), task=signalled_at(3))
     assert stopped.value.exit_code == TERMINATED_CHECKPOINTED
     assert "stopped by SIGTERM at step 3: nothing was saved" in caplog.text
+
+
+@pytest.mark.parametrize("where", ["setup", "collective"])
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT])
+def test_a_stop_outside_the_training_loop_ends_the_rank_in_one_line_with_143(monkeypatch, caplog, where, signum):
+    """A stop while the rank starts (the process group forming, a checkpoint downloading) or after
+    the loop: exit 143 and one line, nothing to fix (was: SIGTERM's default death, its peers left a
+    gloo traceback); a collective broken by the peers stopping too is that same stop."""
+    import time
+
+    import trainer.train as train
+
+    def run_training(cfg, dataset_uri, model_uri, env):
+        try:
+            os.kill(os.getpid(), signum)
+            time.sleep(5)  # interrupted at once
+        except Terminated:
+            if where == "collective":  # what surfaces is the collective's error, its peers gone
+                raise RuntimeError("[../gloo/transport/tcp/pair.cc:534] Connection reset by peer") from None
+            raise
+        raise AssertionError("the signal did not stop the rank")
+
+    monkeypatch.setattr(train, "run_training", run_training)
+    previous = {sig: signal.getsignal(sig) for sig in (signal.SIGTERM, signal.SIGINT)}
+    with caplog.at_level(logging.INFO, logger="kftrain"):
+        code = train.main(["--config-json", "{}", "--dataset-uri", "/nowhere", "--model-uri", "/nowhere"])
+    assert code == TERMINATED_CHECKPOINTED
+    said = [r.getMessage() for r in caplog.records if "before or after the training loop" in r.getMessage()]
+    assert said == [
+        f"stopped by {signal.Signals(signum).name} before or after the training loop: nothing of this start to "
+        "commit; a rerun resumes from the newest committed checkpoint"
+    ]
+    assert {sig: signal.getsignal(sig) for sig in previous} == previous  # the handlers given back

@@ -151,14 +151,18 @@ def _watch(var: str, marker: str, grace_s: float, remove: str = "") -> int:
 NOTHING_TO_FIX = "nothing to fix: resume it"
 
 
-def how_it_ended(log_lines: list[str]) -> str:
+def how_it_ended(log_lines: list[str], returncode: int | None = None) -> str:
     """What torchrun's summary in a replica's log says ended its process (torchrun itself exits 1
     whatever did): `; its training process was killed by SIGKILL (...)` for a signal, a note that
-    nothing needs fixing for a stop on SIGTERM with a checkpoint committed, else ''."""
+    nothing needs fixing for a stop on SIGTERM with a checkpoint committed, else ''. Without a
+    summary, the replica's own `returncode` 143 is that stop too (its torchrun agent was the one
+    told to stop, as the kubelet tells a pod, and ended as its processes did)."""
     from trainer import exit_codes
     from trainer.launch.failures import killed_by, root_cause_exit_code
 
     code = root_cause_exit_code(log_lines)
+    if code is None and returncode == exit_codes.TERMINATED_CHECKPOINTED:
+        return f"; its processes stopped on a stop signal after committing what they had ({NOTHING_TO_FIX})"
     if code == exit_codes.TERMINATED_CHECKPOINTED:
         return f"; its training process stopped on a SIGTERM after committing a checkpoint ({NOTHING_TO_FIX})"
     if code is None or code >= 0:
@@ -327,7 +331,7 @@ class LocalBackend:
         tail = "\n".join(f"  [{rep.key}] {line}" for line in failure_excerpt(list(rep.tail)))
         return (
             f"job {spec.name} failed: replica {rep.key} exited with code {rep.proc.returncode}"
-            f"{how_it_ended(list(rep.tail))}. Its last log lines:\n{tail}"
+            f"{how_it_ended(list(rep.tail), rep.proc.returncode)}. Its last log lines:\n{tail}"
         )
 
     def ask_for_stacks(self, spec: JobSpec, settle_s: float = 1.0) -> list[int]:
