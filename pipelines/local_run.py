@@ -34,7 +34,7 @@ from typing import Any
 
 from trainer.config import Config, ConfigError, config_to_json, flatten_config, same_setting, to_dict
 from trainer.errors import KftrainError, redact
-from trainer.runs import RUN_RECORD
+from trainer.runs import RUN_RECORD, STARTED_RECORD
 from trainer.storage import (
     CorruptObject,
     ObjectNotFound,
@@ -47,9 +47,8 @@ from trainer.storage import (
 )
 
 DEFAULT_LOCAL_ROOT = "kftrain-outputs"
-#: Beside the run record, written at each start of a run: where the run keeps its checkpoints (its
-#: first start's), and the config and quality gates it was last started with.
-STARTED_RECORD = "started.json"
+# Beside the run record, STARTED_RECORD is written at each start of a run: where the run keeps its
+# checkpoints (its first start's), and the config and quality gates it was last started with.
 _RUN_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,62}")
 
 

@@ -10,7 +10,9 @@ layouts put a run's checkpoints under a store root:
                                                       a KFP run with `store` set (docs/pipeline.md,
                                                       "Job names"); training.json once training ended
 
-A run whose checkpoint prefix is elsewhere (`checkpoint.uri`) is named by that URI instead.
+A local run whose checkpoints are elsewhere (`checkpoint.uri`; its `runs/<run id>/started.json`
+says where) is listed with the checkpoints there, in a store of the root's kind; a KFP run's is
+named by that URI instead.
 Whether an unfinished run failed, was stopped or is still running, the store does not say: it is
 `partial` (committed checkpoints) or `started` (none yet).
 """
@@ -26,12 +28,23 @@ from typing import Any
 
 from trainer.checkpoint_owner import COMMIT, latest_complete, step_dir
 from trainer.config import Config, ConfigError, is_uri
-from trainer.storage import CorruptObject, ObjectNotFound, ObjectStore, StoreError, join_uri, open_store, read_json
+from trainer.storage import (
+    CorruptObject,
+    ObjectNotFound,
+    ObjectStore,
+    StoreError,
+    join_uri,
+    open_store,
+    parse_uri,
+    read_json,
+)
 
 #: The folder of `kftrain run --local`'s runs under a store root (pipelines/local_run.py).
 LOCAL_RUNS = "runs"
 #: What marks a local run finished, and a KFP task's training ended.
 RUN_RECORD, TRAINING_RECORD = "run.json", "training.json"
+#: What a local run's first start records (where its checkpoints go: pipelines/local_run.py).
+STARTED_RECORD = "started.json"
 _COMMIT = re.compile(r"^(?P<prefix>.+)/step-(?P<step>\d{8})/COMMIT\.json$")
 #: The folder kfp.local gives each start of `kftrain run --local` under its output folder
 #: (`<pipeline name>-<start time>`, pipelines/training.py's name): an attempt of the run listed
@@ -107,6 +120,7 @@ def list_runs(store: ObjectStore, root: str) -> list[RunInfo]:
     root = root.rstrip("/")
     runs: dict[tuple[str, str], RunInfo] = {}
     finish: dict[tuple[str, str], str] = {}
+    started: dict[tuple[str, str], str] = {}
     for uri in store.list(root + "/"):
         rel = uri[len(root) + 1 :]
         key = _where(rel)
@@ -121,6 +135,12 @@ def list_runs(store: ObjectStore, root: str) -> list[RunInfo]:
             finish[key] = uri
         elif local and rel.startswith(f"{LOCAL_RUNS}/{key[0]}/log-"):
             runs.setdefault(key, RunInfo(*key))
+        elif local and rel == f"{LOCAL_RUNS}/{key[0]}/{STARTED_RECORD}":
+            runs.setdefault(key, RunInfo(*key))  # started, before its first log or checkpoint
+            started[key] = uri
+    for key, uri in started.items():
+        if not runs[key].steps:
+            runs[key].steps.update(_steps_elsewhere(store, root, uri))
     local_runs = {run_id for run_id, task in (*runs, *finish) if not task}
     for key, uri in finish.items():
         info = runs.setdefault(key, RunInfo(*key))
@@ -149,6 +169,26 @@ def list_runs(store: ObjectStore, root: str) -> list[RunInfo]:
     for info in runs.values():
         _describe(store, info)
     return sorted(runs.values(), key=lambda r: (r.run_id, r.task))
+
+
+def _steps_elsewhere(store: ObjectStore, root: str, started_uri: str) -> dict[str, list[int]]:
+    """The commit records (steps by prefix) of a local run whose first start put its checkpoints
+    at a `checkpoint.uri` of its own (its record at `started_uri` says where), when that is in a
+    store of the root's kind (a local folder, or the same endpoint's buckets); else none."""
+    try:
+        prefix = read_json(store, started_uri).get("checkpoint_uri")
+    except (ObjectNotFound, CorruptObject, AttributeError):
+        return {}
+    if not isinstance(prefix, str) or not prefix or parse_uri(prefix).is_remote != parse_uri(root).is_remote:
+        return {}
+    steps: dict[str, list[int]] = {}
+    try:
+        for uri in store.list(prefix.rstrip("/") + "/"):
+            if m := _COMMIT.match(uri):
+                steps.setdefault(m.group("prefix"), []).append(int(m.group("step")))
+    except (StoreError, OSError, ValueError):  # another bucket it may not read: the run as its folder shows it
+        return {}
+    return steps
 
 
 def _step_of_a_local_run(record: dict[str, Any], info: RunInfo, local_runs: set[str]) -> bool:

@@ -211,6 +211,24 @@ def test_runs_lists_each_runs_state_step_and_latest_checkpoint(runs, tmp_path, c
     assert {r["run"]: r for r in json.loads(capsys.readouterr().out)}["old"]["checkpoint"] == found["old"].checkpoint
 
 
+def test_a_run_with_its_own_checkpoint_uri_is_listed_with_its_checkpoints_there(runs, tmp_path):
+    """A local run whose `checkpoint.uri` is elsewhere (its started.json says where) shows its
+    checkpoints (was: `started`, no step, no checkpoint); one stopped in its pre-flight, with only
+    its started.json, is `started` (was: not listed, though `--run-id` continues it)."""
+    _, _, old_ckpt = runs
+    root, elsewhere = tmp_path / "store", tmp_path / "elsewhere" / "ck"
+    shutil.copytree(old_ckpt, elsewhere)
+    for run_id, prefix in (("moved", elsewhere), ("born", tmp_path / "nothing-yet")):
+        (root / "runs" / run_id).mkdir(parents=True)
+        (root / "runs" / run_id / "started.json").write_text(json.dumps({"checkpoint_uri": str(prefix)}))
+    found = {r.name: r for r in list_runs(LocalStore(), str(root))}
+    assert {n: (r.state, r.last_step) for n, r in found.items()} == {
+        "moved": ("partial", CUT_AT),
+        "born": ("started", None),
+    }
+    assert found["moved"].checkpoint == join_uri(str(elsewhere), f"step-{CUT_AT:08d}")
+
+
 def test_a_parent_of_stores_lists_no_runs_and_names_the_stores(runs, tmp_path, capsys):
     """Two stores in one folder: their `runs/` folder and their KFP runs' task folders are not runs
     of the parent (was: `exp/runs` listed as a run's task, and finished runs as partial)."""
