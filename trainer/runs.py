@@ -175,18 +175,20 @@ def _steps_elsewhere(store: ObjectStore, root: str, started_uri: str) -> dict[st
     """The commit records (steps by prefix) of a local run whose first start put its checkpoints
     at a `checkpoint.uri` of its own (its record at `started_uri` says where), when that is in a
     store of the root's kind (a local folder, or the same endpoint's buckets); else none."""
-    try:
-        prefix = read_json(store, started_uri).get("checkpoint_uri")
-    except (ObjectNotFound, CorruptObject, AttributeError):
-        return {}
-    if not isinstance(prefix, str) or not prefix or parse_uri(prefix).is_remote != parse_uri(root).is_remote:
-        return {}
     steps: dict[str, list[int]] = {}
     try:
+        prefix = read_json(store, started_uri).get("checkpoint_uri")
+        if not isinstance(prefix, str) or not prefix or parse_uri(prefix).is_remote != parse_uri(root).is_remote:
+            return {}
         for uri in store.list(prefix.rstrip("/") + "/"):
             if m := _COMMIT.match(uri):
                 steps.setdefault(m.group("prefix"), []).append(int(m.group("step")))
-    except (StoreError, OSError, ValueError):  # another bucket it may not read: the run as its folder shows it
+    except (
+        StoreError,
+        OSError,
+        ValueError,
+        AttributeError,
+    ):  # a record or prefix it cannot read: as its folder shows it
         return {}
     return steps
 

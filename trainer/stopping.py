@@ -37,8 +37,11 @@ STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
 GRACE_ENV = "KFTRAIN_TERMINATION_GRACE_SECONDS"
 
 
-class Terminated(Exception):
-    """The run stopped at a step boundary on a signal; `exit_code` is what the process exits with."""
+class Terminated(BaseException):
+    """The run stopped on a signal; `exit_code` is what the process exits with. A BaseException,
+    as KeyboardInterrupt is: raised by a signal anywhere (:func:`stop_while_starting`), it must
+    not be caught and wrapped by an `except Exception` of the code it interrupts (a store
+    request's retry, a download) and come out as a failure of that code."""
 
     def __init__(self, message: str, exit_code: int = TERMINATED_CHECKPOINTED) -> None:
         super().__init__(message)
@@ -85,9 +88,10 @@ class StopSignal:
             yield self
         finally:
             for sig, handler in previous.items():
-                if self.signum is not None and isinstance(handler, _OutsideTheLoop):
-                    # Stopping already: a later copy of the signal (torchrun passes the pod's on
-                    # to each rank, which got its own) must not break the group's teardown.
+                if isinstance(handler, _OutsideTheLoop):
+                    # The loop is over (finished, stopped or failed): a signal now (a later copy
+                    # of the one it stopped on: torchrun passes the pod's on to each rank) must
+                    # not break the group's teardown or replace the loop's own outcome.
                     handler.stopping = True
                 signal.signal(sig, handler)
 
@@ -135,7 +139,7 @@ class StopSignal:
 
 class _OutsideTheLoop:
     """:func:`stop_while_starting`'s handler: the first stop signal raises :class:`Terminated`,
-    unless the training loop stopped on one already (`stopping`: this is a later copy of it)."""
+    until the training loop has run (`stopping`: what follows it is its outcome's teardown)."""
 
     def __init__(self) -> None:
         self.received: list[int] = []
@@ -150,12 +154,13 @@ class _OutsideTheLoop:
 
 @contextlib.contextmanager
 def stop_while_starting(signals: tuple[int, ...] = STOP_SIGNALS) -> Iterator[list[int]]:
-    """For the block, a stop signal outside the training loop (which takes the signals over with
-    :meth:`StopSignal.installed`) ends this process at once by :class:`Terminated` (exit 143, one
-    line): while the process group forms, a checkpoint downloads, the data opens, or the model is
-    written. SIGTERM's default death there left the peers a collective's traceback. Nothing of
-    the start is lost: a rerun resumes from the newest committed checkpoint. Yields the signals
-    received (the first one); only the main thread can install handlers (elsewhere: none)."""
+    """For the block, a stop signal before the training loop (which takes the signals over with
+    :meth:`StopSignal.installed`, and ignores them after it) ends this process at once by
+    :class:`Terminated` (exit 143, one line): while the process group forms, a checkpoint
+    downloads, the data opens. SIGTERM's default death there left the peers a collective's
+    traceback. Nothing of the start is lost: a rerun resumes from the newest committed
+    checkpoint. Yields the signals received (the first one); only the main thread can install
+    handlers (elsewhere: none)."""
     handle = _OutsideTheLoop()
     if threading.current_thread() is not threading.main_thread():
         yield handle.received

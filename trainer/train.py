@@ -1044,11 +1044,11 @@ def run_training(
 
 
 def _stopped_outside_the_loop(env: DistEnv, received: list[int]) -> int:
-    """The one line and the exit code of a rank stopped by a signal outside the training loop."""
+    """The one line and the exit code of a rank stopped by a signal before the training loop."""
     if env.is_main:
         log.info(
-            "stopped by %s before or after the training loop: nothing of this start to commit; a rerun resumes "
-            "from the newest committed checkpoint",
+            "stopped by %s before the training loop: nothing of this start to commit; a rerun resumes from the "
+            "newest committed checkpoint",
             signal.Signals(received[0]).name,
         )
     return exit_codes.TERMINATED_CHECKPOINTED

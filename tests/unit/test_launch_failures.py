@@ -155,6 +155,21 @@ CASES = [
         failures.OOM,
     ),
     (
+        # A sidecar over its own request (a service mesh's proxy) is not the run's doing: a preemption.
+        "kubelet eviction of a pod whose sidecar is over its request",
+        [
+            pod(
+                reason="Evicted",
+                message="The node was low on resource: memory. Threshold quantity: 100Mi, available: 92Mi. "
+                "Container istio-proxy was using 2Gi, request is 128Mi, has larger consumption of memory. ",
+                state=exited(137),
+            )
+        ],
+        [],
+        {},
+        failures.PREEMPTED,
+    ),
+    (
         # Over its ephemeral-storage request (checkpoints staged on the node's disk): the run's settings.
         "kubelet eviction of a pod over its disk request",
         [
@@ -833,3 +848,9 @@ RANKS_SAID = ["[rank1]:W step 3", "terminate called after throwing an instance o
 def test_what_the_processes_printed_is_the_log_before_torchrun_s_report(log):
     assert before_torchrun_summary(log) == RANKS_SAID
     assert before_torchrun_summary(RANKS_SAID) == RANKS_SAID  # no failure reported: all of it
+
+
+def test_the_training_containers_are_the_manifests_own():
+    from trainer.launch import pytorchjob, trainjob
+
+    assert failures.TRAINING_CONTAINERS == (pytorchjob.CONTAINER, trainjob.CONTAINER)

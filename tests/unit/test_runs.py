@@ -218,13 +218,17 @@ def test_a_run_with_its_own_checkpoint_uri_is_listed_with_its_checkpoints_there(
     _, _, old_ckpt = runs
     root, elsewhere = tmp_path / "store", tmp_path / "elsewhere" / "ck"
     shutil.copytree(old_ckpt, elsewhere)
-    for run_id, prefix in (("moved", elsewhere), ("born", tmp_path / "nothing-yet")):
+    for run_id, prefix in (("moved", elsewhere), ("born", tmp_path / "nothing-yet"), ("odd", "s3://")):
         (root / "runs" / run_id).mkdir(parents=True)
         (root / "runs" / run_id / "started.json").write_text(json.dumps({"checkpoint_uri": str(prefix)}))
+    (root / "runs" / "damaged").mkdir()
+    (root / "runs" / "damaged" / "started.json").write_text("[not a record")
     found = {r.name: r for r in list_runs(LocalStore(), str(root))}
     assert {n: (r.state, r.last_step) for n, r in found.items()} == {
         "moved": ("partial", CUT_AT),
         "born": ("started", None),
+        "odd": ("started", None),  # a record it cannot use: the run as its folder shows it
+        "damaged": ("started", None),
     }
     assert found["moved"].checkpoint == join_uri(str(elsewhere), f"step-{CUT_AT:08d}")
 

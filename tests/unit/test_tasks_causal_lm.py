@@ -236,6 +236,30 @@ def test_a_split_of_long_lines_never_cuts_a_mark_or_a_character(record, fraction
     assert sum(p.count(marks.start) for p in parts.values()) == 40 == sum(p.count(marks.end) for p in parts.values())
 
 
+def test_max_bytes_never_cuts_a_text_object_inside_a_mark_and_keeps_a_whole_ones_end(tmp_path):
+    """data.format: text: a text object is cut between its pieces; one that fits whole keeps its
+    end mark even where it ends exactly at the limit (the marks are not the source's text)."""
+    from trainer.tasks.causal_lm import Marks, source_pieces
+
+    (tmp_path / "a.txt").write_bytes(b"x" * 99 + b"\n")
+    (tmp_path / "b.txt").write_bytes(b"y" * 50 + b"\n")
+    marks = Marks(start=b"<s>", end=b"</s>")
+    for max_bytes, expected in ((103, b"<s>" + b"x" * 99 + b"\n</s>\n"), (50, b""), (500, None)):
+        cfg = load_config(
+            overrides={
+                "task": "causal_lm",
+                "data.source": str(tmp_path),
+                "data.format": "text",
+                "data.max_bytes": max_bytes,
+            }
+        )
+        text = b"".join(source_pieces(cfg, marks=marks))
+        if expected is not None:
+            assert text == expected, max_bytes
+        else:
+            assert text.count(b"<s>") == 2 == text.count(b"</s>")
+
+
 def test_max_bytes_takes_whole_documents_in_marks(tmp_path):
     """(was: the last document cut at data.max_bytes, inside its end mark: `<|end` as text)"""
     import json

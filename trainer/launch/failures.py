@@ -110,8 +110,14 @@ _EVENT_REASONS = {
 #: The kubelet's node-pressure eviction message names a container that used more than it requested
 #: ("Container pytorch was using 60Gi, request is 8Gi, has larger consumption of memory"): the run's
 #: own use, which a re-created job repeats, not a preemption. Memory is the run's out-of-memory; a
-#: disk or process count over its request, an error in the run's settings.
-_OVER_REQUEST = re.compile(r"has larger consumption of (memory|ephemeral-storage|pids?)\b")
+#: disk over its request, an error in the run's settings.
+_OVER_REQUEST = re.compile(
+    r"Container (?P<container>\S+) was using \S+, request is \S+, "
+    r"has larger consumption of (?P<what>memory|ephemeral-storage)"
+)
+#: The training container of each job kind (pytorchjob.CONTAINER, trainjob.CONTAINER; not imported:
+#: they need the Kubernetes clients): a sidecar over its own request is not the run's doing.
+TRAINING_CONTAINERS = ("pytorch", "node")
 _IMAGE_PULL_WAITING = {"ErrImagePull", "ImagePullBackOff", "InvalidImageName", "ErrImageNeverPull"}
 _KUEUE_STOPPED = re.compile(r"\b(preempted|evicted|node failures?)\b", re.IGNORECASE)
 #: torchrun's ChildFailedError summary: the root cause's exit code (negative: a signal).
@@ -227,8 +233,9 @@ def _terminated(container: Mapping[str, Any]) -> list[Mapping[str, Any]]:
 def _eviction(cause: str, *messages: str) -> str:
     """`cause`, unless an eviction's message says the pod used more than it requested (:data:`_OVER_REQUEST`)."""
     for message in messages:
-        if cause == PREEMPTED and (m := _OVER_REQUEST.search(message or "")):
-            return OOM if m.group(1) == "memory" else USER_ERROR
+        for m in _OVER_REQUEST.finditer(message or "") if cause == PREEMPTED else ():
+            if m["container"] in TRAINING_CONTAINERS:
+                return OOM if m["what"] == "memory" else USER_ERROR
     return cause
 
 

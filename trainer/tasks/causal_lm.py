@@ -185,14 +185,17 @@ def source_pieces(cfg: Config, progress: str = "", marks: Marks = NO_MARKS) -> I
     line = ProgressLine(f"{progress}: reading {source}", total=d.max_bytes) if progress else None
     cut = False
     for piece in pieces:
+        if marks.end and piece == marks.end + b"\n":  # a text object's end, not the source's text: not counted
+            yield piece
+            continue
         if left <= 0:
-            if not piece or piece == marks.end + b"\n":
-                continue  # a piece without the source's text (only its end) leaves nothing unread
+            if not piece or piece == b"\n":
+                continue  # a piece without the source's text (a text object's line end) leaves nothing unread
             cut = True
             break
         if len(piece) > left:
             cut = True
-            if marks != NO_MARKS:  # a document in marks is taken whole or not at all (a cut one ended mid-mark)
+            if marks != NO_MARKS:  # a document in marks is cut between its pieces, never inside a mark
                 break
             piece = piece[: int(left)]
         left -= len(piece)
