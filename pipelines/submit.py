@@ -381,9 +381,10 @@ def make_client(host: str, namespace: str | None):
     with warnings.catch_warnings():
         # kfp's notice that its client will change, on every submit: not the user's to act on.
         warnings.simplefilter("ignore", FutureWarning)
-        path = _sa_token_path(host)
-        if os.environ.get(TOKEN_ENV) or path is None:
-            return kfp.Client(host=host, namespace=namespace, existing_token=os.environ.get(TOKEN_ENV) or None)
+        token = os.environ.get(TOKEN_ENV) or None
+        path = None if token else _sa_token_path(host)
+        if path is None:
+            return kfp.Client(host=host, namespace=namespace, existing_token=token)
         from kfp.client import ServiceAccountTokenVolumeCredentials
 
         credentials = ServiceAccountTokenVolumeCredentials(path)

@@ -283,7 +283,8 @@ def source_listing(store: ObjectStore, source: str, versions: bool = True) -> di
     `.ipynb_checkpoints/`) and folder markers (an empty key ending in '/', the S3 console's
     "Create folder"), the same in every store. A local file name that is not UTF-8, which no
     object store could hold either, is refused naming it."""
-    if not (source.endswith("/") or not parse_uri(source).key.strip("/")):
+    names_a_folder = source.endswith("/") or not parse_uri(source).key.strip("/")
+    if not names_a_folder:
         try:
             if store.exists(source):
                 return {source: store.version(source) if versions else ""}

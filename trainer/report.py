@@ -25,6 +25,7 @@ import math
 import re
 from typing import Any
 
+from trainer.config import ConfigError, best_metric
 from trainer.progress import format_memory
 
 WIDTH, HEIGHT = 720, 300
@@ -120,8 +121,11 @@ def _training_measures(training: dict[str, Any]) -> list[tuple[str, str]]:
     rows = [(_measure_label(k, metrics.get("best_step"), end_step), format_value(k, v)) for k, v in metrics.items()]
     checkpoint = config.get("checkpoint") or {}
     if checkpoint.get("export_best") and "best_step" not in metrics and "steps" in metrics:
-        ranked = str(checkpoint.get("keep_best") or "?").rpartition(":")[2]
-        rows.append(("exported model", f"the last step's ({metrics['steps']:,}): no checkpoint had {ranked} to rank"))
+        try:
+            metric = (best_metric(str(checkpoint.get("keep_best") or "")) or ("", "?"))[1]
+        except ConfigError:  # a record's config is shown as it is, not checked again
+            metric = "?"
+        rows.append(("exported model", f"the last step's ({metrics['steps']:,}): no checkpoint had {metric} to rank"))
     return rows
 
 

@@ -183,12 +183,8 @@ def _steps_elsewhere(store: ObjectStore, root: str, started_uri: str) -> dict[st
         for uri in store.list(prefix.rstrip("/") + "/"):
             if m := _COMMIT.match(uri):
                 steps.setdefault(m.group("prefix"), []).append(int(m.group("step")))
-    except (
-        StoreError,
-        OSError,
-        ValueError,
-        AttributeError,
-    ):  # a record or prefix it cannot read: as its folder shows it
+    # A record or a prefix it cannot read: the run as its folder shows it.
+    except (StoreError, OSError, ValueError, AttributeError):
         return {}
     return steps
 

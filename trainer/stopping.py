@@ -52,8 +52,9 @@ class StopSignal:
     """Records the first stop signal this process receives, and agrees with the other ranks on it.
 
     `group` is the process group of :meth:`agreed` (None for one process); the handlers are
-    installed only while :meth:`installed` is active (the training loop); outside it (setup,
-    writing the model) :func:`stop_while_starting` ends the process at once.
+    installed only while :meth:`installed` is active (the training loop, the final model's
+    writing included); before it :func:`stop_while_starting` ends the process at once, and after
+    it a signal is ignored.
     """
 
     def __init__(self, group: dist.ProcessGroup | None = None, signals: tuple[int, ...] = STOP_SIGNALS) -> None:

@@ -317,6 +317,11 @@ def _new_temp_file(folder: Path) -> tuple[int, str]:
     raise FileExistsError(f"no free temporary file name in {folder}")
 
 
+def _file_version(st: os.stat_result) -> str:
+    """A local file's :meth:`ObjectStore.version`: its size and modification time."""
+    return f"{st.st_size}:{st.st_mtime_ns}"
+
+
 class LocalStore:
     """A local directory standing in for the object store. Its files get the mode open() gives
     (0o666 less the umask): see :func:`_new_temp_file`."""
@@ -391,8 +396,7 @@ class LocalStore:
         return self._stat(uri).st_size
 
     def version(self, uri: str) -> str:
-        st = self._stat(uri)
-        return f"{st.st_size}:{st.st_mtime_ns}"
+        return _file_version(self._stat(uri))
 
     def _stat(self, uri: str) -> os.stat_result:
         path = self._path(uri)
@@ -417,7 +421,7 @@ class LocalStore:
         return sorted(uri for uri, _ in self._files(prefix))
 
     def versions(self, prefix: str) -> dict[str, str]:
-        return {uri: f"{st.st_size}:{st.st_mtime_ns}" for uri, st in sorted(self._files(prefix))}
+        return {uri: _file_version(st) for uri, st in sorted(self._files(prefix))}
 
     def _files(self, prefix: str) -> Iterator[tuple[str, os.stat_result]]:
         """(URI, stat) of every file below the folder `prefix`, in a fixed order, but for the

@@ -105,8 +105,8 @@ class Tokenizer(Protocol):
     def decode(self, ids: Iterable[int]) -> bytes:
         """The bytes that `ids` stand for."""
 
-    def specials_around_text(self) -> tuple[list[str], list[str]]:
-        """The special tokens (their text) the tokenizer puts before and after one text."""
+    def specials_before_text(self) -> list[str]:
+        """The special tokens (their text) the tokenizer puts before one text."""
 
     def to_json(self) -> bytes:
         """The tokenizer as a Hugging Face tokenizer.json."""
@@ -185,9 +185,9 @@ class ByteTokenizer:
         _check_ids(arr, 256)
         return arr.astype(np.uint8).tobytes()
 
-    def specials_around_text(self) -> tuple[list[str], list[str]]:
+    def specials_before_text(self) -> list[str]:
         """None: bytes have no special tokens."""
-        return [], []
+        return []
 
     def to_json(self) -> bytes:
         """The equivalent byte-level tokenizer.json (see :func:`byte_tokenizer_json`)."""
@@ -276,17 +276,14 @@ class HFTokenizer:
                 ids.extend(enc.ids)
         return ids
 
-    def specials_around_text(self) -> tuple[list[str], list[str]]:
-        """The special tokens the tokenizer's post-processor puts before and after one text, as
-        their text: what transformers' `tokenizer(text)` adds (a Llama tokenizer's
-        beginning-of-text token; nothing for GPT-2's or Qwen's)."""
+    def specials_before_text(self) -> list[str]:
+        """The special tokens the tokenizer's post-processor puts before one text, as their text:
+        what transformers' `tokenizer(text)` begins with (a Llama tokenizer's beginning-of-text
+        token; nothing for GPT-2's or Qwen's)."""
         bare = self._tok.encode("a", add_special_tokens=False).ids
         full = self._tok.encode("a", add_special_tokens=True).ids
-        for at in range(len(full) - len(bare) + 1):
-            if full[at : at + len(bare)] == bare:
-                before, after = full[:at], full[at + len(bare) :]
-                return [self._tok.id_to_token(i) for i in before], [self._tok.id_to_token(i) for i in after]
-        return [], []
+        at = next((at for at in range(len(full) - len(bare) + 1) if full[at : at + len(bare)] == bare), 0)
+        return [self._tok.id_to_token(i) for i in full[:at]]
 
     def decode(self, ids: Iterable[int]) -> bytes:
         """The bytes that `ids` stand for (special tokens as their text, like transformers)."""

@@ -366,8 +366,9 @@ class CausalLMTask(Task):
         )
         try:
             texts = blocks(source_pieces(cfg, progress="data prep", marks=marks))
-            split = (d.val_fraction, d.test_fraction, marks)
-            for ids in _bounded_map(pool, tokenize_block, texts, *split, ahead=2 * d.num_proc):
+            for ids in _bounded_map(
+                pool, tokenize_block, texts, d.val_fraction, d.test_fraction, marks, ahead=2 * d.num_proc
+            ):
                 for split, tokens in ids.items():
                     if len(tokens):
                         writers[split].add(tokens=tokens.astype(dtype, copy=False))

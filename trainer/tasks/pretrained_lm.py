@@ -118,10 +118,14 @@ class PretrainedLMTask(CausalLMTask):
         stops there, as a chat template's end of turn teaches. No end, with a warning, where the
         folder names no such token or its tokenizer splits it."""
         source = self._data_source or source_for(cfg, weights=False)
-        before, _ = tokenizer.specials_around_text()
-        # Written as text, each must read back as its one token (a tokenizer that splits its own
-        # special token's text would train on its pieces): else none.
-        if any(len(tokenizer.encode(t.encode())) != 1 for t in before):
+
+        def one_token(text: str) -> bool:
+            # Written as text, a mark must read back as its one token (a tokenizer that splits
+            # its own special token's text would train on its pieces).
+            return len(tokenizer.encode(text.encode())) == 1
+
+        before = tokenizer.specials_before_text()
+        if not all(map(one_token, before)):
             log.warning(
                 "model.init_from %r: its tokenizer does not read its beginning-of-text %s back as one token; documents "
                 "are not begun with it",
@@ -130,8 +134,7 @@ class PretrainedLMTask(CausalLMTask):
             )
             before = []
         token = pretrained.end_token(source)
-        ids = tokenizer.encode(token.encode()) if token else []
-        if len(ids) != 1:
+        if not (token and one_token(token)):
             log.warning(
                 "model.init_from %r: %s; documents are joined by a line end alone, and the model does not learn "
                 "where one ends",
