@@ -23,6 +23,7 @@ import statistics
 import sys
 import tempfile
 import time
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -71,6 +72,9 @@ from trainer.tasks import Task, task_for
 from trainer.training_data import TrainingData, training_data
 
 log = logging.getLogger("kftrain.train")
+
+#: What torch warns when a scheduler steps before its optimizer ever has (a regex).
+SCHEDULER_ORDER_WARNING = r"Detected call of `lr_scheduler\.step\(\)` before `optimizer\.step\(\)`"
 
 
 class NonFiniteLoss(KftrainError, RuntimeError):
@@ -723,7 +727,11 @@ class Trainer:
             self.optimizer.step()
         else:
             self._skip_update(float(step_loss), float(grad_norm))
-        self.scheduler.step()
+        with warnings.catch_warnings():
+            # A skipped update still advances the schedule, which follows the step count; torch reads
+            # a run whose first update was skipped as calling the two in the old order, and says so.
+            warnings.filterwarnings("ignore", SCHEDULER_ORDER_WARNING, UserWarning)
+            self.scheduler.step()
         self.step += 1
         self.epoch_step += 1
         if self.first_step_at is None:
