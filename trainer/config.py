@@ -882,7 +882,8 @@ class KubernetesConfig:
     sets it from its `hf_token_secret` parameter, the Secret its step pods mount."""
     env: dict[str, str] = field(default_factory=dict)
     """Extra non-secret environment of the replicas; credential-looking names (`*SECRET*`, `*_TOKEN`, `*_PASSWORD`, ...)
-    and values are refused."""
+    and values are refused. Values reach the process as written (`$(NAME)` is not expanded; `extra_env` is
+    passed to Kubernetes as it is)."""
     extra_env: list[dict[str, Any]] = field(default_factory=list)
     """Extra environment entries of the replicas in pod-spec form (`name` plus `value` or `valueFrom`: `secretKeyRef`,
     `configMapKeyRef`, ...), e.g. a Secret's key; the KFP training task's own environment is added here

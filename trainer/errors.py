@@ -109,18 +109,19 @@ def has_userinfo(url: str) -> bool:
 
 def one_line(exc: BaseException) -> str:
     """The message of `exc` as one line: a multi-line message (a failed job and its replicas'
-    last log lines) keeps its first line and the trainer's own failure line, if any."""
+    last log lines) keeps its first line and the trainer's own failure line, if any. Its notes
+    (`add_note`: what went wrong on the way out, a job that could not be cancelled) follow it."""
     lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
+    notes = [note.strip().splitlines()[0] for note in getattr(exc, "__notes__", None) or [] if note.strip()]
     if not lines:
-        return type(exc).__name__
+        return redact("; ".join([type(exc).__name__, *notes]))
     first, rest = lines[0], lines[1:]
-    if not rest:
-        return redact(first)
-    # "Its last log lines:" would announce lines that the one line leaves out.
-    first = re.sub(r"\.?\s*[Ii]ts last log lines:?$", "", first).rstrip(" .:;")
-    reported = [line.split(REPLICA_FAILURE, 1)[1].strip() for line in rest if REPLICA_FAILURE in line]
-    first = f"{first}: {reported[0]}" if reported else f"{first} (the lines above it in the log say more)"
-    return redact(first)
+    if rest:
+        # "Its last log lines:" would announce lines that the one line leaves out.
+        first = re.sub(r"\.?\s*[Ii]ts last log lines:?$", "", first).rstrip(" .:;")
+        reported = [line.split(REPLICA_FAILURE, 1)[1].strip() for line in rest if REPLICA_FAILURE in line]
+        first = f"{first}: {reported[0]}" if reported else f"{first} (the lines above it in the log say more)"
+    return redact("; ".join([first, *notes]))
 
 
 def error_line(step: str, exc: BaseException) -> str:

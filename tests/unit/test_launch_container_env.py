@@ -103,3 +103,46 @@ def test_a_credential_pair_may_come_from_two_secrets():
         }
     )
     check_job_manifests(cfg)
+
+
+def kubelet_expands(text: str, env: dict[str, str]) -> str:
+    """What the kubelet makes of a container's `command`/`args` item or env `value`
+    (k8s.io/kubernetes third_party/forked/golang/expansion): `$$` is `$`, `$(NAME)` a defined
+    variable's value (an undefined one stays as written), any other `$` itself."""
+    out, i = [], 0
+    while i < len(text):
+        if text[i] == "$" and i + 1 < len(text):
+            if text[i + 1] == "$":
+                out.append("$")
+                i += 2
+                continue
+            if text[i + 1] == "(" and (end := text.find(")", i + 2)) != -1:
+                name = text[i + 2 : end]
+                out.append(env.get(name, text[i : end + 1]))
+                i = end + 1
+                continue
+        out.append(text[i])
+        i += 1
+    return "".join(out)
+
+
+@pytest.mark.parametrize("kind", ["pytorchjob", "trainjob"])
+@pytest.mark.parametrize(
+    "text", ["Price: $$5", "$(OMP_NUM_THREADS) threads", "$(AWS_SECRET_ACCESS_KEY)", "ends in $", "$$(X) and $$$"]
+)
+def test_the_pods_get_every_dollar_as_a_local_process_does(kind, text):
+    """The command (the config's JSON: a prompt, a column name) and `kubernetes.env` values reach
+    the process as written, not expanded against the container's other variables."""
+    cfg = load_config(
+        overrides={"task": "causal_lm", "data.eval_prompts": [text], "kubernetes.env": {"MY_SETTING": text}}
+    )
+    spec = training_job(cfg, "j", "s3://b/d", "s3://b/m")
+    if kind == "pytorchjob":
+        container = pytorchjob_manifest(spec)["spec"]["pytorchReplicaSpecs"]["Master"]["template"]["spec"]
+        container = container["containers"][0]
+    else:
+        container = trainjob_manifest(spec)["spec"]["trainer"]
+    env = {e["name"]: e["value"] for e in container["env"] if "value" in e}
+    defined = {"OMP_NUM_THREADS": "1", "AWS_SECRET_ACCESS_KEY": "hunter2-secret", "X": "x"}
+    assert [kubelet_expands(arg, defined) for arg in container["command"]] == list(spec.command)
+    assert kubelet_expands(env["MY_SETTING"], defined) == text == spec.env["MY_SETTING"]

@@ -25,14 +25,17 @@ NAME = "kftrain-0123456789ab"
 POD = f"{NAME}-worker-0"
 
 
-def pod(name=POD, phase="Failed", conditions=(), reason=None, message=None, state=None, last_state=None):
-    """A pod as `GET /api/v1/namespaces/<ns>/pods/<name>` returns it (only what the classifier reads)."""
+def pod(name=POD, phase="Failed", conditions=(), reason=None, message=None, state=None, last_state=None, sidecars=()):
+    """A pod as `GET /api/v1/namespaces/<ns>/pods/<name>` returns it (only what the classifier reads);
+    `sidecars`: (name, state, lastState) of other containers, listed by name as the kubelet does."""
+    containers = [
+        {"name": "pytorch", "restartCount": 0, "state": state or {}, "lastState": last_state or {}},
+        *({"name": n, "restartCount": 0, "state": st or {}, "lastState": last or {}} for n, st, last in sidecars),
+    ]
     status = {
         "phase": phase,
         "conditions": [{"type": "Ready", "status": "False"}, *conditions],
-        "containerStatuses": [
-            {"name": "pytorch", "restartCount": 0, "state": state or {}, "lastState": last_state or {}}
-        ],
+        "containerStatuses": sorted(containers, key=lambda c: c["name"]),
     }
     if reason:
         status["reason"], status["message"] = reason, message
@@ -541,6 +544,43 @@ CASES = [
         [],
         {},
         failures.PREEMPTED,
+    ),
+    # A sidecar (Istio's proxy in a multi-user Kubeflow, a log shipper) ends with the pod, on its own
+    # terms; the kubelet lists it before `pytorch` by name. Only the training container's exit is the run's.
+    (
+        "a sidecar's stop signal listed before the training container's error",
+        [pod(state=exited(1), sidecars=[("istio-proxy", None, exited(143))])],
+        [],
+        {},
+        failures.USER_ERROR,
+    ),
+    (
+        "a sidecar that exited cleanly listed before the training container's error",
+        [pod(state=exited(1), sidecars=[("istio-proxy", exited(0), None)])],
+        [],
+        {},
+        failures.USER_ERROR,
+    ),
+    (
+        "a sidecar's old error listed before the training container's stop after a checkpoint",
+        [pod(state=exited(exit_codes.TERMINATED_CHECKPOINTED), sidecars=[("fluent-bit", None, exited(1))])],
+        [],
+        {},
+        failures.PREEMPTED,
+    ),
+    (
+        "a sidecar killed for its own memory beside the training container's error",
+        [pod(state=exited(1), sidecars=[("istio-proxy", None, exited(137, "OOMKilled"))])],
+        [],
+        {},
+        failures.USER_ERROR,
+    ),
+    (
+        "a sidecar's image that cannot be pulled",
+        [pod(phase="Pending", sidecars=[("istio-proxy", {"waiting": {"reason": "ImagePullBackOff"}}, None)])],
+        [],
+        {},
+        failures.IMAGE_PULL,
     ),
     (
         "SIGKILL with nothing to say why",

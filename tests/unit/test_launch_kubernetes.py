@@ -22,6 +22,7 @@ import urllib3
 
 from tests.fake_kube import T0, FakeCluster, launcher
 from trainer.config import load_config
+from trainer.errors import one_line
 from trainer.launch.backend import JobCancelled, JobFailed, JobTimeout, run_job
 from trainer.launch.job import training_job
 from trainer.launch.preflight import ManifestError
@@ -506,6 +507,11 @@ def test_a_failing_cancel_does_not_hide_why_the_step_failed():
     with pytest.raises(JobFailed, match="failed: JobFailed: 1 Worker") as info:
         run_job(backend, replace(spec, timeout_s=3600))
     assert any("cancelling the job failed too" in note for note in info.value.__notes__)
+    # The step's last line, the one a user reads, says the job may still run and names it.
+    last = one_line(info.value)
+    assert last.startswith(f"PyTorchJob {NAME} failed"), last
+    assert "cancelling the job failed too, so it may still run: delete it by hand" in last, last
+    assert f"delete PyTorchJob team/{NAME}" in last and "\n" not in last, last
 
 
 def test_a_queued_job_is_reported_and_its_pending_clock_starts_at_admission():

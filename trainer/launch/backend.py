@@ -10,7 +10,7 @@ import threading
 from collections.abc import Iterator
 from typing import Protocol
 
-from trainer.errors import REPLICA_FAILURE, KftrainError
+from trainer.errors import REPLICA_FAILURE, KftrainError, one_line
 from trainer.launch.failures import before_torchrun_summary, root_cause_exit_code
 from trainer.launch.spec import JobSpec
 
@@ -144,7 +144,9 @@ def run_job(backend: JobBackend, spec: JobSpec) -> None:
             try:
                 backend.cancel(spec)
             except Exception as cancel_exc:
-                exc.add_note(f"cancelling the job failed too, delete it by hand: {cancel_exc}")
+                exc.add_note(
+                    f"cancelling the job failed too, so it may still run: delete it by hand ({one_line(cancel_exc)})"
+                )
             if isinstance(exc, _Terminated):
                 cancelled = JobCancelled(f"launcher received signal {exc.args[0]}; job cancelled")
                 cancelled.__notes__ = getattr(exc, "__notes__", [])

@@ -20,6 +20,13 @@ from trainer.launch.spec import NODE_ENV, JobSpec
 OWN_CONTAINER_ENV = (PYTORCHJOB_NAME_ENV, TRAINJOB_NAME_ENV, JOB_NAMESPACE_ENV, NODE_ENV)
 
 
+def literal(text: str) -> str:
+    """`text` as a container's `command`, `args` or env `value` must say it for the process to get
+    `text` itself: the kubelet expands `$(NAME)` to another variable's value there and reads `$$`
+    as `$`, where a local process gets the string as it is (a config's JSON, a prompt with `$`)."""
+    return text.replace("$", "$$")
+
+
 def _secret_ref(secret: str, key: str, optional: bool) -> dict[str, Any]:
     return {"secretKeyRef": {"name": secret, "key": key, "optional": optional}}
 
@@ -38,7 +45,7 @@ def container_env(spec: JobSpec, job_name_env: str, job_name_label: str, plain: 
     named += [(n, v, own) for n, v in (plain or {}).items()]
     # By name, kftrain's own before a user's of the same name: the error then names the user's.
     for name, value, where in sorted(named, key=lambda item: (item[0], item[2] != own)):
-        sources.append((where, {"name": name, "value": value}))
+        sources.append((where, {"name": name, "value": literal(value)}))
     if kc.store_secret:  # no Secret: the pods get their store access otherwise (workload identity)
         sources += [
             ("kubernetes.store_secret_keys", {"name": var, "valueFrom": _secret_ref(kc.store_secret, key, False)})

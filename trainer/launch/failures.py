@@ -219,9 +219,13 @@ def before_torchrun_summary(log_lines: list[str]) -> list[str]:
     return log_lines
 
 
-def _containers(pod: Mapping[str, Any]) -> list[Mapping[str, Any]]:
-    status = pod.get("status") or {}
-    return [*(status.get("initContainerStatuses") or []), *(status.get("containerStatuses") or [])]
+def _training_containers(pod: Mapping[str, Any]) -> list[Mapping[str, Any]]:
+    """The statuses of the pod's training container (:data:`TRAINING_CONTAINERS`); where none is
+    named so, all of its containers'. A sidecar (a service mesh's proxy, a log shipper) ends as the
+    pod ends, with its own exit code and reason, and the kubelet lists statuses by name: its exit
+    is not the run's."""
+    statuses = (pod.get("status") or {}).get("containerStatuses") or []
+    return [c for c in statuses if c.get("name") in TRAINING_CONTAINERS] or statuses
 
 
 def _terminated(container: Mapping[str, Any]) -> list[Mapping[str, Any]]:
@@ -263,7 +267,7 @@ def _pod_evidence(pod: Mapping[str, Any]) -> list[Diagnosis]:
     if reason in _POD_REASONS:
         cause = _eviction(_POD_REASONS[reason], status.get("message", ""))
         found.append(Diagnosis(cause, f"pod {name}: {reason}: {status.get('message', '')}".rstrip()))
-    for container in _containers(pod):
+    for container in _training_containers(pod):
         for term in _terminated(container):
             if term.get("reason") == "OOMKilled":
                 found.append(
@@ -271,6 +275,9 @@ def _pod_evidence(pod: Mapping[str, Any]) -> list[Diagnosis]:
                         OOM, f"pod {name} container {container.get('name')}: OOMKilled (exit {term.get('exitCode')})"
                     )
                 )
+    # Any image the pod cannot pull (an init container's or a sidecar's too) keeps it from running.
+    status_lists = (status.get("initContainerStatuses") or [], status.get("containerStatuses") or [])
+    for container in (c for statuses in status_lists for c in statuses):
         waiting = (container.get("state") or {}).get("waiting") or {}
         if waiting.get("reason") in _IMAGE_PULL_WAITING:
             found.append(
@@ -295,7 +302,7 @@ def _event_evidence(event: Event) -> Diagnosis | None:
 
 def exit_code_of(pod: Mapping[str, Any]) -> int | None:
     """The pod's training container's exit code (current state, else the last one), if it ended."""
-    for container in (pod.get("status") or {}).get("containerStatuses") or []:
+    for container in _training_containers(pod):
         for term in _terminated(container):
             if term.get("exitCode") is not None:
                 return int(term["exitCode"])

@@ -881,7 +881,7 @@ class KubernetesBackend:
         ]
         for pod in (named or failed)[:1]:
             key, excerpt = job.kind.replica_key(pod), failure_excerpt(logs.get(pod.metadata.name, []))
-            code = _exit_code(pod)
+            code = failures.exit_code_of(_as_dict(pod))
             ended = f"exited with code {code}" if code is not None else "has no exit code (its pod is gone or stopped)"
             lines.append(
                 f"replica {key} (pod {pod.metadata.name}) {ended}; "
@@ -1194,14 +1194,6 @@ def _as_dict(obj: Any) -> dict[str, Any]:
     from kubernetes.client import ApiClient
 
     return ApiClient().sanitize_for_serialization(obj)
-
-
-def _exit_code(pod: Any) -> int | None:
-    for cs in pod.status.container_statuses or []:
-        for state in (cs.state, cs.last_state):
-            if state is not None and state.terminated is not None:
-                return state.terminated.exit_code
-    return None
 
 
 def _parse_time(value: Any) -> dt.datetime:

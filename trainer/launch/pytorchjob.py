@@ -14,7 +14,7 @@ from kubernetes import client as k8s
 from trainer.config import SHM_VOLUME
 from trainer.job_status import PYTORCHJOB_NAME_ENV
 from trainer.k8s_formats import KUEUE_QUEUE_LABEL, MANAGED_BY_LABEL
-from trainer.launch.container_env import container_env
+from trainer.launch.container_env import container_env, literal
 from trainer.launch.spec import DEFAULT_PORT, JobSpec
 
 GROUP, VERSION, PLURAL, KIND = "kubeflow.org", "v1", "pytorchjobs", "PyTorchJob"
@@ -47,7 +47,7 @@ def _container(spec: JobSpec) -> k8s.V1Container:
         name=CONTAINER,
         image=spec.image,
         image_pull_policy="IfNotPresent",
-        command=list(spec.command),
+        command=[literal(arg) for arg in spec.command],
         env=env,
         ports=[k8s.V1ContainerPort(name=PORT_NAME, container_port=spec.port)],
         resources=resources if (amounts or limits) else None,

@@ -21,7 +21,7 @@ from typing import Any
 from trainer.config import SHM_VOLUME
 from trainer.job_status import TRAINJOB_NAME_ENV
 from trainer.k8s_formats import KUEUE_QUEUE_LABEL, MANAGED_BY_LABEL
-from trainer.launch.container_env import container_env
+from trainer.launch.container_env import container_env, literal
 from trainer.launch.spec import NODE, UNBUFFERED_ENV, JobSpec
 
 GROUP, VERSION, PLURAL, KIND = "trainer.kubeflow.org", "v1alpha1", "trainjobs", "TrainJob"
@@ -97,7 +97,7 @@ def trainjob_manifest(spec: JobSpec, namespace: str = "", owner: dict[str, Any] 
         metadata["ownerReferences"] = [owner]
     trainer: dict[str, Any] = {
         "image": spec.image,
-        "command": list(spec.command),
+        "command": [literal(arg) for arg in spec.command],
         "env": container_env(spec, TRAINJOB_NAME_ENV, JOBSET_NAME_LABEL, EXTRA_ENV),
         "numNodes": spec.replicas,
         "numProcPerNode": spec.nproc_per_node,
