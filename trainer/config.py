@@ -13,7 +13,6 @@ keeps only what a table cannot say (URIs, rules across fields, per-item checks o
 from __future__ import annotations
 
 import dataclasses
-import datetime
 import json
 import math
 import re
@@ -33,6 +32,7 @@ from trainer.launch.failures import DEFAULT_MAX_RESTARTS, budget_check
 from trainer.partitions import partition_problem
 from trainer.storage import RetryPolicy, endpoint_problem, parse_uri, same_place
 from trainer.tokenizer import parse_spec as parse_tokenizer_spec
+from trainer.yaml_scalars import unquoted_problem
 
 #: `job.nccl_debug`: the levels NCCL's `ncclDebugInit` recognises (ignoring case; any other value
 #: leaves NCCL's logging off without a word); empty: unset.
@@ -1301,15 +1301,8 @@ def _convert(value: Any, tp: Any, path: str) -> Any:
         _require(isinstance(value, bool), path, value, "must be true or false")
         return value
     if tp is str:
-        if isinstance(value, int | float | datetime.date):  # YAML's reading of unquoted text (bool too)
-            if isinstance(value, bool):
-                kind, written = "boolean", str(value).lower()
-            elif isinstance(value, datetime.date):
-                kind, written = "date", value.isoformat()
-            else:
-                kind, written = "number", value
-            quoted = "quote it" if path.startswith(_UNSHOWN_VALUES) else f"write '{written}'"
-            _require(False, path, value, f"must be a string (YAML reads it unquoted as a {kind}: {quoted})")
+        if why := unquoted_problem(value, show_value=not path.startswith(_UNSHOWN_VALUES)):
+            _require(False, path, value, why)
         if isinstance(value, dict) and len(value) == 1 and None in value.values():
             # `max:` or `--set keep_best=max:`: a key with no value, where text ending in ':' was meant.
             _require(False, path, value, f"must be a string (YAML reads `{next(iter(value))}:` as a mapping: quote it)")
@@ -1513,7 +1506,9 @@ _ConfigLoader.add_implicit_resolver(
     "tag:yaml.org,2002:bool", re.compile(r"^(?:true|True|TRUE|false|False|FALSE)$"), list("tTfF")
 )
 _ConfigLoader.add_implicit_resolver(
-    "tag:yaml.org,2002:int", re.compile(r"^(?:[-+]?(?:0|[1-9][0-9]*)|0x[0-9a-fA-F]+)$"), list("-+0123456789")
+    "tag:yaml.org,2002:int",
+    re.compile(r"^(?:[-+]?(?:0|[1-9][0-9]*)|0x[0-9a-fA-F]+|0o[0-7]+)$"),
+    list("-+0123456789"),
 )
 _ConfigLoader.add_implicit_resolver(
     "tag:yaml.org,2002:float",

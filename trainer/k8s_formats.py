@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from trainer.credentials import looks_like_credential
+from trainer.yaml_scalars import unquoted_problem
 
 
 def show(value: Any, limit: int = 60) -> str:
@@ -272,6 +273,9 @@ def toleration_problem(toleration: Any) -> str | None:
     refused, or None."""
     if not isinstance(toleration, dict):
         return None
+    for name in ("key", "operator", "value", "effect"):
+        if why := unquoted_problem(toleration.get(name)):
+            return f"{name} {why}"
     key, op, value, effect = (toleration.get(k) or "" for k in ("key", "operator", "value", "effect"))
     if key and (why := qualified_name_problem(key) if isinstance(key, str) else "it is not text"):
         return f"key {show(key)} is not a label key: {why}"

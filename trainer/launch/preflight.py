@@ -30,6 +30,7 @@ from typing import Any
 from trainer.errors import KftrainError
 from trainer.k8s_formats import DNS_1035_LABEL, DNS_SUBDOMAIN
 from trainer.launch.fieldrules import describe, field_problems, named_path, problem_at
+from trainer.yaml_scalars import octal_text_problem, unquoted_problem
 
 REPLICA_TYPES = ("Master", "Worker")
 KUBERNETES_VERSION = "1.30.0"  # the oldest minor the pod-template check holds the manifest to
@@ -103,11 +104,25 @@ def validate_schema(manifest: dict[str, Any]) -> None:
         path = named_path(manifest, e.absolute_path)
         if problem := problem_at(path, e.instance):  # the field table's words, where it has a rule
             raise ManifestError(describe(kind, path, problem, e.instance))
+        if e.validator == "type" and (problem := _type_problem(e.instance, e.validator_value)):
+            leaf = path[-1] if path and isinstance(path[-1], str) else "the value"
+            raise ManifestError(describe(kind, path, f"{leaf} {problem}"))
         if e.validator == "format" and e.validator_value in INT_RANGES:
             lo, hi = INT_RANGES[e.validator_value]
             problem = f"{e.instance} is out of range: the API server takes an {e.validator_value} ({lo}..{hi})"
             raise ManifestError(describe(kind, path, problem))
         raise ManifestError(describe(kind, path, e.message))
+
+
+def _type_problem(value: Any, wanted: str | list[str]) -> str | None:
+    """Why `value` is not of the schema's type `wanted`, where YAML's reading of a plain scalar
+    explains it (an unquoted `true` for text, `0400` for an octal number), else None."""
+    wanted = [wanted] if isinstance(wanted, str) else wanted
+    if "string" in wanted:
+        return unquoted_problem(value)
+    if "integer" in wanted:
+        return octal_text_problem(value)
+    return None
 
 
 #: What the API server fills in for a list-map key left out, before it compares the keys.
