@@ -51,7 +51,9 @@ NONFINITE_POLICIES = ("stop", "skip")
 STRATEGIES = ("ddp", "fsdp")
 DATA_FORMATS = ("auto", "text", "jsonl", "chat")
 TRAIN_METHODS = ("full", "lora")
-RESTART_POLICIES = ("Always", "OnFailure", "Never", "ExitCode")
+#: The replica `restartPolicy`s a training job can end under: `Always` restarts a replica that
+#: finished (exit 0) too, so the job never succeeds and resumes until its deadline.
+RESTART_POLICIES = ("OnFailure", "Never", "ExitCode")
 CLEAN_POD_POLICIES = ("None", "Running", "All")
 #: `job.kind`: the Kubeflow job the launcher creates on a cluster (`auto`: whichever is served,
 #: resolved by the backend: the cluster's API discovery, locally pytorchjob). The one list of them.
@@ -779,7 +781,11 @@ _KUBERNETES_BOUNDS = {
     "gpus_per_node": NOT_NEGATIVE,
     "gpu_memory_gb": Bound(lambda v: v >= 0, "must be >= 0 (0: unknown, no memory check)"),
     "clean_pod_policy": one_of(CLEAN_POD_POLICIES),
-    "restart_policy": one_of(RESTART_POLICIES),
+    "restart_policy": Bound(
+        lambda v: v in RESTART_POLICIES,
+        f"must be one of {RESTART_POLICIES} (not Always: it restarts a replica that finished, so the job "
+        "never succeeds)",
+    ),
     "min_available": NOT_NEGATIVE,
     "schedule_timeout_seconds": NOT_NEGATIVE,
     "ttl_seconds_after_finished": NOT_NEGATIVE,
@@ -865,7 +871,8 @@ class KubernetesConfig:
     backoff_limit: int = 3
     """Pod restarts before the job is marked Failed."""
     restart_policy: str = "OnFailure"
-    """Replica `restartPolicy`: `OnFailure`, `ExitCode` (exit 1-127 permanent, 128-255 retried), `Never`, `Always`."""
+    """Replica `restartPolicy`: `OnFailure`, `ExitCode` (exit 1-127 permanent, 128-255 retried) or `Never` (not
+    `Always`, which restarts a replica that finished, so the job never succeeds)."""
     termination_grace_seconds: int = 120
     """`terminationGracePeriodSeconds` of the replica pods: on SIGTERM (preemption, eviction, drain) the ranks stop at
     the next step boundary and commit a checkpoint, which must fit in this time before the SIGKILL; rank 0 warns when
@@ -1071,6 +1078,12 @@ class KubernetesConfig:
                 where = "".join(f".{key}" for key in path[2:])  # below volumes[i]
                 raise ConfigError(f"{p}.volumes[{i}]{where}: {problem}")
 
+
+#: The settings given in pod-spec form (`kubernetes.tolerations`, `kubernetes.volumes`, ...): their
+#: values reach the manifest as YAML typed them, checked there against the cluster's schema.
+POD_SPEC_FIELDS = frozenset(
+    f"kubernetes.{f.name}" for f in dataclasses.fields(KubernetesConfig) if "Any" in str(f.type)
+)
 
 #: A custom task's import path: a dotted module and a class, each a Python name.
 _TASK_PATH = re.compile(r"[A-Za-z_]\w*(\.[A-Za-z_]\w*)*:[A-Za-z_]\w*")

@@ -240,16 +240,25 @@ def secret_key_problem(value: Any) -> str | None:
 
 #: Quantities in bytes: the names of resources and of the fields that hold sizes.
 BYTE_RESOURCES = frozenset({"memory", "ephemeral-storage", "storage", "sizeLimit", "shm_size"})
+#: The least byte quantity taken (1 MiB): a container, a volume or /dev/shm below it cannot hold
+#: a Python process or a file it writes; such a value is a unit left out.
+MIN_BYTES = 2**20
 
 
 def quantity_problem(value: Any, resource: str = "") -> str | None:
     """Why `value` is not a non-negative quantity of `resource` (e.g. `cpu`), or None. An extended
     resource (`nvidia.com/gpu`) cannot be split: its quantity is a whole number."""
-    if isinstance(value, int) and not isinstance(value, bool) and value >= 0:
-        return None
+    if isinstance(value, int) and not isinstance(value, bool):
+        value = str(value)  # a quantity as JSON's number, read by the same rules
     if isinstance(value, str) and _QUANTITY.fullmatch(value) and not value.startswith("-"):
         if resource in BYTE_RESOURCES and value.endswith("m"):  # valid, and never what was meant
             return f"{show(value)} is thousandths of a byte ('m' is milli): write {value[:-1]}Mi or {value[:-1]}M"
+        if resource in BYTE_RESOURCES and 0 < quantity_value(value) < MIN_BYTES:  # valid, and never what was meant
+            meant = f"{value}Mi or {value}Gi" if re.fullmatch(r"[0-9.]+", value) else "512Mi or 8Gi"
+            return (
+                f"{show(value)} is {quantity_value(value):g} bytes, too little for a process or its files (a "
+                f"number without a unit is bytes): write the unit, e.g. {meant}"
+            )
         if resource != "nvidia.com/gpu" or value.isdigit():
             return None
         return f"{resource} {show(value)} is not a whole number (extended resources cannot be split)"

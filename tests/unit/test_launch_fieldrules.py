@@ -89,6 +89,13 @@ REFUSED = [
     # pod settings Kubernetes refuses a pod for, after the job was created
     ({"kubernetes.affinity": {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [{"matchExpressions": [{"key": "z", "operator": "In"}]}]}}}}, BOTH, ["kubernetes.affinity: operator In needs a non-empty `values` list"]),
     ({"kubernetes.affinity": {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [{"matchExpressions": [{"key": "z", "operator": "Gt", "values": ["a"]}]}]}}}}, BOTH, ["kubernetes.affinity: operator Gt needs one integer"]),
+    ({"kubernetes.affinity": {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": []}}}}, BOTH, ["kubernetes.affinity: must have at least one node selector term"]),
+    # byte quantities without their unit: valid, and never what was meant
+    ({"kubernetes.memory": "512"}, BOTH, ["kubernetes.memory: '512' is 512 bytes", "write the unit, e.g. 512Mi or 512Gi"]),
+    ({"kubernetes.memory": "1e-3"}, BOTH, ["kubernetes.memory: '1e-3' is 0.001 bytes", "e.g. 512Mi or 8Gi"]),
+    ({"kubernetes.memory": "5n"}, BOTH, ["kubernetes.memory: '5n' is 5e-09 bytes"]),
+    ({"kubernetes.shm_size": "64"}, BOTH, ["kubernetes.shm_size: '64' is 64 bytes"]),
+    ({"kubernetes.volumes": [{"name": "scratch", "emptyDir": {"sizeLimit": 100}}]}, BOTH, ["kubernetes.volumes[0].emptyDir.sizeLimit: '100' is 100 bytes"]),
     ({"job.nccl_debug": "LOUD"}, BOTH, ["job.nccl_debug", "'LOUD'"]),
     ({"kubernetes.env": {"NCCL_DEBUG": "verbose"}}, BOTH, ["kubernetes.env.NCCL_DEBUG", "'verbose'", "VERSION, WARN, INFO"]),
     # integers within the API server's types (the CRD schemas' int32/int64 formats)

@@ -158,6 +158,7 @@ def test_the_hub_token_comes_from_its_secret_and_never_its_value(monkeypatch):
         ({"kubernetes.gpus_per_node": 4}, "kubernetes.gpus_per_node: must equal job.nproc_per_node (1)"),
         ({"kubernetes.memory": "lots"}, "kubernetes.memory: 'lots' is not a Kubernetes quantity"),
         ({"kubernetes.restart_policy": "Sometimes"}, "kubernetes.restart_policy: must be one of"),
+        ({"kubernetes.restart_policy": "Always"}, "not Always: it restarts a replica that finished"),
         ({"kubernetes.clean_pod_policy": "Never"}, "kubernetes.clean_pod_policy: must be one of"),
         ({"kubernetes.namespace": "Team_A"}, "kubernetes.namespace: 'Team_A' is not a namespace: a DNS-1123 label"),
         ({"kubernetes.labels": {"team": "a b"}}, "kubernetes.labels: 'team': value 'a b' is not a label value"),

@@ -125,6 +125,16 @@ def _selector_requirement(value: Any, key: Any) -> str | None:
     return None
 
 
+def _node_selector_terms(value: Any, key: Any) -> str | None:
+    """A required node affinity's terms: the API server refuses the pod without one."""
+    if isinstance(value, list) and not value:
+        return (
+            "must have at least one node selector term (the API server refuses the pod): remove the affinity "
+            "or add a term"
+        )
+    return None
+
+
 def _object_name(value: Any, key: Any) -> str | None:
     return k8s.object_name_problem(value, f"a valid {key}")
 
@@ -160,6 +170,7 @@ RULES = (
     Rule("**.env[*]", _env_var),
     Rule("**.env[*].valueFrom.fieldRef.fieldPath", _field_path),
     Rule("**.matchExpressions[*]", _selector_requirement),
+    Rule("**.nodeSelectorTerms", _node_selector_terms),
     Rule("**.env[*].valueFrom.secretKeyRef.name", _of_value(k8s.secret_name_problem)),
     Rule("**.env[*].valueFrom.secretKeyRef.key", _of_value(k8s.secret_key_problem)),
     Rule("**.imagePullSecrets[*].name", _of_value(k8s.secret_name_problem)),

@@ -27,9 +27,10 @@ from collections.abc import Iterator
 from importlib import resources
 from typing import Any
 
+from trainer.config import POD_SPEC_FIELDS
 from trainer.errors import KftrainError
 from trainer.k8s_formats import DNS_1035_LABEL, DNS_SUBDOMAIN
-from trainer.launch.fieldrules import describe, field_problems, named_path, problem_at
+from trainer.launch.fieldrules import config_field, describe, field_problems, named_path, problem_at
 from trainer.yaml_scalars import octal_text_problem, unquoted_problem
 
 REPLICA_TYPES = ("Master", "Worker")
@@ -104,7 +105,7 @@ def validate_schema(manifest: dict[str, Any]) -> None:
         path = named_path(manifest, e.absolute_path)
         if problem := problem_at(path, e.instance):  # the field table's words, where it has a rule
             raise ManifestError(describe(kind, path, problem, e.instance))
-        if e.validator == "type" and (problem := _type_problem(e.instance, e.validator_value)):
+        if e.validator == "type" and _user_written(path) and (problem := _type_problem(e.instance, e.validator_value)):
             leaf = path[-1] if path and isinstance(path[-1], str) else "the value"
             raise ManifestError(describe(kind, path, f"{leaf} {problem}"))
         if e.validator == "format" and e.validator_value in INT_RANGES:
@@ -112,6 +113,13 @@ def validate_schema(manifest: dict[str, Any]) -> None:
             problem = f"{e.instance} is out of range: the API server takes an {e.validator_value} ({lo}..{hi})"
             raise ManifestError(describe(kind, path, problem))
         raise ManifestError(describe(kind, path, e.message))
+
+
+def _user_written(path: tuple[Any, ...]) -> bool:
+    """Whether the manifest's node at `path` is one a user wrote in pod-spec form, typed by YAML
+    alone (every other value kftrain builds from a typed config field)."""
+    field = config_field(path) or ""
+    return any(field == f or field.startswith((f"{f}[", f"{f} ", f"{f}.")) for f in POD_SPEC_FIELDS)
 
 
 def _type_problem(value: Any, wanted: str | list[str]) -> str | None:
