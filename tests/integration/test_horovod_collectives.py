@@ -91,6 +91,11 @@ def bn_module(bn):
     return bn.double()
 
 
+def view_base(r, dtype):
+    # The tensor whose views the in-place collectives work on: 3 x 3, (r + 1) x its index.
+    return (torch.arange(9).reshape(3, 3) * (r + 1)).to(getattr(torch, dtype))
+
+
 def set_input(r):
     return torch.arange(6, dtype=torch.float32).reshape(3, 2) + 10 * r
 
@@ -191,6 +196,29 @@ def in_place():
 
 
 record("grouped_allreduce_async_", in_place)
+
+
+# In place on views with gaps (a column, every other element): only the view's elements change.
+def on_views(dtype):
+    views = {"column": lambda b: b[:, 1], "strided": lambda b: b.view(-1)[::2]}
+    calls = {
+        "allreduce_": lambda v: hvd.allreduce_(v, op=hvd.Sum),
+        "allreduce_async_": lambda v: hvd.synchronize(hvd.allreduce_async_(v, op=hvd.Sum)),
+        "grouped_allreduce_": lambda v: hvd.grouped_allreduce_([v], op=hvd.Sum),
+        "broadcast_": lambda v: hvd.broadcast_(v, root_rank=n - 1),
+        "broadcast_async_": lambda v: hvd.synchronize(hvd.broadcast_async_(v, root_rank=n - 1)),
+    }
+    got = {}
+    for view, pick in views.items():
+        for call, fn in calls.items():
+            base = view_base(r, dtype)
+            fn(pick(base))
+            got[f"{call}-{view}"] = lst(base)
+    return got
+
+
+for dtype in ("int16", "float32"):
+    record(f"in-place-views-{dtype}", lambda dtype=dtype: on_views(dtype))
 
 # Sparse: rank r holds rows r and r + 1 of a 5 x 2 tensor; Average divides by n.
 dense = torch.zeros(5, 2)
@@ -509,6 +537,20 @@ def test_collectives_gradients_and_sparse_training_on_gloo(tmp_path, world):
         close(got["grouped_allreduce_async"], [total, [[2 * v for v in row] for row in total]])
         assert got["grouped_allreduce_async_"][0] is True
         close(got["grouped_allreduce_async_"][1:], [total, [[3 * v for v in row] for row in total]])
+
+        for dtype in ("int16", "float32"):
+            got_views = got[f"in-place-views-{dtype}"]
+            for view, index in (("column", (slice(None), 1)), ("strided", slice(None, None, 2))):
+                for call in ("allreduce_", "allreduce_async_", "grouped_allreduce_", "broadcast_", "broadcast_async_"):
+                    want = scope["view_base"](k, "float64")
+                    flat = want if view == "column" else want.view(-1)
+                    ranks_bases = [scope["view_base"](r, "float64") for r in range(n)]
+                    if call.startswith("broadcast"):
+                        source = ranks_bases[n - 1] if view == "column" else ranks_bases[n - 1].view(-1)
+                        flat[index] = source[index]
+                    else:
+                        flat[index] = sum(b[index] if view == "column" else b.view(-1)[index] for b in ranks_bases)
+                    assert got_views[f"{call}-{view}"] == want.tolist(), (k, dtype, call, view)
 
         dense_sum = torch.zeros(5, 2, dtype=torch.float64)
         for r in range(n):

@@ -1113,8 +1113,12 @@ _WIDER = {torch.int16: torch.int32}
 
 
 def _widen(t: torch.Tensor) -> torch.Tensor:
+    """What goes on the wire for `t`: `t` itself where a collective can work in it, else a
+    contiguous copy (widened where the backend has no such dtype) that the caller copies back.
+    gloo and NCCL read and write `numel` elements from the first one's address: a view with gaps
+    (`x[:, 1]`, `x[::2]`) would get other elements' values and overwrite memory outside it."""
     wider = _WIDER.get(t.dtype)
-    return t if wider is None else t.to(wider)
+    return t.contiguous() if wider is None else t.to(wider).contiguous()
 
 
 # --- allreduce -----------------------------------------------------------------------------
