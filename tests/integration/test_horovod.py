@@ -185,6 +185,15 @@ hvd.broadcast_(b, root_rank=1)
 out["broadcast_inplace"] = b.tolist()
 out["object"] = hvd.broadcast_object({"from": r}, root_rank=1)
 out["objects"] = hvd.allgather_object({"rank": r})
+# As Horovod serialises them (cloudpickle): a lambda and a closure travel too.
+out["lambda"] = hvd.broadcast_object(lambda v, r=r: v + 10 * r, root_rank=1)(1)
+out["closures"] = [f(1) for f in hvd.allgather_object(lambda v: v * (r + 2))]
+# An object root cannot serialise fails every rank at once, naming it (was: the others waited).
+try:
+    hvd.broadcast_object(__import__("threading").Lock(), root_rank=1)
+except hvd.HorovodInternalError as e:
+    out["unserialisable"] = str(e)
+out["after_unserialisable"] = hvd.allreduce(torch.tensor([1.0]), op=hvd.Sum).tolist()
 try:
     hvd.broadcast(b, root_rank=n)
 except ValueError as e:
@@ -418,6 +427,9 @@ def test_collectives_on_two_gloo_processes(tmp_path):
         assert got["broadcast"] == [1.0] * 3 and got["broadcast_input"] == [float(r)] * 3
         assert got["broadcast_inplace"] == [1.0] * 3
         assert got["object"] == {"from": 1} and got["objects"] == [{"rank": 0}, {"rank": 1}]
+        assert got["lambda"] == 11 and got["closures"] == [2, 3]
+        assert got["unserialisable"].startswith("broadcast_object: an object could not be serialised (rank 1: ")
+        assert got["after_unserialisable"] == [2.0]  # the job goes on
         assert "not a rank of this job" in got["bad_root"]
         assert got["join"] in (0, 1) and got["after_shutdown"] is False
     assert ranks[0]["join"] == ranks[1]["join"]

@@ -1520,20 +1520,42 @@ def broadcast_(
     return synchronize(broadcast_async_(tensor, root_rank, name, process_set))
 
 
+def _serialized(obj: Any) -> bytes | tuple[str, str]:
+    """`obj` as bytes, as Horovod serialises objects (cloudpickle: a lambda, a closure or a local
+    class travels too), else ("error", why) for the other ranks to raise on."""
+    import cloudpickle
+
+    try:
+        return cloudpickle.dumps(obj)
+    except Exception as exc:  # the object's own failure, whatever its type
+        return ("error", f"{type(exc).__name__}: {exc}")
+
+
+def _objects(what: str, payloads: list[Any], ranks: list[int]) -> list[Any]:
+    """The objects the ranks' `payloads` (:func:`_serialized`) hold; a rank whose object could
+    not be serialised fails the collective on every rank, naming it (was: the others waited)."""
+    import pickle
+
+    failed = [f"rank {r}: {p[1]}" for r, p in zip(ranks, payloads, strict=True) if isinstance(p, tuple)]
+    if failed:
+        raise HorovodInternalError(f"{what}: an object could not be serialised ({'; '.join(failed)})")
+    return [pickle.loads(p) for p in payloads]
+
+
 def broadcast_object(obj: Any, root_rank: int = 0, name: str | None = None, process_set: Any = global_process_set):
-    """root_rank's picklable `obj` on every process of the set."""
+    """root_rank's `obj` (anything cloudpickle serialises) on every process of the set."""
     agreement = _collective_group("broadcast_object", [], name=name, process_set=process_set, root_rank=root_rank)
-    box = [obj]
+    box = [_serialized(obj) if rank() == root_rank else None]
     dist.broadcast_object_list(box, src=root_rank, group=agreement.group)
-    return box[0]
+    return _objects("broadcast_object", box, [root_rank])[0]
 
 
 def allgather_object(obj: Any, name: str | None = None, process_set: Any = global_process_set) -> list[Any]:
-    """Every process's picklable `obj`, in the set's rank order."""
+    """Every process's `obj` (anything cloudpickle serialises), in the set's rank order."""
     agreement = _collective_group("allgather_object", [], name=name, process_set=process_set)
     out: list[Any] = [None] * agreement.size
-    dist.all_gather_object(out, obj, group=agreement.group)
-    return out
+    dist.all_gather_object(out, _serialized(obj), group=agreement.group)
+    return _objects("allgather_object", out, list(agreement.ranks))
 
 
 def barrier(process_set: Any = global_process_set) -> None:
