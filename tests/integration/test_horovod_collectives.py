@@ -363,6 +363,25 @@ record("fill-adam", lambda: filled(lambda m: hvd.DistributedOptimizer(torch.opti
 record("fill-sparseadam", lambda: filled(lambda m: torch.optim.SparseAdam(list(m.parameters()), lr=0.1), emb))
 record("fill-sgd-sparse", lambda: filled(lambda m: torch.optim.SGD(m.parameters(), lr=0.1, momentum=0.9), emb))
 
+
+# Horovod's resume order with weight decay: root alone loaded its optimizer's state (it took a
+# step here), the others fill theirs; the replicas stay equal.
+def resumed_with_decay(make_opt):
+    torch.manual_seed(r)
+    model = torch.nn.Linear(3, 2)
+    opt = make_opt(model.parameters())
+    if r == 0:
+        model(torch.ones(1, 3)).sum().backward()
+        opt.step()
+    hvd.broadcast_parameters(model.state_dict(), root_rank=0)
+    hvd.broadcast_optimizer_state(opt, root_rank=0)
+    flat = torch.cat([q.detach().reshape(-1) for q in model.parameters()])
+    return lst(hvd.allgather(flat.reshape(1, -1)))
+
+
+record("resume-adamw", lambda: resumed_with_decay(lambda ps: torch.optim.AdamW(ps, lr=0.1, weight_decay=0.5)))
+record("resume-sgd", lambda: resumed_with_decay(lambda ps: torch.optim.SGD(ps, lr=0.1, momentum=0.9, weight_decay=0.5)))
+
 # A sparse-embedding model trained with SparseAdam: every rank's slice of the batch.
 def sparse_train(sparse_as_dense):
     torch.manual_seed(1)
@@ -624,6 +643,8 @@ def test_collectives_gradients_and_sparse_training_on_gloo(tmp_path, world):
         adam = got["fill-adam"]
         assert adam["0"] == adam["1"] == ["exp_avg", "exp_avg_sq", "step"] and adam["step"] == [1.0, 1.0]
         assert got["fill-sparseadam"]["0"] == ["exp_avg", "exp_avg_sq", "step"]
+        for key in ("resume-adamw", "resume-sgd"):  # every rank's parameters, gathered: all equal
+            assert all(row == got[key][0] for row in got[key]), (key, got[key])
         assert got["fill-sgd-sparse"]["0"] == ["momentum_buffer"]
 
         close(got["sparse-train-dense"], reference, 1e-5)

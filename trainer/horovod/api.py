@@ -1657,7 +1657,18 @@ def broadcast_optimizer_state(optimizer: torch.optim.Optimizer, root_rank: int, 
 
 def _fill_state(optimizer: torch.optim.Optimizer, model: Any) -> None:
     """Create a new optimizer's state as Horovod does: one local step on zero gradients (sparse
-    ones for SparseAdam, and for SGD over `model`'s sparse embeddings). The zero gradients stay."""
+    ones for SparseAdam, and for SGD over `model`'s sparse embeddings). The zero gradients stay;
+    the parameters do not move: weight decay (AdamW, SGD's `weight_decay`) would shrink them on
+    these ranks alone, after `broadcast_parameters` made them equal (Horovod's own resume order)."""
+    with torch.no_grad():
+        before = [(p, p.detach().clone()) for group in optimizer.param_groups for p in group["params"]]
+    _zero_grad_step(optimizer, model)
+    with torch.no_grad():
+        for p, value in before:
+            p.copy_(value)
+
+
+def _zero_grad_step(optimizer: torch.optim.Optimizer, model: Any) -> None:
     sparse = set()
     if model is not None:
         for m in model.modules():
