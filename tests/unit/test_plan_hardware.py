@@ -68,6 +68,25 @@ def test_an_unknown_gpu_names_the_known_ones_and_the_way_out(name):
 
 
 @pytest.mark.parametrize(
+    ("name", "memory"),
+    [
+        ("NVIDIA H100 80GB HBM3 MIG 1g.10gb", ", e.g. --gpu-memory 10"),
+        ("NVIDIA A100-SXM4-40GB MIG 1g.5gb", ", e.g. --gpu-memory 5"),
+        ("NVIDIA H200 MIG 3g.71gb", ", e.g. --gpu-memory 71"),
+        ("mig-3g.40gb", ", e.g. --gpu-memory 40"),  # the GPU operator's resource name
+        ("H100 MIG", ""),
+    ],
+)
+def test_a_mig_slice_is_refused_not_planned_as_the_whole_gpu(name, memory):
+    """Was: planned as the whole H100 (80 GiB, 989 TFLOP/s) from the words the lookup knew; the
+    same lookup gives a run's MFU peak and which GPU a probe ran on."""
+    with pytest.raises(HardwareError) as err:
+        gpu_spec(name)
+    assert str(err.value).startswith(f"--gpu {name!r}: a MIG slice of a GPU, which the plan has no figures for")
+    assert str(err.value).endswith(f"give its memory with --gpu-memory instead{memory}")
+
+
+@pytest.mark.parametrize(
     ("name", "sizes"),
     [
         ("A100", "A100-80GB and A100-40GB"),

@@ -95,6 +95,8 @@ def _parts(name: str) -> tuple[str, str, str]:
 
 
 _SPEC_PARTS = {spec: _parts(spec) for spec in GPUS}
+#: A MIG profile in a device's name (`NVIDIA H100 80GB HBM3 MIG 1g.10gb`) or a resource's (`mig-3g.40gb`).
+_MIG_PROFILE = re.compile(r"\b(?:MIG[\s_-]*)?(?P<g>\d+)G\.(?P<gb>\d+)GB\b")
 
 #: The fraction of a link's datasheet bandwidth a ring collective achieves (nccl-tests bus
 #: bandwidth of about 450 of 900 GB/s on NVLink 4; about 90% of line rate on InfiniBand/RoCE).
@@ -108,6 +110,13 @@ def gpu_spec(name: str) -> GpuSpec:
     HBM3`, `NVIDIA A100-SXM4-40GB`, `NVIDIA H100 NVL`): the model, the card (`PCIe`, `NVL`; none:
     the SXM module) and, where it comes in two sizes, the GB."""
     key = name.strip().upper()
+    if mig := _MIG_PROFILE.search(key) or re.search(r"\bMIG\b", key):
+        # A slice has a part of the GPU's memory and of its compute, and no NVLink: no row here fits it.
+        size = f", e.g. --gpu-memory {mig['gb']}" if mig.re is _MIG_PROFILE else ""
+        raise HardwareError(
+            f"--gpu {name!r}: a MIG slice of a GPU, which the plan has no figures for (a part of the GPU's "
+            f"memory and compute, no NVLink); give its memory with --gpu-memory instead{size}"
+        )
     for spec_name in GPUS:
         if spec_name.upper() == key:
             return GPUS[spec_name]
