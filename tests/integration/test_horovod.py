@@ -403,6 +403,22 @@ def test_a_failing_script_exits_1_with_its_traceback(tmp_path):
     assert "Traceback" in out and "ValueError: from the script" in out
 
 
+@pytest.mark.parametrize(
+    ("call", "says"),
+    [
+        ("hvd.allreduce(torch.ones(2), op=hvd.Adasum)", "op=hvd.Adasum is not supported by kftrain's Horovod shim"),
+        ("hvd.elastic.run(lambda state: None)", "hvd.elastic is not supported by kftrain's Horovod shim"),
+        ("hvd.init(comm=[0])", "hvd.init(comm=...) is not supported by kftrain's Horovod shim"),
+    ],
+    ids=["adasum", "elastic", "mpi-comm"],
+)
+def test_a_feature_the_shim_lacks_ends_the_process_on_one_line_naming_the_script_s_call(tmp_path, call, says):
+    script = write(tmp_path / "uses.py", f"import torch\nimport horovod.torch as hvd\n\nhvd.init()\n{call}\n")
+    rc, out = run_group([sys.executable, "-m", "pipelines.cli", "horovod-run", str(script)], 100, None, str(REPO))
+    assert rc == 1 and "Traceback" not in out, out
+    assert f"kftrain horovod-run: {script}:5: {says}" in out, out
+
+
 @pytest.mark.timeout(180)
 def test_collectives_on_two_gloo_processes(tmp_path):
     script = write(tmp_path / "collectives.py", COLLECTIVES)

@@ -143,6 +143,11 @@ class ShimUnsupportedError(Exception):
     collective failures must not swallow it."""
 
 
+class AdasumUnsupportedError(NotImplementedError, ShimUnsupportedError):
+    """Adasum, which the shim does not provide: Horovod's own type for an Adasum it cannot run
+    (NotImplementedError), and the shim's, so that the launcher ends on its one line."""
+
+
 class _Op(enum.IntEnum):
     AVERAGE = 0
     SUM = 1
@@ -1131,7 +1136,7 @@ def _resolve_op(op: Any, average: bool | None) -> _Op:
         op = Average if average is None or average else Sum
     if op == Adasum:
         # Horovod's own type when Adasum cannot run in a configuration.
-        raise NotImplementedError(ADASUM_MESSAGE)
+        raise AdasumUnsupportedError(ADASUM_MESSAGE)
     return _Op(op)
 
 

@@ -135,9 +135,21 @@ def main(argv: list[str] | None = None) -> int:
         if api is not None and isinstance(exc, api.HorovodEnvironmentError):  # the environment's, not the script's
             print(f"kftrain horovod-run: hvd.init(): {exc}", file=sys.stderr)
             return 2
+        if api is not None and isinstance(exc, api.ShimUnsupportedError):  # its message names the way out
+            # One write: the line of each process of a node stays whole in their shared log.
+            sys.stderr.write(f"kftrain horovod-run: {_called_at(exc, argv[0])}: {exc}\n")
+            api.ending_on_error()
+            return 1
         _uncaught(exc)
         return 1
     return 0
+
+
+def _called_at(exc: BaseException, script: str) -> str:
+    """`FILE:LINE` of the script's last frame in `exc`'s traceback (where it called the shim), else `script`."""
+    ours = Path(__file__).resolve().parent
+    frames = [f for f in traceback.extract_tb(exc.__traceback__) if ours not in Path(f.filename).resolve().parents]
+    return f"{frames[-1].filename}:{frames[-1].lineno}" if frames else script
 
 
 def _uncaught(exc: BaseException) -> None:
