@@ -24,6 +24,8 @@ pytestmark = pytest.mark.timeout(120)
 REPO = Path(__file__).resolve().parents[2]
 
 ENV_KEYS = [
+    "PET_RDZV_BACKEND",
+    "GROUP_RANK",
     "MASTER_ADDR",
     "MASTER_PORT",
     "WORLD_SIZE",
@@ -44,7 +46,11 @@ def _state(pid: int) -> str:
         return "Z"
 
 
-def test_replicas_see_the_operator_environment():
+def test_replicas_see_the_operator_environment(monkeypatch):
+    # A shell's own rendezvous settings (kftrain started inside a torchrun or a pod) are not a
+    # pod's: was inherited, and a PET_RDZV_BACKEND sent torchrun to etcd.
+    monkeypatch.setenv("PET_RDZV_BACKEND", "etcd")
+    monkeypatch.setenv("GROUP_RANK", "7")
     lines: list[str] = []
     code = f"import json, os; print('ENV', json.dumps({{k: os.environ.get(k) for k in {ENV_KEYS!r}}}))"
     spec = job("env-check", code, replicas=3, nproc=2)
@@ -66,6 +72,7 @@ def test_replicas_see_the_operator_environment():
         assert env["MASTER_ADDR"] == env["PET_MASTER_ADDR"] == "127.0.0.1"
         assert env["PET_MASTER_PORT"] == env["MASTER_PORT"]
         assert env["PYTHONUNBUFFERED"] == "1"
+        assert env["PET_RDZV_BACKEND"] is None and env["GROUP_RANK"] is None
 
 
 def test_torchrun_turns_node_ranks_into_process_ranks():

@@ -38,10 +38,9 @@ from trainer.config import (
 )
 from trainer.k8s_formats import env_name_problem, image_problem
 from trainer.launch.container_env import OWN_CONTAINER_ENV
-from trainer.launch.fieldrules import OPERATOR_ENV
 from trainer.launch.jobkind import kinds_it_may_become
 from trainer.launch.preflight import ManifestError
-from trainer.launch.spec import UNBUFFERED_ENV, JobSpec, require_object_store
+from trainer.launch.spec import OPERATOR_ENV, UNBUFFERED_ENV, JobSpec, require_object_store
 from trainer.storage import parse_uri
 
 OUTPUT_URI_ENV = "KFTRAIN_OUTPUT_URI"

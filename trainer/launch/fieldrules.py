@@ -29,25 +29,7 @@ from typing import Any
 
 from trainer import k8s_formats as k8s
 from trainer.config import NCCL_DEBUG_LEVELS
-from trainer.launch.spec import DEFAULT_PORT, UNBUFFERED_ENV, JobSpec, replica_env
-
-
-def _operator_env() -> frozenset[str]:
-    """Variables the job's operator sets in every replica (Training Operator v1.9's full set for a
-    PyTorchJob, elastic included; Trainer v2's five `PET_*` are among them) and torchrun sets in
-    every process it starts: a user value is either overwritten or overrides the rendezvous."""
-    probe = JobSpec(name="probe", image="probe", command=("probe",), replicas=2, port=DEFAULT_PORT)
-    names = set(replica_env(probe, "master", 0)) - {UNBUFFERED_ENV}  # ours too (TrainJob), harmless
-    names |= {"PET_RDZV_BACKEND", "PET_RDZV_ENDPOINT", "PET_RDZV_ID", "PET_RDZV_CONF", "PET_MAX_RESTARTS"}
-    names |= {"PET_STANDALONE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "GROUP_RANK", "GROUP_WORLD_SIZE"}
-    names |= {"ROLE_RANK", "ROLE_WORLD_SIZE", "ROLE_NAME", "TORCHELASTIC_RESTART_COUNT", "TORCHELASTIC_MAX_RESTARTS"}
-    names |= {"TORCHELASTIC_RUN_ID"}
-    return frozenset(names)
-
-
-#: Environment a user may not set in a replica (see :func:`_operator_env`).
-OPERATOR_ENV = _operator_env()
-
+from trainer.launch.spec import OPERATOR_ENV
 
 # -- the rules: (value, key) -> what is wrong, or None ------------------------------------------
 # `key` is the node's last path segment: a mapping key, or a list item's name (else its index).

@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 
 from trainer import stacks
 from trainer.launch.backend import JobFailed, JobTimeout, failure_excerpt, print_line
-from trainer.launch.spec import NODE, TRAINJOB, JobSpec, replica_env, replica_env_v2
+from trainer.launch.spec import NODE, OPERATOR_ENV, TRAINJOB, JobSpec, replica_env, replica_env_v2
 from trainer.launch.trainjob import EXTRA_ENV as TRAINJOB_EXTRA_ENV
 from trainer.torchrun import QUIET_AGENT_ENV
 
@@ -34,9 +34,6 @@ LOOPBACK = "127.0.0.1"
 #: sessions, so neither a process group nor the parent chain (after the agent dies) finds them.
 JOB_MARKER_ENV = "KFTRAIN_LOCAL_JOB"
 
-
-#: What the Training Operator sets and Trainer v2 does not: not inherited by a v2 replica.
-_V1_ONLY_ENV = ("MASTER_ADDR", "MASTER_PORT", "RANK", "WORLD_SIZE")
 
 #: Every process of a `kftrain run --local` (steps, replicas, torchrun workers) inherits this.
 RUN_MARKER_ENV = "KFTRAIN_LOCAL_RUN"
@@ -257,13 +254,15 @@ class LocalBackend:
         marker = self._markers[spec.name] = f"{spec.name}-{secrets.token_hex(6)}"
         replicas = []
         v2 = spec.kind == TRAINJOB
+        # A pod gets the operator's rendezvous variables alone: a shell's own (kftrain started
+        # inside a torchrun or a pod, a PET_RDZV_BACKEND exported) would change how the job forms.
+        inherited = {k: v for k, v in os.environ.items() if k not in OPERATOR_ENV}
         for rank, (rtype, index) in enumerate(spec.replicas_by_rank(TRAINJOB if v2 else "pytorchjob")):
             if v2:
-                inherited = {k: v for k, v in os.environ.items() if k not in _V1_ONLY_ENV}
                 env = {**inherited, **spec.env, **TRAINJOB_EXTRA_ENV, **replica_env_v2(spec, rank, LOOPBACK)}
                 env["PET_MASTER_PORT"] = str(port)
             else:
-                env = {**os.environ, **spec.env, **replica_env(spec, rtype, index, master_addr=LOOPBACK)}
+                env = {**inherited, **spec.env, **replica_env(spec, rtype, index, master_addr=LOOPBACK)}
                 env["MASTER_PORT"] = env["PET_MASTER_PORT"] = str(port)
             env[JOB_MARKER_ENV] = marker
             env[QUIET_AGENT_ENV] = "ERROR"  # the rendezvous is on loopback: its race's C++ trace is noise

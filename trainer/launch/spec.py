@@ -277,3 +277,21 @@ def torchrun_command(module: str, args: list[str] | tuple[str, ...], python: str
     """`python -m trainer.torchrun -m MODULE ARGS`: torchrun, which reads the job shape from `PET_*`, and
     exits with 143 rather than 1 when SIGTERM stopped it (:mod:`trainer.torchrun`)."""
     return (python, "-m", "trainer.torchrun", "-m", module, *args)
+
+
+def _operator_env() -> frozenset[str]:
+    """Variables the job's operator sets in every replica (Training Operator v1.9's full set for a
+    PyTorchJob, elastic included; Trainer v2's five `PET_*` are among them) and torchrun sets in
+    every process it starts: a user value is either overwritten or overrides the rendezvous."""
+    probe = JobSpec(name="probe", image="probe", command=("probe",), replicas=2, port=DEFAULT_PORT)
+    names = set(replica_env(probe, "master", 0)) - {UNBUFFERED_ENV}  # ours too (TrainJob), harmless
+    names |= {"PET_RDZV_BACKEND", "PET_RDZV_ENDPOINT", "PET_RDZV_ID", "PET_RDZV_CONF", "PET_MAX_RESTARTS"}
+    names |= {"PET_STANDALONE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "GROUP_RANK", "GROUP_WORLD_SIZE"}
+    names |= {"ROLE_RANK", "ROLE_WORLD_SIZE", "ROLE_NAME", "TORCHELASTIC_RESTART_COUNT", "TORCHELASTIC_MAX_RESTARTS"}
+    names |= {"TORCHELASTIC_RUN_ID"}
+    return frozenset(names)
+
+
+#: Environment a user may not set in a replica, and a local replica does not inherit from the
+#: shell that starts it: the operator's and torchrun's alone (see :func:`_operator_env`).
+OPERATOR_ENV = _operator_env()

@@ -25,8 +25,7 @@ from typing import Any
 from trainer.config import HF_TOKEN, Config, ConfigError
 from trainer.errors import KftrainError
 from trainer.launch.container_env import OWN_CONTAINER_ENV
-from trainer.launch.fieldrules import OPERATOR_ENV
-from trainer.launch.spec import POD_NAME_ENV, POD_UID_ENV, UNBUFFERED_ENV
+from trainer.launch.spec import OPERATOR_ENV, POD_NAME_ENV, POD_UID_ENV, UNBUFFERED_ENV
 
 #: The keys of the driver's TaskConfig JSON.
 TASK_CONFIG_KEYS = ("affinity", "tolerations", "nodeSelector", "env", "volumes", "volumeMounts", "resources")
