@@ -228,6 +228,25 @@ def test_settings_a_trainjob_has_no_field_for_are_refused_by_name(kind, override
     training_job(load_config(overrides=override), "kftrain-job", "s3://b/d", "s3://b/m")  # fine as a PyTorchJob
 
 
+def test_every_setting_a_trainjob_has_no_field_for_is_named_at_once():
+    """Was: one a run, so a platform's PyTorchJob config took a run per setting to move."""
+    override = {
+        "kubernetes.priority_class": "high",
+        "kubernetes.restart_policy": "Never",
+        "kubernetes.backoff_limit": 5,
+    }
+    with pytest.raises(ValueError) as err:
+        spec_for({"job.kind": "trainjob", **override})
+    message = str(err.value)
+    assert message.startswith(
+        "kubernetes.priority_class: 'high', kubernetes.backoff_limit: 5, kubernetes.restart_policy: 'Never': "
+        "no TrainJob v2.3.0 field for them"
+    ), message
+    assert (
+        "leave kubernetes.priority_class at '', kubernetes.backoff_limit at 3, kubernetes.restart_policy at " in message
+    )
+
+
 @pytest.mark.parametrize(
     ("kind", "replicas", "longest"),
     [

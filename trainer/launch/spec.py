@@ -132,14 +132,20 @@ class JobSpec:
                 f"kubernetes.elastic.enabled: True is not supported when {why}: Trainer v2.3.0 has no elastic "
                 "PyTorch (its torch plugin says so); use job.kind: pytorchjob"
             )
-        for name, unset in PYTORCHJOB_ONLY.items():
-            value = getattr(self.kubernetes, name)
-            if value != unset:
-                raise ValueError(
-                    f"kubernetes.{name}: {value!r} has no TrainJob v2.3.0 field ({why}); it is set by the "
-                    f"ClusterTrainingRuntime (kubernetes.runtime {self.kubernetes.runtime!r}): leave it at "
-                    f"{unset!r} or use job.kind: pytorchjob"
-                )
+        # Every such setting at once: one run to learn them all, not one a run.
+        unfit = [
+            (f"kubernetes.{name}", getattr(self.kubernetes, name), unset)
+            for name, unset in PYTORCHJOB_ONLY.items()
+            if getattr(self.kubernetes, name) != unset
+        ]
+        if unfit:
+            fields = ", ".join(f"{field}: {value!r}" for field, value, _ in unfit)
+            leave = ", ".join(f"{field} at {unset!r}" for field, _, unset in unfit)
+            raise ValueError(
+                f"{fields}: no TrainJob v2.3.0 field for {'it' if len(unfit) == 1 else 'them'} ({why}); the "
+                f"ClusterTrainingRuntime (kubernetes.runtime {self.kubernetes.runtime!r}) sets "
+                f"{'it' if len(unfit) == 1 else 'them'}: leave {leave}, or use job.kind: pytorchjob"
+            )
 
     @property
     def world_size(self) -> int:
