@@ -501,6 +501,8 @@ def _cmd_job_status(args: argparse.Namespace) -> int:
 def _cmd_horovod_run(args: argparse.Namespace) -> int:
     from trainer.horovod.run import main as horovod_main
 
+    if args.script is None:
+        args.parser.error("the following arguments are required: script")
     # The script's arguments as typed after it (argparse would drop a `--` among them, which
     # `python script.py -- ...` and horovodrun pass on).
     rest = args.argv[args.argv.index(args.script) + 1 :] if args.script in args.argv else args.script_args
@@ -1058,10 +1060,18 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--poll-seconds", type=_seconds, default=10, help=argparse.SUPPRESS)
     p.set_defaults(func=_cmd_submit)
 
-    p = sub.add_parser("horovod-run", help="run a Horovod PyTorch script unchanged, on torch.distributed")
-    p.add_argument("script", help="the script (under torchrun: python -m torch.distributed.run -m trainer.horovod.run)")
+    p = sub.add_parser(
+        "horovod-run",
+        help="run a Horovod PyTorch script unchanged, on torch.distributed",
+        usage="%(prog)s [-h] script ...",
+    )
+    # `script` optional to argparse, required by the command: with a REMAINDER after it, argparse
+    # would call the script's arguments required too.
+    p.add_argument(
+        "script", nargs="?", help="the script (under torchrun: python -m torch.distributed.run -m trainer.horovod.run)"
+    )
     p.add_argument("script_args", nargs=argparse.REMAINDER, help="the script's own arguments")
-    p.set_defaults(func=_cmd_horovod_run)
+    p.set_defaults(func=_cmd_horovod_run, parser=p)
 
     p = sub.add_parser(
         "example-model",

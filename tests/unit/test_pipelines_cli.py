@@ -652,6 +652,16 @@ def test_a_flag_that_would_be_ignored_or_a_missing_script_is_one_line(tmp_path, 
     assert phrase in out and "Traceback" not in out, out
 
 
+def test_horovod_run_without_a_script_asks_for_the_script_alone(capsys):
+    """Was: "required: script, script_args" (argparse's reading of the arguments after it)."""
+    with pytest.raises(SystemExit) as exit_:
+        main(["horovod-run"])
+    assert exit_.value.code == 2
+    assert capsys.readouterr().err.endswith(
+        "kftrain horovod-run: error: the following arguments are required: script\n"
+    )
+
+
 def test_a_reader_that_goes_away_ends_the_command_quietly(tmp_path, monkeypatch, capsys):
     """`kftrain compile | head -0`: a real pipe whose reader closed; no error line, the status of
     a command SIGPIPE ended. A broken pipe that is not standard output's stays an error."""
