@@ -534,9 +534,12 @@ def _prepared_dataset(cfg: Any, uri: str) -> dict[str, Any]:
     ConfigError naming the flag when there is none, or it was prepared for another task."""
     from trainer.config import ConfigError
     from trainer.pipeline_steps import store_for
-    from trainer.shards import DataError, dataset_format, read_manifest
+    from trainer.shards import MANIFEST, DataError, dataset_format, read_manifest
     from trainer.storage import ObjectNotFound, StoreError
 
+    if uri.rstrip("/").endswith(f"/{MANIFEST}") or uri.rstrip("/") == MANIFEST:
+        folder = uri.rstrip("/")[: -len(MANIFEST)].rstrip("/") or "."
+        raise ConfigError(f"--dataset {uri}: names the dataset's {MANIFEST}; pass its folder: --dataset {folder}")
     try:
         return read_manifest(store_for(cfg, uri), uri, dataset_format(cfg))
     except ConfigError:

@@ -576,8 +576,10 @@ def test_example_model_says_how_to_fine_tune_what_it_wrote(tmp_path, monkeypatch
         ("", "afile", "--dataset afile: no prepared dataset there (no manifest.json)"),  # a file, not a folder
         ("task: causal_lm\n", "tabular", "holds a 'kftrain.tabular.v2' dataset, not 'kftrain.tokens.v2'"),
         ("", "tokens", "holds a 'kftrain.tokens.v2' dataset, not 'kftrain.tabular.v2'"),
+        ("", "tabular/manifest.json", "names the dataset's manifest.json; pass its folder: --dataset tabular"),
+        ("", "manifest.json", "names the dataset's manifest.json; pass its folder: --dataset ."),
     ],
-    ids=["missing", "a-file", "another-tasks", "another-tasks-too"],
+    ids=["missing", "a-file", "another-tasks", "another-tasks-too", "its-manifest", "a-manifest-here"],
 )
 def test_plan_dataset_that_is_not_this_tasks_prepared_dataset_is_named(
     tmp_path, monkeypatch, capsys, config, dataset, error
