@@ -63,8 +63,8 @@ def _gate_flag(name: str) -> str:
 
 def _check_summary_place(summary: str, root: str, run_id: str) -> None:
     """`--summary` names no folder the run makes on this machine (its output root, any folder above
-    it, `runs` and the run's folder there): refused before any step (was: the whole run, then `Is a
-    directory`)."""
+    it, `runs` and the run's folder there) and nothing inside the run's folder: refused before any
+    step (was: the whole run, then `Is a directory`, or a summary the run's own record replaced)."""
     from trainer.config import ConfigError
     from trainer.storage import place_of
 
@@ -72,8 +72,14 @@ def _check_summary_place(summary: str, root: str, run_id: str) -> None:
     if top is None or "://" in top:  # an object store's: nothing of it on this machine
         return
     top, path = Path(top), Path(os.path.realpath(summary))
-    if path == top or path in top.parents or path in (top / "runs", top / "runs" / run_id):
+    own = top / "runs" / run_id
+    if path == top or path in top.parents or path in (top / "runs", own):
         raise ConfigError(f"--summary {summary}: the run makes that folder (its outputs go under {top}); name a file")
+    if own in path.parents:
+        raise ConfigError(
+            f"--summary {summary}: inside the run's own folder {own}, where it writes its record and log; "
+            "name a file elsewhere"
+        )
 
 
 def _check_gates(args: argparse.Namespace, task: str) -> None:

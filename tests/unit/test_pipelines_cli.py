@@ -499,6 +499,27 @@ def test_a_summary_path_that_the_run_makes_a_folder_is_refused_before_any_step(
     assert not list(tmp_path.iterdir())  # nothing ran
 
 
+@pytest.mark.parametrize(
+    ("summary", "store"),
+    [
+        ("od/runs/r1/run.json", ""),  # the run's own record
+        ("od/runs/r1/started.json", ""),
+        ("od/runs/r1/logs/mine.json", ""),
+        ("st/runs/r1/run.json", "st"),
+    ],
+)
+def test_a_summary_inside_the_run_s_own_folder_is_refused_before_any_step(
+    tmp_path, monkeypatch, capsys, summary, store
+):
+    """Was: accepted, the whole run, then "was made while the command ran and is not a run summary"."""
+    monkeypatch.chdir(tmp_path)
+    where = ["--store", store] if store else ["--output-dir", "od"]
+    assert main(["run", "--local", *where, "--run-id", "r1", "--summary", summary]) == 2
+    err = capsys.readouterr().err.strip().splitlines()[-1]
+    assert err.startswith(f"kftrain: error: --summary {summary}: inside the run's own folder "), err
+    assert not list(tmp_path.iterdir())  # nothing ran
+
+
 def test_submit_names_the_config_file_whose_yaml_is_broken(tmp_path, capsys):
     """Was: `the run's parameters are invalid: config: not valid YAML`, naming neither --config
     nor the file (`run` names it)."""
