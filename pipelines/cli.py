@@ -776,6 +776,11 @@ def _nonempty(text: str) -> str:
     return text
 
 
+def _place(text: str) -> str:
+    """A non-empty file's path or an object store's URI, to read; `~` is the home folder, quoted or not."""
+    return os.path.expanduser(_nonempty(text))
+
+
 def _path(text: str) -> str:
     """A non-empty path on this machine, a folder's or a file's (an empty one would mean the
     working directory, a URI a folder named like its scheme: `s3:`); `~` is the home folder,
@@ -963,7 +968,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("run", help="run the training pipeline")
     p.add_argument("--local", action="store_true", help="on this machine through kfp.local")
-    p.add_argument("--config", help="kftrain YAML config (default: built-in defaults)")
+    p.add_argument("--config", type=os.path.expanduser, help="kftrain YAML config (default: built-in defaults)")
     p.add_argument("--store", type=_nonempty, help="artifact root, e.g. s3://bucket/prefix (overrides store.uri)")
     p.add_argument("--s3-endpoint", type=_nonempty, help="S3 endpoint URL (overrides store.endpoint)")
     p.add_argument(
@@ -999,7 +1004,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser(
         "plan", help="predict memory per rank, step time, ETA, scaling and cost of a run before it starts"
     )
-    p.add_argument("--config", help="kftrain YAML config (default: built-in defaults)")
+    p.add_argument("--config", type=os.path.expanduser, help="kftrain YAML config (default: built-in defaults)")
     p.add_argument("--gpu", type=_gpu_type, help="GPU type to plan for, e.g. H100 (overrides plan.gpu)")
     p.add_argument(
         "--gpu-memory",
@@ -1038,7 +1043,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument(
         "--dataset",
-        type=_nonempty,
+        type=_place,
         metavar="URI",
         help="a prepared dataset (data prep's output): the model's real shape and the epoch's length (the ETA)",
     )
@@ -1059,8 +1064,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--experiment", type=_nonempty, default="kftrain", help="experiment name (created if missing)")
     p.add_argument("--run-name", type=_nonempty, help="run name (default: pipeline name and UTC time)")
     p.add_argument("--pipeline-name", type=_nonempty, default="kftrain-training", help="pipeline to add the version to")
-    p.add_argument("--package", type=_nonempty, help="compiled pipeline YAML (default: compile training_pipeline now)")
-    p.add_argument("--config", help="kftrain YAML config: its text is the run's `config` parameter")
+    p.add_argument("--package", type=_place, help="compiled pipeline YAML (default: compile training_pipeline now)")
+    p.add_argument(
+        "--config", type=os.path.expanduser, help="kftrain YAML config: its text is the run's `config` parameter"
+    )
     p.add_argument("--param", action="append", default=[], metavar="NAME=VALUE", help="a pipeline parameter")
     p.add_argument("--wait", action="store_true", help="follow the run; exit 1 unless it succeeds")
     p.add_argument(
@@ -1103,11 +1110,15 @@ def build_parser() -> argparse.ArgumentParser:
 
     job = sub.add_parser("job", help="inspect the training job").add_subparsers(dest="job_command", required=True)
     p = job.add_parser("manifest", help="print the validated PyTorchJob or TrainJob YAML (no cluster needed)")
-    p.add_argument("--config", help="kftrain YAML config (default: built-in defaults)")
+    p.add_argument("--config", type=os.path.expanduser, help="kftrain YAML config (default: built-in defaults)")
     p.add_argument("--name", default="kftrain-job", help="job name (a DNS-1035 label)")
     p.add_argument("-n", "--namespace", type=_nonempty, help="namespace (default: kubernetes.namespace, else none)")
-    p.add_argument("--dataset-uri", help="prepared dataset URI (default: STORE/dataset, STORE the config's store.uri)")
-    p.add_argument("--model-uri", help="where rank 0 writes the model (default: STORE/model)")
+    p.add_argument(
+        "--dataset-uri",
+        type=_nonempty,
+        help="prepared dataset URI (default: STORE/dataset, STORE the config's store.uri)",
+    )
+    p.add_argument("--model-uri", type=_nonempty, help="where rank 0 writes the model (default: STORE/model)")
     p.add_argument(
         "--kind", choices=("pytorchjob", "trainjob"), help="the job to print (default: job.kind of the config)"
     )

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 from pathlib import Path
@@ -1145,3 +1146,33 @@ def test_only_a_stream_or_device_is_appended_to_unchecked(path, stream):
     from pipelines.cli import _a_stream
 
     assert _a_stream(Path(path)) is stream
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["job", "manifest", "--config", "~/c.yaml"],
+        ["run", "--local", "--config", "~/c.yaml", "--output-dir", "od"],
+        ["plan", "--config", "~/c.yaml"],
+    ],
+    ids=["job-manifest", "run", "plan"],
+)
+def test_a_quoted_tilde_in_a_file_flag_is_the_home_folder(tmp_path, monkeypatch, capsys, argv):
+    """`--config=~/c.yaml` reaches kftrain with its `~` (the shell expands none after `=`): was
+    "cannot read the config file", where every folder flag already read `~` as home."""
+    monkeypatch.setenv("HOME", str(tmp_path))
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "c.yaml").write_text("train:\n  epoch: 3\n")  # its own error shows that it was read
+    with contextlib.suppress(SystemExit):
+        main(argv)
+    err = capsys.readouterr().err
+    assert "train.epoch: unknown key" in err and "cannot read" not in err, err
+
+
+@pytest.mark.parametrize("flag", ["--dataset-uri", "--model-uri"])
+def test_an_empty_job_uri_is_refused_not_replaced_by_the_placeholder(capsys, flag):
+    """`--dataset-uri "$UNSET"`: was the placeholder s3://kftrain/dataset, exit 0."""
+    with pytest.raises(SystemExit) as exit_:
+        main(["job", "manifest", flag, ""])
+    assert exit_.value.code == 2
+    assert f"argument {flag}: must not be empty" in capsys.readouterr().err
