@@ -141,8 +141,17 @@ def write_example(out_dir: str | Path, records: int = 600) -> tuple[str, str]:
     example (as written now, or as written last and unchanged since), and refused otherwise,
     before anything moves."""
     out_dir = Path(out_dir)
+    if out_dir.exists() and not out_dir.is_dir():
+        raise ExampleInTheWay(
+            f"{out_dir} is a file, not a folder: it is kept; name a folder for `kftrain example-model`"
+        )
     out_dir.mkdir(parents=True, exist_ok=True)
     targets = (out_dir / "tiny-llama", out_dir / "chat.jsonl")
+    for target in targets:  # whatever a link leads to is someone else's, as it is
+        if target.is_symlink():
+            raise ExampleInTheWay(
+                f"{target} is a link: it is kept; name another folder for `kftrain example-model`, or remove the link"
+            )
     written = _written(out_dir / WRITTEN)
     with tempfile.TemporaryDirectory(prefix=".kftrain-example-", dir=out_dir) as aside:
         made = (Path(tiny_llama_folder(Path(aside) / targets[0].name)), Path(aside) / targets[1].name)

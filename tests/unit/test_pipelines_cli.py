@@ -573,6 +573,34 @@ def test_example_model_keeps_what_is_not_its_example(tmp_path, monkeypatch, caps
         assert (folder / mine).read_text() == "mine"
 
 
+@pytest.mark.parametrize(
+    ("layout", "said"),
+    [
+        ({"userfile.txt": "hello"}, "userfile.txt is a file, not a folder: it is kept"),
+        ({"ex/tiny-llama": "->../ex0/tiny-llama"}, "ex/tiny-llama is a link: it is kept"),
+        ({"ex/chat.jsonl": "->../ex0/chat.jsonl"}, "ex/chat.jsonl is a link: it is kept"),
+    ],
+    ids=["a-file", "a-link-to-the-example-model", "a-link-to-the-example-chat"],
+)
+def test_example_model_refuses_a_file_or_a_link_in_its_way_naming_it(tmp_path, monkeypatch, capsys, layout, said):
+    """Was: "cannot write userfile.txt: File exists"; and for a link to an example (whose digests
+    match), rmtree's "Cannot call rmtree on a symbolic link", naming no path."""
+    monkeypatch.chdir(tmp_path)
+    assert main(["example-model", "ex0"]) == 0
+    for name, content in layout.items():
+        (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
+        if content.startswith("->"):
+            (tmp_path / name).symlink_to(content[2:])
+        else:
+            (tmp_path / name).write_text(content)
+    before = {p: p.read_bytes() for p in tmp_path.rglob("*") if p.is_file()}
+    capsys.readouterr()
+    assert main(["example-model", next(iter(layout)).split("/")[0]]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and said in err[0], err
+    assert {p: p.read_bytes() for p in tmp_path.rglob("*") if p.is_file()} == before
+
+
 @pytest.mark.parametrize("out_dir", [None, "elsewhere"], ids=["default", "another-folder"])
 def test_example_model_says_how_to_fine_tune_what_it_wrote(tmp_path, monkeypatch, capsys, out_dir):
     """The config the hint names reads the default folder: for another folder, the hint says
