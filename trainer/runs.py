@@ -91,6 +91,26 @@ def _where(rel: str) -> tuple[str, str] | None:
     return None
 
 
+def _run_object(rel: str) -> tuple[tuple[str, str], str] | None:
+    """(run key, what it is) of an object :func:`list_runs` reads at `rel` under a store root:
+    `commit` (a checkpoint's commit record), `finish` (a local run's record, a task's training
+    record), `log` or `started` (a local run's); None for anything else (a model's files)."""
+    key = _where(rel)
+    if key is None:
+        return None
+    run_folder = f"{LOCAL_RUNS}/{key[0]}/"
+    local = not key[1]
+    if _COMMIT.match(rel):
+        return key, "commit"
+    if rel == run_folder + RUN_RECORD if local else rel.rsplit("/", 1)[-1] == TRAINING_RECORD:
+        return key, "finish"
+    if local and rel.startswith(run_folder + "log-"):
+        return key, "log"
+    if local and rel == run_folder + STARTED_RECORD:
+        return key, "started"
+    return None
+
+
 def stores_under(store: ObjectStore, root: str) -> list[str]:
     """The store roots one folder below `root` that hold runs (`root` is a parent of stores:
     `kftrain runs` of it lists nothing, and names these instead)."""
@@ -98,7 +118,7 @@ def stores_under(store: ObjectStore, root: str) -> list[str]:
     found = set()
     for uri in store.list(root + "/"):
         first, _, rel = uri[len(root) + 1 :].partition("/")
-        if rel and _where(rel) is not None:
+        if rel and _run_object(rel) is not None:  # what `kftrain runs` of that root lists
             found.add(join_uri(root, first))
     return sorted(found)
 
@@ -122,22 +142,20 @@ def list_runs(store: ObjectStore, root: str) -> list[RunInfo]:
     finish: dict[tuple[str, str], str] = {}
     started: dict[tuple[str, str], str] = {}
     for uri in store.list(root + "/"):
-        rel = uri[len(root) + 1 :]
-        key = _where(rel)
-        if key is None:
+        found = _run_object(uri[len(root) + 1 :])
+        if found is None:
             continue
-        name = rel.rsplit("/", 1)[-1]
-        local = not key[1]
-        if m := _COMMIT.match(uri):
+        key, what = found
+        if what == "commit":
+            m = _COMMIT.match(uri)
             info = runs.setdefault(key, RunInfo(*key))
             info.steps.setdefault(m.group("prefix"), []).append(int(m.group("step")))
-        elif rel == f"{LOCAL_RUNS}/{key[0]}/{RUN_RECORD}" if local else name == TRAINING_RECORD:
+        elif what == "finish":
             finish[key] = uri
-        elif local and rel.startswith(f"{LOCAL_RUNS}/{key[0]}/log-"):
-            runs.setdefault(key, RunInfo(*key))
-        elif local and rel == f"{LOCAL_RUNS}/{key[0]}/{STARTED_RECORD}":
-            runs.setdefault(key, RunInfo(*key))  # started, before its first log or checkpoint
-            started[key] = uri
+        else:
+            runs.setdefault(key, RunInfo(*key))  # a log; or started, before its first log or checkpoint
+            if what == "started":
+                started[key] = uri
     for key, uri in started.items():
         if not runs[key].steps:
             runs[key].steps.update(_steps_elsewhere(store, root, uri))

@@ -254,13 +254,28 @@ def test_a_parent_of_stores_lists_no_runs_and_names_the_stores(runs, tmp_path, c
     assert capsys.readouterr().out.strip().endswith(f"holds runs/: pass --store {tmp_path / 'parent' / 'exp'}")
 
 
+def test_a_parent_names_only_the_stores_whose_runs_kftrain_runs_lists(tmp_path, capsys):
+    """A folder of someone's models (`proj/exp1/bert/model/weights.bin`) has a run's shape and
+    no run's records: was named as a store with runs, whose `kftrain runs` then said none."""
+    parent = tmp_path / "par"
+    (parent / "proj" / "exp1" / "bert" / "model").mkdir(parents=True)
+    (parent / "proj" / "exp1" / "bert" / "model" / "weights.bin").write_text("w")
+    (parent / "real" / "runs" / "r1").mkdir(parents=True)
+    (parent / "real" / "runs" / "r1" / "log-1.txt").write_text("")
+    assert cli(["runs", "--store", str(parent)]) == 0
+    assert capsys.readouterr().out.strip() == (
+        f"no runs under {parent}; it holds stores with runs: pass one as --store: {parent / 'real'}"
+    )
+    assert [r.name for r in list_runs(LocalStore(), str(parent / "real"))] == ["r1"]
+
+
 @pytest.mark.parametrize(("stores", "more"), [(1, ""), (5, ""), (6, ", and 1 more"), (9, ", and 4 more")])
 def test_the_stores_a_parent_holds_are_named_up_to_five_then_counted(tmp_path, capsys, stores, more):
     """The hint names at most five stores, and says how many it leaves out (was: silently five)."""
     parent = tmp_path / "parent"
-    for i in range(stores):  # a store with one local run's checkpoint object: enough to be listed
-        (parent / f"s{i}" / "runs" / "r1" / "checkpoints").mkdir(parents=True)
-        (parent / f"s{i}" / "runs" / "r1" / "checkpoints" / "x").write_text("")
+    for i in range(stores):  # a store with one local run's log: enough to be listed
+        (parent / f"s{i}" / "runs" / "r1").mkdir(parents=True)
+        (parent / f"s{i}" / "runs" / "r1" / "log-1.txt").write_text("")
     assert cli(["runs", "--store", str(parent)]) == 0
     named = ", ".join(str(parent / f"s{i}") for i in range(min(stores, 5)))
     assert capsys.readouterr().out.strip() == (
