@@ -55,12 +55,22 @@ def format_bytes(n: float) -> str:
     return f"{n:.0f} B"
 
 
-def format_memory(n: float) -> str:
+def format_memory(n: float, decimals: int = 1) -> str:
     """`n` bytes of memory in binary units, as device memory is quoted: `512 B`, `3.2 MiB`, `71.5 GiB`."""
     for unit, scale in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
         if abs(n) >= scale:
-            return f"{n / scale:.1f} {unit}"
+            return f"{n / scale:.{decimals}f} {unit}"
     return f"{n:.0f} B"
+
+
+def format_memories(a: float, b: float) -> tuple[str, str]:
+    """`a` and `b` bytes as :func:`format_memory` writes them, with up to three decimals where one
+    would read as the other (a need of 1.507 GiB against a device's 1.505 GiB is not `1.5 of 1.5`)."""
+    for decimals in (1, 2, 3):
+        pair = format_memory(a, decimals), format_memory(b, decimals)
+        if pair[0] != pair[1] or a == b:
+            break
+    return pair
 
 
 def format_seconds(s: float) -> str:

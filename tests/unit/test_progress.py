@@ -18,6 +18,7 @@ from trainer.progress import (
     Progress,
     Snapshot,
     epoch_scalars,
+    format_memories,
     format_progress,
     progress_of,
 )
@@ -298,3 +299,18 @@ def test_each_logged_interval_is_the_snapshot_the_reporter_gets(caplog):
     )  # fmt: skip
     disabled.step(1, 0, torch.tensor(1.0), 0.1)
     assert len(sink.got) == 3  # only rank 0 reports
+
+
+@pytest.mark.parametrize(
+    ("a", "b", "shown"),
+    [
+        (1.507 * 2**30, 1.505 * 2**30, ("1.51 GiB", "1.50 GiB")),  # was: "1.5 GiB" against "1.5 GiB"
+        (1.5072 * 2**30, 1.5068 * 2**30, ("1.507 GiB", "1.507 GiB")),  # as far as three decimals go
+        (1.5074 * 2**30, 1.5056 * 2**30, ("1.507 GiB", "1.506 GiB")),
+        (3.2 * 2**30, 79.6 * 2**30, ("3.2 GiB", "79.6 GiB")),
+        (2**30, 2**30, ("1.0 GiB", "1.0 GiB")),
+        (512 * 2**20, 2**30, ("512.0 MiB", "1.0 GiB")),
+    ],
+)
+def test_two_amounts_of_memory_are_shown_with_the_decimals_that_tell_them_apart(a, b, shown):
+    assert format_memories(a, b) == shown

@@ -54,7 +54,7 @@ from trainer.plan.shapes import (
     planning_manifest,
     trace_activations,
 )
-from trainer.progress import format_memory
+from trainer.progress import format_memories, format_memory
 
 GiB = 1024**3
 #: Per-GPU memory outside the training tensors: the CUDA context and cuBLAS/cuDNN workspaces
@@ -762,8 +762,9 @@ def _verdicts(plan: Plan, cfg: Config, price: float | None) -> list[str]:
     m = plan.memory
     if plan.fits is True:
         share = m.total / (plan.capacity_bytes or 1)
+        need, has = format_memories(m.total, plan.capacity_bytes or 0)
         out.append(
-            f"fits: {format_memory(m.total)} per rank of {format_memory(plan.capacity_bytes or 0)} ({share:.0%})"
+            f"fits: {need} per rank of {has} ({share:.0%})"
             + (
                 "; little headroom: the allocator's fragmentation or a longer batch can run out of memory"
                 if share > TIGHT_FIT
@@ -772,9 +773,9 @@ def _verdicts(plan: Plan, cfg: Config, price: float | None) -> list[str]:
         )
     elif plan.fits is False:
         fitting = [a.change for a in plan.alternatives if a.fits]
+        need, has = format_memories(m.total, plan.capacity_bytes or 0)
         out.append(
-            f"does not fit: {format_memory(m.total)} per rank, the device has "
-            f"{format_memory(plan.capacity_bytes or 0)}; "
+            f"does not fit: {need} per rank, the device has {has}; "
             + (f"would fit with: {'; '.join(fitting)}" if fitting else "no single change considered fits")
         )
     else:
