@@ -183,6 +183,7 @@ out["broadcast"] = hvd.broadcast(b, root_rank=1).tolist()
 out["broadcast_input"] = b.tolist()
 hvd.broadcast_(b, root_rank=1)
 out["broadcast_inplace"] = b.tolist()
+out["homogeneous"] = hvd.is_homogeneous()
 out["object"] = hvd.broadcast_object({"from": r}, root_rank=1)
 out["objects"] = hvd.allgather_object({"rank": r})
 # As Horovod serialises them (cloudpickle): a lambda and a closure travel too.
@@ -444,6 +445,7 @@ def test_collectives_on_two_gloo_processes(tmp_path):
         assert got["broadcast_inplace"] == [1.0] * 3
         assert got["object"] == {"from": 1} and got["objects"] == [{"rank": 0}, {"rank": 1}]
         assert got["lambda"] == 11 and got["closures"] == [2, 3]
+        assert got["homogeneous"] is True
         assert got["unserialisable"].startswith("broadcast_object: an object could not be serialised (rank 1: ")
         assert got["after_unserialisable"] == [2.0]  # the job goes on
         assert "not a rank of this job" in got["bad_root"]

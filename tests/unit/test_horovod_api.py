@@ -308,6 +308,9 @@ HOROVOD_TORCH_MODULES = [
     ("horovod.torch.mpi_ops", "allreduce_async"),
     ("horovod.torch.mpi_ops", "synchronize"),
     ("horovod.torch.mpi_ops", "Average"),
+    ("horovod.torch.mpi_ops", "handle_average_backwards_compatibility"),  # was: ImportError
+    ("horovod.torch.mpi_ops", "is_homogeneous"),
+    ("horovod.torch", "is_homogeneous"),
     ("horovod.torch.compression", "Compression"),
     ("horovod.torch.functions", "broadcast_object"),
     ("horovod.torch.functions", "broadcast_optimizer_state"),
@@ -325,6 +328,19 @@ def test_horovods_pytorch_modules_give_the_shims_objects(shim_on_path, module, n
     import importlib
 
     assert getattr(importlib.import_module(module), name) is getattr(hvd, name)
+
+
+@pytest.mark.parametrize(
+    ("op", "average", "resolved"),
+    [(None, None, hvd.Average), (None, True, hvd.Average), (None, False, hvd.Sum), (hvd.Max, None, hvd.Max)],
+)
+def test_the_op_of_a_call_from_op_or_the_older_average_flag(op, average, resolved):
+    assert hvd.handle_average_backwards_compatibility(op, average) == resolved
+
+
+def test_op_and_average_together_are_refused_as_horovod_refuses_them():
+    with pytest.raises(ValueError, match="The op parameter supersedes average"):
+        hvd.handle_average_backwards_compatibility(hvd.Sum, True)
 
 
 def test_compressors_have_horovods_names(shim_on_path):

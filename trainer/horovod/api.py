@@ -95,7 +95,9 @@ __all__ = [
     "grouped_allreduce_",
     "grouped_allreduce_async",
     "grouped_allreduce_async_",
+    "handle_average_backwards_compatibility",
     "init",
+    "is_homogeneous",
     "is_initialized",
     "join",
     "local_rank",
@@ -599,6 +601,23 @@ gloo_enabled = _fixed_answer("gloo_enabled", True, "gloo carries CPU tensors.")
 gloo_built = _fixed_answer("gloo_built", True, "gloo carries CPU tensors.")
 ddl_built = _fixed_answer("ddl_built", False, "No IBM DDL here.")
 ccl_built = _fixed_answer("ccl_built", False, "No oneCCL here.")
+
+
+def is_homogeneous() -> bool:
+    """Whether every node runs as many processes as this one: always in a job of kftrain's (one
+    `nprocPerNode` for every replica), as the topology `init` found says."""
+    topo = _topo()
+    return topo.size == topo.local_size * topo.cross_size
+
+
+def handle_average_backwards_compatibility(op: Any, average: bool | None) -> Any:
+    """The op of a call given `op` or the older `average` flag (Horovod's helper for both forms):
+    `op` where given, else Average or Sum as `average` says (Average when neither is)."""
+    if op is not None and average is not None:
+        raise ValueError("The op parameter supersedes average. Please provide only one of them.")
+    if op is not None:
+        return op
+    return Average if average is None or average else Sum
 
 
 def nccl_built() -> int:
@@ -1130,10 +1149,7 @@ def _widen(t: torch.Tensor) -> torch.Tensor:
 
 
 def _resolve_op(op: Any, average: bool | None) -> _Op:
-    if op is not None and average is not None:
-        raise ValueError("The op parameter supersedes average. Please provide only one of them.")
-    if op is None:
-        op = Average if average is None or average else Sum
+    op = handle_average_backwards_compatibility(op, average)
     if op == Adasum:
         # Horovod's own type when Adasum cannot run in a configuration.
         raise AdasumUnsupportedError(ADASUM_MESSAGE)
