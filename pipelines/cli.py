@@ -1064,7 +1064,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--experiment", type=_nonempty, default="kftrain", help="experiment name (created if missing)")
     p.add_argument("--run-name", type=_nonempty, help="run name (default: pipeline name and UTC time)")
     p.add_argument("--pipeline-name", type=_nonempty, default="kftrain-training", help="pipeline to add the version to")
-    p.add_argument("--package", type=_place, help="compiled pipeline YAML (default: compile training_pipeline now)")
+    p.add_argument("--package", type=_path, help="compiled pipeline YAML (default: compile training_pipeline now)")
     p.add_argument(
         "--config", type=os.path.expanduser, help="kftrain YAML config: its text is the run's `config` parameter"
     )

@@ -417,6 +417,7 @@ class FakeCluster:
         age_s=0,
         restarts=0,
         terminated_reason=None,
+        init_waiting=None,
     ):
         """Set the pod of replica `rtype`/`index` to this state: a new pod, or the same pod (same
         uid) updated. PyTorchJob: `<job>-<rtype>-<index>`; TrainJob (`rtype` "node"): JobSet's
@@ -448,6 +449,21 @@ class FakeCluster:
             ),
             status=k8s.V1PodStatus(
                 phase=phase,
+                # An init container waiting (reason, message): the pod shows Init:<reason>.
+                init_container_statuses=[
+                    k8s.V1ContainerStatus(
+                        name="init",
+                        image="init-img",
+                        image_id="",
+                        ready=False,
+                        restart_count=0,
+                        state=k8s.V1ContainerState(
+                            waiting=k8s.V1ContainerStateWaiting(reason=init_waiting[0], message=init_waiting[1])
+                        ),
+                    )
+                ]
+                if init_waiting
+                else None,
                 container_statuses=[
                     k8s.V1ContainerStatus(
                         name=self.k["container"],

@@ -1079,10 +1079,10 @@ class KubernetesConfig:
                 raise ConfigError(f"{p}.volumes[{i}]{where}: {problem}")
 
 
-#: The settings given in pod-spec form (`kubernetes.tolerations`, `kubernetes.volumes`, ...): their
-#: values reach the manifest as YAML typed them, checked there against the cluster's schema.
+#: The settings given in pod-spec form: their values reach the manifest as YAML typed them,
+#: checked there against the cluster's schema.
 POD_SPEC_FIELDS = frozenset(
-    f"kubernetes.{f.name}" for f in dataclasses.fields(KubernetesConfig) if "Any" in str(f.type)
+    f"kubernetes.{name}" for name in ("tolerations", "affinity", "extra_env", "volumes", "volume_mounts")
 )
 
 #: A custom task's import path: a dotted module and a class, each a Python name.

@@ -253,7 +253,10 @@ def quantity_problem(value: Any, resource: str = "") -> str | None:
     if isinstance(value, str) and _QUANTITY.fullmatch(value) and not value.startswith("-"):
         if resource in BYTE_RESOURCES and value.endswith("m"):  # valid, and never what was meant
             return f"{show(value)} is thousandths of a byte ('m' is milli): write {value[:-1]}Mi or {value[:-1]}M"
-        if resource in BYTE_RESOURCES and 0 < quantity_value(value) < MIN_BYTES:  # valid, and never what was meant
+        unit = _QUANTITY.fullmatch(value).group(2) or ""
+        # Bytes with no unit (or in fractions: 5n) under 1 MiB: valid, and never what was meant.
+        tiny = resource in BYTE_RESOURCES and 0 < quantity_value(value) < MIN_BYTES
+        if tiny and (unit in ("", "n", "u") or unit[:1] in ("e", "E")):
             meant = f"{value}Mi or {value}Gi" if re.fullmatch(r"[0-9.]+", value) else "512Mi or 8Gi"
             return (
                 f"{show(value)} is {quantity_value(value):g} bytes, too little for a process or its files (a "

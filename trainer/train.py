@@ -441,6 +441,7 @@ class Trainer:
         self.validation: list[dict[str, float]] = []  # the progress log's validation points, the same list
         self.data_wait = 0.0
         self.skipped = self.nonfinite_in_a_row = 0
+        self.updated = False  # whether this process's optimizer has stepped (the scheduler's warning)
         self.first_step_at: float | None = None
         self.resumed_elsewhere = False  # from checkpoint.resume_from, another run's checkpoint
         # The step folders of the other runs' checkpoints this run's weights began from, newest
@@ -725,13 +726,17 @@ class Trainer:
         elif torch.isfinite(grad_norm):
             self.nonfinite_in_a_row = 0
             self.optimizer.step()
+            self.updated = True
         else:
             self._skip_update(float(step_loss), float(grad_norm))
-        with warnings.catch_warnings():
-            # A skipped update still advances the schedule, which follows the step count; torch reads
-            # a run whose first update was skipped as calling the two in the old order, and says so.
-            warnings.filterwarnings("ignore", SCHEDULER_ORDER_WARNING, UserWarning)
+        if self.updated:
             self.scheduler.step()
+        else:
+            with warnings.catch_warnings():
+                # A skipped update still advances the schedule, which follows the step count; torch reads
+                # a run whose first update was skipped as calling the two in the old order, and says so.
+                warnings.filterwarnings("ignore", SCHEDULER_ORDER_WARNING, UserWarning)
+                self.scheduler.step()
         self.step += 1
         self.epoch_step += 1
         if self.first_step_at is None:

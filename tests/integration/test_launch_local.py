@@ -25,6 +25,7 @@ REPO = Path(__file__).resolve().parents[2]
 
 ENV_KEYS = [
     "PET_RDZV_BACKEND",
+    "TORCHELASTIC_USE_AGENT_STORE",
     "GROUP_RANK",
     "MASTER_ADDR",
     "MASTER_PORT",
@@ -51,6 +52,7 @@ def test_replicas_see_the_operator_environment(monkeypatch):
     # pod's: was inherited, and a PET_RDZV_BACKEND sent torchrun to etcd.
     monkeypatch.setenv("PET_RDZV_BACKEND", "etcd")
     monkeypatch.setenv("GROUP_RANK", "7")
+    monkeypatch.setenv("TORCHELASTIC_USE_AGENT_STORE", "True")
     lines: list[str] = []
     code = f"import json, os; print('ENV', json.dumps({{k: os.environ.get(k) for k in {ENV_KEYS!r}}}))"
     spec = job("env-check", code, replicas=3, nproc=2)
@@ -73,6 +75,7 @@ def test_replicas_see_the_operator_environment(monkeypatch):
         assert env["PET_MASTER_PORT"] == env["MASTER_PORT"]
         assert env["PYTHONUNBUFFERED"] == "1"
         assert env["PET_RDZV_BACKEND"] is None and env["GROUP_RANK"] is None
+        assert env["TORCHELASTIC_USE_AGENT_STORE"] is None
 
 
 def test_torchrun_turns_node_ranks_into_process_ranks():

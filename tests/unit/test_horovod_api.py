@@ -396,3 +396,26 @@ def test_horovod_run_says_an_environment_no_job_runs_with_in_one_line(
     assert main([str(script)]) == 2
     err = capsys.readouterr().err.strip()
     assert err.startswith(f"kftrain horovod-run: hvd.init(): {said}") and "\n" not in err, err
+
+
+@pytest.mark.parametrize(
+    ("make", "as_is"),
+    [
+        (lambda: torch.randn(4, 4), True),
+        (lambda: torch.randn(2, 3, 4, 5).to(memory_format=torch.channels_last), True),  # a conv model's gradient
+        (lambda: torch.randn(2, 3, 2, 4, 5).to(memory_format=torch.channels_last_3d), True),
+        (lambda: torch.randn(3, 3).to_sparse(), True),
+        (lambda: torch.arange(9.0).reshape(3, 3)[:, 1], False),  # a view with gaps: a dense copy
+        (lambda: torch.arange(9.0)[::2], False),
+    ],
+    ids=["row-major", "channels-last", "channels-last-3d", "sparse", "column", "strided"],
+)
+def test_what_an_in_place_collective_puts_on_the_wire(make, as_is):
+    """The tensor itself where gloo and NCCL can work in it (no copy of every gradient), else a
+    dense copy the collective's result is copied back from."""
+    from trainer.horovod.api import _widen
+
+    t = make()
+    wire = _widen(t)
+    assert (wire is t) == as_is
+    assert torch.equal(wire.to_dense() if wire.is_sparse else wire, t.to_dense() if t.is_sparse else t)

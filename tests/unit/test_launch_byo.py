@@ -191,6 +191,29 @@ def test_env_that_the_operator_or_the_launcher_sets_is_refused(name):
         byo(env={name: "x"})
 
 
+@pytest.mark.parametrize(
+    ("overrides", "where", "ref"),
+    [
+        ({"command": ["python", "train.py", "--master=$(MASTER_ADDR)"]}, "command[2]", "$(MASTER_ADDR)"),
+        ({"command": ["torchrun", "--node-rank", "$(PET_NODE_RANK)", "t.py"]}, "command[2]", "$(PET_NODE_RANK)"),
+        ({"env": {"DATA": "/data/$(POD_NAME)"}}, "env.DATA", "$(POD_NAME)"),
+    ],
+)
+def test_a_kubernetes_variable_reference_is_refused_as_it_would_differ_locally(overrides, where, ref):
+    """The kubelet expands `$(NAME)` in a pod; a local process gets the text: kftrain gives both the
+    text (each `$` written `$$`), so a reference meant to expand is refused, saying what to do."""
+    with pytest.raises(ConfigError) as err:
+        byo(**overrides)
+    message = str(err.value)
+    assert message.startswith(f"{where}: {ref} is Kubernetes' reference to another variable"), message
+    assert "os.environ" in message and '["sh", "-c"' in message
+
+
+def test_a_dollar_that_is_no_reference_is_passed_as_written():
+    spec = byo(command=["python", "t.py", "--price=$5", "--escaped=$$(X)"], env={"TEMPLATE": "${HOME}"})
+    assert spec.command[2:] == ("--price=$5", "--escaped=$$(X)") and spec.env["TEMPLATE"] == "${HOME}"
+
+
 @pytest.mark.parametrize(("which", "uri"), [("output_uri", "/tmp/model"), ("input_uri", "file:///data/ds")])
 def test_a_local_path_is_refused_on_a_cluster_and_fine_locally(which, uri):
     with pytest.raises(ConfigError, match="is a local path, which each pod would see as its own empty disk"):

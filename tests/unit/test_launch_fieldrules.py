@@ -123,6 +123,9 @@ def test_refused_naming_the_config_field_and_the_value(overrides, kind, phrases)
 
 # Values the API server takes: none may be refused.
 ACCEPTED = [
+    # a small byte quantity with its unit written: what was meant
+    {"kubernetes.volumes": [{"name": "scratch", "emptyDir": {"sizeLimit": "100Ki"}}], "kubernetes.memory": "8Gi"},
+    {"kubernetes.shm_size": "512Ki"},
     {"kubernetes.labels": {"example.com/team": "ml", "app.kubernetes.io/part-of": "x", "empty": ""}},
     {"kubernetes.annotations": {"Example.COM/Note": "x" * 200_000, "k8s.io/a_b.c": ""}},
     {"kubernetes.node_selector": {"nvidia.com/gpu.product": "NVIDIA-H100-80GB-HBM3"}},

@@ -514,6 +514,24 @@ def test_a_failing_cancel_does_not_hide_why_the_step_failed():
     assert f"delete PyTorchJob team/{NAME}" in last and "\n" not in last, last
 
 
+def test_a_pod_waiting_on_its_init_container_says_why():
+    """Was: "has been Pending for 300s" with no reason, for a pod whose init container could not pull."""
+    cluster = FakeCluster()
+    backend, spec, _ = make(cluster, **{"kubernetes.pending_timeout_seconds": 300})
+
+    def pending(c: FakeCluster) -> None:
+        c.add_pod(NAME, "master", 0, "Pending", init_waiting=("ImagePullBackOff", 'Back-off pulling image "fetch:1"'))
+        c.advance(100)
+
+    cluster.timeline = [pending]
+    with pytest.raises(JobFailed) as info:
+        run_job(backend, replace(spec, timeout_s=3600))
+    assert (
+        'Pending for 300s (kubernetes.pending_timeout_seconds=300) (ImagePullBackOff: Back-off pulling image "fetch:1")'
+        in str(info.value)
+    )
+
+
 def test_a_queued_job_is_reported_and_its_pending_clock_starts_at_admission():
     cluster = FakeCluster(kueue=True)
     backend, spec, lines = make(cluster, **{"kubernetes.queue": "team-a", "kubernetes.pending_timeout_seconds": 300})

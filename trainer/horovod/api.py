@@ -1134,15 +1134,26 @@ def join(device: int = -1) -> int:
 
 # gloo and NCCL have no int16: such tensors travel widened and come back narrowed, exactly.
 _WIDER = {torch.int16: torch.int32}
+#: The other dense layout of a tensor of so many dimensions (a conv model's gradients).
+_DENSE_FORMATS = {4: torch.channels_last, 5: torch.channels_last_3d}
 
 
-def _widen(t: torch.Tensor) -> torch.Tensor:
-    """What goes on the wire for `t`: `t` itself where a collective can work in it, else a
-    contiguous copy (widened where the backend has no such dtype) that the caller copies back.
-    gloo and NCCL read and write `numel` elements from the first one's address: a view with gaps
-    (`x[:, 1]`, `x[::2]`) would get other elements' values and overwrite memory outside it."""
-    wider = _WIDER.get(t.dtype)
-    return t.contiguous() if wider is None else t.to(wider).contiguous()
+def _widen(t: torch.Tensor, wider_dtypes: Mapping[torch.dtype, torch.dtype] = _WIDER) -> torch.Tensor:
+    """What goes on the wire for `t`: `t` itself where a collective can work in it, else a dense
+    copy (widened where the backend has no such dtype, `wider_dtypes`) that the caller copies
+    back. gloo and NCCL read and write `numel` elements from the first one's address: a view with
+    gaps (`x[:, 1]`, `x[::2]`) would get other elements' values and overwrite memory outside it.
+    A dense layout (row-major, channels_last) and a sparse tensor travel as they are."""
+    wider = wider_dtypes.get(t.dtype)
+    if wider is not None:
+        t = t.to(wider)
+    if (
+        t.is_sparse
+        or t.is_contiguous()
+        or t.is_contiguous(memory_format=_DENSE_FORMATS.get(t.dim(), torch.contiguous_format))
+    ):
+        return t
+    return t.contiguous()
 
 
 # --- allreduce -----------------------------------------------------------------------------
@@ -1681,8 +1692,10 @@ def _fill_state(optimizer: torch.optim.Optimizer, model: Any) -> None:
     ones for SparseAdam, and for SGD over `model`'s sparse embeddings). The zero gradients stay;
     the parameters do not move: weight decay (AdamW, SGD's `weight_decay`) would shrink them on
     these ranks alone, after `broadcast_parameters` made them equal (Horovod's own resume order)."""
-    with torch.no_grad():
-        before = [(p, p.detach().clone()) for group in optimizer.param_groups for p in group["params"]]
+    with torch.no_grad():  # the parameters that step can move: those it gives a gradient
+        before = [
+            (p, p.detach().clone()) for group in optimizer.param_groups for p in group["params"] if p.requires_grad
+        ]
     _zero_grad_step(optimizer, model)
     with torch.no_grad():
         for p, value in before:

@@ -36,18 +36,15 @@ __all__ = [
     "reducescatter_sizes",
 ]
 
-# gloo and NCCL have no int16, and gloo's alltoall no bool: those travel widened (exactly) and come
-# back in their own dtype.
-_WIDER = {torch.int16: torch.int32}
-_WIDER_ON_CPU = {**_WIDER, torch.bool: torch.uint8}
+# gloo's alltoall has no bool either: on CPU it travels widened too (exactly) and comes back in its own dtype.
+_WIDER_ON_CPU = {**api._WIDER, torch.bool: torch.uint8}
 
 # torch renamed these (the old names warn on recent versions); both take the same arguments.
 _reduce_scatter = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
 
 
 def _wire(tensor: torch.Tensor) -> torch.Tensor:
-    wider = (_WIDER if tensor.is_cuda else _WIDER_ON_CPU).get(tensor.dtype)
-    return tensor.to(wider) if wider is not None else tensor
+    return api._widen(tensor, api._WIDER if tensor.is_cuda else _WIDER_ON_CPU)
 
 
 # --- alltoall ------------------------------------------------------------------------------

@@ -24,6 +24,7 @@ spelling every S3 library understands. Locally they are plain paths.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -42,6 +43,10 @@ from trainer.launch.jobkind import kinds_it_may_become
 from trainer.launch.preflight import ManifestError
 from trainer.launch.spec import OPERATOR_ENV, UNBUFFERED_ENV, JobSpec, require_object_store
 from trainer.storage import parse_uri
+
+#: `$(NAME)`, which the kubelet replaces in a container's command and env values by another
+#: variable's value (`$$(NAME)`: the text `$(NAME)`).
+_K8S_REFERENCE = re.compile(r"(?<!\$)\$\(([A-Za-z_][A-Za-z0-9_.-]*)\)")
 
 OUTPUT_URI_ENV = "KFTRAIN_OUTPUT_URI"
 INPUT_URI_ENV = "KFTRAIN_INPUT_URI"
@@ -148,6 +153,16 @@ def byo_job(
     command = list(command)
     if not command or not all(isinstance(c, str) and c for c in command):
         raise ConfigError(f"command: must be a non-empty list of non-empty strings, got {command!r}")
+    for where, text in [
+        *((f"command[{i}]", c) for i, c in enumerate(command)),
+        *((f"env.{k}", v) for k, v in (env or {}).items()),
+    ]:
+        if isinstance(text, str) and (ref := _K8S_REFERENCE.search(text)):
+            raise ConfigError(
+                f"{where}: {ref.group()} is Kubernetes' reference to another variable, which a pod would expand and "
+                f"a local run would not: the job gets the text as written in both; read the variable in your "
+                f'script (os.environ), or run the command through a shell: ["sh", "-c", "... ${ref.group(1)}"]'
+            )
     if problem := image_problem(image):
         raise ConfigError(f"image: {problem}")
     if timeout_s <= 0:

@@ -891,8 +891,8 @@ class KubernetesBackend:
         return "\n".join(lines)
 
     def _pending_message(self, job: _Job, pod: Any, waited: dt.timedelta) -> str:
-        reasons = []
-        for cs in pod.status.container_statuses or []:
+        reasons = []  # an init container's too: the pod waits on it (Init:ImagePullBackOff)
+        for cs in [*(pod.status.init_container_statuses or []), *(pod.status.container_statuses or [])]:
             waiting = cs.state.waiting if cs.state else None
             if waiting:
                 reasons.append(f"{waiting.reason}: {waiting.message or ''}".rstrip(": "))

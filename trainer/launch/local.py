@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 
 from trainer import stacks
 from trainer.launch.backend import JobFailed, JobTimeout, failure_excerpt, print_line
-from trainer.launch.spec import NODE, OPERATOR_ENV, TRAINJOB, JobSpec, replica_env, replica_env_v2
+from trainer.launch.spec import NODE, TRAINJOB, JobSpec, replica_env, replica_env_v2, reserved_env
 from trainer.launch.trainjob import EXTRA_ENV as TRAINJOB_EXTRA_ENV
 from trainer.torchrun import QUIET_AGENT_ENV
 
@@ -256,7 +256,7 @@ class LocalBackend:
         v2 = spec.kind == TRAINJOB
         # A pod gets the operator's rendezvous variables alone: a shell's own (kftrain started
         # inside a torchrun or a pod, a PET_RDZV_BACKEND exported) would change how the job forms.
-        inherited = {k: v for k, v in os.environ.items() if k not in OPERATOR_ENV}
+        inherited = {k: v for k, v in os.environ.items() if not reserved_env(k)}
         for rank, (rtype, index) in enumerate(spec.replicas_by_rank(TRAINJOB if v2 else "pytorchjob")):
             if v2:
                 env = {**inherited, **spec.env, **TRAINJOB_EXTRA_ENV, **replica_env_v2(spec, rank, LOOPBACK)}

@@ -298,6 +298,13 @@ def _operator_env() -> frozenset[str]:
     return frozenset(names)
 
 
-#: Environment a user may not set in a replica, and a local replica does not inherit from the
-#: shell that starts it: the operator's and torchrun's alone (see :func:`_operator_env`).
+#: Environment a user may not set in a replica: the operator's and torchrun's (see :func:`_operator_env`).
 OPERATOR_ENV = _operator_env()
+
+
+def reserved_env(name: str) -> bool:
+    """Whether a local replica leaves `name` of the shell that starts it: a pod has the operator's
+    alone, and a shell's (kftrain started inside a torchrun or a pod) would change how the job
+    forms. Every `PET_*` and `TORCHELASTIC_*` is torchrun's (TORCHELASTIC_USE_AGENT_STORE makes rank
+    0 a client of a store no one hosts)."""
+    return name in OPERATOR_ENV or name.startswith(("PET_", "TORCHELASTIC_"))
