@@ -477,47 +477,34 @@ def test_an_output_written_at_the_end_keeps_a_users_file_made_meanwhile(tmp_path
         assert target.read_text() == "NEW\n"
 
 
+MAKES_THAT_FOLDER, INSIDE_THE_RUN = "the run makes that folder", "inside the run's own folder "
+
+
 @pytest.mark.parametrize(
-    ("summary", "store"),
+    ("summary", "store", "said"),
     [
-        ("od", ""),  # the output folder the run makes
-        ("od/runs", ""),
-        ("od/runs/r1", ""),  # the run's own folder
-        ("st/runs", "./st/"),  # a local store's
-        ("st", "st"),
-        ("st", "st/x"),  # a folder above the store
+        ("od", "", MAKES_THAT_FOLDER),  # the output folder the run makes
+        ("od/runs", "", MAKES_THAT_FOLDER),
+        ("od/runs/r1", "", MAKES_THAT_FOLDER),  # the run's own folder
+        ("st/runs", "./st/", MAKES_THAT_FOLDER),  # a local store's
+        ("st", "st", MAKES_THAT_FOLDER),
+        ("st", "st/x", MAKES_THAT_FOLDER),  # a folder above the store
+        # Was: accepted, the whole run, then "was made while the command ran and is not a run summary".
+        ("od/runs/r1/run.json", "", INSIDE_THE_RUN),  # the run's own record
+        ("od/runs/r1/started.json", "", INSIDE_THE_RUN),
+        ("od/runs/r1/logs/mine.json", "", INSIDE_THE_RUN),
+        ("st/runs/r1/run.json", "st", INSIDE_THE_RUN),
     ],
 )
-def test_a_summary_path_that_the_run_makes_a_folder_is_refused_before_any_step(
-    tmp_path, monkeypatch, capsys, summary, store
+def test_a_summary_path_the_run_makes_or_writes_in_is_refused_before_any_step(
+    tmp_path, monkeypatch, capsys, summary, store, said
 ):
     """Was: the whole run, then `--summary: cannot write od: Is a directory`, exit 1."""
     monkeypatch.chdir(tmp_path)
     where = ["--store", store] if store else ["--output-dir", "od"]
     assert main(["run", "--local", *where, "--run-id", "r1", "--summary", summary]) == 2
     err = capsys.readouterr().err.strip().splitlines()[-1]
-    assert err.startswith(f"kftrain: error: --summary {summary}: the run makes that folder"), err
-    assert not list(tmp_path.iterdir())  # nothing ran
-
-
-@pytest.mark.parametrize(
-    ("summary", "store"),
-    [
-        ("od/runs/r1/run.json", ""),  # the run's own record
-        ("od/runs/r1/started.json", ""),
-        ("od/runs/r1/logs/mine.json", ""),
-        ("st/runs/r1/run.json", "st"),
-    ],
-)
-def test_a_summary_inside_the_run_s_own_folder_is_refused_before_any_step(
-    tmp_path, monkeypatch, capsys, summary, store
-):
-    """Was: accepted, the whole run, then "was made while the command ran and is not a run summary"."""
-    monkeypatch.chdir(tmp_path)
-    where = ["--store", store] if store else ["--output-dir", "od"]
-    assert main(["run", "--local", *where, "--run-id", "r1", "--summary", summary]) == 2
-    err = capsys.readouterr().err.strip().splitlines()[-1]
-    assert err.startswith(f"kftrain: error: --summary {summary}: inside the run's own folder "), err
+    assert err.startswith(f"kftrain: error: --summary {summary}: {said}"), err
     assert not list(tmp_path.iterdir())  # nothing ran
 
 
