@@ -276,7 +276,8 @@ class DataConfig:
     shard_rows: int = 512
     """Rows per shard file (causal_lm: `shard_rows` x 1024 tokens per shard; `data.format: chat`: conversations)."""
     max_bytes: int = 4_000_000
-    """causal_lm: at most this many bytes of text are tokenised (0: all)."""
+    """causal_lm: at most this many bytes of text are tokenised (0: all); for a pretrained model, whole records with
+    their special tokens, and a text object as far as it fits."""
     tokenizer: str = "bytes"
     """causal_lm: `bytes` (id = byte value, no special token), `bpe:<vocab_size>` (a byte-level BPE of 258..1048576
     tokens, trained with Hugging Face `tokenizers` during data prep, `<|endoftext|>` its special token) or the URI of a

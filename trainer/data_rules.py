@@ -312,8 +312,9 @@ def source_listing(store: ObjectStore, source: str, versions: bool = True) -> di
 #: How causal_lm data prep makes tokens of its text, in `data.source_version`: KFP's cache keys
 #: data prep on the effective config, not on kftrain's code in the image, so a change to the
 #: tokens the same text gives must change it. 2: each document ends in a line end, and a
-#: pretrained model's documents are in its special tokens.
-TEXT_PREP_VERSION = 2
+#: pretrained model's documents are in its special tokens. 3: each document tokenized from its
+#: own start where the tokenizer reads an input's start specially (SentencePiece's `▁`).
+TEXT_PREP_VERSION = 3
 
 
 def source_version(cfg: Config) -> str:

@@ -276,18 +276,25 @@ class Generator:
             pad_token_id=pad,
         )
 
-    def ids(self, prompt: str) -> torch.Tensor:
+    def ids(self, prompt: str, start: str = "") -> torch.Tensor:
         """The prompt's token ids (special tokens written in it are parsed, none are added: data
-        prep writes a document's special tokens as text too), cut from the left to fit the
-        context (said once)."""
+        prep writes a document's special tokens as text too), after `start`'s (a document's start
+        mark, encoded on its own: the prompt is read from its own start, as `tokenizer(prompt)`
+        reads it), the prompt cut from the left to fit the context (said once), `start` kept."""
         ids = self.tokenizer(prompt, add_special_tokens=False, return_tensors="pt")["input_ids"]
         if ids.shape[1] == 0:
             raise GenerationError(f"the prompt {prompt!r} encodes to no tokens; give prompts with text in them")
-        kept = ids[:, -self.room :] if self.room and ids.shape[1] > self.room else ids
+        head = (
+            self.tokenizer(start, add_special_tokens=False, return_tensors="pt")["input_ids"] if start else ids[:, :0]
+        )
+        room = self.room - head.shape[1] if self.room else 0
+        kept = torch.cat([head, ids[:, -room:] if room and ids.shape[1] > room else ids], dim=1)
+        ids = torch.cat([head, ids], dim=1)
         new = self.continuation(kept.shape[1])
         if (kept.shape[1] < ids.shape[1] or new < self.new_tokens) and prompt not in self.warned:
             self.warned.add(prompt)
-            said = [f"its first {ids.shape[1] - kept.shape[1]} tokens are left out"] if kept is not ids else []
+            cut = ids.shape[1] - kept.shape[1]
+            said = [f"its first {cut} tokens are left out"] if cut else []
             if new < self.new_tokens:
                 said.append(f"it continues for {new} new tokens, not data.eval_new_tokens {self.new_tokens}")
             log.warning(
@@ -305,9 +312,10 @@ class Generator:
         return min(self.new_tokens, self.context - prompt_tokens) if self.context else self.new_tokens
 
     @torch.no_grad()
-    def complete(self, model: nn.Module, prompt: str) -> str:
-        """The model's greedy continuation of `prompt` (new tokens only, special tokens dropped)."""
-        ids = self.ids(prompt)
+    def complete(self, model: nn.Module, prompt: str, start: str = "") -> str:
+        """The model's greedy continuation of `prompt` after `start` (:meth:`ids`; new tokens only,
+        special tokens dropped)."""
+        ids = self.ids(prompt, start)
         with evaluating(model):  # greedy is the same text every time only without dropout
             out = model.generate(
                 input_ids=ids,
@@ -341,10 +349,10 @@ def generations(
     prompts = select_prompts(settings, tokenizer, chat, lambda count: from_test(tokenizer, count))
     if not prompts:
         return []
-    fed = [document_start + p for p in prompts] if settings.prompts and not chat else prompts
+    start = document_start if settings.prompts and not chat else ""
     eos, pad = _stop_ids(source, meta["hf_config"], tokenizer)
     gen = Generator(tokenizer, eos, pad, settings.new_tokens, pretrained.context_length(meta["hf_config"]))
-    after = [gen.complete(model, p) for p in fed]
+    after = [gen.complete(model, p, start) for p in prompts]
     with base_model(model, meta, source) as base:
-        before = [gen.complete(base, p) for p in fed]
+        before = [gen.complete(base, p, start) for p in prompts]
     return [dict(zip(FIELDS, row, strict=True)) for row in zip(prompts, before, after, strict=True)]

@@ -92,7 +92,9 @@ def test_a_configured_prompt_begins_as_the_models_documents_did(folder, monkeypa
     import contextlib
 
     seen = []
-    monkeypatch.setattr(generations.Generator, "complete", lambda self, model, prompt: seen.append(prompt) or "x")
+    monkeypatch.setattr(
+        generations.Generator, "complete", lambda self, model, prompt, start="": seen.append(start + prompt) or "x"
+    )
     monkeypatch.setattr(generations, "base_model", lambda model, meta, source: contextlib.nullcontext(model))
     settings = GenerationSettings(prompts=("the cat",), count=1)
     meta = {"hf_config": json.loads((Path(folder) / "config.json").read_text())}
@@ -165,6 +167,20 @@ def test_a_long_prompt_is_cut_from_the_left_to_leave_room_for_the_new_tokens(tok
     assert len(said) == 1 and f"is {len(full)} tokens of the model's context of 16" in said[0]
     assert said[0].endswith(f"of the model's context of 16: its first {len(full) - 12} tokens are left out")
     assert generations.Generator(tokenizer, 2, 0, new_tokens=32).config.max_new_tokens == 32  # context unknown
+
+
+def test_a_prompt_cut_from_the_left_keeps_the_document_start_before_it(tokenizer):
+    """Was: the start mark written before the prompt's text and cut with it, so a long prompt
+    lost the beginning-of-text token its model was fine-tuned to read first."""
+    gen = generations.Generator(tokenizer, 2, 0, new_tokens=4, context=16)
+    text = " ".join(["red green blue"] * 20)
+    full = tokenizer(text, add_special_tokens=False)["input_ids"]
+    start = tokenizer("<|endoftext|>", add_special_tokens=False)["input_ids"]
+    assert len(start) == 1
+    assert gen.ids(text, "<|endoftext|>")[0].tolist() == start + full[-11:]
+    assert (
+        gen.ids("red", "<|endoftext|>")[0].tolist() == start + tokenizer("red", add_special_tokens=False)["input_ids"]
+    )
 
 
 @pytest.mark.parametrize(

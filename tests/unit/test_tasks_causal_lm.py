@@ -244,7 +244,7 @@ def test_max_bytes_never_cuts_a_text_object_inside_a_mark_and_keeps_a_whole_ones
     (tmp_path / "a.txt").write_bytes(b"x" * 99 + b"\n")
     (tmp_path / "b.txt").write_bytes(b"y" * 50 + b"\n")
     marks = Marks(start=b"<s>", end=b"</s>")
-    for max_bytes, expected in ((103, b"<s>" + b"x" * 99 + b"\n</s>\n"), (50, b""), (500, None)):
+    for max_bytes, expected in ((103, b"<s>" + b"x" * 99 + b"\n</s>\n"), (500, None)):
         cfg = load_config(
             overrides={
                 "task": "causal_lm",
@@ -258,6 +258,30 @@ def test_max_bytes_never_cuts_a_text_object_inside_a_mark_and_keeps_a_whole_ones
             assert text == expected, max_bytes
         else:
             assert text.count(b"<s>") == 2 == text.count(b"</s>")
+
+
+@pytest.mark.parametrize(
+    ("name", "content", "fmt", "size"),
+    [
+        ("a.txt", b"x" * 99 + b"\n", "text", 103),
+        ("d.jsonl", b'{"text": "' + b"y" * 90 + b'"}\n', "jsonl", 98),
+    ],
+)
+def test_a_first_document_larger_than_max_bytes_is_named_with_both_sizes(tmp_path, name, content, fmt, size):
+    """Was: "no text read from it (its objects are empty...)", of a source that is not empty."""
+    from trainer.shards import DataError
+    from trainer.tasks.causal_lm import Marks, source_pieces
+
+    (tmp_path / name).write_bytes(content)
+    cfg = load_config(
+        overrides={"task": "causal_lm", "data.source": str(tmp_path), "data.format": fmt, "data.max_bytes": 50}
+    )
+    with pytest.raises(DataError) as err:
+        b"".join(source_pieces(cfg, marks=Marks(start=b"<s>", end=b"</s>")))
+    assert str(err.value) == (
+        f"data.max_bytes 50: the first document of data.source {tmp_path} is larger ({size} bytes or more, with its "
+        "special tokens); raise data.max_bytes, or set it to 0 to take the whole source"
+    )
 
 
 def test_max_bytes_takes_whole_documents_in_marks(tmp_path):

@@ -69,6 +69,80 @@ def test_peft_notes_with_nothing_to_act_on_stay_off_the_terminal(targets):
     assert not [str(w.message) for w in seen if "peft" in w.filename], [str(w.message) for w in seen]
 
 
+def _sentencepiece_style_folder(tmp_path, words: list[str]):
+    """The tiny Llama with a tokenizer shaped as transformers writes Llama 2's and Mistral's: a
+    `▁` before each word, before the first only at the very start of the input (Metaspace,
+    prepend_scheme "first"), `<s>` put before a text, `</s>` its end."""
+    import json
+
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors
+
+    folder = tmp_path / "spm"
+    shutil.copytree(tiny_llama_folder(tmp_path / "tiny"), folder)
+    specials = ["<unk>", "<s>", "</s>"]
+    vocab = {t: i for i, t in enumerate([*specials, *words, *(f"\u2581{w}" for w in words), "\u2581", "\n"])}
+    tok = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
+    tok.pre_tokenizer = pre_tokenizers.Metaspace(replacement="\u2581", prepend_scheme="first")
+    tok.decoder = decoders.Metaspace(replacement="\u2581", prepend_scheme="first")
+    tok.add_special_tokens(specials)
+    tok.post_processor = processors.TemplateProcessing(single="<s> $A", special_tokens=[("<s>", 1)])
+    tok.save(str(folder / "tokenizer.json"))
+    tokenizer_config = json.loads((folder / "tokenizer_config.json").read_text())
+    tokenizer_config.update(bos_token="<s>", eos_token="</s>", unk_token="<unk>")
+    tokenizer_config.pop("added_tokens_decoder", None)
+    (folder / "tokenizer_config.json").write_text(json.dumps(tokenizer_config))
+    for name in ("special_tokens_map.json", "generation_config.json"):
+        (folder / name).unlink(missing_ok=True)
+    config = json.loads((folder / "config.json").read_text())
+    (folder / "config.json").write_text(json.dumps({**config, "bos_token_id": 1, "eos_token_id": 2}))
+    return folder
+
+
+def test_a_sentencepiece_style_tokenizer_reads_each_document_from_its_start(tmp_path):
+    """Each record's first word gets the `▁` transformers' `tokenizer(text)` gives it (was: read
+    as the middle of a text after the previous record's end, `Story` not `▁Story`: the model
+    fine-tuned on input that serving never sends)."""
+    import json
+
+    import numpy as np
+    from transformers import PreTrainedTokenizerFast
+
+    from trainer.config import load_config
+    from trainer.shards import read_shard, split_shards
+    from trainer.storage import LocalStore
+
+    texts = [f"record {i} alpha beta" for i in range(300)]
+    folder = _sentencepiece_style_folder(tmp_path, ["record", "alpha", "beta", *map(str, range(300))])
+    (tmp_path / "d.jsonl").write_text("".join(json.dumps({"text": t}) + "\n" for t in texts))
+    cfg = load_config(
+        overrides={
+            "task": "causal_lm",
+            "model.init_from": str(folder),
+            "model.block_size": 16,
+            "data.source": str(tmp_path / "d.jsonl"),
+        }
+    )
+    manifest = PretrainedLMTask().prepare(cfg, LocalStore(), str(tmp_path / "ds"))
+    assert manifest["document_marks"] == {"start": "<s>", "end": "</s>"}
+    hf = PreTrainedTokenizerFast(tokenizer_file=str(folder / "tokenizer.json"))
+    expected = {tuple(hf(t)["input_ids"]) for t in texts}  # <s> and the text's ids, as transformers makes them
+    found = 0
+    for split in ("train", "val", "test"):
+        tokens = np.concatenate(
+            [
+                read_shard(LocalStore(), str(tmp_path / "ds"), i)
+                for i in split_shards(manifest, split, str(tmp_path / "ds"))
+            ]
+        ).tolist()
+        starts = [i for i, t in enumerate(tokens) if t == 1]
+        for at in starts:
+            end = tokens.index(2, at) if 2 in tokens[at:] else None
+            if end is not None:  # a whole document in this split
+                assert tuple(tokens[at:end]) in expected, hf.convert_ids_to_tokens(tokens[at:end])
+                found += 1
+    assert found >= 290
+
+
 @pytest.mark.parametrize(
     ("eos", "bos"),
     [("<|im_end|>", False), ("<|im_end|>", True), ("", False), ("no such token", False)],

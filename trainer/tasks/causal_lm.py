@@ -184,7 +184,7 @@ def source_pieces(cfg: Config, progress: str = "", marks: Marks = NO_MARKS) -> I
     left = d.max_bytes or math.inf
     line = ProgressLine(f"{progress}: reading {source}", total=d.max_bytes) if progress else None
     cut = False
-    for piece in pieces:
+    for taken, piece in enumerate(pieces):
         if marks.end and piece == marks.end + b"\n":  # a text object's end, not the source's text: not counted
             yield piece
             continue
@@ -196,6 +196,12 @@ def source_pieces(cfg: Config, progress: str = "", marks: Marks = NO_MARKS) -> I
         if len(piece) > left:
             cut = True
             if marks != NO_MARKS:  # a document in marks is cut between its pieces, never inside a mark
+                if not taken:  # nothing would be read at all
+                    raise DataError(
+                        f"data.max_bytes {d.max_bytes}: the first document of data.source {source} is larger "
+                        f"({len(piece)} bytes or more, with its special tokens); raise data.max_bytes, or set it "
+                        "to 0 to take the whole source"
+                    )
                 break
             piece = piece[: int(left)]
         left -= len(piece)
@@ -281,9 +287,36 @@ def split_block(block: bytes, val_fraction: float, test_fraction: float, marks: 
 _TOKENIZER: Tokenizer = ByteTokenizer()
 
 
+#: Whether this process's tokenizer reads a text after a document's start mark otherwise than the
+#: same text alone, by start mark (see :func:`_encode_documents`).
+_READS_THE_START: dict[bytes, bool] = {}
+
+
 def _use_tokenizer(raw: bytes | None) -> None:
     global _TOKENIZER
     _TOKENIZER = ByteTokenizer() if raw is None else tokenizer_from_json(raw, "the dataset's tokenizer")
+    _READS_THE_START.clear()
+
+
+def _encode_documents(text: bytes, marks: Marks) -> np.ndarray:
+    """The token ids of `text`, each document as transformers' `tokenizer(document)` makes them.
+    A tokenizer whose pre-tokenizer reads the start of its input specially (SentencePiece's `▁`
+    before the first word only: Llama 2's, Mistral's) would read a document after the start mark
+    as the middle of a text: such a tokenizer encodes each document on its own (the start mark's
+    ids, then the document), the others the whole text at once."""
+    if not marks.start:
+        return _TOKENIZER.encode(text)
+    start = _TOKENIZER.encode(marks.start)
+    head, *documents = text.split(marks.start)
+    if marks.start not in _READS_THE_START and documents:  # asked of real documents: their words are in its vocabulary
+        _READS_THE_START[marks.start] = any(
+            not np.array_equal(_TOKENIZER.encode(marks.start + doc), np.concatenate([start, _TOKENIZER.encode(doc)]))
+            for doc in documents[:16]
+        )
+    if not _READS_THE_START.get(marks.start):
+        return _TOKENIZER.encode(text)
+    parts = [_TOKENIZER.encode(head)] + [ids for doc in documents for ids in (start, _TOKENIZER.encode(doc))]
+    return np.concatenate(parts).astype(start.dtype, copy=False)
 
 
 def tokenize_block(
@@ -291,7 +324,7 @@ def tokenize_block(
 ) -> dict[str, np.ndarray]:
     """The token ids of a block's three parts, with this process's tokenizer."""
     parts = split_block(block, val_fraction, test_fraction, marks)
-    return {split: _TOKENIZER.encode(text) for split, text in parts.items()}
+    return {split: _encode_documents(text, marks) for split, text in parts.items()}
 
 
 def _bounded_map(pool: Executor | None, fn, items: Iterator, *args, ahead: int) -> Iterator:
