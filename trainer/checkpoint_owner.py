@@ -23,6 +23,7 @@ import os
 import re
 import socket
 import time
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from trainer.errors import KftrainError
@@ -172,13 +173,40 @@ def latest_complete(store: ObjectStore, prefix: str, only: int | None = None) ->
     return None
 
 
+def _process_started(pid: int) -> float | None:
+    """When process `pid` of this machine started (Unix time), None where it is not running or
+    this machine does not say (no /proc)."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        boot = next(
+            float(line.split()[1]) for line in Path("/proc/stat").read_text().splitlines() if line.startswith("btime ")
+        )
+    except (OSError, ValueError, IndexError, StopIteration):
+        return None
+    return boot + int(fields[19]) / os.sysconf("SC_CLK_TCK")  # field 22 of stat: start time in ticks since boot
+
+
+def still_running(record: dict[str, Any]) -> bool:
+    """Whether the owner `record` names is another process of this machine that is still running:
+    its pid is alive and started before the record was written (not a later process given its
+    pid). An owner on another machine (a pod) cannot be told, and this process's own earlier run
+    has ended: False."""
+    pid = record.get("pid")
+    if record.get("host") != socket.gethostname() or not isinstance(pid, int) or pid == os.getpid():
+        return False
+    started = _process_started(pid)
+    claimed = record.get("created_unix_time")
+    return started is not None and isinstance(claimed, int | float) and started <= claimed + 1
+
+
 def claim_prefix(store: ObjectStore, prefix: str, owner: str, *, resume: bool) -> dict[str, Any]:
     """Make run `owner` the owner of checkpoint prefix `prefix` before it writes there; return
     the owner record. CheckpointError, in one line naming the owner and what to do, when the
     prefix is another run's and `resume` is false, or holds committed steps and `resume` is false.
 
     Same owner: nothing to do (a retry or restart of this run). Another owner and `resume`: the
-    next generation's record takes the prefix over; that run stops at its next save.
+    next generation's record takes the prefix over; that run stops at its next save. Refused
+    while that owner still runs on this machine (:func:`still_running`).
     """
     prefix = prefix.rstrip("/")
     if not owner:
@@ -208,6 +236,12 @@ def claim_prefix(store: ObjectStore, prefix: str, owner: str, *, resume: bool) -
                     f"owner records) and this run ({owner!r}) has checkpoint.resume: false: point checkpoint.uri "
                     "at a new prefix, or set checkpoint.resume: true to continue from them"
                 )
+        if current is not None and still_running(current):
+            raise CheckpointError(
+                f"checkpoint prefix {prefix} belongs to {describe_owner(current)}, which is still running on this "
+                f"machine: taking it over would stop that run at its next save; wait for it or stop it, or point "
+                "checkpoint.uri at a new prefix"
+            )
         generation = int(current["generation"]) + 1 if current is not None else 1
         record = {
             "owner": owner,

@@ -126,6 +126,46 @@ def test_a_takeover_keeps_the_earlier_runs_steps_and_stops_the_earlier_run_at_it
     assert (owner["owner"], owner["generation"], owner["previous_owner"]) == ("run-b", 2, "run-a")
 
 
+@pytest.mark.parametrize(
+    ("pid", "written_after_it_started", "taken_over"),
+    [
+        ("parent", True, False),  # another process of this machine, still running: refused
+        ("parent", False, True),  # its pid, given to a process that started after the record: the owner is gone
+        ("gone", True, True),  # no such process
+    ],
+)
+def test_a_takeover_of_a_prefix_whose_owner_still_runs_here_is_refused(
+    prefix, pid, written_after_it_started, taken_over
+):
+    """Was: taken over with a warning while the other run trained: it failed at its next save,
+    and its own later `--run-id` took the prefix back with the other run's weights."""
+    import json
+    import os
+    import socket
+    import time
+
+    from trainer.checkpoint_owner import claim_prefix, current_owner, owner_uri
+
+    store = LocalStore()
+    record = {
+        "owner": "run-a",
+        "generation": 1,
+        "host": socket.gethostname(),
+        "pid": os.getppid() if pid == "parent" else 2**22 + 7,  # above the kernel's largest pid
+        "created_unix_time": time.time() if written_after_it_started else 1.0,
+    }
+    store.put_bytes(owner_uri(prefix, 1), json.dumps(record).encode())
+    if taken_over:
+        assert claim_prefix(store, prefix, "run-b", resume=True)["owner"] == "run-b"
+        return
+    with pytest.raises(CheckpointError) as err:
+        claim_prefix(store, prefix, "run-b", resume=True)
+    assert "belongs to run 'run-a' (claimed" in str(err.value) and "which is still running on this machine" in str(
+        err.value
+    )
+    assert current_owner(store, prefix)["owner"] == "run-a"
+
+
 def test_two_runs_racing_for_one_prefix_exactly_one_wins_and_the_other_names_it(prefix):
     store = LocalStore()
     start = threading.Barrier(8)
