@@ -186,6 +186,37 @@ CASES = [
         {},
         failures.USER_ERROR,
     ),
+    # The kubelet's local-storage limit evictions (pkg/kubelet/eviction: emptyDir sizeLimit, a
+    # container's or the pod's ephemeral-storage limit): limits the run set, hit again on every
+    # re-creation (was: preempted, re-created without end).
+    *(
+        (
+            f"kubelet eviction over a limit: {what}",
+            [pod(conditions=[disruption("TerminationByKubelet", message)], reason="Evicted", message=message)],
+            [Event(POD, "Evicted", message)],
+            {},
+            cause,
+        )
+        for what, message, cause in (
+            ("/dev/shm", 'Usage of EmptyDir volume "dshm" exceeds the limit "2Gi". ', failures.USER_ERROR),
+            ("a scratch volume", 'Usage of EmptyDir volume "scratch" exceeds the limit "10Gi". ', failures.USER_ERROR),
+            (
+                "the container's",
+                'Container pytorch exceeded its local ephemeral storage limit "10Gi". ',
+                failures.USER_ERROR,
+            ),
+            (
+                "the pod's",
+                "Pod ephemeral local storage usage exceeds the total limit of containers 10Gi. ",
+                failures.USER_ERROR,
+            ),
+            (
+                "a sidecar's",
+                'Container istio-proxy exceeded its local ephemeral storage limit "1Gi". ',
+                failures.PREEMPTED,
+            ),
+        )
+    ),
     (
         # Graceful node shutdown (kubelet nodeshutdown manager): status.reason Terminated, its message,
         # DisruptionTarget TerminationByKubelet: the node is going away, not the pod's own doing.

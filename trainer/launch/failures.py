@@ -115,6 +115,14 @@ _OVER_REQUEST = re.compile(
     r"Container (?P<container>\S+) was using \S+, request is \S+, "
     r"has larger consumption of (?P<what>memory|ephemeral-storage)"
 )
+#: The kubelet's eviction of a pod over a local-storage limit it set itself (an emptyDir's
+#: `sizeLimit`, kftrain's /dev/shm `dshm` among them; a container's or the pod's ephemeral-storage
+#: limit): the run's settings, which a re-created job hits again, not a preemption.
+_OVER_LIMIT = re.compile(
+    r'Usage of EmptyDir volume "(?P<volume>[^"]+)" exceeds the limit'
+    r"|Container (?P<container>\S+) exceeded its local ephemeral storage limit"
+    r"|Pod ephemeral local storage usage exceeds the total limit of containers"
+)
 #: The training container of each job kind (pytorchjob.CONTAINER, trainjob.CONTAINER; not imported:
 #: they need the Kubernetes clients): a sidecar over its own request is not the run's doing.
 TRAINING_CONTAINERS = ("pytorch", "node")
@@ -235,11 +243,15 @@ def _terminated(container: Mapping[str, Any]) -> list[Mapping[str, Any]]:
 
 
 def _eviction(cause: str, *messages: str) -> str:
-    """`cause`, unless an eviction's message says the pod used more than it requested (:data:`_OVER_REQUEST`)."""
+    """`cause`, unless an eviction's message says the pod used more than it requested
+    (:data:`_OVER_REQUEST`) or than a limit of its own (:data:`_OVER_LIMIT`)."""
     for message in messages:
         for m in _OVER_REQUEST.finditer(message or "") if cause == PREEMPTED else ():
             if m["container"] in TRAINING_CONTAINERS:
                 return OOM if m["what"] == "memory" else USER_ERROR
+        for m in _OVER_LIMIT.finditer(message or "") if cause == PREEMPTED else ():
+            if m["container"] is None or m["container"] in TRAINING_CONTAINERS:
+                return USER_ERROR
     return cause
 
 
