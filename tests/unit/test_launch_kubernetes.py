@@ -480,7 +480,11 @@ def test_retry_after_beyond_the_budget_is_a_final_answer():
     cluster = FakeCluster()
     backend, spec, _ = make(cluster, **{"kubernetes.api_retry_budget_seconds": 60})
     cluster.timeline = inject_at_first_poll("get", status=429, headers={"Retry-After": "600"})
-    with pytest.raises(ApiUnavailable, match=r"kept failing for 0s .* last error: \(429\) Too Many Requests"):
+    # Was: "kept failing for 0s", where the server's answer was to wait longer than is left.
+    with pytest.raises(
+        ApiUnavailable,
+        match=r"failed, and the server asked to wait 600s, past what is left \(60s .*last error: \(429\) Too Many",
+    ):
         run_job(backend, replace(spec, timeout_s=3600))
     assert not retry_sleeps(cluster)
 

@@ -164,9 +164,14 @@ class ApiRetry:
                 if left <= 0 or (asked is not None and asked > left):
                     waited = (now - start).total_seconds()
                     limit = "until the job's deadline (job.timeout_seconds)" if at_deadline else self.limit
+                    how = f"kept failing for {waited:.0f}s {limit}"
+                    if left > 0:  # the server's own answer: wait longer than there is left
+                        how = (
+                            f"failed, and the server asked to wait {asked:.0f}s, past what is left "
+                            f"({left:.0f}s {limit})"
+                        )
                     raise ApiUnavailable(
-                        f"{self.api} call '{what}' kept failing for {waited:.0f}s {limit}; last error: {describe(exc)}",
-                        at_deadline=at_deadline,
+                        f"{self.api} call '{what}' {how}; last error: {describe(exc)}", at_deadline=at_deadline
                     ) from exc
                 delay = min(delay, left)
                 cause = f"returned {http_status(exc)}" if http_status(exc) else f"failed ({describe(exc)})"
