@@ -53,6 +53,21 @@ def test_a_replica_whose_agent_stopped_on_a_signal_has_nothing_to_fix(returncode
     assert (NOTHING_TO_FIX in how_it_ended(["[rank 0] stopped by SIGTERM at step 30"], returncode)) == nothing_to_fix
 
 
+@pytest.mark.parametrize(
+    ("returncode", "said"),
+    [
+        (-9, "; it was killed by SIGKILL (most likely the kernel's out-of-memory killer"),
+        (-11, "; it was killed by SIGSEGV"),
+    ],
+)
+def test_a_replica_whose_own_process_a_signal_ended_says_so(returncode, said):
+    """No torchrun summary, the replica's process itself killed (was: "exited with code -9" and
+    "after fixing the cause", naming no signal)."""
+    from trainer.launch.local import how_it_ended
+
+    assert how_it_ended(["[rank 0] step 3"], returncode).startswith(said)
+
+
 @pytest.mark.parametrize("run_id", ["20261205-231129-33a364", "victim", "my-run-2"])
 def test_a_local_run_s_processes_know_its_run_id(monkeypatch, run_id):
     """The evaluation report names the run by the id `--run-id` and `kftrain runs` take (was:

@@ -160,6 +160,8 @@ def how_it_ended(log_lines: list[str], returncode: int | None = None) -> str:
     code = root_cause_exit_code(log_lines)
     if code is None and returncode == exit_codes.TERMINATED_CHECKPOINTED:
         return f"; its processes stopped on a stop signal after committing what they had ({NOTHING_TO_FIX})"
+    if code is None and returncode is not None and returncode < 0:  # the replica's own process, by a signal
+        return f"; it was killed by {killed_by(-returncode)}"
     if code == exit_codes.TERMINATED_CHECKPOINTED:
         return f"; its training process stopped on a SIGTERM after committing a checkpoint ({NOTHING_TO_FIX})"
     if code is None or code >= 0:
