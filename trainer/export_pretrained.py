@@ -266,7 +266,8 @@ def adapter_config(model: nn.Module, meta: dict[str, Any]) -> dict[str, Any]:
         config["base_model_name_or_path"], _ = pretrained.parse_hf_uri(base["origin"])
         config["revision"] = base["revision"] or None
     else:
-        config["base_model_name_or_path"] = base["origin"]
+        origin = base["origin"]  # a local folder as typed is relative to where the run started: not where it is loaded
+        config["base_model_name_or_path"] = origin if "://" in origin else os.path.abspath(origin)
     config["inference_mode"] = True  # as peft saves it: the adapter is for inference now
     return {k: sorted(v) if isinstance(v, set) else v for k, v in config.items()}
 

@@ -128,6 +128,9 @@ def test_storage_uris_follow_kserves_webhook_rules(mutate, message):
         (lambda d: d["metadata"].update(name="a" * 48), "is 48 characters; KServe names the predictor's revision"),
         (lambda d: d["metadata"].update(name="a" * 70), "use 47 or fewer"),
         (lambda d: d.update(kind="Deployment"), "apiVersion/kind"),
+        # Was: a traceback (AttributeError, TypeError) from the checks before the schema's.
+        (lambda d: d.update(metadata=None), "metadata: must be a mapping with a name"),
+        (lambda d: d["metadata"].update(name=123), "metadata.name: 123 must match"),
     ],
     ids=[
         "misspelt field",
@@ -138,12 +141,20 @@ def test_storage_uris_follow_kserves_webhook_rules(mutate, message):
         "long name",
         "too long for a label",
         "wrong kind",
+        "metadata not a mapping",
+        "name not text",
     ],
 )
 def test_the_validator_rejects_what_kserve_would_reject_or_drop(mutate, message):
     with pytest.raises(ManifestError, match="InferenceService") as exc:
         validate_inferenceservice(_broken(mutate))
     assert message in str(exc.value)
+
+
+@pytest.mark.parametrize("manifest", [[], "InferenceService", None])
+def test_a_manifest_that_is_no_mapping_is_named(manifest):
+    with pytest.raises(ManifestError, match="InferenceService: must be a mapping"):
+        validate_inferenceservice(manifest)
 
 
 def test_the_vendored_schema_names_its_source():

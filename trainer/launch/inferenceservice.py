@@ -51,10 +51,15 @@ def _validator():
 
 def validate_inferenceservice(manifest: dict[str, Any]) -> None:
     """Raise ManifestError naming the field if KServe would reject or silently drop part of `manifest`."""
+    if not isinstance(manifest, dict):
+        raise ManifestError(f"InferenceService: must be a mapping (a YAML document), got a {type(manifest).__name__}")
     if (manifest.get("apiVersion"), manifest.get("kind")) != ("serving.kserve.io/v1beta1", "InferenceService"):
         raise ManifestError("InferenceService: apiVersion/kind must be serving.kserve.io/v1beta1 InferenceService")
-    name = manifest.get("metadata", {}).get("name", "")
-    if not _ISVC_NAME.fullmatch(name):
+    metadata = manifest.get("metadata")
+    if not isinstance(metadata, dict):
+        raise ManifestError("InferenceService metadata: must be a mapping with a name")
+    name = metadata.get("name", "")
+    if not isinstance(name, str) or not _ISVC_NAME.fullmatch(name):
         raise ManifestError(f"InferenceService metadata.name: {name!r} must match {_ISVC_NAME.pattern}")
     if len(name) > ISVC_NAME_MAX:
         raise ManifestError(
