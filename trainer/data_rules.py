@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import codecs
 import json
+import logging
 import math
 import re
 from collections.abc import Iterable, Iterator
@@ -35,6 +36,7 @@ from trainer.config import Config
 from trainer.shards import DataError
 from trainer.storage import (
     CHECK_BUDGET_S,
+    LocalStore,
     ObjectNotFound,
     ObjectStore,
     StoreError,
@@ -45,6 +47,8 @@ from trainer.storage import (
     parse_uri,
 )
 from trainer.tokenizer import parse_spec
+
+log = logging.getLogger("kftrain.data")
 
 #: Sources that are built in, not objects in a store.
 BUILTIN_SOURCES = ("", "digits", "python-stdlib")
@@ -306,7 +310,27 @@ def source_listing(store: ObjectStore, source: str, versions: bool = True) -> di
                 "stores take; rename it (e.g. `convmv -f latin1 -t utf8 -r --notest FOLDER`)"
             ) from None
         found[uri] = version
-    return found
+    return _each_file_once(store, source, found) if isinstance(store, LocalStore) else found
+
+
+def _each_file_once(store: LocalStore, source: str, found: dict[str, str]) -> dict[str, str]:
+    """`found` with each local file once: a second path to one (a link to a file beside it, a
+    hard link) would read its text twice, and a split of both copies puts test lines into
+    training. The first path in the listing's order is kept."""
+    first: dict[tuple[int, int], str] = {}
+    kept = {}
+    for uri, version in found.items():
+        try:
+            identity = store.file_identity(uri)
+        except OSError:  # gone since the listing: what reading it says
+            kept[uri] = version
+            continue
+        if identity in first:
+            log.warning("data.source %s: %s is %s again (a link): read once", source, uri, first[identity])
+            continue
+        first[identity] = uri
+        kept[uri] = version
+    return kept
 
 
 #: How causal_lm data prep makes tokens of its text, in `data.source_version`: KFP's cache keys

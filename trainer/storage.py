@@ -458,6 +458,12 @@ class LocalStore:
                 if S_ISREG(st.st_mode):
                     yield join_uri(base, (rel / name).as_posix()), st
 
+    def file_identity(self, uri: str) -> tuple[int, int]:
+        """The file `uri` names, through links: (device, inode), the same for every path to it
+        (a symbolic link, a hard link)."""
+        st = os.stat(self._path(uri))
+        return st.st_dev, st.st_ino
+
     def delete(self, uri: str) -> None:
         self._path(uri).unlink(missing_ok=True)
 

@@ -412,6 +412,28 @@ def test_a_linked_folder_is_read_through_once_under_one_name_and_a_link_loop_end
     assert source_objects(LocalStore(), src) == expected
 
 
+@pytest.mark.parametrize("how", ["symlink", "hardlink", "symlink-into-a-subfolder"])
+def test_a_file_two_paths_lead_to_is_read_once_under_the_first(tmp_path, caplog, how):
+    """(was: read twice: a split of both copies put its test lines into training, without a word)"""
+    import os
+
+    from trainer.data_rules import source_listing, source_objects
+    from trainer.storage import LocalStore
+
+    src = tmp_path / "src"
+    (src / "sub").mkdir(parents=True)
+    (src / "a.txt").write_text("the text\n")
+    second = src / ("sub/latest.txt" if how.endswith("subfolder") else "latest.txt")
+    if how == "hardlink":
+        os.link(src / "a.txt", second)
+    else:
+        second.symlink_to(src / "a.txt")
+    with caplog.at_level("WARNING", logger="kftrain.data"):
+        assert source_objects(LocalStore(), str(src)) == [f"{src}/a.txt"]
+    assert f"{second} is {src}/a.txt again (a link): read once" in caplog.text
+    assert list(source_listing(LocalStore(), str(src))) == [f"{src}/a.txt"]
+
+
 def test_a_file_name_that_is_not_utf8_is_named_with_its_fix(tmp_path):
     """(was: a UnicodeEncodeError in the pre-flight, reported as a bug in kftrain)"""
     import os
