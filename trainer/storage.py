@@ -147,6 +147,10 @@ def parse_uri(uri: str) -> Location:
                 f"./{redact(uri)})"
             )
         return Location("file", "", os.path.abspath(os.path.expanduser(uri)))
+    if any(c in uri for c in "\t\r\n"):  # urlsplit drops them: another key, maybe another object's
+        raise ValueError(
+            f"storage URI {redact(uri)!r} holds a tab or a line end, which URLs leave out; rename the object"
+        )
     parts = urlsplit(uri)
     scheme = parts.scheme.lower()
     credentials = has_userinfo(uri)

@@ -58,6 +58,9 @@ def test_relative_paths_become_absolute(tmp_path, monkeypatch):
         ("s3://bucket//x", "empty path segment"),
         ("s3://bucket//", "empty path segment"),
         ("s3://bucket/a?x=1", "query or fragment"),
+        # urlsplit drops them: was another key, another object's where one exists
+        ("s3://bucket/d/tab\tname.txt", "holds a tab or a line end, which URLs leave out; rename the object"),
+        ("s3://bucket/d/line\nend.txt", "holds a tab or a line end"),
         ("file://host/x", "names a host"),
         # A slash short is not a local folder named `s3:` (every flag and field reads URIs here).
         ("s3:/my-bucket/prefix", "lacks the '//' after 's3:' (write s3://bucket/key;"),
