@@ -69,6 +69,21 @@ def test_peft_notes_with_nothing_to_act_on_stay_off_the_terminal(targets):
     assert not [str(w.message) for w in seen if "peft" in w.filename], [str(w.message) for w in seen]
 
 
+def text_config(folder, source, **overrides):
+    """A causal_lm config fine-tuning the model in `folder` on the text at `source`."""
+    from trainer.config import load_config
+
+    return load_config(
+        overrides={
+            "task": "causal_lm",
+            "model.init_from": str(folder),
+            "model.block_size": 16,
+            "data.source": str(source),
+            **overrides,
+        }
+    )
+
+
 def _sentencepiece_style_folder(tmp_path, words: list[str]):
     """The tiny Llama with a tokenizer shaped as transformers writes Llama 2's and Mistral's: a
     `▁` before each word, before the first only at the very start of the input (Metaspace,
@@ -107,21 +122,13 @@ def test_a_sentencepiece_style_tokenizer_reads_each_document_from_its_start(tmp_
     import numpy as np
     from transformers import PreTrainedTokenizerFast
 
-    from trainer.config import load_config
     from trainer.shards import read_shard, split_shards
     from trainer.storage import LocalStore
 
     texts = [f"record {i} alpha beta" for i in range(300)]
     folder = _sentencepiece_style_folder(tmp_path, ["record", "alpha", "beta", *map(str, range(300))])
     (tmp_path / "d.jsonl").write_text("".join(json.dumps({"text": t}) + "\n" for t in texts))
-    cfg = load_config(
-        overrides={
-            "task": "causal_lm",
-            "model.init_from": str(folder),
-            "model.block_size": 16,
-            "data.source": str(tmp_path / "d.jsonl"),
-        }
-    )
+    cfg = text_config(folder, tmp_path / "d.jsonl")
     manifest = PretrainedLMTask().prepare(cfg, LocalStore(), str(tmp_path / "ds"))
     assert manifest["document_marks"] == {"start": "<s>", "end": "</s>"}
     hf = PreTrainedTokenizerFast(tokenizer_file=str(folder / "tokenizer.json"))
@@ -158,7 +165,6 @@ def test_text_for_a_pretrained_model_is_tokenized_document_by_document_as_transf
 
     import numpy as np
 
-    from trainer.config import load_config
     from trainer.shards import read_shard, split_shards
     from trainer.storage import LocalStore
 
@@ -180,16 +186,7 @@ def test_text_for_a_pretrained_model_is_tokenized_document_by_document_as_transf
         }
         (folder / "tokenizer.json").write_text(json.dumps(tokenizer))
     (tmp_path / "d.jsonl").write_text("".join(json.dumps({"text": f"record {i} " * 8}) + "\n" for i in range(300)))
-    cfg = load_config(
-        overrides={
-            "task": "causal_lm",
-            "model.init_from": str(folder),
-            "model.block_size": 16,
-            "data.source": str(tmp_path / "d.jsonl"),
-            "data.val_fraction": 0.1,
-            "data.test_fraction": 0.1,
-        }
-    )
+    cfg = text_config(folder, tmp_path / "d.jsonl", **{"data.val_fraction": 0.1, "data.test_fraction": 0.1})
     task = PretrainedLMTask()
     with caplog.at_level("WARNING", logger="kftrain.pretrained"):
         manifest = task.prepare(cfg, LocalStore(), str(tmp_path / "ds"))
