@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any
 from trainer.config import BUILTIN_TASKS, Config, ConfigError, config_to_json, to_dict
 from trainer.errors import KftrainError
 from trainer.k8s_formats import quantity_value
-from trainer.storage import StoreError, check_deadline, join_uri, parse_uri, place_of
+from trainer.storage import LocalStore, StoreError, check_deadline, join_uri, parse_uri, place_of
 
 log = logging.getLogger("kftrain.checks")
 
@@ -119,13 +119,21 @@ def check_writes_outside_source(cfg: Config, output_dir: str = "") -> None:
     folder = place(source)
     writes = {"store.uri": cfg.store.uri, "--output-dir": output_dir}
     writes["checkpoint.uri"] = cfg.checkpoint.uri if cfg.checkpoint.enabled else ""
+    writes = {field: uri for field, uri in writes.items() if uri}
+    # A local source is read through its links to folders outside it too: a place inside one of them.
+    local = not parse_uri(source).is_remote and os.path.isdir(folder)
+    linked = (
+        LocalStore().linked_folders(folder) if local and any("://" not in place(u) for u in writes.values()) else []
+    )
     for field, uri in writes.items():
-        if not uri:
-            continue
         key = place(uri)
-        if key == folder or key.startswith(f"{folder}/"):
+        inside = key == folder or key.startswith(f"{folder}/")
+        real = os.path.realpath(key) if "://" not in key and not parse_uri(uri).is_remote else ""
+        via = next((f for f in linked if real and (real == f or real.startswith(f"{f}/"))), None)
+        if inside or via:
+            how = f" through its link to {via}" if via and not inside else ""
             raise ConfigError(
-                f"{field} {uri!r} is inside data.source {source!r}: data prep would read the run's own logs, "
+                f"{field} {uri!r} is inside data.source {source!r}{how}: data prep would read the run's own logs, "
                 "records and checkpoints as training data; write them outside the source"
             )
 

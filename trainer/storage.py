@@ -427,7 +427,15 @@ class LocalStore:
     def versions(self, prefix: str) -> dict[str, str]:
         return {uri: _file_version(st) for uri, st in sorted(self._files(prefix))}
 
-    def _files(self, prefix: str) -> Iterator[tuple[str, os.stat_result]]:
+    def linked_folders(self, prefix: str) -> list[str]:
+        """The real paths of the folders outside the folder `prefix` that reading it enters
+        through its links (:meth:`_files`), in the order it enters them."""
+        entered: list[str] = []
+        for _ in self._files(prefix, entered):
+            pass
+        return entered
+
+    def _files(self, prefix: str, entered_links: list[str] | None = None) -> Iterator[tuple[str, os.stat_result]]:
         """(URI, stat) of every file below the folder `prefix`, in a fixed order, but for the
         `.kftrain-*.tmp` files of writes in progress; through linked folders that lead out of it
         (a folder of links to datasets is a folder of data), each real folder once, so a link
@@ -450,6 +458,8 @@ class LocalStore:
                     continue
                 claimed.add(real)
                 entered.append(sub)
+                if entered_links is not None and os.path.islink(path):
+                    entered_links.append(real)
             subfolders[:] = entered
             rel = Path(folder).relative_to(root)
             for name in sorted(names):

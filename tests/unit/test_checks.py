@@ -500,11 +500,19 @@ def test_the_pipeline_s_own_parameters_are_checked_in_its_first_step(overrides, 
         ("s3://bkt/data/", {"store.uri": "s3://other/data/runs"}, ""),
         ("s3://bkt/data/", {"store.uri": "{tmp}/corpus"}, ""),  # a local folder is not the bucket
         ("{tmp}/corpus", {"checkpoint.uri": "{tmp}/corpus/ck", "checkpoint.enabled": False}, ""),  # never written
+        # Through a link in the source to a folder it reads (was: past the pre-flight, then data
+        # prep read the run's own files)
+        ("{tmp}/corpus", {"output_dir": "{tmp}/outz"}, "--output-dir"),  # corpus/zz -> outz
+        ("{tmp}/corpus", {"store.uri": "{tmp}/outz/store"}, "store.uri"),
+        ("{tmp}/corpus", {"output_dir": "{tmp}/elsewhere"}, ""),
     ],
 )
 def test_a_run_never_writes_inside_its_data_source(tmp_path, source, writes, refused):
     from trainer.checks import check_writes_outside_source
 
+    (tmp_path / "corpus").mkdir()
+    (tmp_path / "outz").mkdir()
+    (tmp_path / "corpus" / "zz").symlink_to(tmp_path / "outz")
     fill = {k: v.format(tmp=tmp_path) if isinstance(v, str) else v for k, v in writes.items()}
     output_dir = fill.pop("output_dir", "")
     cfg = load_config(overrides={"data.source": source.format(tmp=tmp_path), **fill})
