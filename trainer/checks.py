@@ -120,15 +120,14 @@ def check_writes_outside_source(cfg: Config, output_dir: str = "") -> None:
     writes = {"store.uri": cfg.store.uri, "--output-dir": output_dir}
     writes["checkpoint.uri"] = cfg.checkpoint.uri if cfg.checkpoint.enabled else ""
     writes = {field: uri for field, uri in writes.items() if uri}
-    # A local source is read through its links to folders outside it too: a place inside one of them.
-    local = not parse_uri(source).is_remote and os.path.isdir(folder)
-    linked = (
-        LocalStore().linked_folders(folder) if local and any("://" not in place(u) for u in writes.values()) else []
-    )
+    # A local source is read through its links to folders outside it too: a local place inside one of them.
+    local = {field: os.path.realpath(place(uri)) for field, uri in writes.items() if not parse_uri(uri).is_remote}
+    source_is_local = not parse_uri(source).is_remote and os.path.isdir(folder)
+    linked = LocalStore().linked_folders(folder) if local and source_is_local else []
     for field, uri in writes.items():
         key = place(uri)
         inside = key == folder or key.startswith(f"{folder}/")
-        real = os.path.realpath(key) if "://" not in key and not parse_uri(uri).is_remote else ""
+        real = local.get(field)
         via = next((f for f in linked if real and (real == f or real.startswith(f"{f}/"))), None)
         if inside or via:
             how = f" through its link to {via}" if via and not inside else ""

@@ -429,24 +429,22 @@ class LocalStore:
 
     def linked_folders(self, prefix: str) -> list[str]:
         """The real paths of the folders outside the folder `prefix` that reading it enters
-        through its links (:meth:`_files`), in the order it enters them."""
-        entered: list[str] = []
-        for _ in self._files(prefix, entered):
-            pass
-        return entered
+        through its links (:meth:`_folders`), in the order it enters them."""
+        return [real for _, _, real in self._folders(prefix) if real is not None]
 
-    def _files(self, prefix: str, entered_links: list[str] | None = None) -> Iterator[tuple[str, os.stat_result]]:
-        """(URI, stat) of every file below the folder `prefix`, in a fixed order, but for the
-        `.kftrain-*.tmp` files of writes in progress; through linked folders that lead out of it
-        (a folder of links to datasets is a folder of data), each real folder once, so a link
-        loop ends. A link back into the folder is not entered (what it leads to is read under its
-        own name), nor a hidden one (a source's listing leaves hidden paths out: the first way in
-        to a folder would have hidden it)."""
+    def _folders(self, prefix: str) -> Iterator[tuple[str, list[str], str | None]]:
+        """(folder, its file names, sorted; the real path a link led into it from, else None) of
+        the folder `prefix` and every folder below it, in a fixed order: through linked folders
+        that lead out of it (a folder of links to datasets is a folder of data), each real folder
+        once, so a link loop ends. A link back into the folder is not entered (what it leads to is
+        read under its own name), nor a hidden one (a source's listing leaves hidden paths out:
+        the first way in to a folder would have hidden it)."""
         root = self._path(prefix)
         if not root.is_dir():
             return
-        base, real_root = prefix.rstrip("/"), os.path.realpath(root)
+        real_root = os.path.realpath(root)
         claimed = {real_root}
+        linked: dict[str, str] = {}  # folder -> the real path its link led to
         for folder, subfolders, names in os.walk(root, followlinks=True):
             entered = []
             for sub in sorted(subfolders):
@@ -458,11 +456,18 @@ class LocalStore:
                     continue
                 claimed.add(real)
                 entered.append(sub)
-                if entered_links is not None and os.path.islink(path):
-                    entered_links.append(real)
+                if os.path.islink(path):
+                    linked[path] = real
             subfolders[:] = entered
+            yield folder, sorted(names), linked.pop(folder, None)
+
+    def _files(self, prefix: str) -> Iterator[tuple[str, os.stat_result]]:
+        """(URI, stat) of every file below the folder `prefix` (:meth:`_folders`), but for the
+        `.kftrain-*.tmp` files of writes in progress."""
+        root, base = self._path(prefix), prefix.rstrip("/")
+        for folder, names, _ in self._folders(prefix):
             rel = Path(folder).relative_to(root)
-            for name in sorted(names):
+            for name in names:
                 if name.startswith(TEMP_PREFIX) and name.endswith(TEMP_SUFFIX):
                     continue
                 try:
