@@ -119,7 +119,7 @@ _OVER_REQUEST = re.compile(
 #: `sizeLimit`, kftrain's /dev/shm `dshm` among them; a container's or the pod's ephemeral-storage
 #: limit): the run's settings, which a re-created job hits again, not a preemption.
 _OVER_LIMIT = re.compile(
-    r'Usage of EmptyDir volume "(?P<volume>[^"]+)" exceeds the limit'
+    r'Usage of EmptyDir volume "[^"]+" exceeds the limit'
     r"|Container (?P<container>\S+) exceeded its local ephemeral storage limit"
     r"|Pod ephemeral local storage usage exceeds the total limit of containers"
 )
@@ -245,12 +245,14 @@ def _terminated(container: Mapping[str, Any]) -> list[Mapping[str, Any]]:
 def _eviction(cause: str, *messages: str) -> str:
     """`cause`, unless an eviction's message says the pod used more than it requested
     (:data:`_OVER_REQUEST`) or than a limit of its own (:data:`_OVER_LIMIT`)."""
+    if cause != PREEMPTED:
+        return cause
     for message in messages:
-        for m in _OVER_REQUEST.finditer(message or "") if cause == PREEMPTED else ():
+        for m in _OVER_REQUEST.finditer(message or ""):
             if m["container"] in TRAINING_CONTAINERS:
                 return OOM if m["what"] == "memory" else USER_ERROR
-        for m in _OVER_LIMIT.finditer(message or "") if cause == PREEMPTED else ():
-            if m["container"] is None or m["container"] in TRAINING_CONTAINERS:
+        for m in _OVER_LIMIT.finditer(message or ""):
+            if m["container"] is None or m["container"] in TRAINING_CONTAINERS:  # None: a pod's or a volume's
                 return USER_ERROR
     return cause
 
