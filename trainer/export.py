@@ -154,19 +154,21 @@ def export_model(
     ts_err = _check(
         "TorchScript", torch.jit.load(io.BytesIO(buf.getvalue()))(example).detach().numpy(), expected.numpy()
     )
-    put(TORCHSCRIPT, buf.getvalue())
-
     names, dims = (task.serving_input, task.serving_output), task.serving_dynamic_dims
     onnx_model = onnx_bytes(serving, example[:1], *names, dims)
     session = onnxruntime.InferenceSession(onnx_model, providers=["CPUExecutionProvider"])
     onnx_err = _check("ONNX", session.run(None, {names[0]: example.numpy()})[0], expected.numpy())
-    put(ONNX, onnx_model)
-    put(TRITON_CONFIG, triton_config(*names, example, expected, dims).encode())
-
     extra = task.extra_exports(model, meta)
-    for name, data in extra.items():
+    # Published only once every format passed its check: a failed check leaves the output empty,
+    # not a TorchScript file beside no model card that a server could pick up.
+    for name, data in (
+        (TORCHSCRIPT, buf.getvalue()),
+        (ONNX, onnx_model),
+        (TRITON_CONFIG, triton_config(*names, example, expected, dims).encode()),
+        *extra.items(),
+        (SAFETENSORS, save_safetensors(weights(serving))),
+    ):
         put(name, data)
-    put(SAFETENSORS, save_safetensors(weights(serving)))
     inputs: dict[str, Any] = {
         "name": names[0],
         "dtype": str(example.dtype).removeprefix("torch."),

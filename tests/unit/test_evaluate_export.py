@@ -192,6 +192,26 @@ class ServedFromItsOwnFiles(ClassificationTask):
         return {"served/first_weight.json": json.dumps(model[0].weight.tolist()).encode()}
 
 
+@pytest.mark.parametrize("failing", ["TorchScript", "ONNX"])
+def test_a_format_that_fails_its_check_leaves_nothing_published(trained, tmp_path, monkeypatch, failing):
+    """Every format is checked before any is written: a failed check once left `model.pt` beside
+    no model card, where a server watching the folder would pick it up."""
+    import trainer.export as export
+
+    check = export._check
+
+    def failing_check(name, got, expected):
+        if name == failing:
+            raise export.ExportError(f"{name} output differs")
+        return check(name, got, expected)
+
+    monkeypatch.setattr(export, "_check", failing_check)
+    store, uri, _, _ = trained
+    with pytest.raises(export.ExportError, match=failing):
+        export_model(store, uri, str(tmp_path / "export"))
+    assert not (tmp_path / "export").exists() or not any((tmp_path / "export").rglob("*"))
+
+
 def test_a_task_without_a_serving_module_exports_its_own_files_from_the_loaded_weights(trained, tmp_path):
     store, uri, model, meta = trained
     meta = {**meta, "task": f"{__name__}:ServedFromItsOwnFiles"}
