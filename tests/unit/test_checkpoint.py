@@ -220,7 +220,9 @@ def test_a_changed_block_is_an_error_where_it_is_read_and_harmless_where_it_is_n
     ) as err:
         load_model_only(store, prefix, record)
     # The way back: a retry reads the same bytes (was: the same failure on every resume, and no word of it).
-    assert str(err.value).endswith(f"delete {prefix}/step-00000001, and a resume starts from the checkpoint before it")
+    assert str(err.value).endswith(
+        f"delete {prefix}/step-00000001, and a resume starts from the complete checkpoint before it (from the start where there is none)"
+    )
 
 
 def test_a_block_is_fetched_in_pieces_and_a_short_object_is_refused(tmp_path, monkeypatch):
