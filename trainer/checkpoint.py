@@ -625,7 +625,8 @@ class StoreReader(FileSystemReader):
         reads the same bytes), so the error says how to go back to the step before it."""
         return CheckpointError(
             f"{what} in {COMMIT}: the checkpoint was changed after it was committed, and is damaged for good; delete "
-            f"{self._folder}, and a resume starts from the complete checkpoint before it (from the start where there is none)"
+            f"{self._folder}, and a resume starts from the complete checkpoint before it (from the start where "
+            "there is none)"
         )
 
     def _note(self, name: str) -> None:

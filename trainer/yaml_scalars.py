@@ -17,9 +17,9 @@ _LEADING_ZERO = re.compile(r"0[0-7]+")
 
 
 def unquoted_problem(value: Any, show_value: bool = True) -> str | None:
-    """Why `value`, where text was meant, is YAML's reading of unquoted text (a boolean, a
-    number, a date), with the text to write instead (`quote it` where the value is not shown);
-    None for anything else."""
+    """Why `value`, where text was meant, is YAML's (or a JSON parameter's) reading of unquoted
+    text (a boolean, a number, a date), with the text to write instead (`quote it` where the value
+    is not shown); None for anything else."""
     if isinstance(value, bool):
         kind, written = "boolean", str(value).lower()
     elif isinstance(value, datetime.date):
@@ -28,8 +28,9 @@ def unquoted_problem(value: Any, show_value: bool = True) -> str | None:
         kind, written = "number", value
     else:
         return None
-    fix = f"write '{written}'" if show_value else "quote it"
-    return f"must be a string (YAML reads it unquoted as a {kind}: {fix})"
+    # Double quotes: the fix reads the same in a YAML file and in a KFP parameter's JSON.
+    fix = f'write "{written}"' if show_value else "quote it"
+    return f"must be a string (unquoted, YAML and JSON read it as a {kind}: {fix})"
 
 
 def octal_text_problem(value: Any) -> str | None:

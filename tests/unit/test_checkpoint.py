@@ -221,7 +221,8 @@ def test_a_changed_block_is_an_error_where_it_is_read_and_harmless_where_it_is_n
         load_model_only(store, prefix, record)
     # The way back: a retry reads the same bytes (was: the same failure on every resume, and no word of it).
     assert str(err.value).endswith(
-        f"delete {prefix}/step-00000001, and a resume starts from the complete checkpoint before it (from the start where there is none)"
+        f"delete {prefix}/step-00000001, and a resume starts from the complete checkpoint before it "
+        "(from the start where there is none)"
     )
 
 

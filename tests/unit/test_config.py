@@ -53,7 +53,7 @@ def test_yaml_file_maps_onto_the_tree(tmp_path):
         ("train:\n  learning_rate: fast\n", "train.learning_rate: must be a number"),
         (
             "kubernetes:\n  labels: {day: 2024-01-01}\n",
-            "kubernetes.labels.day: must be a string (YAML reads it unquoted as a date",
+            "kubernetes.labels.day: must be a string (unquoted, YAML and JSON read it as a date",
         ),
         # Text Python's float() would take: only YAML's exponent notation is read as a number.
         ("train:\n  learning_rate: 010\n", "train.learning_rate: must be a number, got '010'"),
@@ -124,8 +124,14 @@ def test_yaml_file_maps_onto_the_tree(tmp_path):
             "task: causal_lm\ncheckpoint:\n  keep_best: max:val_accuracy\n",
             "name one of train_loss, val_loss, val_perplexity",
         ),
-        ("checkpoint:\n  resume_from: 12345\n", "must be a string (YAML reads it unquoted as a number: write '12345')"),
-        ("kubernetes:\n  namespace: true\n", "must be a string (YAML reads it unquoted as a boolean: write 'true')"),
+        (
+            "checkpoint:\n  resume_from: 12345\n",
+            'must be a string (unquoted, YAML and JSON read it as a number: write "12345")',
+        ),
+        (
+            "kubernetes:\n  namespace: true\n",
+            'must be a string (unquoted, YAML and JSON read it as a boolean: write "true")',
+        ),
         ("checkpoint:\n  keep_best: {max: }\n", "must be a string (YAML reads `max:` as a mapping: quote it)"),
         ("data:\n  label_column: ''\n", "data.label_column: must not be empty"),
         ("- a\n- b\n", "must hold a mapping"),

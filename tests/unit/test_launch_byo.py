@@ -3,6 +3,7 @@
 
 # No `from __future__ import annotations`: KFP reads the test pipeline's annotations as types.
 import json
+import re
 from dataclasses import replace
 
 import pytest
@@ -333,6 +334,37 @@ def test_the_component_refuses_a_local_output_path_on_a_cluster(tmp_path):
     model = Model(name="model", uri=str(tmp_path / "model"))
     with pytest.raises(ConfigError, match="output URI .* is a local path"):
         pytorchjob.python_func(image="user/img:1", command=["python", "train.py"], model=model, launcher="kubernetes")
+
+
+@pytest.mark.parametrize(
+    ("parameter", "value", "message"),
+    [
+        # As KFP hands a UI's JSON over: every number a float.
+        (
+            "env",
+            {"FLAG": True},
+            'env.FLAG: must be a string (unquoted, YAML and JSON read it as a boolean: write "true")',
+        ),
+        ("env", {"N": 1.0}, 'env.N: must be a string (unquoted, YAML and JSON read it as a number: write "1")'),
+        ("env", {"F": 2.5}, 'env.F: must be a string (unquoted, YAML and JSON read it as a number: write "2.5")'),
+        ("env", {"W": {"a": 1.0}}, "env.W: must be a string, got dict {'a': 1}"),
+        ("node_selector", {"gpu": True}, "node_selector.gpu: must be a string (unquoted, YAML and JSON read it as a"),
+        ("command", ["python", "train.py", "--epochs", 3.0], "command[3]: must be a string (unquoted, YAML and JSON"),
+        ("command", ["python", ""], "command[1]: must be a non-empty string"),
+    ],
+)
+def test_a_json_value_that_is_no_text_is_refused_not_rewritten_in_pythons_spelling(tmp_path, parameter, value, message):
+    """The component once wrote `str(v)` of each: `true` reached the pods as `True` (a nodeSelector
+    no node matches), an object as Python's repr."""
+    from kfp.dsl import Model
+
+    from components.pytorchjob import pytorchjob
+
+    given = {"command": ["python", "train.py"], parameter: value}
+    with pytest.raises(ConfigError, match=re.escape(message)):
+        pytorchjob.python_func(
+            image="user/img:1", model=Model(name="model", uri=str(tmp_path / "model")), launcher="local", **given
+        )
 
 
 def test_the_component_compiles_to_yaml_that_a_pipeline_loads(tmp_path):

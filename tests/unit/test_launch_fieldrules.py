@@ -54,9 +54,9 @@ REFUSED = [
         ["kubernetes.tolerations[0]: tolerationSeconds needs effect NoExecute, got 'NoSchedule'"],
     ),
     # YAML's reading of a plain scalar where the pod spec wants text, or an octal number
-    ({"kubernetes.tolerations": [{"key": "gpu", "value": True}]}, BOTH, ["kubernetes.tolerations[0]: value must be a string (YAML reads it unquoted as a boolean: write 'true')"]),
-    ({"kubernetes.tolerations": [{"key": "gpu", "value": 0}]}, BOTH, ["kubernetes.tolerations[0]: value must be a string (YAML reads it unquoted as a number: write '0')"]),
-    ({"kubernetes.tolerations": [{"key": 1, "operator": "Exists"}]}, BOTH, ["kubernetes.tolerations[0]: key must be a string (YAML reads it unquoted as a number: write '1')"]),
+    ({"kubernetes.tolerations": [{"key": "gpu", "value": True}]}, BOTH, ['kubernetes.tolerations[0]: value must be a string (unquoted, YAML and JSON read it as a boolean: write "true")']),
+    ({"kubernetes.tolerations": [{"key": "gpu", "value": 0}]}, BOTH, ['kubernetes.tolerations[0]: value must be a string (unquoted, YAML and JSON read it as a number: write "0")']),
+    ({"kubernetes.tolerations": [{"key": 1, "operator": "Exists"}]}, BOTH, ['kubernetes.tolerations[0]: key must be a string (unquoted, YAML and JSON read it as a number: write "1")']),
     ({"kubernetes.volumes": [{"name": "creds", "secret": {"secretName": "creds", "defaultMode": "0400"}}]}, BOTH, ["kubernetes.volumes (creds): defaultMode must be a number: '0400' is text here", "write 0o400 or 256"]),
     # names: a namespace is a DNS-1123 label, a Secret's name a DNS-1123 subdomain
     ({"kubernetes.namespace": "team.a"}, BOTH, ["kubernetes.namespace: 'team.a' is not a namespace: a DNS-1123 label"]),

@@ -13,11 +13,11 @@ from trainer.yaml_scalars import octal_text_problem, unquoted_problem
 @pytest.mark.parametrize(
     ("value", "said"),
     [
-        (True, "must be a string (YAML reads it unquoted as a boolean: write 'true')"),
-        (False, "must be a string (YAML reads it unquoted as a boolean: write 'false')"),
-        (8, "must be a string (YAML reads it unquoted as a number: write '8')"),
-        (0.5, "must be a string (YAML reads it unquoted as a number: write '0.5')"),
-        (datetime.date(2026, 1, 2), "must be a string (YAML reads it unquoted as a date: write '2026-01-02')"),
+        (True, 'must be a string (unquoted, YAML and JSON read it as a boolean: write "true")'),
+        (False, 'must be a string (unquoted, YAML and JSON read it as a boolean: write "false")'),
+        (8, 'must be a string (unquoted, YAML and JSON read it as a number: write "8")'),
+        (0.5, 'must be a string (unquoted, YAML and JSON read it as a number: write "0.5")'),
+        (datetime.date(2026, 1, 2), 'must be a string (unquoted, YAML and JSON read it as a date: write "2026-01-02")'),
         ("text", None),
         (None, None),
         ([1], None),
@@ -30,7 +30,7 @@ def test_unquoted_text_names_the_type_yaml_read_and_the_text_to_write(value, sai
 def test_a_value_not_shown_is_only_asked_to_be_quoted():
     assert (
         unquoted_problem(12345678, show_value=False)
-        == "must be a string (YAML reads it unquoted as a number: quote it)"
+        == "must be a string (unquoted, YAML and JSON read it as a number: quote it)"
     )
 
 

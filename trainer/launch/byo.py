@@ -43,6 +43,7 @@ from trainer.launch.jobkind import kinds_it_may_become
 from trainer.launch.preflight import ManifestError
 from trainer.launch.spec import OPERATOR_ENV, UNBUFFERED_ENV, JobSpec, require_object_store
 from trainer.storage import parse_uri
+from trainer.yaml_scalars import unquoted_problem
 
 #: `$(NAME)`, which the kubelet replaces in a container's command and env values by another
 #: variable's value (`$$(NAME)`: the text `$(NAME)`).
@@ -82,11 +83,9 @@ def replica_uri(uri: str, what: str, cluster: bool) -> str:
 
 def _check_env(env: Mapping[str, str], store_env: Sequence[str]) -> None:
     check_plain_env(dict(env), "env", _SECRET_HINT)
-    for name, value in env.items():
+    for name in env:
         if why := env_name_problem(name):
             raise ConfigError(f"env.{name}: {why}")
-        if not isinstance(value, str):
-            raise ConfigError(f"env.{name}: the value must be text, got {type(value).__name__}")
         if name in RESERVED_ENV or name in store_env:
             raise ConfigError(
                 f"env.{name}: set by the Training Operator or the launcher (see the replicas' environment "
@@ -151,13 +150,20 @@ def byo_job(
         ConfigError: a value the cluster would reject or misread, naming the parameter.
     """
     command = list(command)
-    if not command or not all(isinstance(c, str) and c for c in command):
-        raise ConfigError(f"command: must be a non-empty list of non-empty strings, got {command!r}")
+    if not command:
+        raise ConfigError("command: must be a non-empty list of strings, got []")
     for where, text in [
         *((f"command[{i}]", c) for i, c in enumerate(command)),
         *((f"env.{k}", v) for k, v in (env or {}).items()),
+        *((f"node_selector.{k}", v) for k, v in (node_selector or {}).items()),
     ]:
-        if isinstance(text, str) and (ref := _K8S_REFERENCE.search(text)):
+        # A JSON `true` or `8` in a parameter: the pod must get the text the user meant, not Python's.
+        if not isinstance(text, str):
+            why = unquoted_problem(text) or f"must be a string, got {type(text).__name__} {text!r}"
+            raise ConfigError(f"{where}: {why}")
+        if where.startswith("command") and not text:
+            raise ConfigError(f"{where}: must be a non-empty string")
+        if ref := _K8S_REFERENCE.search(text):
             raise ConfigError(
                 f"{where}: {ref.group()} is Kubernetes' reference to another variable, which a pod would expand and "
                 f"a local run would not: the job gets the text as written in both; read the variable in your "
