@@ -59,7 +59,9 @@ PARAMS: tuple[Param, ...] = (
     ),
     Param("replicas", "job.replicas", int, "Training replicas in total: 1 Master + (replicas - 1) Workers."),
     Param("nproc_per_node", "job.nproc_per_node", int, "Training processes (GPUs) per replica."),
-    Param("epochs", "train.epochs", int, "Passes over the training split."),
+    Param(
+        "epochs", "train.epochs", int, "Passes over the training split (train.max_steps, when set, decides instead)."
+    ),
     Param("batch_size", "train.batch_size", int, "Global batch size; must divide by replicas x nproc_per_node."),
     Param("learning_rate", "train.learning_rate", float, "AdamW learning rate."),
     Param("image", "job.image", str, "Image of the training replicas."),

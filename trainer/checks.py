@@ -219,10 +219,37 @@ def unread_by(task: str, field: str) -> bool:
     return task in BUILTIN_TASKS and any(field in fields for t, fields in _TASK_ONLY_FIELDS.items() if t != task)
 
 
+#: Fields another setting leaves unread: the field, whether `cfg` leaves it unread, and which setting decides.
+_SHADOWED: tuple[tuple[str, Callable[[Config], bool], Callable[[Config], str]], ...] = (
+    (
+        "train.epochs",
+        lambda cfg: cfg.train.max_steps > 0,
+        lambda cfg: f"train.max_steps ({cfg.train.max_steps}) decides how long training runs (0: epochs do)",
+    ),
+    (
+        "train.max_consecutive_skips",
+        lambda cfg: cfg.train.on_nonfinite != "skip",
+        lambda cfg: f"it counts skipped updates, and train.on_nonfinite is {cfg.train.on_nonfinite!r}",
+    ),
+    (
+        "train.bucket_cap_mb",
+        lambda cfg: cfg.train.strategy != "ddp",
+        lambda cfg: f"DDP's gradient buckets only, and train.strategy is {cfg.train.strategy!r}",
+    ),
+    (
+        "train.divergence_check_steps",
+        lambda cfg: cfg.train.strategy == "fsdp",
+        lambda cfg: "it compares DDP replicas, and train.strategy is 'fsdp' (no replicas)",
+    ),
+)
+
+
 def ignored_settings(cfg: Config) -> list[str]:
     """A line for each field set away from its default that this run never reads: another
-    built-in task's field, or a `lora.*` field (or `export.merge_lora`) without `train.method:
-    lora`. Not errors (a config is often switched between tasks or methods), but never silent."""
+    built-in task's field, a `lora.*` field (or `export.merge_lora`) without `train.method:
+    lora`, or a field another setting decides instead of (`train.epochs` with `train.max_steps`:
+    a pipeline's `epochs` parameter over such a config). Not errors (a config is often switched
+    between tasks or methods), but never silent."""
     from trainer.report import config_changes
 
     changed = [field for field, _, _ in config_changes(to_dict(cfg))]
@@ -241,6 +268,7 @@ def ignored_settings(cfg: Config) -> list[str]:
             for f in changed
             if f.startswith("lora.") or f == "export.merge_lora"
         ]
+    lines += [f"{f}: set, but {why(cfg)}: no effect" for f, unread, why in _SHADOWED if f in changed and unread(cfg)]
     return lines
 
 

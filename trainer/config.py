@@ -415,7 +415,7 @@ class TrainConfig:
     """The optimisation loop run by every rank."""
 
     epochs: int = 20
-    """Passes over the training split."""
+    """Passes over the training split; with `max_steps` above 0, that decides instead (a warning says so)."""
     batch_size: int = 64
     """Global batch size, split evenly over all ranks (and `grad_accum_steps` micro-batches), so it must divide by the
     world size; every optimizer step uses a full global batch."""

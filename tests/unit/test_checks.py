@@ -400,6 +400,16 @@ def test_the_memory_message_names_the_estimate_the_limit_and_the_fixes():
         ({"model.hidden_sizes": [128, 64]}, []),  # the default, written out
         ({"task": "causal_lm", "model.dropout": 0.1}, []),  # both tasks read these two
         ({"data.shard_rows": 64}, []),
+        # A field another setting decides instead of (a pipeline's `epochs` over a config with max_steps).
+        ({"train.max_steps": 100, "train.epochs": 1}, ["train.epochs: set, but train.max_steps (100) decides"]),
+        ({"train.max_steps": 100}, []),
+        ({"train.epochs": 1}, []),
+        ({"train.max_consecutive_skips": 3}, ["train.max_consecutive_skips: set, but it counts skipped updates"]),
+        ({"train.max_consecutive_skips": 3, "train.on_nonfinite": "skip"}, []),
+        ({"train.bucket_cap_mb": 50, "train.strategy": "fsdp"}, ["train.bucket_cap_mb: set, but DDP's gradient"]),
+        ({"train.bucket_cap_mb": 50}, []),
+        ({"train.divergence_check_steps": 10, "train.strategy": "fsdp"}, ["train.divergence_check_steps: set, but"]),
+        ({"train.divergence_check_steps": 10}, []),
     ],
 )
 def test_a_setting_the_run_never_reads_is_named(overrides, said):

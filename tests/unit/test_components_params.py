@@ -237,7 +237,8 @@ def test_the_docs_document_every_parameter_with_its_unset_value_and_default():
     for param in PARAMS:
         default = effective_default(param)
         shown = "empty" if default in ("", {}, []) else f"`{default}`"
-        row = f"| `{param.name}` | `{param.unset}` | `{param.field}` | {shown} | {param.help} |"
+        unset = "''" if param.unset == "" else param.unset  # an empty code span shows its backticks
+        row = f"| `{param.name}` | `{unset}` | `{param.field}` | {shown} | {param.help} |"
         assert row in section, row
     for name in training_pipeline.component_spec.inputs:
         assert f"| `{name}` |" in section, name
