@@ -63,17 +63,11 @@ def configure(
     from components.runtime import end_with_one_line
 
     end_with_one_line("configure")
+    import os
+
     from components.params import config_from_params
     from trainer.checks import check_before_steps
     from trainer.config import config_to_json
-
-    if not hf_token_secret:
-        from trainer.config import ConfigError
-
-        # The later steps mount it by name: an empty name is a pod the API server refuses.
-        raise ConfigError("hf_token_secret: must name a Secret (it is optional: none by that name is fine)")
-    import os
-
     from trainer.launch.local import RUN_MARKER_ENV
 
     # `kftrain run --local` (kfp.local) mounts no Secret in pods it never starts.

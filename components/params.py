@@ -161,23 +161,32 @@ def overrides_from_params(**params: Any) -> dict[str, Any]:
 
 
 def config_from_params(
-    config: str = "", store_secret: str = "", hf_token_secret: str = "", step_pods: bool = True, **params: Any
+    config: str = "",
+    store_secret: str | None = None,
+    hf_token_secret: str | None = None,
+    step_pods: bool = True,
+    **params: Any,
 ) -> Config:
     """The validated config: `config` text, with the parameters that are set applied on top.
 
     `store_secret` and `hf_token_secret` are the Secrets the KFP step pods mount (fixed when the
     pod is created, so they cannot come from the config text): the replicas must use the same
     ones. A config that names another Secret is an error rather than a run whose steps and
-    replicas disagree. Empty: not given (the config's value stands). With `step_pods` (a cluster's
-    run), the Secret's keys must be the ones the step pods read; kfp.local starts no pods.
+    replicas disagree. None: not given (a later step's; the config's value stands); empty: refused,
+    as the step pods mount each by its name. With `step_pods` (a cluster's run), the Secret's keys
+    must be the ones the step pods read; kfp.local starts no pods.
     """
     overrides = overrides_from_params(**params)
     cfg = parse_config(config, overrides, origin="config")
     raw = _raw_kubernetes(config)
     secrets = {}
     for name, given in zip(SECRET_PARAMS, (store_secret, hf_token_secret), strict=True):
+        if given is not None and not given.strip():
+            # An empty name is a step pod the API server refuses, naming no parameter.
+            optional = " (it is optional: none by that name is fine)" if name == "hf_token_secret" else ""
+            raise ConfigError(f"{name}: must name a Secret, got {given!r}{optional}")
         named = getattr(cfg.kubernetes, name)
-        if not given or given == named:
+        if given is None or given == named:
             continue
         # An empty hf_token_secret in the config is "none"; the steps offer theirs anyway (optional).
         if name in raw and (named or name == "store_secret"):
@@ -188,7 +197,7 @@ def config_from_params(
         secrets[f"kubernetes.{name}"] = given
     cfg = parse_config(config, {**overrides, **secrets}) if secrets else cfg
     keys = cfg.kubernetes.store_secret_keys
-    if step_pods and store_secret and cfg.kubernetes.store_secret and keys != KFP_STORE_SECRET_KEYS:
+    if step_pods and store_secret is not None and cfg.kubernetes.store_secret and keys != KFP_STORE_SECRET_KEYS:
         # The step pods' secretKeyRefs are compiled into the pipeline with KFP's own keys, and not
         # optional: a Secret without them keeps every step pod from starting.
         wanted = ", ".join(f"{key} ({var})" for key, var in KFP_STORE_SECRET_KEYS.items())

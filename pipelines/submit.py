@@ -210,7 +210,8 @@ def _validate_config(args: dict[str, Any], known: dict[str, dict[str, Any]]) -> 
 
     effective = {k: args.get(k, known[k]["default"]) for k in known if k in BY_NAME}
     config = args.get("config", known.get("config", {}).get("default") or "")
-    secrets = {name: args.get(name, known.get(name, {}).get("default") or "") for name in SECRET_PARAMS}
+    # A pipeline without a Secret parameter (an own one) mounts none: not given.
+    secrets = {name: args.get(name, known[name].get("default")) for name in SECRET_PARAMS if name in known}
     try:
         cfg = config_from_params(config, **secrets, **effective)
         check_job_manifests(cfg)
@@ -220,7 +221,7 @@ def _validate_config(args: dict[str, Any], known: dict[str, dict[str, Any]]) -> 
         # A bad value a --param gave: name the flag, and the value that leaves the config's own.
         fields = {**{n: p.field for n, p in BY_NAME.items()}, **{n: f"kubernetes.{n}" for n in SECRET_PARAMS}}
         for name in args:
-            if name in fields and re.match(rf"{re.escape(fields[name])}[:.\[ ]", str(exc)):
+            if name in fields and re.match(rf"({re.escape(fields[name])}|{name})[:.\[ ]", str(exc)):
                 # -1 for "the config's value" is not obvious; an empty text or {} / [] is.
                 numeric = name in BY_NAME and BY_NAME[name].type in (int, float)
                 keeps = f" ({BY_NAME[name].unset_shown} keeps the config's value)" if numeric else ""

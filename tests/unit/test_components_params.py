@@ -176,11 +176,15 @@ def test_a_config_naming_another_hf_token_secret_is_refused_with_the_fix():
         config_from_params("kubernetes:\n  hf_token_secret: team-hf\n", hf_token_secret="hf-token")
 
 
-def test_configure_refuses_an_empty_hf_token_secret(monkeypatch):
-    """The later steps mount the Secret by its name: an empty one would be a pod the API server refuses."""
+@pytest.mark.parametrize("secret", ["store_secret", "hf_token_secret"])
+@pytest.mark.parametrize("given", ["", "  "])
+def test_configure_refuses_an_empty_secret_parameter(monkeypatch, secret, given):
+    """The later steps mount each Secret by its name: an empty one would be a pod the API server
+    refuses (an empty store_secret was taken as "not given": the config's Secret for the replicas,
+    none for the steps)."""
     monkeypatch.setattr(sys, "excepthook", sys.excepthook)  # configure installs its one-line hook
-    with pytest.raises(ConfigError, match="hf_token_secret: must name a Secret"):
-        configure.python_func(config="", hf_token_secret="")
+    with pytest.raises(ConfigError, match=f"^{secret}: must name a Secret, got '{given}'"):
+        configure.python_func(config="", **{secret: given})
 
 
 def test_configure_checks_every_config_but_the_one_kftrain_run_has_just_checked(monkeypatch, tmp_path):
