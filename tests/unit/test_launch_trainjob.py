@@ -209,7 +209,7 @@ def test_preflight_refuses_what_the_api_server_or_webhook_would(mutate, field):
     [
         (
             {"kubernetes.elastic.enabled": True, "kubernetes.elastic.max_replicas": 2, "data.partitions": 4},
-            "kubernetes.elastic.enabled",
+            "kubernetes.elastic.enabled: true is not supported",
         ),
         ({"kubernetes.priority_class": "high"}, "kubernetes.priority_class: 'high'"),
         ({"kubernetes.min_available": 2}, "kubernetes.min_available: 2"),

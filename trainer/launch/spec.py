@@ -129,7 +129,7 @@ class JobSpec:
         why = "a TrainJob may be created (job.kind " + repr(self.kind) + ")"
         if self.elastic:
             raise ValueError(
-                f"kubernetes.elastic.enabled: True is not supported when {why}: Trainer v2.3.0 has no elastic "
+                f"kubernetes.elastic.enabled: true is not supported when {why}: Trainer v2.3.0 has no elastic "
                 "PyTorch (its torch plugin says so); use job.kind: pytorchjob"
             )
         # Every such setting at once: one run to learn them all, not one a run.
