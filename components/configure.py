@@ -65,16 +65,23 @@ def configure(
     end_with_one_line("configure")
     import os
 
-    from components.params import config_from_params
+    from components.params import BY_NAME, SECRET_PARAMS, config_from_params, parameter_named_by
     from trainer.checks import check_before_steps
-    from trainer.config import config_to_json
+    from trainer.config import ConfigError, config_to_json
     from trainer.launch.local import RUN_MARKER_ENV
 
     # `kftrain run --local` (kfp.local) mounts no Secret in pods it never starts.
     pods = RUN_MARKER_ENV not in os.environ
-    cfg = config_from_params(
-        config, store_secret=store_secret, hf_token_secret=hf_token_secret, step_pods=pods, **knobs
-    )
+    try:
+        cfg = config_from_params(
+            config, store_secret=store_secret, hf_token_secret=hf_token_secret, step_pods=pods, **knobs
+        )
+    except ConfigError as exc:
+        # The message names the config field; the user set a parameter in the UI.
+        given = [name for name, value in knobs.items() if value != BY_NAME[name].unset] + list(SECRET_PARAMS)
+        if named := parameter_named_by(str(exc), given):
+            raise ConfigError(f"parameter {named[0]}: {exc}{named[1]}") from None
+        raise
     from trainer.checks import check_run_settings
 
     check_run_settings(cfg, **run_settings)

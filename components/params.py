@@ -15,6 +15,8 @@ from __future__ import annotations
 import dataclasses
 import inspect
 import math
+import re
+from collections.abc import Iterable
 from typing import Any
 
 from trainer import k8s_formats as k8s
@@ -160,6 +162,19 @@ def overrides_from_params(**params: Any) -> dict[str, Any]:
     return out
 
 
+def parameter_named_by(message: str, given: Iterable[str]) -> tuple[str, str] | None:
+    """The parameter among `given` whose config field an error `message` starts with, and what to
+    append for it (a number's unset value, which nobody guesses: `-1 keeps the config's value`);
+    None where the message is about no such parameter. The trainer names the field
+    (`train.epochs`), but the user set a parameter (`epochs`)."""
+    fields = {**{n: p.field for n, p in BY_NAME.items()}, **{n: f"kubernetes.{n}" for n in SECRET_PARAMS}}
+    for name in given:
+        if name in fields and re.match(rf"{re.escape(fields[name])}[:.\[ ]", message):
+            numeric = name in BY_NAME and BY_NAME[name].type in (int, float)
+            return name, f" ({BY_NAME[name].unset_shown} keeps the config's value)" if numeric else ""
+    return None
+
+
 def config_from_params(
     config: str = "",
     store_secret: str | None = None,
@@ -184,7 +199,7 @@ def config_from_params(
         if given is not None and not given.strip():
             # An empty name is a step pod the API server refuses, naming no parameter.
             optional = " (it is optional: none by that name is fine)" if name == "hf_token_secret" else ""
-            raise ConfigError(f"{name}: must name a Secret, got {given!r}{optional}")
+            raise ConfigError(f"kubernetes.{name}: must name a Secret, got {given!r}{optional}")
         named = getattr(cfg.kubernetes, name)
         if given is None or given == named:
             continue

@@ -197,7 +197,7 @@ def _refuse_a_file_name(raw: str) -> None:
 def _validate_config(args: dict[str, Any], known: dict[str, dict[str, Any]]) -> None:
     """Run the trainer's config validation on the run's effective parameters before uploading,
     and the quality gate's bounds (the same as `kftrain run`'s flags)."""
-    from components.params import BY_NAME, SECRET_PARAMS, config_from_params
+    from components.params import BY_NAME, SECRET_PARAMS, config_from_params, parameter_named_by
     from trainer.checks import check_plan_gpu, gate_ignored, gate_problem
     from trainer.launch.job import check_cluster_locations, check_job_manifests
     from trainer.pipeline_steps import LAUNCHERS
@@ -218,14 +218,8 @@ def _validate_config(args: dict[str, Any], known: dict[str, dict[str, Any]]) -> 
         check_cluster_locations(cfg)
         check_plan_gpu(cfg)  # else the plan step fails on it, after the run started
     except ValueError as exc:
-        # A bad value a --param gave: name the flag, and the value that leaves the config's own.
-        fields = {**{n: p.field for n, p in BY_NAME.items()}, **{n: f"kubernetes.{n}" for n in SECRET_PARAMS}}
-        for name in args:
-            if name in fields and re.match(rf"({re.escape(fields[name])}|{name})[:.\[ ]", str(exc)):
-                # -1 for "the config's value" is not obvious; an empty text or {} / [] is.
-                numeric = name in BY_NAME and BY_NAME[name].type in (int, float)
-                keeps = f" ({BY_NAME[name].unset_shown} keeps the config's value)" if numeric else ""
-                raise SubmitError(f"--param {name}: {exc}{keeps}") from None
+        if named := parameter_named_by(str(exc), args):  # a bad value a --param gave: name the flag
+            raise SubmitError(f"--param {named[0]}: {exc}{named[1]}") from None
         raise SubmitError(f"the run's parameters are invalid: {exc}") from None
     for name in ("min_accuracy", "max_perplexity"):
         if problem := gate_ignored(name, args.get(name, 0.0), cfg.task):

@@ -176,6 +176,25 @@ def test_a_config_naming_another_hf_token_secret_is_refused_with_the_fix():
         config_from_params("kubernetes:\n  hf_token_secret: team-hf\n", hf_token_secret="hf-token")
 
 
+@pytest.mark.parametrize(
+    ("config", "params", "said"),
+    [
+        ("", {"epochs": 0}, "parameter epochs: train.epochs: must be positive, got 0 (-1 keeps the config's value)"),
+        ("", {"node_selector": {"n": 3.0}}, "parameter node_selector: kubernetes.node_selector.n: must be a string"),
+        ("", {"store_secret": "Bad_Secret"}, "parameter store_secret: kubernetes.store_secret: 'Bad_Secret' is not"),
+        # The config text's own field: no parameter was set, none is named.
+        ("train:\n  epochs: 0\n", {}, "train.epochs: must be positive, got 0"),
+        ("train:\n  epochs: 0\n", {"learning_rate": 0.1}, "train.epochs: must be positive, got 0"),
+    ],
+)
+def test_configure_names_the_parameter_a_ui_user_set(monkeypatch, config, params, said):
+    """The UI user set `epochs`, not `train.epochs` (`kftrain submit` said so; the step did not)."""
+    monkeypatch.setattr(sys, "excepthook", sys.excepthook)  # configure installs its one-line hook
+    with pytest.raises(ConfigError) as err:
+        configure.python_func(config=config, **params)
+    assert str(err.value).startswith(said)
+
+
 @pytest.mark.parametrize("secret", ["store_secret", "hf_token_secret"])
 @pytest.mark.parametrize("given", ["", "  "])
 def test_configure_refuses_an_empty_secret_parameter(monkeypatch, secret, given):
@@ -183,7 +202,9 @@ def test_configure_refuses_an_empty_secret_parameter(monkeypatch, secret, given)
     refuses (an empty store_secret was taken as "not given": the config's Secret for the replicas,
     none for the steps)."""
     monkeypatch.setattr(sys, "excepthook", sys.excepthook)  # configure installs its one-line hook
-    with pytest.raises(ConfigError, match=f"^{secret}: must name a Secret, got '{given}'"):
+    with pytest.raises(
+        ConfigError, match=f"^parameter {secret}: kubernetes.{secret}: must name a Secret, got '{given}'"
+    ):
         configure.python_func(config="", **{secret: given})
 
 

@@ -162,9 +162,9 @@ def test_a_gate_the_task_never_reports_is_refused_at_submit(params, refused):
         ("launcher=Kubernetes", "--param launcher=Kubernetes: must be one of auto, local, kubernetes"),
         ("store_secret=Bad_Secret", "--param store_secret: kubernetes.store_secret: 'Bad_Secret' is not a Secret"),
         # Empty: every step pod mounts the Secret by its name (was: uploaded and started, then refused).
-        ("store_secret=", "--param store_secret: store_secret: must name a Secret, got ''"),
-        ("hf_token_secret=", "--param hf_token_secret: hf_token_secret: must name a Secret, got ''"),
-        ("hf_token_secret= ", "--param hf_token_secret: hf_token_secret: must name a Secret, got ' '"),
+        ("store_secret=", "--param store_secret: kubernetes.store_secret: must name a Secret, got ''"),
+        ("hf_token_secret=", "--param hf_token_secret: kubernetes.hf_token_secret: must name a Secret, got ''"),
+        ("hf_token_secret= ", "--param hf_token_secret: kubernetes.hf_token_secret: must name a Secret, got ' '"),
     ],
 )
 def test_a_bad_parameter_value_names_the_flag_and_the_value_that_keeps_the_config_s(param, refused):
