@@ -46,7 +46,7 @@ from trainer import pretrained
 from trainer.model_io import WEIGHTS, tied_names
 from trainer.progress import ProgressLine
 from trainer.safetensors_file import SafetensorsWriter, TensorSpec
-from trainer.storage import ObjectStore, join_uri
+from trainer.storage import ObjectStore, join_uri, parse_uri
 from trainer.tasks.causal_lm import HF_FOLDER
 
 ADAPTER_FOLDER = "adapter"
@@ -266,8 +266,9 @@ def adapter_config(model: nn.Module, meta: dict[str, Any]) -> dict[str, Any]:
         config["base_model_name_or_path"], _ = pretrained.parse_hf_uri(base["origin"])
         config["revision"] = base["revision"] or None
     else:
-        origin = base["origin"]  # a local folder as typed is relative to where the run started: not where it is loaded
-        config["base_model_name_or_path"] = origin if "://" in origin else os.path.abspath(origin)
+        # A local folder as typed (`~/m`, `./m`, `file:///m`) is no path peft can load: its absolute path.
+        location = parse_uri(base["origin"])
+        config["base_model_name_or_path"] = base["origin"] if location.is_remote else location.key
     config["inference_mode"] = True  # as peft saves it: the adapter is for inference now
     return {k: sorted(v) if isinstance(v, set) else v for k, v in config.items()}
 
