@@ -686,12 +686,21 @@ class Trainer:
 
     def train_step(self, batches) -> None:
         """One optimizer step: `train.grad_accum_steps` micro-batches, one gradient sync, the
-        update (or a skip on a non-finite gradient), the schedule and the progress line."""
-        cfg, device, tc = self.cfg, self.device, self.cfg.train
+        update (or a skip on a non-finite gradient), the schedule and the progress line; its
+        time, or the peak memory of the one step measured on the CPU."""
         measuring = self._measures_peak()
-        if measuring:
-            self.peak_memory.reset()
-        t_step = time.perf_counter()
+        # The window ends however the step does (a non-finite loss raises inside it).
+        with self.peak_memory.window() if measuring else contextlib.nullcontext():
+            t_step = time.perf_counter()
+            self._step(batches, timed=not measuring)
+            seconds = time.perf_counter() - t_step
+        if measuring:  # the profiler slowed this step: its time is not the run's
+            self.measured_peak = self.peak_memory.peak_bytes()
+        else:
+            self.step_seconds.append(seconds)
+
+    def _step(self, batches, timed: bool) -> None:
+        cfg, device, tc = self.cfg, self.device, self.cfg.train
         self.health.begin_step(self.data_wait)
         self.optimizer.zero_grad(set_to_none=True)
         step_loss = torch.zeros((), device=device)
@@ -746,11 +755,7 @@ class Trainer:
         self.epoch_steps += 1
         lr = self.scheduler.get_last_lr()[0]
         self.progress.step(self.step, self.epoch, step_loss, lr, grad_norm, self.data_wait)
-        self.health.end_step(self.step, self.data_wait, timed=not measuring)
-        if measuring:  # the profiler slowed this step: its time is not the run's
-            self.measured_peak = self.peak_memory.peak_bytes()
-        else:
-            self.step_seconds.append(time.perf_counter() - t_step)
+        self.health.end_step(self.step, self.data_wait, timed=timed)
 
     def _apply_optimizer_settings(self) -> None:
         """The config's learning rate and weight decay over the checkpoint's: the optimizer's and

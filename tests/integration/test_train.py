@@ -31,26 +31,45 @@ pytestmark = pytest.mark.timeout(120)
 REPO = Path(__file__).resolve().parents[2]
 
 
-def test_the_trainer_process_exits_with_a_message_not_a_traceback(dataset, tmp_path):
+def trainer_process(cfg, dataset: str, model_uri: str):
+    """`python -m trainer.train` as a replica runs it, on one process; its completed process."""
+    import os
     import subprocess
     import sys
 
     from trainer.config import config_to_json
 
-    truncate(join_uri(dataset, "train/rows-00000.npz"), 300)
-    cfg = load_config(overrides={"checkpoint.enabled": False, "train.epochs": 1})
-    proc = subprocess.run(
+    return subprocess.run(
         [sys.executable, "-m", "trainer.train", "--config-json", config_to_json(cfg)]
-        + ["--dataset-uri", dataset, "--model-uri", str(tmp_path / "m")],
+        + ["--dataset-uri", dataset, "--model-uri", model_uri],
         capture_output=True,
         text=True,
         timeout=120,
-        env={**__import__("os").environ, "PYTHONPATH": str(REPO)},
+        env={**os.environ, "PYTHONPATH": str(REPO)},
     )
+
+
+def test_the_trainer_process_exits_with_a_message_not_a_traceback(dataset, tmp_path):
+    truncate(join_uri(dataset, "train/rows-00000.npz"), 300)
+    cfg = load_config(overrides={"checkpoint.enabled": False, "train.epochs": 1})
+    proc = trainer_process(cfg, dataset, str(tmp_path / "m"))
     out = proc.stdout + proc.stderr
     assert proc.returncode == 1, out
     assert "training failed: " in out and join_uri(dataset, "train/rows-00000.npz") in out
     assert "Traceback" not in out
+
+
+def test_a_loss_that_diverges_in_the_measured_step_exits_with_its_own_code_not_a_crash(shared, tmp_path):
+    """Divergence shows at step 2, the step whose memory the CPU measures with torch's profiler:
+    the error raised inside its window left the profiler running, and the process crashed at exit
+    (SIGSEGV, read as a signal, not the non-finite loss it was)."""
+    from trainer.exit_codes import NONFINITE_LOSS
+
+    cfg = load_config(overrides={"checkpoint.enabled": False, "train.epochs": 1, "train.learning_rate": 1e30})
+    proc = trainer_process(cfg, shared_digits(shared), str(tmp_path / "m"))
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == NONFINITE_LOSS, out
+    assert "non-finite loss or gradients at optimizer step 2 " in out
 
 
 pytestmark = pytest.mark.timeout(240)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 
+import pytest
 import torch
 
 from trainer.plan.measure import PeakMemory, live_tensor_bytes
@@ -64,3 +65,15 @@ def test_a_window_prints_nothing_of_the_profiler_but_passes_other_lines_on(capfd
         os.write(2, b"a line of the run's own\n")
     err = capfd.readouterr().err
     assert err == "a line of the run's own\n"
+
+
+def test_a_window_ends_when_the_code_inside_raises():
+    """A profiler still running when the process exits crashes it (SIGSEGV): an error inside the
+    measured training step (a non-finite loss) once turned into that signal."""
+    peak = PeakMemory("cpu")
+    with pytest.raises(RuntimeError, match="diverged"), peak.window():
+        torch.ones(1024)
+        assert torch.autograd._profiler_enabled()
+        raise RuntimeError("diverged")
+    assert not torch.autograd._profiler_enabled()
+    assert peak.peak_bytes() >= 4096

@@ -128,6 +128,19 @@ class PeakMemory:
             self._profiler.__enter__()
             del before  # the allocator's once-per-process warning about such a free, held here
 
+    @contextlib.contextmanager
+    def window(self) -> Iterator[PeakMemory]:
+        """:meth:`reset`, then the code inside, and the window ended even when that raises: a
+        torch profiler still running when the process exits crashes it (SIGSEGV in the profiler's
+        destructor), which turned a run's own error (a non-finite loss) into a signal. Read the
+        peak with :meth:`peak_bytes` after."""
+        self.reset()
+        try:
+            yield self
+        finally:
+            if self.device.type != "cuda":
+                self._stop()
+
     def _stop(self) -> None:
         if self._profiler is None:
             return

@@ -133,8 +133,8 @@ def run_probe(cfg: Config, *, steps: int = 5, manifest: dict | None = None) -> P
     timed = [step(True) for _ in range(steps)]
     # Memory over one more step of its own: the CPU measure records every op, which would
     # slow the timed ones.
-    peak.reset()
-    step(True)
+    with peak.window():
+        step(True)
     peak_bytes = peak.peak_bytes()
     total = statistics.median(t for t, _ in timed)
     wait = statistics.median(w for _, w in timed)
