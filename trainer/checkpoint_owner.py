@@ -74,15 +74,28 @@ def owner_uri(prefix: str, generation: int) -> str:
     return join_uri(prefix, OWNER_FOLDER, f"{generation:08d}.json")
 
 
+def _generations(store: ObjectStore, prefix: str) -> list[int]:
+    """The generations of owner records under `prefix`, oldest first."""
+    return sorted(
+        int(m.group(1))
+        for uri in store.list(join_uri(prefix.rstrip("/"), OWNER_FOLDER))
+        if (m := _OWNER_RECORD.search(uri))
+    )
+
+
 def current_owner(store: ObjectStore, prefix: str) -> dict[str, Any] | None:
     """The owner record of the newest generation under `prefix`, or None when nobody claimed it."""
-    prefix = prefix.rstrip("/")
-    generations = sorted(
-        int(m.group(1)) for uri in store.list(join_uri(prefix, OWNER_FOLDER)) if (m := _OWNER_RECORD.search(uri))
-    )
+    generations = _generations(store, prefix)
     if not generations:
         return None
-    return read_json(store, owner_uri(prefix, generations[-1]))
+    return read_json(store, owner_uri(prefix.rstrip("/"), generations[-1]))
+
+
+def claimants(store: ObjectStore, prefix: str) -> list[str]:
+    """The runs that claimed `prefix`, the first claim first (a run that took it over later, or
+    took it back, is listed again)."""
+    records = [read_json(store, owner_uri(prefix.rstrip("/"), g)) for g in _generations(store, prefix)]
+    return [r["owner"] for r in records if isinstance(r, dict) and isinstance(r.get("owner"), str) and r["owner"]]
 
 
 def describe_owner(record: dict[str, Any]) -> str:
@@ -161,14 +174,17 @@ def complete_record(store: ObjectStore, prefix: str, step: int, by_step: dict[in
     return record
 
 
-def latest_complete(store: ObjectStore, prefix: str, only: int | None = None) -> tuple[int, dict[str, Any]] | None:
+def latest_complete(
+    store: ObjectStore, prefix: str, only: int | None = None, owner: str | None = None
+) -> tuple[int, dict[str, Any]] | None:
     """(step, commit record) of the newest complete checkpoint under `prefix` (of step `only`,
-    with `only`), or None."""
+    with `only`), or None. With `owner`, only a step that run committed (or a record that names no
+    owner): a prefix another run took over holds both runs' steps, and the newest is the other's."""
     by_step = objects_by_step(store, prefix)
     for step in reversed(committed(by_step)):
         if only is None or step == only:
             record = complete_record(store, prefix, step, by_step)
-            if record is not None:
+            if record is not None and (owner is None or record.get("owner") in (None, "", owner)):
                 return step, record
     return None
 

@@ -26,7 +26,7 @@ import re
 import time
 from typing import Any
 
-from trainer.checkpoint_owner import COMMIT, latest_complete, step_dir
+from trainer.checkpoint_owner import COMMIT, claimants, latest_complete, step_dir
 from trainer.config import Config, ConfigError, is_uri
 from trainer.storage import (
     CorruptObject,
@@ -74,6 +74,8 @@ class RunInfo:
     steps: dict[str, list[int]] = dataclasses.field(default_factory=dict)
     """Steps with a commit record (complete or not) by checkpoint prefix."""
     finished: bool = False
+    elsewhere: bool = False
+    """Its steps are at a `checkpoint.uri` of its own (a local run's), which it owns as its run id."""
 
     @property
     def name(self) -> str:
@@ -159,6 +161,7 @@ def list_runs(store: ObjectStore, root: str) -> list[RunInfo]:
     for key, uri in started.items():
         if not runs[key].steps:
             runs[key].steps.update(_steps_elsewhere(store, root, uri))
+            runs[key].elsewhere = bool(runs[key].steps)
     local_runs = {run_id for run_id, task in (*runs, *finish) if not task}
     for key, uri in finish.items():
         info = runs.setdefault(key, RunInfo(*key))
@@ -218,10 +221,32 @@ def _step_of_a_local_run(record: dict[str, Any], info: RunInfo, local_runs: set[
     return isinstance(owner, str) and owner in local_runs and not info.steps
 
 
+def own_steps_owner(store: ObjectStore, prefix: str, run_id: str = "") -> str | None:
+    """The owner the commit records of a run's own steps under checkpoint prefix `prefix` name,
+    from its owner records: `run_id` where that run claimed it (a local run's `checkpoint.uri` of
+    its own), else whoever claimed it first (the run whose own prefix it is: a run that took it
+    over later commits newer steps there as itself). None where they do not say (nobody claimed
+    it: written before owner records, or by a trainer run by hand; a record it cannot read):
+    every step there counts."""
+    try:
+        owners = claimants(store, prefix)
+    except StoreError:
+        return None
+    if run_id:
+        return run_id if run_id in owners else None
+    return owners[0] if owners else None
+
+
 def _describe(store: ObjectStore, info: RunInfo) -> None:
-    """Fill in the state, latest complete checkpoint and its commit time of `info` from its steps
-    (a commit record whose parts are not all in the store is no checkpoint to resume from)."""
-    complete = [(found, prefix) for prefix in info.steps if (found := latest_complete(store, prefix))]
+    """Fill in the state, latest complete checkpoint and its commit time of `info` from its own
+    steps (a commit record whose parts are not all in the store is no checkpoint to resume from;
+    a newer step of a run that took the prefix over is that run's)."""
+    owner = info.run_id if info.elsewhere else ""
+    complete = [
+        (found, prefix)
+        for prefix in info.steps
+        if (found := latest_complete(store, prefix, owner=own_steps_owner(store, prefix, owner)))
+    ]
     if complete:
         (step, record), prefix = max(complete, key=lambda c: c[0][0])
         info.checkpoint = join_uri(prefix, f"step-{step:08d}")
@@ -310,11 +335,12 @@ def resolve_resume_from(cfg: Config, root: str) -> tuple[str, dict[str, Any]]:
         if is_uri(value):
             base = value.rstrip("/")
             store = _open(cfg, base)
+            # A place, not a run: its newest checkpoint, whichever run wrote it.
             if m := _STEP_FOLDER.search(base):
-                found = {base[: m.start()]: [int(m.group(1))]}
+                found = {base[: m.start()]: None}
                 only = int(m.group(1))
             else:
-                found = _prefixes_under(store, base)
+                found = dict.fromkeys(_prefixes_under(store, base))
             where = f"at or under {base}"
         else:
             if not root:
@@ -334,8 +360,8 @@ def resolve_resume_from(cfg: Config, root: str) -> tuple[str, dict[str, Any]]:
                 f"{field}: {len(found)} checkpoint prefixes {where} ({', '.join(sorted(found))}); name one: "
                 "RUN/TASK, or its checkpoint URI"
             )
-        (prefix,) = found
-        latest = latest_complete(store, prefix, only)
+        ((prefix, owner),) = found.items()
+        latest = latest_complete(store, prefix, only, owner)
         gone = latest is None and only is not None and not store.exists(join_uri(step_dir(prefix, only), COMMIT))
     except StoreError as exc:
         raise type(exc)(f"{field}: {exc}") from None
@@ -354,18 +380,23 @@ def resolve_resume_from(cfg: Config, root: str) -> tuple[str, dict[str, Any]]:
     return join_uri(prefix, f"step-{step:08d}"), record
 
 
-def _run_prefixes(store: ObjectStore, root: str, run_id: str, task: str) -> dict[str, list[int]]:
-    """Committed steps by checkpoint prefix of run `run_id` under store root `root`: its own
-    prefix in either layout, and only a KFP run's with a `task` (`train` names `train-<id>`)."""
+def _run_prefixes(store: ObjectStore, root: str, run_id: str, task: str) -> dict[str, str]:
+    """The checkpoint prefixes of run `run_id` under store root `root`, each with the owner its
+    own commit records name (None: any, :func:`own_steps_owner`): its own prefix in either layout,
+    only a KFP run's with a `task` (`train` names `train-<id>`); for a local run with none, the
+    `checkpoint.uri` of its own that its started record names, as `kftrain runs` shows it."""
     found = {}
     for base in (join_uri(root, LOCAL_RUNS, run_id), join_uri(root, run_id)):
-        for prefix, steps in _prefixes_under(store, base).items():
+        for prefix in _prefixes_under(store, base):
             owner = _run_of_prefix(prefix[len(root) + 1 :])
             if owner is None or owner[0] != run_id:
                 continue  # another run's, or a prefix of neither layout
             folder = owner[1]
             if (not folder and not task) or (folder and (not task or folder == task or folder.startswith(f"{task}-"))):
-                found[prefix] = steps
+                found[prefix] = own_steps_owner(store, prefix)
+    if not found and not task:
+        elsewhere = _steps_elsewhere(store, root, join_uri(root, LOCAL_RUNS, run_id, STARTED_RECORD))
+        found = {prefix: own_steps_owner(store, prefix, run_id) for prefix in elsewhere}
     return found
 
 

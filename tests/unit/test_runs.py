@@ -233,6 +233,45 @@ def test_a_run_with_its_own_checkpoint_uri_is_listed_with_its_checkpoints_there(
     assert found["moved"].checkpoint == join_uri(str(elsewhere), f"step-{CUT_AT:08d}")
 
 
+def test_a_run_whose_prefix_another_run_took_over_keeps_its_own_steps(runs, tmp_path):
+    """Run `b` committed steps up to 25 at its own prefix; run `d` (`checkpoint.uri` set to that
+    prefix) took it over and committed step 30. `kftrain runs` and `resume_from` gave `b` the
+    step 30 of `d`, so a run resuming from `b` loaded `d`'s weights; `resume_from d` was refused
+    while `kftrain runs` listed `d` with its checkpoint."""
+    from trainer.checkpoint_owner import claim_prefix
+
+    _, _, old_ckpt = runs
+    root = tmp_path / "store"
+    prefix = root / "runs" / "b" / "checkpoints"
+    shutil.copytree(old_ckpt, prefix, ignore=shutil.ignore_patterns("owner"))
+
+    def commit_as(folder, owner):
+        record = json.loads((folder / COMMIT).read_text())
+        (folder / COMMIT).write_text(json.dumps({**record, "owner": owner, "step": int(folder.name[5:])}))
+
+    for folder in prefix.glob("step-*"):
+        commit_as(folder, "b")
+    store = LocalStore()
+    claim_prefix(store, str(prefix), "b", resume=True)
+    claim_prefix(store, str(prefix), "d", resume=True)  # the takeover: `b` has ended
+    shutil.copytree(prefix / f"step-{CUT_AT:08d}", prefix / "step-00000030")
+    commit_as(prefix / "step-00000030", "d")
+    (root / "runs" / "d").mkdir()
+    (root / "runs" / "d" / "started.json").write_text(json.dumps({"checkpoint_uri": str(prefix)}))
+
+    found = {r.name: (r.last_step, r.checkpoint) for r in list_runs(store, str(root))}
+    assert found == {
+        "b": (CUT_AT, join_uri(str(prefix), f"step-{CUT_AT:08d}")),
+        "d": (30, join_uri(str(prefix), "step-00000030")),
+    }
+    for run, step in (("b", CUT_AT), ("d", 30)):
+        folder, record = resolve_resume_from(config(root, "", **{"checkpoint.resume_from": run}), str(root))
+        assert (folder, record["step"], record["owner"]) == (join_uri(str(prefix), f"step-{step:08d}"), step, run)
+    # A place, not a run: its newest checkpoint, whoever wrote it.
+    folder, _ = resolve_resume_from(config(root, "", **{"checkpoint.resume_from": str(prefix)}), "")
+    assert folder == join_uri(str(prefix), "step-00000030")
+
+
 def test_a_parent_of_stores_lists_no_runs_and_names_the_stores(runs, tmp_path, capsys):
     """Two stores in one folder: their `runs/` folder and their KFP runs' task folders are not runs
     of the parent (was: `exp/runs` listed as a run's task, and finished runs as partial)."""
