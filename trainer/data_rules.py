@@ -25,6 +25,7 @@ import codecs
 import json
 import logging
 import math
+import os
 import re
 from collections.abc import Iterable, Iterator
 from decimal import Decimal
@@ -424,11 +425,13 @@ def _check_source(cfg: Config, store: ObjectStore, source: str) -> None:
             _check_object(cfg, store, source, "CSV")
         except ObjectNotFound:
             below = source_objects(store, source)
-            hint = (
-                f"it is a folder or prefix of {len(below)} object(s); point data.source at one CSV object"
-                if below
-                else "no such object; check the URI" + _builtin_hint(cfg.data.source)
-            )
+            location = parse_uri(source)
+            if below:
+                hint = f"it is a folder or prefix of {len(below)} object(s); point data.source at one CSV object"
+            elif not location.is_remote and os.path.isdir(location.key):
+                hint = "it is an empty folder; point data.source at one CSV object"
+            else:
+                hint = "no such object; check the URI" + _builtin_hint(cfg.data.source)
             raise DataError(f"data.source {source}: {hint}") from None
         _check_header(cfg, store, source)
         return

@@ -173,6 +173,8 @@ REFUSED = [
     # (task, how the source is made, source relative to tmp_path, phrase)
     ("classification", {}, "nothing.csv", "nothing.csv: no such object; check the URI"),
     ("classification", {"table/a.csv": table()}, "table", "is a folder or prefix of 1 object(s)"),
+    # A folder that exists with nothing to read in it (was: "no such object").
+    ("classification", {"fold/.hidden": "x"}, "fold", "fold: it is an empty folder; point data.source at one CSV"),
     ("classification", {"empty.csv": ""}, "empty.csv", "empty.csv is empty (0 bytes)"),
     ("classification", {"rows.JSONL": '{"a": 1}\n'}, "rows.JSONL", "is a JSON Lines file (.jsonl); the class"),
     # A header data prep would refuse (its reading of the header, data.label_column's name).
