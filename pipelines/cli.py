@@ -288,7 +288,10 @@ def _run_alone(args: argparse.Namespace, cfg: Any, run_id: str, store: str) -> i
     metrics = summary["metrics"]
     per_class = sorted(k for k in metrics if k.startswith("test_class_"))
     for name in sorted(metrics.keys() - set(per_class)):
-        print(f"  {name:20s} {metrics[name]:.4f}")
+        value = metrics[name]
+        # Counts (test_rows, test_tokens) come back from KFP's metrics as floats: 360, not 360.0000.
+        shown = f"{value:.0f}" if name.endswith(("_rows", "_tokens")) and float(value).is_integer() else f"{value:.4f}"
+        print(f"  {name:20s} {shown}")
     if per_class:  # precision, recall and F1 of every class: the report's table, and the summary JSON
         print(f"  (and {len(per_class)} per-class measures: see the report)")
     verdict = "passed" if summary["exported"] else "FAILED: the model was not exported"

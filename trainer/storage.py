@@ -140,11 +140,14 @@ def parse_uri(uri: str) -> Location:
         scheme = uri.split(":", 1)[0].lower() if ":" in uri else ""
         if scheme in (*REMOTE_SCHEMES, "file", "gs", "http", "https"):  # `s3:/b/k`: a slash short, not a folder
             form = {"file": "file:///absolute/path"}.get(scheme, f"{scheme}://bucket/key")
-            fix = f"write {form}" if scheme in (*REMOTE_SCHEMES, "file") else "and is no store kftrain reads"
+            fix = (
+                f"write {form}"
+                if scheme in (*REMOTE_SCHEMES, "file")
+                else "and is no store kftrain reads; use s3://bucket/key, minio://bucket/key or a path"
+            )
             raise ValueError(
-                f"storage URI {redact(uri)!r} lacks the '//' after '{scheme}:' ({fix}; use s3://bucket/key, "
-                f"minio://bucket/key or a path; a local folder whose name starts with '{scheme}:' is written "
-                f"./{redact(uri)})"
+                f"storage URI {redact(uri)!r} lacks the '//' after '{scheme}:' ({fix}; a local folder whose name "
+                f"starts with '{scheme}:' is written ./{redact(uri)})"
             )
         return Location("file", "", os.path.abspath(os.path.expanduser(uri)))
     if any(c in uri for c in "\t\r\n"):  # urlsplit drops them: another key, maybe another object's

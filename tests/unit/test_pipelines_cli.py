@@ -1191,3 +1191,22 @@ def test_an_empty_job_uri_is_refused_not_replaced_by_the_placeholder(capsys, fla
         main(["job", "manifest", flag, ""])
     assert exit_.value.code == 2
     assert f"argument {flag}: must not be empty" in capsys.readouterr().err
+
+
+def test_the_summary_shows_a_count_as_a_whole_number(tmp_path, monkeypatch, capsys):
+    """KFP's metrics hand counts back as floats (was: `test_rows 360.0000`)."""
+    import contextlib
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr("pipelines.local_run.run_scope", lambda run_id, on_stop: contextlib.nullcontext())
+    metrics = {"test_accuracy": 0.975, "test_loss": 1.0, "test_rows": 360.0, "test_tokens": 59648.0}
+    summary = {"artifacts": {}, "metrics": metrics, "exported": True, "quality_gate": ""}
+    monkeypatch.setattr("pipelines.local_run.run_local", lambda cfg, on_start, **kw: on_start() or summary)
+    assert main(["run", "--local", "--output-dir", "out"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert [line.split() for line in lines if line.startswith("  test_")] == [
+        ["test_accuracy", "0.9750"],
+        ["test_loss", "1.0000"],
+        ["test_rows", "360"],
+        ["test_tokens", "59648"],
+    ]

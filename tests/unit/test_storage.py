@@ -63,7 +63,8 @@ def test_relative_paths_become_absolute(tmp_path, monkeypatch):
         ("s3://bucket/d/line\nend.txt", "holds a tab or a line end"),
         ("file://host/x", "names a host"),
         # A slash short is not a local folder named `s3:` (every flag and field reads URIs here).
-        ("s3:/my-bucket/prefix", "lacks the '//' after 's3:' (write s3://bucket/key;"),
+        # The fix once, not again as a list of forms (was: "write s3://bucket/key; use s3://bucket/key, ...").
+        ("s3:/my-bucket/prefix", "lacks the '//' after 's3:' (write s3://bucket/key; a local folder whose name"),
         ("s3:my-bucket/x", "lacks the '//' after 's3:'"),
         ("MINIO:/b/x", "lacks the '//' after 'minio:' (write minio://bucket/key;"),
         ("file:/tmp/x", "lacks the '//' after 'file:' (write file:///absolute/path;"),
