@@ -419,10 +419,12 @@ class CausalLMTask(Task):
         for split, writer in writers.items():
             shards = writer.close()
             if not any(_windows(sh, block) for sh in shards):
+                # Larger shards help only tokens that are there, split over shards each shorter than a window.
+                shards_help = ", a larger data.shard_rows" if writer.items > block else ""
                 raise DataError(
                     f"{source}: the {split} split has {writer.items} tokens, no shard of which holds a window of "
-                    f"model.block_size + 1 = {block + 1}; use more text (data.max_bytes, data.source), a larger "
-                    "data.shard_rows or a shorter context"
+                    f"model.block_size + 1 = {block + 1}; use more text (data.max_bytes, data.source){shards_help} "
+                    "or a shorter context"
                 )
             splits[split] = {"tokens": writer.items, "shards": [sh.as_dict() for sh in shards]}
         tokenizer_info = self.tokenizer_record(cfg, tokenizer)
