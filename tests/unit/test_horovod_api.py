@@ -200,7 +200,19 @@ MESSAGES = [
         _desc(tensors=((4, 9),)),
         "allreduce mismatch at collective #7 'w': rank 0 passed float32[4, 8], rank 2 passed float32[4, 9]",
     ),
-    ("dtype", _desc(), _desc(dtype=torch.int32), "rank 0 passed float32[4, 8], rank 2 passed int32[4, 8]"),
+    (
+        "dtype",
+        _desc(),
+        _desc(dtype=torch.int32),
+        "rank 0 passed float32[4, 8], rank 2 passed int32[4, 8] (the data types differ)",
+    ),
+    # The shapes agree: the dimensions are not what to fix (was: "every dimension but the first must match").
+    (
+        "allgather dtype",
+        _desc(kind="allgather", tensors=((2,),)),
+        _desc(kind="allgather", tensors=((2,),), dtype=torch.float64),
+        "rank 0 passed float32[2], rank 2 passed float64[2] (the data types differ)",
+    ),
     (
         "kind",
         _desc(),

@@ -1046,9 +1046,17 @@ def _mismatch_message(st: _SetState, codes: list[int], descs: list[Any]) -> str:
                 if len(da.names) > 1
                 else f"collective #{seq_a}{_quoted(da.names)}"
             )
-            kind_note = " (every dimension but the first must match)" if da.kind in FIRST_DIM_FREE_KINDS else ""
+            # What differs, in Horovod's terms: its own message says "Mismatched data types".
+            if ta.dtype != tb.dtype:
+                note = " (the data types differ)"
+            elif ta.sparse != tb.sparse:
+                note = " (one is sparse, the other dense)"
+            elif ta.cuda == tb.cuda and da.kind in FIRST_DIM_FREE_KINDS:
+                note = " (every dimension but the first must match)"
+            else:
+                note = ""
             a_, b_ = (f"{t}{' on cuda' if t.cuda else ''}" for t in (ta, tb))
-            return f"{da.kind} mismatch at {where}: rank {ra} passed {a_}, rank {rb} passed {b_}{kind_note}"
+            return f"{da.kind} mismatch at {where}: rank {ra} passed {a_}, rank {rb} passed {b_}{note}"
     if da.root != db.root:
         return f"{head}: rank {ra} passed root_rank {da.root}, rank {rb} passed root_rank {db.root}"
     return f"{head}: rank {ra} passed {_detail(da.detail)}, rank {rb} passed {_detail(db.detail)}"
