@@ -448,6 +448,27 @@ def test_a_file_name_that_is_not_utf8_is_named_with_its_fix(tmp_path):
         source_objects(LocalStore(), str(tmp_path))
 
 
+@pytest.mark.parametrize(
+    ("key", "why"),
+    [("a?b.txt", "query or fragment"), ("c#1.txt", "query or fragment"), ("d//e.txt", "empty path segment")],
+)
+def test_an_s3_key_no_uri_can_name_is_refused_naming_data_source(key, why):
+    """S3 holds such keys; as a URI, `?` and `#` start a query and a fragment (another key, maybe
+    another object's). Was: refused naming the object only, not data.source or the fix."""
+    from trainer.data_rules import source_objects
+    from trainer.storage import LocalStore
+
+    class Listing(LocalStore):  # a bucket's listing, as an S3 server gives it
+        def list(self, prefix):
+            return [f"{prefix}ok.txt", f"{prefix}{key}"]
+
+    with pytest.raises(DataError) as err:
+        source_objects(Listing(), "s3://bucket/corpus/")
+    message = str(err.value)
+    assert message.startswith(f"data.source s3://bucket/corpus/: the object {key!r} below it has a name kftrain")
+    assert why in message and message.endswith("rename it, or move it out of this prefix")
+
+
 @pytest.mark.parametrize("check", ["source_version", "check_source"])
 def test_only_the_stores_first_answer_is_held_to_the_checks_seconds(tmp_path, monkeypatch, check):
     """An unreachable store fails the pre-flight in seconds by its first request; the listing of
