@@ -35,6 +35,7 @@ from torch.utils.checkpoint import checkpoint
 
 from trainer.config import ConfigError
 from trainer.rng import seed_everything
+from trainer.torchrun import PEER_CLOSED
 
 
 @dataclass(frozen=True, slots=True)
@@ -134,12 +135,13 @@ def collective_failed(exc: BaseException) -> bool:
     """Whether `exc` is a collective that timed out or lost its peer, as torch 2.13 reports it:
     NCCL's `DistBackendError` (the watchdog's timeout, a peer's abort), a `DistNetworkError`, a
     `DistStoreError` (the rendezvous store on the Master's pod gone), or
-    gloo's plain RuntimeError ("Timed out waiting 600000ms for recv operation to complete",
-    "Connection closed by peer")."""
+    gloo's plain RuntimeError ("Timed out waiting 600000ms for recv operation to complete", a
+    connection the peer closed: "Connection closed by peer", "Read error ...: Connection reset by
+    peer" as DCP's gather in a checkpoint save meets it, "Broken pipe")."""
     if isinstance(exc, (dist.DistBackendError, dist.DistNetworkError, dist.DistStoreError)):
         return True
     text = str(exc)
-    return isinstance(exc, RuntimeError) and ("Timed out waiting" in text or "Connection closed by peer" in text)
+    return isinstance(exc, RuntimeError) and ("Timed out waiting" in text or any(c in text for c in PEER_CLOSED))
 
 
 def unwrap(model: nn.Module) -> nn.Module:

@@ -34,8 +34,10 @@ AGENT_LOGGER = "torch.distributed.elastic.agent.server.api"
 
 #: Set by the local backend: the agent's own c10 log level (`ERROR`), for this process alone.
 QUIET_AGENT_ENV = "KFTRAIN_AGENT_CPP_LOG_LEVEL"
-#: What a peer's closed store connection reads as (the race after a successful job).
-_CLOSED = ("Connection was likely closed", "Connection reset", "Broken pipe")
+#: What a connection a peer closed reads as, in the rendezvous store's and gloo's words: the
+#: race of a store after a successful job here, a lost rank in a rank's collective
+#: (trainer/distributed.py).
+PEER_CLOSED = ("Connection was likely closed", "Connection closed by peer", "Connection reset", "Broken pipe")
 
 
 class ExitBarrierNote(logging.Filter):
@@ -44,7 +46,7 @@ class ExitBarrierNote(logging.Filter):
 
     def filter(self, record: logging.LogRecord) -> bool:
         exc = record.exc_info[1] if record.exc_info else None
-        if str(record.msg).startswith("Error waiting on exit barrier") and any(c in str(exc) for c in _CLOSED):
+        if str(record.msg).startswith("Error waiting on exit barrier") and any(c in str(exc) for c in PEER_CLOSED):
             first = str(exc).splitlines()[0]
             record.msg = "exit barrier: another agent left first (%s: %s); this node's workers had finished"
             record.args = (type(exc).__name__, first)

@@ -640,3 +640,24 @@ def test_the_mfu_peak_is_the_planner_s_gpu_type_at_the_run_s_precision(monkeypat
     cfg = load_config(overrides={"train.precision": precision})
     assert peak_flops(torch.device("cuda", 0), cfg) == tflops * 1e12
     assert peak_flops(torch.device("cuda", 0), load_config(overrides={"train.peak_tflops": 100.0})) == 100e12
+
+
+@pytest.mark.parametrize(
+    ("error", "lost_peer"),
+    [
+        (RuntimeError("[../gloo/transport/tcp/pair.cc:534] Connection closed by peer [127.0.0.1]:5071"), True),
+        # DCP's gather in a checkpoint save, a peer SIGKILLed (was: a raw traceback, exit 1 not 4).
+        (
+            RuntimeError("[../gloo/transport/tcp/pair.cc:537] Read error [127.0.0.1]:62161: Connection reset by peer"),
+            True,
+        ),
+        (RuntimeError("[../gloo/transport/tcp/pair.cc:598] Write error: Broken pipe"), True),
+        (RuntimeError("Timed out waiting 20000ms for recv operation to complete"), True),
+        (RuntimeError("CUDA out of memory"), False),
+        (ValueError("Connection reset by peer"), False),  # not a collective's error type
+    ],
+)
+def test_a_lost_or_hung_peer_is_told_from_an_error_of_the_run(error, lost_peer):
+    from trainer.distributed import collective_failed
+
+    assert collective_failed(error) is lost_peer
