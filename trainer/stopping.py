@@ -26,6 +26,10 @@ from typing import TYPE_CHECKING, Any
 
 from trainer.exit_codes import TERMINATED_CHECKPOINTED
 
+#: How a rank names what stopped it when another rank received the signal (the local launcher
+#: tells such a rank from the one signalled: trainer/launch/local.py).
+STOPPED_BY_PEER = "a signal to another rank"
+
 if TYPE_CHECKING:  # the launcher reads GRACE_ENV from here without importing torch
     import torch.distributed as dist
 
@@ -131,7 +135,7 @@ class StopSignal:
 
     def name(self) -> str:
         """The signal's name (`SIGTERM`), or what stopped this rank when another rank got it."""
-        return signal.Signals(self.signum).name if self.signum is not None else "a signal to another rank"
+        return signal.Signals(self.signum).name if self.signum is not None else STOPPED_BY_PEER
 
     def seconds_since(self) -> float:
         """Seconds since the signal (0 before any)."""

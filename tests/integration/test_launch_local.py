@@ -135,6 +135,57 @@ def test_a_failing_replica_fails_the_job_with_its_last_lines():
     assert all(r.proc.poll() is not None for r in backend._jobs["fails"])
 
 
+def test_the_replica_named_is_the_one_that_died_not_the_peer_that_failed_first(tmp_path):
+    """A replica killed by a signal: its peer's collective fails first (exit 4) and was the one
+    named; and what the dead replica's process left running (a SIGKILLed torchrun's workers,
+    holding its log open) went on for seconds before the job failed. A container ends with its
+    first process: so does a local replica now."""
+    code = f"""
+        import os, signal, subprocess, sys, time
+        if os.environ["RANK"] == "1":
+            child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+            open({str(tmp_path / "child")!r}, "w").write(str(child.pid))
+            print("a worker, left behind", flush=True)
+            time.sleep(0.5)  # the peer's collective fails first, as a lost rank's does
+            os.kill(os.getpid(), signal.SIGKILL)
+        print("collective failed: a hung or lost peer", flush=True)
+        sys.exit(4)
+    """
+    backend, spec = LocalBackend(sink=lambda line: None), replace(job("lost", code, replicas=2), timeout_s=60)
+    backend.submit(spec)
+    try:
+        with pytest.raises(JobFailed) as info:
+            backend.wait(spec)
+        # Killed when the job fails, not only by run_job's cancel after (the kernel ends it in a moment).
+        child = int((tmp_path / "child").read_text())
+        end = time.monotonic() + 5
+        while _state(child) != "Z" and os.path.exists(f"/proc/{child}") and time.monotonic() < end:
+            time.sleep(0.05)
+        assert _state(child) == "Z" or not os.path.exists(f"/proc/{child}")
+    finally:
+        backend.cancel(spec)
+    assert "replica worker-0 exited with code -9; it was killed by SIGKILL" in str(info.value), info.value
+
+
+def test_a_peer_that_hangs_is_named_beside_the_rank_whose_collective_timed_out():
+    """Only the rank that waited fails (its collective's timeout, exit 4); the hung one never
+    ends (was: named nowhere)."""
+    code = """
+        import os, signal, sys, time
+        if os.environ["RANK"] == "1":
+            os.kill(os.getpid(), signal.SIGSTOP)
+        time.sleep(0.3)
+        print("a collective failed or timed out (a hung or lost peer)", flush=True)
+        sys.exit(4)
+    """
+    with pytest.raises(JobFailed) as info:
+        run_job(LocalBackend(sink=lambda line: None), replace(job("hangs", code, replicas=2), timeout_s=60))
+    assert (
+        "replica master-0 exited with code 4; replica(s) worker-0 had not ended (a hung process, or one the "
+        "failure had not reached)"
+    ) in str(info.value)
+
+
 def test_a_rank_killed_by_a_fatal_signal_says_where_it_was():
     """A C++ abort leaves no Python traceback: with print_stacks_on_signals (every rank's entry calls
     it) the job's failure still names the function the rank died in."""

@@ -68,6 +68,33 @@ def test_a_replica_whose_own_process_a_signal_ended_says_so(returncode, said):
     assert how_it_ended(["[rank 0] step 3"], returncode).startswith(said)
 
 
+@pytest.mark.parametrize(
+    ("replicas", "named"),
+    [
+        # (log lines or a torchrun summary's root-cause code, the replica's own exit code) per replica.
+        # A peer SIGKILLed: its rank's collective fails first, and was the one named.
+        ({"master-0": (4, 1), "worker-0": (-9, 1)}, "worker-0"),
+        ({"master-0": (None, 1), "worker-0": (None, -9)}, "worker-0"),  # the agent itself killed
+        # SIGTERM to one replica: every rank stops with a checkpoint; the one signalled is named.
+        ({"master-0": ("peer", 1), "worker-0": (143, 1)}, "worker-0"),
+        ({"master-0": ("peer", 143), "worker-0": (None, 143)}, "worker-0"),
+        ({"master-0": (3, 1), "worker-0": (4, 1)}, "master-0"),  # its own error (non-finite), the peer's casualty
+        ({"master-0": (4, 1), "worker-0": (4, 1)}, "master-0"),  # nothing tells them apart: the first
+    ],
+)
+def test_the_replica_named_is_the_likeliest_cause_not_the_first_to_end(replicas, named):
+    from tests.unit.test_launch_failures import torchrun_summary
+    from trainer.launch.local import blame
+
+    def log(what):
+        if what == "peer":
+            return ["[rank 0] stopped by a signal to another rank at step 105: checkpoint committed"]
+        return torchrun_summary(what) if what is not None else ["[rank 1] step 3"]
+
+    scores = {key: blame(log(what), code) for key, (what, code) in replicas.items()}
+    assert min(scores, key=scores.get) == named
+
+
 @pytest.mark.parametrize("run_id", ["20261205-231129-33a364", "victim", "my-run-2"])
 def test_a_local_run_s_processes_know_its_run_id(monkeypatch, run_id):
     """The evaluation report names the run by the id `--run-id` and `kftrain runs` take (was:

@@ -27,6 +27,7 @@ from trainer import stacks
 from trainer.launch.backend import JobFailed, JobTimeout, failure_excerpt, print_line
 from trainer.launch.spec import NODE, TRAINJOB, JobSpec, replica_env, replica_env_v2, reserved_env
 from trainer.launch.trainjob import EXTRA_ENV as TRAINJOB_EXTRA_ENV
+from trainer.stopping import STOPPED_BY_PEER
 from trainer.torchrun import QUIET_AGENT_ENV
 
 LOOPBACK = "127.0.0.1"
@@ -146,6 +147,9 @@ def _watch(var: str, marker: str, grace_s: float, remove: str = "") -> int:
 
 #: How a replica's failure says that its processes were stopped from outside after a checkpoint.
 NOTHING_TO_FIX = "nothing to fix: resume it"
+#: How long a job whose replica failed waits for its other replicas to end, before it names the
+#: one most likely the cause (a peer fails its collective within moments of a lost rank).
+FAILURE_SETTLE_S = 2.0
 
 
 def how_it_ended(log_lines: list[str], returncode: int | None = None) -> str:
@@ -167,6 +171,26 @@ def how_it_ended(log_lines: list[str], returncode: int | None = None) -> str:
     if code is None or code >= 0:
         return ""
     return f"; its training process was killed by {killed_by(-code)}"
+
+
+def blame(log_lines: list[str], returncode: int | None) -> int:
+    """How likely a failed replica is the job's root cause, from its log and exit code (lower:
+    more likely): 0 a process of its own killed by a signal; 1 an error of its own, or a stop
+    signal it received itself; 2 a stop it passed on from another rank; 3 a collective that failed
+    because a peer was lost or hung. The first replica to end is often the casualty: a rank whose
+    peer died or hung fails its collective first."""
+    from trainer import exit_codes
+    from trainer.launch.failures import root_cause_exit_code
+
+    code = root_cause_exit_code(log_lines)  # torchrun's; a command without it exits with its process's own
+    code = returncode if code is None else code
+    if code is not None and code < 0:
+        return 0
+    if code == exit_codes.COLLECTIVE_TIMEOUT:
+        return 3
+    if any(STOPPED_BY_PEER in line for line in log_lines):
+        return 2
+    return 1
 
 
 def run_captured(
@@ -300,8 +324,7 @@ class LocalBackend:
         while True:
             failed = [r for r in replicas if r.proc.poll() not in (None, 0)]
             if failed:
-                self._drain(failed[0])
-                raise JobFailed(self._failure_message(spec, failed[0]))
+                raise JobFailed(self._failure(spec, replicas))
             if spec.kind == TRAINJOB:
                 if all(r.proc.poll() == 0 for r in replicas):
                     break  # like JobSet's default success policy: every node completed
@@ -327,12 +350,35 @@ class LocalBackend:
         if rep.pump is not None:
             rep.pump.join(timeout=5)
 
-    @staticmethod
-    def _failure_message(spec: JobSpec, rep: _Replica) -> str:
+    def _failure(self, spec: JobSpec, replicas: list[_Replica]) -> str:
+        """The message of a job a replica of which failed: the replica most likely the cause
+        (:func:`blame`), once the others have had a moment to end too, and the replicas still
+        running when a collective failed (a hung one among them)."""
+
+        def ended() -> list[_Replica]:
+            return [r for r in replicas if r.proc.poll() is not None]
+
+        end = time.monotonic() + FAILURE_SETTLE_S
+        while len(ended()) < len(replicas) and time.monotonic() < end:
+            time.sleep(0.05)
+        failed = [r for r in ended() if r.proc.returncode != 0]
+        for r in failed:
+            # A container ends with its first process, and what that left running goes with it (a
+            # SIGKILLed torchrun's workers went on training, holding its log open).
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(r.proc.pid, signal.SIGKILL)
+        rep = min(failed, key=lambda r: blame(list(r.tail), r.proc.returncode))
+        self._drain(rep)
+        running = [r.key for r in replicas if r.proc.poll() is None]
+        hung = (
+            f"; replica(s) {', '.join(running)} had not ended (a hung process, or one the failure had not reached)"
+            if running and blame(list(rep.tail), rep.proc.returncode) == 3
+            else ""
+        )
         tail = "\n".join(f"  [{rep.key}] {line}" for line in failure_excerpt(list(rep.tail)))
         return (
             f"job {spec.name} failed: replica {rep.key} exited with code {rep.proc.returncode}"
-            f"{how_it_ended(list(rep.tail), rep.proc.returncode)}. Its last log lines:\n{tail}"
+            f"{how_it_ended(list(rep.tail), rep.proc.returncode)}{hung}. Its last log lines:\n{tail}"
         )
 
     def ask_for_stacks(self, spec: JobSpec, settle_s: float = 1.0) -> list[int]:
