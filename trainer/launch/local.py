@@ -367,8 +367,9 @@ class LocalBackend:
             # SIGKILLed torchrun's workers went on training, holding its log open).
             with contextlib.suppress(ProcessLookupError, PermissionError):
                 os.killpg(r.proc.pid, signal.SIGKILL)
+        for r in failed:
+            self._drain(r)  # torchrun's summary, which says what ended the process, comes last
         rep = min(failed, key=lambda r: blame(list(r.tail), r.proc.returncode))
-        self._drain(rep)
         running = [r.key for r in replicas if r.proc.poll() is None]
         hung = (
             f"; replica(s) {', '.join(running)} had not ended (a hung process, or one the failure had not reached)"
