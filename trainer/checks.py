@@ -219,27 +219,67 @@ def unread_by(task: str, field: str) -> bool:
     return task in BUILTIN_TASKS and any(field in fields for t, fields in _TASK_ONLY_FIELDS.items() if t != task)
 
 
-#: Fields another setting leaves unread: the field, whether `cfg` leaves it unread, and which setting decides.
-_SHADOWED: tuple[tuple[str, Callable[[Config], bool], Callable[[Config], str]], ...] = (
+#: Fields another setting leaves unread: the fields, whether `cfg` leaves them unread, and why.
+_SHADOWED: tuple[tuple[tuple[str, ...], Callable[[Config], bool], Callable[[Config], str]], ...] = (
     (
-        "train.epochs",
+        ("train.epochs",),
         lambda cfg: cfg.train.max_steps > 0,
         lambda cfg: f"train.max_steps ({cfg.train.max_steps}) decides how long training runs (0: epochs do)",
     ),
     (
-        "train.max_consecutive_skips",
+        ("train.max_consecutive_skips",),
         lambda cfg: cfg.train.on_nonfinite != "skip",
         lambda cfg: f"it counts skipped updates, and train.on_nonfinite is {cfg.train.on_nonfinite!r}",
     ),
     (
-        "train.bucket_cap_mb",
+        ("train.bucket_cap_mb",),
         lambda cfg: cfg.train.strategy != "ddp",
         lambda cfg: f"DDP's gradient buckets only, and train.strategy is {cfg.train.strategy!r}",
     ),
     (
-        "train.divergence_check_steps",
+        ("train.divergence_check_steps",),
         lambda cfg: cfg.train.strategy == "fsdp",
         lambda cfg: "it compares DDP replicas, and train.strategy is 'fsdp' (no replicas)",
+    ),
+    (
+        ("train.activation_checkpointing",),
+        lambda cfg: cfg.task == "classification",
+        lambda cfg: "the classifier's MLP has no blocks to recompute",
+    ),
+    (
+        ("checkpoint.uri", "checkpoint.interval_steps", "checkpoint.at_epoch_end", "checkpoint.keep_last"),
+        lambda cfg: not cfg.checkpoint.enabled,
+        lambda cfg: "checkpoint.enabled is false",
+    ),
+    (
+        ("data.eval_prompts", "data.eval_generations", "data.eval_new_tokens", "model.trust_remote_code"),
+        lambda cfg: cfg.task == "causal_lm" and not cfg.model.init_from,
+        lambda cfg: "only a pretrained model's run reads it (model.init_from is empty)",
+    ),
+    (
+        ("model.dropout",),
+        lambda cfg: bool(cfg.model.init_from),
+        lambda cfg: "the pretrained model's config.json sets its dropout (model.init_from)",
+    ),
+    (
+        ("data.tokenizer_sample_bytes",),
+        lambda cfg: (
+            cfg.task == "causal_lm" and (bool(cfg.model.init_from) or not cfg.data.tokenizer.startswith("bpe:"))
+        ),
+        lambda cfg: (
+            "it bounds the text a bpe: tokenizer trains on, and data.tokenizer is "
+            + ("the pretrained model's" if cfg.model.init_from else repr(cfg.data.tokenizer))
+        ),
+    ),
+    (
+        ("data.label_column",),
+        lambda cfg: cfg.task == "classification" and cfg.data.source in ("", "digits"),
+        lambda cfg: "the built-in 'digits' source has its own labels",
+    ),
+    (
+        ("data.format", "data.text_field", "data.messages_field"),
+        lambda cfg: cfg.task == "causal_lm" and cfg.data.source in ("", "python-stdlib"),
+        lambda cfg: "the built-in 'python-stdlib' source is plain text",
     ),
 )
 
@@ -247,9 +287,9 @@ _SHADOWED: tuple[tuple[str, Callable[[Config], bool], Callable[[Config], str]], 
 def ignored_settings(cfg: Config) -> list[str]:
     """A line for each field set away from its default that this run never reads: another
     built-in task's field, a `lora.*` field (or `export.merge_lora`) without `train.method:
-    lora`, or a field another setting decides instead of (`train.epochs` with `train.max_steps`:
-    a pipeline's `epochs` parameter over such a config). Not errors (a config is often switched
-    between tasks or methods), but never silent."""
+    lora`, or a field another setting leaves unread (`train.epochs` with `train.max_steps`: a
+    pipeline's `epochs` parameter over such a config; `model.dropout` with `model.init_from`).
+    Not errors (a config is often switched between tasks or methods), but never silent."""
     from trainer.report import config_changes
 
     changed = [field for field, _, _ in config_changes(to_dict(cfg))]
@@ -268,7 +308,12 @@ def ignored_settings(cfg: Config) -> list[str]:
             for f in changed
             if f.startswith("lora.") or f == "export.merge_lora"
         ]
-    lines += [f"{f}: set, but {why(cfg)}: no effect" for f, unread, why in _SHADOWED if f in changed and unread(cfg)]
+    lines += [
+        f"{f}: set, but {why(cfg)}: no effect"
+        for fields, unread, why in _SHADOWED
+        for f in fields
+        if f in changed and unread(cfg)
+    ]
     return lines
 
 

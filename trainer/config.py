@@ -13,6 +13,7 @@ keeps only what a table cannot say (URIs, rules across fields, per-item checks o
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import json
 import math
 import re
@@ -279,9 +280,10 @@ class DataConfig:
     """causal_lm: at most this many bytes of text are tokenised (0: all); for a pretrained model, whole records with
     their special tokens, and a text object as far as it fits."""
     tokenizer: str = "bytes"
-    """causal_lm: `bytes` (id = byte value, no special token), `bpe:<vocab_size>` (a byte-level BPE of 258..1048576
-    tokens, trained with Hugging Face `tokenizers` during data prep, `<|endoftext|>` its special token) or the URI of a
-    Hugging Face `tokenizer.json`. The model's vocabulary follows the tokenizer."""
+    """causal_lm: `bytes` (id = byte value, no special token), `bpe:<vocab_size>` (a byte-level BPE of at most
+    `vocab_size` tokens, 258..1048576, trained with Hugging Face `tokenizers` during data prep, `<|endoftext|>` its
+    special token; fewer, with a warning, where the text holds fewer merges) or the URI of a Hugging Face
+    `tokenizer.json`. The model's vocabulary follows the tokenizer."""
     tokenizer_sample_bytes: int = 20_000_000
     """causal_lm, `bpe:<vocab_size>`: BPE training reads at most this many bytes of the source."""
     format: str = "auto"
@@ -750,7 +752,11 @@ class JobConfig:
 
 
 #: Bounds of `kubernetes.elastic.*` fields.
-_ELASTIC_BOUNDS = {"min_replicas": AT_LEAST_ONE, "max_restarts": NOT_NEGATIVE}
+_ELASTIC_BOUNDS = {
+    "min_replicas": AT_LEAST_ONE,
+    "max_replicas": Bound(lambda v: v <= _INT32_MAX, f"must be at most {_INT32_MAX} (job.replicas' bound)"),
+    "max_restarts": NOT_NEGATIVE,
+}
 
 
 @dataclass(kw_only=True, slots=True)
@@ -1151,6 +1157,19 @@ class Config:
                 f"task {self.task!r} reports no metric {metric!r} each epoch; name one of "
                 f"{', '.join(EPOCH_METRICS[self.task])}",
             )
+        _require(
+            not self.train.max_steps or self.train.warmup_steps < self.train.max_steps,
+            "train.warmup_steps",
+            self.train.warmup_steps,
+            f"must be below train.max_steps ({self.train.max_steps}): the learning rate would never reach "
+            "train.learning_rate",
+        )
+        _require(
+            self.checkpoint.at_epoch_end or not self.checkpoint.keep_best,
+            "checkpoint.keep_best",
+            self.checkpoint.keep_best,
+            "ranks the checkpoints taken at epoch ends, with the epoch's metrics: set checkpoint.at_epoch_end: true",
+        )
         per_step = self.job.world_size * self.train.grad_accum_steps
         _require(
             self.train.batch_size % per_step == 0,
@@ -1168,6 +1187,16 @@ class Config:
                 self.data.source,
                 f"is not a {self.task} source; use {expected!r} or a file URI",
             )
+        _require(
+            self.data.format not in ("jsonl", "chat")
+            or self.task != "causal_lm"
+            or self.data.source not in ("", "python-stdlib"),
+            "data.format",
+            self.data.format,
+            "reads JSON Lines records, and the built-in 'python-stdlib' source (data.source empty or "
+            "'python-stdlib') is plain text: set data.source to a .jsonl object (or a folder of them), or leave "
+            "data.format at auto",
+        )
         _require(
             self.kubernetes.min_available <= self.job.replicas,
             "kubernetes.min_available",
@@ -1202,21 +1231,29 @@ class Config:
                 f"({elastic.min_replicas}..{elastic.max_replicas}) for an elastic job",
             )
             # The job re-forms at any size in the range, and the global batch stays exact at each.
-            sizes = [n * self.job.nproc_per_node for n in range(elastic.min_replicas, elastic.max_replicas + 1)]
-            bad = [w for w in sizes if self.train.batch_size % (w * self.train.grad_accum_steps)]
-            unit = math.lcm(*sizes) * self.train.grad_accum_steps
-            _require(
-                not bad,
-                "train.batch_size",
-                self.train.batch_size,
-                f"must divide by every world size the elastic range allows ({', '.join(map(str, sizes))} ranks"
-                + (
-                    f" x train.grad_accum_steps {self.train.grad_accum_steps}"
-                    if self.train.grad_accum_steps > 1
-                    else ""
+            nproc, accum = self.job.nproc_per_node, self.train.grad_accum_steps
+            sizes = range(elastic.min_replicas * nproc, (elastic.max_replicas + 1) * nproc, nproc)
+            bad = list(itertools.islice((w for w in sizes if self.train.batch_size % (w * accum)), 5))
+            if bad:
+                unit = accum
+                for w in sizes:  # the smallest batch that fits them all, unless no batch a job uses does
+                    unit = math.lcm(unit, w * accum)
+                    if unit > _INT32_MAX:
+                        break
+                fix = (
+                    f"use a multiple of {unit}"
+                    if unit <= _INT32_MAX
+                    else "no batch size divides by them all: narrow kubernetes.elastic's min_replicas..max_replicas"
                 )
-                + f"), but not by {', '.join(map(str, bad))}: use a multiple of {unit}",
-            )
+                shown = ", ".join(map(str, sizes)) if len(sizes) <= 8 else f"{sizes[0]}..{sizes[-1]}"
+                per = f" x train.grad_accum_steps {accum}" if accum > 1 else ""
+                _require(
+                    False,
+                    "train.batch_size",
+                    self.train.batch_size,
+                    f"must divide by every world size the elastic range allows ({shown} ranks{per}), but not by "
+                    f"{', '.join(map(str, bad))}{', ...' if len(bad) == 5 else ''}: {fix}",
+                )
         self._check_partitions()
         self._check_pretrained()
 

@@ -19,6 +19,7 @@ compiling pipelines must not import numpy; ``bytes`` must work without ``tokeniz
 from __future__ import annotations
 
 import json
+import logging
 import re
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
@@ -363,7 +364,17 @@ def train_bpe(sample: Iterable[bytes], vocab_size: int, max_sample_bytes: int = 
     tok.train_from_iterator(texts(), trainer=trainer)
     if seen == 0:
         raise DataError("the sample for training the BPE tokenizer is empty: check data.source")
-    return HFTokenizer(tok, "bpe")
+    out = HFTokenizer(tok, "bpe")
+    if out.vocab_size < vocab_size:  # never silent: the model is that much smaller than asked
+        logging.getLogger("kftrain.data").warning(
+            "data.tokenizer bpe:%d: the %d bytes of text it trained on hold merges for %d tokens only; the model's "
+            "vocabulary has %d (more text, or a smaller bpe:N, to match)",
+            vocab_size,
+            seen,
+            out.vocab_size,
+            out.vocab_size,
+        )
+    return out
 
 
 def load_tokenizer(

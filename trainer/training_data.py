@@ -115,8 +115,10 @@ class SampledData(TrainingData):
 def check_an_epoch_has_a_step(cfg: Config, task: Task, manifest: dict, dataset_uri: str) -> None:
     """ConfigError, before any replica starts, when the job's ranks (`job.replicas` x
     `job.nproc_per_node`) would find no whole optimizer step in an epoch of the prepared
-    training split: the same layout each rank computes (:class:`StreamingSplit`), from the
-    manifest's counts. A task that does not stream is checked by its ranks, which read the data."""
+    training split (the same layout each rank computes, :class:`StreamingSplit`, from the
+    manifest's counts), or the run's steps leave a setting without effect: a warm-up as long as
+    the run, `checkpoint.keep_best` over a run shorter than an epoch. A task that does not stream
+    is checked by its ranks, which read the data."""
     streaming = task.stream(cfg, manifest)
     if streaming is None:
         return
@@ -125,12 +127,26 @@ def check_an_epoch_has_a_step(cfg: Config, task: Task, manifest: dict, dataset_u
     micro = tc.batch_size // (world * tc.grad_accum_steps)
     workers = max(1, tc.num_workers)
     layout = Layout(items, cfg.data.partitions or world * workers, world * workers, micro)
-    if layout.batches_per_reader * workers // tc.grad_accum_steps == 0:
+    per_epoch = layout.batches_per_reader * workers // tc.grad_accum_steps
+    if per_epoch == 0:
         raise ConfigError(
             f"train.batch_size: the {items} training items of {dataset_uri} make no whole step of "
             f"{tc.batch_size} items on {world} ranks (micro-batches of {micro}, train.grad_accum_steps "
             f"{tc.grad_accum_steps}, {layout.partitions} data partitions); use a smaller train.batch_size or "
             "train.grad_accum_steps, fewer data.partitions, or more data"
+        )
+    # What only the step count says (the config alone checks them against train.max_steps).
+    total = tc.max_steps or tc.epochs * per_epoch
+    length = f"train.max_steps {tc.max_steps}" if tc.max_steps else f"{tc.epochs} epoch(s) of {per_epoch} steps"
+    if tc.warmup_steps >= total:
+        raise ConfigError(
+            f"train.warmup_steps: {tc.warmup_steps} is not below the run's {total} optimizer steps ({length}): the "
+            "learning rate would never reach train.learning_rate; use fewer warm-up steps"
+        )
+    if cfg.checkpoint.keep_best and total < per_epoch:
+        raise ConfigError(
+            f"checkpoint.keep_best: the run ends at step {total} ({length}), before its first epoch ends at step "
+            f"{per_epoch}: no checkpoint with the epoch's metrics to rank; train at least an epoch, or drop keep_best"
         )
 
 

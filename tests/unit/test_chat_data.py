@@ -26,7 +26,7 @@ from trainer.chat_data import (
     split_of,
     take_rows,
 )
-from trainer.config import load_config
+from trainer.config import ConfigError, load_config
 from trainer.example_model import CHAT_TEMPLATE, chat_records, tiny_tokenizer, write_chat_jsonl
 from trainer.shards import DataError, read_shard, split_shards
 from trainer.storage import LocalStore
@@ -610,5 +610,6 @@ def test_evaluation_scores_the_assistant_tokens_of_the_test_split(folder, tmp_pa
 
 @pytest.mark.parametrize("source", ["", "python-stdlib"])
 def test_chat_data_needs_a_source_of_its_own(folder, tmp_path, source):
-    with pytest.raises(DataError, match="data.format: chat needs a JSON Lines object .* set data.source"):
+    # The built-in plain-text source: refused with the config, before any step (was: in data prep).
+    with pytest.raises(ConfigError, match="data.format: reads JSON Lines records, and the built-in 'python-stdlib'"):
         prepare(folder, source, str(tmp_path / "ds"))

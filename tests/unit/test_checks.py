@@ -31,6 +31,8 @@ def check(init_from: str, extra: str = "") -> None:
 
 
 LORA = "train:\n  method: lora\n"
+#: Chat data (the built-in source is plain text: a chat config names a JSON Lines one).
+CHAT = "data:\n  format: chat\n  source: /data/chat.jsonl\n"
 NO_TEMPLATE = {"tokenizer_config": {"chat_template": None}, "drop": ("chat_template.jinja", "chat_template.json")}
 # (how the folder differs from the tiny Llama, extra config, phrases the one-line message holds)
 REFUSED = {
@@ -84,7 +86,7 @@ REFUSED = {
     ),
     "chat-without-template": (
         NO_TEMPLATE,
-        "data:\n  format: chat\n",
+        CHAT,
         ["data.format: chat needs the model's chat template", "instruct", "data.format: text or jsonl"],
     ),
     "lora-unknown-module": (
@@ -123,7 +125,7 @@ REFUSED = {
     "tokenizer-config-not-an-object": ({"add": {"tokenizer_config.json": "[1]"}}, "", ["is not a JSON object"]),
     "chat-template-does-not-parse": (
         {"drop": ("chat_template.json",), "add": {"chat_template.jinja": "{% for m in messages %}{{ m.content "}},
-        "data:\n  format: chat\n",
+        CHAT,
         ["the chat template in chat_template.jinja does not parse (TemplateSyntaxError line 1", "fix it"],
     ),
     "tokenizer-past-the-embedding": (
@@ -237,15 +239,15 @@ def test_an_hf_model_is_fetched_by_the_pre_flight_only_where_the_steps_run_here(
         ({}, ""),
         ({}, LORA),
         ({}, LORA + "lora:\n  target_modules: [q_proj, k_proj, v_proj, o_proj, down_proj]\n"),
-        ({}, "data:\n  format: chat\n"),
+        ({}, CHAT),
         # The chat template where older transformers kept it: in tokenizer_config.json.
         (
             {"drop": ("chat_template.jinja",), "tokenizer_config": {"chat_template": "{{ messages }}"}},
-            "data:\n  format: chat\n",
+            CHAT,
         ),
         (
             {"drop": ("chat_template.jinja",), "add": {"chat_template.json": json.dumps({"chat_template": "{{ x }}"})}},
-            "data:\n  format: chat\n",
+            CHAT,
         ),
         ({}, "kubernetes:\n  gpu_memory_gb: 80\n"),
         ({}, "kubernetes:\n  memory: 8Gi\n"),
@@ -410,6 +412,31 @@ def test_the_memory_message_names_the_estimate_the_limit_and_the_fixes():
         ({"train.bucket_cap_mb": 50}, []),
         ({"train.divergence_check_steps": 10, "train.strategy": "fsdp"}, ["train.divergence_check_steps: set, but"]),
         ({"train.divergence_check_steps": 10}, []),
+        ({"train.activation_checkpointing": True}, ["train.activation_checkpointing: set, but the classifier's MLP"]),
+        (
+            {"checkpoint.enabled": False, "checkpoint.keep_last": 5, "checkpoint.interval_steps": 10},
+            [
+                "checkpoint.interval_steps: set, but checkpoint.enabled is false",
+                "checkpoint.keep_last: set, but checkpoint.enabled is false",
+            ],
+        ),
+        (
+            {"task": "causal_lm", "data.eval_prompts": ["hi"], "model.trust_remote_code": True},
+            ["data.eval_prompts: set, but only a pretrained model's run", "model.trust_remote_code: set, but only"],
+        ),
+        (
+            {"task": "causal_lm", "model.init_from": "/m", "model.dropout": 0.5},
+            ["model.dropout: set, but the pretrained model's config.json sets its dropout"],
+        ),
+        (
+            {"task": "causal_lm", "data.tokenizer_sample_bytes": 1000},
+            ["data.tokenizer_sample_bytes: set, but it bounds the text a bpe: tokenizer trains on"],
+        ),
+        ({"task": "causal_lm", "data.tokenizer": "bpe:300", "data.tokenizer_sample_bytes": 1000}, []),
+        ({"data.label_column": "target"}, ["data.label_column: set, but the built-in 'digits' source has its own"]),
+        ({"data.label_column": "target", "data.source": "/d/t.csv"}, []),
+        ({"task": "causal_lm", "data.text_field": "body"}, ["data.text_field: set, but the built-in 'python-stdlib'"]),
+        ({"task": "causal_lm", "data.text_field": "body", "data.source": "/d/c.jsonl"}, []),
     ],
 )
 def test_a_setting_the_run_never_reads_is_named(overrides, said):

@@ -87,6 +87,26 @@ def test_yaml_file_maps_onto_the_tree(tmp_path):
             "data.partitions: is not a multiple of the 3 readers",
         ),
         ("job:\n  nccl_debug: LOUD\n", "job.nccl_debug: must be one of ('', 'VERSION', 'WARN', 'INFO', 'ABORT'"),
+        # Fields that pass alone and conflict together (each was accepted, then silently without effect).
+        ("train:\n  max_steps: 5\n  warmup_steps: 5\n", "train.warmup_steps: must be below train.max_steps (5)"),
+        (
+            "checkpoint:\n  at_epoch_end: false\n  keep_best: val_accuracy\n",
+            "checkpoint.keep_best: ranks the checkpoints taken at epoch ends",
+        ),
+        ("task: causal_lm\ndata:\n  format: jsonl\n", "data.format: reads JSON Lines records, and the built-in"),
+        # An elastic range no batch fits: one short line (was: minutes of CPU, or 12,000 characters).
+        (
+            "kubernetes:\n  elastic: {enabled: true, min_replicas: 2, max_replicas: 2147483647}\n",
+            "(2..2147483647 ranks), but not by 3, 5, 6, 7, 9, ...: no batch size divides by them all: narrow",
+        ),
+        (
+            "kubernetes:\n  elastic: {enabled: true, min_replicas: 2, max_replicas: 4}\n",
+            "(2, 3, 4 ranks), but not by 3: use a multiple of 12, got 64",
+        ),
+        (
+            "kubernetes:\n  elastic: {enabled: true, max_replicas: 2147483648}\n",
+            "kubernetes.elastic.max_replicas: must be at most 2147483647",
+        ),
         ("data:\n  eval_prompts: hello\n", "data.eval_prompts: must be a list, got 'hello'"),
         ("data:\n  eval_prompts: ['hi', ' ']\n", "data.eval_prompts: must list non-empty prompts"),
         ("data:\n  eval_generations: 17\n", "data.eval_generations: must be between 0 and 16, got 17"),

@@ -108,6 +108,21 @@ def test_bpe_reads_at_most_max_sample_bytes(sample):
     assert capped.to_json() == train_bpe(iter([sample[0], sample[1][: len(sample[1]) // 2]]), 600).to_json()
 
 
+def test_a_bpe_smaller_than_asked_is_said(caplog):
+    """Short text holds merges for fewer tokens than bpe:N asks (was: a smaller model, said nowhere)."""
+    with caplog.at_level("WARNING", logger="kftrain.data"):
+        small = train_bpe(iter([b"the cat sat on the mat " * 20]), 100_000)
+    assert small.vocab_size < 1000
+    (said,) = [r.getMessage() for r in caplog.records]
+    assert said.startswith(
+        f"data.tokenizer bpe:100000: the 460 bytes of text it trained on hold merges for {small.vocab_size}"
+    )
+    caplog.clear()
+    with caplog.at_level("WARNING", logger="kftrain.data"):
+        train_bpe(iter([b"the cat sat on the mat " * 20]), small.vocab_size)
+    assert not caplog.records
+
+
 def test_bpe_on_an_empty_sample_is_a_data_error():
     with pytest.raises(DataError, match="sample .* is empty"):
         load_tokenizer("bpe:300", None, iter([b"", b""]))

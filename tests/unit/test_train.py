@@ -177,7 +177,7 @@ def test_a_user_task_by_import_path():
 
 def test_gpt_export_loads_in_hugging_face_transformers(tmp_path):
     transformers = pytest.importorskip("transformers")
-    cfg = load_config(overrides={**TINY_GPT, "train.max_steps": 5})
+    cfg = load_config(overrides={**TINY_GPT, "train.max_steps": 5, "train.warmup_steps": 2})
     store = LocalStore()
     ds, model_uri, out = str(tmp_path / "ds"), str(tmp_path / "model"), str(tmp_path / "export")
     get_task("causal_lm").prepare(cfg, store, ds)

@@ -270,3 +270,33 @@ def test_the_launcher_refuses_a_job_without_a_whole_step_exactly_when_its_ranks_
         return
     with pytest.raises(ConfigError, match=r"^train\.batch_size: the 84 training items of .* make no whole step"):
         check_an_epoch_has_a_step(cfg, task, manifest, uri)
+
+
+@pytest.mark.parametrize(
+    ("overrides", "refused"),
+    [
+        # 84 rows in steps of 12: 7 steps an epoch, 140 in the default 20 epochs.
+        ({"train.warmup_steps": 140}, "train.warmup_steps: 140 is not below the run's 140 optimizer steps (20 epoch"),
+        ({"train.warmup_steps": 139}, None),
+        ({"train.epochs": 2, "train.warmup_steps": 50, "train.lr_schedule": "cosine"}, "the run's 14 optimizer steps"),
+        (
+            {"train.max_steps": 5, "checkpoint.keep_best": "val_accuracy"},
+            "checkpoint.keep_best: the run ends at step 5 (train.max_steps 5), before its first epoch ends at step 7",
+        ),
+        ({"train.max_steps": 7, "checkpoint.keep_best": "val_accuracy"}, None),
+    ],
+)
+def test_what_the_run_s_step_count_leaves_without_effect_is_refused_before_a_replica_starts(
+    dataset, overrides, refused
+):
+    """Known once the data is prepared: a warm-up as long as the run never reached the learning
+    rate (was: trained at a fraction of it, silently), a keep_best over less than an epoch had
+    nothing to rank (was: the last step exported, said at the end)."""
+    cfg, task = config(1, 12, 1, **overrides), get_task("classification")
+    uri, manifest = dataset
+    if refused is None:
+        check_an_epoch_has_a_step(cfg, task, manifest, uri)
+        return
+    with pytest.raises(ConfigError) as err:
+        check_an_epoch_has_a_step(cfg, task, manifest, uri)
+    assert str(err.value).startswith(refused) or refused in str(err.value), err.value
