@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import dataclasses
 import inspect
+import json
 import math
 import re
 from collections.abc import Iterable
@@ -146,6 +147,14 @@ def plain_values(value: Any) -> Any:
     if isinstance(value, float) and math.isfinite(value) and value.is_integer():
         return int(value)
     return value
+
+
+def as_text(value: Any) -> Any:
+    """A parameter's JSON scalar as the text a pod's env, label or argument holds: `true`, `5`,
+    `2.5` (JSON's spelling, not Python's `True`); text as it is; an object or a list unchanged, for
+    the builder to refuse (it has no one text)."""
+    value = plain_values(value)
+    return json.dumps(value) if isinstance(value, bool | int | float) else value
 
 
 def overrides_from_params(**params: Any) -> dict[str, Any]:

@@ -81,7 +81,7 @@ def pytorchjob(
         task_name: The task's name (dsl.PIPELINE_TASK_NAME_PLACEHOLDER): names the job.
         dag_execution_id: The enclosing DAG's execution (dsl.PIPELINE_TASK_ID_PLACEHOLDER): names the job.
     """
-    from components.params import plain_values
+    from components.params import as_text, plain_values
     from components.runtime import end_with_one_line, task_identity
     from trainer.launch.backend import run_job
     from trainer.launch.byo import byo_job
@@ -90,18 +90,19 @@ def pytorchjob(
 
     end_with_one_line("pytorchjob")
     where = resolve_launcher(launcher)
-    # KFP hands numbers inside list/dict parameters over as floats (300.0): undo that first.
+    # KFP hands numbers inside list/dict parameters over as floats (300.0): undo that first; a JSON
+    # scalar where text goes is its JSON text (`true`, `5`), as a pod spec's YAML would be written.
     spec = byo_job(
         name=job_name(task_identity(run_id, task_name, dag_execution_id, model.uri)),
         image=image,
-        command=plain_values(command),
+        command=[as_text(c) for c in command],
         output_uri=model.uri,
         input_uri=input_data.uri if input_data is not None else "",
         replicas=replicas,
         nproc_per_node=nproc_per_node,
         gpus_per_node=gpus_per_node,
-        env=plain_values(env),
-        node_selector=plain_values(node_selector),
+        env={k: as_text(v) for k, v in env.items()},
+        node_selector={k: as_text(v) for k, v in node_selector.items()},
         tolerations=plain_values(tolerations),
         volumes=plain_values(volumes),
         volume_mounts=plain_values(volume_mounts),

@@ -98,7 +98,7 @@ BASE_MODEL_ROWS = [
     pytest.param({}, "model:\n  block_size: 512\n", ["model.block_size 512", "at most 256"], id="block-size"),
     pytest.param(
         {"tokenizer_config": {"chat_template": None}, "drop": ("chat_template.jinja",)},
-        "data:\n  format: chat\n",
+        "data:\n  format: chat\n  source: CHAT_JSONL\n",
         ["data.format: chat needs the model's chat template", "data.format: text or jsonl"],
         id="chat-template",
     ),
@@ -151,6 +151,10 @@ def test_kftrain_run_refuses_a_bad_base_model_before_any_step(tmp_path, tiny_lla
         init_from = model_variant(tiny_llama, tmp_path / "models" / "tiny", **variant)
     run = tmp_path / "run"
     run.mkdir()
+    if "CHAT_JSONL" in extra:  # chat data needs a JSON Lines source; outside the run's folder, which stays empty
+        from trainer.example_model import write_chat_jsonl
+
+        extra = extra.replace("CHAT_JSONL", write_chat_jsonl(tmp_path / "chat.jsonl", n=20))
     run_refused(run, base_model_config(init_from, extra), dict(os.environ), phrases)
 
 

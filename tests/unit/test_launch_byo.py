@@ -337,25 +337,28 @@ def test_the_component_refuses_a_local_output_path_on_a_cluster(tmp_path):
 
 
 @pytest.mark.parametrize(
+    ("value", "text"),
+    # As KFP hands a UI's JSON over (every number a float), and as a pipeline's Python writes it.
+    [(True, "true"), (False, "false"), (5, "5"), (1.0, "1"), (2.5, "2.5"), ("x", "x"), ({"a": 1.0}, {"a": 1})],
+)
+def test_a_json_scalar_where_text_goes_is_its_json_text(value, text):
+    """Was `str(v)`: `true` reached the pods as `True` (a nodeSelector no node matches)."""
+    from components.params import as_text
+
+    assert as_text(value) == text
+
+
+@pytest.mark.parametrize(
     ("parameter", "value", "message"),
     [
-        # As KFP hands a UI's JSON over: every number a float.
-        (
-            "env",
-            {"FLAG": True},
-            'env.FLAG: must be a string (unquoted, YAML and JSON read it as a boolean: write "true")',
-        ),
-        ("env", {"N": 1.0}, 'env.N: must be a string (unquoted, YAML and JSON read it as a number: write "1")'),
-        ("env", {"F": 2.5}, 'env.F: must be a string (unquoted, YAML and JSON read it as a number: write "2.5")'),
         ("env", {"W": {"a": 1.0}}, "env.W: must be a string, got dict {'a': 1}"),
-        ("node_selector", {"gpu": True}, "node_selector.gpu: must be a string (unquoted, YAML and JSON read it as a"),
-        ("command", ["python", "train.py", "--epochs", 3.0], "command[3]: must be a string (unquoted, YAML and JSON"),
+        ("node_selector", {"pool": ["a", "b"]}, "node_selector.pool: must be a string, got list ['a', 'b']"),
+        ("command", ["python", "train.py", {"epochs": 3.0}], "command[2]: must be a string, got dict {'epochs': 3}"),
         ("command", ["python", ""], "command[1]: must be a non-empty string"),
     ],
 )
-def test_a_json_value_that_is_no_text_is_refused_not_rewritten_in_pythons_spelling(tmp_path, parameter, value, message):
-    """The component once wrote `str(v)` of each: `true` reached the pods as `True` (a nodeSelector
-    no node matches), an object as Python's repr."""
+def test_a_json_object_or_list_where_text_goes_is_refused_naming_it(tmp_path, parameter, value, message):
+    """It has no one text (was: Python's repr on the pods)."""
     from kfp.dsl import Model
 
     from components.pytorchjob import pytorchjob
@@ -365,6 +368,13 @@ def test_a_json_value_that_is_no_text_is_refused_not_rewritten_in_pythons_spelli
         pytorchjob.python_func(
             image="user/img:1", model=Model(name="model", uri=str(tmp_path / "model")), launcher="local", **given
         )
+
+
+def test_the_builder_refuses_what_is_no_text_with_the_text_to_write():
+    with pytest.raises(
+        ConfigError, match=re.escape("env.FLAG: must be a string (unquoted, YAML and JSON read it as a")
+    ):
+        byo(env={"FLAG": True})
 
 
 def test_the_component_compiles_to_yaml_that_a_pipeline_loads(tmp_path):
