@@ -221,7 +221,7 @@ def _step_of_a_local_run(record: dict[str, Any], info: RunInfo, local_runs: set[
     return isinstance(owner, str) and owner in local_runs and not info.steps
 
 
-def own_steps_owner(store: ObjectStore, prefix: str, run_id: str = "") -> str | None:
+def _own_steps_owner(store: ObjectStore, prefix: str, run_id: str = "") -> str | None:
     """The owner the commit records of a run's own steps under checkpoint prefix `prefix` name,
     from its owner records: `run_id` where that run claimed it (a local run's `checkpoint.uri` of
     its own), else whoever claimed it first (the run whose own prefix it is: a run that took it
@@ -245,7 +245,7 @@ def _describe(store: ObjectStore, info: RunInfo) -> None:
     complete = [
         (found, prefix)
         for prefix in info.steps
-        if (found := latest_complete(store, prefix, owner=own_steps_owner(store, prefix, owner)))
+        if (found := latest_complete(store, prefix, owner=_own_steps_owner(store, prefix, owner)))
     ]
     if complete:
         (step, record), prefix = max(complete, key=lambda c: c[0][0])
@@ -380,9 +380,9 @@ def resolve_resume_from(cfg: Config, root: str) -> tuple[str, dict[str, Any]]:
     return join_uri(prefix, f"step-{step:08d}"), record
 
 
-def _run_prefixes(store: ObjectStore, root: str, run_id: str, task: str) -> dict[str, str]:
+def _run_prefixes(store: ObjectStore, root: str, run_id: str, task: str) -> dict[str, str | None]:
     """The checkpoint prefixes of run `run_id` under store root `root`, each with the owner its
-    own commit records name (None: any, :func:`own_steps_owner`): its own prefix in either layout,
+    own commit records name (None: any, :func:`_own_steps_owner`): its own prefix in either layout,
     only a KFP run's with a `task` (`train` names `train-<id>`); for a local run with none, the
     `checkpoint.uri` of its own that its started record names, as `kftrain runs` shows it."""
     found = {}
@@ -393,10 +393,10 @@ def _run_prefixes(store: ObjectStore, root: str, run_id: str, task: str) -> dict
                 continue  # another run's, or a prefix of neither layout
             folder = owner[1]
             if (not folder and not task) or (folder and (not task or folder == task or folder.startswith(f"{task}-"))):
-                found[prefix] = own_steps_owner(store, prefix)
+                found[prefix] = _own_steps_owner(store, prefix)
     if not found and not task:
         elsewhere = _steps_elsewhere(store, root, join_uri(root, LOCAL_RUNS, run_id, STARTED_RECORD))
-        found = {prefix: own_steps_owner(store, prefix, run_id) for prefix in elsewhere}
+        found = {prefix: _own_steps_owner(store, prefix, run_id) for prefix in elsewhere}
     return found
 
 
