@@ -874,7 +874,8 @@ class KubernetesConfig:
     """The job object is deleted this long after it finished."""
     active_deadline_seconds: int = 0
     """Server-side deadline of the job, counted by the operator from its start (a job it ended is not
-    re-created); 0: `job.timeout_seconds`, so a job outliving its launcher still stops."""
+    re-created), at most `job.timeout_seconds`; 0: `job.timeout_seconds`, so a job outliving its launcher still
+    stops."""
     backoff_limit: int = 3
     """Pod restarts before the job is marked Failed."""
     restart_policy: str = "OnFailure"
@@ -966,7 +967,10 @@ class KubernetesConfig:
         for name in ("labels", "node_selector"):
             problems += [(f"{p}.{name}", k8s.label_problem(k, v)) for k, v in getattr(self, name).items()]
         problems += [(f"{p}.labels", k8s.own_label_problem(k)) for k in self.labels]
-        problems += [(f"{p}.annotations", k8s.annotation_key_problem(k)) for k in self.annotations]
+        problems += [
+            (f"{p}.annotations", k8s.annotation_key_problem(k) or k8s.own_annotation_problem(k))
+            for k in self.annotations
+        ]
         problems.append((f"{p}.annotations", k8s.annotations_size_problem(self.annotations)))
         problems += [(f"{p}.tolerations[{i}]", k8s.toleration_problem(t)) for i, t in enumerate(self.tolerations)]
         problems += [(f"{p}.env.{k8s.plain(n)}", k8s.env_name_problem(n)) for n in self.env]
@@ -1196,6 +1200,13 @@ class Config:
             "reads JSON Lines records, and the built-in 'python-stdlib' source (data.source empty or "
             "'python-stdlib') is plain text: set data.source to a .jsonl object (or a folder of them), or leave "
             "data.format at auto",
+        )
+        _require(
+            self.kubernetes.active_deadline_seconds <= self.job.timeout_seconds,
+            "kubernetes.active_deadline_seconds",
+            self.kubernetes.active_deadline_seconds,
+            f"must be at most job.timeout_seconds ({self.job.timeout_seconds}): the launcher deletes the job then, "
+            "and gives the job what is left of it as its deadline; 0: the same",
         )
         _require(
             self.kubernetes.min_available <= self.job.replicas,

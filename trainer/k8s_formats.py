@@ -200,6 +200,18 @@ def own_label_problem(key: Any) -> str | None:
     return None
 
 
+#: The prefix of the annotations kftrain keeps its own state in on a job (its deadline, its
+#: re-creations, rank 0's progress): a user's value would be read back as that state.
+OWN_ANNOTATION_PREFIX = "kftrain.io/"
+
+
+def own_annotation_problem(key: Any) -> str | None:
+    """Why `key` may not be one of the user's annotations (kftrain's own), or None."""
+    if isinstance(key, str) and key.lower().startswith(OWN_ANNOTATION_PREFIX):
+        return f"key {show(key)} is kftrain's own ({OWN_ANNOTATION_PREFIX}*: the job's state); choose another key"
+    return None
+
+
 def annotation_key_problem(key: Any) -> str | None:
     """Why `key` is not an annotation key (a qualified name, its case ignored), or None."""
     why = qualified_name_problem(key.lower()) if isinstance(key, str) else "it is not text"

@@ -87,6 +87,11 @@ def test_yaml_file_maps_onto_the_tree(tmp_path):
             "data.partitions: is not a multiple of the 3 readers",
         ),
         ("job:\n  nccl_debug: LOUD\n", "job.nccl_debug: must be one of ('', 'VERSION', 'WARN', 'INFO', 'ABORT'"),
+        # Was: cut to the timeout on the cluster, printed as given by `job manifest` and the no-owner warning.
+        (
+            "kubernetes:\n  active_deadline_seconds: 5000\n",
+            "kubernetes.active_deadline_seconds: must be at most job.timeout_seconds (3600)",
+        ),
         # Fields that pass alone and conflict together (each was accepted, then silently without effect).
         ("train:\n  max_steps: 5\n  warmup_steps: 5\n", "train.warmup_steps: must be below train.max_steps (5)"),
         (
@@ -249,6 +254,18 @@ def test_a_label_kftrain_or_an_operator_sets_is_refused_naming_what_sets_it(key,
     assert parse_config(
         "kubernetes:\n  labels:\n    kueue.x-k8s.io/priority-class: high\n"
     )  # Kueue's other labels are the user's
+
+
+@pytest.mark.parametrize("key", ["kftrain.io/restarts", "kftrain.io/deadline", "kftrain.io/progress", "KFTRAIN.io/x"])
+def test_an_annotation_kftrain_keeps_its_state_in_is_refused(key):
+    """A retried launcher read a user's `kftrain.io/restarts` as its own re-creations (was: accepted)."""
+    from trainer.launch.kubernetes import DEADLINE_ANNOTATION, RESTARTS_ANNOTATION
+    from trainer.progress import PROGRESS_ANNOTATION
+
+    assert all(k.startswith("kftrain.io/") for k in (DEADLINE_ANNOTATION, RESTARTS_ANNOTATION, PROGRESS_ANNOTATION))
+    with pytest.raises(ConfigError, match=re.escape(f"kubernetes.annotations: key {key!r} is kftrain's own")):
+        parse_config(f"kubernetes:\n  annotations:\n    {key}: '{{}}'\n")
+    assert parse_config("kubernetes:\n  annotations:\n    team.example.com/owner: ml\n")
 
 
 def test_every_config_field_is_documented_in_the_configuration_reference():

@@ -140,7 +140,11 @@ ACCEPTED = [
     },
     {"kubernetes.env": {"my.var-name": "1", "_X": "", "PET_MONITOR_INTERVAL": "1", "NCCL_DEBUG": "info"}},
     {"job.nccl_debug": "TRACE"},
-    {"job.replicas": 4, "kubernetes.active_deadline_seconds": 31622400},  # the longest the config takes
+    {
+        "job.replicas": 4,
+        "job.timeout_seconds": 31622400,
+        "kubernetes.active_deadline_seconds": 31622400,
+    },  # the longest the config takes
     # What the API server takes: an empty value beside valueFrom, the pod fields a variable may read,
     # a signed integer for Gt/Lt.
     {

@@ -225,6 +225,29 @@ def test_image_pull_errors_are_reported():
         run_job(backend, replace(spec, timeout_s=3600))
 
 
+@pytest.mark.parametrize(("budget", "creates"), [(0, 1), (2, 3)])
+def test_an_image_pull_budget_re_creates_a_job_whose_pods_cannot_pull(budget, creates):
+    """The operator never marks such a job Failed (its pods stay Pending): the budget is spent on
+    the Pending limit (was: never read, whatever kubernetes.max_restarts_by_cause.image_pull said)."""
+    cluster = FakeCluster()
+    backend, spec, lines = make(
+        cluster,
+        **{"kubernetes.pending_timeout_seconds": 60, "kubernetes.max_restarts_by_cause": {"image_pull": budget}},
+    )
+
+    def pull_fails(c: FakeCluster) -> None:
+        if f"{NAME}-master-0" not in c.pods and NAME in c.jobs:
+            c.add_pod(NAME, "master", 0, "Pending", waiting=("ImagePullBackOff", "Back-off pulling image"), age_s=120)
+
+    cluster.timeline = [pull_fails] * 50
+    with pytest.raises(JobFailed) as info:
+        run_job(backend, replace(spec, timeout_s=36000))
+    assert [c for c in cluster.calls if c[0] == "create"] == [("create", NAME)] * creates
+    said = "is 0)" if budget == 0 else f"its {budget} re-creation(s) for image_pull are spent"
+    assert "ImagePullBackOff: Back-off pulling image" in str(info.value) and said in str(info.value), info.value
+    assert NAME not in cluster.jobs
+
+
 def test_a_job_without_pods_for_too_long_is_reported():
     cluster = FakeCluster()
     backend, spec, _ = make(cluster, **{"kubernetes.pending_timeout_seconds": 60})
@@ -264,6 +287,36 @@ def test_rbac_errors_fail_clearly_and_leave_nothing():
     ):
         run_job(backend, replace(spec, timeout_s=60))
     assert not cluster.jobs
+
+
+def test_a_refused_create_says_nothing_of_a_job_that_may_still_run():
+    """The service account that may not create a job usually may not delete one either: the
+    cancel's refusal once added "it may still run: delete it by hand" about a job never made."""
+    cluster = FakeCluster()
+    cluster.fail_next("create", status=403)
+    cluster.fail_next("delete", status=403)
+    backend, spec, _ = make(cluster)
+    with pytest.raises(JobFailed) as info:
+        run_job(backend, replace(spec, timeout_s=60))
+    assert not getattr(info.value, "__notes__", None), info.value.__notes__
+    assert ("delete", NAME) not in cluster.calls and not cluster.jobs
+
+
+def test_a_delete_the_api_refuses_is_one_line_naming_the_call():
+    """After a timeout: the step's error says the job may still run, and why, in one line (was:
+    "(403) (the lines above it in the log say more)"; and the timeout said it "has been deleted")."""
+    cluster = FakeCluster()
+    backend, spec, _ = make(cluster, **{"kubernetes.poll_seconds": 0.1})
+    cluster.timeline = running_then(lambda c: None)  # runs forever
+    cluster.fail_next("delete", status=403)
+    with pytest.raises(JobTimeout) as info:
+        run_job(backend, replace(spec, timeout_s=1))
+    assert str(info.value).endswith("did not finish within 1s (job.timeout_seconds); deleting it")
+    (note,) = info.value.__notes__
+    assert note.startswith(
+        "cancelling the job failed too, so it may still run: delete it by hand (the Kubernetes API refused "
+        "'delete PyTorchJob team/kftrain-0123456789ab': (403) Forbidden (the run's service account lacks RBAC"
+    ), note
 
 
 def test_preflight_failure_submits_nothing():

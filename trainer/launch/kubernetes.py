@@ -279,6 +279,9 @@ class _Job:
         #: The API server's clock minus this launcher's, as the job's creationTimestamp showed it
         #: (zero within the stamp's one-second grain, and for a job another launcher created).
         self.clock_offset = dt.timedelta(0)
+        #: The API server refused to create it (a final answer: RBAC, a webhook): there is no job
+        #: of this attempt to delete, and a cancel must not say one may still run.
+        self.refused = False
         self._backend = backend
 
     @property
@@ -415,6 +418,7 @@ class KubernetesBackend:
         """Create the job; re-attach to it if it exists (replace it if it already Failed, wait for
         it to go if it is being deleted)."""
         job = self._job(spec)
+        job.refused = False
         now = self._now()
         job.deadline = now + dt.timedelta(seconds=spec.timeout_s)
         manifest = job.manifest(now)
@@ -509,12 +513,17 @@ class KubernetesBackend:
         if spec.kind == AUTO and spec.name not in self._jobs:
             return  # discovery never answered, so nothing was created
         job = self._job(spec)
+        if job.refused:
+            return  # its create was refused: nothing of this attempt exists
         try:
             job.custom("delete", self.custom.delete_namespaced_custom_object, job.name, propagation_policy="Foreground")
             self._log(f"kftrain: deleted {job.what}")
         except Exception as exc:
-            if http_status(exc) != 404:
+            status = http_status(exc)
+            if status is None:
                 raise
+            if status != 404:
+                raise self._refusal(job, exc) from None
 
     # -- waiting --------------------------------------------------------------------------
 
@@ -576,6 +585,7 @@ class KubernetesBackend:
             # An elastic job trains on min_replicas or more: the replicas the cluster cannot place
             # yet are what it scales up to, not a stuck job.
             short_handed = elastic.enabled and running >= elastic.min_replicas
+            recreated = False
             for pod in pods:
                 phase = pod.status.phase
                 if phase == "Pending" and not why_queued and short_handed:
@@ -588,9 +598,13 @@ class KubernetesBackend:
                 elif phase == "Pending" and not why_queued:
                     waited = now - admission.pending_since(pod)
                     if waited > pending_limit:
-                        raise JobFailed(self._pending_message(job, pod, waited))
+                        recreated = self._recreate_pending(job, pod, waited)
+                        break
                 elif phase in ("Running", "Succeeded", "Failed"):
                     self._stream(job, pod)
+            if recreated:
+                admission = _Admission(kind)
+                continue
             # Pods seen since admission and gone now are being recreated (an evicted pod, a JobSet
             # restart): their clock starts when they went, not at the job's creation.
             admission.pods = {pod.metadata.name: pod for pod in pods}  # as they were when last seen alive
@@ -704,7 +718,8 @@ class KubernetesBackend:
         return max(0.0, (self._deadline - self._now()).total_seconds()) if self._deadline else 0.0
 
     def _timeout_message(self, job: _Job) -> str:
-        return f"{job.what} did not finish within {job.spec.timeout_s:.0f}s (job.timeout_seconds); it has been deleted"
+        # Said before the delete: run_job deletes it next, and adds a note if that fails.
+        return f"{job.what} did not finish within {job.spec.timeout_s:.0f}s (job.timeout_seconds); deleting it"
 
     # -- API calls, all through the retry -------------------------------------------------
 
@@ -731,6 +746,7 @@ class KubernetesBackend:
             return None
         except Exception as exc:
             if http_status(exc) != 409:
+                job.refused = http_status(exc) is not None
                 raise
         existing = self._get(job)
         if existing is None:  # gone again in between: one more try decides
@@ -889,6 +905,19 @@ class KubernetesBackend:
             )
             lines += [f"  [{key}] {line}" for line in excerpt]
         return "\n".join(lines)
+
+    def _recreate_pending(self, job: _Job, pod: Any, waited: dt.timedelta) -> bool:
+        """A replica Pending past the limit: True when its cause has a re-creation left (an image
+        pull, `kubernetes.max_restarts_by_cause.image_pull`: the operator never marks such a job
+        Failed, so the budget is spent here) and the job was re-created, else JobFailed naming it."""
+        message = self._pending_message(job, pod, waited)
+        diagnosis = failures.classify([_as_dict(pod)])
+        if diagnosis.cause != failures.IMAGE_PULL:
+            raise JobFailed(message)
+        note = self._restart_or_why_not(job, diagnosis)
+        if note is not None:
+            raise JobFailed(f"{message}; {note}")
+        return True
 
     def _pending_message(self, job: _Job, pod: Any, waited: dt.timedelta) -> str:
         reasons = []  # an init container's too: the pod waits on it (Init:ImagePullBackOff)

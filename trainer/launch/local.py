@@ -334,7 +334,7 @@ class LocalBackend:
                 where = " (where each process waited: the stacks above)" if self.ask_for_stacks(spec) else ""
                 raise JobTimeout(
                     f"job {spec.name} did not finish within {timeout_s:.0f}s (job.timeout_seconds){where}; "
-                    "it has been cancelled"
+                    "cancelling it"
                 )
             time.sleep(0.2)
         # Workers normally end with the Master; give stragglers a grace period, then stop them.
