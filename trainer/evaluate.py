@@ -82,7 +82,7 @@ def ui_scalars(report: dict[str, Any]) -> dict[str, float]:
     seen: set[str] = set()
     for index, (cls, scores) in enumerate(report.get("per_class", {}).items()):
         name = re.sub(r"[^A-Za-z0-9_.-]+", "_", str(cls)).strip("_") or str(index)
-        if name in seen:
+        while name in seen:  # `a!!` -> `a` -> `a_2`, which `a 2` may hold: until the name is free
             name = f"{name}_{index}"
         seen.add(name)
         for measure in ("precision", "recall", "f1"):

@@ -240,7 +240,11 @@ def svg_chart(
             drawn.append({**s, "points": pts})
     every = [p for s in drawn for p in s["points"]]
     if len(every) < 2:
-        return f'<p class="empty"><em>{esc(title)}: not enough points to draw.</em></p>'
+        # One measurement (a one-epoch run's validation): its value, where a line needs two.
+        said = " not enough points to draw."
+        if every:
+            said = f" one point, {drawn[0]['name']} {every[0][1]:.4g} at {x_label} {every[0][0]:g}; a line needs two"
+        return f'<p class="empty"><em>{esc(title)}:{esc(said)}</em></p>'
     xs, ys = [p[0] for p in every], [p[1] for p in every]
     xt = time_ticks(min(xs), max(xs)) if x_time else linear_ticks(min(xs), max(xs), target=6)
     if y_log:
@@ -433,8 +437,10 @@ def _header(training: dict[str, Any], evaluation: dict[str, Any], context: dict[
         ckpt_text = "none written by the last start"
     resumed = int(metrics.get("resumed_from_step", 0))
     restarts = int(progress.get("segment", 0))
-    if resumed or restarts:
-        resume_text = f"{max(restarts, 1)} restart(s); the last resumed from step {resumed:,}"
+    if restarts:
+        resume_text = f"{restarts} restart(s); the last resumed from step {resumed:,}"
+    elif resumed:  # its first start read another run's checkpoint (checkpoint.resume_from)
+        resume_text = f"none; begun from step {resumed:,} of another run's checkpoint (checkpoint.resume_from)"
     else:
         resume_text = "none (one uninterrupted start)"
     facts = [

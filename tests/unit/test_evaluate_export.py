@@ -134,6 +134,11 @@ def test_ui_scalars_say_what_they_measure_and_name_the_class():
     assert names["test_class_cat_dog_recall"] == 1.0  # "cat dog"
     assert names["test_class_cat_dog_2_recall"] == 0.5  # "cat/dog" collides after cleaning: its index
     assert not [n for n in names if re.fullmatch(r"(precision|recall)_\d+", n)]
+    # A name that an earlier class's index made its own (was: `a!!` overwrote `a 2`'s measures).
+    report = classification_report(np.array([0, 1, 2]), np.array([0, 1, 1]), ["a!", "a 2", "a!!"])
+    names = ui_scalars(report)
+    assert len([n for n in names if n.startswith("test_class_")]) == 9
+    assert names["test_class_a_2_recall"] == 1.0 and names["test_class_a_2_2_recall"] == 0.0
 
 
 def test_ui_scalars_leave_out_text_such_as_the_generations():

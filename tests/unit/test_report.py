@@ -118,6 +118,24 @@ def render() -> str:
     return html_report(training_record(), evaluation_record(), (False, "accuracy < bar"), context)
 
 
+@pytest.mark.parametrize(
+    ("segment", "resumed", "said"),
+    [
+        (1, 20, "1 restart(s); the last resumed from step 20"),
+        # Begun from another run's checkpoint, never restarted (was: "1 restart(s)").
+        (0, 57, "none; begun from step 57 of another run's checkpoint (checkpoint.resume_from)"),
+        (0, 0, "none (one uninterrupted start)"),
+    ],
+)
+def test_the_header_counts_restarts_only_where_the_run_restarted(segment, resumed, said):
+    record = training_record()
+    record["progress"]["segment"] = segment
+    record["metrics"]["resumed_from_step"] = resumed
+    parsed = Page()
+    parsed.feed(html_report(record, evaluation_record(), (True, "no bar")))
+    assert said in " ".join(parsed.text)
+
+
 def test_quality_gate_in_both_directions():
     assert quality_gate({"accuracy": 0.95}, min_accuracy=0.9) == (
         True,
@@ -211,7 +229,10 @@ def test_a_log_axis_gives_each_decade_the_same_height():
 
 
 def test_too_few_points_say_so():
-    assert "not enough points" in svg_chart([{"name": "a", "points": [(0, 1.0)]}], title="t", x_label="x", y_label="y")
+    assert "not enough points" in svg_chart([{"name": "a", "points": []}], title="t", x_label="x", y_label="y")
+    # A one-epoch run's validation: its one value, said (was: "not enough points", the value nowhere on the chart).
+    one = svg_chart([{"name": "val", "points": [(19, 0.95)]}], title="t", x_label="step", y_label="y")
+    assert "t: one point, val 0.95 at step 19; a line needs two" in one
 
 
 def test_confusion_heatmap_has_a_cell_per_pair_shaded_by_row_share():
