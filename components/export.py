@@ -36,7 +36,7 @@ def export(
     from trainer.config import ConfigError
     from trainer.evaluate import EVAL_RECORD
     from trainer.pipeline_steps import export as export_step
-    from trainer.pipeline_steps import store_for
+    from trainer.pipeline_steps import same_artifact, store_for
     from trainer.storage import join_uri
 
     end_with_one_line("export")
@@ -49,6 +49,12 @@ def export(
             "record export reads (a training step's metrics are not one)"
         )
     report = json.loads(store.get_bytes(record))
+    scored = report.get("model_uri")
+    if isinstance(scored, str) and scored and not same_artifact(scored, model.uri):
+        raise ConfigError(
+            f"metrics: the evaluation at {metrics.uri} scored the model at {scored}, not {model.uri}: its numbers "
+            "would go into this model's card; pass the evaluate step's `metrics` of this model"
+        )
     summary = {k: v for k, v in report.items() if isinstance(v, int | float) and not isinstance(v, bool)}
     card = export_step(cfg, model.uri, output_uri(exported, cfg.store.uri, identity, "exported"), summary)
     exported.metadata["files"] = card["files"]

@@ -198,7 +198,7 @@ def _validate_config(args: dict[str, Any], known: dict[str, dict[str, Any]]) -> 
     """Run the trainer's config validation on the run's effective parameters before uploading,
     and the quality gate's bounds (the same as `kftrain run`'s flags)."""
     from components.params import BY_NAME, SECRET_PARAMS, config_from_params, parameter_named_by
-    from trainer.checks import check_plan_gpu, gate_ignored, gate_problem
+    from trainer.checks import GATE_DEFAULTS, check_plan_gpu, gate_ignored, gate_problem
     from trainer.launch.job import check_cluster_locations, check_job_manifests
     from trainer.pipeline_steps import LAUNCHERS
 
@@ -222,7 +222,9 @@ def _validate_config(args: dict[str, Any], known: dict[str, dict[str, Any]]) -> 
             raise SubmitError(f"--param {named[0]}: {exc}{named[1]}") from None
         raise SubmitError(f"the run's parameters are invalid: {exc}") from None
     for name in ("min_accuracy", "max_perplexity"):
-        if problem := gate_ignored(name, args.get(name, 0.0), cfg.task):
+        # The default is no bar set (the pipeline's configure step cannot tell it from one given), as there.
+        value = args.get(name, GATE_DEFAULTS[name])
+        if value != GATE_DEFAULTS[name] and (problem := gate_ignored(name, value, cfg.task)):
             raise SubmitError(f"--param {name}={args[name]}: {problem}")
 
 

@@ -18,7 +18,7 @@ from trainer.config import Config, ConfigError, to_dict
 from trainer.errors import KftrainError, redact
 from trainer.launch.backend import JobBackend, run_job
 from trainer.launch.spec import job_name
-from trainer.storage import ObjectStore, join_uri, open_store
+from trainer.storage import ObjectStore, join_uri, open_store, parse_uri, same_place
 
 if TYPE_CHECKING:  # trainer.plan builds models: the step imports it when it runs
     from trainer.plan import Plan, ProbeResult
@@ -239,6 +239,7 @@ def evaluate(
 
     check_gates(min_accuracy, max_perplexity, cfg.task)  # before the test split is scored, not after
     store = store_for(cfg, output_uri, check=True)
+    check_evaluation_inputs(cfg, store, model_uri, dataset_uri)
     with bases_through(cfg.store):  # a fine-tuned model's base is in the configured store, as training read it
         report = evaluate_model(
             store, model_uri, dataset_uri, output_uri, cfg.data.eval_items, GenerationSettings.from_config(cfg)
@@ -259,6 +260,41 @@ def evaluate(
     context["prediction"] = run_prediction(cfg, manifest)
     store.put_bytes(report_uri, html_report(training, report, (passed, reason), context).encode())
     return report, passed, reason
+
+
+def check_evaluation_inputs(cfg: Config, store: ObjectStore, model_uri: str, dataset_uri: str) -> None:
+    """ConfigError, before the test split is scored, when the evaluate step's inputs are not one
+    run's: a config of another task than the model's (its gate and report would follow the
+    config), or a prepared dataset other than the one the model trained on (its test split may
+    hold the model's training rows: the score would be inflated, and a gate pass with it)."""
+    from trainer.model_io import MODEL_META
+
+    meta = json.loads(store.get_bytes(join_uri(model_uri, MODEL_META)))
+    task = meta.get("task")
+    if isinstance(task, str) and task != cfg.task:
+        raise ConfigError(
+            f"config: task {cfg.task!r}, but the model at {model_uri} is a {task!r} model; pass the config it "
+            "trained with (its training step's effective config)"
+        )
+    trained_on = meta.get("dataset_uri")
+    if isinstance(trained_on, str) and trained_on and not same_artifact(trained_on, dataset_uri):
+        raise ConfigError(
+            f"dataset: {dataset_uri} is not the dataset the model at {model_uri} trained on ({trained_on}): another "
+            "prepared dataset's test split may hold the model's training rows; pass the data-prep output it "
+            "trained on"
+        )
+
+
+def same_artifact(a: str, b: str) -> bool:
+    """Whether two URIs name one artifact: one place, where `minio://` and `s3://` are the same
+    bucket (KFP's pipeline root writes the one, a user the other)."""
+    if same_place(a, b):
+        return True
+    try:
+        la, lb = parse_uri(a), parse_uri(b)
+    except ValueError:
+        return False
+    return la.is_remote and lb.is_remote and (la.bucket, la.key.rstrip("/")) == (lb.bucket, lb.key.rstrip("/"))
 
 
 def export(cfg: Config, model_uri: str, output_uri: str, metrics: dict[str, Any]) -> dict[str, Any]:

@@ -185,6 +185,8 @@ def test_a_config_naming_another_hf_token_secret_is_refused_with_the_fix():
         # The config text's own field: no parameter was set, none is named.
         ("train:\n  epochs: 0\n", {}, "train.epochs: must be positive, got 0"),
         ("train:\n  epochs: 0\n", {"learning_rate": 0.1}, "train.epochs: must be positive, got 0"),
+        # The job's own rules: a ConfigError, so the step ends on one line (was: a traceback).
+        ("kubernetes:\n  priority_class: high\n", {"job_kind": "trainjob"}, "kubernetes.priority_class: 'high'"),
     ],
 )
 def test_configure_names_the_parameter_a_ui_user_set(monkeypatch, config, params, said):

@@ -161,8 +161,9 @@ def test_the_confusion_matrix_reaches_classification_metrics_in_the_shape_the_kf
 
     from components.evaluate import evaluate
 
-    store, uri, _, _ = trained
+    store, uri, _, meta = trained
     ds = small_csv_dataset(store, tmp_path)
+    store.put_bytes(join_uri(uri, "model.json"), json.dumps({**meta, "dataset_uri": ds}).encode())  # trained on it
     store.put_bytes(join_uri(uri, "training.json"), json.dumps({"metrics": {}, "loss_curve": []}).encode())
     metrics, confusion = Metrics(uri=str(tmp_path / "evaluation")), ClassificationMetrics(uri=str(tmp_path / "cm"))
     report = HTML(uri=str(tmp_path / "report.html"))
@@ -256,3 +257,50 @@ def test_an_exported_format_is_held_to_a_relative_and_an_absolute_tolerance(expe
     else:
         with pytest.raises(ExportError, match="ONNX output"):
             _check("ONNX", got, expected)
+
+
+@pytest.mark.parametrize(
+    ("task", "trained_on", "given", "refused"),
+    [
+        ("classification", "DS", "DS", None),
+        ("classification", "s3://bkt/run/data-prep/dataset", "minio://bkt/run/data-prep/dataset/", None),  # one bucket
+        ("classification", None, "DS", None),  # a model from before its dataset was recorded
+        # Another run's dataset of the same source: its test split holds rows the model trained on.
+        ("classification", "s3://bkt/run-a/dataset", "DS", "dataset: DS is not the dataset the model at MODEL trained"),
+        # The config of another task: its gate and report would follow the config (was: a KeyError, late).
+        ("causal_lm", "DS", "DS", "config: task 'causal_lm', but the model at MODEL is a 'classification' model"),
+    ],
+)
+def test_the_evaluate_step_refuses_inputs_that_are_not_one_run_s(trained, tmp_path, task, trained_on, given, refused):
+    from trainer.config import ConfigError, load_config
+    from trainer.pipeline_steps import check_evaluation_inputs
+
+    store, uri, _, meta = trained
+    ds = str(tmp_path / "ds")
+    recorded = {**meta, "dataset_uri": trained_on.replace("DS", ds)} if trained_on else dict(meta, dataset_uri="")
+    store.put_bytes(join_uri(uri, "model.json"), json.dumps(recorded).encode())
+    cfg = load_config(overrides={"task": task})
+    if refused is None:
+        check_evaluation_inputs(cfg, store, uri, given.replace("DS", ds))
+        return
+    with pytest.raises(ConfigError) as err:
+        check_evaluation_inputs(cfg, store, uri, given.replace("DS", ds))
+    assert str(err.value).startswith(refused.replace("DS", ds).replace("MODEL", uri)), err.value
+
+
+def test_export_refuses_another_model_s_evaluation(trained, tmp_path):
+    """Its numbers went into this model's card (was: accepted, the card naming this model)."""
+    from kfp.dsl import Metrics, Model
+
+    from components.export import export
+    from trainer.config import ConfigError
+
+    store, uri, _, _ = trained
+    evaluation = tmp_path / "evaluation"
+    store.put_bytes(
+        str(evaluation / "metrics.json"), json.dumps({"accuracy": 0.99, "model_uri": "/other/model"}).encode()
+    )
+    with pytest.raises(ConfigError, match=r"^metrics: the evaluation at .* scored the model at /other/model, not "):
+        export.python_func(
+            metrics=Metrics(uri=str(evaluation)), model=Model(uri=uri), exported=Model(uri=str(tmp_path / "x"))
+        )

@@ -139,6 +139,8 @@ def test_what_pods_read_is_refused_at_submit_as_a_path_relative_to_this_machine(
         (["min_accuracy=0.5"], ""),
         (["config=task: causal_lm", "max_perplexity=20"], ""),
         (["max_perplexity=0"], ""),  # 0: no bar, nothing to ignore
+        # The default, as the pipeline reads it: no bar set (was: refused here, accepted by the run).
+        (["config=task: causal_lm", "min_accuracy=0.9"], ""),
     ],
 )
 def test_a_gate_the_task_never_reports_is_refused_at_submit(params, refused):

@@ -111,9 +111,13 @@ def check_job_manifests(cfg: Config) -> None:
     """Build the job `cfg` would create on a cluster (each kind `job.kind` may become) and preflight
     it, so that a value the API server, the operator or NCCL would refuse fails before any step,
     pod or upload starts, naming its config field (:class:`~trainer.launch.preflight.ManifestError`)."""
+    from trainer.config import ConfigError
     from trainer.launch.jobkind import kinds_it_may_become
 
-    spec = training_job(cfg, PREFLIGHT_NAME, *PREFLIGHT_URIS)
+    try:
+        spec = training_job(cfg, PREFLIGHT_NAME, *PREFLIGHT_URIS)
+    except ValueError as exc:  # the job spec's own rules (a TrainJob's unfit settings): the config's error
+        raise ConfigError(str(exc)) from None
     for kind in kinds_it_may_become(cfg.job.kind):
         kind.validate(kind.build(spec, cfg.kubernetes.namespace, None))
 
