@@ -44,6 +44,7 @@ from trainer.storage import (
     answer_within,
     check_deadline,
     has_suffix,
+    join_uri,
     open_store,
     parse_uri,
 )
@@ -351,27 +352,40 @@ TEXT_PREP_VERSION = 3
 
 def source_version(cfg: Config) -> str:
     """`data.source_version` for `cfg`: a digest of the version of every object data prep reads
-    from a store (the source's, a `data.tokenizer` file) and, for causal_lm, of how it makes
-    tokens of them (:data:`TEXT_PREP_VERSION`); '' when it reads no object and makes no text
-    tokens (the built-in digits). A store that fails raises :class:`StoreError` naming the field."""
+    from a store (the source's, a `data.tokenizer` file, a base model's tokenizer files) and, for
+    causal_lm, of how it makes tokens of them (:data:`TEXT_PREP_VERSION`); '' when it reads no
+    object and makes no text tokens (the built-in digits). A store that fails raises
+    :class:`StoreError` naming the field."""
     import hashlib
 
-    named = []
+    from trainer.pretrained import HF_SCHEME, TOKENIZER_FILES
+
+    named = []  # (field, URI, how: "listing" a source's objects, "object", or an "optional" object)
     if cfg.data.source not in BUILTIN_SOURCES:
-        named.append(("data.source", cfg.data.source, True))
+        named.append(("data.source", cfg.data.source, "listing"))
     spec = parse_spec(cfg.data.tokenizer) if cfg.task == "causal_lm" else None
     if spec is not None and spec.kind == "file":
-        named.append(("data.tokenizer", spec.uri, False))
+        named.append(("data.tokenizer", spec.uri, "object"))
+    base = cfg.model.init_from
+    if cfg.task == "causal_lm" and base and not base.startswith(HF_SCHEME):
+        # A base model's tokenizer makes the tokens (an hf:// one's revision is in the config, or the Hub's now).
+        named += [("model.init_from", join_uri(base, name), "optional") for name in TOKENIZER_FILES]
     if not named and cfg.task != "causal_lm":
         return ""
     digest = hashlib.sha256()
     if cfg.task == "causal_lm":
         digest.update(f"text-prep={TEXT_PREP_VERSION}\n".encode())
-    for field, uri, many in named:
+    for field, uri, how in named:
         store = source_store(cfg, uri)
         try:
             answer_within(store, uri)
-            for obj, version in (source_listing(store, uri) if many else {uri: store.version(uri)}).items():
+            if how == "listing":
+                versions = source_listing(store, uri)
+            elif how == "object" or store.exists(uri):
+                versions = {uri: store.version(uri)}
+            else:
+                versions = {}
+            for obj, version in versions.items():
                 digest.update(f"{obj}={version}\n".encode())
         except StoreError as exc:
             raise type(exc)(f"{field} {uri}: {exc}") from None

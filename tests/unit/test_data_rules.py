@@ -345,6 +345,32 @@ def test_the_source_version_changes_with_what_data_prep_reads_and_only_then(tmp_
         assert source_version(load_config(overrides={"task": "causal_lm", "data.source": "python-stdlib"})) != stdlib
 
 
+def test_the_source_version_follows_a_base_model_s_tokenizer(tmp_path):
+    """A tokenizer.json changed in place (two ids swapped) kept the old version: KFP's cache
+    handed training a dataset of the old ids, the export the new tokenizer. An hf:// base is not
+    asked for (no network in the configure step): its revision is in the config."""
+    import os
+
+    from trainer.config import load_config
+    from trainer.data_rules import source_version
+
+    (tmp_path / "chat.jsonl").write_text('{"messages": []}\n')
+    base = tmp_path / "base"
+    base.mkdir()
+    (base / "tokenizer.json").write_text("{}")
+    fields = {"task": "causal_lm", "data.source": str(tmp_path / "chat.jsonl"), "data.format": "jsonl"}
+    cfg = load_config(overrides={**fields, "model.init_from": str(base)})
+    first = source_version(cfg)
+    assert source_version(cfg) == first
+    os.utime(base / "tokenizer.json", ns=(1, 1))  # rewritten in place
+    assert source_version(cfg) != first
+    second = source_version(cfg)
+    (base / "chat_template.jinja").write_text("{{ messages }}")  # a file it reads when there
+    assert source_version(cfg) != second
+    hub = load_config(overrides={**fields, "model.init_from": "hf://org/model@abc"})
+    assert len(source_version(hub)) == 16
+
+
 #: A source folder as people's folders are: a user's `.tmp` file, a git clone's and a notebook's
 #: hidden folders, a hidden file, a deeper hidden folder, and a neighbour sharing its first letters.
 SOURCE_TREE = (
