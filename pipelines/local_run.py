@@ -205,7 +205,9 @@ def record_started(
     try:
         record = read_json(store, uri)
     except ObjectNotFound:
-        record = {"checkpoint_uri": cfg.checkpoint.uri}
+        # A local path as an absolute one: a later start from another folder reads it where it is.
+        prefix = parse_uri(cfg.checkpoint.uri)
+        record = {"checkpoint_uri": cfg.checkpoint.uri if prefix.is_remote else prefix.key}
     except CorruptObject:
         return
     if not isinstance(record, dict):

@@ -247,7 +247,8 @@ _SHADOWED: tuple[tuple[tuple[str, ...], Callable[[Config], bool], Callable[[Conf
         lambda cfg: "the classifier's MLP has no blocks to recompute",
     ),
     (
-        ("checkpoint.uri", "checkpoint.interval_steps", "checkpoint.at_epoch_end", "checkpoint.keep_last"),
+        # Not checkpoint.uri: a local run fills it in whatever checkpoint.enabled says.
+        ("checkpoint.interval_steps", "checkpoint.at_epoch_end", "checkpoint.keep_last"),
         lambda cfg: not cfg.checkpoint.enabled,
         lambda cfg: "checkpoint.enabled is false",
     ),

@@ -413,6 +413,8 @@ def test_the_memory_message_names_the_estimate_the_limit_and_the_fixes():
         ({"train.divergence_check_steps": 10, "train.strategy": "fsdp"}, ["train.divergence_check_steps: set, but"]),
         ({"train.divergence_check_steps": 10}, []),
         ({"train.activation_checkpointing": True}, ["train.activation_checkpointing: set, but the classifier's MLP"]),
+        # A local run fills checkpoint.uri in itself (was: "checkpoint.uri: set" on every run without checkpoints).
+        ({"checkpoint.enabled": False, "checkpoint.uri": "/out/runs/r1/checkpoints"}, []),
         (
             {"checkpoint.enabled": False, "checkpoint.keep_last": 5, "checkpoint.interval_steps": 10},
             [

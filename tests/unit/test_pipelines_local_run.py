@@ -290,6 +290,25 @@ def test_the_started_record_keeps_the_first_starts_prefix(tmp_path):
     assert json.loads((tmp_path / "runs" / "r1" / STARTED_RECORD).read_text())["checkpoint_uri"] == "/first"
 
 
+def test_a_relative_checkpoint_uri_is_recorded_where_it_is(tmp_path, monkeypatch):
+    """`checkpoint.uri: ck` from one folder, `--run-id` from another: the record said `ck`, which
+    the later start read as its own folder's, and trained from step 0 beside the run's checkpoints.
+    Recorded absolute, the later start is refused naming where they are."""
+    from pipelines.local_run import STARTED_RECORD, check_own_checkpoint, record_started, with_run_checkpoints
+    from trainer.config import ConfigError, load_config
+
+    (tmp_path / "sub").mkdir()
+    monkeypatch.chdir(tmp_path)
+    started = with_run_checkpoints(_with_uri(load_config(), "ck"), "r1", str(tmp_path / "out"))
+    record_started(started, "r1", str(tmp_path / "out"))
+    record = json.loads((tmp_path / "out" / "runs" / "r1" / STARTED_RECORD).read_text())
+    assert record["checkpoint_uri"] == str(tmp_path / "ck")
+    fake_checkpoint(tmp_path / "ck", 5)
+    monkeypatch.chdir(tmp_path / "sub")
+    with pytest.raises(ConfigError, match=f"its checkpoint of step 5 is in {tmp_path / 'ck'}"):
+        check_own_checkpoint(_with_uri(load_config(), "ck"), "r1", str(tmp_path / "out"))
+
+
 # (where the first start put its checkpoints: "own" or "a"; recorded in started.json; steps
 # committed there, the last one incomplete when marked False; the step a stop names)
 NEWEST_CASES = {
