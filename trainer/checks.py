@@ -282,6 +282,26 @@ _SHADOWED: tuple[tuple[tuple[str, ...], Callable[[Config], bool], Callable[[Conf
         lambda cfg: cfg.task == "causal_lm" and cfg.data.source in ("", "python-stdlib"),
         lambda cfg: "the built-in 'python-stdlib' source is plain text",
     ),
+    (
+        ("data.text_field",),
+        lambda cfg: cfg.task == "causal_lm" and cfg.data.format in ("text", "chat"),
+        lambda cfg: f"data.format is {cfg.data.format!r}, which reads no text field",
+    ),
+    (
+        ("data.messages_field",),
+        lambda cfg: cfg.task == "causal_lm" and cfg.data.format != "chat",
+        lambda cfg: f"only chat data reads it (data.format is {cfg.data.format!r})",
+    ),
+    (
+        ("data.num_proc",),
+        lambda cfg: cfg.task == "causal_lm" and cfg.data.tokenizer == "bytes" and not cfg.model.init_from,
+        lambda cfg: "the bytes tokenizer makes its tokens in one process",
+    ),
+    (
+        ("export.max_shard_bytes",),
+        lambda cfg: not cfg.model.init_from,
+        lambda cfg: "only a fine-tuned pretrained model's Hugging Face folder is split (model.init_from is empty)",
+    ),
 )
 
 
@@ -309,12 +329,12 @@ def ignored_settings(cfg: Config) -> list[str]:
             for f in changed
             if f.startswith("lora.") or f == "export.merge_lora"
         ]
-    lines += [
-        f"{f}: set, but {why(cfg)}: no effect"
-        for fields, unread, why in _SHADOWED
-        for f in fields
-        if f in changed and unread(cfg)
-    ]
+    said = {line.split(":", 1)[0] for line in lines}
+    for fields, unread, why in _SHADOWED:
+        for f in fields:
+            if f in changed and f not in said and unread(cfg):  # one reason a field, the first
+                said.add(f)
+                lines.append(f"{f}: set, but {why(cfg)}: no effect")
     return lines
 
 

@@ -439,6 +439,20 @@ def test_the_memory_message_names_the_estimate_the_limit_and_the_fixes():
         ({"data.label_column": "target", "data.source": "/d/t.csv"}, []),
         ({"task": "causal_lm", "data.text_field": "body"}, ["data.text_field: set, but the built-in 'python-stdlib'"]),
         ({"task": "causal_lm", "data.text_field": "body", "data.source": "/d/c.jsonl"}, []),
+        (
+            {"task": "causal_lm", "data.text_field": "body", "data.source": "/d/c.txt", "data.format": "text"},
+            ["data.text_field: set, but data.format is 'text', which reads no text field"],
+        ),
+        (
+            {"task": "causal_lm", "data.messages_field": "turns", "data.source": "/d/c.jsonl"},
+            ["data.messages_field: set, but only chat data reads it (data.format is 'auto')"],
+        ),
+        ({"task": "causal_lm", "data.num_proc": 4}, ["data.num_proc: set, but the bytes tokenizer makes its tokens"]),
+        ({"task": "causal_lm", "data.num_proc": 4, "data.tokenizer": "bpe:300"}, []),
+        ({"export.max_shard_bytes": 1000}, ["export.max_shard_bytes: set, but only a fine-tuned pretrained model"]),
+        # Two reasons, one line: the first.
+        ({"task": "causal_lm", "data.messages_field": "turns"}, ["data.messages_field: set, but the built-in"]),
+        ({"task": "causal_lm", "model.init_from": "/m", "export.max_shard_bytes": 1000}, []),
     ],
 )
 def test_a_setting_the_run_never_reads_is_named(overrides, said):
