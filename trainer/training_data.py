@@ -123,7 +123,23 @@ def check_an_epoch_has_a_step(cfg: Config, task: Task, manifest: dict, dataset_u
     if streaming is None:
         return
     tc, world = cfg.train, cfg.job.world_size
-    items = sum(streaming[0](info) for info in split_shards(manifest, "train", dataset_uri))
+    shards = split_shards(manifest, "train", dataset_uri)
+    items = sum(streaming[0](info) for info in shards)
+    tokens = manifest["splits"]["train"].get("tokens")
+    if cfg.task == "causal_lm" and tokens:
+        # A shard's tail shorter than a window is never read: shards barely longer than one lose half.
+        unused = 1 - items * cfg.model.block_size / tokens
+        if unused > 0.1:
+            log.warning(
+                "data: %.0f%% of the training split's %d tokens are in no window of model.block_size + 1 = %d (a "
+                "shard's tail shorter than a window is not read; its %d shards hold %d tokens each, at most): a "
+                "larger data.shard_rows loses less",
+                100 * unused,
+                tokens,
+                cfg.model.block_size + 1,
+                len(shards),
+                max(info.items for info in shards),
+            )
     micro = tc.batch_size // (world * tc.grad_accum_steps)
     workers = max(1, tc.num_workers)
     layout = Layout(items, cfg.data.partitions or world * workers, world * workers, micro)

@@ -299,3 +299,20 @@ def test_max_bytes_takes_whole_documents_in_marks(tmp_path):
         )
         text = b"".join(source_pieces(cfg, marks=marks))
         assert len(text) <= max_bytes and text.endswith(b"</s>\n") and text.count(b"<s>") == text.count(b"</s>")
+
+
+@pytest.mark.parametrize(("block_size", "warned"), [(600, True), (32, False)])
+def test_shards_that_leave_much_of_the_split_in_no_window_are_said(tmp_path, caplog, block_size, warned):
+    """1,024-token shards and a 600-token context: each shard's 423-token tail is never read, 41%
+    of the split (was: said nowhere)."""
+    from trainer.training_data import check_an_epoch_has_a_step
+
+    store, ds = LocalStore(), str(tmp_path / "ds")
+    overrides = {"data.shard_rows": 1, "data.max_bytes": 60_000, "model.block_size": block_size}
+    cfg, manifest = prepare(store, ds, **overrides)
+    with caplog.at_level("WARNING", logger="kftrain.data"):
+        check_an_epoch_has_a_step(cfg, get_task("causal_lm"), manifest, ds)
+    said = [r.getMessage() for r in caplog.records if "in no window" in r.getMessage()]
+    assert bool(said) == warned, said
+    if warned:
+        assert said[0].endswith("tokens each, at most): a larger data.shard_rows loses less")
