@@ -421,6 +421,14 @@ def check_source(cfg: Config) -> None:
                 raise DataError(
                     f"data.tokenizer {spec.uri}: no such object; upload the tokenizer.json there or fix data.tokenizer"
                 )
+            from trainer.tokenizer import tokenizer_from_json
+
+            # Read as data prep reads it: a JSON file that is no tokenizer is found now, not in data prep.
+            try:
+                raw = source_store(cfg, spec.uri).get_bytes(spec.uri)
+            except StoreError as exc:
+                raise type(exc)(f"data.tokenizer {spec.uri}: {exc}") from None
+            tokenizer_from_json(raw, spec.uri)
 
 
 def source_store(cfg: Config, uri: str) -> ObjectStore:

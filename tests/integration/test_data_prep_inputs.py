@@ -207,6 +207,19 @@ def test_a_missing_tokenizer_file_is_refused_before_data_prep(tmp_path, source):
         check_source(cfg)
 
 
+@pytest.mark.parametrize(("content", "said"), [("{}", "is JSON but not a tokenizer"), ("[1, 2", "tokenizer")])
+def test_a_tokenizer_file_that_is_no_tokenizer_is_refused_before_data_prep(tmp_path, content, said):
+    """Was: found in data prep (the pre-flight checked only that the file exists)."""
+    write(tmp_path, "corpus.txt", "text\n" * 100)
+    write(tmp_path, "tok.json", content)
+    cfg = load_config(
+        overrides={**LM, "data.source": str(tmp_path / "corpus.txt"), "data.tokenizer": str(tmp_path / "tok.json")}
+    )
+    with pytest.raises(DataError, match=re.escape(f"tokenizer {tmp_path / 'tok.json'}")) as err:
+        check_source(cfg)
+    assert said in str(err.value)
+
+
 def test_empty_objects_among_others_under_a_prefix_are_fine(tmp_path):
     write(tmp_path, "corpus/a.txt", "")
     write(tmp_path, "corpus/b.txt", "line of text\n" * 400)
