@@ -29,32 +29,14 @@ def export(
         task_name: `dsl.PIPELINE_TASK_NAME_PLACEHOLDER`.
         dag_execution_id: `dsl.PIPELINE_TASK_ID_PLACEHOLDER`.
     """
-    import json
-
     from components.params import config_from_params
     from components.runtime import end_with_one_line, output_uri, task_identity
-    from trainer.config import ConfigError
-    from trainer.evaluate import EVAL_RECORD
+    from trainer.pipeline_steps import evaluation_of
     from trainer.pipeline_steps import export as export_step
-    from trainer.pipeline_steps import same_artifact, store_for
-    from trainer.storage import join_uri
 
     end_with_one_line("export")
     cfg = config_from_params(config)
     identity = task_identity(run_id, task_name, dag_execution_id, exported.uri)
-    store, record = store_for(cfg, metrics.uri), join_uri(metrics.uri, EVAL_RECORD)
-    if not store.exists(record):  # another step's Metrics (training's, a user's own component)
-        raise ConfigError(
-            f"metrics: no {EVAL_RECORD} at {metrics.uri}: pass the evaluate step's `metrics` output, whose "
-            "record export reads (a training step's metrics are not one)"
-        )
-    report = json.loads(store.get_bytes(record))
-    scored = report.get("model_uri")
-    if isinstance(scored, str) and scored and not same_artifact(scored, model.uri):
-        raise ConfigError(
-            f"metrics: the evaluation at {metrics.uri} scored the model at {scored}, not {model.uri}: its numbers "
-            "would go into this model's card; pass the evaluate step's `metrics` of this model"
-        )
-    summary = {k: v for k, v in report.items() if isinstance(v, int | float) and not isinstance(v, bool)}
+    summary = evaluation_of(cfg, metrics.uri, model.uri)
     card = export_step(cfg, model.uri, output_uri(exported, cfg.store.uri, identity, "exported"), summary)
     exported.metadata["files"] = card["files"]

@@ -277,7 +277,7 @@ def check_evaluation_inputs(cfg: Config, store: ObjectStore, model_uri: str, dat
             "trained with (its training step's effective config)"
         )
     trained_on = meta.get("dataset_uri")
-    if isinstance(trained_on, str) and trained_on and not same_artifact(trained_on, dataset_uri):
+    if isinstance(trained_on, str) and trained_on and not _same_artifact(trained_on, dataset_uri):
         raise ConfigError(
             f"dataset: {dataset_uri} is not the dataset the model at {model_uri} trained on ({trained_on}): another "
             "prepared dataset's test split may hold the model's training rows; pass the data-prep output it "
@@ -285,7 +285,7 @@ def check_evaluation_inputs(cfg: Config, store: ObjectStore, model_uri: str, dat
         )
 
 
-def same_artifact(a: str, b: str) -> bool:
+def _same_artifact(a: str, b: str) -> bool:
     """Whether two URIs name one artifact: one place, where `minio://` and `s3://` are the same
     bucket (KFP's pipeline root writes the one, a user the other)."""
     if same_place(a, b):
@@ -295,6 +295,29 @@ def same_artifact(a: str, b: str) -> bool:
     except ValueError:
         return False
     return la.is_remote and lb.is_remote and (la.bucket, la.key.rstrip("/")) == (lb.bucket, lb.key.rstrip("/"))
+
+
+def evaluation_of(cfg: Config, metrics_uri: str, model_uri: str) -> dict[str, Any]:
+    """The numbers of the evaluation at `metrics_uri` (its `metrics.json`), for the model card of
+    the model at `model_uri`; ConfigError naming `metrics` when it is no evaluation's output (a
+    training step's Metrics, a user's own) or it scored another model (its numbers would go into
+    this model's card)."""
+    from trainer.evaluate import EVAL_RECORD
+
+    store, record = store_for(cfg, metrics_uri), join_uri(metrics_uri, EVAL_RECORD)
+    if not store.exists(record):
+        raise ConfigError(
+            f"metrics: no {EVAL_RECORD} at {metrics_uri}: pass the evaluate step's `metrics` output, whose "
+            "record export reads (a training step's metrics are not one)"
+        )
+    report = json.loads(store.get_bytes(record))
+    scored = report.get("model_uri")
+    if isinstance(scored, str) and scored and not _same_artifact(scored, model_uri):
+        raise ConfigError(
+            f"metrics: the evaluation at {metrics_uri} scored the model at {scored}, not {model_uri}: its numbers "
+            "would go into this model's card; pass the evaluate step's `metrics` of this model"
+        )
+    return {k: v for k, v in report.items() if isinstance(v, int | float) and not isinstance(v, bool)}
 
 
 def export(cfg: Config, model_uri: str, output_uri: str, metrics: dict[str, Any]) -> dict[str, Any]:

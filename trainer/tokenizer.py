@@ -367,11 +367,10 @@ def train_bpe(sample: Iterable[bytes], vocab_size: int, max_sample_bytes: int = 
     out = HFTokenizer(tok, "bpe")
     if out.vocab_size < vocab_size:  # never silent: the model is that much smaller than asked
         logging.getLogger("kftrain.data").warning(
-            "data.tokenizer bpe:%d: the %d bytes of text it trained on hold merges for %d tokens only; the model's "
-            "vocabulary has %d (more text, or a smaller bpe:N, to match)",
+            "data.tokenizer bpe:%d: the %d bytes of text it trained on hold merges for %d tokens only, the model's "
+            "vocabulary (more text, or a smaller bpe:N, to match)",
             vocab_size,
             seen,
-            out.vocab_size,
             out.vocab_size,
         )
     return out
