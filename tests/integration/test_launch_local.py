@@ -17,6 +17,7 @@ import pytest
 
 from tests.jobs import code_job as job
 from trainer.launch.backend import JobFailed, JobTimeout, run_job
+from trainer.launch.failures import oom_kill_count
 from trainer.launch.local import LocalBackend
 from trainer.launch.spec import JobSpec
 
@@ -206,6 +207,22 @@ def test_a_rank_killed_by_a_fatal_signal_says_where_it_was():
     message = str(info.value)
     assert "Fatal Python error: Aborted" in message, message
     assert "in load_the_shards" in message, message
+
+
+@pytest.mark.skipif(oom_kill_count() is None, reason="the kernel does not count its out-of-memory kills here")
+def test_a_rank_killed_by_a_sigkill_from_outside_is_not_blamed_on_memory():
+    """Nothing ran out of memory: the kernel's count of its out-of-memory kills did not move, so a
+    `kill -9` is not answered with "lower the batch"."""
+    code = """
+        import os, signal, time
+        if os.environ["RANK"] == "1":
+            os.kill(os.getpid(), signal.SIGKILL)
+        time.sleep(60)
+    """
+    with pytest.raises(JobFailed) as info:
+        run_job(LocalBackend(sink=lambda line: None), replace(job("killed", code, replicas=2), timeout_s=60))
+    message = str(info.value)
+    assert "replica worker-0 exited with code -9; it was killed by SIGKILL (not the out-of-memory killer" in message
 
 
 def test_a_process_group_that_ends_normally_leaves_together(tmp_path):

@@ -925,3 +925,37 @@ def test_the_training_containers_are_the_manifests_own():
     from trainer.launch import pytorchjob, trainjob
 
     assert failures.TRAINING_CONTAINERS == (pytorchjob.CONTAINER, trainjob.CONTAINER)
+
+
+@pytest.mark.parametrize(
+    ("vmstat", "count"),
+    [
+        ("nr_free_pages 12\noom_kill 7\npgfault 3\n", 7),
+        ("nr_free_pages 12\n", None),  # a kernel before 4.13
+        ("oom_kill many\n", None),
+        (None, None),  # no /proc (not Linux)
+    ],
+)
+def test_the_oom_killers_count_is_read_from_vmstat_where_the_kernel_keeps_it(tmp_path, vmstat, count):
+    path = tmp_path / "vmstat"
+    if vmstat is not None:
+        path.write_text(vmstat)
+    assert failures.oom_kill_count(str(path)) == count
+
+
+@pytest.mark.parametrize(
+    ("signum", "oom_kills", "said"),
+    [
+        (9, None, "SIGKILL (most likely the kernel's out-of-memory killer: lower the batch"),
+        (9, 2, "SIGKILL (the kernel's out-of-memory killer, which killed 2 process(es) meanwhile: lower the batch"),
+        (9, 0, "SIGKILL (not the out-of-memory killer, which killed nothing meanwhile: sent from outside"),
+        (11, 0, "SIGSEGV"),
+        (11, None, "SIGSEGV"),
+        (77, None, "signal 77"),
+    ],
+)
+def test_a_sigkill_is_blamed_on_the_oom_killer_only_where_it_killed(signum, oom_kills, said):
+    """A `kill -9` from a user or a script was told "lower the batch" (an out-of-memory kill is the
+    likeliest SIGKILL only while nothing says otherwise: the kernel's count says)."""
+    found = failures.killed_by(signum, oom_kills)
+    assert found.startswith(said) and (found == said) == (signum != 9), found

@@ -54,18 +54,20 @@ def test_a_replica_whose_agent_stopped_on_a_signal_has_nothing_to_fix(returncode
 
 
 @pytest.mark.parametrize(
-    ("returncode", "said"),
+    ("returncode", "oom_kills", "said"),
     [
-        (-9, "; it was killed by SIGKILL (most likely the kernel's out-of-memory killer"),
-        (-11, "; it was killed by SIGSEGV"),
+        (-9, None, "; it was killed by SIGKILL (most likely the kernel's out-of-memory killer"),
+        (-9, 0, "; it was killed by SIGKILL (not the out-of-memory killer"),
+        (-9, 1, "; it was killed by SIGKILL (the kernel's out-of-memory killer, which killed 1 process(es)"),
+        (-11, 0, "; it was killed by SIGSEGV"),
     ],
 )
-def test_a_replica_whose_own_process_a_signal_ended_says_so(returncode, said):
+def test_a_replica_whose_own_process_a_signal_ended_says_so(returncode, oom_kills, said):
     """No torchrun summary, the replica's process itself killed (was: "exited with code -9" and
-    "after fixing the cause", naming no signal)."""
+    "after fixing the cause", naming no signal); the out-of-memory killer's count says who sent a SIGKILL."""
     from trainer.launch.local import how_it_ended
 
-    assert how_it_ended(["[rank 0] step 3"], returncode).startswith(said)
+    assert how_it_ended(["[rank 0] step 3"], returncode, oom_kills).startswith(said)
 
 
 @pytest.mark.parametrize(

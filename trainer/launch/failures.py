@@ -370,18 +370,43 @@ def _exit_evidence(pod: Mapping[str, Any], log_lines: list[str]) -> Diagnosis | 
 _SIGNAL_CAUSES = {signal.SIGKILL: OOM, signal.SIGTERM: PREEMPTED}
 
 
-def killed_by(signum: int) -> str:
-    """How a process killed by signal `signum` is said: its name, and for SIGKILL the likely sender."""
+#: Where Linux counts the processes its out-of-memory killer has killed since boot, a cgroup's
+#: limit included (`oom_kill` in /proc/vmstat, Linux 4.13 and later).
+VMSTAT = "/proc/vmstat"
+
+
+def oom_kill_count(vmstat: str = VMSTAT) -> int | None:
+    """How many processes the kernel's out-of-memory killer has killed on this machine since boot,
+    or None where the kernel does not say (not Linux, an older kernel, no /proc)."""
+    try:
+        with open(vmstat, encoding="ascii") as f:
+            for line in f:
+                key, _, value = line.partition(" ")
+                if key == "oom_kill":
+                    return int(value)
+    except (OSError, ValueError):
+        pass
+    return None
+
+
+def killed_by(signum: int, oom_kills: int | None = None) -> str:
+    """How a process killed by signal `signum` is said: its name, and for SIGKILL the likely sender,
+    from `oom_kills`, the processes the out-of-memory killer killed on the machine while the process
+    ran (None: not known, as from a pod's log, where the container's OOMKilled says it instead)."""
     try:
         name = signal.Signals(signum).name
     except ValueError:
         return f"signal {signum}"
-    if signum == signal.SIGKILL:
-        return (
-            f"{name} (most likely the kernel's out-of-memory killer: lower the batch or the model, or give it "
-            "more memory)"
-        )
-    return name
+    if signum != signal.SIGKILL:
+        return name
+    fix = "lower the batch or the model, or give it more memory"
+    if oom_kills is None:
+        return f"{name} (most likely the kernel's out-of-memory killer: {fix})"
+    if oom_kills:
+        return f"{name} (the kernel's out-of-memory killer, which killed {oom_kills} process(es) meanwhile: {fix})"
+    return (
+        f"{name} (not the out-of-memory killer, which killed nothing meanwhile: sent from outside, as `kill -9` does)"
+    )
 
 
 def classify(

@@ -152,12 +152,14 @@ NOTHING_TO_FIX = "nothing to fix: resume it"
 FAILURE_SETTLE_S = 2.0
 
 
-def how_it_ended(log_lines: list[str], returncode: int | None = None) -> str:
+def how_it_ended(log_lines: list[str], returncode: int | None = None, oom_kills: int | None = None) -> str:
     """What torchrun's summary in a replica's log says ended its process (torchrun itself exits 1
     whatever did): `; its training process was killed by SIGKILL (...)` for a signal, a note that
     nothing needs fixing for a stop on SIGTERM with a checkpoint committed, else ''. Without a
     summary, the replica's own `returncode` 143 is that stop too (its torchrun agent was the one
-    told to stop, as the kubelet tells a pod, and ended as its processes did)."""
+    told to stop, as the kubelet tells a pod, and ended as its processes did). `oom_kills`: the
+    out-of-memory killer's kills on the machine during the job (None: not known), which say who
+    sent a SIGKILL."""
     from trainer import exit_codes
     from trainer.launch.failures import killed_by, root_cause_exit_code
 
@@ -165,12 +167,12 @@ def how_it_ended(log_lines: list[str], returncode: int | None = None) -> str:
     if code is None and returncode == exit_codes.TERMINATED_CHECKPOINTED:
         return f"; its processes stopped on a stop signal after committing what they had ({NOTHING_TO_FIX})"
     if code is None and returncode is not None and returncode < 0:  # the replica's own process, by a signal
-        return f"; it was killed by {killed_by(-returncode)}"
+        return f"; it was killed by {killed_by(-returncode, oom_kills)}"
     if code == exit_codes.TERMINATED_CHECKPOINTED:
         return f"; its training process stopped on a SIGTERM after committing a checkpoint ({NOTHING_TO_FIX})"
     if code is None or code >= 0:
         return ""
-    return f"; its training process was killed by {killed_by(-code)}"
+    return f"; its training process was killed by {killed_by(-code, oom_kills)}"
 
 
 def blame(log_lines: list[str], returncode: int | None) -> int:
@@ -266,6 +268,7 @@ class LocalBackend:
         self._python = python
         self._jobs: dict[str, list[_Replica]] = {}
         self._markers: dict[str, str] = {}
+        self._oom_kills_at_start: dict[str, int | None] = {}
 
     def _command(self, spec: JobSpec) -> list[str]:
         cmd = list(spec.command)
@@ -276,7 +279,10 @@ class LocalBackend:
     def submit(self, spec: JobSpec) -> None:
         if spec.name in self._jobs:
             return  # already running: re-attach, like a retried launcher on a cluster
+        from trainer.launch.failures import oom_kill_count
+
         port = free_port()
+        self._oom_kills_at_start[spec.name] = oom_kill_count()
         marker = self._markers[spec.name] = f"{spec.name}-{secrets.token_hex(6)}"
         replicas = []
         v2 = spec.kind == TRAINJOB
@@ -377,10 +383,19 @@ class LocalBackend:
             else ""
         )
         tail = "\n".join(f"  [{rep.key}] {line}" for line in failure_excerpt(list(rep.tail)))
+        ended_by = how_it_ended(list(rep.tail), rep.proc.returncode, self._oom_kills_since_start(spec))
         return (
             f"job {spec.name} failed: replica {rep.key} exited with code {rep.proc.returncode}"
-            f"{how_it_ended(list(rep.tail), rep.proc.returncode)}{hung}. Its last log lines:\n{tail}"
+            f"{ended_by}{hung}. Its last log lines:\n{tail}"
         )
+
+    def _oom_kills_since_start(self, spec: JobSpec) -> int | None:
+        """The processes the out-of-memory killer killed on this machine since the job started (None:
+        the kernel does not say): whether a replica's SIGKILL was the kernel's or someone's."""
+        from trainer.launch.failures import oom_kill_count
+
+        start, now = self._oom_kills_at_start.get(spec.name), oom_kill_count()
+        return None if start is None or now is None else now - start
 
     def ask_for_stacks(self, spec: JobSpec, settle_s: float = 1.0) -> list[int]:
         """Have every process of the job that can (:mod:`trainer.stacks`: kftrain's ranks and
