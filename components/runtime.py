@@ -10,10 +10,11 @@ from __future__ import annotations
 
 import hashlib
 import sys
+import traceback
 from types import TracebackType
 from typing import Any
 
-from trainer.errors import KftrainError, error_line
+from trainer.errors import KftrainError, error_line, redact
 from trainer.storage import join_uri
 
 
@@ -30,7 +31,9 @@ def end_with_one_line(step: str) -> None:
 
     def hook(kind: type[BaseException], exc: BaseException, tb: TracebackType | None) -> None:
         sys.stdout.flush()
-        sys.__excepthook__(kind, exc, tb)
+        # Redacted as the line after it is: a cluster's step log reaches no console that redacts.
+        for line in traceback.format_exception(kind, exc, tb):
+            sys.stderr.write(redact(line))
         if isinstance(exc, KftrainError):
             print(error_line(step, exc), file=sys.stderr, flush=True)
 

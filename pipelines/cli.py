@@ -13,7 +13,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, NoReturn
 
-from trainer.errors import KftrainError, redact
+from trainer.errors import KftrainError, redact, redact_url
 
 if TYPE_CHECKING:
     from trainer.config import Config
@@ -179,6 +179,7 @@ def _run_alone(args: argparse.Namespace, cfg: Any, run_id: str, store: str) -> i
         RunStopped,
         keep_log,
         newest_checkpoint,
+        open_log,
         run_checkpoints,
         run_local,
         run_log,
@@ -198,11 +199,7 @@ def _run_alone(args: argparse.Namespace, cfg: Any, run_id: str, store: str) -> i
     resume = _resume_command(args.argv, run_id)
     log_uri, log_path = run_log(cfg, run_id, args.output_dir)
 
-    def open_log():
-        log_path.parent.mkdir(parents=True, exist_ok=True)
-        return open(log_path, "a", encoding="utf-8", buffering=1)  # noqa: SIM115 (the console closes it)
-
-    console = StepConsole(open_log, sys.stdout, sys.stderr, verbose=args.verbose)
+    console = StepConsole(lambda: open_log(log_uri, log_path), sys.stdout, sys.stderr, verbose=args.verbose)
     outcome: BaseException | None = None
     started: list[bool] = []  # whether the run got past its pre-flight (and so has an id to continue)
 
@@ -398,7 +395,7 @@ def _cmd_runs(args: argparse.Namespace) -> int:
 
     root = args.store
     if args.s3_endpoint and (problem := endpoint_problem(args.s3_endpoint)):
-        raise StoreError(f"--s3-endpoint {redact(args.s3_endpoint)!r} {problem}")
+        raise StoreError(f"--s3-endpoint {redact_url(args.s3_endpoint)!r} {problem}")
     try:
         if not parse_uri(root).is_remote:  # absolute: the checkpoints listed are what resume_from takes
             if args.s3_endpoint:
@@ -792,7 +789,7 @@ def _path(text: str) -> str:
         raise argparse.ArgumentTypeError("must not be empty (an empty path would write into the working directory)")
     if re.match(r"[A-Za-z][A-Za-z0-9+.-]*://", text):
         raise argparse.ArgumentTypeError(
-            f"{redact(text)!r} is a URI: this takes a path on this machine (a plain one; an object store is "
+            f"{redact_url(text)!r} is a URI: this takes a path on this machine (a plain one; an object store is "
             "--store, where the command has it)"
         )
     return os.path.expanduser(text)
@@ -815,7 +812,7 @@ def _api_url(text: str) -> str:
 
     scheme, sep, rest = text.partition("://")
     if not sep or scheme.lower() not in ("http", "https") or not rest.split("/", 1)[0]:
-        raise argparse.ArgumentTypeError(f"must be a URL starting with http:// or https://, got {redact(text)!r}")
+        raise argparse.ArgumentTypeError(f"must be a URL starting with http:// or https://, got {redact_url(text)!r}")
     if has_userinfo(text):
         raise argparse.ArgumentTypeError(
             "a user or password in the URL is not used (and would be printed): remove it and set $KFP_TOKEN"

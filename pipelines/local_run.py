@@ -30,7 +30,7 @@ import time
 import warnings
 from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, TextIO
 
 from trainer.config import Config, ConfigError, config_to_json, flatten_config, same_setting, to_dict
 from trainer.errors import KftrainError, redact
@@ -260,6 +260,18 @@ def run_log(cfg: Config, run_id: str, local_root: str = DEFAULT_LOCAL_ROOT) -> t
     if not parse_uri(uri).is_remote:
         return uri, Path(parse_uri(uri).key)
     return uri, Path(tempfile.gettempdir()) / f"kftrain-{run_id}-{secrets.token_hex(4)}.log"
+
+
+def open_log(uri: str, path: Path) -> TextIO:
+    """The full log's file at `path` (:func:`run_log`), open to append line by line; a store's log
+    waits in the shared temporary folder until it is uploaded, readable by this user alone."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    mode = 0o600 if parse_uri(uri).is_remote else 0o666  # less the umask, as open() makes files
+
+    def opener(name: str, flags: int) -> int:
+        return os.open(name, flags, mode)
+
+    return open(path, "a", encoding="utf-8", buffering=1, opener=opener)  # noqa: SIM115 (the console closes it)
 
 
 def keep_log(cfg: Config, uri: str, path: Path) -> str:

@@ -25,7 +25,7 @@ from typing import Any
 
 import yaml
 
-from trainer.errors import KftrainError, redact
+from trainer.errors import KftrainError, redact, yaml_problem
 from trainer.launch.retry import REQUEST_TIMEOUT_S, ApiRetry, ApiUnavailable, http_status
 
 TOKEN_ENV = "KFP_TOKEN"
@@ -110,7 +110,7 @@ def pipeline_parameters(package: Path) -> dict[str, dict[str, Any]]:
                 default = int(default)  # the compiled YAML writes integer defaults as 64.0
             out[name] = {"type": p["parameterType"], "default": default}
     except (OSError, UnicodeDecodeError, yaml.YAMLError, LookupError, TypeError, AttributeError) as exc:
-        reason = " ".join(str(exc).split()) or type(exc).__name__
+        reason = yaml_problem(exc)
         raise SubmitError(
             f"--package {package}: not a compiled KFP pipeline ({type(exc).__name__}: {reason}); {PACKAGE_HINT}"
         ) from None

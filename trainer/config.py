@@ -28,7 +28,7 @@ import yaml
 
 from trainer import k8s_formats as k8s
 from trainer.credentials import credential_in
-from trainer.errors import KftrainError, redact
+from trainer.errors import KftrainError, redact_url, yaml_problem
 from trainer.launch.failures import DEFAULT_MAX_RESTARTS, budget_check
 from trainer.partitions import partition_problem
 from trainer.storage import RetryPolicy, endpoint_problem, parse_uri, same_place
@@ -202,7 +202,7 @@ class StoreConfig:
         if self.uri:
             check_uri("store.uri", self.uri)
         if self.endpoint and (problem := endpoint_problem(self.endpoint)):
-            raise ConfigError(f"store.endpoint: {redact(self.endpoint)!r} {problem}")  # never a password
+            raise ConfigError(f"store.endpoint: {redact_url(self.endpoint)!r} {problem}")  # never a password
 
 
 _FRACTION = Bound(lambda v: 0.0 < v < 0.5, "must be between 0 and 0.5")
@@ -606,7 +606,7 @@ def check_uri(field: str, value: str) -> None:
 
 def _no_whitespace_around(field: str, value: str) -> None:
     if value != value.strip():
-        raise ConfigError(f"{field}: {redact(value)!r} starts or ends with whitespace: remove it")
+        raise ConfigError(f"{field}: {redact_url(value)!r} starts or ends with whitespace: remove it")
 
 
 def check_resume_from(value: str) -> None:
@@ -897,9 +897,9 @@ class KubernetesConfig:
     through an optional `secretKeyRef` (no such Secret or key: the variable is unset); empty: none. A pipeline run
     sets it from its `hf_token_secret` parameter, the Secret its step pods mount."""
     env: dict[str, str] = field(default_factory=dict)
-    """Extra non-secret environment of the replicas; credential-looking names (`*SECRET*`, `*_TOKEN`, `*_PASSWORD`, ...)
-    and values are refused. Values reach the process as written (`$(NAME)` is not expanded; `extra_env` is
-    passed to Kubernetes as it is)."""
+    """Extra non-secret environment of the replicas; credential-looking names (`*SECRET*`, `*_TOKEN`,
+    `*PASSWORD*`, `*_PWD`, ...) and values are refused. Values reach the process as written (`$(NAME)` is
+    not expanded; `extra_env` is passed to Kubernetes as it is)."""
     extra_env: list[dict[str, Any]] = field(default_factory=list)
     """Extra environment entries of the replicas in pod-spec form (`name` plus `value` or `valueFrom`: `secretKeyRef`,
     `configMapKeyRef`, ...), e.g. a Secret's key; the KFP training task's own environment is added here
@@ -1593,7 +1593,7 @@ def load_yaml(text: str, origin: str = "config") -> Any:
     try:
         return loader.get_single_data()
     except yaml.YAMLError as exc:
-        raise ConfigError(f"{origin}: not valid YAML: {' '.join(str(exc).split())}") from None
+        raise ConfigError(f"{origin}: not valid YAML: {yaml_problem(exc)}") from None
     except ValueError as exc:  # an integer beyond Python's digit limit, a bad timestamp
         if isinstance(exc, ConfigError):
             raise

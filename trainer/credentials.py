@@ -33,6 +33,10 @@ _CREDENTIAL_WORDS = frozenset(
         "COOKIE",
     }
 )
+#: Parts of a name that mark a credential wherever they stand, within a word too (`PGPASSWORD`).
+_CREDENTIAL_PARTS = ("SECRET", "PASSWORD", "PASSWD")
+#: Last words of a name of two or more words that mark a credential.
+_CREDENTIAL_LAST_WORDS = frozenset({"KEY", "PASS", "PWD", "PAT"})
 _CREDENTIAL_PAIRS = frozenset(
     {("ACCESS", "KEY"), ("API", "KEY"), ("PRIVATE", "KEY"), ("SESSION", "KEY"), ("SSH", "KEY"), ("SIGNING", "KEY")}
 )
@@ -44,13 +48,39 @@ _CREDENTIAL_VALUES = (
     re.compile(r"\bhf_[A-Za-z0-9]{30,}"),  # Hugging Face tokens
     re.compile(r"\bxox[abposr]-[A-Za-z0-9-]{10,}"),  # Slack tokens
     re.compile(r"\bsk-[A-Za-z0-9_-]{20,}"),  # OpenAI-style API keys
-    re.compile(r"^[a-z][a-z0-9+.-]*://[^/@:\s]+:[^/@\s]+@"),  # a URL with user:password
+    re.compile(r"\b(sk|rk|pk)_live_[A-Za-z0-9]{16,}"),  # Stripe keys
+    re.compile(r"\bglpat-[A-Za-z0-9_-]{20,}"),  # GitLab personal access tokens
+    re.compile(r"\bAIza[0-9A-Za-z_-]{35}"),  # Google API keys
+    re.compile(r"\bnpm_[A-Za-z0-9]{36}"),  # npm tokens
+    re.compile(r"hooks\.slack\.com/services/[A-Za-z0-9/]{20,}"),  # Slack webhooks
+    re.compile(r"(?i)\b(AccountKey|SharedAccessKey|SharedAccessSignature)=[^;\s]{16,}"),  # Azure connection strings
     # An HTTP Authorization value: the scheme and one token of 16 or more characters with a digit or
     # a base64 sign in it, and nothing else (`Basic questions about colours` is text).
     re.compile(r"^\s*(Bearer|Basic|Token)\s+(?=\S*[0-9=+/])[A-Za-z0-9._~+/=-]{16,}\s*$"),
     re.compile(r"\beyJ[A-Za-z0-9_-]{8,}\.[A-Za-z0-9_-]{8,}\."),  # a JSON Web Token
     re.compile(QUERY_CREDENTIAL),  # a signed or keyed URL
 )
+
+
+def url_has_userinfo(url: str) -> bool:
+    """Whether the URL `url` holds a user, a password or a token before its host
+    (`redis://:pw@db`, `https://token@host`, `s3://user:pass word/x@bucket`): the one test of a
+    URL's credentials, for every URL kftrain takes and every plain value it checks. A password may
+    hold '/', '@', a quote or a space, where a URL's parser would end the host; an '@' after the
+    host (`s3://bucket/key@v1`) is a key's."""
+    from urllib.parse import urlsplit
+
+    url = url.strip()
+    _, sep, rest = url.partition("://")
+    before_at, at, _ = rest.rpartition("@")
+    if not sep or not at:
+        return False
+    try:
+        in_netloc = "@" in urlsplit(url).netloc
+    except ValueError:  # a malformed port or IPv6 host
+        in_netloc = False
+    # A ':' (user:password), a space or a quote before the first '/' ends no bucket or host name.
+    return in_netloc or re.search(r"[:\s'\"]", before_at.split("/", 1)[0]) is not None
 
 
 def credential_in(name: str, value: Any) -> str:
@@ -60,9 +90,11 @@ def credential_in(name: str, value: Any) -> str:
     token), or '' when neither does."""
     words = [w for w in re.split(r"[^A-Z0-9]+", name.upper()) if w]
     pairs = set(zip(words, words[1:], strict=False))
-    # A name ending in KEY (`WANDB_KEY`, `OPENAI_KEY`) holds one; one starting with it (`KEY_COLUMN`) need not.
-    last_key = len(words) > 1 and words[-1] == "KEY"
-    if "SECRET" in name.upper() or _CREDENTIAL_WORDS & set(words) or _CREDENTIAL_PAIRS & pairs or last_key:
+    # A name ending in KEY (`WANDB_KEY`, `OPENAI_KEY`), PASS, PWD or PAT holds one (`DB_PASS`,
+    # `MYSQL_PWD`, `GITHUB_PAT`); one starting with it (`KEY_COLUMN`), or `PWD` alone, need not.
+    last_word = len(words) > 1 and words[-1] in _CREDENTIAL_LAST_WORDS
+    within = any(part in name.upper() for part in _CREDENTIAL_PARTS)  # `PGPASSWORD`, `AWS_SECRET_ACCESS_KEY`
+    if within or _CREDENTIAL_WORDS & set(words) or _CREDENTIAL_PAIRS & pairs or last_word:
         return "name"
     if isinstance(value, str) and looks_like_credential(value):
         return "value"
@@ -97,7 +129,12 @@ def _random_looking(text: str) -> bool:
 
 def _known_credential(text: str) -> bool:
     """Whether `text` holds a credential of a known format (a key id, a token, a URL with a password)."""
-    return any(p.search(text) for p in _CREDENTIAL_VALUES)
+    urls = (text[m.start() :] for m in _URL_START.finditer(text))
+    return any(p.search(text) for p in _CREDENTIAL_VALUES) or any(url_has_userinfo(u) for u in urls)
+
+
+#: Where a URL starts in a text (its scheme).
+_URL_START = re.compile(r"\b[A-Za-z][A-Za-z0-9+.-]*://")
 
 
 def looks_like_credential(value: Any) -> bool:
@@ -109,7 +146,9 @@ def looks_like_credential(value: Any) -> bool:
         text = value.strip()
         if _known_credential(text):
             return True
-        return not _path_like(text) and (bool(_AWS_SECRET_KEY.fullmatch(text)) or _random_looking(text))
+        if _path_like(text):  # unless a secret key's 40 random characters, three of them '/'
+            return bool(_AWS_SECRET_KEY.fullmatch(text)) and _random_looking(text.replace("/", ""))
+        return bool(_AWS_SECRET_KEY.fullmatch(text)) or _random_looking(text)
     if isinstance(value, dict):
         return any(looks_like_credential(k) or looks_like_credential(v) for k, v in value.items())
     if isinstance(value, list | tuple | set):

@@ -15,6 +15,7 @@ import os
 import re
 
 from trainer.credentials import QUERY_CREDENTIAL, credential_in, looks_like_credential
+from trainer.credentials import url_has_userinfo as has_userinfo  # the one check of a URL's userinfo
 
 #: Marks the one line a failed step ends with (see the module docstring).
 ERROR_MARKER = "kftrain-error: "
@@ -27,6 +28,12 @@ REPLICA_FAILURE = "training failed: "
 _USERINFO = re.compile(r"(?P<scheme>\b[A-Za-z][A-Za-z0-9+.-]*://)(?P<userinfo>[^/@\s'\":]*:[^\s'\"]*|[^/@\s'\"]+)@")
 #: The same with quotes in the userinfo (a password may hold one): a second pass, before any '/'.
 _QUOTED_USERINFO = re.compile(r"(?P<scheme>\b[A-Za-z][A-Za-z0-9+.-]*://)(?P<userinfo>[^\s/@]*['\"][^\s/]*)@")
+#: A URL quoted as Python's repr() quotes it in a message (`{uri!r}`), whose userinfo holds a
+#: space (before any '/': after one it is a key's): up to the last '@' before the closing quote
+#: (one pattern per quote character).
+_SPACED_USERINFO = tuple(
+    re.compile(rf"(?P<scheme>{q}[A-Za-z][A-Za-z0-9+.-]*://)(?=[^{q}\n/]*\s[^{q}\n]*@)[^{q}\n]*@") for q in "'\""
+)
 
 
 #: A credential in a URL's query (`?X-Amz-Signature=...`, `&token=...`): its value is written `***`.
@@ -49,6 +56,8 @@ def redact(text: str) -> str:
     store URIs, the resume command, error messages, the full log of a local run."""
     for secret in _environment_secrets():
         text = text.replace(secret, "***")
+    for spaced in _SPACED_USERINFO:
+        text = spaced.sub(r"\g<scheme>***@", text)
     text = _QUOTED_USERINFO.sub(r"\g<scheme>***@", _USERINFO.sub(r"\g<scheme>***@", text))
     text = _QUERY_CREDENTIAL.sub(r"\1***", text)
     return _WORD.sub(_masked, text)
@@ -95,16 +104,26 @@ def _masked(word: re.Match[str]) -> str:
     return text.replace(core, "***") if core and looks_like_credential(core) else text
 
 
-def has_userinfo(url: str) -> bool:
-    """Whether the URL `url` holds a user or password (as :func:`redact` finds them): the one
-    check of every URL kftrain takes (store URIs, endpoints, the KFP host)."""
-    from urllib.parse import urlsplit
+def redact_url(url: str) -> str:
+    """`url`, one URL as the user gave it (a store URI, an endpoint), as it may be printed: its
+    userinfo written `***` whatever it holds (in free text :func:`redact` finds one only up to a
+    space or a quote, which a password may hold), then :func:`redact`."""
+    if has_userinfo(url):
+        scheme, _, rest = url.partition("://")
+        url = f"{scheme}://***@{rest.rpartition('@')[2]}"
+    return redact(url)
 
-    try:  # a password with a quote or a space is not one redact() finds: refused all the same
-        in_netloc = "@" in urlsplit(url.strip()).netloc
-    except ValueError:
-        in_netloc = False
-    return in_netloc or _USERINFO.match(url.strip()) is not None
+
+def yaml_problem(exc: BaseException) -> str:
+    """What a YAML parser's error found and where (line and column), without the lines around it
+    that PyYAML's own message quotes: a config's or a kubeconfig's line may be a password or a
+    token. Any other exception: its message, on one line."""
+    parts = []
+    for what, mark in (("context", "context_mark"), ("problem", "problem_mark")):
+        text, at = getattr(exc, what, None), getattr(exc, mark, None)
+        if text:
+            parts.append(f"{text} (line {at.line + 1}, column {at.column + 1})" if at is not None else str(text))
+    return ": ".join(parts) or " ".join(str(exc).split()) or type(exc).__name__
 
 
 def one_line(exc: BaseException) -> str:

@@ -27,7 +27,7 @@ from contextvars import ContextVar
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from trainer.errors import KftrainError, has_userinfo, redact
+from trainer.errors import KftrainError, has_userinfo, redact_url
 from trainer.storage import ObjectNotFound, ObjectStore, StoreError, join_uri, open_store, parse_uri
 
 if TYPE_CHECKING:  # torch is imported where a function needs it: the checks of a folder run without it
@@ -124,7 +124,7 @@ def parse_hf_uri(uri: str) -> tuple[str, str]:
     """`hf://org/name[@revision]` -> (repo id, revision or "")."""
     if has_userinfo(uri):
         raise PretrainedError(
-            f"model.init_from {redact(uri)!r}: what stands before '@' must be the model's <org>/<name> (a token "
+            f"model.init_from {redact_url(uri)!r}: what stands before '@' must be the model's <org>/<name> (a token "
             "there is never used, and would be printed): write hf://<org>/<name>[@<revision>] and give the token "
             "as $HF_TOKEN (on a cluster, kubernetes.hf_token_secret)"
         )

@@ -32,7 +32,7 @@ from typing import Any, Protocol, TypeVar
 from urllib.parse import urlsplit
 from xml.etree import ElementTree
 
-from trainer.errors import KftrainError, has_userinfo, redact
+from trainer.errors import KftrainError, has_userinfo, redact_url
 from trainer.progress import ProgressLine
 
 REMOTE_SCHEMES = ("s3", "minio")
@@ -135,7 +135,7 @@ def parse_uri(uri: str) -> Location:
     if not isinstance(uri, str) or not uri.strip():
         raise ValueError(f"empty storage URI {uri!r}: use s3://bucket/key, minio://bucket/key or a path")
     if uri != uri.strip():  # a pasted space: a folder or key with it is never what was meant
-        raise ValueError(f"storage URI {redact(uri)!r} starts or ends with whitespace: remove it")
+        raise ValueError(f"storage URI {redact_url(uri)!r} starts or ends with whitespace: remove it")
     if "://" not in uri:  # a path: `~` is the user's home, as in a shell
         scheme = uri.split(":", 1)[0].lower() if ":" in uri else ""
         if scheme in (*REMOTE_SCHEMES, "file", "gs", "http", "https"):  # `s3:/b/k`: a slash short, not a folder
@@ -146,18 +146,18 @@ def parse_uri(uri: str) -> Location:
                 else "and is no store kftrain reads; use s3://bucket/key, minio://bucket/key or a path"
             )
             raise ValueError(
-                f"storage URI {redact(uri)!r} lacks the '//' after '{scheme}:' ({fix}; a local folder whose name "
-                f"starts with '{scheme}:' is written ./{redact(uri)})"
+                f"storage URI {redact_url(uri)!r} lacks the '//' after '{scheme}:' ({fix}; a local folder whose name "
+                f"starts with '{scheme}:' is written ./{redact_url(uri)})"
             )
         return Location("file", "", os.path.abspath(os.path.expanduser(uri)))
     if any(c in uri for c in "\t\r\n"):  # urlsplit drops them: another key, maybe another object's
         raise ValueError(
-            f"storage URI {redact(uri)!r} holds a tab or a line end, which URLs leave out; rename the object"
+            f"storage URI {redact_url(uri)!r} holds a tab or a line end, which URLs leave out; rename the object"
         )
     parts = urlsplit(uri)
     scheme = parts.scheme.lower()
     credentials = has_userinfo(uri)
-    uri = redact(uri)  # every message below shows the URI, never a password in it
+    uri = redact_url(uri)  # every message below shows the URI, never a password in it
     if scheme == "file":
         if parts.netloc not in ("", "localhost"):
             raise ValueError(f"file URI {uri!r} names a host; use file:///absolute/path")
@@ -630,7 +630,7 @@ class S3Store:
         region, region_from = _setting(region, "store.region", "AWS_REGION", "AWS_DEFAULT_REGION")
         if endpoint:
             if problem := endpoint_problem(endpoint):
-                raise StoreError(f"{endpoint_from}: S3 endpoint {redact(endpoint)!r} {problem}")
+                raise StoreError(f"{endpoint_from}: S3 endpoint {redact_url(endpoint)!r} {problem}")
             parts = urlsplit(endpoint)
             host, secure = parts.netloc, parts.scheme == "https"
         else:

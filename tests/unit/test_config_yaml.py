@@ -67,6 +67,25 @@ def test_refused_at_once_in_one_line(text, phrases):
         assert phrase in message, message
 
 
+@pytest.mark.parametrize(
+    ("text", "where"),
+    [
+        ('kubernetes:\n  env:\n    DB_PASSWORD: "SECRETPART\n', "while scanning a quoted scalar (line 3, column 18)"),
+        ("kubernetes:\n  env: {API_TOKEN: SECRETPART\n", "while parsing a flow mapping (line 2, column 8)"),
+        ("a: b: SECRETPART\n", "mapping values are not allowed here (line 1, column 5)"),
+        ("x: 'SECRETPART\n\tq'\n]", "(line 3, column 1)"),
+    ],
+)
+def test_a_yaml_error_says_where_without_the_lines_around_it(text, where):
+    """PyYAML's message quotes the lines around the error, a password's among them (was: printed
+    by every command, and unredacted in a cluster step's traceback)."""
+    with pytest.raises(ConfigError) as err:
+        parse_config(text, origin="c.yaml")
+    message = str(err.value)
+    assert message.startswith("c.yaml: not valid YAML: ") and where in message, message
+    assert "SECRETPART" not in message, message
+
+
 def test_a_plain_config_still_loads():
     text = "job:\n  replicas: 2\nkubernetes:\n  node_selector: {pool: gpu}\n  tolerations:\n  - {key: a}\n"
     cfg = parse_config(text)

@@ -31,6 +31,10 @@ REDACTED = [
     ("hf://org/name@v1 hf://hf_tok@org/name", "hf://org/name@v1 hf://***@org/name"),
     ("s3://u:p@ss@bucket/k", "s3://***@bucket/k"),  # an '@' in the password
     ("http://u:ab'cd@host:9000", "http://***@host:9000"),  # a quote in it
+    # A space in it, inside a message's repr() quotes (either kind: the other may be in the password).
+    ("got 's3://u:hun ter2@bkt/ds' x", "got 's3://***@bkt/ds' x"),
+    ('got "s3://u:hun\'ter2 p@bkt/ds" x', 'got "s3://***@bkt/ds" x'),
+    ("got 's3://bucket/a key@v1'", "got 's3://bucket/a key@v1'"),  # a key's '@' after the bucket: kept
     # A credential in the query: a presigned URL's signature, a key or token parameter (were: printed).
     ("s3://b/x?X-Amz-Signature=abc123&X-Amz-Date=1", "s3://b/x?X-Amz-Signature=***&X-Amz-Date=1"),
     ("'http://h:9000?sig=abc' x", "'http://h:9000?sig=***' x"),
@@ -61,7 +65,18 @@ REDACTED = [
 ]
 
 #: A URL's userinfo as users write it: with a password, with a '/' in it, a token alone.
-CREDENTIALS = ["bob:SECRETPART", "AKIAX:wJ/SECRETPART", "SECRETPART", "bob:x'SECRETPART", "bob:x@SECRETPART"]
+CREDENTIALS = [
+    "bob:SECRETPART",
+    "AKIAX:wJ/SECRETPART",
+    "SECRETPART",
+    "bob:x'SECRETPART",
+    "bob:x@SECRETPART",
+    # A space in the password, with a quote or a '/' beside it (were: printed whole by the refusal).
+    "bob:hun SECRETPART",
+    "bob:x' SECRETPART",
+    'bob:x" SECRETPART',
+    "bob:a b/SECRETPART",
+]
 
 
 def _url_takers():
@@ -80,6 +95,8 @@ def _url_takers():
     return [
         ("store.uri", lambda u: parse_uri(f"s3://{u}@bucket/key")),
         ("store.endpoint", lambda u: endpoint(f"http://{u}@minio:9000")),
+        ("config store.endpoint", lambda u: load_config(overrides={"store.endpoint": f"http://{u}@minio:9000"})),
+        ("config data.source", lambda u: load_config(overrides={"data.source": f"s3://{u}@bucket/k"})),
         ("submit --host", lambda u: _api_url(f"http://{u}@kfp:8080")),
         ("model.init_from", lambda u: load_config(overrides={"task": "causal_lm", "model.init_from": f"hf://{u}@o/m"})),
     ], (ValueError, argparse.ArgumentTypeError)
@@ -154,6 +171,21 @@ def test_a_component_ends_its_log_with_the_marked_line_after_the_traceback(capsy
     first_end = err.index("kftrain-error: evaluate: bucket 'x' does not exist at http://h: create it")
     assert err[first_end - 1].startswith("trainer.storage.StoreError")  # the traceback, then the line
     assert err[-1] == "KeyError: 'bug'" and sum(ERROR_MARKER in line for line in err) == 1  # a bug: no line
+
+
+def test_a_components_traceback_is_redacted_as_its_last_line_is(capsys, monkeypatch):
+    """A cluster's step log reaches no console that redacts: the traceback printed before the
+    marked line printed the message unmasked (was: a password raw in one line, `***` in the next)."""
+    monkeypatch.setattr(sys, "excepthook", sys.excepthook)
+    end_with_one_line("configure")
+    for exc in (ConfigError("x: 'http://u:SECRETPART@h' bad"), KeyError("hf_aBcDeFgHiJkLmNoPqRsTuVwXyZ01234567")):
+        try:
+            raise exc
+        except Exception as caught:
+            sys.excepthook(type(caught), caught, caught.__traceback__)
+    err = capsys.readouterr().err
+    assert "SECRETPART" not in err and "hf_aBcD" not in err, err
+    assert "trainer.config.ConfigError: x: 'http://***@h' bad" in err and "KeyError: '***'" in err, err
 
 
 STEP_FAILS_WITH_MARKER = """\
@@ -237,6 +269,9 @@ def test_the_local_write_check_creates_nothing_and_names_the_file_in_the_way(tmp
         ("AWS_SESSION_TOKEN", "short-lived-session", True),
         ("HF_TOKEN", "abcdefghij", True),
         ("DB_PASSWORD", "correct horse", True),
+        ("PGPASSWORD", "PGprobePass777", True),  # libpq's and MySQL's (were: printed)
+        ("MYSQL_PWD", "MYSQLprobePwd888", True),
+        ("PWD", "/home/user/work", False),  # the shell's working folder
         ("KFP_TOKEN", "password", False),  # shorter than 10: it would take a word out of every message
         ("GOOGLE_APPLICATION_CREDENTIALS", "/etc/gcp/key.json", False),  # a path: a place, named in errors
         ("KUBEFLOW_TRAINER_SERVER_TOKEN", "/var/run/secrets/trainer/token", False),

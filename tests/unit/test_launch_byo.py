@@ -152,6 +152,28 @@ def test_pod_settings_reach_the_manifest_and_pass_preflight():
         # (were: accepted, and printed into the manifest).
         ("MY_VAR", "wJalrXUtnFEMI/K7MDENG/bPxRfiCYEXAMPLEKEY"),
         ("S3_KEY2", "Zx8Qw2Lp9Rt4Vb7Nm1Kj6Hg3Fd5Sa0Yu+Pq7Ws"),
+        # A secret key with three '/', a '//' or a leading '/' (one in 25 of them; were: read as paths).
+        ("STORE_SK", "k8Fq2/Lw9Zr4Tx7W/m3Np6Ys1Bv5/Hc0Jd8Ge2Qu"),
+        ("STORE_SK", "k8Fq2//Lw9Zr4Tx7Wm3Np6Ys1Bv5Hc0Jd8Ge2Qux"),
+        ("STORE_SK", "/k8Fq2Lw9Zr4Tx7Wm3Np6Ys1Bv5Hc0Jd8Ge2Quxa"),
+        # URLs with a password in the forms the URL check of store URIs refuses (were: accepted).
+        ("CACHE_URL", "redis://:hunter2probeXYZ@db:6379/0"),
+        ("CACHE_URL", "postgres://u:hunter2/probeXYZ@db/x"),
+        ("CACHE_URL", "https://hunter2probeXYZ@git.example.com/repo.git"),
+        ("CACHE_URL", "postgres://u:hunter2 probeXYZ@db/x"),
+        ("SOME_ARGS", "--db postgres://u:hunter2probeXYZ@db/x --fast"),
+        # The client variables of libpq and MySQL, and names ending in PASS or PAT.
+        ("PGPASSWORD", "abc"),
+        ("MYSQL_PWD", "abc"),
+        ("DB_PASS", "abc"),
+        ("GITHUB_PAT", "abc"),
+        # Token formats of other services.
+        ("SOME_SETTING", "glpat-" + "a1B2c3D4e5" * 2),
+        ("SOME_SETTING", "AIza" + "SyA1b2C3d4E5f6G7h8I9j0KlMnOpQrStUvW"),
+        ("SOME_SETTING", "sk_live_" + "a1B2c3D4e5F6g7H8"),
+        ("SOME_SETTING", "npm_" + "a1B2c3D4e5F6" * 3),
+        ("SOME_SETTING", "https://hooks.slack.com/services/T00000000/B00000000/XXXXXXXXXXXXXXXXXXXXXXXX"),
+        ("SOME_SETTING", "DefaultEndpointsProtocol=https;AccountName=x;AccountKey=a1B2c3D4e5F6g7H8i9J0==;"),
     ],
 )
 def test_credential_looking_plain_env_is_refused_in_both_places(name, value):
@@ -179,6 +201,9 @@ def test_credential_looking_plain_env_is_refused_in_both_places(name, value):
         {"GIT_COMMIT": "0123456789abcdef0123456789abcdef01234567", "RUN": "TeamNlpProject2024Q3Experiment7"},
         {"WEIGHTS": "/models/Llama-3.1-8B-Instruct/model-00001-of-00004.safetensors"},
         {"HF_HOME": "/workspace/Src2/Lib/Python3/Site/Pkgs/xy", "OUT": "Runs2024/Model7Qx/ckpt9Step/Ab3xYz9Qw"},
+        # Paths of a secret key's length and letters, and URLs whose '@' is after the host.
+        {"CKPT": "/checkpoints/Run2024Q3/Model7B/Step12000", "DATA": "s3://bucket/key@v1", "PWD": "/work"},
+        {"PIP_INDEX": "git+https://github.com/org/repo@v1.2"},
     ],
 )
 def test_ordinary_plain_env_is_accepted(env):

@@ -15,6 +15,7 @@ from pipelines.local_run import (
     check_owner,
     finished_run,
     kfp_run_folder,
+    open_log,
     own_checkpoints_first,
     run_local,
     run_started,
@@ -362,3 +363,15 @@ def test_the_owner_is_checked_before_anything_is_written(tmp_path):
     with pytest.raises(ConfigError, match="checkpoint.owner"):
         run_local(cfg, local_root=str(tmp_path / "out"), run_id="b")
     assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize(("uri", "private"), [("s3://bucket/runs/r1/log-1.txt", True), ("runs/r1/log-1.txt", False)])
+def test_a_stores_log_waits_in_the_temporary_folder_for_this_user_alone(tmp_path, uri, private):
+    """The log holds the effective config (was: 0644 in the shared /tmp until uploaded)."""
+    old = os.umask(0o022)
+    try:
+        with open_log(uri, tmp_path / "sub" / "x.log") as f:
+            f.write("line\n")
+    finally:
+        os.umask(old)
+    assert (tmp_path / "sub" / "x.log").stat().st_mode & 0o777 == (0o600 if private else 0o644)

@@ -60,7 +60,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from trainer.errors import KftrainError, redact
+from trainer.errors import KftrainError, redact, yaml_problem
 from trainer.k8s_formats import KUEUE_QUEUE_LABEL
 from trainer.launch import failures
 from trainer.launch.backend import JobFailed, JobTimeout, failure_excerpt, print_line
@@ -1048,7 +1048,7 @@ def load_cluster_config() -> str | None:
         config.load_kube_config(config_file=files)
         _, active = config.list_kube_config_contexts(config_file=files)
     except (config.ConfigException, yaml.YAMLError, OSError, ValueError, TypeError, KeyError) as exc:
-        reason = " ".join(str(exc).split()) or type(exc).__name__
+        reason = yaml_problem(exc)  # never the kubeconfig's lines: they hold tokens and keys
         raise ClusterConfigError(
             f"no Kubernetes cluster to talk to: not in a pod, and the kubeconfig "
             f"({files or '~/.kube/config'}{', no such file' if _missing(files) else ''}) is not usable ({reason}); "

@@ -35,7 +35,7 @@ import re
 from dataclasses import dataclass, field
 
 from trainer.config import AUTO, PYTORCHJOB, TRAINJOB, ConfigError, KubernetesConfig
-from trainer.errors import redact
+from trainer.errors import redact_url
 from trainer.storage import REMOTE_SCHEMES, parse_uri
 
 MASTER = "master"
@@ -197,7 +197,7 @@ def require_object_store(uris: dict[str, str]) -> None:
         if scheme and scheme.strip() == scheme and scheme not in (*REMOTE_SCHEMES, "file"):
             # parse_uri's forms would offer local paths too (a space around it: parse_uri says so)
             raise ConfigError(
-                f"{what} {redact(uri)!r}: not an object store kftrain writes to; use s3://bucket/key or "
+                f"{what} {redact_url(uri)!r}: not an object store kftrain writes to; use s3://bucket/key or "
                 "minio://bucket/key"
             )
         try:
