@@ -248,9 +248,11 @@ class DataConfig:
     float32's range). Labels are stripped of surrounding whitespace and numbers compare as numbers: `1`, `1.0` and ` 1`
     are one class `1`; other labels are kept as written, case included. An empty label is an error."""
     val_fraction: float = 0.1
-    """Share of rows held out for validation during training."""
+    """Share of rows held out for validation during training (of a classification table's rows of
+    each class, exactly; of a text source's bytes; of chat conversations, each drawn by a hash of its
+    place and `data.seed`, so about this share)."""
     test_fraction: float = 0.2
-    """Share of rows held out for the final evaluation."""
+    """Share of rows held out for the final evaluation (counted as for `data.val_fraction`)."""
     seed: int = 0
     """Seed of the stratified split, so the same source always gives the same shards."""
     partitions: int = 0

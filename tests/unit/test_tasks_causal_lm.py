@@ -99,6 +99,19 @@ def test_a_trained_bpe_goes_from_data_prep_to_the_hugging_face_export(tmp_path):
         torch.testing.assert_close(hf(x).logits, model(x), rtol=1e-4, atol=1e-4)
 
 
+@pytest.mark.parametrize(("name", "fmt"), [("t.txt", "text"), ("d.jsonl", "jsonl"), ("c.jsonl", "auto")])
+def test_a_byte_order_mark_is_not_text_the_model_learns(tmp_path, name, fmt):
+    """Windows Notepad starts a UTF-8 file with EF BB BF (was: trained on, in text objects)."""
+    from trainer.tasks.causal_lm import _object_pieces
+
+    content = b'{"text": "doc 0"}\n{"text": "doc 1"}\n' if name.endswith(".jsonl") else b"line one\nline two\n"
+    plain, marked = tmp_path / name, tmp_path / f"bom-{name}"
+    plain.write_bytes(content)
+    marked.write_bytes(b"\xef\xbb\xbf" + content)
+    read = [b"".join(_object_pieces(LocalStore(), str(p), "text", fmt)) for p in (plain, marked)]
+    assert read[0] == read[1] and b"\xef" not in read[1]
+
+
 @pytest.mark.parametrize(
     ("name", "fmt", "expected"),
     [

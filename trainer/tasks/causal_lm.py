@@ -106,6 +106,7 @@ def _object_pieces(
         chunk = carry + raw
         if not jsonl:
             if i == 0:
+                chunk = chunk.removeprefix(b"\xef\xbb\xbf")  # a byte-order mark (Notepad's) is no text
                 _warn_if_records(chunk, uri, fmt)
             if chunk and not last:  # the object's first text
                 chunk = marks.start + chunk

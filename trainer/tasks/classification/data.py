@@ -10,13 +10,13 @@ Layout under a dataset URI (`trainer/shards.py` describes the format)::
 Shards are numpy ``.npz`` files read with ``allow_pickle=False``: no code runs when loading.
 
 **Two streamed passes.** A CSV source is read in ranged reads of about a MiB (`CHUNK_BYTES`),
-each cut after its last line end outside a quoted field, so that a row is never split between
-chunks, and parsed with the `csv` module. Its rows are converted to numbers in batches of a fixed
-number of rows that depends on the table's width only, not on the chunk size, so the shards are
-the same however the source is chunked. Pass 1 finds the classes, counts the rows and accumulates
-the train rows' per-feature mean and variance (float64; each batch's moments merged exactly into
-the running ones, which is steadier than a sum of squares). Pass 2 normalises every row with them
-and appends it to its split's shards as they fill. Memory holds one chunk, one batch, one shard
+whose lines the `csv` module parses as they come (a quoted field may hold line ends). Its rows
+are converted to numbers in batches of a fixed number of rows that depends on the table's width
+only, not on the chunk size, so the shards are the same however the source is chunked. Pass 1
+finds the classes, counts the rows and accumulates the train rows' per-feature mean and variance
+(float64; each batch's moments merged exactly into the running ones, which is steadier than a sum
+of squares). Pass 2 normalises every row with them and appends it to its split's shards as they
+fill. Memory holds one chunk, one batch, one shard
 per split and a few numbers per class and per feature, whatever the size of the source. The
 bundled digits set goes through the same two passes from memory.
 
@@ -34,12 +34,14 @@ shards in both passes and on every run.
 
 from __future__ import annotations
 
+import codecs
+import collections
 import csv
 import hashlib
 import io
 import json
 import logging
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -65,8 +67,8 @@ log = logging.getLogger("kftrain.data")
 CHUNK_BYTES = 1 << 20
 #: Rows are converted and normalised in batches of about this many cells (rows x columns).
 BATCH_CELLS = 1 << 16
-#: A record still open after this many bytes is an error (an unbalanced quote, most likely), so
-#: a broken file cannot grow the buffer without bound.
+#: A line longer than this many characters is an error, so a broken file cannot grow the buffer
+#: without bound (a quoted field is bounded by the `csv` module's field limit, 128 KiB).
 MAX_RECORD_BYTES = 16 << 20
 #: Spellings of one class kept for the data-prep log (`1`, `1.0`, ` 1`, ...).
 MAX_SPELLINGS = 5
@@ -111,65 +113,50 @@ def digits_rows(batch_rows: int = 0) -> Rows:
     return Rows("digits", [f"pixel_{i}" for i in range(x.shape[1])], batches)
 
 
-def _record_end(buf: bytes) -> int:
-    """The offset just after the last line end of `buf` outside a quoted field; -1 if none.
-
-    `buf` starts at a record boundary, so a line end is outside quotes exactly when an even
-    number of `"` precede it (a quote inside a quoted field is doubled)."""
-    end = buf.rfind(b"\n")
-    quotes = buf.count(b'"', 0, end) if end >= 0 else 0
-    while end >= 0 and quotes % 2:
-        prev = buf.rfind(b"\n", 0, end)
-        quotes -= buf.count(b'"', prev + 1, end)
-        end = prev
-    return end + 1 if end >= 0 else -1
-
-
-def _parse_records(part: bytes, uri: str, first_line: int) -> Iterator[tuple[int, list[str]]]:
-    """The records of `part` (whole records only) as (line number, fields); blank lines skipped."""
-    try:
-        text = part.decode("utf-8")
-    except UnicodeDecodeError as exc:
-        line = first_line + part.count(b"\n", 0, exc.start)
-        raise DataError(f"{uri}: line {line} is not UTF-8 text ({exc.reason}); save the CSV as UTF-8") from None
-    reader = csv.reader(io.StringIO(text, newline=""))
-    start = 0  # lines of `part` before the current record
-    try:
-        for fields in reader:
-            if fields:
-                yield first_line + start, fields
-            start = reader.line_num
-    except csv.Error as exc:
-        raise DataError(f"{uri}: line {first_line + start} is not valid CSV ({exc})") from None
+def _csv_lines(chunks: Iterable[bytes], uri: str) -> Iterator[str]:
+    """The lines of a CSV object's UTF-8 `chunks` (:func:`~trainer.data_rules.text_chunks` checked
+    them), each with its line end as the `csv` module reads them (`\\r\\n`, `\\n` or a lone `\\r`,
+    a Macintosh export's), a byte-order mark dropped; a line longer than :data:`MAX_RECORD_BYTES`
+    is an error, so a broken file cannot grow the buffer without bound."""
+    decoder = codecs.getincrementaldecoder("utf-8-sig")()
+    carry, line = "", 1
+    for chunk in chunks:
+        lines = io.StringIO(carry + decoder.decode(chunk), newline="").readlines()
+        # The last line may go on in the next chunk (one ending in a CR too: its LF may come next).
+        carry = lines.pop() if lines and not lines[-1].endswith("\n") else ""
+        if len(carry) > MAX_RECORD_BYTES:
+            raise DataError(f"{uri}: line {line + len(lines)} runs over {len(carry)} characters without a line end")
+        line += len(lines)
+        yield from lines
+    carry += decoder.decode(b"", final=True)
+    if carry:
+        yield carry
 
 
 def csv_records(
     store: ObjectStore, uri: str, chunk_bytes: int = CHUNK_BYTES, progress: str = ""
 ) -> Iterator[tuple[int, list[str]]]:
     """The records of the CSV object at `uri` as (line number, fields), read in ranged reads of
-    `chunk_bytes`; blank lines are skipped, a UTF-8 byte-order mark is dropped. `progress`: as
-    for :func:`~trainer.storage.read_chunks`."""
-    carry = b""
-    line = 1  # line number of the first line of `carry`
-    first = True
-    for chunk in text_chunks(read_chunks(store, uri, chunk_bytes, progress), uri, "CSV"):
-        buf = carry + chunk
-        if first:
-            buf, first = buf.removeprefix(b"\xef\xbb\xbf"), False
-        cut = _record_end(buf)
-        if cut < 0:
-            if len(buf) > max(MAX_RECORD_BYTES, 2 * chunk_bytes):
-                raise DataError(
-                    f"{uri}: the record at line {line} runs over {len(buf)} bytes without ending: "
-                    'is a quote (") left open?'
-                )
-            carry = buf
-            continue
-        yield from _parse_records(buf[:cut], uri, line)
-        line += buf.count(b"\n", 0, cut)
-        carry = buf[cut:]
-    if carry:
-        yield from _parse_records(carry, uri, line)
+    `chunk_bytes`; blank lines are skipped, a UTF-8 byte-order mark is dropped. Read as Python's
+    `csv` module reads a file, strictly: a quote inside an unquoted field (`12" pizza`) is a
+    character, and a quoted field must end (a quote left open was the rest of the file, one field).
+    `progress`: as for :func:`~trainer.storage.read_chunks`."""
+    reader = csv.reader(
+        _csv_lines(text_chunks(read_chunks(store, uri, chunk_bytes, progress), uri, "CSV"), uri), strict=True
+    )
+    line = 1  # the first line of the next record
+    try:
+        for fields in reader:
+            if fields:
+                yield line, fields
+            line = reader.line_num + 1
+    except csv.Error as exc:
+        problem = str(exc)
+        if problem == "unexpected end of data":
+            problem = 'a quote (") that opens a field here is never closed: close it, or double a quote inside a field'
+        elif "expected after" in problem:
+            problem += ': a quoted field ends at its closing quote; double a quote inside it ("")'
+        raise DataError(f"{uri}: line {line} is not valid CSV ({problem})") from None
 
 
 def _numbers(rows: list[list[str]], columns: list[str], uri: str, first_row: int, lines: list[int]) -> np.ndarray:
@@ -229,7 +216,7 @@ def csv_rows(
     if first is None:
         raise DataError(f"{uri}: needs a header row and at least one data row (the object holds no rows)")
     header = first[1]
-    twice = sorted({name for name in header if header.count(name) > 1})
+    twice = sorted(name for name, n in collections.Counter(header).items() if n > 1)
     if twice:  # the second label column would be read as a feature, a repeated feature as two
         raise DataError(
             f"{uri}: the header names {', '.join(map(repr, twice))} more than once; give every column its own name"
