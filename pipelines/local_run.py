@@ -154,7 +154,8 @@ def check_own_checkpoint(cfg: Config, run_id: str, local_root: str = DEFAULT_LOC
 
 def run_checkpoints(cfg: Config, run_id: str, local_root: str = DEFAULT_LOCAL_ROOT) -> str:
     """Where run `run_id` keeps its checkpoints: where its first start put them
-    (:data:`STARTED_RECORD`), or its run folder's for a run that predates the record."""
+    (:data:`STARTED_RECORD`), or its run folder's, where it is now, for a run whose record names
+    none (its own) or that predates the record."""
     from trainer.pipeline_steps import store_for
 
     started = join_uri(run_root(cfg, run_id, local_root), STARTED_RECORD)
@@ -205,9 +206,12 @@ def record_started(
     try:
         record = read_json(store, uri)
     except ObjectNotFound:
-        # A local path as an absolute one: a later start from another folder reads it where it is.
+        # A prefix the user chose, a local one as an absolute path: a later start from another
+        # folder reads it where it is. The run folder's own: none, so that a moved or copied run
+        # folder continues from the checkpoints it holds (:func:`run_checkpoints`).
         prefix = parse_uri(cfg.checkpoint.uri)
-        record = {"checkpoint_uri": cfg.checkpoint.uri if prefix.is_remote else prefix.key}
+        chosen = bool((given or cfg).checkpoint.uri)
+        record = {"checkpoint_uri": "" if not chosen else cfg.checkpoint.uri if prefix.is_remote else prefix.key}
     except CorruptObject:
         return
     if not isinstance(record, dict):
@@ -241,15 +245,19 @@ def claim_run_checkpoints(cfg: Config, field: str = "") -> None:
     if not cfg.checkpoint.enabled:
         return
     from trainer.checkpoint_owner import CheckpointError, claim_prefix
-    from trainer.pipeline_steps import store_for
+    from trainer.pipeline_steps import continues, store_for
 
     uri = cfg.checkpoint.uri
     try:
-        claim_prefix(store_for(cfg, uri), uri, cfg.checkpoint.owner, resume=cfg.checkpoint.resume)
+        claim_prefix(
+            store_for(cfg, uri), uri, cfg.checkpoint.owner, resume=cfg.checkpoint.resume, can_continue=continues(cfg)
+        )
     except CheckpointError as exc:  # the config points at a prefix this run may not use
         raise ConfigError(str(exc)) from None
     except StoreError as exc:  # the first write under it: a file in place of a folder, say
         raise _where_runs_live(cfg, exc, field) from None
+    except KftrainError as exc:  # a checkpoint there this config cannot continue
+        raise ConfigError(f"checkpoint.uri {redact(uri)}: {exc}") from None
 
 
 def run_log(cfg: Config, run_id: str, local_root: str = DEFAULT_LOCAL_ROOT) -> tuple[str, Path]:
@@ -340,7 +348,8 @@ def check_same_run(record: dict[str, Any], cfg: Config, gates: dict[str, float],
         raise ConfigError(
             f"--run-id {run_id}: that run finished with other settings: {redact(shown)}. Its results are for "
             "those: give the config and flags it ran with to see them again, or start a new run (without "
-            f"--run-id; `checkpoint.resume_from: {run_id}` starts it from this run's last checkpoint)"
+            f"--run-id; `checkpoint.resume_from: {run_id}` starts it from this run's last checkpoint where the "
+            "new settings can continue it: a changed batch size or model cannot)"
         )
 
 

@@ -30,6 +30,8 @@ from trainer.errors import KftrainError
 from trainer.storage import CorruptObject, ObjectNotFound, ObjectStore, join_uri, read_json
 
 if TYPE_CHECKING:
+    from collections.abc import Callable
+
     from trainer.config import Config
 
 #: The commit record of a checkpoint step, written last (trainer.checkpoint).
@@ -215,14 +217,44 @@ def still_running(record: dict[str, Any]) -> bool:
     return started is not None and isinstance(claimed, int | float) and started <= claimed + 1
 
 
-def claim_prefix(store: ObjectStore, prefix: str, owner: str, *, resume: bool) -> dict[str, Any]:
+def _taken_back(store: ObjectStore, prefix: str, owner: str, current: dict[str, Any]) -> str:
+    """Why run `owner` may not take back `prefix`, which it had before another run (`current`'s)
+    took it over, or '': the newest complete step is another run's, so continuing there would
+    load that run's weights as this run's and mix the two runs' steps (a run that committed
+    nothing since leaves the prefix to be taken back)."""
+    if owner not in claimants(store, prefix):
+        return ""
+    latest = latest_complete(store, prefix)
+    if latest is None or latest[1].get("owner") in (None, "", owner):
+        return ""
+    own = latest_complete(store, prefix, owner=owner)
+    newest_own = f" (its newest, step {own[0]})" if own else ""
+    return (
+        f"checkpoint prefix {prefix} was taken over from this run ({owner!r}) by {describe_owner(current)}, and "
+        f"its newest step, {latest[0]}, is run {latest[1].get('owner')!r}'s: continuing there would continue that "
+        f"run's weights as this run's. Continue this run from its own checkpoint{newest_own} under a new prefix: "
+        f"set checkpoint.uri to a new prefix and checkpoint.resume_from: {owner}"
+    )
+
+
+def claim_prefix(
+    store: ObjectStore,
+    prefix: str,
+    owner: str,
+    *,
+    resume: bool,
+    can_continue: Callable[[dict[str, Any]], None] | None = None,
+) -> dict[str, Any]:
     """Make run `owner` the owner of checkpoint prefix `prefix` before it writes there; return
     the owner record. CheckpointError, in one line naming the owner and what to do, when the
     prefix is another run's and `resume` is false, or holds committed steps and `resume` is false.
 
     Same owner: nothing to do (a retry or restart of this run). Another owner and `resume`: the
     next generation's record takes the prefix over; that run stops at its next save. Refused
-    while that owner still runs on this machine (:func:`still_running`).
+    while that owner still runs on this machine (:func:`still_running`), and where `owner` had
+    the prefix before and another run committed the newest step since (:func:`_taken_back`).
+    `can_continue`, given the newest complete checkpoint's commit record before a takeover,
+    raises where this run could not continue it: refused before anything is claimed.
     """
     prefix = prefix.rstrip("/")
     if not owner:
@@ -252,6 +284,11 @@ def claim_prefix(store: ObjectStore, prefix: str, owner: str, *, resume: bool) -
                     f"owner records) and this run ({owner!r}) has checkpoint.resume: false: point checkpoint.uri "
                     "at a new prefix, or set checkpoint.resume: true to continue from them"
                 )
+        if current is not None and (problem := _taken_back(store, prefix, owner, current)):
+            raise CheckpointError(problem)
+        latest = latest_complete(store, prefix) if can_continue is not None else None
+        if latest is not None:
+            can_continue(latest[1])
         if current is not None and still_running(current):
             raise CheckpointError(
                 f"checkpoint prefix {prefix} belongs to {describe_owner(current)}, which is still running on this "

@@ -212,8 +212,21 @@ def claim_checkpoints(cfg: Config, model_uri: str, owner: str) -> Config:
             redact(prefix),
         )
     owner = cfg.checkpoint.owner or owner
-    claim_prefix(store_for(cfg, prefix), prefix, owner, resume=cfg.checkpoint.resume)
+    claim_prefix(store_for(cfg, prefix), prefix, owner, resume=cfg.checkpoint.resume, can_continue=continues(cfg))
     return dataclasses.replace(cfg, checkpoint=dataclasses.replace(cfg.checkpoint, owner=owner))
+
+
+def continues(cfg: Config) -> Callable[[dict[str, Any]], None]:
+    """The check that `cfg` can continue another run's checkpoint it takes a prefix over from,
+    given that checkpoint's commit record (:func:`trainer.checks.check_continues`): refused before
+    the prefix is claimed, not when training starts, after data prep."""
+    from trainer.checks import check_continues
+
+    def check(record: dict[str, Any]) -> None:
+        if isinstance(record.get("config"), dict):  # a record that does not say: the trainer's check
+            check_continues(cfg, record, "point checkpoint.uri at a new prefix")
+
+    return check
 
 
 def evaluate(

@@ -363,6 +363,7 @@ def resolve_resume_from(cfg: Config, root: str) -> tuple[str, dict[str, Any]]:
         ((prefix, owner),) = found.items()
         latest = latest_complete(store, prefix, only, owner)
         gone = latest is None and only is not None and not store.exists(join_uri(step_dir(prefix, only), COMMIT))
+        others = latest_complete(store, prefix, only) if latest is None and owner is not None else None
     except StoreError as exc:
         raise type(exc)(f"{field}: {exc}") from None
     if latest is None:
@@ -371,6 +372,12 @@ def resolve_resume_from(cfg: Config, root: str) -> tuple[str, dict[str, Any]]:
                 f"{field}: step {only} of {prefix} has no commit record (never written, or deleted since: a run "
                 "still training deletes its older checkpoints as it commits new ones); name the run, whose newest "
                 "checkpoint is taken, or a step it keeps"
+            )
+        if others is not None:  # complete, but another run's
+            raise ConfigError(
+                f"{field}: run {value} committed no checkpoint of its own at {prefix} (its newest, step {others[0]}, "
+                f"is run {others[1].get('owner')!r}'s, which continued from it there); name that run, or a "
+                "checkpoint URI"
             )
         what = f"step {only} of {prefix} is not" if only is not None else f"no checkpoint of {prefix} is"
         raise ConfigError(

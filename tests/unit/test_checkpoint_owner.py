@@ -166,6 +166,52 @@ def test_a_takeover_of_a_prefix_whose_owner_still_runs_here_is_refused(
     assert current_owner(store, prefix)["owner"] == "run-a"
 
 
+@pytest.mark.parametrize("b_committed", [True, False])
+def test_a_run_may_not_take_back_a_prefix_whose_newest_step_another_run_committed(prefix, b_committed):
+    """Run a committed step 10; run b took the prefix over and committed step 20; a's `--run-id`
+    took it back and resumed from b's step 20, finishing with b's weights as its own. Refused now,
+    naming a's own newest step; taken back where b committed nothing."""
+    store = LocalStore()
+    claim_prefix(store, prefix, "run-a", resume=True)
+    a = manager(store, prefix, "run-a")
+    save(a, 10)
+    a.close()
+    claim_prefix(store, prefix, "run-b", resume=True)
+    if b_committed:
+        b = manager(store, prefix, "run-b")
+        save(b, 20)
+        b.close()
+    if not b_committed:
+        assert claim_prefix(store, prefix, "run-a", resume=True)["owner"] == "run-a"
+        return
+    with pytest.raises(CheckpointError) as err:
+        claim_prefix(store, prefix, "run-a", resume=True)
+    message = str(err.value)
+    assert "was taken over from this run ('run-a') by run 'run-b'" in message, message
+    assert "its newest step, 20, is run 'run-b''s" in message and "(its newest, step 10)" in message, message
+    assert "checkpoint.resume_from: run-a" in message and current_owner(store, prefix)["owner"] == "run-b"
+    assert claim_prefix(store, prefix, "run-c", resume=True)["owner"] == "run-c"  # a new run continues b's
+
+
+def test_a_takeover_that_could_not_continue_the_checkpoint_claims_nothing(prefix):
+    """A new run whose config cannot continue the prefix's checkpoint took it over in the
+    pre-flight, then failed in the train step, after data prep, leaving the prefix claimed."""
+    store = LocalStore()
+    claim_prefix(store, prefix, "run-a", resume=True)
+    a = manager(store, prefix, "run-a")
+    save(a, 10)
+    a.close()
+    seen = []
+
+    def refuse(record):
+        seen.append(record["step"])
+        raise CheckpointError("train.batch_size differs")
+
+    with pytest.raises(CheckpointError, match="batch_size differs"):
+        claim_prefix(store, prefix, "run-b", resume=True, can_continue=refuse)
+    assert seen == [10] and current_owner(store, prefix)["owner"] == "run-a"
+
+
 def test_two_runs_racing_for_one_prefix_exactly_one_wins_and_the_other_names_it(prefix):
     store = LocalStore()
     start = threading.Barrier(8)

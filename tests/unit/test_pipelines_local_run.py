@@ -291,6 +291,26 @@ def test_the_started_record_keeps_the_first_starts_prefix(tmp_path):
     assert json.loads((tmp_path / "runs" / "r1" / STARTED_RECORD).read_text())["checkpoint_uri"] == "/first"
 
 
+@pytest.mark.parametrize("how", ["moved", "copied"])
+def test_a_moved_or_copied_run_folder_continues_from_the_checkpoints_it_holds(tmp_path, how):
+    """The run folder's own prefix was recorded as an absolute path: a moved folder was told it
+    had no checkpoint (then resumed from its own), a copied one was refused, and the fix it gave
+    trained the copy into the original's folder."""
+    import shutil
+
+    from pipelines.local_run import check_own_checkpoint, record_started, run_checkpoints, with_run_checkpoints
+    from trainer.config import load_config
+
+    first, second = tmp_path / "p1", tmp_path / "p2"
+    given = load_config()
+    started = with_run_checkpoints(given, "r1", str(first))
+    record_started(started, "r1", str(first), given)
+    fake_checkpoint(Path(started.checkpoint.uri), 5)
+    (shutil.move if how == "moved" else shutil.copytree)(first, second)
+    assert run_checkpoints(given, "r1", str(second)) == str(second / "runs" / "r1" / "checkpoints")
+    check_own_checkpoint(given, "r1", str(second))  # its own checkpoints, where they are now
+
+
 def test_a_relative_checkpoint_uri_is_recorded_where_it_is(tmp_path, monkeypatch):
     """`checkpoint.uri: ck` from one folder, `--run-id` from another: the record said `ck`, which
     the later start read as its own folder's, and trained from step 0 beside the run's checkpoints.

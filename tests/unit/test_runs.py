@@ -270,6 +270,12 @@ def test_a_run_whose_prefix_another_run_took_over_keeps_its_own_steps(runs, tmp_
     # A place, not a run: its newest checkpoint, whoever wrote it.
     folder, _ = resolve_resume_from(config(root, "", **{"checkpoint.resume_from": str(prefix)}), "")
     assert folder == join_uri(str(prefix), "step-00000030")
+    # Run `e` took the prefix over and committed nothing (was: "no checkpoint ... is complete").
+    claim_prefix(store, str(prefix), "e", resume=True)
+    (root / "runs" / "e").mkdir()
+    (root / "runs" / "e" / "started.json").write_text(json.dumps({"checkpoint_uri": str(prefix)}))
+    with pytest.raises(ConfigError, match=r"run e committed no checkpoint of its own at .*step 30, is run 'd''s"):
+        resolve_resume_from(config(root, "", **{"checkpoint.resume_from": "e"}), str(root))
 
 
 def test_a_parent_of_stores_lists_no_runs_and_names_the_stores(runs, tmp_path, capsys):
