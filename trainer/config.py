@@ -440,7 +440,8 @@ class TrainConfig:
     grad_clip_norm: float = 0.0
     """Clip the global gradient norm to this; 0: no clipping (the norm is still checked for NaN/inf)."""
     lr_schedule: str = "constant"
-    """`constant` or `cosine` (decay to 10% of `learning_rate` by the last step)."""
+    """`constant` or `cosine` (after the warm-up, a cosine from `learning_rate` down to 10% of it, the
+    rate after the last step)."""
     warmup_steps: int = 0
     """Linear learning-rate warm-up over this many steps."""
     precision: str = "auto"

@@ -71,6 +71,9 @@ def date_time(unix: float) -> str:
     return dt.datetime.fromtimestamp(unix, dt.timezone.utc).strftime("%Y-%m-%d %H:%M:%S UTC")
 
 
+#: The training record's measure saying its validation scored the model after the last epoch's
+#: end (`train.max_steps` past one, not on one), at that step.
+AFTER_LAST_EPOCH = "validated_after_last_epoch_at_step"
 #: How measures of the training record and the evaluation read on the page.
 LABELS = {
     "accuracy": "test accuracy",
@@ -97,10 +100,11 @@ LABELS = {
 _PERCENT = ("accuracy", "macro_f1", "mfu", "data_wait_fraction")
 
 
-def _measure_label(key: str, best_step: int | None, end_step: int | None = None) -> str:
+def _measure_label(key: str, best_step: int | None, end_step: int | None = None, epochs: bool = False) -> str:
     """A training measure's name; with `checkpoint.export_best` (`best_step`) the epoch measures
     are the exported step's epoch's, not the last epoch's, and say so; with `end_step` (a run
-    that ended before any epoch did) the validation is the end of training's."""
+    that ended before any epoch did, or, with `epochs`, after the last one) the validation is the
+    end of training's."""
     if key not in ("val_accuracy", "val_loss", "val_perplexity", "train_loss"):
         return label(key)
     name = label(key).split(" (")[0]
@@ -108,6 +112,10 @@ def _measure_label(key: str, best_step: int | None, end_step: int | None = None)
         if key == "train_loss":
             return f"{name} (mean of the epoch ending at step {best_step}, the exported model's)"
         return f"{name} (at step {best_step}, the exported model's)"
+    if end_step is not None and epochs:
+        if key == "train_loss":
+            return f"{name} (mean of the steps after the last epoch, to step {end_step})"
+        return f"{name} (at step {end_step}, the end of training, after the last epoch)"
     if end_step is not None:
         return f"{name} (at step {end_step}, the end of training: no epoch ended)"
     return label(key)
@@ -117,8 +125,13 @@ def _training_measures(training: dict[str, Any]) -> list[tuple[str, str]]:
     """The training record's measures as rows, and where `checkpoint.export_best` found no
     checkpoint to rank (no epoch ended before the run's step limit), which model was exported."""
     metrics, config = training.get("metrics", {}), training.get("config") or {}
-    end_step = metrics.get("steps") if not training.get("history") else None
-    rows = [(_measure_label(k, metrics.get("best_step"), end_step), format_value(k, v)) for k, v in metrics.items()]
+    epochs = bool(training.get("history"))
+    end_step = metrics.get("steps") if not epochs or metrics.get(AFTER_LAST_EPOCH) else None
+    rows = [
+        (_measure_label(k, metrics.get("best_step"), end_step, epochs), format_value(k, v))
+        for k, v in metrics.items()
+        if k != AFTER_LAST_EPOCH  # said by the labels
+    ]
     checkpoint = config.get("checkpoint") or {}
     if checkpoint.get("export_best") and "best_step" not in metrics and "steps" in metrics:
         try:

@@ -61,6 +61,7 @@ from trainer.job_status import reporter_from_env
 from trainer.launch.backend import FAILURE_MARKER
 from trainer.model_io import WEIGHTS, frozen_names, publish_model, save_model, tied_names, trained_state
 from trainer.progress import Progress
+from trainer.report import AFTER_LAST_EPOCH
 from trainer.rng import rng_state, seed_everything, set_rng_state
 from trainer.runs import TRAINING_RECORD, lineage_of, split_step_folder
 from trainer.safetensors_file import TensorFile
@@ -141,6 +142,19 @@ def write_final_model(
     if digest:
         log.info("final parameter digest %s", digest)
     return digest
+
+
+#: cuBLAS's workspace setting torch's deterministic mode needs on a GPU (torch raises at the first
+#: matmul without it): a fixed workspace per stream, so reductions run in one order.
+CUBLAS_DETERMINISTIC = ":4096:8"
+
+
+def use_deterministic_algorithms(device: torch.device) -> None:
+    """`train.deterministic`: torch's deterministic kernels, and on a GPU cuBLAS's fixed workspace
+    (read when cuBLAS runs its first matmul; a value the user set stands)."""
+    if device.type == "cuda":
+        os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", CUBLAS_DETERMINISTIC)
+    torch.use_deterministic_algorithms(True)
 
 
 def lr_factor(step: int, total: int, cfg: Config) -> float:
@@ -370,7 +384,7 @@ class Trainer:
         self.step_seconds: list[float] = []  # optimizer steps of this start, for the median
         tc = cfg.train
         if tc.deterministic:
-            torch.use_deterministic_algorithms(True)
+            use_deterministic_algorithms(device)
         self.accum = tc.grad_accum_steps
         self.micro = micro_batch_size(tc.batch_size, env, self.accum)
         self.store = open_store(dataset_uri, cfg.store.endpoint, cfg.store.region, cfg.store.policy())
@@ -738,6 +752,7 @@ class Trainer:
             self.updated = True
         else:
             self._skip_update(float(step_loss), float(grad_norm))
+        lr = self.scheduler.get_last_lr()[0]  # the rate this step used, before the schedule moves on
         if self.updated:
             self.scheduler.step()
         else:
@@ -753,7 +768,6 @@ class Trainer:
         # The epoch's loss is the job's: a summed loss's ranks hold unequal numbers of units.
         self.epoch_loss += step_loss if job_loss is None else job_loss
         self.epoch_steps += 1
-        lr = self.scheduler.get_last_lr()[0]
         self.progress.step(self.step, self.epoch, step_loss, lr, grad_norm, self.data_wait)
         self.health.end_step(self.step, self.data_wait, timed=timed)
 
@@ -1008,10 +1022,17 @@ class Trainer:
         best, holder = taken or (None, self.ckpt)
         if best is not None:
             final = best["metrics"]
+        # `train.max_steps` past an epoch's end, not on one: the model written has steps the last
+        # epoch's scores do not (every rank counts them alike), scored now as with no epoch end.
+        after_last_epoch = best is None and self.validates and bool(final) and self.epoch_steps > 0
+        if after_last_epoch:
+            mean = sum(self._epoch_losses()) / (env.world_size * max(self.epoch_steps, 1))
+            final = {"train_loss": mean, **task.validate(unwrap(self.model), self.data.val, self.device, self.micro)}
         if self.validates and not final:
             final = task.validate(unwrap(self.model), self.data.val, self.device, self.micro)
         metrics = {
             **{k: v for k, v in final.items() if k != "epoch"},
+            **({AFTER_LAST_EPOCH: self.step} if after_last_epoch else {}),
             "world_size": env.world_size,
             "steps": self.step,
             "resumed_from_step": self.start_step,

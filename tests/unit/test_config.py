@@ -80,7 +80,11 @@ def test_yaml_file_maps_onto_the_tree(tmp_path):
         ("store:\n  endpoint: http://h:9000/bucket\n", "store.endpoint: 'http://h:9000/bucket' has a path"),
         ("job:\n  replicas: 3\n", "train.batch_size: must divide by the world size 3"),
         ("data:\n  partitions: 3\n", "data.partitions: is not a multiple of the 2 readers"),
-        ("data:\n  partitions: 4\ntrain:\n  batch_size: 6\n", "micro-batch of 3 items does not divide by, got 4"),
+        (
+            "data:\n  partitions: 4\ntrain:\n  batch_size: 6\n",
+            "micro-batch of 3 items (train.batch_size / (world size x train.grad_accum_steps)) does not divide by: "
+            "2, 6 fit here, or 0 (one per reader), got 4",
+        ),
         (
             "kubernetes:\n  elastic: {enabled: true, min_replicas: 2, max_replicas: 3}\n"
             "train:\n  batch_size: 60\ndata:\n  partitions: 4\n",

@@ -7,6 +7,7 @@ import io
 import json
 import logging
 import math
+import os
 import re
 import warnings
 
@@ -21,6 +22,7 @@ from trainer.export import export_model, load_torchscript
 from trainer.model_io import load_model
 from trainer.storage import LocalStore, join_uri
 from trainer.tasks import get_task
+from trainer.tasks.classification.data import load_split
 from trainer.train import NonFiniteLoss, _resumed_epoch_loss, run_training
 
 pytestmark = pytest.mark.timeout(120)
@@ -123,6 +125,67 @@ def test_runtime_world_size_is_checked_too(digits, tmp_path):
     cfg = load_config(overrides={"job.replicas": 1, "train.batch_size": 63})
     with pytest.raises(ConfigError, match="must divide by world size 2"):
         run_training(cfg, digits, str(tmp_path / "m"), DistEnv(rank=0, world_size=2))
+
+
+@pytest.mark.parametrize("schedule", ["cosine", "constant"])
+def test_the_learning_rate_logged_at_a_step_is_the_one_that_step_used(digits, tmp_path, schedule):
+    """The rate was read after the schedule moved on: step 1 of a warm-up of 2 showed the full rate
+    (its 1.5e-3 of 3e-3 never appeared) in the log, training.json and TensorBoard."""
+    from trainer.train import lr_factor
+
+    overrides = {
+        "job.replicas": 1,
+        "train.max_steps": 6,
+        "train.warmup_steps": 2,
+        "train.lr_schedule": schedule,
+        "train.log_interval_steps": 1,
+        "checkpoint.enabled": False,
+    }
+    cfg = load_config(overrides=overrides)
+    single(cfg, digits, str(tmp_path / "m"))
+    curve = json.loads((tmp_path / "m" / "training.json").read_text())["loss_curve"]
+    expected = [cfg.train.learning_rate * lr_factor(step - 1, 6, cfg) for step in range(1, 7)]
+    assert [point["lr"] for point in curve] == pytest.approx(expected), curve
+    assert curve[0]["lr"] == pytest.approx(cfg.train.learning_rate / 2)
+
+
+@pytest.mark.parametrize(("max_steps", "after"), [(25, True), (19, False)])  # an epoch is 19 steps here
+def test_the_record_scores_the_model_written_when_the_run_ends_after_an_epoch(digits, tmp_path, max_steps, after):
+    """`max_steps` past an epoch's end, not on one: val_* and train_loss were the last epoch's, a
+    model 6 steps older than the one written, given as the run's (KFP's metrics, training.json)."""
+    from trainer.report import AFTER_LAST_EPOCH, _training_measures
+
+    overrides = {"job.replicas": 1, "train.batch_size": 64, "train.max_steps": max_steps, "checkpoint.enabled": False}
+    single(load_config(overrides=overrides), digits, str(tmp_path / "m"))
+    record = json.loads((tmp_path / "m" / "training.json").read_text())
+    metrics, last_epoch = record["metrics"], record["history"][-1]
+    assert len(record["history"]) == 1 and metrics["steps"] == max_steps
+    assert (metrics["train_loss"] != last_epoch["train_loss"]) == after, (metrics, last_epoch)
+    assert metrics.get(AFTER_LAST_EPOCH) == (max_steps if after else None)
+    model, _ = load_model(LocalStore(), str(tmp_path / "m"))
+    x, y = load_split(LocalStore(), digits, "val")
+    with torch.no_grad():
+        accuracy = float((model(torch.from_numpy(x)).argmax(-1) == torch.from_numpy(y)).float().mean())
+    assert metrics["val_accuracy"] == pytest.approx(accuracy)  # the model written, scored
+    labels = dict(_training_measures(record))
+    said = "validation accuracy (at step 25, the end of training, after the last epoch)"
+    assert (said in labels) == after and ("validation accuracy (last epoch)" in labels) != after, labels
+
+
+@pytest.mark.parametrize(
+    ("device", "given", "env"), [("cuda", None, ":4096:8"), ("cuda", ":16:8", ":16:8"), ("cpu", None, None)]
+)
+def test_deterministic_mode_on_a_gpu_sets_cublas_workspace(monkeypatch, device, given, env):
+    """torch refuses the first cuBLAS matmul in deterministic mode without CUBLAS_WORKSPACE_CONFIG
+    (was: a traceback on every rank of a GPU run with train.deterministic)."""
+    from trainer.train import use_deterministic_algorithms
+
+    monkeypatch.delenv("CUBLAS_WORKSPACE_CONFIG", raising=False)
+    if given:
+        monkeypatch.setenv("CUBLAS_WORKSPACE_CONFIG", given)
+    monkeypatch.setattr(torch, "use_deterministic_algorithms", lambda on: None)  # the process's mode stays
+    use_deterministic_algorithms(torch.device(device))
+    assert os.environ.get("CUBLAS_WORKSPACE_CONFIG") == env
 
 
 def test_gradient_accumulation_matches_one_big_batch(digits, tmp_path):
