@@ -1023,11 +1023,13 @@ class Trainer:
         if best is not None:
             final = best["metrics"]
         # `train.max_steps` past an epoch's end, not on one: the model written has steps the last
-        # epoch's scores do not (every rank counts them alike), scored now as with no epoch end.
-        after_last_epoch = best is None and self.validates and bool(final) and self.epoch_steps > 0
+        # epoch's scores do not, scored now as with no epoch end. Alike on every rank (the history
+        # and the step counts are): the loss's gather is a collective, the validation rank 0's.
+        after_last_epoch = best is None and bool(self.history) and self.epoch_steps > 0
         if after_last_epoch:
-            mean = sum(self._epoch_losses()) / (env.world_size * max(self.epoch_steps, 1))
-            final = {"train_loss": mean, **task.validate(unwrap(self.model), self.data.val, self.device, self.micro)}
+            final = {"train_loss": sum(self._epoch_losses()) / (env.world_size * max(self.epoch_steps, 1))}
+            if self.validates:
+                final.update(task.validate(unwrap(self.model), self.data.val, self.device, self.micro))
         if self.validates and not final:
             final = task.validate(unwrap(self.model), self.data.val, self.device, self.micro)
         metrics = {
