@@ -174,6 +174,12 @@ def text_chunks(chunks: Iterable[bytes], uri: str, what: str) -> Iterator[bytes]
                 f"data.source {uri} is not UTF-8 text (line {line}: byte 0x{data[exc.start]:02x} at offset "
                 f"{offset - len(pending) + exc.start}; save it as UTF-8): data prep reads {what}"
             ) from None
+        if (nul := chunk.find(b"\0")) >= 0:  # valid UTF-8, and no text: refused wherever it is, as at the start
+            line = lines + chunk.count(b"\n", 0, nul) + 1
+            raise DataError(
+                f"data.source {uri} is binary, not UTF-8 text (a NUL byte at offset {offset + nul}, line {line}): "
+                f"data prep reads {what}"
+            )
         offset += len(chunk)
         lines += chunk.count(b"\n")
         yield chunk

@@ -518,3 +518,17 @@ def test_only_the_stores_first_answer_is_held_to_the_checks_seconds(tmp_path, mo
     cfg = load_config(overrides={"task": "causal_lm", "data.source": str(tmp_path / "src")})
     getattr(data_rules, check)(cfg)
     assert answered == [str(tmp_path / "src")] and calls and all(left is None for left in calls)
+
+
+def test_a_nul_byte_after_the_head_is_refused_as_at_the_start():
+    """Valid UTF-8 and no text: refused within the head, trained on as token 0 after it (was)."""
+    from trainer.data_rules import text_chunks
+
+    read = text_chunks(iter([HEAD, b"a\nb\n", b"c\nd\x00e\n"]), "s3://b/corpus.txt", "text or JSON Lines")
+    with pytest.raises(DataError) as err:
+        list(read)
+    offset, line = len(HEAD) + 7, HEAD_LINES + 4
+    assert str(err.value) == (
+        f"data.source s3://b/corpus.txt is binary, not UTF-8 text (a NUL byte at offset {offset}, line {line}): "
+        "data prep reads text or JSON Lines"
+    )

@@ -231,6 +231,29 @@ def test_a_text_source_cut_at_max_bytes_says_so(tmp_path, caplog, size, warned):
     )
 
 
+@pytest.mark.parametrize(
+    ("line", "end"),
+    [("line 0001 the quick brown fox!", "\n"), ("行 0001 敏捷的棕色狐狸跳过懒狗", "\n"), ("line 0001 old mac", "\r")],
+    ids=["ascii", "cjk", "cr-only"],
+)
+def test_no_line_of_a_text_object_is_split_between_the_splits(tmp_path, line, end):
+    """A text object was read in pieces of a MiB cut anywhere, and a block ended where a piece
+    did: at every MiB a line (and a character) was cut, its head ending the test split glued to
+    another line, its tail starting the train split. A CR-only file was cut mid-line everywhere."""
+    from trainer.tasks.causal_lm import blocks, source_pieces, split_block
+
+    lines = [line.replace("0001", f"{i:06d}") for i in range(40_000)]
+    path = tmp_path / "t.txt"
+    path.write_bytes(end.join(lines).encode() + end.encode())
+    cfg = load_config(overrides={"task": "causal_lm", "data.source": str(path), "data.max_bytes": 0})
+    read = [split_block(b, 0.1, 0.2) for b in blocks(source_pieces(cfg), 1 << 18)]
+    for split in ("train", "val", "test"):
+        text = b"".join(parts[split] for parts in read).decode()  # whole characters: it decodes
+        got = [x for x in text.split(end) if x.strip("\n")]  # an object ends in a line end (a LF added to a CR file)
+        assert set(got) <= set(lines) and text.endswith(("\n", "\r")), (split, [x for x in got if x not in lines][:3])
+    assert sum(len(parts[s]) for parts in read for s in parts) == path.stat().st_size + (end == "\r")
+
+
 @pytest.mark.parametrize("record", ["x" * 5425, "é" * 3000, "word " * 1500], ids=["ascii", "two-byte", "words"])
 @pytest.mark.parametrize("fractions", [(0.1, 0.2), (0.05, 0.05), (0.3, 0.3)])
 def test_a_split_of_long_lines_never_cuts_a_mark_or_a_character(record, fractions):

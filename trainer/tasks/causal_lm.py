@@ -225,7 +225,11 @@ def max_bytes_note(cfg: Config, after: str = "") -> str:
 
 
 def blocks(pieces: Iterator[bytes], size: int = 0) -> Iterator[bytes]:
-    """Pieces regrouped into blocks of at least `size` bytes (default BLOCK_BYTES; the last may be shorter)."""
+    """Pieces regrouped into blocks of at least `size` bytes (default BLOCK_BYTES; the last may be
+    shorter), each ending at a line end: a block's tail and the next block's head go to different
+    splits (:func:`split_block`), so a line cut there was split between them (a text object is
+    read in pieces of a MiB, cut anywhere). A line longer than half a block is cut at a
+    character's start."""
     size = size or BLOCK_BYTES
     buf: list[bytes] = []
     held = 0
@@ -233,10 +237,38 @@ def blocks(pieces: Iterator[bytes], size: int = 0) -> Iterator[bytes]:
         buf.append(piece)
         held += len(piece)
         if held >= size:
-            yield b"".join(buf)
-            buf, held = [], 0
+            block = b"".join(buf)
+            end = _block_end(block, size // 2)
+            yield block[:end]
+            buf, held = ([block[end:]], len(block) - end) if end < len(block) else ([], 0)
     if buf:
         yield b"".join(buf)
+
+
+def _line_end(block: bytes, at: int) -> int:
+    """The offset after the first line end at or after `at` (LF, CRLF, or a lone CR: an old Mac
+    file's), or -1 for none."""
+    ends = [i for i in (block.find(b"\n", at), block.find(b"\r", at)) if i != -1]
+    if not ends:
+        return -1
+    i = min(ends)
+    return i + 2 if block[i : i + 2] == b"\r\n" else i + 1
+
+
+def _char_start(block: bytes, at: int) -> int:
+    """`at`, moved back to the start of the UTF-8 character it falls in."""
+    while 0 < at < len(block) and block[at] & 0xC0 == 0x80:  # a continuation byte
+        at -= 1
+    return at
+
+
+def _block_end(block: bytes, within: int) -> int:
+    """Where a block cut from a text ends: after its last line end, if one is among its last
+    `within` bytes; else at the start of its last character."""
+    last = max(block.rfind(b"\n"), block.rfind(b"\r"))
+    if last >= len(block) - within:
+        return last + 1
+    return _char_start(block, len(block) - 1) if block[-1] & 0x80 else len(block)
 
 
 def _cut(block: bytes, at: int, marks: Marks = NO_MARKS) -> int:
@@ -246,11 +278,10 @@ def _cut(block: bytes, at: int, marks: Marks = NO_MARKS) -> int:
     halves as text tokens)."""
     if at >= len(block):
         return len(block)
-    nl = block.find(b"\n", at)
-    if nl != -1 and nl - at < 4096:
-        return nl + 1
-    while at > 0 and block[at] & 0xC0 == 0x80:  # a UTF-8 continuation byte
-        at -= 1
+    end = _line_end(block, at)
+    if end != -1 and end - at <= 4096:
+        return end
+    at = _char_start(block, at)
     for mark, before in ((marks.start, True), (marks.end, False)):
         if mark:
             found = block.rfind(mark, max(0, at - len(mark) + 1), at + len(mark) - 1)
