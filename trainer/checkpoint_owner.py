@@ -232,8 +232,8 @@ def _taken_back(store: ObjectStore, prefix: str, owner: str, current: dict[str, 
     return (
         f"checkpoint prefix {prefix} was taken over from this run ({owner!r}) by {describe_owner(current)}, and "
         f"its newest step, {latest[0]}, is run {latest[1].get('owner')!r}'s: continuing there would continue that "
-        f"run's weights as this run's. Continue this run from its own checkpoint{newest_own} under a new prefix: "
-        f"set checkpoint.uri to a new prefix and checkpoint.resume_from: {owner}"
+        f"run's weights as this run's. Continue it from its own checkpoint{newest_own} as a new run under a new "
+        f"prefix: a new checkpoint.uri and checkpoint.resume_from: {owner} (locally: without --run-id)"
     )
 
 

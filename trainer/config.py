@@ -1591,9 +1591,10 @@ def load_yaml(text: str, origin: str = "config") -> Any:
     size = len(text.encode("utf-8", "surrogatepass"))
     if size > MAX_CONFIG_BYTES:
         raise ConfigError(f"{origin}: {size} bytes is larger than a config may be ({MAX_CONFIG_BYTES} bytes = 1 MiB)")
-    loader = _ConfigLoader(text)
-    loader.origin = origin
+    loader = None
     try:
+        loader = _ConfigLoader(text)  # its reader refuses a control character at once
+        loader.origin = origin
         return loader.get_single_data()
     except yaml.YAMLError as exc:
         raise ConfigError(f"{origin}: not valid YAML: {yaml_problem(exc)}") from None
@@ -1602,7 +1603,8 @@ def load_yaml(text: str, origin: str = "config") -> Any:
             raise
         raise ConfigError(f"{origin}: not a usable value: {exc}") from None
     finally:
-        loader.dispose()
+        if loader is not None:
+            loader.dispose()
 
 
 def parse_config(text: str, overrides: dict[str, Any] | None = None, origin: str = "config") -> Config:

@@ -62,6 +62,10 @@ _CREDENTIAL_VALUES = (
 )
 
 
+#: A host and its port (`minio:9000`), which a URL's '@' after its path does not make a user and password.
+_HOST_PORT = re.compile(r"[A-Za-z0-9.-]+:\d{1,5}")
+
+
 def url_has_userinfo(url: str) -> bool:
     """Whether the URL `url` holds a user, a password or a token before its host
     (`redis://:pw@db`, `https://token@host`, `s3://user:pass word/x@bucket`): the one test of a
@@ -79,8 +83,10 @@ def url_has_userinfo(url: str) -> bool:
         in_netloc = "@" in urlsplit(url).netloc
     except ValueError:  # a malformed port or IPv6 host
         in_netloc = False
-    # A ':' (user:password), a space or a quote before the first '/' ends no bucket or host name.
-    return in_netloc or re.search(r"[:\s'\"]", before_at.split("/", 1)[0]) is not None
+    # A ':' (user:password), a space or a quote before the first '/' ends no bucket or host name;
+    # `host:9000` is a port.
+    head = before_at.split("/", 1)[0]
+    return in_netloc or (re.search(r"[:\s'\"]", head) is not None and not _HOST_PORT.fullmatch(head))
 
 
 def credential_in(name: str, value: Any) -> str:
@@ -129,7 +135,10 @@ def _random_looking(text: str) -> bool:
 
 def _known_credential(text: str) -> bool:
     """Whether `text` holds a credential of a known format (a key id, a token, a URL with a password)."""
-    urls = (text[m.start() :] for m in _URL_START.finditer(text))
+    # Each URL to the end of its word; a value that is one URL, whole (its password may hold a space).
+    urls = [text[m.start() :].split(None, 1)[0] for m in _URL_START.finditer(text)]
+    if _URL_START.match(text):
+        urls.append(text)
     return any(p.search(text) for p in _CREDENTIAL_VALUES) or any(url_has_userinfo(u) for u in urls)
 
 

@@ -22,4 +22,4 @@ def partition_problem(partitions: int, readers: int, micro_batch: int) -> str:
     else:
         return ""
     fits = [readers * d for d in range(1, micro_batch + 1) if micro_batch % d == 0][:6]
-    return f"{problem}: {', '.join(map(str, fits))} fit here, or 0 (one per reader)"
+    return f"{problem}: {', '.join(map(str, fits)) + ' fit at this world size, ' if fits else ''}or 0 (one per reader)"

@@ -83,7 +83,7 @@ def test_yaml_file_maps_onto_the_tree(tmp_path):
         (
             "data:\n  partitions: 4\ntrain:\n  batch_size: 6\n",
             "micro-batch of 3 items (train.batch_size / (world size x train.grad_accum_steps)) does not divide by: "
-            "2, 6 fit here, or 0 (one per reader), got 4",
+            "2, 6 fit at this world size, or 0 (one per reader), got 4",
         ),
         (
             "kubernetes:\n  elastic: {enabled: true, min_replicas: 2, max_replicas: 3}\n"

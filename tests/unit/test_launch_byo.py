@@ -204,6 +204,8 @@ def test_credential_looking_plain_env_is_refused_in_both_places(name, value):
         # Paths of a secret key's length and letters, and URLs whose '@' is after the host.
         {"CKPT": "/checkpoints/Run2024Q3/Model7B/Step12000", "DATA": "s3://bucket/key@v1", "PWD": "/work"},
         {"PIP_INDEX": "git+https://github.com/org/repo@v1.2"},
+        # A URL beside an address, and a port before a key's '@' (were: refused as credentials).
+        {"NOTE": "see https://wiki.example.com or mail ml-team@example.com", "DATA": "http://minio:9000/b/key@v1"},
     ],
 )
 def test_ordinary_plain_env_is_accepted(env):

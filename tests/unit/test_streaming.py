@@ -89,7 +89,7 @@ def test_a_damaged_shard_is_named_when_read(uneven_shards, damage, message):
 @pytest.mark.parametrize(
     ("partitions", "readers", "micro", "message"),
     [
-        (3, 2, 4, r"is not a multiple of the 2 readers .*: 2, 4, 8 fit here, or 0 \(one per reader\)"),
+        (3, 2, 4, r"is not a multiple of the 2 readers .*: 2, 4, 8 fit at this world size, or 0 \(one per reader\)"),
         # What fits is said (was: only what does not; docs/strategies.md promised it).
         (4, 2, 3, r"micro-batch of 3 items \(train.batch_size / \(world size x .*\) does not divide by: 2, 6 fit"),
     ],

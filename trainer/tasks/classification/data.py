@@ -154,6 +154,8 @@ def csv_records(
         problem = str(exc)
         if problem == "unexpected end of data":
             problem = 'a quote (") that opens a field here is never closed: close it, or double a quote inside a field'
+        elif "field larger than field limit" in problem:
+            problem += ': is a quote (") left open?'
         elif "expected after" in problem:
             problem += ': a quoted field ends at its closing quote; double a quote inside it ("")'
         raise DataError(f"{uri}: line {line} is not valid CSV ({problem})") from None
