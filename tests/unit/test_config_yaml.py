@@ -74,7 +74,8 @@ def test_refused_at_once_in_one_line(text, phrases):
         ("kubernetes:\n  env: {API_TOKEN: SECRETPART\n", "while parsing a flow mapping (line 2, column 8)"),
         ("a: b: SECRETPART\n", "mapping values are not allowed here (line 1, column 5)"),
         ("x: 'SECRETPART\n\tq'\n]", "(line 3, column 1)"),
-        ("x: SECRETPART\x07\n", "unacceptable character #x0007: special characters are not allowed"),  # was: a ReaderError traceback
+        # A control character (was: a ReaderError traceback).
+        ("x: SECRETPART\x07\n", "unacceptable character #x0007: special characters are not allowed"),
     ],
 )
 def test_a_yaml_error_says_where_without_the_lines_around_it(text, where):
