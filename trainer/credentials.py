@@ -139,7 +139,17 @@ def _known_credential(text: str) -> bool:
     urls = [text[m.start() :].split(None, 1)[0] for m in _URL_START.finditer(text)]
     if _URL_START.match(text):
         urls.append(text)
-    return any(p.search(text) for p in _CREDENTIAL_VALUES) or any(url_has_userinfo(u) for u in urls)
+    return any(p.search(text) for p in _CREDENTIAL_VALUES) or any(_url_secret(u) for u in urls)
+
+
+def _url_secret(url: str) -> bool:
+    """Whether the URL `url` carries a secret before its host: a password (`user:pw@`), or a user
+    that is a token by itself (`https://<token>@host`); a user name alone (`ssh://git@github.com`,
+    pip's `git+ssh://git@...`) is none."""
+    if not url_has_userinfo(url):
+        return False
+    userinfo = url.partition("://")[2].rpartition("@")[0]
+    return ":" in userinfo.split("/", 1)[0] or looks_like_credential(userinfo)
 
 
 #: Where a URL starts in a text (its scheme).

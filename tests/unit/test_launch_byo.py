@@ -159,7 +159,7 @@ def test_pod_settings_reach_the_manifest_and_pass_preflight():
         # URLs with a password in the forms the URL check of store URIs refuses (were: accepted).
         ("CACHE_URL", "redis://:hunter2probeXYZ@db:6379/0"),
         ("CACHE_URL", "postgres://u:hunter2/probeXYZ@db/x"),
-        ("CACHE_URL", "https://hunter2probeXYZ@git.example.com/repo.git"),
+        ("CACHE_URL", "https://k8Fq2Lw9Zr4Tx7Wm3Np6Ys1Bv5Hc0Jd8Ge2Qux@git.example.com/repo.git"),  # a token as user
         ("CACHE_URL", "postgres://u:hunter2 probeXYZ@db/x"),
         ("SOME_ARGS", "--db postgres://u:hunter2probeXYZ@db/x --fast"),
         # The client variables of libpq and MySQL, and names ending in PASS or PAT.
@@ -206,6 +206,8 @@ def test_credential_looking_plain_env_is_refused_in_both_places(name, value):
         {"PIP_INDEX": "git+https://github.com/org/repo@v1.2"},
         # A URL beside an address, and a port before a key's '@' (were: refused as credentials).
         {"NOTE": "see https://wiki.example.com or mail ml-team@example.com", "DATA": "http://minio:9000/b/key@v1"},
+        # A user name alone is no secret (was: refused): pip's git form, ssh, ftp.
+        {"PKG": "git+ssh://git@github.com/org/repo.git@v1.2", "MIRROR": "ftp://anonymous@ftp.example.com/pub"},
     ],
 )
 def test_ordinary_plain_env_is_accepted(env):
