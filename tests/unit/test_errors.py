@@ -159,15 +159,21 @@ def test_only_a_well_formed_marked_line_parses(line):
     assert parse_error_line(line) is None
 
 
-def test_a_component_ends_its_log_with_the_marked_line_after_the_traceback(capsys, monkeypatch):
+def uncaught_in_a_component(step: str, capsys, monkeypatch, *errors: Exception) -> str:
+    """What a component's stderr holds after each of `errors` ends it uncaught (its hook installed)."""
     monkeypatch.setattr(sys, "excepthook", sys.excepthook)  # restored after the test
-    end_with_one_line("evaluate")
-    for exc in (StoreError("bucket 'x' does not exist at http://h: create it"), KeyError("bug")):
+    end_with_one_line(step)
+    for exc in errors:
         try:
             raise exc
         except Exception as caught:
             sys.excepthook(type(caught), caught, caught.__traceback__)
-    err = capsys.readouterr().err.splitlines()
+    return capsys.readouterr().err
+
+
+def test_a_component_ends_its_log_with_the_marked_line_after_the_traceback(capsys, monkeypatch):
+    store_error = StoreError("bucket 'x' does not exist at http://h: create it")
+    err = uncaught_in_a_component("evaluate", capsys, monkeypatch, store_error, KeyError("bug")).splitlines()
     first_end = err.index("kftrain-error: evaluate: bucket 'x' does not exist at http://h: create it")
     assert err[first_end - 1].startswith("trainer.storage.StoreError")  # the traceback, then the line
     assert err[-1] == "KeyError: 'bug'" and sum(ERROR_MARKER in line for line in err) == 1  # a bug: no line
@@ -176,14 +182,8 @@ def test_a_component_ends_its_log_with_the_marked_line_after_the_traceback(capsy
 def test_a_components_traceback_is_redacted_as_its_last_line_is(capsys, monkeypatch):
     """A cluster's step log reaches no console that redacts: the traceback printed before the
     marked line printed the message unmasked (was: a password raw in one line, `***` in the next)."""
-    monkeypatch.setattr(sys, "excepthook", sys.excepthook)
-    end_with_one_line("configure")
-    for exc in (ConfigError("x: 'http://u:SECRETPART@h' bad"), KeyError("hf_aBcDeFgHiJkLmNoPqRsTuVwXyZ01234567")):
-        try:
-            raise exc
-        except Exception as caught:
-            sys.excepthook(type(caught), caught, caught.__traceback__)
-    err = capsys.readouterr().err
+    secrets = (ConfigError("x: 'http://u:SECRETPART@h' bad"), KeyError("hf_aBcDeFgHiJkLmNoPqRsTuVwXyZ01234567"))
+    err = uncaught_in_a_component("configure", capsys, monkeypatch, *secrets)
     assert "SECRETPART" not in err and "hf_aBcD" not in err, err
     assert "trainer.config.ConfigError: x: 'http://***@h' bad" in err and "KeyError: '***'" in err, err
 
