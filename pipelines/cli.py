@@ -149,7 +149,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
         return 2
     flags = _given({"store.uri": ("--store", args.store), "store.endpoint": ("--s3-endpoint", args.s3_endpoint)})
     cfg = _load_with_flags(args.config, flags)
-    store = f"{'--store' if args.store else 'store.uri'} {redact(cfg.store.uri)}"
+    store = f"{'--store' if args.store else 'store.uri'} {redact_url(cfg.store.uri)}"
     if args.output_dir and cfg.store.uri:
         raise ConfigError(
             f"--output-dir {args.output_dir}: not used when a store is set ({store}: every artifact goes there); "
@@ -215,7 +215,7 @@ def _run_alone(args: argparse.Namespace, cfg: Any, run_id: str, store: str) -> i
         if none:
             console.say(
                 f"kftrain: run {run_id} has no complete checkpoint in "
-                f"{redact(run_checkpoints(cfg, run_id, args.output_dir))}: its training starts from step 0"
+                f"{redact_url(run_checkpoints(cfg, run_id, args.output_dir))}: its training starts from step 0"
             )
 
     try:
@@ -323,14 +323,15 @@ def _as_started(cfg: Config, args: argparse.Namespace, run_id: str, flags: dict[
     uri, config, gates = started
     if args.config is None and config is None:
         print(
-            f"kftrain: run {run_id}: its start record ({redact(uri)}) holds no config (damaged, or written before "
+            f"kftrain: run {run_id}: its start record ({redact_url(uri)}) holds no config (damaged, or written before "
             "kftrain kept one): the built-in defaults apply; give --config with the config it ran with",
             file=sys.stderr,
         )
     elif args.config is None:
-        cfg = _load_with_flags(None, flags, recorded=(f"run {run_id}'s recorded config {redact(uri)}", config))
+        cfg = _load_with_flags(None, flags, recorded=(f"run {run_id}'s recorded config {redact_url(uri)}", config))
         print(
-            f"kftrain: run {run_id}: with the config it was last started with ({redact(uri)}); --config gives another",
+            f"kftrain: run {run_id}: with the config it was last started with ({redact_url(uri)}); "
+            "--config gives another",
             file=sys.stderr,
         )
     for name in ("min_accuracy", "max_perplexity"):
@@ -481,8 +482,8 @@ def _cmd_job_manifest(args: argparse.Namespace) -> int:
         args.dataset_uri = args.dataset_uri or join_uri(base, "dataset")
         args.model_uri = args.model_uri or join_uri(base, "model")
         note = (
-            f"kftrain: note: the job reads the dataset at {redact(args.dataset_uri)} and writes the model to "
-            f"{redact(args.model_uri)}, under {'store.uri' if remote else 'a placeholder store'}; pass "
+            f"kftrain: note: the job reads the dataset at {redact_url(args.dataset_uri)} and writes the model to "
+            f"{redact_url(args.model_uri)}, under {'store.uri' if remote else 'a placeholder store'}; pass "
             "--dataset-uri and --model-uri for the job you will apply"
         )
     require_object_store({"--dataset-uri": args.dataset_uri, "--model-uri": args.model_uri})
@@ -810,19 +811,22 @@ def _api_url(text: str) -> str:
 
     from trainer.errors import has_userinfo
 
-    scheme, sep, rest = text.partition("://")
-    if not sep or scheme.lower() not in ("http", "https") or not rest.split("/", 1)[0]:
-        raise argparse.ArgumentTypeError(f"must be a URL starting with http:// or https://, got {redact_url(text)!r}")
     if has_userinfo(text):
         raise argparse.ArgumentTypeError(
             "a user or password in the URL is not used (and would be printed): remove it and set $KFP_TOKEN"
         )
+    scheme, sep, rest = text.partition("://")
+    if not sep or scheme.lower() not in ("http", "https") or not rest.split("/", 1)[0]:
+        raise argparse.ArgumentTypeError(f"must be a URL starting with http:// or https://, got {redact_url(text)!r}")
     if any(c.isspace() or not c.isprintable() for c in text):
         raise argparse.ArgumentTypeError(f"{redact(text)!r} holds a space or a control character")
     try:
         urlsplit(text).port  # noqa: B018 (it checks the port: a number from 0 to 65535)
     except ValueError:
-        raise argparse.ArgumentTypeError(f"{redact(text)!r}: the port must be a number from 1 to 65535") from None
+        raise argparse.ArgumentTypeError(
+            f"{redact(text)!r}: the port must be a number from 1 to 65535 (an IPv6 host is written in brackets, "
+            "http://[::1]:8888)"
+        ) from None
     return text
 
 

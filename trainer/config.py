@@ -27,7 +27,7 @@ from typing import Any
 import yaml
 
 from trainer import k8s_formats as k8s
-from trainer.credentials import credential_in
+from trainer.credentials import credential_in, looks_like_credential
 from trainer.errors import KftrainError, redact_url, yaml_problem
 from trainer.launch.failures import DEFAULT_MAX_RESTARTS, budget_check
 from trainer.partitions import partition_problem
@@ -156,7 +156,7 @@ def check_plain_env(env: dict[str, Any], path: str, secret_hint: str) -> None:
         looks = credential_in(name, value)
         if looks:
             raise ConfigError(
-                f"{path}.{name}: its {looks} looks like a credential, and plain environment is visible in "
+                f"{path}.{k8s.plain(name)}: its {looks} looks like a credential, and plain environment is visible in "
                 f"parameters, YAML and the job object; pass credentials from a Kubernetes Secret instead "
                 f"({secret_hint})"
             )
@@ -850,7 +850,7 @@ class KubernetesConfig:
     tolerations: list[dict[str, Any]] = field(default_factory=list)
     """Pod tolerations, as in a pod spec (`key`, `operator`, `value`, `effect`)."""
     node_selector: dict[str, str] = field(default_factory=dict)
-    """Pod nodeSelector labels."""
+    """Pod nodeSelector labels; a key or value that looks like a credential is refused."""
     affinity: dict[str, Any] = field(default_factory=dict)
     """Pod affinity, as in a pod spec."""
     priority_class: str = ""
@@ -860,9 +860,11 @@ class KubernetesConfig:
     image_pull_secrets: list[str] = field(default_factory=list)
     """Names of Secrets used to pull the image."""
     labels: dict[str, str] = field(default_factory=dict)
-    """Labels on the job (PyTorchJob or TrainJob) and its pods."""
+    """Labels on the job (PyTorchJob or TrainJob) and its pods; a key or value that looks like a credential is
+    refused (anyone who can list the job reads them)."""
     annotations: dict[str, str] = field(default_factory=dict)
-    """Annotations on the job (PyTorchJob or TrainJob) and its pods."""
+    """Annotations on the job (PyTorchJob or TrainJob) and its pods; a key or value that looks like a credential is
+    refused (names such as Vault's `agent-inject-secret-*` are fine)."""
     queue: str = ""
     """Kueue LocalQueue: sets the `kueue.x-k8s.io/queue-name` label on the job."""
     min_available: int = 0
@@ -901,8 +903,8 @@ class KubernetesConfig:
     sets it from its `hf_token_secret` parameter, the Secret its step pods mount."""
     env: dict[str, str] = field(default_factory=dict)
     """Extra non-secret environment of the replicas; credential-looking names (`*SECRET*`, `*_TOKEN`,
-    `*PASSWORD*`, `*_PWD`, ...) and values are refused. Values reach the process as written (`$(NAME)` is
-    not expanded; `extra_env` is passed to Kubernetes as it is)."""
+    `*PASSWORD*`, `*_PWD`, ..., or a token pasted as a name) and values are refused. Values reach the process
+    as written (`$(NAME)` is not expanded; `extra_env` is passed to Kubernetes as it is)."""
     extra_env: list[dict[str, Any]] = field(default_factory=list)
     """Extra environment entries of the replicas in pod-spec form (`name` plus `value` or `valueFrom`: `secretKeyRef`,
     `configMapKeyRef`, ...), e.g. a Secret's key; the KFP training task's own environment is added here
@@ -937,12 +939,14 @@ class KubernetesConfig:
             f"{p}.store_secret and {p}.store_secret_keys map Secret keys to variables; {p}.hf_token_secret "
             f"gives {HF_TOKEN}",
         )
-        for name in ("labels", "annotations"):  # by value: names such as Vault's `agent-inject-secret-*` are fine
+        # By shape: names such as Vault's `agent-inject-secret-*` are fine.
+        for name in ("labels", "annotations", "node_selector"):
             for key, value in getattr(self, name).items():
-                if credential_in("", value):
+                looks = "key" if looks_like_credential(key) else "value" if looks_like_credential(value) else ""
+                if looks:
                     raise ConfigError(
-                        f"{p}.{name}.{key}: its value looks like a credential, and {name} are readable by anyone "
-                        "who can list the job; keep credentials in a Kubernetes Secret"
+                        f"{p}.{name}.{k8s.plain(key)}: its {looks} looks like a credential, and {name} are "
+                        "readable by anyone who can list the job; keep credentials in a Kubernetes Secret"
                     )
         self._check_formats()
         _require(
@@ -1407,11 +1411,12 @@ def from_dict(cls: type, data: dict[str, Any], path: str = "") -> Any:
         head, dot, rest = key.partition(".")
         if dot and head in names:  # `train.epochs: 3` at the top: YAML keys do not nest by dots
             raise ConfigError(
-                f"{prefix}{key}: unknown key; a dotted key is not nested in YAML: write {head}: and under it, "
-                f"indented, {rest}:"
+                f"{prefix}{k8s.plain(key)}: unknown key; a dotted key is not nested in YAML: write {head}: and "
+                f"under it, indented, {k8s.plain(rest)}:"
             )
         raise ConfigError(
-            f"{prefix}{key}: unknown key (valid keys in {path or 'the top level'}: {', '.join(sorted(names))})"
+            f"{prefix}{k8s.plain(key)}: unknown key (valid keys in {path or 'the top level'}: "
+            f"{', '.join(sorted(names))})"
         )
     kwargs = {k: _convert(v, hints[k], f"{prefix}{k}") for k, v in data.items()}
     try:

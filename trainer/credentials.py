@@ -43,7 +43,7 @@ _CREDENTIAL_PAIRS = frozenset(
 #: Values that are credentials whatever the variable is called.
 _CREDENTIAL_VALUES = (
     re.compile(r"\b(AKIA|ASIA)[A-Z0-9]{16}\b"),  # an AWS access key id
-    re.compile(r"-----BEGIN [A-Z ]*PRIVATE KEY-----"),
+    re.compile(r"-----BEGIN [A-Z ]*PRIVATE KEY( BLOCK)?-----"),  # PEM, OpenSSH, PGP
     re.compile(r"\b(ghp|gho|ghs|ghu|github_pat)_[A-Za-z0-9_]{20,}"),  # GitHub tokens
     re.compile(r"\bhf_[A-Za-z0-9]{30,}"),  # Hugging Face tokens
     re.compile(r"\bxox[abposr]-[A-Za-z0-9-]{10,}"),  # Slack tokens
@@ -51,12 +51,19 @@ _CREDENTIAL_VALUES = (
     re.compile(r"\b(sk|rk|pk)_live_[A-Za-z0-9]{16,}"),  # Stripe keys
     re.compile(r"\bglpat-[A-Za-z0-9_-]{20,}"),  # GitLab personal access tokens
     re.compile(r"\bAIza[0-9A-Za-z_-]{35}"),  # Google API keys
+    re.compile(r"\bya29\.[0-9A-Za-z_-]{20,}"),  # Google OAuth access tokens
     re.compile(r"\bnpm_[A-Za-z0-9]{36}"),  # npm tokens
     re.compile(r"hooks\.slack\.com/services/[A-Za-z0-9/]{20,}"),  # Slack webhooks
     re.compile(r"(?i)\b(AccountKey|SharedAccessKey|SharedAccessSignature)=[^;\s]{16,}"),  # Azure connection strings
+    # A connection string's password (`Server=db;Pwd=...`, libpq's `host=db password=...`).
+    re.compile(r"(?i)(^|[;\s])(password|passwd|pwd)\s*=\s*[^;\s/]"),
+    # A JSON document's credential member: a Docker config's `"auth": "<base64>"`, `"password": ...`.
+    re.compile(
+        r'(?i)"(auth|password|passwd|secret|token|access_token|refresh_token|client_secret|api_?key)"\s*:\s*"[^"]'
+    ),
     # An HTTP Authorization value: the scheme and one token of 16 or more characters with a digit or
     # a base64 sign in it, and nothing else (`Basic questions about colours` is text).
-    re.compile(r"^\s*(Bearer|Basic|Token)\s+(?=\S*[0-9=+/])[A-Za-z0-9._~+/=-]{16,}\s*$"),
+    re.compile(r"^\s*(?i:bearer|basic|token)\s+(?=\S*[0-9=+/])[A-Za-z0-9._~+/=-]{16,}\s*$"),
     re.compile(r"\beyJ[A-Za-z0-9_-]{8,}\.[A-Za-z0-9_-]{8,}\."),  # a JSON Web Token
     re.compile(QUERY_CREDENTIAL),  # a signed or keyed URL
 )
@@ -64,34 +71,50 @@ _CREDENTIAL_VALUES = (
 
 #: A host and its port (`minio:9000`), which a URL's '@' after its path does not make a user and password.
 _HOST_PORT = re.compile(r"[A-Za-z0-9.-]+:\d{1,5}")
+#: A URL's scheme and the slashes after it, as many as were written: `s3://`, a slash short
+#: (`s3:/`), one too many (`s3:///`). What stands after them up to an '@' may be a user and password.
+_SCHEME_SLASHES = re.compile(r"\s*[A-Za-z][A-Za-z0-9+.-]*:/+")
+
+
+def split_userinfo(url: str) -> tuple[str, str, str] | None:
+    """`(scheme and slashes, userinfo, the rest after its '@')` of the one URL `url` as the user
+    wrote it, or None when it holds no user, password or token before its host. A password may
+    hold '/', '@', a quote or a space, where a URL's parser would end the host; an '@' after the
+    host (`s3://bucket/key@v1`) is a key's. A URL a slash short or long (`s3:/u:pw@b`,
+    `s3:///u:pw@b`) or with no scheme (`u:pw@host`) has one where a ':' before the '@' says so:
+    a refusal of such a URL must not print its password."""
+    from urllib.parse import urlsplit
+
+    scheme = _SCHEME_SLASHES.match(url)
+    start = scheme.end() if scheme else len(url) - len(url.lstrip())
+    before_at, at, after = url[start:].rpartition("@")
+    if not at:
+        return None
+    in_netloc = False
+    if scheme and scheme.group().endswith("://"):  # two slashes, as a URL's parser reads them
+        try:
+            in_netloc = "@" in urlsplit(url).netloc
+        except ValueError:  # a malformed port or IPv6 host
+            pass
+    # A ':' (user:password), a space or a quote before the first '/' ends no bucket or host name;
+    # `host:9000` is a port.
+    head = before_at.split("/", 1)[0]
+    if in_netloc or (re.search(r"[:\s'\"]", head) and not _HOST_PORT.fullmatch(head)):
+        return url[:start], before_at, after
+    return None
 
 
 def url_has_userinfo(url: str) -> bool:
     """Whether the URL `url` holds a user, a password or a token before its host
-    (`redis://:pw@db`, `https://token@host`, `s3://user:pass word/x@bucket`): the one test of a
-    URL's credentials, for every URL kftrain takes and every plain value it checks. A password may
-    hold '/', '@', a quote or a space, where a URL's parser would end the host; an '@' after the
-    host (`s3://bucket/key@v1`) is a key's."""
-    from urllib.parse import urlsplit
-
-    url = url.strip()
-    _, sep, rest = url.partition("://")
-    before_at, at, _ = rest.rpartition("@")
-    if not sep or not at:
-        return False
-    try:
-        in_netloc = "@" in urlsplit(url).netloc
-    except ValueError:  # a malformed port or IPv6 host
-        in_netloc = False
-    # A ':' (user:password), a space or a quote before the first '/' ends no bucket or host name;
-    # `host:9000` is a port.
-    head = before_at.split("/", 1)[0]
-    return in_netloc or (re.search(r"[:\s'\"]", head) is not None and not _HOST_PORT.fullmatch(head))
+    (`redis://:pw@db`, `https://token@host`, `s3://user:pass word/x@bucket`,
+    :func:`split_userinfo`): the one test of a URL's credentials, for every URL kftrain takes and
+    every plain value it checks."""
+    return split_userinfo(url) is not None
 
 
 def credential_in(name: str, value: Any) -> str:
     """What of the variable `name=value` looks like a credential: `name` (`*SECRET*`, `*_TOKEN`,
-    `*_PASSWORD`, `*_ACCESS_KEY*`, ...), `value` (:func:`looks_like_credential`: an AWS key id or
+    `*_PASSWORD`, `*_ACCESS_KEY*`, ..., or a token itself), `value` (:func:`looks_like_credential`: an AWS key id or
     secret key, a private key, a known token format, a URL with a password, a random-looking
     token), or '' when neither does."""
     words = [w for w in re.split(r"[^A-Z0-9]+", name.upper()) if w]
@@ -100,7 +123,8 @@ def credential_in(name: str, value: Any) -> str:
     # `MYSQL_PWD`, `GITHUB_PAT`); one starting with it (`KEY_COLUMN`), or `PWD` alone, need not.
     last_word = len(words) > 1 and words[-1] in _CREDENTIAL_LAST_WORDS
     within = any(part in name.upper() for part in _CREDENTIAL_PARTS)  # `PGPASSWORD`, `AWS_SECRET_ACCESS_KEY`
-    if within or _CREDENTIAL_WORDS & set(words) or _CREDENTIAL_PAIRS & pairs or last_word:
+    by_name = within or _CREDENTIAL_WORDS & set(words) or _CREDENTIAL_PAIRS & pairs or last_word
+    if by_name or looks_like_credential(name):  # a token pasted as the name is a leaked token too
         return "name"
     if isinstance(value, str) and looks_like_credential(value):
         return "value"
@@ -146,14 +170,15 @@ def _url_secret(url: str) -> bool:
     """Whether the URL `url` carries a secret before its host: a password (`user:pw@`), or a user
     that is a token by itself (`https://<token>@host`); a user name alone (`ssh://git@github.com`,
     pip's `git+ssh://git@...`) is none."""
-    if not url_has_userinfo(url):
+    parts = split_userinfo(url)
+    if parts is None:
         return False
-    userinfo = url.partition("://")[2].rpartition("@")[0]
+    userinfo = parts[1]
     return ":" in userinfo.split("/", 1)[0] or looks_like_credential(userinfo)
 
 
-#: Where a URL starts in a text (its scheme).
-_URL_START = re.compile(r"\b[A-Za-z][A-Za-z0-9+.-]*://")
+#: Where a URL starts in a text (its scheme and at least one slash: `s3:/u:pw@b` is a URL a slash short).
+_URL_START = re.compile(r"\b[A-Za-z][A-Za-z0-9+.-]*:/")
 
 
 def looks_like_credential(value: Any) -> bool:
@@ -173,3 +198,13 @@ def looks_like_credential(value: Any) -> bool:
     if isinstance(value, list | tuple | set):
         return any(looks_like_credential(v) for v in value)
     return False
+
+
+def masked_parts(text: str) -> str:
+    """`text` as it may be printed: `***` when it looks like a credential, else each of its
+    '.'-separated parts that does written `***` (a field path holding a token the user wrote as a
+    key, `train.<token>`; a JSON Web Token, dots and all, is one credential)."""
+    if looks_like_credential(text):
+        return "***"
+    parts = text.split(".")
+    return ".".join("***" if looks_like_credential(p) else p for p in parts) if len(parts) > 1 else text

@@ -14,25 +14,28 @@ from __future__ import annotations
 import os
 import re
 
-from trainer.credentials import QUERY_CREDENTIAL, credential_in, looks_like_credential
-from trainer.credentials import url_has_userinfo as has_userinfo  # the one check of a URL's userinfo
+from trainer.credentials import QUERY_CREDENTIAL, credential_in, masked_parts, split_userinfo
+from trainer.credentials import url_has_userinfo as has_userinfo  # noqa: F401 (the one check, for callers)
 
 #: Marks the one line a failed step ends with (see the module docstring).
 ERROR_MARKER = "kftrain-error: "
 #: The trainer's own failure lines inside a replica's log (a failed job carries them).
 REPLICA_FAILURE = "training failed: "
-#: The userinfo of a URL (`scheme://user:password@host`), wherever it appears in a text. A
+#: The userinfo of a URL (`scheme://user:password@host`; a slash short or long, `s3:/u:pw@b`, as
+#: well, where a ':' marks a password), wherever it appears in a text. A
 #: password may hold an unencoded '/' (AWS secret keys do) or '@': after a ':' anything up to the
 #: last '@' of the word counts, so `http://host:9000/a@b` is redacted too (a lost path beats a
 #: printed secret).
-_USERINFO = re.compile(r"(?P<scheme>\b[A-Za-z][A-Za-z0-9+.-]*://)(?P<userinfo>[^/@\s'\":]*:[^\s'\"]*|[^/@\s'\"]+)@")
+_USERINFO = re.compile(
+    r"(?P<scheme>\b[A-Za-z][A-Za-z0-9+.-]*:/{1,3})(?P<userinfo>[^/@\s'\":]*:[^\s'\"]*|(?<=://)[^/@\s'\"]+)@"
+)
 #: The same with quotes in the userinfo (a password may hold one): a second pass, before any '/'.
-_QUOTED_USERINFO = re.compile(r"(?P<scheme>\b[A-Za-z][A-Za-z0-9+.-]*://)(?P<userinfo>[^\s/@]*['\"][^\s/]*)@")
+_QUOTED_USERINFO = re.compile(r"(?P<scheme>\b[A-Za-z][A-Za-z0-9+.-]*:/{1,3})(?P<userinfo>[^\s/@]*['\"][^\s/]*)@")
 #: A URL quoted as Python's repr() quotes it in a message (`{uri!r}`), whose userinfo holds a
 #: space (before any '/': after one it is a key's): up to the last '@' before the closing quote
 #: (one pattern per quote character).
 _SPACED_USERINFO = tuple(
-    re.compile(rf"(?P<scheme>{q}[A-Za-z][A-Za-z0-9+.-]*://)(?=[^{q}\n/]*\s[^{q}\n]*@)[^{q}\n]*@") for q in "'\""
+    re.compile(rf"(?P<scheme>{q}[A-Za-z][A-Za-z0-9+.-]*:/{{1,3}})(?=[^{q}\n/]*\s[^{q}\n]*@)[^{q}\n]*@") for q in "'\""
 )
 
 
@@ -98,19 +101,21 @@ def _environment_secrets() -> list[str]:
 
 
 def _masked(word: re.Match[str]) -> str:
-    """The word, its credential written `***` (a sentence's full stop or a dash around it kept)."""
+    """The word, its credential written `***` (a sentence's full stop or a dash around it kept; in
+    a field path, each part that is one: :func:`trainer.credentials.masked_parts`)."""
     text = word.group()
     core = text.strip("._-~")
-    return text.replace(core, "***") if core and looks_like_credential(core) else text
+    return text.replace(core, masked_parts(core)) if core else text
 
 
 def redact_url(url: str) -> str:
     """`url`, one URL as the user gave it (a store URI, an endpoint), as it may be printed: its
     userinfo written `***` whatever it holds (in free text :func:`redact` finds one only up to a
-    space or a quote, which a password may hold), then :func:`redact`."""
-    if has_userinfo(url):
-        scheme, _, rest = url.partition("://")
-        url = f"{scheme}://***@{rest.rpartition('@')[2]}"
+    space or a quote, which a password may hold; a URL a slash short or with no scheme not at
+    all), then :func:`redact`."""
+    parts = split_userinfo(url)
+    if parts is not None:
+        url = f"{parts[0]}***@{parts[2]}"
     return redact(url)
 
 

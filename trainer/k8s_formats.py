@@ -16,7 +16,7 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
-from trainer.credentials import looks_like_credential
+from trainer.credentials import looks_like_credential, masked_parts
 from trainer.yaml_scalars import unquoted_problem
 
 
@@ -30,9 +30,12 @@ def show(value: Any, limit: int = 60) -> str:
 
 
 def plain(segment: Any) -> str:
-    """A key as written in a field path, unless that would break the line or run on (then quoted, cut)."""
-    text = str(segment)
-    return text if text.isprintable() and len(text) <= 60 else show(segment)
+    """A key as written in a field path, unless that would break the line or run on (then quoted,
+    cut) or it looks like a credential (then `***`: a token pasted as a key)."""
+    if looks_like_credential(segment):
+        return "***"
+    text = masked_parts(str(segment))
+    return text if text.isprintable() and len(text) <= 60 else show(text)
 
 
 @dataclass(frozen=True, slots=True)

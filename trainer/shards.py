@@ -208,9 +208,11 @@ def read_manifest(store: ObjectStore, dataset_uri: str, expected_format: str | N
         ) from None
     if not isinstance(manifest, dict) or not isinstance(manifest.get("splits"), dict):
         raise CorruptObject(f"{uri} is not a kftrain dataset manifest (no 'splits'): rerun data prep")
-    if expected_format and manifest.get("format") != expected_format:
+    found = manifest.get("format")
+    if expected_format and found != expected_format:
+        what = f"a {found!r} dataset" if isinstance(found, str) and found else "a dataset that names no format"
         raise DataError(
-            f"{dataset_uri} holds a {manifest.get('format')!r} dataset, not {expected_format!r}: "
-            "was it prepared for another task?"
+            f"{dataset_uri} holds {what}, not {expected_format!r}: was it prepared for another task, or by "
+            "another kftrain version? Rerun data prep"
         )
     return manifest

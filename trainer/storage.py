@@ -149,14 +149,24 @@ def parse_uri(uri: str) -> Location:
                 f"storage URI {redact_url(uri)!r} lacks the '//' after '{scheme}:' ({fix}; a local folder whose name "
                 f"starts with '{scheme}:' is written ./{redact_url(uri)})"
             )
+        if has_userinfo(uri):  # `user:password@bucket/key`: a URL without its scheme, not a folder
+            raise ValueError(
+                f"storage URI {redact_url(uri)!r} reads as a user and password before a host, with no scheme: "
+                "a store URI is never where credentials go; set AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY and "
+                "write s3://bucket/key (a local folder with a ':' and an '@' in its name is written "
+                f"./{redact_url(uri)})"
+            )
         return Location("file", "", os.path.abspath(os.path.expanduser(uri)))
     if any(c in uri for c in "\t\r\n"):  # urlsplit drops them: another key, maybe another object's
         raise ValueError(
             f"storage URI {redact_url(uri)!r} holds a tab or a line end, which URLs leave out; rename the object"
         )
-    parts = urlsplit(uri)
-    scheme = parts.scheme.lower()
     credentials = has_userinfo(uri)
+    try:
+        parts = urlsplit(uri)
+    except ValueError as exc:  # `s3://[b/k`: read as an IPv6 host whose bracket is not closed
+        raise ValueError(f"storage URI {redact_url(uri)!r} is not a URL ({exc}): use s3://bucket/key") from None
+    scheme = parts.scheme.lower()
     uri = redact_url(uri)  # every message below shows the URI, never a password in it
     if scheme == "file":
         if parts.netloc not in ("", "localhost"):
@@ -914,14 +924,17 @@ def endpoint_problem(endpoint: str) -> str | None:
     """Why `endpoint` is no S3 endpoint URL (None when it is one): an http(s) URL of a host,
     with no user or password (never used, and printed), and no path, query or fragment (the S3
     API is at the host's root: a path would be dropped, and the objects go elsewhere)."""
-    parts = urlsplit(endpoint)
-    if parts.scheme not in ("http", "https") or not parts.netloc:
-        return "must be a URL starting with http:// (no TLS) or https:// (TLS), e.g. http://host:9000"
+    try:
+        parts = urlsplit(endpoint)
+    except ValueError:  # `http://[::1:9000`: an IPv6 host's bracket not closed
+        return "is not a URL (an IPv6 host is written in brackets: http://[::1]:9000)"
     if has_userinfo(endpoint):
         return (
             "holds a user or password, which is not used (and would be printed): remove it (store.endpoint / "
             "--s3-endpoint) and set AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY (on a cluster, from the store Secret)"
         )
+    if parts.scheme not in ("http", "https") or not parts.netloc:
+        return "must be a URL starting with http:// (no TLS) or https:// (TLS), e.g. http://host:9000"
     if parts.path.strip("/") or parts.query or parts.fragment:
         return "has a path, query or fragment: the S3 API is at the host's root; write only scheme://host[:port]"
     try:

@@ -241,6 +241,35 @@ def test_a_credential_in_a_label_or_annotation_is_refused_without_showing_it(sec
     assert parse_config("kubernetes:\n  annotations:\n    vault.hashicorp.com/agent-inject-secret-db: kv/db\n")
 
 
+#: Tokens a user may paste where a name goes: a random one, a known format, an AWS secret key.
+TOKENS = ["Ab3xY9kLm2Qw8ErT5yUi7OpAs4DfGh6JkL", "hf_aBcDeFgHiJkLmNoPqRsTuVwXyZ01234567", "ghp_" + "a1B2" * 9]
+
+
+@pytest.mark.parametrize("token", TOKENS)
+@pytest.mark.parametrize(
+    "text",
+    [
+        # Keys that reach the job object (were: accepted, only their values were checked).
+        "kubernetes:\n  env:\n    {t}: '1'\n",
+        "kubernetes:\n  labels:\n    {t}: x\n",
+        "kubernetes:\n  annotations:\n    {t}: x\n",
+        "kubernetes:\n  node_selector:\n    {t}: x\n",
+        "kubernetes:\n  node_selector:\n    disk: {t}\n",
+        # Keys an error names (were: printed in the field path).
+        "kubernetes:\n  max_restarts_by_cause:\n    {t}: 1\n",
+        "{t}: 1\n",
+        "train:\n  {t}: 1\n",
+        "train.{t}: 1\n",
+        "train.x.{t}: 1\n",
+    ],
+)
+def test_a_token_written_as_a_key_is_refused_and_never_shown(text, token):
+    with pytest.raises(ConfigError) as raised:
+        parse_config(text.format(t=token))
+    message = str(raised.value)
+    assert token not in message and ("***" in message or "looks like a credential" in message), message
+
+
 @pytest.mark.parametrize(
     ("key", "message"),
     [

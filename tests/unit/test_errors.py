@@ -53,6 +53,14 @@ REDACTED = [
     ("s3://bucket/Runs2024/Model7Qx/ckpt9Step/Ab3 x", "s3://bucket/Runs2024/Model7Qx/ckpt9Step/Ab3 x"),
     ("HF_HOME=/workspace/Src2/Lib/Python3/Site/Pkgs/xy", "HF_HOME=/workspace/Src2/Lib/Python3/Site/Pkgs/xy"),
     ("MY_VAR=Zx8Qw2Lp9Rt4Vb7Nm1Kj6Hg3Fd5Sa0Yu+Pq7Ws and hf_aBcDeFgHiJkLmNoPqRsTuVwXyZ01234567", "MY_VAR=*** and ***"),
+    # A URL a slash short or long (a refusal of it says so): its userinfo all the same (was: printed).
+    ("lacks '//': s3:/u:pw0rdSecret@b/x", "lacks '//': s3:/***@b/x"),
+    ("s3:///u:pw0rdSecret@b/x and minio:/AKIAX:wJ/K7@b", "s3:///***@b/x and minio:/***@b"),
+    ("file:///home/me/data@v2 file:/data@v2", "file:///home/me/data@v2 file:/data@v2"),  # a path's '@': kept
+    # A token the user wrote as a key, inside a field path (was: printed, the dots making one word).
+    ("train.Ab3xY9kLm2Qw8ErT5yUi7OpAs4DfGh6JkL: unknown key", "train.***: unknown key"),
+    ("kubernetes.labels.wJalrXUtnFEMI/K7MDENG/bPxRfiCYEXAMPLEKEY.x: no", "kubernetes.labels.***.x: no"),
+    ("kubernetes.node_selector.kubernetes.io/arch: no", "kubernetes.node_selector.kubernetes.io/arch: no"),
     # Words that are not: digests, run ids, paths, CamelCase names, dated names.
     (
         "sha 0123456789abcdef0123456789abcdef01234567 run 20261205-220907-ebd598",
@@ -111,6 +119,38 @@ def test_every_url_taker_refuses_credentials_without_printing_them(userinfo):
         message = str(info.value)
         assert "SECRETPART" not in message, (name, message)
         assert "user or password" in message or "token" in message, (name, message)
+
+
+#: A URL a user wrote a slash short, a slash long, or without its scheme, `{}` its userinfo.
+MALFORMED_URLS = ["s3:/{}@bucket/key", "s3:///{}@bucket/key", "{}@bucket/key", "minio:/{}@bucket"]
+
+
+@pytest.mark.parametrize("form", MALFORMED_URLS)
+@pytest.mark.parametrize("userinfo", [c for c in CREDENTIALS if ":" in c])
+def test_a_malformed_store_uri_is_refused_without_printing_its_password(form, userinfo):
+    """The refusal that says a URL lacks its `//` or its scheme printed the password in it."""
+    from trainer.config import load_config
+
+    for field in ("store.uri", "data.source"):
+        with pytest.raises(ValueError) as info:
+            load_config(overrides={field: form.format(userinfo)})
+        assert "SECRETPART" not in str(info.value), (field, str(info.value))
+    with pytest.raises(ValueError) as info:
+        parse_uri(form.format(userinfo))
+    assert "SECRETPART" not in str(info.value)
+
+
+@pytest.mark.parametrize(
+    ("url", "message"),
+    [("http://[::1:9000", "IPv6 host is written in brackets"), ("http:///u:SECRETPART@h", "user or password")],
+)
+def test_a_malformed_endpoint_is_refused_naming_its_field(url, message):
+    from trainer.config import load_config
+
+    with pytest.raises(ConfigError) as info:
+        load_config(overrides={"store.uri": "s3://bucket/k", "store.endpoint": url})
+    assert str(info.value).startswith("store.endpoint: ") and message in str(info.value), str(info.value)
+    assert "SECRETPART" not in str(info.value)
 
 
 @pytest.mark.parametrize(("text", "expected"), REDACTED)

@@ -174,6 +174,17 @@ def test_pod_settings_reach_the_manifest_and_pass_preflight():
         ("SOME_SETTING", "npm_" + "a1B2c3D4e5F6" * 3),
         ("SOME_SETTING", "https://hooks.slack.com/services/T00000000/B00000000/XXXXXXXXXXXXXXXXXXXXXXXX"),
         ("SOME_SETTING", "DefaultEndpointsProtocol=https;AccountName=x;AccountKey=a1B2c3D4e5F6g7H8i9J0==;"),
+        # Forms a probe found accepted: a PGP key, a Docker config, connection strings' passwords, a
+        # lower-case scheme, a Google access token, URLs a slash short or long.
+        ("SOME_SETTING", "-----BEGIN PGP PRIVATE KEY BLOCK-----\nlQOYBF"),
+        ("DOCKER_CONFIG_JSON", '{"auths": {"registry.example.com": {"auth": "dXNlcjpodW50ZXIy"}}}'),
+        ("DB_DSN", "Server=db;Database=runs;User Id=ml;Password=hunter2probe;"),
+        ("DB_DSN", "host=db dbname=runs user=ml password=hunter2probe"),
+        ("DB_DSN", "Driver={ODBC};Uid=ml;Pwd=hunter2probe"),
+        ("SOME_SETTING", "basic dXNlcjpwYXNzd29yZDEyMw=="),
+        ("SOME_SETTING", "ya29.a0AfH6SMBx1234567890abcdefgh"),
+        ("CACHE_URL", "redis:/:hunter2probeXYZ@db:6379/0"),
+        ("CACHE_URL", "postgres:///u:hunter2probeXYZ@db/x"),
     ],
 )
 def test_credential_looking_plain_env_is_refused_in_both_places(name, value):
@@ -208,6 +219,9 @@ def test_credential_looking_plain_env_is_refused_in_both_places(name, value):
         {"NOTE": "see https://wiki.example.com or mail ml-team@example.com", "DATA": "http://minio:9000/b/key@v1"},
         # A user name alone is no secret (was: refused): pip's git form, ssh, ftp.
         {"PKG": "git+ssh://git@github.com/org/repo.git@v1.2", "MIRROR": "ftp://anonymous@ftp.example.com/pub"},
+        # Text near the new forms: a DSN without a password, a path after `pwd=`, words after `basic`.
+        {"DB_DSN": "host=db dbname=runs user=ml", "NOTE": "basic questions about colours", "DIR": "pwd=/work"},
+        {"LOCAL": "file:///data/set@v2", "ODD": "file:/data/set@v2"},
     ],
 )
 def test_ordinary_plain_env_is_accepted(env):

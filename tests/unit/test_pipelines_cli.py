@@ -642,8 +642,20 @@ def test_plan_dataset_that_is_not_this_tasks_prepared_dataset_is_named(
         ("http://127.0.0.1:99999", "'http://127.0.0.1:99999': the port must be a number"),
         ("http:// 127.0.0.1:9", "'http:// 127.0.0.1:9' holds a space or a control character"),
         ("http://u:hunter2/x@127.0.0.1:9", "a user or password in the URL is not used"),
+        ("http://[::1:8888", "'http://[::1:8888': the port must be a number from 1 to 65535 (an IPv6 host"),
+        ("http:///u:hunter2@127.0.0.1:9", "a user or password in the URL is not used"),
     ],
-    ids=["credentials", "no-scheme", "no-host", "port-not-a-number", "port-too-large", "space", "slash-in-password"],
+    ids=[
+        "credentials",
+        "no-scheme",
+        "no-host",
+        "port-not-a-number",
+        "port-too-large",
+        "space",
+        "slash-in-password",
+        "ipv6-unclosed",
+        "three-slashes",
+    ],
 )
 def test_submit_host_must_be_a_plain_http_url(capsys, host, error):
     with pytest.raises(SystemExit) as exit_:

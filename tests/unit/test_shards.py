@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import io
+import json
+import re
 from pathlib import Path
 
 import numpy as np
@@ -53,6 +55,19 @@ def test_corrupt_dataset_objects_are_named_by_uri(dataset, damage, read, object_
     msg = str(err.value)
     assert join_uri(dataset, object_name) in msg and phrase in msg, msg
     assert "rerun" in msg  # and what to do
+
+
+@pytest.mark.parametrize(
+    ("fmt", "phrase"),
+    [(None, "a dataset that names no format"), ("", "a dataset that names no format"), ("x.v1", "a 'x.v1' dataset")],
+)
+def test_a_dataset_of_another_format_says_what_it_holds(tmp_path, fmt, phrase):
+    """A manifest without a format read `holds a None dataset`."""
+    from trainer.shards import DataError
+
+    (tmp_path / MANIFEST).write_text(json.dumps({"splits": {}} | ({} if fmt is None else {"format": fmt})))
+    with pytest.raises(DataError, match=f"{re.escape(phrase)}, not 'kftrain.tokens.v2'.*Rerun data prep"):
+        read_manifest(LocalStore(), str(tmp_path), "kftrain.tokens.v2")
 
 
 def test_a_corrupt_token_shard_is_named_by_uri(tmp_path):

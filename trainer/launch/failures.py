@@ -42,6 +42,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from trainer import exit_codes
+from trainer.k8s_formats import plain
 
 PREEMPTED = "preempted"
 NODE_LOST = "node_lost"
@@ -435,10 +436,10 @@ def budget_check(budgets: Mapping[str, int], field: str) -> None:
     ValueError the config turns into its own error."""
     for cause, limit in budgets.items():
         if cause not in DEFAULT_MAX_RESTARTS:
-            raise ValueError(f"{field}.{cause}: not a cause; the causes are {', '.join(DEFAULT_MAX_RESTARTS)}")
+            raise ValueError(f"{field}.{plain(cause)}: not a cause; the causes are {', '.join(DEFAULT_MAX_RESTARTS)}")
         if isinstance(limit, bool) or not isinstance(limit, int) or limit < UNLIMITED:
             raise ValueError(
-                f"{field}.{cause}: must be an integer >= -1 (-1: unlimited until the deadline), got {limit!r}"
+                f"{field}.{plain(cause)}: must be an integer >= -1 (-1: unlimited until the deadline), got {limit!r}"
             )
 
 
