@@ -27,7 +27,7 @@ from typing import Any
 import yaml
 
 from trainer import k8s_formats as k8s
-from trainer.credentials import credential_in, looks_like_credential
+from trainer.credentials import credential_in, credential_path
 from trainer.errors import KftrainError, redact_url, yaml_problem
 from trainer.launch.failures import DEFAULT_MAX_RESTARTS, budget_check
 from trainer.partitions import partition_problem
@@ -848,7 +848,9 @@ class KubernetesConfig:
     shm_size: str = "2Gi"
     """Size of the memory-backed `/dev/shm` volume (DataLoader workers and NCCL need more than 64M); empty: none."""
     tolerations: list[dict[str, Any]] = field(default_factory=list)
-    """Pod tolerations, as in a pod spec (`key`, `operator`, `value`, `effect`)."""
+    """Pod tolerations, as in a pod spec (`key`, `operator`, `value`, `effect`). In this and the other pod-spec fields
+    (`affinity`, `volumes`, `volume_mounts`), a key or text that looks like a credential is refused: the job object
+    carries them as written."""
     node_selector: dict[str, str] = field(default_factory=dict)
     """Pod nodeSelector labels; a key or value that looks like a credential is refused."""
     affinity: dict[str, Any] = field(default_factory=dict)
@@ -903,7 +905,8 @@ class KubernetesConfig:
     sets it from its `hf_token_secret` parameter, the Secret its step pods mount."""
     env: dict[str, str] = field(default_factory=dict)
     """Extra non-secret environment of the replicas; credential-looking names (`*SECRET*`, `*_TOKEN`,
-    `*PASSWORD*`, `*_PWD`, ..., or a token pasted as a name) and values are refused. Values reach the process
+    `*PASSWORD*`, `*_KEY`, `*_PWD`, ..., or a token pasted as a name; not `*_FILE`, `*_PATH`, `*_NAME`, `*_MODE`,
+    ..., nor one whose value is a path or a switch) and values are refused. Values reach the process
     as written (`$(NAME)` is not expanded; `extra_env` is passed to Kubernetes as it is)."""
     extra_env: list[dict[str, Any]] = field(default_factory=list)
     """Extra environment entries of the replicas in pod-spec form (`name` plus `value` or `valueFrom`: `secretKeyRef`,
@@ -939,15 +942,16 @@ class KubernetesConfig:
             f"{p}.store_secret and {p}.store_secret_keys map Secret keys to variables; {p}.hf_token_secret "
             f"gives {HF_TOKEN}",
         )
-        # By shape: names such as Vault's `agent-inject-secret-*` are fine.
-        for name in ("labels", "annotations", "node_selector"):
-            for key, value in getattr(self, name).items():
-                looks = "key" if looks_like_credential(key) else "value" if looks_like_credential(value) else ""
-                if looks:
-                    raise ConfigError(
-                        f"{p}.{name}.{k8s.plain(key)}: its {looks} looks like a credential, and {name} are "
-                        "readable by anyone who can list the job; keep credentials in a Kubernetes Secret"
-                    )
+        # What the job object carries as written, judged by shape: names such as Vault's
+        # `agent-inject-secret-*` or a volume's `secretName` are fine.
+        for name in ("labels", "annotations", "node_selector", "tolerations", "affinity", "volumes", "volume_mounts"):
+            if found := credential_path(getattr(self, name), f"{p}.{name}"):
+                where, what = found
+                raise ConfigError(
+                    f"{where}: its {what} looks like a credential, and {p}.{name} is in the job object, readable "
+                    "by anyone who can list the job; keep credentials in a Kubernetes Secret (mount a `secret` "
+                    "volume, or give a CSI driver its `nodePublishSecretRef`)"
+                )
         self._check_formats()
         _require(
             not (self.hf_token_secret and self.store_secret and HF_TOKEN in self.store_secret_keys.values()),
@@ -1022,8 +1026,11 @@ class KubernetesConfig:
         # in the built job an entry would be indistinguishable from kubernetes.env or store_secret's.
         # (Imported only when needed: fieldrules builds a default KubernetesConfig as it loads.)
         from trainer.launch.fieldrules import field_problems
+        from trainer.launch.preflight import env_var_problem
 
         for i, entry in enumerate(self.extra_env):
+            if found := env_var_problem(entry):  # an unknown key: the job's `env` could not say whose
+                raise ConfigError(f"{p}[{i}]{found[0]}: {found[1]}")
             for path, _, problem in field_problems({"env": [entry]}):
                 where = "".join(f".{key}" for key in path[2:])  # below env[i]: plain keys
                 raise ConfigError(f"{p}[{i}]{where}: {problem}")
@@ -1493,7 +1500,7 @@ class _ConfigLoader(yaml.SafeLoader):
         raise ConfigError(f"{self.origin}: line {mark.line + 1}: {what}")
 
     def _where(self) -> str:
-        parts = (s if s.isprintable() and len(s) <= 60 else repr(s[:60]) for s in self._path)  # stays one line
+        parts = (k8s.plain(s) for s in self._path)  # stays one line, and shows no key that is a token
         return "".join(s if s.startswith("[") else f".{s}" for s in parts).lstrip(".") or "(top level)"
 
     def compose_node(self, parent: Any, index: Any) -> Any:
@@ -1502,7 +1509,8 @@ class _ConfigLoader(yaml.SafeLoader):
             sign = "*" if isinstance(event, yaml.AliasEvent) else "&"
             self._fail(
                 event.start_mark,
-                f"YAML anchors and aliases ({sign}{event.anchor}) are not allowed in a config; write the value out",
+                f"YAML anchors and aliases (a value starting with {sign!r}) are not allowed in a config; write the "
+                "value out, or quote it",
             )
         if len(self._path) >= MAX_CONFIG_DEPTH:
             self._fail(event.start_mark, f"nested deeper than {MAX_CONFIG_DEPTH} levels")

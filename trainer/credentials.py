@@ -40,6 +40,13 @@ _CREDENTIAL_LAST_WORDS = frozenset({"KEY", "PASS", "PWD", "PAT"})
 _CREDENTIAL_PAIRS = frozenset(
     {("ACCESS", "KEY"), ("API", "KEY"), ("PRIVATE", "KEY"), ("SESSION", "KEY"), ("SSH", "KEY"), ("SIGNING", "KEY")}
 )
+#: A user and password before a host with no scheme (`app:S3cret@db.example.com:5432/x`, a DSN
+#: without its `postgres://`), at the start of a value or after a space, '/', '@', '=' or a quote;
+#: not a port (`host:9000@`) nor a URI with no `//` whose part after ':' is a user (`mailto:`).
+BARE_USERINFO = re.compile(
+    r"""(?:^|(?<=[\s/@='"(\[,]))(?!(?:mailto|sip|sips|tel|xmpp|urn|news|data|magnet):)"""
+    r"""[A-Za-z0-9._%+~-]+:(?!\d+@)[^\s/@:'"]+@(?=[A-Za-z0-9\[])"""
+)
 #: Values that are credentials whatever the variable is called.
 _CREDENTIAL_VALUES = (
     re.compile(r"\b(AKIA|ASIA)[A-Z0-9]{16}\b"),  # an AWS access key id
@@ -66,6 +73,7 @@ _CREDENTIAL_VALUES = (
     re.compile(r"^\s*(?i:bearer|basic|token)\s+(?=\S*[0-9=+/])[A-Za-z0-9._~+/=-]{16,}\s*$"),
     re.compile(r"\beyJ[A-Za-z0-9_-]{8,}\.[A-Za-z0-9_-]{8,}\."),  # a JSON Web Token
     re.compile(QUERY_CREDENTIAL),  # a signed or keyed URL
+    BARE_USERINFO,
 )
 
 
@@ -112,11 +120,20 @@ def url_has_userinfo(url: str) -> bool:
     return split_userinfo(url) is not None
 
 
-def credential_in(name: str, value: Any) -> str:
-    """What of the variable `name=value` looks like a credential: `name` (`*SECRET*`, `*_TOKEN`,
-    `*_PASSWORD`, `*_ACCESS_KEY*`, ..., or a token itself), `value` (:func:`looks_like_credential`: an AWS key id or
-    secret key, a private key, a known token format, a URL with a password, a random-looking
-    token), or '' when neither does."""
+#: Last words of a variable's name whose value is a place or a setting, not a secret, whatever
+#: the words before say (`GOOGLE_APPLICATION_CREDENTIALS_FILE`, `SSH_AUTH_SOCK`, `SECRET_NAME`,
+#: `TOKEN_LIMIT`, `AUTH_MODE`).
+_SETTING_LAST_WORDS = frozenset(
+    {"FILE", "PATH", "DIR", "SOCK", "SOCKET", "URL", "URI", "ENDPOINT", "HOST", "NAME", "LIMIT", "MODE", "TYPE"}
+)
+#: Values no credential is: a switch, or nothing.
+_SWITCH_VALUES = frozenset({"", "true", "false", "yes", "no", "on", "off", "none", "null", "0", "1"})
+
+
+def credential_name(name: str) -> bool:
+    """Whether the variable `name` holds a credential by its name (`*SECRET*`, `*_TOKEN`,
+    `*_PASSWORD`, `*_ACCESS_KEY*`, `*_KEY`, `*_PWD`, ...), unless its last word names a place or a
+    setting (`*_FILE`, `*_PATH`, `*_NAME`, `*_MODE`, ...); or the name is a token itself."""
     words = [w for w in re.split(r"[^A-Z0-9]+", name.upper()) if w]
     pairs = set(zip(words, words[1:], strict=False))
     # A name ending in KEY (`WANDB_KEY`, `OPENAI_KEY`), PASS, PWD or PAT holds one (`DB_PASS`,
@@ -124,10 +141,51 @@ def credential_in(name: str, value: Any) -> str:
     last_word = len(words) > 1 and words[-1] in _CREDENTIAL_LAST_WORDS
     within = any(part in name.upper() for part in _CREDENTIAL_PARTS)  # `PGPASSWORD`, `AWS_SECRET_ACCESS_KEY`
     by_name = within or _CREDENTIAL_WORDS & set(words) or _CREDENTIAL_PAIRS & pairs or last_word
-    if by_name or looks_like_credential(name):  # a token pasted as the name is a leaked token too
-        return "name"
-    if isinstance(value, str) and looks_like_credential(value):
+    place = len(words) > 1 and words[-1] in _SETTING_LAST_WORDS
+    return bool(by_name and not place) or looks_like_credential(name)  # a token pasted as the name is one too
+
+
+#: Mappings of a pod spec whose keys are free names and whose values free text, which a driver
+#: reads (a CSI volume's `volumeAttributes`, a flexVolume's `options`): judged by name as well.
+_FREE_MAPS = frozenset({"volumeAttributes", "options"})
+
+
+def credential_path(value: Any, path: str) -> tuple[str, str] | None:
+    """`(where, what)` of the first key or text in `value` (a config field's value: a mapping, a
+    list, a pod-spec fragment) that looks like a credential (:func:`looks_like_credential`), or of
+    a free map's entry whose name says it holds one (`volumeAttributes: {password: ...}`): `where`
+    is its path below `path`, a key that is one written `***`; `what` is `key` or `value`. None
+    when nothing does."""
+    if isinstance(value, dict):
+        for key, item in value.items():
+            if looks_like_credential(key):
+                return f"{path}.***", "key"
+            where = f"{path}.{key}"
+            if path.rsplit(".", 1)[-1] in _FREE_MAPS and credential_in(str(key), item):
+                return where, "value"
+            if found := credential_path(item, where):
+                return found
+    elif isinstance(value, list | tuple):
+        for i, item in enumerate(value):
+            if found := credential_path(item, f"{path}[{i}]"):
+                return found
+    elif looks_like_credential(value):
+        return path, "value"
+    return None
+
+
+def credential_in(name: str, value: Any) -> str:
+    """What of the variable `name=value` looks like a credential: `name` (:func:`credential_name`),
+    unless the value is a path (`GOOGLE_APPLICATION_CREDENTIALS=/var/secrets/key.json` names a
+    file) or a switch (`USE_AUTH=false`); `value` (:func:`looks_like_credential`: an AWS key id or
+    secret key, a private key, a known token format, a URL with a password, a random-looking
+    token); or '' when neither does."""
+    if looks_like_credential(value):
         return "value"
+    if credential_name(name):
+        text = value.strip() if isinstance(value, str) else None
+        harmless = text is not None and (text.lower() in _SWITCH_VALUES or text.startswith(("/", "~/")))
+        return "" if harmless and not looks_like_credential(name) else "name"
     return ""
 
 
@@ -204,7 +262,9 @@ def masked_parts(text: str) -> str:
     """`text` as it may be printed: `***` when it looks like a credential, else each of its
     '.'-separated parts that does written `***` (a field path holding a token the user wrote as a
     key, `train.<token>`; a JSON Web Token, dots and all, is one credential)."""
-    if looks_like_credential(text):
-        return "***"
     parts = text.split(".")
-    return ".".join("***" if looks_like_credential(p) else p for p in parts) if len(parts) > 1 else text
+    if len(parts) > 1:
+        masked = ".".join("***" if looks_like_credential(p) else p for p in parts)
+        if masked != text and not looks_like_credential(masked):
+            return masked
+    return "***" if looks_like_credential(text) else text

@@ -14,7 +14,7 @@ from __future__ import annotations
 import os
 import re
 
-from trainer.credentials import QUERY_CREDENTIAL, credential_in, masked_parts, split_userinfo
+from trainer.credentials import BARE_USERINFO, QUERY_CREDENTIAL, credential_name, masked_parts, split_userinfo
 from trainer.credentials import url_has_userinfo as has_userinfo  # noqa: F401 (the one check, for callers)
 
 #: Marks the one line a failed step ends with (see the module docstring).
@@ -62,13 +62,11 @@ def redact(text: str) -> str:
     for spaced in _SPACED_USERINFO:
         text = spaced.sub(r"\g<scheme>***@", text)
     text = _QUOTED_USERINFO.sub(r"\g<scheme>***@", _USERINFO.sub(r"\g<scheme>***@", text))
+    text = BARE_USERINFO.sub("***@", text)  # a DSN's password, with no scheme before it
     text = _QUERY_CREDENTIAL.sub(r"\1***", text)
     return _WORD.sub(_masked, text)
 
 
-#: The last word of a variable's name whose value is a place, not a secret
-#: (`AWS_WEB_IDENTITY_TOKEN_FILE`, `SSH_AUTH_SOCK`, `KFP_TOKEN_PATH`).
-_PLACE_WORDS = frozenset({"FILE", "PATH", "DIR", "SOCK", "SOCKET", "URL", "URI", "ENDPOINT", "HOST"})
 #: Values shorter than this are not masked as text: a short one (`test`, `password`) would take
 #: that word out of every message.
 _SHORTEST_SECRET = 10
@@ -78,7 +76,7 @@ _secret_names: tuple[int, tuple[str, ...]] = (-1, ())
 
 def _environment_secrets() -> list[str]:
     """The values of the environment's credential variables (by name: `KFP_TOKEN`,
-    `AWS_SECRET_ACCESS_KEY`, `HF_TOKEN`, ...; :func:`trainer.credentials.credential_in`), longest
+    `AWS_SECRET_ACCESS_KEY`, `HF_TOKEN`, ...; :func:`trainer.credentials.credential_name`), longest
     first: :func:`redact` masks each wherever it appears, whatever it looks like (a plain
     `MyToken42` has no shape the patterns know, and an API's error page may echo it back). A
     value that is a path (`KUBEFLOW_TRAINER_SERVER_TOKEN`, `GOOGLE_APPLICATION_CREDENTIALS` name
@@ -86,11 +84,7 @@ def _environment_secrets() -> list[str]:
     changes; their values are read on every call (redact runs on each line of a run's log)."""
     global _secret_names
     if len(os.environ) != _secret_names[0]:
-        names = tuple(
-            name
-            for name in os.environ
-            if name.upper().rsplit("_", 1)[-1] not in _PLACE_WORDS and credential_in(name, "") == "name"
-        )
+        names = tuple(name for name in os.environ if credential_name(name))
         _secret_names = (len(os.environ), names)
     values = {os.environ.get(name) or "" for name in _secret_names[1]}
     return sorted(
@@ -127,8 +121,17 @@ def yaml_problem(exc: BaseException) -> str:
     for what, mark in (("context", "context_mark"), ("problem", "problem_mark")):
         text, at = getattr(exc, what, None), getattr(exc, mark, None)
         if text:
-            parts.append(f"{text} (line {at.line + 1}, column {at.column + 1})" if at is not None else str(text))
+            # The parser quotes what it read (a tag, an alias: `!Summer2024` is a password unquoted);
+            # a character it could not take (`'\t'`) is kept.
+            text = _YAML_QUOTED.sub("(the text there)", str(text))
+            parts.append(f"{text} (line {at.line + 1}, column {at.column + 1})" if at is not None else text)
+    if any("for the tag" in part for part in parts):
+        parts.append("a value starting with '!' is read as a YAML tag: quote it")
     return ": ".join(parts) or " ".join(str(exc).split()) or type(exc).__name__
+
+
+#: A quoted word of three or more characters in a YAML parser's message.
+_YAML_QUOTED = re.compile(r"'[^'\n]{3,}'")
 
 
 def one_line(exc: BaseException) -> str:

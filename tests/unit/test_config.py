@@ -1,3 +1,4 @@
+import json
 import re
 
 import pytest
@@ -42,6 +43,12 @@ def test_yaml_file_maps_onto_the_tree(tmp_path):
             "kubernetes.extra_env[0].valueFrom.secretKeyRef.name: 'Bad_Name' is not a Secret's name",
         ),
         ("kubernetes:\n  extra_env: [{name: WORLD_SIZE, value: '2'}]\n", "kubernetes.extra_env[0]: WORLD_SIZE is set"),
+        # An unknown key in an entry (was: blamed on kubernetes.store_secret_keys or kubernetes.env.<name>).
+        (
+            "kubernetes:\n  extra_env: [{name: X, valueFrom: {configMapKeyRef: {name: c, key: k, bogus: 1}}}]\n",
+            "kubernetes.extra_env[0].valueFrom.configMapKeyRef: Additional properties are not allowed ('bogus'",
+        ),
+        ("kubernetes:\n  extra_env: [{name: X, value: x, extra: 1}]\n", "kubernetes.extra_env[0]: Additional prop"),
         ("train:\n  epoch: 3\n", "train.epoch: unknown key"),
         ("train:\n  epochs: three\n", "train.epochs: must be an integer, got 'three'"),
         ("train:\n  epochs: 0\n", "train.epochs: must be positive, got 0"),
@@ -268,6 +275,65 @@ def test_a_token_written_as_a_key_is_refused_and_never_shown(text, token):
         parse_config(text.format(t=token))
     message = str(raised.value)
     assert token not in message and ("***" in message or "looks like a credential" in message), message
+
+
+@pytest.mark.parametrize(
+    ("section", "value", "where"),
+    [
+        # The pod spec's pass-through fields reach the job object as written (were: accepted).
+        ("tolerations", [{"key": "a", "operator": "Equal", "value": "{t}", "effect": "NoSchedule"}], "[0].value"),
+        ("tolerations", [{"key": "{t}", "operator": "Exists"}], "[0].key"),
+        (
+            "affinity",
+            {
+                "nodeAffinity": {
+                    "requiredDuringSchedulingIgnoredDuringExecution": {
+                        "nodeSelectorTerms": [
+                            {"matchExpressions": [{"key": "pool", "operator": "In", "values": ["{t}"]}]}
+                        ]
+                    }
+                }
+            },
+            ".nodeAffinity.requiredDuringSchedulingIgnoredDuringExecution.nodeSelectorTerms[0]"
+            ".matchExpressions[0].values[0]",
+        ),
+        (
+            "volumes",
+            [{"name": "v", "nfs": {"server": "u:hunter2probe@nfs.example.com", "path": "/x"}}],
+            "[0].nfs.server",
+        ),
+        # A CSI driver's attributes are judged by name too (its secrets go in nodePublishSecretRef).
+        (
+            "volumes",
+            [{"name": "v", "csi": {"driver": "x.csi.io", "volumeAttributes": {"password": "hunter2"}}}],
+            "[0].csi.volumeAttributes.password",
+        ),
+        ("labels", {"{t}": "x"}, ".***"),
+    ],
+)
+def test_a_credential_anywhere_in_the_job_objects_fields_is_refused_naming_where(section, value, where):
+    token = TOKENS[0]
+    text = json.dumps({"kubernetes": {section: value}}).replace("{t}", token)
+    with pytest.raises(ConfigError) as raised:
+        parse_config(text)
+    message = str(raised.value)
+    assert message.startswith(f"kubernetes.{section}{where}: its "), message
+    assert token not in message and "hunter2" not in message and "looks like a credential" in message
+
+
+def test_the_job_objects_fields_keep_what_is_no_credential():
+    """A Secret's name, a secret volume, a CSI driver's secret reference are names, not secrets."""
+    volumes = [
+        {"name": "creds", "secret": {"secretName": "gcp-key"}},
+        {
+            "name": "c",
+            "csi": {"driver": "x.csi.io", "nodePublishSecretRef": {"name": "s"}, "volumeAttributes": {"bucket": "b"}},
+        },
+    ]
+    cfg = parse_config(
+        json.dumps({"kubernetes": {"volumes": volumes, "tolerations": [{"key": "secret-zone", "operator": "Exists"}]}})
+    )
+    assert cfg.kubernetes.volumes == volumes
 
 
 @pytest.mark.parametrize(

@@ -61,6 +61,14 @@ REDACTED = [
     ("train.Ab3xY9kLm2Qw8ErT5yUi7OpAs4DfGh6JkL: unknown key", "train.***: unknown key"),
     ("kubernetes.labels.wJalrXUtnFEMI/K7MDENG/bPxRfiCYEXAMPLEKEY.x: no", "kubernetes.labels.***.x: no"),
     ("kubernetes.node_selector.kubernetes.io/arch: no", "kubernetes.node_selector.kubernetes.io/arch: no"),
+    # A user and password with no scheme before them: a DSN, a value in a refusal's quotes (were: printed).
+    ("connect app:S3cretPassw0rd@db.example.com:5432/x failed", "connect ***@db.example.com:5432/x failed"),
+    ("got 'u:S3cretPassw0rd@x' and hf://org/name@u:pw@h", "got '***@x' and hf://org/name@***@h"),
+    # Not: a time, a URI whose part after ':' is a user, an image's digest after a registry's port.
+    (
+        "at 10:30 mailto:ml@example.com reg.io:5000/img@sha256:ab",
+        "at 10:30 mailto:ml@example.com reg.io:5000/img@sha256:ab",
+    ),
     # Words that are not: digests, run ids, paths, CamelCase names, dated names.
     (
         "sha 0123456789abcdef0123456789abcdef01234567 run 20261205-220907-ebd598",

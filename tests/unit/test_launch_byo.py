@@ -185,6 +185,7 @@ def test_pod_settings_reach_the_manifest_and_pass_preflight():
         ("SOME_SETTING", "ya29.a0AfH6SMBx1234567890abcdefgh"),
         ("CACHE_URL", "redis:/:hunter2probeXYZ@db:6379/0"),
         ("CACHE_URL", "postgres:///u:hunter2probeXYZ@db/x"),
+        ("DATABASE", "app:hunter2probeXYZ@db.example.com:5432/x"),  # a DSN without its scheme
     ],
 )
 def test_credential_looking_plain_env_is_refused_in_both_places(name, value):
@@ -222,6 +223,11 @@ def test_credential_looking_plain_env_is_refused_in_both_places(name, value):
         # Text near the new forms: a DSN without a password, a path after `pwd=`, words after `basic`.
         {"DB_DSN": "host=db dbname=runs user=ml", "NOTE": "basic questions about colours", "DIR": "pwd=/work"},
         {"LOCAL": "file:///data/set@v2", "ODD": "file:/data/set@v2"},
+        # A credential's name whose value is a file's path, a switch, or whose last word names a
+        # setting (were: refused, with a fix that did not apply).
+        {"GOOGLE_APPLICATION_CREDENTIALS": "/var/secrets/google/key.json", "AWS_SHARED_CREDENTIALS_FILE": "/x/c"},
+        {"SECRET_NAME": "my-secret", "TOKEN_LIMIT": "4096", "AUTH_MODE": "none", "USE_AUTH": "false"},
+        {"NOTE": "mailto:ml-team@example.com", "IMAGE": "reg.io:5000/img@sha256:abc", "AT": "10:30@site"},
     ],
 )
 def test_ordinary_plain_env_is_accepted(env):
@@ -288,7 +294,7 @@ def test_a_local_path_is_refused_on_a_cluster_and_fine_locally(which, uri):
         ({"command": []}, "command: must be a non-empty list"),
         ({"image": ""}, "image: '' is not a container image"),
         ({"image": "user/img:1 "}, "image: 'user/img:1 ' is not a container image"),
-        ({"s3_endpoint": "minio:9000"}, "s3_endpoint: must be a URL"),
+        ({"s3_endpoint": "minio:9000"}, "s3_endpoint: 'minio:9000' must be a URL"),
         ({"replicas": 0}, "replicas must be >= 1"),
         (
             {"node_selector": {"pool": "not a label!"}},
@@ -299,6 +305,34 @@ def test_a_local_path_is_refused_on_a_cluster_and_fine_locally(which, uri):
 def test_bad_settings_fail_in_the_builder_naming_the_parameter(overrides, message):
     with pytest.raises(ConfigError, match=message.replace("[", r"\[").replace("]", r"\]")):
         byo(**overrides)
+
+
+#: A token (a GitHub one) and a password, as a user may paste them into a BYO parameter.
+GHP, PASSWORD = "ghp_" + "a1B2" * 9, "hunter2probeXYZ"
+
+
+@pytest.mark.parametrize(
+    "overrides",
+    [
+        {"env": {GHP: 1}},
+        {"env": {GHP: "$(HOME)"}},
+        {"env": {"FOO": [GHP]}},
+        {"node_selector": {GHP: 1}},
+        {"command": ["python", f"$({GHP})"]},
+        {"s3_endpoint": f"u:{PASSWORD}@minio:9000"},
+        {"s3_endpoint": f"http:///u:{PASSWORD}@minio:9000"},
+        {"kind": f"u:{PASSWORD}@x"},
+        {"image": f"u:{PASSWORD}@reg.io/img:1"},
+        {"tolerations": [{"key": GHP, "operator": "Exists"}]},
+        {"store_secret": "s", "store_secret_keys": {"k": f"u:{PASSWORD}@x"}},
+    ],
+)
+def test_a_bad_parameter_holding_a_credential_is_refused_without_showing_it(overrides):
+    """The launcher's refusals printed a token written as a key, and a password in a value (the
+    component's last line and its traceback carry them)."""
+    with pytest.raises(ConfigError) as err:
+        byo(**overrides)
+    assert GHP not in str(err.value) and PASSWORD not in str(err.value), str(err.value)
 
 
 @pytest.mark.parametrize("kind", ["pytorchjob", "trainjob", "auto"])

@@ -37,12 +37,13 @@ from trainer.config import (
     KubernetesConfig,
     check_plain_env,
 )
-from trainer.k8s_formats import env_name_problem, image_problem
+from trainer.errors import redact_url
+from trainer.k8s_formats import env_name_problem, image_problem, plain, show
 from trainer.launch.container_env import OWN_CONTAINER_ENV
 from trainer.launch.jobkind import kinds_it_may_become
 from trainer.launch.preflight import ManifestError
 from trainer.launch.spec import OPERATOR_ENV, UNBUFFERED_ENV, JobSpec, require_object_store
-from trainer.storage import parse_uri
+from trainer.storage import endpoint_problem, parse_uri
 from trainer.yaml_scalars import unquoted_problem
 
 #: `$(NAME)`, which the kubelet replaces in a container's command and env values by another
@@ -154,29 +155,30 @@ def byo_job(
         raise ConfigError("command: must be a non-empty list of strings, got []")
     for where, text in [
         *((f"command[{i}]", c) for i, c in enumerate(command)),
-        *((f"env.{k}", v) for k, v in (env or {}).items()),
-        *((f"node_selector.{k}", v) for k, v in (node_selector or {}).items()),
+        *((f"env.{plain(k)}", v) for k, v in (env or {}).items()),
+        *((f"node_selector.{plain(k)}", v) for k, v in (node_selector or {}).items()),
     ]:
         # A JSON `true` or `8` in a parameter: the pod must get the text the user meant, not Python's.
         if not isinstance(text, str):
-            why = unquoted_problem(text) or f"must be a string, got {type(text).__name__} {text!r}"
+            why = unquoted_problem(text) or f"must be a string, got {type(text).__name__} {show(text)}"
             raise ConfigError(f"{where}: {why}")
         if where.startswith("command") and not text:
             raise ConfigError(f"{where}: must be a non-empty string")
         if ref := _K8S_REFERENCE.search(text):
             raise ConfigError(
-                f"{where}: {ref.group()} is Kubernetes' reference to another variable, which a pod would expand and "
-                f"a local run would not: the job gets the text as written in both; read the variable in your "
-                f'script (os.environ), or run the command through a shell: ["sh", "-c", "... ${ref.group(1)}"]'
+                f"{where}: $({plain(ref.group(1))}) is Kubernetes' reference to another variable, which a pod "
+                "would expand and a local run would not: the job gets the text as written in both; read the variable "
+                f'in your script (os.environ), or run the command through a shell: ["sh", "-c", "... '
+                f'${plain(ref.group(1))}"]'
             )
     if problem := image_problem(image):
         raise ConfigError(f"image: {problem}")
     if timeout_s <= 0:
         raise ConfigError(f"timeout_seconds: must be > 0, got {timeout_s}")
     if kind not in JOB_KINDS:
-        raise ConfigError(f"kind: must be one of {JOB_KINDS}, got {kind!r}")
-    if s3_endpoint and not s3_endpoint.startswith(("http://", "https://")):
-        raise ConfigError(f"s3_endpoint: must be a URL starting with http:// or https://, got {s3_endpoint!r}")
+        raise ConfigError(f"kind: must be one of {JOB_KINDS}, got {show(kind)}")
+    if s3_endpoint and (problem := endpoint_problem(s3_endpoint)):
+        raise ConfigError(f"s3_endpoint: {redact_url(s3_endpoint)!r} {problem}")
     keys = dict(store_secret_keys or KFP_STORE_SECRET_KEYS)
     user_env = dict(env or {})
     _check_env(user_env, list(keys.values()) if store_secret else [])

@@ -82,6 +82,29 @@ def _validator(schema_file: str = "pytorchjob.v1.json"):
     return jsonschema.Draft7Validator(schema, format_checker=_format_checker())
 
 
+@functools.cache
+def _env_var_validator():
+    """The strict schema of one entry of a container's `env` (an EnvVar), from the PyTorchJob CRD."""
+    import jsonschema
+
+    node = _validator().schema["properties"]["spec"]["properties"]["pytorchReplicaSpecs"]["additionalProperties"]
+    for key in ("template", "spec", "containers"):
+        node = node["properties"][key]
+    return jsonschema.Draft7Validator(node["items"]["properties"]["env"]["items"], format_checker=_format_checker())
+
+
+def env_var_problem(entry: Any) -> tuple[str, str] | None:
+    """`(where, why)` the CRD's schema refuses `entry`, one variable in pod-spec form (`where`: the
+    path below it, `.valueFrom.configMapKeyRef`), or None. The config asks this of each
+    `kubernetes.extra_env` entry: in a built job an entry is one of the container's `env`, which
+    `kubernetes.env` and the store Secret's variables fill too, and only the config can name it."""
+    errors = sorted(_env_var_validator().iter_errors(entry), key=lambda e: -len(e.absolute_path))
+    if not errors:
+        return None
+    e = errors[0]
+    return "".join(f"[{p}]" if isinstance(p, int) else f".{p}" for p in e.absolute_path), e.message
+
+
 def _path(parts) -> str:
     out = ""
     for p in parts:
