@@ -1022,11 +1022,13 @@ class Trainer:
         best, holder = taken or (None, self.ckpt)
         if best is not None:
             final = best["metrics"]
-        # `train.max_steps` past an epoch's end, not on one: the model written has steps the last
-        # epoch's scores do not, scored now as with no epoch end. Alike on every rank (the history
-        # and the step counts are): the loss's gather is a collective, the validation rank 0's.
-        after_last_epoch = best is None and bool(self.history) and self.epoch_steps > 0
-        if after_last_epoch:
+        # `train.max_steps` past an epoch's end, not on one (or before the first's): the model written
+        # has steps the last epoch's scores do not, scored now, its training loss over the steps since
+        # (a run of no whole epoch had none). Alike on every rank (the history and the step counts
+        # are): the loss's gather is a collective, the validation rank 0's.
+        tail = best is None and self.epoch_steps > 0
+        after_last_epoch = tail and bool(self.history)
+        if tail:
             final = {"train_loss": sum(self._epoch_losses()) / (env.world_size * max(self.epoch_steps, 1))}
             if self.validates:
                 final.update(task.validate(unwrap(self.model), self.data.val, self.device, self.micro))

@@ -172,6 +172,22 @@ def test_the_record_scores_the_model_written_when_the_run_ends_after_an_epoch(di
     assert (said in labels) == after and ("validation accuracy (last epoch)" in labels) != after, labels
 
 
+def test_a_run_of_no_whole_epoch_records_its_training_loss(digits, tmp_path):
+    """`max_steps` inside the first epoch: the record had val_* but no train_loss (a probe)."""
+    overrides = {
+        "job.replicas": 1,
+        "train.batch_size": 64,
+        "train.max_steps": 10,  # an epoch is 19 steps here
+        "train.log_interval_steps": 1,
+        "checkpoint.enabled": False,
+    }
+    single(load_config(overrides=overrides), digits, str(tmp_path / "m"))
+    record = json.loads((tmp_path / "m" / "training.json").read_text())
+    losses = [point["loss"] for point in record["loss_curve"]]
+    assert record["history"] == [] and len(losses) == 10
+    assert record["metrics"]["train_loss"] == pytest.approx(sum(losses) / 10)
+
+
 @pytest.mark.parametrize(
     ("device", "given", "env"), [("cuda", None, ":4096:8"), ("cuda", ":16:8", ":16:8"), ("cpu", None, None)]
 )
