@@ -28,7 +28,7 @@ import yaml
 
 from trainer import k8s_formats as k8s
 from trainer.credentials import credential_in, credential_path
-from trainer.errors import KftrainError, redact_url, yaml_problem
+from trainer.errors import KftrainError, redact, redact_url, yaml_problem
 from trainer.launch.failures import DEFAULT_MAX_RESTARTS, budget_check
 from trainer.partitions import partition_problem
 from trainer.storage import RetryPolicy, endpoint_problem, parse_uri, same_place
@@ -1030,7 +1030,7 @@ class KubernetesConfig:
 
         for i, entry in enumerate(self.extra_env):
             if found := env_var_problem(entry):  # an unknown key: the job's `env` could not say whose
-                raise ConfigError(f"{p}[{i}]{found[0]}: {found[1]}")
+                raise ConfigError(f"{p}[{i}]{found[0]}: {redact(found[1])}")  # an unknown key may be a token
             for path, _, problem in field_problems({"env": [entry]}):
                 where = "".join(f".{key}" for key in path[2:])  # below env[i]: plain keys
                 raise ConfigError(f"{p}[{i}]{where}: {problem}")

@@ -41,12 +41,17 @@ _CREDENTIAL_PAIRS = frozenset(
     {("ACCESS", "KEY"), ("API", "KEY"), ("PRIVATE", "KEY"), ("SESSION", "KEY"), ("SSH", "KEY"), ("SIGNING", "KEY")}
 )
 #: A user and password before a host with no scheme (`app:S3cret@db.example.com:5432/x`, a DSN
-#: without its `postgres://`), at the start of a value or after a space, '/', '@', '=' or a quote;
-#: not a port (`host:9000@`) nor a URI with no `//` whose part after ':' is a user (`mailto:`).
+#: without its `postgres://`; the password up to the last '@' of the word), at the start of a
+#: value or after a space, '@', '=' or a quote. Not a port (`minio:9000/x@v1`), an image's digest
+#: (`pytorch:24.01@sha256:...`), nor a URI whose part after ':' is a user or principal (`mailto:`,
+#: Google IAM's `serviceAccount:sa@proj.iam.gserviceaccount.com`).
 BARE_USERINFO = re.compile(
-    r"""(?:^|(?<=[\s/@='"(\[,]))(?!(?:mailto|sip|sips|tel|xmpp|urn|news|data|magnet):)"""
-    r"""[A-Za-z0-9._%+~-]+:(?!\d+@)[^\s/@:'"]+@(?=[A-Za-z0-9\[])"""
+    r"""(?:^|(?<=[\s@='"(\[,]))"""
+    r"""(?!(?:mailto|sip|sips|tel|xmpp|urn|news|data|magnet|serviceAccount|group|domain|principal|principalSet"""
+    r"""|deleted):)[A-Za-z0-9._%+~-]+:(?!/)(?!\d+[/@])[^\s'"]*@(?!sha\d+:)(?=[A-Za-z0-9\[])"""
 )
+#: A JSON Web Token (three base64url parts, the first two JSON: `eyJ`).
+_JWT = re.compile(r"\beyJ[A-Za-z0-9_-]{8,}\.[A-Za-z0-9_-]{8,}\.")
 #: Values that are credentials whatever the variable is called.
 _CREDENTIAL_VALUES = (
     re.compile(r"\b(AKIA|ASIA)[A-Z0-9]{16}\b"),  # an AWS access key id
@@ -62,23 +67,27 @@ _CREDENTIAL_VALUES = (
     re.compile(r"\bnpm_[A-Za-z0-9]{36}"),  # npm tokens
     re.compile(r"hooks\.slack\.com/services/[A-Za-z0-9/]{20,}"),  # Slack webhooks
     re.compile(r"(?i)\b(AccountKey|SharedAccessKey|SharedAccessSignature)=[^;\s]{16,}"),  # Azure connection strings
-    # A connection string's password (`Server=db;Pwd=...`, libpq's `host=db password=...`).
-    re.compile(r"(?i)(^|[;\s])(password|passwd|pwd)\s*=\s*[^;\s/]"),
-    # A JSON document's credential member: a Docker config's `"auth": "<base64>"`, `"password": ...`.
-    re.compile(
-        r'(?i)"(auth|password|passwd|secret|token|access_token|refresh_token|client_secret|api_?key)"\s*:\s*"[^"]'
-    ),
+    # A connection string's or mount option's password (`Server=db;Pwd=...`, libpq's `host=db
+    # password=...`, `user=bob,password=...`).
+    re.compile(r"(?i)(^|[;,\s])(password|passwd|pwd)\s*=\s*[^;,\s/]"),
+    # A JSON document's credential member (`"password": ...`, an OAuth client's), not a reference
+    # to one (`"${HF_TOKEN}"`); a Docker config's `"auth"`, which is base64 of `user:password`.
+    re.compile(r'(?i)"(password|passwd|client_secret|access_token|refresh_token|api_?key)"\s*:\s*"[^"$]'),
+    re.compile(r'"auth"\s*:\s*"[A-Za-z0-9+/]{8,}={0,2}"'),
     # An HTTP Authorization value: the scheme and one token of 16 or more characters with a digit or
-    # a base64 sign in it, and nothing else (`Basic questions about colours` is text).
-    re.compile(r"^\s*(?i:bearer|basic|token)\s+(?=\S*[0-9=+/])[A-Za-z0-9._~+/=-]{16,}\s*$"),
-    re.compile(r"\beyJ[A-Za-z0-9_-]{8,}\.[A-Za-z0-9_-]{8,}\."),  # a JSON Web Token
+    # a base64 sign in it, and nothing else (`Basic questions about colours` is text); in lower case
+    # (a header as curl prints it), the token's base64 in both cases and with a digit
+    # (`basic resnet50-imagenet-baseline` is text).
+    re.compile(r"^\s*(Bearer|Basic|Token)\s+(?=\S*[0-9=+/])[A-Za-z0-9._~+/=-]{16,}\s*$"),
+    re.compile(r"^\s*(?i:bearer|basic|token)\s+(?=\S*[0-9])(?=\S*[a-z])(?=\S*[A-Z])[A-Za-z0-9+/]{16,}={0,2}\s*$"),
+    _JWT,
     re.compile(QUERY_CREDENTIAL),  # a signed or keyed URL
     BARE_USERINFO,
 )
 
 
 #: A host and its port (`minio:9000`), which a URL's '@' after its path does not make a user and password.
-_HOST_PORT = re.compile(r"[A-Za-z0-9.-]+:\d{1,5}")
+_HOST_PORT = re.compile(r"([A-Za-z0-9.-]+|\[[0-9A-Fa-f:.]+\]):\d{1,5}")
 #: A URL's scheme and the slashes after it, as many as were written: `s3://`, a slash short
 #: (`s3:/`), one too many (`s3:///`). What stands after them up to an '@' may be a user and password.
 _SCHEME_SLASHES = re.compile(r"\s*[A-Za-z][A-Za-z0-9+.-]*:/+")
@@ -107,7 +116,8 @@ def split_userinfo(url: str) -> tuple[str, str, str] | None:
     # A ':' (user:password), a space or a quote before the first '/' ends no bucket or host name;
     # `host:9000` is a port.
     head = before_at.split("/", 1)[0]
-    if in_netloc or (re.search(r"[:\s'\"]", head) and not _HOST_PORT.fullmatch(head)):
+    marks = r"[:\s'\"]" if scheme else ":"  # with no scheme, a folder's name may hold a space or a quote
+    if in_netloc or (re.search(marks, head) and not _HOST_PORT.fullmatch(head)):
         return url[:start], before_at, after
     return None
 
@@ -148,20 +158,32 @@ def credential_name(name: str) -> bool:
 #: Mappings of a pod spec whose keys are free names and whose values free text, which a driver
 #: reads (a CSI volume's `volumeAttributes`, a flexVolume's `options`): judged by name as well.
 _FREE_MAPS = frozenset({"volumeAttributes", "options"})
+#: Last words of a free map's key that say its value is a secret (`password`, `clientSecret`,
+#: `sasToken`; not `secretName` or `secretProviderClass`, which name where one is kept).
+_SECRET_KEY_LAST_WORDS = frozenset(
+    {"PASSWORD", "PASSWD", "PASS", "PWD", "SECRET", "TOKEN", "KEY", "APIKEY", "CREDENTIAL", "CREDENTIALS", "AUTH"}
+)
+
+
+def _free_key_holds_secret(key: str) -> bool:
+    """Whether a free map's key (camelCase or snake_case) ends in a word that names a secret."""
+    words = re.findall(r"[A-Z]?[a-z0-9]+|[A-Z]+(?![a-z])", key)
+    return bool(words) and words[-1].upper() in _SECRET_KEY_LAST_WORDS
 
 
 def credential_path(value: Any, path: str) -> tuple[str, str] | None:
     """`(where, what)` of the first key or text in `value` (a config field's value: a mapping, a
-    list, a pod-spec fragment) that looks like a credential (:func:`looks_like_credential`), or of
-    a free map's entry whose name says it holds one (`volumeAttributes: {password: ...}`): `where`
-    is its path below `path`, a key that is one written `***`; `what` is `key` or `value`. None
-    when nothing does."""
+    list, a pod-spec fragment) that looks like a credential (:func:`looks_like_credential`; a key
+    in any of its parts, `example.com/<token>`), or of a free map's entry whose name says it holds
+    one (`volumeAttributes: {password: ...}`): `where` is its path below `path`, a credential in a
+    key written `***`; `what` is `key` or `value`. None when nothing does."""
     if isinstance(value, dict):
         for key, item in value.items():
-            if looks_like_credential(key):
-                return f"{path}.***", "key"
-            where = f"{path}.{key}"
-            if path.rsplit(".", 1)[-1] in _FREE_MAPS and credential_in(str(key), item):
+            shown = masked_parts(str(key))
+            where = f"{path}.{shown}"
+            if shown != str(key):
+                return where, "key"
+            if path.rsplit(".", 1)[-1] in _FREE_MAPS and _free_key_holds_secret(str(key)) and item:
                 return where, "value"
             if found := credential_path(item, where):
                 return found
@@ -174,6 +196,16 @@ def credential_path(value: Any, path: str) -> tuple[str, str] | None:
     return None
 
 
+def _names_a_file(text: str) -> bool:
+    """Whether `text` is a file's path (`/var/secrets/key.json`, `./sa.json`, `~/.aws/credentials`):
+    from the root, home or the working folder, of two or more parts or with a file's extension
+    (`/Summer2024` is no path)."""
+    if not text.startswith(("/", "~/", "./", "../")) or any(c.isspace() for c in text):
+        return False
+    name = text.rstrip("/").rsplit("/", 1)
+    return text.strip("/").count("/") >= 1 or "." in name[-1]
+
+
 def credential_in(name: str, value: Any) -> str:
     """What of the variable `name=value` looks like a credential: `name` (:func:`credential_name`),
     unless the value is a path (`GOOGLE_APPLICATION_CREDENTIALS=/var/secrets/key.json` names a
@@ -184,7 +216,7 @@ def credential_in(name: str, value: Any) -> str:
         return "value"
     if credential_name(name):
         text = value.strip() if isinstance(value, str) else None
-        harmless = text is not None and (text.lower() in _SWITCH_VALUES or text.startswith(("/", "~/")))
+        harmless = text is not None and (text.lower() in _SWITCH_VALUES or _names_a_file(text))
         return "" if harmless and not looks_like_credential(name) else "name"
     return ""
 
@@ -259,12 +291,21 @@ def looks_like_credential(value: Any) -> bool:
 
 
 def masked_parts(text: str) -> str:
-    """`text` as it may be printed: `***` when it looks like a credential, else each of its
-    '.'-separated parts that does written `***` (a field path holding a token the user wrote as a
-    key, `train.<token>`; a JSON Web Token, dots and all, is one credential)."""
-    parts = text.split(".")
-    if len(parts) > 1:
-        masked = ".".join("***" if looks_like_credential(p) else p for p in parts)
+    """`text` as it may be printed: each of its parts that looks like a credential written `***`
+    (a field path or a key holding a token the user wrote: `train.<token>`,
+    `example.com/<token>`), or all of it when it is one credential (a JSON Web Token, dots and
+    all)."""
+    if not _JWT.search(text):
+        masked = ".".join(_masked_part(part) for part in text.split("."))
         if masked != text and not looks_like_credential(masked):
             return masked
     return "***" if looks_like_credential(text) else text
+
+
+def _masked_part(part: str) -> str:
+    """A part of a dotted text with each of its '/'-separated parts that is a credential written
+    `***` (`com/<token>`), or `***` when it is one only whole (an AWS secret key, slashes and all)."""
+    masked = "/".join("***" if looks_like_credential(p) else p for p in part.split("/"))
+    if masked != part and not looks_like_credential(masked):
+        return masked
+    return "***" if looks_like_credential(part) else part

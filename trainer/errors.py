@@ -121,9 +121,11 @@ def yaml_problem(exc: BaseException) -> str:
     for what, mark in (("context", "context_mark"), ("problem", "problem_mark")):
         text, at = getattr(exc, what, None), getattr(exc, mark, None)
         if text:
-            # The parser quotes what it read (a tag, an alias: `!Summer2024` is a password unquoted);
-            # a character it could not take (`'\t'`) is kept.
-            text = _YAML_QUOTED.sub("(the text there)", str(text))
+            # The parser quotes the tag or alias it read (`!Summer2024` is a password unquoted); what
+            # else it quotes (a character, a token's kind: `',' or ']'`) is kept.
+            text = str(text)
+            if re.search(r"\b(tag|alias|anchor)\b", text):
+                text = _YAML_QUOTED.sub("(the text there)", text)
             parts.append(f"{text} (line {at.line + 1}, column {at.column + 1})" if at is not None else text)
     if any("for the tag" in part for part in parts):
         parts.append("a value starting with '!' is read as a YAML tag: quote it")

@@ -153,8 +153,8 @@ def parse_uri(uri: str) -> Location:
             raise ValueError(
                 f"storage URI {redact_url(uri)!r} reads as a user and password before a host, with no scheme: "
                 "a store URI is never where credentials go; set AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY and "
-                "write s3://bucket/key (a local folder with a ':' and an '@' in its name is written "
-                f"./{redact_url(uri)})"
+                "write s3://bucket/key (a local folder whose name holds a ':' before an '@' is written with ./ "
+                "before it)"
             )
         return Location("file", "", os.path.abspath(os.path.expanduser(uri)))
     if any(c in uri for c in "\t\r\n"):  # urlsplit drops them: another key, maybe another object's

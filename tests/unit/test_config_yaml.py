@@ -83,6 +83,7 @@ def test_refused_at_once_in_one_line(text, phrases):
         ("kubernetes:\n  env:\n    DB_PASSWORD: !SECRETPART\n", "(line 3, column 18): a value starting with '!'"),
         ("kubernetes:\n  env:\n    DB_PASSWORD: !<SECRETPART> x\n", "is read as a YAML tag: quote it"),
         ("train:\n\tepochs: 1 # SECRETPART\n", "found character '\\t' that cannot start any token"),  # kept
+        ("a: [1, SECRETPART\n", "expected ',' or ']', but got '<stream end>'"),  # the parser's own words: kept
     ],
 )
 def test_a_yaml_error_says_where_without_the_lines_around_it(text, where):

@@ -69,6 +69,23 @@ REDACTED = [
         "at 10:30 mailto:ml@example.com reg.io:5000/img@sha256:ab",
         "at 10:30 mailto:ml@example.com reg.io:5000/img@sha256:ab",
     ),
+    # A review's cases: a JSON Web Token is one word, dots and all (was: its header masked alone);
+    # a DSN's password with '/', ':' or '@' in it; a token as a key's last part, after a '/'.
+    (
+        "token eyJhbGciOiJIUzI1NiIsInR5cCI6IkpXVCJ9.eyJzdWIiOiJ1MSJ9.SflKxwRJSMeKKF2QT4fwpMeJf36POk6yJV_adQssw5c",
+        "token ***",
+    ),
+    ("DSN app:S3/cret@db.example.com app:pa:ss@db app:p@ss@db", "DSN ***@db.example.com ***@db ***@db"),
+    (
+        "kubernetes.annotations.example.com/a8F3kLm92QpZx7Yt4Rv6Wb1Nc5Hd0Jg2: x",
+        "kubernetes.annotations.example.com/***: x",
+    ),
+    # ... and what is none (were: masked): an image's tag and digest, an IAM member, a key's time and tag.
+    (
+        'image "nvcr.io/nvidia/pytorch:24.01-py3@sha256:0a1b" serviceAccount:sa@proj.iam.gserviceaccount.com',
+        'image "nvcr.io/nvidia/pytorch:24.01-py3@sha256:0a1b" serviceAccount:sa@proj.iam.gserviceaccount.com',
+    ),
+    ("s3://bucket/data/2024-05-01T12:00Z@v2/part-0", "s3://bucket/data/2024-05-01T12:00Z@v2/part-0"),
     # Words that are not: digests, run ids, paths, CamelCase names, dated names.
     (
         "sha 0123456789abcdef0123456789abcdef01234567 run 20261205-220907-ebd598",
@@ -146,6 +163,13 @@ def test_a_malformed_store_uri_is_refused_without_printing_its_password(form, us
     with pytest.raises(ValueError) as info:
         parse_uri(form.format(userinfo))
     assert "SECRETPART" not in str(info.value)
+
+
+@pytest.mark.parametrize("path", ["My Drive/ckpt@best", "bob's runs/x@y", "runs@v2/x", "./u:pw@b/x"])
+def test_a_local_folder_with_an_at_sign_is_a_folder(path):
+    """Only a ':' before the '@' makes a path with no scheme a URL's user and password (a space or
+    a quote was taken for one: `My Drive/ckpt@best` was refused)."""
+    assert parse_uri(path).scheme == "file"
 
 
 @pytest.mark.parametrize(

@@ -186,6 +186,9 @@ def test_pod_settings_reach_the_manifest_and_pass_preflight():
         ("CACHE_URL", "redis:/:hunter2probeXYZ@db:6379/0"),
         ("CACHE_URL", "postgres:///u:hunter2probeXYZ@db/x"),
         ("DATABASE", "app:hunter2probeXYZ@db.example.com:5432/x"),  # a DSN without its scheme
+        ("DATABASE", "app:hunter2/probeXYZ@db.example.com:5432/x"),  # ... its password holding a '/'
+        ("DB_PASSWORD", "/Summer2024probe"),  # a password starting with '/' is no file's path
+        ("MOUNT_OPTIONS", "user=bob,password=hunter2probe"),
     ],
 )
 def test_credential_looking_plain_env_is_refused_in_both_places(name, value):
@@ -228,6 +231,12 @@ def test_credential_looking_plain_env_is_refused_in_both_places(name, value):
         {"GOOGLE_APPLICATION_CREDENTIALS": "/var/secrets/google/key.json", "AWS_SHARED_CREDENTIALS_FILE": "/x/c"},
         {"SECRET_NAME": "my-secret", "TOKEN_LIMIT": "4096", "AUTH_MODE": "none", "USE_AUTH": "false"},
         {"NOTE": "mailto:ml-team@example.com", "IMAGE": "reg.io:5000/img@sha256:abc", "AT": "10:30@site"},
+        # A review's cases (were: refused): an image's tag and digest, an IAM member, lower-case words
+        # after `basic` or `token`, JSON members that hold no secret, a relative key file.
+        {"BASE_IMAGE": "ghcr.io/acme/trainer:v1.2@sha256:" + "0a" * 32, "MEMBER": "serviceAccount:sa@p.iam.x.com"},
+        {"NOTE": "basic resnet50-imagenet-baseline", "TOK": "token sentencepiece-bpe-32000"},
+        {"CFG": '{"auth": "workload-identity", "secret": "my-db-secret", "token": "${HF_TOKEN}"}'},
+        {"GOOGLE_APPLICATION_CREDENTIALS": "./sa.json"},
     ],
 )
 def test_ordinary_plain_env_is_accepted(env):
