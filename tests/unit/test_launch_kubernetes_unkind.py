@@ -10,6 +10,7 @@ are recreated, logs that are not clean UTF-8, and calls that must never wait for
 from __future__ import annotations
 
 import datetime as dt
+import json
 import signal
 from dataclasses import replace
 
@@ -778,3 +779,144 @@ def test_a_hand_edited_restarts_annotation_counts_only_whole_numbers_of_known_ca
     from trainer.launch.kubernetes import RESTARTS_ANNOTATION, _restarts_of
 
     assert _restarts_of({"metadata": {"annotations": {RESTARTS_ANNOTATION: edited}}}) == counted
+
+
+# -- a shared cluster's preemptions, quotas and queues (a probe, 2026-12-06) ---------------------
+
+
+def ended_at_its_deadline(c: FakeCluster) -> None:
+    """The operator: the job runs until its activeDeadlineSeconds, then it is Failed with the
+    deadline's reason (the ranks stopped by SIGTERM); the first one is preempted at 600 s."""
+    job = c.jobs[NAME]
+    if POD not in c.pods:
+        c.add_pod(NAME, "master", 0, "Running")
+    if "Failed" in str(job.get("status")):
+        return
+    elapsed = (c.clock - dt.datetime.fromisoformat(job["metadata"]["creationTimestamp"])).total_seconds()
+    if creates(c) == 1 and elapsed >= 600:
+        c.add_pod(NAME, "master", 0, "Failed", exit_code=143, logs=["[rank 0] SIGTERM: checkpoint committed"])
+        c.disrupt(NAME, "master", 0, condition="PreemptionByScheduler", message="preempted")
+        c.set_condition(NAME, "Failed", "PyTorchJobFailed", "1 Master replica(s) failed")
+    elif elapsed >= job["spec"]["runPolicy"]["activeDeadlineSeconds"]:
+        c.add_pod(NAME, "master", 0, "Failed", exit_code=143, logs=["[rank 0] SIGTERM: checkpoint committed"])
+        c.set_condition(NAME, "Failed", "DeadlineExceeded", "active longer than specified deadline")
+
+
+@pytest.mark.parametrize("own", [0, 3600])  # none, or the run's whole time
+def test_a_job_ended_at_the_run_s_own_deadline_is_a_timeout_of_the_run(own):
+    """A re-created job the operator ended at the time left of the run was reported as ended by
+    `kubernetes.active_deadline_seconds` (which was not set, or longer), with the value of the
+    run's whole time and the first job's cause (preempted)."""
+    cluster = FakeCluster()
+    backend, spec, _ = make(cluster, **{"kubernetes.active_deadline_seconds": own, "kubernetes.poll_seconds": 30})
+    cluster.timeline = [ended_at_its_deadline]
+    with pytest.raises(JobTimeout) as err:
+        run_job(backend, replace(spec, timeout_s=3600))
+    message = str(err.value)
+    assert "DeadlineExceeded" in message and "the run's time is up (3600s, job.timeout_seconds)" in message
+    assert "active_deadline_seconds" not in message and "preempted" not in message, message
+    assert creates(cluster) == 2 and NAME not in cluster.jobs
+
+
+def quota_refusal():
+    """A ResourceQuota's 403, as the API server answers it (its Status message in the body)."""
+    exc = api_error(403)
+    exc.body = json.dumps(
+        {
+            "kind": "Status",
+            "message": f'pytorchjobs.kubeflow.org "{NAME}" is forbidden: exceeded quota: team-quota, requested: '
+            "count/pytorchjobs.kubeflow.org=1, used: count/pytorchjobs.kubeflow.org=5, limited: "
+            "count/pytorchjobs.kubeflow.org=5",
+            "reason": "Forbidden",
+            "code": 403,
+        }
+    )
+    return exc
+
+
+@pytest.mark.parametrize("when", ["submitted", "re-created after a preemption"])
+def test_a_create_a_quota_refuses_waits_for_the_quota_to_free(when):
+    cluster = FakeCluster()
+    backend, spec, lines = make(cluster, **{"kubernetes.poll_seconds": 30})
+    if when == "submitted":
+        cluster.fail_next("create", exc=quota_refusal(), times=4)
+        cluster.timeline = running_then(lambda c: c.set_condition(NAME, "Succeeded"))
+    else:
+
+        def quota_after_preemption(c: FakeCluster) -> None:
+            if creates(c) == 1 and "Failed" not in str(c.jobs[NAME].get("status")) and POD in c.pods:
+                c.fail_next("create", exc=quota_refusal(), times=4)  # another team's jobs took the room
+            preempted_once(c)
+
+        cluster.timeline = [quota_after_preemption] * 12
+    run_job(backend, replace(spec, timeout_s=3600))
+    said = [line for line in lines if "cannot be created yet" in line]
+    assert len(said) == 1 and "exceeded quota: team-quota" in said[0], lines
+    assert sum(1 for call, _ in cluster.calls if call == "create") >= 5
+
+
+def test_a_quota_that_never_frees_ends_the_run_naming_the_quota_not_rbac():
+    cluster = FakeCluster()
+    backend, spec, _ = make(cluster, **{"kubernetes.poll_seconds": 30, "kubernetes.queue_timeout_seconds": 600})
+    cluster.fail_next("create", exc=quota_refusal(), times=1000)
+    with pytest.raises(JobFailed) as err:
+        run_job(backend, replace(spec, timeout_s=3600))
+    message = str(err.value)
+    assert "ResourceQuota of namespace" in message and "RBAC" not in message, message
+    assert 600 <= sum(cluster.sleeps) <= 700 and NAME not in cluster.jobs
+
+
+@pytest.mark.parametrize(
+    ("resumes", "said"),
+    [
+        (True, "the trainer resumes from its latest checkpoint"),
+        (False, "checkpoints are off (checkpoint.enabled, checkpoint.resume): training starts again from step 0"),
+        (None, "your command resumes only if it saves and loads its own checkpoints"),
+    ],
+)
+def test_a_re_created_job_is_said_to_resume_only_where_it_does(resumes, said):
+    """With checkpoints off, the launcher promised a resume from the latest checkpoint."""
+    cluster = FakeCluster()
+    backend, spec, lines = make(cluster)
+    cluster.timeline = [preempted_once] * 8
+    run_job(backend, replace(spec, timeout_s=600, resumes=resumes))
+    assert any("re-creating it" in line and line.endswith(said) for line in lines), lines
+
+
+def test_a_requeued_job_names_its_latest_eviction_not_an_earlier_one():
+    """The line said the first eviction's cause for every later one (the job's events were read
+    from its creation, not from its last admission)."""
+    from tests.unit.test_launch_kubernetes import queue_script
+
+    cluster = FakeCluster(kueue=True)
+    backend, spec, lines = make(cluster, **{"kubernetes.queue": "team-a", "kubernetes.pending_timeout_seconds": 300})
+    start = running_then(lambda c: None)[0]
+
+    def evicted(reason: str):
+        def evict(c: FakeCluster) -> None:
+            c.post_event(NAME, "Stopped", reason)
+            c.suspend(NAME)
+
+        return evict
+
+    cluster.timeline = queue_script(
+        1,
+        [
+            start,
+            start,
+            evicted("Workload evicted due to node failures"),
+            *queue_script(
+                1,
+                [
+                    start,
+                    start,
+                    evicted("Preempted to accommodate a workload (UID: 1) due to fair sharing within the cohort"),
+                    *queue_script(1, running_then(lambda c: c.set_condition(NAME, "Succeeded"))),
+                ],
+            ),
+        ],
+    )
+    run_job(backend, replace(spec, timeout_s=7200))
+    back = [line for line in lines if "went back to the queue" in line]
+    assert len(back) == 2, lines
+    assert "node_lost" in back[0] and "preempted" in back[1] and "node_lost" not in back[1], back

@@ -44,6 +44,7 @@ def training_job(cfg: Config, name: str, dataset_uri: str, model_uri: str) -> Jo
         timeout_s=cfg.job.timeout_seconds,
         kubernetes=cfg.kubernetes,
         kind=cfg.job.kind,
+        resumes=cfg.checkpoint.enabled and cfg.checkpoint.resume,
         artifact_uris={
             "dataset URI": dataset_uri,
             "model URI": model_uri,

@@ -98,6 +98,9 @@ STREAM_TIMEOUT_S = (10.0, 300.0)
 #: Extra time, past the pods' termination grace period, for an old job's deletion to finish before
 #: it is re-created (the operator, the garbage collector and the kubelet each take their turn).
 DELETION_SLACK_S = 300
+#: A job the operator ended at its activeDeadlineSeconds this close to the run's own deadline ran
+#: out of the run's time (`job.timeout_seconds`), not of a shorter `kubernetes.active_deadline_seconds`.
+DEADLINE_SLACK_S = 60
 __all__ = ["JOB_NAME_LABEL", "REPLICA_INDEX_LABEL", "REPLICA_TYPE_LABEL", "KubernetesBackend"]
 
 
@@ -455,7 +458,12 @@ class KubernetesBackend:
         answer, the API server's own reason (a webhook's denial), and what to check."""
         status, detail = http_status(exc), _status_message(exc)
         hint = ""
-        if status == 403 and "admission webhook" not in detail:  # a webhook's denial says why itself
+        if _over_quota(exc):
+            hint = (
+                f" (a ResourceQuota of namespace {job.namespace} is used up; `kubectl -n {job.namespace} describe "
+                "quota` shows it: wait for other jobs to end, or ask for more)"
+            )
+        elif status == 403 and "admission webhook" not in detail:  # a webhook's denial says why itself
             hint = f" (the run's service account lacks RBAC for that call in namespace {job.namespace})"
         elif status == 404 and "create" in refused_call(exc):
             hint = f" (is the {job.kind.crd} CRD installed?)"
@@ -556,13 +564,15 @@ class KubernetesBackend:
             now = self._now() + job.clock_offset
             why_queued = admission.queued(obj, pods)
             if why_queued:
-                requeued = admission.admitted_at is not None and admission.seen_pods
+                admitted_at = admission.admitted_at  # entering the queue forgets it
+                requeued = admitted_at is not None and admission.seen_pods
                 if admission.enter_queue(obj, now):
                     if requeued:  # Kueue evicted it: it re-admits the job itself, the pods resume
-                        why = failures.classify([], self._event_list(job, job.name))
+                        # The events since its last admission: an earlier eviction's are not this one's.
+                        why = failures.classify([], self._event_list(job, job.name, admitted_at))
                         self._log(
-                            f"kftrain: {job.what} went back to the queue ({why}); when it is admitted again its "
-                            "replicas resume from the latest checkpoint"
+                            f"kftrain: {job.what} went back to the queue ({why}); when it is admitted again, "
+                            f"{_what_resumes(job.spec)}"
                         )
                     self._log(
                         f"kftrain: {job.what} is queued in {queue_of(obj, kind)}: {why_queued}; "
@@ -682,9 +692,16 @@ class KubernetesBackend:
         if failed is not None and _ended_by_deadline(failed):
             # The operator stopped it at activeDeadlineSeconds: the ranks' SIGTERM looks like a
             # preemption, but the limit is the job's own, and a re-created job would get it afresh.
-            limit = job.spec.kubernetes.active_deadline_seconds or f"{job.spec.timeout_s:.0f}"
+            # That is the run's time (`job.timeout_seconds`, the time left of it on a re-created
+            # job) unless kubernetes.active_deadline_seconds was set shorter.
+            own = job.spec.kubernetes.active_deadline_seconds
+            if not own or self._seconds_left() <= DEADLINE_SLACK_S:
+                said = f"{failed.get('reason', 'Failed')}: {failed.get('message', '')}".rstrip(": ")
+                raise JobTimeout(
+                    f"{job.what} failed: {said}; the run's time is up ({job.spec.timeout_s:.0f}s, job.timeout_seconds)"
+                )
             return (
-                f"not re-created: its own activeDeadlineSeconds ({limit}s, kubernetes.active_deadline_seconds) ended it"
+                f"not re-created: its own activeDeadlineSeconds ({own}s, kubernetes.active_deadline_seconds) ended it"
             )
         if allowed == 0:
             return f"not re-created ({field} is 0)"
@@ -699,7 +716,7 @@ class KubernetesBackend:
             left = f"{allowed - done - 1} of {allowed} left ({field})"
         self._log(
             f"kftrain: {job.what} failed: {diagnosis}; re-creating it (re-creation {done + 1} for "
-            f"{diagnosis.cause}, {left}); the trainer resumes from its latest checkpoint"
+            f"{diagnosis.cause}, {left}); {_what_resumes(job.spec)}"
         )
         self.cancel(job.spec)
         self._wait_deleted(job)
@@ -739,15 +756,29 @@ class KubernetesBackend:
         `ours`: no other launcher can hold the name (we just deleted the old job), so a 409 means
         our own create took effect and its answer was lost: that job, if it is this attempt's, is
         as good as created."""
-        try:
-            before = self._now()
-            created = job.custom("create", self.custom.create_namespaced_custom_object, manifest)
-            job.clock_offset = _clock_offset(created, before, self._now())
-            return None
-        except Exception as exc:
-            if http_status(exc) != 409:
-                job.refused = http_status(exc) is not None
-                raise
+        quota_since: dt.datetime | None = None
+        while True:
+            try:
+                before = self._now()
+                created = job.custom("create", self.custom.create_namespaced_custom_object, manifest)
+                job.clock_offset = _clock_offset(created, before, self._now())
+                return None
+            except Exception as exc:
+                if _over_quota(exc):
+                    if quota_since is None:
+                        quota_since = self._now()
+                        self._log(
+                            f"kftrain: {job.what} cannot be created yet{_status_message(exc)}; waiting for the "
+                            "quota to free as other jobs end (at most kubernetes.queue_timeout_seconds, and the "
+                            "run's job.timeout_seconds)"
+                        )
+                    if self._may_wait_for_quota(job, quota_since):
+                        self._sleep(job.spec.kubernetes.poll_seconds)
+                        continue
+                if http_status(exc) != 409:
+                    job.refused = http_status(exc) is not None
+                    raise
+                break
         existing = self._get(job)
         if existing is None:  # gone again in between: one more try decides
             job.custom("create", self.custom.create_namespaced_custom_object, manifest)
@@ -755,6 +786,13 @@ class KubernetesBackend:
         if ours and not _deleting(existing) and not _condition(existing, job.kind.failed):
             return None
         return existing
+
+    def _may_wait_for_quota(self, job: _Job, since: dt.datetime) -> bool:
+        """Whether a create a ResourceQuota refused may wait on: within the run's deadline and
+        `kubernetes.queue_timeout_seconds` (a quota is a queue by another name) since `since`."""
+        limit = job.spec.kubernetes.queue_timeout_seconds
+        waited = (self._now() - since).total_seconds()
+        return not self._deadline_passed() and not (limit and waited > limit)
 
     def _get(self, job: _Job) -> dict[str, Any] | None:
         try:
@@ -1134,6 +1172,21 @@ def job_status(
         lines.append(f"progress: {snapshot.line()}")
         lines.append(f"reported: {stamp(snapshot.time)} ({format_seconds(age)} ago)")
     return "\n".join(lines)
+
+
+def _what_resumes(spec: JobSpec) -> str:
+    """What a re-created (or re-admitted) job starts from, as the launcher says it."""
+    if spec.resumes is None:
+        return "your command resumes only if it saves and loads its own checkpoints"
+    if spec.resumes:
+        return "the trainer resumes from its latest checkpoint"
+    return "checkpoints are off (checkpoint.enabled, checkpoint.resume): training starts again from step 0"
+
+
+def _over_quota(exc: BaseException) -> bool:
+    """Whether a refusal is a ResourceQuota's (`exceeded quota: ...`): on a shared cluster it frees
+    as other jobs end, unlike a missing permission."""
+    return http_status(exc) == 403 and "exceeded quota" in _status_message(exc)
 
 
 def _status_message(exc: BaseException) -> str:
