@@ -1155,6 +1155,15 @@ class Config:
                 _require(not problem, "data.partitions", self.data.partitions, problem)
 
     def __post_init__(self) -> None:
+        # No field holds a credential (those come from Secrets and the environment): one pasted into
+        # any field travels in pipeline parameters, compiled YAML, run records and the job object.
+        if found := credential_path(dataclasses.asdict(self), ""):
+            where, what = found
+            raise ConfigError(
+                f"{where}: its {what} looks like a credential, and the config travels in pipeline parameters, "
+                "compiled YAML, run records and the job object; give credentials through a Kubernetes Secret "
+                "or the environment (docs/cluster.md)"
+            )
         _require(
             self.task in BUILTIN_TASKS or bool(_TASK_PATH.fullmatch(self.task)),
             "task",

@@ -180,7 +180,7 @@ def credential_path(value: Any, path: str) -> tuple[str, str] | None:
     if isinstance(value, dict):
         for key, item in value.items():
             shown = masked_parts(str(key))
-            where = f"{path}.{shown}"
+            where = f"{path}.{shown}" if path else shown
             if shown != str(key):
                 return where, "key"
             if path.rsplit(".", 1)[-1] in _FREE_MAPS and _free_key_holds_secret(str(key)) and item:

@@ -21,7 +21,9 @@ pytestmark = pytest.mark.timeout(180)
 
 # (config text, phrases the last line must hold)
 ROWS = [
-    pytest.param(alias_bomb(), ["c.yaml: line 1:", "anchors and aliases (a value starting with '&') are not"], id="alias-bomb"),
+    pytest.param(
+        alias_bomb(), ["c.yaml: line 1:", "anchors and aliases (a value starting with '&') are not"], id="alias-bomb"
+    ),
     pytest.param(
         "job:\n  replicas: 2\n  replicas: 4\n", ["c.yaml: job.replicas: duplicate key, on lines 2 and 3"], id="dup-key"
     ),

@@ -321,6 +321,32 @@ def test_a_credential_anywhere_in_the_job_objects_fields_is_refused_naming_where
     assert token not in message and "hunter2" not in message and "looks like a credential" in message
 
 
+@pytest.mark.parametrize(
+    "overrides",
+    [
+        {"data.label_column": "{t}"},
+        {"data.text_field": "{t}"},
+        {"data.source_version": "{t}"},
+        {"data.eval_prompts": ["a prompt", "{t}"]},
+        {"lora.target_modules": ["q_proj", "{t}"]},
+        {"checkpoint.owner": "{t}"},
+        {"plan.gpu": "{t}"},
+    ],
+)
+def test_a_credential_in_any_field_is_refused_naming_the_field(overrides):
+    """Free-text fields took a pasted token into the run's records and the job object (a probe)."""
+    token = TOKENS[1]
+    filled = {
+        k: [x.replace("{t}", token) for x in v] if isinstance(v, list) else v.replace("{t}", token)
+        for k, v in overrides.items()
+    }
+    with pytest.raises(ConfigError) as raised:
+        load_config(overrides=filled)
+    message = str(raised.value)
+    assert message.startswith(f"{next(iter(overrides))}") and "looks like a credential" in message, message
+    assert token not in message
+
+
 def test_the_job_objects_fields_keep_what_is_no_credential():
     """A Secret's name, a secret volume, a CSI driver's secret reference are names, not secrets."""
     volumes = [
