@@ -191,6 +191,22 @@ def test_time_scales_compute_by_the_share_of_the_batch_and_adds_the_all_reduce()
     assert one.eta_seconds == pytest.approx(100 * 1.0)
 
 
+@pytest.mark.parametrize("strategy", ["ddp", "fsdp"])
+def test_a_probe_s_own_size_is_planned_as_it_measured_and_other_sizes_add_the_modelled_difference(strategy):
+    """Under FSDP the probe's compute holds the all-gathers, and the plan added the modelled
+    communication again: 2-3.5x the step the probe had just measured at that very size."""
+    link = Interconnect(intra_node_gbps=1.0, inter_node_gbps=1.0, latency_us=100.0, overlap=0.0)
+    cfg = gpt(strategy, 2)
+    measured = dataclasses.replace(probe(0.03, world=2), comm_seconds=0.002, step_seconds=0.032)
+    calibrated = make_plan(cfg, probe=measured, interconnect=link, nodes=(2, 4))
+    two, four = calibrated.point(2), calibrated.point(4)
+    assert two.step_seconds == pytest.approx(0.032) and two.comm_seconds == pytest.approx(0.002)
+    raw = make_plan(cfg, probe=dataclasses.replace(measured, world_size=1), interconnect=link, nodes=(2, 4))
+    modelled = raw.point(4).comm_seconds - raw.point(2).comm_seconds
+    assert four.comm_seconds == pytest.approx(max(0.0, 0.002 + modelled))
+    assert any("calibrated to the probe" in a for a in calibrated.assumptions)
+
+
 def test_cpu_ranks_of_one_machine_share_its_cores():
     cores = os.cpu_count() or 1
     cfg = gpt("ddp", 1)

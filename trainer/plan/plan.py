@@ -622,10 +622,25 @@ def make_plan(
     if total_steps is None:
         assumptions.append("ETA unknown: set train.max_steps or plan with the prepared dataset's manifest")
 
+    # The probe measured its exposed communication (and, under FSDP, its compute holds the
+    # parameter all-gathers, which cannot be switched off): at its own size the plan is what it
+    # measured, elsewhere that plus the modelled difference, not the model's whole again.
+    anchor = 0.0
+    if probe_here is not None and probe_here.world_size > 1 and probe_here.world_size % per_node == 0:
+        _, modelled, _ = _time(model, cfg, probe_here.world_size // per_node, target, probe_here, mfu)
+        if modelled is not None:
+            anchor = probe_here.comm_seconds - modelled
+            assumptions.append(
+                f"communication calibrated to the probe's {probe_here.comm_seconds:.3g} s exposed a step on "
+                f"{probe_here.world_size} ranks (the model said {modelled:.3g} s); other sizes add the modelled "
+                "difference"
+            )
     counts = sorted({1, here_nodes, *nodes})
     scaling: list[ScalePoint] = []
     for n in counts:
         compute, comm, wait = _time(model, cfg, n, target, probe_here, mfu)
+        if comm is not None and n * per_node > 1:
+            comm = max(0.0, comm + anchor)
         ranks = n * per_node
         step = None if compute is None else compute + comm + wait
         point = ScalePoint(
