@@ -31,6 +31,10 @@ from trainer.plan.hardware import GPUS, HardwareError, Interconnect, default_int
         ("NVIDIA A10G", 22.5, 125.0),
         ("l40s", 45.0, 362.0),
         ("A10G", 22.5, 125.0),
+        # A type of one size, named with its datasheet GB (was: unknown).
+        ("L4 24GB", 22.5, 121.0),
+        ("NVIDIA L40S 48GB", 45.0, 362.0),
+        ("A10G 24GB", 22.5, 125.0),
     ],
 )
 def test_gpu_types_by_name(name, memory_gib, tflops):
@@ -59,7 +63,7 @@ def test_a_card_is_planned_with_its_own_link_not_the_sxm_module_s(name, link):
 
 
 @pytest.mark.parametrize(
-    "name", ["V100", "Tesla T4", "NVIDIA GeForce RTX 4090", "L40", "NVIDIA GH200 480GB", "H100 94GB"]
+    "name", ["V100", "Tesla T4", "NVIDIA GeForce RTX 4090", "L40", "NVIDIA GH200 480GB", "H100 94GB", "L4 48GB"]
 )
 def test_an_unknown_gpu_names_the_known_ones_and_the_way_out(name):
     """Also a model whose other words name no product of it (an H100 with 94 GB is the NVL card)."""

@@ -104,6 +104,11 @@ NVLINK_EFFICIENCY = 0.5
 NETWORK_EFFICIENCY = 0.9
 
 
+def _datasheet_gb(spec: GpuSpec) -> str:
+    """The memory a datasheet gives the type, in its GB (10**9 bytes, rounded to a whole number)."""
+    return str(round(spec.memory_gib * 2**30 / 1e9))
+
+
 def gpu_spec(name: str) -> GpuSpec:
     """The GPU type `name`, case-insensitive: the plan's name (`H200-141GB`), a short one (`h200`),
     or the driver's as `nvidia-smi` and `torch.cuda.get_device_name` print it (`NVIDIA H100 80GB
@@ -122,7 +127,12 @@ def gpu_spec(name: str) -> GpuSpec:
             return GPUS[spec_name]
     # A model whose memory is left out is the one size it comes in (`h200`, `H100 PCIe`).
     model, form, gb = _parts(name)
-    sized = [spec for spec, (m, f, g) in _SPEC_PARTS.items() if (m, f) == (model, form) and (not gb or g == gb)]
+    # A type of one size names none (`L4`): a name giving its datasheet GB (`L4 24GB`) is that type.
+    sized = [
+        spec
+        for spec, (m, f, g) in _SPEC_PARTS.items()
+        if (m, f) == (model, form) and (not gb or g == gb or (not g and _datasheet_gb(GPUS[spec]) == gb))
+    ]
     if model and len(sized) == 1:
         return GPUS[sized[0]]
     if model and not gb and len(sized) > 1:
