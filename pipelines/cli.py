@@ -1109,7 +1109,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="store root: s3://bucket/prefix (store.uri of the runs) or a local folder (default: %(default)s)",
     )
     p.add_argument("--s3-endpoint", type=_nonempty, help="S3 endpoint URL of the store")
-    p.add_argument("--json", action="store_true", help="print JSON, one object per run")
+    p.add_argument("--json", action="store_true", help="print one JSON array, an object per run")
     p.set_defaults(func=_cmd_runs)
 
     job = sub.add_parser("job", help="inspect the training job").add_subparsers(dest="job_command", required=True)

@@ -392,7 +392,8 @@ class Progress:
         self._grad_norm = torch.zeros((), device=device)
         self._steps = 0  # in the interval's loss and gradient norm (a resumed interval: its earlier steps too)
         self._timed = 0  # since `_t`: the steps the rate is of
-        self._t = time.perf_counter()
+        self._t = self._last_step = time.perf_counter()
+        self._untimed = 0.0  # seconds since `_t` of steps the rate leaves out (the profiled one)
         self._data_wait = 0.0
 
     def window(self) -> dict[str, float | int]:
@@ -422,19 +423,28 @@ class Progress:
         lr: float,
         grad_norm: torch.Tensor | None = None,
         data_wait: float = 0.0,
+        timed: bool = True,
     ) -> None:
         """Record one optimizer step's loss (and gradient norm); log when the interval (or the last
-        step) is reached. `data_wait` is the running total of seconds spent waiting for batches."""
+        step) is reached. `data_wait` is the running total of seconds spent waiting for batches.
+        A step not `timed` (the one the memory profiler slowed) is left out of the rate and the
+        ETA, unless the interval has no other."""
         self._loss += loss
         if grad_norm is not None:
             self._grad_norm += grad_norm.detach().float()
         self._steps += 1
-        self._timed += 1
+        now = time.perf_counter()
+        if timed:
+            self._timed += 1
+        else:
+            self._untimed += now - self._last_step
+        self._last_step = now
         if not self.enabled or (step % self.interval and step != self.total_steps):
             return
-        now = time.perf_counter()
         seconds = now - self._t
-        seconds_per_step = seconds / self._timed
+        if self._timed:
+            seconds -= self._untimed
+        seconds_per_step = seconds / max(self._timed, 1)
         mean_loss = float(self._loss) / self._steps
         rate = self.items_per_step / seconds_per_step
         scalars = {
@@ -470,7 +480,7 @@ class Progress:
             self.events.flush()
         self._loss.zero_()
         self._grad_norm.zero_()
-        self._t, self._steps, self._timed, self._data_wait = now, 0, 0, data_wait
+        self._t, self._steps, self._timed, self._data_wait, self._untimed = now, 0, 0, data_wait, 0.0
 
     def epoch_end(self, step: int, record: dict[str, Any]) -> None:
         """Record an epoch's summary (`{"epoch", "train_loss", "val_*"...}`) at optimizer step `step`."""

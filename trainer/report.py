@@ -98,6 +98,15 @@ LABELS = {
     "median_step_seconds": "step time (median)",
 }
 _PERCENT = ("accuracy", "macro_f1", "mfu", "data_wait_fraction")
+#: Measures of the process start that wrote the record: a resumed run's last start, not its whole.
+_OF_A_START = (
+    "train_seconds",
+    "seconds_to_first_step",
+    "first_step_unix_time",
+    "data_wait_fraction",
+    "mfu",
+    "median_step_seconds",
+)
 
 
 def _measure_label(key: str, best_step: int | None, end_step: int | None = None, epochs: bool = False) -> str:
@@ -117,6 +126,8 @@ def _measure_label(key: str, best_step: int | None, end_step: int | None = None,
             return f"{name} (mean of the steps after the last epoch, to step {end_step})"
         return f"{name} (at step {end_step}, the end of training, after the last epoch)"
     if end_step is not None:
+        if key == "train_loss":
+            return f"{name} (mean of the steps to step {end_step}, the end of training: no epoch ended)"
         return f"{name} (at step {end_step}, the end of training: no epoch ended)"
     return label(key)
 
@@ -127,8 +138,13 @@ def _training_measures(training: dict[str, Any]) -> list[tuple[str, str]]:
     metrics, config = training.get("metrics", {}), training.get("config") or {}
     epochs = bool(training.get("history"))
     end_step = metrics.get("steps") if not epochs or metrics.get(AFTER_LAST_EPOCH) else None
+    restarted = bool(metrics.get("resumed_from_step"))
     rows = [
-        (_measure_label(k, metrics.get("best_step"), end_step, epochs), format_value(k, v))
+        (
+            _measure_label(k, metrics.get("best_step"), end_step, epochs)
+            + (" (its last start)" if restarted and (k in _OF_A_START or k.endswith("_per_second")) else ""),
+            format_value(k, v),
+        )
         for k, v in metrics.items()
         if k != AFTER_LAST_EPOCH  # said by the labels
     ]
@@ -256,10 +272,15 @@ def svg_chart(
         # One measurement (a one-epoch run's validation): its value, where a line needs two.
         said = " not enough points to draw."
         if every:
-            said = f" one point, {drawn[0]['name']} {every[0][1]:.4g} at {x_label} {every[0][0]:g}; a line needs two"
+            x, y = every[0]
+            at = date_time(x) if x_time else short_number(x)
+            value = f"{y:.2%}" if y_percent else f"{y:.4g}"
+            said = f" one point, {drawn[0]['name']} {value} at {x_label} {at}; a line needs two"
         return f'<p class="empty"><em>{esc(title)}:{esc(said)}</em></p>'
     xs, ys = [p[0] for p in every], [p[1] for p in every]
     xt = time_ticks(min(xs), max(xs)) if x_time else linear_ticks(min(xs), max(xs), target=6)
+    if not x_time and all(x == int(x) for x in xs) and max(xs) - min(xs) < 6:  # steps, epochs: no 1.2
+        xt = [float(t) for t in range(math.floor(min(xs)), math.ceil(max(xs)) + 1)]
     if y_log:
         yt = log_ticks(min(ys), max(ys))
         ymap = math.log10
@@ -449,11 +470,15 @@ def _header(training: dict[str, Any], evaluation: dict[str, Any], context: dict[
     else:
         ckpt_text = "none written by the last start"
     resumed = int(metrics.get("resumed_from_step", 0))
-    restarts = int(progress.get("segment", 0))
-    if restarts:
-        resume_text = f"{restarts} restart(s); the last resumed from step {resumed:,}"
-    elif resumed:  # its first start read another run's checkpoint (checkpoint.resume_from)
+    restarts = int(progress.get("segment", 0))  # a cluster run's; each local start has a folder of its own
+    elsewhere = training.get("resumed_from_another_run")  # absent in a record kftrain wrote before it kept it
+    if elsewhere:
         resume_text = f"none; begun from step {resumed:,} of another run's checkpoint (checkpoint.resume_from)"
+    elif restarts:
+        resume_text = f"{restarts} restart(s); the last resumed from step {resumed:,}"
+    elif resumed:
+        resume_text = f"restarted; the last start resumed from step {resumed:,} of this run's own checkpoint"
+        resume_text = resume_text if elsewhere is not None else f"resumed from step {resumed:,}"
     else:
         resume_text = "none (one uninterrupted start)"
     facts = [
@@ -494,7 +519,9 @@ def _charts(training: dict[str, Any], evaluation: dict[str, Any]) -> list[str]:
     ]
     by_step = bool(training.get("progress", {}).get("validation"))
     last_step = training.get("metrics", {}).get("steps") or (curve[-1]["step"] if curve else 0)
-    loss_series = [{"name": "training (mean per log interval)", "points": [(p["step"], p["loss"]) for p in curve]}]
+    loss_series = [
+        {"name": "training (mean per log interval, rank 0)", "points": [(p["step"], p["loss"]) for p in curve]}
+    ]
     val_loss = [(v["step"], v["val_loss"]) for v in validation if "val_loss" in v]
     if val_loss and by_step:
         loss_series.append({"name": "validation (end of epoch)", "points": val_loss, "markers": len(val_loss) < 3})

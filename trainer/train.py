@@ -768,7 +768,7 @@ class Trainer:
         # The epoch's loss is the job's: a summed loss's ranks hold unequal numbers of units.
         self.epoch_loss += step_loss if job_loss is None else job_loss
         self.epoch_steps += 1
-        self.progress.step(self.step, self.epoch, step_loss, lr, grad_norm, self.data_wait)
+        self.progress.step(self.step, self.epoch, step_loss, lr, grad_norm, self.data_wait, timed=timed)
         self.health.end_step(self.step, self.data_wait, timed=timed)
 
     def _apply_optimizer_settings(self) -> None:
@@ -1070,6 +1070,9 @@ class Trainer:
                 "history": self.history,
                 "loss_curve": self.progress.curve,
                 "progress": self.progress.summary(),
+                # What `resumed_from_step` continued: another run's checkpoint (checkpoint.resume_from), or this
+                # run's own (a restart: on a cluster a new TensorBoard segment, locally a new start's folder).
+                "resumed_from_another_run": self.resumed_elsewhere,
                 "config": to_dict(cfg),
                 "parameter_digest": digest,
             }

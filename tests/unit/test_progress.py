@@ -40,6 +40,21 @@ def test_logs_every_interval_and_at_the_last_step_with_mfu(caplog):
     assert all("tokens/s" in line and "eta" in line and "mfu" in line for line in lines)
 
 
+def test_the_profiled_step_is_left_out_of_the_rate_and_the_eta(monkeypatch):
+    """The step the memory profiler slows (each start's second) made its interval's rate 20x too
+    low and the ETA minutes for seconds (a probe)."""
+    clock = iter([0.0, 1.0, 11.0, 12.0, 13.0, 14.0])  # construction, then each step's end
+    monkeypatch.setattr("trainer.progress.time.perf_counter", lambda: next(clock))
+    p = Progress(
+        total_steps=10, items_per_step=100, item_name="samples", flops_per_step=0, peak_flops=0,
+        interval=4, device=torch.device("cpu"), enabled=True,
+    )  # fmt: skip
+    for step in range(1, 5):
+        p.step(step, 0, torch.tensor(1.0), 1e-3, timed=step != 2)  # step 2 took 10 s under the profiler
+    assert p.curve[0]["items_per_second"] == pytest.approx(100.0)  # 3 steps in 3 s, not 4 in 13 s
+    assert p.last.eta_seconds == 6
+
+
 def test_an_interval_cut_by_a_checkpoint_and_resumed_averages_the_same_steps():
     """A resumed run's next line is the mean of the interval's steps before the checkpoint too
     (was: of the steps since the resume alone), and its rate is of the steps it timed."""

@@ -119,18 +119,24 @@ def render() -> str:
 
 
 @pytest.mark.parametrize(
-    ("segment", "resumed", "said"),
+    ("segment", "resumed", "elsewhere", "said"),
     [
-        (1, 20, "1 restart(s); the last resumed from step 20"),
+        (1, 20, False, "1 restart(s); the last resumed from step 20"),
         # Begun from another run's checkpoint, never restarted (was: "1 restart(s)").
-        (0, 57, "none; begun from step 57 of another run's checkpoint (checkpoint.resume_from)"),
-        (0, 0, "none (one uninterrupted start)"),
+        (0, 57, True, "none; begun from step 57 of another run's checkpoint (checkpoint.resume_from)"),
+        # A local run resumed with --run-id: each start has its own folder, segment 0 (was: said to be
+        # begun from another run's checkpoint).
+        (0, 575, False, "restarted; the last start resumed from step 575 of this run's own checkpoint"),
+        (0, 575, None, "resumed from step 575"),  # a record from before kftrain kept where it resumed from
+        (0, 0, False, "none (one uninterrupted start)"),
     ],
 )
-def test_the_header_counts_restarts_only_where_the_run_restarted(segment, resumed, said):
+def test_the_header_counts_restarts_only_where_the_run_restarted(segment, resumed, elsewhere, said):
     record = training_record()
     record["progress"]["segment"] = segment
     record["metrics"]["resumed_from_step"] = resumed
+    if elsewhere is not None:
+        record["resumed_from_another_run"] = elsewhere
     parsed = Page()
     parsed.feed(html_report(record, evaluation_record(), (True, "no bar")))
     assert said in " ".join(parsed.text)
@@ -233,6 +239,21 @@ def test_too_few_points_say_so():
     # A one-epoch run's validation: its one value, said (was: "not enough points", the value nowhere on the chart).
     one = svg_chart([{"name": "val", "points": [(19, 0.95)]}], title="t", x_label="step", y_label="y")
     assert "t: one point, val 0.95 at step 19; a line needs two" in one
+    # A time axis's point is a date, a percent axis's a percentage (were: 1.79658e+09, 0.7877).
+    when = svg_chart(
+        [{"name": "rate", "points": [(1796580000, 280.3)]}], title="t", x_label="time", y_label="y", x_time=True
+    )
+    assert "rate 280.3 at time 2026-12-06 " in when and "UTC; a line needs two" in when
+    share = svg_chart(
+        [{"name": "val", "points": [(19, 0.78771)]}], title="t", x_label="step", y_label="y", y_percent=True
+    )
+    assert "val 78.77% at step 19" in share
+
+
+def test_a_step_axis_over_few_steps_has_whole_steps():
+    svg = svg_chart([{"name": "a", "points": [(1, 2.0), (2, 1.0)]}], title="t", x_label="step", y_label="y")
+    ticks = re.findall(r'class="xtick"[^>]*>([^<]*)<', svg)
+    assert ticks == ["1", "2"], ticks
 
 
 def test_confusion_heatmap_has_a_cell_per_pair_shaded_by_row_share():
@@ -253,7 +274,11 @@ def test_every_chart_is_present_and_well_formed():
         ET.fromstring(svg)  # well-formed XML: nothing unescaped broke it
     loss = re.search(r'<svg[^>]*aria-label="loss".*?</svg>', page, flags=re.S).group(0)
     names = re.findall(r'class="series" data-name="([^"]+)"', loss)
-    assert {"training (mean per log interval)", "validation (end of epoch)", "test (final model)"} <= set(names)
+    assert {
+        "training (mean per log interval, rank 0)",
+        "validation (end of epoch)",
+        "test (final model)",
+    } <= set(names)
     throughput = re.search(r'<svg[^>]*aria-label="throughput.*?</svg>', page, flags=re.S).group(0)
     assert re.findall(r'class="xtick"[^>]*>([^<]+)<', throughput)[0] == "00:53:30"  # clock times, not raw floats
 
@@ -289,6 +314,21 @@ def test_a_run_that_ends_before_an_epoch_says_its_validation_is_the_ends_and_wha
     text = " ".join(parsed.text)
     assert "validation loss (at step 40, the end of training: no epoch ended)" in text and "last epoch" not in text
     assert "exported model the last step's (40): no checkpoint had val_loss to rank" in text
+    # Its training loss is the mean of its steps (was: "at step 40", as if the loss there).
+    training["metrics"]["train_loss"] = 2.7
+    parsed = Page()
+    parsed.feed(html_report(training, evaluation_record(), (True, ""), {"run_id": "r"}))
+    assert "training loss (mean of the steps to step 40, the end of training: no epoch ended)" in " ".join(parsed.text)
+
+
+def test_a_resumed_run_s_times_say_they_are_its_last_start_s():
+    training = training_record()
+    training["metrics"] |= {"resumed_from_step": 575, "train_seconds": 5.5, "samples_per_second": 6606.0}
+    parsed = Page()
+    parsed.feed(html_report(training, evaluation_record(), (True, ""), {"run_id": "r"}))
+    text = " ".join(parsed.text)
+    assert "training time (its last start)" in text and "throughput (samples/s) (its last start)" in text
+    assert "optimizer steps (its last start)" not in text
 
 
 def test_an_fsdp_run_exporting_its_best_step_says_both():
