@@ -651,7 +651,8 @@ def best_metric(spec: str) -> tuple[str, str] | None:
             direction = "max"
         else:
             raise ConfigError(
-                f"checkpoint.keep_best: the direction of {name!r} is unknown; write min:{name} or max:{name}"
+                f"checkpoint.keep_best: the direction of {k8s.show(name)} is unknown; write min:<metric> or "
+                "max:<metric>"
             )
     return direction, name
 
@@ -1155,15 +1156,7 @@ class Config:
                 _require(not problem, "data.partitions", self.data.partitions, problem)
 
     def __post_init__(self) -> None:
-        # No field holds a credential (those come from Secrets and the environment): one pasted into
-        # any field travels in pipeline parameters, compiled YAML, run records and the job object.
-        if found := credential_path(dataclasses.asdict(self), ""):
-            where, what = found
-            raise ConfigError(
-                f"{where}: its {what} looks like a credential, and the config travels in pipeline parameters, "
-                "compiled YAML, run records and the job object; give credentials through a Kubernetes Secret "
-                "or the environment (docs/cluster.md)"
-            )
+        _check_no_credential(self)
         _require(
             self.task in BUILTIN_TASKS or bool(_TASK_PATH.fullmatch(self.task)),
             "task",
@@ -1414,6 +1407,23 @@ def _duration(value: int | float, path: str) -> int | float:
     if path.endswith("_seconds"):
         _require(value <= MAX_SECONDS, path, value, f"must be at most {MAX_SECONDS} seconds (366 days)")
     return value
+
+
+def _check_no_credential(cfg: Config) -> None:
+    """Refuse a config whose keys or values hold a credential, after each field's own check (whose
+    refusal says better where the credential goes, and shows none): none of its fields holds one
+    (credentials come from Secrets and the environment), and what is pasted into any travels in
+    pipeline parameters, compiled YAML, run records and the job object. `data.eval_prompts` are
+    free text (code, JSON, addresses); a URL with a password is its field's to refuse."""
+    values = dataclasses.asdict(cfg)
+    del values["data"]["eval_prompts"]
+    if found := credential_path(values, "", urls=False):
+        where, what = found
+        raise ConfigError(
+            f"{where}: its {what} looks like a credential, and the config travels in pipeline parameters, "
+            "compiled YAML, run records and the job object; give credentials through a Kubernetes Secret "
+            "or the environment (docs/cluster.md)"
+        )
 
 
 def from_dict(cls: type, data: dict[str, Any], path: str = "") -> Any:

@@ -56,10 +56,13 @@ _JWT = re.compile(r"\beyJ[A-Za-z0-9_-]{8,}\.[A-Za-z0-9_-]{8,}\.")
 _CREDENTIAL_VALUES = (
     re.compile(r"\b(AKIA|ASIA)[A-Z0-9]{16}\b"),  # an AWS access key id
     re.compile(r"-----BEGIN [A-Z ]*PRIVATE KEY( BLOCK)?-----"),  # PEM, OpenSSH, PGP
-    re.compile(r"\b(ghp|gho|ghs|ghu|github_pat)_[A-Za-z0-9_]{20,}"),  # GitHub tokens
+    # GitHub tokens: 36 letters and digits after the prefix (`gho_customer_value` is a column), or a
+    # fine-grained one's long `github_pat_...`.
+    re.compile(r"\b(ghp|gho|ghs|ghu|ghr)_[A-Za-z0-9]{36}\b|\bgithub_pat_[A-Za-z0-9_]{50,}"),
     re.compile(r"\bhf_[A-Za-z0-9]{30,}"),  # Hugging Face tokens
     re.compile(r"\bxox[abposr]-[A-Za-z0-9-]{10,}"),  # Slack tokens
-    re.compile(r"\bsk-[A-Za-z0-9_-]{20,}"),  # OpenAI-style API keys
+    # OpenAI-style API keys: random letters of both cases and digits (`sk-hynix-memory-ml` is a name).
+    re.compile(r"\bsk-(?=[A-Za-z0-9_-]*[0-9])(?=[A-Za-z0-9_-]*[A-Z])(?=[A-Za-z0-9_-]*[a-z])[A-Za-z0-9_-]{20,}"),
     re.compile(r"\b(sk|rk|pk)_live_[A-Za-z0-9]{16,}"),  # Stripe keys
     re.compile(r"\bglpat-[A-Za-z0-9_-]{20,}"),  # GitLab personal access tokens
     re.compile(r"\bAIza[0-9A-Za-z_-]{35}"),  # Google API keys
@@ -69,7 +72,7 @@ _CREDENTIAL_VALUES = (
     re.compile(r"(?i)\b(AccountKey|SharedAccessKey|SharedAccessSignature)=[^;\s]{16,}"),  # Azure connection strings
     # A connection string's or mount option's password (`Server=db;Pwd=...`, libpq's `host=db
     # password=...`, `user=bob,password=...`).
-    re.compile(r"(?i)(^|[;,\s])(password|passwd|pwd)\s*=\s*[^;,\s/]"),
+    re.compile(r"(?i)(^|[;,\s])(password|passwd|pwd)=[^;,\s/$]"),
     # A JSON document's credential member (`"password": ...`, an OAuth client's), not a reference
     # to one (`"${HF_TOKEN}"`); a Docker config's `"auth"`, which is base64 of `user:password`.
     re.compile(r'(?i)"(password|passwd|client_secret|access_token|refresh_token|api_?key)"\s*:\s*"[^"$]'),
@@ -171,12 +174,14 @@ def _free_key_holds_secret(key: str) -> bool:
     return bool(words) and words[-1].upper() in _SECRET_KEY_LAST_WORDS
 
 
-def credential_path(value: Any, path: str) -> tuple[str, str] | None:
+def credential_path(value: Any, path: str, urls: bool = True) -> tuple[str, str] | None:
     """`(where, what)` of the first key or text in `value` (a config field's value: a mapping, a
     list, a pod-spec fragment) that looks like a credential (:func:`looks_like_credential`; a key
     in any of its parts, `example.com/<token>`), or of a free map's entry whose name says it holds
     one (`volumeAttributes: {password: ...}`): `where` is its path below `path`, a credential in a
-    key written `***`; `what` is `key` or `value`. None when nothing does."""
+    key written `***`; `what` is `key` or `value`. None when nothing does. Not `urls`: a URL with a
+    scheme and a user or password is left to the field that takes it (its refusal says where the
+    credentials go instead)."""
     if isinstance(value, dict):
         for key, item in value.items():
             shown = masked_parts(str(key))
@@ -185,12 +190,14 @@ def credential_path(value: Any, path: str) -> tuple[str, str] | None:
                 return where, "key"
             if path.rsplit(".", 1)[-1] in _FREE_MAPS and _free_key_holds_secret(str(key)) and item:
                 return where, "value"
-            if found := credential_path(item, where):
+            if found := credential_path(item, where, urls):
                 return found
     elif isinstance(value, list | tuple):
         for i, item in enumerate(value):
-            if found := credential_path(item, f"{path}[{i}]"):
+            if found := credential_path(item, f"{path}[{i}]", urls):
                 return found
+    elif not urls and isinstance(value, str) and _URL_START.match(value.strip()) and url_has_userinfo(value):
+        return None
     elif looks_like_credential(value):
         return path, "value"
     return None
@@ -242,9 +249,19 @@ def _random_looking(text: str) -> bool:
         return False
     if not (any(c.isupper() for c in text) and any(c.islower() for c in text)):
         return False
+    return _changes(text) >= 0.45
+
+
+def _changes(text: str) -> float:
+    """How often the kind of character (upper, lower, digit, sign) changes from one to the next."""
     kinds = ["U" if c.isupper() else "L" if c.islower() else "D" if c.isdigit() else "S" for c in text]
-    changes = sum(a != b for a, b in zip(kinds, kinds[1:], strict=False))
-    return changes >= 0.45 * (len(text) - 1)
+    return sum(a != b for a, b in zip(kinds, kinds[1:], strict=False)) / max(len(text) - 1, 1)
+
+
+def _aws_secret_key(text: str) -> bool:
+    """An AWS secret access key's shape, and random (AWS's own example key changes kind at 0.41 of
+    its characters; `AvgTransactionAmountLast90DaysNormalized`, a column, at 0.31)."""
+    return bool(_AWS_SECRET_KEY.fullmatch(text)) and _changes(text) >= 0.36
 
 
 def _known_credential(text: str) -> bool:
@@ -281,8 +298,8 @@ def looks_like_credential(value: Any) -> bool:
         if _known_credential(text):
             return True
         if _path_like(text):  # unless a secret key's 40 random characters, three of them '/'
-            return bool(_AWS_SECRET_KEY.fullmatch(text)) and _random_looking(text.replace("/", ""))
-        return bool(_AWS_SECRET_KEY.fullmatch(text)) or _random_looking(text)
+            return _aws_secret_key(text) and _random_looking(text.replace("/", ""))
+        return _aws_secret_key(text) or _random_looking(text)
     if isinstance(value, dict):
         return any(looks_like_credential(k) or looks_like_credential(v) for k, v in value.items())
     if isinstance(value, list | tuple | set):

@@ -394,6 +394,7 @@ class Progress:
         self._timed = 0  # since `_t`: the steps the rate is of
         self._t = self._last_step = time.perf_counter()
         self._untimed = 0.0  # seconds since `_t` of steps the rate leaves out (the profiled one)
+        self._untimed_wait, self._last_wait = 0.0, 0.0  # their data wait; the running total at the last step
         self._data_wait = 0.0
 
     def window(self) -> dict[str, float | int]:
@@ -438,12 +439,13 @@ class Progress:
             self._timed += 1
         else:
             self._untimed += now - self._last_step
-        self._last_step = now
+            self._untimed_wait += data_wait - self._last_wait
+        self._last_step, self._last_wait = now, data_wait
         if not self.enabled or (step % self.interval and step != self.total_steps):
             return
-        seconds = now - self._t
+        seconds, waited = now - self._t, data_wait - self._data_wait
         if self._timed:
-            seconds -= self._untimed
+            seconds, waited = seconds - self._untimed, waited - self._untimed_wait
         seconds_per_step = seconds / max(self._timed, 1)
         mean_loss = float(self._loss) / self._steps
         rate = self.items_per_step / seconds_per_step
@@ -451,7 +453,7 @@ class Progress:
             "train/loss": mean_loss,
             "train/learning_rate": lr,
             f"train/{self.item_name}_per_second": rate,
-            "train/data_wait_share": min(1.0, max(0.0, data_wait - self._data_wait) / max(seconds, 1e-9)),
+            "train/data_wait_share": min(1.0, max(0.0, waited) / max(seconds, 1e-9)),
         }
         if grad_norm is not None:
             scalars["train/grad_norm"] = float(self._grad_norm) / self._steps
@@ -480,7 +482,8 @@ class Progress:
             self.events.flush()
         self._loss.zero_()
         self._grad_norm.zero_()
-        self._t, self._steps, self._timed, self._data_wait, self._untimed = now, 0, 0, data_wait, 0.0
+        self._t, self._steps, self._timed, self._data_wait = now, 0, 0, data_wait
+        self._untimed = self._untimed_wait = 0.0
 
     def epoch_end(self, step: int, record: dict[str, Any]) -> None:
         """Record an epoch's summary (`{"epoch", "train_loss", "val_*"...}`) at optimizer step `step`."""

@@ -138,7 +138,11 @@ def _training_measures(training: dict[str, Any]) -> list[tuple[str, str]]:
     metrics, config = training.get("metrics", {}), training.get("config") or {}
     epochs = bool(training.get("history"))
     end_step = metrics.get("steps") if not epochs or metrics.get(AFTER_LAST_EPOCH) else None
-    restarted = bool(metrics.get("resumed_from_step"))
+    # A start that resumed this run's own checkpoint; one begun from another run's is its only start
+    # (a cluster's restarts are its TensorBoard segments).
+    restarted = (bool(metrics.get("resumed_from_step")) and not training.get("resumed_from_another_run")) or bool(
+        (training.get("progress") or {}).get("segment")
+    )
     rows = [
         (
             _measure_label(k, metrics.get("best_step"), end_step, epochs)
@@ -473,7 +477,8 @@ def _header(training: dict[str, Any], evaluation: dict[str, Any], context: dict[
     restarts = int(progress.get("segment", 0))  # a cluster run's; each local start has a folder of its own
     elsewhere = training.get("resumed_from_another_run")  # absent in a record kftrain wrote before it kept it
     if elsewhere:
-        resume_text = f"none; begun from step {resumed:,} of another run's checkpoint (checkpoint.resume_from)"
+        resume_text = f"begun from step {resumed:,} of another run's checkpoint (checkpoint.resume_from)"
+        resume_text = f"{restarts} restart(s); the last {resume_text}" if restarts else resume_text
     elif restarts:
         resume_text = f"{restarts} restart(s); the last resumed from step {resumed:,}"
     elif resumed:

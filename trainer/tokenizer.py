@@ -26,6 +26,7 @@ from dataclasses import dataclass
 from functools import lru_cache
 from typing import TYPE_CHECKING, Protocol
 
+from trainer.k8s_formats import show
 from trainer.storage import ObjectNotFound, ObjectStore, has_suffix, parse_uri
 
 if TYPE_CHECKING:
@@ -87,7 +88,7 @@ def parse_spec(spec: str) -> TokenizerSpec:
         except ValueError as exc:
             raise ValueError(f"tokenizer {spec!r}: {exc}; {_FORMS}") from None
         return TokenizerSpec("file", uri=spec)
-    raise ValueError(f"tokenizer {spec!r} is not a known form: {_FORMS}")
+    raise ValueError(f"tokenizer {show(spec)} is not a known form: {_FORMS}")
 
 
 class Tokenizer(Protocol):

@@ -327,10 +327,12 @@ def test_a_credential_anywhere_in_the_job_objects_fields_is_refused_naming_where
         {"data.label_column": "{t}"},
         {"data.text_field": "{t}"},
         {"data.source_version": "{t}"},
-        {"data.eval_prompts": ["a prompt", "{t}"]},
         {"lora.target_modules": ["q_proj", "{t}"]},
         {"checkpoint.owner": "{t}"},
         {"plan.gpu": "{t}"},
+        # Fields whose own checks showed the value before this one ran (a review).
+        {"data.tokenizer": "{t}"},
+        {"checkpoint.keep_best": "{t}"},
     ],
 )
 def test_a_credential_in_any_field_is_refused_naming_the_field(overrides):
@@ -345,6 +347,20 @@ def test_a_credential_in_any_field_is_refused_naming_the_field(overrides):
     message = str(raised.value)
     assert message.startswith(f"{next(iter(overrides))}") and "looks like a credential" in message, message
     assert token not in message
+
+
+def test_ordinary_values_are_no_credential():
+    """A review found these refused by the config-wide check: a column name of an AWS key's
+    length, a name starting like a GitHub or OpenAI token, prompts of code and JSON."""
+    cfg = load_config(
+        overrides={
+            "data.label_column": "AvgTransactionAmountLast90DaysNormalized",
+            "data.text_field": "gho_customer_lifetime_value_total",
+            "checkpoint.owner": "sk-hynix-memory-ml-platform",
+            "data.eval_prompts": ["pwd = os.getcwd()", 'cfg = {"api_key": "abc"}', "email:bob@example.com"],
+        }
+    )
+    assert cfg.checkpoint.owner == "sk-hynix-memory-ml-platform"
 
 
 def test_the_job_objects_fields_keep_what_is_no_credential():

@@ -45,14 +45,25 @@ def test_the_profiled_step_is_left_out_of_the_rate_and_the_eta(monkeypatch):
     low and the ETA minutes for seconds (a probe)."""
     clock = iter([0.0, 1.0, 11.0, 12.0, 13.0, 14.0])  # construction, then each step's end
     monkeypatch.setattr("trainer.progress.time.perf_counter", lambda: next(clock))
+    scalars = {}
+
+    class Events:  # what TensorBoard would be sent
+        def scalars(self, step, values, wall=None):
+            scalars.update(values)
+
+        def flush(self):
+            pass
+
     p = Progress(
         total_steps=10, items_per_step=100, item_name="samples", flops_per_step=0, peak_flops=0,
-        interval=4, device=torch.device("cpu"), enabled=True,
+        interval=4, device=torch.device("cpu"), enabled=True, events=Events(),
     )  # fmt: skip
-    for step in range(1, 5):
-        p.step(step, 0, torch.tensor(1.0), 1e-3, timed=step != 2)  # step 2 took 10 s under the profiler
+    waits = [0.3, 0.9, 0.9, 0.9]  # the running total: 0.3 s before step 1, 0.6 s in the profiled step 2
+    for step in range(1, 5):  # step 2 took 10 s under the profiler
+        p.step(step, 0, torch.tensor(1.0), 1e-3, data_wait=waits[step - 1], timed=step != 2)
     assert p.curve[0]["items_per_second"] == pytest.approx(100.0)  # 3 steps in 3 s, not 4 in 13 s
     assert p.last.eta_seconds == 6
+    assert scalars["train/data_wait_share"] == pytest.approx(0.3 / 3)  # the timed steps' wait over their time
 
 
 def test_an_interval_cut_by_a_checkpoint_and_resumed_averages_the_same_steps():

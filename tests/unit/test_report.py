@@ -123,7 +123,8 @@ def render() -> str:
     [
         (1, 20, False, "1 restart(s); the last resumed from step 20"),
         # Begun from another run's checkpoint, never restarted (was: "1 restart(s)").
-        (0, 57, True, "none; begun from step 57 of another run's checkpoint (checkpoint.resume_from)"),
+        (0, 57, True, "begun from step 57 of another run's checkpoint (checkpoint.resume_from)"),
+        (2, 400, True, "2 restart(s); the last begun from step 400 of another run's checkpoint"),
         # A local run resumed with --run-id: each start has its own folder, segment 0 (was: said to be
         # begun from another run's checkpoint).
         (0, 575, False, "restarted; the last start resumed from step 575 of this run's own checkpoint"),
@@ -329,6 +330,11 @@ def test_a_resumed_run_s_times_say_they_are_its_last_start_s():
     text = " ".join(parsed.text)
     assert "training time (its last start)" in text and "throughput (samples/s) (its last start)" in text
     assert "optimizer steps (its last start)" not in text
+    training["resumed_from_another_run"] = True  # begun once from another run's checkpoint: its only start
+    training["progress"]["segment"] = 0
+    parsed = Page()
+    parsed.feed(html_report(training, evaluation_record(), (True, ""), {"run_id": "r"}))
+    assert "(its last start)" not in " ".join(parsed.text)
 
 
 def test_an_fsdp_run_exporting_its_best_step_says_both():

@@ -44,7 +44,13 @@ def training_job(cfg: Config, name: str, dataset_uri: str, model_uri: str) -> Jo
         timeout_s=cfg.job.timeout_seconds,
         kubernetes=cfg.kubernetes,
         kind=cfg.job.kind,
-        resumes=cfg.checkpoint.enabled and cfg.checkpoint.resume,
+        resumes=(
+            "checkpoint"
+            if cfg.checkpoint.enabled and cfg.checkpoint.resume
+            else "resume_from"
+            if cfg.checkpoint.resume_from
+            else "start"
+        ),
         artifact_uris={
             "dataset URI": dataset_uri,
             "model URI": model_uri,

@@ -764,7 +764,7 @@ class KubernetesBackend:
                 job.clock_offset = _clock_offset(created, before, self._now())
                 return None
             except Exception as exc:
-                if _over_quota(exc):
+                if _over_quota(exc) and not _quota_of_nothing(exc):
                     if quota_since is None:
                         quota_since = self._now()
                         self._log(
@@ -772,8 +772,16 @@ class KubernetesBackend:
                             "quota to free as other jobs end (at most kubernetes.queue_timeout_seconds, and the "
                             "run's job.timeout_seconds)"
                         )
+                    if job.deadline is not None and self._now() >= job.deadline:
+                        raise JobTimeout(
+                            f"{job.what} could not be created within the run's time ({job.spec.timeout_s:.0f}s, "
+                            f"job.timeout_seconds): a ResourceQuota of namespace {job.namespace} refused it for "
+                            f"{(self._now() - quota_since).total_seconds():.0f}s{_status_message(exc)}"
+                        ) from None
                     if self._may_wait_for_quota(job, quota_since):
                         self._sleep(job.spec.kubernetes.poll_seconds)
+                        # The time left shrank while it waited: the job's deadline says so.
+                        manifest = job.manifest(self._now()) if job.deadline is not None else manifest
                         continue
                 if http_status(exc) != 409:
                     job.refused = http_status(exc) is not None
@@ -788,11 +796,10 @@ class KubernetesBackend:
         return existing
 
     def _may_wait_for_quota(self, job: _Job, since: dt.datetime) -> bool:
-        """Whether a create a ResourceQuota refused may wait on: within the run's deadline and
-        `kubernetes.queue_timeout_seconds` (a quota is a queue by another name) since `since`."""
+        """Whether a create a ResourceQuota refused may wait on: within `kubernetes.queue_timeout_seconds`
+        (a quota is a queue by another name) since `since` (the run's deadline is the caller's)."""
         limit = job.spec.kubernetes.queue_timeout_seconds
-        waited = (self._now() - since).total_seconds()
-        return not self._deadline_passed() and not (limit and waited > limit)
+        return not (limit and (self._now() - since).total_seconds() > limit)
 
     def _get(self, job: _Job) -> dict[str, Any] | None:
         try:
@@ -1178,9 +1185,21 @@ def _what_resumes(spec: JobSpec) -> str:
     """What a re-created (or re-admitted) job starts from, as the launcher says it."""
     if spec.resumes is None:
         return "your command resumes only if it saves and loads its own checkpoints"
-    if spec.resumes:
+    if spec.resumes == "checkpoint":
         return "the trainer resumes from its latest checkpoint"
+    if spec.resumes == "resume_from":
+        return (
+            "the trainer starts again from checkpoint.resume_from's checkpoint, not from its own "
+            "(checkpoint.enabled, checkpoint.resume)"
+        )
     return "checkpoints are off (checkpoint.enabled, checkpoint.resume): training starts again from step 0"
+
+
+def _quota_of_nothing(exc: BaseException) -> bool:
+    """Whether the quota a refusal names allows none of what was asked (`limited: ...=0`): no job's
+    end frees it."""
+    limits = re.findall(r"=(\d+)", _status_message(exc).partition("limited:")[2])
+    return bool(limits) and all(int(n) == 0 for n in limits)
 
 
 def _over_quota(exc: BaseException) -> bool:

@@ -101,10 +101,11 @@ class JobSpec:
     kind: str = PYTORCHJOB
     """One of :data:`JOB_KINDS` (checked where the value enters: `job.kind` of the config, or the
     BYO launcher's `kind`): `pytorchjob`, `trainjob`, or `auto` (resolved by the backend)."""
-    resumes: bool | None = None
-    """Whether a re-created job continues from a checkpoint: kftrain's trainer with checkpoints on
-    (True) or off (False); None: a command of the user's own, which resumes only if it saves and
-    loads its checkpoints (what the launcher says when it re-creates a job)."""
+    resumes: str | None = None
+    """What a re-created job continues from, as the launcher says it: kftrain's trainer's latest
+    checkpoint (`checkpoint`), the checkpoint `checkpoint.resume_from` names (`resume_from`: its
+    own are not read), or step 0 (`start`); None: a command of the user's own, which resumes only
+    if it saves and loads its checkpoints."""
 
     def __post_init__(self) -> None:
         longest = MAX_NAME - len(self.longest_replica_suffix())

@@ -626,8 +626,10 @@ def make_plan(
     # parameter all-gathers, which cannot be switched off): at its own size the plan is what it
     # measured, elsewhere that plus the modelled difference, not the model's whole again.
     anchor = 0.0
-    if probe_here is not None and probe_here.world_size > 1 and probe_here.world_size % per_node == 0:
-        _, modelled, _ = _time(model, cfg, probe_here.world_size // per_node, target, probe_here, mfu)
+    if probe_here is not None and probe_here.world_size > 1:
+        # The probe's ranks all ran on this machine (torchrun --nnodes 1): one node of that many.
+        on_one = dataclasses.replace(target, per_node=probe_here.world_size)
+        _, modelled, _ = _time(model, cfg, 1, on_one, probe_here, mfu)
         if modelled is not None:
             anchor = probe_here.comm_seconds - modelled
             assumptions.append(
