@@ -27,7 +27,7 @@ from typing import Any
 import yaml
 
 from trainer import k8s_formats as k8s
-from trainer.credentials import credential_in, credential_path
+from trainer.credentials import credential_in, credential_path, looks_like_credential, url_has_userinfo
 from trainer.errors import KftrainError, redact, redact_url, yaml_problem
 from trainer.launch.failures import DEFAULT_MAX_RESTARTS, budget_check
 from trainer.partitions import partition_problem
@@ -202,7 +202,8 @@ class StoreConfig:
         if self.uri:
             check_uri("store.uri", self.uri)
         if self.endpoint and (problem := endpoint_problem(self.endpoint)):
-            raise ConfigError(f"store.endpoint: {redact_url(self.endpoint)!r} {problem}")  # never a password
+            shown = k8s.show(self.endpoint) if looks_like_credential(self.endpoint) else repr(redact_url(self.endpoint))
+            raise ConfigError(f"store.endpoint: {shown} {problem}")  # never a password
 
 
 _FRACTION = Bound(lambda v: 0.0 < v < 0.5, "must be between 0 and 0.5")
@@ -621,8 +622,8 @@ def check_resume_from(value: str) -> None:
     parts = value.split("/")
     if len(parts) > 2 or not all(_RUN_NAME.fullmatch(p) for p in parts):
         raise ConfigError(
-            f"checkpoint.resume_from {value!r}: expected a run id (RUN, or RUN/TASK; letters, digits, '.', '_', '-'), "
-            "a model URI or a checkpoint URI (s3://..., or a path starting with /, ./ or ~)"
+            f"checkpoint.resume_from {k8s.show(value)}: expected a run id (RUN, or RUN/TASK; letters, digits, '.', "
+            "'_', '-'), a model URI or a checkpoint URI (s3://..., or a path starting with /, ./ or ~)"
         )
 
 
@@ -641,9 +642,9 @@ def best_metric(spec: str) -> tuple[str, str] | None:
         direction, name = "", spec
     name = name.strip()
     if sep and direction not in ("min", "max"):
-        raise ConfigError(f"checkpoint.keep_best: the prefix must be `min:` or `max:`, got {spec!r}")
+        raise ConfigError(f"checkpoint.keep_best: the prefix must be `min:` or `max:`, got {k8s.show(spec)}")
     if not name:
-        raise ConfigError(f"checkpoint.keep_best: name a validation metric, e.g. val_loss, got {spec!r}")
+        raise ConfigError(f"checkpoint.keep_best: name a validation metric, e.g. val_loss, got {k8s.show(spec)}")
     if not direction:
         if name.endswith(LOWER_IS_BETTER):
             direction = "min"
@@ -1409,6 +1410,17 @@ def _duration(value: int | float, path: str) -> int | float:
     return value
 
 
+#: The fields that take a URL and refuse one with a user or password themselves.
+_URL_FIELDS = (
+    ("store", "uri"),
+    ("store", "endpoint"),
+    ("data", "source"),
+    ("model", "init_from"),
+    ("checkpoint", "uri"),
+    ("checkpoint", "resume_from"),
+)
+
+
 def _check_no_credential(cfg: Config) -> None:
     """Refuse a config whose keys or values hold a credential, after each field's own check (whose
     refusal says better where the credential goes, and shows none): none of its fields holds one
@@ -1417,7 +1429,10 @@ def _check_no_credential(cfg: Config) -> None:
     free text (code, JSON, addresses); a URL with a password is its field's to refuse."""
     values = dataclasses.asdict(cfg)
     del values["data"]["eval_prompts"]
-    if found := credential_path(values, "", urls=False):
+    for section, name in _URL_FIELDS:  # each refuses a password in its URL itself, saying where it goes
+        if url_has_userinfo(str(values[section][name])):
+            del values[section][name]
+    if found := credential_path(values, ""):
         where, what = found
         raise ConfigError(
             f"{where}: its {what} looks like a credential, and the config travels in pipeline parameters, "

@@ -72,7 +72,7 @@ _CREDENTIAL_VALUES = (
     re.compile(r"(?i)\b(AccountKey|SharedAccessKey|SharedAccessSignature)=[^;\s]{16,}"),  # Azure connection strings
     # A connection string's or mount option's password (`Server=db;Pwd=...`, libpq's `host=db
     # password=...`, `user=bob,password=...`).
-    re.compile(r"(?i)(^|[;,\s])(password|passwd|pwd)=[^;,\s/$]"),
+    re.compile(r"(?i)(^|[;,\s])(password|passwd|pwd)\s*=\s*(?!\$[({])[^;,\s/]"),
     # A JSON document's credential member (`"password": ...`, an OAuth client's), not a reference
     # to one (`"${HF_TOKEN}"`); a Docker config's `"auth"`, which is base64 of `user:password`.
     re.compile(r'(?i)"(password|passwd|client_secret|access_token|refresh_token|api_?key)"\s*:\s*"[^"$]'),
@@ -174,14 +174,12 @@ def _free_key_holds_secret(key: str) -> bool:
     return bool(words) and words[-1].upper() in _SECRET_KEY_LAST_WORDS
 
 
-def credential_path(value: Any, path: str, urls: bool = True) -> tuple[str, str] | None:
+def credential_path(value: Any, path: str) -> tuple[str, str] | None:
     """`(where, what)` of the first key or text in `value` (a config field's value: a mapping, a
     list, a pod-spec fragment) that looks like a credential (:func:`looks_like_credential`; a key
     in any of its parts, `example.com/<token>`), or of a free map's entry whose name says it holds
     one (`volumeAttributes: {password: ...}`): `where` is its path below `path`, a credential in a
-    key written `***`; `what` is `key` or `value`. None when nothing does. Not `urls`: a URL with a
-    scheme and a user or password is left to the field that takes it (its refusal says where the
-    credentials go instead)."""
+    key written `***`; `what` is `key` or `value`. None when nothing does."""
     if isinstance(value, dict):
         for key, item in value.items():
             shown = masked_parts(str(key))
@@ -190,14 +188,12 @@ def credential_path(value: Any, path: str, urls: bool = True) -> tuple[str, str]
                 return where, "key"
             if path.rsplit(".", 1)[-1] in _FREE_MAPS and _free_key_holds_secret(str(key)) and item:
                 return where, "value"
-            if found := credential_path(item, where, urls):
+            if found := credential_path(item, where):
                 return found
     elif isinstance(value, list | tuple):
         for i, item in enumerate(value):
-            if found := credential_path(item, f"{path}[{i}]", urls):
+            if found := credential_path(item, f"{path}[{i}]"):
                 return found
-    elif not urls and isinstance(value, str) and _URL_START.match(value.strip()) and url_has_userinfo(value):
-        return None
     elif looks_like_credential(value):
         return path, "value"
     return None

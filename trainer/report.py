@@ -106,6 +106,8 @@ _OF_A_START = (
     "data_wait_fraction",
     "mfu",
     "median_step_seconds",
+    "skipped_steps",
+    "peak_memory_bytes",
 )
 
 

@@ -349,6 +349,26 @@ def test_a_credential_in_any_field_is_refused_naming_the_field(overrides):
     assert token not in message
 
 
+@pytest.mark.parametrize(
+    ("field", "value"),
+    [
+        # A URL with a password in a field that takes no URL (a review: left to a check it has not).
+        ("data.label_column", "https://bob:hunter2probe@example.com/x"),
+        ("checkpoint.owner", "https://bob:hunter2probe@example.com/x"),
+        # Refusals of these fields' own showed the value (a review).
+        ("checkpoint.keep_best", "https://bob:hunter2probe@h/x"),
+        ("checkpoint.keep_best", "tok:ghp_" + "a1B2" * 9),
+        ("checkpoint.resume_from", "host=db password = hunter2probe"),
+        ("store.endpoint", "http://h:9000/;password=hunter2probe"),
+    ],
+)
+def test_a_password_anywhere_is_refused_and_never_shown(field, value):
+    with pytest.raises(ConfigError) as raised:
+        load_config(overrides={field: value})
+    message = str(raised.value)
+    assert message.startswith(field) and "hunter2probe" not in message and "ghp_" not in message, message
+
+
 def test_ordinary_values_are_no_credential():
     """A review found these refused by the config-wide check: a column name of an AWS key's
     length, a name starting like a GitHub or OpenAI token, prompts of code and JSON."""

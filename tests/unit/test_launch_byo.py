@@ -189,6 +189,8 @@ def test_pod_settings_reach_the_manifest_and_pass_preflight():
         ("DATABASE", "app:hunter2/probeXYZ@db.example.com:5432/x"),  # ... its password holding a '/'
         ("DB_PASSWORD", "/Summer2024probe"),  # a password starting with '/' is no file's path
         ("MOUNT_OPTIONS", "user=bob,password=hunter2probe"),
+        ("DB_DSN", "host=db user=bob password = hunter2probe"),  # libpq allows spaces around '='
+        ("DB_DSN", "Server=db;Pwd = hunter2probe"),
     ],
 )
 def test_credential_looking_plain_env_is_refused_in_both_places(name, value):

@@ -324,11 +324,17 @@ def test_a_run_that_ends_before_an_epoch_says_its_validation_is_the_ends_and_wha
 
 def test_a_resumed_run_s_times_say_they_are_its_last_start_s():
     training = training_record()
-    training["metrics"] |= {"resumed_from_step": 575, "train_seconds": 5.5, "samples_per_second": 6606.0}
+    training["metrics"] |= {
+        "resumed_from_step": 575,
+        "train_seconds": 5.5,
+        "samples_per_second": 6606.0,
+        "skipped_steps": 3,
+    }
     parsed = Page()
     parsed.feed(html_report(training, evaluation_record(), (True, ""), {"run_id": "r"}))
     text = " ".join(parsed.text)
     assert "training time (its last start)" in text and "throughput (samples/s) (its last start)" in text
+    assert "updates skipped (non-finite) (its last start)" in text
     assert "optimizer steps (its last start)" not in text
     training["resumed_from_another_run"] = True  # begun once from another run's checkpoint: its only start
     training["progress"]["segment"] = 0

@@ -458,7 +458,9 @@ class KubernetesBackend:
         answer, the API server's own reason (a webhook's denial), and what to check."""
         status, detail = http_status(exc), _status_message(exc)
         hint = ""
-        if _over_quota(exc):
+        if _quota_of_nothing(exc):
+            hint = f" (a ResourceQuota of namespace {job.namespace} allows none of it: ask its admins for some)"
+        elif _over_quota(exc):
             hint = (
                 f" (a ResourceQuota of namespace {job.namespace} is used up; `kubectl -n {job.namespace} describe "
                 "quota` shows it: wait for other jobs to end, or ask for more)"
@@ -772,14 +774,8 @@ class KubernetesBackend:
                             "quota to free as other jobs end (at most kubernetes.queue_timeout_seconds, and the "
                             "run's job.timeout_seconds)"
                         )
-                    if job.deadline is not None and self._now() >= job.deadline:
-                        raise JobTimeout(
-                            f"{job.what} could not be created within the run's time ({job.spec.timeout_s:.0f}s, "
-                            f"job.timeout_seconds): a ResourceQuota of namespace {job.namespace} refused it for "
-                            f"{(self._now() - quota_since).total_seconds():.0f}s{_status_message(exc)}"
-                        ) from None
                     if self._may_wait_for_quota(job, quota_since):
-                        self._sleep(job.spec.kubernetes.poll_seconds)
+                        self._wait_for_quota(job, quota_since, exc)
                         # The time left shrank while it waited: the job's deadline says so.
                         manifest = job.manifest(self._now()) if job.deadline is not None else manifest
                         continue
@@ -794,6 +790,21 @@ class KubernetesBackend:
         if ours and not _deleting(existing) and not _condition(existing, job.kind.failed):
             return None
         return existing
+
+    def _wait_for_quota(self, job: _Job, since: dt.datetime, exc: BaseException) -> None:
+        """One poll's wait for a ResourceQuota to free, no later than the run's deadline; past it,
+        the run's timeout (no job is created to idle for the second it would have left)."""
+        poll = job.spec.kubernetes.poll_seconds
+        if job.deadline is not None:
+            left = (job.deadline - self._now()).total_seconds()
+            if left <= poll:
+                self._sleep(max(0.0, left))
+                raise JobTimeout(
+                    f"{job.what} could not be created within the run's time ({job.spec.timeout_s:.0f}s, "
+                    f"job.timeout_seconds): a ResourceQuota of namespace {job.namespace} refused it for "
+                    f"{(self._now() - since).total_seconds():.0f}s{_status_message(exc)}"
+                ) from None
+        self._sleep(poll)
 
     def _may_wait_for_quota(self, job: _Job, since: dt.datetime) -> bool:
         """Whether a create a ResourceQuota refused may wait on: within `kubernetes.queue_timeout_seconds`
@@ -1192,7 +1203,10 @@ def _what_resumes(spec: JobSpec) -> str:
             "the trainer starts again from checkpoint.resume_from's checkpoint, not from its own "
             "(checkpoint.enabled, checkpoint.resume)"
         )
-    return "checkpoints are off (checkpoint.enabled, checkpoint.resume): training starts again from step 0"
+    return (
+        "the trainer reads no checkpoint (checkpoint.enabled or checkpoint.resume is off): training starts "
+        "again from step 0"
+    )
 
 
 def _quota_of_nothing(exc: BaseException) -> bool:
