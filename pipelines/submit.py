@@ -95,6 +95,13 @@ def pipeline_parameters(package: Path) -> dict[str, dict[str, Any]]:
         raise SubmitError(f"--package {package}: is a folder, not a compiled pipeline; {instead}")
     if not package.exists():
         raise SubmitError(f"--package {package}: no such file; {PACKAGE_HINT}")
+    if not package.is_file():  # a device (`/dev/zero`) or a pipe would be read without end
+        raise SubmitError(f"--package {package}: not a regular file; {PACKAGE_HINT}")
+    if (size := package.stat().st_size) > MAX_PACKAGE_BYTES:
+        raise SubmitError(
+            f"--package {package}: {size:,} bytes, larger than a compiled pipeline may be "
+            f"({MAX_PACKAGE_BYTES:,} bytes); is it the right file? {PACKAGE_HINT}"
+        )
     try:
         spec = next(yaml.safe_load_all(package.read_text(encoding="utf-8")), None)
         if component := _component_name(spec):
@@ -226,6 +233,10 @@ def _validate_config(args: dict[str, Any], known: dict[str, dict[str, Any]]) -> 
         value = args.get(name, GATE_DEFAULTS[name])
         if value != GATE_DEFAULTS[name] and (problem := gate_ignored(name, value, cfg.task)):
             raise SubmitError(f"--param {name}={args[name]}: {problem}")
+
+
+#: The largest --package read: KFP's compiled pipelines are kilobytes to a few megabytes.
+MAX_PACKAGE_BYTES = 64 * 1024 * 1024
 
 
 def version_name(pipeline_name: str, package: Path) -> str:

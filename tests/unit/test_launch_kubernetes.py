@@ -12,6 +12,7 @@ failing, queued (suspended / gang-scheduled) jobs, and the progress rank 0 repor
 from __future__ import annotations
 
 import datetime as dt
+import json
 import re
 import signal
 import time
@@ -20,7 +21,7 @@ from dataclasses import replace
 import pytest
 import urllib3
 
-from tests.fake_kube import T0, FakeCluster, launcher
+from tests.fake_kube import T0, FakeCluster, api_error, launcher
 from trainer.config import load_config
 from trainer.errors import one_line
 from trainer.launch.backend import JobCancelled, JobFailed, JobTimeout, run_job
@@ -812,6 +813,60 @@ def test_job_status_errors_are_one_line_that_says_what_to_fix(fault, message):
         cluster.fail_next("get", **fault)
     with pytest.raises(JobStatusError, match=re.escape(message)):
         job_status("nope", "team", "auto", custom_api=cluster)
+
+
+def status_refusal(body: str):
+    exc = api_error(404)
+    exc.body = body
+    return exc
+
+
+@pytest.mark.parametrize(
+    ("kind", "body", "message"),
+    [
+        # A web server that is no Kubernetes API (was: "no such job", a fix that could not work).
+        ("auto", "<html><body>404 Not Found</body></html>", "does not answer as a Kubernetes API"),
+        # The resource type not served: a Status naming no object (was: "no such job").
+        (
+            "pytorchjob",
+            json.dumps({"kind": "Status", "reason": "NotFound", "details": {}, "code": 404}),
+            "the cluster does not serve PyTorchJobs",
+        ),
+        # A job that is not there: a Status naming it.
+        (
+            "pytorchjob",
+            json.dumps({"kind": "Status", "reason": "NotFound", "details": {"name": "nope"}, "code": 404}),
+            "no PyTorchJob named 'nope' in namespace 'team'",
+        ),
+    ],
+    ids=["not-kubernetes", "not-served", "no-such-job"],
+)
+def test_job_status_tells_a_missing_job_from_a_missing_kind_and_a_web_page(kind, body, message):
+    from trainer.launch.kubernetes import JobStatusError, job_status
+
+    cluster = FakeCluster()
+    cluster.fail_next("get", exc=status_refusal(body), times=2)
+    with pytest.raises(JobStatusError, match=re.escape(message)):
+        job_status("nope", "team", kind, custom_api=cluster)
+
+
+def test_job_status_asks_with_a_request_timeout():
+    """A server that takes the connection and never answers held `job status` forever."""
+    from trainer.launch.kubernetes import JobStatusError, job_status
+    from trainer.launch.retry import REQUEST_TIMEOUT_S
+
+    cluster = FakeCluster()
+    seen = []
+    original = cluster.get_namespaced_custom_object
+
+    def get(*args, _request_timeout=None):
+        seen.append(_request_timeout)
+        return original(*args, _request_timeout=_request_timeout)
+
+    cluster.get_namespaced_custom_object = get
+    with pytest.raises(JobStatusError, match="no TrainJob or PyTorchJob named 'nope'"):
+        job_status("nope", "team", "auto", custom_api=cluster)
+    assert seen and all(t == REQUEST_TIMEOUT_S for t in seen)
 
 
 @pytest.mark.parametrize(

@@ -524,6 +524,21 @@ def test_job_manifest_says_nothing_but_the_error_when_it_refuses(capsys):
     assert "note" not in err and err.startswith("kftrain: error: job name 'Bad_Name'"), err
 
 
+def test_example_model_does_not_read_a_large_file_in_its_way(tmp_path, monkeypatch, capsys):
+    """A user's model where the example goes was read whole to be hashed (1.9 GB for 1.5 GB)."""
+    monkeypatch.chdir(tmp_path)
+    weights = tmp_path / "ex" / "tiny-llama" / "model.safetensors"
+    weights.parent.mkdir(parents=True)
+    with weights.open("wb") as f:
+        f.truncate(1024**3)  # sparse: 1 GiB the check must not read
+    read = []
+    real_open = type(weights).open
+    monkeypatch.setattr(type(weights), "open", lambda self, *a, **k: read.append(self) or real_open(self, *a, **k))
+    assert main(["example-model", "ex"]) == 2
+    assert "is not kftrain's example model: it is kept" in capsys.readouterr().err
+    assert weights.resolve() not in {p.resolve() for p in read} and weights.stat().st_size == 1024**3
+
+
 def test_example_model_keeps_what_is_not_its_example(tmp_path, monkeypatch, capsys):
     """Written twice into one folder: the same files, kept. Over the user's own chat data or
     model folder: refused, naming it, and nothing in the folder changes."""

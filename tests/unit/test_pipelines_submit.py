@@ -248,6 +248,17 @@ def test_a_package_that_is_a_folder_or_missing_is_named_so(tmp_path, where, mess
     assert str(err.value).startswith(f"--package {package}: {message.format(p=package)}")
 
 
+def test_a_package_that_is_a_device_or_huge_is_refused_before_it_is_read(tmp_path):
+    """`--package /dev/zero` read 14 GB before it was killed; a 115 MB file took 39 s (a probe)."""
+    with pytest.raises(SubmitError, match="--package /dev/zero: not a regular file"):
+        pipeline_parameters(Path("/dev/zero"))
+    huge = tmp_path / "model.safetensors"
+    with huge.open("wb") as f:
+        f.truncate(65 * 1024 * 1024)  # sparse: no disk used
+    with pytest.raises(SubmitError, match="larger than a compiled pipeline may be"):
+        pipeline_parameters(huge)
+
+
 PAGE = "<!doctype html><html><head><style>body {color: red}</style></head><body>" + "<p>line</p>\n" * 400
 
 

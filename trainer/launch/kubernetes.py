@@ -1080,7 +1080,28 @@ class JobStatusError(KftrainError, LookupError):
 def _missing(files: str | None) -> bool:
     """Whether none of the kubeconfig files (KUBECONFIG's list, else the default one) exists."""
     paths = files.split(os.pathsep) if files else [os.path.expanduser("~/.kube/config")]
-    return not any(os.path.isfile(p) for p in paths if p)
+    return not any(os.path.exists(p) for p in paths if p)
+
+
+def _status_body(exc: BaseException) -> dict[str, Any] | None:
+    """The Kubernetes Status object a refusal carries in its body, or None (a web page, nothing)."""
+    try:
+        body = json.loads(getattr(exc, "body", None) or "")
+    except (ValueError, TypeError):
+        return None
+    return body if isinstance(body, dict) and body.get("kind") == "Status" else None
+
+
+def _kubernetes_status(exc: BaseException) -> bool:
+    """Whether a refusal is the Kubernetes API's own (a Status object), or carries no body to tell."""
+    return not getattr(exc, "body", None) or _status_body(exc) is not None
+
+
+def _kind_not_served(exc: BaseException) -> bool:
+    """Whether a 404 says the resource type is not served (no such CRD: a Status naming no object),
+    not that the object is missing (a Status whose details name it)."""
+    body = _status_body(exc)
+    return body is not None and not (body.get("details") or {}).get("name")
 
 
 class ClusterConfigError(KftrainError, RuntimeError):
@@ -1152,13 +1173,34 @@ def job_status(
     for k in kinds:
         try:
             get = custom_api.get_namespaced_custom_object
-            obj = api_call(f"get {k.crd_kind} {namespace}/{name}", get, k.group, k.version, namespace, k.plural, name)
+            obj = api_call(
+                f"get {k.crd_kind} {namespace}/{name}",
+                get,
+                k.group,
+                k.version,
+                namespace,
+                k.plural,
+                name,
+                _request_timeout=REQUEST_TIMEOUT_S,  # a server that takes the connection and never answers
+            )
             found = k
             break
         except NotKubernetesAnswer:
             raise  # its own line: not a refusal to read this job
         except Exception as exc:
             status = http_status(exc)
+            if status == 404 and not _kubernetes_status(exc):  # a web server's page, not the API's answer
+                host = getattr(getattr(getattr(custom_api, "api_client", None), "configuration", None), "host", "")
+                raise JobStatusError(
+                    f"the server{f' at {host}' if host else ''} does not answer as a Kubernetes API (a 404 page "
+                    "of another kind): check the kubeconfig's current context (KUBECONFIG, `kubectl config "
+                    "current-context`)"
+                ) from None
+            if status == 404 and kind != AUTO and _kind_not_served(exc):
+                raise JobStatusError(
+                    f"the cluster does not serve {k.crd_kind}s ({k.crd} is not installed): install its operator, "
+                    "or ask for the other kind (--kind)"
+                ) from None
             if status == 404:  # no such job, or (auto) the cluster does not serve the kind
                 continue
             if status is None and isinstance(exc, CONNECTION_ERRORS):  # no answer: no kind of job is to blame
