@@ -1083,6 +1083,16 @@ def _missing(files: str | None) -> bool:
     return not any(os.path.exists(p) for p in paths if p)
 
 
+#: What to check where `job status` reached no Kubernetes API.
+_CHECK_CONTEXT = "check the kubeconfig's current context (KUBECONFIG, `kubectl config current-context`)"
+
+
+def _api_host(custom_api: Any) -> str:
+    """` at <host>` of the client's API server, or '' where it does not say."""
+    host = getattr(getattr(getattr(custom_api, "api_client", None), "configuration", None), "host", "")
+    return f" at {host}" if host else ""
+
+
 def _status_body(exc: BaseException) -> dict[str, Any] | None:
     """The Kubernetes Status object a refusal carries in its body, or None (a web page, nothing)."""
     try:
@@ -1190,11 +1200,9 @@ def job_status(
         except Exception as exc:
             status = http_status(exc)
             if status == 404 and not _kubernetes_status(exc):  # a web server's page, not the API's answer
-                host = getattr(getattr(getattr(custom_api, "api_client", None), "configuration", None), "host", "")
                 raise JobStatusError(
-                    f"the server{f' at {host}' if host else ''} does not answer as a Kubernetes API (a 404 page "
-                    "of another kind): check the kubeconfig's current context (KUBECONFIG, `kubectl config "
-                    "current-context`)"
+                    f"the server{_api_host(custom_api)} does not answer as a Kubernetes API (a 404 page of another "
+                    f"kind): {_CHECK_CONTEXT}"
                 ) from None
             if status == 404 and kind != AUTO and _kind_not_served(exc):
                 raise JobStatusError(
@@ -1204,11 +1212,9 @@ def job_status(
             if status == 404:  # no such job, or (auto) the cluster does not serve the kind
                 continue
             if status is None and isinstance(exc, CONNECTION_ERRORS):  # no answer: no kind of job is to blame
-                host = getattr(getattr(getattr(custom_api, "api_client", None), "configuration", None), "host", "")
                 raise JobStatusError(
-                    f"cannot reach the Kubernetes API server{f' at {host}' if host else ''} ({unreachable(exc)}): "
-                    "check the kubeconfig's current context (KUBECONFIG, `kubectl config current-context`) and "
-                    "that the cluster is up"
+                    f"cannot reach the Kubernetes API server{_api_host(custom_api)} ({unreachable(exc)}): "
+                    f"{_CHECK_CONTEXT} and that the cluster is up"
                 ) from None
             hint = " (your account lacks RBAC to read it)" if status == 403 else ""
             raise JobStatusError(f"cannot read {k.crd_kind} {namespace}/{name}: {describe(exc)}{hint}") from None
