@@ -512,7 +512,11 @@ def _cmd_horovod_run(args: argparse.Namespace) -> int:
         args.parser.error("the following arguments are required: script")
     # The script's arguments as typed after it (argparse would drop a `--` among them, which
     # `python script.py -- ...` and horovodrun pass on).
-    rest = args.argv[args.argv.index(args.script) + 1 :] if args.script in args.argv else args.script_args
+    # After the subcommand's own word: a script may be named `horovod-run` too.
+    after = args.argv.index("horovod-run") + 1 if "horovod-run" in args.argv else 0
+    rest = (
+        args.argv[args.argv.index(args.script, after) + 1 :] if args.script in args.argv[after:] else args.script_args
+    )
     return horovod_main([args.script, *rest])
 
 

@@ -718,6 +718,15 @@ def test_a_flag_that_would_be_ignored_or_a_missing_script_is_one_line(tmp_path, 
     assert phrase in out and "Traceback" not in out, out
 
 
+@pytest.mark.parametrize("script", ["train.py", "horovod-run"])
+def test_a_script_named_as_the_subcommand_gets_only_its_own_arguments(tmp_path, monkeypatch, script):
+    """A script named as the subcommand got its own name as an extra argument (a probe)."""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / script).write_text("import json, sys\nopen('argv.json', 'w').write(json.dumps(sys.argv))\n")
+    assert main(["horovod-run", script, "x", "--", "-y"]) == 0
+    assert json.loads((tmp_path / "argv.json").read_text()) == [script, "x", "--", "-y"]
+
+
 def test_horovod_run_without_a_script_asks_for_the_script_alone(capsys):
     """Was: "required: script, script_args" (argparse's reading of the arguments after it)."""
     with pytest.raises(SystemExit) as exit_:
