@@ -526,9 +526,7 @@ def _charts(training: dict[str, Any], evaluation: dict[str, Any]) -> list[str]:
     ]
     by_step = bool(training.get("progress", {}).get("validation"))
     last_step = training.get("metrics", {}).get("steps") or (curve[-1]["step"] if curve else 0)
-    loss_series = [
-        {"name": "training (mean per log interval, rank 0)", "points": [(p["step"], p["loss"]) for p in curve]}
-    ]
+    loss_series = [{"name": "training (mean per log interval)", "points": [(p["step"], p["loss"]) for p in curve]}]
     val_loss = [(v["step"], v["val_loss"]) for v in validation if "val_loss" in v]
     if val_loss and by_step:
         loss_series.append({"name": "validation (end of epoch)", "points": val_loss, "markers": len(val_loss) < 3})

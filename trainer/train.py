@@ -768,7 +768,8 @@ class Trainer:
         # The epoch's loss is the job's: a summed loss's ranks hold unequal numbers of units.
         self.epoch_loss += step_loss if job_loss is None else job_loss
         self.epoch_steps += 1
-        self.progress.step(self.step, self.epoch, step_loss, lr, grad_norm, self.data_wait, timed=timed)
+        shown = self._job_step_loss(step_loss) if job_loss is None else job_loss
+        self.progress.step(self.step, self.epoch, shown, lr, grad_norm, self.data_wait, timed=timed)
         self.health.end_step(self.step, self.data_wait, timed=timed)
 
     def _apply_optimizer_settings(self) -> None:
@@ -781,6 +782,16 @@ class Trainer:
             group["initial_lr"], group["weight_decay"] = tc.learning_rate, tc.weight_decay
             group["lr"] = tc.learning_rate * lr_factor(self.scheduler.last_epoch, self.total_steps, self.cfg)
         self.scheduler._last_lr = [group["lr"] for group in self.optimizer.param_groups]  # what the log shows
+
+    def _job_step_loss(self, own: torch.Tensor) -> torch.Tensor:
+        """The step's loss over the whole global batch (a collective: every rank calls it), for the
+        progress line, the loss curve and TensorBoard: each rank's mean over equal shares. Equal on
+        every rank, so the interval a checkpoint keeps from rank 0 is the job's at any world size."""
+        if not self.env.distributed:
+            return own
+        every = own.detach().clone()
+        torch.distributed.all_reduce(every)  # SUM: gloo has no AVG
+        return every / self.env.world_size
 
     def _mean_over_units(self, summed: torch.Tensor, units: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, bool]:
         """Turn the gradients of summed losses, averaged over the ranks by the sync, into those of

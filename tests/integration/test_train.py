@@ -170,8 +170,15 @@ def test_one_rank_and_two_ranks_learn_the_same_model(shared, tmp_path):
     for p1, p2 in zip(one.parameters(), two.parameters(), strict=True):
         torch.testing.assert_close(p1, p2, rtol=1e-4, atol=1e-5)
     # An epoch's train_loss is the whole job's, both ranks' halves of each batch (was: rank 0's half).
-    one_h, two_h = (json.loads(LocalStore().get_bytes(join_uri(u, "training.json")))["history"] for u in uris)
-    assert [h["train_loss"] for h in two_h] == pytest.approx([h["train_loss"] for h in one_h], rel=1e-5)
+    one_r, two_r = (json.loads(LocalStore().get_bytes(join_uri(u, "training.json"))) for u in uris)
+    assert [h["train_loss"] for h in two_r["history"]] == pytest.approx(
+        [h["train_loss"] for h in one_r["history"]], rel=1e-5
+    )
+    # And so is the loss curve the progress lines and TensorBoard show (was: rank 0's half).
+    assert len(one_r["loss_curve"]) > 1
+    assert [(p["step"], p["loss"]) for p in two_r["loss_curve"]] == [
+        (p["step"], pytest.approx(p["loss"], rel=1e-5)) for p in one_r["loss_curve"]
+    ]
 
 
 def test_two_ranks_keep_and_export_the_best_checkpoint(shared, tmp_path):

@@ -103,7 +103,6 @@ def test_a_two_rank_checkpoint_resumes_on_three_ranks_exactly(shared, tmp_path):
     history = record_of(str(tmp_path / "rest"))["history"]
     assert [h["epoch"] for h in history] == [0, 1]  # the whole run, not only what ran on 3 ranks
     ref_history = record_of(str(tmp_path / "ref"))["history"]
-    # (train_loss is rank 0's own share, which differs at another world size; validation is not.)
     for got, want in zip(history, ref_history, strict=True):
         assert got["val_accuracy"] == pytest.approx(want["val_accuracy"], abs=0.01)
 

@@ -276,7 +276,7 @@ def test_every_chart_is_present_and_well_formed():
     loss = re.search(r'<svg[^>]*aria-label="loss".*?</svg>', page, flags=re.S).group(0)
     names = re.findall(r'class="series" data-name="([^"]+)"', loss)
     assert {
-        "training (mean per log interval, rank 0)",
+        "training (mean per log interval)",
         "validation (end of epoch)",
         "test (final model)",
     } <= set(names)
