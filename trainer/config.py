@@ -833,7 +833,9 @@ _KUBERNETES_FORMATS: dict[str, Callable[[Any], str | None]] = {
 
 @dataclass(kw_only=True, slots=True)
 class KubernetesConfig:
-    """How the training job runs on a cluster, as a PyTorchJob or a TrainJob (ignored by the local launcher)."""
+    """How the training job's pods run on a cluster, as a PyTorchJob or a TrainJob. The local launcher starts no
+    pods, but the section is checked as it is written (its GPUs per pod against `job.nproc_per_node`, its elastic
+    range against the batch): a config that runs locally is one the cluster takes."""
 
     namespace: str = ""
     """Namespace of the job; empty: the launcher pod's own, read at run time (never frozen at compile time)."""
@@ -1471,6 +1473,17 @@ def from_dict(cls: type, data: dict[str, Any], path: str = "") -> Any:
 def to_dict(cfg: Any) -> dict[str, Any]:
     """The plain-mapping form of a config (the inverse of :func:`from_dict`)."""
     return dataclasses.asdict(cfg)
+
+
+#: The config sections a training replica is not given (the pods' settings stay off its command
+#: line, trainer/launch/job.py): it would read them as their defaults, so its training record and
+#: every comparison with that record leave them out.
+POD_SECTIONS = ("kubernetes",)
+
+
+def replica_config(tree: dict[str, Any]) -> dict[str, Any]:
+    """A config's plain mapping (:func:`to_dict`) as a replica has it: without :data:`POD_SECTIONS`."""
+    return {k: v for k, v in tree.items() if k not in POD_SECTIONS}
 
 
 #: Fields that name a place: one place written two ways (`data.csv`, `./data.csv`, its absolute

@@ -14,7 +14,7 @@ import sys
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from trainer.config import Config, ConfigError, to_dict
+from trainer.config import POD_SECTIONS, Config, ConfigError, replica_config, to_dict
 from trainer.errors import KftrainError, redact
 from trainer.launch.backend import JobBackend, run_job
 from trainer.launch.spec import job_name
@@ -70,15 +70,26 @@ def plan_run(
     )
 
 
-def run_prediction(cfg: Config, manifest: dict[str, Any]) -> dict[str, Any]:
+def run_config(record: dict[str, Any], cfg: Config) -> dict[str, Any]:
+    """The whole config a training `record`'s weights trained under: the record's (what the
+    replicas ran) with the pod settings replicas are never given (:data:`POD_SECTIONS`) from this
+    run's `cfg` (was: their defaults, as a replica read them)."""
+    ran, whole = record.get("config"), to_dict(cfg)
+    if not isinstance(ran, dict):
+        return whole
+    return {**replica_config(ran), **{k: whole[k] for k in POD_SECTIONS}}
+
+
+def run_prediction(cfg: Config, manifest: dict[str, Any], device: str | None = None) -> dict[str, Any]:
     """What the plan predicts for the run as `cfg` describes it (its `job.replicas` nodes; on the GPU
     type `plan.gpu` names for a GPU job, else on the CPU) from its dataset's `manifest`, in the
     report's terms: `peak_memory_bytes` per rank (the tensors, what the measurement counts: not
     the CUDA context), `step_seconds`, `eta_seconds` and a `source` note; or `problem`, why there
-    is none."""
+    is none. `device` is the type the job trained on (its record says; a local run of a GPU job's
+    config may run on the CPU), else the config's GPUs decide."""
     import dataclasses
 
-    on_gpu = cfg.kubernetes.gpus_per_node > 0
+    on_gpu = device == "cuda" if device else cfg.kubernetes.gpus_per_node > 0
     if on_gpu and not (cfg.plan.gpu or cfg.kubernetes.gpu_memory_gb):
         return {"problem": "a GPU job without plan.gpu: set it to the nodes' GPU type for a prediction"}
     if not on_gpu:  # a GPU type or memory in the config is not what a CPU run ran on
@@ -259,6 +270,7 @@ def evaluate(
         )
     passed, reason = quality_gate(report, min_accuracy, max_perplexity)
     training = json.loads(store.get_bytes(join_uri(model_uri, TRAINING_RECORD)))
+    training["config"] = run_config(training, cfg)
     manifest = read_manifest(store_for(cfg, dataset_uri), dataset_uri)
     splits = manifest["splits"]
     from trainer.launch.local import local_run_id
@@ -270,7 +282,7 @@ def evaluate(
             name: {unit: split[unit] for unit in ("rows", "tokens") if unit in split} for name, split in splits.items()
         },
     }
-    context["prediction"] = run_prediction(cfg, manifest)
+    context["prediction"] = run_prediction(cfg, manifest, training.get("device"))
     store.put_bytes(report_uri, html_report(training, report, (passed, reason), context).encode())
     return report, passed, reason
 
@@ -350,7 +362,7 @@ def export(cfg: Config, model_uri: str, output_uri: str, metrics: dict[str, Any]
             model_uri,
             output_uri,
             metrics=metrics,
-            training_config=record.get("config") or to_dict(cfg),
+            training_config=run_config(record, cfg),
             max_shard_bytes=cfg.export.max_shard_bytes,
             merge_lora=cfg.export.merge_lora,
             training={k: done[k] for k in ("steps", "resumed_from_step", "best_step") if k in done},

@@ -279,9 +279,10 @@ def svg_chart(
         said = " not enough points to draw."
         if every:
             x, y = every[0]
-            at = date_time(x) if x_time else short_number(x)
             value = f"{y:.2%}" if y_percent else f"{y:.4g}"
-            said = f" one point, {drawn[0]['name']} {value} at {x_label} {at}; a line needs two"
+            # A time is its own label (the axis label's date again was printed twice).
+            at = date_time(x) if x_time else f"{x_label} {short_number(x)}"
+            said = f" one point, {drawn[0]['name']} {value} at {at}; a line needs two"
         return f'<p class="empty"><em>{esc(title)}:{esc(said)}</em></p>'
     xs, ys = [p[0] for p in every], [p[1] for p in every]
     xt = time_ticks(min(xs), max(xs)) if x_time else linear_ticks(min(xs), max(xs), target=6)

@@ -34,7 +34,15 @@ from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_
 from trainer import exit_codes
 from trainer.checkpoint import CheckpointError, CheckpointManager, best_step, step_dir
 from trainer.checkpoint_owner import checkpoint_owner, checkpoint_prefix
-from trainer.config import Config, best_metric, config_from_json, flatten_config, same_setting, to_dict
+from trainer.config import (
+    Config,
+    best_metric,
+    config_from_json,
+    flatten_config,
+    replica_config,
+    same_setting,
+    to_dict,
+)
 from trainer.consolidate import consolidate
 from trainer.distributed import (
     DistEnv,
@@ -255,7 +263,7 @@ def check_resumable(
     """
     from trainer.checks import unread_by
 
-    old, new = flatten_config(saved), flatten_config(to_dict(cfg))
+    old, new = flatten_config(replica_config(saved)), flatten_config(replica_config(to_dict(cfg)))
     # A field the task never reads changes nothing it resumes, nor do the adapters' settings
     # unless both runs train adapters (a change of method is named by itself).
     lora_both = old.get("train.method") == new.get("train.method") == "lora"
@@ -673,7 +681,7 @@ class Trainer:
         record = {
             "position": position,
             "scheduler": self.scheduler.state_dict(),
-            "config": to_dict(self.cfg),
+            "config": replica_config(to_dict(self.cfg)),
             "inputs": self.inputs,
             "history": self.history,
             "loss_curve": self.loss_curve,
@@ -1084,7 +1092,8 @@ class Trainer:
                 # What `resumed_from_step` continued: another run's checkpoint (checkpoint.resume_from), or this
                 # run's own (a restart: on a cluster a new TensorBoard segment, locally a new start's folder).
                 "resumed_from_another_run": self.resumed_elsewhere,
-                "config": to_dict(cfg),
+                "config": replica_config(to_dict(cfg)),
+                "device": self.device.type,  # what the job trained on (the report's prediction is for it)
                 "parameter_digest": digest,
             }
             self.store.put_bytes(join_uri(self.model_uri, TRAINING_RECORD), json.dumps(record, indent=2).encode())

@@ -276,6 +276,17 @@ def test_the_reports_prediction_is_for_the_device_and_shape_the_run_had(override
 def test_a_gpu_job_without_a_gpu_type_has_no_prediction_and_says_why():
     prediction = run_prediction(load_config(None, {**GPT, **GPU_JOB}), {"vocab_size": 256})
     assert prediction == {"problem": "a GPU job without plan.gpu: set it to the nodes' GPU type for a prediction"}
+    assert run_prediction(load_config(None, {**GPT, **GPU_JOB}), {"vocab_size": 256}, "cuda") == prediction
+
+
+def test_a_gpu_jobs_config_run_on_the_cpu_is_predicted_on_the_cpu():
+    """`kftrain run --local` of a GPU job's config on a machine without one (was: "a GPU job
+    without plan.gpu", no prediction for what ran)."""
+    cfg = load_config(None, {**GPT, **GPU_JOB})
+    prediction = run_prediction(cfg, {"vocab_size": 256}, "cpu")
+    assert "problem" not in prediction and "on the CPU" in prediction["source"]
+    on_cpu = run_prediction(load_config(None, {**GPT, "job.nproc_per_node": 8}), {"vocab_size": 256})
+    assert (prediction["source"], prediction["peak_memory_bytes"]) == (on_cpu["source"], on_cpu["peak_memory_bytes"])
 
 
 def test_the_model_card_tells_the_config_and_the_steps_the_weights_trained_under(digits, tmp_path):
@@ -288,8 +299,16 @@ def test_the_model_card_tells_the_config_and_the_steps_the_weights_trained_under
 
     trained = load_config(overrides={"train.max_steps": 3, "model.hidden_sizes": [16], "job.replicas": 1})
     run_training(trained, digits, str(tmp_path / "model"), DistEnv())
-    later = load_config(overrides={"train.max_steps": 9, "export.max_shard_bytes": 1 << 20})
+    # The replicas never get the pods' settings: the record leaves them out rather than keep the
+    # defaults a replica reads (was: `kubernetes` at its defaults, whatever the run set), and says
+    # what the job trained on.
+    record = json.loads((tmp_path / "model" / "training.json").read_text())
+    assert "kubernetes" not in record["config"] and record["device"] == "cpu"
+    pods = {"kubernetes.shm_size": "8Gi", "kubernetes.labels": {"team": "a"}}
+    later = load_config(overrides={"train.max_steps": 9, "export.max_shard_bytes": 1 << 20, **pods})
     card = export(later, str(tmp_path / "model"), str(tmp_path / "exported"), {"test_accuracy": 0.5})
     assert card["training"] == {"steps": 3, "resumed_from_step": 0}
     assert card["training_config"]["train"]["max_steps"] == 3
     assert card["training_config"]["model"] == to_dict(trained)["model"]
+    # The pods' settings are the run's, from the pipeline's config (were: the defaults, 2Gi and none).
+    assert card["training_config"]["kubernetes"] == to_dict(later)["kubernetes"]

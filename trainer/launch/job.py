@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from trainer import k8s_formats as k8s
-from trainer.config import Config, ConfigError, config_to_json
+from trainer.config import POD_SECTIONS, Config, ConfigError, config_to_json
 from trainer.launch.spec import (
     UNBUFFERED_ENV,
     JobSpec,
@@ -32,7 +32,7 @@ def training_job(cfg: Config, name: str, dataset_uri: str, model_uri: str) -> Jo
             f"where the pods get access otherwise, got {k8s.show(kc.store_secret_keys, limit=200)}"
         )
     # The replicas need no pod settings: the kubernetes section stays off their command line.
-    replica_cfg = config_to_json(cfg, exclude=("kubernetes",))
+    replica_cfg = config_to_json(cfg, exclude=POD_SECTIONS)
     args = ["--config-json", replica_cfg, "--dataset-uri", dataset_uri, "--model-uri", model_uri]
     return JobSpec(
         name=name,
