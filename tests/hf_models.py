@@ -15,12 +15,14 @@ def model_variant(
     config: dict | None = None,
     tokenizer_config: dict | None = None,
     drop_tensors: tuple[str, ...] = (),
+    add_tensors: tuple[str, ...] = (),
     add: dict[str, str] | None = None,
 ) -> str:
     """A copy of the model folder `folder` at `out`, broken or changed on purpose: without the
     files in `drop`, with `config` merged into config.json and `tokenizer_config` into
     tokenizer_config.json (a None value removes the key), without the tensors in
-    `drop_tensors`, and with the text files of `add`; returns its path."""
+    `drop_tensors`, with a small tensor more for each name of `add_tensors`, and with the text files
+    of `add`; returns its path."""
     from safetensors.torch import load_file, save_file
 
     folder, out = Path(folder), Path(out)
@@ -32,9 +34,12 @@ def model_variant(
         if changes and (out / name).exists():
             merged = {**json.loads((out / name).read_text()), **changes}
             (out / name).write_text(json.dumps({k: v for k, v in merged.items() if v is not None}))
-    if drop_tensors:
+    if drop_tensors or add_tensors:
+        import torch
+
         weights = load_file(out / "model.safetensors")
-        save_file({k: v for k, v in weights.items() if k not in drop_tensors}, out / "model.safetensors")
+        weights = {k: v for k, v in weights.items() if k not in drop_tensors}
+        save_file({**weights, **{k: torch.zeros(4) for k in add_tensors}}, out / "model.safetensors")
     for name, text in (add or {}).items():
         (out / name).write_text(text)
     return str(out)

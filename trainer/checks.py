@@ -671,6 +671,40 @@ def _check_weights(origin: str, model: Any, index: dict[str, TensorEntry]) -> No
                 f"{entry.uri}: tensor {key!r} has shape {list(entry.shape)}, the model built from config.json "
                 f"expects {list(tensor.shape)}; the folder's weights and config.json disagree"
             )
+    unused = _unused_tensors(model, index)
+    if unused:
+        # Was: left unread, so a config.json of a smaller variant (fewer layers, no biases) trained
+        # and exported another model than the weights', silently.
+        raise pretrained.PretrainedError(
+            f"model.init_from {origin!r}: the folder's weights hold {len(unused)} tensor(s) the model of its "
+            f"config.json has no place for (e.g. {', '.join(repr(k) for k in unused[:3])}): config.json describes "
+            "another model than the weights (num_hidden_layers, a bias flag?); use the config.json saved with "
+            "these weights"
+        )
+
+
+def _unused_tensors(model: Any, index: dict[str, TensorEntry]) -> list[str]:
+    """The folder's tensors that `model` (built from its config.json) has no parameter or buffer
+    for, less the leftovers of older saves: the names the model class lists as such (GPT-2's
+    `attn.bias`), per-layer rotary tables and position ids where the model keeps them as buffers
+    of its own now (as transformers' loader drops them), and scalars."""
+    import re
+
+    from trainer import pretrained
+
+    buffers = [name for name, _ in model.named_buffers()]
+    known = {pretrained.base_name(name) for name in [*model.state_dict(keep_vars=True), *buffers]}
+    leftovers = set(getattr(model, "_keys_to_ignore_on_load_unexpected", None) or ())
+    if any(name.endswith("rotary_emb.inv_freq") for name in buffers):
+        leftovers.add(r"rotary_emb\.inv_freq")
+    if any(name.endswith("position_ids") for name in buffers):
+        leftovers.add(r"(^|\.)position_ids$")
+    dropped = re.compile("|".join(f"(?:{p})" for p in leftovers)) if leftovers else None
+    # A scalar is a constant an older save kept (GPT-2's `attn.masked_bias`, which transformers
+    # loads past with a note), not a weight of another model.
+    return sorted(
+        k for k, entry in index.items() if entry.shape and k not in known and not (dropped and dropped.search(k))
+    )
 
 
 def _check_modules(cfg: Config, source: ModelSource, config: dict[str, Any], index: dict[str, TensorEntry]) -> int:

@@ -74,6 +74,23 @@ REFUSED = {
         "",
         ["model.init_from", "lack 'model.norm.weight'", "incomplete or of another architecture"],
     ),
+    # Tensors config.json has no place for (was: dropped, the run and export green): a config of
+    # fewer layers, a stray tensor.
+    "fewer-layers-than-the-weights": (
+        {"config": {"num_hidden_layers": 1}},
+        "",
+        [
+            "model.init_from",
+            "the folder's weights hold 9 tensor(s) the model of its config.json has no place for",
+            "'model.layers.1.",
+            "use the config.json saved with these weights",
+        ],
+    ),
+    "a-stray-tensor": (
+        {"add_tensors": ("model.layers.0.mlp.down_proj.bias",)},
+        LORA,
+        ["hold 1 tensor(s)", "'model.layers.0.mlp.down_proj.bias'", "a bias flag?"],
+    ),
     "wrong-shape": (
         {"config": {"intermediate_size": 64}},
         "",
@@ -574,3 +591,9 @@ def test_a_run_never_writes_inside_its_data_source(tmp_path, source, writes, ref
         return
     with pytest.raises(ConfigError, match=f"^{re.escape(refused)} .* is inside data.source .*: data prep would read"):
         check_writes_outside_source(cfg, output_dir)
+
+
+def test_a_leftover_tensor_transformers_drops_is_no_refusal(folder, tmp_path):
+    """An older save's per-layer rotary table, which transformers' loader itself drops, is no sign
+    of another model (the check of unused tensors refuses the rest)."""
+    check(model_variant(folder, tmp_path / "model", add_tensors=("model.layers.0.self_attn.rotary_emb.inv_freq",)))

@@ -484,3 +484,28 @@ def test_a_damaged_tokenizer_config_is_named_when_its_end_token_is_read(folder, 
     Path(out.uri, "tokenizer_config.json").write_text("{not json")
     with pytest.raises(pretrained.PretrainedError, match="tokenizer_config.json is not valid JSON"):
         pretrained.end_token(out)
+
+
+def test_the_hubs_gpt2_with_its_saved_attention_masks_passes_the_check_of_unused_tensors(tmp_path):
+    """The Hub's GPT-2 keeps each block's causal mask (`attn.bias`) and `attn.masked_bias`, which
+    transformers loads past: no sign of another model (a stray weight is refused, test_checks.py)."""
+    from safetensors.torch import load_file, save_file
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    from tests.hf_models import base_model_config
+    from trainer.checks import check_base_model
+    from trainer.config import parse_config
+
+    folder = Path(tiny_llama_folder(tmp_path / "gpt2"))
+    vocab = json.loads((folder / "config.json").read_text())["vocab_size"]
+    (folder / "model.safetensors").unlink()
+    GPT2LMHeadModel(GPT2Config(vocab_size=vocab, n_positions=64, n_embd=16, n_layer=2, n_head=2)).save_pretrained(
+        folder
+    )
+    weights = folder / "model.safetensors"
+    hub = {k.removeprefix("transformer."): v for k, v in load_file(weights).items() if not k.startswith("lm_head")}
+    for block in range(2):
+        hub[f"h.{block}.attn.bias"] = torch.tril(torch.ones(64, 64)).view(1, 1, 64, 64)
+        hub[f"h.{block}.attn.masked_bias"] = torch.tensor(-1e4)
+    save_file(hub, weights, metadata={"format": "pt"})
+    check_base_model(parse_config(base_model_config(str(folder), block_size=64)))
