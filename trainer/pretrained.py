@@ -313,6 +313,8 @@ def check_tokenizer_files(source: ModelSource, config: dict[str, Any], chat: boo
             raise PretrainedError(f"model.init_from {origin!r}: {name} is not a JSON object; {again}")
     if chat:
         _check_chat_template(source, parsed)
+    if "tokenizer.json" in parsed:
+        _check_declared_tokens(origin, parsed)
     top = _largest_token_id(parsed.get("tokenizer.json", {}))
     vocab = config.get("vocab_size")
     if isinstance(vocab, int) and top is not None and top >= vocab:
@@ -364,6 +366,59 @@ def _check_chat_template(source: ModelSource, parsed: dict[str, Any]) -> None:
                 f"model.init_from {source.origin!r}: the chat template in {name} does not parse (TemplateSyntaxError "
                 f"line {exc.lineno}: {exc.message}); fix it, or copy the model's tokenizer files again"
             ) from None
+
+
+#: The keys of tokenizer_config.json and special_tokens_map.json that declare a token, each as
+#: transformers reads it: a named one (a string, or an AddedToken's mapping), or several.
+_NAMED_TOKENS = ("bos_token", "eos_token", "unk_token", "pad_token", "sep_token", "cls_token", "mask_token")
+_TOKEN_LISTS = ("additional_special_tokens", "extra_special_tokens")
+
+
+def _declared_tokens(files: dict[str, Any]) -> dict[str, str]:
+    """Every token text tokenizer_config.json and special_tokens_map.json declare, with the first
+    file that does."""
+
+    def text(value: Any) -> str | None:
+        value = value.get("content") if isinstance(value, dict) else value
+        return value if isinstance(value, str) and value else None
+
+    found: dict[str, str] = {}
+    for name in ("tokenizer_config.json", "special_tokens_map.json"):
+        declared = files.get(name) or {}
+        values = [declared.get(key) for key in _NAMED_TOKENS]
+        for key in _TOKEN_LISTS:
+            many = declared.get(key)
+            values += list(many.values() if isinstance(many, dict) else many if isinstance(many, list) else [])
+        decoder = declared.get("added_tokens_decoder")
+        values += list(decoder.values()) if isinstance(decoder, dict) else []
+        for token in filter(None, map(text, values)):
+            found.setdefault(token, name)
+    return found
+
+
+def _check_declared_tokens(origin: str, files: dict[str, Any]) -> None:
+    """Every token tokenizer_config.json (or special_tokens_map.json) declares is one of
+    tokenizer.json's: transformers adds one it lacks past tokenizer.json's ids, so the chat data
+    prep (transformers' tokenizer) and the text data prep (tokenizer.json's) would read the same
+    text as different tokens, and the embedding may have no row for it (was: a failure in the
+    train step, or text data silently tokenized apart from what serving sends)."""
+    tokenizer = files["tokenizer.json"]
+    vocab = (tokenizer.get("model") or {}).get("vocab") if isinstance(tokenizer.get("model"), dict) else None
+    if not isinstance(vocab, dict | list):  # a form not read here: transformers' own check stands
+        return
+    known = set(vocab) if isinstance(vocab, dict) else {v[0] for v in vocab if isinstance(v, list) and v}
+    known |= {t.get("content") for t in tokenizer.get("added_tokens") or [] if isinstance(t, dict)}
+    lacking = {token: name for token, name in _declared_tokens(files).items() if token not in known}
+    if lacking:
+        token, name = next(iter(lacking.items()))
+        more = f" (and {len(lacking) - 1} more)" if len(lacking) > 1 else ""
+        raise PretrainedError(
+            f"model.init_from {origin!r}: {name} declares the token {token!r}{more}, which tokenizer.json lacks: "
+            "transformers would add it past tokenizer.json's ids, where the model's embedding has no row trained "
+            "for it and kftrain's text reader does not see it; save the tokenizer whole (transformers: "
+            "`tokenizer.save_pretrained(folder)` writes it into tokenizer.json; resize the embeddings to fit), or "
+            f"drop it from {name}"
+        )
 
 
 def _largest_token_id(tokenizer: dict[str, Any]) -> int | None:

@@ -91,6 +91,25 @@ REFUSED = {
         LORA,
         ["hold 1 tensor(s)", "'model.layers.0.mlp.down_proj.bias'", "a bias flag?"],
     ),
+    # A token the tokenizer files declare that tokenizer.json lacks: transformers adds it past its
+    # ids (was: the train step failed with a fix that did not work, or text data read it apart).
+    "declared-token-tokenizer-json-lacks": (
+        {"tokenizer_config": {"extra_special_tokens": ["<|sys|>"]}},
+        "",
+        [
+            "model.init_from",
+            "tokenizer_config.json declares the token '<|sys|>', which tokenizer.json lacks",
+            "tokenizer.save_pretrained(folder)",
+        ],
+    ),
+    "a-pad-token-tokenizer-json-lacks": (
+        {
+            "tokenizer_config": {"pad_token": {"content": "<pad>"}},
+            "add": {"special_tokens_map.json": '{"mask_token": "<m>"}'},
+        },
+        "",
+        ["tokenizer_config.json declares the token '<pad>' (and 1 more), which tokenizer.json lacks"],
+    ),
     "wrong-shape": (
         {"config": {"intermediate_size": 64}},
         "",
