@@ -678,8 +678,9 @@ def _check_weights(origin: str, model: Any, index: dict[str, TensorEntry]) -> No
         raise pretrained.PretrainedError(
             f"model.init_from {origin!r}: the folder's weights hold {len(unused)} tensor(s) the model of its "
             f"config.json has no place for (e.g. {', '.join(repr(k) for k in unused[:3])}): config.json describes "
-            "another model than the weights (num_hidden_layers, a bias flag?); use the config.json saved with "
-            "these weights"
+            "another model than the weights (num_hidden_layers, a bias flag?), or they hold more than the causal "
+            "language model (a value head); use the config.json saved with these weights, or save the model alone "
+            "(transformers: `save_pretrained` of the causal LM)"
         )
 
 

@@ -70,14 +70,20 @@ def plan_run(
     )
 
 
+#: The training record's key for the pods' settings, as the train step applied them.
+POD_SETTINGS = "pod_settings"
+
+
 def run_config(record: dict[str, Any], cfg: Config) -> dict[str, Any]:
     """The whole config a training `record`'s weights trained under: the record's (what the
-    replicas ran) with the pod settings replicas are never given (:data:`POD_SECTIONS`) from this
-    run's `cfg` (was: their defaults, as a replica read them)."""
+    replicas ran) with the pod settings replicas are never given (:data:`POD_SECTIONS`) as the
+    train step recorded them, else from this step's `cfg` (was: their defaults, as a replica read
+    them)."""
     ran, whole = record.get("config"), to_dict(cfg)
     if not isinstance(ran, dict):
         return whole
-    return {**replica_config(ran), **{k: whole[k] for k in POD_SECTIONS}}
+    pods = record.get(POD_SETTINGS)
+    return {**replica_config(ran), **(pods if isinstance(pods, dict) else {k: whole[k] for k in POD_SECTIONS})}
 
 
 def run_prediction(cfg: Config, manifest: dict[str, Any], device: str | None = None) -> dict[str, Any]:
@@ -91,7 +97,10 @@ def run_prediction(cfg: Config, manifest: dict[str, Any], device: str | None = N
 
     on_gpu = device == "cuda" if device else cfg.kubernetes.gpus_per_node > 0
     if on_gpu and not (cfg.plan.gpu or cfg.kubernetes.gpu_memory_gb):
-        return {"problem": "a GPU job without plan.gpu: set it to the nodes' GPU type for a prediction"}
+        # A local run takes the machine's GPU whatever the config's pods ask for.
+        if cfg.kubernetes.gpus_per_node:
+            return {"problem": "a GPU job without plan.gpu: set it to the nodes' GPU type for a prediction"}
+        return {"problem": "a job that trained on this machine's GPU without plan.gpu: set it to that GPU's type"}
     if not on_gpu:  # a GPU type or memory in the config is not what a CPU run ran on
         plan_cfg = dataclasses.replace(
             cfg,
@@ -196,7 +205,14 @@ def train_model(
     spec = training_job(cfg, job_name(identity), dataset_uri, model_uri)
     print(f"kftrain: training job {spec.name} for task {identity}", flush=True)
     run_job(backend, spec)
-    return json.loads(store.get_bytes(join_uri(model_uri, TRAINING_RECORD)))
+    uri = join_uri(model_uri, TRAINING_RECORD)
+    record = json.loads(store.get_bytes(uri))
+    # The pods' settings as this step applied them (a KFP task's own resources included): the
+    # replicas never get them, so their record is told here, for the model card and the report.
+    whole = to_dict(cfg)
+    record[POD_SETTINGS] = {k: whole[k] for k in POD_SECTIONS}
+    store.put_bytes(uri, json.dumps(record, indent=2).encode())
+    return record
 
 
 def claim_checkpoints(cfg: Config, model_uri: str, owner: str) -> Config:

@@ -372,18 +372,23 @@ def _check_chat_template(source: ModelSource, parsed: dict[str, Any]) -> None:
 #: transformers reads it: a named one (a string, or an AddedToken's mapping), or several.
 _NAMED_TOKENS = ("bos_token", "eos_token", "unk_token", "pad_token", "sep_token", "cls_token", "mask_token")
 _TOKEN_LISTS = ("additional_special_tokens", "extra_special_tokens")
+_TOKEN_DECLARING_FILES = ("tokenizer_config.json", "special_tokens_map.json")
 
 
 def _declared_tokens(files: dict[str, Any]) -> dict[str, str]:
-    """Every token text tokenizer_config.json and special_tokens_map.json declare, with the first
-    file that does."""
+    """Every token text tokenizer_config.json and special_tokens_map.json declare (as transformers
+    reads them), with the first file that does."""
 
     def text(value: Any) -> str | None:
         value = value.get("content") if isinstance(value, dict) else value
         return value if isinstance(value, str) and value else None
 
     found: dict[str, str] = {}
-    for name in ("tokenizer_config.json", "special_tokens_map.json"):
+    # transformers reads special_tokens_map.json only for a tokenizer_config.json without
+    # `added_tokens_decoder` (an older save); beside one, a stale map is not read.
+    config = files.get("tokenizer_config.json") or {}
+    read = ("tokenizer_config.json",) if "added_tokens_decoder" in config else _TOKEN_DECLARING_FILES
+    for name in read:
         declared = files.get(name) or {}
         values = [declared.get(key) for key in _NAMED_TOKENS]
         for key in _TOKEN_LISTS:

@@ -83,7 +83,7 @@ REFUSED = {
             "model.init_from",
             "the folder's weights hold 9 tensor(s) the model of its config.json has no place for",
             "'model.layers.1.",
-            "use the config.json saved with these weights",
+            "use the config.json saved with these weights, or save the model alone",
         ],
     ),
     "a-stray-tensor": (
@@ -616,3 +616,19 @@ def test_a_leftover_tensor_transformers_drops_is_no_refusal(folder, tmp_path):
     """An older save's per-layer rotary table, which transformers' loader itself drops, is no sign
     of another model (the check of unused tensors refuses the rest)."""
     check(model_variant(folder, tmp_path / "model", add_tensors=("model.layers.0.self_attn.rotary_emb.inv_freq",)))
+
+
+def test_a_stale_special_tokens_map_beside_an_added_tokens_decoder_is_not_read(folder, tmp_path):
+    """transformers reads special_tokens_map.json only where tokenizer_config.json has no
+    `added_tokens_decoder`: a token the map alone names is no token transformers adds (the same
+    map without the decoder is refused, test_a_bad_base_model_is_refused_on_one_line_naming_the_fix)."""
+    added = json.loads((Path(folder) / "tokenizer.json").read_text())["added_tokens"]
+    decoder = {str(t["id"]): {k: v for k, v in t.items() if k != "id"} for t in added}
+    check(
+        model_variant(
+            folder,
+            tmp_path / "model",
+            tokenizer_config={"added_tokens_decoder": decoder},
+            add={"special_tokens_map.json": '{"pad_token": "<pad>"}'},
+        )
+    )

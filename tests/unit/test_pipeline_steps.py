@@ -10,13 +10,14 @@ from pathlib import Path
 import pytest
 
 from trainer.checkpoint import current_owner
-from trainer.config import ConfigError, config_from_json, load_config
+from trainer.config import ConfigError, config_from_json, load_config, to_dict
 from trainer.launch.local import RUN_MARKER_ENV, LocalBackend
 from trainer.launch.spec import JobSpec, job_name
 from trainer.pipeline_steps import (
     claim_checkpoints,
     prepare_data,
     resolve_launcher,
+    run_config,
     run_prediction,
     select_backend,
     store_for,
@@ -197,10 +198,16 @@ def test_train_model_runs_the_job_as_the_claimed_owner_and_returns_its_record(tm
     dataset, model = str(tmp_path / "dataset"), str(tmp_path / "model")
     prepare_data(load_config(overrides={"data.source": small_csv(tmp_path)}), dataset)
     backend = JobThatWritesItsRecord()
-    record = train_model(
-        load_config(overrides={"train.batch_size": 8}), dataset, model, backend, identity="run-7/train"
-    )
-    assert record == {"steps": 3}
+    # The pods' settings as the step applied them (a KFP task's resources merged in), which the
+    # replicas never get: recorded here, and what the card and report show (were: the export and
+    # evaluate steps' own config, without the task's settings).
+    cfg = load_config(overrides={"train.batch_size": 8, "kubernetes.gpus_per_node": 1, "job.nproc_per_node": 1})
+    record = train_model(cfg, dataset, model, backend, identity="run-7/train")
+    pods = {"kubernetes": to_dict(cfg)["kubernetes"]}
+    assert record == {"steps": 3, "pod_settings": pods}
+    assert json.loads(LocalStore().get_bytes(join_uri(model, "training.json"))) == record
+    shown = run_config({**record, "config": {"train": {"max_steps": 3}}}, load_config())
+    assert shown == {"train": {"max_steps": 3}, **pods} and shown["kubernetes"]["gpus_per_node"] == 1
     (spec,) = backend.submitted
     assert spec.name == job_name("run-7/train")
     assert replica_config(spec).checkpoint.owner == "run-7/train"
@@ -277,6 +284,10 @@ def test_a_gpu_job_without_a_gpu_type_has_no_prediction_and_says_why():
     prediction = run_prediction(load_config(None, {**GPT, **GPU_JOB}), {"vocab_size": 256})
     assert prediction == {"problem": "a GPU job without plan.gpu: set it to the nodes' GPU type for a prediction"}
     assert run_prediction(load_config(None, {**GPT, **GPU_JOB}), {"vocab_size": 256}, "cuda") == prediction
+    # A local run of a CPU job's config takes the machine's GPU: said as such (was: "a GPU job").
+    assert run_prediction(load_config(None, GPT), {"vocab_size": 256}, "cuda") == {
+        "problem": "a job that trained on this machine's GPU without plan.gpu: set it to that GPU's type"
+    }
 
 
 def test_a_gpu_jobs_config_run_on_the_cpu_is_predicted_on_the_cpu():
