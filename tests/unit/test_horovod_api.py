@@ -32,6 +32,8 @@ def _import_elastic():
 # run); otherwise ShimUnsupportedError, which a script catching RuntimeError does not swallow.
 UNSUPPORTED = [
     ("hvd.elastic", lambda: hvd.elastic.run, hvd.ShimUnsupportedError, "kubernetes.elastic"),
+    # Also an ImportError: a script that probes for elastic takes its fallback (was: failed).
+    ("import horovod.torch.elastic, an ImportError", _import_elastic, ImportError, "torchrun"),
     ("import horovod.torch.elastic", _import_elastic, hvd.ShimUnsupportedError, "torchrun"),
     ("allreduce op=Adasum", lambda: hvd.allreduce(torch.ones(1), op=hvd.Adasum), NotImplementedError, "op=hvd.Average"),
     (

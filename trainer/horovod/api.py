@@ -65,6 +65,7 @@ __all__ = [
     "ProcessSet",
     "Sum",
     "ShimUnsupportedError",
+    "ShimUnsupportedImportError",
     "add_process_set",
     "allgather",
     "allgather_async",
@@ -144,6 +145,12 @@ class ShimUnsupportedError(Exception):
 
     Deliberately not a RuntimeError: a script that catches RuntimeError for Horovod's own
     collective failures must not swallow it."""
+
+
+class ShimUnsupportedImportError(ShimUnsupportedError, ImportError):
+    """A Horovod module the shim does not provide (`horovod.torch.elastic`), at its import: also an
+    ImportError, so a script that probes for it (`try: from horovod.torch.elastic import ...
+    except ImportError:`) takes its own fallback, as with a Horovod built without it."""
 
 
 class AdasumUnsupportedError(NotImplementedError, ShimUnsupportedError):

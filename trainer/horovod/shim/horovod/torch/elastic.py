@@ -1,5 +1,5 @@
 """`horovod.torch.elastic` is not provided: importing it says what to use instead."""
 
-from trainer.horovod.api import ELASTIC_MESSAGE, ShimUnsupportedError
+from trainer.horovod.api import ELASTIC_MESSAGE, ShimUnsupportedImportError
 
-raise ShimUnsupportedError(ELASTIC_MESSAGE)
+raise ShimUnsupportedImportError(ELASTIC_MESSAGE)
