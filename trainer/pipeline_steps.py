@@ -14,7 +14,7 @@ import sys
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from trainer.config import POD_SECTIONS, Config, ConfigError, replica_config, to_dict
+from trainer.config import POD_SECTIONS, Config, ConfigError, from_dict, replica_config, to_dict
 from trainer.errors import KftrainError, redact
 from trainer.launch.backend import JobBackend, run_job
 from trainer.launch.spec import job_name
@@ -86,6 +86,18 @@ def run_config(record: dict[str, Any], cfg: Config) -> dict[str, Any]:
     return {**replica_config(ran), **(pods if isinstance(pods, dict) else {k: whole[k] for k in POD_SECTIONS})}
 
 
+def with_recorded_pods(cfg: Config, record: dict[str, Any]) -> Config:
+    """`cfg` with the pods' settings the train step recorded in its training `record` (a KFP task's
+    resources included), where it did; else `cfg` as it is."""
+    pods = record.get(POD_SETTINGS)
+    if not isinstance(pods, dict):
+        return cfg
+    try:
+        return from_dict(Config, {**to_dict(cfg), **pods})
+    except ConfigError:  # a record of another kftrain's fields: this step's own settings stand
+        return cfg
+
+
 def run_prediction(cfg: Config, manifest: dict[str, Any], device: str | None = None) -> dict[str, Any]:
     """What the plan predicts for the run as `cfg` describes it (its `job.replicas` nodes; on the GPU
     type `plan.gpu` names for a GPU job, else on the CPU) from its dataset's `manifest`, in the
@@ -97,10 +109,10 @@ def run_prediction(cfg: Config, manifest: dict[str, Any], device: str | None = N
 
     on_gpu = device == "cuda" if device else cfg.kubernetes.gpus_per_node > 0
     if on_gpu and not (cfg.plan.gpu or cfg.kubernetes.gpu_memory_gb):
-        # A local run takes the machine's GPU whatever the config's pods ask for.
+        # A local run takes the machine's GPU, and a TrainJob runtime may give some, whatever the pods ask for.
         if cfg.kubernetes.gpus_per_node:
             return {"problem": "a GPU job without plan.gpu: set it to the nodes' GPU type for a prediction"}
-        return {"problem": "a job that trained on this machine's GPU without plan.gpu: set it to that GPU's type"}
+        return {"problem": "a job that trained on a GPU without plan.gpu: set it to that GPU's type for a prediction"}
     if not on_gpu:  # a GPU type or memory in the config is not what a CPU run ran on
         plan_cfg = dataclasses.replace(
             cfg,
@@ -298,7 +310,7 @@ def evaluate(
             name: {unit: split[unit] for unit in ("rows", "tokens") if unit in split} for name, split in splits.items()
         },
     }
-    context["prediction"] = run_prediction(cfg, manifest, training.get("device"))
+    context["prediction"] = run_prediction(with_recorded_pods(cfg, training), manifest, training.get("device"))
     store.put_bytes(report_uri, html_report(training, report, (passed, reason), context).encode())
     return report, passed, reason
 

@@ -372,32 +372,33 @@ def _check_chat_template(source: ModelSource, parsed: dict[str, Any]) -> None:
 #: transformers reads it: a named one (a string, or an AddedToken's mapping), or several.
 _NAMED_TOKENS = ("bos_token", "eos_token", "unk_token", "pad_token", "sep_token", "cls_token", "mask_token")
 _TOKEN_LISTS = ("additional_special_tokens", "extra_special_tokens")
-_TOKEN_DECLARING_FILES = ("tokenizer_config.json", "special_tokens_map.json")
 
 
 def _declared_tokens(files: dict[str, Any]) -> dict[str, str]:
-    """Every token text tokenizer_config.json and special_tokens_map.json declare (as transformers
-    reads them), with the first file that does."""
+    """Every token text tokenizer_config.json and special_tokens_map.json declare, as transformers
+    reads them, with the file each comes from: the map only beside a tokenizer_config.json
+    without `added_tokens_decoder` (an older save), and then over it key by key (its
+    `extra_special_tokens` list added to the config's)."""
 
     def text(value: Any) -> str | None:
         value = value.get("content") if isinstance(value, dict) else value
         return value if isinstance(value, str) and value else None
 
-    found: dict[str, str] = {}
-    # transformers reads special_tokens_map.json only for a tokenizer_config.json without
-    # `added_tokens_decoder` (an older save); beside one, a stale map is not read.
     config = files.get("tokenizer_config.json") or {}
-    read = ("tokenizer_config.json",) if "added_tokens_decoder" in config else _TOKEN_DECLARING_FILES
-    for name in read:
-        declared = files.get(name) or {}
-        values = [declared.get(key) for key in _NAMED_TOKENS]
-        for key in _TOKEN_LISTS:
-            many = declared.get(key)
-            values += list(many.values() if isinstance(many, dict) else many if isinstance(many, list) else [])
-        decoder = declared.get("added_tokens_decoder")
-        values += list(decoder.values()) if isinstance(decoder, dict) else []
-        for token in filter(None, map(text, values)):
-            found.setdefault(token, name)
+    sources = {key: [("tokenizer_config.json", value)] for key, value in config.items()}
+    if "added_tokens_decoder" not in config:
+        for key, value in (files.get("special_tokens_map.json") or {}).items():
+            kept = sources.get(key, []) if key == "extra_special_tokens" and isinstance(value, list) else []
+            sources[key] = [*kept, ("special_tokens_map.json", value)]
+    found: dict[str, str] = {}
+    for key in (*_NAMED_TOKENS, *_TOKEN_LISTS, "added_tokens_decoder"):
+        for name, value in sources.get(key, []):
+            if key in _NAMED_TOKENS:
+                values = [value]
+            else:  # a list, or a mapping (by name, or by id for added_tokens_decoder)
+                values = list(value.values()) if isinstance(value, dict) else value if isinstance(value, list) else []
+            for token in filter(None, map(text, values)):
+                found.setdefault(token, name)
     return found
 
 

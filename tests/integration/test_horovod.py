@@ -410,8 +410,11 @@ def test_a_failing_script_exits_1_with_its_traceback(tmp_path):
         ("hvd.allreduce(torch.ones(2), op=hvd.Adasum)", "op=hvd.Adasum is not supported by kftrain's Horovod shim"),
         ("hvd.elastic.run(lambda state: None)", "hvd.elastic is not supported by kftrain's Horovod shim"),
         ("hvd.init(comm=[0])", "hvd.init(comm=...) is not supported by kftrain's Horovod shim"),
+        # An ImportError too (a script may probe for it), and still one line uncaught (was, at
+        # first: a traceback).
+        ("import horovod.torch.elastic", "hvd.elastic is not supported by kftrain's Horovod shim"),
     ],
-    ids=["adasum", "elastic", "mpi-comm"],
+    ids=["adasum", "elastic", "mpi-comm", "elastic-import"],
 )
 def test_a_feature_the_shim_lacks_ends_the_process_on_one_line_naming_the_script_s_call(tmp_path, call, says):
     script = write(tmp_path / "uses.py", f"import torch\nimport horovod.torch as hvd\n\nhvd.init()\n{call}\n")

@@ -618,17 +618,16 @@ def test_a_leftover_tensor_transformers_drops_is_no_refusal(folder, tmp_path):
     check(model_variant(folder, tmp_path / "model", add_tensors=("model.layers.0.self_attn.rotary_emb.inv_freq",)))
 
 
-def test_a_stale_special_tokens_map_beside_an_added_tokens_decoder_is_not_read(folder, tmp_path):
+@pytest.mark.parametrize("case", ["a-stale-map", "the-map-over-the-config"])
+def test_the_tokens_transformers_does_not_read_are_not_refused(case, folder, tmp_path):
     """transformers reads special_tokens_map.json only where tokenizer_config.json has no
-    `added_tokens_decoder`: a token the map alone names is no token transformers adds (the same
-    map without the decoder is refused, test_a_bad_base_model_is_refused_on_one_line_naming_the_fix)."""
-    added = json.loads((Path(folder) / "tokenizer.json").read_text())["added_tokens"]
-    decoder = {str(t["id"]): {k: v for k, v in t.items() if k != "id"} for t in added}
-    check(
-        model_variant(
-            folder,
-            tmp_path / "model",
-            tokenizer_config={"added_tokens_decoder": decoder},
-            add={"special_tokens_map.json": '{"pad_token": "<pad>"}'},
-        )
-    )
+    `added_tokens_decoder`, and then over it key by key: a token the unread map names, or one the
+    map overrides, is no token transformers adds (a map it reads that names one is refused,
+    test_a_bad_base_model_is_refused_on_one_line_naming_the_fix)."""
+    if case == "a-stale-map":
+        added = json.loads((Path(folder) / "tokenizer.json").read_text())["added_tokens"]
+        decoder = {str(t["id"]): {k: v for k, v in t.items() if k != "id"} for t in added}
+        changes, the_map = {"added_tokens_decoder": decoder}, '{"pad_token": "<pad>"}'
+    else:
+        changes, the_map = {"pad_token": "<pad>"}, '{"pad_token": "<|endoftext|>"}'
+    check(model_variant(folder, tmp_path / "model", tokenizer_config=changes, add={"special_tokens_map.json": the_map}))

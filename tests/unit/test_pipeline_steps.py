@@ -22,6 +22,7 @@ from trainer.pipeline_steps import (
     select_backend,
     store_for,
     train_model,
+    with_recorded_pods,
 )
 from trainer.shards import DataError, read_manifest
 from trainer.storage import LocalStore, ObjectNotFound, S3Store, StoreError, join_uri
@@ -208,6 +209,9 @@ def test_train_model_runs_the_job_as_the_claimed_owner_and_returns_its_record(tm
     assert json.loads(LocalStore().get_bytes(join_uri(model, "training.json"))) == record
     shown = run_config({**record, "config": {"train": {"max_steps": 3}}}, load_config())
     assert shown == {"train": {"max_steps": 3}, **pods} and shown["kubernetes"]["gpus_per_node"] == 1
+    # And the report's prediction is for those pods (was: the evaluate step's own, without GPUs).
+    assert with_recorded_pods(load_config(), record).kubernetes == cfg.kubernetes
+    assert with_recorded_pods(load_config(), {"steps": 3}) == load_config()
     (spec,) = backend.submitted
     assert spec.name == job_name("run-7/train")
     assert replica_config(spec).checkpoint.owner == "run-7/train"
@@ -286,7 +290,7 @@ def test_a_gpu_job_without_a_gpu_type_has_no_prediction_and_says_why():
     assert run_prediction(load_config(None, {**GPT, **GPU_JOB}), {"vocab_size": 256}, "cuda") == prediction
     # A local run of a CPU job's config takes the machine's GPU: said as such (was: "a GPU job").
     assert run_prediction(load_config(None, GPT), {"vocab_size": 256}, "cuda") == {
-        "problem": "a job that trained on this machine's GPU without plan.gpu: set it to that GPU's type"
+        "problem": "a job that trained on a GPU without plan.gpu: set it to that GPU's type for a prediction"
     }
 
 

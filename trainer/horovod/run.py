@@ -20,6 +20,7 @@ import runpy
 import sys
 import traceback
 from pathlib import Path
+from typing import Any
 
 from trainer.launch.spec import torchrun_command
 
@@ -124,6 +125,9 @@ def main(argv: list[str] | None = None) -> int:
         print(f"kftrain horovod-run: {exc}", file=sys.stderr)
         return 2
     except ImportError as exc:
+        api = sys.modules.get("trainer.horovod.api")
+        if api is not None and isinstance(exc, api.ShimUnsupportedError):  # horovod.torch.elastic
+            return _unsupported(exc, argv[0], api)
         missing = not_in_shim(exc)
         if missing is None:
             _uncaught(exc)
@@ -135,14 +139,19 @@ def main(argv: list[str] | None = None) -> int:
         if api is not None and isinstance(exc, api.HorovodEnvironmentError):  # the environment's, not the script's
             print(f"kftrain horovod-run: hvd.init(): {exc}", file=sys.stderr)
             return 2
-        if api is not None and isinstance(exc, api.ShimUnsupportedError):  # its message names the way out
-            # One write: the line of each process of a node stays whole in their shared log.
-            sys.stderr.write(f"kftrain horovod-run: {_called_at(exc, argv[0])}: {exc}\n")
-            api.ending_on_error()
-            return 1
+        if api is not None and isinstance(exc, api.ShimUnsupportedError):
+            return _unsupported(exc, argv[0], api)
         _uncaught(exc)
         return 1
     return 0
+
+
+def _unsupported(exc: BaseException, script: str, api: Any) -> int:
+    """A feature the shim does not provide: its one line, which names the way out."""
+    # One write: the line of each process of a node stays whole in their shared log.
+    sys.stderr.write(f"kftrain horovod-run: {_called_at(exc, script)}: {exc}\n")
+    api.ending_on_error()
+    return 1
 
 
 def _called_at(exc: BaseException, script: str) -> str:
