@@ -131,6 +131,30 @@ def test_storage_uris_follow_kserves_webhook_rules(mutate, message):
         # Was: a traceback (AttributeError, TypeError) from the checks before the schema's.
         (lambda d: d.update(metadata=None), "metadata: must be a mapping with a name"),
         (lambda d: d["metadata"].update(name=123), "metadata.name: 123 must match"),
+        # The API server's rules for single fields, and KServe's webhook's (were: passed).
+        (lambda d: d["metadata"].update(namespace="team.a"), "metadata.namespace: 'team.a' is not a namespace"),
+        (lambda d: d["metadata"].update(labels={"a": "b c"}), "metadata.labels.a: 'a': value 'b c' is not a label"),
+        (lambda d: d["metadata"].update(annotations={"x": 1}), "annotation's value is text"),
+        (lambda d: d["spec"]["predictor"].update(serviceAccountName="KF_x"), "serviceAccountName: 'KF_x' is not"),
+        (lambda d: d["spec"]["predictor"]["model"].update(storageUri="ftp://x/y"), "is no storage URI KServe"),
+        (lambda d: d["spec"]["predictor"].update(minReplicas=-1), "minReplicas: -1 is negative"),
+        (
+            lambda d: d["spec"]["predictor"]["model"].update(resources={"requests": {"nvidia.com/gpu": "1"}}),
+            "requests nvidia.com/gpu 1 without a limit",
+        ),
+        (
+            lambda d: d["spec"]["predictor"]["model"].update(
+                resources={
+                    "requests": {"cpu": "8", "nvidia.com/gpu": "1"},
+                    "limits": {"cpu": "4", "nvidia.com/gpu": "1"},
+                }
+            ),
+            "requests cpu 8 against a limit of 4",
+        ),
+        (
+            lambda d: d["spec"]["predictor"]["model"].update(resources={"limits": {"memory": "8Gx"}}),
+            "resources.limits.memory",
+        ),
     ],
     ids=[
         "misspelt field",
@@ -143,6 +167,15 @@ def test_storage_uris_follow_kserves_webhook_rules(mutate, message):
         "wrong kind",
         "metadata not a mapping",
         "name not text",
+        "bad namespace",
+        "bad label",
+        "annotation not text",
+        "bad service account",
+        "storage scheme",
+        "negative replicas",
+        "gpu not limited",
+        "cpu over its limit",
+        "bad quantity",
     ],
 )
 def test_the_validator_rejects_what_kserve_would_reject_or_drop(mutate, message):
