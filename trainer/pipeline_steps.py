@@ -80,22 +80,23 @@ def run_config(record: dict[str, Any], cfg: Config) -> dict[str, Any]:
     train step recorded them, else from this step's `cfg` (was: their defaults, as a replica read
     them)."""
     ran, whole = record.get("config"), to_dict(cfg)
-    if not isinstance(ran, dict):
-        return whole
-    pods = record.get(POD_SETTINGS)
-    return {**replica_config(ran), **(pods if isinstance(pods, dict) else {k: whole[k] for k in POD_SECTIONS})}
+    return {**replica_config(ran), **_pods(record, whole)} if isinstance(ran, dict) else whole
 
 
 def with_recorded_pods(cfg: Config, record: dict[str, Any]) -> Config:
     """`cfg` with the pods' settings the train step recorded in its training `record` (a KFP task's
     resources included), where it did; else `cfg` as it is."""
-    pods = record.get(POD_SETTINGS)
-    if not isinstance(pods, dict):
-        return cfg
+    whole = to_dict(cfg)
     try:
-        return from_dict(Config, {**to_dict(cfg), **pods})
+        return from_dict(Config, {**whole, **_pods(record, whole)})
     except ConfigError:  # a record of another kftrain's fields: this step's own settings stand
         return cfg
+
+
+def _pods(record: dict[str, Any], whole: dict[str, Any]) -> dict[str, Any]:
+    """The pods' settings the train step recorded in `record`, else those of this step's config `whole`."""
+    pods = record.get(POD_SETTINGS)
+    return pods if isinstance(pods, dict) else {k: whole[k] for k in POD_SECTIONS}
 
 
 def run_prediction(cfg: Config, manifest: dict[str, Any], device: str | None = None) -> dict[str, Any]:
