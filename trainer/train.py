@@ -776,9 +776,10 @@ class Trainer:
         # The epoch's loss is the job's: a summed loss's ranks hold unequal numbers of units.
         self.epoch_loss += step_loss if job_loss is None else job_loss
         self.epoch_steps += 1
+        self.health.end_step(self.step, self.data_wait, timed=timed)
+        # After the step's timing ends: a rank waiting here for a slower peer is not slow itself.
         shown = self._job_step_loss(step_loss) if job_loss is None else job_loss
         self.progress.step(self.step, self.epoch, shown, lr, grad_norm, self.data_wait, timed=timed)
-        self.health.end_step(self.step, self.data_wait, timed=timed)
 
     def _apply_optimizer_settings(self) -> None:
         """The config's learning rate and weight decay over the checkpoint's: the optimizer's and
