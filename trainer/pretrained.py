@@ -409,11 +409,10 @@ def _check_declared_tokens(origin: str, files: dict[str, Any]) -> None:
     text as different tokens, and the embedding may have no row for it (was: a failure in the
     train step, or text data silently tokenized apart from what serving sends)."""
     tokenizer = files["tokenizer.json"]
-    vocab = (tokenizer.get("model") or {}).get("vocab") if isinstance(tokenizer.get("model"), dict) else None
-    if not isinstance(vocab, dict | list):  # a form not read here: transformers' own check stands
+    vocab = _vocabulary(tokenizer)
+    if vocab is None:  # a form not read here: transformers' own check stands
         return
-    known = set(vocab) if isinstance(vocab, dict) else {v[0] for v in vocab if isinstance(v, list) and v}
-    known |= {t.get("content") for t in tokenizer.get("added_tokens") or [] if isinstance(t, dict)}
+    known = {token for _, token in vocab + _added_tokens(tokenizer)}
     lacking = {token: name for token, name in _declared_tokens(files).items() if token not in known}
     if lacking:
         token, name = next(iter(lacking.items()))
@@ -430,13 +429,24 @@ def _check_declared_tokens(origin: str, files: dict[str, Any]) -> None:
 def _largest_token_id(tokenizer: dict[str, Any]) -> int | None:
     """The largest id a tokenizer.json gives a token (its vocabulary's and its added tokens'), or
     None where it does not say in a form read here."""
-    ids = [t["id"] for t in tokenizer.get("added_tokens") or [] if isinstance(t, dict) and isinstance(t.get("id"), int)]
-    vocab = (tokenizer.get("model") or {}).get("vocab") if isinstance(tokenizer.get("model"), dict) else None
-    if isinstance(vocab, dict):  # BPE, WordPiece, WordLevel: token -> id
-        ids += [i for i in vocab.values() if isinstance(i, int)]
-    elif isinstance(vocab, list):  # Unigram: [token, score] by id
-        ids.append(len(vocab) - 1)
+    ids = [i for i, _ in _added_tokens(tokenizer) + (_vocabulary(tokenizer) or []) if isinstance(i, int)]
     return max(ids) if ids else None
+
+
+def _vocabulary(tokenizer: dict[str, Any]) -> list[tuple[Any, Any]] | None:
+    """tokenizer.json's vocabulary as (id, token) pairs, or None where it is in no form read here."""
+    model = tokenizer.get("model")
+    vocab = model.get("vocab") if isinstance(model, dict) else None
+    if isinstance(vocab, dict):  # BPE, WordPiece, WordLevel: token -> id
+        return [(i, token) for token, i in vocab.items()]
+    if isinstance(vocab, list):  # Unigram: [token, score] by id
+        return [(i, entry[0] if isinstance(entry, list) and entry else None) for i, entry in enumerate(vocab)]
+    return None
+
+
+def _added_tokens(tokenizer: dict[str, Any]) -> list[tuple[Any, Any]]:
+    """tokenizer.json's added tokens as (id, token) pairs."""
+    return [(t.get("id"), t.get("content")) for t in tokenizer.get("added_tokens") or [] if isinstance(t, dict)]
 
 
 def _json_object(source: ModelSource, name: str) -> dict[str, Any]:
@@ -467,9 +477,7 @@ def end_token(source: ModelSource) -> str:
             named = token
             break
     tokenizer = _json_object(source, "tokenizer.json")
-    vocab = (tokenizer.get("model") or {}).get("vocab")
-    tokens = [(t.get("id"), t.get("content")) for t in tokenizer.get("added_tokens") or [] if isinstance(t, dict)]
-    tokens += [(i, token) for token, i in vocab.items()] if isinstance(vocab, dict) else []
+    tokens = _added_tokens(tokenizer) + (_vocabulary(tokenizer) or [])
     by_id = {i: token for i, token in reversed(tokens) if type(i) is int and isinstance(token, str) and token}
     stops: list[int] = []
     for name in (GENERATION_CONFIG, CONFIG):
