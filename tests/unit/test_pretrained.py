@@ -479,6 +479,18 @@ def test_the_end_of_text_token_is_found_where_transformers_looks(folder, tmp_pat
     assert pretrained.end_token(_with_files(folder, tmp_path, files)) == expected
 
 
+def test_the_end_of_text_token_is_found_in_a_unigram_vocabulary(folder, tmp_path):
+    """A Unigram tokenizer.json lists its vocabulary as [token, score] by id: config.json's
+    eos_token_id names one of those (was: only BPE-style vocabularies were read, and "")."""
+    config = json.loads((Path(folder) / "config.json").read_text())
+    files = {
+        **NO_EOS,
+        "config.json": {**config, "eos_token_id": 1},
+        "tokenizer.json": {"model": {"type": "Unigram", "vocab": [["<unk>", 0.0], ["</s>", 0.0], ["a", -1.0]]}},
+    }
+    assert pretrained.end_token(_with_files(folder, tmp_path, files)) == "</s>"
+
+
 def test_a_damaged_tokenizer_config_is_named_when_its_end_token_is_read(folder, tmp_path):
     out = _with_files(folder, tmp_path, {})
     Path(out.uri, "tokenizer_config.json").write_text("{not json")
