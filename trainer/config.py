@@ -428,7 +428,9 @@ class TrainConfig:
     learning_rate: float = 0.003
     """AdamW learning rate."""
     weight_decay: float = 0.0
-    """AdamW weight decay."""
+    """AdamW weight decay (decoupled), applied to every trainable parameter, biases and norm weights included, as
+    `torch.optim.AdamW(model.parameters())` does; Hugging Face's Trainer leaves those two out, so a recipe's value
+    written for it decays them here too."""
     seed: int = 0
     """Base seed: initial weights and data order are the same on every rank; per-step randomness (dropout) differs by
     rank (the seed plus the rank)."""
