@@ -142,6 +142,7 @@ def _given(flags: dict[str, tuple[str, Any]]) -> dict[str, tuple[str, Any]]:
 
 def _cmd_run(args: argparse.Namespace) -> int:
     from pipelines.local_run import DEFAULT_LOCAL_ROOT, check_run_id, new_run_id, run_root, running_alone
+    from trainer.checks import check_writes_outside_inputs
     from trainer.config import ConfigError
 
     if not args.local:
@@ -162,6 +163,8 @@ def _cmd_run(args: argparse.Namespace) -> int:
     _check_gates(args, cfg.task)
     if args.summary:
         _check_summary_place(args.summary, cfg.store.uri or args.output_dir, run_id)
+        if not _a_stream(Path(args.summary)):
+            check_writes_outside_inputs(cfg, {"--summary": args.summary})
     from trainer.checks import unused_endpoint
 
     if note := unused_endpoint(cfg):
@@ -567,7 +570,7 @@ def _prepared_dataset(cfg: Any, uri: str) -> dict[str, Any]:
 def _cmd_plan(args: argparse.Namespace) -> int:
     import json
 
-    from trainer.checks import check_plan_gpu
+    from trainer.checks import check_plan_gpu, check_writes_outside_inputs
     from trainer.config import ConfigError
     from trainer.pipeline_steps import PlanRefused, plan_run, refuse_if_strict
 
@@ -586,6 +589,8 @@ def _cmd_plan(args: argparse.Namespace) -> int:
         ),
         check_plan_gpu,
     )
+    if args.output and not _a_stream(Path(args.output)):
+        check_writes_outside_inputs(cfg, {"--output": args.output})
     manifest = _prepared_dataset(cfg, args.dataset) if args.dataset else None  # before a probe spends minutes
     probe = None
     if args.probe:

@@ -102,25 +102,44 @@ def check_writable(cfg: Config, uri: str, field: str) -> None:
         raise type(exc)(f"{field}: {exc}" if uri in str(exc) else f"{field} {uri}: {exc}") from None
 
 
-def check_writes_outside_source(cfg: Config, output_dir: str = "") -> None:
-    """ConfigError naming the place a run writes (`store.uri`, `checkpoint.uri`, or
-    `output_dir`, a local run's `--output-dir`) that lies inside the `data.source` folder or
-    prefix: data prep would read the run's own logs, records and checkpoints as training data."""
-    from trainer.data_rules import BUILTIN_SOURCES
+def run_writes(cfg: Config, output_dir: str = "") -> dict[str, str]:
+    """The places a run writes, by the setting that names each: `store.uri`, `checkpoint.uri` (when
+    enabled) and `output_dir` (a local run's `--output-dir`), those set."""
+    writes = {"store.uri": cfg.store.uri, "--output-dir": output_dir}
+    writes["checkpoint.uri"] = cfg.checkpoint.uri if cfg.checkpoint.enabled else ""
+    return {field: uri for field, uri in writes.items() if uri}
 
-    source = cfg.data.source
-    if not source or source in BUILTIN_SOURCES or source.startswith("hf://"):
-        return
+
+def check_writes_outside_inputs(cfg: Config, writes: dict[str, str]) -> None:
+    """ConfigError naming the first place of `writes` (setting or flag -> path or URI; see
+    :func:`run_writes`) that lies inside an input the config names: the `data.source` folder or
+    prefix (data prep would read the run's own files as training data) or a `model.init_from`
+    folder (the run's files would be mixed into the base model's, and carried wherever it is
+    copied)."""
+    from trainer.data_rules import BUILTIN_SOURCES
 
     def place(uri: str) -> str:  # `bucket/key` (s3:// and minio:// name one store), or an absolute path
         spelled = place_of(uri) or uri
         return spelled.split("://", 1)[1] if "://" in spelled else spelled
 
+    inputs = {
+        "data.source": (
+            cfg.data.source,
+            "data prep would read the run's own logs, records and checkpoints as training data",
+        ),
+        "model.init_from": (cfg.model.init_from, "the run's files would be mixed into the base model's"),
+    }
+    for name, (uri, harm) in inputs.items():
+        if uri and uri not in BUILTIN_SOURCES and not uri.startswith("hf://"):
+            _refuse_writes_inside(name, uri, place, writes, harm)
+
+
+def _refuse_writes_inside(
+    name: str, source: str, place: Callable[[str], str], writes: dict[str, str], harm: str
+) -> None:
+    """ConfigError naming the first of `writes` (field -> place) inside input `name` (`source`)."""
     folder = place(source)
-    writes = {"store.uri": cfg.store.uri, "--output-dir": output_dir}
-    writes["checkpoint.uri"] = cfg.checkpoint.uri if cfg.checkpoint.enabled else ""
-    writes = {field: uri for field, uri in writes.items() if uri}
-    # A local source is read through its links to folders outside it too: a local place inside one of them.
+    # A local input is read through its links to folders outside it too: a local place inside one of them.
     local = {field: os.path.realpath(place(uri)) for field, uri in writes.items() if not parse_uri(uri).is_remote}
     source_is_local = not parse_uri(source).is_remote and os.path.isdir(folder)
     linked = LocalStore().linked_folders(folder) if local and source_is_local else []
@@ -131,10 +150,7 @@ def check_writes_outside_source(cfg: Config, output_dir: str = "") -> None:
         via = next((f for f in linked if real and (real == f or real.startswith(f"{f}/"))), None)
         if inside or via:
             how = f" through its link to {via}" if via and not inside else ""
-            raise ConfigError(
-                f"{field} {uri!r} is inside data.source {source!r}{how}: data prep would read the run's own logs, "
-                "records and checkpoints as training data; write them outside the source"
-            )
+            raise ConfigError(f"{field} {uri!r} is inside {name} {source!r}{how}: {harm}; write it outside {name}")
 
 
 #: Set by `kftrain run` for its steps' processes: the digest (:func:`checked_digest`) of the config
@@ -173,7 +189,7 @@ def check_before_steps(cfg: Config, runs_root: str = "", hub: bool = False) -> C
     from trainer.launch.job import check_job_manifests
 
     check_job_manifests(cfg)
-    check_writes_outside_source(cfg, "" if cfg.store.uri else runs_root)
+    check_writes_outside_inputs(cfg, run_writes(cfg, "" if cfg.store.uri else runs_root))
     if cfg.store.uri:
         check_writable(cfg, cfg.store.uri, "store.uri")
     if cfg.checkpoint.enabled and cfg.checkpoint.uri:

@@ -594,22 +594,53 @@ def test_the_pipeline_s_own_parameters_are_checked_in_its_first_step(overrides, 
         ("{tmp}/corpus", {"output_dir": "{tmp}/outz"}, "--output-dir"),  # corpus/zz -> outz
         ("{tmp}/corpus", {"store.uri": "{tmp}/outz/store"}, "store.uri"),
         ("{tmp}/corpus", {"output_dir": "{tmp}/elsewhere"}, ""),
+        # A file a command writes (was: `--summary` into the source, trained on by the next run)
+        ("{tmp}/corpus", {"--summary": "{tmp}/corpus/summary.json"}, "--summary"),
+        ("{tmp}/corpus/t.txt", {"--summary": "{tmp}/corpus/t.txt"}, "--summary"),  # the one-file source itself
+        ("{tmp}/corpus", {"--output": "{tmp}/outz/plan.md"}, "--output"),  # through the link
+        ("{tmp}/corpus", {"--summary": "{tmp}/summary.json"}, ""),
     ],
 )
 def test_a_run_never_writes_inside_its_data_source(tmp_path, source, writes, refused):
-    from trainer.checks import check_writes_outside_source
+    from trainer.checks import check_writes_outside_inputs, run_writes
 
     (tmp_path / "corpus").mkdir()
     (tmp_path / "outz").mkdir()
     (tmp_path / "corpus" / "zz").symlink_to(tmp_path / "outz")
     fill = {k: v.format(tmp=tmp_path) if isinstance(v, str) else v for k, v in writes.items()}
     output_dir = fill.pop("output_dir", "")
+    files = {flag: fill.pop(flag) for flag in ("--summary", "--output") if flag in fill}
     cfg = load_config(overrides={"data.source": source.format(tmp=tmp_path), **fill})
+    writes = {**run_writes(cfg, output_dir), **files}
     if not refused:
-        check_writes_outside_source(cfg, output_dir)
+        check_writes_outside_inputs(cfg, writes)
         return
     with pytest.raises(ConfigError, match=f"^{re.escape(refused)} .* is inside data.source .*: data prep would read"):
-        check_writes_outside_source(cfg, output_dir)
+        check_writes_outside_inputs(cfg, writes)
+
+
+@pytest.mark.parametrize(
+    ("writes", "refused"),
+    [
+        ({"--output-dir": "{model}"}, "--output-dir"),  # was: runs and exports inside the base model's folder
+        ({"store.uri": "{model}/runs"}, "store.uri"),
+        ({"--summary": "{model}/summary.json"}, "--summary"),
+        ({"--output-dir": "{tmp}/out"}, ""),
+        ({"--output-dir": "{tmp}"}, ""),  # the folder holding the model's: beside it, not in it
+    ],
+)
+def test_a_run_never_writes_inside_its_base_model(tmp_path, writes, refused):
+    from trainer.checks import check_writes_outside_inputs
+
+    model = tmp_path / "base"
+    model.mkdir()
+    cfg = load_config(overrides={"task": "causal_lm", "model.init_from": str(model), "data.source": "python-stdlib"})
+    writes = {flag: path.format(model=model, tmp=tmp_path) for flag, path in writes.items()}
+    if not refused:
+        check_writes_outside_inputs(cfg, writes)
+        return
+    with pytest.raises(ConfigError, match=f"^{re.escape(refused)} .* is inside model.init_from .*: the run's files"):
+        check_writes_outside_inputs(cfg, writes)
 
 
 def test_a_leftover_tensor_transformers_drops_is_no_refusal(folder, tmp_path):

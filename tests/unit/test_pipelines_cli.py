@@ -400,6 +400,24 @@ def test_an_output_file_that_cannot_be_written_is_refused_before_anything_runs(
 
 
 @pytest.mark.parametrize(
+    "flag", [["run", "--local", "--summary"], ["plan", "--output"]], ids=["run --summary", "plan --output"]
+)
+def test_an_output_file_inside_the_data_source_is_refused_before_anything_runs(tmp_path, monkeypatch, capsys, flag):
+    """Was: `--summary` written into the source folder, read by the next run's data prep as data."""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "corpus").mkdir()
+    (tmp_path / "corpus" / "a.txt").write_text("some text\n" * 100)
+    (tmp_path / "c.yaml").write_text("task: causal_lm\ndata:\n  source: corpus\n")
+    assert main([*flag, "corpus/out.json", "--config", "c.yaml"]) == 2
+    err = capsys.readouterr().err
+    assert (
+        err.strip().splitlines()[-1].startswith(f"kftrain: error: {flag[-1]} 'corpus/out.json' is inside data.source")
+    )
+    assert sorted(p.name for p in (tmp_path / "corpus").iterdir()) == ["a.txt"]
+    assert not (tmp_path / "kftrain-outputs").exists()
+
+
+@pytest.mark.parametrize(
     ("flag", "earlier"),
     [
         (
