@@ -527,8 +527,11 @@ def _read_header(store: ObjectStore, uri: str) -> tuple[dict[str, Any], int, int
 
 
 def weight_files(source: ModelSource) -> list[str]:
-    """The folder's safetensors files: those the index lists, else `model.safetensors`."""
+    """The folder's safetensors files: those the index lists, else `model.safetensors`; a folder
+    holding both, an index of other files beside `model.safetensors`, is refused: transformers
+    loads `model.safetensors` where vLLM loads the index's shards, two different models."""
     index_uri = join_uri(source.uri, INDEX_FILE)
+    single = join_uri(source.uri, SINGLE_FILE)
     if source.store.exists(index_uri):
         try:
             names = sorted({str(name) for name in json.loads(source.store.get_bytes(index_uri))["weight_map"].values()})
@@ -542,8 +545,14 @@ def weight_files(source: ModelSource) -> list[str]:
                 f"{index_uri}: weight_map names {outside[0]!r}, not a file of the folder; an index names its "
                 "safetensors files by their bare names (model-00001-of-00002.safetensors)"
             )
+        if SINGLE_FILE not in names and source.store.exists(single):
+            raise PretrainedError(
+                f"model.init_from {source.origin!r}: holds both {SINGLE_FILE} and {INDEX_FILE} (of {names[0]}"
+                f"{f' and {len(names) - 1} more' if len(names) > 1 else ''}), two sets of weights: transformers loads "
+                f"the first, vLLM the second's; keep one save in the folder (remove {SINGLE_FILE}, or the index and "
+                "its shards)"
+            )
         return [join_uri(source.uri, name) for name in names]
-    single = join_uri(source.uri, SINGLE_FILE)
     if source.store.exists(single):
         return [single]
     raise PretrainedError(

@@ -184,6 +184,15 @@ REFUSED = {
         "",
         ["weight_map names '../other/model.safetensors', not a file of the folder"],
     ),
+    "index-beside-a-single-file": (  # was: the shards trained, transformers loading model.safetensors
+        {
+            "add": {
+                "model.safetensors.index.json": json.dumps({"weight_map": {"w": "model-00001-of-00001.safetensors"}})
+            }
+        },
+        "",
+        ["holds both model.safetensors and model.safetensors.index.json (of model-00001-of-00001.safetensors)"],
+    ),
     "index-without-a-map": (
         {"add": {"model.safetensors.index.json": json.dumps({"weight_map": ["model.safetensors"]})}},
         "",
