@@ -180,6 +180,7 @@ def _run_alone(args: argparse.Namespace, cfg: Any, run_id: str, store: str) -> i
     from pipelines.local_run import (
         PipelineFailed,
         RunStopped,
+        keep_left_logs,
         keep_log,
         newest_checkpoint,
         open_log,
@@ -200,6 +201,11 @@ def _run_alone(args: argparse.Namespace, cfg: Any, run_id: str, store: str) -> i
             file=sys.stderr,
         )
     resume = _resume_command(args.argv, run_id)
+    for uri in keep_left_logs(cfg, run_id, args.output_dir) if existed else ():
+        print(
+            f"kftrain: the full log an earlier start of run {run_id} left on this machine is now at {uri}",
+            file=sys.stderr,
+        )
     log_uri, log_path = run_log(cfg, run_id, args.output_dir)
 
     console = StepConsole(lambda: open_log(log_uri, log_path), sys.stdout, sys.stderr, verbose=args.verbose)

@@ -264,10 +264,30 @@ def run_log(cfg: Config, run_id: str, local_root: str = DEFAULT_LOCAL_ROOT) -> t
     """Where the full log of this start of run `run_id` goes (beside its run record), and the
     local file to write it to meanwhile: that very file, or a temporary one when the run's
     folder is in an object store (:func:`keep_log` uploads it)."""
-    uri = join_uri(run_root(cfg, run_id, local_root), f"log-{time.strftime('%Y%m%d-%H%M%S')}.txt")
+    stamp = time.strftime("%Y%m%d-%H%M%S")
+    uri = join_uri(run_root(cfg, run_id, local_root), f"log-{stamp}.txt")
     if not parse_uri(uri).is_remote:
         return uri, Path(parse_uri(uri).key)
-    return uri, Path(tempfile.gettempdir()) / f"kftrain-{run_id}-{secrets.token_hex(4)}.log"
+    return uri, Path(tempfile.gettempdir()) / f"kftrain-{run_id}-{stamp}-{secrets.token_hex(4)}.log"
+
+
+def keep_left_logs(cfg: Config, run_id: str, local_root: str = DEFAULT_LOCAL_ROOT) -> list[str]:
+    """Upload the logs earlier starts of run `run_id` left in this machine's temporary folder (a
+    start killed outright never uploads its own; the store may have refused one), each to its
+    place beside the run record; return where they are now. Only while no other start of the
+    run runs here (:func:`running_alone`): a running start's log is still being written."""
+    root = run_root(cfg, run_id, local_root)
+    if not parse_uri(root).is_remote:
+        return []
+    name = re.compile(rf"kftrain-{re.escape(run_id)}-(\d{{8}}-\d{{6}})-[0-9a-f]{{8}}\.log")
+    kept = []
+    for path in sorted(Path(tempfile.gettempdir()).iterdir()):
+        found = name.fullmatch(path.name)
+        if found and path.is_file() and path.stat().st_uid == os.getuid():
+            uri = keep_log(cfg, join_uri(root, f"log-{found[1]}.txt"), path)
+            if uri != str(path):
+                kept.append(uri)
+    return kept
 
 
 def open_log(uri: str, path: Path) -> TextIO:

@@ -120,3 +120,26 @@ def test_a_second_run_in_one_output_dir_that_fails_the_gate_reports_its_own_fail
     # The gate says why, in the quality-gate-failed step's own log and in the report.
     assert "Model not exported" in Path(lines[-1].removeprefix("full log: ")).read_text()
     assert "Quality gate: failed" in Path(second["artifacts"]["report"]).read_text()
+
+
+def test_the_logs_killed_starts_left_behind_reach_the_run_folder_at_its_next_start(bucket, tmp_path, monkeypatch):
+    """A store run's log waits in the temporary folder until its start uploads it: a start killed
+    outright never does (was: left there unnamed). The run's next start uploads each, under the
+    start time it began at; another run's, and files of other names, stay."""
+    import tempfile
+
+    from pipelines.local_run import keep_left_logs, run_log
+    from trainer.config import load_config
+
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    cfg = load_config(overrides={"store.uri": f"s3://{bucket}/root"})
+    uri, path = run_log(cfg, "run-a")
+    path.write_text("the killed start's lines\n")
+    other = run_log(cfg, "run-a-2")[1]
+    other.write_text("another run's\n")
+    (tmp_path / "kftrain-run-a-notes.log").write_text("not a log of a start\n")
+    assert keep_left_logs(cfg, "run-a") == [uri]
+    assert uri.startswith(f"s3://{bucket}/root/runs/run-a/log-")
+    assert S3Store().get_bytes(uri) == b"the killed start's lines\n"
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(["kftrain-run-a-notes.log", other.name])
+    assert keep_left_logs(load_config(overrides={"store.uri": str(tmp_path / "local")}), "run-a-2") == []
