@@ -18,8 +18,19 @@ def tiny(task: str = "causal_lm") -> Config:
     return cfg
 
 
-@pytest.mark.parametrize("task", ["causal_lm", "classification"])
-def test_one_process_probe_measures_a_step_and_its_peak_near_the_plan(task):
+@pytest.mark.parametrize(
+    ("task", "shell"),
+    [
+        ("causal_lm", {}),
+        ("classification", {}),
+        # A torchrun job's variables left in the shell `kftrain run --local` starts from: no process
+        # group, so no job (was: a DDP wrapper over no group, the evaluate and plan steps' crash).
+        ("causal_lm", {"WORLD_SIZE": "2", "RANK": "1", "LOCAL_RANK": "1"}),
+    ],
+)
+def test_one_process_probe_measures_a_step_and_its_peak_near_the_plan(task, shell, monkeypatch):
+    for name, value in shell.items():
+        monkeypatch.setenv(name, value)
     cfg = tiny(task)
     result = run_probe(cfg, steps=2)
     assert (result.world_size, result.steps, result.micro_batch, result.device) == (1, 2, 4, "cpu")

@@ -59,6 +59,7 @@ def run_probe(cfg: Config, *, steps: int = 5, manifest: dict | None = None) -> P
     Collective: under torchrun every rank calls it (the process group already initialised).
     """
     from trainer.distributed import (
+        DistEnv,
         clip_grad_norm,
         device_for,
         dist_env,
@@ -72,7 +73,9 @@ def run_probe(cfg: Config, *, steps: int = 5, manifest: dict | None = None) -> P
     from trainer.tasks import task_for
     from trainer.train import autocast_for
 
-    env = dist_env()
+    # No process group, no peers: a WORLD_SIZE or LOCAL_RANK left in a shell is no job of this
+    # process (was: a DDP wrapper over no group in the plan and evaluate steps).
+    env = dist_env() if torch.distributed.is_available() and torch.distributed.is_initialized() else DistEnv()
     device = device_for(env)
     peak = PeakMemory(device)
     task = task_for(cfg)
