@@ -400,6 +400,35 @@ def test_an_output_file_that_cannot_be_written_is_refused_before_anything_runs(
 
 
 @pytest.mark.parametrize(
+    ("files", "found"),
+    [
+        (["trainer/__init__.py"], "trainer"),  # a project's own package (was: run in place of kftrain's, silently)
+        (["components/__init__.py"], "components"),
+        (["pipelines.py"], "pipelines.py"),
+        (["trainer/train.py"], ""),  # no __init__.py: a namespace folder, which a regular package wins over
+        (["mytrainer/__init__.py", "train.py"], ""),
+    ],
+)
+def test_a_package_of_the_current_folder_named_like_kftrains_is_refused_before_processes_start(
+    tmp_path, monkeypatch, capsys, files, found
+):
+    from trainer.launch.local import shadowing_module
+
+    monkeypatch.chdir(tmp_path)
+    for name in files:
+        (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / name).write_text("print('the user project')\n")
+    assert shadowing_module() == (f"./{found}" if found else "")
+    assert shadowing_module(str(REPO)) == ""  # kftrain's own checkout
+    if found:
+        for command in (["run", "--local"], ["plan", "--probe"]):
+            assert main(command) == 2
+            err = capsys.readouterr().err
+            assert f"kftrain: error: the current folder holds ./{found}, named like kftrain's own" in err
+            assert not (tmp_path / "kftrain-outputs").exists()
+
+
+@pytest.mark.parametrize(
     "flag", [["run", "--local", "--summary"], ["plan", "--output"]], ids=["run --summary", "plan --output"]
 )
 def test_an_output_file_inside_the_data_source_is_refused_before_anything_runs(tmp_path, monkeypatch, capsys, flag):

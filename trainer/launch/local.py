@@ -145,6 +145,27 @@ def _watch(var: str, marker: str, grace_s: float, remove: str = "") -> int:
     return 0
 
 
+#: kftrain's own top-level packages, which its steps and replicas import by name (`python -m`).
+OWN_PACKAGES = ("trainer", "components", "pipelines")
+
+
+def shadowing_module(folder: str = ".") -> str:
+    """A package or module in `folder` named like one of kftrain's (:data:`OWN_PACKAGES`), where
+    `folder` is not kftrain's own: `python -m` puts the folder it starts in first on the import
+    path, so its code would run in place of kftrain's in every step and replica (a project's own
+    `trainer/` is common). "" where there is none."""
+    import trainer
+
+    own_root = os.path.dirname(os.path.dirname(os.path.realpath(trainer.__file__)))
+    if os.path.realpath(folder) == own_root:
+        return ""
+    for name in OWN_PACKAGES:
+        for path in (os.path.join(folder, name, "__init__.py"), os.path.join(folder, f"{name}.py")):
+            if os.path.isfile(path):
+                return os.path.dirname(path) if path.endswith("__init__.py") else path
+    return ""
+
+
 #: How a replica's failure says that its processes were stopped from outside after a checkpoint.
 NOTHING_TO_FIX = "nothing to fix: resume it"
 #: How long a job whose replica failed waits for its other replicas to end, before it names the
