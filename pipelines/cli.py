@@ -82,18 +82,14 @@ def _check_summary_place(summary: str, root: str, run_id: str) -> None:
         )
 
 
-def _check_not_shadowed() -> None:
-    """ConfigError where the current folder holds a `trainer`, `components` or `pipelines` package
-    or module of its own, which the processes a command starts here would import in place of
-    kftrain's (:func:`trainer.launch.local.shadowing_module`)."""
+def _check_local_start() -> None:
+    """ConfigError where kftrain's local processes cannot start right from here
+    (:func:`trainer.launch.local.local_start_problem`)."""
     from trainer.config import ConfigError
-    from trainer.launch.local import shadowing_module
+    from trainer.launch.local import local_start_problem
 
-    if found := shadowing_module():
-        raise ConfigError(
-            f"the current folder holds {found}, named like kftrain's own package: the processes kftrain starts "
-            "here (its steps and replicas) would import it in place of kftrain's; run kftrain from another folder"
-        )
+    if problem := local_start_problem():
+        raise ConfigError(problem)
 
 
 def _check_gates(args: argparse.Namespace, task: str) -> None:
@@ -162,7 +158,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
     if not args.local:
         print("kftrain run: only --local is supported; on a cluster use `kftrain submit`", file=sys.stderr)
         return 2
-    _check_not_shadowed()
+    _check_local_start()
     flags = _given({"store.uri": ("--store", args.store), "store.endpoint": ("--s3-endpoint", args.s3_endpoint)})
     cfg = _load_with_flags(args.config, flags)
     store = f"{'--store' if args.store else 'store.uri'} {redact_url(cfg.store.uri)}"
@@ -617,7 +613,7 @@ def _cmd_plan(args: argparse.Namespace) -> int:
     if args.probe:
         from trainer.local_probe import probe_locally
 
-        _check_not_shadowed()
+        _check_local_start()
 
         steps = args.probe_steps or PROBE_STEPS
         print(f"kftrain: probing {steps} steps on {cfg.job.world_size} process(es)", file=sys.stderr)

@@ -412,20 +412,43 @@ def test_an_output_file_that_cannot_be_written_is_refused_before_anything_runs(
 def test_a_package_of_the_current_folder_named_like_kftrains_is_refused_before_processes_start(
     tmp_path, monkeypatch, capsys, files, found
 ):
-    from trainer.launch.local import shadowing_module
+    from trainer.launch.local import local_start_problem
 
     monkeypatch.chdir(tmp_path)
     for name in files:
         (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
         (tmp_path / name).write_text("print('the user project')\n")
-    assert shadowing_module() == (f"./{found}" if found else "")
-    assert shadowing_module(str(REPO)) == ""  # kftrain's own checkout
+    problem = local_start_problem()
+    assert problem.startswith(f"the current folder holds ./{found},") if found else problem == ""
+    assert local_start_problem(str(REPO)) == ""  # kftrain's own checkout
     if found:
         for command in (["run", "--local"], ["plan", "--probe"]):
             assert main(command) == 2
             err = capsys.readouterr().err
             assert f"kftrain: error: the current folder holds ./{found}, named like kftrain's own" in err
             assert not (tmp_path / "kftrain-outputs").exists()
+
+
+@pytest.mark.parametrize(
+    ("limits", "raised_to", "refused"),
+    [
+        ((14, 14), None, True),  # was: the rendezvous waited silently until job.timeout_seconds
+        ((14, 20000), (1024, 20000), False),  # a soft limit is raised, for the processes started here
+        ((14, 100), (100, 100), False),
+        ((1024, 4096), None, False),
+    ],
+)
+def test_an_open_file_limit_too_low_for_local_processes_is_raised_or_refused(monkeypatch, limits, raised_to, refused):
+    import resource
+
+    from trainer.launch.local import local_start_problem
+
+    raised = []
+    monkeypatch.setattr(resource, "getrlimit", lambda which: limits)
+    monkeypatch.setattr(resource, "setrlimit", lambda which, value: raised.append(value))
+    problem = local_start_problem(str(REPO))
+    assert problem.startswith("this shell allows 14 open files per process (`ulimit -n`)") if refused else not problem
+    assert raised == ([raised_to] if raised_to else [])
 
 
 @pytest.mark.parametrize(

@@ -149,20 +149,44 @@ def _watch(var: str, marker: str, grace_s: float, remove: str = "") -> int:
 OWN_PACKAGES = ("trainer", "components", "pipelines")
 
 
-def shadowing_module(folder: str = ".") -> str:
-    """A package or module in `folder` named like one of kftrain's (:data:`OWN_PACKAGES`), where
-    `folder` is not kftrain's own: `python -m` puts the folder it starts in first on the import
-    path, so its code would run in place of kftrain's in every step and replica (a project's own
-    `trainer/` is common). "" where there is none."""
+#: The fewest open files a local job's processes get: torchrun's agents, their ranks and the
+#: rendezvous each hold some (below it, `ulimit -n 14` say, the rendezvous waited silently until
+#: `job.timeout_seconds`).
+MIN_OPEN_FILES = 64
+
+
+def local_start_problem(folder: str = ".") -> str:
+    """What keeps kftrain's local processes from starting right in `folder` (the current one), as
+    a line naming the fix, or "": a package or module there named like one of kftrain's
+    (:data:`OWN_PACKAGES`), which `python -m` would import in place of kftrain's in every step and
+    replica (a project's own `trainer/` is common), or an open-file limit below
+    :data:`MIN_OPEN_FILES` that cannot be raised (a soft limit below it is raised, up to the hard one)."""
+    import resource
+
     import trainer
 
     own_root = os.path.dirname(os.path.dirname(os.path.realpath(trainer.__file__)))
-    if os.path.realpath(folder) == own_root:
-        return ""
-    for name in OWN_PACKAGES:
+    for name in OWN_PACKAGES if os.path.realpath(folder) != own_root else ():
         for path in (os.path.join(folder, name, "__init__.py"), os.path.join(folder, f"{name}.py")):
             if os.path.isfile(path):
-                return os.path.dirname(path) if path.endswith("__init__.py") else path
+                found = os.path.dirname(path) if path.endswith("__init__.py") else path
+                return (
+                    f"the current folder holds {found}, named like kftrain's own package: the processes kftrain "
+                    "starts here (its steps and replicas) would import it in place of kftrain's; run kftrain from "
+                    "another folder"
+                )
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft != resource.RLIM_INFINITY and soft < MIN_OPEN_FILES:
+        if hard == resource.RLIM_INFINITY or hard >= MIN_OPEN_FILES:
+            # Inherited by what starts here; as many as a usual shell's (1024), where the hard limit allows.
+            resource.setrlimit(
+                resource.RLIMIT_NOFILE, (1024 if hard == resource.RLIM_INFINITY else min(hard, 1024), hard)
+            )
+        else:
+            return (
+                f"this shell allows {hard} open files per process (`ulimit -n`), fewer than the {MIN_OPEN_FILES} "
+                f"kftrain's local processes need; raise it (`ulimit -n 1024`) and run again"
+            )
     return ""
 
 
