@@ -271,6 +271,13 @@ def _run_alone(args: argparse.Namespace, cfg: Any, run_id: str, store: str) -> i
                 "gone, a permission or a full disk on this machine; fix that, then resume",
                 file=sys.stderr,
             )
+        elif console.resource_error:
+            print(
+                f"kftrain: error: step {console.failed_step}: {redact(console.resource_error)}: this machine ran out "
+                "of memory, threads or open files, or a limit on them (`ulimit -v`, `-u`, `-n`, a container's memory) "
+                "was reached; give the step more, or make the job smaller, then resume",
+                file=sys.stderr,
+            )
         elif console.failed_step:
             where = f"the traceback is in the full log: {full_log}" if full_log else "run again with --verbose"
             print(

@@ -71,6 +71,12 @@ _FILE_ERRNOS = frozenset(
     {errno.EEXIST, errno.ENOENT, errno.EACCES, errno.EPERM, errno.ENOTDIR, errno.EISDIR, errno.ENOSPC}
     | {errno.EROFS, errno.EDQUOT}
 )
+#: A step's last line when a resource of the machine ran out (memory, threads, processes, open
+#: files), or a limit on it did: Python's own words for each.
+_RESOURCE_ERROR = re.compile(
+    r"^(?:MemoryError\b|RuntimeError: can't start new thread"
+    rf"|(?:OSError|BlockingIOError): \[Errno (?:{errno.ENOMEM}|{errno.EMFILE}|{errno.ENFILE}|{errno.EAGAIN})\] )"
+)
 _TAIL_CHARS = 500
 
 
@@ -247,6 +253,13 @@ class StepConsole(io.TextIOBase):
         last = self.failure_tail[-1] if self.failure_tail else ""
         m = _OS_ERROR.match(last)
         return last if m and int(m.group(1)) in _FILE_ERRNOS else ""
+
+    @property
+    def resource_error(self) -> str:
+        """The failed step's last line when it says the machine ran out of memory, threads or open
+        files, or a limit on them did (:data:`_RESOURCE_ERROR`), else ""."""
+        last = self.failure_tail[-1] if self.failure_tail else ""
+        return last if _RESOURCE_ERROR.match(last) else ""
 
     def _replica_shows(self, replica: str, text: str) -> bool:
         """Whether the terminal shows this line of `replica`: a traceback's frames, and torchrun's

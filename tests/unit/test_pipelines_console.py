@@ -92,21 +92,33 @@ def test_a_failed_step_names_itself_and_its_error_not_the_traceback_frames():
 
 
 @pytest.mark.parametrize(
-    ("last", "os_error"),
+    ("last", "kind"),
     [
-        ("FileExistsError: [Errno 17] File exists: '/o/run/export'", True),  # kfp's executor, a file in the way
-        ("PermissionError: [Errno 13] Permission denied: '/o/run'", True),
-        ("OSError: [Errno 28] No space left on device", True),
-        ("OSError: [Errno 24] Too many open files", False),  # not a file of this machine's to fix
-        ("OSError: [Errno 98] Address already in use", False),
-        ("trainer.storage.ObjectNotFound: no file at /m/model.json", False),
-        ("ValueError: [Errno 17] not an OS error", False),
+        ("FileExistsError: [Errno 17] File exists: '/o/run/export'", "file"),  # kfp's executor, a file in the way
+        ("PermissionError: [Errno 13] Permission denied: '/o/run'", "file"),
+        ("OSError: [Errno 28] No space left on device", "file"),
+        ("OSError: [Errno 98] Address already in use", ""),
+        ("trainer.storage.ObjectNotFound: no file at /m/model.json", ""),
+        ("ValueError: [Errno 17] not an OS error", ""),
+        # The machine's resources or a limit on them (was: "an unexpected error ... a bug in kftrain")
+        ("OSError: [Errno 24] Too many open files", "resource"),
+        ("MemoryError", "resource"),
+        ("RuntimeError: can't start new thread", "resource"),
+        ("BlockingIOError: [Errno 11] Resource temporarily unavailable", "resource"),
+        ("OSError: [Errno 12] Cannot allocate memory", "resource"),
+        ("RuntimeError: CUDA error: an illegal memory access was encountered", ""),
+        ("MemoryErrorLike: a custom task's own", ""),
     ],
 )
-def test_a_step_that_failed_on_a_file_of_this_machine_says_so(last, os_error):
-    """(was: a file in the way of kfp's output folder read "an unexpected error ... a bug in kftrain")"""
+def test_a_step_that_failed_on_this_machine_says_what_of_it(last, kind):
+    """A file of this machine, or one of its resources (was: a file in the way of kfp's output
+    folder, or a MemoryError under `ulimit -v`, read "an unexpected error ... a bug in kftrain")."""
     console, *_ = run(KFP_OUTPUT.replace("trainer.storage.ObjectNotFound: no file at /m/model.json", last))
-    assert console.failure_tail[-1] == last and console.os_error == (last if os_error else "")
+    assert console.failure_tail[-1] == last
+    assert (console.os_error, console.resource_error) == (
+        last if kind == "file" else "",
+        last if kind == "resource" else "",
+    )
 
 
 STOPPED_STEP = f"""\
