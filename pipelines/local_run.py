@@ -575,7 +575,8 @@ def preflight(cfg: Config, local_root: str = DEFAULT_LOCAL_ROOT) -> Config:
         try:
             LocalStore().check(str(Path(local_root).expanduser().resolve()))
         except StoreError as exc:
-            raise ConfigError(f"--output-dir: {exc}") from None  # the message names the folder
+            flag = "--output-dir" if local_root != DEFAULT_LOCAL_ROOT else f"--output-dir (default: {local_root})"
+            raise ConfigError(f"{flag}: {exc}") from None  # the message names the folder
     return check_before_steps(cfg, cfg.store.uri or str(Path(local_root).expanduser().resolve()), hub=True)
 
 

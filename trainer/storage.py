@@ -507,7 +507,12 @@ class LocalStore:
         if not existing.is_dir():
             raise StoreError(f"cannot write under {uri}: {existing} is a file, not a folder")
         if not os.access(existing, os.W_OK | os.X_OK):
-            raise StoreError(f"cannot write under {uri}: the folder {existing} is not writable by this user")
+            why = (
+                "is on a read-only file system"
+                if os.statvfs(existing).f_flag & os.ST_RDONLY
+                else "is not writable by this user"
+            )
+            raise StoreError(f"cannot write under {uri}: the folder {existing} {why}")
         try:
             os.rmdir(tempfile.mkdtemp(prefix=".kftrain-check-", dir=existing))
         except OSError as exc:

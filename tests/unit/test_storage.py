@@ -147,6 +147,18 @@ def assert_lists_folders(store, root: str) -> None:
         assert store.list(uri) == [join_uri(root, k) for k in expected], folder
 
 
+@pytest.mark.parametrize(
+    ("flags", "said"), [(os.ST_RDONLY, "is on a read-only file system"), (0, "is not writable by")]
+)
+def test_a_folder_that_cannot_be_written_says_whether_its_file_system_is_read_only(tmp_path, monkeypatch, flags, said):
+    """(was: "not writable by this user" for a read-only mount, whose permissions are not the cause)"""
+    real_statvfs = os.statvfs
+    monkeypatch.setattr(os, "access", lambda path, mode: False)
+    monkeypatch.setattr(os, "statvfs", lambda path: type("S", (), {"f_flag": real_statvfs(path).f_flag | flags})())
+    with pytest.raises(StoreError, match=f"cannot write under .*: the folder {re.escape(str(tmp_path))} {said}"):
+        LocalStore().check(str(tmp_path / "out"))
+
+
 def test_local_store_lists_folders_not_name_prefixes(tmp_path):
     assert_lists_folders(LocalStore(), str(tmp_path))
 
