@@ -416,12 +416,15 @@ def _cmd_runs(args: argparse.Namespace) -> int:
         StoreError,
         answer_within,
         endpoint_problem,
+        file_uri_problem,
         join_uri,
         open_store,
         parse_uri,
     )
 
     root = args.store
+    if problem := file_uri_problem(root):
+        raise ConfigError(f"--store {root!r} {problem}")
     if args.s3_endpoint and (problem := endpoint_problem(args.s3_endpoint)):
         raise StoreError(f"--s3-endpoint {redact_url(args.s3_endpoint)!r} {problem}")
     try:

@@ -31,7 +31,7 @@ from trainer.credentials import credential_in, credential_path, looks_like_crede
 from trainer.errors import KftrainError, redact, redact_url, yaml_problem
 from trainer.launch.failures import DEFAULT_MAX_RESTARTS, budget_check
 from trainer.partitions import partition_problem
-from trainer.storage import RetryPolicy, endpoint_problem, parse_uri, same_place
+from trainer.storage import RetryPolicy, endpoint_problem, file_uri_problem, parse_uri, same_place
 from trainer.tokenizer import parse_spec as parse_tokenizer_spec
 from trainer.yaml_scalars import unquoted_problem
 
@@ -608,6 +608,8 @@ def check_uri(field: str, value: str) -> None:
         parse_uri(value)
     except ValueError as exc:
         raise ConfigError(f"{field}: {exc}") from None
+    if problem := file_uri_problem(value):
+        raise ConfigError(f"{field} {value!r} {problem}")
 
 
 def _no_whitespace_around(field: str, value: str) -> None:
@@ -625,7 +627,7 @@ def check_resume_from(value: str) -> None:
     if len(parts) > 2 or not all(_RUN_NAME.fullmatch(p) for p in parts):
         raise ConfigError(
             f"checkpoint.resume_from {k8s.show(value)}: expected a run id (RUN, or RUN/TASK; letters, digits, '.', "
-            "'_', '-'), a model URI or a checkpoint URI (s3://..., or a path starting with /, ./ or ~)"
+            "'_', '-'), a model URI or a checkpoint URI (s3://..., or a path starting with /, . or ~)"
         )
 
 

@@ -127,6 +127,23 @@ class Location:
         return self.scheme in REMOTE_SCHEMES
 
 
+def file_uri_problem(uri: str) -> str:
+    """Why a `file://` URI a user typed would not name the folder meant, or "": kftrain reads the
+    path after `file://` as it is written (a listed file's name may hold any character), so a
+    percent-escape (`%20`, as `Path.as_uri()` writes a space) stays three characters, and a `?`
+    or `#` would end the path."""
+    if not uri.lower().startswith("file://"):
+        return ""
+    if re.search(r"%[0-9A-Fa-f]{2}", uri):
+        return (
+            "holds a percent-escape, which kftrain does not decode: write the path itself (a plain path, or "
+            "file:// and the path with its spaces and characters as they are)"
+        )
+    if "?" in uri or "#" in uri:
+        return "holds a '?' or '#', where a URL's path ends: write it as a plain path"
+    return ""
+
+
 def parse_uri(uri: str) -> Location:
     """Parse a store URI; raise ValueError naming the URI and the accepted forms when malformed.
 

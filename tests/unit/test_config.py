@@ -554,6 +554,25 @@ def test_a_uri_with_whitespace_around_it_is_refused_naming_the_field(field, valu
         load_config(overrides={field: value})
 
 
+@pytest.mark.parametrize("field", ["store.uri", "checkpoint.uri", "checkpoint.resume_from", "data.source"])
+@pytest.mark.parametrize(
+    ("value", "said"),
+    [
+        ("file:///tmp/o%20%C3%BC", "holds a percent-escape, which kftrain does not decode"),  # Path.as_uri()'s
+        ("file:///tmp/runs#1", "holds a '?' or '#'"),  # was: the path cut at the '#'
+        ("file:///tmp/runs?v=2", "holds a '?' or '#'"),
+        ("file:///tmp/o ü:1", ""),
+        ("/tmp/100%20done", ""),  # a plain path is read as written
+    ],
+)
+def test_a_file_uri_is_read_as_written_and_what_would_change_it_is_refused(field, value, said):
+    if not said:
+        load_config(overrides={field: value})
+        return
+    with pytest.raises(ConfigError, match=f"^{re.escape(field)} {re.escape(repr(value))} {re.escape(said)}"):
+        load_config(overrides={field: value})
+
+
 @pytest.mark.parametrize(
     ("task", "refused"),
     [

@@ -1316,3 +1316,9 @@ def test_the_summary_shows_a_count_as_a_whole_number(tmp_path, monkeypatch, caps
         ["test_rows", "360"],
         ["test_tokens", "59648"],
     ]
+
+
+def test_runs_refuses_a_file_uri_it_would_not_read_as_meant(capsys):
+    """(was: `--store file:///tmp/o%20x` looked for a folder named `o%20x`: "no such folder")"""
+    assert main(["runs", "--store", "file:///tmp/o%20x"]) == 2
+    assert "kftrain: error: --store 'file:///tmp/o%20x' holds a percent-escape" in capsys.readouterr().err
