@@ -129,9 +129,9 @@ class Location:
 
 def file_uri_problem(uri: str) -> str:
     """Why a `file://` URI a user typed would not name the folder meant, or "": kftrain reads the
-    path after `file://` as it is written (a listed file's name may hold any character), so a
-    percent-escape (`%20`, as `Path.as_uri()` writes a space) stays three characters, and a `?`
-    or `#` would end the path."""
+    path after `file://` as it is written (a listed file's name may hold any character, `?` and
+    `#` too), so a percent-escape (`%20`, as `Path.as_uri()` writes a space) stays three
+    characters."""
     if not uri.lower().startswith("file://"):
         return ""
     if re.search(r"%[0-9A-Fa-f]{2}", uri):
@@ -139,8 +139,6 @@ def file_uri_problem(uri: str) -> str:
             "holds a percent-escape, which kftrain does not decode: write the path itself (a plain path, or "
             "file:// and the path with its spaces and characters as they are)"
         )
-    if "?" in uri or "#" in uri:
-        return "holds a '?' or '#', where a URL's path ends: write it as a plain path"
     return ""
 
 
@@ -188,7 +186,9 @@ def parse_uri(uri: str) -> Location:
     if scheme == "file":
         if parts.netloc not in ("", "localhost"):
             raise ValueError(f"file URI {uri!r} names a host; use file:///absolute/path")
-        return Location("file", "", os.path.abspath(parts.path or "/"))
+        # The path as written, a '?' or '#' in a file's name included (urlsplit ends the path there).
+        path = uri[len("file://") + len(parts.netloc) :]
+        return Location("file", "", os.path.abspath(path or "/"))
     if scheme not in REMOTE_SCHEMES:
         raise ValueError(
             f"unsupported storage URI scheme {parts.scheme!r} in {uri!r}: "

@@ -27,6 +27,8 @@ pytestmark = pytest.mark.s3_servers("moto", "rgw")
         ("minio://mlpipeline/v2/artifacts", Location("minio", "mlpipeline", "v2/artifacts")),
         ("s3://my-bucket", Location("s3", "my-bucket", "")),
         ("file:///tmp/x/y", Location("file", "", "/tmp/x/y")),
+        ("file:///tmp/x/a#1?v.txt", Location("file", "", "/tmp/x/a#1?v.txt")),  # was: cut at the '#'
+        ("file://localhost/tmp/x", Location("file", "", "/tmp/x")),
         ("/tmp/x", Location("file", "", "/tmp/x")),
     ],
 )
