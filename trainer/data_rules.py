@@ -311,7 +311,7 @@ def source_listing(store: ObjectStore, source: str, versions: bool = True) -> di
             continue
         try:
             parse_uri(uri)
-        except ValueError as exc:  # a key S3 holds and no URI can name (`?`, `#`, an empty segment `//`)
+        except ValueError as exc:  # a key S3 holds and no URI can name (an empty segment `//`)
             raise DataError(
                 f"data.source {source}: the object {below!r} below it has a name kftrain cannot read as a store "
                 f"URI ({exc}); rename it, or move it out of this prefix"

@@ -182,13 +182,14 @@ def parse_uri(uri: str) -> Location:
     except ValueError as exc:  # `s3://[b/k`: read as an IPv6 host whose bracket is not closed
         raise ValueError(f"storage URI {redact_url(uri)!r} is not a URL ({exc}): use s3://bucket/key") from None
     scheme = parts.scheme.lower()
+    # What follows `scheme://` as written: a file's name or an object's key may hold '?' and '#',
+    # where urlsplit would end the path (was: a listed `a#b.txt` read as `a`, or refused).
+    written = uri.split("://", 1)[1]
     uri = redact_url(uri)  # every message below shows the URI, never a password in it
     if scheme == "file":
         if parts.netloc not in ("", "localhost"):
             raise ValueError(f"file URI {uri!r} names a host; use file:///absolute/path")
-        # The path as written, a '?' or '#' in a file's name included (urlsplit ends the path there).
-        path = uri[len("file://") + len(parts.netloc) :]
-        return Location("file", "", os.path.abspath(path or "/"))
+        return Location("file", "", os.path.abspath(written[len(parts.netloc) :] or "/"))
     if scheme not in REMOTE_SCHEMES:
         raise ValueError(
             f"unsupported storage URI scheme {parts.scheme!r} in {uri!r}: "
@@ -200,7 +201,7 @@ def parse_uri(uri: str) -> Location:
             "would be printed and recorded); set AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY (the store "
             "Secret on a cluster) and write s3://bucket/key"
         )
-    bucket = parts.netloc
+    bucket, _, key = written.partition("/")  # the one '/' after the bucket; `s3://b//k` keeps its empty segment
     if ":" in bucket:
         raise ValueError(
             f"storage URI {uri!r}: {scheme}://{bucket}/... names a host, not a bucket; write {scheme}://bucket/key "
@@ -213,9 +214,6 @@ def parse_uri(uri: str) -> Location:
             "digits, '.' and '-', starting and ending with a letter or digit, with no '..', '.-' or '-.' "
             "and not an IP address"
         )
-    if parts.query or parts.fragment:
-        raise ValueError(f"storage URI {uri!r} must not have a query or fragment")
-    key = parts.path[1:]  # the one '/' after the bucket; `s3://b//k` keeps its empty segment
     if "//" in key or key.startswith("/"):
         raise ValueError(f"storage URI {uri!r} has an empty path segment ('//')")
     if any(seg in (".", "..") for seg in key.split("/")):

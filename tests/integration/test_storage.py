@@ -155,6 +155,20 @@ def test_an_s3_source_lists_as_a_local_one_does(bucket):
     assert_source_objects(store, f"s3://{bucket}")
 
 
+def test_keys_with_a_question_mark_or_a_hash_are_listed_and_read_as_written(bucket):
+    """S3 keys may hold `?` and `#` (was: refused, or a file:// path cut there, as a URL's query
+    and fragment would be)."""
+    from trainer.data_rules import source_objects
+
+    store = open_store(f"s3://{bucket}")
+    keys = {"corpus/a?b=1.txt": b"first", "corpus/c#1.txt": b"second", "corpus/plain.txt": b"third"}
+    for key, data in keys.items():
+        store.put_bytes(f"s3://{bucket}/{key}", data)
+    found = source_objects(store, f"s3://{bucket}/corpus/")
+    assert sorted(found) == sorted(f"s3://{bucket}/{key}" for key in keys)
+    assert {uri: store.get_bytes(uri) for uri in found} == {f"s3://{bucket}/{k}": v for k, v in keys.items()}
+
+
 def test_a_prefix_s_version_is_read_from_its_listing_not_one_request_per_object(bucket, monkeypatch):
     """data.source_version of a prefix of many objects: one LIST, no HEAD per object (was: a HEAD
     each, serially, under the pre-flight's 5 s: about 700 objects failed it, "cannot reach the
