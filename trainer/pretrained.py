@@ -555,6 +555,15 @@ def weight_files(source: ModelSource) -> list[str]:
         return [join_uri(source.uri, name) for name in names]
     if source.store.exists(single):
         return [single]
+    folder = source.uri.rstrip("/") + "/"
+    shards = sorted(u[len(folder) :] for u in source.store.list(folder) if u.endswith(".safetensors"))
+    if shards:  # the weights are there, the map of which tensor is in which file is not
+        raise PretrainedError(
+            f"model.init_from {source.origin!r}: {shards[0]}"
+            f"{f' and {len(shards) - 1} more safetensors files' if len(shards) > 1 else ''} but no {INDEX_FILE}, "
+            f"which says which tensors each holds; copy it from where the model came from (or, for one file, name "
+            f"it {SINGLE_FILE})"
+        )
     raise PretrainedError(
         f"model.init_from {source.origin!r}: no {SINGLE_FILE} or {INDEX_FILE} in the folder; kftrain reads "
         "safetensors only (no pickle): convert the weights with `model.save_pretrained(folder)` in transformers"

@@ -68,6 +68,14 @@ REFUSED = {
         "",
         ["model.init_from", "safetensors only", "save_pretrained"],
     ),
+    "shards-without-their-index": (  # was: "no model.safetensors or ...index.json", the shards not named
+        {
+            "drop": ("model.safetensors",),
+            "add": {"model-00001-of-00002.safetensors": "", "model-00002-of-00002.safetensors": ""},
+        },
+        "",
+        ["model-00001-of-00002.safetensors and 1 more safetensors files but no model.safetensors.index.json"],
+    ),
     "no-tokenizer": ({"drop": ("tokenizer.json",)}, "", ["model.init_from", "no tokenizer.json", "save_pretrained"]),
     "missing-tensor": (
         {"drop_tensors": ("model.norm.weight",)},
