@@ -266,6 +266,8 @@ def shape_problem(config: dict[str, Any]) -> str | None:
     """Why `config`'s sizes describe no model (a size that is no positive whole number, or heads that
     do not divide the width or the key-value heads), or None. Transformers answers these with an
     error naming no field (`integer modulo by zero`), or a negative dimension, when the model is built."""
+    if config.get("vocab_size") is None:  # what the tokenizer's ids are checked against, and the plan sized by
+        return "vocab_size is missing: add the model's vocabulary size (the rows of its embedding)"
     for key in SHAPE_KEYS:
         value = config.get(key)
         if value is None:

@@ -107,6 +107,8 @@ def edit_config(folder, tmp_path, **changes) -> str:
         # traceback naming no field, from transformers as the model was built).
         ({"num_attention_heads": 0}, "config.json: num_attention_heads must be positive, got 0; the file is damaged"),
         ({"vocab_size": -1}, "vocab_size must be positive, got -1"),
+        # Was: the plan's KeyError traceback, and the train step's "the model None; prepare the data again".
+        ({"vocab_size": None}, "config.json: vocab_size is missing: add the model's vocabulary size"),
         ({"num_hidden_layers": "2"}, "num_hidden_layers must be a whole number, got '2'"),
         ({"intermediate_size": 1.5}, "intermediate_size must be a whole number, got 1.5"),
         ({"hidden_size": True}, "hidden_size must be a whole number, got True"),
