@@ -211,3 +211,36 @@ def test_text_for_a_pretrained_model_is_tokenized_document_by_document_as_transf
         assert "document_marks" not in manifest and int((tokens == end_id).sum()) == 0
         assert len(warned) == 1 and "the model does not learn where one ends" in warned[0], warned
         assert ("is not one token of its tokenizer" if eos else "names no end-of-text token") in warned[0]
+
+
+@pytest.mark.parametrize(
+    ("family", "tied", "head_dim"),
+    [("qwen3", True, 32), ("llama", False, None), ("llama", True, None)],
+    ids=["qwen3-tied-wide-heads", "llama-untied", "llama-tied"],
+)
+@pytest.mark.parametrize("method", ["full", "lora"])
+def test_training_flops_count_the_weights_that_multiply_and_the_heads_width(family, tied, head_dim, method):
+    """6 (LoRA: 4) per weight that multiplies, plus 12 * layers * heads * head_dim * context (was:
+    an untied input embedding, a lookup, counted; attention at hidden_size where Qwen3's heads are
+    wider: its plan and MFU 14% off)."""
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    from trainer.config import Config
+    from trainer.tasks.pretrained_lm import _lora_dict, apply_lora
+
+    sizes = {"hidden_size": 64, "num_attention_heads": 4, "num_key_value_heads": 2, "num_hidden_layers": 2}
+    extra = {"head_dim": head_dim} if head_dim else {}
+    config = AutoConfig.for_model(
+        family, **sizes, **extra, intermediate_size=128, vocab_size=1000, tie_word_embeddings=tied
+    )
+    with torch.device("meta"):
+        model = AutoModelForCausalLM.from_config(config)
+    cfg = Config(task="causal_lm")
+    cfg.model.block_size, cfg.train.method = 64, method
+    multiplying = sum(p.numel() for p in model.parameters()) - (0 if tied else 1000 * 64)
+    if method == "lora":
+        model = apply_lora(model, _lora_dict(cfg.lora))
+        multiplying += sum(p.numel() for n, p in model.named_parameters() if "lora_" in n)
+    expected = (4 if method == "lora" else 6) * multiplying + 12 * 2 * 4 * (head_dim or 16) * 64
+    assert PretrainedLMTask().flops_per_item(model, cfg) == expected

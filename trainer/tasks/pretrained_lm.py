@@ -275,12 +275,20 @@ class PretrainedLMTask(CausalLMTask):
         }
 
     def flops_per_item(self, model, cfg):
-        # 6N per token for a full update (2N forward, 4N backward); LoRA skips the weight
-        # gradients of the frozen base (about 2N), plus attention's 12 * layers * width * context.
+        # 6N per token for a full update (2N forward, 4N backward) over the weights that multiply:
+        # an input embedding is a lookup, unless it is tied to the output layer, which multiplies;
+        # LoRA skips the weight gradients of the frozen base (about 2N). Plus attention's
+        # 12 * layers * width * context, its width the heads' (heads * head_dim, which Qwen3's
+        # and Gemma's configs set apart from hidden_size).
         total = sum(p.numel() for p in model.parameters())
+        embedding, output = model.get_input_embeddings(), model.get_output_embeddings()
+        if embedding is not None and (output is None or output.weight is not embedding.weight):
+            total -= embedding.weight.numel()
         hf = getattr(model, "config", None)
         layers = getattr(hf, "num_hidden_layers", 0) or getattr(hf, "n_layer", 0)
-        width = getattr(hf, "hidden_size", 0) or getattr(hf, "n_embd", 0)
+        heads = getattr(hf, "num_attention_heads", 0) or getattr(hf, "n_head", 0)
+        head_dim = getattr(hf, "head_dim", 0)
+        width = heads * head_dim if heads and head_dim else getattr(hf, "hidden_size", 0) or getattr(hf, "n_embd", 0)
         per_param = 4 if cfg.train.method == "lora" else 6
         return float(per_param * total + 12 * layers * width * cfg.model.block_size)
 
