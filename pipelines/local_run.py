@@ -30,6 +30,7 @@ import time
 import warnings
 from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
+from stat import S_ISREG
 from typing import Any, TextIO
 
 from trainer.config import Config, ConfigError, config_to_json, flatten_config, same_setting, to_dict
@@ -265,25 +266,38 @@ def run_log(cfg: Config, run_id: str, local_root: str = DEFAULT_LOCAL_ROOT) -> t
     local file to write it to meanwhile: that very file, or a temporary one when the run's
     folder is in an object store (:func:`keep_log` uploads it)."""
     stamp = time.strftime("%Y%m%d-%H%M%S")
-    uri = join_uri(run_root(cfg, run_id, local_root), f"log-{stamp}.txt")
+    root = run_root(cfg, run_id, local_root)
+    uri = join_uri(root, f"log-{stamp}.txt")
     if not parse_uri(uri).is_remote:
         return uri, Path(parse_uri(uri).key)
-    return uri, Path(tempfile.gettempdir()) / f"kftrain-{run_id}-{stamp}-{secrets.token_hex(4)}.log"
+    return uri, Path(tempfile.gettempdir()) / f"{_temporary_log_stem(root)}-{stamp}-{secrets.token_hex(4)}.log"
+
+
+def _temporary_log_stem(root: str) -> str:
+    """The start of the temporary log's name of the run whose folder is `root`: its id and a digest
+    of where the folder is (one run id may name runs in two stores)."""
+    import hashlib
+
+    where = hashlib.sha256((place_of(root) or root).encode()).hexdigest()[:8]
+    return f"kftrain-{root.rstrip('/').rsplit('/', 1)[-1]}-{where}"
 
 
 def keep_left_logs(cfg: Config, run_id: str, local_root: str = DEFAULT_LOCAL_ROOT) -> list[str]:
     """Upload the logs earlier starts of run `run_id` left in this machine's temporary folder (a
     start killed outright never uploads its own; the store may have refused one), each to its
     place beside the run record; return where they are now. Only while no other start of the
-    run runs here (:func:`running_alone`): a running start's log is still being written."""
+    run runs here (:func:`running_alone`): a running start's log is still being written. Only
+    this user's own files, not links: the temporary folder is everyone's."""
     root = run_root(cfg, run_id, local_root)
     if not parse_uri(root).is_remote:
         return []
-    name = re.compile(rf"kftrain-{re.escape(run_id)}-(\d{{8}}-\d{{6}})-[0-9a-f]{{8}}\.log")
+    name = re.compile(rf"{re.escape(_temporary_log_stem(root))}-(\d{{8}}-\d{{6}})-[0-9a-f]{{8}}\.log")
     kept = []
     for path in sorted(Path(tempfile.gettempdir()).iterdir()):
-        found = name.fullmatch(path.name)
-        if found and path.is_file() and path.stat().st_uid == os.getuid():
+        if not (found := name.fullmatch(path.name)):
+            continue
+        st = path.lstat()  # a link, or a hard link to another file, is someone else's doing
+        if S_ISREG(st.st_mode) and st.st_uid == os.getuid() and st.st_nlink == 1:
             uri = keep_log(cfg, join_uri(root, f"log-{found[1]}.txt"), path)
             if uri != str(path):
                 kept.append(uri)

@@ -135,11 +135,18 @@ def test_the_logs_killed_starts_left_behind_reach_the_run_folder_at_its_next_sta
     cfg = load_config(overrides={"store.uri": f"s3://{bucket}/root"})
     uri, path = run_log(cfg, "run-a")
     path.write_text("the killed start's lines\n")
-    other = run_log(cfg, "run-a-2")[1]
-    other.write_text("another run's\n")
-    (tmp_path / "kftrain-run-a-notes.log").write_text("not a log of a start\n")
+    kept = {run_log(cfg, "run-a-2")[1]: "another run's\n"}  # each stays where it is
+    kept[run_log(load_config(overrides={"store.uri": f"s3://{bucket}/other"}), "run-a")[1]] = "another store's\n"
+    kept[tmp_path / "kftrain-run-a-notes.log"] = "not a log of a start\n"
+    for other, text in kept.items():
+        other.write_text(text)
+    secret = tmp_path / "credentials"
+    secret.write_text("aws_secret_access_key = x\n")
+    link = path.with_name(path.name.replace(path.name[-12:-4], "0" * 8))  # a link planted under a log's name
+    link.symlink_to(secret)
     assert keep_left_logs(cfg, "run-a") == [uri]
     assert uri.startswith(f"s3://{bucket}/root/runs/run-a/log-")
     assert S3Store().get_bytes(uri) == b"the killed start's lines\n"
-    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(["kftrain-run-a-notes.log", other.name])
+    assert sorted(S3Store().list(f"s3://{bucket}/root/runs/run-a/")) == [uri]
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted([*(p.name for p in kept), "credentials", link.name])
     assert keep_left_logs(load_config(overrides={"store.uri": str(tmp_path / "local")}), "run-a-2") == []
