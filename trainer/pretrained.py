@@ -548,12 +548,7 @@ def weight_files(source: ModelSource) -> list[str]:
                 "safetensors files by their bare names (model-00001-of-00002.safetensors)"
             )
         if SINGLE_FILE not in names and source.store.exists(single):
-            raise PretrainedError(
-                f"model.init_from {source.origin!r}: holds both {SINGLE_FILE} and {INDEX_FILE} (of {names[0]}"
-                f"{f' and {len(names) - 1} more' if len(names) > 1 else ''}), two sets of weights: transformers loads "
-                f"the first, vLLM the second's; keep one save in the folder (remove {SINGLE_FILE}, or the index and "
-                "its shards)"
-            )
+            _refuse_two_saves(source, names)
         return [join_uri(source.uri, name) for name in names]
     if source.store.exists(single):
         return [single]
@@ -570,6 +565,31 @@ def weight_files(source: ModelSource) -> list[str]:
         f"model.init_from {source.origin!r}: no {SINGLE_FILE} or {INDEX_FILE} in the folder; kftrain reads "
         "safetensors only (no pickle): convert the weights with `model.save_pretrained(folder)` in transformers"
     )
+
+
+def _refuse_two_saves(source: ModelSource, shards: list[str]) -> None:
+    """PretrainedError for a folder holding `model.safetensors` beside an index of other files
+    (`shards`): transformers loads the one file, vLLM the index's shards, so which weights are the
+    model is unclear; or, where none of the shards is there, the index is an older save's left
+    behind (transformers' `save_pretrained` keeps it), which vLLM would still follow."""
+    listed = f"{shards[0]}{f' and {len(shards) - 1} more' if len(shards) > 1 else ''}"
+    if not any(source.store.exists(join_uri(source.uri, name)) for name in shards):
+        what = (
+            f"{INDEX_FILE} lists {listed}, which the folder does not hold: an older save's index beside {SINGLE_FILE}"
+        )
+        drop = f"remove {INDEX_FILE}"
+    else:
+        what = (
+            f"holds both {SINGLE_FILE} and {INDEX_FILE} (of {listed}), two sets of weights: transformers loads the "
+            "first, vLLM the second's"
+        )
+        drop = f"keep one save in the folder (remove {SINGLE_FILE}, or the index and its shards)"
+    if source.origin.startswith(HF_SCHEME):  # the Hub's files are not the user's to change
+        drop = (
+            f"download the model (`hf download {source.origin[len(HF_SCHEME) :].split('@')[0]} --local-dir DIR`), "
+            f"there {drop}, and set model.init_from to DIR or its copy in your store"
+        )
+    raise PretrainedError(f"model.init_from {source.origin!r}: {what}; {drop}")
 
 
 #: A base model's fingerprint reads, of each weight file, its size, its header and this many

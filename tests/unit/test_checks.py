@@ -195,11 +195,24 @@ REFUSED = {
     "index-beside-a-single-file": (  # was: the shards trained, transformers loading model.safetensors
         {
             "add": {
-                "model.safetensors.index.json": json.dumps({"weight_map": {"w": "model-00001-of-00001.safetensors"}})
+                "model.safetensors.index.json": json.dumps({"weight_map": {"w": "model-00001-of-00001.safetensors"}}),
+                "model-00001-of-00001.safetensors": "",
             }
         },
         "",
         ["holds both model.safetensors and model.safetensors.index.json (of model-00001-of-00001.safetensors)"],
+    ),
+    "a-stale-index-beside-a-single-file": (  # transformers' save_pretrained leaves an older save's index
+        {
+            "add": {
+                "model.safetensors.index.json": json.dumps({"weight_map": {"w": "model-00001-of-00002.safetensors"}})
+            }
+        },
+        "",
+        [
+            "model.safetensors.index.json lists model-00001-of-00002.safetensors, which the folder does not hold",
+            "remove model.safetensors.index.json",
+        ],
     ),
     "index-without-a-map": (
         {"add": {"model.safetensors.index.json": json.dumps({"weight_map": ["model.safetensors"]})}},

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import math
+import shutil
 import struct
 from pathlib import Path
 
@@ -523,3 +524,16 @@ def test_the_hubs_gpt2_with_its_saved_attention_masks_passes_the_check_of_unused
         hub[f"h.{block}.attn.masked_bias"] = torch.tensor(-1e4)
     save_file(hub, weights, metadata={"format": "pt"})
     check_base_model(parse_config(base_model_config(str(folder), block_size=64)))
+
+
+def test_two_saves_in_a_hub_model_are_refused_with_a_fix_a_user_can_make(folder, tmp_path):
+    """A Hub repository's files are not the user's to remove: download, keep one save, point at it."""
+    out = tmp_path / "snapshot"
+    shutil.copytree(folder, out)
+    (out / pretrained.INDEX_FILE).write_text(json.dumps({"weight_map": {"w": "model-00001-of-00001.safetensors"}}))
+    (out / "model-00001-of-00001.safetensors").write_text("")
+    hub = pretrained.ModelSource(uri=str(out), store=source(str(out)).store, origin="hf://org/name@main")
+    with pytest.raises(pretrained.PretrainedError) as err:
+        pretrained.weight_files(hub)
+    assert "holds both model.safetensors and model.safetensors.index.json" in str(err.value)
+    assert "download the model (`hf download org/name --local-dir DIR`), there keep one save" in str(err.value)
