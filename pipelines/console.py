@@ -73,9 +73,10 @@ _FILE_ERRNOS = frozenset(
 )
 #: A step's last line when a resource of the machine ran out (memory, threads, processes, open
 #: files), or a limit on it did: Python's own words for each.
+#: (Not EAGAIN, which a busy non-blocking lock or pipe gives too: a bug's, as likely.)
 _RESOURCE_ERROR = re.compile(
-    r"^(?:MemoryError\b|RuntimeError: can't start new thread"
-    rf"|(?:OSError|BlockingIOError): \[Errno (?:{errno.ENOMEM}|{errno.EMFILE}|{errno.ENFILE}|{errno.EAGAIN})\] )"
+    r"^(?:MemoryError\b|numpy\.[\w.]*\._ArrayMemoryError\b|RuntimeError: can't start new thread"
+    rf"|OSError: \[Errno (?:{errno.ENOMEM}|{errno.EMFILE}|{errno.ENFILE})\] )"
 )
 _TAIL_CHARS = 500
 

@@ -104,7 +104,8 @@ def test_a_failed_step_names_itself_and_its_error_not_the_traceback_frames():
         ("OSError: [Errno 24] Too many open files", "resource"),
         ("MemoryError", "resource"),
         ("RuntimeError: can't start new thread", "resource"),
-        ("BlockingIOError: [Errno 11] Resource temporarily unavailable", "resource"),
+        ("BlockingIOError: [Errno 11] Resource temporarily unavailable", ""),  # a busy lock's or pipe's too
+        ("numpy.core._exceptions._ArrayMemoryError: Unable to allocate 8.00 GiB for an array", "resource"),
         ("OSError: [Errno 12] Cannot allocate memory", "resource"),
         ("RuntimeError: CUDA error: an illegal memory access was encountered", ""),
         ("MemoryErrorLike: a custom task's own", ""),
