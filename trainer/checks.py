@@ -119,13 +119,13 @@ def check_writes_outside_inputs(cfg: Config, writes: dict[str, str]) -> None:
     from trainer.data_rules import BUILTIN_SOURCES
 
     def place(uri: str) -> str:  # `bucket/key` (s3:// and minio:// name one store), or an absolute path
-        spelled = place_of(uri) or uri
+        spelled = place_of(uri) or os.path.realpath(uri)  # a file a flag names is a path, whatever it reads as
         return spelled.split("://", 1)[1] if "://" in spelled else spelled
 
     inputs = {
         "data.source": (
             cfg.data.source,
-            "data prep would read the run's own logs, records and checkpoints as training data",
+            "data prep would read the run's own files as training data",
         ),
         "model.init_from": (cfg.model.init_from, "the run's files would be mixed into the base model's"),
     }
@@ -140,7 +140,7 @@ def _refuse_writes_inside(
     """ConfigError naming the first of `writes` (field -> place) inside input `name` (`source`)."""
     folder = place(source)
     # A local input is read through its links to folders outside it too: a local place inside one of them.
-    local = {field: os.path.realpath(place(uri)) for field, uri in writes.items() if not parse_uri(uri).is_remote}
+    local = {field: os.path.realpath(place(uri)) for field, uri in writes.items() if not _is_remote(uri)}
     source_is_local = not parse_uri(source).is_remote and os.path.isdir(folder)
     linked = LocalStore().linked_folders(folder) if local and source_is_local else []
     for field, uri in writes.items():
@@ -151,6 +151,14 @@ def _refuse_writes_inside(
         if inside or via:
             how = f" through its link to {via}" if via and not inside else ""
             raise ConfigError(f"{field} {uri!r} is inside {name} {source!r}{how}: {harm}; write it outside {name}")
+
+
+def _is_remote(uri: str) -> bool:
+    """Whether `uri` names an object store's place (a path a flag names that reads as no URI does not)."""
+    try:
+        return parse_uri(uri).is_remote
+    except ValueError:
+        return False
 
 
 #: Set by `kftrain run` for its steps' processes: the digest (:func:`checked_digest`) of the config

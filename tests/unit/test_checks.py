@@ -629,6 +629,9 @@ def test_the_pipeline_s_own_parameters_are_checked_in_its_first_step(overrides, 
         ("{tmp}/corpus/t.txt", {"--summary": "{tmp}/corpus/t.txt"}, "--summary"),  # the one-file source itself
         ("{tmp}/corpus", {"--output": "{tmp}/outz/plan.md"}, "--output"),  # through the link
         ("{tmp}/corpus", {"--summary": "{tmp}/summary.json"}, ""),
+        # A file's path, whatever it reads as (was: refused as a malformed store URI, naming no flag)
+        ("{tmp}/corpus", {"--summary": "{tmp}/corpus/out.json "}, "--summary"),
+        ("{tmp}/corpus", {"--summary": "s3:report.json"}, ""),
     ],
 )
 def test_a_run_never_writes_inside_its_data_source(tmp_path, source, writes, refused):
