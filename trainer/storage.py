@@ -189,7 +189,10 @@ def parse_uri(uri: str) -> Location:
     if scheme == "file":
         if parts.netloc not in ("", "localhost"):
             raise ValueError(f"file URI {uri!r} names a host; use file:///absolute/path")
-        return Location("file", "", os.path.abspath(written[len(parts.netloc) :] or "/"))
+        path = written[len(parts.netloc) :] or "/"
+        if not path.startswith("/"):  # `file://?x`: no path at all, not one relative to here
+            raise ValueError(f"file URI {uri!r} names no absolute path; use file:///absolute/path")
+        return Location("file", "", os.path.abspath(path))
     if scheme not in REMOTE_SCHEMES:
         raise ValueError(
             f"unsupported storage URI scheme {parts.scheme!r} in {uri!r}: "

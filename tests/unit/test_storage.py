@@ -70,6 +70,8 @@ def test_relative_paths_become_absolute(tmp_path, monkeypatch):
         ("s3:my-bucket/x", "lacks the '//' after 's3:'"),
         ("MINIO:/b/x", "lacks the '//' after 'minio:' (write minio://bucket/key;"),
         ("file:/tmp/x", "lacks the '//' after 'file:' (write file:///absolute/path;"),
+        ("file://?x", "names no absolute path; use file:///absolute/path"),  # was: ./?x
+        ("file://#x", "names no absolute path"),
         ("gs:/b/x", "lacks the '//' after 'gs:' (and is no store kftrain reads;"),
     ],
 )
