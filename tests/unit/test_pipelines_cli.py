@@ -407,6 +407,7 @@ def test_an_output_file_that_cannot_be_written_is_refused_before_anything_runs(
         (["pipelines.py"], "pipelines.py"),
         (["trainer/train.py"], ""),  # no __init__.py: a namespace folder, which a regular package wins over
         (["mytrainer/__init__.py", "train.py"], ""),
+        (["trainer/__init__.py", "trainer/launch/local.py"], "trainer"),  # another copy of kftrain
     ],
 )
 def test_a_package_of_the_current_folder_named_like_kftrains_is_refused_before_processes_start(
@@ -419,13 +420,15 @@ def test_a_package_of_the_current_folder_named_like_kftrains_is_refused_before_p
         (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
         (tmp_path / name).write_text("print('the user project')\n")
     problem = local_start_problem()
-    assert problem.startswith(f"the current folder holds ./{found},") if found else problem == ""
+    copy = "trainer/launch/local.py" in files
+    said = f"another copy of kftrain's source (./{found})" if copy else f"./{found}, named like kftrain's own"
+    assert problem.startswith(f"the current folder holds {said}") if found else problem == ""
     assert local_start_problem(str(REPO)) == ""  # kftrain's own checkout
     if found:
         for command in (["run", "--local"], ["plan", "--probe"]):
             assert main(command) == 2
             err = capsys.readouterr().err
-            assert f"kftrain: error: the current folder holds ./{found}, named like kftrain's own" in err
+            assert f"kftrain: error: the current folder holds {said}" in err
             assert not (tmp_path / "kftrain-outputs").exists()
 
 
@@ -447,7 +450,7 @@ def test_an_open_file_limit_too_low_for_local_processes_is_raised_or_refused(mon
     monkeypatch.setattr(resource, "getrlimit", lambda which: limits)
     monkeypatch.setattr(resource, "setrlimit", lambda which, value: raised.append(value))
     problem = local_start_problem(str(REPO))
-    assert problem.startswith("this shell allows 14 open files per process (`ulimit -n`)") if refused else not problem
+    assert problem.startswith("this shell allows 14 open files per process (`ulimit -Hn`)") if refused else not problem
     assert raised == ([raised_to] if raised_to else [])
 
 

@@ -170,10 +170,13 @@ def local_start_problem(folder: str = ".") -> str:
         for path in (os.path.join(folder, name, "__init__.py"), os.path.join(folder, f"{name}.py")):
             if os.path.isfile(path):
                 found = os.path.dirname(path) if path.endswith("__init__.py") else path
+                if os.path.isfile(os.path.join(folder, "trainer", "launch", "local.py")):  # kftrain's source
+                    what = f"another copy of kftrain's source ({found}) than the one installed at {own_root}"
+                else:
+                    what = f"{found}, named like kftrain's own package"
                 return (
-                    f"the current folder holds {found}, named like kftrain's own package: the processes kftrain "
-                    "starts here (its steps and replicas) would import it in place of kftrain's; run kftrain from "
-                    "another folder"
+                    f"the current folder holds {what}: the processes kftrain starts here (its steps and replicas) "
+                    "would import it in place of the installed kftrain; run kftrain from another folder"
                 )
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     if soft != resource.RLIM_INFINITY and soft < MIN_OPEN_FILES:
@@ -184,8 +187,9 @@ def local_start_problem(folder: str = ".") -> str:
             )
         else:
             return (
-                f"this shell allows {hard} open files per process (`ulimit -n`), fewer than the {MIN_OPEN_FILES} "
-                f"kftrain's local processes need; raise it (`ulimit -n 1024`) and run again"
+                f"this shell allows {hard} open files per process (`ulimit -Hn`), fewer than the {MIN_OPEN_FILES} "
+                "kftrain's local processes need; run it where the hard limit is higher (an administrator, or a "
+                "container's `nofile` limit, sets it)"
             )
     return ""
 
