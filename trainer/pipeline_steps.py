@@ -215,6 +215,7 @@ def train_model(
     manifest = read_manifest(store_for(cfg, dataset_uri), dataset_uri, dataset_format(cfg))
     check_an_epoch_has_a_step(cfg, task_for(cfg), manifest, dataset_uri)
     cfg = claim_checkpoints(cfg, model_uri, owner=identity)
+    _say_where_gpus_are_not(cfg, backend)
     spec = training_job(cfg, job_name(identity), dataset_uri, model_uri)
     print(f"kftrain: training job {spec.name} for task {identity}", flush=True)
     run_job(backend, spec)
@@ -226,6 +227,22 @@ def train_model(
     record[POD_SETTINGS] = {k: whole[k] for k in POD_SECTIONS}
     store.put_bytes(uri, json.dumps(record, indent=2).encode())
     return record
+
+
+def _say_where_gpus_are_not(cfg: Config, backend: JobBackend) -> None:
+    """Warn when the job asks for GPUs (`kubernetes.gpus_per_node`) and its replicas run as
+    processes on this machine, which has none: they train on the CPU (was: said nowhere)."""
+    from trainer.launch.local import LocalBackend
+
+    if cfg.kubernetes.gpus_per_node and isinstance(backend, LocalBackend):
+        import torch
+
+        if not torch.cuda.is_available():
+            logging.getLogger("kftrain").warning(
+                "kubernetes.gpus_per_node %d: the local launcher's replicas are processes on this machine, which has "
+                "no GPU: they train on the CPU",
+                cfg.kubernetes.gpus_per_node,
+            )
 
 
 def claim_checkpoints(cfg: Config, model_uri: str, owner: str) -> Config:

@@ -5,9 +5,11 @@ the training job's replicas run with."""
 from __future__ import annotations
 
 import json
+import logging
 from pathlib import Path
 
 import pytest
+import torch
 
 from trainer.checkpoint import current_owner
 from trainer.config import ConfigError, config_from_json, load_config, to_dict
@@ -216,6 +218,33 @@ def test_train_model_runs_the_job_as_the_claimed_owner_and_returns_its_record(tm
     assert spec.name == job_name("run-7/train")
     assert replica_config(spec).checkpoint.owner == "run-7/train"
     assert current_owner(LocalStore(), join_uri(model, "checkpoints"))["owner"] == "run-7/train"
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="says what a machine without a GPU does")
+@pytest.mark.parametrize(("local", "gpus", "warned"), [(True, 1, True), (True, 0, False), (False, 1, False)])
+def test_a_job_asking_for_gpus_on_a_machine_without_any_is_said_to_train_on_the_cpu(
+    tmp_path, caplog, local, gpus, warned
+):
+    """The local launcher's replicas are this machine's processes (was: `gpus_per_node` 1 on a
+    CPU machine trained on the CPU, said nowhere); a cluster's pods get their GPUs."""
+
+    class LocalJob(JobThatWritesItsRecord, LocalBackend):  # the local launcher's kind, its job stood in for
+        pass
+
+    dataset, model = str(tmp_path / "dataset"), str(tmp_path / "model")
+    prepare_data(load_config(overrides={"data.source": small_csv(tmp_path)}), dataset)
+    cfg = load_config(overrides={"train.batch_size": 8, "kubernetes.gpus_per_node": gpus, "job.nproc_per_node": 1})
+    with caplog.at_level(logging.WARNING, logger="kftrain"):
+        train_model(cfg, dataset, model, LocalJob() if local else JobThatWritesItsRecord(), identity="run-7/train")
+    said = [r.getMessage() for r in caplog.records if "gpus_per_node" in r.getMessage()]
+    assert said == (
+        [
+            "kubernetes.gpus_per_node 1: the local launcher's replicas are processes on this machine, "
+            "which has no GPU: they train on the CPU"
+        ]
+        if warned
+        else []
+    )
 
 
 def test_train_model_with_no_whole_step_in_an_epoch_fails_before_any_job_or_claim(tmp_path):
