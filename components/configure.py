@@ -72,31 +72,31 @@ def configure(
 
     # `kftrain run --local` (kfp.local) mounts no Secret in pods it never starts.
     pods = RUN_MARKER_ENV not in os.environ
+    from trainer.checks import check_run_settings, checked_before
+    from trainer.errors import KftrainError
+
+    given = [name for name, value in knobs.items() if value != BY_NAME[name].unset] + list(SECRET_PARAMS)
     try:
         cfg = config_from_params(
             config, store_secret=store_secret, hf_token_secret=hf_token_secret, step_pods=pods, **knobs
         )
-    except ConfigError as exc:
+        check_run_settings(cfg, **run_settings)
+        if checked_before(cfg):
+            print("pre-flight checks: done by `kftrain run` before this step, on this very config")
+        else:
+            # Whatever can be checked before any step is checked now: the job a cluster would refuse, the
+            # store and checkpoint prefixes, a custom task, data.source, a base model.
+            cfg = check_before_steps(cfg)  # checkpoint.resume_from pinned to the checkpoint it names now
+    except KftrainError as exc:
         # The message names the config field; the user set a parameter in the UI.
-        given = [name for name, value in knobs.items() if value != BY_NAME[name].unset] + list(SECRET_PARAMS)
         if named := parameter_named_by(str(exc), given):
             raise ConfigError(f"parameter {named[0]}: {exc}{named[1]}") from None
         raise
-    from trainer.checks import check_run_settings
-
-    check_run_settings(cfg, **run_settings)
     import dataclasses
     import logging
 
-    from trainer.checks import checked_before
     from trainer.data_rules import source_version
 
-    if checked_before(cfg):
-        print("pre-flight checks: done by `kftrain run` before this step, on this very config")
-    else:
-        # Whatever can be checked before any step is checked now: the job a cluster would refuse, the
-        # store and checkpoint prefixes, a custom task, data.source, a base model.
-        cfg = check_before_steps(cfg)  # checkpoint.resume_from pinned to the checkpoint it names now
     # The version of the data data prep reads, in its input: KFP's cache reuses a prepared dataset
     # only for the same data (this step is never cached: it reads the store anew each run).
     cfg = dataclasses.replace(cfg, data=dataclasses.replace(cfg.data, source_version=source_version(cfg)))

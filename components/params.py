@@ -172,15 +172,19 @@ def overrides_from_params(**params: Any) -> dict[str, Any]:
 
 
 def parameter_named_by(message: str, given: Iterable[str]) -> tuple[str, str] | None:
-    """The parameter among `given` whose config field an error `message` starts with, and what to
-    append for it (a number's unset value, which nobody guesses: `-1 keeps the config's value`);
-    None where the message is about no such parameter. The trainer names the field
-    (`train.epochs`), but the user set a parameter (`epochs`)."""
+    """The parameter among `given` whose config field an error `message` starts with, else the
+    first one whose field it names at all (`model.n_layer: is defined by the pretrained model
+    (model.init_from ...)` is base_model's doing), and what to append for it (a number's unset
+    value, which nobody guesses: `-1 keeps the config's value`); None where the message is about
+    no such parameter. The trainer names the field (`train.epochs`), but the user set a
+    parameter (`epochs`)."""
     fields = {**{n: p.field for n, p in BY_NAME.items()}, **{n: f"kubernetes.{n}" for n in SECRET_PARAMS}}
-    for name in given:
-        if name in fields and re.match(rf"{re.escape(fields[name])}[:.\[ ]", message):
-            numeric = name in BY_NAME and BY_NAME[name].type in (int, float)
-            return name, f" ({BY_NAME[name].unset_shown} keeps the config's value)" if numeric else ""
+    given = [name for name in given if name in fields]
+    starts = [name for name in given if re.match(rf"{re.escape(fields[name])}[:.\[ ]", message)]
+    names = [name for name in given if re.search(rf"(?<![\w.]){re.escape(fields[name])}(?![\w])", message)]
+    for name in starts or names[:1]:
+        numeric = name in BY_NAME and BY_NAME[name].type in (int, float)
+        return name, f" ({BY_NAME[name].unset_shown} keeps the config's value)" if numeric else ""
     return None
 
 

@@ -186,7 +186,24 @@ def test_a_config_naming_another_hf_token_secret_is_refused_with_the_fix():
         ("train:\n  epochs: 0\n", {}, "train.epochs: must be positive, got 0"),
         ("train:\n  epochs: 0\n", {"learning_rate": 0.1}, "train.epochs: must be positive, got 0"),
         # The job's own rules: a ConfigError, so the step ends on one line (was: a traceback).
-        ("kubernetes:\n  priority_class: high\n", {"job_kind": "trainjob"}, "kubernetes.priority_class: 'high'"),
+        (
+            "kubernetes:\n  priority_class: high\n",
+            {"job_kind": "trainjob"},
+            "parameter job_kind: kubernetes.priority_class: 'high'",  # the job.kind it names is the parameter's
+        ),
+        # A parameter's field named later in the line: its doing (was: only the config field named).
+        (
+            "task: causal_lm\nmodel:\n  n_layer: 2\n",
+            {"base_model": "hf://org/name"},
+            "parameter base_model: model.n_layer: is defined by the pretrained model (model.init_from",
+        ),
+        # The pre-flight's refusals too (were: outside the naming, so `model.init_from`, never base_model).
+        (
+            "task: causal_lm\n",
+            {"base_model": "/nonexistent/model"},
+            "parameter base_model: model.init_from '/nonexistent/model'",
+        ),
+        ("", {"resume_from": "some-run"}, "parameter resume_from: checkpoint.resume_from 'some-run'"),
     ],
 )
 def test_configure_names_the_parameter_a_ui_user_set(monkeypatch, config, params, said):
