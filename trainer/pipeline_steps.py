@@ -205,14 +205,16 @@ def train_model(
     """
     from trainer.launch.job import training_job
     from trainer.runs import TRAINING_RECORD
-    from trainer.shards import dataset_format, read_manifest
+    from trainer.shards import check_shards_present, dataset_format, read_manifest
     from trainer.tasks import task_for
     from trainer.training_data import check_an_epoch_has_a_step
 
     store = store_for(cfg, model_uri, check=True)
     # Fail now, not in every replica (on a cluster, after they were scheduled): a missing dataset,
     # one prepared for another task, or one that gives the job's ranks no whole step.
-    manifest = read_manifest(store_for(cfg, dataset_uri), dataset_uri, dataset_format(cfg))
+    data_store = store_for(cfg, dataset_uri)
+    manifest = read_manifest(data_store, dataset_uri, dataset_format(cfg))
+    check_shards_present(data_store, dataset_uri, manifest)
     check_an_epoch_has_a_step(cfg, task_for(cfg), manifest, dataset_uri)
     cfg = claim_checkpoints(cfg, model_uri, owner=identity)
     _say_where_gpus_are_not(cfg, backend)

@@ -169,6 +169,27 @@ def split_shards(manifest: dict, split: str, dataset_uri: str) -> list[ShardInfo
     return [ShardInfo.from_dict(e, f"{dataset_uri} manifest, split {split}") for e in entries]
 
 
+def check_shards_present(store: ObjectStore, dataset_uri: str, manifest: dict) -> None:
+    """DataError naming the first shard the manifest lists that the dataset does not hold (one
+    listing of the dataset): a dataset whose files were deleted since, which KFP's cache would
+    still hand to training (was: found by the replicas, after the job had started)."""
+    folder = dataset_uri.rstrip("/") + "/"
+    held = {uri[len(folder) :] for uri in store.list(folder)}
+    listed = [
+        shard["name"]
+        for split in manifest.get("splits", {}).values()
+        for shard in (split.get("shards") or [] if isinstance(split, dict) else [])
+        if isinstance(shard, dict) and isinstance(shard.get("name"), str)
+    ]
+    if missing := [name for name in listed if name not in held]:
+        more = f" and {len(missing) - 1} more of its {len(listed)} shards" if len(missing) > 1 else ""
+        raise DataError(
+            f"{dataset_uri}: its manifest lists {missing[0]}{more}, which the dataset no longer holds (deleted since "
+            "data prep wrote it); run data prep again (in a KFP pipeline, with caching off for that step, or with a "
+            "changed config)"
+        )
+
+
 #: The manifest `format` of each built-in dataset layout: data prep writes it, every reader checks it.
 TABULAR_FORMAT = "kftrain.tabular.v2"
 TOKENS_FORMAT = "kftrain.tokens.v2"

@@ -272,6 +272,20 @@ def test_train_model_without_a_prepared_dataset_fails_before_any_job_or_claim(tm
     assert current_owner(LocalStore(), str(model / "checkpoints")) is None
 
 
+def test_train_model_with_shards_deleted_since_data_prep_fails_before_any_job_or_claim(tmp_path):
+    """A cached data prep's dataset whose files were deleted (KFP's cache does not look): named
+    with the fix before the job starts (was: a replica's "no file at ...rows-00000.npz")."""
+    dataset, model = tmp_path / "dataset", tmp_path / "model"
+    prepare_data(load_config(overrides={"data.source": small_csv(tmp_path)}), str(dataset))
+    (shard,) = sorted((dataset / "train").iterdir())[:1]
+    shard.unlink()
+    backend = JobThatWritesItsRecord()
+    with pytest.raises(DataError, match=rf"its manifest lists train/{shard.name}, which the dataset no longer holds"):
+        train_model(load_config(), str(dataset), str(model), backend, identity="run-7/train")
+    assert backend.submitted == []
+    assert current_owner(LocalStore(), str(model / "checkpoints")) is None
+
+
 # --- the report's prediction --------------------------------------------------------------------
 
 GPT = {
