@@ -208,6 +208,7 @@ def _validate_config(args: dict[str, Any], known: dict[str, dict[str, Any]]) -> 
     from trainer.checks import GATE_DEFAULTS, check_plan_gpu, gate_ignored, gate_problem
     from trainer.launch.job import check_cluster_locations, check_job_manifests
     from trainer.pipeline_steps import LAUNCHERS
+    from trainer.runs import check_run_id_has_a_store
 
     for name in ("min_accuracy", "max_perplexity"):
         if name in args and (problem := gate_problem(name, args[name])):
@@ -224,6 +225,7 @@ def _validate_config(args: dict[str, Any], known: dict[str, dict[str, Any]]) -> 
         check_job_manifests(cfg)
         check_cluster_locations(cfg)
         check_plan_gpu(cfg)  # else the plan step fails on it, after the run started
+        check_run_id_has_a_store(cfg)  # else the configure step fails on it
     except ValueError as exc:
         if named := parameter_named_by(str(exc), args):  # a bad value a --param gave: name the flag
             raise SubmitError(f"--param {named[0]}: {exc}{named[1]}") from None

@@ -319,6 +319,20 @@ def _open(cfg: Config, uri: str) -> ObjectStore:
     return open_store(uri, cfg.store.endpoint, cfg.store.region, cfg.store.policy())
 
 
+def check_run_id_has_a_store(cfg: Config) -> None:
+    """ConfigError when `checkpoint.resume_from` names a run id and `store.uri`, under which run
+    ids are looked up on a cluster, is empty: known before anything runs (`kftrain submit`)."""
+    value = cfg.checkpoint.resume_from
+    if value and not is_uri(value) and not cfg.store.uri:
+        raise ConfigError(_NO_STORE_FOR_A_RUN_ID.format(value=value))
+
+
+_NO_STORE_FOR_A_RUN_ID = (
+    "checkpoint.resume_from {value!r}: a run id is looked up under store.uri, which is empty; set store.uri (the "
+    "`store` parameter, or --store) to the store the run wrote to, or give its model or checkpoint URI"
+)
+
+
 def resolve_resume_from(cfg: Config, root: str) -> tuple[str, dict[str, Any]]:
     """The checkpoint `checkpoint.resume_from` names: its step folder and commit record.
 
@@ -344,10 +358,7 @@ def resolve_resume_from(cfg: Config, root: str) -> tuple[str, dict[str, Any]]:
             where = f"at or under {base}"
         else:
             if not root:
-                raise ConfigError(
-                    f"{field}: a run id is looked up under store.uri, which is empty; set store.uri (or "
-                    "--store) to the store the run wrote to, or give its model or checkpoint URI"
-                )
+                raise ConfigError(_NO_STORE_FOR_A_RUN_ID.format(value=value))
             root = root.rstrip("/")
             store = _open(cfg, root)
             run_id, _, task = value.partition("/")

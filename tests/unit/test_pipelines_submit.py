@@ -63,6 +63,12 @@ def test_the_secrets_the_steps_mount_are_checked_against_the_config_before_uploa
             {"store_secret": "my-s3"},
             "kubernetes.store_secret_keys: the pipeline's step pods read the keys accesskey",
         ),
+        (
+            "",
+            {"resume_from": "some-run"},
+            "--param resume_from: checkpoint.resume_from 'some-run': a run id is looked up under store.uri, which is "
+            "empty; set store.uri (the `store` parameter",
+        ),
     ],
 )
 def test_what_a_step_would_refuse_on_the_cluster_is_refused_before_upload(config, params, refused):
