@@ -8,8 +8,10 @@ from components.image import IMAGE
 
 @dsl.component(base_image=IMAGE, install_kfp_package=False)
 def data_prep(dataset: Output[Dataset], config: str = "") -> None:
-    """Split the source table (stratified, fixed seed) into train/val/test, normalise with
-    statistics from train only, and write shards plus a manifest.
+    """Read `data.source` into train/val/test splits with a fixed seed and write them as shards
+    plus a manifest: a table (classification) split stratified and normalised with statistics
+    from train only; text, JSON Lines or chat (causal_lm) tokenized with the run's tokenizer (a
+    base model's, when fine-tuning).
 
     It takes no run or task id, so KFP's cache can reuse a prepared dataset across runs.
 
