@@ -624,7 +624,6 @@ def _cmd_plan(args: argparse.Namespace) -> int:
         from trainer.local_probe import probe_locally
 
         _check_local_start()
-
         steps = args.probe_steps or PROBE_STEPS
         print(f"kftrain: probing {steps} steps on {cfg.job.world_size} process(es)", file=sys.stderr)
         (probe,) = probe_locally(cfg, steps=steps)
