@@ -89,8 +89,8 @@ def configure(
             cfg = check_before_steps(cfg)  # checkpoint.resume_from pinned to the checkpoint it names now
     except KftrainError as exc:
         # The message names the config field; the user set a parameter in the UI.
-        if named := parameter_named_by(str(exc), given):
-            raise ConfigError(f"parameter {named[0]}: {exc}{named[1]}") from None
+        if named := parameter_named_by(str(exc), given):  # the step log's traceback keeps where it came from
+            raise ConfigError(f"parameter {named[0]}: {exc}{named[1]}") from exc
         raise
     import dataclasses
     import logging

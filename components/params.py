@@ -181,8 +181,14 @@ def parameter_named_by(message: str, given: Iterable[str]) -> tuple[str, str] | 
     fields = {**{n: p.field for n, p in BY_NAME.items()}, **{n: f"kubernetes.{n}" for n in SECRET_PARAMS}}
     given = [name for name in given if name in fields]
     starts = [name for name in given if re.match(rf"{re.escape(fields[name])}[:.\[ ]", message)]
-    names = [name for name in given if re.search(rf"(?<![\w.]){re.escape(fields[name])}(?![\w])", message)]
-    for name in starts or names[:1]:
+    # Named later in the line: the first named, of those a user sets (not the Secret parameters,
+    # which are always given and which hints name).
+    later = {
+        found.start(): name
+        for name in given
+        if name not in SECRET_PARAMS and (found := re.search(rf"(?<![\w.]){re.escape(fields[name])}(?![\w])", message))
+    }
+    for name in starts or [later[i] for i in sorted(later)][:1]:
         numeric = name in BY_NAME and BY_NAME[name].type in (int, float)
         return name, f" ({BY_NAME[name].unset_shown} keeps the config's value)" if numeric else ""
     return None

@@ -214,7 +214,8 @@ def train_model(
     # one prepared for another task, or one that gives the job's ranks no whole step.
     data_store = store_for(cfg, dataset_uri)
     manifest = read_manifest(data_store, dataset_uri, dataset_format(cfg))
-    check_shards_present(data_store, dataset_uri, manifest)
+    if dataset_format(cfg):  # a custom task's manifest is its own: it may name its shards anywhere
+        check_shards_present(data_store, dataset_uri, manifest)
     check_an_epoch_has_a_step(cfg, task_for(cfg), manifest, dataset_uri)
     cfg = claim_checkpoints(cfg, model_uri, owner=identity)
     _say_where_gpus_are_not(cfg, backend)

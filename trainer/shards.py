@@ -170,18 +170,26 @@ def split_shards(manifest: dict, split: str, dataset_uri: str) -> list[ShardInfo
 
 
 def check_shards_present(store: ObjectStore, dataset_uri: str, manifest: dict) -> None:
-    """DataError naming the first shard the manifest lists that the dataset does not hold (one
-    listing of the dataset): a dataset whose files were deleted since, which KFP's cache would
-    still hand to training (was: found by the replicas, after the job had started)."""
+    """DataError naming the first shard a built-in data prep's manifest lists that the dataset
+    does not hold (one listing of the dataset): a dataset whose files were deleted since, which
+    KFP's cache would still hand to training (was: found by the replicas, after the job had
+    started)."""
     folder = dataset_uri.rstrip("/") + "/"
-    held = {uri[len(folder) :] for uri in store.list(folder)}
+    held = set(store.list(folder))
     listed = [
         shard["name"]
         for split in manifest.get("splits", {}).values()
         for shard in (split.get("shards") or [] if isinstance(split, dict) else [])
         if isinstance(shard, dict) and isinstance(shard.get("name"), str)
     ]
-    if missing := [name for name in listed if name not in held]:
+    # Read as training reads it where the listing does not show it (a name spelled another way, a
+    # folder reached through a link the listing does not follow).
+    missing = [
+        name
+        for name in listed
+        if join_uri(dataset_uri, name) not in held and not store.exists(join_uri(dataset_uri, name))
+    ]
+    if missing:
         more = f" and {len(missing) - 1} more of its {len(listed)} shards" if len(missing) > 1 else ""
         raise DataError(
             f"{dataset_uri}: its manifest lists {missing[0]}{more}, which the dataset no longer holds (deleted since "

@@ -12,7 +12,15 @@ import pytest
 import yaml
 
 from components.configure import configure
-from components.params import BY_NAME, PARAMS, UNSET, config_from_params, effective_default
+from components.params import (
+    BY_NAME,
+    PARAMS,
+    SECRET_PARAMS,
+    UNSET,
+    config_from_params,
+    effective_default,
+    parameter_named_by,
+)
 from pipelines.training import training_pipeline
 from trainer.checks import CHECKED_CONFIG_ENV, checked_digest
 from trainer.config import Config, ConfigError, config_from_json, load_config
@@ -286,3 +294,26 @@ def test_the_docs_document_every_parameter_with_its_unset_value_and_default():
         assert row in section, row
     for name in training_pipeline.component_spec.inputs:
         assert f"| `{name}` |" in section, name
+
+
+@pytest.mark.parametrize(
+    ("message", "given", "named"),
+    [
+        ("train.epochs: must be positive", ["epochs"], "epochs"),  # the field it starts with
+        ("model.n_layer: is defined by the pretrained model (model.init_from 'x')", ["base_model"], "base_model"),
+        # Of several named later, the first in the line (was: the parameter table's order)
+        (
+            "train.grad_accum_steps 3: use a smaller train.batch_size or more job.replicas",
+            ["replicas", "batch_size"],
+            "batch_size",
+        ),
+        # The always-given Secret parameters only where the line starts with theirs (was: blamed for a hint)
+        ("model.init_from 'hf://org/x': cannot fetch it (a gated model needs kubernetes.hf_token_secret)", [], None),
+        ("kubernetes.hf_token_secret: 'Bad_Name' is not a Secret's name", [], "hf_token_secret"),
+        ("train.epochs_x: a field that starts like another's", ["epochs"], None),
+        ("nothing a parameter sets", ["epochs", "base_model"], None),
+    ],
+)
+def test_a_refusal_is_put_on_the_parameter_whose_field_it_names(message, given, named):
+    found = parameter_named_by(message, [*given, *SECRET_PARAMS])
+    assert (found[0] if found else None) == named

@@ -284,6 +284,16 @@ def test_train_model_with_shards_deleted_since_data_prep_fails_before_any_job_or
         train_model(load_config(), str(dataset), str(model), backend, identity="run-7/train")
     assert backend.submitted == []
     assert current_owner(LocalStore(), str(model / "checkpoints")) is None
+    # A shard named another way than the listing spells it, or through a link: read as training reads it.
+    (dataset / "elsewhere").mkdir()
+    (dataset / "elsewhere" / shard.name).write_bytes(b"")
+    manifest = json.loads((dataset / "manifest.json").read_text())
+    (entry,) = [e for e in manifest["splits"]["train"]["shards"] if e["name"] == f"train/{shard.name}"]
+    entry["name"] = f"./elsewhere/{shard.name}"
+    (dataset / "manifest.json").write_text(json.dumps(manifest))
+    cfg = load_config(overrides={"train.batch_size": 8, "job.nproc_per_node": 1})
+    train_model(cfg, str(dataset), str(model), backend, identity="run-7/train")
+    assert len(backend.submitted) == 1
 
 
 # --- the report's prediction --------------------------------------------------------------------
