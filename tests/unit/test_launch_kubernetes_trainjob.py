@@ -287,3 +287,33 @@ def test_the_trainjob_launcher_calls_the_real_client_api_correctly():
     assert pods_query == {"labelSelector": f"jobset.sigs.k8s.io/jobset-name={NAME}"}
     log_query = next(q for m, p, q, _ in check.requests if p.endswith("/log"))
     assert log_query["container"] == "node"
+
+
+@pytest.mark.parametrize("kind", ["trainjob", "pytorchjob"])
+@pytest.mark.parametrize(("status", "headers"), [(500, None), (429, {"Retry-After": "60"})])
+def test_a_cancel_whose_delete_keeps_failing_gives_up_within_a_pods_termination_grace(kind, status, headers):
+    """A launcher told to stop is killed after its pod's grace (30 s by default): the delete is
+    retried within it, and the step says to delete the job by hand (was: retried for the whole
+    300 s API budget, the launcher killed first, the job left running unsaid)."""
+    cluster = FakeCluster(kind=kind)
+    backend, spec, _ = make(cluster, kind=kind)
+
+    def stop(c: FakeCluster) -> None:
+        c.fail_next("delete", status=status, headers=headers, times=10_000)
+        signal.raise_signal(signal.SIGTERM)
+
+    cluster.timeline = [nodes_running if kind == "trainjob" else running_pods, stop]
+    before = []
+    with pytest.raises(JobCancelled) as info:
+        cluster.timeline.insert(1, lambda c: before.append(c.clock))
+        run_job(backend, replace(spec, timeout_s=3600))
+    assert (cluster.clock - before[0]).total_seconds() <= 30
+    assert any(
+        "cancelling the job failed too, so it may still run: delete it by hand" in n for n in info.value.__notes__
+    )
+
+
+def running_pods(c: FakeCluster) -> None:
+    if not c.pods:
+        c.add_pod(NAME, "master", 0, "Running", logs=["[rank 0] epoch 1 loss 0.4"])
+        c.add_pod(NAME, "worker", 0, "Running", logs=["[rank 1] final parameter digest abc"])

@@ -79,6 +79,7 @@ from trainer.launch.jobkind import (
 from trainer.launch.logstream import LogStreams
 from trainer.launch.pytorchjob import owner_reference
 from trainer.launch.retry import (
+    CANCEL_RETRY_BUDGET_S,
     CONNECTION_ERRORS,
     REQUEST_TIMEOUT_S,
     ApiRetry,
@@ -525,8 +526,18 @@ class KubernetesBackend:
         job = self._job(spec)
         if job.refused:
             return  # its create was refused: nothing of this attempt exists
+        # Retried within a pod's default termination grace: a launcher told to stop is killed
+        # then, and a delete still being retried would leave the job and its GPUs running unsaid
+        # (was: the whole API retry budget, 300 s).
+        budget = min(spec.kubernetes.api_retry_budget_seconds, CANCEL_RETRY_BUDGET_S)
         try:
-            job.custom("delete", self.custom.delete_namespaced_custom_object, job.name, propagation_policy="Foreground")
+            job.custom(
+                "delete",
+                self.custom.delete_namespaced_custom_object,
+                job.name,
+                propagation_policy="Foreground",
+                budget_s=budget,
+            )
             self._log(f"kftrain: deleted {job.what}")
         except Exception as exc:
             status = http_status(exc)
@@ -743,13 +754,20 @@ class KubernetesBackend:
     # -- API calls, all through the retry -------------------------------------------------
 
     def _api(
-        self, spec: JobSpec, what: str, fn: Callable[..., Any], *args: Any, text: bool = False, **kwargs: Any
+        self,
+        spec: JobSpec,
+        what: str,
+        fn: Callable[..., Any],
+        *args: Any,
+        text: bool = False,
+        budget_s: float | None = None,
+        **kwargs: Any,
     ) -> Any:
-        """Every API call of the backend: retried (:class:`ApiRetry`), and its answer checked to be
-        a Kubernetes object (:func:`api_call`; `text`: a log read, whose answer is text)."""
-        retry = ApiRetry(
-            spec.kubernetes.api_retry_budget_seconds, now=self._now, sleep=self._sleep, log=self._log, rng=self._rng
-        )
+        """Every API call of the backend: retried (:class:`ApiRetry`) for `budget_s`, else
+        `kubernetes.api_retry_budget_seconds`, and its answer checked to be a Kubernetes object
+        (:func:`api_call`; `text`: a log read, whose answer is text)."""
+        budget = spec.kubernetes.api_retry_budget_seconds if budget_s is None else budget_s
+        retry = ApiRetry(budget, now=self._now, sleep=self._sleep, log=self._log, rng=self._rng)
         kwargs.setdefault("_request_timeout", REQUEST_TIMEOUT_S)
         return retry.call(what, api_call, what, fn, *args, text=text, stop_at=self._deadline, **kwargs)
 

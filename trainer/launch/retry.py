@@ -38,6 +38,9 @@ T = TypeVar("T")
 #: a dead API server or load balancer leaves half-open blocked the caller for good, past its
 #: deadline and its retry budget. A timed-out call is transient (retried).
 REQUEST_TIMEOUT_S = (10.0, 60.0)
+#: How long a cancel's delete is retried: within a pod's default 30 s termination grace, which a
+#: KFP step's pod has, so that "delete it by hand" is said before the launcher is killed.
+CANCEL_RETRY_BUDGET_S = 20.0
 RETRIED_STATUSES = frozenset({408, 429})
 CONNECTION_ERRORS = (_Urllib3Error, OSError, http.client.HTTPException)  # OSError covers Connection/TimeoutError
 
