@@ -489,10 +489,40 @@ def test_a_stream_the_api_refuses_is_said_once_and_not_opened_again():
     assert lines == ["[master-0] (log stream refused: (403) Forbidden; the replica's log is not followed)"]
 
 
-def test_a_finished_container_beside_a_running_sidecar_is_not_streamed_again():
+def test_a_finished_container_beside_a_running_sidecar_is_read_once_more_and_then_not_again():
+    """Its stream may have ended before it did: read once more from its last line, writing
+    nothing twice; then never again, though its pod (a sidecar) still runs."""
     pod = running_pod(sidecar_running=True, trainer_running=False)
     lines, asked = follow_all([OneStream(b"2026-01-01T00:00:01.000000000Z done\n")] * 3, pod)
-    assert asked == [None] and lines == ["[master-0] done"]
+    assert len(asked) == 2 and asked[0] is None and lines == ["[master-0] done"]
+
+
+def test_the_last_lines_of_a_container_that_ended_after_its_stream_was_cut_are_written():
+    """Was: the stream cut during a quiet evaluation, the container ending before the next poll:
+    its last lines (the evaluation's results, the final digest) never reached the step's log."""
+    lines: list[str] = []
+    streams = LogStreams(lines.append)
+    sent = [
+        stamped([("01.000000000Z", b"step 1"), ("02.000000000Z", b"evaluating...")], ConnectionResetError("cut")),
+        stamped(
+            [("01.000000000Z", b"step 1"), ("02.000000000Z", b"evaluating..."), ("09.000000000Z", b"accuracy 0.97")]
+        ),
+    ]
+    opened: list[int | None] = []
+
+    def open_stream(since):
+        opened.append(since)
+        return sent[len(opened) - 1]
+
+    for pod in (running_pod(), running_pod(trainer_running=False), running_pod(trainer_running=False)):
+        streams.follow(pod, "master-0", "pytorch", open_stream)
+        streams.finish()
+    assert [line for line in lines if "log stream ended" not in line] == [
+        "[master-0] step 1",
+        "[master-0] evaluating...",
+        "[master-0] accuracy 0.97",
+    ]
+    assert len(opened) == 2
 
 
 @pytest.mark.parametrize("apart_s", [1200, -1200, 0])

@@ -58,6 +58,7 @@ class _Instance:
     seen: collections.deque[int] = field(default_factory=lambda: collections.deque(maxlen=SEEN_LINES))  # hashes
     said_ended: bool = False  # an unexpected end was reported once; later ones are not
     final: bool = False  # access to the log refused (403 on pods/log): not opened again
+    drained: bool = False  # read once more after the container ended: its stream may have ended first
 
 
 def _without_stamps(line: bytes) -> tuple[bytes, bytes]:
@@ -103,8 +104,12 @@ class LogStreams:
         since = None
         if instance.thread is not None:
             running = status is not None and status.state is not None and status.state.running is not None
-            if instance.thread.is_alive() or instance.final or not running:
+            if instance.thread.is_alive() or instance.final or (instance.drained and not running):
                 return
+            # An ended container's stream is read once more, from its last line on: a stream cut
+            # while it ran, the container then ending before the next poll, lost its last lines
+            # (a quiet evaluation's results, the final digest); the lines already written are skipped.
+            instance.drained = not running
             if instance.received_at is not None:
                 since = math.ceil(time.monotonic() - instance.received_at) + SINCE_MARGIN_S
         tail = self._tails.setdefault(pod.metadata.uid or pod.metadata.name, collections.deque(maxlen=self._tail_lines))
@@ -152,6 +157,8 @@ class LogStreams:
         if http_status(exc) in (401, 403):
             instance.final = True
             self._log(f"[{key}] (log stream refused: {describe(exc)}; the replica's log is not followed)")
+        elif instance.drained and http_status(exc) in (400, 404):
+            pass  # the last read of an ended container whose pod (or log) is gone already: nothing lost to say
         elif not isinstance(exc, _TIMEOUTS) and not instance.said_ended:
             instance.said_ended = True
             self._log(f"[{key}] (log stream ended: {describe(exc)}; it is opened again while the container runs)")
