@@ -69,6 +69,25 @@ def test_succeeded_is_not_a_trainjob_condition():
     assert cluster.polls == 3
 
 
+@pytest.mark.parametrize("kind", ["trainjob", "pytorchjob"])
+def test_a_restarted_launcher_whose_role_cannot_patch_the_job_follows_it_all_the_same(kind):
+    """Was: the refused `patch` (adding the new launcher as an owner) failed the step, whose
+    cancel deleted the job it had re-attached to, hours of training with it."""
+    cluster = FakeCluster(kind=kind)
+    first, spec, _ = make(cluster, owner_uid="uid-1", kind=kind)
+    first.submit(spec)
+    second, spec, lines = make(cluster, owner_uid="uid-2", kind=kind)
+    cluster.fail_next("patch", status=403, times=50)
+    cluster.timeline = [nodes_running if kind == "trainjob" else running_pods, complete_either]
+    run_job(second, replace(spec, timeout_s=60))
+    assert NAME in cluster.jobs and not any(c[0] == "delete" for c in cluster.calls)
+    assert any("was not made this launcher pod's ((403) Forbidden" in line for line in lines)
+
+
+def complete_either(c: FakeCluster) -> None:
+    c.set_condition(NAME, "Complete" if c.kind == "trainjob" else "Succeeded", "Done", "done")
+
+
 def test_a_restarted_launcher_reattaches_and_adds_itself_as_owner():
     cluster = FakeCluster(kind="trainjob")
     first, spec, _ = make(cluster, owner_uid="uid-1")

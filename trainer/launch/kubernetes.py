@@ -864,7 +864,19 @@ class KubernetesBackend:
         if any(o.get("uid") == job.owner["uid"] for o in owners):
             return
         patch = {"metadata": {"ownerReferences": [*owners, job.owner]}}
-        job.custom("patch", self.custom.patch_namespaced_custom_object, job.name, patch)
+        try:
+            job.custom("patch", self.custom.patch_namespaced_custom_object, job.name, patch)
+        except Exception as exc:
+            # A role without `patch` must not cost the job it re-attached to, which may have
+            # trained for hours (was: the refusal failed the step, whose cancel deleted the job):
+            # it runs on as a job without this owner does, said.
+            if http_status(exc) not in (401, 403):
+                raise
+            self._log(
+                f"kftrain: warning: {job.what} was not made this launcher pod's ({describe(exc)}: the launcher's "
+                f"role lacks `patch` on {job.kind.plural}); it is followed all the same; if the launcher pod dies "
+                "before it deletes the job, the job runs on until its activeDeadlineSeconds"
+            )
 
     def _pods(self, job: _Job) -> list[Any]:
         pods = job.api(
