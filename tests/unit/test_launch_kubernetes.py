@@ -815,6 +815,28 @@ def test_job_status_errors_are_one_line_that_says_what_to_fix(fault, message):
         job_status("nope", "team", "auto", custom_api=cluster)
 
 
+def test_job_status_auto_looks_at_the_other_kind_when_one_kind_is_forbidden():
+    """Was: a 403 on TrainJobs ended `kftrain job status NAME` though the job, a PyTorchJob, was
+    readable; where neither kind has it, the refusal is said with the way round it."""
+    from trainer.launch.kubernetes import JobStatusError, job_status
+
+    cluster = FakeCluster()
+    backend, spec, _ = make(cluster)
+    backend.submit(spec)
+    cluster.set_condition(NAME, "Running", "JobRunning")
+    cluster.fail_next("get", status=403)  # the TrainJob lookup, first
+    assert (
+        job_status(NAME, "team", "auto", custom_api=cluster).splitlines()[0]
+        == f"PyTorchJob team/{NAME}: Running (JobRunning)"
+    )
+    cluster.fail_next("get", status=403)
+    with pytest.raises(
+        JobStatusError,
+        match=r"cannot read TrainJob team/nope: \(403\) .*; if the job is of the other kind, say which \(--kind\)",
+    ):
+        job_status("nope", "team", "auto", custom_api=cluster)
+
+
 def status_refusal(body: str):
     exc = api_error(404)
     exc.body = body

@@ -1210,6 +1210,7 @@ def job_status(
     namespace = namespace or context_namespace or current_namespace()
     kinds = [BY_NAME[kind]] if kind != AUTO else list(AUTO_PREFERENCE)
     obj, found = None, None
+    refused = ""  # auto: a kind the account may not read, said if no other kind has the job
     for k in kinds:
         try:
             get = custom_api.get_namespaced_custom_object
@@ -1247,7 +1248,13 @@ def job_status(
                     f"{_CHECK_CONTEXT} and that the cluster is up"
                 ) from None
             hint = " (your account lacks RBAC to read it)" if status == 403 else ""
-            raise JobStatusError(f"cannot read {k.crd_kind} {namespace}/{name}: {describe(exc)}{hint}") from None
+            line = f"cannot read {k.crd_kind} {namespace}/{name}: {describe(exc)}{hint}"
+            if status == 403 and kind == AUTO:
+                refused = refused or line
+                continue
+            raise JobStatusError(line) from None
+    if refused and found is None:
+        raise JobStatusError(f"{refused}; if the job is of the other kind, say which (--kind)")
     if obj is None or found is None:
         what = " or ".join(k.crd_kind for k in kinds)
         raise JobStatusError(
