@@ -959,3 +959,17 @@ def test_a_sigkill_is_blamed_on_the_oom_killer_only_where_it_killed(signum, oom_
     likeliest SIGKILL only while nothing says otherwise: the kernel's count says)."""
     found = failures.killed_by(signum, oom_kills)
     assert found.startswith(said) and (found == said) == (signum != 9), found
+
+
+def test_an_unexplained_failure_shows_the_events_it_could_not_read():
+    """A reason not known here may still say why (a quota refusing the job's pods): shown, the
+    last three (was: "no pod, event or exit code explains it", the quota event hidden)."""
+    events = [Event("kftrain-x", "FailedCreate", f"exceeded quota: gpu-quota ({i})") for i in range(4)]
+    diagnosis = classify([], events, {})
+    assert diagnosis.cause == failures.UNKNOWN
+    assert diagnosis.evidence == (
+        "no pod, event or exit code explains it (events: kftrain-x: FailedCreate: exceeded quota: gpu-quota (1); "
+        "kftrain-x: FailedCreate: exceeded quota: gpu-quota (2); "
+        "kftrain-x: FailedCreate: exceeded quota: gpu-quota (3))"
+    )
+    assert classify([], [], {}).evidence == "no pod, event or exit code explains it"

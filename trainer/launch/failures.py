@@ -418,7 +418,7 @@ def classify(
     """The cause of a failed job, from its pods (API JSON, camelCase), the events of the job and
     its pods, and the last log lines of each pod (by pod name). The strongest evidence wins
     (:data:`CAUSES` order); :data:`UNKNOWN` when nothing says why."""
-    logs = logs or {}
+    logs, events = logs or {}, list(events)
     found: list[Diagnosis] = []
     for pod in pods:
         found += _pod_evidence(pod)
@@ -427,7 +427,9 @@ def classify(
             found.append(exit_found)
     found += [d for d in map(_event_evidence, events) if d]
     if not found:
-        return Diagnosis(UNKNOWN, "no pod, event or exit code explains it")
+        # Events of reasons not known here may still say it (a quota refusing the pods): shown.
+        shown = "; ".join(f"{e.object}: {e.reason}: {e.message}" for e in events[-3:])
+        return Diagnosis(UNKNOWN, "no pod, event or exit code explains it" + (f" (events: {shown})" if shown else ""))
     return min(found, key=Diagnosis.rank)
 
 
