@@ -247,6 +247,9 @@ def test_an_image_pull_budget_re_creates_a_job_whose_pods_cannot_pull(budget, cr
     said = "is 0)" if budget == 0 else f"its {budget} re-creation(s) for image_pull are spent"
     assert "ImagePullBackOff: Back-off pulling image" in str(info.value) and said in str(info.value), info.value
     assert NAME not in cluster.jobs
+    # A job whose pods never started did not fail (was: "failed: image_pull ...; re-creating it").
+    recreated = [line for line in lines if "re-creating it" in line]
+    assert len(recreated) == creates - 1 and all(f"PyTorchJob {NAME} cannot run: " in x for x in recreated)
 
 
 def test_a_job_without_pods_for_too_long_is_reported():

@@ -170,7 +170,8 @@ def test_a_retried_step_waits_for_its_last_attempt_s_job_to_be_deleted_then_crea
     cluster.calls.clear()
     cluster.timeline = running_then(lambda c: c.set_condition(NAME, "Succeeded"))
     run_job(backend, replace(spec, timeout_s=3600))
-    assert f"kftrain: PyTorchJob team/{NAME} exists and is being deleted; replacing it" in lines
+    replacing = lines.index(f"kftrain: PyTorchJob team/{NAME} exists and is being deleted; replacing it")
+    assert f"kftrain: created PyTorchJob team/{NAME}" in lines[replacing:]  # was: the replacement unsaid
     assert creates(cluster) == 2 and not any("re-attaching" in line for line in lines)
 
 

@@ -441,6 +441,7 @@ class KubernetesBackend:
                 self.cancel(spec)
                 self._wait_deleted(job)
                 self._create(job, job.manifest(self._now()), ours=True)
+                self._log(f"kftrain: created {job.kind.crd_kind} {job.ref}")
                 return
             # Re-attached (a retried launcher): the run's time and re-creations count from its first attempt.
             job.deadline = _deadline_of(existing) or job.deadline
@@ -727,8 +728,9 @@ class KubernetesBackend:
             left = f"unlimited ({field} is -1) until the deadline, {self._seconds_left():.0f}s from now"
         else:
             left = f"{allowed - done - 1} of {allowed} left ({field})"
+        ended = "failed" if failed is not None else "cannot run"  # a replica stuck Pending: the job never failed
         self._log(
-            f"kftrain: {job.what} failed: {diagnosis}; re-creating it (re-creation {done + 1} for "
+            f"kftrain: {job.what} {ended}: {diagnosis}; re-creating it (re-creation {done + 1} for "
             f"{diagnosis.cause}, {left}); {_what_resumes(job.spec)}"
         )
         self.cancel(job.spec)
