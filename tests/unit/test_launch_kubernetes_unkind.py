@@ -209,7 +209,12 @@ def test_a_deletion_that_never_completes_says_what_holds_it():
 @pytest.mark.parametrize(
     ("call", "status", "words"),
     [
-        ("get", 403, f"refused 'get PyTorchJob team/{NAME}': (403) Forbidden (the run's service account lacks RBAC"),
+        (
+            "get",
+            403,
+            f"refused 'get PyTorchJob team/{NAME}': (403) Forbidden (the run's service account lacks RBAC for that "
+            "call in namespace team: `kubectl apply -k deploy/rbac/standalone` or `deploy/rbac/multi-user` grants",
+        ),
         # A 403 on patch is followed all the same (test_launch_kubernetes_trainjob.py).
         ("patch", 422, f"refused 'patch PyTorchJob team/{NAME}': (422) Unprocessable Entity"),
     ],

@@ -468,7 +468,10 @@ class KubernetesBackend:
                 "quota` shows it: wait for other jobs to end, or ask for more)"
             )
         elif status == 403 and "admission webhook" not in detail:  # a webhook's denial says why itself
-            hint = f" (the run's service account lacks RBAC for that call in namespace {job.namespace})"
+            hint = (
+                f" (the run's service account lacks RBAC for that call in namespace {job.namespace}: "
+                "`kubectl apply -k deploy/rbac/standalone` or `deploy/rbac/multi-user` grants what the launcher needs)"
+            )
         elif status == 404 and "create" in refused_call(exc):
             hint = f" (is the {job.kind.crd} CRD installed?)"
         return JobFailed(f"the Kubernetes API refused {refused_call(exc)}{during}: {describe(exc)}{hint}{detail}")
