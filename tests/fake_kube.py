@@ -418,10 +418,12 @@ class FakeCluster:
         restarts=0,
         terminated_reason=None,
         init_waiting=None,
+        unschedulable=None,
     ):
         """Set the pod of replica `rtype`/`index` to this state: a new pod, or the same pod (same
         uid) updated. PyTorchJob: `<job>-<rtype>-<index>`; TrainJob (`rtype` "node"): JobSet's
-        `<job>-node-0-<index>-<random>`."""
+        `<job>-node-0-<index>-<random>`. `unschedulable`: the scheduler's message on the pod's
+        PodScheduled condition (False, Unschedulable), as a scheduler that cannot place it writes."""
         key = (job, rtype, index)
         if self.kind == "trainjob":
             assert rtype == "node", rtype
@@ -449,6 +451,13 @@ class FakeCluster:
             ),
             status=k8s.V1PodStatus(
                 phase=phase,
+                conditions=[
+                    k8s.V1PodCondition(
+                        type="PodScheduled", status="False", reason="Unschedulable", message=unschedulable
+                    )
+                ]
+                if unschedulable
+                else None,
                 # An init container waiting (reason, message): the pod shows Init:<reason>.
                 init_container_statuses=[
                     k8s.V1ContainerStatus(

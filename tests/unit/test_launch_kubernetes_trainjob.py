@@ -336,3 +336,39 @@ def running_pods(c: FakeCluster) -> None:
     if not c.pods:
         c.add_pod(NAME, "master", 0, "Running", logs=["[rank 0] epoch 1 loss 0.4"])
         c.add_pod(NAME, "worker", 0, "Running", logs=["[rank 1] final parameter digest abc"])
+
+
+@pytest.mark.parametrize(
+    "message",
+    [
+        "0/4 nodes are available: 2/2 tasks in gang unschedulable: pod group is not ready, 2 Pending, 2 minAvailable",
+        "pre-filter plugin Coscheduling: cannot find enough sibling pods, current pods number: 1, "
+        "minMember of group: 2",
+    ],
+    ids=["volcano", "coscheduling"],
+)
+def test_pods_a_gang_scheduler_holds_for_their_group_are_queued_not_stuck(message):
+    """A runtime's podGroupPolicy holds the TrainJob's pods until the whole group fits: queued,
+    as a PyTorchJob's gang wait is (was: failed as Pending after kubernetes.pending_timeout_seconds);
+    kubernetes.queue_timeout_seconds still bounds it."""
+    cluster = FakeCluster(kind="trainjob")
+    backend, spec, lines = make(cluster, **{"kubernetes.pending_timeout_seconds": 60, "kubernetes.poll_seconds": 30})
+
+    def held(c: FakeCluster) -> None:
+        for index in (0, 1):
+            c.add_pod(NAME, "node", index, "Pending", unschedulable=message)
+
+    cluster.timeline = [held] * 10 + [nodes_running_again, complete]
+    run_job(backend, replace(spec, timeout_s=3600))
+    assert any(f"TrainJob {NAME} is queued in" in line and "whole group" in line for line in lines), lines
+    assert any(f"TrainJob {NAME} admitted from" in line for line in lines)
+    cluster = FakeCluster(kind="trainjob")
+    backend, spec, _ = make(cluster, **{"kubernetes.queue_timeout_seconds": 120, "kubernetes.poll_seconds": 30})
+    cluster.timeline = [held] * 20
+    with pytest.raises(JobFailed, match=r"waited \d+s in a queue .* without being admitted"):
+        run_job(backend, replace(spec, timeout_s=3600))
+
+
+def nodes_running_again(c: FakeCluster) -> None:
+    for index in (0, 1):
+        c.add_pod(NAME, "node", index, "Running", logs=[f"[rank {index}] step 1"])

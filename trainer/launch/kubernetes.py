@@ -180,6 +180,10 @@ class _Admission:
         # PodGroup is admitted: no pods yet and a schedulingPolicy means queued, not stuck.
         if self.kind.gang_scheduled(job) and not self.seen_pods:
             return "no pods until the gang scheduler admits its PodGroup"
+        # A gang scheduler that holds the pods themselves (a TrainJob runtime's podGroupPolicy:
+        # Volcano, scheduler-plugins' coscheduling) until their whole group can be placed.
+        if pods and all(pod.status.phase == "Pending" for pod in pods) and any(map(_held_for_its_gang, pods)):
+            return "its pods wait until the gang scheduler can place their whole group"
         return None
 
     def enter_queue(self, job: dict[str, Any], now: dt.datetime) -> bool:
@@ -219,6 +223,20 @@ class _Admission:
         """When a Pending pod's clock started: its creation, but never before admission."""
         created = pod.metadata.creation_timestamp
         return max(created, self.admitted_at) if self.from_queue and self.admitted_at else created
+
+
+#: What gang schedulers write on a pod they hold for its group (Volcano: "... gang
+#: unschedulable: pod group is not ready, 1 Pending, 2 minAvailable"; coscheduling: "... cannot
+#: find enough sibling pods, ... minMember ...").
+_GANG_WAIT = re.compile(r"pod ?group is not ready|gang unschedulable|sibling pods|minMember|minAvailable", re.I)
+
+
+def _held_for_its_gang(pod: Any) -> bool:
+    """The scheduler left `pod` unscheduled for its pod group (:data:`_GANG_WAIT`)."""
+    return any(
+        c.type == "PodScheduled" and c.status == "False" and _GANG_WAIT.search(c.message or "")
+        for c in pod.status.conditions or []
+    )
 
 
 def _created(obj: dict[str, Any]) -> dt.datetime | None:
@@ -582,7 +600,7 @@ class KubernetesBackend:
             why_queued = admission.queued(obj, pods)
             if why_queued:
                 admitted_at = admission.admitted_at  # entering the queue forgets it
-                requeued = admitted_at is not None and admission.seen_pods
+                requeued = admitted_at is not None and admission.seen_pods and is_suspended(obj, kind)
                 if admission.enter_queue(obj, now):
                     if requeued:  # Kueue evicted it: it re-admits the job itself, the pods resume
                         # The events since its last admission: an earlier eviction's are not this one's.
