@@ -965,7 +965,8 @@ def test_an_unexplained_failure_shows_the_events_it_could_not_read():
     """A reason not known here may still say why (a quota refusing the job's pods): shown, the
     last three (was: "no pod, event or exit code explains it", the quota event hidden)."""
     events = [Event("kftrain-x", "FailedCreate", f"exceeded quota: gpu-quota ({i})") for i in range(4)]
-    diagnosis = classify([], events, {})
+    routine = [Event("kftrain-x-worker-0", reason, "") for reason in ("Scheduled", "Pulled", "Created", "Started")]
+    diagnosis = classify([], events + routine, {})  # the routine events of a pod's start are not shown
     assert diagnosis.cause == failures.UNKNOWN
     assert diagnosis.evidence == (
         "no pod, event or exit code explains it (events: kftrain-x: FailedCreate: exceeded quota: gpu-quota (1); "

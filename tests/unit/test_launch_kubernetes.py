@@ -651,7 +651,8 @@ def test_the_queue_limit_when_set_fails_naming_the_queue():
     with pytest.raises(JobFailed) as info:
         run_job(backend, replace(spec, timeout_s=7200))
     assert re.search(
-        rf"PyTorchJob {NAME} waited 6\d\ds in queue team-a \(kueue.x-k8s.io/queue-name\) without being admitted "
+        rf"PyTorchJob {NAME} waited 6\d\ds in queue team-a \(kueue.x-k8s.io/queue-name\) \(suspended until the "
+        r"queue admits it\) without being admitted "
         r"\(kubernetes.queue_timeout_seconds=600\). Events: Suspended: Workload is waiting for quota",
         str(info.value),
     ), str(info.value)

@@ -19,7 +19,7 @@ import pytest
 from tests.fake_kube import FakeCluster, launcher
 from tests.unit.test_launch_kubernetes import RealClientCheck
 from trainer.config import load_config
-from trainer.launch.backend import JobCancelled, JobFailed, run_job
+from trainer.launch.backend import JobCancelled, JobFailed, JobTimeout, run_job
 from trainer.launch.job import training_job
 
 pytestmark = pytest.mark.timeout(60)
@@ -365,8 +365,16 @@ def test_pods_a_gang_scheduler_holds_for_their_group_are_queued_not_stuck(messag
     cluster = FakeCluster(kind="trainjob")
     backend, spec, _ = make(cluster, **{"kubernetes.queue_timeout_seconds": 120, "kubernetes.poll_seconds": 30})
     cluster.timeline = [held] * 20
-    with pytest.raises(JobFailed, match=r"waited \d+s in a queue .* without being admitted"):
+    with pytest.raises(JobFailed, match=r"waited \d+s in a queue .* without being admitted") as err:
         run_job(backend, replace(spec, timeout_s=3600))
+    assert message in str(err.value)  # the scheduler's own words: a group that can never fit reads the same
+    # Without a queue limit, the run's time bounds it, and says the scheduler's words too.
+    cluster = FakeCluster(kind="trainjob")
+    backend, spec, _ = make(cluster, **{"kubernetes.poll_seconds": 30})
+    cluster.timeline = [held] * 20
+    with pytest.raises(JobTimeout, match="it was still queued in a queue") as err:
+        run_job(backend, replace(spec, timeout_s=300))
+    assert message in str(err.value)
 
 
 def nodes_running_again(c: FakeCluster) -> None:

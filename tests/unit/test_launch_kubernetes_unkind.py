@@ -983,3 +983,37 @@ def test_a_requeued_job_names_its_latest_eviction_not_an_earlier_one():
     back = [line for line in lines if "went back to the queue" in line]
     assert len(back) == 2, lines
     assert "node_lost" in back[0] and "preempted" in back[1] and "node_lost" not in back[1], back
+
+
+def test_a_re_creation_rides_out_a_minute_of_api_trouble_on_its_delete():
+    """Only a stopped launcher's cancel is hurried (a pod's termination grace): the delete of a
+    re-creation is retried for the API budget (a review: the 20 s cancel budget failed a step a
+    minute of 503s would not have)."""
+    cluster = FakeCluster()
+    backend, spec, lines = make(cluster)
+
+    def failed_then_trouble(c: FakeCluster) -> None:
+        preempted_once(c)
+        if "Failed" in str(c.jobs.get(NAME, {}).get("status")) and not c.__dict__.get("troubled"):
+            c.__dict__["troubled"] = True
+            c.fail_next("delete", status=503, times=6)  # backoff 1+2+4+8+16+30 s, past 20 s
+
+    cluster.timeline = [failed_then_trouble] * 12
+    run_job(backend, replace(spec, timeout_s=3600))
+    assert creates(cluster) == 2 and f"kftrain: PyTorchJob {NAME} succeeded" in lines
+
+
+def test_a_long_line_read_again_after_its_container_ended_is_not_written_twice():
+    """Output without newlines (a `\\r` progress bar) is written in pieces, the first stamped:
+    the ended container's last read skips a written line's unstamped pieces too (a review)."""
+    from trainer.launch.logstream import MAX_LINE_BYTES
+
+    sent = b"2026-01-01T00:00:01.000000000Z " + b"#" * (2 * MAX_LINE_BYTES) + b"\n"
+    sent += b"2026-01-01T00:00:02.000000000Z done\n"
+    lines: list[str] = []
+    streams = LogStreams(lines.append)
+    for pod in (running_pod(), running_pod(trainer_running=False)):
+        streams.follow(pod, "master-0", "pytorch", lambda since: OneStream(sent))
+        streams.finish()
+    assert [len(line) for line in lines] == [len(lines[0]), len(lines[1]), len("[master-0] done")]
+    assert "".join(line.removeprefix("[master-0] ") for line in lines[:2]) == "#" * (2 * MAX_LINE_BYTES)

@@ -185,6 +185,25 @@ class Event:
     message: str = ""
 
 
+#: Events every healthy pod or job has (Normal events of the kubelet, the scheduler and the
+#: controllers): no part of why a job failed.
+_ROUTINE_REASONS = frozenset(
+    {
+        "Scheduled",
+        "Pulling",
+        "Pulled",
+        "Created",
+        "Started",
+        "Killing",
+        "SuccessfulCreate",
+        "SuccessfulDelete",
+        "AddedInterface",
+        "JobRunning",
+        "Completed",
+    }
+)
+
+
 def root_cause_exit_code(log_lines: Iterable[str]) -> int | None:
     """The exit code of the first failed training process, from torchrun's `ChildFailedError`
     summary in a replica's log (the last one printed), else None."""
@@ -427,8 +446,10 @@ def classify(
             found.append(exit_found)
     found += [d for d in map(_event_evidence, events) if d]
     if not found:
-        # Events of reasons not known here may still say it (a quota refusing the pods): shown.
-        shown = "; ".join(f"{e.object}: {e.reason}: {e.message}" for e in events[-3:])
+        # Events of reasons not known here may still say it (a quota refusing the pods): shown,
+        # not the routine ones of every pod's start.
+        telling = [e for e in events if e.reason not in _ROUTINE_REASONS]
+        shown = "; ".join(f"{e.object}: {e.reason}: {e.message}" for e in telling[-3:])
         return Diagnosis(UNKNOWN, "no pod, event or exit code explains it" + (f" (events: {shown})" if shown else ""))
     return min(found, key=Diagnosis.rank)
 

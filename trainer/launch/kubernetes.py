@@ -182,8 +182,10 @@ class _Admission:
             return "no pods until the gang scheduler admits its PodGroup"
         # A gang scheduler that holds the pods themselves (a TrainJob runtime's podGroupPolicy:
         # Volcano, scheduler-plugins' coscheduling) until their whole group can be placed.
-        if pods and all(pod.status.phase == "Pending" for pod in pods) and any(map(_held_for_its_gang, pods)):
-            return "its pods wait until the gang scheduler can place their whole group"
+        held = [said for pod in pods if (said := _gang_wait(pod))]
+        if held and all(pod.status.phase == "Pending" for pod in pods):
+            # Its words said: a group that can never fit (more GPUs than the cluster has) reads the same.
+            return f"its pods wait until the gang scheduler can place their whole group ({held[0]})"
         return None
 
     def enter_queue(self, job: dict[str, Any], now: dt.datetime) -> bool:
@@ -231,12 +233,13 @@ class _Admission:
 _GANG_WAIT = re.compile(r"pod ?group is not ready|gang unschedulable|sibling pods|minMember|minAvailable", re.I)
 
 
-def _held_for_its_gang(pod: Any) -> bool:
-    """The scheduler left `pod` unscheduled for its pod group (:data:`_GANG_WAIT`)."""
-    return any(
-        c.type == "PodScheduled" and c.status == "False" and _GANG_WAIT.search(c.message or "")
-        for c in pod.status.conditions or []
-    )
+def _gang_wait(pod: Any) -> str:
+    """The scheduler's message where it left `pod` unscheduled for its pod group
+    (:data:`_GANG_WAIT`), else ""."""
+    for c in pod.status.conditions or []:
+        if c.type == "PodScheduled" and c.status == "False" and _GANG_WAIT.search(c.message or ""):
+            return str(c.message)
+    return ""
 
 
 def _created(obj: dict[str, Any]) -> dt.datetime | None:
@@ -456,7 +459,7 @@ class KubernetesBackend:
                 # being deleted (a cancelled attempt's) is gone once its pods are.
                 state = "Failed" if _condition(existing, job.kind.failed) else "is being deleted"
                 self._log(f"kftrain: {job.kind.crd_kind} {job.ref} exists and {state}; replacing it")
-                self.cancel(spec)
+                self._delete(spec)
                 self._wait_deleted(job)
                 self._create(job, job.manifest(self._now()), ours=True)
                 self._log(f"kftrain: created {job.kind.crd_kind} {job.ref}")
@@ -542,23 +545,27 @@ class KubernetesBackend:
         return {job.kind.replica_key(pod): self._read_log(job, pod, tail) for pod in self._pods(job)}
 
     def cancel(self, spec: JobSpec) -> None:
-        """Delete the job (Foreground: its pods go first); a job already gone is fine."""
+        """Delete the job (Foreground: its pods go first); a job already gone is fine. Retried
+        within a pod's termination grace (:data:`CANCEL_RETRY_BUDGET_S`): a launcher told to stop
+        is killed then, and a delete still being retried would leave the job and its GPUs running
+        unsaid (was: the whole API retry budget, 300 s)."""
+        self._delete(spec, min(spec.kubernetes.api_retry_budget_seconds, CANCEL_RETRY_BUDGET_S))
+
+    def _delete(self, spec: JobSpec, budget_s: float | None = None) -> None:
+        """Delete the job, its API calls retried for `budget_s` (None: the API retry budget, as
+        for a re-creation, which no signal hurries)."""
         if spec.kind == AUTO and spec.name not in self._jobs:
             return  # discovery never answered, so nothing was created
         job = self._job(spec)
         if job.refused:
             return  # its create was refused: nothing of this attempt exists
-        # Retried within a pod's default termination grace: a launcher told to stop is killed
-        # then, and a delete still being retried would leave the job and its GPUs running unsaid
-        # (was: the whole API retry budget, 300 s).
-        budget = min(spec.kubernetes.api_retry_budget_seconds, CANCEL_RETRY_BUDGET_S)
         try:
             job.custom(
                 "delete",
                 self.custom.delete_namespaced_custom_object,
                 job.name,
                 propagation_policy="Foreground",
-                budget_s=budget,
+                budget_s=budget_s,
             )
             self._log(f"kftrain: deleted {job.what}")
         except Exception as exc:
@@ -616,7 +623,7 @@ class KubernetesBackend:
                 waited = now - admission.queued_since
                 if queue_limit and waited.total_seconds() > queue_limit:
                     raise JobFailed(
-                        f"{job.what} waited {int(waited.total_seconds())}s in {queue_of(obj, kind)} "
+                        f"{job.what} waited {int(waited.total_seconds())}s in {queue_of(obj, kind)} ({why_queued}) "
                         f"without being admitted (kubernetes.queue_timeout_seconds={queue_limit}). "
                         f"Events: {self._events(job, job.name)}"
                     )
@@ -671,7 +678,8 @@ class KubernetesBackend:
                 queued = ""
                 if why_queued:  # the whole time, or since a re-queue: the cluster's capacity, not the run
                     queued = (
-                        f"; it was still queued in {queue_of(obj, kind)}, not admitted since {admission.queued_since}"
+                        f"; it was still queued in {queue_of(obj, kind)} ({why_queued}), not admitted since "
+                        f"{admission.queued_since}"
                     )
                 raise JobTimeout(self._timeout_message(job) + queued)
             self._sleep(k8s.poll_seconds)
@@ -754,7 +762,7 @@ class KubernetesBackend:
             f"kftrain: {job.what} {ended}: {diagnosis}; re-creating it (re-creation {done + 1} for "
             f"{diagnosis.cause}, {left}); {_what_resumes(job.spec)}"
         )
-        self.cancel(job.spec)
+        self._delete(job.spec)
         self._wait_deleted(job)
         if self._deadline_passed():  # spent waiting for the deletion: no job is made to idle
             return (
@@ -789,8 +797,11 @@ class KubernetesBackend:
         """Every API call of the backend: retried (:class:`ApiRetry`) for `budget_s`, else
         `kubernetes.api_retry_budget_seconds`, and its answer checked to be a Kubernetes object
         (:func:`api_call`; `text`: a log read, whose answer is text)."""
-        budget = spec.kubernetes.api_retry_budget_seconds if budget_s is None else budget_s
-        retry = ApiRetry(budget, now=self._now, sleep=self._sleep, log=self._log, rng=self._rng)
+        if budget_s is None:
+            budget_s, limit = spec.kubernetes.api_retry_budget_seconds, None
+        else:  # a shorter budget than the setting: said as what it is
+            limit = f"(a cancel's {budget_s:g}s, within a stopped pod's termination grace)"
+        retry = ApiRetry(budget_s, now=self._now, sleep=self._sleep, log=self._log, rng=self._rng, limit=limit)
         kwargs.setdefault("_request_timeout", REQUEST_TIMEOUT_S)
         return retry.call(what, api_call, what, fn, *args, text=text, stop_at=self._deadline, **kwargs)
 

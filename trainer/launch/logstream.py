@@ -115,14 +115,19 @@ class LogStreams:
         tail = self._tails.setdefault(pod.metadata.uid or pod.metadata.name, collections.deque(maxlen=self._tail_lines))
         seen = set(instance.seen)  # what earlier streams of this instance wrote
 
+        repeated = [False]  # the last stamped line was written already: so are its unstamped pieces
+
         def emit(raw: bytes) -> None:
             stamp, text = _without_stamps(raw)
             if stamp:
                 instance.received_at = time.monotonic()
                 written = hash((stamp, text))  # the line's identity, without keeping the line
-                if written in seen:
+                repeated[0] = written in seen
+                if repeated[0]:
                     return
                 instance.seen.append(written)
+            elif repeated[0]:  # the rest of a long line cut into pieces, only the first stamped
+                return
             line = text.decode("utf-8", "replace")
             tail.append(line[:TAIL_LINE_CHARS])
             self._log(f"[{key}] {line}")
