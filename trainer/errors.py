@@ -136,6 +136,13 @@ def yaml_problem(exc: BaseException) -> str:
 _YAML_QUOTED = re.compile(r"'[^'\n]{3,}'")
 
 
+def first_and_more(items: list[str], unit: str = "") -> str:
+    """`items`' first and how many more there are, for a message naming one of many:
+    `model-00001.safetensors and 2 more safetensors files`."""
+    rest = len(items) - 1
+    return items[0] + (f" and {rest} more" + (f" {unit}" if unit else "") if rest > 0 else "")
+
+
 def one_line(exc: BaseException) -> str:
     """The message of `exc` as one line: a multi-line message (a failed job and its replicas'
     last log lines) keeps its first line and the trainer's own failure line, if any. Its notes

@@ -96,7 +96,12 @@ def with_recorded_pods(cfg: Config, record: dict[str, Any]) -> Config:
 def _pods(record: dict[str, Any], whole: dict[str, Any]) -> dict[str, Any]:
     """The pods' settings the train step recorded in `record`, else those of this step's config `whole`."""
     pods = record.get(POD_SETTINGS)
-    return pods if isinstance(pods, dict) else {k: whole[k] for k in POD_SECTIONS}
+    return pods if isinstance(pods, dict) else _pod_sections(whole)
+
+
+def _pod_sections(whole: dict[str, Any]) -> dict[str, Any]:
+    """The pods' settings (:data:`POD_SECTIONS`) of a whole config as a dict."""
+    return {k: whole[k] for k in POD_SECTIONS}
 
 
 def run_prediction(cfg: Config, manifest: dict[str, Any], device: str | None = None) -> dict[str, Any]:
@@ -212,9 +217,9 @@ def train_model(
     store = store_for(cfg, model_uri, check=True)
     # Fail now, not in every replica (on a cluster, after they were scheduled): a missing dataset,
     # one prepared for another task, or one that gives the job's ranks no whole step.
-    data_store = store_for(cfg, dataset_uri)
-    manifest = read_manifest(data_store, dataset_uri, dataset_format(cfg))
-    if dataset_format(cfg):  # a custom task's manifest is its own: it may name its shards anywhere
+    data_store, layout = store_for(cfg, dataset_uri), dataset_format(cfg)
+    manifest = read_manifest(data_store, dataset_uri, layout)
+    if layout:  # a custom task's manifest is its own: it may name its shards anywhere
         check_shards_present(data_store, dataset_uri, manifest)
     check_an_epoch_has_a_step(cfg, task_for(cfg), manifest, dataset_uri)
     cfg = claim_checkpoints(cfg, model_uri, owner=identity)
@@ -226,8 +231,7 @@ def train_model(
     record = json.loads(store.get_bytes(uri))
     # The pods' settings as this step applied them (a KFP task's own resources included): the
     # replicas never get them, so their record is told here, for the model card and the report.
-    whole = to_dict(cfg)
-    record[POD_SETTINGS] = {k: whole[k] for k in POD_SECTIONS}
+    record[POD_SETTINGS] = _pod_sections(to_dict(cfg))
     store.put_bytes(uri, json.dumps(record, indent=2).encode())
     return record
 

@@ -27,7 +27,7 @@ from contextvars import ContextVar
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from trainer.errors import KftrainError, has_userinfo, redact_url
+from trainer.errors import KftrainError, first_and_more, has_userinfo, redact_url
 from trainer.storage import ObjectNotFound, ObjectStore, StoreError, join_uri, open_store, parse_uri
 
 if TYPE_CHECKING:  # torch is imported where a function needs it: the checks of a folder run without it
@@ -556,8 +556,7 @@ def weight_files(source: ModelSource) -> list[str]:
     shards = sorted(u[len(folder) :] for u in source.store.list(folder) if u.endswith(".safetensors"))
     if shards:  # the weights are there, the map of which tensor is in which file is not
         raise PretrainedError(
-            f"model.init_from {source.origin!r}: {shards[0]}"
-            f"{f' and {len(shards) - 1} more safetensors files' if len(shards) > 1 else ''} but no {INDEX_FILE}, "
+            f"model.init_from {source.origin!r}: {first_and_more(shards, 'safetensors files')} but no {INDEX_FILE}, "
             f"which says which tensors each holds; copy it from where the model came from (or, for one file, name "
             f"it {SINGLE_FILE})"
         )
@@ -572,7 +571,7 @@ def _refuse_two_saves(source: ModelSource, shards: list[str]) -> None:
     (`shards`): transformers loads the one file, vLLM the index's shards, so which weights are the
     model is unclear; or, where none of the shards is there, the index is an older save's left
     behind (transformers' `save_pretrained` keeps it), which vLLM would still follow."""
-    listed = f"{shards[0]}{f' and {len(shards) - 1} more' if len(shards) > 1 else ''}"
+    listed = first_and_more(shards)
     if not any(source.store.exists(join_uri(source.uri, name)) for name in shards):
         what = (
             f"{INDEX_FILE} lists {listed}, which the folder does not hold: an older save's index beside {SINGLE_FILE}"

@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from trainer.errors import KftrainError
+from trainer.errors import KftrainError, first_and_more
 from trainer.storage import CorruptObject, ObjectNotFound, ObjectStore, decode_object, has_suffix, join_uri, read_json
 
 if TYPE_CHECKING:
@@ -174,14 +174,8 @@ def check_shards_present(store: ObjectStore, dataset_uri: str, manifest: dict) -
     does not hold (one listing of the dataset): a dataset whose files were deleted since, which
     KFP's cache would still hand to training (was: found by the replicas, after the job had
     started)."""
-    folder = dataset_uri.rstrip("/") + "/"
-    held = set(store.list(folder))
-    listed = [
-        shard["name"]
-        for split in manifest.get("splits", {}).values()
-        for shard in (split.get("shards") or [] if isinstance(split, dict) else [])
-        if isinstance(shard, dict) and isinstance(shard.get("name"), str)
-    ]
+    held = set(store.list(dataset_uri.rstrip("/") + "/"))
+    listed = [shard.name for split in manifest["splits"] for shard in split_shards(manifest, split, dataset_uri)]
     # Read as training reads it where the listing does not show it (a name spelled another way, a
     # folder reached through a link the listing does not follow).
     missing = [
@@ -190,11 +184,10 @@ def check_shards_present(store: ObjectStore, dataset_uri: str, manifest: dict) -
         if join_uri(dataset_uri, name) not in held and not store.exists(join_uri(dataset_uri, name))
     ]
     if missing:
-        more = f" and {len(missing) - 1} more of its {len(listed)} shards" if len(missing) > 1 else ""
         raise DataError(
-            f"{dataset_uri}: its manifest lists {missing[0]}{more}, which the dataset no longer holds (deleted since "
-            "data prep wrote it); run data prep again (in a KFP pipeline, with caching off for that step, or with a "
-            "changed config)"
+            f"{dataset_uri}: its manifest lists {first_and_more(missing, f'of its {len(listed)} shards')}, which the "
+            "dataset no longer holds (deleted since data prep wrote it); run data prep again (in a KFP pipeline, "
+            "with caching off for that step, or with a changed config)"
         )
 
 
