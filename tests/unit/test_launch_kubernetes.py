@@ -271,14 +271,25 @@ def test_wall_clock_deadline_deletes_the_job():
     assert ("delete", NAME) in cluster.calls and NAME not in cluster.jobs
 
 
-def test_sigterm_deletes_the_job():
+def test_sigterm_deletes_the_job_before_any_other_call():
+    """A KFP run's termination signals the step's whole process group (Argo's executor): KFP's
+    launcher and the `sh -ec` wrapper exit at once, and the container with them about a second
+    later, killing this process. So the delete is the first call after the signal: no log or
+    event read may come before it."""
     cluster = FakeCluster()
     backend, spec, _ = make(cluster)
-    cluster.timeline = [lambda c: None, lambda c: signal.raise_signal(signal.SIGTERM)]
+    signalled_at: list[int] = []
+
+    def terminate(c: FakeCluster) -> None:
+        signalled_at.append(len(c.calls))
+        signal.raise_signal(signal.SIGTERM)
+
+    cluster.timeline = [running_then(lambda c: None)[0], terminate]
     before = signal.getsignal(signal.SIGTERM)
     with pytest.raises(JobCancelled):
         run_job(backend, replace(spec, timeout_s=60))
     assert NAME not in cluster.jobs
+    assert cluster.calls[signalled_at[0]] == ("delete", NAME), cluster.calls[signalled_at[0] :]
     assert signal.getsignal(signal.SIGTERM) is before  # the launcher's handler is removed again
 
 

@@ -11,8 +11,9 @@ What the old launchers got wrong and this one does:
 - the job name is deterministic per KFP run and task, so a retried or restarted launcher
   re-attaches to the job it created instead of starting a second one (a job that already
   Failed is replaced: that is what a retry asks for);
-- the job has an ownerReference to the launcher pod, so cancelling the run (which deletes the
-  pod) deletes the job; SIGTERM and every error path delete it too (`run_job`);
+- SIGTERM (a KFP run terminated) and every error path delete the job (`run_job`), the delete
+  first: the container ends about a second after the signal. The job's ownerReference to the
+  launcher pod deletes it too when the pod is deleted;
 - Failed fails the step, with the condition's reason, its cause (`trainer/launch/failures.py`:
   preempted, node lost, OOMKilled, image pull, collective timeout, non-finite loss, user error)
   and the failing replica's last log lines; unless the cause is an infrastructure one within its
