@@ -133,6 +133,19 @@ for names in ([("w", model.weight)], [("w", model.weight), ("w", model.bias)]):
         hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1), named_parameters=names)
     except ValueError as e:
         out.setdefault("bad_names", []).append(str(e))
+
+# Alone, a parameter the script never uses keeps no gradient, so AdamW's decay and momentum leave
+# it where it is, as without Horovod (was: a zero gradient, and it moved).
+used, unused = torch.nn.Linear(4, 1), torch.nn.Linear(4, 1)
+opt = hvd.DistributedOptimizer(torch.optim.AdamW([*used.parameters(), *unused.parameters()], lr=0.1))
+before = [p.detach().clone() for p in unused.parameters()]
+for step in range(3):
+    opt.zero_grad()
+    used(x).sum().backward()
+    opt.step()
+out["unused_moved"] = max(float((p - b).abs().max()) for p, b in zip(unused.parameters(), before))
+out["unused_grads"] = [p.grad is None for p in unused.parameters()]
+out["elastic_probe"] = [hasattr(hvd.elastic, "run"), getattr(hvd.elastic, "TorchState", "absent")]
 json.dump(out, open(sys.argv[1], "w"))
 """
 
@@ -369,6 +382,9 @@ def test_one_plain_process_and_the_optimizer_contract(tmp_path):
     assert got["clipped_norm"] == pytest.approx(1.0, rel=1e-5)
     assert len(got["warned"]) == 1 and "skip_synchronize" in got["warned"][0]
     assert "not in it" in got["bad_names"][0] and "duplicates" in got["bad_names"][1]
+    assert got["unused_moved"] == 0.0 and got["unused_grads"] == [True, True]
+    # A script probing for elastic support takes its own fallback (was: the shim's error).
+    assert got["elastic_probe"] == [False, "absent"]
 
 
 TIMELINE_LEFT_RUNNING = """

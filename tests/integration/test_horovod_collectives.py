@@ -105,6 +105,62 @@ def weight(r, shape):
     for s in shape:
         numel *= s
     return ((torch.arange(numel) % 5 + 1 + r).reshape(shape)).to(torch.float64)
+
+
+OPTIMIZER_CASES = ["closure-sgd", "closure-lbfgs", "unfreeze", "add-group", "freeze-adamw", "listed-twice"]
+
+
+def optimizer_case(kind, wrap, r, n, world):
+    # Three steps of `kind` on rank r's rows (r::n) of one float64 batch of 4 rows per process of
+    # `world`; `wrap` makes the DistributedOptimizer (None: the whole batch in one process, r=0,
+    # n=1). Returns the weights after each step and the losses the closures returned.
+    g = torch.Generator().manual_seed(5)
+    x, y = torch.randn(4 * world, 4, generator=g).double(), torch.randn(4 * world, 1, generator=g).double()
+    x, y = x[r::n], y[r::n]
+    torch.manual_seed(6)
+    first, last = torch.nn.Linear(4, 3).double(), torch.nn.Linear(3, 1).double()
+    model = torch.nn.Sequential(first, torch.nn.Tanh(), last)
+    params = list(model.parameters())
+    if kind == "closure-lbfgs":
+        opt = torch.optim.LBFGS(params, lr=0.5, max_iter=4, history_size=3)
+    elif kind == "freeze-adamw":
+        opt = torch.optim.AdamW(params, lr=0.05, weight_decay=0.5)
+    elif kind == "unfreeze":
+        first.requires_grad_(False)
+        opt = torch.optim.SGD(params, lr=0.1, momentum=0.9)
+    elif kind == "add-group":
+        opt = torch.optim.SGD(last.parameters(), lr=0.1, momentum=0.9)
+    elif kind == "listed-twice":
+        import warnings
+
+        warnings.simplefilter("ignore")  # torch's own warning of the duplicate
+        opt = torch.optim.SGD(params + [first.weight], lr=0.1)
+    else:
+        opt = torch.optim.SGD(params, lr=0.1, momentum=0.9)
+    if wrap is not None:
+        opt = wrap(opt)
+    weights, losses = [], []
+
+    def closure():
+        opt.zero_grad()
+        loss = torch.nn.functional.mse_loss(model(x), y)
+        loss.backward()
+        return loss
+
+    for step in range(3):
+        if step == 1 and kind == "unfreeze":
+            first.requires_grad_(True)
+        if step == 1 and kind == "add-group":
+            opt.add_param_group({"params": first.parameters()})
+        if step == 1 and kind == "freeze-adamw":
+            first.requires_grad_(False)
+        if kind.startswith("closure"):
+            losses.append(float(opt.step(closure).detach()))
+        else:
+            closure()
+            opt.step()
+        weights.append(torch.cat([p.detach().reshape(-1) for p in model.parameters()]).tolist())
+    return {"weights": weights, "losses": losses}
 """
 
 SCRIPT = """
@@ -401,6 +457,8 @@ def sparse_train(sparse_as_dense):
     return model.weight.detach().tolist()
 
 record("sparse-train-dense", lambda: sparse_train(True))
+for kind in OPTIMIZER_CASES:
+    record(kind, lambda: optimizer_case(kind, hvd.DistributedOptimizer, r, n, n))
 record("sparse-train-sparse", lambda: sparse_train(False))
 
 json.dump(out, open(f"{sys.argv[1]}/rank{r}.json", "w"))
@@ -510,6 +568,10 @@ def test_collectives_gradients_and_sparse_training_on_gloo(tmp_path, world):
     scope = _inputs()
     rows, n = scope["rows"], world
     reference = sparse_reference(n)
+    optimizer_reference = {kind: scope["optimizer_case"](kind, None, 0, 1, n) for kind in scope["OPTIMIZER_CASES"]}
+    moved = optimizer_reference["freeze-adamw"]["weights"]
+    # Frozen before the second step: the first layer (15 numbers) stays put, the last one moves on.
+    assert moved[0][:15] == moved[1][:15] == moved[2][:15] and moved[1][15:] != moved[2][15:]
 
     # Gradient references: every rank's input in one autograd graph, the sum of every rank's loss.
     grads = {}
@@ -649,6 +711,14 @@ def test_collectives_gradients_and_sparse_training_on_gloo(tmp_path, world):
 
         close(got["sparse-train-dense"], reference, 1e-5)
         close(got["sparse-train-sparse"], reference, 1e-5)
+        # A closure's gradients reduced before the optimizer uses them, its loss the mean over the
+        # processes; parameters unfrozen, added or frozen after the optimizer was made, or listed
+        # twice: every rank as one process on the whole batch (were: the ranks drifting apart, a
+        # frozen layer moved, LBFGS refused, a parameter listed twice refused).
+        for kind in scope["OPTIMIZER_CASES"]:
+            assert got[kind] == ranks[0][kind], (kind, k)
+            close(got[kind]["weights"], optimizer_reference[kind]["weights"], 1e-9)
+            close(got[kind]["losses"], optimizer_reference[kind]["losses"], 1e-9)
     trace = json.loads((tmp_path / "timeline-rank0.json").read_text())
     names = {e.get("name", "") for e in trace["traceEvents"]}
     assert {"gloo:all_reduce", "gloo:broadcast"} <= names, sorted(names)[:50]

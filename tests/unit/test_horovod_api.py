@@ -363,6 +363,33 @@ def test_compressors_have_horovods_names(shim_on_path):
     assert (NoneCompressor, FP16Compressor) == (hvd.Compression.none, hvd.Compression.fp16)
 
 
+@pytest.mark.parametrize(
+    ("imports", "missing", "said"),
+    [
+        # A name imported from a package of the shim (was: ImportError's traceback).
+        ("from horovod.common import util", "horovod.common.util", "import the names from horovod.torch"),
+        ("from horovod.torch import mpi_lib_v2", "horovod.torch.mpi_lib_v2", "import the names from horovod.torch"),
+        ("from horovod.torch.mpi_ops import _basics", "horovod.torch.mpi_ops._basics", "horovod.torch.mpi_ops,"),
+        # Horovod's own launchers, PyTorch scripts all (was: called a TensorFlow, Keras or MXNet one).
+        ("import horovod.spark.torch", "horovod.spark", "Horovod's own launchers (horovod.run, horovodrun"),
+        ("from horovod.ray import RayExecutor", "horovod.ray", "Spark and Ray) are not part of it"),
+        ("from horovod.runner import run", "horovod.runner", "start the processes with torchrun"),
+        ("from horovod import run", "horovod.run", "or as a PyTorchJob (docs/horovod.md)"),
+    ],
+)
+def test_a_module_or_launcher_the_shim_lacks_is_one_line_naming_it(
+    tmp_path, monkeypatch, capsys, imports, missing, said
+):
+    script = tmp_path / "train.py"
+    assert run_script(monkeypatch, script, f"{imports}\nprint('trained')\n") == 1
+    out, err = capsys.readouterr()
+    assert out == "" and len(err.splitlines()) == 1, err
+    assert (
+        err.startswith(f"kftrain horovod-run: {script} imports {missing}, which kftrain's Horovod shim") and said in err
+    )
+    assert "TensorFlow" not in err, err
+
+
 def test_a_missing_pytorch_side_module_is_named_with_what_the_shim_has(tmp_path, monkeypatch, capsys):
     from trainer.horovod.run import shim_modules
 

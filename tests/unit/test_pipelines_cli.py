@@ -782,6 +782,13 @@ def test_ctrl_c_ends_any_command_with_one_line_and_exit_130(monkeypatch, capsys)
         ),
         (["horovod-run", "nonexist.py"], "kftrain horovod-run: nonexist.py: no such file; name the Horovod script"),
         (["horovod-run", "."], "kftrain horovod-run: .: a folder without __main__.py"),
+        # horovodrun's flags and the interpreter where the script goes (was: argparse's usage of
+        # every kftrain command, "unrecognized arguments: -np"; "python: no such file").
+        (["horovod-run", "-np", "2", "train.py"], "kftrain horovod-run: -np: a horovodrun flag; this runner starts"),
+        (["horovod-run", "-H", "localhost:2", "train.py"], "-H: a horovodrun flag"),
+        (["horovod-run", "--gloo", "train.py"], "start the processes with torchrun (`python -m torch.distributed.run"),
+        (["horovod-run", "python", "train.py"], "python: name the script itself, without the interpreter"),
+        (["horovod-run", "/usr/bin/python3.11", "train.py"], "without the interpreter (kftrain horovod-run train.py"),
     ],
 )
 def test_a_flag_that_would_be_ignored_or_a_missing_script_is_one_line(tmp_path, monkeypatch, capsys, argv, phrase):

@@ -153,6 +153,12 @@ class ShimUnsupportedImportError(ShimUnsupportedError, ImportError):
     except ImportError:`) takes its own fallback, as with a Horovod built without it."""
 
 
+class ShimUnsupportedAttributeError(ShimUnsupportedError, AttributeError):
+    """A name of `hvd.elastic`, which the shim does not provide: also an AttributeError, so a
+    script that probes for it (`hasattr(hvd.elastic, "run")`, `getattr(..., None)`) takes its own
+    fallback."""
+
+
 class AdasumUnsupportedError(NotImplementedError, ShimUnsupportedError):
     """Adasum, which the shim does not provide: Horovod's own type for an Adasum it cannot run
     (NotImplementedError), and the shim's, so that the launcher ends on its one line."""
@@ -181,7 +187,7 @@ class _Elastic:
     """`hvd.elastic`: any use says what to do instead."""
 
     def __getattr__(self, name: str) -> Any:
-        raise ShimUnsupportedError(ELASTIC_MESSAGE)
+        raise ShimUnsupportedAttributeError(ELASTIC_MESSAGE)
 
 
 elastic = _Elastic()
@@ -1845,23 +1851,26 @@ class _DistributedOptimizer:
                 for j, p in enumerate(group["params"])
             ]
         self._parameter_names = {p: n for n, p in sorted(named, key=lambda item: item[0])}
+        self._named = by_id
         self._compression = compression
         self.backward_passes_per_step = backward_passes_per_step
         self.op = op
         self.gradient_predivide_factor = gradient_predivide_factor
         self.sparse_as_dense = sparse_as_dense
-        self._order = [p for p in reversed(all_params) if p.requires_grad]
         self._process_set = process_set
-        self._names = tuple(by_id[id(p)] for p in self._order) if by_id else None
         self._agreement: Agreement | None = None
         self._check: _Check | None = None
         self._checked_specs: tuple[TensorSpec, ...] | None = None
         _OPTIMIZERS.add(self)
         self._spec_key: tuple = ()
         self._specs: tuple[TensorSpec, ...] = ()
-        self._delay = dict.fromkeys(self._order, backward_passes_per_step)
+        self._order: list[torch.Tensor] = []
+        self._names: tuple[str, ...] | None = None
+        self._delay: dict[torch.Tensor, int] = {}
+        self._hooks: dict[torch.Tensor, Any] = {}
         self._handles: dict[torch.Tensor, tuple[_Handle, Any]] = {}
         self._next = 0  # the first parameter in `_order` whose reduction has not started
+        self._followed = False  # whether this step's `_order` is that of the parameters trained now
         self._synchronized = False
         self._should_synchronize = True
         # The hooks hold the optimizer weakly: once a script drops it (say, for a new one over the
@@ -1873,14 +1882,53 @@ class _DistributedOptimizer:
             if opt is not None:
                 opt._grad_ready(p)
 
-        self._hooks = [p.register_post_accumulate_grad_hook(hook) for p in self._order]
+        self._hook = hook
+        self._follow_trainable()
+
+    def _follow_trainable(self) -> None:
+        """Reduce the gradients of the parameters the optimizer trains now: those of its param
+        groups that require a gradient, each once (a parameter listed twice got two hooks, and one
+        backward counted as two), last first as backward usually produces them. A parameter
+        unfrozen or added (`add_param_group`) since the last step gets its hook (was: its local
+        gradient applied unreduced, the ranks drifting apart); one frozen since loses it (was: a
+        zero gradient, with which momentum and weight decay moved it). Called before a step's
+        first reduction: a script changes the same parameters on every rank, so every rank
+        reduces the same list."""
+        now = list({id(p): p for group in reversed(self.param_groups) for p in reversed(group["params"])}.values())
+        now = [p for p in now if p.requires_grad]
+        self._followed = True
+        if [id(p) for p in now] == [id(p) for p in self._order]:
+            return
+        trained = {id(p) for p in now}
+        for p in [p for p in self._hooks if id(p) not in trained]:
+            self._hooks.pop(p).remove()
+        for p in now:
+            if p not in self._hooks:
+                self._hooks[p] = p.register_post_accumulate_grad_hook(self._hook)
+        # Horovod's names for parameters named_parameters left out (added later): group, then index.
+        positional = {
+            id(p): f"allreduce.noname.{i}.{j}"
+            for i, group in enumerate(self.param_groups)
+            for j, p in enumerate(group["params"])
+        }
+        for p in now:
+            self._parameter_names.setdefault(p, self._named.get(id(p), positional[id(p)]))
+        self._names = tuple(self._parameter_names[p] for p in now) if self._named else None
+        self._delay = {p: self._delay.get(p, self.backward_passes_per_step) for p in now}
+        self._order = now
+        self._spec_key = ()  # the wire specs follow the new order
 
     def _reset(self) -> None:
         self._handles.clear()
         self._agreement = None
         self._check = None  # one still in flight is finished by the set's next collective
         self._next = 0
+        self._followed = False
         self._delay = dict.fromkeys(self._order, self.backward_passes_per_step)
+
+    def _in_flight(self) -> bool:
+        """Whether a backward pass has started gradients toward a reduction not yet finished."""
+        return bool(self._handles) or any(d != self.backward_passes_per_step for d in self._delay.values())
 
     def set_backward_passes_per_step(self, passes: int) -> None:
         """Change how many backward passes accumulate before gradients are reduced."""
@@ -1936,20 +1984,26 @@ class _DistributedOptimizer:
         return 1.0, 1.0
 
     def _start_ready(self, flush: bool = False) -> None:
+        if not self._followed:
+            self._follow_trainable()
         while self._next < len(self._order):
             p = self._order[self._next]
             if self._delay[p] > 0 and not flush:
                 return
             if self._agreement is None:
                 self._agreement = self._start_check()
-            self._handles[p] = self._reduce_async(p)
+            reduction = self._reduce_async(p, self._agreement)
+            if reduction is not None:
+                self._handles[p] = reduction
             self._next += 1
 
-    def _reduce_async(self, p: torch.Tensor) -> tuple[_Handle, Any]:
+    def _reduce_async(self, p: torch.Tensor, agreement: Agreement) -> tuple[_Handle, Any] | None:
         name = self._parameter_names.get(p)
         grad = p.grad
-        if grad is None:  # unused here, perhaps used on another rank
-            grad = p.grad = torch.zeros_like(p)
+        if grad is None:
+            if agreement.size == 1:
+                return None  # no other process has a gradient for it: the optimizer skips it, as without Horovod
+            grad = p.grad = torch.zeros_like(p)  # unused here, perhaps used on another rank (Horovod's zeros)
         elif grad.is_sparse:
             if not self.sparse_as_dense:
                 # Indices and values gathered from every rank; `synchronize` calls the result.
@@ -1959,7 +2013,7 @@ class _DistributedOptimizer:
         compressed, ctx = self._compression.compress(grad)
         pre, post = self._pre_post()
         out = compressed.data
-        return _allreduce_into(out, self.op, pre, post, self._agreement, finish=lambda _: compressed), ctx
+        return _allreduce_into(out, self.op, pre, post, agreement, finish=lambda _: compressed), ctx
 
     def synchronize(self) -> None:
         """Finish reducing every gradient (e.g. before clipping); then call `step()` inside
@@ -1987,7 +2041,15 @@ class _DistributedOptimizer:
             self._should_synchronize = True
 
     def step(self, closure=None):
-        """Reduce the gradients (unless inside `skip_synchronize()`), then the wrapped optimizer's step."""
+        """Reduce the gradients (unless inside `skip_synchronize()`), then the wrapped optimizer's step.
+
+        With a `closure` (LBFGS, or any optimizer given one), the gradients it computes are
+        reduced each time the optimizer calls it, and it returns the loss averaged over the
+        processes, so that every rank takes the same decisions (LBFGS's line search and stopping
+        tests). Horovod reduces them only at the next step, after the optimizer has used the local
+        ones."""
+        if closure is not None:
+            return self._step_with(closure)
         if self._should_synchronize:
             if self._synchronized:
                 # Horovod warns and reduces again; reducing already-reduced gradients would
@@ -2002,9 +2064,23 @@ class _DistributedOptimizer:
         self._synchronized = False
         return super().step(closure)
 
+    def _step_with(self, closure: Callable[[], Any]) -> Any:
+        if self._in_flight():  # a backward before the step: its gradients are settled first
+            self.synchronize()
+
+        def reduced() -> Any:
+            with torch.enable_grad():
+                loss = closure()
+            self.synchronize()
+            self._synchronized = False
+            return _mean_over(loss, self._process_set)
+
+        self._synchronized = False
+        return super().step(reduced)
+
     def zero_grad(self, set_to_none: bool = True) -> None:
         """Clear gradients; refused between backward() and step()/synchronize() (a reduction may be in flight)."""
-        if self._handles or any(d != self.backward_passes_per_step for d in self._delay.values()):
+        if self._in_flight():
             raise AssertionError(
                 "optimizer.zero_grad() was called after loss.backward() but before optimizer.step() or "
                 "optimizer.synchronize(). This is prohibited as it can cause a race condition."
@@ -2016,6 +2092,17 @@ class _DistributedOptimizer:
         self._reset()
         self._synchronized, self._should_synchronize = False, True
         return super().load_state_dict(state_dict)
+
+
+def _mean_over(loss: Any, process_set: Any) -> Any:
+    """A closure's loss averaged over the processes: a tensor as a detached tensor, a number as a
+    float, None as None (every rank's closure returns the same kind)."""
+    if loss is None:
+        return None
+    if isinstance(loss, torch.Tensor):
+        return allreduce(loss.detach(), op=Average, name="DistributedOptimizer.closure_loss", process_set=process_set)
+    mean = allreduce(torch.tensor(float(loss), dtype=torch.float64), op=Average, process_set=process_set)
+    return float(mean)
 
 
 def DistributedOptimizer(  # noqa: N802 - Horovod's name
@@ -2042,7 +2129,7 @@ def DistributedOptimizer(  # noqa: N802 - Horovod's name
     base = type(optimizer)
     # A subclass, so isinstance checks (LR schedulers, AMP) still see the user's optimizer class.
     cls = type(base.__name__, (_DistributedOptimizer, base), {"__module__": base.__module__})
-    return cls(
+    wrapped = cls(
         optimizer.param_groups,
         named_parameters,
         compression,
@@ -2052,6 +2139,10 @@ def DistributedOptimizer(  # noqa: N802 - Horovod's name
         sparse_as_dense,
         process_set,
     )
+    # The class's defaults were built from no arguments (SGD's lr 0.001, no momentum): a group
+    # added later (`add_param_group`) takes the settings the script gave its optimizer instead.
+    wrapped.defaults = dict(optimizer.defaults)
+    return wrapped
 
 
 # alltoall, reducescatter, SyncBatchNorm and the timeline live

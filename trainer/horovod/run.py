@@ -73,9 +73,12 @@ def not_in_shim(exc: ImportError) -> str | None:
     name = exc.name or ""
     if isinstance(exc, ModuleNotFoundError) and name.startswith("horovod."):
         return name
-    # `from horovod import tensorflow`: Python reports the name it could not import from the package.
-    if name == "horovod" and (found := re.match(r"cannot import name '([\w.]+)'", str(exc))):
-        return f"horovod.{found.group(1)}"
+    # `from horovod import tensorflow`, `from horovod.common import util`: Python reports the
+    # package and the name it could not import from it.
+    if (name == "horovod" or name.startswith("horovod.")) and (
+        found := re.match(r"cannot import name '([\w.]+)'", str(exc))
+    ):
+        return f"{name}.{found.group(1)}"
     return None
 
 
@@ -89,17 +92,43 @@ def shim_modules() -> list[str]:
     return sorted(names - {"horovod", "horovod.torch.elastic"})
 
 
+#: How to start processes without Horovod's own launchers (`horovod.run`, Spark, Ray).
+START_PROCESSES = (
+    "start the processes with torchrun (`python -m torch.distributed.run --nproc-per-node N -m "
+    "trainer.horovod.run SCRIPT [ARGS]`) or as a PyTorchJob (docs/horovod.md)"
+)
+
+
 def not_provided(missing: str) -> str:
-    """Why the shim lacks the `horovod` module `missing`, and what to do."""
-    if missing.split(".")[1] in ("torch", "common"):
+    """Why the shim lacks the `horovod` module (or name) `missing`, and what to do."""
+    part = missing.split(".")[1]
+    if part in ("torch", "common"):
         return (
             "which kftrain's Horovod shim does not provide: it has Horovod's PyTorch API in "
             f"{', '.join(shim_modules())}; import the names from horovod.torch"
+        )
+    if part in ("run", "runner", "spark", "ray"):
+        return (
+            "which kftrain's Horovod shim does not provide: Horovod's own launchers (horovod.run, horovodrun, "
+            f"Spark and Ray) are not part of it; {START_PROCESSES}, each process running the training function"
         )
     return (
         "which kftrain's Horovod shim does not provide: it provides only horovod.torch (a PyTorch script's Horovod "
         "API, on torch.distributed); run a TensorFlow, Keras or MXNet script with horovodrun and a real Horovod"
     )
+
+
+def launcher_word_problem(first: str) -> str | None:
+    """What is wrong when the first word after the runner is not a script but what horovodrun
+    takes there: its flags (`-np 4`, `-H host:4`, `--gloo`) or the interpreter (`python x.py`)."""
+    if first.startswith("-"):
+        return (
+            f"{first}: a horovodrun flag; this runner starts no processes, each one it runs in is one "
+            f"Horovod process: {START_PROCESSES}"
+        )
+    if re.fullmatch(r"python[\d.]*", Path(first).name):
+        return f"{first}: name the script itself, without the interpreter (kftrain horovod-run train.py [ARGS])"
+    return None
 
 
 def horovod_command(script: str, args: list[str] | tuple[str, ...] = (), python: str = "python") -> tuple[str, ...]:
@@ -114,6 +143,9 @@ def main(argv: list[str] | None = None) -> int:
     if not argv or argv[0] in ("-h", "--help"):
         print(__doc__.strip().splitlines()[0] + "\n\nusage: python -m trainer.horovod.run SCRIPT [ARGS]")
         return 0 if argv else 2
+    if problem := launcher_word_problem(argv[0]):
+        print(f"kftrain horovod-run: {problem}", file=sys.stderr)
+        return 2
     script = Path(argv[0])
     if not (script.is_file() or (script / "__main__.py").is_file()):
         what = "a folder without __main__.py" if script.is_dir() else "no such file"
