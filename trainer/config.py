@@ -180,7 +180,8 @@ class StoreConfig:
     """S3 endpoint URL (`http://host:9000`; `https://` for TLS); empty: env `AWS_ENDPOINT_URL_S3` or `AWS_ENDPOINT_URL`,
     else KFP's in-cluster store (`http://seaweedfs.kubeflow:9000`) for `minio://` URIs and AWS S3 for `s3://`."""
     region: str = ""
-    """S3 region; empty: env `AWS_REGION`, else the server's default."""
+    """S3 region; empty: env `AWS_REGION`, else the bucket's, asked of the server
+    (`s3:GetBucketLocation`; us-east-1, MinIO's and Ceph's default, where the policy denies it)."""
     retry_budget_seconds: float = 120.0
     """How long one store operation retries transient failures (refused or reset connections, timeouts, 5xx, SlowDown)
     before the step fails naming the object and the cause."""

@@ -47,6 +47,7 @@ from trainer.storage import (
     join_uri,
     open_store,
     parse_uri,
+    version_size,
 )
 from trainer.tokenizer import parse_spec
 
@@ -303,11 +304,22 @@ def source_listing(store: ObjectStore, source: str, versions: bool = True) -> di
         except ObjectNotFound:
             pass
     folder = source.rstrip("/") + "/"
-    listed = store.versions(folder) if versions else dict.fromkeys(store.list(folder), "")
     found = {}
-    for uri, version in listed.items():
+    # The versions come with the listing in every store; their sizes tell a folder marker from data.
+    for uri, version in store.versions(folder).items():
         below = uri[len(folder) :] if uri.startswith(folder) else uri.rsplit("/", 1)[-1]
-        if not below or below.endswith("/") or any(part.startswith(".") for part in below.split("/")):
+        parts = below.split("/")
+        if below.endswith("/") and version_size(version) == 0:
+            continue
+        if below.endswith("/") or any(part in (".", "..") for part in parts):
+            # Data no folder can hold (was: left out in silence, as if a marker or hidden).
+            why = "ends in '/', a folder's name" if below.endswith("/") else "has a '.' or '..' segment"
+            raise DataError(
+                f"data.source {source}: the object {below!r} below it holds {version_size(version)} bytes, but its "
+                f"name {why}, which no file path can hold (nor tools that copy a prefix to disk); rename it, or "
+                "move it out of this prefix"
+            )
+        if any(part.startswith(".") for part in parts):
             continue
         try:
             parse_uri(uri)
@@ -324,7 +336,7 @@ def source_listing(store: ObjectStore, source: str, versions: bool = True) -> di
                 f"data.source {source}: the file name {raw!r} below it is not UTF-8, which data prep and object "
                 "stores take; rename it (e.g. `convmv -f latin1 -t utf8 -r --notest FOLDER`)"
             ) from None
-        found[uri] = version
+        found[uri] = version if versions else ""
     return _each_file_once(store, source, found) if isinstance(store, LocalStore) else found
 
 

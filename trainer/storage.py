@@ -74,6 +74,11 @@ class ObjectNotFound(StoreError, FileNotFoundError):
     """No object (or file) at the URI."""
 
 
+class ObjectChanged(StoreError):
+    """An object another writer replaced while it was read in parts: what was read mixes two
+    versions of it."""
+
+
 class CorruptObject(StoreError):
     """An object exists but its content does not parse (truncated, overwritten, not what it should be)."""
 
@@ -275,15 +280,17 @@ class ObjectStore(Protocol):
         not at all); True when this call created it, or an earlier attempt of this call did (the
         object holds exactly `data`), False when another writer's object is there."""
 
-    def get_bytes(self, uri: str, offset: int = 0, length: int = 0) -> bytes:
-        """Read an object (or `length` bytes from `offset`; 0: to the end); :class:`ObjectNotFound` when absent."""
+    def get_bytes(self, uri: str, offset: int = 0, length: int = 0, version: str = "") -> bytes:
+        """Read an object (or `length` bytes from `offset`; 0: to the end); :class:`ObjectNotFound` when absent.
+        With `version` (a :meth:`version` token), only that version: :class:`ObjectChanged` when
+        the object is another one now."""
 
     def size(self, uri: str) -> int:
         """The object's size in bytes; :class:`ObjectNotFound` when absent."""
 
     def version(self, uri: str) -> str:
-        """A token that changes whenever the object does (its size and ETag; a local file's size
-        and modification time); :class:`ObjectNotFound` when absent."""
+        """A token that changes whenever the object does, `SIZE:TAG` (its size in bytes, then its
+        ETag; a local file's modification time); :class:`ObjectNotFound` when absent."""
 
     def put_file(self, uri: str, path: str | Path) -> None:
         """Upload a local file (multipart for large files)."""
@@ -325,12 +332,23 @@ def drop_empty_folders(store: ObjectStore, prefix: str) -> None:
         top.rmdir()
 
 
+def version_size(version: str) -> int:
+    """The size in bytes an :meth:`ObjectStore.version` token gives."""
+    return int(version.split(":", 1)[0])
+
+
 def read_chunks(store: ObjectStore, uri: str, chunk_bytes: int, progress: str = "") -> Iterator[bytes]:
     """The object at `uri` in consecutive ranged reads of `chunk_bytes` (the last may be shorter),
-    so a reader holds one chunk however large the object. With `progress` (what the reading is
+    so a reader holds one chunk however large the object. Every read is of the version the
+    object had at the first: one another writer replaces meanwhile is :class:`ObjectChanged`
+    (was: read on in the new version, a dataset of two). With `progress` (what the reading is
     for, e.g. ``data prep pass 1/2``), logs how far it got every few seconds and when done."""
-    size = store.size(uri)
-    chunks = (store.get_bytes(uri, offset, min(chunk_bytes, size - offset)) for offset in range(0, size, chunk_bytes))
+    version = store.version(uri)
+    size = version_size(version)
+    chunks = (
+        store.get_bytes(uri, offset, min(chunk_bytes, size - offset), version=version)
+        for offset in range(0, size, chunk_bytes)
+    )
     if progress:
         chunks = ProgressLine(f"{progress}: reading {uri}", total=size).track(chunks)
     yield from chunks
@@ -350,6 +368,13 @@ def _new_temp_file(folder: Path) -> tuple[int, str]:
         except FileExistsError:  # another writer's name: draw again
             continue
     raise FileExistsError(f"no free temporary file name in {folder}")
+
+
+def _changed(uri: str) -> ObjectChanged:
+    return ObjectChanged(
+        f"{uri} changed while it was read (another writer replaced it): what was read mixes two versions; read it "
+        "again once nothing writes to it"
+    )
 
 
 def _file_version(st: os.stat_result) -> str:
@@ -416,12 +441,17 @@ class LocalStore:
         finally:
             os.unlink(name)
 
-    def get_bytes(self, uri: str, offset: int = 0, length: int = 0) -> bytes:
+    def get_bytes(self, uri: str, offset: int = 0, length: int = 0, version: str = "") -> bytes:
         path = self._path(uri)
         try:
             with path.open("rb") as f:
+                if version and _file_version(os.fstat(f.fileno())) != version:
+                    raise _changed(uri)
                 f.seek(offset)
-                return f.read(length or -1)
+                data = f.read(length or -1)
+                if version and _file_version(os.fstat(f.fileno())) != version:  # written in place meanwhile
+                    raise _changed(uri)
+                return data
         except (FileNotFoundError, IsADirectoryError, NotADirectoryError):  # a file where a folder is: no object
             raise ObjectNotFound(f"no file at {uri}") from None
         except OSError as exc:  # permission denied, an I/O error: what the OS said, naming the file
@@ -639,6 +669,41 @@ def _pool_manager(policy: RetryPolicy, **kw: Any) -> Any:
     )
 
 
+#: The S3 permission each operation of :class:`S3Store` needs, named when a policy denies it.
+_PERMISSIONS = {
+    "GET": "s3:GetObject",
+    "HEAD": "s3:GetObject",
+    "PUT": "s3:PutObject",
+    "DELETE": "s3:DeleteObject",
+    "LIST": "s3:ListBucket",
+}
+#: What S3 answers a request signed for another region than the bucket's.
+_OTHER_REGION = ("AuthorizationHeaderMalformed", "PermanentRedirect", "IllegalLocationConstraintException")
+
+
+def _minio_client() -> type:
+    """minio's client, but for a bucket's region: without `store.region`, minio asks the server
+    (`GetBucketLocation`) before the first request, which needs `s3:GetBucketLocation`, a
+    permission a policy granting only the data often leaves out (was: every request refused,
+    blamed on the credentials). Refused, the client signs for us-east-1, the region MinIO, Ceph
+    and SeaweedFS take by default; a bucket elsewhere on AWS then answers that it is in another
+    region, and the error says to set `store.region`."""
+    from minio import Minio
+    from minio.error import S3Error
+
+    class Client(Minio):
+        def _get_region(self, bucket_name: str | None = None) -> str:
+            try:
+                return super()._get_region(bucket_name)
+            except S3Error as exc:
+                if exc.code != "AccessDenied" or not bucket_name:
+                    raise
+                self._region_map[bucket_name] = "us-east-1"
+                return "us-east-1"
+
+    return Client
+
+
 class S3Store:
     """S3-compatible object storage through the minio SDK (AWS S3, MinIO, SeaweedFS).
 
@@ -650,7 +715,6 @@ class S3Store:
 
     def __init__(self, endpoint: str = "", region: str = "", policy: RetryPolicy | None = None) -> None:
         import certifi
-        from minio import Minio
         from minio.credentials import (
             ChainedProvider,
             EnvAWSProvider,
@@ -687,7 +751,7 @@ class S3Store:
             cert_reqs="CERT_REQUIRED",
             ca_certs=os.environ.get("SSL_CERT_FILE") or certifi.where(),
         )
-        self._client = Minio(
+        self._client = _minio_client()(
             host, secure=secure, region=region or None, credentials=ChainedProvider(providers), http_client=http
         )
         self._jitter = random.Random()  # never the global RNG: training seeds and checkpoints it
@@ -721,7 +785,7 @@ class S3Store:
                 return fn()
             except Exception as exc:
                 if not is_transient(exc):
-                    raise self._error(exc, uri) from None
+                    raise self._error(exc, uri, what) from None
                 spent = time.monotonic() - start
                 left = budget - spent
                 if left <= 0:
@@ -742,8 +806,9 @@ class S3Store:
                 time.sleep(pause)
                 delay = min(delay * 2, p.max_backoff_s)
 
-    def _error(self, exc: Exception, uri: str) -> StoreError:
-        """Turn an SDK error into one that says what to fix (and never echoes a key)."""
+    def _error(self, exc: Exception, uri: str, what: str = "") -> StoreError:
+        """Turn an SDK error of the operation `what` (GET, PUT, LIST, ...) into one that says what
+        to fix (and never echoes a key)."""
         from minio.error import InvalidResponseError, S3Error
 
         if isinstance(exc, StoreError):
@@ -755,10 +820,28 @@ class S3Store:
             if code == "NoSuchBucket":
                 bucket = self._loc(uri).bucket
                 return _no_bucket(bucket, self.endpoint)
-            if code in ("InvalidAccessKeyId", "SignatureDoesNotMatch", "AccessDenied"):
+            if code in ("InvalidAccessKeyId", "SignatureDoesNotMatch"):
                 return StoreError(
                     f"{self.endpoint} rejected the credentials for {uri} ({code}): check "
-                    "AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY and the bucket policy"
+                    "AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY"
+                )
+            if code == "AccessDenied":
+                allowed = f"allowed {_PERMISSIONS[what]} on it" if what in _PERMISSIONS else "allowed this"
+                if what == "HEAD" or not what:  # no body to tell wrong keys from a policy's refusal
+                    return StoreError(
+                        f"{self.endpoint} rejected the credentials for {uri} (AccessDenied): they are wrong (check "
+                        f"AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY) or not {allowed} (the user's or the bucket's "
+                        "policy)"
+                    )
+                # Wrong keys get InvalidAccessKeyId or SignatureDoesNotMatch: these are valid.
+                return StoreError(
+                    f"{self.endpoint} refused {what} {uri} (AccessDenied): the credentials are valid but not "
+                    f"{allowed}; grant it in the user's or the bucket's policy"
+                )
+            if code in _OTHER_REGION:
+                return StoreError(
+                    f"{self.endpoint} answered {code} for {uri}: the bucket is in another region than the one the "
+                    f"request was signed for ({exc.message}); set store.region (or AWS_REGION) to the bucket's region"
                 )
             return StoreError(f"{code} from {self.endpoint} for {uri}: {exc.message}")
         if isinstance(exc, InvalidResponseError):
@@ -805,11 +888,23 @@ class S3Store:
 
         return self._call("PUT", uri, put) or self.get_bytes(uri) == data
 
-    def get_bytes(self, uri: str, offset: int = 0, length: int = 0) -> bytes:
+    def get_bytes(self, uri: str, offset: int = 0, length: int = 0, version: str = "") -> bytes:
+        from minio.error import S3Error
+
         loc = self._obj(uri)
+        # Only that version: S3 answers 412 once another one has replaced it (or 416 for a range
+        # past a shorter one, where a server checks the range first).
+        pinned = {"If-Match": f'"{version.split(":", 1)[1]}"'} if version else None
 
         def get() -> bytes:
-            resp = self._client.get_object(loc.bucket, loc.key, offset=offset, length=length)
+            try:
+                resp = self._client.get_object(
+                    loc.bucket, loc.key, offset=offset, length=length, request_headers=pinned
+                )
+            except S3Error as exc:
+                if pinned and exc.code in ("PreconditionFailed", "InvalidRange"):
+                    raise _changed(uri) from None
+                raise
             try:
                 return resp.read()
             finally:

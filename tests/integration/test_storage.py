@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import os
 import re
+import threading
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
@@ -155,6 +157,33 @@ def test_an_s3_source_lists_as_a_local_one_does(bucket):
     assert_source_objects(store, f"s3://{bucket}")
 
 
+@pytest.mark.parametrize("key", ["dir/", "x/../b.txt", "./c.txt", "deep/./d.txt"])
+def test_data_a_key_no_file_path_can_hold_is_refused_naming_it_not_left_out(bucket, s3_env, key):
+    """A non-empty object whose key ends in '/', or has a '.' or '..' segment, was left out of the
+    source in silence, as if a folder marker or a hidden file (a probe on RGW); an empty marker
+    and hidden files still are."""
+    import boto3  # minio's client refuses to write such keys; other tools do (boto3 here, as in the probe)
+
+    from trainer.data_rules import source_listing
+    from trainer.shards import DataError
+
+    client = boto3.client(
+        "s3",
+        endpoint_url=s3_env.endpoint,
+        region_name="us-east-1",
+        aws_access_key_id=s3_env.access_key,
+        aws_secret_access_key=s3_env.secret_key,
+    )
+    for name, data in (("w/a.txt", b"A\n"), ("w/empty/", b""), ("w/.hidden.txt", b"H\n")):
+        client.put_object(Bucket=bucket, Key=name, Body=data)
+    store = open_store(f"s3://{bucket}")
+    assert list(source_listing(store, f"s3://{bucket}/w")) == [f"s3://{bucket}/w/a.txt"]
+    client.put_object(Bucket=bucket, Key=f"w/{key}", Body=b"B\n" * 25)
+    assert f"w/{key}" in [o["Key"] for o in client.list_objects_v2(Bucket=bucket)["Contents"]]
+    with pytest.raises(DataError, match=f"the object {re.escape(repr(key))} below it holds 50 bytes, but its name"):
+        source_listing(store, f"s3://{bucket}/w")
+
+
 def test_keys_with_a_question_mark_or_a_hash_are_listed_and_read_as_written(bucket):
     """S3 keys may hold `?` and `#` (was: refused, or a file:// path cut there, as a URL's query
     and fragment would be)."""
@@ -186,3 +215,78 @@ def test_a_prefix_s_version_is_read_from_its_listing_not_one_request_per_object(
     assert heads == [] and len(first) == 16
     store.put_bytes(f"s3://{bucket}/many/007.txt", b"LINE\n")  # the same size: the ETag tells
     assert source_version(cfg) != first
+
+
+@pytest.mark.parametrize("size", [3000, 1000, 5000], ids=["same-size", "shorter", "longer"])
+def test_an_object_replaced_while_read_in_parts_is_refused_not_mixed(bucket, size):
+    """An object replaced between two ranged reads of one (data prep reads a source in 1 MiB
+    parts) was read on in its new version, a dataset of two; a shorter one failed as S3's bare
+    InvalidRange (a probe on RGW). Every part is read of the version the first one was."""
+    from trainer.storage import ObjectChanged, read_chunks
+
+    store, uri = open_store(f"s3://{bucket}/x"), f"s3://{bucket}/corpus.txt"
+    store.put_bytes(uri, b"A" * 3000)
+    assert b"".join(read_chunks(store, uri, 1024)) == b"A" * 3000  # unchanged: read whole
+    chunks = read_chunks(store, uri, 1024)
+    assert next(chunks) == b"A" * 1024
+    store.put_bytes(uri, b"B" * size)
+    with pytest.raises(ObjectChanged, match=f"{re.escape(uri)} changed while it was read"):
+        list(chunks)
+
+
+class _NoLocation(BaseHTTPRequestHandler):
+    """An S3 endpoint whose policy grants reading one object and not `s3:GetBucketLocation`, as
+    a policy for the data alone does (measured on RGW: a bucket policy of ListBucket and
+    GetObject; minio asked for the location first, and every request failed as bad keys)."""
+
+    BODY = b"the data"
+
+    def log_message(self, *args) -> None:
+        pass
+
+    def _answer(self, body: bool) -> None:
+        if "location" in self.path.split("?", 1)[-1] or "/secret" in self.path:
+            error = b"<Error><Code>AccessDenied</Code><Message>Access Denied</Message></Error>"
+            self.send_response(403)
+            self.send_header("Content-Type", "application/xml")
+            self.send_header("Content-Length", str(len(error)))
+            self.end_headers()
+            if body:
+                self.wfile.write(error)
+            return
+        self.send_response(200)
+        self.send_header("Content-Length", str(len(self.BODY)))
+        self.send_header("ETag", '"e1"')
+        self.send_header("Last-Modified", "Mon, 07 Dec 2026 00:00:00 GMT")
+        self.end_headers()
+        if body:
+            self.wfile.write(self.BODY)
+
+    def do_GET(self) -> None:  # noqa: N802 - http.server's name
+        self._answer(True)
+
+    def do_HEAD(self) -> None:  # noqa: N802
+        self._answer(False)
+
+
+def test_credentials_without_get_bucket_location_read_the_data(monkeypatch):
+    server = ThreadingHTTPServer(("127.0.0.1", 0), _NoLocation)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        for name in ("AWS_REGION", "AWS_DEFAULT_REGION"):
+            monkeypatch.delenv(name, raising=False)
+        monkeypatch.setenv("AWS_ACCESS_KEY_ID", "reader")
+        monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "reader-secret")
+        store = S3Store(endpoint=f"http://127.0.0.1:{server.server_address[1]}")
+        assert store.get_bytes("s3://corpus/data/train.txt") == b"the data"
+        assert store.size("s3://corpus/data/train.txt") == 8
+        # An object the policy does not grant: the permission named, not the keys blamed (they
+        # are valid: wrong ones get InvalidAccessKeyId or SignatureDoesNotMatch).
+        with pytest.raises(StoreError) as info:
+            store.get_bytes("s3://corpus/secret/x")
+        assert str(info.value).endswith(
+            "refused GET s3://corpus/secret/x (AccessDenied): the credentials are valid but not allowed "
+            "s3:GetObject on it; grant it in the user's or the bucket's policy"
+        ), info.value
+    finally:
+        server.shutdown()

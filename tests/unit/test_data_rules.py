@@ -482,8 +482,8 @@ def test_an_s3_key_no_uri_can_name_is_refused_naming_data_source(key, why):
     from trainer.storage import LocalStore
 
     class Listing(LocalStore):  # a bucket's listing, as an S3 server gives it
-        def list(self, prefix):
-            return [f"{prefix}ok.txt", f"{prefix}{key}"]
+        def versions(self, prefix):
+            return {f"{prefix}ok.txt": "3:e1", f"{prefix}{key}": "3:e2"}
 
     with pytest.raises(DataError) as err:
         source_objects(Listing(), "s3://bucket/corpus/")

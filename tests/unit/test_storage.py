@@ -357,3 +357,31 @@ def test_a_tls_failure_says_what_to_fix(said, hint):
     exc = urllib3.exceptions.MaxRetryError(None, "/k", urllib3.exceptions.SSLError(said))
     assert _cause(exc).startswith(f"SSLError: {said}")
     assert _cause(exc).endswith(f"{hint})" if hint else said)
+
+
+def _replace(path, data: bytes, how: str) -> None:
+    """Another writer's new version of a file: renamed into place, or written over in place."""
+    if how == "renamed":
+        tmp = path.with_name(path.name + ".new")
+        tmp.write_bytes(data)
+        os.replace(tmp, path)
+    else:
+        with open(path, "r+b") as f:
+            f.write(data)
+    os.utime(path, ns=(1, 1))  # a new modification time, however coarse the file system's clock
+
+
+@pytest.mark.parametrize("how", ["renamed", "in place"])
+@pytest.mark.parametrize("size", [3000, 1000, 5000], ids=["same-size", "shorter", "longer"])
+def test_a_local_file_replaced_while_read_in_parts_is_refused_not_mixed(tmp_path, how, size):
+    """A file another writer replaces between two parts of a read (data prep reads a source in
+    1 MiB parts) was read on in its new version: a dataset of two (a probe)."""
+    path = tmp_path / "corpus.txt"
+    path.write_bytes(b"A" * 3000)
+    store, uri = LocalStore(), f"file://{path}"
+    assert b"".join(storage.read_chunks(store, uri, 1024)) == b"A" * 3000  # unchanged: read whole
+    chunks = storage.read_chunks(store, uri, 1024)
+    assert next(chunks) == b"A" * 1024
+    _replace(path, b"B" * size, how)
+    with pytest.raises(storage.ObjectChanged, match=f"{re.escape(uri)} changed while it was read"):
+        list(chunks)
