@@ -337,13 +337,16 @@ def version_size(version: str) -> int:
     return int(version.split(":", 1)[0])
 
 
-def read_chunks(store: ObjectStore, uri: str, chunk_bytes: int, progress: str = "") -> Iterator[bytes]:
+def read_chunks(
+    store: ObjectStore, uri: str, chunk_bytes: int, progress: str = "", version: str = ""
+) -> Iterator[bytes]:
     """The object at `uri` in consecutive ranged reads of `chunk_bytes` (the last may be shorter),
-    so a reader holds one chunk however large the object. Every read is of the version the
-    object had at the first: one another writer replaces meanwhile is :class:`ObjectChanged`
-    (was: read on in the new version, a dataset of two). With `progress` (what the reading is
-    for, e.g. ``data prep pass 1/2``), logs how far it got every few seconds and when done."""
-    version = store.version(uri)
+    so a reader holds one chunk however large the object. Every read is of one version, `version`
+    (a reader passing over the object twice gives the first pass's), else the one the object has
+    at the first read: one another writer replaces meanwhile is :class:`ObjectChanged` (was: read
+    on in the new version, a dataset of two). With `progress` (what the reading is for, e.g.
+    ``data prep pass 1/2``), logs how far it got every few seconds and when done."""
+    version = version or store.version(uri)
     size = version_size(version)
     chunks = (
         store.get_bytes(uri, offset, min(chunk_bytes, size - offset), version=version)

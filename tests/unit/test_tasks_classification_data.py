@@ -311,3 +311,20 @@ def test_an_incomplete_dataset_is_not_read(tmp_path):
     store.put_bytes(str(tmp_path / "ds/train/shard-00000.npz"), b"partial")
     with pytest.raises(ObjectNotFound):
         read_manifest(store, str(tmp_path / "ds"))
+
+
+def test_a_csv_replaced_between_the_two_passes_is_refused_not_read_as_two_files(tmp_path):
+    """Data prep reads a CSV twice (statistics and classes, then rows): a file replaced between
+    the passes had the first's statistics applied to the second's rows (a probe)."""
+    import os
+
+    from trainer.storage import ObjectChanged
+
+    path = tmp_path / "t.csv"
+    path.write_text("x,label\n1,a\n2,b\n")
+    rows = csv_rows(LocalStore(), f"file://{path}", "label")
+    assert [labels for labels, _ in rows.batches()] == [["a", "b"]]
+    path.write_text("x,label\n7,c\n8,d\n")
+    os.utime(path, ns=(1, 1))  # a new modification time, however coarse the file system's clock
+    with pytest.raises(ObjectChanged, match="changed while it was read"):
+        list(rows.batches())

@@ -134,15 +134,15 @@ def _csv_lines(chunks: Iterable[bytes], uri: str) -> Iterator[str]:
 
 
 def csv_records(
-    store: ObjectStore, uri: str, chunk_bytes: int = CHUNK_BYTES, progress: str = ""
+    store: ObjectStore, uri: str, chunk_bytes: int = CHUNK_BYTES, progress: str = "", version: str = ""
 ) -> Iterator[tuple[int, list[str]]]:
     """The records of the CSV object at `uri` as (line number, fields), read in ranged reads of
     `chunk_bytes`; blank lines are skipped, a UTF-8 byte-order mark is dropped. Read as Python's
     `csv` module reads a file, strictly: a quote inside an unquoted field (`12" pizza`) is a
     character, and a quoted field must end (a quote left open was the rest of the file, one field).
-    `progress`: as for :func:`~trainer.storage.read_chunks`."""
+    `progress` and `version`: as for :func:`~trainer.storage.read_chunks`."""
     reader = csv.reader(
-        _csv_lines(text_chunks(read_chunks(store, uri, chunk_bytes, progress), uri, "CSV"), uri), strict=True
+        _csv_lines(text_chunks(read_chunks(store, uri, chunk_bytes, progress, version), uri, "CSV"), uri), strict=True
     )
     line = 1  # the first line of the next record
     try:
@@ -211,8 +211,11 @@ def csv_rows(
     store: ObjectStore, uri: str, label_column: str, chunk_bytes: int = CHUNK_BYTES, batch_rows: int = 0
 ) -> Rows:
     """The CSV object at `uri` as :class:`Rows`: a header row, `label_column` holds the class, every
-    other column is a number. Reads only the header now; each pass streams the object again."""
-    records = csv_records(store, uri, chunk_bytes)
+    other column is a number. Reads only the header now; each pass streams the object again, the
+    same version (:class:`~trainer.storage.ObjectChanged` if another writer replaced it: was, the
+    first pass's statistics and classes applied to another file's rows)."""
+    version = store.version(uri)
+    records = csv_records(store, uri, chunk_bytes, version=version)
     first = next(records, None)
     records.close()
     if first is None:
@@ -233,7 +236,7 @@ def csv_rows(
     spellings: dict[str, set[str]] = {}
 
     def batches(progress: str = "") -> Iterator[tuple[list[str], np.ndarray]]:
-        records = csv_records(store, uri, chunk_bytes, progress)
+        records = csv_records(store, uri, chunk_bytes, progress, version)
         next(records)  # the header
         canonical: dict[str, str] = {}  # label cell -> class (few distinct cells: one look-up per row)
         labels: list[str] = []
