@@ -1,7 +1,7 @@
-"""The one image setting: every step and every training replica runs this image.
+"""The image the components run: `trainer/image.py`'s, the one setting the training replicas'
+default (`job.image`) comes from too (was: a copy here, and a change to it left the replicas on
+the old image)."""
 
-Build and push it from the repository's Dockerfile; to use your own registry, change this tag
-and recompile (`kftrain compile`), or pass `image` to the pipeline for the training replicas.
-"""
+from trainer.image import IMAGE
 
-IMAGE = "ghcr.io/kftrain/kftrain:0.1.0"
+__all__ = ["IMAGE"]

@@ -29,6 +29,7 @@ import yaml
 from trainer import k8s_formats as k8s
 from trainer.credentials import credential_in, credential_path, looks_like_credential, url_has_userinfo
 from trainer.errors import KftrainError, redact, redact_url, yaml_problem
+from trainer.image import IMAGE
 from trainer.launch.failures import DEFAULT_MAX_RESTARTS, budget_check
 from trainer.partitions import partition_problem
 from trainer.storage import RetryPolicy, endpoint_problem, file_uri_problem, parse_uri, same_place
@@ -734,9 +735,9 @@ class JobConfig:
     """Replicas in total: 1 Master + (replicas - 1) Workers (pods on a cluster, process groups locally)."""
     nproc_per_node: int = 1
     """Training processes per replica (GPUs per node on a cluster)."""
-    image: str = "ghcr.io/kftrain/kftrain:0.1.0"
-    """Container image of the training replicas (it has kftrain installed); the other steps run the image set in
-    `components/image.py`."""
+    image: str = IMAGE
+    """Container image of the training replicas (it has kftrain installed); the default, and every other step's
+    image, is set in `trainer/image.py`."""
     timeout_seconds: int = 3600
     """Wall-clock limit of the training job; past it the job is cancelled and the step fails."""
     omp_num_threads: int = 1

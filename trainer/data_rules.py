@@ -309,7 +309,7 @@ def source_listing(store: ObjectStore, source: str, versions: bool = True) -> di
     for uri, version in store.versions(folder).items():
         below = uri[len(folder) :] if uri.startswith(folder) else uri.rsplit("/", 1)[-1]
         parts = below.split("/")
-        if below.endswith("/") and version_size(version) == 0:
+        if not below or (below.endswith("/") and version_size(version) == 0):  # the folder's own marker, or one below
             continue
         if below.endswith("/") or any(part in (".", "..") for part in parts):
             # Data no folder can hold (was: left out in silence, as if a marker or hidden).

@@ -676,11 +676,13 @@ def _pool_manager(policy: RetryPolicy, **kw: Any) -> Any:
 _PERMISSIONS = {
     "GET": "s3:GetObject",
     "HEAD": "s3:GetObject",
+    "DOWNLOAD": "s3:GetObject",
     "PUT": "s3:PutObject",
     "DELETE": "s3:DeleteObject",
     "LIST": "s3:ListBucket",
 }
-#: What S3 answers a request signed for another region than the bucket's.
+#: What S3 answers a request signed for another region than the bucket's (and minio calls a
+#: HEAD's bodyless 400 BadRequest, its message naming the region).
 _OTHER_REGION = ("AuthorizationHeaderMalformed", "PermanentRedirect", "IllegalLocationConstraintException")
 
 
@@ -830,7 +832,7 @@ class S3Store:
                 )
             if code == "AccessDenied":
                 allowed = f"allowed {_PERMISSIONS[what]} on it" if what in _PERMISSIONS else "allowed this"
-                if what == "HEAD" or not what:  # no body to tell wrong keys from a policy's refusal
+                if what in ("HEAD", "DOWNLOAD", ""):  # no body to tell wrong keys from a policy's refusal
                     return StoreError(
                         f"{self.endpoint} rejected the credentials for {uri} (AccessDenied): they are wrong (check "
                         f"AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY) or not {allowed} (the user's or the bucket's "
@@ -841,7 +843,7 @@ class S3Store:
                     f"{self.endpoint} refused {what} {uri} (AccessDenied): the credentials are valid but not "
                     f"{allowed}; grant it in the user's or the bucket's policy"
                 )
-            if code in _OTHER_REGION:
+            if code in _OTHER_REGION or (code == "BadRequest" and "use region" in (exc.message or "")):
                 return StoreError(
                     f"{self.endpoint} answered {code} for {uri}: the bucket is in another region than the one the "
                     f"request was signed for ({exc.message}); set store.region (or AWS_REGION) to the bucket's region"
@@ -895,20 +897,22 @@ class S3Store:
         from minio.error import S3Error
 
         loc = self._obj(uri)
-        # Only that version: S3 answers 412 once another one has replaced it (or 416 for a range
-        # past a shorter one, where a server checks the range first).
-        pinned = {"If-Match": f'"{version.split(":", 1)[1]}"'} if version else None
+        # Only that version: the answer's ETag must be the version's. Compared here rather than
+        # asked of the server (If-Match), which some answer wrongly (SeaweedFS 3.97: 412 to its
+        # own ETag); a server that sends no ETag is taken at its word.
+        pinned = version.split(":", 1)[1] if version else ""
 
         def get() -> bytes:
             try:
-                resp = self._client.get_object(
-                    loc.bucket, loc.key, offset=offset, length=length, request_headers=pinned
-                )
+                resp = self._client.get_object(loc.bucket, loc.key, offset=offset, length=length)
             except S3Error as exc:
-                if pinned and exc.code in ("PreconditionFailed", "InvalidRange"):
+                if version and exc.code == "InvalidRange":  # a range past the end of a shorter one
                     raise _changed(uri) from None
                 raise
             try:
+                etag = resp.headers.get("ETag", "").strip('"')
+                if pinned and etag and etag != pinned:
+                    raise _changed(uri)
                 return resp.read()
             finally:
                 resp.close()
@@ -931,7 +935,8 @@ class S3Store:
 
     def get_file(self, uri: str, path: str | Path) -> None:
         loc = self._obj(uri)
-        self._call("GET", uri, lambda: self._client.fget_object(loc.bucket, loc.key, str(path)))
+        # minio asks for the object's size first (a HEAD): a refusal has no body to say why.
+        self._call("DOWNLOAD", uri, lambda: self._client.fget_object(loc.bucket, loc.key, str(path)))
 
     def exists(self, uri: str) -> bool:
         from minio.error import S3Error

@@ -154,8 +154,10 @@ def optimizer_case(kind, wrap, r, n, world):
             opt.add_param_group({"params": first.parameters()})
         if step == 1 and kind == "freeze-adamw":
             first.requires_grad_(False)
-        if kind.startswith("closure"):
+        if kind == "closure-lbfgs":  # the loss LBFGS decides on: averaged over the processes
             losses.append(float(opt.step(closure).detach()))
+        elif kind.startswith("closure"):
+            opt.step(closure)
         else:
             closure()
             opt.step()
@@ -459,6 +461,25 @@ def sparse_train(sparse_as_dense):
 record("sparse-train-dense", lambda: sparse_train(True))
 for kind in OPTIMIZER_CASES:
     record(kind, lambda: optimizer_case(kind, hvd.DistributedOptimizer, r, n, n))
+
+
+# A closure that calls no backward of its own, its gradients reduced before the step (by step()
+# or by hand, then inside skip_synchronize): reduced once, under Sum as under Average.
+def closure_without_backward(by_hand):
+    w = torch.nn.Parameter(torch.zeros(1))
+    opt = hvd.DistributedOptimizer(torch.optim.SGD([w], lr=1.0), op=hvd.Sum)
+    loss = ((r + 1) * w).sum()
+    loss.backward()
+    if by_hand:
+        opt.synchronize()
+        with opt.skip_synchronize():
+            opt.step(lambda: loss)
+    else:
+        opt.step(lambda: loss)
+    return w.item()
+
+
+record("closure-no-backward", lambda: [closure_without_backward(False), closure_without_backward(True)])
 record("sparse-train-sparse", lambda: sparse_train(False))
 
 json.dump(out, open(f"{sys.argv[1]}/rank{r}.json", "w"))
@@ -715,6 +736,7 @@ def test_collectives_gradients_and_sparse_training_on_gloo(tmp_path, world):
         # processes; parameters unfrozen, added or frozen after the optimizer was made, or listed
         # twice: every rank as one process on the whole batch (were: the ranks drifting apart, a
         # frozen layer moved, LBFGS refused, a parameter listed twice refused).
+        assert got["closure-no-backward"] == [-n * (n + 1) / 2] * 2  # was: reduced twice, -n (n + 1)
         for kind in scope["OPTIMIZER_CASES"]:
             assert got[kind] == ranks[0][kind], (kind, k)
             close(got[kind]["weights"], optimizer_reference[kind]["weights"], 1e-9)

@@ -269,7 +269,7 @@ class _NoLocation(BaseHTTPRequestHandler):
         self._answer(False)
 
 
-def test_credentials_without_get_bucket_location_read_the_data(monkeypatch):
+def test_credentials_without_get_bucket_location_read_the_data(monkeypatch, tmp_path):
     server = ThreadingHTTPServer(("127.0.0.1", 0), _NoLocation)
     threading.Thread(target=server.serve_forever, daemon=True).start()
     try:
@@ -288,5 +288,8 @@ def test_credentials_without_get_bucket_location_read_the_data(monkeypatch):
             "refused GET s3://corpus/secret/x (AccessDenied): the credentials are valid but not allowed "
             "s3:GetObject on it; grant it in the user's or the bucket's policy"
         ), info.value
+        # A download asks for the size first, a HEAD, whose refusal cannot tell wrong keys from it.
+        with pytest.raises(StoreError, match=r"rejected the credentials for s3://corpus/secret/x \(AccessDenied\)"):
+            store.get_file("s3://corpus/secret/x", tmp_path / "x")
     finally:
         server.shutdown()

@@ -798,7 +798,7 @@ def test_a_flag_that_would_be_ignored_or_a_missing_script_is_one_line(tmp_path, 
     assert phrase in out and "Traceback" not in out, out
 
 
-@pytest.mark.parametrize("script", ["train.py", "horovod-run"])
+@pytest.mark.parametrize("script", ["train.py", "horovod-run", "-x.py"])
 def test_a_script_named_as_the_subcommand_gets_only_its_own_arguments(tmp_path, monkeypatch, script):
     """A script named as the subcommand got its own name as an extra argument (a probe)."""
     monkeypatch.chdir(tmp_path)

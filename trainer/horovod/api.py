@@ -2043,11 +2043,10 @@ class _DistributedOptimizer:
     def step(self, closure=None):
         """Reduce the gradients (unless inside `skip_synchronize()`), then the wrapped optimizer's step.
 
-        With a `closure` (LBFGS, or any optimizer given one), the gradients it computes are
-        reduced each time the optimizer calls it, and it returns the loss averaged over the
-        processes, so that every rank takes the same decisions (LBFGS's line search and stopping
-        tests). Horovod reduces them only at the next step, after the optimizer has used the local
-        ones."""
+        With a `closure` (LBFGS, or any optimizer given one), the gradients its backward computes
+        are reduced each time the optimizer calls it (Horovod reduces them only at the next step,
+        after the optimizer has used the local ones); under LBFGS it returns the loss averaged over
+        the processes, so that every rank takes the same line-search and stopping decisions."""
         if closure is not None:
             return self._step_with(closure)
         if self._should_synchronize:
@@ -2065,15 +2064,17 @@ class _DistributedOptimizer:
         return super().step(closure)
 
     def _step_with(self, closure: Callable[[], Any]) -> Any:
-        if self._in_flight():  # a backward before the step: its gradients are settled first
+        if self._should_synchronize and self._in_flight():  # a backward before the step: settled first
             self.synchronize()
+        averaged = isinstance(self, torch.optim.LBFGS)  # the one of torch's optimizers that decides on the loss
 
         def reduced() -> Any:
             with torch.enable_grad():
                 loss = closure()
-            self.synchronize()
+            if self._in_flight():  # what the closure's own backward started, and only that
+                self.synchronize()
             self._synchronized = False
-            return _mean_over(loss, self._process_set)
+            return _mean_over(loss, self._process_set) if averaged else loss
 
         self._synchronized = False
         return super().step(reduced)
@@ -2095,10 +2096,8 @@ class _DistributedOptimizer:
 
 
 def _mean_over(loss: Any, process_set: Any) -> Any:
-    """A closure's loss averaged over the processes: a tensor as a detached tensor, a number as a
-    float, None as None (every rank's closure returns the same kind)."""
-    if loss is None:
-        return None
+    """An LBFGS closure's loss averaged over the processes: a tensor as a detached tensor, a
+    number as a float."""
     if isinstance(loss, torch.Tensor):
         return allreduce(loss.detach(), op=Average, name="DistributedOptimizer.closure_loss", process_set=process_set)
     mean = allreduce(torch.tensor(float(loss), dtype=torch.float64), op=Average, process_set=process_set)

@@ -118,10 +118,11 @@ def not_provided(missing: str) -> str:
     )
 
 
-def launcher_word_problem(first: str) -> str | None:
+def launcher_word_problem(first: str, is_file: bool = False) -> str | None:
     """What is wrong when the first word after the runner is not a script but what horovodrun
-    takes there: its flags (`-np 4`, `-H host:4`, `--gloo`) or the interpreter (`python x.py`)."""
-    if first.startswith("-"):
+    takes there: its flags (`-np 4`, `-H host:4`, `--gloo`; unless a file of that name exists,
+    a script named `-x.py`) or the interpreter (`python x.py`, `/usr/bin/python3`)."""
+    if first.startswith("-") and not is_file:
         return (
             f"{first}: a horovodrun flag; this runner starts no processes, each one it runs in is one "
             f"Horovod process: {START_PROCESSES}"
@@ -143,10 +144,10 @@ def main(argv: list[str] | None = None) -> int:
     if not argv or argv[0] in ("-h", "--help"):
         print(__doc__.strip().splitlines()[0] + "\n\nusage: python -m trainer.horovod.run SCRIPT [ARGS]")
         return 0 if argv else 2
-    if problem := launcher_word_problem(argv[0]):
+    script = Path(argv[0])
+    if problem := launcher_word_problem(argv[0], script.is_file()):
         print(f"kftrain horovod-run: {problem}", file=sys.stderr)
         return 2
-    script = Path(argv[0])
     if not (script.is_file() or (script / "__main__.py").is_file()):
         what = "a folder without __main__.py" if script.is_dir() else "no such file"
         print(f"kftrain horovod-run: {argv[0]}: {what}; name the Horovod script to run", file=sys.stderr)
