@@ -1204,12 +1204,13 @@ def _stdout_closed() -> bool:
 def main(argv: list[str] | None = None) -> int:
     """Entry point of the `kftrain` console script."""
     argv = sys.argv[1:] if argv is None else argv
+    parser = build_parser()
     if argv[:1] == ["horovod-run"] and argv[1:2] and argv[1].startswith("-") and argv[1] not in ("-h", "--help", "--"):
-        # horovodrun's flags (`-np 4`) where the script goes: argparse would call them unknown.
-        from trainer.horovod.run import main as horovod_main
-
-        return horovod_main(argv[1:])
-    args = build_parser().parse_args(argv)
+        # horovodrun's flags (`-np 4`), or a script named `-x.py`, where the script goes: argparse
+        # would call them unknown options; the runner says which.
+        args = argparse.Namespace(func=_cmd_horovod_run, script=argv[1], script_args=argv[2:], parser=parser)
+    else:
+        args = parser.parse_args(argv)
     args.argv = list(argv)
     from pipelines.console import warnings_on_stderr
 

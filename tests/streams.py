@@ -20,9 +20,9 @@ class CountingStore(LocalStore):
 
     reads: list[str] = []
 
-    def get_bytes(self, uri: str, offset: int = 0, length: int = 0) -> bytes:
+    def get_bytes(self, uri: str, offset: int = 0, length: int = 0, version: str = "") -> bytes:
         CountingStore.reads.append(uri.rsplit("/", 1)[-1])
-        return super().get_bytes(uri, offset, length)
+        return super().get_bytes(uri, offset, length, version)
 
 
 def write_uneven_shards(uri: str):

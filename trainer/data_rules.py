@@ -294,7 +294,8 @@ def source_listing(store: ObjectStore, source: str, versions: bool = True) -> di
     object `source` is, unless it names a folder (it ends in '/', or is a bucket's root); else
     every object below it but hidden ones (a name or a folder starting with '.': `.git/`,
     `.ipynb_checkpoints/`) and folder markers (an empty key ending in '/', the S3 console's
-    "Create folder"), the same in every store. A local file name that is not UTF-8, which no
+    "Create folder"), the same in every store; an object holding data under a name no file path
+    can hold (ending in '/', a '.' or '..' segment) is refused naming it. A local file name that is not UTF-8, which no
     object store could hold either, is refused naming it."""
     names_a_folder = source.endswith("/") or not parse_uri(source).key.strip("/")
     if not names_a_folder:
@@ -311,6 +312,8 @@ def source_listing(store: ObjectStore, source: str, versions: bool = True) -> di
         parts = below.split("/")
         if not below or (below.endswith("/") and version_size(version) == 0):  # the folder's own marker, or one below
             continue
+        if any(part.startswith(".") and part not in (".", "..") for part in parts):  # hidden
+            continue
         if below.endswith("/") or any(part in (".", "..") for part in parts):
             # Data no folder can hold (was: left out in silence, as if a marker or hidden).
             why = "ends in '/', a folder's name" if below.endswith("/") else "has a '.' or '..' segment"
@@ -319,8 +322,6 @@ def source_listing(store: ObjectStore, source: str, versions: bool = True) -> di
                 f"name {why}, which no file path can hold (nor tools that copy a prefix to disk); rename it, or "
                 "move it out of this prefix"
             )
-        if any(part.startswith(".") for part in parts):
-            continue
         try:
             parse_uri(uri)
         except ValueError as exc:  # a key S3 holds and no URI can name (an empty segment `//`)

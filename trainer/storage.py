@@ -675,7 +675,9 @@ def _pool_manager(policy: RetryPolicy, **kw: Any) -> Any:
 #: The S3 permission each operation of :class:`S3Store` needs, named when a policy denies it.
 _PERMISSIONS = {
     "GET": "s3:GetObject",
-    "HEAD": "s3:GetObject",
+    # A HEAD of the bucket (the check) needs s3:ListBucket, and so does one of a key not there
+    # (without it, S3 answers 403 rather than 404).
+    "HEAD": "s3:GetObject or s3:ListBucket",
     "DOWNLOAD": "s3:GetObject",
     "PUT": "s3:PutObject",
     "DELETE": "s3:DeleteObject",

@@ -170,8 +170,8 @@ class CountingStore(LocalStore):
         self.downloads.append(uri.rsplit("/", 1)[-1])
         super().get_file(uri, path)
 
-    def get_bytes(self, uri, offset=0, length=0):
-        data = super().get_bytes(uri, offset, length)
+    def get_bytes(self, uri, offset=0, length=0, version=""):
+        data = super().get_bytes(uri, offset, length, version)
         name = uri.rsplit("/", 1)[-1]
         if name != COMMIT:  # read whole through get_bytes too, by every reader
             self.ranged[name] = self.ranged.get(name, 0) + len(data)

@@ -736,7 +736,7 @@ def test_collectives_gradients_and_sparse_training_on_gloo(tmp_path, world):
         # processes; parameters unfrozen, added or frozen after the optimizer was made, or listed
         # twice: every rank as one process on the whole batch (were: the ranks drifting apart, a
         # frozen layer moved, LBFGS refused, a parameter listed twice refused).
-        assert got["closure-no-backward"] == [-n * (n + 1) / 2] * 2  # was: reduced twice, -n (n + 1)
+        assert got["closure-no-backward"] == [-n * (n + 1) / 2] * 2  # was: reduced twice, n times as far
         for kind in scope["OPTIMIZER_CASES"]:
             assert got[kind] == ranks[0][kind], (kind, k)
             close(got[kind]["weights"], optimizer_reference[kind]["weights"], 1e-9)

@@ -174,7 +174,8 @@ def test_data_a_key_no_file_path_can_hold_is_refused_naming_it_not_left_out(buck
         aws_access_key_id=s3_env.access_key,
         aws_secret_access_key=s3_env.secret_key,
     )
-    for name, data in (("w/a.txt", b"A\n"), ("w/empty/", b""), ("w/.hidden.txt", b"H\n")):
+    hidden = ("w/.hidden.txt", "w/.ipynb_checkpoints/x/")  # left out, as any hidden object, whatever its name
+    for name, data in (("w/a.txt", b"A\n"), ("w/empty/", b""), *((name, b"H\n") for name in hidden)):
         client.put_object(Bucket=bucket, Key=name, Body=data)
     store = open_store(f"s3://{bucket}")
     assert list(source_listing(store, f"s3://{bucket}/w")) == [f"s3://{bucket}/w/a.txt"]

@@ -2100,7 +2100,12 @@ def _mean_over(loss: Any, process_set: Any) -> Any:
     number as a float."""
     if isinstance(loss, torch.Tensor):
         return allreduce(loss.detach(), op=Average, name="DistributedOptimizer.closure_loss", process_set=process_set)
-    mean = allreduce(torch.tensor(float(loss), dtype=torch.float64), op=Average, process_set=process_set)
+    mean = allreduce(
+        torch.tensor(float(loss), dtype=torch.float64),
+        op=Average,
+        name="DistributedOptimizer.closure_loss",
+        process_set=process_set,
+    )
     return float(mean)
 
 
