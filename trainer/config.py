@@ -34,7 +34,7 @@ from trainer.launch.failures import DEFAULT_MAX_RESTARTS, budget_check
 from trainer.partitions import partition_problem
 from trainer.storage import RetryPolicy, endpoint_problem, file_uri_problem, parse_uri, same_place
 from trainer.tokenizer import parse_spec as parse_tokenizer_spec
-from trainer.yaml_scalars import unquoted_problem
+from trainer.yaml_scalars import octal_text_problem, unquoted_problem
 
 #: `job.nccl_debug`: the levels NCCL's `ncclDebugInit` recognises (ignoring case; any other value
 #: leaves NCCL's logging off without a word); empty: unset.
@@ -1332,6 +1332,10 @@ def _convert(value: Any, tp: Any, path: str) -> Any:
     origin = typing.get_origin(tp)
     if tp is Any:  # free-form Kubernetes structures (affinity, tolerations): the schema checks them
         return value
+    optional = origin in (typing.Union, types.UnionType) and type(None) in typing.get_args(tp)
+    if value is None and tp is not str and not optional:  # str fields say it their way (write '')
+        what = "a section" if dataclasses.is_dataclass(tp) else "a key"
+        _require(False, path, value, f"is empty ({what} with nothing after it, YAML's null): write it, or remove it")
     if dataclasses.is_dataclass(tp):
         _require(isinstance(value, dict), path, value, "must be a mapping")
         return from_dict(tp, value, path)
@@ -1365,7 +1369,9 @@ def _convert(value: Any, tp: Any, path: str) -> Any:
         # YAML reads `1e-3` as a string and `1` as an int: both are meant as floats. Only that
         # notation: `010`, `1_0` or ` 7 ` stay text, refused as every number field does.
         if isinstance(value, str) and _EXPONENT_FLOAT.fullmatch(value):
-            value = float(value)
+            text, value = value, float(value)
+            if problem := underflow_problem(text, value):
+                raise ConfigError(f"{path}: {problem}")
         _require(
             isinstance(value, int | float) and not isinstance(value, bool),
             path,
@@ -1582,17 +1588,48 @@ class _ConfigLoader(yaml.SafeLoader):
         finally:
             del self._path[len(self._path) - len(segments) :]
 
+    def construct_object(self, node: Any, deep: bool = False) -> Any:
+        """Any value, but one its explicit tag cannot make (`!!bool maybe`, `!!timestamp 2024-13-45`)
+        is one line naming it (was: PyYAML's KeyError or AttributeError, a traceback)."""
+        try:
+            return super().construct_object(node, deep)
+        except ConfigError:
+            raise
+        except (ValueError, KeyError, AttributeError, TypeError, OverflowError) as exc:
+            tag = str(node.tag).replace("tag:yaml.org,2002:", "!!")
+            what = "a date (YAML's timestamp)" if tag == "!!timestamp" else tag
+            # Not the value (it may be a password), nor a message quoting it; the others are PyYAML's insides.
+            detail = f" ({exc})" if type(exc) is ValueError and not re.search("['\"]", str(exc)) else ""
+            self._fail(
+                node.start_mark, f"a value that reads as {what} is not one{detail}; write one, or quote it for text"
+            )
+
     def construct_yaml_float(self, node: Any) -> float:
         """A float, but not one too small for a float that would read as 0 (`1e-400`): a typo
         for a small value, which a check for a positive number would then blame on 0.0."""
         value = super().construct_yaml_float(node)
-        mantissa = re.split(r"[eE]", str(node.value))[0]
-        if value == 0.0 and re.search(r"[1-9]", mantissa):
-            self._fail(
-                node.start_mark,
-                f"{node.value} is too small for a float (it would read as 0); write 0 or a larger number",
-            )
+        if problem := underflow_problem(str(node.value), value):
+            self._fail(node.start_mark, problem)
         return value
+
+    def construct_yaml_bool(self, node: Any) -> bool:
+        """YAML 1.2's booleans, also under an explicit `!!bool` (PyYAML's reads `yes`, `on`, ...)."""
+        value = self.construct_scalar(node)
+        if value not in ("true", "True", "TRUE", "false", "False", "FALSE"):
+            self._fail(node.start_mark, "!!bool takes true or false")
+        return value.lower() == "true"
+
+    def construct_yaml_int(self, node: Any) -> int:
+        """YAML 1.2's integers, also under an explicit `!!int` (PyYAML's reads `010` as 8, `1:30` as
+        90, `1_0` as 10, `0b11` as 3)."""
+        value = self.construct_scalar(node)
+        if problem := octal_text_problem(value.lstrip("+-")):
+            self._fail(node.start_mark, f"!!int {problem.removeprefix('must be a number: ')}")
+        for pattern, base in ((r"[-+]?(0|[1-9][0-9]*)", 10), (r"0o[0-7]+", 8), (r"0x[0-9a-fA-F]+", 16)):
+            if re.fullmatch(pattern, value):
+                return int(value if base == 10 else value[2:], base)
+        self._fail(node.start_mark, "!!int takes an integer (digits; 0o octal or 0x hex)")
+        raise AssertionError  # unreachable: _fail raises
 
     def _check_unique(self, node: Any) -> None:
         seen: dict[tuple[str, str], Any] = {}
@@ -1634,6 +1671,8 @@ _ConfigLoader.yaml_implicit_resolvers = {
     for first, resolvers in yaml.SafeLoader.yaml_implicit_resolvers.items()
 }
 _ConfigLoader.add_constructor("tag:yaml.org,2002:float", _ConfigLoader.construct_yaml_float)
+_ConfigLoader.add_constructor("tag:yaml.org,2002:bool", _ConfigLoader.construct_yaml_bool)
+_ConfigLoader.add_constructor("tag:yaml.org,2002:int", _ConfigLoader.construct_yaml_int)
 _ConfigLoader.add_implicit_resolver(
     "tag:yaml.org,2002:bool", re.compile(r"^(?:true|True|TRUE|false|False|FALSE)$"), list("tTfF")
 )
@@ -1651,6 +1690,32 @@ _ConfigLoader.add_implicit_resolver(
 )
 
 
+def underflow_problem(text: str, value: float) -> str | None:
+    """Why `text`, read as the float `value`, is not what it says: too small for a float, so 0."""
+    if value == 0.0 and re.search(r"[1-9]", re.split(r"[eE]", text)[0]):
+        return f"{text} is too small for a float (it would read as 0); write 0 or a larger number"
+    return None
+
+
+def _json_config(text: str, origin: str) -> Any:
+    """`text` as JSON, where YAML refuses it for a tab in its indentation (JSON allows tabs
+    between tokens, YAML never indents with them); None when it is not JSON either."""
+
+    def unique(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+        keys = [k for k, _ in pairs]
+        if twice := sorted({k for k in keys if keys.count(k) > 1}):
+            raise ConfigError(f"{origin}: duplicate key {twice[0]!r} in the JSON (JSON keeps only the last); keep one")
+        return dict(pairs)
+
+    def no_constant(name: str) -> None:
+        raise ConfigError(f"{origin}: {name} is not a JSON number; write a number")
+
+    try:
+        return json.loads(text, object_pairs_hook=unique, parse_constant=no_constant)
+    except json.JSONDecodeError:
+        return None
+
+
 def load_yaml(text: str, origin: str = "config") -> Any:
     """Parse config text (YAML or JSON) with the bounds of :class:`_ConfigLoader` and
     :data:`MAX_CONFIG_BYTES`; every refusal is a one-line :class:`ConfigError` naming `origin`."""
@@ -1663,7 +1728,10 @@ def load_yaml(text: str, origin: str = "config") -> Any:
         loader.origin = origin
         return loader.get_single_data()
     except yaml.YAMLError as exc:
-        raise ConfigError(f"{origin}: not valid YAML: {yaml_problem(exc)}") from None
+        if "\t" in text and (loaded := _json_config(text, origin)) is not None:
+            return loaded
+        tabs = " (a tab cannot indent YAML: indent with spaces)" if "'\\t'" in str(exc) else ""
+        raise ConfigError(f"{origin}: not valid YAML: {yaml_problem(exc)}{tabs}") from None
     except ValueError as exc:  # an integer beyond Python's digit limit, a bad timestamp
         if isinstance(exc, ConfigError):
             raise

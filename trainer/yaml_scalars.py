@@ -24,12 +24,14 @@ def unquoted_problem(value: Any, show_value: bool = True) -> str | None:
         kind, written = "boolean", str(value).lower()
     elif isinstance(value, datetime.date):
         kind, written = "date", value.isoformat()
-    elif isinstance(value, int | float):
-        kind, written = "number", value
+    elif isinstance(value, int):
+        kind, written = "number", str(value)
+    elif isinstance(value, float):
+        kind, written = "number", ""  # `1.20` reads as 1.2, `1e9` as 1000000000.0: the text written is gone
     else:
         return None
     # Double quotes: the fix reads the same in a YAML file and in a KFP parameter's JSON.
-    fix = f'write "{written}"' if show_value else "quote it"
+    fix = "quote it" if not show_value else f'write "{written}"' if written else "quote it as written"
     return f"must be a string (unquoted, YAML and JSON read it as a {kind}: {fix})"
 
 

@@ -51,8 +51,32 @@ ROWS = [
     pytest.param('"a\\nb": 1\n"a\\nb": 2\n', ["'a\\nb': duplicate key, on lines 1 and 2"], id="duplicate-odd-key"),
     pytest.param('{"job": {"replicas": 1, "replicas": 2}}', ["job.replicas: duplicate key"], id="duplicate-json"),
     pytest.param("a: " + "[" * 200 + "]" * 200 + "\n", ["nested deeper than 64 levels"], id="too-deep"),
-    pytest.param("job:\n  replicas: " + "9" * 5000 + "\n", ["not a usable value", "digits"], id="huge-integer"),
+    pytest.param(
+        "job:\n  replicas: " + "9" * 5000 + "\n",
+        ["line 2: a value that reads as !!int is not one", "digits"],
+        id="huge-integer",
+    ),
     pytest.param("job: [unclosed\n", ["not valid YAML"], id="not-yaml"),
+    # An explicit tag whose value it cannot make (was: PyYAML's KeyError or AttributeError, a
+    # traceback from every command), or takes as YAML 1.1 does (was: 010 read as 8, 1:30 as 90).
+    pytest.param("train:\n  compile: !!bool SECRETPART\n", ["line 2: !!bool takes true or false"], id="tag-bool"),
+    pytest.param("train:\n  compile: !!bool yes\n", ["line 2: !!bool takes true or false"], id="tag-bool-yes"),
+    pytest.param("train:\n  epochs: !!int 1:30\n", ["line 2: !!int takes an integer"], id="tag-int-base60"),
+    pytest.param("train:\n  epochs: !!int 1_0\n", ["line 2: !!int takes an integer"], id="tag-int-underscore"),
+    pytest.param("train:\n  epochs: !!int SECRETPART\n", ["line 2: !!int takes an integer"], id="tag-int-text"),
+    pytest.param(
+        "train:\n  epochs: !!int 010\n", ["line 2: !!int '010' is text here", "0o10 or 8"], id="tag-int-octal"
+    ),
+    pytest.param(
+        "kubernetes:\n  env:\n    DB_PASSWORD: !!float SECRETPART\n",
+        ["line 3: a value that reads as !!float is not one; write one, or quote it for text"],
+        id="tag-float-secret",
+    ),
+    pytest.param(
+        "job:\n  image: !!timestamp SECRETPART\n", ["line 2: a value that reads as a date (YAML's"], id="tag-timestamp"
+    ),
+    # Date-like text that is no date (was: "not a usable value: month must be in 1..12", no line).
+    pytest.param("checkpoint:\n  owner: 2024-13-45\n", ["line 2:", "(month must be in 1..12)"], id="not-a-date"),
     # Below a float's range (was: read as 0.0, then "must be positive, got 0.0").
     pytest.param("train:\n  learning_rate: 1e-400\n", ["line 2: 1e-400 is too small for a float"], id="underflow"),
 ]
@@ -170,3 +194,35 @@ def test_what_yaml_1_1_would_change_is_refused_by_name_or_kept_as_written(text, 
     with pytest.raises(ConfigError) as err:
         parse_config(text)
     assert error in str(err.value) and "\n" not in str(err.value)
+
+
+@pytest.mark.parametrize(
+    ("text", "field", "value"),
+    [
+        ("train:\n  epochs: !!int 12\n", "epochs", 12),
+        ("train:\n  epochs: !!int 0x10\n", "epochs", 16),
+        ("train:\n  compile: !!bool true\n", "compile", True),
+        # JSON indented with tabs, which YAML refuses and JSON allows (was: "not valid YAML").
+        ('{\n\t"train": {\n\t\t"epochs": 3\n\t}\n}\n', "epochs", 3),
+    ],
+)
+def test_explicit_tags_and_tab_indented_json_read_as_yaml_1_2_and_json_do(text, field, value):
+    assert getattr(parse_config(text).train, field) == value
+
+
+@pytest.mark.parametrize(
+    ("text", "said"),
+    [
+        ("train:\n\tepochs: 3\n", "(a tab cannot indent YAML: indent with spaces)"),
+        ('{\n\t"train": {"epochs": 3, "epochs": 4}\n}\n', "duplicate key 'epochs' in the JSON"),
+        ('{\n\t"train": {"learning_rate": NaN}\n}\n', "NaN is not a JSON number"),
+        ("train:\n", "train: is empty (a section with nothing after it, YAML's null)"),
+        ("train:\n  max_steps:\n", "train.max_steps: is empty (a key with nothing after it"),
+        # A quoted exponent below a float's range (was: read as 0.0 and accepted, or blamed on 0.0).
+        ('train:\n  weight_decay: "1e-400"\n', "train.weight_decay: 1e-400 is too small for a float"),
+    ],
+)
+def test_tabs_empty_keys_and_a_quoted_underflow_are_one_line(text, said):
+    with pytest.raises(ConfigError) as err:
+        parse_config(text, origin="c.yaml")
+    assert said in str(err.value) and "\n" not in str(err.value), err.value

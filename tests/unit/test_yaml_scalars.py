@@ -16,7 +16,9 @@ from trainer.yaml_scalars import octal_text_problem, unquoted_problem
         (True, 'must be a string (unquoted, YAML and JSON read it as a boolean: write "true")'),
         (False, 'must be a string (unquoted, YAML and JSON read it as a boolean: write "false")'),
         (8, 'must be a string (unquoted, YAML and JSON read it as a number: write "8")'),
-        (0.5, 'must be a string (unquoted, YAML and JSON read it as a number: write "0.5")'),
+        # A float's text is gone (`1.20` reads as 1.2): the fix must not name another (was: write "1.2").
+        (0.5, "must be a string (unquoted, YAML and JSON read it as a number: quote it as written)"),
+        (1.2, "must be a string (unquoted, YAML and JSON read it as a number: quote it as written)"),
         (datetime.date(2026, 1, 2), 'must be a string (unquoted, YAML and JSON read it as a date: write "2026-01-02")'),
         ("text", None),
         (None, None),
