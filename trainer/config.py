@@ -34,7 +34,7 @@ from trainer.launch.failures import DEFAULT_MAX_RESTARTS, budget_check
 from trainer.partitions import partition_problem
 from trainer.storage import RetryPolicy, endpoint_problem, file_uri_problem, parse_uri, same_place
 from trainer.tokenizer import parse_spec as parse_tokenizer_spec
-from trainer.yaml_scalars import octal_text_problem, unquoted_problem
+from trainer.yaml_scalars import unquoted_problem
 
 #: `job.nccl_debug`: the levels NCCL's `ncclDebugInit` recognises (ignoring case; any other value
 #: leaves NCCL's logging off without a word); empty: unset.
@@ -1334,8 +1334,10 @@ def _convert(value: Any, tp: Any, path: str) -> Any:
         return value
     optional = origin in (typing.Union, types.UnionType) and type(None) in typing.get_args(tp)
     if value is None and tp is not str and not optional:  # str fields say it their way (write '')
-        what = "a section" if dataclasses.is_dataclass(tp) else "a key"
-        _require(False, path, value, f"is empty ({what} with nothing after it, YAML's null): write it, or remove it")
+        leaf = path.rsplit(".", 1)[-1]
+        raise ConfigError(
+            f"{path}: has no value (nothing after `{leaf}:`, which YAML reads as null): write one, or remove the line"
+        )
     if dataclasses.is_dataclass(tp):
         _require(isinstance(value, dict), path, value, "must be a mapping")
         return from_dict(tp, value, path)
@@ -1615,21 +1617,20 @@ class _ConfigLoader(yaml.SafeLoader):
     def construct_yaml_bool(self, node: Any) -> bool:
         """YAML 1.2's booleans, also under an explicit `!!bool` (PyYAML's reads `yes`, `on`, ...)."""
         value = self.construct_scalar(node)
-        if value not in ("true", "True", "TRUE", "false", "False", "FALSE"):
+        if not _YAML_1_2_BOOL.fullmatch(value):
             self._fail(node.start_mark, "!!bool takes true or false")
         return value.lower() == "true"
 
     def construct_yaml_int(self, node: Any) -> int:
         """YAML 1.2's integers, also under an explicit `!!int` (PyYAML's reads `010` as 8, `1:30` as
-        90, `1_0` as 10, `0b11` as 3)."""
+        90, `1_0` as 10, `0b11` as 3). The value is not shown: it may be a PIN under `kubernetes.env`."""
         value = self.construct_scalar(node)
-        if problem := octal_text_problem(value.lstrip("+-")):
-            self._fail(node.start_mark, f"!!int {problem.removeprefix('must be a number: ')}")
-        for pattern, base in ((r"[-+]?(0|[1-9][0-9]*)", 10), (r"0o[0-7]+", 8), (r"0x[0-9a-fA-F]+", 16)):
-            if re.fullmatch(pattern, value):
-                return int(value if base == 10 else value[2:], base)
-        self._fail(node.start_mark, "!!int takes an integer (digits; 0o octal or 0x hex)")
-        raise AssertionError  # unreachable: _fail raises
+        if not _YAML_1_2_INT.fullmatch(value):
+            self._fail(
+                node.start_mark,
+                "!!int takes an integer: digits without a leading 0 (YAML 1.2 has no octal there), 0o octal or 0x hex",
+            )
+        return int(value, 0)
 
     def _check_unique(self, node: Any) -> None:
         seen: dict[tuple[str, str], Any] = {}
@@ -1670,16 +1671,16 @@ _ConfigLoader.yaml_implicit_resolvers = {
     first: [(tag, rx) for tag, rx in resolvers if tag not in _YAML_1_1_ONLY]
     for first, resolvers in yaml.SafeLoader.yaml_implicit_resolvers.items()
 }
+_YAML_1_2_BOOL = re.compile(r"true|True|TRUE|false|False|FALSE")
+_YAML_1_2_INT = re.compile(r"[-+]?(?:0|[1-9][0-9]*)|0x[0-9a-fA-F]+|0o[0-7]+")
 _ConfigLoader.add_constructor("tag:yaml.org,2002:float", _ConfigLoader.construct_yaml_float)
 _ConfigLoader.add_constructor("tag:yaml.org,2002:bool", _ConfigLoader.construct_yaml_bool)
 _ConfigLoader.add_constructor("tag:yaml.org,2002:int", _ConfigLoader.construct_yaml_int)
 _ConfigLoader.add_implicit_resolver(
-    "tag:yaml.org,2002:bool", re.compile(r"^(?:true|True|TRUE|false|False|FALSE)$"), list("tTfF")
+    "tag:yaml.org,2002:bool", re.compile(f"^(?:{_YAML_1_2_BOOL.pattern})$"), list("tTfF")
 )
 _ConfigLoader.add_implicit_resolver(
-    "tag:yaml.org,2002:int",
-    re.compile(r"^(?:[-+]?(?:0|[1-9][0-9]*)|0x[0-9a-fA-F]+|0o[0-7]+)$"),
-    list("-+0123456789"),
+    "tag:yaml.org,2002:int", re.compile(f"^(?:{_YAML_1_2_INT.pattern})$"), list("-+0123456789")
 )
 _ConfigLoader.add_implicit_resolver(
     "tag:yaml.org,2002:float",
@@ -1697,25 +1698,6 @@ def underflow_problem(text: str, value: float) -> str | None:
     return None
 
 
-def _json_config(text: str, origin: str) -> Any:
-    """`text` as JSON, where YAML refuses it for a tab in its indentation (JSON allows tabs
-    between tokens, YAML never indents with them); None when it is not JSON either."""
-
-    def unique(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
-        keys = [k for k, _ in pairs]
-        if twice := sorted({k for k in keys if keys.count(k) > 1}):
-            raise ConfigError(f"{origin}: duplicate key {twice[0]!r} in the JSON (JSON keeps only the last); keep one")
-        return dict(pairs)
-
-    def no_constant(name: str) -> None:
-        raise ConfigError(f"{origin}: {name} is not a JSON number; write a number")
-
-    try:
-        return json.loads(text, object_pairs_hook=unique, parse_constant=no_constant)
-    except json.JSONDecodeError:
-        return None
-
-
 def load_yaml(text: str, origin: str = "config") -> Any:
     """Parse config text (YAML or JSON) with the bounds of :class:`_ConfigLoader` and
     :data:`MAX_CONFIG_BYTES`; every refusal is a one-line :class:`ConfigError` naming `origin`."""
@@ -1728,9 +1710,7 @@ def load_yaml(text: str, origin: str = "config") -> Any:
         loader.origin = origin
         return loader.get_single_data()
     except yaml.YAMLError as exc:
-        if "\t" in text and (loaded := _json_config(text, origin)) is not None:
-            return loaded
-        tabs = " (a tab cannot indent YAML: indent with spaces)" if "'\\t'" in str(exc) else ""
+        tabs = " (YAML takes no tab between tokens, a JSON config's too: use spaces)" if "'\\t'" in str(exc) else ""
         raise ConfigError(f"{origin}: not valid YAML: {yaml_problem(exc)}{tabs}") from None
     except ValueError as exc:  # an integer beyond Python's digit limit, a bad timestamp
         if isinstance(exc, ConfigError):
