@@ -9,6 +9,7 @@ KFP's pipeline root, and the artifact's URI says so.
 from __future__ import annotations
 
 import hashlib
+import math
 import sys
 import traceback
 from types import TracebackType
@@ -69,10 +70,16 @@ def output_uri(artifact: Any, store: str, identity: str, name: str) -> str:
 
 
 def log_scalars(metrics_artifact: Any, values: dict[str, Any]) -> None:
-    """Log every numeric value (not bools) as a KFP metric, which the UI shows per run."""
+    """Log every numeric value (not bools) as a KFP metric, which the UI shows per run. A value
+    that is not finite (a loss of NaN) is left out, said: KFP's executor output cannot hold one,
+    and failed the step after its work was done (was: a protobuf traceback, the run unable to
+    finish); the step's own records keep it."""
     for key, value in values.items():
         if isinstance(value, int | float) and not isinstance(value, bool):
-            metrics_artifact.log_metric(key, float(value))
+            if math.isfinite(value):
+                metrics_artifact.log_metric(key, float(value))
+            else:
+                print(f"kftrain: metric {key} is {value}: not shown in the KFP UI, which takes only finite numbers")
 
 
 def task_settings(task_config: Any) -> dict[str, Any]:

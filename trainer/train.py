@@ -749,12 +749,13 @@ class Trainer:
         grad_norm = clip_grad_norm(self.trainable, tc.grad_clip_norm or float("inf"))
         # Gradients are identical on every rank after the all-reduce, so every rank takes the same
         # decision here; the loss is this rank's own, which names where it went wrong.
+        applied = counted and bool(torch.isfinite(grad_norm))
         if not counted:  # nothing to learn from, and AdamW's momentum and weight decay would still move the weights
             if self.env.is_main:
                 log.warning(
                     "optimizer step %d: no token the loss counts in the global batch; update skipped", self.step + 1
                 )
-        elif torch.isfinite(grad_norm):
+        elif applied:
             self.nonfinite_in_a_row = 0
             self.optimizer.step()
             self.updated = True
@@ -773,9 +774,12 @@ class Trainer:
         self.epoch_step += 1
         if self.first_step_at is None:
             self.first_step_at = time.time()
-        # The epoch's loss is the job's: a summed loss's ranks hold unequal numbers of units.
-        self.epoch_loss += step_loss if job_loss is None else job_loss
-        self.epoch_steps += 1
+        # The epoch's loss is the job's: a summed loss's ranks hold unequal numbers of units. Only
+        # the updates applied count (alike on every rank): a skipped one's loss, of no token or not
+        # finite, made the epoch's NaN, which failed the step after training (was: KFP's metrics).
+        if applied:
+            self.epoch_loss += step_loss if job_loss is None else job_loss
+            self.epoch_steps += 1
         self.health.end_step(self.step, self.data_wait, timed=timed)
         # After the step's timing ends: a rank waiting here for a slower peer is not slow itself.
         shown = self._job_step_loss(step_loss) if job_loss is None else job_loss
@@ -864,8 +868,8 @@ class Trainer:
     def end_epoch(self) -> None:
         """Score the validation sample, record the epoch, and checkpoint at its end if asked."""
         # The mean over the epoch's steps of every rank's loss: the whole job's data, not rank 0's share.
-        mean = sum(self._epoch_losses()) / (self.env.world_size * max(self.epoch_steps, 1))
-        record = {"epoch": self.epoch, "train_loss": mean}
+        mean = sum(self._epoch_losses()) / (self.env.world_size * self.epoch_steps) if self.epoch_steps else math.nan
+        record = {"epoch": self.epoch, "train_loss": mean}  # NaN: every update of the epoch was skipped
         if self.validates:
             record.update(self.task.validate(unwrap(self.model), self.data.val, self.device, self.micro))
         if self.env.is_main:

@@ -53,3 +53,21 @@ def test_each_of_two_training_tasks_reattaches_to_its_own_job():
     assert len(cluster.jobs) == 2
     owners = {name: [o["uid"] for o in job["metadata"]["ownerReferences"]] for name, job in cluster.jobs.items()}
     assert owners == {job_name(identities[0]): ["uid-0"], job_name(identities[1]): ["uid-1", "uid-retry"]}
+
+
+def test_a_metric_that_is_not_finite_is_left_out_of_kfp_s_and_said(capsys):
+    """KFP's executor output cannot hold NaN or inf: a run whose training loss was NaN failed its
+    train step after the training was done, and every resume the same (a probe)."""
+    from components.runtime import log_scalars
+
+    class Metrics:
+        logged: dict = {}
+
+        def log_metric(self, key, value):
+            self.logged[key] = value
+
+    metrics = Metrics()
+    log_scalars(metrics, {"train_loss": float("nan"), "test_loss": float("inf"), "steps": 7, "ok": True, "a": 0.5})
+    assert metrics.logged == {"steps": 7.0, "a": 0.5}
+    out = capsys.readouterr().out
+    assert "metric train_loss is nan: not shown in the KFP UI" in out and "metric test_loss is inf" in out

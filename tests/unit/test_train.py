@@ -110,6 +110,11 @@ def test_nonfinite_loss_can_skip_the_update(digits, tmp_path):
     )
     metrics = single(cfg, bad, str(tmp_path / "m"))
     assert metrics["skipped_steps"] == 2  # the poisoned row's batch, once per epoch
+    # The skipped update's loss is no part of the epoch's (was: NaN, which then failed the step
+    # when KFP's metrics could not hold it: a probe).
+    history = json.loads((tmp_path / "m" / "training.json").read_text())["history"]
+    assert len(history) == 2 and all(math.isfinite(e["train_loss"]) for e in history), history
+    assert math.isfinite(metrics["train_loss"])
     model, _ = load_model(LocalStore(), str(tmp_path / "m"))
     assert all(torch.isfinite(p).all() for p in model.parameters())
 
