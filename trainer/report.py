@@ -134,17 +134,23 @@ def _measure_label(key: str, best_step: int | None, end_step: int | None = None,
     return label(key)
 
 
+def _restarted(training: dict[str, Any]) -> bool:
+    """Whether the record's run started more than once: a start that resumed this run's own
+    checkpoint (one begun from another run's is its only start), or a cluster's restart (its
+    TensorBoard segments). Its :data:`_OF_A_START` measures are then the last start's."""
+    metrics = training.get("metrics", {})
+    return (bool(metrics.get("resumed_from_step")) and not training.get("resumed_from_another_run")) or bool(
+        (training.get("progress") or {}).get("segment")
+    )
+
+
 def _training_measures(training: dict[str, Any]) -> list[tuple[str, str]]:
     """The training record's measures as rows, and where `checkpoint.export_best` found no
     checkpoint to rank (no epoch ended before the run's step limit), which model was exported."""
     metrics, config = training.get("metrics", {}), training.get("config") or {}
     epochs = bool(training.get("history"))
     end_step = metrics.get("steps") if not epochs or metrics.get(AFTER_LAST_EPOCH) else None
-    # A start that resumed this run's own checkpoint; one begun from another run's is its only start
-    # (a cluster's restarts are its TensorBoard segments).
-    restarted = (bool(metrics.get("resumed_from_step")) and not training.get("resumed_from_another_run")) or bool(
-        (training.get("progress") or {}).get("segment")
-    )
+    restarted = _restarted(training)
     rows = [
         (
             _measure_label(k, metrics.get("best_step"), end_step, epochs)
@@ -369,6 +375,8 @@ def svg_confusion_matrix(classes: list[str], matrix: list[list[int]]) -> str:
         return '<p class="empty"><em>confusion matrix: no classes.</em></p>'
     cell = max(8, min(44, 520 // k))
     names = [c if len(c) <= 14 else c[:13] + "…" for c in map(str, classes)]
+    if len(set(names)) < len(names):  # cut to one name (`xxxxxxxxxxxxA`, `...B`): their indexes tell them apart
+        names = [f"{i}: {n}" if names.count(n) > 1 else n for i, n in enumerate(names)]
     margin = 34 + 7 * max(len(n) for n in names)  # the rotated axis title, then the row labels
     size = margin + cell * k
     width, height = size + 20, size + 60
@@ -503,10 +511,12 @@ def _header(training: dict[str, Any], evaluation: dict[str, Any], context: dict[
         ("checkpoints", ckpt_text),
         ("resumes", resume_text),
     ]
+    # A resumed run's are its last start's, said as the Training table says it (was: unlabelled).
+    start = " (its last start)" if _restarted(training) else ""
     if "first_step_unix_time" in metrics:
-        facts.append(("first optimizer step at", date_time(metrics["first_step_unix_time"])))
+        facts.append((f"first optimizer step at{start}", date_time(metrics["first_step_unix_time"])))
     if "train_seconds" in metrics:
-        facts.append(("training time", duration(metrics["train_seconds"])))
+        facts.append((f"training time{start}", duration(metrics["train_seconds"])))
     if progress.get("tensorboard_uri"):
         facts.append(("TensorBoard logs", progress["tensorboard_uri"]))
     parts = ['<dl class="facts">'] + [f"<dt>{esc(k)}</dt><dd>{esc(v)}</dd>" for k, v in facts] + ["</dl>"]

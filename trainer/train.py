@@ -641,7 +641,7 @@ class Trainer:
         if saved_world == env.world_size:  # rank 0's losses: of other items at another world size
             self.resumed_window = record.get("progress_window")
         log.info(
-            "resumed at step %d (epoch %d, %d steps into it) from %s",
+            "resumed at step %d (epoch %d, after %d of its steps) from %s",
             self.step,
             self.epoch,
             self.epoch_step,

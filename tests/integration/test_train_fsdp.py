@@ -73,7 +73,7 @@ def test_a_two_rank_checkpoint_resumes_on_three_ranks_exactly(shared, tmp_path):
         }
     )
     lines = train(three, "three-load", digits, str(tmp_path / "loaded"))
-    assert any(f"resumed at step 14 (epoch 0, 14 steps into it) from {step14}" in line for line in lines)
+    assert any(f"resumed at step 14 (epoch 0, after 14 of its steps) from {step14}" in line for line in lines)
     assert any("changed job.replicas: 2 -> 3" in line for line in lines)
     mgr = CheckpointManager(LocalStore(), prefix)
     record = mgr.latest(only=14)

@@ -334,11 +334,14 @@ def test_a_resumed_run_s_times_say_they_are_its_last_start_s():
         "train_seconds": 5.5,
         "samples_per_second": 6606.0,
         "skipped_steps": 3,
+        "first_step_unix_time": 1_700_000_000.0,
     }
     parsed = Page()
     parsed.feed(html_report(training, evaluation_record(), (True, ""), {"run_id": "r"}))
     text = " ".join(parsed.text)
     assert "training time (its last start)" in text and "throughput (samples/s) (its last start)" in text
+    # The header's facts too (was: unlabelled there, as if the whole run's: a probe).
+    assert "first optimizer step at (its last start)" in parsed.text, parsed.text
     assert "updates skipped (non-finite) (its last start)" in text
     assert "optimizer steps (its last start)" not in text
     training["resumed_from_another_run"] = True  # begun once from another run's checkpoint: its only start
@@ -534,3 +537,12 @@ def test_a_markdown_plan_becomes_a_page_with_its_headings_lists_and_tables_escap
     parsed = Page()
     parsed.feed(page)
     assert parsed.tags.count("table") == 1 and "<i>" not in page
+
+
+def test_class_names_cut_to_one_label_are_told_apart():
+    """Two classes whose names share their first 13 characters had the same axis labels (a probe)."""
+    from trainer.report import svg_confusion_matrix
+
+    svg = svg_confusion_matrix(["x" * 20 + "A", "x" * 20 + "B", "short"], [[1, 0, 0], [0, 1, 0], [0, 0, 1]])
+    assert svg.count(">0: xxxxxxxxxxxxx…<") == 2 and svg.count(">1: xxxxxxxxxxxxx…<") == 2, svg
+    assert svg.count(">short<") == 2
