@@ -341,7 +341,11 @@ def test_a_resumed_run_s_times_say_they_are_its_last_start_s():
     text = " ".join(parsed.text)
     assert "training time (its last start)" in text and "throughput (samples/s) (its last start)" in text
     # The header's facts too (was: unlabelled there, as if the whole run's: a probe).
-    assert "first optimizer step at (its last start)" in parsed.text, parsed.text
+    html = html_report(training, evaluation_record(), (True, ""), {"run_id": "r"})
+    assert (
+        "<dt>first optimizer step at (its last start)</dt>" in html
+        and "<dt>training time (its last start)</dt>" in html
+    )
     assert "updates skipped (non-finite) (its last start)" in text
     assert "optimizer steps (its last start)" not in text
     training["resumed_from_another_run"] = True  # begun once from another run's checkpoint: its only start
