@@ -126,7 +126,8 @@ def check_own_checkpoint(cfg: Config, run_id: str, local_root: str = DEFAULT_LOC
             prefix = run_checkpoints(cfg, run_id, local_root)
             if cfg.checkpoint.uri and same_place(prefix, now):
                 return  # the user's prefix, as at its start
-            latest = latest_complete(store_for(cfg, prefix), prefix)
+            # Its own steps: a run that took its prefix over commits newer ones there as itself.
+            latest = latest_complete(store_for(cfg, prefix), prefix, owner=run_id)
     except StoreError:
         return  # the pre-flight's store check says what is wrong
     if latest is None:
@@ -180,7 +181,7 @@ def newest_checkpoint(
     try:
         with check_deadline(CHECK_BUDGET_S):
             prefix = run_checkpoints(cfg, run_id, local_root)
-            latest = latest_complete(store_for(cfg, prefix), prefix)
+            latest = latest_complete(store_for(cfg, prefix), prefix, owner=run_id)
     except (StoreError, OSError, ValueError):
         if strict:
             raise
@@ -413,7 +414,7 @@ def own_checkpoints_first(cfg: Config, run_id: str, local_root: str = DEFAULT_LO
     prefix = with_run_checkpoints(cfg, run_id, local_root).checkpoint.uri
     try:
         with check_deadline(CHECK_BUDGET_S):
-            own = latest_complete(store_for(cfg, prefix), prefix)
+            own = latest_complete(store_for(cfg, prefix), prefix, owner=run_id)
     except StoreError:
         return cfg  # the pre-flight's store check says what is wrong
     if own is None:

@@ -162,6 +162,10 @@ def complete_record(store: ObjectStore, prefix: str, step: int, by_step: dict[in
     try:
         record = read_json(store, join_uri(folder, COMMIT))
         parts = committed_parts(record)
+        if record.get("step") != step:  # a step folder copied or renamed by hand: its parts are another step's
+            raise CorruptObject(
+                f"its {COMMIT} is step {record.get('step')!r}'s, not step {step}'s (copied or renamed?)"
+            )
         present = {uri.rsplit("/", 1)[-1] for uri in by_step.get(step, [])}
         missing = sorted(set(parts) - present)
         if missing:

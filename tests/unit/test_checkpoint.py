@@ -46,6 +46,20 @@ def test_a_commit_record_without_parts_is_an_incomplete_checkpoint(tmp_path, cap
     assert step_dir(prefix, 9) in caplog.text and "incomplete" in caplog.text
 
 
+def test_a_step_folder_copied_under_another_step_s_name_is_no_checkpoint(tmp_path, caplog):
+    """A folder copied or renamed by hand (step-00000005 as step-00000009) was listed as step 9,
+    resumed from step 5's folder and pruned as 9 (a probe): its record names the step it is."""
+    import shutil
+
+    store, prefix = LocalStore(), str(tmp_path / "ckpt")
+    mgr = CheckpointManager(store, prefix)
+    mgr.save(5, {"w": torch.ones(2)}, blocking=True)
+    shutil.copytree(step_dir(prefix, 5), step_dir(prefix, 9))
+    with caplog.at_level(logging.WARNING, logger="kftrain.checkpoint"):
+        assert mgr.latest()["step"] == 5
+    assert step_dir(prefix, 9) in caplog.text and "is step 5's, not step 9's (copied or renamed?)" in caplog.text
+
+
 def save(mgr: CheckpointManager, step: int, blocking: bool = False) -> None:
     mgr.save(
         step,

@@ -110,15 +110,30 @@ def test_a_finished_run_gives_its_summary_and_others_none(tmp_path, record, expe
     assert finished_run(load_config(), "never-ran", str(tmp_path)) is None
 
 
-def fake_checkpoint(prefix: Path, step: int, complete: bool = True) -> None:
-    """A committed step whose one part has the size its record says (or not): what
-    trainer.checkpoint_owner.latest_complete tests, without torch."""
+def fake_checkpoint(prefix: Path, step: int, complete: bool = True, owner: str | None = None) -> None:
+    """A committed step whose one part has the size its record says (or not), of `owner` (None:
+    a record naming none): what trainer.checkpoint_owner.latest_complete tests, without torch."""
     folder = prefix / f"step-{step:08d}"
     folder.mkdir(parents=True)
     (folder / ".metadata").write_bytes(b"x" * (4 if complete else 3))
-    (folder / "COMMIT.json").write_text(
-        json.dumps({"step": step, "parts": {".metadata": {"bytes": 4, "sha256": "0" * 64}}})
-    )
+    record = {"step": step, "parts": {".metadata": {"bytes": 4, "sha256": "0" * 64}}}
+    (folder / "COMMIT.json").write_text(json.dumps(record | ({"owner": owner} if owner is not None else {})))
+
+
+def test_a_run_s_newest_checkpoint_is_its_own_not_a_run_s_that_took_its_prefix_over(tmp_path):
+    """`--run-id` on a prefix another run took over checked the config against, and named, that
+    run's newer step (its fix, a longer train.epochs, then met the takeover refusal: a probe)."""
+    from pipelines.local_run import newest_checkpoint
+    from trainer.config import load_config
+
+    prefix = tmp_path / "runs" / "r1" / "checkpoints"
+    fake_checkpoint(prefix, 2, owner="r1")
+    fake_checkpoint(prefix, 4, owner="r2")
+    assert newest_checkpoint(load_config(), "r1", str(tmp_path)) == 2
+    # A run with no step of its own there goes on from what it first resumed from.
+    fake_checkpoint(tmp_path / "runs" / "r3" / "checkpoints", 6, owner="r2")
+    cfg = load_config(overrides={"checkpoint.resume_from": "/gone/run/checkpoints"})
+    assert own_checkpoints_first(cfg, "r3", str(tmp_path)).checkpoint.resume_from == "/gone/run/checkpoints"
 
 
 @pytest.mark.parametrize(
