@@ -56,7 +56,12 @@ def short_number(v: float) -> str:
 
 
 def duration(seconds: float) -> str:
-    """`850 ms`, `12.3 s`, `4 min 05 s`, `2 h 07 min`."""
+    """`805 µs`, `4.2 ms`, `850 ms`, `12.3 s`, `4 min 05 s`, `2 h 07 min`: below 10 ms with the
+    digits a GPU's step time needs (was: whole ms, a 0.3 ms step "0 ms", 0.8 and 1.0 ms alike)."""
+    if 0 < seconds < 1e-3:
+        return f"{seconds * 1e6:.0f} µs"
+    if 0 < seconds < 0.01:
+        return f"{seconds * 1000:.1f} ms"
     if seconds < 1:
         return f"{seconds * 1000:.0f} ms"
     if seconds < 60:

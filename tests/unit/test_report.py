@@ -217,6 +217,14 @@ def test_tick_labels_are_short():
 
 def test_durations():
     assert [duration(s) for s in (0.25, 42.0, 245.0)] == ["250 ms", "42.0 s", "4 min 05 s"]
+    # A GPU's step times (were: "0 ms" and "1 ms" for 0.3 and 0.8 ms: a probe).
+    assert [duration(s) for s in (0.0003, 0.000805, 0.00104, 0.0421, 0.0)] == [
+        "300 µs",
+        "805 µs",
+        "1.0 ms",
+        "42 ms",
+        "0 ms",
+    ]
 
 
 def test_a_log_axis_gives_each_decade_the_same_height():
