@@ -14,6 +14,7 @@ fills on a cluster.
 from __future__ import annotations
 
 import contextlib
+import functools
 import io
 import json
 import logging
@@ -688,6 +689,7 @@ _PERMISSIONS = {
 _OTHER_REGION = ("AuthorizationHeaderMalformed", "PermanentRedirect", "IllegalLocationConstraintException")
 
 
+@functools.cache
 def _minio_client() -> type:
     """minio's client, but for a bucket's region: without `store.region`, minio asks the server
     (`GetBucketLocation`) before the first request, which needs `s3:GetBucketLocation`, a
