@@ -23,7 +23,6 @@ import re
 import secrets
 import shutil
 import signal
-import sys
 import tempfile
 import threading
 import time
@@ -540,7 +539,11 @@ def run_scope(
     def on_signal(signum: int, frame: Any) -> None:
         for sig in (signal.SIGTERM, signal.SIGINT):  # a second signal, of either kind, must not interrupt the cleanup
             signal.signal(sig, signal.SIG_IGN)
-        print(f"\nkftrain: {signal.Signals(signum).name}: stopping every process of run {run_id}", file=sys.stderr)
+        # Straight to the descriptor: a buffered write here, while the code the signal interrupted
+        # was writing to stderr (a step's FAILED line), raised "reentrant call" and stopped nothing.
+        banner = f"\nkftrain: {signal.Signals(signum).name}: stopping every process of run {run_id}\n"
+        with contextlib.suppress(OSError):
+            os.write(2, banner.encode())
         on_stop(signum)
         stop_marked(marker, RUN_MARKER_ENV, grace_s)
         if not _reading_steps.is_set():

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import contextlib
+import io
 import json
 import os
 import random
@@ -192,14 +193,17 @@ def test_killing_the_cli_stops_the_run_and_run_id_resumes_it_bitwise(tmp_path, r
     assert again["artifacts"] == summary["artifacts"]
 
 
+# Its handler only notes the signal, as the trainer's does: one that printed could land while
+# print("ready") was still in the stream's flush, and die of a "reentrant call" with no last line.
 STOPPABLE_STEP = """
 import signal, sys, time
-def stop(signum, frame):
-    print("last line: stopped cleanly", flush=True)
-    sys.exit(143)
-signal.signal(signal.SIGTERM, stop)
+got = []
+signal.signal(signal.SIGTERM, lambda signum, frame: got.append(signum))
 print("ready", flush=True)
-time.sleep(60)
+while not got:
+    time.sleep(0.01)
+print("last line: stopped cleanly", flush=True)
+sys.exit(143)
 """
 
 
@@ -245,6 +249,35 @@ def test_a_second_signal_of_either_kind_does_not_interrupt_the_stop():
     assert stopped.value.signum == signal.SIGTERM
     assert during == (signal.SIG_IGN, signal.SIG_IGN)
     assert (signal.getsignal(signal.SIGTERM), signal.getsignal(signal.SIGINT)) == before  # restored after
+
+
+class _SignalledWhileWriting(io.RawIOBase):
+    """A stream's file that receives SIGTERM in the middle of a write, while the buffered writer
+    above it holds its lock: as a signal that comes while the run prints a step's FAILED line."""
+
+    def __init__(self) -> None:
+        self.sent = False
+
+    def writable(self) -> bool:
+        return True
+
+    def write(self, b) -> int:
+        if not self.sent:
+            self.sent = True
+            os.kill(os.getpid(), signal.SIGTERM)  # the handler runs at the next bytecode, in here
+        return len(b)
+
+
+def test_a_signal_while_the_run_writes_to_stderr_still_stops_the_run(monkeypatch, capfd):
+    """The stop banner does not go through the stream the interrupted code was writing to (was:
+    "RuntimeError: reentrant call inside <_io.BufferedWriter>" from the handler, and no stop)."""
+    from pipelines.local_run import RunStopped, run_scope
+
+    interrupted = io.TextIOWrapper(io.BufferedWriter(_SignalledWhileWriting()), line_buffering=True)
+    with pytest.raises(RunStopped), run_scope("r-writing", grace_s=0.1):
+        monkeypatch.setattr(sys, "stderr", interrupted)
+        print("a step's FAILED line", file=sys.stderr)
+    assert "SIGTERM: stopping every process of run r-writing" in capfd.readouterr().err
 
 
 HOLD_THE_RUN = """
