@@ -13,13 +13,14 @@ keeps only what a table cannot say (URIs, rules across fields, per-item checks o
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import itertools
 import json
 import math
 import re
 import types
 import typing
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -1472,8 +1473,8 @@ def from_dict(cls: type, data: dict[str, Any], path: str = "") -> Any:
                 f"under it, indented, {k8s.plain(rest)}:"
             )
         raise ConfigError(
-            f"{prefix}{k8s.plain(key)}: unknown key (valid keys in {path or 'the top level'}: "
-            f"{', '.join(sorted(names))})"
+            f"{prefix}{k8s.plain(key)}: unknown key{_unknown_key_hint(key, names, path)} (valid keys in "
+            f"{path or 'the top level'}: {', '.join(sorted(names))})"
         )
     kwargs = {k: _convert(v, hints[k], f"{prefix}{k}") for k, v in data.items()}
     try:
@@ -1482,6 +1483,27 @@ def from_dict(cls: type, data: dict[str, Any], path: str = "") -> Any:
         raise
     except TypeError as exc:  # a required field is missing
         raise ConfigError(f"{path or 'config'}: {exc}") from None
+
+
+def _sections(cls: type, path: str = "") -> Iterator[tuple[str, type]]:
+    """`cls` and every config section below it, by dotted path ("" for `cls`)."""
+    yield path, cls
+    for name, hint in typing.get_type_hints(cls).items():
+        if dataclasses.is_dataclass(hint):
+            yield from _sections(hint, f"{path}.{name}" if path else name)
+
+
+def _unknown_key_hint(key: str, names: set[str], path: str) -> str:
+    """What an unknown `key` in the section at `path` (whose keys are `names`) was likely meant
+    as: the same key of another section (`learning_rate` at the top, not under `train`), else a
+    key of this section spelt alike (a typo, another case, a stray space); "" when neither."""
+    elsewhere = [p for p, cls in _sections(Config) if p != path and key in {f.name for f in dataclasses.fields(cls)}]
+    if elsewhere:
+        return f"; {k8s.plain(key)} is a key of {' and '.join(elsewhere)}: write it there"
+    alike = difflib.get_close_matches(key.strip().lower(), sorted(names), n=1, cutoff=0.75)
+    if alike:
+        return f"; did you mean {alike[0]}{' (no spaces around it)' if key != key.strip() else ''}?"
+    return ""
 
 
 def to_dict(cfg: Any) -> dict[str, Any]:
@@ -1607,8 +1629,11 @@ class _ConfigLoader(yaml.SafeLoader):
             )
 
     def construct_yaml_float(self, node: Any) -> float:
-        """A float, but not one too small for a float that would read as 0 (`1e-400`): a typo
+        """YAML 1.2's floats, also under an explicit `!!float` (PyYAML's reads `1:30` as 90 and
+        `1_0.5` as 10.5), but not one too small for a float that would read as 0 (`1e-400`): a typo
         for a small value, which a check for a positive number would then blame on 0.0."""
+        if not _YAML_1_2_FLOAT.fullmatch(self.construct_scalar(node)):
+            self._fail(node.start_mark, "!!float takes a number: digits, an optional . and exponent, .inf or .nan")
         value = super().construct_yaml_float(node)
         if problem := underflow_problem(str(node.value), value):
             self._fail(node.start_mark, problem)
@@ -1673,6 +1698,9 @@ _ConfigLoader.yaml_implicit_resolvers = {
 }
 _YAML_1_2_BOOL = re.compile(r"true|True|TRUE|false|False|FALSE")
 _YAML_1_2_INT = re.compile(r"[-+]?(?:0|[1-9][0-9]*)|0x[0-9a-fA-F]+|0o[0-7]+")
+_YAML_1_2_FLOAT = re.compile(
+    r"[-+]?(?:\.[0-9]+|(?:0|[1-9][0-9]*)(?:\.[0-9]*)?)(?:[eE][-+]?[0-9]+)?|[-+]?\.(?:inf|Inf|INF)|\.(?:nan|NaN|NAN)"
+)
 _ConfigLoader.add_constructor("tag:yaml.org,2002:float", _ConfigLoader.construct_yaml_float)
 _ConfigLoader.add_constructor("tag:yaml.org,2002:bool", _ConfigLoader.construct_yaml_bool)
 _ConfigLoader.add_constructor("tag:yaml.org,2002:int", _ConfigLoader.construct_yaml_int)
@@ -1683,11 +1711,7 @@ _ConfigLoader.add_implicit_resolver(
     "tag:yaml.org,2002:int", re.compile(f"^(?:{_YAML_1_2_INT.pattern})$"), list("-+0123456789")
 )
 _ConfigLoader.add_implicit_resolver(
-    "tag:yaml.org,2002:float",
-    re.compile(
-        r"^(?:[-+]?(?:\.[0-9]+|(?:0|[1-9][0-9]*)(?:\.[0-9]*)?)(?:[eE][-+]?[0-9]+)?|[-+]?\.(?:inf|Inf|INF)|\.(?:nan|NaN|NAN))$"
-    ),
-    list("-+0123456789."),
+    "tag:yaml.org,2002:float", re.compile(f"^(?:{_YAML_1_2_FLOAT.pattern})$"), list("-+0123456789.")
 )
 
 

@@ -26,7 +26,16 @@ def test_yaml_file_maps_onto_the_tree(tmp_path):
 @pytest.mark.parametrize(
     ("text", "message"),
     [
-        ("trian:\n  epochs: 3\n", "trian: unknown key"),
+        ("trian:\n  epochs: 3\n", "trian: unknown key; did you mean train? (valid keys in the top level:"),
+        # What an unknown key was likely meant as: a key of its section spelt alike, or the same
+        # key of another section (was: only the list of the section's keys).
+        ("Train:\n  epochs: 3\n", "Train: unknown key; did you mean train?"),
+        ("train:\n  learing_rate: 3\n", "train.learing_rate: unknown key; did you mean learning_rate?"),
+        ("train:\n  'epochs ': 3\n", "train.epochs : unknown key; did you mean epochs (no spaces around it)?"),
+        ("learning_rate: 0.1\n", "learning_rate: unknown key; learning_rate is a key of train: write it there"),
+        ("kubernetes:\n  replicas: 2\n", "kubernetes.replicas: unknown key; replicas is a key of job: write it"),
+        ("job:\n  min_replicas: 2\n", "min_replicas is a key of kubernetes.elastic: write it there"),
+        ("train:\n  zzz: 1\n", "train.zzz: unknown key (valid keys in train:"),
         ("train.epochs: 3\n", "train.epochs: unknown key; a dotted key is not nested in YAML: write train: and under"),
         ("train:\n  lr.x: 3\n", "train.lr.x: unknown key (valid keys in train:"),
         ("kubernetes:\n  extra_env: [{name: A}]\n", "kubernetes.extra_env[0]: must be a mapping with `name` and"),

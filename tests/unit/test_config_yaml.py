@@ -70,8 +70,12 @@ ROWS = [
     ),
     pytest.param(
         "kubernetes:\n  env:\n    DB_PASSWORD: !!float SECRETPART\n",
-        ["line 3: a value that reads as !!float is not one; write one, or quote it for text"],
+        ["line 3: !!float takes a number"],
         id="tag-float-secret",
+    ),
+    pytest.param("train:\n  learning_rate: !!float 1:30\n", ["line 2: !!float takes a number"], id="tag-float-base60"),
+    pytest.param(
+        "train:\n  learning_rate: !!float 1_0.5\n", ["line 2: !!float takes a number"], id="tag-float-underscore"
     ),
     pytest.param(
         "job:\n  image: !!timestamp SECRETPART\n", ["line 2: a value that reads as a date (YAML's"], id="tag-timestamp"
