@@ -223,7 +223,14 @@ class CheckpointManager:
         if not self.store.exists(commit):
             return ""
         by_step = objects_by_step(self.store, self.prefix)
-        if self._commit_owner(step) == self.owner and self._lost_a_part(step):
+        owner = self._commit_owner(step)
+        if owner is None:  # damaged by hand or a full disk: no checkpoint, but nobody can say whose
+            return (
+                f"checkpoint step {step} has a commit record at {commit} that cannot be read, so it is no "
+                "checkpoint, and whose it was cannot be told: delete that step folder to let this run write "
+                "the step, or point checkpoint.uri at a new prefix"
+            )
+        if owner == self.owner and self._lost_a_part(step):
             # This run's own step, damaged (a part lost): a resume skipped it, and training came
             # back to it; nothing can load it, so it is written again rather than block the run.
             log.warning("checkpoint step %d of this run at %s is incomplete: written again", step, redact(commit))

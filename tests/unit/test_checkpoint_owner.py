@@ -290,6 +290,24 @@ def test_a_damaged_step_of_the_run_s_own_is_written_again_when_training_comes_ba
     assert_intact(store, prefix, "run-a", [1])
 
 
+@pytest.mark.parametrize("record", [b'{"step": 2, "par', b"", b"[]"])
+def test_a_step_whose_commit_record_cannot_be_read_is_refused_as_no_checkpoint_not_as_committed(prefix, record):
+    """A commit record cut short (a full disk, a hand edit): resume skips the step, and training
+    back at it is refused saying the record cannot be read (was: "already committed"), its
+    parts left for whoever deletes the folder."""
+    store = LocalStore()
+    a = manager(store, prefix, "run-a", keep_last=5)
+    a.claim(resume=True)
+    save(a, 1)
+    save(a, 2)
+    store.put_bytes(join_uri(step_dir(prefix, 2), COMMIT), record)
+    assert complete_record(store, prefix, 2, objects_by_step(store, prefix)) is None
+    with pytest.raises(CheckpointError, match="step 2 has a commit record at .* that cannot be read, so it is no ch"):
+        save(a, 2)
+    assert store.get_bytes(join_uri(step_dir(prefix, 2), COMMIT)) == record
+    assert_intact(store, prefix, "run-a", [1])
+
+
 def test_a_complete_step_a_short_listing_hides_a_part_of_is_not_written_again(prefix):
     """A store may list short (a page lost, a slow index): each part is asked for itself before
     the step is taken for damaged and deleted."""
