@@ -380,8 +380,10 @@ class Progress:
         self.reporter = reporter if enabled else None
         #: The latest interval's snapshot (None before the first line).
         self.last: Snapshot | None = None
-        #: Every logged interval: step, mean loss, learning rate, throughput, wall time (for the report).
+        #: Every logged interval: step, mean loss, learning rate, throughput, wall time (for the report),
+        #: and `start` on the first one of each start after the first (a resume).
         self.curve: list[dict[str, float]] = []
+        self._logged = False  # whether this process logged an interval yet
         #: Every validation (end of epoch) with the step it happened at.
         self.validation: list[dict[str, float]] = []
         #: Every checkpoint this process wrote: step, wall time, staging seconds, size.
@@ -476,7 +478,11 @@ class Progress:
         log.info("%s", self.last.line())
         if self.reporter is not None:
             self.reporter.submit(self.last)
-        self.curve.append({"step": step, "loss": mean_loss, "lr": lr, "items_per_second": rate, "time": round(wall, 3)})
+        point = {"step": step, "loss": mean_loss, "lr": lr, "items_per_second": rate, "time": round(wall, 3)}
+        if self.curve and not self._logged:  # the first of a resumed start: the report's time chart breaks here
+            point["start"] = True
+        self._logged = True
+        self.curve.append(point)
         if self.events is not None:
             self.events.scalars(step, {**scalars, "train/epoch": float(epoch)}, wall)
             self.events.flush()

@@ -276,14 +276,20 @@ def svg_chart(
     """A line chart with labelled ticks on both axes, gridlines and a legend.
 
     `series`: `{"name", "points": [(x, y), ...]}` plus optional `"markers": True` (dots; a
-    single point is always a dot). Log axes drop points <= 0. Without two points in all, an
-    empty-state note instead of a chart.
+    single point is always a dot); a None among the points breaks the line there (a run stopped
+    and resumed). Log axes drop points <= 0. Without two points in all, an empty-state note
+    instead of a chart.
     """
     drawn = []
     for s in series:
-        pts = [(float(x), float(y)) for x, y in s["points"] if math.isfinite(float(y)) and (not y_log or float(y) > 0)]
-        if pts:
-            drawn.append({**s, "points": pts})
+        runs: list[list[tuple[float, float]]] = [[]]
+        for p in s["points"]:
+            if p is None:
+                runs.append([])
+            elif math.isfinite(float(p[1])) and (not y_log or float(p[1]) > 0):
+                runs[-1].append((float(p[0]), float(p[1])))
+        if any(runs):
+            drawn.append({**s, "points": [p for run in runs for p in run], "runs": [r for r in runs if r]})
     every = [p for s in drawn for p in s["points"]]
     if len(every) < 2:
         # One measurement (a one-epoch run's validation): its value, where a line needs two.
@@ -350,14 +356,14 @@ def svg_chart(
     legend_x = LEFT
     for i, s in enumerate(drawn):
         color = COLORS[i % len(COLORS)]
-        pts = s["points"]
-        if len(pts) > 1 and not s.get("markers"):
-            path = " ".join(f"{sx(x):.1f},{sy(y):.1f}" for x, y in pts)
-            out.append(
-                f'<polyline class="series" data-name="{esc(s["name"])}" fill="none" stroke="{color}" '
-                f'stroke-width="1.8" points="{path}"/>'
-            )
-        else:
+        for pts in s["runs"]:
+            if len(pts) > 1 and not s.get("markers"):
+                path = " ".join(f"{sx(x):.1f},{sy(y):.1f}" for x, y in pts)
+                out.append(
+                    f'<polyline class="series" data-name="{esc(s["name"])}" fill="none" stroke="{color}" '
+                    f'stroke-width="1.8" points="{path}"/>'
+                )
+                continue
             for x, y in pts:
                 out.append(
                     f'<circle class="series" data-name="{esc(s["name"])}" cx="{sx(x):.1f}" cy="{sy(y):.1f}" r="4" '
@@ -571,13 +577,18 @@ def _charts(training: dict[str, Any], evaluation: dict[str, Any]) -> list[str]:
     item = next(
         (k.removesuffix("_per_second") for k in training.get("metrics", {}) if k.endswith("_per_second")), "items"
     )
-    rate = [(p["time"], p["items_per_second"]) for p in curve if "time" in p and "items_per_second" in p]
+    rate: list[tuple[float, float] | None] = []
+    for p in curve:
+        if "time" in p and "items_per_second" in p:
+            if p.get("start") and rate:  # a resume: no line across the time the run was stopped
+                rate.append(None)
+            rate.append((p["time"], p["items_per_second"]))
     parts += [
         "<h2>Throughput</h2>",
         svg_chart(
             [{"name": f"{item}/s (per log interval)", "points": rate}],
             title=f"throughput ({item}/s)",
-            x_label="wall-clock time (UTC)" + (f", {date_time(rate[0][0])[:10]}" if rate else ""),
+            x_label="wall-clock time (UTC)" + (f", {date_time(rate[0][0])[:10]}" if rate and rate[0] else ""),
             y_label=f"{item}/s",
             x_time=True,
         ),

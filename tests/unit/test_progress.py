@@ -66,6 +66,23 @@ def test_the_profiled_step_is_left_out_of_the_rate_and_the_eta(monkeypatch):
     assert scalars["train/data_wait_share"] == pytest.approx(0.3 / 3)  # the timed steps' wait over their time
 
 
+def test_the_first_point_a_resumed_start_logs_is_marked_as_a_start():
+    """The report breaks its time chart there (was: one line across the time the run was stopped)."""
+
+    def logged(curve):
+        p = Progress(
+            total_steps=4, items_per_step=10, item_name="tokens", flops_per_step=0, peak_flops=0,
+            interval=1, device=torch.device("cpu"), enabled=True,
+        )  # fmt: skip
+        p.curve = curve  # as the trainer hands it the resumed record's curve
+        for step in (3, 4):
+            p.step(step, 0, torch.tensor(1.0), 1e-3, torch.tensor(1.0))
+        return [c.get("start", False) for c in p.curve]
+
+    assert logged([]) == [False, False]
+    assert logged([{"step": 1, "loss": 2.0}, {"step": 2, "loss": 1.5}]) == [False, False, True, False]
+
+
 def test_an_interval_cut_by_a_checkpoint_and_resumed_averages_the_same_steps():
     """A resumed run's next line is the mean of the interval's steps before the checkpoint too
     (was: of the steps since the resume alone), and its rate is of the steps it timed."""

@@ -297,6 +297,26 @@ def test_every_chart_is_present_and_well_formed():
     assert re.findall(r'class="xtick"[^>]*>([^<]+)<', throughput)[0] == "00:53:30"  # clock times, not raw floats
 
 
+def test_the_throughput_line_breaks_where_a_resumed_start_began():
+    """No line across the hours a run was stopped; a lone point between two breaks is a dot."""
+    training = training_record()
+    curve = training["loss_curve"]
+
+    def drawn():
+        page = html_report(training, evaluation_record(), (True, ""), {"run_id": "r"})
+        svg = re.search(r'<svg[^>]*aria-label="throughput.*?</svg>', page, flags=re.S).group(0)
+        ET.fromstring(svg)
+        return len(re.findall("<polyline", svg)), len(re.findall("<circle", svg))
+
+    assert drawn() == (1, 0)
+    for p in curve[6:]:
+        p["time"] += 7200.0  # resumed two hours later
+    curve[6]["start"] = True
+    assert drawn() == (2, 0)
+    curve[11]["start"] = True  # the last point began a start of its own
+    assert drawn() == (2, 1)
+
+
 def test_the_header_names_the_run_and_its_inputs():
     page = render()
     parsed = Page()
