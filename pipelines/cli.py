@@ -6,6 +6,7 @@ import argparse
 import contextlib
 import os
 import re
+import shlex
 import signal
 import stat
 import sys
@@ -837,8 +838,33 @@ class _Parser(argparse.ArgumentParser):
     """argparse's parser (its subcommands' too), whose usage errors, which repeat what was typed,
     never print a password a mistyped URL holds."""
 
+    def parse_args(self, args: Any = None, namespace: Any = None) -> Any:  # type: ignore[override]
+        self._argv = list(sys.argv[1:] if args is None else args)  # what an "unrecognized" error is read against
+        return super().parse_args(args, namespace)
+
     def error(self, message: str) -> NoReturn:
+        prefix = "unrecognized arguments: "
+        argv = getattr(self, "_argv", [])
+        if message.startswith(prefix) and (joined := _cut_by_the_shell(argv, message[len(prefix) :])):
+            message += f"; the shell split a value at its spaces: quote the whole of it, {joined}"
         super().error(redact(message))
+
+
+def _cut_by_the_shell(argv: list[str], unrecognized: str) -> str:
+    """`--set 'KEY=VALUE WITH SPACES'` when the arguments argparse did not recognise
+    (`unrecognized`) begin right after a `--set` or `--param` of `argv`: the rest of its value,
+    which the shell split off at a space; else ""."""
+    for k in range(len(argv) - 2):
+        option, value, after = argv[k : k + 3]
+        if (
+            option in ("--set", "--param")
+            and "=" in value
+            and not after.startswith("-")
+            and unrecognized.startswith(after)
+        ):
+            end = next((m for m in range(k + 2, len(argv)) if argv[m].startswith("-")), len(argv))
+            return f"{option} {shlex.quote(' '.join(argv[k + 1 : end]))}"
+    return ""
 
 
 def _api_url(text: str) -> str:

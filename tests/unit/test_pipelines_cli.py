@@ -886,6 +886,44 @@ def test_a_flag_s_bad_value_is_named_by_the_flag(tmp_path, monkeypatch, capsys, 
 
 
 @pytest.mark.parametrize(
+    ("argv", "hint"),
+    [
+        # An unquoted value with spaces, split by the shell: the whole of it, quoted, is the fix.
+        (["job", "manifest", "--set", "kubernetes.node_selector={a:", "b}"], "--set 'kubernetes.node_selector={a: b}'"),
+        (
+            [
+                "job",
+                "manifest",
+                "--set",
+                "kubernetes.tolerations=[{key:",
+                "a,",
+                "operator:",
+                "Exists}]",
+                "--set",
+                "x=1",
+            ],
+            "--set 'kubernetes.tolerations=[{key: a, operator: Exists}]'",
+        ),
+        (["job", "manifest", "--set", "job.image=my", "image"], "--set 'job.image=my image'"),
+        (["submit", "--host", "http://h", "--param", "store=s3://b/my", "data"], "--param 'store=s3://b/my data'"),
+        # Not a split value: no hint.
+        (["job", "manifest", "--set", "job.image=x", "--bogus"], ""),
+        (["job", "manifest", "stray"], ""),
+    ],
+)
+def test_a_value_the_shell_split_at_its_spaces_is_shown_quoted(capsys, argv, hint):
+    with pytest.raises(SystemExit) as exited:
+        main(argv)
+    assert exited.value.code == 2
+    last = capsys.readouterr().err.strip().splitlines()[-1]
+    assert last.startswith("kftrain") and "unrecognized arguments" in last, last
+    if hint:
+        assert last.endswith(f"; the shell split a value at its spaces: quote the whole of it, {hint}"), last
+    else:
+        assert "the shell split" not in last, last
+
+
+@pytest.mark.parametrize(
     "argv",
     [
         ["--set", "kubernetes={queue: a}", "--namespace", "ns"],
