@@ -39,6 +39,7 @@ from trainer.storage import (
     CorruptObject,
     ObjectNotFound,
     StoreError,
+    file_place,
     join_uri,
     parse_uri,
     place_of,
@@ -273,12 +274,19 @@ def run_log(cfg: Config, run_id: str, local_root: str = DEFAULT_LOCAL_ROOT) -> t
     return uri, Path(tempfile.gettempdir()) / f"{_temporary_log_stem(root)}-{stamp}-{secrets.token_hex(4)}.log"
 
 
+def _run_place(root: str) -> str:
+    """One name of the place of a run's folder `root`, however it is written or reached: the
+    object store's URI without a trailing '/', or this machine's :func:`file_place`."""
+    place = place_of(root) or root
+    return place if "://" in place else file_place(place)
+
+
 def _temporary_log_stem(root: str) -> str:
     """The start of the temporary log's name of the run whose folder is `root`: its id and a digest
     of where the folder is (one run id may name runs in two stores)."""
     import hashlib
 
-    where = hashlib.sha256((place_of(root) or root).encode()).hexdigest()[:8]
+    where = hashlib.sha256(_run_place(root).encode()).hexdigest()[:8]
     return f"kftrain-{root.rstrip('/').rsplit('/', 1)[-1]}-{where}"
 
 
@@ -649,7 +657,7 @@ def running_alone(root: str, run_id: str) -> Iterator[None]:
     import hashlib
 
     folder = LOCK_FOLDER if os.path.isdir(LOCK_FOLDER) else tempfile.gettempdir()
-    key = place_of(root) or root  # one lock however the store is written (`st`, `./st/`, a link to it)
+    key = _run_place(root)  # one lock however the store is written (`st`, `./st/`, a link, a bind mount)
     path = os.path.join(folder, f"kftrain-run-{hashlib.sha256(key.encode()).hexdigest()[:24]}.lock")
     while True:
         try:

@@ -246,11 +246,53 @@ def place_of(uri: str) -> str | None:
 
 
 def same_place(a: str, b: str) -> bool:
-    """Whether store URIs or paths `a` and `b` name one place (:func:`place_of`)."""
+    """Whether store URIs or paths `a` and `b` name one place (:func:`place_of`; for two paths of
+    this machine, :func:`file_place`: a folder bind-mounted at two paths is one place)."""
     if a == b:
         return True
     place = place_of(a)
-    return place is not None and place == place_of(b)
+    if place is None or "://" in place:
+        return place is not None and place == place_of(b)
+    other = place_of(b)
+    return other is not None and "://" not in other and file_place(place) == file_place(other)
+
+
+#: The mount table of this process (Linux): mount point, the folder of its filesystem mounted
+#: there (`/` but for a bind mount), the filesystem's device number.
+MOUNTINFO = "/proc/self/mountinfo"
+
+
+def _mounts(table: str) -> list[tuple[str, str, str]]:
+    """(mount point, folder of the filesystem mounted there, device) of each line of `table`,
+    in its order; none where it cannot be read."""
+
+    def plain(field: str) -> str:  # the table writes a space as \040, a tab \011, a '\' \134
+        return re.sub(r"\\([0-7]{3})", lambda m: chr(int(m.group(1), 8)), field)
+
+    try:
+        with open(table, encoding="utf-8", errors="surrogateescape") as f:
+            rows = [line.split() for line in f]
+    except OSError:
+        return []
+    return [(plain(r[4]), plain(r[3]), r[2]) for r in rows if len(r) > 4]
+
+
+def file_place(path: str, table: str = MOUNTINFO) -> str:
+    """One name of the place a path of this machine is, whichever mount it is reached through:
+    the filesystem's device and the path within that filesystem (`8:1:/srv/out/runs/r`). A folder
+    bind-mounted at a second path (`mount --bind`, or one host folder in a container at two
+    paths) has two real paths and one file place; the folder need not exist. Where the mount
+    table cannot be read, the real path."""
+    real = os.path.realpath(path)
+    best: tuple[str, str, str] | None = None
+    for point, root, device in _mounts(table):  # the longest mount point over `real`; the last of equals
+        if (real == point or real.startswith(point.rstrip("/") + "/")) and (best is None or len(point) >= len(best[0])):
+            best = (point, root, device)
+    if best is None:
+        return real
+    point, root, device = best
+    inside = os.path.normpath(os.path.join(root, os.path.relpath(real, point)))
+    return f"{device}:{inside}"
 
 
 def join_uri(base: str, *parts: str) -> str:

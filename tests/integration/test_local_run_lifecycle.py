@@ -304,9 +304,23 @@ def test_a_second_start_of_a_running_run_is_refused_until_the_first_is_gone_howe
         # However the store is written: with a '/' after it, relative, through a link (was: each
         # spelling its own lock, and two starts trained into one prefix at once).
         (tmp_path / "link").symlink_to(tmp_path / "out")
-        for spelling in (root, f"{root}/", os.path.relpath(root), str(tmp_path / "link" / "runs" / "r1")):
-            with pytest.raises(ConfigError, match=refused), running_alone(spelling, "r1"):
-                pass
+        spellings = [root, f"{root}/", os.path.relpath(root), str(tmp_path / "link" / "runs" / "r1")]
+        # And through a bind mount of its store, where this machine allows one (was: its own real
+        # path, its own lock); the folder need not exist yet.
+        (tmp_path / "view").mkdir()
+        (tmp_path / "out").mkdir()
+        mounted = subprocess.run(
+            ["mount", "--bind", str(tmp_path / "out"), str(tmp_path / "view")], capture_output=True
+        )
+        if mounted.returncode == 0:
+            spellings.append(str(tmp_path / "view" / "runs" / "r1"))
+        try:
+            for spelling in spellings:
+                with pytest.raises(ConfigError, match=refused), running_alone(spelling, "r1"):
+                    pass
+        finally:
+            if mounted.returncode == 0:
+                subprocess.run(["umount", str(tmp_path / "view")], check=True)
         with running_alone(str(tmp_path / "out" / "runs" / "r2"), "r2"):  # another run: its own lock
             pass
     finally:

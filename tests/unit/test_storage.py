@@ -11,6 +11,7 @@ from trainer.storage import (
     S3Store,
     StoreError,
     _cause,
+    file_place,
     join_uri,
     parse_uri,
     same_place,
@@ -103,6 +104,41 @@ def test_same_place_reads_one_place_however_it_is_written(tmp_path, monkeypatch,
     a, b = a.format(tmp=tmp_path), b.format(tmp=tmp_path)
     assert same_place(a, b) is same and same_place(b, a) is same
     assert same_place(a, a)
+
+
+# A mount table as Linux writes it (/proc/self/mountinfo): the host's `/srv/data` bind-mounted
+# at /mnt/view and, as in a container given one host folder twice, at /job/a and /job/b; a
+# folder with a space (written \040); another filesystem at /scratch.
+MOUNTINFO = """\
+21 1 8:1 / / rw,relatime - ext4 /dev/sda1 rw
+30 21 8:1 /srv/data /mnt/view rw,relatime - ext4 /dev/sda1 rw
+31 21 8:1 /srv/data /job/a rw,relatime - ext4 /dev/sda1 rw
+32 21 8:1 /srv/data /job/b rw,relatime - ext4 /dev/sda1 rw
+33 21 8:1 /srv/my\\040data /job/my\\040view rw - ext4 /dev/sda1 rw
+40 21 0:50 / /scratch rw - tmpfs tmpfs rw
+41 40 0:51 / /scratch rw - tmpfs tmpfs rw
+"""
+
+
+@pytest.mark.parametrize(
+    ("a", "b", "same"),
+    [
+        ("/srv/data/runs/r", "/mnt/view/runs/r", True),  # a bind mount: two real paths, one place
+        ("/job/a/runs/r", "/job/b/runs/r", True),
+        ("/srv/data", "/mnt/view", True),
+        ("/srv/my data/x", "/job/my view/x", True),
+        ("/srv/data/runs/r", "/mnt/view/runs/s", False),
+        ("/srv/data/runs/r", "/srv/other/runs/r", False),
+        ("/scratch/r", "/r", False),  # another filesystem, the same path within it
+        ("/scratch/r", "/scratch/r", True),  # mounted over: the last mount's
+    ],
+)
+def test_a_folder_reached_through_two_mounts_is_one_file_place(tmp_path, a, b, same):
+    table = tmp_path / "mountinfo"
+    table.write_text(MOUNTINFO)
+    assert (file_place(a, str(table)) == file_place(b, str(table))) is same
+    assert file_place("/scratch/r", str(table)) == "0:51:/r"
+    assert file_place("/x/y", str(tmp_path / "none")) == "/x/y"  # no table: the real path
 
 
 @pytest.mark.parametrize(
