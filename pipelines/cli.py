@@ -269,7 +269,7 @@ def _run_alone(args: argparse.Namespace, cfg: Any, run_id: str, store: str) -> i
         elif console.os_error:
             print(
                 f"kftrain: error: step {console.failed_step}: {redact(console.os_error)}: a file in the way, a folder "
-                "gone, a permission or a full disk on this machine; fix that, then resume",
+                "gone, a permission, a full disk or a path too long on this machine; fix that, then resume",
                 file=sys.stderr,
             )
         elif console.resource_error:

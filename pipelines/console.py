@@ -60,7 +60,7 @@ _TORCHRUN_REPORT = "torch.distributed.elastic.multiprocessing.errors.ChildFailed
 _STEP_INDENT = "    "
 TAIL_LINES = 8
 #: A traceback's last line that is the operating system's answer about a file (`[Errno N]`): a
-#: file in the way, a folder gone, a permission, a full disk. Raised before a step's own code
+#: file in the way, a folder gone, a permission, a full disk, a path too long. Raised before a step's own code
 #: runs (kfp's executor makes the output folders), it is this machine's to fix, not a bug.
 _OS_ERROR = re.compile(
     r"^(?:FileExistsError|FileNotFoundError|PermissionError|NotADirectoryError|IsADirectoryError|OSError)"
@@ -69,7 +69,7 @@ _OS_ERROR = re.compile(
 #: The errors of `_OS_ERROR` that are about files (not memory, descriptors or sockets).
 _FILE_ERRNOS = frozenset(
     {errno.EEXIST, errno.ENOENT, errno.EACCES, errno.EPERM, errno.ENOTDIR, errno.EISDIR, errno.ENOSPC}
-    | {errno.EROFS, errno.EDQUOT}
+    | {errno.EROFS, errno.EDQUOT, errno.ENAMETOOLONG, errno.ELOOP, errno.EIO, errno.EFBIG}
 )
 #: A step's last line when a resource of the machine ran out (memory, threads, processes, open
 #: files), or a limit on it did: Python's own words for each.

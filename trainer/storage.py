@@ -14,6 +14,7 @@ fills on a cluster.
 from __future__ import annotations
 
 import contextlib
+import errno
 import functools
 import io
 import json
@@ -451,21 +452,37 @@ class LocalStore:
             raise StoreError(f"cannot write {dest}: {why or exc.strerror or exc}") from None
 
     @staticmethod
+    @contextlib.contextmanager
+    def _writing(dest: Path) -> Iterator[None]:
+        """The OS's refusal to write file `dest` (or its temporary file beside it) as a StoreError
+        naming `dest`: a full disk's names no file at all. Errors about another file (the source
+        of a copy) pass unchanged."""
+        try:
+            yield
+        except OSError as exc:
+            about = Path(exc.filename) if exc.filename else None
+            temporary = about is not None and about.parent == dest.parent and about.name.startswith(TEMP_PREFIX)
+            if about is not None and about not in (dest, dest.parent) and not temporary:
+                raise
+            raise StoreError(f"cannot write {dest}: {_write_problem(exc)}") from None
+
+    @staticmethod
     def _replace_atomically(dest: Path, write: Callable[[Path], None]) -> None:
         """Write a temporary file beside `dest`, then rename it over `dest`: readers see the old
         object or the whole new one. The temporary name is neutral (not `dest`'s): a writer
         killed mid-write leaves a `.kftrain-*.tmp` that no reader globbing for `dest`'s kind
         (TensorBoard's `*tfevents*`, shard patterns) mistakes for an object."""
         LocalStore._make_folders(dest)
-        fd, name = _new_temp_file(dest.parent)
-        os.close(fd)
-        tmp = Path(name)
-        try:
-            write(tmp)
-            os.replace(tmp, dest)
-        except BaseException:
-            tmp.unlink(missing_ok=True)
-            raise
+        with LocalStore._writing(dest):
+            fd, name = _new_temp_file(dest.parent)
+            os.close(fd)
+            tmp = Path(name)
+            try:
+                write(tmp)
+                os.replace(tmp, dest)
+            except BaseException:
+                tmp.unlink(missing_ok=True)
+                raise
 
     def put_bytes(self, uri: str, data: bytes) -> None:
         self._replace_atomically(self._path(uri), lambda tmp: tmp.write_bytes(data))
@@ -473,19 +490,20 @@ class LocalStore:
     def put_bytes_if_absent(self, uri: str, data: bytes) -> bool:
         dest = self._path(uri)
         self._make_folders(dest)
-        fd, name = _new_temp_file(dest.parent)
-        try:
-            with os.fdopen(fd, "wb") as f:
-                f.write(data)
+        with self._writing(dest):
+            fd, name = _new_temp_file(dest.parent)
             try:
-                # link() creates `dest` only if absent (like O_CREAT|O_EXCL), and with its whole
-                # content: no reader sees a half-written record.
-                os.link(name, dest)
-                return True
-            except FileExistsError:
-                return dest.read_bytes() == data
-        finally:
-            os.unlink(name)
+                with os.fdopen(fd, "wb") as f:
+                    f.write(data)
+                try:
+                    # link() creates `dest` only if absent (like O_CREAT|O_EXCL), and with its whole
+                    # content: no reader sees a half-written record.
+                    os.link(name, dest)
+                    return True
+                except FileExistsError:
+                    return dest.read_bytes() == data
+            finally:
+                os.unlink(name)
 
     def get_bytes(self, uri: str, offset: int = 0, length: int = 0, version: str = "") -> bytes:
         path = self._path(uri)
@@ -613,6 +631,17 @@ class LocalStore:
             raise StoreError(
                 f"cannot write under {uri}: a folder in {existing} cannot be made ({exc.strerror})"
             ) from None
+
+
+def _write_problem(exc: OSError) -> str:
+    """What a refused write means and what to do, by the OS's error."""
+    if exc.errno in (errno.ENOSPC, errno.EDQUOT):
+        return f"{exc.strerror}: free space there, or write elsewhere"
+    if exc.errno == errno.ENAMETOOLONG:
+        return f"{exc.strerror}: write to a shorter path (a name has at most 255 bytes, a path 4,096 on Linux)"
+    if exc.errno == errno.EROFS:
+        return f"{exc.strerror}: write elsewhere"
+    return exc.strerror or str(exc)
 
 
 def _nearest_existing(path: Path) -> Path:

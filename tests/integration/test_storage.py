@@ -13,6 +13,7 @@ from tests.unit.test_pipelines_cli import call_cli
 from tests.unit.test_storage import assert_lists_folders
 from trainer.launch.local import free_port
 from trainer.storage import (
+    LocalStore,
     ObjectNotFound,
     S3Store,
     StoreError,
@@ -294,3 +295,42 @@ def test_credentials_without_get_bucket_location_read_the_data(monkeypatch, tmp_
             store.get_file("s3://corpus/secret/x", tmp_path / "x")
     finally:
         server.shutdown()
+
+
+FILL_THE_LIMIT = """
+import resource, signal, sys
+from trainer.storage import LocalStore
+signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # the write fails with EFBIG instead of killing the process
+resource.setrlimit(resource.RLIMIT_FSIZE, (4096, resource.getrlimit(resource.RLIMIT_FSIZE)[1]))
+LocalStore().put_bytes(sys.argv[1], b"x" * 100_000)
+"""
+
+
+def test_a_local_write_cut_short_by_the_file_system_names_the_file_and_leaves_nothing(tmp_path):
+    """A write the file system stops part way (here a file size limit, `ulimit -f`; a full disk
+    alike): one line naming the file, and no partial file or temporary file left."""
+    import subprocess
+    import sys
+
+    dest = tmp_path / "run" / "record.json"
+    done = subprocess.run([sys.executable, "-c", FILL_THE_LIMIT, str(dest)], capture_output=True, text=True, timeout=60)
+    last = done.stderr.strip().splitlines()[-1]
+    assert done.returncode == 1 and last == f"trainer.storage.StoreError: cannot write {dest}: File too large", last
+    assert list((tmp_path / "run").iterdir()) == []
+
+
+def test_a_full_disk_under_a_local_store_names_the_file_and_says_what_to_do(tmp_path):
+    """On a small tmpfs, where this machine allows one to be mounted."""
+    import subprocess
+
+    disk = tmp_path / "disk"
+    disk.mkdir()
+    if subprocess.run(["mount", "-t", "tmpfs", "-o", "size=64k", "tmpfs", str(disk)], capture_output=True).returncode:
+        pytest.skip("mounting a small tmpfs is not allowed here")
+    try:
+        dest = disk / "record.json"
+        with pytest.raises(StoreError, match=rf"cannot write {re.escape(str(dest))}: No space left on device: free sp"):
+            LocalStore().put_bytes(str(dest), b"x" * 1_000_000)
+        assert list(disk.iterdir()) == []
+    finally:
+        subprocess.run(["umount", str(disk)], check=True)

@@ -97,6 +97,11 @@ def test_a_failed_step_names_itself_and_its_error_not_the_traceback_frames():
         ("FileExistsError: [Errno 17] File exists: '/o/run/export'", "file"),  # kfp's executor, a file in the way
         ("PermissionError: [Errno 13] Permission denied: '/o/run'", "file"),
         ("OSError: [Errno 28] No space left on device", "file"),
+        # A path too long, a link loop, a failing disk, a file size limit (was: "a bug in kftrain").
+        ("OSError: [Errno 36] File name too long: '/o/aaaa'", "file"),
+        ("OSError: [Errno 40] Too many levels of symbolic links: '/o/loop'", "file"),
+        ("OSError: [Errno 5] Input/output error", "file"),
+        ("OSError: [Errno 27] File too large", "file"),
         ("OSError: [Errno 98] Address already in use", ""),
         ("trainer.storage.ObjectNotFound: no file at /m/model.json", ""),
         ("ValueError: [Errno 17] not an OS error", ""),

@@ -199,6 +199,25 @@ def test_a_folder_that_cannot_be_written_says_whether_its_file_system_is_read_on
         LocalStore().check(str(tmp_path / "out"))
 
 
+@pytest.mark.parametrize("write", ["put_bytes", "put_bytes_if_absent", "put_file"])
+def test_a_local_write_the_os_refuses_names_the_file_and_what_to_do(tmp_path, write):
+    """(was: the OS's line alone, a full disk's naming no file, and "a bug in kftrain" for a name
+    too long). What the OS says of another file (a copy's source) is left as it is."""
+    store, source = LocalStore(), tmp_path / "source"
+    source.write_bytes(b"x")
+    dest = tmp_path / ("n" * 300)
+
+    def put(uri: str, data=b"x"):
+        return store.put_file(uri, source) if write == "put_file" else getattr(store, write)(uri, data)
+
+    with pytest.raises(StoreError, match=rf"cannot write {re.escape(str(dest))}: File name too long: write to a shor"):
+        put(str(dest))
+    if write == "put_file":
+        with pytest.raises(FileNotFoundError, match="missing"):
+            store.put_file(str(tmp_path / "dest"), tmp_path / "missing")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["source"]  # no temporary file left
+
+
 def test_local_store_lists_folders_not_name_prefixes(tmp_path):
     assert_lists_folders(LocalStore(), str(tmp_path))
 
