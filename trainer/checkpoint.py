@@ -33,6 +33,7 @@ Parts recorded without block hashes (checkpoints written before them), ``.metada
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import json
 import logging
@@ -70,7 +71,7 @@ from trainer.checkpoint_owner import (
     written_by_a_checkpoint,
 )
 from trainer.errors import redact
-from trainer.progress import ProgressLine
+from trainer.progress import ProgressLine, format_memory
 from trainer.storage import (
     CorruptObject,
     ObjectNotFound,
@@ -129,6 +130,40 @@ def _digests(path: Path, block_bytes: int = 0) -> tuple[str, list[str]]:
     if in_block:
         blocks.append(block.hexdigest())
     return whole.hexdigest(), blocks
+
+
+#: Free bytes below which a staging folder's disk counts as full after a failed write: DCP's and
+#: torch's writers report running out of room in their own words ("unexpected pos ...").
+_FULL_BELOW = 1 << 20
+
+
+def _staging_full(folder: Path, exc: BaseException) -> str:
+    """Why staging into `folder` failed when its disk filled (told by the OS's error anywhere in
+    `exc`'s chain, or by under :data:`_FULL_BELOW` left), else ""."""
+    seen, todo = set(), [exc]
+    said = False
+    while todo:
+        e = todo.pop()
+        if id(e) in seen:
+            continue
+        seen.add(id(e))
+        said |= isinstance(e, OSError) and e.errno in (errno.ENOSPC, errno.EDQUOT)
+        todo += [x for x in (e.__cause__, e.__context__, *e.args) if isinstance(x, BaseException)]
+        failures = getattr(e, "failures", None)  # DCP's CheckpointException: the ranks' exceptions
+        if isinstance(failures, dict):
+            todo += [x for x in failures.values() if isinstance(x, BaseException)]
+    try:
+        usage = shutil.disk_usage(folder)
+        staged = sum(p.stat().st_size for p in folder.iterdir() if p.is_file())
+    except OSError:
+        return ""
+    if not said and usage.free >= _FULL_BELOW:
+        return ""
+    return (
+        f"the disk of its staging folder {folder.parent} is full ({format_memory(staged)} of this rank's part "
+        f"written, {format_memory(usage.free)} free): point TMPDIR at a folder with room for a checkpoint's share "
+        "of each rank on this machine, or free space there"
+    )
 
 
 def _block_span(offset: int, length: int, block_bytes: int) -> range:
@@ -281,8 +316,11 @@ class CheckpointManager:
             )
             if local is not None:
                 torch.save(local(), folder / rank_part(self.rank))
-        except BaseException:
+        except BaseException as exc:
+            full = _staging_full(folder, exc)
             shutil.rmtree(folder, ignore_errors=True)
+            if full:
+                raise CheckpointError(f"checkpoint step {step} not staged: {full}") from exc
             raise
         self.last_step = step
         files = sorted(p for p in folder.iterdir() if p.is_file())
