@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import errno
 import os
 import re
 import shlex
@@ -831,7 +832,16 @@ def _path(text: str) -> str:
             f"{redact_url(text)!r} is a URI: this takes a path on this machine (a plain one; an object store is "
             "--store, where the command has it)"
         )
-    return os.path.expanduser(text)
+    path = os.path.expanduser(text)
+    try:
+        Path(path).resolve()
+    except (RuntimeError, OSError) as exc:  # a loop of links: Python 3.11 says RuntimeError, later ones ELOOP
+        if isinstance(exc, RuntimeError) or exc.errno == errno.ELOOP:
+            raise argparse.ArgumentTypeError(
+                f"{text}: its symbolic links form a loop, so it names no file or folder; fix the links, or name "
+                "another path"
+            ) from None
+    return path
 
 
 class _Parser(argparse.ArgumentParser):
@@ -905,7 +915,8 @@ def _output_file(what: str, earlier: Callable[[str], bool]) -> Callable[[str], s
             raise argparse.ArgumentTypeError(f"{text} is a folder; name a file")
         folder = path.parent
         while not folder.exists():  # the folders that are missing are made when the file is written
-            folder = folder.parent
+            # (through a link to a folder not made yet too: that folder is made)
+            folder = Path(os.path.realpath(folder)) if folder.is_symlink() else folder.parent
         if not folder.is_dir():
             raise argparse.ArgumentTypeError(f"{folder} is a file, so {text} cannot be made; name a file in a folder")
         target = path if path.exists() else folder
@@ -994,7 +1005,7 @@ def write_output(flag: str, path: str, text: str, what: str, earlier: Callable[[
             with open(target, "a", encoding="utf-8") as out:
                 out.write(text)
             return
-        target.parent.mkdir(parents=True, exist_ok=True)
+        Path(os.path.realpath(target.parent)).mkdir(parents=True, exist_ok=True)  # through a link too
         try:
             out = open(target, "x", encoding="utf-8")  # noqa: SIM115 (closed below)
         except FileExistsError:

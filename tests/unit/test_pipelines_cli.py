@@ -382,8 +382,14 @@ def test_a_uri_holding_credentials_is_refused_without_printing_them(tmp_path, mo
 )
 @pytest.mark.parametrize(
     ("path", "error"),
-    [("afile/x.json", "afile is a file, so afile/x.json cannot be made"), (".", ". is a folder; name a file")],
-    ids=["under-a-file", "a-folder"],
+    [
+        ("afile/x.json", "afile is a file, so afile/x.json cannot be made"),
+        (".", ". is a folder; name a file"),
+        # A loop of links (was: passed, then "cannot write loopA: File exists" after the run; a
+        # Python traceback as --output-dir).
+        ("loopA/x.json", "loopA/x.json: its symbolic links form a loop, so it names no file or folder"),
+    ],
+    ids=["under-a-file", "a-folder", "a-link-loop"],
 )
 def test_an_output_file_that_cannot_be_written_is_refused_before_anything_runs(
     tmp_path, monkeypatch, capsys, flag, path, error
@@ -391,12 +397,28 @@ def test_an_output_file_that_cannot_be_written_is_refused_before_anything_runs(
     """Checked as the command starts, naming the flag: not after the run whose summary it is."""
     monkeypatch.chdir(tmp_path)
     (tmp_path / "afile").write_text("")
+    (tmp_path / "loopA").symlink_to("loopB")
+    (tmp_path / "loopB").symlink_to("loopA")
     with pytest.raises(SystemExit) as exit_:
         main([*flag, path])
     assert exit_.value.code == 2
     assert f"argument {flag[-1]}: {error}" in capsys.readouterr().err
     assert main(["plan", "--output", "new/folders/plan.md", "--json"]) == 0  # missing folders are made
     assert (tmp_path / "new" / "folders" / "plan.md").exists()
+    (tmp_path / "dangling").symlink_to("not-yet")  # through a link to a folder not made yet: it is made
+    assert main(["plan", "--output", "dangling/plan.md", "--json"]) == 0
+    assert (tmp_path / "not-yet" / "plan.md").exists()
+
+
+@pytest.mark.parametrize("flag", ["--output-dir", "--summary"])
+def test_a_loop_of_links_given_as_a_path_is_refused_naming_the_flag(tmp_path, monkeypatch, capsys, flag):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "loopA").symlink_to("loopB")
+    (tmp_path / "loopB").symlink_to("loopA")
+    with pytest.raises(SystemExit) as exit_:
+        main(["run", "--local", flag, "loopA"])
+    assert exit_.value.code == 2
+    assert f"argument {flag}: loopA: its symbolic links form a loop" in capsys.readouterr().err
 
 
 @pytest.mark.parametrize(
