@@ -133,6 +133,19 @@ NOT_EMPTY = Bound(bool, "must not be empty")
 SEED = Bound(lambda v: 0 <= v < 2**32, "must be from 0 to 4294967295 (2**32 - 1), the seeds numpy and torch take")
 
 
+#: The largest float32: a factor torch applies to float32 tensors must be within it (past it,
+#: "value cannot be converted to type float without overflow", mid-run).
+FLOAT32_MAX = 3.4028234663852886e38
+
+
+def in_float32(bound: Bound) -> Bound:
+    """`bound`, and within a float32's range (:data:`FLOAT32_MAX`)."""
+    return Bound(
+        lambda v: bound.ok(v) and abs(v) <= FLOAT32_MAX,
+        f"{bound.expectation} and at most 3.4e38 (a float32's largest: torch applies it to float32 tensors)",
+    )
+
+
 def one_of(choices: tuple[str, ...]) -> Bound:
     """The value is one of `choices`."""
     return Bound(lambda v: v in choices, f"must be one of {choices}")
@@ -397,15 +410,21 @@ class ModelConfig:
 _TRAIN_BOUNDS = {
     "epochs": POSITIVE,
     "batch_size": POSITIVE,
-    "learning_rate": POSITIVE,
-    "weight_decay": NOT_NEGATIVE,
+    # AdamW moves each weight by about the learning rate at each step (and divides it by 1 - beta1
+    # in float32: 1e38 overflowed there, mid-run).
+    "learning_rate": Bound(
+        lambda v: 0 < v <= 1000,
+        "must be positive and at most 1000 (AdamW moves each weight by "
+        "about the learning rate at each step; usual values are 1e-5 to 1e-2)",
+    ),
+    "weight_decay": in_float32(NOT_NEGATIVE),
     "max_steps": NOT_NEGATIVE,
     "warmup_steps": NOT_NEGATIVE,
     "num_workers": NOT_NEGATIVE,
     "grad_accum_steps": AT_LEAST_ONE,
     "bucket_cap_mb": AT_LEAST_ONE,
     "max_consecutive_skips": AT_LEAST_ONE,
-    "grad_clip_norm": NOT_NEGATIVE,
+    "grad_clip_norm": in_float32(NOT_NEGATIVE),
     "peak_tflops": NOT_NEGATIVE,
     "lr_schedule": one_of(LR_SCHEDULES),
     "precision": one_of(PRECISIONS),
@@ -487,12 +506,19 @@ class TrainConfig:
 
     def __post_init__(self) -> None:
         check_bounds(self, "train", _TRAIN_BOUNDS)
+        _require(
+            self.learning_rate * self.weight_decay < 1,
+            "train.weight_decay",
+            self.weight_decay,
+            f"times train.learning_rate ({self.learning_rate:g}) must be below 1: AdamW multiplies every weight by "
+            "1 - learning_rate * weight_decay at each step, so at 1 or more it zeroes or flips them",
+        )
 
 
 #: Bounds of `lora.*` fields.
 _LORA_BOUNDS = {
     "rank": POSITIVE,
-    "alpha": POSITIVE,
+    "alpha": in_float32(POSITIVE),
     "dropout": Bound(lambda v: 0.0 <= v < 1.0, "must be in [0, 1)"),
     "target_modules": Bound(lambda v: all(isinstance(m, str) and m for m in v), "must list non-empty module names"),
 }

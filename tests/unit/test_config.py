@@ -67,6 +67,16 @@ def test_yaml_file_maps_onto_the_tree(tmp_path):
         ("model:\n  block_size: 2097152\n", "model.block_size: must be 1 to 1,048,576"),
         ("model:\n  hidden_sizes: [10000000]\n", "model.hidden_sizes: must be a non-empty list of at most 1,024"),
         ("train:\n  learning_rate: fast\n", "train.learning_rate: must be a number"),
+        # Values torch takes in float32, refused before any step (was: "value cannot be converted
+        # to type float without overflow" from AdamW, mid-run), and a decay that zeroes the weights.
+        ("train:\n  learning_rate: 1.0e38\n", "train.learning_rate: must be positive and at most 1000 (AdamW"),
+        ("train:\n  grad_clip_norm: 1.0e39\n", "train.grad_clip_norm: must be >= 0 and at most 3.4e38 (a float32"),
+        ("train:\n  weight_decay: 1.0e39\n", "train.weight_decay: must be >= 0 and at most 3.4e38"),
+        ("lora:\n  alpha: 1.0e39\n", "lora.alpha: must be positive and at most 3.4e38"),
+        (
+            "train:\n  learning_rate: 0.5\n  weight_decay: 2\n",
+            "train.weight_decay: times train.learning_rate (0.5) must be below 1: AdamW multiplies every weight by",
+        ),
         (
             "kubernetes:\n  labels: {day: 2024-01-01}\n",
             "kubernetes.labels.day: must be a string (unquoted, YAML and JSON read it as a date",
