@@ -25,6 +25,7 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from contextvars import ContextVar
 from dataclasses import dataclass
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from trainer.errors import KftrainError, first_and_more, has_userinfo, redact_url
@@ -716,16 +717,26 @@ def parameters_on_meta() -> Iterator[None]:
 def code_folder(source: ModelSource) -> Iterator[str]:
     """A local folder holding the model's config.json and Python files, from which transformers
     imports a remote-code model: the folder itself where it is local, else a copy of those small
-    files (never the weights), removed after the block (transformers keeps what it imported)."""
+    files (never the weights), removed after the block. transformers keeps what it imported in
+    its module cache (`~/.cache/huggingface/modules`) under the folder's name: the copy is named
+    by a digest of the files, so every build of one model's code shares one entry (a random name
+    had added one per build, for good)."""
     if not parse_uri(source.uri).is_remote:
         yield source.uri
         return
-    with tempfile.TemporaryDirectory(prefix="kftrain-model-code-") as folder:
+    with tempfile.TemporaryDirectory(prefix="kftrain-model-code-") as parent:
+        files = Path(parent, "files")
+        files.mkdir()
         for uri in source.store.list(source.uri):
             name = uri[len(source.uri.rstrip("/")) + 1 :]
             if "/" not in name and (name == CONFIG or name.endswith(".py")):
-                source.store.get_file(uri, os.path.join(folder, name))
-        yield folder
+                source.store.get_file(uri, files / name)
+        digest = hashlib.sha256()
+        for path in sorted(files.iterdir()):
+            digest.update(path.name.encode() + b"\0" + path.read_bytes() + b"\0")
+        folder = Path(parent, f"kftrain-model-code-{digest.hexdigest()[:16]}")
+        files.rename(folder)
+        yield str(folder)
 
 
 def build_on_meta(config: dict[str, Any], dtype: torch.dtype, source: ModelSource | None = None) -> nn.Module:

@@ -331,14 +331,21 @@ def test_chat_fine_tuning_learns_the_same_on_one_rank_accumulating_as_on_two(bas
     assert one_h and [h["train_loss"] for h in two_h] == pytest.approx([h["train_loss"] for h in one_h], rel=1e-5)
 
 
-def test_a_trusted_model_with_its_own_code_is_built_from_the_store(bucket, tmp_path):
+def test_a_trusted_model_with_its_own_code_is_built_from_the_store(bucket, tmp_path, monkeypatch):
+    """Each build imports the code from a copy named by its digest: transformers' module cache
+    keeps one entry for the model (was: one more at every build, for good)."""
     from tests.unit.test_pretrained import remote_code_folder
     from trainer import pretrained
 
+    modules = tmp_path / "hf-modules"
+    monkeypatch.setenv("HF_MODULES_CACHE", str(modules))
+    monkeypatch.setattr("transformers.dynamic_module_utils.HF_MODULES_CACHE", str(modules))
     local = remote_code_folder(tiny_llama_folder(tmp_path / "base"), tmp_path / "remote")
     source = pretrained.resolve(upload_folder(local, f"s3://{bucket}/models/remote"))
     config = pretrained.read_config(source, trust_remote_code=True)
-    model = pretrained.build_on_meta(config, torch.float32, source)  # its code copied out of the store
+    for _ in range(3):
+        model = pretrained.build_on_meta(config, torch.float32, source)  # its code copied out of the store
     assert type(model).__name__ == "TinyRemoteForCausalLM"
+    assert len([p for p in (modules / "transformers_modules").iterdir() if p.is_dir()]) == 1
     pretrained.give_storage(model, torch.device("cpu"), pretrained.buffers_of(model))
     assert pretrained.load_base_weights(model, source, pretrained.tensor_index(source)) == []
