@@ -644,6 +644,8 @@ def run_local(
 #: Where the runs' locks live: one folder of the machine whatever a process's TMPDIR (a run sets
 #: its own for its steps), so that every start of a run sees the others'.
 LOCK_FOLDER = "/tmp"
+#: How a run lock's file name starts (a digest of the run's place follows).
+LOCK_STEM = "kftrain-run-"
 
 
 @contextlib.contextmanager
@@ -652,13 +654,15 @@ def running_alone(root: str, run_id: str) -> Iterator[None]:
     run meanwhile is refused (was: both trained into its one checkpoint prefix, each pruning the
     other's steps, and both failed). A file lock the system drops with the process, however it
     ends; the file goes with the block (a killed holder's stays, unlocked, and is taken over). Per
-    machine: a start on another machine sharing the store is not seen."""
+    machine: a start on another machine sharing the store is not seen. A start also removes the
+    lock files no process holds (a SIGKILLed start's), so they do not pile up."""
     import fcntl
     import hashlib
 
     folder = LOCK_FOLDER if os.path.isdir(LOCK_FOLDER) else tempfile.gettempdir()
+    _remove_unheld_locks(folder)
     key = _run_place(root)  # one lock however the store is written (`st`, `./st/`, a link, a bind mount)
-    path = os.path.join(folder, f"kftrain-run-{hashlib.sha256(key.encode()).hexdigest()[:24]}.lock")
+    path = os.path.join(folder, f"{LOCK_STEM}{hashlib.sha256(key.encode()).hexdigest()[:24]}.lock")
     while True:
         try:
             try:
@@ -692,6 +696,30 @@ def running_alone(root: str, run_id: str) -> Iterator[None]:
         with contextlib.suppress(OSError):
             os.unlink(path)  # while locked: a start that opened it meanwhile finds it gone, and makes another
         os.close(fd)
+
+
+def _remove_unheld_locks(folder: str) -> None:
+    """Remove the run locks in `folder` that no process holds, each while holding it, as a
+    holder leaves its own: a start that opened one meanwhile finds it gone, and makes another.
+    This user's own files only: others' cannot be opened for writing."""
+    import fcntl
+
+    with contextlib.suppress(OSError), os.scandir(folder) as entries:
+        for entry in entries:
+            if not (entry.name.startswith(LOCK_STEM) and entry.name.endswith(".lock")):
+                continue
+            try:
+                fd = os.open(entry.path, os.O_RDWR | os.O_NOFOLLOW)
+            except OSError:
+                continue
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                if os.path.samestat(os.fstat(fd), os.stat(entry.path, follow_symlinks=False)):
+                    os.unlink(entry.path)
+            except OSError:  # held (a running start's), or gone meanwhile
+                pass
+            finally:
+                os.close(fd)
 
 
 @contextlib.contextmanager

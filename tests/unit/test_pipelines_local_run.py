@@ -410,3 +410,25 @@ def test_a_stores_log_waits_in_the_temporary_folder_for_this_user_alone(tmp_path
     finally:
         os.umask(old)
     assert (tmp_path / "sub" / "x.log").stat().st_mode & 0o777 == (0o600 if private else 0o644)
+
+
+def test_a_start_removes_the_run_locks_no_process_holds_and_keeps_the_held_ones(tmp_path, monkeypatch):
+    """A SIGKILLed start's lock file stayed in /tmp for good, one per killed start (was: only a
+    start of that same run took it over)."""
+    import fcntl
+
+    from pipelines import local_run
+
+    monkeypatch.setattr(local_run, "LOCK_FOLDER", str(tmp_path))
+    for name in ("kftrain-run-stale.lock", "kftrain-run-held.lock", "not-a-lock.lock"):
+        (tmp_path / name).write_text("process 1, started 04:00:00")
+    holder = os.open(tmp_path / "kftrain-run-held.lock", os.O_RDWR)  # a running start's: locked by its open file
+    fcntl.flock(holder, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    try:
+        with local_run.running_alone(str(tmp_path / "out" / "runs" / "r"), "r"):
+            during = {p.name for p in tmp_path.glob("*.lock")}
+    finally:
+        os.close(holder)
+    assert "kftrain-run-stale.lock" not in during and {"kftrain-run-held.lock", "not-a-lock.lock"} < during
+    assert len(during) == 3  # and this start's own, removed as it ends
+    assert {p.name for p in tmp_path.glob("*.lock")} == {"kftrain-run-held.lock", "not-a-lock.lock"}
