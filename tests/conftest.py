@@ -180,6 +180,40 @@ def run_group(cmd: list[str], timeout: float, env: dict[str, str] | None = None,
         pytest.fail(f"{cmd[:3]} timed out after {timeout}s; output:\n{(exc.output or '')[-4000:]}")
 
 
+class Mounts:
+    """Real mounts a test makes where this machine allows them (root, or a container with
+    CAP_SYS_ADMIN), each undone after the test. Each call returns whether it mounted; `need=True`
+    skips the test when it could not."""
+
+    def __init__(self) -> None:
+        self.made: list[Path] = []
+
+    def _mount(self, args: list[str], where: Path, need: bool) -> bool:
+        where.mkdir(parents=True, exist_ok=True)
+        if subprocess.run(["mount", *args, str(where)], capture_output=True).returncode:
+            if need:
+                pytest.skip(f"mount {' '.join(args)} is not allowed here")
+            return False
+        self.made.append(where)
+        return True
+
+    def bind(self, source: Path, where: Path, need: bool = True) -> bool:
+        """`source` (a folder that exists) seen at `where` too, as `mount --bind` or a container's volume."""
+        return self._mount(["--bind", str(source)], where, need)
+
+    def tmpfs(self, where: Path, size: str, need: bool = True) -> bool:
+        """A small disk of `size` (`64k`) at `where`, to fill."""
+        return self._mount(["-t", "tmpfs", "-o", f"size={size}", "tmpfs"], where, need)
+
+
+@pytest.fixture
+def mounts() -> Iterator[Mounts]:
+    made = Mounts()
+    yield made
+    for where in reversed(made.made):
+        subprocess.run(["umount", str(where)], check=True)
+
+
 # -- fixtures and helpers that both tiers, or several files, use --------------------------------
 
 

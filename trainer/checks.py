@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any
 from trainer.config import BUILTIN_TASKS, Config, ConfigError, config_to_json, to_dict
 from trainer.errors import KftrainError
 from trainer.k8s_formats import quantity_value
-from trainer.storage import LocalStore, StoreError, check_deadline, join_uri, parse_uri, place_of
+from trainer.storage import LocalStore, StoreError, check_deadline, file_place, join_uri, parse_uri, place_of
 
 log = logging.getLogger("kftrain.checks")
 
@@ -143,10 +143,15 @@ def _refuse_writes_inside(
     local = {field: os.path.realpath(place(uri)) for field, uri in writes.items() if not _is_remote(uri)}
     source_is_local = not parse_uri(source).is_remote and os.path.isdir(folder)
     linked = LocalStore().linked_folders(folder) if local and source_is_local else []
+    # And a local input seen at a second path (a bind mount, one host folder in a container twice).
+    mounted = file_place(folder) if source_is_local else ""
     for field, uri in writes.items():
         key = place(uri)
         inside = key == folder or key.startswith(f"{folder}/")
         real = local.get(field)
+        if real and mounted:
+            at = file_place(real)
+            inside |= at == mounted or at.startswith(f"{mounted.rstrip('/')}/")
         via = next((f for f in linked if real and (real == f or real.startswith(f"{f}/"))), None)
         if inside or via:
             how = f" through its link to {via}" if via and not inside else ""

@@ -172,24 +172,18 @@ def test_sigkill_mid_epoch_then_resume_ends_bitwise_equal(shared, tmp_path, stra
     assert [h["epoch"] for h in record["history"]] == list(range(epochs))
 
 
-def test_a_staging_folder_whose_disk_fills_says_so_and_leaves_nothing(tmp_path, monkeypatch):
+def test_a_staging_folder_whose_disk_fills_says_so_and_leaves_nothing(tmp_path, monkeypatch, mounts):
     """TMPDIR on a disk too small for a rank's part (was: torch's "unexpected pos 704 vs 598" or
     DCP's CheckpointException, naming neither the folder nor the full disk). Needs a small tmpfs,
     where this machine allows one to be mounted."""
-    import subprocess
     import tempfile
 
     disk = tmp_path / "tmp"
-    disk.mkdir()
-    if subprocess.run(["mount", "-t", "tmpfs", "-o", "size=256k", "tmpfs", str(disk)], capture_output=True).returncode:
-        pytest.skip("mounting a small tmpfs is not allowed here")
-    try:
-        monkeypatch.setattr(tempfile, "tempdir", str(disk))
-        ckpt = CheckpointManager(LocalStore(), str(tmp_path / "ckpt"), 2, owner="r")
-        ckpt.claim(resume=True)
-        with pytest.raises(CheckpointError, match=rf"step 3 not staged: the disk of its staging folder {disk} is full"):
-            ckpt.save(3, {"model": {"w": torch.zeros(1 << 20)}}, blocking=True)
-        assert list(disk.iterdir()) == []
-        assert ckpt.committed_steps() == []
-    finally:
-        subprocess.run(["umount", str(disk)], check=True)
+    mounts.tmpfs(disk, "256k")
+    monkeypatch.setattr(tempfile, "tempdir", str(disk))
+    ckpt = CheckpointManager(LocalStore(), str(tmp_path / "ckpt"), 2, owner="r")
+    ckpt.claim(resume=True)
+    with pytest.raises(CheckpointError, match=rf"step 3 not staged: the disk of its staging folder {disk} is full"):
+        ckpt.save(3, {"model": {"w": torch.zeros(1 << 20)}}, blocking=True)
+    assert list(disk.iterdir()) == []
+    assert ckpt.committed_steps() == []

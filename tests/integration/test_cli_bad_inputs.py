@@ -176,3 +176,25 @@ def test_a_base_model_in_the_store_is_checked_there(tmp_path, tiny_llama, s3_env
         client.fput_object(root, path.name, str(path))
     at_root = base_model_config(f"s3://{root}", "model:\n  block_size: 512\n")
     run_refused(tmp_path, at_root, {**os.environ, **s3_env.env()}, ["model.block_size 512", "at most 256"])
+
+
+@pytest.mark.parametrize("through", ["output_dir", "store.uri", "--summary"])
+def test_a_write_into_the_data_source_through_a_bind_mount_of_it_is_refused(tmp_path, mounts, through):
+    """The source folder seen at a second path (a bind mount; one host folder mounted twice in a
+    container): a place under that path is inside it (was: a real path of its own, and the run's
+    files became the next data prep's rows). Needs a bind mount, where this machine allows one."""
+    from trainer.checks import check_writes_outside_inputs, run_writes
+    from trainer.config import ConfigError, load_config
+
+    (tmp_path / "corpus").mkdir()
+    mounts.bind(tmp_path / "corpus", tmp_path / "view")
+    place = str(tmp_path / "view" / "runs")
+    cfg = load_config(
+        overrides={"data.source": str(tmp_path / "corpus"), **({"store.uri": place} if through == "store.uri" else {})}
+    )
+    writes = run_writes(cfg, place if through == "output_dir" else "")
+    if through == "--summary":
+        writes["--summary"] = f"{place}/summary.json"
+    with pytest.raises(ConfigError, match=r"is inside data.source .*: data prep would read the run's own files"):
+        check_writes_outside_inputs(cfg, writes)
+    check_writes_outside_inputs(load_config(overrides={"data.source": str(tmp_path / "corpus")}), {"x": str(tmp_path)})

@@ -290,7 +290,7 @@ with running_alone(sys.argv[1], "r1"):
 
 
 @pytest.mark.timeout(60)
-def test_a_second_start_of_a_running_run_is_refused_until_the_first_is_gone_however_it_ended(tmp_path):
+def test_a_second_start_of_a_running_run_is_refused_until_the_first_is_gone_however_it_ended(tmp_path, mounts):
     """Was: two starts of one --run-id at once, both training into its one checkpoint prefix, each
     pruning the other's steps, both failing. The lock goes with the process, SIGKILL included."""
     from pipelines.local_run import running_alone
@@ -307,20 +307,12 @@ def test_a_second_start_of_a_running_run_is_refused_until_the_first_is_gone_howe
         spellings = [root, f"{root}/", os.path.relpath(root), str(tmp_path / "link" / "runs" / "r1")]
         # And through a bind mount of its store, where this machine allows one (was: its own real
         # path, its own lock); the folder need not exist yet.
-        (tmp_path / "view").mkdir()
         (tmp_path / "out").mkdir()
-        mounted = subprocess.run(
-            ["mount", "--bind", str(tmp_path / "out"), str(tmp_path / "view")], capture_output=True
-        )
-        if mounted.returncode == 0:
+        if mounts.bind(tmp_path / "out", tmp_path / "view", need=False):
             spellings.append(str(tmp_path / "view" / "runs" / "r1"))
-        try:
-            for spelling in spellings:
-                with pytest.raises(ConfigError, match=refused), running_alone(spelling, "r1"):
-                    pass
-        finally:
-            if mounted.returncode == 0:
-                subprocess.run(["umount", str(tmp_path / "view")], check=True)
+        for spelling in spellings:
+            with pytest.raises(ConfigError, match=refused), running_alone(spelling, "r1"):
+                pass
         with running_alone(str(tmp_path / "out" / "runs" / "r2"), "r2"):  # another run: its own lock
             pass
     finally:
