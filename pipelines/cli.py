@@ -834,9 +834,9 @@ def _path(text: str) -> str:
         )
     path = os.path.expanduser(text)
     try:
-        Path(path).resolve()
-    except (RuntimeError, OSError) as exc:  # a loop of links: Python 3.11 says RuntimeError, later ones ELOOP
-        if isinstance(exc, RuntimeError) or exc.errno == errno.ELOOP:
+        os.path.realpath(path, strict=True)
+    except OSError as exc:  # a path not made yet is fine; a loop of links names nothing
+        if exc.errno == errno.ELOOP:
             raise argparse.ArgumentTypeError(
                 f"{text}: its symbolic links form a loop, so it names no file or folder; fix the links, or name "
                 "another path"
@@ -863,7 +863,10 @@ class _Parser(argparse.ArgumentParser):
 def _cut_by_the_shell(argv: list[str], unrecognized: str) -> str:
     """`--set 'KEY=VALUE WITH SPACES'` when the arguments argparse did not recognise
     (`unrecognized`) begin right after a `--set` or `--param` of `argv`: the rest of its value,
-    which the shell split off at a space; else ""."""
+    which the shell split off at a space; else "". A value that may be a credential is not shown
+    (`'KEY=...'`): a passphrase's words are no token for redact() to find."""
+    from trainer.credentials import credential_in
+
     for k in range(len(argv) - 2):
         option, value, after = argv[k : k + 3]
         if (
@@ -873,7 +876,14 @@ def _cut_by_the_shell(argv: list[str], unrecognized: str) -> str:
             and unrecognized.startswith(after)
         ):
             end = next((m for m in range(k + 2, len(argv)) if argv[m].startswith("-")), len(argv))
-            return f"{option} {shlex.quote(' '.join(argv[k + 1 : end]))}"
+            key, _, first = value.partition("=")
+            whole = " ".join([first, *argv[k + 2 : end]])
+            name = key.rsplit(".", 1)[-1]
+            if {"env", "extra_env"} & set(key.split(".")) or any(
+                credential_in(name, w) for w in [whole, *whole.split()]
+            ):
+                return f"{option} '{key}=...' (the whole value inside the quotes)"
+            return f"{option} {shlex.quote(f'{key}={whole}')}"
     return ""
 
 
@@ -913,9 +923,12 @@ def _output_file(what: str, earlier: Callable[[str], bool]) -> Callable[[str], s
         path = Path(_path(text))
         if path.is_dir():
             raise argparse.ArgumentTypeError(f"{text} is a folder; name a file")
-        folder = path.parent
-        while not folder.exists():  # the folders that are missing are made when the file is written
-            # (through a link to a folder not made yet too: that folder is made)
+        # The folders that are missing are made when the file is written (through a link to a
+        # folder not made yet too: that folder is made). `_path` refused a loop of links; `seen`
+        # ends the walk all the same.
+        folder, seen = path.parent, set()
+        while not folder.exists() and folder not in seen:
+            seen.add(folder)
             folder = Path(os.path.realpath(folder)) if folder.is_symlink() else folder.parent
         if not folder.is_dir():
             raise argparse.ArgumentTypeError(f"{folder} is a file, so {text} cannot be made; name a file in a folder")

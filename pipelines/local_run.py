@@ -286,7 +286,7 @@ def _temporary_log_stem(root: str) -> str:
     of where the folder is (one run id may name runs in two stores)."""
     import hashlib
 
-    where = hashlib.sha256(_run_place(root).encode()).hexdigest()[:8]
+    where = hashlib.sha256((place_of(root) or root).encode()).hexdigest()[:8]
     return f"kftrain-{root.rstrip('/').rsplit('/', 1)[-1]}-{where}"
 
 
@@ -656,7 +656,6 @@ def running_alone(root: str, run_id: str) -> Iterator[None]:
     ends; the file goes with the block (a killed holder's stays, unlocked, and is taken over). Per
     machine: a start on another machine sharing the store is not seen. A start also removes the
     lock files no process holds (a SIGKILLed start's), so they do not pile up."""
-    import fcntl
     import hashlib
 
     folder = LOCK_FOLDER if os.path.isdir(LOCK_FOLDER) else tempfile.gettempdir()
@@ -672,7 +671,7 @@ def running_alone(root: str, run_id: str) -> Iterator[None]:
         except OSError as exc:
             raise ConfigError(f"--run-id {run_id}: cannot open the run's lock {path} ({exc.strerror})") from None
         try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            _lock_within(fd, 1.0)
         except BlockingIOError:
             holder = os.pread(fd, 200, 0).decode(errors="replace").strip() or "another process"
             os.close(fd)
@@ -696,6 +695,22 @@ def running_alone(root: str, run_id: str) -> Iterator[None]:
         with contextlib.suppress(OSError):
             os.unlink(path)  # while locked: a start that opened it meanwhile finds it gone, and makes another
         os.close(fd)
+
+
+def _lock_within(fd: int, seconds: float) -> None:
+    """Lock `fd` exclusively, trying for `seconds` (another start sweeping the unheld locks holds
+    each for a moment), else BlockingIOError: a start holds it."""
+    import fcntl
+
+    end = time.monotonic() + seconds
+    while True:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            return
+        except BlockingIOError:
+            if time.monotonic() >= end:
+                raise
+            time.sleep(0.05)
 
 
 def _remove_unheld_locks(folder: str) -> None:

@@ -137,11 +137,11 @@ def _digests(path: Path, block_bytes: int = 0) -> tuple[str, list[str]]:
 _FULL_BELOW = 1 << 20
 
 
-def _staging_full(folder: Path, exc: BaseException) -> str:
-    """Why staging into `folder` failed when its disk filled (told by the OS's error anywhere in
-    `exc`'s chain, or by under :data:`_FULL_BELOW` left), else ""."""
-    seen, todo = set(), [exc]
-    said = False
+def _staging_full(folder: Path, exc: BaseException, rank: int) -> str:
+    """Why rank `rank`'s staging into `folder` failed when its disk filled (told by the OS's
+    error in `exc`'s chain, or in this rank's entry of DCP's CheckpointException: another rank's
+    full disk is not this one's; or by under :data:`_FULL_BELOW` left), else ""."""
+    seen, todo, said = set(), [exc], False
     while todo:
         e = todo.pop()
         if id(e) in seen:
@@ -149,12 +149,12 @@ def _staging_full(folder: Path, exc: BaseException) -> str:
         seen.add(id(e))
         said |= isinstance(e, OSError) and e.errno in (errno.ENOSPC, errno.EDQUOT)
         todo += [x for x in (e.__cause__, e.__context__, *e.args) if isinstance(x, BaseException)]
-        failures = getattr(e, "failures", None)  # DCP's CheckpointException: the ranks' exceptions
-        if isinstance(failures, dict):
-            todo += [x for x in failures.values() if isinstance(x, BaseException)]
+        if isinstance(e, CheckpointException):  # each rank's failure as (exception, its traceback)
+            own = e.failures.get(rank)
+            todo += [own[0]] if isinstance(own, tuple) and isinstance(own[0], BaseException) else []
     try:
-        usage = shutil.disk_usage(folder)
-        staged = sum(p.stat().st_size for p in folder.iterdir() if p.is_file())
+        usage = shutil.disk_usage(folder.parent)
+        staged = sum(p.stat().st_size for p in folder.iterdir() if p.is_file()) if folder.is_dir() else 0
     except OSError:
         return ""
     if not said and usage.free >= _FULL_BELOW:
@@ -317,7 +317,8 @@ class CheckpointManager:
             if local is not None:
                 torch.save(local(), folder / rank_part(self.rank))
         except BaseException as exc:
-            full = _staging_full(folder, exc)
+            # (Not a stop: Ctrl-C or an exit on a nearly full disk is still what it is.)
+            full = "" if isinstance(exc, KeyboardInterrupt | SystemExit) else _staging_full(folder, exc, self.rank)
             shutil.rmtree(folder, ignore_errors=True)
             if full:
                 raise CheckpointError(f"checkpoint step {step} not staged: {full}") from exc

@@ -1522,13 +1522,23 @@ def _sections(cls: type, path: str = "") -> Iterator[tuple[str, type]]:
 def _unknown_key_hint(key: str, names: set[str], path: str) -> str:
     """What an unknown `key` in the section at `path` (whose keys are `names`) was likely meant
     as: the same key of another section (`learning_rate` at the top, not under `train`), else a
-    key of this section spelt alike (a typo, another case, a stray space); "" when neither."""
-    elsewhere = [p for p, cls in _sections(Config) if p != path and key in {f.name for f in dataclasses.fields(cls)}]
-    if elsewhere:
-        return f"; {k8s.plain(key)} is a key of {' and '.join(elsewhere)}: write it there"
+    key of this section spelt alike (a typo, another case, a stray space), else one of another
+    section spelt alike (`data.batchsize`: train.batch_size); "" when none."""
+    elsewhere: dict[str, list[str]] = {}  # a key of another section -> the sections it is in
+    for p, cls in _sections(Config):
+        for f in dataclasses.fields(cls):
+            if p != path:
+                elsewhere.setdefault(f.name, []).append(p)
+    if key in elsewhere:
+        where = " and ".join(p or "the top level" for p in elsewhere[key])
+        return f"; {k8s.plain(key)} is a key of {where}: write it there"
+    spaced = " (no spaces around it)" if key != key.strip() else ""
     alike = difflib.get_close_matches(key.strip().lower(), sorted(names), n=1, cutoff=0.75)
     if alike:
-        return f"; did you mean {alike[0]}{' (no spaces around it)' if key != key.strip() else ''}?"
+        return f"; did you mean {alike[0]}{spaced}?"
+    alike = difflib.get_close_matches(key.strip().lower(), sorted(elsewhere), n=1, cutoff=0.8)
+    if alike:
+        return f"; did you mean {' or '.join(f'{p}.{alike[0]}' if p else alike[0] for p in elsewhere[alike[0]])}?"
     return ""
 
 
@@ -1658,7 +1668,7 @@ class _ConfigLoader(yaml.SafeLoader):
         """YAML 1.2's floats, also under an explicit `!!float` (PyYAML's reads `1:30` as 90 and
         `1_0.5` as 10.5), but not one too small for a float that would read as 0 (`1e-400`): a typo
         for a small value, which a check for a positive number would then blame on 0.0."""
-        if not _YAML_1_2_FLOAT.fullmatch(self.construct_scalar(node)):
+        if not _YAML_1_2_TAGGED_FLOAT.fullmatch(self.construct_scalar(node)):
             self._fail(node.start_mark, "!!float takes a number: digits, an optional . and exponent, .inf or .nan")
         value = super().construct_yaml_float(node)
         if problem := underflow_problem(str(node.value), value):
@@ -1727,6 +1737,9 @@ _YAML_1_2_INT = re.compile(r"[-+]?(?:0|[1-9][0-9]*)|0x[0-9a-fA-F]+|0o[0-7]+")
 _YAML_1_2_FLOAT = re.compile(
     r"[-+]?(?:\.[0-9]+|(?:0|[1-9][0-9]*)(?:\.[0-9]*)?)(?:[eE][-+]?[0-9]+)?|[-+]?\.(?:inf|Inf|INF)|\.(?:nan|NaN|NAN)"
 )
+# Under an explicit `!!float`, YAML 1.2's own pattern, leading zeros included (`!!float 01.5`):
+# no octal to mistake it for. Untagged, `010` stays text (above), for the type check to name.
+_YAML_1_2_TAGGED_FLOAT = re.compile(_YAML_1_2_FLOAT.pattern.replace("(?:0|[1-9][0-9]*)", "[0-9]+"))
 _ConfigLoader.add_constructor("tag:yaml.org,2002:float", _ConfigLoader.construct_yaml_float)
 _ConfigLoader.add_constructor("tag:yaml.org,2002:bool", _ConfigLoader.construct_yaml_bool)
 _ConfigLoader.add_constructor("tag:yaml.org,2002:int", _ConfigLoader.construct_yaml_int)

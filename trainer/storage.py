@@ -286,8 +286,10 @@ def file_place(path: str, table: str = MOUNTINFO) -> str:
     table cannot be read, the real path."""
     real = os.path.realpath(path)
     best: tuple[str, str, str] | None = None
-    for point, root, device in _mounts(table):  # the longest mount point over `real`; the last of equals
-        if (real == point or real.startswith(point.rstrip("/") + "/")) and (best is None or len(point) >= len(best[0])):
+    for point, root, device in _mounts(table):
+        # The table lists mounts in the order they were made: of those over `real`, the last is
+        # the one reached, whether deeper than the others or over a folder above them (hiding them).
+        if real == point or real.startswith(point.rstrip("/") + "/"):
             best = (point, root, device)
     if best is None:
         return real
@@ -449,7 +451,7 @@ class LocalStore:
         except OSError as exc:
             blocker = _nearest_existing(dest.parent)
             why = f"{blocker} is a file, not a folder: move it, or write elsewhere" if not blocker.is_dir() else ""
-            raise StoreError(f"cannot write {dest}: {why or exc.strerror or exc}") from None
+            raise StoreError(f"cannot write {dest}: {why or _write_problem(exc)}") from None
 
     @staticmethod
     @contextlib.contextmanager

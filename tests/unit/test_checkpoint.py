@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import json
 import logging
@@ -9,6 +10,7 @@ import logging
 import pytest
 import torch
 from torch.distributed.checkpoint import FileSystemReader
+from torch.distributed.checkpoint.api import CheckpointException
 
 from trainer.checkpoint import (
     COMMIT,
@@ -380,3 +382,31 @@ def test_pruning_keeps_the_best_checkpoint_beside_the_last_and_across_restarts(t
     # Without keep_best the plain rule applies, and no best is chosen.
     plain = CheckpointManager(store, prefix, keep_last=1)
     assert plain.best() is None
+
+
+def _chained(outer: BaseException, inner: BaseException) -> BaseException:
+    outer.__cause__ = inner
+    return outer
+
+
+@pytest.mark.parametrize(
+    ("exc", "full"),
+    [
+        (OSError(errno.ENOSPC, "No space left on device"), True),
+        (OSError(errno.EDQUOT, "Disk quota exceeded"), True),  # a quota, with bytes free on the disk
+        (_chained(RuntimeError("unexpected pos 704 vs 598"), OSError(errno.ENOSPC, "full")), True),
+        # DCP's: each rank's (exception, traceback); only this rank's (0) counts
+        (CheckpointException("save", {0: (OSError(errno.ENOSPC, "full"), None)}), True),
+        (CheckpointException("save", {1: (OSError(errno.ENOSPC, "full"), None)}), False),
+        (RuntimeError("unexpected pos 704 vs 598"), False),  # the disk has room: something else
+        (OSError(errno.EACCES, "Permission denied"), False),
+    ],
+)
+def test_a_staging_failure_is_told_a_full_disk_by_this_rank_s_own_error(tmp_path, exc, full):
+    from trainer.checkpoint import _staging_full
+
+    folder = tmp_path / "kftrain-ckpt-rank0-step00000003-x"
+    said = _staging_full(folder, exc, rank=0)  # the folder gone already: nothing staged
+    assert bool(said) is full
+    if full:
+        assert said.startswith(f"the disk of its staging folder {tmp_path} is full (0 B of this rank's part written")

@@ -36,6 +36,8 @@ def test_yaml_file_maps_onto_the_tree(tmp_path):
         ("kubernetes:\n  replicas: 2\n", "kubernetes.replicas: unknown key; replicas is a key of job: write it"),
         ("job:\n  min_replicas: 2\n", "min_replicas is a key of kubernetes.elastic: write it there"),
         ("train:\n  zzz: 1\n", "train.zzz: unknown key (valid keys in train:"),
+        ("data:\n  batchsize: 3\n", "data.batchsize: unknown key; did you mean train.batch_size?"),
+        ("train:\n  dropuot: 0.1\n", "train.dropuot: unknown key; did you mean model.dropout or lora.dropout?"),
         ("train.epochs: 3\n", "train.epochs: unknown key; a dotted key is not nested in YAML: write train: and under"),
         ("train:\n  lr.x: 3\n", "train.lr.x: unknown key (valid keys in train:"),
         ("kubernetes:\n  extra_env: [{name: A}]\n", "kubernetes.extra_env[0]: must be a mapping with `name` and"),

@@ -129,6 +129,9 @@ def test_a_plain_config_still_loads():
     text = "job:\n  replicas: 2\nkubernetes:\n  node_selector: {pool: gpu}\n  tolerations:\n  - {key: a}\n"
     cfg = parse_config(text)
     assert cfg.job.replicas == 2 and cfg.kubernetes.node_selector == {"pool": "gpu"}
+    # Explicit tags take YAML 1.2's values, a float's leading zeros included (no octal there).
+    tagged = parse_config("train:\n  learning_rate: !!float 01.5e-3\n  epochs: !!int 0x10\n  compile: !!bool TRUE\n")
+    assert (tagged.train.learning_rate, tagged.train.epochs, tagged.train.compile) == (1.5e-3, 16, True)
 
 
 def test_the_same_key_in_different_mappings_is_fine():

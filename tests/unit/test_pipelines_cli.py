@@ -928,6 +928,15 @@ def test_a_flag_s_bad_value_is_named_by_the_flag(tmp_path, monkeypatch, capsys, 
         ),
         (["job", "manifest", "--set", "job.image=my", "image"], "--set 'job.image=my image'"),
         (["submit", "--host", "http://h", "--param", "store=s3://b/my", "data"], "--param 'store=s3://b/my data'"),
+        # A value that may be a credential is not shown: its first word was never echoed before.
+        (
+            ["job", "manifest", "--set", "kubernetes.env.DB_PASSWORD=correct", "horse", "battery"],
+            "--set 'kubernetes.env.DB_PASSWORD=...' (the whole value inside the quotes)",
+        ),
+        (
+            ["job", "manifest", "--set", "data.source=hf_abcdefghijklmnopqrstuvwxyz0123456789", "x"],
+            "--set 'data.source=...' (the whole value inside the quotes)",
+        ),
         # Not a split value: no hint.
         (["job", "manifest", "--set", "job.image=x", "--bogus"], ""),
         (["job", "manifest", "stray"], ""),
@@ -941,6 +950,7 @@ def test_a_value_the_shell_split_at_its_spaces_is_shown_quoted(capsys, argv, hin
     assert last.startswith("kftrain") and "unrecognized arguments" in last, last
     if hint:
         assert last.endswith(f"; the shell split a value at its spaces: quote the whole of it, {hint}"), last
+        assert "correct" not in last and "hf_abc" not in last
     else:
         assert "the shell split" not in last, last
 

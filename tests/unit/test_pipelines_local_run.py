@@ -432,3 +432,24 @@ def test_a_start_removes_the_run_locks_no_process_holds_and_keeps_the_held_ones(
     assert "kftrain-run-stale.lock" not in during and {"kftrain-run-held.lock", "not-a-lock.lock"} < during
     assert len(during) == 3  # and this start's own, removed as it ends
     assert {p.name for p in tmp_path.glob("*.lock")} == {"kftrain-run-held.lock", "not-a-lock.lock"}
+
+
+def test_a_lock_held_for_a_moment_by_another_start_s_sweep_does_not_refuse_the_run(tmp_path, monkeypatch):
+    """Another start sweeping the unheld locks holds each for a moment: a start that meets it
+    then waits for it (was: refused as "running already", naming a dead process)."""
+    import fcntl
+    import threading
+
+    from pipelines import local_run
+
+    monkeypatch.setattr(local_run, "LOCK_FOLDER", str(tmp_path))
+    monkeypatch.setattr(local_run, "_remove_unheld_locks", lambda folder: None)  # only the other start sweeps
+    root = str(tmp_path / "out" / "runs" / "r")
+    with local_run.running_alone(root, "r"):
+        (path,) = tmp_path.glob("kftrain-run-*.lock")
+    path.write_text("process 999, started 01:02:03")  # as a SIGKILLed start leaves it
+    sweeper = os.open(path, os.O_RDWR)
+    fcntl.flock(sweeper, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    threading.Timer(0.3, os.close, (sweeper,)).start()
+    with local_run.running_alone(root, "r"):
+        pass

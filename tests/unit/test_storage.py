@@ -108,7 +108,8 @@ def test_same_place_reads_one_place_however_it_is_written(tmp_path, monkeypatch,
 
 # A mount table as Linux writes it (/proc/self/mountinfo): the host's `/srv/data` bind-mounted
 # at /mnt/view and, as in a container given one host folder twice, at /job/a and /job/b; a
-# folder with a space (written \040); another filesystem at /scratch.
+# folder with a space (written \040); another filesystem at /scratch, mounted over; /data with
+# /data/deep in it, then /data mounted again over both (hiding /data/deep).
 MOUNTINFO = """\
 21 1 8:1 / / rw,relatime - ext4 /dev/sda1 rw
 30 21 8:1 /srv/data /mnt/view rw,relatime - ext4 /dev/sda1 rw
@@ -117,6 +118,9 @@ MOUNTINFO = """\
 33 21 8:1 /srv/my\\040data /job/my\\040view rw - ext4 /dev/sda1 rw
 40 21 0:50 / /scratch rw - tmpfs tmpfs rw
 41 40 0:51 / /scratch rw - tmpfs tmpfs rw
+50 21 0:60 / /data rw - tmpfs tmpfs rw
+51 50 0:61 / /data/deep rw - tmpfs tmpfs rw
+52 21 0:62 / /data rw - tmpfs tmpfs rw
 """
 
 
@@ -138,6 +142,7 @@ def test_a_folder_reached_through_two_mounts_is_one_file_place(tmp_path, a, b, s
     table.write_text(MOUNTINFO)
     assert (file_place(a, str(table)) == file_place(b, str(table))) is same
     assert file_place("/scratch/r", str(table)) == "0:51:/r"
+    assert file_place("/data/deep/f", str(table)) == "0:62:/deep/f"  # /data mounted again, over /data/deep
     assert file_place("/x/y", str(tmp_path / "none")) == "/x/y"  # no table: the real path
 
 
