@@ -410,12 +410,11 @@ class ModelConfig:
 _TRAIN_BOUNDS = {
     "epochs": POSITIVE,
     "batch_size": POSITIVE,
-    # AdamW moves each weight by about the learning rate at each step (and divides it by 1 - beta1
-    # in float32: 1e38 overflowed there, mid-run).
+    # AdamW divides the learning rate by 1 - beta1 (0.1 at the first step) and applies it in
+    # float32: past 1e37 that overflowed mid-run ("value cannot be converted to type float").
     "learning_rate": Bound(
-        lambda v: 0 < v <= 1000,
-        "must be positive and at most 1000 (AdamW moves each weight by "
-        "about the learning rate at each step; usual values are 1e-5 to 1e-2)",
+        lambda v: 0 < v <= 1e37,
+        "must be positive and at most 1e37 (AdamW divides it by 1 - beta1, 0.1, and applies it in float32)",
     ),
     "weight_decay": in_float32(NOT_NEGATIVE),
     "max_steps": NOT_NEGATIVE,

@@ -71,7 +71,7 @@ def test_yaml_file_maps_onto_the_tree(tmp_path):
         ("train:\n  learning_rate: fast\n", "train.learning_rate: must be a number"),
         # Values torch takes in float32, refused before any step (was: "value cannot be converted
         # to type float without overflow" from AdamW, mid-run), and a decay that zeroes the weights.
-        ("train:\n  learning_rate: 1.0e38\n", "train.learning_rate: must be positive and at most 1000 (AdamW"),
+        ("train:\n  learning_rate: 1.0e38\n", "train.learning_rate: must be positive and at most 1e37 (AdamW"),
         ("train:\n  grad_clip_norm: 1.0e39\n", "train.grad_clip_norm: must be >= 0 and at most 3.4e38 (a float32"),
         ("train:\n  weight_decay: 1.0e39\n", "train.weight_decay: must be >= 0 and at most 3.4e38"),
         ("lora:\n  alpha: 1.0e39\n", "lora.alpha: must be positive and at most 3.4e38"),
