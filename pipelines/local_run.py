@@ -653,9 +653,9 @@ def running_alone(root: str, run_id: str) -> Iterator[None]:
     """Hold this machine's lock of the run at `root` inside the block; a second start of the same
     run meanwhile is refused (was: both trained into its one checkpoint prefix, each pruning the
     other's steps, and both failed). A file lock the system drops with the process, however it
-    ends; the file goes with the block (a killed holder's stays, unlocked, and is taken over). Per
-    machine: a start on another machine sharing the store is not seen. A start also removes the
-    lock files no process holds (a SIGKILLed start's), so they do not pile up."""
+    ends; the file goes with the block (a killed holder's stays, unlocked, until the next start of
+    any run on this machine removes it). Per machine: a start on another machine sharing the store
+    is not seen."""
     import hashlib
 
     folder = LOCK_FOLDER if os.path.isdir(LOCK_FOLDER) else tempfile.gettempdir()
