@@ -1251,9 +1251,89 @@ def _stdout_closed() -> bool:
         return False
 
 
+class _GuardedOutput:
+    """Standard output that a failed write does not stop the command at: the first failure (the
+    reader gone, a full disk, a hung-up terminal) is kept in `failed`, later writes are dropped,
+    and :func:`main` says what it means once the command is done (was: a run stopped half-way
+    by `> log` on a full disk, its outcome lost)."""
+
+    def __init__(self, inner: Any) -> None:
+        self.inner = inner
+        self.failed: OSError | ValueError | None = None
+
+    def _guarded(self, call: Callable[[], Any]) -> None:
+        if self.failed is None:
+            try:
+                call()
+            except (OSError, ValueError) as exc:  # ValueError: a closed file
+                self.failed = exc
+
+    def write(self, text: str) -> int:
+        self._guarded(lambda: self.inner.write(text))
+        return len(text)
+
+    def flush(self) -> None:
+        self._guarded(self.inner.flush)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.inner, name)
+
+
+def _standard_streams_usable() -> None:
+    """A standard stream closed as the command starts (`>&-`) becomes /dev/null (Python left it
+    None, a traceback at the first print; and the first file the command opened would have taken
+    its descriptor, for every child process to write into); text the output's encoding has no
+    character for is escaped, not an error (`PYTHONIOENCODING=ascii` and a path with an 'é')."""
+    for fd, name in ((0, "stdin"), (1, "stdout"), (2, "stderr")):
+        try:
+            os.fstat(fd)
+        except OSError:
+            null = os.open(os.devnull, os.O_RDONLY if fd == 0 else os.O_WRONLY)
+            if null != fd:
+                os.dup2(null, fd)
+                os.close(null)
+            if getattr(sys, name) is None:
+                setattr(sys, name, open(fd, "r" if fd == 0 else "w", encoding="utf-8", closefd=False))  # noqa: SIM115
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(AttributeError, ValueError, OSError):
+            stream.reconfigure(errors="backslashreplace")
+
+
 def main(argv: list[str] | None = None) -> int:
     """Entry point of the `kftrain` console script."""
-    argv = sys.argv[1:] if argv is None else argv
+    _standard_streams_usable()
+    out = _GuardedOutput(sys.stdout)
+    sys.stdout = out
+    try:
+        code, is_run = _main(sys.argv[1:] if argv is None else argv)
+        out.flush()  # what is still buffered for a pipe: a reader gone away shows here
+    finally:
+        sys.stdout = out.inner
+    if out.failed is None:
+        return code
+    gone = isinstance(out.failed, BrokenPipeError) or _stdout_closed()
+    if gone:  # the exit's own flush must not fail
+        with contextlib.suppress(OSError):
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+    if code in (2, 128 + signal.SIGINT):  # refused, or interrupted: said already
+        return code
+    if is_run:  # a run's lines are a view of it: its outcome stands, all of it in its full log
+        if not gone:
+            print(
+                f"kftrain: warning: standard output could not be written ({_said(out.failed)}); the run's "
+                "lines are in its full log",
+                file=sys.stderr,
+            )
+        return code
+    if gone:  # the reader went away (`| head`): as a command killed by SIGPIPE, quietly
+        return 128 + signal.SIGPIPE
+    print(f"kftrain: error: cannot write standard output: {_said(out.failed)}", file=sys.stderr)
+    return 1
+
+
+def _main(argv: list[str]) -> tuple[int, bool]:
+    """The command's exit code, and whether it is `kftrain run` (whose output is a view of the
+    run, not its product)."""
     parser = build_parser()
     if argv[:1] == ["horovod-run"] and argv[1:2] and argv[1].startswith("-") and argv[1] not in ("-h", "--help", "--"):
         # horovodrun's flags (`-np 4`), or a script named `-x.py`, where the script goes: argparse
@@ -1262,27 +1342,19 @@ def main(argv: list[str] | None = None) -> int:
     else:
         args = parser.parse_args(argv)
     args.argv = list(argv)
+    is_run = args.func is _cmd_run
     from pipelines.console import warnings_on_stderr
 
     try:
         with warnings_on_stderr():
-            code = args.func(args)
-        sys.stdout.flush()  # what is still buffered for a pipe: a reader gone away shows here
-        return code
-    except BrokenPipeError as exc:
-        if _stdout_closed():  # the reader went away (`| head`): as a command killed by SIGPIPE, quietly
-            with contextlib.suppress(OSError):
-                os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # the exit's flush must not fail
-            return 128 + signal.SIGPIPE
-        print(f"kftrain: error: {redact(str(exc))}", file=sys.stderr)  # another pipe: an error like any other
-        return 2
+            return args.func(args), is_run
     # What the user can fix: one line, no traceback (an OSError names the local file it is about).
     except (KftrainError, ValueError, OSError) as exc:
         print(f"kftrain: error: {redact(_said(exc))}", file=sys.stderr)
-        return 2
+        return 2, is_run
     except KeyboardInterrupt:  # Ctrl-C outside `run --local` (which stops its run itself)
         print("\nkftrain: interrupted; what it started on this machine has stopped", file=sys.stderr)
-        return 128 + signal.SIGINT
+        return 128 + signal.SIGINT, is_run
 
 
 def _said(exc: BaseException) -> str:

@@ -24,6 +24,7 @@ import contextlib
 import errno
 import io
 import logging
+import os
 import re
 import sys
 import threading
@@ -81,6 +82,15 @@ _RESOURCE_ERROR = re.compile(
 _TAIL_CHARS = 500
 
 
+def _shows_colours(stream: TextIO) -> bool:
+    """Whether `stream` is a terminal and colours are wanted (no `NO_COLOR`, `TERM` not dumb)."""
+    try:
+        tty = stream.isatty()
+    except (AttributeError, ValueError, OSError):
+        tty = False
+    return tty and not os.environ.get("NO_COLOR") and os.environ.get("TERM") != "dumb"
+
+
 def plain(text: str) -> str:
     """`text` without terminal colour codes (kfp.local colours task names and statuses)."""
     return _ANSI.sub("", text)
@@ -118,6 +128,7 @@ class StepConsole(io.TextIOBase):
         self._warned: set[str] = set()
         self._unlogged: list[str] = []  # warnings given before the log opened, for its start
         self._stopping = False  # the run was stopped (:meth:`stopping`): a step that ends now was stopped
+        self._colours = _shows_colours(out)
 
     def stopping(self, signum: int) -> None:
         """The run is being stopped: the running step ends as stopped, not as failed."""
@@ -132,8 +143,8 @@ class StepConsole(io.TextIOBase):
                 self.log = self._open_log()
                 self.log.writelines(self._unlogged)
                 self._unlogged.clear()
-            if self.verbose:
-                self._to_terminal(self.out, redact(s))
+            if self.verbose:  # kfp.local's colours, only where a terminal shows them and they are wanted
+                self._to_terminal(self.out, redact(s) if self._colours else redact(plain(s)))
             self._partial += s
             *lines, self._partial = self._partial.split("\n")
             for line in lines:
@@ -160,7 +171,9 @@ class StepConsole(io.TextIOBase):
         """A line of kftrain's own for the terminal (and the log), verbose or not."""
         with self._lock:
             line = redact(line) + "\n"
-            if self.log is not None:
+            if self.log is None:  # the first lines (the run id) come before the log opens: at its start
+                self._unlogged.append(line)
+            else:
                 self.log.write(line)
             self._to_terminal(self.out, line)
 
@@ -189,7 +202,7 @@ class StepConsole(io.TextIOBase):
         try:
             stream.write(text)
             stream.flush()
-        except (BrokenPipeError, ValueError):  # ValueError: writing to a closed file
+        except (OSError, ValueError):  # gone (`| head`), full, hung up; ValueError: a closed file
             self._closed.add(stream)
 
     def _route(self, line: str) -> None:

@@ -515,6 +515,14 @@ def _steps_read_to_the_end() -> Iterator[None]:
         _reading_steps.clear()
 
 
+def stop_signals() -> tuple[int, ...]:
+    """The signals that stop a local run cleanly: SIGTERM, SIGINT (Ctrl-C), and SIGHUP (its
+    terminal or SSH session closed; was: the run died at once, no checkpoint of the step it was
+    at, no resume command) unless ignored (`nohup`: the run is to outlive its terminal)."""
+    hangup = () if signal.getsignal(signal.SIGHUP) is signal.SIG_IGN else (signal.SIGHUP,)
+    return (signal.SIGTERM, signal.SIGINT, *hangup)
+
+
 @contextlib.contextmanager
 def run_scope(
     run_id: str, grace_s: float = 10.0, on_stop: Callable[[int], None] = lambda signum: None
@@ -523,7 +531,7 @@ def run_scope(
 
     Tags the environment (inherited by every descendant) with a run marker, puts every temporary
     file of the run in one folder, starts the watchdog that stops every marked process and removes
-    that folder if this process dies, and turns SIGTERM/SIGINT into :class:`RunStopped` after
+    that folder if this process dies, and turns :func:`stop_signals` into :class:`RunStopped` after
     stopping the run's processes (`on_stop(signum)` is called first). Yields the marker.
 
     A signal while a pipeline step runs does not interrupt the reading of its output: the run's
@@ -545,7 +553,7 @@ def run_scope(
                     os.kill(pid, signal.SIGKILL)
 
     def on_signal(signum: int, frame: Any) -> None:
-        for sig in (signal.SIGTERM, signal.SIGINT):  # a second signal, of either kind, must not interrupt the cleanup
+        for sig in previous:  # a second signal, of any kind, must not interrupt the cleanup
             signal.signal(sig, signal.SIG_IGN)
         # Straight to the descriptor: a buffered write here, while the code the signal interrupted
         # was writing to stderr (a step's FAILED line), raised "reentrant call" and stopped nothing.
@@ -565,7 +573,7 @@ def run_scope(
         os.environ[RUN_MARKER_ENV] = marker
         # Every temporary file of the run in one folder, which goes with the run, SIGKILL included.
         scratch = tempfile.tempdir = tempfile.mkdtemp(prefix=f"kftrain-{run_id}-")
-        previous = {sig: signal.signal(sig, on_signal) for sig in (signal.SIGTERM, signal.SIGINT)}
+        previous = {sig: signal.signal(sig, on_signal) for sig in stop_signals()}
         with stopped_at_exit(marker, RUN_MARKER_ENV, grace_s, remove=scratch):  # nothing of the run outlives it
             try:
                 yield marker

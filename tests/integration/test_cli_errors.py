@@ -220,3 +220,31 @@ def test_the_last_line_names_what_to_fix_and_nothing_is_written(name, tmp_path, 
         assert (
             "Traceback (most recent call last)" in log and "kftrain-error: data-prep: " in log
         )  # the traceback is kept, in the log
+
+
+@pytest.mark.parametrize(
+    ("argv", "how"),
+    [
+        (["job", "manifest", "--kind", "pytorchjob"], "stdout-closed"),  # `>&-` (was: a traceback: sys.stdout None)
+        (["runs", "--store", "{tmp}/st-\u00e9"], "stdout-closed"),
+        (["runs", "--store", "{tmp}/st-\u00e9"], "ascii"),  # PYTHONIOENCODING=ascii (was: exit 2, 'ascii' codec)
+    ],
+)
+def test_a_closed_or_narrow_standard_output_is_no_traceback(tmp_path, argv, how):
+    """A standard output closed as the command starts is /dev/null to it; one that cannot encode
+    a character gets it escaped."""
+    import subprocess
+
+    (tmp_path / "st-\u00e9" / "runs").mkdir(parents=True)
+    env = {**os.environ, "PYTHONPATH": str(REPO), **({"PYTHONIOENCODING": "ascii"} if how == "ascii" else {})}
+    done = subprocess.run(
+        [sys.executable, "-m", "pipelines.cli", *(a.format(tmp=tmp_path) for a in argv)],
+        stdout=subprocess.PIPE if how == "ascii" else None,
+        stderr=subprocess.PIPE,
+        env=env,
+        timeout=120,
+        preexec_fn=(lambda: os.close(1)) if how == "stdout-closed" else None,
+    )
+    assert done.returncode == 0 and b"Traceback" not in done.stderr, done.stderr.decode()
+    if how == "ascii":
+        assert b"st-\\xe9" in done.stdout, done.stdout

@@ -235,6 +235,26 @@ def test_a_stop_while_a_step_runs_lets_its_last_lines_through_then_ends_in_run_s
         os.kill(os.getpid(), signal.SIGTERM)
 
 
+@pytest.mark.parametrize("nohup", [False, True])
+def test_a_hangup_stops_the_run_as_sigterm_does_unless_it_is_ignored(nohup):
+    """The terminal or SSH session closing (was: SIGHUP's default, the run killed at once: no
+    checkpoint of the step it was at, no resume command); under `nohup` the run outlives it."""
+    from pipelines.local_run import RunStopped, run_scope
+
+    before = signal.signal(signal.SIGHUP, signal.SIG_IGN if nohup else signal.SIG_DFL)
+    try:
+        with run_scope("r-hangup", grace_s=0.1):
+            handler = signal.getsignal(signal.SIGHUP)
+            if nohup:
+                assert handler is signal.SIG_IGN
+            else:
+                with pytest.raises(RunStopped) as stopped:
+                    handler(signal.SIGHUP, None)
+                assert stopped.value.signum == signal.SIGHUP and str(stopped.value) == "SIGHUP"
+    finally:
+        signal.signal(signal.SIGHUP, before)
+
+
 def test_a_second_signal_of_either_kind_does_not_interrupt_the_stop():
     """SIGTERM, then Ctrl-C while the run's processes stop: the second is ignored (was: a second
     stop banner, and the run ended 'stopped by SIGINT')."""

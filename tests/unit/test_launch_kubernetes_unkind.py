@@ -63,24 +63,34 @@ class SigtermDuring(FakeCluster):
     """SIGTERM (KFP cancels the run) arrives during the first call `call` made after the job failed,
     while the launcher gathers the evidence its `except Exception` guards."""
 
-    def __init__(self, call: str) -> None:
+    def __init__(self, call: str, signum: int = signal.SIGTERM) -> None:
         super().__init__()
-        self.call, self.fired = call, False
+        self.call, self.signum, self.fired = call, signum, False
 
     def _call(self, timeout, call, name, do):
         failed = NAME in self.jobs and "Failed" in str(self.jobs[NAME].get("status"))
         if call == self.call and failed and not self.fired:
             self.fired = True
-            signal.raise_signal(signal.SIGTERM)
+            signal.raise_signal(self.signum)
         return super()._call(timeout, call, name, do)
 
 
-@pytest.mark.parametrize("call", ["list_pods", "read_log", "list_events"])
-def test_sigterm_while_the_launcher_reads_a_failure_s_evidence_cancels_the_job(call):
-    cluster = SigtermDuring(call)
+@pytest.mark.parametrize(
+    ("call", "signum"),
+    [
+        ("list_pods", signal.SIGTERM),
+        ("read_log", signal.SIGTERM),
+        ("list_events", signal.SIGTERM),
+        # The terminal of a `kftrain run --local` closing: the step stops as on SIGTERM (was: killed
+        # at once, the job's cancel never made).
+        ("list_pods", signal.SIGHUP),
+    ],
+)
+def test_sigterm_while_the_launcher_reads_a_failure_s_evidence_cancels_the_job(call, signum):
+    cluster = SigtermDuring(call, signum)
     backend, spec, lines = make(cluster)
     cluster.timeline = [preempted_once]
-    with pytest.raises(JobCancelled, match="launcher received signal 15"):
+    with pytest.raises(JobCancelled, match=f"launcher received signal {int(signum)}"):
         run_job(backend, replace(spec, timeout_s=600))
     assert cluster.fired and creates(cluster) == 1, lines  # not re-created after the cancel
     assert NAME not in cluster.jobs

@@ -3,13 +3,15 @@
 from __future__ import annotations
 
 import contextlib
+import errno
+import io
 import json
 import os
 from pathlib import Path
 
 import pytest
 
-from pipelines.cli import PLAN_FILE, SUMMARY_FILE, OutputError, build_parser, main, write_output
+from pipelines.cli import GATE_FAILED, PLAN_FILE, SUMMARY_FILE, OutputError, build_parser, main, write_output
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -858,6 +860,55 @@ def test_a_reader_that_goes_away_ends_the_command_quietly(tmp_path, monkeypatch,
     monkeypatch.setattr("pipelines.compile.compile_all", broken)
     assert main(["compile", "--output-dir", "out"]) == 2
     assert "kftrain: error: " in capsys.readouterr().err
+
+
+class _FullDisk(io.StringIO):
+    """Standard output redirected to a file on a full disk (`> run.log`, `> /dev/full`)."""
+
+    def write(self, text: str) -> int:
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+
+@pytest.mark.parametrize(
+    ("command", "stdout", "code", "said"),
+    [
+        # A run's lines are a view of it: its own outcome stands (was: 141 for a finished run, a
+        # failed gate's 3 lost; a full disk's error stopped the run half-way, exit 2).
+        ("run", "closed-pipe", 3, ""),
+        (
+            "run",
+            "full-disk",
+            3,
+            "kftrain: warning: standard output could not be written (No space left on device); the",
+        ),
+        # Another command's output is its product: not written, it failed.
+        ("manifest", "closed-pipe", 141, ""),
+        ("manifest", "full-disk", 1, "kftrain: error: cannot write standard output: No space left on device"),
+    ],
+)
+def test_standard_output_that_cannot_be_written_is_said_once_and_a_run_keeps_its_outcome(
+    tmp_path, monkeypatch, capsys, command, stdout, code, said
+):
+    def a_run_whose_gate_failed(args):
+        for _ in range(200):
+            print("a step's line " * 20)
+        return GATE_FAILED
+
+    monkeypatch.setattr("pipelines.cli._cmd_run", a_run_whose_gate_failed)
+    argv = ["run", "--local"] if command == "run" else ["job", "manifest", "--kind", "pytorchjob"]
+    if stdout == "closed-pipe":
+        read_end, write_end = os.pipe()
+        os.close(read_end)
+        out = os.fdopen(write_end, "w")
+    else:
+        out = _FullDisk()
+    with out:
+        monkeypatch.setattr("sys.stdout", out)
+        assert main(argv) == code
+        monkeypatch.undo()
+    err = capsys.readouterr().err
+    last = err.strip().splitlines()[-1] if err.strip() else ""
+    assert last.startswith(said) if said else "error" not in err and "standard output" not in err, err
 
 
 @pytest.mark.parametrize(

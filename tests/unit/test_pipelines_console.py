@@ -1,10 +1,11 @@
 """StepConsole: kfp.local's output in, a line per step start and end out (the rest to the full log)."""
 
+import errno
 import io
 
 import pytest
 
-from pipelines.console import StepConsole
+from pipelines.console import StepConsole, plain
 
 # What kfp.local writes for a step that succeeds and one that fails (colours as it sends them).
 CYAN, GREEN, RED, RESET = "\x1b[96m", "\x1b[92m", "\x1b[91m", "\x1b[0m"
@@ -156,9 +157,27 @@ def test_a_step_that_ends_while_the_run_stops_shows_its_last_lines_and_was_stopp
     assert console.failed_step == "train" and "FAILED after" in err and "Received 15 death signal" in out
 
 
-def test_verbose_passes_everything_through_unchanged():
-    console, log, out, err = run(KFP_OUTPUT, verbose=True)
-    assert out == KFP_OUTPUT and not err
+class _Terminal(io.StringIO):
+    def isatty(self) -> bool:
+        return True
+
+
+@pytest.mark.parametrize(
+    ("tty", "env", "coloured"),
+    [(True, {}, True), (False, {}, False), (True, {"NO_COLOR": "1"}, False), (True, {"TERM": "dumb"}, False)],
+)
+def test_verbose_passes_everything_through_coloured_only_on_a_terminal_that_wants_it(monkeypatch, tty, env, coloured):
+    """(was: kfp.local's colour codes written into `> file` and under NO_COLOR)"""
+    monkeypatch.delenv("NO_COLOR", raising=False)
+    monkeypatch.setenv("TERM", "xterm")
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    out = _Terminal() if tty else io.StringIO()
+    console = StepConsole(io.StringIO, out, io.StringIO(), verbose=True)
+    for piece in KFP_OUTPUT.splitlines(keepends=True):
+        console.write(piece)
+    assert out.getvalue() == (KFP_OUTPUT if coloured else plain(KFP_OUTPUT))
+    assert "\x1b[" in KFP_OUTPUT
     assert console.failed_step == "evaluate"  # still known, for the last line
 
 
@@ -268,27 +287,34 @@ def test_replicas_tracebacks_show_their_error_lines_only_and_the_log_keeps_every
 
 
 class ClosedAfter(io.StringIO):
-    """A terminal its reader closes after `n` writes (`kftrain run --local | head`)."""
+    """A terminal that fails after `n` writes with `error`: its reader closed (`kftrain run
+    --local | head`), its disk full (`> run.log`), its terminal hung up."""
 
-    def __init__(self, n: int) -> None:
+    def __init__(self, n: int, error: OSError | None = None) -> None:
         super().__init__()
-        self.n = n
+        self.n, self.error = n, error or BrokenPipeError(32, "Broken pipe")
 
     def write(self, s: str) -> int:
         self.n -= 1
         if self.n < 0:
-            raise BrokenPipeError(32, "Broken pipe")
+            raise self.error
         return super().write(s)
 
 
-def test_a_terminal_that_closes_leaves_the_run_and_its_log_whole():
-    log, out, err = io.StringIO(), ClosedAfter(2), io.StringIO()
+@pytest.mark.parametrize(
+    "error",
+    [BrokenPipeError(32, "Broken pipe"), OSError(errno.ENOSPC, "No space left on device"), OSError(errno.EIO, "I/O")],
+)
+def test_a_terminal_that_closes_leaves_the_run_and_its_log_whole(error):
+    """(was: a full disk's or a hung-up terminal's error stopped the run half-way)"""
+    log, out, err = io.StringIO(), ClosedAfter(2, error), io.StringIO()
     console = StepConsole(lambda: log, out, err)
+    console.say("kftrain: run r1 (stopped or killed, it continues with: ...)")  # before the log opens
     for line in KFP_OUTPUT.splitlines(keepends=True):
         console.write(line)
-    console.say("kftrain: run r1 (stopped or killed, it continues with: ...)")
     console.flush()
     assert log.getvalue().count("\n") == KFP_OUTPUT.count("\n") + 1
+    assert log.getvalue().startswith("kftrain: run r1 (stopped or killed")  # the run id too (was: not in the log)
     assert console.failed_step == "evaluate"  # still followed: the CLI's last line names it
     assert len(out.getvalue().splitlines()) == 2
 

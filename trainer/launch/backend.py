@@ -115,11 +115,13 @@ def _signals_raise() -> Iterator[_Cleanup]:
     def handler(signum: int, frame: object) -> None:
         if not cleanup.started:
             cleanup.started = True
-            raise _Terminated(signum) if signum == signal.SIGTERM else KeyboardInterrupt
+            raise KeyboardInterrupt if signum == signal.SIGINT else _Terminated(signum)
 
     signals = [signal.SIGTERM]
     if signal.getsignal(signal.SIGINT) is signal.default_int_handler:  # not where Ctrl-C is ignored
         signals.append(signal.SIGINT)
+    if signal.getsignal(signal.SIGHUP) is signal.SIG_DFL:  # a terminal closing, as SIGTERM (not under nohup)
+        signals.append(signal.SIGHUP)
     previous = {sig: signal.signal(sig, handler) for sig in signals}
     try:
         yield cleanup
