@@ -1321,7 +1321,7 @@ def main(argv: list[str] | None = None) -> int:
         if not gone:
             print(
                 f"kftrain: warning: standard output could not be written ({_said(out.failed)}); the run's "
-                "lines are in its full log",
+                "lines are in its full log (`runs/<run id>/log-*.txt` under its output folder or store)",
                 file=sys.stderr,
             )
         return code
