@@ -195,6 +195,7 @@ def _run_alone(args: argparse.Namespace, cfg: Any, run_id: str, store: str) -> i
         RunStopped,
         keep_left_logs,
         keep_log,
+        logs_left_by_others,
         newest_checkpoint,
         open_log,
         run_checkpoints,
@@ -217,6 +218,12 @@ def _run_alone(args: argparse.Namespace, cfg: Any, run_id: str, store: str) -> i
     for uri in keep_left_logs(cfg, run_id, args.output_dir) if existed else ():
         print(
             f"kftrain: the full log an earlier start of run {run_id} left on this machine is now at {uri}",
+            file=sys.stderr,
+        )
+    for path in logs_left_by_others(cfg, run_id, args.output_dir) if existed else ():
+        print(
+            f"kftrain: note: {path} is the full log an earlier start of run {run_id} by another user left on this "
+            "machine; only that user (or root) can read it: their next start of the run uploads it",
             file=sys.stderr,
         )
     log_uri, log_path = run_log(cfg, run_id, args.output_dir)

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import errno
 import json
 import os
 import re
@@ -297,19 +298,30 @@ def keep_left_logs(cfg: Config, run_id: str, local_root: str = DEFAULT_LOCAL_ROO
     run runs here (:func:`running_alone`): a running start's log is still being written. Only
     this user's own files, not links: the temporary folder is everyone's."""
     root = run_root(cfg, run_id, local_root)
-    if not parse_uri(root).is_remote:
-        return []
-    name = re.compile(rf"{re.escape(_temporary_log_stem(root))}-(\d{{8}}-\d{{6}})-[0-9a-f]{{8}}\.log")
     kept = []
-    for path in sorted(Path(tempfile.gettempdir()).iterdir()):
-        if not (found := name.fullmatch(path.name)):
-            continue
-        st = path.lstat()  # a link, or a hard link to another file, is someone else's doing
-        if S_ISREG(st.st_mode) and st.st_uid == os.getuid() and st.st_nlink == 1:
-            uri = keep_log(cfg, join_uri(root, f"log-{found[1]}.txt"), path)
+    for path, stamp, st in _left_logs(root):
+        if st.st_uid == os.getuid() and st.st_nlink == 1:  # a hard link to another file is someone else's doing
+            uri = keep_log(cfg, join_uri(root, f"log-{stamp}.txt"), path)
             if uri != str(path):
                 kept.append(uri)
     return kept
+
+
+def logs_left_by_others(cfg: Config, run_id: str, local_root: str = DEFAULT_LOCAL_ROOT) -> list[Path]:
+    """The logs earlier starts of run `run_id` by other users left in this machine's temporary
+    folder, which only they (or root) can read and upload (was: passed over in silence)."""
+    return [path for path, _, st in _left_logs(run_root(cfg, run_id, local_root)) if st.st_uid != os.getuid()]
+
+
+def _left_logs(root: str) -> Iterator[tuple[Path, str, os.stat_result]]:
+    """(path, start time, lstat) of each regular file in the temporary folder named as a log of
+    the store run at `root` (:func:`run_log`); none for a local run, whose log is in its folder."""
+    if not parse_uri(root).is_remote:
+        return
+    name = re.compile(rf"{re.escape(_temporary_log_stem(root))}-(\d{{8}}-\d{{6}})-[0-9a-f]{{8}}\.log")
+    for path in sorted(Path(tempfile.gettempdir()).iterdir()):
+        if (found := name.fullmatch(path.name)) and S_ISREG((st := path.lstat()).st_mode):  # not a link
+            yield path, found[1], st
 
 
 def open_log(uri: str, path: Path) -> TextIO:
@@ -670,25 +682,38 @@ def running_alone(root: str, run_id: str) -> Iterator[None]:
     _remove_unheld_locks(folder)
     key = _run_place(root)  # one lock however the store is written (`st`, `./st/`, a link, a bind mount)
     path = os.path.join(folder, f"{LOCK_STEM}{hashlib.sha256(key.encode()).hexdigest()[:24]}.lock")
+    # The folder is everyone's and the name can be foreseen: never through a link another user
+    # put there (O_NOFOLLOW; was: the start truncated and wrote whatever file it pointed at).
+    nofollow = os.O_NOFOLLOW | getattr(os, "O_CLOEXEC", 0)
     while True:
         try:
             try:
-                fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o666)
+                fd = os.open(path, os.O_RDWR | os.O_CREAT | nofollow, 0o666)
             except PermissionError:  # another user's, in a sticky folder: locked all the same read-only
-                fd = os.open(path, os.O_RDONLY)
+                fd = os.open(path, os.O_RDONLY | nofollow)
         except OSError as exc:
-            raise ConfigError(f"--run-id {run_id}: cannot open the run's lock {path} ({exc.strerror})") from None
+            if exc.errno not in (errno.ELOOP, errno.EISDIR):
+                raise ConfigError(f"--run-id {run_id}: cannot open the run's lock {path} ({exc.strerror})") from None
+            fd = -1
+        st = os.fstat(fd) if fd >= 0 else None
+        if st is None or not S_ISREG(st.st_mode) or st.st_nlink != 1:  # a link, a folder, a hard link to a file
+            if fd >= 0:
+                os.close(fd)
+            raise ConfigError(
+                f"--run-id {run_id}: the run's lock {path} is not a plain file of its own (a link or a folder: "
+                "another user's doing?): remove it"
+            )
         try:
             _lock_within(fd, 1.0)
         except BlockingIOError:
-            holder = os.pread(fd, 200, 0).decode(errors="replace").strip() or "another process"
+            holder = _lock_holder(os.pread(fd, 200, 0).decode(errors="replace").strip())
             os.close(fd)
             raise ConfigError(
                 f"--run-id {run_id}: the run is running already on this machine ({holder}): wait for it to end, "
                 "or stop it (Ctrl-C in its terminal); two starts would train into its one checkpoint prefix"
             ) from None
         try:  # the file the lock is on is still the one at `path` (not one a holder removed as it left)
-            same = os.path.samestat(os.fstat(fd), os.stat(path))
+            same = os.path.samestat(os.fstat(fd), os.stat(path, follow_symlinks=False))
         except FileNotFoundError:
             same = False
         if same:
@@ -703,6 +728,22 @@ def running_alone(root: str, run_id: str) -> Iterator[None]:
         with contextlib.suppress(OSError):
             os.unlink(path)  # while locked: a start that opened it meanwhile finds it gone, and makes another
         os.close(fd)
+
+
+def _lock_holder(said: str) -> str:
+    """Who holds a run's lock, from what its file says (`process N, started T`): a start that
+    could only open it read-only (another user's file) cannot say itself, and the file still
+    names the process that wrote it, which may be gone."""
+    m = re.match(r"process (\d+)\b", said)
+    if m:
+        try:
+            os.kill(int(m.group(1)), 0)
+        except ProcessLookupError:  # that start is gone: another holds the lock now
+            return "another start, maybe another user's"
+        except PermissionError:  # alive, another user's
+            pass
+        return said
+    return said or "another process"
 
 
 def _lock_within(fd: int, seconds: float) -> None:

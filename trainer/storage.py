@@ -450,8 +450,16 @@ class LocalStore:
             dest.parent.mkdir(parents=True, exist_ok=True)
         except OSError as exc:
             blocker = _nearest_existing(dest.parent)
-            why = f"{blocker} is a file, not a folder: move it, or write elsewhere" if not blocker.is_dir() else ""
-            raise StoreError(f"cannot write {dest}: {why or _write_problem(exc)}") from None
+            if not blocker.is_dir():
+                why = f"{blocker} is a file, not a folder: move it, or write elsewhere"
+            elif exc.errno in (errno.EACCES, errno.EPERM):  # the folder that refuses, not a file deep below it
+                why = f"the folder {blocker} does not let this user make folders in it ({_owner_and_mode(blocker)})" + (
+                    ": ask its owner, or write elsewhere (a folder several users share needs group write: "
+                    "chmod -R g+ws on it, and umask 002 for their runs)"
+                )
+            else:
+                why = _write_problem(exc)
+            raise StoreError(f"cannot write {dest}: {why}") from None
 
     @staticmethod
     @contextlib.contextmanager
@@ -633,6 +641,18 @@ class LocalStore:
             raise StoreError(
                 f"cannot write under {uri}: a folder in {existing} cannot be made ({exc.strerror})"
             ) from None
+
+
+def _owner_and_mode(path: Path) -> str:
+    """`owner alice, mode 755` of a file or folder (the owner's uid where it has no name here)."""
+    import pwd
+
+    st = path.stat()
+    try:
+        owner = pwd.getpwuid(st.st_uid).pw_name
+    except KeyError:
+        owner = str(st.st_uid)
+    return f"owner {owner}, mode {st.st_mode & 0o7777:o}"
 
 
 def _write_problem(exc: OSError) -> str:

@@ -453,3 +453,47 @@ def test_a_lock_held_for_a_moment_by_another_start_s_sweep_does_not_refuse_the_r
     threading.Timer(0.3, os.close, (sweeper,)).start()
     with local_run.running_alone(root, "r"):
         pass
+
+
+@pytest.mark.parametrize("planted", ["link", "dangling-link", "hard-link", "folder"])
+def test_a_run_lock_path_another_user_planted_is_refused_and_nothing_is_written_through_it(
+    tmp_path, monkeypatch, planted
+):
+    """/tmp is everyone's and a lock's name can be foreseen from the output folder (was: a link
+    there made the start truncate and write the file it pointed at, root's included)."""
+    from pipelines import local_run
+
+    monkeypatch.setattr(local_run, "LOCK_FOLDER", str(tmp_path / "tmp"))
+    (tmp_path / "tmp").mkdir()
+    root = str(tmp_path / "out" / "runs" / "r")
+    with local_run.running_alone(root, "r"):
+        (lock,) = (tmp_path / "tmp").glob("kftrain-run-*.lock")
+    victim = tmp_path / "victim.txt"
+    victim.write_text("precious")
+    if planted == "link":
+        lock.symlink_to(victim)
+    elif planted == "dangling-link":
+        lock.symlink_to(tmp_path / "made-through-the-link")
+    elif planted == "hard-link":
+        os.link(victim, lock)
+    else:
+        lock.mkdir()
+    if planted == "hard-link":  # the sweep of unheld locks removes that name (not the file): a lock of its own
+        with local_run.running_alone(root, "r"):
+            assert victim.stat().st_nlink == 1
+    else:
+        refused = r"--run-id r: the run's lock .* is not a plain file of its own \(a link or a folder"
+        with pytest.raises(ConfigError, match=refused), local_run.running_alone(root, "r"):
+            pass
+    assert victim.read_text() == "precious" and not (tmp_path / "made-through-the-link").exists()
+
+
+def test_a_refusal_names_no_gone_process_as_the_lock_s_holder():
+    """A start that could only open the lock read-only (another user's file) cannot write itself
+    into it: the file still names the start that wrote it (was: named as the holder, long gone)."""
+    from pipelines.local_run import _lock_holder
+
+    gone = next(pid for pid in range(4_194_000, 1, -1) if not Path(f"/proc/{pid}").exists())
+    assert _lock_holder(f"process {gone}, started 05:12:51") == "another start, maybe another user's"
+    assert _lock_holder(f"process {os.getpid()}, started 05:12:51") == f"process {os.getpid()}, started 05:12:51"
+    assert _lock_holder("") == "another process"

@@ -1,3 +1,4 @@
+import errno
 import os
 import re
 
@@ -221,6 +222,29 @@ def test_a_local_write_the_os_refuses_names_the_file_and_what_to_do(tmp_path, wr
         with pytest.raises(FileNotFoundError, match="missing"):
             store.put_file(str(tmp_path / "dest"), tmp_path / "missing")
     assert sorted(p.name for p in tmp_path.iterdir()) == ["source"]  # no temporary file left
+
+
+def test_a_folder_that_refuses_this_user_is_named_not_a_file_deep_below_it(tmp_path, monkeypatch):
+    """Another user's `runs` folder in a shared output folder (was: "cannot write .../runs/r/
+    checkpoints/owner/00000001.json: Permission denied", a file and folders that did not exist).
+    The OS's refusal is played here: this test may run as root, whom mode bits do not stop."""
+    from pathlib import Path
+
+    shared = tmp_path / "shared"
+    (shared / "runs").mkdir(parents=True)
+    (shared / "runs").chmod(0o755)
+
+    def refused(self, *args, **kwargs):
+        raise PermissionError(errno.EACCES, "Permission denied", str(self))
+
+    monkeypatch.setattr(Path, "mkdir", refused)
+    dest = shared / "runs" / "f1" / "checkpoints" / "owner" / "00000001.json"
+    with pytest.raises(StoreError) as refusal:
+        LocalStore().put_bytes(str(dest), b"{}")
+    assert str(refusal.value).startswith(
+        f"cannot write {dest}: the folder {shared / 'runs'} does not let this user make folders in it (owner "
+    )
+    assert "mode 755): ask its owner, or write elsewhere" in str(refusal.value)
 
 
 def test_local_store_lists_folders_not_name_prefixes(tmp_path):
