@@ -1259,25 +1259,34 @@ def _stdout_closed() -> bool:
 
 
 class _GuardedOutput:
-    """Standard output that a failed write does not stop the command at: the first failure (the
-    reader gone, a full disk, a hung-up terminal) is kept in `failed`, later writes are dropped,
-    and :func:`main` says what it means once the command is done (was: a run stopped half-way
-    by `> log` on a full disk, its outcome lost)."""
+    """A standard stream whose first failed write (the reader gone, a full disk, a hung-up
+    terminal) is kept in `failed`. With `keep_going` (a run's, whose lines are a view of it; and
+    stderr's, whose last words must not end the command either) later writes are dropped and the
+    command goes on, :func:`main` saying what it means once it is done (was: a run stopped half-way
+    by `> log` on a full disk, its outcome lost); else the failure is raised, as a command whose
+    output is its product stops there (`kftrain submit --wait | head -1` stops following)."""
 
-    def __init__(self, inner: Any) -> None:
-        self.inner = inner
+    def __init__(self, inner: Any, keep_going: bool = True) -> None:
+        self.inner, self.keep_going = inner, keep_going
         self.failed: OSError | ValueError | None = None
 
     def _guarded(self, call: Callable[[], Any]) -> None:
-        if self.failed is None:
-            try:
-                call()
-            except (OSError, ValueError) as exc:  # ValueError: a closed file
-                self.failed = exc
+        if self.failed is not None:
+            return
+        try:
+            call()
+        except (OSError, ValueError) as exc:  # ValueError: a closed file
+            self.failed = exc
+            if not self.keep_going:
+                raise
 
     def write(self, text: str) -> int:
         self._guarded(lambda: self.inner.write(text))
         return len(text)
+
+    def writelines(self, lines: Any) -> None:
+        for line in lines:
+            self.write(line)
 
     def flush(self) -> None:
         self._guarded(self.inner.flush)
@@ -1309,38 +1318,43 @@ def _standard_streams_usable() -> None:
 def main(argv: list[str] | None = None) -> int:
     """Entry point of the `kftrain` console script."""
     _standard_streams_usable()
-    out = _GuardedOutput(sys.stdout)
-    sys.stdout = out
+    out, err = _GuardedOutput(sys.stdout, keep_going=False), _GuardedOutput(sys.stderr)
+    sys.stdout, sys.stderr = out, err
     try:
-        code, is_run = _main(sys.argv[1:] if argv is None else argv)
-        out.flush()  # what is still buffered for a pipe: a reader gone away shows here
+        code, is_run = _main(sys.argv[1:] if argv is None else argv, out)
+        with contextlib.suppress(OSError, ValueError):
+            out.flush()  # what is still buffered for a pipe: a reader gone away shows here
+        if out.failed is None:
+            return code
+        gone = isinstance(out.failed, BrokenPipeError) or _stdout_closed()
+        if gone:  # the exit's own flush must not fail
+            with contextlib.suppress(OSError):
+                os.dup2(os.open(os.devnull, os.O_WRONLY), out.inner.fileno())
+        if is_run:  # a run's lines are a view of it: its outcome stands, all of it in its full log
+            if not gone:
+                print(
+                    f"kftrain: warning: standard output could not be written ({_said(out.failed)}); the run's "
+                    "lines are in its full log (`runs/<run id>/log-*.txt` under its output folder or store)",
+                    file=sys.stderr,
+                )
+            return code
+        if code not in (0, STDOUT_FAILED):  # the command's own failure, said already
+            return code
+        if gone:  # the reader went away (`| head`): as a command killed by SIGPIPE, quietly
+            return 128 + signal.SIGPIPE
+        print(f"kftrain: error: cannot write standard output: {_said(out.failed)}", file=sys.stderr)
+        return 1
     finally:
-        sys.stdout = out.inner
-    if out.failed is None:
-        return code
-    gone = isinstance(out.failed, BrokenPipeError) or _stdout_closed()
-    if gone:  # the exit's own flush must not fail
-        with contextlib.suppress(OSError):
-            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
-    if code in (2, 128 + signal.SIGINT):  # refused, or interrupted: said already
-        return code
-    if is_run:  # a run's lines are a view of it: its outcome stands, all of it in its full log
-        if not gone:
-            print(
-                f"kftrain: warning: standard output could not be written ({_said(out.failed)}); the run's "
-                "lines are in its full log (`runs/<run id>/log-*.txt` under its output folder or store)",
-                file=sys.stderr,
-            )
-        return code
-    if gone:  # the reader went away (`| head`): as a command killed by SIGPIPE, quietly
-        return 128 + signal.SIGPIPE
-    print(f"kftrain: error: cannot write standard output: {_said(out.failed)}", file=sys.stderr)
-    return 1
+        sys.stdout, sys.stderr = out.inner, err.inner
 
 
-def _main(argv: list[str]) -> tuple[int, bool]:
-    """The command's exit code, and whether it is `kftrain run` (whose output is a view of the
-    run, not its product)."""
+#: What :func:`_main` returns for a command that stopped because its standard output failed.
+STDOUT_FAILED = -1
+
+
+def _main(argv: list[str], out: _GuardedOutput) -> tuple[int, bool]:
+    """The command's exit code (:data:`STDOUT_FAILED` when standard output, `out`, failed under
+    it), and whether it is `kftrain run` (whose output is a view of the run, not its product)."""
     parser = build_parser()
     if argv[:1] == ["horovod-run"] and argv[1:2] and argv[1].startswith("-") and argv[1] not in ("-h", "--help", "--"):
         # horovodrun's flags (`-np 4`), or a script named `-x.py`, where the script goes: argparse
@@ -1350,6 +1364,7 @@ def _main(argv: list[str]) -> tuple[int, bool]:
         args = parser.parse_args(argv)
     args.argv = list(argv)
     is_run = args.func is _cmd_run
+    out.keep_going = is_run
     from pipelines.console import warnings_on_stderr
 
     try:
@@ -1357,6 +1372,8 @@ def _main(argv: list[str]) -> tuple[int, bool]:
             return args.func(args), is_run
     # What the user can fix: one line, no traceback (an OSError names the local file it is about).
     except (KftrainError, ValueError, OSError) as exc:
+        if exc is out.failed:
+            return STDOUT_FAILED, is_run
         print(f"kftrain: error: {redact(_said(exc))}", file=sys.stderr)
         return 2, is_run
     except KeyboardInterrupt:  # Ctrl-C outside `run --local` (which stops its run itself)

@@ -126,7 +126,7 @@ class StepConsole(io.TextIOBase):
         #: Warnings the terminal showed: the configure step runs the checks the CLI's pre-flight
         #: ran, and evaluation and export read the same base model; each warning is shown once.
         self._warned: set[str] = set()
-        self._unlogged: list[str] = []  # warnings given before the log opened, for its start
+        self._unlogged: list[str] = []  # kftrain's lines (the run id, warnings) before the log opened, for its start
         self._stopping = False  # the run was stopped (:meth:`stopping`): a step that ends now was stopped
         self._colours = _shows_colours(out)
 
@@ -167,24 +167,25 @@ class StepConsole(io.TextIOBase):
         if self.log is not None:
             self.log.close()
 
+    def _to_log(self, line: str) -> None:
+        """A line of kftrain's own for the log; before the log opens with the first step (a run
+        refused before it keeps none), for its start."""
+        if self.log is None:
+            self._unlogged.append(line)
+        else:
+            self.log.write(line)
+
     def say(self, line: str) -> None:
         """A line of kftrain's own for the terminal (and the log), verbose or not."""
         with self._lock:
             line = redact(line) + "\n"
-            if self.log is None:  # the first lines (the run id) come before the log opens: at its start
-                self._unlogged.append(line)
-            else:
-                self.log.write(line)
+            self._to_log(line)
             self._to_terminal(self.out, line)
 
     def warn(self, message: str) -> None:
         """A warning of kftrain's own in this process (the pre-flight's), as a step's are shown."""
         with self._lock:
-            line = redact(f"warning: {message}") + "\n"
-            if self.log is None:  # the log opens with the first step: a run refused before it keeps none
-                self._unlogged.append(line)
-            else:
-                self.log.write(line)
+            self._to_log(redact(f"warning: {message}") + "\n")
             if message not in self._warned:
                 self._warned.add(message)
                 self._to_terminal(self.out, redact(f"  warning: {message}") + "\n")

@@ -564,8 +564,10 @@ def run_scope(
                 with contextlib.suppress(ProcessLookupError, PermissionError):
                     os.kill(pid, signal.SIGKILL)
 
+    signals = stop_signals()
+
     def on_signal(signum: int, frame: Any) -> None:
-        for sig in previous:  # a second signal, of any kind, must not interrupt the cleanup
+        for sig in signals:  # a second signal, of any kind, must not interrupt the cleanup
             signal.signal(sig, signal.SIG_IGN)
         # Straight to the descriptor: a buffered write here, while the code the signal interrupted
         # was writing to stderr (a step's FAILED line), raised "reentrant call" and stopped nothing.
@@ -585,7 +587,7 @@ def run_scope(
         os.environ[RUN_MARKER_ENV] = marker
         # Every temporary file of the run in one folder, which goes with the run, SIGKILL included.
         scratch = tempfile.tempdir = tempfile.mkdtemp(prefix=f"kftrain-{run_id}-")
-        previous = {sig: signal.signal(sig, on_signal) for sig in stop_signals()}
+        previous = {sig: signal.signal(sig, on_signal) for sig in signals}
         with stopped_at_exit(marker, RUN_MARKER_ENV, grace_s, remove=scratch):  # nothing of the run outlives it
             try:
                 yield marker
@@ -696,12 +698,15 @@ def running_alone(root: str, run_id: str) -> Iterator[None]:
                 raise ConfigError(f"--run-id {run_id}: cannot open the run's lock {path} ({exc.strerror})") from None
             fd = -1
         st = os.fstat(fd) if fd >= 0 else None
+        if st is not None and S_ISREG(st.st_mode) and st.st_nlink == 0:  # removed meanwhile (a holder left): again
+            os.close(fd)
+            continue
         if st is None or not S_ISREG(st.st_mode) or st.st_nlink != 1:  # a link, a folder, a hard link to a file
             if fd >= 0:
                 os.close(fd)
             raise ConfigError(
                 f"--run-id {run_id}: the run's lock {path} is not a plain file of its own (a link or a folder: "
-                "another user's doing?): remove it"
+                "another user's doing?): remove it (in a shared /tmp, only its owner or root can)"
             )
         try:
             _lock_within(fd, 1.0)

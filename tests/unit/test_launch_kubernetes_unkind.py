@@ -90,7 +90,7 @@ def test_sigterm_while_the_launcher_reads_a_failure_s_evidence_cancels_the_job(c
     cluster = SigtermDuring(call, signum)
     backend, spec, lines = make(cluster)
     cluster.timeline = [preempted_once]
-    with pytest.raises(JobCancelled, match=f"launcher received signal {int(signum)}"):
+    with pytest.raises(JobCancelled, match=f"launcher received {signal.Signals(signum).name}; job cancelled"):
         run_job(backend, replace(spec, timeout_s=600))
     assert cluster.fired and creates(cluster) == 1, lines  # not re-created after the cancel
     assert NAME not in cluster.jobs

@@ -881,21 +881,31 @@ class _FullDisk(io.StringIO):
             3,
             "kftrain: warning: standard output could not be written (No space left on device); the",
         ),
-        # Another command's output is its product: not written, it failed.
+        # And when standard error fails too (a hung-up terminal): no traceback, the outcome stands.
+        ("run", "both-full", 3, None),
+        # Another command's output is its product: not written, it failed, and it stops there (a
+        # `submit --wait` following a run went on polling its reader-less pipe for hours).
         ("manifest", "closed-pipe", 141, ""),
         ("manifest", "full-disk", 1, "kftrain: error: cannot write standard output: No space left on device"),
+        ("follow", "closed-pipe", 141, ""),
+        ("follow", "full-disk", 1, "kftrain: error: cannot write standard output: No space left on device"),
     ],
 )
 def test_standard_output_that_cannot_be_written_is_said_once_and_a_run_keeps_its_outcome(
     tmp_path, monkeypatch, capsys, command, stdout, code, said
 ):
-    def a_run_whose_gate_failed(args):
-        for _ in range(200):
-            print("a step's line " * 20)
-        return GATE_FAILED
+    printed = []
 
-    monkeypatch.setattr("pipelines.cli._cmd_run", a_run_whose_gate_failed)
-    argv = ["run", "--local"] if command == "run" else ["job", "manifest", "--kind", "pytorchjob"]
+    def printing(args):
+        for _ in range(200):
+            print("a line " * 40, flush=True)
+            printed.append(1)
+        return GATE_FAILED if command == "run" else 0
+
+    monkeypatch.setattr("pipelines.cli._cmd_run", printing)
+    monkeypatch.setattr("pipelines.cli._cmd_runs", lambda args: printing(args))  # a command of its own
+    argv = {"run": ["run", "--local"], "follow": ["runs"], "manifest": ["job", "manifest", "--kind", "pytorchjob"]}
+    argv = argv[command]
     if stdout == "closed-pipe":
         read_end, write_end = os.pipe()
         os.close(read_end)
@@ -904,8 +914,14 @@ def test_standard_output_that_cannot_be_written_is_said_once_and_a_run_keeps_its
         out = _FullDisk()
     with out:
         monkeypatch.setattr("sys.stdout", out)
+        if stdout == "both-full":
+            monkeypatch.setattr("sys.stderr", _FullDisk())
         assert main(argv) == code
         monkeypatch.undo()
+    if command == "follow":
+        assert len(printed) <= 1  # stopped at the first line that had nowhere to go
+    if said is None:
+        return
     err = capsys.readouterr().err
     last = err.strip().splitlines()[-1] if err.strip() else ""
     assert last.startswith(said) if said else "error" not in err and "standard output" not in err, err

@@ -497,3 +497,24 @@ def test_a_refusal_names_no_gone_process_as_the_lock_s_holder():
     assert _lock_holder(f"process {gone}, started 05:12:51") == "another start, maybe another user's"
     assert _lock_holder(f"process {os.getpid()}, started 05:12:51") == f"process {os.getpid()}, started 05:12:51"
     assert _lock_holder("") == "another process"
+
+
+def test_a_lock_file_removed_just_after_it_was_opened_is_opened_again_not_refused(tmp_path, monkeypatch):
+    """A holder leaving (or another start's sweep) removes the file between this start's open and
+    its checks: it has no link left, and the start makes another (was: refused as "not a plain
+    file of its own")."""
+    from pipelines import local_run
+
+    monkeypatch.setattr(local_run, "LOCK_FOLDER", str(tmp_path))
+    real_open, removed = os.open, []
+
+    def open_then_removed(path, flags, *args):
+        fd = real_open(path, flags, *args)
+        if os.path.basename(str(path)).startswith(local_run.LOCK_STEM) and not removed:
+            os.unlink(path)
+            removed.append(path)
+        return fd
+
+    monkeypatch.setattr(local_run.os, "open", open_then_removed)
+    with local_run.running_alone(str(tmp_path / "out" / "runs" / "r"), "r"):
+        assert removed and os.path.exists(removed[0])  # a new file at the same path, locked

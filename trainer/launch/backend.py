@@ -88,10 +88,11 @@ class JobBackend(Protocol):
 
 
 class _Terminated(BaseException):
-    """SIGTERM reached the launcher. A BaseException, as KeyboardInterrupt is: the backends catch
-    `Exception` where a failed API call is evidence, not the answer (events, a log tail), and a
-    cancellation caught there was lost: the launcher re-created the job and went on waiting.
-    :func:`run_job` turns it into :class:`JobCancelled` once the job is deleted."""
+    """SIGTERM (or SIGHUP: a local run's terminal closing) reached the launcher. A BaseException,
+    as KeyboardInterrupt is: the backends catch `Exception` where a failed API call is evidence,
+    not the answer (events, a log tail), and a cancellation caught there was lost: the launcher
+    re-created the job and went on waiting. :func:`run_job` turns it into :class:`JobCancelled`
+    once the job is deleted."""
 
 
 class _Cleanup:
@@ -120,7 +121,7 @@ def _signals_raise() -> Iterator[_Cleanup]:
     signals = [signal.SIGTERM]
     if signal.getsignal(signal.SIGINT) is signal.default_int_handler:  # not where Ctrl-C is ignored
         signals.append(signal.SIGINT)
-    if signal.getsignal(signal.SIGHUP) is signal.SIG_DFL:  # a terminal closing, as SIGTERM (not under nohup)
+    if signal.getsignal(signal.SIGHUP) is not signal.SIG_IGN:  # a terminal closing, as SIGTERM (not under nohup)
         signals.append(signal.SIGHUP)
     previous = {sig: signal.signal(sig, handler) for sig in signals}
     try:
@@ -150,7 +151,7 @@ def run_job(backend: JobBackend, spec: JobSpec) -> None:
                     f"cancelling the job failed too, so it may still run: delete it by hand ({one_line(cancel_exc)})"
                 )
             if isinstance(exc, _Terminated):
-                cancelled = JobCancelled(f"launcher received signal {exc.args[0]}; job cancelled")
+                cancelled = JobCancelled(f"launcher received {signal.Signals(exc.args[0]).name}; job cancelled")
                 cancelled.__notes__ = getattr(exc, "__notes__", [])
                 raise cancelled from None
             raise
