@@ -333,6 +333,8 @@ def _run_alone(args: argparse.Namespace, cfg: Any, run_id: str, store: str) -> i
         print(f"summary written to {args.summary}")
     if full_log:
         print(f"full log: {full_log}")
+        if getattr(sys.stdout, "failed", None) is not None:  # where the lines above could not go: said where they are
+            print(f"kftrain: run {run_id} finished; its full log: {full_log}", file=sys.stderr)
     if unwritten:
         again = _resume_command(args.argv, run_id, drop=("--summary",))
         print(
@@ -872,6 +874,8 @@ def _cut_by_the_shell(argv: list[str], unrecognized: str) -> str:
     (`unrecognized`) begin right after a `--set` or `--param` of `argv`: the rest of its value,
     which the shell split off at a space; else "". A value that may be a credential is not shown
     (`'KEY=...'`): a passphrase's words are no token for redact() to find."""
+    import yaml
+
     from trainer.credentials import credential_in
 
     for k in range(len(argv) - 2):
@@ -890,6 +894,10 @@ def _cut_by_the_shell(argv: list[str], unrecognized: str) -> str:
                 credential_in(name, w) for w in [whole, *whole.split()]
             ):
                 return f"{option} '{key}=...' (the whole value inside the quotes)"
+            try:  # quotes of the value's own, which the shell took away, cannot be put back from here
+                yaml.safe_load(whole)
+            except yaml.YAMLError:
+                return f"{option} '{key}=...', the value's own quotes inside as you wrote them (`{{note: \"a: b\"}}`)"
             return f"{option} {shlex.quote(f'{key}={whole}')}"
     return ""
 
@@ -1269,6 +1277,8 @@ class _GuardedOutput:
     def __init__(self, inner: Any, keep_going: bool = True) -> None:
         self.inner, self.keep_going = inner, keep_going
         self.failed: OSError | ValueError | None = None
+        #: Whether the stream was closed as the command started (`>&-`): /dev/null since.
+        self.closed_at_start = False
 
     def _guarded(self, call: Callable[[], Any]) -> None:
         if self.failed is not None:
@@ -1295,15 +1305,18 @@ class _GuardedOutput:
         return getattr(self.inner, name)
 
 
-def _standard_streams_usable() -> None:
+def _standard_streams_usable() -> set[str]:
     """A standard stream closed as the command starts (`>&-`) becomes /dev/null (Python left it
     None, a traceback at the first print; and the first file the command opened would have taken
     its descriptor, for every child process to write into); text the output's encoding has no
-    character for is escaped, not an error (`PYTHONIOENCODING=ascii` and a path with an 'é')."""
+    character for is escaped, not an error (`PYTHONIOENCODING=ascii` and a path with an 'é').
+    Returns the names of those that were closed."""
+    closed = set()
     for fd, name in ((0, "stdin"), (1, "stdout"), (2, "stderr")):
         try:
             os.fstat(fd)
         except OSError:
+            closed.add(name)
             null = os.open(os.devnull, os.O_RDONLY if fd == 0 else os.O_WRONLY)
             if null != fd:
                 os.dup2(null, fd)
@@ -1313,12 +1326,14 @@ def _standard_streams_usable() -> None:
     for stream in (sys.stdout, sys.stderr):
         with contextlib.suppress(AttributeError, ValueError, OSError):
             stream.reconfigure(errors="backslashreplace")
+    return closed
 
 
 def main(argv: list[str] | None = None) -> int:
     """Entry point of the `kftrain` console script."""
-    _standard_streams_usable()
+    closed = _standard_streams_usable()
     out, err = _GuardedOutput(sys.stdout, keep_going=False), _GuardedOutput(sys.stderr)
+    out.closed_at_start = "stdout" in closed
     sys.stdout, sys.stderr = out, err
     try:
         code, is_run = _main(sys.argv[1:] if argv is None else argv, out)
@@ -1334,7 +1349,7 @@ def main(argv: list[str] | None = None) -> int:
             if not gone:
                 print(
                     f"kftrain: warning: standard output could not be written ({_said(out.failed)}); the run's "
-                    "lines are in its full log (`runs/<run id>/log-*.txt` under its output folder or store)",
+                    "lines are in its full log",
                     file=sys.stderr,
                 )
             return code
@@ -1365,6 +1380,9 @@ def _main(argv: list[str], out: _GuardedOutput) -> tuple[int, bool]:
     args.argv = list(argv)
     is_run = args.func is _cmd_run
     out.keep_going = is_run
+    if out.closed_at_start and not is_run:  # its output is what it is for: nothing done for nobody to see
+        print("kftrain: error: standard output is closed (`>&-`): give the command a file or a pipe", file=sys.stderr)
+        return 1, is_run
     from pipelines.console import warnings_on_stderr
 
     try:

@@ -1521,8 +1521,8 @@ def _sections(cls: type, path: str = "") -> Iterator[tuple[str, type]]:
 def _unknown_key_hint(key: str, names: set[str], path: str) -> str:
     """What an unknown `key` in the section at `path` (whose keys are `names`) was likely meant
     as: the same key of another section (`learning_rate` at the top, not under `train`), else a
-    key of this section spelt alike (a typo, another case, a stray space), else one of another
-    section spelt alike (`data.batchsize`: train.batch_size); "" when none."""
+    key of this section spelt alike (a typo, another case, a stray space) or cut short, else one
+    of another section spelt alike (`data.batchsize`: train.batch_size); "" when none."""
     elsewhere: dict[str, list[str]] = {}  # a key of another section -> the sections it is in
     for p, cls in _sections(Config):
         for f in dataclasses.fields(cls):
@@ -1532,10 +1532,15 @@ def _unknown_key_hint(key: str, names: set[str], path: str) -> str:
         where = " and ".join(p or "the top level" for p in elsewhere[key])
         return f"; {k8s.plain(key)} is a key of {where}: write it there"
     spaced = " (no spaces around it)" if key != key.strip() else ""
-    alike = difflib.get_close_matches(key.strip().lower(), sorted(names), n=1, cutoff=0.75)
+    typed = key.strip().lower()
+    alike = difflib.get_close_matches(typed, sorted(names), n=1, cutoff=0.75) or sorted(
+        n
+        for n in names
+        if len(typed) >= 3 and n.startswith(typed)  # cut short: `gpus` for gpus_per_node
+    )
     if alike:
-        return f"; did you mean {alike[0]}{spaced}?"
-    alike = difflib.get_close_matches(key.strip().lower(), sorted(elsewhere), n=1, cutoff=0.8)
+        return f"; did you mean {' or '.join(alike[:3])}{spaced}?"
+    alike = difflib.get_close_matches(typed, sorted(elsewhere), n=1, cutoff=0.8)
     if alike:
         return f"; did you mean {' or '.join(f'{p}.{alike[0]}' if p else alike[0] for p in elsewhere[alike[0]])}?"
     return ""

@@ -198,3 +198,20 @@ def test_a_write_into_the_data_source_through_a_bind_mount_of_it_is_refused(tmp_
     with pytest.raises(ConfigError, match=r"is inside data.source .*: data prep would read the run's own files"):
         check_writes_outside_inputs(cfg, writes)
     check_writes_outside_inputs(load_config(overrides={"data.source": str(tmp_path / "corpus")}), {"x": str(tmp_path)})
+
+
+def test_a_temporary_folder_too_full_for_the_steps_is_refused_before_any_step(tmp_path, mounts):
+    """(was: every step failed before kftrain's code ran, "printf: I/O error", read as "a bug in
+    kftrain"). A small tmpfs as TMPDIR, where this machine allows one to be mounted."""
+    scratch = tmp_path / "tmp"
+    mounts.tmpfs(scratch, "1m")
+    env = {**os.environ, "PYTHONPATH": str(REPO), "TMPDIR": str(scratch)}
+    cmd = [sys.executable, "-m", "pipelines.cli", "run", "--local", "--output-dir", "out"]
+    rc, out = run_group(cmd, timeout=60, env=env, cwd=str(tmp_path))
+    assert rc == 2, out
+    assert (
+        out.strip()
+        .splitlines()[-1]
+        .startswith(f"kftrain: error: the temporary folder {scratch} has 1.0 MiB free, under the 64 MiB")
+    ), out
+    assert not (tmp_path / "out").exists() and list(scratch.iterdir()) == []

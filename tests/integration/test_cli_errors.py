@@ -231,8 +231,9 @@ def test_the_last_line_names_what_to_fix_and_nothing_is_written(name, tmp_path, 
     ],
 )
 def test_a_closed_or_narrow_standard_output_is_no_traceback(tmp_path, argv, how):
-    """A standard output closed as the command starts is /dev/null to it; one that cannot encode
-    a character gets it escaped."""
+    """A command whose output is its product refuses a standard output closed as it starts (was:
+    a traceback; for a moment, success with the output thrown away); one that cannot encode a
+    character gets it escaped."""
     import subprocess
 
     (tmp_path / "st-\u00e9" / "runs").mkdir(parents=True)
@@ -245,6 +246,13 @@ def test_a_closed_or_narrow_standard_output_is_no_traceback(tmp_path, argv, how)
         timeout=120,
         preexec_fn=(lambda: os.close(1)) if how == "stdout-closed" else None,
     )
-    assert done.returncode == 0 and b"Traceback" not in done.stderr, done.stderr.decode()
+    assert b"Traceback" not in done.stderr, done.stderr.decode()
     if how == "ascii":
-        assert b"st-\\xe9" in done.stdout, done.stdout
+        assert done.returncode == 0 and b"st-\\xe9" in done.stdout, done.stdout
+    else:
+        assert done.returncode == 1, done.stderr.decode()
+        assert (
+            done.stderr.decode()
+            .strip()
+            .endswith("standard output is closed (`>&-`): give the command a file or a pipe")
+        )

@@ -37,6 +37,9 @@ def test_yaml_file_maps_onto_the_tree(tmp_path):
         ("job:\n  min_replicas: 2\n", "min_replicas is a key of kubernetes.elastic: write it there"),
         ("train:\n  zzz: 1\n", "train.zzz: unknown key (valid keys in train:"),
         ("data:\n  batchsize: 3\n", "data.batchsize: unknown key; did you mean train.batch_size?"),
+        # Cut short: its own section's first (was: `kubernetes.gpus` told plan.gpu, a GPU type's name).
+        ("kubernetes:\n  gpus: 1\n", "kubernetes.gpus: unknown key; did you mean gpus_per_node?"),
+        ("checkpoint:\n  keep: 1\n", "checkpoint.keep: unknown key; did you mean keep_best or keep_last?"),
         ("train:\n  dropuot: 0.1\n", "train.dropuot: unknown key; did you mean model.dropout or lora.dropout?"),
         ("train.epochs: 3\n", "train.epochs: unknown key; a dotted key is not nested in YAML: write train: and under"),
         ("train:\n  lr.x: 3\n", "train.lr.x: unknown key (valid keys in train:"),

@@ -1004,6 +1004,12 @@ def test_a_flag_s_bad_value_is_named_by_the_flag(tmp_path, monkeypatch, capsys, 
             ["job", "manifest", "--set", "data.source=hf_abcdefghijklmnopqrstuvwxyz0123456789", "x"],
             "--set 'data.source=...' (the whole value inside the quotes)",
         ),
+        # The value's own YAML quotes, which the shell took away: not put back wrong (was: a "fix" that
+        # failed as YAML).
+        (
+            ["job", "manifest", "--set", "kubernetes.annotations={note:", "a:", "b}"],
+            "--set 'kubernetes.annotations=...', the value's own quotes inside as you wrote them (`{note: \"a: b\"}`)",
+        ),
         # Not a split value: no hint.
         (["job", "manifest", "--set", "job.image=x", "--bogus"], ""),
         (["job", "manifest", "stray"], ""),
