@@ -88,9 +88,9 @@ def _check_local_start() -> None:
     """ConfigError where kftrain's local processes cannot start right from here
     (:func:`trainer.launch.local.local_start_problem`)."""
     from trainer.config import ConfigError
-    from trainer.launch.local import local_start_problem
+    from trainer.launch.local import local_start_problem, temporary_folder_problem
 
-    if problem := local_start_problem():
+    if problem := local_start_problem() or temporary_folder_problem():
         raise ConfigError(problem)
 
 
@@ -333,7 +333,11 @@ def _run_alone(args: argparse.Namespace, cfg: Any, run_id: str, store: str) -> i
         print(f"summary written to {args.summary}")
     if full_log:
         print(f"full log: {full_log}")
-        if getattr(sys.stdout, "failed", None) is not None:  # where the lines above could not go: said where they are
+        with contextlib.suppress(OSError, ValueError):
+            sys.stdout.flush()  # a file's buffer fails only now
+        if isinstance(getattr(sys.stdout, "failed", None), OSError | ValueError) and not isinstance(
+            sys.stdout.failed, BrokenPipeError
+        ):  # where the lines above could not go (not a reader gone on purpose, `| head`): where they are
             print(f"kftrain: run {run_id} finished; its full log: {full_log}", file=sys.stderr)
     if unwritten:
         again = _resume_command(args.argv, run_id, drop=("--summary",))
@@ -894,10 +898,14 @@ def _cut_by_the_shell(argv: list[str], unrecognized: str) -> str:
                 credential_in(name, w) for w in [whole, *whole.split()]
             ):
                 return f"{option} '{key}=...' (the whole value inside the quotes)"
-            try:  # quotes of the value's own, which the shell took away, cannot be put back from here
-                yaml.safe_load(whole)
-            except yaml.YAMLError:
-                return f"{option} '{key}=...', the value's own quotes inside as you wrote them (`{{note: \"a: b\"}}`)"
+            if option == "--set":  # a YAML value: its own quotes, which the shell took away, are not known here
+                try:
+                    yaml.safe_load(whole)
+                except yaml.YAMLError:
+                    return (
+                        f"{option} '{key}=...' with the whole value inside the quotes (and any YAML quotes of "
+                        'its own kept inside them: `{note: "a: b"}`)'
+                    )
             return f"{option} {shlex.quote(f'{key}={whole}')}"
     return ""
 
@@ -1363,6 +1371,14 @@ def main(argv: list[str] | None = None) -> int:
         sys.stdout, sys.stderr = out.inner, err.inner
 
 
+def _prints_its_result(args: argparse.Namespace) -> bool:
+    """Whether what the command is for is what it prints: a listing, a manifest, a job's status,
+    a plan not written to `--output` (a run, a compile, a model or plan written to files are not)."""
+    return args.func in (_cmd_runs, _cmd_job_manifest, _cmd_job_status) or (
+        args.func is _cmd_plan and not getattr(args, "output", None)
+    )
+
+
 #: What :func:`_main` returns for a command that stopped because its standard output failed.
 STDOUT_FAILED = -1
 
@@ -1380,7 +1396,7 @@ def _main(argv: list[str], out: _GuardedOutput) -> tuple[int, bool]:
     args.argv = list(argv)
     is_run = args.func is _cmd_run
     out.keep_going = is_run
-    if out.closed_at_start and not is_run:  # its output is what it is for: nothing done for nobody to see
+    if out.closed_at_start and _prints_its_result(args):  # nothing done for nobody to see
         print("kftrain: error: standard output is closed (`>&-`): give the command a file or a pipe", file=sys.stderr)
         return 1, is_run
     from pipelines.console import warnings_on_stderr

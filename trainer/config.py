@@ -1533,13 +1533,14 @@ def _unknown_key_hint(key: str, names: set[str], path: str) -> str:
         return f"; {k8s.plain(key)} is a key of {where}: write it there"
     spaced = " (no spaces around it)" if key != key.strip() else ""
     typed = key.strip().lower()
-    alike = difflib.get_close_matches(typed, sorted(names), n=1, cutoff=0.75) or sorted(
-        n
-        for n in names
-        if len(typed) >= 3 and n.startswith(typed)  # cut short: `gpus` for gpus_per_node
-    )
+    alike = difflib.get_close_matches(typed, sorted(names), n=1, cutoff=0.75)
     if alike:
-        return f"; did you mean {' or '.join(alike[:3])}{spaced}?"
+        return f"; did you mean {alike[0]}{spaced}?"
+    # Cut short at a word's end: `gpus` for gpus_per_node, `keep` for keep_best or keep_last.
+    if started := sorted(n for n in names if n.startswith(f"{typed}_")):
+        if len(started) > 4:
+            return f"; did you mean one of the {len(started)} keys starting with {typed}_?"
+        return f"; did you mean {' or '.join(started)}?"
     alike = difflib.get_close_matches(typed, sorted(elsewhere), n=1, cutoff=0.8)
     if alike:
         return f"; did you mean {' or '.join(f'{p}.{alike[0]}' if p else alike[0] for p in elsewhere[alike[0]])}?"

@@ -212,6 +212,6 @@ def test_a_temporary_folder_too_full_for_the_steps_is_refused_before_any_step(tm
     assert (
         out.strip()
         .splitlines()[-1]
-        .startswith(f"kftrain: error: the temporary folder {scratch} has 1.0 MiB free, under the 64 MiB")
+        .startswith(f"kftrain: error: the temporary folder {scratch} has 1.0 MiB free, under the 16 MiB")
     ), out
     assert not (tmp_path / "out").exists() and list(scratch.iterdir()) == []

@@ -40,6 +40,12 @@ def test_yaml_file_maps_onto_the_tree(tmp_path):
         # Cut short: its own section's first (was: `kubernetes.gpus` told plan.gpu, a GPU type's name).
         ("kubernetes:\n  gpus: 1\n", "kubernetes.gpus: unknown key; did you mean gpus_per_node?"),
         ("checkpoint:\n  keep: 1\n", "checkpoint.keep: unknown key; did you mean keep_best or keep_last?"),
+        ("data:\n  eval: 1\n", "did you mean eval_generations or eval_items or eval_new_tokens or eval_prompts?"),
+        # Not cut at a word's end: another section's key spelt alike wins (not max_restarts_by_cause, a mapping).
+        (
+            "kubernetes:\n  max_restart: 3\n",
+            "kubernetes.max_restart: unknown key; did you mean kubernetes.elastic.max_",
+        ),
         ("train:\n  dropuot: 0.1\n", "train.dropuot: unknown key; did you mean model.dropout or lora.dropout?"),
         ("train.epochs: 3\n", "train.epochs: unknown key; a dotted key is not nested in YAML: write train: and under"),
         ("train:\n  lr.x: 3\n", "train.lr.x: unknown key (valid keys in train:"),

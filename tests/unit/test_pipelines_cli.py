@@ -1008,7 +1008,13 @@ def test_a_flag_s_bad_value_is_named_by_the_flag(tmp_path, monkeypatch, capsys, 
         # failed as YAML).
         (
             ["job", "manifest", "--set", "kubernetes.annotations={note:", "a:", "b}"],
-            "--set 'kubernetes.annotations=...', the value's own quotes inside as you wrote them (`{note: \"a: b\"}`)",
+            "--set 'kubernetes.annotations=...' with the whole value inside the quotes (and any YAML quotes of its own"
+            ' kept inside them: `{note: "a: b"}`)',
+        ),
+        # A pipeline parameter's text is taken as written, not as YAML: quoted whole.
+        (
+            ["submit", "--host", "http://h", "--param", "data_source=@team/my", "data"],
+            "--param 'data_source=@team/my data'",
         ),
         # Not a split value: no hint.
         (["job", "manifest", "--set", "job.image=x", "--bogus"], ""),
@@ -1475,3 +1481,38 @@ def test_runs_refuses_a_file_uri_it_would_not_read_as_meant(capsys):
     """(was: `--store file:///tmp/o%20x` looked for a folder named `o%20x`: "no such folder")"""
     assert main(["runs", "--store", "file:///tmp/o%20x"]) == 2
     assert "kftrain: error: --store 'file:///tmp/o%20x' holds a percent-escape" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    ("argv", "prints_its_result"),
+    [
+        (["runs"], True),
+        (["job", "manifest"], True),
+        (["plan"], True),
+        (["plan", "--output", "p.md"], False),  # a file is its result
+        (["compile"], False),
+        (["run", "--local"], False),  # a view of the run
+        (["example-model"], False),
+    ],
+)
+def test_only_a_command_whose_result_is_what_it_prints_refuses_a_closed_standard_output(argv, prints_its_result):
+    from pipelines.cli import _prints_its_result
+
+    assert _prints_its_result(build_parser().parse_args(argv)) is prints_its_result
+
+
+@pytest.mark.parametrize(("free_mib", "refused"), [(15.5, True), (16, False), (50_000, False)])
+def test_a_temporary_folder_too_full_for_a_local_run_to_start_is_named(tmp_path, monkeypatch, free_mib, refused):
+    """The disk's free space is played here (a real one: tests/integration/test_cli_bad_inputs.py)."""
+    import shutil
+    import tempfile
+
+    from trainer.launch.local import temporary_folder_problem
+
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    usage = shutil.disk_usage(tmp_path)
+    monkeypatch.setattr(shutil, "disk_usage", lambda path: usage._replace(free=int(free_mib * 2**20)))
+    problem = temporary_folder_problem()
+    assert (
+        problem.startswith(f"the temporary folder {tmp_path} has {free_mib:.1f} MiB free") if refused else not problem
+    )

@@ -159,15 +159,31 @@ MIN_OPEN_FILES = 64
 #: The least free space in the temporary folder for a local run to start: kfp.local writes each
 #: step's code there before kftrain's own runs (full, every step failed with "printf: I/O error",
 #: read as a bug in kftrain); the ranks stage checkpoints there too (a fuller disk is named then).
-MIN_TEMP_FREE_BYTES = 64 << 20
+MIN_TEMP_FREE_BYTES = 16 << 20
+
+
+def temporary_folder_problem() -> str:
+    """Why the temporary folder (`$TMPDIR`) cannot take a local run's start, as a line naming the
+    fix, or "": under :data:`MIN_TEMP_FREE_BYTES` free."""
+    scratch = tempfile.gettempdir()
+    try:
+        free = shutil.disk_usage(scratch).free
+    except OSError:
+        return ""
+    if free >= MIN_TEMP_FREE_BYTES:
+        return ""
+    return (
+        f"the temporary folder {scratch} has {free / 2**20:.1f} MiB free, under the {MIN_TEMP_FREE_BYTES >> 20} MiB "
+        "kftrain's local processes need to start (each step writes its code there, each rank stages its "
+        "checkpoints there): free space, or point TMPDIR at a folder with room"
+    )
 
 
 def local_start_problem(folder: str = ".") -> str:
     """What keeps kftrain's local processes from starting right in `folder` (the current one), as
     a line naming the fix, or "": a package or module there named like one of kftrain's
     (:data:`OWN_PACKAGES`), which `python -m` would import in place of kftrain's in every step and
-    replica (a project's own `trainer/` is common), a temporary folder with under
-    :data:`MIN_TEMP_FREE_BYTES` free, or an open-file limit below
+    replica (a project's own `trainer/` is common), or an open-file limit below
     :data:`MIN_OPEN_FILES` that cannot be raised (a soft limit below it is raised, up to the hard one)."""
     import resource
 
@@ -186,15 +202,6 @@ def local_start_problem(folder: str = ".") -> str:
                     f"the current folder holds {what}: the processes kftrain starts here (its steps and replicas) "
                     "would import it in place of the installed kftrain; run kftrain from another folder"
                 )
-    scratch = tempfile.gettempdir()
-    with contextlib.suppress(OSError):
-        if (free := shutil.disk_usage(scratch).free) < MIN_TEMP_FREE_BYTES:
-            return (
-                f"the temporary folder {scratch} has {free / 2**20:.1f} MiB free, under the "
-                f"{MIN_TEMP_FREE_BYTES >> 20} MiB kftrain's local processes need to start (each step writes its "
-                "code there, each rank stages its checkpoints there): free space, or point TMPDIR at a folder "
-                "with room"
-            )
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     if soft != resource.RLIM_INFINITY and soft < MIN_OPEN_FILES:
         if hard == resource.RLIM_INFINITY or hard >= MIN_OPEN_FILES:
