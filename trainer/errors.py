@@ -70,8 +70,8 @@ def redact(text: str) -> str:
 #: Values shorter than this are not masked as text: a short one (`test`, `password`) would take
 #: that word out of every message.
 _SHORTEST_SECRET = 10
-#: (the environment's size when they were found, the names of its credential variables).
-_secret_names: tuple[int, tuple[str, ...]] = (-1, ())
+#: (the environment's variable names when they were found, the names of its credential variables).
+_secret_names: tuple[tuple[str, ...] | None, tuple[str, ...]] = (None, ())
 
 
 def _environment_secrets() -> list[str]:
@@ -80,12 +80,13 @@ def _environment_secrets() -> list[str]:
     first: :func:`redact` masks each wherever it appears, whatever it looks like (a plain
     `MyToken42` has no shape the patterns know, and an API's error page may echo it back). A
     value that is a path (`KUBEFLOW_TRAINER_SERVER_TOKEN`, `GOOGLE_APPLICATION_CREDENTIALS` name
-    files) is a place, named in errors. The names are found again when the environment's size
-    changes; their values are read on every call (redact runs on each line of a run's log)."""
+    files) is a place, named in errors. The names are found again when the environment's names
+    change (not its size alone: one variable unset and a token set kept the size, and the token
+    went unmasked); their values are read on every call (redact runs on each line of a run's log)."""
     global _secret_names
-    if len(os.environ) != _secret_names[0]:
-        names = tuple(name for name in os.environ if credential_name(name))
-        _secret_names = (len(os.environ), names)
+    present = tuple(os.environ)
+    if present != _secret_names[0]:
+        _secret_names = (present, tuple(name for name in present if credential_name(name)))
     values = {os.environ.get(name) or "" for name in _secret_names[1]}
     return sorted(
         (v for v in values if len(v) >= _SHORTEST_SECRET and not v.startswith(("/", "~", "./", "../"))),

@@ -361,3 +361,13 @@ def test_the_value_of_every_credential_variable_is_masked_wherever_it_appears(mo
     assert (value not in redact(text)) == masked, redact(text)
     monkeypatch.delenv(name)
     assert value in redact(text)  # the environment is read again once it changed
+
+
+def test_a_token_set_as_another_variable_is_unset_is_masked(monkeypatch):
+    """The environment's size unchanged, its names changed (was: the names of its credential
+    variables cached by its size, and the token printed)."""
+    monkeypatch.setenv("KFTRAIN_SOME_SETTING", "1")
+    redact("warm the cache")
+    monkeypatch.delenv("KFTRAIN_SOME_SETTING")
+    monkeypatch.setenv("KFP_TOKEN", "MyPlainToken42")
+    assert "MyPlainToken42" not in redact("your header: Bearer MyPlainToken42")
