@@ -40,7 +40,7 @@ from trainer.storage import (
     CorruptObject,
     ObjectNotFound,
     StoreError,
-    file_place,
+    identity_of,
     join_uri,
     parse_uri,
     place_of,
@@ -273,13 +273,6 @@ def run_log(cfg: Config, run_id: str, local_root: str = DEFAULT_LOCAL_ROOT) -> t
     if not parse_uri(uri).is_remote:
         return uri, Path(parse_uri(uri).key)
     return uri, Path(tempfile.gettempdir()) / f"{_temporary_log_stem(root)}-{stamp}-{secrets.token_hex(4)}.log"
-
-
-def _run_place(root: str) -> str:
-    """One name of the place of a run's folder `root`, however it is written or reached: the
-    object store's URI without a trailing '/', or this machine's :func:`file_place`."""
-    place = place_of(root) or root
-    return place if "://" in place else file_place(place)
 
 
 def _temporary_log_stem(root: str) -> str:
@@ -682,7 +675,7 @@ def running_alone(root: str, run_id: str) -> Iterator[None]:
 
     folder = LOCK_FOLDER if os.path.isdir(LOCK_FOLDER) else tempfile.gettempdir()
     _remove_unheld_locks(folder)
-    key = _run_place(root)  # one lock however the store is written (`st`, `./st/`, a link, a bind mount)
+    key = identity_of(root) or root  # one lock however the store is written (`st`, `./st/`, a link, a bind mount)
     path = os.path.join(folder, f"{LOCK_STEM}{hashlib.sha256(key.encode()).hexdigest()[:24]}.lock")
     # The folder is everyone's and the name can be foreseen: never through a link another user
     # put there (O_NOFOLLOW; was: the start truncated and wrote whatever file it pointed at).

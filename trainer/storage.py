@@ -251,11 +251,16 @@ def same_place(a: str, b: str) -> bool:
     this machine, :func:`file_place`: a folder bind-mounted at two paths is one place)."""
     if a == b:
         return True
-    place = place_of(a)
-    if place is None or "://" in place:
-        return place is not None and place == place_of(b)
-    other = place_of(b)
-    return other is not None and "://" not in other and file_place(place) == file_place(other)
+    place = identity_of(a)
+    return place is not None and place == identity_of(b)
+
+
+def identity_of(uri: str) -> str | None:
+    """One name of the place a store URI or path names however it is written or reached: an
+    object store's :func:`place_of`, a path's :func:`file_place` (links and bind mounts alike);
+    None where `uri` is no store URI."""
+    place = place_of(uri)
+    return place if place is None or "://" in place else file_place(place)
 
 
 #: The mount table of this process (Linux): mount point, the folder of its filesystem mounted
