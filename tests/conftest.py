@@ -16,6 +16,7 @@ import re
 import shutil
 import subprocess
 import sysconfig
+import tempfile
 import threading
 from collections.abc import Callable, Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -83,6 +84,19 @@ def pytest_runtest_setup(item: pytest.Item) -> None:
         pytest.fail(
             "this serial test is outside its xdist group: see tests/conftest.py and the pytest pin in pyproject.toml"
         )
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _temporary_files_under_pytests_folder(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
+    """Every temporary file of the tests and of the processes they start goes under pytest's own
+    folder, which pytest prunes: each kfp.local step writes its component's code to a `mktemp -d`
+    folder that nothing removes (`kftrain run` gives its steps a TMPDIR of its own; the tests that
+    call kfp.local directly do not), and a thousand of them piled up in /tmp."""
+    patch = pytest.MonkeyPatch()
+    patch.setenv("TMPDIR", str(tmp_path_factory.mktemp("tmpdir")))
+    patch.setattr(tempfile, "tempdir", None)  # gettempdir() reads TMPDIR again
+    yield
+    patch.undo()
 
 
 @pytest.fixture(scope="session")

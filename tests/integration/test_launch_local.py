@@ -8,6 +8,7 @@ import json
 import os
 import signal
 import sys
+import tempfile
 import textwrap
 import time
 from dataclasses import replace
@@ -332,6 +333,42 @@ def test_success_when_the_master_completes():
     )
     assert "[master-0] hello from 0" in lines
     assert "[worker-0] hello from 1" in lines
+
+
+@pytest.mark.parametrize("killed", [False, True], ids=["ends", "sigkilled"])
+def test_a_torchrun_job_leaves_nothing_in_the_temporary_folder(monkeypatch, tmp_path, killed):
+    """torchrun made a `torchelastic_*` folder in $TMPDIR per start and left it there, and a
+    SIGKILLed process (a torchrun stuck in its exit barrier at a cancel's end) removes nothing."""
+    monkeypatch.setenv("TMPDIR", str(tmp_path))
+    monkeypatch.setattr(tempfile, "tempdir", None)
+    code = """
+        import os, sys, tempfile, time
+        print("rank", os.environ["RANK"], "writes to", os.path.dirname(tempfile.mkdtemp()), flush=True)
+        time.sleep(60 if sys.argv[1] == "killed" else 0)
+    """
+    command = ("python", "-m", "trainer.torchrun", "--no-python", sys.executable, "-c", textwrap.dedent(code))
+    spec = JobSpec(
+        name="tidy",
+        image="local",
+        command=(*command, "killed" if killed else "ends"),
+        replicas=2,
+        nproc_per_node=1,
+        env={"OMP_NUM_THREADS": "1"},
+        timeout_s=60,
+    )
+    lines: list[str] = []
+    backend = LocalBackend(sink=lines.append)
+    backend.submit(spec)
+    if killed:
+        while not any(line.startswith("[worker-0] rank 1 writes to") for line in lines):
+            time.sleep(0.05)
+        backend.kill(spec)  # SIGKILL to every process of the job
+        backend.cancel(spec)
+    else:
+        backend.wait(spec)
+    said = [line for line in lines if line.startswith("[master-0] rank 0 writes to ")]
+    assert said and Path(said[0].rsplit(" ", 1)[1]).parent == tmp_path  # a folder of the job's own
+    assert list(tmp_path.iterdir()) == []
 
 
 def test_sigterm_to_the_launcher_stops_every_replica(tmp_path):

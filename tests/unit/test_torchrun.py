@@ -82,6 +82,7 @@ def test_the_agent_alone_is_quiet_and_only_when_asked(monkeypatch, asked, preset
     for name in ("torch.distributed.run", "torch.distributed.elastic.multiprocessing.api"):
         monkeypatch.setitem(sys.modules, name, _Recording(name, seen))
     monkeypatch.setattr("trainer.stacks.print_stacks_on_signals", lambda: None)
+    monkeypatch.setattr(torchrun, "stop_once", lambda: None)  # torch's own module, which is stood in for here
     for var, value in ((torchrun.QUIET_AGENT_ENV, asked), ("TORCH_CPP_LOG_LEVEL", preset)):
         if value:
             monkeypatch.setenv(var, value)

@@ -342,6 +342,7 @@ class LocalBackend:
         self._jobs: dict[str, list[_Replica]] = {}
         self._markers: dict[str, str] = {}
         self._oom_kills_at_start: dict[str, int | None] = {}
+        self._scratch: dict[str, str] = {}
 
     def _command(self, spec: JobSpec) -> list[str]:
         cmd = list(spec.command)
@@ -362,6 +363,11 @@ class LocalBackend:
         # A pod gets the operator's rendezvous variables alone: a shell's own (kftrain started
         # inside a torchrun or a pod, a PET_RDZV_BACKEND exported) would change how the job forms.
         inherited = {k: v for k, v in os.environ.items() if not reserved_env(k)}
+        # The job's own temporary folder, as a pod has its own /tmp: removed when the job ends, with
+        # what its processes leave there (torchrun's `torchelastic_*` folder, which it never
+        # removes; a killed rank's checkpoint staging). A TMPDIR in the job's env is the user's.
+        scratch = self._scratch[spec.name] = tempfile.mkdtemp(prefix=f"kftrain-job-{spec.name}-")
+        inherited["TMPDIR"] = scratch
         for rank, (rtype, index) in enumerate(spec.replicas_by_rank(TRAINJOB if v2 else "pytorchjob")):
             if v2:
                 env = {**inherited, **spec.env, **TRAINJOB_EXTRA_ENV, **replica_env_v2(spec, rank, LOOPBACK)}
@@ -497,6 +503,8 @@ class LocalBackend:
         self.kill(spec)
         for r in replicas:
             self._drain(r)
+        if spec.name in self._scratch:
+            shutil.rmtree(self._scratch.pop(spec.name), ignore_errors=True)
 
     def kill(self, spec: JobSpec, sig: int = signal.SIGKILL) -> None:
         """Send `sig` to every process of the job at once, as a node failure would."""
