@@ -13,7 +13,7 @@ import stat
 import sys
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, NoReturn
+from typing import TYPE_CHECKING, Any, NoReturn, TextIO
 
 from trainer.errors import KftrainError, redact, redact_url
 
@@ -189,7 +189,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
 
 def _run_alone(args: argparse.Namespace, cfg: Any, run_id: str, store: str) -> int:
     """`kftrain run --local`, once no other start of run `run_id` runs on this machine."""
-    from pipelines.console import StepConsole, capturing, plain
+    from pipelines.console import StepConsole, capturing
     from pipelines.local_run import (
         PipelineFailed,
         RunStopped,
@@ -203,7 +203,6 @@ def _run_alone(args: argparse.Namespace, cfg: Any, run_id: str, store: str) -> i
         run_log,
         run_scope,
         run_started,
-        summary_json,
     )
 
     existed = bool(args.run_id) and run_started(cfg, run_id, args.output_dir)
@@ -230,6 +229,7 @@ def _run_alone(args: argparse.Namespace, cfg: Any, run_id: str, store: str) -> i
 
     console = StepConsole(lambda: open_log(log_uri, log_path), sys.stdout, sys.stderr, verbose=args.verbose)
     outcome: BaseException | None = None
+    summary: dict[str, Any] | None = None
     started: list[bool] = []  # whether the run got past its pre-flight (and so has an id to continue)
 
     def on_start() -> None:
@@ -261,7 +261,66 @@ def _run_alone(args: argparse.Namespace, cfg: Any, run_id: str, store: str) -> i
     except (PipelineFailed, RunStopped) as exc:
         outcome = exc
     finally:  # a run stopped before its first step (bad config, unreachable store) wrote no log
-        full_log = keep_log(cfg, log_uri, log_path) if console.log is not None else ""
+        # An uploaded log stays here too, to end as the terminal does (below); then it goes.
+        full_log = keep_log(cfg, log_uri, log_path, keep_here=True) if console.log is not None else ""
+    try:
+        with _logged_too(log_path if full_log else None):
+            return _how_it_ended(args, cfg, run_id, console, outcome, summary, full_log, bool(started), existed)
+    finally:
+        if full_log == log_uri:  # uploaded (or in the run's local folder, where this does nothing)
+            keep_log(cfg, log_uri, log_path)
+
+
+class _Tee:
+    """A standard stream whose every write also goes, colour codes removed, to the file `log`."""
+
+    def __init__(self, stream: Any, log: TextIO) -> None:
+        self._stream, self._log = stream, log
+
+    def write(self, text: str) -> int:
+        from pipelines.console import plain
+
+        with contextlib.suppress(OSError, ValueError):  # the log is a record: the terminal is what counts here
+            self._log.write(plain(text))
+        return self._stream.write(text)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._stream, name)
+
+
+@contextlib.contextmanager
+def _logged_too(path: Path | None) -> Iterator[None]:
+    """What the block prints (how the run ended: its error, artifacts, metrics, gate) also at the
+    end of its full log at `path` (None: no log), which held only the steps' lines before."""
+    if path is None:
+        yield
+        return
+    with open(path, "a", encoding="utf-8") as log:
+        out, err = sys.stdout, sys.stderr
+        sys.stdout, sys.stderr = _Tee(out, log), _Tee(err, log)
+        try:
+            yield
+        finally:
+            sys.stdout, sys.stderr = out, err
+
+
+def _how_it_ended(
+    args: argparse.Namespace,
+    cfg: Any,
+    run_id: str,
+    console: Any,
+    outcome: BaseException | None,
+    summary: dict[str, Any] | None,
+    full_log: str,
+    started: bool,
+    existed: bool,
+) -> int:
+    """Say how the local run ended (stopped, failed, finished: its artifacts, metrics and gate);
+    return the command's exit code."""
+    from pipelines.console import plain
+    from pipelines.local_run import PipelineFailed, RunStopped, summary_json
+
+    resume = _resume_command(args.argv, run_id)
     see_log = f"; see full log: {full_log}" if full_log else ""
     if isinstance(outcome, PipelineFailed):
         from trainer.launch.local import NOTHING_TO_FIX
@@ -298,9 +357,9 @@ def _run_alone(args: argparse.Namespace, cfg: Any, run_id: str, store: str) -> i
             print(f"kftrain: error: the pipeline failed: {redact(plain(str(outcome)))}", file=sys.stderr)
         return 1
     if isinstance(outcome, RunStopped):
-        left = _stopped(cfg, args, run_id, bool(started), existed)
+        left = _stopped(cfg, args, run_id, started, existed)
         print(
-            f"kftrain: run {run_id} stopped by {outcome}; {left}{see_log}. {_then(cfg, args, run_id, bool(started))}",
+            f"kftrain: run {run_id} stopped by {outcome}; {left}{see_log}. {_then(cfg, args, run_id, started)}",
             file=sys.stderr,
         )
         return 128 + outcome.signum

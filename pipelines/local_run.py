@@ -329,9 +329,10 @@ def open_log(uri: str, path: Path) -> TextIO:
     return open(path, "a", encoding="utf-8", buffering=1, opener=opener)  # noqa: SIM115 (the console closes it)
 
 
-def keep_log(cfg: Config, uri: str, path: Path) -> str:
+def keep_log(cfg: Config, uri: str, path: Path, keep_here: bool = False) -> str:
     """Put the log written at `path` at `uri` (see :func:`run_log`); return where it now is
-    (`path` still, if the store refused it)."""
+    (`path` still, if the store refused it). With `keep_here` the file at `path` stays after the
+    upload (more lines to come: a later call puts it again)."""
     if not parse_uri(uri).is_remote:
         return uri
     from trainer.pipeline_steps import store_for
@@ -340,7 +341,8 @@ def keep_log(cfg: Config, uri: str, path: Path) -> str:
         store_for(cfg, uri).put_file(uri, path)
     except (StoreError, OSError):
         return str(path)
-    path.unlink()
+    if not keep_here:
+        path.unlink()
     return uri
 
 

@@ -71,6 +71,8 @@ def test_demo_on_an_s3_store_reaches_95_percent_and_writes_nothing_locally(s3_en
     log_uri = full_log(out)
     assert log_uri.startswith(f"s3://{bucket}/runs/runs/{summary['run_id']}/log-")
     assert b"Got executor_input" in store.get_bytes(log_uri)
+    # It ends as the terminal did (it was uploaded again after those lines; none left in $TMPDIR).
+    assert store.get_bytes(log_uri).decode().rstrip().endswith(out.rstrip().splitlines()[-1])
     card = json.loads(store.get_bytes(artifacts["exported"] + "/model_card.json"))
     assert card["source_dataset_uri"] == artifacts["dataset"]
     assert card["metrics"]["accuracy"] == pytest.approx(summary["metrics"]["test_accuracy"])

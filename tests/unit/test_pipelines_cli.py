@@ -1516,3 +1516,43 @@ def test_a_temporary_folder_too_full_for_a_local_run_to_start_is_named(tmp_path,
     assert (
         problem.startswith(f"the temporary folder {tmp_path} has {free_mib:.1f} MiB free") if refused else not problem
     )
+
+
+@pytest.mark.parametrize("ends", ["finished", "failed", "stopped"])
+def test_the_full_log_ends_as_the_terminal_did(tmp_path, monkeypatch, capsys, ends):
+    """How the run ended (its error, or its artifacts, metrics and gate) is at the end of its full
+    log too (was: on the terminal alone, so a log read later did not say how the run ended)."""
+    import signal
+
+    from pipelines.local_run import PipelineFailed, RunStopped
+    from trainer.errors import error_line
+
+    summary = {"artifacts": {"model": "out/m"}, "metrics": {"test_accuracy": 0.5}, "exported": False}
+
+    def run(cfg, on_start, **kw):
+        on_start()
+        print("00:00:00.000 - INFO - Executing task 'train'")
+        if ends == "failed":
+            print(f"    {error_line('train', RuntimeError('data.source: no object there'))}")
+            print("00:00:01.000 - ERROR - Task 'train' finished with status FAILURE")
+            raise PipelineFailed("Task train failed")
+        if ends == "stopped":
+            raise RunStopped(signal.SIGTERM)
+        return {**summary, "quality_gate": "test_accuracy 0.5000 is below the minimum 0.9000 (min_accuracy)"}
+
+    monkeypatch.chdir(tmp_path)
+    _no_process_watch(monkeypatch)
+    monkeypatch.setattr("pipelines.local_run.run_local", run)
+    main(["run", "--local", "--output-dir", "out", "--run-id", "r1"])
+    said = capsys.readouterr()
+    [log] = (tmp_path / "out" / "runs" / "r1").glob("log-*.txt")
+    text = said.out if ends == "finished" else said.err
+    first = {
+        "finished": "kftrain: run finished.",
+        "failed": "kftrain: run r1 did not",
+        "stopped": "kftrain: run r1 stopped",
+    }
+    last = text[text.index(first[ends]) :].strip().splitlines()
+    assert len(last) >= 3 if ends != "stopped" else len(last) == 1
+    assert log.read_text().strip().splitlines()[-len(last) :] == last
+    assert ("Quality gate FAILED" in log.read_text()) is (ends == "finished")
