@@ -292,10 +292,14 @@ class _Tee:
 def _logged_too(path: Path | None) -> Iterator[None]:
     """What the block prints (how the run ended: its error, artifacts, metrics, gate) also at the
     end of its full log at `path` (None: no log), which held only the steps' lines before."""
-    if path is None:
+    try:
+        log = open(path, "a", encoding="utf-8") if path is not None else None  # noqa: SIM115 (closed below)
+    except OSError:  # its folder removed meanwhile, say: the terminal's lines still count
+        log = None
+    if log is None:
         yield
         return
-    with open(path, "a", encoding="utf-8") as log:
+    with log:
         out, err = sys.stdout, sys.stderr
         sys.stdout, sys.stderr = _Tee(out, log), _Tee(err, log)
         try:

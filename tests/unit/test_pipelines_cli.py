@@ -1556,3 +1556,11 @@ def test_the_full_log_ends_as_the_terminal_did(tmp_path, monkeypatch, capsys, en
     assert len(last) >= 3 if ends != "stopped" else len(last) == 1
     assert log.read_text().strip().splitlines()[-len(last) :] == last
     assert ("Quality gate FAILED" in log.read_text()) is (ends == "finished")
+
+
+def test_a_full_log_that_cannot_be_opened_again_leaves_the_run_s_last_lines_to_the_terminal(tmp_path, capsys):
+    from pipelines.cli import _logged_too
+
+    with _logged_too(tmp_path / "gone" / "log.txt"):
+        print("Quality gate passed")
+    assert capsys.readouterr().out == "Quality gate passed\n"
