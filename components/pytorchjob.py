@@ -86,7 +86,7 @@ def pytorchjob(
     from trainer.launch.backend import run_job
     from trainer.launch.byo import byo_job
     from trainer.launch.spec import job_name
-    from trainer.pipeline_steps import resolve_launcher, select_backend
+    from trainer.pipeline_steps import resolve_launcher, say_where_gpus_are_not, select_backend
 
     end_with_one_line("pytorchjob")
     where = resolve_launcher(launcher)
@@ -115,6 +115,8 @@ def pytorchjob(
         cluster=where == "kubernetes",
         kind=kind,
     )
-    run_job(select_backend(where), spec)
+    backend = select_backend(where)
+    say_where_gpus_are_not(gpus_per_node, backend, "gpus_per_node")
+    run_job(backend, spec)
     model.metadata["job_name"] = spec.name
     model.metadata["image"] = image

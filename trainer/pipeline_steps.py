@@ -189,9 +189,10 @@ def select_backend(launcher: str, log: Callable[[str], None] | None = None) -> J
     """The job backend for `launcher` (see :func:`resolve_launcher`)."""
     launcher = resolve_launcher(launcher)
     if launcher == "local":
-        from trainer.launch.local import LocalBackend
+        from trainer.launch.local import LocalBackend, starting_process
 
-        return LocalBackend(sink=log)
+        # A step's job goes with the process that started the step (a kfp.local script's, say).
+        return LocalBackend(sink=log, stop_with=starting_process())
     from trainer.launch.kubernetes import KubernetesBackend
 
     return KubernetesBackend(log=log)
@@ -223,7 +224,7 @@ def train_model(
         check_shards_present(data_store, dataset_uri, manifest)
     check_an_epoch_has_a_step(cfg, task_for(cfg), manifest, dataset_uri)
     cfg = claim_checkpoints(cfg, model_uri, owner=identity)
-    _say_where_gpus_are_not(cfg, backend)
+    say_where_gpus_are_not(cfg.kubernetes.gpus_per_node, backend, "kubernetes.gpus_per_node")
     spec = training_job(cfg, job_name(identity), dataset_uri, model_uri)
     print(f"kftrain: training job {spec.name} for task {identity}", flush=True)
     run_job(backend, spec)
@@ -236,19 +237,21 @@ def train_model(
     return record
 
 
-def _say_where_gpus_are_not(cfg: Config, backend: JobBackend) -> None:
-    """Warn when the job asks for GPUs (`kubernetes.gpus_per_node`) and its replicas run as
-    processes on this machine, which has none: they train on the CPU (was: said nowhere)."""
+def say_where_gpus_are_not(gpus: int, backend: JobBackend, field: str) -> None:
+    """Warn when the job asks for `gpus` per replica (the setting `field`) and its replicas run as
+    processes on this machine, which has none: they train on the CPU (was: said nowhere; for a
+    command of the user's own, the pytorchjob component's, until later)."""
     from trainer.launch.local import LocalBackend
 
-    if cfg.kubernetes.gpus_per_node and isinstance(backend, LocalBackend):
+    if gpus and isinstance(backend, LocalBackend):
         import torch
 
         if not torch.cuda.is_available():
             logging.getLogger("kftrain").warning(
-                "kubernetes.gpus_per_node %d: the local launcher's replicas are processes on this machine, which has "
-                "no GPU: they train on the CPU",
-                cfg.kubernetes.gpus_per_node,
+                "%s %d: the local launcher's replicas are processes on this machine, which has no GPU: they train on "
+                "the CPU",
+                field,
+                gpus,
             )
 
 

@@ -410,6 +410,87 @@ def test_sigterm_to_the_launcher_stops_every_replica(tmp_path):
             os.killpg(proc.pid, signal.SIGKILL)
 
 
+@pytest.mark.parametrize("ends", ["starter-stopped", "launcher-sigkilled"])
+def test_a_job_goes_with_the_step_that_launched_it_and_with_what_started_that_step(tmp_path, ends):
+    """A step started through a shell, as kfp.local starts one under a user's script: a signal to
+    the script alone left the step and its job running, re-parented, until the job's time limit;
+    a SIGKILLed step left them too (the local backend used directly, or in a user's own script).
+    Either way the replicas stop and the job's temporary folder goes."""
+    import subprocess
+
+    pids, scratch = tmp_path / "pids", tmp_path / "tmp"
+    pids.mkdir()
+    scratch.mkdir()
+    code = f"""
+        import os, time
+        open(os.path.join({str(pids)!r}, "rank" + os.environ["RANK"]), "w").write(str(os.getpid()))
+        time.sleep(120)
+    """
+    launcher = textwrap.dedent(f"""
+        import os
+        from trainer.launch.backend import run_job
+        from trainer.launch.local import LocalBackend, starting_process
+        from trainer.launch.spec import JobSpec
+        open(os.path.join({str(pids)!r}, "launcher"), "w").write(str(os.getpid()))
+        spec = JobSpec(name="orphan", image="local", command=("python", "-c", {textwrap.dedent(code)!r}), replicas=2,
+                       timeout_s=100)
+        run_job(LocalBackend(sink=lambda line: None, stop_with=starting_process()), spec)
+    """)
+    # The starter runs the launcher through a shell that stays (`; true`), as kfp.local's `sh -c` does.
+    starter = "import subprocess; subprocess.run(['sh', '-c', '\"$PY\" -c \"$LAUNCHER\"; true'])"
+    env = {**os.environ, "PY": sys.executable, "LAUNCHER": launcher, "TMPDIR": str(scratch), "PYTHONPATH": str(REPO)}
+    proc = subprocess.Popen([sys.executable, "-c", starter], env=env, start_new_session=True)
+    try:
+        deadline = time.monotonic() + 30
+        while len(list(pids.iterdir())) < 3:
+            assert time.monotonic() < deadline, "the job did not start"
+            time.sleep(0.05)
+        time.sleep(0.2)
+        running = {f.name: int(f.read_text()) for f in pids.iterdir()}
+        if ends == "starter-stopped":
+            proc.send_signal(signal.SIGTERM)  # the starter alone: the shell and the launcher go on
+            proc.wait(timeout=10)  # reaped, as a shell reaps a script it ran (a zombie counts as ended too)
+        else:
+            os.kill(running["launcher"], signal.SIGKILL)
+        deadline = time.monotonic() + 20
+        alive = list(running.values())
+        while alive and time.monotonic() < deadline:
+            alive = [pid for pid in alive if os.path.exists(f"/proc/{pid}") and "Z" not in _state(pid)]
+            time.sleep(0.05)
+        assert not alive, f"processes left running: {alive}"
+        while list(scratch.iterdir()) and time.monotonic() < deadline:  # the watchdog's last act
+            time.sleep(0.05)
+        assert list(scratch.iterdir()) == []
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
+        for pid in (int(f.read_text()) for f in pids.iterdir()):
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+
+
+@pytest.mark.parametrize(
+    ("mode", "said"),
+    [
+        (None, "its command '{}' is not on this machine"),
+        (0o644, "its command '{}' may not be run (Permission denied): make it executable"),
+        (0o755, "its command '{}' is no program this machine runs (Exec format error): a script needs its `#!` line"),
+    ],
+    ids=["not-found", "not-executable", "no-shebang"],
+)
+def test_a_command_that_cannot_start_fails_the_job_on_one_line_naming_it(tmp_path, mode, said):
+    """(was: Popen's FileNotFoundError or PermissionError as a traceback, no step error line)"""
+    script = tmp_path / "train.sh"
+    if mode is not None:
+        script.write_text("echo training\n")
+        script.chmod(mode)
+    spec = JobSpec(name="nostart", image="local", command=(str(script), "x"), replicas=2, timeout_s=30)
+    said = said.format(script)
+    with pytest.raises(JobFailed) as info:
+        run_job(LocalBackend(sink=lambda line: None), spec)
+    assert str(info.value).startswith(f"job nostart: replica master-0 could not start: {said}"), str(info.value)
+
+
 def test_a_cancel_returns_after_the_replicas_last_lines_are_passed_on(tmp_path):
     """A cancelled rank's last words (its stop checkpoint's line) reach the sink before cancel()
     returns: the step that cancels may exit right after (was: lost when the copying thread lagged)."""

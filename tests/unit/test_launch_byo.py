@@ -424,6 +424,40 @@ def test_the_component_refuses_a_local_output_path_on_a_cluster(tmp_path):
         pytorchjob.python_func(image="user/img:1", command=["python", "train.py"], model=model, launcher="kubernetes")
 
 
+@pytest.mark.parametrize(("launcher", "gpus", "warned"), [("local", 1, True), ("local", 0, False)])
+def test_a_byo_job_asking_for_gpus_on_a_machine_without_any_is_said_to_run_on_the_cpu(
+    tmp_path, monkeypatch, caplog, launcher, gpus, warned
+):
+    """As the train component says it (was: the pytorchjob component's `gpus_per_node` ignored
+    locally in silence). The job itself is not run here: what reaches `run_job` is."""
+    import logging
+
+    import torch
+    from kfp.dsl import Model
+
+    from components.pytorchjob import pytorchjob
+
+    if torch.cuda.is_available():
+        pytest.skip("says what a machine without a GPU does")
+    ran = []
+    monkeypatch.setattr("trainer.launch.backend.run_job", lambda backend, spec: ran.append(spec))
+    model = Model(name="model", uri=str(tmp_path / "model"))
+    with caplog.at_level(logging.WARNING, logger="kftrain"):
+        pytorchjob.python_func(
+            image="user/img:1", command=["python", "train.py"], model=model, launcher=launcher, gpus_per_node=gpus
+        )
+    said = [r.getMessage() for r in caplog.records if "gpus_per_node" in r.getMessage()]
+    assert said == (
+        [
+            "gpus_per_node 1: the local launcher's replicas are processes on this machine, which has "
+            "no GPU: they train on the CPU"
+        ]
+        if warned
+        else []
+    )
+    assert [spec.kubernetes.gpus_per_node for spec in ran] == [gpus]
+
+
 @pytest.mark.parametrize(
     ("value", "text"),
     # As KFP hands a UI's JSON over (every number a float), and as a pipeline's Python writes it.

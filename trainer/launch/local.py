@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import collections
 import contextlib
+import errno
 import os
 import secrets
 import shutil
@@ -25,7 +26,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
 from trainer import stacks
-from trainer.launch.backend import JobFailed, JobTimeout, failure_excerpt, print_line
+from trainer.launch.backend import JobCancelled, JobFailed, JobTimeout, failure_excerpt, print_line
 from trainer.launch.spec import NODE, TRAINJOB, JobSpec, replica_env, replica_env_v2, reserved_env
 from trainer.launch.trainjob import EXTRA_ENV as TRAINJOB_EXTRA_ENV
 from trainer.stopping import STOPPED_BY_PEER
@@ -103,7 +104,7 @@ def start_watchdog(marker: str, var: str = RUN_MARKER_ENV, grace_s: float = 10.0
     exit. Only this process holds it (not inheritable), so the pipe reaches EOF exactly when this
     process is gone."""
     read_end, write_end = os.pipe()
-    env = {k: v for k, v in os.environ.items() if k != var}  # the watchdog is not one of the run
+    env = {k: v for k, v in os.environ.items() if k not in (var, RUN_MARKER_ENV, JOB_MARKER_ENV)}  # not one of them
     subprocess.Popen(
         [sys.executable, "-m", "trainer.launch.local", "watch", var, marker, str(grace_s), remove],
         stdin=read_end,
@@ -297,6 +298,25 @@ def run_captured(
     return proc.returncode, out
 
 
+def _start_problem(command: list[str], exc: OSError) -> str:
+    """Why `command` could not start, and what to do (:class:`OSError` of ``Popen``)."""
+    program = command[0]
+    if isinstance(exc, FileNotFoundError):
+        return (
+            f"its command {program!r} is not on this machine (not a file, nor a command on PATH; locally, a leading "
+            f"`python` is this interpreter, {sys.executable}): name a command this machine has, for torchrun "
+            "`python -m torch.distributed.run`"
+        )
+    if isinstance(exc, PermissionError):
+        return f"its command {program!r} may not be run ({exc.strerror}): make it executable, or start it with `python`"
+    if exc.errno == errno.ENOEXEC:
+        return (
+            f"its command {program!r} is no program this machine runs ({exc.strerror}): a script needs its `#!` line, "
+            "or start it with `python` or `sh`"
+        )
+    return f"its command {program!r} cannot be run: {exc.strerror or exc}"
+
+
 def free_port() -> int:
     """A TCP port on loopback that stays free for the process that binds it next (a rendezvous
     store, a test's server): a port merely free now can go to any other process's `bind(0)` or
@@ -324,10 +344,49 @@ class _Replica:
     pump: threading.Thread | None = None
 
 
+def _started_at(pid: int) -> str | None:
+    """Process `pid`'s start time since boot (/proc/PID/stat), which tells it from a later process
+    given the same pid; None when there is no such process, or it has ended (a zombie its parent
+    has not reaped yet)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+    except OSError:
+        return None
+    return None if len(fields) < 20 or fields[0] in "ZX" else fields[19]
+
+
+#: Shells a step's command runs through: the process that started a step is the first one above them.
+SHELLS = frozenset({"sh", "bash", "dash", "zsh", "ash", "busybox"})
+
+
+def starting_process() -> tuple[int, str] | None:
+    """(pid, start time) of the process that started this one, through any shells between
+    (kfp.local runs a step as `sh -c '... python -m kfp.dsl.executor_main'` below the user's
+    script); None where that is init or /proc does not say."""
+    pid = os.getppid()
+    for _ in range(16):
+        try:
+            with open(f"/proc/{pid}/stat") as f:
+                stat = f.read()
+        except OSError:
+            return None
+        name, rest = stat[stat.index("(") + 1 : stat.rindex(")")], stat.rsplit(")", 1)[1].split()
+        if name not in SHELLS:
+            return None if pid <= 1 else (pid, rest[19])
+        pid = int(rest[1])
+    return None
+
+
 class LocalBackend:
     """Runs each replica's command as its own process group on this machine.
 
     `sink` receives every log line, already prefixed with its replica (``[master-0] ...``).
+    A job's processes are stopped, and its temporary folder removed, however the process that
+    runs this backend ends (a watchdog's work when it is killed outright), and with `stop_with`
+    (:func:`starting_process`: a pipeline step's) also when that process ends: a kfp.local script
+    stopped by a signal to it alone leaves its steps running, re-parented (was: the job ran on
+    until its time limit, nobody watching).
     """
 
     def __init__(
@@ -335,14 +394,17 @@ class LocalBackend:
         sink: Callable[[str], None] | None = None,
         grace_s: float = 30.0,
         python: str = sys.executable,
+        stop_with: tuple[int, str] | None = None,
     ) -> None:
         self._sink = sink or print_line
         self._grace_s = grace_s
         self._python = python
+        self._stop_with = stop_with
         self._jobs: dict[str, list[_Replica]] = {}
         self._markers: dict[str, str] = {}
         self._oom_kills_at_start: dict[str, int | None] = {}
         self._scratch: dict[str, str] = {}
+        self._watchdogs: dict[str, int] = {}
 
     def _command(self, spec: JobSpec) -> list[str]:
         cmd = list(spec.command)
@@ -358,7 +420,8 @@ class LocalBackend:
         port = free_port()
         self._oom_kills_at_start[spec.name] = oom_kill_count()
         marker = self._markers[spec.name] = f"{spec.name}-{secrets.token_hex(6)}"
-        replicas = []
+        replicas: list[_Replica] = []
+        self._jobs[spec.name] = replicas  # as they start: a start that fails half-way is cancelled whole
         v2 = spec.kind == TRAINJOB
         # A pod gets the operator's rendezvous variables alone: a shell's own (kftrain started
         # inside a torchrun or a pod, a PET_RDZV_BACKEND exported) would change how the job forms.
@@ -368,6 +431,7 @@ class LocalBackend:
         # removes; a killed rank's checkpoint staging). A TMPDIR in the job's env is the user's.
         scratch = self._scratch[spec.name] = tempfile.mkdtemp(prefix=f"kftrain-job-{spec.name}-")
         inherited["TMPDIR"] = scratch
+        self._watchdogs[spec.name] = start_watchdog(marker, JOB_MARKER_ENV, 10.0, remove=scratch)
         for rank, (rtype, index) in enumerate(spec.replicas_by_rank(TRAINJOB if v2 else "pytorchjob")):
             if v2:
                 env = {**inherited, **spec.env, **TRAINJOB_EXTRA_ENV, **replica_env_v2(spec, rank, LOOPBACK)}
@@ -377,22 +441,28 @@ class LocalBackend:
                 env["MASTER_PORT"] = env["PET_MASTER_PORT"] = str(port)
             env[JOB_MARKER_ENV] = marker
             env[QUIET_AGENT_ENV] = "ERROR"  # the rendezvous is on loopback: its race's C++ trace is noise
-            proc = subprocess.Popen(
-                self._command(spec),
-                env=env,
-                stdin=subprocess.DEVNULL,
-                stdout=subprocess.PIPE,
-                stderr=subprocess.STDOUT,
-                text=True,
-                bufsize=1,
-                start_new_session=True,  # its own process group: cancel kills torchrun's children too
-            )
             # Keys as the Kubernetes backend names replicas: `master-0` / `node-0-1` (the pod's hostname).
-            rep = _Replica(key=f"{NODE}-0-{index}" if v2 else f"{rtype}-{index}", proc=proc)
+            key = f"{NODE}-0-{index}" if v2 else f"{rtype}-{index}"
+            command = self._command(spec)
+            try:
+                proc = subprocess.Popen(
+                    command,
+                    env=env,
+                    stdin=subprocess.DEVNULL,
+                    stdout=subprocess.PIPE,
+                    stderr=subprocess.STDOUT,
+                    text=True,
+                    bufsize=1,
+                    start_new_session=True,  # its own process group: cancel kills torchrun's children too
+                )
+            except OSError as exc:  # what a container would fail to start with
+                raise JobFailed(
+                    f"job {spec.name}: replica {key} could not start: {_start_problem(command, exc)}"
+                ) from None
+            rep = _Replica(key=key, proc=proc)
             rep.pump = threading.Thread(target=self._pump, args=(rep,), daemon=True)
             rep.pump.start()
             replicas.append(rep)
-        self._jobs[spec.name] = replicas
 
     def _pump(self, rep: _Replica) -> None:
         assert rep.proc.stdout is not None
@@ -415,6 +485,11 @@ class LocalBackend:
                     break  # like JobSet's default success policy: every node completed
             elif master.proc.poll() == 0:
                 break  # like the operator: with a Master, the job succeeds when the Master does
+            if self._stop_with and _started_at(self._stop_with[0]) != self._stop_with[1]:
+                raise JobCancelled(
+                    f"the process that started this step (pid {self._stop_with[0]}) has ended; job {spec.name} "
+                    "cancelled"
+                )
             if time.monotonic() > deadline:
                 where = " (where each process waited: the stacks above)" if self.ask_for_stacks(spec) else ""
                 raise JobTimeout(
@@ -505,6 +580,8 @@ class LocalBackend:
             self._drain(r)
         if spec.name in self._scratch:
             shutil.rmtree(self._scratch.pop(spec.name), ignore_errors=True)
+        if spec.name in self._watchdogs:  # the job is over: its watchdog ends with nothing to do
+            os.close(self._watchdogs.pop(spec.name))
 
     def kill(self, spec: JobSpec, sig: int = signal.SIGKILL) -> None:
         """Send `sig` to every process of the job at once, as a node failure would."""
