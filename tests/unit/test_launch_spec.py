@@ -70,3 +70,31 @@ def test_training_job_runs_torchrun_on_the_trainer():
     assert job.command[job.command.index("--dataset-uri") + 1] == "s3://b/d"
     assert (job.replicas, job.nproc_per_node, job.world_size) == (3, 2, 6)
     assert job.env["OMP_NUM_THREADS"] == "1"
+
+
+@pytest.mark.parametrize(
+    ("field", "value", "said"),
+    [
+        ("command", "python train.py", "JobSpec.command: a list of arguments such as ['python', 'train.py']"),
+        ("command", ("python", 3), "JobSpec.command: must be a list of text"),
+        ("replicas", "2", "JobSpec.replicas: must be a whole number, got '2'"),
+        ("replicas", True, "JobSpec.replicas: must be a whole number, got True"),
+        ("nproc_per_node", 2.5, "JobSpec.nproc_per_node: must be a whole number, got 2.5"),
+        ("timeout_s", 0, "JobSpec.timeout_s: must be a whole number of seconds above 0, got 0"),
+        ("timeout_s", -5, "JobSpec.timeout_s: must be a whole number of seconds above 0, got -5"),
+        ("port", 70000, "JobSpec.port: must be a port number, 1 to 65535, got 70000"),
+        ("env", {"EPOCHS": 3}, "JobSpec.env['EPOCHS']: must be text, got int"),
+        ("env", {"TOKEN": b"ghp_secret"}, "JobSpec.env['TOKEN']: must be text, got bytes"),
+        ("kind", "tfjob", "JobSpec.kind: must be one of pytorchjob, trainjob, auto, got 'tfjob'"),
+        ("kubernetes", {"gpus_per_node": 1}, "JobSpec.kubernetes: must be a KubernetesConfig"),
+        ("image", None, "JobSpec.image: must be text, got None"),
+    ],
+)
+def test_a_job_spec_built_in_python_names_the_field_of_a_wrong_type(field, value, said):
+    """A spec built in Python is not read through the config's checks (was: a string command became
+    one argument per letter, `nproc_per_node=2.5` the manifest's '2.5', `timeout_s=0` an instant
+    timeout, `replicas="2"` a TypeError deep inside); a value of the env is not shown."""
+    with pytest.raises(ValueError) as info:
+        JobSpec(**{"name": "j", "image": "img", "command": ("python", "t.py"), field: value})
+    assert str(info.value).startswith(said), str(info.value)
+    assert "ghp_secret" not in str(info.value)

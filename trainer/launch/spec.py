@@ -34,7 +34,7 @@ import os
 import re
 from dataclasses import dataclass, field
 
-from trainer.config import AUTO, PYTORCHJOB, TRAINJOB, ConfigError, KubernetesConfig
+from trainer.config import AUTO, JOB_KINDS, PYTORCHJOB, TRAINJOB, ConfigError, KubernetesConfig
 from trainer.errors import redact_url
 from trainer.storage import REMOTE_SCHEMES, parse_uri
 
@@ -108,6 +108,7 @@ class JobSpec:
     if it saves and loads its checkpoints."""
 
     def __post_init__(self) -> None:
+        self._check_types()
         longest = MAX_NAME - len(self.longest_replica_suffix())
         if len(self.name) > longest or not _DNS_1035.fullmatch(self.name):
             raise ValueError(
@@ -124,6 +125,51 @@ class JobSpec:
             raise ValueError(f"nproc_per_node must be >= 1, got {self.nproc_per_node}")
         if not self.command:
             raise ValueError("command must not be empty")
+
+    def _check_types(self) -> None:
+        """Each field of the type it is declared with, or a ValueError naming it: a spec built in
+        Python is not read through the config's checks (was: `command="python train.py"` became
+        one argument per letter, `replicas="2"` a TypeError deep inside)."""
+
+        def text(value: object) -> bool:
+            return isinstance(value, str)
+
+        def whole(value: object) -> bool:
+            return isinstance(value, int) and not isinstance(value, bool)
+
+        def texts(value: object) -> bool:
+            return isinstance(value, dict) and all(text(k) and text(v) for k, v in value.items())
+
+        if text(self.command):
+            raise ValueError(
+                f"JobSpec.command: a list of arguments such as {self.command.split()!r}, not one string "
+                f"{self.command!r}"
+            )
+        wrong = [
+            (name, what)
+            for name, ok, what in [
+                ("name", text(self.name), "text"),
+                ("image", text(self.image), "text"),
+                ("command", isinstance(self.command, tuple | list) and all(map(text, self.command)), "a list of text"),
+                ("replicas", whole(self.replicas), "a whole number"),
+                ("nproc_per_node", whole(self.nproc_per_node), "a whole number"),
+                ("port", whole(self.port) and 0 < self.port < 65536, "a port number, 1 to 65535"),
+                ("env", texts(self.env), "a mapping of text to text"),
+                ("timeout_s", whole(self.timeout_s) and self.timeout_s > 0, "a whole number of seconds above 0"),
+                ("kubernetes", isinstance(self.kubernetes, KubernetesConfig), "a KubernetesConfig"),
+                ("artifact_uris", texts(self.artifact_uris), "a mapping of text to text"),
+                ("kind", self.kind in JOB_KINDS, f"one of {', '.join(JOB_KINDS)}"),
+            ]
+            if not ok
+        ]
+        if not wrong:
+            return
+        name, what = wrong[0]
+        value = getattr(self, name)
+        if name in ("env", "artifact_uris") and isinstance(value, dict):  # values unshown: a secret, say
+            key = next(k for k, v in value.items() if not (text(k) and text(v)))
+            raise ValueError(f"JobSpec.{name}[{key!r}]: must be text, got {type(value[key]).__name__}")
+        raise ValueError(f"JobSpec.{name}: must be {what}, got {value!r}")
 
     def _namer(self) -> str:
         return {PYTORCHJOB: "operator", TRAINJOB: "JobSet", AUTO: "operator (or JobSet)"}[self.kind]
