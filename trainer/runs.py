@@ -381,8 +381,8 @@ def resolve_resume_from(cfg: Config, root: str) -> tuple[str, dict[str, Any]]:
         if gone:  # pinned by the pre-flight (or named) while its run trained on and pruned it
             raise ConfigError(
                 f"{field}: step {only} of {prefix} has no commit record (never written, or deleted since: a run "
-                "still training deletes its older checkpoints as it commits new ones); name the run, whose newest "
-                "checkpoint is taken, or a step it keeps"
+                "still training deletes its older checkpoints as it commits new ones, checkpoint.keep_last); start "
+                "from a run once it has finished or stopped, or name a step it keeps"
             )
         if others is not None:  # complete, but another run's
             raise ConfigError(
