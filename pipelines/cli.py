@@ -1027,9 +1027,24 @@ def _output_file(what: str, earlier: Callable[[str], bool]) -> Callable[[str], s
             raise argparse.ArgumentTypeError(
                 f"{text} exists and is not {what}: it would be overwritten; name a new file, or remove that one"
             )
+        _FOUND_AT_START[str(path)] = _file_state(path)
         return str(path)
 
     return check
+
+
+#: Each output file as the command found it (:func:`_file_state`), by the path it was named by.
+_FOUND_AT_START: dict[str, tuple[int, ...] | None] = {}
+
+
+def _file_state(path: Path) -> tuple[int, ...] | None:
+    """Which file `path` is and when it last changed (None: no file there): whether another
+    command made or rewrote it meanwhile."""
+    try:
+        st = path.stat()
+    except OSError:
+        return None
+    return (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)
 
 
 #: The most of an existing output file read to tell an earlier output from anything else.
@@ -1095,9 +1110,10 @@ PLAN_FILE = ("a training plan", _is_plan)
 
 def write_output(flag: str, path: str, text: str, what: str, earlier: Callable[[str], bool]) -> None:
     """Write `text` to the file `flag` names, checked as the command started (:func:`_output_file`)
-    and again now, which may be hours later: a file made there meanwhile that is not `what` is
-    kept, and OutputError says so (was: overwritten). A new file is created exclusively, so one
-    made between that check and the write is never replaced."""
+    and again now, which may be hours later: a file made or rewritten there meanwhile is another
+    command's (another run given the same `--summary`, say: was overwritten, though it was `what`),
+    a file that is not `what` is no earlier output; either is kept, and OutputError says so. A new
+    file is created exclusively, so one made between that check and the write is never replaced."""
     target = Path(path)
     with _writing(flag):
         if _a_stream(target):  # the log it may be redirected to keeps what the run printed
@@ -1108,10 +1124,14 @@ def write_output(flag: str, path: str, text: str, what: str, earlier: Callable[[
         try:
             out = open(target, "x", encoding="utf-8")  # noqa: SIM115 (closed below)
         except FileExistsError:
-            if _would_destroy(target, earlier):
+            found = _FOUND_AT_START.get(path, _file_state(target))  # unchecked at the start: as it is now
+            other = _would_destroy(target, earlier)
+            if other or _file_state(target) != found:
+                made = "made" if found is None else "rewritten"
+                whose = f"and is not {what}" if other else "by another command (a second run given the same file, say)"
                 raise OutputError(
-                    f"{flag}: {path} was made while the command ran and is not {what}: it is kept, not "
-                    "overwritten; name a new file"
+                    f"{flag}: {path} was {made} while the command ran {whose}: it is kept, not overwritten; name a new "
+                    "file"
                 ) from None
             out = open(target, "w", encoding="utf-8")  # noqa: SIM115 (closed below)
         with out:

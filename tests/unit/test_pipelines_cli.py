@@ -545,30 +545,49 @@ def test_an_output_file_overwrites_only_an_earlier_output_of_its_kind(
 
 @pytest.mark.parametrize(("what", "earlier"), [SUMMARY_FILE, PLAN_FILE], ids=["run --summary", "plan --output"])
 @pytest.mark.parametrize(
-    ("made_meanwhile", "kept"),
+    ("at_start", "meanwhile", "kept"),
     [
-        (None, False),  # still absent: created
-        ("", False),  # an empty file (`mktemp`'s): written
-        ("earlier", False),  # the same command's earlier output: replaced
-        ('{"my": "thesis data"}', True),  # the user's, made while the run ran: kept
+        (None, None, ""),  # still absent: created
+        ("", None, ""),  # an empty file (`mktemp`'s): written
+        ("earlier", None, ""),  # the command's earlier output, there as it started: replaced
+        (None, '{"my": "thesis data"}', "was made while the command ran and is not {what}"),  # the user's: kept
+        # Another run's, given the same file (was: overwritten, both runs saying they wrote it).
+        (None, "earlier", "was made while the command ran by another command"),
+        ("earlier", "earlier", "was rewritten while the command ran by another command"),
     ],
-    ids=["absent", "empty", "earlier", "user's"],
+    ids=["absent", "empty", "earlier", "user's", "another run's", "rewritten by another run"],
 )
-def test_an_output_written_at_the_end_keeps_a_users_file_made_meanwhile(tmp_path, what, earlier, made_meanwhile, kept):
-    """Checked as the command starts (above) and again as it writes, which may be hours later
-    (was: a file made there meanwhile was overwritten in silence)."""
+def test_an_output_written_at_the_end_keeps_a_file_another_made_meanwhile(
+    tmp_path, what, earlier, at_start, meanwhile, kept
+):
+    """Checked as the command starts and again as it writes, which may be hours later (was: a file
+    made there meanwhile was overwritten in silence)."""
+    import time
+
+    from pipelines.cli import _output_file
+
     target = tmp_path / "sub" / "out.json"
-    if made_meanwhile is not None:
-        target.parent.mkdir()
-        content = made_meanwhile
-        if made_meanwhile == "earlier":
-            content = '{"artifacts": {}, "metrics": {}, "exported": true, "quality_gate": "x"}'
-            content = content if what == "a run summary" else "# Training plan\n"
-        target.write_text(content)
+    target.parent.mkdir()
+
+    def contents(which: str) -> str:
+        if which != "earlier":
+            return which
+        return (
+            '{"artifacts": {}, "metrics": {}, "exported": true, "quality_gate": "x"}'
+            if what == "a run summary"
+            else "# Training plan\n"
+        )
+
+    if at_start is not None:
+        target.write_text(contents(at_start))
+    _output_file(what, earlier)(str(target))  # as the command starts
+    if meanwhile is not None:
+        time.sleep(0.01)  # a later modification time, where the file system's clock is coarse
+        target.write_text(contents(meanwhile) + " ")
     if kept:
-        with pytest.raises(OutputError, match=rf"--flag: {target} was made while the command ran and is not {what}"):
+        with pytest.raises(OutputError, match=rf"--flag: {target} {kept.format(what=what)}"):
             write_output("--flag", str(target), "NEW\n", what, earlier)
-        assert target.read_text() == made_meanwhile
+        assert target.read_text() == contents(meanwhile) + " "
     else:
         write_output("--flag", str(target), "NEW\n", what, earlier)
         assert target.read_text() == "NEW\n"
