@@ -1794,6 +1794,10 @@ def parse_config(text: str, overrides: dict[str, Any] | None = None, origin: str
 
     `overrides` maps dotted keys to values, e.g. ``{"job.replicas": 3}``; they win over the text.
     """
+    # A KFP step's `config` parameter holds what the pipeline wired to it (kfp.local 2.17 hands a
+    # `dsl.ParallelFor` item on in its place): was an AttributeError naming no parameter.
+    if not isinstance(text, str):
+        raise ConfigError(f"{origin}: must be the config's YAML or JSON text, not a {type(text).__name__}")
     loaded = load_yaml(text, origin) if text.strip() else None
     if loaded is None and text.strip():  # as an empty file is: a mistake, not a wish for the defaults
         raise ConfigError(

@@ -233,3 +233,11 @@ def test_tabs_empty_keys_and_a_quoted_underflow_are_one_line(text, said):
     with pytest.raises(ConfigError) as err:
         parse_config(text, origin="c.yaml")
     assert said in str(err.value) and "\n" not in str(err.value), err.value
+
+
+@pytest.mark.parametrize(("given", "kind"), [(1.0, "float"), ({"train": {"epochs": 3}}, "dict"), (None, "NoneType")])
+def test_a_config_that_is_no_text_is_refused_naming_what_it_is(given, kind):
+    """A KFP step's `config` parameter wired to something else (kfp.local 2.17 hands a
+    `dsl.ParallelFor` item on in its place): was an AttributeError naming nothing."""
+    with pytest.raises(ConfigError, match=rf"^config: must be the config's YAML or JSON text, not a {kind}$"):
+        parse_config(given, origin="config")
