@@ -537,6 +537,12 @@ def test_the_component_compiles_to_yaml_that_a_pipeline_loads(tmp_path):
     }
 
 
+def test_a_byo_job_names_its_own_time_limit_parameter():
+    assert byo_job(name="j", image="i:1", command=["python", "t.py"], output_uri="/tmp/o").timeout_field == (
+        "timeout_seconds"
+    )
+
+
 def test_an_unknown_kind_is_refused_naming_the_parameter():
     with pytest.raises(ConfigError, match=r"^kind: must be one of \('pytorchjob', 'trainjob', 'auto'\), got 'podjob'$"):
         byo(kind="podjob")

@@ -317,6 +317,17 @@ def test_a_refused_create_says_nothing_of_a_job_that_may_still_run():
     assert ("delete", NAME) not in cluster.calls and not cluster.jobs
 
 
+@pytest.mark.parametrize("field", ["job.timeout_seconds", "timeout_seconds"], ids=["config", "byo-component"])
+def test_a_timeout_names_the_setting_the_limit_came_from(field):
+    """(was: `job.timeout_seconds` for the pytorchjob component too, which has no config)"""
+    cluster = FakeCluster()
+    backend, spec, _ = make(cluster, **{"kubernetes.poll_seconds": 0.1})
+    cluster.timeline = running_then(lambda c: None)  # runs forever
+    with pytest.raises(JobTimeout) as info:
+        run_job(backend, replace(spec, timeout_s=1, timeout_field=field))
+    assert str(info.value).endswith(f"did not finish within 1s ({field}); deleting it")
+
+
 def test_a_delete_the_api_refuses_is_one_line_naming_the_call():
     """After a timeout: the step's error says the job may still run, and why, in one line (was:
     "(403) (the lines above it in the log say more)"; and the timeout said it "has been deleted")."""

@@ -212,6 +212,7 @@ def byo_job(
             nproc_per_node=nproc_per_node,
             env={**user_env, **contract},
             timeout_s=timeout_s,
+            timeout_field="timeout_seconds",
             kubernetes=kubernetes,
             kind=kind,
         )

@@ -515,7 +515,7 @@ class KubernetesBackend:
             f"{why}; if the launcher pod dies before it deletes the job (its node lost, a SIGKILL), the job and its "
             f"GPUs run on until its activeDeadlineSeconds of "
             f"{job.spec.kubernetes.active_deadline_seconds or job.spec.timeout_s:.0f}s "
-            "(kubernetes.active_deadline_seconds, else job.timeout_seconds)"
+            f"(kubernetes.active_deadline_seconds, else {job.spec.timeout_field})"
         )
 
     def wait(self, spec: JobSpec) -> None:
@@ -742,7 +742,8 @@ class KubernetesBackend:
             if not own or self._seconds_left() <= DEADLINE_SLACK_S:
                 said = f"{failed.get('reason', 'Failed')}: {failed.get('message', '')}".rstrip(": ")
                 raise JobTimeout(
-                    f"{job.what} failed: {said}; the run's time is up ({job.spec.timeout_s:.0f}s, job.timeout_seconds)"
+                    f"{job.what} failed: {said}; the run's time is up "
+                    f"({job.spec.timeout_s:.0f}s, {job.spec.timeout_field})"
                 )
             return (
                 f"not re-created: its own activeDeadlineSeconds ({own}s, kubernetes.active_deadline_seconds) ended it"
@@ -752,7 +753,9 @@ class KubernetesBackend:
         if allowed != failures.UNLIMITED and done >= allowed:
             return f"not re-created: its {allowed} re-creation(s) for {diagnosis.cause} are spent ({field})"
         if self._deadline_passed():
-            return f"not re-created: the job's deadline has passed ({job.spec.timeout_s:.0f}s, job.timeout_seconds)"
+            return (
+                f"not re-created: the job's deadline has passed ({job.spec.timeout_s:.0f}s, {job.spec.timeout_field})"
+            )
         job.restarts[diagnosis.cause] = done + 1
         if allowed == failures.UNLIMITED:
             left = f"unlimited ({field} is -1) until the deadline, {self._seconds_left():.0f}s from now"
@@ -767,7 +770,7 @@ class KubernetesBackend:
         self._wait_deleted(job)
         if self._deadline_passed():  # spent waiting for the deletion: no job is made to idle
             return (
-                f"not re-created after all: the job's deadline ({job.spec.timeout_s:.0f}s, job.timeout_seconds) "
+                f"not re-created after all: the job's deadline ({job.spec.timeout_s:.0f}s, {job.spec.timeout_field}) "
                 "passed while the failed job was being deleted"
             )
         self._create(job, job.manifest(self._now()), ours=True)
@@ -781,7 +784,7 @@ class KubernetesBackend:
 
     def _timeout_message(self, job: _Job) -> str:
         # Said before the delete: run_job deletes it next, and adds a note if that fails.
-        return f"{job.what} did not finish within {job.spec.timeout_s:.0f}s (job.timeout_seconds); deleting it"
+        return f"{job.what} did not finish within {job.spec.timeout_s:.0f}s ({job.spec.timeout_field}); deleting it"
 
     # -- API calls, all through the retry -------------------------------------------------
 
@@ -825,7 +828,7 @@ class KubernetesBackend:
                         self._log(
                             f"kftrain: {job.what} cannot be created yet{_status_message(exc)}; waiting for the "
                             "quota to free as other jobs end (at most kubernetes.queue_timeout_seconds, and the "
-                            "run's job.timeout_seconds)"
+                            f"run's {job.spec.timeout_field})"
                         )
                     if self._may_wait_for_quota(job, quota_since):
                         self._wait_for_quota(job, quota_since, exc)
@@ -854,7 +857,7 @@ class KubernetesBackend:
                 self._sleep(max(0.0, left))
                 raise JobTimeout(
                     f"{job.what} could not be created within the run's time ({job.spec.timeout_s:.0f}s, "
-                    f"job.timeout_seconds): a ResourceQuota of namespace {job.namespace} refused it for "
+                    f"{job.spec.timeout_field}): a ResourceQuota of namespace {job.namespace} refused it for "
                     f"{(self._now() - since).total_seconds():.0f}s{_status_message(exc)}"
                 ) from None
         self._sleep(poll)

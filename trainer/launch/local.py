@@ -493,7 +493,7 @@ class LocalBackend:
             if time.monotonic() > deadline:
                 where = " (where each process waited: the stacks above)" if self.ask_for_stacks(spec) else ""
                 raise JobTimeout(
-                    f"job {spec.name} did not finish within {timeout_s:.0f}s (job.timeout_seconds){where}; "
+                    f"job {spec.name} did not finish within {timeout_s:.0f}s ({spec.timeout_field}){where}; "
                     "cancelling it"
                 )
             time.sleep(0.2)

@@ -94,6 +94,8 @@ class JobSpec:
     """Extra, non-secret environment for every replica."""
     timeout_s: int = 3600
     """Wall-clock limit of the whole job."""
+    timeout_field: str = "job.timeout_seconds"
+    """The setting `timeout_s` comes from, as errors name it (the BYO component's `timeout_seconds`)."""
     kubernetes: KubernetesConfig = field(default_factory=KubernetesConfig)
     """Pod and scheduling settings used when the job runs as a PyTorchJob."""
     artifact_uris: dict[str, str] = field(default_factory=dict)
@@ -156,6 +158,7 @@ class JobSpec:
                 ("port", whole(self.port) and 0 < self.port < 65536, "a port number, 1 to 65535"),
                 ("env", texts(self.env), "a mapping of text to text"),
                 ("timeout_s", whole(self.timeout_s) and self.timeout_s > 0, "a whole number of seconds above 0"),
+                ("timeout_field", text(self.timeout_field), "text"),
                 ("kubernetes", isinstance(self.kubernetes, KubernetesConfig), "a KubernetesConfig"),
                 ("artifact_uris", texts(self.artifact_uris), "a mapping of text to text"),
                 ("kind", self.kind in JOB_KINDS, f"one of {', '.join(JOB_KINDS)}"),
