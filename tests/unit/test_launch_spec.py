@@ -88,6 +88,8 @@ def test_training_job_runs_torchrun_on_the_trainer():
         ("kind", "tfjob", "JobSpec.kind: must be one of pytorchjob, trainjob, auto, got 'tfjob'"),
         ("kubernetes", {"gpus_per_node": 1}, "JobSpec.kubernetes: must be a KubernetesConfig"),
         ("image", None, "JobSpec.image: must be text, got None"),
+        # Plain environment is visible in the job object (was: a token went into the manifest as written).
+        ("env", {"GITHUB_TOKEN": "ghp_secret"}, "JobSpec.env.GITHUB_TOKEN: its name looks like a credential"),
     ],
 )
 def test_a_job_spec_built_in_python_names_the_field_of_a_wrong_type(field, value, said):

@@ -34,7 +34,7 @@ import os
 import re
 from dataclasses import dataclass, field
 
-from trainer.config import AUTO, JOB_KINDS, PYTORCHJOB, TRAINJOB, ConfigError, KubernetesConfig
+from trainer.config import AUTO, JOB_KINDS, PYTORCHJOB, TRAINJOB, ConfigError, KubernetesConfig, check_plain_env
 from trainer.errors import redact_url
 from trainer.storage import REMOTE_SCHEMES, parse_uri
 
@@ -166,6 +166,10 @@ class JobSpec:
             if not ok
         ]
         if not wrong:
+            # Plain environment is visible in the job object: a token there is refused, as in the config.
+            check_plain_env(
+                self.env, "JobSpec.env", "kubernetes.extra_env's `valueFrom.secretKeyRef` takes a Secret's key"
+            )
             return
         name, what = wrong[0]
         value = getattr(self, name)
