@@ -198,14 +198,16 @@ def latest_complete(
 def _process_started(pid: int) -> float | None:
     """When process `pid` of this machine started (Unix time), None where it is not running or
     this machine does not say (no /proc)."""
+    from trainer.procfs import started_ticks
+
+    ticks = started_ticks(pid)
     try:
-        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
         boot = next(
             float(line.split()[1]) for line in Path("/proc/stat").read_text().splitlines() if line.startswith("btime ")
         )
     except (OSError, ValueError, IndexError, StopIteration):
         return None
-    return boot + int(fields[19]) / os.sysconf("SC_CLK_TCK")  # field 22 of stat: start time in ticks since boot
+    return None if ticks is None else boot + ticks / os.sysconf("SC_CLK_TCK")
 
 
 def still_running(record: dict[str, Any]) -> bool:

@@ -470,25 +470,32 @@ def test_a_job_goes_with_the_step_that_launched_it_and_with_what_started_that_st
 
 
 @pytest.mark.parametrize(
-    ("mode", "said"),
+    ("text", "mode", "said"),
     [
-        (None, "its command '{}' is not on this machine"),
-        (0o644, "its command '{}' may not be run (Permission denied): make it executable"),
-        (0o755, "its command '{}' is no program this machine runs (Exec format error): a script needs its `#!` line"),
+        (None, None, "its command '{}' is not on this machine"),
+        ("echo training\n", 0o644, "its command '{}' may not be run (Permission denied): make it executable"),
+        ("echo training\n", 0o755, "its command '{}' is no program this machine runs (Exec format error)"),
+        ("#!/usr/bin/kftrain-no-python9\n", 0o755, "its command '{}' names, on its `#!` line, an interpreter"),
+        ("#!/bin/sh\r\necho training\r\n", 0o755, "its command '{}' ends its `#!` line with a Windows line end"),
+        ("", None, "its command '{}' is a folder: name the program or script to run"),
     ],
-    ids=["not-found", "not-executable", "no-shebang"],
+    ids=["not-found", "not-executable", "no-shebang", "no-interpreter", "windows-line-ends", "folder"],
 )
-def test_a_command_that_cannot_start_fails_the_job_on_one_line_naming_it(tmp_path, mode, said):
-    """(was: Popen's FileNotFoundError or PermissionError as a traceback, no step error line)"""
+def test_a_command_that_cannot_start_fails_the_job_on_one_line_naming_it(tmp_path, text, mode, said):
+    """(was: Popen's FileNotFoundError or PermissionError as a traceback, no step error line); and
+    again on the same backend (was: an IndexError: the failed start stayed registered as running)."""
     script = tmp_path / "train.sh"
     if mode is not None:
-        script.write_text("echo training\n")
+        script.write_text(text)
         script.chmod(mode)
+    elif text is not None:
+        script.mkdir()
     spec = JobSpec(name="nostart", image="local", command=(str(script), "x"), replicas=2, timeout_s=30)
-    said = said.format(script)
-    with pytest.raises(JobFailed) as info:
-        run_job(LocalBackend(sink=lambda line: None), spec)
-    assert str(info.value).startswith(f"job nostart: replica master-0 could not start: {said}"), str(info.value)
+    backend = LocalBackend(sink=lambda line: None)
+    for _ in range(2):
+        with pytest.raises(JobFailed) as info:
+            run_job(backend, spec)
+        assert str(info.value).startswith(f"job nostart: replica master-0 could not start: {said.format(script)}")
 
 
 def test_a_cancel_returns_after_the_replicas_last_lines_are_passed_on(tmp_path):

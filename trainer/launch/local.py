@@ -29,6 +29,7 @@ from trainer import stacks
 from trainer.launch.backend import JobCancelled, JobFailed, JobTimeout, failure_excerpt, print_line
 from trainer.launch.spec import NODE, TRAINJOB, JobSpec, replica_env, replica_env_v2, reserved_env
 from trainer.launch.trainjob import EXTRA_ENV as TRAINJOB_EXTRA_ENV
+from trainer.procfs import parent_of, started_ticks
 from trainer.stopping import STOPPED_BY_PEER
 from trainer.torchrun import QUIET_AGENT_ENV
 
@@ -301,6 +302,22 @@ def run_captured(
 def _start_problem(command: list[str], exc: OSError) -> str:
     """Why `command` could not start, and what to do (:class:`OSError` of ``Popen``)."""
     program = command[0]
+    if os.path.isdir(program):
+        return f"its command {program!r} is a folder: name the program or script to run"
+    script = program if os.path.isfile(program) else shutil.which(program)
+    if isinstance(exc, FileNotFoundError) and script:
+        with contextlib.suppress(OSError):
+            with open(script, "rb") as f:
+                first = f.readline(200)
+            if first.startswith(b"#!") and first.rstrip(b"\n").endswith(b"\r"):
+                return (
+                    f"its command {program!r} ends its `#!` line with a Windows line end (\\r), so no interpreter of "
+                    "that name exists: convert the file's line ends (`dos2unix`, `sed -i 's/\\r$//'`)"
+                )
+        return (
+            f"its command {program!r} names, on its `#!` line, an interpreter this machine does not have: fix that "
+            "line, or start the script with `python` or `sh`"
+        )
     if isinstance(exc, FileNotFoundError):
         return (
             f"its command {program!r} is not on this machine (not a file, nor a command on PATH; locally, a leading "
@@ -344,37 +361,23 @@ class _Replica:
     pump: threading.Thread | None = None
 
 
-def _started_at(pid: int) -> str | None:
-    """Process `pid`'s start time since boot (/proc/PID/stat), which tells it from a later process
-    given the same pid; None when there is no such process, or it has ended (a zombie its parent
-    has not reaped yet)."""
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            fields = f.read().rsplit(")", 1)[1].split()
-    except OSError:
-        return None
-    return None if len(fields) < 20 or fields[0] in "ZX" else fields[19]
-
-
 #: Shells a step's command runs through: the process that started a step is the first one above them.
 SHELLS = frozenset({"sh", "bash", "dash", "zsh", "ash", "busybox"})
 
 
-def starting_process() -> tuple[int, str] | None:
+def starting_process() -> tuple[int, int] | None:
     """(pid, start time) of the process that started this one, through any shells between
     (kfp.local runs a step as `sh -c '... python -m kfp.dsl.executor_main'` below the user's
     script); None where that is init or /proc does not say."""
     pid = os.getppid()
     for _ in range(16):
-        try:
-            with open(f"/proc/{pid}/stat") as f:
-                stat = f.read()
-        except OSError:
+        found = parent_of(pid)
+        if found is None:
             return None
-        name, rest = stat[stat.index("(") + 1 : stat.rindex(")")], stat.rsplit(")", 1)[1].split()
-        if name not in SHELLS:
-            return None if pid <= 1 else (pid, rest[19])
-        pid = int(rest[1])
+        if found[0] not in SHELLS:
+            started = started_ticks(pid)
+            return None if pid <= 1 or started is None else (pid, started)
+        pid = found[1]
     return None
 
 
@@ -394,7 +397,7 @@ class LocalBackend:
         sink: Callable[[str], None] | None = None,
         grace_s: float = 30.0,
         python: str = sys.executable,
-        stop_with: tuple[int, str] | None = None,
+        stop_with: tuple[int, int] | None = None,
     ) -> None:
         self._sink = sink or print_line
         self._grace_s = grace_s
@@ -413,8 +416,8 @@ class LocalBackend:
         return cmd
 
     def submit(self, spec: JobSpec) -> None:
-        if spec.name in self._jobs:
-            return  # already running: re-attach, like a retried launcher on a cluster
+        if any(r.proc.poll() is None for r in self._jobs.get(spec.name, [])):
+            return  # already running: re-attach, like a retried launcher on a cluster (one that ended starts anew)
         from trainer.launch.failures import oom_kill_count
 
         port = free_port()
@@ -485,7 +488,7 @@ class LocalBackend:
                     break  # like JobSet's default success policy: every node completed
             elif master.proc.poll() == 0:
                 break  # like the operator: with a Master, the job succeeds when the Master does
-            if self._stop_with and _started_at(self._stop_with[0]) != self._stop_with[1]:
+            if self._stop_with and started_ticks(self._stop_with[0]) != self._stop_with[1]:
                 raise JobCancelled(
                     f"the process that started this step (pid {self._stop_with[0]}) has ended; job {spec.name} "
                     "cancelled"

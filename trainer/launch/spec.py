@@ -125,8 +125,6 @@ class JobSpec:
             raise ValueError(f"replicas must be >= 1 (the Master), got {self.replicas}")
         if self.nproc_per_node < 1:
             raise ValueError(f"nproc_per_node must be >= 1, got {self.nproc_per_node}")
-        if not self.command:
-            raise ValueError("command must not be empty")
 
     def _check_types(self) -> None:
         """Each field of the type it is declared with, or a ValueError naming it: a spec built in
@@ -152,7 +150,13 @@ class JobSpec:
             for name, ok, what in [
                 ("name", text(self.name), "text"),
                 ("image", text(self.image), "text"),
-                ("command", isinstance(self.command, tuple | list) and all(map(text, self.command)), "a list of text"),
+                (
+                    "command",
+                    isinstance(self.command, tuple | list)
+                    and all(map(text, self.command))
+                    and bool(self.command[:1] and self.command[0].strip()),
+                    "a list of text whose first is the program to run",
+                ),
                 ("replicas", whole(self.replicas), "a whole number"),
                 ("nproc_per_node", whole(self.nproc_per_node), "a whole number"),
                 ("port", whole(self.port) and 0 < self.port < 65536, "a port number, 1 to 65535"),
@@ -168,13 +172,18 @@ class JobSpec:
         if not wrong:
             # Plain environment is visible in the job object: a token there is refused, as in the config.
             check_plain_env(
-                self.env, "JobSpec.env", "kubernetes.extra_env's `valueFrom.secretKeyRef` takes a Secret's key"
+                self.env,
+                "JobSpec.env",
+                "kubernetes.extra_env's `valueFrom.secretKeyRef` takes a Secret's key; a local job's replicas also "
+                "inherit the launching process's own environment",
             )
             return
         name, what = wrong[0]
         value = getattr(self, name)
         if name in ("env", "artifact_uris") and isinstance(value, dict):  # values unshown: a secret, say
             key = next(k for k, v in value.items() if not (text(k) and text(v)))
+            if not text(key):
+                raise ValueError(f"JobSpec.{name}: its names must be text, got {key!r} ({type(key).__name__})")
             raise ValueError(f"JobSpec.{name}[{key!r}]: must be text, got {type(value[key]).__name__}")
         raise ValueError(f"JobSpec.{name}: must be {what}, got {value!r}")
 
