@@ -33,7 +33,7 @@ from pathlib import Path
 from stat import S_ISREG
 from typing import Any, TextIO
 
-from trainer.config import Config, ConfigError, config_to_json, flatten_config, same_setting, to_dict
+from trainer.config import Config, ConfigError, config_to_json, flatten_config, is_uri, same_setting, to_dict
 from trainer.errors import KftrainError, redact
 from trainer.runs import RUN_RECORD, STARTED_RECORD
 from trainer.storage import (
@@ -620,7 +620,10 @@ def preflight(cfg: Config, local_root: str = DEFAULT_LOCAL_ROOT) -> Config:
         except StoreError as exc:
             flag = "--output-dir" if local_root != DEFAULT_LOCAL_ROOT else f"--output-dir (default: {local_root})"
             raise ConfigError(f"{flag}: {exc}") from None  # the message names the folder
-    return check_before_steps(cfg, cfg.store.uri or str(Path(local_root).expanduser().resolve()), hub=True)
+    pinned = check_before_steps(cfg, cfg.store.uri or str(Path(local_root).expanduser().resolve()), hub=True)
+    if cfg.checkpoint.resume_from:
+        _check_source_run_ended(cfg, pinned, local_root)
+    return pinned
 
 
 def run_local(
@@ -673,12 +676,8 @@ def running_alone(root: str, run_id: str) -> Iterator[None]:
     ends; the file goes with the block (a killed holder's stays, unlocked, until the next start of
     any run on this machine removes it). Per machine: a start on another machine sharing the store
     is not seen."""
-    import hashlib
-
-    folder = LOCK_FOLDER if os.path.isdir(LOCK_FOLDER) else tempfile.gettempdir()
-    _remove_unheld_locks(folder)
-    key = identity_of(root) or root  # one lock however the store is written (`st`, `./st/`, a link, a bind mount)
-    path = os.path.join(folder, f"{LOCK_STEM}{hashlib.sha256(key.encode()).hexdigest()[:24]}.lock")
+    _remove_unheld_locks(_lock_folder())
+    path = _lock_path(root)
     # The folder is everyone's and the name can be foreseen: never through a link another user
     # put there (O_NOFOLLOW; was: the start truncated and wrote whatever file it pointed at).
     nofollow = os.O_NOFOLLOW | getattr(os, "O_CLOEXEC", 0)
@@ -728,6 +727,65 @@ def running_alone(root: str, run_id: str) -> Iterator[None]:
         with contextlib.suppress(OSError):
             os.unlink(path)  # while locked: a start that opened it meanwhile finds it gone, and makes another
         os.close(fd)
+
+
+def _lock_folder() -> str:
+    return LOCK_FOLDER if os.path.isdir(LOCK_FOLDER) else tempfile.gettempdir()
+
+
+def _lock_path(root: str) -> str:
+    """This machine's lock file of the run at `root`: one however the store is written (`st`,
+    `./st/`, a link, a bind mount)."""
+    import hashlib
+
+    key = identity_of(root) or root
+    return os.path.join(_lock_folder(), f"{LOCK_STEM}{hashlib.sha256(key.encode()).hexdigest()[:24]}.lock")
+
+
+def running_here(root: str) -> str:
+    """Who runs the run at `root` on this machine (its lock's holder, in words; any phase of it),
+    or '' when no start of it does."""
+    import fcntl
+
+    try:
+        fd = os.open(_lock_path(root), os.O_RDONLY | os.O_NOFOLLOW | getattr(os, "O_CLOEXEC", 0))
+    except OSError:
+        return ""
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+        except BlockingIOError:
+            return _lock_holder(os.pread(fd, 200, 0).decode(errors="replace").strip()) or "another start"
+        fcntl.flock(fd, fcntl.LOCK_UN)
+        return ""
+    finally:
+        os.close(fd)
+
+
+#: A step folder inside a local run's folder: `<root>/runs/<run id>/checkpoints/step-N`.
+_RUN_STEP_FOLDER = re.compile(r"(.*/runs/[^/]+)/checkpoints/step-\d+")
+
+
+def _check_source_run_ended(cfg: Config, pinned: Config, local_root: str) -> None:
+    """ConfigError when `checkpoint.resume_from` (`cfg`'s, as given; `pinned`, the step folder it
+    names now) is a run that still runs on this machine: while it trains it deletes its older
+    checkpoints as it commits new ones, so the pinned one could be gone before this run's training
+    starts (was: a failure in the train step)."""
+    value = cfg.checkpoint.resume_from
+    if not is_uri(value):
+        root = run_root(cfg, value.partition("/")[0], local_root)
+    elif found := _RUN_STEP_FOLDER.fullmatch(pinned.checkpoint.resume_from.rstrip("/")):
+        root = found.group(1)
+    else:  # a checkpoint of no local run's folder: no lock says whether its run still trains
+        return
+    holder = running_here(root)
+    if holder:
+        raise ConfigError(
+            f"checkpoint.resume_from {value!r}: that run is still running on this machine ({holder}), and while it "
+            "trains it deletes its older checkpoints as it commits new ones (checkpoint.keep_last), so the one taken "
+            "now could be gone before this run's training starts; start from it once it has finished, or stop it "
+            "(it commits a checkpoint as it stops) and start from it then"
+        )
 
 
 def _lock_holder(said: str) -> str:

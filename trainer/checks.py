@@ -435,26 +435,7 @@ def check_resume_from(cfg: Config, root: str) -> Config:
         check_continues(cfg, record, "start without resume_from")
     except KftrainError as exc:
         raise ConfigError(f"{field}: {exc}") from None
-    if owner := training_on_this_machine(cfg, folder):
-        raise ConfigError(
-            f"{field}: {owner} is still training on this machine and deletes its older checkpoints as it commits new "
-            "ones (checkpoint.keep_last), so this one could be gone before this run's training starts (was: it "
-            "failed there); start from it once it has finished, or stop it (it commits a checkpoint as it stops) "
-            "and start from it then"
-        )
     return dataclasses.replace(cfg, checkpoint=dataclasses.replace(cfg.checkpoint, resume_from=folder))
-
-
-def training_on_this_machine(cfg: Config, folder: str) -> str:
-    """The run that owns the checkpoint prefix of step folder `folder`, in words, where it is a
-    process of this machine still running; else ''."""
-    from trainer.checkpoint_owner import current_owner, describe_owner, still_running
-    from trainer.storage import open_store
-
-    prefix = folder.rstrip("/").rsplit("/", 1)[0]
-    store = open_store(prefix, cfg.store.endpoint, cfg.store.region, cfg.store.policy())
-    owner = current_owner(store, prefix)
-    return describe_owner(owner) if owner is not None and still_running(owner) else ""
 
 
 def check_continues(cfg: Config, record: dict[str, Any], other: str) -> None:

@@ -492,33 +492,25 @@ def test_the_training_step_of_a_local_run_on_a_store_is_shown_as_that_run_only(t
     assert runs == {"r1": "started", "52/train-84826831": "finished", "kfp-run-1/train-84826831": "finished"}
 
 
-@pytest.mark.parametrize("alive", [True, False], ids=["still-training", "ended"])
-def test_resume_from_a_run_still_training_on_this_machine_is_refused_before_any_step(runs, tmp_path, alive):
-    """Its pruning deleted the pinned step before the replicas read it (was: a failure in the
-    train step, advising the run id the user had named); a run that has ended is read as before."""
-    import os
-    import socket
-    import time
-
-    from trainer.checkpoint_owner import OWNER_FOLDER, current_owner, owner_uri
+@pytest.mark.parametrize("how", ["run id", "step folder"])
+def test_resume_from_a_run_still_running_on_this_machine_is_refused_before_any_step(runs, tmp_path, how):
+    """Its pruning deleted the pinned step before the replicas read it (was: a failure in the train
+    step, advising the run id the user had named). Any start of it counts (a restart too: the
+    checkpoints' owner record names the first), in any phase; once it has ended it is read."""
+    from pipelines.local_run import preflight, run_root, running_alone
 
     root, _, old_ckpt = runs
-    copy = tmp_path / "store" / "runs" / "other" / "checkpoints"
-    shutil.copytree(old_ckpt, copy)
-    owner = current_owner(LocalStore(), str(copy))
-    # The claim of a process of this machine that is alive and started before it (this one's
-    # parent; the process itself counts as ended), or of one that has ended.
-    owner.update(host=socket.gethostname(), pid=os.getppid() if alive else 2**22 + 7, created_unix_time=time.time())
-    [generation] = (copy / OWNER_FOLDER).iterdir()
-    LocalStore().put_bytes(owner_uri(str(copy), int(generation.stem)), json.dumps(owner).encode())
-    cfg = config(tmp_path / "store", str(tmp_path / "new-ckpt"), **{"checkpoint.resume_from": "other"})
-    if not alive:
-        assert check_resume_from(cfg, str(tmp_path / "store")).checkpoint.resume_from.endswith(f"step-{CUT_AT:08d}")
-        return
-    with pytest.raises(ConfigError) as info:
-        check_resume_from(cfg, str(tmp_path / "store"))
+    store = tmp_path / "out"
+    shutil.copytree(old_ckpt, store / "runs" / "other" / "checkpoints")
+    value = {"run id": "other", "step folder": str(store / "runs" / "other" / "checkpoints" / f"step-{CUT_AT:08d}")}
+    cfg = load_config(overrides={"checkpoint.resume_from": value[how]})
+    with running_alone(run_root(cfg, "other", str(store)), "other"), pytest.raises(ConfigError) as info:
+        preflight(cfg, local_root=str(store))
     said = str(info.value)
-    assert said.startswith("checkpoint.resume_from 'other' (") and f"pid {os.getppid()}) is still training" in said
+    assert said.startswith(
+        f"checkpoint.resume_from {value[how]!r}: that run is still running on this machine (process "
+    )
     assert said.endswith(
         "start from it once it has finished, or stop it (it commits a checkpoint as it stops) and start from it then"
     )
+    assert preflight(cfg, local_root=str(store)).checkpoint.resume_from.endswith(f"step-{CUT_AT:08d}")
