@@ -265,10 +265,15 @@ def _run_alone(args: argparse.Namespace, cfg: Any, run_id: str, store: str) -> i
         full_log = keep_log(cfg, log_uri, log_path, keep_here=True) if console.log is not None else ""
     try:
         with _logged_too(log_path if full_log else None):
-            return _how_it_ended(args, cfg, run_id, console, outcome, summary, full_log, bool(started), existed)
+            return _how_it_ended(args, cfg, run_id, resume, console, outcome, summary, full_log, bool(started), existed)
     finally:
-        if full_log == log_uri:  # uploaded (or in the run's local folder, where this does nothing)
-            keep_log(cfg, log_uri, log_path)
+        # Uploaded (or in the run's local folder, where this does nothing): again, with the lines above.
+        if full_log == log_uri and (kept := keep_log(cfg, log_uri, log_path)) != log_uri:
+            print(
+                f"kftrain: the full log's last lines could not be uploaded to {redact_url(log_uri)} (the copy there "
+                f"ends before them): the whole log is at {kept}, which the run's next start uploads in its place",
+                file=sys.stderr,
+            )
 
 
 class _Tee:
@@ -312,6 +317,7 @@ def _how_it_ended(
     args: argparse.Namespace,
     cfg: Any,
     run_id: str,
+    resume: str,
     console: Any,
     outcome: BaseException | None,
     summary: dict[str, Any] | None,
@@ -324,7 +330,6 @@ def _how_it_ended(
     from pipelines.console import plain
     from pipelines.local_run import PipelineFailed, RunStopped, summary_json
 
-    resume = _resume_command(args.argv, run_id)
     see_log = f"; see full log: {full_log}" if full_log else ""
     if isinstance(outcome, PipelineFailed):
         from trainer.launch.local import NOTHING_TO_FIX
@@ -1051,6 +1056,22 @@ def _file_state(path: Path) -> tuple[int, ...] | None:
 _OUTPUT_READ_LIMIT = 64 << 20
 
 
+def _own_stream(path: Path) -> Any:
+    """``sys.stdout`` or ``sys.stderr`` where `path` is that stream's file (`/dev/stdout`, or its
+    file by name), else None: written through a handle of its own, a file the shell opened for it
+    (`> out`) got two write positions, and the lines printed later overwrote what that wrote."""
+    try:
+        st = path.stat()
+    except OSError:
+        return None
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(OSError, ValueError, AttributeError):  # a stream with no file (a test's)
+            own = os.fstat(stream.fileno())
+            if (own.st_dev, own.st_ino) == (st.st_dev, st.st_ino):
+                return stream
+    return None
+
+
 def _a_stream(path: Path) -> bool:
     """A process's stream (`/dev/stdout`, `/dev/fd/1`, `/proc/self/fd/1`) or a device, pipe or
     socket: written to, never read, and never truncated, even where it is a file the shell
@@ -1117,6 +1138,11 @@ def write_output(flag: str, path: str, text: str, what: str, earlier: Callable[[
     target = Path(path)
     with _writing(flag):
         if _a_stream(target):  # the log it may be redirected to keeps what the run printed
+            own = _own_stream(target)
+            if own is not None:  # through it: a second handle's writes and its own overwrote each other
+                own.write(text)
+                own.flush()
+                return
             with open(target, "a", encoding="utf-8") as out:
                 out.write(text)
             return

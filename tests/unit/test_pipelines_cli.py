@@ -1583,3 +1583,58 @@ def test_a_full_log_that_cannot_be_opened_again_leaves_the_run_s_last_lines_to_t
     with _logged_too(tmp_path / "gone" / "log.txt"):
         print("Quality gate passed")
     assert capsys.readouterr().out == "Quality gate passed\n"
+
+
+@pytest.mark.parametrize("name", ["/proc/self/fd/{fd}", "/dev/fd/{fd}"])
+def test_a_summary_sent_to_the_commands_own_output_file_goes_through_it_in_order(tmp_path, monkeypatch, name):
+    """`--summary /dev/stdout > out`: written through a second handle, then overwritten by the
+    lines printed after it (was: a corrupted summary in `out`)."""
+    import sys
+
+    with open(tmp_path / "out", "w", encoding="utf-8") as out:
+        monkeypatch.setattr(sys, "stdout", out)
+        print("kftrain: run finished. Artifacts:")
+        write_output("--summary", name.format(fd=out.fileno()), '{"run_id": "r1"}\n', *SUMMARY_FILE)
+        print("summary written to /dev/stdout")
+    assert (tmp_path / "out").read_text() == (
+        'kftrain: run finished. Artifacts:\n{"run_id": "r1"}\nsummary written to /dev/stdout\n'
+    )
+
+
+def test_a_store_runs_log_whose_last_upload_fails_says_where_the_whole_log_is(tmp_path, monkeypatch, capsys):
+    """(was: said nowhere: the store's copy ends before the run's closing lines, the whole log sat
+    in the temporary folder unnamed). The store is stood in for: its second upload is refused."""
+    import re
+
+    from pipelines import local_run
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("TMPDIR", str(tmp_path))
+    monkeypatch.setattr("tempfile.tempdir", None)
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "x")  # nothing is sent to a store here
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "y")
+    _no_process_watch(monkeypatch, runs=True)
+    uploads = []
+
+    def keep_log(cfg, uri, path, keep_here=False):
+        uploads.append(keep_here)
+        return uri if keep_here else str(path)  # the first upload goes through, the second is refused
+
+    monkeypatch.setattr(local_run, "keep_log", keep_log)
+
+    def run(cfg, on_start, **kw):
+        on_start()
+        print("00:00:00.000 - INFO - Executing task 'train'")
+        return {"artifacts": {}, "metrics": {}, "exported": True, "quality_gate": ""}
+
+    monkeypatch.setattr(local_run, "run_local", run)
+    assert main(["run", "--local", "--store", "s3://kfbkt/runs"]) == 0
+    err = capsys.readouterr().err
+    assert uploads == [True, False]
+    [line] = [line for line in err.splitlines() if "last lines could not be uploaded" in line]
+    assert re.match(
+        r"kftrain: the full log's last lines could not be uploaded to s3://kfbkt/runs/runs/[-\w]+/log-", line
+    )
+    [left] = tmp_path.glob("kftrain-*.log")
+    assert line.endswith(f"the whole log is at {left}, which the run's next start uploads in its place")
+    assert "\nQuality gate passed ()\nfull log: s3://kfbkt/runs/runs/" in left.read_text()  # its closing lines
