@@ -418,6 +418,8 @@ class LocalBackend:
     def submit(self, spec: JobSpec) -> None:
         if any(r.proc.poll() is None for r in self._jobs.get(spec.name, [])):
             return  # already running: re-attach, like a retried launcher on a cluster (one that ended starts anew)
+        if spec.name in self._jobs:  # one that ended without a cancel (a failed wait's): its folder and watchdog go
+            self.cancel(spec)
         from trainer.launch.failures import oom_kill_count
 
         port = free_port()
