@@ -264,7 +264,7 @@ def _run_alone(args: argparse.Namespace, cfg: Any, run_id: str, store: str) -> i
         # An uploaded log stays here too, to end as the terminal does (below); then it goes.
         full_log = keep_log(cfg, log_uri, log_path, keep_here=True) if console.log is not None else ""
     try:
-        with _logged_too(log_path if full_log else None):
+        with _nothing_left_to_stop(), _logged_too(log_path if full_log else None):
             return _how_it_ended(args, cfg, run_id, resume, console, outcome, summary, full_log, bool(started), existed)
     finally:
         # Uploaded (or in the run's local folder, where this does nothing): again, with the lines above.
@@ -274,6 +274,21 @@ def _run_alone(args: argparse.Namespace, cfg: Any, run_id: str, store: str) -> i
                 f"ends before them): the whole log is at {kept}, which the run's next start uploads in its place",
                 file=sys.stderr,
             )
+
+
+@contextlib.contextmanager
+def _nothing_left_to_stop() -> Iterator[None]:
+    """While the run's closing lines print, a stop signal stops nothing: every process of the run
+    has ended, and the run exits as it ended (was: SIGTERM's default action cut the lines, and the
+    log, short; SIGINT's KeyboardInterrupt said "interrupted" for a finished run)."""
+    from pipelines.local_run import stop_signals
+
+    before = {sig: signal.signal(sig, signal.SIG_IGN) for sig in stop_signals()}
+    try:
+        yield
+    finally:
+        for sig, handler in before.items():
+            signal.signal(sig, handler)
 
 
 class _Tee:

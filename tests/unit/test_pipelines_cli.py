@@ -1638,3 +1638,25 @@ def test_a_store_runs_log_whose_last_upload_fails_says_where_the_whole_log_is(tm
     [left] = tmp_path.glob("kftrain-*.log")
     assert line.endswith(f"the whole log is at {left}, which the run's next start uploads in its place")
     assert "\nQuality gate passed ()\nfull log: s3://kfbkt/runs/runs/" in left.read_text()  # its closing lines
+
+
+def test_a_stop_signal_while_the_closing_lines_print_stops_nothing(tmp_path, monkeypatch, capsys):
+    """Every process of the run has ended: it exits as it ended, its lines and log whole (was:
+    SIGTERM's default action cut them short; SIGINT said "interrupted" for a finished run, 130)."""
+    import signal
+
+    class SignalledWhileShown(dict):
+        def items(self):
+            os.kill(os.getpid(), signal.SIGINT)  # as the artifacts are listed
+            return super().items()
+
+    summary = {"artifacts": SignalledWhileShown(model="out/m"), "metrics": {}, "exported": True, "quality_gate": "ok"}
+    monkeypatch.chdir(tmp_path)
+    _no_process_watch(monkeypatch)
+    monkeypatch.setattr(
+        "pipelines.local_run.run_local", lambda cfg, on_start, **kw: on_start() or print("x") or summary
+    )
+    assert main(["run", "--local", "--output-dir", "out"]) == 0
+    said = capsys.readouterr().out.strip().splitlines()
+    assert said[-2:-1] == ["Quality gate passed (ok)"] and said[-1].startswith("full log: ")
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler  # as it was before
