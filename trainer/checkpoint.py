@@ -55,6 +55,7 @@ from torch.distributed.checkpoint import FileSystemReader, FileSystemWriter
 from torch.distributed.checkpoint.api import CheckpointException
 
 from trainer.checkpoint_owner import (
+    CHECKPOINT_FORMAT,
     COMMIT,
     METADATA,
     CheckpointError,
@@ -400,6 +401,7 @@ class CheckpointManager:
             every.update(rank_parts)
         commit = {
             **(record or {}),
+            "format": CHECKPOINT_FORMAT,
             "step": step,
             "world_size": self.world_size,
             "owner": self.owner,

@@ -36,6 +36,11 @@ if TYPE_CHECKING:
 
 #: The commit record of a checkpoint step, written last (trainer.checkpoint).
 COMMIT = "COMMIT.json"
+#: The layout of a commit record and of what it points at, written into each (`format`; absent:
+#: 1, a kftrain from before the key). Raised whenever a field changes its shape or meaning, so a
+#: kftrain that reads an older record knows it and one that meets a newer one refuses it in a line
+#: (was: an older kftrain met a per-rank `position.epoch_loss` as a shape error in its ranks).
+CHECKPOINT_FORMAT = 2
 #: DCP's index of the checkpoint, written by rank 0; every checkpoint has one.
 METADATA = ".metadata"
 #: The folder of the owner records under a checkpoint prefix, one per generation.
@@ -153,6 +158,17 @@ def committed_parts(record: Any) -> dict[str, dict[str, Any]]:
                 f"({part['bytes']} bytes in blocks of {block_bytes})"
             )
     return parts
+
+
+def check_format(record: dict[str, Any], where: str) -> None:
+    """CheckpointError when the commit record `record` (of checkpoint `where`) is of a newer
+    :data:`CHECKPOINT_FORMAT` than this kftrain reads."""
+    written = record.get("format", 1)
+    if not isinstance(written, int) or written > CHECKPOINT_FORMAT:
+        raise CheckpointError(
+            f"checkpoint {where} was written by a newer kftrain (checkpoint format {written!r}; this one reads up to "
+            f"{CHECKPOINT_FORMAT}): continue it with that kftrain, or upgrade this one"
+        )
 
 
 def complete_record(store: ObjectStore, prefix: str, step: int, by_step: dict[int, list[str]]) -> dict[str, Any] | None:

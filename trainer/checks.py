@@ -446,8 +446,10 @@ def check_continues(cfg: Config, record: dict[str, Any], other: str) -> None:
     model weights (a Hub model: when training starts, which downloads them). `other` is the way
     out the error names besides the checkpoint's values."""
     from trainer import pretrained
+    from trainer.checkpoint_owner import check_format
     from trainer.train import check_resumable, check_same_inputs, check_steps_left
 
+    check_format(record, f"step {record.get('step')}")
     world = int(record.get("world_size", 1))
     check_resumable(record.get("config", {}), cfg, world, world, True, other, log_changes=False)
     check_steps_left(record, cfg, other)

@@ -33,7 +33,7 @@ from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_
 
 from trainer import exit_codes
 from trainer.checkpoint import CheckpointError, CheckpointManager, best_step, step_dir
-from trainer.checkpoint_owner import checkpoint_owner, checkpoint_prefix
+from trainer.checkpoint_owner import check_format, checkpoint_owner, checkpoint_prefix
 from trainer.config import (
     Config,
     best_metric,
@@ -292,9 +292,19 @@ def check_resumable(
         )
     if not log_changes:
         return
+    defaults = flatten_config(replica_config(to_dict(Config())))
     for k in changed:
-        if not k.startswith("kubernetes."):  # where the pods run, not what they train
+        if k.startswith("kubernetes."):  # where the pods run, not what they train
+            continue
+        if k in old:
             log.info("resuming with a changed %s: %r -> %r", k, old.get(k), new.get(k))
+        elif not same_setting(k, defaults.get(k), new.get(k)):  # a field newer than the checkpoint, ran as its default
+            log.info(
+                "resuming with %s %r (the checkpoint's kftrain had no such field: its default %r)",
+                k,
+                new.get(k),
+                defaults.get(k),
+            )
     if layout:
         log.info("resuming with a changed %s: the epoch goes on with the items still to come", ", ".join(layout))
 
@@ -609,6 +619,7 @@ class Trainer:
 
     def _restore(self, source: CheckpointManager, record: dict[str, Any]) -> list | None:
         cfg, env = self.cfg, self.env
+        check_format(record, step_dir(source.prefix, int(record["step"])))
         saved_world = int(record["world_size"])
         other = START_ANEW if source is self.ckpt else "start without resume_from"
         check_resumable(record["config"], cfg, saved_world, env.world_size, self.data.streams, other, env.is_main)
@@ -628,6 +639,13 @@ class Trainer:
             seed_rank_streams(cfg.train.seed, env, salt=self.step)
             log.info("RNG streams re-seeded: the checkpoint was written by %s ranks", saved_world)
         pos = record["position"]
+        if env.is_main and not isinstance(pos["epoch_loss"], list):
+            log.warning(
+                "the checkpoint was written by an earlier kftrain, which recorded rank 0's share of the loss: the "
+                "train_loss of the epochs before step %d (the history, the loss curve) is rank 0's, and that of the "
+                "epoch it cut is partly so; from here on it is the whole job's",
+                int(record["step"]),
+            )
         self.epoch, self.epoch_step = int(pos["epoch"]), int(pos["epoch_step"])
         if self.epoch_step:
             # The epoch's loss so far, so the resumed run reports the same mean for the epoch.

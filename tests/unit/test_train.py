@@ -589,7 +589,44 @@ def test_the_compatible_changes_of_a_resume_are_said_once(caplog, log_changes):
     assert said == (expected if log_changes else [])
 
 
-def test_a_resume_refuses_other_data_a_reached_step_limit_and_another_model_and_keeps_the_final_step(tmp_path):
+def test_fields_newer_than_the_checkpoint_are_not_said_to_have_changed_unless_set(caplog):
+    """A checkpoint of an earlier kftrain lacks the fields added since: they ran as their default
+    does (was: `resuming with a changed plan.network_gbits: None -> 400.0`, nothing changed)."""
+    import logging
+
+    from trainer.config import to_dict
+    from trainer.train import check_resumable
+
+    old = to_dict(load_config())
+    del old["plan"]["network_gbits"], old["train"]["grad_clip_norm"]  # fields it did not have yet
+    new = load_config(overrides={"train.grad_clip_norm": 0.5})  # one of them set now
+    with caplog.at_level(logging.INFO, logger="kftrain.train"):
+        check_resumable(old, new, 1, 1, True, "start anew", True)
+    said = [r.getMessage() for r in caplog.records if "resuming with" in r.getMessage()]
+    assert said == [
+        "resuming with train.grad_clip_norm 0.5 (the checkpoint's kftrain had no such field: its default 0.0)"
+    ]
+
+
+@pytest.mark.parametrize("written", [3, "2"])
+def test_a_checkpoint_of_a_newer_format_is_refused_in_one_line_before_any_step(written):
+    """(was: an older kftrain met a newer record's per-rank epoch loss as a shape error in its ranks)"""
+    from trainer.checkpoint import CheckpointError
+    from trainer.checks import check_continues
+    from trainer.config import to_dict
+
+    record = {"config": to_dict(load_config()), "world_size": 1, "step": 5, "format": written}
+    with pytest.raises(CheckpointError) as info:
+        check_continues(load_config(), record, "start anew")
+    assert str(info.value) == (
+        f"checkpoint step 5 was written by a newer kftrain (checkpoint format {written!r}; this one reads up to 2): "
+        "continue it with that kftrain, or upgrade this one"
+    )
+    record["format"] = 2
+    check_continues(load_config(), record, "start anew")  # this kftrain's own
+
+
+def test_a_resume_refuses_other_data_a_reached_step_limit_and_another_model_and_keeps_the_final_step(tmp_path, caplog):
     """In one process, through the trainer: the final step of a run that stops mid-epoch is
     committed (was: only under FSDP, so `kftrain runs` showed an older step, or none); resuming it
     with a lower `train.max_steps`, with `model.dropout` that adds a layer, or on the source
@@ -635,6 +672,24 @@ def test_a_resume_refuses_other_data_a_reached_step_limit_and_another_model_and_
         run("first", prepared("data-c"), **{"train.max_steps": 8})
     metrics = run("same", first, **{"train.max_steps": 8, "checkpoint.resume_from": step5})
     assert metrics["resumed_from_step"] == 5 and metrics["steps"] == 8
+    # A checkpoint of an earlier kftrain (no format; rank 0's share of the epoch's loss alone) says
+    # what its record's losses are (was: they went on in one curve with the job's, in silence).
+    import logging
+    import shutil
+
+    shutil.copytree(tmp_path / "first-ckpt", tmp_path / "older-ckpt")
+    commit = tmp_path / "older-ckpt" / "step-00000005" / "COMMIT.json"
+    older = json.loads(commit.read_text())
+    assert older.pop("format") == 2
+    older["position"]["epoch_loss"] = older["position"]["epoch_loss"][0]
+    commit.write_text(json.dumps(older))
+    with caplog.at_level(logging.WARNING, logger="kftrain.train"):
+        run("older", first, **{"train.max_steps": 8, "checkpoint.resume_from": str(commit.parent)})
+    assert [r.getMessage() for r in caplog.records if "earlier kftrain" in r.getMessage()] == [
+        "the checkpoint was written by an earlier kftrain, which recorded rank 0's share of the loss: the train_loss "
+        "of the epochs before step 5 (the history, the loss curve) is rank 0's, and that of the epoch it cut is partly "
+        "so; from here on it is the whole job's"
+    ]
 
     # A changed learning rate and weight decay take effect, as logged (was: the checkpoint's kept).
     def record_of(name: str) -> dict:
