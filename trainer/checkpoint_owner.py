@@ -217,13 +217,15 @@ def _process_started(pid: int) -> float | None:
     from trainer.procfs import started_ticks
 
     ticks = started_ticks(pid)
+    if ticks is None:
+        return None
     try:
         boot = next(
             float(line.split()[1]) for line in Path("/proc/stat").read_text().splitlines() if line.startswith("btime ")
         )
     except (OSError, ValueError, IndexError, StopIteration):
         return None
-    return None if ticks is None else boot + ticks / os.sysconf("SC_CLK_TCK")
+    return boot + ticks / os.sysconf("SC_CLK_TCK")
 
 
 def still_running(record: dict[str, Any]) -> bool:

@@ -430,11 +430,10 @@ def check_resume_from(cfg: Config, root: str) -> Config:
 
     with check_deadline(MODEL_CHECK_BUDGET_S):  # a few listings and reads, as the base model's check
         folder, record = resolve_resume_from(cfg, root)
-    field = f"checkpoint.resume_from {cfg.checkpoint.resume_from!r} ({folder})"
     try:
         check_continues(cfg, record, "start without resume_from")
     except KftrainError as exc:
-        raise ConfigError(f"{field}: {exc}") from None
+        raise ConfigError(f"checkpoint.resume_from {cfg.checkpoint.resume_from!r} ({folder}): {exc}") from None
     return dataclasses.replace(cfg, checkpoint=dataclasses.replace(cfg.checkpoint, resume_from=folder))
 
 

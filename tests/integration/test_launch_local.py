@@ -49,6 +49,15 @@ def _state(pid: int) -> str:
         return "Z"
 
 
+def _left_running(pids: list[int], seconds: float) -> list[int]:
+    """Those of `pids` still running after waiting up to `seconds` for them all to end."""
+    deadline, alive = time.monotonic() + seconds, list(pids)
+    while alive and time.monotonic() < deadline:
+        alive = [pid for pid in alive if os.path.exists(f"/proc/{pid}") and "Z" not in _state(pid)]
+        time.sleep(0.05)
+    return alive
+
+
 def test_replicas_see_the_operator_environment(monkeypatch):
     # A shell's own rendezvous settings (kftrain started inside a torchrun or a pod) are not a
     # pod's: was inherited, and a PET_RDZV_BACKEND sent torchrun to etcd.
@@ -399,11 +408,7 @@ def test_sigterm_to_the_launcher_stops_every_replica(tmp_path):
         pids = [int(p) for f in tmp_path.iterdir() for p in f.read_text().split()]
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(timeout=30) != 0  # the step fails (JobCancelled), it does not hang
-        deadline = time.monotonic() + 10
-        alive = pids
-        while alive and time.monotonic() < deadline:
-            alive = [pid for pid in alive if os.path.exists(f"/proc/{pid}") and "Z" not in _state(pid)]
-            time.sleep(0.05)
+        alive = _left_running(pids, 10)
         assert not alive, f"processes left running: {alive}"
     finally:
         with contextlib.suppress(ProcessLookupError):
@@ -452,12 +457,9 @@ def test_a_job_goes_with_the_step_that_launched_it_and_with_what_started_that_st
             proc.wait(timeout=10)  # reaped, as a shell reaps a script it ran (a zombie counts as ended too)
         else:
             os.kill(running["launcher"], signal.SIGKILL)
-        deadline = time.monotonic() + 20
-        alive = list(running.values())
-        while alive and time.monotonic() < deadline:
-            alive = [pid for pid in alive if os.path.exists(f"/proc/{pid}") and "Z" not in _state(pid)]
-            time.sleep(0.05)
+        alive = _left_running(list(running.values()), 20)
         assert not alive, f"processes left running: {alive}"
+        deadline = time.monotonic() + 10
         while list(scratch.iterdir()) and time.monotonic() < deadline:  # the watchdog's last act
             time.sleep(0.05)
         assert list(scratch.iterdir()) == []

@@ -424,9 +424,9 @@ def test_the_component_refuses_a_local_output_path_on_a_cluster(tmp_path):
         pytorchjob.python_func(image="user/img:1", command=["python", "train.py"], model=model, launcher="kubernetes")
 
 
-@pytest.mark.parametrize(("launcher", "gpus", "warned"), [("local", 1, True), ("local", 0, False)])
+@pytest.mark.parametrize(("gpus", "warned"), [(1, True), (0, False)])
 def test_a_byo_job_asking_for_gpus_on_a_machine_without_any_is_said_to_run_on_the_cpu(
-    tmp_path, monkeypatch, caplog, launcher, gpus, warned
+    tmp_path, monkeypatch, caplog, gpus, warned
 ):
     """As the train component says it (was: the pytorchjob component's `gpus_per_node` ignored
     locally in silence). The job itself is not run here: what reaches `run_job` is."""
@@ -444,7 +444,7 @@ def test_a_byo_job_asking_for_gpus_on_a_machine_without_any_is_said_to_run_on_th
     model = Model(name="model", uri=str(tmp_path / "model"))
     with caplog.at_level(logging.WARNING, logger="kftrain"):
         pytorchjob.python_func(
-            image="user/img:1", command=["python", "train.py"], model=model, launcher=launcher, gpus_per_node=gpus
+            image="user/img:1", command=["python", "train.py"], model=model, launcher="local", gpus_per_node=gpus
         )
     said = [r.getMessage() for r in caplog.records if "gpus_per_node" in r.getMessage()]
     assert said == (
