@@ -20,12 +20,18 @@ checkpoint to consolidate from, see :mod:`trainer.consolidate`).
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import datetime
+import gc
+import io
 import math
 import os
+import sys
+import threading
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
+from typing import NoReturn
 
 import torch
 import torch.distributed as dist
@@ -129,6 +135,34 @@ def process_group(env: DistEnv, device: torch.device, timeout_s: float = 600) ->
         leave_together(env)
     finally:
         dist.destroy_process_group()
+
+
+def exit_rank(code: int) -> NoReturn:
+    """End this rank's process with `code` without the interpreter's teardown.
+
+    torch's communication threads outlive :func:`process_group`: a gloo group that a DDP model
+    was built on keeps its worker threads after ``destroy_process_group`` (torch 2.13), and a
+    worker drops the tensors of a collective it ran a moment after the caller saw it complete.
+    Dropping a tensor that Python also knows takes the GIL, and a thread that asks for it as the
+    interpreter's teardown begins is ended by unwinding through code that may not throw, which
+    aborts the process ("terminate called without an active exception", SIGABRT): a rank that
+    had done all its work failed its job (seen in CI on a loaded machine). So what the
+    teardown does that matters runs first (threads that are not daemons joined, atexit
+    handlers: logging, multiprocessing's children, temporary files; open files flushed) and the
+    process then ends at once."""
+    for thread in threading.enumerate():
+        if thread is not threading.current_thread() and not thread.daemon:
+            thread.join()
+    atexit._run_exitfuncs()
+    # The teardown would flush every open file as it deletes it: a custom task's log left open too.
+    opened = [obj for obj in gc.get_objects() if isinstance(obj, io.IOBase)]
+    for stream in [*opened, sys.stdout, sys.stderr]:
+        try:
+            if not stream.closed and stream.writable():
+                stream.flush()
+        except (AttributeError, OSError, ValueError):  # absent, or a pipe whose reader left
+            pass
+    os._exit(code)
 
 
 def collective_failed(exc: BaseException) -> bool:

@@ -149,4 +149,6 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    from trainer.distributed import exit_rank
+
+    exit_rank(main())

@@ -51,6 +51,7 @@ from trainer.distributed import (
     collective_failed,
     device_for,
     dist_env,
+    exit_rank,
     full_state_dict,
     gradient_sync,
     is_sharded,
@@ -1187,4 +1188,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    exit_rank(main())
