@@ -14,6 +14,7 @@ import fcntl
 import os
 import re
 import shutil
+import signal
 import subprocess
 import sysconfig
 import tempfile
@@ -97,6 +98,22 @@ def _temporary_files_under_pytests_folder(tmp_path_factory: pytest.TempPathFacto
     patch.setattr(tempfile, "tempdir", None)  # gettempdir() reads TMPDIR again
     yield
     patch.undo()
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _stop_signals_as_a_terminal_gives_them() -> Iterator[None]:
+    """SIGINT and SIGHUP reach the tests' processes as under a terminal, however the suite was
+    started: `nohup`, or `&` in a script (no job control), leaves them ignored, and every process
+    the tests start would inherit that (kftrain keeps an ignored stop signal ignored, as `nohup`
+    asks). The tests of `nohup` ignore them themselves."""
+    before = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGHUP)}
+    if before[signal.SIGINT] == signal.SIG_IGN:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+    if before[signal.SIGHUP] == signal.SIG_IGN:
+        signal.signal(signal.SIGHUP, signal.SIG_DFL)
+    yield
+    for sig, handler in before.items():
+        signal.signal(sig, handler)
 
 
 @pytest.fixture(scope="session")
