@@ -724,7 +724,7 @@ def _cmd_plan(args: argparse.Namespace) -> int:
         _check_local_start()
         steps = args.probe_steps or PROBE_STEPS
         print(f"kftrain: probing {steps} steps on {cfg.job.world_size} process(es)", file=sys.stderr)
-        (probe,) = probe_locally(cfg, steps=steps)
+        (probe,) = probe_locally(cfg, steps=steps, manifest=manifest)
     plan = plan_run(cfg, probe, manifest=manifest)
     text = plan.markdown()
     if args.output:

@@ -9,6 +9,7 @@ from typing import Any
 
 import torch
 
+from trainer.checks import GATE_DEFAULTS
 from trainer.generations import GenerationSettings
 from trainer.model_io import load_model
 from trainer.storage import ObjectStore, join_uri
@@ -43,7 +44,12 @@ def evaluate_model(
 
 
 def quality_gate(report: dict[str, Any], min_accuracy: float = 0.0, max_perplexity: float = 0.0) -> tuple[bool, str]:
-    """Whether the model may be exported, and why (a sentence for the run's UI and log)."""
+    """Whether the model may be exported, and why (a sentence for the run's UI and log).
+
+    A bar set to other than its default (:data:`trainer.checks.GATE_DEFAULTS`) whose measure the
+    report lacks fails the gate, naming what the report holds: a custom task's evaluation, which
+    no check before the run can read (was: the gate passed, "no quality bar set"). The defaults
+    apply to the tasks that report their measure only (`--min-accuracy`'s 0.9 to classification)."""
     if min_accuracy and "accuracy" in report:
         ok = report["accuracy"] >= min_accuracy
         verb = "reaches" if ok else "is below"
@@ -54,6 +60,17 @@ def quality_gate(report: dict[str, Any], min_accuracy: float = 0.0, max_perplexi
         verb = "is within" if ok else "exceeds"
         got, bar = _told_apart(report["perplexity"], max_perplexity, 3)
         return ok, f"test perplexity {got} {verb} the maximum {bar} (max_perplexity)"
+    for name, bar, measure in (
+        ("min_accuracy", min_accuracy, "accuracy"),
+        ("max_perplexity", max_perplexity, "perplexity"),
+    ):
+        if bar and bar != GATE_DEFAULTS[name]:
+            held = sorted(k for k, v in report.items() if isinstance(v, int | float) and not isinstance(v, bool))
+            return False, (
+                f"{name} {bar:g} is set, but the evaluation reports no {measure} (it reports "
+                f"{', '.join(held) or 'no number'}): return {measure!r} from the task's evaluate(), or leave "
+                f"{name} unset"
+            )
     return True, "no quality bar set for this task (min_accuracy / max_perplexity)"
 
 

@@ -7,7 +7,7 @@ and every rank runs the probe; rank 0 writes what they measured together: the sl
 times (the ranks wait for each other at every gradient reduction, so the slowest one sets the
 pace) and the largest peak memory. Each rank runs
 
-    python -m trainer.local_probe --config-file FILE --steps N --output FILE
+    python -m trainer.local_probe --config-file FILE --manifest-file FILE --steps N --output FILE
 """
 
 from __future__ import annotations
@@ -50,11 +50,12 @@ def combine(results: list[dict]) -> dict:
 
 
 def probe_locally(
-    cfg: Config, steps: int = 5, timeout_s: float = PROBE_TIMEOUT_S, repeats: int = 1
+    cfg: Config, steps: int = 5, timeout_s: float = PROBE_TIMEOUT_S, repeats: int = 1, manifest: dict | None = None
 ) -> list[ProbeResult]:
     """Run the probe of `cfg` `repeats` times in the same `job.world_size` local processes; return
-    the combined result of each repeat. :class:`ProbeFailed` with the processes' last lines when
-    they fail or run past `timeout_s`."""
+    the combined result of each repeat. `manifest`: the prepared dataset's, which the model is
+    built from (was: the plan's guess, for `plan --probe --dataset` too). :class:`ProbeFailed`
+    with the processes' last lines when they fail or run past `timeout_s`."""
     from trainer.plan import ProbeResult
 
     world = cfg.job.world_size
@@ -62,6 +63,8 @@ def probe_locally(
     with tempfile.TemporaryDirectory(prefix="kftrain-probe-", ignore_cleanup_errors=True) as tmp:
         config_file, output = Path(tmp) / "config.json", Path(tmp) / "probe.json"
         config_file.write_text(config_to_json(cfg))
+        manifest_file = Path(tmp) / "manifest.json"
+        manifest_file.write_text(json.dumps(manifest))
         cmd = [
             sys.executable,
             "-m",
@@ -72,6 +75,7 @@ def probe_locally(
             "-m",
             "trainer.local_probe",
             f"--config-file={config_file}",
+            f"--manifest-file={manifest_file}",
             f"--steps={steps}",
             f"--repeats={repeats}",
             f"--output={output}",
@@ -122,19 +126,21 @@ def main(argv: list[str] | None = None) -> int:
 
     parser = argparse.ArgumentParser(prog="python -m trainer.local_probe", description=__doc__)
     parser.add_argument("--config-file", required=True, help="the whole config as JSON")
+    parser.add_argument("--manifest-file", help="the prepared dataset's manifest as JSON (null: none)")
     parser.add_argument("--steps", type=int, required=True, help="measured steps")
     parser.add_argument("--repeats", type=int, default=1, help="probes run one after the other")
     parser.add_argument("--output", required=True, help="where rank 0 writes the combined results (JSON list)")
     args = parser.parse_args(argv)
     print_stacks_on_signals()
     cfg = config_from_json(Path(args.config_file).read_text())
+    manifest = json.loads(Path(args.manifest_file).read_text()) if args.manifest_file else None
     env = dist_env()
     device = device_for(env)
     try:
         with process_group(env, device, timeout_s=cfg.job.collective_timeout_seconds):
             combined = []
             for _ in range(args.repeats):
-                mine = run_probe(cfg, steps=args.steps).as_dict()
+                mine = run_probe(cfg, steps=args.steps, manifest=manifest).as_dict()
                 results = [mine]
                 if env.distributed:
                     results = [None] * env.world_size

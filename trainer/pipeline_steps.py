@@ -170,9 +170,11 @@ def prepare_data(cfg: Config, dataset_uri: str) -> dict[str, Any]:
     first (`trainer.data_rules.check_source`), so a wrong one fails before any work."""
     from trainer.data_rules import check_source
     from trainer.tasks import task_for
+    from trainer.tasks.contract import checked_manifest
 
     check_source(cfg)
-    return task_for(cfg).prepare(cfg, store_for(cfg, dataset_uri, check=True), dataset_uri)
+    task = task_for(cfg)
+    return checked_manifest(task, task.prepare(cfg, store_for(cfg, dataset_uri, check=True), dataset_uri))
 
 
 def resolve_launcher(launcher: str) -> str:

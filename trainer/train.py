@@ -79,6 +79,7 @@ from trainer.stacks import print_stacks_on_signals
 from trainer.stopping import GRACE_ENV, StopSignal, Terminated, grace_warning, stop_while_starting
 from trainer.storage import ObjectStore, StoreError, join_uri, open_store
 from trainer.tasks import Task, task_for
+from trainer.tasks.contract import checked_loss, checked_metrics, checked_summed_loss
 from trainer.training_data import TrainingData, training_data
 
 log = logging.getLogger("kftrain.train")
@@ -755,9 +756,9 @@ class Trainer:
                 with autocast_for(device, cfg):
                     summed = self.task.summed_loss(self.step_model, batch)
                     if summed is None:
-                        loss = self.task.loss(self.step_model, batch) / self.accum
+                        loss = checked_loss(self.task, self.task.loss(self.step_model, batch)) / self.accum
                     else:
-                        loss, count = summed
+                        loss, count = checked_summed_loss(self.task, summed)
                         units = count.detach() + (0 if units is None else units)
                 loss.backward()
             step_loss += loss.detach()
@@ -884,13 +885,19 @@ class Trainer:
         torch.distributed.all_gather(every, self.epoch_loss)
         return [float(t) for t in every]
 
+    def _validated(self) -> dict[str, float]:
+        """The task's validation metrics (rank 0's, on the validation sample), as floats."""
+        return checked_metrics(
+            self.task, self.task.validate(unwrap(self.model), self.data.val, self.device, self.micro)
+        )
+
     def end_epoch(self) -> None:
         """Score the validation sample, record the epoch, and checkpoint at its end if asked."""
         # The mean over the epoch's steps of every rank's loss: the whole job's data, not rank 0's share.
         mean = sum(self._epoch_losses()) / (self.env.world_size * self.epoch_steps) if self.epoch_steps else math.nan
         record = {"epoch": self.epoch, "train_loss": mean}  # NaN: every update of the epoch was skipped
         if self.validates:
-            record.update(self.task.validate(unwrap(self.model), self.data.val, self.device, self.micro))
+            record.update(self._validated())
         if self.env.is_main:
             log.info(
                 "epoch %d done: %s", self.epoch, " ".join(f"{k} {v:.4f}" for k, v in record.items() if k != "epoch")
@@ -1074,9 +1081,9 @@ class Trainer:
         if tail:
             final = {"train_loss": sum(self._epoch_losses()) / (env.world_size * max(self.epoch_steps, 1))}
             if self.validates:
-                final.update(task.validate(unwrap(self.model), self.data.val, self.device, self.micro))
+                final.update(self._validated())
         if self.validates and not final:
-            final = task.validate(unwrap(self.model), self.data.val, self.device, self.micro)
+            final = self._validated()
         metrics = {
             **{k: v for k, v in final.items() if k != "epoch"},
             **({AFTER_LAST_EPOCH: self.step} if after_last_epoch else {}),
@@ -1144,6 +1151,10 @@ def _stopped_outside_the_loop(env: DistEnv, received: list[int]) -> int:
     return exit_codes.TERMINATED_CHECKPOINTED
 
 
+#: How DDP says a parameter got no gradient in the last step (torch 2.13's message, its start).
+DDP_UNUSED = "Expected to have finished reduction in the prior iteration before starting a new one"
+
+
 def main(argv: list[str] | None = None) -> int:
     """Command-line entry of one training process."""
     parser = argparse.ArgumentParser(prog="python -m trainer.train", description=__doc__)
@@ -1175,6 +1186,14 @@ def main(argv: list[str] | None = None) -> int:
     except RuntimeError as exc:
         if received:  # a collective that broke as its peers stopped on the same signal
             return _stopped_outside_the_loop(env, received)
+        if DDP_UNUSED in str(exc):  # torch's advice names a DDP argument no config sets
+            log.error(
+                "%sparameters of the model took no part in the loss (DDP reduces the gradient of every "
+                "trainable parameter at each step): freeze those the task's loss() does not use "
+                "(requires_grad=False in its build_model()), or make the loss use them",
+                FAILURE_MARKER,
+            )
+            return exit_codes.USER_ERROR
         if not collective_failed(exc):
             raise
         log.error(

@@ -21,6 +21,7 @@ from trainer.shards import split_shards
 from trainer.storage import ObjectStore, open_store
 from trainer.streaming import Layout, Ranges, StreamingSplit, first_items, merge_ranges
 from trainer.tasks.base import Task
+from trainer.tasks.contract import checked_datasets
 
 log = logging.getLogger("kftrain.data")
 
@@ -215,7 +216,7 @@ def training_data(
             )
         return data
 
-    train_ds, val = task.datasets(cfg, store, dataset_uri, manifest)
+    train_ds, val = checked_datasets(task, task.datasets(cfg, store, dataset_uri, manifest))
     if len(train_ds) < tc.batch_size:
         raise ConfigError(f"train.batch_size: must not exceed the {len(train_ds)} training items, got {tc.batch_size}")
     # Full global batches only: every optimizer step sees exactly batch_size items on any world

@@ -64,6 +64,24 @@ def test_a_probe_that_cannot_run_fails_on_one_line_saying_why(tmp_path):
     assert "Traceback" not in out
 
 
+def test_a_probe_with_the_prepared_dataset_builds_the_model_from_its_manifest(tmp_path, digits):
+    """`plan --probe --dataset URI`: the ranks build the model from the dataset's manifest, as
+    the plan does (was: from the plan's guess; a custom task that reads the manifest failed with a
+    KeyError in every rank, a classification table of another shape was probed as 64 x 10)."""
+    (tmp_path / "needs_manifest.py").write_text(
+        "from trainer.tasks.classification import ClassificationTask\n\n\n"
+        "class NeedsManifest(ClassificationTask):\n"
+        "    def build_model(self, cfg, manifest):\n"
+        "        assert manifest['num_features'] == 64 and len(manifest['classes']) == 10, manifest\n"
+        "        return super().build_model(cfg, manifest)\n"
+    )
+    (tmp_path / "c.yaml").write_text("task: needs_manifest:NeedsManifest\n")
+    cmd = [*KFTRAIN, "plan", "--config", "c.yaml", "--probe", "--probe-steps", "2", "--dataset", digits, "--json"]
+    rc, out = run_group(cmd, timeout=240, env=env_with(tmp_path), cwd=str(tmp_path))
+    assert rc == 0, out[-4000:]
+    assert json.loads(out[out.index("{") :])["probe"]["steps"] == 2
+
+
 def probe_processes(tag: str) -> list[int]:
     """The processes of the probe the test started (agent and workers carry the probe's marker)."""
     return [pid for pid in marked_pids(tag, "TEST_TAG") if b"\0" + JOB_MARKER_ENV.encode() + b"=probe-" in environ(pid)]

@@ -12,7 +12,7 @@ from trainer.config import Config
 from trainer.example_model import tiny_llama_folder
 from trainer.plan import Interconnect, Plan, ProbeResult, make_plan
 from trainer.plan.plan import GPU_OVERHEAD_BYTES, GiB
-from trainer.tasks import Task
+from trainer.tasks.classification import ClassificationTask
 
 MiB = 2**20
 
@@ -265,10 +265,9 @@ def test_the_plan_round_trips_and_reports():
     assert "Thakur" in text
 
 
-class TwoLayerTask(Task):
-    """A user's task (`task: tests.unit.test_plan_plan:TwoLayerTask`): the plan sees its model."""
-
-    name = "two_layer"
+class TwoLayerTask(ClassificationTask):
+    """A user's task (`task: tests.unit.test_plan_plan:TwoLayerTask`): the plan sees its model,
+    not the built-in task it builds on (its `name` is that task's)."""
 
     def build_model(self, cfg, manifest):
         return torch.nn.Sequential(torch.nn.Linear(32, 100), torch.nn.ReLU(), torch.nn.Linear(100, 3)), {}

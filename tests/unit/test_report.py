@@ -153,10 +153,38 @@ def test_quality_gate_in_both_directions():
     ok, why = quality_gate({"perplexity": 12.0}, max_perplexity=10.0)
     assert not ok and "exceeds the maximum 10.000" in why
     assert quality_gate({"perplexity": 8.0}, max_perplexity=10.0)[0]
-    assert quality_gate({"perplexity": 80.0}, min_accuracy=0.9) == (
+    assert quality_gate({"perplexity": 80.0}, min_accuracy=0.9) == (  # the default: classification's
         True,
         "no quality bar set for this task (min_accuracy / max_perplexity)",
     )
+
+
+@pytest.mark.parametrize(
+    "report, gates, said",
+    [
+        # A custom task's evaluation, which no check before the run can read (was: the gate passed).
+        (
+            {"loss": 0.1, "test_rows": 40, "task": "mymod:MyTask"},
+            {"min_accuracy": 0.95},
+            "min_accuracy 0.95 is set, but the evaluation reports no accuracy (it reports loss, test_rows): "
+            "return 'accuracy' from the task's evaluate(), or leave min_accuracy unset",
+        ),
+        (
+            {"accuracy": 0.99, "flag": True},
+            {"min_accuracy": 0.0, "max_perplexity": 20.0},
+            "max_perplexity 20 is set, but the evaluation reports no perplexity (it reports accuracy): return "
+            "'perplexity' from the task's evaluate(), or leave max_perplexity unset",
+        ),
+        (
+            {"note": "text only"},
+            {"max_perplexity": 3.0},
+            "max_perplexity 3 is set, but the evaluation reports no perplexity (it reports no number): return "
+            "'perplexity' from the task's evaluate(), or leave max_perplexity unset",
+        ),
+    ],
+)
+def test_a_bar_set_that_the_evaluation_does_not_report_fails_the_gate_saying_so(report, gates, said):
+    assert quality_gate(report, **gates) == (False, said)
     # A bar just past the measure: both shown with the digits that tell them apart (was: "0.9750
     # is below the minimum 0.9750").
     assert quality_gate({"accuracy": 0.975}, min_accuracy=0.97501)[1].startswith(

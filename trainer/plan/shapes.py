@@ -40,9 +40,11 @@ def planning_manifest(cfg: Config, task: Task, manifest: dict | None = None) -> 
     from `data.tokenizer` or the pretrained model's config.json); else a stated guess."""
     if manifest is not None:
         return manifest, "model built from the prepared dataset's manifest"
-    if task.name == "causal_lm":
+    # By the config's name, not the task's: a custom task may subclass a built-in one (was: planned
+    # as classification's guessed MLP, in silence).
+    if cfg.task == "causal_lm":
         return _causal_manifest(cfg)
-    if task.name == "classification":
+    if cfg.task == "classification":
         guess = CLASSIFICATION_GUESS
         classes = [str(i) for i in range(guess["classes"])]
         made = {

@@ -10,6 +10,7 @@ import importlib
 
 from trainer.config import ConfigError
 from trainer.tasks.base import Task
+from trainer.tasks.contract import unimplemented
 
 __all__ = ["Task", "get_task", "task_for", "task_for_meta"]
 
@@ -49,4 +50,9 @@ def get_task(name: str, pretrained: bool = False) -> Task:
         ) from None
     if not (isinstance(cls, type) and issubclass(cls, Task)):
         raise ConfigError(f"task: {name!r} is not a subclass of trainer.tasks.Task")
+    if missing := unimplemented(cls):
+        raise ConfigError(
+            f"task: {name!r} does not implement {', '.join(missing)}; a task implements each of them "
+            "(docs/data.md, 'Your own task')"
+        )
     return cls()

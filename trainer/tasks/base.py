@@ -35,7 +35,7 @@ def evaluating(model: nn.Module) -> Iterator[nn.Module]:
 class Task:
     """The interface the training loop, evaluation and export call. Subclass and override."""
 
-    #: The task's name, recorded in the saved model's metadata.
+    #: The task's name in logs (a model's metadata records the config's `task`, which finds the class).
     name: str = "task"
     #: What throughput counts: `samples` or `tokens`.
     item_name: str = "samples"

@@ -1,0 +1,138 @@
+"""What a task must implement and return (trainer/tasks/contract.py): each mistake a task's author
+makes is one line naming the task, the method and what it must return."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from trainer.config import ConfigError
+from trainer.tasks import Task, get_task
+from trainer.tasks.classification import ClassificationTask
+from trainer.tasks.contract import (
+    TaskError,
+    checked_datasets,
+    checked_loss,
+    checked_manifest,
+    checked_metrics,
+    checked_summed_loss,
+    unimplemented,
+)
+
+
+class DatasetsOnly(Task):
+    """A task the docs' one sentence ("implement stream() ... or only datasets()") leads to."""
+
+    def datasets(self, cfg, store, dataset_uri, manifest):
+        return [], []
+
+
+class Whole(ClassificationTask):
+    """A complete task: a built-in one's methods, one overridden."""
+
+    def loss(self, model, batch):
+        return super().loss(model, batch)
+
+
+NAME = f"{__name__}:{{}}"
+
+
+@pytest.mark.parametrize(
+    "cls, missing",
+    [
+        (
+            Task,
+            [
+                *(
+                    f"{m}()"
+                    for m in (
+                        "prepare",
+                        "build_model",
+                        "model_from_meta",
+                        "loss",
+                        "validate",
+                        "evaluate",
+                        "serving_module",
+                    )
+                ),
+                "stream() or datasets()",
+            ],
+        ),
+        (
+            DatasetsOnly,
+            [
+                "prepare()",
+                "build_model()",
+                "model_from_meta()",
+                "loss()",
+                "validate()",
+                "evaluate()",
+                "serving_module()",
+            ],
+        ),
+        (Whole, []),
+    ],
+)
+def test_the_methods_a_task_leaves_to_the_base_class_are_named(cls, missing):
+    assert unimplemented(cls) == missing
+
+
+def test_loading_a_task_that_leaves_methods_out_names_them():
+    with pytest.raises(ConfigError) as exc:
+        get_task(NAME.format("DatasetsOnly"))
+    assert str(exc.value) == (
+        f"task: '{NAME.format('DatasetsOnly')}' does not implement prepare(), build_model(), model_from_meta(), "
+        "loss(), validate(), evaluate(), serving_module(); a task implements each of them (docs/data.md, "
+        "'Your own task')"
+    )
+    assert isinstance(get_task(NAME.format("Whole")), Whole)
+
+
+TASK = Whole()
+SAID = f"task {NAME.format('Whole')}: "
+GRAD = torch.ones(3, requires_grad=True)
+
+
+@pytest.mark.parametrize(
+    "check, value, said",
+    [
+        (checked_manifest, {"note": "x"}, "prepare() returned a mapping with no 'splits'"),
+        (checked_manifest, None, "prepare() returned a NoneType"),
+        (checked_datasets, [1], "datasets() returned a list; it must return two datasets, (train, validation)"),
+        (checked_datasets, "ab", "datasets() returned a str"),
+        (checked_loss, GRAD * 2, "loss() returned a tensor of shape (3,); it must return the batch's loss"),
+        (checked_loss, 0.5, "loss() returned a float"),
+        (checked_loss, torch.tensor(0.5), "loss() returned a loss with no gradient"),
+        (checked_summed_loss, GRAD.sum(), "summed_loss() returned a tensor of shape ()"),
+        (checked_summed_loss, (GRAD.sum(), "4"), "summed_loss() returned a count that is a str"),
+        (checked_summed_loss, (GRAD, 4), "summed_loss() returned a tensor of shape (3,)"),
+        (checked_metrics, [("val_loss", 1.0)], "validate() returned a list; it must return a mapping"),
+        (checked_metrics, {"note": "hello"}, "validate() returned 'note': a str"),
+        (checked_metrics, {"val_loss": torch.ones(2)}, "validate() returned 'val_loss': a tensor of shape (2,)"),
+        (checked_metrics, {"best": True}, "validate() returned 'best': a bool"),
+        (checked_metrics, {"many": np.ones(2)}, "validate() returned 'many': a ndarray"),
+    ],
+)
+def test_what_a_task_returns_that_kftrain_cannot_use_is_refused_naming_the_method(check, value, said):
+    with pytest.raises(TaskError) as exc:
+        check(TASK, value)
+    assert str(exc.value).startswith(SAID + said), str(exc.value)
+    assert str(exc.value).endswith("(see docs/data.md)")
+
+
+def test_what_a_task_returns_in_a_form_kftrain_can_use_is_taken_as_it_means():
+    loss = GRAD.sum()
+    assert checked_loss(TASK, loss) is loss
+    assert checked_loss(TASK, GRAD[:1] * 1).shape == ()  # one value in a 1-d tensor
+    total, count = checked_summed_loss(TASK, (loss, 4))  # a count as a plain number
+    assert total is loss and count.item() == 4 and count.shape == ()
+    kept = torch.tensor(7)
+    assert checked_summed_loss(TASK, (loss, kept))[1] is kept  # a tensor count as it is (bitwise runs)
+    metrics = checked_metrics(
+        TASK, {"val_loss": torch.tensor(0.25), "val_rows": np.int64(3), "val_mae": np.float32(0.5), "n": 2}
+    )
+    assert metrics == {"val_loss": 0.25, "val_rows": 3, "val_mae": 0.5, "n": 2}
+    assert all(type(v) in (int, float) for v in metrics.values())  # what JSON writes
+    assert checked_manifest(TASK, {"splits": {}}) == {"splits": {}}
+    assert checked_datasets(TASK, ([1], [2])) == ([1], [2])

@@ -1,0 +1,117 @@
+"""What a task must implement and return, checked where kftrain calls it.
+
+A custom task (`task: package.module:Class`) is the user's code; what it gets wrong must come
+back as one line naming the task, the method and what it should have done, at the first place
+that can tell: the methods left to the base class when the task is loaded (the configure step),
+and each value a method returns where kftrain first uses it (was: a bare NotImplementedError or
+KeyError as "a bug in kftrain", a tensor metric blamed on the checkpoint upload, torch's words
+for a loss that is no scalar).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import numbers
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any
+
+from trainer.errors import KftrainError
+from trainer.tasks.base import Task
+
+if TYPE_CHECKING:
+    import torch
+
+#: The methods every task implements (the base class's raise NotImplementedError); it also
+#: implements :meth:`Task.stream` or :meth:`Task.datasets`.
+REQUIRED = ("prepare", "build_model", "model_from_meta", "loss", "validate", "evaluate", "serving_module")
+
+
+class TaskError(KftrainError):
+    """A task's method is missing or returned what kftrain cannot use; the message names both."""
+
+
+def task_name(task: Task | type[Task]) -> str:
+    """`package.module:Class`, as a config names the task."""
+    cls = task if isinstance(task, type) else type(task)
+    return f"{cls.__module__}:{cls.__qualname__}"
+
+
+def unimplemented(cls: type[Task]) -> list[str]:
+    """The methods `cls` must implement and leaves to the base class, as `name()`."""
+    missing = [f"{name}()" for name in REQUIRED if getattr(cls, name) is getattr(Task, name)]
+    if cls.stream is Task.stream and cls.datasets is Task.datasets:
+        missing.append("stream() or datasets()")
+    return missing
+
+
+def _described(value: Any) -> str:
+    import torch
+
+    if isinstance(value, torch.Tensor):
+        return f"a tensor of shape {tuple(value.shape)}"
+    return f"a {type(value).__name__}"
+
+
+def _refuse(task: Task, method: str, got: str, wanted: str) -> TaskError:
+    return TaskError(f"task {task_name(task)}: {method}() returned {got}; it must return {wanted} (see docs/data.md)")
+
+
+def checked_manifest(task: Task, manifest: Any) -> dict:
+    """`prepare()`'s result: the dataset's manifest, a mapping with `splits`."""
+    if not isinstance(manifest, Mapping) or not isinstance(manifest.get("splits"), Mapping):
+        got = "a mapping with no 'splits'" if isinstance(manifest, Mapping) else _described(manifest)
+        raise _refuse(
+            task, "prepare", got, "the manifest it wrote (a mapping with 'splits', as trainer.shards makes it)"
+        )
+    return dict(manifest)
+
+
+def checked_datasets(task: Task, pair: Any) -> tuple:
+    """`datasets()`'s result: the train and validation datasets."""
+    if not isinstance(pair, tuple | list) or len(pair) != 2:
+        raise _refuse(task, "datasets", _described(pair), "two datasets, (train, validation)")
+    return tuple(pair)
+
+
+def checked_loss(task: Task, loss: Any, method: str = "loss") -> torch.Tensor:
+    """A loss: one number as a tensor that carries its gradient."""
+    import torch
+
+    if not isinstance(loss, torch.Tensor) or loss.numel() != 1:
+        raise _refuse(task, method, _described(loss), "the batch's loss as a tensor of one value (a mean or a sum)")
+    if not loss.requires_grad:
+        raise _refuse(task, method, "a loss with no gradient", "a loss computed from the model's output")
+    return loss if loss.dim() == 0 else loss.reshape(())
+
+
+def checked_summed_loss(task: Task, summed: Any) -> tuple[torch.Tensor, torch.Tensor]:
+    """`summed_loss()`'s result: the summed loss and the number of units it sums (a tensor or a number)."""
+    import torch
+
+    if not isinstance(summed, tuple | list) or len(summed) != 2:
+        raise _refuse(task, "summed_loss", _described(summed), "(the sum of the batch's losses, their count) or None")
+    total, count = summed
+    total = checked_loss(task, total, "summed_loss")
+    if isinstance(count, numbers.Real) and not isinstance(count, bool):
+        count = torch.tensor(count, device=total.device)
+    if not isinstance(count, torch.Tensor) or count.numel() != 1:
+        raise _refuse(task, "summed_loss", f"a count that is {_described(count)}", "the count as one number")
+    return total, count if count.dim() == 0 else count.reshape(())
+
+
+def checked_metrics(task: Task, metrics: Any, method: str = "validate") -> dict[str, float]:
+    """A mapping of metric names to numbers; a tensor of one value or a numpy number becomes a
+    Python number (a tensor's record could not be written: was "checkpoint upload ... failed")."""
+    import torch
+
+    if not isinstance(metrics, Mapping):
+        raise _refuse(task, method, _described(metrics), "a mapping of metric names to numbers")
+    out = {}
+    for key, value in metrics.items():
+        if isinstance(value, torch.Tensor) and value.numel() == 1 or type(value).__module__ == "numpy":
+            with contextlib.suppress(ValueError):  # a numpy array of many values stays one, refused below
+                value = value.item()
+        if not isinstance(key, str) or not isinstance(value, int | float) or isinstance(value, bool):
+            raise _refuse(task, method, f"{key!r}: {_described(value)}", "a mapping of metric names to numbers")
+        out[key] = value
+    return out
