@@ -14,6 +14,7 @@ from trainer.generations import GenerationSettings
 from trainer.model_io import load_model
 from trainer.storage import ObjectStore, join_uri
 from trainer.tasks import task_for_meta
+from trainer.tasks.contract import checked_report
 
 EVAL_RECORD = "metrics.json"
 
@@ -36,7 +37,7 @@ def evaluate_model(
     if generation is not None and isinstance(task, PretrainedLMTask):
         task.generation = generation
     with torch.no_grad():
-        report = task.evaluate(model, meta, store, dataset_uri, max_items)
+        report = checked_report(task, task.evaluate(model, meta, store, dataset_uri, max_items))
     report.update(task=meta["task"], model_uri=model_uri, dataset_uri=dataset_uri)
     if output_uri:
         store.put_bytes(join_uri(output_uri, EVAL_RECORD), json.dumps(report, indent=2).encode())

@@ -35,6 +35,7 @@ from trainer.model_io import MODEL_META, WEIGHTS, weights
 from trainer.progress import ProgressLine
 from trainer.storage import ObjectStore, join_uri
 from trainer.tasks import task_for_meta
+from trainer.tasks.contract import checked_model
 
 TORCHSCRIPT = "model.pt"
 SAFETENSORS = "model.safetensors"
@@ -124,7 +125,7 @@ def export_model(
     meta = json.loads(store.get_bytes(join_uri(model_uri, MODEL_META)))
     task = task_for_meta(meta)
     # The weights are not loaded yet: a pretrained model's are streamed from the file instead.
-    model = task.model_from_meta(meta)
+    model = checked_model(task, task.model_from_meta(meta))
     if task.serving_module(model, meta) is None:
         common = _common_card(meta, model_uri, metrics, training_config, training)
         if "base_model" in meta:

@@ -18,6 +18,7 @@ from torch import nn
 from trainer.safetensors_file import write_safetensors
 from trainer.storage import ObjectStore, join_uri
 from trainer.tasks import task_for_meta
+from trainer.tasks.contract import checked_model
 
 WEIGHTS = "model.safetensors"
 MODEL_META = "model.json"
@@ -54,7 +55,7 @@ def load_model(store: ObjectStore, model_uri: str) -> tuple[nn.Module, dict[str,
     """Rebuild a saved model (of any task) in eval mode on the CPU, with its metadata."""
     meta = json.loads(store.get_bytes(join_uri(model_uri, MODEL_META)))
     task = task_for_meta(meta)
-    model = task.model_from_meta(meta)
+    model = checked_model(task, task.model_from_meta(meta))
     task.load_weights(model, meta, store, join_uri(model_uri, WEIGHTS))
     return model.eval(), meta
 

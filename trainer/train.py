@@ -79,7 +79,7 @@ from trainer.stacks import print_stacks_on_signals
 from trainer.stopping import GRACE_ENV, StopSignal, Terminated, grace_warning, stop_while_starting
 from trainer.storage import ObjectStore, StoreError, join_uri, open_store
 from trainer.tasks import Task, task_for
-from trainer.tasks.contract import checked_loss, checked_metrics, checked_summed_loss
+from trainer.tasks.contract import checked_built, checked_loss, checked_metrics, checked_summed_loss
 from trainer.training_data import TrainingData, training_data
 
 log = logging.getLogger("kftrain.train")
@@ -414,7 +414,7 @@ class Trainer:
         # Identical initial weights on every rank (DDP also broadcasts rank 0's), then per-rank
         # streams for anything random in the step (dropout).
         seed_everything(tc.seed)
-        self.model, self.meta = task.build_model(cfg, manifest)
+        self.model, self.meta = checked_built(task, task.build_model(cfg, manifest))
         self.inputs = input_fingerprints(manifest, self.meta)
         # A model built on the meta device (a pretrained one) gets its weights after sharding, so
         # each rank reads only its shards; a replicated one before DDP wraps it.

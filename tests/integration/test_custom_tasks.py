@@ -72,8 +72,9 @@ def test_a_bar_the_evaluation_does_not_report_fails_the_gate_and_tensor_metrics_
     assert rc == 3, lines[-20:]  # finished, gate failed, nothing exported (was: passed, "no quality bar set")
     gate = next(line for line in lines if line.startswith("Quality gate"))
     assert gate == (
-        "Quality gate FAILED: the model was not exported (min_accuracy 0.95 is set, but the evaluation reports no accuracy (it reports loss, "
-        "test_rows): return 'accuracy' from the task's evaluate(), or leave min_accuracy unset)"
+        "Quality gate FAILED: the model was not exported (min_accuracy 0.95 is set, but the evaluation reports "
+        "no accuracy (it reports loss, test_rows): return 'accuracy' from the task's evaluate(), or leave "
+        "min_accuracy unset)"
     ), lines[-10:]
     assert any("epoch 0 done:" in line and "val_accuracy" in line for line in lines), lines[-30:]
 

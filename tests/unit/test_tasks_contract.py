@@ -12,10 +12,13 @@ from trainer.tasks import Task, get_task
 from trainer.tasks.classification import ClassificationTask
 from trainer.tasks.contract import (
     TaskError,
+    checked_built,
     checked_datasets,
     checked_loss,
     checked_manifest,
     checked_metrics,
+    checked_model,
+    checked_report,
     checked_summed_loss,
     unimplemented,
 )
@@ -99,6 +102,11 @@ GRAD = torch.ones(3, requires_grad=True)
     [
         (checked_manifest, {"note": "x"}, "prepare() returned a mapping with no 'splits'"),
         (checked_manifest, None, "prepare() returned a NoneType"),
+        (checked_built, torch.nn.Linear(2, 2), "build_model() returned a Linear; it must return (the model, its"),
+        (checked_built, (torch.nn.Linear(2, 2), None), "build_model() returned (a Linear, a NoneType)"),
+        (checked_built, ({}, torch.nn.Linear(2, 2)), "build_model() returned (a dict, a Linear)"),
+        (checked_model, ({}, {}), "model_from_meta() returned a tuple; it must return the model"),
+        (checked_report, [0.9], "evaluate() returned a list; it must return the test report"),
         (checked_datasets, [1], "datasets() returned a list; it must return two datasets, (train, validation)"),
         (checked_datasets, "ab", "datasets() returned a str"),
         (checked_loss, GRAD * 2, "loss() returned a tensor of shape (3,); it must return the batch's loss"),
@@ -136,3 +144,7 @@ def test_what_a_task_returns_in_a_form_kftrain_can_use_is_taken_as_it_means():
     assert all(type(v) in (int, float) for v in metrics.values())  # what JSON writes
     assert checked_manifest(TASK, {"splits": {}}) == {"splits": {}}
     assert checked_datasets(TASK, ([1], [2])) == ([1], [2])
+    model = torch.nn.Linear(2, 2)
+    assert checked_built(TASK, [model, {"a": 1}]) == (model, {"a": 1})
+    assert checked_model(TASK, model) is model
+    assert checked_report(TASK, {"accuracy": 0.5, "confusion": [[1]]}) == {"accuracy": 0.5, "confusion": [[1]]}

@@ -71,6 +71,7 @@ def run_probe(cfg: Config, *, steps: int = 5, manifest: dict | None = None) -> P
     from trainer.plan.shapes import PlanError, planning_manifest
     from trainer.rng import seed_everything
     from trainer.tasks import task_for
+    from trainer.tasks.contract import checked_built
     from trainer.train import autocast_for
 
     # No process group, no peers: a WORLD_SIZE or LOCAL_RANK left in a shell is no job of this
@@ -84,7 +85,7 @@ def run_probe(cfg: Config, *, steps: int = 5, manifest: dict | None = None) -> P
     micro = micro_batch_size(tc.batch_size, env, accum)
     manifest, _note = planning_manifest(cfg, task, manifest)
     seed_everything(tc.seed)
-    model, _meta = task.build_model(cfg, manifest)
+    model, _meta = checked_built(task, task.build_model(cfg, manifest))
     deferred = any(p.is_meta for p in model.parameters())
     sharded = tc.strategy == "fsdp" and env.distributed
     if not (deferred and sharded):

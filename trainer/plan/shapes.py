@@ -23,6 +23,7 @@ from torch import nn
 from trainer.config import Config
 from trainer.errors import KftrainError
 from trainer.tasks import Task
+from trainer.tasks.contract import checked_built
 
 
 class PlanError(KftrainError, ValueError):
@@ -86,7 +87,7 @@ def build_on_meta(cfg: Config, task: Task, manifest: dict) -> nn.Module:
     """The task's model for `cfg`, its parameters on the meta device (no memory, no init)."""
     try:
         with torch.device("meta"):
-            model, _meta = task.build_model(cfg, manifest)
+            model, _meta = checked_built(task, task.build_model(cfg, manifest))
     except KeyError as exc:
         raise PlanError(
             f"task {cfg.task!r}: its build_model needs {exc} from the data manifest; run data prep first "

@@ -20,6 +20,7 @@ from trainer.tasks.base import Task
 
 if TYPE_CHECKING:
     import torch
+    from torch import nn
 
 #: The methods every task implements (the base class's raise NotImplementedError); it also
 #: implements :meth:`Task.stream` or :meth:`Task.datasets`.
@@ -64,6 +65,35 @@ def checked_manifest(task: Task, manifest: Any) -> dict:
             task, "prepare", got, "the manifest it wrote (a mapping with 'splits', as trainer.shards makes it)"
         )
     return dict(manifest)
+
+
+def checked_built(task: Task, built: Any) -> tuple[nn.Module, dict]:
+    """`build_model()`'s result: the model and the metadata that rebuilds it."""
+    from torch import nn
+
+    if not (isinstance(built, tuple | list) and len(built) == 2):
+        raise _refuse(task, "build_model", _described(built), "(the model, its metadata as a mapping)")
+    model, meta = built
+    if not isinstance(model, nn.Module) or not isinstance(meta, Mapping):
+        got = f"({_described(model)}, {_described(meta)})"
+        raise _refuse(task, "build_model", got, "(the model, its metadata as a mapping)")
+    return model, dict(meta)
+
+
+def checked_model(task: Task, model: Any) -> nn.Module:
+    """`model_from_meta()`'s result: the model."""
+    from torch import nn
+
+    if not isinstance(model, nn.Module):
+        raise _refuse(task, "model_from_meta", _described(model), "the model (a torch.nn.Module)")
+    return model
+
+
+def checked_report(task: Task, report: Any) -> dict:
+    """`evaluate()`'s result: the test report, a mapping."""
+    if not isinstance(report, Mapping):
+        raise _refuse(task, "evaluate", _described(report), "the test report, a mapping of names to values")
+    return dict(report)
 
 
 def checked_datasets(task: Task, pair: Any) -> tuple:
