@@ -20,18 +20,13 @@ checkpoint to consolidate from, see :mod:`trainer.consolidate`).
 
 from __future__ import annotations
 
-import atexit
 import contextlib
 import datetime
-import gc
-import io
 import math
 import os
-import sys
-import threading
+import time
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
-from typing import NoReturn
 
 import torch
 import torch.distributed as dist
@@ -40,6 +35,7 @@ from torch.nn.parallel import DistributedDataParallel
 from torch.utils.checkpoint import checkpoint
 
 from trainer.config import ConfigError
+from trainer.procfs import thread_states
 from trainer.rng import seed_everything
 from trainer.torchrun import PEER_CLOSED
 
@@ -133,36 +129,36 @@ def process_group(env: DistEnv, device: torch.device, timeout_s: float = 600) ->
     try:
         yield
         leave_together(env)
-    finally:
         dist.destroy_process_group()
+        comm_threads_settled()
+    finally:
+        if dist.is_initialized():  # the block raised: its peers may be gone, nothing to wait for
+            dist.destroy_process_group()
 
 
-def exit_rank(code: int) -> NoReturn:
-    """End this rank's process with `code` without the interpreter's teardown.
+#: The names torch 2.13 gives gloo's worker threads (each runs a group's collectives).
+GLOO_WORKERS = "pt_gloo_runloop"
 
-    torch's communication threads outlive :func:`process_group`: a gloo group that a DDP model
-    was built on keeps its worker threads after ``destroy_process_group`` (torch 2.13), and a
-    worker drops the tensors of a collective it ran a moment after the caller saw it complete.
-    Dropping a tensor that Python also knows takes the GIL, and a thread that asks for it as the
+
+def comm_threads_settled(timeout_s: float = 2.0, quiet_polls: int = 3, poll_s: float = 0.01) -> bool:
+    """Wait until gloo's worker threads of this process are all asleep (`quiet_polls` looks in a
+    row, `poll_s` apart), for at most `timeout_s`; whether they are.
+
+    A worker drops a collective's tensors a moment after the caller saw it complete, and dropping
+    a tensor that Python knows takes the GIL. Such a worker that asks for it just as the
     interpreter's teardown begins is ended by unwinding through code that may not throw, which
-    aborts the process ("terminate called without an active exception", SIGABRT): a rank that
-    had done all its work failed its job (seen in CI on a loaded machine). So what the
-    teardown does that matters runs first (threads that are not daemons joined, atexit
-    handlers: logging, multiprocessing's children, temporary files; open files flushed) and the
-    process then ends at once."""
-    for thread in threading.enumerate():
-        if thread is not threading.current_thread() and not thread.daemon:
-            thread.join()
-    atexit._run_exitfuncs()
-    # The teardown would flush every open file as it deletes it: a custom task's log left open too.
-    opened = [obj for obj in gc.get_objects() if isinstance(obj, io.IOBase)]
-    for stream in [*opened, sys.stdout, sys.stderr]:
-        try:
-            if not stream.closed and stream.writable():
-                stream.flush()
-        except (AttributeError, OSError, ValueError):  # absent, or a pipe whose reader left
-            pass
-    os._exit(code)
+    aborts the process ("terminate called without an active exception", SIGABRT): a rank that had
+    done all its work failed its job (seen in CI, on a loaded machine). The workers outlive
+    ``destroy_process_group`` once DDP used the group (torch 2.13), so the teardown can meet them.
+    Between looks this thread sleeps, which frees the GIL: a worker waiting for it takes it, and
+    one that is still asleep at every look waits for work that will not come."""
+    deadline = time.monotonic() + timeout_s
+    quiet = 0
+    while quiet < quiet_polls and time.monotonic() < deadline:
+        time.sleep(poll_s)
+        busy = any(name == GLOO_WORKERS and state != "S" for name, state in thread_states())
+        quiet = 0 if busy else quiet + 1
+    return quiet >= quiet_polls
 
 
 def collective_failed(exc: BaseException) -> bool:

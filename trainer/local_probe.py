@@ -155,6 +155,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    from trainer.distributed import exit_rank
-
-    exit_rank(main())
+    sys.exit(main())

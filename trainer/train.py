@@ -51,7 +51,6 @@ from trainer.distributed import (
     collective_failed,
     device_for,
     dist_env,
-    exit_rank,
     full_state_dict,
     gradient_sync,
     is_sharded,
@@ -1207,4 +1206,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    exit_rank(main())
+    sys.exit(main())

@@ -306,7 +306,6 @@ import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
 from common import STEPS, LR, batch, data, loss_of, net, warm_start
-from trainer.distributed import exit_rank
 
 dist.init_process_group("gloo")
 rank, size = dist.get_rank(), dist.get_world_size()
@@ -329,7 +328,6 @@ for passes in (1, 2):
 # Leave together: a gloo rank that tears its group down while a peer is still in it can abort.
 dist.barrier()
 dist.destroy_process_group()
-exit_rank(0)  # DDP's gloo workers outlive the group; the interpreter's teardown can abort (docs/troubleshooting.md)
 """
 
 

@@ -15,7 +15,6 @@ TIERS = (REPO / "tests" / "unit", REPO / "tests" / "integration")
 TESTED_IN = {
     "trainer/example_model.py": ["test_pipeline_local.py", "test_tasks_pretrained_lm.py", "test_chat_data.py"],
     "trainer/credentials.py": ["test_config.py", "test_launch_byo.py"],
-    "trainer/distributed.py": ["test_train.py", "test_train_fsdp.py"],
     "trainer/evaluate.py": ["test_evaluate_export.py", "test_report.py"],
     "trainer/export.py": ["test_evaluate_export.py", "test_train.py", "test_export_pretrained.py"],
     "trainer/gpt.py": ["test_train.py", "test_tokenizer.py"],

@@ -30,3 +30,18 @@ def test_a_name_holding_spaces_and_parentheses_is_read_whole(monkeypatch, tmp_pa
     assert procfs.stat_of(7) == ("my (odd) name", fields)
     assert procfs.parent_of(7) == ("my (odd) name", 42)
     assert procfs.started_ticks(7) is None  # a zombie has ended: its parent has not reaped it yet
+
+
+def test_this_process_s_threads_are_each_named_with_their_state():
+    import threading
+
+    asleep = threading.Event()
+    waiter = threading.Thread(target=asleep.wait, name="waits")
+    waiter.start()
+    try:
+        states = procfs.thread_states()
+        assert len(states) >= 2 and all(len(state) == 1 for _, state in states)
+        assert "S" in {state for _, state in states}  # the waiting thread
+    finally:
+        asleep.set()
+        waiter.join()

@@ -41,11 +41,14 @@ def planning_manifest(cfg: Config, task: Task, manifest: dict | None = None) -> 
     from `data.tokenizer` or the pretrained model's config.json); else a stated guess."""
     if manifest is not None:
         return manifest, "model built from the prepared dataset's manifest"
-    # By the config's name, not the task's: a custom task may subclass a built-in one (was: planned
-    # as classification's guessed MLP, in silence).
-    if cfg.task == "causal_lm":
+    from trainer.tasks.causal_lm import CausalLMTask
+    from trainer.tasks.classification import ClassificationTask
+
+    # By what the task is, not the name it gives: a custom task built on a built-in one reads its
+    # manifest; another that calls itself "classification" was planned as its guessed MLP, in silence.
+    if isinstance(task, CausalLMTask):
         return _causal_manifest(cfg)
-    if cfg.task == "classification":
+    if isinstance(task, ClassificationTask):
         guess = CLASSIFICATION_GUESS
         classes = [str(i) for i in range(guess["classes"])]
         made = {
