@@ -16,6 +16,7 @@ import re
 import shutil
 import signal
 import subprocess
+import sys
 import sysconfig
 import tempfile
 import threading
@@ -209,6 +210,37 @@ def run_group(cmd: list[str], timeout: float, env: dict[str, str] | None = None,
         return run_captured(cmd, timeout, env=env, cwd=cwd)
     except subprocess.TimeoutExpired as exc:
         pytest.fail(f"{cmd[:3]} timed out after {timeout}s; output:\n{(exc.output or '')[-4000:]}")
+
+
+def run_ranks(code: str, world: int, timeout: float) -> list[tuple[int, str]]:
+    """Python `code` as `world` plain rank processes with the environment torchrun gives its ranks
+    (RANK, LOCAL_RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT), each in its own session, killed
+    after; each one's (exit code, output)."""
+    port = str(free_port())
+    procs = [
+        subprocess.Popen(
+            [sys.executable, "-c", code],
+            env={
+                **os.environ,
+                "PYTHONPATH": str(Path(__file__).resolve().parents[1]),
+                **dict(
+                    RANK=str(r), LOCAL_RANK=str(r), WORLD_SIZE=str(world), MASTER_ADDR="127.0.0.1", MASTER_PORT=port
+                ),
+            },
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+            start_new_session=True,
+        )
+        for r in range(world)
+    ]
+    try:
+        outs = [p.communicate(timeout=timeout)[0] for p in procs]
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                os.killpg(p.pid, signal.SIGKILL)
+    return [(p.returncode, out) for p, out in zip(procs, outs, strict=True)]
 
 
 class Mounts:

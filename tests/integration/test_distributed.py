@@ -2,16 +2,9 @@
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
-from pathlib import Path
-
 import pytest
 
-from tests.s3server import free_port
-
-REPO = Path(__file__).resolve().parents[2]
+from tests.conftest import run_ranks
 
 RANK = """
 import torch
@@ -33,30 +26,9 @@ def test_gloo_workers_that_outlive_the_group_are_found_by_name_and_asleep_when_i
     """The group's gloo workers outlive it once DDP used it (torch 2.13) and are what
     process_group waits for before the process may end (comm_threads_settled): found by the name
     torch gives them, asleep once the group is left. No worker found would make that wait a no-op."""
-    port = str(free_port())
-    procs = [
-        subprocess.Popen(
-            [sys.executable, "-c", RANK],
-            env={
-                **os.environ,
-                "PYTHONPATH": str(REPO),
-                **dict(RANK=str(r), LOCAL_RANK=str(r), WORLD_SIZE="2", MASTER_ADDR="127.0.0.1", MASTER_PORT=port),
-            },
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            text=True,
-            start_new_session=True,
-        )
-        for r in range(2)
-    ]
-    try:
-        outs = [p.communicate(timeout=90)[0] for p in procs]
-    finally:
-        for p in procs:
-            if p.poll() is None:
-                os.killpg(p.pid, 9)
-    for r, (p, out) in enumerate(zip(procs, outs, strict=True)):
-        assert p.returncode == 0, out
+    ranks = run_ranks(RANK, 2, timeout=90)
+    for r, (returncode, out) in enumerate(ranks):
+        assert returncode == 0, out
         said = next(line for line in out.splitlines() if line.startswith(f"rank {r}:"))
         workers = int(said.split()[2])
         assert workers > 0, f"no thread named as torch's gloo workers were: {out}"

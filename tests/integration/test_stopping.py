@@ -2,11 +2,8 @@
 
 from __future__ import annotations
 
-import os
 import re
 import signal
-import subprocess
-import sys
 import textwrap
 import time
 import warnings
@@ -14,6 +11,7 @@ from dataclasses import replace
 
 import pytest
 
+from tests.conftest import run_ranks
 from tests.integration.test_checkpoint import (
     RESUME_STRATEGIES,
     STEPS_PER_EPOCH,
@@ -25,7 +23,7 @@ from tests.integration.test_checkpoint import (
 from trainer.exit_codes import TERMINATED_CHECKPOINTED
 from trainer.launch.backend import JobFailed, run_job
 from trainer.launch.job import training_job
-from trainer.launch.local import LocalBackend, free_port
+from trainer.launch.local import LocalBackend
 
 AGREE_SCRIPT = textwrap.dedent(
     """
@@ -58,30 +56,9 @@ AGREE_SCRIPT = textwrap.dedent(
 
 @pytest.mark.timeout(120)
 def test_ranks_agree_to_stop_after_the_same_step_when_one_is_signalled(tmp_path):
-    port = free_port()
-    procs = [
-        subprocess.Popen(
-            [sys.executable, "-c", AGREE_SCRIPT],
-            env={
-                **os.environ,
-                "RANK": str(rank),
-                "WORLD_SIZE": "2",
-                "MASTER_ADDR": "127.0.0.1",
-                "MASTER_PORT": str(port),
-            },
-            stdout=subprocess.PIPE,
-            text=True,
-            start_new_session=True,
-        )
-        for rank in range(2)
-    ]
-    try:
-        out = [p.communicate(timeout=90)[0] for p in procs]
-    finally:
-        for p in procs:
-            if p.poll() is None:
-                os.killpg(p.pid, signal.SIGKILL)
-    assert [p.returncode for p in procs] == [0, 0], out
+    ranks = run_ranks(AGREE_SCRIPT, 2, timeout=90)
+    out = [o for _, o in ranks]
+    assert [rc for rc, _ in ranks] == [0, 0], out
     lines = [re.search(r"rank (\d) stopped after step (\d+) signal (\S+) agree_us (\d+)", o) for o in out]
     assert all(lines), out
     # Both stop after the same step, the one after rank 1 got the signal (the agreement started
