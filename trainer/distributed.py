@@ -24,6 +24,7 @@ import contextlib
 import datetime
 import math
 import os
+import re
 import time
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
@@ -129,11 +130,9 @@ def process_group(env: DistEnv, device: torch.device, timeout_s: float = 600) ->
     try:
         yield
         leave_together(env)
-        dist.destroy_process_group()
-        comm_threads_settled()
     finally:
-        if dist.is_initialized():  # the block raised: its peers may be gone, nothing to wait for
-            dist.destroy_process_group()
+        dist.destroy_process_group()
+        comm_threads_settled()  # this process's own workers: a rank's error exit meets the teardown too
 
 
 #: The names torch 2.13 gives gloo's worker threads (each runs a group's collectives).
@@ -159,6 +158,28 @@ def comm_threads_settled(timeout_s: float = 2.0, quiet_polls: int = 3, poll_s: f
         busy = any(name == GLOO_WORKERS and state != "S" for name, state in thread_states())
         quiet = 0 if busy else quiet + 1
     return quiet >= quiet_polls
+
+
+#: How DDP says a parameter got no gradient in the last step (torch 2.13's message, its start).
+DDP_UNUSED = "Expected to have finished reduction in the prior iteration before starting a new one"
+
+
+def unused_parameters(exc: BaseException) -> str:
+    """What to tell the user when `exc` is DDP's error for parameters that took no part in the
+    loss, or '': torch's advice names a DDP argument no kftrain config sets, so the fix said is the
+    task's (freeze them), with the parameters torch names."""
+    text = str(exc)
+    if not isinstance(exc, RuntimeError) or DDP_UNUSED not in text:
+        return ""
+    named = re.search(r"(Parameter indices which did not receive grad for rank \d+: [\d ]+)", text)
+    names = re.search(r"(Parameters which did not receive grad for rank \d+: [^\n]+)", text)
+    which = "; ".join(m.group(1).strip() for m in (names, named) if m) or "torch named none"
+    return (
+        "parameters of the model took no part in the loss (DDP reduces the gradient of every trainable "
+        f"parameter at each step; {which}): freeze those the task's loss() or summed_loss() does not use "
+        "(requires_grad=False in its build_model()), or make the loss use them; TORCH_DISTRIBUTED_DEBUG=INFO "
+        "makes torch name them"
+    )
 
 
 def collective_failed(exc: BaseException) -> bool:

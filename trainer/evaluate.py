@@ -3,6 +3,7 @@ front of export, and the report's scalars for the KFP UI."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import re
 from typing import Any
@@ -44,35 +45,55 @@ def evaluate_model(
     return report
 
 
+#: Each quality gate: its parameter, the report's measure it reads, whether higher is better.
+GATES = (("min_accuracy", "accuracy", True), ("max_perplexity", "perplexity", False))
+
+
 def quality_gate(report: dict[str, Any], min_accuracy: float = 0.0, max_perplexity: float = 0.0) -> tuple[bool, str]:
-    """Whether the model may be exported, and why (a sentence for the run's UI and log).
+    """Whether the model may be exported, and why (a sentence for the run's UI and log): every
+    bar in effect is checked, and the model passes when it meets them all.
 
     A bar set to other than its default (:data:`trainer.checks.GATE_DEFAULTS`) whose measure the
     report lacks fails the gate, naming what the report holds: a custom task's evaluation, which
-    no check before the run can read (was: the gate passed, "no quality bar set"). The defaults
-    apply to the tasks that report their measure only (`--min-accuracy`'s 0.9 to classification)."""
-    if min_accuracy and "accuracy" in report:
-        ok = report["accuracy"] >= min_accuracy
-        verb = "reaches" if ok else "is below"
-        got, bar = _told_apart(report["accuracy"], min_accuracy, 4)
-        return ok, f"test accuracy {got} {verb} the minimum {bar} (min_accuracy)"
-    if max_perplexity and "perplexity" in report:
-        ok = report["perplexity"] <= max_perplexity
-        verb = "is within" if ok else "exceeds"
-        got, bar = _told_apart(report["perplexity"], max_perplexity, 3)
-        return ok, f"test perplexity {got} {verb} the maximum {bar} (max_perplexity)"
-    for name, bar, measure in (
-        ("min_accuracy", min_accuracy, "accuracy"),
-        ("max_perplexity", max_perplexity, "perplexity"),
-    ):
-        if bar and bar != GATE_DEFAULTS[name]:
+    no check before the run can read (was: the gate passed, "no quality bar set"; or a second bar
+    went unchecked once the first was met). The defaults apply to the tasks that report their
+    measure only (`--min-accuracy`'s 0.9 to classification)."""
+    verdicts = []
+    for (name, measure, higher), bar in zip(GATES, (min_accuracy, max_perplexity), strict=True):
+        if not bar:
+            continue
+        if measure in report:
+            verdicts.append(_against_bar(report[measure], bar, name, measure, higher))
+        elif bar != GATE_DEFAULTS[name]:
             held = sorted(k for k, v in report.items() if isinstance(v, int | float) and not isinstance(v, bool))
-            return False, (
-                f"{name} {bar:g} is set, but the evaluation reports no {measure} (it reports "
-                f"{', '.join(held) or 'no number'}): return {measure!r} from the task's evaluate(), or leave "
-                f"{name} unset"
+            verdicts.append(
+                (
+                    False,
+                    (
+                        f"{name} {bar:g} is set, but the evaluation reports no {measure} (it reports "
+                        f"{', '.join(held) or 'no number'}): return {measure!r} from the task's evaluate(), or leave "
+                        f"{name} unset"
+                    ),
+                )
             )
-    return True, "no quality bar set for this task (min_accuracy / max_perplexity)"
+    if not verdicts:
+        return True, "no quality bar set for this task (min_accuracy / max_perplexity)"
+    failed = [why for ok, why in verdicts if not ok]
+    return not failed, "; ".join(failed or [why for _, why in verdicts])
+
+
+def _against_bar(value: Any, bar: float, name: str, measure: str, higher: bool) -> tuple[bool, str]:
+    """The verdict on one measure: a number (a tensor of one value or a numpy number is taken as
+    its value) on the right side of `bar`."""
+    with contextlib.suppress(TypeError, ValueError, RuntimeError):  # a tensor of many values, text
+        value = float(value) if not isinstance(value, bool) else value
+    if not isinstance(value, float):
+        return False, f"the evaluation reports {measure} as a {type(value).__name__}, not a number ({name})"
+    ok = value >= bar if higher else value <= bar
+    got, shown = _told_apart(value, bar, 4 if higher else 3)
+    if higher:
+        return ok, f"test {measure} {got} {'reaches' if ok else 'is below'} the minimum {shown} ({name})"
+    return ok, f"test {measure} {got} {'is within' if ok else 'exceeds'} the maximum {shown} ({name})"
 
 
 def _told_apart(measured: float, bar: float, digits: int) -> tuple[str, str]:

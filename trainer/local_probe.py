@@ -120,7 +120,7 @@ def main(argv: list[str] | None = None) -> int:
     """One rank of the probe (under torchrun)."""
     import torch.distributed as dist
 
-    from trainer.distributed import device_for, dist_env, process_group
+    from trainer.distributed import device_for, dist_env, process_group, unused_parameters
     from trainer.plan import run_probe
     from trainer.stacks import print_stacks_on_signals
 
@@ -148,6 +148,11 @@ def main(argv: list[str] | None = None) -> int:
                 combined.append(combine(results))
     except KftrainError as exc:
         print(error_line("probe", exc), flush=True)
+        return 2
+    except RuntimeError as exc:
+        if not (unused := unused_parameters(exc)):
+            raise
+        print(error_line("probe", KftrainError(unused)), flush=True)
         return 2
     if env.is_main:
         Path(args.output).write_text(json.dumps(combined))

@@ -60,6 +60,7 @@ from trainer.distributed import (
     parallelize,
     process_group,
     seed_rank_streams,
+    unused_parameters,
     unwrap,
 )
 from trainer.errors import KftrainError
@@ -1150,10 +1151,6 @@ def _stopped_outside_the_loop(env: DistEnv, received: list[int]) -> int:
     return exit_codes.TERMINATED_CHECKPOINTED
 
 
-#: How DDP says a parameter got no gradient in the last step (torch 2.13's message, its start).
-DDP_UNUSED = "Expected to have finished reduction in the prior iteration before starting a new one"
-
-
 def main(argv: list[str] | None = None) -> int:
     """Command-line entry of one training process."""
     parser = argparse.ArgumentParser(prog="python -m trainer.train", description=__doc__)
@@ -1185,13 +1182,8 @@ def main(argv: list[str] | None = None) -> int:
     except RuntimeError as exc:
         if received:  # a collective that broke as its peers stopped on the same signal
             return _stopped_outside_the_loop(env, received)
-        if DDP_UNUSED in str(exc):  # torch's advice names a DDP argument no config sets
-            log.error(
-                "%sparameters of the model took no part in the loss (DDP reduces the gradient of every "
-                "trainable parameter at each step): freeze those the task's loss() does not use "
-                "(requires_grad=False in its build_model()), or make the loss use them",
-                FAILURE_MARKER,
-            )
+        if unused := unused_parameters(exc):
+            log.error("%s%s", FAILURE_MARKER, unused)
             return exit_codes.USER_ERROR
         if not collective_failed(exc):
             raise

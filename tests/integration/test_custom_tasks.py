@@ -84,3 +84,4 @@ def test_a_parameter_the_loss_never_uses_is_named_as_the_task_s_on_two_ranks(tmp
     assert rc == 1, lines[-20:]
     assert "parameters of the model took no part in the loss" in lines[-1], lines[-10:]
     assert "requires_grad=False" in lines[-1] and "find_unused_parameters" not in lines[-1]
+    assert "Parameter indices which did not receive grad for rank" in lines[-1], lines[-1]

@@ -31,3 +31,33 @@ def test_comm_threads_settle_when_gloo_s_workers_are_asleep_at_looks_in_a_row(mo
 def test_a_gloo_worker_that_stays_busy_is_waited_for_no_longer_than_the_limit(monkeypatch):
     monkeypatch.setattr(distributed, "thread_states", lambda: WORKER_BUSY)
     assert comm_threads_settled(timeout_s=0.05, poll_s=0.001) is False
+
+
+DDP_SAID = (
+    "Expected to have finished reduction in the prior iteration before starting a new one. This error "
+    "indicates that your module has parameters that were not used in producing loss. You can enable unused "
+    "parameter detection by passing the keyword argument `find_unused_parameters=True` to "
+    "`torch.nn.parallel.DistributedDataParallel`, ...\n"
+)
+
+
+@pytest.mark.parametrize(
+    "exc, said",
+    [
+        (RuntimeError(DDP_SAID + "Parameter indices which did not receive grad for rank 0: 2 3"), "rank 0: 2 3"),
+        (
+            RuntimeError(DDP_SAID + "Parameters which did not receive grad for rank 1: spare, head.bias\n"),
+            "rank 1: spare, head.bias",
+        ),
+        (RuntimeError(DDP_SAID), "torch named none"),
+    ],
+)
+def test_ddp_s_unused_parameters_error_says_the_task_s_fix_with_the_parameters_torch_names(exc, said):
+    told = distributed.unused_parameters(exc)
+    assert said in told and "requires_grad=False" in told, told
+    assert "find_unused_parameters" not in told  # an argument of DDP's that no kftrain config sets
+
+
+@pytest.mark.parametrize("exc", [RuntimeError("Connection closed by peer"), ValueError(DDP_SAID)])
+def test_other_errors_are_not_taken_for_unused_parameters(exc):
+    assert distributed.unused_parameters(exc) == ""

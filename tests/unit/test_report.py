@@ -8,7 +8,9 @@ import re
 import xml.etree.ElementTree as ET
 from html.parser import HTMLParser
 
+import numpy as np
 import pytest
+import torch
 
 from trainer.config import Config, to_dict
 from trainer.evaluate import quality_gate
@@ -185,6 +187,29 @@ def test_quality_gate_in_both_directions():
 )
 def test_a_bar_set_that_the_evaluation_does_not_report_fails_the_gate_saying_so(report, gates, said):
     assert quality_gate(report, **gates) == (False, said)
+
+
+@pytest.mark.parametrize(
+    "report, ok, said",
+    [
+        # Each bar in effect is checked (was: the second went unchecked once the first was met).
+        ({"accuracy": 0.97, "perplexity": 500.0}, False, "test perplexity 500.000 exceeds the maximum 20.000"),
+        ({"accuracy": 0.97}, False, "max_perplexity 20 is set, but the evaluation reports no perplexity"),
+        ({"perplexity": 7.4, "loss": 2.0}, False, "min_accuracy 0.95 is set, but the evaluation reports no accuracy"),
+        (
+            {"accuracy": 0.97, "perplexity": 7.4},
+            True,
+            "test accuracy 0.9700 reaches the minimum 0.9500 (min_accuracy); test perplexity 7.400 is within the "
+            "maximum 20.000 (max_perplexity)",
+        ),
+        # A custom task's measure as a tensor or numpy number is its value; text is no measure.
+        ({"accuracy": torch.tensor(0.97), "perplexity": np.float32(7.5)}, True, "test accuracy 0.9700 reaches"),
+        ({"accuracy": "97%", "perplexity": 7.4}, False, "the evaluation reports accuracy as a str, not a number"),
+    ],
+)
+def test_every_bar_in_effect_is_checked_and_the_model_passes_only_when_it_meets_them_all(report, ok, said):
+    passed, why = quality_gate(report, min_accuracy=0.95, max_perplexity=20.0)
+    assert passed is ok and said in why, why
     # A bar just past the measure: both shown with the digits that tell them apart (was: "0.9750
     # is below the minimum 0.9750").
     assert quality_gate({"accuracy": 0.975}, min_accuracy=0.97501)[1].startswith(

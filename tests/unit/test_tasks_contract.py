@@ -118,7 +118,6 @@ GRAD = torch.ones(3, requires_grad=True)
         (checked_metrics, [("val_loss", 1.0)], "validate() returned a list; it must return a mapping"),
         (checked_metrics, {"note": "hello"}, "validate() returned 'note': a str"),
         (checked_metrics, {"val_loss": torch.ones(2)}, "validate() returned 'val_loss': a tensor of shape (2,)"),
-        (checked_metrics, {"best": True}, "validate() returned 'best': a bool"),
         (checked_metrics, {"many": np.ones(2)}, "validate() returned 'many': a ndarray"),
     ],
 )
@@ -138,9 +137,10 @@ def test_what_a_task_returns_in_a_form_kftrain_can_use_is_taken_as_it_means():
     kept = torch.tensor(7)
     assert checked_summed_loss(TASK, (loss, kept))[1] is kept  # a tensor count as it is (bitwise runs)
     metrics = checked_metrics(
-        TASK, {"val_loss": torch.tensor(0.25), "val_rows": np.int64(3), "val_mae": np.float32(0.5), "n": 2}
+        TASK,
+        {"val_loss": torch.tensor(0.25), "val_rows": np.int64(3), "val_mae": np.float32(0.5), "n": 2, "best": True},
     )
-    assert metrics == {"val_loss": 0.25, "val_rows": 3, "val_mae": 0.5, "n": 2}
+    assert metrics == {"val_loss": 0.25, "val_rows": 3, "val_mae": 0.5, "n": 2, "best": 1}
     assert all(type(v) in (int, float) for v in metrics.values())  # what JSON writes
     assert checked_manifest(TASK, {"splits": {}}) == {"splits": {}}
     assert checked_datasets(TASK, ([1], [2])) == ([1], [2])

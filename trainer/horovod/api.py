@@ -547,6 +547,9 @@ def shutdown() -> None:
     gc.collect()
     if _state.owns_group and dist.is_initialized():
         dist.destroy_process_group()
+        from trainer.distributed import comm_threads_settled
+
+        comm_threads_settled()  # gloo's workers asleep before the script's teardown can meet them
     _state.topology, _state.owns_group = None, False
 
 

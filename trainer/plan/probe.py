@@ -71,7 +71,7 @@ def run_probe(cfg: Config, *, steps: int = 5, manifest: dict | None = None) -> P
     from trainer.plan.shapes import PlanError, planning_manifest
     from trainer.rng import seed_everything
     from trainer.tasks import task_for
-    from trainer.tasks.contract import checked_built
+    from trainer.tasks.contract import checked_built, checked_loss
     from trainer.train import autocast_for
 
     # No process group, no peers: a WORLD_SIZE or LOCAL_RANK left in a shell is no job of this
@@ -121,7 +121,7 @@ def run_probe(cfg: Config, *, steps: int = 5, manifest: dict | None = None) -> P
             wait += time.perf_counter() - w0
             with gradient_sync(parallel, enabled=sync and i == accum - 1):
                 with autocast_for(device, cfg):
-                    loss = task.loss(parallel, batch) / accum
+                    loss = checked_loss(task, task.loss(parallel, batch)) / accum
                 loss.backward()
         if sync or not is_sharded(parallel):  # FSDP holds no sharded gradients before a sync
             clip_grad_norm(trainable, tc.grad_clip_norm or float("inf"))

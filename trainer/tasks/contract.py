@@ -141,7 +141,7 @@ def checked_metrics(task: Task, metrics: Any, method: str = "validate") -> dict[
         if isinstance(value, torch.Tensor) and value.numel() == 1 or type(value).__module__ == "numpy":
             with contextlib.suppress(ValueError):  # a numpy array of many values stays one, refused below
                 value = value.item()
-        if not isinstance(key, str) or not isinstance(value, int | float) or isinstance(value, bool):
+        if not isinstance(key, str) or not isinstance(value, int | float):
             raise _refuse(task, method, f"{key!r}: {_described(value)}", "a mapping of metric names to numbers")
-        out[key] = value
+        out[key] = int(value) if isinstance(value, bool) else value  # a flag, logged and recorded as 0 or 1
     return out
