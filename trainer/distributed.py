@@ -173,12 +173,12 @@ def unused_parameters(exc: BaseException) -> str:
         return ""
     named = re.search(r"(Parameter indices which did not receive grad for rank \d+: [\d ]+)", text)
     names = re.search(r"(Parameters which did not receive grad for rank \d+: [^\n]+)", text)
-    which = "; ".join(m.group(1).strip() for m in (names, named) if m) or "torch named none"
+    which = "; ".join(m.group(1).strip() for m in (names, named) if m)
     return (
         "parameters of the model took no part in the loss (DDP reduces the gradient of every trainable "
-        f"parameter at each step; {which}): freeze those the task's loss() or summed_loss() does not use "
-        "(requires_grad=False in its build_model()), or make the loss use them; TORCH_DISTRIBUTED_DEBUG=INFO "
-        "makes torch name them"
+        f"parameter at each step; {which or 'torch named none'}): freeze those the task's loss() or "
+        "summed_loss() does not use (requires_grad=False in its build_model()), or make the loss use them"
+        + ("" if names else "; TORCH_DISTRIBUTED_DEBUG=INFO makes torch name them")
     )
 
 

@@ -77,6 +77,13 @@ def quality_gate(report: dict[str, Any], min_accuracy: float = 0.0, max_perplexi
                 )
             )
     if not verdicts:
+        if min_accuracy == GATE_DEFAULTS["min_accuracy"] and "perplexity" not in report:
+            # Given or not, the default cannot be told from a bar in a KFP run: say what it gates.
+            return True, (
+                f"no quality bar: min_accuracy {min_accuracy:g} (its default) gates only an evaluation that "
+                "reports accuracy, and this one reports none; set max_perplexity, or return 'accuracy' from "
+                "the task's evaluate()"
+            )
         return True, "no quality bar set for this task (min_accuracy / max_perplexity)"
     failed = [why for ok, why in verdicts if not ok]
     return not failed, "; ".join(failed or [why for _, why in verdicts])

@@ -35,7 +35,7 @@ from trainer.model_io import MODEL_META, WEIGHTS, weights
 from trainer.progress import ProgressLine
 from trainer.storage import ObjectStore, join_uri
 from trainer.tasks import task_for_meta
-from trainer.tasks.contract import checked_model
+from trainer.tasks.contract import checked_model, checked_serving
 
 TORCHSCRIPT = "model.pt"
 SAFETENSORS = "model.safetensors"
@@ -126,7 +126,7 @@ def export_model(
     task = task_for_meta(meta)
     # The weights are not loaded yet: a pretrained model's are streamed from the file instead.
     model = checked_model(task, task.model_from_meta(meta))
-    if task.serving_module(model, meta) is None:
+    if checked_serving(task, task.serving_module(model, meta)) is None:
         common = _common_card(meta, model_uri, metrics, training_config, training)
         if "base_model" in meta:
             from trainer.export_pretrained import write_pretrained_export
@@ -146,7 +146,7 @@ def export_model(
 
     task.load_weights(model, meta, store, join_uri(model_uri, WEIGHTS))
     # Built again over the loaded weights (a task may copy them into its serving module).
-    serving, example = task.serving_module(model.eval(), meta)
+    serving, example = checked_serving(task, task.serving_module(model.eval(), meta))
     with torch.no_grad():
         expected = serving(example)
         scripted = torch.jit.trace(serving, example[:1])

@@ -886,10 +886,11 @@ class Trainer:
         return [float(t) for t in every]
 
     def _validated(self) -> dict[str, float]:
-        """The task's validation metrics (rank 0's, on the validation sample), as floats."""
-        return checked_metrics(
-            self.task, self.task.validate(unwrap(self.model), self.data.val, self.device, self.micro)
-        )
+        """The task's validation metrics (rank 0's, on the validation sample), as numbers; none
+        named as the trainer's own in the same records."""
+        reserved = (*TRAINER_METRICS, f"{self.task.item_name}_per_second")
+        metrics = self.task.validate(unwrap(self.model), self.data.val, self.device, self.micro)
+        return checked_metrics(self.task, metrics, reserved=reserved)
 
     def end_epoch(self) -> None:
         """Score the validation sample, record the epoch, and checkpoint at its end if asked."""
@@ -1149,6 +1150,27 @@ def _stopped_outside_the_loop(env: DistEnv, received: list[int]) -> int:
             signal.Signals(received[0]).name,
         )
     return exit_codes.TERMINATED_CHECKPOINTED
+
+
+#: What the trainer itself writes into the records an epoch's and the run's validation metrics
+#: join (and `<items>_per_second`).
+TRAINER_METRICS = (
+    "epoch",
+    "train_loss",
+    AFTER_LAST_EPOCH,
+    "world_size",
+    "steps",
+    "resumed_from_step",
+    "skipped_steps",
+    "train_seconds",
+    "seconds_to_first_step",
+    "first_step_unix_time",
+    "data_wait_fraction",
+    "peak_memory_bytes",
+    "median_step_seconds",
+    "best_step",
+    "mfu",
+)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -21,7 +21,7 @@ from trainer.shards import split_shards
 from trainer.storage import ObjectStore, open_store
 from trainer.streaming import Layout, Ranges, StreamingSplit, first_items, merge_ranges
 from trainer.tasks.base import Task
-from trainer.tasks.contract import checked_datasets
+from trainer.tasks.contract import checked_datasets, streamed
 
 log = logging.getLogger("kftrain.data")
 
@@ -120,7 +120,7 @@ def check_an_epoch_has_a_step(cfg: Config, task: Task, manifest: dict, dataset_u
     manifest's counts), or the run's steps leave a setting without effect: a warm-up as long as
     the run, `checkpoint.keep_best` over a run shorter than an epoch. A task that does not stream
     is checked by its ranks, which read the data."""
-    streaming = task.stream(cfg, manifest)
+    streaming = streamed(task, cfg, manifest)
     if streaming is None:
         return
     tc, world = cfg.train, cfg.job.world_size
@@ -183,7 +183,7 @@ def training_data(
     # Every DataLoader iterator draws a base seed; from its own generator, never from the global
     # RNG, so restoring the RNG state on resume reproduces the uninterrupted run exactly.
     loader_rng = torch.Generator()
-    streaming = task.stream(cfg, manifest)
+    streaming = streamed(task, cfg, manifest)
     if streaming is not None:
         items_of, take = streaming
         split = StreamingSplit(

@@ -189,6 +189,12 @@ def test_a_bar_set_that_the_evaluation_does_not_report_fails_the_gate_saying_so(
     assert quality_gate(report, **gates) == (False, said)
 
 
+def test_the_default_accuracy_bar_over_an_evaluation_without_accuracy_says_it_gates_nothing():
+    """A custom task's: `--min-accuracy 0.9` typed, or the KFP default, cannot be told apart."""
+    ok, why = quality_gate({"loss": 0.2}, min_accuracy=0.9)
+    assert ok and why.startswith("no quality bar: min_accuracy 0.9 (its default) gates only an evaluation"), why
+
+
 @pytest.mark.parametrize(
     "report, ok, said",
     [

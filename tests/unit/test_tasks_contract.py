@@ -12,6 +12,7 @@ from trainer.tasks import Task, get_task
 from trainer.tasks.classification import ClassificationTask
 from trainer.tasks.contract import (
     TaskError,
+    checked_batch,
     checked_built,
     checked_datasets,
     checked_loss,
@@ -19,7 +20,9 @@ from trainer.tasks.contract import (
     checked_metrics,
     checked_model,
     checked_report,
+    checked_serving,
     checked_summed_loss,
+    streamed,
     unimplemented,
 )
 
@@ -107,6 +110,10 @@ GRAD = torch.ones(3, requires_grad=True)
         (checked_built, ({}, torch.nn.Linear(2, 2)), "build_model() returned (a dict, a Linear)"),
         (checked_model, ({}, {}), "model_from_meta() returned a tuple; it must return the model"),
         (checked_report, [0.9], "evaluate() returned a list; it must return the test report"),
+        (checked_batch, torch.ones(2), "synthetic_batch() returned a tensor of shape (2,); it must return None or"),
+        (checked_batch, (torch.ones(2), [1]), "synthetic_batch() returned a tuple"),
+        (checked_serving, torch.nn.Linear(2, 2), "serving_module() returned a Linear; it must return None or"),
+        (checked_serving, (torch.ones(1), torch.ones(1)), "serving_module() returned a tuple"),
         (checked_datasets, [1], "datasets() returned a list; it must return two datasets, (train, validation)"),
         (checked_datasets, "ab", "datasets() returned a str"),
         (checked_loss, GRAD * 2, "loss() returned a tensor of shape (3,); it must return the batch's loss"),
@@ -148,3 +155,39 @@ def test_what_a_task_returns_in_a_form_kftrain_can_use_is_taken_as_it_means():
     assert checked_built(TASK, [model, {"a": 1}]) == (model, {"a": 1})
     assert checked_model(TASK, model) is model
     assert checked_report(TASK, {"accuracy": 0.5, "confusion": [[1]]}) == {"accuracy": 0.5, "confusion": [[1]]}
+
+
+def test_a_validation_metric_named_as_one_of_the_trainer_s_own_is_refused():
+    with pytest.raises(
+        TaskError, match="validate\\(\\) returned a metric named 'train_loss'; it must return metrics named"
+    ):
+        checked_metrics(TASK, {"val_loss": 1.0, "train_loss": 123.0}, reserved=("epoch", "train_loss"))
+
+
+def test_a_report_s_numbers_given_as_tensors_or_numpy_are_numbers_and_the_rest_stays():
+    report = checked_report(TASK, {"accuracy": torch.tensor(0.5), "n": np.int64(3), "confusion": [[1]], "task": "x"})
+    assert report == {"accuracy": 0.5, "n": 3, "confusion": [[1]], "task": "x"}
+    assert type(report["accuracy"]) is float and type(report["n"]) is int
+    assert checked_batch(TASK, None) is None and checked_serving(TASK, None) is None
+    pair = (torch.nn.Linear(2, 2), torch.ones(1, 2))
+    assert checked_serving(TASK, list(pair)) == pair
+
+
+class LoadsWhole(ClassificationTask):
+    """A built-in task's subclass that loads its data whole."""
+
+    def datasets(self, cfg, store, dataset_uri, manifest):
+        return [], []
+
+
+class StreamsAgain(LoadsWhole):
+    """... and its own subclass that streams once more."""
+
+    def stream(self, cfg, manifest):
+        return "streamed"
+
+
+@pytest.mark.parametrize("cls, used", [(LoadsWhole, None), (StreamsAgain, "streamed")])
+def test_the_nearest_of_stream_and_datasets_in_the_task_s_classes_is_the_one_used(cls, used):
+    """Was: a ClassificationTask subclass's datasets() never called, the built-in stream trained on."""
+    assert streamed(cls(), cfg=None, manifest={}) == used

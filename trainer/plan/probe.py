@@ -71,7 +71,7 @@ def run_probe(cfg: Config, *, steps: int = 5, manifest: dict | None = None) -> P
     from trainer.plan.shapes import PlanError, planning_manifest
     from trainer.rng import seed_everything
     from trainer.tasks import task_for
-    from trainer.tasks.contract import checked_built, checked_loss
+    from trainer.tasks.contract import checked_batch, checked_built, checked_loss
     from trainer.train import autocast_for
 
     # No process group, no peers: a WORLD_SIZE or LOCAL_RANK left in a shell is no job of this
@@ -106,7 +106,7 @@ def run_probe(cfg: Config, *, steps: int = 5, manifest: dict | None = None) -> P
     optimizer = torch.optim.AdamW(
         trainable, lr=tc.learning_rate, weight_decay=tc.weight_decay, fused=device.type == "cuda"
     )
-    batches = [task.synthetic_batch(cfg, manifest, micro) for _ in range(accum)]
+    batches = [checked_batch(task, task.synthetic_batch(cfg, manifest, micro)) for _ in range(accum)]
     if batches[0] is None:
         raise PlanError(f"task {cfg.task!r} gives no synthetic_batch: the probe cannot run it")
 

@@ -23,7 +23,7 @@ from torch import nn
 from trainer.config import Config
 from trainer.errors import KftrainError
 from trainer.tasks import Task
-from trainer.tasks.contract import checked_built
+from trainer.tasks.contract import checked_batch, checked_built
 
 
 class PlanError(KftrainError, ValueError):
@@ -223,7 +223,7 @@ def trace_activations(
     mode = FakeTensorMode(allow_non_fake_inputs=True)
     _to_fake(model, mode, held_bf16)
     with mode:
-        batch = task.synthetic_batch(cfg, manifest, micro_batch)
+        batch = checked_batch(task, task.synthetic_batch(cfg, manifest, micro_batch))
     if batch is None:
         return None
     param_storages = {p.untyped_storage()._cdata for p in model.parameters()}

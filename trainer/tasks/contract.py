@@ -45,6 +45,17 @@ def unimplemented(cls: type[Task]) -> list[str]:
     return missing
 
 
+def streamed(task: Task, cfg: Any, manifest: dict) -> Any:
+    """:meth:`Task.stream`'s answer, or None where the task's own class overrides `datasets()`
+    nearer than `stream()`: a built-in task's subclass that loads its data whole (was: its
+    `datasets()` never called, the built-in stream trained on in silence)."""
+    mro = type(task).__mro__
+    nearest = {name: next(i for i, cls in enumerate(mro) if name in vars(cls)) for name in ("stream", "datasets")}
+    if nearest["datasets"] < nearest["stream"]:
+        return None
+    return task.stream(cfg, manifest)
+
+
 def _described(value: Any) -> str:
     import torch
 
@@ -90,10 +101,35 @@ def checked_model(task: Task, model: Any) -> nn.Module:
 
 
 def checked_report(task: Task, report: Any) -> dict:
-    """`evaluate()`'s result: the test report, a mapping."""
+    """`evaluate()`'s result: the test report, a mapping; a value that is a tensor of one value or
+    a numpy number becomes its Python number (was: "not JSON serializable", after training)."""
     if not isinstance(report, Mapping):
         raise _refuse(task, "evaluate", _described(report), "the test report, a mapping of names to values")
-    return dict(report)
+    return {key: _number_or_same(value) for key, value in report.items()}
+
+
+def checked_batch(task: Task, batch: Any) -> tuple | None:
+    """`synthetic_batch()`'s result: None, or a batch as `loss()` takes one (a tuple of tensors)."""
+    import torch
+
+    if batch is None:
+        return None
+    if not isinstance(batch, tuple | list) or not all(isinstance(t, torch.Tensor) for t in batch):
+        raise _refuse(
+            task, "synthetic_batch", _described(batch), "None or a batch as loss() takes one (a tuple of tensors)"
+        )
+    return tuple(batch)
+
+
+def checked_serving(task: Task, serving: Any) -> tuple | None:
+    """`serving_module()`'s result: None, or (the module to export, a sample input)."""
+    from torch import nn
+
+    if serving is None:
+        return None
+    if not (isinstance(serving, tuple | list) and len(serving) == 2 and isinstance(serving[0], nn.Module)):
+        raise _refuse(task, "serving_module", _described(serving), "None or (the module to export, a sample input)")
+    return tuple(serving)
 
 
 def checked_datasets(task: Task, pair: Any) -> tuple:
@@ -129,18 +165,29 @@ def checked_summed_loss(task: Task, summed: Any) -> tuple[torch.Tensor, torch.Te
     return total, count if count.dim() == 0 else count.reshape(())
 
 
-def checked_metrics(task: Task, metrics: Any, method: str = "validate") -> dict[str, float]:
-    """A mapping of metric names to numbers; a tensor of one value or a numpy number becomes a
-    Python number (a tensor's record could not be written: was "checkpoint upload ... failed")."""
+def _number_or_same(value: Any) -> Any:
+    """A tensor of one value or a numpy number as its Python number; anything else as it is."""
     import torch
 
+    if isinstance(value, torch.Tensor) and value.numel() == 1 or type(value).__module__ == "numpy":
+        with contextlib.suppress(ValueError):  # a numpy array of many values stays one
+            return value.item()
+    return value
+
+
+def checked_metrics(
+    task: Task, metrics: Any, method: str = "validate", reserved: tuple[str, ...] = ()
+) -> dict[str, float]:
+    """A mapping of metric names to numbers; a tensor of one value or a numpy number becomes a
+    Python number (a tensor's record could not be written: was "checkpoint upload ... failed");
+    a name in `reserved` (the trainer's own in the same record) is refused (was: it overwrote them)."""
     if not isinstance(metrics, Mapping):
         raise _refuse(task, method, _described(metrics), "a mapping of metric names to numbers")
     out = {}
     for key, value in metrics.items():
-        if isinstance(value, torch.Tensor) and value.numel() == 1 or type(value).__module__ == "numpy":
-            with contextlib.suppress(ValueError):  # a numpy array of many values stays one, refused below
-                value = value.item()
+        value = _number_or_same(value)
+        if key in reserved:
+            raise _refuse(task, method, f"a metric named {key!r}", f"metrics named other than {', '.join(reserved)}")
         if not isinstance(key, str) or not isinstance(value, int | float):
             raise _refuse(task, method, f"{key!r}: {_described(value)}", "a mapping of metric names to numbers")
         out[key] = int(value) if isinstance(value, bool) else value  # a flag, logged and recorded as 0 or 1

@@ -17,6 +17,7 @@ from trainer.tasks.base import Task, evaluating
 from trainer.tasks.classification.data import load_split, prepare_dataset
 from trainer.tasks.classification.model import ServingModel, build_mlp
 from trainer.tasks.classification.report import classification_report
+from trainer.tasks.contract import checked_model
 
 
 def _rows(info: ShardInfo) -> int:
@@ -51,7 +52,7 @@ class ClassificationTask(Task):
             "feature_names": manifest["feature_names"],
             "normalization": manifest["normalization"],
         }
-        return self.model_from_meta(meta), meta
+        return checked_model(self, self.model_from_meta(meta)), meta
 
     def model_from_meta(self, meta):
         a = meta["architecture"]
