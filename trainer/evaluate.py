@@ -3,7 +3,6 @@ front of export, and the report's scalars for the KFP UI."""
 
 from __future__ import annotations
 
-import contextlib
 import json
 import re
 from typing import Any
@@ -15,7 +14,7 @@ from trainer.generations import GenerationSettings
 from trainer.model_io import load_model
 from trainer.storage import ObjectStore, join_uri
 from trainer.tasks import task_for_meta
-from trainer.tasks.contract import checked_report
+from trainer.tasks.contract import checked_report, plain
 
 EVAL_RECORD = "metrics.json"
 
@@ -81,8 +80,8 @@ def quality_gate(report: dict[str, Any], min_accuracy: float = 0.0, max_perplexi
             # Given or not, the default cannot be told from a bar in a KFP run: say what it gates.
             return True, (
                 f"no quality bar: min_accuracy {min_accuracy:g} (its default) gates only an evaluation that "
-                "reports accuracy, and this one reports none; set max_perplexity, or return 'accuracy' from "
-                "the task's evaluate()"
+                "reports accuracy, and this one reports none; return 'accuracy' or 'perplexity' from the task's "
+                "evaluate() to gate on it"
             )
         return True, "no quality bar set for this task (min_accuracy / max_perplexity)"
     failed = [why for ok, why in verdicts if not ok]
@@ -92,9 +91,8 @@ def quality_gate(report: dict[str, Any], min_accuracy: float = 0.0, max_perplexi
 def _against_bar(value: Any, bar: float, name: str, measure: str, higher: bool) -> tuple[bool, str]:
     """The verdict on one measure: a number (a tensor of one value or a numpy number is taken as
     its value) on the right side of `bar`."""
-    with contextlib.suppress(TypeError, ValueError, RuntimeError):  # a tensor of many values, text
-        value = float(value) if not isinstance(value, bool) else value
-    if not isinstance(value, float):
+    value = plain(value)
+    if not isinstance(value, int | float) or isinstance(value, bool):
         return False, f"the evaluation reports {measure} as a {type(value).__name__}, not a number ({name})"
     ok = value >= bar if higher else value <= bar
     got, shown = _told_apart(value, bar, 4 if higher else 3)

@@ -1156,6 +1156,7 @@ def _stopped_outside_the_loop(env: DistEnv, received: list[int]) -> int:
 #: join (and `<items>_per_second`).
 TRAINER_METRICS = (
     "epoch",
+    "step",  # the progress record's, which the report's curves plot validation at
     "train_loss",
     AFTER_LAST_EPOCH,
     "world_size",

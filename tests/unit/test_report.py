@@ -211,6 +211,7 @@ def test_the_default_accuracy_bar_over_an_evaluation_without_accuracy_says_it_ga
         # A custom task's measure as a tensor or numpy number is its value; text is no measure.
         ({"accuracy": torch.tensor(0.97), "perplexity": np.float32(7.5)}, True, "test accuracy 0.9700 reaches"),
         ({"accuracy": "97%", "perplexity": 7.4}, False, "the evaluation reports accuracy as a str, not a number"),
+        ({"accuracy": "0.97", "perplexity": 7.4}, False, "the evaluation reports accuracy as a str, not a number"),
     ],
 )
 def test_every_bar_in_effect_is_checked_and_the_model_passes_only_when_it_meets_them_all(report, ok, said):

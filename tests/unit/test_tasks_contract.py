@@ -3,6 +3,8 @@ makes is one line naming the task, the method and what it must return."""
 
 from __future__ import annotations
 
+import json
+
 import numpy as np
 import pytest
 import torch
@@ -110,6 +112,8 @@ GRAD = torch.ones(3, requires_grad=True)
         (checked_built, ({}, torch.nn.Linear(2, 2)), "build_model() returned (a dict, a Linear)"),
         (checked_model, ({}, {}), "model_from_meta() returned a tuple; it must return the model"),
         (checked_report, [0.9], "evaluate() returned a list; it must return the test report"),
+        (checked_report, {"task": "mine"}, "evaluate() returned a value named 'task'; it must return values named"),
+        (checked_report, {"model": torch.nn.Linear(1, 1)}, "evaluate() returned 'model': a Linear; it must return"),
         (checked_batch, torch.ones(2), "synthetic_batch() returned a tensor of shape (2,); it must return None or"),
         (checked_batch, (torch.ones(2), [1]), "synthetic_batch() returned a tuple"),
         (checked_serving, torch.nn.Linear(2, 2), "serving_module() returned a Linear; it must return None or"),
@@ -165,9 +169,25 @@ def test_a_validation_metric_named_as_one_of_the_trainer_s_own_is_refused():
 
 
 def test_a_report_s_numbers_given_as_tensors_or_numpy_are_numbers_and_the_rest_stays():
-    report = checked_report(TASK, {"accuracy": torch.tensor(0.5), "n": np.int64(3), "confusion": [[1]], "task": "x"})
-    assert report == {"accuracy": 0.5, "n": 3, "confusion": [[1]], "task": "x"}
+    given = {
+        "accuracy": torch.tensor(0.5),
+        "n": np.int64(3),
+        "confusion": [[1]],
+        "per_class": {"a": {"precision": np.float32(0.5)}},  # at any depth (was: a traceback at the write)
+        "hist": torch.ones(2),
+        "note": "x",
+    }
+    report = checked_report(TASK, given)
+    assert report == {
+        "accuracy": 0.5,
+        "n": 3,
+        "confusion": [[1]],
+        "per_class": {"a": {"precision": 0.5}},
+        "hist": [1.0, 1.0],
+        "note": "x",
+    }
     assert type(report["accuracy"]) is float and type(report["n"]) is int
+    assert json.loads(json.dumps(report)) == report
     assert checked_batch(TASK, None) is None and checked_serving(TASK, None) is None
     pair = (torch.nn.Linear(2, 2), torch.ones(1, 2))
     assert checked_serving(TASK, list(pair)) == pair

@@ -534,6 +534,7 @@ def shutdown() -> None:
             print(f"kftrain horovod shim: hvd.shutdown(): {type(exc).__name__}: {exc}", file=sys.stderr)
     if _state.leave_together:
         _leave_together()
+    destroyed = False
     for pid, st in list(_state.sets.items()):
         if pid:
             st.owner._invalidate()
@@ -541,15 +542,18 @@ def shutdown() -> None:
             for group in (st.group, st.side):
                 if group is not None and group != dist.GroupMember.NON_GROUP_MEMBER:
                     dist.destroy_process_group(group)
+                    destroyed = True
     _state.sets = {}
     # Whatever still holds a group (a caught error's traceback) lets go before the groups are
     # destroyed, rather than in the interpreter's teardown, where that aborts the process.
     gc.collect()
     if _state.owns_group and dist.is_initialized():
         dist.destroy_process_group()
+        destroyed = True
+    if destroyed:  # gloo's workers asleep before the script's teardown can meet them
         from trainer.distributed import comm_threads_settled
 
-        comm_threads_settled()  # gloo's workers asleep before the script's teardown can meet them
+        comm_threads_settled()
     _state.topology, _state.owns_group = None, False
 
 

@@ -10,7 +10,7 @@ for a loss that is no scalar).
 
 from __future__ import annotations
 
-import contextlib
+import json
 import numbers
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
@@ -100,12 +100,44 @@ def checked_model(task: Task, model: Any) -> nn.Module:
     return model
 
 
+#: What the evaluation step adds to a task's report itself.
+REPORT_NAMES = ("task", "model_uri", "dataset_uri")
+
+
 def checked_report(task: Task, report: Any) -> dict:
-    """`evaluate()`'s result: the test report, a mapping; a value that is a tensor of one value or
-    a numpy number becomes its Python number (was: "not JSON serializable", after training)."""
+    """`evaluate()`'s result: the test report, a mapping that JSON can write once tensors and
+    numpy values, at any depth, are Python numbers and lists (was: "not JSON serializable", after
+    training); none of its names the step's own (:data:`REPORT_NAMES`, was: overwritten)."""
     if not isinstance(report, Mapping):
         raise _refuse(task, "evaluate", _described(report), "the test report, a mapping of names to values")
-    return {key: _number_or_same(value) for key, value in report.items()}
+    out = {}
+    for key, value in report.items():
+        if key in REPORT_NAMES:
+            raise _refuse(
+                task, "evaluate", f"a value named {key!r}", f"values named other than {', '.join(REPORT_NAMES)}"
+            )
+        out[key] = plain(value)
+        try:
+            json.dumps(out[key], allow_nan=True)
+        except (TypeError, ValueError):
+            raise _refuse(task, "evaluate", f"{key!r}: {_described(value)}", "values JSON can write") from None
+    return out
+
+
+def plain(value: Any) -> Any:
+    """`value` with tensors and numpy values, inside mappings and lists too, as Python numbers and
+    lists; anything else as it is."""
+    import torch
+
+    if isinstance(value, Mapping):
+        return {k: plain(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [plain(v) for v in value]
+    if isinstance(value, torch.Tensor):
+        return value.item() if value.numel() == 1 else value.tolist()
+    if type(value).__module__ == "numpy" and hasattr(value, "tolist"):
+        return value.tolist()  # a numpy number's is its Python number
+    return value
 
 
 def checked_batch(task: Task, batch: Any) -> tuple | None:
@@ -165,16 +197,6 @@ def checked_summed_loss(task: Task, summed: Any) -> tuple[torch.Tensor, torch.Te
     return total, count if count.dim() == 0 else count.reshape(())
 
 
-def _number_or_same(value: Any) -> Any:
-    """A tensor of one value or a numpy number as its Python number; anything else as it is."""
-    import torch
-
-    if isinstance(value, torch.Tensor) and value.numel() == 1 or type(value).__module__ == "numpy":
-        with contextlib.suppress(ValueError):  # a numpy array of many values stays one
-            return value.item()
-    return value
-
-
 def checked_metrics(
     task: Task, metrics: Any, method: str = "validate", reserved: tuple[str, ...] = ()
 ) -> dict[str, float]:
@@ -184,11 +206,11 @@ def checked_metrics(
     if not isinstance(metrics, Mapping):
         raise _refuse(task, method, _described(metrics), "a mapping of metric names to numbers")
     out = {}
-    for key, value in metrics.items():
-        value = _number_or_same(value)
+    for key, given in metrics.items():
+        value = plain(given)
         if key in reserved:
             raise _refuse(task, method, f"a metric named {key!r}", f"metrics named other than {', '.join(reserved)}")
         if not isinstance(key, str) or not isinstance(value, int | float):
-            raise _refuse(task, method, f"{key!r}: {_described(value)}", "a mapping of metric names to numbers")
+            raise _refuse(task, method, f"{key!r}: {_described(given)}", "a mapping of metric names to numbers")
         out[key] = int(value) if isinstance(value, bool) else value  # a flag, logged and recorded as 0 or 1
     return out
