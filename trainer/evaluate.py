@@ -9,7 +9,7 @@ from typing import Any
 
 import torch
 
-from trainer.checks import GATE_DEFAULTS
+from trainer.checks import GATE_DEFAULTS, GATE_METRICS
 from trainer.generations import GenerationSettings
 from trainer.model_io import load_model
 from trainer.storage import ObjectStore, join_uri
@@ -44,10 +44,6 @@ def evaluate_model(
     return report
 
 
-#: Each quality gate: its parameter, the report's measure it reads, whether higher is better.
-GATES = (("min_accuracy", "accuracy", True), ("max_perplexity", "perplexity", False))
-
-
 def quality_gate(report: dict[str, Any], min_accuracy: float = 0.0, max_perplexity: float = 0.0) -> tuple[bool, str]:
     """Whether the model may be exported, and why (a sentence for the run's UI and log): every
     bar in effect is checked, and the model passes when it meets them all.
@@ -58,11 +54,12 @@ def quality_gate(report: dict[str, Any], min_accuracy: float = 0.0, max_perplexi
     went unchecked once the first was met). The defaults apply to the tasks that report their
     measure only (`--min-accuracy`'s 0.9 to classification)."""
     verdicts = []
-    for (name, measure, higher), bar in zip(GATES, (min_accuracy, max_perplexity), strict=True):
+    for name, bar in (("min_accuracy", min_accuracy), ("max_perplexity", max_perplexity)):
+        measure = GATE_METRICS[name].removeprefix("val_")  # the test report's name of the epoch's measure
         if not bar:
             continue
         if measure in report:
-            verdicts.append(_against_bar(report[measure], bar, name, measure, higher))
+            verdicts.append(_against_bar(report[measure], bar, name, measure, higher=name.startswith("min_")))
         elif bar != GATE_DEFAULTS[name]:
             held = sorted(k for k, v in report.items() if isinstance(v, int | float) and not isinstance(v, bool))
             verdicts.append(

@@ -197,20 +197,21 @@ def checked_summed_loss(task: Task, summed: Any) -> tuple[torch.Tensor, torch.Te
     return total, count if count.dim() == 0 else count.reshape(())
 
 
-def checked_metrics(
-    task: Task, metrics: Any, method: str = "validate", reserved: tuple[str, ...] = ()
-) -> dict[str, float]:
-    """A mapping of metric names to numbers; a tensor of one value or a numpy number becomes a
-    Python number (a tensor's record could not be written: was "checkpoint upload ... failed");
-    a name in `reserved` (the trainer's own in the same record) is refused (was: it overwrote them)."""
+def checked_metrics(task: Task, metrics: Any, reserved: tuple[str, ...] = ()) -> dict[str, float]:
+    """`validate()`'s result: a mapping of metric names to numbers; a tensor of one value or a numpy
+    number becomes a Python number (a tensor's record could not be written: was "checkpoint upload
+    ... failed"); a name in `reserved` (the trainer's own in the same record) is refused (was: it
+    overwrote them)."""
     if not isinstance(metrics, Mapping):
-        raise _refuse(task, method, _described(metrics), "a mapping of metric names to numbers")
+        raise _refuse(task, "validate", _described(metrics), "a mapping of metric names to numbers")
     out = {}
     for key, given in metrics.items():
         value = plain(given)
         if key in reserved:
-            raise _refuse(task, method, f"a metric named {key!r}", f"metrics named other than {', '.join(reserved)}")
+            raise _refuse(
+                task, "validate", f"a metric named {key!r}", f"metrics named other than {', '.join(reserved)}"
+            )
         if not isinstance(key, str) or not isinstance(value, int | float):
-            raise _refuse(task, method, f"{key!r}: {_described(given)}", "a mapping of metric names to numbers")
+            raise _refuse(task, "validate", f"{key!r}: {_described(given)}", "a mapping of metric names to numbers")
         out[key] = int(value) if isinstance(value, bool) else value  # a flag, logged and recorded as 0 or 1
     return out
