@@ -21,12 +21,19 @@ from collections.abc import Iterable
 from typing import Any
 
 from trainer import k8s_formats as k8s
-from trainer.config import KFP_STORE_SECRET, KFP_STORE_SECRET_KEYS, Config, ConfigError, parse_config
+from trainer.config import (
+    KFP_HF_TOKEN_SECRET,
+    KFP_STORE_SECRET,
+    KFP_STORE_SECRET_KEYS,
+    Config,
+    ConfigError,
+    parse_config,
+)
 
 #: The Secret KFP itself uses for its artifact store; the step pods mount it by default.
 DEFAULT_STORE_SECRET = KFP_STORE_SECRET
 #: The Secret with the Hugging Face token (key `HF_TOKEN`) the step pods mount, optionally, by default.
-DEFAULT_HF_TOKEN_SECRET = "hf-token"
+DEFAULT_HF_TOKEN_SECRET = KFP_HF_TOKEN_SECRET
 #: The pipeline's parameters that name a Secret the step pods mount (the `kubernetes.*` field of each name).
 SECRET_PARAMS = ("store_secret", "hf_token_secret")
 UNSET: dict[type, Any] = {int: -1, float: -1.0, str: "", dict: {}, list: []}

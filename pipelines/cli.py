@@ -830,12 +830,15 @@ def _seconds(text: str) -> float:
 
 def _gpu_type(text: str) -> str:
     """A GPU type of the planner's table (`trainer.plan.hardware`), as the table names it."""
-    from trainer.plan.hardware import GPUS, AmbiguousGpu, HardwareError, gpu_spec
+    from trainer.plan.hardware import GPUS, AmbiguousGpu, HardwareError, MigSlice, gpu_spec
 
     try:
         return gpu_spec(text).name
     except AmbiguousGpu as exc:
         raise argparse.ArgumentTypeError(str(exc)) from None
+    except MigSlice as exc:
+        example = f", e.g. --gpu-memory {exc.gb}" if exc.gb else ""
+        raise argparse.ArgumentTypeError(f"{exc}; give its memory with --gpu-memory instead{example}") from None
     except HardwareError:
         raise argparse.ArgumentTypeError(
             f"unknown GPU type {text!r}; known: {', '.join(GPUS)} (another GPU: --gpu-memory GIB)"
@@ -941,7 +944,8 @@ def _path(text: str) -> str:
 
 
 class _Parser(argparse.ArgumentParser):
-    """argparse's parser (its subcommands' too), whose usage errors, which repeat what was typed,
+    """argparse's parser (its subcommands' too), whose usage errors are one line, as kftrain's
+    other errors are (not argparse's usage block above it), and, as they repeat what was typed,
     never print a password a mistyped URL holds."""
 
     def parse_args(self, args: Any = None, namespace: Any = None) -> Any:  # type: ignore[override]
@@ -953,7 +957,19 @@ class _Parser(argparse.ArgumentParser):
         argv = getattr(self, "_argv", [])
         if message.startswith(prefix) and (joined := _cut_by_the_shell(argv, message[len(prefix) :])):
             message += f"; the shell split a value at its spaces: quote the whole of it, {joined}"
-        super().error(redact(message))
+        else:
+            message += f" (`{self._command(argv)} --help` lists the options)"
+        self.exit(2, f"{self.prog}: error: {redact(message)}\n")
+
+    def _command(self, argv: list[str]) -> str:
+        """The (sub)command `argv` names below this parser, as its `prog`: argparse reports arguments
+        no subcommand took from the top parser, whose own help would not list them."""
+        parser: argparse.ArgumentParser = self
+        for word in argv:
+            actions = [a for a in parser._actions if isinstance(a, argparse._SubParsersAction)]
+            if actions and word in actions[0].choices:
+                parser = actions[0].choices[word]
+        return parser.prog
 
 
 def _cut_by_the_shell(argv: list[str], unrecognized: str) -> str:

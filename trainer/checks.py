@@ -327,6 +327,16 @@ _SHADOWED: tuple[tuple[tuple[str, ...], Callable[[Config], bool], Callable[[Conf
         lambda cfg: "the bytes tokenizer makes its tokens in one process",
     ),
     (
+        ("kubernetes.elastic.min_replicas", "kubernetes.elastic.max_replicas", "kubernetes.elastic.max_restarts"),
+        lambda cfg: not cfg.kubernetes.elastic.enabled,
+        lambda cfg: "kubernetes.elastic.enabled is false (the job runs job.replicas replicas)",
+    ),
+    (
+        ("kubernetes.runtime",),
+        lambda cfg: cfg.job.kind == "pytorchjob",
+        lambda cfg: "only a TrainJob runs on a ClusterTrainingRuntime, and job.kind is 'pytorchjob'",
+    ),
+    (
         ("export.max_shard_bytes",),
         lambda cfg: not cfg.model.init_from,
         lambda cfg: "only a fine-tuned pretrained model's Hugging Face folder is split (model.init_from is empty)",
@@ -399,12 +409,17 @@ def check_plan_gpu(cfg: Config) -> None:
     step does not fail on it after the run started."""
     if not cfg.plan.gpu:
         return
-    from trainer.plan.hardware import GPUS, AmbiguousGpu, HardwareError, gpu_spec
+    from trainer.plan.hardware import GPUS, AmbiguousGpu, HardwareError, MigSlice, gpu_spec
 
     try:
         spec = gpu_spec(cfg.plan.gpu)
     except AmbiguousGpu as exc:
         raise ConfigError(f"plan.gpu: {exc}") from None
+    except MigSlice as exc:
+        example = f" (e.g. {exc.gb})" if exc.gb else ""
+        raise ConfigError(
+            f"plan.gpu: {exc}; leave plan.gpu empty and set kubernetes.gpu_memory_gb to its memory{example}"
+        ) from None
     except HardwareError:
         raise ConfigError(
             f"plan.gpu: not a GPU type the plan knows, got {cfg.plan.gpu!r}; use one of {', '.join(GPUS)}, "

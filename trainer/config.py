@@ -73,6 +73,9 @@ KFP_STORE_SECRET = "mlpipeline-minio-artifact"
 KFP_STORE_SECRET_KEYS = {"accesskey": "AWS_ACCESS_KEY_ID", "secretkey": "AWS_SECRET_ACCESS_KEY"}
 #: The Hugging Face Hub token: the variable `hf://` models read, and its key in `kubernetes.hf_token_secret`.
 HF_TOKEN = "HF_TOKEN"
+#: The Secret with that token a pipeline's step pods mount (optionally) unless its `hf_token_secret` parameter
+#: names another: a pipeline run's `kubernetes.hf_token_secret` when the user sets neither.
+KFP_HF_TOKEN_SECRET = "hf-token"
 
 
 class ConfigError(KftrainError, ValueError):
@@ -130,6 +133,8 @@ AT_LEAST_ONE = Bound(lambda v: v >= 1, "must be >= 1")
 NOT_EMPTY = Bound(bool, "must not be empty")
 #: A seed: numpy's generators take 0 to 2**32 - 1, and the trainer derives per-epoch and per-rank
 #: seeds from it that must stay within torch's 64-bit seeds.
+#: The most DataLoader worker processes per rank `train.num_workers` may ask for.
+MAX_WORKERS = 128
 SEED = Bound(lambda v: 0 <= v < 2**32, "must be from 0 to 4294967295 (2**32 - 1), the seeds numpy and torch take")
 
 
@@ -263,7 +268,8 @@ class DataConfig:
     label_column: str = "label"
     """For a CSV source: the column holding the class label; every other column is a numeric feature (finite, within
     float32's range). Labels are stripped of surrounding whitespace and numbers compare as numbers: `1`, `1.0` and ` 1`
-    are one class `1`; other labels are kept as written, case included. An empty label is an error."""
+    are one class `1`; other labels are kept as written, case included. An empty label, or one that marks a missing
+    value (`NaN`, `NA`, `N/A`, `NULL`, ...), is an error."""
     val_fraction: float = 0.1
     """Share of rows held out for validation during training (of a classification table's rows of
     each class, exactly; of a text source's bytes; of chat conversations, each drawn by a hash of its
@@ -419,7 +425,8 @@ _TRAIN_BOUNDS = {
     "weight_decay": in_float32(NOT_NEGATIVE),
     "max_steps": NOT_NEGATIVE,
     "warmup_steps": NOT_NEGATIVE,
-    "num_workers": NOT_NEGATIVE,
+    # Each is a process per rank, with its own share of the data: past this, a typo (1000 forks per rank).
+    "num_workers": Bound(lambda v: 0 <= v <= MAX_WORKERS, f"must be from 0 to {MAX_WORKERS} worker processes per rank"),
     "grad_accum_steps": AT_LEAST_ONE,
     "bucket_cap_mb": AT_LEAST_ONE,
     "max_consecutive_skips": AT_LEAST_ONE,

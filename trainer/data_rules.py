@@ -4,7 +4,8 @@
   whitespace is stripped, and a label that reads as a decimal number is one class per number,
   named in its plain shortest form (`"1"`, `"1.0"`, `" 1"` and `"+1"` are class `1`; `"0.50"` is
   `0.5`). Other labels are kept as written, case included (`Cat` and `cat` stay two classes). An
-  empty label is an error naming the row.
+  empty label, or one that marks a missing value (:func:`missing_label`: `NaN`, `NA`, `N/A`,
+  `NULL`, ...), is an error naming the row.
 - **Feature values** must be finite numbers that float32 (the model's and the shards' type)
   holds: NaN, infinities and magnitudes above ~3.4e38 (`1e308`) are refused by
   :func:`bad_feature`, naming the row, line and column, before a single shard is written.
@@ -105,6 +106,17 @@ def canonical_label(raw: str) -> str:
     value = value.normalize()
     # Plain notation for ordinary magnitudes; scientific beyond, so `1e999999` stays short.
     return format(value, "f") if -30 < value.adjusted() < 40 else str(value)
+
+
+#: Label cells that mark a missing value where tables are made (pandas' and R's readers, spreadsheets), casefolded.
+#: `None` is not among them: it is a common class name ("no defect").
+MISSING_LABELS = frozenset({"nan", "-nan", "na", "n/a", "#n/a", "#na", "<na>", "null"})
+
+
+def missing_label(label: str) -> bool:
+    """Whether a class name (:func:`canonical_label`'s) is empty or marks a missing value
+    (:data:`MISSING_LABELS`): a row without a class, which no class of its own may stand for."""
+    return not label or label.casefold() in MISSING_LABELS
 
 
 def class_order(labels: Iterable[str]) -> list[str]:

@@ -221,6 +221,21 @@ def _step_of_a_local_run(record: dict[str, Any], info: RunInfo, local_runs: set[
     return isinstance(owner, str) and owner in local_runs and not info.steps
 
 
+def _model_checkpoints(store: ObjectStore, model: str) -> dict[str, str | None]:
+    """The checkpoint prefixes, each with its owner (:func:`_run_prefixes`), of the run that trained
+    the model at `model`, where its training record names them (`checkpoint.uri`, `checkpoint.owner`)
+    in a store of the model's kind; else none."""
+    try:
+        checkpoint = read_json(store, join_uri(model, TRAINING_RECORD))["config"]["checkpoint"]
+        uri, owner = checkpoint["uri"], checkpoint.get("owner") or ""
+        if not isinstance(uri, str) or not uri or parse_uri(uri).is_remote != parse_uri(model).is_remote:
+            return {}
+        return {prefix: _own_steps_owner(store, prefix, owner) for prefix in _prefixes_under(store, uri)}
+    # No record (not a model folder), or one it cannot read: the folder as it is.
+    except (StoreError, OSError, ValueError, TypeError, KeyError):
+        return {}
+
+
 def _own_steps_owner(store: ObjectStore, prefix: str, run_id: str = "") -> str | None:
     """The owner the commit records of a run's own steps under checkpoint prefix `prefix` name,
     from its owner records: `run_id` where that run claimed it (a local run's `checkpoint.uri` of
@@ -356,6 +371,9 @@ def resolve_resume_from(cfg: Config, root: str) -> tuple[str, dict[str, Any]]:
             else:
                 found = dict.fromkeys(_prefixes_under(store, base))
             where = f"at or under {base}"
+            if not found and (recorded := _model_checkpoints(store, base)):
+                # A model whose checkpoints went elsewhere (a local run keeps them under its run's folder).
+                found, where = recorded, f"where the training record of the model at {base} puts its checkpoints"
         else:
             if not root:
                 raise ConfigError(_NO_STORE_FOR_A_RUN_ID.format(value=value))

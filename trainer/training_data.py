@@ -149,8 +149,9 @@ def check_an_epoch_has_a_step(cfg: Config, task: Task, manifest: dict, dataset_u
         raise ConfigError(
             f"train.batch_size: the {items} training items of {dataset_uri} make no whole step of "
             f"{tc.batch_size} items on {world} ranks (micro-batches of {micro}, train.grad_accum_steps "
-            f"{tc.grad_accum_steps}, {layout.partitions} data partitions); use a smaller train.batch_size or "
-            "train.grad_accum_steps, fewer data.partitions, or more data"
+            f"{tc.grad_accum_steps}, {layout.partitions} data partitions read by {world * workers} readers: "
+            f"{world} rank(s) x train.num_workers {tc.num_workers}); use a smaller train.batch_size or "
+            "train.grad_accum_steps, fewer train.num_workers or data.partitions, or more data"
         )
     # What only the step count says (the config alone checks them against train.max_steps).
     total = tc.max_steps or tc.epochs * per_epoch

@@ -127,12 +127,26 @@ def test_a_far_outlier_over_a_near_constant_train_column_is_named(tmp_path):
         prep(src, str(tmp_path / "ds"))
 
 
-def test_an_empty_label_is_named(tmp_path):
-    src = write(tmp_path, "in.csv", table(label=lambda i: "  " if i == 30 else "xy"[i % 2]))
-    with pytest.raises(
-        DataError, match=r"row 31 \(line 32\), column 'label' \(data.label_column\): the label is empty"
-    ):
+@pytest.mark.parametrize(
+    ("cell", "said"),
+    [
+        ("  ", "is empty"),
+        # Missing values as pandas, R and spreadsheets write them (was: each trained as a class of its own).
+        ("NaN", "'NaN' marks a missing value (as pandas and R read it)"),
+        (" nan ", "'nan' marks a missing value (as pandas and R read it)"),
+        ("NA", "'NA' marks a missing value (as pandas and R read it)"),
+        ("#N/A", "'#N/A' marks a missing value (as pandas and R read it)"),
+        ("NULL", "'NULL' marks a missing value (as pandas and R read it)"),
+    ],
+)
+def test_a_label_that_is_empty_or_missing_is_named(tmp_path, cell, said):
+    src = write(tmp_path, "in.csv", table(label=lambda i: cell if i == 30 else "xy"[i % 2]))
+    with pytest.raises(DataError) as err:
         prep(src, str(tmp_path / "ds"))
+    assert f"row 31 (line 32), column 'label' (data.label_column): the label {said}; give every row a class" in str(
+        err.value
+    )
+    assert not (tmp_path / "ds" / "manifest.json").exists()
 
 
 TEXT_ONLY = [

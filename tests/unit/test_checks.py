@@ -516,6 +516,18 @@ def test_the_memory_message_names_the_estimate_the_limit_and_the_fixes():
         ({"task": "causal_lm", "data.num_proc": 4}, ["data.num_proc: set, but the bytes tokenizer makes its tokens"]),
         ({"task": "causal_lm", "data.num_proc": 4, "data.tokenizer": "bpe:300"}, []),
         ({"export.max_shard_bytes": 1000}, ["export.max_shard_bytes: set, but only a fine-tuned pretrained model"]),
+        # Elastic bounds without elasticity, a runtime for a PyTorchJob (were: ignored in silence).
+        (
+            {"kubernetes.elastic.max_replicas": 4, "kubernetes.elastic.max_restarts": 9},
+            [
+                "kubernetes.elastic.max_replicas: set, but kubernetes.elastic.enabled is false",
+                "kubernetes.elastic.max_restarts: set, but kubernetes.elastic.enabled is false",
+            ],
+        ),
+        ({"kubernetes.elastic.enabled": True, "kubernetes.elastic.max_replicas": 4, "train.batch_size": 48}, []),
+        ({"kubernetes.runtime": "my-runtime"}, ["kubernetes.runtime: set, but only a TrainJob runs on"]),
+        ({"kubernetes.runtime": "my-runtime", "job.kind": "trainjob"}, []),
+        ({"kubernetes.runtime": "my-runtime", "job.kind": "auto"}, []),
         # Two reasons, one line: the first.
         ({"task": "causal_lm", "data.messages_field": "turns"}, ["data.messages_field: set, but the built-in"]),
         ({"task": "causal_lm", "model.init_from": "/m", "export.max_shard_bytes": 1000}, []),

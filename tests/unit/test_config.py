@@ -185,6 +185,10 @@ def test_yaml_file_maps_onto_the_tree(tmp_path):
         ("train:\n  seed: 1733100000000000000\n", "train.seed: must be from 0 to 4294967295"),  # a timestamp in ns
         ("data:\n  seed: 4294967296\n", "data.seed: must be from 0 to 4294967295"),
         ("train:\n  seed: -1\n", "train.seed: must be from 0 to 4294967295"),
+        (
+            "train:\n  num_workers: 1000\n",
+            "train.num_workers: must be from 0 to 128 worker processes per rank, got 1000",
+        ),
         ("checkpoint:\n  keep_best: val_loss\n", "checkpoint.keep_best: task 'classification' reports no metric"),
         (
             "task: causal_lm\ncheckpoint:\n  keep_best: max:val_accuracy\n",

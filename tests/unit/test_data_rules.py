@@ -12,6 +12,7 @@ from trainer.data_rules import (
     binary_reason,
     canonical_label,
     class_order,
+    missing_label,
     source_format_problem,
 )
 from trainer.shards import DataError
@@ -54,6 +55,16 @@ LABELS = [
 @pytest.mark.parametrize(("raw", "canonical"), LABELS)
 def test_a_label_names_one_class_per_value(raw, canonical):
     assert canonical_label(raw) == canonical
+
+
+@pytest.mark.parametrize(
+    ("label", "missing"),
+    [("", True), ("NaN", True), ("nan", True), ("-NaN", True), ("NA", True), ("n/a", True), ("#N/A", True)]
+    + [("<NA>", True), ("Null", True), ("None", False), ("nano", False), ("NAB", False), ("0", False)],
+)
+def test_a_label_that_marks_a_missing_value_is_no_class(label, missing):
+    """`None` stays a class: a common name for "no defect"."""
+    assert missing_label(label) is missing
 
 
 @pytest.mark.parametrize(

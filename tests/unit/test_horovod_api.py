@@ -317,6 +317,32 @@ def test_a_script_importing_another_framework_s_horovod_is_one_line(tmp_path, mo
     ]
 
 
+@pytest.mark.parametrize(
+    ("text", "said"),
+    [
+        ('import os\nprint("hi"\n', ['  File "SCRIPT", line 2', "SyntaxError: '(' was never closed"]),
+        ("def f():\nreturn 1\n", ['  File "SCRIPT", line 2', "IndentationError: expected an indented block"]),
+        (
+            "def f():\n    return 1 / 0\n\nf()\n",
+            ["Traceback (most recent call last):", '  File "SCRIPT", line 4, in <module>', "ZeroDivisionError"],
+        ),
+        ("import no_such_module_here\n", ["Traceback (most recent call last):", "ModuleNotFoundError: No module"]),
+    ],
+    ids=["syntax", "indentation", "runtime", "import"],
+)
+def test_a_script_s_own_error_is_shown_as_python_shows_it_without_the_runner_s_frames(
+    tmp_path, monkeypatch, capsys, text, said
+):
+    """As `python script.py` shows it: the script's frames only (was: the runner's and runpy's
+    frames above them; a script that does not compile, a traceback through kftrain's code)."""
+    script = tmp_path / "train.py"
+    assert run_script(monkeypatch, script, text) == 1
+    err = capsys.readouterr().err
+    for line in said:
+        assert any(got.startswith(line.replace("SCRIPT", str(script))) for got in err.splitlines()), err
+    assert "runpy" not in err and "trainer/horovod/run.py" not in err, err
+
+
 # (module, name) of Horovod 0.28's PyTorch side that scripts and libraries import directly.
 HOROVOD_TORCH_MODULES = [
     ("horovod.torch.mpi_ops", "allreduce_async"),

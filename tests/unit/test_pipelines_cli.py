@@ -158,6 +158,14 @@ PLAN_BAD_ROWS = [
     (None, ["--nodes", "1,100000000"], "argument --nodes: must be positive whole numbers of nodes up to 100000"),
     (None, ["--probe-steps", "0"], "argument --probe-steps: must be a positive whole number of steps"),
     (None, ["--output", " "], "argument --output: must not be empty"),
+    # A MIG slice (was: "unknown GPU type", which a known H100 is not, with no size to give).
+    (
+        None,
+        ["--gpu", "NVIDIA H100 80GB HBM3 MIG 1g.10gb"],
+        "slice of a GPU, which the plan has no figures for (a part of the GPU's memory and compute, no NVLink); give "
+        "its memory with --gpu-memory instead, e.g. --gpu-memory 10",
+    ),
+    (None, ["--gpu", "H100 MIG"], "no NVLink); give its memory with --gpu-memory instead"),
 ]
 # Bad values that argparse passes, refused by the config or the checks: `kftrain: error: <field>: ...`.
 PLAN_CONFIG_ROWS = [
@@ -172,6 +180,12 @@ PLAN_CONFIG_ROWS = [
         None,
         ["--nodes", "1,2,2"],
         "--nodes: plan.nodes: must be a list of positive node counts up to 100000, each given once",
+    ),
+    (
+        "plan:\n  gpu: H100 MIG 3g.40gb\n",
+        [],
+        "plan.gpu: 'H100 MIG 3g.40gb' is a MIG slice of a GPU, which the plan has no figures for (a part of the GPU's "
+        "memory and compute, no NVLink); leave plan.gpu empty and set kubernetes.gpu_memory_gb to its memory (e.g. 40)",
     ),
     ("plan:\n  strict: maybe\n", [], "plan.strict: must be"),
     ("plan:\n  strict: true\n", [], "plan.strict: needs plan.enabled: true"),
@@ -266,8 +280,8 @@ def test_a_bad_plan_flag_is_one_line_naming_it(tmp_path, monkeypatch, capsys, co
         main(["plan", *args])
     err = capsys.readouterr().err
     assert exit_.value.code == 2, err
-    assert phrase in err.strip().splitlines()[-1], err
-    assert "Traceback" not in err
+    (line,) = err.strip().splitlines()  # was: argparse's usage block above it
+    assert phrase in line and line.endswith("(`kftrain plan --help` lists the options)"), err
 
 
 @pytest.mark.parametrize(("config", "args", "phrase"), PLAN_CONFIG_ROWS)
@@ -375,8 +389,34 @@ def test_a_uri_holding_credentials_is_refused_without_printing_them(tmp_path, mo
     out, err = capsys.readouterr()
     assert code == 2, err
     assert SECRET not in out + err and "akid" not in out + err
-    assert err.strip().splitlines()[-1].startswith("kftrain: error: ") or "usage:" in err
+    (line,) = err.strip().splitlines()
+    assert line.startswith("kftrain: error: ") or line.startswith("kftrain run: error: ")
     assert not (tmp_path / "kftrain-outputs").exists()
+
+
+@pytest.mark.parametrize(
+    ("args", "start", "command"),
+    [
+        ([], "kftrain: error: the following arguments are required: command", "kftrain"),
+        (["bogus"], "kftrain: error: argument command: invalid choice: 'bogus'", "kftrain"),
+        # Arguments no subcommand took are argparse's top parser's error: the help named is the subcommand's.
+        (["run", "--local", "--epochs", "3"], "kftrain: error: unrecognized arguments: --epochs 3", "kftrain run"),
+        (["job", "manifest", "--bad"], "kftrain: error: unrecognized arguments: --bad", "kftrain job manifest"),
+        (["job"], "kftrain job: error: the following arguments are required: job_command", "kftrain job"),
+        (["runs", "--json", "x"], "kftrain: error: unrecognized arguments: x", "kftrain runs"),
+        (["plan", "--probe-steps", "x"], "kftrain plan: error: argument --probe-steps:", "kftrain plan"),
+        (["submit", "--wait", "--timeout", "-1"], "kftrain submit: error: argument --timeout:", "kftrain submit"),
+        (["run", "--config", "run", "--bogus"], "kftrain: error: unrecognized arguments: --bogus", "kftrain run"),
+    ],
+)
+def test_a_usage_error_is_one_line_naming_the_help_of_its_command(capsys, args, start, command):
+    """Was: argparse's usage block above the error, four lines and more, where every other error is one."""
+    with pytest.raises(SystemExit) as exit_:
+        main(args)
+    err = capsys.readouterr().err
+    assert exit_.value.code == 2, err
+    (line,) = err.strip().splitlines()
+    assert line.startswith(start) and line.endswith(f"(`{command} --help` lists the options)"), err
 
 
 @pytest.mark.parametrize(
@@ -856,7 +896,8 @@ def test_horovod_run_without_a_script_asks_for_the_script_alone(capsys):
         main(["horovod-run"])
     assert exit_.value.code == 2
     assert capsys.readouterr().err.endswith(
-        "kftrain horovod-run: error: the following arguments are required: script\n"
+        "kftrain horovod-run: error: the following arguments are required: script (`kftrain horovod-run --help` lists "
+        "the options)\n"
     )
 
 

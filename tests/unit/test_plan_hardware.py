@@ -74,11 +74,11 @@ def test_an_unknown_gpu_names_the_known_ones_and_the_way_out(name):
 @pytest.mark.parametrize(
     ("name", "memory"),
     [
-        ("NVIDIA H100 80GB HBM3 MIG 1g.10gb", ", e.g. --gpu-memory 10"),
-        ("NVIDIA A100-SXM4-40GB MIG 1g.5gb", ", e.g. --gpu-memory 5"),
-        ("NVIDIA H200 MIG 3g.71gb", ", e.g. --gpu-memory 71"),
-        ("mig-3g.40gb", ", e.g. --gpu-memory 40"),  # the GPU operator's resource name
-        ("H100 MIG", ""),
+        ("NVIDIA H100 80GB HBM3 MIG 1g.10gb", "10"),
+        ("NVIDIA A100-SXM4-40GB MIG 1g.5gb", "5"),
+        ("NVIDIA H200 MIG 3g.71gb", "71"),
+        ("mig-3g.40gb", "40"),  # the GPU operator's resource name
+        ("H100 MIG", None),
     ],
 )
 def test_a_mig_slice_is_refused_not_planned_as_the_whole_gpu(name, memory):
@@ -86,8 +86,11 @@ def test_a_mig_slice_is_refused_not_planned_as_the_whole_gpu(name, memory):
     same lookup gives a run's MFU peak and which GPU a probe ran on."""
     with pytest.raises(HardwareError) as err:
         gpu_spec(name)
-    assert str(err.value).startswith(f"--gpu {name!r}: a MIG slice of a GPU, which the plan has no figures for")
-    assert str(err.value).endswith(f"give its memory with --gpu-memory instead{memory}")
+    assert str(err.value) == (
+        f"{name!r} is a MIG slice of a GPU, which the plan has no figures for (a part of the GPU's memory and compute, "
+        "no NVLink)"
+    )
+    assert err.value.gb == memory
 
 
 @pytest.mark.parametrize(

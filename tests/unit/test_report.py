@@ -395,6 +395,20 @@ def test_the_header_names_the_run_and_its_inputs():
     assert changed == {"train.epochs", "job.image", "store.uri"}
 
 
+@pytest.mark.parametrize(
+    ("secret", "listed"),
+    [("hf-token", False), ("", False), ("my-hf-token", True)],
+    ids=["the pipeline's default", "the config's default", "the user's own"],
+)
+def test_a_secret_a_pipeline_run_fills_by_default_is_no_change_of_the_users(secret, listed):
+    """Was: every pipeline run's report listed `kubernetes.hf_token_secret "hf-token"` as a field the
+    user changed: the value the pipeline's `hf_token_secret` parameter fills in by default."""
+    config = to_dict(Config())
+    config["kubernetes"]["hf_token_secret"] = secret
+    changes = config_changes(config)
+    assert (("kubernetes.hf_token_secret", f'"{secret}"', '""') in changes) is listed, changes
+
+
 def test_a_run_that_ends_before_an_epoch_says_its_validation_is_the_ends_and_what_was_exported():
     """`train.max_steps` before the first epoch's end: the validation is at the last step, not
     "(last epoch)", and export_best's fallback to the last step's model is in the report (was:

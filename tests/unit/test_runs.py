@@ -169,6 +169,33 @@ def test_a_resume_from_that_is_neither_a_run_id_nor_a_uri_is_a_config_error(valu
         load_config(overrides={"checkpoint.resume_from": value})
 
 
+@pytest.mark.parametrize("record", ["as written", "damaged", "none", "checkpoints elsewhere are gone"])
+def test_a_model_whose_checkpoints_went_elsewhere_resumes_from_where_its_training_record_puts_them(
+    runs, tmp_path, record
+):
+    """A local run's model (`.../train/model`, the URI `kftrain run --local` prints) has no
+    checkpoints beside it: they are under its run's folder. Was: "no committed checkpoint at or
+    under" the model; its training record says where they are."""
+    root, _, old_ckpt = runs
+    model = tmp_path / "model"
+    shutil.copytree(root / "old-model", model)
+    if record == "damaged":
+        (model / "training.json").write_text("{not json")
+    elif record == "none":
+        (model / "training.json").unlink()
+    elif record == "checkpoints elsewhere are gone":
+        moved = json.loads((model / "training.json").read_text())
+        moved["config"]["checkpoint"]["uri"] = str(tmp_path / "gone")
+        (model / "training.json").write_text(json.dumps(moved))
+    cfg = config(root, "", **{"checkpoint.resume_from": str(model)})
+    if record == "as written":
+        folder, chosen = resolve_resume_from(cfg, "")
+        assert folder == join_uri(old_ckpt, f"step-{CUT_AT:08d}") and chosen["step"] == CUT_AT
+    else:  # the folder as it is: nothing to resume there
+        with pytest.raises(ConfigError, match=rf"no committed checkpoint at or under {model}; name a run"):
+            resolve_resume_from(cfg, "")
+
+
 def test_a_checkpoint_missing_a_part_is_not_resumed(runs, tmp_path):
     _, _, old_ckpt = runs
     broken = tmp_path / "broken"

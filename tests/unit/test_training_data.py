@@ -237,6 +237,17 @@ def test_streamed_data_without_one_whole_step_per_epoch_is_refused(dataset, batc
     assert f"train.grad_accum_steps {accum}" in str(err.value)
 
 
+def test_a_step_the_workers_leave_no_data_for_names_train_num_workers(dataset):
+    """Was: "use a smaller train.batch_size ..., fewer data.partitions": the 64 partitions were
+    the 64 workers' of the rank, a field the message never named."""
+    uri, manifest = dataset
+    cfg = config(1, 12, **{"train.num_workers": 64})
+    with pytest.raises(ConfigError) as err:
+        check_an_epoch_has_a_step(cfg, get_task("classification"), manifest, uri)
+    assert "64 data partitions read by 64 readers: 1 rank(s) x train.num_workers 64" in str(err.value)
+    assert "fewer train.num_workers or data.partitions" in str(err.value)
+
+
 @pytest.mark.parametrize(
     ("world", "batch", "accum", "extra"),
     [

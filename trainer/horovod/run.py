@@ -48,6 +48,9 @@ def real_horovod(path: list[str]) -> str | None:
     return None
 
 
+_THIS_FILE = Path(__file__).resolve()
+
+
 def run_script(script: str, args: list[str]) -> None:
     """Run `script` as `__main__` with `args`, `horovod` resolving to the shim.
 
@@ -195,9 +198,16 @@ def _called_at(exc: BaseException, script: str) -> str:
 
 
 def _uncaught(exc: BaseException) -> None:
-    """End as `python script.py` does on the script's own error: its traceback; and the shim, if
-    the script started it, leaves at exit without waiting for the other processes."""
-    traceback.print_exception(exc)
+    """End as `python script.py` does on the script's own error: its traceback from the script's
+    first frame on, without this runner's and runpy's above it (a script that does not compile:
+    its file, line and error alone, no "Traceback" line); and the shim, if the script started it,
+    leaves at exit without waiting for the other processes."""
+    report = traceback.TracebackException.from_exception(exc)
+    frames = list(report.stack)
+    while frames and (frames[0].filename == "<frozen runpy>" or Path(frames[0].filename).resolve() == _THIS_FILE):
+        frames.pop(0)
+    report.stack = traceback.StackSummary.from_list(frames)
+    sys.stderr.write("".join(report.format()))
     api = sys.modules.get("trainer.horovod.api")
     if api is not None:
         api.ending_on_error()

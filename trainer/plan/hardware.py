@@ -43,6 +43,15 @@ class AmbiguousGpu(HardwareError):
     """A GPU model that comes in more than one size (`A100`): the message says which to name."""
 
 
+class MigSlice(HardwareError):
+    """A MIG slice of a GPU (`H100 MIG 1g.10gb`): no type of the table fits it; its memory can be given instead."""
+
+    def __init__(self, message: str, gb: str | None) -> None:
+        super().__init__(message)
+        self.gb = gb
+        """The slice's memory in GB, where its profile names it (`1g.10gb`: "10"); else None."""
+
+
 @dataclass(frozen=True)
 class GpuSpec:
     """One GPU type: its memory, dense bf16 and fp32 peaks and NVLink (or PCIe) bandwidth per GPU."""
@@ -117,10 +126,10 @@ def gpu_spec(name: str) -> GpuSpec:
     key = name.strip().upper()
     if mig := _MIG_PROFILE.search(key) or re.search(r"\bMIG\b", key):
         # A slice has a part of the GPU's memory and of its compute, and no NVLink: no row here fits it.
-        size = f", e.g. --gpu-memory {mig['gb']}" if mig.re is _MIG_PROFILE else ""
-        raise HardwareError(
-            f"--gpu {name!r}: a MIG slice of a GPU, which the plan has no figures for (a part of the GPU's "
-            f"memory and compute, no NVLink); give its memory with --gpu-memory instead{size}"
+        raise MigSlice(
+            f"{name!r} is a MIG slice of a GPU, which the plan has no figures for (a part of the GPU's "
+            "memory and compute, no NVLink)",
+            mig["gb"] if mig.re is _MIG_PROFILE else None,
         )
     for spec_name in GPUS:
         if spec_name.upper() == key:

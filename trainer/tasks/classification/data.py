@@ -47,7 +47,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from trainer.config import DataConfig
-from trainer.data_rules import bad_feature, canonical_label, source_format_problem, text_chunks
+from trainer.data_rules import bad_feature, canonical_label, missing_label, source_format_problem, text_chunks
 from trainer.data_rules import class_order as class_order
 from trainer.shards import (
     MANIFEST,
@@ -253,10 +253,12 @@ def csv_rows(
             label = canonical.get(raw)
             if label is None:
                 label = canonical[raw] = canonical_label(raw)
-                if not label:
+                if missing_label(label):
+                    what = f"{label!r} marks a missing value (as pandas and R read it)" if label else "is empty"
                     raise DataError(
                         f"{uri}: row {row + len(labels) + 1} (line {line}), column {label_column!r} "
-                        "(data.label_column): the label is empty; give every row a class"
+                        f"(data.label_column): the label {what}; give every row a class, or leave out the rows "
+                        "that have none"
                     )
                 seen = spellings.setdefault(label, set())
                 if len(seen) < MAX_SPELLINGS:
