@@ -13,6 +13,7 @@ on the meta device, which takes no memory.
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import logging
 import math
 import os
@@ -102,10 +103,10 @@ def check_writable(cfg: Config, uri: str, field: str) -> None:
         raise type(exc)(f"{field}: {exc}" if uri in str(exc) else f"{field} {uri}: {exc}") from None
 
 
-def run_writes(cfg: Config, output_dir: str = "") -> dict[str, str]:
+def run_writes(cfg: Config, output_dir: str = "", output_flag: str = "--output-dir") -> dict[str, str]:
     """The places a run writes, by the setting that names each: `store.uri`, `checkpoint.uri` (when
-    enabled) and `output_dir` (a local run's `--output-dir`), those set."""
-    writes = {"store.uri": cfg.store.uri, "--output-dir": output_dir}
+    enabled) and `output_dir` (a local run's `--output-dir`, as `output_flag` names it), those set."""
+    writes = {"store.uri": cfg.store.uri, output_flag: output_dir}
     writes["checkpoint.uri"] = cfg.checkpoint.uri if cfg.checkpoint.enabled else ""
     return {field: uri for field, uri in writes.items() if uri}
 
@@ -185,7 +186,9 @@ def checked_before(cfg: Config) -> bool:
     return os.environ.get(CHECKED_CONFIG_ENV) == checked_digest(cfg)
 
 
-def check_before_steps(cfg: Config, runs_root: str = "", hub: bool = False) -> Config:
+def check_before_steps(
+    cfg: Config, runs_root: str = "", hub: bool = False, output_flag: str = "--output-dir"
+) -> Config:
     """The job the config describes passes the API server's and the operator's checks
     (:func:`trainer.launch.job.check_job_manifests`: the config runs on a cluster unchanged), the
     store and checkpoint prefixes are writable, `checkpoint.resume_from` names a checkpoint this
@@ -197,12 +200,12 @@ def check_before_steps(cfg: Config, runs_root: str = "", hub: bool = False) -> C
     Return `cfg` with `checkpoint.resume_from` pinned to the checkpoint it names now: the store
     root of a run id is `runs_root`, else `store.uri`. With `hub` (where the steps run on this
     machine, with its network and `HF_TOKEN`), an `hf://` base model's small files are fetched and
-    checked too."""
+    checked too. `output_flag`: how an error names `runs_root` as the place a local run writes."""
     from trainer.data_rules import check_source
     from trainer.launch.job import check_job_manifests
 
     check_job_manifests(cfg)
-    check_writes_outside_inputs(cfg, run_writes(cfg, "" if cfg.store.uri else runs_root))
+    check_writes_outside_inputs(cfg, run_writes(cfg, "" if cfg.store.uri else runs_root, output_flag))
     if cfg.store.uri:
         check_writable(cfg, cfg.store.uri, "store.uri")
     if cfg.checkpoint.enabled and cfg.checkpoint.uri:
@@ -215,6 +218,7 @@ def check_before_steps(cfg: Config, runs_root: str = "", hub: bool = False) -> C
         get_task(cfg.task)  # a ConfigError naming `task` when it does not import
     check_source(cfg)
     check_base_model(cfg, hub)
+    check_scratch_model(cfg, here=hub)
     check_plan_gpu(cfg)
     return cfg
 
@@ -483,17 +487,47 @@ def state_bytes_per_rank(parameters: int, adapters: int, method: str, shards: in
     return -(-(frozen_bytes * frozen + TRAINED_BYTES * trained) // shards)
 
 
-def check_model_memory(cfg: Config, parameters: int, adapters: int) -> None:
-    """Refuse a base model whose training state (:func:`state_bytes_per_rank`) alone exceeds the
+def check_scratch_model(cfg: Config, here: bool = False) -> None:
+    """Refuse a built-in task's model trained from scratch whose training state cannot fit
+    (:func:`check_model_memory`, at :func:`scratch_parameters`, a lower bound): was, a model of
+    10**12 parameters passed every check and failed in the replicas, naming no field."""
+    if cfg.task in BUILTIN_TASKS and not cfg.model.init_from:
+        check_model_memory(cfg, scratch_parameters(cfg), 0, here)
+
+
+def scratch_parameters(cfg: Config) -> int:
+    """At least the parameters of the built-in task's model `model.*` builds; what the data decide
+    (a table's width and classes, a tokenizer's vocabulary) counted at its least (one feature and
+    two classes; 256 tokens)."""
+    m = cfg.model
+    if cfg.task == "classification":
+        widths = [1, *m.hidden_sizes, 2]
+        return sum(a * b + b for a, b in itertools.pairwise(widths))
+    # Each block: attention's q, k, v and output (4 n^2) and the MLP's two 4x layers (8 n^2).
+    return m.n_layer * 12 * m.n_embd**2 + (256 + m.block_size) * m.n_embd
+
+
+def _total_memory() -> int:
+    """This machine's physical memory in bytes (0 where the system does not say)."""
+    try:
+        return os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    except (ValueError, OSError):
+        return 0
+
+
+def check_model_memory(cfg: Config, parameters: int, adapters: int, here: bool = False) -> None:
+    """Refuse a model whose training state (:func:`state_bytes_per_rank`) alone exceeds the
     memory the config gives each rank: `kubernetes.gpu_memory_gb` per GPU, or on a CPU job
-    (`kubernetes.gpus_per_node` 0) `kubernetes.memory` per replica of `job.nproc_per_node` ranks.
-    Activations (batch, block size, checkpointing) come on top and are not counted, so a refused
-    run cannot fit; one that passes may still not. No limit set: no check."""
+    (`kubernetes.gpus_per_node` 0) `kubernetes.memory` per replica of `job.nproc_per_node` ranks;
+    with neither, and `here` (`kftrain run --local`: every rank on this machine), this machine's
+    memory for all of them. Activations (batch, block size, checkpointing) come on top and are not
+    counted, so a refused run cannot fit; one that passes may still not. No limit: no check."""
     kc, job, train = cfg.kubernetes, cfg.job, cfg.train
     nodes = kc.elastic.min_replicas if kc.elastic.enabled else job.replicas
     world = nodes * job.nproc_per_node  # the smallest world the job runs at holds the largest shards
     fsdp = train.strategy == "fsdp"
     gpu = kc.gpu_memory_gb > 0
+    machine = 0  # this machine's memory, where it is the limit
     if gpu:
         field, value, limit = "kubernetes.gpu_memory_gb", f"{kc.gpu_memory_gb:g}", kc.gpu_memory_gb * 2**30
         ranks_per_limit, place = 1, "each GPU"
@@ -501,6 +535,13 @@ def check_model_memory(cfg: Config, parameters: int, adapters: int) -> None:
     elif not kc.gpus_per_node and kc.memory:
         field, value, limit = "kubernetes.memory", kc.memory, quantity_value(kc.memory)
         ranks_per_limit, place = job.nproc_per_node, "each replica"
+        frozen = 4
+    elif here and (machine := _total_memory()):
+        field, value, limit = "this machine's memory", "", machine
+        ranks_per_limit, place = (
+            world,
+            "this machine" if world == 1 else f"this machine, where all {world} local ranks run,",
+        )
         frozen = 4
     else:
         return
@@ -522,19 +563,28 @@ def check_model_memory(cfg: Config, parameters: int, adapters: int) -> None:
     if fsdp:
         what += f", split over {world} ranks"
     if ranks_per_limit > 1:
-        what += f", x {ranks_per_limit} ranks per replica"
+        what += f", x {ranks_per_limit} {'local ranks' if machine else 'ranks per replica'}"
     fixes = []
-    if not fsdp:
+    if not fsdp and not machine:  # on one machine FSDP's shards add up to what one DDP rank holds
         fixes.append(f"train.strategy: fsdp ({_gib(need(method, world))} over the {world} ranks)")
-    if method == "full":
+    if method == "full" and cfg.model.init_from:
         fixes.append(f"train.method: lora (the frozen base alone: {_gib(need('lora', world if fsdp else 1))})")
-    ranks = math.ceil(need(method, 1) / limit)
-    fixes.append(f"at least {ranks} ranks under fsdp (job.replicas x job.nproc_per_node, now {world})")
-    fixes.append("larger GPUs" if gpu else "a larger kubernetes.memory")
+    if machine:
+        if not fsdp and world > 1:
+            fixes.append(f"train.strategy: fsdp ({_gib(need(method, world))} for the {world} ranks together)")
+    else:
+        ranks = math.ceil(need(method, 1) / limit)
+        fixes.append(f"at least {ranks} ranks under fsdp (job.replicas x job.nproc_per_node, now {world})")
+    if not cfg.model.init_from:
+        sizes = "model.hidden_sizes" if cfg.task == "classification" else "model.n_layer or model.n_embd"
+        fixes.append(f"a smaller model ({sizes})")
+    fixes.append("a machine with more memory" if machine else "larger GPUs" if gpu else "a larger kubernetes.memory")
+    model = repr(cfg.model.init_from) if cfg.model.init_from else f"the {cfg.task} model of model.*"
+    at_least = "" if cfg.model.init_from else "at least "
     raise ConfigError(
-        f"{field} {value}: training {cfg.model.init_from!r} ({_count(parameters)} parameters, train.method "
-        f"{method}, train.strategy {train.strategy}) needs at least {_gib(needed)} in {place} before activations "
-        f"({what}), more than its {_gib(limit)}; use {', '.join(fixes[:-1])}, or {fixes[-1]}"
+        f"{field}{f' {value}' if value else ''}: training {model} ({at_least}{_count(parameters)} parameters, "
+        f"train.method {method}, train.strategy {train.strategy}) needs at least {_gib(needed)} in {place} before "
+        f"activations ({what}), more than its {_gib(limit)}; use {', '.join(fixes[:-1])}, or {fixes[-1]}"
     )
 
 
@@ -586,7 +636,7 @@ def check_base_model(cfg: Config, hub: bool = False) -> None:
         raise type(exc)(named) from None
     adapters = _check_modules(cfg, source, config, index)
     parameters = sum(math.prod(e.shape) for e in index.values())
-    check_model_memory(cfg, parameters, adapters)
+    check_model_memory(cfg, parameters, adapters, hub)
 
 
 def _check_folder(cfg: Config, source: ModelSource) -> dict[str, Any]:

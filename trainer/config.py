@@ -227,7 +227,8 @@ class StoreConfig:
             raise ConfigError(f"store.endpoint: {shown} {problem}")  # never a password
 
 
-_FRACTION = Bound(lambda v: 0.0 < v < 0.5, "must be between 0 and 0.5")
+# Above 0: evaluation and the quality gate read each held-out split, which may not be empty.
+_FRACTION = Bound(lambda v: 0.0 < v < 0.5, "must be above 0 and below 0.5 (each split holds some rows)")
 #: Bounds of `data.*` fields.
 _DATA_BOUNDS = {
     "val_fraction": _FRACTION,
@@ -273,9 +274,9 @@ class DataConfig:
     val_fraction: float = 0.1
     """Share of rows held out for validation during training (of a classification table's rows of
     each class, exactly; of a text source's bytes; of chat conversations, each drawn by a hash of its
-    place and `data.seed`, so about this share)."""
+    place and `data.seed`, so about this share); above 0 and below 0.5."""
     test_fraction: float = 0.2
-    """Share of rows held out for the final evaluation (counted as for `data.val_fraction`)."""
+    """Share of rows held out for the final evaluation (counted as for `data.val_fraction`); above 0 and below 0.5."""
     seed: int = 0
     """Seed of the stratified split, so the same source always gives the same shards."""
     partitions: int = 0
@@ -881,9 +882,9 @@ class KubernetesConfig:
     gpus_per_node: int = 0
     """`nvidia.com/gpu` limit of each replica; when set it must equal `job.nproc_per_node`."""
     gpu_memory_gb: float = 0.0
-    """Memory of one GPU in GiB, as nvidia-smi's MiB / 1024 (an 80 GB A100: 80; an 80 GB H100: 79.6). With
-    `model.init_from`, a run whose weights, gradients and optimizer state cannot fit on each rank's GPU is
-    refused before any step; 0: unknown, no check."""
+    """Memory of one GPU in GiB, as nvidia-smi's MiB / 1024 (an 80 GB A100: 80; an 80 GB H100: 79.6). A run whose
+    weights, gradients and optimizer state cannot fit on each rank's GPU (a pretrained model's, or at least what
+    `model.*` builds) is refused before any step; 0: unknown, no check."""
     cpu: str = ""
     """CPU request and limit of each replica (a Kubernetes quantity, e.g. `8` or `7500m`)."""
     memory: str = ""

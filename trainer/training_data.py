@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import functools
 import logging
+import tempfile
 from collections.abc import Iterator
 
 import torch
@@ -168,6 +169,29 @@ def check_an_epoch_has_a_step(cfg: Config, task: Task, manifest: dict, dataset_u
         )
 
 
+#: The longest path of a Unix socket (`sun_path`, 108 bytes on Linux, its NUL included).
+SUN_PATH_MAX = 107
+#: What Python's multiprocessing adds to the temporary folder for a worker's socket, which a
+#: DataLoader worker makes to hand back batches: `/pymp-XXXXXXXX/listener-XXXXXXXX`.
+WORKER_SOCKET_SUFFIX = len("/pymp-XXXXXXXX/listener-XXXXXXXX")
+
+
+def check_worker_tempdir(num_workers: int, tempdir: str | None = None) -> None:
+    """ConfigError before any DataLoader worker starts when the socket each makes in the
+    temporary folder (`tempdir`, else the process's) would have a path too long for a Unix
+    socket: the worker's thread that hands back batches dies of it, and the rank waits for them
+    forever (was: every `kftrain run --local` with train.num_workers hung until its timeout)."""
+    tempdir = tempdir or tempfile.gettempdir()
+    over = len(tempdir) + WORKER_SOCKET_SUFFIX - SUN_PATH_MAX
+    if num_workers and over > 0:
+        raise ConfigError(
+            f"train.num_workers {num_workers}: each DataLoader worker makes a Unix socket in the temporary folder "
+            f"{tempdir}, a path {over} character(s) too long for one ({SUN_PATH_MAX} at most, with "
+            f"{WORKER_SOCKET_SUFFIX} of the socket's own); set TMPDIR to a folder at least {over} character(s) "
+            "shorter, or train.num_workers: 0"
+        )
+
+
 def training_data(
     cfg: Config,
     task: Task,
@@ -180,6 +204,7 @@ def training_data(
 ) -> TrainingData:
     """The training batches and the validation sample of this rank."""
     tc = cfg.train
+    check_worker_tempdir(tc.num_workers)
     pin = device.type == "cuda"
     # Every DataLoader iterator draws a base seed; from its own generator, never from the global
     # RNG, so restoring the RNG state on resume reproduces the uninterrupted run exactly.

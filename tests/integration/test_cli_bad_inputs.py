@@ -215,3 +215,24 @@ def test_a_temporary_folder_too_full_for_the_steps_is_refused_before_any_step(tm
         .startswith(f"kftrain: error: the temporary folder {scratch} has 1.0 MiB free, under the 16 MiB")
     ), out
     assert not (tmp_path / "out").exists() and list(scratch.iterdir()) == []
+
+
+@pytest.mark.parametrize(
+    ("args", "said"),
+    [
+        ([], "--output-dir (default: kftrain-outputs) '"),  # was: "--output-dir", a flag the user never gave
+        (["--output-dir", "out"], "--output-dir '"),
+    ],
+)
+def test_an_output_folder_inside_the_data_source_names_the_flag_and_its_default(
+    tmp_path, monkeypatch, capsys, args, said
+):
+    from pipelines.cli import main
+
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "a.txt").write_text("some text\n" * 100)
+    (tmp_path / "c.yaml").write_text("task: causal_lm\ndata:\n  source: ./\n")
+    assert main(["run", "--local", "--config", "c.yaml", *args]) == 2
+    last = capsys.readouterr().err.strip().splitlines()[-1]
+    assert last.startswith(f"kftrain: error: {said}") and "is inside data.source './'" in last, last
+    assert not (tmp_path / "kftrain-outputs").exists() and not (tmp_path / "out").exists()

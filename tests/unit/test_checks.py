@@ -707,3 +707,85 @@ def test_the_tokens_transformers_does_not_read_are_not_refused(case, folder, tmp
     else:
         changes, the_map = {"pad_token": "<pad>"}, '{"pad_token": "<|endoftext|>"}'
     check(model_variant(folder, tmp_path / "model", tokenizer_config=changes, add={"special_tokens_map.json": the_map}))
+
+
+@pytest.mark.parametrize(
+    "overrides",
+    [
+        {"model.hidden_sizes": [128, 64]},
+        {"model.hidden_sizes": [3]},
+        {"task": "causal_lm", "model.n_layer": 2, "model.n_head": 4, "model.n_embd": 64, "model.block_size": 64},
+    ],
+)
+def test_the_scratch_parameter_count_is_a_lower_bound_of_the_built_models(overrides):
+    """At the least the data can give (one feature and two classes; 256 tokens): never above the model built."""
+    from trainer.checks import scratch_parameters
+    from trainer.gpt import GPT, GPTConfig
+    from trainer.tasks.classification.model import build_mlp
+
+    cfg = load_config(overrides=overrides)
+    m = cfg.model
+    if cfg.task == "classification":
+        model = build_mlp(1, m.hidden_sizes, 2, 0.0)
+    else:
+        model = GPT(
+            GPTConfig(vocab_size=256, block_size=m.block_size, n_layer=m.n_layer, n_head=m.n_head, n_embd=m.n_embd)
+        )
+    built = sum(p.numel() for p in model.parameters())
+    assert 0.9 * built <= scratch_parameters(cfg) <= built
+
+
+@pytest.mark.parametrize(
+    ("overrides", "memory", "said"),
+    [
+        # Was: passed every check, then "can't allocate 4398046511104 bytes" in the replicas, naming no field.
+        (
+            {"model.hidden_sizes": [1_000_000, 1_000_000]},
+            24 * 2**30,
+            "this machine's memory: training the classification model of model.* (at least 1000.01B parameters, "
+            "train.method full, train.strategy ddp) needs at least 29802.5 GiB in this machine, where all 2 local "
+            "ranks run, before activations (weights, gradients and AdamW moments in fp32: 16 bytes per parameter, x "
+            "2 local ranks), more than its 24.0 GiB; use train.strategy: fsdp (14901.2 GiB for the 2 ranks together), "
+            "a smaller model (model.hidden_sizes), or a machine with more memory",
+        ),
+        (
+            {"task": "causal_lm", "model.n_layer": 48, "model.n_head": 64, "model.n_embd": 8192, "job.replicas": 1},
+            64 * 2**30,
+            "(at least 38.67B parameters, train.method full, train.strategy ddp) needs at least 576.2 GiB in this "
+            "machine before activations",
+        ),
+        ({"model.hidden_sizes": [1000, 1000]}, 24 * 2**30, None),
+    ],
+)
+def test_a_model_from_scratch_that_cannot_fit_this_machine_is_refused_before_any_step(
+    monkeypatch, overrides, memory, said
+):
+    from trainer import checks
+
+    monkeypatch.setattr(checks, "_total_memory", lambda: memory)
+    cfg = load_config(overrides=overrides)
+    checks.check_scratch_model(cfg)  # not a local run: no limit of this machine's
+    if said is None:
+        checks.check_scratch_model(cfg, here=True)
+        return
+    with pytest.raises(ConfigError) as err:
+        checks.check_scratch_model(cfg, here=True)
+    assert said in str(err.value)
+
+
+def test_a_model_from_scratch_past_the_configured_gpu_memory_is_refused():
+    from trainer.checks import check_scratch_model
+
+    cfg = load_config(
+        overrides={
+            "task": "causal_lm",
+            "model.n_layer": 48,
+            "model.n_head": 64,
+            "model.n_embd": 8192,
+            "kubernetes.gpus_per_node": 8,
+            "job.nproc_per_node": 8,
+            "kubernetes.gpu_memory_gb": 80,
+        }
+    )
+    with pytest.raises(ConfigError, match=r"^kubernetes.gpu_memory_gb 80: training the causal_lm model of model\.\*"):
+        check_scratch_model(cfg)

@@ -138,6 +138,11 @@ def test_storage_uris_follow_kserves_webhook_rules(mutate, message):
         (lambda d: d["spec"]["predictor"].update(serviceAccountName="KF_x"), "serviceAccountName: 'KF_x' is not"),
         (lambda d: d["spec"]["predictor"]["model"].update(storageUri="ftp://x/y"), "is no storage URI KServe"),
         (lambda d: d["spec"]["predictor"].update(minReplicas=-1), "minReplicas: -1 is negative"),
+        # Was: accepted; KServe's webhook: "MinReplicas cannot be greater than MaxReplicas".
+        (
+            lambda d: d["spec"]["predictor"].update(minReplicas=2, maxReplicas=1),
+            "spec.predictor: minReplicas 2 is above maxReplicas 1; KServe refuses it",
+        ),
         (
             lambda d: d["spec"]["predictor"]["model"].update(resources={"requests": {"nvidia.com/gpu": "1"}}),
             "requests nvidia.com/gpu 1 without a limit",
@@ -173,6 +178,7 @@ def test_storage_uris_follow_kserves_webhook_rules(mutate, message):
         "bad service account",
         "storage scheme",
         "negative replicas",
+        "min above max",
         "gpu not limited",
         "cpu over its limit",
         "bad quantity",
@@ -182,6 +188,11 @@ def test_the_validator_rejects_what_kserve_would_reject_or_drop(mutate, message)
     with pytest.raises(ManifestError, match="InferenceService") as exc:
         validate_inferenceservice(_broken(mutate))
     assert message in str(exc.value)
+
+
+@pytest.mark.parametrize(("low", "high"), [(1, 1), (2, 0), (0, 3)], ids=["equal", "no upper bound", "scale to zero"])
+def test_replica_bounds_kserve_takes_pass(low, high):
+    validate_inferenceservice(_broken(lambda d: d["spec"]["predictor"].update(minReplicas=low, maxReplicas=high)))
 
 
 @pytest.mark.parametrize("manifest", [[], "InferenceService", None])

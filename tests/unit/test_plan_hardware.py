@@ -134,3 +134,12 @@ def test_the_network_between_nodes_is_the_config_s_not_one_nic():
     one, eight = default_interconnect(gpu_spec("H100")), default_interconnect(gpu_spec("H100"), 3200)
     assert eight.inter_node_gbps == pytest.approx(8 * one.inter_node_gbps)
     assert eight.intra_node_gbps == one.intra_node_gbps
+
+
+@pytest.mark.parametrize(("gbits", "between"), [(1, 0.1125), (4, 0.45), (400, 0.6), (100_000, 0.6)])
+def test_without_a_gpu_type_the_network_still_bounds_the_link_between_nodes(gbits, between):
+    """Was: gloo's loopback figure between nodes whatever `--network` said (1 or 100000 Gb/s
+    predicted the same communication); gloo's own speed stays the bound above it."""
+    link = default_interconnect(None, gbits)
+    assert link.inter_node_gbps == pytest.approx(between)
+    assert link.intra_node_gbps == 0.6

@@ -210,6 +210,26 @@ def test_every_split_samples_every_file_of_a_small_corpus(sizes):
             assert lines / len(files[f].splitlines()) == pytest.approx(share, abs=0.1), (split, f)
 
 
+@pytest.mark.parametrize(
+    "text",
+    [
+        b"word " * 2378 + b"\n",  # one paragraph of 11,891 bytes (was: all train, val and test empty)
+        b"word " * 6000 + b"\n",  # one line over two pieces (was: 84/5.5/11%)
+        (b"word " * 1000 + b"\n") * 6,  # lines of 5 KB
+        b"x" * 3000 + b"\n" + b"y" * 20,
+    ],
+    ids=["one-paragraph", "one-long-line", "long-lines", "short-tail"],
+)
+def test_a_text_of_long_lines_is_split_in_the_fractions_asked_for(text):
+    """A cut moves to a line end only within half of the smaller share; every byte lands once."""
+    from trainer.tasks.causal_lm import split_block
+
+    parts = split_block(text, 0.1, 0.2)
+    assert sorted(b"".join(parts.values())) == sorted(text)  # each piece's shares, piece by piece
+    for split, share in (("train", 0.7), ("val", 0.1), ("test", 0.2)):
+        assert len(parts[split]) / len(text) == pytest.approx(share, abs=0.06), (split, len(parts[split]))
+
+
 @pytest.mark.parametrize(("size", "warned"), [(999, False), (1000, False), (1001, True)])
 def test_a_text_source_cut_at_max_bytes_says_so(tmp_path, caplog, size, warned):
     """data.max_bytes (4 MB by default) leaving part of the user's text unread is said (was: only

@@ -311,3 +311,27 @@ def test_what_the_run_s_step_count_leaves_without_effect_is_refused_before_a_rep
     with pytest.raises(ConfigError) as err:
         check_an_epoch_has_a_step(cfg, task, manifest, uri)
     assert str(err.value).startswith(refused) or refused in str(err.value), err.value
+
+
+@pytest.mark.parametrize(
+    ("workers", "length", "refused"),
+    [(0, 200, False), (2, 75, False), (2, 76, True), (1, 150, True)],
+)
+def test_workers_are_refused_where_their_sockets_path_would_be_too_long(workers, length, refused):
+    """Was: every `kftrain run --local` with train.num_workers hung until its timeout, each worker
+    dying of "AF_UNIX path too long" in the run's nested temporary folders."""
+    from trainer.training_data import SUN_PATH_MAX, WORKER_SOCKET_SUFFIX, check_worker_tempdir
+
+    assert SUN_PATH_MAX - WORKER_SOCKET_SUFFIX == 75
+    tempdir = "/" + "t" * (length - 1)
+    if not refused:
+        check_worker_tempdir(workers, tempdir)
+        return
+    with pytest.raises(ConfigError) as err:
+        check_worker_tempdir(workers, tempdir)
+    over = length - 75
+    assert str(err.value) == (
+        f"train.num_workers {workers}: each DataLoader worker makes a Unix socket in the temporary folder {tempdir}, "
+        f"a path {over} character(s) too long for one (107 at most, with 32 of the socket's own); set TMPDIR to a "
+        f"folder at least {over} character(s) shorter, or train.num_workers: 0"
+    )

@@ -115,9 +115,9 @@ def _nodes(node: Any, path: tuple[Any, ...] = ()) -> Any:
 
 def _kserve_problem(key: Any, node: Any) -> str | None:
     """What KServe's webhook or the API server refuses of one node, by its key: a storage URI of
-    another scheme, an annotation's value that is not text, a negative replica bound, a
-    container's requests past its limits (an extended resource such as a GPU must be limited, and
-    requested as much as limited)."""
+    another scheme, an annotation's value that is not text, a negative replica bound or a lower
+    one above the upper, a container's requests past its limits (an extended resource such as a
+    GPU must be limited, and requested as much as limited)."""
     if key in ("storageUri", "uri") and isinstance(node, str) and not node.startswith(STORAGE_SCHEMES):
         return f"{k8s.show(node)} is no storage URI KServe downloads (one of {', '.join(STORAGE_SCHEMES)})"
     if key == "annotations" and isinstance(node, dict):
@@ -126,6 +126,13 @@ def _kserve_problem(key: Any, node: Any) -> str | None:
             return f"the value of {k8s.show(odd)} is {k8s.show(node[odd])}; an annotation's value is text (quote it)"
     if key in ("minReplicas", "maxReplicas") and isinstance(node, int) and node < 0:
         return f"{node} is negative; KServe's bounds are 0 or more"
+    if isinstance(node, dict) and all(isinstance(node.get(k), int) for k in ("minReplicas", "maxReplicas")):
+        low, high = node["minReplicas"], node["maxReplicas"]
+        if 0 < high < low:  # a maxReplicas of 0 sets no bound (KServe's webhook)
+            return (
+                f"minReplicas {low} is above maxReplicas {high}; KServe refuses it: raise maxReplicas, or lower "
+                "minReplicas"
+            )
     if key == "resources" and isinstance(node, dict):
         requests, limits = node.get("requests") or {}, node.get("limits") or {}
         for name, asked in requests.items() if isinstance(requests, dict) and isinstance(limits, dict) else ():

@@ -199,12 +199,13 @@ def default_interconnect(gpu: GpuSpec | None, network_gbits: float = 400.0) -> I
     collectives overlapped; on the
     CPU (gloo over loopback), what bench/plan_accuracy.py fitted on a 2-core machine shared with
     other work (all-reduce 0.5-0.7 GB/s and 150-300 us; all-gather and reduce-scatter 0.27-0.54
-    GB/s and 0.6-1.7 ms; 10-18 ms per collective call beyond them), not overlapped: measure
-    your own with the same script."""
+    GB/s and 0.6-1.7 ms; 10-18 ms per collective call beyond them), not overlapped, and between
+    nodes at most what `network_gbits` carries (was: the loopback's figure whatever the network):
+    measure your own with the same script."""
     if gpu is None:
         return Interconnect(
             intra_node_gbps=0.6,
-            inter_node_gbps=0.6,
+            inter_node_gbps=min(0.6, network_gbits / 8 * NETWORK_EFFICIENCY),
             latency_us=150.0,
             overlap=0.0,
             gather_gbps=0.3,

@@ -271,15 +271,19 @@ def _block_end(block: bytes, within: int) -> int:
     return _char_start(block, len(block) - 1) if block[-1] & 0x80 else len(block)
 
 
-def _cut(block: bytes, at: int, marks: Marks = NO_MARKS) -> int:
+#: How far past a split's share a cut may move to end at a line end (see :func:`_cut`).
+LINE_END_REACH = 4096
+
+
+def _cut(block: bytes, at: int, marks: Marks = NO_MARKS, reach: int = LINE_END_REACH) -> int:
     """The first line end at or after `at` (so a line is never split between splits); where none
-    is near (a line of more than 4 KiB), `at` itself, moved back to a character's start and out
+    is within `reach` bytes (a long line), `at` itself, moved back to a character's start and out
     of a document mark: before a start mark, after an end mark (a cut through one left its
     halves as text tokens)."""
     if at >= len(block):
         return len(block)
     end = _line_end(block, at)
-    if end != -1 and end - at <= 4096:
+    if end != -1 and end - at <= reach:
         return end
     at = _char_start(block, at)
     for mark, before in ((marks.start, True), (marks.end, False)):
@@ -306,8 +310,12 @@ def split_block(block: bytes, val_fraction: float, test_fraction: float, marks: 
         if len(block) - end < SPLIT_PIECE_BYTES // 2:  # no short last piece: its shares would be a few lines
             end = len(block)
         piece, n = block[start:end], end - start
-        a = _cut(piece, int(n * (1 - val_fraction - test_fraction)), marks)
-        b = max(a, _cut(piece, int(n * (1 - test_fraction)), marks))
+        # A cut moves to a line end by at most half of the smaller share: a text of long lines
+        # (one paragraph) was all train, its val and test cut at the same line end past them.
+        shares = [f for f in (val_fraction, test_fraction) if f > 0]
+        reach = min(LINE_END_REACH, int(n * min(shares) / 2)) if shares else LINE_END_REACH
+        a = _cut(piece, int(n * (1 - val_fraction - test_fraction)), marks, reach)
+        b = max(a, _cut(piece, int(n * (1 - test_fraction)), marks, reach))
         parts["train"].append(piece[:a])
         parts["val"].append(piece[a:b])
         parts["test"].append(piece[b:])

@@ -216,11 +216,21 @@ def csv_rows(
     first pass's statistics and classes applied to another file's rows)."""
     version = store.version(uri)
     records = csv_records(store, uri, chunk_bytes, version=version)
-    first = next(records, None)
+    first, row = next(records, None), next(records, None)
     records.close()
     if first is None:
         raise DataError(f"{uri}: needs a header row and at least one data row (the object holds no rows)")
+    if row is None:  # was: found only in data prep, after the pre-flight passed it
+        raise DataError(f"{uri}: needs at least one data row below its header (the object holds the header alone)")
     header = first[1]
+    unnamed = [i + 1 for i, name in enumerate(header) if not name.strip()]
+    if unnamed:  # was: a feature named '' (or each row's empty last cell "is not a number")
+        trailing = " (a comma at the end of every line?)" if unnamed == [len(header)] else ""
+        raise DataError(
+            f"{uri}: column{'s' if len(unnamed) > 1 else ''} {', '.join(map(str, unnamed))} of the {len(header)} in "
+            f"the header {'have' if len(unnamed) > 1 else 'has'} no name{trailing}; "
+            "name every column, or remove the empty one"
+        )
     twice = sorted(name for name, n in collections.Counter(header).items() if n > 1)
     if twice:  # the second label column would be read as a feature, a repeated feature as two
         raise DataError(
