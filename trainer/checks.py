@@ -23,7 +23,16 @@ from typing import TYPE_CHECKING, Any
 from trainer.config import BUILTIN_TASKS, Config, ConfigError, config_to_json, to_dict
 from trainer.errors import KftrainError
 from trainer.k8s_formats import quantity_value
-from trainer.storage import LocalStore, StoreError, check_deadline, file_place, join_uri, parse_uri, place_of
+from trainer.storage import (
+    LocalStore,
+    StoreError,
+    StoreSettingError,
+    check_deadline,
+    file_place,
+    join_uri,
+    parse_uri,
+    place_of,
+)
 
 log = logging.getLogger("kftrain.checks")
 
@@ -99,6 +108,8 @@ def check_writable(cfg: Config, uri: str, field: str) -> None:
 
     try:
         store_for(cfg, uri, check=True)
+    except StoreSettingError:
+        raise  # names the setting itself, not `field` (was: "store.uri: store.region: ...")
     except StoreError as exc:
         raise type(exc)(f"{field}: {exc}" if uri in str(exc) else f"{field} {uri}: {exc}") from None
 

@@ -33,7 +33,7 @@ from trainer.errors import KftrainError, redact, redact_url, yaml_problem
 from trainer.image import IMAGE
 from trainer.launch.failures import DEFAULT_MAX_RESTARTS, budget_check
 from trainer.partitions import partition_problem
-from trainer.storage import RetryPolicy, endpoint_problem, file_uri_problem, parse_uri, same_place
+from trainer.storage import RetryPolicy, endpoint_problem, file_uri_problem, parse_uri, region_problem, same_place
 from trainer.tokenizer import parse_spec as parse_tokenizer_spec
 from trainer.yaml_scalars import unquoted_problem
 
@@ -225,6 +225,8 @@ class StoreConfig:
         if self.endpoint and (problem := endpoint_problem(self.endpoint)):
             shown = k8s.show(self.endpoint) if looks_like_credential(self.endpoint) else repr(redact_url(self.endpoint))
             raise ConfigError(f"store.endpoint: {shown} {problem}")  # never a password
+        if self.region and (problem := region_problem(self.region)):
+            raise ConfigError(f"store.region: {problem}")  # was: found by the store check, under store.uri's name
 
 
 # Above 0: evaluation and the quality gate read each held-out split, which may not be empty.

@@ -72,6 +72,11 @@ class StoreError(KftrainError, RuntimeError):
     """The object store refused or failed an operation; the message says what to fix."""
 
 
+class StoreSettingError(StoreError):
+    """A setting of the store (its endpoint, its region: a config field or an environment
+    variable, which the message names) is wrong, whatever URI it was to serve."""
+
+
 class ObjectNotFound(StoreError, FileNotFoundError):
     """No object (or file) at the URI."""
 
@@ -834,15 +839,13 @@ class S3Store:
         region, region_from = _setting(region, "store.region", "AWS_REGION", "AWS_DEFAULT_REGION")
         if endpoint:
             if problem := endpoint_problem(endpoint):
-                raise StoreError(f"{endpoint_from}: S3 endpoint {redact_url(endpoint)!r} {problem}")
+                raise StoreSettingError(f"{endpoint_from}: S3 endpoint {redact_url(endpoint)!r} {problem}")
             parts = urlsplit(endpoint)
             host, secure = parts.netloc, parts.scheme == "https"
         else:
             host, secure = "s3.amazonaws.com", True
-        if region and not _REGION_RE.fullmatch(region):
-            raise StoreError(
-                f"{region_from}: {region!r} is not a region name (letters, digits, '-', '_' and '.', e.g. us-east-1)"
-            )
+        if region and (problem := region_problem(region)):
+            raise StoreSettingError(f"{region_from}: {problem}")
         _require_credentials()
         providers = [EnvAWSProvider(), EnvMinioProvider()]
         # Web-identity (IRSA) credentials only when the pod is set up for it: probing the
@@ -1135,6 +1138,13 @@ def _require_credentials() -> None:
 #: Where an S3 endpoint comes from when no field or flag gives one: the first set (the AWS SDKs' order).
 ENDPOINT_ENV = ("AWS_ENDPOINT_URL_S3", "AWS_ENDPOINT_URL")
 _REGION_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,62}")
+
+
+def region_problem(region: str) -> str | None:
+    """Why `region` is no S3 region name, else None."""
+    if _REGION_RE.fullmatch(region):
+        return None
+    return f"{region!r} is not a region name (letters, digits, '-', '_' and '.', e.g. us-east-1)"
 
 
 def _setting(value: str, field: str, *env: str) -> tuple[str, str]:

@@ -789,3 +789,25 @@ def test_a_model_from_scratch_past_the_configured_gpu_memory_is_refused():
     )
     with pytest.raises(ConfigError, match=r"^kubernetes.gpu_memory_gb 80: training the causal_lm model of model\.\*"):
         check_scratch_model(cfg)
+
+
+@pytest.mark.parametrize(
+    ("env", "said"),
+    [
+        ({"AWS_REGION": "not a region"}, "$AWS_REGION: 'not a region' is not a region name"),
+        ({"AWS_ENDPOINT_URL": "minio:9000"}, "$AWS_ENDPOINT_URL: S3 endpoint 'minio:9000' must be a URL"),
+    ],
+)
+def test_a_bad_store_setting_from_the_environment_is_named_alone(monkeypatch, env, said):
+    """Was: "store.uri: $AWS_REGION: ..." (or "store.uri: store.region: ..."), blaming a field that is fine."""
+    from trainer.checks import check_writable
+    from trainer.storage import StoreSettingError
+
+    for name in ("AWS_REGION", "AWS_DEFAULT_REGION", "AWS_ENDPOINT_URL", "AWS_ENDPOINT_URL_S3"):
+        monkeypatch.delenv(name, raising=False)
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    cfg = load_config(overrides={"store.uri": "s3://bucket/prefix"})
+    with pytest.raises(StoreSettingError) as err:
+        check_writable(cfg, cfg.store.uri, "store.uri")
+    assert str(err.value).startswith(said), err.value

@@ -116,6 +116,7 @@ def test_yaml_file_maps_onto_the_tree(tmp_path):
         ("data:\n  val_fraction: 0.5\n", "data.val_fraction: must be above 0 and below 0.5"),
         ("store:\n  uri: gs://bucket/x\n", "store.uri: unsupported storage URI scheme 'gs'"),
         ("store:\n  endpoint: minio:9000\n", "store.endpoint: 'minio:9000' must be a URL"),
+        ("store:\n  region: not a region\n", "store.region: 'not a region' is not a region name"),
         ("store:\n  endpoint: http://h:9000/bucket\n", "store.endpoint: 'http://h:9000/bucket' has a path"),
         ("job:\n  replicas: 3\n", "train.batch_size: must divide by the world size 3"),
         ("data:\n  partitions: 3\n", "data.partitions: is not a multiple of the 2 readers"),
