@@ -837,7 +837,7 @@ def _gpu_type(text: str) -> str:
     except AmbiguousGpu as exc:
         raise argparse.ArgumentTypeError(str(exc)) from None
     except MigSlice as exc:
-        example = f", e.g. --gpu-memory {exc.gb}" if exc.gb else ""
+        example = f", e.g. --gpu-memory {exc.gib}" if exc.gib else ""
         raise argparse.ArgumentTypeError(f"{exc}; give its memory with --gpu-memory instead{example}") from None
     except HardwareError:
         raise argparse.ArgumentTypeError(

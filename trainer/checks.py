@@ -17,6 +17,7 @@ import itertools
 import logging
 import math
 import os
+import sys
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
@@ -431,7 +432,7 @@ def check_plan_gpu(cfg: Config) -> None:
     except AmbiguousGpu as exc:
         raise ConfigError(f"plan.gpu: {exc}") from None
     except MigSlice as exc:
-        example = f" (e.g. {exc.gb})" if exc.gb else ""
+        example = f" (e.g. {exc.gib})" if exc.gib else ""
         raise ConfigError(
             f"plan.gpu: {exc}; leave plan.gpu empty and set kubernetes.gpu_memory_gb to its memory{example}"
         ) from None
@@ -518,6 +519,21 @@ def scratch_parameters(cfg: Config) -> int:
     return m.n_layer * 12 * m.n_embd**2 + (256 + m.block_size) * m.n_embd
 
 
+#: What a GPU driver shows on Linux (NVIDIA, AMD's ROCm, WSL's): local ranks use a GPU where there is one.
+GPU_DRIVER_PATHS = ("/proc/driver/nvidia", "/dev/nvidiactl", "/dev/nvidia0", "/dev/kfd", "/dev/dxg")
+
+
+def _ranks_on_cpu() -> bool:
+    """Whether local ranks train on the CPU (:func:`trainer.distributed.device_for`: a GPU each
+    where CUDA is present), asked of the system, not of torch (the pre-flight does not import it):
+    a machine with a GPU driver counts as one whose ranks do not, so a run is never refused for
+    host memory its GPUs would hold."""
+    torch = sys.modules.get("torch")
+    if torch is not None:
+        return not torch.cuda.is_available()
+    return not any(os.path.exists(p) for p in GPU_DRIVER_PATHS)
+
+
 def _total_memory() -> int:
     """This machine's physical memory in bytes (0 where the system does not say)."""
     try:
@@ -530,9 +546,10 @@ def check_model_memory(cfg: Config, parameters: int, adapters: int, here: bool =
     """Refuse a model whose training state (:func:`state_bytes_per_rank`) alone exceeds the
     memory the config gives each rank: `kubernetes.gpu_memory_gb` per GPU, or on a CPU job
     (`kubernetes.gpus_per_node` 0) `kubernetes.memory` per replica of `job.nproc_per_node` ranks;
-    with neither, and `here` (`kftrain run --local`: every rank on this machine), this machine's
-    memory for all of them. Activations (batch, block size, checkpointing) come on top and are not
-    counted, so a refused run cannot fit; one that passes may still not. No limit: no check."""
+    with neither, and `here` (`kftrain run --local`: every rank on this machine) where the ranks
+    train on the CPU, this machine's memory for all of them. Activations (batch, block size,
+    checkpointing) come on top and are not counted, so a refused run cannot fit; one that passes
+    may still not. No limit: no check."""
     kc, job, train = cfg.kubernetes, cfg.job, cfg.train
     nodes = kc.elastic.min_replicas if kc.elastic.enabled else job.replicas
     world = nodes * job.nproc_per_node  # the smallest world the job runs at holds the largest shards
@@ -547,7 +564,7 @@ def check_model_memory(cfg: Config, parameters: int, adapters: int, here: bool =
         field, value, limit = "kubernetes.memory", kc.memory, quantity_value(kc.memory)
         ranks_per_limit, place = job.nproc_per_node, "each replica"
         frozen = 4
-    elif here and (machine := _total_memory()):
+    elif here and not kc.gpus_per_node and _ranks_on_cpu() and (machine := _total_memory()):
         field, value, limit = "this machine's memory", "", machine
         ranks_per_limit, place = (
             world,
@@ -595,7 +612,8 @@ def check_model_memory(cfg: Config, parameters: int, adapters: int, here: bool =
     raise ConfigError(
         f"{field}{f' {value}' if value else ''}: training {model} ({at_least}{_count(parameters)} parameters, "
         f"train.method {method}, train.strategy {train.strategy}) needs at least {_gib(needed)} in {place} before "
-        f"activations ({what}), more than its {_gib(limit)}; use {', '.join(fixes[:-1])}, or {fixes[-1]}"
+        f"activations ({what}), more than its {_gib(limit)}; use "
+        + (f"{', '.join(fixes[:-1])}, or {fixes[-1]}" if len(fixes) > 1 else fixes[0])
     )
 
 

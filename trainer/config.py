@@ -131,10 +131,10 @@ ABOVE_ZERO = Bound(lambda v: v > 0, "must be > 0")
 NOT_NEGATIVE = Bound(lambda v: v >= 0, "must be >= 0")
 AT_LEAST_ONE = Bound(lambda v: v >= 1, "must be >= 1")
 NOT_EMPTY = Bound(bool, "must not be empty")
-#: A seed: numpy's generators take 0 to 2**32 - 1, and the trainer derives per-epoch and per-rank
-#: seeds from it that must stay within torch's 64-bit seeds.
 #: The most DataLoader worker processes per rank `train.num_workers` may ask for.
 MAX_WORKERS = 128
+#: A seed: numpy's generators take 0 to 2**32 - 1, and the trainer derives per-epoch and per-rank
+#: seeds from it that must stay within torch's 64-bit seeds.
 SEED = Bound(lambda v: 0 <= v < 2**32, "must be from 0 to 4294967295 (2**32 - 1), the seeds numpy and torch take")
 
 
@@ -483,7 +483,9 @@ class TrainConfig:
     compile: bool = False
     """Wrap the model in `torch.compile`."""
     num_workers: int = 0
-    """DataLoader worker processes per rank (pinned memory and `non_blocking` copies on CUDA)."""
+    """DataLoader worker processes per rank (pinned memory and `non_blocking` copies on CUDA), at most 128. Each hands
+    batches back through a Unix socket in the temporary folder, or, where that is too deep for a socket's path, in a
+    folder of its own under /tmp."""
     bucket_cap_mb: int = 25
     """DDP gradient bucket size in MiB (`gradient_as_bucket_view` is on)."""
     on_nonfinite: str = "stop"

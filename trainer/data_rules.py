@@ -108,9 +108,11 @@ def canonical_label(raw: str) -> str:
     return format(value, "f") if -30 < value.adjusted() < 40 else str(value)
 
 
-#: Label cells that mark a missing value where tables are made (pandas' and R's readers, spreadsheets), casefolded.
+#: Label cells that mark a missing value (pandas' `read_csv` defaults, R's `NA`, spreadsheets' `#N/A`), casefolded.
 #: `None` is not among them: it is a common class name ("no defect").
-MISSING_LABELS = frozenset({"nan", "-nan", "na", "n/a", "#n/a", "#na", "<na>", "null"})
+MISSING_LABELS = frozenset(
+    {"nan", "-nan", "na", "n/a", "#n/a", "#n/a n/a", "#na", "<na>", "null", "1.#ind", "-1.#ind", "1.#qnan", "-1.#qnan"}
+)
 
 
 def missing_label(label: str) -> bool:

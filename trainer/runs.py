@@ -223,10 +223,14 @@ def _step_of_a_local_run(record: dict[str, Any], info: RunInfo, local_runs: set[
 
 def _model_checkpoints(store: ObjectStore, model: str) -> dict[str, str | None]:
     """The checkpoint prefixes, each with its owner (:func:`_run_prefixes`), of the run that trained
-    the model at `model`, where its training record names them (`checkpoint.uri`, `checkpoint.owner`)
-    in a store of the model's kind; else none."""
+    the model at `model` (or the one model below it: a step's or a local run's job folder), where its
+    training record names them (`checkpoint.uri`, `checkpoint.owner`) in a store of the model's
+    kind; else none."""
     try:
-        checkpoint = read_json(store, join_uri(model, TRAINING_RECORD))["config"]["checkpoint"]
+        records = [uri for uri in store.list(model + "/") if uri.rsplit("/", 1)[-1] == TRAINING_RECORD]
+        if len(records) != 1:
+            return {}
+        checkpoint = read_json(store, records[0])["config"]["checkpoint"]
         uri, owner = checkpoint["uri"], checkpoint.get("owner") or ""
         if not isinstance(uri, str) or not uri or parse_uri(uri).is_remote != parse_uri(model).is_remote:
             return {}

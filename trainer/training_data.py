@@ -10,6 +10,10 @@ from __future__ import annotations
 
 import functools
 import logging
+import multiprocessing
+import multiprocessing.util
+import os
+import shutil
 import tempfile
 from collections.abc import Iterator
 
@@ -147,12 +151,17 @@ def check_an_epoch_has_a_step(cfg: Config, task: Task, manifest: dict, dataset_u
     layout = Layout(items, cfg.data.partitions or world * workers, world * workers, micro)
     per_epoch = layout.batches_per_reader * workers // tc.grad_accum_steps
     if per_epoch == 0:
+        # What sets the partitions, where the user did (was: "fewer train.num_workers" at 0 workers).
+        readers = (
+            f" read by {world * workers} readers: {world} rank(s) x train.num_workers {workers}" if workers > 1 else ""
+        )
+        knobs = [k for k, v in (("train.num_workers", workers > 1), ("data.partitions", cfg.data.partitions)) if v]
+        fewer = f"fewer {' or '.join(knobs)}, or " if knobs else "or "
         raise ConfigError(
             f"train.batch_size: the {items} training items of {dataset_uri} make no whole step of "
             f"{tc.batch_size} items on {world} ranks (micro-batches of {micro}, train.grad_accum_steps "
-            f"{tc.grad_accum_steps}, {layout.partitions} data partitions read by {world * workers} readers: "
-            f"{world} rank(s) x train.num_workers {tc.num_workers}); use a smaller train.batch_size or "
-            "train.grad_accum_steps, fewer train.num_workers or data.partitions, or more data"
+            f"{tc.grad_accum_steps}, {layout.partitions} data partitions{readers}); use a smaller train.batch_size "
+            f"or train.grad_accum_steps, {fewer}more data"
         )
     # What only the step count says (the config alone checks them against train.max_steps).
     total = tc.max_steps or tc.epochs * per_epoch
@@ -171,25 +180,36 @@ def check_an_epoch_has_a_step(cfg: Config, task: Task, manifest: dict, dataset_u
 
 #: The longest path of a Unix socket (`sun_path`, 108 bytes on Linux, its NUL included).
 SUN_PATH_MAX = 107
-#: What Python's multiprocessing adds to the temporary folder for a worker's socket, which a
-#: DataLoader worker makes to hand back batches: `/pymp-XXXXXXXX/listener-XXXXXXXX`.
+#: What Python's multiprocessing adds to its temporary folder for the Unix socket a DataLoader
+#: worker makes to hand back batches: `/pymp-XXXXXXXX/listener-XXXXXXXX`.
 WORKER_SOCKET_SUFFIX = len("/pymp-XXXXXXXX/listener-XXXXXXXX")
+#: Short folders a worker's socket may go in instead, as Python 3.13's multiprocessing does.
+SHORT_TEMP_BASES = ("/tmp", "/var/tmp", "/usr/tmp")
 
 
-def check_worker_tempdir(num_workers: int, tempdir: str | None = None) -> None:
-    """ConfigError before any DataLoader worker starts when the socket each makes in the
-    temporary folder (`tempdir`, else the process's) would have a path too long for a Unix
-    socket: the worker's thread that hands back batches dies of it, and the rank waits for them
-    forever (was: every `kftrain run --local` with train.num_workers hung until its timeout)."""
+def worker_sockets_fit(num_workers: int, tempdir: str | None = None) -> None:
+    """Make the Unix socket each DataLoader worker makes fit a socket's path: where the temporary
+    folder (`tempdir`, else the process's) is too deep for it, multiprocessing's folder becomes a
+    short one of its own in :data:`SHORT_TEMP_BASES`, removed at exit (workers inherit it); with
+    none writable, ConfigError naming TMPDIR. Was: the worker's thread that hands back batches
+    died of "AF_UNIX path too long" and the rank waited for it forever (every `kftrain run
+    --local` with train.num_workers hung until its timeout: the run's folders nest)."""
     tempdir = tempdir or tempfile.gettempdir()
-    over = len(tempdir) + WORKER_SOCKET_SUFFIX - SUN_PATH_MAX
-    if num_workers and over > 0:
-        raise ConfigError(
-            f"train.num_workers {num_workers}: each DataLoader worker makes a Unix socket in the temporary folder "
-            f"{tempdir}, a path {over} character(s) too long for one ({SUN_PATH_MAX} at most, with "
-            f"{WORKER_SOCKET_SUFFIX} of the socket's own); set TMPDIR to a folder at least {over} character(s) "
-            "shorter, or train.num_workers: 0"
-        )
+    over = len(os.fsencode(tempdir)) + WORKER_SOCKET_SUFFIX - SUN_PATH_MAX
+    if not num_workers or over <= 0:
+        return
+    for base in SHORT_TEMP_BASES:
+        if os.path.isdir(base) and os.access(base, os.W_OK | os.X_OK):
+            short = tempfile.mkdtemp(prefix="kftrain-mp-", dir=base)
+            multiprocessing.util.Finalize(None, shutil.rmtree, args=(short, True), exitpriority=-100)
+            multiprocessing.current_process()._config["tempdir"] = short  # what multiprocessing.util reads
+            return
+    raise ConfigError(
+        f"train.num_workers {num_workers}: each DataLoader worker makes a Unix socket in the temporary folder "
+        f"{tempdir}, a path {over} byte(s) too long for one ({SUN_PATH_MAX} at most, with {WORKER_SOCKET_SUFFIX} of "
+        f"the socket's own), and none of {', '.join(SHORT_TEMP_BASES)} is writable; set TMPDIR to a folder at least "
+        f"{over} byte(s) shorter, or train.num_workers: 0"
+    )
 
 
 def training_data(
@@ -204,7 +224,7 @@ def training_data(
 ) -> TrainingData:
     """The training batches and the validation sample of this rank."""
     tc = cfg.train
-    check_worker_tempdir(tc.num_workers)
+    worker_sockets_fit(tc.num_workers)
     pin = device.type == "cuda"
     # Every DataLoader iterator draws a base seed; from its own generator, never from the global
     # RNG, so restoring the RNG state on resume reproduces the uninterrupted run exactly.

@@ -132,11 +132,12 @@ def test_a_far_outlier_over_a_near_constant_train_column_is_named(tmp_path):
     [
         ("  ", "is empty"),
         # Missing values as pandas, R and spreadsheets write them (was: each trained as a class of its own).
-        ("NaN", "'NaN' marks a missing value (as pandas and R read it)"),
-        (" nan ", "'nan' marks a missing value (as pandas and R read it)"),
-        ("NA", "'NA' marks a missing value (as pandas and R read it)"),
-        ("#N/A", "'#N/A' marks a missing value (as pandas and R read it)"),
-        ("NULL", "'NULL' marks a missing value (as pandas and R read it)"),
+        ("NaN", "'NaN' marks a missing value (as pandas reads a table)"),
+        (" nan ", "'nan' marks a missing value (as pandas reads a table)"),
+        ("NA", "'NA' marks a missing value (as pandas reads a table)"),
+        ("#N/A", "'#N/A' marks a missing value (as pandas reads a table)"),
+        ("NULL", "'NULL' marks a missing value (as pandas reads a table)"),
+        ("-1.#IND", "'-1.#IND' marks a missing value (as pandas reads a table)"),
     ],
 )
 def test_a_label_that_is_empty_or_missing_is_named(tmp_path, cell, said):

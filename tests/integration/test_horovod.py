@@ -508,3 +508,21 @@ def test_horovod_script_as_a_pytorchjob_trains_the_same_model_as_ddp(tmp_path):
             torch.testing.assert_close(hvd0[k], ddp0[k], rtol=tol, atol=tol, msg=f"{passes}-{compression} {k}")
         moved = max(float((ddp0[k] - start[k]).abs().max()) for k in ddp0)
         assert moved > 20 * tol, "training barely moved the weights: the comparison would prove nothing"
+
+
+@pytest.mark.timeout(60)
+def test_a_script_that_does_not_compile_is_shown_as_python_shows_it_where_runpy_is_not_frozen(tmp_path):
+    """Python 3.10 (or `-X frozen_modules=off`) names runpy's frames by its file (was: kept, a
+    traceback through the runner above the script's syntax error)."""
+    script = tmp_path / "train.py"
+    script.write_text('import os\nprint("hi"\n')
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    rc, out = run_group(
+        [sys.executable, "-X", "frozen_modules=off", "-m", "trainer.horovod.run", str(script)], timeout=50, env=env
+    )
+    assert rc == 1 and out.splitlines() == [
+        f'  File "{script}", line 2',
+        '    print("hi"',
+        "         ^",
+        "SyntaxError: '(' was never closed",
+    ], out

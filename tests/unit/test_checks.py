@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import math
 import re
+import sys
 from pathlib import Path
 
 import pytest
@@ -763,6 +764,7 @@ def test_a_model_from_scratch_that_cannot_fit_this_machine_is_refused_before_any
     from trainer import checks
 
     monkeypatch.setattr(checks, "_total_memory", lambda: memory)
+    monkeypatch.setattr(checks, "_ranks_on_cpu", lambda: True)
     cfg = load_config(overrides=overrides)
     checks.check_scratch_model(cfg)  # not a local run: no limit of this machine's
     if said is None:
@@ -811,3 +813,45 @@ def test_a_bad_store_setting_from_the_environment_is_named_alone(monkeypatch, en
     with pytest.raises(StoreSettingError) as err:
         check_writable(cfg, cfg.store.uri, "store.uri")
     assert str(err.value).startswith(said), err.value
+
+
+@pytest.mark.parametrize(
+    ("on_cpu", "overrides"),
+    [
+        (False, {}),  # a GPU here: the ranks' state is in GPU memory (was: refused against the host's)
+        (True, {"kubernetes.gpus_per_node": 2, "job.nproc_per_node": 2}),
+    ],
+    ids=["cuda-here", "gpus-configured"],
+)
+def test_this_machine_s_memory_bounds_only_ranks_that_train_on_its_cpu(monkeypatch, on_cpu, overrides):
+    from trainer import checks
+
+    monkeypatch.setattr(checks, "_total_memory", lambda: 32 * 2**30)
+    monkeypatch.setattr(checks, "_ranks_on_cpu", lambda: on_cpu)
+    big = {"task": "causal_lm", "model.n_layer": 24, "model.n_head": 16, "model.n_embd": 2048, **overrides}
+    checks.check_scratch_model(load_config(overrides=big), here=True)
+
+
+@pytest.mark.parametrize(
+    ("driver", "on_cpu"), [(None, True), ("/proc/driver/nvidia", False), ("/dev/kfd", False)], ids=str
+)
+def test_ranks_count_as_on_the_cpu_only_where_no_gpu_driver_shows(monkeypatch, driver, on_cpu):
+    from trainer import checks
+
+    monkeypatch.delitem(sys.modules, "torch", raising=False)  # the pre-flight does not import it
+    monkeypatch.setattr(checks.os.path, "exists", lambda path: path == driver)
+    assert checks._ranks_on_cpu() is on_cpu
+
+
+def test_a_memory_refusal_with_one_fix_reads_as_one(monkeypatch):
+    """Was: "...; use , or a machine with more memory" (a LoRA run on one rank)."""
+    from trainer import checks
+
+    monkeypatch.setattr(checks, "_total_memory", lambda: 16 * 2**30)
+    monkeypatch.setattr(checks, "_ranks_on_cpu", lambda: True)
+    cfg = load_config(
+        overrides={"task": "causal_lm", "model.init_from": "/m", "train.method": "lora", "job.replicas": 1}
+    )
+    with pytest.raises(ConfigError) as err:
+        checks.check_model_memory(cfg, 8_000_000_000, 1_000_000, here=True)
+    assert str(err.value).endswith("more than its 16.0 GiB; use a machine with more memory"), err.value

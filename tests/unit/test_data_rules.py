@@ -60,7 +60,8 @@ def test_a_label_names_one_class_per_value(raw, canonical):
 @pytest.mark.parametrize(
     ("label", "missing"),
     [("", True), ("NaN", True), ("nan", True), ("-NaN", True), ("NA", True), ("n/a", True), ("#N/A", True)]
-    + [("<NA>", True), ("Null", True), ("None", False), ("nano", False), ("NAB", False), ("0", False)],
+    + [("<NA>", True), ("Null", True), ("#N/A N/A", True), ("1.#QNAN", True), ("None", False), ("nano", False)]
+    + [("NAB", False), ("0", False)],
 )
 def test_a_label_that_marks_a_missing_value_is_no_class(label, missing):
     """`None` stays a class: a common name for "no defect"."""

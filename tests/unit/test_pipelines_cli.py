@@ -163,7 +163,7 @@ PLAN_BAD_ROWS = [
         None,
         ["--gpu", "NVIDIA H100 80GB HBM3 MIG 1g.10gb"],
         "slice of a GPU, which the plan has no figures for (a part of the GPU's memory and compute, no NVLink); give "
-        "its memory with --gpu-memory instead, e.g. --gpu-memory 10",
+        "its memory with --gpu-memory instead, e.g. --gpu-memory 9.3",
     ),
     (None, ["--gpu", "H100 MIG"], "no NVLink); give its memory with --gpu-memory instead"),
 ]
@@ -185,7 +185,8 @@ PLAN_CONFIG_ROWS = [
         "plan:\n  gpu: H100 MIG 3g.40gb\n",
         [],
         "plan.gpu: 'H100 MIG 3g.40gb' is a MIG slice of a GPU, which the plan has no figures for (a part of the GPU's "
-        "memory and compute, no NVLink); leave plan.gpu empty and set kubernetes.gpu_memory_gb to its memory (e.g. 40)",
+        "memory and compute, no NVLink); leave plan.gpu empty and set kubernetes.gpu_memory_gb to its memory "
+        "(e.g. 37.3)",
     ),
     ("plan:\n  strict: maybe\n", [], "plan.strict: must be"),
     ("plan:\n  strict: true\n", [], "plan.strict: needs plan.enabled: true"),

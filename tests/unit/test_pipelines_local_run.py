@@ -518,18 +518,3 @@ def test_a_lock_file_removed_just_after_it_was_opened_is_opened_again_not_refuse
     monkeypatch.setattr(local_run.os, "open", open_then_removed)
     with local_run.running_alone(str(tmp_path / "out" / "runs" / "r"), "r"):
         assert removed and os.path.exists(removed[0])  # a new file at the same path, locked
-
-
-def test_the_ranks_temporary_folder_leaves_room_for_their_dataloader_workers_sockets():
-    """The folders a local run nests its ranks' TMPDIR in (the run's, its steps', the job's, each
-    with mkdtemp's 8 characters) under /tmp leave a DataLoader worker's socket path short enough
-    (was: 107 characters deep, and every run with train.num_workers hung)."""
-    from pipelines.local_run import STEP_TMP_PREFIX, new_run_id, run_tmp_prefix
-    from trainer.launch.local import JOB_TMP_PREFIX
-    from trainer.training_data import check_worker_tempdir
-
-    ranks_tmp = "/".join(
-        ["/tmp", *(p + "X" * 8 for p in (run_tmp_prefix(new_run_id()), STEP_TMP_PREFIX, JOB_TMP_PREFIX))]
-    )
-    check_worker_tempdir(2, ranks_tmp)
-    check_worker_tempdir(2, "/var" + ranks_tmp)  # room for a TMPDIR a little longer, too

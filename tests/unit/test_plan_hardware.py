@@ -74,10 +74,10 @@ def test_an_unknown_gpu_names_the_known_ones_and_the_way_out(name):
 @pytest.mark.parametrize(
     ("name", "memory"),
     [
-        ("NVIDIA H100 80GB HBM3 MIG 1g.10gb", "10"),
-        ("NVIDIA A100-SXM4-40GB MIG 1g.5gb", "5"),
-        ("NVIDIA H200 MIG 3g.71gb", "71"),
-        ("mig-3g.40gb", "40"),  # the GPU operator's resource name
+        ("NVIDIA H100 80GB HBM3 MIG 1g.10gb", "9.3"),
+        ("NVIDIA A100-SXM4-40GB MIG 1g.5gb", "4.7"),
+        ("NVIDIA H200 MIG 3g.71gb", "66.1"),
+        ("mig-3g.40gb", "37.3"),  # the GPU operator's resource name
         ("H100 MIG", None),
     ],
 )
@@ -90,7 +90,7 @@ def test_a_mig_slice_is_refused_not_planned_as_the_whole_gpu(name, memory):
         f"{name!r} is a MIG slice of a GPU, which the plan has no figures for (a part of the GPU's memory and compute, "
         "no NVLink)"
     )
-    assert err.value.gb == memory
+    assert err.value.gib == memory
 
 
 @pytest.mark.parametrize(

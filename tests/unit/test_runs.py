@@ -169,7 +169,9 @@ def test_a_resume_from_that_is_neither_a_run_id_nor_a_uri_is_a_config_error(valu
         load_config(overrides={"checkpoint.resume_from": value})
 
 
-@pytest.mark.parametrize("record", ["as written", "damaged", "none", "checkpoints elsewhere are gone"])
+@pytest.mark.parametrize(
+    "record", ["as written", "its job folder", "damaged", "none", "checkpoints elsewhere are gone", "two models"]
+)
 def test_a_model_whose_checkpoints_went_elsewhere_resumes_from_where_its_training_record_puts_them(
     runs, tmp_path, record
 ):
@@ -183,16 +185,19 @@ def test_a_model_whose_checkpoints_went_elsewhere_resumes_from_where_its_trainin
         (model / "training.json").write_text("{not json")
     elif record == "none":
         (model / "training.json").unlink()
+    elif record == "two models":  # which of them: nothing to follow
+        shutil.copytree(root / "old-model", model / "again")
     elif record == "checkpoints elsewhere are gone":
         moved = json.loads((model / "training.json").read_text())
         moved["config"]["checkpoint"]["uri"] = str(tmp_path / "gone")
         (model / "training.json").write_text(json.dumps(moved))
-    cfg = config(root, "", **{"checkpoint.resume_from": str(model)})
-    if record == "as written":
+    given = tmp_path if record == "its job folder" else model
+    cfg = config(root, "", **{"checkpoint.resume_from": str(given)})
+    if record in ("as written", "its job folder"):
         folder, chosen = resolve_resume_from(cfg, "")
         assert folder == join_uri(old_ckpt, f"step-{CUT_AT:08d}") and chosen["step"] == CUT_AT
     else:  # the folder as it is: nothing to resume there
-        with pytest.raises(ConfigError, match=rf"no committed checkpoint at or under {model}; name a run"):
+        with pytest.raises(ConfigError, match=rf"no committed checkpoint at or under {given}; name a run"):
             resolve_resume_from(cfg, "")
 
 

@@ -216,12 +216,12 @@ def test_every_split_samples_every_file_of_a_small_corpus(sizes):
         b"word " * 2378 + b"\n",  # one paragraph of 11,891 bytes (was: all train, val and test empty)
         b"word " * 6000 + b"\n",  # one line over two pieces (was: 84/5.5/11%)
         (b"word " * 1000 + b"\n") * 6,  # lines of 5 KB
-        b"x" * 3000 + b"\n" + b"y" * 20,
+        b"word " * 1000 + b"\n" + b"word " * 1400 + b"\n",  # two paragraphs
     ],
-    ids=["one-paragraph", "one-long-line", "long-lines", "short-tail"],
+    ids=["one-paragraph", "one-long-line", "long-lines", "two-paragraphs"],
 )
 def test_a_text_of_long_lines_is_split_in_the_fractions_asked_for(text):
-    """A cut moves to a line end only within half of the smaller share; every byte lands once."""
+    """A cut moves to a line end only short of the next cut's target; every byte lands once."""
     from trainer.tasks.causal_lm import split_block
 
     parts = split_block(text, 0.1, 0.2)
@@ -372,3 +372,12 @@ def test_shards_that_leave_much_of_the_split_in_no_window_are_said(tmp_path, cap
     assert bool(said) == warned, said
     if warned:
         assert said[0].endswith("tokens each, at most): a larger data.shard_rows loses less")
+
+
+def test_lines_shorter_than_a_share_stay_whole():
+    """Lines of 1,200 bytes (a val share of a 16 KiB piece is 1,638): every line in one split."""
+    from trainer.tasks.causal_lm import split_block
+
+    lines = [b"%06d " % i + b"w" * 1192 + b"\n" for i in range(200)]
+    parts = split_block(b"".join(lines), 0.1, 0.2)
+    assert sorted(line for part in parts.values() for line in part.splitlines(keepends=True)) == sorted(lines)

@@ -5,6 +5,7 @@ would have, and each epoch has its own shuffle, the same in every process."""
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
@@ -245,7 +246,30 @@ def test_a_step_the_workers_leave_no_data_for_names_train_num_workers(dataset):
     with pytest.raises(ConfigError) as err:
         check_an_epoch_has_a_step(cfg, get_task("classification"), manifest, uri)
     assert "64 data partitions read by 64 readers: 1 rank(s) x train.num_workers 64" in str(err.value)
-    assert "fewer train.num_workers or data.partitions" in str(err.value)
+    assert str(err.value).endswith("train.grad_accum_steps, fewer train.num_workers, or more data")
+
+
+@pytest.mark.parametrize(
+    ("extra", "said"),
+    [
+        (
+            {},
+            "train.grad_accum_steps 1, 1 data partitions); use a smaller train.batch_size or "
+            "train.grad_accum_steps, or more data",
+        ),
+        (
+            {"data.partitions": 4},
+            "4 data partitions); use a smaller train.batch_size or train.grad_accum_steps, "
+            "fewer data.partitions, or more data",
+        ),
+    ],
+)
+def test_a_step_with_no_data_names_only_the_settings_the_user_set(dataset, extra, said):
+    """Was: "read by 1 readers: ... train.num_workers 0", and "fewer train.num_workers" at 0."""
+    uri, manifest = dataset
+    with pytest.raises(ConfigError) as err:
+        check_an_epoch_has_a_step(config(1, 168, **extra), get_task("classification"), manifest, uri)
+    assert str(err.value).endswith(said), err.value
 
 
 @pytest.mark.parametrize(
@@ -314,24 +338,41 @@ def test_what_the_run_s_step_count_leaves_without_effect_is_refused_before_a_rep
 
 
 @pytest.mark.parametrize(
-    ("workers", "length", "refused"),
-    [(0, 200, False), (2, 75, False), (2, 76, True), (1, 150, True)],
+    ("workers", "length", "moved"), [(0, 200, False), (2, 75, False), (2, 76, True), (1, 150, True)]
 )
-def test_workers_are_refused_where_their_sockets_path_would_be_too_long(workers, length, refused):
+def test_workers_sockets_go_to_a_short_folder_where_the_temporary_folder_is_too_deep(
+    monkeypatch, workers, length, moved
+):
     """Was: every `kftrain run --local` with train.num_workers hung until its timeout, each worker
     dying of "AF_UNIX path too long" in the run's nested temporary folders."""
-    from trainer.training_data import SUN_PATH_MAX, WORKER_SOCKET_SUFFIX, check_worker_tempdir
+    import multiprocessing
+    import shutil
 
-    assert SUN_PATH_MAX - WORKER_SOCKET_SUFFIX == 75
-    tempdir = "/" + "t" * (length - 1)
-    if not refused:
-        check_worker_tempdir(workers, tempdir)
+    from trainer import training_data
+
+    assert training_data.SUN_PATH_MAX - training_data.WORKER_SOCKET_SUFFIX == 75
+    config = multiprocessing.current_process()._config
+    monkeypatch.setitem(config, "tempdir", "unchanged")
+    training_data.worker_sockets_fit(workers, "/" + "t" * (length - 1))
+    if not moved:
+        assert config["tempdir"] == "unchanged"
         return
+    short = config["tempdir"]
+    try:
+        assert short.startswith("/tmp/kftrain-mp-") and os.path.isdir(short)
+        assert len(short) + training_data.WORKER_SOCKET_SUFFIX <= training_data.SUN_PATH_MAX
+    finally:
+        shutil.rmtree(short, ignore_errors=True)
+
+
+def test_with_no_short_folder_to_move_to_the_workers_are_refused_naming_tmpdir(monkeypatch, tmp_path):
+    from trainer import training_data
+
+    monkeypatch.setattr(training_data, "SHORT_TEMP_BASES", (str(tmp_path / "none"),))
     with pytest.raises(ConfigError) as err:
-        check_worker_tempdir(workers, tempdir)
-    over = length - 75
+        training_data.worker_sockets_fit(2, "/" + "t" * 99)
     assert str(err.value) == (
-        f"train.num_workers {workers}: each DataLoader worker makes a Unix socket in the temporary folder {tempdir}, "
-        f"a path {over} character(s) too long for one (107 at most, with 32 of the socket's own); set TMPDIR to a "
-        f"folder at least {over} character(s) shorter, or train.num_workers: 0"
+        f"train.num_workers 2: each DataLoader worker makes a Unix socket in the temporary folder /{'t' * 99}, a path "
+        f"25 byte(s) too long for one (107 at most, with 32 of the socket's own), and none of {tmp_path / 'none'} is "
+        "writable; set TMPDIR to a folder at least 25 byte(s) shorter, or train.num_workers: 0"
     )

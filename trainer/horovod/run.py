@@ -48,7 +48,9 @@ def real_horovod(path: list[str]) -> str | None:
     return None
 
 
-_THIS_FILE = Path(__file__).resolve()
+#: The files of this runner's frames above a script's own: this one, and runpy's where it is not
+#: frozen (Python 3.10, `-X frozen_modules=off`).
+_RUNNER_FILES = {Path(__file__).resolve(), Path(runpy.__file__).resolve()}
 
 
 def run_script(script: str, args: list[str]) -> None:
@@ -204,7 +206,7 @@ def _uncaught(exc: BaseException) -> None:
     leaves at exit without waiting for the other processes."""
     report = traceback.TracebackException.from_exception(exc)
     frames = list(report.stack)
-    while frames and (frames[0].filename == "<frozen runpy>" or Path(frames[0].filename).resolve() == _THIS_FILE):
+    while frames and (frames[0].filename == "<frozen runpy>" or Path(frames[0].filename).resolve() in _RUNNER_FILES):
         frames.pop(0)
     report.stack = traceback.StackSummary.from_list(frames)
     sys.stderr.write("".join(report.format()))

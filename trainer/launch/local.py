@@ -382,7 +382,7 @@ def starting_process() -> tuple[int, int] | None:
 
 
 #: The prefix of a job's temporary folder: short, as the ranks' DataLoader workers make Unix sockets
-#: below it (:func:`trainer.training_data.check_worker_tempdir`).
+#: below it (:func:`trainer.training_data.worker_sockets_fit`).
 JOB_TMP_PREFIX = "job-"
 
 

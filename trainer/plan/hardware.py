@@ -48,8 +48,9 @@ class MigSlice(HardwareError):
 
     def __init__(self, message: str, gb: str | None) -> None:
         super().__init__(message)
-        self.gb = gb
-        """The slice's memory in GB, where its profile names it (`1g.10gb`: "10"); else None."""
+        self.gib = None if gb is None else f"{int(gb) * 1e9 / 2**30:.1f}"
+        """The slice's memory in GiB (the unit `--gpu-memory` takes), where its profile names its GB
+        (`1g.10gb`: "9.3"); else None."""
 
 
 @dataclass(frozen=True)

@@ -275,22 +275,23 @@ def _block_end(block: bytes, within: int) -> int:
 LINE_END_REACH = 4096
 
 
-def _cut(block: bytes, at: int, marks: Marks = NO_MARKS, reach: int = LINE_END_REACH) -> int:
-    """The first line end at or after `at` (so a line is never split between splits); where none
-    is within `reach` bytes (a long line), `at` itself, moved back to a character's start and out
-    of a document mark: before a start mark, after an end mark (a cut through one left its
-    halves as text tokens)."""
+def _cut(block: bytes, at: int, marks: Marks = NO_MARKS, before: int | None = None) -> int:
+    """The first line end at or after `at` (so a line is never split between splits), within
+    :data:`LINE_END_REACH` bytes and before `before` (the next cut's target: a line end past it
+    would leave the split between them empty); where there is none (a long line), `at` itself,
+    moved back to a character's start and out of a document mark: before a start mark, after an
+    end mark (a cut through one left its halves as text tokens)."""
     if at >= len(block):
         return len(block)
     end = _line_end(block, at)
-    if end != -1 and end - at <= reach:
+    if end != -1 and end - at <= LINE_END_REACH and (before is None or end < before):
         return end
     at = _char_start(block, at)
-    for mark, before in ((marks.start, True), (marks.end, False)):
+    for mark, opens in ((marks.start, True), (marks.end, False)):
         if mark:
             found = block.rfind(mark, max(0, at - len(mark) + 1), at + len(mark) - 1)
             if found != -1 and found < at < found + len(mark):
-                return found if before else found + len(mark)
+                return found if opens else found + len(mark)
     return at
 
 
@@ -310,12 +311,11 @@ def split_block(block: bytes, val_fraction: float, test_fraction: float, marks: 
         if len(block) - end < SPLIT_PIECE_BYTES // 2:  # no short last piece: its shares would be a few lines
             end = len(block)
         piece, n = block[start:end], end - start
-        # A cut moves to a line end by at most half of the smaller share: a text of long lines
-        # (one paragraph) was all train, its val and test cut at the same line end past them.
-        shares = [f for f in (val_fraction, test_fraction) if f > 0]
-        reach = min(LINE_END_REACH, int(n * min(shares) / 2)) if shares else LINE_END_REACH
-        a = _cut(piece, int(n * (1 - val_fraction - test_fraction)), marks, reach)
-        b = max(a, _cut(piece, int(n * (1 - test_fraction)), marks, reach))
+        # A line end past the next cut's target is not taken: a text of long lines (one paragraph)
+        # was all train, its val and test cut at the same line end, the piece's last.
+        val_at, test_at = int(n * (1 - val_fraction - test_fraction)), int(n * (1 - test_fraction))
+        a = _cut(piece, val_at, marks, before=test_at)
+        b = max(a, _cut(piece, test_at, marks, before=n))
         parts["train"].append(piece[:a])
         parts["val"].append(piece[a:b])
         parts["test"].append(piece[b:])

@@ -229,7 +229,7 @@ def csv_rows(
         raise DataError(
             f"{uri}: column{'s' if len(unnamed) > 1 else ''} {', '.join(map(str, unnamed))} of the {len(header)} in "
             f"the header {'have' if len(unnamed) > 1 else 'has'} no name{trailing}; "
-            "name every column, or remove the empty one"
+            f"name every column, or remove the empty {'ones' if len(unnamed) > 1 else 'one'}"
         )
     twice = sorted(name for name, n in collections.Counter(header).items() if n > 1)
     if twice:  # the second label column would be read as a feature, a repeated feature as two
@@ -264,11 +264,11 @@ def csv_rows(
             if label is None:
                 label = canonical[raw] = canonical_label(raw)
                 if missing_label(label):
-                    what = f"{label!r} marks a missing value (as pandas and R read it)" if label else "is empty"
+                    what = f"{label!r} marks a missing value (as pandas reads a table)" if label else "is empty"
                     raise DataError(
                         f"{uri}: row {row + len(labels) + 1} (line {line}), column {label_column!r} "
-                        f"(data.label_column): the label {what}; give every row a class, or leave out the rows "
-                        "that have none"
+                        f"(data.label_column): the label {what}; give every row a class (a class spelled so: "
+                        "another name), or leave out the rows that have none"
                     )
                 seen = spellings.setdefault(label, set())
                 if len(seen) < MAX_SPELLINGS:
