@@ -1635,6 +1635,20 @@ class _ConfigLoader(yaml.SafeLoader):
     def _fail(self, mark: Any, what: str) -> None:
         raise ConfigError(f"{self.origin}: line {mark.line + 1}: {what}")
 
+    def construct_yaml_str(self, node: Any) -> str:
+        """A text scalar, with an escaped UTF-16 surrogate pair (`"\ud83d\ude42"`, as JSON writes
+        a character past U+FFFF) read as its one character (was: two lone surrogates, which no
+        file name or tokenizer takes); a lone surrogate is refused naming the line."""
+        value = super().construct_yaml_str(node)
+        if any("\ud800" <= c <= "\udfff" for c in value):
+            try:
+                value = value.encode("utf-16", "surrogatepass").decode("utf-16")
+            except UnicodeDecodeError:
+                self._fail(
+                    node.start_mark, "a lone UTF-16 surrogate escape (\\ud800-\\udfff); write the character itself"
+                )
+        return value
+
     def _where(self) -> str:
         parts = (k8s.plain(s) for s in self._path)  # stays one line, and shows no key that is a token
         return "".join(s if s.startswith("[") else f".{s}" for s in parts).lstrip(".") or "(top level)"
@@ -1757,6 +1771,7 @@ _YAML_1_2_FLOAT = re.compile(
 # Under an explicit `!!float`, YAML 1.2's own pattern, leading zeros included (`!!float 01.5`):
 # no octal to mistake it for. Untagged, `010` stays text (above), for the type check to name.
 _YAML_1_2_TAGGED_FLOAT = re.compile(_YAML_1_2_FLOAT.pattern.replace("(?:0|[1-9][0-9]*)", "[0-9]+"))
+_ConfigLoader.add_constructor("tag:yaml.org,2002:str", _ConfigLoader.construct_yaml_str)
 _ConfigLoader.add_constructor("tag:yaml.org,2002:float", _ConfigLoader.construct_yaml_float)
 _ConfigLoader.add_constructor("tag:yaml.org,2002:bool", _ConfigLoader.construct_yaml_bool)
 _ConfigLoader.add_constructor("tag:yaml.org,2002:int", _ConfigLoader.construct_yaml_int)
@@ -1895,7 +1910,9 @@ def read_config_file(path: str | Path) -> str:
 def config_to_json(cfg: Config, exclude: tuple[str, ...] = ()) -> str:
     """A compact JSON form (without the `exclude` sections, which then take their defaults)."""
     data = {k: v for k, v in to_dict(cfg).items() if k not in exclude}
-    return json.dumps(data, separators=(",", ":"), sort_keys=True)
+    # Characters as they are: the steps read this text as YAML, which took `\ud83d\ude42` (JSON's
+    # escape of a character past U+FFFF) as two lone surrogates (see _ConfigLoader.construct_yaml_str).
+    return json.dumps(data, separators=(",", ":"), sort_keys=True, ensure_ascii=False)
 
 
 def config_from_json(text: str) -> Config:

@@ -241,3 +241,39 @@ def test_a_config_that_is_no_text_is_refused_naming_what_it_is(given, kind):
     `dsl.ParallelFor` item on in its place): was an AttributeError naming nothing."""
     with pytest.raises(ConfigError, match=rf"^config: must be the config's YAML or JSON text, not a {kind}$"):
         parse_config(given, origin="config")
+
+
+@pytest.mark.parametrize(
+    "overrides",
+    [
+        {"data.eval_prompts": ["after red? 🙂"]},
+        {"data.source": "data/chat🙂.jsonl", "task": "causal_lm"},
+        {"task": "causal_lm", "model.init_from": "models/llama🙂"},
+        {"data.eval_prompts": ["ünïcödé"]},
+    ],
+    ids=["prompt", "source", "base-model", "bmp"],
+)
+def test_text_past_u_ffff_reaches_the_steps_as_written(overrides):
+    """The steps read the effective config's JSON as YAML (was: an emoji came back as two lone
+    surrogates: a prompt the tokenizer refused after training, a source or model "not there")."""
+    from trainer.config import config_to_json, to_dict
+
+    cfg = load_config(overrides=overrides)
+    assert to_dict(parse_config(config_to_json(cfg))) == to_dict(cfg)
+
+
+@pytest.mark.parametrize(
+    ("text", "got"),
+    [
+        ('data:\n  eval_prompts: ["a \\ud83d\\ude42"]\n', "a 🙂"),  # an escaped pair, as JSON writes it
+        ('data:\n  eval_prompts: ["a \\U0001F642"]\n', "a 🙂"),
+        ('data:\n  eval_prompts: ["a \\ud83d"]\n', None),
+        ('data:\n  eval_prompts: ["a \\ude42 b"]\n', None),
+    ],
+)
+def test_an_escaped_surrogate_pair_is_its_character_and_a_lone_one_is_refused(text, got):
+    if got is not None:
+        assert parse_config(text).data.eval_prompts == [got]
+        return
+    with pytest.raises(ConfigError, match=r"^config: line 2: a lone UTF-16 surrogate escape"):
+        parse_config(text)
