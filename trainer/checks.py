@@ -461,6 +461,10 @@ def check_resume_from(cfg: Config, root: str) -> Config:
 
     with check_deadline(MODEL_CHECK_BUDGET_S):  # a few listings and reads, as the base model's check
         folder, record = resolve_resume_from(cfg, root)
+    if "://" not in folder:
+        # Pinned as an absolute path: a relative one, read again from another working directory (a
+        # `--run-id` continuation, its lineage, export_best's candidates), named another place.
+        folder = os.path.abspath(os.path.expanduser(folder))
     try:
         check_continues(cfg, record, "start without resume_from")
     except KftrainError as exc:

@@ -233,6 +233,8 @@ def test_a_rank_killed_by_a_sigkill_from_outside_is_not_blamed_on_memory():
         run_job(LocalBackend(sink=lambda line: None), replace(job("killed", code, replicas=2), timeout_s=60))
     message = str(info.value)
     assert "replica worker-0 exited with code -9; it was killed by SIGKILL (not the out-of-memory killer" in message
+    # It printed nothing (was: "Its last log lines:" and nothing after the colon).
+    assert message.endswith(". It printed no line.") and "Its last log lines" not in message, message
 
 
 def test_a_process_group_that_ends_normally_leaves_together(tmp_path):

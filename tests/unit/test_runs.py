@@ -488,6 +488,23 @@ def test_the_pre_flights_pin_resume_from_to_the_checkpoint_it_names(runs, monkey
         configure.python_func(config="", store=str(root), resume_from="nosuchrun")
 
 
+@pytest.mark.parametrize("spelled", ["relative", "with ~"])
+def test_a_resume_from_path_is_pinned_absolute(runs, tmp_path, monkeypatch, spelled):
+    """Was: kept as written, so a `--run-id` continuation from another working directory read
+    another place (export_best then chose another checkpoint, with no word)."""
+    from trainer.checks import check_resume_from
+
+    root, _, old_ckpt = runs
+    if spelled == "relative":
+        monkeypatch.chdir(Path(old_ckpt).parent)
+        given = "./checkpoints"
+    else:
+        monkeypatch.setenv("HOME", str(Path(old_ckpt).parent))
+        given = "~/checkpoints"
+    cfg = check_resume_from(config(root, "", **{"checkpoint.resume_from": given}), "")
+    assert cfg.checkpoint.resume_from == join_uri(old_ckpt, f"step-{CUT_AT:08d}")
+
+
 def test_the_attempts_kfp_local_makes_of_a_local_run_are_not_listed_as_runs(tmp_path):
     """`kftrain run --local` without a store: kfp.local's folder for each start
     (`kftrain-training-<time>/train/model/training.json`) has a KFP run's layout, but is an attempt

@@ -546,11 +546,13 @@ class LocalBackend:
             if running and blame(list(rep.tail), rep.proc.returncode) == 3
             else ""
         )
-        tail = "\n".join(f"  [{rep.key}] {line}" for line in failure_excerpt(list(rep.tail)))
+        lines = failure_excerpt(list(rep.tail))
+        tail = "\n".join(f"  [{rep.key}] {line}" for line in lines)
         ended_by = how_it_ended(list(rep.tail), rep.proc.returncode, self._oom_kills_since_start(spec))
+        # A process killed before it printed anything (was: "Its last log lines:" and nothing after).
+        said = f" Its last log lines:\n{tail}" if lines else " It printed no line."
         return (
-            f"job {spec.name} failed: replica {rep.key} exited with code {rep.proc.returncode}"
-            f"{ended_by}{hung}. Its last log lines:\n{tail}"
+            f"job {spec.name} failed: replica {rep.key} exited with code {rep.proc.returncode}{ended_by}{hung}.{said}"
         )
 
     def _oom_kills_since_start(self, spec: JobSpec) -> int | None:
