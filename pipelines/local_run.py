@@ -66,16 +66,6 @@ class RunStopped(BaseException):
         self.signum = signum
 
 
-#: The prefix of the steps' temporary folder inside the run's (:func:`run_tmp_prefix`): short, as
-#: the ranks' DataLoader workers make Unix sockets two folders below it.
-STEP_TMP_PREFIX = "tmp-"
-
-
-def run_tmp_prefix(run_id: str) -> str:
-    """The prefix of the temporary folder of run `run_id`, which every process of the run writes in."""
-    return f"kftrain-{run_id}-"
-
-
 def new_run_id() -> str:
     """A fresh run id: sortable by start time, unique by a random suffix."""
     return f"{time.strftime('%Y%m%d-%H%M%S')}-{secrets.token_hex(3)}"
@@ -591,7 +581,7 @@ def run_scope(
     try:
         os.environ[RUN_MARKER_ENV] = marker
         # Every temporary file of the run in one folder, which goes with the run, SIGKILL included.
-        scratch = tempfile.tempdir = tempfile.mkdtemp(prefix=run_tmp_prefix(run_id))
+        scratch = tempfile.tempdir = tempfile.mkdtemp(prefix=f"kftrain-{run_id}-")
         previous = {sig: signal.signal(sig, on_signal) for sig in signals}
         with stopped_at_exit(marker, RUN_MARKER_ENV, grace_s, remove=scratch):  # nothing of the run outlives it
             try:
@@ -882,7 +872,8 @@ def _run_pipeline(cfg: Config, local_root: str, min_accuracy: float, max_perplex
     warnings.filterwarnings("ignore", message=".*non-Python base image.*")
     with (
         tempfile.TemporaryDirectory(prefix="kftrain-kfp-") as tmp,
-        tempfile.TemporaryDirectory(prefix=STEP_TMP_PREFIX) as scratch,
+        # A short name: the ranks' DataLoader workers make Unix sockets two folders below it.
+        tempfile.TemporaryDirectory(prefix="tmp-") as scratch,
         # Every process the run starts makes its temporary files there (removed after the run): each
         # kfp.local step writes its component's code to a `mktemp -d` folder, and torchrun a
         # `torchelastic_*` one, that nothing removes.

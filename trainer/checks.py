@@ -597,14 +597,12 @@ def check_model_memory(cfg: Config, parameters: int, adapters: int, here: bool =
     if ranks_per_limit > 1:
         what += f", x {ranks_per_limit} {'local ranks' if machine else 'ranks per replica'}"
     fixes = []
-    if not fsdp and not machine:  # on one machine FSDP's shards add up to what one DDP rank holds
-        fixes.append(f"train.strategy: fsdp ({_gib(need(method, world))} over the {world} ranks)")
+    if not fsdp and (world > 1 or not machine):  # one rank on this machine: FSDP would shard nothing
+        spread = f"for the {world} ranks together" if machine else f"over the {world} ranks"
+        fixes.append(f"train.strategy: fsdp ({_gib(need(method, world))} {spread})")
     if method == "full" and cfg.model.init_from:
         fixes.append(f"train.method: lora (the frozen base alone: {_gib(need('lora', world if fsdp else 1))})")
-    if machine:
-        if not fsdp and world > 1:
-            fixes.append(f"train.strategy: fsdp ({_gib(need(method, world))} for the {world} ranks together)")
-    else:
+    if not machine:  # this machine's ranks are the job's: more of them share the same memory
         ranks = math.ceil(need(method, 1) / limit)
         fixes.append(f"at least {ranks} ranks under fsdp (job.replicas x job.nproc_per_node, now {world})")
     if not cfg.model.init_from:

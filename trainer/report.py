@@ -461,23 +461,17 @@ def _flatten(tree: dict[str, Any], prefix: str = "") -> dict[str, Any]:
 
 def config_changes(config: dict[str, Any]) -> list[tuple[str, str, str]]:
     """(field, value, default) for every config field that differs from the defaults, where a
-    field a pipeline run fills from its own parameter's default (:func:`_run_defaults`) at that
+    field a pipeline run fills from its own parameter's default, at that
     value is no change (was: listed as one the user set)."""
-    from trainer.config import Config, to_dict
+    from trainer.config import KFP_HF_TOKEN_SECRET, Config, to_dict
 
-    defaults, actual, filled = _flatten(to_dict(Config())), _flatten(config), _run_defaults()
+    defaults, actual = _flatten(to_dict(Config())), _flatten(config)
+    filled = {"kubernetes.hf_token_secret": KFP_HF_TOKEN_SECRET}  # the Secret the step pods mount
     return [
         (key, json.dumps(value), json.dumps(defaults.get(key)) if key in defaults else "(none)")
         for key, value in sorted(actual.items())
         if defaults.get(key, object()) != value and filled.get(key, object()) != value
     ]
-
-
-def _run_defaults() -> dict[str, Any]:
-    """The fields a pipeline run sets itself when the user sets nothing: the Secrets its step pods mount."""
-    from trainer.config import KFP_HF_TOKEN_SECRET
-
-    return {"kubernetes.hf_token_secret": KFP_HF_TOKEN_SECRET}
 
 
 def _header(training: dict[str, Any], evaluation: dict[str, Any], context: dict[str, Any]) -> list[str]:

@@ -381,11 +381,6 @@ def starting_process() -> tuple[int, int] | None:
     return None
 
 
-#: The prefix of a job's temporary folder: short, as the ranks' DataLoader workers make Unix sockets
-#: below it (:func:`trainer.training_data.worker_sockets_fit`).
-JOB_TMP_PREFIX = "job-"
-
-
 class LocalBackend:
     """Runs each replica's command as its own process group on this machine.
 
@@ -439,7 +434,8 @@ class LocalBackend:
         # The job's own temporary folder, as a pod has its own /tmp: removed when the job ends, with
         # what its processes leave there (torchrun's `torchelastic_*` folder, which it never
         # removes; a killed rank's checkpoint staging). A TMPDIR in the job's env is the user's.
-        scratch = self._scratch[spec.name] = tempfile.mkdtemp(prefix=JOB_TMP_PREFIX)
+        # A short name: the ranks' DataLoader workers make Unix sockets below it (training_data.worker_sockets_fit).
+        scratch = self._scratch[spec.name] = tempfile.mkdtemp(prefix="job-")
         inherited["TMPDIR"] = scratch
         self._watchdogs[spec.name] = start_watchdog(marker, JOB_MARKER_ENV, 10.0, remove=scratch)
         for rank, (rtype, index) in enumerate(spec.replicas_by_rank(TRAINJOB if v2 else "pytorchjob")):

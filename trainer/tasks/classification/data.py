@@ -226,10 +226,10 @@ def csv_rows(
     unnamed = [i + 1 for i, name in enumerate(header) if not name.strip()]
     if unnamed:  # was: a feature named '' (or each row's empty last cell "is not a number")
         trailing = " (a comma at the end of every line?)" if unnamed == [len(header)] else ""
+        columns, has, ones = ("columns", "have", "ones") if len(unnamed) > 1 else ("column", "has", "one")
         raise DataError(
-            f"{uri}: column{'s' if len(unnamed) > 1 else ''} {', '.join(map(str, unnamed))} of the {len(header)} in "
-            f"the header {'have' if len(unnamed) > 1 else 'has'} no name{trailing}; "
-            f"name every column, or remove the empty {'ones' if len(unnamed) > 1 else 'one'}"
+            f"{uri}: {columns} {', '.join(map(str, unnamed))} of the {len(header)} in the header {has} no "
+            f"name{trailing}; name every column, or remove the empty {ones}"
         )
     twice = sorted(name for name, n in collections.Counter(header).items() if n > 1)
     if twice:  # the second label column would be read as a feature, a repeated feature as two
