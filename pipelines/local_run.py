@@ -46,6 +46,7 @@ from trainer.storage import (
     place_of,
     read_json,
     same_place,
+    under_setting,
 )
 
 DEFAULT_LOCAL_ROOT = "kftrain-outputs"
@@ -485,7 +486,7 @@ def _where_runs_live(cfg: Config, exc: StoreError, field: str = "") -> StoreErro
     (`field`, else `store.uri` or `--output-dir`). The first request reports: a probe that
     swallowed the failure left the user waiting out the store check's limit once more before
     the next request said the same."""
-    return type(exc)(f"{field or ('store.uri' if cfg.store.uri else '--output-dir')}: {exc}")
+    return under_setting(field or ("store.uri" if cfg.store.uri else "--output-dir"), exc)
 
 
 def record_finished(

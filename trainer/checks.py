@@ -27,12 +27,12 @@ from trainer.k8s_formats import quantity_value
 from trainer.storage import (
     LocalStore,
     StoreError,
-    StoreSettingError,
     check_deadline,
     file_place,
     join_uri,
     parse_uri,
     place_of,
+    under_setting,
 )
 
 log = logging.getLogger("kftrain.checks")
@@ -109,10 +109,8 @@ def check_writable(cfg: Config, uri: str, field: str) -> None:
 
     try:
         store_for(cfg, uri, check=True)
-    except StoreSettingError:
-        raise  # names the setting itself, not `field` (was: "store.uri: store.region: ...")
     except StoreError as exc:
-        raise type(exc)(f"{field}: {exc}" if uri in str(exc) else f"{field} {uri}: {exc}") from None
+        raise under_setting(field if uri in str(exc) else f"{field} {uri}", exc) from None
 
 
 def run_writes(cfg: Config, output_dir: str = "", output_flag: str = "--output-dir") -> dict[str, str]:
@@ -663,8 +661,7 @@ def check_base_model(cfg: Config, hub: bool = False) -> None:
             config = _check_folder(cfg, source)
             index = pretrained.tensor_index(source)
     except StoreError as exc:
-        named = f"model.init_from: {exc}" if origin in str(exc) else f"model.init_from {origin}: {exc}"
-        raise type(exc)(named) from None
+        raise under_setting("model.init_from" if origin in str(exc) else f"model.init_from {origin}", exc) from None
     adapters = _check_modules(cfg, source, config, index)
     parameters = sum(math.prod(e.shape) for e in index.values())
     check_model_memory(cfg, parameters, adapters, hub)

@@ -48,6 +48,7 @@ from trainer.storage import (
     join_uri,
     open_store,
     parse_uri,
+    under_setting,
     version_size,
 )
 from trainer.tokenizer import parse_spec
@@ -421,7 +422,7 @@ def source_version(cfg: Config) -> str:
             for obj, version in versions.items():
                 digest.update(f"{obj}={version}\n".encode())
         except StoreError as exc:
-            raise type(exc)(f"{field} {uri}: {exc}") from None
+            raise under_setting(f"{field} {uri}", exc) from None
     return digest.hexdigest()[:16]
 
 

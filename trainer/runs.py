@@ -37,6 +37,7 @@ from trainer.storage import (
     open_store,
     parse_uri,
     read_json,
+    under_setting,
 )
 
 #: The folder of `kftrain run --local`'s runs under a store root (pipelines/local_run.py).
@@ -398,7 +399,7 @@ def resolve_resume_from(cfg: Config, root: str) -> tuple[str, dict[str, Any]]:
         gone = latest is None and only is not None and not store.exists(join_uri(step_dir(prefix, only), COMMIT))
         others = latest_complete(store, prefix, only) if latest is None and owner is not None else None
     except StoreError as exc:
-        raise type(exc)(f"{field}: {exc}") from None
+        raise under_setting(field, exc) from None
     if latest is None:
         if gone:  # pinned by the pre-flight (or named) while its run trained on and pruned it
             raise ConfigError(

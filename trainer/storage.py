@@ -77,6 +77,12 @@ class StoreSettingError(StoreError):
     variable, which the message names) is wrong, whatever URI it was to serve."""
 
 
+def under_setting(setting: str, exc: StoreError) -> StoreError:
+    """`exc` naming first the `setting` that chose its store (`setting: ...`); a
+    :class:`StoreSettingError` as it is, as it names its own setting (was: "store.uri: $AWS_REGION: ...")."""
+    return exc if isinstance(exc, StoreSettingError) else type(exc)(f"{setting}: {exc}")
+
+
 class ObjectNotFound(StoreError, FileNotFoundError):
     """No object (or file) at the URI."""
 

@@ -236,3 +236,27 @@ def test_an_output_folder_inside_the_data_source_names_the_flag_and_its_default(
     last = capsys.readouterr().err.strip().splitlines()[-1]
     assert last.startswith(f"kftrain: error: {said}") and "is inside data.source './'" in last, last
     assert not (tmp_path / "kftrain-outputs").exists() and not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize(
+    ("env", "said"),
+    [
+        ({"AWS_REGION": "bad region"}, "$AWS_REGION: 'bad region' is not a region name"),
+        ({"AWS_ENDPOINT_URL": "minio:9000"}, "$AWS_ENDPOINT_URL: S3 endpoint 'minio:9000' must be a URL"),
+    ],
+)
+def test_a_bad_store_setting_from_the_environment_is_named_alone_through_the_cli(
+    tmp_path, monkeypatch, capsys, env, said
+):
+    """Was: "store.uri: $AWS_REGION: ...", blaming a flag that is fine."""
+    from pipelines.cli import main
+
+    monkeypatch.chdir(tmp_path)
+    for name in ("AWS_REGION", "AWS_DEFAULT_REGION", "AWS_ENDPOINT_URL", "AWS_ENDPOINT_URL_S3"):
+        monkeypatch.delenv(name, raising=False)
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    assert main(["run", "--local", "--store", "s3://bucket/prefix"]) == 2
+    last = capsys.readouterr().err.strip().splitlines()[-1]
+    assert last.startswith(f"kftrain: error: {said}"), last
+    assert not (tmp_path / "kftrain-outputs").exists()

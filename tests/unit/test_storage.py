@@ -11,6 +11,7 @@ from trainer.storage import (
     ObjectNotFound,
     S3Store,
     StoreError,
+    StoreSettingError,
     _cause,
     file_place,
     join_uri,
@@ -469,3 +470,17 @@ def test_a_local_file_replaced_while_read_in_parts_is_refused_not_mixed(tmp_path
     _replace(path, b"B" * size, how)
     with pytest.raises(storage.ObjectChanged, match=f"{re.escape(uri)} changed while it was read"):
         list(chunks)
+
+
+@pytest.mark.parametrize(
+    ("exc", "said"),
+    [
+        (StoreError("bucket 'b' does not exist"), "store.uri: bucket 'b' does not exist"),
+        (StoreSettingError("$AWS_REGION: 'x y' is not a region name"), "$AWS_REGION: 'x y' is not a region name"),
+    ],
+)
+def test_a_store_error_names_the_setting_that_chose_the_store_unless_it_names_its_own(exc, said):
+    from trainer.storage import under_setting
+
+    named = under_setting("store.uri", exc)
+    assert str(named) == said and type(named) is type(exc)
