@@ -247,43 +247,49 @@ def _run_alone(args: argparse.Namespace, cfg: Any, run_id: str, store: str) -> i
                 f"{redact_url(run_checkpoints(cfg, run_id, args.output_dir))}: its training starts from step 0"
             )
 
-    try:
-        with run_scope(run_id, on_stop=console.stopping), capturing(console):
-            summary = run_local(
-                cfg,
-                local_root=args.output_dir,
-                min_accuracy=args.min_accuracy,
-                max_perplexity=args.max_perplexity,
-                run_id=run_id,
-                # Once it passed the pre-flight: a refused run has nothing to continue.
-                on_start=on_start,
-            )
-    except (PipelineFailed, RunStopped) as exc:
-        outcome = exc
-    finally:  # a run stopped before its first step (bad config, unreachable store) wrote no log
-        # An uploaded log stays here too, to end as the terminal does (below); then it goes.
-        full_log = keep_log(cfg, log_uri, log_path, keep_here=True) if console.log is not None else ""
-    try:
-        with _nothing_left_to_stop(), _logged_too(log_path if full_log else None):
-            return _how_it_ended(args, cfg, run_id, resume, console, outcome, summary, full_log, bool(started), existed)
-    finally:
-        # Uploaded (or in the run's local folder, where this does nothing): again, with the lines above.
-        if full_log == log_uri and (kept := keep_log(cfg, log_uri, log_path)) != log_uri:
-            print(
-                f"kftrain: the full log's last lines could not be uploaded to {redact_url(log_uri)} (the copy there "
-                f"ends before them): the whole log is at {kept}, which the run's next start uploads in its place",
-                file=sys.stderr,
-            )
+    with _stop_handlers_kept():
+        try:
+            # Once the run's processes have ended, a stop signal stops nothing until this returns.
+            with run_scope(run_id, on_stop=console.stopping, after=signal.SIG_IGN), capturing(console):
+                summary = run_local(
+                    cfg,
+                    local_root=args.output_dir,
+                    min_accuracy=args.min_accuracy,
+                    max_perplexity=args.max_perplexity,
+                    run_id=run_id,
+                    # Once it passed the pre-flight: a refused run has nothing to continue.
+                    on_start=on_start,
+                )
+        except (PipelineFailed, RunStopped) as exc:
+            outcome = exc
+        finally:  # a run stopped before its first step (bad config, unreachable store) wrote no log
+            # An uploaded log stays here too, to end as the terminal does (below); then it goes.
+            full_log = keep_log(cfg, log_uri, log_path, keep_here=True) if console.log is not None else ""
+        try:
+            with _logged_too(log_path if full_log else None):
+                return _how_it_ended(
+                    args, cfg, run_id, resume, console, outcome, summary, full_log, bool(started), existed
+                )
+        finally:
+            # Uploaded (or in the run's local folder, where this does nothing): again, with the lines above.
+            if full_log == log_uri and (kept := keep_log(cfg, log_uri, log_path)) != log_uri:
+                print(
+                    f"kftrain: the full log's last lines could not be uploaded to {redact_url(log_uri)} (the copy "
+                    f"there ends before them): the whole log is at {kept}, which the run's next start uploads in its "
+                    "place",
+                    file=sys.stderr,
+                )
 
 
 @contextlib.contextmanager
-def _nothing_left_to_stop() -> Iterator[None]:
-    """While the run's closing lines print, a stop signal stops nothing: every process of the run
-    has ended, and the run exits as it ended (was: SIGTERM's default action cut the lines, and the
-    log, short; SIGINT's KeyboardInterrupt said "interrupted" for a finished run)."""
+def _stop_handlers_kept() -> Iterator[None]:
+    """The stop signals' handlers as they were once this block ends: inside it the run sets its
+    own, then ignores stop signals while its closing lines print and its log uploads, every
+    process of the run having ended (was: SIGTERM's default action cut the lines, and the log,
+    short; SIGINT's KeyboardInterrupt said "interrupted" for a finished run)."""
     from pipelines.local_run import stop_signals
 
-    before = {sig: signal.signal(sig, signal.SIG_IGN) for sig in stop_signals()}
+    before = {sig: signal.getsignal(sig) for sig in stop_signals()}
     try:
         yield
     finally:

@@ -512,6 +512,8 @@ def record_finished(
 #: Whether this process is inside kfp.local's run of the pipeline, reading a step's output to the
 #: end (see :func:`run_scope`): a stop there lets the step's last lines through.
 _reading_steps = threading.Event()
+#: Whether the run's last step has ended (see :func:`run_scope`): a stop then stops nothing.
+_steps_over = threading.Event()
 
 
 @contextlib.contextmanager
@@ -533,7 +535,10 @@ def stop_signals() -> tuple[int, ...]:
 
 @contextlib.contextmanager
 def run_scope(
-    run_id: str, grace_s: float = 10.0, on_stop: Callable[[int], None] = lambda signum: None
+    run_id: str,
+    grace_s: float = 10.0,
+    on_stop: Callable[[int], None] = lambda signum: None,
+    after: Any = None,
 ) -> Iterator[str]:
     """Make this process and everything it starts one stoppable unit.
 
@@ -547,6 +552,12 @@ def run_scope(
     committed") come through to the end, any process started after that is killed at once, and
     the block then ends in RunStopped whatever the pipeline raised (a pipeline that finished all
     the same was signalled after its last step: the run is done).
+
+    Once the last step has ended (:func:`run_local` says so), a stop signal stops nothing: the run
+    records its end as it would have (was: a signal while it wrote its record ended the finished
+    run "stopped", with no record; one just after the block, the default action cut its summary
+    and log short). `after` is what the stop signals are left with when the block ends (None:
+    the handlers they had), SIG_IGN for a caller that only reports the run's end from then on.
     """
     from trainer.launch.local import RUN_MARKER_ENV, marked_pids, run_marker, stop_marked, stopped_at_exit
 
@@ -563,6 +574,14 @@ def run_scope(
     signals = stop_signals()
 
     def on_signal(signum: int, frame: Any) -> None:
+        if _steps_over.is_set():
+            with contextlib.suppress(OSError):
+                os.write(
+                    2,
+                    f"\nkftrain: {signal.Signals(signum).name} after the run's last step: nothing left to "
+                    "stop, the run records its end\n".encode(),
+                )
+            return
         for sig in signals:  # a second signal, of any kind, must not interrupt the cleanup
             signal.signal(sig, signal.SIG_IGN)
         # Straight to the descriptor: a buffered write here, while the code the signal interrupted
@@ -579,6 +598,7 @@ def run_scope(
 
     previous: dict[int, Any] = {}
     tempdir_before = tempfile.tempdir
+    _steps_over.clear()
     try:
         os.environ[RUN_MARKER_ENV] = marker
         # Every temporary file of the run in one folder, which goes with the run, SIGKILL included.
@@ -597,7 +617,8 @@ def run_scope(
             # A signal after the last step's processes had ended stopped nothing: the run finished.
     finally:
         for sig, handler in previous.items():
-            signal.signal(sig, handler)
+            signal.signal(sig, handler if after is None else after)
+        _steps_over.clear()
         os.environ.pop(RUN_MARKER_ENV, None)
         if tempfile.tempdir != tempdir_before:
             shutil.rmtree(tempfile.tempdir, ignore_errors=True)  # gone already, unless the block never started
@@ -659,6 +680,7 @@ def run_local(
     record_started(cfg, run_id, local_root, given, gates)
     on_start()
     summary = {**_run_pipeline(cfg, local_root, min_accuracy, max_perplexity), "run_id": run_id}
+    _steps_over.set()  # inside run_scope, a stop signal from here on stops nothing: the run is done
     record_finished(cfg, run_id, summary, local_root, given, gates)
     return summary
 

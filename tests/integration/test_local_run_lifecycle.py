@@ -235,6 +235,55 @@ def test_a_stop_while_a_step_runs_lets_its_last_lines_through_then_ends_in_run_s
         os.kill(os.getpid(), signal.SIGTERM)
 
 
+# `kftrain run --local` whose pipeline has finished (its steps replaced by a summary: no process to
+# stop) and which gets a stop signal, sent to itself, as it enters the function named by argv[2].
+LATE_SIGNAL = """\
+import os, signal, sys
+import pipelines.local_run as lr
+from pipelines.cli import main
+
+where, sig = sys.argv[2], signal.Signals[sys.argv[3]]
+real = getattr(lr, where)
+
+def signalled(*args, **kwargs):
+    os.kill(os.getpid(), sig)
+    return real(*args, **kwargs)
+
+def pipeline(*args):
+    print("a step's line", flush=True)  # which opens the run's full log
+    return {"artifacts": {}, "metrics": {}, "exported": True, "quality_gate": ""}
+
+setattr(lr, where, signalled)
+lr._run_pipeline = pipeline
+sys.exit(main(["run", "--local", "--output-dir", sys.argv[1], "--run-id", "late"]))
+"""
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize(
+    "where, sig",
+    [
+        ("record_finished", "SIGTERM"),  # while the finished run writes its record
+        ("record_finished", "SIGINT"),
+        ("keep_log", "SIGTERM"),  # after the run's scope, while its log is kept and its summary prints
+        ("keep_log", "SIGHUP"),
+    ],
+)
+def test_a_stop_signal_after_the_last_step_stops_nothing_and_the_run_finishes(tmp_path, where, sig):
+    """A signal once every step has ended: the run records its end and reports it, exit 0 (was:
+    "stopped by SIGTERM", exit 143 and no record of a finished run; or the summary and log cut short
+    by the signal's default action)."""
+    rc, out = run_group([sys.executable, "-c", LATE_SIGNAL, str(tmp_path), where, sig], timeout=90, env=env())
+    assert rc == 0, out
+    assert "kftrain: run finished" in out and "stopping every process" not in out, out
+    record = json.loads((tmp_path / "runs" / "late" / "run.json").read_text())
+    (log,) = (tmp_path / "runs" / "late").glob("log-*.txt")
+    assert "a step's line" in log.read_text() and "Quality gate passed" in log.read_text()
+    assert record["status"] == "finished"
+    if where == "record_finished":
+        assert f"{sig} after the run's last step: nothing left to stop" in out
+
+
 @pytest.mark.parametrize("nohup", [False, True])
 def test_a_hangup_stops_the_run_as_sigterm_does_unless_it_is_ignored(nohup):
     """The terminal or SSH session closing (was: SIGHUP's default, the run killed at once: no

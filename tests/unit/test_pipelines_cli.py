@@ -1241,12 +1241,26 @@ def test_submit_refuses_an_empty_config_flag_instead_of_ignoring_it(capsys):
     assert rc == 2 and "--config : cannot read the config file" in out and "Traceback" not in out, out
 
 
-def _no_process_watch(monkeypatch, runs: bool = False) -> None:
-    """No watchdog process for the run's processes: the fake `run_local`s start none. `runs`:
-    `run_local` is such a fake, which passes its pre-flight and finishes at once."""
-    import contextlib
+@contextlib.contextmanager
+def _scope_without_processes(run_id, on_stop, after=None):
+    """`run_scope` with no watchdog process (the fake `run_local`s start none), which leaves the
+    stop signals' handlers as the real one does."""
+    import signal
 
-    monkeypatch.setattr("pipelines.local_run.run_scope", lambda run_id, on_stop: contextlib.nullcontext())
+    from pipelines.local_run import stop_signals
+
+    try:
+        yield
+    finally:
+        if after is not None:
+            for sig in stop_signals():
+                signal.signal(sig, after)
+
+
+def _no_process_watch(monkeypatch, runs: bool = False) -> None:
+    """No watchdog process for the run's processes. `runs`: `run_local` is a fake, which passes
+    its pre-flight and finishes at once."""
+    monkeypatch.setattr("pipelines.local_run.run_scope", _scope_without_processes)
     if runs:
         summary = {"artifacts": {}, "metrics": {}, "exported": True, "quality_gate": ""}
         monkeypatch.setattr("pipelines.local_run.run_local", lambda cfg, on_start, **kw: on_start() or summary)
@@ -1521,10 +1535,8 @@ def test_an_empty_job_uri_is_refused_not_replaced_by_the_placeholder(capsys, fla
 
 def test_the_summary_shows_a_count_as_a_whole_number(tmp_path, monkeypatch, capsys):
     """KFP's metrics hand counts back as floats (was: `test_rows 360.0000`)."""
-    import contextlib
-
     monkeypatch.chdir(tmp_path)
-    monkeypatch.setattr("pipelines.local_run.run_scope", lambda run_id, on_stop: contextlib.nullcontext())
+    _no_process_watch(monkeypatch)
     metrics = {"test_accuracy": 0.975, "test_loss": 1.0, "test_rows": 360.0, "test_tokens": 59648.0}
     summary = {"artifacts": {}, "metrics": metrics, "exported": True, "quality_gate": ""}
     monkeypatch.setattr("pipelines.local_run.run_local", lambda cfg, on_start, **kw: on_start() or summary)
