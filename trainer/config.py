@@ -857,15 +857,28 @@ _KUBERNETES_BOUNDS = {
 }
 
 
+def _replica_quantity_problem(value: Any, resource: str, what: str, example: str, empty: str) -> str | None:
+    """Why `value` is not a replica's `resource` (:func:`trainer.k8s_formats.quantity_problem`), or
+    None. Zero is valid to the API server and never what was meant: the field's way to say "none"
+    is to leave it empty."""
+    problem = k8s.quantity_problem(value, resource)
+    if problem is None and k8s.quantity_value(str(value)) == 0:
+        return (
+            f"{k8s.show(value)} gives each replica no {what}: give what it needs (e.g. {example}), or leave it "
+            f"empty ({empty})"
+        )
+    return problem
+
+
 #: `kubernetes.*` fields that become one name or value of the job, and why the API server would
 #: refuse a value (:mod:`trainer.k8s_formats`, the formats the preflight checks the manifest with);
 #: empty is unset, except for `runtime`.
 _KUBERNETES_FORMATS: dict[str, Callable[[Any], str | None]] = {
     "namespace": k8s.namespace_problem,
     "runtime": k8s.runtime_name_problem,
-    "cpu": lambda v: k8s.quantity_problem(v, "cpu"),
-    "memory": lambda v: k8s.quantity_problem(v, "memory"),
-    "shm_size": lambda v: k8s.quantity_problem(v, "shm_size"),
+    "cpu": lambda v: _replica_quantity_problem(v, "cpu", "CPU", "8 or 7500m", "no request or limit"),
+    "memory": lambda v: _replica_quantity_problem(v, "memory", "memory", "64Gi", "no request or limit"),
+    "shm_size": lambda v: _replica_quantity_problem(v, "shm_size", "/dev/shm", "2Gi", "the runtime's own 64M"),
     "priority_class": lambda v: k8s.object_name_problem(v, "a valid priorityClassName"),
     "service_account": lambda v: k8s.object_name_problem(v, "a valid serviceAccountName"),
     "queue": k8s.kueue_queue_problem,
@@ -890,9 +903,9 @@ class KubernetesConfig:
     weights, gradients and optimizer state cannot fit on each rank's GPU (a pretrained model's, or at least what
     `model.*` builds) is refused before any step; 0: unknown, no check."""
     cpu: str = ""
-    """CPU request and limit of each replica (a Kubernetes quantity, e.g. `8` or `7500m`)."""
+    """CPU request and limit of each replica (a Kubernetes quantity, e.g. `8` or `7500m`); empty: none."""
     memory: str = ""
-    """Memory request and limit of each replica (e.g. `64Gi`)."""
+    """Memory request and limit of each replica (e.g. `64Gi`); empty: none."""
     shm_size: str = "2Gi"
     """Size of the memory-backed `/dev/shm` volume (DataLoader workers and NCCL need more than 64M); empty: none."""
     tolerations: list[dict[str, Any]] = field(default_factory=list)

@@ -59,7 +59,7 @@ FIELDS = [
      ["team-a", "team-a.gpu", "q" * 63],
      ["team queue", "q" * 64, "-q", "q.", "Team_A", "team_a", "Team-A.1"]),
     ("kubernetes.cpu", _scalar(*_LIMITS, "cpu"),
-     ["8", "500m", "1.5", "1e3", ".5", "100n", "+1", "0"],
+     ["8", "500m", "1.5", "1e3", ".5", "100n", "+1"],  # "0" too, which the config refuses (test_launch_fieldrules)
      ["8 cores", "-1", "1.5.5", "1K", "one", "1m2"]),
     ("kubernetes.memory", _scalar(*_LIMITS, "memory"),
      ["64Gi", "1E", "128974848", "500M", "1.5Gi"],

@@ -96,6 +96,11 @@ REFUSED = [
     ({"kubernetes.memory": "5n"}, BOTH, ["kubernetes.memory: '5n' is 5e-09 bytes"]),
     ({"kubernetes.shm_size": "64"}, BOTH, ["kubernetes.shm_size: '64' is 64 bytes"]),
     ({"kubernetes.volumes": [{"name": "scratch", "emptyDir": {"sizeLimit": 100}}]}, BOTH, ["kubernetes.volumes[0].emptyDir.sizeLimit: '100' is 100 bytes"]),
+    # zero replica resources: valid, and never what was meant (empty is how a field says none)
+    ({"kubernetes.cpu": "0"}, BOTH, ["kubernetes.cpu: '0' gives each replica no CPU", "leave it empty"]),
+    ({"kubernetes.cpu": "0m"}, BOTH, ["kubernetes.cpu: '0m' gives each replica no CPU"]),
+    ({"kubernetes.memory": "0Gi"}, BOTH, ["kubernetes.memory: '0Gi' gives each replica no memory", "e.g. 64Gi"]),
+    ({"kubernetes.shm_size": "0.0"}, BOTH, ["kubernetes.shm_size: '0.0' gives each replica no /dev/shm"]),
     ({"job.nccl_debug": "LOUD"}, BOTH, ["job.nccl_debug", "'LOUD'"]),
     ({"kubernetes.env": {"NCCL_DEBUG": "verbose"}}, BOTH, ["kubernetes.env.NCCL_DEBUG", "'verbose'", "VERSION, WARN, INFO"]),
     # integers within the API server's types (the CRD schemas' int32/int64 formats)
