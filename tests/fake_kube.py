@@ -544,6 +544,12 @@ class FakeCluster:
         conds = [c for c in st.get("conditions", []) if c["type"] != kind]
         st["conditions"] = [*conds, self._cond(kind, status, reason, message)]
 
+    def set_child_jobs(self, job: str, **counts: int) -> None:
+        """A TrainJob's `status.jobsStatus` (its JobSet's child Jobs, counted by state) as Kubeflow
+        Trainer writes it: the only sign that it runs (it has no `Running` condition)."""
+        entry = {"name": "node", "active": 0, "ready": 0, "succeeded": 0, "failed": 0, "suspended": 0, **counts}
+        self.jobs[job].setdefault("status", {})["jobsStatus"] = [entry]
+
     def suspend(self, job: str) -> None:
         """Kueue holds the job (at creation, or preempting it): suspended, its pods deleted."""
         if self.kind == "trainjob":

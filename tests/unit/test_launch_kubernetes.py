@@ -802,13 +802,19 @@ def test_the_launcher_prints_reported_progress_once_per_change():
 def test_job_status_names_the_job_its_state_and_that_no_progress_came_yet():
     from trainer.launch.kubernetes import job_status
 
-    for kind, expect in (("pytorchjob", "PyTorchJob"), ("trainjob", "TrainJob")):
+    for kind, expect, state in (
+        ("pytorchjob", "PyTorchJob", "Running (JobRunning)"),
+        ("trainjob", "TrainJob", "Running (child Jobs ready: node 1/1)"),
+    ):
         cluster = FakeCluster(kind=kind)
         backend, spec, _ = make(cluster, **{"job.kind": kind})
         backend.submit(spec)
-        cluster.set_condition(NAME, "Running", "JobRunning")
+        if kind == "trainjob":  # no Running condition: its child Jobs say it runs
+            cluster.set_child_jobs(NAME, active=1, ready=1)
+        else:
+            cluster.set_condition(NAME, "Running", "JobRunning")
         out = job_status(NAME, cluster.namespace, "auto", custom_api=cluster).splitlines()
-        assert out[0] == f"{expect} team/{NAME}: Running (JobRunning)"
+        assert out[0] == f"{expect} team/{NAME}: {state}"
         hint = "TrainJobStatus feature gate" if kind == "trainjob" else "kftrain-trainer Role"
         assert out[1].startswith("progress: none reported yet") and hint in out[1]
 
@@ -839,6 +845,55 @@ def test_job_status_errors_are_one_line_that_says_what_to_fix(fault, message):
         cluster.fail_next("get", **fault)
     with pytest.raises(JobStatusError, match=re.escape(message)):
         job_status("nope", "team", "auto", custom_api=cluster)
+
+
+def _cond(kind: str, status: str = "True", reason: str = "", at: str = "2026-01-01T00:00:00Z") -> dict:
+    return {"type": kind, "status": status, "reason": reason, "lastTransitionTime": at}
+
+
+def _children(active: int = 0, ready: int = 0, succeeded: int = 0, failed: int = 0) -> list[dict]:
+    return [
+        {"name": "node", "active": active, "ready": ready, "succeeded": succeeded, "failed": failed, "suspended": 0}
+    ]
+
+
+# A TrainJob's state as Kubeflow Trainer v2.3 writes it (conditions Suspended, Complete and Failed
+# alone; child Jobs' counts in jobsStatus): (spec.suspend, conditions, jobsStatus, the state shown).
+RESUMED = [_cond("Suspended", "False", "Resumed")]
+RUNNING = "Running (child Jobs ready: node 1/1)"
+TRAINJOB_STATES = {
+    "just created": (False, [], [], "Created (no condition yet)"),
+    "held by Kueue": (True, [_cond("Suspended", reason="Suspended")], [], "Suspended"),
+    "admitted, no child Job yet": (False, RESUMED, [], "Created (no condition yet)"),
+    "admitted, pods pending": (
+        False,
+        RESUMED,
+        _children(active=1),
+        "Starting (child Jobs ready: node 0/1; the others' pods are pending or starting)",
+    ),
+    "training": (False, RESUMED, _children(active=1, ready=1), RUNNING),
+    "training, never queued": (False, [], _children(active=1, ready=1), RUNNING),
+    "completed": (False, [_cond("Complete", reason="Done")], _children(succeeded=1), "Complete (Done)"),
+    "failed": (False, [_cond("Failed", reason="FailedJobs")], _children(failed=1), "Failed (FailedJobs)"),
+    "child done, no condition": (False, [], _children(succeeded=1), "Finishing (child Jobs succeeded: 1, failed: 0)"),
+    "re-queued by Kueue": (
+        True,
+        [_cond("Suspended", reason="Suspended", at="2026-01-01T00:05:00Z")],
+        _children(active=1, ready=1),
+        "Suspended",
+    ),
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("case", TRAINJOB_STATES, ids=list(TRAINJOB_STATES))
+def test_a_trainjob_state_comes_from_its_conditions_and_child_jobs(case):
+    """Was: `Created (no condition yet)` for a TrainJob that trained, as Trainer sets no `Running`."""
+    from trainer.launch.jobkind import TRAINJOB_KIND
+    from trainer.launch.kubernetes import job_state
+
+    suspend, conditions, children, state = TRAINJOB_STATES[case]
+    obj = {"spec": {"suspend": suspend}, "status": {"conditions": conditions, "jobsStatus": children}}
+    assert job_state(obj, TRAINJOB_KIND) == state
 
 
 def test_job_status_auto_looks_at_the_other_kind_when_one_kind_is_forbidden():

@@ -1221,14 +1221,40 @@ def _clients() -> tuple[Any, Any]:
 
 
 def job_state(obj: dict[str, Any], kind: JobKind) -> str:
-    """The job's latest true condition (`Running`, `Succeeded`, `Suspended`, ...), else `Created`."""
+    """The job's latest true condition (`Running`, `Succeeded`, `Suspended`, ...), else `Created`.
+
+    A TrainJob has no `Running` condition (Kubeflow Trainer sets `Suspended`, `Complete` and
+    `Failed` alone): until it completes or fails, and while no queue holds it, its child Jobs'
+    counts (`status.jobsStatus`) say whether it runs (was: `Created (no condition yet)` for a
+    TrainJob that trained)."""
     conds = [c for c in (obj.get("status") or {}).get("conditions") or [] if c.get("status") == "True"]
-    if not conds:
+    latest = None
+    if conds:
+        # The latest transition; at the same second, the one the operator appended last.
+        _, _, latest = max((str(c.get("lastTransitionTime") or ""), i, c) for i, c in enumerate(conds))
+    ended = latest is not None and latest["type"] in (kind.succeeded, kind.failed)
+    running = kind is TRAINJOB_KIND and not ended and not is_suspended(obj, kind)
+    if running and (children := _child_jobs_state(obj)):
+        return children
+    if latest is None:
         return "Created (no condition yet)"
-    # The latest transition; at the same second, the one the operator appended last.
-    _, _, latest = max((str(c.get("lastTransitionTime") or ""), i, c) for i, c in enumerate(conds))
     reason = f" ({latest['reason']})" if latest.get("reason") and latest["reason"] != latest["type"] else ""
     return f"{latest['type']}{reason}"
+
+
+def _child_jobs_state(obj: dict[str, Any]) -> str | None:
+    """A TrainJob's state from its child Jobs' counts: `Running` when every one with pods is
+    ready, `Starting` while some of them wait for their pods; None when it has no child Job yet."""
+    jobs = [j for j in (obj.get("status") or {}).get("jobsStatus") or [] if isinstance(j, dict)]
+    counts = {key: sum(int(j.get(key) or 0) for j in jobs) for key in ("active", "ready", "succeeded", "failed")}
+    if not any(counts.values()):
+        return None
+    each = ", ".join(f"{j.get('name', '?')} {int(j.get('ready') or 0)}/{int(j.get('active') or 0)}" for j in jobs)
+    if counts["active"] and counts["ready"] < counts["active"]:
+        return f"Starting (child Jobs ready: {each}; the others' pods are pending or starting)"
+    if counts["active"]:
+        return f"Running (child Jobs ready: {each})"
+    return f"Finishing (child Jobs succeeded: {counts['succeeded']}, failed: {counts['failed']})"
 
 
 def job_status(
