@@ -131,6 +131,8 @@ ABOVE_ZERO = Bound(lambda v: v > 0, "must be > 0")
 NOT_NEGATIVE = Bound(lambda v: v >= 0, "must be >= 0")
 AT_LEAST_ONE = Bound(lambda v: v >= 1, "must be >= 1")
 NOT_EMPTY = Bound(bool, "must not be empty")
+#: The least `kubernetes.ttl_seconds_after_finished`: time for the launcher to read the job's end.
+MIN_TTL_SECONDS = 60
 #: The most DataLoader worker processes per rank `train.num_workers` may ask for.
 MAX_WORKERS = 128
 #: A seed: numpy's generators take 0 to 2**32 - 1, and the trainer derives per-epoch and per-rank
@@ -845,7 +847,6 @@ _KUBERNETES_BOUNDS = {
     ),
     "min_available": NOT_NEGATIVE,
     "schedule_timeout_seconds": NOT_NEGATIVE,
-    "ttl_seconds_after_finished": NOT_NEGATIVE,
     "active_deadline_seconds": NOT_NEGATIVE,
     "backoff_limit": NOT_NEGATIVE,
     "pending_timeout_seconds": ABOVE_ZERO,
@@ -940,7 +941,8 @@ class KubernetesConfig:
     clean_pod_policy: str = "Running"
     """Pods deleted when the job ends: `Running` (frees GPUs, keeps logs of failures), `All`, `None`."""
     ttl_seconds_after_finished: int = 86400
-    """The job object is deleted this long after it finished."""
+    """The job object is deleted this long after it finished (PyTorchJob); at least 60 and 3 x `poll_seconds`, so the
+    launcher reads how the job ended before it goes."""
     active_deadline_seconds: int = 0
     """Server-side deadline of the job, counted by the operator from its start (a job it ended is not
     re-created), at most `job.timeout_seconds`; 0: `job.timeout_seconds`, so a job outliving its launcher still
@@ -995,6 +997,17 @@ class KubernetesConfig:
     def __post_init__(self) -> None:
         p = "kubernetes"
         check_bounds(self, p, _KUBERNETES_BOUNDS)
+        # The launcher learns how the job ended at its next status check: a job deleted before that
+        # failed the step as "deleted while the launcher waited for it", a success included.
+        least = max(MIN_TTL_SECONDS, math.ceil(3 * self.poll_seconds))
+        _require(
+            self.ttl_seconds_after_finished >= least,
+            f"{p}.ttl_seconds_after_finished",
+            self.ttl_seconds_after_finished,
+            f"must be >= {least} (the launcher reads how the job ended at its next status check, every "
+            f"{p}.poll_seconds={self.poll_seconds:g}s; a finished job the operator deletes sooner fails the step, a "
+            "success included)",
+        )
         for i, tol in enumerate(self.tolerations):
             _require(isinstance(tol, dict), f"{p}.tolerations[{i}]", tol, "must be a mapping")
         check_plain_env(

@@ -208,6 +208,10 @@ def test_yaml_file_maps_onto_the_tree(tmp_path):
         ("checkpoint:\n  keep_best: {max: }\n", "must be a string (YAML reads `max:` as a mapping: quote it)"),
         ("data:\n  label_column: ''\n", "data.label_column: must not be empty"),
         ("- a\n- b\n", "must hold a mapping"),
+        # A finished job deleted before the launcher's next status check fails the step, a success included.
+        ("kubernetes:\n  ttl_seconds_after_finished: 0\n", "ttl_seconds_after_finished: must be >= 60 (the launcher"),
+        ("kubernetes:\n  ttl_seconds_after_finished: 59\n", "poll_seconds=5s; a finished job the operator deletes"),
+        ("kubernetes:\n  poll_seconds: 30\n  ttl_seconds_after_finished: 60\n", "must be >= 90 (the launcher"),
         ("train: [\n", "not valid YAML"),
     ],
 )
