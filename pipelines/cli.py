@@ -751,11 +751,21 @@ def _cmd_submit(args: argparse.Namespace) -> int:
     from pathlib import Path
 
     from pipelines.compile import compile_all
-    from pipelines.submit import SubmitError, follow, kfp_errors, make_client, parse_params, submit, succeeded
+    from pipelines.submit import (
+        SubmitError,
+        ca_bundle,
+        follow,
+        kfp_errors,
+        make_client,
+        parse_params,
+        submit,
+        succeeded,
+    )
     from trainer.config import load_yaml, read_config_file
 
     if args.timeout is not None and not args.wait:
         raise SubmitError("--timeout: limits how long --wait follows the run; add --wait, or leave out --timeout")
+    ca = ca_bundle(args.ca_cert)
     pairs = list(args.param)
     if args.config is not None:  # `--config "$UNSET"` is refused as an unreadable file, not ignored
         if any(pair.partition("=")[0] == "config" for pair in pairs):
@@ -769,8 +779,8 @@ def _cmd_submit(args: argparse.Namespace) -> int:
         run_name = (
             args.run_name or f"{args.pipeline_name} {datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M:%S}"
         )
-        with kfp_errors(args.host):
-            client = make_client(args.host, args.namespace)
+        with kfp_errors(args.host, ca):
+            client = make_client(args.host, args.namespace, ca)
             result = submit(
                 client,
                 args.host,
@@ -1319,6 +1329,13 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("submit", help="upload the pipeline (a new version) to KFP and start a run")
     p.add_argument(
         "--host", required=True, type=_api_url, help="KFP API endpoint, e.g. http://localhost:8080 (token: $KFP_TOKEN)"
+    )
+    p.add_argument(
+        "--ca-cert",
+        type=_path,
+        metavar="FILE.pem",
+        help="CA bundle the KFP API's TLS certificate is checked against (default: $SSL_CERT_FILE, "
+        "$REQUESTS_CA_BUNDLE, else the usual roots)",
     )
     p.add_argument("-n", "--namespace", type=_namespace, help="profile namespace (multi-user Kubeflow)")
     p.add_argument("--experiment", type=_nonempty, default="kftrain", help="experiment name (created if missing)")

@@ -32,6 +32,8 @@ TOKEN_ENV = "KFP_TOKEN"
 #: Where a pod's projected service-account token for KFP is (the variable, then kfp's default).
 SA_TOKEN_PATH_ENV = "KF_PIPELINES_SA_TOKEN_PATH"
 SA_TOKEN_PATH = "/var/run/secrets/kubeflow/pipelines/token"
+#: Where a CA bundle is named when `--ca-cert` is not given: OpenSSL's variable, then requests'.
+CA_BUNDLE_ENVS = ("SSL_CERT_FILE", "REQUESTS_CA_BUNDLE")
 #: HTTP statuses of a KFP API that is there but not answering now (restarting, a gateway's timeout).
 UNAVAILABLE = frozenset({502, 503, 504})
 #: How much of an error answer's body is shown (an HTML error page may be hundreds of lines).
@@ -247,8 +249,9 @@ def version_name(pipeline_name: str, package: Path) -> str:
 
 
 @contextlib.contextmanager
-def kfp_errors(host: str) -> Iterator[None]:
-    """Turn the KFP API being unreachable or refusing us into one :class:`SubmitError` line."""
+def kfp_errors(host: str, ca: str | None = None) -> Iterator[None]:
+    """Turn the KFP API being unreachable or refusing us into one :class:`SubmitError` line (`ca`:
+    the CA bundle the connections trust, :func:`ca_bundle`)."""
     import urllib3.exceptions
     from kfp_server_api.exceptions import ApiException
 
@@ -265,7 +268,7 @@ def kfp_errors(host: str) -> Iterator[None]:
             redact(f"the KFP API at {host} answered HTTP {status} {exc.reason}{f': {said}' if said else ''}")
         ) from None
     except (urllib3.exceptions.HTTPError, ConnectionError, TimeoutError) as exc:
-        raise _unreachable(host, exc) from None
+        raise _unreachable(host, exc, ca) from None
 
 
 def _rejected(host: str, status: int, reason: str) -> SubmitError:
@@ -301,31 +304,69 @@ def answer_excerpt(body: Any) -> str:
     return text if len(text) <= BODY_EXCERPT_CHARS else text[: BODY_EXCERPT_CHARS - 3].rstrip() + "..."
 
 
-def _unreachable(host: str, exc: BaseException) -> SubmitError:
+def ca_bundle(flag: str | None) -> str | None:
+    """The PEM file of the CAs the KFP API's TLS certificate is checked against: `--ca-cert`, else
+    $SSL_CERT_FILE or $REQUESTS_CA_BUNDLE (so that kfp.Client, which trusts only certifi's list,
+    trusts what this machine's other tools do), else None (the usual roots). Raises
+    :class:`SubmitError` naming where it came from when it holds no certificate."""
+    import ssl
+
+    where, path = (
+        ("--ca-cert", flag)
+        if flag
+        else next(((name, os.environ[name]) for name in CA_BUNDLE_ENVS if os.environ.get(name)), ("", None))
+    )
+    if path is None:
+        return None
+    try:
+        ssl.create_default_context(cafile=path)
+    except (OSError, ssl.SSLError) as exc:
+        # SSLError is an OSError too: its text is OpenSSL's code.
+        why = "it holds no PEM certificate" if isinstance(exc, ssl.SSLError) or not exc.strerror else exc.strerror
+        raise SubmitError(
+            f"{where} {path}: cannot be read as the CA bundle ({why}): give the PEM file of the CA that signed "
+            "the KFP API's certificate"
+        ) from None
+    return path
+
+
+def _unreachable(host: str, exc: BaseException, ca: str | None = None) -> SubmitError:
     reason = getattr(exc, "reason", None) or exc
+    if "CERTIFICATE_VERIFY_FAILED" in str(reason):
+        fix = (
+            f"{ca} is not the CA that signed it: give that CA's PEM file"
+            if ca
+            else f"give the PEM file of the CA that signed it with --ca-cert (or {CA_BUNDLE_ENVS[0]})"
+        )
+        detail = str(getattr(reason, "verify_message", "") or "certificate verify failed")
+        return SubmitError(
+            f"the KFP API at {redact(host)} presents a TLS certificate this machine does not trust ({detail}): {fix}"
+        )
     return SubmitError(
         f"cannot reach the KFP API at {redact(host)} ({type(reason).__name__}: {reason}): check --host "
         "(e.g. a running `kubectl port-forward svc/ml-pipeline-ui 8080:80`)"
     )
 
 
-def probe_host(host: str, timeout_s: float = 10.0) -> None:
+def probe_host(host: str, timeout_s: float = 10.0, ca: str | None = None) -> None:
     """One request to the KFP API's health endpoint, so that an unreachable or rejecting host, or
     one that is not a KFP API at all (a web page, another service, a login page in front of it),
     is one clear line at once: kfp.Client retries its health check and reports a timeout, and
     against another service fails later with a confusing message ("Missing the required
     parameter `pipeline_id`")."""
     import http.client
+    import ssl
     import urllib.error
     import urllib.request
 
     url = f"{host.rstrip('/')}/apis/v2beta1/healthz"
+    context = ssl.create_default_context(cafile=ca) if ca else None
     req = urllib.request.Request(url)
     token = bearer_token(host)
     if token:
         req.add_header("Authorization", f"Bearer {token}")
     try:
-        with urllib.request.urlopen(req, timeout=timeout_s) as resp:
+        with urllib.request.urlopen(req, timeout=timeout_s, context=context) as resp:
             kind, body = resp.headers.get("Content-Type", "?"), resp.read(65536)
     except urllib.error.HTTPError as exc:
         if exc.code in (401, 403):
@@ -334,7 +375,7 @@ def probe_host(host: str, timeout_s: float = 10.0) -> None:
             raise _unavailable(host, exc.code, exc.reason) from None
         raise _not_kfp(host, f"HTTP {exc.code} {exc.reason} for {url}") from None
     except (urllib.error.URLError, OSError, ValueError, http.client.HTTPException) as exc:
-        raise _unreachable(host, exc) from None
+        raise _unreachable(host, exc, ca) from None
     try:
         answer = json.loads(body)
     except ValueError:
@@ -344,10 +385,16 @@ def probe_host(host: str, timeout_s: float = 10.0) -> None:
 
 
 def _not_kfp(host: str, seen: str) -> SubmitError:
+    # A login page in front of the API answers a request whose token it did not take, too.
+    login = (
+        "if that is a login page in front of it, the token sent did not get past it (expired, or for another "
+        f"audience or host): set {TOKEN_ENV} to a fresh one"
+        if os.environ.get(TOKEN_ENV) or _sa_token_path(host)
+        else f"if a login page stands in front of it, set {TOKEN_ENV}"
+    )
     return SubmitError(
         f"{redact(host)} does not answer as a KFP API ({seen}): check --host; it is the KFP API or UI "
-        "address, e.g. http://localhost:8080 with `kubectl port-forward svc/ml-pipeline-ui 8080:80`, "
-        "and if a login page stands in front of it, set KFP_TOKEN"
+        f"address, e.g. http://localhost:8080 with `kubectl port-forward svc/ml-pipeline-ui 8080:80`, and {login}"
     )
 
 
@@ -380,25 +427,26 @@ def bearer_token(host: str) -> str | None:
         raise SubmitError(f"cannot read the service-account token {path} ({exc.strerror}); set {TOKEN_ENV}") from None
 
 
-def make_client(host: str, namespace: str | None):
+def make_client(host: str, namespace: str | None, ca: str | None = None):
     """A kfp.Client for `host`, with the bearer token of :func:`bearer_token` (the service
-    account's as a credential that reads its file again, since the kubelet rotates it)."""
+    account's as a credential that reads its file again, since the kubelet rotates it), trusting
+    the CA bundle `ca` (:func:`ca_bundle`; None: the usual roots)."""
     import warnings
 
     import kfp
 
-    probe_host(host)
+    probe_host(host, ca=ca)
     with warnings.catch_warnings():
         # kfp's notice that its client will change, on every submit: not the user's to act on.
         warnings.simplefilter("ignore", FutureWarning)
         token = os.environ.get(TOKEN_ENV) or None
         path = None if token else _sa_token_path(host)
         if path is None:
-            return kfp.Client(host=host, namespace=namespace, existing_token=token)
+            return kfp.Client(host=host, namespace=namespace, existing_token=token, ssl_ca_cert=ca)
         from kfp.client import ServiceAccountTokenVolumeCredentials
 
         credentials = ServiceAccountTokenVolumeCredentials(path)
-        return kfp.Client(host=host, namespace=namespace, credentials=credentials)
+        return kfp.Client(host=host, namespace=namespace, credentials=credentials, ssl_ca_cert=ca)
 
 
 def _without_urllib3_retries(client) -> None:

@@ -6,7 +6,8 @@ uploaded YAML must be a compiled pipeline; a run must name an uploaded version),
 every request so tests can assert on them. Each poll of a run answers the next entry of
 `run_states` (the last one repeats): a state, an HTTP status to fail that poll with, or
 :data:`HANG_UP`.
-`socketless(api)` hands kfp.Client's requests to it without a connection (unit tests).
+`socketless(api)` hands kfp.Client's requests to it without a connection (unit tests); `tls`
+serves it over HTTPS with a given certificate.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ import email.parser
 import email.policy
 import io
 import json
+import ssl
 import threading
 import uuid
 from collections.abc import Callable
@@ -30,7 +32,7 @@ HANG_UP = "hang up"
 
 
 class StandInKFP:
-    def __init__(self, run_states: list[str | int] | None = None) -> None:
+    def __init__(self, run_states: list[str | int] | None = None, tls: tuple[str, str] | None = None) -> None:
         self.run_states = run_states or ["RUNNING", "SUCCEEDED"]
         self.broken: Callable[[str, str], dict | None] = lambda method, path: None
         self.pipelines: dict[str, dict] = {}
@@ -39,6 +41,11 @@ class StandInKFP:
         self.requests: list[dict] = []
         self._server = ThreadingHTTPServer(("127.0.0.1", 0), self._handler())
         self.url = f"http://127.0.0.1:{self._server.server_address[1]}"
+        if tls is not None:  # (certificate, key) PEM files: HTTPS on `localhost`, as a TLS ingress serves it
+            context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+            context.load_cert_chain(*tls)
+            self._server.socket = context.wrap_socket(self._server.socket, server_side=True)
+            self.url = f"https://localhost:{self._server.server_address[1]}"
         # A short poll interval: `shutdown()` waits up to one (0.5 s by default) in every test.
         self._thread = threading.Thread(target=self._server.serve_forever, args=(0.02,), daemon=True)
 

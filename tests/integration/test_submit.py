@@ -199,6 +199,54 @@ def test_submit_function_reuses_an_existing_experiment():
         assert first.version_id == second.version_id
 
 
+def _self_signed(folder: Path, name: str) -> tuple[str, str]:
+    """A self-signed certificate for `localhost` (its own CA) and its key, made by openssl."""
+    cert, key = folder / f"{name}.pem", folder / f"{name}.key"
+    subprocess.run(
+        ["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "2", "-subj", f"/CN={name}",
+         "-addext", "subjectAltName=DNS:localhost", "-keyout", str(key), "-out", str(cert)],
+        check=True, capture_output=True, timeout=60,
+    )  # fmt: skip
+    return str(cert), str(key)
+
+
+# A KFP API behind a private CA: (--ca-cert, $SSL_CERT_FILE, the exit code, what the output says).
+# `ca` is the CA that signed the server's certificate, `other` one that did not.
+PRIVATE_CA_ROWS = {
+    "no bundle: named as a certificate to trust": (None, None, 2, "presents a TLS certificate this machine does not "
+                                                   "trust (self-signed certificate): give the PEM file of the CA "
+                                                   "that signed it with --ca-cert (or SSL_CERT_FILE)"),
+    "--ca-cert": ("ca", None, 0, "run "),
+    "$SSL_CERT_FILE, for kfp.Client too": (None, "ca", 0, "run "),
+    "--ca-cert wins over $SSL_CERT_FILE": ("ca", "other", 0, "run "),
+    "the wrong CA": ("other", None, 2, "other.pem is not the CA that signed it: give that CA's PEM file"),
+    "not a PEM file": ("junk", None, 2, "junk.txt: cannot be read as the CA bundle (it holds no PEM certificate)"),
+    "no such file": ("missing", None, 2, "missing.pem: cannot be read as the CA bundle (No such file or directory)"),
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("case", PRIVATE_CA_ROWS, ids=list(PRIVATE_CA_ROWS))
+def test_a_kfp_api_behind_a_private_ca_is_trusted_through_ca_cert(tmp_path, monkeypatch, capsys, case):
+    """Was: no way to trust it (kfp.Client trusts certifi's list alone, so $SSL_CERT_FILE passed the
+    health check and failed the upload), and the error said to check --host."""
+    flag, env, code, said = PRIVATE_CA_ROWS[case]
+    files = {"ca": _self_signed(tmp_path, "ca")[0], "other": _self_signed(tmp_path, "other")[0]}
+    files["junk"] = str(tmp_path / "junk.txt")
+    files["missing"] = str(tmp_path / "missing.pem")
+    Path(files["junk"]).write_text("not a certificate\n")
+    for name in ("SSL_CERT_FILE", "REQUESTS_CA_BUNDLE"):
+        monkeypatch.delenv(name, raising=False)
+    if env:
+        monkeypatch.setenv("SSL_CERT_FILE", files[env])
+    with StandInKFP(tls=(files["ca"], str(tmp_path / "ca.key"))) as api:
+        argv = ["submit", "--host", api.url, "--package", str(PACKAGE), *(["--ca-cert", files[flag]] if flag else [])]
+        rc, out = call_cli(argv, capsys)
+        assert rc == code and said in out, out
+        assert len(api.runs) == (1 if code == 0 else 0)
+        if flag in ("junk", "missing"):  # refused before any request
+            assert not api.requests
+
+
 def test_each_dropped_poll_is_retried_by_kftrain_s_one_retry_policy():
     """kfp.Client's connections retry nothing themselves: urllib3's default three retries under
     kftrain's hid each dropped poll, and made a poll that timed out wait four times its request

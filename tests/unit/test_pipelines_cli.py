@@ -1149,7 +1149,7 @@ def test_submit_takes_a_config_file_as_run_and_plan_do(tmp_path, monkeypatch, ca
         sent.update(params)
         return type("Result", (), {"version_name": "v", "run_id": "r", "run_url": "u"})()
 
-    monkeypatch.setattr("pipelines.submit.make_client", lambda host, namespace: object())
+    monkeypatch.setattr("pipelines.submit.make_client", lambda host, namespace, ca=None: object())
     monkeypatch.setattr("pipelines.submit.submit", submit)
     rc, out = call_cli([*SUBMIT, "--config", "c.yaml", *extra], capsys)
     if phrase is None:

@@ -89,13 +89,28 @@ def test_an_answer_without_the_id_kfp_gives_is_one_line_and_no_link_to_none(kfp_
     assert "None" not in capsys.readouterr().out  # no `.../details/None` link before the error
 
 
-def test_submit_command_prints_only_the_error_line_for_a_host_that_answers_empty_objects(kfp_api, capsys, monkeypatch):
+@pytest.mark.parametrize(
+    ("token", "login"),
+    [
+        (None, "if a login page stands in front of it, set KFP_TOKEN"),
+        # A token sent and a login page all the same: the token did not get past it (was: "set KFP_TOKEN").
+        ("eyJhbGciOi.expired", "if that is a login page in front of it, the token sent did not get past it "
+         "(expired, or for another audience or host): set KFP_TOKEN to a fresh one"),
+    ],
+)  # fmt: skip
+def test_submit_command_prints_only_the_error_line_for_a_host_that_answers_empty_objects(
+    kfp_api, capsys, monkeypatch, token, login
+):
     """The probe's case (`{}` to every request) through `kftrain submit`. The health probe is a
     separate urllib request (tested against a stand-in process in tests/integration/test_submit.py):
     here it is skipped, as it lets `{}` through."""
     from pipelines.cli import main
 
-    monkeypatch.setattr("pipelines.submit.probe_host", lambda host, timeout_s=10.0: None)
+    monkeypatch.setattr("pipelines.submit.probe_host", lambda host, timeout_s=10.0, ca=None: None)
+    if token:
+        monkeypatch.setenv("KFP_TOKEN", token)
+    else:
+        monkeypatch.delenv("KFP_TOKEN", raising=False)
     kfp_api.broken = not_kfp("every call")
     assert main(["submit", "--host", HOST, "--package", str(PACKAGE)]) == 2
     out, err = capsys.readouterr()
@@ -103,5 +118,5 @@ def test_submit_command_prints_only_the_error_line_for_a_host_that_answers_empty
     assert err.splitlines() == [
         f"kftrain: error: {HOST} does not answer as a KFP API (its answer to upload the pipeline has no pipeline_id): "
         "check --host; it is the KFP API or UI address, e.g. http://localhost:8080 with `kubectl port-forward "
-        "svc/ml-pipeline-ui 8080:80`, and if a login page stands in front of it, set KFP_TOKEN"
+        f"svc/ml-pipeline-ui 8080:80`, and {login}"
     ]
