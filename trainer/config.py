@@ -969,8 +969,10 @@ class KubernetesConfig:
     env: dict[str, str] = field(default_factory=dict)
     """Extra non-secret environment of the replicas; credential-looking names (`*SECRET*`, `*_TOKEN`,
     `*PASSWORD*`, `*_KEY`, `*_PWD`, ..., or a token pasted as a name; not `*_FILE`, `*_PATH`, `*_NAME`, `*_MODE`,
-    ..., nor one whose value is a path or a switch) and values are refused. Values reach the process
-    as written (`$(NAME)` is not expanded; `extra_env` is passed to Kubernetes as it is)."""
+    ..., nor one whose value is a path or a switch) and values are refused, and so are the store's variables
+    (`AWS_ENDPOINT_URL*`, `AWS_REGION`, `AWS_DEFAULT_REGION`: the pipeline's other steps would not get them; set
+    `store.endpoint`, `store.region`). Values reach the process as written (`$(NAME)` is not expanded; `extra_env`
+    is passed to Kubernetes as it is)."""
     extra_env: list[dict[str, Any]] = field(default_factory=list)
     """Extra environment entries of the replicas in pod-spec form (`name` plus `value` or `valueFrom`: `secretKeyRef`,
     `configMapKeyRef`, ...), e.g. a Secret's key; the KFP training task's own environment is added here

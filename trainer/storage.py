@@ -842,7 +842,7 @@ class S3Store:
 
         self.policy = policy or RetryPolicy()
         endpoint, endpoint_from = _setting(endpoint, "store.endpoint", *ENDPOINT_ENV)
-        region, region_from = _setting(region, "store.region", "AWS_REGION", "AWS_DEFAULT_REGION")
+        region, region_from = _setting(region, "store.region", *REGION_ENV)
         if endpoint:
             if problem := endpoint_problem(endpoint):
                 raise StoreSettingError(f"{endpoint_from}: S3 endpoint {redact_url(endpoint)!r} {problem}")
@@ -1143,6 +1143,8 @@ def _require_credentials() -> None:
 
 #: Where an S3 endpoint comes from when no field or flag gives one: the first set (the AWS SDKs' order).
 ENDPOINT_ENV = ("AWS_ENDPOINT_URL_S3", "AWS_ENDPOINT_URL")
+#: The variables an empty `store.region` is read from, in order.
+REGION_ENV = ("AWS_REGION", "AWS_DEFAULT_REGION")
 _REGION_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,62}")
 
 

@@ -96,6 +96,11 @@ REFUSED = [
     ({"kubernetes.memory": "5n"}, BOTH, ["kubernetes.memory: '5n' is 5e-09 bytes"]),
     ({"kubernetes.shm_size": "64"}, BOTH, ["kubernetes.shm_size: '64' is 64 bytes"]),
     ({"kubernetes.volumes": [{"name": "scratch", "emptyDir": {"sizeLimit": 100}}]}, BOTH, ["kubernetes.volumes[0].emptyDir.sizeLimit: '100' is 100 bytes"]),
+    # the store's variables, which only the replicas would get (the pipeline's other steps: store.*)
+    ({"kubernetes.env": {"AWS_ENDPOINT_URL": "http://b:9000"}}, BOTH, ["kubernetes.env.AWS_ENDPOINT_URL: AWS_ENDPOINT_URL would choose", "set store.endpoint"]),
+    ({"kubernetes.env": {"AWS_ENDPOINT_URL_S3": "http://b:9000"}}, BOTH, ["kubernetes.env.AWS_ENDPOINT_URL_S3", "set store.endpoint"]),
+    ({"kubernetes.env": {"AWS_DEFAULT_REGION": "eu-west-1"}}, BOTH, ["kubernetes.env.AWS_DEFAULT_REGION", "set store.region"]),
+    ({"kubernetes.extra_env": [{"name": "AWS_REGION", "valueFrom": {"configMapKeyRef": {"name": "c", "key": "r"}}}]}, BOTH, ["kubernetes.extra_env[0]: AWS_REGION would choose", "set store.region"]),
     # zero replica resources: valid, and never what was meant (empty is how a field says none)
     ({"kubernetes.cpu": "0"}, BOTH, ["kubernetes.cpu: '0' gives each replica no CPU", "leave it empty"]),
     ({"kubernetes.cpu": "0m"}, BOTH, ["kubernetes.cpu: '0m' gives each replica no CPU"]),

@@ -13,7 +13,7 @@ from trainer.launch.spec import (
     torchrun_command,
 )
 from trainer.stopping import GRACE_ENV
-from trainer.storage import credential_pair_problem
+from trainer.storage import ENDPOINT_ENV, REGION_ENV, credential_pair_problem
 
 TRAIN_MODULE = "trainer.train"
 
@@ -74,6 +74,14 @@ def job_env(cfg: Config) -> dict[str, str]:
         (f"kubernetes.extra_env[{i}]", e.get("name"), e.get("value")) for i, e in enumerate(cfg.kubernetes.extra_env)
     ]
     for where, name, value in given:
+        if name in ENDPOINT_ENV or name in REGION_ENV:
+            # The steps that write what training reads (data prep) and read what it writes
+            # (evaluation, export) never get kubernetes.env: the job would use another store.
+            setting = "store.endpoint" if name in ENDPOINT_ENV else "store.region"
+            raise ConfigError(
+                f"{where}: {name} would choose the training replicas' object store alone (the pipeline's other "
+                f"steps do not get kubernetes.env): set {setting}, which every step uses, and remove it here"
+            )
         if name == UNBUFFERED_ENV and value != "1":
             # The Training Operator appends its own after the pod's variables (the last one wins),
             # and a TrainJob gets kftrain's: another value would be overwritten, or named twice.
