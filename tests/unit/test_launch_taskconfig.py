@@ -221,6 +221,18 @@ def test_no_task_config_leaves_the_config_as_it_was():
     assert apply_task_config(cfg, {}) == (cfg, [])
 
 
+def test_the_task_s_store_variables_reach_the_replicas_though_the_config_may_not_give_them():
+    """A variable set on the KFP task (every step's, with `set_env_variable`) is the launcher's too:
+    passed on, the replicas use the store the launcher does. The same in kubernetes.env would be the
+    replicas' alone, and is refused (test_launch_fieldrules)."""
+    from trainer.launch.job import training_job
+
+    endpoint = {"name": "AWS_ENDPOINT_URL", "value": "http://minio.team:9000"}
+    cfg, _ = apply_task_config(load_config(None, {}), {"env": [endpoint]})
+    assert endpoint in cfg.kubernetes.extra_env
+    training_job(cfg, "job-1", "s3://b/dataset", "s3://b/model")  # builds: not refused as the config's own
+
+
 BAD = {
     "a key the driver does not send": ({}, {"hostNetwork": True}, "unknown keys ['hostNetwork']"),
     "a resource kftrain cannot set": (

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from trainer import k8s_formats as k8s
 from trainer.config import POD_SECTIONS, Config, ConfigError, config_to_json
 from trainer.launch.spec import (
@@ -69,19 +71,7 @@ def job_env(cfg: Config) -> dict[str, str]:
                 f"kubernetes.env.{name}: kftrain sets it (to {own[name]!r}) {_own_env(cfg)[name][1]}; "
                 "remove it from kubernetes.env"
             )
-    given = [(f"kubernetes.env.{n}", n, v) for n, v in cfg.kubernetes.env.items()]
-    given += [
-        (f"kubernetes.extra_env[{i}]", e.get("name"), e.get("value")) for i, e in enumerate(cfg.kubernetes.extra_env)
-    ]
-    for where, name, value in given:
-        if name in ENDPOINT_ENV or name in REGION_ENV:
-            # The steps that write what training reads (data prep) and read what it writes
-            # (evaluation, export) never get kubernetes.env: the job would use another store.
-            setting = "store.endpoint" if name in ENDPOINT_ENV else "store.region"
-            raise ConfigError(
-                f"{where}: {name} would choose the training replicas' object store alone (the pipeline's other "
-                f"steps do not get kubernetes.env): set {setting}, which every step uses, and remove it here"
-            )
+    for where, name, value in _given_env(cfg):
         if name == UNBUFFERED_ENV and value != "1":
             # The Training Operator appends its own after the pod's variables (the last one wins),
             # and a TrainJob gets kftrain's: another value would be overwritten, or named twice.
@@ -91,6 +81,28 @@ def job_env(cfg: Config) -> dict[str, str]:
                 "overwritten: remove it"
             )
     return {**own, **cfg.kubernetes.env}
+
+
+def _given_env(cfg: Config) -> list[tuple[str, Any, Any]]:
+    """The replicas' variables the config gives: (field, name, value; None for a `valueFrom`)."""
+    given = [(f"kubernetes.env.{n}", n, v) for n, v in cfg.kubernetes.env.items()]
+    return given + [
+        (f"kubernetes.extra_env[{i}]", e.get("name"), e.get("value")) for i, e in enumerate(cfg.kubernetes.extra_env)
+    ]
+
+
+def check_store_env(cfg: Config) -> None:
+    """ConfigError for a store variable the config gives the replicas: the steps that write what
+    training reads (data prep) and read what it writes (evaluation, export) never get
+    `kubernetes.env`, so the replicas would use another store. (A KFP task's own variables, which
+    its launcher has too, are passed on to the replicas: see :mod:`trainer.launch.taskconfig`.)"""
+    for where, name, _ in _given_env(cfg):
+        if name in ENDPOINT_ENV or name in REGION_ENV:
+            setting = "store.endpoint" if name in ENDPOINT_ENV else "store.region"
+            raise ConfigError(
+                f"{where}: {name} would choose the training replicas' object store alone (the pipeline's other "
+                f"steps do not get kubernetes.env): set {setting}, which every step uses, and remove it here"
+            )
 
 
 _GRACE_FIELD = "from kubernetes.termination_grace_seconds: set that instead"
@@ -129,6 +141,7 @@ def check_job_manifests(cfg: Config) -> None:
     from trainer.config import ConfigError
     from trainer.launch.jobkind import kinds_it_may_become
 
+    check_store_env(cfg)
     try:
         spec = training_job(cfg, PREFLIGHT_NAME, *PREFLIGHT_URIS)
     except ValueError as exc:  # the job spec's own rules (a TrainJob's unfit settings): the config's error
