@@ -78,6 +78,8 @@ def test_topology_from_the_environment(environ, expected):
         ({"RANK": "abc", "WORLD_SIZE": "2"}, "RANK='abc' is not a whole number"),
         ({"RANK": "0", "WORLD_SIZE": "0"}, "WORLD_SIZE='0' must be at least 1"),  # was: "MASTER_ADDR expected"
         ({"RANK": "3", "WORLD_SIZE": "2"}, r"RANK=3 is not a rank of WORLD_SIZE=2 processes \(0..1\)"),
+        # Every process rank 0 of the job (was: torch's "environment variable RANK expected" traceback).
+        ({"WORLD_SIZE": "2", "MASTER_ADDR": "127.0.0.1"}, "WORLD_SIZE=2 but no RANK: each process of a job needs"),
         ({"RANK": "0", "WORLD_SIZE": "2", "LOCAL_RANK": "x"}, "LOCAL_RANK='x' is not a whole number"),
         ({"RANK": "-1", "WORLD_SIZE": "2"}, "RANK='-1' must be at least 0"),
         ({"RANK": "1", "WORLD_SIZE": "2", "LOCAL_RANK": "2", "LOCAL_WORLD_SIZE": "2"}, "LOCAL_RANK=2 is not below"),
@@ -401,6 +403,9 @@ def test_compressors_have_horovods_names(shim_on_path):
         ("from horovod.ray import RayExecutor", "horovod.ray", "Spark and Ray) are not part of it"),
         ("from horovod.runner import run", "horovod.runner", "start the processes with torchrun"),
         ("from horovod import run", "horovod.run", "or as a PyTorchJob (docs/horovod.md)"),
+        # The same parts looked up on the package, as Horovod's docs write them (was: AttributeError's traceback).
+        ("import horovod\nhorovod.run(print, np=2)", "horovod.run", "or as a PyTorchJob (docs/horovod.md)"),
+        ("import horovod\nhorovod.spark.run(print)", "horovod.spark", "Spark and Ray) are not part of it"),
     ],
 )
 def test_a_module_or_launcher_the_shim_lacks_is_one_line_naming_it(
@@ -414,6 +419,14 @@ def test_a_module_or_launcher_the_shim_lacks_is_one_line_naming_it(
         err.startswith(f"kftrain horovod-run: {script} imports {missing}, which kftrain's Horovod shim") and said in err
     )
     assert "TensorFlow" not in err, err
+
+
+def test_any_other_missing_name_of_the_package_is_an_attribute_error_as_usual(tmp_path, monkeypatch, capsys):
+    """`hasattr` and `getattr(horovod, name, default)` work on the shim as on any module."""
+    script = tmp_path / "train.py"
+    body = "import horovod\nprint(hasattr(horovod, 'no_such_name'), getattr(horovod, 'x', 'default'))\n"
+    assert run_script(monkeypatch, script, body) == 0
+    assert capsys.readouterr().out == "False default\n"
 
 
 def test_a_missing_pytorch_side_module_is_named_with_what_the_shim_has(tmp_path, monkeypatch, capsys):

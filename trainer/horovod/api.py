@@ -290,6 +290,13 @@ class Topology:
 def topology(environ: Mapping[str, str] = os.environ) -> Topology:
     """This process's ranks from the torchrun / PyTorchJob environment (rank 0 of 1 without one)."""
     world = _env_int(environ, "WORLD_SIZE", 1, minimum=1)
+    if world > 1 and "RANK" not in environ:
+        # Every process would be rank 0 of the job, and the rendezvous fails asking for RANK.
+        raise HorovodEnvironmentError(
+            f"WORLD_SIZE={world} but no RANK: each process of a job needs its own; start the script through "
+            "torchrun (python -m torch.distributed.run -m trainer.horovod.run SCRIPT [ARGS]), which sets both, or "
+            "unset WORLD_SIZE to run one process"
+        )
     rank_ = _env_int(environ, "RANK", 0, minimum=0)
     if rank_ >= world:
         raise HorovodEnvironmentError(f"RANK={rank_} is not a rank of WORLD_SIZE={world} processes (0..{world - 1})")
