@@ -64,11 +64,22 @@ GPU_OVERHEAD_BYTES = int(1.5 * GiB)
 #: well-tuned data-parallel GPT training reaches (PaLM reports 46%, Chowdhery et al. 2022;
 #: Megatron-LM 41-52%, Narayanan et al. 2021); small models reach less.
 DEFAULT_MFU = 0.4
-#: The backward pass's share of a step's compute (twice the forward's FLOPs).
-BACKWARD_SHARE = 2 / 3
-#: A step's compute with activation checkpointing against without: the forward runs again in
-#: backward (forward 1/3 of the FLOPs, so 4/3; Korthikanti et al. 2022 measure about this).
-RECOMPUTE_FACTOR = 4 / 3
+#: FLOPs a step spends per weight (and token): the forward's 2, the backward's by `train.method`: a
+#: full update computes the gradients of the activations and of the weights (2 + 2); LoRA skips the
+#: frozen weights' (2). Activation checkpointing runs the forward again in backward: a full
+#: update's step becomes 4/3 of its compute (Korthikanti et al. 2022 measure about this), LoRA's 3/2.
+FORWARD_FLOPS_PER_WEIGHT = 2
+BACKWARD_FLOPS_PER_WEIGHT = {"full": 4, "lora": 2}
+
+
+def _step_flops(method: str, recompute: bool) -> tuple[float, float]:
+    """(a step's compute with activation checkpointing `recompute` against without it, the
+    backward's share of that compute, the recomputed forward included)."""
+    forward, backward = FORWARD_FLOPS_PER_WEIGHT, BACKWARD_FLOPS_PER_WEIGHT[method]
+    again = forward if recompute else 0
+    return (forward + backward + again) / (forward + backward), (backward + again) / (forward + backward + again)
+
+
 #: A share of the device's memory past which a plan that fits says it has little headroom (the
 #: caching allocator's fragmentation alone often takes several percent).
 TIGHT_FIT = 0.9
@@ -454,10 +465,9 @@ def _time(
     world = nodes * target.per_node
     items = _items_per_rank_step(cfg, world)
     compute: float | None = None
+    recompute_factor, backward_share = _step_flops(tc.method, tc.activation_checkpointing)
     if target.gpu is not None:
-        flops = m.shape.flops_per_item * m.shape.items_per_sample
-        if tc.activation_checkpointing:
-            flops *= RECOMPUTE_FACTOR
+        flops = m.shape.flops_per_item * m.shape.items_per_sample * recompute_factor
         if flops > 0:
             compute = max(flops * items / (target.gpu.tflops(target.bf16) * 1e12 * mfu), launch_floor(m.shape, cfg))
     elif probe is not None:
@@ -470,7 +480,7 @@ def _time(
     if compute is None:
         return None, None, wait
     link = target.link
-    backward = compute * BACKWARD_SHARE
+    backward = compute * backward_share
     if world <= 1:
         return compute, 0.0, wait
     s = m.shape
@@ -750,12 +760,17 @@ def _alternatives(
                 fitting.append(a)
         if fitting:
             return out + fitting
-    everything = with_train(
-        strategy="fsdp" if world > 1 else tc.strategy,
-        activation_checkpointing=True,
-        grad_accum_steps=tc.batch_size // world if tc.batch_size % world == 0 else tc.grad_accum_steps,
-    )
-    last = predicted("all of them together (fsdp, activation checkpointing, micro-batch 1)", everything)
+    # Every single change at once, at micro-batch 1 where the batch splits so: named by the settings
+    # it applies (was: "fsdp" for one rank, where it changes nothing; "micro-batch 1" where the
+    # batch does not split into ones).
+    fields = {k: v for _, changes in singles for k, v in changes.items()}
+    parts = [change for change, changes in singles if "grad_accum_steps" not in changes]
+    if tc.batch_size % world == 0 and tc.batch_size // world > tc.grad_accum_steps:
+        fields["grad_accum_steps"] = tc.batch_size // world
+        parts.append(f"train.grad_accum_steps {fields['grad_accum_steps']} (micro-batch 1)")
+    if any(fields == changes for _, changes in singles):  # one of the single changes, predicted above
+        return out
+    last = predicted(f"all of them together: {' with '.join(parts)}", with_train(**fields))
     return [*out, last] if last else out
 
 
