@@ -408,10 +408,11 @@ def resolve_resume_from(cfg: Config, root: str) -> tuple[str, dict[str, Any]]:
                 "from a run once it has finished or stopped, or name a step it keeps"
             )
         if others is not None:  # complete, but another run's
+            # Either run may have taken the prefix over from the other: which one, the records do not say.
             raise ConfigError(
-                f"{field}: run {value} committed no checkpoint of its own at {prefix} (its newest, step {others[0]}, "
-                f"is run {others[1].get('owner')!r}'s, which continued from it there); name that run, or a "
-                "checkpoint URI"
+                f"{field}: run {value} committed no checkpoint of its own at {prefix} (the newest complete one "
+                f"there, step {others[0]}, was committed by run {others[1].get('owner')}, which shares the prefix "
+                "with it); name that run, or a checkpoint URI"
             )
         what = f"step {only} of {prefix} is not" if only is not None else f"no checkpoint of {prefix} is"
         raise ConfigError(

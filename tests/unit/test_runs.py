@@ -302,12 +302,16 @@ def test_a_run_whose_prefix_another_run_took_over_keeps_its_own_steps(runs, tmp_
     # A place, not a run: its newest checkpoint, whoever wrote it.
     folder, _ = resolve_resume_from(config(root, "", **{"checkpoint.resume_from": str(prefix)}), "")
     assert folder == join_uri(str(prefix), "step-00000030")
-    # Run `e` took the prefix over and committed nothing (was: "no checkpoint ... is complete").
+    # Run `e` took the prefix over and committed nothing (was: "no checkpoint ... is complete"); the
+    # message says whose the newest is, not who continued from whom (was: "d, which continued from
+    # it", d being the earlier run; and a doubled quote, 'd''s).
     claim_prefix(store, str(prefix), "e", resume=True)
     (root / "runs" / "e").mkdir()
     (root / "runs" / "e" / "started.json").write_text(json.dumps({"checkpoint_uri": str(prefix)}))
-    with pytest.raises(ConfigError, match=r"run e committed no checkpoint of its own at .*step 30, is run 'd''s"):
+    with pytest.raises(ConfigError) as refused:
         resolve_resume_from(config(root, "", **{"checkpoint.resume_from": "e"}), str(root))
+    assert "run e committed no checkpoint of its own at" in str(refused.value)
+    assert "step 30, was committed by run d, which shares the prefix with it); name that run" in str(refused.value)
 
 
 def test_a_parent_of_stores_lists_no_runs_and_names_the_stores(runs, tmp_path, capsys):
