@@ -131,19 +131,25 @@ def _load_with_flags(
             check(cfg)
         return cfg
     except ConfigError as exc:
-        # The field the message starts with, or a section above the flag's field: an unknown key
-        # under it (`--set job..replicas=2` is refused at `job.`).
-        message = str(exc)
-        lead = message.split(":", 1)[0].rstrip(".")
-        named = [flag for field, (flag, _) in flags.items() if re.match(rf"{re.escape(field)}\b", message)]
-        under = [flag for field, (flag, _) in flags.items() if field.startswith(lead + ".")]
-        if named or under:
-            flag = (named or under)[0]
-            if flag.startswith("--set ") and re.match(rf"{re.escape(flag.removeprefix('--set '))}[:.\[]", message):
-                # The field once: `--set job.replicas: ...`, `--set kubernetes.env.A: ...` for a mapping's entry.
-                raise ConfigError(f"--set {message}") from None
-            raise ConfigError(f"{flag}: {message}") from None
+        if (message := _named_by_flag(str(exc), flags)) is not None:
+            raise ConfigError(message) from None
         raise
+
+
+def _named_by_flag(message: str, flags: dict[str, tuple[str, Any]]) -> str | None:
+    """`message` (an error that starts with a config field) led by the flag that gave that field,
+    as that is what the user typed (`--store: store.uri: ...` for a store given with --store), or
+    None when no flag gave it. A `--set` names its field once (`--set kubernetes.env.A: ...`); a
+    section above the flag's field counts too (`--set job..replicas=2` is refused at `job.`)."""
+    lead = message.split(":", 1)[0].rstrip(".")
+    named = [(field, flag) for field, (flag, _) in flags.items() if re.match(rf"{re.escape(field)}\b", message)]
+    under = [(field, flag) for field, (flag, _) in flags.items() if field.startswith(lead + ".")]
+    if not (named or under):
+        return None
+    field, flag = (named or under)[0]
+    if flag.startswith("--set ") and re.match(rf"{re.escape(field)}[:.\[]", message):
+        return f"--set {message}"  # the field once: `--set job.replicas: ...`, `--set kubernetes.env.A: ...`
+    return f"{flag}: {message}"
 
 
 def _given(flags: dict[str, tuple[str, Any]]) -> dict[str, tuple[str, Any]]:
@@ -183,8 +189,13 @@ def _cmd_run(args: argparse.Namespace) -> int:
     if note := unused_endpoint(cfg):
         print(f"kftrain: warning: {note}", file=sys.stderr)
     # Before anything is written for it (its log): a second start of a running run is refused.
-    with running_alone(run_root(cfg, run_id, args.output_dir), run_id):
-        return _run_alone(args, cfg, run_id, store)
+    try:
+        with running_alone(run_root(cfg, run_id, args.output_dir), run_id):
+            return _run_alone(args, cfg, run_id, store)
+    except (KftrainError, ValueError) as exc:  # the pre-flight's, naming a field a flag gave: the flag
+        if (message := _named_by_flag(str(exc), flags)) is not None:
+            raise ConfigError(message) from None
+        raise
 
 
 def _run_alone(args: argparse.Namespace, cfg: Any, run_id: str, store: str) -> int:

@@ -87,10 +87,16 @@ CASES = {
         ["task: cannot import 'no_such_pkg.tasks:MyTask'", "importable"],
         config="task: no_such_pkg.tasks:MyTask\n",
     ),
+    # A store given with --store is named by the flag in the pre-flight's errors too (was: `store.uri:`
+    # alone, a field the user never wrote).
+    "store-flag-missing-bucket": Case(
+        [*RUN, "--store", "s3://no-such-bucket-kftrain/root"],
+        ["--store: store.uri: bucket 'no-such-bucket-kftrain' does not exist", "create it"],
+    ),
     # The store check keeps its 5 s against an endpoint that accepts and never answers.
     "store-hangs-long-read-timeout": Case(
         [*RUN, "--store", "s3://{bucket}/root", "--s3-endpoint", "{hang}"],
-        ["store.uri: cannot reach the object store", "s3://{bucket}/root", "the store check's limit of 5s"],
+        ["--store: store.uri: cannot reach the object store", "s3://{bucket}/root", "the store check's limit of 5s"],
         config="store:\n  read_timeout_seconds: 600\n  connect_timeout_seconds: 600\n  retry_budget_seconds: 600\n",
         within_s=30,
     ),
