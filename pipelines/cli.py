@@ -208,6 +208,7 @@ def _run_alone(args: argparse.Namespace, cfg: Any, run_id: str, store: str) -> i
         keep_log,
         logs_left_by_others,
         newest_checkpoint,
+        nothing_left_to_stop,
         open_log,
         run_checkpoints,
         run_local,
@@ -261,7 +262,7 @@ def _run_alone(args: argparse.Namespace, cfg: Any, run_id: str, store: str) -> i
     with _stop_handlers_kept():
         try:
             # Once the run's processes have ended, a stop signal stops nothing until this returns.
-            with run_scope(run_id, on_stop=console.stopping, after=signal.SIG_IGN), capturing(console):
+            with run_scope(run_id, on_stop=console.stopping, after=nothing_left_to_stop), capturing(console):
                 summary = run_local(
                     cfg,
                     local_root=args.output_dir,
@@ -295,8 +296,8 @@ def _run_alone(args: argparse.Namespace, cfg: Any, run_id: str, store: str) -> i
 @contextlib.contextmanager
 def _stop_handlers_kept() -> Iterator[None]:
     """The stop signals' handlers as they were once this block ends: inside it the run sets its
-    own, then ignores stop signals while its closing lines print and its log uploads, every
-    process of the run having ended (was: SIGTERM's default action cut the lines, and the log,
+    own, then, every process of the run having ended, one that only says so while its closing
+    lines print and its log uploads (was: SIGTERM's default action cut the lines, and the log,
     short; SIGINT's KeyboardInterrupt said "interrupted" for a finished run)."""
     from pipelines.local_run import stop_signals
 

@@ -522,7 +522,21 @@ def _steps_read_to_the_end() -> Iterator[None]:
     try:
         yield
     finally:
+        # Every step's processes have ended, however the pipeline did (a step that failed too):
+        # from here on a stop signal stops nothing, and the run reports how it ended.
+        _steps_over.set()
         _reading_steps.clear()
+
+
+def nothing_left_to_stop(signum: int, frame: Any = None) -> None:
+    """The stop signals' handler once the run's steps are over: a note, and the run goes on to
+    record and report its end (every process of it has ended)."""
+    note = (
+        f"\nkftrain: {signal.Signals(signum).name} after the run's last step: nothing left to stop, the run "
+        "records and reports its end\n"
+    )
+    with contextlib.suppress(OSError):
+        os.write(2, note.encode())  # straight to the descriptor, as run_scope's banner
 
 
 def stop_signals() -> tuple[int, ...]:
@@ -553,11 +567,13 @@ def run_scope(
     the block then ends in RunStopped whatever the pipeline raised (a pipeline that finished all
     the same was signalled after its last step: the run is done).
 
-    Once the last step has ended (:func:`run_local` says so), a stop signal stops nothing: the run
-    records its end as it would have (was: a signal while it wrote its record ended the finished
-    run "stopped", with no record; one just after the block, the default action cut its summary
-    and log short). `after` is what the stop signals are left with when the block ends (None:
-    the handlers they had), SIG_IGN for a caller that only reports the run's end from then on.
+    Once kfp.local has returned from the steps (finished, or one failed), a stop signal stops
+    nothing: the run records and reports its end as it would have (was: a signal while it read the
+    outputs or wrote its record ended the finished run "stopped", with no record, and a failed one
+    "stopped" instead of failed; one just after the block, the default action cut its summary and
+    log short). `after` is what the stop signals are left with when the block ends (None: the
+    handlers they had); a caller that only reports the run's end from then on passes
+    :func:`nothing_left_to_stop`.
     """
     from trainer.launch.local import RUN_MARKER_ENV, marked_pids, run_marker, stop_marked, stopped_at_exit
 
@@ -575,12 +591,7 @@ def run_scope(
 
     def on_signal(signum: int, frame: Any) -> None:
         if _steps_over.is_set():
-            with contextlib.suppress(OSError):
-                os.write(
-                    2,
-                    f"\nkftrain: {signal.Signals(signum).name} after the run's last step: nothing left to "
-                    "stop, the run records its end\n".encode(),
-                )
+            nothing_left_to_stop(signum)
             return
         for sig in signals:  # a second signal, of any kind, must not interrupt the cleanup
             signal.signal(sig, signal.SIG_IGN)
@@ -680,7 +691,6 @@ def run_local(
     record_started(cfg, run_id, local_root, given, gates)
     on_start()
     summary = {**_run_pipeline(cfg, local_root, min_accuracy, max_perplexity), "run_id": run_id}
-    _steps_over.set()  # inside run_scope, a stop signal from here on stops nothing: the run is done
     record_finished(cfg, run_id, summary, local_root, given, gates)
     return summary
 

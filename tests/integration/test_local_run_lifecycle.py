@@ -235,25 +235,34 @@ def test_a_stop_while_a_step_runs_lets_its_last_lines_through_then_ends_in_run_s
         os.kill(os.getpid(), signal.SIGTERM)
 
 
-# `kftrain run --local` whose pipeline has finished (its steps replaced by a summary: no process to
-# stop) and which gets a stop signal, sent to itself, as it enters the function named by argv[2].
+# `kftrain run --local` whose steps (one line, then kfp.local returning as after its last step: no
+# process left) are faked, and which sends itself a stop signal at the moment argv[2] names: as the
+# pipeline's outputs are read ("outputs"), as a failed step's error goes up ("failed"), or as the
+# function of pipelines.local_run so named is entered.
 LATE_SIGNAL = """\
 import os, signal, sys
 import pipelines.local_run as lr
 from pipelines.cli import main
 
 where, sig = sys.argv[2], signal.Signals[sys.argv[3]]
-real = getattr(lr, where)
-
-def signalled(*args, **kwargs):
-    os.kill(os.getpid(), sig)
-    return real(*args, **kwargs)
 
 def pipeline(*args):
-    print("a step's line", flush=True)  # which opens the run's full log
+    with lr._steps_read_to_the_end():
+        print("a step's line", flush=True)  # which opens the run's full log
+    if where in ("outputs", "failed"):
+        os.kill(os.getpid(), sig)
+    if where == "failed":
+        raise lr.PipelineFailed("Task train-model finished with status FAILURE")
     return {"artifacts": {}, "metrics": {}, "exported": True, "quality_gate": ""}
 
-setattr(lr, where, signalled)
+if where not in ("outputs", "failed"):
+    real = getattr(lr, where)
+
+    def signalled(*args, **kwargs):
+        os.kill(os.getpid(), sig)
+        return real(*args, **kwargs)
+
+    setattr(lr, where, signalled)
 lr._run_pipeline = pipeline
 sys.exit(main(["run", "--local", "--output-dir", sys.argv[1], "--run-id", "late"]))
 """
@@ -263,25 +272,28 @@ sys.exit(main(["run", "--local", "--output-dir", sys.argv[1], "--run-id", "late"
 @pytest.mark.parametrize(
     "where, sig",
     [
+        ("outputs", "SIGTERM"),  # while the finished pipeline's outputs are read
         ("record_finished", "SIGTERM"),  # while the finished run writes its record
         ("record_finished", "SIGINT"),
         ("keep_log", "SIGTERM"),  # after the run's scope, while its log is kept and its summary prints
         ("keep_log", "SIGHUP"),
+        ("failed", "SIGTERM"),  # as a failed step's error goes up: the run failed, it was not stopped
     ],
 )
-def test_a_stop_signal_after_the_last_step_stops_nothing_and_the_run_finishes(tmp_path, where, sig):
-    """A signal once every step has ended: the run records its end and reports it, exit 0 (was:
-    "stopped by SIGTERM", exit 143 and no record of a finished run; or the summary and log cut short
-    by the signal's default action)."""
+def test_a_stop_signal_after_the_last_step_stops_nothing_and_the_run_ends_as_it_did(tmp_path, where, sig):
+    """A signal once every step has ended: the run records and reports its end, exit 0, or 1 for a
+    failed step (was: "stopped by SIGTERM", exit 143 and no record of a finished run, or of a failed
+    one's failure; or the summary and log cut short by the signal's default action)."""
     rc, out = run_group([sys.executable, "-c", LATE_SIGNAL, str(tmp_path), where, sig], timeout=90, env=env())
-    assert rc == 0, out
-    assert "kftrain: run finished" in out and "stopping every process" not in out, out
-    record = json.loads((tmp_path / "runs" / "late" / "run.json").read_text())
+    assert f"{sig} after the run's last step: nothing left to stop" in out, out
+    assert "stopping every process" not in out, out
     (log,) = (tmp_path / "runs" / "late").glob("log-*.txt")
+    if where == "failed":
+        assert rc == 1 and "Task train-model finished with status FAILURE" in out, out
+        return
+    assert rc == 0 and "kftrain: run finished" in out, out
+    assert json.loads((tmp_path / "runs" / "late" / "run.json").read_text())["status"] == "finished"
     assert "a step's line" in log.read_text() and "Quality gate passed" in log.read_text()
-    assert record["status"] == "finished"
-    if where == "record_finished":
-        assert f"{sig} after the run's last step: nothing left to stop" in out
 
 
 @pytest.mark.parametrize("nohup", [False, True])
