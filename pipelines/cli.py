@@ -777,7 +777,7 @@ def _cmd_submit(args: argparse.Namespace) -> int:
 
     if args.timeout is not None and not args.wait:
         raise SubmitError("--timeout: limits how long --wait follows the run; add --wait, or leave out --timeout")
-    ca = ca_bundle(args.ca_cert)
+    ca = ca_bundle(args.ca_cert, args.host)
     pairs = list(args.param)
     if args.config is not None:  # `--config "$UNSET"` is refused as an unreadable file, not ignored
         if any(pair.partition("=")[0] == "config" for pair in pairs):

@@ -16,6 +16,7 @@ import io
 import json
 import os
 import re
+import ssl
 import sys
 import time
 from collections.abc import Callable, Iterator
@@ -304,13 +305,19 @@ def answer_excerpt(body: Any) -> str:
     return text if len(text) <= BODY_EXCERPT_CHARS else text[: BODY_EXCERPT_CHARS - 3].rstrip() + "..."
 
 
-def ca_bundle(flag: str | None) -> str | None:
-    """The PEM file of the CAs the KFP API's TLS certificate is checked against: `--ca-cert`, else
-    $SSL_CERT_FILE or $REQUESTS_CA_BUNDLE (so that kfp.Client, which trusts only certifi's list,
-    trusts what this machine's other tools do), else None (the usual roots). Raises
+def ca_bundle(flag: str | None, host: str) -> str | None:
+    """The PEM file of the CAs the KFP API's TLS certificate is checked against, beside the usual
+    roots: `--ca-cert`, else $SSL_CERT_FILE or $REQUESTS_CA_BUNDLE (so that kfp.Client, which
+    trusts only certifi's list, trusts what this machine's other tools do), else None. None for an
+    `http://` host, which uses no TLS (`--ca-cert` with one is refused). Raises
     :class:`SubmitError` naming where it came from when it holds no certificate."""
-    import ssl
-
+    if not host.lower().startswith("https://"):
+        if flag:
+            raise SubmitError(
+                f"--ca-cert: --host {redact(host)} uses no TLS, so no certificate is checked: give the https:// "
+                "address, or leave out --ca-cert"
+            )
+        return None
     where, path = (
         ("--ca-cert", flag)
         if flag
@@ -330,18 +337,53 @@ def ca_bundle(flag: str | None) -> str | None:
     return path
 
 
+#: OpenSSL's verify results that mean no trusted CA signed the certificate (X509_V_ERR_*: unable to
+#: get the issuer, self-signed, self-signed in the chain, unable to get the local issuer, unable to
+#: verify the first certificate, untrusted).
+_UNTRUSTED = frozenset({2, 18, 19, 20, 21, 27})
+#: ... that the certificate is for another name or address (hostname, IP address mismatch).
+_OTHER_NAME = frozenset({62, 64})
+#: ... that it is out of its dates (not yet valid, expired).
+_OUT_OF_DATE = frozenset({9, 10})
+
+
+def _verify_failure(exc: BaseException) -> ssl.SSLCertVerificationError | None:
+    """The certificate check's failure in `exc`, however urllib or urllib3 wrapped it."""
+    seen, todo = set(), [exc]
+    while todo:
+        e = todo.pop()
+        if id(e) in seen:
+            continue
+        seen.add(id(e))
+        if isinstance(e, ssl.SSLCertVerificationError):
+            return e
+        todo += [
+            x for x in (getattr(e, "reason", None), e.__cause__, e.__context__, *e.args) if isinstance(x, BaseException)
+        ]
+    return None
+
+
+def _untrusted(host: str, failure: ssl.SSLCertVerificationError, ca: str | None) -> SubmitError:
+    code, detail = failure.verify_code, failure.verify_message or "certificate verify failed"
+    if code in _OTHER_NAME:
+        fix = "it was issued for another name: give --host the name the certificate names"
+    elif code in _OUT_OF_DATE:
+        fix = "it is out of its dates: renew it on the server, or check this machine's clock"
+    elif ca:
+        fix = f"{ca} is not the CA that signed it: give that CA's PEM file"
+    elif code in _UNTRUSTED:
+        fix = f"give the PEM file of the CA that signed it with --ca-cert (or {CA_BUNDLE_ENVS[0]})"
+    else:
+        fix = "check the server's certificate"
+    return SubmitError(
+        f"the KFP API at {redact(host)} presents a TLS certificate this machine does not trust ({detail}): {fix}"
+    )
+
+
 def _unreachable(host: str, exc: BaseException, ca: str | None = None) -> SubmitError:
+    if (failure := _verify_failure(exc)) is not None:
+        return _untrusted(host, failure, ca)
     reason = getattr(exc, "reason", None) or exc
-    if "CERTIFICATE_VERIFY_FAILED" in str(reason):
-        fix = (
-            f"{ca} is not the CA that signed it: give that CA's PEM file"
-            if ca
-            else f"give the PEM file of the CA that signed it with --ca-cert (or {CA_BUNDLE_ENVS[0]})"
-        )
-        detail = str(getattr(reason, "verify_message", "") or "certificate verify failed")
-        return SubmitError(
-            f"the KFP API at {redact(host)} presents a TLS certificate this machine does not trust ({detail}): {fix}"
-        )
     return SubmitError(
         f"cannot reach the KFP API at {redact(host)} ({type(reason).__name__}: {reason}): check --host "
         "(e.g. a running `kubectl port-forward svc/ml-pipeline-ui 8080:80`)"
@@ -355,12 +397,14 @@ def probe_host(host: str, timeout_s: float = 10.0, ca: str | None = None) -> Non
     against another service fails later with a confusing message ("Missing the required
     parameter `pipeline_id`")."""
     import http.client
-    import ssl
     import urllib.error
     import urllib.request
 
     url = f"{host.rstrip('/')}/apis/v2beta1/healthz"
-    context = ssl.create_default_context(cafile=ca) if ca else None
+    context = None
+    if ca:  # beside the usual roots, as kfp.Client's bundle (make_client)
+        context = ssl.create_default_context()
+        context.load_verify_locations(cafile=ca)
     req = urllib.request.Request(url)
     token = bearer_token(host)
     if token:
@@ -441,12 +485,29 @@ def make_client(host: str, namespace: str | None, ca: str | None = None):
         warnings.simplefilter("ignore", FutureWarning)
         token = os.environ.get(TOKEN_ENV) or None
         path = None if token else _sa_token_path(host)
+        trusted = _with_public_roots(ca) if ca else None
         if path is None:
-            return kfp.Client(host=host, namespace=namespace, existing_token=token, ssl_ca_cert=ca)
+            return kfp.Client(host=host, namespace=namespace, existing_token=token, ssl_ca_cert=trusted)
         from kfp.client import ServiceAccountTokenVolumeCredentials
 
         credentials = ServiceAccountTokenVolumeCredentials(path)
-        return kfp.Client(host=host, namespace=namespace, credentials=credentials, ssl_ca_cert=ca)
+        return kfp.Client(host=host, namespace=namespace, credentials=credentials, ssl_ca_cert=trusted)
+
+
+def _with_public_roots(ca: str) -> str:
+    """A file of `ca`'s certificates and certifi's roots, removed at exit: kfp.Client's bundle
+    replaces certifi's list, and one from $SSL_CERT_FILE holding only a company's CA must not stop
+    it trusting a KFP API a public CA signed (the health probe adds it to the usual roots too)."""
+    import atexit
+    import tempfile
+
+    import certifi
+
+    fd, combined = tempfile.mkstemp(prefix="kftrain-ca-", suffix=".pem")
+    with os.fdopen(fd, "w") as out:
+        out.write(f"{Path(certifi.where()).read_text()}\n{Path(ca).read_text()}")
+    atexit.register(lambda: Path(combined).unlink(missing_ok=True))
+    return combined
 
 
 def _without_urllib3_retries(client) -> None:

@@ -210,18 +210,27 @@ def _self_signed(folder: Path, name: str) -> tuple[str, str]:
     return str(cert), str(key)
 
 
-# A KFP API behind a private CA: (--ca-cert, $SSL_CERT_FILE, the exit code, what the output says).
-# `ca` is the CA that signed the server's certificate, `other` one that did not.
+# A KFP API behind a private CA: (--ca-cert, $SSL_CERT_FILE, how --host reaches the stand-in, the exit
+# code, what the output says). `ca` is the CA that signed the server's certificate (for `localhost`),
+# `other` one that did not; `https://127.0.0.1` is an address the certificate does not name; `http`
+# is the stand-in without TLS.
 PRIVATE_CA_ROWS = {
-    "no bundle: named as a certificate to trust": (None, None, 2, "presents a TLS certificate this machine does not "
-                                                   "trust (self-signed certificate): give the PEM file of the CA "
-                                                   "that signed it with --ca-cert (or SSL_CERT_FILE)"),
-    "--ca-cert": ("ca", None, 0, "run "),
-    "$SSL_CERT_FILE, for kfp.Client too": (None, "ca", 0, "run "),
-    "--ca-cert wins over $SSL_CERT_FILE": ("ca", "other", 0, "run "),
-    "the wrong CA": ("other", None, 2, "other.pem is not the CA that signed it: give that CA's PEM file"),
-    "not a PEM file": ("junk", None, 2, "junk.txt: cannot be read as the CA bundle (it holds no PEM certificate)"),
-    "no such file": ("missing", None, 2, "missing.pem: cannot be read as the CA bundle (No such file or directory)"),
+    "no bundle: named as a certificate to trust": (None, None, "https://localhost", 2, "presents a TLS certificate "
+        "this machine does not trust (self-signed certificate): give the PEM file of the CA that signed it with "
+        "--ca-cert (or SSL_CERT_FILE)"),
+    "--ca-cert": ("ca", None, "https://localhost", 0, "run "),
+    "$SSL_CERT_FILE, for kfp.Client too": (None, "ca", "https://localhost", 0, "run "),
+    "--ca-cert wins over $SSL_CERT_FILE": ("ca", "other", "https://localhost", 0, "run "),
+    "the wrong CA": ("other", None, "https://localhost", 2, "other.pem is not the CA that signed it: give that CA's "
+        "PEM file"),
+    "another name than the certificate's": ("ca", None, "https://127.0.0.1", 2, "(IP address mismatch, certificate "
+        "is not valid for '127.0.0.1'.): it was issued for another name: give --host the name the certificate names"),
+    "not a PEM file": ("junk", None, "https://localhost", 2, "junk.txt: cannot be read as the CA bundle (it holds no "
+        "PEM certificate)"),
+    "no such file": ("missing", None, "https://localhost", 2, "missing.pem: cannot be read as the CA bundle (No such "
+        "file or directory)"),
+    "--ca-cert for an http:// host": ("ca", None, "http", 2, "--ca-cert: --host http://127.0.0.1:"),
+    "$SSL_CERT_FILE unused by an http:// host": (None, "missing", "http", 0, "run "),
 }  # fmt: skip
 
 
@@ -229,7 +238,7 @@ PRIVATE_CA_ROWS = {
 def test_a_kfp_api_behind_a_private_ca_is_trusted_through_ca_cert(tmp_path, monkeypatch, capsys, case):
     """Was: no way to trust it (kfp.Client trusts certifi's list alone, so $SSL_CERT_FILE passed the
     health check and failed the upload), and the error said to check --host."""
-    flag, env, code, said = PRIVATE_CA_ROWS[case]
+    flag, env, reach, code, said = PRIVATE_CA_ROWS[case]
     files = {"ca": _self_signed(tmp_path, "ca")[0], "other": _self_signed(tmp_path, "other")[0]}
     files["junk"] = str(tmp_path / "junk.txt")
     files["missing"] = str(tmp_path / "missing.pem")
@@ -238,13 +247,26 @@ def test_a_kfp_api_behind_a_private_ca_is_trusted_through_ca_cert(tmp_path, monk
         monkeypatch.delenv(name, raising=False)
     if env:
         monkeypatch.setenv("SSL_CERT_FILE", files[env])
-    with StandInKFP(tls=(files["ca"], str(tmp_path / "ca.key"))) as api:
-        argv = ["submit", "--host", api.url, "--package", str(PACKAGE), *(["--ca-cert", files[flag]] if flag else [])]
+    with StandInKFP(tls=None if reach == "http" else (files["ca"], str(tmp_path / "ca.key"))) as api:
+        host = api.url if reach == "http" else api.url.replace("https://localhost", reach)
+        argv = ["submit", "--host", host, "--package", str(PACKAGE), *(["--ca-cert", files[flag]] if flag else [])]
         rc, out = call_cli(argv, capsys)
         assert rc == code and said in out, out
         assert len(api.runs) == (1 if code == 0 else 0)
-        if flag in ("junk", "missing"):  # refused before any request
+        if flag in ("junk", "missing") or reach == "http" and flag:  # refused before any request
             assert not api.requests
+
+
+def test_kfp_client_trusts_the_bundle_beside_certifi_s_roots(tmp_path):
+    """kfp.Client's `ssl_ca_cert` replaces certifi's list: a $SSL_CERT_FILE holding only a company's CA
+    must not stop it trusting a KFP API a public CA signed."""
+    import certifi
+
+    from pipelines.submit import _with_public_roots
+
+    ca = _self_signed(tmp_path, "ca")[0]
+    combined = Path(_with_public_roots(ca)).read_text()
+    assert Path(certifi.where()).read_text() in combined and Path(ca).read_text() in combined
 
 
 def test_each_dropped_poll_is_retried_by_kftrain_s_one_retry_policy():
