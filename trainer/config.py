@@ -862,13 +862,13 @@ def _replica_quantity_problem(value: Any, resource: str, what: str, example: str
     """Why `value` is not a replica's `resource` (:func:`trainer.k8s_formats.quantity_problem`), or
     None. Zero is valid to the API server and never what was meant: the field's way to say "none"
     is to leave it empty."""
-    problem = k8s.quantity_problem(value, resource)
-    if problem is None and k8s.quantity_value(str(value)) == 0:
+    # Zero first: '0m' of memory is zero, not "thousandths of a byte: write 0Mi", which is zero too.
+    if k8s.quantity_problem(value) is None and k8s.quantity_value(str(value)) == 0:
         return (
             f"{k8s.show(value)} gives each replica no {what}: give what it needs (e.g. {example}), or leave it "
             f"empty ({empty})"
         )
-    return problem
+    return k8s.quantity_problem(value, resource)
 
 
 #: `kubernetes.*` fields that become one name or value of the job, and why the API server would
@@ -999,17 +999,6 @@ class KubernetesConfig:
     def __post_init__(self) -> None:
         p = "kubernetes"
         check_bounds(self, p, _KUBERNETES_BOUNDS)
-        # The launcher learns how the job ended at its next status check: a job deleted before that
-        # failed the step as "deleted while the launcher waited for it", a success included.
-        least = max(MIN_TTL_SECONDS, math.ceil(3 * self.poll_seconds))
-        _require(
-            self.ttl_seconds_after_finished >= least,
-            f"{p}.ttl_seconds_after_finished",
-            self.ttl_seconds_after_finished,
-            f"must be >= {least} (the launcher reads how the job ended at its next status check, every "
-            f"{p}.poll_seconds={self.poll_seconds:g}s; a finished job the operator deletes sooner fails the step, a "
-            "success included)",
-        )
         for i, tol in enumerate(self.tolerations):
             _require(isinstance(tol, dict), f"{p}.tolerations[{i}]", tol, "must be a mapping")
         check_plain_env(
@@ -1293,6 +1282,20 @@ class Config:
             "'python-stdlib') is plain text: set data.source to a .jsonl object (or a folder of them), or leave "
             "data.format at auto",
         )
+        if self.job.kind != "trainjob":  # a PyTorchJob's (a TrainJob has no such field)
+            # The launcher learns how the job ended at its next status check: a job deleted before
+            # that failed the step as "deleted while the launcher waited for it", a success included.
+            k = self.kubernetes
+            least = max(MIN_TTL_SECONDS, math.ceil(3 * k.poll_seconds))
+            _require(
+                k.ttl_seconds_after_finished >= least,
+                "kubernetes.ttl_seconds_after_finished",
+                k.ttl_seconds_after_finished,
+                f"must be >= {least}{', or kubernetes.poll_seconds lower' if least > MIN_TTL_SECONDS else ''} (the "
+                "launcher reads how the job ended at its "
+                f"next status check, every kubernetes.poll_seconds={k.poll_seconds:g}s; a finished job the operator "
+                "deletes sooner fails the step, a success included)",
+            )
         _require(
             self.kubernetes.active_deadline_seconds <= self.job.timeout_seconds,
             "kubernetes.active_deadline_seconds",

@@ -211,7 +211,10 @@ def test_yaml_file_maps_onto_the_tree(tmp_path):
         # A finished job deleted before the launcher's next status check fails the step, a success included.
         ("kubernetes:\n  ttl_seconds_after_finished: 0\n", "ttl_seconds_after_finished: must be >= 60 (the launcher"),
         ("kubernetes:\n  ttl_seconds_after_finished: 59\n", "poll_seconds=5s; a finished job the operator deletes"),
-        ("kubernetes:\n  poll_seconds: 30\n  ttl_seconds_after_finished: 60\n", "must be >= 90 (the launcher"),
+        (
+            "kubernetes:\n  poll_seconds: 30\n  ttl_seconds_after_finished: 60\n",
+            "must be >= 90, or kubernetes.poll_seconds lower",
+        ),
         ("train: [\n", "not valid YAML"),
     ],
 )
@@ -219,6 +222,16 @@ def test_bad_values_name_the_field(text, message):
     with pytest.raises(ConfigError, match=None) as info:
         parse_config(text)
     assert message in str(info.value)
+
+
+def test_the_ttl_bound_holds_only_where_the_job_has_a_ttl():
+    """A TrainJob has no ttlSecondsAfterFinished (the field must stay at its default there): a long
+    poll_seconds is no reason to refuse it (was: no value passed for a TrainJob polled every 8 h)."""
+    slow = {"kubernetes.poll_seconds": 40000}
+    parse_config("", {**slow, "job.kind": "trainjob"})
+    for kind in ("pytorchjob", "auto"):
+        with pytest.raises(ConfigError, match="ttl_seconds_after_finished: must be >= 120000, or kubernetes.poll"):
+            parse_config("", {**slow, "job.kind": kind})
 
 
 def test_nccl_debug_takes_nccl_levels_in_any_case():

@@ -106,6 +106,7 @@ REFUSED = [
     ({"kubernetes.cpu": "0m"}, BOTH, ["kubernetes.cpu: '0m' gives each replica no CPU"]),
     ({"kubernetes.memory": "0Gi"}, BOTH, ["kubernetes.memory: '0Gi' gives each replica no memory", "e.g. 64Gi"]),
     ({"kubernetes.shm_size": "0.0"}, BOTH, ["kubernetes.shm_size: '0.0' gives each replica no /dev/shm"]),
+    ({"kubernetes.memory": "0m"}, BOTH, ["kubernetes.memory: '0m' gives each replica no memory"]),  # not "write 0Mi"
     ({"job.nccl_debug": "LOUD"}, BOTH, ["job.nccl_debug", "'LOUD'"]),
     ({"kubernetes.env": {"NCCL_DEBUG": "verbose"}}, BOTH, ["kubernetes.env.NCCL_DEBUG", "'verbose'", "VERSION, WARN, INFO"]),
     # integers within the API server's types (the CRD schemas' int32/int64 formats)
