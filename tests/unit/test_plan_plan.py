@@ -457,6 +457,14 @@ ALL_TOGETHER = [
 ]  # fmt: skip
 
 
+def test_an_odd_micro_batch_is_not_offered_halved():
+    """Was: `train.grad_accum_steps 2` offered, and the plan failing on the config it built (a micro-batch
+    of 3 does not halve), naming a field the user never set."""
+    plan = make_plan(gpt("ddp", 2, batch_size=6), gpu_memory_gb=0.01)
+    assert plan.fits is False and plan.alternatives
+    assert not any("micro-batch" in a.change and "(micro-batch 1)" not in a.change for a in plan.alternatives)
+
+
 @pytest.mark.parametrize(("ranks", "batch", "named", "accum"), ALL_TOGETHER)
 def test_all_of_them_together_names_the_settings_it_applies(ranks, batch, named, accum):
     plan = make_plan(gpt("ddp", ranks, batch_size=batch, grad_accum_steps=accum), gpu_memory_gb=0.01)

@@ -728,7 +728,7 @@ def _alternatives(
     if tc.strategy != "fsdp" and world > 1:
         singles.append((f"train.strategy: fsdp (shards over {world} ranks)", {"strategy": "fsdp"}))
     micro = tc.batch_size // (world * tc.grad_accum_steps)
-    if micro >= 2:
+    if micro >= 2 and micro % 2 == 0:  # an odd micro-batch does not halve: the trainer would refuse the split
         accum = tc.grad_accum_steps * 2
         singles.append(
             (
