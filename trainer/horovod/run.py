@@ -179,9 +179,21 @@ def main(argv: list[str] | None = None) -> int:
             return 2
         if api is not None and isinstance(exc, api.ShimUnsupportedError):
             return _unsupported(exc, argv[0], api)
+        if (part := _part_elsewhere(exc)) is not None:  # `horovod.run(...)`: as `from horovod import run`
+            print(f"kftrain horovod-run: {argv[0]} uses {part}, {not_provided(part)}", file=sys.stderr)
+            return 1
         _uncaught(exc)
         return 1
     return 0
+
+
+def _part_elsewhere(exc: BaseException) -> str | None:
+    """`horovod.run` (and Horovod's other parts) when `exc` is the shim package's AttributeError
+    for one, else None."""
+    shim = sys.modules.get("horovod")
+    if not (isinstance(exc, AttributeError) and shim is not None and getattr(shim, "KFTRAIN_SHIM", False)):
+        return None
+    return f"horovod.{exc.name}" if exc.obj is shim and exc.name in shim.ELSEWHERE else None
 
 
 def _unsupported(exc: BaseException, script: str, api: Any) -> int:

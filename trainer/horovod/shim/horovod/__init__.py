@@ -9,13 +9,13 @@ __version__ = "0.28.1+kftrain.shim"
 KFTRAIN_SHIM = True
 
 #: Horovod's other parts, which its users reach as attributes of the package too (`horovod.run(fn, np=2)`).
-_ELSEWHERE = frozenset({"run", "runner", "spark", "ray", "tensorflow", "keras", "mxnet"})
+ELSEWHERE = frozenset({"run", "runner", "spark", "ray", "tensorflow", "keras", "mxnet"})
 
 
 def __getattr__(name: str):
-    """`horovod.run`, `horovod.spark`, ... looked up on the package: the ImportError their import
-    gets, which kftrain's runner turns into one line saying what to use instead (was:
-    AttributeError's traceback). Any other missing name is an AttributeError, as usual."""
-    if name in _ELSEWHERE:
-        raise ImportError(f"cannot import name '{name}' from 'horovod'", name="horovod")
-    raise AttributeError(f"module 'horovod' has no attribute {name!r}")
+    """A missing name is an AttributeError, as on any module (`hasattr` works); one of Horovod's
+    other parts carries the package, which kftrain's runner turns into one line saying what to use
+    instead (was: AttributeError's traceback for `horovod.run(fn, np=2)`)."""
+    import sys
+
+    raise AttributeError(f"module 'horovod' has no attribute {name!r}", name=name, obj=sys.modules[__name__])
