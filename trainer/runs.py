@@ -411,8 +411,8 @@ def resolve_resume_from(cfg: Config, root: str) -> tuple[str, dict[str, Any]]:
             # Either run may have taken the prefix over from the other: which one, the records do not say.
             raise ConfigError(
                 f"{field}: run {value} committed no checkpoint of its own at {prefix} (the newest complete one "
-                f"there, step {others[0]}, was committed by run {others[1].get('owner')}, which shares the prefix "
-                "with it); name that run, or a checkpoint URI"
+                f"there, step {others[0]}, was committed by {_whose(others[1])}, which shares the prefix with it); "
+                "name that run, or a checkpoint URI"
             )
         what = f"step {only} of {prefix} is not" if only is not None else f"no checkpoint of {prefix} is"
         raise ConfigError(
@@ -420,6 +420,12 @@ def resolve_resume_from(cfg: Config, root: str) -> tuple[str, dict[str, Any]]:
         )
     step, record = latest
     return join_uri(prefix, f"step-{step:08d}"), record
+
+
+def _whose(record: dict[str, Any]) -> str:
+    """The run a commit record names as its owner, as a message says it."""
+    owner = record.get("owner")
+    return f"run {owner}" if owner else "a run that did not record its id"
 
 
 def _run_prefixes(store: ObjectStore, root: str, run_id: str, task: str) -> dict[str, str | None]:

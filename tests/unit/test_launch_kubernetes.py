@@ -864,7 +864,8 @@ RUNNING = "Running (child Jobs ready: node 1/1)"
 TRAINJOB_STATES = {
     "just created": (False, [], [], "Created (no condition yet)"),
     "held by Kueue": (True, [_cond("Suspended", reason="Suspended")], [], "Suspended"),
-    "admitted, no child Job yet": (False, RESUMED, [], "Created (no condition yet)"),
+    "admitted, no child Job yet": (False, RESUMED, [], "Admitted (Resumed), no pods yet"),
+    "counts not numbers": (False, [], [{"name": "node", "active": "1", "ready": None}], "Created (no condition yet)"),
     "admitted, pods pending": (
         False,
         RESUMED,

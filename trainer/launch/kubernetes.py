@@ -1237,7 +1237,10 @@ def job_state(obj: dict[str, Any], kind: JobKind) -> str:
     if running and (children := _child_jobs_state(obj)):
         return children
     if latest is None:
-        return "Created (no condition yet)"
+        resumed = _condition(obj, kind.suspended, status="False")  # a queue let it go: no pods yet
+        return (
+            f"Admitted ({resumed.get('reason') or 'resumed'}), no pods yet" if resumed else "Created (no condition yet)"
+        )
     reason = f" ({latest['reason']})" if latest.get("reason") and latest["reason"] != latest["type"] else ""
     return f"{latest['type']}{reason}"
 
@@ -1246,10 +1249,15 @@ def _child_jobs_state(obj: dict[str, Any]) -> str | None:
     """A TrainJob's state from its child Jobs' counts: `Running` when every one with pods is
     ready, `Starting` while some of them wait for their pods; None when it has no child Job yet."""
     jobs = [j for j in (obj.get("status") or {}).get("jobsStatus") or [] if isinstance(j, dict)]
-    counts = {key: sum(int(j.get(key) or 0) for j in jobs) for key in ("active", "ready", "succeeded", "failed")}
+
+    def count(job: dict[str, Any], key: str) -> int:  # the CRD's int32; anything else (a half-written status): 0
+        value = job.get(key)
+        return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else 0
+
+    counts = {key: sum(count(j, key) for j in jobs) for key in ("active", "ready", "succeeded", "failed")}
     if not any(counts.values()):
         return None
-    each = ", ".join(f"{j.get('name', '?')} {int(j.get('ready') or 0)}/{int(j.get('active') or 0)}" for j in jobs)
+    each = ", ".join(f"{j.get('name', '?')} {count(j, 'ready')}/{count(j, 'active')}" for j in jobs)
     if counts["active"] and counts["ready"] < counts["active"]:
         return f"Starting (child Jobs ready: {each}; the others' pods are pending or starting)"
     if counts["active"]:
