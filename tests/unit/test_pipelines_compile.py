@@ -217,3 +217,5 @@ def test_the_own_pipeline_example_compiles_and_its_job_gets_an_owner(tmp_path, m
     # configure uncached and reading the store with its keys, as the training_pipeline has it.
     assert docs[0]["root"]["dag"]["tasks"]["configure"]["cachingOptions"] == {}
     assert "secretAsEnv" in executors["exec-configure"]
+    # The training task's settings reach its replicas (was: dropped by kfp's own YAML loader).
+    assert docs[0]["components"]["comp-train"]["taskConfigPassthroughs"]
