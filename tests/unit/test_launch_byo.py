@@ -246,6 +246,41 @@ def test_ordinary_plain_env_is_accepted(env):
     assert parse_config(json.dumps({"kubernetes": {"env": env}})).kubernetes.env == env
 
 
+TOKEN = "ghp_" + "a1B2c3D4e5F6g7H8i9J0kLmNoPqRsTuVwXyZ"  # a GitHub token's form: 36 characters
+
+
+@pytest.mark.parametrize(
+    ("args", "where"),
+    [
+        (["--token", TOKEN], "command[3]: the value of --token looks like a credential"),
+        ([f"--hf-token={TOKEN}"], "command[2]: its value looks like a credential"),
+        (["--password=hunter2probe"], "command[2]: its value looks like a credential"),
+        ([TOKEN], "command[2]: it looks like a credential"),
+        (["--api-key", "sk-live-4f9a8b7c6d5e4f3a2b1c0d9e"], "command[3]: the value of --api-key"),
+    ],
+)
+def test_a_credential_in_the_command_is_refused_as_in_env(args, where):
+    """Was: refused in `env` but taken in the command, which is as readable (parameters, YAML, job object)."""
+    with pytest.raises(ConfigError) as err:
+        byo(command=["python", "train.py", *args])
+    message = str(err.value)
+    assert message.startswith(where) and "store_secret and store_secret_keys" in message, message
+    assert TOKEN not in message and "hunter2probe" not in message and "sk-live" not in message
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["--epochs=3", "--lr", "0.1"],
+        ["--token-file", "/var/run/secrets/tok", "--key", "/keys/a.pem"],  # files, not the secrets
+        ["--password"],  # a flag alone (the script prompts, or reads it elsewhere)
+        ["--revision", "main", "--use-auth=false", "--model-name=gpt2"],
+    ],
+)
+def test_ordinary_command_arguments_are_taken(args):
+    assert list(byo(command=["python", "train.py", *args]).command[-len(args) :]) == args
+
+
 @pytest.mark.parametrize("name", ["MASTER_ADDR", "RANK", "WORLD_SIZE", "PET_NNODES", "KFTRAIN_OUTPUT_URI"])
 def test_env_that_the_operator_or_the_launcher_sets_is_refused(name):
     with pytest.raises(ConfigError, match=f"env.{name}: set by the Training Operator or the launcher"):

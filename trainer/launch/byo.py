@@ -37,6 +37,7 @@ from trainer.config import (
     KubernetesConfig,
     check_plain_env,
 )
+from trainer.credentials import credential_in, credential_name
 from trainer.errors import redact_url
 from trainer.k8s_formats import env_name_problem, image_problem, plain, show
 from trainer.launch.container_env import OWN_CONTAINER_ENV
@@ -80,6 +81,26 @@ def replica_uri(uri: str, what: str, cluster: bool) -> str:
     except ValueError as exc:
         raise ConfigError(str(exc) if cluster else f"{what}: {exc}") from None
     return f"s3://{loc.bucket}/{loc.key}".rstrip("/") if loc.is_remote else loc.key
+
+
+def _check_command(command: Sequence[str]) -> None:
+    """ConfigError naming the argument of `command` that holds a credential (a token, a key, a
+    `--password=...` or a `--token` followed by its value), never showing it: the command is in the
+    pipeline's parameters, its YAML and the job object, as `env` is."""
+    for i, arg in enumerate(command):
+        name, eq, value = arg.partition("=")
+        if eq and name.startswith("-"):
+            what = credential_in(name.lstrip("-"), value) and "its value"
+        elif arg.startswith("-") and credential_name(arg.lstrip("-")) and i + 1 < len(command):
+            i, what = i + 1, credential_in(arg.lstrip("-"), command[i + 1]) and f"the value of {plain(arg)}"
+        else:
+            what = credential_in("", arg) and "it"
+        if what:
+            raise ConfigError(
+                f"command[{i}]: {what} looks like a credential, and the command is in the pipeline's parameters, "
+                "its YAML and the job object, readable by anyone who can list them; have the script read it from a "
+                f"Kubernetes Secret ({_SECRET_HINT}, or a mounted `secret` volume)"
+            )
 
 
 def _check_env(env: Mapping[str, str], store_env: Sequence[str]) -> None:
@@ -171,6 +192,7 @@ def byo_job(
                 f'in your script (os.environ), or run the command through a shell: ["sh", "-c", "... '
                 f'${plain(ref.group(1))}"]'
             )
+    _check_command(command)
     if problem := image_problem(image):
         raise ConfigError(f"image: {problem}")
     if timeout_s <= 0:
