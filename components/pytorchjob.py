@@ -84,7 +84,7 @@ def pytorchjob(
     from components.params import as_text, plain_values
     from components.runtime import end_with_one_line, task_identity
     from trainer.launch.backend import run_job
-    from trainer.launch.byo import byo_job
+    from trainer.launch.byo import byo_job, check_output_written
     from trainer.launch.spec import job_name
     from trainer.pipeline_steps import resolve_launcher, say_where_gpus_are_not, select_backend
 
@@ -118,5 +118,7 @@ def pytorchjob(
     backend = select_backend(where)
     say_where_gpus_are_not(gpus_per_node, backend, "gpus_per_node")
     run_job(backend, spec)
+    if note := check_output_written(spec.name, model.uri, s3_endpoint):
+        print(f"kftrain: note: {note}", flush=True)
     model.metadata["job_name"] = spec.name
     model.metadata["image"] = image

@@ -190,6 +190,16 @@ def test_a_failing_replica_fails_the_step_with_its_last_lines(tmp_path):
     assert not list((tmp_path / "root").rglob("model.pt"))  # the Master was stopped, not left training
 
 
+def test_a_script_that_writes_no_output_fails_its_step_saying_where_it_should_have(tmp_path):
+    """Was: the step succeeded, its `model` an empty folder, and the next step failed with a bare
+    FileNotFoundError."""
+    silent = "import torch.distributed as dist\ndist.init_process_group('gloo')\ndist.barrier()\n"
+    rc, out = run_pipeline(tmp_path, fail_rank="", script=silent)
+    plain = re.sub(r"\x1b\[[0-9;]*m", "", out)
+    assert rc != 0 and "finished with status FAILURE. Inner task failed: 'pytorchjob'" in plain, out[-4000:]
+    assert "succeeded, but nothing is at" in plain and "(KFTRAIN_OUTPUT_URI), where rank 0 is to write" in plain
+
+
 def test_a_horovod_script_runs_unchanged_as_a_pytorchjob_step(tmp_path):
     rc, out = run_pipeline(tmp_path, fail_rank="", script=HOROVOD_SCRIPT, runner="trainer.horovod.run")
     assert rc == 0, out[-6000:]

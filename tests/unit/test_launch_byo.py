@@ -475,7 +475,13 @@ def test_a_byo_job_asking_for_gpus_on_a_machine_without_any_is_said_to_run_on_th
     if torch.cuda.is_available():
         pytest.skip("says what a machine without a GPU does")
     ran = []
-    monkeypatch.setattr("trainer.launch.backend.run_job", lambda backend, spec: ran.append(spec))
+
+    def run_job(backend, spec):  # as a job whose rank 0 writes its output
+        ran.append(spec)
+        (tmp_path / "model").mkdir()
+        (tmp_path / "model" / "model.pt").write_bytes(b"weights")
+
+    monkeypatch.setattr("trainer.launch.backend.run_job", run_job)
     model = Model(name="model", uri=str(tmp_path / "model"))
     with caplog.at_level(logging.WARNING, logger="kftrain"):
         pytorchjob.python_func(

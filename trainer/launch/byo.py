@@ -38,13 +38,13 @@ from trainer.config import (
     check_plain_env,
 )
 from trainer.credentials import credential_in, credential_name
-from trainer.errors import redact_url
+from trainer.errors import KftrainError, redact_url
 from trainer.k8s_formats import env_name_problem, image_problem, plain, show
 from trainer.launch.container_env import OWN_CONTAINER_ENV
 from trainer.launch.jobkind import kinds_it_may_become
 from trainer.launch.preflight import ManifestError
 from trainer.launch.spec import OPERATOR_ENV, UNBUFFERED_ENV, JobSpec, require_object_store
-from trainer.storage import endpoint_problem, parse_uri
+from trainer.storage import RetryPolicy, StoreError, endpoint_problem, open_store, parse_uri
 from trainer.yaml_scalars import unquoted_problem
 
 #: `$(NAME)`, which the kubelet replaces in a container's command and env values by another
@@ -81,6 +81,33 @@ def replica_uri(uri: str, what: str, cluster: bool) -> str:
     except ValueError as exc:
         raise ConfigError(str(exc) if cluster else f"{what}: {exc}") from None
     return f"s3://{loc.bucket}/{loc.key}".rstrip("/") if loc.is_remote else loc.key
+
+
+class OutputMissing(KftrainError, RuntimeError):
+    """The job succeeded and wrote nothing where its output artifact is."""
+
+
+#: How long the launcher asks the store whether the job wrote its output: a question, not a transfer.
+OUTPUT_CHECK = RetryPolicy(budget_s=30.0, connect_timeout_s=5.0, read_timeout_s=15.0)
+
+
+def check_output_written(job: str, output_uri: str, s3_endpoint: str = "") -> str:
+    """Raise :class:`OutputMissing` when nothing is at `output_uri` (an object, or objects under it
+    as a folder) after job `job` succeeded: the step would pass on an output the next step cannot
+    read (was: found there, as a bare FileNotFoundError). Returns a note when the store could not
+    be asked (the launcher may lack the replicas' store keys), else ''."""
+    try:
+        store = open_store(output_uri, endpoint=s3_endpoint, policy=OUTPUT_CHECK)
+        written = store.exists(output_uri) or bool(store.list(output_uri))
+    except (StoreError, OSError, ValueError) as exc:
+        return f"could not check that job {job} wrote its output at {redact_url(output_uri)} ({exc})"
+    if not written:
+        raise OutputMissing(
+            f"job {job} succeeded, but nothing is at {redact_url(output_uri)} ({OUTPUT_URI_ENV}), where rank 0 is "
+            "to write the step's `model` output: the next step would find no model there; have the script write "
+            f"its output under ${OUTPUT_URI_ENV}"
+        )
+    return ""
 
 
 def _check_command(command: Sequence[str]) -> None:
