@@ -31,7 +31,7 @@ from safetensors.torch import save as save_safetensors
 
 from trainer.config import ExportConfig
 from trainer.errors import KftrainError
-from trainer.model_io import MODEL_META, WEIGHTS, weights
+from trainer.model_io import WEIGHTS, read_model_meta, weights
 from trainer.progress import ProgressLine
 from trainer.storage import ObjectStore, join_uri
 from trainer.tasks import task_for_meta
@@ -122,7 +122,7 @@ def export_model(
         store.put_bytes(join_uri(output_uri, name), data)
         line.add(len(data), name)
 
-    meta = json.loads(store.get_bytes(join_uri(model_uri, MODEL_META)))
+    meta = read_model_meta(store, model_uri)
     task = task_for_meta(meta)
     # The weights are not loaded yet: a pretrained model's are streamed from the file instead.
     model = checked_model(task, task.model_from_meta(meta))

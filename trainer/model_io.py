@@ -16,7 +16,7 @@ import torch
 from torch import nn
 
 from trainer.safetensors_file import write_safetensors
-from trainer.storage import ObjectStore, join_uri
+from trainer.storage import ObjectNotFound, ObjectStore, decode_object, join_uri
 from trainer.tasks import task_for_meta
 from trainer.tasks.contract import checked_model
 
@@ -51,9 +51,24 @@ def publish_model(store: ObjectStore, model_uri: str, weights_path: str | Path, 
     store.put_bytes(join_uri(model_uri, MODEL_META), json.dumps(meta, indent=2).encode())
 
 
+def read_model_meta(store: ObjectStore, model_uri: str) -> dict[str, Any]:
+    """The metadata of the model kftrain's train step wrote at `model_uri`; a clear error when
+    there is none (most often another artifact wired into a step's `model` input, in a user's
+    pipeline) or it is not JSON."""
+    uri = join_uri(model_uri, MODEL_META)
+    try:
+        raw = store.get_bytes(uri)
+    except ObjectNotFound:
+        raise ObjectNotFound(
+            f"no file at {uri}: {model_uri} is not a model kftrain's train step wrote; give the step the `model` "
+            "output of train"
+        ) from None
+    return decode_object(uri, raw, json.loads, "kftrain model metadata (JSON)")
+
+
 def load_model(store: ObjectStore, model_uri: str) -> tuple[nn.Module, dict[str, Any]]:
     """Rebuild a saved model (of any task) in eval mode on the CPU, with its metadata."""
-    meta = json.loads(store.get_bytes(join_uri(model_uri, MODEL_META)))
+    meta = read_model_meta(store, model_uri)
     task = task_for_meta(meta)
     model = checked_model(task, task.model_from_meta(meta))
     task.load_weights(model, meta, store, join_uri(model_uri, WEIGHTS))

@@ -350,9 +350,9 @@ def check_evaluation_inputs(cfg: Config, store: ObjectStore, model_uri: str, dat
     run's: a config of another task than the model's (its gate and report would follow the
     config), or a prepared dataset other than the one the model trained on (its test split may
     hold the model's training rows: the score would be inflated, and a gate pass with it)."""
-    from trainer.model_io import MODEL_META
+    from trainer.model_io import read_model_meta
 
-    meta = json.loads(store.get_bytes(join_uri(model_uri, MODEL_META)))
+    meta = read_model_meta(store, model_uri)
     task = meta.get("task")
     if isinstance(task, str) and task != cfg.task:
         raise ConfigError(

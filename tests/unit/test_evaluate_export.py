@@ -304,3 +304,27 @@ def test_export_refuses_another_model_s_evaluation(trained, tmp_path):
         export.python_func(
             metrics=Metrics(uri=str(evaluation)), model=Model(uri=uri), exported=Model(uri=str(tmp_path / "x"))
         )
+
+
+@pytest.mark.parametrize("step", ["evaluate", "export"])
+@pytest.mark.parametrize(
+    ("content", "said"),
+    [
+        # Another artifact wired into the step's `model` input (was: "no file at .../model.json" alone).
+        (None, "is not a model kftrain's train step wrote; give the step the `model` output of train"),
+        (b"{not json", "is not a valid kftrain model metadata (JSON)"),
+    ],
+)
+def test_a_model_input_kftrain_did_not_write_is_named_with_the_fix(tmp_path, step, content, said):
+    from trainer.storage import CorruptObject, ObjectNotFound
+
+    store, folder = LocalStore(), tmp_path / "someone-elses-model"
+    folder.mkdir()
+    (folder / "model.pt").write_bytes(b"weights of another kind")
+    if content is not None:
+        (folder / "model.json").write_bytes(content)
+    with pytest.raises((ObjectNotFound, CorruptObject), match=re.escape(said)):
+        if step == "evaluate":
+            evaluate_model(store, str(folder), str(tmp_path / "dataset"))
+        else:
+            export_model(store, str(folder), str(tmp_path / "out"))
