@@ -587,3 +587,24 @@ def test_a_byo_job_names_its_own_time_limit_parameter():
 def test_an_unknown_kind_is_refused_naming_the_parameter():
     with pytest.raises(ConfigError, match=r"^kind: must be one of \('pytorchjob', 'trainjob', 'auto'\), got 'podjob'$"):
         byo(kind="podjob")
+
+
+@pytest.mark.parametrize(
+    ("command", "warned"),
+    [
+        (["python", "train.py"], True),  # was: silent, the job waiting for processes that never start
+        (["python", "-m", "torch.distributed.run", "--nproc-per-node", "2", "train.py"], False),
+        (["torchrun", "--nproc-per-node=2", "train.py"], False),
+        (["sh", "-c", "cd /app && torchrun train.py"], False),
+        (["bash", "start.sh"], True),  # said, not refused: the script may start them; the user knows
+    ],
+)
+def test_several_processes_per_node_without_torchrun_are_warned_of(caplog, command, warned):
+    import logging
+
+    with caplog.at_level(logging.WARNING, logger="kftrain"):
+        byo(command=command, nproc_per_node=2)
+    said = [r.getMessage() for r in caplog.records if "starts no torchrun" in r.getMessage()]
+    assert len(said) == warned
+    if warned:
+        assert said[0].startswith("nproc_per_node 2, but the command starts no torchrun") and "the 3 others" in said[0]

@@ -24,6 +24,7 @@ spelling every S3 library understands. Locally they are plain paths.
 
 from __future__ import annotations
 
+import logging
 import re
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -108,6 +109,11 @@ def check_output_written(job: str, output_uri: str, s3_endpoint: str = "") -> st
             f"its output under ${OUTPUT_URI_ENV}"
         )
     return ""
+
+
+#: What, somewhere in a command, starts the processes of a replica (a shell command may hold it):
+#: torchrun, and the launchers built on it.
+_PROCESS_STARTERS = ("torchrun", "torch.distributed.run", "torch.distributed.launch", "accelerate", "deepspeed")
 
 
 def _check_command(command: Sequence[str]) -> None:
@@ -220,6 +226,16 @@ def byo_job(
                 f'${plain(ref.group(1))}"]'
             )
     _check_command(command)
+    if nproc_per_node > 1 and not any(starter in arg for arg in command for starter in _PROCESS_STARTERS):
+        # Each replica then runs one process where WORLD_SIZE counts nproc_per_node: the rendezvous
+        # waits for processes that never start, until timeout_seconds.
+        logging.getLogger("kftrain").warning(
+            "nproc_per_node %d, but the command starts no torchrun (python -m torch.distributed.run ...): each "
+            "replica runs one process, and the job waits for the %d others of WORLD_SIZE until timeout_seconds; "
+            "start the script through torchrun, or set nproc_per_node 1",
+            nproc_per_node,
+            (nproc_per_node - 1) * replicas,
+        )
     if problem := image_problem(image):
         raise ConfigError(f"image: {problem}")
     if timeout_s <= 0:
