@@ -160,7 +160,7 @@ def _given(flags: dict[str, tuple[str, Any]]) -> dict[str, tuple[str, Any]]:
 
 def _cmd_run(args: argparse.Namespace) -> int:
     from pipelines.local_run import DEFAULT_LOCAL_ROOT, check_run_id, new_run_id, run_root, running_alone
-    from trainer.checks import check_writes_outside_inputs
+    from trainer.checks import check_writes_outside_inputs, with_absolute_paths
     from trainer.config import ConfigError
 
     if not args.local:
@@ -179,6 +179,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
     run_id = check_run_id(new_run_id() if args.run_id is None else args.run_id)  # `--run-id ''`: refused
     if args.run_id:
         cfg = _as_started(cfg, args, run_id, flags)
+    cfg = with_absolute_paths(cfg)  # what the run records names the same files from any folder
     _check_gates(args, cfg.task)
     if args.summary:
         _check_summary_place(args.summary, cfg.store.uri or args.output_dir, run_id)

@@ -448,6 +448,25 @@ def check_plan_gpu(cfg: Config) -> None:
         )
 
 
+def with_absolute_paths(cfg: Config) -> Config:
+    """`cfg` with each relative local path among the places a run reads (`data.source`,
+    `model.init_from`, a `data.tokenizer` file) and writes (`store.uri`, `checkpoint.uri`) made
+    absolute against the working directory, as `checkpoint.resume_from` is (:func:`check_resume_from`):
+    the run's records, its model card and a `--run-id` continuation from another folder then name the
+    same files (was: kept relative, the card naming `kftrain-outputs/...`, and a continuation from
+    elsewhere refused with "no object there")."""
+    from trainer.launch.job import pod_read_paths
+
+    places = {**pod_read_paths(cfg), "store.uri": cfg.store.uri, "checkpoint.uri": cfg.checkpoint.uri}
+    for field, value in places.items():
+        if not value or "://" in value or os.path.isabs(value):
+            continue
+        section, name = field.split(".")
+        pinned = os.path.abspath(os.path.expanduser(value))
+        cfg = dataclasses.replace(cfg, **{section: dataclasses.replace(getattr(cfg, section), **{name: pinned})})
+    return cfg
+
+
 def check_resume_from(cfg: Config, root: str) -> Config:
     """`checkpoint.resume_from` names a complete checkpoint (:func:`trainer.runs.resolve_resume_from`,
     a run id under store root `root`) written under a config this one can continue: the fields

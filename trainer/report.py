@@ -468,7 +468,12 @@ def config_changes(config: dict[str, Any]) -> list[tuple[str, str, str]]:
     defaults, actual = _flatten(to_dict(Config())), _flatten(config)
     filled = {"kubernetes.hf_token_secret": KFP_HF_TOKEN_SECRET}  # the Secret the step pods mount
     return [
-        (key, json.dumps(value), json.dumps(defaults.get(key)) if key in defaults else "(none)")
+        # As written (was: `\u00fc` for ü): the page is UTF-8, and escapes HTML itself.
+        (
+            key,
+            json.dumps(value, ensure_ascii=False),
+            json.dumps(defaults.get(key), ensure_ascii=False) if key in defaults else "(none)",
+        )
         for key, value in sorted(actual.items())
         if defaults.get(key, object()) != value and filled.get(key, object()) != value
     ]

@@ -855,3 +855,37 @@ def test_a_memory_refusal_with_one_fix_reads_as_one(monkeypatch):
     with pytest.raises(ConfigError) as err:
         checks.check_model_memory(cfg, 8_000_000_000, 1_000_000, here=True)
     assert str(err.value).endswith("more than its 16.0 GiB; use a machine with more memory"), err.value
+
+
+# (field, as given, as the run records it: "{cwd}" the working directory, "{home}" the home folder)
+PINNED = [
+    ("data.source", "data/chat.jsonl", "{cwd}/data/chat.jsonl"),
+    ("data.source", "./data/../data/x.csv", "{cwd}/data/x.csv"),
+    ("data.source", "~/corpus", "{home}/corpus"),
+    ("data.source", "/abs/corpus", "/abs/corpus"),
+    ("data.source", "s3://bucket/corpus", "s3://bucket/corpus"),
+    ("data.source", "digits", "digits"),  # a built-in source, not a path
+    ("model.init_from", "kftrain-outputs/example/tiny-llama", "{cwd}/kftrain-outputs/example/tiny-llama"),
+    ("model.init_from", "hf://org/name", "hf://org/name"),
+    ("data.tokenizer", "tok/tokenizer.json", "{cwd}/tok/tokenizer.json"),
+    ("data.tokenizer", "bpe:512", "bpe:512"),
+    ("store.uri", "out/store", "{cwd}/out/store"),
+    ("checkpoint.uri", "ck", "{cwd}/ck"),
+]
+
+
+@pytest.mark.parametrize(("field", "given", "pinned"), PINNED)
+def test_a_run_s_relative_local_paths_are_pinned_absolute(tmp_path, monkeypatch, field, given, pinned):
+    """Was: kept relative in the run's records and model card, so a `--run-id` continuation from
+    another folder read another place ("no object there")."""
+    from trainer.checks import with_absolute_paths
+
+    monkeypatch.chdir(tmp_path)
+    task = {"data.source": "causal_lm", "model.init_from": "causal_lm", "data.tokenizer": "causal_lm"}
+    overrides = {"task": task.get(field, "classification"), field: given}
+    if field == "data.source" and given == "digits":
+        overrides["task"] = "classification"
+    cfg = with_absolute_paths(parse_config("", overrides))
+    section, name = field.split(".")
+    home = str(Path.home())
+    assert getattr(getattr(cfg, section), name) == pinned.format(cwd=tmp_path, home=home)

@@ -1550,6 +1550,23 @@ def test_the_summary_shows_a_count_as_a_whole_number(tmp_path, monkeypatch, caps
     ]
 
 
+def test_a_local_run_gets_its_relative_paths_pinned_absolute(tmp_path, monkeypatch, capsys):
+    """What the run records (its config, the model card) names the same files from any folder (was:
+    `data.source: data.csv` recorded as written, and a `--run-id` continuation from another folder
+    refused with "no object there")."""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "data.csv").write_text("a,b,label\n1,2,x\n3,4,y\n" * 20)
+    (tmp_path / "c.yaml").write_text("data:\n  source: data.csv\n")
+    _no_process_watch(monkeypatch)
+    seen = []
+    summary = {"artifacts": {}, "metrics": {}, "exported": True, "quality_gate": ""}
+    monkeypatch.setattr(
+        "pipelines.local_run.run_local", lambda cfg, on_start, **kw: seen.append(cfg) or on_start() or summary
+    )
+    assert main(["run", "--local", "--config", "c.yaml", "--output-dir", "out"]) == 0, capsys.readouterr().err
+    assert seen[0].data.source == str(tmp_path / "data.csv")
+
+
 def test_runs_refuses_a_file_uri_it_would_not_read_as_meant(capsys):
     """(was: `--store file:///tmp/o%20x` looked for a folder named `o%20x`: "no such folder")"""
     assert main(["runs", "--store", "file:///tmp/o%20x"]) == 2

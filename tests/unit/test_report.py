@@ -409,6 +409,17 @@ def test_a_secret_a_pipeline_run_fills_by_default_is_no_change_of_the_users(secr
     assert (("kubernetes.hf_token_secret", f'"{secret}"', '""') in changes) is listed, changes
 
 
+def test_a_changed_field_shows_its_text_as_written():
+    """Was: `"Gr\\u00fcn? \\ud83c\\udf08"` in the config table, where the report's header and
+    generations showed the text itself."""
+    config = to_dict(Config())
+    config["data"]["eval_prompts"] = ["Was kommt nach Grün? 🌈"]
+    config["checkpoint"]["uri"] = "/tmp/ausgabe-ü-日本/ck"
+    changes = {field: value for field, value, _ in config_changes(config)}
+    assert changes["data.eval_prompts"] == '["Was kommt nach Grün? 🌈"]'
+    assert changes["checkpoint.uri"] == '"/tmp/ausgabe-ü-日本/ck"'
+
+
 def test_a_run_that_ends_before_an_epoch_says_its_validation_is_the_ends_and_what_was_exported():
     """`train.max_steps` before the first epoch's end: the validation is at the last step, not
     "(last epoch)", and export_best's fallback to the last step's model is in the report (was:
