@@ -448,6 +448,14 @@ def check_plan_gpu(cfg: Config) -> None:
         )
 
 
+def _utf8(text: str) -> bool:
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:  # a lone surrogate: a file name's bytes that are not UTF-8
+        return False
+    return True
+
+
 def with_absolute_paths(cfg: Config) -> Config:
     """`cfg` with each relative local path among the places a run reads (`data.source`,
     `model.init_from`, a `data.tokenizer` file) and writes (`store.uri`, `checkpoint.uri`) made
@@ -463,6 +471,8 @@ def with_absolute_paths(cfg: Config) -> Config:
             continue
         section, name = field.split(".")
         pinned = os.path.abspath(os.path.expanduser(value))
+        if not pinned.isprintable() or not _utf8(pinned):  # a folder named in bytes no config can hold: as given
+            continue
         cfg = dataclasses.replace(cfg, **{section: dataclasses.replace(getattr(cfg, section), **{name: pinned})})
     return cfg
 

@@ -1608,7 +1608,7 @@ def replica_config(tree: dict[str, Any]) -> dict[str, Any]:
 
 #: Fields that name a place: one place written two ways (`data.csv`, `./data.csv`, its absolute
 #: path; `s3://b/x` and `s3://b/x/`) is the same setting.
-LOCATION_FIELDS = ("data.source", "model.init_from", "store.uri", "checkpoint.uri")
+LOCATION_FIELDS = ("data.source", "model.init_from", "data.tokenizer", "store.uri", "checkpoint.uri")
 #: Fields whose lists are sets: peft adapts the layers named in any order (its own
 #: `adapter_config.json`, which kftrain exports, lists them sorted).
 SET_FIELDS = ("lora.target_modules",)
@@ -1629,8 +1629,11 @@ def same_setting(field: str, old: Any, new: Any) -> bool:
         return old.rstrip("/").lower() == new.rstrip("/").lower()
     from trainer.data_rules import BUILTIN_SOURCES
 
-    if field not in LOCATION_FIELDS or any(v in BUILTIN_SOURCES or not v.strip() for v in (old, new)):
-        return False  # a built-in source (`digits`), or unset: as written
+    def named(value: str) -> bool:  # a built-in source (`digits`) or tokenizer (`bytes`, `bpe:512`), or unset
+        return value in BUILTIN_SOURCES or value == "bytes" or value.startswith("bpe:") or not value.strip()
+
+    if field not in LOCATION_FIELDS or named(old) or named(new):
+        return False  # as written
     return same_place(old, new)
 
 

@@ -679,6 +679,10 @@ def test_a_config_file_in_another_encoding_names_the_line_and_the_fix(tmp_path, 
         ("data.source", "corpus.txt", "./corpus.txt", True),
         ("data.source", "digits", "./digits", False),  # the built-in set, or a folder of that name
         ("model.init_from", "hf://org/m", "hf://org/m@main", False),
+        # A run recorded before relative paths were pinned, continued after (was: "a different data.tokenizer").
+        ("data.tokenizer", "tok/tokenizer.json", "{tmp}/tok/tokenizer.json", True),
+        ("data.tokenizer", "bpe:512", "./bpe:512", False),  # a built-in tokenizer, or a file of that name
+        ("data.tokenizer", "bytes", "bytes", True),
         ("lora.target_modules", ["q_proj", "v_proj"], ["v_proj", "q_proj"], True),
         ("train.epochs", 2, 3, False),
         ("job.image", "img", "./img", False),  # not a place
