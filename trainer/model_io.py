@@ -16,7 +16,7 @@ import torch
 from torch import nn
 
 from trainer.safetensors_file import write_safetensors
-from trainer.storage import ObjectNotFound, ObjectStore, decode_object, join_uri
+from trainer.storage import CorruptObject, ObjectNotFound, ObjectStore, decode_object, join_uri
 from trainer.tasks import task_for_meta
 from trainer.tasks.contract import checked_model
 
@@ -51,11 +51,12 @@ def publish_model(store: ObjectStore, model_uri: str, weights_path: str | Path, 
     store.put_bytes(join_uri(model_uri, MODEL_META), json.dumps(meta, indent=2).encode())
 
 
-def read_model_meta(store: ObjectStore, model_uri: str) -> dict[str, Any]:
-    """The metadata of the model kftrain's train step wrote at `model_uri`; a clear error when
-    there is none (most often another artifact wired into a step's `model` input, in a user's
-    pipeline) or it is not JSON."""
-    uri = join_uri(model_uri, MODEL_META)
+def read_model_meta(store: ObjectStore, model_uri: str, name: str = MODEL_META) -> dict[str, Any]:
+    """The JSON object `name` (the metadata, `model.json`; or the training record, `training.json`)
+    of the model kftrain's train step wrote at `model_uri`; a clear error when there is none (most
+    often another artifact wired into a step's `model` input, in a user's pipeline) or it is not a
+    JSON object."""
+    uri = join_uri(model_uri, name)
     try:
         raw = store.get_bytes(uri)
     except ObjectNotFound:
@@ -63,7 +64,10 @@ def read_model_meta(store: ObjectStore, model_uri: str) -> dict[str, Any]:
             f"no file at {uri}: {model_uri} is not a model kftrain's train step wrote; give the step the `model` "
             "output of train"
         ) from None
-    return decode_object(uri, raw, json.loads, "kftrain model metadata (JSON)")
+    record = decode_object(uri, raw, json.loads, f"kftrain model's {name}")
+    if not isinstance(record, dict):
+        raise CorruptObject(f"{uri} is not a kftrain model's {name} (a JSON object): rerun the train step")
+    return record
 
 
 def load_model(store: ObjectStore, model_uri: str) -> tuple[nn.Module, dict[str, Any]]:

@@ -314,6 +314,7 @@ def evaluate(
     from trainer.checks import check_gates
     from trainer.evaluate import evaluate_model, quality_gate
     from trainer.generations import GenerationSettings
+    from trainer.model_io import read_model_meta
     from trainer.pretrained import bases_through
     from trainer.report import html_report
     from trainer.runs import TRAINING_RECORD
@@ -322,12 +323,12 @@ def evaluate(
     check_gates(min_accuracy, max_perplexity, cfg.task)  # before the test split is scored, not after
     store = store_for(cfg, output_uri, check=True)
     check_evaluation_inputs(cfg, store, model_uri, dataset_uri)
+    training = read_model_meta(store, model_uri, TRAINING_RECORD)  # before the test split is scored
     with bases_through(cfg.store):  # a fine-tuned model's base is in the configured store, as training read it
         report = evaluate_model(
             store, model_uri, dataset_uri, output_uri, cfg.data.eval_items, GenerationSettings.from_config(cfg)
         )
     passed, reason = quality_gate(report, min_accuracy, max_perplexity)
-    training = json.loads(store.get_bytes(join_uri(model_uri, TRAINING_RECORD)))
     training["config"] = run_config(training, cfg)
     manifest = read_manifest(store_for(cfg, dataset_uri), dataset_uri)
     splits = manifest["splits"]
@@ -406,13 +407,15 @@ def evaluation_of(cfg: Config, metrics_uri: str, model_uri: str) -> dict[str, An
 def export(cfg: Config, model_uri: str, output_uri: str, metrics: dict[str, Any]) -> dict[str, Any]:
     """Serving formats and model card of the trained model under `output_uri`."""
     from trainer.export import export_model
+    from trainer.model_io import read_model_meta
     from trainer.pretrained import bases_through
     from trainer.runs import TRAINING_RECORD
 
     store = store_for(cfg, output_uri, check=True)
     # The card tells of the weights: the config they trained under and how many steps they had
     # (a run resumed from another one's checkpoint says so; `export_best`: the best step's weights).
-    record = json.loads(store_for(cfg, model_uri).get_bytes(join_uri(model_uri, TRAINING_RECORD)))
+    read_model_meta(store_for(cfg, model_uri), model_uri)  # a model kftrain wrote, named first as evaluate does
+    record = read_model_meta(store_for(cfg, model_uri), model_uri, TRAINING_RECORD)
     done = record.get("metrics", {})
     with bases_through(cfg.store):
         return export_model(

@@ -308,23 +308,32 @@ def test_export_refuses_another_model_s_evaluation(trained, tmp_path):
 
 @pytest.mark.parametrize("step", ["evaluate", "export"])
 @pytest.mark.parametrize(
-    ("content", "said"),
+    ("files", "said"),
     [
-        # Another artifact wired into the step's `model` input (was: "no file at .../model.json" alone).
-        (None, "is not a model kftrain's train step wrote; give the step the `model` output of train"),
-        (b"{not json", "is not a valid kftrain model metadata (JSON)"),
+        # Another artifact wired into the step's `model` input (was: "no file at .../model.json", or
+        # at .../training.json for export, alone).
+        ({}, "is not a model kftrain's train step wrote; give the step the `model` output of train"),
+        ({"model.json": b"{not json"}, "is not a valid kftrain model's model.json"),
+        ({"model.json": b"[1, 2]"}, "is not a kftrain model's model.json (a JSON object)"),  # was: AttributeError
+        ({"model.json": b"{}", "training.json": b"[]"}, "is not a kftrain model's training.json (a JSON object)"),
     ],
 )
-def test_a_model_input_kftrain_did_not_write_is_named_with_the_fix(tmp_path, step, content, said):
+def test_a_model_input_kftrain_did_not_write_is_named_with_the_fix(tmp_path, step, files, said):
+    """Through the pipeline steps themselves, before any scoring."""
+    from trainer import pipeline_steps
+    from trainer.config import load_config
     from trainer.storage import CorruptObject, ObjectNotFound
 
-    store, folder = LocalStore(), tmp_path / "someone-elses-model"
+    folder = tmp_path / "someone-elses-model"
     folder.mkdir()
     (folder / "model.pt").write_bytes(b"weights of another kind")
-    if content is not None:
-        (folder / "model.json").write_bytes(content)
+    for name, content in files.items():
+        (folder / name).write_bytes(content)
+    cfg = load_config(None, {})
     with pytest.raises((ObjectNotFound, CorruptObject), match=re.escape(said)):
         if step == "evaluate":
-            evaluate_model(store, str(folder), str(tmp_path / "dataset"))
+            pipeline_steps.evaluate(
+                cfg, str(folder), str(tmp_path / "dataset"), str(tmp_path / "m"), str(tmp_path / "r")
+            )
         else:
-            export_model(store, str(folder), str(tmp_path / "out"))
+            pipeline_steps.export(cfg, str(folder), str(tmp_path / "out"), {})
