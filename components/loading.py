@@ -21,7 +21,9 @@ def load_component(path: str | Path) -> Any:
     from kfp.dsl import TaskConfigField, TaskConfigPassthrough
 
     component = components.load_component_from_file(str(path))
-    declared = (yaml.safe_load(Path(path).read_text()).get("root") or {}).get("taskConfigPassthroughs") or []
+    # The pipeline spec is the first document (a compiled pipeline's second is its platform spec).
+    spec = next(yaml.safe_load_all(Path(path).read_text()), None) or {}
+    declared = (spec.get("root") or {}).get("taskConfigPassthroughs") or []
     if declared:
         component.component_spec.task_config_passthroughs = [
             TaskConfigPassthrough(field=TaskConfigField[p["field"]], apply_to_task=bool(p.get("applyToTask")))
