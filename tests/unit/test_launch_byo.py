@@ -252,11 +252,19 @@ TOKEN = "ghp_" + "a1B2c3D4e5F6g7H8i9J0kLmNoPqRsTuVwXyZ"  # a GitHub token's form
 @pytest.mark.parametrize(
     ("args", "where"),
     [
-        (["--token", TOKEN], "command[3]: the value of --token looks like a credential"),
-        ([f"--hf-token={TOKEN}"], "command[2]: its value looks like a credential"),
-        (["--password=hunter2probe"], "command[2]: its value looks like a credential"),
+        (["--token", TOKEN], "command[3]: it looks like a credential"),  # by its form
+        (["--hf-token", "hunter2probe"], "command[3]: the value of --hf-token"),  # by the flag's name
+        ([f"--hf-token={TOKEN}"], "command[2]: the value of hf-token"),
+        (["--password=hunter2probe"], "command[2]: the value of password"),
+        (["--db-password", "hunter2probe"], "command[3]: the value of --db-password"),
         ([TOKEN], "command[2]: it looks like a credential"),
         (["--api-key", "sk-live-4f9a8b7c6d5e4f3a2b1c0d9e"], "command[3]: the value of --api-key"),
+        # Hydra's overrides, `env NAME=...`, and a shell's command line (was: let through)
+        (["trainer.hf_token=hunter2probe"], "command[2]: the value of trainer.hf_token"),
+        (["+db.password=hunter2probe"], "command[2]: the value of db.password"),
+        (["wandb.api_key=hunter2probe"], "command[2]: the value of wandb.api_key"),
+        ([f"cmd --token {TOKEN} --epochs 3"], "command[2]: a word of it looks like a credential"),
+        (["python t.py --password=hunter2probe"], "command[2]: the value of password"),
     ],
 )
 def test_a_credential_in_the_command_is_refused_as_in_env(args, where):
@@ -275,6 +283,13 @@ def test_a_credential_in_the_command_is_refused_as_in_env(args, where):
         ["--token-file", "/var/run/secrets/tok", "--key", "/keys/a.pem"],  # files, not the secrets
         ["--password"],  # a flag alone (the script prompts, or reads it elsewhere)
         ["--revision", "main", "--use-auth=false", "--model-name=gpt2"],
+        # Flags named like a key or a token that hold none (a review found these refused)
+        ["--text-key", "content", "--label_key", "labels", "--metric-key", "eval_loss", "--sort-key=timestamp"],
+        ["--eos-token-id", "2", "--pad-token", "[PAD]", "--bos_token", "<s>", "--max-token-length", "512"],
+        ["--token-budget", "4096", "--num-pass", "2", "--hf-token-env", "HF_TOKEN", "--session-key", "exp-42"],
+        ["--use_auth_token", "--epochs", "3"],  # a switch, then another flag: not its value
+        ["--hf-token", "$HF_TOKEN"],  # the shell's variable: the value is not in the command
+        ["git_commit=0123456789abcdef0123456789abcdef01234567", "data=s3://bucket/key@v1"],
     ],
 )
 def test_ordinary_command_arguments_are_taken(args):
@@ -596,7 +611,11 @@ def test_an_unknown_kind_is_refused_naming_the_parameter():
         (["python", "-m", "torch.distributed.run", "--nproc-per-node", "2", "train.py"], False),
         (["torchrun", "--nproc-per-node=2", "train.py"], False),
         (["sh", "-c", "cd /app && torchrun train.py"], False),
+        (["accelerate", "launch", "train.py"], False),
         (["bash", "start.sh"], True),  # said, not refused: the script may start them; the user knows
+        # A launcher's name inside an argument is no launcher (was: silenced the warning)
+        (["python", "train.py", "--deepspeed", "ds.json"], True),
+        (["python", "/app/accelerate_demo/train.py", "--output", "/out/torchrun-logs"], True),
     ],
 )
 def test_several_processes_per_node_without_torchrun_are_warned_of(caplog, command, warned):

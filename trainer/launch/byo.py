@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import logging
 import re
+import shlex
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -38,7 +39,7 @@ from trainer.config import (
     KubernetesConfig,
     check_plain_env,
 )
-from trainer.credentials import credential_in, credential_name
+from trainer.credentials import credential_in, looks_like_credential
 from trainer.errors import KftrainError, redact_url
 from trainer.k8s_formats import env_name_problem, image_problem, plain, show
 from trainer.launch.container_env import OWN_CONTAINER_ENV
@@ -111,29 +112,75 @@ def check_output_written(job: str, output_uri: str, s3_endpoint: str = "") -> st
     return ""
 
 
-#: What, somewhere in a command, starts the processes of a replica (a shell command may hold it):
-#: torchrun, and the launchers built on it.
-_PROCESS_STARTERS = ("torchrun", "torch.distributed.run", "torch.distributed.launch", "accelerate", "deepspeed")
+#: Programs (or `python -m` modules) that start a replica's processes: torchrun, and launchers built on it.
+_PROCESS_STARTERS = frozenset(
+    {"torchrun", "accelerate", "deepspeed", "torch.distributed.run", "torch.distributed.launch"}
+)
+#: The last words (or last two) of a flag or key that holds a secret whatever its value looks like
+#: (`--db-password`, `wandb.api_key`, `--hf-token`); others (`--text-key`, `--pad-token`,
+#: `--eos-token-id`) are judged by their value alone.
+_SECRET_LAST_WORDS = frozenset({"PASSWORD", "PASSWD", "SECRET", "APIKEY"})
+_SECRET_LAST_PAIRS = frozenset(
+    {("API", "KEY"), ("ACCESS", "KEY"), ("SECRET", "KEY"), ("PRIVATE", "KEY"), ("HF", "TOKEN"), ("API", "TOKEN"),
+     ("AUTH", "TOKEN"), ("ACCESS", "TOKEN")}
+)  # fmt: skip
+_SETTING = re.compile(r"[-+]*([A-Za-z_][\w.-]*)=(.*)", re.S)
+
+
+def _words(command: Sequence[str]) -> list[tuple[int, str]]:
+    """The command's words, each with the index of its argument: an argument a shell runs
+    (`sh -c "python t.py --token ..."`) counts as the words it holds."""
+    out = []
+    for i, arg in enumerate(command):
+        try:
+            words = shlex.split(arg) if any(c.isspace() for c in arg) else [arg]
+        except ValueError:  # unbalanced quotes: not a shell line after all
+            words = arg.split()
+        out += [(i, w) for w in words]
+    return out
+
+
+def _secret_name(name: str) -> bool:
+    words = [w for w in re.split(r"[^A-Z0-9]+", name.upper()) if w]
+    return bool(words) and (words[-1] in _SECRET_LAST_WORDS or tuple(words[-2:]) in _SECRET_LAST_PAIRS)
+
+
+def _secret_value(value: str) -> bool:
+    """A value a secret's flag gives that is one: not empty, a variable (`$HF_TOKEN`), a path or a switch."""
+    return bool(value) and not value.startswith("$") and bool(credential_in("PASSWORD", value))
 
 
 def _check_command(command: Sequence[str]) -> None:
-    """ConfigError naming the argument of `command` that holds a credential (a token, a key, a
-    `--password=...` or a `--token` followed by its value), never showing it: the command is in the
-    pipeline's parameters, its YAML and the job object, as `env` is."""
-    for i, arg in enumerate(command):
-        name, eq, value = arg.partition("=")
-        if eq and name.startswith("-"):
-            what = credential_in(name.lstrip("-"), value) and "its value"
-        elif arg.startswith("-") and credential_name(arg.lstrip("-")) and i + 1 < len(command):
-            i, what = i + 1, credential_in(arg.lstrip("-"), command[i + 1]) and f"the value of {plain(arg)}"
+    """ConfigError naming the argument of `command` that holds a credential, never showing it: a
+    token or key by its form anywhere, or the value of a flag or key named for a secret
+    (`--password=...`, `--hf-token VALUE`, Hydra's `db.password=...`, `env API_KEY=...`), also
+    within a shell's command line. The command is in the pipeline's parameters, its YAML and the
+    job object, as `env` is."""
+    words = _words(command)
+    for n, (i, word) in enumerate(words):
+        shell = len(command[i]) != len(word)  # a word of a shell's command line
+        where = "a word of it" if shell else "it"
+        if setting := _SETTING.fullmatch(word):
+            name, value = setting.group(1), setting.group(2)
+            found = looks_like_credential(value) or (_secret_name(name.split(".")[-1]) and _secret_value(value))
+            where = f"the value of {plain(name)}"
+        elif word.startswith("-") and _secret_name(word) and n + 1 < len(words):
+            i, value = words[n + 1]
+            found = not value.startswith("-") and _secret_value(value)
+            where = f"the value of {plain(word)}"
         else:
-            what = credential_in("", arg) and "it"
-        if what:
+            found = looks_like_credential(word)
+        if found:
             raise ConfigError(
-                f"command[{i}]: {what} looks like a credential, and the command is in the pipeline's parameters, "
+                f"command[{i}]: {where} looks like a credential, and the command is in the pipeline's parameters, "
                 "its YAML and the job object, readable by anyone who can list them; have the script read it from a "
                 f"Kubernetes Secret ({_SECRET_HINT}, or a mounted `secret` volume)"
             )
+
+
+def _starts_processes(command: Sequence[str]) -> bool:
+    """Whether the command runs a program or `python -m` module that starts a replica's processes."""
+    return any(word.rsplit("/", 1)[-1] in _PROCESS_STARTERS for _, word in _words(command))
 
 
 def _check_env(env: Mapping[str, str], store_env: Sequence[str]) -> None:
@@ -226,16 +273,6 @@ def byo_job(
                 f'${plain(ref.group(1))}"]'
             )
     _check_command(command)
-    if nproc_per_node > 1 and not any(starter in arg for arg in command for starter in _PROCESS_STARTERS):
-        # Each replica then runs one process where WORLD_SIZE counts nproc_per_node: the rendezvous
-        # waits for processes that never start, until timeout_seconds.
-        logging.getLogger("kftrain").warning(
-            "nproc_per_node %d, but the command starts no torchrun (python -m torch.distributed.run ...): each "
-            "replica runs one process, and the job waits for the %d others of WORLD_SIZE until timeout_seconds; "
-            "start the script through torchrun, or set nproc_per_node 1",
-            nproc_per_node,
-            (nproc_per_node - 1) * replicas,
-        )
     if problem := image_problem(image):
         raise ConfigError(f"image: {problem}")
     if timeout_s <= 0:
@@ -290,4 +327,14 @@ def byo_job(
             job_kind.validate(job_kind.build(spec, namespace, None))
         except ManifestError as exc:
             raise ConfigError(str(exc).removeprefix("kubernetes.")) from None
+    if nproc_per_node > 1 and not _starts_processes(command):
+        # Each replica then runs one process where WORLD_SIZE counts nproc_per_node: the rendezvous
+        # waits for processes that never start, until timeout_seconds.
+        logging.getLogger("kftrain").warning(
+            "nproc_per_node %d, but the command starts no torchrun (python -m torch.distributed.run ...): each "
+            "replica runs one process, and the job waits for the %d others of WORLD_SIZE until timeout_seconds; "
+            "start the script through torchrun, or set nproc_per_node 1",
+            nproc_per_node,
+            (nproc_per_node - 1) * replicas,
+        )
     return spec
