@@ -38,7 +38,7 @@ def _resume_command(argv: list[str], run_id: str | None, drop: tuple[str, ...] =
     import shlex
 
     dropped = ("--run-id", *drop)
-    args, skip = [], False
+    args, skip, path_next = [], False, False
     for a in argv:
         if skip:
             skip = False
@@ -48,8 +48,23 @@ def _resume_command(argv: list[str], run_id: str | None, drop: tuple[str, ...] =
             continue
         if a.startswith(tuple(f"{flag}=" for flag in dropped)):
             continue
+        flag, eq, value = a.partition("=")
+        if path_next:  # a path flag's value: the same place from another folder
+            a, path_next = _absolute(a), False
+        elif eq and flag in _PATH_FLAGS:
+            a = f"{flag}={_absolute(value)}"
+        path_next = a in _PATH_FLAGS
         args.append(a)
     return redact(shlex.join(["kftrain", *args, *(["--run-id", run_id] if run_id else [])]))
+
+
+#: `kftrain run`'s flags that take a place on this machine (`--store` a local folder, too).
+_PATH_FLAGS = ("--config", "--output-dir", "--summary", "--store")
+
+
+def _absolute(value: str) -> str:
+    """A local path made absolute; a URI (`s3://...`) as it is."""
+    return value if "://" in value or not value else os.path.abspath(os.path.expanduser(value))
 
 
 #: `--min-accuracy` when not given (a classification run's gate).

@@ -1403,9 +1403,30 @@ def test_a_summary_that_cannot_be_written_at_the_end_fails_the_run_after_its_lin
     assert "summary written to" not in out
     assert err.strip().splitlines()[-1] == (
         "kftrain: error: --summary: cannot write s.json: No space left on device; name a folder you can write (the run "
-        "finished; its summary is kept with it: `kftrain run --local --output-dir out --run-id r1 --summary PATH` "
-        "writes it again)"
+        f"finished; its summary is kept with it: `kftrain run --local --output-dir {tmp_path}/out --run-id r1 "
+        "--summary PATH` writes it again)"
     )
+
+
+@pytest.mark.parametrize(
+    ("argv", "resumed"),
+    [
+        (
+            ["run", "--local", "--output-dir", "out", "--config", "c.yaml"],
+            "--output-dir {cwd}/out --config {cwd}/c.yaml",
+        ),
+        (["run", "--local", "--output-dir=out", "--summary=s.json"], "--output-dir={cwd}/out --summary={cwd}/s.json"),
+        (["run", "--local", "--store", "st"], "--store {cwd}/st"),
+        (["run", "--local", "--store", "s3://bkt/x"], "--store s3://bkt/x"),
+        (["run", "--local", "--store", "/abs/st", "--min-accuracy", "0.5"], "--store /abs/st --min-accuracy 0.5"),
+    ],
+)
+def test_the_printed_resume_command_works_from_any_folder(tmp_path, monkeypatch, argv, resumed):
+    """Its paths absolute (was: as typed, so run from another folder it found no run)."""
+    from pipelines.cli import _resume_command
+
+    monkeypatch.chdir(tmp_path)
+    assert _resume_command(argv, "r1") == f"kftrain {' '.join(argv[:2])} {resumed.format(cwd=tmp_path)} --run-id r1"
 
 
 @pytest.mark.parametrize(
