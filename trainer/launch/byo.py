@@ -102,7 +102,7 @@ def check_output_written(job: str, output_uri: str, s3_endpoint: str = "") -> st
         store = open_store(output_uri, endpoint=s3_endpoint, policy=OUTPUT_CHECK)
         written = store.exists(output_uri) or bool(store.list(output_uri))
     except (StoreError, OSError, ValueError) as exc:
-        return f"could not check that job {job} wrote its output at {redact_url(output_uri)} ({exc})"
+        return f"job {job}'s output at {redact_url(output_uri)} was not checked: this step could not read it ({exc})"
     if not written:
         raise OutputMissing(
             f"job {job} succeeded, but nothing is at {redact_url(output_uri)} ({OUTPUT_URI_ENV}), where rank 0 is "
