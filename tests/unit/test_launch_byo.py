@@ -627,3 +627,35 @@ def test_several_processes_per_node_without_torchrun_are_warned_of(caplog, comma
     assert len(said) == warned
     if warned:
         assert said[0].startswith("nproc_per_node 2, but the command starts no torchrun") and "the 3 others" in said[0]
+
+
+@pytest.mark.parametrize(
+    ("made", "written"),
+    [
+        ("a file in the folder", True),
+        ("the output as one file", True),
+        ("nothing", False),
+        ("an empty folder", False),
+        ("an empty sub-folder", False),
+    ],
+)
+def test_a_job_s_output_counts_as_written_when_a_file_is_there(tmp_path, made, written):
+    from trainer.launch.byo import OutputMissing, check_output_written
+
+    out = tmp_path / "model"
+    if made == "a file in the folder":
+        (out / "sub").mkdir(parents=True)
+        (out / "sub" / "model.pt").write_bytes(b"w")
+    elif made == "the output as one file":
+        out.write_bytes(b"w")
+    elif made == "an empty folder":
+        out.mkdir()
+    elif made == "an empty sub-folder":
+        (out / "sub").mkdir(parents=True)
+    if written:
+        assert check_output_written("job-1", str(out)) == ""
+    else:
+        with pytest.raises(
+            OutputMissing, match=r"job job-1 succeeded, but nothing is at .*model \(KFTRAIN_OUTPUT_URI\)"
+        ):
+            check_output_written("job-1", str(out))
