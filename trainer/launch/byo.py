@@ -146,7 +146,8 @@ def _secret_name(name: str) -> bool:
 
 
 def _secret_value(value: str) -> bool:
-    """A value a secret's flag gives that is one: not empty, a variable (`$HF_TOKEN`), a path or a switch."""
+    """Whether a secret's flag gives a secret: a value that is neither empty, a variable (`$HF_TOKEN`),
+    a path nor a switch."""
     return bool(value) and not value.startswith("$") and bool(credential_in("PASSWORD", value))
 
 
@@ -158,6 +159,7 @@ def _check_command(command: Sequence[str]) -> None:
     job object, as `env` is."""
     words = _words(command)
     for n, (i, word) in enumerate(words):
+        at = i  # the argument the message names: the value's, for a flag followed by its value
         shell = len(command[i]) != len(word)  # a word of a shell's command line
         where = "a word of it" if shell else "it"
         if setting := _SETTING.fullmatch(word):
@@ -165,14 +167,14 @@ def _check_command(command: Sequence[str]) -> None:
             found = looks_like_credential(value) or (_secret_name(name.split(".")[-1]) and _secret_value(value))
             where = f"the value of {plain(name)}"
         elif word.startswith("-") and _secret_name(word) and n + 1 < len(words):
-            i, value = words[n + 1]
+            at, value = words[n + 1]
             found = not value.startswith("-") and _secret_value(value)
             where = f"the value of {plain(word)}"
         else:
             found = looks_like_credential(word)
         if found:
             raise ConfigError(
-                f"command[{i}]: {where} looks like a credential, and the command is in the pipeline's parameters, "
+                f"command[{at}]: {where} looks like a credential, and the command is in the pipeline's parameters, "
                 "its YAML and the job object, readable by anyone who can list them; have the script read it from a "
                 f"Kubernetes Secret ({_SECRET_HINT}, or a mounted `secret` volume)"
             )
