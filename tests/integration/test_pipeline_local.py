@@ -169,7 +169,8 @@ def test_fine_tuning_the_example_model_end_to_end(tmp_path):
     assert all(g["after"].startswith("After ") for g in report["generations"])  # it learned the answers' form
     exported = Path(summary["artifacts"]["exported"])
     card = json.loads((exported / "model_card.json").read_text())
-    assert card["base_model"]["origin"] == "kftrain-outputs/example/tiny-llama"
+    # Absolute, as the run recorded it (was: relative, a place only from the folder it started in)
+    assert card["base_model"]["origin"] == str(tmp_path / "kftrain-outputs/example/tiny-llama")
     base = AutoModelForCausalLM.from_pretrained(tmp_path / "kftrain-outputs/example/tiny-llama")
     adapted = PeftModel.from_pretrained(base, exported / "adapter")
     merged = AutoModelForCausalLM.from_pretrained(exported / "huggingface")
