@@ -344,21 +344,16 @@ class ChatEncoder:
         return rows
 
 
-def load_chat_tokenizer(source: pretrained.ModelSource, folder: Path, trust_remote_code: bool) -> Any:
-    """The model's tokenizer, loaded by transformers from its tokenizer files (copied from the
-    store into `folder`); :class:`DataError` naming `model.init_from` when the folder has none,
-    they do not load, or the tokenizer has no chat template."""
-    copied = []
-    for name in pretrained.TOKENIZER_FILES:
-        uri = join_uri(source.uri, name)
-        if source.store.exists(uri):
-            (folder / name).write_bytes(source.store.get_bytes(uri))
-            copied.append(name)
-    if not copied:
+def load_model_tokenizer(source: pretrained.ModelSource, folder: Path, trust_remote_code: bool) -> Any:
+    """The model's tokenizer as transformers loads the model's folder, from its tokenizer files and
+    config.json (copied from the store into `folder`), so that data prep tokenizes as the exported
+    folder does; :class:`DataError` naming `model.init_from` when the folder has none, they do not
+    load, or the tokenizer is not a fast (tokenizer.json) one."""
+    if not pretrained.copy_tokenizer_files(source, folder):
         raise DataError(
             f"model.init_from {source.origin!r}: the folder has no tokenizer file "
-            f"({', '.join(pretrained.TOKENIZER_FILES)}); data.format: chat renders "
-            "conversations with the model's own tokenizer and chat template"
+            f"({', '.join(pretrained.TOKENIZER_FILES)}); kftrain tokenizes your data with the model's own "
+            "tokenizer: copy the model's tokenizer files into the folder"
         )
     from transformers import AutoTokenizer
 
@@ -370,16 +365,24 @@ def load_chat_tokenizer(source: pretrained.ModelSource, folder: Path, trust_remo
             f"{str(exc).splitlines()[0] if str(exc) else ''}); a tokenizer with its own code needs "
             "model.trust_remote_code: true"
         ) from None
+    if not getattr(tokenizer, "is_fast", False):
+        raise DataError(
+            f"model.init_from {source.origin!r}: its tokenizer is not a fast (tokenizer.json) one; kftrain "
+            "tokenizes through tokenizer.json (the character offsets of chat data need it): add the model's "
+            "tokenizer.json (transformers: `AutoTokenizer.from_pretrained(...).save_pretrained(folder)`)"
+        )
+    return tokenizer
+
+
+def load_chat_tokenizer(source: pretrained.ModelSource, folder: Path, trust_remote_code: bool) -> Any:
+    """:func:`load_model_tokenizer`, which for `data.format: chat` must have a chat template
+    (:class:`DataError` naming `model.init_from` when it has none)."""
+    tokenizer = load_model_tokenizer(source, folder, trust_remote_code)
     if not getattr(tokenizer, "chat_template", None):
         raise DataError(
             f"model.init_from {source.origin!r}: its tokenizer has no chat template (no 'chat_template' in "
             "tokenizer_config.json, no chat_template.jinja); data.format: chat needs one: use the model's chat or "
             "instruct variant, or data.format: jsonl for plain text"
-        )
-    if not getattr(tokenizer, "is_fast", False):
-        raise DataError(
-            f"model.init_from {source.origin!r}: its tokenizer is not a fast (tokenizer.json) one; data.format: chat "
-            "needs the character offsets only a fast tokenizer gives"
         )
     return tokenizer
 

@@ -264,12 +264,12 @@ class DataConfig:
     (Python's own library source), a text or JSON Lines object, or a prefix holding many (`s3://bucket/corpus/`); empty:
     the task's default."""
     source_version: str = ""
-    """Set by the pipeline's configure step; leave it empty: a digest of what data prep reads from a store (the
-    source's objects, a `data.tokenizer` file and a local or S3 base model's tokenizer files: their sizes and ETags,
-    or a local file's modification time) when the run started; for causal_lm also the version of how data prep makes
-    tokens of text. A source changed in place, or a kftrain whose data prep makes other tokens of it, changes it, so
-    KFP's cache prepares the data again (was: a cached dataset of the old data, in silence). An `hf://` base is
-    named by its `@revision`: without one, a cached dataset keeps the commit it was prepared with."""
+    """Set by the pipeline's configure step; leave it empty: a digest of what data prep reads from a store (the source's
+    objects, a `data.tokenizer` file and a local or S3 base model's tokenizer files and config.json: their sizes and
+    ETags, or a local file's modification time) when the run started; for causal_lm also the version of how data
+    prep makes tokens of text. A source changed in place, or a kftrain whose data prep makes other tokens of it,
+    changes it, so KFP's cache prepares the data again (was: a cached dataset of the old data, in silence). An
+    `hf://` base is named by its `@revision`: without one, a cached dataset keeps the commit it was prepared with."""
     label_column: str = "label"
     """For a CSV source: the column holding the class label; every other column is a numeric feature (finite, within
     float32's range). Labels are stripped of surrounding whitespace and numbers compare as numbers: `1`, `1.0` and ` 1`

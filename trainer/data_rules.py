@@ -380,19 +380,21 @@ def _each_file_once(store: LocalStore, source: str, found: dict[str, str]) -> di
 #: data prep on the effective config, not on kftrain's code in the image, so a change to the
 #: tokens the same text gives must change it. 2: each document ends in a line end, and a
 #: pretrained model's documents are in its special tokens. 3: each document tokenized from its
-#: own start where the tokenizer reads an input's start specially (SentencePiece's `▁`).
-TEXT_PREP_VERSION = 3
+#: own start where the tokenizer reads an input's start specially (SentencePiece's `▁`). 4: a
+#: pretrained model's tokenizer as transformers loads its folder, config.json included (a qwen2
+#: folder's pre-tokenizer is Qwen's own), for text and chat data alike.
+TEXT_PREP_VERSION = 4
 
 
 def source_version(cfg: Config) -> str:
     """`data.source_version` for `cfg`: a digest of the version of every object data prep reads
-    from a store (the source's, a `data.tokenizer` file, a base model's tokenizer files) and, for
+    from a store (the source's, a `data.tokenizer` file, a base model's tokenizer files and config.json) and, for
     causal_lm, of how it makes tokens of them (:data:`TEXT_PREP_VERSION`); '' when it reads no
     object and makes no text tokens (the built-in digits). A store that fails raises
     :class:`StoreError` naming the field."""
     import hashlib
 
-    from trainer.pretrained import HF_SCHEME, TOKENIZER_FILES
+    from trainer.pretrained import CONFIG, HF_SCHEME, TOKENIZER_FILES
 
     named = []  # (field, URI, how: "listing" a source's objects, "object", or an "optional" object)
     if cfg.data.source not in BUILTIN_SOURCES:
@@ -402,8 +404,9 @@ def source_version(cfg: Config) -> str:
         named.append(("data.tokenizer", spec.uri, "object"))
     base = cfg.model.init_from
     if cfg.task == "causal_lm" and base and not base.startswith(HF_SCHEME):
-        # A base model's tokenizer makes the tokens (an hf:// one's revision is in the config, or the Hub's now).
-        named += [("model.init_from", join_uri(base, name), "optional") for name in TOKENIZER_FILES]
+        # A base model's tokenizer makes the tokens, as transformers builds it for the model's type
+        # (config.json); an hf:// one's revision is in the config, or the Hub's now.
+        named += [("model.init_from", join_uri(base, name), "optional") for name in (*TOKENIZER_FILES, CONFIG)]
     if not named and cfg.task != "causal_lm":
         return ""
     digest = hashlib.sha256()

@@ -79,12 +79,8 @@ def load_hf_tokenizer(source: pretrained.ModelSource):
     config.json) copied out of the store into a temporary folder."""
     from transformers import AutoTokenizer
 
-    names = (*pretrained.TOKENIZER_FILES, pretrained.CONFIG)
     with tempfile.TemporaryDirectory(prefix="kftrain-tokenizer-") as tmp:
-        for name in names:
-            uri = join_uri(source.uri, name)
-            if source.store.exists(uri):
-                (Path(tmp) / name).write_bytes(source.store.get_bytes(uri))
+        pretrained.copy_tokenizer_files(source, Path(tmp))
         try:
             return AutoTokenizer.from_pretrained(tmp)
         except Exception as exc:  # transformers raises many kinds for a folder it cannot read

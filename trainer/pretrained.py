@@ -296,6 +296,21 @@ JSON_FILES = (
 )
 
 
+def copy_tokenizer_files(source: ModelSource, folder: Path) -> list[str]:
+    """Copy the folder's :data:`TOKENIZER_FILES` and its config.json out of the store into
+    `folder`, for transformers to load the tokenizer from; the tokenizer files there were.
+    config.json goes too because transformers picks the tokenizer's class by the model's type (a
+    qwen2 folder's tokenizer.json loads as Qwen2Tokenizer, with Qwen's own pre-tokenizer): without
+    it, data prep would tokenize otherwise than the exported folder that transformers and vLLM load."""
+    copied = []
+    for name in (*TOKENIZER_FILES, CONFIG):
+        uri = join_uri(source.uri, name)
+        if source.store.exists(uri):
+            (folder / name).write_bytes(source.store.get_bytes(uri))
+            copied.append(name)
+    return [name for name in copied if name != CONFIG]
+
+
 def check_tokenizer_files(source: ModelSource, config: dict[str, Any], chat: bool) -> None:
     """Before any step: each of the folder's :data:`JSON_FILES` there parses as a JSON object,
     tokenizer.json's token ids fit the model's `vocab_size` and, for chat data (`chat`), its chat
@@ -407,10 +422,8 @@ def _declared_tokens(files: dict[str, Any]) -> dict[str, str]:
 
 def _check_declared_tokens(origin: str, files: dict[str, Any]) -> None:
     """Every token tokenizer_config.json (or special_tokens_map.json) declares is one of
-    tokenizer.json's: transformers adds one it lacks past tokenizer.json's ids, so the chat data
-    prep (transformers' tokenizer) and the text data prep (tokenizer.json's) would read the same
-    text as different tokens, and the embedding may have no row for it (was: a failure in the
-    train step, or text data silently tokenized apart from what serving sends)."""
+    tokenizer.json's: transformers adds one it lacks past tokenizer.json's ids, where the model's
+    embedding has no row trained for it (was: a failure in the train step)."""
     tokenizer = files["tokenizer.json"]
     vocab = _vocabulary(tokenizer)
     if vocab is None:  # a form not read here: transformers' own check stands
@@ -423,7 +436,7 @@ def _check_declared_tokens(origin: str, files: dict[str, Any]) -> None:
         raise PretrainedError(
             f"model.init_from {origin!r}: {name} declares the token {token!r}{more}, which tokenizer.json lacks: "
             "transformers would add it past tokenizer.json's ids, where the model's embedding has no row trained "
-            "for it and kftrain's text reader does not see it; save the tokenizer whole (transformers: "
+            "for it; save the tokenizer whole (transformers: "
             "`tokenizer.save_pretrained(folder)` writes it into tokenizer.json; resize the embeddings to fit), or "
             f"drop it from {name}"
         )

@@ -14,21 +14,23 @@ from __future__ import annotations
 
 import logging
 import math
+import tempfile
 import warnings
 import zlib
+from pathlib import Path
 from typing import Any
 
 import torch
 from torch import nn
 
 from trainer import generations, pretrained
-from trainer.chat_data import CHAT_FORMAT, IGNORE, chat_stream, evaluation_rows, prepare_chat
+from trainer.chat_data import CHAT_FORMAT, IGNORE, chat_stream, evaluation_rows, load_model_tokenizer, prepare_chat
 from trainer.config import Config, LoraConfig
 from trainer.pretrained import source_for
 from trainer.shards import read_manifest
-from trainer.storage import ObjectStore, join_uri
+from trainer.storage import ObjectStore
 from trainer.tasks.causal_lm import CausalLMTask, Marks
-from trainer.tokenizer import Tokenizer, load_tokenizer
+from trainer.tokenizer import HFTokenizer, Tokenizer
 
 log = logging.getLogger("kftrain.pretrained")
 
@@ -104,7 +106,12 @@ class PretrainedLMTask(CausalLMTask):
     # -- data ---------------------------------------------------------------------------------
     def tokenizer(self, cfg: Config) -> Tokenizer:
         source = self._data_source = source_for(cfg, weights=False)
-        return load_tokenizer(join_uri(source.uri, "tokenizer.json"), source.store)
+        # The Rust tokenizer transformers builds for the folder, not tokenizer.json as it is:
+        # transformers replaces parts of it by the model's type (a qwen2 folder gets Qwen's own
+        # pre-tokenizer), and the exported folder is tokenized as transformers loads it.
+        with tempfile.TemporaryDirectory(prefix="kftrain-tokenizer-") as tmp:
+            backend = load_model_tokenizer(source, Path(tmp), cfg.model.trust_remote_code).backend_tokenizer
+        return HFTokenizer(backend, "file", raw=backend.to_str().encode())
 
     def tokenizer_record(self, cfg: Config, tokenizer: Tokenizer) -> dict[str, Any]:
         # The model's tokenizer files travel with the model (its folder), not in the manifest.
