@@ -684,8 +684,9 @@ def _cmd_horovod_run(args: argparse.Namespace) -> int:
 
 #: Where `kftrain example-model` writes, and configs/finetune-tiny.yaml reads.
 EXAMPLE_DIR = "kftrain-outputs/example"
-#: Steps `kftrain plan --probe` runs when --probe-steps is left out.
+#: Steps `kftrain plan --probe` runs when --probe-steps is left out, and the most it may run.
 PROBE_STEPS = 5
+MAX_PROBE_STEPS = 1000
 
 
 def _cmd_example_model(args: argparse.Namespace) -> int:
@@ -890,10 +891,15 @@ def _gpu_type(text: str) -> str:
 
 
 def _gibibytes(text: str) -> float:
-    """A positive amount of GPU memory in GiB (as nvidia-smi's MiB / 1024)."""
+    """A positive amount of GPU memory in GiB (as nvidia-smi's MiB / 1024), at most
+    kubernetes.gpu_memory_gb's bound."""
+    from trainer.config import MAX_GPU_MEMORY_GB
+
     value = _number(text)
-    if not 0 < value < float("inf"):
-        raise argparse.ArgumentTypeError(f"must be a positive number of GiB, e.g. 80, got {text!r}")
+    if not sys.float_info.min <= value <= MAX_GPU_MEMORY_GB:
+        raise argparse.ArgumentTypeError(
+            f"must be a positive number of GiB, at most {MAX_GPU_MEMORY_GB:g}, e.g. 80, got {text!r}"
+        )
     return value
 
 
@@ -923,9 +929,12 @@ def _price(text: str) -> float:
 
 
 def _steps(text: str) -> int:
-    """A positive number of steps."""
-    if not text.strip().isdigit() or int(text) < 1:
-        raise argparse.ArgumentTypeError(f"must be a positive whole number of steps, got {text!r}")
+    """A positive number of steps, at most :data:`MAX_PROBE_STEPS`."""
+    if not text.strip().isdigit() or not 1 <= int(text) <= MAX_PROBE_STEPS:
+        raise argparse.ArgumentTypeError(
+            f"must be a whole number of steps from 1 to {MAX_PROBE_STEPS} (the probe times a few steps; the training "
+            f"run is the long one), got {text!r}"
+        )
     return int(text)
 
 
@@ -975,7 +984,15 @@ def _path(text: str) -> str:
             f"{redact_url(text)!r} is a URI: this takes a path on this machine (a plain one; an object store is "
             "--store, where the command has it)"
         )
+    from trainer.storage import typed_location_problem
+
     path = os.path.expanduser(text)
+    try:
+        problem = typed_location_problem(path)
+    except ValueError as exc:  # `s3:/b/k`: a slash short of a URI, or a folder meant as ./s3:/b/k
+        raise argparse.ArgumentTypeError(str(exc)) from None
+    if problem:
+        raise argparse.ArgumentTypeError(f"{text!r} {problem}")
     try:
         os.path.realpath(path, strict=True)
     except OSError as exc:  # a path not made yet is fine; a loop of links names nothing

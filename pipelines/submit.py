@@ -107,6 +107,15 @@ def pipeline_parameters(package: Path) -> dict[str, dict[str, Any]]:
         )
     try:
         spec = next(yaml.safe_load_all(package.read_text(encoding="utf-8")), None)
+        if not isinstance(spec, dict) or not isinstance(spec.get("root"), dict):
+            what = (
+                "empty"
+                if spec is None
+                else "a mapping without a `root` component"
+                if isinstance(spec, dict)
+                else f"a YAML {type(spec).__name__}"
+            )
+            raise SubmitError(f"--package {package}: not a compiled KFP pipeline ({what}); {PACKAGE_HINT}")
         if component := _component_name(spec):
             raise SubmitError(
                 f"--package {package}: a compiled component ({component}), not a pipeline: KFP would run that one "

@@ -18,6 +18,7 @@ import itertools
 import json
 import math
 import re
+import sys
 import types
 import typing
 from collections.abc import Callable, Iterator
@@ -33,7 +34,15 @@ from trainer.errors import KftrainError, redact, redact_url, yaml_problem
 from trainer.image import IMAGE
 from trainer.launch.failures import DEFAULT_MAX_RESTARTS, budget_check
 from trainer.partitions import partition_problem
-from trainer.storage import RetryPolicy, endpoint_problem, file_uri_problem, parse_uri, region_problem, same_place
+from trainer.storage import (
+    RetryPolicy,
+    endpoint_problem,
+    file_uri_problem,
+    hidden_character_problem,
+    region_problem,
+    same_place,
+    typed_location_problem,
+)
 from trainer.tokenizer import parse_spec as parse_tokenizer_spec
 from trainer.yaml_scalars import unquoted_problem
 
@@ -133,8 +142,16 @@ AT_LEAST_ONE = Bound(lambda v: v >= 1, "must be >= 1")
 NOT_EMPTY = Bound(bool, "must not be empty")
 #: The least `kubernetes.ttl_seconds_after_finished`: time for the launcher to read the job's end.
 MIN_TTL_SECONDS = 60
-#: The most DataLoader worker processes per rank `train.num_workers` may ask for.
+#: The most processes per rank `train.num_workers` (DataLoader workers), and per data prep
+#: `data.num_proc`, may ask for.
 MAX_WORKERS = 128
+#: The largest `train.bucket_cap_mb`: 64 GiB, more than a GPU holds.
+MAX_BUCKET_MB = 65536
+#: The largest `lora.rank`: wider than any layer of the supported families (past it, the adapters'
+#: sizes overflow what torch can compute before the rank is compared with the layers).
+MAX_LORA_RANK = 65536
+#: The largest `kubernetes.gpu_memory_gb` (and `kftrain plan --gpu-memory`): far past any GPU.
+MAX_GPU_MEMORY_GB = 100_000
 #: A seed: numpy's generators take 0 to 2**32 - 1, and the trainer derives per-epoch and per-rank
 #: seeds from it that must stay within torch's 64-bit seeds.
 SEED = Bound(lambda v: 0 <= v < 2**32, "must be from 0 to 4294967295 (2**32 - 1), the seeds numpy and torch take")
@@ -244,7 +261,8 @@ _DATA_BOUNDS = {
     "eval_prompts": Bound(lambda v: all(isinstance(p, str) and p.strip() for p in v), "must list non-empty prompts"),
     "eval_generations": Bound(lambda v: 0 <= v <= 16, "must be between 0 and 16"),
     "eval_new_tokens": Bound(lambda v: 1 <= v <= 512, "must be between 1 and 512"),
-    "num_proc": POSITIVE,
+    # Each is a process of data prep: past this, a typo (as train.num_workers).
+    "num_proc": Bound(lambda v: 1 <= v <= MAX_WORKERS, f"must be from 1 to {MAX_WORKERS} data-prep processes"),
     "text_field": NOT_EMPTY,
     "label_column": NOT_EMPTY,
     "max_bytes": NOT_NEGATIVE,
@@ -433,7 +451,10 @@ _TRAIN_BOUNDS = {
     # Each is a process per rank, with its own share of the data: past this, a typo (1000 forks per rank).
     "num_workers": Bound(lambda v: 0 <= v <= MAX_WORKERS, f"must be from 0 to {MAX_WORKERS} worker processes per rank"),
     "grad_accum_steps": AT_LEAST_ONE,
-    "bucket_cap_mb": AT_LEAST_ONE,
+    # DDP holds the buckets in GPU memory and its reducer takes their size in bytes as an int64.
+    "bucket_cap_mb": Bound(
+        lambda v: 1 <= v <= MAX_BUCKET_MB, f"must be from 1 to {MAX_BUCKET_MB} MiB (a bucket larger than any GPU)"
+    ),
     "max_consecutive_skips": AT_LEAST_ONE,
     "grad_clip_norm": in_float32(NOT_NEGATIVE),
     "peak_tflops": NOT_NEGATIVE,
@@ -530,7 +551,10 @@ class TrainConfig:
 
 #: Bounds of `lora.*` fields.
 _LORA_BOUNDS = {
-    "rank": POSITIVE,
+    "rank": Bound(
+        lambda v: 1 <= v <= MAX_LORA_RANK,
+        f"must be from 1 to {MAX_LORA_RANK} (and at most the smaller side of each layer it adapts)",
+    ),
     "alpha": in_float32(POSITIVE),
     "dropout": Bound(lambda v: 0.0 <= v < 1.0, "must be in [0, 1)"),
     "target_modules": Bound(lambda v: all(isinstance(m, str) and m for m in v), "must list non-empty module names"),
@@ -644,14 +668,15 @@ def is_uri(value: str) -> bool:
 def check_uri(field: str, value: str) -> None:
     """ConfigError naming `field` when the store URI `value` is malformed, or starts or ends with
     whitespace: a space pasted along (`s3://bucket/runs `) would put everything under another
-    prefix, or in a relative folder named ' ' instead of the absolute path typed."""
+    prefix, or in a relative folder named ' ' instead of the absolute path typed; or when it holds
+    a character or a name no store takes as typed (:func:`typed_location_problem`)."""
     _no_whitespace_around(field, value)
     try:
-        parse_uri(value)
+        problem = typed_location_problem(value) or file_uri_problem(value)
     except ValueError as exc:
         raise ConfigError(f"{field}: {exc}") from None
-    if problem := file_uri_problem(value):
-        raise ConfigError(f"{field} {value!r} {problem}")
+    if problem:
+        raise ConfigError(f"{field} {redact_url(value)!r} {problem}")
 
 
 def _no_whitespace_around(field: str, value: str) -> None:
@@ -743,6 +768,8 @@ class CheckpointConfig:
             check_uri("checkpoint.uri", self.uri)
         if self.resume_from:
             check_resume_from(self.resume_from)
+        if problem := hidden_character_problem(self.owner):
+            raise ConfigError(f"checkpoint.owner {self.owner!r} {problem}")
         if self.resume_from and not self.enabled:
             raise ConfigError(
                 "checkpoint.resume_from needs checkpoint.enabled: true (the run continues from a checkpoint)"
@@ -838,7 +865,10 @@ class ElasticConfig:
 #: Bounds of `kubernetes.*` fields.
 _KUBERNETES_BOUNDS = {
     "gpus_per_node": NOT_NEGATIVE,
-    "gpu_memory_gb": Bound(lambda v: v >= 0, "must be >= 0 (0: unknown, no memory check)"),
+    "gpu_memory_gb": Bound(
+        lambda v: 0 <= v <= MAX_GPU_MEMORY_GB,
+        f"must be from 0 (unknown, no memory check) to {MAX_GPU_MEMORY_GB:g} GiB",
+    ),
     "clean_pod_policy": one_of(CLEAN_POD_POLICIES),
     "restart_policy": Bound(
         lambda v: v in RESTART_POLICIES,
@@ -1821,9 +1851,16 @@ _ConfigLoader.add_implicit_resolver(
 
 
 def underflow_problem(text: str, value: float) -> str | None:
-    """Why `text`, read as the float `value`, is not what it says: too small for a float, so 0."""
+    """Why `text`, read as the float `value`, is not what it says: too small for a float, so 0,
+    or so small that it keeps only some of its digits (a subnormal float, below 2.2e-308: 1 / it
+    is no longer a number)."""
     if value == 0.0 and re.search(r"[1-9]", re.split(r"[eE]", text)[0]):
         return f"{text} is too small for a float (it would read as 0); write 0 or a larger number"
+    if 0.0 < abs(value) < sys.float_info.min:
+        return (
+            f"{text} is too small for a float to hold exactly (below {sys.float_info.min:.1e}); write 0 or a larger "
+            "number"
+        )
     return None
 
 

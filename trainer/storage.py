@@ -145,6 +145,49 @@ class Location:
         return self.scheme in REMOTE_SCHEMES
 
 
+#: The longest file or folder name Linux file systems take (NAME_MAX), in bytes.
+NAME_MAX_BYTES = 255
+#: The longest local path a user may give: PATH_MAX (4096) less room for what kftrain adds below it.
+LOCAL_PATH_MAX_BYTES = 3072
+#: The longest object key S3 takes, in bytes.
+KEY_MAX_BYTES = 1024
+
+
+def hidden_character_problem(text: str) -> str:
+    """Why `text` cannot be shown as it is, or "": it holds a control or invisible (format)
+    character, which would name another place than the one shown (a NUL, a line end, a right-to-left
+    override, a zero-width space)."""
+    import unicodedata
+
+    for at, ch in enumerate(text):
+        if unicodedata.category(ch) in ("Cc", "Cf", "Cs"):
+            return f"holds the control or invisible character {ch!r} at position {at}: retype it"
+    return ""
+
+
+def typed_location_problem(text: str) -> str:
+    """Why `text`, a store URI or local path a user typed, cannot name the place meant, or "": a
+    control or invisible (format) character (a NUL the system refuses, a line end that splits every
+    message naming it, a right-to-left override or zero-width space that shows another name than
+    the one made), or a name longer than the file system (:data:`NAME_MAX_BYTES` a folder,
+    :data:`LOCAL_PATH_MAX_BYTES` the path) or S3 (:data:`KEY_MAX_BYTES` the key) takes."""
+    if problem := hidden_character_problem(text):
+        return problem
+    loc = parse_uri(text)
+    if loc.scheme == "file":
+        long_name = next((n for n in loc.key.split("/") if len(n.encode()) > NAME_MAX_BYTES), None)
+        if long_name is not None:
+            return (
+                f"has a folder or file name of {len(long_name.encode())} bytes ({long_name[:20]}...); a file system "
+                f"takes at most {NAME_MAX_BYTES}"
+            )
+        if len(loc.key.encode()) > LOCAL_PATH_MAX_BYTES:
+            return f"is {len(loc.key.encode())} bytes long; a local path may be at most {LOCAL_PATH_MAX_BYTES}"
+    elif len(loc.key.encode()) > KEY_MAX_BYTES:
+        return f"has a key of {len(loc.key.encode())} bytes; S3 takes keys of at most {KEY_MAX_BYTES}"
+    return ""
+
+
 def file_uri_problem(uri: str) -> str:
     """Why a `file://` URI a user typed would not name the folder meant, or "": kftrain reads the
     path after `file://` as it is written (a listed file's name may hold any character, `?` and

@@ -27,7 +27,7 @@ from functools import lru_cache
 from typing import TYPE_CHECKING, Protocol
 
 from trainer.k8s_formats import show
-from trainer.storage import ObjectNotFound, ObjectStore, has_suffix, parse_uri
+from trainer.storage import ObjectNotFound, ObjectStore, has_suffix, typed_location_problem
 
 if TYPE_CHECKING:
     import numpy as np
@@ -84,9 +84,11 @@ def parse_spec(spec: str) -> TokenizerSpec:
         return TokenizerSpec("bpe", vocab_size=int(size))
     if has_suffix(spec, ".json"):
         try:
-            parse_uri(spec)
+            problem = typed_location_problem(spec)
         except ValueError as exc:
             raise ValueError(f"tokenizer {spec!r}: {exc}; {_FORMS}") from None
+        if problem:
+            raise ValueError(f"tokenizer {spec!r} {problem}")
         return TokenizerSpec("file", uri=spec)
     raise ValueError(f"tokenizer {show(spec)} is not a known form: {_FORMS}")
 

@@ -256,7 +256,7 @@ REFUSED = {
         LORA + "lora:\n  target_modules: [q_proj, embed_tokens]\nexport:\n  merge_lora: true\n",
         ["export.merge_lora: the adapter on 'model.embed_tokens' changes a weight tied to another one"],
     ),
-    "lora-rank-past-a-layer": ({}, LORA + "lora:\n  rank: 100000\n", ["lora.rank: 100000 is larger than the smaller"]),
+    "lora-rank-past-a-layer": ({}, LORA + "lora:\n  rank: 1000\n", ["lora.rank: 1000 is larger than the smaller"]),
 }
 
 

@@ -171,7 +171,10 @@ def test_yaml_file_maps_onto_the_tree(tmp_path):
         ),
         ("job:\n  kind: podjob\n", "job.kind: must be one of ('pytorchjob', 'trainjob', 'auto'), got 'podjob'"),
         ("export:\n  max_shard_bytes: 0\n", "export.max_shard_bytes: must be positive, got 0"),
-        ("kubernetes:\n  gpu_memory_gb: -1\n", "kubernetes.gpu_memory_gb: must be >= 0 (0: unknown, no memory check)"),
+        (
+            "kubernetes:\n  gpu_memory_gb: -1\n",
+            "kubernetes.gpu_memory_gb: must be from 0 (unknown, no memory check) to 100000 GiB",
+        ),
         ("kubernetes:\n  gpu_memory_gb: .nan\n", "kubernetes.gpu_memory_gb: must be a finite number"),
         (
             "kubernetes:\n  hf_token_secret: hf\n  store_secret_keys: {accesskey: HF_TOKEN}\n",
@@ -192,6 +195,16 @@ def test_yaml_file_maps_onto_the_tree(tmp_path):
             "train:\n  num_workers: 1000\n",
             "train.num_workers: must be from 0 to 128 worker processes per rank, got 1000",
         ),
+        # Counts that fork processes or size memory have an upper bound (was: `num_proc` forked any
+        # number, a huge `bucket_cap_mb` killed every rank in DDP's reducer, a huge `lora.rank` was
+        # allocated before it could be compared with the layers).
+        ("data:\n  num_proc: 1000\n", "data.num_proc: must be from 1 to 128 data-prep processes, got 1000"),
+        ("train:\n  bucket_cap_mb: 8796093022208\n", "train.bucket_cap_mb: must be from 1 to 65536 MiB"),
+        ("lora:\n  rank: 1000000000\n", "lora.rank: must be from 1 to 65536"),
+        ("kubernetes:\n  gpu_memory_gb: 1.0e+9\n", "kubernetes.gpu_memory_gb: must be from 0"),
+        # A float too small to hold exactly, in any float field (was: 1e-320 GiB overflowed a division).
+        ("kubernetes:\n  gpu_memory_gb: 1.0e-320\n", "line 2: 1.0e-320 is too small for a float to hold exactly"),
+        ("train:\n  learning_rate: 1e-310\n", "line 2: 1e-310 is too small for a float to hold exactly"),
         ("checkpoint:\n  keep_best: val_loss\n", "checkpoint.keep_best: task 'classification' reports no metric"),
         (
             "task: causal_lm\ncheckpoint:\n  keep_best: max:val_accuracy\n",
@@ -623,6 +636,38 @@ def test_a_file_uri_is_read_as_written_and_what_would_change_it_is_refused(field
         return
     with pytest.raises(ConfigError, match=f"^{re.escape(field)} {re.escape(repr(value))} {re.escape(said)}"):
         load_config(overrides={field: value})
+
+
+@pytest.mark.parametrize(
+    "field",
+    ["store.uri", "checkpoint.uri", "checkpoint.resume_from", "data.source", "model.init_from", "data.tokenizer"],
+)
+@pytest.mark.parametrize(
+    ("value", "said"),
+    [
+        ("/tmp/a\x00b", "holds the control or invisible character '\\x00' at position 6"),  # was: "embedded null byte"
+        ("/tmp/a\x1b[2Jb", "holds the control or invisible character '\\x1b'"),  # was: cleared the terminal
+        ("s3://bucket/a\nb", "holds the control or invisible character '\\n'"),  # was: a message in two lines
+        ("/tmp/\u202eevil", "holds the control or invisible character '\\u202e'"),  # shows another name
+        ("s3://bucket/a\u200bb", "holds the control or invisible character '\\u200b'"),
+        ("/tmp/" + "x" * 300, "has a folder or file name of 300 bytes"),  # was: "File name too long"
+        ("/tmp" + "/d" * 2000, "bytes long; a local path may be at most 3072"),
+        ("s3://bucket/" + "k/" * 600, "bytes; S3 takes keys of at most 1024"),
+    ],
+    ids=["nul", "escape", "newline", "rtl-override", "zero-width", "long-name", "long-path", "long-key"],
+)
+def test_a_location_no_store_takes_as_typed_is_refused_naming_the_field(field, value, said):
+    """Every location a config names (one check, `storage.typed_location_problem`) refuses a
+    character that would name another place than the one shown, and a name past what a file
+    system or S3 takes, before anything is made (was: local folders named with control
+    characters, bare OS errors naming no field, raw escapes on the terminal)."""
+    if field == "data.tokenizer":
+        value = value.rstrip("/") + "/tokenizer.json"
+    with pytest.raises(ConfigError) as info:
+        load_config(overrides={field: value})
+    message = str(info.value)
+    assert message.startswith(field) and said in message, message
+    assert "\n" not in message and "\x1b" not in message and "\x00" not in message, message
 
 
 @pytest.mark.parametrize(

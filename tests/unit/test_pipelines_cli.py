@@ -156,7 +156,10 @@ PLAN_BAD_ROWS = [
     # `--dataset "$DS"` with DS unset was ignored: the plan without the dataset, in silence.
     (None, ["--dataset", ""], "argument --dataset: must not be empty"),
     (None, ["--nodes", "1,100000000"], "argument --nodes: must be positive whole numbers of nodes up to 100000"),
-    (None, ["--probe-steps", "0"], "argument --probe-steps: must be a positive whole number of steps"),
+    (None, ["--probe-steps", "0"], "argument --probe-steps: must be a whole number of steps from 1 to 1000"),
+    (None, ["--probe-steps", str(2**70)], "argument --probe-steps: must be a whole number of steps from 1 to 1000"),
+    (None, ["--gpu-memory", "1e-320"], "argument --gpu-memory: must be a positive number of GiB"),
+    (None, ["--gpu-memory", "1e9"], "argument --gpu-memory: must be a positive number of GiB, at most 100000"),
     (None, ["--output", " "], "argument --output: must not be empty"),
     # A MIG slice (was: "unknown GPU type", which a known H100 is not, with no size to give).
     (

@@ -78,8 +78,8 @@ def test_what_a_step_would_refuse_on_the_cluster_is_refused_before_upload(config
 
 @pytest.mark.parametrize(
     "text",
-    ["train:\n  epochs: 1\n", "", "a: [\n", "- a list\n", "root: 3\n", b"\xff\xfe"],
-    ids=["a-kftrain-config", "empty", "not-yaml", "a-list", "root-not-a-mapping", "not-utf8"],
+    ["train:\n  epochs: 1\n", "", "a: [\n", "- a list\n", "root: 3\n", b"\xff\xfe", "just text\n", "7\n"],
+    ids=["a-kftrain-config", "empty", "not-yaml", "a-list", "root-not-a-mapping", "not-utf8", "a-string", "a-number"],
 )
 def test_a_package_that_is_not_a_compiled_pipeline_is_one_line_naming_it(tmp_path, text):
     package = tmp_path / "p.yaml"
@@ -87,6 +87,8 @@ def test_a_package_that_is_not_a_compiled_pipeline_is_one_line_naming_it(tmp_pat
     with pytest.raises(SubmitError) as err:
         pipeline_parameters(package)
     assert str(err.value).startswith(f"--package {package}: not a compiled KFP pipeline") and "\n" not in str(err.value)
+    # What the file holds, not what Python made of it (was: `TypeError: 'NoneType' object is not subscriptable`).
+    assert not re.search(r"TypeError|AttributeError|NoneType|subscriptable", str(err.value)), err.value
 
 
 @pytest.mark.parametrize(

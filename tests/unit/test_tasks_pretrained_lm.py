@@ -275,3 +275,25 @@ def test_training_flops_count_the_weights_that_multiply_and_the_heads_width(fami
         multiplying += sum(p.numel() for n, p in model.named_parameters() if "lora_" in n)
     expected = (4 if method == "lora" else 6) * multiplying + 12 * 2 * 4 * (head_dim or 16) * 64
     assert PretrainedLMTask().flops_per_item(model, cfg) == expected
+
+
+def test_lora_adapters_are_built_on_the_meta_device_asking_for_no_memory(tmp_path, monkeypatch):
+    """peft makes each adapter's layers with plain `nn.Linear(...)`: under the meta device they
+    ask for no memory (was: made on the CPU, then moved, so a lora.rank of 10**9 asked the
+    pre-flight for 256 GB before its rank check could refuse it)."""
+    import torch
+
+    from trainer.tasks.pretrained_lm import apply_lora
+
+    source = pretrained.resolve(tiny_llama_folder(tmp_path / "tiny"))
+    model = pretrained.build_on_meta(pretrained.read_config(source, False), torch.float32, source)
+    made, new = [], torch.nn.Parameter.__new__
+
+    def recording(cls, data=None, requires_grad=True):  # where each parameter's tensor was made
+        made.append(data.device.type)
+        return new(cls, data, requires_grad)
+
+    monkeypatch.setattr(torch.nn.Parameter, "__new__", staticmethod(recording))
+    adapted = apply_lora(model, {"rank": 4096, "alpha": 16.0, "dropout": 0.0, "target_modules": []})
+    assert made and set(made) == {"meta"}, made
+    assert {p.shape[0] for n, p in adapted.named_parameters() if ".lora_A." in n} == {4096}

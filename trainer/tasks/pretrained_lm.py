@@ -61,7 +61,10 @@ def apply_lora(model: nn.Module, lora: dict[str, Any]) -> nn.Module:
         task_type="CAUSAL_LM",
     )
     try:
-        with pretrained.parameters_on_meta(), warnings.catch_warnings():
+        # The meta device as the default too: peft makes each adapter's layers with plain
+        # `nn.Linear(...)`, which would allocate them for real before they move to meta (a lora.rank
+        # of 10**9 asked the pre-flight for 256 GB before its rank check could refuse it).
+        with pretrained.parameters_on_meta(), torch.device("meta"), warnings.catch_warnings():
             # peft reads transformers' deprecated alias: a FutureWarning no user can act on.
             warnings.filterwarnings("ignore", "`is_gradient_checkpointing` is deprecated", FutureWarning)
             # Notes on what peft settles itself (GPT-2's Conv1D layers) or kftrain already refuses by
