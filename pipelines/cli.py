@@ -984,15 +984,12 @@ def _path(text: str) -> str:
             f"{redact_url(text)!r} is a URI: this takes a path on this machine (a plain one; an object store is "
             "--store, where the command has it)"
         )
-    from trainer.storage import typed_location_problem
+    from trainer.k8s_formats import show
+    from trainer.storage import hidden_character_problem, local_path_problem
 
     path = os.path.expanduser(text)
-    try:
-        problem = typed_location_problem(path)
-    except ValueError as exc:  # `s3:/b/k`: a slash short of a URI, or a folder meant as ./s3:/b/k
-        raise argparse.ArgumentTypeError(str(exc)) from None
-    if problem:
-        raise argparse.ArgumentTypeError(f"{text!r} {problem}")
+    if problem := hidden_character_problem(text) or local_path_problem(os.path.abspath(path)):
+        raise argparse.ArgumentTypeError(f"{show(text, limit=200)} {problem}")
     try:
         os.path.realpath(path, strict=True)
     except OSError as exc:  # a path not made yet is fine; a loop of links names nothing

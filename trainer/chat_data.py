@@ -344,12 +344,14 @@ class ChatEncoder:
         return rows
 
 
-def load_model_tokenizer(source: pretrained.ModelSource, folder: Path, trust_remote_code: bool) -> Any:
+def load_model_tokenizer(source: pretrained.ModelSource, parent: Path, trust_remote_code: bool) -> Any:
     """The model's tokenizer as transformers loads the model's folder, from its tokenizer files and
-    config.json (copied from the store into `folder`), so that data prep tokenizes as the exported
-    folder does; :class:`DataError` naming `model.init_from` when the folder has none, they do not
-    load, or the tokenizer is not a fast (tokenizer.json) one."""
-    if not pretrained.copy_tokenizer_files(source, folder):
+    config.json (copied from the store into a folder under `parent`, the tokenizer's
+    `name_or_path`), so that data prep tokenizes as the exported folder does; :class:`DataError`
+    naming `model.init_from` when the folder has none, they do not load, or the tokenizer is not a
+    fast (tokenizer.json) one."""
+    folder, copied = pretrained.copy_tokenizer_files(source, parent)
+    if not copied:
         raise DataError(
             f"model.init_from {source.origin!r}: the folder has no tokenizer file "
             f"({', '.join(pretrained.TOKENIZER_FILES)}); kftrain tokenizes your data with the model's own "
@@ -360,10 +362,14 @@ def load_model_tokenizer(source: pretrained.ModelSource, folder: Path, trust_rem
     try:
         tokenizer = AutoTokenizer.from_pretrained(str(folder), trust_remote_code=trust_remote_code)
     except Exception as exc:  # a broken or remote-code tokenizer: named, not a traceback
+        fix = (
+            "copy the model's tokenizer files again (transformers: `save_pretrained`)"
+            if trust_remote_code
+            else "a tokenizer with its own code needs model.trust_remote_code: true"
+        )
         raise DataError(
             f"model.init_from {source.origin!r}: its tokenizer does not load ({type(exc).__name__}: "
-            f"{str(exc).splitlines()[0] if str(exc) else ''}); a tokenizer with its own code needs "
-            "model.trust_remote_code: true"
+            f"{str(exc).splitlines()[0] if str(exc) else ''}); {fix}"
         ) from None
     if not getattr(tokenizer, "is_fast", False):
         raise DataError(
@@ -374,10 +380,10 @@ def load_model_tokenizer(source: pretrained.ModelSource, folder: Path, trust_rem
     return tokenizer
 
 
-def load_chat_tokenizer(source: pretrained.ModelSource, folder: Path, trust_remote_code: bool) -> Any:
+def load_chat_tokenizer(source: pretrained.ModelSource, parent: Path, trust_remote_code: bool) -> Any:
     """:func:`load_model_tokenizer`, which for `data.format: chat` must have a chat template
     (:class:`DataError` naming `model.init_from` when it has none)."""
-    tokenizer = load_model_tokenizer(source, folder, trust_remote_code)
+    tokenizer = load_model_tokenizer(source, parent, trust_remote_code)
     if not getattr(tokenizer, "chat_template", None):
         raise DataError(
             f"model.init_from {source.origin!r}: its tokenizer has no chat template (no 'chat_template' in "
@@ -524,7 +530,9 @@ def prepare_chat(cfg: Config, store: ObjectStore, dataset_uri: str, source: pret
         reading = _Reading()
         pool = (
             ProcessPoolExecutor(
-                d.num_proc, initializer=_start_worker, initargs=(tmp, cfg.model.trust_remote_code, block)
+                d.num_proc,
+                initializer=_start_worker,
+                initargs=(tokenizer.name_or_path, cfg.model.trust_remote_code, block),
             )
             if d.num_proc > 1
             else None

@@ -142,9 +142,10 @@ AT_LEAST_ONE = Bound(lambda v: v >= 1, "must be >= 1")
 NOT_EMPTY = Bound(bool, "must not be empty")
 #: The least `kubernetes.ttl_seconds_after_finished`: time for the launcher to read the job's end.
 MIN_TTL_SECONDS = 60
-#: The most processes per rank `train.num_workers` (DataLoader workers), and per data prep
-#: `data.num_proc`, may ask for.
+#: The most DataLoader worker processes per rank `train.num_workers` may ask for.
 MAX_WORKERS = 128
+#: The most processes data prep's one pool (`data.num_proc`) may ask for: more than a node's cores.
+MAX_DATA_PROCS = 1024
 #: The largest `train.bucket_cap_mb`: 64 GiB, more than a GPU holds.
 MAX_BUCKET_MB = 65536
 #: The largest `lora.rank`: wider than any layer of the supported families (past it, the adapters'
@@ -261,8 +262,8 @@ _DATA_BOUNDS = {
     "eval_prompts": Bound(lambda v: all(isinstance(p, str) and p.strip() for p in v), "must list non-empty prompts"),
     "eval_generations": Bound(lambda v: 0 <= v <= 16, "must be between 0 and 16"),
     "eval_new_tokens": Bound(lambda v: 1 <= v <= 512, "must be between 1 and 512"),
-    # Each is a process of data prep: past this, a typo (as train.num_workers).
-    "num_proc": Bound(lambda v: 1 <= v <= MAX_WORKERS, f"must be from 1 to {MAX_WORKERS} data-prep processes"),
+    # Each is a process of data prep (one pool, on one node): past this, a typo.
+    "num_proc": Bound(lambda v: 1 <= v <= MAX_DATA_PROCS, f"must be from 1 to {MAX_DATA_PROCS} data-prep processes"),
     "text_field": NOT_EMPTY,
     "label_column": NOT_EMPTY,
     "max_bytes": NOT_NEGATIVE,
@@ -322,7 +323,7 @@ class DataConfig:
     """causal_lm, JSON Lines sources: the field of each record that holds its text."""
     num_proc: int = 1
     """causal_lm data prep: processes that tokenize in parallel (a BPE, a tokenizer.json or chat data; `bytes` ignores
-    it)."""
+    it), 1 to 1024."""
     shard_rows: int = 512
     """Rows per shard file (causal_lm: `shard_rows` x 1024 tokens per shard; `data.format: chat`: conversations)."""
     max_bytes: int = 4_000_000
@@ -510,7 +511,7 @@ class TrainConfig:
     batches back through a Unix socket in the temporary folder, or, where that is too deep for a socket's path, in a
     folder of its own under /tmp."""
     bucket_cap_mb: int = 25
-    """DDP gradient bucket size in MiB (`gradient_as_bucket_view` is on)."""
+    """DDP gradient bucket size in MiB (`gradient_as_bucket_view` is on), 1 to 65536."""
     on_nonfinite: str = "stop"
     """A NaN/inf loss or gradient: `stop` the job naming the step and rank, or `skip` the update."""
     max_consecutive_skips: int = 10
@@ -566,7 +567,8 @@ class LoraConfig:
     """Low-rank adapters (`train.method: lora`, with peft): `W x + (alpha / rank) B A x` on each target module."""
 
     rank: int = 8
-    """Rank r of each adapter (A is r x in, B is out x r)."""
+    """Rank r of each adapter (A is r x in, B is out x r): at most the smaller side of each layer it adapts, and
+    65536."""
     alpha: float = 16.0
     """Scale numerator: the adapter's output is multiplied by alpha / rank."""
     dropout: float = 0.0
@@ -676,7 +678,7 @@ def check_uri(field: str, value: str) -> None:
     except ValueError as exc:
         raise ConfigError(f"{field}: {exc}") from None
     if problem:
-        raise ConfigError(f"{field} {redact_url(value)!r} {problem}")
+        raise ConfigError(f"{field} {k8s.show(redact_url(value), limit=200)} {problem}")
 
 
 def _no_whitespace_around(field: str, value: str) -> None:
@@ -932,7 +934,7 @@ class KubernetesConfig:
     gpu_memory_gb: float = 0.0
     """Memory of one GPU in GiB, as nvidia-smi's MiB / 1024 (an 80 GB A100: 80; an 80 GB H100: 79.6). A run whose
     weights, gradients and optimizer state cannot fit on each rank's GPU (a pretrained model's, or at least what
-    `model.*` builds) is refused before any step; 0: unknown, no check."""
+    `model.*` builds) is refused before any step; 0: unknown, no check (at most 100000)."""
     cpu: str = ""
     """CPU request and limit of each replica (a Kubernetes quantity, e.g. `8` or `7500m`); empty: none."""
     memory: str = ""

@@ -74,15 +74,16 @@ class GenerationSettings:
 # -- the tokenizer -------------------------------------------------------------------------------
 
 
-def load_hf_tokenizer(source: pretrained.ModelSource):
+def load_hf_tokenizer(source: pretrained.ModelSource, trust_remote_code: bool = False):
     """The base folder's tokenizer as transformers loads it, from its tokenizer files (and
-    config.json) copied out of the store into a temporary folder."""
+    config.json, and its own code under `trust_remote_code`) copied out of the store into a
+    temporary folder."""
     from transformers import AutoTokenizer
 
     with tempfile.TemporaryDirectory(prefix="kftrain-tokenizer-") as tmp:
-        pretrained.copy_tokenizer_files(source, Path(tmp))
+        folder, _ = pretrained.copy_tokenizer_files(source, Path(tmp))
         try:
-            return AutoTokenizer.from_pretrained(tmp)
+            return AutoTokenizer.from_pretrained(folder, trust_remote_code=trust_remote_code)
         except Exception as exc:  # transformers raises many kinds for a folder it cannot read
             first_line = str(exc).splitlines()[0] if str(exc) else ""
             raise GenerationError(
@@ -341,7 +342,7 @@ def generations(
     vLLM give it."""
     if settings.count <= 0:
         return []
-    tokenizer = load_hf_tokenizer(source)
+    tokenizer = load_hf_tokenizer(source, meta.get("trust_remote_code", False))
     prompts = select_prompts(settings, tokenizer, chat, lambda count: from_test(tokenizer, count))
     if not prompts:
         return []

@@ -296,19 +296,36 @@ JSON_FILES = (
 )
 
 
-def copy_tokenizer_files(source: ModelSource, folder: Path) -> list[str]:
-    """Copy the folder's :data:`TOKENIZER_FILES` and its config.json out of the store into
-    `folder`, for transformers to load the tokenizer from; the tokenizer files there were.
-    config.json goes too because transformers picks the tokenizer's class by the model's type (a
-    qwen2 folder's tokenizer.json loads as Qwen2Tokenizer, with Qwen's own pre-tokenizer): without
-    it, data prep would tokenize otherwise than the exported folder that transformers and vLLM load."""
+def copy_tokenizer_files(source: ModelSource, parent: Path) -> tuple[Path, list[str]]:
+    """Copy what transformers loads the folder's tokenizer from out of the store into a folder under
+    `parent`; that folder, and the :data:`TOKENIZER_FILES` it holds. config.json goes too, as
+    transformers picks the tokenizer's class by the model's type (a qwen2 folder's tokenizer.json
+    loads as Qwen2Tokenizer, with Qwen's own pre-tokenizer): without it, data prep would tokenize
+    otherwise than the exported folder that transformers and vLLM load. So do the folder's Python
+    files, for a tokenizer with its own code (`auto_map`, under `model.trust_remote_code`); the
+    folder is named by a digest of what it holds, as transformers caches such code under the
+    folder's name (one entry per tokenizer, not one per load)."""
+    files = parent / "files"
+    files.mkdir()
+    names = [*TOKENIZER_FILES, CONFIG]
+    prefix = source.uri.rstrip("/") + "/"
+    names += sorted(
+        {uri[len(prefix) :] for uri in source.store.list(prefix) if uri.endswith(".py")} - {""},
+    )
     copied = []
-    for name in (*TOKENIZER_FILES, CONFIG):
+    for name in names:
+        if "/" in name:  # a module in a sub-folder: not the folder's own code
+            continue
         uri = join_uri(source.uri, name)
         if source.store.exists(uri):
-            (folder / name).write_bytes(source.store.get_bytes(uri))
+            (files / name).write_bytes(source.store.get_bytes(uri))
             copied.append(name)
-    return [name for name in copied if name != CONFIG]
+    digest = hashlib.sha256()
+    for name in sorted(copied):
+        digest.update(name.encode() + b"\0" + (files / name).read_bytes() + b"\0")
+    folder = parent / f"kftrain-tokenizer-{digest.hexdigest()[:16]}"
+    files.rename(folder)
+    return folder, [name for name in copied if name in TOKENIZER_FILES]
 
 
 def check_tokenizer_files(source: ModelSource, config: dict[str, Any], chat: bool) -> None:

@@ -153,38 +153,49 @@ LOCAL_PATH_MAX_BYTES = 3072
 KEY_MAX_BYTES = 1024
 
 
-def hidden_character_problem(text: str) -> str:
-    """Why `text` cannot be shown as it is, or "": it holds a control or invisible (format)
-    character, which would name another place than the one shown (a NUL, a line end, a right-to-left
-    override, a zero-width space)."""
-    import unicodedata
+#: Invisible characters that make a name read otherwise than it is: the bidirectional overrides,
+#: embeddings and isolates (`\u202e` shows `evil.txt` for `txt.live`), the zero-width space and word
+#: joiner, a byte-order mark. The zero-width (non-)joiners and the soft hyphen are spelling in
+#: Persian, Indic scripts and emoji sequences: they stay.
+_MISLEADING = frozenset("\u200b\u200e\u200f\u202a\u202b\u202c\u202d\u202e\u2060\u2066\u2067\u2068\u2069\ufeff")
 
+
+def hidden_character_problem(text: str) -> str:
+    """Why `text` does not name what it shows, or "": it holds a control character (a NUL, a line
+    end, a terminal escape) or an invisible one that reads it otherwise (:data:`_MISLEADING`)."""
     for at, ch in enumerate(text):
-        if unicodedata.category(ch) in ("Cc", "Cf", "Cs"):
+        if ch in _MISLEADING or (ord(ch) < 0x20 or 0x7F <= ord(ch) < 0xA0):
             return f"holds the control or invisible character {ch!r} at position {at}: retype it"
     return ""
 
 
+def local_path_problem(path: str) -> str:
+    """Why the local `path` is one no file system takes, or "": a folder or file name longer than
+    :data:`NAME_MAX_BYTES`, or a path longer than :data:`LOCAL_PATH_MAX_BYTES`."""
+    size = len(os.fsencode(path))
+    long_name = next((n for n in path.split("/") if len(os.fsencode(n)) > NAME_MAX_BYTES), None)
+    if long_name is not None:
+        return (
+            f"has a folder or file name of {len(os.fsencode(long_name))} bytes ({long_name[:20]}...); a file system "
+            f"takes at most {NAME_MAX_BYTES}"
+        )
+    if size > LOCAL_PATH_MAX_BYTES:
+        return f"is {size} bytes long; a local path may be at most {LOCAL_PATH_MAX_BYTES}"
+    return ""
+
+
 def typed_location_problem(text: str) -> str:
-    """Why `text`, a store URI or local path a user typed, cannot name the place meant, or "": a
-    control or invisible (format) character (a NUL the system refuses, a line end that splits every
-    message naming it, a right-to-left override or zero-width space that shows another name than
-    the one made), or a name longer than the file system (:data:`NAME_MAX_BYTES` a folder,
-    :data:`LOCAL_PATH_MAX_BYTES` the path) or S3 (:data:`KEY_MAX_BYTES` the key) takes."""
+    """Why `text`, a store URI or local path a user typed, cannot name the place meant, or "":
+    :func:`hidden_character_problem`, :func:`local_path_problem`, or an S3 key longer than
+    :data:`KEY_MAX_BYTES`. A malformed URI raises ValueError (:func:`parse_uri`)."""
     if problem := hidden_character_problem(text):
         return problem
     loc = parse_uri(text)
     if loc.scheme == "file":
-        long_name = next((n for n in loc.key.split("/") if len(n.encode()) > NAME_MAX_BYTES), None)
-        if long_name is not None:
-            return (
-                f"has a folder or file name of {len(long_name.encode())} bytes ({long_name[:20]}...); a file system "
-                f"takes at most {NAME_MAX_BYTES}"
-            )
-        if len(loc.key.encode()) > LOCAL_PATH_MAX_BYTES:
-            return f"is {len(loc.key.encode())} bytes long; a local path may be at most {LOCAL_PATH_MAX_BYTES}"
-    elif len(loc.key.encode()) > KEY_MAX_BYTES:
-        return f"has a key of {len(loc.key.encode())} bytes; S3 takes keys of at most {KEY_MAX_BYTES}"
+        return local_path_problem(loc.key)
+    size = len(loc.key.encode("utf-8", "surrogatepass"))
+    if size > KEY_MAX_BYTES:
+        return f"has a key of {size} bytes; S3 takes keys of at most {KEY_MAX_BYTES}"
     return ""
 
 

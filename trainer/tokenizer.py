@@ -211,6 +211,10 @@ class HFTokenizer:
     def __init__(self, tok: tokenizers.Tokenizer, kind: str, raw: bytes | None = None) -> None:
         from tokenizers import decoders, pre_tokenizers
 
+        # Data prep reads whole documents, as transformers' `tokenizer(text)` does unless asked to
+        # cut: a tokenizer.json's own truncation (`max_length`) or padding would cut or pad each in silence.
+        tok.no_truncation()
+        tok.no_padding()
         self._tok = tok
         self.kind = kind
         self._raw = raw

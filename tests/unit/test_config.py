@@ -198,7 +198,7 @@ def test_yaml_file_maps_onto_the_tree(tmp_path):
         # Counts that fork processes or size memory have an upper bound (was: `num_proc` forked any
         # number, a huge `bucket_cap_mb` killed every rank in DDP's reducer, a huge `lora.rank` was
         # allocated before it could be compared with the layers).
-        ("data:\n  num_proc: 1000\n", "data.num_proc: must be from 1 to 128 data-prep processes, got 1000"),
+        ("data:\n  num_proc: 10000\n", "data.num_proc: must be from 1 to 1024 data-prep processes, got 10000"),
         ("train:\n  bucket_cap_mb: 8796093022208\n", "train.bucket_cap_mb: must be from 1 to 65536 MiB"),
         ("lora:\n  rank: 1000000000\n", "lora.rank: must be from 1 to 65536"),
         ("kubernetes:\n  gpu_memory_gb: 1.0e+9\n", "kubernetes.gpu_memory_gb: must be from 0"),
@@ -668,6 +668,25 @@ def test_a_location_no_store_takes_as_typed_is_refused_naming_the_field(field, v
     message = str(info.value)
     assert message.startswith(field) and said in message, message
     assert "\n" not in message and "\x1b" not in message and "\x00" not in message, message
+
+
+@pytest.mark.parametrize(
+    "value",
+    [
+        "/tmp/\u062f\u0627\u062f\u0647\u200c\u0647\u0627",  # Persian: a zero-width non-joiner is spelling
+        "s3://bucket/\u0915\u094d\u200d\u0937/ckpt",  # Devanagari with a zero-width joiner
+        "s3://bucket/\U0001f468\u200d\U0001f469\u200d\U0001f467/runs",  # an emoji family sequence
+        "/tmp/co\u00adop",  # a soft hyphen
+        "/tmp/" + "x" * 255,  # the longest name a file system takes
+        "s3://bucket/" + "k" * 1024,
+    ],
+    ids=["persian-zwnj", "devanagari-zwj", "emoji-zwj", "soft-hyphen", "name-255", "key-1024"],
+)
+def test_a_location_in_any_script_is_taken_as_typed(value):
+    """The check of typed locations refuses what misleads, not spelling (was: Persian, Indic and
+    emoji names refused as 'invisible')."""
+    for field in ("store.uri", "data.source", "checkpoint.uri"):
+        load_config(overrides={field: value})
 
 
 @pytest.mark.parametrize(

@@ -239,6 +239,12 @@ EMPTY_OR_BAD_FLAGS = [
     ),
     (["job", "manifest", "--dataset-uri", "s3://b/x "], "--dataset-uri: storage URI 's3://b/x ' starts or ends with"),
     (["runs", "--s3-endpoint", "http://127.0.0.1:1"], "--s3-endpoint: --store kftrain-outputs is a folder on this"),
+    # A path that names another place than it shows, or one no file system takes (were: folders
+    # made with control characters in their names, a bare "File name too long").
+    (["compile", "--output-dir", "out\x1b[2Jx"], "argument --output-dir: 'out\\x1b[2Jx' holds the control or"),
+    (["compile", "--output-dir", "\u202eout"], "holds the control or invisible character '\\u202e'"),
+    (["run", "--local", "--output-dir", "d" * 300], "has a folder or file name of 300 bytes"),
+    (["run", "--local", "--summary", "/d" * 2000 + ".json"], "bytes long; a local path may be at most 3072"),
 ]
 
 
@@ -1755,3 +1761,18 @@ def test_a_stop_signal_while_the_closing_lines_print_stops_nothing(tmp_path, mon
     said = capsys.readouterr().out.strip().splitlines()
     assert said[-2:-1] == ["Quality gate passed (ok)"] and said[-1].startswith("full log: ")
     assert signal.getsignal(signal.SIGINT) is signal.default_int_handler  # as it was before
+
+
+@pytest.mark.parametrize(
+    "name",
+    ["ckpt:v2@node1", "s3:cache", "file:out", "\u062f\u0627\u062f\u0647\u200c\u0647\u0627", "out-\udcff\udcfe"],
+    ids=["colon-at", "scheme-like", "file-like", "persian-zwnj", "not-utf8"],
+)
+def test_a_path_flag_takes_any_folder_name_a_file_system_does(tmp_path, monkeypatch, name):
+    """A path flag is a path, not a store URI: a colon, an `@`, a script's joiners and bytes that
+    are not UTF-8 are a folder's name (were refused as a URI with credentials, as 'invisible', or
+    as a control character)."""
+    from pipelines.cli import _path
+
+    monkeypatch.chdir(tmp_path)
+    assert _path(name) == name

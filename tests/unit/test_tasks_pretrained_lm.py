@@ -297,3 +297,37 @@ def test_lora_adapters_are_built_on_the_meta_device_asking_for_no_memory(tmp_pat
     adapted = apply_lora(model, {"rank": 4096, "alpha": 16.0, "dropout": 0.0, "target_modules": []})
     assert made and set(made) == {"meta"}, made
     assert {p.shape[0] for n, p in adapted.named_parameters() if ".lora_A." in n} == {4096}
+
+
+def test_a_tokenizer_with_its_own_code_loads_with_it_under_trust_remote_code(tmp_path):
+    """A tokenizer whose tokenizer_config.json names its own class (`auto_map`) is loaded with the
+    folder's Python files, for text data and chat data alike (was: its code left behind, and the
+    error said to set model.trust_remote_code, which was set)."""
+    import json
+
+    from transformers import AutoTokenizer
+
+    from trainer.chat_data import load_chat_tokenizer
+    from trainer.example_model import tiny_tokenizer
+
+    folder = tmp_path / "model"
+    tiny_tokenizer().save_pretrained(folder)
+    (folder / "config.json").write_text(json.dumps({"model_type": "llama", "vocab_size": 512}))
+    (folder / "tokenization_mine.py").write_text(
+        "from transformers import PreTrainedTokenizerFast\n\n\nclass MineTokenizer(PreTrainedTokenizerFast):\n"
+        "    pass\n"
+    )
+    tokenizer_config = json.loads((folder / "tokenizer_config.json").read_text())
+    tokenizer_config["auto_map"] = {"AutoTokenizer": [None, "tokenization_mine.MineTokenizer"]}
+    (folder / "tokenizer_config.json").write_text(json.dumps(tokenizer_config))
+    text = "Numbers 12345 and text"
+    served = AutoTokenizer.from_pretrained(folder, trust_remote_code=True)(text, add_special_tokens=False)
+    source = pretrained.resolve(str(folder))
+
+    chat = load_chat_tokenizer(source, tmp_path, trust_remote_code=True)
+    assert type(chat).__name__ == "MineTokenizer"
+    assert chat(text, add_special_tokens=False)["input_ids"] == served["input_ids"]
+    cfg = text_config(folder, tmp_path / "d.jsonl", **{"model.trust_remote_code": True})
+    assert PretrainedLMTask().tokenizer(cfg).encode(text.encode()).tolist() == served["input_ids"]
+    (tmp_path / "again").mkdir()  # untrusted, its code does not run: transformers' own class reads tokenizer.json
+    assert type(load_chat_tokenizer(source, tmp_path / "again", trust_remote_code=False)).__name__ != "MineTokenizer"

@@ -270,3 +270,32 @@ def test_export_refuses_a_tokenizer_larger_than_the_model(bpe):
         hf_folder(model, bpe.to_json())
     with pytest.raises(DataError, match="of the Hugging Face export is not JSON"):
         hf_folder(model, b"nope")
+
+
+@pytest.mark.parametrize(
+    "setting",
+    [
+        {"truncation": {"max_length": 8, "stride": 0, "strategy": "LongestFirst", "direction": "Right"}},
+        {
+            "padding": {
+                "strategy": {"Fixed": 4096},
+                "direction": "Right",
+                "pad_to_multiple_of": None,
+                "pad_id": 0,
+                "pad_type_id": 0,
+                "pad_token": "[PAD]",
+            }
+        },
+    ],
+    ids=["truncation", "padding"],
+)
+def test_a_tokenizer_json_s_own_truncation_or_padding_does_not_cut_or_pad_documents(bpe, sample, setting):
+    """A tokenizer.json saved with truncation or padding on (a `max_length` left from training) is
+    read as transformers' `tokenizer(text)` reads it, whole (was: every document cut to 8 tokens,
+    in silence)."""
+    raw = json.loads(bpe.to_json())
+    text = b"".join(sample)[:2000]
+    expected = bpe.encode(text).tolist()
+    assert len(expected) > 8
+    ids = tokenizer_from_json(json.dumps({**raw, **setting}).encode(), "t.json").encode(text).tolist()
+    assert ids == expected

@@ -126,7 +126,8 @@ class PretrainedLMTask(CausalLMTask):
         a Llama tokenizer's beginning-of-text token first), ending in the model's end-of-text
         token (:func:`pretrained.end_token`), so that the model learns where a document ends and
         stops there, as a chat template's end of turn teaches. No end, with a warning, where the
-        folder names no such token or its tokenizer splits it."""
+        folder names no such token (or, with a tokenizer of its own code, one it splits: transformers
+        adds a declared token tokenizer.json lacks, which the pre-flight refuses)."""
         source = self._data_source or source_for(cfg, weights=False)
 
         def one_token(text: str) -> bool:
@@ -194,6 +195,8 @@ class PretrainedLMTask(CausalLMTask):
                 "fingerprint": pretrained.weights_fingerprint(source),
             },
             "method": cfg.train.method,
+            # The evaluation loads the base's tokenizer (and its own code, where it has some) again.
+            "trust_remote_code": cfg.model.trust_remote_code,
             "tokenizer": manifest.get("tokenizer", {}),
             "vocab_size": config["vocab_size"],
             "data_format": manifest.get("format"),
