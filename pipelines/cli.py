@@ -218,6 +218,7 @@ def _run_alone(args: argparse.Namespace, cfg: Any, run_id: str, store: str) -> i
     """`kftrain run --local`, once no other start of run `run_id` runs on this machine."""
     from pipelines.console import StepConsole, capturing
     from pipelines.local_run import (
+        STOPPED_STORE_BUDGET_S,
         PipelineFailed,
         RunStopped,
         keep_left_logs,
@@ -232,6 +233,7 @@ def _run_alone(args: argparse.Namespace, cfg: Any, run_id: str, store: str) -> i
         run_scope,
         run_started,
     )
+    from trainer.storage import check_deadline
 
     existed = bool(args.run_id) and run_started(cfg, run_id, args.output_dir)
     if args.run_id and not existed:
@@ -275,7 +277,7 @@ def _run_alone(args: argparse.Namespace, cfg: Any, run_id: str, store: str) -> i
                 f"{redact_url(run_checkpoints(cfg, run_id, args.output_dir))}: its training starts from step 0"
             )
 
-    with _stop_handlers_kept():
+    with _stop_handlers_kept(), contextlib.ExitStack() as end:
         try:
             # Once the run's processes have ended, a stop signal stops nothing until this returns.
             with run_scope(run_id, on_stop=console.stopping, after=nothing_left_to_stop), capturing(console):
@@ -290,6 +292,11 @@ def _run_alone(args: argparse.Namespace, cfg: Any, run_id: str, store: str) -> i
                 )
         except (PipelineFailed, RunStopped) as exc:
             outcome = exc
+            if isinstance(exc, RunStopped):
+                # Whoever stopped it wants out: what the run still asks of its store (its log, where it
+                # stopped) gives up within seconds, a hung store too (was: minutes of read timeouts
+                # and retries); a log not uploaded stays on this machine for the next start.
+                end.enter_context(check_deadline(STOPPED_STORE_BUDGET_S))
         finally:  # a run stopped before its first step (bad config, unreachable store) wrote no log
             # An uploaded log stays here too, to end as the terminal does (below); then it goes.
             full_log = keep_log(cfg, log_uri, log_path, keep_here=True) if console.log is not None else ""
@@ -473,17 +480,22 @@ def _as_started(cfg: Config, args: argparse.Namespace, run_id: str, flags: dict[
     set over them; a gate given now that differs is said. `cfg` for a run without that record.
     Before, the built-in defaults ran in its name: a run stopped before its first checkpoint
     trained the demo, and a gate left out went back to its default in silence."""
-    from pipelines.local_run import started_settings
+    from pipelines.local_run import run_started, started_settings
     from trainer.checks import GATE_DEFAULTS, gate_ignored
+    from trainer.runs import STARTED_RECORD
 
+    defaults = "the built-in defaults apply; give --config with the config it ran with"
     started = started_settings(cfg, run_id, args.output_dir)
     if started is None:
+        # A run whose folder holds other things (its log, checkpoints) lost its start record.
+        if args.config is None and run_started(cfg, run_id, args.output_dir):
+            print(f"kftrain: run {run_id}: its start record ({STARTED_RECORD}) is gone: {defaults}", file=sys.stderr)
         return cfg
     uri, config, gates = started
     if args.config is None and config is None:
         print(
             f"kftrain: run {run_id}: its start record ({redact_url(uri)}) holds no config (damaged, or written before "
-            "kftrain kept one): the built-in defaults apply; give --config with the config it ran with",
+            f"kftrain kept one): {defaults}",
             file=sys.stderr,
         )
     elif args.config is None:

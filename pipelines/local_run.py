@@ -528,11 +528,16 @@ def _steps_read_to_the_end() -> Iterator[None]:
         _reading_steps.clear()
 
 
+#: What a stopped run still asks of its store (its log, where it stopped) gives up this many
+#: seconds after the stop, in all.
+STOPPED_STORE_BUDGET_S = 10.0
+
+
 def nothing_left_to_stop(signum: int, frame: Any = None) -> None:
     """The stop signals' handler once the run's steps are over: a note, and the run goes on to
     record and report its end (every process of it has ended)."""
     note = (
-        f"\nkftrain: {signal.Signals(signum).name} after the run's last step: nothing left to stop, the run "
+        f"\nkftrain: {signal.Signals(signum).name} once the run's steps have ended: nothing left to stop, the run "
         "records and reports its end\n"
     )
     with contextlib.suppress(OSError):

@@ -160,6 +160,11 @@ KEY_MAX_BYTES = 1024
 _MISLEADING = frozenset("\u200b\u200e\u200f\u202a\u202b\u202c\u202d\u202e\u2060\u2066\u2067\u2068\u2069\ufeff")
 
 
+#: S3 error codes of a user or account switched off (Ceph RGW's, AWS's): valid keys the store no
+#: longer serves.
+_ACCOUNT_OFF = ("UserSuspended", "AccountProblem", "AllAccessDisabled")
+
+
 def hidden_character_problem(text: str) -> str:
     """Why `text` does not name what it shows, or "": it holds a control character (a NUL, a line
     end, a terminal escape) or an invisible one that reads it otherwise (:data:`_MISLEADING`)."""
@@ -1013,7 +1018,14 @@ class S3Store:
                     f"{self.endpoint} answered {code} for {uri}: the bucket is in another region than the one the "
                     f"request was signed for ({exc.message}); set store.region (or AWS_REGION) to the bucket's region"
                 )
-            return StoreError(f"{code} from {self.endpoint} for {uri}: {exc.message}")
+            if code in _ACCOUNT_OFF:
+                return StoreError(
+                    f"{self.endpoint} refused {what or 'the request for'} {uri} ({code}): the store's user or account "
+                    "of these credentials is suspended or disabled; ask the store's administrator to enable it, or "
+                    "set AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY to another user's"
+                )
+            said = exc.message or "the store said no more than its code; look the code up in the store's documentation"
+            return StoreError(f"{code} from {self.endpoint} for {uri}: {said}")
         if isinstance(exc, InvalidResponseError):
             return self._not_s3(uri, f"HTTP {exc._code}, Content-Type {exc._content_type}")  # noqa: SLF001
         if isinstance(exc, ElementTree.ParseError):

@@ -534,3 +534,38 @@ def test_a_cancel_returns_after_the_replicas_last_lines_are_passed_on(tmp_path):
     finally:
         backend.cancel(spec)
     assert [line for line in lines if "last words" in line][-1].endswith("last words 3999"), lines[-5:]
+
+
+def _running(pid: int) -> bool:
+    """Whether `pid` runs (a zombie, ended but not yet reaped, does not)."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+def test_the_ranks_of_a_sigkilled_torchrun_go_with_it_when_the_job_fails(tmp_path):
+    """A replica whose torchrun is SIGKILLed ends as a container does, with everything in it:
+    torch starts each rank in a session of its own, which the replica's process group misses
+    (was: its rank trained on, committing checkpoints, until the job was cancelled)."""
+    code = f"""
+        import os, time
+        open(os.path.join({str(tmp_path)!r}, "rank" + os.environ["RANK"]), "w").write(str(os.getpid()))
+        time.sleep(120)
+    """
+    command = ("python", "-m", "trainer.torchrun", "--no-python", sys.executable, "-c", textwrap.dedent(code))
+    spec = JobSpec(name="agentless", image="local", command=command, replicas=2, timeout_s=100)
+    backend = LocalBackend(sink=lambda line: None)
+    backend.submit(spec)
+    try:
+        end = time.monotonic() + 60
+        while not all((tmp_path / f"rank{r}").exists() for r in (0, 1)) and time.monotonic() < end:
+            time.sleep(0.05)
+        rank0 = int((tmp_path / "rank0").read_text())
+        master_agent = backend._jobs[spec.name][0].proc.pid  # the Master's first process: its torchrun
+        os.kill(master_agent, signal.SIGKILL)
+        with pytest.raises(JobFailed, match="replica master-0 exited with code -9"):
+            backend.wait(spec)
+        assert not _running(rank0)  # gone with its replica, before any cancel
+    finally:
+        backend.cancel(spec)

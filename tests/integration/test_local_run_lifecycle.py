@@ -285,7 +285,7 @@ def test_a_stop_signal_after_the_last_step_stops_nothing_and_the_run_ends_as_it_
     failed step (was: "stopped by SIGTERM", exit 143 and no record of a finished run, or of a failed
     one's failure; or the summary and log cut short by the signal's default action)."""
     rc, out = run_group([sys.executable, "-c", LATE_SIGNAL, str(tmp_path), where, sig], timeout=90, env=env())
-    assert f"{sig} after the run's last step: nothing left to stop" in out, out
+    assert f"{sig} once the run's steps have ended: nothing left to stop" in out, out
     assert "stopping every process" not in out, out
     (log,) = (tmp_path / "runs" / "late").glob("log-*.txt")
     if where == "failed":

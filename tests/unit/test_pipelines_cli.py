@@ -1377,18 +1377,25 @@ def test_a_run_id_with_a_checkpoint_or_never_started_gets_no_start_over_note(tmp
     assert "no complete checkpoint" not in err and "with the config it was last started with" in err
 
 
-@pytest.mark.parametrize("record", ["{not json", '{"run_id": "r1", "checkpoint_uri": ""}'], ids=["damaged", "old"])
+@pytest.mark.parametrize(
+    "record", ["{not json", '{"run_id": "r1", "checkpoint_uri": ""}', None], ids=["damaged", "old", "gone"]
+)
 def test_a_start_record_without_a_config_says_the_defaults_apply(tmp_path, monkeypatch, capsys, record):
-    """A damaged start record, or one from before kftrain kept the config: the defaults are said
-    to apply (was: applied in silence, as the record was taken for none)."""
+    """A damaged start record, one from before kftrain kept the config, or none left in a run's
+    folder that holds other things (its log): the defaults are said to apply (was: applied in
+    silence, as the record was taken for none; a run whose store lost it trained the demo)."""
     monkeypatch.chdir(tmp_path)
     _no_process_watch(monkeypatch, runs=True)
     started = tmp_path / "out" / "runs" / "r1" / "started.json"
     started.parent.mkdir(parents=True)
-    started.write_text(record)
+    if record is None:
+        (started.parent / "log-20261207-120000.txt").write_text("an earlier start's log\n")
+    else:
+        started.write_text(record)
     assert main(["run", "--local", "--output-dir", "out", "--run-id", "r1"]) == 0
     err = capsys.readouterr().err
-    assert f"kftrain: run r1: its start record ({started}) holds no config" in err
+    said = "is gone" if record is None else f"({started}) holds no config"
+    assert f"kftrain: run r1: its start record ({'started.json) ' if record is None else ''}" in err and said in err
     assert "the built-in defaults apply; give --config with the config it ran with" in err
 
 
@@ -1776,3 +1783,39 @@ def test_a_path_flag_takes_any_folder_name_a_file_system_does(tmp_path, monkeypa
 
     monkeypatch.chdir(tmp_path)
     assert _path(name) == name
+
+
+@pytest.mark.parametrize("ends", ["finished", "stopped"])
+def test_a_stopped_run_asks_its_store_at_its_end_within_seconds(tmp_path, monkeypatch, ends):
+    """What a stopped run still asks of its store (its log's uploads) gives up within
+    STOPPED_STORE_BUDGET_S, a hung store too (was: the store's full read timeout and retries,
+    over two minutes after Ctrl-C); a run that ends otherwise keeps the store's own policy."""
+    import signal
+
+    from pipelines import local_run
+    from pipelines.local_run import STOPPED_STORE_BUDGET_S, RunStopped
+    from trainer import storage
+
+    def run(cfg, on_start, **kw):
+        on_start()
+        print("00:00:00.000 - INFO - Executing task 'train'")  # the log opens at its first line
+        if ends == "stopped":
+            raise RunStopped(signal.SIGTERM)
+        return {"artifacts": {}, "metrics": {}, "exported": True, "quality_gate": ""}
+
+    left = []
+
+    def keep_log(cfg, uri, path, keep_here=False):
+        left.append(storage._time_left())
+        return uri
+
+    monkeypatch.chdir(tmp_path)
+    _no_process_watch(monkeypatch)
+    monkeypatch.setattr(local_run, "run_local", run)
+    monkeypatch.setattr(local_run, "keep_log", keep_log)
+    main(["run", "--local", "--output-dir", "out", "--run-id", "r1"])
+    assert len(left) == 2
+    if ends == "stopped":
+        assert all(t is not None and 0 < t <= STOPPED_STORE_BUDGET_S for t in left), left
+    else:
+        assert left == [None, None]

@@ -484,3 +484,25 @@ def test_a_store_error_names_the_setting_that_chose_the_store_unless_it_names_it
 
     named = under_setting("store.uri", exc)
     assert str(named) == said and type(named) is type(exc)
+
+
+@pytest.mark.parametrize(
+    ("code", "message", "said"),
+    [
+        ("UserSuspended", "", "is suspended or disabled; ask the store's administrator to enable it"),  # Ceph RGW
+        ("AccountProblem", "There is a problem with your account", "is suspended or disabled"),  # AWS
+        ("AllAccessDisabled", "All access to this object has been disabled", "is suspended or disabled"),
+        ("SomethingNew", "", "the store said no more than its code; look the code up"),
+        ("SomethingNew", "a reason", "SomethingNew from http://127.0.0.1:1 for s3://b/k: a reason"),
+    ],
+)
+def test_an_s3_answer_is_a_line_that_says_what_to_do_even_without_a_message(monkeypatch, code, message, said):
+    """An S3 error code the store sends without a message ended its line in a bare colon (was:
+    `UserSuspended from ... for s3://...:`); a user or account switched off is said as such."""
+    from minio.error import S3Error
+
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "k")
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "s")
+    store = S3Store(endpoint="http://127.0.0.1:1")
+    error = store._error(S3Error(None, code, message, "/b/k", "req", "host"), "s3://b/k", "PUT")
+    assert said in str(error) and not str(error).rstrip().endswith(":"), error

@@ -37,6 +37,10 @@ LOOPBACK = "127.0.0.1"
 #: Every process of a local job inherits this variable. torchrun starts its workers in new
 #: sessions, so neither a process group nor the parent chain (after the agent dies) finds them.
 JOB_MARKER_ENV = "KFTRAIN_LOCAL_JOB"
+#: Marks every process of one replica (`<job marker>/<replica key>`), as a container holds them: what
+#: its first process (torchrun) left running when it died goes with it, its ranks in sessions of
+#: their own included.
+REPLICA_MARKER_ENV = "KFTRAIN_LOCAL_REPLICA"
 
 
 #: Every process of a `kftrain run --local` (steps, replicas, torchrun workers) inherits this.
@@ -105,7 +109,9 @@ def start_watchdog(marker: str, var: str = RUN_MARKER_ENV, grace_s: float = 10.0
     exit. Only this process holds it (not inheritable), so the pipe reaches EOF exactly when this
     process is gone."""
     read_end, write_end = os.pipe()
-    env = {k: v for k, v in os.environ.items() if k not in (var, RUN_MARKER_ENV, JOB_MARKER_ENV)}  # not one of them
+    env = {  # not one of them
+        k: v for k, v in os.environ.items() if k not in (var, RUN_MARKER_ENV, JOB_MARKER_ENV, REPLICA_MARKER_ENV)
+    }
     subprocess.Popen(
         [sys.executable, "-m", "trainer.launch.local", "watch", var, marker, str(grace_s), remove],
         stdin=read_end,
@@ -445,10 +451,10 @@ class LocalBackend:
             else:
                 env = {**inherited, **spec.env, **replica_env(spec, rtype, index, master_addr=LOOPBACK)}
                 env["MASTER_PORT"] = env["PET_MASTER_PORT"] = str(port)
-            env[JOB_MARKER_ENV] = marker
             env[QUIET_AGENT_ENV] = "ERROR"  # the rendezvous is on loopback: its race's C++ trace is noise
             # Keys as the Kubernetes backend names replicas: `master-0` / `node-0-1` (the pod's hostname).
             key = f"{NODE}-0-{index}" if v2 else f"{rtype}-{index}"
+            env[JOB_MARKER_ENV], env[REPLICA_MARKER_ENV] = marker, f"{marker}/{key}"
             command = self._command(spec)
             try:
                 proc = subprocess.Popen(
@@ -524,15 +530,25 @@ class LocalBackend:
         def ended() -> list[_Replica]:
             return [r for r in replicas if r.proc.poll() is not None]
 
+        def failed_and_gone() -> list[_Replica]:
+            # A container ends with its first process, and what that left running goes with it (a
+            # SIGKILLed torchrun's workers went on training, holding its log open): its group, and
+            # the ranks torch starts in sessions of their own (was: training on, and committing
+            # checkpoints, until the cancel).
+            failed = [r for r in ended() if r.proc.returncode != 0]
+            for r in failed:
+                with contextlib.suppress(ProcessLookupError, PermissionError):
+                    os.killpg(r.proc.pid, signal.SIGKILL)
+                for pid in marked_pids(f"{self._markers.get(spec.name)}/{r.key}", REPLICA_MARKER_ENV):
+                    with contextlib.suppress(ProcessLookupError, PermissionError):
+                        os.kill(pid, signal.SIGKILL)
+            return failed
+
+        failed_and_gone()  # at once, not after the others' moment to end
         end = time.monotonic() + FAILURE_SETTLE_S
         while len(ended()) < len(replicas) and time.monotonic() < end:
             time.sleep(0.05)
-        failed = [r for r in ended() if r.proc.returncode != 0]
-        for r in failed:
-            # A container ends with its first process, and what that left running goes with it (a
-            # SIGKILLed torchrun's workers went on training, holding its log open).
-            with contextlib.suppress(ProcessLookupError, PermissionError):
-                os.killpg(r.proc.pid, signal.SIGKILL)
+        failed = failed_and_gone()
         for r in failed:
             self._drain(r)  # torchrun's summary, which says what ended the process, comes last
         rep = min(failed, key=lambda r: blame(list(r.tail), r.proc.returncode))
