@@ -244,12 +244,13 @@ def _run_alone(args: argparse.Namespace, cfg: Any, run_id: str, store: str) -> i
             file=sys.stderr,
         )
     resume = _resume_command(args.argv, run_id)
-    for uri in keep_left_logs(cfg, run_id, args.output_dir) if existed else ():
+    # A continuation's, even where the store lost the run's folder (was: its logs left here for good).
+    for uri in keep_left_logs(cfg, run_id, args.output_dir) if args.run_id else ():
         print(
             f"kftrain: the full log an earlier start of run {run_id} left on this machine is now at {uri}",
             file=sys.stderr,
         )
-    for path in logs_left_by_others(cfg, run_id, args.output_dir) if existed else ():
+    for path in logs_left_by_others(cfg, run_id, args.output_dir) if args.run_id else ():
         print(
             f"kftrain: note: {path} is the full log an earlier start of run {run_id} by another user left on this "
             "machine; only that user (or root) can read it: their next start of the run uploads it",

@@ -1819,3 +1819,22 @@ def test_a_stopped_run_asks_its_store_at_its_end_within_seconds(tmp_path, monkey
         assert all(t is not None and 0 < t <= STOPPED_STORE_BUDGET_S for t in left), left
     else:
         assert left == [None, None]
+
+
+def test_a_continuation_takes_up_the_logs_its_earlier_starts_left_here_even_where_its_folder_is_gone(
+    tmp_path, monkeypatch, capsys
+):
+    """`--run-id` of a run whose folder the store lost (its bucket deleted and made again) still
+    uploads the logs its earlier starts left in this machine's temporary folder (was: only for a
+    run the store still held, so they stayed here for good); a new run looks for none."""
+    from pipelines import local_run
+
+    asked = []
+    monkeypatch.chdir(tmp_path)
+    _no_process_watch(monkeypatch, runs=True)
+    monkeypatch.setattr(local_run, "keep_left_logs", lambda cfg, run_id, root: asked.append(run_id) or ["s3://b/log"])
+    assert main(["run", "--local", "--output-dir", "out", "--run-id", "gone"]) == 0
+    assert asked == ["gone"]
+    assert "an earlier start of run gone left on this machine is now at s3://b/log" in capsys.readouterr().err
+    assert main(["run", "--local", "--output-dir", "out"]) == 0
+    assert asked == ["gone"]
