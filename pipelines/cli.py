@@ -297,7 +297,7 @@ def _run_alone(args: argparse.Namespace, cfg: Any, run_id: str, store: str) -> i
                 # Whoever stopped it wants out: what the run still asks of its store (its log, where it
                 # stopped) gives up within seconds, a hung store too (was: minutes of read timeouts
                 # and retries); a log not uploaded stays on this machine for the next start.
-                end.enter_context(check_deadline(STOPPED_STORE_BUDGET_S))
+                end.enter_context(check_deadline(STOPPED_STORE_BUDGET_S, "the stop's"))
         finally:  # a run stopped before its first step (bad config, unreachable store) wrote no log
             # An uploaded log stays here too, to end as the terminal does (below); then it goes.
             full_log = keep_log(cfg, log_uri, log_path, keep_here=True) if console.log is not None else ""
@@ -324,10 +324,12 @@ def _stop_handlers_kept() -> Iterator[None]:
     lines print and its log uploads (was: SIGTERM's default action cut the lines, and the log,
     short; SIGINT's KeyboardInterrupt said "interrupted" for a finished run)."""
     from pipelines.local_run import stop_signals
+    from trainer.storage import deadline_kept
 
     before = {sig: signal.getsignal(sig) for sig in stop_signals()}
     try:
-        yield
+        with deadline_kept():  # and the store deadline a late signal's handler shortens
+            yield
     finally:
         for sig, handler in before.items():
             signal.signal(sig, handler)
@@ -481,16 +483,21 @@ def _as_started(cfg: Config, args: argparse.Namespace, run_id: str, flags: dict[
     set over them; a gate given now that differs is said. `cfg` for a run without that record.
     Before, the built-in defaults ran in its name: a run stopped before its first checkpoint
     trained the demo, and a gate left out went back to its default in silence."""
-    from pipelines.local_run import run_started, started_settings
+    from pipelines.local_run import run_root, run_started, started_settings
     from trainer.checks import GATE_DEFAULTS, gate_ignored
     from trainer.runs import STARTED_RECORD
+    from trainer.storage import join_uri
 
     defaults = "the built-in defaults apply; give --config with the config it ran with"
     started = started_settings(cfg, run_id, args.output_dir)
     if started is None:
         # A run whose folder holds other things (its log, checkpoints) lost its start record.
         if args.config is None and run_started(cfg, run_id, args.output_dir):
-            print(f"kftrain: run {run_id}: its start record ({STARTED_RECORD}) is gone: {defaults}", file=sys.stderr)
+            record = redact_url(join_uri(run_root(cfg, run_id, args.output_dir), STARTED_RECORD))
+            print(
+                f"kftrain: run {run_id}: no start record ({record}: deleted, or the run predates them): {defaults}",
+                file=sys.stderr,
+            )
         return cfg
     uri, config, gates = started
     if args.config is None and config is None:

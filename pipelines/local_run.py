@@ -535,10 +535,15 @@ STOPPED_STORE_BUDGET_S = 10.0
 
 def nothing_left_to_stop(signum: int, frame: Any = None) -> None:
     """The stop signals' handler once the run's steps are over: a note, and the run goes on to
-    record and report its end (every process of it has ended)."""
+    record and report its end (every process of it has ended), its store's answers awaited
+    :data:`STOPPED_STORE_BUDGET_S` at most from now (was: a hung store's full timeouts and retries
+    for the log's upload, minutes, after Ctrl-C)."""
+    from trainer.storage import shorten_deadline
+
+    shorten_deadline(STOPPED_STORE_BUDGET_S, "the stop's")
     note = (
         f"\nkftrain: {signal.Signals(signum).name} once the run's steps have ended: nothing left to stop, the run "
-        "records and reports its end\n"
+        f"records and reports its end (its store's answers awaited {STOPPED_STORE_BUDGET_S:g}s at most)\n"
     )
     with contextlib.suppress(OSError):
         os.write(2, note.encode())  # straight to the descriptor, as run_scope's banner

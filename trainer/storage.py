@@ -160,9 +160,16 @@ KEY_MAX_BYTES = 1024
 _MISLEADING = frozenset("\u200b\u200e\u200f\u202a\u202b\u202c\u202d\u202e\u2060\u2066\u2067\u2068\u2069\ufeff")
 
 
-#: S3 error codes of a user or account switched off (Ceph RGW's, AWS's): valid keys the store no
-#: longer serves.
-_ACCOUNT_OFF = ("UserSuspended", "AccountProblem", "AllAccessDisabled")
+#: S3 error codes of something switched off on the store (Ceph RGW's, AWS's), and what to do.
+_USER_OFF = (
+    "the store's user or account of these credentials is suspended or disabled; ask the store's administrator "
+    "to enable it, or set AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY to another user's"
+)
+_SWITCHED_OFF = {
+    "UserSuspended": _USER_OFF,
+    "AccountProblem": _USER_OFF,
+    "AllAccessDisabled": "access to this bucket or object is disabled on the store; ask the store's administrator",
+}
 
 
 def hidden_character_problem(text: str) -> str:
@@ -792,19 +799,35 @@ def _no_bucket(bucket: str, endpoint: str) -> StoreError:
 
 
 @contextlib.contextmanager
-def check_deadline(seconds: float = CHECK_BUDGET_S) -> Iterator[None]:
+def check_deadline(seconds: float = CHECK_BUDGET_S, why: str = "the store check's") -> Iterator[None]:
     """Every S3 request this thread makes inside gives up `seconds` from now at the latest: each
     connect and read timeout is cut to the time left and no retry starts after it. A check must
     answer in its stated time even when `store.read_timeout_seconds` is long (a hung endpoint
-    would otherwise hold it that long). Nested, the earlier deadline wins."""
-    outer = getattr(_deadline, "at", None), getattr(_deadline, "seconds", 0.0)
-    at = time.monotonic() + seconds
-    if outer[0] is None or at < outer[0]:
-        _deadline.at, _deadline.seconds = at, seconds
+    would otherwise hold it that long). Nested, the earlier deadline wins. `why`: whose limit it
+    is, as an error names it."""
+    with deadline_kept():
+        shorten_deadline(seconds, why)
+        yield
+
+
+@contextlib.contextmanager
+def deadline_kept() -> Iterator[None]:
+    """This thread's S3 deadline as it was once the block ends, whatever set it inside."""
+    outer = getattr(_deadline, "at", None), getattr(_deadline, "seconds", 0.0), getattr(_deadline, "why", "")
     try:
         yield
     finally:
-        _deadline.at, _deadline.seconds = outer
+        _deadline.at, _deadline.seconds, _deadline.why = outer
+
+
+def shorten_deadline(seconds: float, why: str) -> None:
+    """From now on, this thread's S3 requests give up `seconds` from now at the latest (as inside
+    :func:`check_deadline`), or at the deadline already set where that is earlier. For a stop
+    signal's handler: a request under way keeps the timeout it started with; its retries and the
+    requests after it are cut."""
+    at = time.monotonic() + seconds
+    if getattr(_deadline, "at", None) is None or at < _deadline.at:
+        _deadline.at, _deadline.seconds, _deadline.why = at, seconds, why
 
 
 def answer_within(store: ObjectStore, uri: str, seconds: float = CHECK_BUDGET_S) -> None:
@@ -951,7 +974,7 @@ class S3Store:
         left = _time_left()
         limit = f"retry budget {budget:g}s, store.retry_budget_seconds"
         if left is not None and left < budget:  # under a check's deadline
-            budget, limit = max(left, 0.0), f"the store check's limit of {_deadline.seconds:g}s"
+            budget, limit = max(left, 0.0), f"{_deadline.why} limit of {_deadline.seconds:g}s"
         start = time.monotonic()
         delay, attempt = p.first_backoff_s, 0
         while True:
@@ -1018,11 +1041,10 @@ class S3Store:
                     f"{self.endpoint} answered {code} for {uri}: the bucket is in another region than the one the "
                     f"request was signed for ({exc.message}); set store.region (or AWS_REGION) to the bucket's region"
                 )
-            if code in _ACCOUNT_OFF:
+            if code in _SWITCHED_OFF:
+                said = f": {exc.message}" if exc.message else ""
                 return StoreError(
-                    f"{self.endpoint} refused {what or 'the request for'} {uri} ({code}): the store's user or account "
-                    "of these credentials is suspended or disabled; ask the store's administrator to enable it, or "
-                    "set AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY to another user's"
+                    f"{self.endpoint} refused {what or 'the request for'} {uri} ({code}{said}): {_SWITCHED_OFF[code]}"
                 )
             said = exc.message or "the store said no more than its code; look the code up in the store's documentation"
             return StoreError(f"{code} from {self.endpoint} for {uri}: {said}")

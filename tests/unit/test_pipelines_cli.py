@@ -1394,8 +1394,8 @@ def test_a_start_record_without_a_config_says_the_defaults_apply(tmp_path, monke
         started.write_text(record)
     assert main(["run", "--local", "--output-dir", "out", "--run-id", "r1"]) == 0
     err = capsys.readouterr().err
-    said = "is gone" if record is None else f"({started}) holds no config"
-    assert f"kftrain: run r1: its start record ({'started.json) ' if record is None else ''}" in err and said in err
+    said = f"no start record ({started}: deleted" if record is None else f"its start record ({started}) holds no config"
+    assert f"kftrain: run r1: {said}" in err
     assert "the built-in defaults apply; give --config with the config it ran with" in err
 
 

@@ -518,3 +518,26 @@ def test_a_lock_file_removed_just_after_it_was_opened_is_opened_again_not_refuse
     monkeypatch.setattr(local_run.os, "open", open_then_removed)
     with local_run.running_alone(str(tmp_path / "out" / "runs" / "r"), "r"):
         assert removed and os.path.exists(removed[0])  # a new file at the same path, locked
+
+
+def test_a_stop_signal_once_the_steps_have_ended_cuts_what_the_store_is_still_asked(capfd):
+    """Ctrl-C while a finished or failed run uploads its log: the uploads give up within
+    STOPPED_STORE_BUDGET_S (was: the note alone, and a hung store's timeouts and retries, minutes)."""
+    import signal
+    import threading
+
+    from pipelines.local_run import STOPPED_STORE_BUDGET_S, nothing_left_to_stop
+    from trainer import storage
+
+    left = []
+
+    def in_a_thread_of_its_own():  # the deadline is per thread: this test's own stays unset
+        left.append(storage._time_left())
+        nothing_left_to_stop(signal.SIGINT)
+        left.append(storage._time_left())
+
+    thread = threading.Thread(target=in_a_thread_of_its_own)
+    thread.start()
+    thread.join()
+    assert left[0] is None and 0 < left[1] <= STOPPED_STORE_BUDGET_S, left
+    assert "SIGINT once the run's steps have ended: nothing left to stop" in capfd.readouterr().err

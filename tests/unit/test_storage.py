@@ -491,7 +491,7 @@ def test_a_store_error_names_the_setting_that_chose_the_store_unless_it_names_it
     [
         ("UserSuspended", "", "is suspended or disabled; ask the store's administrator to enable it"),  # Ceph RGW
         ("AccountProblem", "There is a problem with your account", "is suspended or disabled"),  # AWS
-        ("AllAccessDisabled", "All access to this object has been disabled", "is suspended or disabled"),
+        ("AllAccessDisabled", "All access to this object has been disabled", "access to this bucket or object is"),
         ("SomethingNew", "", "the store said no more than its code; look the code up"),
         ("SomethingNew", "a reason", "SomethingNew from http://127.0.0.1:1 for s3://b/k: a reason"),
     ],

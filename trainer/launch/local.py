@@ -80,6 +80,19 @@ def marked_pids(marker: str, var: str = JOB_MARKER_ENV) -> list[int]:
     return pids
 
 
+def _signal_all(groups: set[int], marker: str | None, var: str, sig: int = signal.SIGKILL) -> None:
+    """`sig` to the process `groups`, then once each to the processes carrying `var=marker` that
+    left them (torch starts each rank in a session of its own): a second SIGTERM reaches torchrun
+    while it handles the first, and it prints a logging traceback."""
+    for group in groups:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(group, sig)
+    for pid in marked_pids(marker, var) if marker else []:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            if os.getpgid(pid) not in groups:
+                os.kill(pid, sig)
+
+
 def stop_marked(marker: str, var: str, grace_s: float = 10.0) -> int:
     """SIGTERM every process carrying `var=marker`, SIGKILL those left after `grace_s`; return how
     many there were. Zombies (exited, not yet reaped) keep their pid but have no environment."""
@@ -537,11 +550,7 @@ class LocalBackend:
             # checkpoints, until the cancel).
             failed = [r for r in ended() if r.proc.returncode != 0]
             for r in failed:
-                with contextlib.suppress(ProcessLookupError, PermissionError):
-                    os.killpg(r.proc.pid, signal.SIGKILL)
-                for pid in marked_pids(f"{self._markers.get(spec.name)}/{r.key}", REPLICA_MARKER_ENV):
-                    with contextlib.suppress(ProcessLookupError, PermissionError):
-                        os.kill(pid, signal.SIGKILL)
+                _signal_all({r.proc.pid}, f"{self._markers.get(spec.name)}/{r.key}", REPLICA_MARKER_ENV)
             return failed
 
         failed_and_gone()  # at once, not after the others' moment to end
@@ -610,16 +619,7 @@ class LocalBackend:
     def kill(self, spec: JobSpec, sig: int = signal.SIGKILL) -> None:
         """Send `sig` to every process of the job at once, as a node failure would."""
         marker = self._markers.get(spec.name)
-        groups = {r.proc.pid for r in self._jobs.get(spec.name, [])}
-        for group in groups:
-            with contextlib.suppress(ProcessLookupError, PermissionError):
-                os.killpg(group, sig)
-        # Then the job's processes that left those groups, once each: a second SIGTERM reaches
-        # torchrun while it handles the first, and it prints a logging traceback.
-        for pid in marked_pids(marker) if marker else []:
-            with contextlib.suppress(ProcessLookupError):
-                if os.getpgid(pid) not in groups:
-                    os.kill(pid, sig)
+        _signal_all({r.proc.pid for r in self._jobs.get(spec.name, [])}, marker, JOB_MARKER_ENV, sig)
         if sig == signal.SIGKILL:
             for r in self._jobs.get(spec.name, []):
                 r.proc.wait()
