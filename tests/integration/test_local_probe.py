@@ -103,7 +103,10 @@ def test_stopping_kftrain_plan_mid_probe_stops_every_rank_of_it(tmp_path, sig):
     (tmp_path / "c.yaml").write_text("job:\n  replicas: 2\n")
     (tmp_path / "tmp").mkdir()
     tag = uuid.uuid4().hex
-    cmd = [*KFTRAIN, "plan", "--config", "c.yaml", "--probe", "--probe-steps", "1000000"]
+    from pipelines.cli import MAX_PROBE_STEPS
+
+    # The most steps a probe takes: it is stopped while its ranks still start.
+    cmd = [*KFTRAIN, "plan", "--config", "c.yaml", "--probe", "--probe-steps", str(MAX_PROBE_STEPS)]
     log = open(tmp_path / "plan.log", "wb")  # noqa: SIM115 (the child owns it)
     proc = subprocess.Popen(
         cmd,
