@@ -233,7 +233,7 @@ def _run_alone(args: argparse.Namespace, cfg: Any, run_id: str, store: str) -> i
         run_scope,
         run_started,
     )
-    from trainer.storage import check_deadline
+    from trainer.storage import shorten_deadline
 
     existed = bool(args.run_id) and run_started(cfg, run_id, args.output_dir)
     if args.run_id and not existed:
@@ -278,7 +278,7 @@ def _run_alone(args: argparse.Namespace, cfg: Any, run_id: str, store: str) -> i
                 f"{redact_url(run_checkpoints(cfg, run_id, args.output_dir))}: its training starts from step 0"
             )
 
-    with _stop_handlers_kept(), contextlib.ExitStack() as end:
+    with _stop_handlers_kept():
         try:
             # Once the run's processes have ended, a stop signal stops nothing until this returns.
             with run_scope(run_id, on_stop=console.stopping, after=nothing_left_to_stop), capturing(console):
@@ -296,8 +296,9 @@ def _run_alone(args: argparse.Namespace, cfg: Any, run_id: str, store: str) -> i
             if isinstance(exc, RunStopped):
                 # Whoever stopped it wants out: what the run still asks of its store (its log, where it
                 # stopped) gives up within seconds, a hung store too (was: minutes of read timeouts
-                # and retries); a log not uploaded stays on this machine for the next start.
-                end.enter_context(check_deadline(STOPPED_STORE_BUDGET_S, "the stop's"))
+                # and retries); a log not uploaded stays on this machine for the next start. Until
+                # _stop_handlers_kept ends.
+                shorten_deadline(STOPPED_STORE_BUDGET_S, "the stop's")
         finally:  # a run stopped before its first step (bad config, unreachable store) wrote no log
             # An uploaded log stays here too, to end as the terminal does (below); then it goes.
             full_log = keep_log(cfg, log_uri, log_path, keep_here=True) if console.log is not None else ""

@@ -414,8 +414,9 @@ def export(cfg: Config, model_uri: str, output_uri: str, metrics: dict[str, Any]
     store = store_for(cfg, output_uri, check=True)
     # The card tells of the weights: the config they trained under and how many steps they had
     # (a run resumed from another one's checkpoint says so; `export_best`: the best step's weights).
-    read_model_meta(store_for(cfg, model_uri), model_uri)  # a model kftrain wrote, named first as evaluate does
-    record = read_model_meta(store_for(cfg, model_uri), model_uri, TRAINING_RECORD)
+    model_store = store_for(cfg, model_uri)
+    read_model_meta(model_store, model_uri)  # a model kftrain wrote, named first as evaluate does
+    record = read_model_meta(model_store, model_uri, TRAINING_RECORD)
     done = record.get("metrics", {})
     with bases_through(cfg.store):
         return export_model(

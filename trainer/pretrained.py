@@ -305,27 +305,29 @@ def copy_tokenizer_files(source: ModelSource, parent: Path) -> tuple[Path, list[
     files, for a tokenizer with its own code (`auto_map`, under `model.trust_remote_code`); the
     folder is named by a digest of what it holds, as transformers caches such code under the
     folder's name (one entry per tokenizer, not one per load)."""
+    wanted = (*TOKENIZER_FILES, CONFIG)
+    folder = _copied_by_digest(source, parent, "kftrain-tokenizer", lambda n: n in wanted or n.endswith(".py"))
+    return folder, [name for name in TOKENIZER_FILES if (folder / name).exists()]
+
+
+def _copied_by_digest(source: ModelSource, parent: Path, prefix: str, keep: Callable[[str], bool]) -> Path:
+    """The files directly in the model's folder (not its sub-folders) whose names `keep` takes,
+    copied into a folder under `parent` named `prefix` and a digest of their names and bytes:
+    transformers caches a folder's Python code under the folder's name, so every load of the same
+    files shares one entry (a random name added one per load, for good)."""
     files = parent / "files"
     files.mkdir()
-    names = [*TOKENIZER_FILES, CONFIG]
-    prefix = source.uri.rstrip("/") + "/"
-    names += sorted(
-        {uri[len(prefix) :] for uri in source.store.list(prefix) if uri.endswith(".py")} - {""},
-    )
-    copied = []
-    for name in names:
-        if "/" in name:  # a module in a sub-folder: not the folder's own code
-            continue
-        uri = join_uri(source.uri, name)
-        if source.store.exists(uri):
-            (files / name).write_bytes(source.store.get_bytes(uri))
-            copied.append(name)
+    start = source.uri.rstrip("/") + "/"
+    for uri in source.store.list(start):
+        name = uri[len(start) :]
+        if name and "/" not in name and keep(name):
+            source.store.get_file(uri, files / name)
     digest = hashlib.sha256()
-    for name in sorted(copied):
-        digest.update(name.encode() + b"\0" + (files / name).read_bytes() + b"\0")
-    folder = parent / f"kftrain-tokenizer-{digest.hexdigest()[:16]}"
+    for path in sorted(files.iterdir()):
+        digest.update(path.name.encode() + b"\0" + path.read_bytes() + b"\0")
+    folder = parent / f"{prefix}-{digest.hexdigest()[:16]}"
     files.rename(folder)
-    return folder, [name for name in copied if name in TOKENIZER_FILES]
+    return folder
 
 
 def check_tokenizer_files(source: ModelSource, config: dict[str, Any], chat: bool) -> None:
@@ -755,18 +757,9 @@ def code_folder(source: ModelSource) -> Iterator[str]:
         yield source.uri
         return
     with tempfile.TemporaryDirectory(prefix="kftrain-model-code-") as parent:
-        files = Path(parent, "files")
-        files.mkdir()
-        for uri in source.store.list(source.uri):
-            name = uri[len(source.uri.rstrip("/")) + 1 :]
-            if "/" not in name and (name == CONFIG or name.endswith(".py")):
-                source.store.get_file(uri, files / name)
-        digest = hashlib.sha256()
-        for path in sorted(files.iterdir()):
-            digest.update(path.name.encode() + b"\0" + path.read_bytes() + b"\0")
-        folder = Path(parent, f"kftrain-model-code-{digest.hexdigest()[:16]}")
-        files.rename(folder)
-        yield str(folder)
+        yield str(
+            _copied_by_digest(source, Path(parent), "kftrain-model-code", lambda n: n == CONFIG or n.endswith(".py"))
+        )
 
 
 def build_on_meta(config: dict[str, Any], dtype: torch.dtype, source: ModelSource | None = None) -> nn.Module:

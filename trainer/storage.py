@@ -799,14 +799,13 @@ def _no_bucket(bucket: str, endpoint: str) -> StoreError:
 
 
 @contextlib.contextmanager
-def check_deadline(seconds: float = CHECK_BUDGET_S, why: str = "the store check's") -> Iterator[None]:
+def check_deadline(seconds: float = CHECK_BUDGET_S) -> Iterator[None]:
     """Every S3 request this thread makes inside gives up `seconds` from now at the latest: each
     connect and read timeout is cut to the time left and no retry starts after it. A check must
     answer in its stated time even when `store.read_timeout_seconds` is long (a hung endpoint
-    would otherwise hold it that long). Nested, the earlier deadline wins. `why`: whose limit it
-    is, as an error names it."""
+    would otherwise hold it that long). Nested, the earlier deadline wins."""
     with deadline_kept():
-        shorten_deadline(seconds, why)
+        shorten_deadline(seconds, "the store check's")
         yield
 
 
@@ -822,9 +821,10 @@ def deadline_kept() -> Iterator[None]:
 
 def shorten_deadline(seconds: float, why: str) -> None:
     """From now on, this thread's S3 requests give up `seconds` from now at the latest (as inside
-    :func:`check_deadline`), or at the deadline already set where that is earlier. For a stop
-    signal's handler: a request under way keeps the timeout it started with; its retries and the
-    requests after it are cut."""
+    :func:`check_deadline`), or at the deadline already set where that is earlier; `why`: whose
+    limit it is, as an error names it. For a stopped run's end (inside :func:`deadline_kept`): a
+    request under way keeps the timeout it started with; its retries and the requests after it are
+    cut."""
     at = time.monotonic() + seconds
     if getattr(_deadline, "at", None) is None or at < _deadline.at:
         _deadline.at, _deadline.seconds, _deadline.why = at, seconds, why
