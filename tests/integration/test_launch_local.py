@@ -371,7 +371,12 @@ def test_a_torchrun_job_leaves_nothing_in_the_temporary_folder(monkeypatch, tmp_
     backend = LocalBackend(sink=lines.append)
     backend.submit(spec)
     if killed:
-        while not any(line.startswith("[worker-0] rank 1 writes to") for line in lines):
+        # Both ranks' lines, not only the last to start's: killed before rank 0 printed, it said nothing
+        # (a flaky failure).
+        firsts = ("[master-0] rank 0 writes to", "[worker-0] rank 1 writes to")
+        deadline = time.monotonic() + 50
+        while not all(any(line.startswith(first) for line in lines) for first in firsts):
+            assert time.monotonic() < deadline, lines
             time.sleep(0.05)
         backend.kill(spec)  # SIGKILL to every process of the job
         backend.cancel(spec)
