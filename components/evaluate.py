@@ -24,7 +24,8 @@ def evaluate(
 ) -> NamedTuple("EvaluationOutputs", [("passed", bool), ("reason", str)]):  # noqa: UP014 (KFP reads this form)
     """Test metrics for the KFP UI (`test_accuracy`, `test_loss`, `test_macro_f1`, per class
     `test_class_<name>_precision/_recall/_f1`, and the confusion matrix; `test_loss` and
-    `test_perplexity` for a language model), an HTML report (run header, loss/validation/throughput
+    `test_perplexity` for a language model, with `test_base_loss` and `test_base_perplexity` for a
+    fine-tuned one), an HTML report (run header, loss/validation/throughput
     charts, confusion heatmap, tables), and the quality gate in front of export.
 
     Args:

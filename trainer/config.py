@@ -315,7 +315,8 @@ class DataConfig:
     side by side (greedy decoding: the same text every run); with `data.format: chat` each is one user message in the
     model's chat template. Empty: the test split's first prompts (text: its first 32 tokens of a window)."""
     eval_generations: int = 3
-    """`model.init_from`: the evaluation generates for at most this many prompts (0: none)."""
+    """`model.init_from`: the evaluation generates for at most this many prompts (0: none; a full fine-tune then
+    scores no base model either, holding one model in memory, not two)."""
     eval_new_tokens: int = 32
     """`model.init_from`: each generation is at most this many new tokens (it stops early at end of sequence, and
     is shorter where the prompt and this many would pass the model's context)."""

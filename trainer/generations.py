@@ -323,33 +323,48 @@ class Generator:
         return self.tokenizer.decode(out[0, ids.shape[1] :].tolist(), skip_special_tokens=True)
 
 
-def generations(
-    model: nn.Module,
+@dataclass(frozen=True)
+class Prompted:
+    """The prompts the evaluation continues and the generator that continues them, ready for
+    each model in turn (the fine-tuned one, then its base)."""
+
+    prompts: list[str]
+    generator: Generator
+    start: str = ""
+    """A document's start mark given to each configured prompt of text data (see :func:`prompted`)."""
+
+    def continue_with(self, model: nn.Module) -> list[str]:
+        """`model`'s greedy continuation of each prompt."""
+        return [self.generator.complete(model, p, self.start) for p in self.prompts]
+
+    def rows(self, before: list[str], after: list[str]) -> list[dict[str, str]]:
+        """`{prompt, before, after}` per prompt: the evaluation report's generations."""
+        return [dict(zip(FIELDS, row, strict=True)) for row in zip(self.prompts, before, after, strict=True)]
+
+
+def prompted(
     meta: dict[str, Any],
     source: pretrained.ModelSource,
     settings: GenerationSettings,
     from_test: Callable[[Any, int], list[str]],
     chat: bool = False,
     document_start: str = "",
-) -> list[dict[str, str]]:
-    """`{prompt, before, after}` for each prompt :func:`select_prompts` picks: the base model's
-    and the fine-tuned `model`'s continuations. `model` is what `trainer.model_io.load_model`
-    returns (eval mode, CPU); `from_test(tokenizer, count)`: the test split's first prompts;
-    `chat`: the model was fine-tuned on chat data (configured prompts become user messages);
-    `document_start`: the special tokens' text each document of text data began with (a Llama
-    tokenizer's beginning-of-text, the manifest's `document_marks`), which a configured prompt
-    is given too, as the model was fine-tuned to read a text and as transformers' tokenizer and
-    vLLM give it."""
+) -> Prompted | None:
+    """The prompts :func:`select_prompts` picks with the base folder's tokenizer and the
+    generator that continues them; None where there are none (`data.eval_generations: 0`, or no
+    prompt source). `meta` is what `trainer.model_io.load_model` returns beside the model;
+    `from_test(tokenizer, count)`: the test split's first prompts; `chat`: the model was
+    fine-tuned on chat data (configured prompts become user messages); `document_start`: the
+    special tokens' text each document of text data began with (a Llama tokenizer's
+    beginning-of-text, the manifest's `document_marks`), which a configured prompt is given
+    too, as the model was fine-tuned to read a text and as transformers' tokenizer and vLLM
+    give it."""
     if settings.count <= 0:
-        return []
+        return None
     tokenizer = load_hf_tokenizer(source, meta.get("trust_remote_code", False))
     prompts = select_prompts(settings, tokenizer, chat, lambda count: from_test(tokenizer, count))
     if not prompts:
-        return []
-    start = document_start if settings.prompts and not chat else ""
+        return None
     eos, pad = _stop_ids(source, meta["hf_config"], tokenizer)
     gen = Generator(tokenizer, eos, pad, settings.new_tokens, pretrained.context_length(meta["hf_config"]))
-    after = [gen.complete(model, p, start) for p in prompts]
-    with base_model(model, meta, source) as base:
-        before = [gen.complete(base, p, start) for p in prompts]
-    return [dict(zip(FIELDS, row, strict=True)) for row in zip(prompts, before, after, strict=True)]
+    return Prompted(prompts, gen, document_start if settings.prompts and not chat else "")

@@ -84,6 +84,8 @@ LABELS = {
     "accuracy": "test accuracy",
     "loss": "test loss (cross-entropy)",
     "perplexity": "test perplexity",
+    "base_loss": "base model's test loss (before fine-tuning)",
+    "base_perplexity": "base model's test perplexity (before fine-tuning)",
     "macro_f1": "macro-average F1",
     "val_accuracy": "validation accuracy (last epoch)",
     "val_loss": "validation loss (last epoch)",

@@ -14,7 +14,7 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from tests.integration.test_tasks_pretrained_lm import ALL_LINEAR, corpus, finetune_config, upload_folder
-from trainer.evaluate import EVAL_RECORD, evaluate_model
+from trainer.evaluate import EVAL_RECORD, evaluate_model, ui_scalars
 from trainer.example_model import tiny_llama_folder
 from trainer.generations import GenerationSettings
 from trainer.model_io import frozen_names, save_model, trained_state
@@ -28,9 +28,10 @@ from trainer.train import TRAINING_RECORD
 pytestmark = pytest.mark.timeout(300)
 
 
-def fine_tune_by_hand(cfg, dataset: str, model_uri: str) -> None:
-    """The model `cfg` trains, its trainable weights moved by fixed noise instead of training,
-    saved as the trainer saves it (a full state dict, or the adapters only)."""
+def fine_tune_by_hand(cfg, dataset: str, model_uri: str, noise: float = 0.5) -> None:
+    """The model `cfg` trains, its trainable weights moved by fixed noise instead of training
+    (`noise` 0: left as built, the base's weights and LoRA's zero adapters), saved as the
+    trainer saves it (a full state dict, or the adapters only)."""
     store = LocalStore()
     task = task_for(cfg)
     model, meta = task.build_model(cfg, read_manifest(store, dataset))
@@ -39,7 +40,7 @@ def fine_tune_by_hand(cfg, dataset: str, model_uri: str) -> None:
     with torch.no_grad():
         for p in model.parameters():
             if p.requires_grad:
-                p.add_(torch.randn(p.shape, generator=gen) * 0.5)
+                p.add_(torch.randn(p.shape, generator=gen) * noise)
     meta.update(task=cfg.task, dataset_uri=dataset)
     save_model(store, model_uri, model, meta, state=trained_state(model, frozen_names(model)))
 
@@ -77,6 +78,20 @@ def test_the_report_holds_the_base_and_fine_tuned_continuations_of_test_prompts(
         assert row["after"] != row["before"]  # the changed weights write something else
     # Greedy: the same text on every run.
     assert evaluate_model(LocalStore(), model_uri, dataset, max_items=4, generation=settings)["generations"] == rows
+    # The base model's test loss, on the same rows: what the base itself, saved as a fine-tune
+    # that changed nothing, scores.
+    unchanged = str(tmp_path / "unchanged")
+    fine_tune_by_hand(cfg, dataset, unchanged, noise=0.0)
+    base_scores = evaluate_model(LocalStore(), unchanged, dataset, max_items=4, generation=settings)
+    assert report["base_loss"] == pytest.approx(base_scores["loss"], rel=1e-5)
+    assert report["base_perplexity"] == pytest.approx(base_scores["perplexity"], rel=1e-5)
+    assert base_scores["base_loss"] == pytest.approx(base_scores["loss"], rel=1e-5)
+    assert abs(report["loss"] - report["base_loss"]) > 1e-3  # the changed weights score otherwise
+    # Without generations a full fine-tune does not build its base again (one model in memory, not
+    # two), so it has no base measures; LoRA's base is the same model with its adapters off.
+    quiet = evaluate_model(LocalStore(), model_uri, dataset, max_items=4, generation=GenerationSettings(count=0))
+    assert "generations" not in quiet and quiet["loss"] == report["loss"]
+    assert ("base_loss" in quiet) == (method == "lora")
 
 
 def test_the_evaluation_step_shows_the_configured_prompts_in_its_report(bucket, tmp_path):
@@ -108,3 +123,6 @@ def test_the_evaluation_step_shows_the_configured_prompts_in_its_report(bucket, 
         cells = "".join(f"<td>{html.escape(visible(row[k]), quote=True)}</td>" for k in ("prompt", "before", "after"))
         assert f"<tr>{cells}</tr>" in page
     assert "<b>blue</b>" not in page
+    # The base model's loss and perplexity beside the fine-tuned one's, in the page and the KFP UI's scalars.
+    assert "<td>base model&#x27;s test loss (before fine-tuning)</td>" in page
+    assert {"test_loss", "test_perplexity", "test_base_loss", "test_base_perplexity"} <= set(ui_scalars(report))

@@ -239,13 +239,13 @@ def chat_source(bucket: str, tmp_path, n: int, long_every: int = 0) -> str:
     return uri
 
 
-def base_val_loss(cfg, folder: str, dataset: str) -> float:
-    """The assistant-token validation loss of the base model, before any fine-tuning."""
+def base_val_loss(cfg, folder: str, dataset: str, split: str = "val") -> float:
+    """The assistant-token loss of the base model (transformers' own) on a split, before any fine-tuning."""
     task = PretrainedLMTask()
     store = open_store(dataset)
     manifest = read_manifest(store, dataset, CHAT_FORMAT)
     items_of, take = task.stream(cfg, manifest)
-    x, y = first_items(store, dataset, split_shards(manifest, "val", dataset), items_of, take, cfg.data.eval_items)
+    x, y = first_items(store, dataset, split_shards(manifest, split, dataset), items_of, take, cfg.data.eval_items)
     model = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32)
     return task.validate(model, TensorDataset(x, y), torch.device("cpu"), 8)["val_loss"]
 
@@ -285,6 +285,10 @@ def test_chat_fine_tuning_on_two_ranks_lowers_the_assistant_token_loss(base_mode
     report = evaluate_model(open_store(model_uri), model_uri, dataset, None, 64)
     assert report["test_tokens"] == manifest["splits"]["test"]["assistant_tokens"]  # every test row: fewer than 64
     assert report["loss"] < before - margin / 2, (before, report)
+    # The base model's loss on the same test rows, beside it: transformers' own base model's.
+    assert report["base_loss"] == pytest.approx(
+        base_val_loss(cfg, str(tmp_path / "tiny-llama"), dataset, "test"), rel=1e-5
+    )
     saved = weights_of(model_uri)
     if method == "lora":  # the adapters only: the base is the pretrained model's
         assert saved and all(".lora_" in name for name in saved)

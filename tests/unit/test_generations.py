@@ -79,8 +79,7 @@ def test_a_count_of_zero_generates_nothing_and_reads_nothing(folder):
     settings = GenerationSettings(prompts=("a",), count=0)
     assert generations.select_prompts(settings, None, False, no_test_prompts) == []
     # Not even the tokenizer or the model is touched.
-    rows = generations.generations(None, {}, pretrained.resolve(folder), settings, lambda tok, n: no_test_prompts(n))
-    assert rows == []
+    assert generations.prompted({}, pretrained.resolve(folder), settings, lambda tok, n: no_test_prompts(n)) is None
 
 
 @pytest.mark.parametrize(("chat", "start", "fed"), [(False, "<|endoftext|>", "<|endoftext|>the cat"), (True, "", None)])
@@ -89,18 +88,17 @@ def test_a_configured_prompt_begins_as_the_models_documents_did(folder, monkeypa
     prompt begins with it too, as transformers' tokenizer and vLLM give it (was: without it, and
     the report's continuation differed from the served model's); the row shows the prompt as
     configured. Chat prompts carry the template's own."""
-    import contextlib
 
     seen = []
     monkeypatch.setattr(
         generations.Generator, "complete", lambda self, model, prompt, start="": seen.append(start + prompt) or "x"
     )
-    monkeypatch.setattr(generations, "base_model", lambda model, meta, source: contextlib.nullcontext(model))
     settings = GenerationSettings(prompts=("the cat",), count=1)
     meta = {"hf_config": json.loads((Path(folder) / "config.json").read_text())}
-    rows = generations.generations(
-        object(), meta, pretrained.resolve(folder), settings, no_test_prompts, chat=chat, document_start=start
+    prompted = generations.prompted(
+        meta, pretrained.resolve(folder), settings, no_test_prompts, chat=chat, document_start=start
     )
+    rows = prompted.rows(prompted.continue_with(object()), prompted.continue_with(object()))
     assert seen == [fed or chatml({"role": "user", "content": "the cat"})] * 2  # after, then before
     assert rows[0]["prompt"] == (fed or seen[0]).removeprefix(start)
 

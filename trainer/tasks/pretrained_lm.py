@@ -7,7 +7,8 @@ text and JSON Lines as causal_lm does (packed windows, loss on every token), cha
 the model's chat template (`trainer/chat_data.py`: one conversation per row, the loss on the
 assistant's tokens only). The saved model is Hugging Face's own state dict (full), or only the
 adapters (LoRA), with the base model's URI in its metadata. Its evaluation adds, to the test
-loss, a few prompts continued by the base model and by the fine-tuned one (`trainer/generations.py`).
+loss, the base model's on the same data and a few prompts continued by the base model and by the
+fine-tuned one (`trainer/generations.py`).
 """
 
 from __future__ import annotations
@@ -306,27 +307,33 @@ class PretrainedLMTask(CausalLMTask):
         return float(per_param * total + 12 * layers * width * cfg.model.block_size)
 
     def evaluate(self, model, meta, store, dataset_uri, max_items):
+        """The test loss and perplexity of the fine-tuned model and of its base, on the same rows,
+        and the generations before and after. The base is the same model with its adapters off
+        (LoRA), or the base folder's weights in a second model (full): built for the generations,
+        so a full fine-tune with `data.eval_generations: 0` reports no base measures and holds
+        one model, not two."""
         report = self.held_out_loss(model, meta, store, dataset_uri, max_items)
-        rows = self.before_and_after(model, meta, store, dataset_uri)
-        if rows:
-            report["generations"] = rows
-        return report
-
-    def before_and_after(
-        self, model: nn.Module, meta: dict[str, Any], store: ObjectStore, dataset_uri: str
-    ) -> list[dict[str, str]]:
-        """`{prompt, before, after}`: the base model's and `model`'s greedy continuations of the
-        configured prompts, or else of the test split's first ones (`trainer/generations.py`)."""
         manifest = read_manifest(store, dataset_uri)
-        return generations.generations(
-            model,
+        source = source_from_meta(meta)
+        prompted = generations.prompted(
             meta,
-            source_from_meta(meta),
+            source,
             self.generation,
             lambda tokenizer, count: generations.split_prompts(store, dataset_uri, manifest, meta, tokenizer, count),
             chat=manifest.get("format") == CHAT_FORMAT,
             document_start=(manifest.get("document_marks") or {}).get("start", ""),
         )
+        if prompted is None and meta.get("method") != "lora":
+            return report
+        after = prompted.continue_with(model) if prompted else []
+        with generations.base_model(model, meta, source) as base:
+            log.info("evaluation: scoring the base model on the same test data, for the report's comparison")
+            before_tuning = self.held_out_loss(base, meta, store, dataset_uri, max_items)
+            report.update(base_loss=before_tuning["loss"], base_perplexity=before_tuning["perplexity"])
+            before = prompted.continue_with(base) if prompted else []
+        if prompted:
+            report["generations"] = prompted.rows(before, after)
+        return report
 
     def serving_module(self, model, meta):
         return None
