@@ -43,6 +43,8 @@ REMOTE_SCHEMES = ("s3", "minio")
 KFP_STORE_ENDPOINT = "http://seaweedfs.kubeflow:9000"
 #: Multipart part size: files above it upload in parallel-safe parts, smaller ones in one PUT.
 PART_SIZE = 8 * 1024 * 1024
+#: Parts of a multipart upload minio sends at once (its default), from threads of its own.
+MINIO_PARALLEL_PARTS = 3
 _BUCKET_RE = re.compile(r"[a-z0-9][a-z0-9.\-]{1,61}[a-z0-9]")
 _IPV4_RE = re.compile(r"\d+\.\d+\.\d+\.\d+")
 #: S3 error codes that mean "try again later", not "no".
@@ -1130,7 +1132,17 @@ class S3Store:
 
     def put_file(self, uri: str, path: str | Path) -> None:
         loc = self._obj(uri)
-        self._call("PUT", uri, lambda: self._client.fput_object(loc.bucket, loc.key, str(path), part_size=PART_SIZE))
+        # minio sends a multipart upload's parts from threads of its own, which this thread's deadline
+        # (a store check's, a stopped run's) does not reach (was: a hung store held a stopped run's
+        # 20 MiB log for the read timeout per part): under a deadline the parts go from this thread.
+        parallel = 1 if _time_left() is not None else MINIO_PARALLEL_PARTS
+        self._call(
+            "PUT",
+            uri,
+            lambda: self._client.fput_object(
+                loc.bucket, loc.key, str(path), part_size=PART_SIZE, num_parallel_uploads=parallel
+            ),
+        )
 
     def get_file(self, uri: str, path: str | Path) -> None:
         loc = self._obj(uri)

@@ -190,6 +190,64 @@ def test_5xx_and_slowdown_are_retried(monkeypatch, failures):
         server.shutdown()
 
 
+class _HangsMidUpload(BaseHTTPRequestHandler):
+    """Starts a multipart upload, then never answers a part: a store that hangs mid-upload."""
+
+    released = threading.Event()
+    parts = 0
+
+    def do_POST(self):  # CreateMultipartUpload (?uploads)
+        xml = b"<InitiateMultipartUploadResult><Bucket>b</Bucket><Key>k</Key><UploadId>u1</UploadId>"
+        xml += b"</InitiateMultipartUploadResult>"
+        self.send_response(200)
+        self.send_header("Content-Type", "application/xml")
+        self.send_header("Content-Length", str(len(xml)))
+        self.end_headers()
+        self.wfile.write(xml)
+
+    def do_PUT(self):  # UploadPart: hangs
+        type(self).parts += 1
+        type(self).released.wait(60)
+
+    def do_DELETE(self):  # AbortMultipartUpload
+        self.send_response(204)
+        self.end_headers()
+
+    def log_message(self, *args):
+        pass
+
+
+def test_a_file_put_under_a_deadline_ends_by_it_when_the_store_hangs_mid_upload(monkeypatch, tmp_path):
+    """A stopped run's last log upload (a file over PART_SIZE: a multipart upload) gives up at the
+    stop's deadline (was: minio sent the parts from threads of its own, which the deadline did not
+    reach, and each waited out the read timeout)."""
+    from trainer.storage import PART_SIZE, check_deadline
+
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "a")
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "b")
+    path = tmp_path / "log.txt"
+    path.write_bytes(b"x" * (2 * PART_SIZE + 1))
+    _HangsMidUpload.released.clear()
+    server = ThreadingHTTPServer(("127.0.0.1", 0), _HangsMidUpload)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        store = S3Store(
+            endpoint=f"http://127.0.0.1:{server.server_address[1]}",
+            region="us-east-1",
+            policy=RetryPolicy(budget_s=60, connect_timeout_s=5, read_timeout_s=20),
+        )
+        t0 = time.monotonic()
+        with pytest.raises(StoreError) as err, check_deadline(2.0):
+            store.put_file("s3://bucket/runs/r/log.txt", path)
+        elapsed = time.monotonic() - t0
+        assert _HangsMidUpload.parts >= 1  # it did hang mid-upload, not at its start
+        assert elapsed < 6, elapsed
+        assert "limit of 2s" in str(err.value), err.value
+    finally:
+        _HangsMidUpload.released.set()
+        server.shutdown()
+
+
 @pytest.mark.timeout(400)
 @pytest.mark.parametrize("mode", ["refuse", "hang"])
 def test_training_survives_a_15s_store_outage_and_ends_equal(proxy, bucket, reference_weights, mode):
