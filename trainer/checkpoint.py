@@ -68,6 +68,7 @@ from trainer.checkpoint_owner import (
     describe_owner,
     latest_complete,
     objects_by_step,
+    prefix_steps,
     step_dir,
     written_by_a_checkpoint,
 )
@@ -478,19 +479,18 @@ class CheckpointManager:
 
     def best(self, up_to: int | None = None) -> dict[str, Any] | None:
         """The commit record of the complete checkpoint with the best :attr:`keep_best` metric
-        (any owner's; at step `up_to` or before when given), or None (a collective like :meth:`latest`).
+        (of any run that owned the prefix; at step `up_to` or before when given), or None (a
+        collective like :meth:`latest`).
         A store that fails rank 0's listing raises :class:`StoreError` on every rank, not on rank 0
         alone while the others wait in the broadcast."""
         choice: dict[str, Any] | None = None
         error = ""
         if self.rank == 0 and self.keep_best is not None:
             try:
-                by_step = objects_by_step(self.store, self.prefix)
-                steps = [s for s in committed(by_step) if up_to is None or s <= up_to]
-                records = {s: complete_record(self.store, self.prefix, s, by_step) for s in steps}
+                records = dict(prefix_steps(self.store, self.prefix, up_to))
             except StoreError as exc:
                 error, records = str(exc), {}
-            metrics = {s: r.get("metrics") or {} for s, r in records.items() if r is not None}
+            metrics = {s: r.get("metrics") or {} for s, r in records.items()}
             step = best_step(metrics, *self.keep_best)
             choice = None if step is None else records[step]
         if self.group is not None:

@@ -30,7 +30,7 @@ from trainer.errors import KftrainError
 from trainer.storage import CorruptObject, ObjectNotFound, ObjectStore, join_uri, read_json
 
 if TYPE_CHECKING:
-    from collections.abc import Callable
+    from collections.abc import Callable, Iterator
 
     from trainer.config import Config
 
@@ -199,16 +199,44 @@ def complete_record(store: ObjectStore, prefix: str, step: int, by_step: dict[in
 def latest_complete(
     store: ObjectStore, prefix: str, only: int | None = None, owner: str | None = None
 ) -> tuple[int, dict[str, Any]] | None:
-    """(step, commit record) of the newest complete checkpoint under `prefix` (of step `only`,
-    with `only`), or None. With `owner`, only a step that run committed (or a record that names no
-    owner): a prefix another run took over holds both runs' steps, and the newest is the other's."""
-    by_step = objects_by_step(store, prefix)
-    for step in reversed(committed(by_step)):
-        if only is None or step == only:
-            record = complete_record(store, prefix, step, by_step)
-            if record is not None and (owner is None or record.get("owner") in (None, "", owner)):
-                return step, record
+    """(step, commit record) of the newest complete checkpoint of the prefix's own runs under
+    `prefix` (of step `only`, with `only`), or None (:func:`prefix_steps`). With `owner`, only a
+    step that run committed (or a record that names no owner): a prefix another run took over
+    holds both runs' steps, and the newest is the other's."""
+    for step, record in prefix_steps(store, prefix, newest_first=True):
+        if (only is None or step == only) and (owner is None or record.get("owner") in (None, "", owner)):
+            return step, record
     return None
+
+
+def prefix_steps(
+    store: ObjectStore, prefix: str, up_to: int | None = None, newest_first: bool = False
+) -> Iterator[tuple[int, dict[str, Any]]]:
+    """(step, commit record) of each complete checkpoint under `prefix` (at step `up_to` or
+    before), ascending or newest first, committed by a run that owned the prefix (or naming no
+    owner); checked as they are asked for. A step another run committed elsewhere and someone
+    copied in is skipped, said (was: resumed, or exported as the best, as this run's own,
+    mixing two runs' training in silence)."""
+    by_step = objects_by_step(store, prefix)
+    runs = set(claimants(store, prefix))
+    steps = committed(by_step)
+    for step in reversed(steps) if newest_first else steps:
+        if up_to is not None and step > up_to:
+            continue
+        record = complete_record(store, prefix, step, by_step)
+        if record is None:
+            continue
+        by = record.get("owner") or ""
+        if by and runs and by not in runs:
+            log.warning(
+                "skipping checkpoint %s: run %r committed it, and that run never owned %s (copied in from its "
+                "checkpoints?); to start from it, name it in checkpoint.resume_from of a new run",
+                step_dir(prefix, step),
+                by,
+                prefix.rstrip("/"),
+            )
+            continue
+        yield step, record
 
 
 def _process_started(pid: int) -> float | None:

@@ -18,7 +18,7 @@ from trainer.checkpoint import (
     current_owner,
     step_dir,
 )
-from trainer.checkpoint_owner import complete_record, objects_by_step
+from trainer.checkpoint_owner import complete_record, latest_complete, objects_by_step
 from trainer.storage import LocalStore, join_uri
 
 
@@ -414,3 +414,44 @@ def test_pruning_deletes_only_what_a_checkpoint_writer_wrote(prefix, foreign):
     assert by_step[int(foreign[5:13])] == [join_uri(prefix, foreign)]
     assert store.get_bytes(join_uri(prefix, foreign)) == b"the user's"
     assert_intact(store, prefix, "run-a", [4])
+
+
+# Each reader of a prefix's steps: the trainer's resume, the best step export reads, the newest step
+# of one owner (the local pre-flight's and `kftrain runs`'), each as (step, anything) or None.
+PREFIX_READERS = {
+    "resume (latest)": lambda store, prefix: (manager(store, prefix, "run-a").latest() or {}).get("step"),
+    "export's best": lambda store, prefix: (
+        CheckpointManager(store, prefix, keep_best=("min", "val_loss")).best() or {}
+    ).get("step"),
+    "one owner's newest": lambda store, prefix: (latest_complete(store, prefix, owner="run-a") or (None,))[0],
+    "any owner's newest": lambda store, prefix: (latest_complete(store, prefix) or (None,))[0],
+}
+
+
+@pytest.mark.parametrize("reader", list(PREFIX_READERS))
+def test_a_step_copied_in_from_another_runs_prefix_is_not_this_prefixs(tmp_path, reader, caplog):
+    """Run-b's step 9, committed in its own prefix and copied by hand into run-a's, was resumed as
+    run-a's own (the pre-flight had checked run-a's step 2) and could be exported as its best:
+    two runs' training mixed in silence. Every reader skips it, saying so; a takeover's steps
+    (a run that owned the prefix) still count."""
+    import shutil
+
+    store, a_prefix, b_prefix = LocalStore(), str(tmp_path / "a"), str(tmp_path / "b")
+    a = manager(store, a_prefix, "run-a")
+    a.claim(resume=True)
+    a.save(2, {"model": weights(2, "run-a")}, record={"metrics": {"val_loss": 0.5}}, blocking=True)
+    b = manager(store, b_prefix, "run-b")
+    b.claim(resume=True)
+    b.save(9, {"model": weights(9, "run-b")}, record={"metrics": {"val_loss": 0.1}}, blocking=True)
+    shutil.copytree(step_dir(b_prefix, 9), step_dir(a_prefix, 9))
+    assert 9 in a.committed_steps()  # complete, in the prefix: only its committer tells it apart
+
+    with caplog.at_level("WARNING", logger="kftrain.checkpoint"):
+        assert PREFIX_READERS[reader](store, a_prefix) == 2
+    assert "run 'run-b' committed it, and that run never owned" in caplog.text
+    # Once run-b takes the prefix over, its steps there are the prefix's: a later one counts.
+    c = manager(store, a_prefix, "run-b")
+    c.claim(resume=True)
+    c.save(10, {"model": weights(10, "run-b")}, record={"metrics": {"val_loss": 0.05}}, blocking=True)
+    expected = 2 if reader == "one owner's newest" else 10
+    assert PREFIX_READERS[reader](store, a_prefix) == expected
