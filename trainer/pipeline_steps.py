@@ -427,5 +427,8 @@ def export(cfg: Config, model_uri: str, output_uri: str, metrics: dict[str, Any]
             training_config=run_config(record, cfg),
             max_shard_bytes=cfg.export.max_shard_bytes,
             merge_lora=cfg.export.merge_lora,
-            training={k: done[k] for k in ("steps", "resumed_from_step", "best_step") if k in done},
+            training={
+                **{k: done[k] for k in ("steps", "resumed_from_step", "best_step") if k in done},
+                **({"config_changes": record["config_changes"]} if record.get("config_changes") else {}),
+            },
         )

@@ -548,7 +548,28 @@ def _header(training: dict[str, Any], evaluation: dict[str, Any], context: dict[
             _table(changes, ("field", "value", "default")),
             "</details>",
         ]
+    resumed_with = _changed_on_resume(training)
+    if resumed_with:
+        parts += [
+            "<details open><summary>Settings changed when the run resumed (the config above is the last "
+            "start's; the steps before each change trained under its earlier value)</summary>",
+            _table(resumed_with, ("from step", "field", "before", "after")),
+            "</details>",
+        ]
     return parts
+
+
+def _changed_on_resume(training: dict[str, Any]) -> list[tuple[str, str, str, str]]:
+    """The training record's `config_changes` as table rows; a change at the last step says that
+    no step trained under it."""
+    changes = training.get("config_changes")
+    last = training.get("metrics", {}).get("steps")
+    rows = []
+    for c in changes if isinstance(changes, list) else []:
+        if isinstance(c, dict) and isinstance(c.get("at_step"), int) and "field" in c:
+            at = f"{c['at_step']:,}" + (" (the last: no step trained with it)" if c["at_step"] == last else "")
+            rows.append((at, str(c["field"]), repr(c.get("from")), repr(c.get("to"))))
+    return rows
 
 
 def _charts(training: dict[str, Any], evaluation: dict[str, Any]) -> list[str]:

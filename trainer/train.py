@@ -252,10 +252,11 @@ def check_resumable(
     streams: bool,
     other: str = START_ANEW,
     log_changes: bool = True,
-) -> None:
+) -> list[dict[str, Any]]:
     """Refuse to resume a checkpoint written under `saved` (a config as a mapping) with `cfg`
-    when the change matters, naming the fields; log the compatible changes when `log_changes`
-    (once per resume: by the trainer's rank 0, not again by a pre-flight or every rank).
+    when the change matters, naming the fields; return the compatible changes (`{field, from,
+    to}`, where the pods run left out), logged when `log_changes` (once per resume: by the
+    trainer's rank 0, not again by a pre-flight or every rank).
 
     A different world size (or `train.grad_accum_steps`, `train.num_workers`,
     `data.partitions`) changes which items each rank reads. A streaming task carries its place
@@ -292,23 +293,27 @@ def check_resumable(
             f"cannot resume: {', '.join(layout)} changed, and task {cfg.task!r} does not stream its data "
             "(Task.stream), so its batches depend on the world size; resume with the checkpoint's shape"
         )
-    if not log_changes:
-        return
     defaults = flatten_config(replica_config(to_dict(Config())))
+    changes = []
     for k in changed:
         if k.startswith("kubernetes."):  # where the pods run, not what they train
             continue
         if k in old:
-            log.info("resuming with a changed %s: %r -> %r", k, old.get(k), new.get(k))
+            changes.append({"field": k, "from": old.get(k), "to": new.get(k)})
+            if log_changes:
+                log.info("resuming with a changed %s: %r -> %r", k, old.get(k), new.get(k))
         elif not same_setting(k, defaults.get(k), new.get(k)):  # a field newer than the checkpoint, ran as its default
-            log.info(
-                "resuming with %s %r (the checkpoint's kftrain had no such field: its default %r)",
-                k,
-                new.get(k),
-                defaults.get(k),
-            )
-    if layout:
+            changes.append({"field": k, "from": defaults.get(k), "to": new.get(k)})
+            if log_changes:
+                log.info(
+                    "resuming with %s %r (the checkpoint's kftrain had no such field: its default %r)",
+                    k,
+                    new.get(k),
+                    defaults.get(k),
+                )
+    if layout and log_changes:
         log.info("resuming with a changed %s: the epoch goes on with the items still to come", ", ".join(layout))
+    return changes
 
 
 def check_steps_left(record: dict[str, Any], cfg: Config, other: str) -> None:
@@ -482,6 +487,8 @@ class Trainer:
         # first (this start's resume_from and where that run began in turn, or what this run's own
         # checkpoints record); empty for none.
         self.lineage: list[str] = []
+        #: The settings changed at each resume (`{at_step, field, from, to}`), the earliest first.
+        self.config_changes: list[dict[str, Any]] = []
         self.resumed_window: dict[str, float] | None = None  # the progress line's interval a checkpoint kept
         resumes = cfg.checkpoint.resume or cfg.checkpoint.resume_from
         left = self.resume() if self.ckpt is not None and resumes else None
@@ -624,7 +631,9 @@ class Trainer:
         check_format(record, step_dir(source.prefix, int(record["step"])))
         saved_world = int(record["world_size"])
         other = START_ANEW if source is self.ckpt else "start without resume_from"
-        check_resumable(record["config"], cfg, saved_world, env.world_size, self.data.streams, other, env.is_main)
+        changes = check_resumable(
+            record["config"], cfg, saved_world, env.world_size, self.data.streams, other, env.is_main
+        )
         check_same_inputs(record.get("inputs") or {}, self.inputs, record["config"], cfg, other)
         check_steps_left(record, cfg, other)
         own = self._load(record, source)
@@ -633,6 +642,12 @@ class Trainer:
         self.scheduler.load_state_dict(record["scheduler"])
         self._apply_optimizer_settings()
         self.step = int(record["step"])
+        # Each start's changes, kept through later resumes: the config a record shows is the last start's.
+        recorded = record.get("config_changes")
+        self.config_changes = [
+            *(recorded if isinstance(recorded, list) else []),
+            *({"at_step": self.step, **change} for change in changes),
+        ]
         if own is not None and saved_world == env.world_size:
             set_rng_state(own["rng"])
         else:
@@ -713,6 +728,8 @@ class Trainer:
             record["metrics"] = metrics
         if self.lineage:
             record["lineage"] = self.lineage
+        if self.config_changes:
+            record["config_changes"] = self.config_changes
         self.ckpt.save(
             self.step,
             {"model": model_state, "optimizer": optim_state},
@@ -1125,6 +1142,8 @@ class Trainer:
                 # run's own (a restart: on a cluster a new TensorBoard segment, locally a new start's folder).
                 "resumed_from_another_run": self.resumed_elsewhere,
                 "config": replica_config(to_dict(cfg)),
+                # `config` is the last start's: what earlier starts trained under differs by these.
+                "config_changes": self.config_changes,
                 "device": self.device.type,  # what the job trained on (the report's prediction is for it)
                 "parameter_digest": digest,
             }

@@ -379,6 +379,39 @@ def test_a_start_that_resumes_a_finished_training_records_no_timing(digits, tmp_
     assert again["resumed_from_step"] == again["steps"] == first["steps"] == record_steps(store, model)
 
 
+def test_the_settings_each_resume_changed_reach_the_record_the_card_and_the_report(digits, tmp_path):
+    """The training record's config is the last start's: a run resumed with another learning rate
+    (and then resumed again at its last step with yet another) recorded that one alone, and the
+    model card and report claimed the weights trained under it. Each start's changes are kept, at
+    the step they took effect, through later resumes."""
+    from trainer.report import html_report
+
+    store, model, out = LocalStore(), str(tmp_path / "m"), str(tmp_path / "exported")
+    base = {"job.replicas": 1, "train.epochs": 1}
+    first = single(load_config(overrides=base), digits, model)
+    per_epoch = first["steps"]
+    single(load_config(overrides={**base, "train.epochs": 2, "train.learning_rate": 0.01}), digits, model)
+    # At the last step: nothing is left to train, and the change is recorded as such.
+    single(load_config(overrides={**base, "train.epochs": 2, "train.learning_rate": 0.02}), digits, model)
+    record = json.loads(store.get_bytes(join_uri(model, "training.json")))
+    assert record["config"]["train"]["learning_rate"] == 0.02
+    assert record["config_changes"] == [
+        {"at_step": per_epoch, "field": "train.epochs", "from": 1, "to": 2},
+        {"at_step": per_epoch, "field": "train.learning_rate", "from": 0.003, "to": 0.01},
+        {"at_step": 2 * per_epoch, "field": "train.learning_rate", "from": 0.01, "to": 0.02},
+    ]
+    page = html_report(record, {}, (True, ""))
+    assert f"<td>{per_epoch}</td><td>train.learning_rate</td><td>0.003</td><td>0.01</td>" in page
+    assert f"<td>{2 * per_epoch} (the last: no step trained with it)</td><td>train.learning_rate</td>" in page
+    card = export_model(store, model, out, training={"config_changes": record["config_changes"]})
+    assert card["training"]["config_changes"] == record["config_changes"]
+    # An uninterrupted run has none.
+    other = str(tmp_path / "fresh")
+    single(load_config(overrides=base), digits, other)
+    fresh = json.loads(store.get_bytes(join_uri(other, "training.json")))
+    assert fresh["config_changes"] == [] and "changed when the run resumed" not in html_report(fresh, {}, (True, ""))
+
+
 def test_export_best_ranks_every_run_a_chain_of_resumes_came_through(digits, tmp_path, caplog):
     """Three runs, each begun from the one before's last checkpoint: the third ranks the first's
     checkpoints too (was: one level back, the second's only), and its model is that best's."""
