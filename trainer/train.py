@@ -267,14 +267,16 @@ def check_resumable(
     from trainer.checks import unread_by
 
     old, new = flatten_config(replica_config(saved)), flatten_config(replica_config(to_dict(cfg)))
-    # A field the task never reads changes nothing it resumes, nor do the adapters' settings
+    # A field either run's task never reads changes nothing it resumes (a change of task is named
+    # by itself; was: another task's defaults named beside it), nor do the adapters' settings
     # unless both runs train adapters (a change of method is named by itself).
     lora_both = old.get("train.method") == new.get("train.method") == "lora"
+    tasks = {cfg.task, str(old.get("task", cfg.task))}
     changed = sorted(
         k
         for k in old.keys() | new.keys()
         if not same_setting(k, old.get(k), new.get(k))
-        and not unread_by(cfg.task, k)
+        and not any(unread_by(task, k) for task in tasks)
         and (lora_both or not k.startswith("lora."))
     )
     # A field the checkpoint's record lacks came after it was written (it ran as the default does).

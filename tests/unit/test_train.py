@@ -569,6 +569,22 @@ def test_lora_settings_count_on_resume_only_when_both_runs_train_adapters(saved,
     assert named in reasons and (named == "lora.rank" or "lora.rank" not in reasons), reasons
 
 
+@pytest.mark.parametrize(("saved", "now"), [("causal_lm", "classification"), ("classification", "causal_lm")])
+def test_a_resume_under_another_task_names_the_task_not_the_other_tasks_defaults(saved, now):
+    """Was: a gpt run resumed with a digits config was refused over `model.hidden_sizes ([128, 64],
+    now [32])` too, a field the checkpoint's task never read."""
+    from trainer.checkpoint import CheckpointError
+    from trainer.config import to_dict
+    from trainer.train import check_resumable
+
+    old = load_config(overrides={"task": saved})
+    new = load_config(overrides={"task": now, "model.hidden_sizes": [32], "model.n_embd": 48})
+    with pytest.raises(CheckpointError) as err:
+        check_resumable(to_dict(old), new, 1, 1, streams=True)
+    reasons = str(err.value).split("different ")[1].split("; resume")[0]
+    assert reasons.startswith("task ") and "hidden_sizes" not in reasons and "n_embd" not in reasons, reasons
+
+
 # (data.source the checkpoint was written with, the one now; whether the resume is refused)
 SOURCE_SPELLINGS = {
     "relative and absolute": ("data/t.csv", "{cwd}/data/t.csv", False),
