@@ -243,6 +243,14 @@ def _run_alone(args: argparse.Namespace, cfg: Any, run_id: str, store: str) -> i
             "continues with that --output-dir or --store; `kftrain runs --store ...` lists a store's runs)",
             file=sys.stderr,
         )
+    if existed and cfg.checkpoint.resume_from and cfg.checkpoint.enabled:
+        own = newest_checkpoint(cfg, run_id, args.output_dir)
+        if own is not None:  # resume_from starts a run; its own checkpoints continue it (was: dropped unsaid)
+            print(
+                f"kftrain: note: checkpoint.resume_from {redact(cfg.checkpoint.resume_from)!r} is not read: run "
+                f"{run_id} goes on from its own newest checkpoint, step {own} (resume_from starts a run only)",
+                file=sys.stderr,
+            )
     resume = _resume_command(args.argv, run_id)
     # A continuation's, even where the store lost the run's folder (was: its logs left here for good).
     for uri in keep_left_logs(cfg, run_id, args.output_dir) if args.run_id else ():

@@ -1838,3 +1838,33 @@ def test_a_continuation_takes_up_the_logs_its_earlier_starts_left_here_even_wher
     assert "an earlier start of run gone left on this machine is now at s3://b/log" in capsys.readouterr().err
     assert main(["run", "--local", "--output-dir", "out"]) == 0
     assert asked == ["gone"]
+
+
+@pytest.mark.parametrize("own_steps", [True, False], ids=["own-checkpoint", "none-yet"])
+def test_resume_from_on_a_continuation_with_checkpoints_of_its_own_is_said_to_be_unread(
+    tmp_path, monkeypatch, capsys, own_steps
+):
+    """`--run-id` of a run with a checkpoint of its own goes on from that; a `checkpoint.resume_from`
+    in the config is not read, and says so (was: dropped without a word). Before the run has one,
+    resume_from is what it starts from: nothing said."""
+    import torch
+
+    from trainer.checkpoint import CheckpointManager
+    from trainer.storage import LocalStore
+
+    monkeypatch.chdir(tmp_path)
+    _no_process_watch(monkeypatch, runs=True)
+    prefix = str(tmp_path / "out" / "runs" / "r1" / "checkpoints")
+    ckpt = CheckpointManager(LocalStore(), prefix, owner="r1")
+    ckpt.claim(resume=True)
+    if own_steps:
+        ckpt.save(38, {"model": {"w": torch.zeros(2)}}, record={}, blocking=True)
+    (tmp_path / "other").mkdir()
+    (tmp_path / "c.yaml").write_text(f"checkpoint:\n  resume_from: {tmp_path / 'other'}\n")
+    assert main(["run", "--local", "--output-dir", "out", "--run-id", "r1", "--config", "c.yaml"]) == 0
+    said = [line for line in capsys.readouterr().err.splitlines() if "resume_from" in line]
+    expected = (
+        f"kftrain: note: checkpoint.resume_from '{tmp_path / 'other'}' is not read: run r1 goes on from its own "
+        "newest checkpoint, step 38 (resume_from starts a run only)"
+    )
+    assert said == ([expected] if own_steps else [])
