@@ -508,6 +508,14 @@ class Trainer:
                 limit,
                 limit.split()[0],
             )
+        late = [c["field"] for c in self.config_changes if c["at_step"] == self.step]
+        if late and self.step >= self.total_steps and env.is_main:
+            log.warning(
+                "resumed at step %d, where training ends: no step trains under the changed %s; the records list "
+                "the change at the last step",
+                self.step,
+                ", ".join(late),
+            )
 
         self.peak = peak_flops(device, cfg) * env.world_size
         events = None

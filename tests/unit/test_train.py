@@ -379,7 +379,7 @@ def test_a_start_that_resumes_a_finished_training_records_no_timing(digits, tmp_
     assert again["resumed_from_step"] == again["steps"] == first["steps"] == record_steps(store, model)
 
 
-def test_the_settings_each_resume_changed_reach_the_record_the_card_and_the_report(digits, tmp_path):
+def test_the_settings_each_resume_changed_reach_the_record_the_card_and_the_report(digits, tmp_path, caplog):
     """The training record's config is the last start's: a run resumed with another learning rate
     (and then resumed again at its last step with yet another) recorded that one alone, and the
     model card and report claimed the weights trained under it. Each start's changes are kept, at
@@ -391,8 +391,13 @@ def test_the_settings_each_resume_changed_reach_the_record_the_card_and_the_repo
     first = single(load_config(overrides=base), digits, model)
     per_epoch = first["steps"]
     single(load_config(overrides={**base, "train.epochs": 2, "train.learning_rate": 0.01}), digits, model)
-    # At the last step: nothing is left to train, and the change is recorded as such.
-    single(load_config(overrides={**base, "train.epochs": 2, "train.learning_rate": 0.02}), digits, model)
+    # At the last step: nothing is left to train, said, and the change is recorded as such.
+    with caplog.at_level("WARNING", logger="kftrain.train"):
+        single(load_config(overrides={**base, "train.epochs": 2, "train.learning_rate": 0.02}), digits, model)
+    assert (
+        f"resumed at step {2 * per_epoch}, where training ends: no step trains under the changed train.learning_rate"
+        in caplog.text
+    )
     record = json.loads(store.get_bytes(join_uri(model, "training.json")))
     assert record["config"]["train"]["learning_rate"] == 0.02
     assert record["config_changes"] == [
