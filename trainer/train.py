@@ -244,6 +244,11 @@ INCOMPATIBLE_FIELDS = (
 START_ANEW = "start a new run (locally: without --run-id; with checkpoint.uri set: another prefix)"
 
 
+#: Config sections a resume's recorded changes leave out (:func:`check_resumable`): they do not say
+#: how steps train (a continuation drops its `checkpoint.resume_from` by design).
+NOT_HOW_STEPS_TRAIN = ("checkpoint.", "store.", "export.", "plan.")
+
+
 def check_resumable(
     saved: dict[str, Any],
     cfg: Config,
@@ -255,7 +260,7 @@ def check_resumable(
 ) -> list[dict[str, Any]]:
     """Refuse to resume a checkpoint written under `saved` (a config as a mapping) with `cfg`
     when the change matters, naming the fields; return the compatible changes (`{field, from,
-    to}`, where the pods run left out), logged when `log_changes` (once per resume: by the
+    to}`, where the pods run and :data:`NOT_HOW_STEPS_TRAIN` left out), logged when `log_changes` (once per resume: by the
     trainer's rank 0, not again by a pre-flight or every rank).
 
     A different world size (or `train.grad_accum_steps`, `train.num_workers`,
@@ -300,12 +305,16 @@ def check_resumable(
     for k in changed:
         if k.startswith("kubernetes."):  # where the pods run, not what they train
             continue
+        # Said, but not what the steps trained under: where and when the run saves, exports, plans.
+        recorded = not k.startswith(NOT_HOW_STEPS_TRAIN)
         if k in old:
-            changes.append({"field": k, "from": old.get(k), "to": new.get(k)})
+            if recorded:
+                changes.append({"field": k, "from": old.get(k), "to": new.get(k)})
             if log_changes:
                 log.info("resuming with a changed %s: %r -> %r", k, old.get(k), new.get(k))
         elif not same_setting(k, defaults.get(k), new.get(k)):  # a field newer than the checkpoint, ran as its default
-            changes.append({"field": k, "from": defaults.get(k), "to": new.get(k)})
+            if recorded:
+                changes.append({"field": k, "from": defaults.get(k), "to": new.get(k)})
             if log_changes:
                 log.info(
                     "resuming with %s %r (the checkpoint's kftrain had no such field: its default %r)",

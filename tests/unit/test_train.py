@@ -390,7 +390,12 @@ def test_the_settings_each_resume_changed_reach_the_record_the_card_and_the_repo
     base = {"job.replicas": 1, "train.epochs": 1}
     first = single(load_config(overrides=base), digits, model)
     per_epoch = first["steps"]
-    single(load_config(overrides={**base, "train.epochs": 2, "train.learning_rate": 0.01}), digits, model)
+    # Where and when it saves is no setting the steps trained under: said in the log, not recorded.
+    single(
+        load_config(overrides={**base, "train.epochs": 2, "train.learning_rate": 0.01, "checkpoint.keep_last": 5}),
+        digits,
+        model,
+    )
     # At the last step: nothing is left to train, said, and the change is recorded as such.
     with caplog.at_level("WARNING", logger="kftrain.train"):
         single(load_config(overrides={**base, "train.epochs": 2, "train.learning_rate": 0.02}), digits, model)
