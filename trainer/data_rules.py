@@ -163,9 +163,15 @@ def binary_reason(head: bytes, complete: bool = False) -> str | None:
         if head.startswith(magic):
             return f"is {kind}, not UTF-8 text" + (f" ({hint})" if hint else "")
     if nul >= 0 and (invalid is None or nul <= invalid):
-        return f"is binary, not UTF-8 text (a NUL byte at offset {nul})"
-    line = head.count(b"\n", 0, invalid) + 1
+        return f"is binary, not UTF-8 text (a NUL byte at offset {nul}, line {line_breaks(head[:nul]) + 1})"
+    line = line_breaks(head[:invalid]) + 1
     return f"is not UTF-8 text (line {line}: byte 0x{head[invalid]:02x} at offset {invalid}; save it as UTF-8)"
+
+
+def line_breaks(data: bytes) -> int:
+    """The line ends in `data`: CRLF, CR alone and LF alone each one, as data prep reads them (was:
+    LF only, so every error in a file of CR line ends said line 1)."""
+    return data.count(b"\n") + data.count(b"\r") - data.count(b"\r\n")
 
 
 def text_chunks(chunks: Iterable[bytes], uri: str, what: str) -> Iterator[bytes]:
@@ -175,7 +181,9 @@ def text_chunks(chunks: Iterable[bytes], uri: str, what: str) -> Iterator[bytes]
     expected (`CSV`, `text or JSON Lines`) in the error."""
     decoder = codecs.getincrementaldecoder("utf-8")()
     offset = lines = 0
+    ended_cr = False  # the previous chunk ended in a CR, which an LF starting this one ends with it
     for chunk in chunks:
+        lines -= ended_cr and chunk.startswith(b"\n")
         if not offset:
             reason = binary_reason(chunk[:HEAD_BYTES], complete=len(chunk) < HEAD_BYTES)
             if reason:
@@ -185,19 +193,20 @@ def text_chunks(chunks: Iterable[bytes], uri: str, what: str) -> Iterator[bytes]
             decoder.decode(chunk)
         except UnicodeDecodeError as exc:
             data = pending + chunk
-            line = lines + data.count(b"\n", len(pending), max(exc.start, len(pending))) + 1
+            line = lines + line_breaks(data[len(pending) : max(exc.start, len(pending))]) + 1
             raise DataError(
                 f"data.source {uri} is not UTF-8 text (line {line}: byte 0x{data[exc.start]:02x} at offset "
                 f"{offset - len(pending) + exc.start}; save it as UTF-8): data prep reads {what}"
             ) from None
         if (nul := chunk.find(b"\0")) >= 0:  # valid UTF-8, and no text: refused wherever it is, as at the start
-            line = lines + chunk.count(b"\n", 0, nul) + 1
+            line = lines + line_breaks(chunk[:nul]) + 1
             raise DataError(
                 f"data.source {uri} is binary, not UTF-8 text (a NUL byte at offset {offset + nul}, line {line}): "
                 f"data prep reads {what}"
             )
         offset += len(chunk)
-        lines += chunk.count(b"\n")
+        lines += line_breaks(chunk)
+        ended_cr = chunk.endswith(b"\r")
         yield chunk
     if decoder.getstate()[0]:
         raise DataError(f"data.source {uri} is not UTF-8 text (it ends inside a character; save it as UTF-8)")
@@ -212,14 +221,43 @@ ARRAY_HINT = (
 
 def json_line(line: bytes, where: str, reads: str) -> Any:
     """One JSON Lines line, parsed; a :class:`DataError` naming `where` when it is not JSON, saying
-    what the format `reads` there (and how to convert a whole-file array, when the line opens one)."""
+    what the format `reads` there (and how to convert a whole-file array, when the line opens one),
+    or when a string in it is not Unicode text (:func:`lone_surrogate`)."""
     try:
-        return json.loads(line)
+        value = json.loads(line)
     except ValueError as exc:
         hint = f"; {ARRAY_HINT}" if line.lstrip().startswith(b"[") else ""
         # A decode error's msg alone can end mid-sentence ("Unterminated string starting at").
         said = f"{exc.msg}, column {exc.colno}" if isinstance(exc, json.JSONDecodeError) else str(exc)
         raise DataError(f"{where} is not JSON ({said}); {reads}{hint}") from None
+    if _SURROGATE_ESCAPE.search(line) and (found := lone_surrogate(value)):
+        path, index, char = found
+        raise DataError(
+            f"{where}: {path} holds a lone surrogate \\u{ord(char):04x} at character {index} (half of a character "
+            "written as two \\u escapes, such as an emoji cut in two), which is not text: fix or drop the record"
+        )
+    return value
+
+
+#: A JSON `\u` escape of a UTF-16 surrogate: only where one is can a parsed string hold a lone one.
+_SURROGATE_ESCAPE = re.compile(rb"\\u[dD][89a-fA-F][0-9a-fA-F]{2}")
+
+
+def lone_surrogate(value: Any, path: str = "") -> tuple[str, int, str] | None:
+    """(where in `value`, the character's index, the character) of the first lone UTF-16 surrogate
+    in a string of parsed JSON `value` (a key's included), or None. JSON may escape one (a pair
+    cut in two, as truncated text exports hold); no encoder or tokenizer takes it (was: a bare
+    `'utf-8' codec can't encode` error, or "a bug in kftrain")."""
+    if isinstance(value, str):
+        return next(((path or "the record", i, c) for i, c in enumerate(value) if "\ud800" <= c <= "\udfff"), None)
+    items = value.items() if isinstance(value, dict) else enumerate(value) if isinstance(value, list) else ()
+    for key, item in items:
+        where = f"{path}[{key}]" if isinstance(key, int) else f"{path}.{key}" if path else str(key)
+        if isinstance(key, str) and (found := lone_surrogate(key, f"a key of {path or 'the record'}")):
+            return found
+        if found := lone_surrogate(item, where):
+            return found
+    return None
 
 
 def source_format_problem(task: str, uri: str) -> str | None:

@@ -260,8 +260,9 @@ def check_resumable(
 ) -> list[dict[str, Any]]:
     """Refuse to resume a checkpoint written under `saved` (a config as a mapping) with `cfg`
     when the change matters, naming the fields; return the compatible changes (`{field, from,
-    to}`, where the pods run and :data:`NOT_HOW_STEPS_TRAIN` left out), logged when `log_changes` (once per resume: by the
-    trainer's rank 0, not again by a pre-flight or every rank).
+    to}`, where the pods run and :data:`NOT_HOW_STEPS_TRAIN` left out), logged when
+    `log_changes` (once per resume: by the trainer's rank 0, not again by a pre-flight or every
+    rank).
 
     A different world size (or `train.grad_accum_steps`, `train.num_workers`,
     `data.partitions`) changes which items each rank reads. A streaming task carries its place

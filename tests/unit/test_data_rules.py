@@ -12,8 +12,10 @@ from trainer.data_rules import (
     binary_reason,
     canonical_label,
     class_order,
+    json_line,
     missing_label,
     source_format_problem,
+    text_chunks,
 )
 from trainer.shards import DataError
 from trainer.storage import has_suffix
@@ -122,7 +124,7 @@ def test_a_tokenizer_file_spec_is_recognised_whatever_its_case():
         (b"PAR1\x15\x04\x15\x00\x00", False, "is a Parquet file"),
         (b"\x93NUMPY\x01\x00v\x00", False, "is a numpy array"),
         ("a,label\n".encode("utf-16"), True, "is UTF-16 text, not UTF-8 text (save it as UTF-8)"),
-        (b"text\x00more", True, "is binary, not UTF-8 text (a NUL byte at offset 4)"),
+        (b"text\x00more", True, "is binary, not UTF-8 text (a NUL byte at offset 4, line 1)"),
         (b"a,label\n1,x\n2,\xff\n", True, r"is not UTF-8 text (line 3: byte 0xff at offset 14"),
         ("caf\xe9\n".encode("latin-1"), True, "is not UTF-8 text (line 1: byte 0xe9 at offset 3"),
         (b"MZ is a fine word\n", True, None),  # a magic number alone does not make binary
@@ -541,3 +543,57 @@ def test_a_nul_byte_after_the_head_is_refused_as_at_the_start():
         f"data.source s3://b/corpus.txt is binary, not UTF-8 text (a NUL byte at offset {offset}, line {line}): "
         "data prep reads text or JSON Lines"
     )
+
+
+# (a JSON Lines line, as its bytes; what the error names, or None where the line is text)
+SURROGATE_LINES = {
+    "lone high, a text field": (
+        rb'{"text": "broken \ud83d here"}',
+        "text holds a lone surrogate \\ud83d at character 7",
+    ),
+    "lone low": (rb'{"text": "\udc00"}', "text holds a lone surrogate \\udc00 at character 0"),
+    "in a chat message": (
+        rb'{"messages": [{"role": "user", "content": "ok"}, {"role": "assistant", "content": "hi \uDE00"}]}',
+        "messages[1].content holds a lone surrogate \\ude00 at character 3",
+    ),
+    "in a key": (rb'{"te\ud83dxt": "a"}', "a key of the record holds a lone surrogate \\ud83d at character 2"),
+    "high then a non-surrogate": (rb'{"text": "\ud83d\u0041"}', "text holds a lone surrogate \\ud83d at character 0"),
+    "a whole pair (an emoji)": (rb'{"text": "smile \ud83d\ude00"}', None),
+    "the escape's text, escaped": (rb'{"text": "\\ud83d is how JSON writes half an emoji"}', None),
+}
+
+
+@pytest.mark.parametrize(("line", "named"), SURROGATE_LINES.values(), ids=SURROGATE_LINES.keys())
+def test_a_json_lines_string_that_is_not_text_is_named_with_its_line_and_place(line, named):
+    """JSON may escape half of a UTF-16 pair (a truncated export's emoji); no encoder or tokenizer
+    takes it (was: a bare "'utf-8' codec can't encode" error, or "a bug in kftrain" from the chat
+    tokenizer)."""
+    if named is None:
+        json_line(line, "x.jsonl line 3", "JSON Lines")["text"].encode("utf-8")
+        return
+    with pytest.raises(DataError) as err:
+        json_line(line, "x.jsonl line 3", "JSON Lines")
+    assert str(err.value).startswith(f"x.jsonl line 3: {named} (half of a character"), err.value
+    assert str(err.value).endswith("fix or drop the record")
+
+
+@pytest.mark.parametrize("end", [b"\n", b"\r\n", b"\r"], ids=["LF", "CRLF", "CR"])
+@pytest.mark.parametrize("bad", [b"\xe9", b"\0"], ids=["latin-1", "NUL"])
+@pytest.mark.parametrize("where", ["head", "a later chunk"])
+def test_a_bad_byte_is_named_at_its_line_whatever_the_line_ends(end, bad, where):
+    """Was: line ends counted as LF alone, so a file of CR line ends (which data prep reads) had
+    every bad byte on "line 1"; a NUL at the start was named by its offset only."""
+    lines = [b"row %d,a,b" % i for i in range(60)]
+    lines[41] += bad  # line 42
+    data = end.join(lines) + end
+    if where == "head":
+        reason, line = binary_reason(data, complete=True), 42
+    else:
+        # Cut in chunks of 7 bytes after a clean first one (a line more): CRLFs split between two.
+        chunks = [b"x" * HEAD_BYTES + end] + [data[i : i + 7] for i in range(0, len(data), 7)]
+        split = any(a.endswith(b"\r") and b.startswith(b"\n") for a, b in zip(chunks, chunks[1:], strict=False))
+        assert split == (end == b"\r\n")
+        with pytest.raises(DataError) as err:
+            list(text_chunks(chunks, "s3://b/t.csv", "CSV"))
+        reason, line = str(err.value), 43
+    assert reason is not None and f"line {line}" in reason, reason
