@@ -155,7 +155,12 @@ TEXT_ONLY = [
     ("classification", "in.csv", ELF, "is an ELF executable, not UTF-8 text: data prep reads CSV"),
     ("classification", "in.csv", b"\x1f\x8b\x08\x00" + bytes(40), "is gzip-compressed"),
     ("classification", "in.csv", table().encode("utf-16"), "is UTF-16 text"),
-    ("classification", "in.csv", b"a,b,label\n1,2\x00,x\n", "is binary, not UTF-8 text (a NUL byte at offset 13, line 2)"),
+    (
+        "classification",
+        "in.csv",
+        b"a,b,label\n1,2\x00,x\n",
+        "is binary, not UTF-8 text (a NUL byte at offset 13, line 2)",
+    ),
     ("classification", "in.csv", table().encode() + b"1,2,\xe9\n", "is not UTF-8 text (line 62"),
     ("causal_lm", "corpus.txt", ELF, "is an ELF executable"),
     ("causal_lm", "corpus.jsonl", b"PAR1\x15\x04" + bytes(64), "is a Parquet file"),

@@ -212,6 +212,16 @@ def test_csv_that_pythons_csv_reads_is_read_whatever_the_chunks(tmp_path, monkey
             r"line 2 is not valid CSV \(a quote \(\"\) that opens a field here is never closed",
         ),
         ('a,label\n1,x\n2,"y"z\n3,x\n', r"line 3 is not valid CSV \(',' expected after '\"'.*double a quote inside it"),
+        # Past the csv module's field limit: a quote that ran on over lines, or one long field of one line
+        # (was: both blamed on a quote left open).
+        (
+            'a,label\n1,x\n2,"y\n' + "z" * 1000 + "\n" + ("3,w\n" * 40000),
+            r"line 3 is not valid CSV \(field larger than field limit \(131072\): a quote \(\"\) that opens a field",
+        ),
+        (
+            "a,label\n1,x\n" + "9" * 200000 + ",y\n3,x\n",
+            r"line 3 is not valid CSV \(field larger than field limit \(131072\): a field of this line is that long",
+        ),
     ],
 )
 def test_a_quoted_field_that_does_not_end_is_an_error_not_the_rest_of_the_file(tmp_path, text, message):

@@ -154,8 +154,10 @@ def csv_records(
         problem = str(exc)
         if problem == "unexpected end of data":
             problem = 'a quote (") that opens a field here is never closed: close it, or double a quote inside a field'
-        elif "field larger than field limit" in problem:
-            problem += ': is a quote (") left open?'
+        elif "field larger than field limit" in problem and reader.line_num > line:
+            problem += ': a quote (") that opens a field here runs on over the lines after it: close it'
+        elif "field larger than field limit" in problem:  # on its own line: no quote ran on (was: blamed on one)
+            problem += ": a field of this line is that long, which no number or label is: is the line this table's?"
         elif "expected after" in problem:
             problem += ': a quoted field ends at its closing quote; double a quote inside it ("")'
         raise DataError(f"{uri}: line {line} is not valid CSV ({problem})") from None
