@@ -5,6 +5,7 @@ import csv
 import hashlib
 import io
 import json
+import re
 import tracemalloc
 from pathlib import Path
 
@@ -343,3 +344,34 @@ def test_a_csv_replaced_between_the_two_passes_is_refused_not_read_as_two_files(
     os.utime(path, ns=(1, 1))  # a new modification time, however coarse the file system's clock
     with pytest.raises(ObjectChanged, match="changed while it was read"):
         list(rows.batches())
+
+
+@pytest.mark.parametrize(
+    ("fractions", "said"),
+    [
+        ((0.001, 0.1), "the val split would be empty; give more rows, or raise data.val_fraction"),
+        ((0.1, 0.001), "the test split would be empty; give more rows, or raise data.test_fraction"),
+    ],
+)
+def test_too_few_rows_name_the_split_left_empty_and_its_setting(tmp_path, fractions, said):
+    """Was: "60 rows are too few" and the fractions, not which split or which setting."""
+    src = put(tmp_path, make_csv(60)[0])
+    cfg = DataConfig(source=src, val_fraction=fractions[0], test_fraction=fractions[1])
+    with pytest.raises(DataError, match=f"60 rows are too few .*: {re.escape(said)}$"):
+        prepare_dataset(cfg, LocalStore(), str(tmp_path / "ds"))
+
+
+def test_a_class_the_split_leaves_out_of_training_is_said(tmp_path, caplog):
+    """Large val and test fractions can leave a rare class no training row: it trained silently,
+    its test rows errors the model could never avoid."""
+    text = "a,label\n" + "".join(f"{i},{'x' if i % 2 else 'y'}\n" for i in range(200)) + "1,rare\n2,rare\n"
+    src = put(tmp_path, text)
+    with caplog.at_level("WARNING"):
+        prepare_dataset(
+            DataConfig(source=src, val_fraction=0.45, test_fraction=0.45), LocalStore(), str(tmp_path / "d")
+        )
+    assert "class(es) 'rare' have no row in the training split ('rare': 1 val, 1 test)" in caplog.text
+    caplog.clear()
+    with caplog.at_level("WARNING"):
+        prepare_dataset(DataConfig(source=src), LocalStore(), str(tmp_path / "d2"))
+    assert "no row in the training split" not in caplog.text

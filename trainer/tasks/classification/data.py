@@ -413,9 +413,22 @@ def prepare_dataset(
                 "(data.label_column) have one row each, too few to split: is it a measurement rather than a "
                 "class? Name the column that holds the classes"
             )
+        empty = [split for split, n in zip(SPLITS, sizes, strict=True) if not n]
+        fixes = [f"raise data.{split}_fraction" for split in empty if split != "train"]
+        fixes += ["lower data.val_fraction / data.test_fraction"] if "train" in empty else []
         raise DataError(
-            f"{name}: {total} rows are too few for a train/val/test split "
-            f"with val_fraction={cfg.val_fraction} and test_fraction={cfg.test_fraction}"
+            f"{name}: {total} rows are too few for a train/val/test split with val_fraction={cfg.val_fraction} "
+            f"and test_fraction={cfg.test_fraction}: the {' and '.join(empty)} split{'s' * (len(empty) > 1)} would "
+            f"be empty; give more rows, or {', or '.join(fixes)}"
+        )
+    untrained = {c: counts[c] for c in classes if not counts[c][0]}
+    if untrained:  # possible with large val/test fractions and a rare class
+        log.warning(
+            "%s: class(es) %s have no row in the training split (%s): the model never learns them and their test "
+            "rows count as errors; give them more rows, or lower data.val_fraction / data.test_fraction",
+            name,
+            ", ".join(repr(c) for c in untrained),
+            "; ".join(f"{c!r}: {n[1]} val, {n[2]} test" for c, n in untrained.items()),
         )
     mean, std = moments.mean_std()
     for label, seen in sorted(rows.spellings.items()):
