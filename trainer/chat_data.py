@@ -64,6 +64,7 @@ from trainer.data_rules import (
     ARRAY_HINT,
     BUILTIN_SOURCES,
     json_line,
+    nothing_there,
     source_objects,
     source_store,
     text_chunks,
@@ -433,7 +434,7 @@ def chat_records(cfg: Config, reading: _Reading) -> Iterator[tuple[str, list[dic
     store = source_store(cfg, d.source)
     reading.objects = sorted(source_objects(store, d.source))
     if not reading.objects:
-        raise DataError(f"data.source {d.source!r}: no object there and none below it; check the URI")
+        raise nothing_there(d.source)
     limit = d.max_bytes or math.inf
     progress = ProgressLine(f"data prep: reading {d.source}", total=d.max_bytes)
     for uri in reading.objects:

@@ -513,14 +513,24 @@ def source_store(cfg: Config, uri: str) -> ObjectStore:
     return open_store(uri, cfg.store.endpoint, cfg.store.region, cfg.store.policy())
 
 
-def _builtin_hint(value: str) -> str:
-    """A hint when a missing source is a built-in one's name in other letters (`Digits`)."""
-    name = value.strip().lower()
-    return (
-        f" (the built-in source is {name!r}, in lower case)"
-        if name and name != value and name in BUILTIN_SOURCES
-        else ""
+def nothing_there(source: str, given: str = "") -> DataError:
+    """The error for a `data.source` with no object at it or below it (`given`: the value as
+    configured, where `source` is its resolved form), with a hint for a built-in source's name in
+    other letters or a wildcard pattern, which a source is not (was: "check the URI" for `t/*.txt`)."""
+    return DataError(
+        f"data.source {source}: no object there and none below it; check the URI{_source_hint(given or source)}"
     )
+
+
+def _source_hint(value: str) -> str:
+    """A hint when a missing source is a built-in one's name in other letters (`Digits`), or a
+    wildcard pattern, which a source is not."""
+    name = value.strip().lower()
+    if name and name != value and name in BUILTIN_SOURCES:
+        return f" (the built-in source is {name!r}, in lower case)"
+    if any(c in parse_uri(value).key for c in "*?["):
+        return "; data.source takes no wildcard patterns: name the folder, and every object below it is read"
+    return ""
 
 
 def _check_source(cfg: Config, store: ObjectStore, source: str) -> None:
@@ -535,15 +545,13 @@ def _check_source(cfg: Config, store: ObjectStore, source: str) -> None:
             elif not location.is_remote and os.path.isdir(location.key):
                 hint = "it is an empty folder; point data.source at one CSV object"
             else:
-                hint = "no such object; check the URI" + _builtin_hint(cfg.data.source)
+                hint = "no such object; check the URI" + _source_hint(cfg.data.source)
             raise DataError(f"data.source {source}: {hint}") from None
         _check_header(cfg, store, source)
         return
     objects = source_objects(store, source)
     if not objects:
-        raise DataError(
-            f"data.source {source}: no object there and none below it; check the URI" + _builtin_hint(cfg.data.source)
-        )
+        raise nothing_there(source, cfg.data.source)
     if cfg.task == "causal_lm":
         sizes = [
             _check_object(cfg, store, uri, "text or JSON Lines", one=len(objects) == 1)

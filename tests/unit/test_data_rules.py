@@ -204,9 +204,13 @@ def test_a_prefix_of_empty_objects_is_refused_before_any_step(tmp_path, files):
         ("classification", "Digits", "'digits'"),
         ("causal_lm", "Python-Stdlib", "'python-stdlib'"),
         ("classification", "digitz", None),
+        # A wildcard pattern, which no source is (was: "check the URI" alone).
+        ("classification", "data/*.csv", "wildcard"),
+        ("causal_lm", "texts/doc?.txt", "wildcard"),
+        ("causal_lm", "texts/*/", "wildcard"),
     ],
 )
-def test_a_missing_source_spelled_like_a_built_in_one_says_so(tmp_path, monkeypatch, task, source, hint):
+def test_a_missing_source_spelled_like_a_built_in_one_or_a_pattern_says_so(tmp_path, monkeypatch, task, source, hint):
     from trainer.config import load_config
     from trainer.data_rules import check_source
     from trainer.shards import DataError
@@ -215,9 +219,13 @@ def test_a_missing_source_spelled_like_a_built_in_one_says_so(tmp_path, monkeypa
     with pytest.raises(DataError) as err:
         check_source(load_config(overrides={"task": task, "data.source": source}))
     message = str(err.value)
-    assert message.startswith(f"data.source {source}") and (
-        f"the built-in source is {hint}, in lower case" in message if hint else "built-in" not in message
-    )
+    assert message.startswith(f"data.source {source}")
+    if hint == "wildcard":
+        assert message.endswith(
+            "; data.source takes no wildcard patterns: name the folder, and every object below it is read"
+        ), message
+    else:
+        assert f"the built-in source is {hint}, in lower case" in message if hint else "built-in" not in message
 
 
 CHAT_LINE = '{"messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "yo"}]}'

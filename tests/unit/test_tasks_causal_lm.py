@@ -48,6 +48,8 @@ def prepare(store, ds: str, **overrides):
     ("objects", "source", "message"),
     [
         ({}, "corpus/", "no object there and none below it"),
+        # A wildcard is no source (was: "check the URI" alone).
+        ({"corpus/a.txt": b"text\n"}, "corpus/*.txt", "none below it; check the URI; data.source takes no wildcard"),
         (
             {"corpus/a.jsonl": b'{"body": "x"}\n'},
             "corpus/",

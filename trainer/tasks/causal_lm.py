@@ -28,7 +28,7 @@ import torch
 from torch import nn
 
 from trainer.config import Config, json_kind
-from trainer.data_rules import ARRAY_HINT, json_line, source_objects, source_store, text_chunks
+from trainer.data_rules import ARRAY_HINT, json_line, nothing_there, source_objects, source_store, text_chunks
 from trainer.gpt import GPT, GPTConfig
 from trainer.progress import ProgressLine
 from trainer.shards import (
@@ -180,7 +180,7 @@ def source_pieces(cfg: Config, progress: str = "", marks: Marks = NO_MARKS) -> I
         store = source_store(cfg, source)
         uris = source_objects(store, source)
         if not uris:
-            raise DataError(f"data.source {source!r}: no object there and none below it; check the URI")
+            raise nothing_there(source)
         pieces = (piece for uri in uris for piece in _object_pieces(store, uri, d.text_field, d.format, marks))
     left = d.max_bytes or math.inf
     line = ProgressLine(f"{progress}: reading {source}", total=d.max_bytes) if progress else None
