@@ -624,10 +624,10 @@ def _log_counts(records: int, total: dict[str, int], block: int) -> None:
     )
     if total["cut"] or total["dropped"]:
         log.warning(
-            "chat data: %d conversation(s) longer than model.block_size + 1 = %d tokens were cut at it, %d dropped "
-            "with no assistant token left within it; a larger model.block_size keeps more",
-            total["cut"],
+            "chat data: of the conversations longer than model.block_size + 1 = %d tokens, %d were cut at it and %d "
+            "dropped, with no assistant token left within it; a larger model.block_size keeps more",
             block + 1,
+            total["cut"],
             total["dropped"],
         )
 

@@ -375,3 +375,14 @@ def test_a_class_the_split_leaves_out_of_training_is_said(tmp_path, caplog):
     with caplog.at_level("WARNING"):
         prepare_dataset(DataConfig(source=src), LocalStore(), str(tmp_path / "d2"))
     assert "no row in the training split" not in caplog.text
+
+
+def test_a_line_of_spaces_is_a_blank_line_not_a_row(tmp_path):
+    """Blank lines were skipped, and a line of spaces or a tab stopped data prep ("has 1 columns")."""
+    src = put(tmp_path, "a,label\n1,x\n  \n2,y\n\t\n\n3,x\n")
+    assert [(line, fields) for line, fields in csv_records(LocalStore(), src)] == [
+        (1, ["a", "label"]),
+        (2, ["1", "x"]),
+        (4, ["2", "y"]),
+        (7, ["3", "x"]),
+    ]

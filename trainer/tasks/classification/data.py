@@ -137,8 +137,8 @@ def csv_records(
     store: ObjectStore, uri: str, chunk_bytes: int = CHUNK_BYTES, progress: str = "", version: str = ""
 ) -> Iterator[tuple[int, list[str]]]:
     """The records of the CSV object at `uri` as (line number, fields), read in ranged reads of
-    `chunk_bytes`; blank lines are skipped, a UTF-8 byte-order mark is dropped. Read as Python's
-    `csv` module reads a file, strictly: a quote inside an unquoted field (`12" pizza`) is a
+    `chunk_bytes`; blank lines (of spaces and tabs too) are skipped, a UTF-8 byte-order mark is
+    dropped. Read as Python's `csv` module reads a file, strictly: a quote inside an unquoted field (`12" pizza`) is a
     character, and a quoted field must end (a quote left open was the rest of the file, one field).
     `progress` and `version`: as for :func:`~trainer.storage.read_chunks`."""
     reader = csv.reader(
@@ -147,7 +147,7 @@ def csv_records(
     line = 1  # the first line of the next record
     try:
         for fields in reader:
-            if fields:
+            if fields and (len(fields) > 1 or fields[0].strip()):  # a line of spaces is blank too (was: a row)
                 yield line, fields
             line = reader.line_num + 1
     except csv.Error as exc:
