@@ -212,6 +212,11 @@ def text_chunks(chunks: Iterable[bytes], uri: str, what: str) -> Iterator[bytes]
         raise DataError(f"data.source {uri} is not UTF-8 text (it ends inside a character; save it as UTF-8)")
 
 
+#: What a line of a bracket alone, or an indented line, most often is: JSON written over several lines.
+INDENTED_HINT = (
+    "is the file indented (pretty-printed) JSON? JSON Lines holds each record on one line: rewrite it, e.g. "
+    "`jq -c . data.json > data.jsonl`"
+)
 #: What a JSON array where a JSON Lines record belongs most often is: a whole `.json` file of records.
 ARRAY_HINT = (
     "is the file one JSON array of records? JSON Lines holds one object per line: convert it, e.g. "
@@ -226,7 +231,10 @@ def json_line(line: bytes, where: str, reads: str) -> Any:
     try:
         value = json.loads(line)
     except ValueError as exc:
-        hint = f"; {ARRAY_HINT}" if line.lstrip().startswith(b"[") else ""
+        bare = line.strip()
+        hint = f"; {ARRAY_HINT}" if bare.startswith(b"[") else ""
+        if not hint and (bare in (b"{", b"}", b"]", b"},", b"],") or line[:1] in (b" ", b"\t")):
+            hint = f"; {INDENTED_HINT}"  # a record over several lines: pretty-printed (jq's array hint reads that too)
         # A decode error's msg alone can end mid-sentence ("Unterminated string starting at").
         said = f"{exc.msg}, column {exc.colno}" if isinstance(exc, json.JSONDecodeError) else str(exc)
         raise DataError(f"{where} is not JSON ({said}); {reads}{hint}") from None

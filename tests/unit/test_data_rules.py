@@ -605,3 +605,24 @@ def test_a_bad_byte_is_named_at_its_line_whatever_the_line_ends(end, bad, where)
             list(text_chunks(chunks, "s3://b/t.csv", "CSV"))
         reason, line = str(err.value), 43
     assert reason is not None and f"line {line}" in reason, reason
+
+
+@pytest.mark.parametrize(
+    ("line", "hint"),
+    [
+        (b"{", "indented"),
+        (b'  "text": "a",', "indented"),
+        (b"\t}", "indented"),
+        (b"[", "array"),
+        (b'[{"text": "a"},', "array"),
+        (b'{"text": "a"', None),  # a record cut short: no hint to give
+    ],
+)
+def test_a_json_lines_line_of_a_pretty_printed_file_says_how_to_rewrite_it(line, hint):
+    """Was: "Expecting property name enclosed in double quotes, column 2" for an indented file's `{`."""
+    from trainer.data_rules import ARRAY_HINT, INDENTED_HINT
+
+    with pytest.raises(DataError) as err:
+        json_line(line, "x.jsonl line 1", "JSON Lines")
+    message = str(err.value)
+    assert (INDENTED_HINT in message) == (hint == "indented") and (ARRAY_HINT in message) == (hint == "array")
