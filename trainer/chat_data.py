@@ -65,7 +65,7 @@ from trainer.data_rules import (
     BUILTIN_SOURCES,
     json_line,
     nothing_there,
-    source_objects,
+    source_listing,
     source_store,
     text_chunks,
 )
@@ -81,7 +81,7 @@ from trainer.shards import (
     split_shards,
     token_dtype,
 )
-from trainer.storage import ObjectStore, join_uri, read_chunks
+from trainer.storage import ObjectStore, join_uri, read_chunks, version_size
 from trainer.streaming import first_items
 from trainer.tasks.causal_lm import BLOCK_BYTES, IGNORE, _bounded_map, max_bytes_note
 
@@ -432,11 +432,15 @@ def chat_records(cfg: Config, reading: _Reading) -> Iterator[tuple[str, list[dic
     d = cfg.data
     # The source's own store: it need not be the dataset's.
     store = source_store(cfg, d.source)
-    reading.objects = sorted(source_objects(store, d.source))
+    listing = source_listing(store, d.source)
+    reading.objects = sorted(listing)
     if not reading.objects:
         raise nothing_there(d.source)
     limit = d.max_bytes or math.inf
-    progress = ProgressLine(f"data prep: reading {d.source}", total=d.max_bytes)
+    # Against what will be read: the objects' bytes, or data.max_bytes where smaller (was: against
+    # data.max_bytes alone, whatever the source's size).
+    size = sum(version_size(version) for version in listing.values())
+    progress = ProgressLine(f"data prep: reading {d.source}", total=min(size, d.max_bytes) if d.max_bytes else size)
     for uri in reading.objects:
         for number, line in _lines(store, uri):
             if not line.strip():

@@ -383,3 +383,54 @@ def test_lines_shorter_than_a_share_stay_whole():
     lines = [b"%06d " % i + b"w" * 1192 + b"\n" for i in range(200)]
     parts = split_block(b"".join(lines), 0.1, 0.2)
     assert sorted(line for part in parts.values() for line in part.splitlines(keepends=True)) == sorted(lines)
+
+
+# (the lines of each object of the source, data.format, data.max_bytes; the total the progress line
+# counts against, or None for the source's size)
+PROGRESS_TOTALS = {
+    "text, a limit past its size": ({"a.txt": 60, "b.txt": 20}, "text", 10**8, None),
+    "text, a limit short of it": ({"a.txt": 60}, "text", 1000, 1000),
+    "text, no limit": ({"a.txt": 60}, "text", 0, None),
+    # A record's text is less than its object's bytes: no percent, rather than a wrong one.
+    "jsonl records": ({"a.jsonl": 60}, "jsonl", 10**8, 0),
+    "chat lines": ({"a.jsonl": 60}, "chat", 10**8, None),
+}
+
+
+@pytest.mark.parametrize(("objects", "fmt", "max_bytes", "total"), PROGRESS_TOTALS.values(), ids=PROGRESS_TOTALS.keys())
+def test_data_prep_progress_counts_against_what_it_will_read(tmp_path, monkeypatch, objects, fmt, max_bytes, total):
+    """Was: against data.max_bytes, whatever the source's size ("16% ... eta 54s" of a 20 MB source
+    read in full 3 s later; no percent at all with max_bytes 0)."""
+    import json
+
+    import trainer.chat_data as chat_data
+    import trainer.tasks.causal_lm as causal_lm
+    from trainer.progress import ProgressLine
+
+    totals = []
+
+    class Recorded(ProgressLine):
+        def __init__(self, what, **kw):
+            totals.append(kw.get("total", 0))
+            super().__init__(what, **kw)
+
+    monkeypatch.setattr(causal_lm, "ProgressLine", Recorded)
+    monkeypatch.setattr(chat_data, "ProgressLine", Recorded)
+    line = {
+        "text": "some plain text, one line of it\n",
+        "jsonl": json.dumps({"text": "some text"}) + "\n",
+        "chat": json.dumps({"messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "yo"}]})
+        + "\n",
+    }[fmt]
+    (tmp_path / "src").mkdir()
+    for name, lines in objects.items():
+        (tmp_path / "src" / name).write_text(line * lines)
+    size = sum(f.stat().st_size for f in (tmp_path / "src").iterdir())
+    base = {"model.init_from": str(tmp_path / "model")} if fmt == "chat" else {}  # not read here
+    source = {"data.source": f"{tmp_path / 'src'}/", "data.max_bytes": max_bytes, "data.format": fmt}
+    cfg = load_config(overrides={"task": "causal_lm", **base, **source})
+    if fmt == "chat":
+        list(chat_data.chat_records(cfg, chat_data._Reading()))
+    else:
+        list(causal_lm.source_pieces(cfg, "data prep"))
+    assert totals == [size if total is None else total]
