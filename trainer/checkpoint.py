@@ -487,7 +487,7 @@ class CheckpointManager:
         error = ""
         if self.rank == 0 and self.keep_best is not None:
             try:
-                records = dict(prefix_steps(self.store, self.prefix, up_to))
+                records = dict(prefix_steps(self.store, self.prefix, up_to, strangers=not self.owner))
             except StoreError as exc:
                 error, records = str(exc), {}
             metrics = {s: r.get("metrics") or {} for s, r in records.items()}
@@ -518,7 +518,8 @@ class CheckpointManager:
     def latest(self, only: int | None = None) -> dict[str, Any] | None:
         """The newest complete checkpoint's commit record, or None (a collective: rank 0 chooses,
         so every rank loads the same one). With `only`, step `only`'s record if it is complete."""
-        found = latest_complete(self.store, self.prefix, only) if self.rank == 0 else None
+        # The prefix's own runs' steps where this run owns it; any complete one where it reads another's.
+        found = latest_complete(self.store, self.prefix, only, strangers=not self.owner) if self.rank == 0 else None
         choice = found[1] if found else None
         if self.group is not None:
             box = [choice]

@@ -197,28 +197,31 @@ def complete_record(store: ObjectStore, prefix: str, step: int, by_step: dict[in
 
 
 def latest_complete(
-    store: ObjectStore, prefix: str, only: int | None = None, owner: str | None = None
+    store: ObjectStore, prefix: str, only: int | None = None, owner: str | None = None, strangers: bool | None = None
 ) -> tuple[int, dict[str, Any]] | None:
-    """(step, commit record) of the newest complete checkpoint of the prefix's own runs under
-    `prefix` (of step `only`, with `only`), or None (:func:`prefix_steps`). With `owner`, only a
-    step that run committed (or a record that names no owner): a prefix another run took over
-    holds both runs' steps, and the newest is the other's."""
-    for step, record in prefix_steps(store, prefix, newest_first=True):
+    """(step, commit record) of the newest complete checkpoint under `prefix` (of step `only`,
+    with `only`), or None; without `strangers` (the default with an `owner`: a run's own reads),
+    of the prefix's own runs only (:func:`prefix_steps`). With `owner`, only a step that run
+    committed (or a record that names no owner): a prefix another run took over holds both runs'
+    steps, and the newest is the other's."""
+    strangers = owner is None if strangers is None else strangers
+    for step, record in prefix_steps(store, prefix, newest_first=True, strangers=strangers):
         if (only is None or step == only) and (owner is None or record.get("owner") in (None, "", owner)):
             return step, record
     return None
 
 
 def prefix_steps(
-    store: ObjectStore, prefix: str, up_to: int | None = None, newest_first: bool = False
+    store: ObjectStore, prefix: str, up_to: int | None = None, newest_first: bool = False, strangers: bool = True
 ) -> Iterator[tuple[int, dict[str, Any]]]:
     """(step, commit record) of each complete checkpoint under `prefix` (at step `up_to` or
-    before), ascending or newest first, committed by a run that owned the prefix (or naming no
-    owner); checked as they are asked for. A step another run committed elsewhere and someone
-    copied in is skipped, said (was: resumed, or exported as the best, as this run's own,
-    mixing two runs' training in silence)."""
+    before), ascending or newest first, checked as they are asked for. Without `strangers`
+    (what the run owning the prefix reads), only those committed by a run that owned the prefix
+    (or naming no owner): a step another run committed elsewhere and someone copied in is
+    skipped, said (was: resumed, or exported as the best, as this run's own, mixing two runs'
+    training in silence); :func:`claim_prefix` refuses such a prefix before a run starts."""
     by_step = objects_by_step(store, prefix)
-    runs = set(claimants(store, prefix))
+    runs = set() if strangers else set(claimants(store, prefix))
     steps = committed(by_step)
     for step in reversed(steps) if newest_first else steps:
         if up_to is not None and step > up_to:
@@ -237,6 +240,31 @@ def prefix_steps(
             )
             continue
         yield step, record
+
+
+def _refuse_strangers(store: ObjectStore, prefix: str, owner: str) -> None:
+    """CheckpointError when `prefix` holds committed steps of a run that never owned it (nor is
+    `owner`): copied in by hand, or the owner records deleted. The run owning the prefix skips
+    them, and would fail on reaching a step number one of them holds (a committed step is never
+    overwritten): refused before it starts, naming them."""
+    runs = {*claimants(store, prefix), owner}
+    found: dict[int, str] = {}
+    for step in committed_steps_in(store, prefix):
+        try:
+            record = read_json(store, join_uri(step_dir(prefix, step), COMMIT))
+        except (ObjectNotFound, CorruptObject):
+            continue  # no checkpoint, nobody's: the run's own save of that step says what is wrong
+        by = record.get("owner") if isinstance(record, dict) else None
+        if isinstance(by, str) and by and by not in runs:
+            found[step] = by
+    if found:
+        steps = ", ".join(f"{s} (run {by!r})" for s, by in sorted(found.items()))
+        raise CheckpointError(
+            f"checkpoint prefix {prefix} holds committed steps of runs that never owned it: {steps} (copied in "
+            f"from their checkpoints, or the prefix's owner records deleted?); run {owner!r} would not resume from "
+            "them and could not write those step numbers: move them out of the prefix; to start from one, name "
+            "it in checkpoint.resume_from of a run with another checkpoint prefix"
+        )
 
 
 def _process_started(pid: int) -> float | None:
@@ -311,6 +339,7 @@ def claim_prefix(
     prefix = prefix.rstrip("/")
     if not owner:
         raise ValueError("a checkpoint owner must be named")
+    _refuse_strangers(store, prefix, owner)
     for _ in range(8):  # each lost race means another run claimed in between: look again
         current = current_owner(store, prefix)
         if current is not None and current.get("owner") == owner:

@@ -416,42 +416,65 @@ def test_pruning_deletes_only_what_a_checkpoint_writer_wrote(prefix, foreign):
     assert_intact(store, prefix, "run-a", [4])
 
 
-# Each reader of a prefix's steps: the trainer's resume, the best step export reads, the newest step
-# of one owner (the local pre-flight's and `kftrain runs`'), each as (step, anything) or None.
-PREFIX_READERS = {
+# Each reader of a prefix's steps as the run owning it reads them: its resume, the best step export
+# takes, the newest step of one owner (the local pre-flight's and `kftrain runs`'); each a step or None.
+OWNERS_READERS = {
     "resume (latest)": lambda store, prefix: (manager(store, prefix, "run-a").latest() or {}).get("step"),
     "export's best": lambda store, prefix: (
-        CheckpointManager(store, prefix, keep_best=("min", "val_loss")).best() or {}
+        CheckpointManager(store, prefix, owner="run-a", keep_best=("min", "val_loss")).best() or {}
     ).get("step"),
     "one owner's newest": lambda store, prefix: (latest_complete(store, prefix, owner="run-a") or (None,))[0],
-    "any owner's newest": lambda store, prefix: (latest_complete(store, prefix) or (None,))[0],
 }
 
 
-@pytest.mark.parametrize("reader", list(PREFIX_READERS))
-def test_a_step_copied_in_from_another_runs_prefix_is_not_this_prefixs(tmp_path, reader, caplog):
-    """Run-b's step 9, committed in its own prefix and copied by hand into run-a's, was resumed as
-    run-a's own (the pre-flight had checked run-a's step 2) and could be exported as its best:
-    two runs' training mixed in silence. Every reader skips it, saying so; a takeover's steps
-    (a run that owned the prefix) still count."""
+def copied_in(tmp_path) -> tuple[LocalStore, str]:
+    """Run-a's prefix (step 2), and run-b's step 9, committed in run-b's own prefix, copied into it."""
     import shutil
 
     store, a_prefix, b_prefix = LocalStore(), str(tmp_path / "a"), str(tmp_path / "b")
-    a = manager(store, a_prefix, "run-a")
-    a.claim(resume=True)
-    a.save(2, {"model": weights(2, "run-a")}, record={"metrics": {"val_loss": 0.5}}, blocking=True)
-    b = manager(store, b_prefix, "run-b")
-    b.claim(resume=True)
-    b.save(9, {"model": weights(9, "run-b")}, record={"metrics": {"val_loss": 0.1}}, blocking=True)
+    for prefix, owner, step, loss in ((a_prefix, "run-a", 2, 0.5), (b_prefix, "run-b", 9, 0.1)):
+        ckpt = manager(store, prefix, owner)
+        ckpt.claim(resume=True)
+        ckpt.save(step, {"model": weights(step, owner)}, record={"metrics": {"val_loss": loss}}, blocking=True)
     shutil.copytree(step_dir(b_prefix, 9), step_dir(a_prefix, 9))
-    assert 9 in a.committed_steps()  # complete, in the prefix: only its committer tells it apart
+    return store, a_prefix
 
+
+@pytest.mark.parametrize("reader", list(OWNERS_READERS))
+def test_a_step_copied_in_from_another_runs_prefix_is_not_the_owners(tmp_path, reader, caplog):
+    """Run-b's step 9 copied by hand into run-a's prefix was resumed as run-a's own (the pre-flight
+    had checked run-a's step 2) and could be exported as its best: two runs' training mixed in
+    silence. The owner's readers skip it, saying so; a takeover's steps (a run that owned the
+    prefix) still count."""
+    store, prefix = copied_in(tmp_path)
+    assert 9 in manager(store, prefix, "run-a").committed_steps()  # complete: only its committer tells it apart
     with caplog.at_level("WARNING", logger="kftrain.checkpoint"):
-        assert PREFIX_READERS[reader](store, a_prefix) == 2
+        assert OWNERS_READERS[reader](store, prefix) == 2
     assert "run 'run-b' committed it, and that run never owned" in caplog.text
     # Once run-b takes the prefix over, its steps there are the prefix's: a later one counts.
-    c = manager(store, a_prefix, "run-b")
+    c = manager(store, prefix, "run-b")
     c.claim(resume=True)
     c.save(10, {"model": weights(10, "run-b")}, record={"metrics": {"val_loss": 0.05}}, blocking=True)
-    expected = 2 if reader == "one owner's newest" else 10
-    assert PREFIX_READERS[reader](store, a_prefix) == expected
+    assert OWNERS_READERS[reader](store, prefix) == (2 if reader == "one owner's newest" else 10)
+
+
+def test_a_prefix_holding_a_strangers_step_is_refused_before_a_run_starts_and_the_step_stays_readable(tmp_path):
+    """The owner skipped the copied step, then failed on reaching its step number (a committed step
+    is never overwritten), at every retry: its claim (a continuation's, a takeover's, a first one
+    on a prefix whose owner records are gone) is refused naming the step. A run that only reads the
+    prefix (checkpoint.resume_from) takes the step, as the refusal advises."""
+    import shutil
+
+    store, prefix = copied_in(tmp_path)
+    said = r"holds committed steps of runs that never owned it: 9 \(run 'run-b'\) \(copied in"
+    with pytest.raises(CheckpointError, match=said):
+        manager(store, prefix, "run-a").claim(resume=True)  # run-a's own continuation
+    with pytest.raises(CheckpointError, match=said):
+        manager(store, prefix, "run-c").claim(resume=True)  # a takeover
+    shutil.rmtree(str(tmp_path / "a" / "owner"))  # the owner records deleted: run-a's step is nobody's stranger
+    with pytest.raises(CheckpointError, match=r"steps of runs that never owned it: 2 \(run 'run-a'\), 9"):
+        manager(store, prefix, "run-c").claim(resume=True)
+    with pytest.raises(CheckpointError, match=r"never owned it: 9 \(run 'run-b'\) \("):
+        manager(store, prefix, "run-a").claim(resume=True)  # its own steps are its, run-b's are not
+    # A reader (what resume_from resolves) takes any complete step: the copied one is whole.
+    assert latest_complete(store, prefix)[0] == 9 and latest_complete(store, prefix, only=9)[1]["owner"] == "run-b"
