@@ -244,9 +244,20 @@ INCOMPATIBLE_FIELDS = (
 START_ANEW = "start a new run (locally: without --run-id; with checkpoint.uri set: another prefix)"
 
 
-#: Config sections a resume's recorded changes leave out (:func:`check_resumable`): they do not say
-#: how steps train (a continuation drops its `checkpoint.resume_from` by design).
-NOT_HOW_STEPS_TRAIN = ("checkpoint.", "store.", "export.", "plan.")
+#: The fields a resume's recorded changes keep (:func:`check_resumable`): what a step computes (the
+#: model, the adapters, the optimisation, the world size and the data's layout over it). Not where
+#: and when the run saves, exports, plans, logs or times out, nor data prep's and evaluation's
+#: settings (`data.source_version` changes with a file's modification time alone).
+HOW_STEPS_TRAIN = ("model.", "lora.", "train.", "data.partitions", "job.replicas", "job.nproc_per_node")
+#: Fields under :data:`HOW_STEPS_TRAIN` that only watch or tune the run's speed.
+_WATCHING = (
+    "train.log_interval_steps",
+    "train.tensorboard",
+    "train.straggler_factor",
+    "train.divergence_check_steps",
+    "train.peak_tflops",
+    "train.bucket_cap_mb",
+)
 
 
 def check_resumable(
@@ -259,8 +270,8 @@ def check_resumable(
     log_changes: bool = True,
 ) -> list[dict[str, Any]]:
     """Refuse to resume a checkpoint written under `saved` (a config as a mapping) with `cfg`
-    when the change matters, naming the fields; return the compatible changes (`{field, from,
-    to}`, where the pods run and :data:`NOT_HOW_STEPS_TRAIN` left out), logged when
+    when the change matters, naming the fields; return the compatible changes to how steps train
+    (`{field, from, to}`, of :data:`HOW_STEPS_TRAIN`); log every compatible change when
     `log_changes` (once per resume: by the trainer's rank 0, not again by a pre-flight or every
     rank).
 
@@ -306,8 +317,7 @@ def check_resumable(
     for k in changed:
         if k.startswith("kubernetes."):  # where the pods run, not what they train
             continue
-        # Said, but not what the steps trained under: where and when the run saves, exports, plans.
-        recorded = not k.startswith(NOT_HOW_STEPS_TRAIN)
+        recorded = k.startswith(HOW_STEPS_TRAIN) and k not in _WATCHING  # the others are said only
         if k in old:
             if recorded:
                 changes.append({"field": k, "from": old.get(k), "to": new.get(k)})

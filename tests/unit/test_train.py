@@ -859,3 +859,31 @@ def test_a_lost_or_hung_peer_is_told_from_an_error_of_the_run(error, lost_peer):
     from trainer.distributed import collective_failed
 
     assert collective_failed(error) is lost_peer
+
+
+# (a field changed on resume, its new value; whether the records keep the change)
+RESUME_CHANGES = {
+    "learning rate": ("train.learning_rate", 0.01, True),
+    "lora-free dropout": ("model.dropout", 0.2, True),
+    "world size": ("job.replicas", 4, True),
+    "data partitions": ("data.partitions", 8, True),
+    "a longer job timeout": ("job.timeout_seconds", 7200, False),
+    "the data's cache key (a file's mtime)": ("data.source_version", "49538534ca2f61ac", False),
+    "evaluation rows": ("data.eval_items", 64, False),
+    "log interval": ("train.log_interval_steps", 7, False),
+    "tensorboard": ("train.tensorboard", False, False),
+    "checkpoints kept": ("checkpoint.keep_last", 9, False),
+    "nccl debug": ("job.nccl_debug", "INFO", False),
+}
+
+
+@pytest.mark.parametrize(("field", "value", "kept"), RESUME_CHANGES.values(), ids=RESUME_CHANGES.keys())
+def test_the_records_keep_a_resumes_changes_to_how_steps_train_only(field, value, kept):
+    """Was: a continuation's longer job timeout, or a source file touched (its mtime in
+    data.source_version), listed in the model card as a change the weights trained under."""
+    from trainer.config import flatten_config, to_dict
+    from trainer.train import check_resumable
+
+    old, new = load_config(), load_config(overrides={field: value})
+    changes = check_resumable(to_dict(old), new, 2, 2, True, log_changes=False)
+    assert changes == ([{"field": field, "from": flatten_config(to_dict(old))[field], "to": value}] if kept else [])
