@@ -221,6 +221,7 @@ def _run_alone(args: argparse.Namespace, cfg: Any, run_id: str, store: str) -> i
         STOPPED_STORE_BUDGET_S,
         PipelineFailed,
         RunStopped,
+        has_finished,
         keep_left_logs,
         keep_log,
         logs_left_by_others,
@@ -239,13 +240,17 @@ def _run_alone(args: argparse.Namespace, cfg: Any, run_id: str, store: str) -> i
     if args.run_id and not existed:
         where = store if cfg.store.uri else f"--output-dir {args.output_dir}"
         print(
-            f"kftrain: no run {run_id} under {where} yet: it starts from the beginning (a run that wrote elsewhere "
+            f"kftrain: no run {run_id} under {where} yet: it starts "
+            + ("from checkpoint.resume_from" if cfg.checkpoint.resume_from else "from the beginning")
+            + " (a run that wrote elsewhere "
             "continues with that --output-dir or --store; `kftrain runs --store ...` lists a store's runs)",
             file=sys.stderr,
         )
-    if existed and cfg.checkpoint.resume_from and cfg.checkpoint.enabled:
-        own = newest_checkpoint(cfg, run_id, args.output_dir)
-        if own is not None:  # resume_from starts a run; its own checkpoints continue it (was: dropped unsaid)
+    # A continuation given a config with resume_from (its start record's is not this command's), of a
+    # run that will train on: resume_from starts a run; its own checkpoints continue it (was: dropped unsaid).
+    if existed and args.config and cfg.checkpoint.resume_from and cfg.checkpoint.enabled:
+        own = None if has_finished(cfg, run_id, args.output_dir) else newest_checkpoint(cfg, run_id, args.output_dir)
+        if own is not None:
             print(
                 f"kftrain: note: checkpoint.resume_from {redact(cfg.checkpoint.resume_from)!r} is not read: run "
                 f"{run_id} goes on from its own newest checkpoint, step {own} (resume_from starts a run only)",

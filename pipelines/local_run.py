@@ -347,6 +347,20 @@ def keep_log(cfg: Config, uri: str, path: Path, keep_here: bool = False) -> str:
     return uri
 
 
+def _finished_record(cfg: Config, uri: str) -> dict[str, Any] | None:
+    """The run record at `uri` when it says the run finished, else None."""
+    try:
+        record = _read_run_file(cfg, uri)
+    except ObjectNotFound:
+        return None
+    return record if isinstance(record, dict) and record.get("status") == "finished" else None
+
+
+def has_finished(cfg: Config, run_id: str, local_root: str = DEFAULT_LOCAL_ROOT) -> bool:
+    """Whether run `run_id`'s record says it finished (its settings not compared: :func:`finished_run`)."""
+    return _finished_record(cfg, join_uri(run_root(cfg, run_id, local_root), RUN_RECORD)) is not None
+
+
 def finished_run(
     cfg: Config, run_id: str, local_root: str = DEFAULT_LOCAL_ROOT, gates: dict[str, float] | None = None
 ) -> dict[str, Any] | None:
@@ -356,11 +370,8 @@ def finished_run(
     (:func:`check_same_run`). Within the store check's time limit: an unreachable store fails as
     fast as the pre-flight would."""
     uri = join_uri(run_root(cfg, run_id, local_root), RUN_RECORD)
-    try:
-        record = _read_run_file(cfg, uri)
-    except ObjectNotFound:
-        return None
-    if not (isinstance(record, dict) and record.get("status") == "finished"):
+    record = _finished_record(cfg, uri)
+    if record is None:
         return None
     summary = record.get("summary")
     if not is_summary(summary):

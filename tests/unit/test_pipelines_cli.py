@@ -1368,7 +1368,13 @@ def test_a_run_id_with_a_checkpoint_or_never_started_gets_no_start_over_note(tmp
     _no_process_watch(monkeypatch, runs=True)
     assert main(["run", "--local", "--output-dir", "out", "--run-id", "new"]) == 0
     err = "".join(capsys.readouterr())  # its notes: stdout and stderr
-    assert "no run new under --output-dir out yet" in err and "no complete checkpoint" not in err
+    assert "no run new under --output-dir out yet: it starts from the beginning" in err
+    assert "no complete checkpoint" not in err
+    # One starting from another run's checkpoint says so (was: "from the beginning", then resumed).
+    (tmp_path / "earlier").mkdir()
+    (tmp_path / "c.yaml").write_text(f"checkpoint:\n  resume_from: {tmp_path / 'earlier'}\n")
+    main(["run", "--local", "--output-dir", "out", "--run-id", "newer", "--config", "c.yaml"])
+    assert "no run newer under --output-dir out yet: it starts from checkpoint.resume_from (" in capsys.readouterr().err
     started = with_run_checkpoints(load_config(), "r1", "out")
     record_started(started, "r1", "out")
     fake_checkpoint(Path(started.checkpoint.uri), 3)
@@ -1840,31 +1846,43 @@ def test_a_continuation_takes_up_the_logs_its_earlier_starts_left_here_even_wher
     assert asked == ["gone"]
 
 
-@pytest.mark.parametrize("own_steps", [True, False], ids=["own-checkpoint", "none-yet"])
+@pytest.mark.parametrize(
+    ("own_steps", "finished", "config"),
+    [(True, False, True), (False, False, True), (True, True, True), (True, False, False)],
+    ids=["own-checkpoint", "none-yet", "finished", "no-config"],
+)
 def test_resume_from_on_a_continuation_with_checkpoints_of_its_own_is_said_to_be_unread(
-    tmp_path, monkeypatch, capsys, own_steps
+    tmp_path, monkeypatch, capsys, own_steps, finished, config
 ):
     """`--run-id` of a run with a checkpoint of its own goes on from that; a `checkpoint.resume_from`
-    in the config is not read, and says so (was: dropped without a word). Before the run has one,
-    resume_from is what it starts from: nothing said."""
+    in the config given is not read, and says so (was: dropped without a word). Nothing said
+    before the run has one (resume_from is what it starts from), for a finished run (nothing goes
+    on), or without `--config` (the run's own start record's resume_from: not news)."""
     import torch
 
     from trainer.checkpoint import CheckpointManager
+    from trainer.config import load_config, to_dict
     from trainer.storage import LocalStore
 
     monkeypatch.chdir(tmp_path)
     _no_process_watch(monkeypatch, runs=True)
-    prefix = str(tmp_path / "out" / "runs" / "r1" / "checkpoints")
-    ckpt = CheckpointManager(LocalStore(), prefix, owner="r1")
+    run = tmp_path / "out" / "runs" / "r1"
+    ckpt = CheckpointManager(LocalStore(), str(run / "checkpoints"), owner="r1")
     ckpt.claim(resume=True)
     if own_steps:
         ckpt.save(38, {"model": {"w": torch.zeros(2)}}, record={}, blocking=True)
+    if finished:
+        (run / "run.json").write_text(json.dumps({"status": "finished"}))
     (tmp_path / "other").mkdir()
     (tmp_path / "c.yaml").write_text(f"checkpoint:\n  resume_from: {tmp_path / 'other'}\n")
-    assert main(["run", "--local", "--output-dir", "out", "--run-id", "r1", "--config", "c.yaml"]) == 0
-    said = [line for line in capsys.readouterr().err.splitlines() if "resume_from" in line]
+    # The run started with that config (its start record's, which a continuation without --config takes).
+    started = to_dict(load_config(overrides={"checkpoint.resume_from": str(tmp_path / "other")}))
+    (run / "started.json").write_text(json.dumps({"checkpoint_uri": "", "run_id": "r1", "config": started}))
+    given = ["--config", "c.yaml"] if config else []
+    main(["run", "--local", "--output-dir", "out", "--run-id", "r1", *given])
+    said = [line for line in capsys.readouterr().err.splitlines() if "is not read" in line]
     expected = (
         f"kftrain: note: checkpoint.resume_from '{tmp_path / 'other'}' is not read: run r1 goes on from its own "
         "newest checkpoint, step 38 (resume_from starts a run only)"
     )
-    assert said == ([expected] if own_steps else [])
+    assert said == ([expected] if own_steps and not finished and config else [])
