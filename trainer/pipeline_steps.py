@@ -418,6 +418,14 @@ def export(cfg: Config, model_uri: str, output_uri: str, metrics: dict[str, Any]
     read_model_meta(model_store, model_uri)  # a model kftrain wrote, named first as evaluate does
     record = read_model_meta(model_store, model_uri, TRAINING_RECORD)
     done = record.get("metrics", {})
+    # The changes the exported weights trained under: with checkpoint.export_best, those made before
+    # its step (a change at a resume from step s applies to the steps after s).
+    best = done.get("best_step")
+    changes = [
+        c
+        for c in record.get("config_changes") or []
+        if isinstance(c, dict) and (best is None or (isinstance(c.get("at_step"), int) and c["at_step"] < best))
+    ]
     with bases_through(cfg.store):
         return export_model(
             store,
@@ -429,6 +437,6 @@ def export(cfg: Config, model_uri: str, output_uri: str, metrics: dict[str, Any]
             merge_lora=cfg.export.merge_lora,
             training={
                 **{k: done[k] for k in ("steps", "resumed_from_step", "best_step") if k in done},
-                **({"config_changes": record["config_changes"]} if record.get("config_changes") else {}),
+                **({"config_changes": changes} if changes else {}),
             },
         )

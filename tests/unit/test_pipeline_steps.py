@@ -380,3 +380,27 @@ def test_the_model_card_tells_the_config_and_the_steps_the_weights_trained_under
     assert card["training_config"]["model"] == to_dict(trained)["model"]
     # The pods' settings are the run's, from the pipeline's config (were: the defaults, 2Gi and none).
     assert card["training_config"]["kubernetes"] == to_dict(later)["kubernetes"]
+
+
+@pytest.mark.parametrize(("best", "kept"), [(None, [10, 20]), (20, [10]), (11, [10]), (10, [])])
+def test_the_card_of_the_best_steps_weights_lists_the_changes_they_trained_under(digits, tmp_path, best, kept):
+    """With checkpoint.export_best the card is the best step's: a change a resume made at or after it
+    never reached those weights (was: every change of the run listed)."""
+    from trainer.distributed import DistEnv
+    from trainer.pipeline_steps import export
+    from trainer.train import run_training
+
+    model = tmp_path / "model"
+    trained = load_config(overrides={"train.max_steps": 2, "model.hidden_sizes": [8], "job.replicas": 1})
+    run_training(trained, digits, str(model), DistEnv())
+    record = json.loads((model / "training.json").read_text())
+    record["config_changes"] = [
+        {"at_step": 10, "field": "train.learning_rate", "from": 0.003, "to": 0.01},
+        {"at_step": 20, "field": "train.learning_rate", "from": 0.01, "to": 0.02},
+    ]
+    if best is not None:
+        record["metrics"]["best_step"] = best
+    (model / "training.json").write_text(json.dumps(record))
+    card = export(trained, str(model), str(tmp_path / "exported"), {})
+    got = [c["at_step"] for c in card["training"].get("config_changes", [])]
+    assert got == kept
