@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import contextlib
 import threading
 import time
+from collections.abc import Iterator
 from dataclasses import replace
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
@@ -173,19 +175,24 @@ def test_definite_answers_fail_at_once(proxy, bucket, monkeypatch):
     [[(503, "SlowDown")] * 3, [(500, "InternalError"), (503, "ServiceUnavailable")], [(502, "BadGateway")]],
 )
 def test_5xx_and_slowdown_are_retried(monkeypatch, failures):
-    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "a")
-    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "b")
     _Flaky.failures, _Flaky.seen = list(failures), 0
-    server = ThreadingHTTPServer(("127.0.0.1", 0), _Flaky)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    try:
-        store = S3Store(
-            endpoint=f"http://127.0.0.1:{server.server_address[1]}",
-            region="us-east-1",
-            policy=RetryPolicy(budget_s=20, first_backoff_s=0.05, max_backoff_s=0.2),
-        )
+    with misbehaving_s3(
+        monkeypatch, _Flaky, RetryPolicy(budget_s=20, first_backoff_s=0.05, max_backoff_s=0.2)
+    ) as store:
         assert store.get_bytes("s3://flaky-bucket/obj") == b"hello"
         assert _Flaky.seen == len(failures) + 1
+
+
+@contextlib.contextmanager
+def misbehaving_s3(monkeypatch, handler: type[BaseHTTPRequestHandler], policy: RetryPolicy) -> Iterator[S3Store]:
+    """An S3Store on a local HTTP server whose `handler` answers as a misbehaving S3 would (a
+    stand-in for the answers no real server gives on demand), shut down after."""
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "a")
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "b")
+    server = ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        yield S3Store(endpoint=f"http://127.0.0.1:{server.server_address[1]}", region="us-east-1", policy=policy)
     finally:
         server.shutdown()
 
@@ -223,29 +230,21 @@ def test_a_file_put_under_a_deadline_ends_by_it_when_the_store_hangs_mid_upload(
     reach, and each waited out the read timeout)."""
     from trainer.storage import PART_SIZE, check_deadline
 
-    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "a")
-    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "b")
     path = tmp_path / "log.txt"
     path.write_bytes(b"x" * (2 * PART_SIZE + 1))
     _HangsMidUpload.released.clear()
-    server = ThreadingHTTPServer(("127.0.0.1", 0), _HangsMidUpload)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
+    policy = RetryPolicy(budget_s=60, connect_timeout_s=5, read_timeout_s=20)
     try:
-        store = S3Store(
-            endpoint=f"http://127.0.0.1:{server.server_address[1]}",
-            region="us-east-1",
-            policy=RetryPolicy(budget_s=60, connect_timeout_s=5, read_timeout_s=20),
-        )
-        t0 = time.monotonic()
-        with pytest.raises(StoreError) as err, check_deadline(2.0):
-            store.put_file("s3://bucket/runs/r/log.txt", path)
-        elapsed = time.monotonic() - t0
-        assert _HangsMidUpload.parts >= 1  # it did hang mid-upload, not at its start
-        assert elapsed < 6, elapsed
-        assert "limit of 2s" in str(err.value), err.value
+        with misbehaving_s3(monkeypatch, _HangsMidUpload, policy) as store:
+            t0 = time.monotonic()
+            with pytest.raises(StoreError) as err, check_deadline(2.0):
+                store.put_file("s3://bucket/runs/r/log.txt", path)
+            elapsed = time.monotonic() - t0
     finally:
-        _HangsMidUpload.released.set()
-        server.shutdown()
+        _HangsMidUpload.released.set()  # the handler threads the server leaves hanging
+    assert _HangsMidUpload.parts >= 1  # it did hang mid-upload, not at its start
+    assert elapsed < 6, elapsed
+    assert "limit of 2s" in str(err.value), err.value
 
 
 @pytest.mark.timeout(400)
