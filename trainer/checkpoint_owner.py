@@ -229,8 +229,7 @@ def prefix_steps(
         record = complete_record(store, prefix, step, by_step)
         if record is None:
             continue
-        by = record.get("owner") or ""
-        if by and runs and by not in runs:
+        if runs and (by := _committed_outside(record, runs)):
             log.warning(
                 "skipping checkpoint %s: run %r committed it, and that run never owned %s (copied in from its "
                 "checkpoints?); to start from it, name it in checkpoint.resume_from of a new run",
@@ -240,6 +239,12 @@ def prefix_steps(
             )
             continue
         yield step, record
+
+
+def _committed_outside(record: Any, runs: set[str]) -> str:
+    """The run a commit record names when it is none of `runs`, else '' (one naming no run too)."""
+    by = record.get("owner") if isinstance(record, dict) else None
+    return by if isinstance(by, str) and by and by not in runs else ""
 
 
 def _refuse_strangers(store: ObjectStore, prefix: str, owner: str) -> None:
@@ -254,8 +259,7 @@ def _refuse_strangers(store: ObjectStore, prefix: str, owner: str) -> None:
             record = read_json(store, join_uri(step_dir(prefix, step), COMMIT))
         except (ObjectNotFound, CorruptObject):
             continue  # no checkpoint, nobody's: the run's own save of that step says what is wrong
-        by = record.get("owner") if isinstance(record, dict) else None
-        if isinstance(by, str) and by and by not in runs:
+        if by := _committed_outside(record, runs):
             found[step] = by
     if found:
         steps = ", ".join(f"{s} (run {by!r})" for s, by in sorted(found.items()))
