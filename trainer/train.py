@@ -317,22 +317,19 @@ def check_resumable(
     for k in changed:
         if k.startswith("kubernetes."):  # where the pods run, not what they train
             continue
-        recorded = k.startswith(HOW_STEPS_TRAIN) and k not in _WATCHING  # the others are said only
         if k in old:
-            if recorded:
-                changes.append({"field": k, "from": old.get(k), "to": new.get(k)})
-            if log_changes:
-                log.info("resuming with a changed %s: %r -> %r", k, old.get(k), new.get(k))
+            before, said = old.get(k), f"resuming with a changed {k}: {old.get(k)!r} -> {new.get(k)!r}"
         elif not same_setting(k, defaults.get(k), new.get(k)):  # a field newer than the checkpoint, ran as its default
-            if recorded:
-                changes.append({"field": k, "from": defaults.get(k), "to": new.get(k)})
-            if log_changes:
-                log.info(
-                    "resuming with %s %r (the checkpoint's kftrain had no such field: its default %r)",
-                    k,
-                    new.get(k),
-                    defaults.get(k),
-                )
+            before = defaults.get(k)
+            said = (
+                f"resuming with {k} {new.get(k)!r} (the checkpoint's kftrain had no such field: its default {before!r})"
+            )
+        else:
+            continue
+        if k.startswith(HOW_STEPS_TRAIN) and k not in _WATCHING:  # the others are said only
+            changes.append({"field": k, "from": before, "to": new.get(k)})
+        if log_changes:
+            log.info("%s", said)
     if layout and log_changes:
         log.info("resuming with a changed %s: the epoch goes on with the items still to come", ", ".join(layout))
     return changes
