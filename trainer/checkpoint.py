@@ -479,15 +479,22 @@ class CheckpointManager:
 
     def best(self, up_to: int | None = None) -> dict[str, Any] | None:
         """The commit record of the complete checkpoint with the best :attr:`keep_best` metric
-        (of any run that owned the prefix; at step `up_to` or before when given), or None (a
-        collective like :meth:`latest`).
+        (of any run that owned the prefix; at step `up_to` or before when given, or step `up_to`
+        alone where a run that never owned the prefix committed it), or None (a collective like
+        :meth:`latest`).
         A store that fails rank 0's listing raises :class:`StoreError` on every rank, not on rank 0
         alone while the others wait in the broadcast."""
         choice: dict[str, Any] | None = None
         error = ""
         if self.rank == 0 and self.keep_best is not None:
             try:
-                records = dict(prefix_steps(self.store, self.prefix, up_to, strangers=not self.owner))
+                records = dict(prefix_steps(self.store, self.prefix, up_to, strangers=False))
+                if (
+                    up_to is not None
+                    and up_to not in records
+                    and (named := latest_complete(self.store, self.prefix, up_to, strangers=True))
+                ):  # a lineage that began at a step copied in: that step alone is of it, not the prefix's
+                    records = {up_to: named[1]}
             except StoreError as exc:
                 error, records = str(exc), {}
             metrics = {s: r.get("metrics") or {} for s, r in records.items()}
@@ -518,8 +525,9 @@ class CheckpointManager:
     def latest(self, only: int | None = None) -> dict[str, Any] | None:
         """The newest complete checkpoint's commit record, or None (a collective: rank 0 chooses,
         so every rank loads the same one). With `only`, step `only`'s record if it is complete."""
-        # The prefix's own runs' steps where this run owns it; any complete one where it reads another's.
-        found = latest_complete(self.store, self.prefix, only, strangers=not self.owner) if self.rank == 0 else None
+        # The prefix's own runs' steps, but for a reader's named step (resume_from naming a copied one).
+        strangers = only is not None and not self.owner
+        found = latest_complete(self.store, self.prefix, only, strangers=strangers) if self.rank == 0 else None
         choice = found[1] if found else None
         if self.group is not None:
             box = [choice]

@@ -395,7 +395,8 @@ def resolve_resume_from(cfg: Config, root: str) -> tuple[str, dict[str, Any]]:
                 "RUN/TASK, or its checkpoint URI"
             )
         ((prefix, owner),) = found.items()
-        latest = latest_complete(store, prefix, only, owner)
+        # A named step is taken whoever committed it; the newest of a prefix is its own runs'.
+        latest = latest_complete(store, prefix, only, owner, strangers=only is not None)
         gone = latest is None and only is not None and not store.exists(join_uri(step_dir(prefix, only), COMMIT))
         others = latest_complete(store, prefix, only) if latest is None and owner is not None else None
     except StoreError as exc:

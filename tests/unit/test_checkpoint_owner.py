@@ -478,3 +478,28 @@ def test_a_prefix_holding_a_strangers_step_is_refused_before_a_run_starts_and_th
         manager(store, prefix, "run-a").claim(resume=True)  # its own steps are its, run-b's are not
     # A reader (what resume_from resolves) takes any complete step: the copied one is whole.
     assert latest_complete(store, prefix)[0] == 9 and latest_complete(store, prefix, only=9)[1]["owner"] == "run-b"
+
+
+def test_a_reader_of_a_prefix_takes_a_copied_in_step_only_when_it_names_it(tmp_path):
+    """A run reading another's prefix (checkpoint.resume_from, export_best's lineage) got the copied
+    step as that prefix's newest or best (review: another run's weights exported as the best).
+    Named, it is taken, as the claim's refusal advises."""
+    store, prefix = copied_in(tmp_path)
+    reader = CheckpointManager(store, prefix, keep_best=("min", "val_loss"))
+    assert reader.latest()["step"] == 2 and reader.latest(only=9)["step"] == 9
+    assert reader.best()["step"] == 2  # run-b's 0.1 is the lowest, and not the prefix's
+    assert reader.best(up_to=9)["step"] == 9  # a lineage that began at the copied step: that step
+    assert reader.best(up_to=2)["step"] == 2
+
+
+def test_resume_from_a_prefix_holding_a_copied_in_step_takes_the_prefixs_newest_and_the_step_only_named(tmp_path):
+    from trainer.config import load_config
+    from trainer.runs import resolve_resume_from
+
+    store, prefix = copied_in(tmp_path)
+
+    def resolved(value: str) -> str:
+        return resolve_resume_from(load_config(overrides={"checkpoint.resume_from": value}), "")[0]
+
+    assert resolved(prefix) == step_dir(prefix, 2)
+    assert resolved(step_dir(prefix, 9)) == step_dir(prefix, 9)
