@@ -83,6 +83,14 @@ def run_config(record: dict[str, Any], cfg: Config) -> dict[str, Any]:
     return {**replica_config(ran), **_pods(record, whole)} if isinstance(ran, dict) else whole
 
 
+def _set_field(config: dict[str, Any], field: str, value: Any) -> None:
+    """Set the dotted `field` (`train.learning_rate`) of a config mapping, in place."""
+    *sections, name = field.split(".")
+    for section in sections:
+        config = config.setdefault(section, {})
+    config[name] = value
+
+
 def with_recorded_pods(cfg: Config, record: dict[str, Any]) -> Config:
     """`cfg` with the pods' settings the train step recorded in its training `record` (a KFP task's
     resources included), where it did; else `cfg` as it is."""
@@ -419,20 +427,22 @@ def export(cfg: Config, model_uri: str, output_uri: str, metrics: dict[str, Any]
     record = read_model_meta(model_store, model_uri, TRAINING_RECORD)
     done = record.get("metrics", {})
     # The changes the exported weights trained under: with checkpoint.export_best, those made before
-    # its step (a change at a resume from step s applies to the steps after s).
+    # its step (a change at a resume from step s applies to the steps after s); the config, the last
+    # start's with each later change undone (was: the last start's, a change it never had shown).
     best = done.get("best_step")
-    changes = [
-        c
-        for c in record.get("config_changes") or []
-        if isinstance(c, dict) and (best is None or (isinstance(c.get("at_step"), int) and c["at_step"] < best))
-    ]
+    changes = [c for c in record.get("config_changes") or [] if isinstance(c, dict) and "field" in c]
+    later = [c for c in changes if best is not None and not (isinstance(c.get("at_step"), int) and c["at_step"] < best)]
+    changes = [c for c in changes if c not in later]
+    config = run_config(record, cfg)
+    for change in reversed(later):
+        _set_field(config, change["field"], change.get("from"))
     with bases_through(cfg.store):
         return export_model(
             store,
             model_uri,
             output_uri,
             metrics=metrics,
-            training_config=run_config(record, cfg),
+            training_config=config,
             max_shard_bytes=cfg.export.max_shard_bytes,
             merge_lora=cfg.export.merge_lora,
             training={

@@ -385,7 +385,8 @@ def test_the_model_card_tells_the_config_and_the_steps_the_weights_trained_under
 @pytest.mark.parametrize(("best", "kept"), [(None, [10, 20]), (20, [10]), (11, [10]), (10, [])])
 def test_the_card_of_the_best_steps_weights_lists_the_changes_they_trained_under(digits, tmp_path, best, kept):
     """With checkpoint.export_best the card is the best step's: a change a resume made at or after it
-    never reached those weights (was: every change of the run listed)."""
+    never reached those weights (was: every change of the run listed, then none of those it
+    dropped undone in its config)."""
     from trainer.distributed import DistEnv
     from trainer.pipeline_steps import export
     from trainer.train import run_training
@@ -404,3 +405,10 @@ def test_the_card_of_the_best_steps_weights_lists_the_changes_they_trained_under
     card = export(trained, str(model), str(tmp_path / "exported"), {})
     got = [c["at_step"] for c in card["training"].get("config_changes", [])]
     assert got == kept
+    # Its config is the one those weights trained under: each later change undone (was: the last
+    # start's, showing a learning rate the weights never had).
+    lr = {(): 0.003, (10,): 0.01, (10, 20): 0.02}[tuple(kept)]
+    record["config"]["train"]["learning_rate"] = 0.02  # the last start's
+    (model / "training.json").write_text(json.dumps(record))
+    card = export(trained, str(model), str(tmp_path / "exported2"), {})
+    assert card["training_config"]["train"]["learning_rate"] == lr
