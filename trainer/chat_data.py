@@ -65,6 +65,7 @@ from trainer.data_rules import (
     BUILTIN_SOURCES,
     json_line,
     nothing_there,
+    refuse_lone_surrogate,
     source_listing,
     source_store,
     text_chunks,
@@ -120,6 +121,7 @@ def conversation(record: Any, field_name: str, where: str) -> list[dict]:
             f"{where}: {field_name!r} is a JSON {json_kind(messages)}, not a list of messages "
             '(`[{"role": "user", "content": "..."}, ...]`)'
         )
+    refuse_lone_surrogate(messages, where, field_name)  # what the template renders; other fields may hold one
     checked = []
     for number, message in enumerate(messages, 1):
         if not isinstance(message, dict):

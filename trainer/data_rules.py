@@ -226,10 +226,9 @@ ARRAY_HINT = (
 
 def json_line(line: bytes, where: str, reads: str) -> Any:
     """One JSON Lines line, parsed; a :class:`DataError` naming `where` when it is not JSON, saying
-    what the format `reads` there (and how to convert a whole-file array, when the line opens one),
-    or when a string in it is not Unicode text (:func:`lone_surrogate`)."""
+    what the format `reads` there (and how to convert a whole-file array, when the line opens one)."""
     try:
-        value = json.loads(line)
+        return json.loads(line)
     except ValueError as exc:
         bare = line.strip()
         hint = f"; {ARRAY_HINT}" if bare.startswith(b"[") else ""
@@ -238,32 +237,35 @@ def json_line(line: bytes, where: str, reads: str) -> Any:
         # A decode error's msg alone can end mid-sentence ("Unterminated string starting at").
         said = f"{exc.msg}, column {exc.colno}" if isinstance(exc, json.JSONDecodeError) else str(exc)
         raise DataError(f"{where} is not JSON ({said}); {reads}{hint}") from None
-    if _SURROGATE_ESCAPE.search(line) and (found := lone_surrogate(value)):
-        path, index, char = found
+
+
+def refuse_lone_surrogate(value: Any, where: str, path: str) -> None:
+    """A :class:`DataError` naming `where` when the parsed JSON `value` a task reads (at `path` in
+    its record: a text field, chat messages) holds a lone UTF-16 surrogate. JSON may escape one (a
+    pair cut in two, as truncated exports hold); no encoder or tokenizer takes it (was: a bare
+    `'utf-8' codec can't encode` error, or "a bug in kftrain"). Fields no task reads may hold one."""
+    if found := _lone_surrogate(value, path):
+        at, index, char = found
         raise DataError(
-            f"{where}: {path} holds a lone surrogate \\u{ord(char):04x} at character {index} (half of a character "
+            f"{where}: {at} holds a lone surrogate \\u{ord(char):04x} at character {index} (half of a character "
             "written as two \\u escapes, such as an emoji cut in two), which is not text: fix or drop the record"
         )
-    return value
 
 
-#: A JSON `\u` escape of a UTF-16 surrogate: only where one is can a parsed string hold a lone one.
-_SURROGATE_ESCAPE = re.compile(rb"\\u[dD][89a-fA-F][0-9a-fA-F]{2}")
-
-
-def lone_surrogate(value: Any, path: str = "") -> tuple[str, int, str] | None:
-    """(where in `value`, the character's index, the character) of the first lone UTF-16 surrogate
-    in a string of parsed JSON `value` (a key's included), or None. JSON may escape one (a pair
-    cut in two, as truncated text exports hold); no encoder or tokenizer takes it (was: a bare
-    `'utf-8' codec can't encode` error, or "a bug in kftrain")."""
+def _lone_surrogate(value: Any, path: str) -> tuple[str, int, str] | None:
+    """(where in `value`, the character's index, the character) of its first lone surrogate, or None."""
     if isinstance(value, str):
-        return next(((path or "the record", i, c) for i, c in enumerate(value) if "\ud800" <= c <= "\udfff"), None)
+        try:
+            value.encode("utf-8")  # at C speed: a long text without one is not walked
+        except UnicodeEncodeError as exc:
+            return path, exc.start, value[exc.start]
+        return None
     items = value.items() if isinstance(value, dict) else enumerate(value) if isinstance(value, list) else ()
     for key, item in items:
-        where = f"{path}[{key}]" if isinstance(key, int) else f"{path}.{key}" if path else str(key)
-        if isinstance(key, str) and (found := lone_surrogate(key, f"a key of {path or 'the record'}")):
+        where = f"{path}[{key}]" if isinstance(key, int) else f"{path}.{key}"
+        if isinstance(key, str) and (found := _lone_surrogate(key, f"a key of {path}")):
             return found
-        if found := lone_surrogate(item, where):
+        if found := _lone_surrogate(item, where):
             return found
     return None
 

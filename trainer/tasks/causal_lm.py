@@ -28,7 +28,15 @@ import torch
 from torch import nn
 
 from trainer.config import Config, json_kind
-from trainer.data_rules import ARRAY_HINT, json_line, nothing_there, source_listing, source_store, text_chunks
+from trainer.data_rules import (
+    ARRAY_HINT,
+    json_line,
+    nothing_there,
+    refuse_lone_surrogate,
+    source_listing,
+    source_store,
+    text_chunks,
+)
 from trainer.gpt import GPT, GPTConfig
 from trainer.progress import ProgressLine
 from trainer.shards import (
@@ -163,6 +171,7 @@ def record_text(line: bytes, where: str, field: str) -> bytes:
             keys = sorted(record) if isinstance(record, dict) else f"none: it is a JSON {json_kind(record)}"
             what = f"the record has no text field {field!r} (data.text_field); its keys: {keys}"
         raise DataError(f"{where}: {what}{hint}")
+    refuse_lone_surrogate(record[field], where, field)
     return record[field].encode("utf-8")
 
 
