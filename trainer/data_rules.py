@@ -162,16 +162,23 @@ def binary_reason(head: bytes, complete: bool = False) -> str | None:
     for magic, kind, hint in _MAGIC:
         if head.startswith(magic):
             return f"is {kind}, not UTF-8 text" + (f" ({hint})" if hint else "")
+    lf = ends_in_lf(head)
     if nul >= 0 and (invalid is None or nul <= invalid):
-        return f"is binary, not UTF-8 text (a NUL byte at offset {nul}, line {line_breaks(head[:nul]) + 1})"
-    line = line_breaks(head[:invalid]) + 1
+        return f"is binary, not UTF-8 text (a NUL byte at offset {nul}, line {line_breaks(head[:nul], lf) + 1})"
+    line = line_breaks(head[:invalid], lf) + 1
     return f"is not UTF-8 text (line {line}: byte 0x{head[invalid]:02x} at offset {invalid}; save it as UTF-8)"
 
 
-def line_breaks(data: bytes) -> int:
-    """The line ends in `data`: CRLF, CR alone and LF alone each one, as data prep reads them (was:
-    LF only, so every error in a file of CR line ends said line 1)."""
-    return data.count(b"\n") + data.count(b"\r") - data.count(b"\r\n")
+def ends_in_lf(head: bytes) -> bool:
+    """Whether an object whose first bytes are `head` ends its lines in LF (CRLF too), else CR."""
+    return b"\n" in head or b"\r" not in head
+
+
+def line_breaks(data: bytes, lf: bool | None) -> int:
+    """The line ends in `data`, of an object whose lines end in LF (CRLF too; a CR elsewhere is no
+    line end) or, not `lf`, in CR alone (was: LF counted alone, so every error in a file of CR line
+    ends said line 1); None: no line end seen yet, none counted."""
+    return 0 if lf is None else data.count(b"\n" if lf else b"\r")
 
 
 def text_chunks(chunks: Iterable[bytes], uri: str, what: str) -> Iterator[bytes]:
@@ -181,9 +188,10 @@ def text_chunks(chunks: Iterable[bytes], uri: str, what: str) -> Iterator[bytes]
     expected (`CSV`, `text or JSON Lines`) in the error."""
     decoder = codecs.getincrementaldecoder("utf-8")()
     offset = lines = 0
-    ended_cr = False  # the previous chunk ended in a CR, which an LF starting this one ends with it
+    lf: bool | None = None  # how the object ends its lines: decided at its first line end
     for chunk in chunks:
-        lines -= ended_cr and chunk.startswith(b"\n")
+        if lf is None and (b"\n" in chunk or b"\r" in chunk):
+            lf = ends_in_lf(chunk)
         if not offset:
             reason = binary_reason(chunk[:HEAD_BYTES], complete=len(chunk) < HEAD_BYTES)
             if reason:
@@ -193,20 +201,19 @@ def text_chunks(chunks: Iterable[bytes], uri: str, what: str) -> Iterator[bytes]
             decoder.decode(chunk)
         except UnicodeDecodeError as exc:
             data = pending + chunk
-            line = lines + line_breaks(data[len(pending) : max(exc.start, len(pending))]) + 1
+            line = lines + line_breaks(data[len(pending) : max(exc.start, len(pending))], lf) + 1
             raise DataError(
                 f"data.source {uri} is not UTF-8 text (line {line}: byte 0x{data[exc.start]:02x} at offset "
                 f"{offset - len(pending) + exc.start}; save it as UTF-8): data prep reads {what}"
             ) from None
         if (nul := chunk.find(b"\0")) >= 0:  # valid UTF-8, and no text: refused wherever it is, as at the start
-            line = lines + line_breaks(chunk[:nul]) + 1
+            line = lines + line_breaks(chunk[:nul], lf) + 1
             raise DataError(
                 f"data.source {uri} is binary, not UTF-8 text (a NUL byte at offset {offset + nul}, line {line}): "
                 f"data prep reads {what}"
             )
         offset += len(chunk)
-        lines += line_breaks(chunk)
-        ended_cr = chunk.endswith(b"\r")
+        lines += line_breaks(chunk, lf)
         yield chunk
     if decoder.getstate()[0]:
         raise DataError(f"data.source {uri} is not UTF-8 text (it ends inside a character; save it as UTF-8)")

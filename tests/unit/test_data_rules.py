@@ -603,13 +603,16 @@ def test_a_json_lines_string_a_task_reads_that_is_not_text_is_named_with_its_lin
     assert str(err.value).endswith("fix or drop the record")
 
 
-@pytest.mark.parametrize("end", [b"\n", b"\r\n", b"\r"], ids=["LF", "CRLF", "CR"])
+@pytest.mark.parametrize("end", [b"\n", b"\r\n", b"\r", b"\n "], ids=["LF", "CRLF", "CR", "LF, stray CRs"])
 @pytest.mark.parametrize("bad", [b"\xe9", b"\0"], ids=["latin-1", "NUL"])
 @pytest.mark.parametrize("where", ["head", "a later chunk"])
 def test_a_bad_byte_is_named_at_its_line_whatever_the_line_ends(end, bad, where):
     """Was: line ends counted as LF alone, so a file of CR line ends (which data prep reads) had
-    every bad byte on "line 1"; a NUL at the start was named by its offset only."""
+    every bad byte on "line 1"; a NUL at the start was named by its offset only. A CR inside a
+    line of an LF file (a terminal's progress captured) is no line end."""
     lines = [b"row %d,a,b" % i for i in range(60)]
+    if end == b"\n ":
+        end, lines[2] = b"\n", b"downloading 10%\r50%\r100%"
     lines[41] += bad  # line 42
     data = end.join(lines) + end
     if where == "head":
