@@ -189,6 +189,7 @@ def source_pieces(cfg: Config, progress: str = "", marks: Marks = NO_MARKS) -> I
     total, what = 0, f"reading {source}"
     if source == "python-stdlib":
         pieces = stdlib_documents(marks)
+        total = d.max_bytes  # the built-in corpus is cut at it by design (its whole is tens of MB)
     else:
         store = source_store(cfg, source)
         listing = source_listing(store, source)
