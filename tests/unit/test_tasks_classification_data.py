@@ -217,7 +217,7 @@ def test_csv_that_pythons_csv_reads_is_read_whatever_the_chunks(tmp_path, monkey
         # (was: both blamed on a quote left open).
         (
             'a,label\n1,x\n2,"y\n' + "z" * 1000 + "\n" + ("3,w\n" * 40000),
-            r"line 3 is not valid CSV \(field larger than field limit \(131072\): a quote \(\"\) that opens a field",
+            r"line 3 is not valid CSV \(field larger than field limit \(131072\): a quoted field that opens here",
         ),
         (
             "a,label\n1,x\n" + "9" * 200000 + ",y\n3,x\n",
@@ -351,13 +351,16 @@ def test_a_csv_replaced_between_the_two_passes_is_refused_not_read_as_two_files(
     [
         ((0.001, 0.1), "the val split would be empty; give more rows, or raise data.val_fraction"),
         ((0.1, 0.001), "the test split would be empty; give more rows, or raise data.test_fraction"),
+        # Under three rows a class no fractions fill every split: more rows only (review: advice in a loop).
+        ((0.3, 0.3), "would be empty; give more rows (at least three a class)"),
     ],
 )
 def test_too_few_rows_name_the_split_left_empty_and_its_setting(tmp_path, fractions, said):
     """Was: "60 rows are too few" and the fractions, not which split or which setting."""
-    src = put(tmp_path, make_csv(60)[0])
+    rows = 4 if fractions == (0.3, 0.3) else 60
+    src = put(tmp_path, make_csv(rows)[0])
     cfg = DataConfig(source=src, val_fraction=fractions[0], test_fraction=fractions[1])
-    with pytest.raises(DataError, match=f"60 rows are too few .*: {re.escape(said)}$"):
+    with pytest.raises(DataError, match=f"{rows} rows are too few .*{re.escape(said)}$"):
         prepare_dataset(cfg, LocalStore(), str(tmp_path / "ds"))
 
 

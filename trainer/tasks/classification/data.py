@@ -155,7 +155,7 @@ def csv_records(
         if problem == "unexpected end of data":
             problem = 'a quote (") that opens a field here is never closed: close it, or double a quote inside a field'
         elif "field larger than field limit" in problem and reader.line_num > line:
-            problem += ': a quote (") that opens a field here runs on over the lines after it: close it'
+            problem += ": a quoted field that opens here runs on over the lines after it: is its closing quote missing?"
         elif "field larger than field limit" in problem:  # on its own line: no quote ran on (was: blamed on one)
             problem += ": a field of this line is that long, which no number or label is: is the line this table's?"
         elif "expected after" in problem:
@@ -414,12 +414,14 @@ def prepare_dataset(
                 "class? Name the column that holds the classes"
             )
         empty = [split for split, n in zip(SPLITS, sizes, strict=True) if not n]
-        fixes = [f"raise data.{split}_fraction" for split in empty if split != "train"]
-        fixes += ["lower data.val_fraction / data.test_fraction"] if "train" in empty else []
+        # Each class splits on its own: with under three rows a class, no fractions fill three splits.
+        few = total < 3 * len(classes)
+        fixes = [] if few else [f"raise data.{split}_fraction" for split in empty if split != "train"]
+        fixes += ["lower data.val_fraction / data.test_fraction"] if "train" in empty and not few else []
         raise DataError(
             f"{name}: {total} rows are too few for a train/val/test split with val_fraction={cfg.val_fraction} "
             f"and test_fraction={cfg.test_fraction}: the {' and '.join(empty)} split{'s' * (len(empty) > 1)} would "
-            f"be empty; give more rows, or {', or '.join(fixes)}"
+            f"be empty; give more rows{', or ' + ', or '.join(fixes) if fixes else ' (at least three a class)'}"
         )
     untrained = {c: counts[c] for c in classes if not counts[c][0]}
     if untrained:  # possible with large val/test fractions and a rare class
