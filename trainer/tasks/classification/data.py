@@ -138,8 +138,9 @@ def csv_records(
 ) -> Iterator[tuple[int, list[str]]]:
     """The records of the CSV object at `uri` as (line number, fields), read in ranged reads of
     `chunk_bytes`; blank lines (of spaces and tabs too) are skipped, a UTF-8 byte-order mark is
-    dropped. Read as Python's `csv` module reads a file, strictly: a quote inside an unquoted field (`12" pizza`) is a
-    character, and a quoted field must end (a quote left open was the rest of the file, one field).
+    dropped. Read as Python's `csv` module reads a file, strictly: a quote inside an unquoted
+    field (`12" pizza`) is a character, and a quoted field must end (a quote left open was the
+    rest of the file, one field).
     `progress` and `version`: as for :func:`~trainer.storage.read_chunks`."""
     reader = csv.reader(
         _csv_lines(text_chunks(read_chunks(store, uri, chunk_bytes, progress, version), uri, "CSV"), uri), strict=True
@@ -415,9 +416,9 @@ def prepare_dataset(
             )
         empty = [split for split, n in zip(SPLITS, sizes, strict=True) if not n]
         # Each class splits on its own: with under three rows a class, no fractions fill three splits.
-        few = total < 3 * len(classes)
-        fixes = [] if few else [f"raise data.{split}_fraction" for split in empty if split != "train"]
-        fixes += ["lower data.val_fraction / data.test_fraction"] if "train" in empty and not few else []
+        fixes = [f"raise data.{split}_fraction" for split in empty if split != "train"]
+        fixes += ["lower data.val_fraction / data.test_fraction"] if "train" in empty else []
+        fixes = [] if total < 3 * len(classes) else fixes
         raise DataError(
             f"{name}: {total} rows are too few for a train/val/test split with val_fraction={cfg.val_fraction} "
             f"and test_fraction={cfg.test_fraction}: the {' and '.join(empty)} split{'s' * (len(empty) > 1)} would "
